@@ -1,0 +1,1 @@
+//! libmemtrace.so (skeleton; see issue 3).

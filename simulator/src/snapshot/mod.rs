@@ -1,0 +1,1 @@
+//! PyTorch memory snapshots: import, export, start-state rebuild, validation.
