@@ -1,5 +1,7 @@
 //! The trace header: who wrote the trace, about which process, on which machine, at which level.
 
+use std::collections::BTreeMap;
+
 use bincode::{Decode, Encode};
 use serde::{Deserialize, Serialize};
 
@@ -85,9 +87,9 @@ pub struct Header {
     /// Host name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
-    /// Allocator-relevant environment variables that were set (see [`ALLOCATOR_ENV_VARS`]), sorted.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<(String, String)>,
+    /// Allocator-relevant environment variables that were set (see [`ALLOCATOR_ENV_VARS`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     /// CUDA driver version (e.g. 13000), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_driver_version: Option<u32>,
@@ -101,9 +103,13 @@ pub struct Header {
     /// JSON text), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator_settings: Option<String>,
-    /// Free-form producer metadata (e.g. model spec, batch size, torch version), sorted by key.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub metadata: Vec<(String, String)>,
+    /// True when allocation addresses are identifiers chosen by the producer (the symbolic
+    /// tracer), not addresses a real device returned. Replay then never places segments at them.
+    #[serde(default)]
+    pub synthetic_addresses: bool,
+    /// Free-form producer metadata (e.g. model spec, batch size, torch version).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl Header {
@@ -119,23 +125,24 @@ impl Header {
             clock_origin_ns: None,
             command_line: Vec::new(),
             host_name: None,
-            env: Vec::new(),
+            env: BTreeMap::new(),
             cuda_driver_version: None,
             cuda_runtime_version: None,
             devices: Vec::new(),
             allocator_settings: None,
-            metadata: Vec::new(),
+            synthetic_addresses: false,
+            metadata: BTreeMap::new(),
         }
     }
 
     /// The value of an environment variable recorded in the header.
     pub fn env_var(&self, key: &str) -> Option<&str> {
-        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.env.get(key).map(String::as_str)
     }
 
     /// A metadata value.
     pub fn meta(&self, key: &str) -> Option<&str> {
-        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.metadata.get(key).map(String::as_str)
     }
 
     /// The allocator configuration string in force: `PYTORCH_ALLOC_CONF` wins over
