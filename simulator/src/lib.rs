@@ -2,4 +2,5 @@
 //! snapshot import/export and collocation.
 
 pub mod alloc;
+pub mod profile;
 pub mod snapshot;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Run every test of the project: formatting and lints, the Rust workspace's tests, the Python
+# package's tests and the end-to-end tests. Sets the machine up first (scripts/setup.sh).
+# Prints which suites ran and how many tests passed, and exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+started=$(date +%s)
+log_dir=$(mktemp -d)
+trap 'rm -rf "$log_dir"' EXIT
+
+bash scripts/setup.sh
+
+passed=0; failed=0; skipped=0; status=0
+summary=()
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+if cargo fmt --all --check; then summary+=("rustfmt: ok"); else summary+=("rustfmt: FAILED"); status=1; fi
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+if cargo clippy --workspace --all-targets --quiet -- -D warnings; then summary+=("clippy: ok"); else summary+=("clippy: FAILED"); status=1; fi
+
+step "cargo test --workspace"
+# The shim's tests preload the release libmemtrace.so built by setup.sh.
+export MEMTRACE_SO="$root/target/release/libmemtrace.so"
+set +e
+cargo test --workspace --release 2>&1 | tee "$log_dir/cargo.log"
+rc=${PIPESTATUS[0]}
+set -e
+read -r p f i < <(awk '/^test result:/ {for (k=1;k<=NF;k++) {if ($k ~ /^passed;?$/) p+=$(k-1); if ($k ~ /^failed;?$/) f+=$(k-1); if ($k ~ /^ignored;?$/) i+=$(k-1)}} END {print p+0, f+0, i+0}' "$log_dir/cargo.log")
+passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + i))
+summary+=("cargo test: $p passed, $f failed, $i ignored")
+if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+if [ "$i" -ne 0 ]; then grep -E '^test .* ignored' "$log_dir/cargo.log" | sed 's/^/  ignored: /' || true; fi
+
+py="$root/.venv/bin/python"
+step "ruff (trainer)"
+if "$py" -m ruff format --check trainer tests && "$py" -m ruff check trainer tests; then summary+=("ruff: ok"); else summary+=("ruff: FAILED"); status=1; fi
+
+step "pytest (trainer and end-to-end)"
+set +e
+MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs trainer/tests tests 2>&1 | tee "$log_dir/pytest.log"
+rc=${PIPESTATUS[0]}
+set -e
+line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/pytest.log" | tail -n 1 || true)
+p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
+f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
+e=$(echo "$line" | grep -oE '[0-9]+ errors?' | cut -d' ' -f1 || true)
+s=$(echo "$line" | grep -oE '[0-9]+ skipped' | cut -d' ' -f1 || true)
+p=${p:-0}; f=$(( ${f:-0} + ${e:-0} )); s=${s:-0}
+passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+summary+=("pytest: $p passed, $f failed, $s skipped")
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+
+printf '\n== summary\n'
+printf '  %s\n' "${summary[@]}"
+if [ "$skipped" -ne 0 ]; then printf '  skipped or ignored tests are listed above with their reasons\n'; fi
+printf '  duration: %d s\n' "$(( $(date +%s) - started ))"
+printf '%d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
+exit "$status"

@@ -1,0 +1,211 @@
+//! GPU profiles (`profiles/NAME.toml`): the facts a prediction depends on that a trace does not
+//! carry. One source of truth for Rust and Python; the format is documented in profiles/README.md.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors loading a profile.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// The name did not resolve to a file.
+    #[error("profile {name:?} not found: looked for {}", tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    NotFound {
+        /// The name or path given.
+        name: String,
+        /// Paths tried, in order.
+        tried: Vec<PathBuf>,
+    },
+    /// The file could not be read.
+    #[error("cannot read profile {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML did not match the profile format (the message names the key).
+    #[error("invalid profile {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong, naming the key.
+        message: String,
+    },
+}
+
+/// `[gpu]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Device name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total_memory: u64,
+    /// Compute capability.
+    pub compute_capability: [u32; 2],
+    /// SM count.
+    pub sm_count: u32,
+}
+
+/// `[software]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Software {
+    /// torch version.
+    pub torch: String,
+    /// CUDA version.
+    pub cuda: String,
+    /// cuDNN version.
+    #[serde(default)]
+    pub cudnn: Option<String>,
+    /// Allocator behaviour version: "2.4", "2.5" or "2.9".
+    pub allocator: String,
+}
+
+/// `[outside_allocator]`, MiB.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutsideAllocator {
+    /// CUDA context and runtime.
+    pub context_mib: f64,
+    /// cuBLAS, when any GEMM runs.
+    #[serde(default)]
+    pub cublas_mib: f64,
+    /// cuDNN, when any convolution runs.
+    #[serde(default)]
+    pub cudnn_mib: f64,
+}
+
+/// `[workspace]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workspace {
+    /// `CUBLAS_WORKSPACE_CONFIG` default.
+    pub cublas_workspace_config: String,
+    /// cuBLASLt workspace, KiB.
+    pub cublaslt_workspace_kib: u64,
+    /// Whether the Lt workspace is allocated per call.
+    #[serde(default)]
+    pub cublaslt_per_call: bool,
+}
+
+/// A GPU profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The GPU.
+    pub gpu: Gpu,
+    /// Software versions.
+    pub software: Software,
+    /// Memory outside the caching allocator.
+    pub outside_allocator: OutsideAllocator,
+    /// Library workspace rules.
+    pub workspace: Workspace,
+    /// Provenance written by `memest calibrate`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub calibration: BTreeMap<String, toml::Value>,
+}
+
+impl Profile {
+    /// Parse profile text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Profile, ProfileError> {
+        let p: Profile = toml::from_str(text)
+            .map_err(|e| ProfileError::Invalid { path: path.to_path_buf(), message: e.to_string().trim().to_string() })?;
+        p.check(path)?;
+        Ok(p)
+    }
+
+    fn check(&self, path: &Path) -> Result<(), ProfileError> {
+        let bad = |message: String| Err(ProfileError::Invalid { path: path.to_path_buf(), message });
+        if !matches!(self.software.allocator.as_str(), "2.4" | "2.5" | "2.9") {
+            return bad(format!(
+                "software.allocator = {:?}: expected \"2.4\", \"2.5\" or \"2.9\"",
+                self.software.allocator
+            ));
+        }
+        if self.gpu.total_memory == 0 {
+            return bad("gpu.total_memory must be > 0 bytes".into());
+        }
+        if let Err(e) = parse_cublas_workspace_config(&self.workspace.cublas_workspace_config) {
+            return bad(format!("workspace.cublas_workspace_config: {e}"));
+        }
+        for (k, v) in [
+            ("context_mib", self.outside_allocator.context_mib),
+            ("cublas_mib", self.outside_allocator.cublas_mib),
+            ("cudnn_mib", self.outside_allocator.cudnn_mib),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!("outside_allocator.{k} = {v}: expected a finite number of MiB >= 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Load a profile by name (`profiles/NAME.toml`) or path.
+    pub fn load(name_or_path: &str) -> Result<(Profile, PathBuf), ProfileError> {
+        let path = resolve(name_or_path)?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Io { path: path.clone(), source })?;
+        Ok((Profile::parse(&text, &path)?, path))
+    }
+
+    /// cuBLAS workspace bytes per (handle, stream).
+    pub fn cublas_workspace_bytes(&self) -> u64 {
+        parse_cublas_workspace_config(&self.workspace.cublas_workspace_config).unwrap_or(0)
+    }
+
+    /// Memory outside the allocator in bytes, for a job that does or does not run GEMMs and convolutions.
+    pub fn outside_allocator_bytes(&self, uses_gemm: bool, uses_conv: bool) -> u64 {
+        let o = &self.outside_allocator;
+        let mib = o.context_mib + if uses_gemm { o.cublas_mib } else { 0.0 } + if uses_conv { o.cudnn_mib } else { 0.0 };
+        (mib * 1024.0 * 1024.0).round() as u64
+    }
+}
+
+/// `CUBLAS_WORKSPACE_CONFIG` (`:SIZE_KiB:COUNT[:SIZE_KiB:COUNT...]`) → total bytes.
+pub fn parse_cublas_workspace_config(s: &str) -> Result<u64, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.first() != Some(&"") || parts.len() < 3 || parts.len() % 2 == 0 {
+        return Err(format!("{s:?}: expected \":SIZE_KiB:COUNT\" pairs, e.g. \":4096:8\""));
+    }
+    let mut total = 0u64;
+    for pair in parts[1..].chunks(2) {
+        let n = |t: &str| t.parse::<u64>().map_err(|_| format!("{s:?}: {t:?} is not a whole number"));
+        total = total.saturating_add(n(pair[0])?.saturating_mul(n(pair[1])?).saturating_mul(1024));
+    }
+    Ok(total)
+}
+
+/// The directory holding the built-in profiles: `$MEMTRACE_PROFILES`, else `profiles/` in the
+/// repository this binary was built from, else `profiles/` under the current directory.
+pub fn profiles_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MEMTRACE_PROFILES") {
+        return PathBuf::from(d);
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+    if built.is_dir() {
+        return built;
+    }
+    PathBuf::from("profiles")
+}
+
+/// Resolve a profile name or path to a file.
+pub fn resolve(name_or_path: &str) -> Result<PathBuf, ProfileError> {
+    let direct = PathBuf::from(name_or_path);
+    let mut tried = Vec::new();
+    if name_or_path.ends_with(".toml") || name_or_path.contains('/') {
+        if direct.is_file() {
+            return Ok(direct);
+        }
+        tried.push(direct);
+    } else {
+        let p = profiles_dir().join(format!("{name_or_path}.toml"));
+        if p.is_file() {
+            return Ok(p);
+        }
+        tried.push(p);
+    }
+    Err(ProfileError::NotFound { name: name_or_path.to_string(), tried })
+}
