@@ -1,1 +1,29 @@
-//! libmemtrace.so (skeleton; see issue 3).
+//! `libmemtrace.so`: records every CUDA device allocation, free and kernel launch of a process
+//! it is preloaded into.
+//!
+//! ```text
+//! LD_PRELOAD=/path/to/libmemtrace.so MEMTRACE_OUT=runs/%p.mtrace python train.py
+//! ```
+//!
+//! Architecture:
+//! - [`hooks`]: the exported entry points. Each calls the real function, then (outermost call
+//!   only) fills a fixed-size [`raw::RawEvent`] and pushes it to a preallocated lock-free queue.
+//!   Resolver hooks (`dlsym`, `cuGetProcAddress*`, `cudaGetDriverEntryPoint*`) hand out wrappers
+//!   by pointer identity, so library-internal and Triton-style driver calls are seen too.
+//! - [`writer`]: one background thread turns raw events into `trace::Record`s, resolves caller
+//!   modules and kernel names, writes the file, and prints the exit summary.
+//! - [`state`]: configuration at load, lazy start, exit/signal/fork handling.
+//! - [`real`]: finding real functions (libc's own `dlsym`, RTLD_NEXT, RTLD_NOLOAD by soname).
+//! - [`config`]: the `MEMTRACE_*` table.
+//!
+//! Nothing here may harm the host: every hook returns the real function's result, panics are
+//! caught, the hot path neither allocates nor locks, and a full queue drops (and counts) events
+//! after a bounded wait rather than blocking.
+
+pub mod config;
+pub mod hooks;
+pub mod log;
+pub mod raw;
+pub mod real;
+pub mod state;
+pub mod writer;

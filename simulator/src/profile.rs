@@ -112,8 +112,10 @@ pub struct Profile {
 impl Profile {
     /// Parse profile text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Profile, ProfileError> {
-        let p: Profile = toml::from_str(text)
-            .map_err(|e| ProfileError::Invalid { path: path.to_path_buf(), message: e.to_string().trim().to_string() })?;
+        let p: Profile = toml::from_str(text).map_err(|e| ProfileError::Invalid {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().to_string(),
+        })?;
         p.check(path)?;
         Ok(p)
     }
@@ -159,7 +161,8 @@ impl Profile {
     /// Memory outside the allocator in bytes, for a job that does or does not run GEMMs and convolutions.
     pub fn outside_allocator_bytes(&self, uses_gemm: bool, uses_conv: bool) -> u64 {
         let o = &self.outside_allocator;
-        let mib = o.context_mib + if uses_gemm { o.cublas_mib } else { 0.0 } + if uses_conv { o.cudnn_mib } else { 0.0 };
+        let mib =
+            o.context_mib + if uses_gemm { o.cublas_mib } else { 0.0 } + if uses_conv { o.cudnn_mib } else { 0.0 };
         (mib * 1024.0 * 1024.0).round() as u64
     }
 }

@@ -42,9 +42,11 @@ impl Record {
 }
 
 /// One trace event. The JSON Lines `"kind"` and the binary tag byte are pinned per variant.
+///
+/// Deliberately not `#[non_exhaustive]`: consumers in this workspace match it exhaustively, so a
+/// new variant makes every consumer decide what it means.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind")]
-#[non_exhaustive]
 pub enum Event {
     /// A memory allocation (request to an allocator, or a driver/runtime call). Tag 1.
     #[serde(rename = "alloc")]

@@ -21,10 +21,20 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod codec;
+mod convert;
+pub mod error;
 pub mod event;
 pub mod header;
+pub mod jsonl;
 pub mod marker;
+mod read;
+mod write;
 
 pub use api::Api;
+pub use convert::convert;
+pub use error::TraceError;
 pub use event::*;
 pub use header::{DeviceInfo, Header, Level, Producer, ALLOCATOR_ENV_VARS, FORMAT_VERSION};
+pub use read::{open_reader, Reader, Summary};
+pub use write::{BinaryWriter, Format, JsonlWriter, TraceWriter};

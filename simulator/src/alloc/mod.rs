@@ -1,1 +1,32 @@
-//! The caching-allocator model (sans-IO).
+//! The caching-allocator model (sans-IO): an exact model of PyTorch's native CUDA caching
+//! allocator (`DeviceCachingAllocator`), per `../shared/reference/pytorch-caching-allocator.md`.
+//!
+//! - `config`: `PYTORCH_CUDA_ALLOC_CONF` parsing and snapshot settings;
+//! - `rounding`: `round_size`, `get_allocation_size` and the constants;
+//! - `native`: malloc/free, best fit, split/merge, the OOM chain, GC, `empty_cache`;
+//! - `expandable`: expandable segments (reservations, page mapping and unmapping);
+//! - `state`: seeding a mid-run starting state and snapshot-style views;
+//! - `stats`: `memory_stats()` counters;
+//! - `devices`: one allocator per device.
+
+mod block;
+mod capacity;
+mod config;
+mod devices;
+mod expandable;
+mod native;
+mod request;
+pub mod rounding;
+mod state;
+mod stats;
+mod version;
+
+pub use config::{AllocatorConfig, Backend, ConfigError};
+pub use devices::Devices;
+pub use native::{Allocator, DEFAULT_TOTAL_MEMORY, MAX_SEGMENT};
+pub use request::{
+    BlockView, BlockViewState, DeviceEvent, ExistingBlock, ExistingSegment, OomInfo, Outcome, ReplayError, Request,
+    SeedError, SegmentView,
+};
+pub use stats::{MemoryStats, Stat, StatArray};
+pub use version::{TorchVersion, VersionError};

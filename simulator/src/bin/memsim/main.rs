@@ -1,1 +1,65 @@
-fn main() {}
+//! `memsim`: replay allocator-level traces through an exact model of PyTorch's CUDA caching
+//! allocator, summarise and convert traces, validate the model on real snapshots, and simulate
+//! several jobs sharing one GPU.
+//!
+//! Thin binary: argument parsing and I/O here; the rules live in the `simulator` library.
+
+mod colocate;
+mod convert;
+mod input;
+mod replay;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Predict the GPU memory a PyTorch training job reserves, from a trace, with an exact model of
+/// the CUDA caching allocator.
+#[derive(Parser)]
+#[command(name = "memsim", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay an allocator-level trace (.mtrace, .jsonl, or a snapshot .pickle) and report peak
+    /// reserved/allocated memory, fragmentation at the peak, and OOM at a capacity.
+    Replay(replay::Args),
+    /// Summarise a trace: events per kind and API, allocations, peak live device bytes, kernels.
+    Stats(stats::Args),
+    /// Convert between .mtrace, .jsonl, PyTorch snapshot .pickle (memory_viz) and Perfetto .json
+    /// (export only). The format is chosen by extension.
+    Convert(convert::Args),
+    /// Simulate several jobs sharing one GPU: does the set fit, the combined peak and when it
+    /// happens, and the smallest capacity that fits.
+    Colocate(colocate::Args),
+}
+
+fn run() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Replay(a) => replay::run(a),
+        Command::Stats(a) => stats::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Colocate(a) => colocate::run(a),
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed pipe (`memsim stats x | head`) is not an error.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("memsim: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

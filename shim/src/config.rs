@@ -1,0 +1,279 @@
+//! The one `MEMTRACE_*` configuration table, read once when the library loads.
+//!
+//! Every variable has a default; an invalid value produces a [`ConfigError`] that names the
+//! variable, the value and what was expected, and the default is used instead. Nothing here can
+//! stop the host process.
+
+use crate::log::LogLevel;
+
+/// One entry of the table: the variable, its default and what it means (printed with
+/// `MEMTRACE_LOG=debug`, and used in the README).
+pub struct Var {
+    /// Environment variable name.
+    pub name: &'static str,
+    /// The default, as text.
+    pub default: &'static str,
+    /// What it controls.
+    pub help: &'static str,
+}
+
+/// The whole table.
+pub const VARS: [Var; 8] = [
+    Var { name: "MEMTRACE_OUT", default: "memtrace-%p.mtrace", help: "output path; %p = pid, %% = %" },
+    Var { name: "MEMTRACE_KERNELS", default: "1", help: "record kernel launches (0/1)" },
+    Var { name: "MEMTRACE_CUPTI", default: "0", help: "enable the CUPTI kernel/memory activity layer (0/1)" },
+    Var { name: "MEMTRACE_MAX_BYTES", default: "0", help: "stop recording (with a marker) past this file size; K/M/G suffixes; 0 = no limit" },
+    Var { name: "MEMTRACE_QUIET", default: "0", help: "no summary on stderr at exit (0/1)" },
+    Var { name: "MEMTRACE_FOLLOW_FORK", default: "1", help: "fork children trace into their own %p file (1) or stop (0)" },
+    Var { name: "MEMTRACE_LOG", default: "warn", help: "off|warn|info|debug" },
+    Var { name: "MEMTRACE_QUEUE", default: "65536", help: "event queue capacity (events, 1024..=16777216)" },
+];
+
+/// The parsed configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Output path pattern (`%p` is replaced by the pid).
+    pub out: String,
+    /// Record kernel launches.
+    pub kernels: bool,
+    /// Enable the CUPTI layer.
+    pub cupti: bool,
+    /// Maximum trace size in bytes; 0 = unlimited.
+    pub max_bytes: u64,
+    /// Suppress the exit summary.
+    pub quiet: bool,
+    /// Keep tracing in fork children.
+    pub follow_fork: bool,
+    /// Log level.
+    pub log: LogLevel,
+    /// Queue capacity in events.
+    pub queue: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            out: "memtrace-%p.mtrace".to_string(),
+            kernels: true,
+            cupti: false,
+            max_bytes: 0,
+            quiet: false,
+            follow_fork: true,
+            log: LogLevel::Warn,
+            queue: 65536,
+        }
+    }
+}
+
+/// An invalid configuration value. The default was used instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A variable had a value that does not parse.
+    #[error("{var}={value:?} is invalid: expected {expected}; using the default {default:?}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+        /// The default used instead.
+        default: &'static str,
+    },
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" | "" => Some(false),
+        _ => None,
+    }
+}
+
+/// `123`, `64K`, `10M`, `2G` (binary multiples, optional trailing `B`/`iB`).
+pub fn parse_size(v: &str) -> Option<u64> {
+    let t = v.trim().to_ascii_uppercase();
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
+    let (digits, mult) = match t.chars().last()? {
+        'K' => (&t[..t.len() - 1], 1u64 << 10),
+        'M' => (&t[..t.len() - 1], 1 << 20),
+        'G' => (&t[..t.len() - 1], 1 << 30),
+        'T' => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
+fn parse_level(v: &str) -> Option<LogLevel> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "none" => Some(LogLevel::Off),
+        "warn" | "warning" | "error" => Some(LogLevel::Warn),
+        "info" | "1" => Some(LogLevel::Info),
+        "debug" | "2" => Some(LogLevel::Debug),
+        _ => None,
+    }
+}
+
+/// Whether a pattern is usable as an output path: non-empty, and every `%` starts `%p` or `%%`.
+fn valid_pattern(v: &str) -> bool {
+    if v.is_empty() {
+        return false;
+    }
+    let b = v.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            match b.get(i + 1) {
+                Some(b'p') | Some(b'%') => i += 2,
+                _ => return false,
+            }
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+/// Expand `%p` (pid) and `%%` in an output pattern.
+pub fn expand_out(pattern: &str, pid: u32) -> String {
+    let mut out = String::with_capacity(pattern.len() + 8);
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.peek() {
+                Some('p') => {
+                    chars.next();
+                    out.push_str(&pid.to_string());
+                }
+                Some('%') => {
+                    chars.next();
+                    out.push('%');
+                }
+                _ => out.push('%'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Config {
+    /// Read the table through `get` (the environment, or a map in tests). Returns the
+    /// configuration and one error per rejected value.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<ConfigError>) {
+        let mut c = Config::default();
+        let mut errors = Vec::new();
+        let mut bad = |var: &'static str, value: &str, expected: &'static str| {
+            let default = VARS.iter().find(|v| v.name == var).map(|v| v.default).unwrap_or("");
+            errors.push(ConfigError::Invalid { var, value: value.to_string(), expected, default });
+        };
+        if let Some(v) = get("MEMTRACE_OUT") {
+            if valid_pattern(&v) {
+                c.out = v;
+            } else {
+                bad("MEMTRACE_OUT", &v, "a non-empty path where % is only used as %p or %%");
+            }
+        }
+        let bools: [(&'static str, &mut bool); 4] = [
+            ("MEMTRACE_KERNELS", &mut c.kernels),
+            ("MEMTRACE_CUPTI", &mut c.cupti),
+            ("MEMTRACE_QUIET", &mut c.quiet),
+            ("MEMTRACE_FOLLOW_FORK", &mut c.follow_fork),
+        ];
+        for (var, slot) in bools {
+            if let Some(v) = get(var) {
+                match parse_bool(&v) {
+                    Some(b) => *slot = b,
+                    None => bad(var, &v, "one of 0, 1, true, false, yes, no, on, off"),
+                }
+            }
+        }
+        if let Some(v) = get("MEMTRACE_MAX_BYTES") {
+            match parse_size(&v) {
+                Some(n) => c.max_bytes = n,
+                None => bad("MEMTRACE_MAX_BYTES", &v, "a byte count such as 1000000, 64K, 10M or 2G (0 = no limit)"),
+            }
+        }
+        if let Some(v) = get("MEMTRACE_LOG") {
+            match parse_level(&v) {
+                Some(l) => c.log = l,
+                None => bad("MEMTRACE_LOG", &v, "one of off, warn, info, debug"),
+            }
+        }
+        if let Some(v) = get("MEMTRACE_QUEUE") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1024..=1 << 24).contains(&n) => c.queue = n,
+                _ => bad("MEMTRACE_QUEUE", &v, "an event count between 1024 and 16777216"),
+            }
+        }
+        (c, errors)
+    }
+
+    /// The value of one variable as this configuration holds it, for the debug log.
+    pub fn show(&self, var: &str) -> String {
+        match var {
+            "MEMTRACE_OUT" => self.out.clone(),
+            "MEMTRACE_KERNELS" => (self.kernels as u8).to_string(),
+            "MEMTRACE_CUPTI" => (self.cupti as u8).to_string(),
+            "MEMTRACE_MAX_BYTES" => self.max_bytes.to_string(),
+            "MEMTRACE_QUIET" => (self.quiet as u8).to_string(),
+            "MEMTRACE_FOLLOW_FORK" => (self.follow_fork as u8).to_string(),
+            "MEMTRACE_LOG" => format!("{:?}", self.log).to_ascii_lowercase(),
+            "MEMTRACE_QUEUE" => self.queue.to_string(),
+            _ => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(env: &[(&str, &str)], expect: impl Fn(&Config), errors: usize) {
+        let (c, e) = Config::from_lookup(|k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()));
+        expect(&c);
+        assert_eq!(e.len(), errors, "{env:?}: {e:?}");
+    }
+
+    #[test]
+    fn table() {
+        check(&[], |c| assert_eq!(c, &Config::default()), 0);
+        check(&[("MEMTRACE_MAX_BYTES", "10M")], |c| assert_eq!(c.max_bytes, 10 << 20), 0);
+        check(&[("MEMTRACE_MAX_BYTES", "abc")], |c| assert_eq!(c.max_bytes, 0), 1);
+        check(&[("MEMTRACE_KERNELS", "off")], |c| assert!(!c.kernels), 0);
+        check(&[("MEMTRACE_KERNELS", "maybe")], |c| assert!(c.kernels), 1);
+        check(&[("MEMTRACE_OUT", "x/%q")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
+        check(&[("MEMTRACE_OUT", "")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
+        check(&[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUEUE", "7")], |c| {
+            assert_eq!(c.log, LogLevel::Debug);
+            assert_eq!(c.queue, 65536)
+        }, 1);
+    }
+
+    #[test]
+    fn error_names_variable_and_default() {
+        let (_, e) = Config::from_lookup(|k| (k == "MEMTRACE_QUIET").then(|| "2".to_string()));
+        let msg = e[0].to_string();
+        assert!(msg.contains("MEMTRACE_QUIET=\"2\"") && msg.contains("default \"0\""), "{msg}");
+    }
+
+    #[test]
+    fn expand() {
+        assert_eq!(expand_out("runs/%p.mtrace", 42), "runs/42.mtrace");
+        assert_eq!(expand_out("a%%b-%p", 7), "a%b-7");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn sizes_round_trip(n in 0u64..(1 << 40)) {
+            proptest::prop_assert_eq!(parse_size(&n.to_string()), Some(n));
+            proptest::prop_assert_eq!(parse_size(&format!("{}K", n >> 10)), Some((n >> 10) << 10));
+        }
+
+        #[test]
+        fn never_panics(v in ".*") {
+            let (_, _) = Config::from_lookup(|_| Some(v.clone()));
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Driver (`libcuda.so.1`) allocation and VMM hooks. Error code when the real driver is missing:
+//! `CUDA_ERROR_NOT_INITIALIZED` (3).
+//!
+//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
+//! function of the same signature, and reads an out-pointer only when it is non-null and the
+//! call succeeded.
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+
+use trace::Api;
+
+use super::emit;
+use super::table::HookDesc;
+use super::{caller_hook, plain_hook, Handle};
+use crate::raw::{mem, vmm, Depth};
+
+const NO_DRIVER: c_int = 3;
+
+#[inline(always)]
+unsafe fn out(p: *mut u64, r: c_int) -> u64 {
+    // Safety: checked non-null; the real call wrote it on success.
+    if r == 0 && !p.is_null() { unsafe { *p } } else { 0 }
+}
+
+#[inline(always)]
+unsafe fn out_host(p: *mut *mut c_void, r: c_int) -> u64 {
+    // Safety: as above.
+    if r == 0 && !p.is_null() { unsafe { *p as u64 } } else { 0 }
+}
+
+macro_rules! alloc_hook {
+    ($name:ident, $api:ident, $mem:expr) => {
+        caller_hook! {
+            /// A driver allocation with (dptr, size).
+            $name, Driver, fn(p: *mut u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let d = Depth::enter();
+                let r = unsafe { real(p, size) };
+                if d.outer() { emit::alloc(Api::$api, $mem, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+                r
+            }
+        }
+    };
+}
+
+macro_rules! async_alloc_hook {
+    ($name:ident, $api:ident) => {
+        caller_hook! {
+            /// A stream-ordered driver allocation.
+            $name, Driver, fn(p: *mut u64, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let d = Depth::enter();
+                let r = unsafe { real(p, size, s) };
+                if d.outer() { emit::alloc(Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+                r
+            }
+        }
+    };
+}
+
+macro_rules! pool_alloc_hook {
+    ($name:ident, $api:ident) => {
+        caller_hook! {
+            /// A driver allocation from a memory pool.
+            $name, Driver, fn(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let d = Depth::enter();
+                let r = unsafe { real(p, size, pool, s) };
+                if d.outer() { emit::alloc(Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+                r
+            }
+        }
+    };
+}
+
+macro_rules! free_hook {
+    ($name:ident, $api:ident, $mem:expr) => {
+        caller_hook! {
+            /// A driver free of one address.
+            $name, Driver, fn(p: u64) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let d = Depth::enter();
+                let r = unsafe { real(p) };
+                if d.outer() { emit::free(Api::$api, $mem, p, 0, r, ra) }
+                r
+            }
+        }
+    };
+}
+
+macro_rules! async_free_hook {
+    ($name:ident, $api:ident) => {
+        caller_hook! {
+            /// A stream-ordered driver free.
+            $name, Driver, fn(p: u64, s: Handle) pads(a, b, c) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let d = Depth::enter();
+                let r = unsafe { real(p, s) };
+                if d.outer() { emit::free(Api::$api, mem::DEVICE, p, s as u64, r, ra) }
+                r
+            }
+        }
+    };
+}
+
+alloc_hook!(cuMemAlloc_v2, CuMemAlloc_v2, mem::DEVICE);
+free_hook!(cuMemFree_v2, CuMemFree_v2, mem::DEVICE);
+async_alloc_hook!(cuMemAllocAsync, CuMemAllocAsync);
+async_alloc_hook!(cuMemAllocAsync_ptsz, CuMemAllocAsync_ptsz);
+async_free_hook!(cuMemFreeAsync, CuMemFreeAsync);
+async_free_hook!(cuMemFreeAsync_ptsz, CuMemFreeAsync_ptsz);
+pool_alloc_hook!(cuMemAllocFromPoolAsync, CuMemAllocFromPoolAsync);
+pool_alloc_hook!(cuMemAllocFromPoolAsync_ptsz, CuMemAllocFromPoolAsync_ptsz);
+free_hook!(cuIpcCloseMemHandle, CuIpcCloseMemHandle, mem::IPC_IMPORT);
+
+caller_hook! {
+    /// `cuMemAllocManaged`.
+    cuMemAllocManaged, Driver, fn(p: *mut u64, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, flags) };
+        if d.outer() { emit::alloc(Api::CuMemAllocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemAllocPitch_v2`: recorded as pitch × height bytes.
+    cuMemAllocPitch_v2, Driver, fn(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, pitch, width, height, elem) };
+        if d.outer() {
+            let pv = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
+            emit::alloc(Api::CuMemAllocPitch_v2, mem::DEVICE, unsafe { out(p, r) }, (pv * height) as u64, 0, r, ra)
+        }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemHostAlloc`.
+    cuMemHostAlloc, Driver, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, flags) };
+        if d.outer() { emit::alloc(Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemAllocHost_v2`.
+    cuMemAllocHost_v2, Driver, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size) };
+        if d.outer() { emit::alloc(Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemFreeHost`.
+    cuMemFreeHost, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p) };
+        if d.outer() { emit::free(Api::CuMemFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemHostRegister_v2`.
+    cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, flags) };
+        if d.outer() { emit::alloc(Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemHostUnregister`.
+    cuMemHostUnregister, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p) };
+        if d.outer() { emit::free(Api::CuMemHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemPoolTrimTo`.
+    cuMemPoolTrimTo, Driver, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    |real, _ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(pool, keep) };
+        if d.outer() { emit::trim(Api::CuMemPoolTrimTo, pool as u64, keep as u64, r) }
+        r
+    }
+}
+
+/// `CUipcMemHandle`: 64 opaque bytes by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CuIpcHandle {
+    /// Opaque.
+    pub reserved: [u8; 64],
+}
+
+plain_hook! {
+    /// `cuIpcOpenMemHandle_v2`.
+    cuIpcOpenMemHandle_v2, Driver, fn(p: *mut u64, h: CuIpcHandle, flags: c_uint) -> c_int, err = NO_DRIVER,
+    |real| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, h, flags) };
+        if d.outer() { emit::alloc(Api::CuIpcOpenMemHandle_v2, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemImportFromShareableHandle`: the imported physical handle (size unknown here).
+    cuMemImportFromShareableHandle, Driver, fn(h: *mut u64, os: *mut c_void, kind: c_int) pads(a, b) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(h, os, kind) };
+        if d.outer() { emit::alloc(Api::CuMemImportFromShareableHandle, mem::IPC_IMPORT, unsafe { out(h, r) }, 0, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemAddressReserve`.
+    cuMemAddressReserve, Driver, fn(p: *mut u64, size: usize, align: usize, addr: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, align, addr, flags) };
+        if d.outer() { emit::vmm(Api::CuMemAddressReserve, vmm::RESERVE, unsafe { out(p, r) }, size as u64, 0, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemAddressFree`.
+    cuMemAddressFree, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size) };
+        if d.outer() { emit::vmm(Api::CuMemAddressFree, vmm::ADDRESS_FREE, p, size as u64, 0, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemCreate`: physical memory, recorded as an allocation of the handle.
+    cuMemCreate, Driver, fn(h: *mut u64, size: usize, prop: *const c_void, flags: c_ulonglong) pads(a) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(h, size, prop, flags) };
+        if d.outer() { emit::alloc(Api::CuMemCreate, mem::PHYSICAL, unsafe { out(h, r) }, size as u64, 0, r, ra) }
+        r
+    }
+}
+
+free_hook!(cuMemRelease, CuMemRelease, mem::PHYSICAL);
+
+caller_hook! {
+    /// `cuMemMap`.
+    cuMemMap, Driver, fn(p: u64, size: usize, offset: usize, h: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, offset, h, flags) };
+        if d.outer() { emit::vmm(Api::CuMemMap, vmm::MAP, p, size as u64, h, offset as u64, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemUnmap`.
+    cuMemUnmap, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size) };
+        if d.outer() { emit::vmm(Api::CuMemUnmap, vmm::UNMAP, p, size as u64, 0, 0, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cuMemSetAccess`.
+    cuMemSetAccess, Driver, fn(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) -> c_int, err = NO_DRIVER,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = unsafe { real(p, size, desc, count) };
+        if d.outer() { emit::vmm(Api::CuMemSetAccess, vmm::SET_ACCESS, p, size as u64, 0, 0, r, ra) }
+        r
+    }
+}
+
+/// Driver allocation and VMM hooks.
+pub const ALL: &[HookDesc] = &[
+    cuMemAlloc_v2::DESC,
+    cuMemFree_v2::DESC,
+    cuMemAllocAsync::DESC,
+    cuMemAllocAsync_ptsz::DESC,
+    cuMemFreeAsync::DESC,
+    cuMemFreeAsync_ptsz::DESC,
+    cuMemAllocFromPoolAsync::DESC,
+    cuMemAllocFromPoolAsync_ptsz::DESC,
+    cuMemAllocManaged::DESC,
+    cuMemAllocPitch_v2::DESC,
+    cuMemHostAlloc::DESC,
+    cuMemAllocHost_v2::DESC,
+    cuMemFreeHost::DESC,
+    cuMemHostRegister_v2::DESC,
+    cuMemHostUnregister::DESC,
+    cuMemPoolTrimTo::DESC,
+    cuIpcOpenMemHandle_v2::DESC,
+    cuIpcCloseMemHandle::DESC,
+    cuMemImportFromShareableHandle::DESC,
+    cuMemAddressReserve::DESC,
+    cuMemAddressFree::DESC,
+    cuMemCreate::DESC,
+    cuMemRelease::DESC,
+    cuMemMap::DESC,
+    cuMemUnmap::DESC,
+    cuMemSetAccess::DESC,
+];

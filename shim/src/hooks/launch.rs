@@ -1,0 +1,218 @@
+//! Kernel launch hooks (runtime, driver, graphs). No caller module: launches are counted and
+//! named, not attributed. Launch hooks only record; the kernel name is resolved by the writer.
+//!
+//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
+//! function of the same signature, and reads a launch configuration only through a non-null
+//! pointer the caller passed for the duration of the call.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use trace::Api;
+
+use super::emit;
+use super::table::HookDesc;
+use super::{plain_hook, Handle};
+use crate::raw::{Depth, FuncKind};
+
+const NO_RUNTIME: c_int = 3;
+const NO_DRIVER: c_int = 3;
+
+/// `dim3`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dim3 {
+    /// x.
+    pub x: c_uint,
+    /// y.
+    pub y: c_uint,
+    /// z.
+    pub z: c_uint,
+}
+
+impl Dim3 {
+    fn arr(self) -> [u32; 3] {
+        [self.x, self.y, self.z]
+    }
+}
+
+/// The leading fields of `cudaLaunchConfig_t`.
+#[repr(C)]
+pub struct CudaLaunchConfig {
+    /// Grid.
+    pub grid: Dim3,
+    /// Block.
+    pub block: Dim3,
+    /// Dynamic shared memory.
+    pub dynamic_smem: usize,
+    /// Stream.
+    pub stream: Handle,
+}
+
+/// The leading fields of `CUlaunchConfig`.
+#[repr(C)]
+pub struct CuLaunchConfig {
+    /// Grid x, y, z.
+    pub grid: [c_uint; 3],
+    /// Block x, y, z.
+    pub block: [c_uint; 3],
+    /// Dynamic shared memory.
+    pub shared: c_uint,
+    /// Stream.
+    pub stream: Handle,
+}
+
+macro_rules! runtime_launch {
+    ($name:ident, $api:ident) => {
+        plain_hook! {
+            /// A runtime launch `(func, grid, block, args, shared, stream)`.
+            $name, Runtime, fn(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shared: usize, s: Handle) -> c_int,
+            err = NO_RUNTIME,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(f, g, b, args, shared, s) };
+                if d.outer() {
+                    emit::launch(Api::$api, FuncKind::HostStub, f as u64, g.arr(), b.arr(), shared as u32, s as u64, r)
+                }
+                r
+            }
+        }
+    };
+}
+
+runtime_launch!(cudaLaunchKernel, CudaLaunchKernel);
+runtime_launch!(cudaLaunchKernel_ptsz, CudaLaunchKernel_ptsz);
+runtime_launch!(__cudaLaunchKernel, __CudaLaunchKernel);
+runtime_launch!(__cudaLaunchKernel_ptsz, __CudaLaunchKernel_ptsz);
+runtime_launch!(cudaLaunchCooperativeKernel, CudaLaunchCooperativeKernel);
+runtime_launch!(cudaLaunchCooperativeKernel_ptsz, CudaLaunchCooperativeKernel_ptsz);
+
+macro_rules! runtime_launch_ex {
+    ($name:ident, $api:ident) => {
+        plain_hook! {
+            /// `cudaLaunchKernelExC(config, func, args)`.
+            $name, Runtime, fn(cfg: *const CudaLaunchConfig, f: *const c_void, args: *mut *mut c_void) -> c_int,
+            err = NO_RUNTIME,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(cfg, f, args) };
+                if d.outer() && !cfg.is_null() {
+                    let c = unsafe { &*cfg };
+                    emit::launch(Api::$api, FuncKind::HostStub, f as u64, c.grid.arr(), c.block.arr(), c.dynamic_smem as u32, c.stream as u64, r)
+                }
+                r
+            }
+        }
+    };
+}
+
+runtime_launch_ex!(cudaLaunchKernelExC, CudaLaunchKernelExC);
+runtime_launch_ex!(cudaLaunchKernelExC_ptsz, CudaLaunchKernelExC_ptsz);
+
+macro_rules! graph_launch {
+    ($name:ident, $lib:ident, $api:ident, $err:expr) => {
+        plain_hook! {
+            /// A graph launch `(graphExec, stream)`: counted as one launch.
+            $name, $lib, fn(g: Handle, s: Handle) -> c_int, err = $err,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(g, s) };
+                if d.outer() { emit::launch(Api::$api, FuncKind::Graph, g as u64, [0; 3], [0; 3], 0, s as u64, r) }
+                r
+            }
+        }
+    };
+}
+
+graph_launch!(cudaGraphLaunch, Runtime, CudaGraphLaunch, NO_RUNTIME);
+graph_launch!(cudaGraphLaunch_ptsz, Runtime, CudaGraphLaunch_ptsz, NO_RUNTIME);
+graph_launch!(cuGraphLaunch, Driver, CuGraphLaunch, NO_DRIVER);
+graph_launch!(cuGraphLaunch_ptsz, Driver, CuGraphLaunch_ptsz, NO_DRIVER);
+
+macro_rules! driver_launch {
+    ($name:ident, $api:ident) => {
+        plain_hook! {
+            /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`.
+            $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                shared: c_uint, s: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> c_int,
+            err = NO_DRIVER,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) };
+                if d.outer() {
+                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
+                }
+                r
+            }
+        }
+    };
+}
+
+driver_launch!(cuLaunchKernel, CuLaunchKernel);
+driver_launch!(cuLaunchKernel_ptsz, CuLaunchKernel_ptsz);
+
+macro_rules! driver_coop {
+    ($name:ident, $api:ident) => {
+        plain_hook! {
+            /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)`.
+            $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                shared: c_uint, s: Handle, params: *mut *mut c_void) -> c_int,
+            err = NO_DRIVER,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params) };
+                if d.outer() {
+                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
+                }
+                r
+            }
+        }
+    };
+}
+
+driver_coop!(cuLaunchCooperativeKernel, CuLaunchCooperativeKernel);
+driver_coop!(cuLaunchCooperativeKernel_ptsz, CuLaunchCooperativeKernel_ptsz);
+
+macro_rules! driver_launch_ex {
+    ($name:ident, $api:ident) => {
+        plain_hook! {
+            /// `cuLaunchKernelEx(config, f, params, extra)`.
+            $name, Driver, fn(cfg: *const CuLaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> c_int,
+            err = NO_DRIVER,
+            |real| {
+                let d = Depth::enter();
+                let r = unsafe { real(cfg, f, params, extra) };
+                if d.outer() && !cfg.is_null() {
+                    let c = unsafe { &*cfg };
+                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, c.grid, c.block, c.shared, c.stream as u64, r)
+                }
+                r
+            }
+        }
+    };
+}
+
+driver_launch_ex!(cuLaunchKernelEx, CuLaunchKernelEx);
+driver_launch_ex!(cuLaunchKernelEx_ptsz, CuLaunchKernelEx_ptsz);
+
+/// Launch hooks.
+pub const ALL: &[HookDesc] = &[
+    cudaLaunchKernel::DESC,
+    cudaLaunchKernel_ptsz::DESC,
+    __cudaLaunchKernel::DESC,
+    __cudaLaunchKernel_ptsz::DESC,
+    cudaLaunchCooperativeKernel::DESC,
+    cudaLaunchCooperativeKernel_ptsz::DESC,
+    cudaLaunchKernelExC::DESC,
+    cudaLaunchKernelExC_ptsz::DESC,
+    cudaGraphLaunch::DESC,
+    cudaGraphLaunch_ptsz::DESC,
+    cuGraphLaunch::DESC,
+    cuGraphLaunch_ptsz::DESC,
+    cuLaunchKernel::DESC,
+    cuLaunchKernel_ptsz::DESC,
+    cuLaunchCooperativeKernel::DESC,
+    cuLaunchCooperativeKernel_ptsz::DESC,
+    cuLaunchKernelEx::DESC,
+    cuLaunchKernelEx_ptsz::DESC,
+];
+

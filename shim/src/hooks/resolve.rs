@@ -1,0 +1,247 @@
+//! Resolver hooks: `dlsym`, `dlvsym`, `cuGetProcAddress*`, `cudaGetDriverEntryPoint*`.
+//!
+//! Each calls the real resolver with the caller's exact arguments and then replaces exactly the
+//! pointer it returned by our wrapper of the same function, found by pointer identity
+//! (`table::wrap`). Asking for a resolver returns the wrapped resolver, so later look-ups stay
+//! hooked. `dlsym(RTLD_NEXT | RTLD_DEFAULT, ..)` is passed through by a tail jump, so glibc still
+//! sees the original caller: RTLD_NEXT keeps meaning "after the caller", which is what chained
+//! interposers rely on.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use super::plain_hook;
+use super::table::{self, HookDesc};
+use crate::raw;
+use crate::real;
+
+const NO_DRIVER: c_int = 3;
+const NO_RUNTIME: c_int = 3;
+
+/// Replace `*pfn` by our wrapper when the call succeeded.
+///
+/// # Safety
+/// `pfn` is null or points to a function pointer the real resolver wrote.
+unsafe fn wrap_out(r: c_int, pfn: *mut *mut c_void) {
+    if r != 0 || pfn.is_null() || raw::is_internal() {
+        return;
+    }
+    // Safety: non-null out-pointer the caller gave the resolver.
+    let p = unsafe { *pfn } as usize;
+    if p == 0 {
+        return;
+    }
+    let w = catch_unwind(AssertUnwindSafe(|| table::wrap(p))).unwrap_or(p);
+    // Safety: as above.
+    unsafe { *pfn = w as *mut c_void };
+}
+
+plain_hook! {
+    /// `cuGetProcAddress` (declared with the `_v2` arity: the extra argument is ignored by an
+    /// older four-argument driver, and forwarding it is harmless).
+    cuGetProcAddress, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_DRIVER,
+    |real| {
+        // Safety: forwarding the caller's arguments; wrap_out checks the out-pointer.
+        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        unsafe { wrap_out(r, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cuGetProcAddress_v2`.
+    cuGetProcAddress_v2, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_DRIVER,
+    |real| {
+        // Safety: as in cuGetProcAddress.
+        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        unsafe { wrap_out(r, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cuGetProcAddress_ptsz`.
+    cuGetProcAddress_ptsz, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_DRIVER,
+    |real| {
+        // Safety: as in cuGetProcAddress.
+        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        unsafe { wrap_out(r, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cudaGetDriverEntryPoint` (CUDA 12 arity; see cuGetProcAddress on extra arguments).
+    cudaGetDriverEntryPoint, Runtime, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_RUNTIME,
+    |real| {
+        // Safety: as in cuGetProcAddress.
+        let r = unsafe { real(sym, pfn, flags, st) };
+        unsafe { wrap_out(r, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cudaGetDriverEntryPointByVersion`.
+    cudaGetDriverEntryPointByVersion, Runtime,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_RUNTIME,
+    |real| {
+        // Safety: as in cuGetProcAddress.
+        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        unsafe { wrap_out(r, pfn) };
+        r
+    }
+}
+
+/// Resolver hooks that resolvers can hand out.
+pub const ALL: &[HookDesc] = &[
+    cuGetProcAddress::DESC,
+    cuGetProcAddress_v2::DESC,
+    cuGetProcAddress_ptsz::DESC,
+    cudaGetDriverEntryPoint::DESC,
+    cudaGetDriverEntryPointByVersion::DESC,
+];
+
+/// Only names that could be hooked are worth an identity check.
+fn worth_wrapping(name: *const c_char) -> bool {
+    if name.is_null() {
+        return false;
+    }
+    // Safety: dlsym's contract: a NUL-terminated symbol name.
+    let b = unsafe { CStr::from_ptr(name) }.to_bytes();
+    b.starts_with(b"cu") || b.starts_with(b"__cuda")
+}
+
+/// The body of `dlsym` for explicit handles.
+unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let p = real::real_dlsym_addr();
+    if p == 0 {
+        return std::ptr::null_mut();
+    }
+    // Safety: libc's dlsym, found by name in libc's own table.
+    let f: real::DlsymFn = unsafe { std::mem::transmute::<usize, real::DlsymFn>(p) };
+    // Safety: forwarding the caller's arguments.
+    let r = unsafe { f(handle, name) };
+    if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
+        return r;
+    }
+    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize) as *mut c_void)).unwrap_or(r)
+}
+
+/// The body of `dlvsym` for explicit handles.
+unsafe extern "C" fn dlvsym_hook(handle: *mut c_void, name: *const c_char, version: *const c_char) -> *mut c_void {
+    let p = real::real_dlvsym_addr();
+    if p == 0 {
+        return std::ptr::null_mut();
+    }
+    // Safety: libc's dlvsym, found by name in libc's own table.
+    let f: real::DlvsymFn = unsafe { std::mem::transmute::<usize, real::DlvsymFn>(p) };
+    // Safety: forwarding the caller's arguments.
+    let r = unsafe { f(handle, name, version) };
+    if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
+        return r;
+    }
+    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize) as *mut c_void)).unwrap_or(r)
+}
+
+extern "C" fn init_dlsym() -> usize {
+    catch_unwind(real::real_dlsym_addr).unwrap_or(0)
+}
+
+extern "C" fn init_dlvsym() -> usize {
+    catch_unwind(real::real_dlvsym_addr).unwrap_or(0)
+}
+
+/// `dlsym`: RTLD_DEFAULT (0) and RTLD_NEXT (-1) tail-jump to libc's dlsym with the caller's
+/// return address intact; explicit handles go through [`dlsym_hook`].
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[cfg_attr(not(test), export_name = "dlsym")]
+pub unsafe extern "C" fn dlsym_export() {
+    core::arch::naked_asm!(
+        "test rdi, rdi",
+        "je 2f",
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {hook}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "je 3f",
+        "jmp rax",
+        "3:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {init}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "je 4f",
+        "jmp rax",
+        "4:",
+        "xor eax, eax",
+        "ret",
+        hook = sym dlsym_hook,
+        real = sym real::REAL_DLSYM,
+        init = sym init_dlsym,
+    )
+}
+
+/// `dlvsym`: as [`dlsym_export`].
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[cfg_attr(not(test), export_name = "dlvsym")]
+pub unsafe extern "C" fn dlvsym_export() {
+    core::arch::naked_asm!(
+        "test rdi, rdi",
+        "je 2f",
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {hook}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "je 3f",
+        "jmp rax",
+        "3:",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {init}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "je 4f",
+        "jmp rax",
+        "4:",
+        "xor eax, eax",
+        "ret",
+        hook = sym dlvsym_hook,
+        real = sym real::REAL_DLVSYM,
+        init = sym init_dlvsym,
+    )
+}
+
+/// `dlsym` on targets without the tail-jump stub: RTLD_NEXT is resolved relative to the shim.
+#[cfg(not(target_arch = "x86_64"))]
+#[cfg_attr(not(test), export_name = "dlsym")]
+pub unsafe extern "C" fn dlsym_export(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // Safety: forwarding the caller's arguments.
+    unsafe { dlsym_hook(handle, name) }
+}
+
+/// `dlvsym` on targets without the tail-jump stub.
+#[cfg(not(target_arch = "x86_64"))]
+#[cfg_attr(not(test), export_name = "dlvsym")]
+pub unsafe extern "C" fn dlvsym_export(handle: *mut c_void, name: *const c_char, v: *const c_char) -> *mut c_void {
+    // Safety: forwarding the caller's arguments.
+    unsafe { dlvsym_hook(handle, name, v) }
+}

@@ -1,0 +1,256 @@
+//! The hot path: a fixed-size event, a preallocated lock-free queue, the thread-local call depth,
+//! and the clock. Nothing here allocates or blocks (except the one-off queue creation).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+
+/// What a [`RawEvent`] is; the writer turns each into one `trace::Event`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RawKind {
+    /// `trace::Event::Alloc`.
+    Alloc = 1,
+    /// `trace::Event::Free`.
+    Free = 2,
+    /// `trace::Event::Vmm`; the op is in [`RawEvent::sub`].
+    Vmm = 3,
+    /// `trace::Event::KernelLaunch`; [`RawEvent::aux`] holds the function, `sub` its [`FuncKind`].
+    Launch = 4,
+    /// `trace::Event::PoolTrim`: `addr` = pool, `size` = bytes to keep.
+    PoolTrim = 5,
+    /// `trace::Event::Marker`: `aux` owns a leaked `Box<CString>` the writer frees.
+    Marker = 6,
+}
+
+/// How the writer resolves a launch's kernel name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FuncKind {
+    /// A runtime host stub address: `dladdr`.
+    HostStub = 0,
+    /// A driver `CUfunction`: `cuFuncGetName`.
+    CuFunction = 1,
+    /// A graph launch: no single kernel.
+    Graph = 2,
+}
+
+/// One intercepted call, as the hook saw it. Plain old data, copied into the queue.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+pub struct RawEvent {
+    /// CLOCK_MONOTONIC ns (absolute; the writer subtracts the origin).
+    pub ts: u64,
+    /// Address (or physical handle, pool, graph).
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Stream handle.
+    pub stream: u64,
+    /// Physical handle for a map, function for a launch, marker text pointer.
+    pub aux: u64,
+    /// Offset into the physical handle for a map.
+    pub offset: u64,
+    /// Return address in the calling module (0 = unknown).
+    pub caller: u64,
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory.
+    pub shared: u32,
+    /// OS thread id.
+    pub tid: u32,
+    /// CUDA result code.
+    pub result: i32,
+    /// `trace::Api` code.
+    pub api: u16,
+    /// [`RawKind`] as u8.
+    pub kind: u8,
+    /// `MemoryKind` index, `VmmOp` index or [`FuncKind`].
+    pub sub: u8,
+}
+
+/// Memory kinds as `RawEvent::sub` (the writer maps them to `trace::MemoryKind`).
+pub mod mem {
+    /// Device memory.
+    pub const DEVICE: u8 = 0;
+    /// Pinned host memory.
+    pub const PINNED_HOST: u8 = 1;
+    /// Managed memory.
+    pub const MANAGED: u8 = 2;
+    /// VMM physical handle.
+    pub const PHYSICAL: u8 = 3;
+    /// Registered host memory.
+    pub const HOST_REGISTERED: u8 = 4;
+    /// IPC import.
+    pub const IPC_IMPORT: u8 = 5;
+}
+
+/// VMM operations as `RawEvent::sub`.
+pub mod vmm {
+    /// `cuMemAddressReserve`.
+    pub const RESERVE: u8 = 0;
+    /// `cuMemAddressFree`.
+    pub const ADDRESS_FREE: u8 = 1;
+    /// `cuMemMap`.
+    pub const MAP: u8 = 2;
+    /// `cuMemUnmap`.
+    pub const UNMAP: u8 = 3;
+    /// `cuMemSetAccess`.
+    pub const SET_ACCESS: u8 = 4;
+}
+
+thread_local! {
+    // Const initialisers and no Drop: no TLS destructor is registered, so these stay usable
+    // while a thread is being torn down.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Marks the current thread as the shim's own (writer thread, own lookups): nothing it calls is
+/// recorded and the `dlsym` hook never wraps for it.
+pub fn set_internal(on: bool) {
+    let _ = INTERNAL.try_with(|c| c.set(on));
+}
+
+/// Whether the current thread is inside the shim's own work.
+pub fn is_internal() -> bool {
+    INTERNAL.try_with(|c| c.get()).unwrap_or(false)
+}
+
+/// Forget the cached thread id (the fork child's only thread has a new one).
+pub fn reset_tid_cache() {
+    let _ = TID.try_with(|c| c.set(0));
+}
+
+/// The OS thread id, cached per thread because `gettid` is a syscall.
+pub fn tid() -> u32 {
+    TID.try_with(|c| {
+        let t = c.get();
+        if t != 0 {
+            return t;
+        }
+        // Safety: gettid has no preconditions.
+        let t = unsafe { libc::gettid() } as u32;
+        c.set(t);
+        t
+    })
+    .unwrap_or_else(|_| {
+        // Safety: as above.
+        unsafe { libc::gettid() as u32 }
+    })
+}
+
+/// One level of hook nesting on this thread. Only the outermost level records: a runtime call
+/// that reaches the driver through a wrapped pointer is one call.
+pub struct Depth {
+    outer: bool,
+}
+
+impl Depth {
+    /// Enter a hook.
+    #[inline]
+    pub fn enter() -> Depth {
+        let outer = DEPTH
+            .try_with(|d| {
+                let v = d.get();
+                d.set(v + 1);
+                v == 0
+            })
+            .unwrap_or(true);
+        Depth { outer: outer && !is_internal() }
+    }
+
+    /// Whether this is the outermost hook on the thread (and the thread is not the shim's).
+    #[inline]
+    pub fn outer(&self) -> bool {
+        self.outer
+    }
+}
+
+impl Drop for Depth {
+    #[inline]
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+/// CLOCK_MONOTONIC in ns (vDSO, no syscall, no allocation).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // Safety: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+static QUEUE: AtomicPtr<ArrayQueue<RawEvent>> = AtomicPtr::new(std::ptr::null_mut());
+/// Events dropped because the queue stayed full.
+pub static LOST: AtomicU64 = AtomicU64::new(0);
+
+/// How long a producer waits for room before dropping: long enough for the writer to catch up
+/// with any burst, short enough never to stall a training step noticeably.
+const MAX_WAIT_NS: u64 = 20_000_000;
+
+/// The queue, creating it on first use with `capacity` slots.
+pub fn queue(capacity: usize) -> &'static ArrayQueue<RawEvent> {
+    let q = QUEUE.load(Ordering::Acquire);
+    if !q.is_null() {
+        // Safety: a published queue is never freed (a fork child replaces, and leaks, its copy).
+        return unsafe { &*q };
+    }
+    let fresh = Box::into_raw(Box::new(ArrayQueue::new(capacity)));
+    match QUEUE.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // Safety: we just published it and never free it.
+        Ok(_) => unsafe { &*fresh },
+        Err(won) => {
+            // Safety: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // Safety: as above for the winner.
+            unsafe { &*won }
+        }
+    }
+}
+
+/// The queue if it exists (the writer and the exit path never create it).
+pub fn existing_queue() -> Option<&'static ArrayQueue<RawEvent>> {
+    let q = QUEUE.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    (!q.is_null()).then(|| unsafe { &*q })
+}
+
+/// In a fork child: abandon the parent's queue (its events belong to the parent's trace).
+pub fn forget_queue() {
+    QUEUE.store(std::ptr::null_mut(), Ordering::Release);
+    LOST.store(0, Ordering::Relaxed);
+}
+
+/// Push an event; when the queue stays full past a bounded wait, drop it and count it. Returns
+/// the event back when it was dropped so that owned payloads can be released.
+pub fn push(q: &ArrayQueue<RawEvent>, ev: RawEvent) -> Result<(), RawEvent> {
+    let mut ev = match q.push(ev) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    let start = now_ns();
+    let mut spins = 0u32;
+    loop {
+        spins += 1;
+        if spins % 16 == 0 {
+            std::thread::yield_now();
+            if now_ns() - start > MAX_WAIT_NS {
+                LOST.fetch_add(1, Ordering::Relaxed);
+                return Err(ev);
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+        ev = match q.push(ev) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+    }
+}

@@ -1,0 +1,241 @@
+//! Process lifecycle: configuration at load, lazy start on the first recorded call, completion
+//! on every exit path (atexit, `_exit`, fatal signals), and fork handling.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::config::{Config, VARS};
+use crate::log::{self, LogLevel};
+use crate::raw::{self, RawEvent};
+use crate::writer::{self, DONE, NOT_STARTED, RUNNING};
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+static ORIGIN: AtomicU64 = AtomicU64::new(0);
+static RECORDING: AtomicBool = AtomicBool::new(true);
+static SIGNALS_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// How long an exit path waits for the writer to complete the trace. Bounded so that a wedged
+/// writer never keeps a dying process alive.
+const FINISH_WAIT: Duration = Duration::from_secs(5);
+
+fn load() -> Config {
+    let (cfg, errors) = Config::from_lookup(|k| std::env::var(k).ok());
+    log::set_level(cfg.log);
+    for e in &errors {
+        crate::log!(Warn, "{e}");
+    }
+    if log::enabled(LogLevel::Debug) {
+        for v in VARS.iter() {
+            crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
+        }
+    }
+    cfg
+}
+
+/// The configuration (read once).
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(load)
+}
+
+/// The pid whose trace this process state belongs to.
+pub fn owner_pid() -> u32 {
+    let p = OWNER_PID.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    // Safety: getpid has no preconditions.
+    let p = unsafe { libc::getpid() } as u32;
+    OWNER_PID.store(p, Ordering::Release);
+    p
+}
+
+/// Whether the calling process owns the trace state (false in a `vfork` child, which shares our
+/// memory and must not touch it).
+pub fn is_owner() -> bool {
+    // Safety: getpid has no preconditions.
+    owner_pid() == unsafe { libc::getpid() } as u32
+}
+
+/// The monotonic time event timestamps are relative to.
+pub fn clock_origin() -> u64 {
+    let o = ORIGIN.load(Ordering::Acquire);
+    if o != 0 {
+        return o;
+    }
+    let now = raw::now_ns();
+    match ORIGIN.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => now,
+        Err(o) => o,
+    }
+}
+
+/// Stop recording for good (size limit reached).
+pub fn stop_recording() {
+    RECORDING.store(false, Ordering::Release);
+}
+
+/// Stamp and queue one event. Cheap when the writer runs; starts it on first use.
+#[inline]
+pub fn record(mut ev: RawEvent) {
+    if !RECORDING.load(Ordering::Relaxed) {
+        writer::release(&ev);
+        return;
+    }
+    ev.ts = raw::now_ns();
+    ev.tid = raw::tid();
+    match writer::WRITER.load(Ordering::Acquire) {
+        RUNNING => {}
+        NOT_STARTED => start(),
+        _ => {
+            writer::release(&ev);
+            return;
+        }
+    }
+    if !is_owner() {
+        writer::release(&ev);
+        return;
+    }
+    let q = raw::queue(config().queue);
+    if let Err(ev) = raw::push(q, ev) {
+        writer::release(&ev);
+    }
+}
+
+#[cold]
+fn start() {
+    if !is_owner() {
+        return;
+    }
+    clock_origin();
+    install_signals();
+    writer::ensure_started();
+}
+
+/// Complete the trace: ask the writer to drain and write `ProcessExit`, and wait (bounded).
+/// Async-signal-safe: atomics and `nanosleep` only.
+pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
+    if !is_owner() {
+        return;
+    }
+    if let Some(s) = status {
+        writer::EXIT_STATUS.store(i64::from(s), Ordering::Release);
+    }
+    if let Some(s) = signal {
+        writer::EXIT_SIGNAL.store(s, Ordering::Release);
+    }
+    if writer::WRITER.load(Ordering::Acquire) != RUNNING {
+        return;
+    }
+    writer::FINISH.store(true, Ordering::Release);
+    let step = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+    let mut waited = Duration::ZERO;
+    while writer::WRITER.load(Ordering::Acquire) != DONE && waited < FINISH_WAIT {
+        // Safety: nanosleep with a valid timespec; async-signal-safe.
+        unsafe { libc::nanosleep(&step, std::ptr::null_mut()) };
+        waited += Duration::from_millis(1);
+    }
+    RECORDING.store(false, Ordering::Release);
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| finish(None, None));
+}
+
+const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+static mut PREVIOUS: [libc::sigaction; 2] = [unsafe { std::mem::zeroed() }; 2];
+
+fn install_signals() {
+    if SIGNALS_INSTALLED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    for (i, sig) in SIGNALS.iter().enumerate() {
+        // Safety: PREVIOUS[i] is written once here, before our handler is installed, and only
+        // read by the handler afterwards.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let prev = &raw mut PREVIOUS[i];
+            libc::sigaction(*sig, &sa, prev);
+        }
+    }
+}
+
+/// Fatal signal: complete the trace, then die by the same signal. A signal the program handles
+/// itself (Python's SIGINT → KeyboardInterrupt): flush and chain to its handler; the process
+/// keeps running and completes the trace at exit.
+extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
+    // Safety: written once before this handler was installed.
+    let prev = unsafe { *(&raw const PREVIOUS[i]) };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_IGN {
+        return;
+    }
+    if h == libc::SIG_DFL {
+        finish(None, Some(sig));
+        // Safety: restoring the default disposition and re-raising; the signal is blocked while
+        // this handler runs, so it is delivered (and kills us) when we return.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        return;
+    }
+    writer::FLUSH.store(true, Ordering::Release);
+    // Safety: calling the handler that was installed before ours, with the form it registered.
+    unsafe {
+        if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+/// Fork child: the parent's writer thread does not exist here, and its queued events belong to
+/// the parent's trace. Either start afresh (own `%p` file) or stop.
+extern "C" fn at_fork_child() {
+    raw::reset_tid_cache();
+    raw::forget_queue();
+    // Safety: getpid has no preconditions.
+    OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
+    writer::FINISH.store(false, Ordering::Release);
+    writer::FLUSH.store(false, Ordering::Release);
+    writer::EXIT_STATUS.store(i64::MIN, Ordering::Release);
+    writer::EXIT_SIGNAL.store(0, Ordering::Release);
+    let follow = CONFIG.get().is_none_or(|c| c.follow_fork);
+    if follow {
+        writer::WRITER.store(NOT_STARTED, Ordering::Release);
+    } else {
+        writer::WRITER.store(DONE, Ordering::Release);
+        RECORDING.store(false, Ordering::Release);
+    }
+}
+
+/// Runs when the library is loaded: read the configuration and register exit and fork
+/// handlers. Touches no CUDA library (they may not be loaded yet).
+extern "C" fn on_load() {
+    let _ = std::panic::catch_unwind(|| {
+        config();
+        owner_pid();
+        // Safety: registering plain extern "C" callbacks with libc.
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(at_fork_child));
+        }
+    });
+}
+
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -1,0 +1,467 @@
+//! The writer thread: drains the queue, turns raw events into `trace::Record`s, resolves names
+//! (caller modules, kernels) off the hot path, writes the file, and prints the exit summary.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use hashbrown::HashMap;
+use trace::{
+    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelLaunch, Level, Marker, MemoryKind, NameDef,
+    NameId, Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
+};
+
+use crate::config::{expand_out, Config};
+use crate::raw::{self, mem, vmm, FuncKind, RawEvent, RawKind};
+use crate::{log, real, state};
+
+/// Writer lifecycle, one value per process (reset in a fork child).
+pub static WRITER: AtomicU8 = AtomicU8::new(NOT_STARTED);
+/// No writer thread yet.
+pub const NOT_STARTED: u8 = 0;
+/// The writer thread runs.
+pub const RUNNING: u8 = 1;
+/// The trace is complete (or could not be written); nothing more is recorded.
+pub const DONE: u8 = 2;
+
+/// Set by the exit paths: write `ProcessExit` and stop.
+pub static FINISH: AtomicBool = AtomicBool::new(false);
+/// Set by a chained signal handler: flush now, the process may keep running.
+pub static FLUSH: AtomicBool = AtomicBool::new(false);
+/// Exit status for `ProcessExit`, `i64::MIN` = unknown.
+pub static EXIT_STATUS: AtomicI64 = AtomicI64::new(i64::MIN);
+/// Signal for `ProcessExit`, 0 = none.
+pub static EXIT_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// How often buffered events reach the file while the process runs, so that a process killed
+/// with SIGKILL leaves a trace readable up to a recent point.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+/// Start the writer thread if none runs. Called by the first recording hook.
+pub fn ensure_started() {
+    if WRITER.load(Ordering::Acquire) != NOT_STARTED {
+        return;
+    }
+    if WRITER.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("memtrace-writer".into()).spawn(|| {
+        let r = std::panic::catch_unwind(run);
+        if r.is_err() {
+            log!(Warn, "writer thread failed; recording stopped");
+        }
+        WRITER.store(DONE, Ordering::Release);
+    });
+    if let Err(e) = spawned {
+        log!(Warn, "cannot start the writer thread ({e}); recording disabled");
+        WRITER.store(DONE, Ordering::Release);
+    }
+}
+
+/// Per-trace counters for the exit summary.
+#[derive(Default)]
+struct Tally {
+    events: u64,
+    allocs: u64,
+    frees: u64,
+    launches: u64,
+    pinned: u64,
+    failed: u64,
+    live: HashMap<(bool, u64), u64>,
+    live_bytes: u64,
+    peak: u64,
+    over_limit: u64,
+}
+
+struct Names {
+    next: NameId,
+    by_text: HashMap<String, NameId>,
+    callers: HashMap<u64, Option<NameId>>,
+    kernels: HashMap<(u8, u64), Option<NameId>>,
+}
+
+struct Ctx {
+    w: BinaryWriter<File>,
+    origin: u64,
+    names: Names,
+    tally: Tally,
+    max_bytes: u64,
+    limit_hit: bool,
+}
+
+fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
+    let mut h = Header::new("libmemtrace", env!("CARGO_PKG_VERSION"), Level::Device);
+    h.pid = Some(pid);
+    h.clock_origin_ns = Some(origin);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    h.start_wall_ns = Some((wall.as_nanos() as u64).saturating_sub(raw::now_ns().saturating_sub(origin)));
+    h.command_line = std::fs::read("/proc/self/cmdline")
+        .map(|b| b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .unwrap_or_default();
+    let mut host = [0u8; 256];
+    // Safety: the buffer is valid for its length; gethostname NUL-terminates when it fits.
+    if unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0 {
+        let end = host.iter().position(|c| *c == 0).unwrap_or(host.len());
+        h.host_name = Some(String::from_utf8_lossy(&host[..end]).into_owned());
+    }
+    h.env = ALLOCATOR_ENV_VARS
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect::<BTreeMap<_, _>>();
+    h.caching_disabled = h.env_var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_some_and(truthy);
+    h.metadata.insert("memtrace.kernels".into(), (cfg.kernels as u8).to_string());
+    h
+}
+
+/// PyTorch treats any value other than empty and "0" as set.
+fn truthy(v: &str) -> bool {
+    let v = v.trim();
+    !v.is_empty() && v != "0"
+}
+
+fn block_signals() {
+    // Safety: plain sigset manipulation on a local set; affects only this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn run() {
+    raw::set_internal(true);
+    block_signals();
+    let cfg = state::config();
+    let pid = state::owner_pid();
+    let origin = state::clock_origin();
+    let path = expand_out(&cfg.out, pid);
+    // The trace goes straight to its final path, not through a rename: a process killed with
+    // SIGKILL must still leave a trace readable up to its last complete frame.
+    let file = match std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
+            return;
+        }
+    };
+    let w = match BinaryWriter::new(file, &header(cfg, pid, origin)) {
+        Ok(w) => w,
+        Err(e) => {
+            log!(Warn, "cannot write trace header to {path}: {e:#}; recording disabled");
+            return;
+        }
+    };
+    log!(Info, "tracing pid {pid} into {path}");
+    let names = Names { next: 0, by_text: HashMap::new(), callers: HashMap::new(), kernels: HashMap::new() };
+    let mut cx = Ctx { w, origin, names, tally: Tally::default(), max_bytes: cfg.max_bytes, limit_hit: false };
+    let q = raw::queue(cfg.queue);
+    let mut last_flush = std::time::Instant::now();
+    let mut dirty = false;
+    loop {
+        let finishing = FINISH.load(Ordering::Acquire);
+        let mut n = 0u32;
+        while let Some(ev) = q.pop() {
+            if let Err(e) = cx.handle(ev) {
+                log!(Warn, "writing {path} failed: {e:#}; recording stopped");
+                return;
+            }
+            n += 1;
+            if n % 8192 == 0 && last_flush.elapsed() >= FLUSH_EVERY {
+                let _ = cx.w.flush();
+                last_flush = std::time::Instant::now();
+            }
+        }
+        dirty |= n > 0;
+        if finishing {
+            cx.finish(&path);
+            return;
+        }
+        if dirty && (FLUSH.swap(false, Ordering::AcqRel) || last_flush.elapsed() >= FLUSH_EVERY) {
+            if let Err(e) = cx.w.flush() {
+                log!(Warn, "flushing {path} failed: {e:#}; recording stopped");
+                return;
+            }
+            last_flush = std::time::Instant::now();
+            dirty = false;
+        }
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+fn mem_kind(sub: u8) -> MemoryKind {
+    match sub {
+        mem::PINNED_HOST => MemoryKind::PinnedHost,
+        mem::MANAGED => MemoryKind::Managed,
+        mem::PHYSICAL => MemoryKind::Physical,
+        mem::HOST_REGISTERED => MemoryKind::HostRegistered,
+        mem::IPC_IMPORT => MemoryKind::IpcImport,
+        _ => MemoryKind::Device,
+    }
+}
+
+fn vmm_op(sub: u8) -> VmmOp {
+    match sub {
+        vmm::RESERVE => VmmOp::Reserve,
+        vmm::ADDRESS_FREE => VmmOp::AddressFree,
+        vmm::MAP => VmmOp::Map,
+        vmm::UNMAP => VmmOp::Unmap,
+        _ => VmmOp::SetAccess,
+    }
+}
+
+/// The file name of the shared object containing `addr`, via `dladdr`.
+fn module_of(addr: u64) -> Option<String> {
+    // Safety: dladdr only reads loader tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // Safety: dladdr returned a NUL-terminated path owned by the loader.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    let base = path.rsplit('/').next().unwrap_or(&path);
+    Some(if base.is_empty() { "main".to_string() } else { base.to_string() })
+}
+
+/// The symbol at exactly `addr` (a runtime kernel's host stub).
+fn symbol_at(addr: u64) -> Option<String> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // Safety: as in module_of.
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_sname.is_null() {
+        return None;
+    }
+    if info.dli_saddr as u64 != addr {
+        return None;
+    }
+    // Safety: NUL-terminated name owned by the loader.
+    Some(unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned())
+}
+
+/// `cuFuncGetName` through the real driver, when it exports it.
+fn cu_func_name(f: u64) -> Option<String> {
+    let p = real::driver_symbol(c"cuFuncGetName")?;
+    type FuncGetName = unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> i32;
+    // Safety: cuFuncGetName has this signature in every driver that exports it (12.3+).
+    let get: FuncGetName = unsafe { std::mem::transmute::<usize, FuncGetName>(p) };
+    let mut name: *const c_char = std::ptr::null();
+    // Safety: out-pointer is valid; the driver validates the function handle.
+    let r = unsafe { get(&mut name, f as *mut c_void) };
+    if r != 0 || name.is_null() {
+        return None;
+    }
+    // Safety: the driver returns a NUL-terminated string it owns.
+    Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+}
+
+impl Ctx {
+    fn rec(&self, ts: u64, tid: u32, event: Event) -> Record {
+        Record { ts_ns: Some(ts.saturating_sub(self.origin)), tid: Some(tid), device: None, event }
+    }
+
+    fn intern(&mut self, text: String) -> Result<NameId, trace::TraceError> {
+        if let Some(id) = self.names.by_text.get(&text) {
+            return Ok(*id);
+        }
+        let id = self.names.next;
+        self.names.next += 1;
+        self.w.write(&Record::bare(Event::Name(NameDef { id, text: text.clone() })))?;
+        self.names.by_text.insert(text, id);
+        Ok(id)
+    }
+
+    fn caller(&mut self, ra: u64) -> Result<Option<NameId>, trace::TraceError> {
+        if ra == 0 {
+            return Ok(None);
+        }
+        if let Some(c) = self.names.callers.get(&ra) {
+            return Ok(*c);
+        }
+        let id = match module_of(ra) {
+            Some(m) => Some(self.intern(m)?),
+            None => None,
+        };
+        self.names.callers.insert(ra, id);
+        Ok(id)
+    }
+
+    fn kernel(&mut self, kind: u8, f: u64) -> Result<Option<NameId>, trace::TraceError> {
+        if f == 0 || kind == FuncKind::Graph as u8 {
+            return Ok(None);
+        }
+        if let Some(n) = self.names.kernels.get(&(kind, f)) {
+            return Ok(*n);
+        }
+        let text = if kind == FuncKind::CuFunction as u8 { cu_func_name(f) } else { symbol_at(f) };
+        let id = match text {
+            Some(t) => Some(self.intern(t)?),
+            None => None,
+        };
+        self.names.kernels.insert((kind, f), id);
+        Ok(id)
+    }
+
+    fn handle(&mut self, ev: RawEvent) -> Result<(), trace::TraceError> {
+        if self.limit_hit {
+            self.tally.over_limit += 1;
+            release(&ev);
+            return Ok(());
+        }
+        let api = Api::from_code(ev.api);
+        let event = match ev.kind {
+            k if k == RawKind::Alloc as u8 => {
+                let caller = self.caller(ev.caller)?;
+                let m = mem_kind(ev.sub);
+                if ev.result == 0 {
+                    self.tally.allocs += u64::from(m.is_device());
+                    self.tally.pinned += u64::from(m == MemoryKind::PinnedHost);
+                    if m.is_device() {
+                        self.tally.live.insert((m == MemoryKind::Physical, ev.addr), ev.size);
+                        self.tally.live_bytes += ev.size;
+                        self.tally.peak = self.tally.peak.max(self.tally.live_bytes);
+                    }
+                } else {
+                    self.tally.failed += 1;
+                }
+                Event::Alloc(Alloc {
+                    addr: ev.addr,
+                    size: ev.size,
+                    stream: ev.stream as i64,
+                    mem: m,
+                    api,
+                    result: ev.result,
+                    origin: Origin::Outcome,
+                    category: None,
+                    caller,
+                    stack: None,
+                })
+            }
+            k if k == RawKind::Free as u8 => {
+                let caller = self.caller(ev.caller)?;
+                let m = mem_kind(ev.sub);
+                let mut size = (ev.size != 0).then_some(ev.size);
+                if ev.result == 0 && m.is_device() {
+                    self.tally.frees += 1;
+                    if let Some(s) = self.tally.live.remove(&(m == MemoryKind::Physical, ev.addr)) {
+                        self.tally.live_bytes -= s;
+                        size = Some(s);
+                    }
+                } else if ev.result != 0 {
+                    self.tally.failed += 1;
+                }
+                Event::Free(Free {
+                    addr: ev.addr,
+                    size,
+                    stream: ev.stream as i64,
+                    mem: m,
+                    api,
+                    result: ev.result,
+                    origin: Origin::Outcome,
+                    stage: FreeStage::Immediate,
+                    caller,
+                    stack: None,
+                })
+            }
+            k if k == RawKind::Vmm as u8 => {
+                let caller = self.caller(ev.caller)?;
+                Event::Vmm(Vmm {
+                    op: vmm_op(ev.sub),
+                    addr: ev.addr,
+                    size: ev.size,
+                    handle: ev.aux,
+                    offset: ev.offset,
+                    api,
+                    result: ev.result,
+                    origin: Origin::Outcome,
+                    stream: 0,
+                    caller,
+                })
+            }
+            k if k == RawKind::Launch as u8 => {
+                self.tally.launches += 1;
+                let name = self.kernel(ev.sub, ev.aux)?;
+                Event::KernelLaunch(KernelLaunch {
+                    api,
+                    name,
+                    grid: ev.grid,
+                    block: ev.block,
+                    shared_mem: ev.shared,
+                    stream: ev.stream as i64,
+                    result: ev.result,
+                })
+            }
+            k if k == RawKind::PoolTrim as u8 => {
+                Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result: ev.result })
+            }
+            _ => {
+                // Safety: markers carry a pointer from CString::into_raw made by the hook; only
+                // the writer reclaims it, exactly once.
+                let text = unsafe { CString::from_raw(ev.aux as *mut c_char) };
+                Event::Marker(Marker { text: text.to_string_lossy().into_owned() })
+            }
+        };
+        self.tally.events += 1;
+        let r = self.rec(ev.ts, ev.tid, event);
+        self.w.write(&r)?;
+        if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
+            self.limit_hit = true;
+            let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+            let r = self.rec(raw::now_ns(), raw::tid(), Event::Marker(Marker { text }));
+            self.w.write(&r)?;
+            self.w.flush()?;
+            state::stop_recording();
+            log!(Warn, "MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, path: &str) {
+        let status = EXIT_STATUS.load(Ordering::Acquire);
+        let signal = EXIT_SIGNAL.load(Ordering::Acquire);
+        let lost = raw::LOST.load(Ordering::Acquire);
+        let exit = ProcessExit {
+            status: (status != i64::MIN).then_some(status as i32),
+            signal: (signal != 0).then_some(signal),
+            lost_events: lost,
+        };
+        let r = self.rec(raw::now_ns(), raw::tid(), Event::ProcessExit(exit));
+        let res = self.w.write(&r).and_then(|_| self.w.finish().map(|_| ()));
+        if let Err(e) = res {
+            log!(Warn, "finishing {path} failed: {e:#}");
+        }
+        if !state::config().quiet {
+            let t = &self.tally;
+            let mut b = log::StackBuf::new();
+            use std::fmt::Write;
+            let _ = write!(
+                b,
+                "memtrace: {} events ({} allocs, {} frees, {} kernel launches, {} pinned host allocs, {} failed calls), \
+                 peak live device bytes {} ({:.1} MiB), lost {}{} -> {}\n",
+                t.events,
+                t.allocs,
+                t.frees,
+                t.launches,
+                t.pinned,
+                t.failed,
+                t.peak,
+                t.peak as f64 / (1u64 << 20) as f64,
+                lost,
+                if t.over_limit > 0 { format!(", {} not recorded past MEMTRACE_MAX_BYTES", t.over_limit) } else { String::new() },
+                path
+            );
+            log::write_fd(2, b.as_bytes());
+        }
+    }
+}
+
+/// Free what an event owns when it is not written.
+pub fn release(ev: &RawEvent) {
+    if ev.kind == RawKind::Marker as u8 && ev.aux != 0 {
+        // Safety: see Ctx::handle; an event is either written or released, never both.
+        drop(unsafe { CString::from_raw(ev.aux as *mut c_char) });
+    }
+}

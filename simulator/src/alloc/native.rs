@@ -1,0 +1,641 @@
+//! The device allocator: `malloc`, `free`, best fit, split/merge, the OOM chain and releasing
+//! cached memory (spec §4–§9). Expandable segments live in `expandable.rs`, seeding and views
+//! in `state.rs`.
+
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
+
+use super::block::{Arena, Block, Pool, State, NIL};
+use super::config::AllocatorConfig;
+use super::request::{DeviceEvent, OomInfo, Outcome, ReplayError, Request};
+use super::rounding::{get_allocation_size, is_small, round_size, K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
+use super::stats::{MemoryStats, StatArray, ALL, LARGE_POOL, SMALL_POOL};
+use super::version::TorchVersion;
+
+/// Device memory assumed when no capacity is given: it sizes expandable reservations and the
+/// memory fraction's base.
+pub const DEFAULT_TOTAL_MEMORY: u64 = 80 << 30;
+/// Requests above this fail like a `cudaMalloc` that cannot be satisfied, even without a
+/// capacity, so synthetic addresses never overflow.
+pub const MAX_SEGMENT: u64 = 1 << 48;
+/// First synthetic segment base; far from the 0x7f… range where recorded CUDA addresses live.
+const SYNTHETIC_BASE: u64 = 0x1000_0000_0000;
+const SEGMENT_ALIGN: u64 = 2 << 20;
+
+pub(super) const SMALL: usize = 0;
+pub(super) const LARGE: usize = 1;
+
+#[inline]
+pub(super) fn pool_of(small: bool) -> usize {
+    if small {
+        SMALL
+    } else {
+        LARGE
+    }
+}
+
+#[inline]
+fn inc(a: &mut StatArray, small: bool, n: u64) {
+    a[ALL].increase(n as i64);
+    a[if small { SMALL_POOL } else { LARGE_POOL }].increase(n as i64);
+}
+
+#[inline]
+fn dec(a: &mut StatArray, small: bool, n: u64) {
+    a[ALL].decrease(n as i64);
+    a[if small { SMALL_POOL } else { LARGE_POOL }].decrease(n as i64);
+}
+
+/// Signed change to a stat array (free_block's net inactive-split change).
+fn change(a: &mut StatArray, small: bool, n: i64) {
+    if n > 0 {
+        inc(a, small, n as u64);
+    } else if n < 0 {
+        dec(a, small, n.unsigned_abs());
+    }
+}
+
+/// A device allocation: a native segment or an expandable reservation.
+#[derive(Debug, Clone)]
+pub(super) struct Segment {
+    pub size: u64,
+    pub head: u32,
+    pub stream: i64,
+    pub small: bool,
+    pub expandable: bool,
+}
+
+/// One device's caching allocator.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    pub(super) cfg: AllocatorConfig,
+    pub(super) version: TorchVersion,
+    pub(super) capacity: Option<u64>,
+    pub(super) total_memory: u64,
+    pub(super) arena: Arena,
+    pub(super) pools: [Pool; 2],
+    /// Allocated and pending-free blocks by address.
+    pub(super) live: HashMap<u64, u32>,
+    pub(super) segments: BTreeMap<u64, Segment>,
+    pub(super) pending_events: Vec<u32>,
+    pub(super) allowed_max: Option<u64>,
+    pub(super) next_synthetic: u64,
+    pub(super) stats: MemoryStats,
+}
+
+impl Allocator {
+    /// A fresh allocator for one device. `capacity` is the device memory the allocator may
+    /// obtain (cudaMalloc and cuMemCreate fail beyond it); None means unlimited.
+    pub fn new(cfg: AllocatorConfig, version: TorchVersion, capacity: Option<u64>) -> Self {
+        let total_memory = capacity.unwrap_or(DEFAULT_TOTAL_MEMORY);
+        let allowed_max = cfg.per_process_memory_fraction.map(|f| (f * total_memory as f64) as u64);
+        let stats = MemoryStats {
+            max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 },
+            ..MemoryStats::default()
+        };
+        Allocator {
+            cfg,
+            version,
+            capacity,
+            total_memory,
+            arena: Arena::default(),
+            pools: [Pool::default(), Pool::default()],
+            live: HashMap::new(),
+            segments: BTreeMap::new(),
+            pending_events: Vec::new(),
+            allowed_max,
+            next_synthetic: SYNTHETIC_BASE,
+            stats,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.cfg
+    }
+
+    /// The release whose rules apply.
+    pub fn version(&self) -> TorchVersion {
+        self.version
+    }
+
+    /// `memory_stats()`.
+    pub fn stats(&self) -> &MemoryStats {
+        &self.stats
+    }
+
+    /// Number of blocks the model holds (allocated, pending, free and unmapped).
+    pub fn block_count(&self) -> usize {
+        self.arena.live_slots()
+    }
+
+    /// Apply one request. Never panics; a request that cannot apply (unknown address, double
+    /// free) returns an error and leaves the state unchanged.
+    pub fn apply(&mut self, req: &Request) -> Result<Outcome, ReplayError> {
+        let mut out = Outcome::default();
+        match *req {
+            Request::Alloc { size, stream, recorded_addr } => self.malloc(size, stream, recorded_addr, &mut out),
+            Request::FreeRequested { addr } => {
+                let i = self.request_free(addr)?;
+                self.arena[i].state = State::PendingExplicit;
+                self.arena[i].stream_uses.clear();
+                out.block_size = self.arena[i].size;
+            }
+            Request::Free { addr } => {
+                let i = self.request_free(addr)?;
+                out.block_size = self.arena[i].size;
+                if self.arena[i].stream_uses.is_empty() {
+                    self.free_block(i);
+                } else {
+                    self.arena[i].stream_uses.clear();
+                    self.arena[i].state = State::PendingEvents;
+                    self.pending_events.push(i);
+                }
+            }
+            Request::FreeCompleted { addr } => {
+                let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                match self.arena[i].state {
+                    State::Allocated => return Err(ReplayError::NotRequested { addr }),
+                    State::PendingEvents => self.pending_events.retain(|&p| p != i),
+                    _ => {}
+                }
+                out.block_size = self.arena[i].size;
+                self.free_block(i);
+            }
+            Request::RecordStream { addr, stream } => {
+                let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                let b = &mut self.arena[i];
+                if b.state != State::Allocated {
+                    return Err(ReplayError::NotAllocated { addr });
+                }
+                if stream != b.stream && !b.stream_uses.contains(&stream) {
+                    b.stream_uses.push(stream);
+                }
+            }
+            Request::EmptyCache => self.release_cached_blocks(&mut out),
+            Request::SetMemoryFraction(f) => {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(ReplayError::InvalidFraction(f));
+                }
+                self.allowed_max = Some((f * self.total_memory as f64) as u64);
+            }
+            Request::ResetPeakStats => self.stats.reset_peaks(),
+        }
+        Ok(out)
+    }
+
+    /// `free()`: the program's release; allocated counters drop at once.
+    fn request_free(&mut self, addr: u64) -> Result<u32, ReplayError> {
+        let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+        let b = &self.arena[i];
+        if b.state != State::Allocated {
+            return Err(ReplayError::DoubleFree { addr });
+        }
+        let (small, size) = (b.small, b.size);
+        dec(&mut self.stats.allocation, small, 1);
+        dec(&mut self.stats.allocated_bytes, small, size);
+        if size >= self.cfg.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        Ok(i)
+    }
+
+    fn gc_active(&self) -> bool {
+        self.allowed_max.is_some() && self.cfg.garbage_collection_threshold > 0.0
+    }
+
+    fn malloc(&mut self, orig: u64, stream: i64, recorded: Option<u64>, out: &mut Outcome) {
+        if orig == 0 {
+            // allocate(0) returns nullptr without touching the allocator.
+            return;
+        }
+        if !self.pending_events.is_empty() {
+            self.process_events(out);
+        }
+        let size = round_size(orig, &self.cfg.roundup_power2_divisions);
+        let small = is_small(size);
+        let alloc_size = get_allocation_size(size);
+        let mut found = self.get_free_block(small, stream, size);
+        if found.is_none() {
+            if self.gc_active() {
+                self.garbage_collect_cached_blocks(out);
+            }
+            found = self.alloc_block(small, stream, size, alloc_size, recorded, out);
+            if found.is_none() && self.release_available_cached_blocks(small, stream, size, out) {
+                found = self.alloc_block(small, stream, size, alloc_size, recorded, out);
+            }
+            if found.is_none() {
+                self.release_cached_blocks(out);
+                self.stats.num_alloc_retries += 1;
+                out.retried = true;
+                found = self.alloc_block(small, stream, size, alloc_size, recorded, out);
+            }
+        }
+        let Some(i) = found else {
+            self.stats.num_ooms += 1;
+            out.oom = Some(OomInfo {
+                rounded_size: size,
+                requested_size: orig,
+                reserved: self.reserved(),
+                allocated: self.stats.allocated_bytes[ALL].current as u64,
+                device_free: self.capacity.map(|c| c.saturating_sub(self.reserved())),
+            });
+            return;
+        };
+        let split = self.should_split(i, size);
+        self.alloc_found_block(i, size, orig, split);
+        out.addr = Some(self.arena[i].addr);
+        out.block_size = self.arena[i].size;
+    }
+
+    pub(super) fn reserved(&self) -> u64 {
+        self.stats.reserved_bytes[ALL].current as u64
+    }
+
+    /// The oversize slack R: `kLargeBuffer` in 2.4, `max_non_split_rounding` from 2.5.
+    fn non_split_rounding(&self) -> u64 {
+        if self.version >= TorchVersion::V2_5 {
+            self.cfg.max_non_split_rounding
+        } else {
+            K_LARGE_BUFFER
+        }
+    }
+
+    fn expandable_size(&self, i: u32) -> u64 {
+        let b = &self.arena[i];
+        let tail = if b.next != NIL && !self.arena[b.next].mapped { self.arena[b.next].size } else { 0 };
+        b.size + tail
+    }
+
+    /// Best fit by (stream, size, addr), then the expandable adjustment and the oversize rules
+    /// on that single candidate.
+    fn get_free_block(&mut self, small: bool, stream: i64, size: u64) -> Option<u32> {
+        let p = pool_of(small);
+        if self.gc_active() {
+            self.pools[p].free_calls += 1;
+        }
+        let pool = &self.pools[p];
+        let mut it = pool.blocks.range((stream, size, 0)..);
+        let (&(s, _, _), &first) = it.next()?;
+        if s != stream {
+            return None;
+        }
+        let mut cand = first;
+        if self.arena[cand].expandable {
+            if self.cfg.expandable_segments {
+                for (&(s, _, _), &next) in it {
+                    if !self.arena[cand].expandable
+                        || s != stream
+                        || self.expandable_size(next) >= self.expandable_size(cand)
+                    {
+                        break;
+                    }
+                    cand = next;
+                }
+            } else {
+                // Expandable segments were switched off: only non-expandable blocks qualify.
+                loop {
+                    let (&(s, _, _), &next) = it.next()?;
+                    if s != stream {
+                        return None;
+                    }
+                    if !self.arena[next].expandable {
+                        cand = next;
+                        break;
+                    }
+                }
+            }
+        }
+        let msp = self.cfg.max_split_size;
+        let bsize = self.arena[cand].size;
+        if size < msp && bsize >= msp {
+            return None;
+        }
+        if size >= msp && bsize >= size.saturating_add(self.non_split_rounding()) {
+            return None;
+        }
+        self.pools[p].remove(&self.arena, cand);
+        Some(cand)
+    }
+
+    fn should_split(&self, i: u32, size: u64) -> bool {
+        let b = &self.arena[i];
+        let remaining = b.size - size;
+        if b.small || self.cfg.expandable_segments {
+            remaining >= K_MIN_BLOCK_SIZE
+        } else {
+            size < self.cfg.max_split_size && remaining > K_SMALL_SIZE
+        }
+    }
+
+    fn alloc_found_block(&mut self, i: u32, size: u64, orig: u64, split: bool) {
+        let (small, expandable, already_split) = {
+            let b = &self.arena[i];
+            (b.small, b.expandable, b.is_split())
+        };
+        if split {
+            let rem = self.arena.split_off(i, size);
+            self.pools[pool_of(small)].insert(&mut self.arena, rem);
+            if !expandable {
+                if already_split {
+                    // An already-split inactive block shrinks by `size`.
+                    dec(&mut self.stats.inactive_split_bytes, small, size);
+                } else {
+                    inc(&mut self.stats.inactive_split_bytes, small, self.arena[rem].size);
+                    inc(&mut self.stats.inactive_split, small, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            let bsize = self.arena[i].size;
+            dec(&mut self.stats.inactive_split_bytes, small, bsize);
+            dec(&mut self.stats.inactive_split, small, 1);
+        }
+        let b = &mut self.arena[i];
+        b.state = State::Allocated;
+        b.requested = orig;
+        b.stream_uses.clear();
+        let (addr, bsize) = (b.addr, b.size);
+        self.live.insert(addr, i);
+        let st = &mut self.stats;
+        inc(&mut st.allocation, small, 1);
+        inc(&mut st.allocated_bytes, small, bsize);
+        inc(&mut st.active, small, 1);
+        inc(&mut st.active_bytes, small, bsize);
+        inc(&mut st.requested_bytes, small, orig);
+        if bsize >= self.cfg.max_split_size {
+            st.oversize_allocations.increase(1);
+        }
+    }
+
+    /// Whether `n` can merge into a neighbour with the given mapped flag.
+    pub(super) fn mergeable(&self, n: u32, mapped: bool) -> bool {
+        n != NIL && self.arena[n].state == State::Free && self.arena[n].mapped == mapped
+    }
+
+    /// Merges the free neighbours of `i` (which is in no pool) into it; returns the surviving
+    /// slot and the sizes absorbed from each side (0 when no merge).
+    pub(super) fn merge_neighbours(&mut self, mut i: u32) -> (u32, [u64; 2]) {
+        let mapped = self.arena[i].mapped;
+        let p = pool_of(self.arena[i].small);
+        let mut absorbed = [0u64; 2];
+        let prev = self.arena[i].prev;
+        if self.mergeable(prev, mapped) {
+            self.pools[p].remove(&self.arena, prev);
+            absorbed[0] = self.arena[prev].size;
+            self.arena.absorb_next(prev);
+            i = prev;
+        }
+        let next = self.arena[i].next;
+        if self.mergeable(next, mapped) {
+            self.pools[p].remove(&self.arena, next);
+            absorbed[1] = self.arena.absorb_next(i);
+        }
+        (i, absorbed)
+    }
+
+    /// `free_block`: the memory becomes reusable; merge and return to the pool.
+    pub(super) fn free_block(&mut self, i: u32) {
+        let (addr, orig_size, requested, small, expandable) = {
+            let b = &mut self.arena[i];
+            b.state = State::Free;
+            let r = b.requested;
+            b.requested = 0;
+            (b.addr, b.size, r, b.small, b.expandable)
+        };
+        self.live.remove(&addr);
+        let (i, absorbed) = self.merge_neighbours(i);
+        let mut net_blocks: i64 = 0;
+        let mut net_size: i64 = 0;
+        for a in absorbed.into_iter().filter(|&a| a > 0) {
+            net_blocks -= 1;
+            net_size -= a as i64;
+        }
+        self.pools[pool_of(small)].insert(&mut self.arena, i);
+        if self.arena[i].is_split() {
+            net_blocks += 1;
+            net_size += self.arena[i].size as i64;
+        }
+        let st = &mut self.stats;
+        if !expandable {
+            change(&mut st.inactive_split, small, net_blocks);
+            change(&mut st.inactive_split_bytes, small, net_size);
+        }
+        dec(&mut st.active, small, 1);
+        dec(&mut st.active_bytes, small, orig_size);
+        dec(&mut st.requested_bytes, small, requested);
+    }
+
+    /// `process_events`: the model treats every recorded event as complete by the next malloc.
+    fn process_events(&mut self, out: &mut Outcome) {
+        for i in std::mem::take(&mut self.pending_events) {
+            out.completed_frees.push(self.arena[i].addr);
+            self.free_block(i);
+        }
+    }
+
+    /// `alloc_block`: a new segment (or expandable mapping) for the request.
+    fn alloc_block(
+        &mut self,
+        small: bool,
+        stream: i64,
+        size: u64,
+        alloc_size: u64,
+        recorded: Option<u64>,
+        out: &mut Outcome,
+    ) -> Option<u32> {
+        if let Some(max) = self.allowed_max {
+            if self.reserved().saturating_add(alloc_size) > max {
+                return None;
+            }
+        }
+        if self.cfg.expandable_segments {
+            return self.try_allocate_expandable_block(small, stream, size, recorded, out);
+        }
+        if alloc_size > MAX_SEGMENT || self.capacity.is_some_and(|c| self.reserved() + alloc_size > c) {
+            return None;
+        }
+        let addr = self.choose_base(alloc_size, recorded);
+        let i = self.arena.insert(Block::free(addr, alloc_size, stream, small, false, true));
+        self.segments.insert(addr, Segment { size: alloc_size, head: i, stream, small, expandable: false });
+        inc(&mut self.stats.segment, small, 1);
+        inc(&mut self.stats.reserved_bytes, small, alloc_size);
+        if alloc_size >= self.cfg.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        out.device_events.push(DeviceEvent::SegmentAlloc { addr, size: alloc_size });
+        Some(i)
+    }
+
+    /// Whether [addr, addr+size) meets a segment the model holds.
+    pub(super) fn overlaps(&self, addr: u64, size: u64) -> bool {
+        let Some(end) = addr.checked_add(size) else { return true };
+        self.segments.range(..end).next_back().is_some_and(|(&b, s)| b + s.size > addr)
+    }
+
+    /// Base for a new device range: the recorded address when it is free, else the next
+    /// synthetic 2 MiB-aligned address that does not meet an existing segment.
+    pub(super) fn choose_base(&mut self, size: u64, recorded: Option<u64>) -> u64 {
+        if let Some(a) = recorded {
+            if !self.overlaps(a, size) {
+                return a;
+            }
+        }
+        self.synthetic_base(size)
+    }
+
+    pub(super) fn synthetic_base(&mut self, size: u64) -> u64 {
+        let mut cand = self.next_synthetic.div_ceil(SEGMENT_ALIGN) * SEGMENT_ALIGN;
+        while let Some((&b, s)) = self.segments.range(..cand + size).next_back().filter(|(&b, s)| b + s.size > cand) {
+            cand = (b + s.size).div_ceil(SEGMENT_ALIGN) * SEGMENT_ALIGN;
+        }
+        self.next_synthetic = cand + size;
+        cand
+    }
+
+    /// `release_block`: cudaFree a whole, unsplit, free native segment.
+    fn release_block(&mut self, i: u32, out: &mut Outcome) {
+        let (addr, size, small) = {
+            let b = &self.arena[i];
+            (b.addr, b.size, b.small)
+        };
+        self.pools[pool_of(small)].remove(&self.arena, i);
+        self.segments.remove(&addr);
+        self.arena.remove(i);
+        dec(&mut self.stats.segment, small, 1);
+        dec(&mut self.stats.reserved_bytes, small, size);
+        if size >= self.cfg.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.stats.num_device_free += 1;
+        out.device_events.push(DeviceEvent::SegmentFree { addr, size });
+    }
+
+    /// A free block `release_block` may take. PyTorch would cudaFree a split block here too
+    /// (corrupting its neighbours); the model refuses instead.
+    fn releasable(&self, i: u32) -> bool {
+        let b = &self.arena[i];
+        !b.expandable && !b.is_split()
+    }
+
+    fn release_available_cached_blocks(&mut self, small: bool, stream: i64, size: u64, out: &mut Outcome) -> bool {
+        let msp = self.cfg.max_split_size;
+        if msp == u64::MAX {
+            return false;
+        }
+        let key = size.max(msp);
+        let pool = &self.pools[pool_of(small)];
+        let hit = pool.blocks.range((stream, key, 0)..).next().map(|(&(s, _, _), &i)| (s, i));
+        let skip_expandable = self.version >= TorchVersion::V2_5;
+        match hit {
+            Some((s, i)) if s == stream && !(skip_expandable && self.arena[i].expandable) => {
+                if !self.releasable(i) {
+                    return false;
+                }
+                self.release_block(i, out);
+                true
+            }
+            _ => {
+                // No single block is large enough: free oversize blocks, largest first.
+                let mut victims = Vec::new();
+                let mut total = 0u64;
+                for (&(s, bsize, _), &i) in pool.blocks.range(..(stream, key, 0)).rev() {
+                    if total >= key || bsize < msp || s != stream {
+                        break;
+                    }
+                    if self.releasable(i) {
+                        victims.push(i);
+                        total += bsize;
+                    }
+                }
+                for i in victims {
+                    self.release_block(i, out);
+                }
+                total >= key
+            }
+        }
+    }
+
+    /// `release_cached_blocks` (also `empty_cache`): sync pending frees, then release every
+    /// unsplit free segment (large pool first) and unmap free expandable pages.
+    pub(super) fn release_cached_blocks(&mut self, out: &mut Outcome) {
+        self.stats.num_sync_all_streams += 1;
+        self.process_events(out);
+        for p in [LARGE, SMALL] {
+            let mut to_unmap = Vec::new();
+            let order: Vec<u32> = self.pools[p].blocks.values().copied().collect();
+            for i in order {
+                if self.arena[i].expandable {
+                    to_unmap.push(i);
+                } else if !self.arena[i].is_split() {
+                    self.release_block(i, out);
+                }
+            }
+            for i in to_unmap {
+                if let Some(u) = self.unmap_block(i, out) {
+                    if !self.arena[u].is_split() {
+                        self.release_expandable_segment(u);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `garbage_collect_cached_blocks`: with a memory fraction and a threshold, release old
+    /// unsplit large-pool blocks until usage falls to the threshold.
+    fn garbage_collect_cached_blocks(&mut self, out: &mut Outcome) {
+        let Some(max) = self.allowed_max else { return };
+        let threshold = (self.cfg.garbage_collection_threshold * max as f64) as u64;
+        let total = self.reserved();
+        if total <= threshold {
+            return;
+        }
+        let target = total - threshold;
+        let calls = self.pools[LARGE].free_calls;
+        let age = |b: &Block| calls - b.gc_base;
+        let mut total_age = 0u64;
+        let mut freeable = 0u64;
+        for &i in self.pools[LARGE].blocks.values() {
+            if !self.arena[i].is_split() {
+                total_age += age(&self.arena[i]);
+                freeable += 1;
+            }
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && freeable > 0 {
+            let threshold_age = total_age as f64 / freeable as f64;
+            freed_any = false;
+            let order: Vec<u32> = self.pools[LARGE].blocks.values().copied().collect();
+            for i in order {
+                let b = &self.arena[i];
+                if self.releasable(i) && age(b) as f64 >= threshold_age {
+                    freed_any = true;
+                    reclaimed += b.size;
+                    total_age -= age(b);
+                    freeable -= 1;
+                    self.release_block(i, out);
+                }
+            }
+        }
+    }
+
+    /// Size of the largest free mapped block in any pool and stream.
+    pub fn largest_free_block(&self) -> u64 {
+        let mut best = 0;
+        for pool in &self.pools {
+            let mut upper: Option<i64> = None;
+            loop {
+                let last = match upper {
+                    None => pool.blocks.keys().next_back(),
+                    Some(s) => pool.blocks.range(..(s, 0, 0)).next_back().map(|(k, _)| k),
+                };
+                let Some(&(s, size, _)) = last else { break };
+                best = best.max(size);
+                upper = Some(s);
+            }
+        }
+        best
+    }
+}

@@ -1,0 +1,127 @@
+//! `memsim convert IN OUT`: the format is chosen by each path's extension.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use simulator::perfetto::PerfettoBuilder;
+use simulator::replay::ReplayOptions;
+use trace::{Header, Record, TraceWriter};
+
+use crate::input::{import_snapshot, Kind};
+
+/// Arguments of `memsim convert`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Input: .mtrace, .jsonl or snapshot .pickle/.pkl.
+    input: PathBuf,
+    /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
+    output: PathBuf,
+}
+
+enum Out {
+    Trace,
+    Pickle,
+    Perfetto,
+}
+
+fn out_kind(p: &Path) -> Result<Out> {
+    match p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("mtrace") | Some("jsonl") => Ok(Out::Trace),
+        Some("pickle") | Some("pkl") => Ok(Out::Pickle),
+        Some("json") => Ok(Out::Perfetto),
+        _ => bail!(
+            "{}: unknown output format: expected .mtrace, .jsonl, .pickle (memory_viz) or .json (Perfetto)",
+            p.display()
+        ),
+    }
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let in_kind = crate::input::kind(&a.input)?;
+    if !a.input.exists() {
+        bail!("{}: no such file", a.input.display());
+    }
+    let out = out_kind(&a.output)?;
+    match (in_kind, out) {
+        (Kind::Trace, Out::Trace) => {
+            let s = trace::convert(&a.input, &a.output)
+                .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
+            report(&a, s.records, s.truncated);
+        }
+        (Kind::Snapshot, Out::Trace) => {
+            let (header, records) = import_snapshot(&a.input)?;
+            write_trace(&a.output, &header, &records)?;
+            report(&a, records.len() as u64, false);
+        }
+        (_, Out::Pickle) => {
+            let (header, records) = read_all(&a.input)?;
+            simulator::snapshot::write_snapshot(&a.output, &header, &records)
+                .with_context(|| format!("writing {}", a.output.display()))?;
+            report(&a, records.len() as u64, false);
+            eprintln!("open it at https://pytorch.org/memory_viz (drag the file onto the page)");
+        }
+        (_, Out::Perfetto) => {
+            let read = crate::input::for_each_record(
+                &a.input,
+                |h| Ok(PerfettoBuilder::new(h, ReplayOptions::default())?),
+                |b, r| {
+                    b.observe(r);
+                    Ok(())
+                },
+            )?;
+            let v = read.state.finish(&read.header);
+            write_atomic(&a.output, |w| Ok(serde_json::to_writer(w, &v)?))?;
+            report(&a, 0, false);
+            eprintln!("open it at https://ui.perfetto.dev (Open trace file)");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report(a: &Args, records: u64, truncated: bool) {
+    let n = if records > 0 { format!("{records} records: ") } else { String::new() };
+    let t = if truncated { " (input was truncated; everything before the cut was converted)" } else { "" };
+    eprintln!("{n}{} -> {}{t}", a.input.display(), a.output.display());
+}
+
+fn read_all(path: &Path) -> Result<(Header, Vec<Record>)> {
+    let read = crate::input::for_each_record(
+        path,
+        |_| Ok(Vec::new()),
+        |v, r| {
+            v.push(r.clone());
+            Ok(())
+        },
+    )?;
+    Ok((read.header, read.state))
+}
+
+fn write_trace(path: &Path, header: &Header, records: &[Record]) -> Result<()> {
+    let mut w = TraceWriter::create(path, header)?;
+    for r in records {
+        w.write(r)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// Write through a temporary file in the same directory, renamed on success: never a partial output.
+pub fn write_atomic(path: &Path, f: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp =
+        dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"), std::process::id()));
+    let res = (|| {
+        let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        f(&mut w)?;
+        w.flush()?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}

@@ -1,0 +1,114 @@
+//! Opening inputs: native and JSON Lines traces through the trace crate, snapshot pickles through
+//! the snapshot importer; a progress bar on a terminal for long traces.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use trace::{Header, Record};
+
+/// Input kinds by extension.
+pub enum Kind {
+    /// `.mtrace` or `.jsonl`.
+    Trace,
+    /// `.pickle` / `.pkl` PyTorch memory snapshot.
+    Snapshot,
+}
+
+/// Classify a path by extension; unknown extensions are an error naming them.
+pub fn kind(path: &Path) -> Result<Kind> {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("mtrace") | Some("jsonl") => Ok(Kind::Trace),
+        Some("pickle") | Some("pkl") => Ok(Kind::Snapshot),
+        _ => bail!(
+            "{}: unknown input format: expected .mtrace (native trace), .jsonl (JSON Lines trace) \
+             or .pickle/.pkl (PyTorch memory snapshot)",
+            path.display()
+        ),
+    }
+}
+
+/// What [`for_each_record`] read.
+pub struct Read<S> {
+    /// The trace header.
+    pub header: Header,
+    /// The state built by the callbacks.
+    pub state: S,
+    /// The input ended mid-event.
+    pub truncated: bool,
+    /// Events of unknown kinds skipped.
+    pub unknown_skipped: u64,
+}
+
+/// Stream every record of an input through `f`, with state made from the header by `init`; a
+/// progress bar on a terminal for large files.
+pub fn for_each_record<S>(
+    path: &Path,
+    init: impl FnOnce(&Header) -> Result<S>,
+    mut f: impl FnMut(&mut S, &Record) -> Result<()>,
+) -> Result<Read<S>> {
+    if !path.exists() {
+        bail!("{}: no such file", path.display());
+    }
+    match kind(path)? {
+        Kind::Snapshot => {
+            let (header, records) = import_snapshot(path)?;
+            let mut state = init(&header)?;
+            for r in &records {
+                f(&mut state, r)?;
+            }
+            Ok(Read { header, state, truncated: false, unknown_skipped: 0 })
+        }
+        Kind::Trace => {
+            let mut reader = trace::Reader::open(path)?;
+            let header = reader.header().clone();
+            let mut state = init(&header)?;
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let bar = progress(size);
+            let mut n = 0u64;
+            while let Some(rec) = reader.next_record() {
+                let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
+                f(&mut state, &rec)?;
+                n += 1;
+                if n % 65536 == 0 {
+                    if let Some(b) = &bar {
+                        b.set_position(reader.summary().bytes_read);
+                    }
+                }
+            }
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            let s = reader.summary();
+            Ok(Read { header, state, truncated: s.truncated, unknown_skipped: s.unknown_skipped })
+        }
+    }
+}
+
+fn progress(size: u64) -> Option<ProgressBar> {
+    // Only for large inputs and only when a person is watching.
+    if size < 64 << 20 || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = ProgressBar::new(size);
+    b.set_style(
+        ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {wide_bar} {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    Some(b)
+}
+
+/// Read a snapshot pickle and import it as an allocator-level trace (with its rebuilt start state).
+pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>)> {
+    use simulator::alloc::{rounding::round_size, AllocatorConfig, TorchVersion};
+    let snap = simulator::snapshot::read_snapshot(path)?;
+    // Start-state rebuild infers block sizes with the run's own rounding rules.
+    let cfg = match &snap.allocator_settings {
+        Some(v) => AllocatorConfig::from_snapshot_settings(v, TorchVersion::default())
+            .with_context(|| format!("{}: allocator_settings", path.display()))?,
+        None => AllocatorConfig::default(),
+    };
+    let imported = simulator::snapshot::import(&snap, &|s| round_size(s, &cfg.roundup_power2_divisions));
+    Ok((imported.header, imported.records))
+}

@@ -1,0 +1,243 @@
+//! Snapshot → memtrace trace (allocator level).
+//!
+//! Record order: the rebuilt start state (`SegmentState` at `Start`), then the trace entries of
+//! all devices merged by time (each device's own order is kept exactly), then the final
+//! `segments` (`SegmentState` at `End`). Interned `Stack` records precede their first use.
+
+use trace::{
+    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, MemoryKind, Oom, Origin, Record,
+    SegmentState, SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
+};
+
+use super::model::{Action, Snapshot, StackRef, TraceEntry};
+use super::rebuild::{rebuild, StartState};
+
+/// Producer name written into imported headers.
+pub const PRODUCER: &str = "memsim convert (snapshot)";
+/// Header metadata key holding `external_annotations` as JSON text.
+pub const META_ANNOTATIONS: &str = "snapshot.external_annotations";
+/// Header metadata key set to `true` when the input was the old list-of-segments form.
+pub const META_LIST_FORM: &str = "snapshot.list_form";
+
+/// The result of [`import`].
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// Allocator-level header.
+    pub header: Header,
+    /// All records, in the order described in the module documentation.
+    pub records: Vec<Record>,
+    /// The rebuilt start state (also present in `records`), with what could not be recovered.
+    pub start: StartState,
+}
+
+/// Converts a snapshot into a trace. `round_size` is the allocator's rounding, used to infer the
+/// sizes of blocks allocated before the trace (see [`rebuild`]).
+pub fn import(snap: &Snapshot, round_size: &dyn Fn(u64) -> u64) -> Imported {
+    let start = rebuild(&snap.segments, &snap.device_traces, round_size);
+    let t0 = snap.device_traces.iter().flatten().filter_map(|e| e.time_us).min();
+
+    let mut header = Header::new(PRODUCER, env!("CARGO_PKG_VERSION"), Level::Allocator);
+    header.start_wall_ns = t0.map(|t| t.saturating_mul(1000));
+    if let Some(settings) = &snap.allocator_settings {
+        header.allocator_settings = Some(settings.to_string());
+        if let Some(conf) = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()) {
+            if !conf.is_empty() {
+                header.env.insert("PYTORCH_CUDA_ALLOC_CONF".to_string(), conf.to_string());
+            }
+        }
+    }
+    if let Some(ann) = &snap.external_annotations {
+        header.metadata.insert(META_ANNOTATIONS.to_string(), ann.to_string());
+    }
+    // The number of device trace lists is part of the picture (memory_viz indexes them by device).
+    for index in 0..snap.device_count() as u32 {
+        header.devices.push(trace::DeviceInfo {
+            index,
+            name: None,
+            total_memory: None,
+            sm_count: None,
+            compute_capability: None,
+        });
+    }
+    if snap.list_form {
+        header.metadata.insert(META_LIST_FORM.to_string(), "true".to_string());
+    }
+
+    let mut out = Out { snap, records: Vec::new(), emitted: vec![false; snap.stacks.len()] };
+    let start_ts = t0.map(|_| 0);
+    for s in &start.segments {
+        let blocks = s
+            .blocks
+            .iter()
+            .map(|b| BlockInfo {
+                addr: b.addr,
+                size: b.size,
+                requested_size: b.requested_size,
+                state: b.state,
+                stack: None,
+            })
+            .collect();
+        out.records.push(Record {
+            ts_ns: start_ts,
+            tid: None,
+            device: Some(s.device),
+            event: Event::SegmentState(SegmentState {
+                at: StateAt::Start,
+                addr: s.addr,
+                total_size: s.size,
+                stream: s.stream,
+                pool: if s.is_small_pool { trace::SegmentPool::Small } else { trace::SegmentPool::Large },
+                is_expandable: s.expandable,
+                pool_id: (0, 0),
+                stack: None,
+                blocks,
+            }),
+        });
+    }
+
+    let mut last_ts = start_ts;
+    for (device, e) in merge_by_time(&snap.device_traces) {
+        let ts = match (e.time_us, t0) {
+            (Some(t), Some(t0)) => Some(t.saturating_sub(t0).saturating_mul(1000)),
+            _ => None,
+        };
+        last_ts = ts.or(last_ts);
+        let stack = out.stack(e.frames);
+        out.records.push(Record { ts_ns: ts, tid: None, device: Some(device), event: entry_event(e, stack) });
+    }
+
+    for s in &snap.segments {
+        let blocks = s
+            .blocks
+            .iter()
+            .map(|b| {
+                let stack = out.stack(b.frames);
+                BlockInfo { addr: b.address, size: b.size, requested_size: b.requested_size, state: b.state, stack }
+            })
+            .collect();
+        let stack = out.stack(s.frames);
+        out.records.push(Record {
+            ts_ns: last_ts,
+            tid: None,
+            device: Some(s.device),
+            event: Event::SegmentState(SegmentState {
+                at: StateAt::End,
+                addr: s.address,
+                total_size: s.total_size,
+                stream: s.stream,
+                pool: s.pool,
+                is_expandable: s.is_expandable,
+                pool_id: s.pool_id,
+                stack,
+                blocks,
+            }),
+        });
+    }
+    Imported { header, records: out.records, start }
+}
+
+struct Out<'a> {
+    snap: &'a Snapshot,
+    records: Vec<Record>,
+    emitted: Vec<bool>,
+}
+
+impl Out<'_> {
+    /// The stack id for a frame list, emitting its `Stack` record on first use.
+    fn stack(&mut self, r: Option<StackRef>) -> Option<StackId> {
+        let r = r?;
+        if !self.emitted[r as usize] {
+            self.emitted[r as usize] = true;
+            self.records.push(Record::bare(Event::Stack(StackDef {
+                id: r,
+                frames: self.snap.stacks[r as usize].clone(),
+            })));
+        }
+        Some(r)
+    }
+}
+
+/// Merges the per-device lists by `time_us`, keeping each device's order. Entries without a
+/// time keep their device's position: old files have no times at all, and then devices follow
+/// one another.
+fn merge_by_time(traces: &[Vec<TraceEntry>]) -> Vec<(u32, &TraceEntry)> {
+    let mut idx = vec![0usize; traces.len()];
+    let total = traces.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let mut best: Option<(usize, Option<u64>)> = None;
+        for (d, t) in traces.iter().enumerate() {
+            let Some(e) = t.get(idx[d]) else { continue };
+            let better = match best {
+                None => true,
+                Some((_, bt)) => match (e.time_us, bt) {
+                    (Some(a), Some(b)) => a < b,
+                    _ => false,
+                },
+            };
+            if better {
+                best = Some((d, e.time_us));
+            }
+        }
+        let Some((d, _)) = best else { break };
+        out.push((d as u32, &traces[d][idx[d]]));
+        idx[d] += 1;
+    }
+    out
+}
+
+fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Event {
+    let alloc = |origin, api| {
+        Event::Alloc(Alloc {
+            addr: e.addr,
+            size: e.size,
+            stream: e.stream,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            category: None,
+            caller: None,
+            stack,
+        })
+    };
+    let free = |origin, api, stage| {
+        Event::Free(Free {
+            addr: e.addr,
+            size: Some(e.size),
+            stream: e.stream,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            stage,
+            caller: None,
+            stack,
+        })
+    };
+    let vmm = |op, api| {
+        Event::Vmm(Vmm {
+            op,
+            addr: e.addr,
+            size: e.size,
+            handle: 0,
+            offset: 0,
+            api,
+            result: 0,
+            origin: Origin::Outcome,
+            stream: e.stream,
+            caller: None,
+        })
+    };
+    match e.action {
+        Action::Alloc => alloc(Origin::Request, Api::Allocator),
+        Action::FreeRequested => free(Origin::Request, Api::Allocator, FreeStage::Requested),
+        Action::FreeCompleted => free(Origin::Request, Api::Allocator, FreeStage::Completed),
+        Action::SegmentAlloc => alloc(Origin::Outcome, Api::CudaMalloc),
+        Action::SegmentFree => free(Origin::Outcome, Api::CudaFree, FreeStage::Immediate),
+        Action::SegmentMap => vmm(VmmOp::Map, Api::CuMemMap),
+        Action::SegmentUnmap => vmm(VmmOp::Unmap, Api::CuMemUnmap),
+        Action::Oom => Event::Oom(Oom { size: e.size, device_free: e.device_free, stream: e.stream }),
+        Action::Snapshot => Event::SnapshotPoint(SnapshotPoint { active_bytes: e.size }),
+    }
+}

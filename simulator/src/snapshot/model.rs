@@ -1,0 +1,481 @@
+//! Typed snapshot: the fields of `torch.cuda.memory._snapshot()` that memsim uses, read from a
+//! decoded [`Pickle`]. Field names follow `torch/cuda/memory.py`.
+//!
+//! Frame lists are interned into [`Snapshot::stacks`] by pickle object identity, so a frame list
+//! shared by many blocks and trace entries (through the memo) is stored once.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use trace::{BlockState, Frame, SegmentPool};
+
+use super::pickle::{self, Pickle, PickleValue, ValueId};
+use super::SnapshotError;
+
+/// Index into [`Snapshot::stacks`].
+pub type StackRef = u32;
+
+/// A whole snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Segments at dump time, as listed (sorted by address in real files).
+    pub segments: Vec<Segment>,
+    /// Per-device trace entries, indexed by device.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// `allocator_settings`, when present.
+    pub allocator_settings: Option<serde_json::Value>,
+    /// `external_annotations`, when present (kept for export only).
+    pub external_annotations: Option<serde_json::Value>,
+    /// Interned frame lists; [`StackRef`] indexes this. An empty list is a stack too: PyTorch
+    /// writes `[]` where it has no frames, and leaves the key out (or writes None) elsewhere.
+    pub stacks: Vec<Vec<Frame>>,
+    /// True for the old `torch.cuda.memory_snapshot()` form: a bare list of segments.
+    pub list_form: bool,
+}
+
+/// One segment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// Device ordinal.
+    pub device: u32,
+    /// Base address.
+    pub address: u64,
+    /// Size.
+    pub total_size: u64,
+    /// Bytes in allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes in active blocks (allocated or pending free).
+    pub active_size: u64,
+    /// Requested bytes of allocated blocks.
+    pub requested_size: u64,
+    /// Stream.
+    pub stream: i64,
+    /// Pool (`segment_type`).
+    pub pool: SegmentPool,
+    /// `segment_pool_id`.
+    pub pool_id: (i64, i64),
+    /// `is_expandable`.
+    pub is_expandable: bool,
+    /// Frames of the allocation that created it.
+    pub frames: Option<StackRef>,
+    /// Blocks, in address order.
+    pub blocks: Vec<Block>,
+}
+
+/// One block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    /// Address.
+    pub address: u64,
+    /// Size (rounded).
+    pub size: u64,
+    /// Requested size.
+    pub requested_size: u64,
+    /// State.
+    pub state: BlockState,
+    /// Frames of the allocation.
+    pub frames: Option<StackRef>,
+}
+
+/// A trace entry's `action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    /// `alloc`.
+    Alloc,
+    /// `free_requested`.
+    FreeRequested,
+    /// `free_completed`.
+    FreeCompleted,
+    /// `segment_alloc`.
+    SegmentAlloc,
+    /// `segment_free`.
+    SegmentFree,
+    /// `segment_map`.
+    SegmentMap,
+    /// `segment_unmap`.
+    SegmentUnmap,
+    /// `oom`.
+    Oom,
+    /// `snapshot`.
+    Snapshot,
+}
+
+impl Action {
+    /// Every action, in the order memsim reports counts.
+    pub const ALL: [Action; 9] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Oom,
+        Action::Snapshot,
+    ];
+
+    /// The spelling in the pickle.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::Snapshot => "snapshot",
+        }
+    }
+
+    /// The action spelled `s`.
+    pub fn parse(s: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// One trace entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceEntry {
+    /// What happened.
+    pub action: Action,
+    /// Address (0 for `oom` and `snapshot`).
+    pub addr: u64,
+    /// Size; see the table in the allocator reference §14 for its meaning per action.
+    pub size: u64,
+    /// Stream.
+    pub stream: i64,
+    /// Wall-clock µs since the epoch; absent in old files.
+    pub time_us: Option<u64>,
+    /// `device_free` of an `oom` entry.
+    pub device_free: Option<u64>,
+    /// Frames.
+    pub frames: Option<StackRef>,
+}
+
+impl Snapshot {
+    /// Number of devices mentioned by traces or segments.
+    pub fn device_count(&self) -> usize {
+        let from_segments = self.segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0);
+        from_segments.max(self.device_traces.len())
+    }
+
+    /// Segments of one device.
+    pub fn device_segments(&self, device: u32) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().filter(move |s| s.device == device)
+    }
+
+    /// Count of each action over all devices, in [`Action::ALL`] order.
+    pub fn action_counts(&self) -> Vec<(Action, usize)> {
+        Action::ALL
+            .into_iter()
+            .map(|a| (a, self.device_traces.iter().flatten().filter(|e| e.action == a).count()))
+            .collect()
+    }
+}
+
+/// Reads a snapshot pickle from a file.
+pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
+    let bytes = std::fs::read(path)
+        .map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+    parse_snapshot(&bytes, &path.display().to_string())
+}
+
+/// Decodes snapshot pickle bytes; `name` (usually the file path) goes into error messages.
+pub fn parse_snapshot(bytes: &[u8], name: &str) -> Result<Snapshot, SnapshotError> {
+    let p = pickle::decode(bytes)
+        .map_err(|source| SnapshotError::Pickle { file: name.to_string(), source })?;
+    Reader { p: &p, file: name, stacks: Vec::new(), interned: HashMap::new() }.snapshot()
+}
+
+struct Reader<'a> {
+    p: &'a Pickle,
+    file: &'a str,
+    stacks: Vec<Vec<Frame>>,
+    interned: HashMap<ValueId, Option<StackRef>>,
+}
+
+fn kind(v: &PickleValue) -> &'static str {
+    match v {
+        PickleValue::None => "None",
+        PickleValue::Bool(_) => "bool",
+        PickleValue::Int(_) => "int",
+        PickleValue::Float(_) => "float",
+        PickleValue::Str(_) => "str",
+        PickleValue::List(_) => "list",
+        PickleValue::Tuple(_) => "tuple",
+        PickleValue::Dict(_) => "dict",
+    }
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, field: &str, expected: &str, got: ValueId) -> SnapshotError {
+        SnapshotError::Field {
+            file: self.file.to_string(),
+            field: field.to_string(),
+            expected: format!("{expected}, found {}", kind(self.p.get(got))),
+        }
+    }
+
+    fn missing(&self, field: &str, expected: &str) -> SnapshotError {
+        SnapshotError::Field {
+            file: self.file.to_string(),
+            field: field.to_string(),
+            expected: format!("{expected}, but the key is missing"),
+        }
+    }
+
+    fn req(&self, obj: ValueId, path: &str, key: &str, expected: &str) -> Result<ValueId, SnapshotError> {
+        self.p.dict_get(obj, key).ok_or_else(|| self.missing(&format!("{path}.{key}"), expected))
+    }
+
+    fn list(&self, id: ValueId, field: &str) -> Result<&'a [ValueId], SnapshotError> {
+        match self.p.get(id) {
+            PickleValue::List(v) | PickleValue::Tuple(v) => Ok(v),
+            _ => Err(self.bad(field, "a list", id)),
+        }
+    }
+
+    fn int(&self, id: ValueId, field: &str) -> Result<i128, SnapshotError> {
+        match self.p.get(id) {
+            PickleValue::Int(i) => Ok(*i),
+            PickleValue::Bool(b) => Ok(*b as i128),
+            _ => Err(self.bad(field, "an int", id)),
+        }
+    }
+
+    fn u64_field(&self, obj: ValueId, path: &str, key: &str) -> Result<u64, SnapshotError> {
+        let field = format!("{path}.{key}");
+        let v = self.req(obj, path, key, "a non-negative int")?;
+        u64::try_from(self.int(v, &field)?).map_err(|_| self.bad(&field, "a non-negative int below 2^64", v))
+    }
+
+    fn i64_field(&self, obj: ValueId, path: &str, key: &str) -> Result<i64, SnapshotError> {
+        let field = format!("{path}.{key}");
+        let v = self.req(obj, path, key, "an int")?;
+        i64::try_from(self.int(v, &field)?).map_err(|_| self.bad(&field, "an int in the i64 range", v))
+    }
+
+    fn opt_u64(&self, obj: ValueId, path: &str, key: &str) -> Result<Option<u64>, SnapshotError> {
+        match self.p.dict_get(obj, key) {
+            None => Ok(None),
+            Some(v) if matches!(self.p.get(v), PickleValue::None) => Ok(None),
+            Some(_) => self.u64_field(obj, path, key).map(Some),
+        }
+    }
+
+    fn str_field(&self, obj: ValueId, path: &str, key: &str) -> Result<&'a str, SnapshotError> {
+        let field = format!("{path}.{key}");
+        let v = self.req(obj, path, key, "a str")?;
+        match self.p.get(v) {
+            PickleValue::Str(s) => Ok(s),
+            _ => Err(self.bad(&field, "a str", v)),
+        }
+    }
+
+    fn snapshot(mut self) -> Result<Snapshot, SnapshotError> {
+        let root = self.p.root();
+        let mut snap = Snapshot::default();
+        match self.p.get(root) {
+            PickleValue::List(_) => {
+                snap.list_form = true;
+                snap.segments = self.segments(root, "segments")?;
+            }
+            PickleValue::Dict(_) => {
+                let segs = self.req(root, "", "segments", "a list of segments")?;
+                snap.segments = self.segments(segs, "segments")?;
+                if let Some(traces) = self.p.dict_get(root, "device_traces") {
+                    for (d, t) in self.list(traces, "device_traces")?.iter().enumerate() {
+                        let path = format!("device_traces[{d}]");
+                        let entries = self.list(*t, &path)?;
+                        let mut out = Vec::with_capacity(entries.len());
+                        for (i, e) in entries.iter().enumerate() {
+                            out.push(self.entry(*e, &format!("{path}[{i}]"))?);
+                        }
+                        snap.device_traces.push(out);
+                    }
+                }
+                snap.allocator_settings = self.p.dict_get(root, "allocator_settings").map(|v| self.p.to_json(v));
+                snap.external_annotations =
+                    self.p.dict_get(root, "external_annotations").map(|v| self.p.to_json(v));
+            }
+            _ => {
+                return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root))
+            }
+        }
+        snap.stacks = self.stacks;
+        Ok(snap)
+    }
+
+    fn segments(&mut self, id: ValueId, path: &str) -> Result<Vec<Segment>, SnapshotError> {
+        let items = self.list(id, path)?;
+        let mut out = Vec::with_capacity(items.len());
+        for (i, s) in items.iter().enumerate() {
+            out.push(self.segment(*s, &format!("{path}[{i}]"))?);
+        }
+        Ok(out)
+    }
+
+    fn segment(&mut self, s: ValueId, path: &str) -> Result<Segment, SnapshotError> {
+        if !matches!(self.p.get(s), PickleValue::Dict(_)) {
+            return Err(self.bad(path, "a dict (segment)", s));
+        }
+        let pool = match self.str_field(s, path, "segment_type")? {
+            "small" => SegmentPool::Small,
+            "large" => SegmentPool::Large,
+            other => {
+                return Err(SnapshotError::Field {
+                    file: self.file.to_string(),
+                    field: format!("{path}.segment_type"),
+                    expected: format!("'small' or 'large', found {other:?}"),
+                })
+            }
+        };
+        let pool_id = match self.p.dict_get(s, "segment_pool_id") {
+            None => (0, 0),
+            Some(v) => {
+                let field = format!("{path}.segment_pool_id");
+                match self.list(v, &field)? {
+                    [a, b] => {
+                        let a = i64::try_from(self.int(*a, &field)?).map_err(|_| self.bad(&field, "an i64 pair", v))?;
+                        let b = i64::try_from(self.int(*b, &field)?).map_err(|_| self.bad(&field, "an i64 pair", v))?;
+                        (a, b)
+                    }
+                    _ => return Err(self.bad(&field, "a pair of ints", v)),
+                }
+            }
+        };
+        let is_expandable = match self.p.dict_get(s, "is_expandable") {
+            None => false,
+            Some(v) => match self.p.get(v) {
+                PickleValue::Bool(b) => *b,
+                _ => return Err(self.bad(&format!("{path}.is_expandable"), "a bool", v)),
+            },
+        };
+        let device = self.u64_field(s, path, "device")?;
+        let device = u32::try_from(device).map_err(|_| SnapshotError::Field {
+            file: self.file.to_string(),
+            field: format!("{path}.device"),
+            expected: format!("a device ordinal below 2^32, found {device}"),
+        })?;
+        let blocks_id = self.req(s, path, "blocks", "a list of blocks")?;
+        let mut blocks = Vec::new();
+        for (i, b) in self.list(blocks_id, &format!("{path}.blocks"))?.iter().enumerate() {
+            blocks.push(self.block(*b, &format!("{path}.blocks[{i}]"))?);
+        }
+        Ok(Segment {
+            device,
+            address: self.u64_field(s, path, "address")?,
+            total_size: self.u64_field(s, path, "total_size")?,
+            allocated_size: self.u64_field(s, path, "allocated_size")?,
+            active_size: self.u64_field(s, path, "active_size")?,
+            requested_size: self.opt_u64(s, path, "requested_size")?.unwrap_or(0),
+            stream: self.i64_field(s, path, "stream")?,
+            pool,
+            pool_id,
+            is_expandable,
+            frames: self.frames(s, path)?,
+            blocks,
+        })
+    }
+
+    fn block(&mut self, b: ValueId, path: &str) -> Result<Block, SnapshotError> {
+        if !matches!(self.p.get(b), PickleValue::Dict(_)) {
+            return Err(self.bad(path, "a dict (block)", b));
+        }
+        let state = match self.str_field(b, path, "state")? {
+            "active_allocated" => BlockState::ActiveAllocated,
+            // The Python docstring says active_awaiting_free; the C++ writer emits
+            // active_pending_free. Both mean the same state.
+            "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+            "inactive" => BlockState::Inactive,
+            other => {
+                return Err(SnapshotError::Field {
+                    file: self.file.to_string(),
+                    field: format!("{path}.state"),
+                    expected: format!(
+                        "'active_allocated', 'active_pending_free' or 'inactive', found {other:?}"
+                    ),
+                })
+            }
+        };
+        Ok(Block {
+            address: self.u64_field(b, path, "address")?,
+            size: self.u64_field(b, path, "size")?,
+            requested_size: self.opt_u64(b, path, "requested_size")?.unwrap_or(0),
+            state,
+            frames: self.frames(b, path)?,
+        })
+    }
+
+    fn entry(&mut self, e: ValueId, path: &str) -> Result<TraceEntry, SnapshotError> {
+        if !matches!(self.p.get(e), PickleValue::Dict(_)) {
+            return Err(self.bad(path, "a dict (trace entry)", e));
+        }
+        let name = self.str_field(e, path, "action")?;
+        let action = Action::parse(name).ok_or_else(|| SnapshotError::Field {
+            file: self.file.to_string(),
+            field: format!("{path}.action"),
+            expected: format!(
+                "one of {}, found {name:?}",
+                Action::ALL.map(Action::as_str).join(", ")
+            ),
+        })?;
+        let (addr, device_free) = if action == Action::Oom {
+            (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
+        } else {
+            (self.u64_field(e, path, "addr")?, None)
+        };
+        Ok(TraceEntry {
+            action,
+            addr,
+            size: self.u64_field(e, path, "size")?,
+            stream: self.i64_field(e, path, "stream")?,
+            time_us: self.opt_u64(e, path, "time_us")?,
+            device_free,
+            frames: self.frames(e, path)?,
+        })
+    }
+
+    /// Interns the `frames` list of `obj`; an absent key or None is `None`.
+    fn frames(&mut self, obj: ValueId, path: &str) -> Result<Option<StackRef>, SnapshotError> {
+        let Some(f) = self.p.dict_get(obj, "frames") else { return Ok(None) };
+        if let Some(r) = self.interned.get(&f) {
+            return Ok(*r);
+        }
+        let r = match self.p.get(f) {
+            PickleValue::None => None,
+            _ => {
+                let field = format!("{path}.frames");
+                let items = self.list(f, &field)?;
+                {
+                    let mut frames = Vec::with_capacity(items.len());
+                    for (i, fr) in items.iter().enumerate() {
+                        let fp = format!("{field}[{i}]");
+                        let lv = self.req(*fr, &fp, "line", "an int")?;
+                        let line = self.int(lv, &format!("{fp}.line"))?;
+                        frames.push(Frame {
+                            filename: self.str_field(*fr, &fp, "filename")?.to_string(),
+                            line: frame_line(line),
+                            name: self.str_field(*fr, &fp, "name")?.to_string(),
+                        });
+                    }
+                    self.stacks.push(frames);
+                    Some((self.stacks.len() - 1) as StackRef)
+                }
+            }
+        };
+        self.interned.insert(f, r);
+        Ok(r)
+    }
+}
+
+/// PyTorch writes an unknown line as `size_t(-1)`; it and anything else beyond u32 become
+/// [`UNKNOWN_LINE`], which export writes back as `2^64 - 1`.
+fn frame_line(line: i128) -> u32 {
+    u32::try_from(line).ok().filter(|l| *l != UNKNOWN_LINE).unwrap_or(UNKNOWN_LINE)
+}
+
+/// The line number standing for PyTorch's `size_t(-1)` (unknown line).
+pub const UNKNOWN_LINE: u32 = u32::MAX;

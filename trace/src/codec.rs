@@ -1,0 +1,442 @@
+//! The binary framing: preamble, header frame, event frames and the record prefix.
+//!
+//! `FORMAT.md` is the normative description; this module is its implementation. Everything here
+//! is sans-IO: callers hand in byte slices and get bytes appended to a `Vec`.
+
+use bincode::config::Config;
+use bincode::enc::write::Writer;
+use bincode::error::EncodeError;
+
+use crate::error::TraceError;
+use crate::event::*;
+use crate::header::{Header, FORMAT_VERSION};
+
+/// The first eight bytes of every binary trace.
+pub const MAGIC: [u8; 8] = *b"MEMTRACE";
+/// Flag bit 0: the producer ran on a little-endian machine.
+pub const FLAG_LITTLE_ENDIAN: u16 = 1 << 0;
+/// Flag bit 1: the producer's pointers (addresses, handles, streams) are 64 bits wide.
+pub const FLAG_POINTER_64: u16 = 1 << 1;
+/// The flag bits format version 1 defines; the rest are reserved and must be zero.
+pub const KNOWN_FLAGS: u16 = FLAG_LITTLE_ENDIAN | FLAG_POINTER_64;
+/// Magic + version + flags.
+pub const PREAMBLE_LEN: usize = 12;
+/// The largest frame body a reader accepts. Larger lengths are corruption, not data: even a
+/// segment state with a million blocks stays far below it.
+pub const MAX_FRAME_LEN: u64 = 64 << 20;
+
+/// Record prefix bit: a timestamp follows.
+pub const PREFIX_HAS_TS: u8 = 1 << 0;
+/// Record prefix bit: the timestamp is a zigzag delta from the previous timestamp.
+pub const PREFIX_TS_DELTA: u8 = 1 << 1;
+/// Record prefix bit: the record has a thread id.
+pub const PREFIX_HAS_TID: u8 = 1 << 2;
+/// Record prefix bit: the thread id equals the previous one (no bytes follow for it).
+pub const PREFIX_TID_SAME: u8 = 1 << 3;
+/// Record prefix bit: the record has a device ordinal.
+pub const PREFIX_HAS_DEVICE: u8 = 1 << 4;
+/// Record prefix bit: the device equals the previous one (no bytes follow for it).
+pub const PREFIX_DEVICE_SAME: u8 = 1 << 5;
+/// Record prefix bits reserved in version 1.
+pub const PREFIX_RESERVED: u8 = 0xC0;
+
+/// Bincode claims (container preallocations) are capped so that a garbage length inside a frame
+/// cannot make the reader allocate without bound.
+const DECODE_LIMIT: usize = 256 << 20;
+
+pub(crate) fn encode_config() -> impl Config {
+    bincode::config::standard()
+}
+
+fn decode_config() -> impl Config {
+    bincode::config::standard().with_limit::<DECODE_LIMIT>()
+}
+
+/// The flag word this machine writes.
+pub fn native_flags() -> u16 {
+    let mut flags = 0;
+    if cfg!(target_endian = "little") {
+        flags |= FLAG_LITTLE_ENDIAN;
+    }
+    if cfg!(target_pointer_width = "64") {
+        flags |= FLAG_POINTER_64;
+    }
+    flags
+}
+
+/// The 12-byte preamble.
+pub fn preamble(version: u16, flags: u16) -> [u8; PREAMBLE_LEN] {
+    let mut p = [0u8; PREAMBLE_LEN];
+    p[..8].copy_from_slice(&MAGIC);
+    p[8..10].copy_from_slice(&version.to_le_bytes());
+    p[10..12].copy_from_slice(&flags.to_le_bytes());
+    p
+}
+
+/// Checks a complete preamble; returns (version, flags).
+pub fn check_preamble(p: &[u8; PREAMBLE_LEN]) -> Result<(u16, u16), TraceError> {
+    if p[..8] != MAGIC {
+        return Err(TraceError::BadMagic { found: p[..8].to_vec() });
+    }
+    let version = u16::from_le_bytes([p[8], p[9]]);
+    let flags = u16::from_le_bytes([p[10], p[11]]);
+    if version == 0 || version > FORMAT_VERSION {
+        return Err(TraceError::UnsupportedVersion { found: version, max: FORMAT_VERSION });
+    }
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(TraceError::UnsupportedFlags { flags, reserved: flags & !KNOWN_FLAGS });
+    }
+    Ok((version, flags))
+}
+
+/// Appends `v` as an unsigned LEB128 varint.
+#[inline]
+pub fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// Why a varint could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VarintError {
+    /// The bytes ran out inside the varint.
+    Incomplete,
+    /// More than 64 bits (an 11th byte, or a 10th byte above 1).
+    Overflow,
+}
+
+/// Reads an unsigned LEB128 varint from the start of `b`; returns the value and its length.
+#[inline]
+pub fn get_uvarint(b: &[u8]) -> Result<(u64, usize), VarintError> {
+    let mut v: u64 = 0;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        if i == 9 && byte > 1 {
+            return Err(VarintError::Overflow);
+        }
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok((v, i + 1));
+        }
+    }
+    if b.len() >= 10 {
+        Err(VarintError::Overflow)
+    } else {
+        Err(VarintError::Incomplete)
+    }
+}
+
+/// Zigzag: small magnitudes of either sign become small unsigned numbers.
+#[inline]
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// Inverse of [`zigzag`].
+#[inline]
+pub fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl Writer for VecWriter<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+fn bincode_into<T: bincode::Encode>(buf: &mut Vec<u8>, v: &T) -> Result<(), TraceError> {
+    bincode::encode_into_writer(v, VecWriter(buf), encode_config())
+        .map_err(|e| TraceError::Encode { what: "record".into(), message: e.to_string() })
+}
+
+/// Appends the header frame (varint length + bincode body). The header is written with
+/// `format_version` = [`FORMAT_VERSION`] whatever the caller's value.
+pub fn encode_header_frame(header: &Header, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    let mut h = header.clone();
+    h.format_version = FORMAT_VERSION;
+    let mut body = Vec::with_capacity(256);
+    bincode_into(&mut body, &h)?;
+    put_uvarint(buf, body.len() as u64);
+    buf.extend_from_slice(&body);
+    Ok(())
+}
+
+/// Decodes a header frame body, ignoring trailing bytes a newer writer may have appended.
+pub fn decode_header_body(body: &[u8], offset: u64) -> Result<Header, TraceError> {
+    bincode::decode_from_slice::<Header, _>(body, decode_config()).map(|(h, _)| h).map_err(|e| {
+        TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {e}") }
+    })
+}
+
+/// The delta state shared by consecutive record prefixes: the last timestamp, thread and device
+/// any frame (known tag or not) carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixState {
+    ts: Option<u64>,
+    tid: Option<u32>,
+    device: Option<u32>,
+}
+
+impl PrefixState {
+    fn encode(&self, rec: &Record, buf: &mut Vec<u8>) {
+        let flags_at = buf.len();
+        buf.push(0);
+        let mut flags = 0u8;
+        if let Some(ts) = rec.ts_ns {
+            flags |= PREFIX_HAS_TS;
+            match self.ts {
+                Some(prev) => {
+                    flags |= PREFIX_TS_DELTA;
+                    put_uvarint(buf, zigzag(ts.wrapping_sub(prev) as i64));
+                }
+                None => put_uvarint(buf, ts),
+            }
+        }
+        if let Some(tid) = rec.tid {
+            flags |= PREFIX_HAS_TID;
+            if self.tid == Some(tid) {
+                flags |= PREFIX_TID_SAME;
+            } else {
+                put_uvarint(buf, u64::from(tid));
+            }
+        }
+        if let Some(dev) = rec.device {
+            flags |= PREFIX_HAS_DEVICE;
+            if self.device == Some(dev) {
+                flags |= PREFIX_DEVICE_SAME;
+            } else {
+                put_uvarint(buf, u64::from(dev));
+            }
+        }
+        buf[flags_at] = flags;
+    }
+
+    fn commit(&mut self, ts: Option<u64>, tid: Option<u32>, device: Option<u32>) {
+        if ts.is_some() {
+            self.ts = ts;
+        }
+        if tid.is_some() {
+            self.tid = tid;
+        }
+        if device.is_some() {
+            self.device = device;
+        }
+    }
+
+    /// Parses a prefix and advances the state; returns (ts, tid, device, prefix length).
+    fn decode(&mut self, body: &[u8]) -> Result<(Option<u64>, Option<u32>, Option<u32>, usize), String> {
+        let Some(&flags) = body.first() else {
+            return Err("empty frame body (the record prefix byte is missing)".into());
+        };
+        if flags & PREFIX_RESERVED != 0 {
+            return Err(format!("record prefix byte {flags:#04x} sets reserved bits {PREFIX_RESERVED:#04x}"));
+        }
+        let mut pos = 1;
+        let mut next = |what: &str| -> Result<u64, String> {
+            let (v, n) = get_uvarint(&body[pos..]).map_err(|e| match e {
+                VarintError::Incomplete => format!("frame body ends inside the {what} varint"),
+                VarintError::Overflow => format!("{what} varint exceeds 64 bits"),
+            })?;
+            pos += n;
+            Ok(v)
+        };
+        let ts = if flags & PREFIX_HAS_TS != 0 {
+            let raw = next("timestamp")?;
+            if flags & PREFIX_TS_DELTA != 0 {
+                let prev = self.ts.ok_or("timestamp delta with no earlier timestamp in the trace")?;
+                Some(prev.wrapping_add(unzigzag(raw) as u64))
+            } else {
+                Some(raw)
+            }
+        } else if flags & PREFIX_TS_DELTA != 0 {
+            return Err("timestamp-delta bit set without the has-timestamp bit".into());
+        } else {
+            None
+        };
+        let tid = decode_same(flags, PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid, "thread id", &mut next)?;
+        let device = decode_same(flags, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device, "device", &mut next)?;
+        self.commit(ts, tid, device);
+        Ok((ts, tid, device, pos))
+    }
+}
+
+fn decode_same(
+    flags: u8,
+    has: u8,
+    same: u8,
+    prev: Option<u32>,
+    what: &str,
+    next: &mut impl FnMut(&str) -> Result<u64, String>,
+) -> Result<Option<u32>, String> {
+    match (flags & has != 0, flags & same != 0) {
+        (false, false) => Ok(None),
+        (false, true) => Err(format!("{what}-same bit set without the has-{what} bit")),
+        (true, true) => prev.map(Some).ok_or_else(|| format!("{what} marked same as previous, but none came before")),
+        (true, false) => {
+            let v = next(what)?;
+            u32::try_from(v).map(Some).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+        }
+    }
+}
+
+/// Appends one event frame for `rec` and advances the delta state. On error `buf` and the state
+/// are unchanged.
+pub fn encode_frame(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    let start = buf.len();
+    buf.push(rec.event.tag());
+    buf.push(0); // length placeholder; most bodies fit one varint byte
+    let body_start = buf.len();
+    state.encode(rec, buf);
+    if let Err(e) = encode_event(&rec.event, buf) {
+        buf.truncate(start);
+        return Err(e);
+    }
+    let body_len = buf.len() - body_start;
+    if body_len < 0x80 {
+        buf[start + 1] = body_len as u8;
+    } else {
+        let mut len = Vec::with_capacity(10);
+        put_uvarint(&mut len, body_len as u64);
+        buf.splice(start + 1..start + 2, len);
+    }
+    state.commit(rec.ts_ns, rec.tid, rec.device);
+    Ok(())
+}
+
+fn encode_event(ev: &Event, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    match ev {
+        Event::Alloc(v) => bincode_into(buf, v),
+        Event::Free(v) => bincode_into(buf, v),
+        Event::Vmm(v) => bincode_into(buf, v),
+        Event::KernelLaunch(v) => bincode_into(buf, v),
+        Event::KernelExec(v) => bincode_into(buf, v),
+        Event::MemInfo(v) => bincode_into(buf, v),
+        Event::Marker(v) => bincode_into(buf, v),
+        Event::Name(v) => bincode_into(buf, v),
+        Event::Stack(v) => bincode_into(buf, v),
+        Event::Oom(v) => bincode_into(buf, v),
+        Event::Control(v) => bincode_into(buf, v),
+        Event::PoolTrim(v) => bincode_into(buf, v),
+        Event::SegmentState(v) => bincode_into(buf, v),
+        Event::SnapshotPoint(v) => bincode_into(buf, v),
+        Event::ProcessExit(v) => bincode_into(buf, v),
+    }
+}
+
+/// What one frame held.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A record of a kind this version knows.
+    Record(Record),
+    /// A frame with a tag this version does not know; skipped.
+    Unknown {
+        /// Its tag.
+        tag: u8,
+    },
+}
+
+fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result<T, TraceError> {
+    // Trailing bytes are fields appended by a newer writer: ignored by design.
+    bincode::decode_from_slice::<T, _>(bytes, decode_config())
+        .map(|(v, _)| v)
+        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {e}") })
+}
+
+/// Decodes one frame body (everything after tag and length). `offset` is the frame's byte offset,
+/// used in errors.
+pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64) -> Result<Decoded, TraceError> {
+    if tag == 0 {
+        return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
+    }
+    let (ts_ns, tid, device, n) =
+        state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
+    let rest = &bytes[n..];
+    let event = match tag {
+        1 => Event::Alloc(body(rest, "alloc", offset)?),
+        2 => Event::Free(body(rest, "free", offset)?),
+        3 => Event::Vmm(body(rest, "vmm", offset)?),
+        4 => Event::KernelLaunch(body(rest, "launch", offset)?),
+        5 => Event::KernelExec(body(rest, "kernel_exec", offset)?),
+        6 => Event::MemInfo(body(rest, "mem_info", offset)?),
+        7 => Event::Marker(body(rest, "marker", offset)?),
+        8 => Event::Name(body(rest, "name", offset)?),
+        9 => Event::Stack(body(rest, "stack", offset)?),
+        10 => Event::Oom(body(rest, "oom", offset)?),
+        11 => Event::Control(body(rest, "control", offset)?),
+        12 => Event::PoolTrim(body(rest, "pool_trim", offset)?),
+        13 => Event::SegmentState(body(rest, "segment_state", offset)?),
+        14 => Event::SnapshotPoint(body(rest, "snapshot_point", offset)?),
+        15 => Event::ProcessExit(body(rest, "process_exit", offset)?),
+        tag => return Ok(Decoded::Unknown { tag }),
+    };
+    Ok(Decoded::Record(Record { ts_ns, tid, device, event }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints() {
+        let check = |v: u64, expect: &[u8]| {
+            let mut b = Vec::new();
+            put_uvarint(&mut b, v);
+            assert_eq!(b, expect, "encoding {v}");
+            assert_eq!(get_uvarint(&b), Ok((v, expect.len())), "decoding {v}");
+            assert_eq!(get_uvarint(&b[..b.len() - 1]), Err(VarintError::Incomplete), "prefix of {v}");
+        };
+        check(0, &[0]);
+        check(127, &[0x7f]);
+        check(128, &[0x80, 0x01]);
+        check(300, &[0xac, 0x02]);
+        check(u64::MAX, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        assert_eq!(get_uvarint(&[0xff; 9].iter().chain(&[0x02]).copied().collect::<Vec<_>>()), Err(VarintError::Overflow));
+        assert_eq!(get_uvarint(&[0x80; 11]), Err(VarintError::Overflow));
+    }
+
+    #[test]
+    fn zigzag_values() {
+        for (v, z) in [(0i64, 0u64), (-1, 1), (1, 2), (-2, 3), (i64::MAX, u64::MAX - 1), (i64::MIN, u64::MAX)] {
+            assert_eq!(zigzag(v), z);
+            assert_eq!(unzigzag(z), v);
+        }
+    }
+
+    #[test]
+    fn prefix_deltas_and_same_bits() {
+        let ev = Event::MemInfo(MemInfo { free: 1, total: 2 });
+        let recs = [
+            Record { ts_ns: Some(1000), tid: Some(7), device: Some(0), event: ev.clone() },
+            Record { ts_ns: Some(900), tid: Some(7), device: None, event: ev.clone() },
+            Record { ts_ns: None, tid: Some(8), device: Some(0), event: ev.clone() },
+            Record { ts_ns: Some(u64::MAX), tid: None, device: Some(1), event: ev.clone() },
+        ];
+        let mut enc = PrefixState::default();
+        let mut dec = PrefixState::default();
+        let mut prefixes = Vec::new();
+        for r in &recs {
+            let mut buf = Vec::new();
+            encode_frame(&mut enc, r, &mut buf).unwrap();
+            prefixes.push(buf[2]);
+            match decode_frame(&mut dec, buf[0], &buf[2..], 0).unwrap() {
+                Decoded::Record(got) => assert_eq!(&got, r),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            prefixes,
+            [
+                PREFIX_HAS_TS | PREFIX_HAS_TID | PREFIX_HAS_DEVICE,
+                PREFIX_HAS_TS | PREFIX_TS_DELTA | PREFIX_HAS_TID | PREFIX_TID_SAME,
+                PREFIX_HAS_TID | PREFIX_HAS_DEVICE | PREFIX_DEVICE_SAME,
+                PREFIX_HAS_TS | PREFIX_TS_DELTA | PREFIX_HAS_DEVICE,
+            ]
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! The JSON Lines form: line encoding and decoding, without I/O.
+//!
+//! Writing uses the serde derives on [`Record`] (a flattened, internally tagged object). Reading
+//! does not go through the derived `Deserialize` of [`Record`]: serde's flatten buffers the object
+//! and then loses the field path of any error. Instead a line is read twice from the same bytes,
+//! once for the shared fields (`kind`, `ts_ns`, `tid`, `device`) and once straight into the
+//! event's own struct (which ignores the shared fields as unknown keys), with
+//! `serde_path_to_error` naming the failing field.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::TraceError;
+use crate::event::*;
+use crate::header::{Header, FORMAT_VERSION};
+
+/// The `"kind"` of the header line.
+pub const HEADER_KIND: &str = "header";
+
+/// Appends the header line (with its newline). `format_version` is written as
+/// [`FORMAT_VERSION`].
+pub fn write_header_line(header: &Header, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    let mut h = header.clone();
+    h.format_version = FORMAT_VERSION;
+    let body = serde_json::to_vec(&h)
+        .map_err(|e| TraceError::Encode { what: "the JSON Lines header".into(), message: e.to_string() })?;
+    // A serialized Header is an object with at least `format_version`, so it starts "{\"".
+    buf.extend_from_slice(b"{\"kind\":\"header\",");
+    buf.extend_from_slice(&body[1..]);
+    buf.push(b'\n');
+    Ok(())
+}
+
+/// Appends one record line (with its newline). On error `buf` is unchanged.
+pub fn write_record_line(rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    if let Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction } }) = &rec.event {
+        // serde_json would silently write `null`, which no reader accepts back.
+        if !fraction.is_finite() {
+            return Err(TraceError::Encode {
+                what: "a control record".into(),
+                message: format!("set_memory_fraction fraction {fraction} is not a finite number; JSON cannot hold it"),
+            });
+        }
+    }
+    let start = buf.len();
+    if let Err(e) = serde_json::to_writer(&mut *buf, rec) {
+        buf.truncate(start);
+        return Err(TraceError::Encode { what: format!("a {} record", rec.event.kind()), message: e.to_string() });
+    }
+    buf.push(b'\n');
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct Common {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    ts_ns: Option<u64>,
+    #[serde(default)]
+    tid: Option<u32>,
+    #[serde(default)]
+    device: Option<u32>,
+}
+
+/// serde_json appends " at line L column C"; the line is always 1 here, so keep the column only.
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&suffix) {
+        Some(msg) if e.column() > 0 => format!("{msg} (column {})", e.column()),
+        Some(msg) => msg.to_string(),
+        None => text,
+    }
+}
+
+fn json_error(line: u64, e: serde_path_to_error::Error<serde_json::Error>) -> TraceError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let message = json_message(&inner);
+    let field = if path != "." && !path.is_empty() {
+        Some(path)
+    } else {
+        // A missing field is reported at the parent; its name is in the message.
+        message
+            .strip_prefix("missing field `")
+            .and_then(|m| m.split('`').next())
+            .map(str::to_string)
+    };
+    TraceError::Json { line, field, message }
+}
+
+fn parse<T: DeserializeOwned>(bytes: &[u8], line: u64) -> Result<T, TraceError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let v = serde_path_to_error::deserialize(&mut de).map_err(|e| json_error(line, e))?;
+    de.end().map_err(|e| TraceError::Json { line, field: None, message: json_message(&e) })?;
+    Ok(v)
+}
+
+fn common(bytes: &[u8], line: u64) -> Result<Common, TraceError> {
+    parse::<Common>(bytes, line)
+}
+
+/// The first bytes of a line for messages.
+fn preview(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&bytes[..bytes.len().min(60)]).into_owned();
+    if bytes.len() > 60 {
+        format!("{s:?}...")
+    } else {
+        format!("{s:?}")
+    }
+}
+
+/// Parses the header line (1-based `line`).
+pub fn parse_header_line(bytes: &[u8], line: u64) -> Result<Header, TraceError> {
+    let c = common(bytes, line).map_err(|e| match e {
+        TraceError::Json { message, .. } => TraceError::MissingHeader {
+            line,
+            found: format!("{} ({message})", preview(bytes)),
+        },
+        e => e,
+    })?;
+    match c.kind.as_deref() {
+        Some(HEADER_KIND) => {}
+        Some(k) => return Err(TraceError::MissingHeader { line, found: format!("a {k:?} record") }),
+        None => return Err(TraceError::MissingHeader { line, found: "an object without \"kind\"".into() }),
+    }
+    let header: Header = parse(bytes, line)?;
+    if header.format_version == 0 || header.format_version > FORMAT_VERSION {
+        return Err(TraceError::UnsupportedVersion { found: header.format_version, max: FORMAT_VERSION });
+    }
+    Ok(header)
+}
+
+/// Parses one record line (1-based `line`). `Ok(None)`: a kind this version does not know.
+pub fn parse_record_line(bytes: &[u8], line: u64) -> Result<Option<Record>, TraceError> {
+    let c = common(bytes, line)?;
+    let Some(kind) = c.kind else {
+        return Err(TraceError::Json {
+            line,
+            field: Some("kind".into()),
+            message: format!("missing field `kind`: expected one of {}", Event::KINDS.join(", ")),
+        });
+    };
+    let event = match kind.as_str() {
+        "alloc" => Event::Alloc(parse(bytes, line)?),
+        "free" => Event::Free(parse(bytes, line)?),
+        "vmm" => Event::Vmm(parse(bytes, line)?),
+        "launch" => Event::KernelLaunch(parse(bytes, line)?),
+        "kernel_exec" => Event::KernelExec(parse(bytes, line)?),
+        "mem_info" => Event::MemInfo(parse(bytes, line)?),
+        "marker" => Event::Marker(parse(bytes, line)?),
+        "name" => Event::Name(parse(bytes, line)?),
+        "stack" => Event::Stack(parse(bytes, line)?),
+        "oom" => Event::Oom(parse(bytes, line)?),
+        "control" => Event::Control(parse(bytes, line)?),
+        "pool_trim" => Event::PoolTrim(parse(bytes, line)?),
+        "segment_state" => Event::SegmentState(parse(bytes, line)?),
+        "snapshot_point" => Event::SnapshotPoint(parse(bytes, line)?),
+        "process_exit" => Event::ProcessExit(parse(bytes, line)?),
+        HEADER_KIND => {
+            return Err(TraceError::Json {
+                line,
+                field: Some("kind".into()),
+                message: "a second header line: only the first line may be a header".into(),
+            })
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Record { ts_ns: c.ts_ns, tid: c.tid, device: c.device, event }))
+}

@@ -1,0 +1,370 @@
+//! The streaming reader: one record at a time, constant memory, either form.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+use crate::codec::{self, Decoded, PrefixState, VarintError, MAX_FRAME_LEN, PREAMBLE_LEN};
+use crate::error::TraceError;
+use crate::event::Record;
+use crate::header::Header;
+use crate::jsonl;
+use crate::write::Format;
+
+const READ_BUFFER: usize = 256 * 1024;
+
+/// What a reader has seen so far; complete once iteration has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// The form of the input.
+    pub format: Format,
+    /// The input ended inside a frame (or, in JSON Lines, inside a last line without a newline
+    /// that does not parse): the producer was cut short. Everything before was read. Not an error.
+    pub truncated: bool,
+    /// Frames (binary) or lines (JSON Lines) of kinds this version does not know, skipped.
+    pub unknown_skipped: u64,
+    /// Bytes consumed, header included.
+    pub bytes_read: u64,
+    /// Records returned.
+    pub records: u64,
+}
+
+enum Form {
+    Binary { state: PrefixState },
+    Jsonl { line: u64 },
+}
+
+/// Reads a trace record by record. Also an [`Iterator`] of `Result<Record, TraceError>`; after
+/// the first error it yields nothing more.
+pub struct Reader<R: Read> {
+    src: BufReader<R>,
+    header: Header,
+    form: Form,
+    scratch: Vec<u8>,
+    summary: Summary,
+    path: Option<PathBuf>,
+    done: bool,
+}
+
+/// Opens a trace from any byte source, detecting the form: the binary magic `MEMTRACE`, or a
+/// first non-blank byte `{` for JSON Lines. Reads the header before returning.
+pub fn open_reader<R: Read>(r: R) -> Result<Reader<R>, TraceError> {
+    Reader::new(r, None)
+}
+
+impl Reader<File> {
+    /// Opens a trace file; every error, now or while iterating, names the path.
+    pub fn open(path: impl AsRef<Path>) -> Result<Reader<File>, TraceError> {
+        let path = path.as_ref();
+        let f = File::open(path).map_err(|e| TraceError::io("cannot open trace", e).in_file(path))?;
+        Reader::new(f, Some(path.to_path_buf()))
+    }
+}
+
+impl<R: Read> Reader<R> {
+    fn new(r: R, path: Option<PathBuf>) -> Result<Self, TraceError> {
+        let mut src = BufReader::with_capacity(READ_BUFFER, r);
+        let attach = |e: TraceError| match &path {
+            Some(p) => e.in_file(p),
+            None => e,
+        };
+        let (format, skipped, newlines) = detect(&mut src).map_err(attach)?;
+        let mut reader = Reader {
+            src,
+            header: Header::new("", "", crate::header::Level::Device),
+            form: match format {
+                Format::Binary => Form::Binary { state: PrefixState::default() },
+                Format::Jsonl => Form::Jsonl { line: newlines },
+            },
+            scratch: Vec::new(),
+            summary: Summary { format, truncated: false, unknown_skipped: 0, bytes_read: skipped, records: 0 },
+            path: path.clone(),
+            done: false,
+        };
+        reader.header = match format {
+            Format::Binary => reader.read_binary_header(),
+            Format::Jsonl => reader.read_jsonl_header(),
+        }
+        .map_err(attach)?;
+        Ok(reader)
+    }
+
+    /// The trace header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Counters so far; final once [`next_record`](Self::next_record) has returned `None`.
+    pub fn summary(&self) -> Summary {
+        self.summary
+    }
+
+    /// The next record; `None` at the end of the input (or of its last complete record, when
+    /// truncated: see [`Summary::truncated`]).
+    pub fn next_record(&mut self) -> Option<Result<Record, TraceError>> {
+        if self.done {
+            return None;
+        }
+        let r = match self.form {
+            Form::Binary { .. } => self.next_binary(),
+            Form::Jsonl { .. } => self.next_jsonl(),
+        };
+        match r {
+            Ok(Some(rec)) => {
+                self.summary.records += 1;
+                Some(Ok(rec))
+            }
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(match &self.path {
+                    Some(p) => e.in_file(p),
+                    None => e,
+                }))
+            }
+        }
+    }
+
+    /// Reads up to `n` bytes into `scratch` (cleared first); false when the input ended first.
+    fn fill_scratch(&mut self, n: usize, what: &str) -> Result<bool, TraceError> {
+        self.scratch.clear();
+        let got = (&mut self.src)
+            .take(n as u64)
+            .read_to_end(&mut self.scratch)
+            .map_err(|e| TraceError::io(format!("reading {what} at byte {}", self.summary.bytes_read), e))?;
+        self.summary.bytes_read += got as u64;
+        Ok(got == n)
+    }
+
+    /// Reads an unsigned varint byte by byte; `Ok(None)` when the input ends inside it.
+    fn read_varint(&mut self, what: &str) -> Result<Option<Result<u64, VarintError>>, TraceError> {
+        let mut bytes = [0u8; 10];
+        for i in 0..10 {
+            let Some(b) = self.read_byte(what)? else { return Ok(None) };
+            bytes[i] = b;
+            if b & 0x80 == 0 {
+                return Ok(Some(codec::get_uvarint(&bytes[..=i]).map(|(v, _)| v)));
+            }
+        }
+        Ok(Some(Err(VarintError::Overflow)))
+    }
+
+    fn read_byte(&mut self, what: &str) -> Result<Option<u8>, TraceError> {
+        loop {
+            match self.src.fill_buf() {
+                Ok([]) => return Ok(None),
+                Ok(buf) => {
+                    let b = buf[0];
+                    self.src.consume(1);
+                    self.summary.bytes_read += 1;
+                    return Ok(Some(b));
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(TraceError::io(format!("reading {what} at byte {}", self.summary.bytes_read), e))
+                }
+            }
+        }
+    }
+
+    fn read_binary_header(&mut self) -> Result<Header, TraceError> {
+        if !self.fill_scratch(PREAMBLE_LEN, "the preamble")? {
+            let seen = &self.scratch;
+            if codec::MAGIC.starts_with(seen) || seen.starts_with(&codec::MAGIC) {
+                return Err(TraceError::PartialHeader {
+                    offset: self.summary.bytes_read,
+                    what: "the preamble (magic, version, flags)",
+                });
+            }
+            return Err(TraceError::BadMagic { found: seen.clone() });
+        }
+        let mut pre = [0u8; PREAMBLE_LEN];
+        pre.copy_from_slice(&self.scratch);
+        let (version, _flags) = codec::check_preamble(&pre)?;
+        let offset = self.summary.bytes_read;
+        let len = match self.read_varint("the header frame length")? {
+            None => return Err(TraceError::PartialHeader { offset: self.summary.bytes_read, what: "the header frame length" }),
+            Some(Err(_)) => return Err(TraceError::CorruptFrame { offset, reason: "header length varint exceeds 64 bits".into() }),
+            Some(Ok(len)) if len > MAX_FRAME_LEN => {
+                return Err(TraceError::CorruptFrame {
+                    offset,
+                    reason: format!("header length {len} exceeds the {MAX_FRAME_LEN}-byte frame limit"),
+                })
+            }
+            Some(Ok(len)) => len as usize,
+        };
+        if !self.fill_scratch(len, "the header frame")? {
+            return Err(TraceError::PartialHeader { offset: self.summary.bytes_read, what: "the header frame body" });
+        }
+        let mut header = codec::decode_header_body(&self.scratch, offset)?;
+        header.format_version = version;
+        Ok(header)
+    }
+
+    fn next_binary(&mut self) -> Result<Option<Record>, TraceError> {
+        loop {
+            let offset = self.summary.bytes_read;
+            let Some(tag) = self.read_byte("an event frame")? else { return Ok(None) };
+            if tag == 0 {
+                return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
+            }
+            let len = match self.read_varint("an event frame length")? {
+                None => return self.truncated(),
+                Some(Err(_)) => {
+                    return Err(TraceError::CorruptFrame { offset, reason: "frame length varint exceeds 64 bits".into() })
+                }
+                Some(Ok(len)) if len > MAX_FRAME_LEN => {
+                    return Err(TraceError::CorruptFrame {
+                        offset,
+                        reason: format!("frame length {len} exceeds the {MAX_FRAME_LEN}-byte limit (tag {tag})"),
+                    })
+                }
+                Some(Ok(len)) => len as usize,
+            };
+            let Form::Binary { state } = &mut self.form else { unreachable!("next_binary on a JSON Lines reader") };
+            // Fast path: the whole body is already buffered; decode it in place.
+            let buffered = self.src.buffer();
+            let decoded = if buffered.len() >= len {
+                let d = codec::decode_frame(state, tag, &buffered[..len], offset);
+                self.src.consume(len);
+                self.summary.bytes_read += len as u64;
+                d?
+            } else {
+                if !self.fill_scratch(len, "an event frame body")? {
+                    return self.truncated();
+                }
+                let Form::Binary { state } = &mut self.form else { unreachable!("form does not change") };
+                codec::decode_frame(state, tag, &self.scratch, offset)?
+            };
+            match decoded {
+                Decoded::Record(r) => return Ok(Some(r)),
+                Decoded::Unknown { .. } => self.summary.unknown_skipped += 1,
+            }
+        }
+    }
+
+    fn truncated(&mut self) -> Result<Option<Record>, TraceError> {
+        self.summary.truncated = true;
+        Ok(None)
+    }
+
+    /// Reads one line into `scratch`; `Ok(None)` at the end. Returns whether it ended in '\n'.
+    fn read_line(&mut self) -> Result<Option<bool>, TraceError> {
+        self.scratch.clear();
+        let n = (&mut self.src)
+            .take(MAX_FRAME_LEN + 1)
+            .read_until(b'\n', &mut self.scratch)
+            .map_err(|e| TraceError::io(format!("reading a line at byte {}", self.summary.bytes_read), e))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.summary.bytes_read += n as u64;
+        let Form::Jsonl { line } = &mut self.form else { unreachable!("read_line on a binary reader") };
+        *line += 1;
+        if n as u64 > MAX_FRAME_LEN {
+            return Err(TraceError::Json {
+                line: *line,
+                field: None,
+                message: format!("line longer than {MAX_FRAME_LEN} bytes: not a trace record"),
+            });
+        }
+        Ok(Some(self.scratch.last() == Some(&b'\n')))
+    }
+
+    fn line_no(&self) -> u64 {
+        match self.form {
+            Form::Jsonl { line } => line,
+            Form::Binary { .. } => 0,
+        }
+    }
+
+    fn read_jsonl_header(&mut self) -> Result<Header, TraceError> {
+        loop {
+            let Some(complete) = self.read_line()? else {
+                return Err(TraceError::PartialHeader { offset: self.summary.bytes_read, what: "the JSON Lines header line" });
+            };
+            if self.scratch.trim_ascii().is_empty() {
+                continue;
+            }
+            let line = self.line_no();
+            let text = self.scratch.trim_ascii();
+            return match jsonl::parse_header_line(text, line) {
+                // Only a line that is not even complete JSON was cut short.
+                Err(_) if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
+                    Err(TraceError::PartialHeader { offset: self.summary.bytes_read, what: "the JSON Lines header line" })
+                }
+                r => r,
+            };
+        }
+    }
+
+    fn next_jsonl(&mut self) -> Result<Option<Record>, TraceError> {
+        loop {
+            let Some(complete) = self.read_line()? else { return Ok(None) };
+            let text = self.scratch.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            match jsonl::parse_record_line(text, self.line_no()) {
+                Ok(Some(r)) => return Ok(Some(r)),
+                Ok(None) => self.summary.unknown_skipped += 1,
+                // A last line without its newline that does not parse: the writer was cut short.
+                Err(_) if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
+                    return self.truncated()
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for Reader<R> {
+    type Item = Result<Record, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record()
+    }
+}
+
+/// Peeks at the first bytes. Returns the form, the leading blank bytes consumed (JSON Lines only)
+/// and how many newlines they held.
+fn detect<R: Read>(src: &mut BufReader<R>) -> Result<(Format, u64, u64), TraceError> {
+    let mut skipped = 0u64;
+    let mut newlines = 0u64;
+    loop {
+        let buf = match src.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(TraceError::io("reading the start of the trace", e)),
+        };
+        if buf.is_empty() {
+            return Err(TraceError::PartialHeader { offset: skipped, what: "the first bytes (the input is empty)" });
+        }
+        if skipped == 0 && buf[0] == codec::MAGIC[0] {
+            return Ok((Format::Binary, 0, 0));
+        }
+        match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(i) if buf[i] == b'{' => {
+                newlines += buf[..i].iter().filter(|&&b| b == b'\n').count() as u64;
+                src.consume(i);
+                return Ok((Format::Jsonl, skipped + i as u64, newlines));
+            }
+            Some(i) if i == 0 => {
+                return Err(TraceError::BadMagic { found: buf[..buf.len().min(16)].to_vec() });
+            }
+            Some(i) => {
+                let end = (i + 16).min(buf.len());
+                return Err(TraceError::BadMagic { found: buf[i..end].to_vec() });
+            }
+            None => {
+                let n = buf.len();
+                newlines += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+                src.consume(n);
+                skipped += n as u64;
+            }
+        }
+    }
+}

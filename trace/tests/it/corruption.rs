@@ -1,0 +1,134 @@
+//! Foreign or damaged bytes give an error naming the byte offset (binary) or line (JSON Lines).
+
+use trace::codec::{preamble, PREAMBLE_LEN};
+use trace::*;
+
+use crate::support::{binary, frame_bounds, jsonl, read_all, small_trace};
+
+/// Reads `input` to its end and checks the first error's text contains every `expect` piece.
+fn check(input: &[u8], expect: &[&str]) {
+    let err = match read_all(input) {
+        Ok((_, recs, sum)) => panic!("expected an error, read {} records ({sum:?})", recs.len()),
+        Err(e) => e.to_string(),
+    };
+    for piece in expect {
+        assert!(err.contains(piece), "error {err:?} lacks {piece:?}");
+    }
+}
+
+fn valid() -> (Vec<u8>, Vec<usize>) {
+    let (h, recs) = small_trace();
+    let bytes = binary(&h, &recs);
+    let bounds = frame_bounds(&bytes);
+    (bytes, bounds)
+}
+
+/// The valid trace up to its second frame, then `tail`.
+fn with_frame(tail: &[u8]) -> (Vec<u8>, usize) {
+    let (bytes, bounds) = valid();
+    let at = bounds[1];
+    let mut v = bytes[..at].to_vec();
+    v.extend_from_slice(tail);
+    (v, at)
+}
+
+#[test]
+fn preamble_errors() {
+    check(b"GARBAGE!xxxxxxxx", &["not a memtrace trace", "47 41 52 42 41 47 45 21", "\"GARBAGE!xxxxxxxx\""]);
+    check(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", &["not a memtrace trace", "89 50 4e 47"]);
+    check(b"MEMTRACX\x01\x00\x03\x00\x00", &["not a memtrace trace", "MEMTRACX"]);
+    check(&preamble(2, 3), &["unsupported trace format version 2", "versions 1 to 1"]);
+    check(&preamble(0, 3), &["unsupported trace format version 0"]);
+    check(&preamble(1, 0x8003), &["unsupported trace flags 0x8003", "0x8000"]);
+}
+
+#[test]
+fn header_frame_errors() {
+    let mut absurd = preamble(1, 3).to_vec();
+    absurd.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x7f]);
+    check(&absurd, &["corrupt trace frame at byte 12", "header length", "exceeds"]);
+    let mut garbage = preamble(1, 3).to_vec();
+    garbage.extend_from_slice(&[4, 0xff, 0xff, 0xff, 0xff]);
+    check(&garbage, &["corrupt trace frame at byte 12", "header body does not decode"]);
+    let mut short = preamble(1, 3).to_vec();
+    short.extend_from_slice(&[40, 1, 2]);
+    check(&short, &["incomplete trace header", "header frame body"]);
+    assert_eq!(short.len(), PREAMBLE_LEN + 3);
+}
+
+#[test]
+fn frame_errors_name_the_offset() {
+    let (v, at) = with_frame(&[0, 1, 0]);
+    check(&v, &[&format!("corrupt trace frame at byte {at}"), "tag 0 is invalid"]);
+
+    let (v, at) = with_frame(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
+    check(&v, &[&format!("at byte {at}"), "frame length", "exceeds"]);
+
+    let (v, at) = with_frame(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    check(&v, &[&format!("at byte {at}"), "exceeds 64 bits"]);
+
+    // An alloc body of garbage: prefix byte 0, then an api varint discriminant that cannot be a u64.
+    let (v, at) = with_frame(&[1, 3, 0, 0xff, 0xff]);
+    check(&v, &[&format!("at byte {at}"), "alloc body does not decode"]);
+
+    // Empty body: not even the prefix byte.
+    let (v, at) = with_frame(&[2, 0]);
+    check(&v, &[&format!("at byte {at}"), "prefix byte is missing"]);
+
+    let (v, _) = with_frame(&[6, 3, 0x40, 1, 2]);
+    check(&v, &["reserved bits"]);
+
+    let (v, _) = with_frame(&[7, 2, 0x08, 0]);
+    check(&v, &["thread id-same bit set without the has-thread id bit"]);
+}
+
+#[test]
+fn timestamp_delta_needs_an_earlier_timestamp() {
+    let h = Header::new("t", "0", Level::Device);
+    let mut bytes = binary(&h, &[]);
+    let at = bytes.len();
+    // mem_info with a delta timestamp but no earlier one.
+    bytes.extend_from_slice(&[6, 4, trace::codec::PREFIX_HAS_TS | trace::codec::PREFIX_TS_DELTA, 2, 1, 1]);
+    check(&bytes, &[&format!("at byte {at}"), "no earlier timestamp"]);
+}
+
+#[test]
+fn errors_stop_iteration_and_keep_earlier_records() {
+    let (v, _) = with_frame(&[0, 1, 0]);
+    let mut r = open_reader(&v[..]).unwrap();
+    assert!(r.next_record().unwrap().is_ok());
+    let err = r.next_record().unwrap().unwrap_err();
+    assert!(err.offset().is_some());
+    assert!(r.next_record().is_none());
+}
+
+#[test]
+fn jsonl_errors_name_line_and_field() {
+    let (h, recs) = small_trace();
+    let good = String::from_utf8(jsonl(&h, &recs[..2])).unwrap();
+    let checkj = |extra: &str, expect: &[&str]| {
+        let input = format!("{good}{extra}\n");
+        check(input.as_bytes(), expect);
+    };
+    checkj(
+        r#"{"kind":"alloc","addr":1,"size":"big","api":"cudaMalloc"}"#,
+        &["line 4", "field `size`", "invalid type: string \"big\"", "expected u64"],
+    );
+    checkj(r#"{"kind":"alloc","addr":1,"size":-5,"api":"cudaMalloc"}"#, &["line 4", "field `size`", "u64"]);
+    checkj(r#"{"kind":"free","addr":1}"#, &["line 4", "field `api`", "missing field `api`"]);
+    checkj(r#"{"kind":"alloc","addr":1,"size":2,"api":"cudaMallocc"}"#, &["line 4", "field `api`", "unknown api \"cudaMallocc\""]);
+    checkj(
+        r#"{"kind":"segment_state","at":"end","addr":0,"total_size":2,"pool":"small","blocks":[{"addr":0,"size":2,"state":"bogus"}]}"#,
+        &["line 4", "field `blocks[0].state`", "unknown variant `bogus`"],
+    );
+    checkj(r#"{"addr":1}"#, &["line 4", "field `kind`", "missing field `kind`"]);
+    checkj(r#"{"kind":"alloc","addr":1,"#, &["line 4", "EOF while parsing"]);
+    checkj(r#"{"kind":"header","format_version":1}"#, &["line 4", "second header"]);
+    checkj(r#"{"kind":"marker","text":"a"} trailing"#, &["line 4", "trailing characters"]);
+    check(br#"{"kind":"marker","text":"a"}"#, &["missing trace header", "line 1", "\"marker\" record"]);
+    check(b"{\"kind\":\"header\",\"format_version\":1,\"level\":\"device\"}\n", &["line 1", "missing field `producer`"]);
+    check(
+        b"{\"kind\":\"header\",\"format_version\":9,\"producer\":{\"name\":\"x\",\"version\":\"1\"},\"level\":\"device\"}\n",
+        &["unsupported trace format version 9"],
+    );
+}

@@ -1,0 +1,116 @@
+//! File-level API: `TraceWriter::create` (temp file + rename), `Reader::open`, `convert`.
+
+use trace::*;
+
+use crate::support::{binary, small_trace};
+
+fn write_file(path: &std::path::Path) -> (Header, Vec<Record>) {
+    let (h, recs) = small_trace();
+    let mut w = TraceWriter::create(path, &h).unwrap();
+    for r in &recs {
+        w.write(r).unwrap();
+    }
+    assert_eq!(w.events_written(), recs.len() as u64);
+    let bytes = w.bytes_written();
+    assert_eq!(w.finish().unwrap(), path);
+    assert_eq!(std::fs::metadata(path).unwrap().len(), bytes, "bytes_written matches the file");
+    (h, recs)
+}
+
+fn read_file(path: &std::path::Path) -> (Header, Vec<Record>, Summary) {
+    let mut r = Reader::open(path).unwrap();
+    let recs: Vec<Record> = r.by_ref().collect::<Result<_, _>>().unwrap();
+    (r.header().clone(), recs, r.summary())
+}
+
+#[test]
+fn create_picks_the_form_from_the_extension() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, format) in [("a.mtrace", Format::Binary), ("b.jsonl", Format::Jsonl)] {
+        let path = dir.path().join(name);
+        let (h, recs) = write_file(&path);
+        let (h2, recs2, sum) = read_file(&path);
+        assert_eq!((h2, recs2, sum.format), (h, recs, format));
+    }
+    let err = TraceWriter::create(dir.path().join("c.json"), &small_trace().0).err().unwrap().to_string();
+    assert!(err.contains("c.json") && err.contains(".mtrace"), "{err}");
+}
+
+#[test]
+fn no_file_appears_unless_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.mtrace");
+    let (h, recs) = small_trace();
+    {
+        let mut w = TraceWriter::create(&path, &h).unwrap();
+        w.write(&recs[0]).unwrap();
+        w.flush().unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "one temporary file while writing: {names:?}");
+        assert!(!path.exists(), "the final path appears only on finish");
+    } // dropped without finish, as on an error
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left behind");
+}
+
+#[test]
+fn open_errors_name_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.mtrace");
+    let err = Reader::open(&missing).err().unwrap().to_string();
+    assert!(err.contains("missing.mtrace") && err.contains("cannot open trace"), "{err}");
+
+    let bad = dir.path().join("bad.mtrace");
+    std::fs::write(&bad, b"hello world").unwrap();
+    let err = Reader::open(&bad).err().unwrap().to_string();
+    assert!(err.contains("bad.mtrace") && err.contains("not a memtrace trace"), "{err}");
+
+    // Errors found while iterating name the path too.
+    let (h, recs) = small_trace();
+    let mut bytes = binary(&h, &recs);
+    bytes.extend_from_slice(&[0, 1, 0]);
+    let late = dir.path().join("late.mtrace");
+    std::fs::write(&late, &bytes).unwrap();
+    let mut r = Reader::open(&late).unwrap();
+    let err = r.find_map(Result::err).unwrap().to_string();
+    assert!(err.contains("late.mtrace") && err.contains(&format!("at byte {}", bytes.len() - 3)), "{err}");
+}
+
+#[test]
+fn convert_round_trips_byte_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.mtrace");
+    write_file(&a);
+    let b = dir.path().join("b.jsonl");
+    let c = dir.path().join("c.mtrace");
+    let sum = convert(&a, &b).unwrap();
+    assert_eq!((sum.records, sum.truncated), (6, false));
+    convert(&b, &c).unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+}
+
+#[test]
+fn convert_keeps_the_complete_records_of_a_truncated_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, recs) = small_trace();
+    let bytes = binary(&h, &recs);
+    let cut = dir.path().join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let sum = convert(&cut, &out).unwrap();
+    assert!(sum.truncated);
+    let (_, got, _) = read_file(&out);
+    assert_eq!(got, recs[..recs.len() - 1]);
+}
+
+#[test]
+fn header_is_on_disk_before_the_first_flush() {
+    // A process killed right after starting still leaves a readable (empty) trace.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("early.mtrace");
+    let (h, recs) = small_trace();
+    let mut w = BinaryWriter::new(std::fs::File::create(&path).unwrap(), &h).unwrap();
+    w.write(&recs[0]).unwrap();
+    let (h2, got, sum) = read_file(&path);
+    assert_eq!((h2, got.len(), sum.truncated), (h, 0, false));
+    std::mem::forget(w); // as SIGKILL would: no drop, no flush
+}

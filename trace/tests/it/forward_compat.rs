@@ -1,0 +1,98 @@
+//! Newer writers' additions are skipped (unknown tags, unknown kinds) or ignored (appended fields).
+
+use trace::codec::{encode_frame, PrefixState};
+use trace::*;
+
+use crate::support::{binary, read_all};
+
+fn mem_info(ts: u64, free: u64) -> Record {
+    Record { ts_ns: Some(ts), tid: Some(3), device: None, event: Event::MemInfo(MemInfo { free, total: 100 }) }
+}
+
+#[test]
+fn unknown_tag_is_skipped_by_length_and_counted() {
+    let h = Header::new("t", "0", Level::Device);
+    let mut bytes = binary(&h, &[mem_info(1000, 1)]);
+    // Continue the writer's delta state by hand: the unknown frame carries a timestamp the next
+    // known frame is a delta from, so a reader must parse the prefix of unknown frames too.
+    let mut state = PrefixState::default();
+    let mut scratch = Vec::new();
+    encode_frame(&mut state, &mem_info(1000, 1), &mut scratch).unwrap();
+    let mut frames = Vec::new();
+    encode_frame(&mut state, &mem_info(5000, 2), &mut frames).unwrap();
+    frames[0] = 200; // a tag from the future
+    frames[1] += 4; // with a longer body than this version would write
+    frames.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    encode_frame(&mut state, &mem_info(5100, 3), &mut frames).unwrap();
+    bytes.extend_from_slice(&frames);
+
+    let (_, recs, sum) = read_all(&bytes).unwrap();
+    assert_eq!(recs, vec![mem_info(1000, 1), mem_info(5100, 3)]);
+    assert_eq!(sum.unknown_skipped, 1);
+    assert!(!sum.truncated);
+}
+
+#[test]
+fn appended_fields_inside_a_known_frame_are_ignored() {
+    let h = Header::new("t", "0", Level::Device);
+    let mut bytes = binary(&h, &[]);
+    let mut frame = Vec::new();
+    encode_frame(&mut PrefixState::default(), &mem_info(7, 9), &mut frame).unwrap();
+    frame[1] += 3;
+    frame.extend_from_slice(&[1, 42, 0]); // e.g. a new Option field, Some(42), then more
+    bytes.extend_from_slice(&frame);
+    let (_, recs, _) = read_all(&bytes).unwrap();
+    assert_eq!(recs, vec![mem_info(7, 9)]);
+}
+
+#[test]
+fn appended_header_fields_are_ignored() {
+    let h = Header::new("t", "0", Level::Device);
+    let bytes = binary(&h, &[mem_info(1, 1)]);
+    // Rebuild with a longer header frame: the header body + 5 unknown bytes.
+    let pre = trace::codec::PREAMBLE_LEN;
+    let (len, n) = trace::codec::get_uvarint(&bytes[pre..]).unwrap();
+    let body_start = pre + n;
+    let body_end = body_start + len as usize;
+    let mut v = bytes[..pre].to_vec();
+    trace::codec::put_uvarint(&mut v, len + 5);
+    v.extend_from_slice(&bytes[body_start..body_end]);
+    v.extend_from_slice(&[9, 9, 9, 9, 9]);
+    v.extend_from_slice(&bytes[body_end..]);
+    let (h2, recs, _) = read_all(&v).unwrap();
+    assert_eq!(h2, h);
+    assert_eq!(recs, vec![mem_info(1, 1)]);
+}
+
+#[test]
+fn unknown_json_kind_and_fields_are_skipped() {
+    let input = concat!(
+        "{\"kind\":\"header\",\"format_version\":1,\"producer\":{\"name\":\"p\",\"version\":\"1\"},\"level\":\"device\",\"new_header_field\":[1,2]}\n",
+        "{\"kind\":\"gpu_temperature\",\"celsius\":71}\n",
+        "\n",
+        "{\"kind\":\"mem_info\",\"ts_ns\":4,\"free\":1,\"total\":2,\"new_field\":{\"x\":1}}\n",
+        "{\"kind\":\"another_future_kind\"}\n",
+    );
+    let (h, recs, sum) = read_all(input.as_bytes()).unwrap();
+    assert_eq!(h.producer.name, "p");
+    assert_eq!(
+        recs,
+        vec![Record { ts_ns: Some(4), tid: None, device: None, event: Event::MemInfo(MemInfo { free: 1, total: 2 }) }]
+    );
+    assert_eq!(sum.unknown_skipped, 2);
+}
+
+#[test]
+fn unknown_api_codes_survive_both_forms() {
+    let rec = Record::bare(Event::PoolTrim(PoolTrim {
+        pool: 1,
+        min_bytes_to_keep: 0,
+        api: Api::from_code(4242),
+        result: 0,
+    }));
+    let h = Header::new("t", "0", Level::Device);
+    let (_, via_bin, _) = read_all(&binary(&h, std::slice::from_ref(&rec))).unwrap();
+    assert_eq!(via_bin, vec![rec.clone()]);
+    let line = serde_json::to_string(&rec).unwrap();
+    assert!(line.contains("\"api\":\"unknown:4242\""), "{line}");
+}

@@ -1,0 +1,208 @@
+"""`python -m memtrace_trainer <command>`: features, symtrace, sample."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer.errors import UserError
+
+DESCRIPTION = """\
+Front end of memtrace where models live.
+
+commands:
+  features   parameter and torchsummary-style activation counts of a model (JSON or a
+             GPUMemNet-style CSV row)
+  symtrace   run K training iterations on the meta device (no GPU) and write the allocator-level
+             trace (.jsonl, or .mtrace through `memsim convert`) that `memsim replay` accepts
+  sample     draw synthetic model configs from a YAML sweep file (seeded, uniform)
+
+model specs: torchvision:NAME, timm:NAME, hf:gpt2|gpt2-medium|bert-base-uncased|..., dlrm[:small],
+gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
+"""
+
+
+def _model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
+    p.add_argument("--batch-size", type=int, required=batch_required, default=None if batch_required else 1,
+                   help="samples per step" + ("" if batch_required else " (default 1)"))  # fmt: skip
+    p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
+    p.add_argument("--seq-len", type=int, help="sequence length of token models (default: max)")
+    p.add_argument("--num-classes", type=int, default=1000,
+                   help="classifier width of zoo vision models (default 1000)")  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m memtrace_trainer",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("features", help="model features (parameters, activations, layers)",
+                       description="Parameter count and activations per layer (per sample, "
+                       "torchsummary-style, forward hooks on meta).")  # fmt: skip
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model spec")
+    src.add_argument("--gpumemnet-row", metavar="FILENAME",
+                     help="a GPUMemNet dataset row's Filename (model, batch and input from it)")  # fmt: skip
+    _model_args(f, batch_required=False)
+    out = f.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON (the default)")
+    out.add_argument("--csv", action="store_true", help="print a CSV row with GPUMemNet columns")
+
+    s = sub.add_parser("symtrace", help="symbolic trace of training steps on meta",
+                       description="Trace K training iterations on the meta device as a GPU would "
+                       "run them (forward, loss, backward, optimizer.step, zero_grad(set_to_none)), "
+                       "emulating CUDA-only allocations unless --no-cuda-emulation.")  # fmt: skip
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model spec")
+    src.add_argument("--entry", metavar="MOD:FN",
+                     help="package.module:function returning (model, (inputs, target), loss_fn)")  # fmt: skip
+    src.add_argument("--batch", metavar="CONFIGS.jsonl", type=Path,
+                     help="trace many configs in one process (one JSON object per line)")  # fmt: skip
+    s.add_argument("--batch-size", type=int, help="samples per step (required with --model/--entry)")
+    s.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
+    s.add_argument("--seq-len", type=int, help="sequence length of token models")
+    s.add_argument("--num-classes", type=int, default=1000, help="classifier width (default 1000)")
+    s.add_argument("--optimizer", default="adam",
+                   help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)")  # fmt: skip
+    s.add_argument("--iterations", type=int, default=2, help="training iterations (default 2)")
+    s.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
+    s.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    s.add_argument("--profile", help="GPU profile NAME (profiles/NAME.toml) or a .toml path")
+    s.add_argument("--no-cuda-emulation", action="store_true",
+                   help="trace the plain meta path (FakeTensor-style baseline)")  # fmt: skip
+    s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
+    s.add_argument("--out-dir", type=Path, help="output directory of --batch")
+    s.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    sm = sub.add_parser("sample", help="sample configs from a YAML sweep file",
+                        description="Uniform, seeded sampling of synthetic model configs; prints "
+                        "one JSON config per line (usable as synthetic:{json}).")  # fmt: skip
+    sm.add_argument("sweep", type=Path, help="YAML sweep file")
+    sm.add_argument("--seed", type=int, help="override the file's seed")
+    return parser
+
+
+def _features(args: argparse.Namespace) -> None:
+    import torch
+
+    from memtrace_trainer.features import extract, gpumemnet_row, to_csv
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.zoo import build_workload
+
+    if args.gpumemnet_row:
+        config, batch = from_gpumemnet_filename(args.gpumemnet_row)
+        spec = f"gpumemnet:{args.gpumemnet_row}"
+        workload = build_workload(spec, batch, args.input_shape)
+        family = config.family
+    else:
+        workload = build_workload(args.model, args.batch_size, args.input_shape, args.seq_len,
+                                  args.num_classes)  # fmt: skip
+        family = workload.family
+    with torch.device("meta"):
+        feats = extract(workload, family)
+    if args.csv:
+        name = args.gpumemnet_row or args.model
+        sys.stdout.write(to_csv([gpumemnet_row(feats, name, family)], family))
+    else:
+        print(json.dumps({"model": workload.spec, **feats.to_json()}))
+
+
+def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memtrace_trainer.models.zoo import build_workload, load_entry
+    from memtrace_trainer.profile import load_profile
+    from memtrace_trainer.symtrace.step import StepConfig
+    from memtrace_trainer.symtrace.tracer import trace_to_file
+
+    batch = args.get("batch_size")
+    if not isinstance(batch, int):
+        raise UserError("--batch-size is required (a positive integer)")
+    if args.get("entry"):
+        workload = load_entry(args["entry"], batch)
+    elif args.get("model"):
+        workload = build_workload(args["model"], batch, args.get("input_shape"), args.get("seq_len"),
+                                  args.get("num_classes", 1000))  # fmt: skip
+    else:
+        raise UserError("one of --model or --entry is required")
+    cfg = StepConfig(
+        optimizer=args.get("optimizer", "adam"),
+        iterations=args.get("iterations", 2),
+        amp=args.get("amp"),
+        checkpointing=bool(args.get("checkpointing", False)),
+        grad_accum=args.get("grad_accum", 1),
+        cuda_emulation=not args.get("no_cuda_emulation", False),
+    )
+    summary = trace_to_file(workload, cfg, load_profile(args.get("profile")), out)
+    return {"out": str(out), **summary.to_json()}
+
+
+BATCH_KEYS = {"model", "entry", "batch_size", "input_shape", "seq_len", "num_classes", "optimizer",
+              "iterations", "amp", "checkpointing", "grad_accum", "profile", "no_cuda_emulation",
+              "name"}  # fmt: skip
+
+
+def _symtrace(args: argparse.Namespace) -> None:
+    if args.batch is None:
+        if args.out is None:
+            raise UserError("--out FILE is required")
+        result = _symtrace_one(vars(args), args.out)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"wrote {result['out']}: {result['allocs']} allocations, "
+                  f"peak {result['peak_live_bytes']} B live")  # fmt: skip
+        return
+    if args.out_dir is None:
+        raise UserError("--batch needs --out-dir DIR")
+    if not args.batch.is_file():
+        raise UserError(f"--batch {args.batch}: no such file")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    defaults = {k: v for k, v in vars(args).items() if k in BATCH_KEYS and v is not None}
+    defaults.pop("model", None)
+    defaults.pop("entry", None)
+    for n, line in enumerate(args.batch.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            config = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{args.batch}:{n}: not JSON ({e})") from None
+        if not isinstance(config, dict):
+            raise UserError(f"{args.batch}:{n}: expected a JSON object")
+        unknown = sorted(set(config) - BATCH_KEYS)
+        if unknown:
+            raise UserError(f"{args.batch}:{n}: unknown fields {unknown}; expected {sorted(BATCH_KEYS)}")
+        name = str(config.get("name", f"config-{n:05d}"))
+        try:
+            result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")
+            result["name"] = name
+        except UserError as e:
+            result = {"name": name, "error": str(e)}
+        print(json.dumps(result), flush=True)
+
+
+def _sample(args: argparse.Namespace) -> None:
+    from memtrace_trainer.models.sweep import sample_file
+
+    for config in sample_file(args.sweep, args.seed):
+        print(json.dumps({"id": config.id, **config.to_dict()}, sort_keys=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        {"features": _features, "symtrace": _symtrace, "sample": _sample}[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

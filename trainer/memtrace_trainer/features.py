@@ -1,0 +1,212 @@
+"""Model features: parameters, torchsummary-style activations per layer, layer counts.
+
+Activations are counted the way torchsummary (and GPUMemNet's datasets) count them: the output
+elements of every hooked module, per sample, gathered with forward hooks on the meta device.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtrace_trainer.workload import Workload
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+# GPUMemNet's layer names per family; modules mapped to None are not listed in its datasets.
+_GPUMEMNET_NAMES: dict[type[nn.Module], str | None] = {
+    nn.Linear: "linear",
+    nn.Conv2d: "conv2d",
+    nn.BatchNorm1d: "batch_normalization",
+    nn.BatchNorm2d: "batchnorm2d",
+    nn.Dropout: "dropout",
+    nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d",
+    nn.AvgPool2d: None,
+    nn.MaxPool2d: None,
+}
+
+# The activation-function encoding of GPUMemNet's estimator: a point on the unit circle per
+# function, so that no function is "larger" than another.
+ACTIVATION_ORDER = (
+    "ReLU", "LeakyReLU", "PReLU", "ELU", "SELU", "GELU", "Tanh", "SiLU", "Softplus", "Mish",
+    "Identity", "Sigmoid",
+)  # fmt: skip
+
+
+@dataclass
+class Layer:
+    """One hooked module, in execution order."""
+
+    name: str
+    type: str
+    activations: int
+    parameters: int
+
+
+@dataclass
+class Features:
+    total_parameters: int
+    total_activations: int
+    layers: list[Layer]
+    depth: int
+    layer_counts: dict[str, int]
+    activation_function: str | None
+    batch_size: int
+    gpumemnet_sequence: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def activation_encoding(self) -> tuple[float, float]:
+        if self.activation_function not in ACTIVATION_ORDER:
+            return (0.0, 0.0)
+        angle = 2 * math.pi * ACTIVATION_ORDER.index(self.activation_function) / len(
+            ACTIVATION_ORDER
+        )
+        return (math.sin(angle), math.cos(angle))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total_parameters": self.total_parameters,
+            "total_activations": self.total_activations,
+            "batch_size": self.batch_size,
+            "depth": self.depth,
+            "layer_counts": self.layer_counts,
+            "activation_function": self.activation_function,
+            "activation_encoding": list(self.activation_encoding()),
+            "layers": {
+                layer.name: {
+                    "type": layer.type,
+                    "activations": layer.activations,
+                    "parameters": layer.parameters,
+                }
+                for layer in self.layers
+            },
+            "sequence": [[la.type, la.activations, la.parameters] for la in self.layers],
+            "gpumemnet_sequence": [list(s) for s in self.gpumemnet_sequence],
+        }
+
+
+def _numel(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.numel()
+    if isinstance(out, tuple | list):
+        return sum(_numel(o) for o in out)
+    if isinstance(out, dict):
+        return sum(_numel(o) for o in out.values())
+    return 0
+
+
+def gpumemnet_name(module: nn.Module, family: str) -> str | None:
+    """GPUMemNet's spelling of a layer, or None for modules its datasets do not list."""
+    kind = type(module)
+    if kind is nn.Softmax:
+        return "Softmax" if family == "mlp" else "softmax"
+    if kind is nn.Identity:
+        return "Identity" if family == "mlp" else None
+    if kind in _GPUMEMNET_NAMES:
+        return _GPUMEMNET_NAMES[kind]
+    if module.__class__.__module__.startswith("torch.nn.modules.activation"):
+        return kind.__name__
+    return None
+
+
+def extract(workload: Workload, family: str = "") -> Features:
+    """Run one forward pass on meta with hooks; the workload must already live on meta."""
+    model = workload.model
+    batch = workload.batch_size
+    records: list[tuple[nn.Module, Layer]] = []
+    names = {m: n for n, m in model.named_modules()}
+
+    def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
+        params = sum(p.numel() for p in module.parameters(recurse=False))
+        layer = Layer(names[module], type(module).__name__, _numel(output) // batch, params)
+        records.append((module, layer))
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if m is not model and not isinstance(m, _CONTAINERS)
+    ]
+    was_training = model.training
+    model.eval()  # batch statistics of one sample would be rejected by BatchNorm in train mode
+    try:
+        with torch.no_grad():
+            workload.forward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    layers = [layer for _, layer in records]
+    leaves = [(m, la) for m, la in records if not any(True for _ in m.children())]
+    counts = collections.Counter(la.type for _, la in leaves)
+    acts = [la.type for m, la in leaves if gpumemnet_name(m, "") == la.type and la.type != "Softmax"]
+    sequence = []
+    for m, la in leaves:
+        name = gpumemnet_name(m, family)
+        if name is not None:
+            # GPUMemNet's summary gives PReLU no parameters; mirror it so our rows line up.
+            sequence.append((name, la.activations, 0 if isinstance(m, nn.PReLU) else la.parameters))
+    return Features(
+        total_parameters=sum(p.numel() for p in model.parameters()),
+        total_activations=sum(la.activations for _, la in leaves),
+        layers=layers,
+        depth=sum(1 for _, la in leaves if la.parameters > 0),
+        layer_counts=dict(sorted(counts.items())),
+        activation_function=collections.Counter(acts).most_common(1)[0][0] if acts else None,
+        batch_size=batch,
+        gpumemnet_sequence=sequence,
+    )
+
+
+MLP_COLUMNS = (
+    "Filename", "Depth", "Activations-Params", "Activation Function", "Total Activations",
+    "Total Parameters", "Batch Size", "Batch Normalization Layers", "Dropout Layers",
+)  # fmt: skip
+CNN_COLUMNS = (
+    "Filename", "Depth", "Activations-Params", "Activation Function", "Total Activations",
+    "Total Parameters", "Batch Size", "Conv2d Count", "BatchNorm2d Count", "Dropout Count",
+    "AdaptiveAvgPool2d Count", "Linear Count",
+)  # fmt: skip
+
+
+def gpumemnet_row(features: Features, filename: str, family: str) -> dict[str, str]:
+    """One row in the GPUMemNet datasets' columns (labels excluded: they come from runs)."""
+    seq = features.gpumemnet_sequence
+    counts = collections.Counter(name for name, _, _ in seq)
+    row = {
+        "Filename": filename,
+        "Depth": str(counts["linear"] + counts["conv2d"]),
+        "Activations-Params": repr(seq),
+        "Activation Function": features.activation_function or "",
+        "Total Activations": str(sum(a for _, a, _ in seq)),
+        "Total Parameters": str(sum(p for _, _, p in seq)),
+        "Batch Size": str(features.batch_size),
+    }
+    if family == "cnn":
+        row |= {
+            "Conv2d Count": str(counts["conv2d"]),
+            "BatchNorm2d Count": str(counts["batchnorm2d"]),
+            "Dropout Count": str(counts["dropout"]),
+            "AdaptiveAvgPool2d Count": str(counts["adaptive_avg_pool2d"]),
+            "Linear Count": str(counts["linear"]),
+        }
+    else:
+        row |= {
+            "Batch Normalization Layers": str(counts["batch_normalization"]),
+            "Dropout Layers": str(counts["dropout"]),
+        }
+    return row
+
+
+def to_csv(rows: list[dict[str, str]], family: str) -> str:
+    columns = CNN_COLUMNS if family == "cnn" else MLP_COLUMNS
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()

@@ -1,0 +1,1 @@
+"""Synthetic model families, the GPUMemNet rebuilder, sweeps and the real-model zoo."""

@@ -1,0 +1,102 @@
+"""What every synthetic model config shares: JSON form, stable id, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, ClassVar
+
+from torch import nn
+
+from memtrace_trainer.errors import UserError
+
+# GPUMemNet's spellings (its filenames use these keys) mapped to the module classes it used.
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "leaky_relu": nn.LeakyReLU,
+    "prelu": nn.PReLU,
+    "elu": nn.ELU,
+    "selu": nn.SELU,
+    "gelu": nn.GELU,
+    "tanh": nn.Tanh,
+    "swish": nn.SiLU,
+    "softplus": nn.Softplus,
+    "mish": nn.Mish,
+    "identity": nn.Identity,
+    "sigmoid": nn.Sigmoid,
+}
+
+
+class InvalidConfig(UserError):
+    """A config that cannot be built; the message gives the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Base of the synthetic families. Subclasses set `family` and implement `check`/`build`."""
+
+    family: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def id(self) -> str:
+        """Stable across processes and versions of Python: a hash of the canonical JSON."""
+        return f"{self.family}-{hashlib.sha256(self.to_json().encode()).hexdigest()[:12]}"
+
+    def problems(self) -> list[str]:
+        """Reasons this config is infeasible; empty when it is valid."""
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise InvalidConfig(f"invalid {self.family} config {self.to_json()}: " + "; ".join(problems))
+
+    def build(self) -> nn.Module:
+        raise NotImplementedError
+
+    def default_input_shape(self) -> tuple[int, ...]:
+        """Per-sample input shape."""
+        raise NotImplementedError
+
+    def classes(self) -> int:
+        """Number of output classes (targets are drawn from this range)."""
+        raise NotImplementedError
+
+
+def activation(name: str) -> nn.Module:
+    if name not in ACTIVATIONS:
+        raise InvalidConfig(f"unknown activation {name!r}: expected one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+def from_dict(data: dict[str, Any]) -> ModelConfig:
+    """Inverse of `ModelConfig.to_dict`, with the family choosing the class."""
+    from memtrace_trainer.models.cnn import CNNConfig
+    from memtrace_trainer.models.mlp import MLPConfig
+    from memtrace_trainer.models.transformer import TransformerConfig
+
+    classes: dict[str, type[ModelConfig]] = {
+        c.family: c for c in (MLPConfig, CNNConfig, TransformerConfig)
+    }
+    data = dict(data)
+    family = data.pop("family", None)
+    if family not in classes:
+        raise InvalidConfig(f"config field 'family' is {family!r}: expected one of {sorted(classes)}")
+    cls = classes[family]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InvalidConfig(f"{family} config has unknown fields {unknown}: expected {sorted(names)}")
+    try:
+        config = cls(**data)
+    except TypeError as e:
+        raise InvalidConfig(f"{family} config: {e}") from None
+    config.validate()
+    return config

@@ -1,0 +1,89 @@
+"""MLP family, laid out exactly as GPUMemNet's generator lays it out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from memtrace_trainer.models.config import ACTIVATIONS, ModelConfig, activation
+
+ARCHITECTURES = ("pyramid", "uniform", "bottleneck", "gradual")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPConfig(ModelConfig):
+    """`depth` hidden layers shaped by `architecture`, then a Linear to `output_size`.
+
+    `head` is what follows the last Linear: GPUMemNet's first sweep had none, its second a Softmax
+    (Sigmoid for a single output).
+    """
+
+    family = "mlp"
+    input_size: int
+    output_size: int
+    depth: int
+    architecture: str = "pyramid"
+    activation: str = "relu"
+    dropout: float = 0.0
+    batchnorm: bool = False
+    head: bool = True
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.input_size < 1:
+            p.append(f"input_size {self.input_size} < 1")
+        if self.output_size < 1:
+            p.append(f"output_size {self.output_size} < 1")
+        if self.depth < 1:
+            p.append(f"depth {self.depth} < 1")
+        if self.architecture not in ARCHITECTURES:
+            p.append(f"architecture {self.architecture!r} not in {ARCHITECTURES}")
+        if self.activation not in ACTIVATIONS:
+            p.append(f"activation {self.activation!r} not in {sorted(ACTIVATIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            p.append(f"dropout {self.dropout} outside [0, 1)")
+        if self.architecture == "gradual" and self.input_size < self.output_size:
+            p.append("gradual needs input_size >= output_size (it narrows towards the output)")
+        return p
+
+    def hidden_widths(self) -> list[int]:
+        widths = []
+        width = self.input_size
+        if self.architecture in ("pyramid", "bottleneck"):
+            for _ in range(self.depth):
+                width = max(int(width * 0.5), self.output_size)
+                widths.append(width)
+            if self.architecture == "bottleneck":
+                widths.append(max(int(width * 0.5), self.output_size))
+        elif self.architecture == "uniform":
+            widths = [width] * self.depth
+        else:
+            step = (self.input_size - self.output_size) // self.depth
+            for _ in range(self.depth):
+                width = max(width - step, self.output_size)
+                widths.append(width)
+        return widths
+
+    def build(self) -> nn.Module:
+        self.validate()
+        layers: list[nn.Module] = []
+        width = self.input_size
+        for out in self.hidden_widths():
+            layers.append(nn.Linear(width, out))
+            if self.batchnorm:
+                layers.append(nn.BatchNorm1d(out))
+            layers.append(activation(self.activation))
+            if self.dropout > 0:
+                layers.append(nn.Dropout(self.dropout))
+            width = out
+        layers.append(nn.Linear(width, self.output_size))
+        if self.head:
+            layers.append(nn.Softmax(dim=1) if self.output_size > 1 else nn.Sigmoid())
+        return nn.Sequential(*layers)
+
+    def default_input_shape(self) -> tuple[int, ...]:
+        return (self.input_size,)
+
+    def classes(self) -> int:
+        return self.output_size

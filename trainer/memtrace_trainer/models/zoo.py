@@ -1,0 +1,212 @@
+"""Models by spec string, and user entry points (`--entry package.module:function`)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.models.config import ModelConfig, from_dict
+from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
+from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+from memtrace_trainer.workload import Batch, Workload, fresh_like
+
+META = torch.device("meta")
+DEFAULT_CLASSES = 1000
+
+# Sizes of the Hugging Face models we build from config classes (never downloaded).
+HF_MODELS: dict[str, tuple[str, dict[str, int]]] = {
+    "gpt2": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
+    "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
+    "gpt2-large": ("gpt2", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
+    "gpt2-xl": ("gpt2", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
+    "bert-base-uncased": ("bert", {"hidden_size": 768, "num_hidden_layers": 12,
+                                   "num_attention_heads": 12, "intermediate_size": 3072}),
+    "bert-large-uncased": ("bert", {"hidden_size": 1024, "num_hidden_layers": 24,
+                                    "num_attention_heads": 16, "intermediate_size": 4096}),
+}  # fmt: skip
+
+ZOO_EXAMPLES = (
+    "torchvision:resnet50",
+    "timm:convnext_tiny",
+    "hf:gpt2",
+    "hf:bert-base-uncased",
+    "dlrm",
+)
+
+
+def _classification(
+    spec: str, model: nn.Module, batch: int, shape: tuple[int, ...], classes: int, family: str = ""
+) -> Workload:
+    def make() -> Batch:
+        x = torch.randn(batch, *shape, device=META)
+        return x, torch.randint(0, classes, (batch,), device=META)
+
+    def loss(out: Any, target: Any) -> torch.Tensor:
+        if classes == 1:
+            return F.binary_cross_entropy(out.squeeze(1), target.float())
+        return F.cross_entropy(out, target)
+
+    return Workload(spec, model, make, loss, batch, family)
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(f"--input-shape {text!r}: expected integers like 3,224,224") from None
+    if not shape or any(v < 1 for v in shape):
+        raise UserError(f"--input-shape {text!r}: expected positive integers like 3,224,224")
+    return shape
+
+
+def _synthetic(spec: str, config: ModelConfig, batch: int, shape: tuple[int, ...] | None) -> Workload:
+    with META:
+        model = config.build()
+    if config.family == "transformer":
+        seq = shape[0] if shape else config.default_input_shape()[0]
+        vocab = config.vocab_size  # type: ignore[attr-defined]
+
+        def make() -> Batch:
+            ids = torch.randint(0, vocab, (batch, seq), device=META)
+            return ids, torch.randint(0, config.classes(), (batch,), device=META)
+
+        return Workload(spec, model, make, lambda o, t: F.cross_entropy(o, t), batch, "transformer")
+    return _classification(
+        spec, model, batch, shape or config.default_input_shape(), config.classes(), config.family
+    )
+
+
+def _hf(spec: str, name: str, batch: int, seq_len: int | None) -> Workload:
+    if name not in HF_MODELS:
+        raise UserError(f"unknown Hugging Face model {name!r}: expected one of {sorted(HF_MODELS)}")
+    import transformers
+
+    kind, sizes = HF_MODELS[name]
+    with META:
+        if kind == "gpt2":
+            config: Any = transformers.GPT2Config(**sizes)
+            model: nn.Module = transformers.GPT2LMHeadModel(config)
+            seq, vocab = seq_len or config.n_positions, config.vocab_size
+        else:
+            config = transformers.BertConfig(**sizes)
+            model = transformers.BertForSequenceClassification(config)
+            seq, vocab = seq_len or config.max_position_embeddings, config.vocab_size
+    if seq < 1:
+        raise UserError(f"--seq-len {seq}: expected a positive integer")
+
+    def make() -> Batch:
+        ids = torch.randint(0, vocab, (batch, seq), device=META)
+        if kind == "gpt2":
+            return {"input_ids": ids}, ids
+        return {"input_ids": ids}, torch.randint(0, 2, (batch,), device=META)
+
+    def loss(out: Any, target: Any) -> torch.Tensor:
+        logits = out.logits
+        if kind == "gpt2":
+            # Next-token prediction, as GPT2LMHeadModel computes it when given labels.
+            shifted = logits[:, :-1, :].contiguous()
+            return F.cross_entropy(shifted.view(-1, shifted.size(-1)), target[:, 1:].reshape(-1))
+        return F.cross_entropy(logits, target)
+
+    return Workload(spec, model, make, loss, batch, kind)
+
+
+def build_workload(
+    spec: str,
+    batch_size: int,
+    input_shape: str | None = None,
+    seq_len: int | None = None,
+    num_classes: int = DEFAULT_CLASSES,
+) -> Workload:
+    """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
+    `gpumemnet:FILENAME` or `synthetic:{json config}`."""
+    if batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: expected a positive integer")
+    shape = _parse_shape(input_shape)
+    source, _, name = spec.partition(":")
+    if source == "torchvision":
+        import torchvision
+
+        if name not in torchvision.models.list_models():
+            raise UserError(f"unknown torchvision model {name!r} in spec {spec!r}")
+        with META:
+            model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+        return _classification(spec, model, batch_size, shape or (3, 224, 224), num_classes)
+    if source == "timm":
+        import timm
+
+        if not timm.is_model(name):
+            raise UserError(f"unknown timm model {name!r} in spec {spec!r}")
+        with META:
+            model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+        default = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        return _classification(spec, model, batch_size, shape or default, num_classes)
+    if source == "hf":
+        return _hf(spec, name, batch_size, seq_len)
+    if source == "dlrm":
+        return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size)
+    if source == "gpumemnet":
+        config, _ = from_gpumemnet_filename(name)
+        return _synthetic(spec, config, batch_size, shape)
+    if source == "synthetic":
+        try:
+            data = json.loads(name)
+        except json.JSONDecodeError as e:
+            raise UserError(f"spec {spec!r}: the config after `synthetic:` is not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise UserError(f"spec {spec!r}: expected a JSON object after `synthetic:`")
+        return _synthetic(spec, from_dict(data), batch_size, shape)
+    raise UserError(
+        f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:NAME, dlrm, "
+        "gpumemnet:FILENAME or synthetic:{json}"
+    )
+
+
+def load_entry(entry: str, batch_size: int) -> Workload:
+    """A user's training step: `package.module:function` returning (model, (inputs, target),
+    loss_fn). The function runs with meta as the default device and may take `batch_size`."""
+    module_name, sep, func_name = entry.partition(":")
+    if not sep or not module_name or not func_name:
+        raise UserError(f"--entry {entry!r}: expected package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"--entry {entry!r}: cannot import {module_name!r} ({e})") from None
+    func: Callable[..., Any] | None = getattr(module, func_name, None)
+    if not callable(func):
+        raise UserError(f"--entry {entry!r}: {module_name} has no function {func_name!r}")
+    kwargs = {"batch_size": batch_size} if "batch_size" in inspect.signature(func).parameters else {}
+    with META:
+        result = func(**kwargs)
+    if not isinstance(result, tuple) or len(result) != 3:
+        raise UserError(f"--entry {entry!r}: expected (model, (inputs, target), loss_fn)")
+    model, batch, loss_fn = result
+    if not isinstance(model, nn.Module) or not callable(loss_fn):
+        raise UserError(f"--entry {entry!r}: expected an nn.Module and a callable loss_fn")
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        raise UserError(f"--entry {entry!r}: the batch must be an (inputs, target) pair")
+    model = model.to(META)
+    example = _to_meta(batch[0]), _to_meta(batch[1])
+    first = example[0]
+    size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else batch_size
+    return Workload(entry, model, lambda: fresh_like(example), loss_fn, int(size), "entry")
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(META)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_to_meta(v) for v in value)
+    return value

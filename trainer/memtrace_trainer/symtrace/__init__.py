@@ -1,0 +1,1 @@
+"""The symbolic tracer: a training step on the meta device, recorded as allocator requests."""

@@ -1,0 +1,154 @@
+"""Where CUDA allocates differently from the meta path, allocate what CUDA would.
+
+Each case is documented in docs/symbolic-tracing.md with its source in
+../shared/reference/cuda-vs-meta-allocations.md. Dispatch-level cases (library workspaces) are
+hooks on the recorder; function-level cases (SDPA backend, dropout masks) need autograd to see the
+CUDA op, so they run in a TorchFunctionMode above autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.recorder import Recorder
+
+aten = torch.ops.aten
+_GEMMS = {
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten.addbmm.default, aten._addmm_activation.default,
+}  # fmt: skip
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+class Workspaces:
+    """cuBLAS (persistent), cuBLASLt (per addmm with bias), cuDNN conv and fused-SDPA backward
+    workspaces, as allocator requests around the op that takes them."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.cublas_done = False
+
+    def _transient(self, rec: Recorder, size: int) -> None:
+        if size > 0:
+            addr = rec.alloc(size, "workspace")
+            rec.free(addr, size)
+
+    def __call__(
+        self, rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        if out is None:
+            self._before(rec, func, args)
+            return
+        if func in _GEMMS and not self.cublas_done:
+            # The handle's workspace is taken at the first GEMM, after its output, for good.
+            self.cublas_done = True
+            if self.profile.cublas_workspace_bytes:
+                rec.alloc(self.profile.cublas_workspace_bytes, "workspace")
+        if func is aten.addmm.default and args[0].dim() == 1 and args[1].dim() == 2:
+            self._transient(rec, self.profile.cublaslt_workspace_bytes)
+        elif func is aten.convolution.default:
+            self._conv(rec, args[0], out)
+        elif func is aten.convolution_backward.default:
+            grad_out, inp, weight = args[0], args[1], args[2]
+            mask = args[-1]
+            # One cuDNN call, with its own workspace, per requested direction.
+            if mask[0]:
+                self._conv(rec, grad_out, inp)
+            if mask[1]:
+                self._conv(rec, inp, grad_out)
+
+    def _conv(self, rec: Recorder, a: Any, b: Any) -> None:
+        factor = self.profile.cudnn_workspace_factor
+        self._transient(rec, int(factor * max(_nbytes(a), _nbytes(b))))
+
+    def _before(self, rec: Recorder, func: Any, args: tuple[Any, ...]) -> None:
+        if func is aten._scaled_dot_product_flash_attention_backward.default:
+            # flash_api.cpp: softmax_d (B,H,round128(L)) and dq_accum (B,round128(L),H,round32(D)),
+            # both fp32, live only inside the backward kernel.
+            q = args[1]
+            b, h, seq, d = q.shape
+            l128 = math.ceil(seq / 128) * 128
+            d32 = math.ceil(d / 32) * 32
+            self._transient(rec, 4 * b * h * l128 + 4 * b * l128 * h * d32)
+
+
+def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str:
+    """The backend CUDA picks (2.4 order: flash, efficient, math) for these inputs."""
+    head_dim = q.shape[-1]
+    if gqa or q.dim() != 4:
+        return "math"
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half and profile.compute_capability >= (8, 0) and head_dim <= 256 and head_dim % 8 == 0:
+        if mask is None:
+            return "flash"
+    align = 8 if half else 4
+    if profile.compute_capability >= (5, 0) and head_dim % align == 0:
+        return "efficient"
+    return "math"
+
+
+class CudaFunctions(TorchFunctionMode):
+    """Re-routes SDPA to the CUDA backend and dropout to the fused kernel with a bool mask."""
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__()
+        self.profile = profile
+        self.backends: dict[str, int] = {}
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self._sdpa(*args, **kwargs)
+        if func is F.dropout and args and isinstance(args[0], torch.Tensor):
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            training = kwargs.get("training", args[2] if len(args) > 2 else True)
+            inplace = kwargs.get("inplace", args[3] if len(args) > 3 else False)
+            if training and 0 < p < 1 and not inplace:
+                return torch.native_dropout(args[0], p, True)[0]
+        return func(*args, **kwargs)
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        backend = sdpa_backend(q, attn_mask, self.profile, enable_gqa)
+        if is_causal and attn_mask is not None:
+            backend = "math"
+        self.backends[backend] = self.backends.get(backend, 0) + 1
+        if backend == "flash":
+            return aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if backend == "efficient":
+            bias = attn_mask
+            if bias is not None and bias.dtype == torch.bool:
+                bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(
+                    ~bias, float("-inf")
+                )
+            if bias is not None:
+                bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            need_lse = q.requires_grad or k.requires_grad or v.requires_grad
+            return aten._scaled_dot_product_efficient_attention(
+                q, k, v, bias, need_lse, dropout_p, is_causal, scale=scale
+            )[0]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )

@@ -1,0 +1,92 @@
+"""Writes the recorder's events as a trace in JSON Lines (and `.mtrace` through memsim)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer import __version__
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import REPO_ROOT
+
+PRODUCER = "memtrace_trainer.symtrace"
+_REQUEST = {"stream": 0, "mem": "device", "api": "allocator", "result": 0, "origin": "request"}
+
+
+def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
+    header = {
+        "kind": "header",
+        "format_version": 1,
+        "producer": {"name": PRODUCER, "version": __version__},
+        "level": "allocator",
+        "caching_disabled": False,
+        "synthetic_addresses": True,
+        "metadata": metadata,
+    }
+    out = [json.dumps(header, separators=(",", ":"))]
+    for e in events:
+        kind = e["kind"]
+        rec: dict[str, Any] = {"kind": kind, "ts_ns": e["ts_ns"], "device": e["device"]}
+        if kind == "marker":
+            rec["text"] = e["text"]
+        elif kind == "alloc":
+            rec |= {"addr": e["addr"], "size": e["size"], **_REQUEST, "category": e["category"]}
+        else:
+            rec |= {"addr": e["addr"], "size": e["size"], **_REQUEST, "stage": "immediate"}
+        out.append(json.dumps(rec, separators=(",", ":")))
+    out.append(json.dumps({"kind": "process_exit", "lost_events": 0}, separators=(",", ":")))
+    return out
+
+
+def memsim_binary() -> Path:
+    """memsim from $MEMTRACE_BIN_DIR, then PATH, then the workspace's target/release|debug."""
+    candidates = []
+    if "MEMTRACE_BIN_DIR" in os.environ:
+        candidates.append(Path(os.environ["MEMTRACE_BIN_DIR"]) / "memsim")
+    on_path = shutil.which("memsim")
+    if on_path:
+        candidates.append(Path(on_path))
+    candidates += [REPO_ROOT / "target" / "release" / "memsim", REPO_ROOT / "target" / "debug" / "memsim"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise UserError(
+        "writing .mtrace needs the memsim binary: set MEMTRACE_BIN_DIR, put memsim on PATH or "
+        "run `cargo build -p simulator` (looked in: " + ", ".join(str(c) for c in candidates) + ")"
+    )
+
+
+def write(path: Path, text_lines: list[str]) -> None:
+    """Atomically writes `.jsonl`, or `.mtrace` by converting through `memsim convert`."""
+    path = Path(path)
+    if path.suffix not in (".jsonl", ".mtrace"):
+        raise UserError(f"--out {path}: expected a .jsonl or .mtrace file name")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {path}: directory {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(text_lines) + "\n")
+        if path.suffix == ".jsonl":
+            os.replace(tmp, path)
+            return
+        memsim = memsim_binary()
+        tmp_out = tmp[: -len(".jsonl")] + ".mtrace"
+        try:
+            done = subprocess.run(
+                [str(memsim), "convert", tmp, tmp_out], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise UserError(f"memsim convert failed for {path}: {done.stderr.strip()}")
+            os.replace(tmp_out, path)
+        finally:
+            if os.path.exists(tmp_out):
+                os.unlink(tmp_out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

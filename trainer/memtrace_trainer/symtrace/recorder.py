@@ -1,0 +1,105 @@
+"""Records every storage a training step allocates on meta, and the moment each one dies.
+
+A dispatch mode sees each op's outputs; a storage seen for the first time is an allocation, and a
+weakref finalizer on its (preserved) Python object reports the free when the last tensor or
+autograd-saved reference to it goes away. Views share their base's storage, so they never count
+twice.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+Event = dict[str, Any]
+# Called around each op: (recorder, op, args, kwargs, outputs or None before the op runs).
+OpHook = Callable[["Recorder", Any, tuple[Any, ...], dict[str, Any], Any], None]
+
+
+class Recorder(TorchDispatchMode):
+    """Collects allocator-level events. Categories can be corrected before writing (a gradient
+    is only known to be one once autograd has stored it in `.grad`)."""
+
+    def __init__(self, hooks: list[OpHook] | None = None) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+        self.hooks = hooks or []
+        self.category = "other"
+        self.active = True
+        self._next_id = 1
+        self._alloc_index: dict[int, int] = {}
+        self._token = object()
+
+    # --- events -------------------------------------------------------------------------------
+    def _emit(self, event: Event) -> None:
+        event["ts_ns"] = len(self.events)
+        event["device"] = 0
+        self.events.append(event)
+
+    def marker(self, text: str) -> None:
+        self._emit({"kind": "marker", "text": text})
+
+    def alloc(self, size: int, category: str) -> int:
+        addr = self._next_id
+        self._next_id += 1
+        self._alloc_index[addr] = len(self.events)
+        self._emit({"kind": "alloc", "addr": addr, "size": size, "category": category})
+        return addr
+
+    def free(self, addr: int, size: int) -> None:
+        if self.active:
+            self._emit({"kind": "free", "addr": addr, "size": size})
+
+    def recategorize(self, addr: int, category: str) -> None:
+        self.events[self._alloc_index[addr]]["category"] = category
+
+    # --- storages -----------------------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, category: str | None = None) -> int | None:
+        """The synthetic address of a meta tensor's storage, recording its allocation when new."""
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+            return None
+        storage = tensor.untyped_storage()
+        known = getattr(storage, "_memtrace", None)
+        if known is not None and known[0] is self._token:
+            return known[1]
+        size = storage.nbytes()
+        if size == 0:
+            return None
+        addr = self.alloc(size, category or self.category)
+        storage._memtrace = (self._token, addr)  # type: ignore[attr-defined]
+        weakref.finalize(storage, self.free, addr, size)
+        return addr
+
+    def address(self, tensor: torch.Tensor) -> int | None:
+        """The address of an already tracked tensor, without recording anything."""
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+            return None
+        known = getattr(tensor.untyped_storage(), "_memtrace", None)
+        return known[1] if known is not None and known[0] is self._token else None
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        for hook in self.hooks:
+            hook(self, func, args, kwargs, None)
+        out = func(*args, **kwargs)
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self.track(value)
+        for hook in self.hooks:
+            hook(self, func, args, kwargs, out)
+        return out
+
+    def finish(self) -> None:
+        """Stop recording: later frees belong to the tracer's teardown, not the step."""
+        self.active = False

@@ -1,0 +1,172 @@
+"""The training loop the tracer runs on meta, written as a user's loop is written, so tensors
+live exactly as long as they would on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.autocast import Autocast
+from memtrace_trainer.symtrace.emulation import CudaFunctions, Workspaces
+from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.workload import Workload, call_model
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adagrad", "rmsprop")
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    optimizer: str = "adam"
+    iterations: int = 2
+    amp: str | None = None
+    checkpointing: bool = False
+    grad_accum: int = 1
+    cuda_emulation: bool = True
+
+    def validate(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"--optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
+        if self.iterations < 1:
+            raise UserError(f"--iterations {self.iterations}: expected at least 1")
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
+        if self.amp is not None and self.amp not in AMP:
+            raise UserError(f"--amp {self.amp!r}: expected one of {sorted(AMP)}")
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], foreach: bool) -> torch.optim.Optimizer:
+    # CUDA picks foreach for these optimizers by default; meta would fall back to per-tensor loops.
+    fe: dict[str, Any] = {"foreach": True} if foreach else {}
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, **fe)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, **fe)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-2, **fe)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, **fe)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=1e-2, **fe)
+    return torch.optim.RMSprop(params, lr=1e-2, **fe)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to checkpoint: children of the outermost Sequential/ModuleList
+    containers that hold composite modules; leaves of a flat Sequential otherwise."""
+    found: list[nn.Module] = []
+
+    def visit(m: nn.Module) -> None:
+        for child in m.children():
+            if isinstance(child, nn.Sequential | nn.ModuleList) and any(
+                any(True for _ in c.children()) for c in child.children()
+            ):
+                found.extend(child.children())
+            else:
+                visit(child)
+
+    visit(model)
+    if not found and isinstance(model, nn.Sequential):
+        found = [c for c in model.children() if any(True for _ in c.parameters())]
+    return found
+
+
+def enable_checkpointing(model: nn.Module) -> int:
+    blocks = _blocks(model)
+    for block in blocks:
+        forward = block.forward
+
+        def wrapped(*args: Any, _f: Any = forward, **kwargs: Any) -> Any:
+            return checkpoint(_f, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+
+        block.forward = wrapped  # type: ignore[method-assign]
+    if not blocks:
+        raise UserError("--checkpointing: found no blocks to checkpoint in this model")
+    return len(blocks)
+
+
+class GradScaler:
+    """torch.amp.GradScaler's device allocations (it disables itself without a GPU)."""
+
+    def __init__(self) -> None:
+        self.scale_t = torch.full((), 65536.0, dtype=torch.float32, device="meta")
+        self.growth = torch.zeros((), dtype=torch.int32, device="meta")
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale_t
+
+    def unscale_and_step(self, optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
+        inv_scale = self.scale_t.double().reciprocal().float()
+        found_inf = torch.full((1,), 0.0, dtype=torch.float32, device="meta")
+        for g in grads:
+            g.mul_(inv_scale)
+        optimizer.step()
+        self.scale_t.mul_(1.0)
+        del inv_scale, found_inf
+
+
+def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) -> dict[str, Any]:
+    """Runs `cfg.iterations` training iterations under `rec`; returns what was emulated."""
+    cfg.validate()
+    model = workload.model
+    model.train()
+    if cfg.checkpointing:
+        enable_checkpointing(model)
+    for p in model.parameters():
+        rec.track(p, "parameter")
+    for b in model.buffers():
+        rec.track(b, "other")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(cfg.optimizer, params, cfg.cuda_emulation)
+    functions = CudaFunctions(profile) if cfg.cuda_emulation else contextlib.nullcontext()
+    scaler = None
+    with rec, functions:
+        if cfg.amp == "fp16":
+            rec.category = "other"
+            scaler = GradScaler()
+        inputs: Any = None
+        target: Any = None
+        out: Any = None
+        loss: Any = None
+        for it in range(cfg.iterations):
+            rec.marker(f"iter:{it}")
+            for _ in range(cfg.grad_accum):
+                rec.marker("phase:data")
+                rec.category = "input"
+                inputs, target = workload.make_batch()
+                rec.marker("phase:forward")
+                rec.category = "activation"
+                cast = Autocast(AMP[cfg.amp]) if cfg.amp else contextlib.nullcontext()
+                with cast:
+                    out = call_model(model, inputs)
+                    loss = workload.loss(out, target)
+                    if cfg.grad_accum > 1:
+                        loss = loss / cfg.grad_accum
+                rec.marker("phase:backward")
+                (scaler.scale(loss) if scaler else loss).backward()
+                for p in params:
+                    addr = rec.address(p.grad) if p.grad is not None else None
+                    if addr is not None:
+                        rec.recategorize(addr, "gradient")
+            rec.marker("phase:optimizer")
+            rec.category = "other"
+            if scaler:
+                scaler.unscale_and_step(optimizer, [p.grad for p in params if p.grad is not None])
+            else:
+                optimizer.step()
+            for state in optimizer.state.values():
+                for value in state.values():
+                    addr = rec.address(value) if isinstance(value, torch.Tensor) else None
+                    if addr is not None:
+                        rec.recategorize(addr, "optimizer_state")
+            optimizer.zero_grad(set_to_none=True)
+        rec.finish()
+    backends = functions.backends if isinstance(functions, CudaFunctions) else {}
+    return {"sdpa_backends": backends}

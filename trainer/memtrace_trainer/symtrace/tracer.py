@@ -1,0 +1,78 @@
+"""One symbolic trace: build the workload, run the step under the recorder, summarise, write."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace import jsonl, step
+from memtrace_trainer.symtrace.emulation import Workspaces
+from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.workload import Workload
+
+
+@dataclass
+class Summary:
+    events: int
+    allocs: int
+    frees: int
+    peak_live_bytes: int
+    end_live_bytes: int
+    bytes_by_category: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(events: list[dict[str, Any]]) -> Summary:
+    live = peak = allocs = frees = 0
+    by_cat: dict[str, int] = {}
+    for e in events:
+        if e["kind"] == "alloc":
+            allocs += 1
+            live += e["size"]
+            peak = max(peak, live)
+            by_cat[e["category"]] = by_cat.get(e["category"], 0) + e["size"]
+        elif e["kind"] == "free":
+            frees += 1
+            live -= e["size"]
+    return Summary(len(events), allocs, frees, peak, live, dict(sorted(by_cat.items())))
+
+
+def trace(workload: Workload, cfg: step.StepConfig, profile: Profile) -> tuple[Recorder, dict[str, Any]]:
+    hooks = [Workspaces(profile)] if cfg.cuda_emulation else []
+    rec = Recorder(hooks)
+    emulated = step.run(workload, cfg, profile, rec)
+    return rec, emulated
+
+
+def metadata(workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]) -> dict[str, str]:
+    meta = {
+        "model": workload.spec,
+        "batch_size": str(workload.batch_size),
+        "optimizer": cfg.optimizer,
+        "iterations": str(cfg.iterations),
+        "amp": cfg.amp or "fp32",
+        "checkpointing": str(cfg.checkpointing).lower(),
+        "grad_accum": str(cfg.grad_accum),
+        "cuda_emulation": str(cfg.cuda_emulation).lower(),
+        "profile": profile.name,
+        "compute_capability": "{}.{}".format(*profile.compute_capability),
+        "torch": torch.__version__,
+    }
+    if extra.get("sdpa_backends"):
+        meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items()))
+    return meta
+
+
+def trace_to_file(
+    workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path
+) -> Summary:
+    rec, extra = trace(workload, cfg, profile)
+    summary = summarize(rec.events)
+    jsonl.write(out, jsonl.lines(rec.events, metadata(workload, cfg, profile, extra)))
+    return summary

@@ -1,0 +1,48 @@
+"""A training workload: a model on meta, a batch maker and a loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+Batch = tuple[Any, Any]
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """`model(x)`, `model(*x)` or `model(**x)` for a tensor, a tuple or a dict of inputs."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple | list):
+        return model(*inputs)
+    return model(inputs)
+
+
+def fresh_like(value: Any) -> Any:
+    """New storage of the same shapes, as the next batch copied to the GPU would have."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value)
+    if isinstance(value, dict):
+        return {k: fresh_like(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(fresh_like(v) for v in value)
+    return value
+
+
+@dataclass
+class Workload:
+    """`make_batch()` gives (inputs, target); `loss(output, target)` gives a scalar tensor."""
+
+    spec: str
+    model: nn.Module
+    make_batch: Callable[[], Batch]
+    loss: Callable[[Any, Any], torch.Tensor]
+    batch_size: int
+    family: str = ""
+
+    def forward(self) -> Any:
+        inputs, _ = self.make_batch()
+        return call_model(self.model, inputs)
