@@ -49,15 +49,20 @@ fn large_segment_sizes_and_the_one_mib_remainder_rule() {
 
 #[test]
 fn best_fit_smallest_then_lowest_address() {
-    // Carve a 20 MiB segment into 4 MiB | 2 MiB | 4 MiB | 2 MiB | rest; free the 4 MiB ones and a 2 MiB one.
-    let mut r = run("", V9, None, &[A(4 * MIB), A(2 * MIB), A(4 * MIB), A(2 * MIB), A(2 * MIB), F(0), F(2), F(3)]);
-    // A 3 MiB request takes the lower 4 MiB hole (equal sizes: lowest address).
-    assert_eq!(r.step(A(3 * MIB)).addr, Some(BASE));
-    // A 2 MiB request takes the exact 2 MiB hole rather than the other 4 MiB one.
-    assert_eq!(r.step(A(2 * MIB)).addr, Some(r.addr(3)));
-    // 1.5 MiB: the smallest fitting free block is now the 1 MiB+… tail? No: tail is 6 MiB,
-    // the 4 MiB hole at addr(2) is the best fit.
-    assert_eq!(r.step(A(1536 * KIB)).addr, Some(r.addr(2)));
+    // 20 MiB segment: 4 | 2 | 4 | 2 | 2 | 2 | 4 free; freeing 0, 2 and 4 leaves holes of
+    // 4 MiB at 0, 4 MiB at 6, 2 MiB at 12 and the 4 MiB tail at 16.
+    let mut r = run("", V9, None, &[A(4 * MIB), A(2 * MIB), A(4 * MIB), A(2 * MIB), A(2 * MIB), A(2 * MIB), F(0), F(2), F(4)]);
+    let (hole2, hole4b) = (r.addr(4), r.addr(2));
+    // 3 MiB: smallest fitting size is 4 MiB, three such holes; the lowest address wins. The
+    // 1 MiB remainder is not > 1 MiB, so the block keeps all 4 MiB.
+    let out = r.step(A(3 * MIB)).clone();
+    assert_eq!((out.addr, out.block_size), (Some(BASE), 4 * MIB));
+    // 2 MiB takes the exact 2 MiB hole, not a lower 4 MiB one.
+    assert_eq!(r.step(A(2 * MIB)).addr, Some(hole2));
+    // 1.5 MiB: the lowest remaining 4 MiB hole, split (2.5 MiB remainder).
+    let out = r.step(A(1536 * KIB)).clone();
+    assert_eq!((out.addr, out.block_size), (Some(hole4b), 1536 * KIB));
+    assert!(r.device_events().len() == 1);
     check_consistent(&r.alloc);
 }
 

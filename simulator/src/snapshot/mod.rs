@@ -14,11 +14,15 @@ pub mod import;
 pub mod model;
 pub mod pickle;
 pub mod rebuild;
+pub mod validate;
 
 pub use export::{export_snapshot, write_snapshot};
 pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};
 pub use rebuild::{rebuild, StartBlock, StartSegment, StartState, Unrecoverable};
+pub use validate::{
+    guess_version, rebuild_with, snapshot_config, validate, ValidateOptions, ValidationReport, Verdict,
+};
 
 use std::path::PathBuf;
 
@@ -58,6 +62,13 @@ pub enum SnapshotError {
         /// Index of the record in the input.
         index: usize,
         /// Why.
+        message: String,
+    },
+    /// The allocator settings (or an override) are invalid, or the model rejected the rebuilt
+    /// start state.
+    #[error("{message}")]
+    Config {
+        /// What was wrong, naming the key or the segment.
         message: String,
     },
     /// serde-pickle failed to encode the snapshot.

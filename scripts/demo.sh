@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The main job, on a machine with no GPU: symbolically trace real models' training steps on the
+# meta device, replay them through the caching-allocator model for an A100 40 GB profile, check
+# whether they fit on one GPU together, and write a memory_viz pickle and a Perfetto trace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bash scripts/setup.sh
+
+out=${MEMTRACE_DEMO_OUT:-$root/out/demo}
+mkdir -p "$out"
+py="$root/.venv/bin/python"
+memsim="$root/target/release/memsim"
+export MEMTRACE_BIN_DIR="$root/target/release"
+profile=a100-40gb
+
+echo "== symbolic traces (meta device, no GPU)"
+"$py" -m memtrace_trainer symtrace --model torchvision:resnet50 --batch-size 32 --optimizer adam \
+  --profile "$profile" --out "$out/resnet50-b32.jsonl"
+"$py" -m memtrace_trainer symtrace --model hf:gpt2 --batch-size 8 --seq-len 512 --optimizer adamw \
+  --profile "$profile" --out "$out/gpt2-b8-s512.jsonl"
+
+for t in resnet50-b32 gpt2-b8-s512; do
+  echo
+  echo "== memsim replay $t ($profile)"
+  "$memsim" replay "$out/$t.jsonl" --profile "$profile"
+done
+
+echo
+echo "== can they share one A100 40 GB?"
+"$memsim" colocate "$out/resnet50-b32.jsonl" "$out/gpt2-b8-s512.jsonl" --profile "$profile" || true
+
+echo
+echo "== views of resnet50-b32"
+"$memsim" convert "$out/resnet50-b32.jsonl" "$out/resnet50-b32.pickle"
+"$memsim" convert "$out/resnet50-b32.jsonl" "$out/resnet50-b32.perfetto.json"
+cat <<MSG
+
+Outputs in $out:
+  resnet50-b32.pickle         drag onto https://pytorch.org/memory_viz (Active Memory Timeline)
+  resnet50-b32.perfetto.json  open at https://ui.perfetto.dev (memory counters per device)
+MSG

@@ -1,0 +1,168 @@
+//! One test per interception path. Each runs a tiny C program against the stub runtime and
+//! driver and checks exact calls and counts.
+
+use trace::{Event, MemoryKind, VmmOp};
+
+use crate::harness::{run_ok, Run};
+use crate::stats::Stats;
+
+/// Expected totals: (allocs, frees, kernel_launches, peak_live_device_bytes).
+type Totals = (u64, u64, u64, u64);
+
+fn check(prog: &str, env: &[(&str, &str)], calls: &[(&str, u64)], totals: Totals) -> (Run, Stats) {
+    let r = run_ok(prog, env);
+    let s = r.stats();
+    assert_eq!(s.calls(), calls, "{prog}: calls");
+    assert_eq!((s.allocs, s.frees, s.kernel_launches, s.peak_live_device_bytes), totals, "{prog}: totals");
+    assert!(!s.truncated, "{prog}: trace truncated");
+    assert_eq!(s.lost_events, 0);
+    (r, s)
+}
+
+#[test]
+fn runtime_alloc_and_free() {
+    let (r, s) = check(
+        "p_runtime_alloc",
+        &[],
+        &[("cudaFree", 2), ("cudaFreeHost", 1), ("cudaMalloc", 2), ("cudaMallocHost", 1)],
+        (2, 2, 0, (1 << 20) + 4096),
+    );
+    assert_eq!(s.pinned_host_allocs, 1);
+    // Caller module: the program itself made the calls.
+    let callers: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Alloc(a) => Some(s.name(a.caller).unwrap_or("?").to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(callers, ["p_runtime_alloc"; 3]);
+    // Frees carry the size the shim knew from the allocation.
+    let sizes: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Free(f) => f.size, _ => None }).collect();
+    assert_eq!(sizes, [1 << 20, 4096]);
+    // Summary on stderr: counts, peak, output path.
+    let err = r.stderr();
+    assert!(err.contains("2 allocs, 2 frees") && err.contains(&format!("peak live device bytes {}", (1 << 20) + 4096)), "{err}");
+    assert!(err.contains(".mtrace"), "{err}");
+}
+
+#[test]
+fn cuda_launch_kernel_stubs_and_names() {
+    let (_, s) = check(
+        "p_launch",
+        &[],
+        &[("__cudaLaunchKernel", 3), ("cudaLaunchKernel", 1), ("cudaLaunchKernelExC", 1)],
+        (0, 0, 5, 0),
+    );
+    let launches: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::KernelLaunch(k) => Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(launches[0], ("my_kernel".to_string(), [4, 2, 1], 128, 256));
+    assert_eq!(launches[3], ("other_kernel".to_string(), [4, 2, 1], 128, 0));
+    assert_eq!(launches[4], ("my_kernel".to_string(), [8, 1, 1], 32, 0));
+}
+
+#[test]
+fn runtime_internal_driver_calls_count_once() {
+    check(
+        "p_internal_driver",
+        &[],
+        &[
+            ("cudaFree", 1),
+            ("cudaFreeAsync", 1),
+            ("cudaFreeHost", 1),
+            ("cudaGraphLaunch", 1),
+            ("cudaHostAlloc", 1),
+            ("cudaMallocAsync", 1),
+            ("cudaMallocManaged", 1),
+            ("cudaMemPoolTrimTo", 1),
+        ],
+        (2, 2, 1, (1 << 16) + (1 << 12)),
+    );
+}
+
+#[test]
+fn driver_entry_point_vmm() {
+    let (_, s) = check(
+        "p_entry_point",
+        &[],
+        &[
+            ("cuMemAddressFree", 1),
+            ("cuMemAddressReserve", 1),
+            ("cuMemAlloc_v2", 1),
+            ("cuMemCreate", 1),
+            ("cuMemMap", 1),
+            ("cuMemRelease", 1),
+            ("cuMemSetAccess", 1),
+            ("cuMemUnmap", 1),
+        ],
+        (2, 1, 0, 2 << 20),
+    );
+    let ops: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Vmm(v) => Some(v.op), _ => None }).collect();
+    assert_eq!(ops, [VmmOp::Reserve, VmmOp::Map, VmmOp::SetAccess, VmmOp::Unmap, VmmOp::AddressFree]);
+    let phys = s.records.iter().find_map(|r| match &r.event { Event::Alloc(a) if a.mem == MemoryKind::Physical => Some(a.clone()), _ => None });
+    let map = s.records.iter().find_map(|r| match &r.event { Event::Vmm(v) if v.op == VmmOp::Map => Some(v.clone()), _ => None });
+    let (phys, map) = (phys.unwrap(), map.unwrap());
+    assert_eq!((map.handle, map.size), (phys.addr, 2 << 20));
+}
+
+#[test]
+fn triton_dlopen_dlsym_launch() {
+    let (_, s) = check("p_triton", &[], &[("cuLaunchKernelEx", 2)], (0, 0, 2, 0));
+    let names: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event { Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)), _ => None })
+        .collect();
+    assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
+}
+
+#[test]
+fn direct_plt_driver_calls() {
+    check("p_plt_driver", &[], &[("cuLaunchKernel", 1), ("cuMemAlloc_v2", 1), ("cuMemFree_v2", 1)], (1, 1, 1, 3 << 20));
+}
+
+#[test]
+fn rtld_local_cudart_found_by_soname() {
+    let (_, s) = check("p_rtld_local", &[], &[("cudaFree", 1), ("cudaMalloc", 1)], (1, 1, 0, 12345));
+    let caller = s.records.iter().find_map(|r| match &r.event { Event::Alloc(a) => Some(s.name(a.caller)), _ => None });
+    assert_eq!(caller, Some(Some("libuser.so")));
+}
+
+#[test]
+fn failed_allocation_is_a_call_not_an_allocation() {
+    let (_, s) = check("p_oom", &[("STUB_OOM_LIMIT", "1073741824")], &[("cudaFree", 1), ("cudaMalloc", 2)], (1, 1, 0, 1 << 20));
+    let failed: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event { Event::Alloc(a) if a.result != 0 => Some((a.result, a.addr, a.size)), _ => None })
+        .collect();
+    assert_eq!(failed, [(2, 0, 1 << 34)]);
+    assert_eq!(s.failed_calls, 1);
+}
+
+#[test]
+fn second_interposer_beside_ours() {
+    let b = crate::harness::build_dir().join("libsecond.so");
+    let shim = crate::harness::shim();
+    for order in [format!("{}:{}", shim.display(), b.display()), format!("{}:{}", b.display(), shim.display())] {
+        let (r, _) = check(
+            "p_runtime_alloc",
+            &[("LD_PRELOAD", &order)],
+            &[("cudaFree", 2), ("cudaFreeHost", 1), ("cudaMalloc", 2), ("cudaMallocHost", 1)],
+            (2, 2, 0, (1 << 20) + 4096),
+        );
+        assert!(r.stderr().contains("second: cudaMalloc=2 cudaFree=3"), "{order}: {}", r.stderr());
+    }
+}
+
+#[test]
+fn program_dlsym_rtld_next_keeps_its_meaning() {
+    check("p_rtld_next", &[], &[("cudaMalloc", 1)], (1, 0, 0, 777));
+}

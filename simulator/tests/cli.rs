@@ -1,0 +1,237 @@
+//! The `memsim` binary end to end: JSON contracts, conversions, collocation and error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use trace::{
+    Alloc, Api, Category, Control, ControlOp, Event, Free, FreeStage, Header, Level, MemoryKind, Origin, Record,
+};
+
+fn memsim(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn json(args: &[&str]) -> Value {
+    let (code, out, err) = memsim(args);
+    assert_eq!(code, 0, "memsim {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("memsim {args:?}: not JSON ({e}): {out}"))
+}
+
+const MIB: u64 = 1 << 20;
+
+fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
+    Record {
+        ts_ns: Some(addr),
+        tid: None,
+        device: Some(0),
+        event: Event::Alloc(Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            category: cat,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+fn free(addr: u64) -> Record {
+    Record {
+        ts_ns: Some(addr + 1),
+        tid: None,
+        device: Some(0),
+        event: Event::Free(Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            stage: FreeStage::Immediate,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+/// Write an allocator-level trace with synthetic addresses.
+fn write_trace(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let path = dir.join(name);
+    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+/// Three 30 MiB tensors, the middle one freed before a 60 MiB one: native rules give a 30 MiB
+/// segment each (>= 10 MiB requests round to 2 MiB multiples) and a fresh 60 MiB segment.
+fn three_tensors() -> Vec<Record> {
+    vec![
+        alloc(1, 30 * MIB, Some(Category::Parameter)),
+        alloc(2, 30 * MIB, Some(Category::Activation)),
+        alloc(3, 30 * MIB, Some(Category::Activation)),
+        free(2),
+        alloc(4, 60 * MIB, Some(Category::Activation)),
+        free(4),
+        free(3),
+        free(1),
+    ]
+}
+
+#[test]
+fn replay_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let v = json(&["replay", t.to_str().unwrap(), "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 150 * MIB);
+    assert_eq!(v["peak_allocated_bytes"], 120 * MIB);
+    assert_eq!(v["oom"], false);
+    assert_eq!(v["oom_at_event"], Value::Null);
+    assert_eq!(v["memory_stats"]["reserved_bytes.all.peak"], 150 * MIB);
+    assert_eq!(v["memory_stats"]["num_device_alloc"], 4);
+    assert_eq!(v["devices"][0]["categories_at_peak"]["parameter"], 30 * MIB);
+    assert_eq!(v["devices"][0]["categories_at_peak"]["activation"], 90 * MIB);
+}
+
+#[test]
+fn replay_oom_at_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
+    // 100 MiB: after freeing tensor 2 its cached 30 MiB segment is released and retried, but
+    // 60 + 60 > 100 still fails at record 4 (the 60 MiB request).
+    let v = json(&["replay", t.to_str().unwrap(), "--capacity", "100MiB", "--json"]);
+    assert_eq!(v["oom"], true);
+    assert_eq!(v["oom_at_event"], 4);
+    let v = json(&["replay", t.to_str().unwrap(), "--capacity", "150MiB", "--json"]);
+    assert_eq!(v["oom"], false);
+}
+
+#[test]
+fn replay_honours_alloc_conf() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    // Expandable segments tile one range of 20 MiB pages: [0,30) maps [0,40); the next 30 MiB
+    // takes the free 10 MiB tail and maps one page, [30,60); the third maps two pages, [60,100).
+    // After the middle tensor is freed, 60 MiB fits neither the 30 MiB hole nor the 10 MiB tail, so
+    // the tail grows by 3 pages: 100 + 60 = 160 MiB mapped at the peak.
+    let v = json(&["replay", t.to_str().unwrap(), "--alloc-conf", "expandable_segments:True", "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 160 * MIB);
+    let (code, _, err) = memsim(&["replay", t.to_str().unwrap(), "--alloc-conf", "max_split_size_mb:abc"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("max_split_size_mb"), "{err}");
+}
+
+#[test]
+fn stats_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let v = json(&["stats", t.to_str().unwrap(), "--json"]);
+    for key in
+        ["events", "allocs", "frees", "kernel_launches", "peak_live_device_bytes", "lost_events", "truncated", "calls"]
+    {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(v["events"], 8);
+    assert_eq!(v["allocs"], 4);
+    assert_eq!(v["frees"], 4);
+    assert_eq!(v["peak_live_device_bytes"], 120 * MIB);
+    assert_eq!(v["calls"]["allocator"], 8);
+    assert_eq!(v["truncated"], false);
+}
+
+#[test]
+fn convert_round_trips_and_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let bin = dir.path().join("t.mtrace");
+    let back = dir.path().join("back.jsonl");
+    assert_eq!(memsim(&["convert", t.to_str().unwrap(), bin.to_str().unwrap()]).0, 0);
+    assert_eq!(memsim(&["convert", bin.to_str().unwrap(), back.to_str().unwrap()]).0, 0);
+    assert_eq!(std::fs::read_to_string(&t).unwrap(), std::fs::read_to_string(&back).unwrap());
+
+    let perfetto = dir.path().join("t.json");
+    assert_eq!(memsim(&["convert", bin.to_str().unwrap(), perfetto.to_str().unwrap()]).0, 0);
+    let v: Value = serde_json::from_slice(&std::fs::read(&perfetto).unwrap()).unwrap();
+    let counters: Vec<&Value> = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "C").collect();
+    let max_reserved = counters.iter().filter_map(|e| e["args"]["reserved"].as_u64()).max();
+    assert_eq!(max_reserved, Some(150 * MIB));
+
+    let pickle = dir.path().join("t.pickle");
+    let (code, _, err) = memsim(&["convert", bin.to_str().unwrap(), pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::metadata(&pickle).unwrap().len() > 0);
+}
+
+#[test]
+fn colocate_fits_and_smallest_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_trace(dir.path(), "a.jsonl", &three_tensors());
+    let b = write_trace(dir.path(), "b.jsonl", &three_tensors());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // Same timestamps: both peak together at 150 MiB each.
+    let v = json(&["colocate", a, b, "--capacity", "400MiB", "--context", "10MiB", "--json"]);
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["combined_peak_bytes"], 320 * MIB);
+    // Job a goes first at each tie. At C >= 260 MiB a reaches 150 MiB without releasing its cache;
+    // b then has C - 150 - 20 and, after releasing its cached 30 MiB segment, needs 120 MiB:
+    // C >= 290 MiB. Below 260, a releases and keeps 120, and b would need C >= 260: no fit.
+    assert_eq!(v["smallest_fitting_capacity"], 290 * MIB);
+    let (code, out, _) = memsim(&["colocate", a, b, "--capacity", "200MiB", "--context", "10MiB"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("DOES NOT FIT"), "{out}");
+    let v = json(&["colocate", a, b, "--capacity", "400MiB", "--align", "worst", "--json"]);
+    assert_eq!(v["combined_peak_bytes"], 300 * MIB);
+}
+
+#[test]
+fn errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = memsim(&["replay", "/nonexistent/x.mtrace"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/x.mtrace") && err.contains("no such file"), "{err}");
+
+    let odd = dir.path().join("x.csv");
+    std::fs::write(&odd, "a,b\n").unwrap();
+    let (code, _, err) = memsim(&["stats", odd.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown input format"), "{err}");
+
+    // A device-level trace with the cache on is refused, with what to do instead.
+    let mut h = Header::new("libmemtrace", "0", Level::Device);
+    h.pid = Some(1);
+    let dev = dir.path().join("dev.mtrace");
+    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
+    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
+    w.finish().unwrap();
+    let (code, _, err) = memsim(&["replay", dev.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("PYTORCH_NO_CUDA_MEMORY_CACHING=1"), "{err}");
+
+    // A free of an address never allocated is reported, not a crash.
+    let t = write_trace(dir.path(), "bad.jsonl", &[alloc(1, 512, None), free(99)]);
+    let v = json(&["replay", t.to_str().unwrap(), "--json"]);
+    assert_eq!(v["rejected"], 1);
+    assert!(v["rejected_examples"][0].as_str().unwrap().contains("0x63"), "{v}");
+
+    // Control events reach the model: empty_cache releases the cached segment.
+    let mut recs = three_tensors();
+    recs.push(Record::bare(Event::Control(Control { op: ControlOp::EmptyCache })));
+    let t = write_trace(dir.path(), "ec.jsonl", &recs);
+    let v = json(&["replay", t.to_str().unwrap(), "--json"]);
+    assert_eq!(v["memory_stats"]["reserved_bytes.all.current"], 0);
+}
