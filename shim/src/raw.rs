@@ -193,7 +193,7 @@ pub static LOST: AtomicU64 = AtomicU64::new(0);
 
 /// How long a producer waits for room before dropping: long enough for the writer to catch up
 /// with any burst, short enough never to stall a training step noticeably.
-const MAX_WAIT_NS: u64 = 20_000_000;
+const MAX_WAIT_NS: u64 = 100_000_000;
 
 /// The queue, creating it on first use with `capacity` slots.
 pub fn queue(capacity: usize) -> &'static ArrayQueue<RawEvent> {

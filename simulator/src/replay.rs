@@ -15,13 +15,13 @@ use std::collections::BTreeMap;
 use hashbrown::HashMap;
 use serde::Serialize;
 use trace::{
-    BlockState, Category, ControlOp, Event, FreeStage, Header, MemoryKind, Origin, Record, SegmentPool, SegmentState,
-    StateAt,
+    Alloc, Api, BlockInfo, BlockState, Category, ControlOp, Event, Free, FreeStage, Header, MemoryKind, Oom, Origin,
+    Record, SegmentPool, SegmentState, StateAt, Vmm, VmmOp,
 };
 
 use crate::alloc::{
-    Allocator, AllocatorConfig, ConfigError, ExistingBlock, ExistingSegment, Outcome, ReplayError, Request,
-    TorchVersion,
+    Allocator, AllocatorConfig, BlockViewState, ConfigError, DeviceEvent, ExistingBlock, ExistingSegment, Outcome,
+    ReplayError, Request, TorchVersion,
 };
 
 /// Why a trace cannot be replayed.
@@ -184,6 +184,8 @@ pub struct Replayer {
     oom_at: Option<u64>,
     oom_detail: Option<String>,
     has_categories: bool,
+    /// With [`Replayer::realize`]: the trace as this model would have recorded it.
+    realized: Option<Vec<Record>>,
 }
 
 /// Whether a caller module is PyTorch's caching allocator (or unknown, which producers that only
@@ -236,7 +238,17 @@ impl Replayer {
             oom_at: None,
             oom_detail: None,
             has_categories: false,
+            realized: None,
         })
+    }
+
+    /// Also record the trace as the model realises it: requests at the model's addresses, with
+    /// the segment events (`segment_alloc`, `segment_map`, ...) and OOMs it produced, in PyTorch's
+    /// order. [`Replayer::take_realized`] returns them with the final segment state, which is what
+    /// a memory_viz export of a symbolic trace needs.
+    pub fn realize(mut self) -> Self {
+        self.realized = Some(Vec::new());
+        self
     }
 
     fn device(&mut self, d: u32) -> &mut DeviceState {
@@ -277,6 +289,9 @@ impl Replayer {
         let index = self.index;
         self.index += 1;
         let device = rec.device.unwrap_or(0);
+        if let (Some(out), Event::Name(_) | Event::Stack(_)) = (self.realized.as_mut(), &rec.event) {
+            out.push(rec.clone());
+        }
         let req = match &rec.event {
             Event::Name(n) => {
                 self.names.insert(n.id, n.text.clone());
@@ -288,7 +303,7 @@ impl Replayer {
                 }
                 let recorded_addr = self.use_recorded_addrs.then_some(a.addr);
                 let req = Request::Alloc { size: a.size, stream: a.stream, recorded_addr };
-                self.apply(index, device, &req, Some((a.addr, a.category)));
+                self.apply(index, device, &req, Some((a.addr, a.category)), Some(rec));
                 return;
             }
             Event::Free(f) => {
@@ -323,7 +338,7 @@ impl Replayer {
             | Event::SnapshotPoint(_)
             | Event::ProcessExit(_) => return,
         };
-        self.apply(index, device, &req, None);
+        self.apply(index, device, &req, None, Some(rec));
     }
 
     /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
@@ -360,7 +375,14 @@ impl Replayer {
         }
     }
 
-    fn apply(&mut self, index: u64, device: u32, req: &Request, alloc: Option<(u64, Option<Category>)>) {
+    fn apply(
+        &mut self,
+        index: u64,
+        device: u32,
+        req: &Request,
+        alloc: Option<(u64, Option<Category>)>,
+        source: Option<&Record>,
+    ) {
         self.report_requests += 1;
         let ds = self.device(device);
         // Translate the trace's address into the model's.
@@ -374,6 +396,9 @@ impl Replayer {
             ref other => (other.clone(), None),
         };
         let result: Result<Outcome, ReplayError> = ds.alloc.apply(&req);
+        if let (Some(out), Ok(o)) = (self.realized.as_mut(), &result) {
+            realize(out, source, device, &req, o);
+        }
         let outcome = match result {
             Ok(o) => o,
             Err(e) => {
@@ -461,6 +486,47 @@ impl Replayer {
         self.oom_at
     }
 
+    /// The realised records (see [`Replayer::realize`]) followed by each device's final segment
+    /// state; empty unless realisation was requested.
+    pub fn take_realized(&mut self) -> Vec<Record> {
+        let mut out = self.realized.take().unwrap_or_default();
+        for (&device, ds) in &self.devices {
+            for seg in ds.alloc.segments() {
+                out.push(Record {
+                    ts_ns: None,
+                    tid: None,
+                    device: Some(device),
+                    event: Event::SegmentState(SegmentState {
+                        at: StateAt::End,
+                        addr: seg.addr,
+                        total_size: seg.size,
+                        stream: seg.stream,
+                        pool: if seg.is_small_pool { SegmentPool::Small } else { SegmentPool::Large },
+                        is_expandable: seg.expandable,
+                        pool_id: (0, 0),
+                        stack: None,
+                        blocks: seg
+                            .blocks
+                            .iter()
+                            .map(|b| BlockInfo {
+                                addr: b.addr,
+                                size: b.size,
+                                requested_size: b.requested_size,
+                                state: match b.state {
+                                    BlockViewState::Allocated => BlockState::ActiveAllocated,
+                                    BlockViewState::PendingFree => BlockState::ActivePendingFree,
+                                    BlockViewState::Inactive => BlockState::Inactive,
+                                },
+                                stack: None,
+                            })
+                            .collect(),
+                    }),
+                });
+            }
+        }
+        out
+    }
+
     /// Finish and report.
     pub fn finish(self) -> ReplayReport {
         let has_categories = self.has_categories;
@@ -512,6 +578,96 @@ impl Replayer {
             capacity: self.opts.capacity,
             alloc_conf: self.alloc_conf,
         }
+    }
+}
+
+/// Append what the model did for one request, in the order PyTorch records it: deferred frees
+/// that completed, segment events, then the request itself at the model's address.
+fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req: &Request, o: &Outcome) {
+    let meta = |event| Record {
+        ts_ns: source.and_then(|r| r.ts_ns),
+        tid: source.and_then(|r| r.tid),
+        device: Some(device),
+        event,
+    };
+    let stream = match req {
+        Request::Alloc { stream, .. } => *stream,
+        _ => 0,
+    };
+    let free = |addr, size: Option<u64>, stage, origin, api| {
+        Event::Free(Free {
+            addr,
+            size,
+            stream,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            stage,
+            caller: None,
+            stack: None,
+        })
+    };
+    for &addr in &o.completed_frees {
+        out.push(meta(free(addr, None, FreeStage::Completed, Origin::Request, Api::Allocator)));
+    }
+    for ev in &o.device_events {
+        let e = match *ev {
+            DeviceEvent::SegmentAlloc { addr, size } => Event::Alloc(Alloc {
+                addr,
+                size,
+                stream,
+                mem: MemoryKind::Device,
+                api: Api::CudaMalloc,
+                result: 0,
+                origin: Origin::Outcome,
+                category: None,
+                caller: None,
+                stack: None,
+            }),
+            DeviceEvent::SegmentFree { addr, size } => {
+                free(addr, Some(size), FreeStage::Immediate, Origin::Outcome, Api::CudaFree)
+            }
+            DeviceEvent::SegmentMap { addr, size } | DeviceEvent::SegmentUnmap { addr, size } => Event::Vmm(Vmm {
+                op: if matches!(ev, DeviceEvent::SegmentMap { .. }) { VmmOp::Map } else { VmmOp::Unmap },
+                addr,
+                size,
+                handle: 0,
+                offset: 0,
+                api: if matches!(ev, DeviceEvent::SegmentMap { .. }) { Api::CuMemMap } else { Api::CuMemUnmap },
+                result: 0,
+                origin: Origin::Outcome,
+                stream,
+                caller: None,
+            }),
+        };
+        out.push(meta(e));
+    }
+    let src = source.map(|r| &r.event);
+    match (req, src) {
+        (Request::Alloc { size, stream, .. }, Some(Event::Alloc(a))) => match (o.addr, o.oom) {
+            (Some(addr), _) => {
+                out.push(meta(Event::Alloc(Alloc { addr, size: *size, stream: *stream, ..a.clone() })));
+            }
+            (None, Some(oom)) => out.push(meta(Event::Oom(Oom {
+                size: oom.rounded_size,
+                device_free: oom.device_free,
+                stream: *stream,
+            }))),
+            (None, None) => {}
+        },
+        (
+            Request::Free { addr } | Request::FreeRequested { addr } | Request::FreeCompleted { addr },
+            Some(Event::Free(f)),
+        ) => {
+            out.push(meta(Event::Free(Free {
+                addr: *addr,
+                size: Some(o.block_size).filter(|s| *s > 0).or(f.size),
+                ..f.clone()
+            })));
+        }
+        (_, Some(e @ Event::Control(_))) => out.push(meta(e.clone())),
+        _ => {}
     }
 }
 

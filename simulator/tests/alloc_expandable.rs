@@ -81,22 +81,19 @@ fn empty_cache_releases_a_fully_unmapped_reservation() {
 
 #[test]
 fn oom_path_unmaps_then_retries() {
-    // Capacity 100 MiB → reservations of 20 MiB · ceil(112.5 / 20) = 120 MiB.
-    let mut r = run(EXP, V9, Some(100 * MIB), &[A(50 * MIB), A(50 * MIB)]);
-    assert_eq!(r.device_events(), vec![map(0, 60), map(60, 40)]);
-    r.step(F(0));
-    // 30 MiB: the free [0, 50) block is too small... no: it fits. Ask 55 MiB instead so that
-    // nothing mapped fits; the tail [100, 120) is too short, a new reservation cannot be mapped
-    // (100 + 60 > 100), so release_cached_blocks unmaps [0, 40) and the retry maps it again.
-    let out = r.step(A(35 * MIB)).clone();
-    assert_eq!(out.addr, Some(BASE), "{out:?}");
-    assert!(out.device_events.is_empty(), "35 MiB fits the free 50 MiB block");
-    r.step(F(2));
-    let out = r.step(A(55 * MIB)).clone();
+    // Capacity 100 MiB → reservations of 20 MiB · ceil(112.5 / 20) = 120 MiB. Stream 1 maps
+    // 60 MiB and frees it; stream 0 maps 40 MiB in its own reservation at 120 MiB.
+    let mut r = run(EXP, V9, Some(100 * MIB), &[S(60 * MIB, 1), F(0), S(30 * MIB, 0)]);
+    assert_eq!(r.device_events(), vec![map(0, 60), map(120, 40)]);
+    // 50 MiB on stream 0 needs two more pages (140 > 100 MiB): release_cached_blocks unmaps
+    // stream 1's free pages (dropping its reservation), and the retry maps them for stream 0.
+    let out = r.step(S(50 * MIB, 0)).clone();
     assert!(out.retried, "{out:?}");
-    assert_eq!(out.device_events, vec![unmap(0, 40), map(0, 60)]);
-    assert_eq!(out.addr, Some(BASE));
+    assert_eq!(out.device_events, vec![unmap(0, 60), map(160, 40)]);
+    assert_eq!(out.addr, Some(BASE + 150 * MIB));
     assert_eq!(r.stat("num_alloc_retries"), 1);
+    let segs = r.alloc.segments();
+    assert_eq!(segs.iter().map(|s| (s.addr - BASE, s.size, s.stream)).collect::<Vec<_>>(), vec![(120 * MIB, 80 * MIB, 0)]);
     check_consistent(&r.alloc);
 }
 

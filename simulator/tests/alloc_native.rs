@@ -34,16 +34,22 @@ fn small_requests_share_a_2mib_segment() {
 
 #[test]
 fn large_segment_sizes_and_the_one_mib_remainder_rule() {
-    // 1.2 MB → 20 MiB segment, split (remainder > 1 MiB); 11 MiB → 12 MiB segment whose 1 MiB
-    // remainder is absorbed; 10.5 MiB → 12 MiB segment, 1.5 MiB remainder split off.
-    let r = run("", V9, None, &[A(1_200_000), A(11 * MIB), A(10 * MIB + 512 * KIB)]);
-    let ev = r.device_events();
-    assert_eq!(ev, vec![seg_alloc(BASE, 20 * MIB), seg_alloc(BASE + 20 * MIB, 12 * MIB), seg_alloc(BASE + 32 * MIB, 12 * MIB)]);
-    assert_eq!(r.outcomes[0].block_size, 1_200_128);
-    assert_eq!(r.outcomes[1].block_size, 12 * MIB);
-    assert_eq!(r.outcomes[2].block_size, 10 * MIB + 512 * KIB);
+    // 11 MiB → 12 MiB segment whose 1 MiB remainder is absorbed (not > 1 MiB); 1.2 MB → 20 MiB
+    // segment, split; 10.5 MiB best-fits that segment's tail; a second 10.5 MiB gets a 12 MiB
+    // segment and its 1.5 MiB remainder is split off.
+    let r = run("", V9, None, &[A(11 * MIB), A(1_200_000), A(10 * MIB + 512 * KIB), A(10 * MIB + 512 * KIB)]);
+    assert_eq!(
+        r.device_events(),
+        vec![seg_alloc(BASE, 12 * MIB), seg_alloc(BASE + 12 * MIB, 20 * MIB), seg_alloc(BASE + 32 * MIB, 12 * MIB)]
+    );
+    assert_eq!(r.addrs[2], Some(BASE + 12 * MIB + 1_200_128));
+    assert_eq!(r.addrs[3], Some(BASE + 32 * MIB));
+    assert_eq!(r.outcomes[0].block_size, 12 * MIB);
+    assert_eq!(r.outcomes[1].block_size, 1_200_128);
+    assert_eq!(r.outcomes[3].block_size, 10 * MIB + 512 * KIB);
+    let tail = 20 * MIB - 1_200_128 - (10 * MIB + 512 * KIB);
     assert_eq!(r.stat("inactive_split.large_pool.current"), 2);
-    assert_eq!(r.stat("inactive_split_bytes.large_pool.current"), (20 * MIB - 1_200_128 + 1536 * KIB) as i64);
+    assert_eq!(r.stat("inactive_split_bytes.large_pool.current"), (tail + 1536 * KIB) as i64);
     check_consistent(&r.alloc);
 }
 
@@ -140,22 +146,22 @@ fn empty_cache_releases_only_unsplit_free_segments() {
 
 #[test]
 fn oom_chain_release_cached_blocks_and_retry() {
-    // Capacity 40 MiB: 20 MiB + 12 MiB segments; freeing the 12 MiB one and asking for 16 MiB
-    // needs release_cached_blocks (segment_free) then a retried cudaMalloc (segment_alloc).
-    let mut r = run("", V9, Some(40 * MIB), &[A(2 * MIB), A(12 * MIB), F(1)]);
-    let out = r.step(A(16 * MIB)).clone();
+    // Capacity 40 MiB: a small 2 MiB segment (in use) and a 12 MiB one (freed). 30 MiB needs
+    // release_cached_blocks (segment_free of the 12 MiB one only) and a retried cudaMalloc.
+    let mut r = run("", V9, Some(40 * MIB), &[A(1000), A(12 * MIB), F(1)]);
+    let out = r.step(A(30 * MIB)).clone();
     assert!(out.retried);
-    assert_eq!(out.device_events, vec![seg_free(BASE + 20 * MIB, 12 * MIB), seg_alloc(BASE + 32 * MIB, 16 * MIB)]);
+    assert_eq!(out.device_events, vec![seg_free(BASE + 2 * MIB, 12 * MIB), seg_alloc(BASE + 14 * MIB, 30 * MIB)]);
     assert_eq!(r.stat("num_alloc_retries"), 1);
-    // Now 36 MiB reserved; 6 MiB more cannot fit anywhere: OOM with the rounded size.
-    let out = r.step(A(6 * MIB)).clone();
+    // 32 MiB reserved; 10 MiB more cannot fit: OOM with the rounded size.
+    let out = r.step(A(10 * MIB - 100)).clone();
     assert!(out.addr.is_none());
     let oom = out.oom.expect("oom");
-    assert_eq!((oom.rounded_size, oom.reserved, oom.device_free), (6 * MIB, 36 * MIB, Some(4 * MIB)));
+    assert_eq!((oom.rounded_size, oom.reserved, oom.device_free), (10 * MIB, 32 * MIB, Some(8 * MIB)));
     assert_eq!(r.stat("num_ooms"), 1);
     assert_eq!(r.stat("num_alloc_retries"), 2);
     // A failed cudaMalloc never raises reserved memory.
-    assert_eq!(r.stat("reserved_bytes.all.peak"), 36 * MIB as i64);
+    assert_eq!(r.stat("reserved_bytes.all.peak"), 32 * MIB as i64);
     check_consistent(&r.alloc);
 }
 
@@ -212,21 +218,20 @@ fn release_available_cached_blocks_before_full_release() {
 #[test]
 fn garbage_collection_needs_a_fraction() {
     // Total 1 GiB, fraction 0.5 → 512 MiB allowed; threshold 0.5 → GC above 256 MiB.
-    let ops = [A(200 * MIB), A(100 * MIB), F(0), F(1), A(50 * MIB), F(4), A(300 * MIB)];
+    let ops = [A(200 * MIB), A(100 * MIB), F(0), F(1), A(50 * MIB), F(2), A(300 * MIB)];
     let mut with = run("garbage_collection_threshold:0.5", V9, Some(GIB), &[Frac(0.5)]);
     for op in ops {
         with.step(op);
     }
-    // On the 300 MiB miss, reserved is 350 MiB > 256 MiB: GC frees unsplit large blocks at least
-    // as old as the average (the 200 MiB block, never reused, and the 100 MiB block), then the
-    // 300 MiB segment fits under the 512 MiB cap.
+    // On the 300 MiB miss, reserved is 300 MiB > 256 MiB (target: reclaim 44 MiB). Ages in
+    // get_free_block calls: the 200 MiB block 2, the 100 MiB block 1 (reused by the 50 MiB
+    // request); the average is 1.5, so only the 200 MiB block goes. 100 + 300 <= 512 MiB.
     let ev = with.outcomes.last().unwrap().device_events.clone();
-    assert!(ev.contains(&seg_free(BASE, 200 * MIB)), "{ev:?}");
-    assert_eq!(ev.last(), Some(&seg_alloc(BASE + 350 * MIB, 300 * MIB)));
+    assert_eq!(ev, vec![seg_free(BASE, 200 * MIB), seg_alloc(BASE + 300 * MIB, 300 * MIB)]);
     assert!(!with.outcomes.last().unwrap().retried);
     // Without a fraction the threshold does nothing: no segment is freed.
     let without = run("garbage_collection_threshold:0.5", V9, Some(GIB), &ops);
-    assert_eq!(without.outcomes.last().unwrap().device_events, vec![seg_alloc(BASE + 350 * MIB, 300 * MIB)]);
+    assert_eq!(without.outcomes.last().unwrap().device_events, vec![seg_alloc(BASE + 300 * MIB, 300 * MIB)]);
     check_consistent(&with.alloc);
 }
 

@@ -40,7 +40,12 @@ fn validation_table_over_every_shared_snapshot() {
         let r = run(file, &ValidateOptions::default());
         rows.push(row(file, &r));
         if r.verdict != Verdict::Exact {
-            eprintln!("{file}: {}", serde_json::to_string_pretty(&r.devices).unwrap());
+            for d in &r.devices {
+                eprintln!(
+                    "{file} dev {}: {:?} before_unmap {:?} errors {:?}\n  first {:?}",
+                    d.device, d.counts, d.before_first_unmap, d.replay_errors, &d.first_mismatches[..d.first_mismatches.len().min(3)]
+                );
+            }
             eprintln!("{file}: unrecoverable {:?}", r.unrecoverable.iter().take(5).collect::<Vec<_>>());
         }
     }

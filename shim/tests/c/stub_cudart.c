@@ -32,7 +32,7 @@ static void *drv(const char *name) {
 }
 
 /* Each call resolves its driver entry once, like the real runtime's internal table. */
-#define DRV(type, name) static type fn_; if (!fn_) fn_ = (type)drv(name)
+#define DRV(type, name) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv(name)
 
 cudaError_t cudaMalloc(void **p, size_t size) {
     DRV(int (*)(unsigned long long *, size_t), "cuMemAlloc");

@@ -14,6 +14,7 @@ pub mod import;
 pub mod model;
 pub mod pickle;
 pub mod rebuild;
+mod resync;
 pub mod validate;
 
 pub use export::{export_snapshot, write_snapshot};

@@ -5,10 +5,10 @@
 //! recorded one.
 //! - A request that needs a new segment passes the recorded address, because cudaMalloc chose
 //!   the base on the GPU.
-//! - After a misplaced block, later frees of it are translated to where the model put it, and
-//!   counting goes on. The model has no "place at" request, so its state stays as predicted
-//!   (the brief's "resynchronise to the recorded address" needs `Request::AllocAt`, asked of the
-//!   model's owner).
+//! - After a misplaced block the model is resynchronised: rebuilt with the block at its recorded
+//!   address ([`super::resync`]), and counting goes on. Where that is impossible (expandable
+//!   segments, or the recorded address is not free in the model) later frees of the block are
+//!   translated to where the model put it instead (`translated`).
 //! - `segment_free`/`segment_unmap` bursts come from `empty_cache()` or the OOM retry path at a
 //!   capacity the snapshot does not record. Without a capacity a burst is replayed as an
 //!   `empty_cache` where it starts (counted in `empty_cache_bursts`); with one, the model must
@@ -26,6 +26,7 @@ use crate::alloc::{
 
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
+use super::resync::resync;
 use super::SnapshotError;
 
 /// How to validate.
@@ -106,6 +107,11 @@ pub struct DeviceReport {
     pub empty_cache_bursts: u64,
     /// Recorded `oom` entries.
     pub recorded_ooms: u64,
+    /// Mismatches after which the model was rebuilt with the block at its recorded address.
+    pub resyncs: u64,
+    /// Mismatches that could not be resynchronised: later frees of the block are translated to
+    /// the predicted address instead.
+    pub translated: u64,
     /// Requests the model refused (unknown address, ...), with the entry index.
     pub replay_errors: Vec<String>,
     /// The first few mismatches.
@@ -196,7 +202,7 @@ pub fn validate(snap: &Snapshot, opts: &ValidateOptions) -> Result<ValidationRep
         }
         let mut alloc = Allocator::new(cfg.clone(), version, opts.capacity);
         seed(&mut alloc, &start, d)?;
-        devices.push(Replay::new(alloc, d, start.reserved(d), opts.capacity.is_some()).run(entries, &start));
+        devices.push(Replay::new(alloc, d, start.reserved(d), opts.capacity).run(entries, &start));
     }
     let sum = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).sum::<u64>();
     let mut report = ValidationReport {
@@ -305,6 +311,7 @@ struct Replay {
     alloc: Allocator,
     report: DeviceReport,
     with_capacity: bool,
+    capacity: Option<u64>,
     recorded: Reserved,
     predicted: Reserved,
     /// Recorded segment events not yet compared, with their entry index.
@@ -316,7 +323,8 @@ struct Replay {
 }
 
 impl Replay {
-    fn new(alloc: Allocator, device: u32, start_reserved: u64, with_capacity: bool) -> Self {
+    fn new(alloc: Allocator, device: u32, start_reserved: u64, capacity: Option<u64>) -> Self {
+        let with_capacity = capacity.is_some();
         Replay {
             alloc,
             report: DeviceReport {
@@ -329,10 +337,13 @@ impl Replay {
                 predicted_peak_reserved_bytes: start_reserved,
                 empty_cache_bursts: 0,
                 recorded_ooms: 0,
+                resyncs: 0,
+                translated: 0,
                 replay_errors: Vec::new(),
                 first_mismatches: Vec::new(),
             },
             with_capacity,
+            capacity,
             recorded: Reserved { current: start_reserved, peak: start_reserved },
             predicted: Reserved { current: start_reserved, peak: start_reserved },
             pending: Vec::new(),
@@ -508,9 +519,16 @@ impl Replay {
                     predicted_addr: predicted,
                 });
                 match predicted {
-                    Some(a) => {
-                        self.moved.insert(e.addr, a);
-                    }
+                    Some(a) => match resync(&self.alloc, self.capacity, a, e.addr, e.size) {
+                        Some(fresh) => {
+                            self.alloc = fresh;
+                            self.report.resyncs += 1;
+                        }
+                        None => {
+                            self.moved.insert(e.addr, a);
+                            self.report.translated += 1;
+                        }
+                    },
                     None => {
                         self.lost.insert(e.addr);
                     }

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use simulator::perfetto::PerfettoBuilder;
-use simulator::replay::ReplayOptions;
-use trace::{Header, Record, TraceWriter};
+use simulator::replay::{ReplayOptions, Replayer};
+use trace::{Event, Header, Record, StateAt, TraceWriter};
 
 use crate::input::{import_snapshot, Kind};
 
@@ -56,7 +56,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
             report(&a, records.len() as u64, false);
         }
         (_, Out::Pickle) => {
-            let (header, records) = read_all(&a.input)?;
+            let (header, mut records) = read_all(&a.input)?;
+            let has_end_state =
+                records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End));
+            if !has_end_state && header.is_allocator_level() {
+                // A request-only trace (e.g. symbolic): memory_viz needs segments, so show what the
+                // allocator model would have done, at its addresses.
+                let mut rep = Replayer::new(&header, ReplayOptions::default())?.realize();
+                records.iter().for_each(|r| rep.observe(r));
+                records = rep.take_realized();
+                eprintln!("{}: no recorded segments; exporting the allocator model's replay", a.input.display());
+            }
             simulator::snapshot::write_snapshot(&a.output, &header, &records)
                 .with_context(|| format!("writing {}", a.output.display()))?;
             report(&a, records.len() as u64, false);

@@ -1,0 +1,173 @@
+//! Exit paths, signals, fork, threads, markers and configuration.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use trace::Event;
+
+use crate::harness::{command, run, run_ok, traces_in, Guard};
+use crate::stats::Stats;
+
+#[test]
+fn fork_child_traces_into_its_own_file() {
+    let r = run_ok("p_fork", &[]);
+    let child: u32 = r.stdout().trim().strip_prefix("child ").unwrap().parse().unwrap();
+    let traces = r.traces();
+    assert_eq!(traces.len(), 2, "{traces:?}");
+    for t in traces {
+        let s = Stats::read(&t).unwrap();
+        assert!(!s.truncated, "{}", t.display());
+        if t.file_stem().unwrap().to_str().unwrap() == child.to_string() {
+            assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 2)]);
+            assert_eq!(s.peak_live_device_bytes, 5000);
+        } else {
+            assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+            assert_eq!(s.peak_live_device_bytes, 1000);
+        }
+    }
+}
+
+#[test]
+fn fork_child_stops_when_not_followed() {
+    let r = run_ok("p_fork", &[("MEMTRACE_FOLLOW_FORK", "0")]);
+    let s = r.stats();
+    assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+}
+
+#[test]
+fn eight_threads_lose_and_duplicate_nothing() {
+    let r = run_ok("p_threads", &[("MEMTRACE_QUIET", "1")]);
+    let s = r.stats();
+    assert_eq!(s.calls(), [("cudaFree", 800_000), ("cudaMalloc", 800_000)]);
+    assert_eq!((s.allocs, s.frees, s.lost_events), (800_000, 800_000, 0));
+    // Per thread: exactly 100k allocations, each freed once, in order.
+    let mut per_tid = std::collections::HashMap::<u32, (u64, u64)>::new();
+    let mut live = std::collections::HashMap::<(u32, u64), ()>::new();
+    for rec in &s.records {
+        let tid = rec.tid.unwrap();
+        match &rec.event {
+            Event::Alloc(a) => {
+                per_tid.entry(tid).or_default().0 += 1;
+                assert!(live.insert((tid, a.addr), ()).is_none(), "duplicate allocation {:#x}", a.addr);
+            }
+            Event::Free(f) => {
+                per_tid.entry(tid).or_default().1 += 1;
+                assert!(live.remove(&(tid, f.addr)).is_some(), "free of unknown {:#x}", f.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(per_tid.len(), 8);
+    assert!(per_tid.values().all(|c| *c == (100_000, 100_000)), "{per_tid:?}");
+    assert!(r.stderr().is_empty(), "MEMTRACE_QUIET=1 still printed: {}", r.stderr());
+}
+
+/// Spawn p_signal, wait for "ready", then wait until the trace holds all 100 allocations.
+fn started(env: &[(&str, &str)]) -> (Guard, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = command("p_signal", dir.path(), env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    (Guard(Some(c)), dir)
+}
+
+#[test]
+fn sigterm_completes_the_trace_and_still_kills() {
+    let (mut g, dir) = started(&[]);
+    let c = g.0.as_mut().unwrap();
+    // Safety of the test: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+    let status = c.wait().unwrap();
+    g.0 = None;
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    let t = traces_in(dir.path());
+    let s = Stats::read(&t[0]).unwrap();
+    assert!(!s.truncated);
+    assert_eq!(s.calls(), [("cudaMalloc", 100)]);
+    assert_eq!(s.exit.unwrap().signal, Some(libc::SIGTERM));
+}
+
+#[test]
+fn sigkill_leaves_a_readable_truncated_trace() {
+    let (mut g, dir) = started(&[]);
+    // The writer flushes periodically; wait (bounded) until all 100 allocations are on disk.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = traces_in(dir.path());
+        if let Some(p) = t.first() {
+            if Stats::read(p).map(|s| s.allocs == 100).unwrap_or(false) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the 100 allocations never reached the file");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = g.0.as_mut().unwrap();
+    c.kill().unwrap();
+    assert_eq!(c.wait().unwrap().signal(), Some(libc::SIGKILL));
+    g.0 = None;
+    let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
+    assert!(s.truncated && s.exit.is_none());
+    assert_eq!(s.calls(), [("cudaMalloc", 100)]);
+}
+
+#[test]
+fn exit_from_another_thread_and_underscore_exit() {
+    for (prog, status) in [("p_exit_thread", 3), ("p_underscore_exit", 4)] {
+        let r = run(prog, &[]);
+        assert_eq!(r.out.status.code(), Some(status), "{prog}: {}", r.stderr());
+        let s = r.stats();
+        assert!(!s.truncated, "{prog}");
+        assert_eq!(s.calls(), [("cudaMalloc", 1)], "{prog}");
+        assert_eq!(s.exit.unwrap().status, Some(status), "{prog}");
+    }
+}
+
+#[test]
+fn markers_and_nvtx_ranges() {
+    let s = run_ok("p_marker", &[]).stats();
+    let marks: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Marker(m) => Some(m.text.clone()), _ => None }).collect();
+    assert_eq!(marks, ["iter:0", "phase:forward", "iter:1"]);
+    assert_eq!(s.calls(), [("cudaMalloc", 1)]);
+}
+
+#[test]
+fn kernels_off_records_no_launches() {
+    let s = run_ok("p_internal_driver", &[("MEMTRACE_KERNELS", "0")]).stats();
+    assert_eq!(s.kernel_launches, 0);
+    assert!(!s.calls.contains_key("cudaGraphLaunch") && s.calls["cudaMallocAsync"] == 1, "{:?}", s.calls);
+    // A process that records nothing writes no file at all.
+    assert!(run_ok("p_launch", &[("MEMTRACE_KERNELS", "0")]).traces().is_empty());
+}
+
+#[test]
+fn invalid_config_value_warns_and_uses_default() {
+    let r = run_ok("p_runtime_alloc", &[("MEMTRACE_MAX_BYTES", "lots"), ("MEMTRACE_QUIET", "1")]);
+    let err = r.stderr();
+    assert!(err.contains("MEMTRACE_MAX_BYTES=\"lots\" is invalid") && err.contains("using the default \"0\""), "{err}");
+    assert_eq!(r.stats().allocs, 2);
+}
+
+#[test]
+fn max_bytes_stops_with_a_marker() {
+    let r = run_ok("p_threads", &[("MEMTRACE_MAX_BYTES", "64K"), ("MEMTRACE_QUIET", "1")]);
+    let t = r.traces();
+    let s = Stats::read(&t[0]).unwrap();
+    assert!(!s.truncated);
+    assert!(s.allocs > 100 && s.allocs < 800_000, "{}", s.allocs);
+    let last_marker = s.records.iter().rev().find_map(|r| match &r.event { Event::Marker(m) => Some(m.text.clone()), _ => None });
+    assert!(last_marker.unwrap().contains("MEMTRACE_MAX_BYTES=65536 reached"));
+    let size = std::fs::metadata(&t[0]).unwrap().len();
+    assert!(size < 65536 + 4096, "{size}");
+}
+
+#[test]
+fn log_debug_prints_the_config_table() {
+    let r = run_ok("p_runtime_alloc", &[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUIET", "1")]);
+    for var in ["MEMTRACE_OUT", "MEMTRACE_KERNELS", "MEMTRACE_CUPTI", "MEMTRACE_MAX_BYTES", "MEMTRACE_QUIET", "MEMTRACE_FOLLOW_FORK"] {
+        assert!(r.stderr().contains(&format!("memtrace: {var} = ")), "{var} missing:\n{}", r.stderr());
+    }
+}

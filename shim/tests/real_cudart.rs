@@ -1,0 +1,60 @@
+//! The real `libcudart.so.13` (from the `nvidia-cuda-runtime` wheel in `.venv`), with no driver
+//! on this machine: every call fails with 35 (cudaErrorInsufficientDriver); the shim must
+//! intercept, forward, and record each failure with its code. Fails loudly if the library is
+//! missing.
+
+use std::path::PathBuf;
+
+use trace::Event;
+
+use crate::harness::{build_dir, run_ok};
+
+fn real_cudart_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("MEMTRACE_REAL_CUDART_DIR") {
+        return PathBuf::from(d);
+    }
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+    let found: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .unwrap_or_else(|e| panic!("{}: {e}; create the venv (scripts/setup.sh) or set MEMTRACE_REAL_CUDART_DIR", lib.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages/nvidia/cu13/lib"))
+        .filter(|d| d.join("libcudart.so.13").is_file())
+        .collect();
+    assert_eq!(found.len(), 1, "expected exactly one libcudart.so.13 under {}: {found:?}", lib.display());
+    found.into_iter().next().unwrap()
+}
+
+#[test]
+fn real_runtime_failures_are_recorded_with_their_codes() {
+    let real = real_cudart_dir();
+    let b = build_dir();
+    let exe = b.join("p_real_cudart");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let out = std::process::Command::new("cc")
+        .args(["-O1", "-rdynamic", &format!("-I{}", src.display())])
+        .arg(src.join("p_real_cudart.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", real.display()))
+        .arg("-l:libcudart.so.13")
+        .arg(format!("-Wl,-rpath,{}", real.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No LD_LIBRARY_PATH to the stubs: the real runtime must find no driver at all.
+    let r = run_ok(exe.to_str().unwrap(), &[("LD_LIBRARY_PATH", "/nonexistent")]);
+    assert_eq!(r.stdout().trim(), "35 35 35");
+    let s = r.stats();
+    assert_eq!(s.calls(), [("cudaLaunchKernel", 1), ("cudaMalloc", 1), ("cudaMallocHost", 1)]);
+    assert_eq!((s.allocs, s.kernel_launches, s.failed_calls), (0, 0, 3));
+    let codes: Vec<i32> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Alloc(a) => Some(a.result),
+            Event::KernelLaunch(k) => Some(k.result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(codes, [35, 35, 35]);
+}
