@@ -239,14 +239,18 @@ pub fn push(q: &ArrayQueue<RawEvent>, ev: RawEvent) -> Result<(), RawEvent> {
     let mut spins = 0u32;
     loop {
         spins += 1;
-        if spins % 16 == 0 {
-            std::thread::yield_now();
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            // Sleeping (not yielding) hands the core to the writer: with more producers than
+            // cores, sched_yield alone keeps the writer starved.
             if now_ns() - start > MAX_WAIT_NS {
                 LOST.fetch_add(1, Ordering::Relaxed);
                 return Err(ev);
             }
-        } else {
-            std::hint::spin_loop();
+            let pause = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+            // Safety: nanosleep with a valid timespec.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
         }
         ev = match q.push(ev) {
             Ok(()) => return Ok(()),

@@ -1,53 +1,129 @@
-//! Replay validation against every shared snapshot with a trace; expectations from the allocator
-//! reference §16 (all placements match, or the documented exception).
+//! Replay validation against every shared snapshot with a trace. Expectations come from the
+//! allocator reference §16 and the memsim issue, not from this code's output.
 
 use simulator::snapshot::{self, ValidateOptions, ValidationReport, Verdict};
 
 use crate::snapshot_support::{shared_snapshot, SHARED_FILES};
 
-fn run(file: &str, opts: &ValidateOptions) -> ValidationReport {
+fn run(file: &str) -> ValidationReport {
     let snap = shared_snapshot(file);
-    snapshot::validate(&snap, opts).unwrap_or_else(|e| panic!("{file}: {e}"))
+    snapshot::validate(&snap, &ValidateOptions::default()).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
-/// One row of docs/validation.md.
-fn row(file: &str, r: &ValidationReport) -> String {
-    let unmap = r
-        .devices
-        .iter()
-        .filter_map(|d| d.before_first_unmap.map(|c| format!("{}/{}", c.alloc_addr_matches, c.allocs)))
-        .collect::<Vec<_>>();
-    format!(
-        "| {file} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} | {:?} |",
-        r.alloc_addr_matches,
-        r.allocs,
-        r.segment_event_matches,
-        r.segment_events,
-        r.extra_predicted_segment_events,
-        r.recorded_peak_reserved_bytes,
-        r.predicted_peak_reserved_bytes,
-        r.empty_cache_bursts,
-        r.unrecoverable.len(),
-        if unmap.is_empty() { "-".to_string() } else { unmap.join(", ") },
-        r.verdict,
-    )
+/// §16: "all placements match" (and every segment event with them).
+fn check_all_match(file: &str, allocs: u64) {
+    let r = run(file);
+    let first = r.devices.iter().flat_map(|d| d.first_mismatches.iter()).next();
+    assert_eq!(r.allocs, allocs, "{file}: allocs replayed");
+    assert_eq!(r.alloc_addr_matches, r.allocs, "{file}: first mismatch {first:?}");
+    assert_eq!(r.segment_event_matches, r.segment_events, "{file}: first mismatch {first:?}");
+    assert_eq!(r.extra_predicted_segment_events, 0, "{file}");
+    assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes, "{file}");
+    assert_eq!(r.verdict, Verdict::Exact, "{file}");
 }
 
 #[test]
-fn validation_table_over_every_shared_snapshot() {
-    let mut rows = Vec::new();
+fn jaspersolt_all_placements_match() {
+    check_all_match("JasperSolt--EoR_NN--snapshot.pickle", 1935);
+}
+
+#[test]
+fn maphsge4_all_placements_match() {
+    check_all_match("Maphsge4--select_n--snapshot.pickle", 3058);
+}
+
+#[test]
+fn cranberrii_all_placements_match() {
+    check_all_match("cranberrii--ftcourse--memory_snapshot.pickle", 3505);
+}
+
+#[test]
+fn kkaitlyn111_all_placements_match() {
+    for (file, allocs) in [
+        ("kkaitlyn111--cs336-a2-systems--memory_2.7b_forward.pickle", 3020),
+        ("kkaitlyn111--cs336-a2-systems--memory_ctx128_fullstep.pickle", 6770),
+        ("kkaitlyn111--cs336-a2-systems--memory_ctx256_forward.pickle", 1301),
+        ("kkaitlyn111--cs336-a2-systems--memory_files_memory_ctx128_fullstep_.pickle", 6770),
+        ("kkaitlyn111--cs336-a2-systems--memory_small_forward.pickle", 2998),
+    ] {
+        check_all_match(file, allocs);
+    }
+}
+
+/// §15/§16: a 4 MiB block allocated before recording and freed during it has a hidden tail; the
+/// reference's replay got 7,176 of 7,591. With per-placement resynchronisation the divergence
+/// cannot be worse than that, and it cannot be exact while the start state is ambiguous.
+#[test]
+fn wedsonlin_medium_512_diverges_only_where_the_start_state_is_ambiguous() {
+    let r = run("Wedsonlin--assignment2-systems--results_medium_512_training_memory_snapshot.pickle");
+    assert_eq!(r.allocs, 7591);
+    assert!(r.alloc_addr_matches >= 7176 && r.alloc_addr_matches < 7591, "{}", r.alloc_addr_matches);
+    assert_eq!(r.verdict, Verdict::ExplainedByStartState);
+    assert!(
+        r.unrecoverable.iter().any(|u| u.reason.contains("taken as 4194304 B") && u.reason.contains("up to 1 MiB")),
+        "the ambiguous 4 MiB block is reported: {:?}",
+        r.unrecoverable
+    );
+}
+
+/// §16: expandable segments, three devices, starting empty: every segment_map and every
+/// placement matches up to the first segment_unmap (175/39/78 maps, 2,434/198/392 allocs).
+#[test]
+fn constructor_sun_expandable_matches_up_to_its_first_unmap() {
+    let r = run("Constructor-Sun--code_location--memory_snapshot.pickle");
+    assert!(r.unrecoverable.is_empty(), "starts empty: {:?}", r.unrecoverable);
+    let expect = [(0u32, 2434u64, 175u64), (1, 198, 39), (2, 392, 78)];
+    for (device, allocs, maps) in expect {
+        let d = r.devices.iter().find(|d| d.device == device).expect("device replayed");
+        let c = d.before_first_unmap.unwrap_or(d.counts);
+        let first = d.first_mismatches.first();
+        assert_eq!((c.allocs, c.segment_events), (allocs, maps), "device {device}");
+        assert_eq!(c.alloc_addr_matches, allocs, "device {device}: first mismatch {first:?}");
+        assert_eq!(c.segment_event_matches, maps, "device {device}: first mismatch {first:?}");
+    }
+}
+
+/// The issue: every snapshot with a trace replays exactly wherever the start state is fully
+/// recoverable, and any mismatch is explained by what is not.
+#[test]
+fn no_shared_snapshot_mismatches_beyond_its_unrecoverable_start_state() {
     for file in SHARED_FILES {
-        let r = run(file, &ValidateOptions::default());
-        rows.push(row(file, &r));
-        if r.verdict != Verdict::Exact {
-            for d in &r.devices {
-                eprintln!(
-                    "{file} dev {}: {:?} before_unmap {:?} errors {:?}\n  first {:?}",
-                    d.device, d.counts, d.before_first_unmap, d.replay_errors, &d.first_mismatches[..d.first_mismatches.len().min(3)]
-                );
-            }
-            eprintln!("{file}: unrecoverable {:?}", r.unrecoverable.iter().take(5).collect::<Vec<_>>());
+        if file.starts_with("Constructor-Sun") {
+            continue; // judged up to its first unmap, above
+        }
+        let r = run(file);
+        assert!(r.passed(), "{file}: {:?}", r.devices.iter().map(|d| &d.first_mismatches).collect::<Vec<_>>());
+        if r.unrecoverable.is_empty() {
+            assert_eq!(r.verdict, Verdict::Exact, "{file}");
         }
     }
+}
+
+/// Prints the docs/validation.md table (run with --nocapture); asserts it covers every file.
+#[test]
+fn validation_table() {
+    let mut rows = Vec::new();
+    for file in SHARED_FILES {
+        let r = run(file);
+        let unmap: Vec<String> = r
+            .devices
+            .iter()
+            .filter_map(|d| d.before_first_unmap.map(|c| format!("dev{} {}/{}", d.device, c.alloc_addr_matches, c.allocs)))
+            .collect();
+        rows.push(format!(
+            "| {file} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {:?} |",
+            r.alloc_addr_matches,
+            r.allocs,
+            r.segment_event_matches,
+            r.segment_events,
+            r.recorded_peak_reserved_bytes,
+            r.predicted_peak_reserved_bytes,
+            r.empty_cache_bursts,
+            r.unrecoverable.len(),
+            if unmap.is_empty() { "-".to_string() } else { unmap.join(", ") },
+            r.verdict,
+        ));
+    }
+    assert_eq!(rows.len(), SHARED_FILES.len());
     println!("{}", rows.join("\n"));
 }

@@ -106,8 +106,9 @@ def gpumemnet_name(module: nn.Module, family: str) -> str | None:
     kind = type(module)
     if kind is nn.Softmax:
         return "Softmax" if family == "mlp" else "softmax"
-    if kind is nn.Identity:
-        return "Identity" if family == "mlp" else None
+    if kind in (nn.Identity, nn.Sigmoid):
+        # GPUMemNet's CNN summary lists neither the shortcut Identity nor a Sigmoid head.
+        return kind.__name__ if family == "mlp" else None
     if kind in _GPUMEMNET_NAMES:
         return _GPUMEMNET_NAMES[kind]
     if module.__class__.__module__.startswith("torch.nn.modules.activation"):

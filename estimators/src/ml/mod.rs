@@ -1,0 +1,1 @@
+//! GPUMemNet-style ML estimators (classifiers over memory bins, regressors).
