@@ -191,9 +191,16 @@ static QUEUE: AtomicPtr<ArrayQueue<RawEvent>> = AtomicPtr::new(std::ptr::null_mu
 /// Events dropped because the queue stayed full.
 pub static LOST: AtomicU64 = AtomicU64::new(0);
 
-/// How long a producer waits for room before dropping: long enough for the writer to catch up
-/// with any burst, short enough never to stall a training step noticeably.
+/// How long a producer waits for room while the writer makes no progress at all before it
+/// drops the event. While the writer drains (even slowly) producers wait: that is backpressure,
+/// and losing events only because another thread won the race for a slot would be wrong.
 const MAX_WAIT_NS: u64 = 100_000_000;
+
+/// Events the writer has taken off the queue (its heartbeat).
+pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
+/// The heartbeat value at which the writer was declared stalled (u64::MAX = not stalled). While
+/// it still equals [`PROGRESS`], a full queue drops at once instead of waiting again.
+static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// The queue, creating it on first use with `capacity` slots.
 pub fn queue(capacity: usize) -> &'static ArrayQueue<RawEvent> {
@@ -235,19 +242,30 @@ pub fn push(q: &ArrayQueue<RawEvent>, ev: RawEvent) -> Result<(), RawEvent> {
         Ok(()) => return Ok(()),
         Err(e) => e,
     };
-    let start = now_ns();
+    let mut seen = PROGRESS.load(Ordering::Acquire);
+    if STALLED_AT.load(Ordering::Relaxed) == seen {
+        LOST.fetch_add(1, Ordering::Relaxed);
+        return Err(ev);
+    }
+    let mut since = now_ns();
     let mut spins = 0u32;
     loop {
         spins += 1;
         if spins < 64 {
             std::hint::spin_loop();
         } else {
-            // Sleeping (not yielding) hands the core to the writer: with more producers than
-            // cores, sched_yield alone keeps the writer starved.
-            if now_ns() - start > MAX_WAIT_NS {
+            let p = PROGRESS.load(Ordering::Acquire);
+            let now = now_ns();
+            if p != seen {
+                seen = p;
+                since = now;
+            } else if now - since > MAX_WAIT_NS {
+                STALLED_AT.store(p, Ordering::Relaxed);
                 LOST.fetch_add(1, Ordering::Relaxed);
                 return Err(ev);
             }
+            // Sleeping (not yielding) hands the core to the writer: with more producers than
+            // cores, sched_yield alone keeps the writer starved.
             let pause = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
             // Safety: nanosleep with a valid timespec.
             unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };

@@ -170,11 +170,15 @@ fn run() {
                 return;
             }
             n += 1;
+            if n % 256 == 0 {
+                raw::PROGRESS.fetch_add(256, Ordering::Release);
+            }
             if n % 8192 == 0 && last_flush.elapsed() >= FLUSH_EVERY {
                 let _ = cx.w.flush();
                 last_flush = std::time::Instant::now();
             }
         }
+        raw::PROGRESS.fetch_add(u64::from(n % 256), Ordering::Release);
         dirty |= n > 0;
         if finishing {
             cx.finish(&path);

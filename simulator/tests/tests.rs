@@ -9,3 +9,4 @@ mod snapshot_import; // every shared snapshot imports with the README's action c
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
 mod snapshot_support;
 mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16 // shared-data paths (fail loudly when missing) and helpers
+mod snapshot_tmpprobe;

@@ -84,8 +84,9 @@ fn free(ts: u64, addr: u64, size: u64, stream: i64) -> Record {
 /// the default stream, one allocator request or free per ten events.
 fn launch_heavy() -> Vec<Record> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut out: Vec<Record> =
-        (0..300).map(|i| Record::bare(Event::Name(NameDef { id: i, text: format!("kernel_{i:03}_sm90_xmma") }))).collect();
+    let mut out: Vec<Record> = (0..300)
+        .map(|i| Record::bare(Event::Name(NameDef { id: i, text: format!("kernel_{i:03}_sm90_xmma") })))
+        .collect();
     let mut ts = 1_000_000u64;
     let mut live: Vec<(u64, u64)> = Vec::new();
     while out.len() < N {

@@ -136,10 +136,7 @@ impl Api {
 
     /// Whether this is a graph launch (`cudaGraphLaunch`, `cuGraphLaunch` and `_ptsz`).
     pub fn is_graph_launch(self) -> bool {
-        matches!(
-            self,
-            Api::CudaGraphLaunch | Api::CudaGraphLaunch_ptsz | Api::CuGraphLaunch | Api::CuGraphLaunch_ptsz
-        )
+        matches!(self, Api::CudaGraphLaunch | Api::CudaGraphLaunch_ptsz | Api::CuGraphLaunch | Api::CuGraphLaunch_ptsz)
     }
 }
 

@@ -169,9 +169,9 @@ pub fn encode_header_frame(header: &Header, buf: &mut Vec<u8>) -> Result<(), Tra
 
 /// Decodes a header frame body, ignoring trailing bytes a newer writer may have appended.
 pub fn decode_header_body(body: &[u8], offset: u64) -> Result<Header, TraceError> {
-    bincode::decode_from_slice::<Header, _>(body, decode_config()).map(|(h, _)| h).map_err(|e| {
-        TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {e}") }
-    })
+    bincode::decode_from_slice::<Header, _>(body, decode_config())
+        .map(|(h, _)| h)
+        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {e}") })
 }
 
 /// The delta state shared by consecutive record prefixes: the last timestamp, thread and device
@@ -229,8 +229,8 @@ impl PrefixState {
         }
     }
 
-    /// Parses a prefix and advances the state; returns (ts, tid, device, prefix length).
-    fn decode(&mut self, body: &[u8]) -> Result<(Option<u64>, Option<u32>, Option<u32>, usize), String> {
+    /// Parses a prefix and advances the state.
+    fn decode(&mut self, body: &[u8]) -> Result<Prefix, String> {
         let Some(&flags) = body.first() else {
             return Err("empty frame body (the record prefix byte is missing)".into());
         };
@@ -262,8 +262,17 @@ impl PrefixState {
         let tid = decode_same(flags, PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid, "thread id", &mut next)?;
         let device = decode_same(flags, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device, "device", &mut next)?;
         self.commit(ts, tid, device);
-        Ok((ts, tid, device, pos))
+        Ok(Prefix { ts, tid, device, len: pos })
     }
+}
+
+/// A decoded record prefix.
+struct Prefix {
+    ts: Option<u64>,
+    tid: Option<u32>,
+    device: Option<u32>,
+    /// Bytes it took.
+    len: usize,
 }
 
 fn decode_same(
@@ -354,8 +363,7 @@ pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64)
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
-    let (ts_ns, tid, device, n) =
-        state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
+    let (ts_ns, tid, device, n) = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
     let rest = &bytes[n..];
     let event = match tag {
         1 => Event::Alloc(body(rest, "alloc", offset)?),
@@ -375,7 +383,7 @@ pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64)
         15 => Event::ProcessExit(body(rest, "process_exit", offset)?),
         tag => return Ok(Decoded::Unknown { tag }),
     };
-    Ok(Decoded::Record(Record { ts_ns, tid, device, event }))
+    Ok(Decoded::Record(Record { ts_ns: prefix.ts, tid: prefix.tid, device: prefix.device, event }))
 }
 
 #[cfg(test)]
@@ -396,7 +404,10 @@ mod tests {
         check(128, &[0x80, 0x01]);
         check(300, &[0xac, 0x02]);
         check(u64::MAX, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-        assert_eq!(get_uvarint(&[0xff; 9].iter().chain(&[0x02]).copied().collect::<Vec<_>>()), Err(VarintError::Overflow));
+        assert_eq!(
+            get_uvarint(&[0xff; 9].iter().chain(&[0x02]).copied().collect::<Vec<_>>()),
+            Err(VarintError::Overflow)
+        );
         assert_eq!(get_uvarint(&[0x80; 11]), Err(VarintError::Overflow));
     }
 

@@ -82,10 +82,7 @@ fn json_error(line: u64, e: serde_path_to_error::Error<serde_json::Error>) -> Tr
         Some(path)
     } else {
         // A missing field is reported at the parent; its name is in the message.
-        message
-            .strip_prefix("missing field `")
-            .and_then(|m| m.split('`').next())
-            .map(str::to_string)
+        message.strip_prefix("missing field `").and_then(|m| m.split('`').next()).map(str::to_string)
     };
     TraceError::Json { line, field, message }
 }
@@ -114,10 +111,9 @@ fn preview(bytes: &[u8]) -> String {
 /// Parses the header line (1-based `line`).
 pub fn parse_header_line(bytes: &[u8], line: u64) -> Result<Header, TraceError> {
     let c = common(bytes, line).map_err(|e| match e {
-        TraceError::Json { message, .. } => TraceError::MissingHeader {
-            line,
-            found: format!("{} ({message})", preview(bytes)),
-        },
+        TraceError::Json { message, .. } => {
+            TraceError::MissingHeader { line, found: format!("{} ({message})", preview(bytes)) }
+        }
         e => e,
     })?;
     match c.kind.as_deref() {

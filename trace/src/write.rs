@@ -281,7 +281,8 @@ impl TraceWriter {
         }
         .map_err(|e| e.in_file(&path))?;
         tmp.as_file().sync_all().map_err(|e| TraceError::io("syncing the trace", e).in_file(&path))?;
-        tmp.persist(&path).map_err(|e| TraceError::io("renaming the finished trace into place", e.error).in_file(&path))?;
+        tmp.persist(&path)
+            .map_err(|e| TraceError::io("renaming the finished trace into place", e.error).in_file(&path))?;
         Ok(path)
     }
 

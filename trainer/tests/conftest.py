@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,10 @@ def gpumemnet_rows(name: str) -> list[dict[str, str]]:
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     done = subprocess.run(
-        [sys.executable, "-m", "memtrace_trainer", *args], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "memtrace_trainer", *args],
+        capture_output=True, text=True, cwd=REPO, env=env,
     )
     if check and done.returncode != 0:
         pytest.fail(f"command failed ({done.returncode}): {args}\n{done.stderr}")

@@ -116,7 +116,10 @@ fn jsonl_errors_name_line_and_field() {
     );
     checkj(r#"{"kind":"alloc","addr":1,"size":-5,"api":"cudaMalloc"}"#, &["line 4", "field `size`", "u64"]);
     checkj(r#"{"kind":"free","addr":1}"#, &["line 4", "field `api`", "missing field `api`"]);
-    checkj(r#"{"kind":"alloc","addr":1,"size":2,"api":"cudaMallocc"}"#, &["line 4", "field `api`", "unknown api \"cudaMallocc\""]);
+    checkj(
+        r#"{"kind":"alloc","addr":1,"size":2,"api":"cudaMallocc"}"#,
+        &["line 4", "field `api`", "unknown api \"cudaMallocc\""],
+    );
     checkj(
         r#"{"kind":"segment_state","at":"end","addr":0,"total_size":2,"pool":"small","blocks":[{"addr":0,"size":2,"state":"bogus"}]}"#,
         &["line 4", "field `blocks[0].state`", "unknown variant `bogus`"],
@@ -126,7 +129,10 @@ fn jsonl_errors_name_line_and_field() {
     checkj(r#"{"kind":"header","format_version":1}"#, &["line 4", "second header"]);
     checkj(r#"{"kind":"marker","text":"a"} trailing"#, &["line 4", "trailing characters"]);
     check(br#"{"kind":"marker","text":"a"}"#, &["missing trace header", "line 1", "\"marker\" record"]);
-    check(b"{\"kind\":\"header\",\"format_version\":1,\"level\":\"device\"}\n", &["line 1", "missing field `producer`"]);
+    check(
+        b"{\"kind\":\"header\",\"format_version\":1,\"level\":\"device\"}\n",
+        &["line 1", "missing field `producer`"],
+    );
     check(
         b"{\"kind\":\"header\",\"format_version\":9,\"producer\":{\"name\":\"x\",\"version\":\"1\"},\"level\":\"device\"}\n",
         &["unsupported trace format version 9"],

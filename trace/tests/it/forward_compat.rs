@@ -84,12 +84,8 @@ fn unknown_json_kind_and_fields_are_skipped() {
 
 #[test]
 fn unknown_api_codes_survive_both_forms() {
-    let rec = Record::bare(Event::PoolTrim(PoolTrim {
-        pool: 1,
-        min_bytes_to_keep: 0,
-        api: Api::from_code(4242),
-        result: 0,
-    }));
+    let rec =
+        Record::bare(Event::PoolTrim(PoolTrim { pool: 1, min_bytes_to_keep: 0, api: Api::from_code(4242), result: 0 }));
     let h = Header::new("t", "0", Level::Device);
     let (_, via_bin, _) = read_all(&binary(&h, std::slice::from_ref(&rec))).unwrap();
     assert_eq!(via_bin, vec![rec.clone()]);

@@ -217,7 +217,8 @@ fn schema_enums_match_api_all_and_event_kinds() {
     let apis: Vec<&str> =
         s["$defs"]["api"]["anyOf"][0]["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(apis, Api::ALL.iter().map(|a| a.name()).collect::<Vec<_>>());
-    let kinds: Vec<&str> = s["properties"]["kind"]["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let kinds: Vec<&str> =
+        s["properties"]["kind"]["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(kinds[0], "header");
     assert_eq!(kinds[1..], Event::KINDS);
     for k in Event::KINDS {

@@ -203,10 +203,20 @@ fn block() -> impl Strategy<Value = BlockInfo> {
         u64_edge(),
         u64_edge(),
         u64_edge(),
-        proptest::sample::select(vec![BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive]),
+        proptest::sample::select(vec![
+            BlockState::ActiveAllocated,
+            BlockState::ActivePendingFree,
+            BlockState::Inactive,
+        ]),
         option::of(u32_edge()),
     )
-        .prop_map(|(addr, size, requested_size, state, stack)| BlockInfo { addr, size, requested_size, state, stack })
+        .prop_map(|(addr, size, requested_size, state, stack)| BlockInfo {
+            addr,
+            size,
+            requested_size,
+            state,
+            stack,
+        })
 }
 
 fn segment() -> impl Strategy<Value = SegmentState> {
@@ -246,8 +256,11 @@ pub fn event() -> impl Strategy<Value = Event> {
         text().prop_map(|text| Event::Marker(Marker { text })),
         (u32_edge(), text()).prop_map(|(id, text)| Event::Name(NameDef { id, text })),
         (u32_edge(), vec(frame(), 0..4)).prop_map(|(id, frames)| Event::Stack(StackDef { id, frames })),
-        (u64_edge(), option::of(u64_edge()), i64_edge())
-            .prop_map(|(size, device_free, stream)| Event::Oom(Oom { size, device_free, stream })),
+        (u64_edge(), option::of(u64_edge()), i64_edge()).prop_map(|(size, device_free, stream)| Event::Oom(Oom {
+            size,
+            device_free,
+            stream
+        })),
         control_op().prop_map(|op| Event::Control(Control { op })),
         (u64_edge(), u64_edge(), api(), any::<i32>()).prop_map(|(pool, min_bytes_to_keep, api, result)| {
             Event::PoolTrim(PoolTrim { pool, min_bytes_to_keep, api, result })

@@ -78,13 +78,31 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def _with_modes(f: Any, modes: list[Any]) -> Any:
+    """Recomputation runs inside the autograd engine, where our function modes are not on the
+    stack; re-enter the ones that were active in the forward pass, as autocast state is
+    restored for a real recompute."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        stack = torch.overrides._get_current_function_mode_stack()
+        missing = [m for m in modes if m not in stack]
+        with contextlib.ExitStack() as es:
+            for m in missing:
+                es.enter_context(m)
+            return f(*args, **kwargs)
+
+    return run
+
+
 def enable_checkpointing(model: nn.Module) -> int:
     blocks = _blocks(model)
     for block in blocks:
         forward = block.forward
 
         def wrapped(*args: Any, _f: Any = forward, **kwargs: Any) -> Any:
-            return checkpoint(_f, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+            stack = list(torch.overrides._get_current_function_mode_stack())
+            return checkpoint(_with_modes(_f, stack), *args, use_reentrant=False,
+                              preserve_rng_state=False, **kwargs)  # fmt: skip
 
         block.forward = wrapped  # type: ignore[method-assign]
     if not blocks:
