@@ -1,4 +1,19 @@
 //! memest library: estimators of a training job's GPU memory (analytic, FakeTensor baseline,
 //! symbolic, ML), their calibration, and batch comparison with the field's metrics.
 
+pub mod analytic;
+pub mod calibrate;
+pub mod compare;
+pub mod dataset;
+pub mod error;
+pub mod estimate;
+pub mod features;
+pub mod metrics;
 pub mod ml;
+pub mod plots;
+pub mod rebuild;
+pub mod report;
+pub mod symbolic;
+pub mod tracefile;
+
+pub use error::{EstimateError, Result};

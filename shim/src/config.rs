@@ -22,9 +22,17 @@ pub const VARS: [Var; 8] = [
     Var { name: "MEMTRACE_OUT", default: "memtrace-%p.mtrace", help: "output path; %p = pid, %% = %" },
     Var { name: "MEMTRACE_KERNELS", default: "1", help: "record kernel launches (0/1)" },
     Var { name: "MEMTRACE_CUPTI", default: "0", help: "enable the CUPTI kernel/memory activity layer (0/1)" },
-    Var { name: "MEMTRACE_MAX_BYTES", default: "0", help: "stop recording (with a marker) past this file size; K/M/G suffixes; 0 = no limit" },
+    Var {
+        name: "MEMTRACE_MAX_BYTES",
+        default: "0",
+        help: "stop recording (with a marker) past this file size; K/M/G suffixes; 0 = no limit",
+    },
     Var { name: "MEMTRACE_QUIET", default: "0", help: "no summary on stderr at exit (0/1)" },
-    Var { name: "MEMTRACE_FOLLOW_FORK", default: "1", help: "fork children trace into their own %p file (1) or stop (0)" },
+    Var {
+        name: "MEMTRACE_FOLLOW_FORK",
+        default: "1",
+        help: "fork children trace into their own %p file (1) or stop (0)",
+    },
     Var { name: "MEMTRACE_LOG", default: "warn", help: "off|warn|info|debug" },
     Var { name: "MEMTRACE_QUEUE", default: "65536", help: "event queue capacity (events, 1024..=16777216)" },
 ];
@@ -245,10 +253,14 @@ mod tests {
         check(&[("MEMTRACE_KERNELS", "maybe")], |c| assert!(c.kernels), 1);
         check(&[("MEMTRACE_OUT", "x/%q")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
         check(&[("MEMTRACE_OUT", "")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
-        check(&[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUEUE", "7")], |c| {
-            assert_eq!(c.log, LogLevel::Debug);
-            assert_eq!(c.queue, 65536)
-        }, 1);
+        check(
+            &[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUEUE", "7")],
+            |c| {
+                assert_eq!(c.log, LogLevel::Debug);
+                assert_eq!(c.queue, 65536)
+            },
+            1,
+        );
     }
 
     #[test]

@@ -102,44 +102,51 @@ pub mod vmm {
     pub const SET_ACCESS: u8 = 4;
 }
 
+/// Per-thread state, in one thread-local so that a hook pays for one TLS lookup (in a shared
+/// library each lookup is a `__tls_get_addr` call).
+struct Tls {
+    depth: Cell<u32>,
+    internal: Cell<bool>,
+    tid: Cell<u32>,
+}
+
 thread_local! {
-    // Const initialisers and no Drop: no TLS destructor is registered, so these stay usable
+    // A const initialiser and no Drop: no TLS destructor is registered, so this stays usable
     // while a thread is being torn down.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    static INTERNAL: Cell<bool> = const { Cell::new(false) };
-    static TID: Cell<u32> = const { Cell::new(0) };
+    static TLS: Tls = const { Tls { depth: Cell::new(0), internal: Cell::new(false), tid: Cell::new(0) } };
 }
 
 /// Marks the current thread as the shim's own (writer thread, own lookups): nothing it calls is
 /// recorded and the `dlsym` hook never wraps for it.
 pub fn set_internal(on: bool) {
-    let _ = INTERNAL.try_with(|c| c.set(on));
+    let _ = TLS.try_with(|t| t.internal.set(on));
 }
 
 /// Whether the current thread is inside the shim's own work.
 pub fn is_internal() -> bool {
-    INTERNAL.try_with(|c| c.get()).unwrap_or(false)
+    TLS.try_with(|t| t.internal.get()).unwrap_or(false)
 }
 
 /// Forget the cached thread id (the fork child's only thread has a new one).
 pub fn reset_tid_cache() {
-    let _ = TID.try_with(|c| c.set(0));
+    let _ = TLS.try_with(|t| t.tid.set(0));
+}
+
+fn tid_of(t: &Tls) -> u32 {
+    let v = t.tid.get();
+    if v != 0 {
+        return v;
+    }
+    // Safety: gettid has no preconditions.
+    let v = unsafe { libc::gettid() } as u32;
+    t.tid.set(v);
+    v
 }
 
 /// The OS thread id, cached per thread because `gettid` is a syscall.
 pub fn tid() -> u32 {
-    TID.try_with(|c| {
-        let t = c.get();
-        if t != 0 {
-            return t;
-        }
+    TLS.try_with(tid_of).unwrap_or_else(|_| {
         // Safety: gettid has no preconditions.
-        let t = unsafe { libc::gettid() } as u32;
-        c.set(t);
-        t
-    })
-    .unwrap_or_else(|_| {
-        // Safety: as above.
         unsafe { libc::gettid() as u32 }
     })
 }
@@ -147,34 +154,46 @@ pub fn tid() -> u32 {
 /// One level of hook nesting on this thread. Only the outermost level records: a runtime call
 /// that reaches the driver through a wrapped pointer is one call.
 pub struct Depth {
-    outer: bool,
+    /// The thread id when this is the outermost, recording level; 0 otherwise.
+    tid: u32,
 }
 
 impl Depth {
     /// Enter a hook.
     #[inline]
     pub fn enter() -> Depth {
-        let outer = DEPTH
-            .try_with(|d| {
-                let v = d.get();
-                d.set(v + 1);
-                v == 0
+        let tid = TLS
+            .try_with(|t| {
+                let v = t.depth.get();
+                t.depth.set(v + 1);
+                if v == 0 && !t.internal.get() {
+                    tid_of(t)
+                } else {
+                    0
+                }
             })
-            .unwrap_or(true);
-        Depth { outer: outer && !is_internal() }
+            // TLS unavailable (thread teardown): record, with the thread id from the kernel.
+            .unwrap_or_else(|_| tid());
+        Depth { tid }
     }
 
     /// Whether this is the outermost hook on the thread (and the thread is not the shim's).
     #[inline]
     pub fn outer(&self) -> bool {
-        self.outer
+        self.tid != 0
+    }
+
+    /// The thread id (0 unless outermost).
+    #[inline]
+    pub fn tid(&self) -> u32 {
+        self.tid
     }
 }
 
 impl Drop for Depth {
     #[inline]
     fn drop(&mut self) {
-        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        let _ = TLS.try_with(|t| t.depth.set(t.depth.get().saturating_sub(1)));
     }
 }
 

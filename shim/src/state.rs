@@ -85,7 +85,6 @@ pub fn record(mut ev: RawEvent) {
         return;
     }
     ev.ts = raw::now_ns();
-    ev.tid = raw::tid();
     match writer::WRITER.load(Ordering::Acquire) {
         RUNNING => {}
         NOT_STARTED => start(),
@@ -93,10 +92,6 @@ pub fn record(mut ev: RawEvent) {
             writer::release(&ev);
             return;
         }
-    }
-    if !is_owner() {
-        writer::release(&ev);
-        return;
     }
     let q = raw::queue(config().queue);
     if let Err(ev) = raw::push(q, ev) {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use trace::{
-    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelLaunch, Level, Marker, MemoryKind, NameDef,
-    NameId, Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
+    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelLaunch, Level, Marker, MemoryKind, NameDef, NameId,
+    Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
 };
 
 use crate::config::{expand_out, Config};
@@ -98,7 +98,9 @@ fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
     let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     h.start_wall_ns = Some((wall.as_nanos() as u64).saturating_sub(raw::now_ns().saturating_sub(origin)));
     h.command_line = std::fs::read("/proc/self/cmdline")
-        .map(|b| b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .map(|b| {
+            b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+        })
         .unwrap_or_default();
     let mut host = [0u8; 256];
     // Safety: the buffer is valid for its length; gethostname NUL-terminates when it fits.

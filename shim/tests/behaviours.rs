@@ -39,11 +39,21 @@ fn runtime_alloc_and_free() {
         .collect();
     assert_eq!(callers, ["p_runtime_alloc"; 3]);
     // Frees carry the size the shim knew from the allocation.
-    let sizes: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Free(f) => f.size, _ => None }).collect();
+    let sizes: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Free(f) => f.size,
+            _ => None,
+        })
+        .collect();
     assert_eq!(sizes, [1 << 20, 4096]);
     // Summary on stderr: counts, peak, output path.
     let err = r.stderr();
-    assert!(err.contains("2 allocs, 2 frees") && err.contains(&format!("peak live device bytes {}", (1 << 20) + 4096)), "{err}");
+    assert!(
+        err.contains("2 allocs, 2 frees") && err.contains(&format!("peak live device bytes {}", (1 << 20) + 4096)),
+        "{err}"
+    );
     assert!(err.contains(".mtrace"), "{err}");
 }
 
@@ -59,7 +69,9 @@ fn cuda_launch_kernel_stubs_and_names() {
         .records
         .iter()
         .filter_map(|r| match &r.event {
-            Event::KernelLaunch(k) => Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem)),
+            Event::KernelLaunch(k) => {
+                Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem))
+            }
             _ => None,
         })
         .collect();
@@ -104,10 +116,23 @@ fn driver_entry_point_vmm() {
         ],
         (2, 1, 0, 2 << 20),
     );
-    let ops: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Vmm(v) => Some(v.op), _ => None }).collect();
+    let ops: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Vmm(v) => Some(v.op),
+            _ => None,
+        })
+        .collect();
     assert_eq!(ops, [VmmOp::Reserve, VmmOp::Map, VmmOp::SetAccess, VmmOp::Unmap, VmmOp::AddressFree]);
-    let phys = s.records.iter().find_map(|r| match &r.event { Event::Alloc(a) if a.mem == MemoryKind::Physical => Some(a.clone()), _ => None });
-    let map = s.records.iter().find_map(|r| match &r.event { Event::Vmm(v) if v.op == VmmOp::Map => Some(v.clone()), _ => None });
+    let phys = s.records.iter().find_map(|r| match &r.event {
+        Event::Alloc(a) if a.mem == MemoryKind::Physical => Some(a.clone()),
+        _ => None,
+    });
+    let map = s.records.iter().find_map(|r| match &r.event {
+        Event::Vmm(v) if v.op == VmmOp::Map => Some(v.clone()),
+        _ => None,
+    });
     let (phys, map) = (phys.unwrap(), map.unwrap());
     assert_eq!((map.handle, map.size), (phys.addr, 2 << 20));
 }
@@ -118,7 +143,10 @@ fn triton_dlopen_dlsym_launch() {
     let names: Vec<_> = s
         .records
         .iter()
-        .filter_map(|r| match &r.event { Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)), _ => None })
+        .filter_map(|r| match &r.event {
+            Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)),
+            _ => None,
+        })
         .collect();
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
@@ -131,17 +159,24 @@ fn direct_plt_driver_calls() {
 #[test]
 fn rtld_local_cudart_found_by_soname() {
     let (_, s) = check("p_rtld_local", &[], &[("cudaFree", 1), ("cudaMalloc", 1)], (1, 1, 0, 12345));
-    let caller = s.records.iter().find_map(|r| match &r.event { Event::Alloc(a) => Some(s.name(a.caller)), _ => None });
+    let caller = s.records.iter().find_map(|r| match &r.event {
+        Event::Alloc(a) => Some(s.name(a.caller)),
+        _ => None,
+    });
     assert_eq!(caller, Some(Some("libuser.so")));
 }
 
 #[test]
 fn failed_allocation_is_a_call_not_an_allocation() {
-    let (_, s) = check("p_oom", &[("STUB_OOM_LIMIT", "1073741824")], &[("cudaFree", 1), ("cudaMalloc", 2)], (1, 1, 0, 1 << 20));
+    let (_, s) =
+        check("p_oom", &[("STUB_OOM_LIMIT", "1073741824")], &[("cudaFree", 1), ("cudaMalloc", 2)], (1, 1, 0, 1 << 20));
     let failed: Vec<_> = s
         .records
         .iter()
-        .filter_map(|r| match &r.event { Event::Alloc(a) if a.result != 0 => Some((a.result, a.addr, a.size)), _ => None })
+        .filter_map(|r| match &r.event {
+            Event::Alloc(a) if a.result != 0 => Some((a.result, a.addr, a.size)),
+            _ => None,
+        })
         .collect();
     assert_eq!(failed, [(2, 0, 1 << 34)]);
     assert_eq!(s.failed_calls, 1);

@@ -37,12 +37,7 @@ pub fn shim() -> PathBuf {
 
 fn cc(args: &[&str], cwd: &Path) {
     let out = Command::new("cc").args(args).current_dir(cwd).output().expect("running cc (is a C compiler installed?)");
-    assert!(
-        out.status.success(),
-        "cc {} failed:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
 const PROGRAMS: [&str; 15] = [
@@ -72,25 +67,79 @@ pub fn build_dir() -> &'static Path {
         let s = src();
         let s = s.to_str().unwrap();
         let inc = format!("-I{s}");
-        cc(&["-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic-functions",
-             &format!("{s}/stub_cuda.c"), "-o", "libcuda.so.1"], &dir);
+        cc(
+            &[
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-Wl,-soname,libcuda.so.1",
+                "-Wl,-Bsymbolic-functions",
+                &format!("{s}/stub_cuda.c"),
+                "-o",
+                "libcuda.so.1",
+            ],
+            &dir,
+        );
         for ver in ["12", "13"] {
             let map = dir.join(format!("cudart{ver}.map"));
             std::fs::write(&map, format!("libcudart.so.{ver} {{ global: cuda*; __cuda*; local: *; }};\n")).unwrap();
-            cc(&["-shared", "-fPIC", "-O1", &format!("-Wl,-soname,libcudart.so.{ver}"), "-Wl,-Bsymbolic-functions",
-                 &format!("-Wl,--version-script={}", map.display()), &format!("{s}/stub_cudart.c"),
-                 "-o", &format!("libcudart.so.{ver}"), "-ldl", "-lpthread"], &dir);
+            cc(
+                &[
+                    "-shared",
+                    "-fPIC",
+                    "-O1",
+                    &format!("-Wl,-soname,libcudart.so.{ver}"),
+                    "-Wl,-Bsymbolic-functions",
+                    &format!("-Wl,--version-script={}", map.display()),
+                    &format!("{s}/stub_cudart.c"),
+                    "-o",
+                    &format!("libcudart.so.{ver}"),
+                    "-ldl",
+                    "-lpthread",
+                ],
+                &dir,
+            );
         }
         for (link, target) in [("libcuda.so", "libcuda.so.1"), ("libcudart.so", "libcudart.so.13")] {
             let _ = std::fs::remove_file(dir.join(link));
             std::os::unix::fs::symlink(target, dir.join(link)).unwrap();
         }
-        cc(&["-shared", "-fPIC", "-O1", &inc, &format!("{s}/libuser.c"), "-o", "libuser.so", "-L.", "-lcudart",
-             "-Wl,-rpath,$ORIGIN"], &dir);
+        cc(
+            &[
+                "-shared",
+                "-fPIC",
+                "-O1",
+                &inc,
+                &format!("{s}/libuser.c"),
+                "-o",
+                "libuser.so",
+                "-L.",
+                "-lcudart",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+            &dir,
+        );
         cc(&["-shared", "-fPIC", "-O1", &format!("{s}/libsecond.c"), "-o", "libsecond.so", "-ldl"], &dir);
         for p in PROGRAMS {
-            cc(&["-O1", "-rdynamic", &inc, &format!("{s}/{p}.c"), "-o", p, "-L.", "-Wl,--no-as-needed", "-lcudart",
-                 "-lcuda", "-Wl,--as-needed", "-ldl", "-lpthread", "-Wl,-rpath,$ORIGIN"], &dir);
+            cc(
+                &[
+                    "-O1",
+                    "-rdynamic",
+                    &inc,
+                    &format!("{s}/{p}.c"),
+                    "-o",
+                    p,
+                    "-L.",
+                    "-Wl,--no-as-needed",
+                    "-lcudart",
+                    "-lcuda",
+                    "-Wl,--as-needed",
+                    "-ldl",
+                    "-lpthread",
+                    "-Wl,-rpath,$ORIGIN",
+                ],
+                &dir,
+            );
         }
         dir
     })

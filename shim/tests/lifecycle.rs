@@ -129,7 +129,14 @@ fn exit_from_another_thread_and_underscore_exit() {
 #[test]
 fn markers_and_nvtx_ranges() {
     let s = run_ok("p_marker", &[]).stats();
-    let marks: Vec<_> = s.records.iter().filter_map(|r| match &r.event { Event::Marker(m) => Some(m.text.clone()), _ => None }).collect();
+    let marks: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Marker(m) => Some(m.text.clone()),
+            _ => None,
+        })
+        .collect();
     assert_eq!(marks, ["iter:0", "phase:forward", "iter:1"]);
     assert_eq!(s.calls(), [("cudaMalloc", 1)]);
 }
@@ -158,7 +165,10 @@ fn max_bytes_stops_with_a_marker() {
     let s = Stats::read(&t[0]).unwrap();
     assert!(!s.truncated);
     assert!(s.allocs > 100 && s.allocs < 800_000, "{}", s.allocs);
-    let last_marker = s.records.iter().rev().find_map(|r| match &r.event { Event::Marker(m) => Some(m.text.clone()), _ => None });
+    let last_marker = s.records.iter().rev().find_map(|r| match &r.event {
+        Event::Marker(m) => Some(m.text.clone()),
+        _ => None,
+    });
     assert!(last_marker.unwrap().contains("MEMTRACE_MAX_BYTES=65536 reached"));
     let size = std::fs::metadata(&t[0]).unwrap().len();
     assert!(size < 65536 + 4096, "{size}");
@@ -167,7 +177,14 @@ fn max_bytes_stops_with_a_marker() {
 #[test]
 fn log_debug_prints_the_config_table() {
     let r = run_ok("p_runtime_alloc", &[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUIET", "1")]);
-    for var in ["MEMTRACE_OUT", "MEMTRACE_KERNELS", "MEMTRACE_CUPTI", "MEMTRACE_MAX_BYTES", "MEMTRACE_QUIET", "MEMTRACE_FOLLOW_FORK"] {
+    for var in [
+        "MEMTRACE_OUT",
+        "MEMTRACE_KERNELS",
+        "MEMTRACE_CUPTI",
+        "MEMTRACE_MAX_BYTES",
+        "MEMTRACE_QUIET",
+        "MEMTRACE_FOLLOW_FORK",
+    ] {
         assert!(r.stderr().contains(&format!("memtrace: {var} = ")), "{var} missing:\n{}", r.stderr());
     }
 }

@@ -15,7 +15,9 @@ fn real_cudart_dir() -> PathBuf {
     }
     let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
     let found: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .unwrap_or_else(|e| panic!("{}: {e}; create the venv (scripts/setup.sh) or set MEMTRACE_REAL_CUDART_DIR", lib.display()))
+        .unwrap_or_else(|e| {
+            panic!("{}: {e}; create the venv (scripts/setup.sh) or set MEMTRACE_REAL_CUDART_DIR", lib.display())
+        })
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("site-packages/nvidia/cu13/lib"))
         .filter(|d| d.join("libcudart.so.13").is_file())

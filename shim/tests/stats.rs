@@ -147,13 +147,30 @@ fn count_rules() {
     use trace::{Alloc, Free, KernelLaunch, Origin};
     let alloc = |addr, size, mem, api, result| {
         Record::bare(Event::Alloc(Alloc {
-            addr, size, stream: 0, mem, api, result, origin: Origin::Outcome, category: None, caller: None, stack: None,
+            addr,
+            size,
+            stream: 0,
+            mem,
+            api,
+            result,
+            origin: Origin::Outcome,
+            category: None,
+            caller: None,
+            stack: None,
         }))
     };
     let free = |addr, mem, api| {
         Record::bare(Event::Free(Free {
-            addr, size: None, stream: 0, mem, api, result: 0, origin: Origin::Outcome,
-            stage: trace::FreeStage::Immediate, caller: None, stack: None,
+            addr,
+            size: None,
+            stream: 0,
+            mem,
+            api,
+            result: 0,
+            origin: Origin::Outcome,
+            stage: trace::FreeStage::Immediate,
+            caller: None,
+            stack: None,
         }))
     };
     let mut s = Stats::default();
@@ -165,12 +182,28 @@ fn count_rules() {
         free(0x1000, MemoryKind::Device, Api::CudaFree),
         alloc(0x2000, 30, MemoryKind::Device, Api::CuMemAlloc_v2, 0),
         Record::bare(Event::KernelLaunch(KernelLaunch {
-            api: Api::__CudaLaunchKernel, name: None, grid: [1; 3], block: [1; 3], shared_mem: 0, stream: 0, result: 0,
+            api: Api::__CudaLaunchKernel,
+            name: None,
+            grid: [1; 3],
+            block: [1; 3],
+            shared_mem: 0,
+            stream: 0,
+            result: 0,
         })),
     ] {
         s.add(&r);
     }
-    assert_eq!(s.calls(), [("__cudaLaunchKernel", 1), ("cuMemAlloc_v2", 1), ("cuMemCreate", 1), ("cudaFree", 1), ("cudaHostAlloc", 1), ("cudaMalloc", 2)]);
+    assert_eq!(
+        s.calls(),
+        [
+            ("__cudaLaunchKernel", 1),
+            ("cuMemAlloc_v2", 1),
+            ("cuMemCreate", 1),
+            ("cudaFree", 1),
+            ("cudaHostAlloc", 1),
+            ("cudaMalloc", 2)
+        ]
+    );
     assert_eq!((s.allocs, s.frees, s.pinned_host_allocs, s.failed_calls, s.kernel_launches), (3, 1, 1, 1, 1));
     assert_eq!(s.peak_live_device_bytes, 150);
     assert_eq!(s.json()["calls"]["cudaMalloc"], 2);

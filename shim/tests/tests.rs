@@ -2,13 +2,13 @@
 //! with the trace crate. The tests never link the shim itself (its exports would hijack the test
 //! binary); they load the built `libmemtrace.so` into child processes only.
 
-/// Builds the C stubs and programs, locates the shim, runs programs under it.
-mod harness;
-/// The count rules of `memsim stats` over a trace (to move into memsim).
-mod stats;
 /// One test per interception behaviour, against the stub runtime and driver.
 mod behaviours;
+/// Builds the C stubs and programs, locates the shim, runs programs under it.
+mod harness;
 /// Exit paths, signals, fork, threads, markers and configuration.
 mod lifecycle;
 /// The real libcudart.so.13 from the nvidia-cuda-runtime wheel, with no driver.
 mod real_cudart;
+/// The count rules of `memsim stats` over a trace (to move into memsim).
+mod stats;

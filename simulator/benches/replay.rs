@@ -32,7 +32,10 @@ impl SplitMix {
 fn size(r: &mut SplitMix) -> u64 {
     const PARAMS: [u64; 6] = [4 << 20, 9_437_184, 16 << 20, 2_359_296, 37_748_736, 64 << 20];
     match r.below(100) {
-        0..=44 => 1 + r.below(1 << (9 + r.below(12))),
+        0..=44 => {
+            let bits = 9 + r.below(12);
+            1 + r.below(1 << bits)
+        }
         45..=74 => (1 << 20) + r.below(9 << 20),
         75..=89 => PARAMS[r.below(PARAMS.len() as u64) as usize],
         _ => (10 << 20) + r.below(90 << 20),

@@ -6,7 +6,8 @@ mod alloc_props; // proptest invariants and differential fuzzing against alloc_r
 mod alloc_reference; // a naive Vec-of-segments model of the native rules, for differential tests
 mod alloc_support; // the test script language and the state-consistency checker
 mod snapshot_import; // every shared snapshot imports with the README's action counts
+mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
+mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known answers
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
-mod snapshot_support;
-mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16 // shared-data paths (fail loudly when missing) and helpers
-mod snapshot_tmpprobe;
+mod snapshot_support; // shared-data paths (fail loudly when missing) and helpers
+mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16

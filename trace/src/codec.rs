@@ -363,8 +363,8 @@ pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64)
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
-    let (ts_ns, tid, device, n) = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
-    let rest = &bytes[n..];
+    let prefix = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
+    let rest = &bytes[prefix.len..];
     let event = match tag {
         1 => Event::Alloc(body(rest, "alloc", offset)?),
         2 => Event::Free(body(rest, "free", offset)?),
@@ -409,6 +409,30 @@ mod tests {
             Err(VarintError::Overflow)
         );
         assert_eq!(get_uvarint(&[0x80; 11]), Err(VarintError::Overflow));
+    }
+
+    /// The worked example of FORMAT.md §1.8, byte for byte.
+    #[test]
+    fn format_md_worked_example() {
+        let rec = |ts, event| Record { ts_ns: Some(ts), tid: Some(7), device: Some(0), event };
+        let mut state = PrefixState::default();
+        let mut buf = Vec::new();
+        encode_frame(&mut state, &rec(1000, Event::MemInfo(MemInfo { free: 0, total: 0 })), &mut buf).unwrap();
+        buf.clear();
+        let launch = KernelLaunch {
+            api: crate::Api::__CudaLaunchKernel,
+            name: Some(5),
+            grid: [128, 1, 1],
+            block: [256, 1, 1],
+            shared_mem: 0,
+            stream: 0,
+            result: 0,
+        };
+        encode_frame(&mut state, &rec(1250, Event::KernelLaunch(launch)), &mut buf).unwrap();
+        let expect = [
+            0x04, 0x11, 0x3F, 0xF4, 0x03, 0x62, 0x01, 0x05, 0x80, 0x01, 0x01, 0xFB, 0x00, 0x01, 0x01, 0x01, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(buf, expect);
     }
 
     #[test]

@@ -20,3 +20,5 @@ mod roundtrip; // every kind through binary, JSON Lines, and binary → JSONL �
 mod schema;
 #[path = "it/truncation.rs"]
 mod truncation; // a cut at every byte offset reads a prefix of records and sets `truncated` // schema/trace.schema.json is generated from the code and validates every written line
+#[path = "it/enum_codes.rs"]
+mod enum_codes; // on-disk variant indexes and API codes are pinned (FORMAT.md §1.7)

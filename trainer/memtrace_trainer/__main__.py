@@ -26,12 +26,21 @@ gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
 
 
 def _model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
-    p.add_argument("--batch-size", type=int, required=batch_required, default=None if batch_required else 1,
-                   help="samples per step" + ("" if batch_required else " (default 1)"))  # fmt: skip
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        required=batch_required,
+        default=None if batch_required else 1,
+        help="samples per step" + ("" if batch_required else " (default 1)"),
+    )
     p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     p.add_argument("--seq-len", type=int, help="sequence length of token models (default: max)")
-    p.add_argument("--num-classes", type=int, default=1000,
-                   help="classifier width of zoo vision models (default 1000)")  # fmt: skip
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=1000,
+        help="classifier width of zoo vision models (default 1000)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,48 +51,77 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    f = sub.add_parser("features", help="model features (parameters, activations, layers)",
-                       description="Parameter count and activations per layer (per sample, "
-                       "torchsummary-style, forward hooks on meta).")  # fmt: skip
+    f = sub.add_parser(
+        "features",
+        help="model features (parameters, activations, layers)",
+        description="Parameter count and activations per layer (per sample, "
+        "torchsummary-style, forward hooks on meta).",
+    )
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model spec")
-    src.add_argument("--gpumemnet-row", metavar="FILENAME",
-                     help="a GPUMemNet dataset row's Filename (model, batch and input from it)")  # fmt: skip
+    src.add_argument(
+        "--gpumemnet-row",
+        metavar="FILENAME",
+        help="a GPUMemNet dataset row's Filename (model, batch and input from it)",
+    )
     _model_args(f, batch_required=False)
     out = f.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON (the default)")
     out.add_argument("--csv", action="store_true", help="print a CSV row with GPUMemNet columns")
 
-    s = sub.add_parser("symtrace", help="symbolic trace of training steps on meta",
-                       description="Trace K training iterations on the meta device as a GPU would "
-                       "run them (forward, loss, backward, optimizer.step, zero_grad(set_to_none)), "
-                       "emulating CUDA-only allocations unless --no-cuda-emulation.")  # fmt: skip
+    s = sub.add_parser(
+        "symtrace",
+        help="symbolic trace of training steps on meta",
+        description="Trace K training iterations on the meta device as a GPU would "
+        "run them (forward, loss, backward, optimizer.step, zero_grad(set_to_none)), "
+        "emulating CUDA-only allocations unless --no-cuda-emulation.",
+    )
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model spec")
-    src.add_argument("--entry", metavar="MOD:FN",
-                     help="package.module:function returning (model, (inputs, target), loss_fn)")  # fmt: skip
-    src.add_argument("--batch", metavar="CONFIGS.jsonl", type=Path,
-                     help="trace many configs in one process (one JSON object per line)")  # fmt: skip
-    s.add_argument("--batch-size", type=int, help="samples per step (required with --model/--entry)")
+    src.add_argument(
+        "--entry",
+        metavar="MOD:FN",
+        help="package.module:function returning (model, (inputs, target), loss_fn)",
+    )
+    src.add_argument(
+        "--batch",
+        metavar="CONFIGS.jsonl",
+        type=Path,
+        help="trace many configs in one process (one JSON object per line)",
+    )
+    s.add_argument(
+        "--batch-size", type=int, help="samples per step (required with --model/--entry)"
+    )
     s.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     s.add_argument("--seq-len", type=int, help="sequence length of token models")
     s.add_argument("--num-classes", type=int, default=1000, help="classifier width (default 1000)")
-    s.add_argument("--optimizer", default="adam",
-                   help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)")  # fmt: skip
+    s.add_argument(
+        "--optimizer",
+        default="adam",
+        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
+    )
     s.add_argument("--iterations", type=int, default=2, help="training iterations (default 2)")
     s.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
-    s.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    s.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing per block"
+    )
     s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     s.add_argument("--profile", help="GPU profile NAME (profiles/NAME.toml) or a .toml path")
-    s.add_argument("--no-cuda-emulation", action="store_true",
-                   help="trace the plain meta path (FakeTensor-style baseline)")  # fmt: skip
+    s.add_argument(
+        "--no-cuda-emulation",
+        action="store_true",
+        help="trace the plain meta path (FakeTensor-style baseline)",
+    )
     s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
     s.add_argument("--out-dir", type=Path, help="output directory of --batch")
     s.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    sm = sub.add_parser("sample", help="sample configs from a YAML sweep file",
-                        description="Uniform, seeded sampling of synthetic model configs; prints "
-                        "one JSON config per line (usable as synthetic:{json}).")  # fmt: skip
+    sm = sub.add_parser(
+        "sample",
+        help="sample configs from a YAML sweep file",
+        description="Uniform, seeded sampling of synthetic model configs; prints "
+        "one JSON config per line (usable as synthetic:{json}).",
+    )
     sm.add_argument("sweep", type=Path, help="YAML sweep file")
     sm.add_argument("--seed", type=int, help="override the file's seed")
     return parser
@@ -102,8 +140,9 @@ def _features(args: argparse.Namespace) -> None:
         workload = build_workload(spec, batch, args.input_shape)
         family = config.family
     else:
-        workload = build_workload(args.model, args.batch_size, args.input_shape, args.seq_len,
-                                  args.num_classes)  # fmt: skip
+        workload = build_workload(
+            args.model, args.batch_size, args.input_shape, args.seq_len, args.num_classes
+        )
         family = workload.family
     with torch.device("meta"):
         feats = extract(workload, family)
@@ -126,8 +165,13 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     if args.get("entry"):
         workload = load_entry(args["entry"], batch)
     elif args.get("model"):
-        workload = build_workload(args["model"], batch, args.get("input_shape"), args.get("seq_len"),
-                                  args.get("num_classes", 1000))  # fmt: skip
+        workload = build_workload(
+            args["model"],
+            batch,
+            args.get("input_shape"),
+            args.get("seq_len"),
+            args.get("num_classes", 1000),
+        )
     else:
         raise UserError("one of --model or --entry is required")
     cfg = StepConfig(
@@ -142,9 +186,22 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     return {"out": str(out), **summary.to_json()}
 
 
-BATCH_KEYS = {"model", "entry", "batch_size", "input_shape", "seq_len", "num_classes", "optimizer",
-              "iterations", "amp", "checkpointing", "grad_accum", "profile", "no_cuda_emulation",
-              "name"}  # fmt: skip
+BATCH_KEYS = {
+    "model",
+    "entry",
+    "batch_size",
+    "input_shape",
+    "seq_len",
+    "num_classes",
+    "optimizer",
+    "iterations",
+    "amp",
+    "checkpointing",
+    "grad_accum",
+    "profile",
+    "no_cuda_emulation",
+    "name",
+}
 
 
 def _symtrace(args: argparse.Namespace) -> None:
@@ -155,8 +212,10 @@ def _symtrace(args: argparse.Namespace) -> None:
         if args.json:
             print(json.dumps(result))
         else:
-            print(f"wrote {result['out']}: {result['allocs']} allocations, "
-                  f"peak {result['peak_live_bytes']} B live")  # fmt: skip
+            print(
+                f"wrote {result['out']}: {result['allocs']} allocations, "
+                f"peak {result['peak_live_bytes']} B live"
+            )
         return
     if args.out_dir is None:
         raise UserError("--batch needs --out-dir DIR")
@@ -177,7 +236,9 @@ def _symtrace(args: argparse.Namespace) -> None:
             raise UserError(f"{args.batch}:{n}: expected a JSON object")
         unknown = sorted(set(config) - BATCH_KEYS)
         if unknown:
-            raise UserError(f"{args.batch}:{n}: unknown fields {unknown}; expected {sorted(BATCH_KEYS)}")
+            raise UserError(
+                f"{args.batch}:{n}: unknown fields {unknown}; expected {sorted(BATCH_KEYS)}"
+            )
         name = str(config.get("name", f"config-{n:05d}"))
         try:
             result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")

@@ -64,8 +64,8 @@ class Features:
     def activation_encoding(self) -> tuple[float, float]:
         if self.activation_function not in ACTIVATION_ORDER:
             return (0.0, 0.0)
-        angle = 2 * math.pi * ACTIVATION_ORDER.index(self.activation_function) / len(
-            ACTIVATION_ORDER
+        angle = (
+            2 * math.pi * ACTIVATION_ORDER.index(self.activation_function) / len(ACTIVATION_ORDER)
         )
         return (math.sin(angle), math.cos(angle))
 
@@ -145,7 +145,9 @@ def extract(workload: Workload, family: str = "") -> Features:
     layers = [layer for _, layer in records]
     leaves = [(m, la) for m, la in records if not any(True for _ in m.children())]
     counts = collections.Counter(la.type for _, la in leaves)
-    acts = [la.type for m, la in leaves if gpumemnet_name(m, "") == la.type and la.type != "Softmax"]
+    acts = [
+        la.type for m, la in leaves if gpumemnet_name(m, "") == la.type and la.type != "Softmax"
+    ]
     sequence = []
     for m, la in leaves:
         name = gpumemnet_name(m, family)

@@ -46,7 +46,7 @@ def _cc(path: Path, value: Any) -> tuple[int, int]:
     except ValueError:
         pass
     raise UserError(
-        f"{path}: field gpu.compute_capability is {value!r}: expected \"8.0\", 8.0 or [8, 0]"
+        f'{path}: field gpu.compute_capability is {value!r}: expected "8.0", 8.0 or [8, 0]'
     )
 
 
@@ -60,7 +60,7 @@ def _cublas_config(path: Path, value: Any) -> int:
     except ValueError:
         raise UserError(
             f"{path}: field workspace.cublas_workspace_config is {value!r}: "
-            "expected :SIZE_KiB:COUNT pairs such as \":4096:2:16:8\""
+            'expected :SIZE_KiB:COUNT pairs such as ":4096:2:16:8"'
         ) from None
     return sum(size * 1024 * count for size, count in zip(nums[::2], nums[1::2], strict=True))
 
@@ -86,7 +86,9 @@ def load_profile(name: str | None) -> Profile:
     cc = _cc(path, gpu["compute_capability"])
     total = gpu.get("total_memory")
     if total is not None and (not isinstance(total, int) or total <= 0):
-        raise UserError(f"{path}: field gpu.total_memory is {total!r}: expected bytes as an integer")
+        raise UserError(
+            f"{path}: field gpu.total_memory is {total!r}: expected bytes as an integer"
+        )
     ws = data.get("workspace", {})
     if not isinstance(ws, dict):
         raise UserError(f"{path}: field workspace must be a table")
@@ -100,7 +102,9 @@ def load_profile(name: str | None) -> Profile:
         )
     per_call = ws.get("cublaslt_per_call", True)
     if not isinstance(per_call, bool):
-        raise UserError(f"{path}: field workspace.cublaslt_per_call is {per_call!r}: expected a bool")
+        raise UserError(
+            f"{path}: field workspace.cublaslt_per_call is {per_call!r}: expected a bool"
+        )
     return Profile(
         name=path.stem,
         compute_capability=cc,

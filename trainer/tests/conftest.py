@@ -29,7 +29,10 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     done = subprocess.run(
         [sys.executable, "-m", "memtrace_trainer", *args],
-        capture_output=True, text=True, cwd=REPO, env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     if check and done.returncode != 0:
         pytest.fail(f"command failed ({done.returncode}): {args}\n{done.stderr}")

@@ -24,7 +24,9 @@ def sequence(filename: str, batch: int = 2) -> list[tuple[str, int, int]]:
         return extract(w, cfg.family).gpumemnet_sequence
 
 
-@pytest.mark.parametrize("name", ["mlp_data_step1.csv", "mlp_data_step2.csv", "cnn_data_step1_early.csv"])
+@pytest.mark.parametrize(
+    "name", ["mlp_data_step1.csv", "mlp_data_step2.csv", "cnn_data_step1_early.csv"]
+)
 def test_activations_params_match_csv(name: str) -> None:
     rows = gpumemnet_rows(name)
     checked, wrong = 0, []
@@ -42,13 +44,22 @@ def test_activations_params_match_csv(name: str) -> None:
         if got != expect or sum(a for _, a, _ in got) != int(r["Total Activations"]):
             wrong.append(r["Filename"])
     assert wrong == []
-    assert checked == {"mlp_data_step1.csv": 3000, "mlp_data_step2.csv": 3000,
-                       "cnn_data_step1_early.csv": 1734}[name]  # fmt: skip
+    assert (
+        checked
+        == {
+            "mlp_data_step1.csv": 3000,
+            "mlp_data_step2.csv": 3000,
+            "cnn_data_step1_early.csv": 1734,
+        }[name]
+    )
 
 
 def test_dense_rows_match_one_layout() -> None:
-    rows = [r for r in gpumemnet_rows("cnn_data_step1_early.csv")
-            if "arch:dense" in r["Filename"] and r["Activations-Params"] != "[]"]  # fmt: skip
+    rows = [
+        r
+        for r in gpumemnet_rows("cnn_data_step1_early.csv")
+        if "arch:dense" in r["Filename"] and r["Activations-Params"] != "[]"
+    ]
     assert len(rows) == 242
     for r in rows:
         cfg, _ = from_gpumemnet_filename(r["Filename"], dense_interval=1)
@@ -63,9 +74,15 @@ def test_dense_rows_match_one_layout() -> None:
 
 
 def test_features_cli_json_contract() -> None:
-    out = json.loads(cli("features", "--model", "torchvision:resnet18", "--batch-size", "2", "--json").stdout)
+    out = json.loads(
+        cli("features", "--model", "torchvision:resnet18", "--batch-size", "2", "--json").stdout
+    )
     assert out["total_parameters"] == 11_689_512
-    assert out["layers"]["conv1"] == {"type": "Conv2d", "activations": 64 * 112 * 112, "parameters": 9408}
+    assert out["layers"]["conv1"] == {
+        "type": "Conv2d",
+        "activations": 64 * 112 * 112,
+        "parameters": 9408,
+    }
     assert out["total_activations"] > 0 and out["layer_counts"]["Conv2d"] == 20
 
 
@@ -73,13 +90,25 @@ def test_features_cli_gpumemnet_row_csv() -> None:
     row = gpumemnet_rows("mlp_data_step2.csv")[0]
     out = cli("features", "--gpumemnet-row", row["Filename"], "--csv").stdout
     got = next(csv.DictReader(io.StringIO(out)))
-    for col in ("Depth", "Activations-Params", "Activation Function", "Total Activations",
-                "Total Parameters", "Batch Size", "Batch Normalization Layers", "Dropout Layers"):  # fmt: skip
+    for col in (
+        "Depth",
+        "Activations-Params",
+        "Activation Function",
+        "Total Activations",
+        "Total Parameters",
+        "Batch Size",
+        "Batch Normalization Layers",
+        "Dropout Layers",
+    ):
         assert got[col] == row[col], col
 
 
 def test_features_cli_errors_are_clean() -> None:
     done = cli("features", "--model", "nope:x", check=False)
-    assert done.returncode == 2 and "unknown model spec" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        done.returncode == 2
+        and "unknown model spec" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     done = cli("features", "--model", "torchvision:resnet18", "--input-shape", "3,x", check=False)
     assert done.returncode == 2 and "--input-shape" in done.stderr

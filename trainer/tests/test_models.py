@@ -81,16 +81,23 @@ def test_sweep_sampling_is_seeded_and_valid(tmp_path: Path) -> None:
 
 
 def test_sweep_ratio_field_and_errors() -> None:
-    sweep = {"family": "mlp", "count": 20, "seed": 1, "fields": {
-        "input_size": {"min": 4, "max": 4096},
-        "output_size": {"min": 1, "max_ratio": 0.25, "of": "input_size"},
-        "depth": {"min": 1, "max": 12}, "architecture": ["pyramid", "gradual"]}}  # fmt: skip
+    sweep = {
+        "family": "mlp",
+        "count": 20,
+        "seed": 1,
+        "fields": {
+            "input_size": {"min": 4, "max": 4096},
+            "output_size": {"min": 1, "max_ratio": 0.25, "of": "input_size"},
+            "depth": {"min": 1, "max": 12},
+            "architecture": ["pyramid", "gradual"],
+        },
+    }
     for c in sample(sweep, "inline"):
         assert 1 <= c.output_size <= max(1, int(0.25 * c.input_size))  # type: ignore[attr-defined]
     with pytest.raises(UserError, match="missing field 'count'"):
         sample({"family": "mlp", "fields": {}}, "inline")
     bad = {"family": "mlp", "count": 1, "fields": {"input_size": 5, "output_size": 1, "depth": 0}}
-    with pytest.raises(UserError, match="infeasible; last: .*depth 0 < 1"):
+    with pytest.raises(UserError, match=r"infeasible; last: .*depth 0 < 1"):
         sample(bad, "inline")
 
 
@@ -124,7 +131,9 @@ def rebuild_counts(filename: str) -> list[int]:
 def test_every_mlp_row_parameter_count(name: str) -> None:
     rows = gpumemnet_rows(name)
     assert len(rows) == 3000
-    wrong = [r["Filename"] for r in rows if rebuild_counts(r["Filename"]) != [int(r["Total Parameters"])]]
+    wrong = [
+        r["Filename"] for r in rows if rebuild_counts(r["Filename"]) != [int(r["Total Parameters"])]
+    ]
     assert wrong == []
 
 
@@ -154,8 +163,11 @@ def test_zoo_entry_builds_on_meta(spec: str) -> None:
     tensors = [*w.model.parameters(), *w.model.buffers()]
     assert tensors and all(t.device.type == "meta" for t in tensors)
     inputs, _ = w.make_batch()
-    first = inputs if isinstance(inputs, torch.Tensor) else next(iter(
-        inputs.values() if isinstance(inputs, dict) else inputs))  # fmt: skip
+    first = (
+        inputs
+        if isinstance(inputs, torch.Tensor)
+        else next(iter(inputs.values() if isinstance(inputs, dict) else inputs))
+    )
     assert first.device.type == "meta" and first.shape[0] == 2
 
 
@@ -171,7 +183,11 @@ def test_zoo_parameter_counts() -> None:
 
 
 def test_unknown_specs_are_user_errors() -> None:
-    for spec, msg in [("torchvision:nope", "unknown torchvision"), ("hf:nope", "unknown Hugging"),
-                      ("what", "unknown model spec"), ("synthetic:{", "not JSON")]:  # fmt: skip
+    for spec, msg in [
+        ("torchvision:nope", "unknown torchvision"),
+        ("hf:nope", "unknown Hugging"),
+        ("what", "unknown model spec"),
+        ("synthetic:{", "not JSON"),
+    ]:
         with pytest.raises(UserError, match=msg):
             build_workload(spec, 1)

@@ -113,8 +113,8 @@ def test_optimizer_state_appears_at_step_one() -> None:
 def test_markers_and_categories() -> None:
     events = events_of(MLP, iterations=2)
     texts = [e["text"] for e in events if e["kind"] == "marker"]
-    assert texts == ["iter:0", "phase:data", "phase:forward", "phase:backward", "phase:optimizer"] + [
-        "iter:1", "phase:data", "phase:forward", "phase:backward", "phase:optimizer"]  # fmt: skip
+    phases = ["phase:data", "phase:forward", "phase:backward", "phase:optimizer"]
+    assert texts == ["iter:0", *phases, "iter:1", *phases]
     cats = {e["category"] for e in events if e["kind"] == "alloc"}
     assert {"parameter", "gradient", "optimizer_state", "activation", "input", "workspace"} <= cats
 
@@ -122,7 +122,9 @@ def test_markers_and_categories() -> None:
 @pytest.mark.parametrize("amp", [None, "bf16", "fp16"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("spec", [MLP, CNN, TRF])
-def test_amp_and_checkpointing_variants_run(spec: str, amp: str | None, checkpointing: bool) -> None:
+def test_amp_and_checkpointing_variants_run(
+    spec: str, amp: str | None, checkpointing: bool
+) -> None:
     events = events_of(spec, amp=amp, checkpointing=checkpointing, grad_accum=2)
     check_live_never_negative(events)
     assert summarize(events).peak_live_bytes > 0
@@ -140,7 +142,10 @@ def test_amp_adds_half_weight_copies() -> None:
     bf16 = events_of(MLP, cuda_emulation=False, amp="bf16")
     w = build_workload(MLP, 4)
     weight_sizes = {p.numel() * 2 for p in w.model.parameters() if p.dim() == 2}
-    fwd_sizes = lambda ev: [e["size"] for e in ev if e["kind"] == "alloc" and e["category"] == "activation"]  # noqa: E731
+
+    def fwd_sizes(ev):
+        return [e["size"] for e in ev if e["kind"] == "alloc" and e["category"] == "activation"]
+
     assert weight_sizes <= set(fwd_sizes(bf16))
     act = lambda ev: summarize(ev).bytes_by_category["activation"]  # noqa: E731
     assert act(bf16) != act(fp32)
@@ -169,7 +174,9 @@ def test_sdpa_backend_by_profile() -> None:
 
 def test_deterministic_event_sequence() -> None:
     def shape(ev: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        return [(e["kind"], e.get("size"), e.get("category"), e.get("text"), e.get("addr")) for e in ev]
+        return [
+            (e["kind"], e.get("size"), e.get("category"), e.get("text"), e.get("addr")) for e in ev
+        ]
 
     assert shape(events_of(CNN)) == shape(events_of(CNN))
 
@@ -178,7 +185,9 @@ def test_cli_writes_schema_valid_jsonl(tmp_path: Path) -> None:
     import jsonschema
 
     out = tmp_path / "t.jsonl"
-    res = json.loads(cli("symtrace", "--model", MLP, "--batch-size", "4", "--out", str(out), "--json").stdout)
+    res = json.loads(
+        cli("symtrace", "--model", MLP, "--batch-size", "4", "--out", str(out), "--json").stdout
+    )
     lines = read_trace(out)
     assert lines[0]["kind"] == "header" and lines[0]["synthetic_addresses"] is True
     assert lines[-1] == {"kind": "process_exit", "lost_events": 0}
@@ -195,8 +204,12 @@ def test_cli_entry_and_batch_mode(tmp_path: Path) -> None:
     cli("symtrace", "--entry", "entry_example:make", "--batch-size", "8", "--out", str(out))
     assert read_trace(out)[0]["metadata"]["batch_size"] == "8"
     configs = tmp_path / "c.jsonl"
-    configs.write_text(json.dumps({"model": MLP, "batch_size": 2, "name": "a"}) + "\n"
-                       + json.dumps({"model": "nope:x", "batch_size": 2, "name": "b"}) + "\n")  # fmt: skip
+    configs.write_text(
+        json.dumps({"model": MLP, "batch_size": 2, "name": "a"})
+        + "\n"
+        + json.dumps({"model": "nope:x", "batch_size": 2, "name": "b"})
+        + "\n"
+    )
     done = cli("symtrace", "--batch", str(configs), "--out-dir", str(tmp_path / "d"))
     results = [json.loads(x) for x in done.stdout.splitlines()]
     assert results[0]["name"] == "a" and (tmp_path / "d" / "a.jsonl").is_file()
@@ -228,7 +241,19 @@ def test_mtrace_output_through_memsim(tmp_path: Path) -> None:
 
 def test_resnet50_smoke(tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
-    res = json.loads(cli("symtrace", "--model", "torchvision:resnet50", "--batch-size", "8",
-                         "--profile", "a100-40gb", "--out", str(out), "--json").stdout)  # fmt: skip
+    res = json.loads(
+        cli(
+            "symtrace",
+            "--model",
+            "torchvision:resnet50",
+            "--batch-size",
+            "8",
+            "--profile",
+            "a100-40gb",
+            "--out",
+            str(out),
+            "--json",
+        ).stdout
+    )
     assert res["bytes_by_category"]["parameter"] == 25_557_032 * 4
     check_live_never_negative(read_trace(out)[1:-1])

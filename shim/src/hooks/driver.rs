@@ -19,13 +19,21 @@ const NO_DRIVER: c_int = 3;
 #[inline(always)]
 unsafe fn out(p: *mut u64, r: c_int) -> u64 {
     // Safety: checked non-null; the real call wrote it on success.
-    if r == 0 && !p.is_null() { unsafe { *p } } else { 0 }
+    if r == 0 && !p.is_null() {
+        unsafe { *p }
+    } else {
+        0
+    }
 }
 
 #[inline(always)]
 unsafe fn out_host(p: *mut *mut c_void, r: c_int) -> u64 {
     // Safety: as above.
-    if r == 0 && !p.is_null() { unsafe { *p as u64 } } else { 0 }
+    if r == 0 && !p.is_null() {
+        unsafe { *p as u64 }
+    } else {
+        0
+    }
 }
 
 macro_rules! alloc_hook {
@@ -36,7 +44,7 @@ macro_rules! alloc_hook {
             |real, ra| {
                 let d = Depth::enter();
                 let r = unsafe { real(p, size) };
-                if d.outer() { emit::alloc(Api::$api, $mem, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+                if d.outer() { emit::alloc(&d, Api::$api, $mem, unsafe { out(p, r) }, size as u64, 0, r, ra) }
                 r
             }
         }
@@ -51,7 +59,7 @@ macro_rules! async_alloc_hook {
             |real, ra| {
                 let d = Depth::enter();
                 let r = unsafe { real(p, size, s) };
-                if d.outer() { emit::alloc(Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+                if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
                 r
             }
         }
@@ -66,7 +74,7 @@ macro_rules! pool_alloc_hook {
             |real, ra| {
                 let d = Depth::enter();
                 let r = unsafe { real(p, size, pool, s) };
-                if d.outer() { emit::alloc(Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+                if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
                 r
             }
         }
@@ -81,7 +89,7 @@ macro_rules! free_hook {
             |real, ra| {
                 let d = Depth::enter();
                 let r = unsafe { real(p) };
-                if d.outer() { emit::free(Api::$api, $mem, p, 0, r, ra) }
+                if d.outer() { emit::free(&d, Api::$api, $mem, p, 0, r, ra) }
                 r
             }
         }
@@ -96,7 +104,7 @@ macro_rules! async_free_hook {
             |real, ra| {
                 let d = Depth::enter();
                 let r = unsafe { real(p, s) };
-                if d.outer() { emit::free(Api::$api, mem::DEVICE, p, s as u64, r, ra) }
+                if d.outer() { emit::free(&d, Api::$api, mem::DEVICE, p, s as u64, r, ra) }
                 r
             }
         }
@@ -119,7 +127,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CuMemAllocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemAllocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -132,7 +140,7 @@ caller_hook! {
         let r = unsafe { real(p, pitch, width, height, elem) };
         if d.outer() {
             let pv = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
-            emit::alloc(Api::CuMemAllocPitch_v2, mem::DEVICE, unsafe { out(p, r) }, (pv * height) as u64, 0, r, ra)
+            emit::alloc(&d, Api::CuMemAllocPitch_v2, mem::DEVICE, unsafe { out(p, r) }, (pv * height) as u64, 0, r, ra)
         }
         r
     }
@@ -144,7 +152,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -155,7 +163,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size) };
-        if d.outer() { emit::alloc(Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -166,7 +174,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p) };
-        if d.outer() { emit::free(Api::CuMemFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
+        if d.outer() { emit::free(&d, Api::CuMemFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
         r
     }
 }
@@ -177,7 +185,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
         r
     }
 }
@@ -188,7 +196,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p) };
-        if d.outer() { emit::free(Api::CuMemHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
+        if d.outer() { emit::free(&d, Api::CuMemHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
 }
@@ -199,7 +207,7 @@ caller_hook! {
     |real, _ra| {
         let d = Depth::enter();
         let r = unsafe { real(pool, keep) };
-        if d.outer() { emit::trim(Api::CuMemPoolTrimTo, pool as u64, keep as u64, r) }
+        if d.outer() { emit::trim(&d, Api::CuMemPoolTrimTo, pool as u64, keep as u64, r) }
         r
     }
 }
@@ -218,7 +226,7 @@ plain_hook! {
     |real| {
         let d = Depth::enter();
         let r = unsafe { real(p, h, flags) };
-        if d.outer() { emit::alloc(Api::CuIpcOpenMemHandle_v2, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
+        if d.outer() { emit::alloc(&d, Api::CuIpcOpenMemHandle_v2, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
         r
     }
 }
@@ -229,7 +237,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(h, os, kind) };
-        if d.outer() { emit::alloc(Api::CuMemImportFromShareableHandle, mem::IPC_IMPORT, unsafe { out(h, r) }, 0, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemImportFromShareableHandle, mem::IPC_IMPORT, unsafe { out(h, r) }, 0, 0, r, ra) }
         r
     }
 }
@@ -240,7 +248,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, align, addr, flags) };
-        if d.outer() { emit::vmm(Api::CuMemAddressReserve, vmm::RESERVE, unsafe { out(p, r) }, size as u64, 0, 0, r, ra) }
+        if d.outer() { emit::vmm(&d, Api::CuMemAddressReserve, vmm::RESERVE, unsafe { out(p, r) }, size as u64, 0, 0, r, ra) }
         r
     }
 }
@@ -251,7 +259,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size) };
-        if d.outer() { emit::vmm(Api::CuMemAddressFree, vmm::ADDRESS_FREE, p, size as u64, 0, 0, r, ra) }
+        if d.outer() { emit::vmm(&d, Api::CuMemAddressFree, vmm::ADDRESS_FREE, p, size as u64, 0, 0, r, ra) }
         r
     }
 }
@@ -262,7 +270,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(h, size, prop, flags) };
-        if d.outer() { emit::alloc(Api::CuMemCreate, mem::PHYSICAL, unsafe { out(h, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemCreate, mem::PHYSICAL, unsafe { out(h, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -275,7 +283,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, offset, h, flags) };
-        if d.outer() { emit::vmm(Api::CuMemMap, vmm::MAP, p, size as u64, h, offset as u64, r, ra) }
+        if d.outer() { emit::vmm(&d, Api::CuMemMap, vmm::MAP, p, size as u64, h, offset as u64, r, ra) }
         r
     }
 }
@@ -286,7 +294,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size) };
-        if d.outer() { emit::vmm(Api::CuMemUnmap, vmm::UNMAP, p, size as u64, 0, 0, r, ra) }
+        if d.outer() { emit::vmm(&d, Api::CuMemUnmap, vmm::UNMAP, p, size as u64, 0, 0, r, ra) }
         r
     }
 }
@@ -297,7 +305,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, desc, count) };
-        if d.outer() { emit::vmm(Api::CuMemSetAccess, vmm::SET_ACCESS, p, size as u64, 0, 0, r, ra) }
+        if d.outer() { emit::vmm(&d, Api::CuMemSetAccess, vmm::SET_ACCESS, p, size as u64, 0, 0, r, ra) }
         r
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use trace::Api;
 
-use crate::raw::{FuncKind, RawEvent, RawKind};
+use crate::raw::{Depth, FuncKind, RawEvent, RawKind};
 use crate::state;
 
 #[inline(always)]
@@ -17,11 +17,12 @@ fn guarded(f: impl FnOnce()) {
 
 /// An allocation call returned.
 #[inline]
-pub fn alloc(api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
+pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
     guarded(|| {
         state::record(RawEvent {
             kind: RawKind::Alloc as u8,
             api: api.code(),
+            tid: d.tid(),
             sub: mem,
             addr: if result == 0 { addr } else { 0 },
             size,
@@ -35,11 +36,12 @@ pub fn alloc(api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, 
 
 /// A free call returned.
 #[inline]
-pub fn free(api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
+pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
     guarded(|| {
         state::record(RawEvent {
             kind: RawKind::Free as u8,
             api: api.code(),
+            tid: d.tid(),
             sub: mem,
             addr,
             stream,
@@ -53,11 +55,12 @@ pub fn free(api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usiz
 /// A VMM call returned.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub fn vmm(api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, result: i32, caller: usize) {
+pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, result: i32, caller: usize) {
     guarded(|| {
         state::record(RawEvent {
             kind: RawKind::Vmm as u8,
             api: api.code(),
+            tid: d.tid(),
             sub: op,
             addr,
             size,
@@ -72,7 +75,18 @@ pub fn vmm(api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, res
 
 /// A launch returned.
 #[inline]
-pub fn launch(api: Api, func: FuncKind, f: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, result: i32) {
+#[allow(clippy::too_many_arguments)]
+pub fn launch(
+    d: &Depth,
+    api: Api,
+    func: FuncKind,
+    f: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    result: i32,
+) {
     guarded(|| {
         if !state::config().kernels {
             return;
@@ -80,6 +94,7 @@ pub fn launch(api: Api, func: FuncKind, f: u64, grid: [u32; 3], block: [u32; 3],
         state::record(RawEvent {
             kind: RawKind::Launch as u8,
             api: api.code(),
+            tid: d.tid(),
             sub: func as u8,
             aux: f,
             grid,
@@ -94,11 +109,12 @@ pub fn launch(api: Api, func: FuncKind, f: u64, grid: [u32; 3], block: [u32; 3],
 
 /// A pool trim returned.
 #[inline]
-pub fn trim(api: Api, pool: u64, keep: u64, result: i32) {
+pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
     guarded(|| {
         state::record(RawEvent {
             kind: RawKind::PoolTrim as u8,
             api: api.code(),
+            tid: d.tid(),
             addr: pool,
             size: keep,
             result,
@@ -115,7 +131,12 @@ pub fn marker(text: *const c_char) {
     guarded(|| {
         // Safety: the caller passes a NUL-terminated string (the C API contract).
         let owned = CString::from(unsafe { CStr::from_ptr(text) });
-        state::record(RawEvent { kind: RawKind::Marker as u8, aux: owned.into_raw() as u64, ..RawEvent::default() })
+        state::record(RawEvent {
+            kind: RawKind::Marker as u8,
+            tid: crate::raw::tid(),
+            aux: owned.into_raw() as u64,
+            ..RawEvent::default()
+        })
     })
 }
 

@@ -71,7 +71,7 @@ macro_rules! runtime_launch {
                 let d = Depth::enter();
                 let r = unsafe { real(f, g, b, args, shared, s) };
                 if d.outer() {
-                    emit::launch(Api::$api, FuncKind::HostStub, f as u64, g.arr(), b.arr(), shared as u32, s as u64, r)
+                    emit::launch(&d, Api::$api, FuncKind::HostStub, f as u64, g.arr(), b.arr(), shared as u32, s as u64, r)
                 }
                 r
             }
@@ -97,7 +97,7 @@ macro_rules! runtime_launch_ex {
                 let r = unsafe { real(cfg, f, args) };
                 if d.outer() && !cfg.is_null() {
                     let c = unsafe { &*cfg };
-                    emit::launch(Api::$api, FuncKind::HostStub, f as u64, c.grid.arr(), c.block.arr(), c.dynamic_smem as u32, c.stream as u64, r)
+                    emit::launch(&d, Api::$api, FuncKind::HostStub, f as u64, c.grid.arr(), c.block.arr(), c.dynamic_smem as u32, c.stream as u64, r)
                 }
                 r
             }
@@ -116,7 +116,7 @@ macro_rules! graph_launch {
             |real| {
                 let d = Depth::enter();
                 let r = unsafe { real(g, s) };
-                if d.outer() { emit::launch(Api::$api, FuncKind::Graph, g as u64, [0; 3], [0; 3], 0, s as u64, r) }
+                if d.outer() { emit::launch(&d, Api::$api, FuncKind::Graph, g as u64, [0; 3], [0; 3], 0, s as u64, r) }
                 r
             }
         }
@@ -139,7 +139,7 @@ macro_rules! driver_launch {
                 let d = Depth::enter();
                 let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) };
                 if d.outer() {
-                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
+                    emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
                 }
                 r
             }
@@ -161,7 +161,7 @@ macro_rules! driver_coop {
                 let d = Depth::enter();
                 let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params) };
                 if d.outer() {
-                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
+                    emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
                 }
                 r
             }
@@ -183,7 +183,7 @@ macro_rules! driver_launch_ex {
                 let r = unsafe { real(cfg, f, params, extra) };
                 if d.outer() && !cfg.is_null() {
                     let c = unsafe { &*cfg };
-                    emit::launch(Api::$api, FuncKind::CuFunction, f as u64, c.grid, c.block, c.shared, c.stream as u64, r)
+                    emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, c.grid, c.block, c.shared, c.stream as u64, r)
                 }
                 r
             }
@@ -215,4 +215,3 @@ pub const ALL: &[HookDesc] = &[
     cuLaunchKernelEx::DESC,
     cuLaunchKernelEx_ptsz::DESC,
 ];
-

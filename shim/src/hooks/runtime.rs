@@ -19,7 +19,11 @@ const NO_RUNTIME: c_int = 3;
 #[inline(always)]
 unsafe fn out(p: *mut *mut c_void, r: c_int) -> u64 {
     // Safety: checked non-null; the real call wrote it on success.
-    if r == 0 && !p.is_null() { unsafe { *p as u64 } } else { 0 }
+    if r == 0 && !p.is_null() {
+        unsafe { *p as u64 }
+    } else {
+        0
+    }
 }
 
 caller_hook! {
@@ -28,7 +32,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size) };
-        if d.outer() { emit::alloc(Api::CudaMalloc, mem::DEVICE, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaMalloc, mem::DEVICE, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -40,7 +44,7 @@ caller_hook! {
         let d = Depth::enter();
         let r = unsafe { real(p) };
         // cudaFree(NULL) is the idiomatic "initialise the context" call, not a free.
-        if d.outer() && !p.is_null() { emit::free(Api::CudaFree, mem::DEVICE, p as u64, 0, r, ra) }
+        if d.outer() && !p.is_null() { emit::free(&d, Api::CudaFree, mem::DEVICE, p as u64, 0, r, ra) }
         r
     }
 }
@@ -51,7 +55,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, s) };
-        if d.outer() { emit::alloc(Api::CudaMallocAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaMallocAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
         r
     }
 }
@@ -62,7 +66,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, s) };
-        if d.outer() { emit::free(Api::CudaFreeAsync, mem::DEVICE, p as u64, s as u64, r, ra) }
+        if d.outer() { emit::free(&d, Api::CudaFreeAsync, mem::DEVICE, p as u64, s as u64, r, ra) }
         r
     }
 }
@@ -73,7 +77,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, pool, s) };
-        if d.outer() { emit::alloc(Api::CudaMallocFromPoolAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaMallocFromPoolAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
         r
     }
 }
@@ -84,7 +88,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CudaMallocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaMallocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -95,7 +99,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size) };
-        if d.outer() { emit::alloc(Api::CudaMallocHost, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaMallocHost, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -106,7 +110,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CudaHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -117,7 +121,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p) };
-        if d.outer() { emit::free(Api::CudaFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
+        if d.outer() { emit::free(&d, Api::CudaFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
         r
     }
 }
@@ -128,7 +132,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p, size, flags) };
-        if d.outer() { emit::alloc(Api::CudaHostRegister, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CudaHostRegister, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
         r
     }
 }
@@ -139,7 +143,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p) };
-        if d.outer() { emit::free(Api::CudaHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
+        if d.outer() { emit::free(&d, Api::CudaHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
 }
@@ -152,7 +156,7 @@ caller_hook! {
         let r = unsafe { real(p, pitch, width, height) };
         if d.outer() {
             let pitch_v = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
-            emit::alloc(Api::CudaMallocPitch, mem::DEVICE, unsafe { out(p, r) }, (pitch_v * height) as u64, 0, r, ra)
+            emit::alloc(&d, Api::CudaMallocPitch, mem::DEVICE, unsafe { out(p, r) }, (pitch_v * height) as u64, 0, r, ra)
         }
         r
     }
@@ -164,7 +168,7 @@ caller_hook! {
     |real, _ra| {
         let d = Depth::enter();
         let r = unsafe { real(pool, keep) };
-        if d.outer() { emit::trim(Api::CudaMemPoolTrimTo, pool as u64, keep as u64, r) }
+        if d.outer() { emit::trim(&d, Api::CudaMemPoolTrimTo, pool as u64, keep as u64, r) }
         r
     }
 }
@@ -183,7 +187,7 @@ plain_hook! {
     |real| {
         let d = Depth::enter();
         let r = unsafe { real(p, h, flags) };
-        if d.outer() { emit::alloc(Api::CudaIpcOpenMemHandle, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
+        if d.outer() { emit::alloc(&d, Api::CudaIpcOpenMemHandle, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
         r
     }
 }
@@ -194,7 +198,7 @@ caller_hook! {
     |real, ra| {
         let d = Depth::enter();
         let r = unsafe { real(p) };
-        if d.outer() { emit::free(Api::CudaIpcCloseMemHandle, mem::IPC_IMPORT, p as u64, 0, r, ra) }
+        if d.outer() { emit::free(&d, Api::CudaIpcCloseMemHandle, mem::IPC_IMPORT, p as u64, 0, r, ra) }
         r
     }
 }

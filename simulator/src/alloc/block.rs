@@ -139,35 +139,82 @@ impl std::ops::IndexMut<u32> for Arena {
     }
 }
 
-/// One `BlockPool`: free mapped blocks ordered by (stream, size, addr) and, for expandable
-/// segments, unmapped ranges ordered by (stream, addr).
+/// Key of a free block within one stream: ordered by size, then address.
+#[inline]
+pub(super) fn key(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
+
+/// Size and address back from a [`key`].
+#[inline]
+pub(super) fn unkey(k: u128) -> (u64, u64) {
+    ((k >> 64) as u64, k as u64)
+}
+
+/// One stream's share of a pool.
+#[derive(Debug, Clone)]
+pub(super) struct StreamPool {
+    pub stream: i64,
+    /// Free mapped blocks by [`key`].
+    pub blocks: BTreeMap<u128, u32>,
+    /// Unmapped ranges of expandable segments by address.
+    pub unmapped: BTreeMap<u64, u32>,
+}
+
+/// One `BlockPool`. PyTorch orders free blocks by (stream, size, addr) in one set; keeping one
+/// map per stream (streams sorted) gives the same order with cheaper keys.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Pool {
-    pub blocks: BTreeMap<(i64, u64, u64), u32>,
-    pub unmapped: BTreeMap<(i64, u64), u32>,
+    pub streams: Vec<StreamPool>,
     /// `get_free_blocks_call_count`, counted only while GC is active.
     pub free_calls: u64,
 }
 
 impl Pool {
+    #[inline]
+    pub fn of(&self, stream: i64) -> Option<&StreamPool> {
+        self.streams.iter().find(|s| s.stream == stream)
+    }
+
+    #[inline]
+    fn of_mut(&mut self, stream: i64) -> &mut StreamPool {
+        let pos = match self.streams.iter().position(|s| s.stream == stream) {
+            Some(p) => p,
+            None => {
+                let at = self.streams.partition_point(|s| s.stream < stream);
+                self.streams.insert(at, StreamPool { stream, blocks: BTreeMap::new(), unmapped: BTreeMap::new() });
+                at
+            }
+        };
+        &mut self.streams[pos]
+    }
+
     /// Adds a free block to the set matching its mapped flag.
     pub fn insert(&mut self, arena: &mut Arena, i: u32) {
+        let calls = self.free_calls;
         let b = &mut arena[i];
+        let sp = self.of_mut(b.stream);
         if b.mapped {
-            b.gc_base = self.free_calls;
-            self.blocks.insert((b.stream, b.size, b.addr), i);
+            b.gc_base = calls;
+            sp.blocks.insert(key(b.size, b.addr), i);
         } else {
-            self.unmapped.insert((b.stream, b.addr), i);
+            sp.unmapped.insert(b.addr, i);
         }
     }
 
     /// Removes a free block from the set matching its mapped flag.
     pub fn remove(&mut self, arena: &Arena, i: u32) {
         let b = &arena[i];
+        let sp = self.of_mut(b.stream);
         if b.mapped {
-            self.blocks.remove(&(b.stream, b.size, b.addr));
+            sp.blocks.remove(&key(b.size, b.addr));
         } else {
-            self.unmapped.remove(&(b.stream, b.addr));
+            sp.unmapped.remove(&b.addr);
         }
+    }
+
+    /// Every free mapped block in (stream, size, addr) order.
+    pub fn all_blocks(&self) -> Vec<u32> {
+        self.streams.iter().flat_map(|s| s.blocks.values().copied()).collect()
     }
 }

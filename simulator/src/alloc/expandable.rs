@@ -40,10 +40,8 @@ impl Allocator {
     /// unmapped space, else a new reservation.
     fn find_expandable_block(&mut self, small: bool, stream: i64, size: u64, recorded: Option<u64>) -> Option<u32> {
         let p = pool_of(small);
-        for (&(s, _), &u) in self.pools[p].unmapped.range((stream, 0)..) {
-            if s != stream {
-                break;
-            }
+        let unmapped = self.pools[p].of(stream).map(|sp| sp.unmapped.values());
+        for &u in unmapped.into_iter().flatten() {
             let prev = self.arena[u].prev;
             let start = if self.allocatable(prev) { prev } else { u };
             let (mut bytes, mut b) = (0u64, start);

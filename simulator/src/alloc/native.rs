@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use hashbrown::HashMap;
 
-use super::block::{Arena, Block, Pool, State, NIL};
+use super::block::{key, unkey, Arena, Block, Pool, State, NIL};
 use super::config::AllocatorConfig;
 use super::request::{DeviceEvent, OomInfo, Outcome, ReplayError, Request};
 use super::rounding::{get_allocation_size, is_small, round_size, K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
@@ -275,20 +275,14 @@ impl Allocator {
         if self.gc_active() {
             self.pools[p].free_calls += 1;
         }
-        let pool = &self.pools[p];
-        let mut it = pool.blocks.range((stream, size, 0)..);
-        let (&(s, _, _), &first) = it.next()?;
-        if s != stream {
-            return None;
-        }
+        let sp = self.pools[p].of(stream)?;
+        let mut it = sp.blocks.range(key(size, 0)..);
+        let (_, &first) = it.next()?;
         let mut cand = first;
         if self.arena[cand].expandable {
             if self.cfg.expandable_segments {
-                for (&(s, _, _), &next) in it {
-                    if !self.arena[cand].expandable
-                        || s != stream
-                        || self.expandable_size(next) >= self.expandable_size(cand)
-                    {
+                for (_, &next) in it {
+                    if !self.arena[cand].expandable || self.expandable_size(next) >= self.expandable_size(cand) {
                         break;
                     }
                     cand = next;
@@ -296,10 +290,7 @@ impl Allocator {
             } else {
                 // Expandable segments were switched off: only non-expandable blocks qualify.
                 loop {
-                    let (&(s, _, _), &next) = it.next()?;
-                    if s != stream {
-                        return None;
-                    }
+                    let (_, &next) = it.next()?;
                     if !self.arena[next].expandable {
                         cand = next;
                         break;
@@ -525,11 +516,11 @@ impl Allocator {
             return false;
         }
         let key = size.max(msp);
-        let pool = &self.pools[pool_of(small)];
-        let hit = pool.blocks.range((stream, key, 0)..).next().map(|(&(s, _, _), &i)| (s, i));
+        let Some(sp) = self.pools[pool_of(small)].of(stream) else { return false };
+        let hit = sp.blocks.range(super::block::key(key, 0)..).next().map(|(_, &i)| i);
         let skip_expandable = self.version >= TorchVersion::V2_5;
         match hit {
-            Some((s, i)) if s == stream && !(skip_expandable && self.arena[i].expandable) => {
+            Some(i) if !(skip_expandable && self.arena[i].expandable) => {
                 if !self.releasable(i) {
                     return false;
                 }
@@ -540,8 +531,9 @@ impl Allocator {
                 // No single block is large enough: free oversize blocks, largest first.
                 let mut victims = Vec::new();
                 let mut total = 0u64;
-                for (&(s, bsize, _), &i) in pool.blocks.range(..(stream, key, 0)).rev() {
-                    if total >= key || bsize < msp || s != stream {
+                for (&k, &i) in sp.blocks.range(..super::block::key(key, 0)).rev() {
+                    let (bsize, _) = unkey(k);
+                    if total >= key || bsize < msp {
                         break;
                     }
                     if self.releasable(i) {
@@ -564,8 +556,7 @@ impl Allocator {
         self.process_events(out);
         for p in [LARGE, SMALL] {
             let mut to_unmap = Vec::new();
-            let order: Vec<u32> = self.pools[p].blocks.values().copied().collect();
-            for i in order {
+            for i in self.pools[p].all_blocks() {
                 if self.arena[i].expandable {
                     to_unmap.push(i);
                 } else if !self.arena[i].is_split() {
@@ -596,7 +587,7 @@ impl Allocator {
         let age = |b: &Block| calls - b.gc_base;
         let mut total_age = 0u64;
         let mut freeable = 0u64;
-        for &i in self.pools[LARGE].blocks.values() {
+        for i in self.pools[LARGE].all_blocks() {
             if !self.arena[i].is_split() {
                 total_age += age(&self.arena[i]);
                 freeable += 1;
@@ -607,8 +598,7 @@ impl Allocator {
         while reclaimed < target && freed_any && freeable > 0 {
             let threshold_age = total_age as f64 / freeable as f64;
             freed_any = false;
-            let order: Vec<u32> = self.pools[LARGE].blocks.values().copied().collect();
-            for i in order {
+            for i in self.pools[LARGE].all_blocks() {
                 let b = &self.arena[i];
                 if self.releasable(i) && age(b) as f64 >= threshold_age {
                     freed_any = true;
@@ -624,16 +614,9 @@ impl Allocator {
     /// Size of the largest free mapped block in any pool and stream.
     pub fn largest_free_block(&self) -> u64 {
         let mut best = 0;
-        for pool in &self.pools {
-            let mut upper: Option<i64> = None;
-            loop {
-                let last = match upper {
-                    None => pool.blocks.keys().next_back(),
-                    Some(s) => pool.blocks.range(..(s, 0, 0)).next_back().map(|(k, _)| k),
-                };
-                let Some(&(s, size, _)) = last else { break };
-                best = best.max(size);
-                upper = Some(s);
+        for sp in self.pools.iter().flat_map(|p| &p.streams) {
+            if let Some(&k) = sp.blocks.keys().next_back() {
+                best = best.max(unkey(k).0);
             }
         }
         best

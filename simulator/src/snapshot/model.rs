@@ -245,16 +245,25 @@ impl<'a> Reader<'a> {
         }
     }
 
+    // Field paths are formatted only on error: building them eagerly dominated parse time.
+    fn int_of(&self, v: ValueId, path: &str, key: &str) -> Result<i128, SnapshotError> {
+        match self.p.get(v) {
+            PickleValue::Int(i) => Ok(*i),
+            PickleValue::Bool(b) => Ok(*b as i128),
+            _ => Err(self.bad(&format!("{path}.{key}"), "an int", v)),
+        }
+    }
+
     fn u64_field(&self, obj: ValueId, path: &str, key: &str) -> Result<u64, SnapshotError> {
-        let field = format!("{path}.{key}");
         let v = self.req(obj, path, key, "a non-negative int")?;
-        u64::try_from(self.int(v, &field)?).map_err(|_| self.bad(&field, "a non-negative int below 2^64", v))
+        u64::try_from(self.int_of(v, path, key)?)
+            .map_err(|_| self.bad(&format!("{path}.{key}"), "a non-negative int below 2^64", v))
     }
 
     fn i64_field(&self, obj: ValueId, path: &str, key: &str) -> Result<i64, SnapshotError> {
-        let field = format!("{path}.{key}");
         let v = self.req(obj, path, key, "an int")?;
-        i64::try_from(self.int(v, &field)?).map_err(|_| self.bad(&field, "an int in the i64 range", v))
+        i64::try_from(self.int_of(v, path, key)?)
+            .map_err(|_| self.bad(&format!("{path}.{key}"), "an int in the i64 range", v))
     }
 
     fn opt_u64(&self, obj: ValueId, path: &str, key: &str) -> Result<Option<u64>, SnapshotError> {
@@ -266,11 +275,10 @@ impl<'a> Reader<'a> {
     }
 
     fn str_field(&self, obj: ValueId, path: &str, key: &str) -> Result<&'a str, SnapshotError> {
-        let field = format!("{path}.{key}");
         let v = self.req(obj, path, key, "a str")?;
         match self.p.get(v) {
             PickleValue::Str(s) => Ok(s),
-            _ => Err(self.bad(&field, "a str", v)),
+            _ => Err(self.bad(&format!("{path}.{key}"), "a str", v)),
         }
     }
 
@@ -446,28 +454,46 @@ impl<'a> Reader<'a> {
         }
         let r = match self.p.get(f) {
             PickleValue::None => None,
-            _ => {
-                let field = format!("{path}.frames");
-                let items = self.list(f, &field)?;
-                {
-                    let mut frames = Vec::with_capacity(items.len());
-                    for (i, fr) in items.iter().enumerate() {
-                        let fp = format!("{field}[{i}]");
-                        let lv = self.req(*fr, &fp, "line", "an int")?;
-                        let line = self.int(lv, &format!("{fp}.line"))?;
-                        frames.push(Frame {
-                            filename: self.str_field(*fr, &fp, "filename")?.to_string(),
-                            line: frame_line(line),
-                            name: self.str_field(*fr, &fp, "name")?.to_string(),
-                        });
-                    }
-                    self.stacks.push(frames);
-                    Some((self.stacks.len() - 1) as StackRef)
+            PickleValue::List(items) => {
+                let mut frames = Vec::with_capacity(items.len());
+                for (i, fr) in items.iter().enumerate() {
+                    frames.push(self.frame(*fr).map_or_else(|| self.frame_error(*fr, path, i), Ok)?);
                 }
+                self.stacks.push(frames);
+                Some((self.stacks.len() - 1) as StackRef)
             }
+            _ => return Err(self.bad(&format!("{path}.frames"), "a list of frames", f)),
         };
         self.interned.insert(f, r);
         Ok(r)
+    }
+}
+
+impl Reader<'_> {
+    /// A well-formed frame dict; None sends the caller to [`Reader::frame_error`].
+    fn frame(&self, fr: ValueId) -> Option<Frame> {
+        let text = |key| match self.p.get(self.p.dict_get(fr, key)?) {
+            PickleValue::Str(s) => Some(s.to_string()),
+            _ => None,
+        };
+        let line = match self.p.get(self.p.dict_get(fr, "line")?) {
+            PickleValue::Int(i) => *i,
+            _ => return None,
+        };
+        Some(Frame { filename: text("filename")?, line: frame_line(line), name: text("name")? })
+    }
+
+    /// The error for a malformed frame, naming the first bad field.
+    fn frame_error(&self, fr: ValueId, path: &str, i: usize) -> Result<Frame, SnapshotError> {
+        let fp = format!("{path}.frames[{i}]");
+        if !matches!(self.p.get(fr), PickleValue::Dict(_)) {
+            return Err(self.bad(&fp, "a dict (frame)", fr));
+        }
+        let lv = self.req(fr, &fp, "line", "an int")?;
+        self.int_of(lv, &fp, "line")?;
+        self.str_field(fr, &fp, "filename")?;
+        self.str_field(fr, &fp, "name")?;
+        Err(self.bad(&fp, "a frame with name, filename and line", fr))
     }
 }
 

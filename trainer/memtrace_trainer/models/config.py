@@ -56,7 +56,9 @@ class ModelConfig:
     def validate(self) -> None:
         problems = self.problems()
         if problems:
-            raise InvalidConfig(f"invalid {self.family} config {self.to_json()}: " + "; ".join(problems))
+            raise InvalidConfig(
+                f"invalid {self.family} config {self.to_json()}: " + "; ".join(problems)
+            )
 
     def build(self) -> nn.Module:
         raise NotImplementedError
@@ -88,12 +90,16 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
     data = dict(data)
     family = data.pop("family", None)
     if family not in classes:
-        raise InvalidConfig(f"config field 'family' is {family!r}: expected one of {sorted(classes)}")
+        raise InvalidConfig(
+            f"config field 'family' is {family!r}: expected one of {sorted(classes)}"
+        )
     cls = classes[family]
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise InvalidConfig(f"{family} config has unknown fields {unknown}: expected {sorted(names)}")
+        raise InvalidConfig(
+            f"{family} config has unknown fields {unknown}: expected {sorted(names)}"
+        )
     try:
         config = cls(**data)
     except TypeError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ class DLRMConfig:
 
 def _mlp(widths: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths, widths[1:], strict=False)):
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
         layers.append(nn.Linear(a, b))
         if i < len(widths) - 2:
             layers.append(nn.ReLU())

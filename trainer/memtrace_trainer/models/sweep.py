@@ -1,14 +1,14 @@
 """YAML sweep files: ranges per field and a count; uniform, seeded sampling.
 
-    family: mlp            # mlp | cnn | transformer
-    count: 100
-    seed: 99
-    fields:
-      input_size: {min: 4, max: 4096}        # integers, both ends included
-      dropout: {min: 0.1, max: 0.5}          # floats when either end is a float
-      architecture: [pyramid, uniform]       # a list: uniform choice
-      output_size: {min: 1, max_ratio: 0.25, of: input_size}   # up to ratio x another field
-      batchnorm: true                        # anything else: fixed
+family: mlp            # mlp | cnn | transformer
+count: 100
+seed: 99
+fields:
+  input_size: {min: 4, max: 4096}        # integers, both ends included
+  dropout: {min: 0.1, max: 0.5}          # floats when either end is a float
+  architecture: [pyramid, uniform]       # a list: uniform choice
+  output_size: {min: 1, max_ratio: 0.25, of: input_size}   # up to ratio x another field
+  batchnorm: true                        # anything else: fixed
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
         except InvalidConfig as e:
             rejected += 1
             if rejected >= MAX_REJECTIONS:
-                raise UserError(f"{source}: {MAX_REJECTIONS} draws in a row were infeasible; last: {e}") from None
+                raise UserError(
+                    f"{source}: {MAX_REJECTIONS} draws in a row were infeasible; last: {e}"
+                ) from None
     return configs
 
 

@@ -69,7 +69,9 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def _synthetic(spec: str, config: ModelConfig, batch: int, shape: tuple[int, ...] | None) -> Workload:
+def _synthetic(
+    spec: str, config: ModelConfig, batch: int, shape: tuple[int, ...] | None
+) -> Workload:
     with META:
         model = config.build()
     if config.family == "transformer":
@@ -162,7 +164,9 @@ def build_workload(
         try:
             data = json.loads(name)
         except json.JSONDecodeError as e:
-            raise UserError(f"spec {spec!r}: the config after `synthetic:` is not JSON ({e})") from None
+            raise UserError(
+                f"spec {spec!r}: the config after `synthetic:` is not JSON ({e})"
+            ) from None
         if not isinstance(data, dict):
             raise UserError(f"spec {spec!r}: expected a JSON object after `synthetic:`")
         return _synthetic(spec, from_dict(data), batch_size, shape)
@@ -185,7 +189,9 @@ def load_entry(entry: str, batch_size: int) -> Workload:
     func: Callable[..., Any] | None = getattr(module, func_name, None)
     if not callable(func):
         raise UserError(f"--entry {entry!r}: {module_name} has no function {func_name!r}")
-    kwargs = {"batch_size": batch_size} if "batch_size" in inspect.signature(func).parameters else {}
+    kwargs = (
+        {"batch_size": batch_size} if "batch_size" in inspect.signature(func).parameters else {}
+    )
     with META:
         result = func(**kwargs)
     if not isinstance(result, tuple) or len(result) != 3:

@@ -54,7 +54,11 @@ class Autocast(TorchFunctionMode):
         return value
 
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         if func in LOWER:

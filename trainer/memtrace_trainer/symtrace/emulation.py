@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.recorder import Recorder
@@ -58,7 +57,7 @@ class Workspaces:
         elif func is aten.convolution.default:
             self._conv(rec, args[0], out)
         elif func is aten.convolution_backward.default:
-            grad_out, inp, weight = args[0], args[1], args[2]
+            grad_out, inp, _weight = args[0], args[1], args[2]
             mask = args[-1]
             # One cuDNN call, with its own workspace, per requested direction.
             if mask[0]:
@@ -96,27 +95,36 @@ def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str
     return "math"
 
 
-class CudaFunctions(TorchFunctionMode):
-    """Re-routes SDPA to the CUDA backend and dropout to the fused kernel with a bool mask."""
+class CudaFunctions:
+    """Re-routes SDPA to the CUDA backend and dropout to the fused kernel with a bool mask.
+
+    The functions are swapped in `torch.nn.functional` for the duration of the trace rather than
+    intercepted by a function mode, because composite functions such as
+    `multi_head_attention_forward` run their bodies with function modes popped."""
 
     def __init__(self, profile: Profile) -> None:
-        super().__init__()
         self.profile = profile
         self.backends: dict[str, int] = {}
+        self._saved: tuple[Any, Any] | None = None
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return self._sdpa(*args, **kwargs)
-        if func is F.dropout and args and isinstance(args[0], torch.Tensor):
-            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-            training = kwargs.get("training", args[2] if len(args) > 2 else True)
-            inplace = kwargs.get("inplace", args[3] if len(args) > 3 else False)
+    def __enter__(self) -> CudaFunctions:
+        sdpa, dropout = F.scaled_dot_product_attention, F.dropout
+        self._saved = (sdpa, dropout)
+
+        def fused_dropout(
+            input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+        ) -> torch.Tensor:
             if training and 0 < p < 1 and not inplace:
-                return torch.native_dropout(args[0], p, True)[0]
-        return func(*args, **kwargs)
+                return torch.native_dropout(input, p, True)[0]
+            return dropout(input, p, training, inplace)
+
+        F.scaled_dot_product_attention = self._sdpa
+        F.dropout = fused_dropout
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._saved is not None
+        F.scaled_dot_product_attention, F.dropout = self._saved
 
     def _sdpa(
         self,
@@ -149,6 +157,7 @@ class CudaFunctions(TorchFunctionMode):
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, bias, need_lse, dropout_p, is_causal, scale=scale
             )[0]
-        return F.scaled_dot_product_attention(
+        assert self._saved is not None
+        return self._saved[0](
             q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )

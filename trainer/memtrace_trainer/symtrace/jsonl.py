@@ -51,7 +51,10 @@ def memsim_binary() -> Path:
     on_path = shutil.which("memsim")
     if on_path:
         candidates.append(Path(on_path))
-    candidates += [REPO_ROOT / "target" / "release" / "memsim", REPO_ROOT / "target" / "debug" / "memsim"]
+    candidates += [
+        REPO_ROOT / "target" / "release" / "memsim",
+        REPO_ROOT / "target" / "debug" / "memsim",
+    ]
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c

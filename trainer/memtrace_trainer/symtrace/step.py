@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.autocast import Autocast
-from memtrace_trainer.symtrace.emulation import CudaFunctions, Workspaces
+from memtrace_trainer.symtrace.emulation import CudaFunctions
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload, call_model
 

@@ -43,14 +43,18 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
     return Summary(len(events), allocs, frees, peak, live, dict(sorted(by_cat.items())))
 
 
-def trace(workload: Workload, cfg: step.StepConfig, profile: Profile) -> tuple[Recorder, dict[str, Any]]:
+def trace(
+    workload: Workload, cfg: step.StepConfig, profile: Profile
+) -> tuple[Recorder, dict[str, Any]]:
     hooks = [Workspaces(profile)] if cfg.cuda_emulation else []
     rec = Recorder(hooks)
     emulated = step.run(workload, cfg, profile, rec)
     return rec, emulated
 
 
-def metadata(workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]) -> dict[str, str]:
+def metadata(
+    workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]
+) -> dict[str, str]:
     meta = {
         "model": workload.spec,
         "batch_size": str(workload.batch_size),
@@ -65,13 +69,13 @@ def metadata(workload: Workload, cfg: step.StepConfig, profile: Profile, extra: 
         "torch": torch.__version__,
     }
     if extra.get("sdpa_backends"):
-        meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items()))
+        meta["sdpa_backends"] = ",".join(
+            f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items())
+        )
     return meta
 
 
-def trace_to_file(
-    workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path
-) -> Summary:
+def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path) -> Summary:
     rec, extra = trace(workload, cfg, profile)
     summary = summarize(rec.events)
     jsonl.write(out, jsonl.lines(rec.events, metadata(workload, cfg, profile, extra)))

@@ -1,1 +1,47 @@
-fn main() {}
+//! memest: estimate a training job's GPU memory with every estimator, compare estimators on
+//! measured runs, and calibrate GPU profiles.
+
+mod calibrate;
+mod compare;
+mod estimate;
+
+use clap::{Parser, Subcommand};
+
+/// Estimate how much GPU memory a training job needs.
+///
+/// Estimators: `symbolic` (meta-device trace replayed through memsim's model of PyTorch's caching
+/// allocator, plus the GPU profile's memory outside the allocator), `analytic` (closed form),
+/// `horus` (the Horus formula as GPUMemNet implemented it), `fake_tensor` (the FakeTensor
+/// baseline: live bytes of forward and backward, no optimizer, no allocator), `live_peak` (our
+/// trace's live bytes without the allocator model) and `ml` (GPUMemNet-style models).
+#[derive(Parser)]
+#[command(name = "memest", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every estimator's answer for one job (a symbolic trace plus its features), in MiB.
+    Estimate(estimate::Args),
+    /// Run every estimator on a dataset of measured runs and report metrics, tables and plots.
+    Compare(compare::Args),
+    /// Fit a profile's outside-allocator constants (context, cuBLAS, cuDNN) on measured runs.
+    Calibrate(calibrate::Args),
+}
+
+fn run() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Estimate(a) => estimate::run(a),
+        Command::Compare(a) => compare::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,163 @@
+//! Closed-form estimators: `horus` exactly as GPUMemNet implemented the Horus baseline, and
+//! `analytic`, a closed form that also counts what Horus leaves out.
+
+use std::str::FromStr;
+
+use serde::Serialize;
+use simulator::profile::Profile;
+
+use crate::features::Features;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Horus as GPUMemNet implements it (`Test_Pipeline/01-mlp4cnn.py`): `4·(A·B + P + B·P)` bytes,
+/// with A activations per sample, B the batch size and P the parameters. The gradient term is
+/// scaled by the batch size, as published; reproducing the baseline means keeping that.
+pub fn horus_bytes(activations: u64, batch: u64, parameters: u64) -> u128 {
+    let (a, b, p) = (activations as u128, batch as u128, parameters as u128);
+    4 * (a * b + p + b * p)
+}
+
+/// Optimizer, for the number of fp32 state slots per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Optimizer {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one buffer.
+    SgdMomentum,
+    /// Adam: exp_avg and exp_avg_sq.
+    Adam,
+    /// AdamW: as Adam.
+    AdamW,
+    /// Adagrad: one sum.
+    Adagrad,
+    /// RMSprop: square_avg.
+    RmsProp,
+}
+
+impl Optimizer {
+    /// State tensors the size of the parameters.
+    pub fn state_slots(self) -> u64 {
+        match self {
+            Optimizer::Sgd => 0,
+            Optimizer::SgdMomentum | Optimizer::Adagrad | Optimizer::RmsProp => 1,
+            Optimizer::Adam | Optimizer::AdamW => 2,
+        }
+    }
+}
+
+impl FromStr for Optimizer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "sgd" => Optimizer::Sgd,
+            "sgd-momentum" | "sgd_momentum" | "momentum" => Optimizer::SgdMomentum,
+            "adam" => Optimizer::Adam,
+            "adamw" => Optimizer::AdamW,
+            "adagrad" => Optimizer::Adagrad,
+            "rmsprop" => Optimizer::RmsProp,
+            other => {
+                return Err(format!("unknown optimizer {other:?}: expected adam, adamw, sgd, sgd-momentum, adagrad or rmsprop"))
+            }
+        })
+    }
+}
+
+/// Numeric precision of the training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Precision {
+    /// Everything fp32.
+    Fp32,
+    /// Autocast to bf16 or fp16: activations in half precision, fp32 master weights, and a half
+    /// copy of each weight cached by autocast for the step.
+    Amp,
+}
+
+impl FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" | "none" | "" => Ok(Precision::Fp32),
+            "bf16" | "fp16" | "amp" => Ok(Precision::Amp),
+            other => Err(format!("unknown precision {other:?}: expected fp32, bf16 or fp16")),
+        }
+    }
+}
+
+/// The analytic estimate and its terms, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AnalyticEstimate {
+    /// Weights, fp32.
+    pub weights: u64,
+    /// Gradients, fp32.
+    pub gradients: u64,
+    /// Optimizer state.
+    pub optimizer_state: u64,
+    /// Activations saved for backward, at batch B.
+    pub activations: u64,
+    /// Half-precision weight copies under AMP.
+    pub amp_weight_copies: u64,
+    /// cuBLAS workspace through the allocator (when any GEMM runs).
+    pub workspace: u64,
+    /// The allocator level (what `max_memory_reserved` would show).
+    pub reserved: u64,
+    /// Reserved plus the profile's memory outside the allocator (what nvidia-smi would show).
+    pub device: u64,
+}
+
+/// Bytes a tensor of `bytes` holds in the caching allocator: 512-B rounding, and requests above
+/// 1 MiB come from segments rounded to 2 MiB (c10's `kRoundLarge`), which stay reserved.
+pub fn allocator_bytes(bytes: u64) -> u64 {
+    let r = bytes.div_ceil(512) * 512;
+    if r > MIB {
+        r.div_ceil(2 * MIB) * 2 * MIB
+    } else {
+        r
+    }
+}
+
+/// The analytic closed form: per-layer parameter, gradient and optimizer tensors and per-layer
+/// activations × batch, each rounded as the allocator would, plus the profile's workspace and
+/// outside-allocator memory. Peak is taken at the second iteration's backward, when weights,
+/// optimizer state, gradients and saved activations all coexist.
+pub fn analytic(f: &Features, batch: u64, optimizer: Optimizer, precision: Precision, profile: &Profile) -> AnalyticEstimate {
+    let act_bytes = match precision {
+        Precision::Fp32 => 4,
+        Precision::Amp => 2,
+    };
+    let mut weights = 0;
+    let mut activations = 0;
+    let mut amp = 0;
+    if f.layers.is_empty() {
+        weights = allocator_bytes(4 * f.total_parameters);
+        activations = allocator_bytes(act_bytes * f.total_activations * batch);
+        if precision == Precision::Amp {
+            amp = allocator_bytes(2 * f.total_parameters);
+        }
+    }
+    for l in &f.layers {
+        if l.parameters > 0 {
+            weights += allocator_bytes(4 * l.parameters);
+            if precision == Precision::Amp {
+                amp += allocator_bytes(2 * l.parameters);
+            }
+        }
+        activations += allocator_bytes(act_bytes * l.activations * batch);
+    }
+    let gradients = weights;
+    let optimizer_state = weights * optimizer.state_slots();
+    let uses_gemm = f.uses_gemm();
+    let workspace = if uses_gemm { profile.cublas_workspace_bytes() } else { 0 };
+    let reserved = weights + gradients + optimizer_state + activations + amp + workspace;
+    let device = reserved + profile.outside_allocator_bytes(uses_gemm, f.uses_conv());
+    AnalyticEstimate {
+        weights,
+        gradients,
+        optimizer_state,
+        activations,
+        amp_weight_copies: amp,
+        workspace,
+        reserved,
+        device,
+    }
+}

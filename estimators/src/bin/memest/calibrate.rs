@@ -1,0 +1,102 @@
+//! `memest calibrate`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use estimators::calibrate::{fit, rewrite_profile, split, CalRun};
+use estimators::compare::RunRecord;
+use estimators::error::write_atomic;
+use simulator::profile::Profile;
+
+#[derive(clap::Args)]
+#[command(after_help = "RUNS are runs.jsonl files written by `memest compare` (measured device peak and the \
+symbolic reserved prediction of each run). MLP runs (GEMMs, no convolutions) fit context+cublas; convolutional \
+runs then fit cudnn. A seeded share of the runs is held out and the error before/after is reported on it.\n\
+Example: memest calibrate out/mlp/runs.jsonl out/cnn/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
+pub struct Args {
+    /// runs.jsonl files from `memest compare`.
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    /// The profile to start from (its constants are the priors).
+    #[arg(long, default_value = "a100-40gb")]
+    profile: String,
+    /// Fraction of runs held out for evaluation.
+    #[arg(long, default_value_t = 0.3)]
+    test_fraction: f64,
+    /// Seed of the train/test split.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Weighted quantile of the residuals to fit (0.5 = median; higher = fewer underestimates).
+    #[arg(long, default_value_t = 0.5)]
+    quantile: f64,
+    /// Write the calibrated profile here (atomically); otherwise only report the fit.
+    #[arg(long)]
+    write: Option<PathBuf>,
+    /// Licence of the runs' data, recorded in the profile's provenance.
+    #[arg(long, default_value = "CC BY-NC 4.0 (GPUMemNet datasets)")]
+    data_licence: String,
+    /// Print the fit as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if !(0.0..1.0).contains(&a.test_fraction) {
+        anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
+    }
+    let (profile, ppath) = Profile::load(&a.profile)?;
+    let mut runs = Vec::new();
+    for f in &a.runs {
+        let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let r: RunRecord = serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1))?;
+            runs.extend(CalRun::from_record(&r));
+        }
+    }
+    let (train, test) = split(&runs, a.test_fraction, a.seed);
+    let total = profile.gpu.total_memory as f64;
+    let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&fit)?);
+    } else {
+        let o = &fit.outside;
+        println!("runs with truth and a symbolic estimate: {} (train {}, test {})", runs.len(), train.len(), test.len());
+        println!("fitted on {} MLP runs and {} convolutional runs (weighted quantile {})", fit.train_mlp, fit.train_conv, a.quantile);
+        println!("context_mib {:.1}  cublas_mib {:.1}  cudnn_mib {:.1}", o.context_mib, o.cublas_mib, o.cudnn_mib);
+        for n in &fit.notes {
+            println!("note: {n}");
+        }
+        let pct = |v: Option<f64>| v.map_or("-".into(), |x| format!("{:.2}%", x * 100.0));
+        println!("held-out MRE: before {} after {}", pct(fit.before.mre), pct(fit.after.mre));
+        println!("held-out underestimates: before {} after {}", pct(fit.before.under_fraction), pct(fit.after.under_fraction));
+    }
+    if let Some(out) = &a.write {
+        let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
+        let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{:.2}%", x * 100.0));
+        let provenance = vec![
+            ("fitted_by".to_string(), "memest calibrate".to_string()),
+            ("runs".to_string(), a.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+            ("data_licence".to_string(), a.data_licence.clone()),
+            (
+                "method".to_string(),
+                format!(
+                    "weighted quantile {} (weights 1/truth) of truth - symbolic reserved; context+cublas from {} MLP runs, cudnn from {} convolutional runs; split seed {}, test fraction {}",
+                    a.quantile, fit.train_mlp, fit.train_conv, a.seed, a.test_fraction
+                ),
+            ),
+            ("notes".to_string(), fit.notes.join("; ")),
+            ("held_out_runs".to_string(), fit.test.to_string()),
+            ("held_out_mre_before".to_string(), pct(fit.before.mre)),
+            ("held_out_mre_after".to_string(), pct(fit.after.mre)),
+            ("held_out_under_before".to_string(), pct(fit.before.under_fraction)),
+            ("held_out_under_after".to_string(), pct(fit.after.under_fraction)),
+        ];
+        let new_text = rewrite_profile(&text, &fit.outside, &provenance);
+        // The rewritten profile must load, or nothing is written.
+        Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;
+        write_atomic(out, new_text.as_bytes())?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! `memest compare`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use estimators::analytic::{Optimizer, Precision};
+use estimators::compare::{aggregate, evaluate_row, EvalContext, RunRecord};
+use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow};
+use estimators::error::write_atomic;
+use estimators::rebuild::{python, trace_batch, TraceJob, TraceResult};
+use estimators::symbolic::profile_version;
+use estimators::{plots, report};
+use indicatif::{ProgressBar, ProgressStyle};
+use simulator::profile::Profile;
+
+#[derive(clap::Args)]
+#[command(after_help = "Writes into --out: report.md, metrics.json, runs.csv, runs.jsonl (input of `memest \
+calibrate`), plots (*.svg, *.png) and traces/ (the rebuilt symbolic traces).\n\
+Example: memest compare --dataset ../shared/data/gpumemnet/mlp_data_step2.csv --limit 200 --seed 1 --out out/cmp")]
+pub struct Args {
+    /// GPUMemNet-format CSV of measured runs (repeatable); the trainer rebuilds each row's model.
+    #[arg(long, required = true)]
+    dataset: Vec<PathBuf>,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// GPU profile the runs were measured on.
+    #[arg(long, default_value = "a100-40gb")]
+    profile: String,
+    /// A seeded random subset of this many rows per dataset (default: all rows).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Seed of the subset.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Optimizer the runs trained with (GPUMemNet: adam).
+    #[arg(long, default_value = "adam")]
+    optimizer: String,
+    /// Skip the plain-meta traces of the FakeTensor baseline (halves tracing time).
+    #[arg(long)]
+    no_fake_tensor: bool,
+    /// Reuse traces already in OUT/traces instead of tracing again.
+    #[arg(long)]
+    reuse_traces: bool,
+    /// Leave out rows whose id appears in these runs.jsonl files (e.g. the runs a profile was
+    /// calibrated on), so an evaluation never reuses fitting data.
+    #[arg(long)]
+    exclude_runs: Vec<PathBuf>,
+    /// Print the metrics JSON to stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bar(len: usize, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len as u64);
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let (profile, ppath) = Profile::load(&a.profile)?;
+    let version = profile_version(&profile, &ppath)?;
+    let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
+    let mut excluded = std::collections::BTreeSet::new();
+    for f in &a.exclude_runs {
+        let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-runs {}", f.display()))?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let r: RunRecord = serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1))?;
+            excluded.insert(r.id);
+        }
+    }
+    let mut rows: Vec<DatasetRow> = Vec::new();
+    for d in &a.dataset {
+        let mut all = load_gpumemnet_csv(d)?;
+        all.retain(|r| !excluded.contains(&r.id));
+        rows.extend(match a.limit {
+            Some(n) => seeded_subset(&all, n, a.seed),
+            None => all,
+        });
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    let tdir = a.out.join("traces");
+    let mut jobs = Vec::new();
+    for r in &rows {
+        let job = |plain: bool| TraceJob {
+            name: if plain { format!("{}-plain", r.id) } else { r.id.clone() },
+            model: format!("gpumemnet:{}", r.filename),
+            batch_size: r.batch,
+            optimizer: a.optimizer.clone(),
+            plain_meta: plain,
+        };
+        jobs.push(job(false));
+        if !a.no_fake_tensor {
+            jobs.push(job(true));
+        }
+    }
+    let existing = |j: &TraceJob| tdir.join(format!("{}.jsonl", j.name));
+    let (reused, todo): (Vec<TraceJob>, Vec<TraceJob>) =
+        jobs.into_iter().partition(|j| a.reuse_traces && existing(j).is_file());
+    let pb = bar(todo.len(), "tracing");
+    let mut traces = if todo.is_empty() {
+        Default::default()
+    } else {
+        trace_batch(&python(), &todo, &tdir, |name| {
+            pb.set_message(name.to_string());
+            pb.inc(1);
+        })?
+    };
+    pb.finish_and_clear();
+    for j in reused {
+        traces.insert(j.name.clone(), TraceResult { trace: Ok(existing(&j)), seconds: f64::NAN });
+    }
+    let ctx = EvalContext { profile: &profile, version, optimizer, precision: Precision::Fp32 };
+    let pb = bar(rows.len(), "estimating");
+    let lookup = |name: &str| -> Result<(PathBuf, f64), String> {
+        match traces.get(name) {
+            None => Err("not traced (--no-fake-tensor)".into()),
+            Some(t) => t.trace.clone().map(|p| (p, t.seconds)),
+        }
+    };
+    let mut records: Vec<RunRecord> = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let main = lookup(&r.id);
+        let plain = lookup(&format!("{}-plain", r.id));
+        records.push(evaluate_row(r, borrow(&main), borrow(&plain), &ctx));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let groups = aggregate(&records, profile.gpu.total_memory as f64);
+    let notes = format!(
+        "Datasets: {}. Rows: {}{}. Profile: {}. Truth: GPUMemNet's `Max GPU Memory (MiB)` (nvidia-smi, device level).\n\
+         Relative errors |est−truth|/truth; MRE is their median (xMem). PEF (memsim): the rerun capped at each estimate is \
+         simulated by replaying the run's symbolic trace at capacity = estimate − profile outside-allocator memory; it is only \
+         as good as the symbolic trace (circular for `symbolic` itself). PEF proxy: \"estimate below truth\" counts as a \
+         failure; it is a proxy and not comparable with xMem's published PEF. MCP in GB (10^9 B) per run against {:.0} MiB. \
+         fake_tensor is taken from the trainer's plain-meta trace (forward+backward live bytes of iteration 0); live_peak is \
+         the peak of live requested bytes of the emulated trace. Latencies of trace-based estimators include the trainer's \
+         tracing time.",
+        a.dataset.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+        rows.len(),
+        a.limit.map_or(String::new(), |n| format!(" (seeded subset: at most {n} per dataset, seed {})", a.seed))
+            + &if excluded.is_empty() { String::new() } else { format!(", excluding {} rows listed in the calibration runs", excluded.len()) },
+        ppath.display(),
+        profile.gpu.total_memory as f64 / 1048576.0,
+    );
+    write(&a.out.join("report.md"), &report::markdown("memest compare", &notes, &groups))?;
+    let metrics_json = serde_json::to_string_pretty(&groups)?;
+    write(&a.out.join("metrics.json"), &metrics_json)?;
+    write(&a.out.join("runs.csv"), &report::runs_csv(&records))?;
+    write(&a.out.join("runs.jsonl"), &report::runs_jsonl(&records))?;
+    match plots::write_all(&a.out, &records) {
+        Ok(files) => eprintln!("wrote {} plots", files.len()),
+        Err(e) => eprintln!("warning: plots not written: {e:#}"),
+    }
+    if a.json {
+        println!("{metrics_json}");
+    } else {
+        eprintln!("wrote {}/report.md, metrics.json, runs.csv, runs.jsonl", a.out.display());
+        for g in groups.iter().filter(|g| g.group == "all") {
+            let m = &g.metrics;
+            println!(
+                "{:<12} estimated {:>5}/{:<5} MRE {:>8} under {:>7} PEF(memsim) {:>7} PEF(proxy) {:>7}",
+                g.estimator,
+                m.estimated,
+                m.runs,
+                m.mre.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
+                m.under_fraction.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
+                m.pef.map_or("-".into(), |v| format!("{v:.1}%")),
+                g.pef_proxy.map_or("-".into(), |v| format!("{v:.1}%")),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn borrow(x: &Result<(PathBuf, f64), String>) -> Result<(&Path, f64), String> {
+    x.as_ref().map(|(p, s)| (p.as_path(), *s)).map_err(Clone::clone)
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    Ok(write_atomic(path, text.as_bytes())?)
+}

@@ -1,0 +1,220 @@
+//! Fitting a profile's outside-allocator constants from measured runs: device-level truth
+//! (nvidia-smi) minus the symbolic reserved prediction of the same run is what lives outside the
+//! allocator. MLP runs load cuBLAS but no cuDNN, so they fit `context + cublas`; CNN runs then
+//! fit `cudnn` on top. A fit is always evaluated on runs it did not see.
+
+use serde::Serialize;
+use simulator::profile::OutsideAllocator;
+
+use crate::compare::RunRecord;
+use crate::dataset::splitmix64;
+use crate::error::{EstimateError, Result};
+use crate::metrics::{self, Metrics};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A run as calibration needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalRun {
+    /// Row id.
+    pub id: String,
+    /// Measured device peak, MiB.
+    pub truth_mib: f64,
+    /// Symbolic reserved peak, MiB.
+    pub reserved_mib: f64,
+    /// cuBLAS loaded.
+    pub uses_gemm: bool,
+    /// cuDNN loaded.
+    pub uses_conv: bool,
+}
+
+impl CalRun {
+    /// From a comparison's run record; `None` without a truth or a symbolic estimate.
+    pub fn from_record(r: &RunRecord) -> Option<CalRun> {
+        let t = r.truth_bytes.filter(|_| !r.real_oom)?;
+        let res = r.estimates.get("symbolic")?.reserved_bytes?;
+        Some(CalRun { id: r.id.clone(), truth_mib: t / MIB, reserved_mib: res as f64 / MIB, uses_gemm: r.uses_gemm, uses_conv: r.uses_conv })
+    }
+
+    fn predict(&self, o: &OutsideAllocator) -> f64 {
+        self.reserved_mib
+            + o.context_mib
+            + if self.uses_gemm { o.cublas_mib } else { 0.0 }
+            + if self.uses_conv { o.cudnn_mib } else { 0.0 }
+    }
+}
+
+/// The value minimising Σ wᵢ·|vᵢ − x|: the weighted median (lower one on ties).
+pub fn weighted_median(values: &[(f64, f64)]) -> Option<f64> {
+    weighted_quantile(values, 0.5)
+}
+
+/// The fitted constants and how they were obtained.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fit {
+    /// The fitted constants.
+    pub outside: OutsideAllocator,
+    /// `context + cublas` fitted on the MLP runs, MiB.
+    pub mlp_sum_mib: Option<f64>,
+    /// Training runs used: MLP (cuBLAS, no cuDNN) and convolutional.
+    pub train_mlp: usize,
+    /// Convolutional training runs.
+    pub train_conv: usize,
+    /// Test runs.
+    pub test: usize,
+    /// Test-set metrics with the prior constants.
+    pub before: Metrics,
+    /// Test-set metrics with the fitted constants.
+    pub after: Metrics,
+    /// Notes on identifiability.
+    pub notes: Vec<String>,
+}
+
+/// Split runs into (train, test) with a seeded shuffle; `test_fraction` of them are held out.
+pub fn split(runs: &[CalRun], test_fraction: f64, seed: u64) -> (Vec<CalRun>, Vec<CalRun>) {
+    let mut keyed: Vec<(u64, &CalRun)> = runs
+        .iter()
+        .map(|r| {
+            // Hash the id, so a run's side does not depend on which other runs are present.
+            let mut s = seed ^ r.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+            (splitmix64(&mut s), r)
+        })
+        .collect();
+    keyed.sort_by_key(|k| k.0);
+    let cut = ((runs.len() as f64) * test_fraction).round() as usize;
+    let test = keyed[..cut].iter().map(|k| k.1.clone()).collect();
+    let train = keyed[cut..].iter().map(|k| k.1.clone()).collect();
+    (train, test)
+}
+
+/// Fit on `train`, evaluate prior and fit on `test`. Residual weights 1/truth make the fit
+/// minimise the summed relative error, the quantity MRE reports. `quantile` (0..1) picks the
+/// weighted quantile of residuals: 0.5 is the median; a higher one trades error for fewer
+/// underestimates.
+pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile: f64, total_gpu: f64) -> Result<Fit> {
+    let wq = |vals: &[(f64, f64)]| weighted_quantile(vals, quantile);
+    let mlp: Vec<(f64, f64)> = train
+        .iter()
+        .filter(|r| r.uses_gemm && !r.uses_conv)
+        .map(|r| (r.truth_mib - r.reserved_mib, 1.0 / r.truth_mib))
+        .collect();
+    let mut notes = Vec::new();
+    let mut outside = prior.clone();
+    let mlp_sum = wq(&mlp);
+    if let Some(sum) = mlp_sum {
+        // Every MLP run loads cuBLAS, so context and cuBLAS are not separable on this data: the
+        // context stays at its prior and cuBLAS takes the rest (never below zero).
+        if sum >= prior.context_mib {
+            outside.cublas_mib = sum - prior.context_mib;
+            notes.push(format!(
+                "context_mib kept at its prior {:.1}: no run without GEMMs separates it from cublas_mib",
+                prior.context_mib
+            ));
+        } else {
+            outside.context_mib = sum.max(0.0);
+            outside.cublas_mib = 0.0;
+            notes.push(format!("MLP residual {sum:.1} MiB is below the prior context: context_mib lowered to it, cublas_mib 0"));
+        }
+    } else {
+        notes.push("no MLP runs: context_mib and cublas_mib keep their priors".into());
+    }
+    let conv: Vec<(f64, f64)> = train
+        .iter()
+        .filter(|r| r.uses_conv)
+        .map(|r| (r.truth_mib - r.reserved_mib - outside.context_mib - if r.uses_gemm { outside.cublas_mib } else { 0.0 }, 1.0 / r.truth_mib))
+        .collect();
+    match wq(&conv) {
+        Some(c) => outside.cudnn_mib = c.max(0.0),
+        None => notes.push("no convolutional runs: cudnn_mib keeps its prior".into()),
+    }
+    if mlp.is_empty() && conv.is_empty() {
+        return Err(EstimateError::Calibration(
+            "no training run has both a measured peak and a symbolic estimate: nothing to fit".into(),
+        ));
+    }
+    let eval = |o: &OutsideAllocator| {
+        let runs: Vec<metrics::Run> = test
+            .iter()
+            .map(|r| metrics::Run {
+                truth: Some(r.truth_mib * MIB),
+                real_oom: false,
+                estimate: Ok(r.predict(o) * MIB),
+                capped_rerun_ok: None,
+                seconds: None,
+            })
+            .collect();
+        metrics::compute(&runs, total_gpu)
+    };
+    Ok(Fit {
+        before: eval(prior),
+        after: eval(&outside),
+        outside,
+        mlp_sum_mib: mlp_sum,
+        train_mlp: mlp.len(),
+        train_conv: conv.len(),
+        test: test.len(),
+        notes,
+    })
+}
+
+/// Weighted quantile (`q` = 0.5 is [`weighted_median`]).
+pub fn weighted_quantile(values: &[(f64, f64)], q: f64) -> Option<f64> {
+    let mut v: Vec<(f64, f64)> = values.iter().copied().filter(|(x, w)| x.is_finite() && *w > 0.0).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = v.iter().map(|x| x.1).sum();
+    let mut acc = 0.0;
+    for (x, w) in &v {
+        acc += w;
+        if acc >= total * q.clamp(0.0, 1.0) {
+            return Some(*x);
+        }
+    }
+    v.last().map(|x| x.0)
+}
+
+/// Rewrite a profile's text with fitted constants: the three `[outside_allocator]` values are
+/// replaced in place (their comments kept) and a `[calibration]` table is (re)written at the end.
+pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            section = t.to_string();
+            if section == "[calibration]" {
+                break;
+            }
+        }
+        if section == "[outside_allocator]" {
+            let key = t.split('=').next().unwrap_or("").trim();
+            let val = match key {
+                "context_mib" => Some(o.context_mib),
+                "cublas_mib" => Some(o.cublas_mib),
+                "cudnn_mib" => Some(o.cudnn_mib),
+                _ => None,
+            };
+            if let Some(v) = val {
+                let comment = line.find('#').map(|i| format!("   {}", &line[i..])).unwrap_or_default();
+                out.push_str(&format!("{key} = {v:.1}{comment}\n"));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    out.push_str("\n[calibration]\n");
+    for (k, v) in provenance {
+        out.push_str(&format!("{k} = {}\n", toml_string(v)));
+    }
+    out
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+}

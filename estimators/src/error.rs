@@ -1,0 +1,98 @@
+//! The library's error type. Every variant names the file (or input) and what was expected, so
+//! the CLI can print the chain and nothing else.
+
+use std::path::PathBuf;
+
+/// Errors of the estimators library.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EstimateError {
+    /// A file could not be read or written.
+    #[error("{path}: {action}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done ("cannot read", "cannot write").
+        action: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A JSON input did not have the expected shape.
+    #[error("{path}: field {field:?}: {expected}")]
+    Field {
+        /// The file (or a description of the input).
+        path: PathBuf,
+        /// The offending field.
+        field: String,
+        /// What was expected.
+        expected: String,
+    },
+    /// A CSV input had a bad row or column.
+    #[error("{path}: row {row}: column {column:?}: {expected}")]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// 1-based data row (0 = the header).
+        row: usize,
+        /// The column.
+        column: String,
+        /// What was expected.
+        expected: String,
+    },
+    /// A trace could not be read.
+    #[error("cannot read trace: {0}")]
+    Trace(#[from] trace::TraceError),
+    /// A trace could not be replayed.
+    #[error("{path}: cannot replay: {source}")]
+    Replay {
+        /// The trace.
+        path: PathBuf,
+        /// Why.
+        source: simulator::replay::ReplaySetupError,
+    },
+    /// A GPU profile could not be loaded.
+    #[error(transparent)]
+    Profile(#[from] simulator::profile::ProfileError),
+    /// The profile's `software.allocator` is not a modelled allocator version.
+    #[error("{path}: software.allocator: {source}")]
+    AllocatorVersion {
+        /// The profile file.
+        path: PathBuf,
+        /// Why.
+        source: simulator::alloc::VersionError,
+    },
+    /// An external command (the trainer) failed.
+    #[error("{command}: {message}")]
+    Command {
+        /// The command line, abbreviated.
+        command: String,
+        /// What went wrong (exit status, stderr tail).
+        message: String,
+    },
+    /// Plotting failed.
+    #[error("{path}: cannot draw plot: {message}")]
+    Plot {
+        /// The output file.
+        path: PathBuf,
+        /// The backend's message.
+        message: String,
+    },
+    /// Calibration was impossible with the runs given.
+    #[error("calibration: {0}")]
+    Calibration(String),
+}
+
+/// Result alias of the library.
+pub type Result<T, E = EstimateError> = std::result::Result<T, E>;
+
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, renamed over the
+/// target, so a failure never leaves a partial output.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let io = |source| EstimateError::Io { path: path.to_path_buf(), action: "cannot write", source };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    tmp.write_all(bytes).map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! The ML estimators' error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading GPUMemNet-style data, training, evaluating or persisting
+/// an ML estimator.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MlError {
+    /// A file could not be opened, read, written or renamed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The CSV reader rejected the file (bad quoting, ragged rows, invalid UTF-8).
+    #[error("{path}: CSV error: {source}")]
+    Csv {
+        /// The CSV file.
+        path: PathBuf,
+        /// The underlying parser error.
+        source: csv::Error,
+    },
+    /// A column that the requested feature set or target needs is absent from the header.
+    #[error("{path}: missing column {column:?} (needed for {needed_for})")]
+    MissingColumn {
+        /// The CSV file.
+        path: PathBuf,
+        /// The column name that was expected in the header.
+        column: String,
+        /// What the column is needed for.
+        needed_for: &'static str,
+    },
+    /// One cell could not be parsed as the expected type.
+    #[error("{path}: row {row}, column {column:?}: {message}")]
+    BadCell {
+        /// The CSV file.
+        path: PathBuf,
+        /// 1-based data row number (the header is row 0).
+        row: usize,
+        /// The column name.
+        column: String,
+        /// What was found and what was expected.
+        message: String,
+    },
+    /// The file parsed but holds no usable rows for the requested task.
+    #[error("{path}: no usable rows ({reason})")]
+    Empty {
+        /// The CSV file.
+        path: PathBuf,
+        /// Why every row was excluded.
+        reason: String,
+    },
+    /// The rows span several model families where one was required.
+    #[error("{path}: rows mix model families ({found}); split the file per family")]
+    MixedFamilies {
+        /// The CSV file.
+        path: PathBuf,
+        /// The families seen, e.g. "mlp, cnn".
+        found: String,
+    },
+    /// A model or protocol was asked for something its inputs cannot give (e.g. fewer rows of a
+    /// class than folds, a feature vector of the wrong width).
+    #[error("{0}")]
+    Invalid(String),
+    /// A linfa learner failed to fit.
+    #[error("{model}: fit failed: {message}")]
+    Fit {
+        /// The model family name.
+        model: &'static str,
+        /// The learner's error text.
+        message: String,
+    },
+    /// A model file could not be encoded or decoded.
+    #[error("{path}: model file: {source}")]
+    ModelFile {
+        /// The model file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// A model file was written by an incompatible version of this format.
+    #[error("{path}: model file format version {found}, this build reads version {expected}")]
+    ModelFileVersion {
+        /// The model file.
+        path: PathBuf,
+        /// The version in the file.
+        found: u32,
+        /// The version this build writes and reads.
+        expected: u32,
+    },
+}

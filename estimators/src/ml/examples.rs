@@ -1,0 +1,212 @@
+//! Turning a loaded CSV into a feature matrix and labels for one prediction target.
+
+use std::collections::BTreeMap;
+
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+
+use super::bins::{Binning, OOM_RELABEL_MIB};
+use super::dataset::{Dataset, Family, RunRow, RunStatus};
+use super::error::MlError;
+use super::features::{self, RowIssue};
+
+/// What is predicted from the features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    /// `Max GPU Memory (MiB)`, OOM rows relabelled to [`OOM_RELABEL_MIB`].
+    MemoryMib,
+    /// DCGM SM activity (`Avg SMACT`).
+    Smact,
+    /// DCGM SM occupancy (`Avg SMOCC`).
+    Smocc,
+}
+
+impl TargetKind {
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::MemoryMib => "memory_mib",
+            TargetKind::Smact => "smact",
+            TargetKind::Smocc => "smocc",
+        }
+    }
+}
+
+/// A target column plus the bins its classifiers predict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    /// The column predicted.
+    pub kind: TargetKind,
+    /// Its class bins.
+    pub binning: Binning,
+}
+
+impl Target {
+    /// GPUMemNet's memory target and bins for a family.
+    pub fn memory(family: Family) -> Target {
+        Target {
+            kind: TargetKind::MemoryMib,
+            binning: Binning::memory_for(family),
+        }
+    }
+}
+
+/// Feature matrix and labels, one row per usable CSV row.
+#[derive(Debug, Clone)]
+pub struct Examples {
+    /// Family of every row.
+    pub family: Family,
+    /// The target the labels are for.
+    pub target: Target,
+    /// Column names of `x`.
+    pub feature_names: Vec<String>,
+    /// Raw (unscaled) features.
+    pub x: Array2<f64>,
+    /// Target value per row (MiB after OOM relabelling, or the utilisation ratio).
+    pub value: Vec<f64>,
+    /// Bin of `value`.
+    pub class: Vec<usize>,
+    /// Whether `value` is a real measurement a regressor may learn from (false for OOM rows
+    /// and for rows whose memory reads 0).
+    pub measured: Vec<bool>,
+    /// CSV data-row number of each example: the identity splits are made of.
+    pub row_ids: Vec<usize>,
+    /// Rows left out, counted per reason.
+    pub excluded: BTreeMap<String, usize>,
+}
+
+impl Examples {
+    /// Builds the examples of `ds` for `target`, applying GPUMemNet's row filters (CNN rows with
+    /// activation `None` and residual/dense architectures are dropped, as its dataloader does).
+    pub fn build(ds: &Dataset, target: &Target) -> Result<Examples, MlError> {
+        let family = ds.family()?;
+        let names = features::feature_names(family);
+        let mut data = Vec::with_capacity(ds.rows.len() * names.len());
+        let mut ex = Examples {
+            family,
+            target: target.clone(),
+            feature_names: names.iter().map(|s| s.to_string()).collect(),
+            x: Array2::zeros((0, names.len())),
+            value: Vec::new(),
+            class: Vec::new(),
+            measured: Vec::new(),
+            row_ids: Vec::new(),
+            excluded: BTreeMap::new(),
+        };
+        for row in &ds.rows {
+            if let Some(reason) = gpumemnet_filter(family, row) {
+                *ex.excluded.entry(reason.to_string()).or_default() += 1;
+                continue;
+            }
+            let feats = match features::extract(family, row) {
+                Ok(f) => f,
+                Err(RowIssue::UnknownActivation(message)) => {
+                    return Err(MlError::BadCell {
+                        path: ds.path.clone(),
+                        row: row.row,
+                        column: "Activation Function".into(),
+                        message,
+                    })
+                }
+            };
+            let (value, measured) = match target_value(target.kind, row) {
+                Ok(v) => v,
+                Err(reason) => {
+                    *ex.excluded.entry(reason.to_string()).or_default() += 1;
+                    continue;
+                }
+            };
+            let Some(class) = target.binning.class_of(value) else {
+                *ex.excluded
+                    .entry(format!("{} {value} outside every bin", target.kind.name()))
+                    .or_default() += 1;
+                continue;
+            };
+            data.extend(feats);
+            ex.value.push(value);
+            ex.class.push(class);
+            ex.measured.push(measured);
+            ex.row_ids.push(row.row);
+        }
+        if ex.row_ids.is_empty() {
+            return Err(MlError::Empty {
+                path: ds.path.clone(),
+                reason: format!("every row was excluded: {:?}", ex.excluded),
+            });
+        }
+        ex.x = Array2::from_shape_vec((ex.row_ids.len(), names.len()), data)
+            .map_err(|e| MlError::Invalid(format!("feature matrix shape: {e}")))?;
+        Ok(ex)
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.row_ids.len()
+    }
+
+    /// True when there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.row_ids.is_empty()
+    }
+
+    /// The examples at positions `idx` (positions into this set, not CSV row ids).
+    pub fn subset(&self, idx: &[usize]) -> Examples {
+        Examples {
+            family: self.family,
+            target: self.target.clone(),
+            feature_names: self.feature_names.clone(),
+            x: self.x.select(ndarray::Axis(0), idx),
+            value: idx.iter().map(|&i| self.value[i]).collect(),
+            class: idx.iter().map(|&i| self.class[i]).collect(),
+            measured: idx.iter().map(|&i| self.measured[i]).collect(),
+            row_ids: idx.iter().map(|&i| self.row_ids[i]).collect(),
+            excluded: self.excluded.clone(),
+        }
+    }
+
+    /// Examples per class, indexed by class.
+    pub fn class_counts(&self) -> Vec<usize> {
+        let mut c = vec![0; self.target.binning.classes()];
+        for &k in &self.class {
+            c[k] += 1;
+        }
+        c
+    }
+}
+
+fn gpumemnet_filter(family: Family, row: &RunRow) -> Option<&'static str> {
+    if family != Family::Cnn {
+        return None;
+    }
+    if row.activation == "None" {
+        return Some("activation None (GPUMemNet's dropna drops it)");
+    }
+    match row.architecture() {
+        Some("residual") | Some("dense") => {
+            Some("residual/dense architecture (GPUMemNet drops them before training)")
+        }
+        _ => None,
+    }
+}
+
+fn target_value(kind: TargetKind, row: &RunRow) -> Result<(f64, bool), &'static str> {
+    match kind {
+        TargetKind::MemoryMib => Ok(match row.status {
+            RunStatus::OomCrash => (OOM_RELABEL_MIB, false),
+            RunStatus::Successful => (row.max_memory_mib, row.max_memory_mib > 0.0),
+        }),
+        TargetKind::Smact | TargetKind::Smocc => {
+            if row.status == RunStatus::OomCrash {
+                return Err("OOM run (no steady-state utilisation)");
+            }
+            let v = if kind == TargetKind::Smact {
+                row.util.smact
+            } else {
+                row.util.smocc
+            };
+            v.map(|v| (v, true))
+                .ok_or("no DCGM sample (-1 or missing column)")
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! GPUMemNet's feature sets (`Ensemble/dataloaders/dataloaders4mlp.py`), one per family.
+
+use super::dataset::{Family, RunRow};
+
+/// MLP-data features, in GPUMemNet's column order.
+pub const MLP_FEATURES: [&str; 8] = [
+    "layers",
+    "batch_size",
+    "parameters",
+    "activations",
+    "batch_norm_layers",
+    "dropout_layers",
+    "activation_sin",
+    "activation_cos",
+];
+
+/// CNN-data features, in GPUMemNet's column order.
+pub const CNN_FEATURES: [&str; 10] = [
+    "depth",
+    "total_activations",
+    "activations_x_batch",
+    "parameters",
+    "batch_size",
+    "conv2d_count",
+    "batchnorm2d_count",
+    "dropout_count",
+    "activation_sin",
+    "activation_cos",
+];
+
+/// Transformer-data features, in GPUMemNet's column order (no activation encoding there).
+pub const TRANSFORMER_FEATURES: [&str; 9] = [
+    "depth",
+    "total_activations",
+    "activations_x_batch",
+    "parameters",
+    "batch_size",
+    "nondynamicallyquantizablelinear_count",
+    "linear_count",
+    "layernorm_count",
+    "dropout_count",
+];
+
+/// GPUMemNet's activation vocabulary for MLP data; the index sets the (sin, cos) encoding.
+pub const MLP_ACTIVATIONS: [&str; 11] = [
+    "ELU",
+    "GELU",
+    "Identity",
+    "LeakyReLU",
+    "Mish",
+    "PReLU",
+    "ReLU",
+    "SELU",
+    "SiLU",
+    "Softplus",
+    "Tanh",
+];
+
+/// GPUMemNet's activation vocabulary for CNN data (no `Identity`).
+pub const CNN_ACTIVATIONS: [&str; 10] = [
+    "ELU",
+    "GELU",
+    "LeakyReLU",
+    "Mish",
+    "PReLU",
+    "ReLU",
+    "SELU",
+    "SiLU",
+    "Softplus",
+    "Tanh",
+];
+
+/// Feature names for a family.
+pub fn feature_names(family: Family) -> &'static [&'static str] {
+    match family {
+        Family::Mlp => &MLP_FEATURES,
+        Family::Cnn => &CNN_FEATURES,
+        Family::Transformer => &TRANSFORMER_FEATURES,
+    }
+}
+
+/// GPUMemNet's "positional encoding" of the activation: index `i` of `n` maps to
+/// `(sin(i·π/n), cos(i·π/n))`, so neighbours in the alphabetical list are close.
+pub fn activation_encoding(family: Family, activation: &str) -> Option<(f64, f64)> {
+    let vocab: &[&str] = match family {
+        Family::Mlp => &MLP_ACTIVATIONS,
+        Family::Cnn => &CNN_ACTIVATIONS,
+        Family::Transformer => return Some((0.0, 1.0)),
+    };
+    let i = vocab.iter().position(|a| *a == activation)?;
+    let angle = i as f64 * std::f64::consts::PI / vocab.len() as f64;
+    Some((angle.sin(), angle.cos()))
+}
+
+/// Why a row cannot give a feature vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowIssue {
+    /// The activation is not in the family's vocabulary; the message lists the vocabulary.
+    UnknownActivation(String),
+}
+
+/// The feature vector of one row for `family`, in [`feature_names`] order.
+pub fn extract(family: Family, row: &RunRow) -> Result<Vec<f64>, RowIssue> {
+    let count = |pred: &dyn Fn(&str) -> bool| row.count_layers(pred) as f64;
+    let act_x_batch = row.total_activations * row.batch_size;
+    let encoding = || {
+        activation_encoding(family, &row.activation).ok_or_else(|| {
+            let vocab: &[&str] = if family == Family::Mlp {
+                &MLP_ACTIVATIONS
+            } else {
+                &CNN_ACTIVATIONS
+            };
+            RowIssue::UnknownActivation(format!(
+                "activation {:?} is not one of {}",
+                row.activation,
+                vocab.join(", ")
+            ))
+        })
+    };
+    Ok(match family {
+        Family::Mlp => {
+            let (s, c) = encoding()?;
+            vec![
+                row.depth,
+                row.batch_size,
+                row.total_parameters,
+                row.total_activations,
+                count(&|k| k.contains("batch_norm") || k.contains("batchnorm")),
+                count(&|k| k.contains("dropout")),
+                s,
+                c,
+            ]
+        }
+        Family::Cnn => {
+            let (s, c) = encoding()?;
+            vec![
+                row.depth,
+                row.total_activations,
+                act_x_batch,
+                row.total_parameters,
+                row.batch_size,
+                count(&|k| k == "conv2d"),
+                count(&|k| k == "batchnorm2d" || k == "batch_normalization"),
+                count(&|k| k.contains("dropout")),
+                s,
+                c,
+            ]
+        }
+        Family::Transformer => vec![
+            row.depth,
+            row.total_activations,
+            act_x_batch,
+            row.total_parameters,
+            row.batch_size,
+            count(&|k| k == "nondynamicallyquantizablelinear"),
+            count(&|k| k == "linear"),
+            count(&|k| k == "layernorm"),
+            count(&|k| k.contains("dropout")),
+        ],
+    })
+}

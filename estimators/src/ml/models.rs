@@ -1,0 +1,417 @@
+//! The model families compared: linfa logistic regression, decision tree, random forest and
+//! bagging; perpetual gradient boosting; GPUMemNet's MLP ensemble; and regressors of the raw
+//! target (linfa OLS, perpetual, MLP ensemble). Each is wrapped with a [`Standardizer`] fitted on
+//! the training rows only.
+
+use linfa::traits::{Fit, Predict};
+use linfa::Dataset;
+use linfa_ensemble::EnsembleLearnerParams;
+use linfa_linear::{FittedLinearRegression, LinearRegression};
+use linfa_logistic::{MultiFittedLogisticRegression, MultiLogisticRegression};
+use linfa_trees::DecisionTree;
+use ndarray::{Array1, Array2, Axis};
+use perpetual::objective::Objective;
+use perpetual::{Matrix, MultiOutputBooster, PerpetualBooster};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::dataset::Family;
+use super::error::MlError;
+use super::mlp::{MlpEnsemble, MlpParams, MlpTask};
+use super::scale::Standardizer;
+
+/// A model family, by its command-line name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// Multinomial logistic regression (linfa-logistic, L-BFGS).
+    Logistic,
+    /// One CART decision tree (linfa-trees, Gini).
+    Tree,
+    /// Random forest: bootstrapped trees on 70% feature subsets (linfa-ensemble).
+    Forest,
+    /// Bagging: bootstrapped trees on all features (linfa-ensemble).
+    Bagging,
+    /// Gradient-boosted trees (perpetual, log-loss, one booster per class or native multiclass).
+    Gbm,
+    /// GPUMemNet's small-MLP ensemble.
+    MlpEnsemble,
+    /// Ordinary least squares on the target (linfa-linear).
+    LinearReg,
+    /// Gradient-boosted regression trees (perpetual, squared loss).
+    GbmReg,
+    /// The MLP ensemble with one output and squared loss.
+    MlpReg,
+}
+
+impl ModelKind {
+    /// Every classifier, in report order.
+    pub const CLASSIFIERS: [ModelKind; 6] = [
+        ModelKind::Logistic,
+        ModelKind::Tree,
+        ModelKind::Forest,
+        ModelKind::Bagging,
+        ModelKind::Gbm,
+        ModelKind::MlpEnsemble,
+    ];
+    /// Every regressor, in report order.
+    pub const REGRESSORS: [ModelKind; 3] =
+        [ModelKind::LinearReg, ModelKind::GbmReg, ModelKind::MlpReg];
+
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Logistic => "logistic",
+            ModelKind::Tree => "tree",
+            ModelKind::Forest => "forest",
+            ModelKind::Bagging => "bagging",
+            ModelKind::Gbm => "gbm",
+            ModelKind::MlpEnsemble => "mlp-ensemble",
+            ModelKind::LinearReg => "linear-reg",
+            ModelKind::GbmReg => "gbm-reg",
+            ModelKind::MlpReg => "mlp-reg",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<ModelKind> {
+        Self::CLASSIFIERS
+            .into_iter()
+            .chain(Self::REGRESSORS)
+            .find(|k| k.name() == s)
+    }
+
+    /// True for the models that predict the target value rather than its bin.
+    pub fn is_regressor(self) -> bool {
+        Self::REGRESSORS.contains(&self)
+    }
+}
+
+/// Settings shared by every model family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Seed for every random choice (bootstraps, initialisation, batch order, boosting).
+    pub seed: u64,
+    /// Epochs for the MLP ensembles.
+    pub mlp_epochs: usize,
+    /// Trees in the forest and bagging ensembles.
+    pub trees: usize,
+    /// perpetual's complexity budget.
+    pub gbm_budget: f32,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seed: 42,
+            mlp_epochs: 100,
+            trees: 50,
+            gbm_budget: 0.5,
+        }
+    }
+}
+
+/// Trees of a bagging ensemble with the feature subset each was trained on. linfa's
+/// `EnsembleLearner` has no serde support and votes through a `HashMap`, whose tie-breaking
+/// depends on a random hash seed; voting here breaks ties towards the lower class instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeVote {
+    trees: Vec<DecisionTree<f64, usize>>,
+    features: Vec<Vec<usize>>,
+    classes: usize,
+}
+
+impl TreeVote {
+    fn predict(&self, x: &Array2<f64>) -> Vec<usize> {
+        let mut votes = vec![vec![0u32; self.classes]; x.nrows()];
+        for (tree, feats) in self.trees.iter().zip(&self.features) {
+            let sub = x.select(Axis(1), feats);
+            let p: Array1<usize> = tree.predict(&sub);
+            for (v, &c) in votes.iter_mut().zip(p.iter()) {
+                v[c] += 1;
+            }
+        }
+        votes
+            .iter()
+            .map(|v| {
+                v.iter()
+                    .enumerate()
+                    .fold((0, 0), |b, (i, &n)| if n > b.1 { (i, n) } else { b })
+                    .0
+            })
+            .collect()
+    }
+}
+
+/// Boosters trained on the classes present in the training rows; `classes[i]` is booster `i`'s
+/// class. A single present class makes a constant predictor.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct GbmClassifier {
+    classes: Vec<usize>,
+    booster: Option<MultiOutputBooster>,
+}
+
+impl std::fmt::Debug for GbmClassifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GbmClassifier")
+            .field("classes", &self.classes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A perpetual regressor (its type has no `Debug`).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct GbmRegressor(PerpetualBooster);
+
+impl std::fmt::Debug for GbmRegressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GbmRegressor")
+    }
+}
+
+/// A fitted model of any family.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "model", rename_all = "kebab-case")]
+pub enum Fitted {
+    /// See [`ModelKind::Logistic`].
+    Logistic(MultiFittedLogisticRegression<f64, usize>),
+    /// See [`ModelKind::Tree`].
+    Tree(DecisionTree<f64, usize>),
+    /// See [`ModelKind::Forest`] and [`ModelKind::Bagging`].
+    Trees(TreeVote),
+    /// See [`ModelKind::Gbm`].
+    Gbm(GbmClassifier),
+    /// See [`ModelKind::MlpEnsemble`] and [`ModelKind::MlpReg`].
+    Mlp(MlpEnsemble),
+    /// See [`ModelKind::LinearReg`].
+    Linear(FittedLinearRegression<f64>),
+    /// See [`ModelKind::GbmReg`].
+    GbmReg(GbmRegressor),
+}
+
+/// Standardiser plus fitted model: what is trained, saved and used for prediction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pipeline {
+    /// The model family.
+    pub kind: ModelKind,
+    /// Feature scaling fitted on the training rows.
+    pub scaler: Standardizer,
+    /// The fitted model.
+    pub model: Fitted,
+}
+
+fn col_major(x: &Array2<f64>) -> Vec<f64> {
+    x.t().iter().copied().collect()
+}
+
+impl Pipeline {
+    /// Fits `kind` on raw features `x` with class labels `class` (classifiers, `n_classes` bins)
+    /// or target values `value` (regressors). Only these rows are seen, scaling included.
+    pub fn fit(
+        kind: ModelKind,
+        family: Family,
+        x: &Array2<f64>,
+        class: &[usize],
+        value: &[f64],
+        n_classes: usize,
+        cfg: &TrainConfig,
+    ) -> Result<Pipeline, MlError> {
+        if x.nrows() < 2 {
+            return Err(MlError::Invalid(format!(
+                "{}: need at least 2 training rows, got {}",
+                kind.name(),
+                x.nrows()
+            )));
+        }
+        let scaler = Standardizer::fit(x);
+        let xs = scaler.transform(x);
+        let fit_err = |e: linfa::Error| MlError::Fit {
+            model: kind.name(),
+            message: e.to_string(),
+        };
+        let labels = || Dataset::new(xs.clone(), Array1::from(class.to_vec()));
+        let model = match kind {
+            ModelKind::Logistic => Fitted::Logistic(
+                MultiLogisticRegression::default()
+                    .max_iterations(200)
+                    .fit(&labels())
+                    .map_err(|e| MlError::Fit {
+                        model: kind.name(),
+                        message: e.to_string(),
+                    })?,
+            ),
+            ModelKind::Tree => Fitted::Tree(DecisionTree::params().fit(&labels()).map_err(|e| {
+                MlError::Fit {
+                    model: kind.name(),
+                    message: e.to_string(),
+                }
+            })?),
+            ModelKind::Forest | ModelKind::Bagging => {
+                let feature_proportion = if kind == ModelKind::Forest { 0.7 } else { 1.0 };
+                let rng = StdRng::seed_from_u64(cfg.seed);
+                let learner = EnsembleLearnerParams::new_fixed_rng(DecisionTree::params(), rng)
+                    .ensemble_size(cfg.trees)
+                    .bootstrap_proportion(1.0)
+                    .feature_proportion(feature_proportion)
+                    .fit(&labels())
+                    .map_err(fit_err)?;
+                Fitted::Trees(TreeVote {
+                    trees: learner.models,
+                    features: learner.model_features,
+                    classes: n_classes,
+                })
+            }
+            ModelKind::Gbm => Fitted::Gbm(fit_gbm(&xs, class, cfg)?),
+            ModelKind::MlpEnsemble | ModelKind::MlpReg => {
+                let params = MlpParams::gpumemnet(family, cfg.mlp_epochs, cfg.seed);
+                let (y, task): (Vec<f64>, _) = if kind == ModelKind::MlpEnsemble {
+                    (
+                        class.iter().map(|&c| c as f64).collect(),
+                        MlpTask::Classify(n_classes),
+                    )
+                } else {
+                    (value.to_vec(), MlpTask::Regress)
+                };
+                Fitted::Mlp(MlpEnsemble::fit(&xs, &y, task, &params)?)
+            }
+            ModelKind::LinearReg => Fitted::Linear(
+                LinearRegression::new()
+                    .fit(&Dataset::new(xs.clone(), Array1::from(value.to_vec())))
+                    .map_err(|e| MlError::Fit {
+                        model: kind.name(),
+                        message: e.to_string(),
+                    })?,
+            ),
+            ModelKind::GbmReg => {
+                let data = col_major(&xs);
+                let m = Matrix::new(&data, xs.nrows(), xs.ncols());
+                let mut b = PerpetualBooster::default()
+                    .set_objective(Objective::SquaredLoss)
+                    .set_budget(cfg.gbm_budget)
+                    .set_num_threads(Some(1))
+                    .set_seed(cfg.seed);
+                b.fit(&m, value, None, None).map_err(|e| MlError::Fit {
+                    model: kind.name(),
+                    message: e.to_string(),
+                })?;
+                Fitted::GbmReg(GbmRegressor(b))
+            }
+        };
+        Ok(Pipeline {
+            kind,
+            scaler,
+            model,
+        })
+    }
+
+    /// Predicted class per row of raw features `x` (classifiers only).
+    pub fn predict_class(&self, x: &Array2<f64>) -> Result<Vec<usize>, MlError> {
+        self.check_width(x)?;
+        let xs = self.scaler.transform(x);
+        Ok(match &self.model {
+            Fitted::Logistic(m) => m.predict(&xs).to_vec(),
+            Fitted::Tree(m) => m.predict(&xs).to_vec(),
+            Fitted::Trees(m) => m.predict(&xs),
+            Fitted::Gbm(m) => predict_gbm(m, &xs),
+            Fitted::Mlp(m) if self.kind == ModelKind::MlpEnsemble => m.predict_class(&xs),
+            _ => {
+                return Err(MlError::Invalid(format!(
+                    "{} is a regressor: it predicts values, not bins",
+                    self.kind.name()
+                )))
+            }
+        })
+    }
+
+    /// Predicted target value per row of raw features `x` (regressors only).
+    pub fn predict_value(&self, x: &Array2<f64>) -> Result<Vec<f64>, MlError> {
+        self.check_width(x)?;
+        let xs = self.scaler.transform(x);
+        Ok(match &self.model {
+            Fitted::Linear(m) => m.predict(&xs).to_vec(),
+            Fitted::GbmReg(m) => {
+                let data = col_major(&xs);
+                m.0.predict(&Matrix::new(&data, xs.nrows(), xs.ncols()), false)
+            }
+            Fitted::Mlp(m) if self.kind == ModelKind::MlpReg => m.predict_value(&xs),
+            _ => {
+                return Err(MlError::Invalid(format!(
+                    "{} is a classifier: it predicts bins, not values",
+                    self.kind.name()
+                )))
+            }
+        })
+    }
+
+    fn check_width(&self, x: &Array2<f64>) -> Result<(), MlError> {
+        let want = self.scaler.mean.len();
+        if x.ncols() != want {
+            return Err(MlError::Invalid(format!(
+                "{}: expected {want} features per row, got {}",
+                self.kind.name(),
+                x.ncols()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn fit_gbm(xs: &Array2<f64>, class: &[usize], cfg: &TrainConfig) -> Result<GbmClassifier, MlError> {
+    let mut classes: Vec<usize> = class.to_vec();
+    classes.sort_unstable();
+    classes.dedup();
+    if classes.len() < 2 {
+        return Ok(GbmClassifier {
+            classes,
+            booster: None,
+        });
+    }
+    let n = xs.nrows();
+    // One-hot targets, column-major like the features.
+    let mut y = vec![0.0; n * classes.len()];
+    for (i, c) in class.iter().enumerate() {
+        let k = classes.binary_search(c).expect("class listed");
+        y[k * n + i] = 1.0;
+    }
+    let data = col_major(xs);
+    let mut booster = MultiOutputBooster::default()
+        .set_n_boosters(classes.len())
+        .set_objective(Objective::LogLoss)
+        .set_budget(cfg.gbm_budget)
+        .set_num_threads(Some(1))
+        .set_seed(cfg.seed);
+    booster
+        .fit(
+            &Matrix::new(&data, n, xs.ncols()),
+            &Matrix::new(&y, n, classes.len()),
+            None,
+            None,
+        )
+        .map_err(|e| MlError::Fit {
+            model: "gbm",
+            message: e.to_string(),
+        })?;
+    Ok(GbmClassifier {
+        classes,
+        booster: Some(booster),
+    })
+}
+
+fn predict_gbm(m: &GbmClassifier, xs: &Array2<f64>) -> Vec<usize> {
+    let Some(b) = &m.booster else {
+        return vec![m.classes.first().copied().unwrap_or(0); xs.nrows()];
+    };
+    let data = col_major(xs);
+    let p = b.predict_proba(&Matrix::new(&data, xs.nrows(), xs.ncols()), false);
+    p.chunks(m.classes.len())
+        .map(|row| {
+            let best = row
+                .iter()
+                .enumerate()
+                .fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                .0;
+            m.classes[best]
+        })
+        .collect()
+}

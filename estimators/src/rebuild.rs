@@ -1,0 +1,158 @@
+//! Rebuilding measured runs as symbolic traces through the trainer
+//! (`python -m memtrace_trainer symtrace --batch CONFIGS.jsonl --out-dir DIR`), one process for
+//! many configurations so torch is imported once.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::error::{write_atomic, EstimateError, Result};
+
+/// One configuration to trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceJob {
+    /// Output name (the trace is `DIR/NAME.jsonl`).
+    pub name: String,
+    /// Trainer model spec.
+    pub model: String,
+    /// Batch size.
+    pub batch_size: u64,
+    /// Optimizer name.
+    pub optimizer: String,
+    /// Trace the plain meta path (the FakeTensor-style baseline).
+    pub plain_meta: bool,
+}
+
+/// What the trainer answered for one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceResult {
+    /// The trace written, or the trainer's error.
+    pub trace: std::result::Result<PathBuf, String>,
+    /// Wall seconds the trainer spent on it (time between its output lines).
+    pub seconds: f64,
+}
+
+/// The Python interpreter to run the trainer with: `$MEMTRACE_PYTHON`, else the repository's
+/// `.venv/bin/python`, else `python3` on PATH.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("MEMTRACE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("python3")
+}
+
+/// Trace `jobs` into `dir`, calling `progress` after each. A job that fails is reported in its
+/// result, never fatal. If the trainer dies mid-batch (an uncaught exception), the job it was on
+/// is marked failed with its stderr tail and the rest are retried in a fresh process.
+pub fn trace_batch(
+    python: &Path,
+    jobs: &[TraceJob],
+    dir: &Path,
+    mut progress: impl FnMut(&str),
+) -> Result<BTreeMap<String, TraceResult>> {
+    std::fs::create_dir_all(dir)
+        .map_err(|source| EstimateError::Io { path: dir.to_path_buf(), action: "cannot create directory", source })?;
+    let mut results = BTreeMap::new();
+    let mut pending: Vec<TraceJob> = jobs.to_vec();
+    while !pending.is_empty() {
+        let died = run_once(python, &pending, dir, &mut results, &mut progress)?;
+        pending.retain(|j| !results.contains_key(&j.name));
+        match died {
+            None => break,
+            Some(message) => {
+                // Nothing done in this process: the trainer cannot start at all.
+                let Some(first) = pending.first() else { break };
+                if pending.len() == jobs.len() && results.is_empty() {
+                    return Err(EstimateError::Command { command: trainer_command(python, dir), message });
+                }
+                results.insert(first.name.clone(), TraceResult { trace: Err(message), seconds: 0.0 });
+                progress(&first.name);
+                pending.remove(0);
+            }
+        }
+    }
+    for j in jobs {
+        results.entry(j.name.clone()).or_insert_with(|| TraceResult {
+            trace: Err("the trainer printed no result for this config".into()),
+            seconds: 0.0,
+        });
+    }
+    Ok(results)
+}
+
+fn trainer_command(python: &Path, dir: &Path) -> String {
+    format!("{} -m memtrace_trainer symtrace --batch {}/configs.jsonl --out-dir {}", python.display(), dir.display(), dir.display())
+}
+
+/// One trainer process over `jobs`; `Some(message)` when it died before answering them all.
+fn run_once(
+    python: &Path,
+    jobs: &[TraceJob],
+    dir: &Path,
+    results: &mut BTreeMap<String, TraceResult>,
+    progress: &mut impl FnMut(&str),
+) -> Result<Option<String>> {
+    let configs = dir.join("configs.jsonl");
+    let mut text = String::new();
+    for j in jobs {
+        let mut o = serde_json::json!({
+            "name": j.name, "model": j.model, "batch_size": j.batch_size, "optimizer": j.optimizer,
+        });
+        if j.plain_meta {
+            o["no_cuda_emulation"] = serde_json::Value::Bool(true);
+        }
+        text.push_str(&o.to_string());
+        text.push('\n');
+    }
+    write_atomic(&configs, text.as_bytes())?;
+    let cmd_err = |message: String| EstimateError::Command { command: trainer_command(python, dir), message };
+    let mut child = Command::new(python)
+        .args(["-m", "memtrace_trainer", "symtrace", "--batch"])
+        .arg(&configs)
+        .arg("--out-dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| cmd_err(format!("cannot start ({e}); set MEMTRACE_PYTHON or run scripts/setup.sh")))?;
+    let stdout = child.stdout.take().ok_or_else(|| cmd_err("no stdout".into()))?;
+    let stderr = child.stderr.take().ok_or_else(|| cmd_err("no stderr".into()))?;
+    // Drain stderr concurrently so a chatty trainer cannot block on a full pipe.
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        s
+    });
+    let mut answered = 0usize;
+    let mut last = Instant::now();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| cmd_err(format!("reading its output: {e}")))?;
+        let now = Instant::now();
+        let seconds = now.duration_since(last).as_secs_f64();
+        last = now;
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let Some(name) = v.get("name").and_then(|n| n.as_str()).map(str::to_string) else { continue };
+        let trace = match (v.get("out").and_then(|o| o.as_str()), v.get("error").and_then(|e| e.as_str())) {
+            (Some(out), _) => Ok(PathBuf::from(out)),
+            (None, Some(e)) => Err(e.to_string()),
+            (None, None) => Err("trainer printed neither \"out\" nor \"error\"".to_string()),
+        };
+        progress(&name);
+        answered += 1;
+        results.insert(name, TraceResult { trace, seconds });
+    }
+    let status = child.wait().map_err(|e| cmd_err(format!("waiting: {e}")))?;
+    let stderr_text = err_thread.join().unwrap_or_default();
+    if answered < jobs.len() {
+        let mut tail: Vec<&str> = stderr_text.lines().rev().take(6).collect();
+        tail.reverse();
+        return Ok(Some(format!("trainer exited with {status} after {answered} of {} configs: {}", jobs.len(), tail.join(" | "))));
+    }
+    Ok(None)
+}

@@ -1,0 +1,149 @@
+//! Report writers: the Markdown tables (the FakeTensor table's percentile layout, xMem's
+//! MRE/PEF/MCP, bin scores, latency, failures), the per-run CSV and the JSON forms.
+
+use std::fmt::Write as _;
+
+use crate::compare::{GroupMetrics, RunRecord, ESTIMATORS};
+use crate::metrics::PefKind;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("–".into(), |x| format!("{:.1}%", x * 100.0))
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |x| format!("{x:.digits$}"))
+}
+
+/// The Markdown report. `title` heads it; `notes` go under the title verbatim.
+pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
+    let mut s = format!("# {title}\n\n{notes}\n\n");
+    let mut names: Vec<&str> = groups.iter().map(|g| g.group.as_str()).collect();
+    names.dedup();
+    let mut seen = Vec::new();
+    for g in names {
+        if seen.contains(&g) {
+            continue;
+        }
+        seen.push(g);
+        let rows: Vec<&GroupMetrics> = groups.iter().filter(|m| m.group == g).collect();
+        let n = rows.first().map_or(0, |r| r.metrics.runs);
+        let _ = writeln!(s, "## {g} ({n} runs)\n");
+        s.push_str("| estimator | estimated | MRE | median signed | under | P50 | P80 | P90 | P95 | P99 | max | PEF (memsim) | PEF proxy | MCP GB |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in &rows {
+            let m = &r.metrics;
+            let p = m.abs_rel;
+            let pef_sim = match (m.pef, m.pef_kind) {
+                (Some(v), PefKind::Simulated) => format!("{v:.1}%"),
+                (Some(_), PefKind::Proxy) => "– (some runs had no trace)".into(),
+                (None, _) => "–".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.estimator,
+                m.estimated,
+                m.runs,
+                pct(m.mre),
+                pct(m.median_signed),
+                pct(m.under_fraction),
+                pct(p.map(|p| p.p50)),
+                pct(p.map(|p| p.p80)),
+                pct(p.map(|p| p.p90)),
+                pct(p.map(|p| p.p95)),
+                pct(p.map(|p| p.p99)),
+                pct(p.map(|p| p.max)),
+                pef_sim,
+                r.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%")),
+                num(m.mcp_gb, 2),
+            );
+        }
+        s.push_str("\nAbsolute error in MiB, bin accuracy / macro F1 (right-closed bins), latency:\n\n");
+        s.push_str("| estimator | P50 MiB | P90 MiB | P99 MiB | max MiB | acc@1GiB | F1@1GiB | acc@2GiB | F1@2GiB | acc@8GiB | F1@8GiB | latency P50 s | latency P99 s |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in &rows {
+            let m = &r.metrics;
+            let a = m.abs_mib;
+            let bin = |w: f64| m.bins.iter().find(|b| b.width_gib == w);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.estimator,
+                num(a.map(|p| p.p50), 0),
+                num(a.map(|p| p.p90), 0),
+                num(a.map(|p| p.p99), 0),
+                num(a.map(|p| p.max), 0),
+                num(bin(1.0).map(|b| b.accuracy), 3),
+                num(bin(1.0).map(|b| b.macro_f1), 3),
+                num(bin(2.0).map(|b| b.accuracy), 3),
+                num(bin(2.0).map(|b| b.macro_f1), 3),
+                num(bin(8.0).map(|b| b.accuracy), 3),
+                num(bin(8.0).map(|b| b.macro_f1), 3),
+                num(m.latency_p50_s, 4),
+                num(m.latency_p99_s, 4),
+            );
+        }
+        let failures: Vec<String> = rows
+            .iter()
+            .flat_map(|r| r.metrics.not_estimated.iter().map(move |(why, n)| format!("- {}: {n} × {why}", r.estimator)))
+            .collect();
+        if !failures.is_empty() {
+            s.push_str("\nRuns not estimated:\n\n");
+            s.push_str(&failures.join("\n"));
+            s.push('\n');
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Per-run CSV: one row per run, a MiB column per estimator.
+pub fn runs_csv(records: &[RunRecord]) -> String {
+    let mut s = String::from("id,family,batch,real_oom,truth_mib");
+    for e in ESTIMATORS {
+        let _ = write!(s, ",{e}_mib,{e}_reserved_mib,{e}_capped_ok,{e}_seconds,{e}_error");
+    }
+    s.push('\n');
+    let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
+    for r in records {
+        let _ = write!(s, "{},{},{},{},{}", csv_cell(&r.id), r.family, r.batch, r.real_oom, opt(r.truth_bytes.map(|t| t / MIB)));
+        for e in ESTIMATORS {
+            match r.estimates.get(e) {
+                None => s.push_str(",,,,,"),
+                Some(o) => {
+                    let _ = write!(
+                        s,
+                        ",{},{},{},{},{}",
+                        opt(o.device_bytes.map(|b| b as f64 / MIB)),
+                        opt(o.reserved_bytes.map(|b| b as f64 / MIB)),
+                        o.capped_rerun_ok.map_or(String::new(), |b| b.to_string()),
+                        opt(o.seconds),
+                        csv_cell(o.error.as_deref().unwrap_or("")),
+                    );
+                }
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn csv_cell(v: &str) -> String {
+    if v.contains([',', '"', '\n']) {
+        format!("\"{}\"", v.replace('"', "\"\"").replace('\n', " "))
+    } else {
+        v.to_string()
+    }
+}
+
+/// `runs.jsonl`: one [`RunRecord`] per line (what `memest calibrate` reads).
+pub fn runs_jsonl(records: &[RunRecord]) -> String {
+    let mut s = String::new();
+    for r in records {
+        s.push_str(&serde_json::to_string(r).unwrap_or_default());
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,95 @@
+//! A symbolic trace held in memory, and the allocator-free quantities read straight from it:
+//! live-peak (our ablation) and the FakeTensor-style peak (forward and backward only).
+
+use std::path::{Path, PathBuf};
+
+use hashbrown::HashMap;
+use trace::{Category, Event, FreeStage, Header, MemoryKind, Origin, Record};
+
+use crate::error::Result;
+
+/// A trace read into memory: symbolic traces are small, and PEF replays them several times.
+#[derive(Debug, Clone)]
+pub struct LoadedTrace {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Its header.
+    pub header: Header,
+    /// Its records.
+    pub records: Vec<Record>,
+}
+
+impl LoadedTrace {
+    /// Read a trace (binary or JSON Lines).
+    pub fn load(path: &Path) -> Result<LoadedTrace> {
+        let mut r = trace::Reader::open(path)?;
+        let header = r.header().clone();
+        let mut records = Vec::new();
+        while let Some(rec) = r.next_record() {
+            records.push(rec?);
+        }
+        Ok(LoadedTrace { path: path.to_path_buf(), header, records })
+    }
+
+    /// A header metadata value (`optimizer`, `amp`, `batch_size`, `cuda_emulation`, ...).
+    pub fn meta(&self, key: &str) -> Option<&str> {
+        self.header.meta(key)
+    }
+
+    /// Whether the trace was taken on the plain meta path (no CUDA emulation).
+    pub fn is_plain_meta(&self) -> bool {
+        self.meta("cuda_emulation") == Some("false")
+    }
+
+    /// Whether any allocation is a library workspace: the tracer emits the cuBLAS workspace at
+    /// the first GEMM, so this says cuBLAS was loaded.
+    pub fn has_workspace(&self) -> bool {
+        self.records
+            .iter()
+            .any(|r| matches!(&r.event, Event::Alloc(a) if a.category == Some(Category::Workspace)))
+    }
+
+    /// Peak of live requested bytes over the whole trace: what the program asked for, with no
+    /// allocator rounding, caching or fragmentation.
+    pub fn live_peak(&self) -> u64 {
+        live_peak_until(&self.records, |_| false)
+    }
+
+    /// Peak of live requested bytes in the first iteration before its optimizer phase: the
+    /// FakeTensor method as GPUMemNet ran it (forward and backward, live storage bytes, no
+    /// optimizer step, no allocator).
+    pub fn forward_backward_peak(&self) -> u64 {
+        live_peak_until(&self.records, |r| matches!(&r.event, Event::Marker(m) if m.text == "phase:optimizer"))
+    }
+}
+
+/// Peak of live request bytes, stopping at the first record for which `stop` holds.
+fn live_peak_until(records: &[Record], stop: impl Fn(&Record) -> bool) -> u64 {
+    let mut live: HashMap<(u32, u64), u64> = HashMap::new();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    for r in records {
+        if stop(r) {
+            break;
+        }
+        let dev = r.device.unwrap_or(0);
+        match &r.event {
+            Event::Alloc(a) if a.origin == Origin::Request && a.mem == MemoryKind::Device && a.result == 0 => {
+                if let Some(old) = live.insert((dev, a.addr), a.size) {
+                    cur -= old;
+                }
+                cur += a.size;
+                peak = peak.max(cur);
+            }
+            // Bytes stop being live when the program frees them, not when the stream catches up.
+            Event::Free(f)
+                if f.origin == Origin::Request && f.mem == MemoryKind::Device && f.stage != FreeStage::Completed =>
+            {
+                if let Some(sz) = live.remove(&(dev, f.addr)) {
+                    cur -= sz;
+                }
+            }
+            _ => {}
+        }
+    }
+    peak
+}

@@ -1,0 +1,76 @@
+//! Horus reproduces GPUMemNet's published worked numbers; the analytic form counts its terms.
+
+use estimators::analytic::{allocator_bytes, analytic, horus_bytes, Optimizer, Precision};
+use estimators::features::{Features, Layer};
+use simulator::profile::Profile;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn fc(input: u64, hidden: &[u64], out: u64) -> (u64, u64) {
+    // (activations per sample, parameters) of an MLP input → hidden... → out.
+    let mut widths = vec![input];
+    widths.extend_from_slice(hidden);
+    widths.push(out);
+    let a: u64 = widths[1..].iter().sum();
+    let p: u64 = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
+    (a, p)
+}
+
+#[test]
+fn horus_reproduces_published_numbers() {
+    // Reference §3: "GiB × 1000" is how the baseline prints "MB".
+    let check = |hidden: &[u64], batch: u64, want_elements: Option<u128>, want_mb: f64, tol: f64| {
+        let (a, p) = fc(784, hidden, 10);
+        let b = horus_bytes(a, batch, p);
+        if let Some(e) = want_elements {
+            assert_eq!(b, 4 * e, "elements for {} hidden layers", hidden.len());
+        }
+        let mb = b as f64 / GIB * 1000.0;
+        assert!((mb - want_mb).abs() <= tol, "{} layers: {mb} vs published {want_mb}", hidden.len());
+    };
+    // FC on MNIST 784→1→10, B = 32: 26,917 elements, 1.0027e-4 GiB.
+    check(&[1], 32, Some(26_917), 1.0027e-4 * 1000.0, 0.0005);
+    // One 5,000-neuron layer: 489 MB.
+    check(&[5000], 32, None, 489.0, 0.5);
+    // 101 layers of 5,000 neurons: 307,947 MB.
+    check(&[5000; 101], 32, None, 307_947.0, 1.0);
+}
+
+#[test]
+fn allocator_rounding() {
+    let check = |b: u64, want: u64| assert_eq!(allocator_bytes(b), want, "{b}");
+    check(1, 512);
+    check(512, 512);
+    check(1 << 20, 1 << 20);
+    check((1 << 20) + 1, 2 << 20);
+    check(5 << 20, 6 << 20);
+}
+
+fn profile() -> Profile {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
+    Profile::load(path.to_str().unwrap()).expect("profiles/a100-40gb.toml loads").0
+}
+
+#[test]
+fn analytic_terms_by_optimizer_and_precision() {
+    let f = Features {
+        total_parameters: 1_000_000,
+        total_activations: 1000,
+        batch_size: None,
+        layers: vec![Layer { kind: "Linear".into(), activations: 1000, parameters: 1_000_000 }],
+    };
+    let p = profile();
+    let w = allocator_bytes(4_000_000);
+    let check = |opt: Optimizer, prec: Precision, slots: u64, act: u64, amp: u64| {
+        let e = analytic(&f, 64, opt, prec, &p);
+        assert_eq!((e.weights, e.gradients, e.optimizer_state), (w, w, slots * w), "{opt:?}");
+        assert_eq!(e.activations, allocator_bytes(act * 1000 * 64));
+        assert_eq!(e.amp_weight_copies, amp);
+        assert_eq!(e.reserved, e.weights + e.gradients + e.optimizer_state + e.activations + amp + p.cublas_workspace_bytes());
+        assert_eq!(e.device, e.reserved + p.outside_allocator_bytes(true, false));
+    };
+    check(Optimizer::Adam, Precision::Fp32, 2, 4, 0);
+    check(Optimizer::Sgd, Precision::Fp32, 0, 4, 0);
+    check(Optimizer::SgdMomentum, Precision::Amp, 1, 2, allocator_bytes(2_000_000));
+    assert!("lion".parse::<Optimizer>().unwrap_err().contains("lion"));
+}

@@ -1,0 +1,114 @@
+//! The memest binary: the estimate JSON contract, table output, and clear errors (no panics, no
+//! partial files).
+
+use std::process::Command;
+
+use crate::common::{jsonl_trace, shared, venv_python};
+
+const MIB: u64 = 1024 * 1024;
+
+fn memest(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn inputs(dir: &std::path::Path) -> (String, String, String) {
+    let meta = [("batch_size", "8"), ("optimizer", "adam"), ("amp", "fp32"), ("cuda_emulation", "true")];
+    let t = dir.join("t.jsonl");
+    std::fs::write(&t, jsonl_trace(&meta, &[('a', 1, 3 * MIB), ('m', 0, 2), ('a', 2, MIB)])).unwrap();
+    let plain_meta = [("batch_size", "8"), ("cuda_emulation", "false")];
+    let p = dir.join("p.jsonl");
+    std::fs::write(&p, jsonl_trace(&plain_meta, &[('a', 1, 3 * MIB), ('m', 0, 2), ('a', 2, MIB)])).unwrap();
+    let f = dir.join("f.json");
+    std::fs::write(
+        &f,
+        r#"{"total_parameters": 100, "total_activations": 10, "layers": {"0": {"type": "Linear", "activations": 10, "parameters": 100}}}"#,
+    )
+    .unwrap();
+    (t.display().to_string(), p.display().to_string(), f.display().to_string())
+}
+
+#[test]
+fn estimate_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, p, f) = inputs(dir.path());
+    let (ok, out, err) = memest(&["estimate", "--trace", &t, "--features", &f, "--fake-trace", &p, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let e = &v["estimates"];
+    for k in ["symbolic", "analytic", "horus", "live_peak", "fake_tensor"] {
+        assert!(e[k]["device_mib"].as_f64().is_some(), "{k} in {out}");
+        assert!(v["seconds"][k].as_f64().is_some(), "seconds.{k}");
+    }
+    assert!(e["ml"].is_null());
+    assert!(v["unavailable"]["ml"].as_str().is_some());
+    // Horus at the trace's batch 8: 4·(10·8 + 100 + 8·100) bytes.
+    assert_eq!(e["horus"]["device_mib"].as_f64().unwrap(), 4.0 * 980.0 / MIB as f64);
+    assert_eq!(e["symbolic"]["reserved_mib"].as_f64().unwrap(), 22.0, "20 MiB large segment + 2 MiB small");
+    assert_eq!(e["live_peak"]["device_mib"].as_f64().unwrap(), 4.0);
+    assert_eq!(e["fake_tensor"]["device_mib"].as_f64().unwrap(), 3.0);
+    assert_eq!(v["family"], "MLP");
+    // Without a plain trace fake_tensor is null, with the reason.
+    let (ok, out, _) = memest(&["estimate", "--trace", &t, "--features", &f, "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["estimates"]["fake_tensor"].is_null());
+    assert!(v["unavailable"]["fake_tensor"].as_str().unwrap().contains("--fake-trace"));
+    // The table form names every estimator.
+    let (ok, out, _) = memest(&["estimate", "--trace", &t, "--features", &f]);
+    assert!(ok && out.contains("symbolic") && out.contains("horus"), "{out}");
+}
+
+#[test]
+fn errors_are_clear_and_exit_nonzero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, f) = inputs(dir.path());
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"total_parameters": "many"}"#).unwrap();
+    let check = |args: &[&str], needles: &[&str]| {
+        let (ok, _, err) = memest(args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(err.starts_with("error: ") && !err.contains("panicked"), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{err:?} lacks {n:?}");
+        }
+    };
+    check(&["estimate", "--trace", &t, "--features", bad.to_str().unwrap()], &["bad.json", "total_parameters"]);
+    check(&["estimate", "--trace", "/nonexistent.jsonl", "--features", &f], &["/nonexistent.jsonl"]);
+    check(&["estimate", "--trace", &t, "--features", &f, "--profile", "no-such-gpu"], &["no-such-gpu"]);
+    check(&["estimate", "--trace", &f, "--features", &f], &["f.json"]);
+    let runs = dir.path().join("runs.jsonl");
+    std::fs::write(&runs, "{\"id\": 1}\n").unwrap();
+    let out = dir.path().join("p.toml");
+    check(&["calibrate", runs.to_str().unwrap(), "--write", out.to_str().unwrap()], &["runs.jsonl:1"]);
+    assert!(!out.exists(), "no partial profile written");
+}
+
+#[test]
+fn compare_rebuilds_real_rows_through_the_trainer() {
+    // Two real GPUMemNet MLP rows, traced by the trainer (needs the venv), every estimator run.
+    venv_python();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cmp");
+    let data = shared("gpumemnet/mlp_data_step2.csv");
+    let (ok, stdout, err) = memest(&[
+        "compare", "--dataset", data.to_str().unwrap(), "--limit", "2", "--seed", "5", "--out", out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("symbolic"), "{stdout}");
+    let runs = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    let recs: Vec<serde_json::Value> = runs.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        for k in ["horus", "analytic", "fake_tensor", "live_peak", "symbolic"] {
+            let o = &r["estimates"][k];
+            assert!(o["device_bytes"].as_u64().is_some_and(|b| b > 0), "{k}: {o}");
+        }
+        // The allocator can only add to what the program asked for.
+        let sym = r["estimates"]["symbolic"]["reserved_bytes"].as_u64().unwrap();
+        assert!(sym >= r["estimates"]["live_peak"]["device_bytes"].as_u64().unwrap());
+    }
+    for f in ["report.md", "metrics.json", "runs.csv", "estimate_vs_actual.svg", "estimate_vs_actual.png", "per_run_bars.svg", "error_distribution.png"] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+}

@@ -1,0 +1,48 @@
+//! Shared test helpers: paths to shared data and the venv (failing loudly when missing), and
+//! small trace builders.
+
+use std::path::PathBuf;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A file under ../shared/data; panics with instructions when it is missing.
+pub fn shared(rel: &str) -> PathBuf {
+    let p = repo().join("../shared/data").join(rel);
+    assert!(p.is_file(), "missing shared data {} (expected next to the repository at ../shared/data)", p.display());
+    p
+}
+
+/// The venv's python; panics when missing.
+pub fn venv_python() -> PathBuf {
+    let p = repo().join(".venv/bin/python");
+    assert!(p.is_file(), "missing {}: run scripts/setup.sh to create the venv the trainer needs", p.display());
+    p
+}
+
+/// A JSON Lines allocator-level trace from (op, addr, size) triples: op 'a' allocs, 'f' frees,
+/// 'm' writes a marker whose text is `size` interpreted as a phase index.
+pub fn jsonl_trace(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> String {
+    let meta: serde_json::Map<String, serde_json::Value> =
+        meta.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string()))).collect();
+    let header = serde_json::json!({
+        "kind": "header", "format_version": 1,
+        "producer": {"name": "test", "version": "0"},
+        "level": "allocator", "caching_disabled": false, "synthetic_addresses": true, "metadata": meta,
+    });
+    let mut s = header.to_string() + "\n";
+    for (i, &(op, addr, size)) in ops.iter().enumerate() {
+        let line = match op {
+            'a' => serde_json::json!({"kind": "alloc", "ts_ns": i, "device": 0, "addr": addr, "size": size, "stream": 0,
+                "mem": "device", "api": "allocator", "result": 0, "origin": "request"}),
+            'f' => serde_json::json!({"kind": "free", "ts_ns": i, "device": 0, "addr": addr, "stream": 0,
+                "mem": "device", "api": "allocator", "result": 0, "origin": "request", "stage": "immediate"}),
+            _ => serde_json::json!({"kind": "marker", "ts_ns": i, "device": 0,
+                "text": ["phase:forward", "phase:backward", "phase:optimizer"][size as usize]}),
+        };
+        s += &(line.to_string() + "\n");
+    }
+    s
+}

@@ -1,0 +1,58 @@
+//! Feature parsing and the family rule (any convolution: CNN; any attention: Transformer).
+
+use std::path::Path;
+
+use estimators::features::{is_convolution, is_gemm, Family, Features};
+
+#[test]
+fn family_from_layer_types() {
+    let check = |types: &[&str], want: Family| assert_eq!(Family::from_layer_types(types.iter().copied()), want, "{types:?}");
+    check(&["Linear", "ReLU", "Softmax"], Family::Mlp);
+    check(&["linear", "batch_normalization"], Family::Mlp);
+    check(&["Conv2d", "BatchNorm2d", "Linear"], Family::Cnn);
+    check(&["conv2d", "GELU"], Family::Cnn);
+    check(&["Embedding", "Conv1D", "GPT2Attention", "LayerNorm"], Family::Transformer);
+    check(&["Conv2d", "MultiheadAttention"], Family::Transformer);
+    check(&[], Family::Mlp);
+}
+
+#[test]
+fn library_terms_from_layer_types() {
+    for (t, conv, gemm) in [
+        ("Conv2d", true, false),
+        ("ConvTranspose2d", true, false),
+        ("conv2d", true, false),
+        ("Conv1D", false, true),
+        ("Linear", false, true),
+        ("NonDynamicallyQuantizableLinear", false, true),
+        ("ReLU", false, false),
+    ] {
+        assert_eq!((is_convolution(t), is_gemm(t)), (conv, gemm), "{t}");
+    }
+}
+
+#[test]
+fn parses_trainer_json() {
+    let text = r#"{"total_parameters": 30, "total_activations": 7, "batch_size": 4,
+        "layers": {"10": {"type": "Softmax", "activations": 2, "parameters": 0},
+                   "2": {"type": "Linear", "activations": 5, "parameters": 30}}}"#;
+    let f = Features::parse_json(text, Path::new("f.json")).unwrap();
+    assert_eq!((f.total_parameters, f.total_activations, f.batch_size), (30, 7, Some(4)));
+    // Numeric, not lexical, layer order.
+    assert_eq!(f.layers.iter().map(|l| l.kind.as_str()).collect::<Vec<_>>(), ["Linear", "Softmax"]);
+    assert!(f.uses_gemm() && !f.uses_conv());
+}
+
+#[test]
+fn errors_name_file_and_field() {
+    let check = |text: &str, needle: &str| {
+        let e = Features::parse_json(text, Path::new("feat.json")).unwrap_err().to_string();
+        assert!(e.contains("feat.json") && e.contains(needle), "{e:?} lacks {needle:?}");
+    };
+    check("not json", "<document>");
+    check(r#"{"total_activations": 1, "layers": {}}"#, "total_parameters");
+    check(r#"{"total_parameters": -1, "total_activations": 1, "layers": {}}"#, "total_parameters");
+    check(r#"{"total_parameters": 1, "total_activations": 1}"#, "layers");
+    check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"0": {"type": "Linear", "activations": 1}}}"#, "layers.0.parameters");
+    check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"x": {}}}"#, "layers.x");
+}

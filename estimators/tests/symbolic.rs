@@ -1,0 +1,69 @@
+//! The symbolic estimator on hand-built traces: replay peaks, profile terms, capped reruns,
+//! live-peak and the FakeTensor-style forward+backward peak.
+
+use estimators::symbolic::{capped_rerun_ok, symbolic};
+use estimators::tracefile::LoadedTrace;
+use simulator::alloc::TorchVersion;
+use simulator::profile::Profile;
+
+use crate::common::jsonl_trace;
+
+const MIB: u64 = 1024 * 1024;
+
+fn load(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> (tempfile::TempDir, LoadedTrace) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.jsonl");
+    std::fs::write(&p, jsonl_trace(meta, ops)).unwrap();
+    let t = LoadedTrace::load(&p).unwrap();
+    (dir, t)
+}
+
+fn profile() -> Profile {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
+    Profile::load(path.to_str().unwrap()).unwrap().0
+}
+
+#[test]
+fn replay_peaks_and_device_terms() {
+    // Requests under 10 MiB share a 20 MiB large-pool segment (kLargeBuffer); 1000 B takes a 2 MiB small one.
+    let ops = [('m', 0, 0), ('a', 1, 3 * MIB), ('a', 2, 4 * MIB), ('f', 1, 0), ('m', 0, 1), ('a', 3, 1000), ('m', 0, 2), ('a', 4, 8 * MIB)];
+    let (_d, t) = load(&[("batch_size", "4")], &ops);
+    let p = profile();
+    let check = |gemm: bool, conv: bool| {
+        let e = symbolic(&t, &p, TorchVersion::V2_4, gemm, conv).unwrap();
+        assert_eq!(e.predicted_reserved_peak, 22 * MIB, "one 20 MiB segment shared by 3, 4 and 8 MiB, plus a 2 MiB small-pool segment");
+        assert_eq!(e.outside_allocator, p.outside_allocator_bytes(gemm, conv));
+        assert_eq!(e.predicted_device_peak, e.predicted_reserved_peak + e.outside_allocator);
+        assert!(!e.oom_on_profile_gpu);
+    };
+    check(false, false);
+    check(true, true);
+    // live-peak: 3+4 MiB, then 4 MiB + 1000 B + 8 MiB = the larger.
+    assert_eq!(t.live_peak(), 12 * MIB + 1000);
+    // forward+backward only: stops at the optimizer marker.
+    assert_eq!(t.forward_backward_peak(), 7 * MIB);
+}
+
+#[test]
+fn capped_rerun_survives_only_with_enough_memory() {
+    let ops = [('a', 1, 30 * MIB), ('f', 1, 0), ('a', 2, 30 * MIB)];
+    let (_d, t) = load(&[], &ops);
+    let check = |estimate: u64, outside: u64, ok: bool| {
+        assert_eq!(capped_rerun_ok(&t, TorchVersion::V2_4, estimate, outside).unwrap(), ok, "{estimate} - {outside}");
+    };
+    check(30 * MIB, 0, true);
+    check(29 * MIB, 0, false);
+    check(30 * MIB, MIB, false);
+    check(31 * MIB, MIB, true);
+}
+
+#[test]
+fn device_level_trace_is_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("dev.jsonl");
+    let text = jsonl_trace(&[], &[('a', 1, 100)]).replacen("\"level\":\"allocator\"", "\"level\":\"device\"", 1);
+    std::fs::write(&p, text).unwrap();
+    let t = LoadedTrace::load(&p).unwrap();
+    let e = symbolic(&t, &profile(), TorchVersion::V2_4, false, false).unwrap_err().to_string();
+    assert!(e.contains("dev.jsonl") && e.contains("device-level"), "{e}");
+}

@@ -1,0 +1,100 @@
+//! Start-state rebuild on hand-made fixtures whose answers follow from the allocator reference
+//! §15 by hand (see tests/fixtures/snapshots/README.md), and validation of the same fixture.
+
+use simulator::snapshot::{self, StartState, ValidateOptions, Verdict};
+use trace::BlockState::{self, ActiveAllocated as Alloc, ActivePendingFree as Pending, Inactive as Free};
+
+use crate::snapshot_support::{fixture, round_plain};
+
+const MIB: u64 = 1 << 20;
+const L: u64 = 0x7F00_0000_0000;
+const S: u64 = 0x7F00_0200_0000;
+const F: u64 = 0x7F00_0600_0000;
+
+/// (segment base, size, small pool, [(offset, size, requested, state)]).
+type Expect = (u64, u64, bool, Vec<(u64, u64, u64, BlockState)>);
+
+fn check(start: &StartState, expect: &[Expect]) {
+    let got: Vec<Expect> = start
+        .segments
+        .iter()
+        .map(|s| {
+            let blocks = s.blocks.iter().map(|b| (b.addr - s.addr, b.size, b.requested_size, b.state)).collect();
+            (s.addr, s.size, s.is_small_pool, blocks)
+        })
+        .collect();
+    assert_eq!(got, expect);
+}
+
+#[test]
+fn rebuild_native_fixture() {
+    let snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &round_plain);
+    let b = 3_000_320 + 512 * 1024; // round_size(3,000,000) plus the absorbed 512 KiB gap
+    let c = 2 * MIB + b;
+    let d = c + 4 * MIB;
+    let d_size = 5 * MIB;
+    check(
+        &start,
+        &[
+            (
+                L,
+                20 * MIB,
+                false,
+                vec![
+                    (0, 2 * MIB, 2 * MIB, Alloc),
+                    (2 * MIB, b, 3_000_000, Alloc),
+                    (c, 4 * MIB, 4 * MIB, Alloc),
+                    (d, d_size, 5 * MIB, Pending),
+                    (d + d_size, 20 * MIB - d - d_size, 0, Free),
+                ],
+            ),
+            (
+                S,
+                2 * MIB,
+                true,
+                vec![
+                    (0, 4096, 4000, Alloc),
+                    (4096, 1280, 1000, Alloc), // round_size(1000) = 1024 plus a 256 B gap
+                    (4096 + 1280, 512, 512, Alloc),
+                    (4096 + 1792, 2 * MIB - 4096 - 1792, 0, Free),
+                ],
+            ),
+            (F, 2 * MIB, true, vec![(0, 2 * MIB, 0, Free)]),
+        ],
+    );
+    assert_eq!(start.unrecoverable.len(), 1, "{:?}", start.unrecoverable);
+    let u = &start.unrecoverable[0];
+    assert_eq!(u.addr, Some(L + d));
+    assert!(u.reason.contains("size ambiguous") && u.reason.contains("up to 1 MiB"), "{}", u.reason);
+}
+
+#[test]
+fn rebuild_with_an_empty_trace_is_the_final_state() {
+    let mut snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
+    snap.device_traces = vec![Vec::new()];
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &round_plain);
+    assert!(start.unrecoverable.is_empty());
+    assert_eq!(start.segments.len(), snap.segments.len());
+    for (s, f) in start.segments.iter().zip(&snap.segments) {
+        let got: Vec<_> = s.blocks.iter().map(|b| (b.addr, b.size, b.state)).collect();
+        // Free blocks carry no requested size in the start state; the rest is identical.
+        let want: Vec<_> = f.blocks.iter().map(|b| (b.address, b.size, b.state)).collect();
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn the_fixture_replays_exactly_from_its_rebuilt_start() {
+    let snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
+    let r = snapshot::validate(&snap, &ValidateOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((r.allocs, r.alloc_addr_matches), (1, 1));
+    // segment_free of F (replayed as empty_cache) and segment_alloc of N.
+    assert_eq!((r.segment_events, r.segment_event_matches, r.extra_predicted_segment_events), (2, 2, 0));
+    assert_eq!(r.empty_cache_bursts, 1);
+    assert_eq!(r.verdict, Verdict::Exact);
+    // 24 MiB at the start; F (2 MiB) is released before N (12 MiB) is created.
+    assert_eq!(r.recorded_peak_reserved_bytes, (20 + 2 + 12) * MIB);
+    assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes);
+    assert!(r.passed());
+}

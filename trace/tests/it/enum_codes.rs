@@ -1,0 +1,64 @@
+//! Pins the on-disk variant index of every small enum (FORMAT.md §1.7) and a few API codes:
+//! bincode numbers enum variants by declaration order, so reordering one must fail here.
+
+use trace::*;
+
+fn check<T: bincode::Encode>(values: &[T], name: &str) {
+    for (i, v) in values.iter().enumerate() {
+        let bytes = bincode::encode_to_vec(v, bincode::config::standard()).unwrap();
+        assert_eq!(bytes[0] as usize, i, "{name} value #{i} must encode as variant index {i}");
+    }
+}
+
+#[test]
+fn enum_variant_indexes_are_pinned() {
+    check(&[Level::Device, Level::Allocator], "Level");
+    check(&[Origin::Request, Origin::Outcome], "Origin");
+    check(
+        &[
+            MemoryKind::Device,
+            MemoryKind::PinnedHost,
+            MemoryKind::Managed,
+            MemoryKind::Physical,
+            MemoryKind::HostRegistered,
+            MemoryKind::IpcImport,
+        ],
+        "MemoryKind",
+    );
+    check(&Category::ALL, "Category");
+    check(&[FreeStage::Immediate, FreeStage::Requested, FreeStage::Completed], "FreeStage");
+    check(&[VmmOp::Reserve, VmmOp::AddressFree, VmmOp::Map, VmmOp::Unmap, VmmOp::SetAccess], "VmmOp");
+    check(&[StateAt::Start, StateAt::End], "StateAt");
+    check(&[SegmentPool::Small, SegmentPool::Large], "SegmentPool");
+    check(&[BlockState::ActiveAllocated, BlockState::ActivePendingFree, BlockState::Inactive], "BlockState");
+    check(
+        &[
+            ControlOp::EmptyCache,
+            ControlOp::SetMemoryFraction { fraction: 0.0 },
+            ControlOp::ResetPeakStats,
+            ControlOp::RecordStream { addr: 0, stream: 0 },
+        ],
+        "ControlOp",
+    );
+}
+
+#[test]
+fn api_encodes_as_its_code() {
+    let check = |api: Api, expect: &[u8]| {
+        assert_eq!(bincode::encode_to_vec(api, bincode::config::standard()).unwrap(), expect, "{api}");
+    };
+    check(Api::Allocator, &[1]);
+    check(Api::CudaMalloc, &[2]);
+    check(Api::__CudaLaunchKernel, &[98]);
+    check(Api::User, &[162]);
+    check(Api::from_code(4242), &[0xFB, 0x92, 0x10]);
+}
+
+#[test]
+fn tags_match_kinds_order() {
+    // Event::KINDS is in tag order: tag n is KINDS[n - 1].
+    let golden = crate::support::small_trace().1;
+    for r in golden {
+        assert_eq!(Event::KINDS[r.event.tag() as usize - 1], r.event.kind());
+    }
+}
