@@ -21,6 +21,6 @@ if [[ -z "$rust_sum" || "$rust_sum" != "$py_sum" ]]; then
     echo "error: the Python port placed blocks differently (checksums '$rust_sum' vs '$py_sum')" >&2
     exit 1
 fi
-rust_rate=$(sed -n 's/^replay:.* = \([0-9.]*\) M events\/s.*/\1/p' <<<"$rust_out")
+rust_rate=$(sed -n 's/^replay:.* = \([0-9.]*\) M events\/s per CPU-second.*/\1/p' <<<"$rust_out")
 py_rate=$(sed -n 's/^python:.* = \([0-9.]*\) M events\/s.*/\1/p' <<<"$py_out")
-awk -v r="$rust_rate" -v p="$py_rate" 'BEGIN { printf "speedup: %.0fx (Rust %.1f M events/s on the full trace, Python %.3f M events/s on the prefix; identical placements on the prefix)\n", r / p, r, p }'
+awk -v r="$rust_rate" -v p="$py_rate" 'BEGIN { printf "speedup: %.0fx per CPU-second (Rust %.1f M events/s on the full trace, Python %.3f M events/s on the prefix; identical placements on the prefix)\n", r / p, r, p }'

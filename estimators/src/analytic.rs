@@ -57,7 +57,9 @@ impl FromStr for Optimizer {
             "adagrad" => Optimizer::Adagrad,
             "rmsprop" => Optimizer::RmsProp,
             other => {
-                return Err(format!("unknown optimizer {other:?}: expected adam, adamw, sgd, sgd-momentum, adagrad or rmsprop"))
+                return Err(format!(
+                    "unknown optimizer {other:?}: expected adam, adamw, sgd, sgd-momentum, adagrad or rmsprop"
+                ))
             }
         })
     }
@@ -120,7 +122,13 @@ pub fn allocator_bytes(bytes: u64) -> u64 {
 /// activations × batch, each rounded as the allocator would, plus the profile's workspace and
 /// outside-allocator memory. Peak is taken at the second iteration's backward, when weights,
 /// optimizer state, gradients and saved activations all coexist.
-pub fn analytic(f: &Features, batch: u64, optimizer: Optimizer, precision: Precision, profile: &Profile) -> AnalyticEstimate {
+pub fn analytic(
+    f: &Features,
+    batch: u64,
+    optimizer: Optimizer,
+    precision: Precision,
+    profile: &Profile,
+) -> AnalyticEstimate {
     let act_bytes = match precision {
         Precision::Fp32 => 4,
         Precision::Amp => 2,

@@ -31,9 +31,16 @@ pub struct CalRun {
 impl CalRun {
     /// From a comparison's run record; `None` without a truth or a symbolic estimate.
     pub fn from_record(r: &RunRecord) -> Option<CalRun> {
-        let t = r.truth_bytes.filter(|_| !r.real_oom)?;
+        // A zero label is a failed measurement (nvidia-smi never shows less than the context).
+        let t = r.truth_bytes.filter(|t| !r.real_oom && *t > 0.0)?;
         let res = r.estimates.get("symbolic")?.reserved_bytes?;
-        Some(CalRun { id: r.id.clone(), truth_mib: t / MIB, reserved_mib: res as f64 / MIB, uses_gemm: r.uses_gemm, uses_conv: r.uses_conv })
+        Some(CalRun {
+            id: r.id.clone(),
+            truth_mib: t / MIB,
+            reserved_mib: res as f64 / MIB,
+            uses_gemm: r.uses_gemm,
+            uses_conv: r.uses_conv,
+        })
     }
 
     fn predict(&self, o: &OutsideAllocator) -> f64 {
@@ -76,7 +83,8 @@ pub fn split(runs: &[CalRun], test_fraction: f64, seed: u64) -> (Vec<CalRun>, Ve
         .iter()
         .map(|r| {
             // Hash the id, so a run's side does not depend on which other runs are present.
-            let mut s = seed ^ r.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+            let mut s =
+                seed ^ r.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
             (splitmix64(&mut s), r)
         })
         .collect();
@@ -113,7 +121,9 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         } else {
             outside.context_mib = sum.max(0.0);
             outside.cublas_mib = 0.0;
-            notes.push(format!("MLP residual {sum:.1} MiB is below the prior context: context_mib lowered to it, cublas_mib 0"));
+            notes.push(format!(
+                "MLP residual {sum:.1} MiB is below the prior context: context_mib lowered to it, cublas_mib 0"
+            ));
         }
     } else {
         notes.push("no MLP runs: context_mib and cublas_mib keep their priors".into());
@@ -121,7 +131,12 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
     let conv: Vec<(f64, f64)> = train
         .iter()
         .filter(|r| r.uses_conv)
-        .map(|r| (r.truth_mib - r.reserved_mib - outside.context_mib - if r.uses_gemm { outside.cublas_mib } else { 0.0 }, 1.0 / r.truth_mib))
+        .map(|r| {
+            (
+                r.truth_mib - r.reserved_mib - outside.context_mib - if r.uses_gemm { outside.cublas_mib } else { 0.0 },
+                1.0 / r.truth_mib,
+            )
+        })
         .collect();
     match wq(&conv) {
         Some(c) => outside.cudnn_mib = c.max(0.0),

@@ -11,6 +11,8 @@ use simulator::profile::Profile;
 
 use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
 use crate::dataset::DatasetRow;
+use crate::error::chain;
+use crate::features::Family;
 use crate::metrics::{self, Metrics};
 use crate::symbolic::{capped_rerun_ok, symbolic};
 use crate::tracefile::LoadedTrace;
@@ -86,19 +88,28 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
 /// Evaluate every estimator (except ML, which the caller adds) on one row.
 pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx: &EvalContext) -> RunRecord {
     let f = &row.features;
-    let uses_conv = f.uses_conv();
-    let loaded = trace.map(|(p, s)| (LoadedTrace::load(p).map_err(|e| format!("{e:#}")), s));
+    // Rows whose layer list is empty (torchsummary failed upstream) still ran their generator's convolutions.
+    let uses_conv = f.uses_conv() || row.family == Family::Cnn;
+    let loaded = trace.map(|(p, s)| (LoadedTrace::load(p).map_err(|e| chain(&e)), s));
     // The tracer's workspace allocation is direct evidence of a GEMM; layer types are the fallback.
     let uses_gemm = f.uses_gemm() || matches!(&loaded, Ok((Ok(t), _)) if t.has_workspace());
     let outside = ctx.profile.outside_allocator_bytes(uses_gemm, uses_conv);
     let mut est = BTreeMap::new();
 
     let (h, s) = timed(|| horus_bytes(f.total_activations, row.batch, f.total_parameters));
-    est.insert("horus".into(), Outcome { device_bytes: Some(h.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() });
+    est.insert(
+        "horus".into(),
+        Outcome { device_bytes: Some(h.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
+    );
     let (a, s) = timed(|| analytic(f, row.batch, ctx.optimizer, ctx.precision, ctx.profile));
     est.insert(
         "analytic".into(),
-        Outcome { device_bytes: Some(a.device), reserved_bytes: Some(a.reserved), seconds: Some(s), ..Outcome::default() },
+        Outcome {
+            device_bytes: Some(a.device),
+            reserved_bytes: Some(a.reserved),
+            seconds: Some(s),
+            ..Outcome::default()
+        },
     );
 
     match &loaded {
@@ -128,7 +139,7 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
                         seconds: Some(trace_s + s),
                         ..Outcome::default()
                     },
-                    Err(e) => Outcome::failed(format!("{e:#}")),
+                    Err(e) => Outcome::failed(chain(&e)),
                 },
             );
         }
@@ -138,7 +149,7 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
         match plain {
             Err(why) => Outcome::failed(format!("no plain-meta trace: {why}")),
             Ok((p, trace_s)) => match LoadedTrace::load(p) {
-                Err(e) => Outcome::failed(format!("{e:#}")),
+                Err(e) => Outcome::failed(chain(&e)),
                 Ok(pt) if !pt.is_plain_meta() => {
                     Outcome::failed(format!("{}: not a plain-meta trace (cuda_emulation is not false)", p.display()))
                 }
@@ -205,9 +216,19 @@ pub fn metric_run(r: &RunRecord, estimator: &str) -> metrics::Run {
 /// Group long error messages into a reason class for the count table (the first clause, without
 /// run-specific paths and numbers).
 pub fn reason_class(e: &str) -> String {
-    let first = e.split(": ").take(2).collect::<Vec<_>>().join(": ");
-    let cleaned: String = first.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
-    cleaned.chars().take(100).collect()
+    // Drop embedded JSON objects (the trainer quotes the whole config) and digits.
+    let mut depth = 0usize;
+    let mut cleaned = String::new();
+    for c in e.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            _ if depth > 0 => {}
+            c if c.is_ascii_digit() => cleaned.push('#'),
+            c => cleaned.push(c),
+        }
+    }
+    cleaned.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(140).collect()
 }
 
 /// Metrics for every estimator present, per family and over all runs.
@@ -222,11 +243,8 @@ pub fn aggregate(records: &[RunRecord], total_gpu: f64) -> Vec<GroupMetrics> {
             continue;
         }
         for g in &groups {
-            let runs: Vec<metrics::Run> = records
-                .iter()
-                .filter(|r| g == "all" || &r.family == g)
-                .map(|r| metric_run(r, est))
-                .collect();
+            let runs: Vec<metrics::Run> =
+                records.iter().filter(|r| g == "all" || &r.family == g).map(|r| metric_run(r, est)).collect();
             let proxy: Vec<metrics::Run> =
                 runs.iter().cloned().map(|r| metrics::Run { capped_rerun_ok: None, ..r }).collect();
             out.push(GroupMetrics {

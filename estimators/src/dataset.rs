@@ -37,7 +37,11 @@ pub fn parse_activations_params(cell: &str) -> std::result::Result<Vec<Layer>, S
         .and_then(|b| b.strip_suffix(']'))
         .ok_or_else(|| format!("expected a list like [('linear', 10, 20), ...], got {:.40}", body))?;
     for tuple in body.split(')').map(str::trim).filter(|t| !t.is_empty()) {
-        let t = tuple.trim_start_matches(',').trim().strip_prefix('(').ok_or_else(|| format!("expected '(' in {tuple:.40}"))?;
+        let t = tuple
+            .trim_start_matches(',')
+            .trim()
+            .strip_prefix('(')
+            .ok_or_else(|| format!("expected '(' in {tuple:.40}"))?;
         let parts: Vec<&str> = t.split(',').map(str::trim).collect();
         if parts.len() != 3 {
             return Err(format!("expected ('type', activations, params), got ({t:.60})"));
@@ -73,9 +77,12 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
         let get = |c: usize, name: &str| rec.get(c).ok_or_else(|| csv_err(path, row, name, "cell missing"));
         let num = |c: usize, name: &str| -> Result<u64> {
             let s = get(c, name)?;
-            s.trim().parse::<f64>().ok().filter(|v| *v >= 0.0 && v.fract() == 0.0).map(|v| v as u64).ok_or_else(|| {
-                csv_err(path, row, name, &format!("expected a whole number >= 0, got {s:?}"))
-            })
+            s.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v >= 0.0 && v.fract() == 0.0)
+                .map(|v| v as u64)
+                .ok_or_else(|| csv_err(path, row, name, &format!("expected a whole number >= 0, got {s:?}")))
         };
         let layers = parse_activations_params(get(c_ap, "Activations-Params")?)
             .map_err(|e| csv_err(path, row, "Activations-Params", &e))?;
@@ -96,7 +103,12 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
             batch_size: Some(batch),
             layers,
         };
-        let family = features.family();
+        // An empty layer list (torchsummary failed upstream) says nothing: the generator does.
+        let family = if features.layers.is_empty() && get(c_file, "Filename")?.contains("base_filters:") {
+            Family::Cnn
+        } else {
+            features.family()
+        };
         rows.push(DatasetRow {
             id: format!("{stem}-{row:05}"),
             filename: get(c_file, "Filename")?.to_string(),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum EstimateError {
     /// A file could not be read or written.
-    #[error("{path}: {action}: {source}")]
+    #[error("{path}: {action}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -40,10 +40,10 @@ pub enum EstimateError {
         expected: String,
     },
     /// A trace could not be read.
-    #[error("cannot read trace: {0}")]
+    #[error(transparent)]
     Trace(#[from] trace::TraceError),
     /// A trace could not be replayed.
-    #[error("{path}: cannot replay: {source}")]
+    #[error("{path}: cannot replay")]
     Replay {
         /// The trace.
         path: PathBuf,
@@ -54,7 +54,7 @@ pub enum EstimateError {
     #[error(transparent)]
     Profile(#[from] simulator::profile::ProfileError),
     /// The profile's `software.allocator` is not a modelled allocator version.
-    #[error("{path}: software.allocator: {source}")]
+    #[error("{path}: software.allocator")]
     AllocatorVersion {
         /// The profile file.
         path: PathBuf,
@@ -80,6 +80,19 @@ pub enum EstimateError {
     /// Calibration was impossible with the runs given.
     #[error("calibration: {0}")]
     Calibration(String),
+}
+
+/// An error and its sources, `: `-separated (what anyhow's `{:#}` prints), for messages kept in
+/// reports rather than printed by the CLI.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// Result alias of the library.

@@ -71,7 +71,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let (profile, ppath) = input.profile;
     let t = input.trace;
     let f = input.features;
-    let field = |field: &str, expected: String| EstimateError::Field { path: t.path.clone(), field: field.into(), expected };
+    let field =
+        |field: &str, expected: String| EstimateError::Field { path: t.path.clone(), field: field.into(), expected };
     let batch = match input.batch.or(f.batch_size) {
         Some(b) => b,
         None => t
@@ -79,7 +80,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             .and_then(|b| b.parse().ok())
             .ok_or_else(|| field("metadata.batch_size", "a batch size (or pass --batch-size)".into()))?,
     };
-    let optimizer: Optimizer = t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
+    let optimizer: Optimizer =
+        t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
     let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
     let version = profile_version(profile, ppath)?;
     let uses_conv = f.uses_conv();
@@ -96,12 +98,19 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     time("symbolic", s);
     estimates.insert(
         "symbolic".into(),
-        Some(Answer { device_mib: mib(sym.predicted_device_peak), reserved_mib: Some(mib(sym.predicted_reserved_peak)), level: "device" }),
+        Some(Answer {
+            device_mib: mib(sym.predicted_device_peak),
+            reserved_mib: Some(mib(sym.predicted_reserved_peak)),
+            level: "device",
+        }),
     );
     let s = Instant::now();
     let a = analytic(f, batch, optimizer, precision, profile);
     time("analytic", s);
-    estimates.insert("analytic".into(), Some(Answer { device_mib: mib(a.device), reserved_mib: Some(mib(a.reserved)), level: "device" }));
+    estimates.insert(
+        "analytic".into(),
+        Some(Answer { device_mib: mib(a.device), reserved_mib: Some(mib(a.reserved)), level: "device" }),
+    );
     let s = Instant::now();
     let h = horus_bytes(f.total_activations, batch, f.total_parameters);
     time("horus", s);
@@ -115,7 +124,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             let s = Instant::now();
             let v = p.forward_backward_peak();
             time("fake_tensor", s);
-            estimates.insert("fake_tensor".into(), Some(Answer { device_mib: mib(v), reserved_mib: None, level: "live" }));
+            estimates
+                .insert("fake_tensor".into(), Some(Answer { device_mib: mib(v), reserved_mib: None, level: "live" }));
         }
         Some(p) => {
             estimates.insert("fake_tensor".into(), None);

@@ -130,12 +130,19 @@ impl Features {
                 .ok_or_else(|| field(&at("type"), "expected a string"))?
                 .to_string();
             let num = |f: &str| {
-                l.get(f).and_then(serde_json::Value::as_u64).ok_or_else(|| field(&at(f), "expected a whole number >= 0"))
+                l.get(f)
+                    .and_then(serde_json::Value::as_u64)
+                    .ok_or_else(|| field(&at(f), "expected a whole number >= 0"))
             };
             keyed.push((idx, Layer { kind, activations: num("activations")?, parameters: num("parameters")? }));
         }
         keyed.sort_by_key(|(i, _)| *i);
-        Ok(Features { total_parameters, total_activations, batch_size, layers: keyed.into_iter().map(|x| x.1).collect() })
+        Ok(Features {
+            total_parameters,
+            total_activations,
+            batch_size,
+            layers: keyed.into_iter().map(|x| x.1).collect(),
+        })
     }
 
     /// Read and parse a features JSON file.

@@ -10,8 +10,14 @@ use crate::compare::{RunRecord, ESTIMATORS};
 use crate::error::{EstimateError, Result};
 
 const MIB: f64 = 1024.0 * 1024.0;
-const COLORS: [RGBColor; 6] =
-    [RGBColor(230, 97, 1), RGBColor(94, 60, 153), RGBColor(27, 158, 119), RGBColor(117, 112, 179), RGBColor(31, 120, 180), RGBColor(200, 30, 90)];
+const COLORS: [RGBColor; 6] = [
+    RGBColor(230, 97, 1),
+    RGBColor(94, 60, 153),
+    RGBColor(27, 158, 119),
+    RGBColor(117, 112, 179),
+    RGBColor(31, 120, 180),
+    RGBColor(200, 30, 90),
+];
 
 type DrawResult = std::result::Result<(), String>;
 
@@ -45,7 +51,11 @@ pub fn write_all(dir: &Path, records: &[RunRecord]) -> Result<Vec<std::path::Pat
 }
 
 fn rename(from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|source| EstimateError::Io { path: to.to_path_buf(), action: "cannot write", source })
+    std::fs::rename(from, to).map_err(|source| EstimateError::Io {
+        path: to.to_path_buf(),
+        action: "cannot write",
+        source,
+    })
 }
 
 fn draw<DB: DrawingBackend>(name: &str, root: &DrawingArea<DB, Shift>, records: &[RunRecord]) -> DrawResult {
@@ -75,8 +85,9 @@ fn present(records: &[RunRecord]) -> Vec<(usize, &'static str)> {
 
 fn scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]) -> DrawResult {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let all: Vec<f64> = present(records).iter().flat_map(|(_, e)| pairs(records, e)).flat_map(|(t, e)| [t, e]).collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1e-3).min(100.0);
+    let all: Vec<f64> =
+        present(records).iter().flat_map(|(_, e)| pairs(records, e)).flat_map(|(t, e)| [t, e]).collect();
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).clamp(1e-3, 100.0);
     let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
     let mut chart = ChartBuilder::on(root)
         .caption("estimate vs measured (MiB, log-log); y = x is exact", ("sans-serif", 20))
@@ -86,7 +97,10 @@ fn scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunReco
         .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
         .map_err(|e| e.to_string())?;
     chart.configure_mesh().x_desc("measured MiB").y_desc("estimated MiB").draw().map_err(|e| e.to_string())?;
-    chart.draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(1))).map_err(|e| e.to_string())?.label("y = x");
+    chart
+        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(1)))
+        .map_err(|e| e.to_string())?
+        .label("y = x");
     for (i, est) in present(records) {
         let c = COLORS[i % COLORS.len()];
         chart
@@ -95,14 +109,22 @@ fn scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunReco
             .label(est)
             .legend(move |(x, y)| Circle::new((x, y), 4, c.filled()));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
 fn error_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]) -> DrawResult {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(root)
-        .caption("signed relative error (estimate − measured) / measured, CDF; clipped to [−100%, +300%]", ("sans-serif", 18))
+        .caption(
+            "signed relative error (estimate − measured) / measured, CDF; clipped to [−100%, +300%]",
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -111,7 +133,8 @@ fn error_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRe
     chart.configure_mesh().x_desc("signed error %").y_desc("fraction of runs").draw().map_err(|e| e.to_string())?;
     for (i, est) in present(records) {
         let c = COLORS[i % COLORS.len()];
-        let mut errs: Vec<f64> = pairs(records, est).iter().map(|(t, e)| ((e - t) / t * 100.0).clamp(-100.0, 300.0)).collect();
+        let mut errs: Vec<f64> =
+            pairs(records, est).iter().map(|(t, e)| ((e - t) / t * 100.0).clamp(-100.0, 300.0)).collect();
         errs.sort_by(f64::total_cmp);
         let n = errs.len() as f64;
         let pts: Vec<(f64, f64)> = errs.iter().enumerate().map(|(k, &x)| (x, (k + 1) as f64 / n)).collect();
@@ -121,7 +144,12 @@ fn error_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRe
             .label(est)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -141,7 +169,8 @@ fn bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]
             r.estimates.get(est[s - 1].1).and_then(|o| o.device_bytes).map_or(0.0, |b| b as f64 / MIB)
         }
     };
-    let top = chosen.iter().flat_map(|r| (0..series).map(move |s| (r, s))).map(|(r, s)| value(r, s)).fold(1.0, f64::max);
+    let top =
+        chosen.iter().flat_map(|r| (0..series).map(move |s| (r, s))).map(|(r, s)| value(r, s)).fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(root)
         .caption("per run: measured (black) and each estimator, MiB", ("sans-serif", 20))
         .margin(12)
@@ -163,6 +192,11 @@ fn bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 10, y + 4)], c.filled()));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
     Ok(())
 }

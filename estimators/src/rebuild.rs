@@ -56,8 +56,11 @@ pub fn trace_batch(
     dir: &Path,
     mut progress: impl FnMut(&str),
 ) -> Result<BTreeMap<String, TraceResult>> {
-    std::fs::create_dir_all(dir)
-        .map_err(|source| EstimateError::Io { path: dir.to_path_buf(), action: "cannot create directory", source })?;
+    std::fs::create_dir_all(dir).map_err(|source| EstimateError::Io {
+        path: dir.to_path_buf(),
+        action: "cannot create directory",
+        source,
+    })?;
     let mut results = BTreeMap::new();
     let mut pending: Vec<TraceJob> = jobs.to_vec();
     while !pending.is_empty() {
@@ -87,7 +90,12 @@ pub fn trace_batch(
 }
 
 fn trainer_command(python: &Path, dir: &Path) -> String {
-    format!("{} -m memtrace_trainer symtrace --batch {}/configs.jsonl --out-dir {}", python.display(), dir.display(), dir.display())
+    format!(
+        "{} -m memtrace_trainer symtrace --batch {}/configs.jsonl --out-dir {}",
+        python.display(),
+        dir.display(),
+        dir.display()
+    )
 }
 
 /// One trainer process over `jobs`; `Some(message)` when it died before answering them all.
@@ -152,7 +160,11 @@ fn run_once(
     if answered < jobs.len() {
         let mut tail: Vec<&str> = stderr_text.lines().rev().take(6).collect();
         tail.reverse();
-        return Ok(Some(format!("trainer exited with {status} after {answered} of {} configs: {}", jobs.len(), tail.join(" | "))));
+        return Ok(Some(format!(
+            "trainer exited with {status} after {answered} of {} configs: {}",
+            jobs.len(),
+            tail.join(" | ")
+        )));
     }
     Ok(None)
 }

@@ -108,7 +108,15 @@ pub fn runs_csv(records: &[RunRecord]) -> String {
     s.push('\n');
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
     for r in records {
-        let _ = write!(s, "{},{},{},{},{}", csv_cell(&r.id), r.family, r.batch, r.real_oom, opt(r.truth_bytes.map(|t| t / MIB)));
+        let _ = write!(
+            s,
+            "{},{},{},{},{}",
+            csv_cell(&r.id),
+            r.family,
+            r.batch,
+            r.real_oom,
+            opt(r.truth_bytes.map(|t| t / MIB))
+        );
         for e in ESTIMATORS {
             match r.estimates.get(e) {
                 None => s.push_str(",,,,,"),

@@ -44,9 +44,7 @@ impl LoadedTrace {
     /// Whether any allocation is a library workspace: the tracer emits the cuBLAS workspace at
     /// the first GEMM, so this says cuBLAS was loaded.
     pub fn has_workspace(&self) -> bool {
-        self.records
-            .iter()
-            .any(|r| matches!(&r.event, Event::Alloc(a) if a.category == Some(Category::Workspace)))
+        self.records.iter().any(|r| matches!(&r.event, Event::Alloc(a) if a.category == Some(Category::Workspace)))
     }
 
     /// Peak of live requested bytes over the whole trace: what the program asked for, with no

@@ -66,7 +66,10 @@ fn analytic_terms_by_optimizer_and_precision() {
         assert_eq!((e.weights, e.gradients, e.optimizer_state), (w, w, slots * w), "{opt:?}");
         assert_eq!(e.activations, allocator_bytes(act * 1000 * 64));
         assert_eq!(e.amp_weight_copies, amp);
-        assert_eq!(e.reserved, e.weights + e.gradients + e.optimizer_state + e.activations + amp + p.cublas_workspace_bytes());
+        assert_eq!(
+            e.reserved,
+            e.weights + e.gradients + e.optimizer_state + e.activations + amp + p.cublas_workspace_bytes()
+        );
         assert_eq!(e.device, e.reserved + p.outside_allocator_bytes(true, false));
     };
     check(Optimizer::Adam, Precision::Fp32, 2, 4, 0);

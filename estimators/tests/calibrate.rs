@@ -20,7 +20,13 @@ fn runs(n: usize, conv: bool, outside: f64) -> Vec<CalRun> {
     (0..n)
         .map(|i| {
             let reserved = 50.0 + 37.0 * i as f64;
-            CalRun { id: format!("{conv}-{i}"), truth_mib: reserved + outside, reserved_mib: reserved, uses_gemm: true, uses_conv: conv }
+            CalRun {
+                id: format!("{conv}-{i}"),
+                truth_mib: reserved + outside,
+                reserved_mib: reserved,
+                uses_gemm: true,
+                uses_conv: conv,
+            }
         })
         .collect()
 }

@@ -9,7 +9,11 @@ const MIB: u64 = 1024 * 1024;
 
 fn memest(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn inputs(dir: &std::path::Path) -> (String, String, String) {
@@ -92,7 +96,15 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     let out = dir.path().join("cmp");
     let data = shared("gpumemnet/mlp_data_step2.csv");
     let (ok, stdout, err) = memest(&[
-        "compare", "--dataset", data.to_str().unwrap(), "--limit", "2", "--seed", "5", "--out", out.to_str().unwrap(),
+        "compare",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--limit",
+        "2",
+        "--seed",
+        "5",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("symbolic"), "{stdout}");
@@ -108,7 +120,15 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
         let sym = r["estimates"]["symbolic"]["reserved_bytes"].as_u64().unwrap();
         assert!(sym >= r["estimates"]["live_peak"]["device_bytes"].as_u64().unwrap());
     }
-    for f in ["report.md", "metrics.json", "runs.csv", "estimate_vs_actual.svg", "estimate_vs_actual.png", "per_run_bars.svg", "error_distribution.png"] {
+    for f in [
+        "report.md",
+        "metrics.json",
+        "runs.csv",
+        "estimate_vs_actual.svg",
+        "estimate_vs_actual.png",
+        "per_run_bars.svg",
+        "error_distribution.png",
+    ] {
         assert!(out.join(f).is_file(), "{f} written");
     }
 }

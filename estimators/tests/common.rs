@@ -35,12 +35,16 @@ pub fn jsonl_trace(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> String {
     let mut s = header.to_string() + "\n";
     for (i, &(op, addr, size)) in ops.iter().enumerate() {
         let line = match op {
-            'a' => serde_json::json!({"kind": "alloc", "ts_ns": i, "device": 0, "addr": addr, "size": size, "stream": 0,
-                "mem": "device", "api": "allocator", "result": 0, "origin": "request"}),
+            'a' => {
+                serde_json::json!({"kind": "alloc", "ts_ns": i, "device": 0, "addr": addr, "size": size, "stream": 0,
+                "mem": "device", "api": "allocator", "result": 0, "origin": "request"})
+            }
             'f' => serde_json::json!({"kind": "free", "ts_ns": i, "device": 0, "addr": addr, "stream": 0,
                 "mem": "device", "api": "allocator", "result": 0, "origin": "request", "stage": "immediate"}),
-            _ => serde_json::json!({"kind": "marker", "ts_ns": i, "device": 0,
-                "text": ["phase:forward", "phase:backward", "phase:optimizer"][size as usize]}),
+            _ => {
+                let text = ["phase:forward", "phase:backward", "phase:optimizer"][size as usize];
+                serde_json::json!({"kind": "marker", "ts_ns": i, "device": 0, "text": text})
+            }
         };
         s += &(line.to_string() + "\n");
     }

@@ -36,16 +36,18 @@ fn bad_csv_names_file_row_and_column() {
 
 #[test]
 fn real_gpumemnet_files() {
-    let check = |file: &str, rows: usize, family: Family, ooms: usize| {
+    let check = |file: &str, rows: usize, family: Family, ooms: usize, zero_labels: usize| {
         let r = load_gpumemnet_csv(&shared(file)).unwrap();
         assert_eq!(r.len(), rows, "{file}");
         assert!(r.iter().all(|x| x.family == family), "{file}: all {family:?}");
         assert_eq!(r.iter().filter(|x| x.real_oom).count(), ooms, "{file}");
-        let min = r.iter().filter_map(|x| x.truth).fold(f64::INFINITY, f64::min) / 1048576.0;
+        // Zero labels are failed measurements (kept; metrics count them as zero truth).
+        assert_eq!(r.iter().filter(|x| x.truth == Some(0.0)).count(), zero_labels, "{file}");
+        let min = r.iter().filter_map(|x| x.truth).filter(|t| *t > 0.0).fold(f64::INFINITY, f64::min) / 1048576.0;
         assert!(min >= 1000.0, "{file}: device-level labels include the context, min {min}");
     };
-    check("gpumemnet/mlp_data_step2.csv", 3000, Family::Mlp, 0);
-    check("gpumemnet/cnn_data_step1_early.csv", 2061, Family::Cnn, 384);
+    check("gpumemnet/mlp_data_step2.csv", 3000, Family::Mlp, 0, 0);
+    check("gpumemnet/cnn_data_step1_early.csv", 2061, Family::Cnn, 384, 54);
 }
 
 #[test]

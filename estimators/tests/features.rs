@@ -6,7 +6,8 @@ use estimators::features::{is_convolution, is_gemm, Family, Features};
 
 #[test]
 fn family_from_layer_types() {
-    let check = |types: &[&str], want: Family| assert_eq!(Family::from_layer_types(types.iter().copied()), want, "{types:?}");
+    let check =
+        |types: &[&str], want: Family| assert_eq!(Family::from_layer_types(types.iter().copied()), want, "{types:?}");
     check(&["Linear", "ReLU", "Softmax"], Family::Mlp);
     check(&["linear", "batch_normalization"], Family::Mlp);
     check(&["Conv2d", "BatchNorm2d", "Linear"], Family::Cnn);
@@ -53,6 +54,9 @@ fn errors_name_file_and_field() {
     check(r#"{"total_activations": 1, "layers": {}}"#, "total_parameters");
     check(r#"{"total_parameters": -1, "total_activations": 1, "layers": {}}"#, "total_parameters");
     check(r#"{"total_parameters": 1, "total_activations": 1}"#, "layers");
-    check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"0": {"type": "Linear", "activations": 1}}}"#, "layers.0.parameters");
+    check(
+        r#"{"total_parameters": 1, "total_activations": 1, "layers": {"0": {"type": "Linear", "activations": 1}}}"#,
+        "layers.0.parameters",
+    );
     check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"x": {}}}"#, "layers.x");
 }

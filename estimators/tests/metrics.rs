@@ -77,7 +77,13 @@ fn all_oom_runs() {
 fn no_runs_and_unestimated_runs() {
     let m = compute(&[], GPU);
     assert_eq!((m.runs, m.estimated, m.mre, m.pef, m.mcp_gb), (0, 0, None, None, None));
-    let failed = Run { truth: Some(MIB), real_oom: false, estimate: Err("no trace".into()), capped_rerun_ok: None, seconds: None };
+    let failed = Run {
+        truth: Some(MIB),
+        real_oom: false,
+        estimate: Err("no trace".into()),
+        capped_rerun_ok: None,
+        seconds: None,
+    };
     let m = compute(&[failed.clone(), failed, run(1000.0, 1000.0)], GPU);
     assert_eq!(m.not_estimated.get("no trace"), Some(&2));
     assert_eq!((m.runs, m.estimated), (3, 1));

@@ -26,12 +26,25 @@ fn profile() -> Profile {
 #[test]
 fn replay_peaks_and_device_terms() {
     // Requests under 10 MiB share a 20 MiB large-pool segment (kLargeBuffer); 1000 B takes a 2 MiB small one.
-    let ops = [('m', 0, 0), ('a', 1, 3 * MIB), ('a', 2, 4 * MIB), ('f', 1, 0), ('m', 0, 1), ('a', 3, 1000), ('m', 0, 2), ('a', 4, 8 * MIB)];
+    let ops = [
+        ('m', 0, 0),
+        ('a', 1, 3 * MIB),
+        ('a', 2, 4 * MIB),
+        ('f', 1, 0),
+        ('m', 0, 1),
+        ('a', 3, 1000),
+        ('m', 0, 2),
+        ('a', 4, 8 * MIB),
+    ];
     let (_d, t) = load(&[("batch_size", "4")], &ops);
     let p = profile();
     let check = |gemm: bool, conv: bool| {
         let e = symbolic(&t, &p, TorchVersion::V2_4, gemm, conv).unwrap();
-        assert_eq!(e.predicted_reserved_peak, 22 * MIB, "one 20 MiB segment shared by 3, 4 and 8 MiB, plus a 2 MiB small-pool segment");
+        assert_eq!(
+            e.predicted_reserved_peak,
+            22 * MIB,
+            "one 20 MiB segment shared by 3, 4 and 8 MiB, plus a 2 MiB small-pool segment"
+        );
         assert_eq!(e.outside_allocator, p.outside_allocator_bytes(gemm, conv));
         assert_eq!(e.predicted_device_peak, e.predicted_reserved_peak + e.outside_allocator);
         assert!(!e.oom_on_profile_gpu);
@@ -64,6 +77,6 @@ fn device_level_trace_is_refused_with_a_reason() {
     let text = jsonl_trace(&[], &[('a', 1, 100)]).replacen("\"level\":\"allocator\"", "\"level\":\"device\"", 1);
     std::fs::write(&p, text).unwrap();
     let t = LoadedTrace::load(&p).unwrap();
-    let e = symbolic(&t, &profile(), TorchVersion::V2_4, false, false).unwrap_err().to_string();
+    let e = estimators::error::chain(&symbolic(&t, &profile(), TorchVersion::V2_4, false, false).unwrap_err());
     assert!(e.contains("dev.jsonl") && e.contains("device-level"), "{e}");
 }

@@ -3,19 +3,31 @@
 /// Shared helpers: shared-data and venv paths (failing loudly), trace builders.
 mod common;
 
-/// Metrics (MRE, PEF, MCP, percentiles, bins, F1, latency) against hand-computed cases.
-mod metrics;
 /// Horus reproduces GPUMemNet's published numbers; analytic terms.
 mod analytic;
-/// Feature parsing and the family rule.
-mod features;
-/// GPUMemNet CSV reading and seeded subsets.
-mod dataset;
 /// Calibration fit, held-out evaluation and profile rewriting.
 mod calibrate;
-/// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
-mod symbolic;
 /// The memest binary: JSON contract, errors, compare through the trainer.
 mod cli;
+/// GPUMemNet CSV reading and seeded subsets.
+mod dataset;
+/// Feature parsing and the family rule.
+mod features;
+/// Metrics (MRE, PEF, MCP, percentiles, bins, F1, latency) against hand-computed cases.
+mod metrics;
 /// Property tests of metric invariants.
 mod props;
+/// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
+mod symbolic;
+
+/// The `memest ml` command module itself, so `ml_cli` can drive it without a subprocess.
+#[path = "../src/bin/memest/ml.rs"]
+mod memest_ml;
+/// ML estimators: the `memest ml` subcommands, compiled in from the binary's module.
+mod ml_cli;
+/// ML estimators: GPUMemNet CSV loading, bins, feature sets, error messages.
+mod ml_data;
+/// ML estimators: model families learn, are deterministic, round-trip, never see held-out rows.
+mod ml_models;
+/// ML estimators: seeded and stratified splits, the no-leak CV plan, split properties.
+mod ml_split;

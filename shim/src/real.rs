@@ -179,6 +179,8 @@ pub fn real_dlvsym_addr() -> usize {
 }
 
 /// The real `dlsym`, called as the shim (RTLD_NEXT means "after libmemtrace").
+// libc validates the handle; it is never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn dlsym(handle: *mut c_void, name: &CStr) -> usize {
     let p = real_dlsym_addr();
     if p == 0 {

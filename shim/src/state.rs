@@ -27,6 +27,10 @@ fn load() -> Config {
     for e in &errors {
         crate::log!(Warn, "{e}");
     }
+    if cfg.cupti {
+        // The CUPTI activity layer (cudarc, dynamic loading) is not part of this build.
+        crate::log!(Warn, "MEMTRACE_CUPTI=1: the CUPTI layer is not available in this build; continuing with interposition only");
+    }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {
             crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
@@ -135,6 +139,7 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
     RECORDING.store(false, Ordering::Release);
 }
 
+#[cfg_attr(test, allow(dead_code))]
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| finish(None, None));
 }
@@ -166,7 +171,7 @@ fn install_signals() {
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
     // Safety: written once before this handler was installed.
-    let prev = unsafe { *(&raw const PREVIOUS[i]) };
+    let prev = unsafe { PREVIOUS[i] };
     let h = prev.sa_sigaction;
     if h == libc::SIG_IGN {
         return;
@@ -198,6 +203,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
 
 /// Fork child: the parent's writer thread does not exist here, and its queued events belong to
 /// the parent's trace. Either start afresh (own `%p` file) or stop.
+#[cfg_attr(test, allow(dead_code))]
 extern "C" fn at_fork_child() {
     raw::reset_tid_cache();
     raw::forget_queue();
@@ -218,10 +224,12 @@ extern "C" fn at_fork_child() {
 
 /// Runs when the library is loaded: read the configuration and register exit and fork
 /// handlers. Touches no CUDA library (they may not be loaded yet).
+#[cfg_attr(test, allow(dead_code))]
 extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
         config();
         owner_pid();
+        clock_origin();
         // Safety: registering plain extern "C" callbacks with libc.
         unsafe {
             libc::atexit(at_exit);

@@ -172,15 +172,15 @@ fn run() {
                 return;
             }
             n += 1;
-            if n % 256 == 0 {
-                raw::PROGRESS.fetch_add(256, Ordering::Release);
+            if n % 64 == 0 {
+                raw::PROGRESS.fetch_add(64, Ordering::Release);
             }
             if n % 8192 == 0 && last_flush.elapsed() >= FLUSH_EVERY {
                 let _ = cx.w.flush();
                 last_flush = std::time::Instant::now();
             }
         }
-        raw::PROGRESS.fetch_add(u64::from(n % 256), Ordering::Release);
+        raw::PROGRESS.fetch_add(u64::from(n % 64), Ordering::Release);
         dirty |= n > 0;
         if finishing {
             cx.finish(&path);
@@ -443,10 +443,10 @@ impl Ctx {
             let t = &self.tally;
             let mut b = log::StackBuf::new();
             use std::fmt::Write;
-            let _ = write!(
+            let _ = writeln!(
                 b,
                 "memtrace: {} events ({} allocs, {} frees, {} kernel launches, {} pinned host allocs, {} failed calls), \
-                 peak live device bytes {} ({:.1} MiB), lost {}{} -> {}\n",
+                 peak live device bytes {} ({:.1} MiB), lost {}{} -> {}",
                 t.events,
                 t.allocs,
                 t.frees,

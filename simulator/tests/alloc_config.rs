@@ -95,7 +95,9 @@ fn check_err(conf: &str, version: TorchVersion, key: &str, expect: fn(&ConfigErr
 fn parse_errors_name_the_key() {
     for v in ALL_VERSIONS {
         check_err("foo:1", v, "foo", |e| matches!(e, ConfigError::UnknownKey { .. }));
-        check_err("expandable_segments:true", v, "expandable_segments", |e| matches!(e, ConfigError::InvalidBool { .. }));
+        check_err("expandable_segments:true", v, "expandable_segments", |e| {
+            matches!(e, ConfigError::InvalidBool { .. })
+        });
         check_err("expandable_segments:1", v, "expandable_segments", |e| matches!(e, ConfigError::InvalidBool { .. }));
         check_err("release_lock_on_cudamalloc:yes", v, "release_lock_on_cudamalloc", |e| {
             matches!(e, ConfigError::InvalidBool { .. })
@@ -214,7 +216,10 @@ fn snapshot_settings() {
     assert_eq!(cfg.roundup_power2_divisions[8], 4);
     assert_eq!(cfg.roundup_power2_divisions[7], 0);
     let unlimited = serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1});
-    assert_eq!(AllocatorConfig::from_snapshot_settings(&unlimited, TorchVersion::V2_4).unwrap().max_split_size, u64::MAX);
+    assert_eq!(
+        AllocatorConfig::from_snapshot_settings(&unlimited, TorchVersion::V2_4).unwrap().max_split_size,
+        u64::MAX
+    );
     let bad = |v: serde_json::Value, field: &str| {
         let e = AllocatorConfig::from_snapshot_settings(&v, TorchVersion::V2_9).unwrap_err();
         assert!(e.to_string().contains(field), "{e} should name {field}");

@@ -54,7 +54,10 @@ fn empty_cache_unmaps_whole_free_pages_and_reuses_lowest_address() {
     assert_eq!(r.stat("reserved_bytes.all.current"), 40 * MIB as i64);
     assert_eq!(r.stat("num_device_free"), 1);
     let segs = r.alloc.segments();
-    assert_eq!(segs.iter().map(|s| (s.addr - BASE, s.size)).collect::<Vec<_>>(), vec![(0, 20 * MIB), (60 * MIB, 20 * MIB)]);
+    assert_eq!(
+        segs.iter().map(|s| (s.addr - BASE, s.size)).collect::<Vec<_>>(),
+        vec![(0, 20 * MIB), (60 * MIB, 20 * MIB)]
+    );
     check_consistent(&r.alloc);
     // 45 MiB: no free block fits; the lowest place with room starts at the free block before
     // the hole, so the hole is remapped and the block lands at 10 MiB.
@@ -93,7 +96,10 @@ fn oom_path_unmaps_then_retries() {
     assert_eq!(out.addr, Some(BASE + 150 * MIB));
     assert_eq!(r.stat("num_alloc_retries"), 1);
     let segs = r.alloc.segments();
-    assert_eq!(segs.iter().map(|s| (s.addr - BASE, s.size, s.stream)).collect::<Vec<_>>(), vec![(120 * MIB, 80 * MIB, 0)]);
+    assert_eq!(
+        segs.iter().map(|s| (s.addr - BASE, s.size, s.stream)).collect::<Vec<_>>(),
+        vec![(120 * MIB, 80 * MIB, 0)]
+    );
     check_consistent(&r.alloc);
 }
 

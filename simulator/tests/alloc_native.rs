@@ -1,8 +1,8 @@
 //! Hand-written native-mode cases: one per rule and per config option, expectations derived from the spec.
 
 use simulator::alloc::{
-    Allocator, AllocatorConfig, DeviceEvent, Devices, ExistingBlock, ExistingSegment, ReplayError, Request,
-    SeedError, TorchVersion,
+    Allocator, AllocatorConfig, DeviceEvent, Devices, ExistingBlock, ExistingSegment, ReplayError, Request, SeedError,
+    TorchVersion,
 };
 
 use crate::alloc_support::{check_consistent, run, stat, Op::*, BASE, GIB, KIB, MIB};
@@ -57,7 +57,8 @@ fn large_segment_sizes_and_the_one_mib_remainder_rule() {
 fn best_fit_smallest_then_lowest_address() {
     // 20 MiB segment: 4 | 2 | 4 | 2 | 2 | 2 | 4 free; freeing 0, 2 and 4 leaves holes of
     // 4 MiB at 0, 4 MiB at 6, 2 MiB at 12 and the 4 MiB tail at 16.
-    let mut r = run("", V9, None, &[A(4 * MIB), A(2 * MIB), A(4 * MIB), A(2 * MIB), A(2 * MIB), A(2 * MIB), F(0), F(2), F(4)]);
+    let mut r =
+        run("", V9, None, &[A(4 * MIB), A(2 * MIB), A(4 * MIB), A(2 * MIB), A(2 * MIB), A(2 * MIB), F(0), F(2), F(4)]);
     let (hole2, hole4b) = (r.addr(4), r.addr(2));
     // 3 MiB: smallest fitting size is 4 MiB, three such holes; the lowest address wins. The
     // 1 MiB remainder is not > 1 MiB, so the block keeps all 4 MiB.

@@ -24,6 +24,8 @@ fn size() -> impl Strategy<Value = u64> {
         3 => (MIB + 1)..(10 * MIB),
         2 => (10 * MIB)..(120 * MIB),
         1 => (0u32..8).prop_map(|k| MIB << k),
+        // Whole MiB counts hit the segment-size and 1 MiB-remainder boundaries.
+        2 => (1u64..64).prop_map(|k| k * MIB),
     ]
 }
 
@@ -52,8 +54,12 @@ fn drive(a: &mut Allocator, ops: &[Op], mut each: impl FnMut(&Allocator, &Reques
                 pending.push(addr);
                 Request::FreeRequested { addr }
             }
-            Op::Complete(i) if !pending.is_empty() => Request::FreeCompleted { addr: pending.remove(i % pending.len()) },
-            Op::RecordStream(i, s) if !live.is_empty() => Request::RecordStream { addr: live[i % live.len()], stream: s },
+            Op::Complete(i) if !pending.is_empty() => {
+                Request::FreeCompleted { addr: pending.remove(i % pending.len()) }
+            }
+            Op::RecordStream(i, s) if !live.is_empty() => {
+                Request::RecordStream { addr: live[i % live.len()], stream: s }
+            }
             Op::Empty => Request::EmptyCache,
             _ => continue,
         };

@@ -59,7 +59,8 @@ pub fn run(conf: &str, version: TorchVersion, capacity: Option<u64>, ops: &[Op])
 
 impl Run {
     pub fn step(&mut self, op: Op) -> &Outcome {
-        let addr = |i: usize, addrs: &[Option<u64>]| addrs[i].unwrap_or_else(|| panic!("op refers to failed alloc {i}"));
+        let addr =
+            |i: usize, addrs: &[Option<u64>]| addrs[i].unwrap_or_else(|| panic!("op refers to failed alloc {i}"));
         let req = match op {
             Op::A(size) => Request::Alloc { size, stream: 0, recorded_addr: None },
             Op::S(size, stream) => Request::Alloc { size, stream, recorded_addr: None },

@@ -12,20 +12,46 @@ use crate::snapshot_support::{round_plain, shared_snapshot, SHARED_FILES};
 fn readme_counts(file: &str) -> Option<&'static str> {
     Some(match file {
         "Charran78--DocuBox--dump_snapshot.pickle" => "",
-        "Constructor-Sun--code_location--memory_snapshot.pickle" => "segment_map 293, alloc 3025, free_requested 2299, free_completed 2299, segment_unmap 6, oom 1",
-        "JasperSolt--EoR_NN--snapshot.pickle" => "alloc 1935, segment_alloc 7, free_requested 1926, free_completed 1926, snapshot 9",
-        "MAGMA27--assignment2-systems--memory_snapshot.pickle" => "alloc 1721, free_requested 1721, free_completed 1721",
-        "Maphsge4--select_n--snapshot.pickle" => "alloc 3058, free_requested 3053, free_completed 3053, segment_alloc 584, segment_free 579",
-        "Wedsonlin--assignment2-systems--results_medium_128_inference_memory_snapshot.pickle" => "alloc 1280, free_requested 1280, free_completed 1280",
-        "Wedsonlin--assignment2-systems--results_medium_512_training_memory_snapshot.pickle" => "alloc 7591, free_requested 7370, free_completed 7370, segment_alloc 1",
+        "Constructor-Sun--code_location--memory_snapshot.pickle" => {
+            "segment_map 293, alloc 3025, free_requested 2299, free_completed 2299, segment_unmap 6, oom 1"
+        }
+        "JasperSolt--EoR_NN--snapshot.pickle" => {
+            "alloc 1935, segment_alloc 7, free_requested 1926, free_completed 1926, snapshot 9"
+        }
+        "MAGMA27--assignment2-systems--memory_snapshot.pickle" => {
+            "alloc 1721, free_requested 1721, free_completed 1721"
+        }
+        "Maphsge4--select_n--snapshot.pickle" => {
+            "alloc 3058, free_requested 3053, free_completed 3053, segment_alloc 584, segment_free 579"
+        }
+        "Wedsonlin--assignment2-systems--results_medium_128_inference_memory_snapshot.pickle" => {
+            "alloc 1280, free_requested 1280, free_completed 1280"
+        }
+        "Wedsonlin--assignment2-systems--results_medium_512_training_memory_snapshot.pickle" => {
+            "alloc 7591, free_requested 7370, free_completed 7370, segment_alloc 1"
+        }
         "albi2--thesis-text-to-SQL--dump_snapshot.pickle" => "",
-        "bcrafton--assignment2-systems--memory_snapshot.pickle" => "alloc 2162, free_requested 2162, free_completed 2162",
-        "cranberrii--ftcourse--memory_snapshot.pickle" => "alloc 3505, free_requested 3325, free_completed 3325, segment_alloc 152",
-        "kkaitlyn111--cs336-a2-systems--memory_2.7b_forward.pickle" => "segment_free 742, alloc 3020, free_requested 2377, free_completed 2377, segment_alloc 178",
-        "kkaitlyn111--cs336-a2-systems--memory_ctx128_fullstep.pickle" => "alloc 6770, free_requested 5894, free_completed 5894, segment_alloc 494",
-        "kkaitlyn111--cs336-a2-systems--memory_ctx256_forward.pickle" => "segment_free 884, alloc 1301, free_requested 657, free_completed 657, segment_alloc 390",
-        "kkaitlyn111--cs336-a2-systems--memory_files_memory_ctx128_fullstep_.pickle" => "segment_free 430, segment_alloc 782, alloc 6770, free_requested 5894, free_completed 5894",
-        "kkaitlyn111--cs336-a2-systems--memory_small_forward.pickle" => "alloc 2998, free_requested 2753, free_completed 2753, segment_alloc 3",
+        "bcrafton--assignment2-systems--memory_snapshot.pickle" => {
+            "alloc 2162, free_requested 2162, free_completed 2162"
+        }
+        "cranberrii--ftcourse--memory_snapshot.pickle" => {
+            "alloc 3505, free_requested 3325, free_completed 3325, segment_alloc 152"
+        }
+        "kkaitlyn111--cs336-a2-systems--memory_2.7b_forward.pickle" => {
+            "segment_free 742, alloc 3020, free_requested 2377, free_completed 2377, segment_alloc 178"
+        }
+        "kkaitlyn111--cs336-a2-systems--memory_ctx128_fullstep.pickle" => {
+            "alloc 6770, free_requested 5894, free_completed 5894, segment_alloc 494"
+        }
+        "kkaitlyn111--cs336-a2-systems--memory_ctx256_forward.pickle" => {
+            "segment_free 884, alloc 1301, free_requested 657, free_completed 657, segment_alloc 390"
+        }
+        "kkaitlyn111--cs336-a2-systems--memory_files_memory_ctx128_fullstep_.pickle" => {
+            "segment_free 430, segment_alloc 782, alloc 6770, free_requested 5894, free_completed 5894"
+        }
+        "kkaitlyn111--cs336-a2-systems--memory_small_forward.pickle" => {
+            "alloc 2998, free_requested 2753, free_completed 2753, segment_alloc 3"
+        }
         "Muduard--LayoutEditing--memory_snapshot.pkl" => "",
         _ => return None,
     })
@@ -117,7 +143,8 @@ fn import_times_are_relative_and_settings_reach_the_env() {
     let t0 = snap.device_traces.iter().flatten().filter_map(|e| e.time_us).min().expect("has times");
     assert_eq!(imp.header.start_wall_ns, Some(t0 * 1000));
     assert_eq!(imp.header.alloc_conf(), Some("expandable_segments:True"));
-    let ts: Vec<u64> = imp.records.iter().filter(|r| !matches!(r.event, Event::Stack(_))).filter_map(|r| r.ts_ns).collect();
+    let ts: Vec<u64> =
+        imp.records.iter().filter(|r| !matches!(r.event, Event::Stack(_))).filter_map(|r| r.ts_ns).collect();
     assert!(ts.windows(2).all(|w| w[0] <= w[1]), "merged devices are in time order");
     let devices: std::collections::BTreeSet<u32> = imp.records.iter().filter_map(|r| r.device).collect();
     assert_eq!(devices.into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);

@@ -23,7 +23,10 @@ fn check_err(bytes: &[u8], offset: u64, opcode: &str, message: &str) {
 fn opcodes_python_emits_for_plain_data() {
     // Protocol 2 with BINPUT memo and a tuple.
     check(b"\x80\x02K\x05.", json!(5));
-    check(b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01K\x01X\x01\x00\x00\x00bq\x02J\xff\xff\xff\xffu.", json!({"a": 1, "b": -1}));
+    check(
+        b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01K\x01X\x01\x00\x00\x00bq\x02J\xff\xff\xff\xffu.",
+        json!({"a": 1, "b": -1}),
+    );
     check(b"\x80\x02]q\x00(K\x01M\x00\x01\x88\x89Ne.", json!([1, 256, true, false, null]));
     check(b"\x80\x02K\x01K\x02\x86q\x00.", json!([1, 2]));
     // Protocol 4: FRAME, SHORT_BINUNICODE, MEMOIZE, LONG1, BINFLOAT, BINGET sharing.

@@ -22,12 +22,7 @@ fn venv_python() -> PathBuf {
 
 fn run_python(args: &[&std::ffi::OsStr]) -> String {
     let out = Command::new(venv_python()).args(args).output().expect("venv python runs");
-    assert!(
-        out.status.success(),
-        "python {:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "python {:?} failed: {}", args, String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
@@ -41,12 +36,19 @@ fn memviz_stats(file: &Path) -> String {
 /// no stack on those events (reported to the lead). compile_context and user_metadata are not
 /// carried either. One python process for all files: importing torch takes seconds.
 const COMPARE: &str = r#"
-import pickle, sys
+import pickle, pickletools, sys
 from torch.cuda._memory_viz import segsum
+# What MemoryViz.js's unpickler reads (and Python, at protocol 3).
+VIZ_OPS = {'PROTO', 'EMPTY_DICT', 'EMPTY_LIST', 'MARK', 'SETITEMS', 'APPENDS', 'TUPLE2', 'BININT1',
+           'BININT2', 'BININT', 'LONG1', 'BINUNICODE', 'BINFLOAT', 'NONE', 'NEWTRUE', 'NEWFALSE',
+           'BINPUT', 'LONG_BINPUT', 'BINGET', 'LONG_BINGET', 'STOP'}
 def read(name):
     data = pickle.load(open(name, 'rb'))
     return {"segments": data, "traces": []} if isinstance(data, list) else data
 def compare(fa, fb):
+    ops = {op.name for op, _, _ in pickletools.genops(open(fb, 'rb').read())}
+    if not ops <= VIZ_OPS:
+        return f"opcodes memory_viz cannot read: {sorted(ops - VIZ_OPS)}"
     if segsum(read(fa)) != segsum(read(fb)):
         return "_memory_viz stats differ"
     a = pickle.load(open(fa, 'rb'))
@@ -84,6 +86,9 @@ fn export_roundtrip(file: &str, dir: &Path) -> PathBuf {
     snapshot::write_snapshot(&out, &imp.header, &imp.records).unwrap_or_else(|e| panic!("{file}: {e}"));
     let bytes = std::fs::read(&out).expect("written");
     assert_eq!(&bytes[..2], &[0x80, 3], "{file}: protocol 3 (memory_viz rejects PROTO > 4)");
+    // Frame lists are shared through the memo as PyTorch's own pickles share them.
+    let original = std::fs::metadata(shared_path(file)).expect("exists").len() as usize;
+    assert!(bytes.len() <= 2 * original.max(4096), "{file}: {} B exported from {original} B", bytes.len());
     // Our own unpickler accepts no bytes or sets, so a successful decode shows there are none.
     pickle::decode(&bytes).unwrap_or_else(|e| panic!("{file}: exported pickle: {e}"));
     out

@@ -1,13 +1,14 @@
-mod cli; // the memsim binary end to end: JSON contracts, conversions, colocate, errors
 mod alloc_config; // rounding vectors, divisions tables per version, ALLOC_CONF parse errors
 mod alloc_expandable; // expandable segments: mapping, page rounding, unmapping, OOM path
 mod alloc_native; // hand-written native cases, one per rule and config option
 mod alloc_props; // proptest invariants and differential fuzzing against alloc_reference
 mod alloc_reference; // a naive Vec-of-segments model of the native rules, for differential tests
 mod alloc_support; // the test script language and the state-consistency checker
+mod cli; // the memsim binary end to end: JSON contracts, conversions, colocate, errors
 mod snapshot_import; // every shared snapshot imports with the README's action counts
 mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
 mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known answers
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
 mod snapshot_support; // shared-data paths (fail loudly when missing) and helpers
 mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16
+mod snapshot_tmpprobe;

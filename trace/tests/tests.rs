@@ -1,24 +1,34 @@
 //! Integration tests of the trace format crate (one test binary; see `autotests = false`).
 #![recursion_limit = "512"]
 
+/// Proptest strategies for every event kind (helpers, no tests).
 #[path = "it/strategies.rs"]
-mod strategies; // proptest strategies for every event kind (helpers, no tests)
+mod strategies;
+/// In-memory encode/decode helpers (no tests).
 #[path = "it/support.rs"]
-mod support; // in-memory encode/decode helpers (no tests)
+mod support;
 
+/// Bad magic, versions, flags, tag 0, absurd lengths, garbage: errors with offsets or lines.
 #[path = "it/corruption.rs"]
-mod corruption; // bad magic, versions, flags, tag 0, absurd lengths, garbage: errors with offsets/lines
+mod corruption;
+/// On-disk enum variant indexes and API codes are pinned (FORMAT.md §1.7).
+#[path = "it/enum_codes.rs"]
+mod enum_codes;
+/// `TraceWriter` temp file + rename, `Reader::open` errors naming the path, `convert`.
 #[path = "it/files.rs"]
-mod files; // TraceWriter temp-file + rename, Reader::open errors naming the path, convert
+mod files;
+/// Unknown tags and kinds skipped and counted, appended fields ignored.
 #[path = "it/forward_compat.rs"]
-mod forward_compat; // unknown tags/kinds skipped and counted, appended fields ignored
+mod forward_compat;
+/// Committed tests/fixtures/trace-v1 files decode and re-encode byte for byte.
 #[path = "it/golden.rs"]
-mod golden; // committed tests/fixtures/trace-v1 files decode and re-encode byte for byte
+mod golden;
+/// Every kind through binary, JSON Lines, and binary → JSONL → binary byte-identical.
 #[path = "it/roundtrip.rs"]
-mod roundtrip; // every kind through binary, JSON Lines, and binary → JSONL → binary byte-identical
+mod roundtrip;
+/// schema/trace.schema.json is generated from the code and validates every written line.
 #[path = "it/schema.rs"]
 mod schema;
+/// A cut at every byte offset reads a prefix of records and sets `truncated`.
 #[path = "it/truncation.rs"]
-mod truncation; // a cut at every byte offset reads a prefix of records and sets `truncated` // schema/trace.schema.json is generated from the code and validates every written line
-#[path = "it/enum_codes.rs"]
-mod enum_codes; // on-disk variant indexes and API codes are pinned (FORMAT.md §1.7)
+mod truncation;

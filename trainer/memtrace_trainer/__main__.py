@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer import estimate_cli
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.runs import cli as runs_cli
 
 DESCRIPTION = """\
 Front end of memtrace where models live.
@@ -19,6 +21,12 @@ commands:
   symtrace   run K training iterations on the meta device (no GPU) and write the allocator-level
              trace (.jsonl, or .mtrace through `memsim convert`) that `memsim replay` accepts
   sample     draw synthetic model configs from a YAML sweep file (seeded, uniform)
+  run        train on a GPU (or a loud CPU fallback) and write a run directory of labels
+  launch     run a sweep file: local GPUs/CPU workers or a Slurm array; resumable
+  dataset    collect run directories into one CSV with the GPUMemNet columns
+  fake-tensor  the FakeTensor baseline: forward+backward live storage peak (GPUMemNet's method)
+  estimate   every estimator's answer in MiB for one job (symbolic trace -> memest estimate)
+  max-batch  the largest batch that fits a GPU profile (symbolic traces + memsim replay)
 
 model specs: torchvision:NAME, timm:NAME, hf:gpt2|gpt2-medium|bert-base-uncased|..., dlrm[:small],
 gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
@@ -41,6 +49,9 @@ def _model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
         default=1000,
         help="classifier width of zoo vision models (default 1000)",
     )
+
+
+HANDLERS: dict[str, Any] = {}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("sweep", type=Path, help="YAML sweep file")
     sm.add_argument("--seed", type=int, help="override the file's seed")
+    HANDLERS.update(runs_cli.add_parsers(sub))
+    HANDLERS.update(estimate_cli.add_parsers(sub))
     return parser
 
 
@@ -258,7 +271,8 @@ def _sample(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"features": _features, "symtrace": _symtrace, "sample": _sample}[args.command](args)
+        handlers = {"features": _features, "symtrace": _symtrace, "sample": _sample, **HANDLERS}
+        handlers[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

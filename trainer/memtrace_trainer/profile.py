@@ -65,17 +65,23 @@ def _cublas_config(path: Path, value: Any) -> int:
     return sum(size * 1024 * count for size, count in zip(nums[::2], nums[1::2], strict=True))
 
 
-def load_profile(name: str | None) -> Profile:
-    """`None` gives the built-in A100 profile; otherwise a `.toml` path or a profile NAME found
-    in `$MEMTRACE_PROFILES` or the repository's `profiles/`."""
-    if name is None:
-        return Profile.builtin()
+def profile_path(name: str) -> Path:
+    """A `.toml` path as given, or NAME in `$MEMTRACE_PROFILES` or the repository's `profiles/`."""
     path = Path(name)
     if path.suffix != ".toml":
         root = Path(os.environ.get("MEMTRACE_PROFILES", REPO_ROOT / "profiles"))
         path = root / f"{name}.toml"
     if not path.is_file():
         raise UserError(f"profile {name!r}: no file {path} (expected profiles/NAME.toml or a path)")
+    return path
+
+
+def load_profile(name: str | None) -> Profile:
+    """`None` gives the built-in A100 profile; otherwise a `.toml` path or a profile NAME found
+    in `$MEMTRACE_PROFILES` or the repository's `profiles/`."""
+    if name is None:
+        return Profile.builtin()
+    path = profile_path(name)
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import cli, gpumemnet_rows
+from conftest import FULL_CSV, cli, csv_sample, gpumemnet_rows
 
 from memtrace_trainer.features import extract
 from memtrace_trainer.models.cnn import CNNConfig
@@ -28,7 +28,8 @@ def sequence(filename: str, batch: int = 2) -> list[tuple[str, int, int]]:
     "name", ["mlp_data_step1.csv", "mlp_data_step2.csv", "cnn_data_step1_early.csv"]
 )
 def test_activations_params_match_csv(name: str) -> None:
-    rows = gpumemnet_rows(name)
+    all_rows = gpumemnet_rows(name)
+    rows = csv_sample(all_rows, name)
     checked, wrong = 0, []
     for r in rows:
         if r["Activations-Params"] == "[]" or "arch:dense" in r["Filename"]:
@@ -44,23 +45,24 @@ def test_activations_params_match_csv(name: str) -> None:
         if got != expect or sum(a for _, a, _ in got) != int(r["Total Activations"]):
             wrong.append(r["Filename"])
     assert wrong == []
-    assert (
-        checked
-        == {
-            "mlp_data_step1.csv": 3000,
-            "mlp_data_step2.csv": 3000,
-            "cnn_data_step1_early.csv": 1734,
-        }[name]
-    )
+    comparable = [
+        r for r in rows if r["Activations-Params"] != "[]" and "arch:dense" not in r["Filename"]
+    ]
+    assert checked == len(comparable) > 0
+    if FULL_CSV:
+        expect = {"mlp_data_step1.csv": 3000, "mlp_data_step2.csv": 3000,
+                  "cnn_data_step1_early.csv": 1734}  # fmt: skip
+        assert checked == expect[name] and len(rows) == len(all_rows)
 
 
 def test_dense_rows_match_one_layout() -> None:
-    rows = [
+    dense = [
         r
         for r in gpumemnet_rows("cnn_data_step1_early.csv")
         if "arch:dense" in r["Filename"] and r["Activations-Params"] != "[]"
     ]
-    assert len(rows) == 242
+    assert len(dense) == 242
+    rows = csv_sample(dense, "cnn_data_step1_early.csv (dense rows)", 60)
     for r in rows:
         cfg, _ = from_gpumemnet_filename(r["Filename"], dense_interval=1)
         assert isinstance(cfg, CNNConfig)

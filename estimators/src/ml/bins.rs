@@ -22,7 +22,8 @@ pub enum Closed {
 /// `edges[i + 1]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Binning {
-    /// Strictly increasing edges; the last may be `+inf`.
+    /// Strictly increasing edges; the first may be `-inf` and the last `+inf`.
+    #[serde(with = "edges_json")]
     pub edges: Vec<f64>,
     /// Which side of each interval is closed.
     pub closed: Closed,
@@ -40,28 +41,18 @@ impl Binning {
                 Closed::Left => format!("[{}, {})", fmt_edge(w[0]), fmt_edge(w[1])),
             })
             .collect();
-        Binning {
-            edges,
-            closed,
-            names,
-        }
+        Binning { edges, closed, names }
     }
 
     /// GPUMemNet's MLP bins: 1000-MiB wide, right-closed, (1000, 2000] ... (5000, inf).
     pub fn gpumemnet_mlp() -> Binning {
-        Binning::new(
-            vec![1000.0, 2000.0, 3000.0, 4000.0, 5000.0, f64::INFINITY],
-            Closed::Right,
-        )
+        Binning::new(vec![1000.0, 2000.0, 3000.0, 4000.0, 5000.0, f64::INFINITY], Closed::Right)
     }
 
     /// GPUMemNet's CNN and Transformer bins: 8000-MiB wide, left-closed, [0, 8000) ...
     /// [40000, 50000) (the last bin is 10000 wide in GPUMemNet's code).
     pub fn gpumemnet_8gb() -> Binning {
-        Binning::new(
-            vec![0.0, 8000.0, 16000.0, 24000.0, 32000.0, 40000.0, 50000.0],
-            Closed::Left,
-        )
+        Binning::new(vec![0.0, 8000.0, 16000.0, 24000.0, 32000.0, 40000.0, 50000.0], Closed::Left)
     }
 
     /// The memory bins GPUMemNet uses for a family.
@@ -112,5 +103,47 @@ fn fmt_edge(e: f64) -> String {
         format!("{}", e as i64)
     } else {
         format!("{e}")
+    }
+}
+
+mod edges_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// JSON has no infinities: non-finite edges are written as the strings "inf" / "-inf".
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Edge {
+        Num(f64),
+        Text(String),
+    }
+
+    pub fn serialize<S: Serializer>(edges: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        let v: Vec<Edge> = edges
+            .iter()
+            .map(|&e| {
+                if e.is_finite() {
+                    Edge::Num(e)
+                } else if e > 0.0 {
+                    Edge::Text("inf".into())
+                } else {
+                    Edge::Text("-inf".into())
+                }
+            })
+            .collect();
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<Edge>::deserialize(d)?
+            .into_iter()
+            .map(|e| match e {
+                Edge::Num(v) => Ok(v),
+                Edge::Text(t) if t == "inf" => Ok(f64::INFINITY),
+                Edge::Text(t) if t == "-inf" => Ok(f64::NEG_INFINITY),
+                Edge::Text(t) => {
+                    Err(serde::de::Error::custom(format!("bin edge {t:?}: expected a number, \"inf\" or \"-inf\"")))
+                }
+            })
+            .collect()
     }
 }

@@ -136,10 +136,7 @@ impl RunRow {
 
     /// Number of layers whose type, lower-cased, satisfies `pred`.
     pub fn count_layers(&self, pred: impl Fn(&str) -> bool) -> usize {
-        self.layers
-            .iter()
-            .filter(|l| pred(&l.kind.to_ascii_lowercase()))
-            .count()
+        self.layers.iter().filter(|l| pred(&l.kind.to_ascii_lowercase())).count()
     }
 
     /// The `arch:` field of the generator file name (`pyramid`, `residual`, ...), if present.
@@ -174,19 +171,13 @@ impl Dataset {
     /// Reads a GPUMemNet CSV. Every malformed cell is an error naming the file, the data row and
     /// the column.
     pub fn load(path: &Path) -> Result<Dataset, MlError> {
-        let file = std::fs::File::open(path).map_err(|source| MlError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = std::fs::File::open(path).map_err(|source| MlError::Io { path: path.to_path_buf(), source })?;
         Self::from_reader(path, file)
     }
 
     /// Parses CSV text from any reader; `path` is only used in messages.
     pub fn from_reader(path: &Path, reader: impl std::io::Read) -> Result<Dataset, MlError> {
-        let csv_err = |source| MlError::Csv {
-            path: path.to_path_buf(),
-            source,
-        };
+        let csv_err = |source| MlError::Csv { path: path.to_path_buf(), source };
         let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(reader);
         let headers = rdr.headers().map_err(csv_err)?.clone();
         let col = |name: &str| headers.iter().position(|h| h.trim() == name);
@@ -199,13 +190,7 @@ impl Dataset {
             })?;
         }
         let status_col = col("Status");
-        let util_cols = [
-            col("Avg GPUTL"),
-            col("Avg GRACT"),
-            col("Avg SMACT"),
-            col("Avg SMOCC"),
-            col("Avg FP32A"),
-        ];
+        let util_cols = [col("Avg GPUTL"), col("Avg GRACT"), col("Avg SMACT"), col("Avg SMOCC"), col("Avg FP32A")];
         let mut rows = Vec::new();
         for (i, rec) in rdr.records().enumerate() {
             let rec = rec.map_err(csv_err)?;
@@ -240,12 +225,7 @@ impl Dataset {
                 Some(c) => match cell(c) {
                     "SUCCESSFUL" => RunStatus::Successful,
                     "OOM_CRASH" => RunStatus::OomCrash,
-                    other => {
-                        return Err(bad(
-                            c,
-                            format!("expected SUCCESSFUL or OOM_CRASH, found {other:?}"),
-                        ))
-                    }
+                    other => return Err(bad(c, format!("expected SUCCESSFUL or OOM_CRASH, found {other:?}"))),
                 },
             };
             let activation = cell(idx[3]).to_string();
@@ -278,10 +258,7 @@ impl Dataset {
                 reason: "the file has a header but no data rows".into(),
             });
         }
-        Ok(Dataset {
-            path: path.to_path_buf(),
-            rows,
-        })
+        Ok(Dataset { path: path.to_path_buf(), rows })
     }
 
     /// The single family of all rows; an error if the file mixes families.
@@ -309,12 +286,8 @@ pub fn parse_layers(text: &str) -> Result<Vec<Layer>, String> {
     let mut layers = Vec::new();
     let mut rest = inner.trim();
     while !rest.is_empty() {
-        let open = rest
-            .strip_prefix('(')
-            .ok_or_else(|| format!("expected '(' at {}", preview(rest)))?;
-        let close = open
-            .find(')')
-            .ok_or_else(|| format!("unterminated tuple at {}", preview(rest)))?;
+        let open = rest.strip_prefix('(').ok_or_else(|| format!("expected '(' at {}", preview(rest)))?;
+        let close = open.find(')').ok_or_else(|| format!("unterminated tuple at {}", preview(rest)))?;
         let tuple = &open[..close];
         layers.push(parse_tuple(tuple).map_err(|m| format!("layer {}: {m}", layers.len()))?);
         rest = open[close + 1..].trim_start();
@@ -338,8 +311,7 @@ fn parse_tuple(tuple: &str) -> Result<Layer, String> {
         .or_else(|| name.strip_prefix('"').and_then(|n| n.strip_suffix('"')))
         .ok_or_else(|| format!("expected a quoted layer name, found {name}"))?;
     let int = |s: &str, what: &str| {
-        s.parse::<u64>()
-            .map_err(|_| format!("expected a non-negative integer {what}, found {s:?}"))
+        s.parse::<u64>().map_err(|_| format!("expected a non-negative integer {what}, found {s:?}"))
     };
     Ok(Layer {
         kind: kind.to_string(),

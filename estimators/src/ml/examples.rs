@@ -45,10 +45,7 @@ pub struct Target {
 impl Target {
     /// GPUMemNet's memory target and bins for a family.
     pub fn memory(family: Family) -> Target {
-        Target {
-            kind: TargetKind::MemoryMib,
-            binning: Binning::memory_for(family),
-        }
+        Target { kind: TargetKind::MemoryMib, binning: Binning::memory_for(family) }
     }
 }
 
@@ -118,9 +115,7 @@ impl Examples {
                 }
             };
             let Some(class) = target.binning.class_of(value) else {
-                *ex.excluded
-                    .entry(format!("{} {value} outside every bin", target.kind.name()))
-                    .or_default() += 1;
+                *ex.excluded.entry(format!("{} {value} outside every bin", target.kind.name())).or_default() += 1;
                 continue;
             };
             data.extend(feats);
@@ -183,9 +178,7 @@ fn gpumemnet_filter(family: Family, row: &RunRow) -> Option<&'static str> {
         return Some("activation None (GPUMemNet's dropna drops it)");
     }
     match row.architecture() {
-        Some("residual") | Some("dense") => {
-            Some("residual/dense architecture (GPUMemNet drops them before training)")
-        }
+        Some("residual") | Some("dense") => Some("residual/dense architecture (GPUMemNet drops them before training)"),
         _ => None,
     }
 }
@@ -200,13 +193,8 @@ fn target_value(kind: TargetKind, row: &RunRow) -> Result<(f64, bool), &'static 
             if row.status == RunStatus::OomCrash {
                 return Err("OOM run (no steady-state utilisation)");
             }
-            let v = if kind == TargetKind::Smact {
-                row.util.smact
-            } else {
-                row.util.smocc
-            };
-            v.map(|v| (v, true))
-                .ok_or("no DCGM sample (-1 or missing column)")
+            let v = if kind == TargetKind::Smact { row.util.smact } else { row.util.smocc };
+            v.map(|v| (v, true)).ok_or("no DCGM sample (-1 or missing column)")
         }
     }
 }

@@ -42,33 +42,12 @@ pub const TRANSFORMER_FEATURES: [&str; 9] = [
 ];
 
 /// GPUMemNet's activation vocabulary for MLP data; the index sets the (sin, cos) encoding.
-pub const MLP_ACTIVATIONS: [&str; 11] = [
-    "ELU",
-    "GELU",
-    "Identity",
-    "LeakyReLU",
-    "Mish",
-    "PReLU",
-    "ReLU",
-    "SELU",
-    "SiLU",
-    "Softplus",
-    "Tanh",
-];
+pub const MLP_ACTIVATIONS: [&str; 11] =
+    ["ELU", "GELU", "Identity", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU", "SiLU", "Softplus", "Tanh"];
 
 /// GPUMemNet's activation vocabulary for CNN data (no `Identity`).
-pub const CNN_ACTIVATIONS: [&str; 10] = [
-    "ELU",
-    "GELU",
-    "LeakyReLU",
-    "Mish",
-    "PReLU",
-    "ReLU",
-    "SELU",
-    "SiLU",
-    "Softplus",
-    "Tanh",
-];
+pub const CNN_ACTIVATIONS: [&str; 10] =
+    ["ELU", "GELU", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU", "SiLU", "Softplus", "Tanh"];
 
 /// Feature names for a family.
 pub fn feature_names(family: Family) -> &'static [&'static str] {
@@ -105,16 +84,8 @@ pub fn extract(family: Family, row: &RunRow) -> Result<Vec<f64>, RowIssue> {
     let act_x_batch = row.total_activations * row.batch_size;
     let encoding = || {
         activation_encoding(family, &row.activation).ok_or_else(|| {
-            let vocab: &[&str] = if family == Family::Mlp {
-                &MLP_ACTIVATIONS
-            } else {
-                &CNN_ACTIVATIONS
-            };
-            RowIssue::UnknownActivation(format!(
-                "activation {:?} is not one of {}",
-                row.activation,
-                vocab.join(", ")
-            ))
+            let vocab: &[&str] = if family == Family::Mlp { &MLP_ACTIVATIONS } else { &CNN_ACTIVATIONS };
+            RowIssue::UnknownActivation(format!("activation {:?} is not one of {}", row.activation, vocab.join(", ")))
         })
     };
     Ok(match family {

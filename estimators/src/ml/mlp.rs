@@ -45,15 +45,7 @@ impl MlpParams {
         if family != Family::Mlp {
             depths.extend(1..=3);
         }
-        MlpParams {
-            depths,
-            max_width: 8,
-            min_width: 4,
-            learning_rate: 1e-3,
-            batch_size: 128,
-            epochs,
-            seed,
-        }
+        MlpParams { depths, max_width: 8, min_width: 4, learning_rate: 1e-3, batch_size: 128, epochs, seed }
     }
 }
 
@@ -67,16 +59,10 @@ struct Linear {
 impl Linear {
     fn xavier(inp: usize, out: usize, rng: &mut StdRng) -> Linear {
         let bound = (6.0 / (inp + out) as f64).sqrt();
-        Linear {
-            w: Array2::from_shape_fn((out, inp), |_| rng.gen_range(-bound..bound)),
-            b: Array1::zeros(out),
-        }
+        Linear { w: Array2::from_shape_fn((out, inp), |_| rng.gen_range(-bound..bound)), b: Array1::zeros(out) }
     }
     fn zeros_like(&self) -> Linear {
-        Linear {
-            w: Array2::zeros(self.w.raw_dim()),
-            b: Array1::zeros(self.b.len()),
-        }
+        Linear { w: Array2::zeros(self.w.raw_dim()), b: Array1::zeros(self.b.len()) }
     }
     fn forward(&self, x: &Array2<f64>) -> Array2<f64> {
         x.dot(&self.w.t()) + &self.b
@@ -125,10 +111,7 @@ impl Member {
             hidden.push((Linear::xavier(cur, w, rng), BatchNorm::new(w)));
             cur = w;
         }
-        Member {
-            hidden,
-            out: Linear::xavier(cur, out, rng),
-        }
+        Member { hidden, out: Linear::xavier(cur, out, rng) }
     }
 
     fn zeros_like(&self) -> Member {
@@ -195,12 +178,7 @@ impl Member {
             bn.running_mean = &bn.running_mean * (1.0 - BN_MOMENTUM) + &mean * BN_MOMENTUM;
             bn.running_var = &bn.running_var * (1.0 - BN_MOMENTUM) + unbiased * BN_MOMENTUM;
             let activated = y.mapv(|v| v.max(0.0));
-            caches.push(Cache {
-                input: std::mem::replace(&mut a, activated.clone()),
-                xhat,
-                inv_std,
-                activated,
-            });
+            caches.push(Cache { input: std::mem::replace(&mut a, activated.clone()), xhat, inv_std, activated });
         }
         let out = self.out.forward(&a);
         caches.push(Cache {
@@ -262,12 +240,7 @@ struct Adam {
 
 impl MlpEnsemble {
     /// Trains on standardised features `x`. For `Classify`, `y` holds class indices as f64.
-    pub fn fit(
-        x: &Array2<f64>,
-        y: &[f64],
-        task: MlpTask,
-        params: &MlpParams,
-    ) -> Result<MlpEnsemble, MlError> {
+    pub fn fit(x: &Array2<f64>, y: &[f64], task: MlpTask, params: &MlpParams) -> Result<MlpEnsemble, MlError> {
         if x.nrows() < 2 || x.nrows() != y.len() {
             return Err(MlError::Invalid(format!(
                 "mlp-ensemble needs at least 2 rows and one target per row, got {} rows and {} targets",
@@ -285,11 +258,8 @@ impl MlpEnsemble {
             MlpTask::Regress => 1,
         };
         let mut rng = StdRng::seed_from_u64(params.seed);
-        let members: Vec<Member> = params
-            .depths
-            .iter()
-            .map(|&d| Member::new(x.ncols(), n_out, d, params, &mut rng))
-            .collect();
+        let members: Vec<Member> =
+            params.depths.iter().map(|&d| Member::new(x.ncols(), n_out, d, params, &mut rng)).collect();
         let y_scale = match task {
             MlpTask::Regress => {
                 let (m, s) = super::score::mean_std(y);
@@ -297,12 +267,7 @@ impl MlpEnsemble {
             }
             MlpTask::Classify(_) => (0.0, 1.0),
         };
-        let mut model = MlpEnsemble {
-            members,
-            task,
-            y_scale,
-            params: params.clone(),
-        };
+        let mut model = MlpEnsemble { members, task, y_scale, params: params.clone() };
         let mut adam = Adam {
             m: model.members.iter().map(Member::zeros_like).collect(),
             v: model.members.iter().map(Member::zeros_like).collect(),
@@ -362,19 +327,11 @@ impl MlpEnsemble {
         let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
         let c1 = 1.0 - b1.powi(adam.t);
         let c2 = 1.0 - b2.powi(adam.t);
-        for (((member, g), mm), vv) in self
-            .members
-            .iter_mut()
-            .zip(grads.iter_mut())
-            .zip(adam.m.iter_mut())
-            .zip(adam.v.iter_mut())
+        for (((member, g), mm), vv) in
+            self.members.iter_mut().zip(grads.iter_mut()).zip(adam.m.iter_mut()).zip(adam.v.iter_mut())
         {
-            for (((p, g), m), v) in member
-                .params_mut()
-                .into_iter()
-                .zip(g.params_mut())
-                .zip(mm.params_mut())
-                .zip(vv.params_mut())
+            for (((p, g), m), v) in
+                member.params_mut().into_iter().zip(g.params_mut()).zip(mm.params_mut()).zip(vv.params_mut())
             {
                 for i in 0..p.len() {
                     m[i] = b1 * m[i] + (1.0 - b1) * g[i];
@@ -387,12 +344,7 @@ impl MlpEnsemble {
 
     /// Averaged member outputs (logits, or the standardised regression output) in eval mode.
     pub fn forward(&self, x: &Array2<f64>) -> Array2<f64> {
-        let sum = self
-            .members
-            .iter()
-            .map(|m| m.forward_eval(x))
-            .reduce(|a, b| a + b)
-            .expect("at least one member");
+        let sum = self.members.iter().map(|m| m.forward_eval(x)).reduce(|a, b| a + b).expect("at least one member");
         sum / self.members.len() as f64
     }
 
@@ -404,13 +356,7 @@ impl MlpEnsemble {
             .map(|r| {
                 r.iter()
                     .enumerate()
-                    .fold((0, f64::NEG_INFINITY), |best, (i, &v)| {
-                        if v > best.1 {
-                            (i, v)
-                        } else {
-                            best
-                        }
-                    })
+                    .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
                     .0
             })
             .collect()
@@ -425,10 +371,7 @@ impl MlpEnsemble {
     /// Total trainable parameters (GPUMemNet quotes 1,495–1,646 for its MLP estimator).
     pub fn parameter_count(&self) -> usize {
         let mut clone = self.members.clone();
-        clone
-            .iter_mut()
-            .map(|m| m.params_mut().iter().map(|s| s.len()).sum::<usize>())
-            .sum()
+        clone.iter_mut().map(|m| m.params_mut().iter().map(|s| s.len()).sum::<usize>()).sum()
     }
 }
 

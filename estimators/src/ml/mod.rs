@@ -18,6 +18,7 @@ pub mod mlp;
 pub mod modelfile;
 pub mod models;
 pub mod protocol;
+pub mod render;
 pub mod scale;
 pub mod score;
 pub mod split;

@@ -1,0 +1,162 @@
+//! Model files: one trained pipeline plus what is needed to use it (family, target, bins,
+//! feature names), as JSON. Written to a temporary file and renamed, so a failed write never
+//! leaves a partial model behind.
+//!
+//! Models trained on the GPUMemNet CSVs (CC BY-NC 4.0) are non-commercial build outputs: they are
+//! written under `target/` or wherever `--out` points, and never committed.
+
+use std::path::Path;
+
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+
+use super::dataset::Family;
+use super::error::MlError;
+use super::examples::{Examples, Target};
+use super::models::{ModelKind, Pipeline, TrainConfig};
+
+/// Version of the model-file layout this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The licence notice stored in, and printed for, every model file trained on GPUMemNet data.
+pub const LICENCE_NOTE: &str = "trained on GPUMemNet data (CC BY-NC 4.0): this model file is a \
+non-commercial build output; do not commit or redistribute it for commercial use";
+
+/// A trained model and its metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelFile {
+    /// [`FORMAT_VERSION`] at write time.
+    pub format_version: u32,
+    /// Licence of the training data.
+    pub licence: String,
+    /// Family the model was trained for.
+    pub family: Family,
+    /// Target and bins.
+    pub target: Target,
+    /// Feature names, in the order the model expects them.
+    pub feature_names: Vec<String>,
+    /// The CSV it was trained on.
+    pub trained_on: String,
+    /// Rows it was trained on.
+    pub training_rows: usize,
+    /// Training settings.
+    pub config: TrainConfig,
+    /// Scaler and model.
+    pub pipeline: Pipeline,
+}
+
+/// One prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// Predicted bin (classifiers).
+    pub class: Option<usize>,
+    /// Name of the predicted bin (classifiers).
+    pub bin: Option<String>,
+    /// The estimate: the bin's upper edge (classifiers) or the predicted value (regressors).
+    pub estimate: f64,
+}
+
+impl ModelFile {
+    /// Trains `kind` on every usable row of `ex` (regressors: every measured row).
+    pub fn train(ex: &Examples, kind: ModelKind, cfg: &TrainConfig, trained_on: &str) -> Result<ModelFile, MlError> {
+        let idx: Vec<usize> = (0..ex.len()).filter(|&i| !kind.is_regressor() || ex.measured[i]).collect();
+        let train = ex.subset(&idx);
+        let pipeline =
+            Pipeline::fit(kind, ex.family, &train.x, &train.class, &train.value, ex.target.binning.classes(), cfg)?;
+        Ok(ModelFile {
+            format_version: FORMAT_VERSION,
+            licence: LICENCE_NOTE.to_string(),
+            family: ex.family,
+            target: ex.target.clone(),
+            feature_names: ex.feature_names.clone(),
+            trained_on: trained_on.to_string(),
+            training_rows: idx.len(),
+            config: cfg.clone(),
+            pipeline,
+        })
+    }
+
+    /// Writes the file atomically (temporary file in the same directory, then rename).
+    pub fn save(&self, path: &Path) -> Result<(), MlError> {
+        let io = |source| MlError::Io { path: path.to_path_buf(), source };
+        let text =
+            serde_json::to_string(self).map_err(|source| MlError::ModelFile { path: path.to_path_buf(), source })?;
+        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        std::fs::write(&tmp, text).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(e)
+        })
+    }
+
+    /// Reads a model file, checking its format version.
+    pub fn load(path: &Path) -> Result<ModelFile, MlError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MlError::Io { path: path.to_path_buf(), source })?;
+        #[derive(Deserialize)]
+        struct Header {
+            format_version: u32,
+        }
+        let json_err = |source| MlError::ModelFile { path: path.to_path_buf(), source };
+        let header: Header = serde_json::from_str(&text).map_err(json_err)?;
+        if header.format_version != FORMAT_VERSION {
+            return Err(MlError::ModelFileVersion {
+                path: path.to_path_buf(),
+                found: header.format_version,
+                expected: FORMAT_VERSION,
+            });
+        }
+        serde_json::from_str(&text).map_err(json_err)
+    }
+
+    /// Predicts every row of raw features `x` (columns in [`ModelFile::feature_names`] order).
+    pub fn predict(&self, x: &Array2<f64>) -> Result<Vec<Prediction>, MlError> {
+        if self.pipeline.kind.is_regressor() {
+            Ok(self
+                .pipeline
+                .predict_value(x)?
+                .into_iter()
+                .map(|v| Prediction { class: None, bin: None, estimate: v })
+                .collect())
+        } else {
+            let b = &self.target.binning;
+            Ok(self
+                .pipeline
+                .predict_class(x)?
+                .into_iter()
+                .map(|c| Prediction { class: Some(c), bin: b.names.get(c).cloned(), estimate: b.estimate(c) })
+                .collect())
+        }
+    }
+
+    /// Builds a feature matrix from JSON: one object, or an array of objects, whose keys are
+    /// exactly [`ModelFile::feature_names`].
+    pub fn features_from_json(&self, json: &serde_json::Value, source: &str) -> Result<Array2<f64>, MlError> {
+        let objects: Vec<&serde_json::Value> = match json {
+            serde_json::Value::Array(a) => a.iter().collect(),
+            other => vec![other],
+        };
+        let names = &self.feature_names;
+        let mut data = Vec::with_capacity(objects.len() * names.len());
+        for (i, o) in objects.iter().enumerate() {
+            let map = o.as_object().ok_or_else(|| {
+                MlError::Invalid(format!("{source}: entry {i}: expected an object with keys {}", names.join(", ")))
+            })?;
+            if let Some(extra) = map.keys().find(|k| !names.contains(k)) {
+                return Err(MlError::Invalid(format!(
+                    "{source}: entry {i}: unknown feature {extra:?}; expected {}",
+                    names.join(", ")
+                )));
+            }
+            for n in names {
+                let v = map.get(n).and_then(|v| v.as_f64()).ok_or_else(|| {
+                    MlError::Invalid(format!("{source}: entry {i}: feature {n:?} missing or not a number"))
+                })?;
+                data.push(v);
+            }
+        }
+        Array2::from_shape_vec((objects.len(), names.len()), data)
+            .map_err(|e| MlError::Invalid(format!("{source}: {e}")))
+    }
+}

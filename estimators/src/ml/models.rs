@@ -56,8 +56,7 @@ impl ModelKind {
         ModelKind::MlpEnsemble,
     ];
     /// Every regressor, in report order.
-    pub const REGRESSORS: [ModelKind; 3] =
-        [ModelKind::LinearReg, ModelKind::GbmReg, ModelKind::MlpReg];
+    pub const REGRESSORS: [ModelKind; 3] = [ModelKind::LinearReg, ModelKind::GbmReg, ModelKind::MlpReg];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
@@ -76,10 +75,7 @@ impl ModelKind {
 
     /// Parses a command-line name.
     pub fn parse(s: &str) -> Option<ModelKind> {
-        Self::CLASSIFIERS
-            .into_iter()
-            .chain(Self::REGRESSORS)
-            .find(|k| k.name() == s)
+        Self::CLASSIFIERS.into_iter().chain(Self::REGRESSORS).find(|k| k.name() == s)
     }
 
     /// True for the models that predict the target value rather than its bin.
@@ -103,12 +99,7 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig {
-            seed: 42,
-            mlp_epochs: 100,
-            trees: 50,
-            gbm_budget: 0.5,
-        }
+        TrainConfig { seed: 42, mlp_epochs: 100, trees: 50, gbm_budget: 0.5 }
     }
 }
 
@@ -134,12 +125,7 @@ impl TreeVote {
         }
         votes
             .iter()
-            .map(|v| {
-                v.iter()
-                    .enumerate()
-                    .fold((0, 0), |b, (i, &n)| if n > b.1 { (i, n) } else { b })
-                    .0
-            })
+            .map(|v| v.iter().enumerate().fold((0, 0), |b, (i, &n)| if n > b.1 { (i, n) } else { b }).0)
             .collect()
     }
 }
@@ -154,9 +140,7 @@ pub struct GbmClassifier {
 
 impl std::fmt::Debug for GbmClassifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GbmClassifier")
-            .field("classes", &self.classes)
-            .finish_non_exhaustive()
+        f.debug_struct("GbmClassifier").field("classes", &self.classes).finish_non_exhaustive()
     }
 }
 
@@ -218,35 +202,24 @@ impl Pipeline {
         cfg: &TrainConfig,
     ) -> Result<Pipeline, MlError> {
         if x.nrows() < 2 {
-            return Err(MlError::Invalid(format!(
-                "{}: need at least 2 training rows, got {}",
-                kind.name(),
-                x.nrows()
-            )));
+            return Err(MlError::Invalid(format!("{}: need at least 2 training rows, got {}", kind.name(), x.nrows())));
         }
         let scaler = Standardizer::fit(x);
         let xs = scaler.transform(x);
-        let fit_err = |e: linfa::Error| MlError::Fit {
-            model: kind.name(),
-            message: e.to_string(),
-        };
+        let fit_err = |e: linfa::Error| MlError::Fit { model: kind.name(), message: e.to_string() };
         let labels = || Dataset::new(xs.clone(), Array1::from(class.to_vec()));
         let model = match kind {
             ModelKind::Logistic => Fitted::Logistic(
                 MultiLogisticRegression::default()
                     .max_iterations(200)
                     .fit(&labels())
-                    .map_err(|e| MlError::Fit {
-                        model: kind.name(),
-                        message: e.to_string(),
-                    })?,
+                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
             ),
-            ModelKind::Tree => Fitted::Tree(DecisionTree::params().fit(&labels()).map_err(|e| {
-                MlError::Fit {
-                    model: kind.name(),
-                    message: e.to_string(),
-                }
-            })?),
+            ModelKind::Tree => Fitted::Tree(
+                DecisionTree::params()
+                    .fit(&labels())
+                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
+            ),
             ModelKind::Forest | ModelKind::Bagging => {
                 let feature_proportion = if kind == ModelKind::Forest { 0.7 } else { 1.0 };
                 let rng = StdRng::seed_from_u64(cfg.seed);
@@ -256,20 +229,13 @@ impl Pipeline {
                     .feature_proportion(feature_proportion)
                     .fit(&labels())
                     .map_err(fit_err)?;
-                Fitted::Trees(TreeVote {
-                    trees: learner.models,
-                    features: learner.model_features,
-                    classes: n_classes,
-                })
+                Fitted::Trees(TreeVote { trees: learner.models, features: learner.model_features, classes: n_classes })
             }
             ModelKind::Gbm => Fitted::Gbm(fit_gbm(&xs, class, cfg)?),
             ModelKind::MlpEnsemble | ModelKind::MlpReg => {
                 let params = MlpParams::gpumemnet(family, cfg.mlp_epochs, cfg.seed);
                 let (y, task): (Vec<f64>, _) = if kind == ModelKind::MlpEnsemble {
-                    (
-                        class.iter().map(|&c| c as f64).collect(),
-                        MlpTask::Classify(n_classes),
-                    )
+                    (class.iter().map(|&c| c as f64).collect(), MlpTask::Classify(n_classes))
                 } else {
                     (value.to_vec(), MlpTask::Regress)
                 };
@@ -278,10 +244,7 @@ impl Pipeline {
             ModelKind::LinearReg => Fitted::Linear(
                 LinearRegression::new()
                     .fit(&Dataset::new(xs.clone(), Array1::from(value.to_vec())))
-                    .map_err(|e| MlError::Fit {
-                        model: kind.name(),
-                        message: e.to_string(),
-                    })?,
+                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
             ),
             ModelKind::GbmReg => {
                 let data = col_major(&xs);
@@ -291,18 +254,12 @@ impl Pipeline {
                     .set_budget(cfg.gbm_budget)
                     .set_num_threads(Some(1))
                     .set_seed(cfg.seed);
-                b.fit(&m, value, None, None).map_err(|e| MlError::Fit {
-                    model: kind.name(),
-                    message: e.to_string(),
-                })?;
+                b.fit(&m, value, None, None)
+                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?;
                 Fitted::GbmReg(GbmRegressor(b))
             }
         };
-        Ok(Pipeline {
-            kind,
-            scaler,
-            model,
-        })
+        Ok(Pipeline { kind, scaler, model })
     }
 
     /// Predicted class per row of raw features `x` (classifiers only).
@@ -362,10 +319,7 @@ fn fit_gbm(xs: &Array2<f64>, class: &[usize], cfg: &TrainConfig) -> Result<GbmCl
     classes.sort_unstable();
     classes.dedup();
     if classes.len() < 2 {
-        return Ok(GbmClassifier {
-            classes,
-            booster: None,
-        });
+        return Ok(GbmClassifier { classes, booster: None });
     }
     let n = xs.nrows();
     // One-hot targets, column-major like the features.
@@ -382,20 +336,9 @@ fn fit_gbm(xs: &Array2<f64>, class: &[usize], cfg: &TrainConfig) -> Result<GbmCl
         .set_num_threads(Some(1))
         .set_seed(cfg.seed);
     booster
-        .fit(
-            &Matrix::new(&data, n, xs.ncols()),
-            &Matrix::new(&y, n, classes.len()),
-            None,
-            None,
-        )
-        .map_err(|e| MlError::Fit {
-            model: "gbm",
-            message: e.to_string(),
-        })?;
-    Ok(GbmClassifier {
-        classes,
-        booster: Some(booster),
-    })
+        .fit(&Matrix::new(&data, n, xs.ncols()), &Matrix::new(&y, n, classes.len()), None, None)
+        .map_err(|e| MlError::Fit { model: "gbm", message: e.to_string() })?;
+    Ok(GbmClassifier { classes, booster: Some(booster) })
 }
 
 fn predict_gbm(m: &GbmClassifier, xs: &Array2<f64>) -> Vec<usize> {
@@ -406,11 +349,8 @@ fn predict_gbm(m: &GbmClassifier, xs: &Array2<f64>) -> Vec<usize> {
     let p = b.predict_proba(&Matrix::new(&data, xs.nrows(), xs.ncols()), false);
     p.chunks(m.classes.len())
         .map(|row| {
-            let best = row
-                .iter()
-                .enumerate()
-                .fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-                .0;
+            let best =
+                row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
             m.classes[best]
         })
         .collect()

@@ -44,10 +44,7 @@ impl Default for ProtocolConfig {
             seed: 42,
             folds: 3,
             test_frac: 0.2,
-            models: ModelKind::CLASSIFIERS
-                .into_iter()
-                .chain(ModelKind::REGRESSORS)
-                .collect(),
+            models: ModelKind::CLASSIFIERS.into_iter().chain(ModelKind::REGRESSORS).collect(),
             train: TrainConfig::default(),
             latency_rows: 200,
         }
@@ -235,36 +232,20 @@ pub fn evaluate_split(
     let train = ex.subset(&train_idx);
     let test = ex.subset(&split.test);
     let started = Instant::now();
-    let pipeline = Pipeline::fit(
-        kind,
-        ex.family,
-        &train.x,
-        &train.class,
-        &train.value,
-        ex.target.binning.classes(),
-        cfg,
-    )?;
+    let pipeline =
+        Pipeline::fit(kind, ex.family, &train.x, &train.class, &train.value, ex.target.binning.classes(), cfg)?;
     let fit_seconds = started.elapsed().as_secs_f64();
     let (classes, values) = if kind.is_regressor() {
         (Vec::new(), pipeline.predict_value(&test.x)?)
     } else {
         (pipeline.predict_class(&test.x)?, Vec::new())
     };
-    Ok(SplitOutcome {
-        pipeline,
-        classes,
-        values,
-        fit_seconds,
-    })
+    Ok(SplitOutcome { pipeline, classes, values, fit_seconds })
 }
 
 fn value_scores(ex: &Examples, test: &[usize], est: &[f64]) -> ValueScores {
-    let (truth, est): (Vec<f64>, Vec<f64>) = test
-        .iter()
-        .zip(est)
-        .filter(|(&i, _)| ex.measured[i])
-        .map(|(&i, &e)| (ex.value[i], e))
-        .unzip();
+    let (truth, est): (Vec<f64>, Vec<f64>) =
+        test.iter().zip(est).filter(|(&i, _)| ex.measured[i]).map(|(&i, &e)| (ex.value[i], e)).unzip();
     ValueScores {
         rows: truth.len(),
         mre: score::mre(&truth, &est),
@@ -305,10 +286,7 @@ fn empty_result(kind: ModelKind) -> ModelResult {
         test: None,
         test_value: None,
         fit_seconds: 0.0,
-        latency: Latency {
-            p50_us: 0.0,
-            p99_us: 0.0,
-        },
+        latency: Latency { p50_us: 0.0, p99_us: 0.0 },
     }
 }
 
@@ -342,9 +320,7 @@ fn run_model(
         r.cv_mae = Some(get(|s| s.mae));
         r.test_value = Some(value_scores(ex, &fin.test, &out.values));
     } else {
-        let get = |f: fn(&ClassScores) -> f64| {
-            MeanStd::of(&r.fold_scores.iter().map(f).collect::<Vec<_>>())
-        };
+        let get = |f: fn(&ClassScores) -> f64| MeanStd::of(&r.fold_scores.iter().map(f).collect::<Vec<_>>());
         r.cv_accuracy = Some(get(|s| s.accuracy));
         r.cv_f1_macro = Some(get(|s| s.f1_macro));
         r.cv_f1_weighted = Some(get(|s| s.f1_weighted));
@@ -369,11 +345,9 @@ fn base_report(ex: &Examples, dataset: &str, protocol: &str, cfg: &ProtocolConfi
         folds: cfg.folds,
         test_rows: 0,
         models: Vec::new(),
-        notes: vec![
-            "splits use rand 0.8 StdRng seeded with the given seed; Python's RNG is not \
+        notes: vec!["splits use rand 0.8 StdRng seeded with the given seed; Python's RNG is not \
              reproduced bit-for-bit, so split members differ from sklearn's"
-                .to_string(),
-        ],
+            .to_string()],
     }
 }
 
@@ -383,13 +357,9 @@ pub fn cross_validate(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Res
     let p = plan(ex, cfg)?;
     let mut report = base_report(ex, dataset, "stratified-cv", cfg);
     report.test_rows = p.holdout.test.len();
-    report.notes.push(
-        "regressors train and score on measured rows only (no OOM rows, no 0-MiB rows)".into(),
-    );
+    report.notes.push("regressors train and score on measured rows only (no OOM rows, no 0-MiB rows)".into());
     for &kind in &cfg.models {
-        report
-            .models
-            .push(run_model(ex, kind, &p.folds, &p.holdout, cfg)?.0);
+        report.models.push(run_model(ex, kind, &p.folds, &p.holdout, cfg)?.0);
     }
     Ok(report)
 }
@@ -411,10 +381,7 @@ pub fn reproduce(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Result<R
     ));
     let n_classes = ex.target.binning.classes();
     for &kind in cfg.models.iter().filter(|k| !k.is_regressor()) {
-        let fin = Split {
-            train: train.clone(),
-            test: test.clone(),
-        };
+        let fin = Split { train: train.clone(), test: test.clone() };
         let (mut r, pipeline) = run_model(ex, kind, &folds, &fin, cfg)?;
         let predicted = pipeline.predict_class(&ex.subset(&val).x)?;
         let truth: Vec<usize> = val.iter().map(|&i| ex.class[i]).collect();

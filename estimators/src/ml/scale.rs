@@ -20,9 +20,7 @@ impl Standardizer {
         let var = x
             .rows()
             .into_iter()
-            .fold(Array1::zeros(x.ncols()), |acc: Array1<f64>, r| {
-                acc + (&r - &mean).mapv(|d| d * d)
-            })
+            .fold(Array1::zeros(x.ncols()), |acc: Array1<f64>, r| acc + (&r - &mean).mapv(|d| d * d))
             / n;
         let std = var.mapv(|v| if v > 1e-24 { v.sqrt() } else { 1.0 });
         Standardizer { mean, std }

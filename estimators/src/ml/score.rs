@@ -20,11 +20,7 @@ fn per_class(truth: &[usize], pred: &[usize], n: usize) -> Vec<(f64, f64, f64, u
             let predicted = pred.iter().filter(|&&p| p == c).count() as f64;
             let precision = if predicted > 0.0 { tp / predicted } else { 0.0 };
             let recall = if support > 0 { tp / support as f64 } else { 0.0 };
-            let f1 = if precision + recall > 0.0 {
-                2.0 * precision * recall / (precision + recall)
-            } else {
-                0.0
-            };
+            let f1 = if precision + recall > 0.0 { 2.0 * precision * recall / (precision + recall) } else { 0.0 };
             (precision, recall, f1, support)
         })
         .collect()
@@ -43,12 +39,7 @@ fn present(truth: &[usize], pred: &[usize]) -> (usize, Vec<bool>) {
 pub fn f1_macro(truth: &[usize], pred: &[usize]) -> f64 {
     let (n, seen) = present(truth, pred);
     let stats = per_class(truth, pred, n);
-    let used: Vec<f64> = stats
-        .iter()
-        .zip(&seen)
-        .filter(|(_, s)| **s)
-        .map(|(s, _)| s.2)
-        .collect();
+    let used: Vec<f64> = stats.iter().zip(&seen).filter(|(_, s)| **s).map(|(s, _)| s.2).collect();
     if used.is_empty() {
         0.0
     } else {
@@ -62,11 +53,7 @@ pub fn f1_weighted(truth: &[usize], pred: &[usize]) -> f64 {
     if truth.is_empty() {
         return 0.0;
     }
-    per_class(truth, pred, n)
-        .iter()
-        .map(|s| s.2 * s.3 as f64)
-        .sum::<f64>()
-        / truth.len() as f64
+    per_class(truth, pred, n).iter().map(|s| s.2 * s.3 as f64).sum::<f64>() / truth.len() as f64
 }
 
 /// Recall of class `c`; `None` when the truth has no row of that class.
@@ -89,27 +76,18 @@ pub fn below_diagonal(truth: &[usize], pred: &[usize]) -> f64 {
 
 /// Mean relative error `mean(|est − truth| / truth)` over rows with `truth > 0`; `None` if none.
 pub fn mre(truth: &[f64], est: &[f64]) -> Option<f64> {
-    let v: Vec<f64> = truth
-        .iter()
-        .zip(est)
-        .filter(|(t, _)| **t > 0.0)
-        .map(|(t, e)| (e - t).abs() / t)
-        .collect();
+    let v: Vec<f64> = truth.iter().zip(est).filter(|(t, _)| **t > 0.0).map(|(t, e)| (e - t).abs() / t).collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// Mean absolute error; `None` for no rows.
 pub fn mae(truth: &[f64], est: &[f64]) -> Option<f64> {
-    (!truth.is_empty()).then(|| {
-        truth.iter().zip(est).map(|(t, e)| (e - t).abs()).sum::<f64>() / truth.len() as f64
-    })
+    (!truth.is_empty()).then(|| truth.iter().zip(est).map(|(t, e)| (e - t).abs()).sum::<f64>() / truth.len() as f64)
 }
 
 /// Fraction of estimates below the truth (an underestimate means OOM when used as a cap).
 pub fn under_rate(truth: &[f64], est: &[f64]) -> Option<f64> {
-    (!truth.is_empty()).then(|| {
-        truth.iter().zip(est).filter(|(t, e)| e < t).count() as f64 / truth.len() as f64
-    })
+    (!truth.is_empty()).then(|| truth.iter().zip(est).filter(|(t, e)| e < t).count() as f64 / truth.len() as f64)
 }
 
 /// Nearest-rank percentile (`q` in 0..=100) of unsorted values; `None` for no values.

@@ -31,10 +31,7 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
 pub fn train_test_split(n: usize, test_frac: f64, seed: u64) -> Split {
     let n_test = ((test_frac * n as f64).ceil() as usize).min(n);
     let perm = permutation(n, seed);
-    Split {
-        test: perm[..n_test].to_vec(),
-        train: perm[n_test..].to_vec(),
-    }
+    Split { test: perm[..n_test].to_vec(), train: perm[n_test..].to_vec() }
 }
 
 /// GPUMemNet's 70/20/10 split: `train_test_split(0.3)` then `train_test_split(0.66)` of the 30%,
@@ -51,9 +48,7 @@ pub fn gpumemnet_split(n: usize, seed: u64) -> (Vec<usize>, Vec<usize>, Vec<usiz
 /// folds, the first `n % k` one row larger.
 pub fn kfold(n: usize, k: usize, seed: u64) -> Result<Vec<Split>, MlError> {
     if k < 2 || k > n {
-        return Err(MlError::Invalid(format!(
-            "k-fold needs 2 <= k <= rows, got k={k} for {n} rows"
-        )));
+        return Err(MlError::Invalid(format!("k-fold needs 2 <= k <= rows, got k={k} for {n} rows")));
     }
     let perm = permutation(n, seed);
     let mut folds = Vec::with_capacity(k);
@@ -61,11 +56,7 @@ pub fn kfold(n: usize, k: usize, seed: u64) -> Result<Vec<Split>, MlError> {
     for f in 0..k {
         let size = n / k + usize::from(f < n % k);
         let test = perm[start..start + size].to_vec();
-        let train = perm[..start]
-            .iter()
-            .chain(&perm[start + size..])
-            .copied()
-            .collect();
+        let train = perm[..start].iter().chain(&perm[start + size..]).copied().collect();
         folds.push(Split { train, test });
         start += size;
     }
@@ -88,10 +79,7 @@ fn by_class(labels: &[usize], seed: u64) -> Vec<Vec<usize>> {
 /// Stratified hold-out: from each class, `round(frac·n_c)` seeded-random rows go to the test set
 /// (at least one when the class has two or more rows, so every class is tested).
 pub fn stratified_holdout(labels: &[usize], test_frac: f64, seed: u64) -> Split {
-    let mut split = Split {
-        train: Vec::new(),
-        test: Vec::new(),
-    };
+    let mut split = Split { train: Vec::new(), test: Vec::new() };
     for group in by_class(labels, seed) {
         let mut n_test = (test_frac * group.len() as f64).round() as usize;
         if n_test == 0 && group.len() >= 2 && test_frac > 0.0 {

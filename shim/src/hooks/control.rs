@@ -62,7 +62,8 @@ pub unsafe extern "C" fn underscore_exit2(status: c_int) -> ! {
 /// `getattr(ctypes.CDLL(None), "memtrace_mark", None)`.
 #[cfg_attr(not(test), export_name = "memtrace_mark")]
 pub unsafe extern "C" fn memtrace_mark(text: *const c_char) {
-    crate::hooks::emit::marker(text);
+    // Safety: the caller passes a C string, per this function's C contract.
+    unsafe { crate::hooks::emit::marker(text) };
 }
 
 type PushFn = unsafe extern "C" fn(*const c_char) -> c_int;
@@ -74,7 +75,8 @@ static REAL_POP: Slot = Slot::new();
 /// library is loaded; otherwise returns -1, NVTX's error value).
 #[cfg_attr(not(test), export_name = "nvtxRangePushA")]
 pub unsafe extern "C" fn nvtx_range_push_a(text: *const c_char) -> c_int {
-    crate::hooks::emit::marker(text);
+    // Safety: the caller passes a C string, per this function's C contract.
+    unsafe { crate::hooks::emit::marker(text) };
     let p = REAL_PUSH.get(Lib::Nvtx, c"nvtxRangePushA");
     if p == 0 {
         return -1;

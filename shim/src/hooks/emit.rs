@@ -124,7 +124,10 @@ pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
 }
 
 /// A marker (user call or NVTX range push). Markers are rare, so copying the text here is fine.
-pub fn marker(text: *const c_char) {
+///
+/// # Safety
+/// `text` is null or a NUL-terminated string.
+pub unsafe fn marker(text: *const c_char) {
     if text.is_null() {
         return;
     }

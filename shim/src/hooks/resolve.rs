@@ -22,8 +22,8 @@ const NO_RUNTIME: c_int = 3;
 ///
 /// # Safety
 /// `pfn` is null or points to a function pointer the real resolver wrote.
-unsafe fn wrap_out(r: c_int, pfn: *mut *mut c_void) {
-    if r != 0 || pfn.is_null() || raw::is_internal() {
+unsafe fn wrap_out(r: c_int, sym: *const c_char, pfn: *mut *mut c_void) {
+    if r != 0 || pfn.is_null() || sym.is_null() || raw::is_internal() {
         return;
     }
     // Safety: non-null out-pointer the caller gave the resolver.
@@ -31,7 +31,9 @@ unsafe fn wrap_out(r: c_int, pfn: *mut *mut c_void) {
     if p == 0 {
         return;
     }
-    let w = catch_unwind(AssertUnwindSafe(|| table::wrap(p))).unwrap_or(p);
+    // Safety: the resolver contract: a NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(sym) };
+    let w = catch_unwind(AssertUnwindSafe(|| table::wrap(p, name))).unwrap_or(p);
     // Safety: as above.
     unsafe { *pfn = w as *mut c_void };
 }
@@ -44,7 +46,7 @@ plain_hook! {
     |real| {
         // Safety: forwarding the caller's arguments; wrap_out checks the out-pointer.
         let r = unsafe { real(sym, pfn, ver, flags, st) };
-        unsafe { wrap_out(r, pfn) };
+        unsafe { wrap_out(r, sym, pfn) };
         r
     }
 }
@@ -56,7 +58,7 @@ plain_hook! {
     |real| {
         // Safety: as in cuGetProcAddress.
         let r = unsafe { real(sym, pfn, ver, flags, st) };
-        unsafe { wrap_out(r, pfn) };
+        unsafe { wrap_out(r, sym, pfn) };
         r
     }
 }
@@ -68,7 +70,7 @@ plain_hook! {
     |real| {
         // Safety: as in cuGetProcAddress.
         let r = unsafe { real(sym, pfn, ver, flags, st) };
-        unsafe { wrap_out(r, pfn) };
+        unsafe { wrap_out(r, sym, pfn) };
         r
     }
 }
@@ -80,7 +82,7 @@ plain_hook! {
     |real| {
         // Safety: as in cuGetProcAddress.
         let r = unsafe { real(sym, pfn, flags, st) };
-        unsafe { wrap_out(r, pfn) };
+        unsafe { wrap_out(r, sym, pfn) };
         r
     }
 }
@@ -93,7 +95,7 @@ plain_hook! {
     |real| {
         // Safety: as in cuGetProcAddress.
         let r = unsafe { real(sym, pfn, ver, flags, st) };
-        unsafe { wrap_out(r, pfn) };
+        unsafe { wrap_out(r, sym, pfn) };
         r
     }
 }
@@ -130,7 +132,9 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
     if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
         return r;
     }
-    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize) as *mut c_void)).unwrap_or(r)
+    // Safety: checked non-null by worth_wrapping; dlsym's contract: a NUL-terminated name.
+    let n = unsafe { CStr::from_ptr(name) };
+    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize, n) as *mut c_void)).unwrap_or(r)
 }
 
 /// The body of `dlvsym` for explicit handles.
@@ -146,7 +150,9 @@ unsafe extern "C" fn dlvsym_hook(handle: *mut c_void, name: *const c_char, versi
     if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
         return r;
     }
-    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize) as *mut c_void)).unwrap_or(r)
+    // Safety: checked non-null by worth_wrapping; dlsym's contract: a NUL-terminated name.
+    let n = unsafe { CStr::from_ptr(name) };
+    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize, n) as *mut c_void)).unwrap_or(r)
 }
 
 extern "C" fn init_dlsym() -> usize {

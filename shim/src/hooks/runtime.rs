@@ -1,5 +1,9 @@
 //! Runtime (`libcudart`) allocation hooks. Error code when the real runtime is missing:
 //! `cudaErrorInitializationError` (3).
+//!
+//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
+//! function of the same signature, and reads an out-pointer only when it is non-null and the
+//! call succeeded.
 
 use std::ffi::{c_int, c_uint, c_void};
 

@@ -57,15 +57,23 @@ pub fn is_own(p: usize) -> bool {
 
 /// Replace `p` by the shim's wrapper of the function it is, by pointer identity; anything else
 /// (including our own wrappers) is returned unchanged.
-pub fn wrap(p: usize) -> usize {
-    if p == 0 || is_own(p) {
+///
+/// `requested` is the name the caller asked the resolver for. The function a resolver returns
+/// for a name is that name or a versioned/per-thread variant of it (`cuMemAlloc` →
+/// `cuMemAlloc_v2`, `cuLaunchKernel` → `cuLaunchKernel_ptsz`), so only hooks whose name starts
+/// with it are compared; which one it is, is still decided by identity. This keeps the many
+/// look-ups of functions the shim does not hook cheap.
+pub fn wrap(p: usize, requested: &CStr) -> usize {
+    if p == 0 {
+        return p;
+    }
+    let req = requested.to_bytes();
+    let plausible = |d: &&HookDesc| d.lib != Lib::Libc && d.name.to_bytes().starts_with(req);
+    if !groups().iter().any(|g| g.iter().any(|d| plausible(&d))) || is_own(p) {
         return p;
     }
     for group in groups() {
-        for d in group {
-            if d.lib == Lib::Libc {
-                continue;
-            }
+        for d in group.iter().filter(plausible) {
             let mut hit = d.target.load() == p || d.real.load() == p;
             if !hit {
                 real::candidates(d.lib, d.name, |c| hit |= c == p);

@@ -251,7 +251,12 @@ impl Parser<'_> {
         if self.toks.get(i).map(String::as_str) != Some("[") {
             let d = self.uint(i, key)?;
             if !d.is_power_of_two() {
-                return Err(ConfigError::NotPowerOfTwo { key: key.to_string(), what: "divisions", extra: "", value: d });
+                return Err(ConfigError::NotPowerOfTwo {
+                    key: key.to_string(),
+                    what: "divisions",
+                    extra: "",
+                    value: d,
+                });
             }
             out.fill(d);
             return Ok(i);
@@ -290,7 +295,12 @@ impl Parser<'_> {
                     expected: "an interval start in MiB or '>'",
                 })?;
                 if !k.is_power_of_two() {
-                    return Err(ConfigError::NotPowerOfTwo { key: key.to_string(), what: "intervals", extra: "", value: k });
+                    return Err(ConfigError::NotPowerOfTwo {
+                        key: key.to_string(),
+                        what: "intervals",
+                        extra: "",
+                        value: k,
+                    });
                 }
                 let index = ((63 - k.leading_zeros()) as usize).min(ROUNDUP_INTERVALS - 1);
                 if first {
@@ -314,9 +324,16 @@ impl Parser<'_> {
     fn known(&self, key: &str) -> bool {
         let v = self.version;
         match key {
-            "max_split_size_mb" | "garbage_collection_threshold" | "roundup_power2_divisions" | "backend"
-            | "expandable_segments" | "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc"
-            | "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" | "pinned_num_register_threads" => true,
+            "max_split_size_mb"
+            | "garbage_collection_threshold"
+            | "roundup_power2_divisions"
+            | "backend"
+            | "expandable_segments"
+            | "release_lock_on_cudamalloc"
+            | "release_lock_on_hipmalloc"
+            | "pinned_use_cuda_host_register"
+            | "pinned_use_hip_host_register"
+            | "pinned_num_register_threads" => true,
             "max_non_split_rounding_mb" | "pinned_use_background_threads" => v >= TorchVersion::V2_5,
             "pinned_reserve_segment_size_mb" | "graph_capture_record_stream_reuse" | "per_process_memory_fraction" => {
                 v >= TorchVersion::V2_9
@@ -364,7 +381,12 @@ impl Parser<'_> {
                 "pinned_num_register_threads" => {
                     let n = self.uint(i, key)?;
                     if !n.is_power_of_two() || n > 128 {
-                        return Err(ConfigError::NotPowerOfTwo { key: key.into(), what: "number of register threads", extra: " and at most 128", value: n });
+                        return Err(ConfigError::NotPowerOfTwo {
+                            key: key.into(),
+                            what: "number of register threads",
+                            extra: " and at most 128",
+                            value: n,
+                        });
                     }
                     cfg.pinned_num_register_threads = n;
                 }
@@ -404,7 +426,8 @@ impl AllocatorConfig {
     /// string is parsed first (it alone carries `max_non_split_rounding_mb`); the structured
     /// fields then take precedence because they are what the allocator actually used.
     pub fn from_snapshot_settings(v: &serde_json::Value, version: TorchVersion) -> Result<Self, ConfigError> {
-        let obj = v.as_object().ok_or(ConfigError::Settings { field: "allocator_settings".into(), expected: "a dict" })?;
+        let obj =
+            v.as_object().ok_or(ConfigError::Settings { field: "allocator_settings".into(), expected: "a dict" })?;
         let mut cfg = match obj.get("PYTORCH_CUDA_ALLOC_CONF") {
             None | Some(serde_json::Value::Null) => AllocatorConfig::default(),
             Some(serde_json::Value::String(s)) => AllocatorConfig::parse(s, version)?,

@@ -1,7 +1,8 @@
 //! memtrace records → snapshot pickle that PyTorch's memory_viz opens.
 //!
-//! Written with serde-pickle at protocol 3 (memory_viz's JavaScript unpickler rejects PROTO > 4),
-//! with no bytes or sets, and with absent optional fields left out rather than written as None.
+//! Written at protocol 3 (memory_viz's JavaScript unpickler rejects PROTO > 4) by
+//! [`super::pickle_writer`], which shares frame lists through the memo as Python does, with no
+//! bytes or sets, and with absent optional fields left out rather than written as None.
 //! `frames` is written when the trace has a stack for the entry (an empty stack is written as
 //! `[]`, as PyTorch writes it) and left out otherwise.
 
@@ -9,27 +10,22 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-use serde::Serialize;
 use trace::{
-    BlockState, Event, Frame, FreeStage, Header, MemoryKind, Origin, Record, SegmentPool, StackId,
-    StateAt, VmmOp,
+    BlockState, Event, Frame, FreeStage, Header, MemoryKind, Origin, Record, SegmentPool, StackId, StateAt, VmmOp,
 };
 
 use super::import::{META_ANNOTATIONS, META_LIST_FORM};
+use super::pickle_writer::PickleWriter;
 use super::model::UNKNOWN_LINE;
 use super::SnapshotError;
 
-#[derive(Serialize)]
 struct OutSnapshot {
     segments: Vec<OutSegment>,
     device_traces: Vec<Vec<OutEntry>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     allocator_settings: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     external_annotations: Option<serde_json::Value>,
 }
 
-#[derive(Serialize)]
 struct OutSegment {
     device: u32,
     address: u64,
@@ -41,41 +37,33 @@ struct OutSegment {
     segment_type: &'static str,
     segment_pool_id: (i64, i64),
     is_expandable: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frames: Option<Vec<OutFrame>>,
+    frames: Option<StackId>,
     blocks: Vec<OutBlock>,
 }
 
-#[derive(Serialize)]
 struct OutBlock {
     address: u64,
     size: u64,
     requested_size: u64,
     state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frames: Option<Vec<OutFrame>>,
+    frames: Option<StackId>,
 }
 
-#[derive(Serialize, Clone)]
+#[derive(Clone)]
 struct OutFrame {
     name: String,
     filename: String,
     line: u64,
 }
 
-#[derive(Serialize)]
 struct OutEntry {
     action: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     addr: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     device_free: Option<u64>,
     size: u64,
     stream: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
     time_us: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frames: Option<Vec<OutFrame>>,
+    frames: Option<StackId>,
 }
 
 fn state_str(s: BlockState) -> &'static str {
@@ -96,10 +84,11 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn frames(&self, index: usize, stack: Option<StackId>) -> Result<Option<Vec<OutFrame>>, SnapshotError> {
+    /// The stack id, checked to be defined already.
+    fn frames(&self, index: usize, stack: Option<StackId>) -> Result<Option<StackId>, SnapshotError> {
         match stack {
             None => Ok(None),
-            Some(id) => self.stacks.get(&id).cloned().map(Some).ok_or_else(|| SnapshotError::Export {
+            Some(id) => self.stacks.contains_key(&id).then_some(Some(id)).ok_or_else(|| SnapshotError::Export {
                 index,
                 message: format!("stack {id} is used before any stack record defines it"),
             }),
@@ -166,7 +155,7 @@ impl Builder<'_> {
                     }
                 };
                 if matches!(f.stage, FreeStage::Requested | FreeStage::Immediate) {
-                    self.push(device, entry("free_requested", f.addr, size, f.stream, frames.clone()));
+                    self.push(device, entry("free_requested", f.addr, size, f.stream, frames));
                 }
                 if matches!(f.stage, FreeStage::Completed | FreeStage::Immediate) {
                     self.live.remove(&(device, f.addr));
@@ -263,13 +252,8 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
                 .to_string(),
         });
     }
-    let mut b = Builder {
-        header,
-        stacks: HashMap::new(),
-        traces: Vec::new(),
-        segments: Vec::new(),
-        live: HashMap::new(),
-    };
+    let mut b =
+        Builder { header, stacks: HashMap::new(), traces: Vec::new(), segments: Vec::new(), live: HashMap::new() };
     let mut has_end = false;
     for (i, r) in records.iter().enumerate() {
         has_end |= matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End);
@@ -290,9 +274,10 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
     }
     let parse_meta = |key: &str| header.meta(key).and_then(|t| serde_json::from_str(t).ok());
     let allocator_settings = header.allocator_settings.as_deref().and_then(|t| serde_json::from_str(t).ok());
-    let opts = serde_pickle::SerOptions::new();
+    let mut w = Encoder { w: PickleWriter::new(), stacks: &b.stacks, memo: HashMap::new() };
     if header.meta(META_LIST_FORM) == Some("true") {
-        return Ok(serde_pickle::to_vec(&b.segments, opts)?);
+        w.segments(&b.segments);
+        return Ok(w.w.finish());
     }
     let snap = OutSnapshot {
         segments: b.segments,
@@ -300,7 +285,131 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
         allocator_settings,
         external_annotations: parse_meta(META_ANNOTATIONS),
     };
-    Ok(serde_pickle::to_vec(&snap, opts)?)
+    w.snapshot(&snap);
+    Ok(w.w.finish())
+}
+
+/// Writes the output structures in PyTorch's key order, sharing each frame list.
+struct Encoder<'a> {
+    w: PickleWriter,
+    stacks: &'a HashMap<StackId, Vec<OutFrame>>,
+    /// Memo index of each frame list already written.
+    memo: HashMap<StackId, u32>,
+}
+
+impl Encoder<'_> {
+    fn snapshot(&mut self, s: &OutSnapshot) {
+        self.w.dict_begin();
+        self.w.str("segments");
+        self.segments(&s.segments);
+        self.w.str("device_traces");
+        self.w.list_begin();
+        for t in &s.device_traces {
+            self.w.list_begin();
+            for e in t {
+                self.entry(e);
+            }
+            self.w.list_end();
+        }
+        self.w.list_end();
+        if let Some(v) = &s.allocator_settings {
+            self.w.str("allocator_settings");
+            self.w.json(v);
+        }
+        if let Some(v) = &s.external_annotations {
+            self.w.str("external_annotations");
+            self.w.json(v);
+        }
+        self.w.dict_end();
+    }
+
+    fn segments(&mut self, segs: &[OutSegment]) {
+        self.w.list_begin();
+        for s in segs {
+            self.w.dict_begin();
+            for (k, v) in [
+                ("device", s.device as i128),
+                ("address", s.address as i128),
+                ("total_size", s.total_size as i128),
+                ("allocated_size", s.allocated_size as i128),
+                ("active_size", s.active_size as i128),
+                ("requested_size", s.requested_size as i128),
+                ("stream", s.stream as i128),
+            ] {
+                self.w.str(k);
+                self.w.int(v);
+            }
+            self.w.str("segment_type");
+            self.w.str(s.segment_type);
+            self.w.str("segment_pool_id");
+            self.w.int_pair(s.segment_pool_id.0, s.segment_pool_id.1);
+            self.w.str("is_expandable");
+            self.w.bool(s.is_expandable);
+            self.frames(s.frames);
+            self.w.str("blocks");
+            self.w.list_begin();
+            for b in &s.blocks {
+                self.w.dict_begin();
+                for (k, v) in [("address", b.address), ("size", b.size), ("requested_size", b.requested_size)] {
+                    self.w.str(k);
+                    self.w.int(v as i128);
+                }
+                self.w.str("state");
+                self.w.str(b.state);
+                self.frames(b.frames);
+                self.w.dict_end();
+            }
+            self.w.list_end();
+            self.w.dict_end();
+        }
+        self.w.list_end();
+    }
+
+    fn entry(&mut self, e: &OutEntry) {
+        self.w.dict_begin();
+        self.w.str("action");
+        self.w.str(e.action);
+        for (k, v) in [("addr", e.addr), ("device_free", e.device_free)] {
+            if let Some(v) = v {
+                self.w.str(k);
+                self.w.int(v as i128);
+            }
+        }
+        self.w.str("size");
+        self.w.int(e.size as i128);
+        self.w.str("stream");
+        self.w.int(e.stream as i128);
+        if let Some(t) = e.time_us {
+            self.w.str("time_us");
+            self.w.int(t as i128);
+        }
+        self.frames(e.frames);
+        self.w.dict_end();
+    }
+
+    /// The `frames` key and its list, or nothing when there is no stack.
+    fn frames(&mut self, stack: Option<StackId>) {
+        let Some(id) = stack else { return };
+        self.w.str("frames");
+        if let Some(&idx) = self.memo.get(&id) {
+            self.w.get(idx);
+            return;
+        }
+        self.w.list_begin();
+        for f in self.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]) {
+            self.w.dict_begin();
+            self.w.str("name");
+            self.w.str(&f.name);
+            self.w.str("filename");
+            self.w.str(&f.filename);
+            self.w.str("line");
+            self.w.int(f.line as i128);
+            self.w.dict_end();
+        }
+        self.w.list_end();
+        let idx = self.w.put();
+        self.memo.insert(id, idx);
+    }
 }
 
 /// Writes [`export_snapshot`]'s bytes to `path` through a temporary file in the same directory,

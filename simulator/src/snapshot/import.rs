@@ -5,8 +5,8 @@
 //! `segments` (`SegmentState` at `End`). Interned `Stack` records precede their first use.
 
 use trace::{
-    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, MemoryKind, Oom, Origin, Record,
-    SegmentState, SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
+    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, MemoryKind, Oom, Origin, Record, SegmentState,
+    SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
 };
 
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
@@ -148,10 +148,8 @@ impl Out<'_> {
         let r = r?;
         if !self.emitted[r as usize] {
             self.emitted[r as usize] = true;
-            self.records.push(Record::bare(Event::Stack(StackDef {
-                id: r,
-                frames: self.snap.stacks[r as usize].clone(),
-            })));
+            self.records
+                .push(Record::bare(Event::Stack(StackDef { id: r, frames: self.snap.stacks[r as usize].clone() })));
         }
         Some(r)
     }

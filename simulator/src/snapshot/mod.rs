@@ -13,6 +13,7 @@ pub mod export;
 pub mod import;
 pub mod model;
 pub mod pickle;
+mod pickle_writer;
 pub mod rebuild;
 mod resync;
 pub mod validate;
@@ -22,10 +23,24 @@ pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};
 pub use rebuild::{rebuild, StartBlock, StartSegment, StartState, Unrecoverable};
 pub use validate::{
-    guess_version, rebuild_with, snapshot_config, validate, ValidateOptions, ValidationReport, Verdict,
+    guess_version, rebuild_with, snapshot_config, validate, validate_from, ValidateOptions, ValidationReport, Verdict,
 };
 
 use std::path::PathBuf;
+
+use crate::alloc::TorchVersion;
+
+/// Imports a snapshot with the rounding of its own allocator settings (or of `alloc_conf`, or
+/// the defaults): the usual entry point for `memsim convert X.pickle Y`.
+pub fn import_snapshot(
+    snap: &Snapshot,
+    version: Option<TorchVersion>,
+    alloc_conf: Option<&str>,
+) -> Result<Imported, SnapshotError> {
+    let (cfg, _) = snapshot_config(snap, version, alloc_conf)?;
+    let divisions = cfg.roundup_power2_divisions;
+    Ok(import(snap, &|s| crate::alloc::rounding::round_size(s, &divisions)))
+}
 
 /// Errors reading, converting or writing snapshots.
 #[derive(Debug, thiserror::Error)]
@@ -72,9 +87,6 @@ pub enum SnapshotError {
         /// What was wrong, naming the key or the segment.
         message: String,
     },
-    /// serde-pickle failed to encode the snapshot.
-    #[error("cannot encode the snapshot pickle: {0}")]
-    Encode(#[from] serde_pickle::Error),
     /// The output file could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {

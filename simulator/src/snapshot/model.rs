@@ -177,16 +177,14 @@ impl Snapshot {
 
 /// Reads a snapshot pickle from a file.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
-    let bytes = std::fs::read(path)
-        .map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
     parse_snapshot(&bytes, &path.display().to_string())
 }
 
 /// Decodes snapshot pickle bytes; `name` (usually the file path) goes into error messages.
 pub fn parse_snapshot(bytes: &[u8], name: &str) -> Result<Snapshot, SnapshotError> {
-    let p = pickle::decode(bytes)
-        .map_err(|source| SnapshotError::Pickle { file: name.to_string(), source })?;
-    Reader { p: &p, file: name, stacks: Vec::new(), interned: HashMap::new() }.snapshot()
+    let p = pickle::decode(bytes).map_err(|source| SnapshotError::Pickle { file: name.to_string(), source })?;
+    Reader { p: &p, file: name, stacks: Vec::new(), interned: HashMap::new(), by_content: HashMap::new() }.snapshot()
 }
 
 struct Reader<'a> {
@@ -194,6 +192,7 @@ struct Reader<'a> {
     file: &'a str,
     stacks: Vec<Vec<Frame>>,
     interned: HashMap<ValueId, Option<StackRef>>,
+    by_content: HashMap<Vec<ValueId>, StackRef>,
 }
 
 fn kind(v: &PickleValue) -> &'static str {
@@ -305,12 +304,9 @@ impl<'a> Reader<'a> {
                     }
                 }
                 snap.allocator_settings = self.p.dict_get(root, "allocator_settings").map(|v| self.p.to_json(v));
-                snap.external_annotations =
-                    self.p.dict_get(root, "external_annotations").map(|v| self.p.to_json(v));
+                snap.external_annotations = self.p.dict_get(root, "external_annotations").map(|v| self.p.to_json(v));
             }
-            _ => {
-                return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root))
-            }
+            _ => return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root)),
         }
         snap.stacks = self.stacks;
         Ok(snap)
@@ -402,9 +398,7 @@ impl<'a> Reader<'a> {
                 return Err(SnapshotError::Field {
                     file: self.file.to_string(),
                     field: format!("{path}.state"),
-                    expected: format!(
-                        "'active_allocated', 'active_pending_free' or 'inactive', found {other:?}"
-                    ),
+                    expected: format!("'active_allocated', 'active_pending_free' or 'inactive', found {other:?}"),
                 })
             }
         };
@@ -425,10 +419,7 @@ impl<'a> Reader<'a> {
         let action = Action::parse(name).ok_or_else(|| SnapshotError::Field {
             file: self.file.to_string(),
             field: format!("{path}.action"),
-            expected: format!(
-                "one of {}, found {name:?}",
-                Action::ALL.map(Action::as_str).join(", ")
-            ),
+            expected: format!("one of {}, found {name:?}", Action::ALL.map(Action::as_str).join(", ")),
         })?;
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
@@ -454,13 +445,20 @@ impl<'a> Reader<'a> {
         }
         let r = match self.p.get(f) {
             PickleValue::None => None,
+            // Python shares each frame dict through the memo but builds a new list per block
+            // and entry: equal sequences of frame objects are one stack.
+            PickleValue::List(items) if self.by_content.contains_key(items.as_slice()) => {
+                Some(self.by_content[items.as_slice()])
+            }
             PickleValue::List(items) => {
                 let mut frames = Vec::with_capacity(items.len());
                 for (i, fr) in items.iter().enumerate() {
                     frames.push(self.frame(*fr).map_or_else(|| self.frame_error(*fr, path, i), Ok)?);
                 }
                 self.stacks.push(frames);
-                Some((self.stacks.len() - 1) as StackRef)
+                let r = (self.stacks.len() - 1) as StackRef;
+                self.by_content.insert(items.clone(), r);
+                Some(r)
             }
             _ => return Err(self.bad(&format!("{path}.frames"), "a list of frames", f)),
         };

@@ -66,10 +66,9 @@ impl Pickle {
     /// The value under `key` when `id` is a dict with str keys.
     pub fn dict_get(&self, id: ValueId, key: &str) -> Option<ValueId> {
         match self.get(id) {
-            PickleValue::Dict(items) => items
-                .iter()
-                .find(|(k, _)| matches!(self.get(*k), PickleValue::Str(s) if &**s == key))
-                .map(|(_, v)| *v),
+            PickleValue::Dict(items) => {
+                items.iter().find(|(k, _)| matches!(self.get(*k), PickleValue::Str(s) if &**s == key)).map(|(_, v)| *v)
+            }
             _ => None,
         }
     }
@@ -125,8 +124,7 @@ pub struct PickleError {
 
 /// Decodes a whole pickle held in memory.
 pub fn decode(bytes: &[u8]) -> Result<Pickle, PickleError> {
-    Decoder { bytes, pos: 0, values: Vec::new(), stack: Vec::new(), marks: Vec::new(), memo: Vec::new() }
-        .run()
+    Decoder { bytes, pos: 0, values: Vec::new(), stack: Vec::new(), marks: Vec::new(), memo: Vec::new() }.run()
 }
 
 struct Decoder<'a> {
@@ -219,10 +217,9 @@ impl<'a> Decoder<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            None => Err(self.err(
-                at,
-                format!("truncated: needs {n} argument bytes, file ends at {}", self.bytes.len()),
-            )),
+            None => {
+                Err(self.err(at, format!("truncated: needs {n} argument bytes, file ends at {}", self.bytes.len())))
+            }
         }
     }
 

@@ -111,18 +111,9 @@ struct Live {
 /// Rebuilds the starting state of every device from the final `segments` and the per-device
 /// traces. `round_size` is the allocator's rounding (`round_size` of §2, with the trace's
 /// `roundup_power2_divisions`).
-pub fn rebuild(
-    segments: &[Segment],
-    device_traces: &[Vec<TraceEntry>],
-    round_size: &dyn Fn(u64) -> u64,
-) -> StartState {
+pub fn rebuild(segments: &[Segment], device_traces: &[Vec<TraceEntry>], round_size: &dyn Fn(u64) -> u64) -> StartState {
     let mut out = StartState::default();
-    let devices = segments
-        .iter()
-        .map(|s| s.device as usize + 1)
-        .max()
-        .unwrap_or(0)
-        .max(device_traces.len());
+    let devices = segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0).max(device_traces.len());
     for d in 0..devices {
         let finals: Vec<&Segment> = segments.iter().filter(|s| s.device as usize == d).collect();
         let entries = device_traces.get(d).map(Vec::as_slice).unwrap_or(&[]);
@@ -144,18 +135,18 @@ fn rebuild_device(
     let mut segs: BTreeMap<u64, SegInfo> = BTreeMap::new();
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     for s in finals {
-        segs.insert(s.address, SegInfo {
+        segs.insert(
+            s.address,
+            SegInfo {
                 size: s.total_size,
                 stream: s.stream,
                 expandable: s.is_expandable,
                 small: s.pool == SegmentPool::Small,
-            });
+            },
+        );
         for b in &s.blocks {
             if b.state != BlockState::Inactive {
-                live.insert(
-                    b.address,
-                    Live { size: Some(b.size), requested: b.requested_size, state: b.state },
-                );
+                live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, state: b.state });
             }
         }
     }
@@ -171,10 +162,8 @@ fn rebuild_device(
                 }
             }
             Action::FreeCompleted => {
-                let prev = live.insert(
-                    e.addr,
-                    Live { size: None, requested: e.size, state: BlockState::ActivePendingFree },
-                );
+                let prev =
+                    live.insert(e.addr, Live { size: None, requested: e.size, state: BlockState::ActivePendingFree });
                 if prev.is_some() {
                     problem(Some(e.addr), format!("entry {i}: free_completed of a block still live later"));
                 }
@@ -192,12 +181,10 @@ fn rebuild_device(
                 }
             }
             Action::SegmentFree => {
-                segs.insert(e.addr, SegInfo {
-                    size: e.size,
-                    stream: e.stream,
-                    expandable: false,
-                    small: e.size == SMALL_SEGMENT,
-                });
+                segs.insert(
+                    e.addr,
+                    SegInfo { size: e.size, stream: e.stream, expandable: false, small: e.size == SMALL_SEGMENT },
+                );
             }
             Action::SegmentMap => unmap_range(&mut segs, e.addr, e.size),
             Action::SegmentUnmap => map_range(&mut segs, e.addr, e.size, e.stream),
@@ -259,7 +246,12 @@ fn rebuild_device(
             cursor = addr + size;
         }
         if cursor < end {
-            out_blocks.push(StartBlock { addr: cursor, size: end - cursor, requested_size: 0, state: BlockState::Inactive });
+            out_blocks.push(StartBlock {
+                addr: cursor,
+                size: end - cursor,
+                requested_size: 0,
+                state: BlockState::Inactive,
+            });
         }
         out.segments.push(StartSegment {
             device,

@@ -7,9 +7,7 @@
 //! validation tracks reserved bytes from the segment events itself, so nothing it reports is
 //! lost. Expandable segments are not rebuilt this way: seeding one drops its unmapped tail.
 
-use crate::alloc::{
-    rounding, Allocator, BlockView, BlockViewState, ExistingBlock, ExistingSegment, Request,
-};
+use crate::alloc::{rounding, Allocator, BlockView, BlockViewState, ExistingBlock, ExistingSegment, Request};
 
 /// `kSmallSize`: in the large pool a remainder up to this is absorbed, not split off.
 const LARGE_ABSORB: u64 = 1 << 20;
@@ -37,9 +35,8 @@ pub(super) fn resync(
     b.requested_size = 0;
     merge_free(&mut segs[si].blocks);
 
-    let (sj, bj) = find(&segs, |b| {
-        b.state == BlockViewState::Inactive && b.addr <= recorded && recorded < b.addr + b.size
-    })?;
+    let (sj, bj) =
+        find(&segs, |b| b.state == BlockViewState::Inactive && b.addr <= recorded && recorded < b.addr + b.size)?;
     let free = segs[sj].blocks[bj].clone();
     let rounded = rounding::round_size(requested, &cfg.roundup_power2_divisions);
     let end = free.addr + free.size;
@@ -55,11 +52,21 @@ pub(super) fn resync(
     let size = if split { rounded } else { end - recorded };
     let mut repl = Vec::with_capacity(3);
     if recorded > free.addr {
-        repl.push(BlockView { addr: free.addr, size: recorded - free.addr, requested_size: 0, state: BlockViewState::Inactive });
+        repl.push(BlockView {
+            addr: free.addr,
+            size: recorded - free.addr,
+            requested_size: 0,
+            state: BlockViewState::Inactive,
+        });
     }
     repl.push(BlockView { addr: recorded, size, requested_size: requested, state: BlockViewState::Allocated });
     if recorded + size < end {
-        repl.push(BlockView { addr: recorded + size, size: end - recorded - size, requested_size: 0, state: BlockViewState::Inactive });
+        repl.push(BlockView {
+            addr: recorded + size,
+            size: end - recorded - size,
+            requested_size: 0,
+            state: BlockViewState::Inactive,
+        });
     }
     segs[sj].blocks.splice(bj..=bj, repl);
 
@@ -91,9 +98,7 @@ pub(super) fn resync(
 }
 
 fn find(segs: &[crate::alloc::SegmentView], pred: impl Fn(&BlockView) -> bool) -> Option<(usize, usize)> {
-    segs.iter()
-        .enumerate()
-        .find_map(|(si, s)| s.blocks.iter().position(&pred).map(|bi| (si, bi)))
+    segs.iter().enumerate().find_map(|(si, s)| s.blocks.iter().position(&pred).map(|bi| (si, bi)))
 }
 
 /// Merges runs of free blocks, as `free_block` does.

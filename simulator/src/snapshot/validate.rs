@@ -20,8 +20,7 @@ use serde::Serialize;
 use trace::BlockState;
 
 use crate::alloc::{
-    rounding, Allocator, AllocatorConfig, DeviceEvent, ExistingBlock, ExistingSegment, Request,
-    TorchVersion,
+    rounding, Allocator, AllocatorConfig, DeviceEvent, ExistingBlock, ExistingSegment, Request, TorchVersion,
 };
 
 use super::model::{Action, Snapshot, TraceEntry};
@@ -192,8 +191,18 @@ pub fn rebuild_with(snap: &Snapshot, cfg: &AllocatorConfig) -> StartState {
 
 /// Replays a snapshot through the model and compares (see the module documentation).
 pub fn validate(snap: &Snapshot, opts: &ValidateOptions) -> Result<ValidationReport, SnapshotError> {
+    let (cfg, _) = snapshot_config(snap, opts.version, opts.alloc_conf.as_deref())?;
+    validate_from(snap, &rebuild_with(snap, &cfg), opts)
+}
+
+/// [`validate`] from a given start state instead of the rebuilt one: for trying other
+/// resolutions of what the rebuild reported as unrecoverable.
+pub fn validate_from(
+    snap: &Snapshot,
+    start: &StartState,
+    opts: &ValidateOptions,
+) -> Result<ValidationReport, SnapshotError> {
     let (cfg, version) = snapshot_config(snap, opts.version, opts.alloc_conf.as_deref())?;
-    let start = rebuild_with(snap, &cfg);
     let mut devices = Vec::new();
     for (d, entries) in snap.device_traces.iter().enumerate() {
         let d = d as u32;
@@ -201,8 +210,8 @@ pub fn validate(snap: &Snapshot, opts: &ValidateOptions) -> Result<ValidationRep
             continue;
         }
         let mut alloc = Allocator::new(cfg.clone(), version, opts.capacity);
-        seed(&mut alloc, &start, d)?;
-        devices.push(Replay::new(alloc, d, start.reserved(d), opts.capacity).run(entries, &start));
+        seed(&mut alloc, start, d)?;
+        devices.push(Replay::new(alloc, d, start.reserved(d), opts.capacity).run(entries, start));
     }
     let sum = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).sum::<u64>();
     let mut report = ValidationReport {
@@ -378,10 +387,7 @@ impl Replay {
                 self.report.counts.segment_event_matches += 1;
             } else {
                 let (action, addr, size, _) = event_parts(&r);
-                let predicted_addr = unmatched
-                    .iter()
-                    .find(|p| event_parts(p).0 == action)
-                    .map(|p| event_parts(p).1);
+                let predicted_addr = unmatched.iter().find(|p| event_parts(p).0 == action).map(|p| event_parts(p).1);
                 self.mismatch(Mismatch {
                     entry: index,
                     action: action.to_string(),

@@ -68,14 +68,14 @@ class DLRM(nn.Module):
         return self.top(torch.cat([x, inter[:, i, j]], dim=1))
 
     @staticmethod
-    def workload(spec: str, cfg: DLRMConfig, batch: int) -> Workload:
-        with META:
+    def workload(spec: str, cfg: DLRMConfig, batch: int, device: torch.device = META) -> Workload:
+        with device:
             model = DLRM(cfg)
 
         def make() -> Batch:
-            dense = torch.randn(batch, cfg.dense_features, device=META)
-            sparse = torch.randint(0, cfg.rows_per_table, (batch, cfg.tables), device=META)
-            return (dense, sparse), torch.rand(batch, 1, device=META)
+            dense = torch.randn(batch, cfg.dense_features, device=device)
+            sparse = torch.randint(0, cfg.rows_per_table, (batch, cfg.tables), device=device)
+            return (dense, sparse), torch.rand(batch, 1, device=device)
 
         def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return F.binary_cross_entropy_with_logits(out, target)

@@ -25,7 +25,7 @@ from memtrace_trainer.models.config import InvalidConfig, ModelConfig, from_dict
 MAX_REJECTIONS = 100
 
 
-def _draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> Any:
+def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> Any:
     if isinstance(spec, list):
         if not spec:
             raise UserError(f"{where}: empty choice list")
@@ -65,7 +65,7 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
     while len(configs) < count:
         drawn: dict[str, Any] = {}
         for name, spec in fields.items():
-            drawn[name] = _draw(rng, spec, drawn, f"{source}: field {name!r}")
+            drawn[name] = draw(rng, spec, drawn, f"{source}: field {name!r}")
         try:
             configs.append(from_dict({"family": sweep["family"], **drawn}))
             rejected = 0

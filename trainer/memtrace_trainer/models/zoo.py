@@ -43,11 +43,17 @@ ZOO_EXAMPLES = (
 
 
 def _classification(
-    spec: str, model: nn.Module, batch: int, shape: tuple[int, ...], classes: int, family: str = ""
+    spec: str,
+    model: nn.Module,
+    batch: int,
+    shape: tuple[int, ...],
+    classes: int,
+    family: str = "",
+    device: torch.device = META,
 ) -> Workload:
     def make() -> Batch:
-        x = torch.randn(batch, *shape, device=META)
-        return x, torch.randint(0, classes, (batch,), device=META)
+        x = torch.randn(batch, *shape, device=device)
+        return x, torch.randint(0, classes, (batch,), device=device)
 
     def loss(out: Any, target: Any) -> torch.Tensor:
         if classes == 1:
@@ -70,31 +76,36 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
 
 
 def _synthetic(
-    spec: str, config: ModelConfig, batch: int, shape: tuple[int, ...] | None
+    spec: str,
+    config: ModelConfig,
+    batch: int,
+    shape: tuple[int, ...] | None,
+    device: torch.device = META,
 ) -> Workload:
-    with META:
+    with device:
         model = config.build()
     if config.family == "transformer":
         seq = shape[0] if shape else config.default_input_shape()[0]
         vocab = config.vocab_size  # type: ignore[attr-defined]
 
         def make() -> Batch:
-            ids = torch.randint(0, vocab, (batch, seq), device=META)
-            return ids, torch.randint(0, config.classes(), (batch,), device=META)
+            ids = torch.randint(0, vocab, (batch, seq), device=device)
+            return ids, torch.randint(0, config.classes(), (batch,), device=device)
 
         return Workload(spec, model, make, lambda o, t: F.cross_entropy(o, t), batch, "transformer")
-    return _classification(
-        spec, model, batch, shape or config.default_input_shape(), config.classes(), config.family
-    )
+    shape = shape or config.default_input_shape()
+    return _classification(spec, model, batch, shape, config.classes(), config.family, device)
 
 
-def _hf(spec: str, name: str, batch: int, seq_len: int | None) -> Workload:
+def _hf(
+    spec: str, name: str, batch: int, seq_len: int | None, device: torch.device = META
+) -> Workload:
     if name not in HF_MODELS:
         raise UserError(f"unknown Hugging Face model {name!r}: expected one of {sorted(HF_MODELS)}")
     import transformers
 
     kind, sizes = HF_MODELS[name]
-    with META:
+    with device:
         if kind == "gpt2":
             config: Any = transformers.GPT2Config(**sizes)
             model: nn.Module = transformers.GPT2LMHeadModel(config)
@@ -107,10 +118,10 @@ def _hf(spec: str, name: str, batch: int, seq_len: int | None) -> Workload:
         raise UserError(f"--seq-len {seq}: expected a positive integer")
 
     def make() -> Batch:
-        ids = torch.randint(0, vocab, (batch, seq), device=META)
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
         if kind == "gpt2":
             return {"input_ids": ids}, ids
-        return {"input_ids": ids}, torch.randint(0, 2, (batch,), device=META)
+        return {"input_ids": ids}, torch.randint(0, 2, (batch,), device=device)
 
     def loss(out: Any, target: Any) -> torch.Tensor:
         logits = out.logits
@@ -129,9 +140,11 @@ def build_workload(
     input_shape: str | None = None,
     seq_len: int | None = None,
     num_classes: int = DEFAULT_CLASSES,
+    device: torch.device = META,
 ) -> Workload:
     """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
-    `gpumemnet:FILENAME` or `synthetic:{json config}`."""
+    `gpumemnet:FILENAME` or `synthetic:{json config}`, built on `device` (meta unless a real
+    run or the FakeTensor baseline asks for another)."""
     if batch_size < 1:
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
     shape = _parse_shape(input_shape)
@@ -141,25 +154,26 @@ def build_workload(
 
         if name not in torchvision.models.list_models():
             raise UserError(f"unknown torchvision model {name!r} in spec {spec!r}")
-        with META:
+        with device:
             model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
-        return _classification(spec, model, batch_size, shape or (3, 224, 224), num_classes)
+        shape = shape or (3, 224, 224)
+        return _classification(spec, model, batch_size, shape, num_classes, "", device)
     if source == "timm":
         import timm
 
         if not timm.is_model(name):
             raise UserError(f"unknown timm model {name!r} in spec {spec!r}")
-        with META:
+        with device:
             model = timm.create_model(name, pretrained=False, num_classes=num_classes)
-        default = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
-        return _classification(spec, model, batch_size, shape or default, num_classes)
+        shape = shape or tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        return _classification(spec, model, batch_size, shape, num_classes, "", device)
     if source == "hf":
-        return _hf(spec, name, batch_size, seq_len)
+        return _hf(spec, name, batch_size, seq_len, device)
     if source == "dlrm":
-        return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size)
+        return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size, device)
     if source == "gpumemnet":
         config, _ = from_gpumemnet_filename(name)
-        return _synthetic(spec, config, batch_size, shape)
+        return _synthetic(spec, config, batch_size, shape, device)
     if source == "synthetic":
         try:
             data = json.loads(name)
@@ -169,16 +183,17 @@ def build_workload(
             ) from None
         if not isinstance(data, dict):
             raise UserError(f"spec {spec!r}: expected a JSON object after `synthetic:`")
-        return _synthetic(spec, from_dict(data), batch_size, shape)
+        return _synthetic(spec, from_dict(data), batch_size, shape, device)
     raise UserError(
         f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:NAME, dlrm, "
         "gpumemnet:FILENAME or synthetic:{json}"
     )
 
 
-def load_entry(entry: str, batch_size: int) -> Workload:
+def load_entry(entry: str, batch_size: int, device: torch.device = META) -> Workload:
     """A user's training step: `package.module:function` returning (model, (inputs, target),
-    loss_fn). The function runs with meta as the default device and may take `batch_size`."""
+    loss_fn). The function runs with `device` (meta unless a real run asks for another) as the
+    default device and may take `batch_size`."""
     module_name, sep, func_name = entry.partition(":")
     if not sep or not module_name or not func_name:
         raise UserError(f"--entry {entry!r}: expected package.module:function")
@@ -192,8 +207,11 @@ def load_entry(entry: str, batch_size: int) -> Workload:
     kwargs = (
         {"batch_size": batch_size} if "batch_size" in inspect.signature(func).parameters else {}
     )
-    with META:
-        result = func(**kwargs)
+    try:
+        with device:
+            result = func(**kwargs)
+    except Exception as e:  # the user's code: say whose, and what it raised
+        raise UserError(f"--entry {entry!r}: {func_name}() raised {type(e).__name__}: {e}") from e
     if not isinstance(result, tuple) or len(result) != 3:
         raise UserError(f"--entry {entry!r}: expected (model, (inputs, target), loss_fn)")
     model, batch, loss_fn = result
@@ -201,18 +219,18 @@ def load_entry(entry: str, batch_size: int) -> Workload:
         raise UserError(f"--entry {entry!r}: expected an nn.Module and a callable loss_fn")
     if not isinstance(batch, tuple | list) or len(batch) != 2:
         raise UserError(f"--entry {entry!r}: the batch must be an (inputs, target) pair")
-    model = model.to(META)
-    example = _to_meta(batch[0]), _to_meta(batch[1])
+    model = model.to(device)
+    example = _to_device(batch[0], device), _to_device(batch[1], device)
     first = example[0]
     size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else batch_size
     return Workload(entry, model, lambda: fresh_like(example), loss_fn, int(size), "entry")
 
 
-def _to_meta(value: Any) -> Any:
+def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(META)
+        return value.to(device)
     if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
+        return {k: _to_device(v, device) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_to_meta(v) for v in value)
+        return type(value)(_to_device(v, device) for v in value)
     return value

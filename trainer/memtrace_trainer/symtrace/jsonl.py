@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import __version__
+from memtrace_trainer.binaries import find_binary
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.profile import REPO_ROOT
 
 PRODUCER = "memtrace_trainer.symtrace"
 _REQUEST = {"stream": 0, "mem": "device", "api": "allocator", "result": 0, "origin": "request"}
@@ -45,23 +44,7 @@ def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
 
 def memsim_binary() -> Path:
     """memsim from $MEMTRACE_BIN_DIR, then PATH, then the workspace's target/release|debug."""
-    candidates = []
-    if "MEMTRACE_BIN_DIR" in os.environ:
-        candidates.append(Path(os.environ["MEMTRACE_BIN_DIR"]) / "memsim")
-    on_path = shutil.which("memsim")
-    if on_path:
-        candidates.append(Path(on_path))
-    candidates += [
-        REPO_ROOT / "target" / "release" / "memsim",
-        REPO_ROOT / "target" / "debug" / "memsim",
-    ]
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return c
-    raise UserError(
-        "writing .mtrace needs the memsim binary: set MEMTRACE_BIN_DIR, put memsim on PATH or "
-        "run `cargo build -p simulator` (looked in: " + ", ".join(str(c) for c in candidates) + ")"
-    )
+    return find_binary("memsim", debug_fallback=True).path
 
 
 def write(path: Path, text_lines: list[str]) -> None:

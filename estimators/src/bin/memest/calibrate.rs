@@ -49,8 +49,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for f in &a.runs {
         let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line)
-                .with_context(|| format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1))?;
+            let r: RunRecord = serde_json::from_str(line).with_context(|| {
+                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
+            })?;
             runs.extend(CalRun::from_record(&r));
         }
     }
@@ -61,15 +62,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
         let o = &fit.outside;
-        println!("runs with truth and a symbolic estimate: {} (train {}, test {})", runs.len(), train.len(), test.len());
-        println!("fitted on {} MLP runs and {} convolutional runs (weighted quantile {})", fit.train_mlp, fit.train_conv, a.quantile);
+        println!(
+            "runs with truth and a symbolic estimate: {} (train {}, test {})",
+            runs.len(),
+            train.len(),
+            test.len()
+        );
+        println!(
+            "fitted on {} MLP runs and {} convolutional runs (weighted quantile {})",
+            fit.train_mlp, fit.train_conv, a.quantile
+        );
         println!("context_mib {:.1}  cublas_mib {:.1}  cudnn_mib {:.1}", o.context_mib, o.cublas_mib, o.cudnn_mib);
         for n in &fit.notes {
             println!("note: {n}");
         }
         let pct = |v: Option<f64>| v.map_or("-".into(), |x| format!("{:.2}%", x * 100.0));
         println!("held-out MRE: before {} after {}", pct(fit.before.mre), pct(fit.after.mre));
-        println!("held-out underestimates: before {} after {}", pct(fit.before.under_fraction), pct(fit.after.under_fraction));
+        println!(
+            "held-out underestimates: before {} after {}",
+            pct(fit.before.under_fraction),
+            pct(fit.after.under_fraction)
+        );
     }
     if let Some(out) = &a.write {
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;

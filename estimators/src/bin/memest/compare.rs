@@ -53,7 +53,9 @@ pub struct Args {
 
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
-    if let Ok(style) = ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}")
+    {
         pb.set_style(style.progress_chars("=> "));
     }
     pb.set_prefix(what.to_string());
@@ -68,8 +70,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for f in &a.exclude_runs {
         let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-runs {}", f.display()))?;
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line)
-                .with_context(|| format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1))?;
+            let r: RunRecord = serde_json::from_str(line).with_context(|| {
+                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
+            })?;
             excluded.insert(r.id);
         }
     }

@@ -4,6 +4,9 @@
 mod calibrate;
 mod compare;
 mod estimate;
+mod ml;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -29,19 +32,25 @@ enum Command {
     Compare(compare::Args),
     /// Fit a profile's outside-allocator constants (context, cuBLAS, cuDNN) on measured runs.
     Calibrate(calibrate::Args),
+    /// Train, apply and evaluate GPUMemNet-style ML estimators (`memest ml --help`).
+    Ml(ml::MlArgs),
 }
 
-fn run() -> anyhow::Result<()> {
+fn run() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Estimate(a) => estimate::run(a),
-        Command::Compare(a) => compare::run(a),
-        Command::Calibrate(a) => calibrate::run(a),
+        Command::Estimate(a) => estimate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Compare(a) => compare::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Calibrate(a) => calibrate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Ml(a) => ml::run(a),
     }
 }
 
-fn main() {
-    if let Err(e) = run() {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -1,0 +1,240 @@
+//! `memest ml`: train, apply and evaluate GPUMemNet-style ML estimators.
+//!
+//! Model files trained on the GPUMemNet CSVs (CC BY-NC 4.0) are non-commercial build outputs and
+//! are not committed; every command that writes one says so.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use estimators::ml::modelfile::{ModelFile, LICENCE_NOTE};
+use estimators::ml::protocol::{self, ProtocolConfig};
+use estimators::ml::{render, Dataset, Examples, Family, ModelKind, Target, TrainConfig};
+
+/// Train, apply and evaluate ML estimators (classifiers over memory bins, regressors of MiB).
+#[derive(Args, Debug)]
+pub struct MlArgs {
+    #[command(subcommand)]
+    command: MlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum MlCommand {
+    /// Train one model on every usable row of a GPUMemNet CSV and write a model file.
+    Train(TrainArgs),
+    /// Apply a model file to feature JSON or to a GPUMemNet CSV.
+    Predict(PredictArgs),
+    /// Stratified, seeded k-fold CV under a stratified held-out test set, all model families.
+    Cv(EvalArgs),
+    /// GPUMemNet's own protocol: 70/20/10 split and 3-fold shuffled KFold, seed 42.
+    Reproduce(EvalArgs),
+}
+
+/// Training knobs shared by every subcommand that fits models.
+#[derive(Args, Debug, Clone)]
+struct Knobs {
+    /// Seed for splits, bootstraps, initialisation and batch order.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Epochs for the MLP ensembles.
+    #[arg(long, default_value_t = 100)]
+    epochs: usize,
+    /// Trees in the forest and bagging ensembles.
+    #[arg(long, default_value_t = 50)]
+    trees: usize,
+    /// perpetual's gradient-boosting budget.
+    #[arg(long, default_value_t = 0.5)]
+    budget: f32,
+}
+
+impl Knobs {
+    fn train_config(&self) -> TrainConfig {
+        TrainConfig { seed: self.seed, mlp_epochs: self.epochs, trees: self.trees, gbm_budget: self.budget }
+    }
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// GPUMemNet-format CSV.
+    #[arg(long)]
+    dataset: PathBuf,
+    /// Expected family (mlp, cnn, transformer); checked against the layer types in the file.
+    #[arg(long)]
+    family: Option<String>,
+    /// Model family: logistic, tree, forest, bagging, gbm, mlp-ensemble, linear-reg, gbm-reg, mlp-reg.
+    #[arg(long)]
+    model: String,
+    /// Where to write the model file (JSON).
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    knobs: Knobs,
+}
+
+#[derive(Args, Debug)]
+struct PredictArgs {
+    /// Model file written by `memest ml train`.
+    #[arg(long)]
+    model: PathBuf,
+    /// Features as inline JSON (an object or an array of objects keyed by feature name) or a
+    /// path to such a JSON file.
+    #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset")]
+    features: Option<String>,
+    /// A GPUMemNet-format CSV to predict every usable row of (and score, since it has labels).
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct EvalArgs {
+    /// GPUMemNet-format CSV.
+    #[arg(long)]
+    dataset: PathBuf,
+    /// Comma-separated model families (default: all).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Number of CV folds.
+    #[arg(long, default_value_t = 3)]
+    folds: usize,
+    /// Held-out test fraction (stratified CV only).
+    #[arg(long, default_value_t = 0.2)]
+    test_frac: f64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    knobs: Knobs,
+}
+
+/// Runs `memest ml ...`.
+pub fn run(args: MlArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        MlCommand::Train(a) => train(a),
+        MlCommand::Predict(a) => predict(a),
+        MlCommand::Cv(a) => evaluate(a, false),
+        MlCommand::Reproduce(a) => evaluate(a, true),
+    }
+}
+
+fn parse_model(name: &str) -> anyhow::Result<ModelKind> {
+    ModelKind::parse(name).with_context(|| {
+        let all: Vec<&str> = ModelKind::CLASSIFIERS.iter().chain(&ModelKind::REGRESSORS).map(|k| k.name()).collect();
+        format!("unknown model {name:?}; expected one of {}", all.join(", "))
+    })
+}
+
+fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> {
+    let ds = Dataset::load(path)?;
+    let detected = ds.family()?;
+    if let Some(f) = family {
+        let want = Family::parse(f).with_context(|| format!("--family {f:?}: expected mlp, cnn or transformer"))?;
+        if want != detected {
+            bail!("{}: --family {want} but the layer types make these rows {detected}", path.display());
+        }
+    }
+    Ok(Examples::build(&ds, &Target::memory(detected))?)
+}
+
+fn train(a: TrainArgs) -> anyhow::Result<ExitCode> {
+    let kind = parse_model(&a.model)?;
+    let ex = load_examples(&a.dataset, a.family.as_deref())?;
+    let cfg = a.knobs.train_config();
+    let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string())?;
+    file.save(&a.out)?;
+    eprintln!(
+        "wrote {} ({} {} model, {} training rows)\nnote: {LICENCE_NOTE}",
+        a.out.display(),
+        ex.family,
+        kind.name(),
+        file.training_rows
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn predict(a: PredictArgs) -> anyhow::Result<ExitCode> {
+    let model = ModelFile::load(&a.model)?;
+    let mut out = std::io::stdout().lock();
+    if let Some(f) = &a.features {
+        let (text, source) = if f.trim_start().starts_with(['{', '[']) {
+            (f.clone(), "--features".to_string())
+        } else {
+            let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
+            (text, f.clone())
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{source}: not valid JSON"))?;
+        let x = model.features_from_json(&json, &source)?;
+        let preds = model.predict(&x)?;
+        if a.json {
+            writeln!(out, "{}", serde_json::to_string_pretty(&preds)?)?;
+        } else {
+            for p in preds {
+                writeln!(out, "{} MiB{}", p.estimate, p.bin.map(|b| format!(" (bin {b})")).unwrap_or_default())?;
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = a.dataset.as_ref().context("--features or --dataset is required")?;
+    let ds = Dataset::load(path)?;
+    let family = ds.family()?;
+    if family != model.family {
+        bail!("{}: rows are {family} but {} was trained for {}", path.display(), a.model.display(), model.family);
+    }
+    let ex = Examples::build(&ds, &model.target)?;
+    let preds = model.predict(&ex.x)?;
+    let rows: Vec<serde_json::Value> = preds
+        .iter()
+        .zip(&ex.row_ids)
+        .zip(&ex.value)
+        .map(|((p, row), truth)| serde_json::json!({"row": row, "estimate": p.estimate, "bin": p.bin, "truth": truth}))
+        .collect();
+    let summary = if model.pipeline.kind.is_regressor() {
+        let truth: Vec<f64> = ex.value.clone();
+        let est: Vec<f64> = preds.iter().map(|p| p.estimate).collect();
+        serde_json::json!({"mre": estimators::ml::score::mre(&truth, &est),
+                           "mae": estimators::ml::score::mae(&truth, &est)})
+    } else {
+        let pred: Vec<usize> = preds.iter().filter_map(|p| p.class).collect();
+        serde_json::json!({"accuracy": estimators::ml::score::accuracy(&ex.class, &pred),
+                           "f1_macro": estimators::ml::score::f1_macro(&ex.class, &pred)})
+    };
+    if a.json {
+        let doc = serde_json::json!({"predictions": rows, "summary": summary});
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        for r in &rows {
+            writeln!(out, "row {} estimate {} MiB (truth {})", r["row"], r["estimate"], r["truth"])?;
+        }
+        writeln!(out, "summary: {summary}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<ExitCode> {
+    let ex = load_examples(&a.dataset, None)?;
+    let mut cfg = ProtocolConfig {
+        seed: a.knobs.seed,
+        folds: a.folds,
+        test_frac: a.test_frac,
+        train: a.knobs.train_config(),
+        ..ProtocolConfig::default()
+    };
+    if !a.models.is_empty() {
+        cfg.models = a.models.iter().map(|m| parse_model(m)).collect::<Result<_, _>>()?;
+    }
+    let name = a.dataset.display().to_string();
+    let report =
+        if gpumemnet { protocol::reproduce(&ex, &name, &cfg)? } else { protocol::cross_validate(&ex, &name, &cfg)? };
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(out, "{}", render::markdown(&report))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,88 @@
+//! ML estimators: the `memest ml` subcommands (module compiled into this test binary).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use estimators::ml::modelfile::ModelFile;
+
+use crate::memest_ml::{run, MlArgs};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    ml: MlArgs,
+}
+
+fn memest_ml(args: &[&str]) -> anyhow::Result<ExitCode> {
+    let mut argv = vec!["memest-ml"];
+    argv.extend_from_slice(args);
+    run(Cli::try_parse_from(argv)?.ml)
+}
+
+/// A 240-row excerpt of the step-2 CSV in a temporary directory (never in the repository).
+fn excerpt(dir: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(crate::ml_data::gpumemnet("mlp_data_step2.csv")).unwrap();
+    let head: Vec<&str> = text.lines().take(241).collect();
+    let p = dir.join("excerpt.csv");
+    std::fs::write(&p, head.join("\n")).unwrap();
+    p.display().to_string()
+}
+
+fn check_err(args: &[&str], expect: &[&str]) {
+    let err = format!("{:#}", memest_ml(args).expect_err("command must fail"));
+    for e in expect {
+        assert!(err.contains(e), "error {err:?} should contain {e:?}");
+    }
+}
+
+#[test]
+fn train_then_predict_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    let out = dir.path().join("tree.json");
+    let out_s = out.display().to_string();
+    let code = memest_ml(&["train", "--dataset", &csv, "--family", "mlp", "--model", "tree", "--out", &out_s]).unwrap();
+    assert_eq!(code, ExitCode::SUCCESS);
+    let model = ModelFile::load(&out).unwrap();
+    assert_eq!(model.training_rows, 240);
+    assert!(model.licence.contains("CC BY-NC"));
+
+    let features = r#"{"layers": 3, "batch_size": 996, "parameters": 3560152, "activations": 7430,
+        "batch_norm_layers": 2, "dropout_layers": 2, "activation_sin": 0.99, "activation_cos": -0.14}"#;
+    assert_eq!(
+        memest_ml(&["predict", "--model", &out_s, "--features", features, "--json"]).unwrap(),
+        ExitCode::SUCCESS
+    );
+    assert_eq!(memest_ml(&["predict", "--model", &out_s, "--dataset", &csv]).unwrap(), ExitCode::SUCCESS);
+    check_err(&["predict", "--model", &out_s, "--features", r#"{"layers": 3}"#], &["--features", "batch_size"]);
+    check_err(&["predict", "--model", &out_s, "--features", "/nonexistent/f.json"], &["/nonexistent/f.json"]);
+}
+
+#[test]
+fn cv_and_reproduce_run_on_an_excerpt() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    for sub in ["cv", "reproduce"] {
+        assert_eq!(
+            memest_ml(&[sub, "--dataset", &csv, "--models", "tree,logistic,linear-reg", "--json"]).unwrap(),
+            ExitCode::SUCCESS
+        );
+    }
+}
+
+#[test]
+fn cli_misuse_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    let out = dir.path().join("m.json").display().to_string();
+    check_err(
+        &["train", "--dataset", &csv, "--family", "cnn", "--model", "tree", "--out", &out],
+        &["--family cnn", "mlp"],
+    );
+    check_err(
+        &["train", "--dataset", &csv, "--model", "svm", "--out", &out],
+        &["unknown model \"svm\"", "mlp-ensemble"],
+    );
+    check_err(&["cv", "--dataset", "/nonexistent/x.csv"], &["/nonexistent/x.csv"]);
+    assert!(!std::path::Path::new(&out).exists(), "no model file after a failed train");
+}

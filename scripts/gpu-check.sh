@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU check for libmemtrace.so (issue 3). Runs a small seeded PyTorch training job under the shim
+# three ways (default caching, expandable_segments:True, PYTORCH_NO_CUDA_MEMORY_CACHING=1), takes
+# a torch.cuda.memory snapshot in the caching runs, and checks the traces against them
+# (scripts/gpu/analyze.py). Prints a short table; exit status 1 if a check fails.
+#
+# On the GPU machine (torch with CUDA, python3, no network), from the repository root:
+#   scripts/gpu-check.sh --shim target/release/libmemtrace.so --memsim target/release/memsim \
+#       --jsonl target/release/mtrace-jsonl
+# Here, without a GPU, against the stub runtime/driver of the shim's tests:
+#   scripts/gpu-check.sh --dry-run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DRY=0
+SHIM=target/release/libmemtrace.so
+MEMSIM=target/release/memsim
+JSONL=target/release/mtrace-jsonl
+OUT=
+PY=${PYTHON:-python3}
+ITER=5
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) DRY=1 ;;
+    --shim) SHIM=$2; shift ;;
+    --memsim) MEMSIM=$2; shift ;;
+    --jsonl) JSONL=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --iterations) ITER=$2; shift ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -f "$SHIM" ] || { echo "gpu-check: shim $SHIM not found (cargo build --release -p memtrace-shim)" >&2; exit 2; }
+[ -x "$JSONL" ] || { echo "gpu-check: converter $JSONL not found (it is built with the shim)" >&2; exit 2; }
+SHIM=$(readlink -f "$SHIM")
+[ -x "$MEMSIM" ] && MEMSIM=$(readlink -f "$MEMSIM") || { echo "gpu-check: no memsim at $MEMSIM: the no-caching replay is not compared" >&2; MEMSIM=; }
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+OUT=$(readlink -f "$OUT")
+
+DRYARG=()
+if [ $DRY = 1 ]; then
+  # The stub libcudart.so.13 / libcuda.so.1 from the shim's C tests.
+  STUB=$OUT/stubs
+  mkdir -p "$STUB"
+  C=shim/tests/c
+  cc -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions $C/stub_cuda.c -o $STUB/libcuda.so.1
+  echo 'libcudart.so.13 { global: cuda*; __cuda*; local: *; };' > $STUB/cudart.map
+  cc -shared -fPIC -O1 -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic-functions -Wl,--version-script=$STUB/cudart.map \
+     $C/stub_cudart.c -o $STUB/libcudart.so.13 -ldl -lpthread
+  export LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  DRYARG=(--dry-run)
+fi
+
+start=$(date +%s)
+for mode in default expandable nocache; do
+  envs=()
+  case $mode in
+    expandable) envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+    nocache) envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+  esac
+  rm -rf "${OUT:?}/$mode"
+  mkdir -p "$OUT/$mode"
+  env "${envs[@]}" LD_PRELOAD="$SHIM" MEMTRACE_OUT="$OUT/$mode/%p.mtrace" MEMTRACE_QUIET=0 \
+    timeout 150 "$PY" scripts/gpu/job.py --out "$OUT/$mode" --mode $mode --iterations "$ITER" "${DRYARG[@]}" \
+    2> "$OUT/$mode/stderr" || { echo "gpu-check: $mode job failed:" >&2; cat "$OUT/$mode/stderr" >&2; exit 1; }
+  pid=$(cat "$OUT/$mode/pid")
+  [ -f "$OUT/$mode/$pid.mtrace" ] || { echo "gpu-check: $mode wrote no trace $OUT/$mode/$pid.mtrace" >&2; cat "$OUT/$mode/stderr" >&2; exit 1; }
+  mv "$OUT/$mode/$pid.mtrace" "$OUT/$mode/trace.mtrace"
+  "$JSONL" "$OUT/$mode/trace.mtrace" "$OUT/$mode/trace.jsonl"
+  grep '^memtrace:' "$OUT/$mode/stderr" | sed "s/^/[$mode] /" || true
+done
+status=0
+"$PY" scripts/gpu/analyze.py "$OUT" --memsim "$MEMSIM" "${DRYARG[@]}" || status=$?
+echo "gpu-check: $(( $(date +%s) - start )) s, results in $OUT"
+exit $status

@@ -1,0 +1,144 @@
+"""Checks a gpu-check.sh run: traces (JSON Lines, converted from .mtrace) against the snapshots
+and memory stats the same runs took. Prints a short table; exits 1 if any check fails.
+
+Caching runs (default, expandable): every snapshot segment (segment_alloc / segment_map) must be
+a traced cudaMalloc / cuMemMap at the same address and size; the peak of exactly those traced
+allocations must equal reserved_bytes.all.peak; other traced device allocations are listed by
+caller module. No-caching run: the trace is marked caching_disabled, and when memsim is given,
+its replay must reproduce the default run's peak reserved bytes and segment size sequence.
+"""
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+
+def load_trace(path):
+    header, recs, names = None, [], {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("kind") == "header":
+                header = r
+            elif r["kind"] == "name":
+                names[r["id"]] = r["text"]
+            else:
+                recs.append(r)
+    return header, recs, names
+
+
+def snapshot_segments(snap):
+    out = []
+    for dev in snap.get("device_traces", []):
+        for e in dev:
+            if e.get("action") in ("segment_alloc", "segment_map"):
+                out.append((e["action"], e["addr"], e["size"]))
+    return out
+
+
+def check_caching(mode, d):
+    header, recs, names = load_trace(os.path.join(d, "trace.jsonl"))
+    with open(os.path.join(d, "snapshot.pickle"), "rb") as f:
+        snap = pickle.load(f)
+    with open(os.path.join(d, "stats.json")) as f:
+        reserved_peak = json.load(f)["reserved_bytes.all.peak"]
+    traced = {}
+    for r in recs:
+        if r.get("result", 0):
+            continue
+        if r["kind"] == "alloc" and r["api"] == "cudaMalloc":
+            traced.setdefault((r["addr"], r["size"]), r)
+        if r["kind"] == "vmm" and r["op"] == "map":
+            traced.setdefault((r["addr"], r["size"]), r)
+    segs = snapshot_segments(snap)
+    missing = [(a, addr, size) for a, addr, size in segs if (addr, size) not in traced]
+    seg_keys = {(addr, size) for _, addr, size in segs}
+    # Peak over time of exactly the traced allocations that are snapshot segments.
+    live, peak, maps = 0, 0, {}
+    allocs = {}
+    for r in recs:
+        if r.get("result", 0):
+            continue
+        k = r["kind"]
+        if k == "alloc" and r["api"] == "cudaMalloc" and (r["addr"], r["size"]) in seg_keys:
+            allocs[r["addr"]] = r["size"]
+            live += r["size"]
+        elif k == "free" and r["api"] == "cudaFree" and r["addr"] in allocs:
+            live -= allocs.pop(r["addr"])
+        elif k == "vmm" and r["op"] == "map" and (r["addr"], r["size"]) in seg_keys:
+            maps[r["addr"]] = r["size"]
+            live += r["size"]
+        elif k == "vmm" and r["op"] == "unmap" and r["addr"] in maps:
+            live -= maps.pop(r["addr"])
+        peak = max(peak, live)
+    others = {}
+    for r in recs:
+        if r["kind"] == "alloc" and not r.get("result", 0) and r["mem"] in ("device", "managed", "physical"):
+            if (r["addr"], r["size"]) in seg_keys or r["mem"] == "physical":
+                continue
+            mod = names.get(r.get("caller"), "?")
+            c, b = others.get(mod, (0, 0))
+            others[mod] = (c + 1, b + r["size"])
+    ok = not missing and peak == reserved_peak and not header.get("caching_disabled", False)
+    other = ", ".join(f"{m}: {c} allocs {b} B" for m, (c, b) in sorted(others.items())) or "none"
+    detail = f"missing {missing[:3]}" if missing else ""
+    return [mode, len(segs), len(segs) - len(missing), peak, reserved_peak, "OK" if ok else "FAIL", other, detail], ok
+
+
+def check_nocache(d, default_dir, memsim, dry_run):
+    header, recs, _ = load_trace(os.path.join(d, "trace.jsonl"))
+    ok = bool(header.get("caching_disabled"))
+    allocs = sum(1 for r in recs if r["kind"] == "alloc" and not r.get("result", 0))
+    with open(os.path.join(default_dir, "stats.json")) as f:
+        want_peak = json.load(f)["reserved_bytes.all.peak"]
+    if not memsim:
+        return ["nocache", allocs, "-", "memsim missing", want_peak, "OK" if ok else "FAIL", "-", "replay not compared (no memsim)"], ok
+    rep = json.loads(subprocess.run([memsim, "replay", os.path.join(d, "trace.mtrace"), "--json"], check=True, capture_output=True, text=True).stdout)
+    got_peak = rep["peak_reserved_bytes"]
+    detail = ""
+    replay_pickle = os.path.join(d, "replay.pickle")
+    seq_ok = True
+    if subprocess.run([memsim, "convert", os.path.join(d, "trace.mtrace"), replay_pickle], capture_output=True).returncode == 0:
+        with open(replay_pickle, "rb") as f:
+            got_seq = [s for a, _, s in snapshot_segments(pickle.load(f)) if a == "segment_alloc"]
+        with open(os.path.join(default_dir, "snapshot.pickle"), "rb") as f:
+            want_seq = [s for a, _, s in snapshot_segments(pickle.load(f)) if a == "segment_alloc"]
+        seq_ok = got_seq == want_seq
+        detail = f"segment sequence {'equal' if seq_ok else f'differs: {got_seq[:5]} vs {want_seq[:5]}'}"
+    else:
+        detail = "segment sequence not compared (memsim convert to .pickle failed)"
+    if dry_run:
+        # The stub job's no-caching run is not the same workload as its default run: the
+        # comparison is exercised, not judged.
+        detail = "dry run, not judged: " + detail
+    else:
+        ok = ok and got_peak == want_peak and seq_ok
+    return ["nocache", allocs, "-", got_peak, want_peak, "OK" if ok else "FAIL", "-", detail], ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--memsim", default="")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    rows, all_ok = [], True
+    for mode in ("default", "expandable"):
+        row, ok = check_caching(mode, os.path.join(a.out, mode))
+        rows.append(row)
+        all_ok &= ok
+    row, ok = check_nocache(os.path.join(a.out, "nocache"), os.path.join(a.out, "default"), a.memsim, a.dry_run)
+    rows.append(row)
+    all_ok &= ok
+    head = ["run", "segments", "traced", "traced peak", "reserved peak", "check", "other modules", "detail"]
+    w = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)).rstrip())
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

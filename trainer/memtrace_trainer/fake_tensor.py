@@ -1,0 +1,129 @@
+"""The FakeTensor baseline, run the way the GPUMemNet study ran it.
+
+Forward and backward of one step under `FakeTensorMode` (shapes, dtypes, no storage; on the
+CPU, since fake CUDA tensors need a GPU), with a dispatch mode summing the bytes of the storages
+alive after every op. No optimizer step, no allocator rounding, no CUDA context: this is the
+published baseline, kept as it was so its errors can be compared, not a better estimator.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.workload import Workload, call_model
+
+
+@dataclass
+class FakeResult:
+    """Live storage bytes: the peak over forward and backward, and after each of them."""
+
+    peak_bytes: int
+    after_forward_bytes: int
+    after_backward_bytes: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LiveStorageBytes(TorchDispatchMode):
+    """Bytes of the storages alive now, and their peak. A storage counts once however many
+    views share it, and stops counting when its last reference (a tensor or an autograd saved
+    value) dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}
+
+    def add(self, value: Any) -> None:
+        if not isinstance(value, torch.Tensor):
+            return
+        storage = value.untyped_storage()
+        key = storage._cdata
+        size = storage.nbytes()
+        if key in self._live or size == 0:
+            return
+        self._live[key] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            self.add(value)
+        return out
+
+
+def measure(build: Callable[[torch.device], Workload], what: str) -> FakeResult:
+    """Builds the workload on a fake CPU device and measures one forward and backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    started = time.perf_counter()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            workload = build(torch.device("cpu"))
+            model = workload.model
+            model.train()
+            tracker = LiveStorageBytes()
+            for t in [*model.parameters(), *model.buffers()]:
+                tracker.add(t)
+            with tracker:
+                inputs, target = workload.make_batch()
+                out = call_model(model, inputs)
+                loss = workload.loss(out, target)
+                after_forward = tracker.current
+                loss.backward()
+                after_backward = tracker.current
+            del inputs, target, out, loss
+    except UserError:
+        raise
+    except Exception as e:  # some models cannot run on fake tensors; the baseline says so
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise UserError(f"FakeTensor could not run {what}: {type(e).__name__}: {first}") from None
+    return FakeResult(tracker.peak, after_forward, after_backward, time.perf_counter() - started)
+
+
+def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], Workload], str]:
+    """The builder of a config with one of `model`, `entry` or `gpumemnet_row`, and its name.
+    A GPUMemNet row gives its own batch size unless `batch_size` is set."""
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.zoo import build_workload, load_entry
+
+    sources = [k for k in ("model", "entry", "gpumemnet_row") if config.get(k)]
+    if len(sources) != 1:
+        raise UserError("exactly one of --model, --entry or --gpumemnet-row is required")
+    batch = config.get("batch_size")
+    if sources[0] == "gpumemnet_row":
+        _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
+        batch = batch or row_batch
+        spec = f"gpumemnet:{config['gpumemnet_row']}"
+    else:
+        spec = config.get("model") or ""
+    if not isinstance(batch, int) or batch < 1:
+        raise UserError("--batch-size is required (a positive integer)")
+    if sources[0] == "entry":
+        entry = config["entry"]
+        return (lambda device: load_entry(entry, batch, device)), entry
+    shape, seq, classes = (
+        config.get("input_shape"),
+        config.get("seq_len"),
+        config.get("num_classes", 1000),
+    )
+    return (lambda device: build_workload(spec, batch, shape, seq, classes, device)), spec

@@ -1,0 +1,1 @@
+"""GPU runs, sweeps and the dataset of measured labels (`run`, `launch`, `dataset`)."""

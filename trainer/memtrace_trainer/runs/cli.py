@@ -1,0 +1,222 @@
+"""Command line of `run`, `launch` and `dataset`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from memtrace_trainer.errors import UserError
+
+Handler = Callable[[argparse.Namespace], None]
+
+
+def _run_parser(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser(
+        "run",
+        help="train a model on a GPU and record memory labels",
+        description="Train on synthetic data for N iterations (or T seconds) and write a run "
+        "directory: config.json, features.json, labels.json (max_memory_reserved/allocated, "
+        "memory_stats, NVML device peak at >= 10 Hz, step time, OOM) and, with --trace, the "
+        "shim's device- and allocator-level traces. Without CUDA it falls back to the CPU, "
+        "says so, and leaves the CUDA labels null.",
+    )
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--model", help="model spec (as symtrace)")
+    src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (as symtrace)")
+    r.add_argument("--batch-size", type=int, help="samples per step (required with --model)")
+    r.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
+    r.add_argument("--seq-len", type=int, help="sequence length of token models")
+    r.add_argument("--num-classes", type=int, default=1000, help="classifier width")
+    r.add_argument("--optimizer", default="adam", help="adam|adamw|sgd|sgd-momentum|...")
+    r.add_argument("--iterations", type=int, default=10, help="training iterations (default 10)")
+    r.add_argument("--seconds", type=float, help="train for T seconds instead (>= 2 iterations)")
+    r.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16: GradScaler)")
+    r.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    r.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cuda", "cpu"],
+        help="auto: CUDA when available, else a loud CPU fallback",
+    )
+    r.add_argument("--profile", help="GPU profile NAME this machine matches (recorded)")
+    r.add_argument("--nvml-hz", type=float, default=20.0, help="NVML samples/s (>= 10)")
+    r.add_argument(
+        "--trace",
+        action="store_true",
+        help="run twice under LD_PRELOAD=libmemtrace.so: caching on (device-level "
+        "trace) and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (allocator-level trace)",
+    )
+    r.add_argument("--out", type=Path, help="run directory to create")
+    r.add_argument("--json", action="store_true", help="print the labels as JSON")
+    # The traced children of --trace: train one config, write only its labels.
+    r.add_argument("--from-config", type=Path, help=argparse.SUPPRESS)
+    r.add_argument("--labels-out", type=Path, help=argparse.SUPPRESS)
+
+    la = sub.add_parser(
+        "launch",
+        help="run a sweep (local GPUs/CPU workers or a Slurm array)",
+        description="Run every config of a sweep file into OUT/runs/<id>/. Resumable: finished "
+        "runs are skipped, failed ones (OUT/failed/<id>.json) retried. local: one worker per "
+        "visible GPU (CPU machines: --workers parallel CPU workers); slurm: one job array "
+        "through submitit. Every backend calls run_one(index, OUT/manifest.jsonl).",
+    )
+    la.add_argument("sweep", type=Path, help="YAML sweep file (see runs/sweep.py)")
+    la.add_argument("--out", type=Path, required=True, help="sweep output directory")
+    la.add_argument("--backend", choices=["local", "slurm"], default="local")
+    la.add_argument("--dry-run", action="store_true", help="list the configs and their status")
+    la.add_argument("--workers", type=int, help="parallel workers (default: one per GPU)")
+    la.add_argument("--timeout-min", type=int, default=60, help="per run (default 60)")
+    la.add_argument("--partition", help="Slurm partition")
+    la.add_argument("--array-parallelism", type=int, default=64, help="Slurm array %% limit")
+    la.add_argument(
+        "--submitit-cluster",
+        default="slurm",
+        choices=["slurm", "local", "debug"],
+        help="submitit executor for --backend slurm (local: same array, this machine)",
+    )
+    la.add_argument("--wait", action="store_true", help="slurm: wait for the array to finish")
+
+    d = sub.add_parser(
+        "dataset",
+        help="collect run directories into one CSV",
+        description="GPUMemNet columns plus max_memory_reserved_mib, max_memory_allocated_mib, "
+        "device_peak_mib (NVML), oom, gpu, torch, cuda, profile. `Max GPU Memory (MiB)` is "
+        "the NVML peak (nvidia-smi-style truth); reserved is the allocator-fidelity truth.",
+    )
+    d.add_argument("dir", type=Path, help="directory holding run directories (searched deeply)")
+    d.add_argument("--out", type=Path, required=True, help="CSV to write")
+    d.add_argument(
+        "--include-cpu",
+        action="store_true",
+        help="keep CPU-fallback runs (their GPU labels are empty)",
+    )
+
+
+def _config_from_args(args: argparse.Namespace) -> object:
+    from memtrace_trainer.runs.config import RunConfig
+
+    if not args.model and not args.entry:
+        raise UserError("one of --model or --entry is required")
+    if args.model and args.batch_size is None:
+        raise UserError("--batch-size is required with --model")
+    cfg = RunConfig(
+        model=args.model,
+        entry=args.entry,
+        batch_size=args.batch_size or 1,
+        input_shape=args.input_shape,
+        seq_len=args.seq_len,
+        num_classes=args.num_classes,
+        optimizer=args.optimizer,
+        iterations=args.iterations,
+        seconds=args.seconds,
+        amp=args.amp,
+        checkpointing=args.checkpointing,
+        grad_accum=args.grad_accum,
+        device=args.device,
+        profile=args.profile,
+        nvml_hz=args.nvml_hz,
+    )
+    cfg.validate("run")
+    return cfg
+
+
+def _run(args: argparse.Namespace) -> None:
+    from memtrace_trainer.runs.config import RunConfig
+    from memtrace_trainer.runs.rundir import execute, write_json
+    from memtrace_trainer.runs.train import train
+
+    if args.from_config:
+        if args.labels_out is None:
+            raise UserError("--from-config needs --labels-out")
+        data = json.loads(args.from_config.read_text())
+        data = {k: v for k, v in data.items() if k not in ("id", "trainer")}
+        write_json(args.labels_out, train(RunConfig.from_dict(data, str(args.from_config))))
+        return
+    if args.out is None:
+        raise UserError("--out DIR is required")
+    cfg = _config_from_args(args)
+    assert isinstance(cfg, RunConfig)
+    try:
+        labels = execute(cfg, args.out, trace=args.trace)
+    except UserError:
+        raise
+    except Exception as e:  # a crash of the training step itself (OOMs are labels)
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise UserError(
+            f"the run failed: {type(e).__name__}: {e} (at {where.filename}:{where.lineno})"
+        ) from e
+    if args.json:
+        print(json.dumps(labels))
+        return
+    mib = 1024 * 1024
+
+    def fmt(v: int | None) -> str:
+        return "null" if v is None else f"{v / mib:.1f} MiB"
+
+    where = "CPU FALLBACK" if labels["cpu_fallback"] else labels["gpu"]
+    print(
+        f"wrote {args.out} ({where}): {labels['iterations_done']} iterations, "
+        f"oom={str(labels['oom']).lower()}, max_memory_reserved "
+        f"{fmt(labels['max_memory_reserved_bytes'])}, device_peak "
+        f"{fmt(labels['device_peak_bytes'])}"
+    )
+
+
+def _launch(args: argparse.Namespace) -> None:
+    from memtrace_trainer.runs.launch import MANIFEST, launch_local, launch_slurm, status_of
+    from memtrace_trainer.runs.sweep import load_sweep, write_manifest
+
+    items = load_sweep(args.sweep)
+    if args.dry_run:
+        for it in items:
+            c = it.config
+            print(
+                f"{it.index:5d}  {c.id}  {status_of(args.out, it):13s}  "
+                f"{c.model or 'entry:' + str(c.entry)}  batch {c.batch_size}"
+            )
+        print(f"{len(items)} configs (dry run: nothing was run)", file=sys.stderr)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_manifest(args.out / MANIFEST, items)
+    if args.backend == "local":
+        progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0)
+    else:
+        progress = launch_slurm(
+            args.out,
+            items,
+            args.submitit_cluster,
+            args.partition,
+            args.timeout_min,
+            args.array_parallelism,
+            args.wait,
+        )
+    print(progress.line(), file=sys.stderr)
+
+
+def _dataset(args: argparse.Namespace) -> None:
+    from memtrace_trainer.runs.dataset import collect
+    from memtrace_trainer.runs.rundir import write_text
+
+    text, summary = collect(args.dir, args.include_cpu)
+    if not args.out.parent.is_dir():
+        raise UserError(f"--out {args.out}: directory {args.out.parent} does not exist")
+    write_text(args.out, text)
+    skipped = summary["skipped_cpu_runs"]
+    print(
+        f"wrote {args.out}: {summary['rows']} runs"
+        + (
+            f"; skipped {len(skipped)} CPU-fallback runs (no GPU labels; --include-cpu keeps them)"
+            if skipped
+            else ""
+        )
+    )
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+    _run_parser(sub)
+    return {"run": _run, "launch": _launch, "dataset": _dataset}

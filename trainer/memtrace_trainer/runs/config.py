@@ -1,0 +1,92 @@
+"""One run's configuration: what `run` trains, what `launch` puts in its manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.symtrace.step import AMP, OPTIMIZERS
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A training job on synthetic data. `seconds`, when set, replaces `iterations` as the
+    stopping rule (at least two iterations run, so a steady-state step time exists)."""
+
+    model: str | None = None
+    entry: str | None = None
+    batch_size: int = 1
+    input_shape: str | None = None
+    seq_len: int | None = None
+    num_classes: int = 1000
+    optimizer: str = "adam"
+    iterations: int = 10
+    seconds: float | None = None
+    amp: str | None = None
+    checkpointing: bool = False
+    grad_accum: int = 1
+    device: str = "auto"
+    profile: str | None = None
+    nvml_hz: float = 20.0
+
+    def problems(self) -> list[str]:
+        out = []
+        if (self.model is None) == (self.entry is None):
+            out.append("exactly one of model or entry is required")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            out.append(f"batch_size {self.batch_size!r}: expected a positive integer")
+        if self.optimizer not in OPTIMIZERS:
+            out.append(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
+        if not isinstance(self.iterations, int) or self.iterations < 1:
+            out.append(f"iterations {self.iterations!r}: expected at least 1")
+        if self.seconds is not None and not self.seconds > 0:
+            out.append(f"seconds {self.seconds!r}: expected a positive number")
+        if self.amp is not None and self.amp not in AMP:
+            out.append(f"amp {self.amp!r}: expected one of {sorted(AMP)}")
+        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            out.append(f"grad_accum {self.grad_accum!r}: expected at least 1")
+        if self.device not in DEVICES:
+            out.append(f"device {self.device!r}: expected one of {DEVICES}")
+        if not self.nvml_hz >= 10:
+            out.append(f"nvml_hz {self.nvml_hz!r}: expected at least 10 (samples per second)")
+        return out
+
+    def validate(self, source: str = "run config") -> None:
+        problems = self.problems()
+        if problems:
+            raise UserError(f"{source}: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def id(self) -> str:
+        """Stable: a readable slug of the model and batch, then a hash of the whole config."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
+        what = self.model or self.entry or "run"
+        source, _, name = what.partition(":")
+        if source == "synthetic":
+            fam = re.search(r'"family"\s*:\s*"(\w+)"', name)
+            what = f"synthetic-{fam.group(1) if fam else 'model'}"
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-")[:40]
+        return f"{slug}-b{self.batch_size}-{digest}"
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], source: str) -> RunConfig:
+        names = {f.name for f in dataclasses.fields(RunConfig)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UserError(f"{source}: unknown fields {unknown}; expected {sorted(names)}")
+        try:
+            cfg = RunConfig(**data)
+        except TypeError as e:
+            raise UserError(f"{source}: {e}") from None
+        cfg.validate(source)
+        return cfg

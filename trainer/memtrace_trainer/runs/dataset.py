@@ -1,0 +1,158 @@
+"""`dataset`: run directories collected into one table with the GPUMemNet columns, so the
+estimators read our runs and GPUMemNet's CSVs alike.
+
+Labels: `Max GPU Memory (MiB)` and `device_peak_mib` are the NVML peak (per process where NVML
+reports it, else device-level used memory): nvidia-smi-style truth, the scope of GPUMemNet's
+label. `max_memory_reserved_mib` is the caching allocator's peak: the truth for allocator
+fidelity (what memsim predicts). `max_memory_allocated_mib` is live tensor bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS
+from memtrace_trainer.profile import REPO_ROOT
+from memtrace_trainer.runs.rundir import FILES
+
+MIB = 1024 * 1024
+GPUMEMNET_COLUMNS = tuple(dict.fromkeys([*MLP_COLUMNS, *CNN_COLUMNS]))
+COLUMNS = (
+    *GPUMEMNET_COLUMNS,
+    "Max GPU Memory (MiB)",
+    "Status",
+    "run_id",
+    "spec",
+    "family",
+    "optimizer",
+    "amp",
+    "max_memory_reserved_mib",
+    "max_memory_allocated_mib",
+    "device_peak_mib",
+    "device_peak_source",
+    "oom",
+    "step_time_s",
+    "device",
+    "gpu",
+    "torch",
+    "cuda",
+    "profile",
+)
+
+
+def _load(path: Path, name: str) -> dict[str, Any]:
+    try:
+        data = json.loads((path / name).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path / name}: unreadable run file ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path / name}: expected a JSON object")
+    return data
+
+
+def _mib(value: Any) -> str:
+    return "" if value is None else f"{value / MIB:.1f}"
+
+
+def profile_for_gpu(gpu: str | None, profiles: Path) -> str:
+    """The profile whose `[gpu] name` is this GPU (its file stem), or empty."""
+    if not gpu or not profiles.is_dir():
+        return ""
+    for path in sorted(profiles.glob("*.toml")):
+        try:
+            data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, OSError):
+            continue
+        if data.get("gpu", {}).get("name") == gpu:
+            return path.stem
+    return ""
+
+
+def _features_cells(feats: dict[str, Any]) -> dict[str, str]:
+    if "gpumemnet_row" in feats:
+        row = dict(feats["gpumemnet_row"])
+        row.pop("Filename", None)
+        return row
+    # Zoo and entry models: their own layers, as GPUMemNet's Transformer rows list theirs.
+    seq = [tuple(s) for s in feats.get("sequence", [])]
+    counts = feats.get("layer_counts", {})
+    return {
+        "Depth": str(feats.get("depth", "")),
+        "Activations-Params": repr(seq),
+        "Activation Function": feats.get("activation_function") or "",
+        "Total Activations": str(feats["total_activations"]),
+        "Total Parameters": str(feats["total_parameters"]),
+        "Batch Size": str(feats["batch_size"]),
+        "Conv2d Count": str(counts.get("Conv2d", 0)),
+        "BatchNorm2d Count": str(counts.get("BatchNorm2d", 0)),
+        "Linear Count": str(counts.get("Linear", 0)),
+        "Dropout Count": str(counts.get("Dropout", 0)),
+    }
+
+
+def row_of(path: Path, profiles: Path) -> dict[str, str]:
+    config, feats, labels = (_load(path, f) for f in FILES)
+    for key in ("total_activations", "total_parameters", "batch_size"):
+        if key not in feats:
+            raise UserError(f"{path / 'features.json'}: missing field {key!r}")
+    for key in ("oom", "device", "torch"):
+        if key not in labels:
+            raise UserError(f"{path / 'labels.json'}: missing field {key!r}")
+    spec = config.get("model") or config.get("entry") or ""
+    filename = spec.partition(":")[2] if spec.startswith("gpumemnet:") else spec
+    peak = labels.get("device_peak_bytes")
+    oom = bool(labels["oom"])
+    step = labels.get("step_time", {}).get("median_s")
+    return {
+        "Filename": filename,
+        **_features_cells(feats),
+        "Max GPU Memory (MiB)": "" if oom else _mib(peak),
+        "Status": "OOM_CRASH" if oom else "SUCCESSFUL",
+        "run_id": str(config.get("id", path.name)),
+        "spec": spec,
+        "family": str(feats.get("family", "")),
+        "optimizer": str(config.get("optimizer", "")),
+        "amp": str(config.get("amp") or "fp32"),
+        "max_memory_reserved_mib": _mib(labels.get("max_memory_reserved_bytes")),
+        "max_memory_allocated_mib": _mib(labels.get("max_memory_allocated_bytes")),
+        "device_peak_mib": _mib(peak),
+        "device_peak_source": labels.get("device_peak_source") or "",
+        "oom": str(oom).lower(),
+        "step_time_s": "" if step is None else f"{step:.6f}",
+        "device": str(labels["device"]),
+        "gpu": labels.get("gpu") or "",
+        "torch": str(labels["torch"]),
+        "cuda": labels.get("cuda") or "",
+        "profile": config.get("profile") or profile_for_gpu(labels.get("gpu"), profiles),
+    }
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Finished run directories under `root` (temporary `.partial-` ones excluded)."""
+    if not root.is_dir():
+        raise UserError(f"dataset: {root} is not a directory")
+    found = {p.parent for p in root.rglob("labels.json") if "partial-" not in str(p.parent)}
+    return sorted(p for p in found if all((p / f).is_file() for f in FILES))
+
+
+def collect(root: Path, include_cpu: bool, profiles: Path | None = None) -> tuple[str, dict]:
+    """The CSV text and a summary (rows, skipped CPU-fallback runs)."""
+    profiles = profiles or REPO_ROOT / "profiles"
+    rows, skipped = [], []
+    for path in find_runs(root):
+        row = row_of(path, profiles)
+        if row["device"] != "cuda" and not include_cpu:
+            skipped.append(str(path))
+            continue
+        rows.append(row)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n", restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue(), {"rows": len(rows), "skipped_cpu_runs": skipped}

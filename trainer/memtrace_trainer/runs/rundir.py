@@ -1,0 +1,139 @@
+"""A run directory: config.json, features.json, labels.json and, with `--trace`, the shim's
+traces. It is written under a temporary name and renamed when complete, so a directory with
+that name is always a finished run (which is what makes `launch` resumable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memtrace_trainer import __version__
+from memtrace_trainer.binaries import find_shim
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.features import extract, gpumemnet_row
+from memtrace_trainer.runs.config import RunConfig
+from memtrace_trainer.runs.train import Log, build, stderr_log, train
+
+FILES = ("config.json", "features.json", "labels.json")
+
+# The two traced runs of `--trace`: caching on gives the device-level truth (what the driver
+# sees); caching off makes every tensor its own cudaMalloc, the allocator-level input of memsim.
+TRACE_LEVELS: dict[str, dict[str, str]] = {
+    "device": {},
+    "allocator": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+}
+
+
+class RunFailed(UserError):
+    """A run that crashed (not an OOM: those are labels); the message carries its error."""
+
+
+def is_complete(path: Path) -> bool:
+    return all((path / f).is_file() for f in FILES)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomic: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the rest of a team
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def features_of(cfg: RunConfig) -> dict[str, Any]:
+    """Features of the run's model on meta, plus its GPUMemNet-style row for MLPs and CNNs."""
+    meta = torch.device("meta")
+    workload = build(cfg, meta)
+    family = workload.family
+    with meta:
+        feats = extract(workload, family)
+    data = {"model": workload.spec, "family": family, **feats.to_json()}
+    if family in ("mlp", "cnn"):
+        spec = cfg.model or ""
+        filename = spec.partition(":")[2] if spec.startswith("gpumemnet:") else spec
+        data["gpumemnet_row"] = gpumemnet_row(feats, filename, family)
+    return data
+
+
+def _traced(config_path: Path, tmp: Path, log: Log) -> dict[str, Any]:
+    shim = find_shim()
+    log(f"--trace: shim {shim.describe()}")
+    traces = tmp / "traces"
+    traces.mkdir()
+    labels: dict[str, Any] = {}
+    for level, extra in TRACE_LEVELS.items():
+        out = traces / f"{level}.labels.json"
+        env = {
+            **os.environ,
+            **extra,
+            "LD_PRELOAD": str(shim.path),
+            "MEMTRACE_OUT": str(traces / f"{level}.mtrace"),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "memtrace_trainer",
+            "run",
+            "--from-config",
+            str(config_path),
+            "--labels-out",
+            str(out),
+        ]
+        log(f"--trace: {level}-level run" + (f" ({extra})" if extra else ""))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            raise RunFailed(f"the {level}-level traced run failed ({done.returncode}): {tail}")
+        if not (traces / f"{level}.mtrace").is_file():
+            raise RunFailed(
+                f"the {level}-level run under {shim.path} wrote no trace at "
+                f"{traces / f'{level}.mtrace'}"
+            )
+        labels[level] = json.loads(out.read_text())
+    main = dict(labels["device"])
+    main["traces"] = {
+        level: {"trace": f"traces/{level}.mtrace", "labels": f"traces/{level}.labels.json"}
+        for level in TRACE_LEVELS
+    }
+    return main
+
+
+def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_log) -> dict:
+    """Runs `cfg` and writes its run directory `out`; returns the labels."""
+    cfg.validate()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out}: exists and is not empty (a finished run is never rerun)")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        config = {"id": cfg.id, "trainer": __version__, **cfg.to_dict()}
+        write_json(tmp / "config.json", config)
+        write_json(tmp / "features.json", features_of(cfg))
+        labels = _traced(tmp / "config.json", tmp, log) if trace else train(cfg, log)
+        write_json(tmp / "labels.json", labels)
+        tmp.chmod(0o755)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return labels

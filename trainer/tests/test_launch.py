@@ -1,0 +1,153 @@
+"""`launch` (local workers and the submitit array), resume, injected failures, `dataset`."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import io
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from memtrace_trainer.runs.rundir import write_json
+
+SWEEP = textwrap.dedent(
+    """
+    family: mlp
+    count: 1
+    seed: 5
+    fields:
+      input_size: {min: 8, max: 32}
+      output_size: {min: 1, max_ratio: 0.25, of: input_size}
+      depth: {min: 1, max: 3}
+      architecture: [uniform, pyramid]
+    models:
+      - {entry: "entry_failures:broken", batch_size: 2}
+    run:
+      batch_size: {min: 2, max: 8}
+      iterations: 2
+      device: cpu
+    """
+)
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # Workers are child processes: they find the test entry points through PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP)
+    return path
+
+
+def statuses(out: str) -> list[tuple[str, str]]:
+    return [(line.split()[1], line.split()[2]) for line in out.splitlines()]
+
+
+def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    dry = cli("launch", str(sweep), "--out", str(out), "--dry-run")
+    listed = statuses(dry.stdout)
+    assert [s for _, s in listed] == ["pending"] * 2 and not out.exists()
+    ids = [i for i, _ in listed]
+    assert ids[1].startswith("entry-failures-broken-b2-")
+
+    first = cli("launch", str(sweep), "--out", str(out), "--workers", "2")
+    assert "1/2 done (0 present before), 1 failed, 0 remaining" in first.stderr
+    failure = json.loads((out / "failed" / f"{ids[1]}.json").read_text())
+    assert "injected failure" in failure["error"]
+    for run_id in ids[:1]:
+        labels = json.loads((out / "runs" / run_id / "labels.json").read_text())
+        assert labels["iterations_done"] == 2 and labels["cpu_fallback"] is True
+    stamps = {i: (out / "runs" / i / "labels.json").stat().st_mtime_ns for i in ids[:1]}
+
+    assert [s for _, s in statuses(cli("launch", str(sweep), "--out", str(out),
+                                       "--dry-run").stdout)] == [
+        "present", "failed-before"]  # fmt: skip
+    again = cli("launch", str(sweep), "--out", str(out), "--workers", "2")
+    assert "1 present (skipped), 1 to run" in again.stderr
+    assert "1/2 done (1 present before), 1 failed, 0 remaining" in again.stderr
+    assert stamps == {i: (out / "runs" / i / "labels.json").stat().st_mtime_ns for i in ids[:1]}
+    assert (out / "logs" / f"{ids[1]}.log").is_file()
+
+    # Dataset of the sweep: CPU runs are skipped unless asked for, and say so.
+    csv_path = tmp_path / "d.csv"
+    done = cli("dataset", str(out), "--out", str(csv_path))
+    assert "0 runs; skipped 1 CPU-fallback runs" in done.stdout
+    cli("dataset", str(out), "--out", str(csv_path), "--include-cpu")
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert [r["run_id"] for r in rows] == ids[:1]
+    for r in rows:
+        feats = json.loads((out / "runs" / r["run_id"] / "features.json").read_text())
+        assert ast.literal_eval(r["Activations-Params"]) == [
+            tuple(x) for x in feats["gpumemnet_sequence"]
+        ]
+        assert r["Total Parameters"] == str(feats["total_parameters"])
+        assert (r["device"], r["Max GPU Memory (MiB)"], r["Status"]) == ("cpu", "", "SUCCESSFUL")
+
+
+def test_submitit_array_runs_the_same_run_one(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = cli("launch", str(sweep), "--out", str(out), "--backend", "slurm",
+               "--submitit-cluster", "debug", "--wait")  # fmt: skip
+    assert "submitted 2 runs as job array" in done.stderr
+    assert "1/2 done (0 present before), 1 failed, 0 remaining" in done.stderr
+    jobs = json.loads((out / "submitit" / "jobs.json").read_text())
+    assert [j["index"] for j in jobs] == [0, 1]
+    assert len(list((out / "runs").iterdir())) == 1 and len(list((out / "failed").iterdir())) == 1
+    # Resubmitting sends only what is missing.
+    again = cli("launch", str(sweep), "--out", str(out), "--backend", "slurm",
+                "--submitit-cluster", "debug", "--wait")  # fmt: skip
+    assert "submitted 1 runs" in again.stderr
+
+
+def test_launch_errors_are_clean(sweep: Path, tmp_path: Path) -> None:
+    def check(args: list[str], msg: str) -> None:
+        done = cli("launch", *args, check=False)
+        assert done.returncode == 2 and msg in done.stderr, done.stderr
+
+    out = str(tmp_path / "o")
+    if shutil.which("sbatch") is None:
+        check([str(sweep), "--out", out, "--backend", "slurm"], "no sbatch on PATH")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [torchvision:resnet18]\nrun: {optimizer: lion}\n")
+    check([str(bad), "--out", out], "optimizer 'lion'")
+    bad.write_text("modles: []\n")
+    check([str(bad), "--out", out], "unknown top-level fields ['modles']")
+    check([str(tmp_path / "none.yaml"), "--out", out], "No such file")
+
+
+GPU_LABELS = {
+    "device": "cuda", "cpu_fallback": False, "oom": False, "torch": "2.4.1", "cuda": "12.2",
+    "gpu": "NVIDIA A100-SXM4-40GB", "max_memory_reserved_bytes": 3 * 2**30,
+    "max_memory_allocated_bytes": 2**31, "device_peak_bytes": 3 * 2**30 + 500 * 2**20,
+    "device_peak_source": "nvml-process", "step_time": {"median_s": 0.25},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("labels", "expect"),
+    [
+        (GPU_LABELS, {"Max GPU Memory (MiB)": "3572.0", "Status": "SUCCESSFUL",
+                      "max_memory_reserved_mib": "3072.0", "max_memory_allocated_mib": "2048.0",
+                      "device_peak_mib": "3572.0", "oom": "false", "profile": "a100-40gb",
+                      "gpu": "NVIDIA A100-SXM4-40GB", "step_time_s": "0.250000"}),
+        (GPU_LABELS | {"oom": True, "gpu": "NVIDIA H100"},
+         {"Max GPU Memory (MiB)": "", "Status": "OOM_CRASH", "oom": "true", "profile": ""}),
+    ],
+)  # fmt: skip
+def test_dataset_row_of_a_gpu_run(tmp_path: Path, labels: dict, expect: dict) -> None:
+    """A run directory as a GPU run writes it (labels.json made here: no GPU in CI)."""
+    out = tmp_path / "runs" / "r1"
+    spec = 'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":2,"architecture":"uniform","base_filters":8,"input_size":16}'
+    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
+    write_json(out / "labels.json", labels)
+    csv_path = tmp_path / "d.csv"
+    cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
+    (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert {k: row[k] for k in expect} == expect
+    assert row["Conv2d Count"] == "2" and row["Batch Size"] == "2" and row["family"] == "cnn"

@@ -1,0 +1,163 @@
+"""`run` without a GPU: the CPU fallback through the same code paths, OOM as a label, the
+run directory, `--trace` under the real shim, the NVML sampler and the markers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, cli
+
+from memtrace_trainer.runs.config import RunConfig
+from memtrace_trainer.runs.marks import Marker
+from memtrace_trainer.runs.nvml import Sampler
+
+MLP = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2,"dropout":0.1,"batchnorm":true}'
+PHASES = ["phase:data", "phase:forward", "phase:backward", "phase:optimizer"]
+
+
+def run_dir(tmp_path: Path, *args: str) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path / "run"
+    done = cli("run", *args, "--out", str(out))
+    return out, json.loads((out / "labels.json").read_text()), done.stderr
+
+
+def test_cpu_fallback_writes_a_full_run_directory(tmp_path: Path) -> None:
+    out, labels, stderr = run_dir(
+        tmp_path, "--model", MLP, "--batch-size", "4", "--iterations", "3"
+    )
+    assert "CPU FALLBACK" in stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "features.json", "labels.json"]
+    assert labels["cpu_fallback"] is True and labels["device"] == "cpu"
+    assert "torch.cuda.is_available() is False" in labels["cpu_fallback_reason"]
+    for key in ("max_memory_reserved_bytes", "max_memory_allocated_bytes", "memory_stats",
+                "device_peak_bytes", "gpu"):  # fmt: skip
+        assert labels[key] is None, key  # null, never a fake zero
+    assert labels["oom"] is False and labels["iterations_done"] == 3
+    assert len(labels["step_time"]["all_s"]) == 3 and labels["step_time"]["median_s"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert (
+        config["id"]
+        == RunConfig.from_dict(
+            {k: v for k, v in config.items() if k not in ("id", "trainer")}, "test"
+        ).id
+    )
+    feats = json.loads((out / "features.json").read_text())
+    # 16 -> 10 -> 4 (pyramid, 2 Linear layers) with batch norm: parameters counted on meta.
+    assert feats["family"] == "mlp" and feats["total_parameters"] > 0
+    assert feats["gpumemnet_row"]["Batch Size"] == "4"
+
+
+def test_seconds_budget_and_training_variants(tmp_path: Path) -> None:
+    _, labels, _ = run_dir(
+        tmp_path, "--model", MLP, "--batch-size", "4", "--seconds", "0.2", "--amp", "bf16",
+        "--grad-accum", "2", "--optimizer", "sgd-momentum", "--device", "cpu",
+    )  # fmt: skip
+    assert (
+        labels["iterations_done"] >= 2 and labels["cpu_fallback_reason"] == "--device cpu requested"
+    )
+
+
+def test_oom_is_a_label_not_a_crash(tmp_path: Path) -> None:
+    _, labels, stderr = run_dir(tmp_path, "--entry", "entry_failures:oom", "--batch-size", "2")
+    assert labels["oom"] is True and labels["iterations_done"] == 0
+    assert labels["oom_detail"]["phase"] == "forward"
+    assert "CUDA out of memory" in labels["oom_detail"]["message"]
+    assert "recorded as a label" in stderr
+
+
+def test_errors_are_clean_and_leave_nothing(tmp_path: Path) -> None:
+    def check(args: list[str], msg: str) -> None:
+        done = cli("run", *args, check=False)
+        assert done.returncode == 2 and msg in done.stderr, done.stderr
+
+    out = tmp_path / "r"
+    check(["--model", MLP, "--out", str(out)], "--batch-size is required")
+    check(["--model", MLP, "--batch-size", "2", "--device", "cuda", "--out", str(out)],
+          "--device cuda: no CUDA device")  # fmt: skip
+    check(["--model", MLP, "--batch-size", "2", "--nvml-hz", "2", "--out", str(out)], "nvml_hz")
+    check(["--entry", "entry_failures:broken", "--out", str(out)], "injected failure")
+    assert list(tmp_path.iterdir()) == []  # no partial run directory left behind
+    out.mkdir()
+    (out / "x").write_text("")
+    check(["--model", MLP, "--batch-size", "2", "--out", str(out)], "exists and is not empty")
+
+
+def test_trace_wraps_itself_twice_under_the_shim(tmp_path: Path) -> None:
+    memsim = REPO / "target" / "release" / "memsim"
+    shim = REPO / "target" / "release" / "libmemtrace.so"
+    for path in (memsim, shim):
+        if not path.is_file():
+            pytest.fail(f"{path} missing: run `cargo build --release` first")
+    out, labels, stderr = run_dir(tmp_path, "--model", MLP, "--batch-size", "2", "--iterations",
+                                  "2", "--trace", "--device", "cpu")  # fmt: skip
+    assert "device-level run" in stderr and "allocator-level run" in stderr
+    assert labels["shim_markers"] is True and labels["markers_sent"] == 10
+    for level, caching in (("device", True), ("allocator", False)):
+        lab = json.loads((out / "traces" / f"{level}.labels.json").read_text())
+        assert lab["caching_allocator"] is caching
+        jsonl = tmp_path / f"{level}.jsonl"
+        subprocess.run([str(memsim), "convert", str(out / "traces" / f"{level}.mtrace"),
+                        str(jsonl)], check=True, capture_output=True)  # fmt: skip
+        records = [json.loads(x) for x in jsonl.read_text().splitlines()]
+        header = records[0]
+        assert header["kind"] == "header" and header["caching_disabled"] is (not caching)
+        marks = [r["text"] for r in records if r["kind"] == "marker"]
+        assert marks == ["iter:0", *PHASES, "iter:1", *PHASES]
+
+
+def test_marker_is_inactive_without_the_shim() -> None:
+    m = Marker()
+    assert m.active is False
+    m.iteration(0)
+    m.phase("forward")
+    assert m.sent == []
+    with pytest.raises(ValueError, match="phase 'lunch'"):
+        m.phase("lunch")
+
+
+class ScriptedNvml:
+    """Readings in order, then the last one forever; counts calls."""
+
+    def __init__(self, readings: list[tuple[int | None, int]]) -> None:
+        self.readings = readings
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> tuple[int | None, int]:
+        with self.lock:
+            i = min(self.calls, len(self.readings) - 1)
+            self.calls += 1
+            if self.readings[i] == (-1, -1):
+                raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+            return self.readings[i]
+
+
+@pytest.mark.parametrize(
+    ("readings", "peak", "source"),
+    [
+        ([(None, 500), (100, 700), (300, 900), (200, 800)], 300, "nvml-process"),
+        ([(None, 500), (None, 1500), (None, 800)], 1500, "nvml-device"),
+        ([(None, 500), (-1, -1), (None, 600)], 600, "nvml-device"),
+    ],
+)
+def test_nvml_sampler_keeps_peaks(readings: list, peak: int, source: str) -> None:
+    read = ScriptedNvml(readings)
+    sampler = Sampler(read, interval=0.01)
+    with sampler:
+        while read.calls < len(readings) + 2:
+            threading.Event().wait(0.01)
+    got = sampler.peaks
+    assert got.peak() == (peak, source)
+    assert got.device_baseline == 500 and got.samples >= len(readings)
+    assert got.hz > 10
+    assert got.errors == (["RuntimeError: NVML_ERROR_GPU_IS_LOST"] if (-1, -1) in readings else [])
+
+
+def test_sampler_refuses_less_than_10_hz() -> None:
+    with pytest.raises(ValueError, match=r"at least 10\.0 Hz"):
+        Sampler(lambda: (None, 0), interval=0.5)
