@@ -11,4 +11,3 @@ mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known an
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
 mod snapshot_support; // shared-data paths (fail loudly when missing) and helpers
 mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16
-mod snapshot_tmpprobe;

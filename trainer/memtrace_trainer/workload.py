@@ -22,10 +22,9 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
 
 
 def fresh_like(value: Any) -> Any:
-    """New storage of the same shapes, as the next batch copied to the GPU would have. Real
-    devices get copies: uninitialised class indices would make the loss fail."""
+    """New storage of the same shapes, as the next batch copied to the GPU would have."""
     if isinstance(value, torch.Tensor):
-        return torch.empty_like(value) if value.device.type == "meta" else value.clone()
+        return torch.empty_like(value)
     if isinstance(value, dict):
         return {k: fresh_like(v) for k, v in value.items()}
     if isinstance(value, tuple | list):

@@ -10,3 +10,9 @@ def make(batch_size: int = 4):
     x = torch.randn(batch_size, 32)
     y = torch.randint(0, 10, (batch_size,))
     return model, (x, y), F.cross_entropy
+
+
+def linear_sum(batch_size: int = 2):
+    """Small enough to count by hand: Linear(8, 4, bias=False), loss = output.sum()."""
+    model = nn.Linear(8, 4, bias=False)
+    return model, (torch.randn(batch_size, 8), torch.zeros(batch_size)), lambda out, _y: out.sum()

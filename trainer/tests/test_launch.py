@@ -143,6 +143,7 @@ GPU_LABELS = {
 def test_dataset_row_of_a_gpu_run(tmp_path: Path, labels: dict, expect: dict) -> None:
     """A run directory as a GPU run writes it (labels.json made here: no GPU in CI)."""
     out = tmp_path / "runs" / "r1"
+    out.parent.mkdir()
     spec = 'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":2,"architecture":"uniform","base_filters":8,"input_size":16}'
     cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
     write_json(out / "labels.json", labels)

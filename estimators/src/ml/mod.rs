@@ -10,6 +10,7 @@
 //! committed.
 
 pub mod bins;
+pub mod cart;
 pub mod dataset;
 pub mod error;
 pub mod examples;

@@ -1,21 +1,19 @@
-//! The model families compared: linfa logistic regression, decision tree, random forest and
-//! bagging; perpetual gradient boosting; GPUMemNet's MLP ensemble; and regressors of the raw
-//! target (linfa OLS, perpetual, MLP ensemble). Each is wrapped with a [`Standardizer`] fitted on
-//! the training rows only.
+//! The model families compared: linfa logistic regression; CART decision tree, random forest
+//! and bagging ([`super::cart`]: deterministic, unlike linfa-trees 0.8.1); perpetual gradient
+//! boosting; GPUMemNet's MLP ensemble; and regressors of the raw target (linfa OLS, random
+//! forest, perpetual, MLP ensemble). Each is wrapped with a [`Standardizer`] fitted on the
+//! training rows only.
 
 use linfa::traits::{Fit, Predict};
 use linfa::Dataset;
-use linfa_ensemble::EnsembleLearnerParams;
 use linfa_linear::{FittedLinearRegression, LinearRegression};
 use linfa_logistic::{MultiFittedLogisticRegression, MultiLogisticRegression};
-use linfa_trees::DecisionTree;
-use ndarray::{Array1, Array2, Axis};
+use ndarray::{Array1, Array2};
 use perpetual::objective::Objective;
 use perpetual::{Matrix, MultiOutputBooster, PerpetualBooster};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use super::cart::{Forest, TreeParams, TreeTask};
 use super::dataset::Family;
 use super::error::MlError;
 use super::mlp::{MlpEnsemble, MlpParams, MlpTask};
@@ -27,11 +25,11 @@ use super::scale::Standardizer;
 pub enum ModelKind {
     /// Multinomial logistic regression (linfa-logistic, L-BFGS).
     Logistic,
-    /// One CART decision tree (linfa-trees, Gini).
+    /// One CART decision tree (Gini, grown to purity).
     Tree,
-    /// Random forest: bootstrapped trees on 70% feature subsets (linfa-ensemble).
+    /// Random forest: bootstrapped trees, √d candidate features per split (sklearn's default).
     Forest,
-    /// Bagging: bootstrapped trees on all features (linfa-ensemble).
+    /// Bagging: bootstrapped trees, all features at every split.
     Bagging,
     /// Gradient-boosted trees (perpetual, log-loss, one booster per class or native multiclass).
     Gbm,
@@ -39,6 +37,8 @@ pub enum ModelKind {
     MlpEnsemble,
     /// Ordinary least squares on the target (linfa-linear).
     LinearReg,
+    /// Random-forest regression (bootstrapped trees, d/3 candidate features per split).
+    ForestReg,
     /// Gradient-boosted regression trees (perpetual, squared loss).
     GbmReg,
     /// The MLP ensemble with one output and squared loss.
@@ -68,6 +68,7 @@ impl ModelKind {
             ModelKind::Gbm => "gbm",
             ModelKind::MlpEnsemble => "mlp-ensemble",
             ModelKind::LinearReg => "linear-reg",
+            ModelKind::ForestReg => "forest-reg",
             ModelKind::GbmReg => "gbm-reg",
             ModelKind::MlpReg => "mlp-reg",
         }
@@ -103,33 +104,6 @@ impl Default for TrainConfig {
     }
 }
 
-/// Trees of a bagging ensemble with the feature subset each was trained on. linfa's
-/// `EnsembleLearner` has no serde support and votes through a `HashMap`, whose tie-breaking
-/// depends on a random hash seed; voting here breaks ties towards the lower class instead.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TreeVote {
-    trees: Vec<DecisionTree<f64, usize>>,
-    features: Vec<Vec<usize>>,
-    classes: usize,
-}
-
-impl TreeVote {
-    fn predict(&self, x: &Array2<f64>) -> Vec<usize> {
-        let mut votes = vec![vec![0u32; self.classes]; x.nrows()];
-        for (tree, feats) in self.trees.iter().zip(&self.features) {
-            let sub = x.select(Axis(1), feats);
-            let p: Array1<usize> = tree.predict(&sub);
-            for (v, &c) in votes.iter_mut().zip(p.iter()) {
-                v[c] += 1;
-            }
-        }
-        votes
-            .iter()
-            .map(|v| v.iter().enumerate().fold((0, 0), |b, (i, &n)| if n > b.1 { (i, n) } else { b }).0)
-            .collect()
-    }
-}
-
 /// Boosters trained on the classes present in the training rows; `classes[i]` is booster `i`'s
 /// class. A single present class makes a constant predictor.
 #[derive(Clone, Serialize, Deserialize)]
@@ -160,10 +134,9 @@ impl std::fmt::Debug for GbmRegressor {
 pub enum Fitted {
     /// See [`ModelKind::Logistic`].
     Logistic(MultiFittedLogisticRegression<f64, usize>),
-    /// See [`ModelKind::Tree`].
-    Tree(DecisionTree<f64, usize>),
-    /// See [`ModelKind::Forest`] and [`ModelKind::Bagging`].
-    Trees(TreeVote),
+    /// See [`ModelKind::Tree`], [`ModelKind::Forest`], [`ModelKind::Bagging`] and
+    /// [`ModelKind::ForestReg`].
+    Trees(Forest),
     /// See [`ModelKind::Gbm`].
     Gbm(GbmClassifier),
     /// See [`ModelKind::MlpEnsemble`] and [`ModelKind::MlpReg`].
@@ -215,21 +188,31 @@ impl Pipeline {
                     .fit(&labels())
                     .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
             ),
-            ModelKind::Tree => Fitted::Tree(
-                DecisionTree::params()
-                    .fit(&labels())
-                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
-            ),
-            ModelKind::Forest | ModelKind::Bagging => {
-                let feature_proportion = if kind == ModelKind::Forest { 0.7 } else { 1.0 };
-                let rng = StdRng::seed_from_u64(cfg.seed);
-                let learner = EnsembleLearnerParams::new_fixed_rng(DecisionTree::params(), rng)
-                    .ensemble_size(cfg.trees)
-                    .bootstrap_proportion(1.0)
-                    .feature_proportion(feature_proportion)
-                    .fit(&labels())
-                    .map_err(fit_err)?;
-                Fitted::Trees(TreeVote { trees: learner.models, features: learner.model_features, classes: n_classes })
+            ModelKind::Tree | ModelKind::Forest | ModelKind::Bagging | ModelKind::ForestReg => {
+                let d = xs.ncols();
+                let (task, y): (_, Vec<f64>) = if kind == ModelKind::ForestReg {
+                    (TreeTask::Regress, value.to_vec())
+                } else {
+                    (
+                        TreeTask::Classify(n_classes),
+                        class.iter().map(|&c| c as f64).collect(),
+                    )
+                };
+                let max_features = match kind {
+                    ModelKind::Forest => Some((d as f64).sqrt().ceil() as usize),
+                    ModelKind::ForestReg => Some((d as f64 / 3.0).ceil() as usize),
+                    _ => None,
+                };
+                let params = TreeParams {
+                    max_features,
+                    ..TreeParams::default()
+                };
+                let (n_trees, bootstrap) = if kind == ModelKind::Tree {
+                    (1, false)
+                } else {
+                    (cfg.trees, true)
+                };
+                Fitted::Trees(Forest::fit(&xs, &y, task, params, n_trees, bootstrap, cfg.seed))
             }
             ModelKind::Gbm => Fitted::Gbm(fit_gbm(&xs, class, cfg)?),
             ModelKind::MlpEnsemble | ModelKind::MlpReg => {
@@ -268,8 +251,7 @@ impl Pipeline {
         let xs = self.scaler.transform(x);
         Ok(match &self.model {
             Fitted::Logistic(m) => m.predict(&xs).to_vec(),
-            Fitted::Tree(m) => m.predict(&xs).to_vec(),
-            Fitted::Trees(m) => m.predict(&xs),
+            Fitted::Trees(m) if m.task() != TreeTask::Regress => m.predict_class(&xs),
             Fitted::Gbm(m) => predict_gbm(m, &xs),
             Fitted::Mlp(m) if self.kind == ModelKind::MlpEnsemble => m.predict_class(&xs),
             _ => {
@@ -287,6 +269,7 @@ impl Pipeline {
         let xs = self.scaler.transform(x);
         Ok(match &self.model {
             Fitted::Linear(m) => m.predict(&xs).to_vec(),
+            Fitted::Trees(m) if m.task() == TreeTask::Regress => m.predict_value(&xs),
             Fitted::GbmReg(m) => {
                 let data = col_major(&xs);
                 m.0.predict(&Matrix::new(&data, xs.nrows(), xs.ncols()), false)

@@ -219,18 +219,26 @@ def load_entry(entry: str, batch_size: int, device: torch.device = META) -> Work
         raise UserError(f"--entry {entry!r}: expected an nn.Module and a callable loss_fn")
     if not isinstance(batch, tuple | list) or len(batch) != 2:
         raise UserError(f"--entry {entry!r}: the batch must be an (inputs, target) pair")
-    model = model.to(device)
-    example = _to_device(batch[0], device), _to_device(batch[1], device)
-    first = example[0]
+    if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
+        model = model.to(device)  # (fake tensors cannot be swapped for themselves)
+    first = batch[0]
     size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else batch_size
-    return Workload(entry, model, lambda: fresh_like(example), loss_fn, int(size), "entry")
+    if device.type == "meta":
+        example = _to_device(batch[0], device), _to_device(batch[1], device)
+        make: Callable[[], Batch] = lambda: fresh_like(example)  # noqa: E731
+    else:
+        # Real devices: the batch waits on the host and each step copies it over, as a data
+        # loader's batches arrive; uninitialised copies would give invalid class indices.
+        host = _to_device(batch, torch.device("cpu"))
+        make = lambda: _to_device(host, device, copy=True)  # noqa: E731
+    return Workload(entry, model, make, loss_fn, int(size), "entry")
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
+def _to_device(value: Any, device: torch.device, copy: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value.to(device, copy=copy)
     if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
+        return {k: _to_device(v, device, copy) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_to_device(v, device) for v in value)
+        return type(value)(_to_device(v, device, copy) for v in value)
     return value
