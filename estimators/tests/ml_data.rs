@@ -27,7 +27,7 @@ fn mlp_bins_are_right_closed_1000_mib() {
     let b = Binning::gpumemnet_mlp();
     assert_eq!(b.classes(), 5);
     assert_eq!(b.names[0], "(1000, 2000]");
-    assert_eq!(b.names[4], "(5000, inf)");
+    assert_eq!(b.names[4], "(5000, inf]", "pandas names it this way");
     check_bins(
         &b,
         &[

@@ -83,6 +83,7 @@ fn check_regressor(kind: ModelKind, max_mre: f64) {
 #[test]
 fn every_regressor_fits_a_linear_target() {
     check_regressor(ModelKind::LinearReg, 0.001);
+    check_regressor(ModelKind::ForestReg, 0.05);
     check_regressor(ModelKind::GbmReg, 0.05);
     check_regressor(ModelKind::MlpReg, 0.15);
 }
@@ -92,8 +93,10 @@ fn training_is_deterministic_for_a_seed() {
     let ex = synthetic(300, 5);
     let cfg = TrainConfig { mlp_epochs: 5, ..fast_config() };
     for kind in [
+        ModelKind::Tree,
         ModelKind::Forest,
         ModelKind::Bagging,
+        ModelKind::ForestReg,
         ModelKind::Gbm,
         ModelKind::MlpEnsemble,
         ModelKind::GbmReg,

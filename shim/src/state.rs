@@ -29,7 +29,10 @@ fn load() -> Config {
     }
     if cfg.cupti {
         // The CUPTI activity layer (cudarc, dynamic loading) is not part of this build.
-        crate::log!(Warn, "MEMTRACE_CUPTI=1: the CUPTI layer is not available in this build; continuing with interposition only");
+        crate::log!(
+            Warn,
+            "MEMTRACE_CUPTI=1: the CUPTI layer is not available in this build; continuing with interposition only"
+        );
     }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {

@@ -62,7 +62,18 @@ const PROGRAMS: [&str; 15] = [
 pub fn build_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("shim-c-{}", std::process::id()));
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        // One directory per test process (concurrent runs must not clobber each other's stubs);
+        // directories of test processes that are gone are removed.
+        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("shim-c-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("shim-c-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create build dir");
         let s = src();
         let s = s.to_str().unwrap();

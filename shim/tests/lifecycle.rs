@@ -188,3 +188,31 @@ fn log_debug_prints_the_config_table() {
         assert!(r.stderr().contains(&format!("memtrace: {var} = ")), "{var} missing:\n{}", r.stderr());
     }
 }
+
+/// Python's own SIGINT handler (KeyboardInterrupt) keeps working: the shim flushes and chains to
+/// it, the program carries on, and the trace completes at its normal exit.
+#[test]
+fn sigint_chains_to_python_keyboard_interrupt() {
+    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(py.is_file(), "{} missing: create the venv (scripts/setup.sh)", py.display());
+    let script = r#"
+import ctypes, os, signal
+rt = ctypes.CDLL("libcudart.so.13")
+p = ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1000)) == 0
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    signal.pause()
+except KeyboardInterrupt:
+    print("interrupted")
+assert rt.cudaFree(p) == 0
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let out = command(py.to_str().unwrap(), dir.path(), &[]).args(["-c", script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "interrupted");
+    let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
+    assert!(!s.truncated);
+    assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+    assert_eq!(s.exit.unwrap().signal, None);
+}

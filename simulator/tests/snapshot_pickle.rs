@@ -158,3 +158,9 @@ proptest! {
         prop_assert_eq!(p.to_json(p.root()), v);
     }
 }
+
+#[test]
+fn a_missing_file_names_the_path() {
+    let e = simulator::snapshot::read_snapshot(std::path::Path::new("/nonexistent/x.pickle")).expect_err("missing");
+    assert!(e.to_string().starts_with("cannot read /nonexistent/x.pickle:"), "{e}");
+}

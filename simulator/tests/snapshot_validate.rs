@@ -172,6 +172,34 @@ fn wedsonlin_medium_512_hidden_tail_explains_the_divergence() {
     seg.blocks[k + 1].size -= tail;
     let after = snapshot::validate_from(&snap, &start, &opts).expect("validates");
     println!("{file}: {} -> {} of {}", before.alloc_addr_matches, after.alloc_addr_matches, after.allocs);
-    assert!(after.alloc_addr_matches > before.alloc_addr_matches, "{} vs {}", after.alloc_addr_matches, before.alloc_addr_matches);
+    assert!(
+        after.alloc_addr_matches > before.alloc_addr_matches,
+        "{} vs {}",
+        after.alloc_addr_matches,
+        before.alloc_addr_matches
+    );
     assert!(after.devices[0].first_mismatches.first().is_none_or(|m| m.recorded_addr != first));
+}
+
+/// The `memsim validate --json` contract of the issue: these keys, at the top level.
+#[test]
+fn report_json_has_the_issue_fields() {
+    let r = run("JasperSolt--EoR_NN--snapshot.pickle");
+    let v = serde_json::to_value(&r).expect("serialises");
+    for key in [
+        "allocs",
+        "alloc_addr_matches",
+        "segment_events",
+        "segment_event_matches",
+        "recorded_peak_reserved_bytes",
+        "predicted_peak_reserved_bytes",
+        "unrecoverable",
+        "verdict",
+        "devices",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(v["allocs"], 1935);
+    assert_eq!(v["verdict"], "exact");
+    assert_eq!(v["devices"][0]["allocs"], 1935, "per-device counts are flattened");
 }

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import FULL_CSV, cli, csv_sample, gpumemnet_rows
+from conftest import FULL_CSV, cli, cli_process, csv_sample, gpumemnet_rows
 
 from memtrace_trainer.features import extract
 from memtrace_trainer.models.cnn import CNNConfig
@@ -106,7 +106,8 @@ def test_features_cli_gpumemnet_row_csv() -> None:
 
 
 def test_features_cli_errors_are_clean() -> None:
-    done = cli("features", "--model", "nope:x", check=False)
+    # The real `python -m memtrace_trainer` once: exit status 2 and one line, no traceback.
+    done = cli_process("features", "--model", "nope:x", check=False)
     assert (
         done.returncode == 2
         and "unknown model spec" in done.stderr

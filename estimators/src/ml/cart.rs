@@ -37,12 +37,7 @@ pub struct TreeParams {
 
 impl Default for TreeParams {
     fn default() -> Self {
-        TreeParams {
-            max_depth: None,
-            min_samples_split: 2,
-            min_samples_leaf: 1,
-            max_features: None,
-        }
+        TreeParams { max_depth: None, min_samples_split: 2, min_samples_leaf: 1, max_features: None }
     }
 }
 
@@ -51,12 +46,7 @@ enum Node {
     /// Class probabilities, or `[mean]` for regression.
     Leaf(Vec<f64>),
     /// Rows with `x[feature] <= threshold` go left.
-    Split {
-        feature: usize,
-        threshold: f64,
-        left: usize,
-        right: usize,
-    },
+    Split { feature: usize, threshold: f64, left: usize, right: usize },
 }
 
 /// A fitted tree (nodes in an arena, root at index 0).
@@ -128,27 +118,16 @@ impl Grower<'_> {
             || n < 2 * self.params.min_samples_leaf
             || self.params.max_depth.is_some_and(|d| depth >= d)
             || parent_cost <= 1e-12 * n as f64;
-        let best = if stop {
-            None
-        } else {
-            self.best_split(idx, &total, parent_cost)
-        };
+        let best = if stop { None } else { self.best_split(idx, &total, parent_cost) };
         let Some((feature, threshold)) = best else {
             self.nodes[slot] = self.leaf(idx);
             return slot;
         };
         // Stable partition keeps row order, so children are grown from the same sequence.
-        let (mut l, mut r): (Vec<usize>, Vec<usize>) = idx
-            .iter()
-            .partition(|&&i| self.x[[i, feature]] <= threshold);
+        let (mut l, mut r): (Vec<usize>, Vec<usize>) = idx.iter().partition(|&&i| self.x[[i, feature]] <= threshold);
         let left = self.grow(&mut l, depth + 1);
         let right = self.grow(&mut r, depth + 1);
-        self.nodes[slot] = Node::Split {
-            feature,
-            threshold,
-            left,
-            right,
-        };
+        self.nodes[slot] = Node::Split { feature, threshold, left, right };
         slot
     }
 
@@ -188,22 +167,8 @@ impl Grower<'_> {
 
 impl Tree {
     /// Grows a tree on rows `idx` of `x`; `y` holds class indices (as f64) or targets.
-    pub fn fit(
-        x: &Array2<f64>,
-        y: &[f64],
-        idx: &[usize],
-        task: TreeTask,
-        params: TreeParams,
-        seed: u64,
-    ) -> Tree {
-        let mut g = Grower {
-            x,
-            y,
-            task,
-            params,
-            rng: StdRng::seed_from_u64(seed),
-            nodes: Vec::new(),
-        };
+    pub fn fit(x: &Array2<f64>, y: &[f64], idx: &[usize], task: TreeTask, params: TreeParams, seed: u64) -> Tree {
+        let mut g = Grower { x, y, task, params, rng: StdRng::seed_from_u64(seed), nodes: Vec::new() };
         let mut rows = idx.to_vec();
         g.grow(&mut rows, 0);
         Tree { nodes: g.nodes, task }
@@ -215,12 +180,9 @@ impl Tree {
         loop {
             match &self.nodes[at] {
                 Node::Leaf(v) => return v,
-                Node::Split {
-                    feature,
-                    threshold,
-                    left,
-                    right,
-                } => at = if row[*feature] <= *threshold { *left } else { *right },
+                Node::Split { feature, threshold, left, right } => {
+                    at = if row[*feature] <= *threshold { *left } else { *right }
+                }
             }
         }
     }
@@ -249,11 +211,8 @@ impl Forest {
         let n = x.nrows();
         let trees = (0..n_trees.max(1))
             .map(|_| {
-                let idx: Vec<usize> = if bootstrap {
-                    (0..n).map(|_| rng.gen_range(0..n)).collect()
-                } else {
-                    (0..n).collect()
-                };
+                let idx: Vec<usize> =
+                    if bootstrap { (0..n).map(|_| rng.gen_range(0..n)).collect() } else { (0..n).collect() };
                 Tree::fit(x, y, &idx, task, params, rng.gen())
             })
             .collect();
@@ -283,12 +242,7 @@ impl Forest {
     pub fn predict_class(&self, x: &Array2<f64>) -> Vec<usize> {
         self.average(x)
             .iter()
-            .map(|p| {
-                p.iter()
-                    .enumerate()
-                    .fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
-                    .0
-            })
+            .map(|p| p.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0)
             .collect()
     }
 

@@ -261,13 +261,18 @@ impl Dataset {
         Ok(Dataset { path: path.to_path_buf(), rows })
     }
 
-    /// The single family of all rows; an error if the file mixes families.
+    /// The single family of all rows that list layers; an error if the file mixes families or
+    /// no row lists any layer.
     pub fn family(&self) -> Result<Family, MlError> {
-        let mut seen: Vec<Family> = self.rows.iter().map(RunRow::family).collect();
+        let mut seen: Vec<Family> = self.rows.iter().filter(|r| !r.layers.is_empty()).map(RunRow::family).collect();
         seen.sort();
         seen.dedup();
         match seen.as_slice() {
             [one] => Ok(*one),
+            [] => Err(MlError::Empty {
+                path: self.path.clone(),
+                reason: "no row lists any layer in Activations-Params".into(),
+            }),
             _ => Err(MlError::MixedFamilies {
                 path: self.path.clone(),
                 found: seen.iter().map(|f| f.name()).collect::<Vec<_>>().join(", "),
@@ -292,9 +297,6 @@ pub fn parse_layers(text: &str) -> Result<Vec<Layer>, String> {
         layers.push(parse_tuple(tuple).map_err(|m| format!("layer {}: {m}", layers.len()))?);
         rest = open[close + 1..].trim_start();
         rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
-    }
-    if layers.is_empty() {
-        return Err("expected at least one layer, found an empty list".into());
     }
     Ok(layers)
 }

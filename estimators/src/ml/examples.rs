@@ -96,6 +96,10 @@ impl Examples {
                 *ex.excluded.entry(reason.to_string()).or_default() += 1;
                 continue;
             }
+            if row.layers.is_empty() {
+                *ex.excluded.entry("empty Activations-Params (no layers)".to_string()).or_default() += 1;
+                continue;
+            }
             let feats = match features::extract(family, row) {
                 Ok(f) => f,
                 Err(RowIssue::UnknownActivation(message)) => {

@@ -179,7 +179,6 @@ impl Pipeline {
         }
         let scaler = Standardizer::fit(x);
         let xs = scaler.transform(x);
-        let fit_err = |e: linfa::Error| MlError::Fit { model: kind.name(), message: e.to_string() };
         let labels = || Dataset::new(xs.clone(), Array1::from(class.to_vec()));
         let model = match kind {
             ModelKind::Logistic => Fitted::Logistic(
@@ -193,25 +192,15 @@ impl Pipeline {
                 let (task, y): (_, Vec<f64>) = if kind == ModelKind::ForestReg {
                     (TreeTask::Regress, value.to_vec())
                 } else {
-                    (
-                        TreeTask::Classify(n_classes),
-                        class.iter().map(|&c| c as f64).collect(),
-                    )
+                    (TreeTask::Classify(n_classes), class.iter().map(|&c| c as f64).collect())
                 };
                 let max_features = match kind {
                     ModelKind::Forest => Some((d as f64).sqrt().ceil() as usize),
                     ModelKind::ForestReg => Some((d as f64 / 3.0).ceil() as usize),
                     _ => None,
                 };
-                let params = TreeParams {
-                    max_features,
-                    ..TreeParams::default()
-                };
-                let (n_trees, bootstrap) = if kind == ModelKind::Tree {
-                    (1, false)
-                } else {
-                    (cfg.trees, true)
-                };
+                let params = TreeParams { max_features, ..TreeParams::default() };
+                let (n_trees, bootstrap) = if kind == ModelKind::Tree { (1, false) } else { (cfg.trees, true) };
                 Fitted::Trees(Forest::fit(&xs, &y, task, params, n_trees, bootstrap, cfg.seed))
             }
             ModelKind::Gbm => Fitted::Gbm(fit_gbm(&xs, class, cfg)?),

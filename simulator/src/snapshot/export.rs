@@ -15,8 +15,8 @@ use trace::{
 };
 
 use super::import::{META_ANNOTATIONS, META_LIST_FORM};
-use super::pickle_writer::PickleWriter;
 use super::model::UNKNOWN_LINE;
+use super::pickle_writer::PickleWriter;
 use super::SnapshotError;
 
 struct OutSnapshot {

@@ -177,7 +177,18 @@ mod tests {
 
     #[test]
     fn int_boundaries_and_shared_strings() {
-        for v in [0i128, 255, 256, 65535, 65536, -1, i32::MIN as i128, i32::MAX as i128 + 1, i64::MIN as i128, u64::MAX as i128] {
+        for v in [
+            0i128,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            i32::MIN as i128,
+            i32::MAX as i128 + 1,
+            i64::MIN as i128,
+            u64::MAX as i128,
+        ] {
             let mut w = PickleWriter::new();
             w.int(v);
             let p = pickle::decode(&w.finish()).expect("decodes");
@@ -203,7 +214,8 @@ mod tests {
         leaf.prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::btree_map("[a-z]{1,4}", inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+                prop::collection::btree_map("[a-z]{1,4}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
     }

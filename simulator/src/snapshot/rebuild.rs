@@ -205,7 +205,7 @@ fn rebuild_device(
     let mut by_seg: BTreeMap<u64, Vec<(u64, Live)>> = BTreeMap::new();
     for (addr, b) in live {
         match segs.range(..=addr).next_back() {
-            Some((base, s)) if addr < base + s.size => by_seg.entry(*base).or_default().push((addr, b)),
+            Some((base, s)) if addr < base.saturating_add(s.size) => by_seg.entry(*base).or_default().push((addr, b)),
             _ => problem(
                 Some(addr),
                 "block live at the start lies in no segment known at the start; dropped".to_string(),
@@ -214,7 +214,7 @@ fn rebuild_device(
     }
 
     for (base, s) in &segs {
-        let end = base + s.size;
+        let end = base.saturating_add(s.size);
         let small = s.small;
         let blocks = by_seg.remove(base).unwrap_or_default();
         let mut out_blocks = Vec::new();
@@ -233,7 +233,7 @@ fn rebuild_device(
                 Some(sz) => sz,
                 None => infer_size(*addr, b.requested, next, small, s.expandable, round_size, &mut problem),
             };
-            let size = if addr + size > next {
+            let size = if addr.saturating_add(size) > next {
                 problem(
                     Some(*addr),
                     format!("block of {size} B overlaps the next block or the segment end at 0x{next:x}; truncated"),
@@ -243,7 +243,7 @@ fn rebuild_device(
                 size
             };
             out_blocks.push(StartBlock { addr: *addr, size, requested_size: b.requested, state: b.state });
-            cursor = addr + size;
+            cursor = addr.saturating_add(size);
         }
         if cursor < end {
             out_blocks.push(StartBlock {
@@ -276,7 +276,7 @@ fn infer_size(
     problem: &mut dyn FnMut(Option<u64>, String),
 ) -> u64 {
     let rounded = round_size(requested);
-    if addr + rounded > next {
+    if addr.saturating_add(rounded) > next {
         return rounded;
     }
     let gap = next - addr - rounded;
@@ -301,9 +301,9 @@ fn infer_size(
 
 /// Backwards over a `segment_map`: the range was not mapped before it.
 fn unmap_range(segs: &mut BTreeMap<u64, SegInfo>, addr: u64, size: u64) {
-    let end = addr + size;
+    let end = addr.saturating_add(size);
     let Some((&base, s)) = segs.range(..=addr).next_back() else { return };
-    let seg_end = base + s.size;
+    let seg_end = base.saturating_add(s.size);
     if addr >= seg_end {
         return;
     }
@@ -321,12 +321,12 @@ fn unmap_range(segs: &mut BTreeMap<u64, SegInfo>, addr: u64, size: u64) {
 /// expandable ranges of the same stream, as the snapshot reports one segment per mapped range.
 fn map_range(segs: &mut BTreeMap<u64, SegInfo>, addr: u64, size: u64, stream: i64) {
     let mut start = addr;
-    let mut end = addr + size;
+    let mut end = addr.saturating_add(size);
     // The pool of an unmapped range is not recorded; a neighbouring range of the same stream
     // tells it, otherwise it is taken for large (expandable start states are flagged anyway).
     let mut small = false;
     if let Some((&b, s)) = segs.range(..addr).next_back() {
-        if s.expandable && s.stream == stream && b + s.size == addr {
+        if s.expandable && s.stream == stream && b.saturating_add(s.size) == addr {
             start = b;
             small = s.small;
             segs.remove(&b);
@@ -337,7 +337,7 @@ fn map_range(segs: &mut BTreeMap<u64, SegInfo>, addr: u64, size: u64, stream: i6
             let sz = s.size;
             small |= s.small;
             segs.remove(&end);
-            end += sz;
+            end = end.saturating_add(sz);
         }
     }
     segs.insert(start, SegInfo { size: end - start, stream, expandable: true, small });

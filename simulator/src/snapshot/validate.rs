@@ -308,7 +308,7 @@ impl Reserved {
     fn apply(&mut self, e: &DeviceEvent) {
         let (_, _, size, sign) = event_parts(e);
         if sign > 0 {
-            self.current += size;
+            self.current = self.current.saturating_add(size);
             self.peak = self.peak.max(self.current);
         } else {
             self.current = self.current.saturating_sub(size);

@@ -1,0 +1,179 @@
+"""`estimate` (through memest) and `max-batch` (through memsim): the contract with a scripted
+memest, then the real binaries, checked against independent computations."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, cli
+
+MLP = 'synthetic:{"family":"mlp","input_size":256,"output_size":10,"depth":3}'
+MIB = 1 << 20
+RELEASE = REPO / "target" / "release"
+
+# The documented `memest estimate --json` output (estimators/README.md, `memest estimate -h`).
+CANNED = {
+    "estimates": {
+        "symbolic": {"device_mib": 1000.5, "reserved_mib": 600.0, "level": "device"},
+        "analytic": {"device_mib": 900.0, "reserved_mib": 500.0, "level": "device"},
+        "horus": {"device_mib": 12.25, "reserved_mib": None, "level": "device"},
+        "live_peak": {"device_mib": 20.0, "reserved_mib": None, "level": "live"},
+        "fake_tensor": {"device_mib": 10.0, "reserved_mib": None, "level": "live"},
+        "ml": None,
+    },
+    "seconds": {"symbolic": 0.01, "horus": 0.0},
+    "unavailable": {"ml": "no ML model given (--ml-model or $MEMTRACE_ML_MODEL)"},
+    "profile": "profiles/a100-40gb.toml",
+    "gpu_total_mib": 40536.0,
+    "family": "MLP",
+    "oom_predicted": False,
+}
+
+
+def scripted_memest(tmp_path: Path, output: Any, rc: int = 0) -> Path:
+    """A memest that records its arguments and inputs, and prints `output`."""
+    text = output if isinstance(output, str) else json.dumps(output)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "memest"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        "args = sys.argv[1:]\n"
+        "seen = {'args': args, 'features': json.load(open(args[args.index('--features') + 1])),\n"
+        "        'trace': open(args[args.index('--trace') + 1]).readline(),\n"
+        "        'fake': open(args[args.index('--fake-trace') + 1]).readline()}\n"
+        f"json.dump(seen, open({str(tmp_path / 'seen.json')!r}, 'w'))\n"
+        f"sys.stdout.write({text!r})\n"
+        f"sys.stderr.write('boom' if {rc} else '')\n"
+        f"sys.exit({rc})\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+def test_estimate_follows_the_memest_contract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMTRACE_BIN_DIR", str(scripted_memest(tmp_path, CANNED)))
+    monkeypatch.delenv("MEMTRACE_ML_MODEL", raising=False)
+    out = json.loads(cli("estimate", "--model", MLP, "--batch-size", "32", "--optimizer",
+                         "adamw", "--profile", "a100-40gb", "--json").stdout)  # fmt: skip
+    assert out["estimates"]["symbolic"] == {"device_mib": 1000.5, "reserved_mib": 600.0,
+                                            "level": "device"}  # fmt: skip
+    assert set(out["estimates"]) >= {"symbolic", "fake_tensor", "horus", "analytic", "ml"}
+    assert out["estimates"]["ml"] is None and "no ML model" in out["unavailable"]["ml"]
+    assert out["binary"] == {"memest": str(tmp_path / "bin" / "memest"),
+                             "source": "$MEMTRACE_BIN_DIR"}  # fmt: skip
+    assert {"features", "trace_symbolic", "trace_fake_tensor", "memest",
+            "memest.symbolic"} <= set(out["seconds"])  # fmt: skip
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    args = seen["args"]
+    assert args[0] == "estimate" and "--json" in args
+    assert args[args.index("--profile") + 1] == str(REPO / "profiles" / "a100-40gb.toml")
+    assert seen["features"]["batch_size"] == 32 and seen["features"]["total_parameters"] > 0
+    sym, plain = json.loads(seen["trace"]), json.loads(seen["fake"])
+    assert sym["metadata"]["cuda_emulation"] == "true" and sym["metadata"]["optimizer"] == "adamw"
+    assert plain["metadata"]["cuda_emulation"] == "false" and plain["metadata"]["iterations"] == "1"
+
+    model = tmp_path / "m.json"
+    model.write_text("{}")
+    monkeypatch.setenv("MEMTRACE_ML_MODEL", str(model))
+    text = cli("estimate", "--model", MLP, "--batch-size", "32").stdout
+    assert "from $MEMTRACE_BIN_DIR" in text and "symbolic" in text and "1000.5" in text
+    args = json.loads((tmp_path / "seen.json").read_text())["args"]
+    assert args[args.index("--ml-model") + 1] == str(model)
+
+
+@pytest.mark.parametrize(
+    ("output", "rc", "msg"),
+    [
+        (CANNED, 3, "memest estimate failed (3): boom"),
+        ("not json", 0, "output is not JSON"),
+        ("[1, 2]", 0, "output has no `estimates` object"),
+        ({"estimates": {"horus": {"device_mib": 1}}}, 0, "estimates.symbolic is missing"),
+        ({"estimates": {k: {"device_mib": "x"} for k in ("symbolic", "horus", "analytic")}}, 0,
+         "estimates.symbolic.device_mib missing or not a number"),
+    ],
+)  # fmt: skip
+def test_estimate_rejects_bad_memest_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: Any, rc: int, msg: str
+) -> None:
+    monkeypatch.setenv("MEMTRACE_BIN_DIR", str(scripted_memest(tmp_path, output, rc)))
+    done = cli("estimate", "--model", MLP, "--batch-size", "4", check=False)
+    assert done.returncode == 2 and msg in done.stderr, done.stderr
+
+
+def test_missing_binary_says_how_to_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMTRACE_BIN_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("memtrace_trainer.binaries.REPO_ROOT", tmp_path)
+    done = cli("estimate", "--model", MLP, "--batch-size", "4", check=False)
+    assert done.returncode == 2 and "no memest binary found" in done.stderr
+    assert "cargo build --release" in done.stderr
+
+
+def require(name: str) -> Path:
+    path = RELEASE / name
+    if not path.is_file():
+        pytest.fail(f"{path} missing: run `cargo build --release` in {REPO} first")
+    return path
+
+
+def replay(trace: Path, capacity: int | None = None) -> dict[str, Any]:
+    cmd = [str(require("memsim")), "replay", str(trace), "--json", "--profile", "a100-40gb"]
+    cmd += ["--capacity", str(capacity)] if capacity else []
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def symtrace(tmp_path: Path, batch: int, *extra: str) -> Path:
+    out = tmp_path / f"b{batch}{'-'.join(extra)}.jsonl"
+    cli("symtrace", "--model", MLP, "--batch-size", str(batch), "--profile", "a100-40gb",
+        *extra, "--out", str(out))  # fmt: skip
+    return out
+
+
+def test_estimate_with_the_real_memest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require("memest")
+    monkeypatch.delenv("MEMTRACE_BIN_DIR", raising=False)
+    monkeypatch.delenv("MEMTRACE_ML_MODEL", raising=False)
+    monkeypatch.setenv("PATH", os.defpath)
+    out = json.loads(cli("estimate", "--model", MLP, "--batch-size", "32", "--json").stdout)
+    assert out["binary"]["source"] == "target/release"
+    est = out["estimates"]
+    # symbolic reserved = memsim's replay of the same trace (traces are deterministic).
+    assert est["symbolic"]["reserved_mib"] == pytest.approx(
+        replay(symtrace(tmp_path, 32))["peak_reserved_bytes"] / MIB
+    )
+    assert est["symbolic"]["device_mib"] > est["symbolic"]["reserved_mib"]
+    # horus = 4 (A B + P + B P) from the features.
+    feats = json.loads(cli("features", "--model", MLP, "--batch-size", "32").stdout)
+    a, p, b = feats["total_activations"], feats["total_parameters"], 32
+    assert est["horus"]["device_mib"] == pytest.approx(4 * (a * b + p + b * p) / MIB)
+    # fake_tensor = the FakeTensorMode measurement of the same step.
+    ft = json.loads(cli("fake-tensor", "--model", MLP, "--batch-size", "32", "--json").stdout)
+    assert est["fake_tensor"]["device_mib"] == pytest.approx(ft["peak_bytes"] / MIB)
+    assert est["ml"] is None
+
+
+def test_max_batch_is_the_boundary(tmp_path: Path) -> None:
+    capacity = 0.05
+    out = json.loads(cli("max-batch", "--model", MLP, "--profile", "a100-40gb", "--capacity",
+                         str(capacity), "--json").stdout)  # fmt: skip
+    best = out["max_batch"]
+    assert best > 1 and out["capacity_bytes"] == int(capacity * (1 << 30))
+    fits = replay(symtrace(tmp_path, best), out["capacity_bytes"])
+    assert fits["oom"] is False and fits["peak_reserved_bytes"] == out["peak_reserved_bytes"]
+    assert replay(symtrace(tmp_path, best + 1), out["capacity_bytes"])["oom"] is True
+    probes = out["probes"]
+    assert all(p["fits"] == (p["batch"] <= best) for p in probes)
+    none = json.loads(cli("max-batch", "--model", MLP, "--profile", "a100-40gb", "--capacity",
+                          "0.001", "--json").stdout)  # fmt: skip
+    assert none["max_batch"] == 0 and none["peak_reserved_bytes"] is None
