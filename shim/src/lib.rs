@@ -15,12 +15,14 @@
 //! - [`state`]: configuration at load, lazy start, exit/signal/fork handling.
 //! - [`real`]: finding real functions (libc's own `dlsym`, RTLD_NEXT, RTLD_NOLOAD by soname).
 //! - [`config`]: the `MEMTRACE_*` table.
+//! - [`cupti`]: the optional CUPTI activity layer (kernel execution records).
 //!
 //! Nothing here may harm the host: every hook returns the real function's result, panics are
 //! caught, the hot path neither allocates nor locks, and a full queue drops (and counts) events
 //! after a bounded wait rather than blocking.
 
 pub mod config;
+pub mod cupti;
 pub mod hooks;
 pub mod log;
 pub mod raw;

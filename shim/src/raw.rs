@@ -22,6 +22,10 @@ pub enum RawKind {
     PoolTrim = 5,
     /// `trace::Event::Marker`: `aux` owns a leaked `Box<CString>` the writer frees.
     Marker = 6,
+    /// `trace::Event::KernelExec` from CUPTI: `ts` = start, `size` = end (CLOCK_MONOTONIC ns),
+    /// `addr` = registers, `offset` = static shared memory, `shared` = dynamic shared memory,
+    /// `aux` = CUPTI's name pointer, `result` = correlation id, `caller` = device.
+    KernelExec = 7,
 }
 
 /// How the writer resolves a launch's kernel name.

@@ -27,13 +27,6 @@ fn load() -> Config {
     for e in &errors {
         crate::log!(Warn, "{e}");
     }
-    if cfg.cupti {
-        // The CUPTI activity layer (cudarc, dynamic loading) is not part of this build.
-        crate::log!(
-            Warn,
-            "MEMTRACE_CUPTI=1: the CUPTI layer is not available in this build; continuing with interposition only"
-        );
-    }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {
             crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
@@ -84,6 +77,15 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
+/// Queue an event that carries its own timestamp (CUPTI records).
+pub fn record_stamped(ev: RawEvent) {
+    if !RECORDING.load(Ordering::Relaxed) || writer::WRITER.load(Ordering::Acquire) != RUNNING {
+        return;
+    }
+    let q = raw::queue(config().queue);
+    let _ = raw::push(q, ev);
+}
+
 /// Stamp and queue one event. Cheap when the writer runs; starts it on first use.
 #[inline]
 pub fn record(mut ev: RawEvent) {
@@ -114,6 +116,9 @@ fn start() {
     clock_origin();
     install_signals();
     writer::ensure_started();
+    if config().cupti {
+        crate::cupti::start();
+    }
 }
 
 /// Complete the trace: ask the writer to drain and write `ProcessExit`, and wait (bounded).
@@ -130,6 +135,10 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
     }
     if writer::WRITER.load(Ordering::Acquire) != RUNNING {
         return;
+    }
+    // Not from a signal handler: CUPTI's flush is not async-signal-safe.
+    if signal.is_none() {
+        crate::cupti::flush();
     }
     writer::FINISH.store(true, Ordering::Release);
     let step = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
@@ -210,6 +219,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
 extern "C" fn at_fork_child() {
     raw::reset_tid_cache();
     raw::forget_queue();
+    crate::cupti::disable_in_child();
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     writer::FINISH.store(false, Ordering::Release);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use trace::{
-    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelLaunch, Level, Marker, MemoryKind, NameDef, NameId,
+    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Marker, MemoryKind, NameDef, NameId,
     Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
 };
 
@@ -67,6 +67,7 @@ struct Tally {
     allocs: u64,
     frees: u64,
     launches: u64,
+    execs: u64,
     pinned: u64,
     failed: u64,
     live: HashMap<(bool, u64), u64>,
@@ -74,6 +75,9 @@ struct Tally {
     peak: u64,
     over_limit: u64,
 }
+
+/// Key space of CUPTI name pointers in `Names::kernels` (apart from the `FuncKind`s).
+const CUPTI_NAME: u8 = 0xff;
 
 struct Names {
     next: NameId,
@@ -311,6 +315,21 @@ impl Ctx {
         Ok(id)
     }
 
+    /// A CUPTI kernel name, by the CUPTI-owned pointer shared by all records of the kernel.
+    fn cupti_name(&mut self, p: u64) -> Result<Option<NameId>, trace::TraceError> {
+        if p == 0 {
+            return Ok(None);
+        }
+        if let Some(n) = self.names.kernels.get(&(CUPTI_NAME, p)) {
+            return Ok(*n);
+        }
+        // Safety: CUPTI keeps kernel names alive until cuptiFinalize, which the shim never calls.
+        let text = unsafe { CStr::from_ptr(p as *const c_char) }.to_string_lossy().into_owned();
+        let id = Some(self.intern(text)?);
+        self.names.kernels.insert((CUPTI_NAME, p), id);
+        Ok(id)
+    }
+
     fn handle(&mut self, ev: RawEvent) -> Result<(), trace::TraceError> {
         if self.limit_hit {
             self.tally.over_limit += 1;
@@ -400,6 +419,30 @@ impl Ctx {
                     result: ev.result,
                 })
             }
+            k if k == RawKind::KernelExec as u8 => {
+                self.tally.execs += 1;
+                let name = self.cupti_name(ev.aux)?;
+                let exec = Event::KernelExec(KernelExec {
+                    start_ns: ev.ts.saturating_sub(self.origin),
+                    end_ns: ev.size.saturating_sub(self.origin),
+                    name,
+                    grid: ev.grid,
+                    block: ev.block,
+                    registers_per_thread: ev.addr.min(u64::from(u16::MAX)) as u16,
+                    static_shared_mem: ev.offset.min(u64::from(u32::MAX)) as u32,
+                    dynamic_shared_mem: ev.shared,
+                    stream: ev.stream as i64,
+                    correlation_id: ev.result as u32,
+                });
+                self.tally.events += 1;
+                let r = Record {
+                    ts_ns: Some(ev.ts.saturating_sub(self.origin)),
+                    tid: None,
+                    device: u32::try_from(ev.caller).ok(),
+                    event: exec,
+                };
+                return self.write_checked(&r);
+            }
             k if k == RawKind::PoolTrim as u8 => {
                 Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result: ev.result })
             }
@@ -412,7 +455,12 @@ impl Ctx {
         };
         self.tally.events += 1;
         let r = self.rec(ev.ts, ev.tid, event);
-        self.w.write(&r)?;
+        self.write_checked(&r)
+    }
+
+    /// Write one record, then stop recording (with a marker) once past `MEMTRACE_MAX_BYTES`.
+    fn write_checked(&mut self, r: &Record) -> Result<(), trace::TraceError> {
+        self.w.write(r)?;
         if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
             self.limit_hit = true;
             let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
@@ -445,7 +493,7 @@ impl Ctx {
             use std::fmt::Write;
             let _ = writeln!(
                 b,
-                "memtrace: {} events ({} allocs, {} frees, {} kernel launches, {} pinned host allocs, {} failed calls), \
+                "memtrace: {} events ({} allocs, {} frees, {} kernel launches, {} pinned host allocs, {} failed calls{}), \
                  peak live device bytes {} ({:.1} MiB), lost {}{} -> {}",
                 t.events,
                 t.allocs,
@@ -453,6 +501,7 @@ impl Ctx {
                 t.launches,
                 t.pinned,
                 t.failed,
+                if crate::cupti::running() { format!(", {} kernel execs from CUPTI", t.execs) } else { String::new() },
                 t.peak,
                 t.peak as f64 / (1u64 << 20) as f64,
                 lost,

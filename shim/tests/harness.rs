@@ -131,6 +131,32 @@ pub fn build_dir() -> &'static Path {
             &dir,
         );
         cc(&["-shared", "-fPIC", "-O1", &format!("{s}/libsecond.c"), "-o", "libsecond.so", "-ldl"], &dir);
+        // The stub libcupti lives apart (cupti/), so that tests choose whether it can be found:
+        // on LD_LIBRARY_PATH, next to the libcudart in use (nextto/), or not at all.
+        std::fs::create_dir_all(dir.join("cupti")).unwrap();
+        cc(
+            &[
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-Wl,-soname,libcupti.so.13",
+                &format!("{s}/stub_cupti.c"),
+                "-o",
+                "cupti/libcupti.so.13",
+            ],
+            &dir,
+        );
+        let next_to = dir.join("nextto");
+        std::fs::create_dir_all(&next_to).unwrap();
+        for (link, target) in [
+            ("cupti/libcupti.so", "libcupti.so.13"),
+            ("nextto/libcudart.so.13", "../libcudart.so.13"),
+            ("nextto/libcuda.so.1", "../libcuda.so.1"),
+            ("nextto/libcupti.so.13", "../cupti/libcupti.so.13"),
+        ] {
+            let _ = std::fs::remove_file(dir.join(link));
+            std::os::unix::fs::symlink(target, dir.join(link)).unwrap();
+        }
         for p in PROGRAMS {
             cc(
                 &[

@@ -26,11 +26,14 @@ fn real_cudart_dir() -> PathBuf {
     found.into_iter().next().unwrap()
 }
 
-#[test]
-fn real_runtime_failures_are_recorded_with_their_codes() {
-    let real = real_cudart_dir();
-    let b = build_dir();
-    let exe = b.join("p_real_cudart");
+/// p_real_cudart, linked against the real runtime in `real` (built once per test process).
+fn build_real_program(real: &std::path::Path) -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| link_real_program(real)).clone()
+}
+
+fn link_real_program(real: &std::path::Path) -> PathBuf {
+    let exe = build_dir().join("p_real_cudart");
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let out = std::process::Command::new("cc")
         .args(["-O1", "-rdynamic", &format!("-I{}", src.display())])
@@ -43,6 +46,13 @@ fn real_runtime_failures_are_recorded_with_their_codes() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+#[test]
+fn real_runtime_failures_are_recorded_with_their_codes() {
+    let real = real_cudart_dir();
+    let exe = build_real_program(&real);
     // No LD_LIBRARY_PATH to the stubs: the real runtime must find no driver at all.
     let r = run_ok(exe.to_str().unwrap(), &[("LD_LIBRARY_PATH", "/nonexistent")]);
     assert_eq!(r.stdout().trim(), "35 35 35");
@@ -59,4 +69,19 @@ fn real_runtime_failures_are_recorded_with_their_codes() {
         })
         .collect();
     assert_eq!(codes, [35, 35, 35]);
+}
+
+/// MEMTRACE_CUPTI=1 with the real runtime and the real libcupti.so.13 of the wheel, but no
+/// driver: one line, the same recorded failures, no crash (real CUPTI overflows its stack when
+/// subscribed without a driver, so the shim must not subscribe).
+#[test]
+fn real_runtime_with_cupti_and_no_driver_is_one_line() {
+    let real = real_cudart_dir();
+    let exe = build_real_program(&real);
+    let r = run_ok(exe.to_str().unwrap(), &[("LD_LIBRARY_PATH", real.to_str().unwrap()), ("MEMTRACE_CUPTI", "1")]);
+    assert_eq!(r.stdout().trim(), "35 35 35");
+    let lines: Vec<_> = r.stderr().lines().filter(|l| l.starts_with("memtrace:")).map(str::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].contains("no CUDA driver (libcuda.so.1) is loaded"), "{lines:?}");
+    assert_eq!(r.stats().failed_calls, 3);
 }

@@ -4,6 +4,8 @@
 
 /// One test per interception behaviour, against the stub runtime and driver.
 mod behaviours;
+/// The CUPTI layer against a stub libcupti: kernel execution records and the fallbacks.
+mod cupti;
 /// Builds the C stubs and programs, locates the shim, runs programs under it.
 mod harness;
 /// Exit paths, signals, fork, threads, markers and configuration.

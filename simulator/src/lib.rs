@@ -10,3 +10,4 @@ pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod units;
+pub mod utilization;

@@ -11,3 +11,6 @@ mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known an
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
 mod snapshot_support; // shared-data paths (fail loudly when missing) and helpers
 mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16
+mod util_cli; // memsim stats: the utilization JSON object and text, launch-only message, fallbacks
+mod util_metrics; // busy fraction, SM activity, occupancy, gaps and phases on hand-built kernel timelines
+mod util_occupancy; // the occupancy calculator on CUDA's documented cases, launch failures, invariants

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.workload import Workload, call_model
@@ -71,21 +71,49 @@ class LiveStorageBytes(TorchDispatchMode):
         return out
 
 
+def _to_fake(mode: Any, model: torch.nn.Module, batch: Any) -> Any:
+    """Moves a meta model and batch onto the fake CPU device, in place for the model. Tied
+    weights stay tied: one fake tensor per meta tensor."""
+    converter = mode.fake_tensor_converter
+    cpu = torch.device("cpu")
+    memo: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor, param: bool = False) -> torch.Tensor:
+        if id(t) not in memo:
+            f = converter.from_meta_and_device(mode, t, cpu)
+            memo[id(t)] = torch.nn.Parameter(f, t.requires_grad) if param else f
+        return memo[id(t)]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = fake(p, param=True)  # type: ignore[assignment]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = fake(b)
+    return tree_map(lambda v: fake(v) if isinstance(v, torch.Tensor) else v, batch)
+
+
 def measure(build: Callable[[torch.device], Workload], what: str) -> FakeResult:
-    """Builds the workload on a fake CPU device and measures one forward and backward."""
+    """One forward and backward of the workload on fake CPU tensors. The model is built on
+    meta first and then faked: building under FakeTensorMode would fail on constructors that
+    read values (timm computes drop-path rates with `.tolist()`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
+    workload = build(torch.device("meta"))
+    meta_batch = workload.make_batch()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            workload = build(torch.device("cpu"))
-            model = workload.model
-            model.train()
+        mode = FakeTensorMode()
+        model = workload.model
+        model.train()
+        inputs, target = _to_fake(mode, model, meta_batch)
+        del meta_batch
+        with mode:
             tracker = LiveStorageBytes()
-            for t in [*model.parameters(), *model.buffers()]:
+            for t in [*model.parameters(), *model.buffers(), *tree_flatten((inputs, target))[0]]:
                 tracker.add(t)
             with tracker:
-                inputs, target = workload.make_batch()
                 out = call_model(model, inputs)
                 loss = workload.loss(out, target)
                 after_forward = tracker.current

@@ -8,7 +8,7 @@ use linfa::traits::{Fit, Predict};
 use linfa::Dataset;
 use linfa_linear::{FittedLinearRegression, LinearRegression};
 use linfa_logistic::{MultiFittedLogisticRegression, MultiLogisticRegression};
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, Axis};
 use perpetual::objective::Objective;
 use perpetual::{Matrix, MultiOutputBooster, PerpetualBooster};
 use serde::{Deserialize, Serialize};
@@ -56,7 +56,8 @@ impl ModelKind {
         ModelKind::MlpEnsemble,
     ];
     /// Every regressor, in report order.
-    pub const REGRESSORS: [ModelKind; 3] = [ModelKind::LinearReg, ModelKind::GbmReg, ModelKind::MlpReg];
+    pub const REGRESSORS: [ModelKind; 4] =
+        [ModelKind::LinearReg, ModelKind::ForestReg, ModelKind::GbmReg, ModelKind::MlpReg];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
@@ -128,6 +129,14 @@ impl std::fmt::Debug for GbmRegressor {
     }
 }
 
+/// OLS over the non-constant training columns: a constant column (e.g. the BN count of the
+/// step-1 MLP sweep, always 0) makes the normal equations singular.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LinearModel {
+    columns: Vec<usize>,
+    model: FittedLinearRegression<f64>,
+}
+
 /// A fitted model of any family.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "model", rename_all = "kebab-case")]
@@ -142,7 +151,7 @@ pub enum Fitted {
     /// See [`ModelKind::MlpEnsemble`] and [`ModelKind::MlpReg`].
     Mlp(MlpEnsemble),
     /// See [`ModelKind::LinearReg`].
-    Linear(FittedLinearRegression<f64>),
+    Linear(LinearModel),
     /// See [`ModelKind::GbmReg`].
     GbmReg(GbmRegressor),
 }
@@ -213,11 +222,14 @@ impl Pipeline {
                 };
                 Fitted::Mlp(MlpEnsemble::fit(&xs, &y, task, &params)?)
             }
-            ModelKind::LinearReg => Fitted::Linear(
-                LinearRegression::new()
-                    .fit(&Dataset::new(xs.clone(), Array1::from(value.to_vec())))
-                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?,
-            ),
+            ModelKind::LinearReg => {
+                let columns: Vec<usize> =
+                    (0..xs.ncols()).filter(|&j| xs.column(j).iter().any(|v| v.abs() > 1e-12)).collect();
+                let model = LinearRegression::new()
+                    .fit(&Dataset::new(xs.select(Axis(1), &columns), Array1::from(value.to_vec())))
+                    .map_err(|e| MlError::Fit { model: kind.name(), message: e.to_string() })?;
+                Fitted::Linear(LinearModel { columns, model })
+            }
             ModelKind::GbmReg => {
                 let data = col_major(&xs);
                 let m = Matrix::new(&data, xs.nrows(), xs.ncols());
@@ -257,7 +269,7 @@ impl Pipeline {
         self.check_width(x)?;
         let xs = self.scaler.transform(x);
         Ok(match &self.model {
-            Fitted::Linear(m) => m.predict(&xs).to_vec(),
+            Fitted::Linear(m) => m.model.predict(&xs.select(Axis(1), &m.columns)).to_vec(),
             Fitted::Trees(m) if m.task() == TreeTask::Regress => m.predict_value(&xs),
             Fitted::GbmReg(m) => {
                 let data = col_major(&xs);

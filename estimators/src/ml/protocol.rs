@@ -80,7 +80,8 @@ pub struct ClassScores {
     pub f1_weighted: f64,
     /// Fraction predicted in a lower bin than the truth.
     pub below_diagonal: f64,
-    /// Recall of the top bin (the "high" class of utilisation targets); null without support.
+    /// Recall of the highest bin that has rows in the truth (the "high" class of utilisation
+    /// targets); null for no rows.
     pub high_class_recall: Option<f64>,
 }
 
@@ -92,7 +93,9 @@ impl ClassScores {
             f1_macro: score::f1_macro(truth, pred),
             f1_weighted: score::f1_weighted(truth, pred),
             below_diagonal: score::below_diagonal(truth, pred),
-            high_class_recall: score::recall_of(truth, pred, n_classes.saturating_sub(1)),
+            high_class_recall: (0..n_classes)
+                .rev()
+                .find_map(|c| score::recall_of(truth, pred, c)),
         }
     }
 }
@@ -148,6 +151,8 @@ pub struct ModelResult {
     pub fit_seconds: f64,
     /// Per-row inference latency of the final model.
     pub latency: Latency,
+    /// Why this model could not be evaluated (the other models still are).
+    pub error: Option<String>,
 }
 
 /// A protocol's full report.
@@ -287,6 +292,7 @@ fn empty_result(kind: ModelKind) -> ModelResult {
         test_value: None,
         fit_seconds: 0.0,
         latency: Latency { p50_us: 0.0, p99_us: 0.0 },
+        error: None,
     }
 }
 
@@ -331,6 +337,11 @@ fn run_model(
     Ok((r, out.pipeline))
 }
 
+/// A model that could not be evaluated is reported with its error, not fatal to the others.
+fn failed(kind: ModelKind, e: &MlError) -> ModelResult {
+    ModelResult { error: Some(e.to_string()), ..empty_result(kind) }
+}
+
 fn base_report(ex: &Examples, dataset: &str, protocol: &str, cfg: &ProtocolConfig) -> Report {
     Report {
         protocol: protocol.to_string(),
@@ -359,7 +370,10 @@ pub fn cross_validate(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Res
     report.test_rows = p.holdout.test.len();
     report.notes.push("regressors train and score on measured rows only (no OOM rows, no 0-MiB rows)".into());
     for &kind in &cfg.models {
-        report.models.push(run_model(ex, kind, &p.folds, &p.holdout, cfg)?.0);
+        report.models.push(match run_model(ex, kind, &p.folds, &p.holdout, cfg) {
+            Ok((r, _)) => r,
+            Err(e) => failed(kind, &e),
+        });
     }
     Ok(report)
 }
@@ -382,11 +396,13 @@ pub fn reproduce(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Result<R
     let n_classes = ex.target.binning.classes();
     for &kind in cfg.models.iter().filter(|k| !k.is_regressor()) {
         let fin = Split { train: train.clone(), test: test.clone() };
-        let (mut r, pipeline) = run_model(ex, kind, &folds, &fin, cfg)?;
-        let predicted = pipeline.predict_class(&ex.subset(&val).x)?;
-        let truth: Vec<usize> = val.iter().map(|&i| ex.class[i]).collect();
-        r.validation = Some(ClassScores::of(&truth, &predicted, n_classes));
-        report.models.push(r);
+        let scored = run_model(ex, kind, &folds, &fin, cfg).and_then(|(mut r, pipeline)| {
+            let predicted = pipeline.predict_class(&ex.subset(&val).x)?;
+            let truth: Vec<usize> = val.iter().map(|&i| ex.class[i]).collect();
+            r.validation = Some(ClassScores::of(&truth, &predicted, n_classes));
+            Ok(r)
+        });
+        report.models.push(scored.unwrap_or_else(|e| failed(kind, &e)));
     }
     Ok(report)
 }

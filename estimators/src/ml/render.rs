@@ -30,7 +30,7 @@ pub fn markdown(r: &Report) -> String {
         if val {
             out += " val accuracy |";
         }
-        out += " test accuracy | test F1 macro | test F1 weighted | below diag | high-bin recall | fit s | P50 µs | P99 µs |\n|---|---|---|---|";
+        out += " test accuracy | test F1 macro | test F1 weighted | below diag | top-bin recall | fit s | P50 µs | P99 µs |\n|---|---|---|---|";
         if val {
             out += "---|";
         }
@@ -48,7 +48,7 @@ pub fn markdown(r: &Report) -> String {
                 out += &format!(" {} |", opt(m.validation.as_ref().map(|v| v.accuracy), 3));
             }
             out += &format!(
-                " {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.0} | {:.0} |\n",
+                " {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.1} | {:.1} |\n",
                 t.accuracy,
                 t.f1_macro,
                 t.f1_weighted,
@@ -66,7 +66,7 @@ pub fn markdown(r: &Report) -> String {
         for m in regressors {
             let t = m.test_value.as_ref().expect("filtered");
             out += &format!(
-                "| {} | {} | {} | {} | {} | {} | {:.2} | {:.0} | {:.0} |\n",
+                "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} |\n",
                 m.model,
                 ms(&m.cv_mre, 3),
                 ms(&m.cv_mae, 1),
@@ -78,6 +78,9 @@ pub fn markdown(r: &Report) -> String {
                 m.latency.p99_us
             );
         }
+    }
+    for m in r.models.iter().filter(|m| m.error.is_some()) {
+        out += &format!("\nfailed: {}: {}", m.model, m.error.as_deref().unwrap_or(""));
     }
     for n in &r.notes {
         out += &format!("\nnote: {n}");

@@ -59,6 +59,9 @@ impl Allocator {
         if size > reserve || size > MAX_SEGMENT {
             return None;
         }
+        if let Some(a) = recorded {
+            self.truncate_reservation_tail(a);
+        }
         let base = match recorded.filter(|&a| !self.overlaps(a, size)) {
             Some(a) => {
                 // The real reservation sat at `a`; shrink ours to the gap before the next
@@ -79,6 +82,30 @@ impl Allocator {
         self.segments.insert(base, Segment { size: reserve, head: i, stream, small, expandable: true });
         self.pools[p].insert(&mut self.arena, i);
         Some(i)
+    }
+
+    /// The real run reserved a new range at `a`, inside the unmapped tail of one of our earlier
+    /// reservations: the device's reservations sat closer together than 1.125 × total memory
+    /// (the capacity is unknown, or the driver placed them so). Give that unmapped tail back so
+    /// the recorded address can be honoured; nothing mapped or in use moves.
+    fn truncate_reservation_tail(&mut self, a: u64) {
+        let Some((&base, seg)) = self.segments.range(..=a).next_back() else { return };
+        if !seg.expandable || a >= base + seg.size {
+            return;
+        }
+        let mut t = seg.head;
+        while self.arena[t].next != NIL {
+            t = self.arena[t].next;
+        }
+        let tail = &self.arena[t];
+        if tail.mapped || tail.state != State::Free || tail.addr >= a {
+            return;
+        }
+        // Unmapped blocks are indexed by address, so shrinking one keeps its index valid.
+        self.arena[t].size = a - self.arena[t].addr;
+        if let Some(s) = self.segments.get_mut(&base) {
+            s.size = a - base;
+        }
     }
 
     /// `try_allocate_expandable_block`: map pages until a free run covers `size`; the result is

@@ -99,16 +99,11 @@ fn progress(size: u64) -> Option<ProgressBar> {
     Some(b)
 }
 
-/// Read a snapshot pickle and import it as an allocator-level trace (with its rebuilt start state).
+/// Read a snapshot pickle and import it as an allocator-level trace (with its rebuilt start
+/// state), under the rules of the release the snapshot was most likely written with.
 pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>)> {
-    use simulator::alloc::{rounding::round_size, AllocatorConfig, TorchVersion};
     let snap = simulator::snapshot::read_snapshot(path)?;
-    // Start-state rebuild infers block sizes with the run's own rounding rules.
-    let cfg = match &snap.allocator_settings {
-        Some(v) => AllocatorConfig::from_snapshot_settings(v, TorchVersion::default())
-            .with_context(|| format!("{}: allocator_settings", path.display()))?,
-        None => AllocatorConfig::default(),
-    };
-    let imported = simulator::snapshot::import(&snap, &|s| round_size(s, &cfg.roundup_power2_divisions));
+    let imported = simulator::snapshot::import_snapshot(&snap, None, None)
+        .with_context(|| format!("{}: cannot import snapshot", path.display()))?;
     Ok((imported.header, imported.records))
 }

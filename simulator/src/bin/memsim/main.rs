@@ -9,6 +9,7 @@ mod convert;
 mod input;
 mod replay;
 mod stats;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,10 @@ enum Command {
     /// Convert between .mtrace, .jsonl, PyTorch snapshot .pickle (memory_viz) and Perfetto .json
     /// (export only). The format is chosen by extension.
     Convert(convert::Args),
+    /// Replay a real PyTorch memory snapshot and compare every predicted block address and
+    /// segment event with the recorded ones. Exit status 1 when they differ beyond what the
+    /// unrecoverable start state explains.
+    Validate(validate::Args),
     /// Simulate several jobs sharing one GPU: does the set fit, the combined peak and when it
     /// happens, and the smallest capacity that fits.
     Colocate(colocate::Args),
@@ -44,6 +49,7 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Replay(a) => replay::run(a),
         Command::Stats(a) => stats::run(a),
         Command::Convert(a) => convert::run(a),
+        Command::Validate(a) => validate::run(a),
         Command::Colocate(a) => colocate::run(a),
     }
 }

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use simulator::stats::TraceStats;
 use simulator::units::mib;
+use simulator::utilization::{ScopeMetrics, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
 
 /// Arguments of `memsim stats`.
 #[derive(clap::Args)]
@@ -15,21 +16,47 @@ pub struct Args {
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// SM count for SM activity when the trace header has none.
+    #[arg(long, value_name = "N")]
+    sm_count: Option<u32>,
+    /// GPU profile (profiles/NAME.toml or a path) supplying SM count and compute capability
+    /// when the trace header has none; `--sm-count` wins over it.
+    #[arg(long, value_name = "NAME")]
+    profile: Option<String>,
+    /// Kernel names listed under top kernels, per run and per phase.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+}
+
+fn util_options(a: &Args) -> Result<UtilOptions> {
+    let mut o = UtilOptions { sm_count: a.sm_count, compute_capability: None, top: a.top };
+    if let Some(name) = &a.profile {
+        let (p, _) = simulator::profile::Profile::load(name).with_context(|| format!("--profile {name}"))?;
+        o.sm_count = o.sm_count.or(Some(p.gpu.sm_count));
+        let [major, minor] = p.gpu.compute_capability;
+        o.compute_capability = Some((major, minor));
+    }
+    Ok(o)
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    let opts = util_options(&a)?;
     let read = crate::input::for_each_record(
         &a.file,
-        |h| Ok(TraceStats::new(h)),
-        |s, r| {
+        |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts))),
+        |(s, u), r| {
             s.observe(r);
+            u.observe(r);
             Ok(())
         },
     )?;
     let header = read.header;
-    let s = read.state.finish(read.truncated, read.unknown_skipped);
+    let (s, u) = read.state;
+    let s = s.finish(read.truncated, read.unknown_skipped);
+    let util = u.finish();
     if a.json {
         let mut v = serde_json::to_value(&s)?;
+        v["utilization"] = serde_json::to_value(&util)?;
         v["file"] = a.file.display().to_string().into();
         v["level"] = serde_json::to_value(header.level)?;
         v["producer"] = header.producer.name.clone().into();
@@ -59,6 +86,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         None => {}
     }
+    print_utilization(&util);
     if s.lost_events > 0 {
         println!("  LOST EVENTS       {} (the producer's queue was full)", s.lost_events);
     }
@@ -82,4 +110,70 @@ fn level(h: &trace::Header) -> &'static str {
         (trace::Level::Device, false) => "device-level",
         (trace::Level::Allocator, _) => "allocator-level",
     }
+}
+
+fn print_utilization(u: &UtilizationReport) {
+    if u.timing == Timing::None {
+        return;
+    }
+    let device = u.device.map_or_else(|| "?".to_string(), |d| d.to_string());
+    let sms = u.sm_count.map_or_else(|| "unknown".to_string(), |n| format!("{n}"));
+    let cc = u.compute_capability.map_or_else(|| "unknown".to_string(), |(a, b)| format!("{a}.{b}"));
+    println!("  utilization       device {device} ({sms} SMs, compute capability {cc})");
+    for n in &u.notes {
+        println!("    note: {n}");
+    }
+    if !u.other_devices.is_empty() {
+        let others: Vec<String> = u.other_devices.iter().map(|(d, n)| format!("device {d}: {n}")).collect();
+        println!("    left out (other devices): {}", others.join(", "));
+    }
+    if u.invalid_kernel_records > 0 {
+        println!("    left out: {} kernel records ending before they start", u.invalid_kernel_records);
+    }
+    if u.markers_without_time > 0 {
+        println!("    {} phase markers without timestamps were ignored", u.markers_without_time);
+    }
+    println!(
+        "    {:<10} {:>10} {:>6} {:>6} {:>6} {:>8} {:>10} {:>10} {:>12}",
+        "scope", "wall ms", "busy", "SMact", "occ", "kernels", "launch/s", "gap us", "gemm/elt/red"
+    );
+    print_scope("run", &u.run);
+    for (name, m) in &u.phases {
+        print_scope(name, m);
+    }
+    if !u.run.top_kernels.is_empty() {
+        println!("    top kernels (run)");
+        for k in &u.run.top_kernels {
+            println!(
+                "      {:>5.1}% {:>9.3} ms {:>7}x {:<11} {}",
+                k.share * 100.0,
+                k.total_ns as f64 / 1e6,
+                k.count,
+                k.class.as_str(),
+                k.name
+            );
+        }
+    }
+}
+
+fn print_scope(name: &str, m: &ScopeMetrics) {
+    let pct = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    let num = |x: Option<f64>, scale: f64| x.map_or_else(|| "-".to_string(), |v| format!("{:.1}", v / scale));
+    let share = m.time_share.map_or_else(
+        || "-".to_string(),
+        |t| format!("{:.0}/{:.0}/{:.0}%", t.gemm_conv * 100.0, t.elementwise * 100.0, t.reduction * 100.0),
+    );
+    let count = if m.kernels > 0 { m.kernels } else { m.launches };
+    println!(
+        "    {:<10} {:>10.3} {:>6} {:>6} {:>6} {:>8} {:>10} {:>10} {:>12}",
+        name,
+        m.wall_ns as f64 / 1e6,
+        pct(m.busy_fraction),
+        pct(m.sm_activity),
+        pct(m.occupancy),
+        count,
+        num(m.launch_rate_per_s, 1.0),
+        num(m.mean_gap_ns, 1e3),
+        share
+    );
 }

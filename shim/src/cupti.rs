@@ -1,0 +1,341 @@
+//! The optional CUPTI activity layer (`MEMTRACE_CUPTI=1`): kernel execution records
+//! (`CONCURRENT_KERNEL`) on the trace's clock, through cudarc with dynamic loading.
+//!
+//! Started lazily by the first recorded CUDA call (never in the library constructor: CUDA is not
+//! loaded yet then), on the thread that made it, marked internal so that nothing CUPTI or cudarc
+//! calls is traced. Every cudarc call runs inside `catch_unwind`: cudarc panics when a library or
+//! symbol is missing, and that must never reach the host. When libcupti is missing, or another
+//! tool already holds CUPTI (torch.profiler/Kineto, nsys, ncu:
+//! `CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`), one line is logged and tracing continues with
+//! interposition only.
+//!
+//! Kernel names are CUPTI-owned strings shared by all records of a kernel and kept until
+//! `cuptiFinalize`, which the shim never calls; the writer reads them by pointer, once per kernel.
+
+use std::ffi::{c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+
+use cudarc::cupti::{result, sys};
+
+use crate::raw::{self, RawEvent, RawKind};
+use crate::{log, real, state};
+
+/// Why the CUPTI layer is not running.
+#[derive(Debug, thiserror::Error)]
+pub enum CuptiError {
+    /// No libcupti could be loaded (by soname, next to libcudart, or by cudarc's names).
+    #[error("libcupti not found (looked for {looked}); continuing with interposition only")]
+    Missing {
+        /// Where it was looked for.
+        looked: String,
+    },
+    /// No CUDA driver is loaded. Real libcupti 13 recurses until the stack overflows when
+    /// `cuptiSubscribe` finds no `libcuda.so.1`, so it is not even loaded then.
+    #[error("no CUDA driver (libcuda.so.1) is loaded, so CUPTI cannot run; continuing with interposition only")]
+    NoDriver,
+    /// Another subscriber holds CUPTI: torch.profiler/Kineto, Nsight Systems/Compute, cuda-gdb.
+    #[error(
+        "another profiler holds CUPTI (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED from {call}); continuing with interposition only"
+    )]
+    Busy {
+        /// The call that reported it.
+        call: &'static str,
+    },
+    /// A CUPTI call failed.
+    #[error("{call} failed with CUPTI error {code}; continuing with interposition only")]
+    Call {
+        /// The CUPTI function.
+        call: &'static str,
+        /// Its `CUptiResult` code.
+        code: u32,
+    },
+    /// cudarc panicked inside a call (a missing symbol, most likely).
+    #[error("{call} panicked inside cudarc (a missing libcupti symbol?); continuing with interposition only")]
+    Panicked {
+        /// The CUPTI function.
+        call: &'static str,
+    },
+}
+
+const OFF: u8 = 0;
+const STARTING: u8 = 1;
+const ON: u8 = 2;
+const FAILED: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(OFF);
+/// CLOCK_MONOTONIC minus `cuptiGetTimestamp`, measured at start.
+static OFFSET: AtomicI64 = AtomicI64::new(0);
+/// `cuptiActivityFlushAll` deadlocks when entered from two threads at once.
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+/// Records CUPTI reported as dropped (buffers full).
+pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Kernel execution records delivered.
+pub static DELIVERED: AtomicU64 = AtomicU64::new(0);
+
+/// CUPTI's recommended buffer size is 1–10 MB; Kineto uses 4 MB.
+const BUFFER_BYTES: usize = 4 << 20;
+const BUFFER_ALIGN: usize = 8;
+
+/// `CUpti_ActivityKernel10` (CUDA 13.0), the record `CONCURRENT_KERNEL` delivers; later
+/// versions only append fields, so the prefix read here is the same.
+type KernelRecord = sys::CUpti_ActivityKernel10;
+
+fn call<T>(name: &'static str, f: impl FnOnce() -> Result<T, result::CuptiError>) -> Result<T, CuptiError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Err(_) => Err(CuptiError::Panicked { call: name }),
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if e.0 == sys::CUptiResult::CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED => {
+            Err(CuptiError::Busy { call: name })
+        }
+        Ok(Err(e)) => Err(CuptiError::Call { call: name, code: e.0 as u32 }),
+    }
+}
+
+/// Whether the layer delivers records.
+pub fn running() -> bool {
+    STATE.load(Ordering::Acquire) == ON
+}
+
+/// Start the layer once (later calls return at once). Logs one line when it cannot run.
+pub fn start() {
+    if STATE.compare_exchange(OFF, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let was = raw::is_internal();
+    raw::set_internal(true);
+    let r = catch_unwind(AssertUnwindSafe(init)).unwrap_or(Err(CuptiError::Panicked { call: "init" }));
+    raw::set_internal(was);
+    match r {
+        Ok(()) => {
+            STATE.store(ON, Ordering::Release);
+            log!(Info, "CUPTI activity layer on (CONCURRENT_KERNEL)");
+        }
+        Err(e) => {
+            STATE.store(FAILED, Ordering::Release);
+            log!(Warn, "MEMTRACE_CUPTI=1: {e}");
+        }
+    }
+}
+
+/// A fork child inherits no usable CUPTI state.
+pub fn disable_in_child() {
+    STATE.store(FAILED, Ordering::Release);
+    FLUSHING.store(false, Ordering::Release);
+}
+
+/// Deliver every buffered record now (exit paths, `cudaDeviceReset`). Never blocks: a flush
+/// already running elsewhere is left to finish.
+pub fn flush() {
+    if !running() || FLUSHING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let was = raw::is_internal();
+    raw::set_internal(true);
+    // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED = 1: also flush records of kernels still running.
+    if let Err(e) = call("cuptiActivityFlushAll", || result::activity::flush_all(1)) {
+        log!(Warn, "{e}");
+    }
+    raw::set_internal(was);
+    FLUSHING.store(false, Ordering::Release);
+}
+
+/// The directory of the loaded `libcudart.so.<major>`, and the major.
+fn cudart_dir() -> Option<(String, &'static str)> {
+    for (soname, major) in [(c"libcudart.so.13", "13"), (c"libcudart.so.12", "12")] {
+        let Some(h) = real::loaded(soname) else { continue };
+        let p = real::dlsym(h, c"cudaMalloc");
+        if p == 0 {
+            continue;
+        }
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // Safety: dladdr reads loader tables; `info` is a valid out-pointer.
+        if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+            continue;
+        }
+        // Safety: dladdr's file name is a NUL-terminated string owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        let dir = path.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_else(|| ".".into());
+        return Some((dir, major));
+    }
+    None
+}
+
+/// Make sure a libcupti matching the loaded runtime is loaded, so that cudarc's load by name
+/// finds it by soname: cu13 wheels ship `libcupti.so.13` next to `libcudart.so.13`, outside the
+/// loader's search path.
+fn preload() -> Result<(), CuptiError> {
+    for soname in [c"libcupti.so.13", c"libcupti.so.12"] {
+        // Safety: RTLD_NOLOAD only looks; the reference it takes is kept for the process.
+        if !unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }.is_null() {
+            return Ok(());
+        }
+    }
+    let mut looked = vec!["libcupti.so.13/.12 already loaded".to_string()];
+    if let Some((dir, major)) = cudart_dir() {
+        let path = format!("{dir}/libcupti.so.{major}");
+        looked.push(path.clone());
+        if let Ok(c) = CString::new(path) {
+            // Safety: loading a library by explicit path; it stays loaded for the process.
+            if !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) }.is_null() {
+                return Ok(());
+            }
+        }
+    }
+    // Safety: is_culib_present only tries dlopen on cudarc's candidate names.
+    let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    if present {
+        return Ok(());
+    }
+    looked.push("libcupti.so, libcupti.so.13/.12/.11/.10 on the loader path".into());
+    Err(CuptiError::Missing { looked: looked.join(", ") })
+}
+
+fn init() -> Result<(), CuptiError> {
+    if real::loaded(c"libcuda.so.1").is_none() {
+        return Err(CuptiError::NoDriver);
+    }
+    preload()?;
+    // Subscribing first reports a profiler that already holds CUPTI; the subscription flushes
+    // on cudaDeviceReset, which discards a context's pending records.
+    let mut sub: sys::CUpti_SubscriberHandle = std::ptr::null_mut();
+    // Safety: `sub` is a valid out-pointer; the callback matches CUpti_CallbackFunc.
+    call("cuptiSubscribe", || unsafe { result::subscribe(&mut sub, Some(on_callback), std::ptr::null_mut()) })?;
+    // Safety: `sub` was just returned by cuptiSubscribe.
+    call("cuptiEnableCallback", || unsafe {
+        result::enable_callback(
+            1,
+            sub,
+            sys::CUpti_CallbackDomain::CUPTI_CB_DOMAIN_RUNTIME_API,
+            sys::CUpti_runtime_api_trace_cbid::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceReset_v3020 as u32,
+        )
+    })?;
+    call("cuptiActivityRegisterCallbacks", || {
+        result::activity::register_callbacks(Some(buffer_requested), Some(buffer_completed))
+    })?;
+    let mut cupti_now = 0u64;
+    // Safety: valid out-pointer.
+    call("cuptiGetTimestamp", || unsafe { result::get_timestamp(&mut cupti_now) })?;
+    let mono = raw::now_ns();
+    OFFSET.store(mono as i64 - cupti_now as i64, Ordering::Release);
+    call("cuptiActivityEnable(CONCURRENT_KERNEL)", || {
+        result::activity::enable(sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    })?;
+    Ok(())
+}
+
+unsafe extern "C" fn on_callback(_user: *mut c_void, _domain: sys::CUpti_CallbackDomain, cbid: u32, _data: *const c_void) {
+    let _ = catch_unwind(|| {
+        if cbid == sys::CUpti_runtime_api_trace_cbid::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceReset_v3020 as u32 {
+            flush();
+        }
+    });
+}
+
+unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max_records: *mut usize) {
+    let _ = catch_unwind(|| {
+        let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN).expect("constant layout");
+        // Safety: non-zero size; a null result is reported to CUPTI as "no buffer".
+        let p = unsafe { std::alloc::alloc(layout) };
+        // Safety: CUPTI passes valid out-pointers.
+        unsafe {
+            *buf = p;
+            *size = if p.is_null() { 0 } else { BUFFER_BYTES };
+            *max_records = 0;
+        }
+    });
+}
+
+/// CUPTI's monotonic-ish timestamp on our CLOCK_MONOTONIC.
+fn to_mono(t: u64) -> u64 {
+    (t as i64).wrapping_add(OFFSET.load(Ordering::Relaxed)) as u64
+}
+
+/// One kernel record as a raw event: `ts` = start, `size` = end (both CLOCK_MONOTONIC ns),
+/// `addr` = registers per thread, `offset` = static shared memory, `shared` = dynamic shared
+/// memory, `aux` = CUPTI's name pointer, `result` = correlation id, `caller` = device id.
+fn kernel_event(k: &KernelRecord) -> RawEvent {
+    RawEvent {
+        kind: RawKind::KernelExec as u8,
+        ts: to_mono(k.start),
+        size: to_mono(k.end),
+        addr: u64::from(k.registersPerThread),
+        offset: k.staticSharedMemory.max(0) as u64,
+        shared: k.dynamicSharedMemory.max(0) as u32,
+        grid: [k.gridX as u32, k.gridY as u32, k.gridZ as u32],
+        block: [k.blockX as u32, k.blockY as u32, k.blockZ as u32],
+        stream: u64::from(k.streamId),
+        aux: k.name as u64,
+        result: k.correlationId as i32,
+        caller: u64::from(k.deviceId),
+        ..RawEvent::default()
+    }
+}
+
+unsafe extern "C" fn buffer_completed(ctx: cudarc::driver::sys::CUcontext, stream: u32, buf: *mut u8, size: usize, valid: usize) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let was = raw::is_internal();
+        raw::set_internal(true);
+        let mut rec: *mut sys::CUpti_Activity = std::ptr::null_mut();
+        // Safety: `buf`/`valid` are the buffer CUPTI completed; it hands out records inside it.
+        while call("cuptiActivityGetNextRecord", || unsafe { result::activity::get_next_record(buf, valid, &mut rec) })
+            .is_ok()
+            && !rec.is_null()
+        {
+            // Safety: every record starts with its kind.
+            let kind = unsafe { (*rec).kind };
+            if kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
+                || kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL
+            {
+                // Safety: kernel kinds are delivered as CUpti_ActivityKernel<N>; records may be
+                // packed to 8 bytes, hence the unaligned read.
+                let k = unsafe { std::ptr::read_unaligned(rec.cast::<KernelRecord>()) };
+                state::record_stamped(kernel_event(&k));
+                DELIVERED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut dropped = 0usize;
+        // Safety: valid out-pointer; ctx/stream are what CUPTI passed.
+        if call("cuptiActivityGetNumDroppedRecords", || unsafe {
+            result::activity::get_num_dropped_records(ctx, stream, &mut dropped)
+        })
+        .is_ok()
+            && dropped > 0
+        {
+            DROPPED.fetch_add(dropped as u64, Ordering::Relaxed);
+            log!(Warn, "CUPTI dropped {dropped} activity records (buffers full)");
+        }
+        raw::set_internal(was);
+    }));
+    if !buf.is_null() && size == BUFFER_BYTES {
+        // Safety: allocated by buffer_requested with exactly this layout.
+        unsafe { std::alloc::dealloc(buf, std::alloc::Layout::from_size_align_unchecked(BUFFER_BYTES, BUFFER_ALIGN)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offsets the stub libcupti (tests/c/stub_cupti.c) writes at, pinned against cudarc's
+    /// bindings of the CUPTI header.
+    #[test]
+    fn kernel_record_layout_matches_the_stub() {
+        use std::mem::offset_of;
+        let got = [
+            offset_of!(KernelRecord, registersPerThread),
+            offset_of!(KernelRecord, start),
+            offset_of!(KernelRecord, end),
+            offset_of!(KernelRecord, deviceId),
+            offset_of!(KernelRecord, streamId),
+            offset_of!(KernelRecord, gridX),
+            offset_of!(KernelRecord, blockX),
+            offset_of!(KernelRecord, staticSharedMemory),
+            offset_of!(KernelRecord, dynamicSharedMemory),
+            offset_of!(KernelRecord, correlationId),
+            offset_of!(KernelRecord, name),
+            std::mem::size_of::<KernelRecord>(),
+        ];
+        assert_eq!(got, [6, 16, 24, 40, 48, 52, 64, 76, 80, 92, 104, 216]);
+    }
+}

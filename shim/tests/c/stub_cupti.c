@@ -1,0 +1,124 @@
+/* Stub libcupti.so.13: the activity API calls the shim's CUPTI layer makes, no GPU.
+ * At the first cuptiActivityFlushAll it delivers three synthetic CONCURRENT_KERNEL records
+ * through the registered buffer callbacks. Its clock is CLOCK_MONOTONIC + STUB_CLOCK_OFFSET, so
+ * the shim's conversion to the trace clock is exercised.
+ * STUB_CUPTI=busy: cuptiSubscribe fails with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, as
+ * under torch.profiler or nsys. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* CUpti_ActivityKernel10 (CUDA 13.0, cupti_activity.h); offsets pinned by the shim's
+ * cupti::tests::kernel_record_layout_matches_the_stub against cudarc's bindings. */
+typedef struct {
+    uint32_t kind;
+    uint8_t cacheConfig, sharedMemoryConfig;
+    uint16_t registersPerThread;
+    uint32_t partitionedGlobalCacheRequested, partitionedGlobalCacheExecuted;
+    uint64_t start, end, completed;
+    uint32_t deviceId, contextId, streamId;
+    int32_t gridX, gridY, gridZ, blockX, blockY, blockZ;
+    int32_t staticSharedMemory, dynamicSharedMemory;
+    uint32_t localMemoryPerThread, localMemoryTotal, correlationId;
+    int64_t gridId;
+    const char *name;
+    void *reserved0;
+    uint64_t queued, submitted;
+    uint8_t launchType, isSharedMemoryCarveoutRequested, sharedMemoryCarveoutRequested, padding;
+    uint32_t sharedMemoryExecuted;
+    uint64_t graphNodeId;
+    uint32_t shmemLimitConfig, graphId;
+    void *pAccessPolicyWindow;
+    uint32_t channelID, channelType, clusterX, clusterY, clusterZ, clusterSchedulingPolicy;
+    uint64_t localMemoryTotal_v2;
+    uint32_t maxPotentialClusterSize, maxActiveClusters;
+    uint8_t isDeviceLaunched, padding3[7];
+} kernel10;
+_Static_assert(offsetof(kernel10, registersPerThread) == 6, "layout");
+_Static_assert(offsetof(kernel10, start) == 16, "layout");
+_Static_assert(offsetof(kernel10, streamId) == 48, "layout");
+_Static_assert(offsetof(kernel10, gridX) == 52, "layout");
+_Static_assert(offsetof(kernel10, blockX) == 64, "layout");
+_Static_assert(offsetof(kernel10, staticSharedMemory) == 76, "layout");
+_Static_assert(offsetof(kernel10, correlationId) == 92, "layout");
+_Static_assert(offsetof(kernel10, name) == 104, "layout");
+_Static_assert(sizeof(kernel10) == 216, "layout");
+
+enum { OK = 0, MAX_LIMIT_REACHED = 12, MULTIPLE_SUBSCRIBERS = 39, KIND_CONCURRENT_KERNEL = 10 };
+#define STUB_CLOCK_OFFSET 7000000000ull
+
+typedef void (*requested_t)(uint8_t **buf, size_t *size, size_t *max);
+typedef void (*completed_t)(void *ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid);
+static requested_t requested;
+static completed_t completed;
+static int kernels_on, delivered;
+static uint64_t enabled_at;
+
+static uint64_t stub_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec + STUB_CLOCK_OFFSET;
+}
+
+int cuptiSubscribe(void **sub, void *cb, void *user) {
+    (void)cb; (void)user;
+    const char *m = getenv("STUB_CUPTI");
+    if (m && strcmp(m, "busy") == 0) return MULTIPLE_SUBSCRIBERS;
+    *sub = (void *)0x5;
+    return OK;
+}
+int cuptiEnableCallback(uint32_t enable, void *sub, int domain, uint32_t cbid) {
+    (void)enable; (void)sub; (void)domain; (void)cbid;
+    return OK;
+}
+int cuptiActivityRegisterCallbacks(requested_t req, completed_t comp) {
+    requested = req; completed = comp;
+    return OK;
+}
+int cuptiGetTimestamp(uint64_t *t) { *t = stub_now(); return OK; }
+int cuptiActivityEnable(uint32_t kind) {
+    if (kind == KIND_CONCURRENT_KERNEL) { kernels_on = 1; enabled_at = stub_now(); }
+    return OK;
+}
+int cuptiActivityGetNumDroppedRecords(void *ctx, uint32_t stream, size_t *dropped) {
+    (void)ctx; (void)stream; *dropped = 0;
+    return OK;
+}
+int cuptiActivityGetNextRecord(uint8_t *buf, size_t valid, void **rec) {
+    uint8_t *next = *rec ? (uint8_t *)*rec + sizeof(kernel10) : buf;
+    if (next + sizeof(kernel10) > buf + valid) return MAX_LIMIT_REACHED;
+    *rec = next;
+    return OK;
+}
+static const char *names[3] = {"cupti_kernel_a", "cupti_kernel_b", "cupti_kernel_a"};
+int cuptiActivityFlushAll(uint32_t flag) {
+    (void)flag;
+    if (!kernels_on || !requested || !completed || delivered) return OK;
+    delivered = 1;
+    uint8_t *buf = 0; size_t size = 0, max = 0;
+    requested(&buf, &size, &max);
+    if (!buf || size < 3 * sizeof(kernel10)) return OK;
+    static const char *shared_a;
+    for (int i = 0; i < 3; i++) {
+        kernel10 k;
+        memset(&k, 0, sizeof k);
+        k.kind = KIND_CONCURRENT_KERNEL;
+        k.registersPerThread = (uint16_t)(10 + i);
+        k.start = enabled_at + 1000u * (uint64_t)i;
+        k.end = k.start + 1000u * (uint64_t)(i + 1);
+        k.streamId = 7;
+        k.gridX = i + 1; k.gridY = 2; k.gridZ = 3;
+        k.blockX = 32 * (i + 1); k.blockY = 1; k.blockZ = 1;
+        k.staticSharedMemory = 100 + i;
+        k.dynamicSharedMemory = 200 + i;
+        k.correlationId = 1000u + (uint32_t)i;
+        /* Records of the same kernel share one name pointer, as in CUPTI. */
+        if (i == 0) shared_a = names[0];
+        k.name = i == 2 ? shared_a : names[i];
+        memcpy(buf + i * sizeof(kernel10), &k, sizeof k);
+    }
+    completed(0, 0, buf, size, 3 * sizeof(kernel10));
+    return OK;
+}
