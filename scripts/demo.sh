@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job, on a machine with no GPU: symbolically trace real models' training steps on the
-# meta device, replay them through the caching-allocator model for an A100 40 GB profile, check
-# whether they fit on one GPU together, and write a memory_viz pickle and a Perfetto trace.
+# The main job, on a machine with no GPU: estimate real models' training memory with every
+# estimator for an A100 40 GB profile; symbolically trace their training steps on the meta device
+# and replay them through the caching-allocator model (peak, fragmentation, categories); check
+# whether they fit on one GPU together; write a memory_viz pickle and a Perfetto trace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -14,6 +15,14 @@ memsim="$root/target/release/memsim"
 export MEMTRACE_BIN_DIR="$root/target/release"
 profile=a100-40gb
 
+echo "== every estimator, for an A100 40 GB ($profile)"
+"$py" -m memtrace_trainer estimate --model torchvision:resnet50 --batch-size 32 --optimizer adam \
+  --profile "$profile"
+echo
+"$py" -m memtrace_trainer estimate --model hf:gpt2 --batch-size 8 --seq-len 512 --optimizer adamw \
+  --profile "$profile"
+
+echo
 echo "== symbolic traces (meta device, no GPU)"
 "$py" -m memtrace_trainer symtrace --model torchvision:resnet50 --batch-size 32 --optimizer adam \
   --profile "$profile" --out "$out/resnet50-b32.jsonl"

@@ -115,34 +115,53 @@ impl Features {
             None | Some(serde_json::Value::Null) => None,
             Some(b) => Some(b.as_u64().ok_or_else(|| field("batch_size", "expected a whole number >= 1"))?),
         };
-        let layers_v = v
-            .get("layers")
-            .and_then(serde_json::Value::as_object)
-            .ok_or_else(|| field("layers", "expected an object of {\"type\", \"activations\", \"parameters\"}"))?;
-        // Keys are execution indices as strings; order numerically, not lexically.
-        let mut keyed: Vec<(u64, Layer)> = Vec::with_capacity(layers_v.len());
-        for (k, l) in layers_v {
-            let at = |f: &str| format!("layers.{k}.{f}");
-            let idx: u64 = k.parse().map_err(|_| field(&format!("layers.{k}"), "expected a numeric layer index"))?;
-            let kind = l
-                .get("type")
-                .and_then(serde_json::Value::as_str)
-                .ok_or_else(|| field(&at("type"), "expected a string"))?
-                .to_string();
-            let num = |f: &str| {
-                l.get(f)
-                    .and_then(serde_json::Value::as_u64)
-                    .ok_or_else(|| field(&at(f), "expected a whole number >= 0"))
-            };
-            keyed.push((idx, Layer { kind, activations: num("activations")?, parameters: num("parameters")? }));
-        }
-        keyed.sort_by_key(|(i, _)| *i);
-        Ok(Features {
-            total_parameters,
-            total_activations,
-            batch_size,
-            layers: keyed.into_iter().map(|x| x.1).collect(),
-        })
+        // Layers in execution order: the `sequence` list ([type, activations, parameters] per
+        // layer) when present; else `layers`, an object keyed by execution index.
+        let layers = if let Some(seq) = v.get("sequence").and_then(serde_json::Value::as_array) {
+            let mut out = Vec::with_capacity(seq.len());
+            for (i, item) in seq.iter().enumerate() {
+                let f = format!("sequence[{i}]");
+                let arr = item
+                    .as_array()
+                    .filter(|a| a.len() == 3)
+                    .ok_or_else(|| field(&f, "expected [type, activations, parameters]"))?;
+                let kind = arr[0].as_str().ok_or_else(|| field(&format!("{f}[0]"), "expected a layer type string"))?;
+                let num = |j: usize| {
+                    arr[j].as_u64().ok_or_else(|| field(&format!("{f}[{j}]"), "expected a whole number >= 0"))
+                };
+                out.push(Layer { kind: kind.to_string(), activations: num(1)?, parameters: num(2)? });
+            }
+            out
+        } else {
+            let layers_v = v.get("layers").and_then(serde_json::Value::as_object).ok_or_else(|| {
+                field("layers", "expected `sequence` (a list of [type, activations, parameters]) or `layers` keyed by execution index")
+            })?;
+            // Keys are execution indices as strings; order numerically, not lexically.
+            let mut keyed: Vec<(u64, Layer)> = Vec::with_capacity(layers_v.len());
+            for (k, l) in layers_v {
+                let at = |f: &str| format!("layers.{k}.{f}");
+                let idx: u64 = k.parse().map_err(|_| {
+                    field(
+                        &format!("layers.{k}"),
+                        "expected a numeric layer index (or give the ordered `sequence` list)",
+                    )
+                })?;
+                let kind = l
+                    .get("type")
+                    .and_then(serde_json::Value::as_str)
+                    .ok_or_else(|| field(&at("type"), "expected a string"))?
+                    .to_string();
+                let num = |f: &str| {
+                    l.get(f)
+                        .and_then(serde_json::Value::as_u64)
+                        .ok_or_else(|| field(&at(f), "expected a whole number >= 0"))
+                };
+                keyed.push((idx, Layer { kind, activations: num("activations")?, parameters: num("parameters")? }));
+            }
+            keyed.sort_by_key(|(i, _)| *i);
+            keyed.into_iter().map(|x| x.1).collect()
+        };
+        Ok(Features { total_parameters, total_activations, batch_size, layers })
     }
 
     /// Read and parse a features JSON file.

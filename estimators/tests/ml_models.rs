@@ -164,11 +164,7 @@ fn poisoned_held_out_rows_do_not_change_training() {
     for kind in [ModelKind::Logistic, ModelKind::Forest, ModelKind::Gbm, ModelKind::MlpEnsemble, ModelKind::LinearReg] {
         let clean = evaluate_split(&ex, kind, &split, &cfg).unwrap();
         let dirty = evaluate_split(&poisoned, kind, &split, &cfg).unwrap();
-        assert!(
-            canonical(&clean.pipeline) == canonical(&dirty.pipeline),
-            "{}: the fit saw held-out rows",
-            kind.name()
-        );
+        assert!(canonical(&clean.pipeline) == canonical(&dirty.pipeline), "{}: the fit saw held-out rows", kind.name());
     }
 }
 
@@ -226,4 +222,24 @@ fn utilisation_targets_plug_into_the_same_machinery() {
     let p = fit(&ex, ModelKind::Tree, &fast_config());
     let acc = estimators::ml::score::accuracy(&ex.class, &p.predict_class(&ex.x).unwrap());
     assert!(acc > 0.95, "tree on its own training rows: {acc}");
+}
+
+/// Two rows whose feature values are adjacent floats: the split midpoint rounds onto the upper
+/// value, which once sent every row to one side and grew the tree forever.
+#[test]
+fn trees_split_adjacent_float_values() {
+    let a = 1.0f64;
+    let b = f64::from_bits(a.to_bits() + 1);
+    let x = Array2::from_shape_vec((4, 1), vec![a, b, a, b]).unwrap();
+    let y = [0.0, 1.0, 0.0, 1.0];
+    let forest = estimators::ml::cart::Forest::fit(
+        &x,
+        &y,
+        estimators::ml::cart::TreeTask::Classify(2),
+        estimators::ml::cart::TreeParams::default(),
+        1,
+        false,
+        0,
+    );
+    assert_eq!(forest.predict_class(&x), vec![0, 1, 0, 1]);
 }

@@ -20,9 +20,14 @@ mod props;
 /// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
 mod symbolic;
 
+/// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
+mod ml_util;
 /// The `memest ml` command module itself, so `ml_cli` can drive it without a subprocess.
 #[path = "../src/bin/memest/ml.rs"]
 mod memest_ml;
+/// The `memest util` command module itself, driven by `ml_util`.
+#[path = "../src/bin/memest/util.rs"]
+mod memest_util;
 /// ML estimators: the `memest ml` subcommands, compiled in from the binary's module.
 mod ml_cli;
 /// ML estimators: GPUMemNet CSV loading, bins, feature sets, error messages.

@@ -4,10 +4,12 @@ Real mode: a small seeded MLP training loop on CUDA, with memory history recorde
 snapshot.pickle (caching runs) and stats.json (torch.cuda.memory_stats()) into --out.
 
 Dry-run mode (--dry-run, no GPU): drives the stub libcudart.so.13/libcuda.so.1 from the shim's
-test suite through ctypes the way the caching allocator would (segments by cudaMalloc, or VMM
-maps for expandable segments, or one cudaMalloc per tensor with caching off), and writes a
-snapshot/stats pair in torch's format describing exactly those segments, so that the whole
-check pipeline runs end to end.
+test suite through ctypes the way the caching allocator would for one fixed workload
+(DRY_TENSORS): segments by cudaMalloc, or VMM maps for expandable segments, or one cudaMalloc
+per tensor with caching off. Device allocations go through a stub libc10_cuda.so
+(shim/tests/c/stub_c10_cuda.c), so the trace names PyTorch's allocator module as their caller,
+as it does on a GPU. It writes a snapshot/stats pair in torch's format describing exactly those
+segments, so that the whole check pipeline runs, and is judged, end to end.
 """
 
 import argparse
@@ -57,21 +59,29 @@ def real_job(out, iterations, caching):
         json.dump(torch.cuda.memory_stats(), f)
 
 
+# The dry-run workload: tensors allocated in this order, all live together, then freed. PyTorch's
+# caching allocator serves it with segments of 2 MiB (small pool: 1 MiB), 20 MiB (large pool:
+# 4 MiB), the first small segment again (1 MiB), and a second 2 MiB small segment (1 MiB).
+DRY_TENSORS = (1 * MiB, 4 * MiB, 1 * MiB, 1 * MiB)
+DRY_SEGMENTS = (2 * MiB, 20 * MiB, 2 * MiB)
+
+
 def dry_job(out, mode):
     rt = ctypes.CDLL("libcudart.so.13")
+    c10 = ctypes.CDLL("libc10_cuda.so")
     vp = ctypes.c_void_p
     entries, peak, live = [], 0, 0
     if mode == "default":
         ptrs = []
-        for size in (2 * MiB, 20 * MiB, 2 * MiB):
+        for size in DRY_SEGMENTS:
             p = vp()
-            assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+            assert c10.c10_stub_malloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
             ptrs.append((p.value, size))
             entries.append({"action": "segment_alloc", "addr": p.value, "size": size, "stream": 0})
             live += size
             peak = max(peak, live)
         addr, size = ptrs[0]
-        assert rt.cudaFree(vp(addr)) == 0
+        assert c10.c10_stub_free(vp(addr)) == 0
         entries.append({"action": "segment_free", "addr": addr, "size": size, "stream": 0})
         segments = [{"address": a, "total_size": s, "stream": 0, "segment_type": "large", "blocks": []} for a, s in ptrs[1:]]
         # Another module's allocation (a cuBLAS workspace in a real run): not a segment.
@@ -100,10 +110,13 @@ def dry_job(out, mode):
         peak = 6 * MiB
         segments = [{"address": va.value, "total_size": 6 * MiB, "stream": 0, "segment_type": "large", "blocks": [], "is_expandable": True}]
     else:
-        for size in (MiB, 3 * MiB):
+        ptrs = []
+        for size in DRY_TENSORS:
             p = vp()
-            assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
-            assert rt.cudaFree(p) == 0
+            assert c10.c10_stub_malloc(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+            ptrs.append(p)
+        for p in ptrs:
+            assert c10.c10_stub_free(p) == 0
         segments = None
     if segments is not None:
         snap = {"segments": segments, "device_traces": [entries], "allocator_settings": {}}

@@ -34,7 +34,7 @@ pub const VARS: [Var; 8] = [
         help: "fork children trace into their own %p file (1) or stop (0)",
     },
     Var { name: "MEMTRACE_LOG", default: "warn", help: "off|warn|info|debug" },
-    Var { name: "MEMTRACE_QUEUE", default: "65536", help: "event queue capacity (events, 1024..=16777216)" },
+    Var { name: "MEMTRACE_QUEUE", default: "16384", help: "per-thread event ring capacity (events, 1024..=16777216)" },
 ];
 
 /// The parsed configuration.
@@ -68,7 +68,7 @@ impl Default for Config {
             quiet: false,
             follow_fork: true,
             log: LogLevel::Warn,
-            queue: 65536,
+            queue: 16384,
         }
     }
 }
@@ -257,7 +257,7 @@ mod tests {
             &[("MEMTRACE_LOG", "debug"), ("MEMTRACE_QUEUE", "7")],
             |c| {
                 assert_eq!(c.log, LogLevel::Debug);
-                assert_eq!(c.queue, 65536)
+                assert_eq!(c.queue, 16384)
             },
             1,
         );

@@ -15,11 +15,11 @@
 use std::ffi::{c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
 
 use cudarc::cupti::{result, sys};
 
-use crate::raw::{self, RawEvent, RawKind};
-use crate::{log, real, state};
+use crate::{clock, log, raw, real};
 
 /// Why the CUPTI layer is not running.
 #[derive(Debug, thiserror::Error)]
@@ -216,7 +216,7 @@ fn init() -> Result<(), CuptiError> {
     let mut cupti_now = 0u64;
     // Safety: valid out-pointer.
     call("cuptiGetTimestamp", || unsafe { result::get_timestamp(&mut cupti_now) })?;
-    let mono = raw::now_ns();
+    let mono = clock::now_ns();
     OFFSET.store(mono as i64 - cupti_now as i64, Ordering::Release);
     call("cuptiActivityEnable(CONCURRENT_KERNEL)", || {
         result::activity::enable(sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
@@ -224,7 +224,12 @@ fn init() -> Result<(), CuptiError> {
     Ok(())
 }
 
-unsafe extern "C" fn on_callback(_user: *mut c_void, _domain: sys::CUpti_CallbackDomain, cbid: u32, _data: *const c_void) {
+unsafe extern "C" fn on_callback(
+    _user: *mut c_void,
+    _domain: sys::CUpti_CallbackDomain,
+    cbid: u32,
+    _data: *const c_void,
+) {
     let _ = catch_unwind(|| {
         if cbid == sys::CUpti_runtime_api_trace_cbid::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceReset_v3020 as u32 {
             flush();
@@ -251,32 +256,73 @@ fn to_mono(t: u64) -> u64 {
     (t as i64).wrapping_add(OFFSET.load(Ordering::Relaxed)) as u64
 }
 
-/// One kernel record as a raw event: `ts` = start, `size` = end (both CLOCK_MONOTONIC ns),
-/// `addr` = registers per thread, `offset` = static shared memory, `shared` = dynamic shared
-/// memory, `aux` = CUPTI's name pointer, `result` = correlation id, `caller` = device id.
-fn kernel_event(k: &KernelRecord) -> RawEvent {
-    RawEvent {
-        kind: RawKind::KernelExec as u8,
-        ts: to_mono(k.start),
-        size: to_mono(k.end),
-        addr: u64::from(k.registersPerThread),
-        offset: k.staticSharedMemory.max(0) as u64,
-        shared: k.dynamicSharedMemory.max(0) as u32,
-        grid: [k.gridX as u32, k.gridY as u32, k.gridZ as u32],
-        block: [k.blockX as u32, k.blockY as u32, k.blockZ as u32],
-        stream: u64::from(k.streamId),
-        aux: k.name as u64,
-        result: k.correlationId as i32,
-        caller: u64::from(k.deviceId),
-        ..RawEvent::default()
+/// One kernel execution, as the writer needs it. Timestamps are CLOCK_MONOTONIC ns.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec {
+    /// Start.
+    pub start: u64,
+    /// End.
+    pub end: u64,
+    /// CUPTI's name pointer (CUPTI-owned, see the module doc).
+    pub name: u64,
+    /// Grid.
+    pub grid: [u32; 3],
+    /// Block.
+    pub block: [u32; 3],
+    /// Registers per thread.
+    pub registers: u16,
+    /// Static shared memory per block.
+    pub static_shared: u32,
+    /// Dynamic shared memory per block.
+    pub dynamic_shared: u32,
+    /// CUPTI stream id.
+    pub stream: u32,
+    /// Correlation id.
+    pub correlation: u32,
+    /// Device.
+    pub device: u32,
+}
+
+/// Records delivered by CUPTI and not yet taken by the writer. CUPTI delivers whole buffers on
+/// its own thread (or in the flushing thread), never on a hook's hot path, so a mutex is fine.
+static PENDING: Mutex<Vec<Exec>> = Mutex::new(Vec::new());
+
+/// Everything delivered since the last call (the writer's sweep).
+pub fn take() -> Vec<Exec> {
+    match PENDING.lock() {
+        Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
+        _ => Vec::new(),
     }
 }
 
-unsafe extern "C" fn buffer_completed(ctx: cudarc::driver::sys::CUcontext, stream: u32, buf: *mut u8, size: usize, valid: usize) {
+fn exec_of(k: &KernelRecord) -> Exec {
+    Exec {
+        start: to_mono(k.start),
+        end: to_mono(k.end),
+        name: k.name as u64,
+        grid: [k.gridX as u32, k.gridY as u32, k.gridZ as u32],
+        block: [k.blockX as u32, k.blockY as u32, k.blockZ as u32],
+        registers: k.registersPerThread,
+        static_shared: k.staticSharedMemory.max(0) as u32,
+        dynamic_shared: k.dynamicSharedMemory.max(0) as u32,
+        stream: k.streamId,
+        correlation: k.correlationId,
+        device: k.deviceId,
+    }
+}
+
+unsafe extern "C" fn buffer_completed(
+    ctx: cudarc::driver::sys::CUcontext,
+    stream: u32,
+    buf: *mut u8,
+    size: usize,
+    valid: usize,
+) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let was = raw::is_internal();
         raw::set_internal(true);
         let mut rec: *mut sys::CUpti_Activity = std::ptr::null_mut();
+        let mut got = Vec::new();
         // Safety: `buf`/`valid` are the buffer CUPTI completed; it hands out records inside it.
         while call("cuptiActivityGetNextRecord", || unsafe { result::activity::get_next_record(buf, valid, &mut rec) })
             .is_ok()
@@ -290,9 +336,12 @@ unsafe extern "C" fn buffer_completed(ctx: cudarc::driver::sys::CUcontext, strea
                 // Safety: kernel kinds are delivered as CUpti_ActivityKernel<N>; records may be
                 // packed to 8 bytes, hence the unaligned read.
                 let k = unsafe { std::ptr::read_unaligned(rec.cast::<KernelRecord>()) };
-                state::record_stamped(kernel_event(&k));
-                DELIVERED.fetch_add(1, Ordering::Relaxed);
+                got.push(exec_of(&k));
             }
+        }
+        DELIVERED.fetch_add(got.len() as u64, Ordering::Relaxed);
+        if let Ok(mut p) = PENDING.lock() {
+            p.append(&mut got);
         }
         let mut dropped = 0usize;
         // Safety: valid out-pointer; ctx/stream are what CUPTI passed.

@@ -7,25 +7,29 @@
 //!
 //! Architecture:
 //! - [`hooks`]: the exported entry points. Each calls the real function, then (outermost call
-//!   only) fills a fixed-size [`raw::RawEvent`] and pushes it to a preallocated lock-free queue.
+//!   only) fills a 64-byte [`raw::RawEvent`], stamps it ([`clock`]: the invariant TSC where there
+//!   is one) and pushes it into its thread's preallocated single-producer ring ([`ring`]).
 //!   Resolver hooks (`dlsym`, `cuGetProcAddress*`, `cudaGetDriverEntryPoint*`) hand out wrappers
 //!   by pointer identity, so library-internal and Triton-style driver calls are seen too.
-//! - [`writer`]: one background thread turns raw events into `trace::Record`s, resolves caller
-//!   modules and kernel names, writes the file, and prints the exit summary.
+//! - [`writer`]: one background thread sweeps the rings, merges them by time, turns raw events
+//!   into `trace::Record`s, resolves caller modules and kernel names, writes the file, and
+//!   prints the exit summary.
 //! - [`state`]: configuration at load, lazy start, exit/signal/fork handling.
 //! - [`real`]: finding real functions (libc's own `dlsym`, RTLD_NEXT, RTLD_NOLOAD by soname).
 //! - [`config`]: the `MEMTRACE_*` table.
 //! - [`cupti`]: the optional CUPTI activity layer (kernel execution records).
 //!
 //! Nothing here may harm the host: every hook returns the real function's result, panics are
-//! caught, the hot path neither allocates nor locks, and a full queue drops (and counts) events
-//! after a bounded wait rather than blocking.
+//! caught, the hot path neither allocates (after a thread's first event) nor locks, and a full
+//! ring drops (and counts) events after a bounded wait rather than blocking.
 
+pub mod clock;
 pub mod config;
 pub mod cupti;
 pub mod hooks;
 pub mod log;
 pub mod raw;
 pub mod real;
+pub mod ring;
 pub mod state;
 pub mod writer;

@@ -1,10 +1,9 @@
-//! The hot path: a fixed-size event, a preallocated lock-free queue, the thread-local call depth,
-//! and the clock. Nothing here allocates or blocks (except the one-off queue creation).
+//! The hot path: a fixed-size event, the thread-local call depth and the thread's ring.
+//! Nothing here allocates or blocks, except taking the thread's ring on its first event.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crossbeam_queue::ArrayQueue;
+use crate::ring::{self, Ring};
 
 /// What a [`RawEvent`] is; the writer turns each into one `trace::Event`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +21,6 @@ pub enum RawKind {
     PoolTrim = 5,
     /// `trace::Event::Marker`: `aux` owns a leaked `Box<CString>` the writer frees.
     Marker = 6,
-    /// `trace::Event::KernelExec` from CUPTI: `ts` = start, `size` = end (CLOCK_MONOTONIC ns),
-    /// `addr` = registers, `offset` = static shared memory, `shared` = dynamic shared memory,
-    /// `aux` = CUPTI's name pointer, `result` = correlation id, `caller` = device.
-    KernelExec = 7,
 }
 
 /// How the writer resolves a launch's kernel name.
@@ -40,32 +35,33 @@ pub enum FuncKind {
     Graph = 2,
 }
 
-/// One intercepted call, as the hook saw it. Plain old data, copied into the queue.
+/// One intercepted call, as the hook saw it: 64 bytes of plain old data, copied into the
+/// thread's ring. The thread id is the ring's, not the event's. Field use by [`RawKind`]:
+///
+/// | kind | `addr` | `size` | `aux` | `offset` | `caller` |
+/// |---|---|---|---|---|---|
+/// | Alloc, Free | address | bytes | – | – | return address |
+/// | Vmm | address | bytes | physical handle | offset in it | return address |
+/// | Launch | function | grid x \| y << 32 | grid z \| block x << 32 | block y \| z << 32 | dynamic shared memory |
+/// | PoolTrim | pool | bytes to keep | – | – | – |
+/// | Marker | – | – | owned text | – | – |
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
 pub struct RawEvent {
-    /// CLOCK_MONOTONIC ns (absolute; the writer subtracts the origin).
+    /// [`crate::clock::stamp`] (the writer maps it to CLOCK_MONOTONIC).
     pub ts: u64,
-    /// Address (or physical handle, pool, graph).
+    /// See the table.
     pub addr: u64,
-    /// Size in bytes.
+    /// See the table.
     pub size: u64,
     /// Stream handle.
     pub stream: u64,
-    /// Physical handle for a map, function for a launch, marker text pointer.
+    /// See the table.
     pub aux: u64,
-    /// Offset into the physical handle for a map.
+    /// See the table.
     pub offset: u64,
-    /// Return address in the calling module (0 = unknown).
+    /// See the table.
     pub caller: u64,
-    /// Grid dimensions.
-    pub grid: [u32; 3],
-    /// Block dimensions.
-    pub block: [u32; 3],
-    /// Dynamic shared memory.
-    pub shared: u32,
-    /// OS thread id.
-    pub tid: u32,
     /// CUDA result code.
     pub result: i32,
     /// `trace::Api` code.
@@ -74,6 +70,19 @@ pub struct RawEvent {
     pub kind: u8,
     /// `MemoryKind` index, `VmmOp` index or [`FuncKind`].
     pub sub: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<RawEvent>() == 64);
+
+/// Two u32 in one u64 (launch dimensions).
+#[inline(always)]
+pub fn pack(lo: u32, hi: u32) -> u64 {
+    u64::from(lo) | (u64::from(hi) << 32)
+}
+
+/// The inverse of [`pack`].
+pub fn unpack(v: u64) -> (u32, u32) {
+    (v as u32, (v >> 32) as u32)
 }
 
 /// Memory kinds as `RawEvent::sub` (the writer maps them to `trace::MemoryKind`).
@@ -108,16 +117,36 @@ pub mod vmm {
 
 /// Per-thread state, in one thread-local so that a hook pays for one TLS lookup (in a shared
 /// library each lookup is a `__tls_get_addr` call).
-struct Tls {
+pub struct Tls {
     depth: Cell<u32>,
     internal: Cell<bool>,
     tid: Cell<u32>,
+    ring: Cell<*const Ring>,
 }
 
 thread_local! {
     // A const initialiser and no Drop: no TLS destructor is registered, so this stays usable
     // while a thread is being torn down.
-    static TLS: Tls = const { Tls { depth: Cell::new(0), internal: Cell::new(false), tid: Cell::new(0) } };
+    static TLS: Tls = const {
+        Tls { depth: Cell::new(0), internal: Cell::new(false), tid: Cell::new(0), ring: Cell::new(std::ptr::null()) }
+    };
+    // Gives the thread's ring back when the thread exits. Touched once per thread, when the
+    // ring is taken; after it is destroyed the thread pushes to the shared queue.
+    static RING_OWNER: RingOwner = const { RingOwner };
+}
+
+struct RingOwner;
+
+impl Drop for RingOwner {
+    fn drop(&mut self) {
+        let _ = TLS.try_with(|t| {
+            let r = t.ring.replace(std::ptr::null());
+            // Safety: rings are never freed.
+            if let Some(r) = unsafe { r.as_ref() } {
+                r.release();
+            }
+        });
+    }
 }
 
 /// Marks the current thread as the shim's own (writer thread, own lookups): nothing it calls is
@@ -129,11 +158,6 @@ pub fn set_internal(on: bool) {
 /// Whether the current thread is inside the shim's own work.
 pub fn is_internal() -> bool {
     TLS.try_with(|t| t.internal.get()).unwrap_or(false)
-}
-
-/// Forget the cached thread id (the fork child's only thread has a new one).
-pub fn reset_tid_cache() {
-    let _ = TLS.try_with(|t| t.tid.set(0));
 }
 
 fn tid_of(t: &Tls) -> u32 {
@@ -155,178 +179,104 @@ pub fn tid() -> u32 {
     })
 }
 
+/// Fork child: its only thread has a new id; the parent's queued events are not its own.
+pub fn reset_in_child() {
+    let (ring, tid) = TLS
+        .try_with(|t| {
+            t.tid.set(0);
+            // Safety: rings are never freed.
+            (unsafe { t.ring.get().as_ref() }, tid_of(t))
+        })
+        .unwrap_or((None, 0));
+    ring::reset_in_child(ring, tid);
+}
+
+/// Queue an event from this thread: into its ring (taking one on first use), else into the
+/// shared queue. Returns the event when it was dropped.
+#[inline]
+fn push_from(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
+    // Safety: rings are never freed; this thread owns the one it holds.
+    if let Some(r) = unsafe { t.ring.get().as_ref() } {
+        r.push(ev);
+        return Ok(());
+    }
+    push_first(t, ev)
+}
+
+#[cold]
+fn push_first(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
+    let capacity = crate::state::config().queue;
+    let tid = tid_of(t);
+    // Only a thread that can still register a TLS destructor may take a ring: it must be able
+    // to give it back.
+    if !t.internal.get() && RING_OWNER.try_with(|_| ()).is_ok() {
+        let r = ring::acquire(capacity, tid);
+        t.ring.set(r);
+        r.push(ev);
+        return Ok(());
+    }
+    ring::push_shared(capacity, tid, ev)
+}
+
+/// Queue an event from any thread (markers, the writer's own records path is separate).
+pub fn push_any(ev: RawEvent) -> Result<(), RawEvent> {
+    match TLS.try_with(|t| push_from(t, ev)) {
+        Ok(r) => r,
+        Err(_) => ring::push_shared(crate::state::config().queue, tid(), ev),
+    }
+}
+
 /// One level of hook nesting on this thread. Only the outermost level records: a runtime call
 /// that reaches the driver through a wrapped pointer is one call.
 pub struct Depth {
-    /// The thread id when this is the outermost, recording level; 0 otherwise.
-    tid: u32,
+    /// This thread's state; null when its TLS is gone (thread teardown).
+    tls: *const Tls,
+    outer: bool,
 }
 
 impl Depth {
     /// Enter a hook.
     #[inline]
     pub fn enter() -> Depth {
-        let tid = TLS
-            .try_with(|t| {
-                let v = t.depth.get();
-                t.depth.set(v + 1);
-                if v == 0 && !t.internal.get() {
-                    tid_of(t)
-                } else {
-                    0
-                }
-            })
-            // TLS unavailable (thread teardown): record, with the thread id from the kernel.
-            .unwrap_or_else(|_| tid());
-        Depth { tid }
+        TLS.try_with(|t| {
+            let v = t.depth.get();
+            t.depth.set(v + 1);
+            Depth { tls: t as *const Tls, outer: v == 0 && !t.internal.get() }
+        })
+        // TLS unavailable (thread teardown): record, through the shared queue.
+        .unwrap_or(Depth { tls: std::ptr::null(), outer: true })
     }
 
     /// Whether this is the outermost hook on the thread (and the thread is not the shim's).
     #[inline]
     pub fn outer(&self) -> bool {
-        self.tid != 0
+        self.outer
     }
 
-    /// The thread id (0 unless outermost).
+    /// Queue an event recorded at this level. Returns the event when it was dropped.
     #[inline]
-    pub fn tid(&self) -> u32 {
-        self.tid
+    pub fn push(&self, ev: RawEvent) -> Result<(), RawEvent> {
+        // Safety: `tls` points to this thread's TLS, alive for the whole hook call.
+        match unsafe { self.tls.as_ref() } {
+            Some(t) => push_from(t, ev),
+            None => ring::push_shared(crate::state::config().queue, tid(), ev),
+        }
     }
 }
 
 impl Drop for Depth {
     #[inline]
     fn drop(&mut self) {
-        let _ = TLS.try_with(|t| t.depth.set(t.depth.get().saturating_sub(1)));
-    }
-}
-
-/// CLOCK_MONOTONIC in ns (vDSO, no syscall, no allocation).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // Safety: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-static QUEUE: AtomicPtr<ArrayQueue<RawEvent>> = AtomicPtr::new(std::ptr::null_mut());
-/// Events dropped because the queue stayed full.
-pub static LOST: AtomicU64 = AtomicU64::new(0);
-
-/// How long a producer waits for room while the writer makes no progress at all before it
-/// drops the event. While the writer drains (even slowly) producers wait: that is backpressure,
-/// and losing events only because another thread won the race for a slot would be wrong. The
-/// bound is generous because on an oversubscribed machine the writer can be descheduled for
-/// hundreds of milliseconds; it exists for a writer that is truly stuck (a hung file system),
-/// and after it fires, producers drop at once until the writer moves again.
-const MAX_WAIT_NS: u64 = 1_000_000_000;
-
-/// Events the writer has taken off the queue (its heartbeat).
-pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
-/// The heartbeat value at which the writer was declared stalled (u64::MAX = not stalled). While
-/// it still equals [`PROGRESS`], a full queue drops at once instead of waiting again.
-static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// The queue, creating it on first use with `capacity` slots.
-pub fn queue(capacity: usize) -> &'static ArrayQueue<RawEvent> {
-    let q = QUEUE.load(Ordering::Acquire);
-    if !q.is_null() {
-        // Safety: a published queue is never freed (a fork child replaces, and leaks, its copy).
-        return unsafe { &*q };
-    }
-    let fresh = Box::into_raw(Box::new(ArrayQueue::new(capacity)));
-    match QUEUE.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // Safety: we just published it and never free it.
-        Ok(_) => unsafe { &*fresh },
-        Err(won) => {
-            // Safety: `fresh` was never shared.
-            drop(unsafe { Box::from_raw(fresh) });
-            // Safety: as above for the winner.
-            unsafe { &*won }
+        // Safety: as in `push`.
+        if let Some(t) = unsafe { self.tls.as_ref() } {
+            t.depth.set(t.depth.get().saturating_sub(1));
         }
-    }
-}
-
-/// The queue if it exists (the writer and the exit path never create it).
-pub fn existing_queue() -> Option<&'static ArrayQueue<RawEvent>> {
-    let q = QUEUE.load(Ordering::Acquire);
-    // Safety: published queues live forever.
-    (!q.is_null()).then(|| unsafe { &*q })
-}
-
-/// In a fork child: abandon the parent's queue (its events belong to the parent's trace).
-pub fn forget_queue() {
-    QUEUE.store(std::ptr::null_mut(), Ordering::Release);
-    LOST.store(0, Ordering::Relaxed);
-}
-
-/// Push an event; when the queue stays full past a bounded wait, drop it and count it. Returns
-/// the event back when it was dropped so that owned payloads can be released.
-pub fn push(q: &ArrayQueue<RawEvent>, ev: RawEvent) -> Result<(), RawEvent> {
-    let mut ev = match q.push(ev) {
-        Ok(()) => return Ok(()),
-        Err(e) => e,
-    };
-    let mut seen = PROGRESS.load(Ordering::Acquire);
-    if STALLED_AT.load(Ordering::Relaxed) == seen {
-        LOST.fetch_add(1, Ordering::Relaxed);
-        return Err(ev);
-    }
-    let mut since = now_ns();
-    let mut spins = 0u32;
-    loop {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            let p = PROGRESS.load(Ordering::Acquire);
-            let now = now_ns();
-            if p != seen {
-                seen = p;
-                since = now;
-            } else if now - since > MAX_WAIT_NS {
-                STALLED_AT.store(p, Ordering::Relaxed);
-                LOST.fetch_add(1, Ordering::Relaxed);
-                return Err(ev);
-            }
-            // Sleeping (not yielding) hands the core to the writer: with more producers than
-            // cores, sched_yield alone keeps the writer starved.
-            let pause = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
-            // Safety: nanosleep with a valid timespec.
-            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
-        }
-        ev = match q.push(ev) {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stalled_writer_drops_after_the_bound_then_at_once() {
-        let q = ArrayQueue::new(1);
-        let ev = RawEvent { addr: 1, ..RawEvent::default() };
-        assert!(push(&q, ev).is_ok());
-        let before = LOST.load(Ordering::Relaxed);
-        // Nobody drains: the first push waits out the bound, the next one fails immediately.
-        let t0 = now_ns();
-        assert_eq!(push(&q, ev).map_err(|e| e.addr), Err(1));
-        let waited = now_ns() - t0;
-        assert!(waited >= MAX_WAIT_NS, "{waited}");
-        let t1 = now_ns();
-        assert!(push(&q, ev).is_err());
-        assert!(now_ns() - t1 < MAX_WAIT_NS / 2);
-        assert_eq!(LOST.load(Ordering::Relaxed) - before, 2);
-        // Progress clears the stall: a push succeeds again once there is room.
-        q.pop();
-        PROGRESS.fetch_add(1, Ordering::Release);
-        assert!(push(&q, ev).is_ok());
-    }
 
     #[test]
     fn only_the_outermost_hook_records() {
@@ -339,5 +289,12 @@ mod tests {
         assert!(!Depth::enter().outer());
         set_internal(false);
         assert!(Depth::enter().outer());
+    }
+
+    #[test]
+    fn dimensions_round_trip() {
+        for (lo, hi) in [(0, 0), (1, u32::MAX), (u32::MAX, 7)] {
+            assert_eq!(unpack(pack(lo, hi)), (lo, hi));
+        }
     }
 }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::clock;
 use crate::config::{Config, VARS};
 use crate::log::{self, LogLevel};
-use crate::raw::{self, RawEvent};
+use crate::raw::{self, Depth, RawEvent};
 use crate::writer::{self, DONE, NOT_STARTED, RUNNING};
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -65,7 +66,7 @@ pub fn clock_origin() -> u64 {
     if o != 0 {
         return o;
     }
-    let now = raw::now_ns();
+    let now = clock::now_ns();
     match ORIGIN.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => now,
         Err(o) => o,
@@ -77,35 +78,43 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
-/// Queue an event that carries its own timestamp (CUPTI records).
-pub fn record_stamped(ev: RawEvent) {
-    if !RECORDING.load(Ordering::Relaxed) || writer::WRITER.load(Ordering::Acquire) != RUNNING {
-        return;
-    }
-    let q = raw::queue(config().queue);
-    let _ = raw::push(q, ev);
-}
-
-/// Stamp and queue one event. Cheap when the writer runs; starts it on first use.
+/// Stamp and queue one event recorded at hook level `d`. Cheap when the writer runs; starts it
+/// on first use.
 #[inline]
-pub fn record(mut ev: RawEvent) {
-    if !RECORDING.load(Ordering::Relaxed) {
-        writer::release(&ev);
-        return;
-    }
-    ev.ts = raw::now_ns();
-    match writer::WRITER.load(Ordering::Acquire) {
-        RUNNING => {}
-        NOT_STARTED => start(),
-        _ => {
+pub fn record(d: &Depth, ev: RawEvent) {
+    if let Some(ev) = ready(ev) {
+        if let Err(ev) = d.push(ev) {
             writer::release(&ev);
-            return;
         }
     }
-    let q = raw::queue(config().queue);
-    if let Err(ev) = raw::push(q, ev) {
-        writer::release(&ev);
+}
+
+/// As [`record`], outside a hook (markers).
+pub fn record_any(ev: RawEvent) {
+    if let Some(ev) = ready(ev) {
+        if let Err(ev) = raw::push_any(ev) {
+            writer::release(&ev);
+        }
     }
+}
+
+/// The stamped event when it should be queued (starting the writer on first use).
+#[inline(always)]
+fn ready(mut ev: RawEvent) -> Option<RawEvent> {
+    // Two relaxed loads decide the common case: recording, and the writer running.
+    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING {
+        ev.ts = clock::stamp();
+        return Some(ev);
+    }
+    ev.ts = clock::stamp();
+    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Acquire) == NOT_STARTED {
+        start();
+        if writer::WRITER.load(Ordering::Acquire) == RUNNING {
+            return Some(ev);
+        }
+    }
+    writer::release(&ev);
+    None
 }
 
 #[cold]
@@ -217,8 +226,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
 /// the parent's trace. Either start afresh (own `%p` file) or stop.
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn at_fork_child() {
-    raw::reset_tid_cache();
-    raw::forget_queue();
+    raw::reset_in_child();
     crate::cupti::disable_in_child();
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
@@ -240,6 +248,7 @@ extern "C" fn at_fork_child() {
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
+        clock::init();
         config();
         owner_pid();
         clock_origin();

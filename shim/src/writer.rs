@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use trace::{
-    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Marker, MemoryKind, NameDef, NameId,
-    Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
+    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Marker, MemoryKind,
+    NameDef, NameId, Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
 };
 
+use crate::clock::{self, now_ns};
 use crate::config::{expand_out, Config};
-use crate::raw::{self, mem, vmm, FuncKind, RawEvent, RawKind};
-use crate::{log, real, state};
+use crate::cupti::Exec;
+use crate::raw::{self, mem, unpack, vmm, FuncKind, RawEvent, RawKind};
+use crate::{log, real, ring, state};
 
 /// Writer lifecycle, one value per process (reset in a fork child).
 pub static WRITER: AtomicU8 = AtomicU8::new(NOT_STARTED);
@@ -37,6 +39,9 @@ pub static EXIT_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// How often buffered events reach the file while the process runs, so that a process killed
 /// with SIGKILL leaves a trace readable up to a recent point.
+/// At most this many events per ring per sweep, so that a sweep's batch stays small.
+const SWEEP_PER_RING: usize = 16384;
+
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 /// Start the writer thread if none runs. Called by the first recording hook.
@@ -89,6 +94,7 @@ struct Names {
 struct Ctx {
     w: BinaryWriter<File>,
     origin: u64,
+    clock: clock::Calibration,
     names: Names,
     tally: Tally,
     max_bytes: u64,
@@ -100,7 +106,7 @@ fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
     h.pid = Some(pid);
     h.clock_origin_ns = Some(origin);
     let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    h.start_wall_ns = Some((wall.as_nanos() as u64).saturating_sub(raw::now_ns().saturating_sub(origin)));
+    h.start_wall_ns = Some((wall.as_nanos() as u64).saturating_sub(now_ns().saturating_sub(origin)));
     h.command_line = std::fs::read("/proc/self/cmdline")
         .map(|b| {
             b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
@@ -163,30 +169,57 @@ fn run() {
     };
     log!(Info, "tracing pid {pid} into {path}");
     let names = Names { next: 0, by_text: HashMap::new(), callers: HashMap::new(), kernels: HashMap::new() };
-    let mut cx = Ctx { w, origin, names, tally: Tally::default(), max_bytes: cfg.max_bytes, limit_hit: false };
-    let q = raw::queue(cfg.queue);
+    let clock = clock::Calibration::new(clock::anchor());
+    let mut cx = Ctx { w, origin, clock, names, tally: Tally::default(), max_bytes: cfg.max_bytes, limit_hit: false };
     let mut last_flush = std::time::Instant::now();
     let mut dirty = false;
+    let mut batch: Vec<(u32, RawEvent)> = Vec::new();
+    let mut pending: Vec<(u32, RawEvent)> = Vec::new();
+    let mut finishing_rounds = 0u32;
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
-        let mut n = 0u32;
-        while let Some(ev) = q.pop() {
-            if let Err(e) = cx.handle(ev) {
+        // Events stamped after this wait for the next sweep when several threads contributed:
+        // a ring swept early must not let a later-swept ring's earlier events be written after
+        // its own.
+        let watermark = clock::stamp();
+        let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, ev)));
+        let n = sweep.events;
+        // Finishing: sweep until the rings are empty, but not forever if threads keep calling.
+        finishing_rounds += u32::from(finishing);
+        let last_round = finishing && (n == 0 || finishing_rounds > 64);
+        cx.clock.refresh();
+        if !batch.is_empty() || !pending.is_empty() {
+            let mixed = sweep.sources > 1 || !pending.is_empty();
+            if mixed {
+                batch.append(&mut pending);
+                batch.sort_by_key(|(_, e)| e.ts);
+            }
+            let limit = sweep.limit.map_or(watermark, |l| l.min(watermark));
+            let cut = if !mixed || last_round { batch.len() } else { batch.partition_point(|(_, e)| e.ts <= limit) };
+            pending.extend(batch.drain(cut..));
+            for (i, (tid, ev)) in batch.drain(..).enumerate() {
+                if let Err(e) = cx.handle(tid, ev) {
+                    log!(Warn, "writing {path} failed: {e:#}; recording stopped");
+                    return;
+                }
+                if i % 1024 == 1023 {
+                    ring::heartbeat();
+                }
+                if i % 8192 == 8191 && last_flush.elapsed() >= FLUSH_EVERY {
+                    let _ = cx.w.flush();
+                    last_flush = std::time::Instant::now();
+                }
+            }
+        }
+        for exec in crate::cupti::take() {
+            if let Err(e) = cx.exec(&exec) {
                 log!(Warn, "writing {path} failed: {e:#}; recording stopped");
                 return;
             }
-            n += 1;
-            if n % 64 == 0 {
-                raw::PROGRESS.fetch_add(64, Ordering::Release);
-            }
-            if n % 8192 == 0 && last_flush.elapsed() >= FLUSH_EVERY {
-                let _ = cx.w.flush();
-                last_flush = std::time::Instant::now();
-            }
+            dirty = true;
         }
-        raw::PROGRESS.fetch_add(u64::from(n % 64), Ordering::Release);
         dirty |= n > 0;
-        if finishing {
+        if last_round {
             cx.finish(&path);
             return;
         }
@@ -330,7 +363,33 @@ impl Ctx {
         Ok(id)
     }
 
-    fn handle(&mut self, ev: RawEvent) -> Result<(), trace::TraceError> {
+    /// A CUPTI kernel execution record (timestamps already on CLOCK_MONOTONIC).
+    fn exec(&mut self, e: &Exec) -> Result<(), trace::TraceError> {
+        if self.limit_hit {
+            self.tally.over_limit += 1;
+            return Ok(());
+        }
+        self.tally.execs += 1;
+        let name = self.cupti_name(e.name)?;
+        let exec = Event::KernelExec(KernelExec {
+            start_ns: e.start.saturating_sub(self.origin),
+            end_ns: e.end.saturating_sub(self.origin),
+            name,
+            grid: e.grid,
+            block: e.block,
+            registers_per_thread: e.registers,
+            static_shared_mem: e.static_shared,
+            dynamic_shared_mem: e.dynamic_shared,
+            stream: i64::from(e.stream),
+            correlation_id: e.correlation,
+        });
+        self.tally.events += 1;
+        let r =
+            Record { ts_ns: Some(e.start.saturating_sub(self.origin)), tid: None, device: Some(e.device), event: exec };
+        self.write_checked(&r)
+    }
+
+    fn handle(&mut self, tid: u32, ev: RawEvent) -> Result<(), trace::TraceError> {
         if self.limit_hit {
             self.tally.over_limit += 1;
             release(&ev);
@@ -408,40 +467,17 @@ impl Ctx {
             }
             k if k == RawKind::Launch as u8 => {
                 self.tally.launches += 1;
-                let name = self.kernel(ev.sub, ev.aux)?;
+                let name = self.kernel(ev.sub, ev.addr)?;
+                let ((gx, gy), (gz, bx), (by, bz)) = (unpack(ev.size), unpack(ev.aux), unpack(ev.offset));
                 Event::KernelLaunch(KernelLaunch {
                     api,
                     name,
-                    grid: ev.grid,
-                    block: ev.block,
-                    shared_mem: ev.shared,
+                    grid: [gx, gy, gz],
+                    block: [bx, by, bz],
+                    shared_mem: ev.caller as u32,
                     stream: ev.stream as i64,
                     result: ev.result,
                 })
-            }
-            k if k == RawKind::KernelExec as u8 => {
-                self.tally.execs += 1;
-                let name = self.cupti_name(ev.aux)?;
-                let exec = Event::KernelExec(KernelExec {
-                    start_ns: ev.ts.saturating_sub(self.origin),
-                    end_ns: ev.size.saturating_sub(self.origin),
-                    name,
-                    grid: ev.grid,
-                    block: ev.block,
-                    registers_per_thread: ev.addr.min(u64::from(u16::MAX)) as u16,
-                    static_shared_mem: ev.offset.min(u64::from(u32::MAX)) as u32,
-                    dynamic_shared_mem: ev.shared,
-                    stream: ev.stream as i64,
-                    correlation_id: ev.result as u32,
-                });
-                self.tally.events += 1;
-                let r = Record {
-                    ts_ns: Some(ev.ts.saturating_sub(self.origin)),
-                    tid: None,
-                    device: u32::try_from(ev.caller).ok(),
-                    event: exec,
-                };
-                return self.write_checked(&r);
             }
             k if k == RawKind::PoolTrim as u8 => {
                 Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result: ev.result })
@@ -454,7 +490,7 @@ impl Ctx {
             }
         };
         self.tally.events += 1;
-        let r = self.rec(ev.ts, ev.tid, event);
+        let r = self.rec(self.clock.to_ns(ev.ts), tid, event);
         self.write_checked(&r)
     }
 
@@ -464,7 +500,7 @@ impl Ctx {
         if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
             self.limit_hit = true;
             let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
-            let r = self.rec(raw::now_ns(), raw::tid(), Event::Marker(Marker { text }));
+            let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
             self.w.write(&r)?;
             self.w.flush()?;
             state::stop_recording();
@@ -476,13 +512,13 @@ impl Ctx {
     fn finish(mut self, path: &str) {
         let status = EXIT_STATUS.load(Ordering::Acquire);
         let signal = EXIT_SIGNAL.load(Ordering::Acquire);
-        let lost = raw::LOST.load(Ordering::Acquire);
+        let lost = ring::LOST.load(Ordering::Acquire);
         let exit = ProcessExit {
             status: (status != i64::MIN).then_some(status as i32),
             signal: (signal != 0).then_some(signal),
             lost_events: lost,
         };
-        let r = self.rec(raw::now_ns(), raw::tid(), Event::ProcessExit(exit));
+        let r = self.rec(now_ns(), raw::tid(), Event::ProcessExit(exit));
         let res = self.w.write(&r).and_then(|_| self.w.finish().map(|_| ()));
         if let Err(e) = res {
             log!(Warn, "finishing {path} failed: {e:#}");

@@ -53,7 +53,17 @@ fn check_execs(lib_dirs: &[&str]) {
     let want: Vec<Exec> = (0..3u32)
         .map(|i| {
             let name = if i == 1 { "cupti_kernel_b" } else { "cupti_kernel_a" };
-            (name.to_string(), 1000 * u64::from(i + 1), [i + 1, 2, 3], [32 * (i + 1), 1, 1], 10 + i as u16, 100 + i, 200 + i, 7, 1000 + i)
+            (
+                name.to_string(),
+                1000 * u64::from(i + 1),
+                [i + 1, 2, 3],
+                [32 * (i + 1), 1, 1],
+                10 + i as u16,
+                100 + i,
+                200 + i,
+                7,
+                1000 + i,
+            )
         })
         .collect();
     assert_eq!(got, want, "stderr:\n{}", r.stderr());

@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 15] = [
+const PROGRAMS: [&str; 16] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -56,6 +56,7 @@ const PROGRAMS: [&str; 15] = [
     "p_marker",
     "p_exit_thread",
     "p_underscore_exit",
+    "p_more_entry_points",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -58,7 +58,7 @@ fn real_runtime_failures_are_recorded_with_their_codes() {
     assert_eq!(r.stdout().trim(), "35 35 35");
     let s = r.stats();
     assert_eq!(s.calls(), [("cudaLaunchKernel", 1), ("cudaMalloc", 1), ("cudaMallocHost", 1)]);
-    assert_eq!((s.allocs, s.kernel_launches, s.failed_calls), (0, 0, 3));
+    assert_eq!((s.allocs, s.kernel_launches, s.failed()), (0, 0, 3));
     let codes: Vec<i32> = s
         .records
         .iter()
@@ -83,5 +83,5 @@ fn real_runtime_with_cupti_and_no_driver_is_one_line() {
     let lines: Vec<_> = r.stderr().lines().filter(|l| l.starts_with("memtrace:")).map(str::to_string).collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains("no CUDA driver (libcuda.so.1) is loaded"), "{lines:?}");
-    assert_eq!(r.stats().failed_calls, 3);
+    assert_eq!(r.stats().failed(), 3);
 }

@@ -12,5 +12,5 @@ mod harness;
 mod lifecycle;
 /// The real libcudart.so.13 from the nvidia-cuda-runtime wheel, with no driver.
 mod real_cudart;
-/// The count rules of `memsim stats` over a trace (to move into memsim).
+/// Traces read back for assertions; counts from memsim's `TraceStats`.
 mod stats;

@@ -170,7 +170,7 @@ impl Profile {
 /// `CUBLAS_WORKSPACE_CONFIG` (`:SIZE_KiB:COUNT[:SIZE_KiB:COUNT...]`) → total bytes.
 pub fn parse_cublas_workspace_config(s: &str) -> Result<u64, String> {
     let parts: Vec<&str> = s.split(':').collect();
-    if parts.first() != Some(&"") || parts.len() < 3 || parts.len() % 2 == 0 {
+    if parts.first() != Some(&"") || parts.len() < 3 || parts.len().is_multiple_of(2) {
         return Err(format!("{s:?}: expected \":SIZE_KiB:COUNT\" pairs, e.g. \":4096:8\""));
     }
     let mut total = 0u64;

@@ -101,12 +101,12 @@ impl TraceStats {
                 }
                 if a.mem.is_device() {
                     self.allocs += 1;
-                    self.live.insert((device, a.mem, a.addr), a.size);
+                    self.live.insert((device, space(a.mem), a.addr), a.size);
                     self.live_device_bytes += a.size;
                     self.peak_live_device_bytes = self.peak_live_device_bytes.max(self.live_device_bytes);
                 } else {
                     self.host_allocs += 1;
-                    self.live.insert((device, a.mem, a.addr), a.size);
+                    self.live.insert((device, space(a.mem), a.addr), a.size);
                     self.live_host += a.size;
                     self.peak_live_host_bytes = self.peak_live_host_bytes.max(self.live_host);
                 }
@@ -117,7 +117,7 @@ impl TraceStats {
                 if f.result != 0 || !self.counts_live(f.origin) || f.stage == FreeStage::Requested {
                     return;
                 }
-                match self.live.remove(&(device, f.mem, f.addr)) {
+                match self.live.remove(&(device, space(f.mem), f.addr)) {
                     Some(size) if f.mem.is_device() => {
                         self.frees += 1;
                         self.live_device_bytes -= size;
@@ -179,6 +179,15 @@ impl TraceStats {
     }
 }
 
+/// The address space a block lives in, for matching a free to its allocation: managed memory
+/// is freed with the device free calls (`cudaFree`, `cuMemFree_v2`), which record `device`.
+fn space(mem: MemoryKind) -> MemoryKind {
+    match mem {
+        MemoryKind::Managed => MemoryKind::Device,
+        m => m,
+    }
+}
+
 /// Total length of the union of half-open intervals.
 pub fn union_length(iv: &mut [(u64, u64)]) -> u64 {
     iv.sort_unstable();
@@ -198,4 +207,59 @@ pub fn union_length(iv: &mut [(u64, u64)]) -> u64 {
         total += ce - cs;
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace::{Alloc, Api, Free};
+
+    fn alloc(addr: u64, size: u64, mem: MemoryKind, api: Api) -> Record {
+        Record::bare(Event::Alloc(Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem,
+            api,
+            result: 0,
+            origin: Origin::Outcome,
+            category: None,
+            caller: None,
+            stack: None,
+        }))
+    }
+
+    fn free(addr: u64, mem: MemoryKind, api: Api) -> Record {
+        Record::bare(Event::Free(Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem,
+            api,
+            result: 0,
+            origin: Origin::Outcome,
+            stage: FreeStage::Immediate,
+            caller: None,
+            stack: None,
+        }))
+    }
+
+    /// `cudaFree` of `cudaMallocManaged` memory (recorded as a device free) ends that block.
+    #[test]
+    fn managed_memory_freed_by_the_device_free() {
+        let h = Header::new("test", "0", Level::Device);
+        let mut s = TraceStats::new(&h);
+        for r in [
+            alloc(0x1000, 100, MemoryKind::Managed, Api::CudaMallocManaged),
+            free(0x1000, MemoryKind::Device, Api::CudaFree),
+            alloc(0x2000, 30, MemoryKind::Device, Api::CudaMalloc),
+        ] {
+            s.observe(&r);
+        }
+        let s = s.finish(false, 0);
+        assert_eq!(
+            (s.allocs, s.frees, s.unknown_frees, s.peak_live_device_bytes, s.live_device_bytes),
+            (2, 1, 0, 100, 30)
+        );
+    }
 }

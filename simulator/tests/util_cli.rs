@@ -9,7 +9,11 @@ use trace::{DeviceInfo, Event, Header, KernelExec, KernelLaunch, Level, Marker, 
 
 fn memsim(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 fn json(args: &[&str]) -> Value {
@@ -72,7 +76,13 @@ fn write(dir: &Path, file: &str, device: Option<DeviceInfo>, records: &[Record])
 }
 
 fn a100_like(sm_count: u32) -> Option<DeviceInfo> {
-    Some(DeviceInfo { index: 0, name: None, total_memory: None, sm_count: Some(sm_count), compute_capability: Some((8, 0)) })
+    Some(DeviceInfo {
+        index: 0,
+        name: None,
+        total_memory: None,
+        sm_count: Some(sm_count),
+        compute_capability: Some((8, 0)),
+    })
 }
 
 /// A forward phase with a GEMM on all SMs and an elementwise kernel on half, then a backward
@@ -174,7 +184,9 @@ fn sm_count_and_profile_fallbacks() {
 
     let v = json(&["stats", path, "--json", "--sm-count", "8"]);
     assert_eq!(v["utilization"]["sm_count_source"], "fallback");
-    assert!((num(&v, "/utilization/run/sm_activity") - (200.0 * 0.5 + 100.0 * 0.25 + 50.0 * 0.5) / 400.0).abs() < 1e-12);
+    assert!(
+        (num(&v, "/utilization/run/sm_activity") - (200.0 * 0.5 + 100.0 * 0.25 + 50.0 * 0.5) / 400.0).abs() < 1e-12
+    );
     assert!(v["utilization"]["run"]["occupancy"].is_null());
 
     // The H200 profile: 132 SMs, compute capability 9.0.

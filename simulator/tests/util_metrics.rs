@@ -100,7 +100,11 @@ fn check_scope(what: &str, m: &ScopeMetrics, e: Expect) {
     assert_eq!(m.wall_ns, e.wall_ns, "{what}: wall");
     assert_eq!(m.busy_ns, Some(e.busy_ns), "{what}: busy");
     let busy = e.busy_ns as f64 / e.wall_ns as f64;
-    assert!(close(m.busy_fraction.expect("busy_fraction"), busy), "{what}: busy fraction {:?} != {busy}", m.busy_fraction);
+    assert!(
+        close(m.busy_fraction.expect("busy_fraction"), busy),
+        "{what}: busy fraction {:?} != {busy}",
+        m.busy_fraction
+    );
     let sm = m.sm_activity.expect("sm_activity");
     assert!(close(sm, e.sm_activity), "{what}: SM activity {sm} != {}", e.sm_activity);
     let occ = m.occupancy.expect("occupancy");
@@ -201,7 +205,14 @@ fn phases_split_time_and_attribute_counts_by_start() {
     check_scope(
         "run",
         &r.run,
-        Expect { wall_ns: 300, busy_ns: 200, sm_activity: 200.0 / 300.0, occupancy: 200.0 / 300.0, kernels: 2, mean_gap_ns: Some(100.0) },
+        Expect {
+            wall_ns: 300,
+            busy_ns: 200,
+            sm_activity: 200.0 / 300.0,
+            occupancy: 200.0 / 300.0,
+            kernels: 2,
+            mean_gap_ns: Some(100.0),
+        },
     );
     check_scope(
         "forward",
@@ -246,8 +257,7 @@ fn top_kernels_and_time_shares() {
         kn(450, 500, 4, 7, None),
     ];
     let r = report(&records);
-    let top: Vec<(&str, u64, u64)> =
-        r.run.top_kernels.iter().map(|t| (t.name.as_str(), t.count, t.total_ns)).collect();
+    let top: Vec<(&str, u64, u64)> = r.run.top_kernels.iter().map(|t| (t.name.as_str(), t.count, t.total_ns)).collect();
     assert_eq!(
         top,
         vec![
@@ -258,11 +268,11 @@ fn top_kernels_and_time_shares() {
         ]
     );
     let s = r.run.time_share.expect("time share");
-    for (got, want) in [(s.gemm_conv, 0.6), (s.elementwise, 0.2), (s.reduction, 0.1), (s.other, 0.1)]
-    {
+    for (got, want) in [(s.gemm_conv, 0.6), (s.elementwise, 0.2), (s.reduction, 0.1), (s.other, 0.1)] {
         assert!(close(got, want), "{s:?}");
     }
-    let limited = report_with(&header(Some(4), Some((8, 0))), UtilOptions { top: 1, ..UtilOptions::default() }, &records);
+    let limited =
+        report_with(&header(Some(4), Some((8, 0))), UtilOptions { top: 1, ..UtilOptions::default() }, &records);
     assert_eq!(limited.run.top_kernels.len(), 1);
 }
 
@@ -374,4 +384,24 @@ fn empty_trace_has_no_timing() {
     assert_eq!(r.timing, Timing::None);
     assert_eq!(r.run.wall_ns, 0);
     assert!(r.run.busy_fraction.is_none() && r.run.launch_rate_per_s.is_none());
+}
+
+#[test]
+fn corrupt_records_do_not_panic_and_unknown_occupancy_is_absent() {
+    // Huge grids and durations saturate instead of overflowing; a 2048-thread block cannot
+    // launch, so the scope has no occupancy rather than 0%.
+    let mut huge = k(0, u64::MAX / 2, 1, 7);
+    if let Event::KernelExec(e) = &mut huge.event {
+        e.grid = [u32::MAX; 3];
+        e.block = [2048, 1, 1];
+    }
+    let mut huge2 = huge.clone();
+    if let Event::KernelExec(e) = &mut huge2.event {
+        e.end_ns = u64::MAX;
+    }
+    let r = report(&[huge, huge2]);
+    assert_eq!(r.run.kernel_time_ns, u64::MAX);
+    assert_eq!(r.run.occupancy, None);
+    assert_eq!(r.run.occupancy_unknown_kernels, 2);
+    assert_eq!(r.run.sm_activity, Some(1.0));
 }

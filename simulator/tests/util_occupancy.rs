@@ -5,6 +5,9 @@ use simulator::utilization::{occupancy, BlockResources, Limiter, OccupancyError,
 
 const KB: u32 = 1024;
 
+/// Compute capability, threads per block, registers per thread, shared memory bytes.
+type Config = ((u32, u32), u32, u32, u32);
+
 fn calc(cc: (u32, u32), threads: u32, registers: u32, shared_mem: u32) -> Result<(u32, Limiter, f64), OccupancyError> {
     let lim = SmLimits::for_cc(cc).unwrap_or_else(|| panic!("compute capability {cc:?} missing from the table"));
     occupancy(lim, BlockResources { threads, registers_per_thread: registers, shared_mem })
@@ -33,58 +36,60 @@ fn programming_guide_register_example() {
 #[test]
 fn calculator_cases() {
     use Limiter::*;
-    let cases: &[((u32, u32), u32, u32, u32, (u32, Limiter, f64))] = &[
+    let cases: &[(Config, (u32, Limiter, f64))] = &[
         // 256 threads × 32 registers: 8 blocks fill the 64 warps of 8.0.
-        ((8, 0), 256, 32, 0, (8, Warps, 1.0)),
+        (((8, 0), 256, 32, 0), (8, Warps, 1.0)),
         // 1024-thread blocks: one per SM on 7.5 (32 warps) and on 8.6 (48 warps: 2/3), two on 9.0.
-        ((7, 5), 1024, 0, 0, (1, Warps, 1.0)),
-        ((8, 6), 1024, 0, 0, (1, Warps, 32.0 / 48.0)),
-        ((8, 6), 768, 0, 0, (2, Warps, 1.0)),
-        ((10, 0), 1024, 32, 0, (2, Warps, 1.0)),
-        ((12, 0), 256, 0, 0, (6, Warps, 1.0)),
+        (((7, 5), 1024, 0, 0), (1, Warps, 1.0)),
+        (((8, 6), 1024, 0, 0), (1, Warps, 32.0 / 48.0)),
+        (((8, 6), 768, 0, 0), (2, Warps, 1.0)),
+        (((10, 0), 1024, 32, 0), (2, Warps, 1.0)),
+        (((12, 0), 256, 0, 0), (6, Warps, 1.0)),
         // Small blocks hit the resident-block limit: 32 on 8.0, 16 on 8.6, 24 on 8.9.
-        ((8, 0), 32, 0, 0, (32, Blocks, 0.5)),
-        ((8, 6), 64, 0, 0, (16, Blocks, 32.0 / 48.0)),
-        ((8, 9), 64, 0, 0, (24, Warps, 1.0)),
+        (((8, 0), 32, 0, 0), (32, Blocks, 0.5)),
+        (((8, 6), 64, 0, 0), (16, Blocks, 32.0 / 48.0)),
+        (((8, 9), 64, 0, 0), (24, Warps, 1.0)),
         // Register-limited with the warp allocation granularity: 40 registers → 1280 per warp,
-        // 65536 / 1280 = 51 warps, rounded down to 48 → 12 blocks of 4 warps.
-        ((7, 0), 128, 40, 0, (12, Registers, 0.75)),
+        // 65536 / 1280 = 51 warps, rounded down to 48 → 16 blocks of 3 warps (17 without the
+        // rounding), 12 blocks of 4.
+        (((7, 0), 96, 40, 0), (16, Registers, 0.75)),
+        (((7, 0), 128, 40, 0), (12, Registers, 0.75)),
         // Shared-memory-limited, with the 1 KB the runtime reserves per block on 8.x/9.0:
         // 48 KB + 1 KB per block in 164 KB → 3 blocks.
-        ((8, 0), 128, 32, 48 * KB, (3, SharedMemory, 12.0 / 64.0)),
+        (((8, 0), 128, 32, 48 * KB), (3, SharedMemory, 12.0 / 64.0)),
         // GPU Glossary's H100 example (32 threads, 8 registers, 12 KB): 228 KB / 12 KB = 19 without
         // the reservation; CUDA's rule adds 1 KB per block: 233472 / 13312 → 17.
-        ((9, 0), 32, 8, 12 * KB, (17, SharedMemory, 17.0 / 64.0)),
+        (((9, 0), 32, 8, 12 * KB), (17, SharedMemory, 17.0 / 64.0)),
         // The largest block allocation leaves room for one block.
-        ((9, 0), 256, 32, 227 * KB, (1, SharedMemory, 8.0 / 64.0)),
-        ((8, 0), 256, 32, 163 * KB, (1, SharedMemory, 8.0 / 64.0)),
+        (((9, 0), 256, 32, 227 * KB), (1, SharedMemory, 8.0 / 64.0)),
+        (((8, 0), 256, 32, 163 * KB), (1, SharedMemory, 8.0 / 64.0)),
         // 7.x reserves nothing: 96 KB / 32 KB = 3 blocks.
-        ((7, 0), 256, 32, 32 * KB, (3, SharedMemory, 24.0 / 64.0)),
+        (((7, 0), 256, 32, 32 * KB), (3, SharedMemory, 24.0 / 64.0)),
         // Shared memory rounds up to the allocation unit: 7.5 (256 B): 4097 B → 4352 B → 15 blocks.
-        ((7, 5), 32, 0, 4097, (15, SharedMemory, 15.0 / 32.0)),
+        (((7, 5), 32, 0, 4097), (15, SharedMemory, 15.0 / 32.0)),
         // 8.0 (128 B units, +1 KB): 4097 B → 5248 B, and 167936 / 5248 = 32 exactly: a tie with
         // the block limit, which binds because ties go to the earlier limit.
-        ((8, 0), 32, 0, 4097, (32, Blocks, 0.5)),
+        (((8, 0), 32, 0, 4097), (32, Blocks, 0.5)),
     ];
-    for &(cc, t, r, s, expect) in cases {
+    for &((cc, t, r, s), expect) in cases {
         check(cc, t, r, s, expect);
     }
 }
 
 #[test]
 fn launch_failures() {
-    let cases: &[((u32, u32), u32, u32, u32, &str)] = &[
-        ((8, 0), 0, 32, 0, "block has 0 threads"),
-        ((8, 0), 1025, 32, 0, "block has 1025 threads: expected at most 1024"),
-        ((8, 0), 256, 256, 0, "256 registers per thread: expected at most 255"),
-        ((8, 0), 1024, 65, 0, "block needs 73728 registers"),
-        ((8, 0), 256, 32, 163 * KB + 1, "expected at most 166912 on compute capability 8.0"),
-        ((7, 5), 256, 32, 64 * KB + 1, "expected at most 65536 on compute capability 7.5"),
+    let cases: &[(Config, &str)] = &[
+        (((8, 0), 0, 32, 0), "block has 0 threads"),
+        (((8, 0), 1025, 32, 0), "block has 1025 threads: expected at most 1024"),
+        (((8, 0), 256, 256, 0), "256 registers per thread: expected at most 255"),
+        (((8, 0), 1024, 65, 0), "block needs 73728 registers"),
+        (((8, 0), 256, 32, 163 * KB + 1), "expected at most 166912 on compute capability 8.0"),
+        (((7, 5), 256, 32, 64 * KB + 1), "expected at most 65536 on compute capability 7.5"),
         // 800 threads × 80 registers fit the per-block limit (64000) but the warp granularity
         // leaves 24 warps for a 25-warp block.
-        ((8, 0), 800, 80, 0, "no block fits"),
+        (((8, 0), 800, 80, 0), "no block fits"),
     ];
-    for &(cc, t, r, s, msg) in cases {
+    for &((cc, t, r, s), msg) in cases {
         match calc(cc, t, r, s) {
             Ok(o) => panic!("cc {cc:?} {t} threads {r} regs {s} B: expected an error, got {o:?}"),
             Err(e) => assert!(e.to_string().contains(msg), "{e} does not contain {msg:?}"),

@@ -24,7 +24,7 @@ macro_rules! apis {
         }
 
         impl Api {
-            /// Every known API, in code order.
+            /// Every known API, in the order they were added (codes are pinned, not sorted).
             pub const ALL: &'static [Api] = &[$(Api::$variant,)*];
 
             /// The pinned numeric code.
@@ -126,6 +126,17 @@ apis! {
     Cupti = 160 => "cupti",
     Nvtx = 161 => "nvtx",
     User = 162 => "user",
+    CudaMallocAsync_ptsz = 17 => "cudaMallocAsync_ptsz",
+    CudaFreeAsync_ptsz = 18 => "cudaFreeAsync_ptsz",
+    CudaMallocFromPoolAsync_ptsz = 19 => "cudaMallocFromPoolAsync_ptsz",
+    CuArrayCreate_v2 = 58 => "cuArrayCreate_v2",
+    CuArray3DCreate_v2 = 59 => "cuArray3DCreate_v2",
+    CuMipmappedArrayCreate = 60 => "cuMipmappedArrayCreate",
+    CuArrayDestroy = 61 => "cuArrayDestroy",
+    CuMipmappedArrayDestroy = 62 => "cuMipmappedArrayDestroy",
+    CuLaunch = 120 => "cuLaunch",
+    CuLaunchGrid = 121 => "cuLaunchGrid",
+    CuLaunchGridAsync = 122 => "cuLaunchGridAsync",
 }
 
 impl Api {

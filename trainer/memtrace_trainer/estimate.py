@@ -92,14 +92,8 @@ def estimate(
         workload: Workload = workload_for()
         with torch.device("meta"):
             feats = extract(workload, workload.family)
+        # memest reads the layers in execution order from `sequence`.
         data = {"model": workload.spec, **feats.to_json()}
-        # memest reads `layers` keyed by execution index (features --json keys them by module
-        # name, which is not unique across calls and not ordered); the name stays inside.
-        data["layers"] = {
-            str(i): {"name": la.name, "type": la.type, "activations": la.activations,
-                     "parameters": la.parameters}
-            for i, la in enumerate(feats.layers)
-        }  # fmt: skip
         (d / "features.json").write_text(json.dumps(data))
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -101,34 +101,45 @@ impl Grower<'_> {
         }
     }
 
-    fn grow(&mut self, idx: &mut [usize], depth: usize) -> usize {
-        let slot = self.nodes.len();
+    /// Grows the tree breadth-first from an explicit work list: a degenerate tree that peels
+    /// one row per level is thousands of levels deep, too deep for recursion on a thread stack.
+    fn grow(&mut self, root: Vec<usize>) {
         self.nodes.push(Node::Leaf(Vec::new()));
-        let n = idx.len();
-        let width = match self.task {
-            TreeTask::Classify(k) => k,
-            TreeTask::Regress => 2,
-        };
-        let mut total = vec![0.0; width];
-        for &i in idx.iter() {
-            self.add(&mut total, i, 1.0);
+        let mut work = vec![(0usize, root, 0usize)];
+        while let Some((slot, mut idx, depth)) = work.pop() {
+            let n = idx.len();
+            let width = match self.task {
+                TreeTask::Classify(k) => k,
+                TreeTask::Regress => 2,
+            };
+            let mut total = vec![0.0; width];
+            for &i in idx.iter() {
+                self.add(&mut total, i, 1.0);
+            }
+            let parent_cost = self.cost(&total, n as f64);
+            let stop = n < self.params.min_samples_split
+                || n < 2 * self.params.min_samples_leaf
+                || self.params.max_depth.is_some_and(|d| depth >= d)
+                || parent_cost <= 1e-12 * n as f64;
+            let best = if stop { None } else { self.best_split(&mut idx, &total, parent_cost) };
+            let Some((feature, threshold)) = best else {
+                self.nodes[slot] = self.leaf(&idx);
+                continue;
+            };
+            // Stable partition keeps row order, so children are grown from the same sequence.
+            let (l, r): (Vec<usize>, Vec<usize>) = idx.iter().partition(|&&i| self.x[[i, feature]] <= threshold);
+            if l.is_empty() || r.is_empty() {
+                self.nodes[slot] = self.leaf(&idx);
+                continue;
+            }
+            let left = self.nodes.len();
+            let right = left + 1;
+            self.nodes.push(Node::Leaf(Vec::new()));
+            self.nodes.push(Node::Leaf(Vec::new()));
+            self.nodes[slot] = Node::Split { feature, threshold, left, right };
+            work.push((right, r, depth + 1));
+            work.push((left, l, depth + 1));
         }
-        let parent_cost = self.cost(&total, n as f64);
-        let stop = n < self.params.min_samples_split
-            || n < 2 * self.params.min_samples_leaf
-            || self.params.max_depth.is_some_and(|d| depth >= d)
-            || parent_cost <= 1e-12 * n as f64;
-        let best = if stop { None } else { self.best_split(idx, &total, parent_cost) };
-        let Some((feature, threshold)) = best else {
-            self.nodes[slot] = self.leaf(idx);
-            return slot;
-        };
-        // Stable partition keeps row order, so children are grown from the same sequence.
-        let (mut l, mut r): (Vec<usize>, Vec<usize>) = idx.iter().partition(|&&i| self.x[[i, feature]] <= threshold);
-        let left = self.grow(&mut l, depth + 1);
-        let right = self.grow(&mut r, depth + 1);
-        self.nodes[slot] = Node::Split { feature, threshold, left, right };
-        slot
     }
 
     fn best_split(&mut self, idx: &mut [usize], total: &[f64], parent: f64) -> Option<(usize, f64)> {
@@ -157,7 +168,10 @@ impl Grower<'_> {
                 }
                 let cost = self.cost(&left, nl as f64) + self.cost(&right, (n - nl) as f64);
                 if cost < parent - 1e-12 && best.is_none_or(|b| cost < b.0) {
-                    best = Some((cost, f, v + (next - v) / 2.0));
+                    // The midpoint of two adjacent floats can round up to `next`, which would
+                    // send every row left; `v` itself separates them exactly.
+                    let mid = v + (next - v) / 2.0;
+                    best = Some((cost, f, if mid < next { mid } else { v }));
                 }
             }
         }
@@ -169,8 +183,7 @@ impl Tree {
     /// Grows a tree on rows `idx` of `x`; `y` holds class indices (as f64) or targets.
     pub fn fit(x: &Array2<f64>, y: &[f64], idx: &[usize], task: TreeTask, params: TreeParams, seed: u64) -> Tree {
         let mut g = Grower { x, y, task, params, rng: StdRng::seed_from_u64(seed), nodes: Vec::new() };
-        let mut rows = idx.to_vec();
-        g.grow(&mut rows, 0);
+        g.grow(idx.to_vec());
         Tree { nodes: g.nodes, task }
     }
 

@@ -23,6 +23,7 @@ pub mod render;
 pub mod scale;
 pub mod score;
 pub mod split;
+pub mod util;
 
 pub use bins::{Binning, Closed, OOM_RELABEL_MIB};
 pub use dataset::{Dataset, Family, Layer, RunRow, RunStatus};

@@ -83,6 +83,8 @@ pub struct ClassScores {
     /// Recall of the highest bin that has rows in the truth (the "high" class of utilisation
     /// targets); null for no rows.
     pub high_class_recall: Option<f64>,
+    /// Recall of each bin, in class order; null for bins without rows in the truth.
+    pub recall_per_class: Vec<Option<f64>>,
 }
 
 impl ClassScores {
@@ -93,9 +95,8 @@ impl ClassScores {
             f1_macro: score::f1_macro(truth, pred),
             f1_weighted: score::f1_weighted(truth, pred),
             below_diagonal: score::below_diagonal(truth, pred),
-            high_class_recall: (0..n_classes)
-                .rev()
-                .find_map(|c| score::recall_of(truth, pred, c)),
+            high_class_recall: (0..n_classes).rev().find_map(|c| score::recall_of(truth, pred, c)),
+            recall_per_class: (0..n_classes).map(|c| score::recall_of(truth, pred, c)).collect(),
         }
     }
 }

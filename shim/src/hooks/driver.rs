@@ -1,9 +1,9 @@
 //! Driver (`libcuda.so.1`) allocation and VMM hooks. Error code when the real driver is missing:
 //! `CUDA_ERROR_NOT_INITIALIZED` (3).
 //!
-//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
-//! function of the same signature, and reads an out-pointer only when it is non-null and the
-//! call succeeded.
+//! The call to the real function is the one unsafe operation every hook shares; it is made, and
+//! documented, once in the hook macros (`hooks/mod.rs`). The unsafe blocks left here read
+//! out-pointers, each with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
@@ -18,8 +18,8 @@ const NO_DRIVER: c_int = 3;
 
 #[inline(always)]
 unsafe fn out(p: *mut u64, r: c_int) -> u64 {
-    // Safety: checked non-null; the real call wrote it on success.
     if r == 0 && !p.is_null() {
+        // Safety: checked non-null; the real call wrote it on success.
         unsafe { *p }
     } else {
         0
@@ -28,8 +28,8 @@ unsafe fn out(p: *mut u64, r: c_int) -> u64 {
 
 #[inline(always)]
 unsafe fn out_host(p: *mut *mut c_void, r: c_int) -> u64 {
-    // Safety: as above.
     if r == 0 && !p.is_null() {
+        // Safety: checked non-null; the real call wrote it on success.
         unsafe { *p as u64 }
     } else {
         0
@@ -43,7 +43,8 @@ macro_rules! alloc_hook {
             $name, Driver, fn(p: *mut u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
             |real, ra| {
                 let d = Depth::enter();
-                let r = unsafe { real(p, size) };
+                let r = real(p, size);
+                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
                 if d.outer() { emit::alloc(&d, Api::$api, $mem, unsafe { out(p, r) }, size as u64, 0, r, ra) }
                 r
             }
@@ -58,7 +59,8 @@ macro_rules! async_alloc_hook {
             $name, Driver, fn(p: *mut u64, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_DRIVER,
             |real, ra| {
                 let d = Depth::enter();
-                let r = unsafe { real(p, size, s) };
+                let r = real(p, size, s);
+                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
                 if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
                 r
             }
@@ -73,7 +75,8 @@ macro_rules! pool_alloc_hook {
             $name, Driver, fn(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_DRIVER,
             |real, ra| {
                 let d = Depth::enter();
-                let r = unsafe { real(p, size, pool, s) };
+                let r = real(p, size, pool, s);
+                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
                 if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
                 r
             }
@@ -88,7 +91,7 @@ macro_rules! free_hook {
             $name, Driver, fn(p: u64) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
             |real, ra| {
                 let d = Depth::enter();
-                let r = unsafe { real(p) };
+                let r = real(p);
                 if d.outer() { emit::free(&d, Api::$api, $mem, p, 0, r, ra) }
                 r
             }
@@ -103,7 +106,7 @@ macro_rules! async_free_hook {
             $name, Driver, fn(p: u64, s: Handle) pads(a, b, c) -> c_int, err = NO_DRIVER,
             |real, ra| {
                 let d = Depth::enter();
-                let r = unsafe { real(p, s) };
+                let r = real(p, s);
                 if d.outer() { emit::free(&d, Api::$api, mem::DEVICE, p, s as u64, r, ra) }
                 r
             }
@@ -126,7 +129,8 @@ caller_hook! {
     cuMemAllocManaged, Driver, fn(p: *mut u64, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuMemAllocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -137,9 +141,11 @@ caller_hook! {
     cuMemAllocPitch_v2, Driver, fn(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, pitch, width, height, elem) };
+        let r = real(p, pitch, width, height, elem);
         if d.outer() {
+            // Safety: the pitch out-pointer, read only when non-null and the call succeeded.
             let pv = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
+            // Safety: reads the out-pointer only when it is non-null and the call succeeded.
             emit::alloc(&d, Api::CuMemAllocPitch_v2, mem::DEVICE, unsafe { out(p, r) }, (pv * height) as u64, 0, r, ra)
         }
         r
@@ -151,7 +157,8 @@ caller_hook! {
     cuMemHostAlloc, Driver, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -162,7 +169,8 @@ caller_hook! {
     cuMemAllocHost_v2, Driver, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size) };
+        let r = real(p, size);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -173,7 +181,7 @@ caller_hook! {
     cuMemFreeHost, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         if d.outer() { emit::free(&d, Api::CuMemFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
         r
     }
@@ -184,7 +192,7 @@ caller_hook! {
     cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
         if d.outer() { emit::alloc(&d, Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
         r
     }
@@ -195,7 +203,7 @@ caller_hook! {
     cuMemHostUnregister, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         if d.outer() { emit::free(&d, Api::CuMemHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
@@ -206,7 +214,7 @@ caller_hook! {
     cuMemPoolTrimTo, Driver, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
     |real, _ra| {
         let d = Depth::enter();
-        let r = unsafe { real(pool, keep) };
+        let r = real(pool, keep);
         if d.outer() { emit::trim(&d, Api::CuMemPoolTrimTo, pool as u64, keep as u64, r) }
         r
     }
@@ -225,7 +233,8 @@ plain_hook! {
     cuIpcOpenMemHandle_v2, Driver, fn(p: *mut u64, h: CuIpcHandle, flags: c_uint) -> c_int, err = NO_DRIVER,
     |real| {
         let d = Depth::enter();
-        let r = unsafe { real(p, h, flags) };
+        let r = real(p, h, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuIpcOpenMemHandle_v2, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
         r
     }
@@ -236,7 +245,8 @@ caller_hook! {
     cuMemImportFromShareableHandle, Driver, fn(h: *mut u64, os: *mut c_void, kind: c_int) pads(a, b) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(h, os, kind) };
+        let r = real(h, os, kind);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuMemImportFromShareableHandle, mem::IPC_IMPORT, unsafe { out(h, r) }, 0, 0, r, ra) }
         r
     }
@@ -247,7 +257,8 @@ caller_hook! {
     cuMemAddressReserve, Driver, fn(p: *mut u64, size: usize, align: usize, addr: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, align, addr, flags) };
+        let r = real(p, size, align, addr, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::vmm(&d, Api::CuMemAddressReserve, vmm::RESERVE, unsafe { out(p, r) }, size as u64, 0, 0, r, ra) }
         r
     }
@@ -258,7 +269,7 @@ caller_hook! {
     cuMemAddressFree, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size) };
+        let r = real(p, size);
         if d.outer() { emit::vmm(&d, Api::CuMemAddressFree, vmm::ADDRESS_FREE, p, size as u64, 0, 0, r, ra) }
         r
     }
@@ -269,7 +280,8 @@ caller_hook! {
     cuMemCreate, Driver, fn(h: *mut u64, size: usize, prop: *const c_void, flags: c_ulonglong) pads(a) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(h, size, prop, flags) };
+        let r = real(h, size, prop, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CuMemCreate, mem::PHYSICAL, unsafe { out(h, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -282,7 +294,7 @@ caller_hook! {
     cuMemMap, Driver, fn(p: u64, size: usize, offset: usize, h: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, offset, h, flags) };
+        let r = real(p, size, offset, h, flags);
         if d.outer() { emit::vmm(&d, Api::CuMemMap, vmm::MAP, p, size as u64, h, offset as u64, r, ra) }
         r
     }
@@ -293,7 +305,7 @@ caller_hook! {
     cuMemUnmap, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size) };
+        let r = real(p, size);
         if d.outer() { emit::vmm(&d, Api::CuMemUnmap, vmm::UNMAP, p, size as u64, 0, 0, r, ra) }
         r
     }
@@ -304,7 +316,7 @@ caller_hook! {
     cuMemSetAccess, Driver, fn(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) -> c_int, err = NO_DRIVER,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, desc, count) };
+        let r = real(p, size, desc, count);
         if d.outer() { emit::vmm(&d, Api::CuMemSetAccess, vmm::SET_ACCESS, p, size as u64, 0, 0, r, ra) }
         r
     }

@@ -3,11 +3,11 @@
 
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use trace::Api;
 
-use crate::raw::{Depth, FuncKind, RawEvent, RawKind};
+use crate::raw::{pack, Depth, FuncKind, RawEvent, RawKind};
 use crate::state;
 
 #[inline(always)]
@@ -19,18 +19,19 @@ fn guarded(f: impl FnOnce()) {
 #[inline]
 pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
     guarded(|| {
-        state::record(RawEvent {
+        let addr = if result == 0 { addr } else { 0 };
+        let ev = RawEvent {
             kind: RawKind::Alloc as u8,
             api: api.code(),
-            tid: d.tid(),
             sub: mem,
-            addr: if result == 0 { addr } else { 0 },
+            addr,
             size,
             stream,
             result,
             caller: caller as u64,
             ..RawEvent::default()
-        })
+        };
+        state::record(d, ev)
     })
 }
 
@@ -38,17 +39,17 @@ pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, re
 #[inline]
 pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
     guarded(|| {
-        state::record(RawEvent {
+        let ev = RawEvent {
             kind: RawKind::Free as u8,
             api: api.code(),
-            tid: d.tid(),
             sub: mem,
             addr,
             stream,
             result,
             caller: caller as u64,
             ..RawEvent::default()
-        })
+        };
+        state::record(d, ev)
     })
 }
 
@@ -57,10 +58,9 @@ pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, c
 #[allow(clippy::too_many_arguments)]
 pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, result: i32, caller: usize) {
     guarded(|| {
-        state::record(RawEvent {
+        let ev = RawEvent {
             kind: RawKind::Vmm as u8,
             api: api.code(),
-            tid: d.tid(),
             sub: op,
             addr,
             size,
@@ -69,8 +69,25 @@ pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offse
             result,
             caller: caller as u64,
             ..RawEvent::default()
-        })
+        };
+        state::record(d, ev)
     })
+}
+
+/// Whether launches are recorded (`MEMTRACE_KERNELS`), without a `OnceLock` check per launch.
+static KERNELS: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 2;
+
+#[inline(always)]
+fn kernels_on() -> bool {
+    match KERNELS.load(Ordering::Relaxed) {
+        UNKNOWN => {
+            let on = state::config().kernels;
+            KERNELS.store(u8::from(on), Ordering::Relaxed);
+            on
+        }
+        v => v == 1,
+    }
 }
 
 /// A launch returned.
@@ -88,22 +105,23 @@ pub fn launch(
     result: i32,
 ) {
     guarded(|| {
-        if !state::config().kernels {
+        if !kernels_on() {
             return;
         }
-        state::record(RawEvent {
+        let ev = RawEvent {
             kind: RawKind::Launch as u8,
             api: api.code(),
-            tid: d.tid(),
             sub: func as u8,
-            aux: f,
-            grid,
-            block,
-            shared,
+            addr: f,
+            size: pack(grid[0], grid[1]),
+            aux: pack(grid[2], block[0]),
+            offset: pack(block[1], block[2]),
+            caller: u64::from(shared),
             stream,
             result,
-            ..RawEvent::default()
-        })
+            ts: 0,
+        };
+        state::record(d, ev)
     })
 }
 
@@ -111,15 +129,15 @@ pub fn launch(
 #[inline]
 pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
     guarded(|| {
-        state::record(RawEvent {
+        let ev = RawEvent {
             kind: RawKind::PoolTrim as u8,
             api: api.code(),
-            tid: d.tid(),
             addr: pool,
             size: keep,
             result,
             ..RawEvent::default()
-        })
+        };
+        state::record(d, ev)
     })
 }
 
@@ -134,12 +152,7 @@ pub unsafe fn marker(text: *const c_char) {
     guarded(|| {
         // Safety: the caller passes a NUL-terminated string (the C API contract).
         let owned = CString::from(unsafe { CStr::from_ptr(text) });
-        state::record(RawEvent {
-            kind: RawKind::Marker as u8,
-            tid: crate::raw::tid(),
-            aux: owned.into_raw() as u64,
-            ..RawEvent::default()
-        })
+        state::record_any(RawEvent { kind: RawKind::Marker as u8, aux: owned.into_raw() as u64, ..RawEvent::default() })
     })
 }
 

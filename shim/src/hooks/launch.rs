@@ -1,9 +1,9 @@
 //! Kernel launch hooks (runtime, driver, graphs). No caller module: launches are counted and
 //! named, not attributed. Launch hooks only record; the kernel name is resolved by the writer.
 //!
-//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
-//! function of the same signature, and reads a launch configuration only through a non-null
-//! pointer the caller passed for the duration of the call.
+//! The call to the real function is made, and documented, once in the hook macros
+//! (`hooks/mod.rs`); the unsafe blocks left here read the caller's launch configuration, each
+//! with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -69,7 +69,7 @@ macro_rules! runtime_launch {
             err = NO_RUNTIME,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(f, g, b, args, shared, s) };
+                let r = real(f, g, b, args, shared, s);
                 if d.outer() {
                     emit::launch(&d, Api::$api, FuncKind::HostStub, f as u64, g.arr(), b.arr(), shared as u32, s as u64, r)
                 }
@@ -94,8 +94,9 @@ macro_rules! runtime_launch_ex {
             err = NO_RUNTIME,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(cfg, f, args) };
+                let r = real(cfg, f, args);
                 if d.outer() && !cfg.is_null() {
+                    // Safety: non-null (checked); the caller's launch configuration, valid during the call.
                     let c = unsafe { &*cfg };
                     emit::launch(&d, Api::$api, FuncKind::HostStub, f as u64, c.grid.arr(), c.block.arr(), c.dynamic_smem as u32, c.stream as u64, r)
                 }
@@ -115,7 +116,7 @@ macro_rules! graph_launch {
             $name, $lib, fn(g: Handle, s: Handle) -> c_int, err = $err,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(g, s) };
+                let r = real(g, s);
                 if d.outer() { emit::launch(&d, Api::$api, FuncKind::Graph, g as u64, [0; 3], [0; 3], 0, s as u64, r) }
                 r
             }
@@ -137,7 +138,7 @@ macro_rules! driver_launch {
             err = NO_DRIVER,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) };
+                let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
                 if d.outer() {
                     emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
                 }
@@ -159,7 +160,7 @@ macro_rules! driver_coop {
             err = NO_DRIVER,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, s, params) };
+                let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params);
                 if d.outer() {
                     emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
                 }
@@ -180,8 +181,9 @@ macro_rules! driver_launch_ex {
             err = NO_DRIVER,
             |real| {
                 let d = Depth::enter();
-                let r = unsafe { real(cfg, f, params, extra) };
+                let r = real(cfg, f, params, extra);
                 if d.outer() && !cfg.is_null() {
+                    // Safety: non-null (checked); the caller's launch configuration, valid during the call.
                     let c = unsafe { &*cfg };
                     emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, c.grid, c.block, c.shared, c.stream as u64, r)
                 }
@@ -193,6 +195,42 @@ macro_rules! driver_launch_ex {
 
 driver_launch_ex!(cuLaunchKernelEx, CuLaunchKernelEx);
 driver_launch_ex!(cuLaunchKernelEx_ptsz, CuLaunchKernelEx_ptsz);
+
+plain_hook! {
+    /// `cuLaunch(f)`: the legacy launch of a 1×1×1 grid; the block shape was set earlier with
+    /// `cuFuncSetBlockShape` and is recorded as unknown (0×0×0).
+    cuLaunch, Driver, fn(f: Handle) -> c_int, err = NO_DRIVER,
+    |real| {
+        let d = Depth::enter();
+        let r = real(f);
+        if d.outer() { emit::launch(&d, Api::CuLaunch, FuncKind::CuFunction, f as u64, [1, 1, 1], [0; 3], 0, 0, r) }
+        r
+    }
+}
+
+plain_hook! {
+    /// `cuLaunchGrid(f, w, h)`: block shape unknown (0×0×0), as for `cuLaunch`.
+    cuLaunchGrid, Driver, fn(f: Handle, w: c_int, h: c_int) -> c_int, err = NO_DRIVER,
+    |real| {
+        let d = Depth::enter();
+        let r = real(f, w, h);
+        if d.outer() { emit::launch(&d, Api::CuLaunchGrid, FuncKind::CuFunction, f as u64, [w as u32, h as u32, 1], [0; 3], 0, 0, r) }
+        r
+    }
+}
+
+plain_hook! {
+    /// `cuLaunchGridAsync(f, w, h, stream)`: block shape unknown, as for `cuLaunch`.
+    cuLaunchGridAsync, Driver, fn(f: Handle, w: c_int, h: c_int, s: Handle) -> c_int, err = NO_DRIVER,
+    |real| {
+        let d = Depth::enter();
+        let r = real(f, w, h, s);
+        if d.outer() {
+            emit::launch(&d, Api::CuLaunchGridAsync, FuncKind::CuFunction, f as u64, [w as u32, h as u32, 1], [0; 3], 0, s as u64, r)
+        }
+        r
+    }
+}
 
 /// Launch hooks.
 pub const ALL: &[HookDesc] = &[
@@ -214,4 +252,7 @@ pub const ALL: &[HookDesc] = &[
     cuLaunchCooperativeKernel_ptsz::DESC,
     cuLaunchKernelEx::DESC,
     cuLaunchKernelEx_ptsz::DESC,
+    cuLaunch::DESC,
+    cuLaunchGrid::DESC,
+    cuLaunchGridAsync::DESC,
 ];

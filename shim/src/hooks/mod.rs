@@ -14,6 +14,7 @@
 
 use std::ffi::c_void;
 
+pub mod array;
 pub mod control;
 pub mod driver;
 pub mod emit;
@@ -96,8 +97,14 @@ macro_rules! caller_hook {
                     $crate::hooks::emit::missing(NAME);
                     return $err;
                 }
-                // Safety: `real` is the definition of exactly this entry point.
-                let $real: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // Safety: `real` is the definition of exactly this entry point (the next one
+                // after the shim, or what the real resolver returned for this name).
+                let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // The one unsafe call of every hook: the caller's own arguments, unchanged, to
+                // the real function of the same signature. The caller's obligations under the
+                // CUDA API contract are exactly the real function's.
+                #[allow(unused_unsafe)]
+                let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
                 $body
             }
 
@@ -158,8 +165,14 @@ macro_rules! plain_hook {
                     $crate::hooks::emit::missing(NAME);
                     return $err;
                 }
-                // Safety: `real` is the definition of exactly this entry point.
-                let $real: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // Safety: `real` is the definition of exactly this entry point (the next one
+                // after the shim, or what the real resolver returned for this name).
+                let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // The one unsafe call of every hook: the caller's own arguments, unchanged, to
+                // the real function of the same signature. The caller's obligations under the
+                // CUDA API contract are exactly the real function's.
+                #[allow(unused_unsafe)]
+                let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
                 $body
             }
 

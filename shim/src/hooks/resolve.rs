@@ -44,8 +44,8 @@ plain_hook! {
     cuGetProcAddress, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
     err = NO_DRIVER,
     |real| {
-        // Safety: forwarding the caller's arguments; wrap_out checks the out-pointer.
-        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        let r = real(sym, pfn, ver, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
         unsafe { wrap_out(r, sym, pfn) };
         r
     }
@@ -56,8 +56,8 @@ plain_hook! {
     cuGetProcAddress_v2, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
     err = NO_DRIVER,
     |real| {
-        // Safety: as in cuGetProcAddress.
-        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        let r = real(sym, pfn, ver, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
         unsafe { wrap_out(r, sym, pfn) };
         r
     }
@@ -68,8 +68,8 @@ plain_hook! {
     cuGetProcAddress_ptsz, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
     err = NO_DRIVER,
     |real| {
-        // Safety: as in cuGetProcAddress.
-        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        let r = real(sym, pfn, ver, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
         unsafe { wrap_out(r, sym, pfn) };
         r
     }
@@ -80,8 +80,8 @@ plain_hook! {
     cudaGetDriverEntryPoint, Runtime, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int) -> c_int,
     err = NO_RUNTIME,
     |real| {
-        // Safety: as in cuGetProcAddress.
-        let r = unsafe { real(sym, pfn, flags, st) };
+        let r = real(sym, pfn, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
         unsafe { wrap_out(r, sym, pfn) };
         r
     }
@@ -93,8 +93,33 @@ plain_hook! {
     fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int) -> c_int,
     err = NO_RUNTIME,
     |real| {
-        // Safety: as in cuGetProcAddress.
-        let r = unsafe { real(sym, pfn, ver, flags, st) };
+        let r = real(sym, pfn, ver, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
+        unsafe { wrap_out(r, sym, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cudaGetDriverEntryPoint_ptsz`.
+    cudaGetDriverEntryPoint_ptsz, Runtime, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_RUNTIME,
+    |real| {
+        let r = real(sym, pfn, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
+        unsafe { wrap_out(r, sym, pfn) };
+        r
+    }
+}
+
+plain_hook! {
+    /// `cudaGetDriverEntryPointByVersion_ptsz`.
+    cudaGetDriverEntryPointByVersion_ptsz, Runtime,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int) -> c_int,
+    err = NO_RUNTIME,
+    |real| {
+        let r = real(sym, pfn, ver, flags, st);
+        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
         unsafe { wrap_out(r, sym, pfn) };
         r
     }
@@ -107,6 +132,8 @@ pub const ALL: &[HookDesc] = &[
     cuGetProcAddress_ptsz::DESC,
     cudaGetDriverEntryPoint::DESC,
     cudaGetDriverEntryPointByVersion::DESC,
+    cudaGetDriverEntryPoint_ptsz::DESC,
+    cudaGetDriverEntryPointByVersion_ptsz::DESC,
 ];
 
 /// Only names that could be hooked are worth an identity check.

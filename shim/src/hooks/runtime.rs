@@ -1,9 +1,9 @@
 //! Runtime (`libcudart`) allocation hooks. Error code when the real runtime is missing:
 //! `cudaErrorInitializationError` (3).
 //!
-//! Safety of every `unsafe` block here: the hook forwards the caller's own arguments to the real
-//! function of the same signature, and reads an out-pointer only when it is non-null and the
-//! call succeeded.
+//! The call to the real function is the one unsafe operation every hook shares; it is made, and
+//! documented, once in the hook macros (`hooks/mod.rs`). The unsafe blocks left here read
+//! out-pointers, each with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -22,8 +22,8 @@ const NO_RUNTIME: c_int = 3;
 /// `p` is null or points to a pointer the real call wrote.
 #[inline(always)]
 unsafe fn out(p: *mut *mut c_void, r: c_int) -> u64 {
-    // Safety: checked non-null; the real call wrote it on success.
     if r == 0 && !p.is_null() {
+        // Safety: checked non-null; the real call wrote it on success.
         unsafe { *p as u64 }
     } else {
         0
@@ -35,7 +35,8 @@ caller_hook! {
     cudaMalloc, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size) };
+        let r = real(p, size);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaMalloc, mem::DEVICE, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -46,7 +47,7 @@ caller_hook! {
     cudaFree, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         // cudaFree(NULL) is the idiomatic "initialise the context" call, not a free.
         if d.outer() && !p.is_null() { emit::free(&d, Api::CudaFree, mem::DEVICE, p as u64, 0, r, ra) }
         r
@@ -58,7 +59,8 @@ caller_hook! {
     cudaMallocAsync, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, s) };
+        let r = real(p, size, s);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaMallocAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
         r
     }
@@ -69,8 +71,43 @@ caller_hook! {
     cudaFreeAsync, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, s) };
+        let r = real(p, s);
         if d.outer() { emit::free(&d, Api::CudaFreeAsync, mem::DEVICE, p as u64, s as u64, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cudaMallocAsync_ptsz`.
+    cudaMallocAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = real(p, size, s);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
+        if d.outer() { emit::alloc(&d, Api::CudaMallocAsync_ptsz, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cudaFreeAsync_ptsz`.
+    cudaFreeAsync_ptsz, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = real(p, s);
+        if d.outer() { emit::free(&d, Api::CudaFreeAsync_ptsz, mem::DEVICE, p as u64, s as u64, r, ra) }
+        r
+    }
+}
+
+caller_hook! {
+    /// `cudaMallocFromPoolAsync_ptsz`.
+    cudaMallocFromPoolAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME,
+    |real, ra| {
+        let d = Depth::enter();
+        let r = real(p, size, pool, s);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
+        if d.outer() { emit::alloc(&d, Api::CudaMallocFromPoolAsync_ptsz, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
         r
     }
 }
@@ -80,7 +117,8 @@ caller_hook! {
     cudaMallocFromPoolAsync, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, pool, s) };
+        let r = real(p, size, pool, s);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaMallocFromPoolAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
         r
     }
@@ -91,7 +129,8 @@ caller_hook! {
     cudaMallocManaged, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaMallocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -102,7 +141,8 @@ caller_hook! {
     cudaMallocHost, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size) };
+        let r = real(p, size);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaMallocHost, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -113,7 +153,8 @@ caller_hook! {
     cudaHostAlloc, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
@@ -124,7 +165,7 @@ caller_hook! {
     cudaFreeHost, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         if d.outer() { emit::free(&d, Api::CudaFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
         r
     }
@@ -135,7 +176,7 @@ caller_hook! {
     cudaHostRegister, Runtime, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, size, flags) };
+        let r = real(p, size, flags);
         if d.outer() { emit::alloc(&d, Api::CudaHostRegister, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
         r
     }
@@ -146,7 +187,7 @@ caller_hook! {
     cudaHostUnregister, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         if d.outer() { emit::free(&d, Api::CudaHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
@@ -157,9 +198,11 @@ caller_hook! {
     cudaMallocPitch, Runtime, fn(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) pads(a) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p, pitch, width, height) };
+        let r = real(p, pitch, width, height);
         if d.outer() {
+            // Safety: the pitch out-pointer, read only when non-null and the call succeeded.
             let pitch_v = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
+            // Safety: reads the out-pointer only when it is non-null and the call succeeded.
             emit::alloc(&d, Api::CudaMallocPitch, mem::DEVICE, unsafe { out(p, r) }, (pitch_v * height) as u64, 0, r, ra)
         }
         r
@@ -171,7 +214,7 @@ caller_hook! {
     cudaMemPoolTrimTo, Runtime, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
     |real, _ra| {
         let d = Depth::enter();
-        let r = unsafe { real(pool, keep) };
+        let r = real(pool, keep);
         if d.outer() { emit::trim(&d, Api::CudaMemPoolTrimTo, pool as u64, keep as u64, r) }
         r
     }
@@ -190,7 +233,8 @@ plain_hook! {
     cudaIpcOpenMemHandle, Runtime, fn(p: *mut *mut c_void, h: IpcHandle, flags: c_uint) -> c_int, err = NO_RUNTIME,
     |real| {
         let d = Depth::enter();
-        let r = unsafe { real(p, h, flags) };
+        let r = real(p, h, flags);
+        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaIpcOpenMemHandle, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
         r
     }
@@ -201,7 +245,7 @@ caller_hook! {
     cudaIpcCloseMemHandle, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
     |real, ra| {
         let d = Depth::enter();
-        let r = unsafe { real(p) };
+        let r = real(p);
         if d.outer() { emit::free(&d, Api::CudaIpcCloseMemHandle, mem::IPC_IMPORT, p as u64, 0, r, ra) }
         r
     }
@@ -214,6 +258,9 @@ pub const ALL: &[HookDesc] = &[
     cudaMallocAsync::DESC,
     cudaFreeAsync::DESC,
     cudaMallocFromPoolAsync::DESC,
+    cudaMallocAsync_ptsz::DESC,
+    cudaFreeAsync_ptsz::DESC,
+    cudaMallocFromPoolAsync_ptsz::DESC,
     cudaMallocManaged::DESC,
     cudaMallocHost::DESC,
     cudaHostAlloc::DESC,

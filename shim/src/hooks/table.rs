@@ -23,8 +23,8 @@ pub struct HookDesc {
 }
 
 /// Every hook, grouped by file.
-pub fn groups() -> [&'static [HookDesc]; 4] {
-    [super::runtime::ALL, super::driver::ALL, super::launch::ALL, super::resolve::ALL]
+pub fn groups() -> [&'static [HookDesc]; 5] {
+    [super::runtime::ALL, super::driver::ALL, super::array::ALL, super::launch::ALL, super::resolve::ALL]
 }
 
 static OWN_BASE: AtomicUsize = AtomicUsize::new(0);

@@ -96,6 +96,21 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned g
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, 0);
 }
 CUresult cuGraphLaunch(void *g, void *s) { (void)s; return g ? 0 : 1; }
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, void *s) { (void)pool; (void)s; return cuMemAlloc_v2(p, size); }
+/* Legacy launches (block shape from cuFuncSetBlockShape). */
+CUresult cuLaunch(void *f) { return f ? 0 : 400; }
+CUresult cuLaunchGrid(void *f, int w, int h) { (void)w; (void)h; return f ? 0 : 400; }
+CUresult cuLaunchGridAsync(void *f, int w, int h, void *s) { (void)w; (void)h; (void)s; return f ? 0 : 400; }
+/* Arrays: opaque host handles (malloc), as the real driver's are host-side objects. */
+typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width, Height, Depth; unsigned Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
+CUresult cuArrayCreate_v2(void **h, const CUDA_ARRAY_DESCRIPTOR *d) { if (!d || !d->Width) return 1; *h = malloc(16); return 0; }
+CUresult cuArray3DCreate_v2(void **h, const CUDA_ARRAY3D_DESCRIPTOR *d) { if (!d || !d->Width) return 1; *h = malloc(16); return 0; }
+CUresult cuMipmappedArrayCreate(void **h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    if (!d || !levels) return 1; *h = malloc(16); return 0;
+}
+CUresult cuArrayDestroy(void *h) { free(h); return 0; }
+CUresult cuMipmappedArrayDestroy(void *h) { free(h); return 0; }
 CUresult cuFuncGetName(const char **name, void *f) {
     if (!f) return 1;
     *name = ((stub_func *)f)->name;
@@ -123,6 +138,15 @@ static const struct entry table[] = {
     {"cuMemFreeAsync", 0, (void *)cuMemFreeAsync},
     {"cuMemFreeAsync", 2, (void *)cuMemFreeAsync_ptsz},
     {"cuMemAllocFromPoolAsync", 0, (void *)cuMemAllocFromPoolAsync},
+    {"cuMemAllocFromPoolAsync", 2, (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuArrayCreate", 0, (void *)cuArrayCreate_v2},
+    {"cuArray3DCreate", 0, (void *)cuArray3DCreate_v2},
+    {"cuMipmappedArrayCreate", 0, (void *)cuMipmappedArrayCreate},
+    {"cuArrayDestroy", 0, (void *)cuArrayDestroy},
+    {"cuMipmappedArrayDestroy", 0, (void *)cuMipmappedArrayDestroy},
+    {"cuLaunch", 0, (void *)cuLaunch},
+    {"cuLaunchGrid", 0, (void *)cuLaunchGrid},
+    {"cuLaunchGridAsync", 0, (void *)cuLaunchGridAsync},
     {"cuMemAllocManaged", 0, (void *)cuMemAllocManaged},
     {"cuMemAllocPitch", 0, (void *)cuMemAllocPitch_v2},
     {"cuMemAllocHost", 0, (void *)cuMemAllocHost_v2},

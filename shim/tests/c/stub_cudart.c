@@ -24,12 +24,13 @@ static void init(void) {
     if (!gpa) { fprintf(stderr, "stub cudart: no cuGetProcAddress_v2\n"); abort(); }
 }
 
-static void *drv(const char *name) {
+static void *drv_flags(const char *name, unsigned long long flags) {
     pthread_once(&once, init);
     void *fn = 0;
-    if (gpa(name, &fn, 12000, 0, 0) != 0 || !fn) { fprintf(stderr, "stub cudart: no %s\n", name); abort(); }
+    if (gpa(name, &fn, 12000, flags, 0) != 0 || !fn) { fprintf(stderr, "stub cudart: no %s\n", name); abort(); }
     return fn;
 }
+static void *drv(const char *name) { return drv_flags(name, 0); }
 
 /* Each call resolves its driver entry once, like the real runtime's internal table. */
 #define DRV(type, name) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv(name)
@@ -53,6 +54,21 @@ cudaError_t cudaFreeAsync(void *p, void *s) {
 }
 cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, void *pool, void *s) {
     DRV(int (*)(unsigned long long *, size_t, void *, void *), "cuMemAllocFromPoolAsync");
+    unsigned long long d = 0; int r = fn_(&d, size, pool, s); *p = (void *)d; return r;
+}
+/* The per-thread-default-stream variants reach the driver's _ptsz entries
+ * (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2), as the real runtime does. */
+#define DRV_PTSZ(type, name) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv_flags(name, 2)
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, void *s) {
+    DRV_PTSZ(int (*)(unsigned long long *, size_t, void *), "cuMemAllocAsync");
+    unsigned long long d = 0; int r = fn_(&d, size, s); *p = (void *)d; return r;
+}
+cudaError_t cudaFreeAsync_ptsz(void *p, void *s) {
+    DRV_PTSZ(int (*)(unsigned long long, void *), "cuMemFreeAsync");
+    return fn_((unsigned long long)p, s);
+}
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t size, void *pool, void *s) {
+    DRV_PTSZ(int (*)(unsigned long long *, size_t, void *, void *), "cuMemAllocFromPoolAsync");
     unsigned long long d = 0; int r = fn_(&d, size, pool, s); *p = (void *)d; return r;
 }
 cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
@@ -127,4 +143,12 @@ cudaError_t cudaGetDriverEntryPoint(const char *sym, void **fn, unsigned long lo
 cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned ver, unsigned long long flags, int *status) {
     pthread_once(&once, init);
     return gpa(sym, fn, (int)ver, flags, status);
+}
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char *sym, void **fn, unsigned long long flags, int *status) {
+    pthread_once(&once, init);
+    return gpa(sym, fn, 12000, flags | 2, status);
+}
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *sym, void **fn, unsigned ver, unsigned long long flags, int *status) {
+    pthread_once(&once, init);
+    return gpa(sym, fn, (int)ver, flags | 2, status);
 }

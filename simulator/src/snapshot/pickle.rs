@@ -302,7 +302,7 @@ impl<'a> Decoder<'a> {
     }
 
     fn extend_dict(&mut self, at: At, dict: ValueId, items: Vec<ValueId>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err(at, format!("odd number of items ({}) for key/value pairs", items.len())));
         }
         match &mut self.values[dict.0 as usize] {

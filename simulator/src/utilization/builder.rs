@@ -78,8 +78,8 @@ impl UtilizationBuilder {
                 start: k.start_ns,
                 end: k.end_ns,
                 name: k.name,
-                blocks: k.grid.iter().map(|&d| u64::from(d)).product(),
-                threads: k.block.iter().map(|&d| u64::from(d)).product(),
+                blocks: dims(k.grid),
+                threads: dims(k.block),
                 registers: k.registers_per_thread,
                 shared_mem: u64::from(k.static_shared_mem) + u64::from(k.dynamic_shared_mem),
                 device,
@@ -159,8 +159,7 @@ impl UtilizationBuilder {
         self.markers.sort_unstable();
         let mut kernels: Vec<Kernel> = self.kernels.iter().filter(|k| Some(k.device) == device).copied().collect();
         kernels.sort_unstable_by_key(|k| (k.start, k.end));
-        let launches: Vec<Option<u64>> =
-            self.launches.iter().filter(|l| Some(l.1) == device).map(|l| l.0).collect();
+        let launches: Vec<Option<u64>> = self.launches.iter().filter(|l| Some(l.1) == device).map(|l| l.0).collect();
 
         let window = match timing {
             Timing::Cupti => kernels.iter().map(|k| k.start).min().zip(kernels.iter().map(|k| k.end).max()),
@@ -178,10 +177,8 @@ impl UtilizationBuilder {
             run.wall_ns = e - s;
         }
 
-        let per_kernel: Vec<Derived> = kernels
-            .iter()
-            .map(|k| derive(k, sm_count, limits, self.names.get(&k.name.unwrap_or(u32::MAX))))
-            .collect();
+        let per_kernel: Vec<Derived> =
+            kernels.iter().map(|k| derive(k, sm_count, limits, self.names.get(&k.name.unwrap_or(u32::MAX)))).collect();
         if timing == Timing::Cupti {
             sweep(&kernels, &per_kernel, &phases, &mut acc, &mut run);
         }
@@ -227,6 +224,11 @@ impl UtilizationBuilder {
                 .collect(),
         }
     }
+}
+
+/// Product of grid or block dimensions; saturating, since a corrupt record must not panic.
+fn dims(d: [u32; 3]) -> u64 {
+    d.iter().fold(1u64, |acc, &x| acc.saturating_mul(u64::from(x)))
 }
 
 fn count_by(it: impl Iterator<Item = u32>) -> BTreeMap<u32, u64> {
@@ -322,6 +324,7 @@ struct Acc {
     gap_sum: u128,
     gaps: u64,
     occ_unknown: u64,
+    occ_known: u64,
     by_name: HashMap<String, (KernelClass, u64, u64)>,
     by_class: BTreeMap<KernelClass, u64>,
 }
@@ -330,24 +333,29 @@ impl Acc {
     fn add_kernel(&mut self, k: &Kernel, d: &Derived, gap: Option<u64>) {
         let dur = k.end - k.start;
         self.kernels += 1;
-        self.kernel_time_ns += dur;
+        self.kernel_time_ns = self.kernel_time_ns.saturating_add(dur);
         if let Some(g) = gap {
             self.gap_sum += u128::from(g);
             self.gaps += 1;
         }
         if d.occ.is_none() {
             self.occ_unknown += 1;
+        } else {
+            self.occ_known += 1;
         }
         let e = self.by_name.entry(d.name.clone()).or_insert((d.class, 0, 0));
         e.1 += 1;
-        e.2 += dur;
-        *self.by_class.entry(d.class).or_default() += dur;
+        e.2 = e.2.saturating_add(dur);
+        let c = self.by_class.entry(d.class).or_default();
+        *c = c.saturating_add(dur);
     }
 
     fn metrics(self, ctx: &Ctx) -> ScopeMetrics {
         let wall = self.wall_ns as f64;
         let cupti = ctx.timing == Timing::Cupti;
         let frac = |x: f64| (cupti && self.wall_ns > 0).then(|| x / wall);
+        // A scope whose kernels all lack an occupancy would read 0%, which is a claim, not a gap.
+        let occ_meaningful = ctx.has_occ && !(self.kernels > 0 && self.occ_known == 0);
         let rate_count = if ctx.has_launch_records { self.launches } else { self.kernels };
         let mut top: Vec<TopKernel> = self
             .by_name
@@ -369,8 +377,8 @@ impl Acc {
             busy_ns: cupti.then_some(self.busy_ns),
             busy_fraction: frac(self.busy_ns as f64),
             sm_activity: frac(self.sm_ns).filter(|_| ctx.has_sm),
-            occupancy: frac(self.occ_ns).filter(|_| ctx.has_occ),
-            occupancy_grid_limited: frac(self.occ_grid_ns).filter(|_| ctx.has_occ && ctx.has_sm),
+            occupancy: frac(self.occ_ns).filter(|_| occ_meaningful),
+            occupancy_grid_limited: frac(self.occ_grid_ns).filter(|_| occ_meaningful && ctx.has_sm),
             kernels: self.kernels,
             kernel_time_ns: self.kernel_time_ns,
             launches: self.launches,
@@ -399,7 +407,13 @@ struct Ctx {
 /// One sweep over kernel starts, ends and phase boundaries: between consecutive event times the
 /// set of running kernels is constant, so busy time, SM activity and occupancy are exact sums of
 /// `dt × min(1, Σ running)`.
-fn sweep(kernels: &[Kernel], derived: &[Derived], phases: &Phases, acc: &mut BTreeMap<Option<Phase>, Acc>, run: &mut Acc) {
+fn sweep(
+    kernels: &[Kernel],
+    derived: &[Derived],
+    phases: &Phases,
+    acc: &mut BTreeMap<Option<Phase>, Acc>,
+    run: &mut Acc,
+) {
     // (time, order, kernel index): at equal times starts come first, so a zero-length kernel
     // never ends before it starts; boundaries (order 1) carry no kernel.
     const START: u8 = 0;

@@ -96,7 +96,7 @@ const fn limits(
         max_registers_per_block: 64 * KB,
         max_registers_per_thread: 255,
         register_alloc_unit: 256,
-        warp_alloc_granularity: 1,
+        warp_alloc_granularity: 4,
         shared_mem_per_sm: smem_sm_kb * KB,
         max_shared_mem_per_block: smem_block_kb * KB,
         shared_mem_alloc_unit: smem_unit,

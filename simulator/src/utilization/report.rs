@@ -76,7 +76,8 @@ pub struct ScopeMetrics {
     /// (CUPTI and an SM count).
     pub sm_activity: Option<f64>,
     /// DCGM SMOCC proxy: time-average of `min(1, Σ running kernels' theoretical occupancy)`
-    /// (CUPTI and a known compute capability).
+    /// (CUPTI and a known compute capability; absent when no kernel starting in the scope has a
+    /// computable occupancy). Kernels without one count as 0 while they run.
     pub occupancy: Option<f64>,
     /// Like `occupancy`, with each kernel's occupancy scaled by the share of SMs its grid can
     /// fill, `min(1, blocks / (SMs × resident blocks per SM))`: small grids leave SMs empty.

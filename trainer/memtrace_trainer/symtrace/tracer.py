@@ -67,6 +67,8 @@ def metadata(
         "profile": profile.name,
         "compute_capability": "{}.{}".format(*profile.compute_capability),
         "torch": torch.__version__,
+        # ts_ns is the event's sequence number, not wall-clock time: the trace is deterministic.
+        "clock": "logical",
     }
     if extra.get("sdpa_backends"):
         meta["sdpa_backends"] = ",".join(

@@ -79,9 +79,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .combined_peak_at_us
         .map(|t| {
             if r.timestamps {
-                format!(" at {:.3} s after the common start", t / 1e6)
+                format!(" at {:.6} s after the common start", t / 1e6)
             } else {
-                format!(" at step {t} (traces have no timestamps)")
+                format!(" at step {t} of the merged event order (no wall-clock timestamps in the traces)")
             }
         })
         .unwrap_or_else(|| " (peaks assumed to coincide)".to_string());

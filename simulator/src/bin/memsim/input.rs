@@ -71,7 +71,7 @@ pub fn for_each_record<S>(
                 let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
                 f(&mut state, &rec)?;
                 n += 1;
-                if n % 65536 == 0 {
+                if n.is_multiple_of(65536) {
                     if let Some(b) = &bar {
                         b.set_position(reader.summary().bytes_read);
                     }

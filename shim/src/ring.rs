@@ -1,0 +1,353 @@
+//! Per-thread single-producer/single-consumer rings, and the shared queue for threads that
+//! have none.
+//!
+//! A thread gets its ring on its first recorded call (allocated once, registered in a
+//! lock-free list the writer walks, reused by a later thread once drained). Pushing is a slot
+//! write and one release store: no compare-and-swap, no cache line shared with other producers.
+//! A thread whose TLS is being torn down cannot keep a ring (it could not give it back), so it
+//! pushes to one shared `ArrayQueue` instead, tagged with its thread id.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::clock::now_ns;
+use crate::raw::RawEvent;
+
+/// Keeps the producer's and the consumer's indices on separate cache lines.
+#[repr(align(64))]
+struct Padded<T>(T);
+
+/// One thread's ring.
+pub struct Ring {
+    /// Next slot the producer writes.
+    tail: Padded<AtomicUsize>,
+    /// The producer's last view of `head` (producer-only).
+    seen_head: UnsafeCell<usize>,
+    /// Next slot the writer reads.
+    head: Padded<AtomicUsize>,
+    /// The owning thread's id, for the records.
+    tid: AtomicU32,
+    /// A live thread pushes to this ring.
+    owned: AtomicBool,
+    next: AtomicPtr<Ring>,
+    mask: usize,
+    slots: Box<[UnsafeCell<MaybeUninit<RawEvent>>]>,
+}
+
+// Safety: the slots are written by the one owning thread and read by the writer only between
+// `head` and `tail`, with release/acquire ordering on those indices.
+unsafe impl Sync for Ring {}
+
+static RINGS: AtomicPtr<Ring> = AtomicPtr::new(ptr::null_mut());
+static SHARED: AtomicPtr<ArrayQueue<(u32, RawEvent)>> = AtomicPtr::new(ptr::null_mut());
+
+/// Events dropped because a queue stayed full.
+pub static LOST: AtomicU64 = AtomicU64::new(0);
+/// The writer's heartbeat: moves on every sweep and while it encodes.
+pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
+/// The heartbeat value at which the writer was declared stalled (u64::MAX = not stalled).
+static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// How long a producer waits for room while the writer makes no progress at all before it
+/// drops the event. While the writer drains (even slowly) producers wait: that is backpressure.
+/// The bound is generous because on an oversubscribed machine the writer can be descheduled
+/// for hundreds of milliseconds; it exists for a writer that is truly stuck (a hung file
+/// system), and after it fires, producers drop at once until the writer moves again.
+pub const MAX_WAIT_NS: u64 = 1_000_000_000;
+
+impl Ring {
+    fn new(capacity: usize, tid: u32) -> Ring {
+        let cap = capacity.next_power_of_two();
+        let slots = (0..cap).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
+        Ring {
+            tail: Padded(AtomicUsize::new(0)),
+            seen_head: UnsafeCell::new(0),
+            head: Padded(AtomicUsize::new(0)),
+            tid: AtomicU32::new(tid),
+            owned: AtomicBool::new(true),
+            next: AtomicPtr::new(ptr::null_mut()),
+            mask: cap - 1,
+            slots,
+        }
+    }
+
+    /// Push from the owning thread; waits (bounded) while full, then drops and counts.
+    #[inline]
+    pub fn push(&self, ev: RawEvent) {
+        let t = self.tail.0.load(Ordering::Relaxed);
+        // Safety: only the owning thread touches seen_head.
+        let seen = unsafe { &mut *self.seen_head.get() };
+        if t.wrapping_sub(*seen) > self.mask {
+            *seen = self.head.0.load(Ordering::Acquire);
+            if t.wrapping_sub(*seen) > self.mask && !self.wait_for_room(t, seen) {
+                return;
+            }
+        }
+        // Safety: slot t is outside [head, tail), so the writer does not read it now.
+        unsafe { (*self.slots[t & self.mask].get()).write(ev) };
+        self.tail.0.store(t.wrapping_add(1), Ordering::Release);
+    }
+
+    #[cold]
+    fn wait_for_room(&self, t: usize, seen: &mut usize) -> bool {
+        wait(|| {
+            *seen = self.head.0.load(Ordering::Acquire);
+            t.wrapping_sub(*seen) <= self.mask
+        })
+    }
+
+    /// Hand the writer up to `max` events pushed so far: `f(tid, event)` in push order.
+    /// Returns how many, and whether events were left behind.
+    fn drain(&self, max: usize, f: &mut impl FnMut(u32, RawEvent)) -> (usize, bool) {
+        let h = self.head.0.load(Ordering::Relaxed);
+        let t = self.tail.0.load(Ordering::Acquire);
+        let tid = self.tid.load(Ordering::Relaxed);
+        let avail = t.wrapping_sub(h);
+        let n = avail.min(max);
+        for i in 0..n {
+            // Safety: slots in [head, tail) were fully written before tail was released.
+            let ev = unsafe { (*self.slots[h.wrapping_add(i) & self.mask].get()).assume_init_read() };
+            f(tid, ev);
+        }
+        self.head.0.store(h.wrapping_add(n), Ordering::Release);
+        (n, n < avail)
+    }
+
+    /// The thread that owned this ring is gone; a later thread may take it once drained.
+    pub fn release(&self) {
+        self.owned.store(false, Ordering::Release);
+    }
+}
+
+/// Wait, bounded, until `ready()`: spin, then sleep (handing the core to the writer), and give
+/// up after [`MAX_WAIT_NS`] without writer progress, counting one lost event.
+fn wait(mut ready: impl FnMut() -> bool) -> bool {
+    let mut seen = PROGRESS.load(Ordering::Acquire);
+    if STALLED_AT.load(Ordering::Relaxed) == seen {
+        LOST.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    let mut since = now_ns();
+    let mut spins = 0u32;
+    loop {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            let p = PROGRESS.load(Ordering::Acquire);
+            let now = now_ns();
+            if p != seen {
+                seen = p;
+                since = now;
+            } else if now - since > MAX_WAIT_NS {
+                STALLED_AT.store(p, Ordering::Relaxed);
+                LOST.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            // Sleeping (not yielding) hands the core to the writer: with more producers than
+            // cores, sched_yield alone keeps the writer starved.
+            let pause = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+            // Safety: nanosleep with a valid timespec.
+            unsafe { libc::nanosleep(&pause, ptr::null_mut()) };
+        }
+        if ready() {
+            return true;
+        }
+    }
+}
+
+fn rings() -> impl Iterator<Item = &'static Ring> {
+    let mut p = RINGS.load(Ordering::Acquire);
+    std::iter::from_fn(move || {
+        // Safety: registered rings are never freed.
+        let r = unsafe { p.as_ref() }?;
+        p = r.next.load(Ordering::Acquire);
+        Some(r)
+    })
+}
+
+/// A ring for the calling thread: a drained one a finished thread left, or a new one.
+/// Allocates once per thread (never again on that thread's hot path).
+pub fn acquire(capacity: usize, tid: u32) -> &'static Ring {
+    for r in rings() {
+        if r.owned.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if r.head.0.load(Ordering::Acquire) == r.tail.0.load(Ordering::Acquire) {
+                r.tid.store(tid, Ordering::Relaxed);
+                // Safety: we own the ring now; the previous owner is gone.
+                unsafe { *r.seen_head.get() = r.head.0.load(Ordering::Relaxed) };
+                return r;
+            }
+            r.owned.store(false, Ordering::Release);
+        }
+    }
+    let r: &'static Ring = Box::leak(Box::new(Ring::new(capacity, tid)));
+    let mut head = RINGS.load(Ordering::Acquire);
+    loop {
+        r.next.store(head, Ordering::Relaxed);
+        match RINGS.compare_exchange_weak(head, r as *const Ring as *mut Ring, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return r,
+            Err(h) => head = h,
+        }
+    }
+}
+
+/// The shared queue for threads without a ring, created on first use.
+fn shared(capacity: usize) -> &'static ArrayQueue<(u32, RawEvent)> {
+    let q = SHARED.load(Ordering::Acquire);
+    if !q.is_null() {
+        // Safety: a published queue is never freed.
+        return unsafe { &*q };
+    }
+    let fresh = Box::into_raw(Box::new(ArrayQueue::new(capacity)));
+    match SHARED.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // Safety: just published, never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(won) => {
+            // Safety: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // Safety: as above for the winner.
+            unsafe { &*won }
+        }
+    }
+}
+
+/// Push to the shared queue (threads without a ring); bounded wait, then drop and count.
+/// Returns the event when it was dropped, so owned payloads can be released.
+pub fn push_shared(capacity: usize, tid: u32, ev: RawEvent) -> Result<(), RawEvent> {
+    let q = shared(capacity);
+    let mut item = match q.push((tid, ev)) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    let mut pushed = false;
+    let ok = wait(|| match q.push(item) {
+        Ok(()) => {
+            pushed = true;
+            true
+        }
+        Err(e) => {
+            item = e;
+            false
+        }
+    });
+    if ok && pushed {
+        Ok(())
+    } else {
+        Err(item.1)
+    }
+}
+
+/// What one sweep handed over.
+pub struct Sweep {
+    /// Events.
+    pub events: usize,
+    /// Sources (rings, the shared queue) that had any.
+    pub sources: usize,
+    /// The smallest last stamp of a ring that still holds events: later events of other
+    /// rings must wait, or they would be written before that ring's remaining ones.
+    pub limit: Option<u64>,
+}
+
+/// The writer's sweep: up to `max_per_ring` events of every ring, then the shared queue.
+pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, RawEvent)) -> Sweep {
+    let mut s = Sweep { events: 0, sources: 0, limit: None };
+    for r in rings() {
+        let mut last = 0;
+        let (k, more) = r.drain(max_per_ring, &mut |tid, ev| {
+            last = ev.ts;
+            f(tid, ev)
+        });
+        s.events += k;
+        s.sources += usize::from(k > 0);
+        if more {
+            s.limit = Some(s.limit.map_or(last, |l: u64| l.min(last)));
+        }
+    }
+    let (mut n, mut sources) = (s.events, s.sources);
+    let q = SHARED.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    if let Some(q) = unsafe { q.as_ref() } {
+        let mut k = 0;
+        while let Some((tid, ev)) = q.pop() {
+            f(tid, ev);
+            k += 1;
+        }
+        n += k;
+        sources += usize::from(k > 0);
+    }
+    heartbeat();
+    Sweep { events: n, sources, ..s }
+}
+
+/// The writer is alive: producers waiting for room keep waiting instead of dropping.
+pub fn heartbeat() {
+    PROGRESS.fetch_add(1, Ordering::Release);
+}
+
+/// In a fork child: the parent's queued events belong to the parent's trace, and its other
+/// threads do not exist here. Empty every ring, free all but `keep` (the forking thread's),
+/// which now belongs to `tid`.
+pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
+    for r in rings() {
+        r.head.0.store(r.tail.0.load(Ordering::Relaxed), Ordering::Relaxed);
+        // Safety: the child's only thread is running this; no producer pushes concurrently.
+        unsafe { *r.seen_head.get() = r.head.0.load(Ordering::Relaxed) };
+        let mine = keep.is_some_and(|k| ptr::eq(k, r));
+        r.owned.store(mine, Ordering::Relaxed);
+        if mine {
+            r.tid.store(tid, Ordering::Relaxed);
+        }
+    }
+    SHARED.store(ptr::null_mut(), Ordering::Release);
+    LOST.store(0, Ordering::Relaxed);
+    STALLED_AT.store(u64::MAX, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(addr: u64) -> RawEvent {
+        RawEvent { addr, ..RawEvent::default() }
+    }
+
+    #[test]
+    fn ring_keeps_order_and_wraps() {
+        let r = Ring::new(4, 7);
+        let mut got = Vec::new();
+        for round in 0..5u64 {
+            for i in 0..4 {
+                r.push(ev(round * 10 + i));
+            }
+            r.drain(usize::MAX, &mut |tid, e| got.push((tid, e.addr)));
+        }
+        let want: Vec<(u32, u64)> = (0..5u64).flat_map(|r| (0..4).map(move |i| (7, r * 10 + i))).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn stalled_writer_drops_after_the_bound_then_at_once() {
+        let r = Ring::new(1, 1);
+        r.push(ev(1));
+        let before = LOST.load(Ordering::Relaxed);
+        // Nobody drains: the first push waits out the bound, the next one fails immediately.
+        let t0 = now_ns();
+        r.push(ev(2));
+        assert!(now_ns() - t0 >= MAX_WAIT_NS);
+        let t1 = now_ns();
+        r.push(ev(3));
+        assert!(now_ns() - t1 < MAX_WAIT_NS / 2);
+        assert_eq!(LOST.load(Ordering::Relaxed) - before, 2);
+        // Progress clears the stall: a push succeeds again once there is room.
+        let mut got = Vec::new();
+        r.drain(usize::MAX, &mut |_, e| got.push(e.addr));
+        PROGRESS.fetch_add(1, Ordering::Release);
+        r.push(ev(4));
+        r.drain(usize::MAX, &mut |_, e| got.push(e.addr));
+        assert_eq!(got, [1, 4]);
+    }
+}
