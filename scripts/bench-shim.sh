@@ -34,6 +34,12 @@ shim=$(LD_PRELOAD=$SHIM taskset -c 0 $B/bench_calls "$ITERS" "$REPEATS")
 paste <(echo "$base") <(echo "$shim") | awk '{printf "%-24s without %7.1f  with %7.1f  added %7.1f\n", $1, $2, $4, $4-$2}'
 rm -f $OUT/*.mtrace
 
+echo "== per-call time, calling thread pinned to CPU 0, writer thread on another core (ns)"
+base=$($B/bench_calls "$ITERS" "$REPEATS" split)
+shim=$(LD_PRELOAD=$SHIM $B/bench_calls "$ITERS" "$REPEATS" split)
+paste <(echo "$base") <(echo "$shim") | awk '{printf "%-24s without %7.1f  with %7.1f  added %7.1f\n", $1, $2, $4, $4-$2}'
+rm -f $OUT/*.mtrace
+
 if command -v valgrind >/dev/null; then
   echo "== instructions per call (callgrind, calling thread only, 20000 calls)"
   for fn in bench_loop_alloc:2 bench_loop_launch:1 bench_loop_cu_launch:1; do

@@ -35,24 +35,32 @@ if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
 if [ "$i" -ne 0 ]; then grep -E '^test .* ignored' "$log_dir/cargo.log" | sed 's/^/  ignored: /' || true; fi
 
 py="$root/.venv/bin/python"
-step "ruff (trainer)"
-if "$py" -m ruff format --check trainer tests && "$py" -m ruff check trainer tests; then summary+=("ruff: ok"); else summary+=("ruff: FAILED"); status=1; fi
+step "ruff (Python: trainer, tests, scripts)"
+if "$py" -m ruff format --check trainer tests scripts && "$py" -m ruff check trainer tests scripts; then summary+=("ruff: ok"); else summary+=("ruff: FAILED"); status=1; fi
 
-step "pytest (trainer and end-to-end)"
-set +e
-MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs trainer/tests tests 2>&1 | tee "$log_dir/pytest.log"
-rc=${PIPESTATUS[0]}
-set -e
-line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/pytest.log" | tail -n 1 || true)
-p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
-f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
-e=$(echo "$line" | grep -oE '[0-9]+ errors?' | cut -d' ' -f1 || true)
-s=$(echo "$line" | grep -oE '[0-9]+ skipped' | cut -d' ' -f1 || true)
-p=${p:-0}; f=$(( ${f:-0} + ${e:-0} )); s=${s:-0}
-passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-summary+=("pytest: $p passed, $f failed, $s skipped")
-# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+# Two runs: each test directory has its own conftest.py.
+pytest_suite() {
+  local name=$1; shift
+  step "pytest ($name)"
+  set +e
+  MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs "$@" 2>&1 | tee "$log_dir/pytest.log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local line p f e s
+  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/pytest.log" | tail -n 1 || true)
+  p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
+  f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
+  e=$(echo "$line" | grep -oE '[0-9]+ errors?' | cut -d' ' -f1 || true)
+  s=$(echo "$line" | grep -oE '[0-9]+ skipped' | cut -d' ' -f1 || true)
+  p=${p:-0}; f=$(( ${f:-0} + ${e:-0} )); s=${s:-0}
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  summary+=("pytest $name: $p passed, $f failed, $s skipped")
+  # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+  if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+  return 0
+}
+pytest_suite trainer trainer/tests
+pytest_suite end-to-end tests
 
 printf '\n== summary\n'
 printf '  %s\n' "${summary[@]}"

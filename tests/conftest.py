@@ -1,57 +1,23 @@
-"""Shared fixtures of the end-to-end tests: the repository, the built binaries, the venv Python.
-
-Missing binaries are a failure with instructions, never a skip: these tests are the proof that the
-components work together.
-"""
+"""Fixtures of the end-to-end tests. Missing binaries are a failure with instructions, never a
+skip: these tests are the proof that the components work together."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _binary(name: str) -> Path:
-    for d in [
-        os.environ.get("MEMTRACE_BIN_DIR"),
-        REPO / "target" / "release",
-        REPO / "target" / "debug",
-    ]:
-        if d and (Path(d) / name).is_file():
-            return Path(d) / name
-    found = shutil.which(name)
-    if found:
-        return Path(found)
-    where = "$MEMTRACE_BIN_DIR, target/release or target/debug"
-    pytest.fail(f"{name} not found in {where}: run scripts/setup.sh")
+from e2e_support import REPO, binary
 
 
 @pytest.fixture(scope="session")
 def memsim() -> Path:
-    return _binary("memsim")
+    return binary("memsim")
 
 
 @pytest.fixture(scope="session")
 def trainer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    env.setdefault("MEMTRACE_BIN_DIR", str(_binary("memsim").parent))
+    env.setdefault("MEMTRACE_BIN_DIR", str(binary("memsim").parent))
     return env
-
-
-def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a command; on failure, fail the test with its output."""
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    if p.returncode != 0:
-        shown = " ".join(map(str, cmd))
-        pytest.fail(f"{shown} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-    return p
-
-
-PYTHON = sys.executable

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import jsonschema
-from conftest import PYTHON, REPO, run
 from e2e_models import tiny_mlp
+from e2e_support import PYTHON, REPO, run
 
 
 def _round512(n: int) -> int:

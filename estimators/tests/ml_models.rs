@@ -58,8 +58,8 @@ fn canonical(p: &Pipeline) -> String {
 }
 
 fn check_classifier(kind: ModelKind, min_accuracy: f64) {
-    let train = synthetic(600, 1);
-    let test = synthetic(300, 2);
+    let train = synthetic(400, 1);
+    let test = synthetic(200, 2);
     let p = fit(&train, kind, &fast_config());
     let pred = p.predict_class(&test.x).unwrap();
     let acc = estimators::ml::score::accuracy(&test.class, &pred);
@@ -74,12 +74,29 @@ fn every_classifier_learns_a_separable_rule() {
     check_classifier(ModelKind::Forest, 0.85);
     check_classifier(ModelKind::Bagging, 0.85);
     check_classifier(ModelKind::Gbm, 0.85);
-    check_classifier(ModelKind::MlpEnsemble, 0.75);
+}
+
+/// The hand-written MLP ensemble (forward, BatchNorm and Adam backward passes) learns: three
+/// members instead of GPUMemNet's thirteen keep the debug-build test fast.
+#[test]
+fn mlp_ensemble_learns_classes_and_values() {
+    let train = synthetic(400, 1);
+    let test = synthetic(200, 2);
+    let scaler = estimators::ml::scale::Standardizer::fit(&train.x);
+    let (xs, ts) = (scaler.transform(&train.x), scaler.transform(&test.x));
+    let params = MlpParams { depths: vec![1, 2, 3], epochs: 200, ..MlpParams::gpumemnet(Family::Mlp, 0, 3) };
+    let y: Vec<f64> = train.class.iter().map(|&c| c as f64).collect();
+    let m = MlpEnsemble::fit(&xs, &y, MlpTask::Classify(5), &params).unwrap();
+    let acc = estimators::ml::score::accuracy(&test.class, &m.predict_class(&ts));
+    assert!(acc >= 0.8, "mlp-ensemble accuracy {acc:.3} on a separable rule (chance about 0.45)");
+    let r = MlpEnsemble::fit(&xs, &train.value, MlpTask::Regress, &params).unwrap();
+    let mre = estimators::ml::score::mre(&test.value, &r.predict_value(&ts)).unwrap();
+    assert!(mre <= 0.15, "mlp-reg MRE {mre:.3} on a linear target");
 }
 
 fn check_regressor(kind: ModelKind, max_mre: f64) {
-    let train = synthetic(600, 3);
-    let test = synthetic(300, 4);
+    let train = synthetic(400, 3);
+    let test = synthetic(200, 4);
     let p = fit(&train, kind, &fast_config());
     let est = p.predict_value(&test.x).unwrap();
     let mre = estimators::ml::score::mre(&test.value, &est).unwrap();
@@ -89,14 +106,13 @@ fn check_regressor(kind: ModelKind, max_mre: f64) {
 #[test]
 fn every_regressor_fits_a_linear_target() {
     check_regressor(ModelKind::LinearReg, 0.001);
-    check_regressor(ModelKind::ForestReg, 0.05);
+    check_regressor(ModelKind::ForestReg, 0.08);
     check_regressor(ModelKind::GbmReg, 0.05);
-    check_regressor(ModelKind::MlpReg, 0.15);
 }
 
 #[test]
 fn training_is_deterministic_for_a_seed() {
-    let ex = synthetic(300, 5);
+    let ex = synthetic(160, 5);
     let cfg = TrainConfig { mlp_epochs: 5, ..fast_config() };
     for kind in [
         ModelKind::Tree,

@@ -20,8 +20,6 @@ mod props;
 /// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
 mod symbolic;
 
-/// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
-mod ml_util;
 /// The `memest ml` command module itself, so `ml_cli` can drive it without a subprocess.
 #[path = "../src/bin/memest/ml.rs"]
 mod memest_ml;
@@ -36,3 +34,5 @@ mod ml_data;
 mod ml_models;
 /// ML estimators: seeded and stratified splits, the no-leak CV plan, split properties.
 mod ml_split;
+/// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
+mod ml_util;

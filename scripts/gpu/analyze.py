@@ -5,7 +5,8 @@ Caching runs (default, expandable): every snapshot segment (segment_alloc / segm
 a traced cudaMalloc / cuMemMap at the same address and size; the peak of exactly those traced
 allocations must equal reserved_bytes.all.peak; other traced device allocations are listed by
 caller module. No-caching run: the trace is marked caching_disabled, and when memsim is given,
-its replay must reproduce the default run's peak reserved bytes and segment size sequence.
+its replay must reproduce the default run's peak reserved bytes and its segments per pool
+(count and bytes; memsim replay does not report their order).
 """
 
 import argparse
@@ -14,6 +15,8 @@ import os
 import pickle
 import subprocess
 import sys
+
+MiB = 1 << 20
 
 
 def load_trace(path):
@@ -76,7 +79,11 @@ def check_caching(mode, d):
         peak = max(peak, live)
     others = {}
     for r in recs:
-        if r["kind"] == "alloc" and not r.get("result", 0) and r["mem"] in ("device", "managed", "physical"):
+        if (
+            r["kind"] == "alloc"
+            and not r.get("result", 0)
+            and r["mem"] in ("device", "managed", "physical")
+        ):
             if (r["addr"], r["size"]) in seg_keys or r["mem"] == "physical":
                 continue
             mod = names.get(r.get("caller"), "?")
@@ -85,7 +92,16 @@ def check_caching(mode, d):
     ok = not missing and peak == reserved_peak and not header.get("caching_disabled", False)
     other = ", ".join(f"{m}: {c} allocs {b} B" for m, (c, b) in sorted(others.items())) or "none"
     detail = f"missing {missing[:3]}" if missing else ""
-    return [mode, len(segs), len(segs) - len(missing), peak, reserved_peak, "OK" if ok else "FAIL", other, detail], ok
+    return [
+        mode,
+        len(segs),
+        len(segs) - len(missing),
+        peak,
+        reserved_peak,
+        "OK" if ok else "FAIL",
+        other,
+        detail,
+    ], ok
 
 
 def check_nocache(d, default_dir, memsim):
@@ -95,21 +111,47 @@ def check_nocache(d, default_dir, memsim):
     with open(os.path.join(default_dir, "stats.json")) as f:
         want_peak = json.load(f)["reserved_bytes.all.peak"]
     if not memsim:
-        return ["nocache", allocs, "-", "memsim missing", want_peak, "OK" if ok else "FAIL", "-", "replay not compared (no memsim)"], ok
-    rep = json.loads(subprocess.run([memsim, "replay", os.path.join(d, "trace.mtrace"), "--json"], check=True, capture_output=True, text=True).stdout)
+        return [
+            "nocache",
+            allocs,
+            "-",
+            "memsim missing",
+            want_peak,
+            "OK" if ok else "FAIL",
+            "-",
+            "replay not compared (no memsim)",
+        ], ok
+    rep = json.loads(
+        subprocess.run(
+            [memsim, "replay", os.path.join(d, "trace.mtrace"), "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     got_peak = rep["peak_reserved_bytes"]
-    detail = ""
-    replay_pickle = os.path.join(d, "replay.pickle")
-    seq_ok = True
-    if subprocess.run([memsim, "convert", os.path.join(d, "trace.mtrace"), replay_pickle], capture_output=True).returncode == 0:
-        with open(replay_pickle, "rb") as f:
-            got_seq = [s for a, _, s in snapshot_segments(pickle.load(f)) if a == "segment_alloc"]
-        with open(os.path.join(default_dir, "snapshot.pickle"), "rb") as f:
-            want_seq = [s for a, _, s in snapshot_segments(pickle.load(f)) if a == "segment_alloc"]
-        seq_ok = got_seq == want_seq
-        detail = f"segment sequence {'equal' if seq_ok else f'differs: {got_seq[:5]} vs {want_seq[:5]}'}"
-    else:
-        detail = "segment sequence not compared (memsim convert to .pickle failed)"
+    # memsim replay reports segments per pool (count and bytes ever allocated), not their order:
+    # compare those with the default run's segment_alloc list (2 MiB segments are the small
+    # pool's kSmallBuffer; the large pool's are 20 MiB or at least 10 MiB).
+    with open(os.path.join(default_dir, "snapshot.pickle"), "rb") as f:
+        want_seq = [s for a, _, s in snapshot_segments(pickle.load(f)) if a == "segment_alloc"]
+    small = [s for s in want_seq if s == 2 * MiB]
+    large = [s for s in want_seq if s != 2 * MiB]
+    want_pools = (len(small), sum(small), len(large), sum(large))
+    m = rep["memory_stats"]
+    got_pools = tuple(
+        m.get(k, 0)
+        for k in (
+            "segment.small_pool.allocated",
+            "reserved_bytes.small_pool.allocated",
+            "segment.large_pool.allocated",
+            "reserved_bytes.large_pool.allocated",
+        )
+    )
+    seq_ok = got_pools == want_pools
+    detail = "segments per pool " + (
+        "equal" if seq_ok else f"differ: (small n, B, large n, B) {got_pools} vs {want_pools}"
+    )
     # The dry run's no-caching job is the same workload as its default job (job.py
     # DRY_TENSORS/DRY_SEGMENTS), so it is judged like a real run.
     ok = ok and got_peak == want_peak and seq_ok
@@ -129,10 +171,21 @@ def main():
         row, ok = check_caching(mode, os.path.join(a.out, mode))
         rows.append(row)
         all_ok &= ok
-    row, ok = check_nocache(os.path.join(a.out, "nocache"), os.path.join(a.out, "default"), a.memsim)
+    row, ok = check_nocache(
+        os.path.join(a.out, "nocache"), os.path.join(a.out, "default"), a.memsim
+    )
     rows.append(row)
     all_ok &= ok
-    head = ["run", "segments", "traced", "traced peak", "reserved peak", "check", "other modules", "detail"]
+    head = [
+        "run",
+        "segments",
+        "traced",
+        "traced peak",
+        "reserved peak",
+        "check",
+        "other modules",
+        "detail",
+    ]
     w = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)).rstrip())

@@ -37,7 +37,11 @@ def real_job(out, iterations, caching):
         torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     dev = torch.device("cuda")
     model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)
+        torch.nn.Linear(1024, 4096),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4096, 4096),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4096, 10),
     ).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for it in range(iterations):
@@ -83,7 +87,10 @@ def dry_job(out, mode):
         addr, size = ptrs[0]
         assert c10.c10_stub_free(vp(addr)) == 0
         entries.append({"action": "segment_free", "addr": addr, "size": size, "stream": 0})
-        segments = [{"address": a, "total_size": s, "stream": 0, "segment_type": "large", "blocks": []} for a, s in ptrs[1:]]
+        segments = [
+            {"address": a, "total_size": s, "stream": 0, "segment_type": "large", "blocks": []}
+            for a, s in ptrs[1:]
+        ]
         # Another module's allocation (a cuBLAS workspace in a real run): not a segment.
         w = ctypes.c_uint64()
         drv = ctypes.CDLL("libcuda.so.1")
@@ -94,11 +101,24 @@ def dry_job(out, mode):
         for name in ("cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess"):
             fp = vp()
             st = ctypes.c_int()
-            assert get(name.encode(), ctypes.byref(fp), ctypes.c_uint(12000), ctypes.c_ulonglong(0), ctypes.byref(st)) == 0
+            assert (
+                get(
+                    name.encode(),
+                    ctypes.byref(fp),
+                    ctypes.c_uint(12000),
+                    ctypes.c_ulonglong(0),
+                    ctypes.byref(st),
+                )
+                == 0
+            )
             fns[name] = fp.value
         u64, sz = ctypes.c_uint64, ctypes.c_size_t
-        reserve = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(u64), sz, sz, u64, ctypes.c_ulonglong)(fns["cuMemAddressReserve"])
-        create = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(u64), sz, vp, ctypes.c_ulonglong)(fns["cuMemCreate"])
+        reserve = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.POINTER(u64), sz, sz, u64, ctypes.c_ulonglong
+        )(fns["cuMemAddressReserve"])
+        create = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(u64), sz, vp, ctypes.c_ulonglong)(
+            fns["cuMemCreate"]
+        )
         mapf = ctypes.CFUNCTYPE(ctypes.c_int, u64, sz, sz, u64, ctypes.c_ulonglong)(fns["cuMemMap"])
         va = u64()
         assert reserve(ctypes.byref(va), 64 * MiB, 0, 0, 0) == 0
@@ -106,9 +126,25 @@ def dry_job(out, mode):
             h = u64()
             assert create(ctypes.byref(h), 2 * MiB, None, 0) == 0
             assert mapf(va.value + i * 2 * MiB, 2 * MiB, 0, h.value, 0) == 0
-            entries.append({"action": "segment_map", "addr": va.value + i * 2 * MiB, "size": 2 * MiB, "stream": 0})
+            entries.append(
+                {
+                    "action": "segment_map",
+                    "addr": va.value + i * 2 * MiB,
+                    "size": 2 * MiB,
+                    "stream": 0,
+                }
+            )
         peak = 6 * MiB
-        segments = [{"address": va.value, "total_size": 6 * MiB, "stream": 0, "segment_type": "large", "blocks": [], "is_expandable": True}]
+        segments = [
+            {
+                "address": va.value,
+                "total_size": 6 * MiB,
+                "stream": 0,
+                "segment_type": "large",
+                "blocks": [],
+                "is_expandable": True,
+            }
+        ]
     else:
         ptrs = []
         for size in DRY_TENSORS:

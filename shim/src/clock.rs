@@ -88,10 +88,41 @@ const HISTORY: usize = 1024;
 /// Sample at most this often.
 const INTERVAL_NS: u64 = 1_000_000;
 
+/// One piece of the map: `ns = ns0 + ((stamp - tsc0) * mult) >> 32` for stamps in
+/// `[tsc0, tsc1)`; `mult` is ns per tick in 32.32 fixed point.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    tsc0: u64,
+    tsc1: u64,
+    ns0: u64,
+    mult: u64,
+}
+
+impl Segment {
+    fn between(a: (u64, u64), b: (u64, u64)) -> Segment {
+        let mult = (u128::from(b.1 - a.1) << 32) / u128::from((b.0 - a.0).max(1));
+        Segment { tsc0: a.0, tsc1: b.0, ns0: a.1, mult: mult.min(u128::from(u64::MAX)) as u64 }
+    }
+
+    #[inline]
+    fn apply(&self, stamp: u64) -> u64 {
+        if stamp >= self.tsc0 {
+            let d = (u128::from(stamp - self.tsc0) * u128::from(self.mult)) >> 32;
+            self.ns0.saturating_add(d.min(u128::from(u64::MAX)) as u64)
+        } else {
+            let d = (u128::from(self.tsc0 - stamp) * u128::from(self.mult)) >> 32;
+            self.ns0.saturating_sub(d.min(u128::from(u64::MAX)) as u64)
+        }
+    }
+}
+
 /// The writer's stamp → CLOCK_MONOTONIC map.
 pub struct Calibration {
     tsc: bool,
     points: VecDeque<(u64, u64)>,
+    /// The segment the last stamp fell in: stamps arrive nearly sorted, so this is almost
+    /// always the one, without a search.
+    last: Option<Segment>,
 }
 
 impl Calibration {
@@ -99,7 +130,7 @@ impl Calibration {
     pub fn new(anchor: (u64, u64)) -> Calibration {
         let mut points = VecDeque::with_capacity(HISTORY);
         points.push_back(anchor);
-        Calibration { tsc: is_tsc(), points }
+        Calibration { tsc: is_tsc(), points, last: None }
     }
 
     /// Take a new pair if the last one is older than the interval. Call before converting
@@ -122,29 +153,33 @@ impl Calibration {
             self.points.remove(1);
         }
         self.points.push_back((t, ns));
+        // The open-ended last segment now ends here.
+        self.last = None;
     }
 
     /// CLOCK_MONOTONIC ns for a stamp.
-    pub fn to_ns(&self, stamp: u64) -> u64 {
+    pub fn to_ns(&mut self, stamp: u64) -> u64 {
         if !self.tsc {
             return stamp;
+        }
+        if let Some(s) = self.last {
+            if stamp >= s.tsc0 && stamp < s.tsc1 {
+                return s.apply(stamp);
+            }
         }
         let n = self.points.len();
         if n == 1 {
             return self.points[0].1;
         }
-        // Segment: the last point at or below the stamp (or the first/last segment outside).
-        let i = self.points.partition_point(|p| p.0 <= stamp);
-        let (a, b) = if i == 0 {
-            (self.points[0], self.points[1])
-        } else if i >= n {
-            (self.points[n - 2], self.points[n - 1])
-        } else {
-            (self.points[i - 1], self.points[i])
-        };
-        let slope = (b.1 - a.1) as f64 / (b.0 - a.0) as f64;
-        let d = (stamp as i128 - a.0 as i128) as f64 * slope;
-        (a.1 as i128 + d.round() as i128).max(0) as u64
+        // The last point at or below the stamp; outside the points, the first or last segment
+        // extrapolates.
+        let i = self.points.partition_point(|p| p.0 <= stamp).clamp(1, n - 1);
+        let mut seg = Segment::between(self.points[i - 1], self.points[i]);
+        if i == n - 1 {
+            seg.tsc1 = u64::MAX;
+        }
+        self.last = Some(seg);
+        seg.apply(stamp)
     }
 }
 
@@ -163,13 +198,13 @@ mod tests {
     use super::*;
 
     fn cal(points: &[(u64, u64)]) -> Calibration {
-        Calibration { tsc: true, points: points.iter().copied().collect() }
+        Calibration { tsc: true, points: points.iter().copied().collect(), last: None }
     }
 
     #[test]
     fn piecewise_linear_and_exact_at_samples() {
-        let c = cal(&[(1000, 0), (3000, 1000), (5000, 3000)]);
-        let check = |stamp, ns| assert_eq!(c.to_ns(stamp), ns, "stamp {stamp}");
+        let mut c = cal(&[(1000, 0), (3000, 1000), (5000, 3000)]);
+        let mut check = |stamp, ns| assert_eq!(c.to_ns(stamp), ns, "stamp {stamp}");
         check(1000, 0);
         check(2000, 500);
         check(3000, 1000);
@@ -182,7 +217,7 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn monotonic(mut stamps in proptest::collection::vec(0u64..1_000_000, 2..50)) {
-            let c = cal(&[(1000, 10), (200_000, 90_000), (400_000, 300_000), (900_000, 500_000)]);
+            let mut c = cal(&[(1000, 10), (200_000, 90_000), (400_000, 300_000), (900_000, 500_000)]);
             stamps.sort();
             let ns: Vec<u64> = stamps.iter().map(|s| c.to_ns(*s)).collect();
             proptest::prop_assert!(ns.windows(2).all(|w| w[0] <= w[1]), "{:?} -> {:?}", stamps, ns);

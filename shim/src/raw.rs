@@ -3,6 +3,8 @@
 
 use std::cell::Cell;
 
+use trace::Api;
+
 use crate::ring::{self, Ring};
 
 /// What a [`RawEvent`] is; the writer turns each into one `trace::Event`.
@@ -45,7 +47,7 @@ pub enum FuncKind {
 /// | Launch | function | grid x \| y << 32 | grid z \| block x << 32 | block y \| z << 32 | dynamic shared memory |
 /// | PoolTrim | pool | bytes to keep | – | – | – |
 /// | Marker | – | – | owned text | – | – |
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 #[repr(C)]
 pub struct RawEvent {
     /// [`crate::clock::stamp`] (the writer maps it to CLOCK_MONOTONIC).
@@ -62,10 +64,10 @@ pub struct RawEvent {
     pub offset: u64,
     /// See the table.
     pub caller: u64,
-    /// CUDA result code.
-    pub result: i32,
-    /// `trace::Api` code.
-    pub api: u16,
+    /// The entry point (stored as the enum: no code lookup on the hot path).
+    pub api: Api,
+    /// CUDA result code (`cudaError_t` and `CUresult` values are below 1000; see [`result16`]).
+    pub result: i16,
     /// [`RawKind`] as u8.
     pub kind: u8,
     /// `MemoryKind` index, `VmmOp` index or [`FuncKind`].
@@ -73,6 +75,35 @@ pub struct RawEvent {
 }
 
 const _: () = assert!(std::mem::size_of::<RawEvent>() == 64);
+
+impl Default for RawEvent {
+    fn default() -> Self {
+        RawEvent {
+            ts: 0,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            aux: 0,
+            offset: 0,
+            caller: 0,
+            api: Api::Unknown(0),
+            result: 0,
+            kind: 0,
+            sub: 0,
+        }
+    }
+}
+
+/// A CUDA result code in the event's 16 bits. Every `cudaError_t` and `CUresult` fits; a value
+/// that does not (none exists) saturates rather than wrapping to success.
+#[inline(always)]
+pub fn result16(r: i32) -> i16 {
+    match i16::try_from(r) {
+        Ok(v) => v,
+        Err(_) if r < 0 => i16::MIN,
+        Err(_) => i16::MAX,
+    }
+}
 
 /// Two u32 in one u64 (launch dimensions).
 #[inline(always)]
@@ -193,7 +224,7 @@ pub fn reset_in_child() {
 
 /// Queue an event from this thread: into its ring (taking one on first use), else into the
 /// shared queue. Returns the event when it was dropped.
-#[inline]
+#[inline(always)]
 fn push_from(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
     // Safety: rings are never freed; this thread owns the one it holds.
     if let Some(r) = unsafe { t.ring.get().as_ref() } {
@@ -254,7 +285,7 @@ impl Depth {
     }
 
     /// Queue an event recorded at this level. Returns the event when it was dropped.
-    #[inline]
+    #[inline(always)]
     pub fn push(&self, ev: RawEvent) -> Result<(), RawEvent> {
         // Safety: `tls` points to this thread's TLS, alive for the whole hook call.
         match unsafe { self.tls.as_ref() } {

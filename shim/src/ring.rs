@@ -76,7 +76,7 @@ impl Ring {
     }
 
     /// Push from the owning thread; waits (bounded) while full, then drops and counts.
-    #[inline]
+    #[inline(always)]
     pub fn push(&self, ev: RawEvent) {
         let t = self.tail.0.load(Ordering::Relaxed);
         // Safety: only the owning thread touches seen_head.
@@ -283,6 +283,34 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, RawEvent)) -> Sweep
     Sweep { events: n, sources, ..s }
 }
 
+/// Put a sweep's events (`batch`, after the events held back last time, `pending`) in the
+/// order they are written: by stamp when more than one source contributed. Events that may
+/// still be overtaken stay in `pending`: those stamped after `watermark` (taken just before the
+/// sweep: a ring swept earlier may already hold later events than one swept after it), and
+/// those after the last event taken from a ring that was cut short. `last_round` writes all.
+pub fn order(
+    batch: &mut Vec<(u32, RawEvent)>,
+    pending: &mut Vec<(u32, RawEvent)>,
+    sweep: &Sweep,
+    watermark: u64,
+    last_round: bool,
+) {
+    let mixed = sweep.sources > 1 || !pending.is_empty();
+    if !mixed {
+        // One ring's events are already in stamp order.
+        return;
+    }
+    pending.append(batch);
+    std::mem::swap(batch, pending);
+    batch.sort_by_key(|(_, e)| e.ts);
+    if last_round {
+        return;
+    }
+    let limit = sweep.limit.map_or(watermark, |l| l.min(watermark));
+    let cut = batch.partition_point(|(_, e)| e.ts <= limit);
+    pending.extend(batch.drain(cut..));
+}
+
 /// The writer is alive: producers waiting for room keep waiting instead of dropping.
 pub fn heartbeat() {
     PROGRESS.fetch_add(1, Ordering::Release);
@@ -327,6 +355,54 @@ mod tests {
         }
         let want: Vec<(u32, u64)> = (0..5u64).flat_map(|r| (0..4).map(move |i| (7, r * 10 + i))).collect();
         assert_eq!(got, want);
+    }
+
+    fn stamped(tid: u32, ts: u64) -> (u32, RawEvent) {
+        (tid, RawEvent { ts, ..RawEvent::default() })
+    }
+
+    /// (thread, stamp) pairs.
+    type Seq<'a> = &'a [(u32, u64)];
+
+    /// (events, pending, sources, ring cut short at, watermark, last round) → (written, held).
+    fn check_order(
+        events: Seq,
+        pending: Seq,
+        sources: usize,
+        limit: Option<u64>,
+        watermark: u64,
+        last_round: bool,
+        expect: (Seq, Seq),
+    ) {
+        let mut b: Vec<_> = events.iter().map(|(t, s)| stamped(*t, *s)).collect();
+        let mut p: Vec<_> = pending.iter().map(|(t, s)| stamped(*t, *s)).collect();
+        let sweep = Sweep { events: b.len(), sources, limit };
+        order(&mut b, &mut p, &sweep, watermark, last_round);
+        let ts = |v: &Vec<(u32, RawEvent)>| v.iter().map(|(t, e)| (*t, e.ts)).collect::<Vec<_>>();
+        assert_eq!((ts(&b), ts(&p)), (expect.0.to_vec(), expect.1.to_vec()));
+    }
+
+    #[test]
+    fn sweeps_merge_rings_by_stamp_and_hold_back_what_may_be_overtaken() {
+        // One ring: written as swept.
+        check_order(&[(1, 5), (1, 9)], &[], 1, None, 7, false, (&[(1, 5), (1, 9)], &[]));
+        // Two rings: merged; past the watermark held back.
+        let two = [(1, 1), (1, 5), (1, 9), (2, 2), (2, 3), (2, 12)];
+        check_order(&two, &[], 2, None, 10, false, (&[(1, 1), (2, 2), (2, 3), (1, 5), (1, 9)], &[(2, 12)]));
+        // A ring cut short at stamp 5: nothing later is written before its remaining events.
+        check_order(&two, &[], 2, Some(5), 10, false, (&[(1, 1), (2, 2), (2, 3), (1, 5)], &[(1, 9), (2, 12)]));
+        // Held-back events join the next sweep in order.
+        check_order(&[(1, 20)], &[(2, 12)], 1, None, 30, false, (&[(2, 12), (1, 20)], &[]));
+        // The last round writes everything.
+        check_order(
+            &two,
+            &[(3, 0)],
+            2,
+            Some(5),
+            4,
+            true,
+            (&[(3, 0), (1, 1), (2, 2), (2, 3), (1, 5), (1, 9), (2, 12)], &[]),
+        );
     }
 
     #[test]

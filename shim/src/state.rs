@@ -81,8 +81,8 @@ pub fn stop_recording() {
 /// Stamp and queue one event recorded at hook level `d`. Cheap when the writer runs; starts it
 /// on first use.
 #[inline]
-pub fn record(d: &Depth, ev: RawEvent) {
-    if let Some(ev) = ready(ev) {
+pub fn record(d: &Depth, mut ev: RawEvent) {
+    if ready(&mut ev) {
         if let Err(ev) = d.push(ev) {
             writer::release(&ev);
         }
@@ -90,31 +90,37 @@ pub fn record(d: &Depth, ev: RawEvent) {
 }
 
 /// As [`record`], outside a hook (markers).
-pub fn record_any(ev: RawEvent) {
-    if let Some(ev) = ready(ev) {
+pub fn record_any(mut ev: RawEvent) {
+    if ready(&mut ev) {
         if let Err(ev) = raw::push_any(ev) {
             writer::release(&ev);
         }
     }
 }
 
-/// The stamped event when it should be queued (starting the writer on first use).
+/// Stamp the event; whether it should be queued (starting the writer on first use). An event
+/// that should not is released here.
 #[inline(always)]
-fn ready(mut ev: RawEvent) -> Option<RawEvent> {
+fn ready(ev: &mut RawEvent) -> bool {
+    ev.ts = clock::stamp();
     // Two relaxed loads decide the common case: recording, and the writer running.
     if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING {
-        ev.ts = clock::stamp();
-        return Some(ev);
+        return true;
     }
-    ev.ts = clock::stamp();
+    not_running(ev)
+}
+
+#[cold]
+#[inline(never)]
+fn not_running(ev: &RawEvent) -> bool {
     if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Acquire) == NOT_STARTED {
         start();
         if writer::WRITER.load(Ordering::Acquire) == RUNNING {
-            return Some(ev);
+            return true;
         }
     }
-    writer::release(&ev);
-    None
+    writer::release(ev);
+    false
 }
 
 #[cold]

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use trace::{
-    Alloc, Api, BinaryWriter, Event, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Marker, MemoryKind,
-    NameDef, NameId, Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
+    Alloc, BinaryWriter, Event, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Marker, MemoryKind, NameDef,
+    NameId, Origin, PoolTrim, ProcessExit, Record, Vmm, VmmOp, ALLOCATOR_ENV_VARS,
 };
 
 use crate::clock::{self, now_ns};
@@ -189,14 +189,7 @@ fn run() {
         let last_round = finishing && (n == 0 || finishing_rounds > 64);
         cx.clock.refresh();
         if !batch.is_empty() || !pending.is_empty() {
-            let mixed = sweep.sources > 1 || !pending.is_empty();
-            if mixed {
-                batch.append(&mut pending);
-                batch.sort_by_key(|(_, e)| e.ts);
-            }
-            let limit = sweep.limit.map_or(watermark, |l| l.min(watermark));
-            let cut = if !mixed || last_round { batch.len() } else { batch.partition_point(|(_, e)| e.ts <= limit) };
-            pending.extend(batch.drain(cut..));
+            ring::order(&mut batch, &mut pending, &sweep, watermark, last_round);
             for (i, (tid, ev)) in batch.drain(..).enumerate() {
                 if let Err(e) = cx.handle(tid, ev) {
                     log!(Warn, "writing {path} failed: {e:#}; recording stopped");
@@ -395,12 +388,13 @@ impl Ctx {
             release(&ev);
             return Ok(());
         }
-        let api = Api::from_code(ev.api);
+        let api = ev.api;
+        let result = i32::from(ev.result);
         let event = match ev.kind {
             k if k == RawKind::Alloc as u8 => {
                 let caller = self.caller(ev.caller)?;
                 let m = mem_kind(ev.sub);
-                if ev.result == 0 {
+                if result == 0 {
                     self.tally.allocs += u64::from(m.is_device());
                     self.tally.pinned += u64::from(m == MemoryKind::PinnedHost);
                     if m.is_device() {
@@ -417,7 +411,7 @@ impl Ctx {
                     stream: ev.stream as i64,
                     mem: m,
                     api,
-                    result: ev.result,
+                    result,
                     origin: Origin::Outcome,
                     category: None,
                     caller,
@@ -428,13 +422,13 @@ impl Ctx {
                 let caller = self.caller(ev.caller)?;
                 let m = mem_kind(ev.sub);
                 let mut size = (ev.size != 0).then_some(ev.size);
-                if ev.result == 0 && m.is_device() {
+                if result == 0 && m.is_device() {
                     self.tally.frees += 1;
                     if let Some(s) = self.tally.live.remove(&(m == MemoryKind::Physical, ev.addr)) {
                         self.tally.live_bytes -= s;
                         size = Some(s);
                     }
-                } else if ev.result != 0 {
+                } else if result != 0 {
                     self.tally.failed += 1;
                 }
                 Event::Free(Free {
@@ -443,7 +437,7 @@ impl Ctx {
                     stream: ev.stream as i64,
                     mem: m,
                     api,
-                    result: ev.result,
+                    result,
                     origin: Origin::Outcome,
                     stage: FreeStage::Immediate,
                     caller,
@@ -459,7 +453,7 @@ impl Ctx {
                     handle: ev.aux,
                     offset: ev.offset,
                     api,
-                    result: ev.result,
+                    result,
                     origin: Origin::Outcome,
                     stream: 0,
                     caller,
@@ -476,11 +470,11 @@ impl Ctx {
                     block: [bx, by, bz],
                     shared_mem: ev.caller as u32,
                     stream: ev.stream as i64,
-                    result: ev.result,
+                    result,
                 })
             }
             k if k == RawKind::PoolTrim as u8 => {
-                Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result: ev.result })
+                Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result })
             }
             _ => {
                 // Safety: markers carry a pointer from CString::into_raw made by the hook; only
@@ -490,7 +484,8 @@ impl Ctx {
             }
         };
         self.tally.events += 1;
-        let r = self.rec(self.clock.to_ns(ev.ts), tid, event);
+        let ts = self.clock.to_ns(ev.ts);
+        let r = self.rec(ts, tid, event);
         self.write_checked(&r)
     }
 

@@ -108,8 +108,7 @@ fn times(job: &Job) -> (Vec<f64>, bool) {
     let first = job.records.iter().find_map(|r| r.ts_ns);
     // A logical clock (the symbolic tracer's event sequence numbers) is not time.
     let logical = job.header.meta("clock") == Some("logical");
-    let all = !logical
-        && first.is_some() && job.records.iter().all(|r| r.ts_ns.is_some() || !is_request(r));
+    let all = !logical && first.is_some() && job.records.iter().all(|r| r.ts_ns.is_some() || !is_request(r));
     if all {
         let t0 = first.unwrap_or(0);
         let mut last = 0.0;

@@ -9,6 +9,15 @@ fn ms(v: &Option<MeanStd>, digits: usize) -> String {
     }
 }
 
+/// Digits for an error in the target's unit: MiB errors need none past one, ratio errors three.
+fn unit_digits(v: Option<f64>) -> usize {
+    if v.is_some_and(|v| v.abs() < 10.0) {
+        3
+    } else {
+        1
+    }
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |x| format!("{x:.digits$}"))
 }
@@ -69,9 +78,9 @@ pub fn markdown(r: &Report) -> String {
                 "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} |\n",
                 m.model,
                 ms(&m.cv_mre, 3),
-                ms(&m.cv_mae, 1),
+                ms(&m.cv_mae, unit_digits(m.cv_mae.map(|c| c.mean))),
                 opt(t.mre, 3),
-                opt(t.mae, 1),
+                opt(t.mae, unit_digits(t.mae)),
                 opt(t.under_rate, 3),
                 m.fit_seconds,
                 m.latency.p50_us,

@@ -1,8 +1,14 @@
 /* Per-call cost: median ns per cudaMalloc+cudaFree pair and per __cudaLaunchKernel / cuLaunchKernel
  * over REPEATS runs of ITERS calls. Run once without and once with LD_PRELOAD=libmemtrace.so;
  * the difference is the shim's added cost. bench_loop_* are separate functions so that
- * callgrind --toggle-collect can count instructions inside them only. */
+ * callgrind --toggle-collect can count instructions inside them only.
+ * A third argument "split" starts the shim's writer thread first (one recorded call) and only
+ * then pins the calling thread to CPU 0, so that the writer runs on another core: the calling
+ * thread's own cost, without the writer's encoding on its core. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <time.h>
 #include "cuda_stub.h"
@@ -42,6 +48,15 @@ int main(int argc, char **argv) {
     int repeats = argc > 2 ? atoi(argv[2]) : 21;
     void *f;
     cuModuleGetFunction(&f, 0, "plain_kernel");
+    if (argc > 3 && strcmp(argv[3], "split") == 0) {
+        void *p;
+        cudaMalloc(&p, 64);
+        cudaFree(p);
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(0, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) { perror("sched_setaffinity"); return 1; }
+    }
     double a[201], l[201], c[201];
     if (repeats > 201) repeats = 201;
     for (int r = 0; r < repeats; r++) {

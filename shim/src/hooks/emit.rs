@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use trace::Api;
 
-use crate::raw::{pack, Depth, FuncKind, RawEvent, RawKind};
+use crate::raw::{pack, result16, Depth, FuncKind, RawEvent, RawKind};
 use crate::state;
 
 #[inline(always)]
@@ -22,12 +22,12 @@ pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, re
         let addr = if result == 0 { addr } else { 0 };
         let ev = RawEvent {
             kind: RawKind::Alloc as u8,
-            api: api.code(),
+            api,
             sub: mem,
             addr,
             size,
             stream,
-            result,
+            result: result16(result),
             caller: caller as u64,
             ..RawEvent::default()
         };
@@ -41,11 +41,11 @@ pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, c
     guarded(|| {
         let ev = RawEvent {
             kind: RawKind::Free as u8,
-            api: api.code(),
+            api,
             sub: mem,
             addr,
             stream,
-            result,
+            result: result16(result),
             caller: caller as u64,
             ..RawEvent::default()
         };
@@ -60,13 +60,13 @@ pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offse
     guarded(|| {
         let ev = RawEvent {
             kind: RawKind::Vmm as u8,
-            api: api.code(),
+            api,
             sub: op,
             addr,
             size,
             aux: handle,
             offset,
-            result,
+            result: result16(result),
             caller: caller as u64,
             ..RawEvent::default()
         };
@@ -110,7 +110,7 @@ pub fn launch(
         }
         let ev = RawEvent {
             kind: RawKind::Launch as u8,
-            api: api.code(),
+            api,
             sub: func as u8,
             addr: f,
             size: pack(grid[0], grid[1]),
@@ -118,7 +118,7 @@ pub fn launch(
             offset: pack(block[1], block[2]),
             caller: u64::from(shared),
             stream,
-            result,
+            result: result16(result),
             ts: 0,
         };
         state::record(d, ev)
@@ -131,10 +131,10 @@ pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
     guarded(|| {
         let ev = RawEvent {
             kind: RawKind::PoolTrim as u8,
-            api: api.code(),
+            api,
             addr: pool,
             size: keep,
-            result,
+            result: result16(result),
             ..RawEvent::default()
         };
         state::record(d, ev)

@@ -5,6 +5,7 @@ mod calibrate;
 mod compare;
 mod estimate;
 mod ml;
+mod util;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,8 @@ enum Command {
     Calibrate(calibrate::Args),
     /// Train, apply and evaluate GPUMemNet-style ML estimators (`memest ml --help`).
     Ml(ml::MlArgs),
+    /// Classify GPU utilization (DCGM SMACT/SMOCC classes) from model features (`memest util --help`).
+    Util(util::UtilArgs),
 }
 
 fn run() -> anyhow::Result<ExitCode> {
@@ -42,6 +45,7 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Compare(a) => compare::run(a).map(|()| ExitCode::SUCCESS),
         Command::Calibrate(a) => calibrate::run(a).map(|()| ExitCode::SUCCESS),
         Command::Ml(a) => ml::run(a),
+        Command::Util(a) => util::run(a),
     }
 }
 
