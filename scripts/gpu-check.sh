@@ -51,6 +51,8 @@ if [ $DRY = 1 ]; then
      $C/stub_cudart.c -o $STUB/libcudart.so.13 -ldl -lpthread
   # The job's device allocations go through a stand-in libc10_cuda.so, so that the trace names
   # PyTorch's allocator module as their caller, as on a GPU (memsim replay takes only those).
+  # A stub libcupti.so.13 next to the stub runtime, as cu13 wheels ship it (synthetic records).
+  cc -shared -fPIC -O1 -Wl,-soname,libcupti.so.13 $C/stub_cupti.c -o $STUB/libcupti.so.13
   cc -shared -fPIC -O1 -Wl,-soname,libc10_cuda.so $C/stub_c10_cuda.c -o $STUB/libc10_cuda.so \
      -L$STUB -l:libcudart.so.13 -Wl,-rpath,'$ORIGIN'
   export LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -61,6 +63,8 @@ start=$(date +%s)
 for mode in default expandable nocache; do
   envs=()
   case $mode in
+    # The default run also records CUPTI kernel executions, to compare kernel counts.
+    default) envs=(MEMTRACE_CUPTI=1) ;;
     expandable) envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
     nocache) envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
   esac

@@ -92,6 +92,14 @@ def check_caching(mode, d):
     ok = not missing and peak == reserved_peak and not header.get("caching_disabled", False)
     other = ", ".join(f"{m}: {c} allocs {b} B" for m, (c, b) in sorted(others.items())) or "none"
     detail = f"missing {missing[:3]}" if missing else ""
+    # Kernel counts, interposition against CUPTI (the default run traces with MEMTRACE_CUPTI=1).
+    # Reported, not judged: a graph launch is one launch but many executions, and CUPTI is
+    # unavailable under another profiler.
+    launches = sum(1 for r in recs if r["kind"] == "launch" and not r.get("result", 0))
+    execs = sum(1 for r in recs if r["kind"] == "kernel_exec")
+    if execs or launches:
+        kernels = f"kernels: {launches} launches, {execs} CUPTI executions"
+        detail = f"{detail}; {kernels}" if detail else kernels
     return [
         mode,
         len(segs),

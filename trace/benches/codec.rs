@@ -92,8 +92,8 @@ fn launch_heavy() -> Vec<Record> {
     while out.len() < N {
         ts += 2_000 + rng.next() % 6_000;
         let r = rng.next();
-        if r % 10 == 0 {
-            if live.len() > 50 || (r % 20 == 0 && !live.is_empty()) {
+        if r.is_multiple_of(10) {
+            if live.len() > 50 || (r.is_multiple_of(20) && !live.is_empty()) {
                 let (addr, size) = live.swap_remove((r as usize / 20) % live.len());
                 out.push(free(ts, addr, size, 0));
             } else {
@@ -120,7 +120,7 @@ fn alloc_heavy() -> Vec<Record> {
     while out.len() < N {
         ts += 200 + rng.next() % 3_000;
         let r = rng.next();
-        if live.len() > 200 || (r % 2 == 0 && !live.is_empty()) {
+        if live.len() > 200 || (r.is_multiple_of(2) && !live.is_empty()) {
             let (addr, size, stream) = live.swap_remove((r as usize >> 1) % live.len());
             out.push(free(ts, addr, size, stream));
         } else {
