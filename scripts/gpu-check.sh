@@ -2,7 +2,15 @@
 # GPU check for libmemtrace.so (issue 3). Runs a small seeded PyTorch training job under the shim
 # three ways (default caching, expandable_segments:True, PYTORCH_NO_CUDA_MEMORY_CACHING=1), takes
 # a torch.cuda.memory snapshot in the caching runs, and checks the traces against them
-# (scripts/gpu/analyze.py). Prints a short table; exit status 1 if a check fails.
+# (scripts/gpu/analyze.py). The default run also records CUPTI kernel executions
+# (MEMTRACE_CUPTI=1) so that the table reports kernel counts both ways. Prints a short table;
+# exit status 1 if a check fails.
+#
+# The dry run builds the shim tests' stub libcudart.so.13 / libcuda.so.1, a stub libcupti.so.13
+# next to them, and a stand-in libc10_cuda.so through which the dry-run job allocates (so the
+# trace names PyTorch's allocator module as the caller, as on a GPU, and memsim's replay of the
+# no-caching run takes those allocations as requests). The dry-run job runs one fixed workload
+# three ways (scripts/gpu/job.py), so every check, the replay comparison included, is judged.
 #
 # On the GPU machine (torch with CUDA, python3, no network), from the repository root:
 #   scripts/gpu-check.sh --shim target/release/libmemtrace.so --memsim target/release/memsim \

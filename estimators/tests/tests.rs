@@ -31,6 +31,7 @@ mod ml_cli;
 /// ML estimators: GPUMemNet CSV loading, bins, feature sets, error messages.
 mod ml_data;
 /// ML estimators: model families learn, are deterministic, round-trip, never see held-out rows.
+mod ml_job; // trainer features JSON -> the same ML feature vector as the dataset row
 mod ml_models;
 /// ML estimators: seeded and stratified splits, the no-leak CV plan, split properties.
 mod ml_split;

@@ -148,6 +148,7 @@ fn cudart_dir() -> Option<(String, &'static str)> {
         if p == 0 {
             continue;
         }
+        // Safety: Dl_info is plain C data; all-zero is a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // Safety: dladdr reads loader tables; `info` is a valid out-pointer.
         if unsafe { libc::dladdr(p as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {

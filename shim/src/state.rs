@@ -172,6 +172,7 @@ extern "C" fn at_exit() {
 }
 
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+// Safety: sigaction is plain C data; all-zero is a valid value.
 static mut PREVIOUS: [libc::sigaction; 2] = [unsafe { std::mem::zeroed() }; 2];
 
 fn install_signals() {

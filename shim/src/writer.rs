@@ -266,6 +266,7 @@ fn module_of(addr: u64) -> Option<String> {
 
 /// The symbol at exactly `addr` (a runtime kernel's host stub).
 fn symbol_at(addr: u64) -> Option<String> {
+    // Safety: Dl_info is plain C data; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // Safety: as in module_of.
     if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_sname.is_null() {

@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 16] = [
+const PROGRAMS: [&str; 17] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -57,6 +57,7 @@ const PROGRAMS: [&str; 16] = [
     "p_exit_thread",
     "p_underscore_exit",
     "p_more_entry_points",
+    "p_thread_teardown",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

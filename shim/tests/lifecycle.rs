@@ -216,3 +216,31 @@ assert rt.cudaFree(p) == 0
     assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
     assert_eq!(s.exit.unwrap().signal, None);
 }
+
+/// Hooks run from a pthread key destructor, after the shim's thread-locals are gone (so through
+/// the shared queue), are recorded under the right thread and in order with the thread's ring;
+/// a second wave of threads, which may take over the first wave's rings, records under its own
+/// thread ids.
+#[test]
+fn hooks_during_thread_teardown_and_reused_rings() {
+    let r = run_ok("p_thread_teardown", &[]);
+    let mut tids: Vec<u32> = r.stdout().lines().map(|l| l.parse().unwrap()).collect();
+    tids.sort();
+    let s = r.stats();
+    assert!(s.whole());
+    assert_eq!(s.calls(), [("cudaFree", 16), ("cudaMalloc", 16)]);
+    assert_eq!((s.allocs, s.frees, s.unknown_frees, s.lost_events), (16, 16, 0, 0));
+    // Per thread: its body's allocation, then the destructor's allocation and two frees.
+    let mut per_tid = std::collections::BTreeMap::<u32, Vec<(&str, u64)>>::new();
+    for rec in &s.records {
+        match &rec.event {
+            Event::Alloc(a) => per_tid.entry(rec.tid.unwrap()).or_default().push(("alloc", a.size)),
+            Event::Free(f) => per_tid.entry(rec.tid.unwrap()).or_default().push(("free", f.size.unwrap_or(0))),
+            _ => {}
+        }
+    }
+    assert_eq!(per_tid.keys().copied().collect::<Vec<_>>(), tids);
+    for (tid, seq) in &per_tid {
+        assert_eq!(seq, &[("alloc", 128), ("alloc", 32), ("free", 32), ("free", 128)], "thread {tid}");
+    }
+}

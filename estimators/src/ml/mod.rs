@@ -15,6 +15,7 @@ pub mod dataset;
 pub mod error;
 pub mod examples;
 pub mod features;
+pub mod job;
 pub mod mlp;
 pub mod modelfile;
 pub mod models;

@@ -100,9 +100,9 @@ macro_rules! caller_hook {
                 // Safety: `real` is the definition of exactly this entry point (the next one
                 // after the shim, or what the real resolver returned for this name).
                 let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
-                // The one unsafe call of every hook: the caller's own arguments, unchanged, to
-                // the real function of the same signature. The caller's obligations under the
-                // CUDA API contract are exactly the real function's.
+                // Safety: the one unsafe call of every hook: the caller's own arguments,
+                // unchanged, to the real function of the same signature. The caller's
+                // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
                 $body
@@ -168,9 +168,9 @@ macro_rules! plain_hook {
                 // Safety: `real` is the definition of exactly this entry point (the next one
                 // after the shim, or what the real resolver returned for this name).
                 let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
-                // The one unsafe call of every hook: the caller's own arguments, unchanged, to
-                // the real function of the same signature. The caller's obligations under the
-                // CUDA API contract are exactly the real function's.
+                // Safety: the one unsafe call of every hook: the caller's own arguments,
+                // unchanged, to the real function of the same signature. The caller's
+                // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
                 $body

@@ -34,9 +34,10 @@ fn own_base() -> usize {
     if b != 0 {
         return b;
     }
-    // Safety: dladdr on one of our own functions; `info` is a valid out-pointer.
+    // Safety: Dl_info is plain C data; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = own_base as *const c_void;
+    // Safety: dladdr on one of our own functions; `info` is a valid out-pointer.
     if unsafe { libc::dladdr(here, &mut info) } != 0 {
         OWN_BASE.store(info.dli_fbase as usize, Ordering::Relaxed);
     }
@@ -50,6 +51,7 @@ pub fn is_own(p: usize) -> bool {
     if base == 0 {
         return false;
     }
+    // Safety: Dl_info is plain C data; all-zero is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // Safety: dladdr accepts any address and fills `info` on success.
     (unsafe { libc::dladdr(p as *const c_void, &mut info) } != 0) && info.dli_fbase as usize == base

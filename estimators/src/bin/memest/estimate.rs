@@ -49,7 +49,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let ml_model = a.ml_model.clone().or_else(|| std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
     let ml = match ml_model {
         None => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),
-        Some(m) => Err(format!("{}: ML prediction is not wired into `memest estimate` yet", m.display())),
+        Some(m) => {
+            let model = estimators::ml::modelfile::ModelFile::load(&m)?;
+            let text =
+                std::fs::read_to_string(&a.features).with_context(|| format!("--features {}", a.features.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--features {}: not JSON", a.features.display()))?;
+            let source = a.features.display().to_string();
+            match estimators::ml::job::predict_job(&model, &v, &source) {
+                Ok(p) => {
+                    Ok(estimators::estimate::Answer { device_mib: p.estimate, reserved_mib: None, level: "device" })
+                }
+                Err(e) => Err(format!("{}: {e}", m.display())),
+            }
+        }
     };
     let report = estimate(&EstimateInput {
         trace: &trace,
