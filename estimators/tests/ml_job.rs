@@ -31,7 +31,8 @@ fn trainer_features_match_the_dataset_rows() {
             let v = features_json(&row.filename);
             let got = row_from_features(&v, file).unwrap();
             assert_eq!(got.family(), family, "{file} row {i}");
-            assert_eq!(extract(family, &got).unwrap(), want, "{file} row {i}: {}", row.filename);
+            let mine = extract(family, &got).unwrap_or_else(|e| panic!("{file} row {i} ({}): {e:?}", row.filename));
+            assert_eq!(mine, want, "{file} row {i}: {}", row.filename);
         }
     }
 }

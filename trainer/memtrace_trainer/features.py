@@ -145,8 +145,9 @@ def extract(workload: Workload, family: str = "") -> Features:
     layers = [layer for _, layer in records]
     leaves = [(m, la) for m, la in records if not any(True for _ in m.children())]
     counts = collections.Counter(la.type for _, la in leaves)
+    # An MLP built with act:identity has Identity modules as its activation (GPUMemNet lists them).
     acts = [
-        la.type for m, la in leaves if gpumemnet_name(m, "") == la.type and la.type != "Softmax"
+        la.type for m, la in leaves if gpumemnet_name(m, family) == la.type and la.type != "Softmax"
     ]
     sequence = []
     for m, la in leaves:
@@ -183,7 +184,8 @@ def gpumemnet_row(features: Features, filename: str, family: str) -> dict[str, s
     counts = collections.Counter(name for name, _, _ in seq)
     row = {
         "Filename": filename,
-        "Depth": str(counts["linear"] + counts["conv2d"]),
+        # GPUMemNet's Depth: Conv2d layers of a CNN, Linear layers of an MLP.
+        "Depth": str(counts["conv2d"] if family == "cnn" else counts["linear"]),
         "Activations-Params": repr(seq),
         "Activation Function": features.activation_function or "",
         "Total Activations": str(sum(a for _, a, _ in seq)),

@@ -105,6 +105,17 @@ def test_features_cli_gpumemnet_row_csv() -> None:
         assert got[col] == row[col], col
 
 
+def test_features_cli_gpumemnet_cnn_row_csv() -> None:
+    # GPUMemNet's CNN Depth counts Conv2d layers only (an MLP's counts Linear layers).
+    row = gpumemnet_rows("cnn_data_step1_early.csv")[0]
+    out = cli("features", "--gpumemnet-row", row["Filename"], "--csv").stdout
+    got = next(csv.DictReader(io.StringIO(out)))
+    for col in ("Depth", "Activation Function", "Total Activations", "Total Parameters",
+                "Batch Size", "Conv2d Count", "BatchNorm2d Count", "Dropout Count",
+                "Linear Count"):  # fmt: skip
+        assert got[col] == row[col], col
+
+
 def test_features_cli_errors_are_clean() -> None:
     # The real `python -m memtrace_trainer` once: exit status 2 and one line, no traceback.
     done = cli_process("features", "--model", "nope:x", check=False)

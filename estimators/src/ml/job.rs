@@ -11,10 +11,8 @@ pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<RunRow, 
     let bad = |field: &str, expected: &str| MlError::Invalid(format!("{source}: field {field:?}: expected {expected}"));
     let num = |field: &str| v.get(field).and_then(serde_json::Value::as_f64).ok_or_else(|| bad(field, "a number"));
     // GPUMemNet's own layer names (lower-case torchsummary types) when the trainer gives them.
-    let seq = v
-        .get("gpumemnet_sequence")
-        .and_then(serde_json::Value::as_array)
-        .filter(|a| !a.is_empty())
+    let gpumemnet = v.get("gpumemnet_sequence").and_then(serde_json::Value::as_array).filter(|a| !a.is_empty());
+    let seq = gpumemnet
         .or_else(|| v.get("sequence").and_then(serde_json::Value::as_array))
         .ok_or_else(|| bad("sequence", "a list of [type, activations, parameters]"))?;
     let mut layers = Vec::with_capacity(seq.len());
@@ -30,10 +28,20 @@ pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<RunRow, 
             params: a[2].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][2]"), "a whole number"))?,
         });
     }
+    // GPUMemNet's `Depth` counts the Conv2d layers of a CNN and the Linear layers of an MLP; the
+    // trainer's `depth` counts every layer with parameters, so it is used only when there is no
+    // GPUMemNet-style sequence.
+    let depth = if gpumemnet.is_some() {
+        let count = |k: &str| layers.iter().filter(|l| l.kind == k).count();
+        let convs = count("conv2d");
+        (if convs > 0 { convs } else { count("linear") }) as f64
+    } else {
+        num("depth")?
+    };
     Ok(RunRow {
         row: 0,
         filename: v.get("model").and_then(serde_json::Value::as_str).unwrap_or("").to_string(),
-        depth: num("depth")?,
+        depth,
         layers,
         activation: v.get("activation_function").and_then(serde_json::Value::as_str).unwrap_or("None").to_string(),
         total_activations: num("total_activations")?,
