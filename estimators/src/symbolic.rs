@@ -12,7 +12,8 @@ use crate::tracefile::LoadedTrace;
 /// What the symbolic estimator predicts, bytes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SymbolicEstimate {
-    /// `max_memory_reserved()` the allocator model reaches.
+    /// `max_memory_reserved()` the allocator model reaches: at the profile's capacity when the
+    /// unlimited replay would not fit but the capped one survives (the OOM retry path).
     pub predicted_reserved_peak: u64,
     /// `max_memory_allocated()`.
     pub predicted_allocated_peak: u64,
@@ -55,12 +56,23 @@ pub fn symbolic(
     let unlimited = replay(t, version, None)?;
     let outside = profile.outside_allocator_bytes(uses_gemm, uses_conv);
     let capacity = profile.gpu.total_memory.saturating_sub(outside);
-    // Replaying at capacity only matters when the unlimited peak would not fit.
-    let oom = unlimited.peak_reserved_bytes > capacity && replay(t, version, Some(capacity))?.oom;
+    // Replaying at capacity only matters when the unlimited peak would not fit. Then the real
+    // allocator's failed cudaMalloc releases cached free segments and retries, so a job that
+    // survives reaches the capped replay's reserved peak, not the unlimited one. A job that
+    // does not survive is reported with what it would have needed.
+    let mut peak = unlimited;
+    let mut oom = false;
+    if peak.peak_reserved_bytes > capacity {
+        let capped = replay(t, version, Some(capacity))?;
+        oom = capped.oom;
+        if !oom {
+            peak = capped;
+        }
+    }
     Ok(SymbolicEstimate {
-        predicted_reserved_peak: unlimited.peak_reserved_bytes,
-        predicted_allocated_peak: unlimited.peak_allocated_bytes,
-        predicted_device_peak: unlimited.peak_reserved_bytes + outside,
+        predicted_reserved_peak: peak.peak_reserved_bytes,
+        predicted_allocated_peak: peak.peak_allocated_bytes,
+        predicted_device_peak: peak.peak_reserved_bytes + outside,
         outside_allocator: outside,
         oom_on_profile_gpu: oom,
     })

@@ -58,6 +58,27 @@ fn replay_peaks_and_device_terms() {
 }
 
 #[test]
+fn over_capacity_peak_follows_the_oom_retry_path() {
+    // A 30 MiB segment is cached when 40 MiB is requested: 70 MiB reserved without a limit;
+    // under a limit, the failed cudaMalloc frees the cached segment and retries (40 MiB).
+    let ops = [('a', 1, 30 * MIB), ('f', 1, 0), ('a', 2, 40 * MIB)];
+    let (_d, t) = load(&[], &ops);
+    let check = |capacity: u64, reserved: u64, oom: bool| {
+        let mut p = profile();
+        p.gpu.total_memory = capacity + p.outside_allocator_bytes(false, false);
+        let e = symbolic(&t, &p, TorchVersion::V2_4, false, false).unwrap();
+        assert_eq!((e.predicted_reserved_peak, e.oom_on_profile_gpu), (reserved, oom), "capacity {capacity}");
+        assert_eq!(e.predicted_device_peak, reserved + e.outside_allocator);
+    };
+    check(100 * MIB, 70 * MIB, false);
+    check(70 * MIB, 70 * MIB, false);
+    check(50 * MIB, 40 * MIB, false);
+    check(40 * MIB, 40 * MIB, false);
+    // Too small even after the retry: OOM, reported with the unlimited demand.
+    check(35 * MIB, 70 * MIB, true);
+}
+
+#[test]
 fn capped_rerun_survives_only_with_enough_memory() {
     let ops = [('a', 1, 30 * MIB), ('f', 1, 0), ('a', 2, 30 * MIB)];
     let (_d, t) = load(&[], &ops);

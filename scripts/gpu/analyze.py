@@ -194,8 +194,8 @@ def main():
         "other modules",
         "detail",
     ]
-    w = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    for r in [head] + rows:
+    w = [max(len(str(r[i])) for r in [*rows, head]) for i in range(len(head))]
+    for r in [head, *rows]:
         print("  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)).rstrip())
     return 0 if all_ok else 1
 

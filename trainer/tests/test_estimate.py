@@ -79,11 +79,9 @@ def test_estimate_follows_the_memest_contract(
     assert args[0] == "estimate" and "--json" in args
     assert args[args.index("--profile") + 1] == str(REPO / "profiles" / "a100-40gb.toml")
     assert seen["features"]["batch_size"] == 32 and seen["features"]["total_parameters"] > 0
-    layers = seen["features"]["layers"]
-    assert list(layers) == [str(i) for i in range(len(layers))]  # execution order, for memest
+    # memest reads the layers in execution order from `sequence`.
     # The default pyramid halves the width: Linear(256, 128) comes first.
-    first = {"name": "0", "type": "Linear", "activations": 128, "parameters": 256 * 128 + 128}
-    assert layers["0"] == first
+    assert seen["features"]["sequence"][0] == ["Linear", 128, 256 * 128 + 128]
     sym, plain = json.loads(seen["trace"]), json.loads(seen["fake"])
     assert sym["metadata"]["cuda_emulation"] == "true" and sym["metadata"]["optimizer"] == "adamw"
     assert plain["metadata"]["cuda_emulation"] == "false" and plain["metadata"]["iterations"] == "1"

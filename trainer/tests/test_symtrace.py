@@ -163,6 +163,39 @@ def test_emulation_cases() -> None:
     assert 4 * 32 in [e["size"] for e in events if e["kind"] == "alloc"]
 
 
+def cnn_with(act: str) -> str:
+    return (
+        'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":2,'
+        f'"architecture":"uniform","base_filters":8,"input_size":16,"activation":"{act}"}}'
+    )
+
+
+def alloc_sizes(events: list[dict[str, Any]]) -> list[int]:
+    return [e["size"] for e in events if e["kind"] == "alloc"]
+
+
+@pytest.mark.parametrize(
+    ("act", "emulation", "same_as_relu"),
+    [
+        # CUDA's fused mish_backward writes one grad_input, as threshold_backward does for ReLU.
+        ("mish", True, True),
+        # Meta decomposes mish_backward (CompositeImplicitAutograd) into full-size temporaries.
+        ("mish", False, False),
+        ("gelu", True, True),
+    ],
+)
+def test_mish_backward_is_one_fused_kernel(act: str, emulation: bool, same_as_relu: bool) -> None:
+    relu = alloc_sizes(events_of(cnn_with("relu"), cuda_emulation=emulation))
+    other = alloc_sizes(events_of(cnn_with(act), cuda_emulation=emulation))
+    assert (other == relu) is same_as_relu
+
+
+def test_mish_swap_is_undone_after_the_trace() -> None:
+    before = torch.nn.functional.mish
+    events_of(cnn_with("mish"))
+    assert torch.nn.functional.mish is before
+
+
 def test_sdpa_backend_by_profile() -> None:
     w = build_workload(TRF, 4)
     _, extra = trace(w, StepConfig(amp="bf16"), Profile.builtin())

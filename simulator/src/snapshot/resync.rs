@@ -7,7 +7,7 @@
 //! validation tracks reserved bytes from the segment events itself, so nothing it reports is
 //! lost. Expandable segments are not rebuilt this way: seeding one drops its unmapped tail.
 
-use crate::alloc::{rounding, Allocator, BlockView, BlockViewState, ExistingBlock, ExistingSegment, Request};
+use crate::alloc::{rounding, Allocator, BlockView, BlockViewState, ExistingSegment, Request};
 
 /// `kSmallSize`: in the large pool a remainder up to this is absorbed, not split off.
 const LARGE_ABSORB: u64 = 1 << 20;
@@ -72,23 +72,8 @@ pub(super) fn resync(
 
     let mut fresh = Allocator::new(cfg, alloc.version(), capacity);
     for s in &segs {
-        let seg = ExistingSegment {
-            addr: s.addr,
-            size: s.size,
-            stream: s.stream,
-            is_small_pool: s.is_small_pool,
-            expandable: false,
-            blocks: s
-                .blocks
-                .iter()
-                .map(|b| ExistingBlock {
-                    addr: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    allocated: b.state != BlockViewState::Inactive,
-                })
-                .collect(),
-        };
+        // Resync only runs on native segments (expandable ones are translated instead).
+        let seg = ExistingSegment { expandable: false, ..ExistingSegment::from(s) };
         fresh.add_existing_segment(&seg).ok()?;
         for b in s.blocks.iter().filter(|b| b.state == BlockViewState::PendingFree) {
             fresh.apply(&Request::FreeRequested { addr: b.addr }).ok()?;

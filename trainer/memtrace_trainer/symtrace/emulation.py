@@ -95,8 +95,28 @@ def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str
     return "math"
 
 
+class FusedMish(torch.autograd.Function):
+    """`mish` with CUDA's backward: one fused `mish_backward` kernel writing `grad_input`.
+
+    `mish_backward` has CPU/CUDA kernels and a CompositeImplicitAutograd fallback
+    (native_functions.yaml); meta has no kernel, so it decomposes into softplus, tanh, sigmoid
+    and five more full-size temporaries that CUDA never allocates. Autograd saves only the input
+    on both devices (MishBackward0 keeps `self`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.ops.aten.mish.default(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.empty_like(x)
+
+
 class CudaFunctions:
-    """Re-routes SDPA to the CUDA backend and dropout to the fused kernel with a bool mask.
+    """Re-routes SDPA to the CUDA backend, dropout to the fused kernel with a bool mask and
+    mish's backward to its fused CUDA kernel.
 
     The functions are swapped in `torch.nn.functional` for the duration of the trace rather than
     intercepted by a function mode, because composite functions such as
@@ -105,11 +125,11 @@ class CudaFunctions:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.backends: dict[str, int] = {}
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[Any, Any, Any] | None = None
 
     def __enter__(self) -> CudaFunctions:
-        sdpa, dropout = F.scaled_dot_product_attention, F.dropout
-        self._saved = (sdpa, dropout)
+        sdpa, dropout, mish = F.scaled_dot_product_attention, F.dropout, F.mish
+        self._saved = (sdpa, dropout, mish)
 
         def fused_dropout(
             input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
@@ -118,13 +138,19 @@ class CudaFunctions:
                 return torch.native_dropout(input, p, True)[0]
             return dropout(input, p, training, inplace)
 
+        def fused_mish(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+            if inplace or not input.requires_grad:
+                return mish(input, inplace)
+            return FusedMish.apply(input)
+
         F.scaled_dot_product_attention = self._sdpa
         F.dropout = fused_dropout
+        F.mish = fused_mish
         return self
 
     def __exit__(self, *exc: object) -> None:
         assert self._saved is not None
-        F.scaled_dot_product_attention, F.dropout = self._saved
+        F.scaled_dot_product_attention, F.dropout, F.mish = self._saved
 
     def _sdpa(
         self,
