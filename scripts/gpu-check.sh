@@ -6,6 +6,14 @@
 # (MEMTRACE_CUPTI=1) so that the table reports kernel counts both ways. Prints a short table;
 # exit status 1 if a check fails.
 #
+# On a GPU it then measures the GPU profile's constants in a fresh process
+# (scripts/gpu/profile_measure.py: CUDA context, cuBLAS and cuDNN memory outside the allocator,
+# the cuBLAS workspace actually allocated, total memory, SMs, compute capability, versions) and
+# writes them, with scripts/gpu/profile_writer.py, to h200-profile.json and h200.toml in $OUT
+# (the device machine's output folder) when that is set, else in --out, and into
+# profiles/h200.toml when the GPU is an H200. The dry run skips this step (it needs CUDA); the
+# writer is tested on fake measurements in tests/test_gpu_profile_writer.py.
+#
 # The dry run builds the shim tests' stub libcudart.so.13 / libcuda.so.1, a stub libcupti.so.13
 # next to them, and a stand-in libc10_cuda.so through which the dry-run job allocates (so the
 # trace names PyTorch's allocator module as the caller, as on a GPU, and memsim's replay of the
@@ -20,6 +28,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# $OUT from the environment (the device machine's output folder) before --out reuses the name.
+ENV_OUT=${OUT:-}
 DRY=0
 SHIM=target/release/libmemtrace.so
 MEMSIM=target/release/memsim
@@ -89,5 +99,18 @@ for mode in default expandable nocache; do
 done
 status=0
 "$PY" scripts/gpu/analyze.py "$OUT" --memsim "$MEMSIM" || status=$?
+if [ $DRY = 1 ]; then
+  echo "gpu-check: profile constants not measured (dry run: no GPU)"
+else
+  PROF=${ENV_OUT:-$OUT}
+  mkdir -p "$PROF"
+  if timeout 180 "$PY" scripts/gpu/profile_measure.py --out "$PROF/h200-profile.json" > "$PROF/profile_measure.log" 2>&1 \
+     && "$PY" scripts/gpu/profile_writer.py "$PROF/h200-profile.json" --profile "$PROF/h200.toml"; then
+    "$PY" scripts/gpu/profile_writer.py "$PROF/h200-profile.json" --profile profiles/h200.toml --expect-gpu H200 \
+      || echo "gpu-check: profiles/h200.toml left unchanged (not an H200); the measured profile is $PROF/h200.toml" >&2
+  else
+    echo "gpu-check: profile measurement failed:" >&2; cat "$PROF/profile_measure.log" >&2; status=1
+  fi
+fi
 echo "gpu-check: $(( $(date +%s) - start )) s, results in $OUT"
 exit $status

@@ -2,7 +2,7 @@
 //! One run's failure is recorded in its row, never fatal.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -11,9 +11,12 @@ use simulator::profile::Profile;
 
 use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
 use crate::dataset::DatasetRow;
-use crate::error::chain;
+use crate::error::{chain, EstimateError, Result};
 use crate::features::Family;
 use crate::metrics::{self, Metrics};
+use crate::ml::dataset::Family as MlFamily;
+use crate::ml::features::extract;
+use crate::ml::modelfile::ModelFile;
 use crate::symbolic::{capped_rerun_ok, symbolic};
 use crate::tracefile::LoadedTrace;
 
@@ -36,7 +39,8 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn failed(why: impl Into<String>) -> Outcome {
+    /// No estimate, for this reason.
+    pub fn failed(why: impl Into<String>) -> Outcome {
         Outcome { error: Some(why.into()), ..Outcome::default() }
     }
 }
@@ -48,6 +52,9 @@ pub struct RunRecord {
     pub id: String,
     /// Generator configuration (`Filename`).
     pub filename: String,
+    /// What the trainer rebuilt the run from (model spec or entry).
+    #[serde(default)]
+    pub spec: String,
     /// Family name.
     pub family: String,
     /// Batch size.
@@ -56,6 +63,9 @@ pub struct RunRecord {
     pub truth_bytes: Option<f64>,
     /// The run crashed with OOM.
     pub real_oom: bool,
+    /// Measured allocator-level peak (`max_memory_reserved`), bytes, where the dataset has it.
+    #[serde(default)]
+    pub reserved_truth_bytes: Option<f64>,
     /// The model runs GEMMs (cuBLAS loaded).
     pub uses_gemm: bool,
     /// The model runs convolutions (cuDNN loaded).
@@ -85,8 +95,15 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     (v, t.elapsed().as_secs_f64())
 }
 
-/// Evaluate every estimator (except ML, which the caller adds) on one row.
-pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx: &EvalContext) -> RunRecord {
+/// Evaluate every estimator on one row; `ml` is the caller's ML outcome ([`MlModels::outcome`], or
+/// why there is none), so its capped rerun is simulated like every other estimator's.
+pub fn evaluate_row(
+    row: &DatasetRow,
+    trace: TraceInput,
+    plain: TraceInput,
+    ctx: &EvalContext,
+    ml: Outcome,
+) -> RunRecord {
     let f = &row.features;
     // Rows whose layer list is empty (torchsummary failed upstream) still ran their generator's convolutions.
     let uses_conv = f.uses_conv() || row.family == Family::Cnn;
@@ -101,7 +118,10 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
         "horus".into(),
         Outcome { device_bytes: Some(h.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
     );
-    let (a, s) = timed(|| analytic(f, row.batch, ctx.optimizer, ctx.precision, ctx.profile));
+    // A trainer row records its own optimizer and AMP setting (validated when the CSV was read).
+    let optimizer = row.optimizer.as_deref().and_then(|o| o.parse().ok()).unwrap_or(ctx.optimizer);
+    let precision = row.amp.as_deref().and_then(|a| a.parse().ok()).unwrap_or(ctx.precision);
+    let (a, s) = timed(|| analytic(f, row.batch, optimizer, precision, ctx.profile));
     est.insert(
         "analytic".into(),
         Outcome {
@@ -160,6 +180,7 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
             },
         },
     );
+    est.insert("ml".into(), ml);
     // xMem's capped rerun, simulated on the symbolic trace for every estimator that answered.
     if let Ok((Ok(t), _)) = &loaded {
         for o in est.values_mut() {
@@ -171,13 +192,103 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
     RunRecord {
         id: row.id.clone(),
         filename: row.filename.clone(),
+        spec: row.spec.as_str().to_string(),
         family: row.family.as_str().to_string(),
         batch: row.batch,
         truth_bytes: row.truth,
         real_oom: row.real_oom,
+        reserved_truth_bytes: row.reserved_truth,
         uses_gemm,
         uses_conv,
         estimates: est,
+    }
+}
+
+/// Trained ML model files (`memest ml train`), at most one per family.
+pub struct MlModels {
+    models: Vec<(PathBuf, ModelFile)>,
+}
+
+/// Whether a dataset is the file a model was trained on. `ModelFile::train` fits on every usable
+/// row of its CSV, so every row of that file is a training row.
+fn same_file(trained_on: &str, dataset: &Path) -> bool {
+    let t = Path::new(trained_on);
+    match (t.canonicalize(), dataset.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        // The training path no longer resolves (trained elsewhere): the file name is the evidence.
+        _ => t.file_name().is_some() && t.file_name() == dataset.file_name(),
+    }
+}
+
+impl MlModels {
+    /// The models, checked to cover distinct families.
+    pub fn new(models: Vec<(PathBuf, ModelFile)>) -> Result<MlModels> {
+        for (i, (p, m)) in models.iter().enumerate() {
+            if let Some((q, _)) = models[..i].iter().find(|(_, o)| o.family == m.family) {
+                return Err(EstimateError::Field {
+                    path: p.clone(),
+                    field: "family".into(),
+                    expected: format!("one model per family; {} is also a {} model", q.display(), m.family),
+                });
+            }
+        }
+        Ok(MlModels { models })
+    }
+
+    /// The model files and the datasets they were trained on.
+    pub fn trained_on(&self) -> impl Iterator<Item = (&Path, &str, MlFamily)> {
+        self.models.iter().map(|(p, m)| (p.as_path(), m.trained_on.as_str(), m.family))
+    }
+
+    /// Datasets among `datasets` that a model was trained on, with that model's path.
+    pub fn training_overlap<'a>(&'a self, datasets: &'a [PathBuf]) -> Vec<(&'a Path, &'a Path)> {
+        let mut out = Vec::new();
+        for (p, m) in &self.models {
+            for d in datasets.iter().filter(|d| same_file(&m.trained_on, d)) {
+                out.push((p.as_path(), d.as_path()));
+            }
+        }
+        out
+    }
+
+    /// The `ml` outcome of one row of `dataset`: the model of the row's family applied to the
+    /// row's GPUMemNet features; null with the reason when no model fits, the features do not
+    /// extract, or (unless `allow_training_rows`) the row is one the model was trained on.
+    pub fn outcome(&self, row: &DatasetRow, dataset: &Path, allow_training_rows: bool) -> Outcome {
+        let Some(family) = MlFamily::parse(row.family.as_str()) else {
+            return Outcome::failed(format!("no ML family for {}", row.family.as_str()));
+        };
+        let Some((path, model)) = self.models.iter().find(|(_, m)| m.family == family) else {
+            let given: Vec<String> =
+                self.models.iter().map(|(p, m)| format!("{} ({})", p.display(), m.family)).collect();
+            return Outcome::failed(format!("no ML model for family {family} (given: {})", given.join(", ")));
+        };
+        if !allow_training_rows && same_file(&model.trained_on, dataset) {
+            return Outcome::failed(format!(
+                "training row of {} (trained on {}): not held out (--ml-include-training-rows evaluates it anyway)",
+                path.display(),
+                model.trained_on
+            ));
+        }
+        let (p, s) = timed(|| -> std::result::Result<f64, String> {
+            let x = extract(family, &row.ml_row()).map_err(|e| match e {
+                crate::ml::features::RowIssue::UnknownActivation(m) => m,
+            })?;
+            let n = x.len();
+            let x = ndarray::Array2::from_shape_vec((1, n), x).map_err(|e| e.to_string())?;
+            let mut p = model.predict(&x).map_err(|e| chain(&e))?;
+            p.pop().map(|p| p.estimate).ok_or_else(|| "the model returned no prediction".to_string())
+        });
+        match p {
+            // The model answers in MiB, at device level (GPUMemNet's label).
+            Ok(mib) if mib.is_finite() && mib >= 0.0 => Outcome {
+                device_bytes: Some((mib * 1024.0 * 1024.0).round() as u64),
+                seconds: Some(s),
+                ..Outcome::default()
+            },
+            Ok(mib) => Outcome::failed(format!("{}: predicted {mib} MiB", path.display())),
+            Err(e) => Outcome::failed(format!("{}: {e}", path.display())),
+        }
     }
 }
 
@@ -186,33 +297,45 @@ pub fn evaluate_row(row: &DatasetRow, trace: TraceInput, plain: TraceInput, ctx:
 pub struct GroupMetrics {
     /// Estimator.
     pub estimator: String,
+    /// `device` (against the device-level truth) or `reserved` (the estimator's allocator-level
+    /// answer against `max_memory_reserved`).
+    pub level: String,
     /// Family name or `all`.
     pub group: String,
+    /// Runs of the group left out because the dataset gives them no truth at this level (and no
+    /// OOM): CPU-fallback runs of the trainer, or rows without `max_memory_reserved_mib`.
+    pub unlabelled: usize,
     /// Metrics with PEF from memsim-simulated capped reruns where traces exist.
     pub metrics: Metrics,
     /// PEF with "estimate below truth" as the capped rerun (a proxy; not comparable with xMem).
     pub pef_proxy: Option<f64>,
 }
 
-/// The metrics input of one estimator's outcome on one run.
+/// The metrics input of one estimator's outcome on one run, at device level.
 pub fn metric_run(r: &RunRecord, estimator: &str) -> metrics::Run {
+    level_run(r, estimator, false)
+}
+
+/// The metrics input at device level, or at reserved level (the estimator's reserved answer
+/// against the allocator's measured peak; no memsim capped rerun at that level).
+fn level_run(r: &RunRecord, estimator: &str, reserved: bool) -> metrics::Run {
     let o = r.estimates.get(estimator);
+    let answer = |o: &Outcome| if reserved { o.reserved_bytes } else { o.device_bytes };
     metrics::Run {
-        truth: r.truth_bytes,
+        truth: if reserved { r.reserved_truth_bytes } else { r.truth_bytes },
         real_oom: r.real_oom,
         estimate: match o {
             None => Err("estimator not run".to_string()),
-            Some(o) => match (o.device_bytes, &o.error) {
+            Some(o) => match (answer(o), &o.error) {
                 (Some(d), _) => Ok(d as f64),
                 (None, Some(e)) => Err(reason_class(e)),
                 (None, None) => Err("no estimate".to_string()),
             },
         },
-        capped_rerun_ok: o.and_then(|o| o.capped_rerun_ok),
+        capped_rerun_ok: if reserved { None } else { o.and_then(|o| o.capped_rerun_ok) },
         seconds: o.and_then(|o| o.seconds),
     }
 }
-
 /// Group long error messages into a reason class for the count table (the first clause, without
 /// run-specific paths and numbers).
 pub fn reason_class(e: &str) -> String {
@@ -231,28 +354,40 @@ pub fn reason_class(e: &str) -> String {
     cleaned.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(140).collect()
 }
 
-/// Metrics for every estimator present, per family and over all runs.
+/// Metrics for every estimator present, per family and over all runs: at device level, and at
+/// reserved level for estimators with an allocator-level answer when some run has a measured
+/// `max_memory_reserved`. Runs without a truth at a level (and no OOM) are counted, not scored.
 pub fn aggregate(records: &[RunRecord], total_gpu: f64) -> Vec<GroupMetrics> {
     let mut groups: Vec<String> = records.iter().map(|r| r.family.clone()).collect();
     groups.sort();
     groups.dedup();
     groups.insert(0, "all".into());
+    let any_reserved = records.iter().any(|r| r.reserved_truth_bytes.is_some());
     let mut out = Vec::new();
-    for est in ESTIMATORS {
-        if !records.iter().any(|r| r.estimates.contains_key(est)) {
-            continue;
-        }
-        for g in &groups {
-            let runs: Vec<metrics::Run> =
-                records.iter().filter(|r| g == "all" || &r.family == g).map(|r| metric_run(r, est)).collect();
-            let proxy: Vec<metrics::Run> =
-                runs.iter().cloned().map(|r| metrics::Run { capped_rerun_ok: None, ..r }).collect();
-            out.push(GroupMetrics {
-                estimator: est.to_string(),
-                group: g.clone(),
-                metrics: metrics::compute(&runs, total_gpu),
-                pef_proxy: metrics::compute(&proxy, total_gpu).pef,
-            });
+    for reserved in [false, true] {
+        for est in ESTIMATORS {
+            let has = |r: &RunRecord| r.estimates.get(est).is_some_and(|o| !reserved || o.reserved_bytes.is_some());
+            if !records.iter().any(has) || (reserved && !any_reserved) {
+                continue;
+            }
+            for g in &groups {
+                let in_group: Vec<&RunRecord> = records.iter().filter(|r| g == "all" || &r.family == g).collect();
+                let labelled = |r: &&&RunRecord| {
+                    r.real_oom || if reserved { r.reserved_truth_bytes.is_some() } else { r.truth_bytes.is_some() }
+                };
+                let runs: Vec<metrics::Run> =
+                    in_group.iter().filter(labelled).map(|r| level_run(r, est, reserved)).collect();
+                let proxy: Vec<metrics::Run> =
+                    runs.iter().cloned().map(|r| metrics::Run { capped_rerun_ok: None, ..r }).collect();
+                out.push(GroupMetrics {
+                    estimator: est.to_string(),
+                    level: if reserved { "reserved" } else { "device" }.to_string(),
+                    group: g.clone(),
+                    unlabelled: in_group.len() - runs.len(),
+                    metrics: metrics::compute(&runs, total_gpu),
+                    pef_proxy: metrics::compute(&proxy, total_gpu).pef,
+                });
+            }
         }
     }
     out

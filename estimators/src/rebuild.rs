@@ -15,12 +15,16 @@ use crate::error::{write_atomic, EstimateError, Result};
 pub struct TraceJob {
     /// Output name (the trace is `DIR/NAME.jsonl`).
     pub name: String,
-    /// Trainer model spec.
+    /// Trainer model spec, or `module:function` when `entry` is set.
     pub model: String,
+    /// `model` is a user's entry point (`symtrace --entry`), not a model spec.
+    pub entry: bool,
     /// Batch size.
     pub batch_size: u64,
     /// Optimizer name.
     pub optimizer: String,
+    /// Autocast dtype (`bf16`, `fp16`); `None` for fp32.
+    pub amp: Option<String>,
     /// Trace the plain meta path (the FakeTensor-style baseline).
     pub plain_meta: bool,
 }
@@ -109,9 +113,11 @@ fn run_once(
     let configs = dir.join("configs.jsonl");
     let mut text = String::new();
     for j in jobs {
-        let mut o = serde_json::json!({
-            "name": j.name, "model": j.model, "batch_size": j.batch_size, "optimizer": j.optimizer,
-        });
+        let mut o = serde_json::json!({"name": j.name, "batch_size": j.batch_size, "optimizer": j.optimizer});
+        o[if j.entry { "entry" } else { "model" }] = serde_json::Value::String(j.model.clone());
+        if let Some(amp) = &j.amp {
+            o["amp"] = serde_json::Value::String(amp.clone());
+        }
         if j.plain_meta {
             o["no_cuda_emulation"] = serde_json::Value::Bool(true);
         }

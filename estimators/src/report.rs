@@ -16,6 +16,15 @@ fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |x| format!("{x:.digits$}"))
 }
 
+/// The estimator's name, marked when the row compares allocator-level answers and truth.
+fn label(r: &GroupMetrics) -> String {
+    if r.level == "device" {
+        r.estimator.clone()
+    } else {
+        format!("{} ({})", r.estimator, r.level)
+    }
+}
+
 /// The Markdown report. `title` heads it; `notes` go under the title verbatim.
 pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
     let mut s = format!("# {title}\n\n{notes}\n\n");
@@ -28,8 +37,20 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
         }
         seen.push(g);
         let rows: Vec<&GroupMetrics> = groups.iter().filter(|m| m.group == g).collect();
-        let n = rows.first().map_or(0, |r| r.metrics.runs);
+        let n = rows.first().map_or(0, |r| r.metrics.runs + r.unlabelled);
         let _ = writeln!(s, "## {g} ({n} runs)\n");
+        for r in rows.iter().filter(|r| r.unlabelled > 0) {
+            let _ = writeln!(
+                s,
+                "- {}: {} of {n} runs have no {} truth and are not scored.",
+                label(r),
+                r.unlabelled,
+                r.level
+            );
+        }
+        if rows.iter().any(|r| r.unlabelled > 0) {
+            s.push('\n');
+        }
         s.push_str("| estimator | estimated | MRE | median signed | under | P50 | P80 | P90 | P95 | P99 | max | PEF (memsim) | PEF proxy | MCP GB |\n");
         s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for r in &rows {
@@ -43,7 +64,7 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.estimator,
+                label(r),
                 m.estimated,
                 m.runs,
                 pct(m.mre),
@@ -70,7 +91,7 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.estimator,
+                label(r),
                 num(a.map(|p| p.p50), 0),
                 num(a.map(|p| p.p90), 0),
                 num(a.map(|p| p.p99), 0),
@@ -87,7 +108,7 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
         }
         let failures: Vec<String> = rows
             .iter()
-            .flat_map(|r| r.metrics.not_estimated.iter().map(move |(why, n)| format!("- {}: {n} × {why}", r.estimator)))
+            .flat_map(|r| r.metrics.not_estimated.iter().map(move |(why, n)| format!("- {}: {n} × {why}", label(r))))
             .collect();
         if !failures.is_empty() {
             s.push_str("\nRuns not estimated:\n\n");
@@ -101,7 +122,7 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
 
 /// Per-run CSV: one row per run, a MiB column per estimator.
 pub fn runs_csv(records: &[RunRecord]) -> String {
-    let mut s = String::from("id,family,batch,real_oom,truth_mib");
+    let mut s = String::from("id,spec,family,batch,real_oom,truth_mib,reserved_truth_mib");
     for e in ESTIMATORS {
         let _ = write!(s, ",{e}_mib,{e}_reserved_mib,{e}_capped_ok,{e}_seconds,{e}_error");
     }
@@ -110,12 +131,14 @@ pub fn runs_csv(records: &[RunRecord]) -> String {
     for r in records {
         let _ = write!(
             s,
-            "{},{},{},{},{}",
+            "{},{},{},{},{},{},{}",
             csv_cell(&r.id),
+            csv_cell(&r.spec),
             r.family,
             r.batch,
             r.real_oom,
-            opt(r.truth_bytes.map(|t| t / MIB))
+            opt(r.truth_bytes.map(|t| t / MIB)),
+            opt(r.reserved_truth_bytes.map(|t| t / MIB))
         );
         for e in ESTIMATORS {
             match r.estimates.get(e) {

@@ -9,6 +9,8 @@ mod analytic;
 mod calibrate;
 /// The memest binary: JSON contract, errors, compare through the trainer.
 mod cli;
+/// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
+mod compare_trainer;
 /// GPUMemNet CSV reading and seeded subsets.
 mod dataset;
 /// Feature parsing and the family rule.

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use estimators::analytic::{Optimizer, Precision};
-use estimators::compare::{aggregate, evaluate_row, EvalContext, RunRecord};
-use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow};
+use estimators::compare::{aggregate, evaluate_row, EvalContext, MlModels, Outcome, RunRecord};
+use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
 use estimators::rebuild::{python, trace_batch, TraceJob, TraceResult};
 use estimators::symbolic::profile_version;
@@ -18,7 +18,8 @@ use simulator::profile::Profile;
 calibrate`), plots (*.svg, *.png) and traces/ (the rebuilt symbolic traces).\n\
 Example: memest compare --dataset ../shared/data/gpumemnet/mlp_data_step2.csv --limit 200 --seed 1 --out out/cmp")]
 pub struct Args {
-    /// GPUMemNet-format CSV of measured runs (repeatable); the trainer rebuilds each row's model.
+    /// Dataset of measured runs (repeatable): a GPUMemNet-format CSV, or the trainer's `dataset`
+    /// output (its `spec`, `optimizer` and `amp` columns say how to rebuild each row).
     #[arg(long, required = true)]
     dataset: Vec<PathBuf>,
     /// Output directory.
@@ -46,6 +47,14 @@ pub struct Args {
     /// calibrated on), so an evaluation never reuses fitting data.
     #[arg(long)]
     exclude_runs: Vec<PathBuf>,
+    /// Trained ML model file from `memest ml train` (repeatable, one per family; default
+    /// $MEMTRACE_ML_MODEL). Without one, `ml` is null with the reason.
+    #[arg(long)]
+    ml_model: Vec<PathBuf>,
+    /// Also apply an ML model to the rows of the dataset it was trained on (in-sample: not a
+    /// held-out result; the report says so).
+    #[arg(long)]
+    ml_include_training_rows: bool,
     /// Print the metrics JSON to stdout.
     #[arg(long)]
     json: bool,
@@ -76,24 +85,61 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             excluded.insert(r.id);
         }
     }
-    let mut rows: Vec<DatasetRow> = Vec::new();
-    for d in &a.dataset {
+    let mut model_paths = a.ml_model.clone();
+    if model_paths.is_empty() {
+        model_paths.extend(std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
+    }
+    let mut loaded = Vec::new();
+    for p in model_paths {
+        let m =
+            estimators::ml::modelfile::ModelFile::load(&p).with_context(|| format!("--ml-model {}", p.display()))?;
+        loaded.push((p, m));
+    }
+    let ml_models = if loaded.is_empty() { None } else { Some(MlModels::new(loaded)?) };
+    let mut ml_notes = Vec::new();
+    if let Some(m) = &ml_models {
+        for (model, data) in m.training_overlap(&a.dataset) {
+            let msg = if a.ml_include_training_rows {
+                format!(
+                    "WARNING: ml on {} uses {}, which was trained on every row of that file: those results are \
+                     in-sample, not held out",
+                    data.display(),
+                    model.display()
+                )
+            } else {
+                format!(
+                    "ml is null on the rows of {}: {} was trained on them (--ml-include-training-rows evaluates \
+                     them in-sample)",
+                    data.display(),
+                    model.display()
+                )
+            };
+            eprintln!("{msg}");
+            ml_notes.push(msg);
+        }
+    }
+    // (row, the dataset it came from) — ML needs the source file to recognise training rows.
+    let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
+    for (di, d) in a.dataset.iter().enumerate() {
         let mut all = load_gpumemnet_csv(d)?;
         all.retain(|r| !excluded.contains(&r.id));
-        rows.extend(match a.limit {
+        let chosen = match a.limit {
             Some(n) => seeded_subset(&all, n, a.seed),
             None => all,
-        });
+        };
+        rows.extend(chosen.into_iter().map(|r| (r, di)));
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
     let tdir = a.out.join("traces");
     let mut jobs = Vec::new();
-    for r in &rows {
+    for (r, _) in &rows {
         let job = |plain: bool| TraceJob {
             name: if plain { format!("{}-plain", r.id) } else { r.id.clone() },
-            model: format!("gpumemnet:{}", r.filename),
+            model: r.spec.as_str().to_string(),
+            entry: matches!(r.spec, Spec::Entry(_)),
             batch_size: r.batch,
-            optimizer: a.optimizer.clone(),
+            optimizer: r.optimizer.clone().unwrap_or_else(|| a.optimizer.clone()),
+            amp: r.amp.clone(),
             plain_meta: plain,
         };
         jobs.push(job(false));
@@ -126,16 +172,51 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     let mut records: Vec<RunRecord> = Vec::with_capacity(rows.len());
-    for r in &rows {
+    for (r, di) in &rows {
         let main = lookup(&r.id);
         let plain = lookup(&format!("{}-plain", r.id));
-        records.push(evaluate_row(r, borrow(&main), borrow(&plain), &ctx));
+        let ml = match &ml_models {
+            None => Outcome::failed("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)"),
+            Some(m) => m.outcome(r, &a.dataset[*di], a.ml_include_training_rows),
+        };
+        records.push(evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml));
         pb.inc(1);
     }
     pb.finish_and_clear();
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
+    let mut truth_cols: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {
+        *truth_cols.entry(r.truth_column).or_default() += 1;
+    }
+    let truth_note = truth_cols.iter().map(|(c, n)| format!("`{c}` for {n} rows")).collect::<Vec<_>>().join(", ");
+    let reserved_rows = rows.iter().filter(|(r, _)| r.reserved_truth.is_some()).count();
+    let mut extra = String::new();
+    if reserved_rows > 0 {
+        extra += &format!(
+            "\n\nAllocator level: for the {reserved_rows} rows with `max_memory_reserved_mib`, estimators with an \
+             allocator-level answer (`symbolic`, `analytic`) are also scored on it against that column: the rows marked \
+             `(reserved)`. There the PEF is the proxy (no memsim capped rerun at that level)."
+        );
+    }
+    extra += "\n\nML: ";
+    extra += &match &ml_models {
+        None => "no model given (--ml-model or $MEMTRACE_ML_MODEL): `ml` is null.".to_string(),
+        Some(m) => {
+            let list: Vec<String> =
+                m.trained_on().map(|(p, t, f)| format!("{} ({f}, trained on {t})", p.display())).collect();
+            format!(
+                "{}. A model scored on rows it was trained on is not a held-out result. The model file records its \
+                 training CSV (every usable row of it is a training row), so rows of that file are null unless \
+                 --ml-include-training-rows; rows repeated in other files are not detected.",
+                list.join("; ")
+            )
+        }
+    };
+    for n in &ml_notes {
+        extra += &format!("\n\n**{n}**");
+    }
     let notes = format!(
-        "Datasets: {}. Rows: {}{}. Profile: {}. Truth: GPUMemNet's `Max GPU Memory (MiB)` (nvidia-smi, device level).\n\
+        "Datasets: {}. Rows: {}{}. Profile: {}. Device-level truth (nvidia-smi/NVML): {truth_note}.\n\
          Relative errors |est−truth|/truth; MRE is their median (xMem). PEF (memsim): the rerun capped at each estimate is \
          simulated by replaying the run's symbolic trace at capacity = estimate − profile outside-allocator memory; it is only \
          as good as the symbolic trace (circular for `symbolic` itself). PEF proxy: \"estimate below truth\" counts as a \
@@ -149,7 +230,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             + &if excluded.is_empty() { String::new() } else { format!(", excluding {} rows listed in the calibration runs", excluded.len()) },
         ppath.display(),
         profile.gpu.total_memory as f64 / 1048576.0,
-    );
+    ) + &extra;
     write(&a.out.join("report.md"), &report::markdown("memest compare", &notes, &groups))?;
     let metrics_json = serde_json::to_string_pretty(&groups)?;
     write(&a.out.join("metrics.json"), &metrics_json)?;
@@ -166,8 +247,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         for g in groups.iter().filter(|g| g.group == "all") {
             let m = &g.metrics;
             println!(
-                "{:<12} estimated {:>5}/{:<5} MRE {:>8} under {:>7} PEF(memsim) {:>7} PEF(proxy) {:>7}",
-                g.estimator,
+                "{:<20} estimated {:>5}/{:<5} MRE {:>8} under {:>7} PEF(memsim) {:>7} PEF(proxy) {:>7}",
+                if g.level == "device" { g.estimator.clone() } else { format!("{} ({})", g.estimator, g.level) },
                 m.estimated,
                 m.runs,
                 m.mre.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
