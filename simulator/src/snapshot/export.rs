@@ -421,7 +421,11 @@ pub fn write_snapshot(path: &Path, header: &Header, records: &[Record]) -> Resul
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(wr)?;
+    // tempfile creates 0600 files; an exported snapshot is an ordinary output file.
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    let mut tmp = builder.tempfile_in(dir).map_err(wr)?;
     tmp.write_all(&bytes).map_err(wr)?;
     tmp.persist(path).map_err(|e| wr(e.error))?;
     Ok(())

@@ -50,6 +50,13 @@ fn run() -> anyhow::Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE; a CLI piped into `head` should end quietly, as other tools do, instead
+    // of panicking in println!.
+    #[cfg(unix)]
+    // Safety: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run() {
         Ok(code) => code,
         Err(e) => {
