@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 import json
@@ -33,8 +34,8 @@ class InvalidConfig(UserError):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Base of the synthetic families. Subclasses set `family` and implement `check`/`build`."""
+class ModelConfig(abc.ABC):
+    """Base of the synthetic families: subclasses set `family`, implement the abstract methods."""
 
     family: ClassVar[str] = ""
 
@@ -49,9 +50,9 @@ class ModelConfig:
         """Stable across processes and versions of Python: a hash of the canonical JSON."""
         return f"{self.family}-{hashlib.sha256(self.to_json().encode()).hexdigest()[:12]}"
 
+    @abc.abstractmethod
     def problems(self) -> list[str]:
         """Reasons this config is infeasible; empty when it is valid."""
-        raise NotImplementedError
 
     def validate(self) -> None:
         problems = self.problems()
@@ -60,16 +61,17 @@ class ModelConfig:
                 f"invalid {self.family} config {self.to_json()}: " + "; ".join(problems)
             )
 
+    @abc.abstractmethod
     def build(self) -> nn.Module:
-        raise NotImplementedError
+        """The model, on the current default device."""
 
+    @abc.abstractmethod
     def default_input_shape(self) -> tuple[int, ...]:
         """Per-sample input shape."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def classes(self) -> int:
         """Number of output classes (targets are drawn from this range)."""
-        raise NotImplementedError
 
 
 def activation(name: str) -> nn.Module:
