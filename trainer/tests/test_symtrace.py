@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, SCHEMA, cli, read_trace
+from conftest import SCHEMA, cli, read_trace
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from memtrace_trainer.binaries import find_binary
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.zoo import build_workload
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.step import StepConfig
@@ -263,9 +265,12 @@ def test_cli_errors_are_clean(tmp_path: Path) -> None:
 
 
 def test_mtrace_output_through_memsim(tmp_path: Path) -> None:
-    memsim = REPO / "target" / "debug" / "memsim"
-    if not memsim.is_file():
-        pytest.fail(f"{memsim} missing: run `cargo build -p simulator` first")
+    # The same search the command does ($MEMTRACE_BIN_DIR, PATH, target/release, target/debug);
+    # a missing binary fails here with the build hint.
+    try:
+        find_binary("memsim", debug_fallback=True)
+    except UserError as e:
+        pytest.fail(str(e))
     out = tmp_path / "t.mtrace"
     done = cli("symtrace", "--model", MLP, "--batch-size", "2", "--out", str(out), check=False)
     assert done.returncode == 0, done.stderr
