@@ -189,6 +189,12 @@ impl Pool {
         &mut self.streams[pos]
     }
 
+    /// This stream's share, when the stream has used the pool.
+    #[inline]
+    pub fn of_existing_mut(&mut self, stream: i64) -> Option<&mut StreamPool> {
+        self.streams.iter_mut().find(|s| s.stream == stream)
+    }
+
     /// Adds a free block to the set matching its mapped flag.
     pub fn insert(&mut self, arena: &mut Arena, i: u32) {
         let calls = self.free_calls;

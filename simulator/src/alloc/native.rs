@@ -275,6 +275,20 @@ impl Allocator {
         if self.gc_active() {
             self.pools[p].free_calls += 1;
         }
+        // Common case first: the best fit is a native block. Take it out in the same B-tree
+        // descent that finds it, and put it back in the rare case an oversize rule refuses it.
+        let (msp, slack) = (self.cfg.max_split_size, self.non_split_rounding());
+        let sp = self.pools[p].of_existing_mut(stream)?;
+        let (k, first) = sp.blocks.extract_if(key(size, 0).., |_, _| true).next()?;
+        if !self.arena[first].expandable {
+            let bsize = unkey(k).0;
+            if (size < msp && bsize >= msp) || (size >= msp && bsize >= size.saturating_add(slack)) {
+                sp.blocks.insert(k, first);
+                return None;
+            }
+            return Some(first);
+        }
+        sp.blocks.insert(k, first);
         let sp = self.pools[p].of(stream)?;
         let mut it = sp.blocks.range(key(size, 0)..);
         let (_, &first) = it.next()?;
