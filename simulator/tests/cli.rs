@@ -199,6 +199,40 @@ fn colocate_fits_and_smallest_capacity() {
 }
 
 #[test]
+fn colocate_counts_the_libraries_each_job_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(
+        &profile,
+        "[gpu]\nname = \"test\"\ntotal_memory = 1073741824\ncompute_capability = [8, 0]\nsm_count = 1\n\
+         [software]\ntorch = \"2.9\"\ncuda = \"13.0\"\nallocator = \"2.9\"\n\
+         [outside_allocator]\ncontext_mib = 100.0\ncublas_mib = 10.0\ncudnn_mib = 1.0\n\
+         [workspace]\ncublas_workspace_config = \":4096:2\"\ncublaslt_workspace_kib = 1024\n",
+    )
+    .unwrap();
+    let job = |name: &str, meta: &[(&str, &str)]| {
+        let mut h = Header::new("test", "0", Level::Allocator);
+        h.synthetic_addresses = true;
+        for (k, v) in meta {
+            h.metadata.insert(k.to_string(), v.to_string());
+        }
+        let path = dir.path().join(name);
+        let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+        w.write(&alloc(1, 30 * MIB, None)).unwrap();
+        w.finish().unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let conv = job("conv.jsonl", &[("uses_gemm", "true"), ("uses_conv", "true")]);
+    let mlp = job("mlp.jsonl", &[("uses_gemm", "true"), ("uses_conv", "false")]);
+    let unknown = job("unknown.jsonl", &[]);
+    let v = json(&["colocate", &conv, &mlp, &unknown, "--profile", profile.to_str().unwrap(), "--json"]);
+    let contexts: Vec<u64> =
+        v["jobs"].as_array().unwrap().iter().map(|j| j["context_bytes"].as_u64().unwrap()).collect();
+    assert_eq!(contexts, vec![111 * MIB, 110 * MIB, 100 * MIB]);
+    assert_eq!(v["combined_peak_bytes"], 3 * 30 * MIB + 321 * MIB);
+}
+
+#[test]
 fn errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
     let (code, _, err) = memsim(&["replay", "/nonexistent/x.mtrace"]);

@@ -295,3 +295,17 @@ def test_resnet50_smoke(tmp_path: Path) -> None:
     )
     assert res["bytes_by_category"]["parameter"] == 25_557_032 * 4
     check_live_never_negative(read_trace(out)[1:-1])
+
+
+def test_header_says_which_cuda_libraries_the_step_loads(tmp_path: Path) -> None:
+    # memsim colocate adds the profile's cuBLAS/cuDNN memory per process from these flags.
+    def meta(spec: str, *extra: str) -> dict[str, str]:
+        out = tmp_path / "m.jsonl"
+        cli("symtrace", "--model", spec, "--batch-size", "2", *extra, "--out", str(out))
+        return read_trace(out)[0]["metadata"]
+
+    mlp, cnn = meta(MLP), meta(CNN)
+    assert (mlp["uses_gemm"], mlp["uses_conv"]) == ("true", "false")
+    assert (cnn["uses_gemm"], cnn["uses_conv"]) == ("true", "true")
+    # Without emulation nothing is known about the libraries: the keys are left out.
+    assert "uses_gemm" not in meta(MLP, "--no-cuda-emulation")

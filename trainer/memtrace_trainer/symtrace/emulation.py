@@ -35,6 +35,9 @@ class Workspaces:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.cublas_done = False
+        # Which libraries the step loads: their memory outside the allocator (context, handles,
+        # kernel images) is a per-process constant of the profile, counted once per library.
+        self.used_conv = False
 
     def _transient(self, rec: Recorder, size: int) -> None:
         if size > 0:
@@ -55,6 +58,7 @@ class Workspaces:
         if func is aten.addmm.default and args[0].dim() == 1 and args[1].dim() == 2:
             self._transient(rec, self.profile.cublaslt_workspace_bytes)
         elif func is aten.convolution.default:
+            self.used_conv = True
             self._conv(rec, args[0], out)
         elif func is aten.convolution_backward.default:
             grad_out, inp, _weight = args[0], args[1], args[2]

@@ -46,9 +46,13 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
 def trace(
     workload: Workload, cfg: step.StepConfig, profile: Profile
 ) -> tuple[Recorder, dict[str, Any]]:
-    hooks = [Workspaces(profile)] if cfg.cuda_emulation else []
+    workspaces = Workspaces(profile)
+    hooks = [workspaces] if cfg.cuda_emulation else []
     rec = Recorder(hooks)
     emulated = step.run(workload, cfg, profile, rec)
+    if cfg.cuda_emulation:
+        emulated["uses_gemm"] = workspaces.cublas_done
+        emulated["uses_conv"] = workspaces.used_conv
     return rec, emulated
 
 
@@ -70,6 +74,9 @@ def metadata(
         # ts_ns is the event's sequence number, not wall-clock time: the trace is deterministic.
         "clock": "logical",
     }
+    for lib in ("uses_gemm", "uses_conv"):
+        if lib in extra:
+            meta[lib] = str(bool(extra[lib])).lower()
     if extra.get("sdpa_backends"):
         meta["sdpa_backends"] = ",".join(
             f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items())

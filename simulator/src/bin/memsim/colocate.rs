@@ -19,7 +19,8 @@ pub struct Args {
     /// GPU memory, e.g. 80GiB. Default: the profile's total memory.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// Memory each process holds outside the allocator, e.g. 500MiB. Default: the profile's context.
+    /// Memory each process holds outside the allocator, e.g. 500MiB. Default: from the profile,
+    /// the context plus cuBLAS/cuDNN for the libraries each trace says its job loads.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     context: Option<u64>,
     /// `start`: one time axis from the traces' starts; `worst`: the peaks coincide.
@@ -37,10 +38,24 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let (mut opts, profile) = crate::replay::options(None, None, a.profile.as_deref(), a.torch.as_deref())?;
     opts.capacity = None;
     let capacity = a.capacity.or(profile.as_ref().map(|p| p.gpu.total_memory));
-    let context = match (a.context, &profile) {
-        (Some(c), _) => c,
-        (None, Some(p)) => p.outside_allocator_bytes(false, false),
-        (None, None) => 0,
+    // Memory outside the allocator, per process: --context, else the profile's context plus its
+    // cuBLAS/cuDNN terms for the libraries the trace says the job loads (symbolic traces record
+    // `uses_gemm`/`uses_conv`; without them only the context is counted, and we say so).
+    let context_of = |h: &trace::Header| -> u64 {
+        match (a.context, &profile) {
+            (Some(c), _) => c,
+            (None, Some(p)) => {
+                let flag = |k: &str| h.meta(k) == Some("true");
+                if h.meta("uses_gemm").is_none() {
+                    eprintln!(
+                        "note: the trace does not say which CUDA libraries the job loads; counting the \
+                         profile's context only (give --context to set it)"
+                    );
+                }
+                p.outside_allocator_bytes(flag("uses_gemm"), flag("uses_conv"))
+            }
+            (None, None) => 0,
+        }
     };
     let mut jobs = Vec::new();
     for t in &a.traces {
@@ -52,6 +67,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 Ok(())
             },
         )?;
+        let context = context_of(&read.header);
         jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, context });
     }
     if jobs.is_empty() {
