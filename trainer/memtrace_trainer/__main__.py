@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import estimate_cli
+from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.runs import cli as runs_cli
 
@@ -238,21 +239,7 @@ def _symtrace(args: argparse.Namespace) -> None:
     defaults = {k: v for k, v in vars(args).items() if k in BATCH_KEYS and v is not None}
     defaults.pop("model", None)
     defaults.pop("entry", None)
-    for n, line in enumerate(args.batch.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            config = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{args.batch}:{n}: not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise UserError(f"{args.batch}:{n}: expected a JSON object")
-        unknown = sorted(set(config) - BATCH_KEYS)
-        if unknown:
-            raise UserError(
-                f"{args.batch}:{n}: unknown fields {unknown}; expected {sorted(BATCH_KEYS)}"
-            )
-        name = str(config.get("name", f"config-{n:05d}"))
+    for name, config in read_configs(args.batch, BATCH_KEYS):
         try:
             result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")
             result["name"] = name

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], None]
@@ -118,28 +119,12 @@ def _fake_tensor(args: argparse.Namespace) -> None:
                 f"{result['after_backward_bytes'] / MIB:.1f}) in {result['seconds']:.2f} s"
             )
         return
-    if not args.batch.is_file():
-        raise UserError(f"--batch {args.batch}: no such file")
     defaults = {
         k: v
         for k, v in vars(args).items()
         if k in ("batch_size", "input_shape", "seq_len", "num_classes") and v is not None
     }
-    for n, line in enumerate(args.batch.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            config = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{args.batch}:{n}: not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise UserError(f"{args.batch}:{n}: expected a JSON object")
-        unknown = sorted(set(config) - FAKE_KEYS)
-        if unknown:
-            raise UserError(
-                f"{args.batch}:{n}: unknown fields {unknown}; expected {sorted(FAKE_KEYS)}"
-            )
-        name = str(config.get("name", f"config-{n:05d}"))
+    for name, config in read_configs(args.batch, FAKE_KEYS):
         try:
             result = {"name": name, **_fake_one(defaults | config)}
         except UserError as e:
