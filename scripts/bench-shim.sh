@@ -26,7 +26,8 @@ for p in bench_calls bench_throughput; do
 done
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-export LD_LIBRARY_PATH=$PWD/$B MEMTRACE_QUIET=1 MEMTRACE_OUT=$OUT/%p.mtrace
+# STUB_CUDA_MEM_LOG=0: the stub driver keeps no allocation log for the stub libcupti here.
+export LD_LIBRARY_PATH=$PWD/$B MEMTRACE_QUIET=1 MEMTRACE_OUT=$OUT/%p.mtrace STUB_CUDA_MEM_LOG=0
 
 echo "== per-call time, median of $REPEATS runs x $ITERS calls, pinned to CPU 0 (ns)"
 base=$(taskset -c 0 $B/bench_calls "$ITERS" "$REPEATS")
@@ -54,6 +55,13 @@ if command -v valgrind >/dev/null; then
     done
   done | awk '{k=$1; v[$1,$2]=$3; ks[k]=1} END{for (k in ks) printf "%-22s without %7.1f  with %7.1f  added %7.1f instr/call\n", k, v[k,"without"], v[k,"with"], v[k,"with"]-v[k,"without"]}'
   rm -f $OUT/*.mtrace
+  echo "== writer-thread instructions per event (callgrind --separate-threads, 200000 cuLaunchKernel)"
+  LD_PRELOAD=$SHIM valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file=$OUT/cgw \
+    $B/bench_throughput 200000 1 >/dev/null 2>&1
+  # Thread 1 is main, 2 the producer, 3 the writer (the only thread the shim starts).
+  ir=$(grep -E '^(summary|totals):' $OUT/cgw-03 | head -1 | awk '{print $2}')
+  awk -v ir=$ir 'BEGIN{printf "writer %.1f instr/event\n", ir/200000}'
+  rm -f $OUT/cgw* $OUT/*.mtrace
 else
   echo "valgrind not installed: no instruction counts" >&2
 fi

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use estimators::ml::protocol::ProtocolConfig;
 use estimators::ml::util::{self, UtilMetric, DEFAULT_THRESHOLDS};
-use estimators::ml::{Dataset, ModelKind, TargetKind, TrainConfig};
+use estimators::ml::{features, Dataset, Examples, KernelFeatures, MlError, ModelKind, TargetKind, TrainConfig};
 
 #[test]
 fn utilisation_bins_are_low_medium_high() {
@@ -39,7 +39,7 @@ fn util_cv_picks_the_best_model_by_cv_accuracy() {
         latency_rows: 5,
         ..ProtocolConfig::default()
     };
-    let (summary, report) = util::cross_validate(&ds, UtilMetric::Smact, [0.2, 0.5], &cfg).unwrap();
+    let (summary, report) = util::cross_validate(&ds, UtilMetric::Smact, [0.2, 0.5], &cfg, None).unwrap();
     assert_eq!(report.target, "smact");
     assert_eq!(report.rows, 400, "step 2 has a SMACT sample for every row");
     assert_eq!(summary.models.len(), 3);
@@ -78,4 +78,130 @@ fn memest_util_cv_command() {
     );
     let err = format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "drama"]).unwrap_err());
     assert!(err.contains("smact or smocc"), "{err}");
+    for bad in ["0.5", "0.2,x", "quartiles"] {
+        let err =
+            format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "smact", "--thresholds", bad]).unwrap_err());
+        assert!(err.contains("expected two numbers") && err.contains("tertiles"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn tertile_thresholds_give_three_equal_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::load(&excerpt(dir.path())).unwrap();
+    for metric in [UtilMetric::Smact, UtilMetric::Smocc] {
+        let t = util::tertiles(&ds, metric).unwrap();
+        assert!(0.0 < t[0] && t[0] < t[1], "{metric:?} {t:?}");
+        let ex = Examples::build(&ds, &util::target(metric, t).unwrap()).unwrap();
+        let n = ex.len();
+        assert_eq!(n, 400, "every excerpt row has both samples");
+        for (class, count) in ex.class_counts().into_iter().enumerate() {
+            assert!(count.abs_diff(n / 3) <= 2, "{metric:?} class {class}: {count} of {n} with {t:?}");
+        }
+    }
+}
+
+/// A kernel-statistics file for `ds`: `k_a` = data row number, `k_b` = 2 × it, plus a status
+/// column and one extra key the dataset does not have.
+fn kernel_file(dir: &std::path::Path, ds: &Dataset, skip: Option<usize>, bad: Option<usize>) -> std::path::PathBuf {
+    let mut text = String::from("Filename,status,error,k_a,k_b\n");
+    for r in &ds.rows {
+        if Some(r.row) == skip {
+            continue;
+        }
+        if Some(r.row) == bad {
+            text += &format!("\"{}\",error,InvalidConfig: no,,\n", r.filename);
+        } else {
+            text += &format!("\"{}\",ok,,{},{}\n", r.filename, r.row, 2 * r.row);
+        }
+    }
+    text += "not-in-the-dataset.out,ok,,oops,1\n";
+    let p = dir.join("kernel.csv");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn kernel_features_are_joined_by_filename_and_appended() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::load(&excerpt(dir.path())).unwrap();
+    let k = KernelFeatures::load(&kernel_file(dir.path(), &ds, None, None)).unwrap();
+    assert_eq!(k.columns, vec!["k_a", "k_b"], "status/error are carried, not features");
+    assert_eq!(k.len(), 401, "the extra key is loaded, and ignored by the join");
+    let target = util::target(UtilMetric::Smact, DEFAULT_THRESHOLDS).unwrap();
+    let plain = Examples::build(&ds, &target).unwrap();
+    let joined = Examples::build_with(&ds, &target, Some(&k)).unwrap();
+    assert_eq!(plain.x.ncols(), features::MLP_FEATURES.len());
+    assert_eq!(joined.x.ncols(), plain.x.ncols() + 2);
+    assert_eq!(joined.feature_names[plain.x.ncols()..], ["k_a", "k_b"]);
+    assert_eq!(joined.row_ids, plain.row_ids);
+    for (i, &row) in joined.row_ids.iter().enumerate() {
+        let n = plain.x.ncols();
+        assert_eq!(joined.x.row(i).slice(ndarray::s![..n]), plain.x.row(i), "GPUMemNet features unchanged");
+        assert_eq!((joined.x[[i, n]], joined.x[[i, n + 1]]), (row as f64, 2.0 * row as f64), "row {row}");
+    }
+}
+
+#[test]
+fn kernel_features_missing_key_or_non_numeric_value_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::load(&excerpt(dir.path())).unwrap();
+    let target = util::target(UtilMetric::Smact, DEFAULT_THRESHOLDS).unwrap();
+    let missing = KernelFeatures::load(&kernel_file(dir.path(), &ds, Some(7), None)).unwrap();
+    let err = Examples::build_with(&ds, &target, Some(&missing)).unwrap_err();
+    assert!(matches!(err, MlError::MissingKey { row: 7, .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("kernel.csv") && msg.contains(&ds.rows[6].filename) && msg.contains("data row 7"), "{msg}");
+
+    let bad = KernelFeatures::load(&kernel_file(dir.path(), &ds, None, Some(9))).unwrap();
+    let msg = Examples::build_with(&ds, &target, Some(&bad)).unwrap_err().to_string();
+    assert!(msg.contains("kernel.csv") && msg.contains("\"k_a\"") && msg.contains(&ds.rows[8].filename), "{msg}");
+    assert!(msg.contains("status error: InvalidConfig: no"), "the trainer's reason is quoted: {msg}");
+
+    for (text, what) in [
+        ("Name,k_a\nx,1\n", "Filename"),
+        ("Filename,status\nx,ok\n", "k_*"),
+        ("Filename,k_a\nx,1\nx,2\n", "already appears in row 1"),
+    ] {
+        let msg = KernelFeatures::from_reader(std::path::Path::new("k.csv"), text.as_bytes()).unwrap_err().to_string();
+        assert!(msg.contains("k.csv") && msg.contains(what), "{what}: {msg}");
+    }
+}
+
+#[test]
+fn util_cv_with_kernel_features_reports_the_wider_feature_vector() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::load(&excerpt(dir.path())).unwrap();
+    let k = KernelFeatures::load(&kernel_file(dir.path(), &ds, None, None)).unwrap();
+    let cfg = ProtocolConfig {
+        models: vec![ModelKind::Tree, ModelKind::GbmReg],
+        train: TrainConfig { mlp_epochs: 2, trees: 5, ..TrainConfig::default() },
+        latency_rows: 5,
+        ..ProtocolConfig::default()
+    };
+    let (plain, _) = util::cross_validate(&ds, UtilMetric::Smact, [0.2, 0.5], &cfg, None).unwrap();
+    let (with, report) = util::cross_validate(&ds, UtilMetric::Smact, [0.2, 0.5], &cfg, Some(&k)).unwrap();
+    assert_eq!(plain.features.len(), features::MLP_FEATURES.len());
+    assert_eq!(with.features.len(), plain.features.len() + k.columns.len());
+    assert!(report.notes.iter().any(|n| n.contains("2 kernel-statistics features")), "{:?}", report.notes);
+    assert!(with.models.iter().all(|m| m.error.is_none()), "{:?}", with.models);
+    let err = format!(
+        "{:#}",
+        crate::memest_util::run(
+            Cli::try_parse_from([
+                "memest-util",
+                "cv",
+                "--dataset",
+                &ds.path.display().to_string(),
+                "--metric",
+                "smact",
+                "--kernel-features",
+                "/nonexistent/k.csv",
+            ])
+            .unwrap()
+            .util,
+        )
+        .unwrap_err()
+    );
+    assert!(err.contains("/nonexistent/k.csv"), "{err}");
 }

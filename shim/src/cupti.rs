@@ -1,5 +1,7 @@
 //! The optional CUPTI activity layer (`MEMTRACE_CUPTI=1`): kernel execution records
-//! (`CONCURRENT_KERNEL`) on the trace's clock, through cudarc with dynamic loading.
+//! (`CONCURRENT_KERNEL`) and memory allocation and release records (`MEMORY2`) on the trace's
+//! clock, through cudarc with dynamic loading. A CUPTI that rejects `MEMORY2` costs one line;
+//! kernel records go on.
 //!
 //! Started lazily by the first recorded CUDA call (never in the library constructor: CUDA is not
 //! loaded yet then), on the thread that made it, marked internal so that nothing CUPTI or cudarc
@@ -56,6 +58,12 @@ pub enum CuptiError {
         /// The CUPTI function.
         call: &'static str,
     },
+    /// `MEMORY2` could not be enabled (a CUPTI too old for it); the layer runs without it.
+    #[error("CUPTI memory activity (MEMORY2) is unavailable ({why}); recording kernel executions only")]
+    NoMemoryActivity {
+        /// What the enable call reported.
+        why: String,
+    },
 }
 
 const OFF: u8 = 0;
@@ -72,6 +80,10 @@ static FLUSHING: AtomicBool = AtomicBool::new(false);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Kernel execution records delivered.
 pub static DELIVERED: AtomicU64 = AtomicU64::new(0);
+/// Memory activity records delivered.
+pub static MEM_DELIVERED: AtomicU64 = AtomicU64::new(0);
+/// Whether `MEMORY2` is enabled.
+static MEMORY_ON: AtomicBool = AtomicBool::new(false);
 
 /// CUPTI's recommended buffer size is 1–10 MB; Kineto uses 4 MB.
 const BUFFER_BYTES: usize = 4 << 20;
@@ -80,6 +92,15 @@ const BUFFER_ALIGN: usize = 8;
 /// `CUpti_ActivityKernel10` (CUDA 13.0), the record `CONCURRENT_KERNEL` delivers; later
 /// versions only append fields, so the prefix read here is the same.
 type KernelRecord = sys::CUpti_ActivityKernel10;
+/// `CUpti_ActivityMemory4` (CUDA 12.6+), the record `MEMORY2` delivers. Older CUPTIs deliver
+/// `CUpti_ActivityMemory3`/`2`, the same layout without the trailing fields; only that common
+/// prefix is read, field by field, so that no enum is read from CUPTI's bytes (an unknown value
+/// in a Rust enum is undefined behaviour).
+type MemoryRecord = sys::CUpti_ActivityMemory4;
+
+const KIND_KERNEL: u32 = sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL as u32;
+const KIND_CONCURRENT_KERNEL: u32 = sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL as u32;
+const KIND_MEMORY2: u32 = sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMORY2 as u32;
 
 fn call<T>(name: &'static str, f: impl FnOnce() -> Result<T, result::CuptiError>) -> Result<T, CuptiError> {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -109,7 +130,9 @@ pub fn start() {
     match r {
         Ok(()) => {
             STATE.store(ON, Ordering::Release);
-            log!(Info, "CUPTI activity layer on (CONCURRENT_KERNEL)");
+            let kinds =
+                if MEMORY_ON.load(Ordering::Acquire) { "CONCURRENT_KERNEL, MEMORY2" } else { "CONCURRENT_KERNEL" };
+            log!(Info, "CUPTI activity layer on ({kinds})");
         }
         Err(e) => {
             STATE.store(FAILED, Ordering::Release);
@@ -222,6 +245,20 @@ fn init() -> Result<(), CuptiError> {
     call("cuptiActivityEnable(CONCURRENT_KERNEL)", || {
         result::activity::enable(sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
     })?;
+    match call("cuptiActivityEnable(MEMORY2)", || {
+        result::activity::enable(sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMORY2)
+    }) {
+        Ok(()) => MEMORY_ON.store(true, Ordering::Release),
+        Err(e) => {
+            let why = match e {
+                CuptiError::Call { call, code } => format!("{call} failed with CUPTI error {code}"),
+                CuptiError::Panicked { call } => format!("{call} panicked inside cudarc"),
+                CuptiError::Busy { call } => format!("{call}: another profiler holds CUPTI"),
+                other => other.to_string(),
+            };
+            log!(Warn, "MEMTRACE_CUPTI=1: {}", CuptiError::NoMemoryActivity { why });
+        }
+    }
     Ok(())
 }
 
@@ -284,12 +321,33 @@ pub struct Exec {
     pub device: u32,
 }
 
+/// One memory allocation or release, ready for the trace but for its clock: `ts` is
+/// CLOCK_MONOTONIC ns.
+#[derive(Debug, Clone)]
+pub struct Mem {
+    /// CUPTI's timestamp.
+    pub ts: u64,
+    /// CUPTI device id.
+    pub device: u32,
+    /// The record.
+    pub event: trace::MemActivity,
+}
+
+/// One CUPTI record, in CUPTI's order.
+#[derive(Debug, Clone)]
+pub enum Activity {
+    /// A kernel execution.
+    Kernel(Exec),
+    /// A memory allocation or release.
+    Memory(Mem),
+}
+
 /// Records delivered by CUPTI and not yet taken by the writer. CUPTI delivers whole buffers on
 /// its own thread (or in the flushing thread), never on a hook's hot path, so a mutex is fine.
-static PENDING: Mutex<Vec<Exec>> = Mutex::new(Vec::new());
+static PENDING: Mutex<Vec<Activity>> = Mutex::new(Vec::new());
 
 /// Everything delivered since the last call (the writer's sweep).
-pub fn take() -> Vec<Exec> {
+pub fn take() -> Vec<Activity> {
     match PENDING.lock() {
         Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
         _ => Vec::new(),
@@ -312,6 +370,64 @@ fn exec_of(k: &KernelRecord) -> Exec {
     }
 }
 
+/// A field of a record at `p`, by its offset (records may be packed to 8 bytes).
+///
+/// # Safety
+/// `p + off .. p + off + size_of::<T>()` lies inside the record, and any bit pattern is a `T`.
+unsafe fn field<T: Copy>(p: *const u8, off: usize) -> T {
+    // Safety: per the contract.
+    unsafe { std::ptr::read_unaligned(p.add(off).cast::<T>()) }
+}
+
+/// A `MEMORY2` record, or `None` for an operation type this version does not know.
+///
+/// # Safety
+/// `p` points at a whole `CUpti_ActivityMemory2` or later record.
+unsafe fn mem_of(p: *const u8) -> Option<Mem> {
+    use std::mem::offset_of;
+    use trace::{CuptiMemoryKind, MemActivity, MemActivityOp, MemPoolKind};
+    // Safety (every read): offsets inside the record's common prefix, plain integers.
+    let (op, kind, pool_type): (u32, u32, u32) = unsafe {
+        (
+            field(p, offset_of!(MemoryRecord, memoryOperationType)),
+            field(p, offset_of!(MemoryRecord, memoryKind)),
+            field(p, offset_of!(MemoryRecord, memoryPoolConfig.memoryPoolType)),
+        )
+    };
+    let op = match op {
+        1 => MemActivityOp::Allocation,
+        2 => MemActivityOp::Release,
+        _ => return None,
+    };
+    let pool = match pool_type {
+        1 => Some(MemPoolKind::Local),
+        2 => Some(MemPoolKind::Imported),
+        _ => None,
+    };
+    // Safety: as above.
+    unsafe {
+        let is_async: u32 = field(p, offset_of!(MemoryRecord, isAsync));
+        let stream: u32 = field(p, offset_of!(MemoryRecord, streamId));
+        let event = MemActivity {
+            op,
+            memory_kind: CuptiMemoryKind::from_cupti(kind),
+            addr: field(p, offset_of!(MemoryRecord, address)),
+            size: field(p, offset_of!(MemoryRecord, bytes)),
+            // Synchronous operations carry CUPTI_INVALID_STREAM_ID.
+            stream: (is_async != 0).then_some(i64::from(stream)),
+            correlation_id: field(p, offset_of!(MemoryRecord, correlationId)),
+            pc: field(p, offset_of!(MemoryRecord, PC)),
+            pool,
+            pool_addr: pool.map(|_| field(p, offset_of!(MemoryRecord, memoryPoolConfig.address))),
+        };
+        Some(Mem {
+            ts: to_mono(field(p, offset_of!(MemoryRecord, timestamp))),
+            device: field(p, offset_of!(MemoryRecord, deviceId)),
+            event,
+        })
+    }
+}
+
 unsafe extern "C" fn buffer_completed(
     ctx: cudarc::driver::sys::CUcontext,
     stream: u32,
@@ -329,18 +445,22 @@ unsafe extern "C" fn buffer_completed(
             .is_ok()
             && !rec.is_null()
         {
-            // Safety: every record starts with its kind.
-            let kind = unsafe { (*rec).kind };
-            if kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
-                || kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL
-            {
+            // Safety: every record starts with its kind, a u32 (read as one: see MemoryRecord).
+            let kind: u32 = unsafe { field(rec.cast::<u8>(), 0) };
+            if kind == KIND_CONCURRENT_KERNEL || kind == KIND_KERNEL {
                 // Safety: kernel kinds are delivered as CUpti_ActivityKernel<N>; records may be
                 // packed to 8 bytes, hence the unaligned read.
                 let k = unsafe { std::ptr::read_unaligned(rec.cast::<KernelRecord>()) };
-                got.push(exec_of(&k));
+                got.push(Activity::Kernel(exec_of(&k)));
+                DELIVERED.fetch_add(1, Ordering::Relaxed);
+            } else if kind == KIND_MEMORY2 {
+                // Safety: MEMORY2 is delivered as CUpti_ActivityMemory<N>.
+                if let Some(m) = unsafe { mem_of(rec.cast::<u8>()) } {
+                    got.push(Activity::Memory(m));
+                    MEM_DELIVERED.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
-        DELIVERED.fetch_add(got.len() as u64, Ordering::Relaxed);
         if let Ok(mut p) = PENDING.lock() {
             p.append(&mut got);
         }
@@ -387,5 +507,61 @@ mod tests {
             std::mem::size_of::<KernelRecord>(),
         ];
         assert_eq!(got, [6, 16, 24, 40, 48, 52, 64, 76, 80, 92, 104, 216]);
+    }
+
+    /// The same for `CUpti_ActivityMemory4`, whose prefix the shim reads field by field.
+    #[test]
+    fn memory_record_layout_matches_the_stub() {
+        use std::mem::offset_of;
+        let got = [
+            offset_of!(MemoryRecord, memoryOperationType),
+            offset_of!(MemoryRecord, memoryKind),
+            offset_of!(MemoryRecord, correlationId),
+            offset_of!(MemoryRecord, address),
+            offset_of!(MemoryRecord, bytes),
+            offset_of!(MemoryRecord, timestamp),
+            offset_of!(MemoryRecord, PC),
+            offset_of!(MemoryRecord, deviceId),
+            offset_of!(MemoryRecord, streamId),
+            offset_of!(MemoryRecord, isAsync),
+            offset_of!(MemoryRecord, memoryPoolConfig.memoryPoolType),
+            offset_of!(MemoryRecord, memoryPoolConfig.address),
+            std::mem::size_of::<MemoryRecord>(),
+        ];
+        assert_eq!(got, [4, 8, 12, 16, 24, 32, 40, 52, 60, 72, 80, 88, 128]);
+    }
+
+    #[test]
+    fn memory_record_fields_and_unknown_operations() {
+        let mut rec = [0u8; 128];
+        let put = |rec: &mut [u8; 128], off: usize, v: &[u8]| rec[off..off + v.len()].copy_from_slice(v);
+        put(&mut rec, 4, &2u32.to_le_bytes());
+        put(&mut rec, 8, &42u32.to_le_bytes()); // a memory kind newer than this version
+        put(&mut rec, 12, &9u32.to_le_bytes());
+        put(&mut rec, 16, &0x7f00_0000_1000u64.to_le_bytes());
+        put(&mut rec, 24, &4096u64.to_le_bytes());
+        put(&mut rec, 52, &1u32.to_le_bytes());
+        put(&mut rec, 60, &5u32.to_le_bytes());
+        put(&mut rec, 72, &1u32.to_le_bytes());
+        put(&mut rec, 80, &2u32.to_le_bytes());
+        put(&mut rec, 88, &0xabcdu64.to_le_bytes());
+        // Safety: a whole record.
+        let m = unsafe { mem_of(rec.as_ptr()) }.expect("a release");
+        let want = trace::MemActivity {
+            op: trace::MemActivityOp::Release,
+            memory_kind: trace::CuptiMemoryKind::Unknown,
+            addr: 0x7f00_0000_1000,
+            size: 4096,
+            stream: Some(5),
+            correlation_id: 9,
+            pc: 0,
+            pool: Some(trace::MemPoolKind::Imported),
+            pool_addr: Some(0xabcd),
+        };
+        assert_eq!((m.device, m.event), (1, want));
+        // CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_INVALID
+        put(&mut rec, 4, &0u32.to_le_bytes());
+        // Safety: a whole record.
+        assert!(unsafe { mem_of(rec.as_ptr()) }.is_none());
     }
 }

@@ -15,7 +15,7 @@ use trace::{
 
 use crate::clock::{self, now_ns};
 use crate::config::{expand_out, Config};
-use crate::cupti::Exec;
+use crate::cupti::{Activity, Exec, Mem};
 use crate::raw::{self, mem, unpack, vmm, FuncKind, RawEvent, RawKind};
 use crate::{log, real, ring, state};
 
@@ -73,6 +73,7 @@ struct Tally {
     frees: u64,
     launches: u64,
     execs: u64,
+    cupti_mem: u64,
     pinned: u64,
     failed: u64,
     live: HashMap<(bool, u64), u64>,
@@ -89,6 +90,18 @@ struct Names {
     by_text: HashMap<String, NameId>,
     callers: HashMap<u64, Option<NameId>>,
     kernels: HashMap<(u8, u64), Option<NameId>>,
+    /// Direct-mapped front of `kernels`: a training step launches a few hundred distinct
+    /// kernels over and over, and a hit here costs a compare instead of a hash and a probe.
+    recent: Box<[(u64, u8, Option<NameId>); RECENT]>,
+}
+
+/// Slots in [`Names::recent`] (a power of two).
+const RECENT: usize = 512;
+
+fn recent_slot(f: u64) -> usize {
+    // Function handles and host stubs are at least 16-byte aligned; mix in higher bits so that
+    // kernels from one module spread over the slots.
+    ((f >> 4) ^ (f >> 13)) as usize & (RECENT - 1)
 }
 
 struct Ctx {
@@ -168,7 +181,13 @@ fn run() {
         }
     };
     log!(Info, "tracing pid {pid} into {path}");
-    let names = Names { next: 0, by_text: HashMap::new(), callers: HashMap::new(), kernels: HashMap::new() };
+    let names = Names {
+        next: 0,
+        by_text: HashMap::new(),
+        callers: HashMap::new(),
+        kernels: HashMap::new(),
+        recent: Box::new([(0, 0, None); RECENT]),
+    };
     let clock = clock::Calibration::new(clock::anchor());
     let mut cx = Ctx { w, origin, clock, names, tally: Tally::default(), max_bytes: cfg.max_bytes, limit_hit: false };
     let mut last_flush = std::time::Instant::now();
@@ -190,8 +209,8 @@ fn run() {
         cx.clock.refresh();
         if !batch.is_empty() || !pending.is_empty() {
             ring::order(&mut batch, &mut pending, &sweep, watermark, last_round);
-            for (i, (tid, ev)) in batch.drain(..).enumerate() {
-                if let Err(e) = cx.handle(tid, ev) {
+            for (i, (tid, ev)) in batch.iter().enumerate() {
+                if let Err(e) = cx.handle(*tid, ev) {
                     log!(Warn, "writing {path} failed: {e:#}; recording stopped");
                     return;
                 }
@@ -203,9 +222,10 @@ fn run() {
                     last_flush = std::time::Instant::now();
                 }
             }
+            batch.clear();
         }
-        for exec in crate::cupti::take() {
-            if let Err(e) = cx.exec(&exec) {
+        for a in crate::cupti::take() {
+            if let Err(e) = cx.cupti(a) {
                 log!(Warn, "writing {path} failed: {e:#}; recording stopped");
                 return;
             }
@@ -330,15 +350,25 @@ impl Ctx {
         if f == 0 || kind == FuncKind::Graph as u8 {
             return Ok(None);
         }
-        if let Some(n) = self.names.kernels.get(&(kind, f)) {
-            return Ok(*n);
+        // f == 0 never reaches here, so the zeroed slots never match.
+        let slot = recent_slot(f);
+        let (rf, rk, rid) = self.names.recent[slot];
+        if rf == f && rk == kind {
+            return Ok(rid);
         }
-        let text = if kind == FuncKind::CuFunction as u8 { cu_func_name(f) } else { symbol_at(f) };
-        let id = match text {
-            Some(t) => Some(self.intern(t)?),
-            None => None,
+        let id = match self.names.kernels.get(&(kind, f)) {
+            Some(n) => *n,
+            None => {
+                let text = if kind == FuncKind::CuFunction as u8 { cu_func_name(f) } else { symbol_at(f) };
+                let id = match text {
+                    Some(t) => Some(self.intern(t)?),
+                    None => None,
+                };
+                self.names.kernels.insert((kind, f), id);
+                id
+            }
         };
-        self.names.kernels.insert((kind, f), id);
+        self.names.recent[slot] = (f, kind, id);
         Ok(id)
     }
 
@@ -355,6 +385,27 @@ impl Ctx {
         let id = Some(self.intern(text)?);
         self.names.kernels.insert((CUPTI_NAME, p), id);
         Ok(id)
+    }
+
+    /// One CUPTI record.
+    fn cupti(&mut self, a: Activity) -> Result<(), trace::TraceError> {
+        match a {
+            Activity::Kernel(e) => self.exec(&e),
+            Activity::Memory(m) => self.mem_activity(m),
+        }
+    }
+
+    /// A CUPTI memory activity record (timestamp already on CLOCK_MONOTONIC).
+    fn mem_activity(&mut self, m: Mem) -> Result<(), trace::TraceError> {
+        if self.limit_hit {
+            self.tally.over_limit += 1;
+            return Ok(());
+        }
+        self.tally.cupti_mem += 1;
+        self.tally.events += 1;
+        let ts = Some(m.ts.saturating_sub(self.origin));
+        let r = Record { ts_ns: ts, tid: None, device: Some(m.device), event: Event::MemActivity(m.event) };
+        self.write_checked(&r)
     }
 
     /// A CUPTI kernel execution record (timestamps already on CLOCK_MONOTONIC).
@@ -383,10 +434,10 @@ impl Ctx {
         self.write_checked(&r)
     }
 
-    fn handle(&mut self, tid: u32, ev: RawEvent) -> Result<(), trace::TraceError> {
+    fn handle(&mut self, tid: u32, ev: &RawEvent) -> Result<(), trace::TraceError> {
         if self.limit_hit {
             self.tally.over_limit += 1;
-            release(&ev);
+            release(ev);
             return Ok(());
         }
         let api = ev.api;
@@ -464,7 +515,7 @@ impl Ctx {
                 self.tally.launches += 1;
                 let name = self.kernel(ev.sub, ev.addr)?;
                 let ((gx, gy), (gz, bx), (by, bz)) = (unpack(ev.size), unpack(ev.aux), unpack(ev.offset));
-                Event::KernelLaunch(KernelLaunch {
+                let launch = KernelLaunch {
                     api,
                     name,
                     grid: [gx, gy, gz],
@@ -472,7 +523,12 @@ impl Ctx {
                     shared_mem: ev.caller as u32,
                     stream: ev.stream as i64,
                     result,
-                })
+                };
+                // Launches are most of a trace: written without building a `Record`.
+                self.tally.events += 1;
+                let ts = self.clock.to_ns(ev.ts).saturating_sub(self.origin);
+                self.w.write_launch(Some(ts), Some(tid), None, &launch)?;
+                return self.check_limit();
             }
             k if k == RawKind::PoolTrim as u8 => {
                 Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result })
@@ -493,6 +549,10 @@ impl Ctx {
     /// Write one record, then stop recording (with a marker) once past `MEMTRACE_MAX_BYTES`.
     fn write_checked(&mut self, r: &Record) -> Result<(), trace::TraceError> {
         self.w.write(r)?;
+        self.check_limit()
+    }
+
+    fn check_limit(&mut self) -> Result<(), trace::TraceError> {
         if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
             self.limit_hit = true;
             let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
@@ -533,7 +593,11 @@ impl Ctx {
                 t.launches,
                 t.pinned,
                 t.failed,
-                if crate::cupti::running() { format!(", {} kernel execs from CUPTI", t.execs) } else { String::new() },
+                match (crate::cupti::running(), t.cupti_mem) {
+                    (false, _) => String::new(),
+                    (true, 0) => format!(", {} kernel execs from CUPTI", t.execs),
+                    (true, n) => format!(", {} kernel execs and {n} memory records from CUPTI", t.execs),
+                },
                 t.peak,
                 t.peak as f64 / (1u64 << 20) as f64,
                 lost,

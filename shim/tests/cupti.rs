@@ -1,8 +1,8 @@
-//! The CUPTI layer against the stub libcupti (tests/c/stub_cupti.c): kernel execution records
-//! through the buffer callbacks, on the trace's clock; and the one-line fallbacks when libcupti
-//! is missing or another profiler holds CUPTI.
+//! The CUPTI layer against the stub libcupti (tests/c/stub_cupti.c): kernel execution and memory
+//! activity records through the buffer callbacks, on the trace's clock; and the one-line
+//! fallbacks when libcupti is missing, another profiler holds CUPTI, or CUPTI rejects `MEMORY2`.
 
-use trace::{Event, KernelExec};
+use trace::{CuptiMemoryKind, Event, KernelExec, MemActivity, MemActivityOp, MemoryKind};
 
 use crate::harness::{build_dir, run_ok, Run};
 
@@ -118,4 +118,94 @@ fn another_subscriber_is_one_line_and_no_crash() {
         &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path), ("STUB_CUPTI", "busy")],
         "another profiler holds CUPTI (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED from cuptiSubscribe)",
     );
+}
+
+/// (op, CUPTI memory kind, address, size, correlation id, pc)
+type Mem = (MemActivityOp, CuptiMemoryKind, u64, u64, u32, u64);
+
+/// p_runtime_alloc: cudaMalloc a (1 MiB), cudaMalloc b (4096), cudaFree a, cudaFree b,
+/// cudaMallocHost h (8192), cudaFreeHost h. CUPTI starts after the first recorded call returns,
+/// so, as with the real one, the allocation of `a` precedes it and only its release is reported.
+#[test]
+fn memory_activity_records_from_cupti() {
+    let path = lib_path(&[".", "cupti"]);
+    let r = run_ok("p_runtime_alloc", &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path)]);
+    let s = r.stats();
+    let traced: Vec<(MemoryKind, u64, u64)> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Alloc(a) if a.result == 0 => Some((a.mem, a.addr, a.size)),
+            _ => None,
+        })
+        .collect();
+    let [(MemoryKind::Device, a, 1048576), (MemoryKind::Device, b, 4096), (MemoryKind::PinnedHost, h, 8192)] =
+        traced[..]
+    else {
+        panic!("traced allocations: {traced:?}");
+    };
+    let mems: Vec<(&MemActivity, Option<u64>, Option<u32>)> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::MemActivity(m) => Some((m, r.ts_ns, r.device)),
+            _ => None,
+        })
+        .collect();
+    let got: Vec<Mem> =
+        mems.iter().map(|(m, ..)| (m.op, m.memory_kind, m.addr, m.size, m.correlation_id, m.pc)).collect();
+    use CuptiMemoryKind::{Device, Pinned};
+    use MemActivityOp::{Allocation, Release};
+    let want: Vec<Mem> = vec![
+        (Allocation, Device, b, 4096, 2001, 0x1001),
+        (Release, Device, a, 1 << 20, 2002, 0x1002),
+        (Release, Device, b, 4096, 2003, 0x1003),
+        (Allocation, Pinned, h, 8192, 2004, 0x1004),
+        (Release, Pinned, h, 8192, 2005, 0x1005),
+    ];
+    assert_eq!(got, want, "stderr:\n{}", r.stderr());
+    // Synchronous calls: no stream, no pool; device 0; CUPTI's clock converted to the trace's, in
+    // the order the driver made them, inside the trace.
+    assert!(mems.iter().all(|(m, _, d)| m.stream.is_none() && m.pool.is_none() && *d == Some(0)), "{mems:?}");
+    let exit_ts = s.records.iter().rev().find_map(|r| match r.event {
+        Event::ProcessExit(_) => r.ts_ns,
+        _ => None,
+    });
+    let ts: Vec<u64> = mems.iter().map(|(_, t, _)| t.expect("a timestamp")).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
+    assert!(ts[0] > 0 && ts[4] < exit_ts.expect("process_exit has a timestamp"), "{ts:?} vs exit {exit_ts:?}");
+    // memsim's cross-check: b's CUPTI allocation matches the traced cudaMalloc; a's release has
+    // no CUPTI allocation.
+    let c = s.cupti_memory.clone().expect("cupti_memory");
+    assert_eq!(
+        (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases),
+        (2, 3, 1, 1, 1)
+    );
+    // Interposition counts are unchanged; the summary names the memory records.
+    assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
+    let lines = memtrace_lines(&r);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("3 kernel execs and 5 memory records from CUPTI"), "{lines:?}");
+}
+
+/// A CUPTI without `MEMORY2` (STUB_CUPTI=nomem): one line, then kernel records as before.
+#[test]
+fn cupti_rejecting_memory2_keeps_kernel_records() {
+    let path = lib_path(&[".", "cupti"]);
+    let env = [("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", path.as_str()), ("STUB_CUPTI", "nomem")];
+    let r = run_ok("p_runtime_alloc", &env);
+    let s = r.stats();
+    assert!(!s.records.iter().any(|r| matches!(r.event, Event::MemActivity(_))));
+    assert_eq!(s.kernel_exec_records, 3);
+    assert_eq!(s.cupti_memory, None);
+    let lines = memtrace_lines(&r);
+    assert_eq!(lines.len(), 2, "one line about MEMORY2 and the summary: {lines:?}");
+    assert!(
+        lines[0].contains(
+            "CUPTI memory activity (MEMORY2) is unavailable (cuptiActivityEnable(MEMORY2) failed with CUPTI \
+             error 21); recording kernel executions only"
+        ),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("3 kernel execs from CUPTI") && !lines[1].contains("memory records"), "{lines:?}");
 }

@@ -336,7 +336,8 @@ impl Replayer {
             | Event::PoolTrim(_)
             | Event::SegmentState(_)
             | Event::SnapshotPoint(_)
-            | Event::ProcessExit(_) => return,
+            | Event::ProcessExit(_)
+            | Event::MemActivity(_) => return,
         };
         self.apply(index, device, &req, None, Some(rec));
     }

@@ -10,12 +10,15 @@
 //! - `peak_live_device_bytes` is the maximum over time of bytes held by live device allocations
 //!   (physical handles included, host memory excluded). In an allocator-level trace only requests
 //!   count; in a device-level trace every device allocation does.
+//! - CUPTI `mem_activity` records never enter the counts above; they are summed apart in
+//!   `cupti_memory` (present only when the trace has any), a second view of the same memory that
+//!   is cross-checked against the interposed allocations.
 
 use std::collections::BTreeMap;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
-use trace::{Event, FreeStage, Header, Level, MemoryKind, Origin, Record};
+use trace::{CuptiMemoryKind, Event, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin, Record};
 
 /// Summary of one trace.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -62,6 +65,11 @@ pub struct TraceStats {
     pub kernel_busy_ns: Option<u64>,
     /// First and last timestamps seen, ns.
     pub time_span_ns: Option<(u64, u64)>,
+    /// CUPTI `MEMORY2` records (`mem_activity`); absent when the trace has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cupti_memory: Option<CuptiMemoryStats>,
+    #[serde(skip)]
+    cupti: CuptiTally,
     #[serde(skip)]
     live: HashMap<(u32, MemoryKind, u64), u64>,
     #[serde(skip)]
@@ -70,6 +78,88 @@ pub struct TraceStats {
     count_requests_only: bool,
     #[serde(skip)]
     intervals: Vec<(u64, u64)>,
+}
+
+/// What CUPTI's memory activity says, next to what interposition saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CuptiMemoryStats {
+    /// Allocation records, every memory kind.
+    pub allocations: u64,
+    /// Release records, every memory kind.
+    pub releases: u64,
+    /// Allocation records per CUPTI memory kind (`device`, `pinned`, `managed`, ...).
+    pub allocations_by_kind: BTreeMap<String, u64>,
+    /// Bytes of device-resident allocations (device, array, managed, static), summed.
+    pub device_bytes_allocated: u64,
+    /// Peak of live device-resident bytes, by CUPTI's allocations and releases.
+    pub peak_live_device_bytes: u64,
+    /// Live device-resident bytes at the end.
+    pub live_device_bytes: u64,
+    /// Releases of addresses CUPTI reported no allocation for.
+    pub unknown_releases: u64,
+    /// Allocations of CUPTI kind `device`.
+    pub device_allocations: u64,
+    /// Of those, how many have a traced `alloc` of device or managed memory at the same address
+    /// with the same size, anywhere in the trace (CUPTI records reach the file late). Matched in
+    /// device-level traces only; 0 in allocator-level ones.
+    pub device_allocations_matched: u64,
+}
+
+/// Working state for [`CuptiMemoryStats`].
+#[derive(Debug, Clone, Default)]
+struct CuptiTally {
+    seen: bool,
+    out: CuptiMemoryStats,
+    /// (device, device-resident, address) -> size.
+    live: HashMap<(u32, bool, u64), u64>,
+    /// (address, size) of CUPTI device allocations.
+    device_allocs: Vec<(u64, u64)>,
+    /// (address, size) of every successful traced device or managed allocation.
+    traced: HashSet<(u64, u64)>,
+}
+
+impl CuptiTally {
+    fn observe(&mut self, device: u32, m: &MemActivity) {
+        self.seen = true;
+        let resident = m.memory_kind.is_device();
+        let key = (device, resident, m.addr);
+        let o = &mut self.out;
+        match m.op {
+            MemActivityOp::Allocation => {
+                o.allocations += 1;
+                *o.allocations_by_kind.entry(m.memory_kind.as_str().to_string()).or_default() += 1;
+                if m.memory_kind == CuptiMemoryKind::Device {
+                    o.device_allocations += 1;
+                    self.device_allocs.push((m.addr, m.size));
+                }
+                if let Some(old) = self.live.insert(key, m.size) {
+                    // An allocation over a live one: its release was lost; count the newer size.
+                    if resident {
+                        o.live_device_bytes -= old;
+                    }
+                }
+                if resident {
+                    o.device_bytes_allocated = o.device_bytes_allocated.saturating_add(m.size);
+                    o.live_device_bytes = o.live_device_bytes.saturating_add(m.size);
+                    o.peak_live_device_bytes = o.peak_live_device_bytes.max(o.live_device_bytes);
+                }
+            }
+            MemActivityOp::Release => {
+                o.releases += 1;
+                match self.live.remove(&key) {
+                    Some(size) if resident => o.live_device_bytes -= size,
+                    Some(_) => {}
+                    None => o.unknown_releases += 1,
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Option<CuptiMemoryStats> {
+        let mut out = self.out;
+        out.device_allocations_matched = self.device_allocs.iter().filter(|k| self.traced.contains(*k)).count() as u64;
+        self.seen.then_some(out)
+    }
 }
 
 impl TraceStats {
@@ -96,6 +186,13 @@ impl TraceStats {
         match &rec.event {
             Event::Alloc(a) => {
                 self.call(a.api.name(), a.result);
+                // Only device-level traces (the shim's) can carry CUPTI records to match.
+                if !self.count_requests_only
+                    && a.result == 0
+                    && matches!(a.mem, MemoryKind::Device | MemoryKind::Managed)
+                {
+                    self.cupti.traced.insert((a.addr, a.size));
+                }
                 if a.result != 0 || !self.counts_live(a.origin) {
                     return;
                 }
@@ -150,6 +247,7 @@ impl TraceStats {
                 self.complete = true;
                 self.lost_events += p.lost_events;
             }
+            Event::MemActivity(m) => self.cupti.observe(device, m),
             Event::MemInfo(_)
             | Event::Marker(_)
             | Event::Name(_)
@@ -175,6 +273,7 @@ impl TraceStats {
         if !self.intervals.is_empty() {
             self.kernel_busy_ns = Some(union_length(&mut self.intervals));
         }
+        self.cupti_memory = std::mem::take(&mut self.cupti).finish();
         self
     }
 }
@@ -212,7 +311,7 @@ pub fn union_length(iv: &mut [(u64, u64)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trace::{Alloc, Api, Free};
+    use trace::{Alloc, Api, Free, MemPoolKind};
 
     fn alloc(addr: u64, size: u64, mem: MemoryKind, api: Api) -> Record {
         Record::bare(Event::Alloc(Alloc {
@@ -261,5 +360,60 @@ mod tests {
             (s.allocs, s.frees, s.unknown_frees, s.peak_live_device_bytes, s.live_device_bytes),
             (2, 1, 0, 100, 30)
         );
+    }
+
+    fn cupti(op: MemActivityOp, memory_kind: CuptiMemoryKind, addr: u64, size: u64) -> Record {
+        let m = MemActivity {
+            op,
+            memory_kind,
+            addr,
+            size,
+            stream: None,
+            correlation_id: 0,
+            pc: 0,
+            pool: Some(MemPoolKind::Local),
+            pool_addr: Some(1),
+        };
+        Record { ts_ns: None, tid: None, device: Some(0), event: Event::MemActivity(m) }
+    }
+
+    /// CUPTI's records are summed apart, matched against traced allocations by address and size
+    /// whatever their order, and leave the interposition counts alone.
+    #[test]
+    fn cupti_memory_apart_and_cross_checked() {
+        use CuptiMemoryKind::{Device, Pinned};
+        use MemActivityOp::{Allocation, Release};
+        let h = Header::new("test", "0", Level::Device);
+        let mut s = TraceStats::new(&h);
+        for r in [
+            alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc),
+            cupti(Allocation, Device, 0x1000, 100),
+            cupti(Allocation, Device, 0x2000, 60),
+            cupti(Allocation, Pinned, 0x9000, 10),
+            cupti(Release, Device, 0x1000, 100),
+            cupti(Allocation, Device, 0x3000, 30),
+            cupti(Release, Device, 0x5000, 1),
+            // Traced after CUPTI's record of it: still a match. The size differs for 0x2000.
+            alloc(0x3000, 30, MemoryKind::Device, Api::CudaMalloc),
+            alloc(0x2000, 50, MemoryKind::Device, Api::CudaMalloc),
+        ] {
+            s.observe(&r);
+        }
+        let s = s.finish(false, 0);
+        assert_eq!((s.allocs, s.peak_live_device_bytes, s.events), (3, 180, 9));
+        let c = s.cupti_memory.expect("cupti_memory");
+        let by_kind: Vec<(&str, u64)> = c.allocations_by_kind.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(by_kind, [("device", 3), ("pinned", 1)]);
+        assert_eq!(
+            (c.allocations, c.releases, c.device_bytes_allocated, c.peak_live_device_bytes, c.live_device_bytes),
+            (4, 2, 190, 160, 90)
+        );
+        assert_eq!((c.unknown_releases, c.device_allocations, c.device_allocations_matched), (1, 3, 2));
+
+        let mut plain = TraceStats::new(&h);
+        plain.observe(&alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc));
+        let plain = plain.finish(false, 0);
+        assert_eq!(plain.cupti_memory, None);
+        assert!(serde_json::to_value(&plain).unwrap().get("cupti_memory").is_none());
     }
 }

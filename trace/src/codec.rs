@@ -9,6 +9,7 @@ use bincode::error::EncodeError;
 
 use crate::error::TraceError;
 use crate::event::*;
+use crate::fastframe::{self, Sink};
 use crate::header::{Header, FORMAT_VERSION};
 
 /// The first eight bytes of every binary trace.
@@ -39,6 +40,12 @@ pub const PREFIX_HAS_DEVICE: u8 = 1 << 4;
 pub const PREFIX_DEVICE_SAME: u8 = 1 << 5;
 /// Record prefix bits reserved in version 1.
 pub const PREFIX_RESERVED: u8 = 0xC0;
+
+// The pinned tags of the fast-path kinds (the byte-for-byte tests against `Event::tag` keep
+// them in step).
+const ALLOC_TAG: u8 = 1;
+const FREE_TAG: u8 = 2;
+const LAUNCH_TAG: u8 = 4;
 
 /// Bincode claims (container preallocations) are capped so that a garbage length inside a frame
 /// cannot make the reader allocate without bound.
@@ -91,12 +98,17 @@ pub fn check_preamble(p: &[u8; PREAMBLE_LEN]) -> Result<(u16, u16), TraceError> 
 
 /// Appends `v` as an unsigned LEB128 varint.
 #[inline]
-pub fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
+pub fn put_uvarint(buf: &mut Vec<u8>, v: u64) {
+    uvarint_into(buf, v);
+}
+
+#[inline(always)]
+fn uvarint_into(out: &mut impl Sink, mut v: u64) {
     while v >= 0x80 {
-        buf.push((v as u8) | 0x80);
+        out.push((v as u8) | 0x80);
         v >>= 7;
     }
-    buf.push(v as u8);
+    out.push(v as u8);
 }
 
 /// Why a varint could not be read.
@@ -184,37 +196,38 @@ pub struct PrefixState {
 }
 
 impl PrefixState {
-    fn encode(&self, rec: &Record, buf: &mut Vec<u8>) {
+    #[inline(always)]
+    fn encode(&self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, buf: &mut impl Sink) {
         let flags_at = buf.len();
         buf.push(0);
         let mut flags = 0u8;
-        if let Some(ts) = rec.ts_ns {
+        if let Some(ts) = ts_ns {
             flags |= PREFIX_HAS_TS;
             match self.ts {
                 Some(prev) => {
                     flags |= PREFIX_TS_DELTA;
-                    put_uvarint(buf, zigzag(ts.wrapping_sub(prev) as i64));
+                    uvarint_into(buf, zigzag(ts.wrapping_sub(prev) as i64));
                 }
-                None => put_uvarint(buf, ts),
+                None => uvarint_into(buf, ts),
             }
         }
-        if let Some(tid) = rec.tid {
+        if let Some(tid) = tid {
             flags |= PREFIX_HAS_TID;
             if self.tid == Some(tid) {
                 flags |= PREFIX_TID_SAME;
             } else {
-                put_uvarint(buf, u64::from(tid));
+                uvarint_into(buf, u64::from(tid));
             }
         }
-        if let Some(dev) = rec.device {
+        if let Some(dev) = device {
             flags |= PREFIX_HAS_DEVICE;
             if self.device == Some(dev) {
                 flags |= PREFIX_DEVICE_SAME;
             } else {
-                put_uvarint(buf, u64::from(dev));
+                uvarint_into(buf, u64::from(dev));
             }
         }
-        buf[flags_at] = flags;
+        buf.set(flags_at, flags);
     }
 
     fn commit(&mut self, ts: Option<u64>, tid: Option<u32>, device: Option<u32>) {
@@ -297,11 +310,41 @@ fn decode_same(
 /// Appends one event frame for `rec` and advances the delta state. On error `buf` and the state
 /// are unchanged.
 pub fn encode_frame(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
+    let (ts, tid, dev) = (rec.ts_ns, rec.tid, rec.device);
+    match &rec.event {
+        Event::KernelLaunch(l) => encode_launch_frame(state, ts, tid, dev, l, buf),
+        Event::Alloc(a) => fastframe::alloc(ALLOC_TAG, a, |s| state.encode(ts, tid, dev, s), buf),
+        Event::Free(f) => fastframe::free(FREE_TAG, f, |s| state.encode(ts, tid, dev, s), buf),
+        _ => return encode_frame_generic(state, rec, buf),
+    }
+    if !matches!(rec.event, Event::KernelLaunch(_)) {
+        state.commit(ts, tid, dev);
+    }
+    Ok(())
+}
+
+/// The frame [`encode_frame`] writes for a `Record` holding `Event::KernelLaunch(l)`, without
+/// the record: a producer that writes launches by the million need not build and drop one each.
+#[inline]
+pub fn encode_launch_frame(
+    state: &mut PrefixState,
+    ts_ns: Option<u64>,
+    tid: Option<u32>,
+    device: Option<u32>,
+    l: &KernelLaunch,
+    buf: &mut Vec<u8>,
+) {
+    fastframe::launch(LAUNCH_TAG, l, |s| state.encode(ts_ns, tid, device, s), buf);
+    state.commit(ts_ns, tid, device);
+}
+
+/// [`encode_frame`] for every kind, through bincode's derived encoders.
+fn encode_frame_generic(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
     let start = buf.len();
     buf.push(rec.event.tag());
     buf.push(0); // length placeholder; most bodies fit one varint byte
     let body_start = buf.len();
-    state.encode(rec, buf);
+    state.encode(rec.ts_ns, rec.tid, rec.device, buf);
     if let Err(e) = encode_event(&rec.event, buf) {
         buf.truncate(start);
         return Err(e);
@@ -335,6 +378,7 @@ fn encode_event(ev: &Event, buf: &mut Vec<u8>) -> Result<(), TraceError> {
         Event::SegmentState(v) => bincode_into(buf, v),
         Event::SnapshotPoint(v) => bincode_into(buf, v),
         Event::ProcessExit(v) => bincode_into(buf, v),
+        Event::MemActivity(v) => bincode_into(buf, v),
     }
 }
 
@@ -406,6 +450,7 @@ pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64)
         13 => Event::SegmentState(body(rest, "segment_state", offset)?),
         14 => Event::SnapshotPoint(body(rest, "snapshot_point", offset)?),
         15 => Event::ProcessExit(body(rest, "process_exit", offset)?),
+        16 => Event::MemActivity(body(rest, "mem_activity", offset)?),
         tag => return Ok(Decoded::Unknown { tag }),
     };
     Ok(Decoded::Record(Record { ts_ns: prefix.ts, tid: prefix.tid, device: prefix.device, event }))
@@ -459,6 +504,118 @@ mod tests {
             0x00,
         ];
         assert_eq!(buf, expect);
+    }
+
+    /// The hand-written encoders (`fastframe`: launch, alloc, free) against the generic bincode
+    /// path, byte for byte, over generated records and prefix states (deltas both ways, same/new tid and device,
+    /// every bincode varint width).
+    mod fast_launch {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn widths() -> impl Strategy<Value = u64> {
+            prop_oneof![0u64..251, 251u64..=0xffff, 0x1_0000u64..=0xffff_ffff, any::<u64>()]
+        }
+
+        fn launch() -> impl Strategy<Value = KernelLaunch> {
+            (
+                widths(),
+                proptest::option::of(widths()),
+                proptest::array::uniform6(widths()),
+                widths(),
+                any::<i64>(),
+                prop_oneof![Just(0i32), -1000i32..1000, any::<i32>()],
+            )
+                .prop_map(|(api, name, dims, shared, stream, result)| KernelLaunch {
+                    api: crate::Api::from_code(api as u16),
+                    name: name.map(|n| n as u32),
+                    grid: [dims[0] as u32, dims[1] as u32, dims[2] as u32],
+                    block: [dims[3] as u32, dims[4] as u32, dims[5] as u32],
+                    shared_mem: shared as u32,
+                    stream,
+                    result,
+                })
+        }
+
+        fn record() -> impl Strategy<Value = Record> {
+            (
+                proptest::option::of(prop_oneof![0u64..1000, any::<u64>()]),
+                proptest::option::of(0u32..3),
+                proptest::option::of(prop_oneof![0u32..2, any::<u32>()]),
+                prop_oneof![launch().prop_map(Event::KernelLaunch), alloc_or_free()],
+            )
+                .prop_map(|(ts_ns, tid, device, event)| Record { ts_ns, tid, device, event })
+        }
+
+        fn alloc_or_free() -> impl Strategy<Value = Event> {
+            let mem = prop_oneof![
+                Just(MemoryKind::Device),
+                Just(MemoryKind::PinnedHost),
+                Just(MemoryKind::Managed),
+                Just(MemoryKind::Physical),
+                Just(MemoryKind::HostRegistered),
+                Just(MemoryKind::IpcImport),
+            ];
+            let origin = prop_oneof![Just(Origin::Request), Just(Origin::Outcome)];
+            let stage = prop_oneof![Just(FreeStage::Immediate), Just(FreeStage::Requested), Just(FreeStage::Completed)];
+            let category = proptest::option::of(proptest::sample::select(Category::ALL.to_vec()));
+            (
+                (widths(), widths(), proptest::option::of(widths()), any::<i64>(), mem, widths()),
+                (prop_oneof![Just(0i32), any::<i32>()], origin, stage, category),
+                (proptest::option::of(widths()), proptest::option::of(widths()), any::<bool>()),
+            )
+                .prop_map(
+                    |(
+                        (addr, size, fsize, stream, mem, api),
+                        (result, origin, stage, category),
+                        (caller, stack, is_alloc),
+                    )| {
+                        let api = crate::Api::from_code(api as u16);
+                        let (caller, stack) = (caller.map(|c| c as u32), stack.map(|c| c as u32));
+                        if is_alloc {
+                            Event::Alloc(Alloc {
+                                addr,
+                                size,
+                                stream,
+                                mem,
+                                api,
+                                result,
+                                origin,
+                                category,
+                                caller,
+                                stack,
+                            })
+                        } else {
+                            Event::Free(Free {
+                                addr,
+                                size: fsize,
+                                stream,
+                                mem,
+                                api,
+                                result,
+                                origin,
+                                stage,
+                                caller,
+                                stack,
+                            })
+                        }
+                    },
+                )
+        }
+
+        proptest! {
+            #[test]
+            fn same_bytes_as_bincode(recs in proptest::collection::vec(record(), 1..12)) {
+                let (mut fast_state, mut slow_state) = (PrefixState::default(), PrefixState::default());
+                let (mut fast, mut slow) = (Vec::new(), Vec::new());
+                for r in &recs {
+                    encode_frame(&mut fast_state, r, &mut fast).unwrap();
+                    encode_frame_generic(&mut slow_state, r, &mut slow).unwrap();
+                    prop_assert_eq!(&fast, &slow);
+                    prop_assert_eq!(&fast_state, &slow_state);
+                }
+            }
+        }
     }
 
     #[test]

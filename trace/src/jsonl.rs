@@ -154,6 +154,7 @@ pub fn parse_record_line(bytes: &[u8], line: u64) -> Result<Option<Record>, Trac
         "segment_state" => Event::SegmentState(parse(bytes, line)?),
         "snapshot_point" => Event::SnapshotPoint(parse(bytes, line)?),
         "process_exit" => Event::ProcessExit(parse(bytes, line)?),
+        "mem_activity" => Event::MemActivity(parse(bytes, line)?),
         HEADER_KIND => {
             return Err(TraceError::Json {
                 line,

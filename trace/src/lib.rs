@@ -25,6 +25,7 @@ pub mod codec;
 mod convert;
 pub mod error;
 pub mod event;
+mod fastframe;
 pub mod header;
 pub mod jsonl;
 pub mod marker;

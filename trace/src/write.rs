@@ -7,7 +7,7 @@ use tempfile::NamedTempFile;
 
 use crate::codec::{self, PrefixState};
 use crate::error::TraceError;
-use crate::event::Record;
+use crate::event::{KernelLaunch, Record};
 use crate::header::{Header, FORMAT_VERSION};
 use crate::jsonl;
 
@@ -44,6 +44,26 @@ impl<W: Write> BinaryWriter<W> {
     pub fn write(&mut self, rec: &Record) -> Result<(), TraceError> {
         let before = self.buf.len();
         codec::encode_frame(&mut self.state, rec, &mut self.buf)?;
+        self.bytes += (self.buf.len() - before) as u64;
+        self.events += 1;
+        if self.buf.len() >= FLUSH_AT {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// Appends a kernel launch: the same bytes as [`write`](Self::write) with a `Record` of
+    /// `Event::KernelLaunch(launch)`, without building (and dropping) the record.
+    #[inline]
+    pub fn write_launch(
+        &mut self,
+        ts_ns: Option<u64>,
+        tid: Option<u32>,
+        device: Option<u32>,
+        launch: &KernelLaunch,
+    ) -> Result<(), TraceError> {
+        let before = self.buf.len();
+        codec::encode_launch_frame(&mut self.state, ts_ns, tid, device, launch, &mut self.buf);
         self.bytes += (self.buf.len() - before) as u64;
         self.events += 1;
         if self.buf.len() >= FLUSH_AT {

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer import estimate_cli
+from memtrace_trainer import estimate_cli, kernelstats_cli
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.runs import cli as runs_cli
@@ -28,6 +28,8 @@ commands:
   fake-tensor  the FakeTensor baseline: forward+backward live storage peak (GPUMemNet's method)
   estimate   every estimator's answer in MiB for one job (symbolic trace -> memest estimate)
   max-batch  the largest batch that fits a GPU profile (symbolic traces + memsim replay)
+  kernel-stats  kernel statistics of one training step estimated on meta (FLOPs, grids,
+             roofline est. SM activity); one k_ row per GPUMemNet row for `memest util cv`
 
 model specs: torchvision:NAME, timm:NAME, hf:gpt2|gpt2-medium|bert-base-uncased|..., dlrm[:small],
 gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
@@ -138,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--seed", type=int, help="override the file's seed")
     HANDLERS.update(runs_cli.add_parsers(sub))
     HANDLERS.update(estimate_cli.add_parsers(sub))
+    HANDLERS.update(kernelstats_cli.add_parsers(sub))
     return parser
 
 

@@ -45,6 +45,20 @@ pub enum MlError {
         /// What was found and what was expected.
         message: String,
     },
+    /// A dataset row has no row in a file joined onto the dataset by key.
+    #[error("{path}: no row with {column} {key:?} (needed by {dataset}, data row {row})")]
+    MissingKey {
+        /// The joined file.
+        path: PathBuf,
+        /// The key column.
+        column: String,
+        /// The key value the dataset row has.
+        key: String,
+        /// The dataset.
+        dataset: PathBuf,
+        /// 1-based data row number in the dataset.
+        row: usize,
+    },
     /// The file parsed but holds no usable rows for the requested task.
     #[error("{path}: no usable rows ({reason})")]
     Empty {

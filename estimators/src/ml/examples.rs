@@ -9,6 +9,7 @@ use super::bins::{Binning, OOM_RELABEL_MIB};
 use super::dataset::{Dataset, Family, RunRow, RunStatus};
 use super::error::MlError;
 use super::features::{self, RowIssue};
+use super::kernel_features::KernelFeatures;
 
 /// What is predicted from the features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,13 +78,20 @@ impl Examples {
     /// Builds the examples of `ds` for `target`, applying GPUMemNet's row filters (CNN rows with
     /// activation `None` and residual/dense architectures are dropped, as its dataloader does).
     pub fn build(ds: &Dataset, target: &Target) -> Result<Examples, MlError> {
+        Self::build_with(ds, target, None)
+    }
+
+    /// [`Examples::build`], with the `k_` columns of `kernel` appended to every feature vector
+    /// (joined by `Filename`; a kept row without a numeric feature row is an error).
+    pub fn build_with(ds: &Dataset, target: &Target, kernel: Option<&KernelFeatures>) -> Result<Examples, MlError> {
         let family = ds.family()?;
-        let names = features::feature_names(family);
+        let mut names: Vec<String> = features::feature_names(family).iter().map(|s| s.to_string()).collect();
+        names.extend(kernel.iter().flat_map(|k| k.columns.iter().cloned()));
         let mut data = Vec::with_capacity(ds.rows.len() * names.len());
         let mut ex = Examples {
             family,
             target: target.clone(),
-            feature_names: names.iter().map(|s| s.to_string()).collect(),
+            feature_names: names.clone(),
             x: Array2::zeros((0, names.len())),
             value: Vec::new(),
             class: Vec::new(),
@@ -123,6 +131,9 @@ impl Examples {
                 continue;
             };
             data.extend(feats);
+            if let Some(k) = kernel {
+                data.extend(k.lookup(&row.filename, &ds.path, row.row)?);
+            }
             ex.value.push(value);
             ex.class.push(class);
             ex.measured.push(measured);

@@ -12,6 +12,7 @@ use super::bins::{Binning, Closed};
 use super::dataset::Dataset;
 use super::error::MlError;
 use super::examples::{Examples, Target, TargetKind};
+use super::kernel_features::KernelFeatures;
 use super::protocol::{self, ProtocolConfig, Report};
 
 /// A DCGM utilisation metric the GPUMemNet CSVs carry.
@@ -44,6 +45,32 @@ impl UtilMetric {
 
 /// Default low/medium/high thresholds: equal thirds of 0–1 (see the module note).
 pub const DEFAULT_THRESHOLDS: [f64; 2] = [1.0 / 3.0, 2.0 / 3.0];
+
+/// The metric's tertiles over the dataset's usable rows (the rows `cross_validate` keeps): the
+/// thresholds that make low, medium and high equally large, per dataset and so per family.
+/// A labelling rule, like fixed thresholds: it reads only the target column, before any split,
+/// and no model sees it. `t1 = v[n/3]`, `t2 = v[2n/3]` of the sorted values, so that with
+/// left-closed bins about a third of the rows fall below each.
+pub fn tertiles(ds: &Dataset, metric: UtilMetric) -> Result<[f64; 2], MlError> {
+    // Every non-negative value falls in some bin of the default target, so its examples are
+    // exactly the usable rows.
+    let ex = Examples::build(ds, &target(metric, DEFAULT_THRESHOLDS)?)?;
+    let mut v = ex.value.clone();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n < 3 {
+        return Err(MlError::Invalid(format!("tertiles need at least 3 usable rows, {} has {n}", ds.path.display())));
+    }
+    let t = [v[n / 3], v[2 * n / 3]];
+    if !(0.0 < t[0] && t[0] < t[1]) {
+        return Err(MlError::Invalid(format!(
+            "{}: the {} tertiles {t:?} do not separate three classes (too many equal values)",
+            ds.path.display(),
+            metric.kind().name()
+        )));
+    }
+    Ok(t)
+}
 
 /// The low / medium / high target for `metric` with the two inner thresholds `t`.
 pub fn target(metric: UtilMetric, t: [f64; 2]) -> Result<Target, MlError> {
@@ -96,17 +123,24 @@ pub struct UtilSummary {
     pub f1: f64,
     /// Every model family tried.
     pub models: Vec<UtilModel>,
+    /// The feature vector's columns: the family's GPUMemNet features, then any `k_` columns.
+    pub features: Vec<String>,
 }
 
 /// Runs the stratified CV for a utilisation metric; returns the summary and the full report.
+/// `kernel` appends its `k_` columns to every row's features (see [`KernelFeatures`]).
 pub fn cross_validate(
     ds: &Dataset,
     metric: UtilMetric,
     thresholds: [f64; 2],
     cfg: &ProtocolConfig,
+    kernel: Option<&KernelFeatures>,
 ) -> Result<(UtilSummary, Report), MlError> {
-    let ex = Examples::build(ds, &target(metric, thresholds)?)?;
+    let ex = Examples::build_with(ds, &target(metric, thresholds)?, kernel)?;
     let mut report = protocol::cross_validate(&ex, &ds.path.display().to_string(), cfg)?;
+    if let Some(k) = kernel {
+        report.notes.push(format!("{} kernel-statistics features from {}", k.columns.len(), k.path.display()));
+    }
     if thresholds == DEFAULT_THRESHOLDS {
         report.notes.push("default low/medium/high thresholds (thirds of 0-1), not the paper's bins".into());
     }
@@ -140,6 +174,7 @@ pub fn cross_validate(
         high_class_recall: best.high_class_recall,
         f1: best.f1.unwrap_or(0.0),
         models,
+        features: ex.feature_names.clone(),
     };
     Ok((summary, report))
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -29,15 +30,69 @@ static CUdeviceptr fake_alloc(size_t size) {
     return __atomic_fetch_add(&next_addr, (size + 0xfff) & ~0xfffull, __ATOMIC_RELAXED);
 }
 
+/* What the driver allocated and freed, for the stub libcupti's MEMORY2 records (stub_cupti.c
+ * reads it through a weak reference): device and pinned host memory, in call order, stamped with
+ * CLOCK_MONOTONIC. The first MEM_LOG_MAX operations only; an entry is published by `ready`. */
+typedef struct { uint64_t ts, addr, bytes; uint32_t op, kind, ready, pad; } stub_mem_op;
+enum { MEM_ALLOC = 1, MEM_RELEASE = 2, MEM_PINNED = 2, MEM_DEVICE = 3, MEM_LOG_MAX = 256 };
+static stub_mem_op mem_log[MEM_LOG_MAX];
+static unsigned mem_log_len;
+/* STUB_CUDA_MEM_LOG=0 turns the log off, so that scripts/bench-shim.sh's allocation loops time a
+ * bare driver call (a full log makes every release scan it). */
+static int mem_log_on = 1;
+
+__attribute__((constructor)) static void mem_log_config(void) {
+    const char *v = getenv("STUB_CUDA_MEM_LOG");
+    if (v && strcmp(v, "0") == 0) mem_log_on = 0;
+}
+
+static void mem_log_add(uint32_t op, uint32_t kind, uint64_t addr, uint64_t bytes) {
+    if (!mem_log_on) return;
+    unsigned i = __atomic_fetch_add(&mem_log_len, 1, __ATOMIC_ACQ_REL);
+    if (i >= MEM_LOG_MAX) return;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    stub_mem_op *e = &mem_log[i];
+    e->ts = (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+    e->addr = addr; e->bytes = bytes; e->op = op; e->kind = kind;
+    __atomic_store_n(&e->ready, 1, __ATOMIC_RELEASE);
+}
+
+/* The size of the latest logged allocation at `addr` (a release reports it, as CUPTI does). */
+static uint64_t mem_log_size(uint32_t kind, uint64_t addr) {
+    if (!mem_log_on) return 0;
+    unsigned n = __atomic_load_n(&mem_log_len, __ATOMIC_ACQUIRE);
+    for (unsigned i = n < MEM_LOG_MAX ? n : MEM_LOG_MAX; i-- > 0;) {
+        const stub_mem_op *e = &mem_log[i];
+        if (__atomic_load_n(&e->ready, __ATOMIC_ACQUIRE) && e->op == MEM_ALLOC && e->kind == kind && e->addr == addr)
+            return e->bytes;
+    }
+    return 0;
+}
+
+/* The published prefix of the log. */
+unsigned stub_cuda_mem_log(const stub_mem_op **ops) {
+    unsigned n = __atomic_load_n(&mem_log_len, __ATOMIC_ACQUIRE), i = 0;
+    if (n > MEM_LOG_MAX) n = MEM_LOG_MAX;
+    while (i < n && __atomic_load_n(&mem_log[i].ready, __ATOMIC_ACQUIRE)) i++;
+    *ops = mem_log;
+    return i;
+}
+
 CUresult cuInit(unsigned flags) { (void)flags; return 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
     if (size > oom_limit()) return 2;
     *p = fake_alloc(size);
+    mem_log_add(MEM_ALLOC, MEM_DEVICE, *p, size);
     return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { return p ? 0 : 1; }
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!p) return 1;
+    mem_log_add(MEM_RELEASE, MEM_DEVICE, p, mem_log_size(MEM_DEVICE, p));
+    return 0;
+}
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) { (void)s; return cuMemAlloc_v2(p, size); }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, void *s) { (void)s; return cuMemAlloc_v2(p, size); }
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { (void)s; return cuMemFree_v2(p); }
@@ -47,9 +102,18 @@ CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) { (void)
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
     (void)e; *pitch = (w + 511) & ~(size_t)511; return cuMemAlloc_v2(p, *pitch * h);
 }
-CUresult cuMemAllocHost_v2(void **p, size_t size) { *p = malloc(size); return *p ? 0 : 2; }
+CUresult cuMemAllocHost_v2(void **p, size_t size) {
+    *p = malloc(size);
+    if (!*p) return 2;
+    mem_log_add(MEM_ALLOC, MEM_PINNED, (uint64_t)*p, size);
+    return 0;
+}
 CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) { (void)flags; return cuMemAllocHost_v2(p, size); }
-CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+CUresult cuMemFreeHost(void *p) {
+    mem_log_add(MEM_RELEASE, MEM_PINNED, (uint64_t)p, mem_log_size(MEM_PINNED, (uint64_t)p));
+    free(p);
+    return 0;
+}
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) { (void)p; (void)size; (void)flags; return 0; }
 CUresult cuMemHostUnregister(void *p) { (void)p; return 0; }
 CUresult cuMemPoolTrimTo(void *pool, size_t keep) { (void)pool; (void)keep; return 0; }

@@ -216,8 +216,8 @@ impl Builder<'_> {
                     blocks,
                 });
             }
-            // Not part of a snapshot: host memory, kernels, markers, the start state (memory_viz
-            // rebuilds it itself from the final segments), control calls.
+            // Not part of a snapshot: host memory, kernels, markers, CUPTI memory records, the start
+            // state (memory_viz rebuilds it itself from the final segments), control calls.
             Event::Alloc(_)
             | Event::Free(_)
             | Event::Vmm(_)
@@ -229,7 +229,8 @@ impl Builder<'_> {
             | Event::Name(_)
             | Event::Control(_)
             | Event::PoolTrim(_)
-            | Event::ProcessExit(_) => {}
+            | Event::ProcessExit(_)
+            | Event::MemActivity(_) => {}
         }
         Ok(())
     }

@@ -40,6 +40,15 @@ fn enum_variant_indexes_are_pinned() {
         ],
         "ControlOp",
     );
+    check(&[MemActivityOp::Allocation, MemActivityOp::Release], "MemActivityOp");
+    // The index is CUPTI's CUpti_ActivityMemoryKind code.
+    check(&CuptiMemoryKind::ALL, "CuptiMemoryKind");
+    for (code, k) in CuptiMemoryKind::ALL.iter().enumerate() {
+        assert_eq!(CuptiMemoryKind::from_cupti(code as u32), *k);
+        assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+    }
+    assert_eq!(CuptiMemoryKind::from_cupti(8), CuptiMemoryKind::Unknown, "a code newer than this list");
+    check(&[MemPoolKind::Local, MemPoolKind::Imported], "MemPoolKind");
 }
 
 #[test]

@@ -294,7 +294,94 @@ fn records() -> Vec<Record> {
     ]
 }
 
+/// Records of the kinds appended to version 1 after `all-kinds.*` was committed (those files must
+/// not change): tag 16 `mem_activity`, with every op and pool kind, absent and present options.
+fn appended_records() -> Vec<Record> {
+    let r =
+        |ts: Option<u64>, tid: Option<u32>, device: Option<u32>, event: Event| Record { ts_ns: ts, tid, device, event };
+    let m = |op, memory_kind, addr, size, stream, correlation_id, pc, pool, pool_addr| {
+        Event::MemActivity(MemActivity { op, memory_kind, addr, size, stream, correlation_id, pc, pool, pool_addr })
+    };
+    vec![
+        r(
+            Some(10_000),
+            None,
+            Some(0),
+            m(
+                MemActivityOp::Allocation,
+                CuptiMemoryKind::Device,
+                0x7f3a_0000_0000,
+                2 << 20,
+                None,
+                17,
+                0x7f00_1234,
+                None,
+                None,
+            ),
+        ),
+        r(
+            Some(10_500),
+            None,
+            Some(1),
+            m(
+                MemActivityOp::Allocation,
+                CuptiMemoryKind::Device,
+                (1 << 53) + 1,
+                u64::MAX,
+                Some(7),
+                u32::MAX,
+                0,
+                Some(MemPoolKind::Local),
+                Some(0x7f3b_0000_0000),
+            ),
+        ),
+        r(
+            Some(10_400),
+            None,
+            Some(0),
+            m(MemActivityOp::Allocation, CuptiMemoryKind::Pinned, 0x2000, 1, None, 0, u64::MAX, None, None),
+        ),
+        r(
+            Some(11_000),
+            None,
+            Some(1),
+            m(
+                MemActivityOp::Release,
+                CuptiMemoryKind::Device,
+                (1 << 53) + 1,
+                u64::MAX,
+                Some(-1),
+                18,
+                0,
+                Some(MemPoolKind::Imported),
+                Some(u64::MAX),
+            ),
+        ),
+        r(None, None, None, m(MemActivityOp::Release, CuptiMemoryKind::Unknown, 0, 0, None, 0, 0, None, None)),
+        r(
+            Some(12_000),
+            None,
+            Some(0),
+            m(
+                MemActivityOp::Release,
+                CuptiMemoryKind::ManagedStatic,
+                0x7f3a_0000_0000,
+                2 << 20,
+                None,
+                19,
+                1,
+                None,
+                None,
+            ),
+        ),
+    ]
+}
+
 fn check_file(name: &str, fresh: Vec<u8>) {
+    check_file_of(name, fresh, records());
+}
+
+fn check_file_of(name: &str, fresh: Vec<u8>, expect: Vec<Record>) {
     let path = dir().join(name);
     if std::env::var_os("MEMTRACE_REGEN_GOLDEN").is_some_and(|v| v == "1") {
         std::fs::create_dir_all(dir()).unwrap();
@@ -304,14 +391,15 @@ fn check_file(name: &str, fresh: Vec<u8>) {
         .unwrap_or_else(|e| panic!("{}: {e}; run with MEMTRACE_REGEN_GOLDEN=1 to create it", path.display()));
     let (h, recs, sum) = read_all(&committed).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(h, header(), "{name}: header");
-    assert_eq!(recs, records(), "{name}: records");
+    assert_eq!(recs, expect, "{name}: records");
     assert!(!sum.truncated && sum.unknown_skipped == 0, "{name}: {sum:?}");
     assert!(committed == fresh, "{name}: re-encoding no longer reproduces the committed bytes");
 }
 
 #[test]
 fn golden_covers_every_kind() {
-    let kinds: std::collections::BTreeSet<&str> = records().iter().map(|r| r.event.kind()).collect();
+    let kinds: std::collections::BTreeSet<&str> =
+        records().iter().chain(&appended_records()).map(|r| r.event.kind()).collect();
     assert_eq!(kinds, Event::KINDS.into_iter().collect());
 }
 
@@ -323,4 +411,24 @@ fn golden_binary() {
 #[test]
 fn golden_jsonl() {
     check_file("all-kinds.jsonl", jsonl(&header(), &records()));
+}
+
+#[test]
+fn golden_appended_binary() {
+    check_file_of("appended-kinds.mtrace", binary(&header(), &appended_records()), appended_records());
+}
+
+#[test]
+fn golden_appended_jsonl() {
+    check_file_of("appended-kinds.jsonl", jsonl(&header(), &appended_records()), appended_records());
+}
+
+/// What a reader from before tag 16 sees in the appended file: every frame skipped by its
+/// length, none misread.
+#[test]
+fn golden_appended_frames_tile_the_file() {
+    let bytes = std::fs::read(dir().join("appended-kinds.mtrace")).unwrap();
+    let bounds = crate::support::frame_bounds(&bytes);
+    assert_eq!(bounds.len() - 1, appended_records().len());
+    assert!(bounds[..bounds.len() - 1].iter().all(|&b| bytes[b] == 16));
 }

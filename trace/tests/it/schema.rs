@@ -179,7 +179,14 @@ fn generate() -> Value {
                 "blocks": { "type": "array", "items": { "$ref": "#/$defs/block" } }
             })),
             "snapshot_point": object(Some("snapshot_point"), &["active_bytes"], json!({ "active_bytes": u64r })),
-            "process_exit": object(Some("process_exit"), &[], json!({ "status": i32r, "signal": i32r, "lost_events": u64r }))
+            "process_exit": object(Some("process_exit"), &[], json!({ "status": i32r, "signal": i32r, "lost_events": u64r })),
+            "mem_activity": object(Some("mem_activity"), &["op", "addr", "size"], json!({
+                "op": { "enum": names(&[MemActivityOp::Allocation, MemActivityOp::Release]) },
+                "memory_kind": { "enum": names(&CuptiMemoryKind::ALL) },
+                "addr": u64r, "size": u64r, "stream": i64r, "correlation_id": u32r, "pc": u64r,
+                "pool": { "enum": names(&[MemPoolKind::Local, MemPoolKind::Imported]) },
+                "pool_addr": u64r
+            }))
         }
     })
 }
@@ -228,8 +235,10 @@ fn schema_enums_match_api_all_and_event_kinds() {
 
 #[test]
 fn golden_jsonl_validates() {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/trace-v1/all-kinds.jsonl");
-    check_lines(&validator(), &std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
+    for file in ["all-kinds.jsonl", "appended-kinds.jsonl"] {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/trace-v1").join(file);
+        check_lines(&validator(), &std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
+    }
 }
 
 #[test]
@@ -248,6 +257,9 @@ fn schema_rejects_wrong_lines() {
     check(r#"{"kind":"control","op":"empty_cache","fraction":0.5}"#);
     check(r#"{"kind":"launch","api":"cuLaunchKernel","grid":[1,2]}"#);
     check(r#"{"kind":"nonsense"}"#);
+    check(r#"{"kind":"mem_activity","op":"free","addr":1,"size":2}"#);
+    check(r#"{"kind":"mem_activity","op":"release","memory_kind":"pinned_host","addr":1,"size":2}"#);
+    check(r#"{"kind":"mem_activity","op":"allocation","addr":1}"#);
     check(r#"{"kind":"header","format_version":1,"producer":{"name":"x","version":"1"}}"#);
 }
 

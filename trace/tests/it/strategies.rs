@@ -183,6 +183,31 @@ fn kernel_exec() -> impl Strategy<Value = KernelExec> {
         )
 }
 
+fn mem_activity() -> impl Strategy<Value = MemActivity> {
+    (
+        prop_oneof![Just(MemActivityOp::Allocation), Just(MemActivityOp::Release)],
+        proptest::sample::select(CuptiMemoryKind::ALL.to_vec()),
+        u64_edge(),
+        u64_edge(),
+        option::of(i64_edge()),
+        u32_edge(),
+        u64_edge(),
+        option::of(prop_oneof![Just(MemPoolKind::Local), Just(MemPoolKind::Imported)]),
+        option::of(u64_edge()),
+    )
+        .prop_map(|(op, memory_kind, addr, size, stream, correlation_id, pc, pool, pool_addr)| MemActivity {
+            op,
+            memory_kind,
+            addr,
+            size,
+            stream,
+            correlation_id,
+            pc,
+            pool,
+            pool_addr,
+        })
+}
+
 fn frame() -> impl Strategy<Value = Frame> {
     (text(), u32_edge(), text()).prop_map(|(filename, line, name)| Frame { filename, line, name })
 }
@@ -269,6 +294,7 @@ pub fn event() -> impl Strategy<Value = Event> {
         u64_edge().prop_map(|active_bytes| Event::SnapshotPoint(SnapshotPoint { active_bytes })),
         (option::of(any::<i32>()), option::of(any::<i32>()), u64_edge())
             .prop_map(|(status, signal, lost_events)| Event::ProcessExit(ProcessExit { status, signal, lost_events })),
+        mem_activity().prop_map(Event::MemActivity),
     ]
 }
 

@@ -99,6 +99,18 @@ def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str
     return "math"
 
 
+@torch.library.custom_op("memtrace::mish_backward", mutates_args=())
+def mish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """CUDA's fused `mish_backward` as one op a dispatch mode sees (kernel statistics count it),
+    allocating what the kernel allocates: one `grad_input` like the input."""
+    return torch.empty_like(x)
+
+
+@mish_backward.register_fake
+def _mish_backward_fake(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 class FusedMish(torch.autograd.Function):
     """`mish` with CUDA's backward: one fused `mish_backward` kernel writing `grad_input`.
 
@@ -115,7 +127,7 @@ class FusedMish(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return torch.empty_like(x)
+        return mish_backward(grad, x)
 
 
 class CudaFunctions:

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use estimators::ml::protocol::ProtocolConfig;
 use estimators::ml::util::{self, UtilMetric, DEFAULT_THRESHOLDS};
-use estimators::ml::{render, Dataset, TrainConfig};
+use estimators::ml::{render, Dataset, KernelFeatures, TrainConfig};
 
 /// Predict DCGM utilisation classes (low / medium / high) from model features.
 #[derive(Args, Debug)]
@@ -31,10 +31,11 @@ struct CvArgs {
     /// smact or smocc.
     #[arg(long)]
     metric: String,
-    /// Inner thresholds "LOW_MED,MED_HIGH" (default: thirds of 0–1; the paper's bins are not
-    /// in the reference material).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
-    thresholds: Vec<f64>,
+    /// Inner thresholds: "LOW_MED,MED_HIGH", or "tertiles" for the metric's tertiles over the
+    /// dataset's usable rows (three equal classes). Default: thirds of 0–1. The paper's bins
+    /// are not in the reference material.
+    #[arg(long, value_name = "LOW_MED,MED_HIGH|tertiles")]
+    thresholds: Option<String>,
     /// Number of CV folds.
     #[arg(long, default_value_t = 3)]
     folds: usize,
@@ -44,6 +45,10 @@ struct CvArgs {
     /// Epochs for the MLP ensembles.
     #[arg(long, default_value_t = 100)]
     epochs: usize,
+    /// Append the `k_` columns of this file (`python -m memtrace_trainer kernel-stats
+    /// --gpumemnet CSV --out FILE`), joined by `Filename`, to every model's features.
+    #[arg(long, value_name = "FILE.csv")]
+    kernel_features: Option<PathBuf>,
     /// Print `{"accuracy","high_class_recall","f1","model","models":[...]}` as JSON.
     #[arg(long)]
     json: bool,
@@ -59,19 +64,23 @@ pub fn run(args: UtilArgs) -> anyhow::Result<ExitCode> {
 fn cv(a: CvArgs) -> anyhow::Result<ExitCode> {
     let metric =
         UtilMetric::parse(&a.metric).with_context(|| format!("--metric {:?}: expected smact or smocc", a.metric))?;
-    let thresholds = match a.thresholds.as_slice() {
-        [] => DEFAULT_THRESHOLDS,
-        [lo, hi] => [*lo, *hi],
-        other => anyhow::bail!("--thresholds takes two numbers, got {other:?}"),
-    };
     let ds = Dataset::load(&a.dataset)?;
+    let thresholds = match a.thresholds.as_deref().map(str::trim) {
+        None => DEFAULT_THRESHOLDS,
+        Some("tertiles") => util::tertiles(&ds, metric)?,
+        Some(t) => match t.split(',').map(|x| x.trim().parse::<f64>()).collect::<Result<Vec<_>, _>>() {
+            Ok(v) if v.len() == 2 => [v[0], v[1]],
+            _ => anyhow::bail!("--thresholds {t:?}: expected two numbers \"LOW_MED,MED_HIGH\" or \"tertiles\""),
+        },
+    };
+    let kernel = a.kernel_features.as_deref().map(KernelFeatures::load).transpose()?;
     let cfg = ProtocolConfig {
         seed: a.seed,
         folds: a.folds,
         train: TrainConfig { seed: a.seed, mlp_epochs: a.epochs, ..TrainConfig::default() },
         ..ProtocolConfig::default()
     };
-    let (summary, report) = util::cross_validate(&ds, metric, thresholds, &cfg)?;
+    let (summary, report) = util::cross_validate(&ds, metric, thresholds, &cfg, kernel.as_ref())?;
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use simulator::stats::TraceStats;
+use simulator::stats::{CuptiMemoryStats, TraceStats};
 use simulator::units::mib;
 use simulator::utilization::{ScopeMetrics, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
 
@@ -86,6 +86,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         None => {}
     }
+    if let Some(c) = &s.cupti_memory {
+        print_cupti_memory(c);
+    }
     print_utilization(&util);
     if s.lost_events > 0 {
         println!("  LOST EVENTS       {} (the producer's queue was full)", s.lost_events);
@@ -109,6 +112,24 @@ fn level(h: &trace::Header) -> &'static str {
         (trace::Level::Device, true) => "device-level (caching off: allocator level in effect)",
         (trace::Level::Device, false) => "device-level",
         (trace::Level::Allocator, _) => "allocator-level",
+    }
+}
+
+fn print_cupti_memory(c: &CuptiMemoryStats) {
+    let kinds: Vec<String> = c.allocations_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!("  CUPTI memory      {} allocations ({}), {} releases", c.allocations, kinds.join(", "), c.releases);
+    println!(
+        "    device bytes    {} allocated, peak live {} ({} B)",
+        mib(c.device_bytes_allocated),
+        mib(c.peak_live_device_bytes),
+        c.peak_live_device_bytes
+    );
+    println!(
+        "    cross-check     {} of {} CUPTI device allocations match a traced allocation (address and size)",
+        c.device_allocations_matched, c.device_allocations
+    );
+    if c.unknown_releases > 0 {
+        println!("    unknown         {} releases of addresses CUPTI reported no allocation for", c.unknown_releases);
     }
 }
 

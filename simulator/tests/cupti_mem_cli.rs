@@ -1,0 +1,146 @@
+//! `memsim stats` on CUPTI memory records: the `cupti_memory` JSON object, its text lines, and
+//! their absence from traces without such records.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use trace::{
+    Alloc, Api, CuptiMemoryKind, Event, Free, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin,
+    Record,
+};
+
+fn memsim(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
+    assert!(out.status.success(), "memsim {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn alloc(ts: u64, addr: u64, size: u64) -> Record {
+    Record {
+        ts_ns: Some(ts),
+        tid: Some(1),
+        device: None,
+        event: Event::Alloc(Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::CudaMalloc,
+            result: 0,
+            origin: Origin::Outcome,
+            category: None,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+fn free(ts: u64, addr: u64) -> Record {
+    Record {
+        ts_ns: Some(ts),
+        tid: Some(1),
+        device: None,
+        event: Event::Free(Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::CudaFree,
+            result: 0,
+            origin: Origin::Outcome,
+            stage: FreeStage::Immediate,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+fn cupti(ts: u64, op: MemActivityOp, memory_kind: CuptiMemoryKind, addr: u64, size: u64) -> Record {
+    let m = MemActivity {
+        op,
+        memory_kind,
+        addr,
+        size,
+        stream: None,
+        correlation_id: 1,
+        pc: 0,
+        pool: None,
+        pool_addr: None,
+    };
+    Record { ts_ns: Some(ts), tid: None, device: Some(0), event: Event::MemActivity(m) }
+}
+
+fn write(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = trace::TraceWriter::create(&path, &Header::new("libmemtrace", "0", Level::Device)).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Interposition saw 3 cudaMallocs; CUPTI (flushed at exit, so last in the file) reports 2 of
+/// them exactly, one with another size, a pinned buffer interposition never saw, and releases.
+fn records() -> Vec<Record> {
+    use CuptiMemoryKind::{Device, Pinned};
+    use MemActivityOp::{Allocation, Release};
+    vec![
+        alloc(10, 0xa000_0000, 4 * MIB),
+        alloc(20, 0xb000_0000, 2 * MIB),
+        free(30, 0xa000_0000),
+        alloc(40, 0xc000_0000, MIB),
+        cupti(11, Allocation, Device, 0xa000_0000, 4 * MIB),
+        cupti(21, Allocation, Device, 0xb000_0000, 2 * MIB),
+        cupti(25, Allocation, Pinned, 0x7000, 4096),
+        cupti(31, Release, Device, 0xa000_0000, 4 * MIB),
+        cupti(41, Allocation, Device, 0xc000_0000, 2 * MIB),
+    ]
+}
+
+#[test]
+fn stats_reports_cupti_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path(), "cupti.mtrace", &records());
+    let v: Value = serde_json::from_str(&memsim(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(
+        v["cupti_memory"],
+        json!({
+            "allocations": 4,
+            "releases": 1,
+            "allocations_by_kind": { "device": 3, "pinned": 1 },
+            "device_bytes_allocated": 8 * MIB,
+            "peak_live_device_bytes": 6 * MIB,
+            "live_device_bytes": 4 * MIB,
+            "unknown_releases": 0,
+            "device_allocations": 3,
+            "device_allocations_matched": 2
+        })
+    );
+    // The interposition counts are CUPTI-free.
+    assert_eq!((v["allocs"].as_u64(), v["frees"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(v["peak_live_device_bytes"], 6 * MIB);
+    assert_eq!(v["kinds"]["mem_activity"], 5);
+
+    let text = memsim(&["stats", t.to_str().unwrap()]);
+    for line in [
+        "  CUPTI memory      4 allocations (device 3, pinned 1), 1 releases",
+        "    device bytes    8.00 MiB allocated, peak live 6.00 MiB (6291456 B)",
+        "    cross-check     2 of 3 CUPTI device allocations match a traced allocation (address and size)",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn stats_without_cupti_memory_says_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain: Vec<Record> = records().into_iter().filter(|r| !matches!(r.event, Event::MemActivity(_))).collect();
+    let t = write(dir.path(), "plain.mtrace", &plain);
+    let v: Value = serde_json::from_str(&memsim(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
+    assert!(v.get("cupti_memory").is_none(), "{v}");
+    assert!(!memsim(&["stats", t.to_str().unwrap()]).contains("CUPTI memory"));
+}

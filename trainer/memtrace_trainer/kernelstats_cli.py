@@ -1,0 +1,184 @@
+"""Command line of `kernel-stats`: the `k_` columns of one model, or of every GPUMemNet row."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer.errors import UserError
+
+Handler = Callable[[argparse.Namespace], None]
+KEY = "Filename"
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+    k = sub.add_parser(
+        "kernel-stats",
+        help="kernel statistics of one training step, estimated on meta (no GPU)",
+        description="Runs the symbolic tracer's training step (two iterations, the second "
+        "counted) and turns every dispatched aten op into the kernels CUDA would launch: class, "
+        "FLOPs, bytes, grid; a roofline with a per-launch floor gives est. SM activity and "
+        "launch-boundness. With --gpumemnet, one CSV row per dataset row keyed by Filename "
+        "(status ok|error; resumable: rows already in --out are kept).",
+    )
+    src = k.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gpumemnet", type=Path, metavar="CSV", help="a GPUMemNet dataset CSV")
+    src.add_argument("--model", help="one model spec (prints JSON)")
+    k.add_argument("--batch-size", type=int, help="samples per step (with --model)")
+    k.add_argument("--out", type=Path, help="output CSV (with --gpumemnet)")
+    k.add_argument("--limit", type=int, help="only the first N dataset rows")
+    k.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    k.add_argument("--optimizer", default="adam", help="optimizer (default adam, as GPUMemNet)")
+    k.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (GPUMemNet: fp32)")
+    k.add_argument("--device", default="a100-40gb", help="device table entry (a100-40gb)")
+    return {"kernel-stats": run}
+
+
+def _device(name: str) -> Any:
+    from memtrace_trainer.kernelstats import DEVICES
+
+    if name not in DEVICES:
+        raise UserError(f"--device {name!r}: expected one of {sorted(DEVICES)}")
+    return DEVICES[name]
+
+
+# Worker state: set once per process (fork inherits it), so each task carries only a Filename.
+_SETTINGS: dict[str, Any] = {}
+
+
+def _row(filename: str) -> dict[str, str]:
+    from memtrace_trainer import kernelstats
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.zoo import build_workload
+    from memtrace_trainer.symtrace.step import StepConfig
+
+    cfg = StepConfig(optimizer=_SETTINGS["optimizer"], amp=_SETTINGS["amp"], iterations=2)
+    try:
+        _, batch = from_gpumemnet_filename(filename)
+        workload = build_workload(f"gpumemnet:{filename}", batch)
+        stats = kernelstats.summarize(kernelstats.step_kernels(workload, cfg), _SETTINGS["device"])
+    except Exception as e:  # every failure becomes this row's error status, never a dropped row
+        return {KEY: filename, "status": "error", "error": f"{type(e).__name__}: {e}"}
+    return {KEY: filename, "status": "ok", "error": "", **{k: repr(v) for k, v in stats.items()}}
+
+
+def _init_worker(settings: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    _SETTINGS.update(settings)
+
+
+def _dataset_keys(path: Path, limit: int | None) -> list[str]:
+    if not path.is_file():
+        raise UserError(f"--gpumemnet {path}: no such file")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or KEY not in reader.fieldnames:
+            raise UserError(f"{path}: no {KEY!r} column (expected a GPUMemNet dataset CSV)")
+        keys = [row[KEY].strip() for row in reader]
+    return keys[:limit] if limit is not None else keys
+
+
+def _done_keys(out: Path, header: list[str]) -> set[str]:
+    """Keys already written by an earlier run of the same columns (the resume point)."""
+    if not out.exists() or out.stat().st_size == 0:
+        return set()
+    with out.open(newline="") as f:
+        reader = csv.reader(f)
+        found = next(reader, None)
+        if found != header:
+            raise UserError(
+                f"--out {out}: exists with other columns ({found}); remove it or pick another path"
+            )
+        return {row[0] for row in reader if len(row) == len(header)}
+
+
+def _results(todo: list[str], jobs: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
+    if jobs <= 1:
+        _init_worker(settings)
+        yield from map(_row, todo)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs, initializer=_init_worker, initargs=(settings,)) as pool:
+        yield from pool.imap(_row, todo, chunksize=4)
+
+
+def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
+    from memtrace_trainer.kernelstats import COLUMNS
+
+    if args.out is None:
+        raise UserError("--gpumemnet needs --out OUT.csv")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: expected at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: expected at least 1")
+    header = [KEY, "status", "error", *COLUMNS]
+    keys = _dataset_keys(args.gpumemnet, args.limit)
+    done = _done_keys(args.out, header)
+    todo = list(dict.fromkeys(k for k in keys if k not in done))
+    print(
+        f"kernel-stats: {len(keys)} rows in {args.gpumemnet}, {len(keys) - len(todo)} already "
+        f"in {args.out}, {len(todo)} to do with {args.jobs} job(s)",
+        file=sys.stderr,
+    )
+    fresh = not args.out.exists() or args.out.stat().st_size == 0
+    start = last = time.monotonic()
+    errors = 0
+    with args.out.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
+        if fresh:
+            writer.writeheader()
+        for i, row in enumerate(_results(todo, args.jobs, settings), 1):
+            writer.writerow(row)
+            f.flush()  # every finished row survives an interruption: the next run resumes
+            errors += row["status"] != "ok"
+            now = time.monotonic()
+            if now - last >= 5 or i == len(todo):
+                last = now
+                rate = i / max(now - start, 1e-9)
+                print(
+                    f"kernel-stats: {i}/{len(todo)} rows, {rate:.1f} rows/s, {errors} errors",
+                    file=sys.stderr,
+                )
+    elapsed = time.monotonic() - start
+    print(
+        f"wrote {args.out}: {len(todo)} new rows ({errors} with status error) in {elapsed:.1f} s",
+        file=sys.stderr,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    from memtrace_trainer.symtrace.step import StepConfig
+
+    StepConfig(optimizer=args.optimizer, amp=args.amp).validate()
+    settings = {"optimizer": args.optimizer, "amp": args.amp, "device": _device(args.device)}
+    if args.gpumemnet is not None:
+        _gpumemnet(args, settings)
+        return
+    from memtrace_trainer import kernelstats
+    from memtrace_trainer.models.zoo import build_workload
+
+    if args.batch_size is None:
+        raise UserError("--model needs --batch-size N")
+    workload = build_workload(args.model, args.batch_size)
+    cfg = StepConfig(optimizer=args.optimizer, amp=args.amp, iterations=2)
+    kernels = kernelstats.step_kernels(workload, cfg)
+    print(
+        json.dumps(
+            {
+                "model": workload.spec,
+                "batch_size": args.batch_size,
+                "device": settings["device"].name,
+                "kernels_by_kind": kernelstats.count_by_kind(kernels),
+                **kernelstats.summarize(kernels, settings["device"]),
+            }
+        )
+    )

@@ -1,0 +1,198 @@
+"""Kernel statistics estimated from a symbolic training step: hand-derived counts, FLOPs, grids."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import cli
+from torch import nn
+
+from memtrace_trainer import kernelstats as ks
+from memtrace_trainer.models.zoo import build_workload
+from memtrace_trainer.symtrace.step import StepConfig
+from memtrace_trainer.workload import Workload
+
+BATCH, IN, OUT = 300, 200, 50
+
+
+def linear_workload() -> Workload:
+    with torch.device("meta"):
+        model = nn.Linear(IN, OUT)
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(BATCH, IN, device="meta"), torch.randint(0, OUT, (BATCH,), device="meta")
+
+    return Workload("linear", model, make, lambda out, t: F.cross_entropy(out, t), BATCH)
+
+
+def test_linear_sgd_step_has_the_hand_counted_kernels() -> None:
+    kernels = ks.step_kernels(linear_workload(), StepConfig(optimizer="sgd", iterations=2))
+    # data: randn, randint | forward: addmm (bias in the epilogue) | loss: log_softmax, nll_loss
+    # backward: ones_like (seed), nll_loss_backward, log_softmax_backward, mm (weight grad; the
+    # input needs none), sum (bias grad) | optimizer: one foreach launch over weight and bias.
+    assert [k.op for k in kernels] == [
+        "randn", "randint", "addmm", "_log_softmax", "nll_loss_forward", "ones_like",
+        "nll_loss_backward", "_log_softmax_backward_data", "mm", "sum", "_foreach_add_",
+    ]  # fmt: skip
+    assert ks.count_by_kind(kernels) == {
+        "gemm": 2, "conv": 0, "elementwise": 5, "reduction": 4, "other": 0,
+    }  # fmt: skip
+    addmm, mm = (k for k in kernels if k.kind == "gemm")
+    assert addmm.flops == 2 * BATCH * IN * OUT + BATCH * OUT
+    assert mm.flops == 2 * OUT * BATCH * IN
+    assert addmm.blocks == math.ceil(BATCH / 128) * math.ceil(OUT / 128) == 3
+    assert mm.blocks == math.ceil(OUT / 128) * math.ceil(IN / 128) == 2
+    # bytes: x, weight, bias in; out out (fp32).
+    assert addmm.bytes == 4 * (BATCH * IN + OUT * IN + OUT + BATCH * OUT)
+    assert kernels[0].blocks == math.ceil(BATCH * IN / 512)
+    stats = ks.summarize(kernels)
+    assert stats["k_kernels_per_step"] == 11
+    assert stats["k_gemm_conv_kernels"] == 2
+    assert stats["k_gflop_per_step"] == pytest.approx(sum(k.flops for k in kernels) / 1e9)
+
+
+def test_adam_adds_its_foreach_launches_and_only_the_steady_state_counts() -> None:
+    kernels = ks.step_kernels(linear_workload(), StepConfig(optimizer="adam", iterations=2))
+    optimizer = [k.op for k in kernels if k.op.startswith("_foreach_")]
+    # _multi_tensor_adam: the step counters are CPU tensors (no kernel); the first iteration's
+    # zeros_like state init is not in the second.
+    assert optimizer == [
+        "_foreach_lerp_", "_foreach_mul_", "_foreach_addcmul_", "_foreach_sqrt", "_foreach_div_",
+        "_foreach_add_", "_foreach_addcdiv_",
+    ]  # fmt: skip
+    assert len(kernels) == 10 + len(optimizer)
+    assert not any("zeros" in k.op for k in kernels)
+
+
+def test_elementwise_grid_is_ceil_numel_over_512() -> None:
+    for numel, blocks in [(1, 1), (512, 1), (513, 2), (1 << 20, 2048)]:
+        assert ks.elementwise_blocks(numel) == blocks
+    x = torch.empty(1000, device="meta")
+    (relu,) = ks.kernels_of(torch.ops.aten.relu.default, (x,), {}, torch.empty_like(x))
+    assert (relu.kind, relu.flops, relu.bytes, relu.blocks) == ("elementwise", 1000, 8000, 2)
+
+
+def test_views_and_metadata_ops_launch_nothing() -> None:
+    x = torch.empty(8, 16, device="meta")
+    rec = ks.KernelRecorder(last=-1)  # records from the start: no iteration marker comes
+    with rec:
+        x.view(16, 8)
+        x.t()
+        x.reshape(128)
+        x.expand(2, 8, 16)
+        x.detach()
+        x.as_strided((4,), (1,))
+        x[1:3]
+        x.unsqueeze(0)
+        torch.empty(4, device="meta")
+        torch.empty_like(x)
+        assert rec.kernels == []
+        x.t().contiguous()  # a real copy
+        x.add_(1.0)
+        torch.ones(3, device="cpu").add_(1.0)  # host-side: no GPU kernel
+    assert [k.op for k in rec.kernels] == ["clone", "add_"]
+
+
+def test_foreach_launches_follow_multi_tensor_apply() -> None:
+    chunk = ks.FOREACH_CHUNK
+    assert ks.foreach_launches([chunk * 320], depth=1) == [320]
+    assert ks.foreach_launches([chunk * 400], depth=1) == [320, 80]
+    assert ks.foreach_launches([1] * 111, depth=1) == [110, 1]
+    assert ks.foreach_launches([1] * 37, depth=4) == [36, 1]
+    assert ks.foreach_launches([10, chunk * 330], depth=2) == [320, 11]
+    assert ks.foreach_launches([0, 5], depth=2) == [1]
+
+
+def test_gemm_grid_splits_k_when_it_dominates() -> None:
+    assert ks.gemm_blocks(300, 50) == 3
+    assert ks.gemm_blocks(32, 288, k=933_712) == 3 * 16  # capped split
+    assert ks.gemm_blocks(32, 288, k=8192) == 3 * 2
+    assert ks.gemm_blocks(4096, 4096, k=1024) == 32 * 32
+
+
+def test_summary_on_hand_built_kernels() -> None:
+    dev = ks.Device("toy", 10, 1e12, 1e12, 1e12, 1e12, 5.0)
+    big = ks.Kernel("a", "elementwise", 0.0, 10_000_000, 10)  # 10 us, whole GPU
+    small = ks.Kernel("b", "gemm", 0.0, 1_000_000, 5)  # 2 us on half the SMs
+    assert ks.duration_us(big, dev) == pytest.approx(10.0)
+    assert ks.duration_us(small, dev) == pytest.approx(2.0)
+    s = ks.summarize([big, small], dev)
+    assert s["k_est_gpu_time_us"] == pytest.approx(12.0)
+    assert s["k_est_step_time_us"] == pytest.approx(10.0 + 5.0)  # the small one is launch-bound
+    assert s["k_est_smact"] == pytest.approx((10 * 1.0 + 2 * 0.5) / 15)
+    assert s["k_est_busy_fraction"] == pytest.approx(12 / 15)
+    assert s["k_est_launch_bound_ratio"] == pytest.approx(5 * 2 / 12)
+    assert s["k_gemm_conv_time_share"] == pytest.approx(2 / 12)
+    assert s["k_mean_blocks_per_sm"] == pytest.approx((1.0 + 0.5) / 2)
+    assert set(s) == set(ks.COLUMNS)
+
+
+def test_fp32_gemm_uses_fp32_peak_and_fp32_conv_tf32() -> None:
+    a = ks.A100_40GB
+    assert ks.peak_flops(ks.Kernel("mm", "gemm", 1, 1, 1), a) == 19.5e12
+    assert ks.peak_flops(ks.Kernel("convolution", "conv", 1, 1, 1), a) == 156e12
+    assert ks.peak_flops(ks.Kernel("mm", "gemm", 1, 1, 1, half=True), a) == 312e12
+
+
+def cnn_with(act: str) -> str:
+    return (
+        'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":2,'
+        f'"architecture":"uniform","base_filters":8,"input_size":16,"activation":"{act}"}}'
+    )
+
+
+def test_conv_step_counts_cudnn_calls_and_the_fused_mish_backward() -> None:
+    relu = ks.step_kernels(build_workload(cnn_with("relu"), 4))
+    mish = ks.step_kernels(build_workload(cnn_with("mish"), 4))
+    # One kernel per activation backward either way: threshold_backward / fused mish_backward.
+    assert len(mish) == len(relu)
+    assert sum(k.op == "mish_backward" for k in mish) == 2
+    convs = [k.op for k in relu if k.kind == "conv"]
+    # Two conv layers: forward each; backward data for the second only (the input needs no grad).
+    assert sorted(convs) == sorted(
+        ["convolution"] * 2 + ["convolution_backward:weight"] * 2 + ["convolution_backward:data"]
+    )
+
+
+def test_kernel_stats_cli_writes_every_row_with_a_status_and_resumes(tmp_path: Path) -> None:
+    dataset = tmp_path / "rows.csv"
+    names = [
+        "input:64_output:10_depth:2_arch:pyramid_batch:8.out",
+        "input:32_output:4_depth:1_arch:uniform_batch:16_act:gelu_dropout:0.2_dropout:True_batchnorm:True.out",
+        "input_channels:3_num_classes:10_depth:4_arch:dense_base_filters:8_batch:2_input_size:16.out",
+        "not a gpumemnet name",
+    ]
+    dataset.write_text("Filename,Batch Size\n" + "".join(f'"{n}",1\n' for n in names))
+    out = tmp_path / "k.csv"
+    done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--limit", "3")
+    assert "3 to do" in done.stderr and "rows/s" in done.stderr
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--jobs", "2")
+    rows = list(csv.DictReader(out.open()))
+    assert [r["Filename"] for r in rows] == names, "resumed: earlier rows kept, the rest appended"
+    assert [r["status"] for r in rows] == ["ok", "ok", "error", "error"]
+    assert "dense_interval" in rows[2]["error"] and rows[2]["k_est_smact"] == ""
+    assert float(rows[0]["k_kernels_per_step"]) > 0
+    assert 0 < float(rows[1]["k_est_smact"]) <= 1
+    again = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert "0 to do" in again.stderr
+    assert len(list(csv.DictReader(out.open()))) == 4
+
+
+def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
+    bad = cli("kernel-stats", "--gpumemnet", str(tmp_path / "none.csv"), "--out", "x", check=False)
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+    other = tmp_path / "other.csv"
+    other.write_text("Filename,k_x\na,1\n")
+    data = tmp_path / "d.csv"
+    data.write_text("Filename\na\n")
+    clash = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other), check=False)
+    assert clash.returncode == 2 and "other columns" in clash.stderr
+    opt = cli(
+        "kernel-stats", "--model", "dlrm", "--batch-size", "2", "--optimizer", "x", check=False
+    )
+    assert opt.returncode == 2 and "--optimizer" in opt.stderr
