@@ -70,7 +70,10 @@ if [ $DRY = 1 ]; then
   # The job's device allocations go through a stand-in libc10_cuda.so, so that the trace names
   # PyTorch's allocator module as their caller, as on a GPU (memsim replay takes only those).
   # A stub libcupti.so.13 next to the stub runtime, as cu13 wheels ship it (synthetic records).
-  cc -shared -fPIC -O1 -Wl,-soname,libcupti.so.13 $C/stub_cupti.c -o $STUB/libcupti.so.13
+  # Linked against the stub driver, as the real one is, so that it finds the driver's allocation
+  # log for its MEMORY2 records even though the runtime loads the driver RTLD_LOCAL.
+  cc -shared -fPIC -O1 -Wl,-soname,libcupti.so.13 $C/stub_cupti.c -o $STUB/libcupti.so.13 \
+     -L$STUB -Wl,--no-as-needed -l:libcuda.so.1 -Wl,--as-needed -Wl,-rpath,'$ORIGIN'
   cc -shared -fPIC -O1 -Wl,-soname,libc10_cuda.so $C/stub_c10_cuda.c -o $STUB/libc10_cuda.so \
      -L$STUB -l:libcudart.so.13 -Wl,-rpath,'$ORIGIN'
   export LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -81,9 +84,11 @@ start=$(date +%s)
 for mode in default expandable nocache; do
   envs=()
   case $mode in
-    # The default run also records CUPTI kernel executions, to compare kernel counts.
+    # The caching runs also record CUPTI activity: kernel executions, to compare kernel counts,
+    # and MEMORY2 records, to cross-check traced allocations (and to see whether MEMORY2
+    # reports the expandable run's cuMemCreate/cuMemMap memory at all).
     default) envs=(MEMTRACE_CUPTI=1) ;;
-    expandable) envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+    expandable) envs=(MEMTRACE_CUPTI=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
     nocache) envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
   esac
   rm -rf "${OUT:?}/$mode"

@@ -100,6 +100,27 @@ def check_caching(mode, d):
     if execs or launches:
         kernels = f"kernels: {launches} launches, {execs} CUPTI executions"
         detail = f"{detail}; {kernels}" if detail else kernels
+    # CUPTI MEMORY2 device allocations against interposition: reported, not judged (CUPTI starts
+    # after the first recorded call, and whether it reports VMM memory is what this shows).
+    cupti = [
+        (r["addr"], r["size"])
+        for r in recs
+        if r["kind"] == "mem_activity" and r["op"] == "allocation" and r["memory_kind"] == "device"
+    ]
+    if cupti:
+        traced_dev = {
+            (r["addr"], r["size"])
+            for r in recs
+            if r["kind"] == "alloc" and not r.get("result", 0) and r["mem"] in ("device", "managed")
+        }
+        maps = {(r["addr"], r["size"]) for r in recs if r["kind"] == "vmm" and r["op"] == "map"}
+        matched = sum(1 for k in cupti if k in traced_dev)
+        on_maps = sum(1 for k in cupti if k in maps)
+        mem = (
+            f"CUPTI memory: {len(cupti)} device allocations, {matched} at a traced alloc, "
+            f"{on_maps} at a traced cuMemMap"
+        )
+        detail = f"{detail}; {mem}" if detail else mem
     return [
         mode,
         len(segs),
