@@ -1,9 +1,10 @@
 //! Hand-written encoders for the frames a traced process writes by the million: kernel
-//! launches, allocations and frees. They produce exactly the bytes of the generic path (`codec::encode_frame_generic`:
-//! the record prefix, then bincode's derived `Encode` through a `Vec` writer), but straight into
-//! reserved spare capacity of the frame buffer. Profiling the shim's writer thread showed bincode's per-field
-//! writer calls and the per-byte `Vec` pushes as half of its work per event. The unit tests in
-//! `codec` compare both paths byte for byte over generated records.
+//! launches, allocations and frees. They produce exactly the bytes of the generic path
+//! (`codec::encode_frame_generic`: the record prefix, then bincode's derived `Encode` through a
+//! `Vec` writer), but straight into reserved spare capacity of the frame buffer. Profiling the
+//! shim's writer thread showed bincode's per-field writer calls and the per-byte `Vec` pushes as
+//! half of its work per event. `tests/it/fastframe.rs` compares both paths byte for byte over
+//! generated records.
 
 use crate::event::{Alloc, Free, KernelLaunch};
 

@@ -14,6 +14,9 @@ mod corruption;
 /// On-disk enum variant indexes and API codes are pinned (FORMAT.md §1.7).
 #[path = "it/enum_codes.rs"]
 mod enum_codes;
+/// The hand-written launch/alloc/free encoders equal the generic bincode path byte for byte.
+#[path = "it/fastframe.rs"]
+mod fastframe;
 /// `TraceWriter` temp file + rename, `Reader::open` errors naming the path, `convert`.
 #[path = "it/files.rs"]
 mod files;

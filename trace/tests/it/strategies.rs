@@ -6,11 +6,28 @@ use proptest::prelude::*;
 use trace::*;
 
 fn u64_edge() -> impl Strategy<Value = u64> {
-    prop_oneof![Just(0u64), Just(u64::MAX), Just(1u64 << 53), Just((1u64 << 53) + 1), 0u64..300, any::<u64>()]
+    // 0..300 and the u32 range also reach bincode's 1-, 3- and 5-byte varint widths.
+    prop_oneof![
+        Just(0u64),
+        Just(u64::MAX),
+        Just(1u64 << 53),
+        Just((1u64 << 53) + 1),
+        0u64..300,
+        0u64..=u64::from(u32::MAX),
+        any::<u64>()
+    ]
 }
 
 fn i64_edge() -> impl Strategy<Value = i64> {
-    prop_oneof![Just(0i64), Just(-1i64), Just(i64::MIN), Just(i64::MAX), -300i64..300, any::<i64>()]
+    prop_oneof![
+        Just(0i64),
+        Just(-1i64),
+        Just(i64::MIN),
+        Just(i64::MAX),
+        -300i64..300,
+        -(1i64 << 31)..(1i64 << 31),
+        any::<i64>()
+    ]
 }
 
 fn u32_edge() -> impl Strategy<Value = u32> {
