@@ -41,10 +41,8 @@ pub const PREFIX_DEVICE_SAME: u8 = 1 << 5;
 /// Record prefix bits reserved in version 1.
 pub const PREFIX_RESERVED: u8 = 0xC0;
 
-// The pinned tags of the fast-path kinds (the byte-for-byte tests against `Event::tag` keep
-// them in step).
-const ALLOC_TAG: u8 = 1;
-const FREE_TAG: u8 = 2;
+/// `Event::KernelLaunch`'s pinned tag, for [`encode_launch_frame`], which has no `Event` to ask
+/// (the byte-for-byte tests against `Event::tag` keep it in step).
 const LAUNCH_TAG: u8 = 4;
 
 /// Bincode claims (container preallocations) are capped so that a garbage length inside a frame
@@ -310,16 +308,15 @@ fn decode_same(
 /// Appends one event frame for `rec` and advances the delta state. On error `buf` and the state
 /// are unchanged.
 pub fn encode_frame(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
-    let (ts, tid, dev) = (rec.ts_ns, rec.tid, rec.device);
+    let (tag, ts, tid, dev) = (rec.event.tag(), rec.ts_ns, rec.tid, rec.device);
+    let prefix = |s: &mut fastframe::Spare| state.encode(ts, tid, dev, s);
     match &rec.event {
-        Event::KernelLaunch(l) => encode_launch_frame(state, ts, tid, dev, l, buf),
-        Event::Alloc(a) => fastframe::alloc(ALLOC_TAG, a, |s| state.encode(ts, tid, dev, s), buf),
-        Event::Free(f) => fastframe::free(FREE_TAG, f, |s| state.encode(ts, tid, dev, s), buf),
+        Event::KernelLaunch(l) => fastframe::launch(tag, l, prefix, buf),
+        Event::Alloc(a) => fastframe::alloc(tag, a, prefix, buf),
+        Event::Free(f) => fastframe::free(tag, f, prefix, buf),
         _ => return encode_frame_generic(state, rec, buf),
     }
-    if !matches!(rec.event, Event::KernelLaunch(_)) {
-        state.commit(ts, tid, dev);
-    }
+    state.commit(ts, tid, dev);
     Ok(())
 }
 

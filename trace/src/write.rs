@@ -44,12 +44,7 @@ impl<W: Write> BinaryWriter<W> {
     pub fn write(&mut self, rec: &Record) -> Result<(), TraceError> {
         let before = self.buf.len();
         codec::encode_frame(&mut self.state, rec, &mut self.buf)?;
-        self.bytes += (self.buf.len() - before) as u64;
-        self.events += 1;
-        if self.buf.len() >= FLUSH_AT {
-            self.drain()?;
-        }
-        Ok(())
+        self.appended(before)
     }
 
     /// Appends a kernel launch: the same bytes as [`write`](Self::write) with a `Record` of
@@ -64,6 +59,12 @@ impl<W: Write> BinaryWriter<W> {
     ) -> Result<(), TraceError> {
         let before = self.buf.len();
         codec::encode_launch_frame(&mut self.state, ts_ns, tid, device, launch, &mut self.buf);
+        self.appended(before)
+    }
+
+    /// Counts the frame appended after `before` and drains a full buffer.
+    #[inline]
+    fn appended(&mut self, before: usize) -> Result<(), TraceError> {
         self.bytes += (self.buf.len() - before) as u64;
         self.events += 1;
         if self.buf.len() >= FLUSH_AT {

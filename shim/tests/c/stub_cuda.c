@@ -9,6 +9,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "stub_mem_log.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
@@ -33,8 +35,7 @@ static CUdeviceptr fake_alloc(size_t size) {
 /* What the driver allocated and freed, for the stub libcupti's MEMORY2 records (stub_cupti.c
  * reads it through a weak reference): device and pinned host memory, in call order, stamped with
  * CLOCK_MONOTONIC. The first MEM_LOG_MAX operations only; an entry is published by `ready`. */
-typedef struct { uint64_t ts, addr, bytes; uint32_t op, kind, ready, pad; } stub_mem_op;
-enum { MEM_ALLOC = 1, MEM_RELEASE = 2, MEM_PINNED = 2, MEM_DEVICE = 3, MEM_LOG_MAX = 256 };
+enum { MEM_LOG_MAX = 256 };
 static stub_mem_op mem_log[MEM_LOG_MAX];
 static unsigned mem_log_len;
 /* STUB_CUDA_MEM_LOG=0 turns the log off, so that scripts/bench-shim.sh's allocation loops time a

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "stub_mem_log.h"
+
 /* CUpti_ActivityKernel10 (CUDA 13.0, cupti_activity.h); offsets pinned by the shim's
  * cupti::tests::kernel_record_layout_matches_the_stub against cudarc's bindings. */
 typedef struct {
@@ -72,9 +74,8 @@ _Static_assert(offsetof(memory4, memoryPoolType) == 80, "layout");
 _Static_assert(offsetof(memory4, poolAddress) == 88, "layout");
 _Static_assert(sizeof(memory4) == 128, "layout");
 
-/* The stub driver's log (stub_cuda.c); absent when another libcuda is loaded. */
-typedef struct { uint64_t ts, addr, bytes; uint32_t op, kind, ready, pad; } stub_mem_op;
-extern unsigned stub_cuda_mem_log(const stub_mem_op **ops) __attribute__((weak));
+/* The stub driver's log: weak, since it is absent when another libcuda is loaded. */
+#pragma weak stub_cuda_mem_log
 
 enum {
     OK = 0, MAX_LIMIT_REACHED = 12, INVALID_KIND = 21, MULTIPLE_SUBSCRIBERS = 39,
