@@ -98,11 +98,7 @@ impl Default for RawEvent {
 /// that does not (none exists) saturates rather than wrapping to success.
 #[inline(always)]
 pub fn result16(r: i32) -> i16 {
-    match i16::try_from(r) {
-        Ok(v) => v,
-        Err(_) if r < 0 => i16::MIN,
-        Err(_) => i16::MAX,
-    }
+    r.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16
 }
 
 /// Two u32 in one u64 (launch dimensions).
@@ -146,8 +142,10 @@ pub mod vmm {
     pub const SET_ACCESS: u8 = 4;
 }
 
-/// Per-thread state, in one thread-local so that a hook pays for one TLS lookup (in a shared
-/// library each lookup is a `__tls_get_addr` call).
+/// Per-thread state, in one thread-local block so that a hook pays for one TLS access. All-zero
+/// bytes are its initial value (depth 0, not internal, no tid yet, no ring), which the
+/// initial-exec block below relies on.
+#[repr(C)]
 pub struct Tls {
     depth: Cell<u32>,
     internal: Cell<bool>,
@@ -155,12 +153,70 @@ pub struct Tls {
     ring: Cell<*const Ring>,
 }
 
+// x86_64 Linux: the block lives in `.tbss` with the initial-exec TLS model. `thread_local!` in a
+// shared library uses the general-dynamic model, where every access is a `__tls_get_addr` call
+// (about 14 instructions), and a launch through the runtime pays it twice (the runtime hook and
+// the driver hook the runtime reaches through a wrapped pointer). Initial-exec fixes the block's
+// offset from the thread pointer at load time: an access is one `mov` and one `add`. That is
+// sound for a library loaded at start-up (LD_PRELOAD: its TLS is part of the static block), and a
+// later `dlopen` is served from glibc's static TLS surplus (the block is 24 bytes). The block
+// lives as long as the thread, so hooks called during thread teardown still find it (the
+// `thread_local!` fallback gets the same from a const initialiser and no destructor).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+std::arch::global_asm!(
+    ".pushsection .tbss.memtrace_tls,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl memtrace_tls_block",
+    ".hidden memtrace_tls_block",
+    ".type memtrace_tls_block,@object",
+    ".size memtrace_tls_block,24",
+    "memtrace_tls_block:",
+    ".zero 24",
+    ".popsection",
+);
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+const _: () = assert!(std::mem::size_of::<Tls>() == 24 && std::mem::align_of::<Tls>() <= 8);
+// The hooks' entry points read these two fields in assembly (`hooks::forward_check`).
+const _: () = assert!(std::mem::offset_of!(Tls, depth) == 0 && std::mem::offset_of!(Tls, internal) == 4);
+
+/// This thread's [`Tls`]: always available (even during thread teardown).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+fn with_tls<R>(f: impl FnOnce(&Tls) -> R) -> Result<R, ()> {
+    let p: usize;
+    // Safety: reads the thread pointer (`fs:0` holds its own address on x86_64 Linux) and the
+    // block's offset from it, which the dynamic linker wrote into the GOT at load time.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr [rip + memtrace_tls_block@GOTTPOFF]",
+            "add {p}, qword ptr fs:[0]",
+            p = out(reg) p,
+            options(nostack, pure, readonly),
+        )
+    };
+    // Safety: the block is 24 zero-initialised bytes, 8-aligned, private to this thread and
+    // alive as long as it; all-zero is a valid `Tls` (see the type).
+    Ok(f(unsafe { &*(p as *const Tls) }))
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 thread_local! {
     // A const initialiser and no Drop: no TLS destructor is registered, so this stays usable
     // while a thread is being torn down.
     static TLS: Tls = const {
         Tls { depth: Cell::new(0), internal: Cell::new(false), tid: Cell::new(0), ring: Cell::new(std::ptr::null()) }
     };
+}
+
+/// This thread's [`Tls`], or `Err` when it is gone.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+fn with_tls<R>(f: impl FnOnce(&Tls) -> R) -> Result<R, ()> {
+    TLS.try_with(f).map_err(|_| ())
+}
+
+thread_local! {
     // Gives the thread's ring back when the thread exits. Touched once per thread, when the
     // ring is taken; after it is destroyed the thread pushes to the shared queue.
     static RING_OWNER: RingOwner = const { RingOwner };
@@ -170,7 +226,7 @@ struct RingOwner;
 
 impl Drop for RingOwner {
     fn drop(&mut self) {
-        let _ = TLS.try_with(|t| {
+        let _ = with_tls(|t| {
             let r = t.ring.replace(std::ptr::null());
             // Safety: rings are never freed.
             if let Some(r) = unsafe { r.as_ref() } {
@@ -183,12 +239,12 @@ impl Drop for RingOwner {
 /// Marks the current thread as the shim's own (writer thread, own lookups): nothing it calls is
 /// recorded and the `dlsym` hook never wraps for it.
 pub fn set_internal(on: bool) {
-    let _ = TLS.try_with(|t| t.internal.set(on));
+    let _ = with_tls(|t| t.internal.set(on));
 }
 
 /// Whether the current thread is inside the shim's own work.
 pub fn is_internal() -> bool {
-    TLS.try_with(|t| t.internal.get()).unwrap_or(false)
+    with_tls(|t| t.internal.get()).unwrap_or(false)
 }
 
 fn tid_of(t: &Tls) -> u32 {
@@ -204,7 +260,7 @@ fn tid_of(t: &Tls) -> u32 {
 
 /// The OS thread id, cached per thread because `gettid` is a syscall.
 pub fn tid() -> u32 {
-    TLS.try_with(tid_of).unwrap_or_else(|_| {
+    with_tls(tid_of).unwrap_or_else(|_| {
         // Safety: gettid has no preconditions.
         unsafe { libc::gettid() as u32 }
     })
@@ -212,13 +268,12 @@ pub fn tid() -> u32 {
 
 /// Fork child: its only thread has a new id; the parent's queued events are not its own.
 pub fn reset_in_child() {
-    let (ring, tid) = TLS
-        .try_with(|t| {
-            t.tid.set(0);
-            // Safety: rings are never freed.
-            (unsafe { t.ring.get().as_ref() }, tid_of(t))
-        })
-        .unwrap_or((None, 0));
+    let (ring, tid) = with_tls(|t| {
+        t.tid.set(0);
+        // Safety: rings are never freed.
+        (unsafe { t.ring.get().as_ref() }, tid_of(t))
+    })
+    .unwrap_or((None, 0));
     ring::reset_in_child(ring, tid);
 }
 
@@ -251,10 +306,20 @@ fn push_first(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
 
 /// Queue an event from any thread (markers, the writer's own records path is separate).
 pub fn push_any(ev: RawEvent) -> Result<(), RawEvent> {
-    match TLS.try_with(|t| push_from(t, ev)) {
+    match with_tls(|t| push_from(t, ev)) {
         Ok(r) => r,
         Err(_) => ring::push_shared(crate::state::config().queue, tid(), ev),
     }
+}
+
+/// Whether a hook already runs on this thread, or the thread is the shim's own. Such a call
+/// records nothing, so a recording hook forwards it straight away (a tail call) without
+/// touching the depth: the runtime's launch reaching the driver's `cuLaunchKernel` through a
+/// wrapped pointer then costs a few instructions instead of a second full hook. Resolver hooks
+/// never take this shortcut: a pointer handed out inside another call must still be wrapped.
+#[inline(always)]
+pub fn nested() -> bool {
+    with_tls(|t| t.depth.get() != 0 || t.internal.get()).unwrap_or(false)
 }
 
 /// One level of hook nesting on this thread. Only the outermost level records: a runtime call
@@ -269,7 +334,7 @@ impl Depth {
     /// Enter a hook.
     #[inline]
     pub fn enter() -> Depth {
-        TLS.try_with(|t| {
+        with_tls(|t| {
             let v = t.depth.get();
             t.depth.set(v + 1);
             Depth { tls: t as *const Tls, outer: v == 0 && !t.internal.get() }
@@ -282,6 +347,18 @@ impl Depth {
     #[inline]
     pub fn outer(&self) -> bool {
         self.outer
+    }
+
+    /// Queue an event into this thread's ring if it has one with room now (the hooks' common
+    /// path).
+    #[inline(always)]
+    pub fn try_push(&self, ev: &RawEvent) -> bool {
+        // Safety: `tls` points to this thread's TLS, alive for the whole hook call; rings are
+        // never freed.
+        match unsafe { self.tls.as_ref().and_then(|t| t.ring.get().as_ref()) } {
+            Some(r) => r.try_push(ev),
+            None => false,
+        }
     }
 
     /// Queue an event recorded at this level. Returns the event when it was dropped.

@@ -75,20 +75,39 @@ impl Ring {
         }
     }
 
-    /// Push from the owning thread; waits (bounded) while full, then drops and counts.
+    /// Push from the owning thread if there is room now: plain loads and stores, inlined into
+    /// every hook.
     #[inline(always)]
-    pub fn push(&self, ev: RawEvent) {
+    pub fn try_push(&self, ev: &RawEvent) -> bool {
         let t = self.tail.0.load(Ordering::Relaxed);
         // Safety: only the owning thread touches seen_head.
         let seen = unsafe { &mut *self.seen_head.get() };
         if t.wrapping_sub(*seen) > self.mask {
             *seen = self.head.0.load(Ordering::Acquire);
-            if t.wrapping_sub(*seen) > self.mask && !self.wait_for_room(t, seen) {
-                return;
+            if t.wrapping_sub(*seen) > self.mask {
+                return false;
             }
         }
-        // Safety: slot t is outside [head, tail), so the writer does not read it now.
-        unsafe { (*self.slots[t & self.mask].get()).write(ev) };
+        // Safety: slot t is outside [head, tail), so the writer does not read it now; `t & mask`
+        // is in bounds because there are `mask + 1` slots.
+        unsafe { (*self.slots.get_unchecked(t & self.mask).get()).write(*ev) };
+        self.tail.0.store(t.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Push from the owning thread; waits (bounded) while full, then drops and counts.
+    pub fn push(&self, ev: RawEvent) {
+        if self.try_push(&ev) {
+            return;
+        }
+        let t = self.tail.0.load(Ordering::Relaxed);
+        // Safety: only the owning thread touches seen_head.
+        let seen = unsafe { &mut *self.seen_head.get() };
+        if !self.wait_for_room(t, seen) {
+            return;
+        }
+        // Safety: as in `try_push`; `wait_for_room` made room.
+        unsafe { (*self.slots.get_unchecked(t & self.mask).get()).write(ev) };
         self.tail.0.store(t.wrapping_add(1), Ordering::Release);
     }
 
@@ -102,15 +121,18 @@ impl Ring {
 
     /// Hand the writer up to `max` events pushed so far: `f(tid, event)` in push order.
     /// Returns how many, and whether events were left behind.
-    fn drain(&self, max: usize, f: &mut impl FnMut(u32, RawEvent)) -> (usize, bool) {
+    /// The events are handed over in place: the producer cannot reuse their slots until `head`
+    /// moves past them, after the last call.
+    fn drain(&self, max: usize, f: &mut impl FnMut(u32, &RawEvent)) -> (usize, bool) {
         let h = self.head.0.load(Ordering::Relaxed);
         let t = self.tail.0.load(Ordering::Acquire);
         let tid = self.tid.load(Ordering::Relaxed);
         let avail = t.wrapping_sub(h);
         let n = avail.min(max);
         for i in 0..n {
-            // Safety: slots in [head, tail) were fully written before tail was released.
-            let ev = unsafe { (*self.slots[h.wrapping_add(i) & self.mask].get()).assume_init_read() };
+            // Safety: slots in [head, tail) were fully written before tail was released, and stay
+            // untouched until head is stored below; `& mask` is in bounds (`mask + 1` slots).
+            let ev = unsafe { (*self.slots.get_unchecked(h.wrapping_add(i) & self.mask).get()).assume_init_ref() };
             f(tid, ev);
         }
         self.head.0.store(h.wrapping_add(n), Ordering::Release);
@@ -252,8 +274,35 @@ pub struct Sweep {
     pub limit: Option<u64>,
 }
 
+/// The one ring that holds events, if no other source (ring or shared queue) does. Its events
+/// are already in stamp order, so the writer can encode them straight from the ring.
+pub fn lone_source() -> Option<&'static Ring> {
+    let q = SHARED.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    if unsafe { q.as_ref() }.is_some_and(|q| !q.is_empty()) {
+        return None;
+    }
+    let mut lone = None;
+    for r in rings() {
+        if r.tail.0.load(Ordering::Acquire) != r.head.0.load(Ordering::Relaxed) {
+            if lone.is_some() {
+                return None;
+            }
+            lone = Some(r);
+        }
+    }
+    lone
+}
+
+/// Up to `max` events of one ring, in place (see [`lone_source`]).
+pub fn drain_one(r: &Ring, max: usize, mut f: impl FnMut(u32, &RawEvent)) -> usize {
+    let (n, _) = r.drain(max, &mut f);
+    heartbeat();
+    n
+}
+
 /// The writer's sweep: up to `max_per_ring` events of every ring, then the shared queue.
-pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, RawEvent)) -> Sweep {
+pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, &RawEvent)) -> Sweep {
     let mut s = Sweep { events: 0, sources: 0, limit: None };
     for r in rings() {
         let mut last = 0;
@@ -273,7 +322,7 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, RawEvent)) -> Sweep
     if let Some(q) = unsafe { q.as_ref() } {
         let mut k = 0;
         while let Some((tid, ev)) = q.pop() {
-            f(tid, ev);
+            f(tid, &ev);
             k += 1;
         }
         n += k;

@@ -78,11 +78,25 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
-/// Stamp and queue one event recorded at hook level `d`. Cheap when the writer runs; starts it
-/// on first use.
-#[inline]
+/// Stamp and queue one event recorded at hook level `d` (called inside the hook's
+/// `catch_unwind`). Inlined into every hook: the common path (recording, the writer running,
+/// this thread's ring has room) is a few loads and stores and builds the event straight into its
+/// ring slot. Everything else (a thread's first event, starting the writer, a full ring, thread
+/// teardown) goes out of line to [`record_slow`].
+#[inline(always)]
 pub fn record(d: &Depth, mut ev: RawEvent) {
-    if ready(&mut ev) {
+    ev.ts = clock::stamp();
+    // Two relaxed loads decide the common case: recording, and the writer running.
+    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING && d.try_push(&ev) {
+        return;
+    }
+    record_slow(d, ev)
+}
+
+#[cold]
+#[inline(never)]
+fn record_slow(d: &Depth, ev: RawEvent) {
+    if ready(&ev) {
         if let Err(ev) = d.push(ev) {
             writer::release(&ev);
         }
@@ -91,19 +105,17 @@ pub fn record(d: &Depth, mut ev: RawEvent) {
 
 /// As [`record`], outside a hook (markers).
 pub fn record_any(mut ev: RawEvent) {
-    if ready(&mut ev) {
+    ev.ts = clock::stamp();
+    if ready(&ev) {
         if let Err(ev) = raw::push_any(ev) {
             writer::release(&ev);
         }
     }
 }
 
-/// Stamp the event; whether it should be queued (starting the writer on first use). An event
-/// that should not is released here.
-#[inline(always)]
-fn ready(ev: &mut RawEvent) -> bool {
-    ev.ts = clock::stamp();
-    // Two relaxed loads decide the common case: recording, and the writer running.
+/// Whether a stamped event should be queued (starting the writer on first use). An event that
+/// should not is released here.
+fn ready(ev: &RawEvent) -> bool {
     if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING {
         return true;
     }

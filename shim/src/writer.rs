@@ -199,42 +199,26 @@ fn run() {
     let mut finishing_rounds = 0u32;
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
-        // Events stamped after this wait for the next sweep when several threads contributed:
-        // a ring swept early must not let a later-swept ring's earlier events be written after
-        // its own.
+        // Events stamped after this may still be overtaken by events of a ring swept earlier;
+        // see `ring::order`.
         let watermark = clock::stamp();
-        let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, ev)));
-        let n = sweep.events;
+        cx.clock.refresh();
         // Finishing: sweep until the rings are empty, but not forever if threads keep calling.
         finishing_rounds += u32::from(finishing);
-        let last_round = finishing && (n == 0 || finishing_rounds > 64);
-        cx.clock.refresh();
-        if !batch.is_empty() || !pending.is_empty() {
-            ring::order(&mut batch, &mut pending, &sweep, watermark, last_round);
-            for (i, (tid, ev)) in batch.iter().enumerate() {
-                if let Err(e) = cx.handle(*tid, ev) {
-                    log!(Warn, "writing {path} failed: {e:#}; recording stopped");
-                    return;
-                }
-                if i % 1024 == 1023 {
-                    ring::heartbeat();
-                }
-                if i % 8192 == 8191 && last_flush.elapsed() >= FLUSH_EVERY {
-                    let _ = cx.w.flush();
-                    last_flush = std::time::Instant::now();
-                }
-            }
-            batch.clear();
-        }
-        for a in crate::cupti::take() {
-            if let Err(e) = cx.cupti(a) {
+        let lone = if pending.is_empty() { ring::lone_source() } else { None };
+        let swept = match lone {
+            Some(r) => cx.sweep_in_place(r),
+            None => cx.sweep_merged(&mut batch, &mut pending, watermark, finishing, finishing_rounds, &mut last_flush),
+        };
+        let n = match swept.and_then(|n| cx.drain_cupti(&mut dirty).map(|_| n)) {
+            Ok(n) => n,
+            Err(e) => {
                 log!(Warn, "writing {path} failed: {e:#}; recording stopped");
                 return;
             }
-            dirty = true;
-        }
+        };
         dirty |= n > 0;
-        if last_round {
+        if finishing && (n == 0 || finishing_rounds > 64) {
             cx.finish(&path);
             return;
         }
@@ -348,16 +332,24 @@ impl Ctx {
         Ok(id)
     }
 
+    /// A launch's kernel name. Inlined: a training step launches the same few hundred kernels
+    /// over and over, so almost every call is a hit in the direct-mapped `recent` cache.
+    #[inline(always)]
     fn kernel(&mut self, kind: u8, f: u64) -> Result<Option<NameId>, trace::TraceError> {
+        // Zeroed slots never match: f == 0 is not cached (and graph launches never are).
+        let (rf, rk, rid) = self.names.recent[recent_slot(f)];
+        if rf == f && rk == kind && f != 0 {
+            return Ok(rid);
+        }
+        self.kernel_lookup(kind, f)
+    }
+
+    #[inline(never)]
+    fn kernel_lookup(&mut self, kind: u8, f: u64) -> Result<Option<NameId>, trace::TraceError> {
         if f == 0 || kind == FuncKind::Graph as u8 {
             return Ok(None);
         }
-        // f == 0 never reaches here, so the zeroed slots never match.
         let slot = recent_slot(f);
-        let (rf, rk, rid) = self.names.recent[slot];
-        if rf == f && rk == kind {
-            return Ok(rid);
-        }
         let id = match self.names.kernels.get(&(kind, f)) {
             Some(n) => *n,
             None => {
@@ -436,6 +428,67 @@ impl Ctx {
         self.write_checked(&r)
     }
 
+    /// One source and nothing held back: its events are in stamp order already, so they are
+    /// encoded straight from the ring's slots, with no copy into a batch. Returns how many.
+    fn sweep_in_place(&mut self, r: &ring::Ring) -> Result<usize, trace::TraceError> {
+        let mut failed = None;
+        let mut i = 0u32;
+        let n = ring::drain_one(r, SWEEP_PER_RING, |tid, ev| {
+            if failed.is_none() {
+                failed = self.handle(tid, ev).err();
+            }
+            i += 1;
+            if i.is_multiple_of(1024) {
+                ring::heartbeat();
+            }
+        });
+        failed.map_or(Ok(n), Err)
+    }
+
+    /// Several sources (or events held back last time): copy the sweep into `batch`, merge by
+    /// stamp, write what can no longer be overtaken and hold back the rest in `pending`
+    /// (`ring::order`). The last round (finishing, and nothing new or too many rounds) writes
+    /// everything. Returns how many events the sweep took.
+    fn sweep_merged(
+        &mut self,
+        batch: &mut Vec<(u32, RawEvent)>,
+        pending: &mut Vec<(u32, RawEvent)>,
+        watermark: u64,
+        finishing: bool,
+        finishing_rounds: u32,
+        last_flush: &mut std::time::Instant,
+    ) -> Result<usize, trace::TraceError> {
+        let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, *ev)));
+        let n = sweep.events;
+        let last_round = finishing && (n == 0 || finishing_rounds > 64);
+        if batch.is_empty() && pending.is_empty() {
+            return Ok(n);
+        }
+        ring::order(batch, pending, &sweep, watermark, last_round);
+        for (i, (tid, ev)) in batch.iter().enumerate() {
+            self.handle(*tid, ev)?;
+            if i % 1024 == 1023 {
+                ring::heartbeat();
+            }
+            if i % 8192 == 8191 && last_flush.elapsed() >= FLUSH_EVERY {
+                let _ = self.w.flush();
+                *last_flush = std::time::Instant::now();
+            }
+        }
+        batch.clear();
+        Ok(n)
+    }
+
+    /// Write what CUPTI delivered since the last sweep.
+    fn drain_cupti(&mut self, dirty: &mut bool) -> Result<(), trace::TraceError> {
+        for a in crate::cupti::take() {
+            self.cupti(a)?;
+            *dirty = true;
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
     fn handle(&mut self, tid: u32, ev: &RawEvent) -> Result<(), trace::TraceError> {
         if self.limit_hit {
             self.tally.over_limit += 1;
@@ -554,16 +607,24 @@ impl Ctx {
         self.check_limit()
     }
 
+    #[inline(always)]
     fn check_limit(&mut self) -> Result<(), trace::TraceError> {
         if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
-            self.limit_hit = true;
-            let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
-            let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
-            self.w.write(&r)?;
-            self.w.flush()?;
-            state::stop_recording();
-            log!(Warn, "MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+            return self.limit_reached();
         }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn limit_reached(&mut self) -> Result<(), trace::TraceError> {
+        self.limit_hit = true;
+        let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+        let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
+        self.w.write(&r)?;
+        self.w.flush()?;
+        state::stop_recording();
+        log!(Warn, "MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
         Ok(())
     }
 

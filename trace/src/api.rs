@@ -28,6 +28,7 @@ macro_rules! apis {
             pub const ALL: &'static [Api] = &[$(Api::$variant,)*];
 
             /// The pinned numeric code.
+            #[inline]
             pub fn code(self) -> u16 {
                 match self {
                     $(Api::$variant => $code,)*

@@ -87,6 +87,20 @@ impl Spare {
         }
     }
 
+    /// [`bvarint`](Self::bvarint) for a value known to fit 32 bits (no u64 branch).
+    #[inline(always)]
+    fn bvarint32(&mut self, v: u32) {
+        if v < 251 {
+            self.push(v as u8);
+        } else if v <= u32::from(u16::MAX) {
+            self.push(251);
+            self.le((v as u16).to_le_bytes());
+        } else {
+            self.push(252);
+            self.le(v.to_le_bytes());
+        }
+    }
+
     /// bincode's signed varint: zigzag, then the unsigned form.
     #[inline(always)]
     fn bvarint_signed(&mut self, v: i64) {
@@ -120,7 +134,7 @@ fn opt_u32(s: &mut Spare, v: Option<u32>) {
         None => s.push(0),
         Some(n) => {
             s.push(1);
-            s.bvarint(u64::from(n));
+            s.bvarint32(n);
         }
     }
 }
@@ -132,12 +146,17 @@ pub(crate) fn launch(tag: u8, l: &KernelLaunch, prefix: impl FnOnce(&mut Spare),
         tag,
         prefix,
         |s| {
-            s.bvarint(u64::from(l.api.code()));
+            s.bvarint32(u32::from(l.api.code()));
             opt_u32(s, l.name);
-            for v in l.grid.iter().chain(&l.block) {
-                s.bvarint(u64::from(*v));
-            }
-            s.bvarint(u64::from(l.shared_mem));
+            // Unrolled: a chained iterator here cost an `Option` check per step.
+            let ([g0, g1, g2], [b0, b1, b2]) = (l.grid, l.block);
+            s.bvarint32(g0);
+            s.bvarint32(g1);
+            s.bvarint32(g2);
+            s.bvarint32(b0);
+            s.bvarint32(b1);
+            s.bvarint32(b2);
+            s.bvarint32(l.shared_mem);
             s.bvarint_signed(l.stream);
             s.bvarint_signed(i64::from(l.result));
         },

@@ -136,7 +136,7 @@ macro_rules! destroy_hook {
     ($name:ident, $api:ident) => {
         caller_hook! {
             /// An array destroy: the free of the handle.
-            $name, Driver, fn(h: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(h: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(h);

@@ -40,7 +40,7 @@ macro_rules! alloc_hook {
     ($name:ident, $api:ident, $mem:expr) => {
         caller_hook! {
             /// A driver allocation with (dptr, size).
-            $name, Driver, fn(p: *mut u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(p: *mut u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(p, size);
@@ -56,7 +56,7 @@ macro_rules! async_alloc_hook {
     ($name:ident, $api:ident) => {
         caller_hook! {
             /// A stream-ordered driver allocation.
-            $name, Driver, fn(p: *mut u64, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(p: *mut u64, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(p, size, s);
@@ -72,7 +72,7 @@ macro_rules! pool_alloc_hook {
     ($name:ident, $api:ident) => {
         caller_hook! {
             /// A driver allocation from a memory pool.
-            $name, Driver, fn(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(p, size, pool, s);
@@ -88,7 +88,7 @@ macro_rules! free_hook {
     ($name:ident, $api:ident, $mem:expr) => {
         caller_hook! {
             /// A driver free of one address.
-            $name, Driver, fn(p: u64) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(p: u64) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(p);
@@ -103,7 +103,7 @@ macro_rules! async_free_hook {
     ($name:ident, $api:ident) => {
         caller_hook! {
             /// A stream-ordered driver free.
-            $name, Driver, fn(p: u64, s: Handle) pads(a, b, c) -> c_int, err = NO_DRIVER,
+            $name, Driver, fn(p: u64, s: Handle) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
             |real, ra| {
                 let d = Depth::enter();
                 let r = real(p, s);
@@ -126,7 +126,7 @@ free_hook!(cuIpcCloseMemHandle, CuIpcCloseMemHandle, mem::IPC_IMPORT);
 
 caller_hook! {
     /// `cuMemAllocManaged`.
-    cuMemAllocManaged, Driver, fn(p: *mut u64, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    cuMemAllocManaged, Driver, fn(p: *mut u64, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -138,7 +138,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemAllocPitch_v2`: recorded as pitch × height bytes.
-    cuMemAllocPitch_v2, Driver, fn(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() -> c_int, err = NO_DRIVER,
+    cuMemAllocPitch_v2, Driver, fn(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, pitch, width, height, elem);
@@ -154,7 +154,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemHostAlloc`.
-    cuMemHostAlloc, Driver, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    cuMemHostAlloc, Driver, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -166,7 +166,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemAllocHost_v2`.
-    cuMemAllocHost_v2, Driver, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    cuMemAllocHost_v2, Driver, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size);
@@ -178,7 +178,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemFreeHost`.
-    cuMemFreeHost, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+    cuMemFreeHost, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
@@ -189,7 +189,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemHostRegister_v2`.
-    cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
+    cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -200,7 +200,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemHostUnregister`.
-    cuMemHostUnregister, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER,
+    cuMemHostUnregister, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
@@ -211,7 +211,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemPoolTrimTo`.
-    cuMemPoolTrimTo, Driver, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    cuMemPoolTrimTo, Driver, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
     |real, _ra| {
         let d = Depth::enter();
         let r = real(pool, keep);
@@ -230,7 +230,7 @@ pub struct CuIpcHandle {
 
 plain_hook! {
     /// `cuIpcOpenMemHandle_v2`.
-    cuIpcOpenMemHandle_v2, Driver, fn(p: *mut u64, h: CuIpcHandle, flags: c_uint) -> c_int, err = NO_DRIVER,
+    cuIpcOpenMemHandle_v2, Driver, fn(p: *mut u64, h: CuIpcHandle, flags: c_uint) -> c_int, err = NO_DRIVER, forward_nested,
     |real| {
         let d = Depth::enter();
         let r = real(p, h, flags);
@@ -242,7 +242,7 @@ plain_hook! {
 
 caller_hook! {
     /// `cuMemImportFromShareableHandle`: the imported physical handle (size unknown here).
-    cuMemImportFromShareableHandle, Driver, fn(h: *mut u64, os: *mut c_void, kind: c_int) pads(a, b) -> c_int, err = NO_DRIVER,
+    cuMemImportFromShareableHandle, Driver, fn(h: *mut u64, os: *mut c_void, kind: c_int) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(h, os, kind);
@@ -254,7 +254,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemAddressReserve`.
-    cuMemAddressReserve, Driver, fn(p: *mut u64, size: usize, align: usize, addr: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
+    cuMemAddressReserve, Driver, fn(p: *mut u64, size: usize, align: usize, addr: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, align, addr, flags);
@@ -266,7 +266,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemAddressFree`.
-    cuMemAddressFree, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    cuMemAddressFree, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size);
@@ -277,7 +277,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemCreate`: physical memory, recorded as an allocation of the handle.
-    cuMemCreate, Driver, fn(h: *mut u64, size: usize, prop: *const c_void, flags: c_ulonglong) pads(a) -> c_int, err = NO_DRIVER,
+    cuMemCreate, Driver, fn(h: *mut u64, size: usize, prop: *const c_void, flags: c_ulonglong) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(h, size, prop, flags);
@@ -291,7 +291,7 @@ free_hook!(cuMemRelease, CuMemRelease, mem::PHYSICAL);
 
 caller_hook! {
     /// `cuMemMap`.
-    cuMemMap, Driver, fn(p: u64, size: usize, offset: usize, h: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER,
+    cuMemMap, Driver, fn(p: u64, size: usize, offset: usize, h: u64, flags: c_ulonglong) pads() -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, offset, h, flags);
@@ -302,7 +302,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemUnmap`.
-    cuMemUnmap, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER,
+    cuMemUnmap, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size);
@@ -313,7 +313,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cuMemSetAccess`.
-    cuMemSetAccess, Driver, fn(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) -> c_int, err = NO_DRIVER,
+    cuMemSetAccess, Driver, fn(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, desc, count);

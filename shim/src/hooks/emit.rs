@@ -1,5 +1,7 @@
 //! Building raw events from hook arguments. Each entry point runs inside `catch_unwind`: a panic
-//! here loses one event, never the host's call (which has already returned).
+//! here loses one event, never the host's call (which has already returned). The common path
+//! inside it is plain moves, loads and stores, so LLVM inlines the whole guarded closure into the
+//! hook (no `do_call` frame, no copy of the event).
 
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,62 +18,56 @@ fn guarded(f: impl FnOnce()) {
 }
 
 /// An allocation call returned.
-#[inline]
+#[inline(always)]
 pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
-    guarded(|| {
-        let addr = if result == 0 { addr } else { 0 };
-        let ev = RawEvent {
-            kind: RawKind::Alloc as u8,
-            api,
-            sub: mem,
-            addr,
-            size,
-            stream,
-            result: result16(result),
-            caller: caller as u64,
-            ..RawEvent::default()
-        };
-        state::record(d, ev)
-    })
+    let addr = if result == 0 { addr } else { 0 };
+    let ev = RawEvent {
+        kind: RawKind::Alloc as u8,
+        api,
+        sub: mem,
+        addr,
+        size,
+        stream,
+        result: result16(result),
+        caller: caller as u64,
+        ..RawEvent::default()
+    };
+    guarded(|| state::record(d, ev))
 }
 
 /// A free call returned.
-#[inline]
+#[inline(always)]
 pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
-    guarded(|| {
-        let ev = RawEvent {
-            kind: RawKind::Free as u8,
-            api,
-            sub: mem,
-            addr,
-            stream,
-            result: result16(result),
-            caller: caller as u64,
-            ..RawEvent::default()
-        };
-        state::record(d, ev)
-    })
+    let ev = RawEvent {
+        kind: RawKind::Free as u8,
+        api,
+        sub: mem,
+        addr,
+        stream,
+        result: result16(result),
+        caller: caller as u64,
+        ..RawEvent::default()
+    };
+    guarded(|| state::record(d, ev))
 }
 
 /// A VMM call returned.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, result: i32, caller: usize) {
-    guarded(|| {
-        let ev = RawEvent {
-            kind: RawKind::Vmm as u8,
-            api,
-            sub: op,
-            addr,
-            size,
-            aux: handle,
-            offset,
-            result: result16(result),
-            caller: caller as u64,
-            ..RawEvent::default()
-        };
-        state::record(d, ev)
-    })
+    let ev = RawEvent {
+        kind: RawKind::Vmm as u8,
+        api,
+        sub: op,
+        addr,
+        size,
+        aux: handle,
+        offset,
+        result: result16(result),
+        caller: caller as u64,
+        ..RawEvent::default()
+    };
+    guarded(|| state::record(d, ev))
 }
 
 /// Whether launches are recorded (`MEMTRACE_KERNELS`), without a `OnceLock` check per launch.
@@ -81,17 +77,25 @@ const UNKNOWN: u8 = 2;
 #[inline(always)]
 fn kernels_on() -> bool {
     match KERNELS.load(Ordering::Relaxed) {
-        UNKNOWN => {
-            let on = state::config().kernels;
-            KERNELS.store(u8::from(on), Ordering::Relaxed);
-            on
-        }
+        UNKNOWN => kernels_first(),
         v => v == 1,
     }
 }
 
+/// The first launch reads the configuration (which may run its one-time load).
+#[cold]
+#[inline(never)]
+fn kernels_first() -> bool {
+    catch_unwind(|| {
+        let on = state::config().kernels;
+        KERNELS.store(u8::from(on), Ordering::Relaxed);
+        on
+    })
+    .unwrap_or(false)
+}
+
 /// A launch returned.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
     d: &Depth,
@@ -104,41 +108,39 @@ pub fn launch(
     stream: u64,
     result: i32,
 ) {
-    guarded(|| {
-        if !kernels_on() {
-            return;
-        }
-        let ev = RawEvent {
-            kind: RawKind::Launch as u8,
-            api,
-            sub: func as u8,
-            addr: f,
-            size: pack(grid[0], grid[1]),
-            aux: pack(grid[2], block[0]),
-            offset: pack(block[1], block[2]),
-            caller: u64::from(shared),
-            stream,
-            result: result16(result),
-            ts: 0,
-        };
-        state::record(d, ev)
-    })
+    // Outside the guarded closure: its first call may read the configuration, and a closure
+    // with only the common path in it is inlined whole.
+    if !kernels_on() {
+        return;
+    }
+    let ev = RawEvent {
+        kind: RawKind::Launch as u8,
+        api,
+        sub: func as u8,
+        addr: f,
+        size: pack(grid[0], grid[1]),
+        aux: pack(grid[2], block[0]),
+        offset: pack(block[1], block[2]),
+        caller: u64::from(shared),
+        stream,
+        result: result16(result),
+        ts: 0,
+    };
+    guarded(|| state::record(d, ev))
 }
 
 /// A pool trim returned.
 #[inline]
 pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
-    guarded(|| {
-        let ev = RawEvent {
-            kind: RawKind::PoolTrim as u8,
-            api,
-            addr: pool,
-            size: keep,
-            result: result16(result),
-            ..RawEvent::default()
-        };
-        state::record(d, ev)
-    })
+    let ev = RawEvent {
+        kind: RawKind::PoolTrim as u8,
+        api,
+        addr: pool,
+        size: keep,
+        result: result16(result),
+        ..RawEvent::default()
+    };
+    guarded(|| state::record(d, ev))
 }
 
 /// A marker (user call or NVTX range push). Markers are rare, so copying the text here is fine.

@@ -66,7 +66,7 @@ macro_rules! runtime_launch {
         plain_hook! {
             /// A runtime launch `(func, grid, block, args, shared, stream)`.
             $name, Runtime, fn(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shared: usize, s: Handle) -> c_int,
-            err = NO_RUNTIME,
+            err = NO_RUNTIME, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(f, g, b, args, shared, s);
@@ -91,7 +91,7 @@ macro_rules! runtime_launch_ex {
         plain_hook! {
             /// `cudaLaunchKernelExC(config, func, args)`.
             $name, Runtime, fn(cfg: *const CudaLaunchConfig, f: *const c_void, args: *mut *mut c_void) -> c_int,
-            err = NO_RUNTIME,
+            err = NO_RUNTIME, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(cfg, f, args);
@@ -113,7 +113,7 @@ macro_rules! graph_launch {
     ($name:ident, $lib:ident, $api:ident, $err:expr) => {
         plain_hook! {
             /// A graph launch `(graphExec, stream)`: counted as one launch.
-            $name, $lib, fn(g: Handle, s: Handle) -> c_int, err = $err,
+            $name, $lib, fn(g: Handle, s: Handle) -> c_int, err = $err, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(g, s);
@@ -135,7 +135,7 @@ macro_rules! driver_launch {
             /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`.
             $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                 shared: c_uint, s: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> c_int,
-            err = NO_DRIVER,
+            err = NO_DRIVER, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
@@ -157,7 +157,7 @@ macro_rules! driver_coop {
             /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)`.
             $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                 shared: c_uint, s: Handle, params: *mut *mut c_void) -> c_int,
-            err = NO_DRIVER,
+            err = NO_DRIVER, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params);
@@ -178,7 +178,7 @@ macro_rules! driver_launch_ex {
         plain_hook! {
             /// `cuLaunchKernelEx(config, f, params, extra)`.
             $name, Driver, fn(cfg: *const CuLaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> c_int,
-            err = NO_DRIVER,
+            err = NO_DRIVER, forward_nested,
             |real| {
                 let d = Depth::enter();
                 let r = real(cfg, f, params, extra);
@@ -199,7 +199,7 @@ driver_launch_ex!(cuLaunchKernelEx_ptsz, CuLaunchKernelEx_ptsz);
 plain_hook! {
     /// `cuLaunch(f)`: the legacy launch of a 1×1×1 grid; the block shape was set earlier with
     /// `cuFuncSetBlockShape` and is recorded as unknown (0×0×0).
-    cuLaunch, Driver, fn(f: Handle) -> c_int, err = NO_DRIVER,
+    cuLaunch, Driver, fn(f: Handle) -> c_int, err = NO_DRIVER, forward_nested,
     |real| {
         let d = Depth::enter();
         let r = real(f);
@@ -210,7 +210,7 @@ plain_hook! {
 
 plain_hook! {
     /// `cuLaunchGrid(f, w, h)`: block shape unknown (0×0×0), as for `cuLaunch`.
-    cuLaunchGrid, Driver, fn(f: Handle, w: c_int, h: c_int) -> c_int, err = NO_DRIVER,
+    cuLaunchGrid, Driver, fn(f: Handle, w: c_int, h: c_int) -> c_int, err = NO_DRIVER, forward_nested,
     |real| {
         let d = Depth::enter();
         let r = real(f, w, h);
@@ -221,7 +221,7 @@ plain_hook! {
 
 plain_hook! {
     /// `cuLaunchGridAsync(f, w, h, stream)`: block shape unknown, as for `cuLaunch`.
-    cuLaunchGridAsync, Driver, fn(f: Handle, w: c_int, h: c_int, s: Handle) -> c_int, err = NO_DRIVER,
+    cuLaunchGridAsync, Driver, fn(f: Handle, w: c_int, h: c_int, s: Handle) -> c_int, err = NO_DRIVER, forward_nested,
     |real| {
         let d = Depth::enter();
         let r = real(f, w, h, s);

@@ -5,8 +5,11 @@
 //!   the real resolver returned (`TARGET`);
 //! - `DESC`: its row in the identity table.
 //!
-//! Hooks that record a caller module enter through a naked trampoline that passes the return
-//! address as an extra trailing argument (no frame pointers or compiler intrinsics needed).
+//! Every entry point is a naked jump into a Rust function. Hooks that record a caller module
+//! pass the return address on the way as an extra trailing argument (no frame pointers or
+//! compiler intrinsics needed). Recording hooks (`forward_nested`) first check, in a few
+//! instructions, whether the call is nested inside another hook, and if so jump straight to the
+//! real function (see `forward_check`).
 
 // The exports are C entry points whose safety contract is the CUDA/libc API they stand in for,
 // and whose arity is CUDA's.
@@ -42,11 +45,87 @@ macro_rules! trampoline {
 }
 pub(crate) use trampoline;
 
-/// A hook that records its caller module. At most five integer/pointer arguments.
+/// Jumps to the Rust body, arguments untouched.
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump {
+    () => {
+        "jmp {inner}"
+    };
+}
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump {
+    () => {
+        "b {inner}"
+    };
+}
+pub(crate) use jump;
+
+/// The front of a recording hook's entry point (`forward_nested`). When a hook already runs on
+/// this thread, or the thread is the shim's own, the call records nothing, so it jumps straight
+/// to the real function (`{slot}`: the hook's `REAL` or `TARGET`), arguments and stack untouched:
+/// the runtime's launch reaching the driver's `cuLaunchKernel` through a wrapped pointer then
+/// costs about ten instructions instead of a second hook. An empty slot falls through (the Rust
+/// body resolves it). Only `rax` and `r11` are used: scratch registers that carry no argument
+/// of these (non-variadic) functions. The offsets are `raw::Tls`'s `depth` and `internal`
+/// (asserted there); the block is the initial-exec TLS block declared in `raw`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! forward_check {
+    () => {
+        "mov rax, qword ptr [rip + {slot}]
+        test rax, rax
+        jz 2f
+        mov r11, qword ptr [rip + memtrace_tls_block@GOTTPOFF]
+        add r11, qword ptr fs:[0]
+        cmp dword ptr [r11], 0
+        jne 3f
+        cmp byte ptr [r11 + 4], 0
+        je 2f
+        3:
+        jmp rax
+        2:"
+    };
+}
+// Elsewhere the Rust body makes the same check (`raw::nested`); the slot is only named here, in
+// an assembler comment, because every asm operand must be used.
+#[cfg(not(target_arch = "x86_64"))]
+macro_rules! forward_check {
+    () => {
+        "/* {slot} */"
+    };
+}
+pub(crate) use forward_check;
+
+/// A naked entry point: `$jump` to `$inner`, behind the nested-call check for recording hooks.
+macro_rules! entry {
+    ($jump:expr, $inner:path, $slot:path $(,)?) => {
+        core::arch::naked_asm!($jump, inner = sym $inner)
+    };
+    ($jump:expr, $inner:path, $slot:path, forward_nested) => {
+        core::arch::naked_asm!($crate::hooks::forward_check!(), $jump, slot = sym $slot, inner = sym $inner)
+    };
+}
+pub(crate) use entry;
+
+/// Whether the Rust body must make the nested-call check itself (where the entry point does
+/// not: see `forward_check`).
+macro_rules! forward_in_body {
+    () => {
+        false
+    };
+    (forward_nested) => {
+        !cfg!(target_arch = "x86_64")
+    };
+}
+pub(crate) use forward_in_body;
+
+/// A hook that records its caller module. At most five integer/pointer arguments. A trailing
+/// `forward_nested` after `err = …` marks a recording hook (see `forward_check`); resolver
+/// hooks never take it, because a pointer handed out inside another call must still be wrapped.
 macro_rules! caller_hook {
     (
         $(#[$doc:meta])*
-        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) pads($($pad:ident),*) -> $ret:ty, err = $err:expr,
+        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) pads($($pad:ident),*) -> $ret:ty, err = $err:expr
+        $(, $fwd:ident)?,
         |$real:ident, $ra:ident| $body:block
     ) => {
         $(#[$doc])*
@@ -69,7 +148,7 @@ macro_rules! caller_hook {
             #[unsafe(naked)]
             #[cfg_attr(not(test), export_name = stringify!($name))]
             pub unsafe extern "C" fn exported() {
-                core::arch::naked_asm!($crate::hooks::trampoline!(), inner = sym exported_inner)
+                $crate::hooks::entry!($crate::hooks::trampoline!(), exported_inner, REAL $(, $fwd)?)
             }
 
             unsafe extern "C" fn exported_inner($($arg: $ty,)* $($pad: usize,)* ra: usize) -> $ret {
@@ -82,7 +161,7 @@ macro_rules! caller_hook {
             /// The wrapper handed out by resolvers.
             #[unsafe(naked)]
             pub unsafe extern "C" fn resolved() {
-                core::arch::naked_asm!($crate::hooks::trampoline!(), inner = sym resolved_inner)
+                $crate::hooks::entry!($crate::hooks::trampoline!(), resolved_inner, TARGET $(, $fwd)?)
             }
 
             unsafe extern "C" fn resolved_inner($($arg: $ty,)* $($pad: usize,)* ra: usize) -> $ret {
@@ -105,6 +184,9 @@ macro_rules! caller_hook {
                 // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
+                if $crate::hooks::forward_in_body!($($fwd)?) && $crate::raw::nested() {
+                    return $real($($arg),*);
+                }
                 $body
             }
 
@@ -122,11 +204,15 @@ macro_rules! caller_hook {
 }
 pub(crate) use caller_hook;
 
-/// A hook without a caller module (launches, resolvers, by-value struct arguments).
+/// A hook without a caller module (launches, resolvers, by-value struct arguments). The entry
+/// points are naked jumps to Rust functions of the same signature (behind the nested-call check
+/// for `forward_nested` hooks), so the arguments, including by-value structs and stack
+/// arguments, are never touched on the way.
 macro_rules! plain_hook {
     (
         $(#[$doc:meta])*
-        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) -> $ret:ty, err = $err:expr,
+        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) -> $ret:ty, err = $err:expr
+        $(, $fwd:ident)?,
         |$real:ident| $body:block
     ) => {
         $(#[$doc])*
@@ -146,7 +232,13 @@ macro_rules! plain_hook {
             type Real = unsafe extern "C" fn($($ty),*) -> $ret;
 
             /// The exported symbol.
+            #[unsafe(naked)]
             #[cfg_attr(not(test), export_name = stringify!($name))]
+            pub unsafe extern "C" fn exported() {
+                $crate::hooks::entry!($crate::hooks::jump!(), exported_fn, REAL $(, $fwd)?)
+            }
+
+            /// The exported symbol's body.
             pub unsafe extern "C" fn exported_fn($($arg: $ty),*) -> $ret {
                 let real = REAL.get($crate::real::Lib::$lib, NAME);
                 // Safety: forwarding the caller's own arguments.
@@ -154,6 +246,12 @@ macro_rules! plain_hook {
             }
 
             /// The wrapper handed out by resolvers.
+            #[unsafe(naked)]
+            pub unsafe extern "C" fn resolved() {
+                $crate::hooks::entry!($crate::hooks::jump!(), resolved_fn, TARGET $(, $fwd)?)
+            }
+
+            /// The resolver wrapper's body.
             pub unsafe extern "C" fn resolved_fn($($arg: $ty),*) -> $ret {
                 // Safety: TARGET is what the real resolver returned for this name.
                 unsafe { body(TARGET.load(), $($arg),*) }
@@ -173,6 +271,9 @@ macro_rules! plain_hook {
                 // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
+                if $crate::hooks::forward_in_body!($($fwd)?) && $crate::raw::nested() {
+                    return $real($($arg),*);
+                }
                 $body
             }
 
@@ -180,9 +281,8 @@ macro_rules! plain_hook {
             pub const DESC: $crate::hooks::table::HookDesc = $crate::hooks::table::HookDesc {
                 name: NAME,
                 lib: $crate::real::Lib::$lib,
-                // Safety: only the address is used (for identity and to hand out).
-                exported: unsafe { std::mem::transmute::<Real, unsafe extern "C" fn()>(exported_fn as Real) },
-                resolved: unsafe { std::mem::transmute::<Real, unsafe extern "C" fn()>(resolved_fn as Real) },
+                exported,
+                resolved,
                 real: &REAL,
                 target: &TARGET,
             };

@@ -32,7 +32,7 @@ unsafe fn out(p: *mut *mut c_void, r: c_int) -> u64 {
 
 caller_hook! {
     /// `cudaMalloc`.
-    cudaMalloc, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    cudaMalloc, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size);
@@ -44,7 +44,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaFree`.
-    cudaFree, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
+    cudaFree, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
@@ -56,7 +56,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocAsync`.
-    cudaMallocAsync, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME,
+    cudaMallocAsync, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, s);
@@ -68,7 +68,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaFreeAsync`.
-    cudaFreeAsync, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    cudaFreeAsync, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, s);
@@ -79,7 +79,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocAsync_ptsz`.
-    cudaMallocAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME,
+    cudaMallocAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, s);
@@ -91,7 +91,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaFreeAsync_ptsz`.
-    cudaFreeAsync_ptsz, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    cudaFreeAsync_ptsz, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, s);
@@ -102,7 +102,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocFromPoolAsync_ptsz`.
-    cudaMallocFromPoolAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME,
+    cudaMallocFromPoolAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, pool, s);
@@ -114,7 +114,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocFromPoolAsync`.
-    cudaMallocFromPoolAsync, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME,
+    cudaMallocFromPoolAsync, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, pool, s);
@@ -126,7 +126,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocManaged`.
-    cudaMallocManaged, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
+    cudaMallocManaged, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -138,7 +138,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocHost`.
-    cudaMallocHost, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    cudaMallocHost, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size);
@@ -150,7 +150,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaHostAlloc`.
-    cudaHostAlloc, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
+    cudaHostAlloc, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -162,7 +162,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaFreeHost`.
-    cudaFreeHost, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
+    cudaFreeHost, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
@@ -173,7 +173,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaHostRegister`.
-    cudaHostRegister, Runtime, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME,
+    cudaHostRegister, Runtime, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
@@ -184,7 +184,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaHostUnregister`.
-    cudaHostUnregister, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
+    cudaHostUnregister, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
@@ -195,7 +195,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMallocPitch`: recorded as pitch × height bytes.
-    cudaMallocPitch, Runtime, fn(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) pads(a) -> c_int, err = NO_RUNTIME,
+    cudaMallocPitch, Runtime, fn(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, pitch, width, height);
@@ -211,7 +211,7 @@ caller_hook! {
 
 caller_hook! {
     /// `cudaMemPoolTrimTo`.
-    cudaMemPoolTrimTo, Runtime, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME,
+    cudaMemPoolTrimTo, Runtime, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, _ra| {
         let d = Depth::enter();
         let r = real(pool, keep);
@@ -230,7 +230,7 @@ pub struct IpcHandle {
 
 plain_hook! {
     /// `cudaIpcOpenMemHandle`: an imported allocation (size unknown to the importer).
-    cudaIpcOpenMemHandle, Runtime, fn(p: *mut *mut c_void, h: IpcHandle, flags: c_uint) -> c_int, err = NO_RUNTIME,
+    cudaIpcOpenMemHandle, Runtime, fn(p: *mut *mut c_void, h: IpcHandle, flags: c_uint) -> c_int, err = NO_RUNTIME, forward_nested,
     |real| {
         let d = Depth::enter();
         let r = real(p, h, flags);
@@ -242,7 +242,7 @@ plain_hook! {
 
 caller_hook! {
     /// `cudaIpcCloseMemHandle`.
-    cudaIpcCloseMemHandle, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME,
+    cudaIpcCloseMemHandle, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p);
