@@ -309,11 +309,19 @@ fn decode_same(
 /// are unchanged.
 pub fn encode_frame(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceError> {
     let (tag, ts, tid, dev) = (rec.event.tag(), rec.ts_ns, rec.tid, rec.device);
-    let prefix = |s: &mut fastframe::Spare| state.encode(ts, tid, dev, s);
+    // The frames written by the million have hand-written encoders (`fastframe`).
+    macro_rules! fast {
+        ($body:path, $ev:expr) => {{
+            let mut s = fastframe::Spare::begin(tag, buf);
+            state.encode(ts, tid, dev, &mut s);
+            $body(&mut s, $ev);
+            s.finish();
+        }};
+    }
     match &rec.event {
-        Event::KernelLaunch(l) => fastframe::launch(tag, l, prefix, buf),
-        Event::Alloc(a) => fastframe::alloc(tag, a, prefix, buf),
-        Event::Free(f) => fastframe::free(tag, f, prefix, buf),
+        Event::KernelLaunch(l) => fast!(fastframe::launch, l),
+        Event::Alloc(a) => fast!(fastframe::alloc, a),
+        Event::Free(f) => fast!(fastframe::free, f),
         _ => return encode_frame_generic(state, rec, buf),
     }
     state.commit(ts, tid, dev);
@@ -331,7 +339,10 @@ pub fn encode_launch_frame(
     l: &KernelLaunch,
     buf: &mut Vec<u8>,
 ) {
-    fastframe::launch(LAUNCH_TAG, l, |s| state.encode(ts_ns, tid, device, s), buf);
+    let mut s = fastframe::Spare::begin(LAUNCH_TAG, buf);
+    state.encode(ts_ns, tid, device, &mut s);
+    fastframe::launch(&mut s, l);
+    s.finish();
     state.commit(ts_ns, tid, device);
 }
 

@@ -33,14 +33,17 @@ impl Sink for Vec<u8> {
     }
 }
 
-/// The spare capacity of the frame buffer, written through a raw pointer: a launch frame has
-/// at most [`CAP`] bytes, reserved up front, so no per-byte capacity or bounds check is needed.
-pub(crate) struct Spare {
+/// One frame being written into the spare capacity of the frame buffer, through a raw pointer:
+/// a fast-path frame has at most [`CAP`] bytes, reserved by [`Spare::begin`], so no per-byte
+/// capacity or bounds check is needed. [`Spare::finish`] sets the length and commits the bytes.
+/// Plain methods rather than closures, so that the whole frame inlines into its caller.
+pub(crate) struct Spare<'a> {
+    buf: &'a mut Vec<u8>,
     ptr: *mut u8,
     len: usize,
 }
 
-impl Sink for Spare {
+impl Sink for Spare<'_> {
     #[inline(always)]
     fn push(&mut self, b: u8) {
         debug_assert!(self.len < CAP);
@@ -60,7 +63,31 @@ impl Sink for Spare {
     }
 }
 
-impl Spare {
+impl<'a> Spare<'a> {
+    /// Reserves [`CAP`] bytes after `buf`'s end and writes the tag and a length placeholder.
+    #[inline(always)]
+    pub(crate) fn begin(tag: u8, buf: &'a mut Vec<u8>) -> Spare<'a> {
+        buf.reserve(CAP);
+        let start = buf.len();
+        // Safety: `reserve` made CAP bytes available after `start`.
+        let ptr = unsafe { buf.as_mut_ptr().add(start) };
+        let mut s = Spare { buf, ptr, len: 0 };
+        s.push(tag);
+        s.push(0); // the body length, set by `finish`
+        s
+    }
+
+    /// Sets the body length and makes the frame part of the buffer.
+    #[inline(always)]
+    pub(crate) fn finish(mut self) {
+        let len = self.len - 2;
+        assert!(len < 0x80, "fast-path frame bodies always fit a one-byte length");
+        self.set(1, len as u8);
+        let end = self.buf.len() + self.len;
+        // Safety: all `len` bytes after the old end were written, inside the reservation.
+        unsafe { self.buf.set_len(end) };
+    }
+
     #[inline(always)]
     fn le<const N: usize>(&mut self, bytes: [u8; N]) {
         debug_assert!(self.len + N <= CAP);
@@ -108,25 +135,6 @@ impl Spare {
     }
 }
 
-/// Appends a whole frame (tag, one-byte length, prefix, body) for a body of at most
-/// `CAP - 2 - 21` bytes. `prefix` writes the record prefix, `body` the event.
-#[inline(always)]
-fn frame(tag: u8, prefix: impl FnOnce(&mut Spare), body: impl FnOnce(&mut Spare), buf: &mut Vec<u8>) {
-    buf.reserve(CAP);
-    let start = buf.len();
-    // Safety: `reserve` made CAP bytes available after `start`.
-    let mut s = Spare { ptr: unsafe { buf.as_mut_ptr().add(start) }, len: 0 };
-    s.push(tag);
-    s.push(0); // the body length, set below
-    prefix(&mut s);
-    body(&mut s);
-    let len = s.len - 2;
-    assert!(len < 0x80, "fast-path frame bodies always fit a one-byte length");
-    s.set(1, len as u8);
-    // Safety: all `s.len` bytes after `start` were written above, inside the reservation.
-    unsafe { buf.set_len(start + s.len) };
-}
-
 /// bincode's `Option<u32>`: a 0 byte, or a 1 byte and the value.
 #[inline(always)]
 fn opt_u32(s: &mut Spare, v: Option<u32>) {
@@ -140,12 +148,10 @@ fn opt_u32(s: &mut Spare, v: Option<u32>) {
 }
 
 /// A launch body (≤ 58 bytes): api, name, grid, block, shared memory, stream, result.
-#[inline]
-pub(crate) fn launch(tag: u8, l: &KernelLaunch, prefix: impl FnOnce(&mut Spare), buf: &mut Vec<u8>) {
-    frame(
-        tag,
-        prefix,
-        |s| {
+#[inline(always)]
+pub(crate) fn launch(s: &mut Spare, l: &KernelLaunch) {
+    {
+        {
             s.bvarint32(u32::from(l.api.code()));
             opt_u32(s, l.name);
             // Unrolled: a chained iterator here cost an `Option` check per step.
@@ -159,18 +165,15 @@ pub(crate) fn launch(tag: u8, l: &KernelLaunch, prefix: impl FnOnce(&mut Spare),
             s.bvarint32(l.shared_mem);
             s.bvarint_signed(l.stream);
             s.bvarint_signed(i64::from(l.result));
-        },
-        buf,
-    );
+        }
+    }
 }
 
 /// An allocation body (≤ 51 bytes). Unit enums are bincode's variant index, a u32 varint.
 #[inline]
-pub(crate) fn alloc(tag: u8, a: &Alloc, prefix: impl FnOnce(&mut Spare), buf: &mut Vec<u8>) {
-    frame(
-        tag,
-        prefix,
-        |s| {
+pub(crate) fn alloc(s: &mut Spare, a: &Alloc) {
+    {
+        {
             s.bvarint(a.addr);
             s.bvarint(a.size);
             s.bvarint_signed(a.stream);
@@ -187,18 +190,15 @@ pub(crate) fn alloc(tag: u8, a: &Alloc, prefix: impl FnOnce(&mut Spare), buf: &m
             }
             opt_u32(s, a.caller);
             opt_u32(s, a.stack);
-        },
-        buf,
-    );
+        }
+    }
 }
 
 /// A free body (≤ 51 bytes).
 #[inline]
-pub(crate) fn free(tag: u8, f: &Free, prefix: impl FnOnce(&mut Spare), buf: &mut Vec<u8>) {
-    frame(
-        tag,
-        prefix,
-        |s| {
+pub(crate) fn free(s: &mut Spare, f: &Free) {
+    {
+        {
             s.bvarint(f.addr);
             match f.size {
                 None => s.push(0),
@@ -215,7 +215,6 @@ pub(crate) fn free(tag: u8, f: &Free, prefix: impl FnOnce(&mut Spare), buf: &mut
             s.bvarint(f.stage as u64);
             opt_u32(s, f.caller);
             opt_u32(s, f.stack);
-        },
-        buf,
-    );
+        }
+    }
 }
