@@ -330,7 +330,7 @@ pub fn encode_frame(state: &mut PrefixState, rec: &Record, buf: &mut Vec<u8>) ->
 
 /// The frame [`encode_frame`] writes for a `Record` holding `Event::KernelLaunch(l)`, without
 /// the record: a producer that writes launches by the million need not build and drop one each.
-#[inline]
+#[inline(always)]
 pub fn encode_launch_frame(
     state: &mut PrefixState,
     ts_ns: Option<u64>,

@@ -49,7 +49,7 @@ impl<W: Write> BinaryWriter<W> {
 
     /// Appends a kernel launch: the same bytes as [`write`](Self::write) with a `Record` of
     /// `Event::KernelLaunch(launch)`, without building (and dropping) the record.
-    #[inline]
+    #[inline(always)]
     pub fn write_launch(
         &mut self,
         ts_ns: Option<u64>,
