@@ -69,11 +69,9 @@ if [ $DRY = 1 ]; then
      $C/stub_cudart.c -o $STUB/libcudart.so.13 -ldl -lpthread
   # The job's device allocations go through a stand-in libc10_cuda.so, so that the trace names
   # PyTorch's allocator module as their caller, as on a GPU (memsim replay takes only those).
-  # A stub libcupti.so.13 next to the stub runtime, as cu13 wheels ship it (synthetic records).
-  # Linked against the stub driver, as the real one is, so that it finds the driver's allocation
-  # log for its MEMORY2 records even though the runtime loads the driver RTLD_LOCAL.
-  cc -shared -fPIC -O1 -Wl,-soname,libcupti.so.13 $C/stub_cupti.c -o $STUB/libcupti.so.13 \
-     -L$STUB -Wl,--no-as-needed -l:libcuda.so.1 -Wl,--as-needed -Wl,-rpath,'$ORIGIN'
+  # A stub libcupti.so.13 next to the stub runtime, as cu13 wheels ship it (synthetic records;
+  # its MEMORY2 records come from the loaded stub driver's allocation log).
+  cc -shared -fPIC -O1 -Wl,-soname,libcupti.so.13 $C/stub_cupti.c -o $STUB/libcupti.so.13
   cc -shared -fPIC -O1 -Wl,-soname,libc10_cuda.so $C/stub_c10_cuda.c -o $STUB/libc10_cuda.so \
      -L$STUB -l:libcudart.so.13 -Wl,-rpath,'$ORIGIN'
   export LD_LIBRARY_PATH=$STUB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -100,8 +100,8 @@ def check_caching(mode, d):
     if execs or launches:
         kernels = f"kernels: {launches} launches, {execs} CUPTI executions"
         detail = f"{detail}; {kernels}" if detail else kernels
-    # CUPTI MEMORY2 device allocations against interposition: reported, not judged (CUPTI starts
-    # after the first recorded call, and whether it reports VMM memory is what this shows).
+    # CUPTI MEMORY2 device allocations against interposition: reported, not judged (whether CUPTI
+    # reports VMM memory is what this shows).
     cupti = [
         (r["addr"], r["size"])
         for r in recs

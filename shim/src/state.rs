@@ -135,17 +135,57 @@ fn not_running(ev: &RawEvent) -> bool {
     false
 }
 
+/// True until the process's first outermost recording calls have settled whether CUPTI starts
+/// early ([`start_before_call`]). One relaxed load per hook.
+pub static STARTING: AtomicBool = AtomicBool::new(true);
+/// Outermost recording calls that found CUPTI wanted but no driver loaded yet.
+static CUPTI_DEFERRED: AtomicU32 = AtomicU32::new(0);
+
+/// With `MEMTRACE_CUPTI=1`, the process's first outermost recording call starts CUPTI (and the
+/// writer that drains it) before the call is forwarded, so that CUPTI, enabled before the
+/// driver's first allocation, reports it too. The real libcupti must not be subscribed before
+/// libcuda is loaded, and a runtime loads its driver during its first call: then CUPTI waits
+/// for the next call (once; after that it starts, or logs why it cannot). Without CUPTI nothing
+/// starts early: the writer starts with the first recorded event, so a process that records
+/// nothing (say, launches only, with `MEMTRACE_KERNELS=0`) writes no trace.
+#[cold]
+#[inline(never)]
+pub fn start_before_call() {
+    let _ = std::panic::catch_unwind(|| {
+        // A vfork child shares our memory: it must not touch the flags.
+        if !is_owner() {
+            return;
+        }
+        if !RECORDING.load(Ordering::Relaxed) || !config().cupti {
+            STARTING.store(false, Ordering::Relaxed);
+            return;
+        }
+        if writer::WRITER.load(Ordering::Acquire) == NOT_STARTED {
+            start_writer();
+        }
+        if crate::real::loaded(c"libcuda.so.1").is_none() && CUPTI_DEFERRED.fetch_add(1, Ordering::Relaxed) == 0 {
+            return;
+        }
+        crate::cupti::start();
+        STARTING.store(false, Ordering::Relaxed);
+    });
+}
+
 #[cold]
 fn start() {
     if !is_owner() {
         return;
     }
-    clock_origin();
-    install_signals();
-    writer::ensure_started();
+    start_writer();
     if config().cupti {
         crate::cupti::start();
     }
+}
+
+fn start_writer() {
+    clock_origin();
+    install_signals();
+    writer::ensure_started();
 }
 
 /// Complete the trace: ask the writer to drain and write `ProcessExit`, and wait (bounded).
@@ -254,7 +294,9 @@ extern "C" fn at_fork_child() {
     writer::EXIT_STATUS.store(i64::MIN, Ordering::Release);
     writer::EXIT_SIGNAL.store(0, Ordering::Release);
     let follow = CONFIG.get().is_none_or(|c| c.follow_fork);
+    CUPTI_DEFERRED.store(0, Ordering::Relaxed);
     if follow {
+        STARTING.store(true, Ordering::Relaxed);
         writer::WRITER.store(NOT_STARTED, Ordering::Release);
     } else {
         writer::WRITER.store(DONE, Ordering::Release);

@@ -54,6 +54,10 @@ pub fn ensure_started() {
     if WRITER.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
+    // The writer must never run the exit-signal handler: that handler waits for the writer. So
+    // it is born with SIGINT and SIGTERM blocked (a new thread inherits its creator's mask); a
+    // signal arriving meanwhile stays pending for the host's threads.
+    let old = block_signals();
     let spawned = std::thread::Builder::new().name("memtrace-writer".into()).spawn(|| {
         let r = std::panic::catch_unwind(run);
         if r.is_err() {
@@ -61,6 +65,8 @@ pub fn ensure_started() {
         }
         WRITER.store(DONE, Ordering::Release);
     });
+    // Safety: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if let Err(e) = spawned {
         log!(Warn, "cannot start the writer thread ({e}); recording disabled");
         WRITER.store(DONE, Ordering::Release);
@@ -148,19 +154,23 @@ fn truthy(v: &str) -> bool {
     !v.is_empty() && v != "0"
 }
 
-fn block_signals() {
-    // Safety: plain sigset manipulation on a local set; affects only this thread.
+/// Blocks SIGINT and SIGTERM in the calling thread; returns the previous mask.
+fn block_signals() -> libc::sigset_t {
+    // Safety: plain sigset manipulation on local sets; affects only this thread.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
     }
 }
 
 fn run() {
     raw::set_internal(true);
+    // Already blocked from birth (see `ensure_started`); kept for a writer started otherwise.
     block_signals();
     let cfg = state::config();
     let pid = state::owner_pid();

@@ -124,8 +124,9 @@ fn another_subscriber_is_one_line_and_no_crash() {
 type Mem = (MemActivityOp, CuptiMemoryKind, u64, u64, u32, u64);
 
 /// p_runtime_alloc: cudaMalloc a (1 MiB), cudaMalloc b (4096), cudaFree a, cudaFree b,
-/// cudaMallocHost h (8192), cudaFreeHost h. CUPTI starts after the first recorded call returns,
-/// so, as with the real one, the allocation of `a` precedes it and only its release is reported.
+/// cudaMallocHost h (8192), cudaFreeHost h. CUPTI starts when the first recorded call enters,
+/// before it is forwarded, so the driver's allocation of `a` is reported too (the stub, like the
+/// real one, reports only what happens while MEMORY2 is enabled).
 #[test]
 fn memory_activity_records_from_cupti() {
     let path = lib_path(&[".", "cupti"]);
@@ -157,6 +158,7 @@ fn memory_activity_records_from_cupti() {
     use CuptiMemoryKind::{Device, Pinned};
     use MemActivityOp::{Allocation, Release};
     let want: Vec<Mem> = vec![
+        (Allocation, Device, a, 1 << 20, 2000, 0x1000),
         (Allocation, Device, b, 4096, 2001, 0x1001),
         (Release, Device, a, 1 << 20, 2002, 0x1002),
         (Release, Device, b, 4096, 2003, 0x1003),
@@ -174,18 +176,38 @@ fn memory_activity_records_from_cupti() {
     let ts: Vec<u64> = mems.iter().map(|(_, t, _)| t.expect("a timestamp")).collect();
     assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
     assert!(ts[0] > 0 && ts[4] < exit_ts.expect("process_exit has a timestamp"), "{ts:?} vs exit {exit_ts:?}");
-    // memsim's cross-check: b's CUPTI allocation matches the traced cudaMalloc; a's release has
-    // no CUPTI allocation.
+    // memsim's cross-check: both CUPTI device allocations match the traced cudaMallocs, and every
+    // release has its allocation.
     let c = s.cupti_memory.clone().expect("cupti_memory");
     assert_eq!(
         (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases),
-        (2, 3, 1, 1, 1)
+        (3, 3, 2, 2, 0)
     );
     // Interposition counts are unchanged; the summary names the memory records.
     assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
     let lines = memtrace_lines(&r);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].contains("3 kernel execs and 5 memory records from CUPTI"), "{lines:?}");
+    assert!(lines[0].contains("3 kernel execs and 6 memory records from CUPTI"), "{lines:?}");
+}
+
+/// A program whose runtime loads libcuda.so.1 only during its first call: CUPTI cannot be
+/// subscribed before that call (the real libcupti crashes without a driver), so it starts at
+/// the second one. It misses the first allocation only; nothing else changes.
+#[test]
+fn cupti_waits_one_call_for_a_driver_the_runtime_loads_lazily() {
+    let path = lib_path(&[".", "cupti"]);
+    let r = run_ok("p_runtime_alloc_lazy_driver", &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path)]);
+    let s = r.stats();
+    assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
+    let c = s.cupti_memory.clone().expect("cupti_memory");
+    // a's allocation precedes CUPTI; b's allocation and every release follow it.
+    assert_eq!(
+        (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases),
+        (2, 3, 1, 1, 1)
+    );
+    let lines = memtrace_lines(&r);
+    assert_eq!(lines.len(), 1, "no fallback line, only the summary: {lines:?}");
+    assert!(lines[0].contains("and 5 memory records from CUPTI"), "{lines:?}");
 }
 
 /// A CUPTI without `MEMORY2` (STUB_CUPTI=nomem): one line, then kernel records as before.

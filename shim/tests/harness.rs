@@ -159,6 +159,26 @@ pub fn build_dir() -> &'static Path {
             let _ = std::fs::remove_file(dir.join(link));
             std::os::unix::fs::symlink(target, dir.join(link)).unwrap();
         }
+        // p_runtime_alloc linked against the runtime only: libcuda.so.1 is loaded by the stub
+        // runtime's first call, as a real libcudart does.
+        cc(
+            &[
+                "-O1",
+                "-rdynamic",
+                &inc,
+                &format!("{s}/p_runtime_alloc.c"),
+                "-o",
+                "p_runtime_alloc_lazy_driver",
+                "-L.",
+                "-Wl,--no-as-needed",
+                "-lcudart",
+                "-Wl,--as-needed",
+                "-ldl",
+                "-lpthread",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+            &dir,
+        );
         for p in PROGRAMS {
             cc(
                 &[

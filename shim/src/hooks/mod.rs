@@ -106,17 +106,32 @@ macro_rules! entry {
 }
 pub(crate) use entry;
 
-/// Whether the Rust body must make the nested-call check itself (where the entry point does
-/// not: see `forward_check`).
-macro_rules! forward_in_body {
+/// Whether the hook records (`forward_nested`).
+macro_rules! records {
     () => {
         false
     };
     (forward_nested) => {
-        !cfg!(target_arch = "x86_64")
+        true
     };
 }
-pub(crate) use forward_in_body;
+pub(crate) use records;
+
+/// The start of a recording hook's body, after `$real` is bound: the nested-call check where
+/// the entry point does not make it (see `forward_check`), then, on the process's first
+/// outermost recording calls, starting the writer and CUPTI before the call is forwarded
+/// (`state::start_before_call`).
+macro_rules! recording_prologue {
+    ($real:ident($($arg:ident),*)) => {
+        if !cfg!(target_arch = "x86_64") && $crate::raw::nested() {
+            return $real($($arg),*);
+        }
+        if $crate::state::STARTING.load(std::sync::atomic::Ordering::Relaxed) {
+            $crate::state::start_before_call();
+        }
+    };
+}
+pub(crate) use recording_prologue;
 
 /// A hook that records its caller module. At most five integer/pointer arguments. A trailing
 /// `forward_nested` after `err = …` marks a recording hook (see `forward_check`); resolver
@@ -184,8 +199,8 @@ macro_rules! caller_hook {
                 // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
-                if $crate::hooks::forward_in_body!($($fwd)?) && $crate::raw::nested() {
-                    return $real($($arg),*);
+                if $crate::hooks::records!($($fwd)?) {
+                    $crate::hooks::recording_prologue!($real($($arg),*));
                 }
                 $body
             }
@@ -271,8 +286,8 @@ macro_rules! plain_hook {
                 // obligations under the CUDA API contract are exactly the real function's.
                 #[allow(unused_unsafe)]
                 let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
-                if $crate::hooks::forward_in_body!($($fwd)?) && $crate::raw::nested() {
-                    return $real($($arg),*);
+                if $crate::hooks::records!($($fwd)?) {
+                    $crate::hooks::recording_prologue!($real($($arg),*));
                 }
                 $body
             }

@@ -8,6 +8,7 @@
  * under torch.profiler or nsys.
  * STUB_CUPTI=nomem: cuptiActivityEnable(MEMORY2) fails with CUPTI_ERROR_INVALID_KIND, as an old
  * CUPTI would. */
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -74,8 +75,13 @@ _Static_assert(offsetof(memory4, memoryPoolType) == 80, "layout");
 _Static_assert(offsetof(memory4, poolAddress) == 88, "layout");
 _Static_assert(sizeof(memory4) == 128, "layout");
 
-/* The stub driver's log: weak, since it is absent when another libcuda is loaded. */
-#pragma weak stub_cuda_mem_log
+/* The stub driver's log, looked up in the loaded libcuda.so.1 (as the real CUPTI reaches the
+ * driver it runs with, even one a runtime loaded RTLD_LOCAL); absent with another libcuda. */
+typedef unsigned (*mem_log_t)(const stub_mem_op **ops);
+static mem_log_t mem_log(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h ? (mem_log_t)dlsym(h, "stub_cuda_mem_log") : 0;
+}
 
 enum {
     OK = 0, MAX_LIMIT_REACHED = 12, INVALID_KIND = 21, MULTIPLE_SUBSCRIBERS = 39,
@@ -163,9 +169,10 @@ static size_t kernel_records(uint8_t *buf) {
 }
 /* MEMORY2 records for the driver's operations since the last flush; returns the bytes written. */
 static size_t memory_records(uint8_t *out, size_t room) {
-    if (!memory_on || !stub_cuda_mem_log) return 0;
+    mem_log_t log = memory_on ? mem_log() : 0;
+    if (!log) return 0;
     const stub_mem_op *ops;
-    unsigned n = stub_cuda_mem_log(&ops);
+    unsigned n = log(&ops);
     size_t used = 0;
     for (; memory_reported < n && used + sizeof(memory4) <= room; memory_reported++) {
         const stub_mem_op *o = &ops[memory_reported];
