@@ -6,14 +6,16 @@
 //! ```
 //!
 //! Architecture:
-//! - [`hooks`]: the exported entry points. Each calls the real function, then (outermost call
-//!   only) fills a 64-byte [`raw::RawEvent`], stamps it ([`clock`]: the invariant TSC where there
-//!   is one) and pushes it into its thread's preallocated single-producer ring ([`ring`]).
-//!   Resolver hooks (`dlsym`, `cuGetProcAddress*`, `cudaGetDriverEntryPoint*`) hand out wrappers
-//!   by pointer identity, so library-internal and Triton-style driver calls are seen too.
-//! - [`writer`]: one background thread sweeps the rings, merges them by time, turns raw events
-//!   into `trace::Record`s, resolves caller modules and kernel names, writes the file, and
-//!   prints the exit summary.
+//! - [`hooks`]: the exported entry points: naked stubs that forward a nested call (one made
+//!   inside another hook, or by the shim itself) straight to the real function, else jump into
+//!   the Rust body. That calls the real function, then (outermost call only) fills a 64-byte
+//!   [`raw::RawEvent`] straight into its thread's preallocated single-producer ring ([`ring`]),
+//!   stamped with the invariant TSC where there is one ([`clock`]). Resolver hooks (`dlsym`,
+//!   `cuGetProcAddress*`, `cudaGetDriverEntryPoint*`) hand out wrappers by pointer identity, so
+//!   library-internal and Triton-style driver calls are seen too.
+//! - [`writer`]: one background thread sweeps the rings (a lone ring is encoded in place, several
+//!   are merged by time), turns raw events into trace frames, resolves caller modules and kernel
+//!   names, writes the file, and prints the exit summary.
 //! - [`state`]: configuration at load, lazy start, exit/signal/fork handling.
 //! - [`real`]: finding real functions (libc's own `dlsym`, RTLD_NEXT, RTLD_NOLOAD by soname).
 //! - [`config`]: the `MEMTRACE_*` table.
