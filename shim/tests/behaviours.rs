@@ -19,6 +19,18 @@ fn check(prog: &str, env: &[(&str, &str)], calls: &[(&str, u64)], totals: Totals
     (r, s)
 }
 
+/// The shim `dlopen`ed at run time instead of preloaded, so its initial-exec TLS block comes from
+/// glibc's static TLS surplus: the hook reached through its handle is recorded (the free through
+/// the PLT bypasses the shim, loaded after the runtime), and so is the marker.
+#[test]
+fn dlopened_instead_of_preloaded() {
+    let shim = crate::harness::shim();
+    let env = [("LD_PRELOAD", ""), ("SHIM_PATH", shim.to_str().expect("a UTF-8 path"))];
+    let (r, s) = check("p_dlopen_shim", &env, &[("cudaMalloc", 1)], (1, 0, 0, 4096));
+    let marked = s.records.iter().any(|r| matches!(&r.event, Event::Marker(m) if m.text == "dlopened"));
+    assert!(marked, "no marker; stderr:\n{}", r.stderr());
+}
+
 #[test]
 fn runtime_alloc_and_free() {
     let (r, s) = check(
