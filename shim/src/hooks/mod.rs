@@ -126,7 +126,9 @@ macro_rules! recording_prologue {
         if !cfg!(target_arch = "x86_64") && $crate::raw::nested() {
             return $real($($arg),*);
         }
-        if $crate::state::STARTING.load(std::sync::atomic::Ordering::Relaxed) {
+        // Nested calls reach here too while `REAL` is still unresolved (the entry stub lets an
+        // empty slot through): only an outermost call starts anything.
+        if $crate::state::STARTING.load(std::sync::atomic::Ordering::Relaxed) && !$crate::raw::nested() {
             $crate::state::start_before_call();
         }
     };
