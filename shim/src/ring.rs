@@ -139,6 +139,11 @@ impl Ring {
         (n, n < avail)
     }
 
+    /// Events pushed and not yet drained.
+    pub fn available(&self) -> usize {
+        self.tail.0.load(Ordering::Acquire).wrapping_sub(self.head.0.load(Ordering::Relaxed))
+    }
+
     /// The thread that owned this ring is gone; a later thread may take it once drained.
     pub fn release(&self) {
         self.owned.store(false, Ordering::Release);

@@ -212,7 +212,6 @@ fn run() {
         // Events stamped after this may still be overtaken by events of a ring swept earlier;
         // see `ring::order`.
         let watermark = clock::stamp();
-        cx.clock.refresh();
         // Finishing: sweep until the rings are empty, but not forever if threads keep calling.
         finishing_rounds += u32::from(finishing);
         let lone = if pending.is_empty() { ring::lone_source() } else { None };
@@ -441,9 +440,14 @@ impl Ctx {
     /// One source and nothing held back: its events are in stamp order already, so they are
     /// encoded straight from the ring's slots, with no copy into a batch. Returns how many.
     fn sweep_in_place(&mut self, r: &ring::Ring) -> Result<usize, trace::TraceError> {
+        // Only events pushed before the clock map's newest sample: their stamps are converted
+        // between samples, never extrapolated past the last one (which a later sample could
+        // contradict by a few ns, out of order).
+        let take = r.available().min(SWEEP_PER_RING);
+        self.clock.refresh();
         let mut failed = None;
         let mut i = 0u32;
-        let n = ring::drain_one(r, SWEEP_PER_RING, |tid, ev| {
+        let n = ring::drain_one(r, take, |tid, ev| {
             if failed.is_none() {
                 failed = self.handle(tid, ev).err();
             }
@@ -469,6 +473,8 @@ impl Ctx {
         last_flush: &mut std::time::Instant,
     ) -> Result<usize, trace::TraceError> {
         let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, *ev)));
+        // After the sweep: every stamp it took is older than the clock map's newest sample.
+        self.clock.refresh();
         let n = sweep.events;
         let last_round = finishing && (n == 0 || finishing_rounds > 64);
         if batch.is_empty() && pending.is_empty() {
