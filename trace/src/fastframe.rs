@@ -100,21 +100,16 @@ impl<'a> Spare<'a> {
     /// 252 u32, 253 u64) and the value little-endian.
     #[inline(always)]
     fn bvarint(&mut self, v: u64) {
-        if v < 251 {
-            self.push(v as u8);
-        } else if v <= u64::from(u16::MAX) {
-            self.push(251);
-            self.le((v as u16).to_le_bytes());
-        } else if v <= u64::from(u32::MAX) {
-            self.push(252);
-            self.le((v as u32).to_le_bytes());
-        } else {
-            self.push(253);
-            self.le(v.to_le_bytes());
+        match u32::try_from(v) {
+            Ok(small) => self.bvarint32(small),
+            Err(_) => {
+                self.push(253);
+                self.le(v.to_le_bytes());
+            }
         }
     }
 
-    /// [`bvarint`](Self::bvarint) for a value known to fit 32 bits (no u64 branch).
+    /// [`bvarint`](Self::bvarint) for a value that fits 32 bits.
     #[inline(always)]
     fn bvarint32(&mut self, v: u32) {
         if v < 251 {
