@@ -104,15 +104,19 @@ impl Segment {
         Segment { tsc0: a.0, tsc1: b.0, ns0: a.1, mult: mult.min(u128::from(u64::MAX)) as u64 }
     }
 
-    #[inline]
     fn apply(&self, stamp: u64) -> u64 {
         if stamp >= self.tsc0 {
-            let d = (u128::from(stamp - self.tsc0) * u128::from(self.mult)) >> 32;
-            self.ns0.saturating_add(d.min(u128::from(u64::MAX)) as u64)
+            self.ns0.saturating_add(self.scaled(stamp - self.tsc0))
         } else {
-            let d = (u128::from(self.tsc0 - stamp) * u128::from(self.mult)) >> 32;
-            self.ns0.saturating_sub(d.min(u128::from(u64::MAX)) as u64)
+            self.ns0.saturating_sub(self.scaled(self.tsc0 - stamp))
         }
+    }
+
+    /// `ticks` in ns (saturating).
+    #[inline(always)]
+    fn scaled(&self, ticks: u64) -> u64 {
+        let d = (u128::from(ticks) * u128::from(self.mult)) >> 32;
+        d.min(u128::from(u64::MAX)) as u64
     }
 }
 
@@ -163,8 +167,7 @@ impl Calibration {
     pub fn to_ns(&mut self, stamp: u64) -> u64 {
         if let Some(s) = &self.last {
             if stamp >= s.tsc0 && stamp < s.tsc1 {
-                let d = (u128::from(stamp - s.tsc0) * u128::from(s.mult)) >> 32;
-                return s.ns0.saturating_add(d.min(u128::from(u64::MAX)) as u64);
+                return s.ns0.saturating_add(s.scaled(stamp - s.tsc0));
             }
         }
         self.search_to_ns(stamp)

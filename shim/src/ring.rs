@@ -97,26 +97,16 @@ impl Ring {
 
     /// Push from the owning thread; waits (bounded) while full, then drops and counts.
     pub fn push(&self, ev: RawEvent) {
-        if self.try_push(&ev) {
-            return;
+        if !self.try_push(&ev) && self.wait_for_room() {
+            // There is room now (only this thread fills the ring).
+            self.try_push(&ev);
         }
-        let t = self.tail.0.load(Ordering::Relaxed);
-        // Safety: only the owning thread touches seen_head.
-        let seen = unsafe { &mut *self.seen_head.get() };
-        if !self.wait_for_room(t, seen) {
-            return;
-        }
-        // Safety: as in `try_push`; `wait_for_room` made room.
-        unsafe { (*self.slots.get_unchecked(t & self.mask).get()).write(ev) };
-        self.tail.0.store(t.wrapping_add(1), Ordering::Release);
     }
 
     #[cold]
-    fn wait_for_room(&self, t: usize, seen: &mut usize) -> bool {
-        wait(|| {
-            *seen = self.head.0.load(Ordering::Acquire);
-            t.wrapping_sub(*seen) <= self.mask
-        })
+    fn wait_for_room(&self) -> bool {
+        let t = self.tail.0.load(Ordering::Relaxed);
+        wait(|| t.wrapping_sub(self.head.0.load(Ordering::Acquire)) <= self.mask)
     }
 
     /// Hand the writer up to `max` events pushed so far: `f(tid, event)` in push order.

@@ -170,8 +170,6 @@ fn block_signals() -> libc::sigset_t {
 
 fn run() {
     raw::set_internal(true);
-    // Already blocked from birth (see `ensure_started`); kept for a writer started otherwise.
-    block_signals();
     let cfg = state::config();
     let pid = state::owner_pid();
     let origin = state::clock_origin();
