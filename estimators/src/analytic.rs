@@ -4,6 +4,7 @@
 use std::str::FromStr;
 
 use serde::Serialize;
+use simulator::fit::{outside, Libraries};
 use simulator::profile::Profile;
 
 use crate::features::Features;
@@ -157,7 +158,8 @@ pub fn analytic(
     let uses_gemm = f.uses_gemm();
     let workspace = if uses_gemm { profile.cublas_workspace_bytes() } else { 0 };
     let reserved = weights + gradients + optimizer_state + activations + amp + workspace;
-    let device = reserved + profile.outside_allocator_bytes(uses_gemm, f.uses_conv());
+    let libs = Libraries { gemm: uses_gemm, conv: f.uses_conv(), source: "features" };
+    let device = reserved + outside(profile, "profile", libs).total_bytes;
     AnalyticEstimate {
         weights,
         gradients,

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use simulator::alloc::TorchVersion;
+use simulator::fit::{outside, Capacity, CapacitySource, Libraries};
 use simulator::profile::Profile;
 
 use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
@@ -110,7 +111,16 @@ pub fn evaluate_row(
     let loaded = trace.map(|(p, s)| (LoadedTrace::load(p).map_err(|e| chain(&e)), s));
     // The tracer's workspace allocation is direct evidence of a GEMM; layer types are the fallback.
     let uses_gemm = f.uses_gemm() || matches!(&loaded, Ok((Ok(t), _)) if t.has_workspace());
-    let outside = ctx.profile.outside_allocator_bytes(uses_gemm, uses_conv);
+    // The trace header's libraries win, as in `memest estimate` and `memsim replay`.
+    let fallback = Libraries { gemm: uses_gemm, conv: uses_conv, source: "features" };
+    let libs = match &loaded {
+        Ok((Ok(t), _)) => Libraries::of(&t.header, fallback),
+        _ => fallback,
+    };
+    let (uses_gemm, uses_conv) = (libs.gemm, libs.conv);
+    let outside_terms = outside(ctx.profile, "profile", libs);
+    let outside = outside_terms.total_bytes;
+    let capacity = Capacity { bytes: ctx.profile.gpu.total_memory, source: CapacitySource::Profile };
     let mut est = BTreeMap::new();
 
     let (h, s) = timed(|| horus_bytes(f.total_activations, row.batch, f.total_parameters));
@@ -149,7 +159,7 @@ pub fn evaluate_row(
                 "live_peak".into(),
                 Outcome { device_bytes: Some(lp), seconds: Some(trace_s + s), ..Outcome::default() },
             );
-            let (sym, s) = timed(|| symbolic(t, ctx.profile, ctx.version, uses_gemm, uses_conv));
+            let (sym, s) = timed(|| symbolic(t, ctx.version, &outside_terms, capacity));
             est.insert(
                 "symbolic".into(),
                 match sym {

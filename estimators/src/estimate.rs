@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
+use simulator::fit::{self, CapacitySource, Libraries};
 use simulator::profile::Profile;
 
 use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
@@ -15,6 +16,9 @@ use crate::tracefile::LoadedTrace;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// The version of the `memest estimate --json` contract (estimators/README.md).
+pub const SCHEMA: u32 = 2;
+
 /// One estimator's answer in MiB.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Answer {
@@ -23,27 +27,117 @@ pub struct Answer {
     pub device_mib: f64,
     /// Allocator level (`max_memory_reserved`), where the estimator models it.
     pub reserved_mib: Option<f64>,
+    /// Peak allocated (`max_memory_allocated`), where the estimator models it.
+    pub allocated_mib: Option<f64>,
     /// What the number measures: `device`, `reserved` or `live` (live tensor bytes).
     pub level: &'static str,
+    /// `headline` (act on it) or `baseline` (for comparison only).
+    pub role: &'static str,
+    /// What the estimator leaves out, in a sentence.
+    pub ignores: &'static str,
+}
+
+impl Answer {
+    /// A baseline's answer.
+    pub fn baseline(name: &str, device_mib: f64, reserved_mib: Option<f64>, level: &'static str) -> Answer {
+        Answer { device_mib, reserved_mib, allocated_mib: None, level, role: "baseline", ignores: ignores(name) }
+    }
+}
+
+/// What each estimator leaves out.
+pub fn ignores(name: &str) -> &'static str {
+    match name {
+        "symbolic" => {
+            "memory that bypasses PyTorch's allocator beyond the profile's terms (custom extensions, NCCL \
+             buffers) and effects of torch.compile"
+        }
+        "analytic" => {
+            "the allocator's caching and fragmentation, when tensors are alive (it sums every layer's \
+             tensors), frozen weights, activation checkpointing and transient buffers"
+        }
+        "horus" => {
+            "optimizer state, the allocator, the CUDA context and libraries, frozen weights and checkpointing \
+             (4*(A*B + P + B*P) bytes, as published)"
+        }
+        "fake_tensor" => {
+            "the optimizer step, the caching allocator (rounding, caching, fragmentation), workspaces, and the \
+             CUDA context and libraries (live tensor bytes of forward and backward)"
+        }
+        "live_peak" => {
+            "the caching allocator (rounding, caching, fragmentation) and the CUDA context and libraries (live \
+             requested bytes of the same trace)"
+        }
+        "ml" => {
+            "the job's actual step: a model fitted on GPUMemNet's A100 fp32 sweeps predicts from layer counts, \
+             and knows only the families it was trained on"
+        }
+        _ => "",
+    }
+}
+
+/// The memory outside the allocator, in MiB, as the report shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutsideReport {
+    /// CUDA context and runtime.
+    pub context_mib: f64,
+    /// cuBLAS/cuBLASLt.
+    pub cublas_mib: f64,
+    /// cuDNN.
+    pub cudnn_mib: f64,
+    /// The sum.
+    pub total_mib: f64,
+    /// The libraries counted, and where that came from.
+    pub libraries: Libraries,
+    /// Unmeasured profile constants used.
+    pub unmeasured: Vec<String>,
+}
+
+/// The verdict in MiB.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerdictReport {
+    /// The number the verdict rests on.
+    pub basis: String,
+    /// Device memory needed.
+    pub need_mib: f64,
+    /// Device capacity.
+    pub capacity_mib: f64,
+    /// `--capacity` or `profile`.
+    pub capacity_source: CapacitySource,
+    /// `need_mib <= capacity_mib`.
+    pub fits: bool,
 }
 
 /// The whole answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EstimateReport {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// The estimator to act on.
+    pub headline: &'static str,
+    /// Does the job fit, on the headline's device number.
+    pub verdict: VerdictReport,
     /// By estimator; `null` where it could not run (see `unavailable`).
     pub estimates: BTreeMap<String, Option<Answer>>,
+    /// Memory outside the allocator added to the symbolic estimate.
+    pub outside_allocator: OutsideReport,
     /// Seconds each estimator took here (trace generation not included).
     pub seconds: BTreeMap<String, f64>,
     /// Why an estimator is null.
     pub unavailable: BTreeMap<String, String>,
     /// The profile used (its path).
     pub profile: String,
+    /// The profile's name.
+    pub profile_name: String,
+    /// The GPU's name.
+    pub gpu: String,
     /// The GPU's total memory, MiB.
     pub gpu_total_mib: f64,
     /// Model family from the features.
     pub family: &'static str,
-    /// The symbolic estimator's verdict: the job would not fit on the profile's GPU.
+    /// `!verdict.fits`, kept for schema-1 readers.
     pub oom_predicted: Option<bool>,
+    /// What was partly used or rests on a placeholder.
+    pub warnings: Vec<String>,
 }
 
 /// Inputs of one estimate.
@@ -56,6 +150,8 @@ pub struct EstimateInput<'a> {
     pub features: &'a Features,
     /// The profile and its path.
     pub profile: (&'a Profile, &'a std::path::Path),
+    /// The device's total memory, bytes (`--capacity`); default the profile's.
+    pub capacity: Option<u64>,
     /// Batch size override (else the features', else the trace's metadata).
     pub batch: Option<u64>,
     /// An ML answer computed by the caller (MiB) or why there is none.
@@ -84,8 +180,18 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
     let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
     let version = profile_version(profile, ppath)?;
-    let uses_conv = f.uses_conv();
-    let uses_gemm = f.uses_gemm() || t.has_workspace();
+    let mut warnings = t.warnings();
+    if let Some(p) = input.plain {
+        warnings.extend(p.warnings());
+    }
+    // The trace says which libraries its job loaded; the features are the fallback.
+    let fallback = Libraries { gemm: f.uses_gemm() || t.has_workspace(), conv: f.uses_conv(), source: "features" };
+    let libs = Libraries::of(&t.header, fallback);
+    let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
+    warnings.extend(outside_terms.warnings());
+    let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
+    warnings.extend(cap_warnings);
+    let capacity = capacity.expect("a profile always gives a capacity");
     let mut estimates = BTreeMap::new();
     let mut seconds = BTreeMap::new();
     let mut unavailable = BTreeMap::new();
@@ -94,38 +200,38 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     };
 
     let s = Instant::now();
-    let sym = symbolic(t, profile, version, uses_gemm, uses_conv)?;
+    let sym = symbolic(t, version, &outside_terms, capacity)?;
     time("symbolic", s);
     estimates.insert(
         "symbolic".into(),
         Some(Answer {
             device_mib: mib(sym.predicted_device_peak),
             reserved_mib: Some(mib(sym.predicted_reserved_peak)),
+            allocated_mib: Some(mib(sym.predicted_allocated_peak)),
             level: "device",
+            role: "headline",
+            ignores: ignores("symbolic"),
         }),
     );
     let s = Instant::now();
     let a = analytic(f, batch, optimizer, precision, profile);
     time("analytic", s);
-    estimates.insert(
-        "analytic".into(),
-        Some(Answer { device_mib: mib(a.device), reserved_mib: Some(mib(a.reserved)), level: "device" }),
-    );
+    estimates
+        .insert("analytic".into(), Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")));
     let s = Instant::now();
     let h = horus_bytes(f.total_activations, batch, f.total_parameters);
     time("horus", s);
-    estimates.insert("horus".into(), Some(Answer { device_mib: h as f64 / MIB, reserved_mib: None, level: "device" }));
+    estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
     let s = Instant::now();
     let lp = t.live_peak();
     time("live_peak", s);
-    estimates.insert("live_peak".into(), Some(Answer { device_mib: mib(lp), reserved_mib: None, level: "live" }));
+    estimates.insert("live_peak".into(), Some(Answer::baseline("live_peak", mib(lp), None, "live")));
     match input.plain {
         Some(p) if p.is_plain_meta() => {
             let s = Instant::now();
             let v = p.forward_backward_peak();
             time("fake_tensor", s);
-            estimates
-                .insert("fake_tensor".into(), Some(Answer { device_mib: mib(v), reserved_mib: None, level: "live" }));
+            estimates.insert("fake_tensor".into(), Some(Answer::baseline("fake_tensor", mib(v), None, "live")));
         }
         Some(p) => {
             estimates.insert("fake_tensor".into(), None);
@@ -148,13 +254,35 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             unavailable.insert("ml".into(), why.clone());
         }
     }
+    let v = &sym.verdict;
+    let o = &outside_terms;
     Ok(EstimateReport {
+        schema: SCHEMA,
+        headline: "symbolic",
+        verdict: VerdictReport {
+            basis: "estimates.symbolic.device_mib".into(),
+            need_mib: mib(v.need_bytes),
+            capacity_mib: mib(v.capacity_bytes),
+            capacity_source: v.capacity_source,
+            fits: v.fits,
+        },
         estimates,
+        outside_allocator: OutsideReport {
+            context_mib: mib(o.context_bytes),
+            cublas_mib: mib(o.cublas_bytes),
+            cudnn_mib: mib(o.cudnn_bytes),
+            total_mib: mib(o.total_bytes),
+            libraries: o.libraries,
+            unmeasured: o.unmeasured.clone(),
+        },
         seconds,
         unavailable,
         profile: ppath.display().to_string(),
+        profile_name: Profile::name_of(ppath),
+        gpu: profile.gpu.name.clone(),
         gpu_total_mib: mib(profile.gpu.total_memory),
         family: f.family().as_str(),
-        oom_predicted: Some(sym.oom_on_profile_gpu),
+        oom_predicted: Some(!v.fits),
+        warnings,
     })
 }

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use simulator::alloc::TorchVersion;
+use simulator::fit::{fit_records, Capacity, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, ReplayReport, Replayer};
 
@@ -12,17 +13,19 @@ use crate::tracefile::LoadedTrace;
 /// What the symbolic estimator predicts, bytes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SymbolicEstimate {
-    /// `max_memory_reserved()` the allocator model reaches: at the profile's capacity when the
-    /// unlimited replay would not fit but the capped one survives (the OOM retry path).
+    /// `max_memory_reserved()` the allocator model reaches: at the capacity's allocator budget
+    /// when the unlimited replay would not fit but the capped one survives (the OOM retry path).
     pub predicted_reserved_peak: u64,
     /// `max_memory_allocated()`.
     pub predicted_allocated_peak: u64,
-    /// Reserved peak plus the profile's memory outside the allocator: nvidia-smi's view.
+    /// Reserved peak plus the memory outside the allocator: nvidia-smi's view.
     pub predicted_device_peak: u64,
     /// The outside-allocator term added.
     pub outside_allocator: u64,
-    /// Whether the job would OOM on the profile's GPU (replayed at its capacity).
+    /// Whether the job would OOM at the capacity.
     pub oom_on_profile_gpu: bool,
+    /// The fit verdict at the capacity, on the device peak.
+    pub verdict: Verdict,
 }
 
 /// The allocator version a profile implies.
@@ -45,36 +48,25 @@ pub fn replay(t: &LoadedTrace, version: TorchVersion, capacity: Option<u64>) -> 
     Ok(rep.finish())
 }
 
-/// Estimate with the symbolic method. `uses_gemm`/`uses_conv` choose the cuBLAS and cuDNN terms.
+/// Estimate with the symbolic method: the trace replayed at the allocator budget that
+/// `capacity` leaves after `outside` ([`simulator::fit`], the same check `memsim replay` makes).
 pub fn symbolic(
     t: &LoadedTrace,
-    profile: &Profile,
     version: TorchVersion,
-    uses_gemm: bool,
-    uses_conv: bool,
+    outside: &Outside,
+    capacity: Capacity,
 ) -> Result<SymbolicEstimate> {
-    let unlimited = replay(t, version, None)?;
-    let outside = profile.outside_allocator_bytes(uses_gemm, uses_conv);
-    let capacity = profile.gpu.total_memory.saturating_sub(outside);
-    // Replaying at capacity only matters when the unlimited peak would not fit. Then the real
-    // allocator's failed cudaMalloc releases cached free segments and retries, so a job that
-    // survives reaches the capped replay's reserved peak, not the unlimited one. A job that
-    // does not survive is reported with what it would have needed.
-    let mut peak = unlimited;
-    let mut oom = false;
-    if peak.peak_reserved_bytes > capacity {
-        let capped = replay(t, version, Some(capacity))?;
-        oom = capped.oom;
-        if !oom {
-            peak = capped;
-        }
-    }
+    let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
+    let fit = fit_records(&t.header, &t.records, &opts, Some(outside.budget(capacity.bytes)))
+        .map_err(|source| EstimateError::Replay { path: t.path.clone(), source })?;
+    let device = fit.device_peak(outside);
     Ok(SymbolicEstimate {
-        predicted_reserved_peak: peak.peak_reserved_bytes,
-        predicted_allocated_peak: peak.peak_allocated_bytes,
-        predicted_device_peak: peak.peak_reserved_bytes + outside,
-        outside_allocator: outside,
-        oom_on_profile_gpu: oom,
+        predicted_reserved_peak: fit.report.peak_reserved_bytes,
+        predicted_allocated_peak: fit.report.peak_allocated_bytes,
+        predicted_device_peak: device,
+        outside_allocator: outside.total_bytes,
+        oom_on_profile_gpu: fit.oom,
+        verdict: Verdict::new("symbolic.device", device, capacity),
     })
 }
 

@@ -17,6 +17,8 @@ pub struct LoadedTrace {
     pub header: Header,
     /// Its records.
     pub records: Vec<Record>,
+    /// What the reader saw: truncation and skipped unknown kinds.
+    pub summary: trace::Summary,
 }
 
 impl LoadedTrace {
@@ -28,7 +30,28 @@ impl LoadedTrace {
         while let Some(rec) = r.next_record() {
             records.push(rec?);
         }
-        Ok(LoadedTrace { path: path.to_path_buf(), header, records })
+        Ok(LoadedTrace { path: path.to_path_buf(), header, records, summary: r.summary() })
+    }
+
+    /// What the input did not give whole, as warning lines naming the file.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.summary.truncated {
+            w.push(format!(
+                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the last \
+                 complete event) was ignored, so peaks may be low",
+                self.path.display(),
+                self.summary.complete_bytes
+            ));
+        }
+        if self.summary.unknown_skipped > 0 {
+            w.push(format!(
+                "{}: {} records of kinds this version does not know were skipped",
+                self.path.display(),
+                self.summary.unknown_skipped
+            ));
+        }
+        w
     }
 
     /// A header metadata value (`optimizer`, `amp`, `batch_size`, `cuda_emulation`, ...).

@@ -63,6 +63,73 @@ fn estimate_json_contract() {
     assert!(ok && out.contains("symbolic") && out.contains("horus"), "{out}");
 }
 
+fn memest_code(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn estimate_schema_2_verdict_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, f) = inputs(dir.path());
+    let (code, out, err) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["schema"], 2);
+    assert_eq!(v["headline"], "symbolic");
+    assert_eq!(v["estimates"]["symbolic"]["role"], "headline");
+    assert_eq!(v["estimates"]["analytic"]["role"], "baseline");
+    assert!(v["estimates"]["analytic"]["ignores"].as_str().unwrap().contains("frozen weights"));
+    assert!(v["estimates"]["symbolic"]["allocated_mib"].as_f64().is_some());
+    let need = v["verdict"]["need_mib"].as_f64().unwrap();
+    assert_eq!(need, v["estimates"]["symbolic"]["device_mib"].as_f64().unwrap());
+    assert_eq!(v["verdict"]["capacity_source"], "profile");
+    assert_eq!(v["verdict"]["fits"], true);
+    // The trace has no uses_gemm/uses_conv: the features (one Linear layer) decide, and say so.
+    assert_eq!(v["outside_allocator"]["libraries"]["source"], "features");
+    assert_eq!(v["outside_allocator"]["libraries"]["gemm"], true);
+    let outside = v["outside_allocator"]["total_mib"].as_f64().unwrap();
+    assert_eq!(need, 22.0 + outside);
+    // A capacity below the need: DOES NOT FIT, exit 1, and the verdict agrees with its numbers.
+    let small = format!("{}MiB", need as u64 - 1);
+    let (code, out, _) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--capacity", &small, "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"]["fits"], false);
+    assert_eq!(v["verdict"]["capacity_source"], "flag");
+    assert!(v["verdict"]["need_mib"].as_f64().unwrap() > v["verdict"]["capacity_mib"].as_f64().unwrap());
+    // The text leads with the verdict on the headline number, then the labelled baselines.
+    let (code, out, _) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--capacity", "40GiB"]);
+    assert_eq!(code, 0);
+    let first = out.lines().next().unwrap();
+    assert!(first.starts_with(&format!("needs {need:.1} MiB on ")) && first.ends_with("FITS"), "{out}");
+    assert!(out.contains("baselines (for comparison, not for decisions):") && out.contains("ignores"), "{out}");
+    // Bad input exits 2.
+    let (code, _, err) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--capacity", "lots"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn estimate_warns_on_a_truncated_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, f) = inputs(dir.path());
+    let text = std::fs::read_to_string(&t).unwrap();
+    let cut = dir.path().join("cut.jsonl");
+    std::fs::write(&cut, &text[..text.len() - 10]).unwrap();
+    let cut = cut.display().to_string();
+    let (code, out, err) = memest_code(&["estimate", "--trace", &cut, "--features", &f, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("cut.jsonl: truncated") && err.contains("after byte"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["warnings"][0].as_str().unwrap().contains("truncated"));
+    let (code, _, err) = memest_code(&["estimate", "--trace", &cut, "--features", &f, "--strict"]);
+    assert_eq!(code, 2, "{err}");
+}
+
 #[test]
 fn errors_are_clear_and_exit_nonzero() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,7 +139,7 @@ fn errors_are_clear_and_exit_nonzero() {
     let check = |args: &[&str], needles: &[&str]| {
         let (ok, _, err) = memest(args);
         assert!(!ok, "{args:?} should fail");
-        assert!(err.starts_with("error: ") && !err.contains("panicked"), "{err}");
+        assert!(err.starts_with("memest: error: ") && !err.contains("panicked"), "{err}");
         for n in needles {
             assert!(err.contains(n), "{err:?} lacks {n:?}");
         }

@@ -4,6 +4,7 @@
 use estimators::symbolic::{capped_rerun_ok, symbolic};
 use estimators::tracefile::LoadedTrace;
 use simulator::alloc::TorchVersion;
+use simulator::fit::{outside, Capacity, CapacitySource, Libraries, Outside};
 use simulator::profile::Profile;
 
 use crate::common::jsonl_trace;
@@ -16,6 +17,14 @@ fn load(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> (tempfile::TempDir, 
     std::fs::write(&p, jsonl_trace(meta, ops)).unwrap();
     let t = LoadedTrace::load(&p).unwrap();
     (dir, t)
+}
+
+fn terms(p: &Profile, gemm: bool, conv: bool) -> Outside {
+    outside(p, "test", Libraries { gemm, conv, source: "test" })
+}
+
+fn total(p: &Profile) -> Capacity {
+    Capacity { bytes: p.gpu.total_memory, source: CapacitySource::Profile }
 }
 
 fn profile() -> Profile {
@@ -39,13 +48,16 @@ fn replay_peaks_and_device_terms() {
     let (_d, t) = load(&[("batch_size", "4")], &ops);
     let p = profile();
     let check = |gemm: bool, conv: bool| {
-        let e = symbolic(&t, &p, TorchVersion::V2_4, gemm, conv).unwrap();
+        let e = symbolic(&t, TorchVersion::V2_4, &terms(&p, gemm, conv), total(&p)).unwrap();
         assert_eq!(
             e.predicted_reserved_peak,
             22 * MIB,
             "one 20 MiB segment shared by 3, 4 and 8 MiB, plus a 2 MiB small-pool segment"
         );
-        assert_eq!(e.outside_allocator, p.outside_allocator_bytes(gemm, conv));
+        let o = &p.outside_allocator;
+        let mib = o.context_mib + if gemm { o.cublas_mib } else { 0.0 } + if conv { o.cudnn_mib } else { 0.0 };
+        assert_eq!(e.outside_allocator, (mib * MIB as f64).round() as u64);
+        assert!(e.verdict.fits && e.verdict.need_bytes == e.predicted_device_peak);
         assert_eq!(e.predicted_device_peak, e.predicted_reserved_peak + e.outside_allocator);
         assert!(!e.oom_on_profile_gpu);
     };
@@ -65,9 +77,12 @@ fn over_capacity_peak_follows_the_oom_retry_path() {
     let (_d, t) = load(&[], &ops);
     let check = |capacity: u64, reserved: u64, oom: bool| {
         let mut p = profile();
-        p.gpu.total_memory = capacity + p.outside_allocator_bytes(false, false);
-        let e = symbolic(&t, &p, TorchVersion::V2_4, false, false).unwrap();
+        p.gpu.total_memory = capacity + terms(&p, false, false).total_bytes;
+        let e = symbolic(&t, TorchVersion::V2_4, &terms(&p, false, false), total(&p)).unwrap();
         assert_eq!((e.predicted_reserved_peak, e.oom_on_profile_gpu), (reserved, oom), "capacity {capacity}");
+        // The verdict never contradicts the number beside it.
+        assert_eq!(e.verdict.fits, !oom);
+        assert_eq!(e.verdict.fits, e.predicted_device_peak <= p.gpu.total_memory);
         assert_eq!(e.predicted_device_peak, reserved + e.outside_allocator);
     };
     check(100 * MIB, 70 * MIB, false);
@@ -98,6 +113,7 @@ fn device_level_trace_is_refused_with_a_reason() {
     let text = jsonl_trace(&[], &[('a', 1, 100)]).replacen("\"level\":\"allocator\"", "\"level\":\"device\"", 1);
     std::fs::write(&p, text).unwrap();
     let t = LoadedTrace::load(&p).unwrap();
-    let e = estimators::error::chain(&symbolic(&t, &profile(), TorchVersion::V2_4, false, false).unwrap_err());
+    let e =
+        estimators::error::chain(&symbolic(&t, TorchVersion::V2_4, &Outside::none(), total(&profile())).unwrap_err());
     assert!(e.contains("dev.jsonl") && e.contains("device-level"), "{e}");
 }

@@ -1,16 +1,22 @@
-//! Collocation: several jobs sharing one GPU, each with its own caching allocator plus the memory
-//! its process holds outside the allocator (context, libraries).
+//! Collocation: several jobs sharing one GPU. Jobs are separate processes, each with its own
+//! caching allocator plus the memory its process holds outside the allocator ([`fit::outside`]).
 //!
-//! With [`Align::Start`] the jobs' traces are put on one time axis from their starts and replayed
-//! together: before each request of job *i*, its allocator may use what the others leave free
-//! (`capacity − Σ others' reserved − Σ contexts`), so a job that hits the ceiling goes through
-//! PyTorch's own retry chain (release cached blocks, retry) before it OOMs, as it would on a
-//! shared GPU. [`Align::Worst`] assumes the peaks coincide: the combined peak is the sum of the
-//! peaks.
+//! Two ways to combine them, and the report says which was used:
+//! - [`Mode::SumOfPeaks`]: with no wall-clock time on every trace, nothing says when each job
+//!   peaks, so the set must survive the peaks coinciding: the combined need is the sum of each
+//!   job's device peak, and that sum is the smallest capacity. This holds for any interleaving.
+//! - [`Mode::Timestamps`]: every trace carries wall-clock timestamps, so the jobs are put on one
+//!   time axis from their starts and replayed together: before each request of job *i*, its
+//!   allocator may use what the others leave free (`capacity − Σ others' reserved − Σ outside`),
+//!   so a job that hits the ceiling goes through PyTorch's own retry chain before it OOMs.
+//!
+//! The verdict is a [`Verdict`]: FITS only when the combined need printed beside it is within the
+//! capacity.
 
 use serde::Serialize;
 use trace::{Event, Header, Record};
 
+use crate::fit::{self, Capacity, Outside, Verdict};
 use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
 
 /// One job to place.
@@ -21,18 +27,29 @@ pub struct Job {
     pub header: Header,
     /// Its records, in trace order.
     pub records: Vec<Record>,
-    /// Bytes its process holds outside the caching allocator.
-    pub context: u64,
+    /// What its process holds outside the caching allocator.
+    pub outside: Outside,
 }
 
-/// How the jobs' timelines are aligned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+/// Which combination the caller asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Align {
-    /// One time axis from each trace's start.
-    Start,
-    /// Peaks coincide.
-    Worst,
+    /// Timestamps when every trace has them, else the sum of peaks.
+    Auto,
+    /// The aligned replay; an error when a trace has no wall-clock timestamps.
+    Timestamps,
+    /// The sum of peaks, whatever the traces carry.
+    SumOfPeaks,
+}
+
+/// Which combination was used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The jobs replayed together on one wall-clock axis.
+    Timestamps,
+    /// The sum of each job's device peak (peaks assumed to coincide).
+    SumOfPeaks,
 }
 
 /// Errors setting up a collocation.
@@ -55,6 +72,15 @@ pub enum ColocateError {
         /// Devices seen.
         devices: Vec<u32>,
     },
+    /// The aligned replay was asked for, but a trace has no wall-clock time.
+    #[error(
+        "{job}: has no wall-clock timestamps on its requests (symbolic traces count events, not time), so it \
+         cannot be aligned with the others; use the sum of peaks (the default for such traces)"
+    )]
+    NoTimestamps {
+        /// Job name.
+        job: String,
+    },
     /// Fewer than one job.
     #[error("colocate needs at least one trace")]
     NoJobs,
@@ -67,33 +93,42 @@ pub struct JobReport {
     pub name: String,
     /// Its own peak reserved bytes (alone, unlimited capacity).
     pub peak_reserved_bytes: u64,
-    /// Memory outside the allocator.
-    pub context_bytes: u64,
-    /// Whether it OOMs in the shared run at the given capacity.
-    pub oom: bool,
-    /// Record index of its first OOM in the shared run.
+    /// Memory outside the allocator, by term.
+    pub outside_allocator: Outside,
+    /// Its device peak alone: reserved + outside the allocator.
+    pub device_peak_bytes: u64,
+    /// Whether it fits the capacity on its own (`None` without a capacity).
+    pub fits_alone: Option<bool>,
+    /// Whether its trace has wall-clock timestamps.
+    pub timestamps: bool,
+    /// Whether it OOMs in the aligned replay at the capacity (`None` for the sum of peaks).
+    pub oom_in_shared_run: Option<bool>,
+    /// Record index of its first OOM in the aligned replay.
     pub oom_at_event: Option<u64>,
 }
 
 /// Result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ColocateReport {
-    /// Alignment used.
-    pub align: Align,
-    /// Capacity checked, bytes (None: unlimited).
-    pub capacity: Option<u64>,
-    /// Whether every job runs without OOM at the capacity.
+    /// How the jobs were combined.
+    pub mode: Mode,
+    /// Why that mode.
+    pub mode_reason: String,
+    /// Device capacity checked (None: only measure).
+    pub capacity: Option<Capacity>,
+    /// The verdict for the set (None without a capacity).
+    pub verdict: Option<Verdict>,
+    /// Whether the set fits (`verdict.fits`; true without a capacity).
     pub fits: bool,
-    /// Peak of Σ (reserved + context) over the common time axis, bytes.
-    pub combined_peak_bytes: u64,
-    /// When the combined peak happens, µs from the common start (None for `worst`).
+    /// What the set needs: the sum of device peaks, or the peak of Σ (reserved + outside) in the
+    /// aligned replay (at the capacity when it fits there).
+    pub combined_need_bytes: u64,
+    /// When the combined peak happens in the aligned replay, µs from the common start.
     pub combined_peak_at_us: Option<f64>,
-    /// The smallest capacity, in bytes (2 MiB granularity), at which every job runs without OOM.
+    /// The smallest capacity, in bytes, at which the set fits.
     pub smallest_fitting_capacity: u64,
     /// Per job.
     pub jobs: Vec<JobReport>,
-    /// Whether the time axis came from trace timestamps (else record indices).
-    pub timestamps: bool,
 }
 
 const GRANULE: u64 = 2 << 20;
@@ -144,10 +179,10 @@ fn shared_run(
     capacity: Option<u64>,
 ) -> Result<Run, ColocateError> {
     let mut reps = jobs.iter().map(|j| replayer(j, opts)).collect::<Result<Vec<_>, _>>()?;
-    let contexts: u64 = jobs.iter().map(|j| j.context).sum();
+    let outside: u64 = jobs.iter().map(|j| j.outside.total_bytes).sum();
     let mut next = vec![0usize; jobs.len()];
     let mut reserved = vec![0u64; jobs.len()];
-    let (mut combined_peak, mut peak_at_us) = (contexts, 0.0);
+    let (mut combined_peak, mut peak_at_us) = (outside, 0.0);
     loop {
         // The job whose next record comes first; ties go to the lower job index (deterministic).
         let mut pick: Option<(usize, f64)> = None;
@@ -163,11 +198,11 @@ fn shared_run(
         next[i] += 1;
         if let Some(c) = capacity {
             let others: u64 = reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r).sum();
-            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(contexts));
+            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside));
         }
         reps[i].observe(rec);
         reserved[i] = reps[i].current(rec.device.unwrap_or(0)).0;
-        let total = reserved.iter().sum::<u64>() + contexts;
+        let total = reserved.iter().sum::<u64>() + outside;
         if total > combined_peak {
             combined_peak = total;
             peak_at_us = t;
@@ -176,11 +211,35 @@ fn shared_run(
     Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect() })
 }
 
-/// Place the jobs on one GPU of `capacity` bytes (None: only measure).
+fn fits_everywhere(run: &Run) -> bool {
+    run.ooms.iter().all(Option::is_none)
+}
+
+/// The smallest capacity (2 MiB granules) in `[lo, hi]` granules at which the aligned replay
+/// fits; `hi` must fit.
+fn smallest(
+    jobs: &[Job],
+    axes: &[Vec<f64>],
+    opts: &ReplayOptions,
+    mut lo: u64,
+    mut hi: u64,
+) -> Result<u64, ColocateError> {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits_everywhere(&shared_run(jobs, axes, opts, Some(mid * GRANULE))?) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(hi * GRANULE)
+}
+
+/// Place the jobs on one GPU of `capacity` (None: only measure).
 pub fn colocate(
     jobs: &[Job],
     opts: &ReplayOptions,
-    capacity: Option<u64>,
+    capacity: Option<Capacity>,
     align: Align,
 ) -> Result<ColocateReport, ColocateError> {
     if jobs.is_empty() {
@@ -194,66 +253,104 @@ pub fn colocate(
             return Err(ColocateError::MultiDevice { job: j.name.clone(), devices });
         }
     }
-    // Each job alone, unlimited: its own peak.
-    let mut alone = Vec::with_capacity(jobs.len());
-    for j in jobs {
-        let mut r = replayer(j, &ReplayOptions { capacity: None, ..opts.clone() })?;
-        j.records.iter().for_each(|rec| r.observe(rec));
-        alone.push(r.finish().peak_reserved_bytes);
-    }
-    let worst: u64 = alone.iter().zip(jobs).map(|(p, j)| p + j.context).sum();
     let axes_and_ts: Vec<(Vec<f64>, bool)> = jobs.iter().map(times).collect();
-    let timestamps = axes_and_ts.iter().all(|(_, t)| *t);
+    let all_timestamps = axes_and_ts.iter().all(|(_, t)| *t);
+    let (mode, mode_reason) = match align {
+        Align::SumOfPeaks => (Mode::SumOfPeaks, "asked for (--align sum): peaks assumed to coincide".to_string()),
+        Align::Timestamps if !all_timestamps => {
+            let (j, _) = jobs.iter().zip(&axes_and_ts).find(|(_, (_, t))| !*t).expect("one job lacks timestamps");
+            return Err(ColocateError::NoTimestamps { job: j.name.clone() });
+        }
+        _ if all_timestamps => {
+            (Mode::Timestamps, "every trace has wall-clock timestamps: replayed together on one time axis".into())
+        }
+        _ => (
+            Mode::SumOfPeaks,
+            "not every trace has wall-clock timestamps, so the peaks may coincide: the sum of device peaks".into(),
+        ),
+    };
+    // Each job alone: its own peak, unlimited, and whether it fits the capacity by itself.
+    let mut job_reports = Vec::with_capacity(jobs.len());
+    for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
+        let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
+            .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+        let fits_alone = match capacity {
+            Some(c) => {
+                let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
+                    .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+                Some(!alone.oom && Verdict::new("alone", alone.device_peak(&j.outside), c).fits)
+            }
+            None => None,
+        };
+        job_reports.push(JobReport {
+            name: j.name.clone(),
+            peak_reserved_bytes: unlimited.report.peak_reserved_bytes,
+            outside_allocator: j.outside.clone(),
+            device_peak_bytes: unlimited.device_peak(&j.outside),
+            fits_alone,
+            timestamps: *ts,
+            oom_in_shared_run: None,
+            oom_at_event: None,
+        });
+    }
+    let sum: u64 = job_reports.iter().map(|j| j.device_peak_bytes).sum();
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
-    let (combined_peak, peak_at, ooms, smallest) = match align {
-        Align::Worst => {
-            // No common time axis: a job "OOMs" when the coinciding peaks exceed the capacity.
-            let fits = capacity.is_none_or(|c| worst <= c);
-            (worst, None, vec![(!fits, None); jobs.len()], worst)
-        }
-        Align::Start => {
-            let measured = shared_run(jobs, &axes, opts, None)?;
-            let ooms = match capacity {
-                Some(c) => shared_run(jobs, &axes, opts, Some(c))?.ooms.into_iter().map(|o| (o.is_some(), o)).collect(),
-                None => vec![(false, None); jobs.len()],
+    let (need, peak_at, smallest_cap, any_oom) = match mode {
+        Mode::SumOfPeaks => (sum, None, sum, false),
+        Mode::Timestamps => {
+            let unlimited = shared_run(jobs, &axes, opts, None)?;
+            let (need, at, any_oom) = match capacity {
+                Some(c) => {
+                    let run = shared_run(jobs, &axes, opts, Some(c.bytes))?;
+                    for (jr, o) in job_reports.iter_mut().zip(&run.ooms) {
+                        jr.oom_in_shared_run = Some(o.is_some());
+                        jr.oom_at_event = *o;
+                    }
+                    if fits_everywhere(&run) {
+                        // The set survives at the capacity: its peak there is what it needs.
+                        (run.combined_peak, run.peak_at_us, false)
+                    } else {
+                        (unlimited.combined_peak, unlimited.peak_at_us, true)
+                    }
+                }
+                None => (unlimited.combined_peak, unlimited.peak_at_us, false),
             };
-            // Binary search the smallest capacity with no OOM. At the sum of the solo peaks every
-            // job always has its own peak available, so that bound fits.
-            let lower = alone.iter().zip(jobs).map(|(p, j)| p + j.context).max().unwrap_or(0);
-            let (mut lo, mut hi) = (lower.div_ceil(GRANULE), worst.div_ceil(GRANULE).max(lower.div_ceil(GRANULE)));
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                let run = shared_run(jobs, &axes, opts, Some(mid * GRANULE))?;
-                if run.ooms.iter().all(Option::is_none) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
+            // At the sum of the device peaks every job always has its own peak available, so
+            // that bound fits; the largest single job is a lower bound.
+            let lower = job_reports.iter().map(|j| j.device_peak_bytes).max().unwrap_or(0).div_ceil(GRANULE);
+            let upper = sum.div_ceil(GRANULE).max(lower);
+            let mut least = smallest(jobs, &axes, opts, lower, upper)?;
+            // The allocator's retry chain makes fitting not quite monotone in the capacity; keep
+            // the smallest capacity consistent with the verdict at the capacity asked about.
+            if let Some(c) = capacity {
+                if !any_oom {
+                    least = least.min(c.bytes);
+                } else if least <= c.bytes {
+                    least = smallest(jobs, &axes, opts, c.bytes / GRANULE + 1, upper.max(c.bytes / GRANULE + 1))?;
                 }
             }
-            (measured.combined_peak, Some(measured.peak_at_us), ooms, hi * GRANULE)
+            (need, Some(at), least, any_oom)
         }
     };
-    let fits = ooms.iter().all(|(oom, _)| !oom);
+    let verdict = capacity.map(|c| {
+        let basis = match mode {
+            Mode::SumOfPeaks => "sum of device peaks",
+            Mode::Timestamps => "aligned replay",
+        };
+        let mut v = Verdict::new(basis, need, c);
+        v.fits &= !any_oom;
+        v
+    });
     Ok(ColocateReport {
-        align,
+        mode,
+        mode_reason,
         capacity,
-        fits,
-        combined_peak_bytes: combined_peak,
+        fits: verdict.as_ref().is_none_or(|v| v.fits),
+        verdict,
+        combined_need_bytes: need,
         combined_peak_at_us: peak_at,
-        smallest_fitting_capacity: smallest,
-        jobs: jobs
-            .iter()
-            .zip(&alone)
-            .zip(&ooms)
-            .map(|((j, p), o)| JobReport {
-                name: j.name.clone(),
-                peak_reserved_bytes: *p,
-                context_bytes: j.context,
-                oom: o.0,
-                oom_at_event: o.1,
-            })
-            .collect(),
-        timestamps,
+        smallest_fitting_capacity: smallest_cap,
+        jobs: job_reports,
     })
 }

@@ -107,7 +107,33 @@ pub struct Profile {
     /// Provenance written by `memest calibrate`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub calibration: BTreeMap<String, toml::Value>,
+    /// Which constants were measured and which were not.
+    #[serde(default)]
+    pub provenance: Provenance,
 }
+
+/// `[provenance]`: the constants nobody has measured on this GPU. Every use of one is warned
+/// about, so a prediction that rests on a guess says so.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// Dotted keys (`outside_allocator.cublas_mib`, `gpu.total_memory`, ...) whose values are
+    /// placeholders, not measurements.
+    #[serde(default)]
+    pub unmeasured: Vec<String>,
+}
+
+/// The keys `[provenance] unmeasured` may name.
+pub const MEASURABLE_KEYS: &[&str] = &[
+    "gpu.total_memory",
+    "gpu.sm_count",
+    "outside_allocator.context_mib",
+    "outside_allocator.cublas_mib",
+    "outside_allocator.cudnn_mib",
+    "workspace.cublas_workspace_config",
+    "workspace.cublaslt_workspace_kib",
+    "workspace.cublaslt_per_call",
+];
 
 impl Profile {
     /// Parse profile text; `path` is only used in messages.
@@ -143,6 +169,14 @@ impl Profile {
                 return bad(format!("outside_allocator.{k} = {v}: expected a finite number of MiB >= 0"));
             }
         }
+        for k in &self.provenance.unmeasured {
+            if !MEASURABLE_KEYS.contains(&k.as_str()) {
+                return bad(format!(
+                    "provenance.unmeasured names {k:?}: expected one of {}",
+                    MEASURABLE_KEYS.join(", ")
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -158,12 +192,14 @@ impl Profile {
         parse_cublas_workspace_config(&self.workspace.cublas_workspace_config).unwrap_or(0)
     }
 
-    /// Memory outside the allocator in bytes, for a job that does or does not run GEMMs and convolutions.
-    pub fn outside_allocator_bytes(&self, uses_gemm: bool, uses_conv: bool) -> u64 {
-        let o = &self.outside_allocator;
-        let mib =
-            o.context_mib + if uses_gemm { o.cublas_mib } else { 0.0 } + if uses_conv { o.cudnn_mib } else { 0.0 };
-        (mib * 1024.0 * 1024.0).round() as u64
+    /// Whether `key` (a [`MEASURABLE_KEYS`] entry) is marked unmeasured.
+    pub fn is_unmeasured(&self, key: &str) -> bool {
+        self.provenance.unmeasured.iter().any(|k| k == key)
+    }
+
+    /// The profile's name: its file stem.
+    pub fn name_of(path: &Path) -> String {
+        path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned())
     }
 }
 

@@ -114,9 +114,13 @@ fn replay_oom_at_capacity() {
     let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
     // 100 MiB: after freeing tensor 2 its cached 30 MiB segment is released and retried, but
     // 60 + 60 > 100 still fails at record 4 (the 60 MiB request).
-    let v = json(&["replay", t.to_str().unwrap(), "--capacity", "100MiB", "--json"]);
+    let (code, out, err) = memsim(&["replay", t.to_str().unwrap(), "--capacity", "100MiB", "--json"]);
+    assert_eq!(code, 1, "does not fit: exit 1 ({err})");
+    assert!(err.contains("without --profile"), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["oom"], true);
     assert_eq!(v["oom_at_event"], 4);
+    assert_eq!(v["verdict"]["fits"], false);
     let v = json(&["replay", t.to_str().unwrap(), "--capacity", "150MiB", "--json"]);
     assert_eq!(v["oom"], false);
 }
@@ -185,8 +189,9 @@ fn colocate_fits_and_smallest_capacity() {
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
     // Same timestamps: both peak together at 150 MiB each.
     let v = json(&["colocate", a, b, "--capacity", "400MiB", "--context", "10MiB", "--json"]);
+    assert_eq!(v["mode"], "timestamps");
     assert_eq!(v["fits"], true);
-    assert_eq!(v["combined_peak_bytes"], 320 * MIB);
+    assert_eq!(v["combined_need_bytes"], 320 * MIB);
     // Job a goes first at each tie. At C >= 260 MiB a reaches 150 MiB without releasing its cache;
     // b then has C - 150 - 20 and, after releasing its cached 30 MiB segment, needs 120 MiB:
     // C >= 290 MiB. Below 260, a releases and keeps 120, and b would need C >= 260: no fit.
@@ -195,7 +200,9 @@ fn colocate_fits_and_smallest_capacity() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("DOES NOT FIT"), "{out}");
     let v = json(&["colocate", a, b, "--capacity", "400MiB", "--align", "worst", "--json"]);
-    assert_eq!(v["combined_peak_bytes"], 300 * MIB);
+    assert_eq!(v["mode"], "sum-of-peaks");
+    assert_eq!(v["combined_need_bytes"], 300 * MIB);
+    assert_eq!(v["smallest_fitting_capacity"], 300 * MIB);
 }
 
 #[test]
@@ -227,9 +234,11 @@ fn colocate_counts_the_libraries_each_job_loads() {
     let unknown = job("unknown.jsonl", &[]);
     let v = json(&["colocate", &conv, &mlp, &unknown, "--profile", profile.to_str().unwrap(), "--json"]);
     let contexts: Vec<u64> =
-        v["jobs"].as_array().unwrap().iter().map(|j| j["context_bytes"].as_u64().unwrap()).collect();
+        v["jobs"].as_array().unwrap().iter().map(|j| j["outside_allocator"]["total_bytes"].as_u64().unwrap()).collect();
     assert_eq!(contexts, vec![111 * MIB, 110 * MIB, 100 * MIB]);
-    assert_eq!(v["combined_peak_bytes"], 3 * 30 * MIB + 321 * MIB);
+    assert_eq!(v["combined_need_bytes"], 3 * 30 * MIB + 321 * MIB);
+    // The trace that does not say which libraries it loads is warned about.
+    assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("unknown.jsonl")), "{v}");
 }
 
 #[test]
@@ -268,4 +277,196 @@ fn errors_are_clear() {
     let t = write_trace(dir.path(), "ec.jsonl", &recs);
     let v = json(&["replay", t.to_str().unwrap(), "--json"]);
     assert_eq!(v["memory_stats"]["reserved_bytes.all.current"], 0);
+}
+
+/// A symbolic-style trace: logical clock, no wall-clock time.
+fn write_logical(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    h.metadata.insert("clock".into(), "logical".into());
+    for (k, v) in meta {
+        h.metadata.insert(k.to_string(), v.to_string());
+    }
+    let path = dir.join(name);
+    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+const TEST_PROFILE: &str =
+    "[gpu]\nname = \"test\"\ntotal_memory = 1073741824\ncompute_capability = [8, 0]\nsm_count = 1\n\
+     [software]\ntorch = \"2.9\"\ncuda = \"13.0\"\nallocator = \"2.9\"\n\
+     [outside_allocator]\ncontext_mib = 100.0\ncublas_mib = 10.0\ncudnn_mib = 1.0\n\
+     [workspace]\ncublas_workspace_config = \":4096:2\"\ncublaslt_workspace_kib = 1024\n";
+
+#[test]
+fn colocate_without_timestamps_sums_device_peaks_and_never_fits_above_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_logical(dir.path(), "a.jsonl", &three_tensors(), &[]);
+    let b = write_logical(dir.path(), "b.jsonl", &three_tensors(), &[]);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // Each needs 150 + 10 = 160 MiB; together 320 MiB, whatever the interleaving.
+    for cap in [200u64, 319, 320, 400] {
+        let c = format!("{cap}MiB");
+        let (code, out, err) = memsim(&["colocate", a, b, "--capacity", &c, "--context", "10MiB", "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+        assert_eq!(v["mode"], "sum-of-peaks");
+        assert!(v["mode_reason"].as_str().unwrap().contains("timestamps"));
+        assert_eq!(v["combined_need_bytes"], 320 * MIB);
+        assert_eq!(v["smallest_fitting_capacity"], 320 * MIB);
+        let fits = v["fits"].as_bool().unwrap();
+        assert_eq!(fits, cap >= 320, "capacity {cap}");
+        assert_eq!(v["verdict"]["fits"], fits);
+        // Never FITS above the capacity.
+        assert!(!fits || v["combined_need_bytes"].as_u64().unwrap() <= cap * MIB);
+        assert_eq!(code, if fits { 0 } else { 1 });
+        // Each job fits alone at 200 MiB and more.
+        for j in v["jobs"].as_array().unwrap() {
+            assert_eq!(j["fits_alone"], true, "capacity {cap}: {j}");
+            assert_eq!(j["device_peak_bytes"], 160 * MIB);
+        }
+    }
+    let (code, out, _) = memsim(&["colocate", a, b, "--capacity", "300MiB", "--context", "10MiB"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("fits alone") && !out.contains("DOES NOT FIT ALONE"), "{out}");
+    assert!(out.contains("sum of device peaks") && out.contains("DOES NOT FIT"), "{out}");
+    // The aligned replay cannot be asked for without time.
+    let (code, _, err) = memsim(&["colocate", a, b, "--align", "timestamps"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("a.jsonl") && err.contains("timestamps"), "{err}");
+}
+
+#[test]
+fn colocate_aligned_verdict_matches_its_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_trace(dir.path(), "a.jsonl", &three_tensors());
+    let b = write_trace(dir.path(), "b.jsonl", &three_tensors());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for cap in (250u64..=340).step_by(10) {
+        let c = format!("{cap}MiB");
+        let (code, out, _) = memsim(&["colocate", a, b, "--capacity", &c, "--context", "10MiB", "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let need = v["combined_need_bytes"].as_u64().unwrap();
+        let fits = v["fits"].as_bool().unwrap();
+        assert_eq!(code, if fits { 0 } else { 1 });
+        assert!(!fits || need <= cap * MIB, "capacity {cap}: FITS with need {need}");
+        assert!(fits || need > cap * MIB, "capacity {cap}: DOES NOT FIT with need {need}");
+        let least = v["smallest_fitting_capacity"].as_u64().unwrap();
+        assert_eq!(fits, least <= cap * MIB, "capacity {cap}: smallest {least}");
+    }
+}
+
+#[test]
+fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let p = profile.to_str().unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[("uses_gemm", "true"), ("uses_conv", "false")]);
+    let t = t.to_str().unwrap();
+    // 150 MiB reserved + 110 MiB outside (context + cuBLAS) = 260 MiB on the device.
+    let v = json(&["replay", t, "--profile", p, "--capacity", "260MiB", "--json"]);
+    assert_eq!(v["peak_device_bytes"], 260 * MIB);
+    assert_eq!(v["capacity"]["bytes"], 260 * MIB);
+    assert_eq!(v["allocator_budget_bytes"], 150 * MIB);
+    assert_eq!(v["outside_allocator"]["total_bytes"], 110 * MIB);
+    assert_eq!(v["verdict"]["fits"], true);
+    // At 259 MiB the failed cudaMalloc releases the cached 30 MiB segment and retries: 120 MiB
+    // reserved + 110 MiB outside fits.
+    let v = json(&["replay", t, "--profile", p, "--capacity", "259MiB", "--json"]);
+    assert_eq!((v["verdict"]["fits"].as_bool(), v["peak_device_bytes"].as_u64()), (Some(true), Some(230 * MIB)));
+    let (code, out, _) = memsim(&["replay", t, "--profile", p, "--capacity", "229MiB", "--json"]);
+    assert_eq!(code, 1, "does not fit: exit 1");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"]["fits"], false);
+    assert_eq!(v["verdict"]["need_bytes"], 260 * MIB, "what it would have needed");
+    // The default capacity is the profile's total memory.
+    let v = json(&["replay", t, "--profile", p, "--json"]);
+    assert_eq!(v["capacity"]["bytes"], 1u64 << 30);
+    assert_eq!(v["capacity"]["source"], "profile");
+    // Sizes are accepted in MiB as well as GiB; a size without a unit is bytes.
+    let v = json(&["replay", t, "--profile", p, "--capacity", "1GiB", "--json"]);
+    assert_eq!(v["capacity"]["bytes"], 1u64 << 30);
+    let (code, _, err) = memsim(&["replay", t, "--capacity", "40 furlongs"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("furlongs"), "{err}");
+    // Text output says what its peaks count and gives the verdict.
+    let (_, out, _) = memsim(&["replay", t, "--profile", p, "--capacity", "229MiB"]);
+    assert!(out.contains("peaks:") && out.contains("DOES NOT FIT"), "{out}");
+}
+
+#[test]
+fn truncated_and_unknown_input_is_never_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
+    let bytes = std::fs::read(&t).unwrap();
+    let cut = dir.path().join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).unwrap();
+    let cut = cut.to_str().unwrap();
+    for cmd in ["replay", "stats"] {
+        let (code, _, err) = memsim(&[cmd, cut]);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        assert!(err.contains("cut.mtrace: truncated") && err.contains("after byte"), "{cmd}: {err}");
+        let (code, _, err) = memsim(&[cmd, cut, "--strict"]);
+        assert_eq!(code, 2, "{cmd} --strict: {err}");
+        assert!(err.contains("--strict"), "{err}");
+    }
+    let out = dir.path().join("out.jsonl");
+    let (code, _, err) = memsim(&["convert", cut, out.to_str().unwrap(), "--strict"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!out.exists(), "no partial output");
+    // JSON Lines cut mid-line.
+    let j = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let text = std::fs::read_to_string(&j).unwrap();
+    let cutj = dir.path().join("cut.jsonl");
+    std::fs::write(&cutj, &text[..text.len() - 20]).unwrap();
+    let (code, out, err) = memsim(&["replay", cutj.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    assert!(err.contains("truncated"), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["warnings"][0].as_str().unwrap().contains("truncated"));
+    // An unknown record kind is counted and warned about.
+    let mut lines: Vec<&str> = text.lines().collect();
+    let odd = r#"{"kind":"from_the_future","ts_ns":5}"#;
+    lines.insert(2, odd);
+    let unk = dir.path().join("unknown.jsonl");
+    std::fs::write(&unk, lines.join("\n") + "\n").unwrap();
+    let (code, _, err) = memsim(&["replay", unk.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 records of kinds this version does not know"), "{err}");
+}
+
+#[test]
+fn profile_command_reads_profiles_once_for_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, format!("{TEST_PROFILE}[provenance]\nunmeasured = [\"outside_allocator.cublas_mib\"]\n"))
+        .unwrap();
+    let p = profile.to_str().unwrap();
+    let v = json(&["profile", p, "--json"]);
+    assert_eq!(v["name"], "p");
+    assert_eq!(v["gpu"]["compute_capability"], serde_json::json!([8, 0]));
+    assert_eq!(v["derived"]["cublas_workspace_bytes"], 8 * MIB);
+    // A missing cublaslt_per_call means false: no per-call Lt workspace.
+    assert_eq!(v["workspace"]["cublaslt_per_call"], false);
+    assert_eq!(v["derived"]["cublaslt_workspace_bytes"], 0);
+    assert_eq!(v["provenance"]["unmeasured"][0], "outside_allocator.cublas_mib");
+    // Using the unmeasured constant warns; a job without GEMMs does not use it.
+    let gemm = write_logical(dir.path(), "g.jsonl", &three_tensors(), &[("uses_gemm", "true")]);
+    let (_, _, err) = memsim(&["replay", gemm.to_str().unwrap(), "--profile", p]);
+    assert!(err.contains("outside_allocator.cublas_mib is marked unmeasured"), "{err}");
+    let plain = write_logical(dir.path(), "n.jsonl", &three_tensors(), &[("uses_gemm", "false")]);
+    let (_, _, err) = memsim(&["replay", plain.to_str().unwrap(), "--profile", p]);
+    assert!(!err.contains("unmeasured"), "{err}");
+    // A typo in [provenance] is an error naming the key.
+    std::fs::write(&profile, format!("{TEST_PROFILE}[provenance]\nunmeasured = [\"outside.cublas\"]\n")).unwrap();
+    let (code, _, err) = memsim(&["profile", p]);
+    assert_eq!(code, 2);
+    assert!(err.contains("outside.cublas") && err.contains("provenance"), "{err}");
+    // The shipped profiles load, and the H200's placeholders are declared.
+    let h200 = json(&["profile", "h200", "--json"]);
+    assert!(h200["provenance"]["unmeasured"].as_array().unwrap().len() >= 3, "{h200}");
 }

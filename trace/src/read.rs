@@ -25,6 +25,9 @@ pub struct Summary {
     pub unknown_skipped: u64,
     /// Bytes consumed, header included.
     pub bytes_read: u64,
+    /// Byte offset just past the last complete event (or the header): where a truncated input
+    /// was cut short. Equals `bytes_read` unless `truncated`.
+    pub complete_bytes: u64,
     /// Records returned.
     pub records: u64,
 }
@@ -77,7 +80,14 @@ impl<R: Read> Reader<R> {
                 Format::Jsonl => Form::Jsonl { line: newlines },
             },
             scratch: Vec::new(),
-            summary: Summary { format, truncated: false, unknown_skipped: 0, bytes_read: skipped, records: 0 },
+            summary: Summary {
+                format,
+                truncated: false,
+                unknown_skipped: 0,
+                bytes_read: skipped,
+                complete_bytes: skipped,
+                records: 0,
+            },
             path: path.clone(),
             done: false,
         };
@@ -96,7 +106,11 @@ impl<R: Read> Reader<R> {
 
     /// Counters so far; final once [`next_record`](Self::next_record) has returned `None`.
     pub fn summary(&self) -> Summary {
-        self.summary
+        let mut s = self.summary;
+        if !s.truncated {
+            s.complete_bytes = s.bytes_read;
+        }
+        s
     }
 
     /// The next record; `None` at the end of the input (or of its last complete record, when
@@ -237,7 +251,7 @@ impl<R: Read> Reader<R> {
                 return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
             }
             let len = match self.read_varint("an event frame length")? {
-                None => return self.truncated(),
+                None => return self.truncated(offset),
                 Some(Err(_)) => {
                     return Err(TraceError::CorruptFrame {
                         offset,
@@ -262,7 +276,7 @@ impl<R: Read> Reader<R> {
                 d?
             } else {
                 if !self.fill_scratch(len, "an event frame body")? {
-                    return self.truncated();
+                    return self.truncated(offset);
                 }
                 let Form::Binary { state } = &mut self.form else { unreachable!("form does not change") };
                 codec::decode_frame(state, tag, &self.scratch, offset)?
@@ -274,8 +288,9 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    fn truncated(&mut self) -> Result<Option<Record>, TraceError> {
+    fn truncated(&mut self, complete: u64) -> Result<Option<Record>, TraceError> {
         self.summary.truncated = true;
+        self.summary.complete_bytes = complete;
         Ok(None)
     }
 
@@ -353,7 +368,8 @@ impl<R: Read> Reader<R> {
                 Ok(None) => self.summary.unknown_skipped += 1,
                 // A last line without its newline that does not parse: the writer was cut short.
                 Err(_) if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
-                    return self.truncated()
+                    let start = self.summary.bytes_read - self.scratch.len() as u64;
+                    return self.truncated(start);
                 }
                 Err(e) => return Err(e),
             }

@@ -1,18 +1,24 @@
 //! `memest estimate`.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
-use estimators::estimate::{estimate, EstimateInput};
+use estimators::estimate::{estimate, Answer, EstimateInput, EstimateReport};
 use estimators::features::Features;
 use estimators::tracefile::LoadedTrace;
 use simulator::profile::Profile;
+use simulator::units::parse_size;
 
 #[derive(clap::Args)]
-#[command(after_help = "JSON output (--json), the contract `python -m memtrace_trainer estimate` reads:\n  \
-{\"estimates\": {\"symbolic\": {\"device_mib\", \"reserved_mib\", \"level\"}, \"analytic\": {...},\n  \
-\"horus\": {...}, \"live_peak\": {...}, \"fake_tensor\": {...}|null, \"ml\": {...}|null},\n  \
-\"seconds\": {NAME: s}, \"unavailable\": {NAME: why}, \"profile\", \"gpu_total_mib\", \"family\", \"oom_predicted\"}\n\
+#[command(after_help = "Act on the symbolic estimate (the headline); the others are baselines, each \
+labelled with what it ignores.\n\
+Exit status: 0 fits, 1 does not fit the capacity, 2 bad input or error.\n\
+JSON output (--json) is schema 2, the contract `python -m memtrace_trainer estimate` reads:\n  \
+{\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"need_mib\", \"capacity_mib\", \
+\"capacity_source\", \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \"allocated_mib\", \
+\"level\", \"role\", \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"seconds\", \"unavailable\", \
+\"profile\", \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\"}\n\
 See estimators/README.md.")]
 pub struct Args {
     /// Symbolic trace of the job (`python -m memtrace_trainer symtrace --out T`).
@@ -24,6 +30,13 @@ pub struct Args {
     /// GPU profile: NAME (profiles/NAME.toml) or a path to a .toml file.
     #[arg(long, default_value = "a100-40gb")]
     profile: String,
+    /// The GPU's total memory (e.g. 40GiB, 40960MiB); the memory outside the allocator is
+    /// subtracted inside. Default: the profile's total memory.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    capacity: Option<u64>,
+    /// A truncated trace is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    strict: bool,
     /// Plain-meta trace of the same job (`symtrace --no-cuda-emulation`) for the FakeTensor baseline.
     #[arg(long)]
     fake_trace: Option<PathBuf>,
@@ -38,7 +51,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let (profile, ppath) = Profile::load(&a.profile)?;
     let trace = LoadedTrace::load(&a.trace).with_context(|| format!("--trace {}", a.trace.display()))?;
     let plain = match &a.fake_trace {
@@ -57,9 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("--features {}: not JSON", a.features.display()))?;
             let source = a.features.display().to_string();
             match estimators::ml::job::predict_job(&model, &v, &source) {
-                Ok(p) => {
-                    Ok(estimators::estimate::Answer { device_mib: p.estimate, reserved_mib: None, level: "device" })
-                }
+                Ok(p) => Ok(Answer::baseline("ml", p.estimate, None, "device")),
                 Err(e) => Err(format!("{}: {e}", m.display())),
             }
         }
@@ -69,31 +80,70 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         plain: plain.as_ref(),
         features: &features,
         profile: (&profile, &ppath),
+        capacity: a.capacity,
         batch: a.batch_size,
         ml,
     })?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!("profile {} ({:.0} MiB), family {}", report.profile, report.gpu_total_mib, report.family);
-    println!("{:<12} {:>12} {:>12}  {:<8} {:>10}", "estimator", "MiB", "reserved", "level", "seconds");
-    for (name, ans) in &report.estimates {
-        let secs = report.seconds.get(name).map_or(String::new(), |s| format!("{s:.4}"));
-        match ans {
-            Some(x) => println!(
-                "{:<12} {:>12.1} {:>12}  {:<8} {:>10}",
-                name,
-                x.device_mib,
-                x.reserved_mib.map_or("-".into(), |r| format!("{r:.1}")),
-                x.level,
-                secs
-            ),
-            None => println!("{:<12} {:>12}  ({})", name, "-", report.unavailable.get(name).map_or("", |s| s)),
+    if a.strict {
+        if let Some(w) = report.warnings.iter().find(|w| w.contains("truncated")) {
+            anyhow::bail!("{w} (--strict)");
         }
     }
-    if report.oom_predicted == Some(true) {
-        println!("symbolic: the job would run out of memory on this GPU");
+    for w in &report.warnings {
+        eprintln!("memest: warning: {w}");
     }
-    Ok(())
+    let code = if report.verdict.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(code)
+}
+
+/// The text report: the verdict on the headline number first, then the baselines.
+pub fn render(r: &EstimateReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let v = &r.verdict;
+    let src = match v.capacity_source {
+        simulator::fit::CapacitySource::Flag => "--capacity",
+        simulator::fit::CapacitySource::Profile => "profile total",
+    };
+    let _ = writeln!(
+        s,
+        "needs {:.1} MiB on {} ({:.1} MiB, {src}): {}",
+        v.need_mib,
+        r.gpu,
+        v.capacity_mib,
+        if v.fits { "FITS" } else { "DOES NOT FIT" }
+    );
+    if let Some(Some(sym)) = r.estimates.get("symbolic") {
+        let o = &r.outside_allocator;
+        let _ = writeln!(
+            s,
+            "  symbolic: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
+             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}; libraries from {})",
+            sym.reserved_mib.unwrap_or(0.0),
+            sym.allocated_mib.unwrap_or(0.0),
+            o.total_mib,
+            o.context_mib,
+            o.cublas_mib,
+            o.cudnn_mib,
+            o.libraries.source
+        );
+    }
+    let _ = writeln!(s, "  profile {} ({}), family {}", r.profile_name, r.profile, r.family);
+    let _ = writeln!(s, "baselines (for comparison, not for decisions):");
+    for (name, ans) in r.estimates.iter().filter(|(n, _)| n.as_str() != r.headline) {
+        match ans {
+            Some(x) => {
+                let _ = writeln!(s, "  {:<12} {:>10.1} MiB  {:<6}  ignores {}", name, x.device_mib, x.level, x.ignores);
+            }
+            None => {
+                let _ = writeln!(s, "  {:<12} {:>10}      ({})", name, "-", r.unavailable.get(name).map_or("", |s| s));
+            }
+        }
+    }
+    s
 }

@@ -19,7 +19,13 @@ use clap::{Parser, Subcommand};
 /// baseline: live bytes of forward and backward, no optimizer, no allocator), `live_peak` (our
 /// trace's live bytes without the allocator model) and `ml` (GPUMemNet-style models).
 #[derive(Parser)]
-#[command(name = "memest", version, about, long_about)]
+#[command(
+    name = "memest",
+    version,
+    about,
+    long_about,
+    after_help = "Exit status: 0 success or fits; 1 does not fit (estimate); 2 bad input or error."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,7 +47,7 @@ enum Command {
 
 fn run() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Estimate(a) => estimate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Estimate(a) => estimate::run(a),
         Command::Compare(a) => compare::run(a).map(|()| ExitCode::SUCCESS),
         Command::Calibrate(a) => calibrate::run(a).map(|()| ExitCode::SUCCESS),
         Command::Ml(a) => ml::run(a),
@@ -60,8 +66,8 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("memest: error: {e:#}");
+            ExitCode::from(2)
         }
     }
 }

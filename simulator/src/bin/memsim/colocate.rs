@@ -1,62 +1,63 @@
-//! `memsim colocate A B [C...] [--profile NAME] [--capacity 80GiB] [--context 500MiB] [--align start|worst] [--json]`.
+//! `memsim colocate A B [C...] [--profile NAME] [--capacity 80GiB] [--context 500MiB] [--align auto|timestamps|sum] [--json]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
-use simulator::colocate::{colocate, Align, Job};
+use anyhow::Result;
+use simulator::colocate::{colocate, Align, Job, Mode};
+use simulator::fit::{CapacitySource, Outside};
+use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
+
+/// How to combine the jobs (`--align`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AlignArg {
+    /// Timestamps when every trace has wall-clock time, else the sum of peaks.
+    Auto,
+    /// Replay the jobs together on one wall-clock axis (every trace needs timestamps).
+    Timestamps,
+    /// The sum of each job's device peak (peaks assumed to coincide); `worst` is an alias.
+    #[value(alias = "worst")]
+    Sum,
+}
 
 /// Arguments of `memsim colocate`.
 #[derive(clap::Args)]
+#[command(after_help = "Exit status: 0 the set fits (or no capacity to check), 1 it does not fit, 2 bad input.\n\
+Jobs are separate processes, each with its own caching allocator. Without wall-clock time on every \
+trace, nothing says when each job peaks, so the combined need is the sum of each job's device peak.")]
 pub struct Args {
     /// Allocator-level traces of the jobs (two or more to share; one gives its own fit).
     #[arg(required = true, num_args = 1..)]
     traces: Vec<PathBuf>,
-    /// GPU profile: capacity and per-process context come from it unless given.
+    /// GPU profile: capacity and per-process memory outside the allocator come from it unless given.
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
-    /// GPU memory, e.g. 80GiB. Default: the profile's total memory.
+    /// The GPU's total memory, e.g. 80GiB or 81920MiB. Default: the profile's total memory.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     capacity: Option<u64>,
     /// Memory each process holds outside the allocator, e.g. 500MiB. Default: from the profile,
     /// the context plus cuBLAS/cuDNN for the libraries each trace says its job loads.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     context: Option<u64>,
-    /// `start`: one time axis from the traces' starts; `worst`: the peaks coincide.
-    #[arg(long, value_enum, default_value = "start")]
-    align: Align,
+    /// How to combine the jobs.
+    #[arg(long, value_enum, default_value = "auto")]
+    align: AlignArg,
     /// PyTorch allocator rules (2.4, 2.5, 2.9+). Default: the profile's, else the newest.
     #[arg(long, value_name = "VER")]
     torch: Option<String>,
+    /// A truncated input is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    strict: bool,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let (mut opts, profile) = crate::replay::options(None, None, a.profile.as_deref(), a.torch.as_deref())?;
-    opts.capacity = None;
-    let capacity = a.capacity.or(profile.as_ref().map(|p| p.gpu.total_memory));
-    // Memory outside the allocator, per process: --context, else the profile's context plus its
-    // cuBLAS/cuDNN terms for the libraries the trace says the job loads (symbolic traces record
-    // `uses_gemm`/`uses_conv`; without them only the context is counted, and we say so).
-    let context_of = |h: &trace::Header| -> u64 {
-        match (a.context, &profile) {
-            (Some(c), _) => c,
-            (None, Some(p)) => {
-                let flag = |k: &str| h.meta(k) == Some("true");
-                if h.meta("uses_gemm").is_none() {
-                    eprintln!(
-                        "note: the trace does not say which CUDA libraries the job loads; counting the \
-                         profile's context only (give --context to set it)"
-                    );
-                }
-                p.outside_allocator_bytes(flag("uses_gemm"), flag("uses_conv"))
-            }
-            (None, None) => 0,
-        }
-    };
+    let (profile, version) = crate::replay::load(a.profile.as_deref(), a.torch.as_deref())?;
+    let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
+    let (capacity, mut warnings) = simulator::fit::capacity(a.capacity, profile.as_ref().map(|(p, _)| p));
     let mut jobs = Vec::new();
     for t in &a.traces {
         let read = crate::input::for_each_record(
@@ -67,47 +68,82 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 Ok(())
             },
         )?;
-        let context = context_of(&read.header);
-        jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, context });
+        warnings.extend(read.warnings(t, a.strict)?);
+        let mut job_warnings = Vec::new();
+        let outside = match a.context {
+            Some(c) => Outside::fixed(c),
+            None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),
+        };
+        warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", t.display())));
+        jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside });
     }
-    if jobs.is_empty() {
-        bail!("give at least one trace");
+    if profile.is_none() && a.context.is_none() {
+        warnings
+            .push("no --profile or --context: nothing is counted outside the allocator (context, libraries)".into());
     }
-    let r = colocate(&jobs, &opts, capacity, a.align)?;
+    warnings.sort();
+    warnings.dedup();
+    let align = match a.align {
+        AlignArg::Auto => Align::Auto,
+        AlignArg::Timestamps => Align::Timestamps,
+        AlignArg::Sum => Align::SumOfPeaks,
+    };
+    let r = colocate(&jobs, &opts, capacity, align)?;
+    crate::input::warn(&warnings);
+    let code = if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        let mut v = serde_json::to_value(&r)?;
+        v["warnings"] = serde_json::to_value(&warnings)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(code);
     }
     for j in &r.jobs {
-        let oom = match (j.oom, j.oom_at_event) {
-            (true, Some(i)) => format!("  OOM at its record {i}"),
-            (true, None) => "  does not fit".to_string(),
+        let alone = match j.fits_alone {
+            Some(true) => "  fits alone",
+            Some(false) => "  DOES NOT FIT ALONE",
+            None => "",
+        };
+        let shared = match (j.oom_in_shared_run, j.oom_at_event) {
+            (Some(true), Some(i)) => format!("; OOM in the shared run at its record {i}"),
+            (Some(true), None) => "; OOM in the shared run".into(),
             _ => String::new(),
         };
         println!(
-            "  {:<40} peak reserved {:>12} + context {:>10}{oom}",
+            "  {:<40} device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
             j.name,
+            mib(j.device_peak_bytes),
             mib(j.peak_reserved_bytes),
-            mib(j.context_bytes)
+            mib(j.outside_allocator.total_bytes)
         );
     }
-    let when = r
-        .combined_peak_at_us
-        .map(|t| {
-            if r.timestamps {
-                format!(" at {:.6} s after the common start", t / 1e6)
-            } else {
-                format!(" at step {t} of the merged event order (no wall-clock timestamps in the traces)")
-            }
-        })
-        .unwrap_or_else(|| " (peaks assumed to coincide)".to_string());
-    println!("combined peak        {}{when}", mib(r.combined_peak_bytes));
+    println!("combination          {}: {}", mode_name(r.mode), r.mode_reason);
+    let when = match r.combined_peak_at_us {
+        Some(t) => format!(" at {:.6} s after the common start", t / 1e6),
+        None => String::new(),
+    };
+    println!("combined need        {}{when}", mib(r.combined_need_bytes));
     println!("smallest capacity    {}", mib(r.smallest_fitting_capacity));
-    match r.capacity {
-        Some(c) if r.fits => println!("verdict              FITS in {}", mib(c)),
-        Some(c) => println!("verdict              DOES NOT FIT in {}", mib(c)),
-        None => println!("verdict              no capacity given (use --capacity or --profile)"),
+    match &r.verdict {
+        Some(v) => {
+            let src = match v.capacity_source {
+                CapacitySource::Flag => "--capacity",
+                CapacitySource::Profile => "the profile's total memory",
+            };
+            println!(
+                "verdict              needs {} of {} ({src}): {}",
+                mib(v.need_bytes),
+                mib(v.capacity_bytes),
+                if v.fits { "FITS" } else { "DOES NOT FIT" }
+            );
+        }
+        None => println!("verdict              none (give --capacity or --profile)"),
     }
-    // Exit status 1 means "does not fit", so scripts can branch on it.
-    Ok(if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(code)
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Timestamps => "aligned replay",
+        Mode::SumOfPeaks => "sum of device peaks",
+    }
 }

@@ -18,6 +18,9 @@ pub struct Args {
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
+    /// A truncated input is an error (exit 2, no output written) instead of a warning.
+    #[arg(long)]
+    strict: bool,
 }
 
 enum Out {
@@ -48,6 +51,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (Kind::Trace, Out::Trace) => {
             let s = trace::convert(&a.input, &a.output)
                 .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
+            let read = crate::input::Read {
+                header: Header::new("", "", trace::Level::Allocator),
+                state: (),
+                truncated: s.truncated,
+                unknown_skipped: s.unknown_skipped,
+                complete_bytes: s.complete_bytes,
+            };
+            match read.warnings(&a.input, a.strict) {
+                Ok(w) => crate::input::warn(&w),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&a.output);
+                    return Err(e);
+                }
+            }
             report(&a, s.records, s.truncated);
         }
         (Kind::Snapshot, Out::Trace) => {
@@ -56,7 +73,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             report(&a, records.len() as u64, false);
         }
         (_, Out::Pickle) => {
-            let (header, mut records) = read_all(&a.input)?;
+            let (header, mut records) = read_all(&a.input, a.strict)?;
             let has_end_state =
                 records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End));
             if !has_end_state && header.is_allocator_level() {
@@ -81,6 +98,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                     Ok(())
                 },
             )?;
+            crate::input::warn(&read.warnings(&a.input, a.strict)?);
             let v = read.state.finish(&read.header);
             write_atomic(&a.output, |w| Ok(serde_json::to_writer(w, &v)?))?;
             report(&a, 0, false);
@@ -96,7 +114,7 @@ fn report(a: &Args, records: u64, truncated: bool) {
     eprintln!("{n}{} -> {}{t}", a.input.display(), a.output.display());
 }
 
-fn read_all(path: &Path) -> Result<(Header, Vec<Record>)> {
+fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>)> {
     let read = crate::input::for_each_record(
         path,
         |_| Ok(Vec::new()),
@@ -105,6 +123,7 @@ fn read_all(path: &Path) -> Result<(Header, Vec<Record>)> {
             Ok(())
         },
     )?;
+    crate::input::warn(&read.warnings(path, strict)?);
     Ok((read.header, read.state))
 }
 

@@ -39,6 +39,43 @@ pub struct Read<S> {
     pub truncated: bool,
     /// Events of unknown kinds skipped.
     pub unknown_skipped: u64,
+    /// Byte offset just past the last complete event.
+    pub complete_bytes: u64,
+}
+
+impl<S> Read<S> {
+    /// What the input did not give whole, as warning lines naming the file; with `strict`, a
+    /// truncated input is an error instead (exit 2).
+    pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
+        let mut w = Vec::new();
+        if self.truncated {
+            let what = format!(
+                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the \
+                 last complete event) was ignored, so peaks may be low",
+                path.display(),
+                self.complete_bytes
+            );
+            if strict {
+                bail!("{what} (--strict)");
+            }
+            w.push(what);
+        }
+        if self.unknown_skipped > 0 {
+            w.push(format!(
+                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
+                path.display(),
+                self.unknown_skipped
+            ));
+        }
+        Ok(w)
+    }
+}
+
+/// Print warning lines on stderr.
+pub fn warn(lines: &[String]) {
+    for l in lines {
+        eprintln!("memsim: warning: {l}");
+    }
 }
 
 /// Stream every record of an input through `f`, with state made from the header by `init`; a
@@ -58,7 +95,7 @@ pub fn for_each_record<S>(
             for r in &records {
                 f(&mut state, r)?;
             }
-            Ok(Read { header, state, truncated: false, unknown_skipped: 0 })
+            Ok(Read { header, state, truncated: false, unknown_skipped: 0, complete_bytes: 0 })
         }
         Kind::Trace => {
             let mut reader = trace::Reader::open(path)?;
@@ -81,7 +118,13 @@ pub fn for_each_record<S>(
                 b.finish_and_clear();
             }
             let s = reader.summary();
-            Ok(Read { header, state, truncated: s.truncated, unknown_skipped: s.unknown_skipped })
+            Ok(Read {
+                header,
+                state,
+                truncated: s.truncated,
+                unknown_skipped: s.unknown_skipped,
+                complete_bytes: s.complete_bytes,
+            })
         }
     }
 }

@@ -7,6 +7,7 @@
 mod colocate;
 mod convert;
 mod input;
+mod profile;
 mod replay;
 mod stats;
 mod validate;
@@ -18,7 +19,15 @@ use clap::{Parser, Subcommand};
 /// Predict the GPU memory a PyTorch training job reserves, from a trace, with an exact model of
 /// the CUDA caching allocator.
 #[derive(Parser)]
-#[command(name = "memsim", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "memsim",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = "Exit status: 0 success or fits; 1 does not fit (replay with a capacity, colocate), or, for \
+                  validate, the model differs from the snapshot; 2 bad input or error."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,6 +50,9 @@ enum Command {
     /// Simulate several jobs sharing one GPU: does the set fit, the combined peak and when it
     /// happens, and the smallest capacity that fits.
     Colocate(colocate::Args),
+    /// Show a GPU profile as memsim reads it (`--json` for programs: the Python side reads
+    /// profiles through this).
+    Profile(profile::Args),
 }
 
 fn run() -> anyhow::Result<ExitCode> {
@@ -51,6 +63,7 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Convert(a) => convert::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Colocate(a) => colocate::run(a),
+        Command::Profile(a) => profile::run(a),
     }
 }
 

@@ -1,16 +1,21 @@
-//! `memsim replay FILE [--alloc-conf STR] [--capacity 40GiB] [--profile NAME] [--torch VER] [--json]`.
+//! `memsim replay FILE [--capacity 40GiB] [--profile NAME] [--alloc-conf STR] [--torch VER] [--strict] [--json]`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
+use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Outside, Verdict};
 use simulator::profile::Profile;
-use simulator::replay::{ReplayOptions, ReplayReport, Replayer};
+use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
 
 /// Arguments of `memsim replay`.
 #[derive(clap::Args)]
+#[command(after_help = "Exit status: 0 fits (or no capacity to check), 1 does not fit the capacity, 2 bad input.\n\
+Peaks are the caching allocator's (max_memory_reserved/allocated): they count what the trace \
+requests, not the CUDA context or libraries; the device peak adds the profile's memory outside the \
+allocator.")]
 pub struct Args {
     /// Allocator-level trace: .mtrace, .jsonl (e.g. from `memtrace_trainer symtrace`), or a
     /// snapshot .pickle.
@@ -18,8 +23,9 @@ pub struct Args {
     /// Allocator configuration in PYTORCH_CUDA_ALLOC_CONF syntax; overrides what the trace recorded.
     #[arg(long, value_name = "STR")]
     alloc_conf: Option<String>,
-    /// Device memory the allocator may use (e.g. 40GiB). Default: the profile's total memory minus
-    /// its context; unlimited without a profile.
+    /// The GPU's total memory (e.g. 40GiB, 40960MiB), as nvidia-smi shows it. The profile's memory
+    /// outside the allocator (context, cuBLAS, cuDNN) is subtracted inside. Default: the profile's
+    /// total memory; no fit check without a profile or a capacity.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     capacity: Option<u64>,
     /// GPU profile: a name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
@@ -29,71 +35,152 @@ pub struct Args {
     /// profile's, else the newest.
     #[arg(long, value_name = "VER")]
     torch: Option<String>,
+    /// A truncated input is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    strict: bool,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
-/// Resolve version and capacity from flags and profile.
-pub fn options(
-    alloc_conf: Option<String>,
-    capacity: Option<u64>,
-    profile: Option<&str>,
-    torch: Option<&str>,
-) -> Result<(ReplayOptions, Option<Profile>)> {
+/// The profile (with its path) and the allocator version from flags.
+pub fn load(profile: Option<&str>, torch: Option<&str>) -> Result<(Option<(Profile, PathBuf)>, TorchVersion)> {
     let profile = match profile {
-        Some(p) => Some(Profile::load(p)?.0),
+        Some(p) => Some(Profile::load(p).with_context(|| format!("--profile {p}"))?),
         None => None,
     };
     let version: TorchVersion = match (torch, &profile) {
-        (Some(t), _) => t.parse().with_context(|| "--torch")?,
-        (None, Some(p)) => p.software.allocator.parse().with_context(|| "profile software.allocator")?,
+        (Some(t), _) => t.parse().with_context(|| format!("--torch {t}"))?,
+        (None, Some((p, path))) => {
+            p.software.allocator.parse().with_context(|| format!("{}: software.allocator", path.display()))?
+        }
         (None, None) => TorchVersion::default(),
     };
-    let capacity = capacity.or_else(|| {
-        profile.as_ref().map(|p| p.gpu.total_memory.saturating_sub(p.outside_allocator_bytes(false, false)))
-    });
-    Ok((ReplayOptions { alloc_conf, version, capacity }, profile))
+    Ok((profile, version))
 }
 
-/// Replay a file.
-pub fn replay_file(file: &std::path::Path, opts: ReplayOptions) -> Result<ReplayReport> {
+/// The memory outside the allocator for a trace with this header: the profile's terms for the
+/// libraries the trace says it loads (the context alone, with a warning, when it does not say).
+pub fn outside_for(
+    profile: Option<&(Profile, PathBuf)>,
+    header: &trace::Header,
+    warnings: &mut Vec<String>,
+) -> Outside {
+    let Some((p, path)) = profile else { return Outside::none() };
+    let libs = Libraries::from_header(header).unwrap_or_else(|| {
+        warnings.push(
+            "the trace does not say which CUDA libraries the job loads (no uses_gemm/uses_conv metadata); \
+             counting the profile's context only, not cuBLAS or cuDNN"
+                .into(),
+        );
+        Libraries::UNKNOWN
+    });
+    let o = fit::outside(p, &path.display().to_string(), libs);
+    warnings.extend(o.warnings());
+    o
+}
+
+/// What one replay with a fit check gives.
+pub struct Replayed {
+    pub fit: FitOutcome,
+    pub outside: Outside,
+    pub capacity: Option<Capacity>,
+    pub verdict: Option<Verdict>,
+    pub warnings: Vec<String>,
+}
+
+/// Replay a file at a capacity: the one path every verdict of `memsim` takes.
+pub fn replay_file(
+    file: &Path,
+    opts: &ReplayOptions,
+    profile: Option<&(Profile, PathBuf)>,
+    capacity_flag: Option<u64>,
+    strict: bool,
+) -> Result<Replayed> {
+    let (capacity, mut warnings) = fit::capacity(capacity_flag, profile.map(|(p, _)| p));
+    let mut outside = None;
     let read = crate::input::for_each_record(
         file,
-        |h| Replayer::new(h, opts).with_context(|| format!("{}: cannot replay", file.display())),
+        |h| {
+            let o = outside_for(profile, h, &mut warnings);
+            let budget = capacity.map(|c| o.budget(c.bytes));
+            outside = Some(o);
+            FitReplay::new(h, opts, budget).with_context(|| format!("{}: cannot replay", file.display()))
+        },
         |rp, r| {
             rp.observe(r);
             Ok(())
         },
     )?;
-    Ok(read.state.finish())
+    warnings.extend(read.warnings(file, strict)?);
+    let outside = outside.unwrap_or_else(Outside::none);
+    if capacity_flag.is_some() && profile.is_none() {
+        warnings.push(
+            "--capacity without --profile: nothing is subtracted for memory outside the allocator (context, \
+             libraries), so the verdict is at the allocator level"
+                .into(),
+        );
+    }
+    let fit = read.state.finish();
+    let verdict = capacity.map(|c| Verdict::new("replay.device", fit.device_peak(&outside), c));
+    Ok(Replayed { fit, outside, capacity, verdict, warnings })
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let (opts, _) = options(a.alloc_conf, a.capacity, a.profile.as_deref(), a.torch.as_deref())?;
-    let version = opts.version;
-    let r = replay_file(&a.file, opts)?;
+    let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
+    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
+    let r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict)?;
+    crate::input::warn(&r.warnings);
+    let code = match &r.verdict {
+        Some(v) if !v.fits => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    };
+    let rep = &r.fit.report;
     if a.json {
-        let mut v = serde_json::to_value(&r)?;
+        let mut v = serde_json::to_value(rep)?;
         v["file"] = a.file.display().to_string().into();
         v["torch_allocator_version"] = version.to_string().into();
+        // One meaning of capacity: the device's total memory. The allocator's share is separate.
+        v["capacity"] = serde_json::to_value(r.capacity)?;
+        v["allocator_budget_bytes"] = serde_json::to_value(r.fit.budget)?;
+        v["oom"] = r.fit.oom.into();
+        v["oom_at_event"] = serde_json::to_value(r.fit.oom_at_event)?;
+        v["oom_detail"] = serde_json::to_value(&r.fit.oom_detail)?;
+        v["outside_allocator"] = serde_json::to_value(&r.outside)?;
+        v["peak_device_bytes"] = r.fit.device_peak(&r.outside).into();
+        v["verdict"] = serde_json::to_value(&r.verdict)?;
+        v["warnings"] = serde_json::to_value(&r.warnings)?;
+        v["peaks_count"] = PEAKS_COUNT.into();
         println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     println!(
         "{}: replayed {} requests of {} records (allocator rules {version})",
         a.file.display(),
-        r.requests,
-        r.events
+        rep.requests,
+        rep.events
     );
-    if let Some(c) = &r.alloc_conf {
+    if let Some(c) = &rep.alloc_conf {
         println!("  alloc conf          {c}");
     }
-    println!("  peak reserved       {} ({} B)", mib(r.peak_reserved_bytes), r.peak_reserved_bytes);
-    println!("  peak allocated      {} ({} B)", mib(r.peak_allocated_bytes), r.peak_allocated_bytes);
-    println!("  peak active         {}", mib(r.peak_active_bytes));
-    println!("  peak requested      {}", mib(r.peak_requested_bytes));
-    for d in &r.devices {
+    println!("  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
+    println!("  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);
+    println!("  peak active         {}", mib(rep.peak_active_bytes));
+    println!("  peak requested      {}", mib(rep.peak_requested_bytes));
+    println!("  (peaks: {PEAKS_COUNT})");
+    if r.outside.source != "none" {
+        let o = &r.outside;
+        println!(
+            "  outside allocator   {} (context {}, cuBLAS {}, cuDNN {}; libraries from {})",
+            mib(o.total_bytes),
+            mib(o.context_bytes),
+            mib(o.cublas_bytes),
+            mib(o.cudnn_bytes),
+            o.libraries.source
+        );
+        println!("  peak device         {} (reserved + outside the allocator)", mib(r.fit.device_peak(o)));
+    }
+    for d in &rep.devices {
         println!(
             "  device {}: at peak reserved: {} segments, {} reserved but not allocated, largest free block {}",
             d.device,
@@ -110,26 +197,41 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }
         }
     }
-    match (r.capacity, r.oom_at_event) {
-        (Some(c), Some(i)) => println!(
-            "  OOM at capacity {}: first failure at record {i}: {}",
-            mib(c),
-            r.oom_detail.as_deref().unwrap_or("")
-        ),
-        (Some(c), None) => println!("  fits in capacity {}", mib(c)),
-        (None, _) => println!("  capacity unlimited (give --capacity or --profile to check OOM)"),
-    }
-    for (m, n) in &r.skipped_by_caller {
+    for (m, n) in &rep.skipped_by_caller {
         println!("  left out: {n} requests made by {m} (outside the caching allocator)");
     }
-    if r.skipped_failed_calls > 0 {
-        println!("  left out: {} failed calls recorded in the trace", r.skipped_failed_calls);
+    if rep.skipped_failed_calls > 0 {
+        println!("  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
     }
-    if r.rejected > 0 {
-        println!("  WARNING: {} requests rejected by the model, e.g.:", r.rejected);
-        for e in &r.rejected_examples {
+    if rep.rejected > 0 {
+        println!("  WARNING: {} requests rejected by the model, e.g.:", rep.rejected);
+        for e in &rep.rejected_examples {
             println!("    {e}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    match (&r.verdict, r.fit.budget) {
+        (Some(v), Some(budget)) => {
+            let src = match v.capacity_source {
+                fit::CapacitySource::Flag => "--capacity",
+                fit::CapacitySource::Profile => "the profile's total memory",
+            };
+            println!(
+                "verdict: needs {} on a {} device ({src}; allocator budget {}): {}",
+                mib(v.need_bytes),
+                mib(v.capacity_bytes),
+                mib(budget),
+                if v.fits { "FITS" } else { "DOES NOT FIT" }
+            );
+            if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
+                println!("  replayed at the budget, the first allocation fails at record {i}: {d}");
+            }
+        }
+        _ => println!("verdict: none (give --capacity or --profile to check a fit)"),
+    }
+    Ok(code)
 }
+
+/// What replay's peaks count, printed beside them.
+pub const PEAKS_COUNT: &str = "the caching allocator's reserved/allocated bytes for the requests in this trace \
+     (blocks allocated before the trace began are counted only when the trace rebuilds its start state); \
+     the CUDA context and libraries are outside them";

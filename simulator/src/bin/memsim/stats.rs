@@ -26,7 +26,15 @@ pub struct Args {
     /// Kernel names listed under top kernels, per run and per phase.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
+    /// A truncated input is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    strict: bool,
 }
+
+/// What `peak_live_device_bytes` counts, printed beside it.
+const PEAK_COUNTS: &str = "bytes of device allocations this trace records, alive at once; blocks allocated \
+     before the trace began are not known, so on a converted snapshot it can differ from replay's peak \
+     allocated, which also counts the rebuilt start state";
 
 fn util_options(a: &Args) -> Result<UtilOptions> {
     let mut o = UtilOptions { sm_count: a.sm_count, compute_capability: None, top: a.top };
@@ -50,6 +58,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             Ok(())
         },
     )?;
+    let warnings = read.warnings(&a.file, a.strict)?;
+    crate::input::warn(&warnings);
     let header = read.header;
     let (s, u) = read.state;
     let s = s.finish(read.truncated, read.unknown_skipped);
@@ -60,6 +70,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         v["file"] = a.file.display().to_string().into();
         v["level"] = serde_json::to_value(header.level)?;
         v["producer"] = header.producer.name.clone().into();
+        v["peak_live_device_counts"] = PEAK_COUNTS.into();
+        v["warnings"] = serde_json::to_value(&warnings)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -76,6 +88,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     println!("  device allocs     {} (frees {})", s.allocs, s.frees);
     println!("  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
     println!("  peak live device  {} ({} B)", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
+    println!("    (counts {PEAK_COUNTS})");
     println!("  kernel launches   {} ({} graph launches)", s.kernel_launches, s.graph_launches);
     match s.kernel_busy_ns {
         Some(busy) => {

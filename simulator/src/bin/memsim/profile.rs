@@ -1,0 +1,65 @@
+//! `memsim profile NAME|PATH [--json]`: a GPU profile as the one parser reads it. Python reads
+//! profiles through this command, so Rust and Python cannot disagree on defaults.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use simulator::profile::Profile;
+use simulator::units::mib;
+
+/// Arguments of `memsim profile`.
+#[derive(clap::Args)]
+#[command(after_help = "JSON: {\"name\", \"path\", \"gpu\", \"software\", \"outside_allocator\", \"workspace\", \
+\"calibration\", \"provenance\": {\"unmeasured\": [...]}, \"derived\": {\"cublas_workspace_bytes\", \
+\"cublaslt_workspace_bytes\", \"allocator\"}}. cublaslt_workspace_bytes is 0 unless the Lt workspace is \
+allocated per call.")]
+pub struct Args {
+    /// A name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
+    name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let (p, path) = Profile::load(&a.name).with_context(|| format!("profile {}", a.name))?;
+    let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
+    if a.json {
+        let mut v = serde_json::to_value(&p)?;
+        v["name"] = Profile::name_of(&path).into();
+        v["path"] = path.display().to_string().into();
+        v["derived"] = serde_json::json!({
+            "cublas_workspace_bytes": p.cublas_workspace_bytes(),
+            "cublaslt_workspace_bytes": lt,
+            "allocator": p.software.allocator,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let o = &p.outside_allocator;
+    println!("{} ({})", Profile::name_of(&path), path.display());
+    println!(
+        "  gpu                 {} (cc {}.{}, {} SMs)",
+        p.gpu.name, p.gpu.compute_capability[0], p.gpu.compute_capability[1], p.gpu.sm_count
+    );
+    println!("  total memory        {} ({} B)", mib(p.gpu.total_memory), p.gpu.total_memory);
+    println!(
+        "  software            torch {}, CUDA {}, allocator rules {}",
+        p.software.torch, p.software.cuda, p.software.allocator
+    );
+    println!(
+        "  outside allocator   context {} MiB, cuBLAS {} MiB, cuDNN {} MiB",
+        o.context_mib, o.cublas_mib, o.cudnn_mib
+    );
+    println!("  cuBLAS workspace    {} per (handle, stream)", mib(p.cublas_workspace_bytes()));
+    println!(
+        "  cuBLASLt workspace  {}",
+        if lt > 0 { format!("{} per call", mib(lt)) } else { "shared with cuBLAS".into() }
+    );
+    if p.provenance.unmeasured.is_empty() {
+        println!("  unmeasured          none");
+    } else {
+        println!("  UNMEASURED          {}", p.provenance.unmeasured.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,291 @@
+//! The one accounting of memory outside the caching allocator, and the one fit check built on it.
+//!
+//! A device's capacity always means its *total* memory, as `nvidia-smi` shows it. Inside, the
+//! memory a process holds outside PyTorch's caching allocator (the CUDA context, cuBLAS/cuBLASLt
+//! and cuDNN handles and kernel images; NCCL will join them) is subtracted to give the
+//! allocator's budget, and a trace is replayed at that budget. Every command that gives a verdict
+//! (`memsim replay`, `memsim colocate`, `memest estimate`, and the trainer's `max-batch` through
+//! `memsim replay`) comes through [`outside`] and [`FitReplay`], so they cannot disagree.
+
+use serde::Serialize;
+use trace::{Header, Record};
+
+use crate::profile::Profile;
+use crate::replay::{ReplayOptions, ReplayReport, ReplaySetupError, Replayer};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The CUDA libraries a job loads, which decide the library terms of [`Outside`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Libraries {
+    /// Any GEMM runs: cuBLAS (and cuBLASLt) are loaded.
+    pub gemm: bool,
+    /// Any convolution runs: cuDNN is loaded.
+    pub conv: bool,
+    /// Where this came from: `"trace"` (the trace header's `uses_gemm`/`uses_conv`), a caller's
+    /// fallback such as `"features"`, or `"unknown"` (only the context is counted).
+    pub source: &'static str,
+}
+
+impl Libraries {
+    /// Nothing known: only the context is counted.
+    pub const UNKNOWN: Libraries = Libraries { gemm: false, conv: false, source: "unknown" };
+
+    /// From the trace header's `uses_gemm`/`uses_conv` metadata (written by the symbolic tracer);
+    /// `None` when the trace does not say.
+    pub fn from_header(h: &Header) -> Option<Libraries> {
+        let flag = |k: &str| h.meta(k).map(|v| v == "true");
+        match (flag("uses_gemm"), flag("uses_conv")) {
+            (None, None) => None,
+            (g, c) => Some(Libraries { gemm: g.unwrap_or(false), conv: c.unwrap_or(false), source: "trace" }),
+        }
+    }
+
+    /// The header's answer, else `fallback`.
+    pub fn of(h: &Header, fallback: Libraries) -> Libraries {
+        Libraries::from_header(h).unwrap_or(fallback)
+    }
+}
+
+/// Memory one process holds outside the caching allocator, by term, bytes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outside {
+    /// CUDA context and runtime.
+    pub context_bytes: u64,
+    /// cuBLAS/cuBLASLt handles and kernel images (when any GEMM runs).
+    pub cublas_bytes: u64,
+    /// cuDNN handle and kernel images (when any convolution runs).
+    pub cudnn_bytes: u64,
+    /// The sum.
+    pub total_bytes: u64,
+    /// The libraries the terms were chosen for.
+    pub libraries: Libraries,
+    /// Profile constants used here that the profile marks unmeasured (`[provenance]`).
+    pub unmeasured: Vec<String>,
+    /// Where the terms came from: the profile's path, `"--context"`, or `"none"`.
+    pub source: String,
+}
+
+impl Outside {
+    /// Nothing outside the allocator (no profile): the verdict is at the allocator level.
+    pub fn none() -> Outside {
+        Outside {
+            context_bytes: 0,
+            cublas_bytes: 0,
+            cudnn_bytes: 0,
+            total_bytes: 0,
+            libraries: Libraries::UNKNOWN,
+            unmeasured: Vec::new(),
+            source: "none".into(),
+        }
+    }
+
+    /// A fixed amount given by the user (`--context`), all of it counted as context.
+    pub fn fixed(bytes: u64) -> Outside {
+        Outside { context_bytes: bytes, total_bytes: bytes, source: "--context".into(), ..Outside::none() }
+    }
+
+    /// What the allocator may use on a device of `capacity` total bytes.
+    pub fn budget(&self, capacity: u64) -> u64 {
+        capacity.saturating_sub(self.total_bytes)
+    }
+
+    /// One warning line per unmeasured constant used, for the binaries to print.
+    pub fn warnings(&self) -> Vec<String> {
+        self.unmeasured
+            .iter()
+            .map(|k| {
+                format!("{}: {k} is marked unmeasured ([provenance]); the estimate rests on a placeholder", self.source)
+            })
+            .collect()
+    }
+}
+
+fn bytes(mib: f64) -> u64 {
+    (mib * MIB).round() as u64
+}
+
+/// The memory outside the allocator for a job loading `libs`, from `profile` (the one function
+/// that applies the profile's `[outside_allocator]` terms).
+pub fn outside(profile: &Profile, source: &str, libs: Libraries) -> Outside {
+    let o = &profile.outside_allocator;
+    let mut unmeasured = Vec::new();
+    let mut term = |key: &str, used: bool, mib: f64| {
+        if !used {
+            return 0;
+        }
+        let full = format!("outside_allocator.{key}");
+        if profile.is_unmeasured(&full) {
+            unmeasured.push(full);
+        }
+        bytes(mib)
+    };
+    let context_bytes = term("context_mib", true, o.context_mib);
+    let cublas_bytes = term("cublas_mib", libs.gemm, o.cublas_mib);
+    let cudnn_bytes = term("cudnn_mib", libs.conv, o.cudnn_mib);
+    Outside {
+        context_bytes,
+        cublas_bytes,
+        cudnn_bytes,
+        total_bytes: context_bytes + cublas_bytes + cudnn_bytes,
+        libraries: libs,
+        unmeasured,
+        source: source.to_string(),
+    }
+}
+
+/// Where a device capacity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Flag,
+    /// The profile's `gpu.total_memory`.
+    Profile,
+}
+
+/// A device capacity: total memory, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    /// Total device memory, bytes.
+    pub bytes: u64,
+    /// Where it came from.
+    pub source: CapacitySource,
+}
+
+/// `--capacity` if given, else the profile's total memory, else none. A profile whose total
+/// memory is unmeasured adds a warning.
+pub fn capacity(flag: Option<u64>, profile: Option<&Profile>) -> (Option<Capacity>, Vec<String>) {
+    match (flag, profile) {
+        (Some(bytes), _) => (Some(Capacity { bytes, source: CapacitySource::Flag }), Vec::new()),
+        (None, Some(p)) => {
+            let warn = if p.is_unmeasured("gpu.total_memory") {
+                vec!["the profile's gpu.total_memory is marked unmeasured ([provenance]); the capacity is nominal"
+                    .to_string()]
+            } else {
+                Vec::new()
+            };
+            (Some(Capacity { bytes: p.gpu.total_memory, source: CapacitySource::Profile }), warn)
+        }
+        (None, None) => (None, Vec::new()),
+    }
+}
+
+/// A fit verdict: `fits` is exactly `need_bytes <= capacity_bytes`, so the verdict can never
+/// contradict the numbers printed beside it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// Which number the verdict rests on (e.g. `symbolic.device`).
+    pub basis: String,
+    /// Device memory the job needs, bytes (reserved peak + outside the allocator).
+    pub need_bytes: u64,
+    /// The device's total memory, bytes.
+    pub capacity_bytes: u64,
+    /// Where the capacity came from.
+    pub capacity_source: CapacitySource,
+    /// `need_bytes <= capacity_bytes`.
+    pub fits: bool,
+}
+
+impl Verdict {
+    /// The verdict for `need` on `cap`.
+    pub fn new(basis: impl Into<String>, need: u64, cap: Capacity) -> Verdict {
+        Verdict {
+            basis: basis.into(),
+            need_bytes: need,
+            capacity_bytes: cap.bytes,
+            capacity_source: cap.source,
+            fits: need <= cap.bytes,
+        }
+    }
+}
+
+/// A replay that answers the fit question in one pass: an unlimited replay gives what the job
+/// needs; when a budget is set, a second replay at that budget runs alongside, because a real
+/// allocator that hits the ceiling frees its cache and retries, and a job that survives reaches
+/// the capped replay's peak, not the unlimited one.
+pub struct FitReplay {
+    unlimited: Replayer,
+    capped: Option<Replayer>,
+}
+
+/// What [`FitReplay`] found.
+#[derive(Debug, Clone)]
+pub struct FitOutcome {
+    /// The replay that describes the run: the capped one when it survived, else the unlimited
+    /// one (what the job would have needed).
+    pub report: ReplayReport,
+    /// Whether the capped replay ran out of memory (false without a budget).
+    pub oom: bool,
+    /// The capped replay's first failing record and its message, when it ran out of memory.
+    pub oom_at_event: Option<u64>,
+    /// The capped replay's OOM message.
+    pub oom_detail: Option<String>,
+    /// The allocator budget, bytes, when one was set.
+    pub budget: Option<u64>,
+}
+
+impl FitReplay {
+    /// Prepare a replay of a trace with this header; `budget` is the allocator's share of the
+    /// device ([`Outside::budget`]), `None` for no fit check. `opts.capacity` is ignored.
+    pub fn new(header: &Header, opts: &ReplayOptions, budget: Option<u64>) -> Result<FitReplay, ReplaySetupError> {
+        let unlimited = Replayer::new(header, ReplayOptions { capacity: None, ..opts.clone() })?;
+        let capped = match budget {
+            Some(b) => Some(Replayer::new(header, ReplayOptions { capacity: Some(b), ..opts.clone() })?),
+            None => None,
+        };
+        Ok(FitReplay { unlimited, capped })
+    }
+
+    /// Feed one record.
+    pub fn observe(&mut self, r: &Record) {
+        self.unlimited.observe(r);
+        if let Some(c) = &mut self.capped {
+            c.observe(r);
+        }
+    }
+
+    /// The outcome.
+    pub fn finish(self) -> FitOutcome {
+        let unlimited = self.unlimited.finish();
+        match self.capped {
+            None => FitOutcome { report: unlimited, oom: false, oom_at_event: None, oom_detail: None, budget: None },
+            Some(c) => {
+                let capped = c.finish();
+                let budget = capped.capacity;
+                if capped.oom {
+                    FitOutcome {
+                        oom: true,
+                        oom_at_event: capped.oom_at_event,
+                        oom_detail: capped.oom_detail,
+                        report: unlimited,
+                        budget,
+                    }
+                } else {
+                    FitOutcome { report: capped, oom: false, oom_at_event: None, oom_detail: None, budget }
+                }
+            }
+        }
+    }
+}
+
+impl FitOutcome {
+    /// Device memory needed: the reserved peak plus what lives outside the allocator.
+    pub fn device_peak(&self, outside: &Outside) -> u64 {
+        self.report.peak_reserved_bytes + outside.total_bytes
+    }
+}
+
+/// Replay records already in memory (see [`FitReplay`]).
+pub fn fit_records<'a>(
+    header: &Header,
+    records: impl IntoIterator<Item = &'a Record>,
+    opts: &ReplayOptions,
+    budget: Option<u64>,
+) -> Result<FitOutcome, ReplaySetupError> {
+    let mut f = FitReplay::new(header, opts, budget)?;
+    for r in records {
+        f.observe(r);
+    }
+    Ok(f.finish())
+}
