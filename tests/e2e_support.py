@@ -30,10 +30,12 @@ def binary(name: str) -> Path:
     pytest.fail(f"{name} not found in {where}: run scripts/setup.sh")
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a command; on failure, fail the test with its output."""
+def run(
+    cmd: list[str], env: dict[str, str] | None = None, codes: tuple[int, ...] = (0,)
+) -> subprocess.CompletedProcess[str]:
+    """Run a command; when it exits with a status not in `codes`, fail the test with its output."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    if p.returncode != 0:
+    if p.returncode not in codes:
         shown = " ".join(map(str, cmd))
         pytest.fail(f"{shown} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p

@@ -98,19 +98,16 @@ def test_capacity_below_the_peak_ooms(
 ) -> None:
     trace = _symtrace(tmp_path, trainer_env, "oom.jsonl")
     peak = _json([str(memsim), "replay", str(trace), "--json"])["peak_reserved_bytes"]
-    below = _json(
-        [
-            str(memsim),
-            "replay",
-            str(trace),
-            "--capacity",
-            str(peak - (2 << 20)),
-            "--json",
-        ]
-    )
-    at = _json([str(memsim), "replay", str(trace), "--capacity", str(peak), "--json"])
-    assert below["oom"] is True and isinstance(below["oom_at_event"], int)
-    assert at["oom"] is False
+    # Without a profile the capacity is the allocator's alone (memsim warns so); exit 1 is
+    # "does not fit".
+    cmd = [str(memsim), "replay", str(trace), "--json", "--capacity"]
+    below = run([*cmd, str(peak - (2 << 20))], codes=(1,))
+    assert "without --profile" in below.stderr
+    below_v = json.loads(below.stdout)
+    at = _json([*cmd, str(peak)])
+    assert below_v["oom"] is True and isinstance(below_v["oom_at_event"], int)
+    assert below_v["verdict"]["fits"] is False
+    assert at["oom"] is False and at["verdict"]["fits"] is True
 
 
 def test_memory_viz_opens_the_export(

@@ -11,12 +11,18 @@ use serde::{Deserialize, Serialize};
 #[non_exhaustive]
 pub enum ProfileError {
     /// The name did not resolve to a file.
-    #[error("profile {name:?} not found: looked for {}", tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    #[error(
+        "profile {name:?} not found: looked for {} (known profiles: {})",
+        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+    )]
     NotFound {
         /// The name or path given.
         name: String,
         /// Paths tried, in order.
         tried: Vec<PathBuf>,
+        /// The profile names in the profiles directory.
+        known: Vec<String>,
     },
     /// The file could not be read.
     #[error("cannot read profile {path}: {source}")]
@@ -225,7 +231,7 @@ pub fn profiles_dir() -> PathBuf {
     }
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
     if built.is_dir() {
-        return built;
+        return built.canonicalize().unwrap_or(built);
     }
     PathBuf::from("profiles")
 }
@@ -246,5 +252,20 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ProfileError> {
         }
         tried.push(p);
     }
-    Err(ProfileError::NotFound { name: name_or_path.to_string(), tried })
+    Err(ProfileError::NotFound { name: name_or_path.to_string(), tried, known: known_profiles() })
+}
+
+/// The names of the profiles in [`profiles_dir`], sorted.
+pub fn known_profiles() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(profiles_dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .map(|p| Profile::name_of(&p))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }

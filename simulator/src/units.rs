@@ -10,6 +10,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .replace('_', "")
         .parse()
         .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit, e.g. 40GiB or 500MiB"))?;
+    if unit.trim().is_empty() && num.fract() != 0.0 {
+        return Err(format!(
+            "invalid size {s:?}: a number without a unit is bytes, and {s} is not a whole number (did you \
+             mean {s}GiB?)"
+        ));
+    }
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -55,5 +61,7 @@ mod tests {
         }
         assert!(parse_size("forty").unwrap_err().contains("forty"));
         assert!(parse_size("4 parsecs").unwrap_err().contains("parsecs"));
+        // A bare number is bytes: a fraction of a byte is a unit left out, not a size.
+        assert!(parse_size("0.05").unwrap_err().contains("0.05GiB"));
     }
 }

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.profile import REPO_ROOT
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_HINT = "cargo build --release (in the repository root)"
 
 

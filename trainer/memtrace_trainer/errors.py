@@ -3,3 +3,40 @@
 
 class UserError(Exception):
     """Bad input from the user (a spec, a file, a flag); the message says what was expected."""
+
+
+class UserCodeError(UserError):
+    """The user's own code (a model, an entry or step function) raised: a one-line summary plus
+    the user's frames, never a raw traceback."""
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        self.exc = exc
+        lines = [f"{what} {type(exc).__name__}: {exc}".strip()]
+        lines += [f"  at {f.filename}:{f.lineno} in {f.name}: {f.line or ''}".rstrip(": ")
+                  for f in user_frames(exc)]  # fmt: skip
+        super().__init__("\n".join(lines))
+
+
+def _library_dirs() -> list[str]:
+    import sysconfig
+    from pathlib import Path
+
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(str(Path(__file__).resolve().parent))  # memtrace_trainer itself
+    return [str(Path(d).resolve()) for d in dirs if d]
+
+
+def user_frames(exc: BaseException) -> list:
+    """The traceback frames of `exc` in the user's files: not the standard library, not installed
+    packages (torch, transformers, ...), not memtrace_trainer. Empty when there are none."""
+    import os
+    import traceback
+
+    libs = _library_dirs()
+    out = []
+    for f in traceback.extract_tb(exc.__traceback__):
+        path = os.path.realpath(f.filename) if not f.filename.startswith("<") else f.filename
+        if f.filename.startswith("<") or any(path.startswith(d + os.sep) for d in libs):
+            continue
+        out.append(f)
+    return out

@@ -17,34 +17,32 @@ from typing import Any
 
 import torch
 
+from memtrace_trainer import notes
 from memtrace_trainer.binaries import find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
-from memtrace_trainer.profile import load_profile, profile_path
+from memtrace_trainer.notes import warn
+from memtrace_trainer.profile import load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import trace_to_file
 from memtrace_trainer.workload import Workload
 
 ESTIMATORS = ("symbolic", "fake_tensor", "horus", "analytic", "ml")
+SCHEMA = 2
 
 
-def _answer(name: str, value: Any) -> dict[str, Any] | None:
+def _answer(name: str, value: Any) -> None:
     if value is None:
-        return None
+        return
     if not isinstance(value, dict) or not isinstance(value.get("device_mib"), int | float):
         raise UserError(
             f"memest estimate: field estimates.{name}.device_mib missing or not a number "
             "(expected the contract in estimators/README.md)"
         )
-    return {
-        "device_mib": float(value["device_mib"]),
-        "reserved_mib": value.get("reserved_mib"),
-        "level": value.get("level"),
-    }
 
 
 def parse_memest(text: str) -> dict[str, Any]:
-    """Checks memest's JSON against the contract and keeps what the trainer reports."""
+    """Checks memest's JSON against the schema-2 contract and returns all of it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -52,22 +50,21 @@ def parse_memest(text: str) -> dict[str, Any]:
     estimates = data.get("estimates") if isinstance(data, dict) else None
     if not isinstance(estimates, dict):
         raise UserError("memest estimate: output has no `estimates` object")
+    if data.get("schema") != SCHEMA:
+        raise UserError(
+            f"memest estimate: field schema is {data.get('schema')!r}: expected {SCHEMA} "
+            "(rebuild memest: cargo build --release)"
+        )
     for name in ("symbolic", "horus", "analytic"):
         if estimates.get(name) is None:
             why = data.get("unavailable", {}).get(name, "no reason given")
             raise UserError(f"memest estimate: estimates.{name} is missing ({why})")
-    answers = {name: _answer(name, estimates.get(name)) for name in ESTIMATORS}
     for name, value in estimates.items():
-        if name not in answers:
-            answers[name] = _answer(name, value)
-    return {
-        "estimates": answers,
-        "seconds": dict(data.get("seconds", {})),
-        "unavailable": dict(data.get("unavailable", {})),
-        "oom_predicted": data.get("oom_predicted"),
-        "gpu_total_mib": data.get("gpu_total_mib"),
-        "family": data.get("family"),
-    }
+        _answer(name, value)
+    verdict = data.get("verdict")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("fits"), bool):
+        raise UserError("memest estimate: field verdict.fits missing (expected schema 2)")
+    return data
 
 
 def estimate(
@@ -76,8 +73,10 @@ def estimate(
     profile: str,
     ml_model: Path | None,
     log: Any = None,
+    capacity: str | None = None,
 ) -> dict[str, Any]:
-    """`workload_for()` builds a fresh meta workload (each trace consumes one)."""
+    """`workload_for()` builds a fresh meta workload (each trace consumes one). The result is
+    memest's schema-2 object, whole, plus the job's inputs, defaults and warnings."""
     memest = find_binary("memest")
     if log:
         log(f"memest: {memest.describe()}")
@@ -113,41 +112,74 @@ def estimate(
             "--fake-trace",
             str(d / "plain.jsonl"),
             "--profile",
-            str(profile_path(profile)),
+            str(prof.path),
             "--json",
         ]
+        if capacity is not None:
+            cmd += ["--capacity", capacity]
         if ml_model is not None:
             cmd += ["--ml-model", str(ml_model)]
         t = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         seconds["memest"] = time.perf_counter() - t
-    if done.returncode != 0:
-        raise UserError(f"memest estimate failed ({done.returncode}): {done.stderr.strip()}")
+    # memest exits 1 for "does not fit": an answer, not a failure.
+    if done.returncode not in (0, 1):
+        msg = done.stderr.strip().removeprefix("memest: error: ")
+        raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
     result = parse_memest(done.stdout)
-    result["seconds"] = {**seconds, **{f"memest.{k}": v for k, v in result["seconds"].items()}}
+    for w in result.get("warnings", []):
+        warn(w)
+    result["seconds"] = {
+        **seconds,
+        **{f"memest.{k}": v for k, v in result.get("seconds", {}).items()},
+    }
     result["binary"] = {"memest": str(memest.path), "source": memest.source}
+    result["profile_path"] = result.get("profile")
     result["profile"] = profile
     result["model"] = workload.spec
     result["batch_size"] = workload.batch_size
+    result["inputs"] = {
+        "batch_size": workload.batch_size,
+        "optimizer": step.optimizer,
+        "amp": step.amp or "fp32",
+        "checkpointing": step.checkpointing,
+        "grad_accum": step.grad_accum,
+        "iterations": step.iterations,
+        "defaults": {
+            **workload.defaults,
+            "iterations": {"value": step.iterations, "why": "traced training iterations"},
+        },
+    }
+    result["warnings"] = notes.collected()
     return result
 
 
 def render(result: dict[str, Any]) -> str:
+    """The verdict on the headline number first, then the baselines, each with what it ignores."""
+    v = result["verdict"]
+    sym = result["estimates"]["symbolic"]
+    out = result.get("outside_allocator", {})
+    gpu = result.get("gpu", result["profile"])
+    src = "--capacity" if v.get("capacity_source") == "flag" else "profile total"
     lines = [
-        f"{result['model']} at batch {result['batch_size']} on profile {result['profile']} "
-        f"(memest: {result['binary']['memest']}, from {result['binary']['source']})",
-        f"{'estimator':<12} {'MiB':>12} {'reserved MiB':>13}  level",
+        f"needs {v['need_mib']:.1f} MiB on {gpu} ({v['capacity_mib']:.1f} MiB, {src}): "
+        + ("FITS" if v["fits"] else "DOES NOT FIT"),
+        f"  {result['model']} at batch {result['batch_size']}, profile {result['profile']}; "
+        f"symbolic: peak reserved {sym['reserved_mib']:.1f} MiB (peak allocated "
+        f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "
+        f"{out.get('total_mib', 0):.1f} MiB",
+        f"  (memest: {result['binary']['memest']}, from {result['binary']['source']})",
+        "baselines (for comparison, not for decisions):",
     ]
     for name, ans in result["estimates"].items():
+        if name == result.get("headline", "symbolic"):
+            continue
         if ans is None:
             why = result["unavailable"].get(name, "not available")
-            lines.append(f"{name:<12} {'-':>12} {'-':>13}  ({why})")
+            lines.append(f"  {name:<12} {'-':>10}      ({why})")
         else:
-            res = ans["reserved_mib"]
             lines.append(
-                f"{name:<12} {ans['device_mib']:>12.1f} "
-                f"{'-' if res is None else f'{res:.1f}':>13}  {ans['level'] or ''}"
+                f"  {name:<12} {ans['device_mib']:>10.1f} MiB  {ans.get('level') or '':<6}  "
+                f"ignores {ans.get('ignores', '')}"
             )
-    if result.get("oom_predicted"):
-        lines.append("symbolic: this job would run out of memory on the profile's GPU")
     return "\n".join(lines)

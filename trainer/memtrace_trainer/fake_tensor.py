@@ -152,6 +152,6 @@ def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], W
     shape, seq, classes = (
         config.get("input_shape"),
         config.get("seq_len"),
-        config.get("num_classes", 1000),
+        config.get("num_classes"),
     )
     return (lambda device: build_workload(spec, batch, shape, seq, classes, device)), spec

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from memtrace_trainer.profile import Profile
+from memtrace_trainer.profile import load_profile
 from memtrace_trainer.symtrace import step
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
@@ -349,7 +349,7 @@ def step_kernels(workload: Workload, cfg: step.StepConfig | None = None) -> list
     without the optimizer's one-time state initialisation)."""
     cfg = cfg or step.StepConfig(iterations=2)
     rec = KernelRecorder(cfg.iterations - 1)
-    step.run(workload, cfg, Profile.builtin(), rec)
+    step.run(workload, cfg, load_profile(None), rec)
     return rec.kernels
 
 

@@ -1,14 +1,17 @@
 """`max-batch`: the largest batch that fits, by symbolic traces replayed in memsim.
 
 Doubling finds a batch that does not fit, then bisection the boundary; every probe is a fresh
-meta-device trace in this process (torch is imported once) and one `memsim replay` at the
-capacity: the profile's total memory minus its context, unless given.
+meta-device trace in this process (torch is imported once) and one `memsim replay --profile P
+[--capacity C]`: the fit check `memest estimate` makes too (`simulator::fit`): the device's total
+memory, minus the profile's memory outside the allocator for the libraries the trace loads, is
+the allocator's budget. So the answer fits by `estimate`, and the next batch does not.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,68 +20,83 @@ from typing import Any
 
 from memtrace_trainer.binaries import Found, find_binary
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.profile import load_profile, profile_path
+from memtrace_trainer.notes import warn
+from memtrace_trainer.profile import load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import trace_to_file
 from memtrace_trainer.workload import Workload
 
-GIB = 1 << 30
 MIB = 1 << 20
 
 
-def _replay(memsim: Found, trace: Path, profile: Path, capacity: int | None) -> dict[str, Any]:
+def _replay(memsim: Found, trace: Path, profile: Path, capacity: str | None) -> dict[str, Any]:
     cmd = [str(memsim.path), "replay", str(trace), "--json", "--profile", str(profile)]
     if capacity is not None:
-        cmd += ["--capacity", str(capacity)]
+        cmd += ["--capacity", capacity]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise UserError(f"memsim replay failed ({done.returncode}): {done.stderr.strip()}")
+    # memsim exits 1 for "does not fit": an answer, not a failure.
+    if done.returncode not in (0, 1):
+        msg = done.stderr.strip().removeprefix("memsim: error: ")
+        raise UserError(f"memsim replay failed ({done.returncode}): {msg}")
     try:
         data = json.loads(done.stdout)
+        verdict = data["verdict"]
         return {
-            k: data[k] for k in ("oom", "peak_reserved_bytes", "peak_allocated_bytes", "capacity")
+            "fits": bool(verdict["fits"]),
+            "need_bytes": int(verdict["need_bytes"]),
+            "capacity": int(verdict["capacity_bytes"]),
+            "capacity_source": str(verdict["capacity_source"]),
+            "oom": bool(data["oom"]),
+            "peak_reserved_bytes": int(data["peak_reserved_bytes"]),
+            "peak_allocated_bytes": int(data["peak_allocated_bytes"]),
+            "warnings": list(data.get("warnings", [])),
         }
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"memsim replay --json: unexpected output ({e})") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UserError(f"memsim replay --json: unexpected output ({e!r})") from None
 
 
 def max_batch(
     workload_for: Callable[[int], Workload],
     step: StepConfig,
     profile: str,
-    capacity_gib: float | None,
+    capacity: str | None,
     limit: int,
 ) -> dict[str, Any]:
+    """`capacity` is the device's total memory as the user typed it (`40GiB`); memsim parses it,
+    and rejects a bad one naming it."""
     memsim = find_binary("memsim")
     prof = load_profile(profile)
-    ppath = profile_path(profile)
-    capacity = None if capacity_gib is None else int(capacity_gib * GIB)
-    if capacity is not None and capacity <= 0:
-        raise UserError(f"--capacity {capacity_gib}: expected a positive number of GiB")
+    if limit < 1:
+        raise UserError(f"--limit {limit}: expected a positive batch size")
     started = time.perf_counter()
     probes: dict[int, dict[str, Any]] = {}
+    defaults: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="memtrace-maxbatch-") as tmp:
 
         def probe(batch: int) -> bool:
             t = time.perf_counter()
             path = Path(tmp) / f"b{batch}.jsonl"
-            trace_to_file(workload_for(batch), step, prof, path)
-            result = _replay(memsim, path, ppath, capacity)
+            workload = workload_for(batch)
+            defaults.update(workload.defaults)
+            trace_to_file(workload, step, prof, path)
+            result = _replay(memsim, path, prof.path, capacity)
             path.unlink()
-            probes[batch] = {
-                "batch": batch,
-                "fits": not result["oom"],
-                **result,
-                "seconds": time.perf_counter() - t,
-            }
-            return not result["oom"]
+            for w in result.pop("warnings"):
+                warn(w)
+            probes[batch] = {"batch": batch, **result, "seconds": time.perf_counter() - t}
+            print(
+                f"max-batch: batch {batch}: needs {result['need_bytes'] / MIB:.1f} MiB: "
+                + ("fits" if result["fits"] else "does not fit"),
+                file=sys.stderr,
+            )
+            return bool(result["fits"])
 
         best, hit_limit = 0, False
         if probe(1):
             best, bad = 1, None
             while bad is None:
-                nxt = best * 2
-                if nxt > limit:
+                nxt = min(best * 2, limit)
+                if nxt <= best:
                     hit_limit = True
                     break
                 if probe(nxt):
@@ -97,12 +115,16 @@ def max_batch(
     return {
         "profile": profile,
         "capacity_bytes": any_probe["capacity"],
+        "capacity_source": any_probe["capacity_source"],
         "max_batch": best,
         "hit_limit": hit_limit,
+        "need_bytes": at_best["need_bytes"] if at_best else None,
         "peak_reserved_bytes": at_best["peak_reserved_bytes"] if at_best else None,
         "peak_reserved_mib": at_best["peak_reserved_bytes"] / MIB if at_best else None,
         "peak_allocated_bytes": at_best["peak_allocated_bytes"] if at_best else None,
         "probes": [probes[b] for b in sorted(probes)],
+        "defaults": defaults,
+        "iterations": step.iterations,
         "memsim": {"path": str(memsim.path), "source": memsim.source},
         "seconds": time.perf_counter() - started,
     }

@@ -1,21 +1,24 @@
-"""GPU profiles (`profiles/NAME.toml`): the GPU-dependent facts the tracer's emulation needs."""
+"""GPU profiles, as the one parser reads them: `memsim profile NAME|PATH --json` (Rust,
+`simulator::profile`). Python never parses the TOML itself, so the two sides cannot disagree on
+defaults or required fields."""
 
 from __future__ import annotations
 
-import os
-import tomllib
+import functools
+import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer.binaries import find_binary
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.notes import warn
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILE = "a100-40gb"
 
-# cuBLAS default `:4096:2:16:8` (2 x 4 MiB + 8 x 16 KiB); sm90 and later default to 32 MiB.
-CUBLAS_WORKSPACE = 2 * 4096 * 1024 + 8 * 16 * 1024
-CUBLAS_WORKSPACE_SM90 = 32 * 1024 * 1024
-CUBLASLT_WORKSPACE = 1024 * 1024
+# The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
+EMULATION_KEYS = ("workspace.cublas_workspace_config", "workspace.cublaslt_workspace_kib")
 
 
 @dataclass(frozen=True)
@@ -23,99 +26,63 @@ class Profile:
     """What the emulation needs to know about the GPU and its library versions."""
 
     name: str
+    path: Path
+    gpu: str
     compute_capability: tuple[int, int]
-    total_memory: int | None
+    total_memory: int
     cublas_workspace_bytes: int
     cublaslt_workspace_bytes: int
     cudnn_workspace_factor: float
+    unmeasured: tuple[str, ...] = ()
 
-    @staticmethod
-    def builtin() -> Profile:
-        """The GPUMemNet machine: A100 40 GB with PyTorch 2.4 workspace defaults."""
-        return Profile("builtin:a100-40gb", (8, 0), 40 * 1024**3, CUBLAS_WORKSPACE,
-                       CUBLASLT_WORKSPACE, 1.0)  # fmt: skip
+    def warn_unmeasured(self) -> None:
+        """One warning per unmeasured constant the emulation uses."""
+        for key in EMULATION_KEYS:
+            if key in self.unmeasured:
+                warn(f"profile {self.name}: {key} is marked unmeasured ([provenance]); the traced "
+                     "workspaces rest on a placeholder")  # fmt: skip
 
 
-def _cc(path: Path, value: Any) -> tuple[int, int]:
-    try:
-        if isinstance(value, list | tuple) and len(value) == 2:
-            return int(value[0]), int(value[1])
-        if isinstance(value, str | float | int):
-            major, _, minor = str(value).partition(".")
-            return int(major), int(minor or 0)
-    except ValueError:
-        pass
-    raise UserError(
-        f'{path}: field gpu.compute_capability is {value!r}: expected "8.0", 8.0 or [8, 0]'
+@functools.lru_cache(maxsize=32)
+def _read(name: str) -> dict[str, Any]:
+    memsim = find_binary("memsim")
+    done = subprocess.run(
+        [str(memsim.path), "profile", name, "--json"], capture_output=True, text=True, check=False
     )
-
-
-def _cublas_config(path: Path, value: Any) -> int:
-    """`:SIZE_KiB:COUNT` pairs, summed, as cuBLAS reads CUBLAS_WORKSPACE_CONFIG."""
-    parts = str(value).split(":")
+    if done.returncode != 0:
+        msg = done.stderr.strip().removeprefix("memsim: error: ")
+        raise UserError(msg or f"memsim profile {name} failed ({done.returncode})")
     try:
-        if parts[0] != "" or len(parts) < 3 or len(parts) % 2 != 1:
-            raise ValueError
-        nums = [int(v) for v in parts[1:]]
-    except ValueError:
-        raise UserError(
-            f"{path}: field workspace.cublas_workspace_config is {value!r}: "
-            'expected :SIZE_KiB:COUNT pairs such as ":4096:2:16:8"'
-        ) from None
-    return sum(size * 1024 * count for size, count in zip(nums[::2], nums[1::2], strict=True))
-
-
-def profile_path(name: str) -> Path:
-    """A `.toml` path as given, or NAME in `$MEMTRACE_PROFILES` or the repository's `profiles/`."""
-    path = Path(name)
-    if path.suffix != ".toml":
-        root = Path(os.environ.get("MEMTRACE_PROFILES", REPO_ROOT / "profiles"))
-        path = root / f"{name}.toml"
-    if not path.is_file():
-        raise UserError(f"profile {name!r}: no file {path} (expected profiles/NAME.toml or a path)")
-    return path
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError as e:
+        raise UserError(f"memsim profile {name} --json: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"memsim profile {name} --json: expected an object")
+    return data
 
 
 def load_profile(name: str | None) -> Profile:
-    """`None` gives the built-in A100 profile; otherwise a `.toml` path or a profile NAME found
-    in `$MEMTRACE_PROFILES` or the repository's `profiles/`."""
-    if name is None:
-        return Profile.builtin()
-    path = profile_path(name)
+    """A profile NAME (profiles/NAME.toml or $MEMTRACE_PROFILES) or a .toml path; `None` is the
+    default profile, a100-40gb."""
+    data = _read(name or DEFAULT_PROFILE)
     try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid TOML ({e})") from None
-    gpu = data.get("gpu")
-    if not isinstance(gpu, dict) or "compute_capability" not in gpu:
-        raise UserError(f"{path}: missing field gpu.compute_capability (a [gpu] table is required)")
-    cc = _cc(path, gpu["compute_capability"])
-    total = gpu.get("total_memory")
-    if total is not None and (not isinstance(total, int) or total <= 0):
-        raise UserError(
-            f"{path}: field gpu.total_memory is {total!r}: expected bytes as an integer"
+        cc = data["gpu"]["compute_capability"]
+        derived = data["derived"]
+        return Profile(
+            name=str(data["name"]),
+            path=Path(data["path"]),
+            gpu=str(data["gpu"]["name"]),
+            compute_capability=(int(cc[0]), int(cc[1])),
+            total_memory=int(data["gpu"]["total_memory"]),
+            cublas_workspace_bytes=int(derived["cublas_workspace_bytes"]),
+            cublaslt_workspace_bytes=int(derived["cublaslt_workspace_bytes"]),
+            cudnn_workspace_factor=1.0,
+            unmeasured=tuple(data.get("provenance", {}).get("unmeasured", [])),
         )
-    ws = data.get("workspace", {})
-    if not isinstance(ws, dict):
-        raise UserError(f"{path}: field workspace must be a table")
-    cublas = CUBLAS_WORKSPACE_SM90 if cc >= (9, 0) else CUBLAS_WORKSPACE
-    if "cublas_workspace_config" in ws:
-        cublas = _cublas_config(path, ws["cublas_workspace_config"])
-    lt_kib = ws.get("cublaslt_workspace_kib", CUBLASLT_WORKSPACE // 1024)
-    if isinstance(lt_kib, bool) or not isinstance(lt_kib, int) or lt_kib < 0:
-        raise UserError(
-            f"{path}: field workspace.cublaslt_workspace_kib is {lt_kib!r}: expected KiB >= 0"
-        )
-    per_call = ws.get("cublaslt_per_call", True)
-    if not isinstance(per_call, bool):
-        raise UserError(
-            f"{path}: field workspace.cublaslt_per_call is {per_call!r}: expected a bool"
-        )
-    return Profile(
-        name=path.stem,
-        compute_capability=cc,
-        total_memory=total,
-        cublas_workspace_bytes=cublas,
-        cublaslt_workspace_bytes=lt_kib * 1024 if per_call else 0,
-        cudnn_workspace_factor=1.0,
-    )
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise UserError(f"memsim profile {name} --json: unexpected output ({e!r})") from None
+
+
+def profile_path(name: str | None) -> Path:
+    """The file a profile name resolves to."""
+    return load_profile(name).path

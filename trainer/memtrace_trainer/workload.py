@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +42,9 @@ class Workload:
     loss: Callable[[Any, Any], torch.Tensor]
     batch_size: int
     family: str = ""
+    # The values the builder chose because the user gave none (e.g. `seq_len` of an `hf:` model):
+    # they shape the answer, so commands print them and put them in their JSON.
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     def forward(self) -> Any:
         inputs, _ = self.make_batch()

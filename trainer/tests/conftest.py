@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memtrace_trainer.__main__ import main
+from memtrace_trainer.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 GPUMEMNET = REPO.parent / "shared" / "data" / "gpumemnet"

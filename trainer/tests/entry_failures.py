@@ -28,3 +28,29 @@ def oom(batch_size: int = 2):
 
 def broken(batch_size: int = 2):
     raise RuntimeError("injected failure: this entry point is broken on purpose")
+
+
+class RaisesInForward(nn.Module):
+    """A user's model with a bug in its forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).view(3, -1, 7)  # the user's bug: a shape that cannot hold the data
+
+
+def bad_forward(batch_size: int = 2):
+    return (
+        RaisesInForward(),
+        (torch.randn(batch_size, 8), torch.zeros(batch_size).long()),
+        F.cross_entropy,
+    )
+
+
+def sized(batch_size: int = 2, seq_len: int = 4):
+    """Takes seq_len: --seq-len reaches it."""
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * seq_len, 2))
+    ids = torch.randint(0, 50, (batch_size, seq_len))
+    return model, (ids, torch.zeros(batch_size).long()), F.cross_entropy

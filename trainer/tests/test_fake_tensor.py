@@ -12,7 +12,7 @@ from conftest import cli
 
 from memtrace_trainer.fake_tensor import measure, workload_builder
 from memtrace_trainer.models.zoo import build_workload
-from memtrace_trainer.profile import Profile
+from memtrace_trainer.profile import load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import summarize, trace
 
@@ -38,7 +38,7 @@ def test_hand_counted_step() -> None:
 
 def plain_events(spec: str, batch: int) -> list[dict[str, Any]]:
     cfg = StepConfig(cuda_emulation=False, iterations=1)
-    rec, _ = trace(build_workload(spec, batch), cfg, Profile.builtin())
+    rec, _ = trace(build_workload(spec, batch), cfg, load_profile(None))
     return rec.events
 
 

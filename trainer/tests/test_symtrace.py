@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from pathlib import Path
@@ -16,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 from memtrace_trainer.binaries import find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.zoo import build_workload
-from memtrace_trainer.profile import Profile
+from memtrace_trainer.profile import load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import summarize, trace
 from memtrace_trainer.workload import call_model
@@ -27,7 +28,7 @@ TRF = 'synthetic:{"family":"transformer","seq_len":16,"embed_dim":32,"layers":2,
 
 
 def events_of(spec: str, **cfg: Any) -> list[dict[str, Any]]:
-    rec, _ = trace(build_workload(spec, 4), StepConfig(**cfg), Profile.builtin())
+    rec, _ = trace(build_workload(spec, 4), StepConfig(**cfg), load_profile(None))
     return rec.events
 
 
@@ -200,9 +201,9 @@ def test_mish_swap_is_undone_after_the_trace() -> None:
 
 def test_sdpa_backend_by_profile() -> None:
     w = build_workload(TRF, 4)
-    _, extra = trace(w, StepConfig(amp="bf16"), Profile.builtin())
+    _, extra = trace(w, StepConfig(amp="bf16"), load_profile(None))
     assert extra["sdpa_backends"] == {"flash": 4}
-    sm75 = Profile("t4", (7, 5), None, 8_519_680, 1 << 20, 1.0)
+    sm75 = dataclasses.replace(load_profile(None), name="t4", compute_capability=(7, 5))
     _, extra = trace(build_workload(TRF, 4), StepConfig(amp="bf16"), sm75)
     assert extra["sdpa_backends"] == {"efficient": 4}
 
@@ -259,7 +260,9 @@ def test_cli_errors_are_clean(tmp_path: Path) -> None:
     base = ["--model", MLP, "--batch-size", "2"]
     check([*base, "--out", str(tmp_path / "x.txt")], "expected a .jsonl or .mtrace")
     check([*base, "--out", str(tmp_path / "t.jsonl"), "--optimizer", "lion"], "--optimizer 'lion'")
-    check([*base, "--out", str(tmp_path / "t.jsonl"), "--profile", "nope"], "profile 'nope'")
+    check(
+        [*base, "--out", str(tmp_path / "t.jsonl"), "--profile", "nope"], 'profile "nope" not found'
+    )
     check(["--model", MLP, "--out", str(tmp_path / "t.jsonl")], "--batch-size is required")
     assert not (tmp_path / "t.jsonl").exists()
 

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+from memtrace_trainer.notes import warn
 from memtrace_trainer.workload import Batch, Workload, fresh_like
 
 META = torch.device("meta")
@@ -110,10 +111,12 @@ def _hf(
             config: Any = transformers.GPT2Config(**sizes)
             model: nn.Module = transformers.GPT2LMHeadModel(config)
             seq, vocab = seq_len or config.n_positions, config.vocab_size
+            why = "n_positions, the model's maximum"
         else:
             config = transformers.BertConfig(**sizes)
             model = transformers.BertForSequenceClassification(config)
             seq, vocab = seq_len or config.max_position_embeddings, config.vocab_size
+            why = "max_position_embeddings, the model's maximum"
     if seq < 1:
         raise UserError(f"--seq-len {seq}: expected a positive integer")
 
@@ -131,7 +134,13 @@ def _hf(
             return F.cross_entropy(shifted.view(-1, shifted.size(-1)), target[:, 1:].reshape(-1))
         return F.cross_entropy(logits, target)
 
-    return Workload(spec, model, make, loss, batch, kind)
+    defaults = {} if seq_len else {"seq_len": {"value": seq, "why": why}}
+    return Workload(spec, model, make, loss, batch, kind, defaults)
+
+
+def _ignored(flag: str, value: Any, why: str) -> None:
+    if value is not None:
+        warn(f"{flag} {value} has no effect: {why}")
 
 
 def build_workload(
@@ -139,7 +148,7 @@ def build_workload(
     batch_size: int,
     input_shape: str | None = None,
     seq_len: int | None = None,
-    num_classes: int = DEFAULT_CLASSES,
+    num_classes: int | None = None,
     device: torch.device = META,
 ) -> Workload:
     """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
@@ -149,6 +158,39 @@ def build_workload(
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
     shape = _parse_shape(input_shape)
     source, _, name = spec.partition(":")
+    if source in ("torchvision", "timm"):
+        _ignored("--seq-len", seq_len, f"{spec} is an image model (give --input-shape C,H,W)")
+    elif source in ("hf", "dlrm"):
+        _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
+        _ignored("--num-classes", num_classes, f"{spec} has its own output head")
+    elif source in ("gpumemnet", "synthetic"):
+        _ignored("--seq-len", seq_len, f"{spec}: the generator config sets its own sizes")
+        _ignored("--num-classes", num_classes, f"{spec}: the generator config sets its own sizes")
+    workload = _build(spec, source, name, batch_size, shape, seq_len, num_classes, device)
+    if source in ("torchvision", "timm") and num_classes is None:
+        workload.defaults["num_classes"] = {"value": DEFAULT_CLASSES, "why": "ImageNet's classes"}
+    return workload
+
+
+def _image(spec: str, model: nn.Module, batch: int, given: Any, shape: Any, classes: int,
+           device: torch.device) -> Workload:  # fmt: skip
+    w = _classification(spec, model, batch, shape, classes, "", device)
+    if given is None:
+        w.defaults["input_shape"] = {"value": list(shape), "why": "the model's default input size"}
+    return w
+
+
+def _build(
+    spec: str,
+    source: str,
+    name: str,
+    batch_size: int,
+    shape: tuple[int, ...] | None,
+    seq_len: int | None,
+    num_classes: int | None,
+    device: torch.device,
+) -> Workload:
+    num_classes = DEFAULT_CLASSES if num_classes is None else num_classes
     if source == "torchvision":
         import torchvision
 
@@ -156,8 +198,8 @@ def build_workload(
             raise UserError(f"unknown torchvision model {name!r} in spec {spec!r}")
         with device:
             model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
-        shape = shape or (3, 224, 224)
-        return _classification(spec, model, batch_size, shape, num_classes, "", device)
+        full = shape or (3, 224, 224)
+        return _image(spec, model, batch_size, shape, full, num_classes, device)
     if source == "timm":
         import timm
 
@@ -165,8 +207,8 @@ def build_workload(
             raise UserError(f"unknown timm model {name!r} in spec {spec!r}")
         with device:
             model = timm.create_model(name, pretrained=False, num_classes=num_classes)
-        shape = shape or tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
-        return _classification(spec, model, batch_size, shape, num_classes, "", device)
+        full = shape or tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        return _image(spec, model, batch_size, shape, full, num_classes, device)
     if source == "hf":
         return _hf(spec, name, batch_size, seq_len, device)
     if source == "dlrm":
@@ -190,10 +232,12 @@ def build_workload(
     )
 
 
-def load_entry(entry: str, batch_size: int, device: torch.device = META) -> Workload:
+def load_entry(
+    entry: str, batch_size: int, device: torch.device = META, seq_len: int | None = None
+) -> Workload:
     """A user's training step: `package.module:function` returning (model, (inputs, target),
     loss_fn). The function runs with `device` (meta unless a real run asks for another) as the
-    default device and may take `batch_size`."""
+    default device and may take `batch_size` and `seq_len`."""
     module_name, sep, func_name = entry.partition(":")
     if not sep or not module_name or not func_name:
         raise UserError(f"--entry {entry!r}: expected package.module:function")
@@ -204,14 +248,18 @@ def load_entry(entry: str, batch_size: int, device: torch.device = META) -> Work
     func: Callable[..., Any] | None = getattr(module, func_name, None)
     if not callable(func):
         raise UserError(f"--entry {entry!r}: {module_name} has no function {func_name!r}")
-    kwargs = (
-        {"batch_size": batch_size} if "batch_size" in inspect.signature(func).parameters else {}
-    )
+    params = inspect.signature(func).parameters
+    kwargs: dict[str, Any] = {"batch_size": batch_size} if "batch_size" in params else {}
+    if seq_len is not None:
+        if "seq_len" in params:
+            kwargs["seq_len"] = seq_len
+        else:
+            warn(f"--seq-len {seq_len} has no effect: {entry} takes no `seq_len` parameter")
     try:
         with device:
             result = func(**kwargs)
-    except Exception as e:  # the user's code: say whose, and what it raised
-        raise UserError(f"--entry {entry!r}: {func_name}() raised {type(e).__name__}: {e}") from e
+    except Exception as e:  # the user's code: say whose, what it raised, and where
+        raise UserCodeError(f"--entry {entry!r}: {func_name}() raised", e) from e
     if not isinstance(result, tuple) or len(result) != 3:
         raise UserError(f"--entry {entry!r}: expected (model, (inputs, target), loss_fn)")
     model, batch, loss_fn = result

@@ -12,13 +12,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer.binaries import REPO_ROOT
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS
-from memtrace_trainer.profile import REPO_ROOT
 from memtrace_trainer.runs.rundir import FILES
 
 MIB = 1024 * 1024
@@ -64,13 +63,17 @@ def profile_for_gpu(gpu: str | None, profiles: Path) -> str:
     """The profile whose `[gpu] name` is this GPU (its file stem), or empty."""
     if not gpu or not profiles.is_dir():
         return ""
+    from memtrace_trainer.notes import warn
+    from memtrace_trainer.profile import load_profile
+
     for path in sorted(profiles.glob("*.toml")):
         try:
-            data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, OSError):
+            profile = load_profile(str(path))
+        except UserError as e:
+            warn(f"dataset: skipped profile {path}: {e}")
             continue
-        if data.get("gpu", {}).get("name") == gpu:
-            return path.stem
+        if profile.gpu == gpu:
+            return profile.name
     return ""
 
 

@@ -48,6 +48,8 @@ def trace(
 ) -> tuple[Recorder, dict[str, Any]]:
     workspaces = Workspaces(profile)
     hooks = [workspaces] if cfg.cuda_emulation else []
+    if cfg.cuda_emulation:
+        profile.warn_unmeasured()
     rec = Recorder(hooks)
     emulated = step.run(workload, cfg, profile, rec)
     if cfg.cuda_emulation:

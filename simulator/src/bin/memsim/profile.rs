@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use simulator::profile::Profile;
 use simulator::units::mib;
 
@@ -22,7 +22,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let (p, path) = Profile::load(&a.name).with_context(|| format!("profile {}", a.name))?;
+    let (p, path) = Profile::load(&a.name)?;
     let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
     if a.json {
         let mut v = serde_json::to_value(&p)?;

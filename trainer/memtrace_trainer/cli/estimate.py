@@ -1,4 +1,4 @@
-"""Command line of `fake-tensor`, `estimate` and `max-batch`."""
+"""Command group of the fit questions: `estimate`, `max-batch`, and the `fake-tensor` baseline."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
+from memtrace_trainer.cli.common import print_defaults
 from memtrace_trainer.errors import UserError
 
-Handler = Callable[[argparse.Namespace], None]
+Handler = Callable[[argparse.Namespace], int | None]
 MIB = 1 << 20
 FAKE_KEYS = {
     "model",
@@ -44,8 +46,13 @@ def _model_source(p: argparse.ArgumentParser, gpumemnet: bool = False) -> None:
             help="many configs in one process; one JSON line out per config",
         )
     p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
-    p.add_argument("--seq-len", type=int, help="sequence length of token models")
-    p.add_argument("--num-classes", type=int, default=1000, help="classifier width")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help="sequence length of token models (default: the model's maximum); passed to an "
+        "--entry function that takes `seq_len`",
+    )
+    p.add_argument("--num-classes", type=int, help="classifier width of vision models (1000)")
 
 
 def _step_args(p: argparse.ArgumentParser) -> None:
@@ -53,10 +60,26 @@ def _step_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
-    p.add_argument("--iterations", type=int, default=2, help="traced iterations (default 2)")
+    p.add_argument(
+        "--iterations",
+        "--steps",
+        dest="iterations",
+        type=int,
+        default=2,
+        help="training iterations traced (default 2)",
+    )
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+def _capacity_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--capacity",
+        metavar="SIZE",
+        help="the GPU's total memory, e.g. 40GiB or 40960MiB (memory outside the allocator is "
+        "subtracted inside; default: the profile's total memory)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     f = sub.add_parser(
         "fake-tensor",
         help="the FakeTensor baseline (GPUMemNet's method)",
@@ -70,28 +93,34 @@ def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
 
     e = sub.add_parser(
         "estimate",
-        help="every estimator's answer for one job (through memest)",
+        help="does the job fit, and how much device memory it needs",
         description="Symbolic trace + features, then `memest estimate --trace T --features F "
-        "--profile NAME --json`; prints each estimator's answer in MiB. memest is found via "
-        "$MEMTRACE_BIN_DIR, then PATH, then target/release.",
+        "--profile NAME --json`. The first line is the verdict on the symbolic estimate, the "
+        "number to act on; the baselines follow, each saying what it ignores. --json passes "
+        "memest's schema-2 object through whole (estimators/README.md) and adds the job's "
+        "inputs, defaults and warnings. Exit status 0 fits, 1 does not fit, 2 error. memest is "
+        "found via $MEMTRACE_BIN_DIR, then PATH, then target/release.",
     )
     _model_source(e)
     e.add_argument("--batch-size", type=int, required=True, help="samples per step")
     _step_args(e)
     e.add_argument("--profile", default="a100-40gb", help="GPU profile (default a100-40gb)")
+    _capacity_arg(e)
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
     e.add_argument("--json", action="store_true", help="print JSON")
 
     m = sub.add_parser(
         "max-batch",
         help="largest batch that fits a GPU profile",
-        description="Binary search of the batch size with symbolic traces and `memsim replay "
-        "--capacity` (default capacity: the profile's total memory minus its context).",
+        description="Binary search of the batch size with symbolic traces, each checked by "
+        "`memsim replay --profile P --capacity C`: the same fit check as `estimate`, so the "
+        "answer fits by `estimate` and the next batch does not. Exit status 0, or 1 when not "
+        "even batch 1 fits.",
     )
     _model_source(m)
     _step_args(m)
     m.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
-    m.add_argument("--capacity", type=float, metavar="GiB", help="override the capacity")
+    _capacity_arg(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")
     m.add_argument("--json", action="store_true", help="print JSON")
     return {"fake-tensor": _fake_tensor, "estimate": _estimate, "max-batch": _max_batch}
@@ -107,7 +136,7 @@ def _fake_one(config: dict[str, Any]) -> dict[str, Any]:
         return measure(build, what).to_json()
 
 
-def _fake_tensor(args: argparse.Namespace) -> None:
+def _fake_tensor(args: argparse.Namespace) -> int:
     if args.batch is None:
         result = _fake_one(vars(args))
         if args.json:
@@ -118,7 +147,7 @@ def _fake_tensor(args: argparse.Namespace) -> None:
                 f"(after forward {result['after_forward_bytes'] / MIB:.1f}, after backward "
                 f"{result['after_backward_bytes'] / MIB:.1f}) in {result['seconds']:.2f} s"
             )
-        return
+        return 0
     defaults = {
         k: v
         for k, v in vars(args).items()
@@ -130,6 +159,7 @@ def _fake_tensor(args: argparse.Namespace) -> None:
         except UserError as e:
             result = {"name": name, "error": str(e)}
         print(json.dumps(result), flush=True)
+    return 0
 
 
 def _step(args: argparse.Namespace) -> Any:
@@ -146,11 +176,14 @@ def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
     from memtrace_trainer.models.zoo import build_workload, load_entry
 
     if args.entry:
-        return lambda b: load_entry(args.entry, b)
+        for flag in ("input_shape", "num_classes"):
+            if getattr(args, flag) is not None:
+                notes.warn(f"--{flag.replace('_', '-')} has no effect with --entry")
+        return lambda b: load_entry(args.entry, b, seq_len=args.seq_len)
     return lambda b: build_workload(args.model, b, args.input_shape, args.seq_len, args.num_classes)
 
 
-def _estimate(args: argparse.Namespace) -> None:
+def _estimate(args: argparse.Namespace) -> int:
     from memtrace_trainer.estimate import estimate, render
 
     build = _workloads(args)
@@ -160,29 +193,38 @@ def _estimate(args: argparse.Namespace) -> None:
         args.profile,
         args.ml_model,
         None if args.json else lambda s: print(s, file=sys.stderr),
+        capacity=args.capacity,
     )
-    print(json.dumps(result) if args.json else render(result))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_defaults(result["inputs"]["defaults"], None)
+        print(render(result))
+    return 0 if result["verdict"]["fits"] else 1
 
 
-def _max_batch(args: argparse.Namespace) -> None:
+def _max_batch(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_batch
 
     result = max_batch(_workloads(args), _step(args), args.profile, args.capacity, args.limit)
     result["model"] = args.model or args.entry
+    result["warnings"] = notes.collected()
+    code = 0 if result["max_batch"] > 0 else 1
     if args.json:
         print(json.dumps(result))
-        return
-    cap = result["capacity_bytes"] / (1 << 30)
+        return code
+    print_defaults(result["defaults"], result["iterations"])
+    cap = result["capacity_bytes"] / MIB
+    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
+    where = f"{cap:.1f} MiB ({src}, profile {args.profile})"
     if result["max_batch"] == 0:
-        print(
-            f"{result['model']}: does not fit even at batch 1 in {cap:.2f} GiB "
-            f"(profile {args.profile})"
-        )
-        return
+        print(f"{result['model']}: does not fit even at batch 1 on {where}")
+        return code
     more = " (the --limit; larger may fit)" if result["hit_limit"] else ""
     print(
-        f"{result['model']}: largest batch that fits in {cap:.2f} GiB (profile "
-        f"{args.profile}): {result['max_batch']}{more}; peak reserved "
-        f"{result['peak_reserved_mib']:.1f} MiB; {len(result['probes'])} probes in "
-        f"{result['seconds']:.1f} s"
+        f"{result['model']}: largest batch that fits on {where}: {result['max_batch']}{more}; "
+        f"needs {result['need_bytes'] / MIB:.1f} MiB there (peak reserved "
+        f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
+        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )
+    return code

@@ -1,4 +1,4 @@
-"""Command line of `kernel-stats`: the `k_` columns of one model, or of every GPUMemNet row."""
+"""Command group `kernel-stats`: the `k_` columns of one model, or of every GPUMemNet row."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ Handler = Callable[[argparse.Namespace], None]
 KEY = "Filename"
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     k = sub.add_parser(
         "kernel-stats",
         help="kernel statistics of one training step, estimated on meta (no GPU)",

@@ -1,4 +1,4 @@
-"""Command line of `run`, `launch` and `dataset`."""
+"""Command group of GPU runs: `run`, `launch` and `dataset`."""
 
 from __future__ import annotations
 
@@ -217,6 +217,6 @@ def _dataset(args: argparse.Namespace) -> None:
     )
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     _run_parser(sub)
     return {"run": _run, "launch": _launch, "dataset": _dataset}

@@ -1,0 +1,67 @@
+"""One verdict: `memsim replay`, `memsim colocate`, `estimate` and `max-batch` apply the same
+accounting of memory outside the allocator (`simulator::fit`) to the same trace and profile, so
+they agree to the byte, and `max-batch`'s answer fits by `estimate` while the next batch does not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from e2e_support import PYTHON, run
+
+MLP = 'synthetic:{"family":"mlp","input_size":512,"output_size":10,"depth":4}'
+MIB = 1 << 20
+
+
+def _trainer(env: dict[str, str], *args: str, codes: tuple[int, ...] = (0,)) -> dict:
+    done = run([PYTHON, "-m", "memtrace_trainer", *args, "--json"], env, codes=codes)
+    return json.loads(done.stdout)
+
+
+def _estimate(env: dict[str, str], batch: int, *extra: str) -> tuple[int, dict]:
+    cmd = [PYTHON, "-m", "memtrace_trainer", "estimate", "--model", MLP, "--batch-size"]
+    done = run([*cmd, str(batch), "--profile", "a100-40gb", *extra, "--json"], env, codes=(0, 1))
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_four_commands_agree_on_one_trace(
+    tmp_path: Path, memsim: Path, trainer_env: dict[str, str]
+) -> None:
+    trace = tmp_path / "mlp.jsonl"
+    _trainer(trainer_env, "symtrace", "--model", MLP, "--batch-size", "64", "--out", str(trace))
+    replay = json.loads(run([str(memsim), "replay", str(trace), "--profile", "a100-40gb",
+                             "--json"]).stdout)  # fmt: skip
+    device = replay["peak_device_bytes"]
+    outside = replay["outside_allocator"]
+    assert outside["libraries"] == {"gemm": True, "conv": False, "source": "trace"}
+    assert device == replay["peak_reserved_bytes"] + outside["total_bytes"]
+    assert replay["verdict"]["need_bytes"] == device and replay["verdict"]["fits"] is True
+    assert replay["capacity"]["source"] == "profile"
+
+    colo = json.loads(run([str(memsim), "colocate", str(trace), "--profile", "a100-40gb",
+                           "--json"]).stdout)  # fmt: skip
+    assert colo["combined_need_bytes"] == device
+    assert colo["jobs"][0]["device_peak_bytes"] == device
+    assert colo["jobs"][0]["outside_allocator"] == outside
+
+    code, est = _estimate(trainer_env, 64)
+    assert code == 0 and est["schema"] == 2
+    assert est["verdict"]["need_mib"] * MIB == device
+    assert est["estimates"]["symbolic"]["device_mib"] * MIB == device
+    assert est["outside_allocator"]["total_mib"] * MIB == outside["total_bytes"]
+    assert est["verdict"]["capacity_mib"] * MIB == replay["capacity"]["bytes"]
+
+    # max-batch at a capacity of exactly this job's need: batch 64 is the last that fits, so
+    # batch 64 fits by `estimate` and the next batch does not.
+    cap = str(device)
+    mb = _trainer(trainer_env, "max-batch", "--model", MLP, "--profile", "a100-40gb",
+                  "--capacity", cap)  # fmt: skip
+    best = mb["max_batch"]
+    assert best >= 64 and mb["capacity_bytes"] == device and mb["need_bytes"] <= device
+    code, at = _estimate(trainer_env, best, "--capacity", cap)
+    assert code == 0 and at["verdict"]["fits"] is True
+    assert at["verdict"]["need_mib"] * MIB == mb["need_bytes"]
+    code, over = _estimate(trainer_env, best + 1, "--capacity", cap)
+    assert code == 1 and over["verdict"]["fits"] is False
+    assert over["verdict"]["need_mib"] > over["verdict"]["capacity_mib"]

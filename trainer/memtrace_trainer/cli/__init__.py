@@ -1,0 +1,92 @@
+"""`python -m memtrace_trainer <command>`: one dispatcher over one module per command group.
+
+Every module registers its subcommands with `register(sub) -> {name: handler}`; `main` builds the
+parser, runs the handler and turns every failure into one line on stderr (plus the user's own
+frames when their code raised) with exit status 2. A handler returns its exit status: 0, or 1
+for "does not fit"."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from memtrace_trainer import notes
+from memtrace_trainer.cli import estimate, kernelstats, models, runs
+from memtrace_trainer.errors import UserCodeError, UserError, user_frames
+
+Handler = Callable[[argparse.Namespace], int | None]
+GROUPS = (models, estimate, kernelstats, runs)
+
+DESCRIPTION = """\
+Front end of memtrace where models live.
+
+commands:
+  features   parameter and torchsummary-style activation counts of a model (JSON or a
+             GPUMemNet-style CSV row)
+  symtrace   run K training iterations on the meta device (no GPU) and write the allocator-level
+             trace (.jsonl, or .mtrace through `memsim convert`) that `memsim replay` accepts
+  sample     draw synthetic model configs from a YAML sweep file (seeded, uniform)
+  estimate   does the job fit, and how much device memory it needs (the symbolic estimate),
+             with the baselines beside it (symbolic trace -> memest estimate)
+  max-batch  the largest batch that fits a GPU (symbolic traces + memsim replay)
+  fake-tensor  the FakeTensor baseline: forward+backward live storage peak (GPUMemNet's method)
+  kernel-stats  kernel statistics of one training step estimated on meta (FLOPs, grids,
+             roofline est. SM activity); one k_ row per GPUMemNet row for `memest util cv`
+  run        train on a GPU (or a loud CPU fallback) and write a run directory of labels
+  launch     run a sweep file: local GPUs/CPU workers or a Slurm array; resumable
+  dataset    collect run directories into one CSV with the GPUMemNet columns
+
+model specs: torchvision:NAME, timm:NAME, hf:gpt2|gpt2-medium|bert-base-uncased|..., dlrm[:small],
+gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
+
+exit status: 0 success or fits; 1 does not fit (estimate, max-batch when batch 1 does not fit);
+2 bad input or error. MEMTRACE_TRACEBACK=1 prints Python tracebacks of internal errors.
+"""
+
+
+def parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    p = argparse.ArgumentParser(
+        prog="python -m memtrace_trainer",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    handlers: dict[str, Handler] = {}
+    for group in GROUPS:
+        handlers.update(group.register(sub))
+    return p, handlers
+
+
+def _internal(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)
+    at = f" (at {where[-1].filename}:{where[-1].lineno})" if where else ""
+    return (
+        f"internal error: {type(e).__name__}: {e}{at}; set MEMTRACE_TRACEBACK=1 for the "
+        "traceback, and please report it"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, handlers = parser()
+    args = p.parse_args(argv)
+    notes.reset()
+    try:
+        rc = handlers[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 2
+    except Exception as e:  # the user's model or an internal fault: never a raw traceback
+        if os.environ.get("MEMTRACE_TRACEBACK") == "1":
+            traceback.print_exc()
+        if user_frames(e):
+            print(f"error: {UserCodeError('your code raised', e)}", file=sys.stderr)
+        else:
+            print(f"error: {_internal(e)}", file=sys.stderr)
+        return 2
+    return rc or 0

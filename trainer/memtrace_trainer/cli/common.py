@@ -1,0 +1,45 @@
+"""Arguments and output shared by the command groups."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
+    """--batch-size, --input-shape, --seq-len and --num-classes of a zoo model."""
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        required=batch_required,
+        default=None if batch_required else 1,
+        help="samples per step" + ("" if batch_required else " (default 1)"),
+    )
+    p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help="sequence length of token models (default: the model's maximum); passed to an "
+        "--entry function that takes `seq_len`",
+    )
+    p.add_argument(
+        "--num-classes", type=int, help="classifier width of zoo vision models (default 1000)"
+    )
+
+
+def defaults_lines(defaults: dict[str, Any], iterations: int | None) -> list[str]:
+    """The values chosen for the user, one line each."""
+    lines = [
+        f"{k} = {v['value']} ({v['why']}; give --{k.replace('_', '-')} to change it)"
+        for k, v in defaults.items()
+    ]
+    if iterations is not None:
+        lines.append(f"iterations = {iterations} traced (give --steps to change it)")
+    return lines
+
+
+def print_defaults(defaults: dict[str, Any], iterations: int | None) -> None:
+    """Say on stderr which defaults shaped the answer."""
+    for line in defaults_lines(defaults, iterations):
+        print(f"note: {line}", file=sys.stderr)

@@ -1,0 +1,225 @@
+"""Command group of the models themselves: `features`, `symtrace`, `sample`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer import notes
+from memtrace_trainer.batchfile import read_configs
+from memtrace_trainer.cli.common import model_args, print_defaults
+from memtrace_trainer.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
+
+    f = sub.add_parser(
+        "features",
+        help="model features (parameters, activations, layers)",
+        description="Parameter count and activations per layer (per sample, "
+        "torchsummary-style, forward hooks on meta).",
+    )
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model spec")
+    src.add_argument(
+        "--gpumemnet-row",
+        metavar="FILENAME",
+        help="a GPUMemNet dataset row's Filename (model, batch and input from it)",
+    )
+    model_args(f, batch_required=False)
+    out = f.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON (the default)")
+    out.add_argument("--csv", action="store_true", help="print a CSV row with GPUMemNet columns")
+
+    s = sub.add_parser(
+        "symtrace",
+        help="symbolic trace of training steps on meta",
+        description="Trace K training iterations on the meta device as a GPU would "
+        "run them (forward, loss, backward, optimizer.step, zero_grad(set_to_none)), "
+        "emulating CUDA-only allocations unless --no-cuda-emulation.",
+    )
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model spec")
+    src.add_argument(
+        "--entry",
+        metavar="MOD:FN",
+        help="package.module:function returning (model, (inputs, target), loss_fn)",
+    )
+    src.add_argument(
+        "--batch",
+        metavar="CONFIGS.jsonl",
+        type=Path,
+        help="trace many configs in one process (one JSON object per line)",
+    )
+    s.add_argument(
+        "--batch-size", type=int, help="samples per step (required with --model/--entry)"
+    )
+    s.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
+    s.add_argument("--seq-len", type=int, help="sequence length of token models")
+    s.add_argument(
+        "--num-classes", type=int, help="classifier width of zoo vision models (default 1000)"
+    )
+    s.add_argument(
+        "--optimizer",
+        default="adam",
+        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
+    )
+    s.add_argument(
+        "--iterations",
+        "--steps",
+        dest="iterations",
+        type=int,
+        default=2,
+        help="training iterations traced (default 2)",
+    )
+    s.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
+    s.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing per block"
+    )
+    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    s.add_argument("--profile", help="GPU profile NAME (profiles/NAME.toml) or a .toml path")
+    s.add_argument(
+        "--no-cuda-emulation",
+        action="store_true",
+        help="trace the plain meta path (FakeTensor-style baseline)",
+    )
+    s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
+    s.add_argument("--out-dir", type=Path, help="output directory of --batch")
+    s.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    sm = sub.add_parser(
+        "sample",
+        help="sample configs from a YAML sweep file",
+        description="Uniform, seeded sampling of synthetic model configs; prints "
+        "one JSON config per line (usable as synthetic:{json}).",
+    )
+    sm.add_argument("sweep", type=Path, help="YAML sweep file")
+    sm.add_argument("--seed", type=int, help="override the file's seed")
+    return {"features": _features, "symtrace": _symtrace, "sample": _sample}
+
+
+def _features(args: argparse.Namespace) -> None:
+    import torch
+
+    from memtrace_trainer.features import extract, gpumemnet_row, to_csv
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.zoo import build_workload
+
+    if args.gpumemnet_row:
+        config, batch = from_gpumemnet_filename(args.gpumemnet_row)
+        spec = f"gpumemnet:{args.gpumemnet_row}"
+        workload = build_workload(spec, batch, args.input_shape)
+        family = config.family
+    else:
+        workload = build_workload(
+            args.model, args.batch_size, args.input_shape, args.seq_len, args.num_classes
+        )
+        family = workload.family
+    with torch.device("meta"):
+        feats = extract(workload, family)
+    if not args.csv:
+        print_defaults(workload.defaults, None)
+    if args.csv:
+        name = args.gpumemnet_row or args.model
+        sys.stdout.write(to_csv([gpumemnet_row(feats, name, family)], family))
+    else:
+        print(json.dumps({"model": workload.spec, **feats.to_json()}))
+
+
+def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
+    from memtrace_trainer.models.zoo import build_workload, load_entry
+    from memtrace_trainer.profile import load_profile
+    from memtrace_trainer.symtrace.step import StepConfig
+    from memtrace_trainer.symtrace.tracer import trace_to_file
+
+    batch = args.get("batch_size")
+    if not isinstance(batch, int):
+        raise UserError("--batch-size is required (a positive integer)")
+    if args.get("entry"):
+        for flag in ("input_shape", "num_classes"):
+            if args.get(flag) is not None:
+                notes.warn(f"--{flag.replace('_', '-')} has no effect with --entry")
+        workload = load_entry(args["entry"], batch, seq_len=args.get("seq_len"))
+    elif args.get("model"):
+        workload = build_workload(
+            args["model"],
+            batch,
+            args.get("input_shape"),
+            args.get("seq_len"),
+            args.get("num_classes"),
+        )
+    else:
+        raise UserError("one of --model or --entry is required")
+    cfg = StepConfig(
+        optimizer=args.get("optimizer", "adam"),
+        iterations=args.get("iterations", 2),
+        amp=args.get("amp"),
+        checkpointing=bool(args.get("checkpointing", False)),
+        grad_accum=args.get("grad_accum", 1),
+        cuda_emulation=not args.get("no_cuda_emulation", False),
+    )
+    summary = trace_to_file(workload, cfg, load_profile(args.get("profile")), out)
+    return {"out": str(out), **summary.to_json(), "defaults": workload.defaults,
+            "iterations": cfg.iterations}  # fmt: skip
+
+
+BATCH_KEYS = {
+    "model",
+    "entry",
+    "batch_size",
+    "input_shape",
+    "seq_len",
+    "num_classes",
+    "optimizer",
+    "iterations",
+    "amp",
+    "checkpointing",
+    "grad_accum",
+    "profile",
+    "no_cuda_emulation",
+    "name",
+}
+
+
+def _symtrace(args: argparse.Namespace) -> None:
+    if args.batch is None:
+        if args.out is None:
+            raise UserError("--out FILE is required")
+        result = _symtrace_one(vars(args), args.out)
+        result["warnings"] = notes.collected()
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print_defaults(result["defaults"], result["iterations"])
+            print(
+                f"wrote {result['out']}: {result['allocs']} allocations, "
+                f"peak {result['peak_live_bytes']} B live"
+            )
+        return
+    if args.out_dir is None:
+        raise UserError("--batch needs --out-dir DIR")
+    if not args.batch.is_file():
+        raise UserError(f"--batch {args.batch}: no such file")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    defaults = {k: v for k, v in vars(args).items() if k in BATCH_KEYS and v is not None}
+    defaults.pop("model", None)
+    defaults.pop("entry", None)
+    for name, config in read_configs(args.batch, BATCH_KEYS):
+        try:
+            result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")
+            result["name"] = name
+        except UserError as e:
+            result = {"name": name, "error": str(e)}
+        result["warnings"] = notes.collected()
+        notes.reset()
+        print(json.dumps(result), flush=True)
+
+
+def _sample(args: argparse.Namespace) -> None:
+    from memtrace_trainer.models.sweep import sample_file
+
+    for config in sample_file(args.sweep, args.seed):
+        print(json.dumps({"id": config.id, **config.to_dict()}, sort_keys=True))

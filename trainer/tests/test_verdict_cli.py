@@ -1,0 +1,91 @@
+"""Nothing silent in the trainer's CLI: flags without effect, the defaults that shape an answer,
+profile placeholders, and the user's own exceptions (one line plus their frames, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import REPO, cli
+
+from memtrace_trainer.binaries import find_binary
+from memtrace_trainer.cli import parser
+from memtrace_trainer.profile import load_profile
+
+MLP = 'synthetic:{"family":"mlp","input_size":32,"output_size":4,"depth":2}'
+
+
+def test_one_dispatcher_knows_every_command() -> None:
+    _, handlers = parser()
+    assert set(handlers) == {"features", "symtrace", "sample", "fake-tensor", "estimate",
+                             "max-batch", "kernel-stats", "run", "launch", "dataset"}  # fmt: skip
+
+
+def test_seq_len_reaches_an_entry_that_takes_it_and_is_warned_about_otherwise(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "t.jsonl"
+    done = cli("symtrace", "--entry", "entry_failures:sized", "--batch-size", "2", "--seq-len",
+               "16", "--out", str(out), "--json")  # fmt: skip
+    assert "has no effect" not in done.stderr
+    # Linear(8 * 16, 2): the weight 2 x 128 fp32 = 1024 bytes is the largest parameter.
+    sizes = [json.loads(line).get("size", 0) for line in out.read_text().splitlines()[1:]]
+    assert 2 * 8 * 16 * 4 in sizes
+    done = cli("symtrace", "--entry", "entry_failures:oom", "--batch-size", "2", "--seq-len",
+               "16", "--out", str(out), "--json")  # fmt: skip
+    assert "--seq-len 16 has no effect: entry_failures:oom takes no `seq_len`" in done.stderr
+    assert json.loads(done.stdout)["warnings"] == [
+        "--seq-len 16 has no effect: entry_failures:oom takes no `seq_len` parameter"
+    ]
+    done = cli("symtrace", "--model", "torchvision:resnet18", "--batch-size", "1", "--seq-len",
+               "16", "--out", str(out), "--json")  # fmt: skip
+    assert "--seq-len 16 has no effect: torchvision:resnet18 is an image model" in done.stderr
+    done = cli("features", "--model", MLP, "--num-classes", "7")
+    assert "--num-classes 7 has no effect" in done.stderr
+
+
+def test_defaults_that_shape_the_answer_are_printed_and_kept(tmp_path: Path) -> None:
+    done = cli("features", "--model", "hf:gpt2", "--batch-size", "1")
+    assert "note: seq_len = 1024 (n_positions, the model's maximum" in done.stderr
+    out = tmp_path / "r.jsonl"
+    done = cli("symtrace", "--model", "torchvision:resnet18", "--batch-size", "1",
+               "--out", str(out), "--json")  # fmt: skip
+    result = json.loads(done.stdout)
+    assert result["defaults"]["input_shape"]["value"] == [3, 224, 224]
+    assert result["defaults"]["num_classes"]["value"] == 1000
+    assert result["iterations"] == 2
+
+
+def test_profiles_come_from_the_rust_parser_with_their_placeholders(tmp_path: Path) -> None:
+    memsim = find_binary("memsim").path
+    raw = json.loads(subprocess.run([str(memsim), "profile", "a100-40gb", "--json"],
+                                    capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    p = load_profile("a100-40gb")
+    assert p.path == REPO / "profiles" / "a100-40gb.toml"
+    assert p.compute_capability == tuple(raw["gpu"]["compute_capability"])
+    assert p.total_memory == raw["gpu"]["total_memory"]
+    assert p.cublas_workspace_bytes == raw["derived"]["cublas_workspace_bytes"] == 8_519_680
+    assert p.cublaslt_workspace_bytes == 1 << 20  # cublaslt_per_call = true in this profile
+    assert load_profile(None) == p
+    h200 = load_profile("h200")
+    assert h200.cublaslt_workspace_bytes == 0 and "gpu.total_memory" in h200.unmeasured
+    done = cli("symtrace", "--model", MLP, "--batch-size", "2", "--profile", "h200",
+               "--out", str(tmp_path / "h.jsonl"))  # fmt: skip
+    assert "workspace.cublas_workspace_config is marked unmeasured" in done.stderr
+
+
+def test_the_users_exception_is_one_line_and_their_frames(tmp_path: Path) -> None:
+    out = str(tmp_path / "t.jsonl")
+    done = cli("symtrace", "--entry", "entry_failures:bad_forward", "--batch-size", "2",
+               "--out", out, check=False)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    first, *frames = done.stderr.strip().splitlines()
+    assert first.startswith("error: your code raised RuntimeError:"), done.stderr
+    assert any("entry_failures.py" in f and "in forward" in f for f in frames), done.stderr
+    assert not any("site-packages" in f or "memtrace_trainer" in f for f in frames), done.stderr
+    done = cli("symtrace", "--entry", "entry_failures:broken", "--batch-size", "2",
+               "--out", out, check=False)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "broken() raised RuntimeError: injected failure" in done.stderr
+    assert "entry_failures.py" in done.stderr and "in broken" in done.stderr
