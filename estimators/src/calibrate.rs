@@ -3,6 +3,8 @@
 //! allocator. MLP runs load cuBLAS but no cuDNN, so they fit `context + cublas`; CNN runs then
 //! fit `cudnn` on top. A fit is always evaluated on runs it did not see.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::Serialize;
 use simulator::profile::OutsideAllocator;
 
@@ -192,16 +194,22 @@ pub fn weighted_quantile(values: &[(f64, f64)], q: f64) -> Option<f64> {
 
 /// Rewrite a profile's text with fitted constants: the three `[outside_allocator]` values are
 /// replaced in place (their comments kept) and a `[calibration]` table is (re)written at the end.
-pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, String)]) -> String {
+pub fn rewrite_profile(
+    text: &str,
+    o: &OutsideAllocator,
+    provenance: &[(String, String)],
+    rows: &BTreeMap<String, Vec<usize>>,
+) -> String {
     let mut out = String::new();
     let mut section = String::new();
     for line in text.lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
             section = t.to_string();
-            if section == "[calibration]" {
-                break;
-            }
+        }
+        // The old provenance goes; every other table stays as it was.
+        if section == "[calibration]" || section.starts_with("[calibration.") {
+            continue;
         }
         if section == "[outside_allocator]" {
             let key = t.split('=').next().unwrap_or("").trim();
@@ -227,7 +235,53 @@ pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, 
     for (k, v) in provenance {
         out.push_str(&format!("{k} = {}\n", toml_string(v)));
     }
+    if !rows.is_empty() {
+        out.push_str(
+            "\n[calibration.rows]\n# The dataset rows (1-based, per file stem) whose runs the constants were fitted and\n\
+             # evaluated on; `memest compare` marks them and can leave them out (--exclude-calibrated).\n",
+        );
+        for (stem, nums) in rows {
+            let list = nums.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+            out.push_str(&format!("{} = [{list}]\n", toml_string(stem)));
+        }
+    }
     out
+}
+
+/// Row ids (`STEM-NNNNN`, as [`crate::dataset`] makes them) grouped by dataset stem.
+pub fn rows_by_dataset<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Vec<usize>> {
+    let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for id in ids {
+        if let Some((stem, n)) = id.rsplit_once('-') {
+            if let Ok(n) = n.parse() {
+                out.entry(stem.to_string()).or_default().push(n);
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_unstable();
+        v.dedup();
+    }
+    out
+}
+
+/// The row ids a profile was calibrated on (`[calibration.rows]`), empty when it does not say.
+pub fn calibrated_ids(calibration: &BTreeMap<String, toml::Value>) -> std::result::Result<BTreeSet<String>, String> {
+    let Some(rows) = calibration.get("rows") else { return Ok(BTreeSet::new()) };
+    let table = rows.as_table().ok_or("calibration.rows: expected a table of dataset stem = [row numbers]")?;
+    let mut ids = BTreeSet::new();
+    for (stem, list) in table {
+        let list =
+            list.as_array().ok_or_else(|| format!("calibration.rows.{stem}: expected an array of row numbers"))?;
+        for v in list {
+            let n = v
+                .as_integer()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("calibration.rows.{stem}: {v} is not a row number (1-based)"))?;
+            ids.insert(format!("{stem}-{n:05}"));
+        }
+    }
+    Ok(ids)
 }
 
 fn toml_string(s: &str) -> String {

@@ -73,6 +73,9 @@ pub struct RunRecord {
     pub uses_conv: bool,
     /// By estimator name.
     pub estimates: BTreeMap<String, Outcome>,
+    /// The profile was calibrated on this row (`[calibration.rows]`): its errors are in-sample.
+    #[serde(default)]
+    pub calibrated_on: bool,
 }
 
 /// What every run shares.
@@ -211,6 +214,7 @@ pub fn evaluate_row(
         uses_gemm,
         uses_conv,
         estimates: est,
+        calibrated_on: false,
     }
 }
 

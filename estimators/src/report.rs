@@ -122,7 +122,7 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
 
 /// Per-run CSV: one row per run, a MiB column per estimator.
 pub fn runs_csv(records: &[RunRecord]) -> String {
-    let mut s = String::from("id,spec,family,batch,real_oom,truth_mib,reserved_truth_mib");
+    let mut s = String::from("id,spec,family,batch,real_oom,calibrated_on,truth_mib,reserved_truth_mib");
     for e in ESTIMATORS {
         let _ = write!(s, ",{e}_mib,{e}_reserved_mib,{e}_capped_ok,{e}_seconds,{e}_error");
     }
@@ -131,12 +131,13 @@ pub fn runs_csv(records: &[RunRecord]) -> String {
     for r in records {
         let _ = write!(
             s,
-            "{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{}",
             csv_cell(&r.id),
             csv_cell(&r.spec),
             r.family,
             r.batch,
             r.real_oom,
+            r.calibrated_on,
             opt(r.truth_bytes.map(|t| t / MIB)),
             opt(r.reserved_truth_bytes.map(|t| t / MIB))
         );

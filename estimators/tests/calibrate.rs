@@ -3,7 +3,11 @@
 
 use std::path::Path;
 
-use estimators::calibrate::{fit, rewrite_profile, split, weighted_median, weighted_quantile, CalRun};
+use std::collections::BTreeMap;
+
+use estimators::calibrate::{
+    calibrated_ids, fit, rewrite_profile, rows_by_dataset, split, weighted_median, weighted_quantile, CalRun,
+};
 use simulator::profile::{OutsideAllocator, Profile};
 
 #[test]
@@ -68,11 +72,35 @@ fn rewritten_profile_loads_with_new_constants() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let o = OutsideAllocator { context_mib: 401.5, cublas_mib: 612.31, cudnn_mib: 77.0 };
-    let out = rewrite_profile(&text, &o, &[("note".into(), "a \"quoted\" value".into())]);
+    let text = text + "\n[provenance]\nunmeasured = [\"gpu.sm_count\"]\n";
+    let rows = rows_by_dataset(["mlp-00007", "mlp-00003", "cnn_early-00010", "bad"]);
+    let out = rewrite_profile(&text, &o, &[("note".into(), "a \"quoted\" value".into())], &rows);
     let p = Profile::parse(&out, &path).unwrap();
+    // Tables after [calibration] survive the rewrite.
+    assert_eq!(p.provenance.unmeasured, vec!["gpu.sm_count".to_string()]);
+    let ids: Vec<String> = calibrated_ids(&p.calibration).unwrap().into_iter().collect();
+    assert_eq!(ids, vec!["cnn_early-00010", "mlp-00003", "mlp-00007"]);
     assert_eq!(p.outside_allocator, OutsideAllocator { context_mib: 401.5, cublas_mib: 612.3, cudnn_mib: 77.0 });
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("a \"quoted\" value"));
     // Rewriting again replaces the [calibration] table rather than appending a second one.
-    let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())]);
-    assert_eq!(Profile::parse(&again, &path).unwrap().calibration.get("note").and_then(|v| v.as_str()), Some("second"));
+    let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())], &BTreeMap::new());
+    let p = Profile::parse(&again, &path).unwrap();
+    assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("second"));
+    assert!(calibrated_ids(&p.calibration).unwrap().is_empty());
+    assert_eq!(p.provenance.unmeasured.len(), 1);
+}
+
+#[test]
+fn the_shipped_profile_names_the_rows_it_was_calibrated_on() {
+    // [calibration.rows] of the A100 profile are the seed-1 subsets of 150 rows that
+    // `memest compare --limit 150 --seed 1` chose from the two calibration datasets.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
+    let p = Profile::load(path.to_str().unwrap()).unwrap().0;
+    let ids = calibrated_ids(&p.calibration).unwrap();
+    let mut want = std::collections::BTreeSet::new();
+    for f in ["mlp_data_step2.csv", "cnn_data_step1_early.csv"] {
+        let rows = estimators::dataset::load_gpumemnet_csv(&crate::common::shared(&format!("gpumemnet/{f}"))).unwrap();
+        want.extend(estimators::dataset::seeded_subset(&rows, 150, 1).into_iter().map(|r| r.id));
+    }
+    assert_eq!(ids, want);
 }

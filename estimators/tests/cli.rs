@@ -198,4 +198,34 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     ] {
         assert!(out.join(f).is_file(), "{f} written");
     }
+    // Seed 5 picks none of the A100 profile's calibration rows: the report says all are held out.
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("every row here is held out"), "{report}");
+    // A profile calibrated on the first of the two rows: marked, counted, warned, or left out.
+    let first = recs[0]["id"].as_str().unwrap();
+    let (stem, n) = first.rsplit_once('-').unwrap();
+    let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
+    let cut = base.find("[calibration.rows]").unwrap();
+    let profile = dir.path().join("cal.toml");
+    let row: u64 = n.parse().unwrap();
+    std::fs::write(&profile, format!("{}[calibration.rows]\n\"{stem}\" = [{row}]\n", &base[..cut])).unwrap();
+    let args = |out: &std::path::Path, extra: &[&str]| -> (bool, String, String) {
+        let mut v = vec!["compare", "--dataset", data.to_str().unwrap(), "--limit", "2", "--seed", "5"];
+        v.extend_from_slice(&["--no-fake-tensor", "--profile", profile.to_str().unwrap()]);
+        v.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        v.extend_from_slice(extra);
+        memest(&v)
+    };
+    let out2 = dir.path().join("cmp2");
+    let (ok, _, err) = args(&out2, &[]);
+    assert!(ok, "{err}");
+    assert!(err.contains("1 of 2 rows were calibrated on"), "{err}");
+    let csv = std::fs::read_to_string(out2.join("runs.csv")).unwrap();
+    assert!(csv.lines().any(|l| l.starts_with(&format!("{first},")) && l.contains(",true,")), "{csv}");
+    assert!(std::fs::read_to_string(out2.join("report.md")).unwrap().contains("1 of the 2 rows scored here"));
+    let out3 = dir.path().join("cmp3");
+    let (ok, _, err) = args(&out3, &["--exclude-calibrated"]);
+    assert!(ok, "{err}");
+    let runs = std::fs::read_to_string(out3.join("runs.jsonl")).unwrap();
+    assert!(runs.lines().all(|l| !l.contains(first)), "the calibrated row is left out");
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use estimators::calibrate::{fit, rewrite_profile, split, CalRun};
+use estimators::calibrate::{fit, rewrite_profile, rows_by_dataset, split, CalRun};
 use estimators::compare::RunRecord;
 use estimators::error::write_atomic;
 use simulator::profile::Profile;
@@ -105,7 +105,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ("held_out_under_before".to_string(), pct(fit.before.under_fraction)),
             ("held_out_under_after".to_string(), pct(fit.after.under_fraction)),
         ];
-        let new_text = rewrite_profile(&text, &fit.outside, &provenance);
+        let rows = rows_by_dataset(runs.iter().map(|r| r.id.as_str()));
+        let new_text = rewrite_profile(&text, &fit.outside, &provenance, &rows);
         // The rewritten profile must load, or nothing is written.
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;
         write_atomic(out, new_text.as_bytes())?;

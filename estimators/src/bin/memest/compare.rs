@@ -47,6 +47,10 @@ pub struct Args {
     /// calibrated on), so an evaluation never reuses fitting data.
     #[arg(long)]
     exclude_runs: Vec<PathBuf>,
+    /// Leave out the rows the profile was calibrated on (its `[calibration.rows]`). Without it
+    /// they are scored, marked `calibrated_on` in runs.csv, and the report counts them.
+    #[arg(long)]
+    exclude_calibrated: bool,
     /// Trained ML model file from `memest ml train` (repeatable, one per family; default
     /// $MEMTRACE_ML_MODEL). Without one, `ml` is null with the reason.
     #[arg(long)]
@@ -119,10 +123,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     // (row, the dataset it came from) — ML needs the source file to recognise training rows.
+    let calibrated = estimators::calibrate::calibrated_ids(&profile.calibration)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{}", ppath.display()))?;
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
     for (di, d) in a.dataset.iter().enumerate() {
         let mut all = load_gpumemnet_csv(d)?;
         all.retain(|r| !excluded.contains(&r.id));
+        if a.exclude_calibrated {
+            all.retain(|r| !calibrated.contains(&r.id));
+        }
         let chosen = match a.limit {
             Some(n) => seeded_subset(&all, n, a.seed),
             None => all,
@@ -179,7 +189,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None => Outcome::failed("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)"),
             Some(m) => m.outcome(r, &a.dataset[*di], a.ml_include_training_rows),
         };
-        records.push(evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml));
+        let mut rec = evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml);
+        rec.calibrated_on = calibrated.contains(&rec.id);
+        records.push(rec);
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -190,7 +202,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let truth_note = truth_cols.iter().map(|(c, n)| format!("`{c}` for {n} rows")).collect::<Vec<_>>().join(", ");
     let reserved_rows = rows.iter().filter(|(r, _)| r.reserved_truth.is_some()).count();
+    let in_sample = records.iter().filter(|r| r.calibrated_on).count();
     let mut extra = String::new();
+    extra += &format!(
+        "\n\nCalibration: the profile's outside-allocator constants were fitted on {} rows ([calibration.rows] of {}). {}",
+        calibrated.len(),
+        ppath.display(),
+        if a.exclude_calibrated {
+            "They were left out (--exclude-calibrated): every row here is held out.".to_string()
+        } else if in_sample == 0 {
+            "None of them is among the rows scored here: every row here is held out.".to_string()
+        } else {
+            format!(
+                "**{in_sample} of the {} rows scored here are among them (marked `calibrated_on` in runs.csv): their \
+                 device-level errors are in-sample.** Rerun with --exclude-calibrated for held-out rows only.",
+                records.len()
+            )
+        }
+    );
+    if in_sample > 0 && !a.exclude_calibrated {
+        eprintln!(
+            "memest: warning: {in_sample} of {} rows were calibrated on by the profile ([calibration.rows]); their \
+             device-level errors are in-sample (--exclude-calibrated leaves them out)",
+            records.len()
+        );
+    }
     if reserved_rows > 0 {
         extra += &format!(
             "\n\nAllocator level: for the {reserved_rows} rows with `max_memory_reserved_mib`, estimators with an \
