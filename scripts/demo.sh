@@ -36,8 +36,9 @@ for t in resnet50-b32 gpt2-b8-s512; do
 done
 
 echo
-echo "== can they share one A100 40 GB?"
-"$memsim" colocate "$out/resnet50-b32.jsonl" "$out/gpt2-b8-s512.jsonl" --profile "$profile" || true
+echo "== can they share one A100 40 GB? (exit status 1 means they do not fit)"
+"$memsim" colocate "$out/resnet50-b32.jsonl" "$out/gpt2-b8-s512.jsonl" --profile "$profile" \
+  || [ $? -eq 1 ]
 
 echo
 echo "== views of resnet50-b32"

@@ -51,6 +51,10 @@ pub struct TraceStats {
     pub peak_live_host_bytes: u64,
     /// Frees of addresses that were never allocated in this trace (started mid-run, or a bug).
     pub unknown_frees: u64,
+    /// Bytes of blocks already allocated when the trace began, from its start-state records (a
+    /// converted snapshot's rebuilt start). `peak_live_device_bytes` does not count them;
+    /// `memsim replay`'s peak allocated does, which is why the two can differ.
+    pub start_state_allocated_bytes: u64,
     /// Events the producer dropped (from its `process_exit`).
     pub lost_events: u64,
     /// The trace ended mid-event (process killed).
@@ -254,8 +258,17 @@ impl TraceStats {
             | Event::Stack(_)
             | Event::Oom(_)
             | Event::Control(_)
-            | Event::SegmentState(_)
             | Event::SnapshotPoint(_) => {}
+            Event::SegmentState(st) => {
+                if st.at == trace::StateAt::Start {
+                    self.start_state_allocated_bytes += st
+                        .blocks
+                        .iter()
+                        .filter(|b| b.state != trace::BlockState::Inactive)
+                        .map(|b| b.size)
+                        .sum::<u64>();
+                }
+            }
         }
     }
 

@@ -470,3 +470,18 @@ fn profile_command_reads_profiles_once_for_everyone() {
     let h200 = json(&["profile", "h200", "--json"]);
     assert!(h200["provenance"]["unmeasured"].as_array().unwrap().len() >= 3, "{h200}");
 }
+
+#[test]
+fn stats_and_replay_say_why_their_peaks_differ_on_a_converted_snapshot() {
+    let snap = crate::snapshot_support::shared_path("bcrafton--assignment2-systems--memory_snapshot.pickle");
+    let s = json(&["stats", snap.to_str().unwrap(), "--json"]);
+    let start = s["start_state_allocated_bytes"].as_u64().unwrap();
+    assert!(start > 0, "the snapshot began with blocks allocated: {s}");
+    assert!(s["peak_live_device_counts"].as_str().unwrap().contains("before the trace began"));
+    let (_, out, _) = memsim(&["stats", snap.to_str().unwrap()]);
+    assert!(out.contains("alive when the trace began"), "{out}");
+    let r = json(&["replay", snap.to_str().unwrap(), "--json"]);
+    assert!(r["peaks_count"].as_str().unwrap().contains("start state"));
+    // Replay's peak counts the start state that stats' does not.
+    assert!(r["peak_allocated_bytes"].as_u64().unwrap() > s["peak_live_device_bytes"].as_u64().unwrap());
+}

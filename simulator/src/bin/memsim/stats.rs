@@ -89,6 +89,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     println!("  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
     println!("  peak live device  {} ({} B)", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
     println!("    (counts {PEAK_COUNTS})");
+    if s.start_state_allocated_bytes > 0 {
+        println!(
+            "  allocated before  {} in blocks alive when the trace began (start state): not in the peak above; \
+             replay's peak allocated counts them",
+            mib(s.start_state_allocated_bytes)
+        );
+    }
     println!("  kernel launches   {} ({} graph launches)", s.kernel_launches, s.graph_launches);
     match s.kernel_busy_ns {
         Some(busy) => {
