@@ -65,10 +65,13 @@ fn free(addr: u64) -> Record {
     }
 }
 
-/// Write an allocator-level trace with synthetic addresses.
-fn write_trace(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
+/// Write an allocator-level trace with synthetic addresses and this header metadata.
+fn write_with(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {
     let mut h = Header::new("test", "0", Level::Allocator);
     h.synthetic_addresses = true;
+    for (k, v) in meta {
+        h.metadata.insert(k.to_string(), v.to_string());
+    }
     let path = dir.join(name);
     let mut w = trace::TraceWriter::create(&path, &h).unwrap();
     for r in records {
@@ -76,6 +79,11 @@ fn write_trace(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
     }
     w.finish().unwrap();
     path
+}
+
+/// Write an allocator-level trace with synthetic addresses.
+fn write_trace(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
+    write_with(dir, name, records, &[])
 }
 
 /// Three 30 MiB tensors, the middle one freed before a 60 MiB one: native rules give a 30 MiB
@@ -218,16 +226,7 @@ fn colocate_counts_the_libraries_each_job_loads() {
     )
     .unwrap();
     let job = |name: &str, meta: &[(&str, &str)]| {
-        let mut h = Header::new("test", "0", Level::Allocator);
-        h.synthetic_addresses = true;
-        for (k, v) in meta {
-            h.metadata.insert(k.to_string(), v.to_string());
-        }
-        let path = dir.path().join(name);
-        let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-        w.write(&alloc(1, 30 * MIB, None)).unwrap();
-        w.finish().unwrap();
-        path.to_str().unwrap().to_string()
+        write_with(dir.path(), name, &[alloc(1, 30 * MIB, None)], meta).to_str().unwrap().to_string()
     };
     let conv = job("conv.jsonl", &[("uses_gemm", "true"), ("uses_conv", "true")]);
     let mlp = job("mlp.jsonl", &[("uses_gemm", "true"), ("uses_conv", "false")]);
@@ -281,19 +280,9 @@ fn errors_are_clear() {
 
 /// A symbolic-style trace: logical clock, no wall-clock time.
 fn write_logical(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {
-    let mut h = Header::new("test", "0", Level::Allocator);
-    h.synthetic_addresses = true;
-    h.metadata.insert("clock".into(), "logical".into());
-    for (k, v) in meta {
-        h.metadata.insert(k.to_string(), v.to_string());
-    }
-    let path = dir.join(name);
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-    for r in records {
-        w.write(r).unwrap();
-    }
-    w.finish().unwrap();
-    path
+    let mut all = vec![("clock", "logical")];
+    all.extend_from_slice(meta);
+    write_with(dir, name, records, &all)
 }
 
 const TEST_PROFILE: &str =

@@ -16,6 +16,11 @@ def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
         default=None if batch_required else 1,
         help="samples per step" + ("" if batch_required else " (default 1)"),
     )
+    shape_args(p)
+
+
+def shape_args(p: argparse.ArgumentParser) -> None:
+    """--input-shape, --seq-len and --num-classes: what a zoo model's sizes are."""
     p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     p.add_argument(
         "--seq-len",
@@ -43,3 +48,25 @@ def print_defaults(defaults: dict[str, Any], iterations: int | None) -> None:
     """Say on stderr which defaults shaped the answer."""
     for line in defaults_lines(defaults, iterations):
         print(f"note: {line}", file=sys.stderr)
+
+
+def step_args(p: argparse.ArgumentParser) -> None:
+    """The training step: optimizer, precision, checkpointing, accumulation, traced steps."""
+    p.add_argument(
+        "--optimizer",
+        default="adam",
+        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
+    )
+    p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
+    p.add_argument(
+        "--checkpointing", action="store_true", help="activation checkpointing per block"
+    )
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument(
+        "--iterations",
+        "--steps",
+        dest="iterations",
+        type=int,
+        default=2,
+        help="training iterations traced (default 2)",
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
-from memtrace_trainer.cli.common import print_defaults
+from memtrace_trainer.cli.common import print_defaults, shape_args, step_args
 from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
@@ -45,29 +45,7 @@ def _model_source(p: argparse.ArgumentParser, gpumemnet: bool = False) -> None:
             type=Path,
             help="many configs in one process; one JSON line out per config",
         )
-    p.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        help="sequence length of token models (default: the model's maximum); passed to an "
-        "--entry function that takes `seq_len`",
-    )
-    p.add_argument("--num-classes", type=int, help="classifier width of vision models (1000)")
-
-
-def _step_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", default="adam", help="adam|adamw|sgd|sgd-momentum|...")
-    p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype")
-    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
-    p.add_argument(
-        "--iterations",
-        "--steps",
-        dest="iterations",
-        type=int,
-        default=2,
-        help="training iterations traced (default 2)",
-    )
+    shape_args(p)
 
 
 def _capacity_arg(p: argparse.ArgumentParser) -> None:
@@ -103,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     _model_source(e)
     e.add_argument("--batch-size", type=int, required=True, help="samples per step")
-    _step_args(e)
+    step_args(e)
     e.add_argument("--profile", default="a100-40gb", help="GPU profile (default a100-40gb)")
     _capacity_arg(e)
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
@@ -118,7 +96,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "even batch 1 fits.",
     )
     _model_source(m)
-    _step_args(m)
+    step_args(m)
     m.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
     _capacity_arg(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")

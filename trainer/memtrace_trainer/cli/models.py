@@ -10,7 +10,7 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
-from memtrace_trainer.cli.common import model_args, print_defaults
+from memtrace_trainer.cli.common import model_args, print_defaults, shape_args, step_args
 from memtrace_trainer.errors import UserError
 
 
@@ -57,29 +57,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     s.add_argument(
         "--batch-size", type=int, help="samples per step (required with --model/--entry)"
     )
-    s.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
-    s.add_argument("--seq-len", type=int, help="sequence length of token models")
-    s.add_argument(
-        "--num-classes", type=int, help="classifier width of zoo vision models (default 1000)"
-    )
-    s.add_argument(
-        "--optimizer",
-        default="adam",
-        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
-    )
-    s.add_argument(
-        "--iterations",
-        "--steps",
-        dest="iterations",
-        type=int,
-        default=2,
-        help="training iterations traced (default 2)",
-    )
-    s.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
-    s.add_argument(
-        "--checkpointing", action="store_true", help="activation checkpointing per block"
-    )
-    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    shape_args(s)
+    step_args(s)
     s.add_argument("--profile", help="GPU profile NAME (profiles/NAME.toml) or a .toml path")
     s.add_argument(
         "--no-cuda-emulation",
