@@ -6,6 +6,7 @@ they agree to the byte, and `max-batch`'s answer fits by `estimate` while the ne
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from e2e_support import PYTHON, run
@@ -33,35 +34,49 @@ def test_four_commands_agree_on_one_trace(
     replay = json.loads(run([str(memsim), "replay", str(trace), "--profile", "a100-40gb",
                              "--json"]).stdout)  # fmt: skip
     device = replay["peak_device_bytes"]
+    safe = replay["peak_device_safe_bytes"]
     outside = replay["outside_allocator"]
     assert outside["libraries"] == {"gemm": True, "conv": False, "source": "trace"}
     assert device == replay["peak_reserved_bytes"] + outside["total_bytes"]
-    assert replay["verdict"]["need_bytes"] == device and replay["verdict"]["fits"] is True
+    # The verdict rests on the safe number: the point plus the profile's MLP margin.
+    assert replay["margin"]["regime"] == "mlp fp32"
+    assert safe == math.ceil(device * (1 + replay["margin"]["fraction"]))
+    assert replay["verdict"]["need_bytes"] == safe and replay["verdict"]["fits"] is True
+    assert replay["verdict"]["basis"] == "safe"
     assert replay["capacity"]["source"] == "profile"
 
     colo = json.loads(run([str(memsim), "colocate", str(trace), "--profile", "a100-40gb",
                            "--json"]).stdout)  # fmt: skip
-    assert colo["combined_need_bytes"] == device
+    assert colo["combined_need_bytes"] == safe
     assert colo["jobs"][0]["device_peak_bytes"] == device
+    assert colo["jobs"][0]["device_safe_bytes"] == safe
     assert colo["jobs"][0]["outside_allocator"] == outside
 
     code, est = _estimate(trainer_env, 64)
     assert code == 0 and est["schema"] == 2
-    assert est["verdict"]["need_mib"] * MIB == device
+    assert est["verdict"]["need_mib"] * MIB == safe
+    assert est["verdict"]["point_mib"] * MIB == device
     assert est["estimates"]["symbolic"]["device_mib"] * MIB == device
+    assert est["estimates"]["symbolic"]["safe_mib"] * MIB == safe
     assert est["outside_allocator"]["total_mib"] * MIB == outside["total_bytes"]
     assert est["verdict"]["capacity_mib"] * MIB == replay["capacity"]["bytes"]
 
-    # max-batch at a capacity of exactly this job's need: batch 64 is the last that fits, so
-    # batch 64 fits by `estimate` and the next batch does not.
-    cap = str(device)
+    # max-batch at a capacity of exactly this job's safe need: batch 64 fits, the answer fits by
+    # `estimate`, and the next batch does not.
+    cap = str(safe)
     mb = _trainer(trainer_env, "max-batch", "--model", MLP, "--profile", "a100-40gb",
                   "--capacity", cap)  # fmt: skip
     best = mb["max_batch"]
-    assert best >= 64 and mb["capacity_bytes"] == device and mb["need_bytes"] <= device
+    assert best >= 64 and mb["capacity_bytes"] == safe and mb["need_bytes"] <= safe
     code, at = _estimate(trainer_env, best, "--capacity", cap)
     assert code == 0 and at["verdict"]["fits"] is True
     assert at["verdict"]["need_mib"] * MIB == mb["need_bytes"]
     code, over = _estimate(trainer_env, best + 1, "--capacity", cap)
     assert code == 1 and over["verdict"]["fits"] is False
     assert over["verdict"]["need_mib"] > over["verdict"]["capacity_mib"]
+    # --point judges on the point estimate: the same job fits a capacity between point and safe.
+    assert safe > device, "the A100 profile has a calibrated MLP margin"
+    code, pt = _estimate(trainer_env, 64, "--capacity", str(device), "--point")
+    assert code == 0 and pt["verdict"]["basis"] == "estimates.symbolic.device_mib"
+    code, sf = _estimate(trainer_env, 64, "--capacity", str(device))
+    assert code == 1 and sf["verdict"]["fits"] is False

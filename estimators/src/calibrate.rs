@@ -81,17 +81,22 @@ pub struct Fit {
 
 /// Split runs into (train, test) with a seeded shuffle; `test_fraction` of them are held out.
 pub fn split(runs: &[CalRun], test_fraction: f64, seed: u64) -> (Vec<CalRun>, Vec<CalRun>) {
-    let mut keyed: Vec<(u64, &CalRun)> = runs
+    split_by_id(runs, |r| &r.id, test_fraction, seed)
+}
+
+/// Split items into (train, test) by a seeded hash of their ids, so an item's side does not
+/// depend on which other items are present; `test_fraction` of them (rounded) are held out.
+pub fn split_by_id<T: Clone>(items: &[T], id: impl Fn(&T) -> &str, test_fraction: f64, seed: u64) -> (Vec<T>, Vec<T>) {
+    let mut keyed: Vec<(u64, &T)> = items
         .iter()
         .map(|r| {
-            // Hash the id, so a run's side does not depend on which other runs are present.
-            let mut s =
-                seed ^ r.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+            let mut s = seed
+                ^ id(r).bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
             (splitmix64(&mut s), r)
         })
         .collect();
     keyed.sort_by_key(|k| k.0);
-    let cut = ((runs.len() as f64) * test_fraction).round() as usize;
+    let cut = ((items.len() as f64) * test_fraction).round() as usize;
     let test = keyed[..cut].iter().map(|k| k.1.clone()).collect();
     let train = keyed[cut..].iter().map(|k| k.1.clone()).collect();
     (train, test)

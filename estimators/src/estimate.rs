@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
-use simulator::fit::{self, CapacitySource, Libraries};
+use simulator::fit::{self, CapacitySource, Libraries, Margin};
 use simulator::profile::Profile;
 
 use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
@@ -29,6 +29,9 @@ pub struct Answer {
     pub reserved_mib: Option<f64>,
     /// Peak allocated (`max_memory_allocated`), where the estimator models it.
     pub allocated_mib: Option<f64>,
+    /// The point plus the profile's calibrated safety margin (the headline only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub safe_mib: Option<f64>,
     /// What the number measures: `device`, `reserved` or `live` (live tensor bytes).
     pub level: &'static str,
     /// `headline` (act on it) or `baseline` (for comparison only).
@@ -40,7 +43,15 @@ pub struct Answer {
 impl Answer {
     /// A baseline's answer.
     pub fn baseline(name: &str, device_mib: f64, reserved_mib: Option<f64>, level: &'static str) -> Answer {
-        Answer { device_mib, reserved_mib, allocated_mib: None, level, role: "baseline", ignores: ignores(name) }
+        Answer {
+            device_mib,
+            reserved_mib,
+            allocated_mib: None,
+            safe_mib: None,
+            level,
+            role: "baseline",
+            ignores: ignores(name),
+        }
     }
 }
 
@@ -95,8 +106,11 @@ pub struct OutsideReport {
 /// The verdict in MiB.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VerdictReport {
-    /// The number the verdict rests on.
+    /// The number the verdict rests on: `estimates.symbolic.safe_mib`, or `.device_mib` with
+    /// `--point`.
     pub basis: String,
+    /// The point estimate beside it.
+    pub point_mib: f64,
     /// Device memory needed.
     pub need_mib: f64,
     /// Device capacity.
@@ -120,6 +134,8 @@ pub struct EstimateReport {
     pub estimates: BTreeMap<String, Option<Answer>>,
     /// Memory outside the allocator added to the symbolic estimate.
     pub outside_allocator: OutsideReport,
+    /// The safety margin between the point and the safe number.
+    pub margin: Margin,
     /// Seconds each estimator took here (trace generation not included).
     pub seconds: BTreeMap<String, f64>,
     /// Why an estimator is null.
@@ -154,6 +170,8 @@ pub struct EstimateInput<'a> {
     pub capacity: Option<u64>,
     /// Batch size override (else the features', else the trace's metadata).
     pub batch: Option<u64>,
+    /// Judge the fit on the point estimate instead of the safe number.
+    pub point: bool,
     /// An ML answer computed by the caller (MiB) or why there is none.
     pub ml: std::result::Result<Answer, String>,
 }
@@ -192,6 +210,10 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
     warnings.extend(cap_warnings);
     let capacity = capacity.expect("a profile always gives a capacity");
+    let margin = fit::margin(profile, &t.header, Some(&f.family().as_str().to_ascii_lowercase()));
+    if !margin.coverage_measured {
+        warnings.push(format!("safety margin: {}", margin.note));
+    }
     let mut estimates = BTreeMap::new();
     let mut seconds = BTreeMap::new();
     let mut unavailable = BTreeMap::new();
@@ -208,6 +230,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             device_mib: mib(sym.predicted_device_peak),
             reserved_mib: Some(mib(sym.predicted_reserved_peak)),
             allocated_mib: Some(mib(sym.predicted_allocated_peak)),
+            safe_mib: Some(mib(margin.safe(sym.predicted_device_peak))),
             level: "device",
             role: "headline",
             ignores: ignores("symbolic"),
@@ -254,13 +277,19 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             unavailable.insert("ml".into(), why.clone());
         }
     }
-    let v = &sym.verdict;
+    let point = sym.predicted_device_peak;
+    let v = if input.point {
+        fit::Verdict::new("estimates.symbolic.device_mib", point, capacity)
+    } else {
+        fit::Verdict::new("estimates.symbolic.safe_mib", margin.safe(point), capacity)
+    };
     let o = &outside_terms;
     Ok(EstimateReport {
         schema: SCHEMA,
         headline: "symbolic",
         verdict: VerdictReport {
-            basis: "estimates.symbolic.device_mib".into(),
+            basis: v.basis.clone(),
+            point_mib: mib(point),
             need_mib: mib(v.need_bytes),
             capacity_mib: mib(v.capacity_bytes),
             capacity_source: v.capacity_source,
@@ -275,6 +304,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             libraries: o.libraries,
             unmeasured: o.unmeasured.clone(),
         },
+        margin,
         seconds,
         unavailable,
         profile: ppath.display().to_string(),

@@ -57,9 +57,11 @@ pub fn is_convolution(t: &str) -> bool {
     core.starts_with("conv") && (core.ends_with("1d") || core.ends_with("2d") || core.ends_with("3d"))
 }
 
-/// Whether a layer type is attention.
+/// Whether a layer type is attention. `NonDynamicallyQuantizableLinear` is the output projection
+/// only `nn.MultiheadAttention` has, so torchsummary rows that list it are attention models.
 pub fn is_attention(t: &str) -> bool {
-    t.to_ascii_lowercase().contains("attention")
+    let l = t.to_ascii_lowercase();
+    l.contains("attention") || l.contains("nondynamicallyquantizablelinear")
 }
 
 /// Whether a layer type runs a GEMM through cuBLAS.

@@ -13,6 +13,7 @@ pub mod ml;
 pub mod plots;
 pub mod rebuild;
 pub mod report;
+pub mod safety;
 pub mod symbolic;
 pub mod tracefile;
 

@@ -58,6 +58,59 @@ pub fn trace_batch(
     python: &Path,
     jobs: &[TraceJob],
     dir: &Path,
+    progress: impl FnMut(&str),
+) -> Result<BTreeMap<String, TraceResult>> {
+    trace_worker(python, jobs, dir, 0, progress)
+}
+
+/// [`trace_batch`] over `workers` trainer processes at once (each gets every `workers`-th job),
+/// for machines with more cores than one Python process uses.
+pub fn trace_parallel(
+    python: &Path,
+    jobs: &[TraceJob],
+    dir: &Path,
+    workers: usize,
+    progress: impl FnMut(&str) + Send,
+) -> Result<BTreeMap<String, TraceResult>> {
+    let workers = workers.clamp(1, jobs.len().max(1));
+    if workers == 1 {
+        return trace_batch(python, jobs, dir, progress);
+    }
+    let progress = std::sync::Mutex::new(progress);
+    let chunks: Vec<Vec<TraceJob>> =
+        (0..workers).map(|w| jobs.iter().skip(w).step_by(workers).cloned().collect()).collect();
+    let outcomes: Vec<Result<BTreeMap<String, TraceResult>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .iter()
+            .enumerate()
+            .map(|(w, chunk)| {
+                let progress = &progress;
+                scope.spawn(move || {
+                    trace_worker(python, chunk, dir, w, |name| {
+                        if let Ok(mut p) = progress.lock() {
+                            p(name);
+                        }
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(EstimateError::Calibration("a tracing worker panicked".into()))))
+            .collect()
+    });
+    let mut all = BTreeMap::new();
+    for o in outcomes {
+        all.extend(o?);
+    }
+    Ok(all)
+}
+
+fn trace_worker(
+    python: &Path,
+    jobs: &[TraceJob],
+    dir: &Path,
+    worker: usize,
     mut progress: impl FnMut(&str),
 ) -> Result<BTreeMap<String, TraceResult>> {
     std::fs::create_dir_all(dir).map_err(|source| EstimateError::Io {
@@ -68,7 +121,7 @@ pub fn trace_batch(
     let mut results = BTreeMap::new();
     let mut pending: Vec<TraceJob> = jobs.to_vec();
     while !pending.is_empty() {
-        let died = run_once(python, &pending, dir, &mut results, &mut progress)?;
+        let died = run_once(python, &pending, dir, worker, &mut results, &mut progress)?;
         pending.retain(|j| !results.contains_key(&j.name));
         match died {
             None => break,
@@ -76,7 +129,7 @@ pub fn trace_batch(
                 // Nothing done in this process: the trainer cannot start at all.
                 let Some(first) = pending.first() else { break };
                 if pending.len() == jobs.len() && results.is_empty() {
-                    return Err(EstimateError::Command { command: trainer_command(python, dir), message });
+                    return Err(EstimateError::Command { command: trainer_command(python, dir, worker), message });
                 }
                 results.insert(first.name.clone(), TraceResult { trace: Err(message), seconds: 0.0 });
                 progress(&first.name);
@@ -93,11 +146,15 @@ pub fn trace_batch(
     Ok(results)
 }
 
-fn trainer_command(python: &Path, dir: &Path) -> String {
+fn configs_file(dir: &Path, worker: usize) -> PathBuf {
+    dir.join(if worker == 0 { "configs.jsonl".to_string() } else { format!("configs-{worker}.jsonl") })
+}
+
+fn trainer_command(python: &Path, dir: &Path, worker: usize) -> String {
     format!(
-        "{} -m memtrace_trainer symtrace --batch {}/configs.jsonl --out-dir {}",
+        "{} -m memtrace_trainer symtrace --batch {} --out-dir {}",
         python.display(),
-        dir.display(),
+        configs_file(dir, worker).display(),
         dir.display()
     )
 }
@@ -107,10 +164,11 @@ fn run_once(
     python: &Path,
     jobs: &[TraceJob],
     dir: &Path,
+    worker: usize,
     results: &mut BTreeMap<String, TraceResult>,
     progress: &mut impl FnMut(&str),
 ) -> Result<Option<String>> {
-    let configs = dir.join("configs.jsonl");
+    let configs = configs_file(dir, worker);
     let mut text = String::new();
     for j in jobs {
         let mut o = serde_json::json!({"name": j.name, "batch_size": j.batch_size, "optimizer": j.optimizer});
@@ -125,7 +183,7 @@ fn run_once(
         text.push('\n');
     }
     write_atomic(&configs, text.as_bytes())?;
-    let cmd_err = |message: String| EstimateError::Command { command: trainer_command(python, dir), message };
+    let cmd_err = |message: String| EstimateError::Command { command: trainer_command(python, dir, worker), message };
     let mut child = Command::new(python)
         .args(["-m", "memtrace_trainer", "symtrace", "--batch"])
         .arg(&configs)

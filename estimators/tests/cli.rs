@@ -229,3 +229,39 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     let runs = std::fs::read_to_string(out3.join("runs.jsonl")).unwrap();
     assert!(runs.lines().all(|l| !l.contains(first)), "the calibrated row is left out");
 }
+
+#[test]
+fn compare_traces_with_several_trainer_processes() {
+    venv_python();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cmp");
+    let data = shared("gpumemnet/mlp_data_step1.csv");
+    let run = |extra: &[&str]| {
+        let mut v = vec!["compare", "--dataset", data.to_str().unwrap(), "--limit", "4", "--seed", "9"];
+        v.extend_from_slice(&["--no-fake-tensor", "--out", out.to_str().unwrap()]);
+        v.extend_from_slice(extra);
+        memest(&v)
+    };
+    let (ok, _, err) = run(&["--jobs", "2"]);
+    assert!(ok, "{err}");
+    let runs = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    let recs: Vec<serde_json::Value> = runs.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recs.len(), 4);
+    assert!(recs.iter().all(|r| r["estimates"]["symbolic"]["device_bytes"].as_u64().is_some()), "{runs}");
+    // Each worker wrote its own config file; a rerun with --reuse-traces resumes from the traces.
+    assert!(out.join("traces/configs.jsonl").is_file() && out.join("traces/configs-1.jsonl").is_file());
+    let symbolic = |text: &str| -> Vec<(String, u64)> {
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .map(|r| {
+                (r["id"].as_str().unwrap().to_string(), r["estimates"]["symbolic"]["device_bytes"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let (ok, _, err) = run(&["--jobs", "2", "--reuse-traces"]);
+    assert!(ok, "{err}");
+    let again = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    assert_eq!(symbolic(&again), symbolic(&runs), "same answers from reused traces");
+    let (ok, _, err) = run(&["--jobs", "0"]);
+    assert!(!ok && err.contains("--jobs 0"), "{err}");
+}

@@ -60,3 +60,22 @@ fn errors_name_file_and_field() {
     );
     check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"x": {}}}"#, "layers.x");
 }
+
+#[test]
+fn one_family_rule_for_features_and_ml_rows() {
+    use estimators::features::Family as F;
+    use estimators::ml::dataset::{Family as M, Layer};
+    let cases: [(&[&str], F, M); 5] = [
+        (&["Conv1D", "Linear"], F::Mlp, M::Mlp),
+        (&["conv2d", "linear"], F::Cnn, M::Cnn),
+        (&["Conv2d", "MultiheadAttention"], F::Transformer, M::Transformer),
+        (&["NonDynamicallyQuantizableLinear", "Linear"], F::Transformer, M::Transformer),
+        (&["ConvTranspose2d"], F::Cnn, M::Cnn),
+    ];
+    for (kinds, f, m) in cases {
+        assert_eq!(F::from_layer_types(kinds.iter().copied()), f, "{kinds:?}");
+        let layers: Vec<Layer> =
+            kinds.iter().map(|k| Layer { kind: k.to_string(), activations: 1, params: 1 }).collect();
+        assert_eq!(M::of_layers(&layers), m, "{kinds:?}");
+    }
+}

@@ -19,6 +19,8 @@ mod features;
 mod metrics;
 /// Property tests of metric invariants.
 mod props;
+/// The safe number: conformal margins per family, the profile table, margin selection.
+mod safety;
 /// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
 mod symbolic;
 

@@ -16,7 +16,7 @@
 use serde::Serialize;
 use trace::{Event, Header, Record};
 
-use crate::fit::{self, Capacity, Outside, Verdict};
+use crate::fit::{self, Capacity, Margin, Outside, Verdict};
 use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
 
 /// One job to place.
@@ -29,6 +29,8 @@ pub struct Job {
     pub records: Vec<Record>,
     /// What its process holds outside the caching allocator.
     pub outside: Outside,
+    /// Its safety margin ([`fit::margin`]; none for traces of real runs).
+    pub margin: Margin,
 }
 
 /// Which combination the caller asks for.
@@ -95,8 +97,12 @@ pub struct JobReport {
     pub peak_reserved_bytes: u64,
     /// Memory outside the allocator, by term.
     pub outside_allocator: Outside,
-    /// Its device peak alone: reserved + outside the allocator.
+    /// Its device peak alone: reserved + outside the allocator (the point estimate).
     pub device_peak_bytes: u64,
+    /// The point plus its safety margin.
+    pub device_safe_bytes: u64,
+    /// The margin.
+    pub margin: Margin,
     /// Whether it fits the capacity on its own (`None` without a capacity).
     pub fits_alone: Option<bool>,
     /// Whether its trace has wall-clock timestamps.
@@ -241,6 +247,7 @@ pub fn colocate(
     opts: &ReplayOptions,
     capacity: Option<Capacity>,
     align: Align,
+    point: bool,
 ) -> Result<ColocateReport, ColocateError> {
     if jobs.is_empty() {
         return Err(ColocateError::NoJobs);
@@ -274,26 +281,31 @@ pub fn colocate(
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+        let need = |device: u64| if point { device } else { j.margin.safe(device) };
         let fits_alone = match capacity {
             Some(c) => {
                 let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
                     .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-                Some(!alone.oom && Verdict::new("alone", alone.device_peak(&j.outside), c).fits)
+                Some(!alone.oom && Verdict::new("alone", need(alone.device_peak(&j.outside)), c).fits)
             }
             None => None,
         };
+        let device = unlimited.device_peak(&j.outside);
         job_reports.push(JobReport {
             name: j.name.clone(),
             peak_reserved_bytes: unlimited.report.peak_reserved_bytes,
             outside_allocator: j.outside.clone(),
-            device_peak_bytes: unlimited.device_peak(&j.outside),
+            device_peak_bytes: device,
+            device_safe_bytes: j.margin.safe(device),
+            margin: j.margin.clone(),
             fits_alone,
             timestamps: *ts,
             oom_in_shared_run: None,
             oom_at_event: None,
         });
     }
-    let sum: u64 = job_reports.iter().map(|j| j.device_peak_bytes).sum();
+    // Symbolic traces carry no wall-clock time, so margins meet the sum of peaks only.
+    let sum: u64 = job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
     let (need, peak_at, smallest_cap, any_oom) = match mode {
@@ -334,9 +346,10 @@ pub fn colocate(
         }
     };
     let verdict = capacity.map(|c| {
-        let basis = match mode {
-            Mode::SumOfPeaks => "sum of device peaks",
-            Mode::Timestamps => "aligned replay",
+        let basis = match (mode, point) {
+            (Mode::SumOfPeaks, true) => "sum of device peaks (point)",
+            (Mode::SumOfPeaks, false) => "sum of safe device peaks",
+            (Mode::Timestamps, _) => "aligned replay",
         };
         let mut v = Verdict::new(basis, need, c);
         v.fits &= !any_oom;

@@ -289,3 +289,105 @@ pub fn fit_records<'a>(
     }
     Ok(f.finish())
 }
+
+/// The safety margin applied to one trace's point estimate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Margin {
+    /// Safe = point × (1 + fraction).
+    pub fraction: f64,
+    /// The stated miss rate the margin was calibrated for (`None`: no calibration applies).
+    pub miss_rate: Option<f64>,
+    /// The job's family and regime, as the trace says (e.g. `cnn fp32`).
+    pub regime: String,
+    /// The calibrated family whose margin is used (`None`: no margin).
+    pub calibrated_family: Option<String>,
+    /// Whether coverage was measured for this family and regime (false: borrowed or none).
+    pub coverage_measured: bool,
+    /// What the margin rests on, in a sentence.
+    pub note: String,
+}
+
+impl Margin {
+    /// No margin, for this reason.
+    pub fn none(regime: String, note: impl Into<String>, measured: bool) -> Margin {
+        Margin {
+            fraction: 0.0,
+            miss_rate: None,
+            regime,
+            calibrated_family: None,
+            coverage_measured: measured,
+            note: note.into(),
+        }
+    }
+
+    /// The safe number for a point estimate, bytes (rounded up).
+    pub fn safe(&self, point: u64) -> u64 {
+        (point as f64 * (1.0 + self.fraction)).ceil() as u64
+    }
+}
+
+/// Families whose memory is dominated by GEMMs borrow each other's margin: a Transformer without
+/// its own calibration takes the MLP's, the closest measured family.
+fn nearest(family: &str) -> &'static [&'static str] {
+    match family {
+        "transformer" => &["transformer", "mlp", "cnn"],
+        "cnn" => &["cnn", "mlp", "transformer"],
+        _ => &["mlp", "transformer", "cnn"],
+    }
+}
+
+/// The margin for a trace with this header. Traces recorded on a real run (the shim's) get none:
+/// they are measurements. Symbolic traces get their family's calibrated margin when the profile
+/// has one for their regime; otherwise the nearest calibrated family's (at least the largest, when
+/// the family is unknown), with "coverage unmeasured for this regime".
+pub fn margin(profile: &Profile, header: &Header, fallback_family: Option<&str>) -> Margin {
+    let measured_run = header.producer.name == "libmemtrace" || header.meta("clock") != Some("logical");
+    let family = header.meta("family").or(fallback_family).map(str::to_ascii_lowercase);
+    let precision = header.meta("amp").unwrap_or("fp32").to_string();
+    let regime = format!("{} {precision}", family.as_deref().unwrap_or("unknown-family"));
+    if measured_run {
+        return Margin::none(regime, "a trace recorded on a real run is a measurement: no margin", true);
+    }
+    let Some(sf) = &profile.safety else {
+        return Margin::none(
+            regime,
+            "the profile has no [safety] calibration: the safe number is the point estimate",
+            false,
+        );
+    };
+    let chosen = match family.as_deref() {
+        Some(f) => nearest(f).iter().find_map(|n| sf.families.get(*n).map(|m| (n.to_string(), m))),
+        // Unknown family: the widest calibrated margin.
+        None => sf.families.iter().max_by(|a, b| a.1.margin.total_cmp(&b.1.margin)).map(|(n, m)| (n.clone(), m)),
+    };
+    let Some((name, m)) = chosen else {
+        return Margin::none(regime, "the profile's [safety] table calibrates no family", false);
+    };
+    let same_family = family.as_deref() == Some(name.as_str());
+    let same_regime = m.regime.split_whitespace().next() == Some(precision.as_str());
+    let measured = same_family && same_regime;
+    let note = if measured {
+        format!(
+            "{name} margin {:.1}% for a {:.0}% miss rate; held out: {:.1}% of {} runs under the safe number",
+            m.margin * 100.0,
+            sf.miss_rate * 100.0,
+            m.held_out_miss_rate * 100.0,
+            m.held_out_runs
+        )
+    } else {
+        format!(
+            "coverage unmeasured for this regime ({regime}): using the nearest calibrated one, {name} {} \
+             (margin {:.1}%)",
+            m.regime,
+            m.margin * 100.0
+        )
+    };
+    Margin {
+        fraction: m.margin,
+        miss_rate: Some(sf.miss_rate),
+        regime,
+        calibrated_family: Some(name),
+        coverage_measured: measured,
+        note,
+    }
+}

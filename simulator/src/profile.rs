@@ -116,6 +116,55 @@ pub struct Profile {
     /// Which constants were measured and which were not.
     #[serde(default)]
     pub provenance: Provenance,
+    /// The calibrated safety margins (`memest safety`); `None`: the safe number is the point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety: Option<Safety>,
+}
+
+/// `[safety]`: how much to add to a symbolic point estimate so that, on measured runs of the
+/// same family and regime, the safe number is under the truth in at most `miss_rate` of runs.
+/// Fitted by split conformal prediction (`memest safety`) on runs the calibration of the
+/// outside-allocator constants did not use; the held-out figures are measured on yet other runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Safety {
+    /// The stated miss rate (e.g. 0.02): the share of runs whose truth may exceed the safe number.
+    pub miss_rate: f64,
+    /// How the margins were fitted.
+    #[serde(default)]
+    pub method: String,
+    /// What fitted them (`memest safety`).
+    #[serde(default)]
+    pub fitted_by: String,
+    /// Which runs.
+    #[serde(default)]
+    pub runs: String,
+    /// Licence of the measured data.
+    #[serde(default)]
+    pub data_licence: String,
+    /// Margins by family (`mlp`, `cnn`, `transformer`).
+    #[serde(default)]
+    pub families: BTreeMap<String, FamilyMargin>,
+}
+
+/// One family's calibrated margin and what it achieved on held-out runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyMargin {
+    /// The regime the runs were measured in (e.g. `fp32 adam`).
+    pub regime: String,
+    /// Safe = point × (1 + margin).
+    pub margin: f64,
+    /// Runs the margin was fitted on.
+    pub calibration_runs: u64,
+    /// Runs it was evaluated on.
+    pub held_out_runs: u64,
+    /// Share of held-out runs whose truth exceeded the safe number.
+    pub held_out_miss_rate: f64,
+    /// Median of (safe − truth) / truth on held-out runs.
+    pub held_out_median_over: f64,
+    /// Median |point − truth| / truth on held-out runs.
+    pub held_out_point_mre: f64,
 }
 
 /// `[provenance]`: the constants nobody has measured on this GPU. Every use of one is warned
@@ -173,6 +222,19 @@ impl Profile {
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(format!("outside_allocator.{k} = {v}: expected a finite number of MiB >= 0"));
+            }
+        }
+        if let Some(sf) = &self.safety {
+            if !(sf.miss_rate > 0.0 && sf.miss_rate < 1.0) {
+                return bad(format!("safety.miss_rate = {}: expected a fraction in (0, 1)", sf.miss_rate));
+            }
+            for (name, f) in &sf.families {
+                if !matches!(name.as_str(), "mlp" | "cnn" | "transformer") {
+                    return bad(format!("safety.families.{name}: expected mlp, cnn or transformer"));
+                }
+                if !(f.margin.is_finite() && f.margin >= 0.0) {
+                    return bad(format!("safety.families.{name}.margin = {}: expected a fraction >= 0", f.margin));
+                }
             }
         }
         for k in &self.provenance.unmeasured {

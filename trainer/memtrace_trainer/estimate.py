@@ -74,6 +74,7 @@ def estimate(
     ml_model: Path | None,
     log: Any = None,
     capacity: str | None = None,
+    point: bool = False,
 ) -> dict[str, Any]:
     """`workload_for()` builds a fresh meta workload (each trace consumes one). The result is
     memest's schema-2 object, whole, plus the job's inputs, defaults and warnings."""
@@ -117,6 +118,8 @@ def estimate(
         ]
         if capacity is not None:
             cmd += ["--capacity", capacity]
+        if point:
+            cmd.append("--point")
         if ml_model is not None:
             cmd += ["--ml-model", str(ml_model)]
         t = time.perf_counter()
@@ -161,9 +164,12 @@ def render(result: dict[str, Any]) -> str:
     out = result.get("outside_allocator", {})
     gpu = result.get("gpu", result["profile"])
     src = "--capacity" if v.get("capacity_source") == "flag" else "profile total"
+    point = f"point {v['point_mib']:.1f}" if v["basis"].endswith("safe_mib") else "point"
+    margin = result.get("margin", {}).get("note", "")
     lines = [
-        f"needs {v['need_mib']:.1f} MiB on {gpu} ({v['capacity_mib']:.1f} MiB, {src}): "
+        f"needs {v['need_mib']:.1f} MiB on {gpu} ({point}): "
         + ("FITS" if v["fits"] else "DOES NOT FIT"),
+        f"  capacity {v['capacity_mib']:.1f} MiB ({src}); margin: {margin}",
         f"  {result['model']} at batch {result['batch_size']}, profile {result['profile']}; "
         f"symbolic: peak reserved {sym['reserved_mib']:.1f} MiB (peak allocated "
         f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "

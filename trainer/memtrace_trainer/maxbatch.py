@@ -29,10 +29,14 @@ from memtrace_trainer.workload import Workload
 MIB = 1 << 20
 
 
-def _replay(memsim: Found, trace: Path, profile: Path, capacity: str | None) -> dict[str, Any]:
+def _replay(
+    memsim: Found, trace: Path, profile: Path, capacity: str | None, point: bool
+) -> dict[str, Any]:
     cmd = [str(memsim.path), "replay", str(trace), "--json", "--profile", str(profile)]
     if capacity is not None:
         cmd += ["--capacity", capacity]
+    if point:
+        cmd.append("--point")
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     # memsim exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
@@ -44,6 +48,8 @@ def _replay(memsim: Found, trace: Path, profile: Path, capacity: str | None) -> 
         return {
             "fits": bool(verdict["fits"]),
             "need_bytes": int(verdict["need_bytes"]),
+            "basis": str(verdict["basis"]),
+            "point_bytes": int(data["peak_device_bytes"]),
             "capacity": int(verdict["capacity_bytes"]),
             "capacity_source": str(verdict["capacity_source"]),
             "oom": bool(data["oom"]),
@@ -61,6 +67,7 @@ def max_batch(
     profile: str,
     capacity: str | None,
     limit: int,
+    point: bool = False,
 ) -> dict[str, Any]:
     """`capacity` is the device's total memory as the user typed it (`40GiB`); memsim parses it,
     and rejects a bad one naming it."""
@@ -79,7 +86,7 @@ def max_batch(
             workload = workload_for(batch)
             defaults.update(workload.defaults)
             trace_to_file(workload, step, prof, path)
-            result = _replay(memsim, path, prof.path, capacity)
+            result = _replay(memsim, path, prof.path, capacity, point)
             path.unlink()
             for w in result.pop("warnings"):
                 warn(w)
@@ -119,6 +126,8 @@ def max_batch(
         "max_batch": best,
         "hit_limit": hit_limit,
         "need_bytes": at_best["need_bytes"] if at_best else None,
+        "basis": any_probe["basis"],
+        "point_bytes": at_best["point_bytes"] if at_best else None,
         "peak_reserved_bytes": at_best["peak_reserved_bytes"] if at_best else None,
         "peak_reserved_mib": at_best["peak_reserved_bytes"] / MIB if at_best else None,
         "peak_allocated_bytes": at_best["peak_allocated_bytes"] if at_best else None,

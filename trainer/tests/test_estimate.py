@@ -23,7 +23,8 @@ CANNED = {
     "schema": 2,
     "headline": "symbolic",
     "verdict": {
-        "basis": "estimates.symbolic.device_mib",
+        "basis": "estimates.symbolic.safe_mib",
+        "point_mib": 1000.5,
         "need_mib": 1000.5,
         "capacity_mib": 40536.0,
         "capacity_source": "profile",
@@ -38,6 +39,7 @@ CANNED = {
         "libraries": {"gemm": True, "conv": False, "source": "trace"},
     },
     "warnings": [],
+    "margin": {"fraction": 0.0, "note": "no margin"},
     "future_key": {"kept": True},
     "estimates": {
         "symbolic": {

@@ -43,19 +43,14 @@ impl Family {
         }
     }
 
-    /// The family a list of layers belongs to. Attention wins over convolution: a ViT-style model
-    /// with a patch-embedding convolution is a Transformer.
+    /// The family a list of layers belongs to, by the one rule of `crate::features`
+    /// ([`crate::features::Family::from_layer_types`]): attention wins over convolution, and
+    /// GPT-2's `Conv1D` is a GEMM, not a convolution.
     pub fn of_layers(layers: &[Layer]) -> Family {
-        let lower = |l: &Layer| l.kind.to_ascii_lowercase();
-        if layers.iter().any(|l| {
-            let k = lower(l);
-            k.contains("attention") || k.contains("nondynamicallyquantizablelinear")
-        }) {
-            Family::Transformer
-        } else if layers.iter().any(|l| lower(l).contains("conv")) {
-            Family::Cnn
-        } else {
-            Family::Mlp
+        match crate::features::Family::from_layer_types(layers.iter().map(|l| l.kind.as_str())) {
+            crate::features::Family::Transformer => Family::Transformer,
+            crate::features::Family::Cnn => Family::Cnn,
+            crate::features::Family::Mlp => Family::Mlp,
         }
     }
 }

@@ -55,6 +55,12 @@ def _capacity_arg(p: argparse.ArgumentParser) -> None:
         help="the GPU's total memory, e.g. 40GiB or 40960MiB (memory outside the allocator is "
         "subtracted inside; default: the profile's total memory)",
     )
+    p.add_argument(
+        "--point",
+        action="store_true",
+        help="judge the fit on the point estimate instead of the safe number (the point plus "
+        "the profile's calibrated margin)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
@@ -172,6 +178,7 @@ def _estimate(args: argparse.Namespace) -> int:
         args.ml_model,
         None if args.json else lambda s: print(s, file=sys.stderr),
         capacity=args.capacity,
+        point=args.point,
     )
     if args.json:
         print(json.dumps(result))
@@ -184,7 +191,9 @@ def _estimate(args: argparse.Namespace) -> int:
 def _max_batch(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_batch
 
-    result = max_batch(_workloads(args), _step(args), args.profile, args.capacity, args.limit)
+    result = max_batch(
+        _workloads(args), _step(args), args.profile, args.capacity, args.limit, args.point
+    )
     result["model"] = args.model or args.entry
     result["warnings"] = notes.collected()
     code = 0 if result["max_batch"] > 0 else 1
@@ -201,7 +210,8 @@ def _max_batch(args: argparse.Namespace) -> int:
     more = " (the --limit; larger may fit)" if result["hit_limit"] else ""
     print(
         f"{result['model']}: largest batch that fits on {where}: {result['max_batch']}{more}; "
-        f"needs {result['need_bytes'] / MIB:.1f} MiB there (peak reserved "
+        f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
+        f"{result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
         f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )

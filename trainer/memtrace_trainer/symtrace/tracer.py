@@ -58,11 +58,32 @@ def trace(
     return rec, emulated
 
 
+def model_family(model: torch.nn.Module) -> str:
+    """`transformer` (any attention module), else `cnn` (any cuDNN convolution), else `mlp`: the
+    rule memest applies to layer types (`estimators/src/features.rs`), which picks the safety
+    margin of the job's family."""
+    kinds = [type(m).__name__ for m in model.modules()]
+    if any("attention" in k.lower() for k in kinds):
+        return "transformer"
+    if any(_is_convolution(k) for k in kinds):
+        return "cnn"
+    return "mlp"
+
+
+def _is_convolution(kind: str) -> bool:
+    # GPT-2's Conv1D is a GEMM in disguise; torch's Conv1d/2d/3d, ConvTranspose and Lazy* run cuDNN.
+    if kind == "Conv1D":
+        return False
+    core = kind.lower().removeprefix("lazy")
+    return core.startswith("conv") and core.endswith(("1d", "2d", "3d"))
+
+
 def metadata(
     workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]
 ) -> dict[str, str]:
     meta = {
         "model": workload.spec,
+        "family": model_family(workload.model),
         "batch_size": str(workload.batch_size),
         "optimizer": cfg.optimizer,
         "iterations": str(cfg.iterations),

@@ -7,7 +7,7 @@ use estimators::analytic::{Optimizer, Precision};
 use estimators::compare::{aggregate, evaluate_row, EvalContext, MlModels, Outcome, RunRecord};
 use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
-use estimators::rebuild::{python, trace_batch, TraceJob, TraceResult};
+use estimators::rebuild::{python, trace_parallel, TraceJob, TraceResult};
 use estimators::symbolic::profile_version;
 use estimators::{plots, report};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -51,6 +51,10 @@ pub struct Args {
     /// they are scored, marked `calibrated_on` in runs.csv, and the report counts them.
     #[arg(long)]
     exclude_calibrated: bool,
+    /// Trainer processes tracing at once (default 1). With --reuse-traces an interrupted run
+    /// resumes where it stopped.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Trained ML model file from `memest ml train` (repeatable, one per family; default
     /// $MEMTRACE_ML_MODEL). Without one, `ml` is null with the reason.
     #[arg(long)]
@@ -76,6 +80,9 @@ fn bar(len: usize, what: &str) -> ProgressBar {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.jobs == 0 {
+        anyhow::bail!("--jobs 0: expected at least 1 tracing process");
+    }
     let (profile, ppath) = Profile::load(&a.profile)?;
     let version = profile_version(&profile, &ppath)?;
     let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
@@ -164,7 +171,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut traces = if todo.is_empty() {
         Default::default()
     } else {
-        trace_batch(&python(), &todo, &tdir, |name| {
+        trace_parallel(&python(), &todo, &tdir, a.jobs, |name| {
             pb.set_message(name.to_string());
             pb.inc(1);
         })?

@@ -37,6 +37,10 @@ pub struct Args {
     /// A truncated trace is an error (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
+    /// Judge the fit on the point estimate instead of the safe number (point + the profile's
+    /// calibrated margin for the job's family and regime).
+    #[arg(long)]
+    point: bool,
     /// Plain-meta trace of the same job (`symtrace --no-cuda-emulation`) for the FakeTensor baseline.
     #[arg(long)]
     fake_trace: Option<PathBuf>,
@@ -82,6 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         profile: (&profile, &ppath),
         capacity: a.capacity,
         batch: a.batch_size,
+        point: a.point,
         ml,
     })?;
     if a.strict {
@@ -110,14 +115,15 @@ pub fn render(r: &EstimateReport) -> String {
         simulator::fit::CapacitySource::Flag => "--capacity",
         simulator::fit::CapacitySource::Profile => "profile total",
     };
+    let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
     let _ = writeln!(
         s,
-        "needs {:.1} MiB on {} ({:.1} MiB, {src}): {}",
+        "needs {:.1} MiB on {} ({point}): {}",
         v.need_mib,
         r.gpu,
-        v.capacity_mib,
         if v.fits { "FITS" } else { "DOES NOT FIT" }
     );
+    let _ = writeln!(s, "  capacity {:.1} MiB ({src}); margin: {}", v.capacity_mib, r.margin.note);
     if let Some(Some(sym)) = r.estimates.get("symbolic") {
         let o = &r.outside_allocator;
         let _ = writeln!(

@@ -5,6 +5,7 @@ mod calibrate;
 mod compare;
 mod estimate;
 mod ml;
+mod safety;
 mod util;
 
 use std::process::ExitCode;
@@ -39,6 +40,8 @@ enum Command {
     Compare(compare::Args),
     /// Fit a profile's outside-allocator constants (context, cuBLAS, cuDNN) on measured runs.
     Calibrate(calibrate::Args),
+    /// Fit the safety margins of a profile (split conformal prediction on measured runs).
+    Safety(safety::Args),
     /// Train, apply and evaluate GPUMemNet-style ML estimators (`memest ml --help`).
     Ml(ml::MlArgs),
     /// Classify GPU utilization (DCGM SMACT/SMOCC classes) from model features (`memest util --help`).
@@ -50,6 +53,7 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Estimate(a) => estimate::run(a),
         Command::Compare(a) => compare::run(a).map(|()| ExitCode::SUCCESS),
         Command::Calibrate(a) => calibrate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Safety(a) => safety::run(a).map(|()| ExitCode::SUCCESS),
         Command::Ml(a) => ml::run(a),
         Command::Util(a) => util::run(a),
     }

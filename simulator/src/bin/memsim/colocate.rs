@@ -49,6 +49,9 @@ pub struct Args {
     /// A truncated input is an error (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
+    /// Sum the point estimates instead of the safe numbers (point + calibrated margin).
+    #[arg(long)]
+    point: bool,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -74,8 +77,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             Some(c) => Outside::fixed(c),
             None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),
         };
+        let margin = crate::replay::margin_for(profile.as_ref(), &read.header, &mut job_warnings);
         warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", t.display())));
-        jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside });
+        jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside, margin });
     }
     if profile.is_none() && a.context.is_none() {
         warnings
@@ -88,7 +92,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         AlignArg::Timestamps => Align::Timestamps,
         AlignArg::Sum => Align::SumOfPeaks,
     };
-    let r = colocate(&jobs, &opts, capacity, align)?;
+    let r = colocate(&jobs, &opts, capacity, align, a.point)?;
     crate::input::warn(&warnings);
     let code = if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
     if a.json {
@@ -109,8 +113,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             _ => String::new(),
         };
         println!(
-            "  {:<40} device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
+            "  {:<40} safe {:>12}, device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
             j.name,
+            mib(j.device_safe_bytes),
             mib(j.device_peak_bytes),
             mib(j.peak_reserved_bytes),
             mib(j.outside_allocator.total_bytes)

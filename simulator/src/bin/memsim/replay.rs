@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
-use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Outside, Verdict};
+use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
@@ -38,6 +38,10 @@ pub struct Args {
     /// A truncated input is an error (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
+    /// Judge the fit on the point estimate instead of the safe number (the point plus the
+    /// profile's calibrated margin for a symbolic trace's family; traces of real runs get none).
+    #[arg(long)]
+    point: bool,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -84,9 +88,33 @@ pub fn outside_for(
 pub struct Replayed {
     pub fit: FitOutcome,
     pub outside: Outside,
+    pub margin: Margin,
     pub capacity: Option<Capacity>,
     pub verdict: Option<Verdict>,
     pub warnings: Vec<String>,
+}
+
+impl Replayed {
+    /// The device peak: reserved plus outside the allocator.
+    pub fn point(&self) -> u64 {
+        self.fit.device_peak(&self.outside)
+    }
+
+    /// The point plus the safety margin.
+    pub fn safe(&self) -> u64 {
+        self.margin.safe(self.point())
+    }
+}
+
+/// The safety margin for a trace (none without a profile), warning when coverage is unmeasured.
+pub fn margin_for(profile: Option<&(Profile, PathBuf)>, header: &trace::Header, warnings: &mut Vec<String>) -> Margin {
+    let regime = header.meta("family").unwrap_or("unknown-family").to_string();
+    let Some((p, _)) = profile else { return Margin::none(regime, "no profile: no safety margin", false) };
+    let m = fit::margin(p, header, None);
+    if !m.coverage_measured {
+        warnings.push(format!("safety margin: {}", m.note));
+    }
+    m
 }
 
 /// Replay a file at a capacity: the one path every verdict of `memsim` takes.
@@ -96,12 +124,15 @@ pub fn replay_file(
     profile: Option<&(Profile, PathBuf)>,
     capacity_flag: Option<u64>,
     strict: bool,
+    point: bool,
 ) -> Result<Replayed> {
     let (capacity, mut warnings) = fit::capacity(capacity_flag, profile.map(|(p, _)| p));
     let mut outside = None;
+    let mut margin = None;
     let read = crate::input::for_each_record(
         file,
         |h| {
+            margin = Some(margin_for(profile, h, &mut warnings));
             let o = outside_for(profile, h, &mut warnings);
             let budget = capacity.map(|c| o.budget(c.bytes));
             outside = Some(o);
@@ -122,14 +153,17 @@ pub fn replay_file(
         );
     }
     let fit = read.state.finish();
-    let verdict = capacity.map(|c| Verdict::new("replay.device", fit.device_peak(&outside), c));
-    Ok(Replayed { fit, outside, capacity, verdict, warnings })
+    let margin = margin.unwrap_or_else(|| Margin::none(String::new(), "", false));
+    let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings };
+    r.verdict =
+        capacity.map(|c| if point { Verdict::new("point", r.point(), c) } else { Verdict::new("safe", r.safe(), c) });
+    Ok(r)
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
-    let r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict)?;
+    let r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict, a.point)?;
     crate::input::warn(&r.warnings);
     let code = match &r.verdict {
         Some(v) if !v.fits => ExitCode::from(1),
@@ -147,7 +181,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         v["oom_at_event"] = serde_json::to_value(r.fit.oom_at_event)?;
         v["oom_detail"] = serde_json::to_value(&r.fit.oom_detail)?;
         v["outside_allocator"] = serde_json::to_value(&r.outside)?;
-        v["peak_device_bytes"] = r.fit.device_peak(&r.outside).into();
+        v["peak_device_bytes"] = r.point().into();
+        v["peak_device_safe_bytes"] = r.safe().into();
+        v["margin"] = serde_json::to_value(&r.margin)?;
         v["verdict"] = serde_json::to_value(&r.verdict)?;
         v["warnings"] = serde_json::to_value(&r.warnings)?;
         v["peaks_count"] = PEAKS_COUNT.into();
@@ -178,7 +214,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             mib(o.cudnn_bytes),
             o.libraries.source
         );
-        println!("  peak device         {} (reserved + outside the allocator)", mib(r.fit.device_peak(o)));
+        println!("  peak device         {} (reserved + outside the allocator)", mib(r.point()));
+        println!("  safe device         {} ({})", mib(r.safe()), r.margin.note);
     }
     for d in &rep.devices {
         println!(
@@ -216,8 +253,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 fit::CapacitySource::Profile => "the profile's total memory",
             };
             println!(
-                "verdict: needs {} on a {} device ({src}; allocator budget {}): {}",
+                "verdict: needs {} ({}) on a {} device ({src}; allocator budget {}): {}",
                 mib(v.need_bytes),
+                v.basis,
                 mib(v.capacity_bytes),
                 mib(budget),
                 if v.fits { "FITS" } else { "DOES NOT FIT" }

@@ -1,0 +1,107 @@
+//! `memest safety`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use estimators::compare::RunRecord;
+use estimators::error::write_atomic;
+use estimators::safety::{fit, rewrite_safety, table};
+use simulator::profile::Profile;
+
+#[derive(clap::Args)]
+#[command(after_help = "RUNS are runs.jsonl files written by `memest compare` (measured device peak and the \
+symbolic point estimate of each run). Runs marked calibrated_on (the profile's [calibration.rows]) are left out. \
+Per family, split conformal prediction on one seeded share of the runs fits the margin at which the safe number \
+(point x (1 + margin)) is under the truth in at most --miss-rate of runs; the other share measures it.\n\
+Example: memest safety out/full/*/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
+pub struct Args {
+    /// runs.jsonl files from `memest compare`.
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    /// The profile the runs were estimated with (and the one --write starts from).
+    #[arg(long, default_value = "a100-40gb")]
+    profile: String,
+    /// The stated miss rate: the share of runs whose truth may exceed the safe number.
+    #[arg(long, default_value_t = 0.02)]
+    miss_rate: f64,
+    /// Fraction of runs held out to measure the margin's miss rate.
+    #[arg(long, default_value_t = 0.5)]
+    held_out: f64,
+    /// Seed of the calibration/held-out split.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The regime the runs were measured in (GPUMemNet: fp32 with Adam).
+    #[arg(long, default_value = "fp32 adam")]
+    regime: String,
+    /// Write the profile with the new [safety] table here (atomically); otherwise only report.
+    #[arg(long)]
+    write: Option<PathBuf>,
+    /// Licence of the runs' data, recorded in the profile.
+    #[arg(long, default_value = "CC BY-NC 4.0 (GPUMemNet datasets)")]
+    data_licence: String,
+    /// Print the fit as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if !(a.miss_rate > 0.0 && a.miss_rate < 1.0) {
+        anyhow::bail!("--miss-rate {}: expected a fraction in (0, 1)", a.miss_rate);
+    }
+    if !(a.held_out > 0.0 && a.held_out < 1.0) {
+        anyhow::bail!("--held-out {}: expected a fraction in (0, 1)", a.held_out);
+    }
+    let (_, ppath) = Profile::load(&a.profile)?;
+    let mut records = Vec::new();
+    for f in &a.runs {
+        let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let r: RunRecord = serde_json::from_str(line).with_context(|| {
+                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
+            })?;
+            records.push(r);
+        }
+    }
+    let fit = fit(&records, a.miss_rate, a.held_out, a.seed, &a.regime)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&fit)?);
+    } else {
+        println!(
+            "{:<12} {:>8} {:>11} {:>9} {:>14} {:>14} {:>10}",
+            "family", "margin", "calibrated", "held out", "held-out miss", "median over", "point MRE"
+        );
+        for (name, f) in &fit.families {
+            let m = &f.margin;
+            println!(
+                "{:<12} {:>7.2}% {:>11} {:>9} {:>13.2}% {:>13.2}% {:>9.2}%{}",
+                name,
+                m.margin * 100.0,
+                m.calibration_runs,
+                m.held_out_runs,
+                m.held_out_miss_rate * 100.0,
+                m.held_out_median_over * 100.0,
+                m.held_out_point_mre * 100.0,
+                if f.exact { "" } else { "  (too few runs for the guarantee: largest score used)" }
+            );
+        }
+        for (why, n) in &fit.skipped {
+            println!("skipped {n} records: {why:?}");
+        }
+    }
+    if let Some(out) = &a.write {
+        let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
+        let runs = a.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+        let method = format!(
+            "split conformal prediction per family: score truth/point - 1, margin = the ceil((n+1)(1-a))-th smallest \
+             score of the calibration split (clamped at 0), a = {}; split seed {}, held-out fraction {}; runs the \
+             [outside_allocator] constants were fitted on left out",
+            a.miss_rate, a.seed, a.held_out
+        );
+        let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, &a.data_licence))
+            .map_err(anyhow::Error::msg)?;
+        Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;
+        write_atomic(out, new_text.as_bytes())?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}

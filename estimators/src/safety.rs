@@ -1,0 +1,192 @@
+//! The safe number: an upper bound on a job's device memory with a stated miss rate, fitted by
+//! split conformal prediction on measured runs, per model family.
+//!
+//! For a run with point estimate p and measured truth t, the score is t/p − 1: how far above the
+//! point the truth lies. On n calibration runs, the ⌈(n+1)(1−α)⌉-th smallest score q bounds the
+//! score of a new exchangeable run with probability at least 1−α (Vovk et al.; Lei et al. 2018,
+//! "Distribution-free predictive inference for regression"), so safe = p·(1 + q) is under the
+//! truth in at most α of runs of that family. The margin is fitted on one split of the runs and
+//! its miss rate measured on the other; runs the profile's outside-allocator constants were fitted
+//! on are left out of both, so neither figure is in-sample.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use simulator::profile::{FamilyMargin, Safety};
+
+use crate::calibrate::split_by_id;
+use crate::compare::RunRecord;
+use crate::error::{EstimateError, Result};
+
+/// A run as the safety fit needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SafetyRun {
+    /// Row id.
+    pub id: String,
+    /// `mlp`, `cnn` or `transformer`.
+    pub family: String,
+    /// Measured device peak, bytes.
+    pub truth: f64,
+    /// Symbolic point estimate (device level), bytes.
+    pub point: f64,
+}
+
+/// Why a run record was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Skip {
+    /// No truth (unlabelled), a zero label, or a real OOM crash.
+    NoTruth,
+    /// No symbolic estimate.
+    NoEstimate,
+    /// The profile's outside-allocator constants were fitted on it.
+    CalibratedOn,
+}
+
+impl SafetyRun {
+    /// From a comparison's run record, or why not.
+    pub fn from_record(r: &RunRecord) -> std::result::Result<SafetyRun, Skip> {
+        if r.calibrated_on {
+            return Err(Skip::CalibratedOn);
+        }
+        let truth = r.truth_bytes.filter(|t| !r.real_oom && *t > 0.0).ok_or(Skip::NoTruth)?;
+        let point = r.estimates.get("symbolic").and_then(|o| o.device_bytes).ok_or(Skip::NoEstimate)?;
+        Ok(SafetyRun { id: r.id.clone(), family: r.family.to_ascii_lowercase(), truth, point: point as f64 })
+    }
+
+    fn score(&self) -> f64 {
+        self.truth / self.point - 1.0
+    }
+}
+
+/// The split-conformal quantile of `scores` for miss rate `alpha`: the ⌈(n+1)(1−α)⌉-th smallest.
+/// With too few runs for that rank (n < 1/α − 1) the largest score is returned and `exact` is
+/// false: the guarantee then does not hold.
+pub fn conformal_quantile(scores: &[f64], alpha: f64) -> Option<(f64, bool)> {
+    if scores.is_empty() {
+        return None;
+    }
+    let mut v = scores.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let k = ((n as f64 + 1.0) * (1.0 - alpha)).ceil() as usize;
+    Some(if k <= n { (v[k - 1], true) } else { (v[n - 1], false) })
+}
+
+/// One family's fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FamilyFit {
+    /// The margin and its held-out figures, as the profile stores them.
+    pub margin: FamilyMargin,
+    /// Whether the calibration split was large enough for the finite-sample guarantee.
+    pub exact: bool,
+}
+
+/// The whole fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SafetyFit {
+    /// By family.
+    pub families: BTreeMap<String, FamilyFit>,
+    /// Records not used, by reason.
+    pub skipped: BTreeMap<Skip, usize>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Fit a margin per family on `1 − held_out` of the runs and measure it on the rest.
+pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: &str) -> Result<SafetyFit> {
+    let mut skipped: BTreeMap<Skip, usize> = BTreeMap::new();
+    let mut by_family: BTreeMap<String, Vec<SafetyRun>> = BTreeMap::new();
+    for r in records {
+        match SafetyRun::from_record(r) {
+            Ok(run) => by_family.entry(run.family.clone()).or_default().push(run),
+            Err(why) => *skipped.entry(why).or_default() += 1,
+        }
+    }
+    if by_family.is_empty() {
+        return Err(EstimateError::Calibration(
+            "no run has both a measured truth and a symbolic estimate (and was not calibrated on)".into(),
+        ));
+    }
+    let mut families = BTreeMap::new();
+    for (family, runs) in by_family {
+        let (cal, test) = split_by_id(&runs, |r| &r.id, held_out, seed);
+        let scores: Vec<f64> = cal.iter().map(SafetyRun::score).collect();
+        let Some((q, exact)) = conformal_quantile(&scores, alpha) else { continue };
+        let margin = q.max(0.0);
+        let safe = |r: &SafetyRun| r.point * (1.0 + margin);
+        let n = test.len().max(1) as f64;
+        let misses = test.iter().filter(|r| safe(r) < r.truth).count();
+        families.insert(
+            family,
+            FamilyFit {
+                margin: FamilyMargin {
+                    regime: regime.to_string(),
+                    margin,
+                    calibration_runs: cal.len() as u64,
+                    held_out_runs: test.len() as u64,
+                    held_out_miss_rate: misses as f64 / n,
+                    held_out_median_over: median(test.iter().map(|r| (safe(r) - r.truth) / r.truth).collect()),
+                    held_out_point_mre: median(test.iter().map(|r| (r.point - r.truth).abs() / r.truth).collect()),
+                },
+                exact,
+            },
+        );
+    }
+    Ok(SafetyFit { families, skipped })
+}
+
+/// The profile's `[safety]` table for a fit.
+pub fn table(fit: &SafetyFit, alpha: f64, runs: &str, method: &str, licence: &str) -> Safety {
+    Safety {
+        miss_rate: alpha,
+        method: method.to_string(),
+        fitted_by: "memest safety".into(),
+        runs: runs.to_string(),
+        data_licence: licence.to_string(),
+        families: fit.families.iter().map(|(k, f)| (k.clone(), f.margin.clone())).collect(),
+    }
+}
+
+/// Rewrite a profile's text with a new `[safety]` table (and its subtables), every other line kept.
+pub fn rewrite_safety(text: &str, safety: &Safety) -> std::result::Result<String, String> {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            skipping = t.starts_with("[safety]") || t.starts_with("[safety.");
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    #[derive(Serialize)]
+    struct Wrap<'a> {
+        safety: &'a Safety,
+    }
+    let table = toml::to_string(&Wrap { safety }).map_err(|e| e.to_string())?;
+    out.push('\n');
+    out.push_str(
+        "# Safety margins (memest safety): safe = point x (1 + margin), fitted by split conformal prediction\n\
+         # per family on runs the [outside_allocator] calibration did not use; held_out_* are measured on\n\
+         # runs the margin was not fitted on.\n",
+    );
+    out.push_str(&table);
+    Ok(out)
+}

@@ -1,0 +1,123 @@
+//! The safe number: the conformal quantile, the per-family fit on held-out runs, the profile
+//! table, and which margin a trace gets.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use estimators::compare::{Outcome, RunRecord};
+use estimators::safety::{conformal_quantile, fit, rewrite_safety, table, SafetyRun, Skip};
+use simulator::fit::margin;
+use simulator::profile::Profile;
+use trace::{Header, Level};
+
+fn record(id: &str, family: &str, truth: f64, point: u64) -> RunRecord {
+    let mut estimates = BTreeMap::new();
+    estimates.insert("symbolic".to_string(), Outcome { device_bytes: Some(point), ..Outcome::default() });
+    RunRecord {
+        id: id.into(),
+        filename: String::new(),
+        spec: String::new(),
+        family: family.into(),
+        batch: 1,
+        truth_bytes: Some(truth),
+        real_oom: false,
+        reserved_truth_bytes: None,
+        uses_gemm: true,
+        uses_conv: family == "CNN",
+        estimates,
+        calibrated_on: false,
+    }
+}
+
+#[test]
+fn conformal_rank_is_the_finite_sample_one() {
+    // n = 99, alpha = 0.02: rank ceil(100 * 0.98) = 98.
+    let scores: Vec<f64> = (1..=99).map(|i| i as f64 / 100.0).collect();
+    assert_eq!(conformal_quantile(&scores, 0.02), Some((0.98, true)));
+    // n = 10 is too few for 2%: the largest score, and the guarantee is flagged as not exact.
+    let few: Vec<f64> = (1..=10).map(f64::from).collect();
+    assert_eq!(conformal_quantile(&few, 0.02), Some((10.0, false)));
+    assert_eq!(conformal_quantile(&[], 0.02), None);
+}
+
+#[test]
+fn fit_per_family_on_one_split_measured_on_the_other() {
+    // MLP runs: truth = point x (1 + i/1000) for i in 0..1000, so scores are i/1000.
+    let mut recs: Vec<RunRecord> =
+        (0..1000).map(|i| record(&format!("m-{i:05}"), "MLP", 1000.0 * (1.0 + i as f64 / 1000.0), 1000)).collect();
+    // CNN runs are all 10% over the point.
+    recs.extend((0..200).map(|i| record(&format!("c-{i:05}"), "CNN", 1100.0, 1000)));
+    // Skipped: a row the outside constants were fitted on, an OOM row, a row without an estimate.
+    let mut cal = record("m-cal", "MLP", 5000.0, 1000);
+    cal.calibrated_on = true;
+    let mut oom = record("m-oom", "MLP", 5000.0, 1000);
+    oom.real_oom = true;
+    let mut none = record("m-none", "MLP", 5000.0, 1000);
+    none.estimates.clear();
+    recs.extend([cal, oom, none]);
+    let f = fit(&recs, 0.02, 0.5, 1, "fp32 adam").unwrap();
+    assert_eq!(f.skipped[&Skip::CalibratedOn], 1);
+    assert_eq!(f.skipped[&Skip::NoTruth], 1);
+    assert_eq!(f.skipped[&Skip::NoEstimate], 1);
+    let mlp = &f.families["mlp"].margin;
+    assert_eq!(mlp.calibration_runs + mlp.held_out_runs, 1000);
+    assert_eq!(mlp.held_out_runs, 500);
+    // About the 98th percentile of U(0, 1): within sampling noise of 0.98.
+    assert!((mlp.margin - 0.98).abs() < 0.02, "{mlp:?}");
+    assert!(mlp.held_out_miss_rate <= 0.04, "{mlp:?}");
+    let cnn = &f.families["cnn"].margin;
+    assert!((cnn.margin - 0.1).abs() < 1e-12 && cnn.held_out_miss_rate == 0.0, "{cnn:?}");
+    assert!((cnn.held_out_point_mre - 0.1 / 1.1).abs() < 1e-12);
+    assert_eq!(SafetyRun::from_record(&recs[0]).unwrap().family, "mlp");
+}
+
+fn a100() -> (Profile, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
+    (Profile::load(path.to_str().unwrap()).unwrap().0, std::fs::read_to_string(&path).unwrap())
+}
+
+#[test]
+fn the_table_round_trips_through_the_profile_and_picks_margins() {
+    let recs: Vec<RunRecord> = (0..400)
+        .map(|i| record(&format!("m-{i:05}"), if i % 2 == 0 { "MLP" } else { "CNN" }, 1050.0 + i as f64, 1000))
+        .collect();
+    let f = fit(&recs, 0.02, 0.5, 1, "fp32 adam").unwrap();
+    let (_, text) = a100();
+    let new = rewrite_safety(&text, &table(&f, 0.02, "runs.jsonl", "test", "none")).unwrap();
+    let p = Profile::parse(&new, Path::new("p.toml")).unwrap();
+    let sf = p.safety.as_ref().unwrap();
+    assert_eq!(sf.families["mlp"], f.families["mlp"].margin);
+    // Rewriting again replaces the table, and keeps everything else.
+    let again = rewrite_safety(&new, &table(&f, 0.05, "x", "y", "z")).unwrap();
+    let p2 = Profile::parse(&again, Path::new("p.toml")).unwrap();
+    assert_eq!(p2.safety.as_ref().unwrap().miss_rate, 0.05);
+    assert_eq!(p2.calibration, p.calibration);
+    assert_eq!(again.matches("[safety]").count(), 1);
+
+    let header = |meta: &[(&str, &str)]| {
+        let mut h = Header::new("memtrace_trainer", "0", Level::Allocator);
+        for (k, v) in meta {
+            h.metadata.insert(k.to_string(), v.to_string());
+        }
+        h
+    };
+    let cnn = margin(&p, &header(&[("clock", "logical"), ("family", "cnn"), ("amp", "fp32")]), None);
+    assert_eq!((cnn.fraction, cnn.coverage_measured), (sf.families["cnn"].margin, true));
+    assert_eq!(cnn.safe(1000), (1000.0 * (1.0 + cnn.fraction)).ceil() as u64);
+    // A Transformer borrows the MLP margin, and says its coverage is unmeasured.
+    let trf = margin(&p, &header(&[("clock", "logical"), ("family", "transformer")]), None);
+    assert_eq!(trf.calibrated_family.as_deref(), Some("mlp"));
+    assert!(!trf.coverage_measured && trf.note.contains("coverage unmeasured for this regime"), "{trf:?}");
+    // bf16 is another regime, even for a calibrated family.
+    let bf16 = margin(&p, &header(&[("clock", "logical"), ("family", "cnn"), ("amp", "bf16")]), None);
+    assert!(!bf16.coverage_measured && bf16.fraction == sf.families["cnn"].margin);
+    // A trace of a real run (no logical clock; the shim's) gets no margin.
+    let real = margin(&p, &Header::new("libmemtrace", "0", Level::Device), None);
+    assert_eq!(real.fraction, 0.0);
+    assert!(real.note.contains("real run"));
+    // A profile without [safety]: no margin, and it says so.
+    let mut bare = p.clone();
+    bare.safety = None;
+    let m = margin(&bare, &header(&[("clock", "logical"), ("family", "mlp")]), None);
+    assert!(m.fraction == 0.0 && !m.coverage_measured && m.note.contains("no [safety]"));
+}
