@@ -230,7 +230,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             device_mib: mib(sym.predicted_device_peak),
             reserved_mib: Some(mib(sym.predicted_reserved_peak)),
             allocated_mib: Some(mib(sym.predicted_allocated_peak)),
-            safe_mib: Some(mib(margin.safe(sym.predicted_device_peak))),
+            safe_mib: Some(mib(margin.safe(sym.predicted_device_peak, sym.predicted_reserved_peak))),
             level: "device",
             role: "headline",
             ignores: ignores("symbolic"),
@@ -281,7 +281,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let v = if input.point {
         fit::Verdict::new("estimates.symbolic.device_mib", point, capacity)
     } else {
-        fit::Verdict::new("estimates.symbolic.safe_mib", margin.safe(point), capacity)
+        fit::Verdict::new("estimates.symbolic.safe_mib", margin.safe(point, sym.predicted_reserved_peak), capacity)
     };
     let o = &outside_terms;
     Ok(EstimateReport {

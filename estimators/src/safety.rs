@@ -1,11 +1,15 @@
 //! The safe number: an upper bound on a job's device memory with a stated miss rate, fitted by
 //! split conformal prediction on measured runs, per model family.
 //!
-//! For a run with point estimate p and measured truth t, the score is t/p − 1: how far above the
-//! point the truth lies. On n calibration runs, the ⌈(n+1)(1−α)⌉-th smallest score q bounds the
-//! score of a new exchangeable run with probability at least 1−α (Vovk et al.; Lei et al. 2018,
-//! "Distribution-free predictive inference for regression"), so safe = p·(1 + q) is under the
-//! truth in at most α of runs of that family. The margin is fitted on one split of the runs and
+//! For a run with point estimate p (reserved part r) and measured truth t, the score is
+//! (t − p)/s, with the scale s either p itself or r: how far above the point the truth lies, per
+//! unit of what is uncertain. On n calibration runs, the ⌈(n+1)(1−α)⌉-th smallest score q bounds
+//! the score of a new exchangeable run with probability at least 1−α (Vovk et al.; Lei et al.
+//! 2018, "Distribution-free predictive inference for regression"), so safe = p + q·s is under the
+//! truth in at most α of runs of that family. Both scales keep the guarantee; the one with the
+//! smaller median over-reservation *on the calibration split* is kept (MLP memory is mostly the
+//! calibrated constant outside the allocator, so its error scales with the total; CNN errors come
+//! from the allocator part, cuDNN workspaces, so they scale with the reserved peak). The margin is fitted on one split of the runs and
 //! its miss rate measured on the other; runs the profile's outside-allocator constants were fitted
 //! on are left out of both, so neither figure is in-sample.
 
@@ -29,6 +33,8 @@ pub struct SafetyRun {
     pub truth: f64,
     /// Symbolic point estimate (device level), bytes.
     pub point: f64,
+    /// Its reserved (allocator) part, bytes.
+    pub reserved: f64,
 }
 
 /// Why a run record was not used.
@@ -50,14 +56,36 @@ impl SafetyRun {
             return Err(Skip::CalibratedOn);
         }
         let truth = r.truth_bytes.filter(|t| !r.real_oom && *t > 0.0).ok_or(Skip::NoTruth)?;
-        let point = r.estimates.get("symbolic").and_then(|o| o.device_bytes).ok_or(Skip::NoEstimate)?;
-        Ok(SafetyRun { id: r.id.clone(), family: r.family.to_ascii_lowercase(), truth, point: point as f64 })
+        let sym = r.estimates.get("symbolic").ok_or(Skip::NoEstimate)?;
+        let (point, reserved) = sym.device_bytes.zip(sym.reserved_bytes).ok_or(Skip::NoEstimate)?;
+        Ok(SafetyRun {
+            id: r.id.clone(),
+            family: r.family.to_ascii_lowercase(),
+            truth,
+            point: point as f64,
+            reserved: reserved as f64,
+        })
     }
 
-    fn score(&self) -> f64 {
-        self.truth / self.point - 1.0
+    fn scale(&self, scale: &str) -> f64 {
+        if scale == "reserved" {
+            self.reserved.max(1.0)
+        } else {
+            self.point
+        }
+    }
+
+    fn score(&self, scale: &str) -> f64 {
+        (self.truth - self.point) / self.scale(scale)
+    }
+
+    fn safe(&self, scale: &str, margin: f64) -> f64 {
+        self.point + margin * self.scale(scale)
     }
 }
+
+/// The scales a margin may multiply.
+pub const SCALES: [&str; 2] = ["point", "reserved"];
 
 /// The split-conformal quantile of `scores` for miss rate `alpha`: the ⌈(n+1)(1−α)⌉-th smallest.
 /// With too few runs for that rank (n < 1/α − 1) the largest score is returned and `exact` is
@@ -80,6 +108,8 @@ pub struct FamilyFit {
     pub margin: FamilyMargin,
     /// Whether the calibration split was large enough for the finite-sample guarantee.
     pub exact: bool,
+    /// Median over-reservation on the calibration split, by scale: how the scale was chosen.
+    pub calibration_median_over: BTreeMap<String, f64>,
 }
 
 /// The whole fit.
@@ -122,25 +152,35 @@ pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: 
     let mut families = BTreeMap::new();
     for (family, runs) in by_family {
         let (cal, test) = split_by_id(&runs, |r| &r.id, held_out, seed);
-        let scores: Vec<f64> = cal.iter().map(SafetyRun::score).collect();
-        let Some((q, exact)) = conformal_quantile(&scores, alpha) else { continue };
-        let margin = q.max(0.0);
-        let safe = |r: &SafetyRun| r.point * (1.0 + margin);
+        // Each scale's margin on the calibration split, and its median over-reservation there.
+        let mut options = Vec::new();
+        for scale in SCALES {
+            let scores: Vec<f64> = cal.iter().map(|r| r.score(scale)).collect();
+            let Some((q, exact)) = conformal_quantile(&scores, alpha) else { continue };
+            let margin = q.max(0.0);
+            let over = median(cal.iter().map(|r| (r.safe(scale, margin) - r.truth) / r.truth).collect());
+            options.push((scale, margin, exact, over));
+        }
+        let Some(&(scale, margin, exact, _)) = options.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else { continue };
         let n = test.len().max(1) as f64;
-        let misses = test.iter().filter(|r| safe(r) < r.truth).count();
+        let misses = test.iter().filter(|r| r.safe(scale, margin) < r.truth).count();
         families.insert(
             family,
             FamilyFit {
                 margin: FamilyMargin {
                     regime: regime.to_string(),
                     margin,
+                    scale: scale.to_string(),
                     calibration_runs: cal.len() as u64,
                     held_out_runs: test.len() as u64,
                     held_out_miss_rate: misses as f64 / n,
-                    held_out_median_over: median(test.iter().map(|r| (safe(r) - r.truth) / r.truth).collect()),
+                    held_out_median_over: median(
+                        test.iter().map(|r| (r.safe(scale, margin) - r.truth) / r.truth).collect(),
+                    ),
                     held_out_point_mre: median(test.iter().map(|r| (r.point - r.truth).abs() / r.truth).collect()),
                 },
                 exact,
+                calibration_median_over: options.iter().map(|o| (o.0.to_string(), o.3)).collect(),
             },
         );
     }
@@ -183,7 +223,8 @@ pub fn rewrite_safety(text: &str, safety: &Safety) -> std::result::Result<String
     let table = toml::to_string(&Wrap { safety }).map_err(|e| e.to_string())?;
     out.push('\n');
     out.push_str(
-        "# Safety margins (memest safety): safe = point x (1 + margin), fitted by split conformal prediction\n\
+        "# Safety margins (memest safety): safe = point + margin x scale (the point or the reserved peak),\n\
+         # fitted by split conformal prediction\n\
          # per family on runs the [outside_allocator] calibration did not use; held_out_* are measured on\n\
          # runs the margin was not fitted on.\n",
     );

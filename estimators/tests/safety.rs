@@ -11,8 +11,15 @@ use simulator::profile::Profile;
 use trace::{Header, Level};
 
 fn record(id: &str, family: &str, truth: f64, point: u64) -> RunRecord {
+    record_r(id, family, truth, point, point)
+}
+
+fn record_r(id: &str, family: &str, truth: f64, point: u64, reserved: u64) -> RunRecord {
     let mut estimates = BTreeMap::new();
-    estimates.insert("symbolic".to_string(), Outcome { device_bytes: Some(point), ..Outcome::default() });
+    estimates.insert(
+        "symbolic".to_string(),
+        Outcome { device_bytes: Some(point), reserved_bytes: Some(reserved), ..Outcome::default() },
+    );
     RunRecord {
         id: id.into(),
         filename: String::new(),
@@ -69,6 +76,26 @@ fn fit_per_family_on_one_split_measured_on_the_other() {
     assert!((cnn.margin - 0.1).abs() < 1e-12 && cnn.held_out_miss_rate == 0.0, "{cnn:?}");
     assert!((cnn.held_out_point_mre - 0.1 / 1.1).abs() < 1e-12);
     assert_eq!(SafetyRun::from_record(&recs[0]).unwrap().family, "mlp");
+    // Equal scales give equal margins: the point scale is kept.
+    assert_eq!(mlp.scale, "point");
+}
+
+#[test]
+fn the_scale_with_less_over_reservation_on_the_calibration_split_is_kept() {
+    // The truth misses the point by 10% of the reserved part, which varies from 1% to 100% of the
+    // point: a margin on the reserved peak is exact, one on the point over-reserves most runs.
+    let recs: Vec<RunRecord> = (0..600)
+        .map(|i| {
+            let reserved = 10 + (i % 100) * 10;
+            record_r(&format!("c-{i:05}"), "CNN", 1000.0 + 0.1 * reserved as f64, 1000, reserved)
+        })
+        .collect();
+    let f = fit(&recs, 0.02, 0.5, 3, "fp32 adam").unwrap();
+    let cnn = &f.families["cnn"];
+    assert_eq!(cnn.margin.scale, "reserved");
+    assert!((cnn.margin.margin - 0.1).abs() < 1e-9, "{cnn:?}");
+    assert_eq!(cnn.margin.held_out_miss_rate, 0.0);
+    assert!(cnn.calibration_median_over["point"] > cnn.calibration_median_over["reserved"]);
 }
 
 fn a100() -> (Profile, String) {
@@ -103,7 +130,8 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
     };
     let cnn = margin(&p, &header(&[("clock", "logical"), ("family", "cnn"), ("amp", "fp32")]), None);
     assert_eq!((cnn.fraction, cnn.coverage_measured), (sf.families["cnn"].margin, true));
-    assert_eq!(cnn.safe(1000), (1000.0 * (1.0 + cnn.fraction)).ceil() as u64);
+    let base = if cnn.scale == "reserved" { 400.0 } else { 1000.0 };
+    assert_eq!(cnn.safe(1000, 400), 1000 + (base * cnn.fraction).ceil() as u64);
     // A Transformer borrows the MLP margin, and says its coverage is unmeasured.
     let trf = margin(&p, &header(&[("clock", "logical"), ("family", "transformer")]), None);
     assert_eq!(trf.calibrated_family.as_deref(), Some("mlp"));

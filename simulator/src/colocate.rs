@@ -281,12 +281,18 @@ pub fn colocate(
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-        let need = |device: u64| if point { device } else { j.margin.safe(device) };
+        let need = |f: &fit::FitOutcome| {
+            if point {
+                f.device_peak(&j.outside)
+            } else {
+                f.device_safe(&j.outside, &j.margin)
+            }
+        };
         let fits_alone = match capacity {
             Some(c) => {
                 let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
                     .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-                Some(!alone.oom && Verdict::new("alone", need(alone.device_peak(&j.outside)), c).fits)
+                Some(!alone.oom && Verdict::new("alone", need(&alone), c).fits)
             }
             None => None,
         };
@@ -296,7 +302,7 @@ pub fn colocate(
             peak_reserved_bytes: unlimited.report.peak_reserved_bytes,
             outside_allocator: j.outside.clone(),
             device_peak_bytes: device,
-            device_safe_bytes: j.margin.safe(device),
+            device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
             margin: j.margin.clone(),
             fits_alone,
             timestamps: *ts,

@@ -274,6 +274,11 @@ impl FitOutcome {
     pub fn device_peak(&self, outside: &Outside) -> u64 {
         self.report.peak_reserved_bytes + outside.total_bytes
     }
+
+    /// The device peak plus the safety margin.
+    pub fn device_safe(&self, outside: &Outside, margin: &Margin) -> u64 {
+        margin.safe(self.device_peak(outside), self.report.peak_reserved_bytes)
+    }
 }
 
 /// Replay records already in memory (see [`FitReplay`]).
@@ -293,8 +298,10 @@ pub fn fit_records<'a>(
 /// The safety margin applied to one trace's point estimate.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Margin {
-    /// Safe = point × (1 + fraction).
+    /// Safe = point + fraction × (point, or reserved peak when `scale` is `reserved`).
     pub fraction: f64,
+    /// What the fraction multiplies: `point` or `reserved`.
+    pub scale: String,
     /// The stated miss rate the margin was calibrated for (`None`: no calibration applies).
     pub miss_rate: Option<f64>,
     /// The job's family and regime, as the trace says (e.g. `cnn fp32`).
@@ -312,6 +319,7 @@ impl Margin {
     pub fn none(regime: String, note: impl Into<String>, measured: bool) -> Margin {
         Margin {
             fraction: 0.0,
+            scale: "point".into(),
             miss_rate: None,
             regime,
             calibrated_family: None,
@@ -320,9 +328,10 @@ impl Margin {
         }
     }
 
-    /// The safe number for a point estimate, bytes (rounded up).
-    pub fn safe(&self, point: u64) -> u64 {
-        (point as f64 * (1.0 + self.fraction)).ceil() as u64
+    /// The safe number for a point estimate and its reserved (allocator) part, bytes, rounded up.
+    pub fn safe(&self, point: u64, reserved: u64) -> u64 {
+        let base = if self.scale == "reserved" { reserved } else { point };
+        point + (base as f64 * self.fraction).ceil() as u64
     }
 }
 
@@ -368,8 +377,10 @@ pub fn margin(profile: &Profile, header: &Header, fallback_family: Option<&str>)
     let measured = same_family && same_regime;
     let note = if measured {
         format!(
-            "{name} margin {:.1}% for a {:.0}% miss rate; held out: {:.1}% of {} runs under the safe number",
+            "{name} margin {:.1}% of the {} for a {:.0}% miss rate; held out: truth above the safe number in \
+             {:.1}% of {} runs",
             m.margin * 100.0,
+            m.scale,
             sf.miss_rate * 100.0,
             m.held_out_miss_rate * 100.0,
             m.held_out_runs
@@ -377,13 +388,15 @@ pub fn margin(profile: &Profile, header: &Header, fallback_family: Option<&str>)
     } else {
         format!(
             "coverage unmeasured for this regime ({regime}): using the nearest calibrated one, {name} {} \
-             (margin {:.1}%)",
+             (margin {:.1}% of the {})",
             m.regime,
-            m.margin * 100.0
+            m.margin * 100.0,
+            m.scale
         )
     };
     Margin {
         fraction: m.margin,
+        scale: m.scale.clone(),
         miss_rate: Some(sf.miss_rate),
         regime,
         calibrated_family: Some(name),

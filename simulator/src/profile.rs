@@ -153,8 +153,12 @@ pub struct Safety {
 pub struct FamilyMargin {
     /// The regime the runs were measured in (e.g. `fp32 adam`).
     pub regime: String,
-    /// Safe = point × (1 + margin).
+    /// Safe = point + margin × (the point, or the reserved peak: see `scale`).
     pub margin: f64,
+    /// What the margin multiplies: `point` (the device estimate) or `reserved` (the allocator's
+    /// part, where the trace's uncertainty lives). Default `point`.
+    #[serde(default = "default_scale")]
+    pub scale: String,
     /// Runs the margin was fitted on.
     pub calibration_runs: u64,
     /// Runs it was evaluated on.
@@ -176,6 +180,10 @@ pub struct Provenance {
     /// placeholders, not measurements.
     #[serde(default)]
     pub unmeasured: Vec<String>,
+}
+
+fn default_scale() -> String {
+    "point".into()
 }
 
 /// The keys `[provenance] unmeasured` may name.
@@ -231,6 +239,12 @@ impl Profile {
             for (name, f) in &sf.families {
                 if !matches!(name.as_str(), "mlp" | "cnn" | "transformer") {
                     return bad(format!("safety.families.{name}: expected mlp, cnn or transformer"));
+                }
+                if !matches!(f.scale.as_str(), "point" | "reserved") {
+                    return bad(format!(
+                        "safety.families.{name}.scale = {:?}: expected \"point\" or \"reserved\"",
+                        f.scale
+                    ));
                 }
                 if !(f.margin.is_finite() && f.margin >= 0.0) {
                     return bad(format!("safety.families.{name}.margin = {}: expected a fraction >= 0", f.margin));

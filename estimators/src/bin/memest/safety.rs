@@ -67,15 +67,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
         println!(
-            "{:<12} {:>8} {:>11} {:>9} {:>14} {:>14} {:>10}",
-            "family", "margin", "calibrated", "held out", "held-out miss", "median over", "point MRE"
+            "{:<12} {:>8} {:>9} {:>11} {:>9} {:>14} {:>14} {:>10}",
+            "family", "margin", "of the", "calibrated", "held out", "held-out miss", "median over", "point MRE"
         );
         for (name, f) in &fit.families {
             let m = &f.margin;
             println!(
-                "{:<12} {:>7.2}% {:>11} {:>9} {:>13.2}% {:>13.2}% {:>9.2}%{}",
+                "{:<12} {:>7.2}% {:>9} {:>11} {:>9} {:>13.2}% {:>13.2}% {:>9.2}%{}",
                 name,
                 m.margin * 100.0,
+                m.scale,
                 m.calibration_runs,
                 m.held_out_runs,
                 m.held_out_miss_rate * 100.0,
@@ -92,9 +93,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
         let runs = a.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
         let method = format!(
-            "split conformal prediction per family: score truth/point - 1, margin = the ceil((n+1)(1-a))-th smallest \
-             score of the calibration split (clamped at 0), a = {}; split seed {}, held-out fraction {}; runs the \
-             [outside_allocator] constants were fitted on left out",
+            "split conformal prediction per family: score (truth - point)/scale, scale = the point or the reserved \
+             peak (the one with the smaller median over-reservation on the calibration split), margin = the \
+             ceil((n+1)(1-a))-th smallest score of the calibration split (clamped at 0), a = {}; split seed {}, \
+             held-out fraction {}; runs the [outside_allocator] constants were fitted on left out",
             a.miss_rate, a.seed, a.held_out
         );
         let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, &a.data_licence))

@@ -102,7 +102,7 @@ impl Replayed {
 
     /// The point plus the safety margin.
     pub fn safe(&self) -> u64 {
-        self.margin.safe(self.point())
+        self.fit.device_safe(&self.outside, &self.margin)
     }
 }
 
