@@ -78,6 +78,27 @@ pub struct RunRecord {
     pub calibrated_on: bool,
 }
 
+/// Read `runs.jsonl` files written by `memest compare`; errors name the file and line.
+pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
+    let mut out = Vec::new();
+    for f in paths {
+        let text = std::fs::read_to_string(f).map_err(|source| EstimateError::Io {
+            path: f.clone(),
+            action: "cannot read",
+            source,
+        })?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let r: RunRecord = serde_json::from_str(line).map_err(|e| EstimateError::Line {
+                path: f.clone(),
+                line: i + 1,
+                expected: format!("expected a run record written by `memest compare` ({e})"),
+            })?;
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
 /// What every run shares.
 pub struct EvalContext<'a> {
     /// The GPU profile.

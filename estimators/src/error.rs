@@ -27,6 +27,16 @@ pub enum EstimateError {
         /// What was expected.
         expected: String,
     },
+    /// A line of a JSON Lines input did not parse.
+    #[error("{}:{line}: {expected}", path.display())]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What was expected, and the parser's message.
+        expected: String,
+    },
     /// A CSV input had a bad row or column.
     #[error("{path}: row {row}: column {column:?}: {expected}")]
     Csv {

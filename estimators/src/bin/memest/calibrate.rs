@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use estimators::calibrate::{fit, rewrite_profile, rows_by_dataset, split, CalRun};
-use estimators::compare::RunRecord;
+use estimators::compare::read_runs;
 use estimators::error::write_atomic;
 use simulator::profile::Profile;
 
@@ -45,16 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
     }
     let (profile, ppath) = Profile::load(&a.profile)?;
-    let mut runs = Vec::new();
-    for f in &a.runs {
-        let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line).with_context(|| {
-                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
-            })?;
-            runs.extend(CalRun::from_record(&r));
-        }
-    }
+    let runs: Vec<CalRun> = read_runs(&a.runs)?.iter().filter_map(CalRun::from_record).collect();
     let (train, test) = split(&runs, a.test_fraction, a.seed);
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total)?;

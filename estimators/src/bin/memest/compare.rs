@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use estimators::analytic::{Optimizer, Precision};
-use estimators::compare::{aggregate, evaluate_row, EvalContext, MlModels, Outcome, RunRecord};
+use estimators::compare::{aggregate, evaluate_row, read_runs, EvalContext, MlModels, Outcome, RunRecord};
 use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
 use estimators::rebuild::{python, trace_parallel, TraceJob, TraceResult};
@@ -86,16 +86,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (profile, ppath) = Profile::load(&a.profile)?;
     let version = profile_version(&profile, &ppath)?;
     let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
-    let mut excluded = std::collections::BTreeSet::new();
-    for f in &a.exclude_runs {
-        let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-runs {}", f.display()))?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line).with_context(|| {
-                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
-            })?;
-            excluded.insert(r.id);
-        }
-    }
+    let excluded: std::collections::BTreeSet<String> =
+        read_runs(&a.exclude_runs).context("--exclude-runs")?.into_iter().map(|r| r.id).collect();
     let mut model_paths = a.ml_model.clone();
     if model_paths.is_empty() {
         model_paths.extend(std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));

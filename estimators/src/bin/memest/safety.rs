@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use estimators::compare::RunRecord;
+use estimators::compare::read_runs;
 use estimators::error::write_atomic;
 use estimators::safety::{fit, rewrite_safety, table};
 use simulator::profile::Profile;
@@ -52,16 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--held-out {}: expected a fraction in (0, 1)", a.held_out);
     }
     let (_, ppath) = Profile::load(&a.profile)?;
-    let mut records = Vec::new();
-    for f in &a.runs {
-        let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line).with_context(|| {
-                format!("{}:{}: expected a run record written by `memest compare`", f.display(), i + 1)
-            })?;
-            records.push(r);
-        }
-    }
+    let records = read_runs(&a.runs)?;
     let fit = fit(&records, a.miss_rate, a.held_out, a.seed, &a.regime)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&fit)?);
