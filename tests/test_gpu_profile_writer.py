@@ -34,8 +34,9 @@ FAKE = {
 
 
 def keys(profile: dict) -> set[str]:
-    # [calibration] and [safety] are fitted on measured runs later, not measured by the writer.
-    fitted = ("calibration", "safety")
+    # [calibration] and [safety] are fitted on measured runs later, not measured by the writer;
+    # [provenance] says what is not measured.
+    fitted = ("calibration", "safety", "provenance")
     return {f"{t}.{k}" for t, v in profile.items() if t not in fitted for k in v}
 
 
@@ -54,7 +55,9 @@ def test_render_writes_every_measured_constant_with_its_provenance():
         "cublas_workspace_config": ":32768:1",
         "cublaslt_workspace_kib": 32768,
         "cublaslt_per_call": False,
+        "cudnn_workspace_factor": 1.0,
     }
+    assert p["provenance"] == {"unmeasured": ["workspace.cudnn_workspace_factor"]}
     # Exactly the keys the shipped, loadable A100 profile has: unknown keys are loader errors.
     shipped = tomllib.loads((REPO / "profiles/a100-40gb.toml").read_text())
     assert keys(p) == keys(shipped)

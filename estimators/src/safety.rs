@@ -224,9 +224,8 @@ pub fn rewrite_safety(text: &str, safety: &Safety) -> std::result::Result<String
     out.push('\n');
     out.push_str(
         "# Safety margins (memest safety): safe = point + margin x scale (the point or the reserved peak),\n\
-         # fitted by split conformal prediction\n\
-         # per family on runs the [outside_allocator] calibration did not use; held_out_* are measured on\n\
-         # runs the margin was not fitted on.\n",
+         # fitted by split conformal prediction per family on runs the [outside_allocator]\n\
+         # calibration did not use; held_out_* are measured on runs the margin was not fitted on.\n",
     );
     out.push_str(&table);
     Ok(out)

@@ -122,6 +122,10 @@ def render(data: dict, source: str = "measurements") -> str:
         "[workspace]\n"
         f"{ws_lines}"
         f"cublaslt_per_call = {'true' if per_call else 'false'}   # torch {major}.{minor}\n"
+        "# Not measured here: fitted on measured convolutional training runs (docs/results.md).\n"
+        "cudnn_workspace_factor = 1.0\n\n"
+        "[provenance]\n"
+        'unmeasured = ["workspace.cudnn_workspace_factor"]\n'
     )
 
 

@@ -96,6 +96,15 @@ pub struct Workspace {
     /// Whether the Lt workspace is allocated per call.
     #[serde(default)]
     pub cublaslt_per_call: bool,
+    /// cuDNN convolution workspace per call, as a multiple of the larger of the call's input and
+    /// output bytes (the symbolic tracer's model; default 1.0). Fitted on measured runs where no
+    /// workspace table exists (`docs/results.md`).
+    #[serde(default = "default_cudnn_factor")]
+    pub cudnn_workspace_factor: f64,
+}
+
+fn default_cudnn_factor() -> f64 {
+    1.0
 }
 
 /// A GPU profile.
@@ -196,6 +205,7 @@ pub const MEASURABLE_KEYS: &[&str] = &[
     "workspace.cublas_workspace_config",
     "workspace.cublaslt_workspace_kib",
     "workspace.cublaslt_per_call",
+    "workspace.cudnn_workspace_factor",
 ];
 
 impl Profile {
@@ -250,6 +260,10 @@ impl Profile {
                     return bad(format!("safety.families.{name}.margin = {}: expected a fraction >= 0", f.margin));
                 }
             }
+        }
+        let f = self.workspace.cudnn_workspace_factor;
+        if !(f.is_finite() && f >= 0.0) {
+            return bad(format!("workspace.cudnn_workspace_factor = {f}: expected a finite multiple >= 0"));
         }
         for k in &self.provenance.unmeasured {
             if !MEASURABLE_KEYS.contains(&k.as_str()) {

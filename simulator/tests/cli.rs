@@ -442,6 +442,8 @@ fn profile_command_reads_profiles_once_for_everyone() {
     // A missing cublaslt_per_call means false: no per-call Lt workspace.
     assert_eq!(v["workspace"]["cublaslt_per_call"], false);
     assert_eq!(v["derived"]["cublaslt_workspace_bytes"], 0);
+    // A missing cudnn_workspace_factor means the tracer's 1.0.
+    assert_eq!(v["derived"]["cudnn_workspace_factor"], 1.0);
     assert_eq!(v["provenance"]["unmeasured"][0], "outside_allocator.cublas_mib");
     // Using the unmeasured constant warns; a job without GEMMs does not use it.
     let gemm = write_logical(dir.path(), "g.jsonl", &three_tensors(), &[("uses_gemm", "true")]);

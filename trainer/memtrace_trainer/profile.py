@@ -18,7 +18,11 @@ from memtrace_trainer.notes import warn
 DEFAULT_PROFILE = "a100-40gb"
 
 # The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
-EMULATION_KEYS = ("workspace.cublas_workspace_config", "workspace.cublaslt_workspace_kib")
+EMULATION_KEYS = (
+    "workspace.cublas_workspace_config",
+    "workspace.cublaslt_workspace_kib",
+    "workspace.cudnn_workspace_factor",
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def load_profile(name: str | None) -> Profile:
             total_memory=int(data["gpu"]["total_memory"]),
             cublas_workspace_bytes=int(derived["cublas_workspace_bytes"]),
             cublaslt_workspace_bytes=int(derived["cublaslt_workspace_bytes"]),
-            cudnn_workspace_factor=1.0,
+            cudnn_workspace_factor=float(derived.get("cudnn_workspace_factor", 1.0)),
             unmeasured=tuple(data.get("provenance", {}).get("unmeasured", [])),
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -67,6 +67,7 @@ def test_profiles_come_from_the_rust_parser_with_their_placeholders(tmp_path: Pa
     assert p.total_memory == raw["gpu"]["total_memory"]
     assert p.cublas_workspace_bytes == raw["derived"]["cublas_workspace_bytes"] == 8_519_680
     assert p.cublaslt_workspace_bytes == 1 << 20  # cublaslt_per_call = true in this profile
+    assert p.cudnn_workspace_factor == raw["workspace"]["cudnn_workspace_factor"]
     assert load_profile(None) == p
     h200 = load_profile("h200")
     assert h200.cublaslt_workspace_bytes == 0 and "gpu.total_memory" in h200.unmeasured

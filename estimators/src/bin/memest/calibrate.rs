@@ -45,7 +45,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
     }
     let (profile, ppath) = Profile::load(&a.profile)?;
-    let runs: Vec<CalRun> = read_runs(&a.runs)?.iter().filter_map(CalRun::from_record).collect();
+    let records = read_runs(&a.runs)?;
+    let runs: Vec<CalRun> = records.iter().filter_map(CalRun::from_record).collect();
     let (train, test) = split(&runs, a.test_fraction, a.seed);
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total)?;
@@ -96,7 +97,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ("held_out_under_before".to_string(), pct(fit.before.under_fraction)),
             ("held_out_under_after".to_string(), pct(fit.after.under_fraction)),
         ];
-        let rows = rows_by_dataset(runs.iter().map(|r| r.id.as_str()));
+        // Every row the runs came from, measured or not: all of them were looked at.
+        let rows = rows_by_dataset(records.iter().map(|r| r.id.as_str()));
         let new_text = rewrite_profile(&text, &fit.outside, &provenance, &rows);
         // The rewritten profile must load, or nothing is written.
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;

@@ -11,7 +11,7 @@ use simulator::units::mib;
 #[derive(clap::Args)]
 #[command(after_help = "JSON: {\"name\", \"path\", \"gpu\", \"software\", \"outside_allocator\", \"workspace\", \
 \"calibration\", \"provenance\": {\"unmeasured\": [...]}, \"derived\": {\"cublas_workspace_bytes\", \
-\"cublaslt_workspace_bytes\", \"allocator\"}}. cublaslt_workspace_bytes is 0 unless the Lt workspace is \
+\"cublaslt_workspace_bytes\", \"cudnn_workspace_factor\", \"allocator\"}}. cublaslt_workspace_bytes is 0 unless the Lt workspace is \
 allocated per call.")]
 pub struct Args {
     /// A name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
@@ -31,6 +31,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         v["derived"] = serde_json::json!({
             "cublas_workspace_bytes": p.cublas_workspace_bytes(),
             "cublaslt_workspace_bytes": lt,
+            "cudnn_workspace_factor": p.workspace.cudnn_workspace_factor,
             "allocator": p.software.allocator,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
