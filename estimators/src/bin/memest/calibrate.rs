@@ -1,7 +1,5 @@
 //! `memest calibrate`.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use estimators::calibrate::{fit, rewrite_profile, rows_by_dataset, split, CalRun};
 use estimators::compare::read_runs;
@@ -14,12 +12,8 @@ symbolic reserved prediction of each run). MLP runs (GEMMs, no convolutions) fit
 runs then fit cudnn. A seeded share of the runs is held out and the error before/after is reported on it.\n\
 Example: memest calibrate out/mlp/runs.jsonl out/cnn/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
 pub struct Args {
-    /// runs.jsonl files from `memest compare`.
-    #[arg(required = true)]
-    runs: Vec<PathBuf>,
-    /// The profile to start from (its constants are the priors).
-    #[arg(long, default_value = "a100-40gb")]
-    profile: String,
+    #[command(flatten)]
+    io: crate::fitio::FitIo,
     /// Fraction of runs held out for evaluation.
     #[arg(long, default_value_t = 0.3)]
     test_fraction: f64,
@@ -29,28 +23,19 @@ pub struct Args {
     /// Weighted quantile of the residuals to fit (0.5 = median; higher = fewer underestimates).
     #[arg(long, default_value_t = 0.5)]
     quantile: f64,
-    /// Write the calibrated profile here (atomically); otherwise only report the fit.
-    #[arg(long)]
-    write: Option<PathBuf>,
-    /// Licence of the runs' data, recorded in the profile's provenance.
-    #[arg(long, default_value = "CC BY-NC 4.0 (GPUMemNet datasets)")]
-    data_licence: String,
-    /// Print the fit as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if !(0.0..1.0).contains(&a.test_fraction) {
         anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
     }
-    let (profile, ppath) = Profile::load(&a.profile)?;
-    let records = read_runs(&a.runs)?;
+    let (profile, ppath) = Profile::load(&a.io.profile)?;
+    let records = read_runs(&a.io.runs)?;
     let runs: Vec<CalRun> = records.iter().filter_map(CalRun::from_record).collect();
     let (train, test) = split(&runs, a.test_fraction, a.seed);
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total)?;
-    if a.json {
+    if a.io.json {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
         let o = &fit.outside;
@@ -76,13 +61,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             pct(fit.after.under_fraction)
         );
     }
-    if let Some(out) = &a.write {
+    if let Some(out) = &a.io.write {
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
         let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{:.2}%", x * 100.0));
         let provenance = vec![
             ("fitted_by".to_string(), "memest calibrate".to_string()),
-            ("runs".to_string(), a.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
-            ("data_licence".to_string(), a.data_licence.clone()),
+            ("runs".to_string(), a.io.runs_list()),
+            ("data_licence".to_string(), a.io.data_licence.clone()),
             (
                 "method".to_string(),
                 format!(

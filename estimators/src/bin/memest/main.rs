@@ -4,6 +4,7 @@
 mod calibrate;
 mod compare;
 mod estimate;
+mod fitio;
 mod ml;
 mod safety;
 mod util;

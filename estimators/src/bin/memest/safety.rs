@@ -1,7 +1,5 @@
 //! `memest safety`.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use estimators::compare::read_runs;
 use estimators::error::write_atomic;
@@ -15,12 +13,8 @@ Per family, split conformal prediction on one seeded share of the runs fits the 
 (point x (1 + margin)) is under the truth in at most --miss-rate of runs; the other share measures it.\n\
 Example: memest safety out/full/*/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
 pub struct Args {
-    /// runs.jsonl files from `memest compare`.
-    #[arg(required = true)]
-    runs: Vec<PathBuf>,
-    /// The profile the runs were estimated with (and the one --write starts from).
-    #[arg(long, default_value = "a100-40gb")]
-    profile: String,
+    #[command(flatten)]
+    io: crate::fitio::FitIo,
     /// The stated miss rate: the share of runs whose truth may exceed the safe number.
     #[arg(long, default_value_t = 0.02)]
     miss_rate: f64,
@@ -33,15 +27,6 @@ pub struct Args {
     /// The regime the runs were measured in (GPUMemNet: fp32 with Adam).
     #[arg(long, default_value = "fp32 adam")]
     regime: String,
-    /// Write the profile with the new [safety] table here (atomically); otherwise only report.
-    #[arg(long)]
-    write: Option<PathBuf>,
-    /// Licence of the runs' data, recorded in the profile.
-    #[arg(long, default_value = "CC BY-NC 4.0 (GPUMemNet datasets)")]
-    data_licence: String,
-    /// Print the fit as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -51,10 +36,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.held_out > 0.0 && a.held_out < 1.0) {
         anyhow::bail!("--held-out {}: expected a fraction in (0, 1)", a.held_out);
     }
-    let (_, ppath) = Profile::load(&a.profile)?;
-    let records = read_runs(&a.runs)?;
+    let (_, ppath) = Profile::load(&a.io.profile)?;
+    let records = read_runs(&a.io.runs)?;
     let fit = fit(&records, a.miss_rate, a.held_out, a.seed, &a.regime)?;
-    if a.json {
+    if a.io.json {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
         println!(
@@ -80,9 +65,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             println!("skipped {n} records: {why:?}");
         }
     }
-    if let Some(out) = &a.write {
+    if let Some(out) = &a.io.write {
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
-        let runs = a.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+        let runs = a.io.runs_list();
         let method = format!(
             "split conformal prediction per family: score (truth - point)/scale, scale = the point or the reserved \
              peak (the one with the smaller median over-reservation on the calibration split), margin = the \
@@ -90,7 +75,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
              held-out fraction {}; runs the [outside_allocator] constants were fitted on left out",
             a.miss_rate, a.seed, a.held_out
         );
-        let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, &a.data_licence))
+        let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, &a.io.data_licence))
             .map_err(anyhow::Error::msg)?;
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;
         write_atomic(out, new_text.as_bytes())?;
