@@ -121,7 +121,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             mib(j.outside_allocator.total_bytes)
         );
     }
-    println!("combination          {}: {}", mode_name(r.mode), r.mode_reason);
+    let how = r.verdict.as_ref().map_or(mode_name(r.mode), |v| v.basis.as_str());
+    println!("combination          {how}: {}", r.mode_reason);
     let when = match r.combined_peak_at_us {
         Some(t) => format!(" at {:.6} s after the common start", t / 1e6),
         None => String::new(),
