@@ -281,18 +281,43 @@ impl FitOutcome {
     }
 }
 
-/// Replay records already in memory (see [`FitReplay`]).
+/// Replay records already in memory (see [`FitReplay`]). The replay at the budget runs only when
+/// the unlimited one exceeds it, or when the allocator's settings depend on the capacity (garbage
+/// collection, a memory fraction): otherwise, below the budget, the two are the same run.
 pub fn fit_records<'a>(
     header: &Header,
-    records: impl IntoIterator<Item = &'a Record>,
+    records: impl IntoIterator<Item = &'a Record> + Clone,
     opts: &ReplayOptions,
     budget: Option<u64>,
 ) -> Result<FitOutcome, ReplaySetupError> {
-    let mut f = FitReplay::new(header, opts, budget)?;
-    for r in records {
-        f.observe(r);
+    let probe = FitReplay::new(header, opts, budget)?;
+    if probe.unlimited.capacity_sensitive() {
+        let mut f = probe;
+        for r in records {
+            f.observe(r);
+        }
+        return Ok(f.finish());
     }
-    Ok(f.finish())
+    let mut unlimited = FitReplay::new(header, opts, None)?;
+    for r in records.clone() {
+        unlimited.observe(r);
+    }
+    let mut out = unlimited.finish();
+    match budget {
+        Some(b) if out.report.peak_reserved_bytes > b => {
+            let mut f = FitReplay::new(header, opts, Some(b))?;
+            for r in records {
+                f.observe(r);
+            }
+            Ok(f.finish())
+        }
+        Some(b) => {
+            out.budget = Some(b);
+            out.report.capacity = Some(b);
+            Ok(out)
+        }
+        None => Ok(out),
+    }
 }
 
 /// The safety margin applied to one trace's point estimate.

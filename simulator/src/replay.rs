@@ -469,6 +469,12 @@ impl Replayer {
         })
     }
 
+    /// Whether the allocator behaves differently under a capacity it never reaches: garbage
+    /// collection and a memory fraction are relative to the capacity.
+    pub fn capacity_sensitive(&self) -> bool {
+        self.cfg.garbage_collection_threshold > 0.0 || self.cfg.per_process_memory_fraction.is_some()
+    }
+
     /// Change the capacity of every device's allocator (collocation: what other jobs leave free).
     pub fn set_capacity(&mut self, capacity: u64) {
         self.opts.capacity = Some(capacity);

@@ -6,6 +6,7 @@ mod alloc_reference; // a naive Vec-of-segments model of the native rules, for d
 mod alloc_support; // the test script language and the state-consistency checker
 mod cli; // the memsim binary end to end: JSON contracts, conversions, colocate, errors
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
+mod fit; // the fit check: in-memory shortcut == lockstep replay at every budget; margins and verdicts
 mod snapshot_import; // every shared snapshot imports with the README's action counts
 mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
 mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known answers

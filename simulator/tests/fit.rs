@@ -1,0 +1,90 @@
+//! The fit check: the in-memory shortcut (the budget replay only when the unlimited one exceeds
+//! the budget) gives what the lockstep replay gives, at every budget, with and without
+//! capacity-sensitive allocator settings; margins and verdicts keep their invariants.
+
+use simulator::fit::{fit_records, Capacity, CapacitySource, FitReplay, Margin, Verdict};
+use simulator::replay::ReplayOptions;
+use trace::{Alloc, Api, Event, Free, FreeStage, Header, Level, MemoryKind, Origin, Record};
+
+const MIB: u64 = 1 << 20;
+
+fn req(alloc: bool, addr: u64, size: u64) -> Record {
+    let event = if alloc {
+        Event::Alloc(Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            category: None,
+            caller: None,
+            stack: None,
+        })
+    } else {
+        Event::Free(Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            stage: FreeStage::Immediate,
+            caller: None,
+            stack: None,
+        })
+    };
+    Record { ts_ns: None, tid: None, device: Some(0), event }
+}
+
+/// Tensors of mixed sizes, freed out of order, so caching and the retry path both matter.
+fn records() -> Vec<Record> {
+    let sizes = [30, 12, 3, 45, 7, 60, 25, 1, 90, 14];
+    let mut v = Vec::new();
+    for (i, s) in sizes.iter().enumerate() {
+        v.push(req(true, i as u64 + 1, s * MIB + 4096 * i as u64));
+        if i % 3 == 2 {
+            v.push(req(false, i as u64 - 1, 0));
+        }
+    }
+    for i in [1u64, 3, 4, 5, 7, 8, 9, 10] {
+        v.push(req(false, i, 0));
+    }
+    v
+}
+
+#[test]
+fn the_shortcut_equals_the_lockstep_replay_at_every_budget() {
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let recs = records();
+    for conf in [None, Some("garbage_collection_threshold:0.6")] {
+        let opts = ReplayOptions { alloc_conf: conf.map(str::to_string), ..ReplayOptions::default() };
+        for budget in (0..=400).step_by(10).map(|m| m * MIB) {
+            let short = fit_records(&h, &recs, &opts, Some(budget)).unwrap();
+            let mut lock = FitReplay::new(&h, &opts, Some(budget)).unwrap();
+            recs.iter().for_each(|r| lock.observe(r));
+            let lock = lock.finish();
+            let key = |f: &simulator::fit::FitOutcome| {
+                (f.oom, f.oom_at_event, f.budget, f.report.peak_reserved_bytes, f.report.peak_allocated_bytes)
+            };
+            assert_eq!(key(&short), key(&lock), "{conf:?} at budget {} MiB", budget / MIB);
+        }
+    }
+}
+
+#[test]
+fn safe_numbers_never_undercut_the_point_and_verdicts_follow_their_numbers() {
+    let cap = Capacity { bytes: 1000, source: CapacitySource::Flag };
+    for (fraction, scale) in [(0.0, "point"), (0.1, "point"), (0.5, "reserved"), (2.0, "reserved")] {
+        let m = Margin { fraction, scale: scale.into(), ..Margin::none(String::new(), "", true) };
+        for (point, reserved) in [(0u64, 0u64), (900, 100), (1000, 999), (1, 1)] {
+            let safe = m.safe(point, reserved);
+            assert!(safe >= point, "{fraction} {scale}: {safe} < {point}");
+            let v = Verdict::new("safe", safe, cap);
+            assert_eq!(v.fits, safe <= 1000);
+        }
+    }
+}
