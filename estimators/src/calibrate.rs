@@ -205,16 +205,13 @@ pub fn rewrite_profile(
     provenance: &[(String, String)],
     rows: &BTreeMap<String, Vec<usize>>,
 ) -> String {
+    // The old provenance goes; every other table stays as it was.
     let mut out = String::new();
     let mut section = String::new();
-    for line in text.lines() {
+    for line in without_tables(text, "calibration").lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
             section = t.to_string();
-        }
-        // The old provenance goes; every other table stays as it was.
-        if section == "[calibration]" || section.starts_with("[calibration.") {
-            continue;
         }
         if section == "[outside_allocator]" {
             let key = t.split('=').next().unwrap_or("").trim();
@@ -233,9 +230,6 @@ pub fn rewrite_profile(
         out.push_str(line);
         out.push('\n');
     }
-    while out.ends_with("\n\n") {
-        out.pop();
-    }
     out.push_str("\n[calibration]\n");
     for (k, v) in provenance {
         out.push_str(&format!("{k} = {}\n", toml_string(v)));
@@ -249,6 +243,45 @@ pub fn rewrite_profile(
             let list = nums.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
             out.push_str(&format!("{} = [{list}]\n", toml_string(stem)));
         }
+    }
+    out
+}
+
+/// A profile's text without the table `[name]` and its subtables `[name.*]`, with the comment
+/// lines directly above their headers (they describe them), every other line kept, and no
+/// trailing blank lines.
+pub fn without_tables(text: &str, name: &str) -> String {
+    let (own, sub) = (format!("[{name}]"), format!("[{name}."));
+    let mut out = String::new();
+    // Comment and blank lines wait until the next line says which table they belong to.
+    let mut pending = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            pending.push_str(line);
+            pending.push('\n');
+            continue;
+        }
+        if t.starts_with('[') {
+            skipping = t.starts_with(&own) || t.starts_with(&sub);
+        }
+        let kept_blanks: String = pending.lines().filter(|l| l.trim().is_empty()).map(|_| "\n").collect();
+        if skipping {
+            // The comments above a dropped header go with it; a blank line between tables stays.
+            out.push_str(if t.starts_with('[') { &kept_blanks } else { "" });
+        } else {
+            out.push_str(&pending);
+            out.push_str(line);
+            out.push('\n');
+        }
+        pending.clear();
+    }
+    if !skipping {
+        out.push_str(&pending);
+    }
+    while out.ends_with("\n\n") {
+        out.pop();
     }
     out
 }

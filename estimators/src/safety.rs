@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use simulator::profile::{FamilyMargin, Safety};
 
-use crate::calibrate::split_by_id;
+use crate::calibrate::{split_by_id, without_tables};
 use crate::compare::RunRecord;
 use crate::error::{EstimateError, Result};
 
@@ -201,21 +201,7 @@ pub fn table(fit: &SafetyFit, alpha: f64, runs: &str, method: &str, licence: &st
 
 /// Rewrite a profile's text with a new `[safety]` table (and its subtables), every other line kept.
 pub fn rewrite_safety(text: &str, safety: &Safety) -> std::result::Result<String, String> {
-    let mut out = String::new();
-    let mut skipping = false;
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with('[') {
-            skipping = t.starts_with("[safety]") || t.starts_with("[safety.");
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    while out.ends_with("\n\n") {
-        out.pop();
-    }
+    let mut out = without_tables(text, "safety");
     #[derive(Serialize)]
     struct Wrap<'a> {
         safety: &'a Safety,

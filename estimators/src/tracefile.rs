@@ -35,23 +35,7 @@ impl LoadedTrace {
 
     /// What the input did not give whole, as warning lines naming the file.
     pub fn warnings(&self) -> Vec<String> {
-        let mut w = Vec::new();
-        if self.summary.truncated {
-            w.push(format!(
-                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the last \
-                 complete event) was ignored, so peaks may be low",
-                self.path.display(),
-                self.summary.complete_bytes
-            ));
-        }
-        if self.summary.unknown_skipped > 0 {
-            w.push(format!(
-                "{}: {} records of kinds this version does not know were skipped",
-                self.path.display(),
-                self.summary.unknown_skipped
-            ));
-        }
-        w
+        self.summary.warnings(&self.path)
     }
 
     /// A header metadata value (`optimizer`, `amp`, `batch_size`, `cuda_emulation`, ...).

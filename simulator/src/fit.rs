@@ -290,34 +290,22 @@ pub fn fit_records<'a>(
     opts: &ReplayOptions,
     budget: Option<u64>,
 ) -> Result<FitOutcome, ReplaySetupError> {
-    let probe = FitReplay::new(header, opts, budget)?;
-    if probe.unlimited.capacity_sensitive() {
-        let mut f = probe;
-        for r in records {
-            f.observe(r);
-        }
-        return Ok(f.finish());
+    let replay = |budget: Option<u64>| -> Result<FitOutcome, ReplaySetupError> {
+        let mut f = FitReplay::new(header, opts, budget)?;
+        records.clone().into_iter().for_each(|r| f.observe(r));
+        Ok(f.finish())
+    };
+    let Some(b) = budget else { return replay(None) };
+    if Replayer::new(header, opts.clone())?.capacity_sensitive() {
+        return replay(Some(b));
     }
-    let mut unlimited = FitReplay::new(header, opts, None)?;
-    for r in records.clone() {
-        unlimited.observe(r);
+    let mut out = replay(None)?;
+    if out.report.peak_reserved_bytes > b {
+        return replay(Some(b));
     }
-    let mut out = unlimited.finish();
-    match budget {
-        Some(b) if out.report.peak_reserved_bytes > b => {
-            let mut f = FitReplay::new(header, opts, Some(b))?;
-            for r in records {
-                f.observe(r);
-            }
-            Ok(f.finish())
-        }
-        Some(b) => {
-            out.budget = Some(b);
-            out.report.capacity = Some(b);
-            Ok(out)
-        }
-        None => Ok(out),
-    }
+    out.budget = Some(b);
+    out.report.capacity = Some(b);
+    Ok(out)
 }
 
 /// The safety margin applied to one trace's point estimate.
@@ -375,7 +363,9 @@ fn nearest(family: &str) -> &'static [&'static str] {
 /// has one for their regime; otherwise the nearest calibrated family's (at least the largest, when
 /// the family is unknown), with "coverage unmeasured for this regime".
 pub fn margin(profile: &Profile, header: &Header, fallback_family: Option<&str>) -> Margin {
-    let measured_run = header.producer.name == "libmemtrace" || header.meta("clock") != Some("logical");
+    // Only the symbolic tracer counts events on a logical clock; every trace of a real run (the
+    // shim's, a converted snapshot) carries time or nothing.
+    let measured_run = header.meta("clock") != Some("logical");
     let family = header.meta("family").or(fallback_family).map(str::to_ascii_lowercase);
     let precision = header.meta("amp").unwrap_or("fp32").to_string();
     let regime = format!("{} {precision}", family.as_deref().unwrap_or("unknown-family"));

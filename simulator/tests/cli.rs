@@ -25,7 +25,8 @@ fn json(args: &[&str]) -> Value {
 
 const MIB: u64 = 1 << 20;
 
-fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
+/// An allocator-level request of `size` bytes at trace address `addr`.
+pub(crate) fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
     Record {
         ts_ns: Some(addr),
         tid: None,
@@ -45,7 +46,8 @@ fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
     }
 }
 
-fn free(addr: u64) -> Record {
+/// The free of the request at `addr`.
+pub(crate) fn free(addr: u64) -> Record {
     Record {
         ts_ns: Some(addr + 1),
         tid: None,

@@ -4,53 +4,24 @@
 
 use simulator::fit::{fit_records, Capacity, CapacitySource, FitReplay, Margin, Verdict};
 use simulator::replay::ReplayOptions;
-use trace::{Alloc, Api, Event, Free, FreeStage, Header, Level, MemoryKind, Origin, Record};
+use trace::{Header, Level, Record};
+
+use crate::cli::{alloc, free};
 
 const MIB: u64 = 1 << 20;
-
-fn req(alloc: bool, addr: u64, size: u64) -> Record {
-    let event = if alloc {
-        Event::Alloc(Alloc {
-            addr,
-            size,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            category: None,
-            caller: None,
-            stack: None,
-        })
-    } else {
-        Event::Free(Free {
-            addr,
-            size: None,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
-        })
-    };
-    Record { ts_ns: None, tid: None, device: Some(0), event }
-}
 
 /// Tensors of mixed sizes, freed out of order, so caching and the retry path both matter.
 fn records() -> Vec<Record> {
     let sizes = [30, 12, 3, 45, 7, 60, 25, 1, 90, 14];
     let mut v = Vec::new();
     for (i, s) in sizes.iter().enumerate() {
-        v.push(req(true, i as u64 + 1, s * MIB + 4096 * i as u64));
+        v.push(alloc(i as u64 + 1, s * MIB + 4096 * i as u64, None));
         if i % 3 == 2 {
-            v.push(req(false, i as u64 - 1, 0));
+            v.push(free(i as u64 - 1));
         }
     }
     for i in [1u64, 3, 4, 5, 7, 8, 9, 10] {
-        v.push(req(false, i, 0));
+        v.push(free(i));
     }
     v
 }

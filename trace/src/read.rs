@@ -32,6 +32,30 @@ pub struct Summary {
     pub records: u64,
 }
 
+impl Summary {
+    /// What the input did not give whole, one line each, naming `path`: an end cut inside an
+    /// event (truncation first), and records of unknown kinds that were skipped.
+    pub fn warnings(&self, path: &Path) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.truncated {
+            w.push(format!(
+                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the \
+                 last complete event) was ignored, so peaks may be low",
+                path.display(),
+                self.complete_bytes
+            ));
+        }
+        if self.unknown_skipped > 0 {
+            w.push(format!(
+                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
+                path.display(),
+                self.unknown_skipped
+            ));
+        }
+        w
+    }
+}
+
 enum Form {
     Binary { state: PrefixState },
     Jsonl { line: u64 },

@@ -63,3 +63,14 @@ def find_shim() -> Found:
         + ", ".join(str(c.path) for c in candidates)
         + ")"
     )
+
+
+def error_line(stderr: str) -> str:
+    """The one line of a Rust CLI's failure worth showing: its `error:` line without the program
+    prefix (clap adds usage lines after it; warnings may come before it)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        for prefix in ("memsim: error: ", "memest: error: ", "error: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix)
+    return lines[-1] if lines else ""

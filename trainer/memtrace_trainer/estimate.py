@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer import notes
-from memtrace_trainer.binaries import find_binary
+from memtrace_trainer.binaries import error_line, find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
@@ -127,7 +127,7 @@ def estimate(
         seconds["memest"] = time.perf_counter() - t
     # memest exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
-        msg = done.stderr.strip().removeprefix("memest: error: ")
+        msg = error_line(done.stderr)
         raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
     result = parse_memest(done.stdout)
     for w in result.get("warnings", []):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import Found, find_binary
+from memtrace_trainer.binaries import Found, error_line, find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import load_profile
@@ -40,7 +40,7 @@ def _replay(
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     # memsim exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
-        msg = done.stderr.strip().removeprefix("memsim: error: ")
+        msg = error_line(done.stderr)
         raise UserError(f"memsim replay failed ({done.returncode}): {msg}")
     try:
         data = json.loads(done.stdout)

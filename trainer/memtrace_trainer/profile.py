@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import find_binary
+from memtrace_trainer.binaries import error_line, find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 
@@ -54,7 +54,7 @@ def _read(name: str) -> dict[str, Any]:
         [str(memsim.path), "profile", name, "--json"], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
-        msg = done.stderr.strip().removeprefix("memsim: error: ")
+        msg = error_line(done.stderr)
         raise UserError(msg or f"memsim profile {name} failed ({done.returncode})")
     try:
         data = json.loads(done.stdout)
@@ -85,8 +85,3 @@ def load_profile(name: str | None) -> Profile:
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise UserError(f"memsim profile {name} --json: unexpected output ({e!r})") from None
-
-
-def profile_path(name: str | None) -> Path:
-    """The file a profile name resolves to."""
-    return load_profile(name).path

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from memtrace_trainer import notes
+
 
 def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
     """--batch-size, --input-shape, --seq-len and --num-classes of a zoo model."""
@@ -70,3 +72,15 @@ def step_args(p: argparse.ArgumentParser) -> None:
         default=2,
         help="training iterations traced (default 2)",
     )
+
+
+def entry_workload(
+    entry: str, batch: int, seq_len: int | None, input_shape: Any, num_classes: int | None
+) -> Any:
+    """The `--entry` workload; the zoo-only sizes are warned about, `--seq-len` is passed on."""
+    from memtrace_trainer.models.zoo import load_entry
+
+    for flag, value in (("--input-shape", input_shape), ("--num-classes", num_classes)):
+        if value is not None:
+            notes.warn(f"{flag} has no effect with --entry")
+    return load_entry(entry, batch, seq_len=seq_len)

@@ -12,7 +12,7 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
-from memtrace_trainer.cli.common import print_defaults, shape_args, step_args
+from memtrace_trainer.cli.common import entry_workload, print_defaults, shape_args, step_args
 from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
@@ -157,13 +157,12 @@ def _step(args: argparse.Namespace) -> Any:
 
 
 def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
-    from memtrace_trainer.models.zoo import build_workload, load_entry
+    from memtrace_trainer.models.zoo import build_workload
 
     if args.entry:
-        for flag in ("input_shape", "num_classes"):
-            if getattr(args, flag) is not None:
-                notes.warn(f"--{flag.replace('_', '-')} has no effect with --entry")
-        return lambda b: load_entry(args.entry, b, seq_len=args.seq_len)
+        return lambda b: entry_workload(
+            args.entry, b, args.seq_len, args.input_shape, args.num_classes
+        )
     return lambda b: build_workload(args.model, b, args.input_shape, args.seq_len, args.num_classes)
 
 

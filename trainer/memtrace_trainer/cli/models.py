@@ -10,7 +10,13 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
-from memtrace_trainer.cli.common import model_args, print_defaults, shape_args, step_args
+from memtrace_trainer.cli.common import (
+    entry_workload,
+    model_args,
+    print_defaults,
+    shape_args,
+    step_args,
+)
 from memtrace_trainer.errors import UserError
 
 
@@ -109,7 +115,7 @@ def _features(args: argparse.Namespace) -> None:
 
 
 def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
-    from memtrace_trainer.models.zoo import build_workload, load_entry
+    from memtrace_trainer.models.zoo import build_workload
     from memtrace_trainer.profile import load_profile
     from memtrace_trainer.symtrace.step import StepConfig
     from memtrace_trainer.symtrace.tracer import trace_to_file
@@ -118,10 +124,13 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     if not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
     if args.get("entry"):
-        for flag in ("input_shape", "num_classes"):
-            if args.get(flag) is not None:
-                notes.warn(f"--{flag.replace('_', '-')} has no effect with --entry")
-        workload = load_entry(args["entry"], batch, seq_len=args.get("seq_len"))
+        workload = entry_workload(
+            args["entry"],
+            batch,
+            args.get("seq_len"),
+            args.get("input_shape"),
+            args.get("num_classes"),
+        )
     elif args.get("model"):
         workload = build_workload(
             args["model"],

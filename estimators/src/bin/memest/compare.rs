@@ -125,6 +125,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let calibrated = estimators::calibrate::calibrated_ids(&profile.calibration)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}", ppath.display()))?;
+    if a.exclude_calibrated && calibrated.is_empty() {
+        eprintln!(
+            "memest: warning: --exclude-calibrated has no effect: {} lists no [calibration.rows]",
+            ppath.display()
+        );
+    }
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
     for (di, d) in a.dataset.iter().enumerate() {
         let mut all = load_gpumemnet_csv(d)?;

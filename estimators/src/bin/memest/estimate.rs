@@ -62,6 +62,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(p) => Some(LoadedTrace::load(p).with_context(|| format!("--fake-trace {}", p.display()))?),
         None => None,
     };
+    if a.strict {
+        for t in std::iter::once(&trace).chain(plain.as_ref()) {
+            if t.summary.truncated {
+                anyhow::bail!("{} (--strict)", t.warnings()[0]);
+            }
+        }
+    }
     let features = Features::load(&a.features)?;
     let ml_model = a.ml_model.clone().or_else(|| std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
     let ml = match ml_model {
@@ -89,10 +96,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         point: a.point,
         ml,
     })?;
-    if a.strict {
-        if let Some(w) = report.warnings.iter().find(|w| w.contains("truncated")) {
-            anyhow::bail!("{w} (--strict)");
-        }
+    let mut report = report;
+    if a.point && report.margin.fraction == 0.0 {
+        report
+            .warnings
+            .push(format!("--point has no effect: the safe number is the point here ({})", report.margin.note));
     }
     for w in &report.warnings {
         eprintln!("memest: warning: {w}");

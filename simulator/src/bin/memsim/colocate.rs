@@ -93,6 +93,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         AlignArg::Sum => Align::SumOfPeaks,
     };
     let r = colocate(&jobs, &opts, capacity, align, a.point)?;
+    if a.point {
+        let margins: Vec<&simulator::fit::Margin> = jobs.iter().map(|j| &j.margin).collect();
+        warnings.extend(crate::replay::point_without_effect(r.verdict.is_some(), &margins));
+    }
     crate::input::warn(&warnings);
     let code = if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
     if a.json {

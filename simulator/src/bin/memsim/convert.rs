@@ -51,14 +51,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (Kind::Trace, Out::Trace) => {
             let s = trace::convert(&a.input, &a.output)
                 .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
-            let read = crate::input::Read {
-                header: Header::new("", "", trace::Level::Allocator),
-                state: (),
-                truncated: s.truncated,
-                unknown_skipped: s.unknown_skipped,
-                complete_bytes: s.complete_bytes,
-            };
-            match read.warnings(&a.input, a.strict) {
+            match crate::input::summary_warnings(Some(&s), &a.input, a.strict) {
                 Ok(w) => crate::input::warn(&w),
                 Err(e) => {
                     let _ = std::fs::remove_file(&a.output);

@@ -35,40 +35,26 @@ pub struct Read<S> {
     pub header: Header,
     /// The state built by the callbacks.
     pub state: S,
-    /// The input ended mid-event.
-    pub truncated: bool,
-    /// Events of unknown kinds skipped.
-    pub unknown_skipped: u64,
-    /// Byte offset just past the last complete event.
-    pub complete_bytes: u64,
+    /// What the trace reader saw (`None` for a snapshot, which is read whole or not at all).
+    pub summary: Option<trace::Summary>,
 }
 
 impl<S> Read<S> {
     /// What the input did not give whole, as warning lines naming the file; with `strict`, a
     /// truncated input is an error instead (exit 2).
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
-        let mut w = Vec::new();
-        if self.truncated {
-            let what = format!(
-                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the \
-                 last complete event) was ignored, so peaks may be low",
-                path.display(),
-                self.complete_bytes
-            );
-            if strict {
-                bail!("{what} (--strict)");
-            }
-            w.push(what);
-        }
-        if self.unknown_skipped > 0 {
-            w.push(format!(
-                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
-                path.display(),
-                self.unknown_skipped
-            ));
-        }
-        Ok(w)
+        summary_warnings(self.summary.as_ref(), path, strict)
     }
+}
+
+/// [`trace::Summary::warnings`], with `strict` turning a truncated input into an error.
+pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: bool) -> Result<Vec<String>> {
+    let Some(s) = summary else { return Ok(Vec::new()) };
+    let lines = s.warnings(path);
+    if strict && s.truncated {
+        bail!("{} (--strict)", lines[0]);
+    }
+    Ok(lines)
 }
 
 /// Print warning lines on stderr.
@@ -95,7 +81,7 @@ pub fn for_each_record<S>(
             for r in &records {
                 f(&mut state, r)?;
             }
-            Ok(Read { header, state, truncated: false, unknown_skipped: 0, complete_bytes: 0 })
+            Ok(Read { header, state, summary: None })
         }
         Kind::Trace => {
             let mut reader = trace::Reader::open(path)?;
@@ -117,14 +103,7 @@ pub fn for_each_record<S>(
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
-            let s = reader.summary();
-            Ok(Read {
-                header,
-                state,
-                truncated: s.truncated,
-                unknown_skipped: s.unknown_skipped,
-                complete_bytes: s.complete_bytes,
-            })
+            Ok(Read { header, state, summary: Some(reader.summary()) })
         }
     }
 }

@@ -163,7 +163,12 @@ pub fn replay_file(
 pub fn run(a: Args) -> Result<ExitCode> {
     let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
-    let r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict, a.point)?;
+    let mut r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict, a.point)?;
+    if a.point {
+        if let Some(why) = point_without_effect(r.verdict.is_some(), &[&r.margin]) {
+            r.warnings.push(why);
+        }
+    }
     crate::input::warn(&r.warnings);
     let code = match &r.verdict {
         Some(v) if !v.fits => ExitCode::from(1),
@@ -267,6 +272,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         _ => println!("verdict: none (give --capacity or --profile to check a fit)"),
     }
     Ok(code)
+}
+
+/// Why `--point` changes nothing, if it does not: no verdict to judge, or no margin to leave out.
+pub fn point_without_effect(has_verdict: bool, margins: &[&Margin]) -> Option<String> {
+    if !has_verdict {
+        Some("--point has no effect: there is no capacity to judge a fit against (give --capacity or --profile)".into())
+    } else if margins.iter().all(|m| m.fraction == 0.0) {
+        Some(format!("--point has no effect: the safe number is the point here ({})", margins[0].note))
+    } else {
+        None
+    }
 }
 
 /// What replay's peaks count, printed beside them.

@@ -62,7 +62,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     crate::input::warn(&warnings);
     let header = read.header;
     let (s, u) = read.state;
-    let s = s.finish(read.truncated, read.unknown_skipped);
+    let (truncated, unknown) = read.summary.map_or((false, 0), |r| (r.truncated, r.unknown_skipped));
+    let s = s.finish(truncated, unknown);
     let util = u.finish();
     if a.json {
         let mut v = serde_json::to_value(&s)?;
