@@ -15,7 +15,6 @@ use crate::dataset::DatasetRow;
 use crate::error::{chain, EstimateError, Result};
 use crate::features::Family;
 use crate::metrics::{self, Metrics};
-use crate::ml::dataset::Family as MlFamily;
 use crate::ml::features::extract;
 use crate::ml::modelfile::ModelFile;
 use crate::symbolic::{capped_rerun_ok, symbolic};
@@ -271,7 +270,7 @@ impl MlModels {
     }
 
     /// The model files and the datasets they were trained on.
-    pub fn trained_on(&self) -> impl Iterator<Item = (&Path, &str, MlFamily)> {
+    pub fn trained_on(&self) -> impl Iterator<Item = (&Path, &str, Family)> {
         self.models.iter().map(|(p, m)| (p.as_path(), m.trained_on.as_str(), m.family))
     }
 
@@ -290,9 +289,7 @@ impl MlModels {
     /// row's GPUMemNet features; null with the reason when no model fits, the features do not
     /// extract, or (unless `allow_training_rows`) the row is one the model was trained on.
     pub fn outcome(&self, row: &DatasetRow, dataset: &Path, allow_training_rows: bool) -> Outcome {
-        let Some(family) = MlFamily::parse(row.family.as_str()) else {
-            return Outcome::failed(format!("no ML family for {}", row.family.as_str()));
-        };
+        let family = row.family;
         let Some((path, model)) = self.models.iter().find(|(_, m)| m.family == family) else {
             let given: Vec<String> =
                 self.models.iter().map(|(p, m)| format!("{} ({})", p.display(), m.family)).collect();
@@ -306,7 +303,7 @@ impl MlModels {
             ));
         }
         let (p, s) = timed(|| -> std::result::Result<f64, String> {
-            let x = extract(family, &row.ml_row()).map_err(|e| match e {
+            let x = extract(family, row).map_err(|e| match e {
                 crate::ml::features::RowIssue::UnknownActivation(m) => m,
             })?;
             let n = x.len();

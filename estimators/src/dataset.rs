@@ -1,30 +1,42 @@
-//! Datasets of measured runs: GPUMemNet-format CSVs (`Filename`, `Activations-Params`, `Batch
-//! Size`, `Max GPU Memory (MiB)`, optional `Status`), and the trainer's `dataset` output, which has
-//! those columns plus `spec`, `optimizer`, `amp`, `oom`, `device_peak_mib`,
-//! `max_memory_reserved_mib`, ... (trainer/README.md). A GPUMemNet row is rebuilt as
-//! `gpumemnet:FILENAME`; a trainer row by its own `spec`, optimizer and AMP setting.
+//! Datasets of measured runs, read by the crate's one loader for every consumer (`memest
+//! compare`, calibration, and the ML estimators through [`crate::ml::dataset::Dataset`]):
+//! GPUMemNet-format CSVs (`Filename`, `Activations-Params`, `Total Activations`, `Total
+//! Parameters`, `Batch Size`, `Max GPU Memory (MiB)`; optional `Depth`, `Activation Function`,
+//! `Status` and the DCGM `Avg ...` columns), and the trainer's `dataset` output, which has those
+//! columns plus `spec`, `optimizer`, `amp`, `oom`, `device_peak_mib`, `max_memory_reserved_mib`,
+//! ... (trainer/README.md). A GPUMemNet row is rebuilt as `gpumemnet:FILENAME`; a trainer row by
+//! its own `spec`, optimizer and AMP setting.
+//!
+//! Every malformed cell is an [`EstimateError::Csv`] naming the file, the 1-based data row and
+//! the column.
 
+use std::io::Read;
 use std::path::Path;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::{EstimateError, Result};
 use crate::features::{Family, Features, Layer};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// One measured run.
+/// One measured run (or, from [`DatasetRow::unmeasured`], a job described but not run).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DatasetRow {
     /// Stable id: the dataset file stem and the row number.
     pub id: String,
+    /// 1-based data row number (the header is row 0; 0 for a row not read from a file).
+    pub row: usize,
     /// The row's `Filename` (the generator configuration).
     pub filename: String,
-    /// Features from the CSV itself (what GPUMemNet and Horus used).
+    /// Features from the CSV itself (what GPUMemNet and Horus used); `layers` is the parsed
+    /// `Activations-Params` cell.
     pub features: Features,
     /// Batch size.
     pub batch: u64,
     /// Measured device-level peak, bytes; `None` for OOM crashes.
     pub truth: Option<f64>,
-    /// The run crashed with OOM.
+    /// The run crashed with OOM (`Status` `OOM_CRASH`, or the trainer's `oom` column).
     pub real_oom: bool,
     /// Family from the layer types.
     pub family: Family,
@@ -38,11 +50,32 @@ pub struct DatasetRow {
     pub truth_column: &'static str,
     /// Measured allocator-level peak (`max_memory_reserved_mib`), bytes, where the dataset has it.
     pub reserved_truth: Option<f64>,
-    /// GPUMemNet's `Depth` (what its ML feature sets use), where present and numeric.
+    /// GPUMemNet's `Depth` (what its ML feature sets use), where present.
     pub depth: Option<f64>,
     /// `Activation Function` (empty where the dataset has none).
     pub activation: String,
+    /// DCGM utilisation means (`Avg ...` columns).
+    pub util: Utilization,
 }
+
+/// DCGM utilisation means of one run; `None` where the CSV says −1 (or any negative value: no
+/// sample), leaves the cell empty, or lacks the column.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Utilization {
+    /// `Avg GPUTL` (percent, 0–100).
+    pub gputl: Option<f64>,
+    /// `Avg GRACT` (ratio).
+    pub gract: Option<f64>,
+    /// `Avg SMACT` (ratio).
+    pub smact: Option<f64>,
+    /// `Avg SMOCC` (ratio).
+    pub smocc: Option<f64>,
+    /// `Avg FP32A` (ratio).
+    pub fp32a: Option<f64>,
+}
+
+/// The DCGM columns of [`Utilization`], in field order.
+pub const UTILIZATION_COLUMNS: [&str; 5] = ["Avg GPUTL", "Avg GRACT", "Avg SMACT", "Avg SMOCC", "Avg FP32A"];
 
 /// What the trainer rebuilds a row from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,67 +113,140 @@ impl Spec {
 pub const DEVICE_TRUTH_COLUMNS: [&str; 2] = ["device_peak_mib", "Max GPU Memory (MiB)"];
 
 impl DatasetRow {
-    /// The row as the ML estimators' dataset sees it, so a model file from `memest ml train`
-    /// applies to it exactly as to the CSV it was trained on.
-    pub fn ml_row(&self) -> crate::ml::dataset::RunRow {
-        use crate::ml::dataset::{Layer, RunRow, RunStatus, Utilization};
-        let f = &self.features;
-        RunRow {
+    /// A job described (by `features --json`) but not run: no truth, no file row. `name` is the
+    /// model spec (or entry) the features were taken of; the family comes from the layers.
+    pub fn unmeasured(name: &str, mut features: Features, batch: u64, depth: Option<f64>, activation: &str) -> Self {
+        features.batch_size = Some(batch);
+        DatasetRow {
+            id: name.to_string(),
             row: 0,
-            filename: self.filename.clone(),
-            // GPUMemNet's Depth counts the convolutions of a CNN, else the linear layers.
-            depth: self.depth.unwrap_or_else(|| {
-                let count = |k: &str| f.layers.iter().filter(|l| l.kind.eq_ignore_ascii_case(k)).count();
-                let convs = count("conv2d");
-                (if convs > 0 { convs } else { count("linear") }) as f64
-            }),
-            layers: f
-                .layers
-                .iter()
-                .map(|l| Layer { kind: l.kind.clone(), activations: l.activations, params: l.parameters })
-                .collect(),
-            activation: if self.activation.is_empty() { "None".into() } else { self.activation.clone() },
-            total_activations: f.total_activations as f64,
-            total_parameters: f.total_parameters as f64,
-            batch_size: self.batch as f64,
-            max_memory_mib: self.truth.map_or(0.0, |t| t / MIB),
-            status: if self.real_oom { RunStatus::OomCrash } else { RunStatus::Successful },
+            filename: name.to_string(),
+            family: features.family(),
+            features,
+            batch,
+            truth: None,
+            real_oom: false,
+            spec: Spec::parse(name),
+            optimizer: None,
+            amp: None,
+            truth_column: DEVICE_TRUTH_COLUMNS[1],
+            reserved_truth: None,
+            depth,
+            activation: activation.to_string(),
             util: Utilization::default(),
         }
     }
-}
 
-/// Parse GPUMemNet's `Activations-Params` cell: a Python list of `('type', activations, params)`.
-pub fn parse_activations_params(cell: &str) -> std::result::Result<Vec<Layer>, String> {
-    let mut out = Vec::new();
-    let body = cell.trim();
-    let body = body
-        .strip_prefix('[')
-        .and_then(|b| b.strip_suffix(']'))
-        .ok_or_else(|| format!("expected a list like [('linear', 10, 20), ...], got {:.40}", body))?;
-    for tuple in body.split(')').map(str::trim).filter(|t| !t.is_empty()) {
-        let t = tuple
-            .trim_start_matches(',')
-            .trim()
-            .strip_prefix('(')
-            .ok_or_else(|| format!("expected '(' in {tuple:.40}"))?;
-        let parts: Vec<&str> = t.split(',').map(str::trim).collect();
-        if parts.len() != 3 {
-            return Err(format!("expected ('type', activations, params), got ({t:.60})"));
-        }
-        let kind = parts[0].trim_matches(|c| c == '\'' || c == '"').to_string();
-        let num = |s: &str| s.parse::<u64>().map_err(|_| format!("{s:?} is not a whole number in ({t:.60})"));
-        out.push(Layer { kind, activations: num(parts[1])?, parameters: num(parts[2])? });
+    /// The device-level truth in MiB (the unit of the CSVs and of the ML models).
+    pub fn truth_mib(&self) -> Option<f64> {
+        self.truth.map(|t| t / MIB)
     }
-    Ok(out)
+
+    /// GPUMemNet's `Depth`: the column where the dataset has it, else what GPUMemNet's generators
+    /// count (the convolutions of a CNN, else the linear layers).
+    pub fn gpumemnet_depth(&self) -> f64 {
+        self.depth.unwrap_or_else(|| {
+            let convs = self.count_layers(|k| k == "conv2d");
+            (if convs > 0 { convs } else { self.count_layers(|k| k == "linear") }) as f64
+        })
+    }
+
+    /// The activation function; `None` (GPUMemNet's word for none) where the dataset leaves the
+    /// cell empty.
+    pub fn activation_name(&self) -> &str {
+        if self.activation.is_empty() {
+            "None"
+        } else {
+            &self.activation
+        }
+    }
+
+    /// Number of layers whose type, lower-cased, satisfies `pred`.
+    pub fn count_layers(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.features.layers.iter().filter(|l| pred(&l.kind.to_ascii_lowercase())).count()
+    }
+
+    /// The `arch:` field of the generator file name (`pyramid`, `residual`, ...), if present.
+    pub fn architecture(&self) -> Option<&str> {
+        let start = self.filename.find("arch:")? + "arch:".len();
+        let rest = &self.filename[start..];
+        Some(rest.split('_').next().unwrap_or(rest))
+    }
 }
 
-/// Read a GPUMemNet-format CSV or the trainer's `dataset` output (told apart by its `spec` column).
-pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
-    let mut rdr = csv::Reader::from_path(path).map_err(|e| csv_err(path, 0, "<file>", &e.to_string()))?;
+/// Parse GPUMemNet's `Activations-Params` cell: torchsummary's Python-literal list of
+/// `('type', activations, params)` tuples, e.g. `[('linear', 1173, 2753031), ('ReLU', 1173, 0)]`.
+/// The message names the layer (0-based) at fault.
+pub fn parse_activations_params(cell: &str) -> std::result::Result<Vec<Layer>, String> {
+    let s = cell.trim();
+    let inner = s
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(|| format!("expected a list like [('linear', 10, 20), ...], found {}", preview(s)))?;
+    let mut layers = Vec::new();
+    let mut rest = inner.trim();
+    while !rest.is_empty() {
+        let at = |m: String| format!("layer {}: {m}", layers.len());
+        let open = rest.strip_prefix('(').ok_or_else(|| at(format!("expected '(' at {}", preview(rest))))?;
+        let close = open.find(')').ok_or_else(|| at(format!("unterminated tuple at {}", preview(rest))))?;
+        layers.push(parse_tuple(&open[..close]).map_err(at)?);
+        rest = open[close + 1..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    Ok(layers)
+}
+
+fn parse_tuple(tuple: &str) -> std::result::Result<Layer, String> {
+    let parts: Vec<&str> = tuple.split(',').map(str::trim).collect();
+    if parts.len() != 3 {
+        return Err(format!("expected ('type', activations, params), found ({tuple})"));
+    }
+    let name = parts[0];
+    let kind = name
+        .strip_prefix('\'')
+        .and_then(|n| n.strip_suffix('\''))
+        .or_else(|| name.strip_prefix('"').and_then(|n| n.strip_suffix('"')))
+        .ok_or_else(|| format!("expected a quoted layer type, found {name}"))?;
+    let int = |s: &str, what: &str| {
+        s.parse::<u64>().map_err(|_| format!("expected a non-negative integer {what}, found {s:?}"))
+    };
+    Ok(Layer {
+        kind: kind.to_string(),
+        activations: int(parts[1], "activation count")?,
+        parameters: int(parts[2], "parameter count")?,
+    })
+}
+
+fn preview(s: &str) -> String {
+    let p: String = s.chars().take(40).collect();
+    if p.len() < s.len() {
+        format!("{p:?}...")
+    } else {
+        format!("{p:?}")
+    }
+}
+
+/// Read a GPUMemNet-format CSV or the trainer's `dataset` output (told apart by its `spec`
+/// column). Every column of `required` must be in the header and non-empty in every row (what a
+/// consumer's features need beyond the format's own columns; the ML estimators require `Depth`
+/// and `Activation Function`).
+pub fn load(path: &Path, required: &[&str]) -> Result<Vec<DatasetRow>> {
+    let file = std::fs::File::open(path).map_err(|source| EstimateError::Io {
+        path: path.to_path_buf(),
+        action: "cannot read dataset",
+        source,
+    })?;
+    read(path, file, required)
+}
+
+/// [`load`] from any reader; `path` names the input in errors and row ids.
+pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<DatasetRow>> {
+    let mut rdr = csv::Reader::from_reader(reader);
     let headers = rdr.headers().map_err(|e| csv_err(path, 0, "<header>", &e.to_string()))?.clone();
     let opt_col = |name: &str| headers.iter().position(|h| h.trim() == name);
-    let col = |name: &str| opt_col(name).ok_or_else(|| csv_err(path, 0, name, "column missing from the header"));
+    let col = |name: &str| {
+        opt_col(name).ok_or_else(|| csv_err(path, 0, name, "missing column: the header has no such column"))
+    };
     let (c_file, c_ap, c_act, c_par, c_batch, c_mem) = (
         col("Filename")?,
         col("Activations-Params")?,
@@ -149,6 +255,7 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
         col("Batch Size")?,
         col("Max GPU Memory (MiB)")?,
     );
+    let needed: Vec<(usize, &str)> = required.iter().map(|&name| Ok((col(name)?, name))).collect::<Result<_>>()?;
     let c_status = opt_col("Status");
     // The trainer's extra columns; `spec` marks its format.
     let c_spec = opt_col("spec");
@@ -160,6 +267,7 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
         opt_col("max_memory_reserved_mib"),
     );
     let (c_depth, c_activation, c_family) = (opt_col("Depth"), opt_col("Activation Function"), opt_col("family"));
+    let c_util = UTILIZATION_COLUMNS.map(opt_col);
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let mut rows = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
@@ -176,18 +284,38 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
                 .map(|v| v as u64)
                 .ok_or_else(|| csv_err(path, row, name, &format!("expected a whole number >= 0, got {s:?}")))
         };
-        let mib = |text: &str, name: &str| -> Result<f64> {
-            text.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .map(|v| v * MIB)
-                .ok_or_else(|| csv_err(path, row, name, &format!("expected a number of MiB >= 0, got {text:?}")))
+        let mib =
+            |text: &str, name: &str| -> Result<f64> {
+                text.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).map(|v| v * MIB).ok_or_else(
+                    || csv_err(path, row, name, &format!("expected a finite number of MiB >= 0, got {text:?}")),
+                )
+            };
+        let finite = |c: Option<usize>, name: &str, what: &str| -> Result<Option<f64>> {
+            opt_cell(c)
+                .map(|s| {
+                    s.parse::<f64>()
+                        .ok()
+                        .filter(|v| v.is_finite())
+                        .ok_or_else(|| csv_err(path, row, name, &format!("expected {what}, got {s:?}")))
+                })
+                .transpose()
         };
+        for &(c, name) in &needed {
+            if opt_cell(Some(c)).is_none() {
+                return Err(csv_err(path, row, name, "expected a value (required here), found an empty cell"));
+            }
+        }
         let layers = parse_activations_params(get(c_ap, "Activations-Params")?)
             .map_err(|e| csv_err(path, row, "Activations-Params", &e))?;
         let batch = num(c_batch, "Batch Size")?;
-        let status_oom = opt_cell(c_status).is_some_and(|s| s.eq_ignore_ascii_case("OOM_CRASH"));
+        let status_oom = match c_status {
+            None => false,
+            Some(c) => match get(c, "Status")?.trim() {
+                s if s.eq_ignore_ascii_case("SUCCESSFUL") => false,
+                s if s.eq_ignore_ascii_case("OOM_CRASH") => true,
+                s => return Err(csv_err(path, row, "Status", &format!("expected SUCCESSFUL or OOM_CRASH, got {s:?}"))),
+            },
+        };
         let label_oom = match opt_cell(c_oom) {
             None => false,
             Some(s) => s
@@ -197,7 +325,8 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
         };
         let real_oom = status_oom || label_oom;
         // Device-level truth: the trainer's NVML peak where present, else GPUMemNet's label. Only
-        // the trainer's rows may lack one (CPU-fallback runs have no GPU labels).
+        // the trainer's rows may lack one (CPU-fallback runs have no GPU labels). An OOM row's
+        // label is not a measurement and is not read.
         let device_cell = opt_cell(c_device).map(|t| (t, DEVICE_TRUTH_COLUMNS[0]));
         let mem_text = get(c_mem, DEVICE_TRUTH_COLUMNS[1])?;
         let (truth_text, truth_column) = device_cell.unwrap_or((mem_text, DEVICE_TRUTH_COLUMNS[1]));
@@ -216,7 +345,7 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
             batch_size: Some(batch),
             layers,
         };
-        let filename = get(c_file, "Filename")?.to_string();
+        let filename = get(c_file, "Filename")?.trim().to_string();
         // An empty layer list (torchsummary failed upstream) says nothing: the generator, or the
         // trainer's own family column, does.
         let family = if !features.layers.is_empty() {
@@ -243,17 +372,13 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
         if let Some(a) = &amp {
             a.parse::<crate::analytic::Precision>().map_err(|e| csv_err(path, row, "amp", &e))?;
         }
-        let depth = match opt_cell(c_depth) {
-            None => None,
-            Some(d) => Some(
-                d.parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite())
-                    .ok_or_else(|| csv_err(path, row, "Depth", &format!("expected a number, got {d:?}")))?,
-            ),
+        // GPUMemNet writes -1 where DCGM produced no non-zero sample.
+        let util = |k: usize| -> Result<Option<f64>> {
+            Ok(finite(c_util[k], UTILIZATION_COLUMNS[k], "a finite number (-1: no sample)")?.filter(|v| *v >= 0.0))
         };
         rows.push(DatasetRow {
             id: format!("{stem}-{row:05}"),
+            row,
             filename,
             features,
             batch,
@@ -265,8 +390,9 @@ pub fn load_gpumemnet_csv(path: &Path) -> Result<Vec<DatasetRow>> {
             amp,
             truth_column,
             reserved_truth,
-            depth,
+            depth: finite(c_depth, "Depth", "a finite number")?,
             activation: opt_cell(c_activation).unwrap_or("").to_string(),
+            util: Utilization { gputl: util(0)?, gract: util(1)?, smact: util(2)?, smocc: util(3)?, fp32a: util(4)? },
         });
     }
     Ok(rows)

@@ -210,7 +210,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
     warnings.extend(cap_warnings);
     let capacity = capacity.expect("a profile always gives a capacity");
-    let margin = fit::margin(profile, &t.header, Some(&f.family().as_str().to_ascii_lowercase()));
+    let margin = fit::margin(profile, &t.header, Some(f.family().name()));
     if !margin.coverage_measured {
         warnings.push(format!("safety margin: {}", margin.note));
     }

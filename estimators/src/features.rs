@@ -2,34 +2,57 @@
 //! activations, layers), and the model family decided from the layer types.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{EstimateError, Result};
 
-/// Model family, for per-family reports and ML models.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// Model family, decided from the layer types by [`Family::from_layer_types`]; the one family
+/// type of the crate (reports, the safe number's margins, the ML estimators and their model files).
+///
+/// Serialized in lower case (`mlp`, `cnn`, `transformer`, as ML model files have always stored
+/// it); `MLP`, `CNN` and `Transformer` are read too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Family {
     /// Only dense layers.
-    #[serde(rename = "MLP")]
+    #[serde(rename = "mlp", alias = "MLP")]
     Mlp,
     /// Any convolution (and no attention).
-    #[serde(rename = "CNN")]
+    #[serde(rename = "cnn", alias = "CNN")]
     Cnn,
     /// Any attention.
-    #[serde(rename = "Transformer")]
+    #[serde(rename = "transformer", alias = "Transformer")]
     Transformer,
 }
 
 impl Family {
-    /// Display name.
+    /// Every family, in report order.
+    pub const ALL: [Family; 3] = [Family::Mlp, Family::Cnn, Family::Transformer];
+
+    /// Display name in reports and JSON outputs (`MLP`, `CNN`, `Transformer`).
     pub fn as_str(self) -> &'static str {
         match self {
             Family::Mlp => "MLP",
             Family::Cnn => "CNN",
             Family::Transformer => "Transformer",
         }
+    }
+
+    /// Lower-case name used on the command line, in the profile's safety margins, in ML model
+    /// files and by [`fmt::Display`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mlp => "mlp",
+            Family::Cnn => "cnn",
+            Family::Transformer => "transformer",
+        }
+    }
+
+    /// Parses either name of a family (`mlp`, `MLP`, `cnn`, `transformer`, ...), ignoring case.
+    pub fn parse(s: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(s.trim()))
     }
 
     /// The family of a model with these layer types. Attention wins over convolution: a ViT's
@@ -42,6 +65,12 @@ impl Family {
         } else {
             Family::Mlp
         }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -74,10 +103,12 @@ pub fn is_gemm(t: &str) -> bool {
         || matches!(l.as_str(), "lstm" | "gru" | "rnn" | "bilinear")
 }
 
-/// One layer: type, per-sample output elements, parameters.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One layer: type, per-sample output elements, parameters. The one layer type of the crate:
+/// `features --json` layers and the entries of a dataset's `Activations-Params` cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layer {
-    /// Module class name (`Linear`, `Conv2d`, ...).
+    /// Module class name (`Linear`, `Conv2d`, ...; GPUMemNet's CSVs use torchsummary's lower-case
+    /// names such as `linear`, `conv2d`, `batchnorm2d`).
     pub kind: String,
     /// Output elements per sample.
     pub activations: u64,

@@ -99,7 +99,7 @@ fn the_shipped_profile_names_the_rows_it_was_calibrated_on() {
     let ids = calibrated_ids(&p.calibration).unwrap();
     let mut want = std::collections::BTreeSet::new();
     for f in ["mlp_data_step2.csv", "cnn_data_step1_early.csv"] {
-        let rows = estimators::dataset::load_gpumemnet_csv(&crate::common::shared(&format!("gpumemnet/{f}"))).unwrap();
+        let rows = estimators::dataset::load(&crate::common::shared(&format!("gpumemnet/{f}")), &[]).unwrap();
         want.extend(estimators::dataset::seeded_subset(&rows, 150, 1).into_iter().map(|r| r.id));
     }
     assert_eq!(ids, want);

@@ -15,6 +15,20 @@ pub fn shared(rel: &str) -> PathBuf {
     p
 }
 
+/// The files under ../shared/data/`dir` whose names end in `.ext`, sorted; panics when there is
+/// none.
+pub fn shared_files(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let d = repo().join("../shared/data").join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&d)
+        .unwrap_or_else(|e| panic!("missing shared data {} ({e})", d.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .{ext} files in {}", d.display());
+    files
+}
+
 /// The venv's python; panics when missing.
 pub fn venv_python() -> PathBuf {
     let p = repo().join(".venv/bin/python");

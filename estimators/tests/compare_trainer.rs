@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use estimators::dataset::{load_gpumemnet_csv, Spec};
+use estimators::dataset::{load, Spec};
 use estimators::features::Family;
-use estimators::ml::dataset::{Dataset, Family as MlFamily};
+use estimators::ml::dataset::Dataset;
 use estimators::ml::features::extract;
 
 use crate::common::{shared, venv_python};
@@ -57,7 +57,7 @@ struct Expect {
 #[test]
 fn trainer_rows_keep_spec_settings_and_label_columns() {
     let dir = tempfile::tempdir().unwrap();
-    let rows = load_gpumemnet_csv(&trainer_csv(dir.path())).unwrap();
+    let rows = load(&trainer_csv(dir.path()), &[]).unwrap();
     let check = |i: usize, e: Expect| {
         let r = &rows[i];
         assert_eq!(r.spec, e.spec, "row {i}");
@@ -116,7 +116,7 @@ fn trainer_row_bad_cells_name_file_row_and_column() {
     let check = |from: &str, to: &str, column: &str| {
         let p = dir.path().join("bad.csv");
         std::fs::write(&p, good.replacen(from, to, 1)).unwrap();
-        let e = load_gpumemnet_csv(&p).unwrap_err().to_string();
+        let e = load(&p, &[]).unwrap_err().to_string();
         assert!(e.contains("bad.csv") && e.contains("row 1") && e.contains(column), "{e}");
     };
     check(",cnn,sgd,", ",cnn,nesterov,", "optimizer");
@@ -125,7 +125,7 @@ fn trainer_row_bad_cells_name_file_row_and_column() {
     check(",bf16,20.0,", ",bf16,-3,", "max_memory_reserved_mib");
     check(",nvml-process,false,", ",nvml-process,maybe,", "oom");
     // The file itself parses: only the edited cell is at fault.
-    assert_eq!(load_gpumemnet_csv(&trainer_csv(dir.path())).unwrap().len(), 3);
+    assert_eq!(load(&trainer_csv(dir.path()), &[]).unwrap().len(), 3);
 }
 
 /// The GPUMemNet row of the trainer's dataset gives exactly the ML feature vector of the same row
@@ -134,14 +134,14 @@ fn trainer_row_bad_cells_name_file_row_and_column() {
 #[test]
 fn trainer_row_has_the_gpumemnet_feature_vector() {
     let dir = tempfile::tempdir().unwrap();
-    let rows = load_gpumemnet_csv(&trainer_csv(dir.path())).unwrap();
-    let ours = extract(MlFamily::Mlp, &rows[1].ml_row()).unwrap();
+    let rows = load(&trainer_csv(dir.path()), &[]).unwrap();
+    let ours = extract(Family::Mlp, &rows[1]).unwrap();
     let theirs = Dataset::load(&shared("gpumemnet/mlp_data_step2.csv")).unwrap();
     let mut row = theirs.rows.into_iter().find(|r| r.filename == GM_FILE).expect("row in the step-2 CSV");
-    row.batch_size = 8.0;
-    assert_eq!(ours, extract(MlFamily::Mlp, &row).unwrap());
-    assert_eq!(rows[1].ml_row().family(), MlFamily::Mlp);
-    assert_eq!(rows[0].ml_row().family(), MlFamily::Cnn);
+    row.batch = 8;
+    assert_eq!(ours, extract(Family::Mlp, &row).unwrap());
+    assert_eq!(rows[1].family, Family::Mlp);
+    assert_eq!(rows[0].family, Family::Cnn);
 }
 
 fn memest(args: &[&str]) -> (bool, String, String) {

@@ -1,11 +1,16 @@
 //! GPUMemNet CSV reading (synthetic cases and the real files in ../shared) and seeded subsets.
+//! One loader serves `memest compare` and the ML estimators: both see the same rows, and a bad
+//! cell is the same error, naming the file, the row and the column, whoever reads it.
 
 use std::io::Write;
+use std::path::Path;
 
-use estimators::dataset::{load_gpumemnet_csv, parse_activations_params, seeded_subset};
+use estimators::dataset::{load, parse_activations_params, seeded_subset, DatasetRow};
 use estimators::features::Family;
+use estimators::ml::features::extract;
+use estimators::ml::{Dataset, Examples, Target, OOM_RELABEL_MIB};
 
-use crate::common::shared;
+use crate::common::{shared, shared_files};
 
 #[test]
 fn activations_params_cells() {
@@ -16,6 +21,20 @@ fn activations_params_cells() {
     for bad in ["('linear', 1, 2)", "[('linear', 1)]", "[('linear', x, 2)]"] {
         assert!(parse_activations_params(bad).is_err(), "{bad}");
     }
+    // Messages name the layer and what it lacks.
+    for (bad, needles) in [
+        ("[('linear', 1, 2), ('ReLU', 1)]", &["layer 1", "('type', activations, params)"][..]),
+        ("[(linear, 1, 2)]", &["layer 0", "quoted layer type", "linear"]),
+        ("[('linear', -1, 2)]", &["layer 0", "non-negative integer activation count", "\"-1\""]),
+        ("[('linear', 1, 2.5)]", &["layer 0", "non-negative integer parameter count", "\"2.5\""]),
+        ("[('linear', 1, 2), ('ReLU', 1, 0]", &["layer 1", "unterminated"]),
+        ("linear", &["expected a list"]),
+    ] {
+        let e = parse_activations_params(bad).unwrap_err();
+        assert!(needles.iter().all(|n| e.contains(n)), "{bad}: {e:?} lacks one of {needles:?}");
+    }
+    let q = parse_activations_params("[(\"it's\", 1, 2)]").unwrap();
+    assert_eq!(q[0].kind, "it's");
 }
 
 #[test]
@@ -24,7 +43,7 @@ fn bad_csv_names_file_row_and_column() {
     let check = |body: &str, needle: &str| {
         let p = dir.path().join("d.csv");
         std::fs::File::create(&p).unwrap().write_all(body.as_bytes()).unwrap();
-        let e = load_gpumemnet_csv(&p).unwrap_err().to_string();
+        let e = load(&p, &[]).unwrap_err().to_string();
         assert!(e.contains("d.csv") && e.contains(needle), "{e:?} lacks {needle:?}");
     };
     let head = "Filename,Activations-Params,Total Activations,Total Parameters,Batch Size,Max GPU Memory (MiB)\n";
@@ -37,7 +56,7 @@ fn bad_csv_names_file_row_and_column() {
 #[test]
 fn real_gpumemnet_files() {
     let check = |file: &str, rows: usize, family: Family, ooms: usize, zero_labels: usize| {
-        let r = load_gpumemnet_csv(&shared(file)).unwrap();
+        let r = load(&shared(file), &[]).unwrap();
         assert_eq!(r.len(), rows, "{file}");
         assert!(r.iter().all(|x| x.family == family), "{file}: all {family:?}");
         assert_eq!(r.iter().filter(|x| x.real_oom).count(), ooms, "{file}");
@@ -59,4 +78,145 @@ fn seeded_subsets_are_reproducible() {
     assert_eq!(a.len(), 10);
     assert!(a.windows(2).all(|w| w[0] < w[1]), "file order kept");
     assert_eq!(seeded_subset(&rows, 1000, 7), rows);
+}
+
+/// Every row of every GPUMemNet CSV in ../shared: what `memest compare` reads and what the ML
+/// estimators read are the same rows (layers, family, truth, OOM, row number) and the same feature
+/// vectors, and agree with the file's raw cells.
+#[test]
+fn compare_and_ml_see_the_same_rows() {
+    let files = shared_files("gpumemnet", "csv");
+    assert!(files.len() >= 3, "{files:?}");
+    for path in &files {
+        let name = path.file_name().unwrap().to_string_lossy();
+        let rows = load(path, &[]).unwrap();
+        let ds = Dataset::load(path).unwrap();
+        assert_eq!(rows, ds.rows, "{name}");
+        let family = ds.family().unwrap();
+        let mut rdr = csv::Reader::from_path(path).unwrap();
+        let headers = rdr.headers().unwrap().clone();
+        let col = |n: &str| headers.iter().position(|h| h == n);
+        let (c_ap, c_mem, c_status) =
+            (col("Activations-Params").unwrap(), col("Max GPU Memory (MiB)").unwrap(), col("Status"));
+        let mut n = 0;
+        for (i, (rec, r)) in rdr.records().zip(&rows).enumerate() {
+            let rec = rec.unwrap();
+            let at = format!("{name} row {}", i + 1);
+            assert_eq!(
+                (r.row, r.id.clone()),
+                (i + 1, format!("{}-{:05}", path.file_stem().unwrap().to_string_lossy(), i + 1)),
+                "{at}"
+            );
+            assert_eq!(r.filename, rec[0].trim(), "{at}");
+            // Layers: one per tuple of the cell; the family is the layer rule's (the generator's
+            // where torchsummary listed no layer, as in 85 CNN rows).
+            let tuples = rec[c_ap].matches('(').count();
+            assert_eq!(r.features.layers.len(), tuples, "{at}");
+            if tuples > 0 {
+                assert_eq!(
+                    r.family,
+                    Family::from_layer_types(r.features.layers.iter().map(|l| l.kind.as_str())),
+                    "{at}"
+                );
+            }
+            assert_eq!(r.family, family, "{at}: one family per file");
+            let oom = c_status.is_some_and(|c| &rec[c] == "OOM_CRASH");
+            assert_eq!(r.real_oom, oom, "{at}");
+            let mib: f64 = rec[c_mem].parse().unwrap();
+            assert_eq!(r.truth_mib(), (!oom).then_some(mib), "{at}");
+            assert_eq!(r.truth, (!oom).then_some(mib * 1048576.0), "{at}");
+            if let Ok(x) = extract(family, r) {
+                assert_eq!(x.len(), estimators::ml::features::feature_names(family).len(), "{at}");
+            }
+            n += 1;
+        }
+        assert_eq!(n, rows.len(), "{name}");
+        // The ML memory target is the compare truth in MiB (OOM rows relabelled).
+        let ex = Examples::build(&ds, &Target::memory(family)).unwrap();
+        for (&id, &v) in ex.row_ids.iter().zip(&ex.value) {
+            let r = &rows[id - 1];
+            assert_eq!(v, if r.real_oom { OOM_RELABEL_MIB } else { r.truth_mib().unwrap() }, "{name} row {id}");
+        }
+    }
+}
+
+const HEAD: &str = "Filename,Depth,Activations-Params,Activation Function,Total Activations,Total Parameters,Batch Size,Max GPU Memory (MiB),Avg GPUTL,Avg SMACT,Status";
+const GOOD: &str = "x_arch:uniform_y,1,\"[('linear', 4, 20), ('ReLU', 4, 0)]\",ReLU,8,20,8,1500,50,0.5,SUCCESSFUL";
+
+fn write(dir: &Path, rows: &[&str]) -> std::path::PathBuf {
+    let p = dir.join("bad.csv");
+    std::fs::write(&p, format!("{HEAD}\n{}\n", rows.join("\n"))).unwrap();
+    p
+}
+
+/// A malformed cell is one error, naming the file, the data row and the column, from compare's
+/// loader and the ML dataset alike; cells only the ML feature sets need are checked only there.
+#[test]
+fn malformed_cells_name_file_row_and_column_for_every_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &str, &[&str]); 10] = [
+        (
+            "\"[('linear', 4, 20), ('ReLU', 4, 0)]\"",
+            "\"[('linear', 4, 20), (ReLU, 4, 0)]\"",
+            "Activations-Params",
+            &["layer 1", "quoted"],
+        ),
+        (
+            "\"[('linear', 4, 20), ('ReLU', 4, 0)]\"",
+            "\"[('linear', -4, 20)]\"",
+            "Activations-Params",
+            &["layer 0", "non-negative"],
+        ),
+        (",SUCCESSFUL", ",MAYBE", "Status", &["SUCCESSFUL or OOM_CRASH", "\"MAYBE\""]),
+        (",SUCCESSFUL", ",", "Status", &["SUCCESSFUL or OOM_CRASH"]),
+        ("_y,1,", "_y,deep,", "Depth", &["\"deep\""]),
+        (",0.5,", ",lots,", "Avg SMACT", &["\"lots\""]),
+        (",8,20,8,", ",8,20.5,8,", "Total Parameters", &["whole number", "\"20.5\""]),
+        (",20,8,1500,", ",20,,1500,", "Batch Size", &["whole number"]),
+        (",8,1500,", ",8,-3,", "Max GPU Memory (MiB)", &["finite number of MiB", "\"-3\""]),
+        (",8,1500,", ",8,inf,", "Max GPU Memory (MiB)", &["finite"]),
+    ];
+    for (from, to, column, needles) in cases {
+        let bad = GOOD.replacen(from, to, 1);
+        assert_ne!(bad, GOOD, "{from:?} not in the good row");
+        let p = write(dir.path(), &[GOOD, &bad]);
+        let compare = load(&p, &[]).unwrap_err().to_string();
+        let ml = Dataset::load(&p).unwrap_err().to_string();
+        assert_eq!(compare, ml, "one loader, one message");
+        for n in ["bad.csv", "row 2", &format!("column {column:?}")].iter().copied().chain(needles.iter().copied()) {
+            assert!(compare.contains(n), "{to:?}: {compare:?} lacks {n:?}");
+        }
+    }
+    // Depth and Activation Function may be empty for compare (the trainer's rows of other models);
+    // the ML feature sets need them.
+    for (from, to, column) in [("_y,1,", "_y,,", "Depth"), (",ReLU,", ",,", "Activation Function")] {
+        let p = write(dir.path(), &[GOOD, &GOOD.replacen(from, to, 1)]);
+        let rows = load(&p, &[]).unwrap();
+        assert_eq!((rows[1].depth.is_none(), rows[1].activation.is_empty()), (column == "Depth", column != "Depth"));
+        let ml = Dataset::load(&p).unwrap_err().to_string();
+        assert!(ml.contains("bad.csv") && ml.contains("row 2") && ml.contains(column) && ml.contains("empty"), "{ml}");
+    }
+    // A missing column is named with the header row (row 0).
+    let p = dir.path().join("bad.csv");
+    std::fs::write(&p, format!("{}\n", HEAD.replace(",Depth", ""))).unwrap();
+    assert!(load(&p, &[]).unwrap().is_empty());
+    let ml = Dataset::load(&p).unwrap_err().to_string();
+    assert!(
+        ml.contains("bad.csv") && ml.contains("row 0") && ml.contains("\"Depth\"") && ml.contains("missing column"),
+        "{ml}"
+    );
+}
+
+/// DCGM columns: -1 (no sample) and an empty cell are no value; the ML view and compare's row
+/// are one value.
+#[test]
+fn utilization_minus_one_is_no_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [GOOD.to_string(), GOOD.replacen(",50,0.5,", ",-1,-1,", 1), GOOD.replacen(",50,0.5,", ",,0,", 1)];
+    let p = write(dir.path(), &rows.iter().map(String::as_str).collect::<Vec<_>>());
+    let r: Vec<DatasetRow> = load(&p, &[]).unwrap();
+    let got: Vec<(Option<f64>, Option<f64>, Option<f64>)> =
+        r.iter().map(|r| (r.util.gputl, r.util.smact, r.util.smocc)).collect();
+    assert_eq!(got, vec![(Some(50.0), Some(0.5), None), (None, None, None), (None, Some(0.0), None)]);
+    assert_eq!(Dataset::load(&p).unwrap().rows, r);
 }

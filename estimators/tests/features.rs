@@ -63,19 +63,39 @@ fn errors_name_file_and_field() {
 
 #[test]
 fn one_family_rule_for_features_and_ml_rows() {
-    use estimators::features::Family as F;
+    use estimators::features::{Family as F, Features};
     use estimators::ml::dataset::{Family as M, Layer};
-    let cases: [(&[&str], F, M); 5] = [
-        (&["Conv1D", "Linear"], F::Mlp, M::Mlp),
-        (&["conv2d", "linear"], F::Cnn, M::Cnn),
-        (&["Conv2d", "MultiheadAttention"], F::Transformer, M::Transformer),
-        (&["NonDynamicallyQuantizableLinear", "Linear"], F::Transformer, M::Transformer),
-        (&["ConvTranspose2d"], F::Cnn, M::Cnn),
+    let cases: [(&[&str], F); 5] = [
+        (&["Conv1D", "Linear"], F::Mlp),
+        (&["conv2d", "linear"], F::Cnn),
+        (&["Conv2d", "MultiheadAttention"], F::Transformer),
+        (&["NonDynamicallyQuantizableLinear", "Linear"], F::Transformer),
+        (&["ConvTranspose2d"], F::Cnn),
     ];
-    for (kinds, f, m) in cases {
+    for (kinds, f) in cases {
         assert_eq!(F::from_layer_types(kinds.iter().copied()), f, "{kinds:?}");
         let layers: Vec<Layer> =
-            kinds.iter().map(|k| Layer { kind: k.to_string(), activations: 1, params: 1 }).collect();
-        assert_eq!(M::of_layers(&layers), m, "{kinds:?}");
+            kinds.iter().map(|k| Layer { kind: k.to_string(), activations: 1, parameters: 1 }).collect();
+        let features = Features { total_parameters: 0, total_activations: 0, batch_size: None, layers };
+        let m: M = features.family();
+        assert_eq!(m, f, "{kinds:?}");
     }
+}
+
+/// One family type, two names: `as_str` for reports (`MLP`), `name`/Display for the command
+/// line and model files (`mlp`); model files written in either spelling read back.
+#[test]
+fn family_names_parse_and_serde() {
+    use estimators::features::Family;
+    for f in Family::ALL {
+        assert_eq!(Family::parse(f.name()), Some(f));
+        assert_eq!(Family::parse(f.as_str()), Some(f));
+        assert_eq!(f.to_string(), f.name());
+        let json = serde_json::to_string(&f).unwrap();
+        assert_eq!(json, format!("\"{}\"", f.name()));
+        assert_eq!(serde_json::from_str::<Family>(&json).unwrap(), f);
+        assert_eq!(serde_json::from_str::<Family>(&format!("\"{}\"", f.as_str())).unwrap(), f);
+    }
+    assert_eq!((Family::Mlp.as_str(), Family::Transformer.name()), ("MLP", "transformer"));
+    assert_eq!(Family::parse("rnn"), None);
 }

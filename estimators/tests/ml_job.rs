@@ -26,11 +26,11 @@ fn trainer_features_match_the_dataset_rows() {
         let ds = Dataset::load(&shared(file)).unwrap();
         for i in rows {
             let row = &ds.rows[i];
-            let family = row.family();
+            let family = row.family;
             let Ok(want) = extract(family, row) else { continue };
             let v = features_json(&row.filename);
             let got = row_from_features(&v, file).unwrap();
-            assert_eq!(got.family(), family, "{file} row {i}");
+            assert_eq!(got.family, family, "{file} row {i}");
             let mine = extract(family, &got).unwrap_or_else(|e| panic!("{file} row {i} ({}): {e:?}", row.filename));
             assert_eq!(mine, want, "{file} row {i}: {}", row.filename);
         }

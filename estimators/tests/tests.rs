@@ -11,7 +11,7 @@ mod calibrate;
 mod cli;
 /// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
 mod compare_trainer;
-/// GPUMemNet CSV reading and seeded subsets.
+/// GPUMemNet CSV reading (one loader for compare and the ML estimators) and seeded subsets.
 mod dataset;
 /// Feature parsing and the family rule.
 mod features;

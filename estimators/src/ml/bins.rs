@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::dataset::Family;
+use crate::features::Family;
 
 /// GPUMemNet relabels OOM rows of the CNN and Transformer sweeps to this many MiB, so that they
 /// fall in the top 8000-MiB bin.

@@ -15,6 +15,10 @@ pub enum MlError {
         /// The underlying I/O error.
         source: std::io::Error,
     },
+    /// A dataset did not load: the crate's one loader names the file, the data row and the column
+    /// ([`crate::error::EstimateError::Csv`]).
+    #[error(transparent)]
+    Dataset(crate::error::EstimateError),
     /// The CSV reader rejected the file (bad quoting, ragged rows, invalid UTF-8).
     #[error("{path}: CSV error: {source}")]
     Csv {
@@ -23,7 +27,7 @@ pub enum MlError {
         /// The underlying parser error.
         source: csv::Error,
     },
-    /// A column that the requested feature set or target needs is absent from the header.
+    /// A column that a joined file (kernel features) needs is absent from its header.
     #[error("{path}: missing column {column:?} (needed for {needed_for})")]
     MissingColumn {
         /// The CSV file.
@@ -105,4 +109,14 @@ pub enum MlError {
         /// The version this build writes and reads.
         expected: u32,
     },
+}
+
+impl From<crate::error::EstimateError> for MlError {
+    /// A dataset loader error; a file that cannot be read stays [`MlError::Io`].
+    fn from(e: crate::error::EstimateError) -> MlError {
+        match e {
+            crate::error::EstimateError::Io { path, source, .. } => MlError::Io { path, source },
+            other => MlError::Dataset(other),
+        }
+    }
 }

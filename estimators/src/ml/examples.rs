@@ -6,7 +6,7 @@ use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 
 use super::bins::{Binning, OOM_RELABEL_MIB};
-use super::dataset::{Dataset, Family, RunRow, RunStatus};
+use super::dataset::{Dataset, DatasetRow, Family};
 use super::error::MlError;
 use super::features::{self, RowIssue};
 use super::kernel_features::KernelFeatures;
@@ -104,7 +104,7 @@ impl Examples {
                 *ex.excluded.entry(reason.to_string()).or_default() += 1;
                 continue;
             }
-            if row.layers.is_empty() {
+            if row.features.layers.is_empty() {
                 *ex.excluded.entry("empty Activations-Params (no layers)".to_string()).or_default() += 1;
                 continue;
             }
@@ -185,11 +185,11 @@ impl Examples {
     }
 }
 
-fn gpumemnet_filter(family: Family, row: &RunRow) -> Option<&'static str> {
+fn gpumemnet_filter(family: Family, row: &DatasetRow) -> Option<&'static str> {
     if family != Family::Cnn {
         return None;
     }
-    if row.activation == "None" {
+    if row.activation_name() == "None" {
         return Some("activation None (GPUMemNet's dropna drops it)");
     }
     match row.architecture() {
@@ -198,14 +198,15 @@ fn gpumemnet_filter(family: Family, row: &RunRow) -> Option<&'static str> {
     }
 }
 
-fn target_value(kind: TargetKind, row: &RunRow) -> Result<(f64, bool), &'static str> {
+fn target_value(kind: TargetKind, row: &DatasetRow) -> Result<(f64, bool), &'static str> {
     match kind {
-        TargetKind::MemoryMib => Ok(match row.status {
-            RunStatus::OomCrash => (OOM_RELABEL_MIB, false),
-            RunStatus::Successful => (row.max_memory_mib, row.max_memory_mib > 0.0),
-        }),
+        TargetKind::MemoryMib => match row.truth_mib() {
+            _ if row.real_oom => Ok((OOM_RELABEL_MIB, false)),
+            Some(mib) => Ok((mib, mib > 0.0)),
+            None => Err("no device-level memory label"),
+        },
         TargetKind::Smact | TargetKind::Smocc => {
-            if row.status == RunStatus::OomCrash {
+            if row.real_oom {
                 return Err("OOM run (no steady-state utilisation)");
             }
             let v = if kind == TargetKind::Smact { row.util.smact } else { row.util.smocc };

@@ -1,6 +1,7 @@
 //! GPUMemNet's feature sets (`Ensemble/dataloaders/dataloaders4mlp.py`), one per family.
 
-use super::dataset::{Family, RunRow};
+use crate::dataset::DatasetRow;
+use crate::features::Family;
 
 /// MLP-data features, in GPUMemNet's column order.
 pub const MLP_FEATURES: [&str; 8] = [
@@ -78,24 +79,30 @@ pub enum RowIssue {
     UnknownActivation(String),
 }
 
-/// The feature vector of one row for `family`, in [`feature_names`] order.
-pub fn extract(family: Family, row: &RunRow) -> Result<Vec<f64>, RowIssue> {
+/// The feature vector of one row for `family`, in [`feature_names`] order. A row without `Depth`
+/// or `Activation Function` (the trainer's rows of non-GPUMemNet models) gets GPUMemNet's depth
+/// rule and activation `None` ([`DatasetRow::gpumemnet_depth`], [`DatasetRow::activation_name`]).
+pub fn extract(family: Family, row: &DatasetRow) -> Result<Vec<f64>, RowIssue> {
     let count = |pred: &dyn Fn(&str) -> bool| row.count_layers(pred) as f64;
-    let act_x_batch = row.total_activations * row.batch_size;
+    let depth = row.gpumemnet_depth();
+    let (activations, parameters) = (row.features.total_activations as f64, row.features.total_parameters as f64);
+    let batch = row.batch as f64;
+    let act_x_batch = activations * batch;
+    let activation = row.activation_name();
     let encoding = || {
-        activation_encoding(family, &row.activation).ok_or_else(|| {
+        activation_encoding(family, activation).ok_or_else(|| {
             let vocab: &[&str] = if family == Family::Mlp { &MLP_ACTIVATIONS } else { &CNN_ACTIVATIONS };
-            RowIssue::UnknownActivation(format!("activation {:?} is not one of {}", row.activation, vocab.join(", ")))
+            RowIssue::UnknownActivation(format!("activation {activation:?} is not one of {}", vocab.join(", ")))
         })
     };
     Ok(match family {
         Family::Mlp => {
             let (s, c) = encoding()?;
             vec![
-                row.depth,
-                row.batch_size,
-                row.total_parameters,
-                row.total_activations,
+                depth,
+                batch,
+                parameters,
+                activations,
                 count(&|k| k.contains("batch_norm") || k.contains("batchnorm")),
                 count(&|k| k.contains("dropout")),
                 s,
@@ -105,11 +112,11 @@ pub fn extract(family: Family, row: &RunRow) -> Result<Vec<f64>, RowIssue> {
         Family::Cnn => {
             let (s, c) = encoding()?;
             vec![
-                row.depth,
-                row.total_activations,
+                depth,
+                activations,
                 act_x_batch,
-                row.total_parameters,
-                row.batch_size,
+                parameters,
+                batch,
                 count(&|k| k == "conv2d"),
                 count(&|k| k == "batchnorm2d" || k == "batch_normalization"),
                 count(&|k| k.contains("dropout")),
@@ -118,11 +125,11 @@ pub fn extract(family: Family, row: &RunRow) -> Result<Vec<f64>, RowIssue> {
             ]
         }
         Family::Transformer => vec![
-            row.depth,
-            row.total_activations,
+            depth,
+            activations,
             act_x_batch,
-            row.total_parameters,
-            row.batch_size,
+            parameters,
+            batch,
             count(&|k| k == "nondynamicallyquantizablelinear"),
             count(&|k| k == "linear"),
             count(&|k| k == "layernorm"),

@@ -1,15 +1,17 @@
 //! A job described by `memtrace_trainer features --json`, seen as a GPUMemNet dataset row, so a
 //! model trained on the datasets can estimate a job the trainer describes.
 
-use super::dataset::{Layer, RunRow, RunStatus, Utilization};
 use super::error::MlError;
 use super::features::extract;
 use super::modelfile::{ModelFile, Prediction};
+use crate::dataset::DatasetRow;
+use crate::features::{Features, Layer};
 
 /// The row of a features JSON document; `source` names it in errors.
-pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<RunRow, MlError> {
+pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<DatasetRow, MlError> {
     let bad = |field: &str, expected: &str| MlError::Invalid(format!("{source}: field {field:?}: expected {expected}"));
-    let num = |field: &str| v.get(field).and_then(serde_json::Value::as_f64).ok_or_else(|| bad(field, "a number"));
+    let count =
+        |field: &str| v.get(field).and_then(serde_json::Value::as_u64).ok_or_else(|| bad(field, "a whole number"));
     // GPUMemNet's own layer names (lower-case torchsummary types) when the trainer gives them.
     let gpumemnet = v.get("gpumemnet_sequence").and_then(serde_json::Value::as_array).filter(|a| !a.is_empty());
     let seq = gpumemnet
@@ -25,38 +27,35 @@ pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<RunRow, 
         layers.push(Layer {
             kind: kind.to_ascii_lowercase(),
             activations: a[1].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][1]"), "a whole number"))?,
-            params: a[2].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][2]"), "a whole number"))?,
+            parameters: a[2].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][2]"), "a whole number"))?,
         });
     }
-    // GPUMemNet's `Depth` counts the Conv2d layers of a CNN and the Linear layers of an MLP; the
-    // trainer's `depth` counts every layer with parameters, so it is used only when there is no
-    // GPUMemNet-style sequence.
-    let depth = if gpumemnet.is_some() {
-        let count = |k: &str| layers.iter().filter(|l| l.kind == k).count();
-        let convs = count("conv2d");
-        (if convs > 0 { convs } else { count("linear") }) as f64
-    } else {
-        num("depth")?
+    // GPUMemNet's `Depth` counts the Conv2d layers of a CNN and the Linear layers of an MLP
+    // ([`DatasetRow::gpumemnet_depth`] without a `Depth`); the trainer's `depth` counts every
+    // layer with parameters, so it is used only when there is no GPUMemNet-style sequence.
+    let depth = match gpumemnet {
+        Some(_) => None,
+        None => Some(v.get("depth").and_then(serde_json::Value::as_f64).ok_or_else(|| bad("depth", "a number"))?),
     };
-    Ok(RunRow {
-        row: 0,
-        filename: v.get("model").and_then(serde_json::Value::as_str).unwrap_or("").to_string(),
-        depth,
+    let features = Features {
+        total_parameters: count("total_parameters")?,
+        total_activations: count("total_activations")?,
+        batch_size: None,
         layers,
-        activation: v.get("activation_function").and_then(serde_json::Value::as_str).unwrap_or("None").to_string(),
-        total_activations: num("total_activations")?,
-        total_parameters: num("total_parameters")?,
-        batch_size: num("batch_size")?,
-        max_memory_mib: 0.0,
-        status: RunStatus::Successful,
-        util: Utilization::default(),
-    })
+    };
+    Ok(DatasetRow::unmeasured(
+        v.get("model").and_then(serde_json::Value::as_str).unwrap_or(""),
+        features,
+        count("batch_size")?,
+        depth,
+        v.get("activation_function").and_then(serde_json::Value::as_str).unwrap_or("None"),
+    ))
 }
 
 /// The model's estimate for a job, or why it has none (another family, an unknown activation).
 pub fn predict_job(model: &ModelFile, features: &serde_json::Value, source: &str) -> Result<Prediction, MlError> {
     let row = row_from_features(features, source)?;
-    let family = row.family();
+    let family = row.family;
     if family != model.family {
         return Err(MlError::Invalid(format!(
             "the model was trained on {:?} runs and this job is a {:?}: no trained model fits its family",

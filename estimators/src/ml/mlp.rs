@@ -12,8 +12,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::dataset::Family;
 use super::error::MlError;
+use crate::features::Family;
 
 const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;

@@ -1,7 +1,7 @@
 //! GPUMemNet-style ML estimators: classifiers over memory (or utilisation) bins and regressors
 //! of the raw target, trained on GPUMemNet's CSVs.
 //!
-//! Pipeline: [`dataset::Dataset::load`] → [`examples::Examples::build`] (GPUMemNet's feature set
+//! Pipeline: [`dataset::Dataset::load`] (the crate's one dataset loader, [`crate::dataset`]) → [`examples::Examples::build`] (GPUMemNet's feature set
 //! for the family, its bins, its row filters) → [`protocol`] (GPUMemNet's own 70/20/10 split and
 //! 3-fold KFold, or a stratified seeded 3-fold CV under a stratified held-out test set) over the
 //! model families in [`models`]. [`modelfile`] persists one trained [`models::Pipeline`].
@@ -28,7 +28,7 @@ pub mod split;
 pub mod util;
 
 pub use bins::{Binning, Closed, OOM_RELABEL_MIB};
-pub use dataset::{Dataset, Family, Layer, RunRow, RunStatus};
+pub use dataset::{Dataset, DatasetRow, Family, Layer};
 pub use error::MlError;
 pub use examples::{Examples, Target, TargetKind};
 pub use kernel_features::KernelFeatures;

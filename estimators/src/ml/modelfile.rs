@@ -10,10 +10,10 @@ use std::path::Path;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 
-use super::dataset::Family;
 use super::error::MlError;
 use super::examples::{Examples, Target};
 use super::models::{ModelKind, Pipeline, TrainConfig};
+use crate::features::Family;
 
 /// Version of the model-file layout this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -14,10 +14,10 @@ use perpetual::{Matrix, MultiOutputBooster, PerpetualBooster};
 use serde::{Deserialize, Serialize};
 
 use super::cart::{Forest, TreeParams, TreeTask};
-use super::dataset::Family;
 use super::error::MlError;
 use super::mlp::{MlpEnsemble, MlpParams, MlpTask};
 use super::scale::Standardizer;
+use crate::features::Family;
 
 /// A model family, by its command-line name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use estimators::analytic::{Optimizer, Precision};
 use estimators::compare::{aggregate, evaluate_row, read_runs, EvalContext, MlModels, Outcome, RunRecord};
-use estimators::dataset::{load_gpumemnet_csv, seeded_subset, DatasetRow, Spec};
+use estimators::dataset::{seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
 use estimators::rebuild::{python, trace_parallel, TraceJob, TraceResult};
 use estimators::symbolic::profile_version;
@@ -133,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
     for (di, d) in a.dataset.iter().enumerate() {
-        let mut all = load_gpumemnet_csv(d)?;
+        let mut all = estimators::dataset::load(d, &[])?;
         all.retain(|r| !excluded.contains(&r.id));
         if a.exclude_calibrated {
             all.retain(|r| !calibrated.contains(&r.id));
