@@ -145,7 +145,9 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
     optimizer = make_optimizer(cfg.optimizer, params, cfg.cuda_emulation)
     functions = CudaFunctions(profile) if cfg.cuda_emulation else contextlib.nullcontext()
     scaler = None
-    with rec, functions:
+    # CUDA autocast is emulated with or without the other CUDA cases: the cast policy is part of
+    # the step the user asked for.
+    with Autocast(), rec, functions:
         if cfg.amp == "fp16":
             rec.category = "other"
             scaler = GradScaler()
@@ -161,8 +163,8 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
                 inputs, target = workload.make_batch()
                 rec.marker("phase:forward")
                 rec.category = "activation"
-                cast = Autocast(AMP[cfg.amp]) if cfg.amp else contextlib.nullcontext()
-                with cast:
+                amp = AMP[cfg.amp] if cfg.amp else None
+                with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
                     out = call_model(model, inputs)
                     loss = workload.loss(out, target)
                     if cfg.grad_accum > 1:

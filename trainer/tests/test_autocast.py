@@ -1,0 +1,132 @@
+"""The meta-device CUDA autocast against PyTorch's own AutocastCUDA kernels (symtrace/autocast.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memtrace_trainer.symtrace.autocast import Autocast, cuda_autocast_ops
+
+aten = torch.ops.aten
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def _real_cuda(fn: Callable[..., Any], specs: list[tuple[tuple[int, ...], torch.dtype]], dt: Any):
+    """Output dtypes of `fn` under PyTorch's real CUDA autocast, on fake CUDA tensors."""
+    with FakeTensorMode():
+        xs = [torch.empty(s, dtype=d, device="cuda") for s, d in specs]
+        torch.set_autocast_enabled("cuda", True)
+        torch.set_autocast_dtype("cuda", dt)
+        try:
+            out = fn(*xs)
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+    return _dtypes(out)
+
+
+def _emulated(fn: Callable[..., Any], specs: list[tuple[tuple[int, ...], torch.dtype]], dt: Any):
+    with Autocast():
+        xs = [torch.empty(s, dtype=d, device="meta") for s, d in specs]
+        with torch.autocast("cuda", dtype=dt):
+            out = fn(*xs)
+    return _dtypes(out)
+
+
+def _dtypes(out: Any) -> list[torch.dtype]:
+    outs = out if isinstance(out, tuple | list) else [out]
+    return [o.dtype for o in outs if isinstance(o, torch.Tensor)]
+
+
+M = (8, 16)
+CASES: dict[str, tuple[Callable[..., Any], list[tuple[tuple[int, ...], torch.dtype]]]] = {
+    # lower_precision_fp
+    "mm": (aten.mm.default, [(8, 16), (16, 4)]),
+    "linear": (aten.linear.default, [(8, 16), (4, 16), (4,)]),
+    "einsum": (lambda a, b: torch.einsum("ij,jk->ik", a, b), [(8, 16), (16, 4)]),
+    "matmul": (torch.matmul, [(2, 8, 16), (16, 4)]),
+    "bmm": (torch.bmm, [(2, 8, 16), (2, 16, 4)]),
+    "baddbmm": (torch.baddbmm, [(2, 8, 4), (2, 8, 16), (2, 16, 4)]),
+    "conv2d": (torch.nn.functional.conv2d, [(2, 3, 8, 8), (4, 3, 3, 3)]),
+    "sdpa": (torch.nn.functional.scaled_dot_product_attention, [(2, 2, 8, 16)] * 3),
+    # fp32
+    "softmax": (lambda x: torch.softmax(x, -1), [M]),
+    "log_softmax": (lambda x: torch.log_softmax(x, -1), [M]),
+    "layer_norm": (lambda x: torch.nn.functional.layer_norm(x, (16,)), [M]),
+    "exp": (torch.exp, [M]),
+    "mse_loss": (torch.nn.functional.mse_loss, [M, M]),
+    # fp32_set_opt_dtype
+    "sum": (torch.sum, [M]),
+    "cumsum": (lambda x: torch.cumsum(x, 0), [M]),
+    # promote
+    "addcmul": (torch.addcmul, [M, M, M]),
+    # no autocast kernel at all
+    "relu": (torch.relu, [M]),
+    "add": (torch.add, [M, M]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("input_dtypes", ["f32", "low", "mixed"])
+@pytest.mark.parametrize("amp", [BF16, F16])
+def test_emulation_matches_pytorch_cuda_autocast(name: str, input_dtypes: str, amp: Any) -> None:
+    fn, shapes = CASES[name]
+    pick = {"f32": lambda i: F32, "low": lambda i: amp, "mixed": lambda i: amp if i else F32}
+    specs = [(s, pick[input_dtypes](i)) for i, s in enumerate(shapes)]
+    assert _emulated(fn, specs, amp) == _real_cuda(fn, specs, amp)
+
+
+def test_every_cuda_autocast_op_gets_a_kernel_and_removal_restores_cpu() -> None:
+    ops = cuda_autocast_ops()
+    assert len(ops) > 100, ops  # torch 2.15 has 121; a broken enumeration would find few
+    before = torch._C._dispatch_dump("aten::mm")
+    with Autocast():
+        for name in ops:
+            if name.startswith("aten::"):
+                dump = torch._C._dispatch_dump(name)
+                line = next(x for x in dump.splitlines() if x.startswith("AutocastCPU"))
+                assert "autocast_mode.cpp" not in line and "AutocastRNN" not in line, (name, line)
+    assert torch._C._dispatch_dump("aten::mm") == before
+    lin = torch.nn.Linear(4, 4, device="meta")
+    assert lin(torch.randn(2, 4, device="meta")).dtype == F32
+
+
+def test_regions_nest_cache_weights_and_report_state() -> None:
+    lin = torch.nn.Linear(16, 16, device="meta")
+    with Autocast() as ac:
+        x = torch.randn(4, 16, device="meta")
+        with torch.autocast("cuda", dtype=BF16):
+            assert torch.is_autocast_enabled("cuda")
+            assert torch.get_autocast_dtype("cuda") == BF16
+            y = lin(x)
+            assert y.dtype == BF16
+            lin(x)
+            assert len(ac.engine.cache) == 2  # weight and bias, each cast once per region
+            with torch.autocast("cuda", enabled=False):
+                assert lin(x).dtype == F32
+            assert lin(x).dtype == BF16
+        assert not torch.is_autocast_enabled("cuda")
+        assert not ac.engine.cache
+        assert lin(x).dtype == F32
+
+
+def test_checkpoint_recompute_keeps_the_region() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(16, 16, device="meta")
+    seen: list[torch.dtype] = []
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        y = lin(x)
+        seen.append(y.dtype)
+        return torch.relu(y)  # saves its output: backward needs the recompute
+
+    with Autocast():
+        x = torch.randn(4, 16, device="meta", requires_grad=True)
+        with torch.autocast("cuda", dtype=BF16):
+            out = checkpoint(block, x, use_reentrant=False)
+        out.float().sum().backward()
+    assert seen == [BF16, BF16]
