@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import weakref
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,25 @@ def test_header_says_which_cuda_libraries_the_step_loads(tmp_path: Path) -> None
     assert (cnn["uses_gemm"], cnn["uses_conv"]) == ("true", "true")
     # Without emulation nothing is known about the libraries: the keys are left out.
     assert "uses_gemm" not in meta(MLP, "--no-cuda-emulation")
+
+
+def test_every_cudnn_workspace_is_named_by_its_call() -> None:
+    events = events_of(CNN, iterations=1)
+    factor = load_profile(None).cudnn_workspace_factor
+    calls = []
+    for i, e in enumerate(events):
+        if e["kind"] == "marker" and e["text"].startswith("cudnn:"):
+            head, *fields = e["text"].split()
+            kv = dict(f.split("=", 1) for f in fields)
+            nxt, after = events[i + 1], events[i + 2]
+            assert nxt["kind"] == "alloc" and nxt["category"] == "workspace"
+            assert after["kind"] == "free" and after["addr"] == nxt["addr"]
+            x = [int(d) for d in kv["x"].split("x")]
+            y = [int(d) for d in kv["y"].split("x")]
+            assert nxt["size"] == int(kv["workspace"]) == int(factor * 4 * max(prod(x), prod(y)))
+            calls.append((head.removeprefix("cudnn:"), x[1]))
+    directions = [d for d, _ in calls]
+    convs = directions.count("fwd")
+    assert convs >= 3 and directions.count("wgrad") == convs
+    # The input image does not require grad: the first convolution has no dgrad.
+    assert directions.count("dgrad") == convs - sum(1 for d, c in calls if d == "fwd" and c == 3)

@@ -59,19 +59,22 @@ class Workspaces:
             self._transient(rec, self.profile.cublaslt_workspace_bytes)
         elif func is aten.convolution.default:
             self.used_conv = True
-            self._conv(rec, args[0], out)
+            x, w = args[0], args[1]
+            self._conv(rec, ConvCall("fwd", x, w, out, args[3], args[6], args[8]))
         elif func is aten.convolution_backward.default:
-            grad_out, inp, _weight = args[0], args[1], args[2]
+            grad_out, x, w = args[0], args[1], args[2]
             mask = args[-1]
             # One cuDNN call, with its own workspace, per requested direction.
-            if mask[0]:
-                self._conv(rec, grad_out, inp)
-            if mask[1]:
-                self._conv(rec, inp, grad_out)
+            for direction, wanted in (("dgrad", mask[0]), ("wgrad", mask[1])):
+                if wanted:
+                    self._conv(rec, ConvCall(direction, x, w, grad_out, args[4], args[7], args[9]))
 
-    def _conv(self, rec: Recorder, a: Any, b: Any) -> None:
-        factor = self.profile.cudnn_workspace_factor
-        self._transient(rec, int(factor * max(_nbytes(a), _nbytes(b))))
+    def _conv(self, rec: Recorder, call: ConvCall) -> None:
+        size = call.workspace_bytes(self.profile)
+        # The marker names the call, so a trace says which convolution each workspace is for
+        # (scripts/cudnn_workspace_fit.py refits the per-shape model from these).
+        rec.marker(call.marker(size))
+        self._transient(rec, size)
 
     def _before(self, rec: Recorder, func: Any, args: tuple[Any, ...]) -> None:
         if func is aten._scaled_dot_product_flash_attention_backward.default:
@@ -82,6 +85,33 @@ class Workspaces:
             l128 = math.ceil(seq / 128) * 128
             d32 = math.ceil(d / 32) * 32
             self._transient(rec, 4 * b * h * l128 + 4 * b * l128 * h * d32)
+
+
+class ConvCall:
+    """One cuDNN convolution call: its direction (`fwd`, `dgrad` computing the input's gradient,
+    `wgrad` the weight's) and shapes, whatever the direction (x: input, w: weight, y: output)."""
+
+    def __init__(
+        self, direction: str, x: Any, w: Any, y: Any, stride: Any, transposed: bool, groups: int
+    ) -> None:
+        self.direction = direction
+        self.x, self.w, self.y = tuple(x.shape), tuple(w.shape), tuple(y.shape)
+        self.x_bytes, self.y_bytes = _nbytes(x), _nbytes(y)
+        self.stride = tuple(int(s) for s in stride)
+        self.transposed = bool(transposed)
+        self.groups = int(groups)
+        self.dtype = str(x.dtype).removeprefix("torch.")
+
+    def workspace_bytes(self, profile: Profile) -> int:
+        return int(profile.cudnn_workspace_factor * max(self.x_bytes, self.y_bytes))
+
+    def marker(self, workspace: int) -> str:
+        dims = lambda t: "x".join(str(d) for d in t)  # noqa: E731
+        return (
+            f"cudnn:{self.direction} x={dims(self.x)} w={dims(self.w)} y={dims(self.y)} "
+            f"stride={dims(self.stride)} groups={self.groups} transposed={int(self.transposed)} "
+            f"dtype={self.dtype} workspace={workspace}"
+        )
 
 
 def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str:
