@@ -34,6 +34,10 @@ pub struct Answer {
     pub safe_mib: Option<f64>,
     /// What the number measures: `device`, `reserved` or `live` (live tensor bytes).
     pub level: &'static str,
+    /// The headline's peaks of the first traced step and of the later ones (the steady state),
+    /// device level like `device_mib`; absent without `iter:` markers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<StepPeaks>,
     /// `headline` (act on it) or `baseline` (for comparison only).
     pub role: &'static str,
     /// What the estimator leaves out, in a sentence.
@@ -49,9 +53,39 @@ impl Answer {
             allocated_mib: None,
             safe_mib: None,
             level,
+            steps: None,
             role: "baseline",
             ignores: ignores(name),
         }
+    }
+}
+
+/// Peaks per traced step, MiB at the device level (reserved + outside the allocator).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPeaks {
+    /// Steps traced.
+    pub count: usize,
+    /// The first step (its caches cold; setup memory included).
+    pub first_step_device_mib: f64,
+    /// The first step's reserved peak.
+    pub first_step_reserved_mib: f64,
+    /// The max over steps 2 and on; `None` when one step was traced.
+    pub steady_device_mib: Option<f64>,
+    /// Their reserved peak.
+    pub steady_reserved_mib: Option<f64>,
+}
+
+impl StepPeaks {
+    fn of(iterations: &[simulator::replay::IterationPeak], outside: u64) -> Option<StepPeaks> {
+        let (first, rest) = iterations.split_first()?;
+        let steady = rest.iter().map(|i| i.peak_reserved_bytes).max();
+        Some(StepPeaks {
+            count: iterations.len(),
+            first_step_device_mib: mib(first.peak_reserved_bytes + outside),
+            first_step_reserved_mib: mib(first.peak_reserved_bytes),
+            steady_device_mib: steady.map(|s| mib(s + outside)),
+            steady_reserved_mib: steady.map(mib),
+        })
     }
 }
 
@@ -162,8 +196,9 @@ pub struct EstimateInput<'a> {
     pub trace: &'a LoadedTrace,
     /// A plain-meta trace of the same job, for the FakeTensor baseline.
     pub plain: Option<&'a LoadedTrace>,
-    /// Model features.
-    pub features: &'a Features,
+    /// Model features; `None` for a step function, whose layers are not known (the
+    /// feature-based baselines are then unavailable).
+    pub features: Option<&'a Features>,
     /// The profile and its path.
     pub profile: (&'a Profile, &'a std::path::Path),
     /// The device's total memory, bytes (`--capacity`); default the profile's.
@@ -187,12 +222,15 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let f = input.features;
     let field =
         |field: &str, expected: String| EstimateError::Field { path: t.path.clone(), field: field.into(), expected };
-    let batch = match input.batch.or(f.batch_size) {
-        Some(b) => b,
-        None => t
-            .meta("batch_size")
-            .and_then(|b| b.parse().ok())
-            .ok_or_else(|| field("metadata.batch_size", "a batch size (or pass --batch-size)".into()))?,
+    let batch = match input.batch.or(f.and_then(|f| f.batch_size)) {
+        Some(b) => Some(b),
+        None => match t.meta("batch_size") {
+            None if f.is_none() => None,
+            meta => Some(
+                meta.and_then(|b| b.parse().ok())
+                    .ok_or_else(|| field("metadata.batch_size", "a batch size (or pass --batch-size)".into()))?,
+            ),
+        },
     };
     let optimizer: Optimizer =
         t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
@@ -203,14 +241,18 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         warnings.extend(p.warnings());
     }
     // The trace says which libraries its job loaded; the features are the fallback.
-    let fallback = Libraries { gemm: f.uses_gemm() || t.has_workspace(), conv: f.uses_conv(), source: "features" };
+    let fallback = match f {
+        Some(f) => Libraries { gemm: f.uses_gemm() || t.has_workspace(), conv: f.uses_conv(), source: "features" },
+        None => Libraries { gemm: t.has_workspace(), conv: false, source: "trace workspaces" },
+    };
+    let family = f.map(Features::family).or_else(|| t.meta("family").and_then(crate::features::Family::parse));
     let libs = Libraries::of(&t.header, fallback);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
     warnings.extend(cap_warnings);
     let capacity = capacity.expect("a profile always gives a capacity");
-    let margin = fit::margin(profile, &t.header, Some(f.family().name()));
+    let margin = fit::margin(profile, &t.header, family.map(|f| f.name()));
     if !margin.coverage_measured {
         warnings.push(format!("safety margin: {}", margin.note));
     }
@@ -232,19 +274,36 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             allocated_mib: Some(mib(sym.predicted_allocated_peak)),
             safe_mib: Some(mib(margin.safe(sym.predicted_device_peak, sym.predicted_reserved_peak))),
             level: "device",
+            steps: StepPeaks::of(&sym.iterations, sym.outside_allocator),
             role: "headline",
             ignores: ignores("symbolic"),
         }),
     );
-    let s = Instant::now();
-    let a = analytic(f, batch, optimizer, precision, profile);
-    time("analytic", s);
-    estimates
-        .insert("analytic".into(), Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")));
-    let s = Instant::now();
-    let h = horus_bytes(f.total_activations, batch, f.total_parameters);
-    time("horus", s);
-    estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
+    match (f, batch) {
+        (Some(f), Some(batch)) => {
+            let s = Instant::now();
+            let a = analytic(f, batch, optimizer, precision, profile);
+            time("analytic", s);
+            estimates.insert(
+                "analytic".into(),
+                Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")),
+            );
+            let s = Instant::now();
+            let h = horus_bytes(f.total_activations, batch, f.total_parameters);
+            time("horus", s);
+            estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
+        }
+        _ => {
+            for name in ["analytic", "horus"] {
+                estimates.insert(name.into(), None);
+                unavailable.insert(
+                    name.into(),
+                    "needs the model's features and batch size (--features), which a step function does not expose"
+                        .into(),
+                );
+            }
+        }
+    }
     let s = Instant::now();
     let lp = t.live_peak();
     time("live_peak", s);
@@ -311,7 +370,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         profile_name: Profile::name_of(ppath),
         gpu: profile.gpu.name.clone(),
         gpu_total_mib: mib(profile.gpu.total_memory),
-        family: f.family().as_str(),
+        family: family.map_or("unknown", |f| f.as_str()),
         oom_predicted: Some(!v.fits),
         warnings,
     })

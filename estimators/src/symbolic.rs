@@ -26,6 +26,8 @@ pub struct SymbolicEstimate {
     pub oom_on_profile_gpu: bool,
     /// The fit verdict at the capacity, on the device peak.
     pub verdict: Verdict,
+    /// Per `iter:` marker: reserved and allocated peaks (empty without markers).
+    pub iterations: Vec<simulator::replay::IterationPeak>,
 }
 
 /// The allocator version a profile implies.
@@ -67,6 +69,7 @@ pub fn symbolic(
         outside_allocator: outside.total_bytes,
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
+        iterations: fit.report.iterations.clone(),
     })
 }
 

@@ -268,3 +268,38 @@ fn compare_traces_with_several_trainer_processes() {
     let (ok, _, err) = run(&["--jobs", "0"]);
     assert!(!ok && err.contains("--jobs 0"), "{err}");
 }
+
+#[test]
+fn estimate_without_features_is_a_step_function_estimate_with_per_step_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    // A step function's trace: no batch size, family from the tracer; step 0 peaks at 5 MiB
+    // requested (setup 1 MiB + 4 MiB), step 1 at 31 MiB.
+    let meta = [("family", "cnn"), ("cuda_emulation", "true")];
+    let ops = [('a', 1, MIB), ('i', 0, 0), ('a', 2, 4 * MIB), ('f', 2, 0), ('i', 0, 1), ('a', 3, 30 * MIB)];
+    let t = dir.path().join("t.jsonl");
+    std::fs::write(&t, jsonl_trace(&meta, &ops)).unwrap();
+    let t = t.display().to_string();
+    let (ok, out, err) = memest(&["estimate", "--trace", &t, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let e = &v["estimates"];
+    for k in ["analytic", "horus"] {
+        assert!(e[k].is_null(), "{k}");
+        assert!(v["unavailable"][k].as_str().unwrap().contains("--features"), "{k}: {}", v["unavailable"]);
+    }
+    assert!(e["ml"].is_null());
+    assert_eq!(v["family"], "CNN");
+    let steps = &e["symbolic"]["steps"];
+    assert_eq!(steps["count"], 2);
+    // Reserved: a 2 MiB small-pool segment holds the 1 MiB setup block from the start; the 4 MiB
+    // block of step 0 takes a 20 MiB large segment, cached in step 1, whose 30 MiB block takes
+    // a segment of its own.
+    let first = steps["first_step_reserved_mib"].as_f64().unwrap();
+    let steady = steps["steady_reserved_mib"].as_f64().unwrap();
+    assert_eq!((first, steady), (22.0, 52.0), "{steps}");
+    let outside = v["outside_allocator"]["total_mib"].as_f64().unwrap();
+    assert_eq!(steps["first_step_device_mib"].as_f64().unwrap(), first + outside);
+    assert_eq!(e["symbolic"]["device_mib"].as_f64().unwrap(), first.max(steady) + outside);
+    let (ok, out, _) = memest(&["estimate", "--trace", &t]);
+    assert!(ok && out.contains("per step: first") && out.contains("steady (steps 2-2)"), "{out}");
+}

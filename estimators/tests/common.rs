@@ -36,8 +36,8 @@ pub fn venv_python() -> PathBuf {
     p
 }
 
-/// A JSON Lines allocator-level trace from (op, addr, size) triples: op 'a' allocs, 'f' frees,
-/// 'm' writes a marker whose text is `size` interpreted as a phase index.
+/// A JSON Lines allocator-level trace: `('a', addr, size)` alloc, `('f', addr, _)` free, `('i', _, n)` marker
+/// `iter:n`, `('m', _, k)` the k-th of forward/backward/optimizer phase markers.
 pub fn jsonl_trace(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> String {
     let meta: serde_json::Map<String, serde_json::Value> =
         meta.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string()))).collect();
@@ -55,6 +55,7 @@ pub fn jsonl_trace(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> String {
             }
             'f' => serde_json::json!({"kind": "free", "ts_ns": i, "device": 0, "addr": addr, "stream": 0,
                 "mem": "device", "api": "allocator", "result": 0, "origin": "request", "stage": "immediate"}),
+            'i' => serde_json::json!({"kind": "marker", "ts_ns": i, "device": 0, "text": format!("iter:{size}")}),
             _ => {
                 let text = ["phase:forward", "phase:backward", "phase:optimizer"][size as usize];
                 serde_json::json!({"kind": "marker", "ts_ns": i, "device": 0, "text": text})

@@ -99,6 +99,18 @@ pub struct DeviceReport {
     pub memory_stats: serde_json::Value,
 }
 
+/// Peaks within one training iteration: from its `iter:<n>` marker to the next one (or the end).
+/// Memory held when the iteration starts counts, so iteration 0 includes the setup's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IterationPeak {
+    /// The marker's iteration number.
+    pub iter: u64,
+    /// Max over devices and over the iteration of allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Max over devices and over the iteration of reserved bytes.
+    pub peak_reserved_bytes: u64,
+}
+
 /// Replay result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
@@ -136,6 +148,22 @@ pub struct ReplayReport {
     pub capacity: Option<u64>,
     /// Allocator configuration string in force (as given, or from the trace).
     pub alloc_conf: Option<String>,
+    /// Peaks per `iter:<n>` marker, in trace order; empty when the trace has none.
+    pub iterations: Vec<IterationPeak>,
+}
+
+impl ReplayReport {
+    /// The first iteration's peaks, and the max over the later iterations (the steady state:
+    /// caches warm, optimizer state allocated); `None` for a trace without `iter:` markers.
+    pub fn step_peaks(&self) -> Option<(IterationPeak, Option<IterationPeak>)> {
+        let (first, rest) = self.iterations.split_first()?;
+        let steady = rest.iter().copied().reduce(|a, b| IterationPeak {
+            iter: a.iter.max(b.iter),
+            peak_allocated_bytes: a.peak_allocated_bytes.max(b.peak_allocated_bytes),
+            peak_reserved_bytes: a.peak_reserved_bytes.max(b.peak_reserved_bytes),
+        });
+        Some((*first, steady))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -186,6 +214,7 @@ pub struct Replayer {
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
+    iterations: Vec<IterationPeak>,
 }
 
 /// Whether a caller module is PyTorch's caching allocator (or unknown, which producers that only
@@ -239,6 +268,7 @@ impl Replayer {
             oom_detail: None,
             has_categories: false,
             realized: None,
+            iterations: Vec::new(),
         })
     }
 
@@ -326,11 +356,16 @@ impl Replayer {
                 self.seed(index, device, seg);
                 return;
             }
+            Event::Marker(m) => {
+                if let trace::marker::MarkerKind::Iter(n) = trace::marker::parse(&m.text) {
+                    self.start_iteration(n);
+                }
+                return;
+            }
             Event::Vmm(_)
             | Event::KernelLaunch(_)
             | Event::KernelExec(_)
             | Event::MemInfo(_)
-            | Event::Marker(_)
             | Event::Stack(_)
             | Event::Oom(_)
             | Event::PoolTrim(_)
@@ -340,6 +375,16 @@ impl Replayer {
             | Event::MemActivity(_) => return,
         };
         self.apply(index, device, &req, None, Some(rec));
+    }
+
+    fn start_iteration(&mut self, iter: u64) {
+        let (mut reserved, mut allocated) = (0, 0);
+        for d in self.devices.keys() {
+            let (r, a) = self.current(*d);
+            reserved = reserved.max(r);
+            allocated = allocated.max(a);
+        }
+        self.iterations.push(IterationPeak { iter, peak_allocated_bytes: allocated, peak_reserved_bytes: reserved });
     }
 
     /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
@@ -458,6 +503,10 @@ impl Replayer {
         if allocated > ds.peak_allocated_seen {
             ds.peak_allocated_seen = allocated;
             ds.categories_at_peak = ds.live_by_category;
+        }
+        if let Some(it) = self.iterations.last_mut() {
+            it.peak_reserved_bytes = it.peak_reserved_bytes.max(reserved);
+            it.peak_allocated_bytes = it.peak_allocated_bytes.max(allocated);
         }
     }
 
@@ -584,6 +633,7 @@ impl Replayer {
             devices,
             capacity: self.opts.capacity,
             alloc_conf: self.alloc_conf,
+            iterations: self.iterations,
         }
     }
 }

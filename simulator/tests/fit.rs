@@ -59,3 +59,35 @@ fn safe_numbers_never_undercut_the_point_and_verdicts_follow_their_numbers() {
         }
     }
 }
+
+#[test]
+fn iteration_peaks_split_the_run_at_iter_markers() {
+    use simulator::replay::Replayer;
+    use trace::{Event, Marker};
+    let marker =
+        |t: &str| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Marker(Marker { text: t.into() }) };
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    // A 40 MiB block lives across iteration 0 into 1 (setup memory counts in both windows);
+    // iteration 0 peaks with 60 MiB more, iteration 1 with 10 MiB more, iteration 2 holds nothing new.
+    let recs = vec![
+        alloc(1, 40 * MIB, None),
+        marker("iter:0"),
+        alloc(2, 60 * MIB, None),
+        free(2),
+        marker("iter:1"),
+        alloc(3, 10 * MIB, None),
+        free(3),
+        marker("user text"),
+        marker("iter:2"),
+    ];
+    let mut rp = Replayer::new(&h, ReplayOptions::default()).unwrap();
+    recs.iter().for_each(|r| rp.observe(r));
+    let rep = rp.finish();
+    let got: Vec<(u64, u64)> = rep.iterations.iter().map(|i| (i.iter, i.peak_allocated_bytes / MIB)).collect();
+    assert_eq!(got, vec![(0, 100), (1, 50), (2, 40)]);
+    let (first, steady) = rep.step_peaks().unwrap();
+    assert_eq!((first.peak_allocated_bytes / MIB, steady.unwrap().peak_allocated_bytes / MIB), (100, 50));
+    assert!(first.peak_reserved_bytes >= first.peak_allocated_bytes);
+    assert_eq!(steady.unwrap().iter, 2);
+}

@@ -24,9 +24,10 @@ pub struct Args {
     /// Symbolic trace of the job (`python -m memtrace_trainer symtrace --out T`).
     #[arg(long)]
     trace: PathBuf,
-    /// Features JSON of the job (`python -m memtrace_trainer features --json > F`).
+    /// Features JSON of the job (`python -m memtrace_trainer features --json > F`). Without it
+    /// (a step function's trace) the feature-based baselines (analytic, Horus, ML) are null.
     #[arg(long)]
-    features: PathBuf,
+    features: Option<PathBuf>,
     /// GPU profile: NAME (profiles/NAME.toml) or a path to a .toml file.
     #[arg(long, default_value = "a100-40gb")]
     profile: String,
@@ -69,17 +70,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let features = Features::load(&a.features)?;
+    let features = a.features.as_deref().map(Features::load).transpose()?;
     let ml_model = a.ml_model.clone().or_else(|| std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
-    let ml = match ml_model {
-        None => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),
-        Some(m) => {
+    let ml = match (ml_model, &a.features) {
+        (None, _) => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),
+        (Some(_), None) => Err("needs the model's features (--features)".to_string()),
+        (Some(m), Some(fpath)) => {
             let model = estimators::ml::modelfile::ModelFile::load(&m)?;
-            let text =
-                std::fs::read_to_string(&a.features).with_context(|| format!("--features {}", a.features.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("--features {}: not JSON", a.features.display()))?;
-            let source = a.features.display().to_string();
+            let text = std::fs::read_to_string(fpath).with_context(|| format!("--features {}", fpath.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("--features {}: not JSON", fpath.display()))?;
+            let source = fpath.display().to_string();
             match estimators::ml::job::predict_job(&model, &v, &source) {
                 Ok(p) => Ok(Answer::baseline("ml", p.estimate, None, "device")),
                 Err(e) => Err(format!("{}: {e}", m.display())),
@@ -89,7 +90,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let report = estimate(&EstimateInput {
         trace: &trace,
         plain: plain.as_ref(),
-        features: &features,
+        features: features.as_ref(),
         profile: (&profile, &ppath),
         capacity: a.capacity,
         batch: a.batch_size,
@@ -146,6 +147,13 @@ pub fn render(r: &EstimateReport) -> String {
             o.cudnn_mib,
             o.libraries.source
         );
+        if let Some(st) = &sym.steps {
+            let steady = match st.steady_device_mib {
+                Some(m) => format!("steady (steps 2-{}) {m:.1} MiB", st.count),
+                None => "one step traced: no steady state".into(),
+            };
+            let _ = writeln!(s, "  per step: first {:.1} MiB, {steady} (device level)", st.first_step_device_mib);
+        }
     }
     let _ = writeln!(s, "  profile {} ({}), family {}", r.profile_name, r.profile, r.family);
     let _ = writeln!(s, "baselines (for comparison, not for decisions):");

@@ -209,6 +209,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
     println!("  peak active         {}", mib(rep.peak_active_bytes));
     println!("  peak requested      {}", mib(rep.peak_requested_bytes));
     println!("  (peaks: {PEAKS_COUNT})");
+    if let Some((first, steady)) = rep.step_peaks() {
+        println!(
+            "  first iteration     {} reserved, {} allocated",
+            mib(first.peak_reserved_bytes),
+            mib(first.peak_allocated_bytes)
+        );
+        if let Some(s) = steady {
+            println!(
+                "  {:<19} {} reserved, {} allocated",
+                format!("steady (iter 1-{})", s.iter),
+                mib(s.peak_reserved_bytes),
+                mib(s.peak_allocated_bytes)
+            );
+        }
+    }
     if r.outside.source != "none" {
         let o = &r.outside;
         println!(
