@@ -22,9 +22,9 @@ from memtrace_trainer.binaries import error_line, find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
-from memtrace_trainer.profile import load_profile
+from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import trace_to_file
+from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
 
 ESTIMATORS = ("symbolic", "fake_tensor", "horus", "analytic", "ml")
@@ -41,8 +41,9 @@ def _answer(name: str, value: Any) -> None:
         )
 
 
-def parse_memest(text: str) -> dict[str, Any]:
-    """Checks memest's JSON against the schema-2 contract and returns all of it."""
+def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
+    """Checks memest's JSON against the schema-2 contract and returns all of it. Without
+    features (a step function) the feature baselines may be null."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -55,7 +56,7 @@ def parse_memest(text: str) -> dict[str, Any]:
             f"memest estimate: field schema is {data.get('schema')!r}: expected {SCHEMA} "
             "(rebuild memest: cargo build --release)"
         )
-    for name in ("symbolic", "horus", "analytic"):
+    for name in ("symbolic", "horus", "analytic") if with_features else ("symbolic",):
         if estimates.get(name) is None:
             why = data.get("unavailable", {}).get(name, "no reason given")
             raise UserError(f"memest estimate: estimates.{name} is missing ({why})")
@@ -67,6 +68,67 @@ def parse_memest(text: str) -> dict[str, Any]:
     return data
 
 
+class ModelJob:
+    """A model spec or `--entry`, run by the tracer's own loop (`StepConfig`)."""
+
+    def __init__(self, workload_for: Any, step: StepConfig) -> None:
+        self.workload_for, self.step = workload_for, step
+        self.first: Workload = workload_for()
+        self.spec, self.batch_size = self.first.spec, self.first.batch_size
+
+    def features(self) -> dict[str, Any]:
+        with torch.device("meta"):
+            feats = extract(self.first, self.first.family)
+        # memest reads the layers in execution order from `sequence`.
+        return {"model": self.spec, **feats.to_json()}
+
+    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
+        s = self.step
+        cfg = (
+            s
+            if emulate
+            else StepConfig(s.optimizer, 1, s.amp, s.checkpointing, s.grad_accum, False)
+        )
+        trace_to_file(self.workload_for(), cfg, prof, out)
+
+    def inputs(self) -> dict[str, Any]:
+        s = self.step
+        return {
+            "batch_size": self.batch_size,
+            "optimizer": s.optimizer,
+            "amp": s.amp or "fp32",
+            "checkpointing": s.checkpointing,
+            "grad_accum": s.grad_accum,
+            "iterations": s.iterations,
+            "defaults": {
+                **self.first.defaults,
+                "iterations": {"value": s.iterations, "why": "traced training iterations"},
+            },
+        }
+
+
+class StepJob:
+    """A user's step function (`--step MOD:FN`): their loop, as written; no layer list, so the
+    feature baselines are unavailable."""
+
+    def __init__(self, spec: str, steps: int) -> None:
+        self.spec, self.steps, self.batch_size = f"step:{spec}", steps, None
+        self.fn = spec
+
+    def features(self) -> None:
+        return None
+
+    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
+        step_to_file(self.fn, self.steps if emulate else 1, prof, out, emulate)
+
+    def inputs(self) -> dict[str, Any]:
+        return {
+            "step": self.fn,
+            "iterations": self.steps,
+            "defaults": {"iterations": {"value": self.steps, "why": "traced steps"}},
+        }
+
+
 def estimate(
     workload_for: Any,
     step: StepConfig,
@@ -76,8 +138,19 @@ def estimate(
     capacity: str | None = None,
     point: bool = False,
 ) -> dict[str, Any]:
-    """`workload_for()` builds a fresh meta workload (each trace consumes one). The result is
-    memest's schema-2 object, whole, plus the job's inputs, defaults and warnings."""
+    """`workload_for()` builds a fresh meta workload (each trace consumes one)."""
+    return estimate_job(ModelJob(workload_for, step), profile, ml_model, log, capacity, point)
+
+
+def estimate_job(
+    job: ModelJob | StepJob,
+    profile: str,
+    ml_model: Path | None,
+    log: Any = None,
+    capacity: str | None = None,
+    point: bool = False,
+) -> dict[str, Any]:
+    """memest's schema-2 object for one job, whole, plus the job's inputs and warnings."""
     memest = find_binary("memest")
     if log:
         log(f"memest: {memest.describe()}")
@@ -89,33 +162,20 @@ def estimate(
     with tempfile.TemporaryDirectory(prefix="memtrace-estimate-") as tmp:
         d = Path(tmp)
         t = time.perf_counter()
-        workload: Workload = workload_for()
-        with torch.device("meta"):
-            feats = extract(workload, workload.family)
-        # memest reads the layers in execution order from `sequence`.
-        data = {"model": workload.spec, **feats.to_json()}
-        (d / "features.json").write_text(json.dumps(data))
+        features = job.features()
+        if features is not None:
+            (d / "features.json").write_text(json.dumps(features))
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
-        trace_to_file(workload_for(), step, prof, d / "symbolic.jsonl")
+        job.trace(prof, d / "symbolic.jsonl", True)
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
-        plain = StepConfig(step.optimizer, 1, step.amp, step.checkpointing, step.grad_accum, False)
-        trace_to_file(workload_for(), plain, prof, d / "plain.jsonl")
+        job.trace(prof, d / "plain.jsonl", False)
         seconds["trace_fake_tensor"] = time.perf_counter() - t
-        cmd = [
-            str(memest.path),
-            "estimate",
-            "--trace",
-            str(d / "symbolic.jsonl"),
-            "--features",
-            str(d / "features.json"),
-            "--fake-trace",
-            str(d / "plain.jsonl"),
-            "--profile",
-            str(prof.path),
-            "--json",
-        ]
+        cmd = [str(memest.path), "estimate", "--trace", str(d / "symbolic.jsonl")]
+        if features is not None:
+            cmd += ["--features", str(d / "features.json")]
+        cmd += ["--fake-trace", str(d / "plain.jsonl"), "--profile", str(prof.path), "--json"]
         if capacity is not None:
             cmd += ["--capacity", capacity]
         if point:
@@ -129,7 +189,7 @@ def estimate(
     if done.returncode not in (0, 1):
         msg = error_line(done.stderr)
         raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
-    result = parse_memest(done.stdout)
+    result = parse_memest(done.stdout, features is not None)
     for w in result.get("warnings", []):
         warn(w)
     result["seconds"] = {
@@ -139,20 +199,9 @@ def estimate(
     result["binary"] = {"memest": str(memest.path), "source": memest.source}
     result["profile_path"] = result.get("profile")
     result["profile"] = profile
-    result["model"] = workload.spec
-    result["batch_size"] = workload.batch_size
-    result["inputs"] = {
-        "batch_size": workload.batch_size,
-        "optimizer": step.optimizer,
-        "amp": step.amp or "fp32",
-        "checkpointing": step.checkpointing,
-        "grad_accum": step.grad_accum,
-        "iterations": step.iterations,
-        "defaults": {
-            **workload.defaults,
-            "iterations": {"value": step.iterations, "why": "traced training iterations"},
-        },
-    }
+    result["model"] = job.spec
+    result["batch_size"] = job.batch_size
+    result["inputs"] = job.inputs()
     result["warnings"] = notes.collected()
     return result
 
@@ -166,14 +215,17 @@ def render(result: dict[str, Any]) -> str:
     src = "--capacity" if v.get("capacity_source") == "flag" else "profile total"
     point = f"point {v['point_mib']:.1f}" if v["basis"].endswith("safe_mib") else "point"
     margin = result.get("margin", {}).get("note", "")
+    batch = result.get("batch_size")
+    at_batch = f" at batch {batch}" if batch is not None else ""
     lines = [
         f"needs {v['need_mib']:.1f} MiB on {gpu} ({point}): "
         + ("FITS" if v["fits"] else "DOES NOT FIT"),
         f"  capacity {v['capacity_mib']:.1f} MiB ({src}); margin: {margin}",
-        f"  {result['model']} at batch {result['batch_size']}, profile {result['profile']}; "
+        f"  {result['model']}{at_batch}, profile {result['profile']}; "
         f"symbolic: peak reserved {sym['reserved_mib']:.1f} MiB (peak allocated "
         f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "
         f"{out.get('total_mib', 0):.1f} MiB",
+        *_step_lines(sym.get("steps")),
         f"  (memest: {result['binary']['memest']}, from {result['binary']['source']})",
         "baselines (for comparison, not for decisions):",
     ]
@@ -189,3 +241,12 @@ def render(result: dict[str, Any]) -> str:
                 f"ignores {ans.get('ignores', '')}"
             )
     return "\n".join(lines)
+
+
+def _step_lines(steps: dict[str, Any] | None) -> list[str]:
+    if not steps:
+        return []
+    first = f"  per step: first {steps['first_step_device_mib']:.1f} MiB"
+    if steps.get("steady_device_mib") is None:
+        return [first + " (one step traced: no steady state)"]
+    return [first + f", steady (steps 2-{steps['count']}) {steps['steady_device_mib']:.1f} MiB"]

@@ -21,12 +21,15 @@ from typing import Any
 from memtrace_trainer.binaries import Found, error_line, find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
-from memtrace_trainer.profile import load_profile
+from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import trace_to_file
+from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
+from memtrace_trainer.symtrace.userstep import load_step
 from memtrace_trainer.workload import Workload
 
 MIB = 1 << 20
+# Writes one probe's trace at a batch size; returns the defaults that shaped it.
+TraceAt = Callable[[int, Profile, Path], dict[str, Any]]
 
 
 def _replay(
@@ -61,9 +64,31 @@ def _replay(
         raise UserError(f"memsim replay --json: unexpected output ({e!r})") from None
 
 
+def trace_model(workload_for: Callable[[int], Workload], step: StepConfig) -> TraceAt:
+    """Probes of a model spec or `--entry` at a batch size, by the tracer's own loop."""
+
+    def trace_at(batch: int, prof: Profile, path: Path) -> dict[str, Any]:
+        workload = workload_for(batch)
+        trace_to_file(workload, step, prof, path)
+        return workload.defaults
+
+    return trace_at
+
+
+def trace_step_fn(spec: str, steps: int) -> TraceAt:
+    """Probes of a step function `FN(device, batch_size)` at a batch size."""
+    load_step(spec, with_batch=True)  # a clear error before the first probe
+
+    def trace_at(batch: int, prof: Profile, path: Path) -> dict[str, Any]:
+        step_to_file(spec, steps, prof, path, batch_size=batch)
+        return {}
+
+    return trace_at
+
+
 def max_batch(
-    workload_for: Callable[[int], Workload],
-    step: StepConfig,
+    trace_at: TraceAt,
+    iterations: int,
     profile: str,
     capacity: str | None,
     limit: int,
@@ -83,9 +108,7 @@ def max_batch(
         def probe(batch: int) -> bool:
             t = time.perf_counter()
             path = Path(tmp) / f"b{batch}.jsonl"
-            workload = workload_for(batch)
-            defaults.update(workload.defaults)
-            trace_to_file(workload, step, prof, path)
+            defaults.update(trace_at(batch, prof, path))
             result = _replay(memsim, path, prof.path, capacity, point)
             path.unlink()
             for w in result.pop("warnings"):
@@ -133,7 +156,7 @@ def max_batch(
         "peak_allocated_bytes": at_best["peak_allocated_bytes"] if at_best else None,
         "probes": [probes[b] for b in sorted(probes)],
         "defaults": defaults,
-        "iterations": step.iterations,
+        "iterations": iterations,
         "memsim": {"path": str(memsim.path), "source": memsim.source},
         "seconds": time.perf_counter() - started,
     }

@@ -65,13 +65,40 @@ def step_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument(
-        "--iterations",
         "--steps",
+        "--iterations",
         dest="iterations",
         type=int,
-        default=2,
-        help="training iterations traced (default 2)",
+        default=None,
+        help=f"training steps traced (default {STEP_FN_STEPS} with --step, {MODEL_STEPS} "
+        "otherwise, the setting the profiles are calibrated with)",
     )
+
+
+STEP_FN_STEPS = 3
+MODEL_STEPS = 2
+STEP_FN_HELP = (
+    "package.module:function taking the device and returning a zero-argument step() that runs "
+    "one iteration of your own loop (trainer/README.md)"
+)
+# What the tracer's own loop takes and a step function decides for itself.
+LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
+              "num_classes", "batch_size")  # fmt: skip
+
+
+def resolve_steps(args: dict[str, Any]) -> int:
+    """The steps to trace, and for `--step` a warning per loop flag it makes meaningless."""
+    if args.get("step"):
+        defaults = {"optimizer": "adam", "grad_accum": 1, "checkpointing": False}
+        for key in LOOP_FLAGS:
+            value = args.get(key)
+            if value is not None and value != defaults.get(key, None):
+                flag = "--" + key.replace("_", "-")
+                notes.warn(f"{flag} has no effect with --step: the step function decides")
+    steps = args.get("iterations")
+    if steps is None:
+        return STEP_FN_STEPS if args.get("step") else MODEL_STEPS
+    return int(steps)
 
 
 def entry_workload(

@@ -12,7 +12,14 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
-from memtrace_trainer.cli.common import entry_workload, print_defaults, shape_args, step_args
+from memtrace_trainer.cli.common import (
+    STEP_FN_HELP,
+    entry_workload,
+    print_defaults,
+    resolve_steps,
+    shape_args,
+    step_args,
+)
 from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
@@ -29,10 +36,12 @@ FAKE_KEYS = {
 }
 
 
-def _model_source(p: argparse.ArgumentParser, gpumemnet: bool = False) -> None:
+def _model_source(p: argparse.ArgumentParser, gpumemnet: bool = False, step: bool = True) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model spec")
     src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (see README)")
+    if step:
+        src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
     if gpumemnet:
         src.add_argument(
             "--gpumemnet-row",
@@ -71,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "the peak of live storage bytes; no optimizer step, no allocator. JSON: "
         '{"peak_bytes", "after_forward_bytes", "after_backward_bytes", "seconds"}.',
     )
-    _model_source(f, gpumemnet=True)
+    _model_source(f, gpumemnet=True, step=False)
     f.add_argument("--batch-size", type=int, help="samples per step")
     f.add_argument("--json", action="store_true", help="print JSON")
 
@@ -86,7 +95,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "found via $MEMTRACE_BIN_DIR, then PATH, then target/release.",
     )
     _model_source(e)
-    e.add_argument("--batch-size", type=int, required=True, help="samples per step")
+    e.add_argument(
+        "--batch-size", type=int, help="samples per step (required with --model/--entry)"
+    )
     step_args(e)
     e.add_argument("--profile", default="a100-40gb", help="GPU profile (default a100-40gb)")
     _capacity_arg(e)
@@ -150,7 +161,12 @@ def _step(args: argparse.Namespace) -> Any:
     from memtrace_trainer.symtrace.step import StepConfig
 
     cfg = StepConfig(
-        args.optimizer, args.iterations, args.amp, args.checkpointing, args.grad_accum, True
+        args.optimizer,
+        resolve_steps(vars(args)),
+        args.amp,
+        args.checkpointing,
+        args.grad_accum,
+        True,
     )
     cfg.validate()
     return cfg
@@ -167,12 +183,17 @@ def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from memtrace_trainer.estimate import estimate, render
+    from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job, render
 
-    build = _workloads(args)
-    result = estimate(
-        lambda: build(args.batch_size),
-        _step(args),
+    if args.step:
+        job: Any = StepJob(args.step, resolve_steps(vars(args)))
+    else:
+        if args.batch_size is None:
+            raise UserError("--batch-size is required with --model and --entry")
+        build = _workloads(args)
+        job = ModelJob(lambda: build(args.batch_size), _step(args))
+    result = estimate_job(
+        job,
         args.profile,
         args.ml_model,
         None if args.json else lambda s: print(s, file=sys.stderr),
@@ -188,12 +209,15 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _max_batch(args: argparse.Namespace) -> int:
-    from memtrace_trainer.maxbatch import max_batch
+    from memtrace_trainer.maxbatch import max_batch, trace_model, trace_step_fn
 
-    result = max_batch(
-        _workloads(args), _step(args), args.profile, args.capacity, args.limit, args.point
-    )
-    result["model"] = args.model or args.entry
+    steps = resolve_steps(vars(args))
+    if args.step:
+        trace_at = trace_step_fn(args.step, steps)
+    else:
+        trace_at = trace_model(_workloads(args), _step(args))
+    result = max_batch(trace_at, steps, args.profile, args.capacity, args.limit, args.point)
+    result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
     result["warnings"] = notes.collected()
     code = 0 if result["max_batch"] > 0 else 1
     if args.json:

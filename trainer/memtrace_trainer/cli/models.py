@@ -11,9 +11,11 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.cli.common import (
+    STEP_FN_HELP,
     entry_workload,
     model_args,
     print_defaults,
+    resolve_steps,
     shape_args,
     step_args,
 )
@@ -54,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         metavar="MOD:FN",
         help="package.module:function returning (model, (inputs, target), loss_fn)",
     )
+    src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
     src.add_argument(
         "--batch",
         metavar="CONFIGS.jsonl",
@@ -118,8 +121,14 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     from memtrace_trainer.models.zoo import build_workload
     from memtrace_trainer.profile import load_profile
     from memtrace_trainer.symtrace.step import StepConfig
-    from memtrace_trainer.symtrace.tracer import trace_to_file
+    from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
 
+    steps = resolve_steps(args)
+    if args.get("step"):
+        profile = load_profile(args.get("profile"))
+        emulate = not args.get("no_cuda_emulation", False)
+        summary = step_to_file(args["step"], steps, profile, out, emulate)
+        return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
     batch = args.get("batch_size")
     if not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
@@ -140,10 +149,10 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
             args.get("num_classes"),
         )
     else:
-        raise UserError("one of --model or --entry is required")
+        raise UserError("one of --model, --entry or --step is required")
     cfg = StepConfig(
-        optimizer=args.get("optimizer", "adam"),
-        iterations=args.get("iterations", 2),
+        optimizer=args.get("optimizer") or "adam",
+        iterations=steps,
         amp=args.get("amp"),
         checkpointing=bool(args.get("checkpointing", False)),
         grad_accum=args.get("grad_accum", 1),
@@ -157,6 +166,7 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
 BATCH_KEYS = {
     "model",
     "entry",
+    "step",
     "batch_size",
     "input_shape",
     "seq_len",
@@ -182,9 +192,15 @@ def _symtrace(args: argparse.Namespace) -> None:
             print(json.dumps(result))
         else:
             print_defaults(result["defaults"], result["iterations"])
+            per_step = ""
+            if result["first_step_peak_live_bytes"] is not None:
+                steady = result["steady_peak_live_bytes"]
+                per_step = f" (first step {result['first_step_peak_live_bytes']} B" + (
+                    f", steady {steady} B)" if steady is not None else ")"
+                )
             print(
                 f"wrote {result['out']}: {result['allocs']} allocations, "
-                f"peak {result['peak_live_bytes']} B live"
+                f"peak {result['peak_live_bytes']} B live{per_step}"
             )
         return
     if args.out_dir is None:
@@ -195,6 +211,7 @@ def _symtrace(args: argparse.Namespace) -> None:
     defaults = {k: v for k, v in vars(args).items() if k in BATCH_KEYS and v is not None}
     defaults.pop("model", None)
     defaults.pop("entry", None)
+    defaults.pop("step", None)
     for name, config in read_configs(args.batch, BATCH_KEYS):
         try:
             result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")

@@ -89,7 +89,7 @@ def _train(cfg: RunConfig, device: torch.device, marker: Marker, loop: _Loop) ->
         enable_checkpointing(model)
     params = [p for p in model.parameters() if p.requires_grad]
     # Library defaults (foreach on CUDA), as a user's job gets them.
-    optimizer = make_optimizer(cfg.optimizer, params, foreach=False)
+    optimizer = make_optimizer(cfg.optimizer, params)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -128,6 +128,7 @@ class Engine:
         self.cache: dict[int, torch.Tensor] = {}
         self.depth = 0
         self.failed: set[str] = set()
+        self.used: set[str] = set()  # the dtypes of enabled regions: the trace's `amp`
         self._lib: torch.library.Library | None = None
         self._include: Any = None
         self._saved: tuple[Any, ...] | None = None
@@ -287,6 +288,10 @@ class TracerAutocast:
         if self.cache_enabled is not None:
             torch.set_autocast_cache_enabled(self.cache_enabled)
         engine.set_state(enabled, dtype)
+        if enabled:
+            engine.used.add(
+                str(dtype).removeprefix("torch.").replace("float", "fp").replace("bfp", "bf")
+            )
         engine.depth += 1
         return self
 

@@ -33,6 +33,8 @@ def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
         rec: dict[str, Any] = {"kind": kind, "ts_ns": e["ts_ns"], "device": e["device"]}
         if kind == "marker":
             rec["text"] = e["text"]
+        elif kind == "control":
+            rec["op"] = e["op"]
         elif kind == "alloc":
             rec |= {"addr": e["addr"], "size": e["size"], **_REQUEST, "category": e["category"]}
         else:

@@ -34,6 +34,10 @@ class Recorder(TorchDispatchMode):
         self._next_id = 1
         self._alloc_index: dict[int, int] = {}
         self._token = object()
+        # What `torch.cuda.memory_allocated()` and `max_memory_allocated()` answer while tracing
+        # (requested bytes; the allocator's rounding is memsim's).
+        self.live_bytes = 0
+        self.peak_bytes = 0
 
     # --- events -------------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -49,11 +53,21 @@ class Recorder(TorchDispatchMode):
         self._next_id += 1
         self._alloc_index[addr] = len(self.events)
         self._emit({"kind": "alloc", "addr": addr, "size": size, "category": category})
+        self.live_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return addr
 
     def free(self, addr: int, size: int) -> None:
         if self.active:
             self._emit({"kind": "free", "addr": addr, "size": size})
+            self.live_bytes -= size
+
+    def control(self, op: str) -> None:
+        """An allocator control call of the traced program (`empty_cache`, `reset_peak_stats`)."""
+        if self.active:
+            self._emit({"kind": "control", "op": op})
+            if op == "reset_peak_stats":
+                self.peak_bytes = self.live_bytes
 
     def recategorize(self, addr: int, category: str) -> None:
         self.events[self._alloc_index[addr]]["category"] = category

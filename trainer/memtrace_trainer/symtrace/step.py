@@ -13,9 +13,8 @@ from torch.utils.checkpoint import checkpoint
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
-from memtrace_trainer.symtrace.autocast import Autocast
-from memtrace_trainer.symtrace.emulation import CudaFunctions
 from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adagrad", "rmsprop")
@@ -42,9 +41,8 @@ class StepConfig:
             raise UserError(f"--amp {self.amp!r}: expected one of {sorted(AMP)}")
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], foreach: bool) -> torch.optim.Optimizer:
-    # CUDA picks foreach for these optimizers by default; meta would fall back to per-tensor loops.
-    fe: dict[str, Any] = {"foreach": True} if foreach else {}
+def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    fe: dict[str, Any] = {}
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-3, **fe)
     if name == "adamw":
@@ -130,63 +128,60 @@ class GradScaler:
         del inv_scale, found_inf
 
 
-def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) -> dict[str, Any]:
-    """Runs `cfg.iterations` training iterations under `rec`; returns what was emulated."""
-    cfg.validate()
-    model = workload.model
-    model.train()
-    if cfg.checkpointing:
-        enable_checkpointing(model)
-    for p in model.parameters():
-        rec.track(p, "parameter")
-    for b in model.buffers():
-        rec.track(b, "other")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(cfg.optimizer, params, cfg.cuda_emulation)
-    functions = CudaFunctions(profile) if cfg.cuda_emulation else contextlib.nullcontext()
-    scaler = None
-    # CUDA autocast is emulated with or without the other CUDA cases: the cast policy is part of
-    # the step the user asked for.
-    with Autocast(), rec, functions:
-        if cfg.amp == "fp16":
-            rec.category = "other"
-            scaler = GradScaler()
-        inputs: Any = None
-        target: Any = None
-        out: Any = None
-        loss: Any = None
-        for it in range(cfg.iterations):
-            rec.marker(f"iter:{it}")
+def canned(workload: Workload, cfg: StepConfig, rec: Recorder) -> Any:
+    """The tracer's own loop for a model spec or `--entry`, as a step function: the model is
+    built already; the optimizer, scaler and batches are made inside the trace."""
+
+    def make(device: torch.device) -> Any:
+        model = workload.model
+        model.train()
+        if cfg.checkpointing:
+            enable_checkpointing(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        # foreach is left to PyTorch's own default, evaluated as for CUDA tensors while tracing.
+        optimizer = make_optimizer(cfg.optimizer, params)
+        scaler = GradScaler() if cfg.amp == "fp16" else None
+        amp = AMP[cfg.amp] if cfg.amp else None
+        # A loop's variables live until reassigned in the next iteration, after the new value
+        # is computed: the previous logits and loss overlap the next forward, as on a GPU.
+        held: dict[str, Any] = {}
+
+        def step() -> None:
             for _ in range(cfg.grad_accum):
                 rec.marker("phase:data")
                 rec.category = "input"
-                inputs, target = workload.make_batch()
+                held["inputs"], held["target"] = workload.make_batch()
                 rec.marker("phase:forward")
                 rec.category = "activation"
-                amp = AMP[cfg.amp] if cfg.amp else None
                 with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
-                    out = call_model(model, inputs)
-                    loss = workload.loss(out, target)
+                    held["out"] = call_model(model, held["inputs"])
+                    loss = workload.loss(held["out"], held["target"])
                     if cfg.grad_accum > 1:
                         loss = loss / cfg.grad_accum
-                rec.marker("phase:backward")
-                (scaler.scale(loss) if scaler else loss).backward()
-                for p in params:
-                    addr = rec.address(p.grad) if p.grad is not None else None
-                    if addr is not None:
-                        rec.recategorize(addr, "gradient")
-            rec.marker("phase:optimizer")
-            rec.category = "other"
+                held["loss"] = loss
+                del loss
+                (scaler.scale(held["loss"]) if scaler else held["loss"]).backward()
             if scaler:
                 scaler.unscale_and_step(optimizer, [p.grad for p in params if p.grad is not None])
             else:
                 optimizer.step()
-            for state in optimizer.state.values():
-                for value in state.values():
-                    addr = rec.address(value) if isinstance(value, torch.Tensor) else None
-                    if addr is not None:
-                        rec.recategorize(addr, "optimizer_state")
             optimizer.zero_grad(set_to_none=True)
-        rec.finish()
-    backends = functions.backends if isinstance(functions, CudaFunctions) else {}
-    return {"sdpa_backends": backends}
+
+        return step
+
+    return make
+
+
+def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) -> dict[str, Any]:
+    """Runs `cfg.iterations` training iterations under `rec`; returns what was emulated."""
+    cfg.validate()
+    done = run_steps(
+        canned(workload, cfg, rec),
+        cfg.iterations,
+        profile,
+        rec,
+        cfg.cuda_emulation,
+        workload.spec,
+        models=[workload.model],
+    )
+    return {"sdpa_backends": done.sdpa_backends}

@@ -23,6 +23,11 @@ class Summary:
     peak_live_bytes: int
     end_live_bytes: int
     bytes_by_category: dict[str, int]
+    # Live-byte peaks of the first traced step and of steps 2 and on (None with one step).
+    # Memory held when a step starts counts in it, so the first includes the setup's.
+    first_step_peak_live_bytes: int | None = None
+    steady_peak_live_bytes: int | None = None
+    steps: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -31,16 +36,31 @@ class Summary:
 def summarize(events: list[dict[str, Any]]) -> Summary:
     live = peak = allocs = frees = 0
     by_cat: dict[str, int] = {}
+    per_step: list[int] = []
     for e in events:
         if e["kind"] == "alloc":
             allocs += 1
             live += e["size"]
             peak = max(peak, live)
             by_cat[e["category"]] = by_cat.get(e["category"], 0) + e["size"]
+            if per_step:
+                per_step[-1] = max(per_step[-1], live)
         elif e["kind"] == "free":
             frees += 1
             live -= e["size"]
-    return Summary(len(events), allocs, frees, peak, live, dict(sorted(by_cat.items())))
+        elif e["kind"] == "marker" and e["text"].startswith("iter:"):
+            per_step.append(live)
+    return Summary(
+        len(events),
+        allocs,
+        frees,
+        peak,
+        live,
+        dict(sorted(by_cat.items())),
+        per_step[0] if per_step else None,
+        max(per_step[1:]) if len(per_step) > 1 else None,
+        len(per_step),
+    )
 
 
 def trace(
@@ -62,7 +82,10 @@ def model_family(model: torch.nn.Module) -> str:
     """`transformer` (any attention module), else `cnn` (any cuDNN convolution), else `mlp`: the
     rule memest applies to layer types (`estimators/src/features.rs`), which picks the safety
     margin of the job's family."""
-    kinds = [type(m).__name__ for m in model.modules()]
+    return _family_of([type(m).__name__ for m in model.modules()])
+
+
+def _family_of(kinds: list[str]) -> str:
     if any("attention" in k.lower() for k in kinds):
         return "transformer"
     if any(_is_convolution(k) for k in kinds):
@@ -105,6 +128,67 @@ def metadata(
             f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items())
         )
     return meta
+
+
+def trace_step(
+    spec: str,
+    steps: int,
+    profile: Profile,
+    cuda_emulation: bool = True,
+    batch_size: int | None = None,
+) -> tuple[Recorder, dict[str, str]]:
+    """A user's step function (`--step MOD:FN`, symtrace/userstep.py) traced `steps` times;
+    returns the recorder and the trace's metadata."""
+    from memtrace_trainer.notes import warn
+    from memtrace_trainer.symtrace.userstep import load_step, run_steps
+
+    fn = load_step(spec, with_batch=batch_size is not None)
+    make = fn if batch_size is None else (lambda device: fn(device, batch_size))
+    workspaces = Workspaces(profile)
+    if cuda_emulation:
+        profile.warn_unmeasured()
+    rec = Recorder([workspaces] if cuda_emulation else [])
+    run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
+    if not any(e["kind"] == "alloc" for e in rec.events):
+        warn(f"--step {spec}: the step allocated nothing on the tracer's device (is the model "
+             "built on the `device` argument?)")  # fmt: skip
+    kinds = [type(m).__name__ for root in run.models for m in root.modules()]
+    meta = {
+        "model": f"step:{spec}",
+        "family": _family_of(kinds),
+        "optimizer": ",".join(sorted(run.optimizers)) or "none",
+        "iterations": str(steps),
+        # One precision names the regime (safety margin); a step mixing fp16 and bf16 regions
+        # is named by the first.
+        "amp": sorted(run.autocast_dtypes)[0] if run.autocast_dtypes else "fp32",
+        "cuda_emulation": str(cuda_emulation).lower(),
+        "profile": profile.name,
+        "compute_capability": "{}.{}".format(*profile.compute_capability),
+        "torch": torch.__version__,
+        "clock": "logical",
+    }
+    if batch_size is not None:
+        meta["batch_size"] = str(batch_size)
+    if cuda_emulation:
+        meta["uses_gemm"] = str(workspaces.cublas_done).lower()
+        meta["uses_conv"] = str(workspaces.used_conv).lower()
+    if run.sdpa_backends:
+        meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(run.sdpa_backends.items()))
+    return rec, meta
+
+
+def step_to_file(
+    spec: str,
+    steps: int,
+    profile: Profile,
+    out: Path,
+    emulate: bool = True,
+    batch_size: int | None = None,
+) -> Summary:
+    rec, meta = trace_step(spec, steps, profile, emulate, batch_size)
+    summary = summarize(rec.events)
+    jsonl.write(out, jsonl.lines(rec.events, meta))
+    return summary
 
 
 def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path) -> Summary:

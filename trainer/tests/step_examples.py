@@ -1,0 +1,256 @@
+"""Step functions for tests/test_userstep.py and the README's examples: `FN(device)` builds the
+model, optimizer and data on `device` and returns `step()`, one iteration of the author's loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.optimizer import _default_to_fused_or_foreach
+
+SEEN: dict[str, Any] = {}
+
+
+def _mlp(device: Any, width: int = 256) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(device)
+
+
+class PlainAdamW:
+    """A hand-written AdamW, one parameter at a time (no foreach temporaries)."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float = 1e-3) -> None:
+        self.params, self.lr = params, lr
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            m.mul_(0.9).add_(p.grad, alpha=0.1)
+            v.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+            p.mul_(1 - self.lr * 0.01).addcdiv_(m, v.sqrt().add_(1e-8), value=-self.lr)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def custom_optimizer(device: Any) -> Any:
+    model = _mlp(device)
+    opt = PlainAdamW(list(model.parameters()))
+    x = torch.randn(32, 256, device=device)
+    y = torch.randint(0, 10, (32,), device=device)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def default_adamw(device: Any) -> Any:
+    """torch.optim.AdamW with foreach left to PyTorch's own default."""
+    model = _mlp(device)
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(32, 256, device=device), torch.randint(0, 10, (32,), device=device)
+    params = list(model.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        SEEN["foreach"] = _default_to_fused_or_foreach(params, False, False)
+        opt.step()
+
+    return step
+
+
+def zero_grad_after_forward(device: Any) -> Any:
+    """Stale gradients stay alive through the next forward."""
+    model = _mlp(device, 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4096, 1024, device=device), torch.randint(0, 10, (4096,), device=device)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def zero_grad_before_forward(device: Any) -> Any:
+    model = _mlp(device, 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4096, 1024, device=device), torch.randint(0, 10, (4096,), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def forward_only(device: Any) -> Any:
+    model = _mlp(device).eval()
+    x = torch.randn(64, 256, device=device)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+
+    return step
+
+
+def inference(device: Any) -> Any:
+    model = _mlp(device).eval()
+    x = torch.randn(64, 256, device=device)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    return step
+
+
+def grad_accumulation(device: Any) -> Any:
+    model = _mlp(device)
+    opt = torch.optim.Adam(model.parameters())
+    batches = [torch.randn(16, 256, device=device) for _ in range(4)]
+    y = torch.randint(0, 10, (16,), device=device)
+
+    def step() -> None:
+        for x in batches:
+            (F.cross_entropy(model(x), y) / len(batches)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def chunked_cross_entropy(device: Any) -> Any:
+    """An LM head whose loss is computed in sequence chunks, each chunk's logits freed early."""
+    vocab, dim, seq = 5000, 128, 256
+    emb = nn.Embedding(vocab, dim).to(device)
+    head = nn.Linear(dim, vocab, bias=False).to(device)
+    opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()])
+    tokens = torch.randint(0, vocab, (4, seq), device=device)
+
+    def step() -> None:
+        h = emb(tokens)
+        total = h.new_zeros(())
+        for chunk, target in zip(h.split(64, dim=1), tokens.split(64, dim=1), strict=True):
+            logits = head(chunk)
+            total = total + F.cross_entropy(logits.flatten(0, 1), target.flatten())
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def cuda_literals(device: Any) -> Any:
+    """Code written for a GPU: `"cuda"` strings, `.cuda()`, pinned batches, torch.cuda queries."""
+    assert torch.cuda.is_available()
+    model = _mlp("cpu").cuda()
+    opt = torch.optim.Adam(model.parameters())
+    batch = torch.randn(32, 256).pin_memory()
+    target = torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        x = batch.to("cuda", non_blocking=True)
+        y = target.to(torch.device("cuda"))
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        SEEN["allocated"] = torch.cuda.memory_allocated()
+        SEEN["max_allocated"] = torch.cuda.max_memory_allocated()
+        SEEN["name"] = torch.cuda.get_device_name()
+        torch.cuda.empty_cache()
+
+    return step
+
+
+class EinsumMLP(nn.Module):
+    """Linear layers written with torch.einsum, as the cs336 models are."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(width, width))
+        self.w2 = nn.Parameter(torch.randn(10, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.einsum("bi,oi->bo", x, self.w1).relu()
+        return torch.einsum("bi,oi->bo", h, self.w2)
+
+
+def _einsum_step(device: Any, amp: torch.dtype | None) -> Any:
+    with torch.device(device):
+        model = EinsumMLP(512)
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(256, 512, device=device), torch.randint(0, 10, (256,), device=device)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=amp or torch.float16, enabled=amp is not None):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def einsum_fp32(device: Any) -> Any:
+    return _einsum_step(device, None)
+
+
+def einsum_bf16(device: Any) -> Any:
+    return _einsum_step(device, torch.bfloat16)
+
+
+def sized(device: Any, batch_size: int) -> Any:
+    """`max-batch --step` searches the second argument."""
+    model = _mlp(device, 1024)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(batch_size, 1024, device=device)
+    y = torch.randint(0, 10, (batch_size,), device=device)
+
+    def step() -> None:
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def raises(device: Any) -> Any:
+    model = _mlp(device)
+
+    def step() -> None:
+        model(torch.randn(4, 7, device=device))  # wrong width: the user's bug
+
+    return step
+
+
+def allocates_nothing(device: Any) -> Any:
+    def step() -> None:
+        pass
+
+    return step
+
+
+def asks_reserved(device: Any) -> Any:
+    def step() -> None:
+        torch.cuda.memory_reserved()
+
+    return step
+
+
+def not_a_step(device: Any) -> Any:
+    return 42

@@ -1,0 +1,169 @@
+"""Step functions (`--step MOD:FN`): the user's own loop traced as written (symtrace/userstep.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import step_examples
+from conftest import cli, read_trace
+
+MIB = 1 << 20
+
+
+def symtrace(tmp_path: Path, fn: str, *extra: str, check: bool = True) -> Any:
+    out = tmp_path / f"{fn}.jsonl"
+    done = cli("symtrace", "--step", f"step_examples:{fn}", "--out", str(out), "--json", *extra,
+               check=check)  # fmt: skip
+    if done.returncode != 0:
+        return done, None
+    return json.loads(done.stdout), read_trace(out)
+
+
+def markers(events: list[dict[str, Any]]) -> list[str]:
+    return [e["text"] for e in events if e["kind"] == "marker"]
+
+
+def test_steps_default_to_three_and_split_the_peaks(tmp_path: Path) -> None:
+    summary, events = symtrace(tmp_path, "custom_optimizer")
+    assert [m for m in markers(events) if m.startswith("iter:")] == ["iter:0", "iter:1", "iter:2"]
+    assert summary["steps"] == 3
+    assert summary["peak_live_bytes"] == max(
+        summary["first_step_peak_live_bytes"], summary["steady_peak_live_bytes"]
+    )
+    header = events[0]["metadata"]
+    assert header["model"] == "step:step_examples:custom_optimizer"
+    assert header["iterations"] == "3" and header["amp"] == "fp32"
+    # The hand-written optimizer is not a torch.optim.Optimizer: no optimizer phase, and its
+    # moments (zeros_like in FN) are setup memory, allocated before iter:0.
+    assert "phase:optimizer" not in markers(events)
+    assert header["optimizer"] == "none"
+    # Parameters are labelled as such, whoever built them.
+    cats = {e["category"] for e in events if e["kind"] == "alloc"}
+    assert {"parameter", "activation"} <= cats
+
+
+def test_default_optimizer_choice_is_pytorchs_own_for_cuda(tmp_path: Path) -> None:
+    step_examples.SEEN.clear()
+    _, events = symtrace(tmp_path, "default_adamw", "--steps", "2")
+    assert step_examples.SEEN["foreach"] == (False, True)  # (fused, foreach) as on CUDA
+    header = events[0]["metadata"]
+    assert header["optimizer"] == "adamw"
+    assert "phase:optimizer" in markers(events) and "phase:backward" in markers(events)
+    cats = {e["category"] for e in events if e["kind"] == "alloc"}
+    assert {"gradient", "optimizer_state"} <= cats
+
+
+def forward_peak(events: list[dict[str, Any]], step: int) -> int:
+    """Max live bytes from `iter:<step>` to that step's first backward."""
+    live = peak = 0
+    inside = False
+    for e in events:
+        if e["kind"] == "alloc":
+            live += e["size"]
+        elif e["kind"] == "free":
+            live -= e["size"]
+        elif e["kind"] == "marker":
+            if e["text"] == f"iter:{step}":
+                inside, peak = True, live
+            elif inside and e["text"] == "phase:backward":
+                return peak
+        if inside:
+            peak = max(peak, live)
+    raise AssertionError(f"no backward in step {step}")
+
+
+def test_zero_grad_after_forward_keeps_stale_gradients_alive(tmp_path: Path) -> None:
+    _, after = symtrace(tmp_path, "zero_grad_after_forward")
+    _, before = symtrace(tmp_path, "zero_grad_before_forward")
+    grads = (1024 * 1024 + 1024 + 10 * 1024 + 10) * 4
+    # The first step has no stale gradients; from the second on they live through the forward
+    # (whose activations, 4096 x 1024 floats, outweigh them: the whole difference shows).
+    assert forward_peak(after, 0) == forward_peak(before, 0)
+    assert forward_peak(after, 1) - forward_peak(before, 1) == grads
+
+
+def test_forward_only_and_inference_mode(tmp_path: Path) -> None:
+    for fn in ("forward_only", "inference"):
+        summary, events = symtrace(tmp_path, fn)
+        assert "phase:backward" not in markers(events)
+        params = (256 * 256 + 256 + 256 * 10 + 10) * 4
+        cats = summary["bytes_by_category"]
+        assert "gradient" not in cats and "optimizer_state" not in cats, fn
+        # Without autograd's saved tensors each activation dies at the next layer: the peak is
+        # parameters, the cuBLAS workspaces and at most two 64 x 256 activations at once.
+        workspaces = 8519680 + (1 << 20)
+        assert summary["peak_live_bytes"] <= params + workspaces + 2 * 64 * 256 * 4 + 64 * 10 * 4
+        assert summary["first_step_peak_live_bytes"] == summary["steady_peak_live_bytes"]
+
+
+def test_accumulation_and_chunked_cross_entropy_run(tmp_path: Path) -> None:
+    _, events = symtrace(tmp_path, "grad_accumulation")
+    assert markers(events).count("phase:backward") == 4 * 3
+    chunked, _ = symtrace(tmp_path, "chunked_cross_entropy")
+    # One chunk's logits (4 x 64 x 5000 fp32) at a time, not the whole sequence's.
+    assert chunked["peak_live_bytes"] < 60 * MIB
+
+
+def test_cuda_literals_mean_the_tracers_device(tmp_path: Path) -> None:
+    step_examples.SEEN.clear()
+    summary, events = symtrace(tmp_path, "cuda_literals")
+    assert summary["allocs"] > 0
+    assert step_examples.SEEN["allocated"] > 0
+    assert step_examples.SEEN["max_allocated"] >= step_examples.SEEN["allocated"]
+    assert step_examples.SEEN["name"] == "NVIDIA A100-SXM4-40GB"
+    assert sum(1 for e in events if e["kind"] == "control" and e["op"] == "empty_cache") == 3
+
+
+def test_autocast_in_user_code_applies_to_einsum(tmp_path: Path) -> None:
+    _, fp32 = symtrace(tmp_path, "einsum_fp32")
+    _, bf16 = symtrace(tmp_path, "einsum_bf16")
+    assert bf16[0]["metadata"]["amp"] == "bf16" and fp32[0]["metadata"]["amp"] == "fp32"
+
+    def hidden(events: list[dict[str, Any]], itemsize: int) -> int:
+        # The einsum's 256 x 512 hidden activation, once per step.
+        size = 256 * 512 * itemsize
+        return sum(1 for e in events if e["kind"] == "alloc" and e["size"] == size
+                   and e["category"] == "activation")  # fmt: skip
+
+    assert hidden(bf16, 2) >= 3 and hidden(fp32, 2) == 0
+    assert hidden(fp32, 4) >= 3
+
+
+def test_estimate_and_max_batch_take_a_step(tmp_path: Path) -> None:
+    done = cli("estimate", "--step", "step_examples:default_adamw", "--json")
+    r = json.loads(done.stdout)
+    sym = r["estimates"]["symbolic"]
+    assert sym["steps"]["count"] == 3 and sym["steps"]["steady_device_mib"] is not None
+    assert r["estimates"]["analytic"] is None and "--features" in r["unavailable"]["analytic"]
+    assert r["inputs"]["step"] == "step_examples:default_adamw"
+    text = cli("estimate", "--step", "step_examples:default_adamw").stdout
+    assert text.startswith("needs ") and "per step: first" in text
+    mb = cli("max-batch", "--step", "step_examples:sized", "--profile", "a100-40gb",
+             "--capacity", "3GiB", "--steps", "1", "--json")  # fmt: skip
+    out = json.loads(mb.stdout)
+    assert out["max_batch"] > 1 and out["model"] == "step:step_examples:sized"
+    bad = cli("max-batch", "--step", "step_examples:default_adamw", "--profile", "a100-40gb",
+              check=False)  # fmt: skip
+    assert bad.returncode == 2 and "the device and the batch size" in bad.stderr
+
+
+def test_bad_steps_fail_clearly(tmp_path: Path) -> None:
+    done, _ = symtrace(tmp_path, "raises", check=False)
+    assert done.returncode == 2
+    assert "step() raised in step 1" in done.stderr and "step_examples.py" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "raises.jsonl").exists()
+    done, _ = symtrace(tmp_path, "not_a_step", check=False)
+    assert done.returncode == 2 and "zero-argument step()" in done.stderr
+    done, _ = symtrace(tmp_path, "asks_reserved", check=False)
+    assert done.returncode == 2 and "memory_reserved" in done.stderr
+    summary, _ = symtrace(tmp_path, "allocates_nothing")
+    assert any("allocated nothing" in w for w in summary["warnings"])
+    done = cli("symtrace", "--step", "step_examples:nope", "--out", str(tmp_path / "x.jsonl"),
+               check=False)  # fmt: skip
+    assert done.returncode == 2 and "has no function 'nope'" in done.stderr
+    done = cli("symtrace", "--step", "step_examples:custom_optimizer", "--amp", "bf16",
+               "--out", str(tmp_path / "y.jsonl"), "--json")  # fmt: skip
+    assert any("--amp has no effect with --step" in w for w in json.loads(done.stdout)["warnings"])
