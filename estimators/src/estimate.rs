@@ -232,9 +232,6 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             ),
         },
     };
-    let optimizer: Optimizer =
-        t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
-    let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
     let version = profile_version(profile, ppath)?;
     let mut warnings = t.warnings();
     if let Some(p) = input.plain {
@@ -281,6 +278,11 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     );
     match (f, batch) {
         (Some(f), Some(batch)) => {
+            // Only the feature baselines read these; a step function's trace may name optimizers
+            // the analytic model does not know.
+            let optimizer: Optimizer =
+                t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
+            let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
             let s = Instant::now();
             let a = analytic(f, batch, optimizer, precision, profile);
             time("analytic", s);
