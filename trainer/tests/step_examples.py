@@ -254,3 +254,36 @@ def asks_reserved(device: Any) -> Any:
 
 def not_a_step(device: Any) -> Any:
     return 42
+
+
+def compiled(device: Any) -> Any:
+    model = torch.compile(_mlp(device))
+    x = torch.randn(8, 256, device=device)
+
+    @torch.compile(mode="reduce-overhead")
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()
+
+    def step() -> None:
+        loss_of(x).backward()
+
+    return step
+
+
+def side_stream(device: Any) -> Any:
+    """A prefetch on a side stream, handed to the default stream with record_stream."""
+    model = _mlp(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    copy = torch.cuda.Stream()
+    host = torch.randn(64, 256)
+
+    def step() -> None:
+        with torch.cuda.stream(copy):
+            x = host.to("cuda", non_blocking=True)
+        torch.cuda.current_stream().wait_stream(copy)
+        x.record_stream(torch.cuda.current_stream())
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step

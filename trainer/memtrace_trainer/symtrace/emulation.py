@@ -34,10 +34,18 @@ class Workspaces:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self.cublas_done = False
+        # cuBLAS keeps one workspace per (handle, stream) (CUDABlas getCurrentCUDABlasHandle),
+        # and handles are per thread: autograd runs a CUDA backward on its own device thread,
+        # so a step that multiplies in both passes holds two.
+        self.cublas_handles: set[tuple[str, int]] = set()
         # Which libraries the step loads: their memory outside the allocator (context, handles,
         # kernel images) is a per-process constant of the profile, counted once per library.
         self.used_conv = False
+
+    @property
+    def cublas_done(self) -> bool:
+        """Whether the step ran a GEMM (loads cuBLAS)."""
+        return bool(self.cublas_handles)
 
     def _transient(self, rec: Recorder, size: int) -> None:
         if size > 0:
@@ -50,11 +58,14 @@ class Workspaces:
         if out is None:
             self._before(rec, func, args)
             return
-        if func in _GEMMS and not self.cublas_done:
-            # The handle's workspace is taken at the first GEMM, after its output, for good.
-            self.cublas_done = True
-            if self.profile.cublas_workspace_bytes:
-                rec.alloc(self.profile.cublas_workspace_bytes, "workspace")
+        if func in _GEMMS:
+            thread = "backward" if torch._C._current_autograd_node() is not None else "main"
+            key = (thread, rec.stream)
+            if key not in self.cublas_handles:
+                # The handle's workspace is taken at its first GEMM, after the output, for good.
+                self.cublas_handles.add(key)
+                if self.profile.cublas_workspace_bytes:
+                    rec.alloc(self.profile.cublas_workspace_bytes, "workspace")
         if func is aten.addmm.default and args[0].dim() == 1 and args[1].dim() == 2:
             self._transient(rec, self.profile.cublaslt_workspace_bytes)
         elif func is aten.convolution.default:

@@ -34,11 +34,13 @@ def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
         if kind == "marker":
             rec["text"] = e["text"]
         elif kind == "control":
-            rec["op"] = e["op"]
+            rec |= {k: v for k, v in e.items() if k not in ("kind", "ts_ns", "device")}
         elif kind == "alloc":
             rec |= {"addr": e["addr"], "size": e["size"], **_REQUEST, "category": e["category"]}
+            rec["stream"] = e.get("stream", 0)
         else:
             rec |= {"addr": e["addr"], "size": e["size"], **_REQUEST, "stage": "immediate"}
+            rec["stream"] = e.get("stream", 0)
         out.append(json.dumps(rec, separators=(",", ":")))
     out.append(json.dumps({"kind": "process_exit", "lost_events": 0}, separators=(",", ":")))
     return out

@@ -38,6 +38,8 @@ class Recorder(TorchDispatchMode):
         # (requested bytes; the allocator's rounding is memsim's).
         self.live_bytes = 0
         self.peak_bytes = 0
+        # The stream the traced program allocates on (`torch.cuda.stream(s)`); 0 is the default.
+        self.stream = 0
 
     # --- events -------------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -52,20 +54,28 @@ class Recorder(TorchDispatchMode):
         addr = self._next_id
         self._next_id += 1
         self._alloc_index[addr] = len(self.events)
-        self._emit({"kind": "alloc", "addr": addr, "size": size, "category": category})
+        event = {"kind": "alloc", "addr": addr, "size": size, "category": category}
+        if self.stream:
+            event["stream"] = self.stream
+        self._emit(event)
         self.live_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return addr
 
     def free(self, addr: int, size: int) -> None:
         if self.active:
-            self._emit({"kind": "free", "addr": addr, "size": size})
+            event = {"kind": "free", "addr": addr, "size": size}
+            stream = self.events[self._alloc_index[addr]].get("stream", 0)
+            if stream:
+                event["stream"] = stream
+            self._emit(event)
             self.live_bytes -= size
 
-    def control(self, op: str) -> None:
-        """An allocator control call of the traced program (`empty_cache`, `reset_peak_stats`)."""
+    def control(self, op: str, **fields: Any) -> None:
+        """An allocator control call of the traced program (`empty_cache`, `reset_peak_stats`,
+        `record_stream` with `addr` and `stream`)."""
         if self.active:
-            self._emit({"kind": "control", "op": op})
+            self._emit({"kind": "control", "op": op, **fields})
             if op == "reset_peak_stats":
                 self.peak_bytes = self.live_bytes
 

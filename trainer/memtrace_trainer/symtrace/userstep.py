@@ -91,6 +91,7 @@ class DeviceMap(TorchFunctionMode):
             return args[0].to(META)
         if func is torch.Tensor.pin_memory:
             return args[0]
+
         if _is_cuda(kwargs.get("device")):
             kwargs = {**kwargs, "device": META}
         if func is torch.Tensor.to:
@@ -115,12 +116,90 @@ class _Properties:
         return f"_CudaDeviceProperties(name={self.name!r}, total_memory={self.total_memory})"
 
 
+class _Stream:
+    """`torch.cuda.Stream` on the tracer's device: an id the trace's allocations carry (memsim
+    keeps a pool per stream); waits and synchronisation do nothing."""
+
+    _next_id = 1
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        _Stream._next_id += 1
+        self.stream_id = _Stream._next_id
+        self.device = META
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event or _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return self.stream_id
+
+
+_DEFAULT_STREAM = _Stream()
+_DEFAULT_STREAM.stream_id = 0
+
+
+class _Event:
+    """`torch.cuda.Event`: no timing on the tracer's device (elapsed time is 0)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
 class CudaShim:
     """`torch.cuda` as the profile's GPU would answer, for the duration of a trace."""
 
     def __init__(self, profile: Profile, rec: Recorder) -> None:
         self.profile, self.rec = profile, rec
         self._saved: list[tuple[Any, str, Any]] = []
+        self._current = _DEFAULT_STREAM
+
+    def _record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        # Meta has no streams (the real method rejects the stand-in); memsim replays the record.
+        addr = self.rec.address(tensor)
+        if addr is not None:
+            self.rec.control("record_stream", addr=addr, stream=stream.stream_id)
+
+    @contextlib.contextmanager
+    def _stream_context(self, stream: Any) -> Iterator[None]:
+        before = self._current
+        if stream is not None:
+            self._current = stream
+            self.rec.stream = stream.stream_id
+        try:
+            yield
+        finally:
+            self._current = before
+            self.rec.stream = before.stream_id
 
     def _patch(self, mod: Any, name: str, value: Any) -> None:
         self._saved.append((mod, name, getattr(mod, name, None)))
@@ -146,6 +225,11 @@ class CudaShim:
             "reset_peak_memory_stats": lambda device=None: rec.control("reset_peak_stats"),
             "manual_seed": lambda seed: None,
             "manual_seed_all": lambda seed: None,
+            "Stream": _Stream,
+            "Event": _Event,
+            "stream": self._stream_context,
+            "current_stream": lambda device=None: self._current,
+            "default_stream": lambda device=None: _DEFAULT_STREAM,
         }
         for name, value in answers.items():
             self._patch(c, name, value)
@@ -156,6 +240,9 @@ class CudaShim:
         self._patch(
             torch.optim.Optimizer, "_accelerator_graph_capture_health_check", lambda self: None
         )
+        self._patch(torch.Tensor, "record_stream", lambda t, stream: self._record_stream(t, stream))
+        self._patch(torch, "compile", _eager_compile)
+        self._patch(nn.Module, "compile", lambda module, *a, **k: _eager_compile(module))
         self._patch(c.memory, "_record_memory_history", lambda *a, **k: None)
         self._patch(c.memory, "_dump_snapshot", lambda *a, **k: None)
         return self
@@ -164,6 +251,21 @@ class CudaShim:
         for mod, name, value in reversed(self._saved):
             setattr(mod, name, value)
         self._saved.clear()
+
+
+def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
+    """`torch.compile` while tracing: the region runs eagerly, and the user is told what that
+    does to the estimate."""
+    from memtrace_trainer.notes import warn
+
+    warn(
+        "torch.compile: compiled regions are traced eagerly; the estimate is eager PyTorch's "
+        "(Inductor's fused kernels usually hold fewer intermediates, and CUDA graphs keep a "
+        "private pool that is not modelled)"
+    )
+    if model is None:  # used as @torch.compile(...) with arguments
+        return lambda fn: fn
+    return model
 
 
 def _reserved_unavailable(name: str) -> Callable[..., int]:
