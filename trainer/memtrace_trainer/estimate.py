@@ -24,7 +24,7 @@ from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
+from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
 
 ESTIMATORS = ("symbolic", "fake_tensor", "horus", "analytic", "ml")
@@ -129,6 +129,28 @@ class StepJob:
         }
 
 
+class ScriptJob:
+    """An unmodified training script (`--script train.py -- ARGS`), run as written."""
+
+    def __init__(self, path: Path, argv: list[str], steps: int) -> None:
+        self.path, self.argv, self.steps, self.batch_size = Path(path), argv, steps, None
+        self.spec = f"script:{path}" + "".join(f" {a}" for a in argv)
+
+    def features(self) -> None:
+        return None
+
+    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
+        script_to_file(self.path, self.argv, self.steps if emulate else 1, prof, out, emulate)
+
+    def inputs(self) -> dict[str, Any]:
+        return {
+            "script": str(self.path),
+            "args": self.argv,
+            "iterations": self.steps,
+            "defaults": {"iterations": {"value": self.steps, "why": "traced iterations"}},
+        }
+
+
 def estimate(
     workload_for: Any,
     step: StepConfig,
@@ -143,7 +165,7 @@ def estimate(
 
 
 def estimate_job(
-    job: ModelJob | StepJob,
+    job: ModelJob | StepJob | ScriptJob,
     profile: str,
     ml_model: Path | None,
     log: Any = None,

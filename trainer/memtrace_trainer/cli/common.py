@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from memtrace_trainer import notes
+from memtrace_trainer.errors import UserError
 
 
 def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
@@ -75,6 +76,27 @@ def step_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+SCRIPT_HELP = (
+    "an unmodified training script, run as __main__ with the arguments after `--`; iterations "
+    "are counted at optimizer.step() (or memtrace_trainer.mark('iter')) and the run stops "
+    "after --steps"
+)
+
+
+def script_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "script_args", nargs="*", metavar="-- ARGS", help="arguments of --script, after `--`"
+    )
+
+
+def check_script_args(args: dict[str, Any]) -> None:
+    if args.get("script_args") and not args.get("script"):
+        raise UserError(
+            f"unexpected arguments {' '.join(args['script_args'])!r}: only --script takes "
+            "arguments (after `--`)"
+        )
+
+
 STEP_FN_STEPS = 3
 MODEL_STEPS = 2
 STEP_FN_HELP = (
@@ -88,16 +110,17 @@ LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", 
 
 def resolve_steps(args: dict[str, Any]) -> int:
     """The steps to trace, and for `--step` a warning per loop flag it makes meaningless."""
-    if args.get("step"):
+    if args.get("step") or args.get("script"):
+        what = "--step" if args.get("step") else "--script"
         defaults = {"optimizer": "adam", "grad_accum": 1, "checkpointing": False}
         for key in LOOP_FLAGS:
             value = args.get(key)
             if value is not None and value != defaults.get(key, None):
                 flag = "--" + key.replace("_", "-")
-                notes.warn(f"{flag} has no effect with --step: the step function decides")
+                notes.warn(f"{flag} has no effect with {what}: your code decides")
     steps = args.get("iterations")
     if steps is None:
-        return STEP_FN_STEPS if args.get("step") else MODEL_STEPS
+        return STEP_FN_STEPS if args.get("step") or args.get("script") else MODEL_STEPS
     return int(steps)
 
 

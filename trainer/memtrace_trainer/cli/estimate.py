@@ -13,10 +13,13 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.cli.common import (
+    SCRIPT_HELP,
     STEP_FN_HELP,
+    check_script_args,
     entry_workload,
     print_defaults,
     resolve_steps,
+    script_args,
     shape_args,
     step_args,
 )
@@ -36,12 +39,16 @@ FAKE_KEYS = {
 }
 
 
-def _model_source(p: argparse.ArgumentParser, gpumemnet: bool = False, step: bool = True) -> None:
+def _model_source(
+    p: argparse.ArgumentParser, gpumemnet: bool = False, step: bool = True, script: bool = False
+) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model spec")
     src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (see README)")
     if step:
         src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
+    if script:
+        src.add_argument("--script", metavar="TRAIN.py", type=Path, help=SCRIPT_HELP)
     if gpumemnet:
         src.add_argument(
             "--gpumemnet-row",
@@ -94,7 +101,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "inputs, defaults and warnings. Exit status 0 fits, 1 does not fit, 2 error. memest is "
         "found via $MEMTRACE_BIN_DIR, then PATH, then target/release.",
     )
-    _model_source(e)
+    _model_source(e, script=True)
+    script_args(e)
     e.add_argument(
         "--batch-size", type=int, help="samples per step (required with --model/--entry)"
     )
@@ -183,10 +191,13 @@ def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job, render
+    from memtrace_trainer.estimate import ModelJob, ScriptJob, StepJob, estimate_job, render
 
-    if args.step:
-        job: Any = StepJob(args.step, resolve_steps(vars(args)))
+    check_script_args(vars(args))
+    if args.script:
+        job: Any = ScriptJob(args.script, list(args.script_args), resolve_steps(vars(args)))
+    elif args.step:
+        job = StepJob(args.step, resolve_steps(vars(args)))
     else:
         if args.batch_size is None:
             raise UserError("--batch-size is required with --model and --entry")

@@ -11,11 +11,14 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.cli.common import (
+    SCRIPT_HELP,
     STEP_FN_HELP,
+    check_script_args,
     entry_workload,
     model_args,
     print_defaults,
     resolve_steps,
+    script_args,
     shape_args,
     step_args,
 )
@@ -57,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         help="package.module:function returning (model, (inputs, target), loss_fn)",
     )
     src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
+    src.add_argument("--script", metavar="TRAIN.py", type=Path, help=SCRIPT_HELP)
     src.add_argument(
         "--batch",
         metavar="CONFIGS.jsonl",
@@ -77,6 +81,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
     s.add_argument("--out-dir", type=Path, help="output directory of --batch")
     s.add_argument("--json", action="store_true", help="print a JSON summary")
+    script_args(s)
 
     sm = sub.add_parser(
         "sample",
@@ -121,9 +126,16 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     from memtrace_trainer.models.zoo import build_workload
     from memtrace_trainer.profile import load_profile
     from memtrace_trainer.symtrace.step import StepConfig
-    from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
+    from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 
+    check_script_args(args)
     steps = resolve_steps(args)
+    if args.get("script"):
+        profile = load_profile(args.get("profile"))
+        emulate = not args.get("no_cuda_emulation", False)
+        argv = list(args.get("script_args") or [])
+        summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate)
+        return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
     if args.get("step"):
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)

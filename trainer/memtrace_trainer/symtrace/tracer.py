@@ -139,27 +139,59 @@ def trace_step(
 ) -> tuple[Recorder, dict[str, str]]:
     """A user's step function (`--step MOD:FN`, symtrace/userstep.py) traced `steps` times;
     returns the recorder and the trace's metadata."""
-    from memtrace_trainer.notes import warn
     from memtrace_trainer.symtrace.userstep import load_step, run_steps
 
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
+    workspaces, rec = _recorder(profile, cuda_emulation)
+    run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
+    meta = _user_metadata(f"step:{spec}", steps, profile, cuda_emulation, rec, run, workspaces)
+    if batch_size is not None:
+        meta["batch_size"] = str(batch_size)
+    return rec, meta
+
+
+def trace_script(
+    path: Path, argv: list[str], steps: int, profile: Profile, cuda_emulation: bool = True
+) -> tuple[Recorder, dict[str, str]]:
+    """An unmodified training script (symtrace/script.py) traced for `steps` iterations."""
+    from memtrace_trainer.symtrace.script import run_script
+
+    workspaces, rec = _recorder(profile, cuda_emulation)
+    run = run_script(path, argv, steps, profile, rec, cuda_emulation)
+    spec = f"script:{path}" + "".join(f" {a}" for a in argv)
+    return rec, _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces)
+
+
+def _recorder(profile: Profile, cuda_emulation: bool) -> tuple[Workspaces, Recorder]:
     workspaces = Workspaces(profile)
     if cuda_emulation:
         profile.warn_unmeasured()
-    rec = Recorder([workspaces] if cuda_emulation else [])
-    run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
+    return workspaces, Recorder([workspaces] if cuda_emulation else [])
+
+
+def _user_metadata(
+    spec: str,
+    steps: int,
+    profile: Profile,
+    cuda_emulation: bool,
+    rec: Recorder,
+    run: Any,
+    workspaces: Workspaces,
+) -> dict[str, str]:
+    from memtrace_trainer.notes import warn
+
     if not any(e["kind"] == "alloc" for e in rec.events):
-        warn(f"--step {spec}: the step allocated nothing on the tracer's device (is the model "
-             "built on the `device` argument?)")  # fmt: skip
+        warn(f"{spec}: nothing was allocated on the tracer's device (is the model built on the "
+             "`device` argument, or moved to \"cuda\"?)")  # fmt: skip
     kinds = [type(m).__name__ for root in run.models for m in root.modules()]
     meta = {
-        "model": f"step:{spec}",
+        "model": spec,
         "family": _family_of(kinds),
         "optimizer": ",".join(sorted(run.optimizers)) or "none",
         "iterations": str(steps),
-        # One precision names the regime (safety margin); a step mixing fp16 and bf16 regions
-        # is named by the first.
+        # One precision names the regime (safety margin); a program mixing fp16 and bf16
+        # regions is named by the first.
         "amp": sorted(run.autocast_dtypes)[0] if run.autocast_dtypes else "fp32",
         "cuda_emulation": str(cuda_emulation).lower(),
         "profile": profile.name,
@@ -167,14 +199,12 @@ def trace_step(
         "torch": torch.__version__,
         "clock": "logical",
     }
-    if batch_size is not None:
-        meta["batch_size"] = str(batch_size)
     if cuda_emulation:
         meta["uses_gemm"] = str(workspaces.cublas_done).lower()
         meta["uses_conv"] = str(workspaces.used_conv).lower()
     if run.sdpa_backends:
         meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(run.sdpa_backends.items()))
-    return rec, meta
+    return meta
 
 
 def step_to_file(
@@ -186,6 +216,15 @@ def step_to_file(
     batch_size: int | None = None,
 ) -> Summary:
     rec, meta = trace_step(spec, steps, profile, emulate, batch_size)
+    summary = summarize(rec.events)
+    jsonl.write(out, jsonl.lines(rec.events, meta))
+    return summary
+
+
+def script_to_file(
+    path: Path, argv: list[str], steps: int, profile: Profile, out: Path, emulate: bool = True
+) -> Summary:
+    rec, meta = trace_script(path, argv, steps, profile, emulate)
     summary = summarize(rec.events)
     jsonl.write(out, jsonl.lines(rec.events, meta))
     return summary

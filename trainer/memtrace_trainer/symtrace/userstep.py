@@ -30,13 +30,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
 from memtrace_trainer.symtrace.recorder import Recorder
 
-META = torch.device("meta")
 StepFn = Callable[[torch.device], Callable[[], Any]]
 
 
@@ -74,212 +73,6 @@ def load_step(spec: str, with_batch: bool = False) -> Any:
     return func  # type: ignore[no-any-return]
 
 
-def _is_cuda(v: Any) -> bool:
-    if isinstance(v, torch.device):
-        return v.type == "cuda"
-    return isinstance(v, str) and v.split(":", 1)[0] == "cuda"
-
-
-class DeviceMap(TorchFunctionMode):
-    """`"cuda"` in the user's code is the tracer's device."""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.Tensor.cuda:
-            return args[0].to(META)
-        if func is torch.Tensor.pin_memory:
-            return args[0]
-
-        if _is_cuda(kwargs.get("device")):
-            kwargs = {**kwargs, "device": META}
-        if func is torch.Tensor.to:
-            # `x.to(0)` names CUDA device 0; any other int is a dtype-free positional elsewhere.
-            args = tuple(
-                META if _is_cuda(a) or (i == 1 and type(a) is int) else a
-                for i, a in enumerate(args)
-            )
-        return func(*args, **kwargs)
-
-
-class _Properties:
-    """What `torch.cuda.get_device_properties` returns, for the profile's GPU."""
-
-    def __init__(self, profile: Profile) -> None:
-        self.name = profile.gpu
-        self.major, self.minor = profile.compute_capability
-        self.total_memory = profile.total_memory
-        self.multi_processor_count = 0  # not in the profile; code that needs it gets 0
-
-    def __repr__(self) -> str:
-        return f"_CudaDeviceProperties(name={self.name!r}, total_memory={self.total_memory})"
-
-
-class _Stream:
-    """`torch.cuda.Stream` on the tracer's device: an id the trace's allocations carry (memsim
-    keeps a pool per stream); waits and synchronisation do nothing."""
-
-    _next_id = 1
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        _Stream._next_id += 1
-        self.stream_id = _Stream._next_id
-        self.device = META
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> _Event:
-        return event or _Event()
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Stream) and other.stream_id == self.stream_id
-
-    def __hash__(self) -> int:
-        return self.stream_id
-
-
-_DEFAULT_STREAM = _Stream()
-_DEFAULT_STREAM.stream_id = 0
-
-
-class _Event:
-    """`torch.cuda.Event`: no timing on the tracer's device (elapsed time is 0)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: Any) -> float:
-        return 0.0
-
-
-class CudaShim:
-    """`torch.cuda` as the profile's GPU would answer, for the duration of a trace."""
-
-    def __init__(self, profile: Profile, rec: Recorder) -> None:
-        self.profile, self.rec = profile, rec
-        self._saved: list[tuple[Any, str, Any]] = []
-        self._current = _DEFAULT_STREAM
-
-    def _record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        # Meta has no streams (the real method rejects the stand-in); memsim replays the record.
-        addr = self.rec.address(tensor)
-        if addr is not None:
-            self.rec.control("record_stream", addr=addr, stream=stream.stream_id)
-
-    @contextlib.contextmanager
-    def _stream_context(self, stream: Any) -> Iterator[None]:
-        before = self._current
-        if stream is not None:
-            self._current = stream
-            self.rec.stream = stream.stream_id
-        try:
-            yield
-        finally:
-            self._current = before
-            self.rec.stream = before.stream_id
-
-    def _patch(self, mod: Any, name: str, value: Any) -> None:
-        self._saved.append((mod, name, getattr(mod, name, None)))
-        setattr(mod, name, value)
-
-    def __enter__(self) -> CudaShim:
-        p, rec, c = self.profile, self.rec, torch.cuda
-        props = _Properties(p)
-        answers: dict[str, Any] = {
-            "is_available": lambda: True,
-            "device_count": lambda: 1,
-            "current_device": lambda: 0,
-            "set_device": lambda device: None,
-            "synchronize": lambda device=None: None,
-            "get_device_name": lambda device=None: p.gpu,
-            "get_device_capability": lambda device=None: p.compute_capability,
-            "get_device_properties": lambda device=None: props,
-            "is_bf16_supported": lambda including_emulation=True: p.compute_capability >= (8, 0),
-            "mem_get_info": lambda device=None: (p.total_memory - rec.live_bytes, p.total_memory),
-            "memory_allocated": lambda device=None: rec.live_bytes,
-            "max_memory_allocated": lambda device=None: rec.peak_bytes,
-            "empty_cache": lambda: rec.control("empty_cache"),
-            "reset_peak_memory_stats": lambda device=None: rec.control("reset_peak_stats"),
-            "manual_seed": lambda seed: None,
-            "manual_seed_all": lambda seed: None,
-            "Stream": _Stream,
-            "Event": _Event,
-            "stream": self._stream_context,
-            "current_stream": lambda device=None: self._current,
-            "default_stream": lambda device=None: _DEFAULT_STREAM,
-        }
-        for name, value in answers.items():
-            self._patch(c, name, value)
-        # memory_reserved needs the allocator in this process: memsim replays it afterwards.
-        for name in ("memory_reserved", "max_memory_reserved"):
-            self._patch(c, name, _reserved_unavailable(name))
-        # Optimizers ask the accelerator whether a CUDA graph is being captured; none is.
-        self._patch(
-            torch.optim.Optimizer, "_accelerator_graph_capture_health_check", lambda self: None
-        )
-        self._patch(torch.Tensor, "record_stream", lambda t, stream: self._record_stream(t, stream))
-        self._patch(torch, "compile", _eager_compile)
-        self._patch(nn.Module, "compile", lambda module, *a, **k: _eager_compile(module))
-        self._patch(c.memory, "_record_memory_history", lambda *a, **k: None)
-        self._patch(c.memory, "_dump_snapshot", lambda *a, **k: None)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for mod, name, value in reversed(self._saved):
-            setattr(mod, name, value)
-        self._saved.clear()
-
-
-def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
-    """`torch.compile` while tracing: the region runs eagerly, and the user is told what that
-    does to the estimate."""
-    from memtrace_trainer.notes import warn
-
-    warn(
-        "torch.compile: compiled regions are traced eagerly; the estimate is eager PyTorch's "
-        "(Inductor's fused kernels usually hold fewer intermediates, and CUDA graphs keep a "
-        "private pool that is not modelled)"
-    )
-    if model is None:  # used as @torch.compile(...) with arguments
-        return lambda fn: fn
-    return model
-
-
-def _reserved_unavailable(name: str) -> Callable[..., int]:
-    def answer(device: Any = None) -> int:
-        raise UserError(
-            f"torch.cuda.{name}() while tracing: reserved memory comes from replaying the trace "
-            "through memsim's allocator model after the step, not from inside it; use "
-            "memory_allocated()/max_memory_allocated() in the step, or read the estimate's "
-            "reserved peak"
-        )
-
-    return answer
-
-
 class PhaseHooks:
     """Phase markers and categories from PyTorch's own entry points: backward and optimizer
     steps, wherever the user's code calls them."""
@@ -288,6 +81,8 @@ class PhaseHooks:
         self.rec = rec
         self.optimizer_steps = 0
         self.optimizers: set[str] = set()
+        # Called after each optimizer step (a script's iteration boundary).
+        self.after_step: Callable[[], None] | None = None
         self._handles: list[Any] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -314,6 +109,8 @@ class PhaseHooks:
                     addr = rec.address(value) if isinstance(value, torch.Tensor) else None
                     if addr is not None:
                         rec.recategorize(addr, "optimizer_state")
+            if self.after_step is not None:
+                self.after_step()
 
         self._handles += [
             opt.register_optimizer_step_pre_hook(pre),
@@ -400,10 +197,34 @@ class Run:
 
     def __init__(self) -> None:
         self.models: list[nn.Module] = []
+        self.hooks: PhaseHooks | None = None
         self.optimizer_steps = 0
         self.optimizers: set[str] = set()
         self.autocast_dtypes: set[str] = set()
         self.sdpa_backends: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def tracing(profile: Profile, rec: Recorder, cuda_emulation: bool) -> Iterator[Run]:
+    """The fake device around a traced program: autocast, optimizer defaults, the recorder,
+    CUDA function swaps, phase hooks, `torch.cuda` and `"cuda"`."""
+    from memtrace_trainer.symtrace.autocast import Autocast
+    from memtrace_trainer.symtrace.emulation import CudaFunctions
+
+    run = Run()
+    functions = CudaFunctions(profile) if cuda_emulation else contextlib.nullcontext()
+    defaults = cuda_like_optimizer_defaults() if cuda_emulation else contextlib.nullcontext()
+    run.hooks = PhaseHooks(rec)
+    autocast = Autocast()
+    with autocast, defaults, rec, functions, run.hooks, CudaShim(profile, rec), DeviceMap():
+        rec.category = "other"
+        yield run
+        rec.finish()
+    run.optimizer_steps = run.hooks.optimizer_steps
+    run.optimizers = run.hooks.optimizers
+    run.autocast_dtypes = autocast.engine.used
+    if isinstance(functions, CudaFunctions):
+        run.sdpa_backends = functions.backends
 
 
 def run_steps(
@@ -419,19 +240,10 @@ def run_steps(
     `models`: the tracer's own loop passes the model it built (its step marks its own phases,
     and errors in the model are reported as the model's); a user's step makes its own."""
     user_step = models is None
-    from memtrace_trainer.symtrace.autocast import Autocast
-    from memtrace_trainer.symtrace.emulation import CudaFunctions
-
     if steps < 1:
         raise UserError(f"--steps {steps}: expected at least 1")
-    run = Run()
-    functions = CudaFunctions(profile) if cuda_emulation else contextlib.nullcontext()
-    defaults = cuda_like_optimizer_defaults() if cuda_emulation else contextlib.nullcontext()
-    hooks = PhaseHooks(rec)
     before = set(_modules()) if models is None else set()
-    autocast = Autocast()
-    with autocast, defaults, rec, functions, hooks, CudaShim(profile, rec), DeviceMap():
-        rec.category = "other"
+    with tracing(profile, rec, cuda_emulation) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
         try:
@@ -445,11 +257,8 @@ def run_steps(
         if not callable(step):
             got = type(step).__name__
             raise UserError(f"{what}: expected a zero-argument step() back, got {got}")
-        if models is None:
-            run.models = new_root_modules(before)
-            label_model_state(rec, run.models)
-        else:
-            run.models = models
+        run.models = new_root_modules(before) if models is None else models
+        label_model_state(rec, run.models)
         for i in range(steps):
             rec.marker(f"iter:{i}")
             if user_step:
@@ -464,10 +273,4 @@ def run_steps(
                     raise
                 raise UserCodeError(f"{what}: step() raised in step {i + 1}", e) from e
         label_model_state(rec, run.models)
-        rec.finish()
-    run.optimizer_steps = hooks.optimizer_steps
-    run.optimizers = hooks.optimizers
-    run.autocast_dtypes = autocast.engine.used
-    if isinstance(functions, CudaFunctions):
-        run.sdpa_backends = functions.backends
     return run

@@ -1,0 +1,320 @@
+"""The CUDA device as the traced program sees it, on the tracer's device (meta).
+
+`DeviceMap` makes `"cuda"` mean meta; `CudaShim` makes `torch.cuda` answer for the profile's GPU,
+with streams and events that only carry ids, memory queries answered from the recorder, allocator
+control calls recorded for memsim, and `torch.compile` traced eagerly (with a warning). Values
+meta does not have, when the program reads them back, are stand-ins: 0/False from `.item()` and
+`bool()` (numerics checks answered as for a healthy run), zeros for host copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.recorder import Recorder
+
+META = torch.device("meta")
+
+
+def _is_cuda(v: Any) -> bool:
+    if isinstance(v, torch.device):
+        return v.type == "cuda"
+    return isinstance(v, str) and v.split(":", 1)[0] == "cuda"
+
+
+class DeviceMap(TorchFunctionMode):
+    """`"cuda"` in the user's code is the tracer's device."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0].to(META)
+        if func is torch.Tensor.to and _to_host(args, kwargs):
+            return _zeros_on_host(args[0])
+
+        if func in _HEALTH:
+            out = func(*args, **kwargs)
+            _tag(out, _HEALTH[func])
+            return out
+        if func in _PROPAGATE and hasattr(args[0], "_memtrace_value"):
+            out = func(*args, **kwargs)
+            value = args[0]._memtrace_value
+            _tag(out, (not value) if func in _NEGATE else value)
+            return out
+        if _is_cuda(kwargs.get("device")):
+            kwargs = {**kwargs, "device": META}
+        if func is torch.Tensor.to:
+            # `x.to(0)` names CUDA device 0; any other int is a dtype-free positional elsewhere.
+            args = tuple(
+                META if _is_cuda(a) or (i == 1 and type(a) is int) else a
+                for i, a in enumerate(args)
+            )
+        return func(*args, **kwargs)
+
+
+T_ = torch.Tensor
+# Checks of a run's numerics, answered as for a healthy run (stand-ins for values meta lacks).
+_HEALTH = {
+    torch.isfinite: True, T_.isfinite: True,
+    torch.isnan: False, T_.isnan: False, torch.isinf: False, T_.isinf: False,
+    torch.isneginf: False, torch.isposinf: False,
+}  # fmt: skip
+_PROPAGATE = {T_.all, T_.any, torch.all, torch.any, T_.logical_not, torch.logical_not,
+              T_.__invert__, T_.detach, T_.clone}  # fmt: skip
+_NEGATE = {T_.logical_not, torch.logical_not, T_.__invert__}
+
+
+def _tag(out: Any, value: bool) -> None:
+    if isinstance(out, torch.Tensor):
+        out._memtrace_value = value  # type: ignore[attr-defined]
+
+
+def _is_meta(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "meta"
+
+
+def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """`meta_tensor.to("cpu")`: a copy of values the tracer's device does not have."""
+    if not _is_meta(args[0]):
+        return False
+    targets = [*args[1:], kwargs.get("device")]
+    return any(
+        (isinstance(a, str) and a.split(":")[0] == "cpu")
+        or (isinstance(a, torch.device) and a.type == "cpu")
+        for a in targets
+    )
+
+
+def _zeros_on_host(t: torch.Tensor) -> torch.Tensor:
+    # Stand-in for values read back from the GPU (logging a loss): zeros, host memory only.
+    return torch.zeros(t.shape, dtype=t.dtype, device="cpu")
+
+
+def _item(original: Callable[..., Any]) -> Callable[..., Any]:
+    def item(t: torch.Tensor) -> Any:
+        if not _is_meta(t):
+            return original(t)
+        if t.numel() != 1:
+            raise RuntimeError(f"a Tensor with {t.numel()} elements cannot be converted to Scalar")
+        if t.dtype == torch.bool:
+            return bool(getattr(t, "_memtrace_value", False))
+        return 0.0 if t.is_floating_point() or t.is_complex() else 0
+
+    return item
+
+
+def _truth(original: Callable[..., Any]) -> Callable[..., Any]:
+    def truth(t: torch.Tensor) -> bool:
+        if not _is_meta(t):
+            return bool(original(t))
+        return bool(_item(lambda x: x)(t))
+
+    return truth
+
+
+def _host(original: Callable[..., Any], then: str | None = None) -> Callable[..., Any]:
+    def read(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not _is_meta(t):
+            return original(t, *args, **kwargs)
+        host = _zeros_on_host(t)
+        return getattr(host, then)() if then else host
+
+    return read
+
+
+class _Properties:
+    """What `torch.cuda.get_device_properties` returns, for the profile's GPU."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.name = profile.gpu
+        self.major, self.minor = profile.compute_capability
+        self.total_memory = profile.total_memory
+        self.multi_processor_count = 0  # not in the profile; code that needs it gets 0
+
+    def __repr__(self) -> str:
+        return f"_CudaDeviceProperties(name={self.name!r}, total_memory={self.total_memory})"
+
+
+class _Stream:
+    """`torch.cuda.Stream` on the tracer's device: an id the trace's allocations carry (memsim
+    keeps a pool per stream); waits and synchronisation do nothing."""
+
+    _next_id = 1
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        _Stream._next_id += 1
+        self.stream_id = _Stream._next_id
+        self.device = META
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event or _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return self.stream_id
+
+
+_DEFAULT_STREAM = _Stream()
+_DEFAULT_STREAM.stream_id = 0
+
+
+class _Event:
+    """`torch.cuda.Event`: no timing on the tracer's device (elapsed time is 0)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+class CudaShim:
+    """`torch.cuda` as the profile's GPU would answer, for the duration of a trace."""
+
+    def __init__(self, profile: Profile, rec: Recorder) -> None:
+        self.profile, self.rec = profile, rec
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._current = _DEFAULT_STREAM
+
+    def _record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        # Meta has no streams (the real method rejects the stand-in); memsim replays the record.
+        addr = self.rec.address(tensor)
+        if addr is not None:
+            self.rec.control("record_stream", addr=addr, stream=stream.stream_id)
+
+    @contextlib.contextmanager
+    def _stream_context(self, stream: Any) -> Iterator[None]:
+        before = self._current
+        if stream is not None:
+            self._current = stream
+            self.rec.stream = stream.stream_id
+        try:
+            yield
+        finally:
+            self._current = before
+            self.rec.stream = before.stream_id
+
+    def _patch(self, mod: Any, name: str, value: Any) -> None:
+        self._saved.append((mod, name, getattr(mod, name, None)))
+        setattr(mod, name, value)
+
+    def __enter__(self) -> CudaShim:
+        p, rec, c = self.profile, self.rec, torch.cuda
+        props = _Properties(p)
+        answers: dict[str, Any] = {
+            "is_available": lambda: True,
+            "device_count": lambda: 1,
+            "current_device": lambda: 0,
+            "set_device": lambda device: None,
+            "synchronize": lambda device=None: None,
+            "get_device_name": lambda device=None: p.gpu,
+            "get_device_capability": lambda device=None: p.compute_capability,
+            "get_device_properties": lambda device=None: props,
+            "is_bf16_supported": lambda including_emulation=True: p.compute_capability >= (8, 0),
+            "mem_get_info": lambda device=None: (p.total_memory - rec.live_bytes, p.total_memory),
+            "memory_allocated": lambda device=None: rec.live_bytes,
+            "max_memory_allocated": lambda device=None: rec.peak_bytes,
+            "empty_cache": lambda: rec.control("empty_cache"),
+            "reset_peak_memory_stats": lambda device=None: rec.control("reset_peak_stats"),
+            "manual_seed": lambda seed: None,
+            "manual_seed_all": lambda seed: None,
+            "Stream": _Stream,
+            "Event": _Event,
+            "stream": self._stream_context,
+            "current_stream": lambda device=None: self._current,
+            "default_stream": lambda device=None: _DEFAULT_STREAM,
+        }
+        for name, value in answers.items():
+            self._patch(c, name, value)
+        # memory_reserved needs the allocator in this process: memsim replays it afterwards.
+        for name in ("memory_reserved", "max_memory_reserved"):
+            self._patch(c, name, _reserved_unavailable(name))
+        # Optimizers ask the accelerator whether a CUDA graph is being captured; none is.
+        self._patch(
+            torch.optim.Optimizer, "_accelerator_graph_capture_health_check", lambda self: None
+        )
+        self._patch(torch.Tensor, "record_stream", lambda t, stream: self._record_stream(t, stream))
+        # Pinned host memory needs a driver; DataLoader(pin_memory=True) pins in its own thread,
+        # out of reach of the function mode, so the method itself is the identity.
+        self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)
+        self._patch(torch.Tensor, "is_pinned", lambda t, *a, **k: False)
+        # Values the tracer's device does not have, read back by the program (docs: stand-ins).
+        T = torch.Tensor
+        self._patch(T, "item", _item(T.item))
+        self._patch(T, "__bool__", _truth(T.__bool__))
+        self._patch(T, "cpu", _host(T.cpu))
+        self._patch(T, "tolist", _host(T.tolist, "tolist"))
+        self._patch(T, "numpy", _host(T.numpy, "numpy"))
+        self._patch(torch, "compile", _eager_compile)
+        self._patch(nn.Module, "compile", lambda module, *a, **k: _eager_compile(module))
+        self._patch(c.memory, "_record_memory_history", lambda *a, **k: None)
+        self._patch(c.memory, "_dump_snapshot", lambda *a, **k: None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for mod, name, value in reversed(self._saved):
+            setattr(mod, name, value)
+        self._saved.clear()
+
+
+def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
+    """`torch.compile` while tracing: the region runs eagerly, and the user is told what that
+    does to the estimate."""
+    from memtrace_trainer.notes import warn
+
+    warn(
+        "torch.compile: compiled regions are traced eagerly; the estimate is eager PyTorch's "
+        "(Inductor's fused kernels usually hold fewer intermediates, and CUDA graphs keep a "
+        "private pool that is not modelled)"
+    )
+    if model is None:  # used as @torch.compile(...) with arguments
+        return lambda fn: fn
+    return model
+
+
+def _reserved_unavailable(name: str) -> Callable[..., int]:
+    def answer(device: Any = None) -> int:
+        raise UserError(
+            f"torch.cuda.{name}() while tracing: reserved memory comes from replaying the trace "
+            "through memsim's allocator model after the step, not from inside it; use "
+            "memory_allocated()/max_memory_allocated() in the step, or read the estimate's "
+            "reserved peak"
+        )
+
+    return answer

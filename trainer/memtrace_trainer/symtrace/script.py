@@ -1,0 +1,105 @@
+"""Tracing an unmodified training script (`estimate --script train.py -- ARGS`).
+
+The script runs as `__main__` with `sys.argv = [train.py, *ARGS]`, inside the same fake device as
+a step function (symtrace/userstep.py `tracing`): `"cuda"` is meta, `torch.cuda` is the
+profile's GPU, autocast and optimizer defaults are PyTorch's CUDA ones. Iterations are counted
+at `optimizer.step()`, or at `memtrace_trainer.mark("iter")` when the script calls it; after N
+the run is stopped cleanly (a `BaseException`, so the script's `except Exception` does not
+swallow it). Data-dependent reads on the tracer's device get stand-ins (fakecuda.py): `.item()`
+is 0, `.cpu()`/`.tolist()`/`.numpy()` give zeros; ops whose output shape depends on values
+(`nonzero`, `masked_select`, `unique`) fail with the op and the script's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import runpy
+import sys
+from pathlib import Path
+
+import memtrace_trainer
+from memtrace_trainer.errors import UserCodeError, UserError
+from memtrace_trainer.notes import warn
+from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.symtrace.userstep import (
+    Run,
+    _modules,
+    label_model_state,
+    new_root_modules,
+    tracing,
+)
+
+
+class _Enough(BaseException):
+    """N iterations traced: the script stops here."""
+
+
+def run_script(
+    path: Path, argv: list[str], steps: int, profile: Profile, rec: Recorder, emulate: bool
+) -> Run:
+    if steps < 1:
+        raise UserError(f"--steps {steps}: expected at least 1")
+    if not path.is_file():
+        raise UserError(f"--script {path}: no such file")
+    before = set(_modules())
+    state = {"done": 0, "explicit": False}
+
+    def advance() -> None:
+        label_model_state(rec, new_root_modules(before))
+        state["done"] += 1
+        if state["done"] >= steps:
+            raise _Enough
+        rec.marker(f"iter:{state['done']}")
+        rec.marker("phase:forward")
+        rec.category = "activation"
+
+    def after_optimizer_step() -> None:
+        if not state["explicit"]:
+            advance()
+
+    def mark(text: str) -> None:
+        if text.startswith("iter"):
+            state["explicit"] = True
+            advance()
+        else:
+            rec.marker(text)
+
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    with tracing(profile, rec, emulate) as run:
+        assert run.hooks is not None
+        run.hooks.after_step = after_optimizer_step
+        memtrace_trainer._MARK = mark
+        sys.argv = [str(path), *argv]
+        sys.path.insert(0, str(path.resolve().parent))
+        rec.marker("iter:0")
+        rec.marker("phase:forward")
+        try:
+            # The script's prints go to stderr: stdout is the command's answer (--json).
+            with contextlib.redirect_stdout(sys.stderr):
+                runpy.run_path(str(path), run_name="__main__")
+        except _Enough:
+            pass
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise UserError(
+                    f"--script {path}: the script exited with status {e.code}"
+                ) from None
+        except UserError:
+            raise
+        except Exception as e:
+            raise UserCodeError(f"--script {path}: the script raised", e) from e
+        finally:
+            memtrace_trainer._MARK = None
+            sys.argv, sys.path[:] = saved_argv, saved_path
+        run.models = new_root_modules(before)
+        label_model_state(rec, run.models)
+    if state["done"] < steps:
+        if state["done"] == 0:
+            warn(
+                f"--script {path}: the script finished without an optimizer.step() or "
+                'memtrace_trainer.mark("iter"): the whole run is traced as one iteration'
+            )
+        else:
+            warn(f"--script {path}: the script ended after {state['done']} of {steps} iterations")
+    return run
