@@ -14,6 +14,9 @@
 # profiles/h200.toml when the GPU is an H200. The dry run skips this step (it needs CUDA); the
 # writer is tested on fake measurements in tests/test_gpu_profile_writer.py.
 #
+# On a GPU it also runs the step-function examples of trainer/tests/step_examples.py on the
+# device and compares their peaks with the symbolic trace's replay (scripts/gpu/steps_check.py).
+#
 # The dry run builds the shim tests' stub libcudart.so.13 / libcuda.so.1, a stub libcupti.so.13
 # next to them, and a stand-in libc10_cuda.so through which the dry-run job allocates (so the
 # trace names PyTorch's allocator module as the caller, as on a GPU, and memsim's replay of the
@@ -113,6 +116,11 @@ else
       || echo "gpu-check: profiles/h200.toml left unchanged (not an H200); the measured profile is $PROF/h200.toml" >&2
   else
     echo "gpu-check: profile measurement failed:" >&2; cat "$PROF/profile_measure.log" >&2; status=1
+  fi
+  # Step functions (issue 14): each example measured on the GPU and traced symbolically.
+  if [ -n "$MEMSIM" ]; then
+    PYTHONPATH=trainer${PYTHONPATH:+:$PYTHONPATH} timeout 300 "$PY" scripts/gpu/steps_check.py \
+      --memsim "$MEMSIM" --out "$PROF/steps" || { echo "gpu-check: step functions missed" >&2; status=1; }
   fi
 fi
 echo "gpu-check: $(( $(date +%s) - start )) s, results in $OUT"

@@ -1,0 +1,99 @@
+"""GPU check of step functions (issue 14): each example of trainer/tests/step_examples.py runs on
+the GPU in a fresh process (peak allocated and reserved from torch.cuda after N steps, setup
+included) and is traced symbolically and replayed by memsim (the same window). Prints a table and
+exits 1 when a prediction misses by more than --tolerance.
+
+    python3 scripts/gpu/steps_check.py --memsim target/release/memsim [--steps 3] [--out DIR]
+
+Without CUDA it says so and exits 2: the check needs a GPU (scripts/gpu-check.sh runs it there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "trainer" / "tests"
+EXAMPLES = (
+    "default_adamw",
+    "custom_optimizer",
+    "zero_grad_after_forward",
+    "grad_accumulation",
+    "chunked_cross_entropy",
+    "forward_only",
+    "inference",
+    "einsum_bf16",
+    "cuda_literals",
+)
+
+ON_GPU = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import step_examples
+step = getattr(step_examples, sys.argv[2])(torch.device("cuda"))
+for _ in range(int(sys.argv[3])):
+    step()
+torch.cuda.synchronize()
+print(json.dumps({"allocated": torch.cuda.max_memory_allocated(),
+                  "reserved": torch.cuda.max_memory_reserved()}))
+"""
+
+
+def measured(name: str, steps: int) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", ON_GPU, str(TESTS), name, str(steps)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def predicted(name: str, steps: int, memsim: str, out: Path) -> dict[str, int]:
+    trace = out / f"{name}.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    subprocess.run(
+        [sys.executable, "-m", "memtrace_trainer", "symtrace", "--step", f"step_examples:{name}",
+         "--steps", str(steps), "--out", str(trace)],
+        check=True, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    rep = subprocess.run([memsim, "replay", str(trace), "--json"], check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    r = json.loads(rep.stdout)
+    return {"allocated": r["peak_allocated_bytes"], "reserved": r["peak_reserved_bytes"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--memsim", default=str(ROOT / "target" / "release" / "memsim"))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--tolerance", type=float, default=0.05, help="relative error allowed")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp"))
+    a = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("steps_check: needs a CUDA GPU (none here)", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows, failed = [], False
+    for name in EXAMPLES:
+        m, p = measured(name, a.steps), predicted(name, a.steps, a.memsim, a.out)
+        err = {k: (p[k] - m[k]) / m[k] if m[k] else 0.0 for k in ("allocated", "reserved")}
+        bad = any(abs(v) > a.tolerance for v in err.values())
+        failed |= bad
+        rows.append({"example": name, "measured": m, "predicted": p, "error": err, "ok": not bad})
+        print(
+            f"{name:26} allocated {m['allocated']:>12} vs {p['allocated']:>12} "
+            f"({err['allocated']:+.1%})  reserved {m['reserved']:>12} vs {p['reserved']:>12} "
+            f"({err['reserved']:+.1%})  {'ok' if not bad else 'MISS'}"
+        )
+    (a.out / "steps_check.json").write_text(json.dumps(rows, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
