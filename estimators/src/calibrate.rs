@@ -268,10 +268,15 @@ pub fn without_tables(text: &str, name: &str) -> String {
         }
         let kept_blanks: String = pending.lines().filter(|l| l.trim().is_empty()).map(|_| "\n").collect();
         if skipping {
-            // The comments above a dropped header go with it; a blank line between tables stays.
-            out.push_str(if t.starts_with('[') { &kept_blanks } else { "" });
+            // The comments above a dropped header go with it; one blank line between tables
+            // stays, however many tables were dropped there.
+            if t.starts_with('[') && !kept_blanks.is_empty() && !out.is_empty() && !out.ends_with("\n\n") {
+                out.push('\n');
+            }
         } else {
-            out.push_str(&pending);
+            // A blank line already ends the text where a table was dropped: don't double it.
+            let lead = if out.ends_with("\n\n") { pending.trim_start_matches('\n') } else { &pending };
+            out.push_str(lead);
             out.push_str(line);
             out.push('\n');
         }

@@ -84,6 +84,7 @@ fn rewritten_profile_loads_with_new_constants() {
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("a \"quoted\" value"));
     // Rewriting again replaces the [calibration] table rather than appending a second one.
     let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())], &BTreeMap::new());
+    assert!(!again.contains("\n\n\n"), "blank lines pile up: {again}");
     let p = Profile::parse(&again, &path).unwrap();
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("second"));
     assert!(calibrated_ids(&p.calibration).unwrap().is_empty());

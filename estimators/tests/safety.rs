@@ -120,6 +120,10 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
     assert_eq!(p2.safety.as_ref().unwrap().miss_rate, 0.05);
     assert_eq!(p2.calibration, p.calibration);
     assert_eq!(again.matches("[safety]").count(), 1);
+    // Rewrites do not pile up blank lines where the dropped tables were.
+    let third = rewrite_safety(&again, &table(&f, 0.05, "x", "y", "z")).unwrap();
+    assert_eq!(third, again);
+    assert!(!again.contains("\n\n\n"), "{again}");
 
     let header = |meta: &[(&str, &str)]| {
         let mut h = Header::new("memtrace_trainer", "0", Level::Allocator);
