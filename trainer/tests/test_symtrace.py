@@ -336,3 +336,34 @@ def test_every_cudnn_workspace_is_named_by_its_call() -> None:
     assert convs >= 3 and directions.count("wgrad") == convs
     # The input image does not require grad: the first convolution has no dgrad.
     assert directions.count("dgrad") == convs - sum(1 for d, c in calls if d == "fwd" and c == 3)
+
+
+def test_inference_mode_runs_composites_as_their_parts() -> None:
+    from memtrace_trainer.symtrace.emulation import Workspaces
+    from memtrace_trainer.symtrace.recorder import Recorder
+
+    sizes = {}
+    for ctx in (torch.no_grad, torch.inference_mode):
+        ws = Workspaces(load_profile(None))
+        rec = Recorder([ws])
+        lin = torch.nn.Linear(64, 64, device="meta")
+        with rec, ctx():
+            lin(torch.randn(8, 64, device="meta"))
+        assert ws.cublas_done, ctx.__name__
+        sizes[ctx.__name__] = [e["size"] for e in rec.events if e["kind"] == "alloc"]
+    # The same requests either way: inference_mode skips autograd, not the GEMM's workspace.
+    assert sizes["no_grad"] == sizes["inference_mode"]
+
+
+def test_backward_zero_fills_are_in_place_as_on_a_gpu() -> None:
+    from memtrace_trainer.symtrace.recorder import Recorder
+
+    rec = Recorder([])
+    x = torch.randn(32, 1000, device="meta", requires_grad=True)
+    idx = torch.randint(0, 1000, (32, 1), device="meta")
+    with rec:
+        x.gather(1, idx).sum().backward()
+    big = [e for e in rec.events if e["kind"] == "alloc" and e["size"] == 32 * 1000 * 4]
+    # gather's backward: new_zeros(...).scatter_add_(...) on CUDA, one block (x.grad), not two.
+    assert len(big) == 1
+    assert x.grad is not None and rec.address(x.grad) == big[0]["addr"]

@@ -21,6 +21,20 @@ Event = dict[str, Any]
 OpHook = Callable[["Recorder", Any, tuple[Any, ...], dict[str, Any], Any], None]
 
 
+aten = torch.ops.aten
+# Backward formulas (FunctionsManual.cpp: gather, max/min with indices, index, ...) fill a fresh
+# zeros tensor in place (`new_zeros(...).scatter_add_(...)`), but take the out-of-place form
+# when a tensor is "subclass-like", which every tensor is while a dispatch mode is active. The
+# recorder is one, so it sees `scatter_add` and a second full-size block; on a GPU the result is
+# the zeros block itself. Only the zeros-then-fill pattern inside a backward node is folded.
+_COMPOSITE: dict[Any, bool] = {}
+_ZEROS = {aten.new_zeros.default, aten.zeros_like.default, aten.zeros.default}
+_INPLACE_ON_GPU = {
+    aten.scatter_add.default, aten.scatter.src, aten.scatter.value, aten.index_put.default,
+    aten.index_add.default, aten.masked_scatter.default,
+}  # fmt: skip
+
+
 class Recorder(TorchDispatchMode):
     """Collects allocator-level events. Categories can be corrected before writing (a gradient
     is only known to be one once autograd has stored it in `.grad`)."""
@@ -33,7 +47,9 @@ class Recorder(TorchDispatchMode):
         self.active = True
         self._next_id = 1
         self._alloc_index: dict[int, int] = {}
+        self._holders: dict[int, int] = {}
         self._token = object()
+        self._zeros: int | None = None  # address of the latest zero-filled temporary
         # What `torch.cuda.memory_allocated()` and `max_memory_allocated()` answer while tracing
         # (requested bytes; the allocator's rounding is memsim's).
         self.live_bytes = 0
@@ -95,9 +111,35 @@ class Recorder(TorchDispatchMode):
         if size == 0:
             return None
         addr = self.alloc(size, category or self.category)
-        storage._memtrace = (self._token, addr)  # type: ignore[attr-defined]
-        weakref.finalize(storage, self.free, addr, size)
+        self._hold(storage, addr, size)
         return addr
+
+    def _hold(self, storage: Any, addr: int, size: int) -> None:
+        # A block is freed when the last storage standing for it dies (see `alias`).
+        storage._memtrace = (self._token, addr)  # type: ignore[attr-defined]
+        self._holders[addr] = self._holders.get(addr, 0) + 1
+        weakref.finalize(storage, self._release, addr, size)
+
+    def _release(self, addr: int, size: int) -> None:
+        self._holders[addr] -= 1
+        if self._holders[addr] == 0:
+            del self._holders[addr]
+            self.free(addr, size)
+
+    def alias(self, out: torch.Tensor, base: torch.Tensor) -> bool:
+        """Record `out` as living in `base`'s block, as the in-place form of the op that made it
+        would have left it (see `_INPLACE_ON_GPU`). False when either is not a fresh meta
+        tensor of the same size."""
+        addr = self.address(base)
+        if addr is None or not isinstance(out, torch.Tensor) or out.device.type != "meta":
+            return False
+        storage = out.untyped_storage()
+        if getattr(storage, "_memtrace", None) is not None:
+            return False
+        if storage.nbytes() != base.untyped_storage().nbytes():
+            return False
+        self._hold(storage, addr, storage.nbytes())
+        return True
 
     def address(self, tensor: torch.Tensor) -> int | None:
         """The address of an already tracked tensor, without recording anything."""
@@ -114,12 +156,35 @@ class Recorder(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        composite = _COMPOSITE.get(func)
+        if composite is None:
+            composite = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), "CompositeImplicitAutograd"
+            )
+        if composite:
+            # Under inference_mode autograd's keys are skipped and composite ops (linear,
+            # matmul, einsum) reach this mode whole; on a GPU they run as their parts, which
+            # take the workspaces and intermediates. Run the parts here, under this mode.
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
         for hook in self.hooks:
             hook(self, func, args, kwargs, None)
         out = func(*args, **kwargs)
-        for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor):
-                self.track(value)
+        if (
+            func in _INPLACE_ON_GPU
+            and torch._C._current_autograd_node() is not None
+            and self._zeros is not None
+            and self.address(args[0]) == self._zeros
+            and self.alias(out, args[0])
+        ):
+            pass
+        else:
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor):
+                    self.track(value)
+        self._zeros = self.address(out) if func in _ZEROS else None
         for hook in self.hooks:
             hook(self, func, args, kwargs, out)
         return out
