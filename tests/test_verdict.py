@@ -38,9 +38,12 @@ def test_four_commands_agree_on_one_trace(
     outside = replay["outside_allocator"]
     assert outside["libraries"] == {"gemm": True, "conv": False, "source": "trace"}
     assert device == replay["peak_reserved_bytes"] + outside["total_bytes"]
-    # The verdict rests on the safe number: the point plus the profile's MLP margin.
-    assert replay["margin"]["regime"] == "mlp fp32"
-    assert safe == math.ceil(device * (1 + replay["margin"]["fraction"]))
+    # The verdict rests on the safe number: the point plus the profile's MLP margin, a fraction
+    # of the point or of the reserved peak (the margin's scale).
+    margin = replay["margin"]
+    assert margin["regime"] == "mlp fp32"
+    base = replay["peak_reserved_bytes"] if margin["scale"] == "reserved" else device
+    assert safe == device + math.ceil(base * margin["fraction"])
     assert replay["verdict"]["need_bytes"] == safe and replay["verdict"]["fits"] is True
     assert replay["verdict"]["basis"] == "safe"
     assert replay["capacity"]["source"] == "profile"
