@@ -13,7 +13,7 @@ the first call with a given signature of input dtypes runs PyTorch's real CUDA a
 fake CUDA tensors of the same shapes (`FakeTensorMode` gives `is_cuda` tensors, and their forward
 runs without a GPU) and records the casts it makes (`_to_copy` of an input) and the dtype it asks
 the op for (`sum(x, dtype=float)`). The plan is cached per (op, input dtypes, autocast dtype) and
-replayed on the meta tensors. Ops with only a CPU autocast kernel get a pass-through kernel.
+replayed on the meta tensors. Ops with only a CPU autocast kernel get a fallthrough.
 
 Like CUDA autocast, casts of fp32 leaf tensors that require grad (weights) to the lower precision
 are cached until the outermost autocast region exits.
@@ -151,8 +151,11 @@ class Engine:
                 if name.startswith("aten::"):
                     lib.impl(name.removeprefix("aten::"), self._kernel(name), "AutocastCPU")
             for name in _cpu_only_ops():
+                # A fallthrough, as CUDA has no kernel here: the op runs below the slot and the
+                # ops it calls still pass through it (a composite's inner convolution is cast).
                 if name.startswith("aten::"):
-                    lib.impl(name.removeprefix("aten::"), self._passthrough(name), "AutocastCPU")
+                    through = torch.library.fallthrough_kernel
+                    lib.impl(name.removeprefix("aten::"), through, "AutocastCPU")
         self._lib = lib
         self._include = torch._C._IncludeDispatchKeyGuard(_SLOT)
         self._include.__enter__()
@@ -185,15 +188,6 @@ class Engine:
         torch.set_autocast_dtype("cuda", dtype)
 
     # --- kernels --------------------------------------------------------------------------------
-    def _passthrough(self, name: str) -> Callable[..., Any]:
-        op = _overload(name)
-
-        def kernel(*args: Any, **kwargs: Any) -> Any:
-            with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
-                return op(*args, **kwargs)
-
-        return kernel
-
     def _kernel(self, name: str) -> Callable[..., Any]:
         op = _overload(name)
 
@@ -203,10 +197,14 @@ class Engine:
             if key not in self.plans:
                 try:
                     self.plans[key] = probe(op, args, kwargs, amp)
-                except Exception:  # the meta call below reports the user's real errors
-                    self.plans[key] = NATIVE
+                except Exception as e:  # the meta call below reports the user's real errors
+                    # ...except CUDA autocast's own refusal (binary_cross_entropy is "unsafe to
+                    # autocast"), which a GPU run raises too.
+                    self.plans[key] = f"raise:{e}" if "autocast" in str(e) else NATIVE
                     self.failed.add(name)
             policy = self.plans[key]
+            if policy.startswith("raise:"):
+                raise RuntimeError(policy.removeprefix("raise:"))
             with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
                 if policy == SET_DTYPE:
                     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
