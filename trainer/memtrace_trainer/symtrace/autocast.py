@@ -9,11 +9,12 @@ inner `bmm`, `linear`'s `addmm` and the casts' backward (`ToCopyBackward0`) come
 
 Which inputs an op casts, to which dtype, is not listed here: for every op that has an
 `AutocastCUDA` kernel (`torch._C._dispatch_has_kernel_for_dispatch_key`, 121 ops on torch 2.15),
-the first call with a given signature of input dtypes runs PyTorch's real CUDA autocast kernel on
-fake CUDA tensors of the same shapes (`FakeTensorMode` gives `is_cuda` tensors, and their forward
-runs without a GPU) and records the casts it makes (`_to_copy` of an input) and the dtype it asks
-the op for (`sum(x, dtype=float)`). The plan is cached per (op, input dtypes, autocast dtype) and
-replayed on the meta tensors. Ops with only a CPU autocast kernel get a fallthrough.
+its first call runs PyTorch's real CUDA autocast kernel on fake CUDA tensors of the call's shapes
+(`FakeTensorMode` gives `is_cuda` tensors, and their forward runs without a GPU) with all-fp32,
+all-low and mixed floating inputs, and reads the policy off the output dtypes (`probe`): lower
+precision, fp32 (through the op's `dtype` argument when it has one), promote, or none. The
+policy is cached per (op, autocast dtype) and applied to the meta tensors. Ops with only a CPU
+autocast kernel get a fallthrough.
 
 Like CUDA autocast, casts of fp32 leaf tensors that require grad (weights) to the lower precision
 are cached until the outermost autocast region exits.
