@@ -218,3 +218,21 @@ def _tensors(v: Any) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_flatten
 
     return [x for x in tree_flatten(v)[0] if isinstance(x, torch.Tensor)]
+
+
+def test_explicit_and_positional_dtypes_do_not_fool_the_policy() -> None:
+    # cross_entropy's composite calls log_softmax(x, dim, x.dtype): bf16 stays bf16 there (CUDA
+    # keeps a given dtype), and the policy learnt from that call is still "fp32 when None".
+    x = torch.empty(4, 10, dtype=BF16, device="meta")
+    y = torch.zeros(4, dtype=torch.long, device="meta")
+    with Autocast():
+        with torch.autocast("cuda", dtype=BF16):
+            assert torch.nn.functional.cross_entropy(x, y).dtype == F32
+            assert torch.log_softmax(x, -1).dtype == F32
+            assert torch.ops.aten.log_softmax.int(x, -1, None).dtype == F32
+            assert (
+                torch.nn.functional.cross_entropy(
+                    x, torch.zeros(4, dtype=torch.long, device="meta")
+                ).dtype
+                == F32
+            )

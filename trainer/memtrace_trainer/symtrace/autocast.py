@@ -191,13 +191,22 @@ class Engine:
     # --- kernels --------------------------------------------------------------------------------
     def _kernel(self, name: str) -> Callable[..., Any]:
         op = _overload(name)
+        # Where the op's `dtype` argument sits, when it can be passed positionally.
+        schema = op._schema.arguments
+        dtype_at = next(
+            (i for i, a in enumerate(schema) if a.name == "dtype" and not a.kwarg_only), None
+        )
 
         def kernel(*args: Any, **kwargs: Any) -> Any:
             amp = torch.get_autocast_dtype("cpu")
             key = (name, amp)
             if key not in self.plans:
                 try:
-                    self.plans[key] = probe(op, args, kwargs, amp)
+                    # An explicit dtype fixes the output whatever the policy: probe without it.
+                    p_args, p_kwargs = args, {k: v for k, v in kwargs.items() if k != "dtype"}
+                    if dtype_at is not None and dtype_at < len(args):
+                        p_args = (*args[:dtype_at], None, *args[dtype_at + 1 :])
+                    self.plans[key] = probe(op, p_args, p_kwargs, amp)
                 except Exception as e:  # the meta call below reports the user's real errors
                     # ...except CUDA autocast's own refusal (binary_cross_entropy is "unsafe to
                     # autocast"), which a GPU run raises too.
@@ -209,8 +218,13 @@ class Engine:
             with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
                 if policy == SET_DTYPE:
                     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-                    if kwargs.get("dtype") is None and _is_float(first):
-                        kwargs = {**kwargs, "dtype": torch.float32}
+                    at = dtype_at
+                    given = args[at] if at is not None and at < len(args) else kwargs.get("dtype")
+                    if given is None and _is_float(first):
+                        if at is not None and at < len(args):
+                            args = (*args[:at], torch.float32, *args[at + 1 :])
+                        else:
+                            kwargs = {**kwargs, "dtype": torch.float32}
                 elif policy != NATIVE:
                     leaves, spec = tree_flatten((args, kwargs))
                     to = {LOWER: amp, FP32: torch.float32}.get(policy)
