@@ -38,6 +38,23 @@ pub struct TraceResult {
     pub seconds: f64,
 }
 
+/// How the trainer is run: its interpreter and the extra arguments of its `symtrace --batch`
+/// (`--backend slurm --submitit-cluster ...` to trace on a cluster).
+#[derive(Debug, Clone)]
+pub struct Trainer {
+    /// The Python interpreter ([`python`]).
+    pub python: PathBuf,
+    /// Appended to `symtrace --batch CONFIGS --out-dir DIR`.
+    pub extra_args: Vec<String>,
+}
+
+impl Trainer {
+    /// The local trainer: [`python`], no extra arguments.
+    pub fn local() -> Trainer {
+        Trainer { python: python(), extra_args: Vec::new() }
+    }
+}
+
 /// The Python interpreter to run the trainer with: `$MEMTRACE_PYTHON`, else the repository's
 /// `.venv/bin/python`, else `python3` on PATH.
 pub fn python() -> PathBuf {
@@ -55,18 +72,18 @@ pub fn python() -> PathBuf {
 /// result, never fatal. If the trainer dies mid-batch (an uncaught exception), the job it was on
 /// is marked failed with its stderr tail and the rest are retried in a fresh process.
 pub fn trace_batch(
-    python: &Path,
+    trainer: &Trainer,
     jobs: &[TraceJob],
     dir: &Path,
     progress: impl FnMut(&str),
 ) -> Result<BTreeMap<String, TraceResult>> {
-    trace_worker(python, jobs, dir, 0, progress)
+    trace_worker(trainer, jobs, dir, 0, progress)
 }
 
 /// [`trace_batch`] over `workers` trainer processes at once (each gets every `workers`-th job),
 /// for machines with more cores than one Python process uses.
 pub fn trace_parallel(
-    python: &Path,
+    trainer: &Trainer,
     jobs: &[TraceJob],
     dir: &Path,
     workers: usize,
@@ -74,7 +91,7 @@ pub fn trace_parallel(
 ) -> Result<BTreeMap<String, TraceResult>> {
     let workers = workers.clamp(1, jobs.len().max(1));
     if workers == 1 {
-        return trace_batch(python, jobs, dir, progress);
+        return trace_batch(trainer, jobs, dir, progress);
     }
     let progress = std::sync::Mutex::new(progress);
     let chunks: Vec<Vec<TraceJob>> =
@@ -86,7 +103,7 @@ pub fn trace_parallel(
             .map(|(w, chunk)| {
                 let progress = &progress;
                 scope.spawn(move || {
-                    trace_worker(python, chunk, dir, w, |name| {
+                    trace_worker(trainer, chunk, dir, w, |name| {
                         if let Ok(mut p) = progress.lock() {
                             p(name);
                         }
@@ -107,7 +124,7 @@ pub fn trace_parallel(
 }
 
 fn trace_worker(
-    python: &Path,
+    trainer: &Trainer,
     jobs: &[TraceJob],
     dir: &Path,
     worker: usize,
@@ -121,7 +138,7 @@ fn trace_worker(
     let mut results = BTreeMap::new();
     let mut pending: Vec<TraceJob> = jobs.to_vec();
     while !pending.is_empty() {
-        let died = run_once(python, &pending, dir, worker, &mut results, &mut progress)?;
+        let died = run_once(trainer, &pending, dir, worker, &mut results, &mut progress)?;
         pending.retain(|j| !results.contains_key(&j.name));
         match died {
             None => break,
@@ -129,7 +146,7 @@ fn trace_worker(
                 // Nothing done in this process: the trainer cannot start at all.
                 let Some(first) = pending.first() else { break };
                 if pending.len() == jobs.len() && results.is_empty() {
-                    return Err(EstimateError::Command { command: trainer_command(python, dir, worker), message });
+                    return Err(EstimateError::Command { command: trainer_command(trainer, dir, worker), message });
                 }
                 results.insert(first.name.clone(), TraceResult { trace: Err(message), seconds: 0.0 });
                 progress(&first.name);
@@ -150,18 +167,23 @@ fn configs_file(dir: &Path, worker: usize) -> PathBuf {
     dir.join(if worker == 0 { "configs.jsonl".to_string() } else { format!("configs-{worker}.jsonl") })
 }
 
-fn trainer_command(python: &Path, dir: &Path, worker: usize) -> String {
-    format!(
+fn trainer_command(trainer: &Trainer, dir: &Path, worker: usize) -> String {
+    let mut cmd = format!(
         "{} -m memtrace_trainer symtrace --batch {} --out-dir {}",
-        python.display(),
+        trainer.python.display(),
         configs_file(dir, worker).display(),
         dir.display()
-    )
+    );
+    for a in &trainer.extra_args {
+        cmd.push(' ');
+        cmd.push_str(a);
+    }
+    cmd
 }
 
 /// One trainer process over `jobs`; `Some(message)` when it died before answering them all.
 fn run_once(
-    python: &Path,
+    trainer: &Trainer,
     jobs: &[TraceJob],
     dir: &Path,
     worker: usize,
@@ -183,12 +205,13 @@ fn run_once(
         text.push('\n');
     }
     write_atomic(&configs, text.as_bytes())?;
-    let cmd_err = |message: String| EstimateError::Command { command: trainer_command(python, dir, worker), message };
-    let mut child = Command::new(python)
+    let cmd_err = |message: String| EstimateError::Command { command: trainer_command(trainer, dir, worker), message };
+    let mut child = Command::new(&trainer.python)
         .args(["-m", "memtrace_trainer", "symtrace", "--batch"])
         .arg(&configs)
         .arg("--out-dir")
         .arg(dir)
+        .args(&trainer.extra_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

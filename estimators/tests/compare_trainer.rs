@@ -297,3 +297,38 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
     }
     assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("in-sample"));
 }
+
+#[test]
+fn compare_on_a_cluster_backend_scores_what_the_local_backend_scores() {
+    // `--backend slurm` through submitit's in-process executor: the same array code a Slurm
+    // cluster runs, with the trainer's answers read back exactly as from a local process.
+    venv_python();
+    let dir = tempfile::tempdir().unwrap();
+    let data = trainer_csv(dir.path());
+    let mut estimates = Vec::new();
+    for backend in [&["--backend", "local"][..], &["--backend", "slurm", "--submitit-cluster", "debug", "--jobs", "2"]]
+    {
+        let out = dir.path().join(backend[1]);
+        let mut args = vec!["compare", "--dataset", data.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        args.extend_from_slice(backend);
+        let (ok, _, err) = memest(&args);
+        assert!(ok, "{err}");
+        let recs = records(&out);
+        estimates.push(recs.iter().map(|r| r["estimates"]["symbolic"]["device_bytes"].clone()).collect::<Vec<_>>());
+        if backend[1] == "slurm" {
+            assert!(out.join("traces/submitit").is_dir(), "the array's submitit folder");
+        }
+    }
+    assert_eq!(estimates[0], estimates[1]);
+    assert!(estimates[0].iter().all(|v| v.as_f64().is_some()), "{:?}", estimates[0]);
+    let (ok, _, err) = memest(&[
+        "compare",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--out",
+        dir.path().join("x").to_str().unwrap(),
+        "--partition",
+        "gpu",
+    ]);
+    assert!(ok && err.contains("--partition has no effect without --backend slurm"), "{err}");
+}

@@ -367,3 +367,27 @@ def test_backward_zero_fills_are_in_place_as_on_a_gpu() -> None:
     # gather's backward: new_zeros(...).scatter_add_(...) on CUDA, one block (x.grad), not two.
     assert len(big) == 1
     assert x.grad is not None and rec.address(x.grad) == big[0]["addr"]
+
+
+def test_batch_on_a_cluster_answers_like_the_local_backend(tmp_path: Path) -> None:
+    mlp = 'synthetic:{"family":"mlp","input_size":32,"output_size":4,"depth":2}'
+    configs = tmp_path / "configs.jsonl"
+    lines = [{"name": "a", "model": mlp, "batch_size": 4}, {"name": "b", "model": "nope:x", "batch_size": 4},
+             {"name": "c", "model": mlp, "batch_size": 2}]  # fmt: skip
+    configs.write_text("".join(json.dumps(c) + "\n" for c in lines))
+    out = {}
+    for backend in (["--backend", "local"], ["--backend", "slurm", "--submitit-cluster", "debug",
+                                             "--array-parallelism", "2"]):  # fmt: skip
+        d = tmp_path / backend[1]
+        done = cli("symtrace", "--batch", str(configs), "--out-dir", str(d), *backend)
+        results = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [r["name"] for r in results] == ["a", "b", "c"]
+        assert "error" in results[1] and "nope:x" in results[1]["error"]
+        out[backend[1]] = [r.get("peak_live_bytes") for r in results]
+    assert out["local"] == out["slurm"]
+    done = cli("symtrace", "--batch", str(configs), "--out-dir", str(tmp_path / "x"), "--backend",
+               "slurm", check=False)  # fmt: skip
+    assert done.returncode == 2 and "no sbatch on PATH" in done.stderr
+    done = cli("symtrace", "--model", mlp, "--batch-size", "2", "--out", str(tmp_path / "y.jsonl"),
+               "--backend", "slurm", check=False)  # fmt: skip
+    assert done.returncode == 2 and "give --batch FILE" in done.stderr

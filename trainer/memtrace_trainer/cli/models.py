@@ -81,6 +81,23 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
     s.add_argument("--out-dir", type=Path, help="output directory of --batch")
     s.add_argument("--json", action="store_true", help="print a JSON summary")
+    s.add_argument(
+        "--backend",
+        choices=["local", "slurm"],
+        default="local",
+        help="with --batch: trace here (local) or as a Slurm job array through submitit",
+    )
+    s.add_argument(
+        "--submitit-cluster",
+        choices=["slurm", "local", "debug"],
+        default="slurm",
+        help="submitit executor of --backend slurm (local: the same array on this machine)",
+    )
+    s.add_argument("--partition", help="Slurm partition of --backend slurm")
+    s.add_argument("--timeout-min", type=int, default=60, help="per array task (default 60)")
+    s.add_argument(
+        "--array-parallelism", type=int, default=8, help="array tasks of --backend slurm (8)"
+    )
     script_args(s)
 
     sm = sub.add_parser(
@@ -195,6 +212,8 @@ BATCH_KEYS = {
 
 
 def _symtrace(args: argparse.Namespace) -> None:
+    if args.backend != "local" and args.batch is None:
+        raise UserError(f"--backend {args.backend} traces a --batch of configs; give --batch FILE")
     if args.batch is None:
         if args.out is None:
             raise UserError("--out FILE is required")
@@ -224,7 +243,17 @@ def _symtrace(args: argparse.Namespace) -> None:
     defaults.pop("model", None)
     defaults.pop("entry", None)
     defaults.pop("step", None)
-    for name, config in read_configs(args.batch, BATCH_KEYS):
+    configs = list(read_configs(args.batch, BATCH_KEYS))
+    if args.backend == "slurm":
+        from memtrace_trainer.symtrace.cluster import trace_on_cluster
+
+        items = [(n, defaults | c, str(args.out_dir / f"{n}.jsonl")) for n, c in configs]
+        results = trace_on_cluster(items, args.out_dir, args.submitit_cluster, args.partition,
+                                   args.timeout_min, args.array_parallelism)  # fmt: skip
+        for result in results:
+            print(json.dumps(result), flush=True)
+        return
+    for name, config in configs:
         try:
             result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")
             result["name"] = name

@@ -7,7 +7,7 @@ use estimators::analytic::{Optimizer, Precision};
 use estimators::compare::{aggregate, evaluate_row, read_runs, EvalContext, MlModels, Outcome, RunRecord};
 use estimators::dataset::{seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
-use estimators::rebuild::{python, trace_parallel, TraceJob, TraceResult};
+use estimators::rebuild::{trace_parallel, TraceJob, TraceResult, Trainer};
 use estimators::symbolic::profile_version;
 use estimators::{plots, report};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -51,10 +51,24 @@ pub struct Args {
     /// they are scored, marked `calibrated_on` in runs.csv, and the report counts them.
     #[arg(long)]
     exclude_calibrated: bool,
-    /// Trainer processes tracing at once (default 1). With --reuse-traces an interrupted run
-    /// resumes where it stopped.
+    /// Trainer processes tracing at once (default 1); with `--backend slurm`, the array tasks.
+    /// With --reuse-traces an interrupted run resumes where it stopped.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Where the traces are made: `local` (trainer processes here) or `slurm` (one Slurm job
+    /// array through submitit, `symtrace --batch --backend slurm`; resumable the same way).
+    #[arg(long, value_parser = ["local", "slurm"], default_value = "local")]
+    backend: String,
+    /// submitit executor of `--backend slurm`: `slurm`, or `local`/`debug` to run the same array
+    /// on this machine.
+    #[arg(long, value_parser = ["slurm", "local", "debug"], default_value = "slurm")]
+    submitit_cluster: String,
+    /// Slurm partition of `--backend slurm`.
+    #[arg(long)]
+    partition: Option<String>,
+    /// Time limit per array task of `--backend slurm`, minutes.
+    #[arg(long, default_value_t = 60)]
+    timeout_min: u32,
     /// Trained ML model file from `memest ml train` (repeatable, one per family; default
     /// $MEMTRACE_ML_MODEL). Without one, `ml` is null with the reason.
     #[arg(long)]
@@ -165,11 +179,40 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let existing = |j: &TraceJob| tdir.join(format!("{}.jsonl", j.name));
     let (reused, todo): (Vec<TraceJob>, Vec<TraceJob>) =
         jobs.into_iter().partition(|j| a.reuse_traces && existing(j).is_file());
+    // On a cluster the array is the parallelism: one submitting trainer process here.
+    let (trainer, workers) = if a.backend == "slurm" {
+        let mut extra = vec![
+            "--backend".to_string(),
+            "slurm".into(),
+            "--submitit-cluster".into(),
+            a.submitit_cluster.clone(),
+            "--array-parallelism".into(),
+            a.jobs.to_string(),
+            "--timeout-min".into(),
+            a.timeout_min.to_string(),
+        ];
+        if let Some(p) = &a.partition {
+            extra.extend(["--partition".to_string(), p.clone()]);
+        }
+        (Trainer { extra_args: extra, ..Trainer::local() }, 1)
+    } else {
+        let slurm_only = [
+            ("--partition", a.partition.is_some()),
+            ("--submitit-cluster", a.submitit_cluster != "slurm"),
+            ("--timeout-min", a.timeout_min != 60),
+        ];
+        for (flag, given) in slurm_only {
+            if given {
+                eprintln!("memest: warning: {flag} has no effect without --backend slurm");
+            }
+        }
+        (Trainer::local(), a.jobs)
+    };
     let pb = bar(todo.len(), "tracing");
     let mut traces = if todo.is_empty() {
         Default::default()
     } else {
-        trace_parallel(&python(), &todo, &tdir, a.jobs, |name| {
+        trace_parallel(&trainer, &todo, &tdir, workers, |name| {
             pb.set_message(name.to_string());
             pb.inc(1);
         })?
