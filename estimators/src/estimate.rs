@@ -300,7 +300,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
                 estimates.insert(name.into(), None);
                 unavailable.insert(
                     name.into(),
-                    "needs the model's features and batch size (--features), which a step function does not expose"
+                    "needs the model's features and batch size (--features), which a step function or script does not expose"
                         .into(),
                 );
             }

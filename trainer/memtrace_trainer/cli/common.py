@@ -38,8 +38,10 @@ def shape_args(p: argparse.ArgumentParser) -> None:
 
 def defaults_lines(defaults: dict[str, Any], iterations: int | None) -> list[str]:
     """The values chosen for the user, one line each."""
+    # `iterations` is set with --steps (its alias --iterations names the same thing).
+    flag = {"iterations": "steps"}
     lines = [
-        f"{k} = {v['value']} ({v['why']}; give --{k.replace('_', '-')} to change it)"
+        f"{k} = {v['value']} ({v['why']}; give --{flag.get(k, k).replace('_', '-')} to change it)"
         for k, v in defaults.items()
     ]
     if iterations is not None:
