@@ -6,7 +6,7 @@ tracer against real CUDA memory snapshots (`../shared/data/snapshots/`, issue 14
 - `basics_model`: the course's `cs336_basics` BasicsTransformerLM, AdamW and `nn_utils` (used by
   Wedsonlin, MAGMA27 and bcrafton), with bcrafton's einx-style RoPE as an option;
 - `steps`: one `FN(device) -> step()` per recorded window; what each window holds is written in
-  each function and in out/cs336-validation.md.
+  each function and in docs/validation.md.
 
 Written from the documented architecture and from the allocation order the snapshots show; no
 einops/einx (the tracer's environment has neither): their rearranges are the equivalent views,

@@ -1,4 +1,4 @@
-"""Recorded vs predicted peaks for the cs336 snapshots (out/cs336-validation.md).
+"""Recorded vs predicted peaks for the cs336 snapshots (docs/validation.md).
 
     python tests/cs336/compare.py TRACE_DIR [SNAPSHOT_DIR]
 

@@ -1,5 +1,5 @@
 """One `FN(device) -> step()` per recorded window of the cs336 snapshots in
-../shared/data/snapshots/ (see out/cs336-validation.md for the sources and the comparison).
+../shared/data/snapshots/ (see docs/validation.md for the sources and the comparison).
 
 Convention: `FN` builds everything alive when `torch.cuda.memory._record_memory_history` started
 (model, optimizer state, data, the warm-up steps the script ran before recording, with their
