@@ -196,13 +196,16 @@ fn sigint_chains_to_python_keyboard_interrupt() {
     let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     assert!(py.is_file(), "{} missing: create the venv (scripts/setup.sh)", py.display());
     let script = r#"
-import ctypes, os, signal
+import ctypes, os, signal, time
 rt = ctypes.CDLL("libcudart.so.13")
 p = ctypes.c_void_p()
 assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1000)) == 0
 try:
     os.kill(os.getpid(), signal.SIGINT)
-    signal.pause()
+    # Not signal.pause(): the signal is delivered during kill(), and pause() would wait for
+    # another one if the interpreter had not run the handler yet. A loop checks every round.
+    for _ in range(3000):
+        time.sleep(0.01)
 except KeyboardInterrupt:
     print("interrupted")
 assert rt.cudaFree(p) == 0
