@@ -197,6 +197,9 @@ fn sigint_chains_to_python_keyboard_interrupt() {
     assert!(py.is_file(), "{} missing: create the venv (scripts/setup.sh)", py.display());
     let script = r#"
 import ctypes, os, signal, time
+# Python leaves SIGINT ignored when it starts with it ignored (a background job of a
+# non-interactive shell): install its KeyboardInterrupt handler before the shim chains to it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 rt = ctypes.CDLL("libcudart.so.13")
 p = ctypes.c_void_p()
 assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1000)) == 0
