@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,3 +50,23 @@ class Workload:
     def forward(self) -> Any:
         inputs, _ = self.make_batch()
         return call_model(self.model, inputs)
+
+
+def user_function(spec: str, flag: str) -> Callable[..., Any]:
+    """`package.module:function` of a user's flag (`--entry`, `--step`), imported; errors name
+    the flag, and an exception the user's module raises while importing is theirs."""
+    from memtrace_trainer.errors import UserCodeError, UserError
+
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise UserError(f"{flag} {spec!r}: expected package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"{flag} {spec!r}: cannot import {module_name!r} ({e})") from None
+    except Exception as e:
+        raise UserCodeError(f"{flag} {spec!r}: importing {module_name} raised", e) from e
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UserError(f"{flag} {spec!r}: {module_name} has no function {func_name!r}")
+    return func  # type: ignore[no-any-return]

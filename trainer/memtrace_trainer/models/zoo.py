@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
 from memtrace_trainer.notes import warn
-from memtrace_trainer.workload import Batch, Workload, fresh_like
+from memtrace_trainer.workload import Batch, Workload, fresh_like, user_function
 
 META = torch.device("meta")
 DEFAULT_CLASSES = 1000
@@ -238,16 +237,8 @@ def load_entry(
     """A user's training step: `package.module:function` returning (model, (inputs, target),
     loss_fn). The function runs with `device` (meta unless a real run asks for another) as the
     default device and may take `batch_size` and `seq_len`."""
-    module_name, sep, func_name = entry.partition(":")
-    if not sep or not module_name or not func_name:
-        raise UserError(f"--entry {entry!r}: expected package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UserError(f"--entry {entry!r}: cannot import {module_name!r} ({e})") from None
-    func: Callable[..., Any] | None = getattr(module, func_name, None)
-    if not callable(func):
-        raise UserError(f"--entry {entry!r}: {module_name} has no function {func_name!r}")
+    func = user_function(entry, "--entry")
+    func_name = entry.partition(":")[2]
     params = inspect.signature(func).parameters
     kwargs: dict[str, Any] = {"batch_size": batch_size} if "batch_size" in params else {}
     if seq_len is not None:

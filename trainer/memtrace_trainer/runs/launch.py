@@ -189,16 +189,8 @@ def _describe(env: dict[str, str]) -> str:
     return f"GPU {gpu}" if gpu else f"CPU ({env.get('OMP_NUM_THREADS')} threads)"
 
 
-def launch_slurm(
-    out: Path,
-    items: list[Item],
-    cluster: str,
-    partition: str | None,
-    timeout_min: int,
-    parallelism: int,
-    wait: bool,
-) -> Progress:
-    """Submits the runs not yet present as one job array through submitit."""
+def require_submitit(cluster: str) -> Any:
+    """submitit, and sbatch when the cluster is Slurm; a clear error when either is missing."""
     try:
         import submitit
     except ImportError:
@@ -211,6 +203,20 @@ def launch_slurm(
             "--backend slurm: no sbatch on PATH (run on a Slurm login node, or pass "
             "--submitit-cluster local to run the same job array locally through submitit)"
         )
+    return submitit
+
+
+def launch_slurm(
+    out: Path,
+    items: list[Item],
+    cluster: str,
+    partition: str | None,
+    timeout_min: int,
+    parallelism: int,
+    wait: bool,
+) -> Progress:
+    """Submits the runs not yet present as one job array through submitit."""
+    submitit = require_submitit(cluster)
     pending = [it for it in items if not is_complete(run_dir(out, it))]
     progress = Progress(len(items), len(items) - len(pending))
     if not pending:

@@ -22,7 +22,7 @@ from memtrace_trainer.models.zoo import build_workload, load_entry
 from memtrace_trainer.runs.config import RunConfig
 from memtrace_trainer.runs.marks import Marker
 from memtrace_trainer.runs.nvml import NvmlPeaks, Sampler, nvml_reader
-from memtrace_trainer.symtrace.step import AMP, enable_checkpointing, make_optimizer
+from memtrace_trainer.symtrace.step import AMP, prepare
 from memtrace_trainer.workload import Workload, call_model
 
 Log = Callable[[str], None]
@@ -84,12 +84,7 @@ def _train(cfg: RunConfig, device: torch.device, marker: Marker, loop: _Loop) ->
     torch.manual_seed(0)
     workload = build(cfg, device)
     model = workload.model
-    model.train()
-    if cfg.checkpointing:
-        enable_checkpointing(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Library defaults (foreach on CUDA), as a user's job gets them.
-    optimizer = make_optimizer(cfg.optimizer, params)
+    _, optimizer = prepare(model, cfg.optimizer, cfg.checkpointing)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

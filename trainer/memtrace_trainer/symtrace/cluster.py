@@ -10,7 +10,6 @@ array on this machine through submitit, `debug` in this process (what the tests 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +41,9 @@ def trace_on_cluster(
     timeout_min: int,
     parallelism: int,
 ) -> list[dict[str, Any]]:
-    try:
-        import submitit
-    except ImportError:
-        raise UserError(
-            "--backend slurm needs submitit: pip install -r trainer/requirements.txt"
-        ) from None
-    if cluster == "slurm" and shutil.which("sbatch") is None:
-        raise UserError(
-            "--backend slurm: no sbatch on PATH (run on a Slurm login node, or pass "
-            "--submitit-cluster local to run the same job array on this machine)"
-        )
+    from memtrace_trainer.runs.launch import require_submitit
+
+    submitit = require_submitit(cluster)
     if parallelism < 1:
         raise UserError(f"--array-parallelism {parallelism}: expected at least 1")
     if not items:

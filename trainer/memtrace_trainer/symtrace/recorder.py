@@ -172,15 +172,14 @@ class Recorder(TorchDispatchMode):
         for hook in self.hooks:
             hook(self, func, args, kwargs, None)
         out = func(*args, **kwargs)
-        if (
+        folded = (
             func in _INPLACE_ON_GPU
             and torch._C._current_autograd_node() is not None
             and self._zeros is not None
             and self.address(args[0]) == self._zeros
             and self.alias(out, args[0])
-        ):
-            pass
-        else:
+        )
+        if not folded:
             for value in tree_flatten(out)[0]:
                 if isinstance(value, torch.Tensor):
                     self.track(value)

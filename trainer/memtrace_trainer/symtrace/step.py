@@ -128,18 +128,24 @@ class GradScaler:
         del inv_scale, found_inf
 
 
+def prepare(model: nn.Module, optimizer: str, checkpointing: bool) -> tuple[list[Any], Any]:
+    """Train mode, checkpointing if asked, and the optimizer over the trainable parameters, with
+    foreach/fused left to PyTorch's own default for the device: the traced loop's and a real
+    run's (runs/train.py) setup alike."""
+    model.train()
+    if checkpointing:
+        enable_checkpointing(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return params, make_optimizer(optimizer, params)
+
+
 def canned(workload: Workload, cfg: StepConfig, rec: Recorder) -> Any:
     """The tracer's own loop for a model spec or `--entry`, as a step function: the model is
     built already; the optimizer, scaler and batches are made inside the trace."""
 
     def make(device: torch.device) -> Any:
         model = workload.model
-        model.train()
-        if cfg.checkpointing:
-            enable_checkpointing(model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        # foreach is left to PyTorch's own default, evaluated as for CUDA tensors while tracing.
-        optimizer = make_optimizer(cfg.optimizer, params)
+        params, optimizer = prepare(model, cfg.optimizer, cfg.checkpointing)
         scaler = GradScaler() if cfg.amp == "fp16" else None
         amp = AMP[cfg.amp] if cfg.amp else None
         # A loop's variables live until reassigned in the next iteration, after the new value

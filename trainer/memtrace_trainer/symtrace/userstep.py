@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +34,7 @@ from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
 from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.workload import user_function
 
 StepFn = Callable[[torch.device], Callable[[], Any]]
 
@@ -42,18 +42,8 @@ StepFn = Callable[[torch.device], Callable[[], Any]]
 def load_step(spec: str, with_batch: bool = False) -> Any:
     """`package.module:function`, checked to take the device (and, `with_batch`, the batch size
     as a second argument: what `max-batch --step` searches over)."""
-    module_name, sep, func_name = spec.partition(":")
-    if not sep or not module_name or not func_name:
-        raise UserError(f"--step {spec!r}: expected package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UserError(f"--step {spec!r}: cannot import {module_name!r} ({e})") from None
-    except Exception as e:  # the user's module raised while importing
-        raise UserCodeError(f"--step {spec!r}: importing {module_name} raised", e) from e
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise UserError(f"--step {spec!r}: {module_name} has no function {func_name!r}")
+    func = user_function(spec, "--step")
+    func_name = spec.partition(":")[2]
     try:
         if with_batch:
             inspect.signature(func).bind(META, 1)
@@ -227,6 +217,19 @@ def tracing(profile: Profile, rec: Recorder, cuda_emulation: bool) -> Iterator[R
         run.sdpa_backends = functions.backends
 
 
+def _call(fn: Any, args: tuple[Any, ...], message: str, user_code: bool) -> Any:
+    """`fn(*args)`; an exception in the user's code is reported with their frames (the tracer's
+    own loop lets its model's errors through as they are)."""
+    try:
+        return fn(*args)
+    except UserError:
+        raise
+    except Exception as e:
+        if not user_code:
+            raise
+        raise UserCodeError(message, e) from e
+
+
 def run_steps(
     make: StepFn,
     steps: int,
@@ -246,14 +249,7 @@ def run_steps(
     with tracing(profile, rec, cuda_emulation) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
-        try:
-            step = make(META)
-        except UserError:
-            raise
-        except Exception as e:
-            if not user_step:
-                raise
-            raise UserCodeError(f"{what}: building the step raised", e) from e
+        step = _call(make, (META,), f"{what}: building the step raised", user_step)
         if not callable(step):
             got = type(step).__name__
             raise UserError(f"{what}: expected a zero-argument step() back, got {got}")
@@ -264,13 +260,6 @@ def run_steps(
             if user_step:
                 rec.marker("phase:forward")
             rec.category = "activation"
-            try:
-                step()
-            except UserError:
-                raise
-            except Exception as e:
-                if not user_step:
-                    raise
-                raise UserCodeError(f"{what}: step() raised in step {i + 1}", e) from e
+            _call(step, (), f"{what}: step() raised in step {i + 1}", user_step)
         label_model_state(rec, run.models)
     return run
