@@ -19,6 +19,28 @@ pub fn horus_bytes(activations: u64, batch: u64, parameters: u64) -> u128 {
     4 * (a * b + p + b * p)
 }
 
+/// accelerate's `accelerate estimate-memory` training figure (`accelerate/commands/estimate.py`,
+/// accelerate 1.15): Adam needs about 4x the model's size in its dtype, for parameters,
+/// gradients and the two moments; activations and frozen parameters are not considered.
+pub fn accelerate_bytes(parameters: u64, bytes_per_parameter: u64) -> u128 {
+    4 * parameters as u128 * bytes_per_parameter as u128
+}
+
+/// DeepSpeed's `estimate_zero2_model_states_mem_needs` (`deepspeed/runtime/zero/stage_1_and_2.py`,
+/// DeepSpeed 0.19) for one node with one GPU and no offload: `4P + 16P/N` bytes with N = 1, fp16
+/// parameters and gradients plus fp32 master weights and Adam moments. Model states only.
+pub fn deepspeed_zero2_bytes(parameters: u64) -> u128 {
+    20 * parameters as u128
+}
+
+/// Bytes per parameter of a trace's `param_dtype` metadata (fp32 when absent).
+pub fn dtype_bytes(dtype: Option<&str>) -> u64 {
+    match dtype {
+        Some("bf16" | "fp16") => 2,
+        _ => 4,
+    }
+}
+
 /// Optimizer, for the number of fp32 state slots per parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Optimizer {

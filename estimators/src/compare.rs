@@ -10,7 +10,9 @@ use simulator::alloc::TorchVersion;
 use simulator::fit::{outside, Capacity, CapacitySource, Libraries};
 use simulator::profile::Profile;
 
-use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
+use crate::analytic::{
+    accelerate_bytes, analytic, deepspeed_zero2_bytes, dtype_bytes, horus_bytes, Optimizer, Precision,
+};
 use crate::dataset::DatasetRow;
 use crate::error::{chain, EstimateError, Result};
 use crate::features::Family;
@@ -21,7 +23,8 @@ use crate::symbolic::{capped_rerun_ok, symbolic};
 use crate::tracefile::LoadedTrace;
 
 /// Estimators in report order.
-pub const ESTIMATORS: [&str; 6] = ["horus", "analytic", "fake_tensor", "live_peak", "symbolic", "ml"];
+pub const ESTIMATORS: [&str; 8] =
+    ["horus", "analytic", "accelerate", "deepspeed", "fake_tensor", "live_peak", "symbolic", "ml"];
 
 /// One estimator's answer for one run.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -151,6 +154,19 @@ pub fn evaluate_row(
         "horus".into(),
         Outcome { device_bytes: Some(h.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
     );
+    // The model-state formulas: a row's parameters are fp32 unless its trace says otherwise.
+    let dtype = match &loaded {
+        Ok((Ok(t), _)) => t.header.meta("param_dtype").map(str::to_string),
+        _ => None,
+    };
+    let (acc, s) = timed(|| accelerate_bytes(f.total_parameters, dtype_bytes(dtype.as_deref())));
+    let ds = deepspeed_zero2_bytes(f.total_parameters);
+    for (name, bytes) in [("accelerate", acc), ("deepspeed", ds)] {
+        est.insert(
+            name.into(),
+            Outcome { device_bytes: Some(bytes.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
+        );
+    }
     // A trainer row records its own optimizer and AMP setting (validated when the CSV was read).
     let optimizer = row.optimizer.as_deref().and_then(|o| o.parse().ok()).unwrap_or(ctx.optimizer);
     let precision = row.amp.as_deref().and_then(|a| a.parse().ok()).unwrap_or(ctx.precision);

@@ -8,7 +8,9 @@ use serde::Serialize;
 use simulator::fit::{self, CapacitySource, Libraries, Margin};
 use simulator::profile::Profile;
 
-use crate::analytic::{analytic, horus_bytes, Optimizer, Precision};
+use crate::analytic::{
+    accelerate_bytes, analytic, deepspeed_zero2_bytes, dtype_bytes, horus_bytes, Optimizer, Precision,
+};
 use crate::error::{EstimateError, Result};
 use crate::features::Features;
 use crate::symbolic::{profile_version, symbolic};
@@ -103,6 +105,15 @@ pub fn ignores(name: &str) -> &'static str {
         "horus" => {
             "optimizer state, the allocator, the CUDA context and libraries, frozen weights and checkpointing \
              (4*(A*B + P + B*P) bytes, as published)"
+        }
+        "accelerate" => {
+            "activations, temporaries, frozen parameters (all trained with Adam), the allocator and the CUDA \
+             context (accelerate estimate-memory: 4x the model's size in its dtype)"
+        }
+        "deepspeed" => {
+            "activations, temporaries, frozen parameters and the dtype in use (DeepSpeed's ZeRO-2 model states \
+             for one GPU: 20 bytes per parameter, fp16 weights and gradients with fp32 Adam), the allocator and \
+             the CUDA context"
         }
         "fake_tensor" => {
             "the optimizer step, the caching allocator (rounding, caching, fragmentation), workspaces, and the \
@@ -280,23 +291,38 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         (Some(f), Some(batch)) => {
             // Only the feature baselines read these; a step function's trace may name optimizers
             // the analytic model does not know.
-            let optimizer: Optimizer =
-                t.meta("optimizer").unwrap_or("adam").parse().map_err(|e| field("metadata.optimizer", e))?;
             let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
+            // An optimizer the closed form has no state count for (Adafactor, bitsandbytes' 8-bit
+            // ones) leaves the analytic baseline out, with the reason, rather than guessing.
+            match t.meta("optimizer").unwrap_or("adam").parse::<Optimizer>() {
+                Ok(optimizer) => {
+                    let s = Instant::now();
+                    let a = analytic(f, batch, optimizer, precision, profile);
+                    time("analytic", s);
+                    estimates.insert(
+                        "analytic".into(),
+                        Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")),
+                    );
+                }
+                Err(e) => {
+                    estimates.insert("analytic".into(), None);
+                    unavailable.insert("analytic".into(), format!("its closed form has no optimizer state count: {e}"));
+                }
+            }
             let s = Instant::now();
-            let a = analytic(f, batch, optimizer, precision, profile);
-            time("analytic", s);
-            estimates.insert(
-                "analytic".into(),
-                Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")),
-            );
+            let acc = accelerate_bytes(f.total_parameters, dtype_bytes(t.meta("param_dtype")));
+            let ds = deepspeed_zero2_bytes(f.total_parameters);
+            time("model_state_formulas", s);
+            for (name, bytes) in [("accelerate", acc), ("deepspeed", ds)] {
+                estimates.insert(name.into(), Some(Answer::baseline(name, bytes as f64 / MIB, None, "model")));
+            }
             let s = Instant::now();
             let h = horus_bytes(f.total_activations, batch, f.total_parameters);
             time("horus", s);
             estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
         }
         _ => {
-            for name in ["analytic", "horus"] {
+            for name in ["analytic", "horus", "accelerate", "deepspeed"] {
                 estimates.insert(name.into(), None);
                 unavailable.insert(
                     name.into(),

@@ -29,6 +29,7 @@ from memtrace_trainer.workload import Workload
 
 ESTIMATORS = ("symbolic", "fake_tensor", "horus", "analytic", "ml")
 SCHEMA = 2
+MIB = 1 << 20
 
 
 def _answer(name: str, value: Any) -> None:
@@ -56,7 +57,7 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
             f"memest estimate: field schema is {data.get('schema')!r}: expected {SCHEMA} "
             "(rebuild memest: cargo build --release)"
         )
-    for name in ("symbolic", "horus", "analytic") if with_features else ("symbolic",):
+    for name in ("symbolic", "horus") if with_features else ("symbolic",):
         if estimates.get(name) is None:
             why = data.get("unavailable", {}).get(name, "no reason given")
             raise UserError(f"memest estimate: estimates.{name} is missing ({why})")
@@ -82,13 +83,11 @@ class ModelJob:
         # memest reads the layers in execution order from `sequence`.
         return {"model": self.spec, **feats.to_json()}
 
-    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+        """The symbolic trace (`emulate`), or the plain one: one step unless `all_steps`."""
         s = self.step
-        cfg = (
-            s
-            if emulate
-            else StepConfig(s.optimizer, 1, s.amp, s.checkpointing, s.grad_accum, False)
-        )
+        steps = s.iterations if emulate or all_steps else 1
+        cfg = StepConfig(s.optimizer, steps, s.amp, s.checkpointing, s.grad_accum, emulate)
         trace_to_file(self.workload_for(), cfg, prof, out)
 
     def inputs(self) -> dict[str, Any]:
@@ -100,6 +99,7 @@ class ModelJob:
             "checkpointing": s.checkpointing,
             "grad_accum": s.grad_accum,
             "iterations": s.iterations,
+            "model_details": self.first.details,
             "defaults": {
                 **self.first.defaults,
                 "iterations": {"value": s.iterations, "why": "traced training iterations"},
@@ -118,8 +118,8 @@ class StepJob:
     def features(self) -> None:
         return None
 
-    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
-        step_to_file(self.fn, self.steps if emulate else 1, prof, out, emulate)
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+        step_to_file(self.fn, self.steps if emulate or all_steps else 1, prof, out, emulate)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -139,8 +139,9 @@ class ScriptJob:
     def features(self) -> None:
         return None
 
-    def trace(self, prof: Profile, out: Path, emulate: bool) -> None:
-        script_to_file(self.path, self.argv, self.steps if emulate else 1, prof, out, emulate)
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+        steps = self.steps if emulate or all_steps else 1
+        script_to_file(self.path, self.argv, steps, prof, out, emulate)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -171,8 +172,10 @@ def estimate_job(
     log: Any = None,
     capacity: str | None = None,
     point: bool = False,
+    with_memtracker: bool = False,
 ) -> dict[str, Any]:
-    """memest's schema-2 object for one job, whole, plus the job's inputs and warnings."""
+    """memest's schema-2 object for one job, whole, plus the job's inputs and warnings
+    (and PyTorch's MemTracker beside the baselines when `with_memtracker`)."""
     memest = find_binary("memest")
     if log:
         log(f"memest: {memest.describe()}")
@@ -207,11 +210,25 @@ def estimate_job(
         t = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         seconds["memest"] = time.perf_counter() - t
+        tracker, tracker_why = (
+            None,
+            (
+                "not run: give --memtracker (PyTorch's MemTracker over the same steps costs 10-25x "
+                "the symbolic trace)"
+            ),
+        )
+        if with_memtracker:
+            t = time.perf_counter()
+            tracker, tracker_why = _memtracker(job, prof, d / "memtracker.jsonl")
+            seconds["memtracker"] = time.perf_counter() - t
     # memest exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
         msg = error_line(done.stderr)
         raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
     result = parse_memest(done.stdout, features is not None)
+    result["estimates"]["memtracker"] = tracker
+    if tracker is None:
+        result.setdefault("unavailable", {})["memtracker"] = tracker_why
     for w in result.get("warnings", []):
         warn(w)
     result["seconds"] = {
@@ -226,6 +243,19 @@ def estimate_job(
     result["inputs"] = job.inputs()
     result["warnings"] = notes.collected()
     return result
+
+
+def _memtracker(job: Any, prof: Profile, out: Path) -> tuple[dict[str, Any] | None, str]:
+    """PyTorch's MemTracker over the job's plain trace, all its steps; when MemTracker itself
+    fails, the baseline is unavailable with its error (the estimate goes on)."""
+    from memtrace_trainer.baselines import memtracker
+
+    try:
+        return memtracker(lambda: job.trace(prof, out, False, all_steps=True)), ""
+    except UserError:
+        raise
+    except Exception as e:  # MemTracker's own limits, e.g. a module it cannot hook
+        return None, f"PyTorch's MemTracker raised {type(e).__name__}: {e}"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -247,6 +277,7 @@ def render(result: dict[str, Any]) -> str:
         f"symbolic: peak reserved {sym['reserved_mib']:.1f} MiB (peak allocated "
         f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "
         f"{out.get('total_mib', 0):.1f} MiB",
+        *_model_lines(result.get("inputs", {}).get("model_details")),
         *_step_lines(sym.get("steps")),
         f"  (memest: {result['binary']['memest']}, from {result['binary']['source']})",
         "baselines (for comparison, not for decisions):",
@@ -263,6 +294,16 @@ def render(result: dict[str, Any]) -> str:
                 f"ignores {ans.get('ignores', '')}"
             )
     return "\n".join(lines)
+
+
+def _model_lines(details: dict[str, Any] | None) -> list[str]:
+    if not details or "parameters" not in details:
+        return []
+    task = f", task {details['task']}, attention {details['attn']}" if "task" in details else ""
+    return [
+        f"  model: {details['parameters']:,} parameters ({details['parameter_bytes'] / MIB:.1f} "
+        f"MiB), {details['trainable_parameters']:,} trainable{task}"
+    ]
 
 
 def _step_lines(steps: dict[str, Any] | None) -> list[str]:

@@ -1,4 +1,5 @@
-"""`max-batch`: the largest batch that fits, by symbolic traces replayed in memsim.
+"""`max-batch` and `max-seq`: the largest batch (or sequence length) that fits, by symbolic
+traces replayed in memsim.
 
 Doubling finds a batch that does not fit, then bisection the boundary; every probe is a fresh
 meta-device trace in this process (torch is imported once) and one `memsim replay --profile P
@@ -86,6 +87,53 @@ def trace_step_fn(spec: str, steps: int) -> TraceAt:
     return trace_at
 
 
+def trace_model_seq(
+    workload_for: Callable[[int, int], Workload], step: StepConfig, batch: int
+) -> TraceAt:
+    """Probes of a token model at a sequence length, the batch size fixed."""
+
+    def trace_at(seq: int, prof: Profile, path: Path) -> dict[str, Any]:
+        workload = workload_for(batch, seq)
+        trace_to_file(workload, step, prof, path)
+        defaults = dict(workload.defaults)
+        defaults.pop("seq_len", None)  # the searched axis, not a default
+        return defaults
+
+    return trace_at
+
+
+def max_seq(
+    trace_at: TraceAt,
+    iterations: int,
+    profile: str,
+    capacity: str | None,
+    limit: int,
+    multiple: int,
+    point: bool = False,
+) -> dict[str, Any]:
+    """The longest sequence, a multiple of `multiple`, that fits; the same search and fit check
+    as `max_batch`, over `multiple`-token steps."""
+    if multiple < 1:
+        raise UserError(f"--multiple-of {multiple}: expected a positive number of tokens")
+    if limit < multiple:
+        raise UserError(f"--limit {limit}: expected at least --multiple-of ({multiple}) tokens")
+    result = max_batch(
+        lambda k, prof, path: trace_at(k * multiple, prof, path),
+        iterations,
+        profile,
+        capacity,
+        limit // multiple,
+        point,
+        unit=("sequence length", multiple),
+    )
+    best = result.pop("max_batch")
+    result["max_seq_len"] = best * multiple
+    result["multiple_of"] = multiple
+    for probe in result["probes"]:
+        probe["seq_len"] = probe.pop("batch") * multiple
+    return result
+
+
 def max_batch(
     trace_at: TraceAt,
     iterations: int,
@@ -93,13 +141,17 @@ def max_batch(
     capacity: str | None,
     limit: int,
     point: bool = False,
+    unit: tuple[str, int] = ("batch", 1),
 ) -> dict[str, Any]:
     """`capacity` is the device's total memory as the user typed it (`40GiB`); memsim parses it,
-    and rejects a bad one naming it."""
+    and rejects a bad one naming it. `unit` names the searched axis and its step (progress
+    lines say `sequence length 2048` for `max_seq`)."""
     memsim = find_binary("memsim")
     prof = load_profile(profile)
     if limit < 1:
         raise UserError(f"--limit {limit}: expected a positive batch size")
+    axis, step = unit
+    command = "max-batch" if axis == "batch" else "max-seq"
     started = time.perf_counter()
     probes: dict[int, dict[str, Any]] = {}
     defaults: dict[str, Any] = {}
@@ -115,7 +167,8 @@ def max_batch(
                 warn(w)
             probes[batch] = {"batch": batch, **result, "seconds": time.perf_counter() - t}
             print(
-                f"max-batch: batch {batch}: needs {result['need_bytes'] / MIB:.1f} MiB: "
+                f"{command}: {axis} {batch * step}: needs "
+                f"{result['need_bytes'] / MIB:.1f} MiB: "
                 + ("fits" if result["fits"] else "does not fit"),
                 file=sys.stderr,
             )

@@ -46,6 +46,9 @@ class Workload:
     # The values the builder chose because the user gave none (e.g. `seq_len` of an `hf:` model):
     # they shape the answer, so commands print them and put them in their JSON.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # What the builder knows of the model that a reader of the answer needs (parameter counts,
+    # the task of a Hugging Face model); commands print it and put it in their JSON.
+    details: dict[str, Any] = field(default_factory=dict)
 
     def forward(self) -> Any:
         inputs, _ = self.make_batch()

@@ -206,8 +206,11 @@ def test_sdpa_backend_by_profile() -> None:
     _, extra = trace(w, StepConfig(amp="bf16"), load_profile(None))
     assert extra["sdpa_backends"] == {"flash": 4}
     sm75 = dataclasses.replace(load_profile(None), name="t4", compute_capability=(7, 5))
-    _, extra = trace(build_workload(TRF, 4), StepConfig(amp="bf16"), sm75)
+    _, extra = trace(build_workload(TRF, 4), StepConfig(amp="fp16"), sm75)
     assert extra["sdpa_backends"] == {"efficient": 4}
+    # bf16 takes the memory-efficient kernel only from sm80 (sdp_utils.cpp): math on a T4.
+    _, extra = trace(build_workload(TRF, 4), StepConfig(amp="bf16"), sm75)
+    assert extra["sdpa_backends"] == {"math": 4}
 
 
 def test_deterministic_event_sequence() -> None:

@@ -19,7 +19,8 @@ MLP = 'synthetic:{"family":"mlp","input_size":32,"output_size":4,"depth":2}'
 def test_one_dispatcher_knows_every_command() -> None:
     _, handlers = parser()
     assert set(handlers) == {"features", "symtrace", "sample", "fake-tensor", "estimate",
-                             "max-batch", "kernel-stats", "run", "launch", "dataset"}  # fmt: skip
+                             "max-batch", "max-seq", "hf-models", "kernel-stats", "run", "launch",
+                             "dataset"}  # fmt: skip
 
 
 def test_seq_len_reaches_an_entry_that_takes_it_and_is_warned_about_otherwise(
@@ -47,7 +48,7 @@ def test_seq_len_reaches_an_entry_that_takes_it_and_is_warned_about_otherwise(
 
 def test_defaults_that_shape_the_answer_are_printed_and_kept(tmp_path: Path) -> None:
     done = cli("features", "--model", "hf:gpt2", "--batch-size", "1")
-    assert "note: seq_len = 1024 (n_positions, the model's maximum" in done.stderr
+    assert "note: seq_len = 1024 (max_position_embeddings, the model's maximum" in done.stderr
     out = tmp_path / "r.jsonl"
     done = cli("symtrace", "--model", "torchvision:resnet18", "--batch-size", "1",
                "--out", str(out), "--json")  # fmt: skip

@@ -32,6 +32,8 @@ commands:
   estimate   does the job fit, and how much device memory it needs (the symbolic estimate),
              with the baselines beside it (symbolic trace -> memest estimate)
   max-batch  the largest batch that fits a GPU (symbolic traces + memsim replay)
+  max-seq    the longest sequence that fits a GPU at a fixed batch (token models)
+  hf-models  the Hugging Face repo ids `--model hf:REPO_ID` knows (built from published configs)
   fake-tensor  the FakeTensor baseline: forward+backward live storage peak (GPUMemNet's method)
   kernel-stats  kernel statistics of one training step estimated on meta (FLOPs, grids,
              roofline est. SM activity); one k_ row per GPUMemNet row for `memest util cv`
@@ -39,10 +41,12 @@ commands:
   launch     run a sweep file: local GPUs/CPU workers or a Slurm array; resumable
   dataset    collect run directories into one CSV with the GPUMemNet columns
 
-model specs: torchvision:NAME, timm:NAME, hf:gpt2|gpt2-medium|bert-base-uncased|..., dlrm[:small],
-gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}
+model specs: torchvision:NAME, timm:NAME, hf:REPO_ID (e.g. hf:meta-llama/Meta-Llama-3-8B, hf:gpt2;
+`hf-models` lists them), hf-config:PATH (any transformers config.json), dlrm[:small],
+gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}. Fine-tuning regimes (--dtype,
+--lora, --qlora, --checkpointing full|selective): docs/finetuning.md
 
-exit status: 0 success or fits; 1 does not fit (estimate, max-batch when batch 1 does not fit);
+exit status: 0 success or fits; 1 does not fit (estimate; max-batch/max-seq when nothing fits);
 2 bad input or error. MEMTRACE_TRACEBACK=1 prints Python tracebacks of internal errors.
 """
 
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `| head`: the reader is gone, which is not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # the user's model or an internal fault: never a raw traceback
         if os.environ.get("MEMTRACE_TRACEBACK") == "1":
             traceback.print_exc()

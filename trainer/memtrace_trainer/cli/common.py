@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from memtrace_trainer import notes
@@ -62,9 +63,19 @@ def step_args(p: argparse.ArgumentParser) -> None:
         default="adam",
         help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
     )
-    p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16 adds GradScaler)")
     p.add_argument(
-        "--checkpointing", action="store_true", help="activation checkpointing per block"
+        "--amp",
+        choices=["bf16", "fp16"],
+        help="mixed precision: autocast to this dtype over fp32 parameters (fp16 adds GradScaler)",
+    )
+    p.add_argument(
+        "--checkpointing",
+        nargs="?",
+        const="full",
+        choices=["full", "selective"],
+        help="activation checkpointing: full (the default when given bare: every block, or "
+        "every decoder layer of a Hugging Face model, recomputed) or selective (torchtitan's "
+        "op-level policy: matmul and attention outputs kept, every second matmul recomputed)",
     )
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument(
@@ -76,6 +87,98 @@ def step_args(p: argparse.ArgumentParser) -> None:
         help=f"training steps traced (default {STEP_FN_STEPS} with --step, {MODEL_STEPS} "
         "otherwise, the setting the profiles are calibrated with)",
     )
+
+
+def finetune_args(p: argparse.ArgumentParser) -> None:
+    """The regime of a fine-tune: parameter dtype, LoRA/QLoRA, and a Hugging Face model's task
+    and attention (docs/finetuning.md)."""
+    g = p.add_argument_group("fine-tuning (Hugging Face models: --model hf:REPO_ID)")
+    g.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "fp16"],
+        help="parameter dtype: bf16/fp16 is pure low-precision training (optimizer state in "
+        "the same dtype); combine with --amp only of the same dtype (default fp32)",
+    )
+    g.add_argument(
+        "--task",
+        choices=["causal-lm", "classification", "seq2seq"],
+        help="the head and loss (default: the architecture's, e.g. causal-lm for Llama, "
+        "classification for BERT); classification uses --num-classes (default 2)",
+    )
+    g.add_argument(
+        "--attn",
+        choices=["sdpa", "eager", "flash_attention_2"],
+        help="attention implementation (default sdpa, whose CUDA kernel is chosen as PyTorch "
+        "chooses it)",
+    )
+    g.add_argument(
+        "--lora",
+        metavar="R[:ALPHA]",
+        help="LoRA adapters of rank R through peft (alpha defaults to R); the base is frozen",
+    )
+    g.add_argument(
+        "--lora-targets",
+        metavar="NAMES",
+        help="comma-separated module names to adapt, or all-linear (default: peft's for the "
+        "model type, e.g. q_proj,v_proj for Llama)",
+    )
+    g.add_argument(
+        "--lora-dropout", type=float, help="LoRA dropout (default 0, peft's); > 0 adds a copy"
+    )
+    g.add_argument(
+        "--qlora",
+        action="store_true",
+        help="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes' layout, emulated), "
+        "prepare_model_for_kbit_training, then --lora (default rank 8, peft's)",
+    )
+    g.add_argument(
+        "--qlora-double-quant",
+        action="store_true",
+        help="double quantization of the NF4 block constants (bnb_4bit_use_double_quant)",
+    )
+    g.add_argument(
+        "--bnb-version",
+        metavar="X.Y",
+        help="the bitsandbytes release whose 4-bit layers --qlora emulates (default 0.50; "
+        "before 0.44 each layer also kept its input for the backward)",
+    )
+    g.add_argument(
+        "--no-kbit-prepare",
+        dest="kbit_prepare",
+        action="store_false",
+        help="skip peft's prepare_model_for_kbit_training, which casts the non-quantized weights "
+        "(embeddings, norms, head) to fp32; litgpt, torchtune and Unsloth keep them in the "
+        "compute dtype",
+    )
+
+
+def tune_from(args: dict[str, Any]) -> Any:
+    """The `Tune` (task, attention, regime) of the parsed flags; the regime is checked here so
+    a contradiction is reported before anything is built."""
+    from memtrace_trainer.models.finetune import Lora, Regime
+    from memtrace_trainer.models.zoo import Tune
+
+    lora_text = args.get("lora")
+    defaults: dict[str, Any] = {}
+    if lora_text is None and args.get("qlora"):
+        lora_text = "8"
+        defaults["lora"] = {"value": 8, "why": "peft's default rank, for the --qlora adapters"}
+    lora = None
+    if lora_text is not None:
+        lora = Lora.parse(str(lora_text), args.get("lora_targets"), args.get("lora_dropout"))
+    else:
+        for flag in ("lora_targets", "lora_dropout"):
+            if args.get(flag) is not None:
+                raise UserError(f"--{flag.replace('_', '-')} needs --lora R")
+    bnb = args.get("bnb_version")
+    if bnb is not None and not args.get("qlora"):
+        raise UserError("--bnb-version has no meaning without --qlora")
+    regime = Regime(args.get("dtype"), args.get("amp"), lora, bool(args.get("qlora")),
+                    bool(args.get("qlora_double_quant")), defaults,
+                    args.get("kbit_prepare", True) is not False,
+                    Regime.parse_bnb(bnb) if bnb else (0, 50))  # fmt: skip
+    regime.validate()
+    return Tune(args.get("task"), args.get("attn"), args.get("num_classes"), regime)
 
 
 SCRIPT_HELP = (
@@ -107,14 +210,17 @@ STEP_FN_HELP = (
 )
 # What the tracer's own loop takes and a step function decides for itself.
 LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
-              "num_classes", "batch_size")  # fmt: skip
+              "num_classes", "batch_size", "dtype", "task", "attn", "lora", "lora_targets",
+              "lora_dropout", "qlora", "qlora_double_quant", "kbit_prepare",
+              "bnb_version")  # fmt: skip
 
 
 def resolve_steps(args: dict[str, Any]) -> int:
     """The steps to trace, and for `--step` a warning per loop flag it makes meaningless."""
     if args.get("step") or args.get("script"):
         what = "--step" if args.get("step") else "--script"
-        defaults = {"optimizer": "adam", "grad_accum": 1, "checkpointing": False}
+        defaults = {"optimizer": "adam", "grad_accum": 1, "qlora": False,
+                    "qlora_double_quant": False, "kbit_prepare": True}  # fmt: skip
         for key in LOOP_FLAGS:
             value = args.get(key)
             if value is not None and value != defaults.get(key, None):
@@ -127,12 +233,67 @@ def resolve_steps(args: dict[str, Any]) -> int:
 
 
 def entry_workload(
-    entry: str, batch: int, seq_len: int | None, input_shape: Any, num_classes: int | None
+    entry: str,
+    batch: int,
+    seq_len: int | None,
+    input_shape: Any,
+    num_classes: int | None,
+    tune: Any = None,
 ) -> Any:
-    """The `--entry` workload; the zoo-only sizes are warned about, `--seq-len` is passed on."""
-    from memtrace_trainer.models.zoo import load_entry
+    """The `--entry` workload; the zoo-only sizes are warned about, `--seq-len` is passed on,
+    the regime (`--dtype`, `--lora`) applies to the model it returns."""
+    from memtrace_trainer.models.zoo import load_entry, tuned
 
     for flag, value in (("--input-shape", input_shape), ("--num-classes", num_classes)):
         if value is not None:
             notes.warn(f"{flag} has no effect with --entry")
-    return load_entry(entry, batch, seq_len=seq_len)
+    if tune is not None:
+        for flag, value in (("--task", tune.task), ("--attn", tune.attn)):
+            if value is not None:
+                notes.warn(f"{flag} has no effect with --entry: it sets how a Hugging Face "
+                           "model spec is built")  # fmt: skip
+    workload = load_entry(entry, batch, seq_len=seq_len)
+    if tune is not None and tune.regime.active:
+        workload = tuned(workload, tune.regime)
+    return workload
+
+
+def workloads(args: dict[str, Any]) -> Callable[[int], Any]:
+    """Batch size -> a fresh workload of `--model` or `--entry` with the parsed sizes and
+    regime (each trace consumes one)."""
+    from memtrace_trainer.models.zoo import build_workload
+
+    tune = tune_from(args)
+    seq, shape, classes = args.get("seq_len"), args.get("input_shape"), args.get("num_classes")
+    if args.get("entry"):
+        return lambda b: entry_workload(args["entry"], b, seq, shape, classes, tune)
+    if not args.get("model"):
+        raise UserError("one of --model, --entry or --step is required")
+    return lambda b: build_workload(args["model"], b, shape, seq, classes, tune=tune)
+
+
+def workloads_by_seq(args: dict[str, Any]) -> Callable[[int, int], Any]:
+    """(batch size, sequence length) -> a fresh workload of `--model` or `--entry`."""
+    from memtrace_trainer.models.zoo import build_workload
+
+    tune = tune_from(args)
+    classes = args.get("num_classes")
+    if args.get("entry"):
+        return lambda b, s: entry_workload(args["entry"], b, s, None, classes, tune)
+    return lambda b, s: build_workload(args["model"], b, None, s, classes, tune=tune)
+
+
+def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
+    """The tracer's loop of the parsed flags, checked."""
+    from memtrace_trainer.symtrace.step import StepConfig
+
+    cfg = StepConfig(
+        args.get("optimizer") or "adam",
+        steps,
+        args.get("amp"),
+        args.get("checkpointing") or None,
+        args.get("grad_accum") or 1,
+        emulate,
+    )
+    cfg.validate()
+    return cfg

@@ -16,12 +16,15 @@ from memtrace_trainer.cli.common import (
     SCRIPT_HELP,
     STEP_FN_HELP,
     check_script_args,
-    entry_workload,
+    finetune_args,
     print_defaults,
     resolve_steps,
     script_args,
     shape_args,
     step_args,
+    step_config,
+    workloads,
+    workloads_by_seq,
 )
 from memtrace_trainer.errors import UserError
 
@@ -107,9 +110,16 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "--batch-size", type=int, help="samples per step (required with --model/--entry)"
     )
     step_args(e)
+    finetune_args(e)
     e.add_argument("--profile", default="a100-40gb", help="GPU profile (default a100-40gb)")
     _capacity_arg(e)
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
+    e.add_argument(
+        "--memtracker",
+        action="store_true",
+        help="also run PyTorch's MemTracker over the same steps as a baseline (slow: 10-25x "
+        "the symbolic trace)",
+    )
     e.add_argument("--json", action="store_true", help="print JSON")
 
     m = sub.add_parser(
@@ -122,11 +132,44 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     _model_source(m)
     step_args(m)
+    finetune_args(m)
     m.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
     _capacity_arg(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")
     m.add_argument("--json", action="store_true", help="print JSON")
-    return {"fake-tensor": _fake_tensor, "estimate": _estimate, "max-batch": _max_batch}
+
+    q = sub.add_parser(
+        "max-seq",
+        help="longest sequence that fits a GPU profile, at a fixed batch size",
+        description="Binary search of the sequence length (in steps of --multiple-of tokens) "
+        "with symbolic traces, each checked by `memsim replay --profile P --capacity C`, the "
+        "fit check of `estimate`: the answer fits by `estimate` and the next step does not. "
+        "For token models: --model hf:REPO_ID (or any zoo model that takes --seq-len) or an "
+        "--entry function taking `seq_len`. Exit status 0, or 1 when not even one step fits.",
+    )
+    qsrc = q.add_mutually_exclusive_group(required=True)
+    qsrc.add_argument("--model", help="model spec")
+    qsrc.add_argument("--entry", metavar="MOD:FN", help="package.module:function taking seq_len")
+    q.add_argument("--batch-size", type=int, default=1, help="samples per step (default 1)")
+    q.add_argument("--num-classes", type=int, help="classifier width (classification tasks)")
+    step_args(q)
+    finetune_args(q)
+    q.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
+    _capacity_arg(q)
+    q.add_argument(
+        "--multiple-of",
+        type=int,
+        default=64,
+        help="sequence lengths tried are multiples of this (default 64)",
+    )
+    q.add_argument("--limit", type=int, default=131072, help="longest sequence tried (131072)")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    return {
+        "fake-tensor": _fake_tensor,
+        "estimate": _estimate,
+        "max-batch": _max_batch,
+        "max-seq": _max_seq,
+    }
 
 
 def _fake_one(config: dict[str, Any]) -> dict[str, Any]:
@@ -166,28 +209,11 @@ def _fake_tensor(args: argparse.Namespace) -> int:
 
 
 def _step(args: argparse.Namespace) -> Any:
-    from memtrace_trainer.symtrace.step import StepConfig
-
-    cfg = StepConfig(
-        args.optimizer,
-        resolve_steps(vars(args)),
-        args.amp,
-        args.checkpointing,
-        args.grad_accum,
-        True,
-    )
-    cfg.validate()
-    return cfg
+    return step_config(vars(args), resolve_steps(vars(args)))
 
 
 def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
-    from memtrace_trainer.models.zoo import build_workload
-
-    if args.entry:
-        return lambda b: entry_workload(
-            args.entry, b, args.seq_len, args.input_shape, args.num_classes
-        )
-    return lambda b: build_workload(args.model, b, args.input_shape, args.seq_len, args.num_classes)
+    return workloads(vars(args))
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -210,6 +236,7 @@ def _estimate(args: argparse.Namespace) -> int:
         None if args.json else lambda s: print(s, file=sys.stderr),
         capacity=args.capacity,
         point=args.point,
+        with_memtracker=args.memtracker,
     )
     if args.json:
         print(json.dumps(result))
@@ -246,6 +273,40 @@ def _max_batch(args: argparse.Namespace) -> int:
         f"{result['model']}: largest batch that fits on {where}: {result['max_batch']}{more}; "
         f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
         f"{result['point_bytes'] / MIB:.1f} MiB = peak reserved "
+        f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
+        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
+    )
+    return code
+
+
+def _max_seq(args: argparse.Namespace) -> int:
+    from memtrace_trainer.maxbatch import max_seq, trace_model_seq
+
+    values = vars(args) | {"seq_len": None, "input_shape": None}
+    steps = resolve_steps(values)
+    trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
+    result = max_seq(trace_at, steps, args.profile, args.capacity, args.limit,
+                     args.multiple_of, args.point)  # fmt: skip
+    result["model"] = args.model or args.entry
+    result["batch_size"] = args.batch_size
+    result["warnings"] = notes.collected()
+    code = 0 if result["max_seq_len"] > 0 else 1
+    if args.json:
+        print(json.dumps(result))
+        return code
+    print_defaults(result["defaults"], result["iterations"])
+    cap = result["capacity_bytes"] / MIB
+    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
+    where = f"{cap:.1f} MiB ({src}, profile {args.profile})"
+    if result["max_seq_len"] == 0:
+        print(f"{result['model']}: does not fit even at {args.multiple_of} tokens, batch "
+              f"{args.batch_size}, on {where}")  # fmt: skip
+        return code
+    more = " (the --limit; longer may fit)" if result["hit_limit"] else ""
+    print(
+        f"{result['model']}: longest sequence that fits at batch {args.batch_size} on {where}: "
+        f"{result['max_seq_len']} tokens{more}; needs {result['need_bytes'] / MIB:.1f} MiB there "
+        f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
         f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )

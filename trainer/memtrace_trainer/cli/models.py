@@ -14,18 +14,27 @@ from memtrace_trainer.cli.common import (
     SCRIPT_HELP,
     STEP_FN_HELP,
     check_script_args,
-    entry_workload,
+    finetune_args,
     model_args,
     print_defaults,
     resolve_steps,
     script_args,
     shape_args,
     step_args,
+    step_config,
+    workloads,
 )
 from memtrace_trainer.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
+    h = sub.add_parser(
+        "hf-models",
+        help="Hugging Face repo ids known to --model hf:",
+        description="Every repo id `--model hf:REPO_ID` builds from its published config.json "
+        "values (trainer/memtrace_trainer/models/hf_configs/), with its model type and size.",
+    )
+    h.add_argument("--json", action="store_true", help="one JSON object per id")
 
     f = sub.add_parser(
         "features",
@@ -72,6 +81,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     )
     shape_args(s)
     step_args(s)
+    finetune_args(s)
     s.add_argument("--profile", help="GPU profile NAME (profiles/NAME.toml) or a .toml path")
     s.add_argument(
         "--no-cuda-emulation",
@@ -108,7 +118,28 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     )
     sm.add_argument("sweep", type=Path, help="YAML sweep file")
     sm.add_argument("--seed", type=int, help="override the file's seed")
-    return {"features": _features, "symtrace": _symtrace, "sample": _sample}
+    return {
+        "features": _features,
+        "symtrace": _symtrace,
+        "sample": _sample,
+        "hf-models": _hf_models,
+    }
+
+
+def _hf_models(args: argparse.Namespace) -> None:
+    from memtrace_trainer.models import hf
+
+    for repo_id in hf.known_ids():
+        spec = hf.resolve(repo_id)
+        c = spec.config
+        width = c.get("hidden_size") or c.get("n_embd") or c.get("d_model")
+        layers = c.get("num_hidden_layers") or c.get("n_layer") or c.get("num_layers")
+        if args.json:
+            row = {"id": repo_id, "model_type": c.get("model_type"), "hidden_size": width,
+                   "layers": layers, "source": spec.source}  # fmt: skip
+            print(json.dumps(row))
+        else:
+            print(f"{repo_id:<48} {c.get('model_type', '?'):<8} {layers} layers x {width}")
 
 
 def _features(args: argparse.Namespace) -> None:
@@ -140,9 +171,7 @@ def _features(args: argparse.Namespace) -> None:
 
 
 def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
-    from memtrace_trainer.models.zoo import build_workload
     from memtrace_trainer.profile import load_profile
-    from memtrace_trainer.symtrace.step import StepConfig
     from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 
     check_script_args(args)
@@ -161,32 +190,8 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     batch = args.get("batch_size")
     if not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
-    if args.get("entry"):
-        workload = entry_workload(
-            args["entry"],
-            batch,
-            args.get("seq_len"),
-            args.get("input_shape"),
-            args.get("num_classes"),
-        )
-    elif args.get("model"):
-        workload = build_workload(
-            args["model"],
-            batch,
-            args.get("input_shape"),
-            args.get("seq_len"),
-            args.get("num_classes"),
-        )
-    else:
-        raise UserError("one of --model, --entry or --step is required")
-    cfg = StepConfig(
-        optimizer=args.get("optimizer") or "adam",
-        iterations=steps,
-        amp=args.get("amp"),
-        checkpointing=bool(args.get("checkpointing", False)),
-        grad_accum=args.get("grad_accum", 1),
-        cuda_emulation=not args.get("no_cuda_emulation", False),
-    )
+    workload = workloads(args)(batch)
+    cfg = step_config(args, steps, not args.get("no_cuda_emulation", False))
     summary = trace_to_file(workload, cfg, load_profile(args.get("profile")), out)
     return {"out": str(out), **summary.to_json(), "defaults": workload.defaults,
             "iterations": cfg.iterations}  # fmt: skip
@@ -205,6 +210,16 @@ BATCH_KEYS = {
     "amp",
     "checkpointing",
     "grad_accum",
+    "dtype",
+    "task",
+    "attn",
+    "lora",
+    "lora_targets",
+    "lora_dropout",
+    "qlora",
+    "qlora_double_quant",
+    "kbit_prepare",
+    "bnb_version",
     "profile",
     "no_cuda_emulation",
     "name",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,24 +16,13 @@ from torch import nn
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
+from memtrace_trainer.models.finetune import Regime
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
 from memtrace_trainer.notes import warn
 from memtrace_trainer.workload import Batch, Workload, fresh_like, user_function
 
 META = torch.device("meta")
 DEFAULT_CLASSES = 1000
-
-# Sizes of the Hugging Face models we build from config classes (never downloaded).
-HF_MODELS: dict[str, tuple[str, dict[str, int]]] = {
-    "gpt2": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
-    "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
-    "gpt2-large": ("gpt2", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
-    "gpt2-xl": ("gpt2", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
-    "bert-base-uncased": ("bert", {"hidden_size": 768, "num_hidden_layers": 12,
-                                   "num_attention_heads": 12, "intermediate_size": 3072}),
-    "bert-large-uncased": ("bert", {"hidden_size": 1024, "num_hidden_layers": 24,
-                                    "num_attention_heads": 16, "intermediate_size": 4096}),
-}  # fmt: skip
 
 ZOO_EXAMPLES = (
     "torchvision:resnet50",
@@ -98,48 +89,53 @@ def _synthetic(
 
 
 def _hf(
-    spec: str, name: str, batch: int, seq_len: int | None, device: torch.device = META
+    spec: str,
+    source: str,
+    name: str,
+    batch: int,
+    seq_len: int | None,
+    device: torch.device,
+    tune: Tune,
 ) -> Workload:
-    if name not in HF_MODELS:
-        raise UserError(f"unknown Hugging Face model {name!r}: expected one of {sorted(HF_MODELS)}")
-    import transformers
+    from memtrace_trainer.models import finetune, hf
 
-    kind, sizes = HF_MODELS[name]
-    with device:
-        if kind == "gpt2":
-            config: Any = transformers.GPT2Config(**sizes)
-            model: nn.Module = transformers.GPT2LMHeadModel(config)
-            seq, vocab = seq_len or config.n_positions, config.vocab_size
-            why = "n_positions, the model's maximum"
-        else:
-            config = transformers.BertConfig(**sizes)
-            model = transformers.BertForSequenceClassification(config)
-            seq, vocab = seq_len or config.max_position_embeddings, config.vocab_size
-            why = "max_position_embeddings, the model's maximum"
+    hfspec = hf.resolve(name) if source == "hf" else hf.read_config(Path(name))
+    opts = hf.HFOptions(tune.task, tune.num_classes, tune.attn, tune.regime.param_dtype)
+    model, config, task = hf.build(hfspec, opts, device)
+    defaults: dict[str, Any] = {}
+    if tune.task is None:
+        defaults["task"] = {"value": task, "why": f"{hfspec.name}'s published architecture"}
+    if task == "classification" and tune.num_classes is None:
+        defaults["num_classes"] = {"value": hf.DEFAULT_CLASSES, "why": "a binary classifier"}
+    if seq_len is None:
+        seq, why = hf.default_seq_len(config)
+        defaults["seq_len"] = {"value": seq, "why": why}
+    else:
+        seq = seq_len
     if seq < 1:
         raise UserError(f"--seq-len {seq}: expected a positive integer")
-
-    def make() -> Batch:
-        ids = torch.randint(0, vocab, (batch, seq), device=device)
-        if kind == "gpt2":
-            return {"input_ids": ids}, ids
-        return {"input_ids": ids}, torch.randint(0, 2, (batch,), device=device)
-
-    def loss(out: Any, target: Any) -> torch.Tensor:
-        logits = out.logits
-        if kind == "gpt2":
-            # Next-token prediction, as GPT2LMHeadModel computes it when given labels.
-            shifted = logits[:, :-1, :].contiguous()
-            return F.cross_entropy(shifted.view(-1, shifted.size(-1)), target[:, 1:].reshape(-1))
-        return F.cross_entropy(logits, target)
-
-    defaults = {} if seq_len else {"seq_len": {"value": seq, "why": why}}
-    return Workload(spec, model, make, loss, batch, kind, defaults)
+    model = finetune.apply(model, tune.regime, task, config.model_type)
+    w = Workload(spec, model, hf.batch_maker(config, task, batch, seq, device), hf.model_loss,
+                 batch, config.model_type, defaults)  # fmt: skip
+    w.details = {"task": task, "attn": tune.attn or "sdpa", "source": hfspec.source,
+                 **finetune.summary(model)}  # fmt: skip
+    return w
 
 
 def _ignored(flag: str, value: Any, why: str) -> None:
     if value is not None:
         warn(f"{flag} {value} has no effect: {why}")
+
+
+@dataclass(frozen=True)
+class Tune:
+    """The Hugging Face build options (`--task`, `--attn`) and the fine-tuning regime (`--dtype`,
+    `--lora`, `--qlora`); `num_classes` is the classifier width of a classification task."""
+
+    task: str | None = None
+    attn: str | None = None
+    num_classes: int | None = None
+    regime: Regime = field(default_factory=Regime)
 
 
 def build_workload(
@@ -149,6 +145,7 @@ def build_workload(
     seq_len: int | None = None,
     num_classes: int | None = None,
     device: torch.device = META,
+    tune: Tune | None = None,
 ) -> Workload:
     """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
     `gpumemnet:FILENAME` or `synthetic:{json config}`, built on `device` (meta unless a real
@@ -159,13 +156,22 @@ def build_workload(
     source, _, name = spec.partition(":")
     if source in ("torchvision", "timm"):
         _ignored("--seq-len", seq_len, f"{spec} is an image model (give --input-shape C,H,W)")
-    elif source in ("hf", "dlrm"):
+    elif source in ("hf", "hf-config"):
+        _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
+    elif source == "dlrm":
         _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
         _ignored("--num-classes", num_classes, f"{spec} has its own output head")
     elif source in ("gpumemnet", "synthetic"):
         _ignored("--seq-len", seq_len, f"{spec}: the generator config sets its own sizes")
         _ignored("--num-classes", num_classes, f"{spec}: the generator config sets its own sizes")
-    workload = _build(spec, source, name, batch_size, shape, seq_len, num_classes, device)
+    tune = tune or Tune()
+    if source not in ("hf", "hf-config"):
+        _ignored("--task", tune.task, f"{spec} is not a Hugging Face model")
+        _ignored("--attn", tune.attn, f"{spec} is not a Hugging Face model")
+    tune = Tune(tune.task, tune.attn, num_classes, tune.regime)
+    workload = _build(spec, source, name, batch_size, shape, seq_len, num_classes, device, tune)
+    if source not in ("hf", "hf-config") and tune.regime.active:
+        workload = tuned(workload, tune.regime)
     if source in ("torchvision", "timm") and num_classes is None:
         workload.defaults["num_classes"] = {"value": DEFAULT_CLASSES, "why": "ImageNet's classes"}
     return workload
@@ -188,6 +194,7 @@ def _build(
     seq_len: int | None,
     num_classes: int | None,
     device: torch.device,
+    tune: Tune,
 ) -> Workload:
     num_classes = DEFAULT_CLASSES if num_classes is None else num_classes
     if source == "torchvision":
@@ -208,8 +215,8 @@ def _build(
             model = timm.create_model(name, pretrained=False, num_classes=num_classes)
         full = shape or tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
         return _image(spec, model, batch_size, shape, full, num_classes, device)
-    if source == "hf":
-        return _hf(spec, name, batch_size, seq_len, device)
+    if source in ("hf", "hf-config"):
+        return _hf(spec, source, name, batch_size, seq_len, device, tune)
     if source == "dlrm":
         return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size, device)
     if source == "gpumemnet":
@@ -226,9 +233,42 @@ def _build(
             raise UserError(f"spec {spec!r}: expected a JSON object after `synthetic:`")
         return _synthetic(spec, from_dict(data), batch_size, shape, device)
     raise UserError(
-        f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:NAME, dlrm, "
+        f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:REPO_ID, "
+        "hf-config:PATH, dlrm, "
         "gpumemnet:FILENAME or synthetic:{json}"
     )
+
+
+def tuned(w: Workload, regime: Regime) -> Workload:
+    """A zoo model in the regime: parameters in its dtype, float inputs cast to it, LoRA."""
+    from memtrace_trainer.models import finetune
+
+    if regime.qlora and regime.lora is None:
+        raise UserError("--qlora: give --lora R (the adapters the 4-bit base is tuned with)")
+    if regime.lora is not None and regime.lora.targets is None:
+        raise UserError(
+            f"--lora: {w.spec} is not a Hugging Face model, so peft has no default targets; "
+            "give --lora-targets (module names, e.g. fc1,fc2)"
+        )
+    dtype = regime.param_dtype
+    model = w.model.to(dtype) if dtype != torch.float32 else w.model
+    model = finetune.apply(model, regime, None, None)
+    make = w.make_batch
+    if dtype != torch.float32:
+        make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
+    out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family, w.defaults)
+    out.details = finetune.summary(model)
+    return out
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    return value
 
 
 def load_entry(

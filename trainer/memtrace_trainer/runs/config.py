@@ -9,7 +9,8 @@ import re
 from typing import Any
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.symtrace.step import AMP, OPTIMIZERS
+from memtrace_trainer.optim import EMULATED, OPTIMIZERS
+from memtrace_trainer.symtrace.step import AMP
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -43,6 +44,11 @@ class RunConfig:
             out.append(f"batch_size {self.batch_size!r}: expected a positive integer")
         if self.optimizer not in OPTIMIZERS:
             out.append(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
+        elif self.optimizer in EMULATED:
+            out.append(
+                f"optimizer {self.optimizer!r}: its bitsandbytes kernels are emulated for "
+                "estimates only; real runs support the PyTorch and transformers ones"
+            )
         if not isinstance(self.iterations, int) or self.iterations < 1:
             out.append(f"iterations {self.iterations!r}: expected at least 1")
         if self.seconds is not None and not self.seconds > 0:

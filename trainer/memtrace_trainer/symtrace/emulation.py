@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.recorder import Recorder
 
@@ -56,7 +57,6 @@ class Workspaces:
         self, rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
         if out is None:
-            self._before(rec, func, args)
             return
         if func in _GEMMS:
             thread = "backward" if torch._C._current_autograd_node() is not None else "main"
@@ -68,6 +68,8 @@ class Workspaces:
                     rec.alloc(self.profile.cublas_workspace_bytes, "workspace")
         if func is aten.addmm.default and args[0].dim() == 1 and args[1].dim() == 2:
             self._transient(rec, self.profile.cublaslt_workspace_bytes)
+        elif func is aten._scaled_dot_product_flash_attention_backward.default:
+            self._flash_backward(rec, args)
         elif func is aten.convolution.default:
             self.used_conv = True
             x, w = args[0], args[1]
@@ -87,15 +89,19 @@ class Workspaces:
         rec.marker(call.marker(size))
         self._transient(rec, size)
 
-    def _before(self, rec: Recorder, func: Any, args: tuple[Any, ...]) -> None:
-        if func is aten._scaled_dot_product_flash_attention_backward.default:
-            # flash_api.cpp: softmax_d (B,H,round128(L)) and dq_accum (B,round128(L),H,round32(D)),
-            # both fp32, live only inside the backward kernel.
-            q = args[1]
-            b, h, seq, d = q.shape
-            l128 = math.ceil(seq / 128) * 128
-            d32 = math.ceil(d / 32) * 32
-            self._transient(rec, 4 * b * h * l128 + 4 * b * l128 * h * d32)
+    def _flash_backward(self, rec: Recorder, args: tuple[Any, ...]) -> None:
+        """flash_api.cpp `mha_bwd`, after it allocates dq/dk/dv: softmax_d (B,H,round128(L))
+        and dq_accum (B,round128(L),H,round32(D)), both fp32, and with fewer K/V heads (GQA)
+        dk/dv expanded to every query head before they are summed, all freed when the kernel
+        returns."""
+        q, k = args[1], args[2]
+        b, h, seq, d = q.shape
+        l128 = math.ceil(seq / 128) * 128
+        d32 = math.ceil(d / 32) * 32
+        size = 4 * b * h * l128 + 4 * b * l128 * h * d32
+        if k.shape[1] != h:
+            size += 2 * b * k.shape[2] * h * d * q.element_size()
+        self._transient(rec, size)
 
 
 class ConvCall:
@@ -125,19 +131,50 @@ class ConvCall:
         )
 
 
-def sdpa_backend(q: torch.Tensor, mask: Any, profile: Profile, gqa: bool) -> str:
-    """The backend CUDA picks (2.4 order: flash, efficient, math) for these inputs."""
-    head_dim = q.shape[-1]
-    if gqa or q.dim() != 4:
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def sdpa_backend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, is_causal: bool, profile: Profile
+) -> str:
+    """The backend PyTorch picks on CUDA for dense inputs (`sdp_utils.cpp` `select_sdp_backend`,
+    default order flash, memory-efficient, math), from the checks that depend on shapes, dtypes,
+    the mask and the device's compute capability. Grouped-query attention (fewer K/V heads) is
+    supported by flash and memory-efficient alike. cuDNN attention, which PyTorch prefers on
+    sm90/sm100 with cuDNN newer than 9.15, is not modelled: its output and fp32 statistics are
+    flash's."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "math"
-    half = q.dtype in (torch.float16, torch.bfloat16)
-    if half and profile.compute_capability >= (8, 0) and head_dim <= 256 and head_dim % 8 == 0:
-        if mask is None:
-            return "flash"
-    align = 8 if half else 4
-    if profile.compute_capability >= (5, 0) and head_dim % align == 0:
-        return "efficient"
-    return "math"
+    cc = profile.compute_capability
+    dq, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
+    heads_ok = k.shape[1] == v.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+    grad = q.requires_grad or k.requires_grad or v.requires_grad
+    half = q.dtype in _HALF
+    flash = (
+        mask is None
+        and dq == dk == dv <= 256
+        and (8, 0) <= cc <= (12, 1)
+        and not (grad and dq > 192 and cc in ((8, 6), (8, 9), (12, 0)))
+        and not (is_causal and q.shape[-2] != k.shape[-2])
+        and half
+        and heads_ok
+    )
+    if flash:
+        return "flash"
+    # minimum_gemm_alignment: tensor cores from sm80 (sm70 for half) need 128-bit alignment.
+    tensor_cores = cc >= (8, 0) or (cc >= (7, 0) and half)
+    align = max(4 if cc >= (8, 0) else 1, (8 if half else 4) if tensor_cores else 1)
+    dtypes = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (
+        torch.float16, torch.float32)  # fmt: skip
+    efficient = (
+        cc >= (5, 0)
+        and dq == dk
+        and dq % align == 0
+        and dv % align == 0
+        and q.dtype in dtypes
+        and heads_ok
+    )
+    return "efficient" if efficient else "math"
 
 
 @torch.library.custom_op("memtrace::mish_backward", mutates_args=())
@@ -179,8 +216,11 @@ class CudaFunctions:
     intercepted by a function mode, because composite functions such as
     `multi_head_attention_forward` run their bodies with function modes popped."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, force_flash: bool = False) -> None:
         self.profile = profile
+        # `--attn flash_attention_2`: the flash-attn package's kernel, which is SDPA's flash
+        # kernel (same output and fp32 log-sum-exp); it refuses fp32 inputs and masks.
+        self.force_flash = force_flash
         self.backends: dict[str, int] = {}
         self._saved: tuple[Any, Any, Any] | None = None
 
@@ -220,9 +260,19 @@ class CudaFunctions:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        backend = sdpa_backend(q, attn_mask, self.profile, enable_gqa)
+        if k.shape[1] != q.shape[1] and not enable_gqa and k.dim() == 4:
+            backend = "math"  # PyTorch itself refuses this; let its own function say why
+        else:
+            backend = sdpa_backend(q, k, v, attn_mask, is_causal, self.profile)
         if is_causal and attn_mask is not None:
             backend = "math"
+        if self.force_flash:
+            if q.dtype not in _HALF:
+                raise UserError(
+                    f"--attn flash_attention_2 runs only in fp16/bf16, and attention here is "
+                    f"{str(q.dtype).removeprefix('torch.')}: give --dtype bf16 or --amp bf16"
+                )
+            backend = "flash"
         self.backends[backend] = self.backends.get(backend, 0) + 1
         if backend == "flash":
             return aten._scaled_dot_product_flash_attention(

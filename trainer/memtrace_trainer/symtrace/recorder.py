@@ -8,8 +8,9 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,6 +34,20 @@ _INPLACE_ON_GPU = {
     aten.scatter_add.default, aten.scatter.src, aten.scatter.value, aten.index_put.default,
     aten.index_add.default, aten.masked_scatter.default,
 }  # fmt: skip
+
+
+# Called with each marker's text by every recorder (`listen_markers`): a baseline that runs
+# beside a trace (PyTorch's MemTracker) follows the trace's iterations through them.
+_MARKER_LISTENERS: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def listen_markers(fn: Callable[[str], None]) -> Iterator[None]:
+    _MARKER_LISTENERS.append(fn)
+    try:
+        yield
+    finally:
+        _MARKER_LISTENERS.remove(fn)
 
 
 class Recorder(TorchDispatchMode):
@@ -64,6 +79,8 @@ class Recorder(TorchDispatchMode):
         self.events.append(event)
 
     def marker(self, text: str) -> None:
+        for listener in _MARKER_LISTENERS:
+            listener(text)
         self._emit({"kind": "marker", "text": text})
 
     def alloc(self, size: int, category: str) -> int:

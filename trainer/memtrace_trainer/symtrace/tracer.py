@@ -101,6 +101,23 @@ def _is_convolution(kind: str) -> bool:
     return core.startswith("conv") and core.endswith(("1d", "2d", "3d"))
 
 
+def param_dtype(model: torch.nn.Module) -> str:
+    """The dtype holding most of the floating-point parameter bytes (fp32, bf16, fp16)."""
+    sizes: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    if not sizes:
+        return "none"
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    return names.get(max(sizes, key=lambda d: sizes[d]), str(max(sizes, key=lambda d: sizes[d])))
+
+
+def low_precision(model: torch.nn.Module) -> str | None:
+    dtype = param_dtype(model)
+    return dtype if dtype in ("bf16", "fp16") else None
+
+
 def metadata(
     workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]
 ) -> dict[str, str]:
@@ -110,8 +127,10 @@ def metadata(
         "batch_size": str(workload.batch_size),
         "optimizer": cfg.optimizer,
         "iterations": str(cfg.iterations),
-        "amp": cfg.amp or "fp32",
-        "checkpointing": str(cfg.checkpointing).lower(),
+        # The precision regime names the safety margin: autocast's dtype, else the parameters'.
+        "amp": cfg.amp or low_precision(workload.model) or "fp32",
+        "param_dtype": param_dtype(workload.model),
+        "checkpointing": cfg.checkpointing or "none",
         "grad_accum": str(cfg.grad_accum),
         "cuda_emulation": str(cfg.cuda_emulation).lower(),
         "profile": profile.name,
@@ -120,9 +139,14 @@ def metadata(
         # ts_ns is the event's sequence number, not wall-clock time: the trace is deterministic.
         "clock": "logical",
     }
+    for key in ("task", "parameters", "trainable_parameters"):
+        if key in workload.details:
+            meta[key] = str(workload.details[key])
     for lib in ("uses_gemm", "uses_conv"):
         if lib in extra:
             meta[lib] = str(bool(extra[lib])).lower()
+    if extra.get("paged_optimizer_bytes"):
+        meta["paged_optimizer_bytes"] = str(extra["paged_optimizer_bytes"])
     if extra.get("sdpa_backends"):
         meta["sdpa_backends"] = ",".join(
             f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items())

@@ -195,14 +195,16 @@ class Run:
 
 
 @contextlib.contextmanager
-def tracing(profile: Profile, rec: Recorder, cuda_emulation: bool) -> Iterator[Run]:
+def tracing(
+    profile: Profile, rec: Recorder, cuda_emulation: bool, force_flash: bool = False
+) -> Iterator[Run]:
     """The fake device around a traced program: autocast, optimizer defaults, the recorder,
     CUDA function swaps, phase hooks, `torch.cuda` and `"cuda"`."""
     from memtrace_trainer.symtrace.autocast import Autocast
     from memtrace_trainer.symtrace.emulation import CudaFunctions
 
     run = Run()
-    functions = CudaFunctions(profile) if cuda_emulation else contextlib.nullcontext()
+    functions = CudaFunctions(profile, force_flash) if cuda_emulation else contextlib.nullcontext()
     defaults = cuda_like_optimizer_defaults() if cuda_emulation else contextlib.nullcontext()
     run.hooks = PhaseHooks(rec)
     autocast = Autocast()
@@ -238,6 +240,7 @@ def run_steps(
     cuda_emulation: bool,
     what: str,
     models: list[nn.Module] | None = None,
+    force_flash: bool = False,
 ) -> Run:
     """`make(meta)` under the recorder, then `step()` `steps` times after `iter:<n>` markers.
     `models`: the tracer's own loop passes the model it built (its step marks its own phases,
@@ -246,7 +249,7 @@ def run_steps(
     if steps < 1:
         raise UserError(f"--steps {steps}: expected at least 1")
     before = set(_modules()) if models is None else set()
-    with tracing(profile, rec, cuda_emulation) as run:
+    with tracing(profile, rec, cuda_emulation, force_flash) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
         step = _call(make, (META,), f"{what}: building the step raised", user_step)

@@ -1,0 +1,219 @@
+"""The fine-tuning regime of a model: parameter dtype, LoRA through peft, QLoRA's 4-bit base.
+
+Applied to the built model before the trace starts, in the order a fine-tuning script applies
+them: build in the parameter dtype, quantize the base (QLoRA), `prepare_model_for_kbit_training`
+(QLoRA), then `get_peft_model`. peft itself freezes the base and adds the adapters, so the
+trainable parameters, and with them gradients and optimizer state, are peft's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtrace_trainer.errors import UserError
+
+# peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates with a
+# FutureWarning on every read: noise to the user, who did not write either call.
+warnings.filterwarnings(
+    "ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning
+)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The output heads bitsandbytes leaves in full precision (transformers' get_keys_to_not_convert
+# keeps the output embedding; the classifier heads are the same role).
+HEADS = ("lm_head", "score", "classifier", "qa_outputs", "embed_out", "output")
+
+
+@dataclass(frozen=True)
+class Lora:
+    """`--lora R[:ALPHA]`, `--lora-targets`, `--lora-dropout` (peft's LoraConfig)."""
+
+    r: int
+    alpha: int | None = None
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None
+
+    @staticmethod
+    def parse(text: str, targets: str | None, dropout: float | None) -> Lora:
+        r_text, _, alpha_text = text.partition(":")
+        try:
+            r = int(r_text)
+            alpha = int(alpha_text) if alpha_text else None
+        except ValueError:
+            raise UserError(f"--lora {text!r}: expected R or R:ALPHA, e.g. 16 or 16:32") from None
+        if r < 1 or (alpha is not None and alpha < 1):
+            raise UserError(f"--lora {text!r}: the rank and alpha must be positive")
+        if dropout is not None and not 0.0 <= dropout < 1.0:
+            raise UserError(f"--lora-dropout {dropout}: expected a probability in [0, 1)")
+        names = None
+        if targets is not None:
+            names = tuple(t.strip() for t in targets.split(",") if t.strip())
+            if not names:
+                raise UserError(
+                    f"--lora-targets {targets!r}: expected module names like q_proj,v_proj"
+                )
+        return Lora(r, alpha, 0.0 if dropout is None else dropout, names)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What the model is trained as. `dtype` None is fp32 parameters; `amp` is autocast's dtype
+    (kept here only to check the pair; the step owns autocast)."""
+
+    dtype: str | None = None
+    amp: str | None = None
+    lora: Lora | None = None
+    qlora: bool = False
+    double_quant: bool = False
+    defaults: dict[str, Any] = field(default_factory=dict)
+    # peft's prepare_model_for_kbit_training after quantizing (HF/peft/trl recipes); litgpt,
+    # torchtune and Unsloth keep the non-quantized weights in the compute dtype instead.
+    kbit_prepare: bool = True
+    # The bitsandbytes release emulated: 0.41-0.43 keep each 4-bit layer's input for the
+    # backward, 0.44 and later do not.
+    bnb_version: tuple[int, int] = (0, 50)
+
+    def validate(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UserError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        low = self.dtype in ("bf16", "fp16")
+        if low and self.amp is not None and self.amp != self.dtype:
+            raise UserError(
+                f"--dtype {self.dtype} with --amp {self.amp} is contradictory: the parameters "
+                f"are {self.dtype}, and autocast to {self.amp} would cast every matmul to "
+                "another 16-bit type; give one precision (--dtype alone for pure low precision, "
+                "--amp alone for mixed precision over fp32 parameters)"
+            )
+        if self.double_quant and not self.qlora:
+            raise UserError("--qlora-double-quant has no meaning without --qlora")
+        if not self.kbit_prepare and not self.qlora:
+            raise UserError("--no-kbit-prepare has no meaning without --qlora")
+
+    @staticmethod
+    def parse_bnb(text: str) -> tuple[int, int]:
+        try:
+            major, minor = (int(v) for v in text.split(".")[:2])
+        except ValueError:
+            raise UserError(f"--bnb-version {text!r}: expected a release like 0.45") from None
+        if (major, minor) < (0, 41):
+            raise UserError(f"--bnb-version {text}: NF4 training starts with bitsandbytes 0.41")
+        return major, minor
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype or "fp32"]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype QLoRA dequantizes to: the low precision in use, bf16 when none is given."""
+        if self.dtype in ("bf16", "fp16"):
+            return DTYPES[self.dtype]
+        return DTYPES[self.amp] if self.amp else torch.bfloat16
+
+    @property
+    def active(self) -> bool:
+        return self.dtype not in (None, "fp32") or self.lora is not None or self.qlora
+
+
+def task_type(task: str | None) -> str | None:
+    return {"causal-lm": "CAUSAL_LM", "classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}.get(
+        task or ""
+    )
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    from memtrace_trainer.models.qlora import Linear4bit
+
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear | Linear4bit) or type(m).__name__ == "Conv1D"
+    }
+    return sorted(names)
+
+
+def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
+    """Each target must match a module, as peft matches them (the full name or its suffix)."""
+    if targets == ("all-linear",):
+        return
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise UserError(
+            f"--lora-targets: {', '.join(missing)} match no module of this model; its linear "
+            f"layers are named {', '.join(_linear_names(model))}"
+        )
+
+
+def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | None) -> nn.Module:
+    """The model as the regime trains it (a peft model when LoRA is on)."""
+    regime.validate()
+    if regime.qlora:
+        from peft import prepare_model_for_kbit_training
+
+        from memtrace_trainer.models.qlora import quantize
+
+        out = getattr(model, "get_output_embeddings", lambda: None)()
+        skip = HEADS + tuple(n for n, m in model.named_modules() if out is not None and m is out)
+        saves_input = regime.bnb_version < (0, 44)
+        if not quantize(model, regime.compute_dtype, regime.double_quant, skip, saves_input):
+            raise UserError("--qlora: this model has no nn.Linear layers to quantize")
+        # What fine-tuning scripts (and trl's SFTTrainer) call on a 4-bit model: freezes the
+        # base and casts every non-quantized fp16/bf16 parameter to fp32. Checkpointing stays
+        # the step's choice (--checkpointing).
+        if regime.kbit_prepare:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if regime.lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = regime.lora
+    if lora.targets is not None:
+        _check_targets(model, lora.targets)
+    targets: Any = list(lora.targets) if lora.targets else None
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha if lora.alpha is not None else lora.r,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type=task_type(task),
+    )
+    try:
+        tuned = get_peft_model(model, config)
+    except ValueError as e:
+        if lora.targets is None:
+            raise UserError(
+                f"--lora: peft has no default targets for {model_type or type(model).__name__}; "
+                f"give --lora-targets (its linear layers are named "
+                f"{', '.join(_linear_names(model))})"
+            ) from None
+        raise UserError(f"--lora: peft refused the config ({e})") from None
+    if regime.qlora:
+        from memtrace_trainer.models.qlora import clone_outputs_under_lora
+
+        clone_outputs_under_lora(tuned)
+    return tuned  # type: ignore[no-any-return]
+
+
+def summary(model: nn.Module) -> dict[str, int]:
+    """Parameter counts and bytes: total, trainable, and the frozen base's storage."""
+    total = trainable = total_bytes = trainable_bytes = 0
+    for p in model.parameters():
+        n, b = p.numel(), p.numel() * p.element_size()
+        total += n
+        total_bytes += b
+        if p.requires_grad:
+            trainable += n
+            trainable_bytes += b
+    return {
+        "parameters": total,
+        "trainable_parameters": trainable,
+        "parameter_bytes": total_bytes,
+        "trainable_parameter_bytes": trainable_bytes,
+    }

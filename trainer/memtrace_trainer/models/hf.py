@@ -1,0 +1,220 @@
+"""Hugging Face models by config, never downloaded.
+
+`hf:<repo id>` reads the published `config.json` values kept under `models/hf_configs/` (one
+small JSON file per architecture, listing every repo id that shares it; README there);
+`hf-config:PATH`
+reads any local `config.json`. Either becomes a transformers config, and the model is built with
+`AutoModelFor<Task>.from_config` on the tracer's device, so no weight is ever materialised.
+
+The training batch is what a fine-tuning loop feeds: `input_ids` and `labels`, and the model
+computes its own loss. That keeps transformers' own loss code in the trace (for causal LMs the
+fp32 upcast of the logits, `transformers/loss/loss_utils.py`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtrace_trainer.errors import UserError
+
+REGISTRY = Path(__file__).with_name("hf_configs")
+TASKS = ("causal-lm", "classification", "seq2seq")
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+DEFAULT_CLASSES = 2
+# The AutoModel class per task (transformers' names).
+_AUTO = {
+    "causal-lm": "AutoModelForCausalLM",
+    "classification": "AutoModelForSequenceClassification",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+}
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """One config: the id the user gave (or the file), the values, and where they come from."""
+
+    name: str
+    config: dict[str, Any]
+    source: str
+
+
+@functools.cache
+def registry() -> dict[str, tuple[str, Path]]:
+    """Every known repo id, lower-cased, to (its spelling, its file)."""
+    found: dict[str, tuple[str, Path]] = {}
+    for path in sorted(REGISTRY.glob("*.json")):
+        data = json.loads(path.read_text())
+        for repo_id in data["ids"]:
+            found[repo_id.lower()] = (repo_id, path)
+    return found
+
+
+def known_ids() -> list[str]:
+    return sorted(spelling for spelling, _ in registry().values())
+
+
+def resolve(name: str) -> HFSpec:
+    """`hf:<name>`: a repo id (any case) from the registry; an unknown one names the nearest."""
+    hit = registry().get(name.lower())
+    if hit is None:
+        ids = known_ids()
+        near = difflib.get_close_matches(name, ids, n=5, cutoff=0.5)
+        if not near:  # a bare model name without its organisation: match on the name part
+            tail = {i.rsplit("/", 1)[-1].lower(): i for i in ids}
+            near = [tail[t] for t in difflib.get_close_matches(name.lower(), list(tail), n=5)]
+        hint = f"nearest known: {', '.join(near)}" if near else f"{len(ids)} ids are known"
+        raise UserError(
+            f"unknown Hugging Face model {name!r} ({hint}; `memtrace_trainer models --hf` lists "
+            "them all; give --model hf-config:PATH for any other config.json)"
+        )
+    spelling, path = hit
+    data = json.loads(path.read_text())
+    return HFSpec(spelling, dict(data["config"]), data["source"])
+
+
+def read_config(path: Path) -> HFSpec:
+    """`hf-config:PATH`: a local config.json (or a directory holding one)."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"--model hf-config:{path}: cannot read the file ({e.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object (a transformers config.json)")
+    return HFSpec(str(path), data, str(path))
+
+
+def to_config(spec: HFSpec) -> Any:
+    """The transformers config of `spec`; errors name the file and the field."""
+    import transformers
+
+    values = dict(spec.config)
+    model_type = values.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise UserError(
+            f"{spec.source}: field model_type is {model_type!r}: expected the model family "
+            "transformers knows it by (llama, mistral, qwen2, gpt2, bert, t5, ...)"
+        )
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except ValueError as e:
+        if "Unrecognized model" in str(e) or "model_type" in str(e):
+            raise UserError(
+                f"{spec.source}: field model_type {model_type!r} is not a model family "
+                f"transformers {transformers.__version__} knows"
+            ) from None
+        raise UserError(f"{spec.source}: transformers rejects the config ({e})") from None
+    except (TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{spec.source}: transformers rejects the config ({e})") from None
+
+
+def default_task(config: Any) -> str:
+    """The task the published architecture is for: an encoder (BERT, RoBERTa) is fine-tuned as
+    a classifier, an encoder-decoder as seq2seq, everything else as a causal LM."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if "CausalLM" in archs or "LMHead" in archs:
+        return "causal-lm"
+    if config.model_type in ("bert", "roberta", "distilbert", "albert", "electra", "deberta"):
+        return "classification"
+    return "causal-lm"
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """How the model is built: task, classes, attention implementation and parameter dtype."""
+
+    task: str | None = None
+    num_classes: int | None = None
+    attn: str | None = None
+    dtype: torch.dtype = torch.float32
+
+
+def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Module, Any, str]:
+    """(model, config, task) on `device`."""
+    import transformers
+
+    config = to_config(spec)
+    task = opts.task or default_task(config)
+    if task not in TASKS:
+        raise UserError(f"--task {task!r}: expected one of {', '.join(TASKS)}")
+    if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
+        raise UserError(
+            f"--task seq2seq: {spec.name} ({config.model_type}) is not an encoder-decoder "
+            "model; expected causal-lm or classification"
+        )
+    if task == "classification":
+        config.num_labels = opts.num_classes or DEFAULT_CLASSES
+        # Decoder classifiers find each row's last token through pad_token_id and refuse
+        # batches larger than one without it; fine-tuning recipes set it to eos.
+        if getattr(config, "pad_token_id", None) is None:
+            eos = getattr(config, "eos_token_id", None)
+            config.pad_token_id = (eos[0] if isinstance(eos, list) else eos) or 0
+    attn = opts.attn or "sdpa"
+    if attn not in ATTENTION:
+        raise UserError(f"--attn {attn!r}: expected one of {', '.join(ATTENTION)}")
+    auto = getattr(transformers, _AUTO[task])
+    # flash_attention_2 needs the flash-attn package and a GPU; its memory is SDPA's flash
+    # kernel's (the tracer forces that backend), so the model is built with sdpa.
+    impl = "sdpa" if attn == "flash_attention_2" else attn
+    try:
+        with device:
+            model = auto.from_config(config, dtype=opts.dtype, attn_implementation=impl)
+    except ValueError as e:
+        raise UserError(f"{spec.name}: transformers cannot build it for --task {task} ({e})") from e
+    return model, config, task
+
+
+def batch_maker(config: Any, task: str, batch: int, seq: int, device: torch.device) -> Any:
+    """(inputs, None) per step: token ids and labels; the model computes its own loss. No
+    attention mask: an all-ones mask is dropped by transformers before SDPA, so none is the
+    same program for unpadded (packed) batches."""
+    vocab = config.vocab_size
+    classes = getattr(config, "num_labels", DEFAULT_CLASSES)
+
+    def make() -> tuple[dict[str, torch.Tensor], None]:
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        if task == "classification":
+            return {
+                "input_ids": ids,
+                "labels": torch.randint(0, classes, (batch,), device=device),
+            }, None
+        return {
+            "input_ids": ids,
+            "labels": torch.randint(0, vocab, (batch, seq), device=device),
+        }, None
+
+    return make
+
+
+def model_loss(out: Any, _target: Any) -> torch.Tensor:
+    return out.loss  # type: ignore[no-any-return]
+
+
+DEFAULT_SEQ = 2048
+
+
+def default_seq_len(config: Any) -> tuple[int, str]:
+    """The sequence length when the user gives none, and why: the model's maximum, capped at
+    2048 (a long-context model's maximum, 128k tokens, is not what a fine-tune trains at)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            if value <= DEFAULT_SEQ:
+                return value, f"{name}, the model's maximum"
+            return DEFAULT_SEQ, f"a common fine-tuning length; the model allows {value}"
+    return 512, "T5's pre-training length (the config has no maximum)"

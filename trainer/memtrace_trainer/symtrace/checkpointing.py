@@ -1,0 +1,155 @@
+"""Activation checkpointing: "full" recomputes each block in the backward; "selective" keeps
+the outputs of the expensive ops and recomputes the rest.
+
+- Hugging Face models checkpoint through their own switch (`activation_checkpointing_enable`,
+  once `gradient_checkpointing_enable`), per decoder layer, non-reentrant; a peft model reaches
+  its base model's.
+- Other models wrap the repeated blocks (`_blocks`) in `torch.utils.checkpoint.checkpoint`.
+- "selective" is torchtitan's op-level policy (`torchtitan/distributed/activation_checkpoint.py`,
+  `_apply_op_sac`): save the outputs of matmuls, attention kernels and reduce-scatters (and
+  `max`, for low-precision recipes), except every second matmul, and recompute everything else;
+  it runs through PyTorch's `create_selective_checkpoint_contexts`, as torchtitan's does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from memtrace_trainer.errors import UserError
+
+CHECKPOINTING = ("full", "selective")
+aten = torch.ops.aten
+
+
+def _save_list() -> set[Any]:
+    ops = {
+        aten.mm.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten.max.default,
+    }
+    with contextlib.suppress(AttributeError):
+        ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return ops
+
+
+def selective_context() -> Any:
+    """One checkpointed call's contexts under torchtitan's op policy; the matmul count is per
+    call, as torchtitan keeps it per call (a fresh `meta` dict each time)."""
+    save = _save_list()
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            counts[mode] += 1
+        keep = func in save and not (func == aten.mm.default and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _hf_model(model: nn.Module) -> Any:
+    """The transformers model inside `model` (itself, or a peft model's base), if any."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return None
+    for m in (model, getattr(getattr(model, "base_model", None), "model", None)):
+        if isinstance(m, PreTrainedModel):
+            return m
+    return None
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to checkpoint: children of the outermost Sequential/ModuleList
+    containers that hold composite modules; leaves of a flat Sequential otherwise."""
+    found: list[nn.Module] = []
+
+    def visit(m: nn.Module) -> None:
+        for child in m.children():
+            if isinstance(child, nn.Sequential | nn.ModuleList) and any(
+                any(True for _ in c.children()) for c in child.children()
+            ):
+                found.extend(child.children())
+            else:
+                visit(child)
+
+    visit(model)
+    if not found and isinstance(model, nn.Sequential):
+        found = [c for c in model.children() if any(True for _ in c.parameters())]
+    return found
+
+
+def _with_modes(f: Any, modes: list[Any]) -> Any:
+    """Recomputation runs inside the autograd engine, where our function modes are not on the
+    stack; re-enter the ones that were active in the forward pass, as autocast state is
+    restored for a real recompute."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        stack = torch.overrides._get_current_function_mode_stack()
+        missing = [m for m in modes if m not in stack]
+        with contextlib.ExitStack() as es:
+            for m in missing:
+                es.enter_context(m)
+            return f(*args, **kwargs)
+
+    return run
+
+
+def enable_checkpointing(model: nn.Module, mode: str = "full") -> int:
+    """Checkpointing of `mode` on `model`; returns the number of checkpointed blocks."""
+    if mode not in CHECKPOINTING:
+        raise UserError(f"--checkpointing {mode!r}: expected one of {', '.join(CHECKPOINTING)}")
+    extra: dict[str, Any] = {"context_fn": selective_context} if mode == "selective" else {}
+    hf = _hf_model(model)
+    if hf is not None and getattr(hf, "supports_gradient_checkpointing", False):
+        enable = getattr(hf, "activation_checkpointing_enable", None)
+        kwargs = {"use_reentrant": False, **extra}
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        layers = [m for m in hf.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        _recompute_under_modes(layers)
+        return len(layers)
+    blocks = _blocks(model)
+    for block in blocks:
+        forward = block.forward
+
+        def wrapped(*args: Any, _f: Any = forward, **kwargs: Any) -> Any:
+            stack = list(torch.overrides._get_current_function_mode_stack())
+            return checkpoint(_with_modes(_f, stack), *args, use_reentrant=False,
+                              preserve_rng_state=False, **extra, **kwargs)  # fmt: skip
+
+        block.forward = wrapped  # type: ignore[method-assign]
+    if not blocks:
+        raise UserError("--checkpointing: found no blocks to checkpoint in this model")
+    return len(blocks)
+
+
+def _recompute_under_modes(layers: list[nn.Module]) -> None:
+    """Hugging Face layers call their `_gradient_checkpointing_func(fn, *args)`; the function
+    is wrapped so its recompute re-enters the function modes of the forward."""
+    for layer in layers:
+        func = getattr(layer, "_gradient_checkpointing_func", None)
+        if func is None:
+            continue
+
+        def call(fn: Any, *args: Any, _func: Any = func, **kwargs: Any) -> Any:
+            stack = list(torch.overrides._get_current_function_mode_stack())
+            return _func(_with_modes(fn, stack), *args, **kwargs)
+
+        layer._gradient_checkpointing_func = functools.update_wrapper(call, func)  # type: ignore[assignment]

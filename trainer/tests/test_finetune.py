@@ -1,0 +1,374 @@
+"""LLM fine-tuning on one GPU: Hugging Face models by config, pure low precision, LoRA, QLoRA,
+checkpointing variants, optimizers, SDPA's backend choice, max-seq and the baselines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import cli
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.models import hf
+from memtrace_trainer.models.finetune import Lora, Regime
+from memtrace_trainer.models.qlora import Linear4bit, nf4_bytes
+from memtrace_trainer.models.zoo import Tune, build_workload
+from memtrace_trainer.profile import load_profile
+from memtrace_trainer.symtrace.emulation import sdpa_backend
+from memtrace_trainer.symtrace.step import StepConfig
+from memtrace_trainer.symtrace.tracer import summarize, trace
+
+CONFIGS = Path(__file__).parent / "hf_configs"
+LLAMA = f"hf-config:{CONFIGS / 'tiny-llama.json'}"
+T5 = f"hf-config:{CONFIGS / 'tiny-t5.json'}"
+
+
+def workload(spec: str = LLAMA, batch: int = 2, seq: int = 64, **regime: Any) -> Any:
+    tune = Tune(regime.pop("task", None), regime.pop("attn", None), None, Regime(**regime))
+    return build_workload(spec, batch, seq_len=seq, tune=tune)
+
+
+def traced(w: Any, **step: Any) -> tuple[dict[str, int], dict[str, Any], int]:
+    """Bytes allocated per category over the steps, what was emulated, and the live peak."""
+    rec, extra = trace(w, StepConfig(**{"optimizer": "adamw", **step}), load_profile(None))
+    s = summarize(rec.events)
+    return s.bytes_by_category, extra, s.peak_live_bytes
+
+
+# --- the registry of published configs ----------------------------------------------------------
+
+
+def test_every_registry_file_builds_a_config() -> None:
+    ids = hf.known_ids()
+    assert len(ids) > 100 and len(set(i.lower() for i in ids)) == len(ids)
+    for repo_id in ids:
+        config = hf.to_config(hf.resolve(repo_id))
+        assert config.model_type == hf.resolve(repo_id).config["model_type"]
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "parameters"),
+    [
+        # Published sizes (model cards / safetensors index totals).
+        ("meta-llama/Meta-Llama-3-8B", 8_030_261_248),
+        ("meta-llama/Llama-2-7b-hf", 6_738_415_616),
+        ("mistralai/Mistral-7B-v0.1", 7_241_732_096),
+        ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 1_100_048_384),
+        ("Qwen/Qwen2.5-7B", 7_615_616_512),
+        ("microsoft/phi-2", 2_779_683_840),
+        ("gpt2", 124_439_808),
+    ],
+)
+def test_published_parameter_counts(repo_id: str, parameters: int) -> None:
+    w = build_workload(f"hf:{repo_id}", 1, seq_len=8)
+    assert w.details["parameters"] == parameters
+
+
+def test_unknown_id_names_the_nearest() -> None:
+    with pytest.raises(UserError, match=r"nearest known: .*meta-llama/Meta-Llama-3-8B"):
+        hf.resolve("meta-llama/Llama-3-8B")
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        (None, "cannot read the file"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"hidden_size": 8}', "field model_type is None"),
+        ('{"model_type": "no-such-family"}', "field model_type 'no-such-family' is not a model"),
+    ],
+)
+def test_bad_config_files_name_file_and_field(
+    tmp_path: Path, text: str | None, expect: str
+) -> None:
+    path = tmp_path / "config.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(UserError, match=expect) as e:
+        build_workload(f"hf-config:{path}", 1, seq_len=8)
+    assert str(path) in str(e.value)
+
+
+def test_default_task_and_seq_len_are_reported() -> None:
+    w = build_workload("hf:bert-base-uncased", 1)
+    assert w.defaults["task"]["value"] == "classification"
+    assert w.defaults["num_classes"]["value"] == 2
+    assert w.defaults["seq_len"]["value"] == 512
+    w = build_workload("hf:meta-llama/Llama-3.1-8B", 1)
+    assert w.defaults["seq_len"]["value"] == 2048  # capped: the model allows 131072
+    assert "131072" in w.defaults["seq_len"]["why"]
+
+
+@pytest.mark.parametrize(("spec", "task"), [(LLAMA, "causal-lm"), (LLAMA, "classification"),
+                                            (T5, "seq2seq")])  # fmt: skip
+def test_tasks_train(spec: str, task: str) -> None:
+    cats, _, _ = traced(workload(spec, task=task, dtype="bf16"))
+    assert cats["gradient"] > 0 and cats["optimizer_state"] > 0
+
+
+def test_seq2seq_needs_an_encoder_decoder() -> None:
+    with pytest.raises(UserError, match="not an encoder-decoder"):
+        workload(LLAMA, task="seq2seq")
+
+
+# --- regimes ---------------------------------------------------------------------------------
+
+
+def test_pure_bf16_keeps_adamw_state_in_bf16() -> None:
+    w = workload(dtype="bf16")
+    params = w.details["parameters"]
+    cats, _, _ = traced(w)
+    assert cats["optimizer_state"] == 2 * 2 * params  # exp_avg + exp_avg_sq, 2 bytes each
+
+
+def test_lora_optimizer_state_covers_only_the_adapters() -> None:
+    w = workload(dtype="bf16", lora=Lora(8, targets=("q_proj", "v_proj")))
+    trainable = w.details["trainable_parameters"]
+    # 2 layers x r=8 x (q: 128+128, v: 128+64) adapters.
+    assert trainable == 2 * 8 * (128 + 128 + 128 + 64)
+    cats, _, _ = traced(w, iterations=2)
+    # peft keeps adapters in fp32 (autocast_adapter_dtype): 2 fp32 states, 2 fp32 gradients.
+    assert cats["optimizer_state"] == 2 * 4 * trainable
+    assert cats["gradient"] == 2 * 4 * trainable  # one per step, two steps
+
+
+def test_lora_dropout_copies_count() -> None:
+    base = workload(dtype="bf16", lora=Lora(8, dropout=0.0))
+    dropped = workload(dtype="bf16", lora=Lora(8, dropout=0.1))
+    assert traced(dropped)[0]["activation"] > traced(base)[0]["activation"]
+
+
+def test_qlora_base_storage_per_parameter() -> None:
+    for double_quant, low, high in ((False, 0.5625, 0.5626), (True, 0.515, 0.52)):
+        w = build_workload("hf:meta-llama/Meta-Llama-3-8B", 1, seq_len=8, tune=Tune(
+            regime=Regime("bf16", qlora=True, double_quant=double_quant, lora=Lora(8))))  # fmt: skip
+        layers = [m for m in w.model.modules() if isinstance(m, Linear4bit)]
+        assert len(layers) == 32 * 7  # q, k, v, o, gate, up, down; lm_head stays bf16->fp32
+        n = sum(m.in_features * m.out_features for m in layers)
+        stored = sum(t.numel() * t.element_size() for m in layers for t in (m.weight, *m.buffers()))
+        assert stored == sum(
+            nf4_bytes(m.in_features * m.out_features, double_quant) for m in layers
+        )
+        assert low <= stored / n <= high
+        assert not any(m.weight.requires_grad for m in layers)
+        # prepare_model_for_kbit_training casts what is not 4-bit to fp32 (embeddings, head).
+        head = w.model.get_output_embeddings()
+        assert head.weight.dtype == torch.float32 and not head.weight.requires_grad
+
+
+def test_qlora_dequantizes_a_transient_weight_per_layer() -> None:
+    w = workload(dtype="bf16", qlora=True, lora=Lora(8))
+    rec, _ = trace(w, StepConfig("adamw", 1), load_profile(None))
+    q_proj = 128 * 128 * 2  # one dequantized bf16 q_proj weight
+    sizes = [e["size"] for e in rec.events if e["kind"] == "alloc"]
+    # forward and backward each dequantize every 4-bit layer: 2 q_proj-sized weights per layer
+    # (q_proj and o_proj share the shape).
+    assert sizes.count(q_proj) >= 2 * 2 * 2
+
+
+@pytest.mark.parametrize(
+    ("regime", "expect"),
+    [
+        ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
+        ({"dtype": "fp16", "amp": "bf16"}, "contradictory"),
+        ({"dtype": "fp8"}, "expected one of"),
+        ({"double_quant": True}, "without --qlora"),
+    ],
+)
+def test_contradictory_regimes_are_refused(regime: dict[str, Any], expect: str) -> None:
+    with pytest.raises(UserError, match=expect):
+        Regime(**regime).validate()
+
+
+def test_lora_targets_that_match_nothing_list_the_modules() -> None:
+    with pytest.raises(UserError, match=r"foo match no module.*q_proj.*v_proj"):
+        workload(lora=Lora(8, targets=("foo", "q_proj")))
+
+
+@pytest.mark.parametrize(
+    ("text", "targets", "dropout", "expect"),
+    [("0", None, None, "positive"), ("a:b", None, None, "R or R:ALPHA"),
+     ("8", " , ", None, "module names"), ("8", None, 1.0, "probability")],
+)  # fmt: skip
+def test_bad_lora_flags(text: str, targets: str | None, dropout: float | None, expect: str) -> None:
+    with pytest.raises(UserError, match=expect):
+        Lora.parse(text, targets, dropout)
+
+
+# --- checkpointing -----------------------------------------------------------------------------
+
+
+def test_checkpointing_orders_activation_memory() -> None:
+    peaks = {}
+    for mode in (None, "selective", "full"):
+        _, _, peaks[mode] = traced(workload(dtype="bf16", seq=128), checkpointing=mode)
+    assert peaks["full"] < peaks["selective"] < peaks[None]
+
+
+def test_checkpointing_of_a_peft_model_reaches_the_base() -> None:
+    none = traced(workload(dtype="bf16", lora=Lora(8), seq=128))[2]
+    full = traced(workload(dtype="bf16", lora=Lora(8), seq=128), checkpointing="full")[2]
+    assert full < none
+
+
+# --- optimizers --------------------------------------------------------------------------------
+
+
+def test_adamw_8bit_state_is_a_byte_per_value_plus_block_constants() -> None:
+    w = workload(dtype="bf16")
+    big = [p.numel() for p in w.model.parameters() if p.numel() >= 4096]
+    small = [p.numel() for p in w.model.parameters() if p.numel() < 4096]
+    cats, _, _ = traced(w, optimizer="adamw-8bit")
+    expect = sum(2 * n + 2 * 4 * -(-n // 256) for n in big) + sum(2 * 4 * n for n in small)
+    assert cats["optimizer_state"] == expect + 2 * 256 * 4  # + the two shared quantization maps
+
+
+def test_paged_optimizer_state_is_reported_outside_the_allocator(capsys: Any) -> None:
+    w = workload("hf:gpt2", batch=1, seq=16, dtype="bf16")
+    big = sum(p.numel() for p in w.model.parameters() if p.numel() >= 100_000)
+    cats, extra, _ = traced(w, optimizer="paged-adamw-8bit", iterations=1)
+    assert extra["paged_optimizer_bytes"] == 2 * big
+    assert cats["optimizer_state"] < 2 * big / 10
+
+
+def test_adafactor_runs_as_transformers_wrote_it() -> None:
+    cats, _, _ = traced(workload(dtype="bf16"), optimizer="adafactor")
+    assert 0 < cats["optimizer_state"] < 2 * 2 * workload(dtype="bf16").details["parameters"]
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def _qkv(heads: int = 8, kv: int = 8, d: int = 64, dtype: torch.dtype = torch.bfloat16) -> Any:
+    q = torch.empty(2, heads, 128, d, device="meta", dtype=dtype, requires_grad=True)
+    k = torch.empty(2, kv, 128, d, device="meta", dtype=dtype, requires_grad=True)
+    return q, k, torch.empty_like(k)
+
+
+@pytest.mark.parametrize(
+    ("case", "cc", "expect"),
+    [
+        ({}, (8, 0), "flash"),
+        ({"kv": 2}, (8, 0), "flash"),  # grouped-query attention runs in flash since 2.5
+        ({"mask": True}, (8, 0), "efficient"),
+        ({"dtype": torch.float32}, (8, 0), "efficient"),
+        ({"d": 264}, (8, 0), "efficient"),  # flash takes head_dim <= 256
+        ({"d": 224}, (8, 6), "efficient"),  # sm86: flash backward refuses head_dim > 192
+        ({"dtype": torch.float16}, (7, 5), "efficient"),  # flash needs sm80
+        ({}, (7, 5), "math"),  # bf16 efficient needs sm80
+        # a mask rules flash out, and efficient needs head_dim % 8 in half precision on sm80
+        ({"d": 62, "mask": True}, (8, 0), "math"),
+    ],
+)
+def test_sdpa_backend_follows_pytorch(
+    case: dict[str, Any], cc: tuple[int, int], expect: str
+) -> None:
+    q, k, v = _qkv(case.get("heads", 8), case.get("kv", 8), case.get("d", 64),
+                   case.get("dtype", torch.bfloat16))  # fmt: skip
+    mask = (
+        torch.empty(2, 1, 128, 128, device="meta", dtype=torch.bool) if case.get("mask") else None
+    )
+    profile = dataclasses.replace(load_profile(None), compute_capability=cc)
+    assert sdpa_backend(q, k, v, mask, False, profile) == expect
+
+
+def test_flash_attention_2_forces_flash_and_needs_half_precision() -> None:
+    _, extra, _ = traced(workload(dtype="bf16", attn="flash_attention_2"))
+    assert set(extra["sdpa_backends"]) == {"flash"}
+    with pytest.raises(UserError, match="flash_attention_2 runs only in fp16/bf16"):
+        traced(workload(attn="flash_attention_2"))
+
+
+def test_causal_lm_loss_upcasts_logits_to_fp32() -> None:
+    w = workload(dtype="bf16", batch=2, seq=64)
+    rec, _ = trace(w, StepConfig("adamw", 1), load_profile(None))
+    fp32_logits = 2 * 64 * 1000 * 4
+    assert any(e["kind"] == "alloc" and e["size"] == fp32_logits for e in rec.events)
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_estimate_json_carries_the_regime_and_model_state_baselines() -> None:
+    done = cli("estimate", "--model", LLAMA, "--batch-size", "2", "--seq-len", "64", "--dtype",
+               "bf16", "--lora", "8", "--optimizer", "adamw", "--memtracker", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    sym = out["estimates"]["symbolic"]
+    for key in ("device_mib", "reserved_mib", "allocated_mib"):
+        assert isinstance(sym[key], float)
+    details = out["inputs"]["model_details"]
+    assert 0 < details["trainable_parameters"] < details["parameters"]
+    for name in ("accelerate", "deepspeed", "memtracker"):
+        assert out["estimates"][name]["role"] == "baseline", name
+        assert out["estimates"][name]["ignores"]
+    params = details["parameters"]
+    assert out["estimates"]["deepspeed"]["device_mib"] == pytest.approx(20 * params / 2**20)
+    assert out["estimates"]["accelerate"]["device_mib"] == pytest.approx(4 * 2 * params / 2**20)
+
+
+def test_memtracker_agrees_with_the_plain_trace_on_live_bytes() -> None:
+    """PyTorch's MemTracker and memtrace's recorder count the same live tensors of the same
+    steps: the peaks agree within MemTracker's 512-byte storage rounding plus 2%."""
+    from memtrace_trainer.baselines import memtracker
+    from memtrace_trainer.symtrace.tracer import trace as run_trace
+
+    for regime in ({"dtype": "bf16"}, {"dtype": "bf16", "lora": Lora(8)}):
+        seen: dict[str, int] = {}
+
+        def run(regime: dict[str, Any] = regime, seen: dict[str, int] = seen) -> None:
+            rec, _ = run_trace(workload(**regime), StepConfig("adamw", 2, cuda_emulation=False),
+                               load_profile(None))  # fmt: skip
+            seen["peak"] = summarize(rec.events).peak_live_bytes
+
+        tracked = memtracker(run)["device_mib"] * 2**20
+        assert abs(tracked - seen["peak"]) / seen["peak"] < 0.02, (regime, tracked, seen)
+
+
+def test_bad_flags_exit_2_with_the_reason() -> None:
+    for args, expect in (
+        (["--dtype", "bf16", "--amp", "fp16"], "contradictory"),
+        (["--lora-targets", "q_proj"], "needs --lora R"),
+        (["--lora", "8", "--lora-targets", "nope"], "nope match no module"),
+        (["--qlora-double-quant"], "without --qlora"),
+    ):
+        done = cli(
+            "estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16", *args, check=False
+        )
+        assert done.returncode == 2 and expect in done.stderr, (args, done.stderr)
+
+
+def test_task_and_attn_warn_on_models_they_do_not_shape(tmp_path: Path) -> None:
+    done = cli("symtrace", "--model", "torchvision:resnet18", "--batch-size", "1", "--task",
+               "causal-lm", "--out", str(tmp_path / "t.jsonl"), "--no-cuda-emulation")  # fmt: skip
+    assert done.returncode == 0 and "--task causal-lm has no effect" in done.stderr
+
+
+def test_max_seq_fits_by_estimate_and_the_next_step_does_not() -> None:
+    args = ["--model", LLAMA, "--dtype", "bf16", "--profile", "a100-40gb", "--capacity", "1600MiB",
+            "--multiple-of", "256", "--limit", "16384"]  # fmt: skip
+    done = cli("max-seq", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    best = out["max_seq_len"]
+    assert best % 256 == 0 and 0 < best < 16384
+    probes = {p["seq_len"]: p["fits"] for p in out["probes"]}
+    assert probes[best] and not probes[best + 256]
+    est = cli("estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", str(best), "--dtype",
+              "bf16", "--capacity", "1600MiB")  # fmt: skip
+    assert est.returncode == 0, est.stderr
+
+
+def test_hf_models_lists_every_known_id() -> None:
+    done = cli("hf-models", "--json")
+    assert done.returncode == 0
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["id"] for r in rows] == hf.known_ids()
+    assert {"llama", "mistral", "qwen2", "gemma", "phi3", "falcon", "gpt2", "bert", "t5"} <= {
+        r["model_type"] for r in rows
+    }
