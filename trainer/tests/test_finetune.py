@@ -372,3 +372,37 @@ def test_hf_models_lists_every_known_id() -> None:
     assert {"llama", "mistral", "qwen2", "gemma", "phi3", "falcon", "gpt2", "bert", "t5"} <= {
         r["model_type"] for r in rows
     }
+
+
+def _families() -> dict[str, str]:
+    first: dict[str, str] = {}
+    for repo_id in hf.known_ids():
+        first.setdefault(hf.resolve(repo_id).config["model_type"], repo_id)
+    return first
+
+
+# peft has no default LoRA targets for these: the test names them, as a user must.
+TARGETS = {"mixtral": ("q_proj", "v_proj"), "phi3": ("qkv_proj",)}
+
+
+@pytest.mark.parametrize(("model_type", "repo_id"), sorted(_families().items()))
+def test_every_family_trains_with_lora_and_checkpointing(
+    tmp_path: Path, model_type: str, repo_id: str
+) -> None:
+    """Each family in the registry, cut to one layer, through the tracer with LoRA and full
+    checkpointing in pure bf16: its own attention, loss and checkpointing code runs."""
+    config = dict(hf.resolve(repo_id).config)
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"):
+        if key in config:
+            config[key] = 1
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    w = workload(
+        f"hf-config:{path}", 1, 32, dtype="bf16", lora=Lora(8, targets=TARGETS.get(model_type))
+    )
+    assert 0 < w.details["trainable_parameters"] < w.details["parameters"] / 10
+    trainable = [p for p in w.model.parameters() if p.requires_grad]
+    cats, _, _ = traced(w, checkpointing="full")
+    # AdamW's two moments in each trainable parameter's dtype: fp32 adapters, and for
+    # classifiers peft's trainable copy of the head (modules_to_save) in the model's bf16.
+    assert cats["optimizer_state"] == sum(2 * p.numel() * p.element_size() for p in trainable)

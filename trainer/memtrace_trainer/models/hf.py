@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.notes import warn
 
 REGISTRY = Path(__file__).with_name("hf_configs")
 TASKS = ("causal-lm", "classification", "seq2seq")
@@ -164,19 +165,36 @@ def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Modul
         if getattr(config, "pad_token_id", None) is None:
             eos = getattr(config, "eos_token_id", None)
             config.pad_token_id = (eos[0] if isinstance(eos, list) else eos) or 0
-    attn = opts.attn or "sdpa"
-    if attn not in ATTENTION:
-        raise UserError(f"--attn {attn!r}: expected one of {', '.join(ATTENTION)}")
+    if opts.attn is not None and opts.attn not in ATTENTION:
+        raise UserError(f"--attn {opts.attn!r}: expected one of {', '.join(ATTENTION)}")
     auto = getattr(transformers, _AUTO[task])
+    # No --attn: transformers' own default (sdpa where the model supports it, else eager).
     # flash_attention_2 needs the flash-attn package and a GPU; its memory is SDPA's flash
     # kernel's (the tracer forces that backend), so the model is built with sdpa.
-    impl = "sdpa" if attn == "flash_attention_2" else attn
+    kwargs: dict[str, Any] = {}
+    if opts.attn is not None:
+        kwargs["attn_implementation"] = "sdpa" if opts.attn == "flash_attention_2" else opts.attn
     try:
         with device:
-            model = auto.from_config(config, dtype=opts.dtype, attn_implementation=impl)
+            model = auto.from_config(config, dtype=opts.dtype, **kwargs)
     except ValueError as e:
-        raise UserError(f"{spec.name}: transformers cannot build it for --task {task} ({e})") from e
+        what = f"--attn {opts.attn}" if opts.attn else f"--task {task}"
+        raise UserError(f"{spec.name}: transformers cannot build it with {what} ({e})") from e
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if isinstance(experts, int) and experts > 1:
+        warn(
+            f"{spec.name} is a mixture of {experts} experts: the tracer's device has no values "
+            "to route tokens by, so every expert processes every routed token (an upper bound on "
+            "the experts' activations, by up to the number of experts over top-k); parameters, "
+            "gradients and optimizer state are exact"
+        )
     return model, config, task
+
+
+def attention_of(model: nn.Module) -> str:
+    """The attention implementation transformers settled on."""
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "sdpa")
 
 
 def batch_maker(config: Any, task: str, batch: int, seq: int, device: torch.device) -> Any:

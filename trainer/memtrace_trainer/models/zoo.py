@@ -117,7 +117,10 @@ def _hf(
     model = finetune.apply(model, tune.regime, task, config.model_type)
     w = Workload(spec, model, hf.batch_maker(config, task, batch, seq, device), hf.model_loss,
                  batch, config.model_type, defaults)  # fmt: skip
-    w.details = {"task": task, "attn": tune.attn or "sdpa", "source": hfspec.source,
+    attn = tune.attn or hf.attention_of(model)
+    if tune.attn is None:
+        defaults["attn"] = {"value": attn, "why": "transformers' default for this model"}
+    w.details = {"task": task, "attn": attn, "source": hfspec.source,
                  **finetune.summary(model)}  # fmt: skip
     return w
 

@@ -10,6 +10,7 @@ meta does not have, when the program reads them back, are stand-ins: 0/False fro
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -285,6 +286,14 @@ class CudaShim:
         self._patch(nn.Module, "compile", lambda module, *a, **k: _eager_compile(module))
         self._patch(c.memory, "_record_memory_history", lambda *a, **k: None)
         self._patch(c.memory, "_dump_snapshot", lambda *a, **k: None)
+        # transformers decides whether a batch is packed (several sequences per row) by reading
+        # position_ids' values when no attention mask and no cache are given (gradient
+        # checkpointing turns the cache off); meta has no values, and the bool stand-in would
+        # call every batch packed and build a 4-D mask. A traced batch is taken as unpacked,
+        # which is what position_ids=None (arange per row) means.
+        masking = sys.modules.get("transformers.masking_utils")
+        if masking is not None and hasattr(masking, "find_packed_sequence_indices"):
+            self._patch(masking, "find_packed_sequence_indices", lambda position_ids: None)
         return self
 
     def __exit__(self, *exc: object) -> None:
