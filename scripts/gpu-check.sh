@@ -15,7 +15,9 @@
 # writer is tested on fake measurements in tests/test_gpu_profile_writer.py.
 #
 # On a GPU it also runs the step-function examples of trainer/tests/step_examples.py on the
-# device and compares their peaks with the symbolic trace's replay (scripts/gpu/steps_check.py).
+# device and compares their peaks with the symbolic trace's replay (scripts/gpu/steps_check.py),
+# and trains five small LLM fine-tunes (LoRA, pure bf16, checkpointing) beside their estimates
+# (scripts/gpu/finetune_check.py; the GPU machine needs transformers, peft and accelerate).
 #
 # The dry run builds the shim tests' stub libcudart.so.13 / libcuda.so.1, a stub libcupti.so.13
 # next to them, and a stand-in libc10_cuda.so through which the dry-run job allocates (so the
@@ -122,6 +124,10 @@ else
     PYTHONPATH=trainer${PYTHONPATH:+:$PYTHONPATH} timeout 300 "$PY" scripts/gpu/steps_check.py \
       --memsim "$MEMSIM" --out "$PROF/steps" || { echo "gpu-check: step functions missed" >&2; status=1; }
   fi
+  # LLM fine-tunes (issue 15): LoRA, pure bf16, full and selective checkpointing, measured on the
+  # GPU with the estimate's own model code, beside `estimate --json`.
+  PYTHONPATH=trainer${PYTHONPATH:+:$PYTHONPATH} timeout 420 "$PY" scripts/gpu/finetune_check.py \
+    --out "$PROF/finetune" || { echo "gpu-check: fine-tune estimates missed" >&2; status=1; }
 fi
 echo "gpu-check: $(( $(date +%s) - start )) s, results in $OUT"
 exit $status
