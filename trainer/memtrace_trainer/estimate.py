@@ -7,6 +7,7 @@ for its contract.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,7 +88,7 @@ class ModelJob:
         """The symbolic trace (`emulate`), or the plain one: one step unless `all_steps`."""
         s = self.step
         steps = s.iterations if emulate or all_steps else 1
-        cfg = StepConfig(s.optimizer, steps, s.amp, s.checkpointing, s.grad_accum, emulate)
+        cfg = dataclasses.replace(s, iterations=steps, cuda_emulation=emulate)
         trace_to_file(self.workload_for(), cfg, prof, out)
 
     def inputs(self) -> dict[str, Any]:
@@ -100,6 +101,8 @@ class ModelJob:
             "grad_accum": s.grad_accum,
             "iterations": s.iterations,
             "model_details": self.first.details,
+            "world_size": s.world_size,
+            "strategy": s.strategy,
             "defaults": {
                 **self.first.defaults,
                 "iterations": {"value": s.iterations, "why": "traced training iterations"},

@@ -406,3 +406,65 @@ def test_every_family_trains_with_lora_and_checkpointing(
     # AdamW's two moments in each trainable parameter's dtype: fp32 adapters, and for
     # classifiers peft's trainable copy of the head (modules_to_save) in the model's bf16.
     assert cats["optimizer_state"] == sum(2 * p.numel() * p.element_size() for p in trainable)
+
+
+# --- sharded training, one rank (issue 16, FSDP2 first) ----------------------------------------
+
+
+def _chunk_rows(rows: int, world: int) -> int:
+    """Rows of rank 0's chunk: torch.chunk's ceil(rows / world)."""
+    return -(-rows // world)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_fsdp2_rank_holds_its_shard_of_parameters_gradients_and_state(world: int) -> None:
+    w = workload(dtype="bf16")
+    expect = sum(
+        _chunk_rows(p.shape[0], world) * (p.numel() // p.shape[0]) * p.element_size()
+        for p in w.model.parameters()
+    )
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="fsdp2", world_size=world),
+                       load_profile(None))  # fmt: skip
+    cats = summarize(rec.events).bytes_by_category
+    d = extra["distributed"]
+    assert d["local_parameter_bytes"] == expect  # padding included: rank 0 has ceil(rows / N)
+    assert cats["parameter"] == expect
+    assert cats["optimizer_state"] == 2 * expect  # bf16 moments of the local shard
+    assert cats["gradient"] == 2 * expect  # one sharded gradient per step, two steps
+    # FSDP2's all-gather and reduce-scatter run on their own streams, which the trace carries.
+    streams = {e.get("stream", 0) for e in rec.events if e["kind"] == "alloc"}
+    assert len(streams) >= 2
+
+
+def test_fsdp2_all_gathers_one_unit_at_a_time_within_the_full_model() -> None:
+    """With more ranks the peak falls, but never below the largest unit's full parameters:
+    FSDP2 all-gathers each block's parameters before its forward."""
+    peaks = {}
+    for world in (1, 2, 8):
+        rec, _ = trace(workload(dtype="bf16", seq=16),
+                       StepConfig("adamw", 2, strategy="fsdp2", world_size=world),
+                       load_profile(None))  # fmt: skip
+        peaks[world] = summarize(rec.events).peak_live_bytes
+    assert peaks[8] < peaks[2] < peaks[1]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expect"),
+    [
+        ({"world_size": 4}, "--world-size needs --strategy"),
+        ({"strategy": "ddp", "world_size": 2}, "not built yet"),
+        ({"strategy": "fsdp2", "world_size": 0}, "expected a positive number of ranks"),
+        ({"strategy": "fsdp2"}, "expected a positive number of ranks"),
+    ],
+)
+def test_bad_distributed_settings(cfg: dict[str, Any], expect: str) -> None:
+    with pytest.raises(UserError, match=expect):
+        StepConfig(**cfg).validate()
+
+
+def test_estimate_reports_the_rank() -> None:
+    done = cli("estimate", "--model", LLAMA, "--batch-size", "2", "--seq-len", "32", "--dtype",
+               "bf16", "--strategy", "fsdp2", "--world-size", "4", "--json")  # fmt: skip
+    out = json.loads(done.stdout)
+    assert out["inputs"]["strategy"] == "fsdp2" and out["inputs"]["world_size"] == 4
+    assert any("NCCL" in w for w in out["warnings"])

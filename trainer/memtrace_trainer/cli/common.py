@@ -87,6 +87,14 @@ def step_args(p: argparse.ArgumentParser) -> None:
         help=f"training steps traced (default {STEP_FN_STEPS} with --step, {MODEL_STEPS} "
         "otherwise, the setting the profiles are calibrated with)",
     )
+    p.add_argument(
+        "--strategy",
+        choices=["fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2",
+                 "zero3"],
+        help="sharded training, per rank (with --world-size): fsdp2 is PyTorch's fully_shard "
+        "per block under a fake process group; the others are not built yet",
+    )  # fmt: skip
+    p.add_argument("--world-size", type=int, help="ranks of the sharded job (with --strategy)")
 
 
 def finetune_args(p: argparse.ArgumentParser) -> None:
@@ -212,7 +220,7 @@ STEP_FN_HELP = (
 LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
               "num_classes", "batch_size", "dtype", "task", "attn", "lora", "lora_targets",
               "lora_dropout", "qlora", "qlora_double_quant", "kbit_prepare",
-              "bnb_version")  # fmt: skip
+              "bnb_version", "world_size", "strategy")  # fmt: skip
 
 
 def resolve_steps(args: dict[str, Any]) -> int:
@@ -294,6 +302,8 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
         args.get("checkpointing") or None,
         args.get("grad_accum") or 1,
         emulate,
+        args.get("world_size"),
+        args.get("strategy"),
     )
     cfg.validate()
     return cfg

@@ -156,6 +156,9 @@ class _Stream:
         _Stream._next_id += 1
         self.stream_id = _Stream._next_id
         self.device = META
+        # What torch.Stream carries, for code that passes them on (FSDP's stream records).
+        self.device_index = 0
+        self.device_type = 1  # c10::DeviceType::CUDA
 
     def wait_stream(self, stream: Any) -> None:
         pass

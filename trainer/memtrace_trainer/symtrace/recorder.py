@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 Event = dict[str, Any]
@@ -117,7 +117,12 @@ class Recorder(TorchDispatchMode):
 
     # --- storages -----------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None) -> int | None:
-        """The synthetic address of a meta tensor's storage, recording its allocation when new."""
+        """The synthetic address of a meta tensor's storage, recording its allocation when new.
+        A wrapper subclass (a DTensor) owns no device memory of its own: its inner tensors (the
+        local shard) are what is allocated, and they are tracked instead."""
+        if is_traceable_wrapper_subclass(tensor):
+            addrs = [self.track(inner, category) for inner in _inner(tensor)]
+            return next((a for a in addrs if a is not None), None)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
             return None
         storage = tensor.untyped_storage()
@@ -132,10 +137,29 @@ class Recorder(TorchDispatchMode):
         return addr
 
     def _hold(self, storage: Any, addr: int, size: int) -> None:
-        # A block is freed when the last storage standing for it dies (see `alias`).
-        storage._memtrace = (self._token, addr)  # type: ignore[attr-defined]
+        # A block is freed when the last storage standing for it dies (see `alias`), or when
+        # the storage is resized away (`resized`); `held` says which came first.
+        held = [True]
+        storage._memtrace = (self._token, addr, held, size)  # type: ignore[attr-defined]
         self._holders[addr] = self._holders.get(addr, 0) + 1
-        weakref.finalize(storage, self._release, addr, size)
+        weakref.finalize(storage, self._release_held, held, addr, size)
+
+    def _release_held(self, held: list[bool], addr: int, size: int) -> None:
+        if held[0]:
+            held[0] = False
+            self._release(addr, size)
+
+    def resized(self, storage: Any, new_size: int) -> None:
+        """`UntypedStorage.resize_` on a meta storage (FSDP frees and refills its unsharded
+        parameters this way, `resize_(0)` and `resize_(n)`): the old block is given back and a
+        new one of `new_size` bytes taken, as the caching allocator sees a free and a malloc."""
+        known = getattr(storage, "_memtrace", None)
+        if known is not None and known[0] is self._token:
+            _, addr, held, size = known
+            storage._memtrace = None
+            self._release_held(held, addr, size)
+        if new_size > 0 and self.active:
+            self._hold(storage, self.alloc(new_size, self.category), new_size)
 
     def _release(self, addr: int, size: int) -> None:
         self._holders[addr] -= 1
@@ -160,6 +184,8 @@ class Recorder(TorchDispatchMode):
 
     def address(self, tensor: torch.Tensor) -> int | None:
         """The address of an already tracked tensor, without recording anything."""
+        if is_traceable_wrapper_subclass(tensor):
+            return next((a for a in map(self.address, _inner(tensor)) if a is not None), None)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
             return None
         known = getattr(tensor.untyped_storage(), "_memtrace", None)
@@ -208,3 +234,26 @@ class Recorder(TorchDispatchMode):
     def finish(self) -> None:
         """Stop recording: later frees belong to the tracer's teardown, not the step."""
         self.active = False
+
+
+@contextlib.contextmanager
+def storage_resizes(rec: Recorder) -> Iterator[None]:
+    """`UntypedStorage.resize_` of meta storages reported to `rec` (it dispatches no op)."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        out = original(storage, size)
+        if storage.device.type == "meta":
+            rec.resized(storage, int(size))
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+def _inner(tensor: Any) -> list[torch.Tensor]:
+    names, _ = tensor.__tensor_flatten__()
+    return [getattr(tensor, n) for n in names]

@@ -3,6 +3,7 @@ live exactly as long as they would on a GPU."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkpointing
+from memtrace_trainer.symtrace.distributed import check as check_distributed
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
@@ -30,6 +32,9 @@ class StepConfig:
     checkpointing: str | None = None
     grad_accum: int = 1
     cuda_emulation: bool = True
+    # Sharded training (symtrace/distributed.py): rank 0 of `world_size` ranks.
+    world_size: int | None = None
+    strategy: str | None = None
 
     def __post_init__(self) -> None:
         # A bool is the older spelling: True is "full".
@@ -46,6 +51,7 @@ class StepConfig:
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
         if self.iterations < 1:
             raise UserError(f"--iterations {self.iterations}: expected at least 1")
+        check_distributed(self.strategy, self.world_size)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
@@ -129,17 +135,30 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
     """Runs `cfg.iterations` training iterations under `rec`; returns what was emulated."""
     cfg.validate()
     made: dict[str, Any] = {}
-    done = run_steps(
-        canned(workload, cfg, rec, made),
-        cfg.iterations,
-        profile,
-        rec,
-        cfg.cuda_emulation,
-        workload.spec,
-        models=[workload.model],
-        force_flash=workload.details.get("attn") == "flash_attention_2",
-    )
+    with contextlib.ExitStack() as world:
+        sharded = None
+        if cfg.strategy is not None:
+            from memtrace_trainer.symtrace.distributed import fake_world, shard
+
+            mesh = world.enter_context(fake_world(cfg.world_size or 1))
+            sharded = shard(workload.model, cfg.strategy, mesh)
+            warn(
+                "NCCL's own communicator buffers (device memory outside PyTorch's allocator) "
+                "are not in this estimate: the profile has no measured term for them yet"
+            )
+        done = run_steps(
+            canned(workload, cfg, rec, made),
+            cfg.iterations,
+            profile,
+            rec,
+            cfg.cuda_emulation,
+            workload.spec,
+            models=[workload.model],
+            force_flash=workload.details.get("attn") == "flash_attention_2",
+        )
     emulated: dict[str, Any] = {"sdpa_backends": done.sdpa_backends}
+    if sharded is not None:
+        emulated["distributed"] = sharded
     paged = paged_bytes(made.get("optimizer"))
     if paged:
         emulated["paged_optimizer_bytes"] = paged

@@ -145,6 +145,10 @@ def metadata(
     for lib in ("uses_gemm", "uses_conv"):
         if lib in extra:
             meta[lib] = str(bool(extra[lib])).lower()
+    if extra.get("distributed"):
+        d = extra["distributed"]
+        for key in ("strategy", "world_size", "rank", "units", "local_parameter_bytes"):
+            meta[key] = str(d[key])
     if extra.get("paged_optimizer_bytes"):
         meta["paged_optimizer_bytes"] = str(extra["paged_optimizer_bytes"])
     if extra.get("sdpa_backends"):

@@ -33,7 +33,7 @@ from torch import nn
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
-from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.symtrace.recorder import Recorder, storage_resizes
 from memtrace_trainer.workload import user_function
 
 StepFn = Callable[[torch.device], Callable[[], Any]]
@@ -88,7 +88,7 @@ class PhaseHooks:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        addr = rec.address(p.grad)
+                        addr = rec.address(_local(p.grad))
                         if addr is not None:
                             rec.recategorize(addr, "gradient")
 
@@ -96,6 +96,7 @@ class PhaseHooks:
             self.optimizer_steps += 1
             for state in optimizer.state.values():
                 for value in state.values():
+                    value = _local(value)
                     addr = rec.address(value) if isinstance(value, torch.Tensor) else None
                     if addr is not None:
                         rec.recategorize(addr, "optimizer_state")
@@ -167,14 +168,22 @@ def new_root_modules(before: set[int]) -> list[nn.Module]:
     return [m for m in new if id(m) not in children]
 
 
+def _local(t: Any) -> Any:
+    """A sharded (DTensor) parameter or gradient's local shard: what this rank stores."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def label_model_state(rec: Recorder, models: list[nn.Module]) -> None:
     """Parameters (tracked now if they predate the trace), buffers and gradients."""
     for m in models:
-        for p in m.parameters():
+        for param in m.parameters():
+            p = _local(param)
             addr = rec.track(p, "parameter")
             if addr is not None:
                 rec.recategorize(addr, "parameter")
-            if p.grad is not None and (g := rec.address(p.grad)) is not None:
+            grad = param.grad if param.grad is not None else p.grad
+            if grad is not None and (g := rec.address(_local(grad))) is not None:
                 rec.recategorize(g, "gradient")
         for b in m.buffers():
             addr = rec.track(b, "other")
@@ -208,7 +217,17 @@ def tracing(
     defaults = cuda_like_optimizer_defaults() if cuda_emulation else contextlib.nullcontext()
     run.hooks = PhaseHooks(rec)
     autocast = Autocast()
-    with autocast, defaults, rec, functions, run.hooks, CudaShim(profile, rec), DeviceMap():
+    resizes = storage_resizes(rec)
+    with (
+        autocast,
+        defaults,
+        rec,
+        resizes,
+        functions,
+        run.hooks,
+        CudaShim(profile, rec),
+        DeviceMap(),
+    ):
         rec.category = "other"
         yield run
         rec.finish()
