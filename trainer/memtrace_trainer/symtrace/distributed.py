@@ -1,8 +1,9 @@
 """One rank of a sharded job, traced with PyTorch's own FSDP2 under a fake process group.
 
 `fake_world(N)` starts PyTorch's `"fake"` backend
-(`torch/testing/_internal/distributed/fake_pg.py`): collectives return at once with outputs of the right shape, so one process runs rank 0's
-program as N ranks would, with no GPU and no network. `shard(model, "fsdp2", mesh)` applies
+(`torch/testing/_internal/distributed/fake_pg.py`): collectives return at once with outputs of
+the right shape, so one process runs rank 0's program as N ranks would, with no GPU and no
+network. `shard(model, "fsdp2", mesh)` applies
 `fully_shard` as FSDP2 recipes do (torchtitan, transformers' FSDP2 plugin): one unit per
 repeated block (a Hugging Face model's `_no_split_modules`, else the tracer's blocks), then the
 root. Everything else (the unit's all-gather buffers, the reduce-scatter, prefetching one unit
