@@ -128,6 +128,10 @@ else
   # GPU with the estimate's own model code, beside `estimate --json`.
   PYTHONPATH=trainer${PYTHONPATH:+:$PYTHONPATH} timeout 420 "$PY" scripts/gpu/finetune_check.py \
     --out "$PROF/finetune" || { echo "gpu-check: fine-tune estimates missed" >&2; status=1; }
+  # NCCL's memory outside the allocator (issue 16): the profile's nccl_* terms, unmeasured until
+  # this runs (one GPU measures the communicator; per-peer buffers need two).
+  timeout 120 "$PY" scripts/gpu/nccl_measure.py --out "$PROF/nccl.json" \
+    || { echo "gpu-check: NCCL measurement failed" >&2; status=1; }
 fi
 echo "gpu-check: $(( $(date +%s) - start )) s, results in $OUT"
 exit $status

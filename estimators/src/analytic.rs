@@ -180,7 +180,7 @@ pub fn analytic(
     let uses_gemm = f.uses_gemm();
     let workspace = if uses_gemm { profile.cublas_workspace_bytes() } else { 0 };
     let reserved = weights + gradients + optimizer_state + activations + amp + workspace;
-    let libs = Libraries { gemm: uses_gemm, conv: f.uses_conv(), source: "features" };
+    let libs = Libraries::single(uses_gemm, f.uses_conv(), "features");
     let device = reserved + outside(profile, "profile", libs).total_bytes;
     AnalyticEstimate {
         weights,

@@ -138,7 +138,7 @@ pub fn evaluate_row(
     // The tracer's workspace allocation is direct evidence of a GEMM; layer types are the fallback.
     let uses_gemm = f.uses_gemm() || matches!(&loaded, Ok((Ok(t), _)) if t.has_workspace());
     // The trace header's libraries win, as in `memest estimate` and `memsim replay`.
-    let fallback = Libraries { gemm: uses_gemm, conv: uses_conv, source: "features" };
+    let fallback = Libraries::single(uses_gemm, uses_conv, "features");
     let libs = match &loaded {
         Ok((Ok(t), _)) => Libraries::of(&t.header, fallback),
         _ => fallback,

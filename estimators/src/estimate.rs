@@ -140,6 +140,8 @@ pub struct OutsideReport {
     pub cublas_mib: f64,
     /// cuDNN.
     pub cudnn_mib: f64,
+    /// NCCL's communicator and peer buffers (jobs of more than one rank).
+    pub nccl_mib: f64,
     /// The sum.
     pub total_mib: f64,
     /// The libraries counted, and where that came from.
@@ -250,8 +252,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     }
     // The trace says which libraries its job loaded; the features are the fallback.
     let fallback = match f {
-        Some(f) => Libraries { gemm: f.uses_gemm() || t.has_workspace(), conv: f.uses_conv(), source: "features" },
-        None => Libraries { gemm: t.has_workspace(), conv: false, source: "trace workspaces" },
+        Some(f) => Libraries::single(f.uses_gemm() || t.has_workspace(), f.uses_conv(), "features"),
+        None => Libraries::single(t.has_workspace(), false, "trace workspaces"),
     };
     let family = f.map(Features::family).or_else(|| t.meta("family").and_then(crate::features::Family::parse));
     let libs = Libraries::of(&t.header, fallback);
@@ -387,6 +389,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             context_mib: mib(o.context_bytes),
             cublas_mib: mib(o.cublas_bytes),
             cudnn_mib: mib(o.cudnn_bytes),
+            nccl_mib: mib(o.nccl_bytes),
             total_mib: mib(o.total_bytes),
             libraries: o.libraries,
             unmeasured: o.unmeasured.clone(),

@@ -70,7 +70,7 @@ fn analytic_terms_by_optimizer_and_precision() {
             e.reserved,
             e.weights + e.gradients + e.optimizer_state + e.activations + amp + p.cublas_workspace_bytes()
         );
-        let libs = simulator::fit::Libraries { gemm: true, conv: false, source: "features" };
+        let libs = simulator::fit::Libraries::single(true, false, "features");
         assert_eq!(e.device, e.reserved + simulator::fit::outside(&p, "p", libs).total_bytes);
     };
     check(Optimizer::Adam, Precision::Fp32, 2, 4, 0);

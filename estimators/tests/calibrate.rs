@@ -42,7 +42,7 @@ fn recovers_known_constants_and_reports_held_out_error() {
     all.extend(runs(40, true, 1250.0));
     let (train, test) = split(&all, 0.25, 3);
     assert_eq!(test.len(), 20);
-    let prior = OutsideAllocator { context_mib: 400.0, cublas_mib: 0.0, cudnn_mib: 0.0 };
+    let prior = OutsideAllocator { context_mib: 400.0, cublas_mib: 0.0, cudnn_mib: 0.0, ..Default::default() };
     let f = fit(&prior, &train, &test, 0.5, 40e9).unwrap();
     assert_eq!((f.outside.context_mib, f.outside.cublas_mib, f.outside.cudnn_mib), (400.0, 600.0, 250.0));
     assert!(f.after.mre.unwrap() < 1e-12);
@@ -62,7 +62,7 @@ fn split_is_by_id_and_disjoint() {
 
 #[test]
 fn nothing_to_fit_is_an_error() {
-    let prior = OutsideAllocator { context_mib: 400.0, cublas_mib: 0.0, cudnn_mib: 0.0 };
+    let prior = OutsideAllocator { context_mib: 400.0, cublas_mib: 0.0, cudnn_mib: 0.0, ..Default::default() };
     let e = fit(&prior, &[], &[], 0.5, 40e9).unwrap_err().to_string();
     assert!(e.contains("nothing to fit"), "{e}");
 }
@@ -71,8 +71,11 @@ fn nothing_to_fit_is_an_error() {
 fn rewritten_profile_loads_with_new_constants() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let o = OutsideAllocator { context_mib: 401.5, cublas_mib: 612.31, cudnn_mib: 77.0 };
-    let text = text + "\n[provenance]\nunmeasured = [\"gpu.sm_count\"]\n";
+    let o = OutsideAllocator { context_mib: 401.5, cublas_mib: 612.31, cudnn_mib: 77.0, ..Default::default() };
+    // The profile's own [provenance] is replaced by one naming another key.
+    let start = text.find("\n[provenance]").expect("the profile has a [provenance] table");
+    let end = text[start + 1..].find("\n[").map_or(text.len(), |i| start + 1 + i);
+    let text = format!("{}{}\n[provenance]\nunmeasured = [\"gpu.sm_count\"]\n", &text[..start], &text[end..]);
     let rows = rows_by_dataset(["mlp-00007", "mlp-00003", "cnn_early-00010", "bad"]);
     let out = rewrite_profile(&text, &o, &[("note".into(), "a \"quoted\" value".into())], &rows);
     let p = Profile::parse(&out, &path).unwrap();
@@ -80,7 +83,17 @@ fn rewritten_profile_loads_with_new_constants() {
     assert_eq!(p.provenance.unmeasured, vec!["gpu.sm_count".to_string()]);
     let ids: Vec<String> = calibrated_ids(&p.calibration).unwrap().into_iter().collect();
     assert_eq!(ids, vec!["cnn_early-00010", "mlp-00003", "mlp-00007"]);
-    assert_eq!(p.outside_allocator, OutsideAllocator { context_mib: 401.5, cublas_mib: 612.3, cudnn_mib: 77.0 });
+    // The fitted terms are rewritten; the NCCL terms, not fitted by calibrate, stay as they were.
+    assert_eq!(
+        p.outside_allocator,
+        OutsideAllocator {
+            context_mib: 401.5,
+            cublas_mib: 612.3,
+            cudnn_mib: 77.0,
+            nccl_communicator_mib: 64.0,
+            nccl_per_peer_mib: 32.0
+        }
+    );
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("a \"quoted\" value"));
     // Rewriting again replaces the [calibration] table rather than appending a second one.
     let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())], &BTreeMap::new());

@@ -20,7 +20,7 @@ fn load(meta: &[(&str, &str)], ops: &[(char, u64, u64)]) -> (tempfile::TempDir, 
 }
 
 fn terms(p: &Profile, gemm: bool, conv: bool) -> Outside {
-    outside(p, "test", Libraries { gemm, conv, source: "test" })
+    outside(p, "test", Libraries::single(gemm, conv, "test"))
 }
 
 fn total(p: &Profile) -> Capacity {

@@ -25,11 +25,19 @@ pub struct Libraries {
     /// Where this came from: `"trace"` (the trace header's `uses_gemm`/`uses_conv`), a caller's
     /// fallback such as `"features"`, or `"unknown"` (only the context is counted).
     pub source: &'static str,
+    /// Ranks of the job (the trace header's `world_size`): above 1, the process holds an NCCL
+    /// communicator whose buffers live outside the allocator.
+    pub ranks: u32,
 }
 
 impl Libraries {
     /// Nothing known: only the context is counted.
-    pub const UNKNOWN: Libraries = Libraries { gemm: false, conv: false, source: "unknown" };
+    pub const UNKNOWN: Libraries = Libraries { gemm: false, conv: false, source: "unknown", ranks: 1 };
+
+    /// Libraries of a single-process job.
+    pub fn single(gemm: bool, conv: bool, source: &'static str) -> Libraries {
+        Libraries { gemm, conv, source, ranks: 1 }
+    }
 
     /// From the trace header's `uses_gemm`/`uses_conv` metadata (written by the symbolic tracer);
     /// `None` when the trace does not say.
@@ -37,13 +45,28 @@ impl Libraries {
         let flag = |k: &str| h.meta(k).map(|v| v == "true");
         match (flag("uses_gemm"), flag("uses_conv")) {
             (None, None) => None,
-            (g, c) => Some(Libraries { gemm: g.unwrap_or(false), conv: c.unwrap_or(false), source: "trace" }),
+            (g, c) => Some(Libraries {
+                gemm: g.unwrap_or(false),
+                conv: c.unwrap_or(false),
+                source: "trace",
+                ranks: Libraries::ranks_of(h),
+            }),
         }
     }
 
-    /// The header's answer, else `fallback`.
+    /// The header's `world_size` (1 when absent or unreadable).
+    pub fn ranks_of(h: &Header) -> u32 {
+        h.meta("world_size").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(1)
+    }
+
+    /// The header's answer, else `fallback` (with the header's ranks).
     pub fn of(h: &Header, fallback: Libraries) -> Libraries {
-        Libraries::from_header(h).unwrap_or(fallback)
+        Libraries::from_header(h).unwrap_or(Libraries { ranks: Libraries::ranks_of(h), ..fallback })
+    }
+
+    /// NCCL peers of one rank: a ring (and tree) connects each rank to at most two others.
+    pub fn nccl_peers(&self) -> u32 {
+        (self.ranks.saturating_sub(1)).min(2)
     }
 }
 
@@ -56,6 +79,8 @@ pub struct Outside {
     pub cublas_bytes: u64,
     /// cuDNN handle and kernel images (when any convolution runs).
     pub cudnn_bytes: u64,
+    /// NCCL's communicator and its per-peer buffers (when the job has more than one rank).
+    pub nccl_bytes: u64,
     /// The sum.
     pub total_bytes: u64,
     /// The libraries the terms were chosen for.
@@ -73,6 +98,7 @@ impl Outside {
             context_bytes: 0,
             cublas_bytes: 0,
             cudnn_bytes: 0,
+            nccl_bytes: 0,
             total_bytes: 0,
             libraries: Libraries::UNKNOWN,
             unmeasured: Vec::new(),
@@ -123,11 +149,15 @@ pub fn outside(profile: &Profile, source: &str, libs: Libraries) -> Outside {
     let context_bytes = term("context_mib", true, o.context_mib);
     let cublas_bytes = term("cublas_mib", libs.gemm, o.cublas_mib);
     let cudnn_bytes = term("cudnn_mib", libs.conv, o.cudnn_mib);
+    let sharded = libs.ranks > 1;
+    let nccl_bytes = term("nccl_communicator_mib", sharded, o.nccl_communicator_mib)
+        + libs.nccl_peers() as u64 * term("nccl_per_peer_mib", sharded, o.nccl_per_peer_mib);
     Outside {
         context_bytes,
         cublas_bytes,
         cudnn_bytes,
-        total_bytes: context_bytes + cublas_bytes + cudnn_bytes,
+        nccl_bytes,
+        total_bytes: context_bytes + cublas_bytes + cudnn_bytes + nccl_bytes,
         libraries: libs,
         unmeasured,
         source: source.to_string(),

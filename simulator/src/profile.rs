@@ -72,7 +72,7 @@ pub struct Software {
 }
 
 /// `[outside_allocator]`, MiB.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutsideAllocator {
     /// CUDA context and runtime.
@@ -83,6 +83,14 @@ pub struct OutsideAllocator {
     /// cuDNN, when any convolution runs.
     #[serde(default)]
     pub cudnn_mib: f64,
+    /// NCCL's communicator (device structures, proxy and kernel state), when the job has more
+    /// than one rank.
+    #[serde(default)]
+    pub nccl_communicator_mib: f64,
+    /// NCCL's buffers per connected peer (`NCCL_BUFFSIZE`, 4 MiB per channel for the Simple
+    /// protocol, times channels, plus the LL/LL128 buffers), when the job has more than one rank.
+    #[serde(default)]
+    pub nccl_per_peer_mib: f64,
 }
 
 /// `[workspace]`.
@@ -202,6 +210,8 @@ pub const MEASURABLE_KEYS: &[&str] = &[
     "outside_allocator.context_mib",
     "outside_allocator.cublas_mib",
     "outside_allocator.cudnn_mib",
+    "outside_allocator.nccl_communicator_mib",
+    "outside_allocator.nccl_per_peer_mib",
     "workspace.cublas_workspace_config",
     "workspace.cublaslt_workspace_kib",
     "workspace.cublaslt_per_call",
@@ -237,6 +247,8 @@ impl Profile {
             ("context_mib", self.outside_allocator.context_mib),
             ("cublas_mib", self.outside_allocator.cublas_mib),
             ("cudnn_mib", self.outside_allocator.cudnn_mib),
+            ("nccl_communicator_mib", self.outside_allocator.nccl_communicator_mib),
+            ("nccl_per_peer_mib", self.outside_allocator.nccl_per_peer_mib),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(format!("outside_allocator.{k} = {v}: expected a finite number of MiB >= 0"));

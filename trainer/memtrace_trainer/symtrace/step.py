@@ -142,10 +142,6 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
 
             mesh = world.enter_context(fake_world(cfg.world_size or 1))
             sharded = shard(workload.model, cfg.strategy, mesh)
-            warn(
-                "NCCL's own communicator buffers (device memory outside PyTorch's allocator) "
-                "are not in this estimate: the profile has no measured term for them yet"
-            )
         done = run_steps(
             canned(workload, cfg, rec, made),
             cfg.iterations,

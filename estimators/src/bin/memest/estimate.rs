@@ -138,13 +138,14 @@ pub fn render(r: &EstimateReport) -> String {
         let _ = writeln!(
             s,
             "  symbolic: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
-             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}; libraries from {})",
+             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}; libraries from {})",
             sym.reserved_mib.unwrap_or(0.0),
             sym.allocated_mib.unwrap_or(0.0),
             o.total_mib,
             o.context_mib,
             o.cublas_mib,
             o.cudnn_mib,
+            o.nccl_mib,
             o.libraries.source
         );
         if let Some(st) = &sym.steps {

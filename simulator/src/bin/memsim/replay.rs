@@ -227,11 +227,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if r.outside.source != "none" {
         let o = &r.outside;
         println!(
-            "  outside allocator   {} (context {}, cuBLAS {}, cuDNN {}; libraries from {})",
+            "  outside allocator   {} (context {}, cuBLAS {}, cuDNN {}, NCCL {}; libraries from {})",
             mib(o.total_bytes),
             mib(o.context_bytes),
             mib(o.cublas_bytes),
             mib(o.cudnn_bytes),
+            mib(o.nccl_bytes),
             o.libraries.source
         );
         println!("  peak device         {} (reserved + outside the allocator)", mib(r.point()));
