@@ -103,6 +103,7 @@ class ModelJob:
             "model_details": self.first.details,
             "world_size": s.world_size,
             "strategy": s.strategy,
+            "distributed": _distributed(s),
             "defaults": {
                 **self.first.defaults,
                 "iterations": {"value": s.iterations, "why": "traced training iterations"},
@@ -248,6 +249,22 @@ def estimate_job(
     return result
 
 
+def _distributed(s: StepConfig) -> dict[str, Any] | None:
+    """What the output says of a sharded job: the rank traced and how the strategy runs."""
+    if s.strategy is None:
+        return None
+    from memtrace_trainer.symtrace.distributed import runs_as
+
+    code, _, note = runs_as(s.strategy)
+    return {
+        "rank": 0,
+        "runs_as": code,
+        "equivalence": note,
+        "ranks": "rank 0 traced; every rank's peak is at most rank 0's (FSDP2 gives rank 0 the "
+        "largest dim-0 chunk of each parameter; DDP ranks are replicas)",
+    }
+
+
 def _memtracker(job: Any, prof: Profile, out: Path) -> tuple[dict[str, Any] | None, str]:
     """PyTorch's MemTracker over the job's plain trace, all its steps; when MemTracker itself
     fails, the baseline is unavailable with its error (the estimate goes on)."""
@@ -281,6 +298,7 @@ def render(result: dict[str, Any]) -> str:
         f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "
         f"{out.get('total_mib', 0):.1f} MiB",
         *_model_lines(result.get("inputs", {}).get("model_details")),
+        *_rank_lines(result.get("inputs", {})),
         *_step_lines(sym.get("steps")),
         f"  (memest: {result['binary']['memest']}, from {result['binary']['source']})",
         "baselines (for comparison, not for decisions):",
@@ -307,6 +325,16 @@ def _model_lines(details: dict[str, Any] | None) -> list[str]:
         f"  model: {details['parameters']:,} parameters ({details['parameter_bytes'] / MIB:.1f} "
         f"MiB), {details['trainable_parameters']:,} trainable{task}"
     ]
+
+
+def _rank_lines(inputs: dict[str, Any]) -> list[str]:
+    d = inputs.get("distributed")
+    if not d:
+        return []
+    lines = [f"  per GPU: rank 0 of {inputs['world_size']} ({inputs['strategy']}); {d['ranks']}"]
+    if d.get("equivalence"):
+        lines.append(f"  emulated: {d['equivalence']}")
+    return lines
 
 
 def _step_lines(steps: dict[str, Any] | None) -> list[str]:

@@ -452,7 +452,8 @@ def test_fsdp2_all_gathers_one_unit_at_a_time_within_the_full_model() -> None:
     ("cfg", "expect"),
     [
         ({"world_size": 4}, "--world-size needs --strategy"),
-        ({"strategy": "ddp", "world_size": 2}, "not built yet"),
+        ({"strategy": "zero1", "world_size": 2}, "not built yet"),
+        ({"strategy": "nope", "world_size": 2}, "expected one of"),
         ({"strategy": "fsdp2", "world_size": 0}, "expected a positive number of ranks"),
         ({"strategy": "fsdp2"}, "expected a positive number of ranks"),
     ],
@@ -470,3 +471,47 @@ def test_estimate_reports_the_rank() -> None:
     # NCCL's buffers are a profile term outside the allocator, flagged while unmeasured.
     assert out["outside_allocator"]["nccl_mib"] == pytest.approx(64.0 + 2 * 32.0)
     assert any("nccl_per_peer_mib is marked unmeasured" in w for w in out["warnings"])
+
+
+def test_ddp_holds_a_bucket_copy_of_every_gradient() -> None:
+    """DDP's defaults (gradient_as_bucket_view=False): flat buckets as large as the parameters,
+    alive for the model's life, beside the separate `.grad` tensors."""
+    w = workload(dtype="bf16")
+    params = w.details["parameter_bytes"]
+    plain = summarize(trace(workload(dtype="bf16"), StepConfig("adamw", 2),
+                            load_profile(None))[0].events)  # fmt: skip
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="ddp", world_size=4), load_profile(None))
+    ddp = summarize(rec.events)
+    assert extra["distributed"]["runs_as"] == "ddp"
+    # What stays: the buckets, covering every parameter (plus alignment).
+    buckets = ddp.end_live_bytes - plain.end_live_bytes
+    assert params <= buckets < params * 1.01
+    # What passes: construction broadcasts the module states as one coalesced flat buffer.
+    other = ddp.bytes_by_category["other"] - plain.bytes_by_category["other"]
+    assert abs(other - buckets - params) <= 1024  # (alignment of the flat buffers)
+    assert ddp.bytes_by_category["gradient"] == plain.bytes_by_category["gradient"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "runs_as"),
+    [("fsdp1", "fsdp2"), ("fsdp1-grad-op", "fsdp2"), ("zero2", "fsdp2"), ("zero3", "fsdp2"),
+     ("fsdp1-no-shard", "ddp")],
+)  # fmt: skip
+def test_emulated_strategies_say_what_runs(strategy: str, runs_as: str) -> None:
+    _, extra = trace(workload(dtype="bf16", seq=16),
+                     StepConfig("adamw", 1, strategy=strategy, world_size=2),
+                     load_profile(None))  # fmt: skip
+    d = extra["distributed"]
+    assert d["runs_as"] == runs_as and d["equivalence"]
+
+
+def test_keeping_parameters_gathered_costs_memory() -> None:
+    """SHARD_GRAD_OP (no reshard after forward) holds every unit's parameters through the
+    forward: a higher peak than FULL_SHARD at the same world size."""
+    peaks = {}
+    for strategy in ("fsdp1", "fsdp1-grad-op"):
+        rec, _ = trace(workload(dtype="bf16", seq=16),
+                       StepConfig("adamw", 2, strategy=strategy, world_size=8),
+                       load_profile(None))  # fmt: skip
+        peaks[strategy] = summarize(rec.events).peak_live_bytes
+    assert peaks["fsdp1-grad-op"] > peaks["fsdp1"]

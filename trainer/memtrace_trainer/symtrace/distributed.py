@@ -37,9 +37,27 @@ from torch import nn
 
 from memtrace_trainer.errors import UserError
 
-STRATEGIES = ("fsdp2",)
+STRATEGIES = ("fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero2", "zero3")
 # Strategies of issue 16 not built yet, refused by name rather than run as something else.
-PLANNED = ("ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2", "zero3")
+PLANNED = ("zero1",)
+# Strategies that run as another's PyTorch code, and what the output says of the difference.
+EQUIVALENT = {
+    "fsdp1": ("fsdp2", True, "FSDP1 FULL_SHARD emulated by FSDP2 with reshard_after_forward=True "
+              "(FSDP1 refuses a CPU mesh): per-parameter dim-0 shards instead of one padded "
+              "FlatParameter per unit, the same gathered and resharded bytes per unit"),
+    "fsdp1-grad-op": ("fsdp2", False, "FSDP1 SHARD_GRAD_OP emulated by FSDP2 with "
+                      "reshard_after_forward=False: parameters stay gathered from forward to "
+                      "backward"),
+    "fsdp1-no-shard": ("ddp", None, "FSDP1 NO_SHARD emulated by DDP (replicated parameters, "
+                       "all-reduced gradients)"),
+    "zero2": ("fsdp2", False, "DeepSpeed ZeRO-2 emulated by FSDP2 with reshard_after_forward="
+              "False: gradients and optimizer state sharded, parameters gathered through forward "
+              "and backward; ZeRO-2 keeps them gathered in the optimizer step too, and its "
+              "reduce buckets (reduce_bucket_size 5e8 elements) are not modelled"),
+    "zero3": ("fsdp2", True, "DeepSpeed ZeRO-3 emulated by FSDP2 (parameters, gradients and "
+              "optimizer state sharded, one unit per block); its prefetch buckets "
+              "(stage3_prefetch_bucket_size 5e7 elements) are FSDP2's one-unit prefetch here"),
+}  # fmt: skip
 META = torch.device("meta")
 
 
@@ -50,8 +68,8 @@ def check(strategy: str | None, world_size: int | None) -> None:
         raise UserError("--world-size needs --strategy (fsdp2)")
     if strategy in PLANNED:
         raise UserError(
-            f"--strategy {strategy}: not built yet (only fsdp2 is traced; DDP, FSDP1 and ZeRO are "
-            "open in issue 16)"
+            f"--strategy {strategy}: not built yet (ZeRO-1 would shard only the optimizer state, "
+            "PyTorch's ZeroRedundancyOptimizer over DDP; zero2 and zero3 are emulated)"
         )
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
@@ -110,12 +128,29 @@ def units(model: nn.Module) -> list[nn.Module]:
     return found or _blocks(model)
 
 
+def runs_as(strategy: str) -> tuple[str, bool | None, str | None]:
+    """(the PyTorch code that runs, FSDP2's reshard_after_forward, the equivalence stated)."""
+    if strategy in EQUIVALENT:
+        return EQUIVALENT[strategy]
+    return strategy, True if strategy == "fsdp2" else None, None
+
+
 def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
-    """`fully_shard` per unit and on the root; returns what the output reports."""
+    """Before the trace: `fully_shard` per unit and on the root for the FSDP2 family (DDP wraps
+    inside the trace, `wrap_ddp`, so its buckets are recorded); returns what the output
+    reports."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
 
     world = mesh.size()
+    code, reshard, note = runs_as(strategy)
+    info: dict[str, Any] = {"strategy": strategy, "runs_as": code, "world_size": world, "rank": 0}
+    if note:
+        info["equivalence"] = note
+    if code == "ddp":
+        full = sum(p.numel() * p.element_size() for p in model.parameters())
+        return {**info, "units": 1, "parameter_bytes": full, "local_parameter_bytes": full,
+                "ranks": "rank 0 traced: DDP ranks hold the same replicas and buckets"}  # fmt: skip
     for p in model.parameters():
         if p.dim() == 0 and world > 1:
             raise UserError(
@@ -124,8 +159,8 @@ def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
             )
     blocks = units(model)
     for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=bool(reshard))
+    fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard))
     for m in model.modules():
         if isinstance(m, FSDPModule):
             group = m._get_fsdp_state()._fsdp_param_group
@@ -137,12 +172,56 @@ def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     return {
-        "strategy": strategy,
-        "world_size": world,
-        "rank": 0,
+        **info,
         "units": len(blocks) + 1,
         "parameter_bytes": full,
         "local_parameter_bytes": local,
         "ranks": "rank 0 traced: FSDP2 gives rank 0 the largest dim-0 chunk of every parameter, "
         "so its peak bounds every rank's",
     }
+
+
+def wrap_ddp(model: nn.Module) -> nn.Module:
+    """`DistributedDataParallel` with its defaults (bucket_cap_mb 25, a smaller first bucket,
+    gradient_as_bucket_view=False: each gradient is copied into its flat bucket), built inside
+    the trace so the buckets are recorded. Bridged, as the fake process group needs:
+    - the shape check across ranks (`_verify_param_shape_across_processes`) reads values: the
+      ranks are one program, so it is skipped;
+    - the all-reduce is a comm hook returning the bucket itself, as NCCL's all-reduce works in
+      place in it (the fake group's future carries no tensor);
+    - the bucket rebuild after the first iteration reads the recorded gradient order back from
+      the device; it is not run, so buckets keep their construction order (the same bytes; the
+      rebuild's brief overlap of old and new buckets at the second step is not modelled)."""
+    import torch.nn.parallel.distributed as ddp_module
+    from torch.nn.parallel import DistributedDataParallel
+
+    saved = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    try:
+        wrapped = DistributedDataParallel(model)
+    finally:
+        ddp_module._verify_param_shape_across_processes = saved
+
+    # No annotations on the hook: DDP checks that a `bucket` annotation is `dist.GradBucket`.
+    wrapped.register_comm_hook(None, lambda state, bucket: _done(bucket.buffer()))
+    wrapped.reducer = _NoRebuild(wrapped.reducer)
+    return wrapped
+
+
+def _done(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+class _NoRebuild:
+    """DDP's reducer with `_rebuild_buckets` answering "nothing rebuilt"."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False

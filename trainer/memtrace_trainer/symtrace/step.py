@@ -16,6 +16,7 @@ from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkpointing
 from memtrace_trainer.symtrace.distributed import check as check_distributed
+from memtrace_trainer.symtrace.distributed import runs_as, wrap_ddp
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
@@ -98,6 +99,8 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
     def make(device: torch.device) -> Any:
         model = workload.model
         params, optimizer = prepare(model, cfg.optimizer, cfg.checkpointing)
+        if cfg.strategy is not None and runs_as(cfg.strategy)[0] == "ddp":
+            model = wrap_ddp(model)
         scaler = GradScaler() if cfg.amp == "fp16" else None
         amp = AMP[cfg.amp] if cfg.amp else None
         # A loop's variables live until reassigned in the next iteration, after the new value

@@ -147,7 +147,7 @@ def metadata(
             meta[lib] = str(bool(extra[lib])).lower()
     if extra.get("distributed"):
         d = extra["distributed"]
-        for key in ("strategy", "world_size", "rank", "units", "local_parameter_bytes"):
+        for key in ("strategy", "runs_as", "world_size", "rank", "units", "local_parameter_bytes"):
             meta[key] = str(d[key])
     if extra.get("paged_optimizer_bytes"):
         meta["paged_optimizer_bytes"] = str(extra["paged_optimizer_bytes"])
