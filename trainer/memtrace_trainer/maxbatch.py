@@ -213,3 +213,52 @@ def max_batch(
         "memsim": {"path": str(memsim.path), "source": memsim.source},
         "seconds": time.perf_counter() - started,
     }
+
+
+def min_world_size(
+    trace_at: Callable[[int, Profile, Path], dict[str, Any]],
+    sizes: list[int],
+    profile: str,
+    capacity: str | None,
+    point: bool = False,
+) -> dict[str, Any]:
+    """The smallest of `sizes` (ascending) at which rank 0's need fits: each probe traces the
+    job at that world size and replays it with `memsim replay`, the fit check of `estimate`.
+    Probing stops at the first fit; sizes where the strategy cannot run are reported, not
+    skipped silently."""
+    memsim = find_binary("memsim")
+    prof = load_profile(profile)
+    started = time.perf_counter()
+    probes: list[dict[str, Any]] = []
+    defaults: dict[str, Any] = {}
+    best = None
+    with tempfile.TemporaryDirectory(prefix="memtrace-minworld-") as tmp:
+        for world in sizes:
+            t = time.perf_counter()
+            path = Path(tmp) / f"w{world}.jsonl"
+            defaults.update(trace_at(world, prof, path))
+            result = _replay(memsim, path, prof.path, capacity, point)
+            for w in result.pop("warnings"):
+                warn(w)
+            probes.append({"world_size": world, **result, "seconds": time.perf_counter() - t})
+            print(
+                f"min-world-size: {world} ranks: needs {result['need_bytes'] / MIB:.1f} MiB per "
+                "GPU: " + ("fits" if result["fits"] else "does not fit"),
+                file=sys.stderr,
+            )
+            if result["fits"]:
+                best = world
+                break
+    last = probes[-1]
+    return {
+        "profile": profile,
+        "capacity_bytes": last["capacity"],
+        "capacity_source": last["capacity_source"],
+        "min_world_size": best,
+        "need_bytes": last["need_bytes"] if best else None,
+        "basis": last["basis"],
+        "probes": probes,
+        "defaults": defaults,
+        "memsim": {"path": str(memsim.path), "source": memsim.source},
+        "seconds": time.perf_counter() - started,
+    }

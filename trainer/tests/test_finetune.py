@@ -515,3 +515,33 @@ def test_keeping_parameters_gathered_costs_memory() -> None:
                        load_profile(None))  # fmt: skip
         peaks[strategy] = summarize(rec.events).peak_live_bytes
     assert peaks["fsdp1-grad-op"] > peaks["fsdp1"]
+
+
+def test_min_world_size_fits_by_estimate_and_the_next_smaller_does_not() -> None:
+    # A 1B model: its 9 GiB of bf16 weights, gradients and AdamW state dominate, so sharding it
+    # beats the NCCL buffers a second rank adds.
+    args = ["--model", "hf:meta-llama/Llama-3.2-1B", "--batch-size", "1", "--seq-len", "32",
+            "--dtype", "bf16", "--optimizer", "adamw", "--strategy", "fsdp2", "--profile",
+            "a100-40gb"]  # fmt: skip
+    # A capacity between the 1-rank and the 4-rank need, from estimates at those sizes.
+    need = {}
+    for world in (1, 4):
+        out = json.loads(cli("estimate", *args, "--world-size", str(world), "--point",
+                             "--json").stdout)  # fmt: skip
+        need[world] = out["verdict"]["need_mib"]
+    assert need[4] < need[1]
+    cap = f"{(need[1] + need[4]) / 2:.0f}MiB"
+    done = cli("min-world-size", *args, "--capacity", cap, "--point", "--world-sizes", "1,2,4",
+               "--json", check=False)  # fmt: skip
+    out = json.loads(done.stdout)
+    best = out["min_world_size"]
+    assert best in (2, 4) and done.returncode == 0
+    fits = {p["world_size"]: p["fits"] for p in out["probes"]}
+    assert fits[best] and not fits[1]
+
+
+def test_min_world_size_refuses_bad_sizes() -> None:
+    for sizes, expect in (("4,2", "ascending"), ("a", "integers"), ("0,1", "positive")):
+        done = cli("min-world-size", "--model", LLAMA, "--batch-size", "1", "--strategy", "fsdp2",
+                   "--profile", "a100-40gb", "--world-sizes", sizes, check=False)  # fmt: skip
+        assert done.returncode == 2 and expect in done.stderr, done.stderr

@@ -33,6 +33,7 @@ commands:
              with the baselines beside it (symbolic trace -> memest estimate)
   max-batch  the largest batch that fits a GPU (symbolic traces + memsim replay)
   max-seq    the longest sequence that fits a GPU at a fixed batch (token models)
+  min-world-size  the fewest GPUs a sharded job (--strategy) fits on, per rank
   hf-models  the Hugging Face repo ids `--model hf:REPO_ID` knows (built from published configs)
   fake-tensor  the FakeTensor baseline: forward+backward live storage peak (GPUMemNet's method)
   kernel-stats  kernel statistics of one training step estimated on meta (FLOPs, grids,

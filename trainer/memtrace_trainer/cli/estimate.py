@@ -164,11 +164,34 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     q.add_argument("--limit", type=int, default=131072, help="longest sequence tried (131072)")
     q.add_argument("--json", action="store_true", help="print JSON")
+    n = sub.add_parser(
+        "min-world-size",
+        help="fewest GPUs a sharded job fits on, per-GPU need from rank 0's trace",
+        description="Traces the job at each world size of --world-sizes (ascending) with "
+        "--strategy, and checks rank 0 with `memsim replay --profile P --capacity C`, the fit "
+        "check of `estimate`; stops at the first that fits. Exit status 0, or 1 when none fits.",
+    )
+    nsrc = n.add_mutually_exclusive_group(required=True)
+    nsrc.add_argument("--model", help="model spec")
+    nsrc.add_argument("--entry", metavar="MOD:FN", help="package.module:function (see README)")
+    shape_args(n)
+    n.add_argument("--batch-size", type=int, required=True, help="samples per step per GPU")
+    step_args(n)
+    finetune_args(n)
+    n.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
+    _capacity_arg(n)
+    n.add_argument(
+        "--world-sizes",
+        default="1,2,4,8,16,32,64,128,256,512",
+        help="world sizes to try, ascending (default powers of two to 512)",
+    )
+    n.add_argument("--json", action="store_true", help="print JSON")
     return {
         "fake-tensor": _fake_tensor,
         "estimate": _estimate,
         "max-batch": _max_batch,
         "max-seq": _max_seq,
+        "min-world-size": _min_world_size,
     }
 
 
@@ -308,6 +331,60 @@ def _max_seq(args: argparse.Namespace) -> int:
         f"{result['max_seq_len']} tokens{more}; needs {result['need_bytes'] / MIB:.1f} MiB there "
         f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
+        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
+    )
+    return code
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--world-sizes {text!r}: expected integers like 1,2,4,8") from None
+    if not sizes or any(v < 1 for v in sizes) or sizes != sorted(set(sizes)):
+        raise UserError(f"--world-sizes {text!r}: expected positive integers, ascending")
+    return sizes
+
+
+def _min_world_size(args: argparse.Namespace) -> int:
+    from memtrace_trainer.maxbatch import min_world_size
+    from memtrace_trainer.symtrace.tracer import trace_to_file
+
+    if args.strategy is None:
+        raise UserError("min-world-size needs --strategy (fsdp2, ddp, ...): how the job shards")
+    if args.world_size is not None:
+        raise UserError("min-world-size searches the world size: give --world-sizes, not "
+                        "--world-size")  # fmt: skip
+    sizes = _world_sizes(args.world_sizes)
+    build = _workloads(args)
+    values = vars(args)
+
+    def trace_at(world: int, prof: Any, path: Path) -> dict[str, Any]:
+        cfg = step_config(values | {"world_size": world}, resolve_steps(values))
+        workload = build(args.batch_size)
+        trace_to_file(workload, cfg, prof, path)
+        return workload.defaults
+
+    result = min_world_size(trace_at, sizes, args.profile, args.capacity, args.point)
+    result["model"] = args.model or args.entry
+    result["strategy"] = args.strategy
+    result["warnings"] = notes.collected()
+    code = 0 if result["min_world_size"] else 1
+    if args.json:
+        print(json.dumps(result))
+        return code
+    print_defaults(result["defaults"], None)
+    cap = result["capacity_bytes"] / MIB
+    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
+    where = f"{cap:.1f} MiB per GPU ({src}, profile {args.profile})"
+    if not result["min_world_size"]:
+        print(f"{result['model']} ({args.strategy}): does not fit on {where} at any of "
+              f"{args.world_sizes} ranks")  # fmt: skip
+        return code
+    print(
+        f"{result['model']} ({args.strategy}, batch {args.batch_size} per GPU): fits on "
+        f"{result['min_world_size']} GPUs of {where}; rank 0 needs "
+        f"{result['need_bytes'] / MIB:.1f} MiB ({result['basis']}); "
         f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )
     return code
