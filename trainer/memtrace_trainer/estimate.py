@@ -115,15 +115,16 @@ class StepJob:
     """A user's step function (`--step MOD:FN`): their loop, as written; no layer list, so the
     feature baselines are unavailable."""
 
-    def __init__(self, spec: str, steps: int) -> None:
+    def __init__(self, spec: str, steps: int, world_size: int | None = None) -> None:
         self.spec, self.steps, self.batch_size = f"step:{spec}", steps, None
-        self.fn = spec
+        self.fn, self.world_size = spec, world_size
 
     def features(self) -> None:
         return None
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
-        step_to_file(self.fn, self.steps if emulate or all_steps else 1, prof, out, emulate)
+        steps = self.steps if emulate or all_steps else 1
+        step_to_file(self.fn, steps, prof, out, emulate, world_size=self.world_size)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -136,8 +137,11 @@ class StepJob:
 class ScriptJob:
     """An unmodified training script (`--script train.py -- ARGS`), run as written."""
 
-    def __init__(self, path: Path, argv: list[str], steps: int) -> None:
+    def __init__(
+        self, path: Path, argv: list[str], steps: int, world_size: int | None = None
+    ) -> None:
         self.path, self.argv, self.steps, self.batch_size = Path(path), argv, steps, None
+        self.world_size = world_size
         self.spec = f"script:{path}" + "".join(f" {a}" for a in argv)
 
     def features(self) -> None:
@@ -145,7 +149,7 @@ class ScriptJob:
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
         steps = self.steps if emulate or all_steps else 1
-        script_to_file(self.path, self.argv, steps, prof, out, emulate)
+        script_to_file(self.path, self.argv, steps, prof, out, emulate, self.world_size)
 
     def inputs(self) -> dict[str, Any]:
         return {

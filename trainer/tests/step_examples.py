@@ -287,3 +287,29 @@ def side_stream(device: Any) -> Any:
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def ddp_step(device: torch.device) -> Any:
+    """A data-parallel loop as written for torchrun: the process group, DDP, AdamW."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device),
+        device_ids=[rank],
+    )
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        x = torch.randn(32, 256, device=device)
+        y = torch.randint(0, 10, (32,), device=device)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step

@@ -545,3 +545,18 @@ def test_min_world_size_refuses_bad_sizes() -> None:
         done = cli("min-world-size", "--model", LLAMA, "--batch-size", "1", "--strategy", "fsdp2",
                    "--profile", "a100-40gb", "--world-sizes", sizes, check=False)  # fmt: skip
         assert done.returncode == 2 and expect in done.stderr, done.stderr
+
+
+def test_a_users_ddp_loop_runs_in_the_fake_world(tmp_path: Path) -> None:
+    """The loop as written for torchrun (init_process_group("nccl"), LOCAL_RANK, DDP with
+    device_ids) runs as rank 0 of --world-size ranks; DDP's bucket is in the trace."""
+    out = tmp_path / "ddp.jsonl"
+    done = cli("symtrace", "--step", "step_examples:ddp_step", "--world-size", "4", "--out",
+               str(out), "--json")  # fmt: skip
+    assert "answered by the tracer's fake process group: rank 0 of 4" in done.stderr
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["metadata"]["world_size"] == "4"
+    params = 256 * 1024 + 1024 + 1024 * 10 + 10
+    sizes = [json.loads(line)["size"] for line in out.read_text().splitlines()[1:]
+             if json.loads(line)["kind"] == "alloc"]  # fmt: skip
+    assert any(params * 4 <= s < params * 4 * 1.01 for s in sizes)  # the flat fp32 bucket

@@ -94,7 +94,12 @@ def step_args(p: argparse.ArgumentParser) -> None:
         help="sharded training, per rank (with --world-size): fsdp2 is PyTorch's fully_shard "
         "per block under a fake process group; the others are not built yet",
     )  # fmt: skip
-    p.add_argument("--world-size", type=int, help="ranks of the sharded job (with --strategy)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="ranks of the sharded job (with --strategy); with --step/--script, the fake "
+        "process group the program's own init_process_group() gets",
+    )
 
 
 def finetune_args(p: argparse.ArgumentParser) -> None:
@@ -220,7 +225,7 @@ STEP_FN_HELP = (
 LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
               "num_classes", "batch_size", "dtype", "task", "attn", "lora", "lora_targets",
               "lora_dropout", "qlora", "qlora_double_quant", "kbit_prepare",
-              "bnb_version", "world_size", "strategy")  # fmt: skip
+              "bnb_version", "strategy")  # fmt: skip
 
 
 def resolve_steps(args: dict[str, Any]) -> int:

@@ -244,9 +244,11 @@ def _estimate(args: argparse.Namespace) -> int:
 
     check_script_args(vars(args))
     if args.script:
-        job: Any = ScriptJob(args.script, list(args.script_args), resolve_steps(vars(args)))
+        job: Any = ScriptJob(
+            args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
+        )
     elif args.step:
-        job = StepJob(args.step, resolve_steps(vars(args)))
+        job = StepJob(args.step, resolve_steps(vars(args)), args.world_size)
     else:
         if args.batch_size is None:
             raise UserError("--batch-size is required with --model and --entry")

@@ -180,12 +180,14 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
         argv = list(args.get("script_args") or [])
-        summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate)
+        summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate,
+                                 args.get("world_size"))  # fmt: skip
         return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
     if args.get("step"):
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
-        summary = step_to_file(args["step"], steps, profile, out, emulate)
+        summary = step_to_file(args["step"], steps, profile, out, emulate,
+                               world_size=args.get("world_size"))  # fmt: skip
         return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
     batch = args.get("batch_size")
     if not isinstance(batch, int):
@@ -220,6 +222,8 @@ BATCH_KEYS = {
     "qlora_double_quant",
     "kbit_prepare",
     "bnb_version",
+    "world_size",
+    "strategy",
     "profile",
     "no_cuda_emulation",
     "name",

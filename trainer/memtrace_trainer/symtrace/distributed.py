@@ -28,6 +28,7 @@ rank's. The output says so.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.notes import warn
 
 STRATEGIES = ("fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero2", "zero3")
 # Strategies of issue 16 not built yet, refused by name rather than run as something else.
@@ -87,16 +89,30 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     if dist.is_initialized():
         raise UserError("a process group is already initialised in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    destroy = dist.destroy_process_group
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500"}  # fmt: skip
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        with _bridges():
+        with _bridges(world_size):
             yield init_device_mesh("cpu", (world_size,))
     finally:
-        dist.destroy_process_group()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        destroy()
 
 
 @contextlib.contextmanager
-def _bridges() -> Iterator[None]:
+def _bridges(world_size: int) -> Iterator[None]:
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_module
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
+    from torch.nn.parallel import DistributedDataParallel
 
     saved: list[tuple[Any, str, Any]] = []
 
@@ -107,6 +123,32 @@ def _bridges() -> Iterator[None]:
     patch(_fsdp_param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None)
     for mod in (_fsdp_param_group, _fsdp_collectives):
         patch(mod, "_get_device_handle", lambda device_type: torch.cuda)
+    # DDP, wherever it is built (`wrap_ddp`, or the user's own step): see `wrap_ddp`.
+    patch(ddp_module, "_verify_param_shape_across_processes", lambda *args, **kwargs: None)
+    init = DistributedDataParallel.__init__
+
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        # With device_ids, DDP copies the inputs on a side stream of the accelerator (CUDA, as
+        # the tracer answers it), not of the meta device; the copy runs on the current stream.
+        self.use_side_stream_for_tensor_copies = False
+        # No annotations on the hook: DDP checks that a `bucket` annotation is a GradBucket.
+        self.register_comm_hook(None, lambda state, bucket: _done(bucket.buffer()))
+        self.reducer = _NoRebuild(self.reducer)
+
+    patch(DistributedDataParallel, "__init__", ddp_init)
+    # A user's program starts its own process group ("nccl"): it gets this fake one, whose rank
+    # and world size answer `get_rank()`/`get_world_size()`; its teardown is the tracer's.
+    said: list[bool] = []
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not said:
+            said.append(True)
+            warn(f"init_process_group() is answered by the tracer's fake process group: rank 0 "
+                 f"of {world_size} (--world-size)")  # fmt: skip
+
+    patch(dist, "init_process_group", init_process_group)
+    patch(dist, "destroy_process_group", lambda *args, **kwargs: None)
     try:
         with warnings.catch_warnings():
             # FSDP2 reads `.grad` of its unsharded (non-leaf) views; PyTorch warns on each read.
@@ -192,20 +234,10 @@ def wrap_ddp(model: nn.Module) -> nn.Module:
     - the bucket rebuild after the first iteration reads the recorded gradient order back from
       the device; it is not run, so buckets keep their construction order (the same bytes; the
       rebuild's brief overlap of old and new buckets at the second step is not modelled)."""
-    import torch.nn.parallel.distributed as ddp_module
     from torch.nn.parallel import DistributedDataParallel
 
-    saved = ddp_module._verify_param_shape_across_processes
-    ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
-    try:
-        wrapped = DistributedDataParallel(model)
-    finally:
-        ddp_module._verify_param_shape_across_processes = saved
-
-    # No annotations on the hook: DDP checks that a `bucket` annotation is `dist.GradBucket`.
-    wrapped.register_comm_hook(None, lambda state, bucket: _done(bucket.buffer()))
-    wrapped.reducer = _NoRebuild(wrapped.reducer)
-    return wrapped
+    # The bridges are in `_bridges`, around any DDP built while the fake world exists.
+    return DistributedDataParallel(model)
 
 
 def _done(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:

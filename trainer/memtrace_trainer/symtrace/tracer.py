@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace import jsonl, step
 from memtrace_trainer.symtrace.emulation import Workspaces
@@ -164,6 +166,7 @@ def trace_step(
     profile: Profile,
     cuda_emulation: bool = True,
     batch_size: int | None = None,
+    world_size: int | None = None,
 ) -> tuple[Recorder, dict[str, str]]:
     """A user's step function (`--step MOD:FN`, symtrace/userstep.py) traced `steps` times;
     returns the recorder and the trace's metadata."""
@@ -172,23 +175,50 @@ def trace_step(
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
     workspaces, rec = _recorder(profile, cuda_emulation)
-    run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
+    with _world(world_size):
+        run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
     meta = _user_metadata(f"step:{spec}", steps, profile, cuda_emulation, rec, run, workspaces)
+    _world_metadata(meta, world_size)
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
     return rec, meta
 
 
 def trace_script(
-    path: Path, argv: list[str], steps: int, profile: Profile, cuda_emulation: bool = True
+    path: Path,
+    argv: list[str],
+    steps: int,
+    profile: Profile,
+    cuda_emulation: bool = True,
+    world_size: int | None = None,
 ) -> tuple[Recorder, dict[str, str]]:
     """An unmodified training script (symtrace/script.py) traced for `steps` iterations."""
     from memtrace_trainer.symtrace.script import run_script
 
     workspaces, rec = _recorder(profile, cuda_emulation)
-    run = run_script(path, argv, steps, profile, rec, cuda_emulation)
+    with _world(world_size):
+        run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
-    return rec, _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces)
+    meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces)
+    _world_metadata(meta, world_size)
+    return rec, meta
+
+
+def _world(world_size: int | None) -> Any:
+    """The fake process group a user's distributed program runs in (`--world-size`)."""
+    if world_size is None:
+        return contextlib.nullcontext()
+    from memtrace_trainer.symtrace.distributed import fake_world
+
+    if world_size < 1:
+        raise UserError(f"--world-size {world_size}: expected a positive number of ranks")
+    return fake_world(world_size)
+
+
+def _world_metadata(meta: dict[str, str], world_size: int | None) -> None:
+    if world_size is not None:
+        meta["world_size"] = str(world_size)
+        meta["rank"] = "0"
 
 
 def _recorder(profile: Profile, cuda_emulation: bool) -> tuple[Workspaces, Recorder]:
@@ -242,17 +272,24 @@ def step_to_file(
     out: Path,
     emulate: bool = True,
     batch_size: int | None = None,
+    world_size: int | None = None,
 ) -> Summary:
-    rec, meta = trace_step(spec, steps, profile, emulate, batch_size)
+    rec, meta = trace_step(spec, steps, profile, emulate, batch_size, world_size)
     summary = summarize(rec.events)
     jsonl.write(out, jsonl.lines(rec.events, meta))
     return summary
 
 
 def script_to_file(
-    path: Path, argv: list[str], steps: int, profile: Profile, out: Path, emulate: bool = True
+    path: Path,
+    argv: list[str],
+    steps: int,
+    profile: Profile,
+    out: Path,
+    emulate: bool = True,
+    world_size: int | None = None,
 ) -> Summary:
-    rec, meta = trace_script(path, argv, steps, profile, emulate)
+    rec, meta = trace_script(path, argv, steps, profile, emulate, world_size)
     summary = summarize(rec.events)
     jsonl.write(out, jsonl.lines(rec.events, meta))
     return summary
