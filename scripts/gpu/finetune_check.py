@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from steps_check import judge  # noqa: E402  (the GPU checks' shared table row)
+
 COMMON = ["--optimizer", "adamw", "--profile", os.environ.get("MEMTRACE_PROFILE", "a100-40gb")]
 CASES: dict[str, list[str]] = {
     "qwen2-0.5b-lora-bf16": ["--model", "hf:Qwen/Qwen2-0.5B", "--batch-size", "4",
@@ -97,20 +100,12 @@ def main() -> int:
         print("finetune_check: needs a CUDA GPU (none here)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    rows, failed = [], False
+    rows = []
     for name, flags in CASES.items():
         args = [*flags, *COMMON]
-        m, p = measured(args, a.steps), predicted(args, a.steps)
-        err = {k: (p[k] - m[k]) / m[k] if m[k] else 0.0 for k in ("allocated", "reserved")}
-        bad = any(abs(v) > a.tolerance for v in err.values())
-        failed |= bad
-        rows.append({"case": name, "args": args, "measured": m, "predicted": p, "error": err,
-                     "ok": not bad})  # fmt: skip
-        print(
-            f"{name:26} allocated {m['allocated']:>12} vs {p['allocated']:>12} "
-            f"({err['allocated']:+.1%})  reserved {m['reserved']:>12} vs {p['reserved']:>12} "
-            f"({err['reserved']:+.1%})  {'ok' if not bad else 'MISS'}"
-        )
+        rows.append({**judge(name, measured(args, a.steps), predicted(args, a.steps), a.tolerance),
+                     "args": args})  # fmt: skip
+    failed = not all(r["ok"] for r in rows)
     (a.out / "finetune_check.json").write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0
 

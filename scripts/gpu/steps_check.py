@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "trainer" / "tests"
@@ -66,6 +67,19 @@ def predicted(name: str, steps: int, memsim: str, out: Path) -> dict[str, int]:
     return {"allocated": r["peak_allocated_bytes"], "reserved": r["peak_reserved_bytes"]}
 
 
+def judge(name: str, m: dict[str, int], p: dict[str, int], tolerance: float) -> dict[str, Any]:
+    """One measured/predicted pair: its relative errors, printed as a table row, and whether
+    both are within `tolerance` (the GPU checks share this: finetune_check.py too)."""
+    err = {k: (p[k] - m[k]) / m[k] if m[k] else 0.0 for k in ("allocated", "reserved")}
+    ok = all(abs(v) <= tolerance for v in err.values())
+    print(
+        f"{name:26} allocated {m['allocated']:>12} vs {p['allocated']:>12} "
+        f"({err['allocated']:+.1%})  reserved {m['reserved']:>12} vs {p['reserved']:>12} "
+        f"({err['reserved']:+.1%})  {'ok' if ok else 'MISS'}"
+    )
+    return {"example": name, "measured": m, "predicted": p, "error": err, "ok": ok}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--memsim", default=str(ROOT / "target" / "release" / "memsim"))
@@ -79,18 +93,9 @@ def main() -> int:
         print("steps_check: needs a CUDA GPU (none here)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    rows, failed = [], False
-    for name in EXAMPLES:
-        m, p = measured(name, a.steps), predicted(name, a.steps, a.memsim, a.out)
-        err = {k: (p[k] - m[k]) / m[k] if m[k] else 0.0 for k in ("allocated", "reserved")}
-        bad = any(abs(v) > a.tolerance for v in err.values())
-        failed |= bad
-        rows.append({"example": name, "measured": m, "predicted": p, "error": err, "ok": not bad})
-        print(
-            f"{name:26} allocated {m['allocated']:>12} vs {p['allocated']:>12} "
-            f"({err['allocated']:+.1%})  reserved {m['reserved']:>12} vs {p['reserved']:>12} "
-            f"({err['reserved']:+.1%})  {'ok' if not bad else 'MISS'}"
-        )
+    rows = [judge(name, measured(name, a.steps), predicted(name, a.steps, a.memsim, a.out),
+                  a.tolerance) for name in EXAMPLES]  # fmt: skip
+    failed = not all(r["ok"] for r in rows)
     (a.out / "steps_check.json").write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0
 

@@ -271,6 +271,13 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0 if result["verdict"]["fits"] else 1
 
 
+def _where(result: dict[str, Any], profile: str, per: str = "") -> str:
+    """The capacity a search answered for, and where it came from."""
+    cap = result["capacity_bytes"] / MIB
+    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
+    return f"{cap:.1f} MiB{per} ({src}, profile {profile})"
+
+
 def _max_batch(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_batch, trace_model, trace_step_fn
 
@@ -287,9 +294,7 @@ def _max_batch(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"], result["iterations"])
-    cap = result["capacity_bytes"] / MIB
-    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
-    where = f"{cap:.1f} MiB ({src}, profile {args.profile})"
+    where = _where(result, args.profile)
     if result["max_batch"] == 0:
         print(f"{result['model']}: does not fit even at batch 1 on {where}")
         return code
@@ -320,9 +325,7 @@ def _max_seq(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"], result["iterations"])
-    cap = result["capacity_bytes"] / MIB
-    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
-    where = f"{cap:.1f} MiB ({src}, profile {args.profile})"
+    where = _where(result, args.profile)
     if result["max_seq_len"] == 0:
         print(f"{result['model']}: does not fit even at {args.multiple_of} tokens, batch "
               f"{args.batch_size}, on {where}")  # fmt: skip
@@ -376,9 +379,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"], None)
-    cap = result["capacity_bytes"] / MIB
-    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
-    where = f"{cap:.1f} MiB per GPU ({src}, profile {args.profile})"
+    where = _where(result, args.profile, " per GPU")
     if not result["min_world_size"]:
         print(f"{result['model']} ({args.strategy}): does not fit on {where} at any of "
               f"{args.world_sizes} ranks")  # fmt: skip
