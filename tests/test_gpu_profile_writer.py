@@ -50,14 +50,22 @@ def test_render_writes_every_measured_constant_with_its_provenance():
         "sm_count": 132,
     }
     assert p["software"] == {"torch": "2.15", "cuda": "13.2", "cudnn": "91200", "allocator": "2.9"}
-    assert p["outside_allocator"] == {"context_mib": 517.2, "cublas_mib": 80.0, "cudnn_mib": 312.5}
+    assert p["outside_allocator"] == {
+        "context_mib": 517.2,
+        "cublas_mib": 80.0,
+        "cudnn_mib": 312.5,
+        "nccl_communicator_mib": 64.0,
+        "nccl_per_peer_mib": 32.0,
+    }
     assert p["workspace"] == {
         "cublas_workspace_config": ":32768:1",
         "cublaslt_workspace_kib": 32768,
         "cublaslt_per_call": False,
         "cudnn_workspace_factor": 1.0,
     }
-    assert p["provenance"] == {"unmeasured": ["workspace.cudnn_workspace_factor"]}
+    assert p["provenance"] == {"unmeasured": ["workspace.cudnn_workspace_factor",
+                                              "outside_allocator.nccl_communicator_mib",
+                                              "outside_allocator.nccl_per_peer_mib"]}  # fmt: skip
     # Exactly the keys the shipped, loadable A100 profile has: unknown keys are loader errors.
     shipped = tomllib.loads((REPO / "profiles/a100-40gb.toml").read_text())
     assert keys(p) == keys(shipped)

@@ -36,7 +36,8 @@ def test_four_commands_agree_on_one_trace(
     device = replay["peak_device_bytes"]
     safe = replay["peak_device_safe_bytes"]
     outside = replay["outside_allocator"]
-    assert outside["libraries"] == {"gemm": True, "conv": False, "source": "trace"}
+    assert outside["libraries"] == {"gemm": True, "conv": False, "source": "trace", "ranks": 1}
+    assert outside["nccl_bytes"] == 0  # one rank: no communicator
     assert device == replay["peak_reserved_bytes"] + outside["total_bytes"]
     # The verdict rests on the safe number: the point plus the profile's MLP margin, a fraction
     # of the point or of the reserved peak (the margin's scale).

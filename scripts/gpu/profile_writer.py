@@ -118,14 +118,19 @@ def render(data: dict, source: str = "measurements") -> str:
         "[outside_allocator]\n"
         f"context_mib = {d['context_mib']:.1f}   # {by} ({d['context_source']})\n"
         f"cublas_mib = {d['cublas_mib']:.1f}   # {by}\n"
-        f"cudnn_mib = {d['cudnn_mib']:.1f}   # {by}\n\n"
+        f"cudnn_mib = {d['cudnn_mib']:.1f}   # {by}\n"
+        "# NCCL, for jobs of more than one rank: placeholders until scripts/gpu/nccl_measure.py\n"
+        "# measures them (NCCL_BUFFSIZE 4 MiB x 4 channels x 2 directions per peer).\n"
+        "nccl_communicator_mib = 64.0\n"
+        "nccl_per_peer_mib = 32.0\n\n"
         "[workspace]\n"
         f"{ws_lines}"
         f"cublaslt_per_call = {'true' if per_call else 'false'}   # torch {major}.{minor}\n"
         "# Not measured here: fitted on measured convolutional training runs (docs/results.md).\n"
         "cudnn_workspace_factor = 1.0\n\n"
         "[provenance]\n"
-        'unmeasured = ["workspace.cudnn_workspace_factor"]\n'
+        'unmeasured = ["workspace.cudnn_workspace_factor", '
+        '"outside_allocator.nccl_communicator_mib", "outside_allocator.nccl_per_peer_mib"]\n'
     )
 
 
