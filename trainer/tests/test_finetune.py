@@ -560,3 +560,12 @@ def test_a_users_ddp_loop_runs_in_the_fake_world(tmp_path: Path) -> None:
     sizes = [json.loads(line)["size"] for line in out.read_text().splitlines()[1:]
              if json.loads(line)["kind"] == "alloc"]  # fmt: skip
     assert any(params * 4 <= s < params * 4 * 1.01 for s in sizes)  # the flat fp32 bucket
+
+
+def test_qlora_without_lora_takes_peft_default_rank_and_says_so() -> None:
+    from memtrace_trainer.cli.common import tune_from
+
+    tune = tune_from({"qlora": True, "amp": "bf16"})
+    w = build_workload(LLAMA, 1, seq_len=8, tune=tune)
+    assert w.defaults["lora"]["value"] == 8
+    assert 0 < w.details["trainable_parameters"] < w.details["parameters"]

@@ -120,6 +120,7 @@ def _hf(
     attn = tune.attn or hf.attention_of(model)
     if tune.attn is None:
         defaults["attn"] = {"value": attn, "why": "transformers' default for this model"}
+    defaults.update(tune.regime.defaults)
     w.details = {"task": task, "attn": attn, "source": hfspec.source,
                  **finetune.summary(model)}  # fmt: skip
     return w
@@ -259,7 +260,8 @@ def tuned(w: Workload, regime: Regime) -> Workload:
     make = w.make_batch
     if dtype != torch.float32:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
-    out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family, w.defaults)
+    out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
+                   {**w.defaults, **regime.defaults})  # fmt: skip
     out.details = finetune.summary(model)
     return out
 
