@@ -260,13 +260,14 @@ def _distributed(s: StepConfig) -> dict[str, Any] | None:
     from memtrace_trainer.symtrace.distributed import runs_as
 
     code, _, note = runs_as(s.strategy)
-    return {
-        "rank": 0,
-        "runs_as": code,
-        "equivalence": note,
-        "ranks": "rank 0 traced; every rank's peak is at most rank 0's (FSDP2 gives rank 0 the "
-        "largest dim-0 chunk of each parameter; DDP ranks are replicas)",
-    }
+    ranks = (
+        "rank 0 traced; ZeRO-1 partitions whole parameters, so ranks differ by up to one "
+        "parameter's optimizer state (a warning names a larger rank)"
+        if s.strategy == "zero1"
+        else "rank 0 traced; every rank's peak is at most rank 0's (FSDP2 gives rank 0 the "
+        "largest dim-0 chunk of each parameter; DDP ranks are replicas)"
+    )
+    return {"rank": 0, "runs_as": code, "equivalence": note, "ranks": ranks}
 
 
 def _memtracker(job: Any, prof: Profile, out: Path) -> tuple[dict[str, Any] | None, str]:

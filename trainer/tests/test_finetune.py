@@ -452,7 +452,6 @@ def test_fsdp2_all_gathers_one_unit_at_a_time_within_the_full_model() -> None:
     ("cfg", "expect"),
     [
         ({"world_size": 4}, "--world-size needs --strategy"),
-        ({"strategy": "zero1", "world_size": 2}, "not built yet"),
         ({"strategy": "nope", "world_size": 2}, "expected one of"),
         ({"strategy": "fsdp2", "world_size": 0}, "expected a positive number of ranks"),
         ({"strategy": "fsdp2"}, "expected a positive number of ranks"),
@@ -495,7 +494,7 @@ def test_ddp_holds_a_bucket_copy_of_every_gradient() -> None:
 @pytest.mark.parametrize(
     ("strategy", "runs_as"),
     [("fsdp1", "fsdp2"), ("fsdp1-grad-op", "fsdp2"), ("zero2", "fsdp2"), ("zero3", "fsdp2"),
-     ("fsdp1-no-shard", "ddp")],
+     ("fsdp1-no-shard", "ddp"), ("zero1", "ddp")],
 )  # fmt: skip
 def test_emulated_strategies_say_what_runs(strategy: str, runs_as: str) -> None:
     _, extra = trace(workload(dtype="bf16", seq=16),
@@ -569,3 +568,18 @@ def test_qlora_without_lora_takes_peft_default_rank_and_says_so() -> None:
     w = build_workload(LLAMA, 1, seq_len=8, tune=tune)
     assert w.defaults["lora"]["value"] == 8
     assert 0 < w.details["trainable_parameters"] < w.details["parameters"]
+
+
+def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
+    """ZeroRedundancyOptimizer over DDP: rank 0 keeps the AdamW state of its partition only
+    (whole parameters, balanced greedily), gradients stay full."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401 (PyTorch's own)
+
+    w = workload(dtype="bf16")
+    params = w.details["parameter_bytes"]
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="zero1", world_size=4),
+                       load_profile(None))  # fmt: skip
+    cats = summarize(rec.events).bytes_by_category
+    assert extra["distributed"]["runs_as"] == "ddp"
+    assert 0 < cats["optimizer_state"] < 2 * params * 0.4  # about 1/4 of 2 x params
+    assert cats["gradient"] == 2 * params  # full gradients, one per step

@@ -39,9 +39,11 @@ from torch import nn
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 
-STRATEGIES = ("fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero2", "zero3")
+STRATEGIES = (
+    "fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2", "zero3",
+)  # fmt: skip
 # Strategies of issue 16 not built yet, refused by name rather than run as something else.
-PLANNED = ("zero1",)
+PLANNED: tuple[str, ...] = ()
 # Strategies that run as another's PyTorch code, and what the output says of the difference.
 EQUIVALENT = {
     "fsdp1": ("fsdp2", True, "FSDP1 FULL_SHARD emulated by FSDP2 with reshard_after_forward=True "
@@ -52,6 +54,9 @@ EQUIVALENT = {
                       "backward"),
     "fsdp1-no-shard": ("ddp", None, "FSDP1 NO_SHARD emulated by DDP (replicated parameters, "
                        "all-reduced gradients)"),
+    "zero1": ("ddp", None, "DeepSpeed ZeRO-1 emulated by PyTorch's ZeroRedundancyOptimizer over "
+              "DDP: optimizer state sharded by whole parameters, gradients all-reduced in DDP's "
+              "buckets; DeepSpeed's reduce buckets (5e8 elements) are DDP's here"),
     "zero2": ("fsdp2", False, "DeepSpeed ZeRO-2 emulated by FSDP2 with reshard_after_forward="
               "False: gradients and optimizer state sharded, parameters gathered through forward "
               "and backward; ZeRO-2 keeps them gathered in the optimizer step too, and its "
@@ -257,3 +262,33 @@ class _NoRebuild:
 
     def _rebuild_buckets(self) -> bool:
         return False
+
+
+def zero_redundancy(optimizer: Any, params: list[Any]) -> Any:
+    """ZeRO-1's optimizer: PyTorch's `ZeroRedundancyOptimizer` around the class and settings of
+    `optimizer`, so each rank keeps the state of its partition of the parameters. Warns when
+    rank 0's partition is not the largest (partitions are whole parameters, balanced greedily):
+    the ranks are then not symmetric, and the largest holds that much more state."""
+    import inspect
+
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    cls = type(optimizer)
+    if cls.__module__.split(".")[0] != "torch":
+        raise UserError(
+            f"--strategy zero1 runs PyTorch's ZeroRedundancyOptimizer, which wraps a "
+            f"torch.optim optimizer; {cls.__name__} is not one"
+        )
+    accepted = inspect.signature(cls.__init__).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    zero = ZeroRedundancyOptimizer(params, optimizer_class=cls, **settings)
+    sizes = [sum(p.numel() * p.element_size() for group in part for p in group["params"])
+             for part in zero._partition_parameters()]  # fmt: skip
+    if sizes and sizes[0] < max(sizes):
+        warn(
+            f"--strategy zero1: ZeroRedundancyOptimizer partitions whole parameters, and the "
+            f"largest partition ({max(sizes):,} bytes of parameters) is rank "
+            f"{sizes.index(max(sizes))}'s, not rank 0's ({sizes[0]:,} bytes): that rank "
+            "holds proportionally more optimizer state than the rank traced"
+        )
+    return zero

@@ -16,7 +16,7 @@ from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkpointing
 from memtrace_trainer.symtrace.distributed import check as check_distributed
-from memtrace_trainer.symtrace.distributed import runs_as, wrap_ddp
+from memtrace_trainer.symtrace.distributed import runs_as, wrap_ddp, zero_redundancy
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
@@ -101,12 +101,14 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
         params, optimizer = prepare(model, cfg.optimizer, cfg.checkpointing)
         if cfg.strategy is not None and runs_as(cfg.strategy)[0] == "ddp":
             model = wrap_ddp(model)
+        if cfg.strategy == "zero1":
+            optimizer = zero_redundancy(optimizer, params)
+        made["optimizer"] = optimizer
         scaler = GradScaler() if cfg.amp == "fp16" else None
         amp = AMP[cfg.amp] if cfg.amp else None
         # A loop's variables live until reassigned in the next iteration, after the new value
         # is computed: the previous logits and loss overlap the next forward, as on a GPU.
         held: dict[str, Any] = {}
-        made["optimizer"] = optimizer
 
         def step() -> None:
             for _ in range(cfg.grad_accum):
