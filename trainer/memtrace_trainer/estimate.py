@@ -257,17 +257,9 @@ def _distributed(s: StepConfig) -> dict[str, Any] | None:
     """What the output says of a sharded job: the rank traced and how the strategy runs."""
     if s.strategy is None:
         return None
-    from memtrace_trainer.symtrace.distributed import runs_as
+    from memtrace_trainer.symtrace.distributed import describe
 
-    code, _, note = runs_as(s.strategy)
-    ranks = (
-        "rank 0 traced; ZeRO-1 partitions whole parameters, so ranks differ by up to one "
-        "parameter's optimizer state (a warning names a larger rank)"
-        if s.strategy == "zero1"
-        else "rank 0 traced; every rank's peak is at most rank 0's (FSDP2 gives rank 0 the "
-        "largest dim-0 chunk of each parameter; DDP ranks are replicas)"
-    )
-    return {"rank": 0, "runs_as": code, "equivalence": note, "ranks": ranks}
+    return {"rank": 0, **describe(s.strategy)}
 
 
 def _memtracker(job: Any, prof: Profile, out: Path) -> tuple[dict[str, Any] | None, str]:

@@ -65,6 +65,33 @@ def _replay(
         raise UserError(f"memsim replay --json: unexpected output ({e!r})") from None
 
 
+def _probe(
+    memsim: Found,
+    prof: Profile,
+    capacity: str | None,
+    point: bool,
+    trace_at: TraceAt,
+    value: int,
+    tmp: Path,
+    label: str,
+) -> dict[str, Any]:
+    """One probe of a search: the trace at `value`, its `memsim replay` verdict (warnings
+    passed on), a progress line on stderr; the trace is removed after."""
+    t = time.perf_counter()
+    path = tmp / f"probe-{value}.jsonl"
+    defaults = trace_at(value, prof, path)
+    result = _replay(memsim, path, prof.path, capacity, point)
+    path.unlink()
+    for w in result.pop("warnings"):
+        warn(w)
+    print(
+        f"{label}: needs {result['need_bytes'] / MIB:.1f} MiB: "
+        + ("fits" if result["fits"] else "does not fit"),
+        file=sys.stderr,
+    )
+    return {**result, "defaults": defaults, "seconds": time.perf_counter() - t}
+
+
 def trace_model(workload_for: Callable[[int], Workload], step: StepConfig) -> TraceAt:
     """Probes of a model spec or `--entry` at a batch size, by the tracer's own loop."""
 
@@ -158,20 +185,10 @@ def max_batch(
     with tempfile.TemporaryDirectory(prefix="memtrace-maxbatch-") as tmp:
 
         def probe(batch: int) -> bool:
-            t = time.perf_counter()
-            path = Path(tmp) / f"b{batch}.jsonl"
-            defaults.update(trace_at(batch, prof, path))
-            result = _replay(memsim, path, prof.path, capacity, point)
-            path.unlink()
-            for w in result.pop("warnings"):
-                warn(w)
-            probes[batch] = {"batch": batch, **result, "seconds": time.perf_counter() - t}
-            print(
-                f"{command}: {axis} {batch * step}: needs "
-                f"{result['need_bytes'] / MIB:.1f} MiB: "
-                + ("fits" if result["fits"] else "does not fit"),
-                file=sys.stderr,
-            )
+            label = f"{command}: {axis} {batch * step}"
+            result = _probe(memsim, prof, capacity, point, trace_at, batch, Path(tmp), label)
+            defaults.update(result.pop("defaults"))
+            probes[batch] = {"batch": batch, **result}
             return bool(result["fits"])
 
         best, hit_limit = 0, False
@@ -234,18 +251,10 @@ def min_world_size(
     best = None
     with tempfile.TemporaryDirectory(prefix="memtrace-minworld-") as tmp:
         for world in sizes:
-            t = time.perf_counter()
-            path = Path(tmp) / f"w{world}.jsonl"
-            defaults.update(trace_at(world, prof, path))
-            result = _replay(memsim, path, prof.path, capacity, point)
-            for w in result.pop("warnings"):
-                warn(w)
-            probes.append({"world_size": world, **result, "seconds": time.perf_counter() - t})
-            print(
-                f"min-world-size: {world} ranks: needs {result['need_bytes'] / MIB:.1f} MiB per "
-                "GPU: " + ("fits" if result["fits"] else "does not fit"),
-                file=sys.stderr,
-            )
+            label = f"min-world-size: {world} ranks, per GPU"
+            result = _probe(memsim, prof, capacity, point, trace_at, world, Path(tmp), label)
+            defaults.update(result.pop("defaults"))
+            probes.append({"world_size": world, **result})
             if result["fits"]:
                 best = world
                 break

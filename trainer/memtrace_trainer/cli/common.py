@@ -91,8 +91,9 @@ def step_args(p: argparse.ArgumentParser) -> None:
         "--strategy",
         choices=["fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2",
                  "zero3"],
-        help="sharded training, per rank (with --world-size): fsdp2 is PyTorch's fully_shard "
-        "per block under a fake process group; the others are not built yet",
+        help="sharded training, traced as rank 0 of --world-size ranks under a fake process "
+        "group: fsdp2 (fully_shard per block) and ddp run PyTorch's own code; fsdp1*, zero1-3 "
+        "run as their PyTorch equivalents, stated in the output (docs/distributed.md)",
     )  # fmt: skip
     p.add_argument(
         "--world-size",
@@ -121,8 +122,8 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--attn",
         choices=["sdpa", "eager", "flash_attention_2"],
-        help="attention implementation (default sdpa, whose CUDA kernel is chosen as PyTorch "
-        "chooses it)",
+        help="attention implementation (default: transformers' for the model, sdpa where it "
+        "has one; SDPA's CUDA kernel is chosen as PyTorch chooses it)",
     )
     g.add_argument(
         "--lora",

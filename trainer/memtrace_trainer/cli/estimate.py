@@ -171,10 +171,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "--strategy, and checks rank 0 with `memsim replay --profile P --capacity C`, the fit "
         "check of `estimate`; stops at the first that fits. Exit status 0, or 1 when none fits.",
     )
-    nsrc = n.add_mutually_exclusive_group(required=True)
-    nsrc.add_argument("--model", help="model spec")
-    nsrc.add_argument("--entry", metavar="MOD:FN", help="package.module:function (see README)")
-    shape_args(n)
+    _model_source(n, step=False)
     n.add_argument("--batch-size", type=int, required=True, help="samples per step per GPU")
     step_args(n)
     finetune_args(n)

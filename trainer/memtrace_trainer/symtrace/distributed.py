@@ -42,8 +42,6 @@ from memtrace_trainer.notes import warn
 STRATEGIES = (
     "fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2", "zero3",
 )  # fmt: skip
-# Strategies of issue 16 not built yet, refused by name rather than run as something else.
-PLANNED: tuple[str, ...] = ()
 # Strategies that run as another's PyTorch code, and what the output says of the difference.
 EQUIVALENT = {
     "fsdp1": ("fsdp2", True, "FSDP1 FULL_SHARD emulated by FSDP2 with reshard_after_forward=True "
@@ -73,13 +71,12 @@ def check(strategy: str | None, world_size: int | None) -> None:
         return
     if strategy is None:
         raise UserError("--world-size needs --strategy (fsdp2)")
-    if strategy in PLANNED:
-        raise UserError(
-            f"--strategy {strategy}: not built yet (ZeRO-1 would shard only the optimizer state, "
-            "PyTorch's ZeroRedundancyOptimizer over DDP; zero2 and zero3 are emulated)"
-        )
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    check_world_size(world_size)
+
+
+def check_world_size(world_size: int | None) -> None:
     if world_size is None or world_size < 1:
         raise UserError(f"--world-size {world_size}: expected a positive number of ranks")
 
@@ -91,6 +88,7 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    check_world_size(world_size)
     if dist.is_initialized():
         raise UserError("a process group is already initialised in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
@@ -182,6 +180,21 @@ def runs_as(strategy: str) -> tuple[str, bool | None, str | None]:
     return strategy, True if strategy == "fsdp2" else None, None
 
 
+def describe(strategy: str) -> dict[str, Any]:
+    """What the output says of a strategy: the PyTorch code that runs, the equivalence stated,
+    and why the traced rank 0 stands for every rank (or where it does not)."""
+    code, _, note = runs_as(strategy)
+    if strategy == "zero1":
+        ranks = ("rank 0 traced; ZeRO-1 partitions whole parameters, so ranks differ by up to one "
+                 "parameter's optimizer state (a warning names a larger rank)")  # fmt: skip
+    elif code == "ddp":
+        ranks = "rank 0 traced; DDP ranks are replicas (the same parameters and buckets)"
+    else:
+        ranks = ("rank 0 traced; FSDP2 gives rank 0 the largest dim-0 chunk of every parameter, "
+                 "so its peak bounds every rank's")  # fmt: skip
+    return {"runs_as": code, "equivalence": note, "ranks": ranks}
+
+
 def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
     """Before the trace: `fully_shard` per unit and on the root for the FSDP2 family (DDP wraps
     inside the trace, `wrap_ddp`, so its buckets are recorded); returns what the output
@@ -190,14 +203,11 @@ def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
     from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
 
     world = mesh.size()
-    code, reshard, note = runs_as(strategy)
-    info: dict[str, Any] = {"strategy": strategy, "runs_as": code, "world_size": world, "rank": 0}
-    if note:
-        info["equivalence"] = note
+    code, reshard, _ = runs_as(strategy)
+    info = {"strategy": strategy, "world_size": world, "rank": 0, **describe(strategy)}
     if code == "ddp":
         full = sum(p.numel() * p.element_size() for p in model.parameters())
-        return {**info, "units": 1, "parameter_bytes": full, "local_parameter_bytes": full,
-                "ranks": "rank 0 traced: DDP ranks hold the same replicas and buckets"}  # fmt: skip
+        return {**info, "units": 1, "parameter_bytes": full, "local_parameter_bytes": full}
     for p in model.parameters():
         if p.dim() == 0 and world > 1:
             raise UserError(
@@ -223,8 +233,6 @@ def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
         "units": len(blocks) + 1,
         "parameter_bytes": full,
         "local_parameter_bytes": local,
-        "ranks": "rank 0 traced: FSDP2 gives rank 0 the largest dim-0 chunk of every parameter, "
-        "so its peak bounds every rank's",
     }
 
 

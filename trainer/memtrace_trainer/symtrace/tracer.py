@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace import jsonl, step
 from memtrace_trainer.symtrace.emulation import Workspaces
@@ -210,8 +209,6 @@ def _world(world_size: int | None) -> Any:
         return contextlib.nullcontext()
     from memtrace_trainer.symtrace.distributed import fake_world
 
-    if world_size < 1:
-        raise UserError(f"--world-size {world_size}: expected a positive number of ranks")
     return fake_world(world_size)
 
 
