@@ -583,3 +583,9 @@ def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     assert extra["distributed"]["runs_as"] == "ddp"
     assert 0 < cats["optimizer_state"] < 2 * params * 0.4  # about 1/4 of 2 x params
     assert cats["gradient"] == 2 * params  # full gradients, one per step
+
+
+def test_num_classes_on_a_token_task_is_warned_about(tmp_path: Path) -> None:
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8",
+               "--num-classes", "5", "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
+    assert "--num-classes 5 has no effect: --task causal-lm" in done.stderr

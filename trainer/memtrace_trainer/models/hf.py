@@ -73,8 +73,8 @@ def resolve(name: str) -> HFSpec:
             near = [tail[t] for t in difflib.get_close_matches(name.lower(), list(tail), n=5)]
         hint = f"nearest known: {', '.join(near)}" if near else f"{len(ids)} ids are known"
         raise UserError(
-            f"unknown Hugging Face model {name!r} ({hint}; `memtrace_trainer models --hf` lists "
-            "them all; give --model hf-config:PATH for any other config.json)"
+            f"unknown Hugging Face model {name!r} ({hint}; `python -m memtrace_trainer "
+            "hf-models` lists them all; give --model hf-config:PATH for any other config.json)"
         )
     spelling, path = hit
     data = json.loads(path.read_text())

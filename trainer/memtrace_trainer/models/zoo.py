@@ -105,7 +105,9 @@ def _hf(
     defaults: dict[str, Any] = {}
     if tune.task is None:
         defaults["task"] = {"value": task, "why": f"{hfspec.name}'s published architecture"}
-    if task == "classification" and tune.num_classes is None:
+    if task != "classification":
+        _ignored("--num-classes", tune.num_classes, f"--task {task} predicts tokens, not classes")
+    elif tune.num_classes is None:
         defaults["num_classes"] = {"value": hf.DEFAULT_CLASSES, "why": "a binary classifier"}
     if seq_len is None:
         seq, why = hf.default_seq_len(config)
