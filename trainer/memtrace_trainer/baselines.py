@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from memtrace_trainer.errors import UserError
+
 MIB = 1 << 20
 IGNORES = (
     "the caching allocator (rounding, caching, fragmentation), CUDA-only workspaces and the "
@@ -82,3 +84,84 @@ def memtracker(run: Callable[[], Any]) -> dict[str, Any]:
         "role": "baseline",
         "ignores": IGNORES,
     }
+
+
+FSDP_IGNORES = (
+    "the caching allocator (rounding, caching, per-stream pools, fragmentation), CUDA-only "
+    "workspaces, NCCL's buffers and the CUDA context (PyTorch's FSDPMemTracker: peak of live "
+    "tensors of an FSDP2 model, storages rounded to 512 B, sorted by FSDP's own categories)"
+)
+
+
+def fsdp_memtracker(run: Callable[[], Any]) -> dict[str, Any]:
+    """The answer of `FSDPMemTracker` (torch.distributed._tools.fsdp2_mem_tracker) over `run()`,
+    which traces an FSDP2-sharded job with the tracer's own loop. The tracker needs the root
+    FSDP module and the optimizer, so it is built when the loop has made them and entered
+    around each step (mode stacks are last in, first out, so it cannot outlive a step); its
+    per-step peaks are read after each step and the largest is the answer, with FSDP's own
+    categories (sharded and unsharded parameters, all-gather and reduce-scatter buffers) at
+    that peak."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    from memtrace_trainer.symtrace.step import watch_steps
+
+    best: dict[str, Any] = {"total": -1, "by_kind": {}}
+
+    def snapshot(tracker: Any) -> None:
+        peak = tracker.get_tracker_snapshot("peak")
+        total = sum(int(stats.get("Total", 0)) for stats in peak.values())
+        if total > best["total"]:
+            kinds: dict[str, int] = {}
+            for stats in peak.values():
+                for kind, n in stats.items():
+                    if kind != "Total":
+                        # FSDP's categories (`_FSDPRefType.SHARDED_PARAM`), by their names.
+                        name = str(getattr(kind, "name", kind)).lower()
+                        kinds[name] = kinds.get(name, 0) + int(n)
+            best.update(total=total, by_kind=kinds)
+
+    @contextlib.contextmanager
+    def around(tracker: Any) -> Iterator[None]:
+        tracker.reset_mod_stats()
+        with _hooks_on_frozen_skipped(), tracker:
+            yield
+        snapshot(tracker)
+
+    def made(model: Any, optimizer: Any) -> Any:
+        if not isinstance(model, FSDPModule):
+            raise UserError("FSDPMemTracker needs an FSDP2 root module; the job's model is not one")
+        tracker = FSDPMemTracker(model, optimizer)
+        return _Reusable(lambda: around(tracker))
+
+    with watch_steps(made):
+        run()
+    if best["total"] < 0:
+        raise UserError("FSDPMemTracker saw no step (the job made no model and optimizer)")
+    return {
+        "device_mib": best["total"] / MIB,
+        "reserved_mib": None,
+        "allocated_mib": None,
+        "safe_mib": None,
+        "level": "live",
+        "steps": None,
+        "role": "baseline",
+        "by_kind_mib": {k: v / MIB for k, v in sorted(best["by_kind"].items())},
+        "ignores": FSDP_IGNORES,
+    }
+
+
+class _Reusable:
+    """A context entered once per step, made fresh from `make()` each time."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._stack: list[Any] = []
+
+    def __enter__(self) -> None:
+        ctx = self._make()
+        self._stack.append(ctx)
+        ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._stack.pop().__exit__(*exc)

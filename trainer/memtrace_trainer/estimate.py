@@ -103,6 +103,7 @@ class ModelJob:
             "model_details": self.first.details,
             "world_size": s.world_size,
             "strategy": s.strategy,
+            "fsdp_mp": s.fsdp_mp,
             "distributed": _distributed(s),
             "defaults": {
                 **self.first.defaults,
@@ -225,10 +226,15 @@ def estimate_job(
                 "the symbolic trace)"
             ),
         )
+        fsdp, fsdp_why = None, _fsdp_tracker_why(job, with_memtracker)
         if with_memtracker:
             t = time.perf_counter()
             tracker, tracker_why = _memtracker(job, prof, d / "memtracker.jsonl")
             seconds["memtracker"] = time.perf_counter() - t
+            if fsdp_why == "":
+                t = time.perf_counter()
+                fsdp, fsdp_why = _memtracker(job, prof, d / "fsdp_memtracker.jsonl", fsdp=True)
+                seconds["fsdp_memtracker"] = time.perf_counter() - t
     # memest exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
         msg = error_line(done.stderr)
@@ -237,6 +243,10 @@ def estimate_job(
     result["estimates"]["memtracker"] = tracker
     if tracker is None:
         result.setdefault("unavailable", {})["memtracker"] = tracker_why
+    if fsdp is not None:
+        result["estimates"]["fsdp_memtracker"] = fsdp
+    elif fsdp_why:
+        result.setdefault("unavailable", {})["fsdp_memtracker"] = fsdp_why
     for w in result.get("warnings", []):
         warn(w)
     result["seconds"] = {
@@ -262,17 +272,42 @@ def _distributed(s: StepConfig) -> dict[str, Any] | None:
     return {"rank": 0, **describe(s.strategy)}
 
 
-def _memtracker(job: Any, prof: Profile, out: Path) -> tuple[dict[str, Any] | None, str]:
-    """PyTorch's MemTracker over the job's plain trace, all its steps; when MemTracker itself
-    fails, the baseline is unavailable with its error (the estimate goes on)."""
-    from memtrace_trainer.baselines import memtracker
+def _fsdp_tracker_why(job: Any, asked: bool) -> str | None:
+    """Why FSDPMemTracker does not run beside a job ("" when it does, None when the job is not
+    FSDP-sharded and the baseline does not apply): it is FSDP2's own baseline, so it runs for
+    the FSDP2 family, on the tracer's loop, which hands it the root module and the
+    optimizer."""
+    strategy = getattr(getattr(job, "step", None), "strategy", None)
+    if strategy is None:
+        return None
+    from memtrace_trainer.symtrace.distributed import runs_as
 
+    if runs_as(strategy)[0] != "fsdp2":
+        return None
+    if not asked:
+        return "not run: give --memtracker (FSDPMemTracker runs beside MemTracker)"
+    if not isinstance(job, ModelJob):
+        return ("not run: FSDPMemTracker needs the root module and optimizer, which a --step "
+                "or --script makes itself")  # fmt: skip
+    return ""
+
+
+def _memtracker(
+    job: Any, prof: Profile, out: Path, fsdp: bool = False
+) -> tuple[dict[str, Any] | None, str]:
+    """PyTorch's MemTracker (or, with `fsdp`, its FSDPMemTracker) over the job's plain trace,
+    all its steps; when the tracker itself fails, the baseline is unavailable with its error
+    (the estimate goes on)."""
+    from memtrace_trainer.baselines import fsdp_memtracker, memtracker
+
+    name = "FSDPMemTracker" if fsdp else "MemTracker"
+    track = fsdp_memtracker if fsdp else memtracker
     try:
-        return memtracker(lambda: job.trace(prof, out, False, all_steps=True)), ""
+        return track(lambda: job.trace(prof, out, False, all_steps=True)), ""
     except UserError:
         raise
-    except Exception as e:  # MemTracker's own limits, e.g. a module it cannot hook
-        return None, f"PyTorch's MemTracker raised {type(e).__name__}: {e}"
+    except Exception as e:  # the tracker's own limits, e.g. a module it cannot hook
+        return None, f"PyTorch's {name} raised {type(e).__name__}: {e}"
 
 
 def render(result: dict[str, Any]) -> str:

@@ -313,3 +313,45 @@ def ddp_step(device: torch.device) -> Any:
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def fsdp2_meta_init_step(device: torch.device) -> Any:
+    """FSDP2 as its recipes write it: build on the meta device, shard each block and the root
+    over a "cuda" mesh, materialise the shards with `to_empty`, then train."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Linear(512, 512) for _ in range(4)))
+        scratch = torch.empty(1 << 24)  # 64 MiB on the meta device proper: no memory
+        del scratch
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device=device)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        x = torch.randn(8, 512, device=device)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def meta_device_step(device: torch.device) -> Any:
+    """Work on the meta device proper (a shape check, as libraries do) beside the GPU's."""
+    with torch.device("meta"):
+        probe = torch.empty(4096, 4096)  # 64 MiB: no memory
+    derived = probe * 2  # derived from a meta tensor: no memory either
+    del derived
+    weight = torch.empty(1024, 1024, device=device)  # 4 MiB on the GPU
+
+    def step() -> None:
+        (weight * 2).sum()
+
+    return step

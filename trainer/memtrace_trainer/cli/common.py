@@ -101,6 +101,14 @@ def step_args(p: argparse.ArgumentParser) -> None:
         help="ranks of the sharded job (with --strategy); with --step/--script, the fake "
         "process group the program's own init_process_group() gets",
     )
+    p.add_argument(
+        "--fsdp-mp",
+        metavar="PARAM[:REDUCE]",
+        help="FSDP2's MixedPrecisionPolicy for the fsdp2/fsdp1*/zero2/zero3 strategies: the "
+        "dtype parameters are all-gathered and computed in, and the dtype gradients are "
+        "reduced in (default: PARAM), e.g. bf16:fp32 over fp32 parameters as torchtitan "
+        "trains; dtypes fp32, bf16, fp16",
+    )
 
 
 def finetune_args(p: argparse.ArgumentParser) -> None:
@@ -226,7 +234,7 @@ STEP_FN_HELP = (
 LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
               "num_classes", "batch_size", "dtype", "task", "attn", "lora", "lora_targets",
               "lora_dropout", "qlora", "qlora_double_quant", "kbit_prepare",
-              "bnb_version", "strategy")  # fmt: skip
+              "bnb_version", "strategy", "fsdp_mp")  # fmt: skip
 
 
 def resolve_steps(args: dict[str, Any]) -> int:
@@ -310,6 +318,7 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
         emulate,
         args.get("world_size"),
         args.get("strategy"),
+        args.get("fsdp_mp"),
     )
     cfg.validate()
     return cfg

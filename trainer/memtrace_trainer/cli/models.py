@@ -224,6 +224,7 @@ BATCH_KEYS = {
     "bnb_version",
     "world_size",
     "strategy",
+    "fsdp_mp",
     "profile",
     "no_cuda_emulation",
     "name",

@@ -14,7 +14,6 @@ the outputs of the expensive ops and recomputes the rest.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections import defaultdict
 from typing import Any
 
@@ -94,9 +93,7 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _with_modes(f: Any, modes: list[Any]) -> Any:
-    """Recomputation runs inside the autograd engine, where our function modes are not on the
-    stack; re-enter the ones that were active in the forward pass, as autocast state is
-    restored for a real recompute."""
+    """`f`, run with the function modes `modes` re-entered where they are missing."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         stack = torch.overrides._get_current_function_mode_stack()
@@ -107,6 +104,29 @@ def _with_modes(f: Any, modes: list[Any]) -> Any:
             return f(*args, **kwargs)
 
     return run
+
+
+@contextlib.contextmanager
+def recompute_under_modes() -> Any:
+    """While tracing, every `torch.utils.checkpoint` call (the tracer's, transformers', a user's
+    own, FSDP's checkpoint wrapper) recomputes under the function modes of its forward.
+    Recomputation runs inside the autograd engine, where the tracer's function modes (the CUDA
+    function swaps, the device map) are not on the stack; a real recompute runs the same
+    kernels as its forward, and a selective policy matches recomputed ops to saved ones, so
+    the modes are re-entered, as autocast state is restored for a real recompute."""
+    import torch.utils.checkpoint as ckpt
+
+    original = ckpt._checkpoint_impl
+
+    def impl(function: Any, *args: Any, **kwargs: Any) -> Any:
+        stack = list(torch.overrides._get_current_function_mode_stack())
+        return original(_with_modes(function, stack), *args, **kwargs)
+
+    ckpt._checkpoint_impl = impl
+    try:
+        yield
+    finally:
+        ckpt._checkpoint_impl = original
 
 
 def enable_checkpointing(model: nn.Module, mode: str = "full") -> int:
@@ -123,33 +143,16 @@ def enable_checkpointing(model: nn.Module, mode: str = "full") -> int:
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         layers = [m for m in hf.modules() if getattr(m, "gradient_checkpointing", False) is True]
-        _recompute_under_modes(layers)
         return len(layers)
     blocks = _blocks(model)
     for block in blocks:
         forward = block.forward
 
         def wrapped(*args: Any, _f: Any = forward, **kwargs: Any) -> Any:
-            stack = list(torch.overrides._get_current_function_mode_stack())
-            return checkpoint(_with_modes(_f, stack), *args, use_reentrant=False,
-                              preserve_rng_state=False, **extra, **kwargs)  # fmt: skip
+            return checkpoint(_f, *args, use_reentrant=False, preserve_rng_state=False,
+                              **extra, **kwargs)  # fmt: skip
 
         block.forward = wrapped  # type: ignore[method-assign]
     if not blocks:
         raise UserError("--checkpointing: found no blocks to checkpoint in this model")
     return len(blocks)
-
-
-def _recompute_under_modes(layers: list[nn.Module]) -> None:
-    """Hugging Face layers call their `_gradient_checkpointing_func(fn, *args)`; the function
-    is wrapped so its recompute re-enters the function modes of the forward."""
-    for layer in layers:
-        func = getattr(layer, "_gradient_checkpointing_func", None)
-        if func is None:
-            continue
-
-        def call(fn: Any, *args: Any, _func: Any = func, **kwargs: Any) -> Any:
-            stack = list(torch.overrides._get_current_function_mode_stack())
-            return _func(_with_modes(fn, stack), *args, **kwargs)
-
-        layer._gradient_checkpointing_func = functools.update_wrapper(call, func)  # type: ignore[assignment]

@@ -14,8 +14,9 @@ Three things FSDP2 cannot do on the tracer's device as shipped are bridged here 
 - it refuses meta parameters as not yet materialised (`_validate_no_meta_params`); on the
   tracer's device meta is the materialised device;
 - it takes its device from the mesh, and a device mesh needs a real backend device type
-  ("cpu" here); the param groups' device is set to meta after sharding, so the unsharded
-  parameters and all-gather buffers are allocated where the trace records them;
+  ("cpu" here, "cuda" in a user's own step); each param group's device is set to meta as the
+  group is made, so the unsharded parameters and all-gather buffers are allocated where the
+  trace records them;
 - its stream handle comes from the device type; it is `torch.cuda`, which the tracer answers
   (`fakecuda.CudaShim`), so FSDP's all-gather and reduce-scatter streams are streams of the
   trace, and memsim keeps a pool per stream and honours `record_stream`.
@@ -66,7 +67,18 @@ EQUIVALENT = {
 META = torch.device("meta")
 
 
-def check(strategy: str | None, world_size: int | None) -> None:
+MP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None) -> None:
+    if fsdp_mp is not None:
+        mp_policy(fsdp_mp)
+        if strategy is None or runs_as(strategy)[0] != "fsdp2":
+            what = f"--strategy {strategy}" if strategy else "an unsharded job"
+            raise UserError(
+                f"--fsdp-mp {fsdp_mp}: {what} has no FSDP2 MixedPrecisionPolicy (it is for "
+                "fsdp2, fsdp1, fsdp1-grad-op, zero2 and zero3); use --amp for autocast"
+            )
     if strategy is None and world_size is None:
         return
     if strategy is None:
@@ -74,6 +86,20 @@ def check(strategy: str | None, world_size: int | None) -> None:
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     check_world_size(world_size)
+
+
+def mp_policy(text: str) -> tuple[torch.dtype, torch.dtype]:
+    """ "PARAM[:REDUCE]" as (param_dtype, reduce_dtype); REDUCE defaults to PARAM, as FSDP2's
+    reduce_dtype=None does."""
+    parts = text.split(":")
+    expected = ", ".join(MP_DTYPES)
+    if len(parts) > 2 or not all(p in MP_DTYPES for p in parts):
+        raise UserError(
+            f"--fsdp-mp {text!r}: expected PARAM[:REDUCE] with dtypes among {expected} "
+            "(e.g. bf16:fp32)"
+        )
+    param = MP_DTYPES[parts[0]]
+    return param, MP_DTYPES[parts[-1]] if len(parts) == 2 else param
 
 
 def check_world_size(world_size: int | None) -> None:
@@ -123,7 +149,21 @@ def _bridges(world_size: int) -> Iterator[None]:
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
 
-    patch(_fsdp_param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None)
+    group = _fsdp_param_group.FSDPParamGroup
+    patch(group, "_validate_no_meta_params", lambda self: None)
+    group_init = group.__init__
+
+    def group_on_meta(self: Any, *args: Any, **kwargs: Any) -> None:
+        # Whatever mesh the unit was sharded over ("cpu" here, "cuda" in a user's own step),
+        # its unsharded parameters and all-gather buffers are allocated where the trace
+        # records them.
+        group_init(self, *args, **kwargs)
+        self.device = META
+        self._all_gather_output = torch.empty(0, device=META)
+        for fsdp_param in self.fsdp_params:
+            fsdp_param.device = META
+
+    patch(group, "__init__", group_on_meta)
     for mod in (_fsdp_param_group, _fsdp_collectives):
         patch(mod, "_get_device_handle", lambda device_type: torch.cuda)
     # DDP, wherever it is built (`wrap_ddp`, or the user's own step): see `wrap_ddp`.
@@ -195,12 +235,11 @@ def describe(strategy: str) -> dict[str, Any]:
     return {"runs_as": code, "equivalence": note, "ranks": ranks}
 
 
-def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
+def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None) -> dict[str, Any]:
     """Before the trace: `fully_shard` per unit and on the root for the FSDP2 family (DDP wraps
     inside the trace, `wrap_ddp`, so its buckets are recorded); returns what the output
     reports."""
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
 
     world = mesh.size()
     code, reshard, _ = runs_as(strategy)
@@ -214,18 +253,24 @@ def shard(model: nn.Module, strategy: str, mesh: Any) -> dict[str, Any]:
                 f"--world-size {world}: FSDP2 shards dim 0 of each parameter; this model has "
                 "a 0-dim parameter it cannot shard"
             )
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy()
+    if fsdp_mp is not None:
+        param_dtype, reduce_dtype = mp_policy(fsdp_mp)
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+        if trainable == {param_dtype} and reduce_dtype == param_dtype:
+            warn(
+                f"--fsdp-mp {fsdp_mp}: the trainable parameters are {fsdp_mp} already, so the "
+                "policy casts nothing and has no effect (give fp32 parameters, the default "
+                "--dtype, for mixed precision)"
+            )
+        info["mp_policy"] = {"param_dtype": str(param_dtype), "reduce_dtype": str(reduce_dtype)}
     blocks = units(model)
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=bool(reshard))
-    fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard))
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            group = m._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                group.device = META
-                group._all_gather_output = torch.empty(0, device=META)
-                for fsdp_param in group.fsdp_params:
-                    fsdp_param.device = META
+        fully_shard(block, mesh=mesh, reshard_after_forward=bool(reshard), mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard), mp_policy=mp)
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     return {

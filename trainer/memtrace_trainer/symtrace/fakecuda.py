@@ -10,6 +10,7 @@ meta does not have, when the program reads them back, are stand-ins: 0/False fro
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -294,15 +295,81 @@ class CudaShim:
         # checkpointing turns the cache off); meta has no values, and the bool stand-in would
         # call every batch packed and build a 4-D mask. A traced batch is taken as unpacked,
         # which is what position_ids=None (arange per row) means.
-        masking = sys.modules.get("transformers.masking_utils")
-        if masking is not None and hasattr(masking, "find_packed_sequence_indices"):
-            self._patch(masking, "find_packed_sequence_indices", lambda position_ids: None)
+        # `with torch.device(...)`: "cuda" is the tracer's device; "meta" is PyTorch's meta
+        # device proper, whose tensors hold no memory (a model built there and materialised
+        # later with `to_empty`, as FSDP2 recipes initialise before sharding).
+        from torch.utils._device import DeviceContext
+
+        self._patch(DeviceContext, "__torch_function__", _device_context(rec))
+        # A user's step may import transformers only once traced: the patch then follows the
+        # import.
+        self._hook = _AfterImport("transformers.masking_utils", self._unpacked)
+        if "transformers.masking_utils" in sys.modules:
+            self._unpacked(sys.modules["transformers.masking_utils"])
+        else:
+            sys.meta_path.insert(0, self._hook)
         return self
 
+    def _unpacked(self, masking: Any) -> None:
+        if hasattr(masking, "find_packed_sequence_indices"):
+            self._patch(masking, "find_packed_sequence_indices", lambda position_ids: None)
+
     def __exit__(self, *exc: object) -> None:
+        if self._hook in sys.meta_path:
+            sys.meta_path.remove(self._hook)
         for mod, name, value in reversed(self._saved):
             setattr(mod, name, value)
         self._saved.clear()
+
+
+def _device_context(rec: Recorder) -> Callable[..., Any]:
+    from torch.utils._device import _device_constructors
+
+    def torch_function(
+        self: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            kwargs["device"] = META if self.device.type == "cuda" else self.device
+        if self.device.type != "meta":
+            return func(*args, **kwargs)
+        rec.memory_free += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            rec.memory_free -= 1
+
+    return torch_function
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once the module `name` is imported (by the finders after this one)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        others = [f for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+        for finder in others:
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Then(spec.loader, self.then)
+                return spec
+        return None
+
+
+class _Then(importlib.abc.Loader):
+    def __init__(self, loader: Any, then: Callable[[Any], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
 
 
 def _eager_compile(model: Any = None, **kwargs: Any) -> Any:

@@ -60,6 +60,9 @@ class Recorder(TorchDispatchMode):
         self.hooks = hooks or []
         self.category = "other"
         self.active = True
+        # Above zero while the program works on PyTorch's own meta device (`with
+        # torch.device("meta")`): storages made then hold no memory, now or later.
+        self.memory_free = 0
         self._next_id = 1
         self._alloc_index: dict[int, int] = {}
         self._holders: dict[int, int] = {}
@@ -132,6 +135,9 @@ class Recorder(TorchDispatchMode):
         size = storage.nbytes()
         if size == 0:
             return None
+        if self.memory_free:
+            storage._memtrace = (self._token, None, [False], 0)  # type: ignore[attr-defined]
+            return None
         addr = self.alloc(size, category or self.category)
         self._hold(storage, addr, size)
         return addr
@@ -156,6 +162,8 @@ class Recorder(TorchDispatchMode):
         known = getattr(storage, "_memtrace", None)
         if known is not None and known[0] is self._token:
             _, addr, held, size = known
+            if addr is None:  # a storage of the meta device proper stays without memory
+                return
             storage._memtrace = None
             self._release_held(held, addr, size)
         if new_size > 0 and self.active:
@@ -181,6 +189,15 @@ class Recorder(TorchDispatchMode):
             return False
         self._hold(storage, addr, storage.nbytes())
         return True
+
+    def holds_no_memory(self, tensor: Any) -> bool:
+        """Whether `tensor` lives on the meta device proper (made under `memory_free`)."""
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+            return False
+        if is_traceable_wrapper_subclass(tensor):
+            return False
+        known = getattr(tensor.untyped_storage(), "_memtrace", None)
+        return known is not None and known[0] is self._token and known[1] is None
 
     def address(self, tensor: torch.Tensor) -> int | None:
         """The address of an already tracked tensor, without recording anything."""
@@ -223,9 +240,19 @@ class Recorder(TorchDispatchMode):
             and self.alias(out, args[0])
         )
         if not folded:
-            for value in tree_flatten(out)[0]:
-                if isinstance(value, torch.Tensor):
-                    self.track(value)
+            # An op on tensors of the meta device proper makes more of them (PyTorch keeps an
+            # op's inputs and outputs on one device), unless it names its output's device
+            # (`to_empty`'s `empty_like(..., device=)`).
+            derived = "device" not in kwargs and any(
+                self.holds_no_memory(t) for t in tree_flatten(args)[0]
+            )
+            self.memory_free += derived
+            try:
+                for value in tree_flatten(out)[0]:
+                    if isinstance(value, torch.Tensor):
+                        self.track(value)
+            finally:
+                self.memory_free -= derived
         self._zeros = self.address(out) if func in _ZEROS else None
         for hook in self.hooks:
             hook(self, func, args, kwargs, out)

@@ -4,6 +4,7 @@ live exactly as long as they would on a GPU."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,23 @@ from memtrace_trainer.workload import Workload, call_model
 
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+# A baseline that needs the job's model and optimizer (PyTorch's FSDPMemTracker) is given them
+# once the tracer's loop has made them, and answers with a context each step runs in.
+_STEP_WATCHERS: list[Callable[[nn.Module, Any], contextlib.AbstractContextManager[Any]]] = []
+
+
+@contextlib.contextmanager
+def watch_steps(
+    fn: Callable[[nn.Module, Any], contextlib.AbstractContextManager[Any]],
+) -> Iterator[None]:
+    """While active, the tracer's own loop calls `fn(model, optimizer)` once both exist and
+    runs every step inside the context it returns."""
+    _STEP_WATCHERS.append(fn)
+    try:
+        yield
+    finally:
+        _STEP_WATCHERS.remove(fn)
+
 
 @dataclass(frozen=True)
 class StepConfig:
@@ -36,6 +54,8 @@ class StepConfig:
     # Sharded training (symtrace/distributed.py): rank 0 of `world_size` ranks.
     world_size: int | None = None
     strategy: str | None = None
+    # FSDP2's MixedPrecisionPolicy as "PARAM[:REDUCE]" dtypes (e.g. "bf16:fp32").
+    fsdp_mp: str | None = None
 
     def __post_init__(self) -> None:
         # A bool is the older spelling: True is "full".
@@ -52,7 +72,7 @@ class StepConfig:
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
         if self.iterations < 1:
             raise UserError(f"--iterations {self.iterations}: expected at least 1")
-        check_distributed(self.strategy, self.world_size)
+        check_distributed(self.strategy, self.world_size, self.fsdp_mp)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
@@ -104,6 +124,7 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
         if cfg.strategy == "zero1":
             optimizer = zero_redundancy(optimizer, params)
         made["optimizer"] = optimizer
+        watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None
         amp = AMP[cfg.amp] if cfg.amp else None
         # A loop's variables live until reassigned in the next iteration, after the new value
@@ -111,6 +132,12 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
         held: dict[str, Any] = {}
 
         def step() -> None:
+            with contextlib.ExitStack() as watched:
+                for w in watchers:
+                    watched.enter_context(w)
+                one_step()
+
+        def one_step() -> None:
             for _ in range(cfg.grad_accum):
                 rec.marker("phase:data")
                 rec.category = "input"
@@ -146,7 +173,7 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
             from memtrace_trainer.symtrace.distributed import fake_world, shard
 
             mesh = world.enter_context(fake_world(cfg.world_size or 1))
-            sharded = shard(workload.model, cfg.strategy, mesh)
+            sharded = shard(workload.model, cfg.strategy, mesh, cfg.fsdp_mp)
         done = run_steps(
             canned(workload, cfg, rec, made),
             cfg.iterations,

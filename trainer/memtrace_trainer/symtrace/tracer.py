@@ -150,6 +150,9 @@ def metadata(
         d = extra["distributed"]
         for key in ("strategy", "runs_as", "world_size", "rank", "units", "local_parameter_bytes"):
             meta[key] = str(d[key])
+        if d.get("mp_policy"):
+            mp = d["mp_policy"]
+            meta["fsdp_mp"] = f"{mp['param_dtype']}:{mp['reduce_dtype']}"
     if extra.get("paged_optimizer_bytes"):
         meta["paged_optimizer_bytes"] = str(extra["paged_optimizer_bytes"])
     if extra.get("sdpa_backends"):

@@ -138,15 +138,18 @@ class PhaseHooks:
 
 
 @contextlib.contextmanager
-def cuda_like_optimizer_defaults() -> Iterator[None]:
-    """Optimizers built with foreach/fused left at None choose as they would for CUDA tensors:
-    PyTorch's `_default_to_fused_or_foreach` runs unchanged, with meta among the devices that
-    have foreach and fused kernels."""
+def cuda_like_optimizer_defaults(defaults: bool = True) -> Iterator[None]:
+    """Meta among the devices that have foreach and fused kernels: an explicit `foreach=True`
+    (`clip_grad_norm_`, an optimizer) runs as on CUDA. With `defaults`, optimizers built with
+    foreach/fused left at None also choose as they would for CUDA tensors (PyTorch's
+    `_default_to_fused_or_foreach` runs unchanged); the plain trace keeps PyTorch's choice for
+    the device it runs on."""
     import torch.optim.optimizer as optimizer_mod
     import torch.utils._foreach_utils as fu
 
     names = ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices")
-    saved = [(m, n, getattr(m, n)) for m in (fu, optimizer_mod) for n in names if hasattr(m, n)]
+    modules = (fu, optimizer_mod) if defaults else (fu,)
+    saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]
     for m, n, original in saved:
         setattr(m, n, lambda _o=original: [*_o(), "meta"])
     try:
@@ -210,11 +213,12 @@ def tracing(
     """The fake device around a traced program: autocast, optimizer defaults, the recorder,
     CUDA function swaps, phase hooks, `torch.cuda` and `"cuda"`."""
     from memtrace_trainer.symtrace.autocast import Autocast
+    from memtrace_trainer.symtrace.checkpointing import recompute_under_modes
     from memtrace_trainer.symtrace.emulation import CudaFunctions
 
     run = Run()
     functions = CudaFunctions(profile, force_flash) if cuda_emulation else contextlib.nullcontext()
-    defaults = cuda_like_optimizer_defaults() if cuda_emulation else contextlib.nullcontext()
+    defaults = cuda_like_optimizer_defaults(defaults=cuda_emulation)
     run.hooks = PhaseHooks(rec)
     autocast = Autocast()
     resizes = storage_resizes(rec)
@@ -227,6 +231,7 @@ def tracing(
         run.hooks,
         CudaShim(profile, rec),
         DeviceMap(),
+        recompute_under_modes(),
     ):
         rec.category = "other"
         yield run
@@ -271,7 +276,10 @@ def run_steps(
     with tracing(profile, rec, cuda_emulation, force_flash) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
-        step = _call(make, (META,), f"{what}: building the step raised", user_step)
+        # A user's step gets "cuda", as on a GPU: the tracer's device answers to it, and the
+        # meta device stays PyTorch's own (no memory; see fakecuda.CudaShim).
+        device = torch.device("cuda") if user_step else META
+        step = _call(make, (device,), f"{what}: building the step raised", user_step)
         if not callable(step):
             got = type(step).__name__
             raise UserError(f"{what}: expected a zero-argument step() back, got {got}")

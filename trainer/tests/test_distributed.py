@@ -1,0 +1,332 @@
+"""Sharded training, traced as one rank under a fake process group (docs/distributed.md):
+FSDP2 and its equivalents, DDP, ZeRO-1, FSDP2's mixed precision, the baselines beside them,
+a user's own sharded step, and the fit questions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli
+from test_finetune import LLAMA, workload
+
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import load_profile
+from memtrace_trainer.symtrace.step import StepConfig
+from memtrace_trainer.symtrace.tracer import summarize, trace
+
+
+def _chunk_rows(rows: int, world: int) -> int:
+    """Rows of rank 0's chunk: torch.chunk's ceil(rows / world)."""
+    return -(-rows // world)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_fsdp2_rank_holds_its_shard_of_parameters_gradients_and_state(world: int) -> None:
+    w = workload(dtype="bf16")
+    expect = sum(
+        _chunk_rows(p.shape[0], world) * (p.numel() // p.shape[0]) * p.element_size()
+        for p in w.model.parameters()
+    )
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="fsdp2", world_size=world),
+                       load_profile(None))  # fmt: skip
+    cats = summarize(rec.events).bytes_by_category
+    d = extra["distributed"]
+    assert d["local_parameter_bytes"] == expect  # padding included: rank 0 has ceil(rows / N)
+    assert cats["parameter"] == expect
+    assert cats["optimizer_state"] == 2 * expect  # bf16 moments of the local shard
+    assert cats["gradient"] == 2 * expect  # one sharded gradient per step, two steps
+    # FSDP2's all-gather and reduce-scatter run on their own streams, which the trace carries.
+    streams = {e.get("stream", 0) for e in rec.events if e["kind"] == "alloc"}
+    assert len(streams) >= 2
+
+
+def test_fsdp2_all_gathers_one_unit_at_a_time_within_the_full_model() -> None:
+    """With more ranks the peak falls, but never below the largest unit's full parameters:
+    FSDP2 all-gathers each block's parameters before its forward."""
+    peaks = {}
+    for world in (1, 2, 8):
+        rec, _ = trace(workload(dtype="bf16", seq=16),
+                       StepConfig("adamw", 2, strategy="fsdp2", world_size=world),
+                       load_profile(None))  # fmt: skip
+        peaks[world] = summarize(rec.events).peak_live_bytes
+    assert peaks[8] < peaks[2] < peaks[1]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expect"),
+    [
+        ({"world_size": 4}, "--world-size needs --strategy"),
+        ({"strategy": "nope", "world_size": 2}, "expected one of"),
+        ({"strategy": "fsdp2", "world_size": 0}, "expected a positive number of ranks"),
+        ({"strategy": "fsdp2"}, "expected a positive number of ranks"),
+    ],
+)
+def test_bad_distributed_settings(cfg: dict[str, Any], expect: str) -> None:
+    with pytest.raises(UserError, match=expect):
+        StepConfig(**cfg).validate()
+
+
+def test_estimate_reports_the_rank() -> None:
+    done = cli("estimate", "--model", LLAMA, "--batch-size", "2", "--seq-len", "32", "--dtype",
+               "bf16", "--strategy", "fsdp2", "--world-size", "4", "--json")  # fmt: skip
+    out = json.loads(done.stdout)
+    assert out["inputs"]["strategy"] == "fsdp2" and out["inputs"]["world_size"] == 4
+    # NCCL's buffers are a profile term outside the allocator, flagged while unmeasured.
+    assert out["outside_allocator"]["nccl_mib"] == pytest.approx(64.0 + 2 * 32.0)
+    assert any("nccl_per_peer_mib is marked unmeasured" in w for w in out["warnings"])
+
+
+def test_ddp_holds_a_bucket_copy_of_every_gradient() -> None:
+    """DDP's defaults (gradient_as_bucket_view=False): flat buckets as large as the parameters,
+    alive for the model's life, beside the separate `.grad` tensors."""
+    w = workload(dtype="bf16")
+    params = w.details["parameter_bytes"]
+    plain = summarize(trace(workload(dtype="bf16"), StepConfig("adamw", 2),
+                            load_profile(None))[0].events)  # fmt: skip
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="ddp", world_size=4), load_profile(None))
+    ddp = summarize(rec.events)
+    assert extra["distributed"]["runs_as"] == "ddp"
+    # What stays: the buckets, covering every parameter (plus alignment).
+    buckets = ddp.end_live_bytes - plain.end_live_bytes
+    assert params <= buckets < params * 1.01
+    # What passes: construction broadcasts the module states as one coalesced flat buffer.
+    other = ddp.bytes_by_category["other"] - plain.bytes_by_category["other"]
+    assert abs(other - buckets - params) <= 1024  # (alignment of the flat buffers)
+    assert ddp.bytes_by_category["gradient"] == plain.bytes_by_category["gradient"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "runs_as"),
+    [("fsdp1", "fsdp2"), ("fsdp1-grad-op", "fsdp2"), ("zero2", "fsdp2"), ("zero3", "fsdp2"),
+     ("fsdp1-no-shard", "ddp"), ("zero1", "ddp")],
+)  # fmt: skip
+def test_emulated_strategies_say_what_runs(strategy: str, runs_as: str) -> None:
+    _, extra = trace(workload(dtype="bf16", seq=16),
+                     StepConfig("adamw", 1, strategy=strategy, world_size=2),
+                     load_profile(None))  # fmt: skip
+    d = extra["distributed"]
+    assert d["runs_as"] == runs_as and d["equivalence"]
+
+
+def test_keeping_parameters_gathered_costs_memory() -> None:
+    """SHARD_GRAD_OP (no reshard after forward) holds every unit's parameters through the
+    forward: a higher peak than FULL_SHARD at the same world size."""
+    peaks = {}
+    for strategy in ("fsdp1", "fsdp1-grad-op"):
+        rec, _ = trace(workload(dtype="bf16", seq=16),
+                       StepConfig("adamw", 2, strategy=strategy, world_size=8),
+                       load_profile(None))  # fmt: skip
+        peaks[strategy] = summarize(rec.events).peak_live_bytes
+    assert peaks["fsdp1-grad-op"] > peaks["fsdp1"]
+
+
+def test_min_world_size_fits_by_estimate_and_the_next_smaller_does_not() -> None:
+    # A 1B model: its 9 GiB of bf16 weights, gradients and AdamW state dominate, so sharding it
+    # beats the NCCL buffers a second rank adds.
+    args = ["--model", "hf:meta-llama/Llama-3.2-1B", "--batch-size", "1", "--seq-len", "32",
+            "--dtype", "bf16", "--optimizer", "adamw", "--strategy", "fsdp2", "--profile",
+            "a100-40gb"]  # fmt: skip
+    # A capacity between the 1-rank and the 4-rank need, from estimates at those sizes.
+    need = {}
+    for world in (1, 4):
+        out = json.loads(cli("estimate", *args, "--world-size", str(world), "--point",
+                             "--json").stdout)  # fmt: skip
+        need[world] = out["verdict"]["need_mib"]
+    assert need[4] < need[1]
+    cap = f"{(need[1] + need[4]) / 2:.0f}MiB"
+    done = cli("min-world-size", *args, "--capacity", cap, "--point", "--world-sizes", "1,2,4",
+               "--json", check=False)  # fmt: skip
+    out = json.loads(done.stdout)
+    best = out["min_world_size"]
+    assert best in (2, 4) and done.returncode == 0
+    fits = {p["world_size"]: p["fits"] for p in out["probes"]}
+    assert fits[best] and not fits[1]
+
+
+def test_min_world_size_refuses_bad_sizes() -> None:
+    for sizes, expect in (("4,2", "ascending"), ("a", "integers"), ("0,1", "positive")):
+        done = cli("min-world-size", "--model", LLAMA, "--batch-size", "1", "--strategy", "fsdp2",
+                   "--profile", "a100-40gb", "--world-sizes", sizes, check=False)  # fmt: skip
+        assert done.returncode == 2 and expect in done.stderr, done.stderr
+
+
+def test_a_users_ddp_loop_runs_in_the_fake_world(tmp_path: Path) -> None:
+    """The loop as written for torchrun (init_process_group("nccl"), LOCAL_RANK, DDP with
+    device_ids) runs as rank 0 of --world-size ranks; DDP's bucket is in the trace."""
+    out = tmp_path / "ddp.jsonl"
+    done = cli("symtrace", "--step", "step_examples:ddp_step", "--world-size", "4", "--out",
+               str(out), "--json")  # fmt: skip
+    assert "answered by the tracer's fake process group: rank 0 of 4" in done.stderr
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["metadata"]["world_size"] == "4"
+    params = 256 * 1024 + 1024 + 1024 * 10 + 10
+    sizes = [json.loads(line)["size"] for line in out.read_text().splitlines()[1:]
+             if json.loads(line)["kind"] == "alloc"]  # fmt: skip
+    assert any(params * 4 <= s < params * 4 * 1.01 for s in sizes)  # the flat fp32 bucket
+
+
+def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
+    """ZeroRedundancyOptimizer over DDP: rank 0 keeps the AdamW state of its partition only
+    (whole parameters, balanced greedily), gradients stay full."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401 (PyTorch's own)
+
+    w = workload(dtype="bf16")
+    params = w.details["parameter_bytes"]
+    rec, extra = trace(w, StepConfig("adamw", 2, strategy="zero1", world_size=4),
+                       load_profile(None))  # fmt: skip
+    cats = summarize(rec.events).bytes_by_category
+    assert extra["distributed"]["runs_as"] == "ddp"
+    assert 0 < cats["optimizer_state"] < 2 * params * 0.4  # about 1/4 of 2 x params
+    assert cats["gradient"] == 2 * params  # full gradients, one per step
+
+
+# --- FSDP2's mixed precision -------------------------------------------------------------------
+
+
+def _side_streams(w: Any, fsdp_mp: str | None) -> list[int]:
+    """Bytes allocated on each side stream (FSDP2's all-gather and reduce-scatter), in the
+    order the streams were first used (stream ids differ from trace to trace)."""
+    rec, _ = trace(w, StepConfig("adamw", 1, strategy="fsdp2", world_size=2, fsdp_mp=fsdp_mp),
+                   load_profile(None))  # fmt: skip
+    totals: dict[int, int] = {}
+    for e in rec.events:
+        if e["kind"] == "alloc" and e.get("stream", 0):
+            totals[e["stream"]] = totals.get(e["stream"], 0) + e["size"]
+    return list(totals.values())
+
+
+def test_fsdp_mp_gathers_in_the_param_dtype_and_reduces_in_the_reduce_dtype() -> None:
+    """Over fp32 parameters, bf16 halves what FSDP2 all-gathers, and its copy-in casts each
+    rank's shard to bf16 first on the same stream (half of 1/N of the fp32 bytes, N = 2); the
+    reduce-scatter's output stays fp32 with reduce dtype fp32; with bf16 it is half as large
+    and is then cast to the fp32 sharded gradient on that stream."""
+    plain = _side_streams(workload(), None)
+    mixed = _side_streams(workload(), "bf16:fp32")
+    low = _side_streams(workload(), "bf16")
+    assert len(plain) == len(mixed) == len(low) == 2, (plain, mixed, low)
+    gather, reduce = 0, 1  # all-gathers come first, in the forward
+    cast = plain[gather] // 2 // 2
+    assert mixed[gather] == plain[gather] // 2 + cast and low[gather] == mixed[gather]
+    assert mixed[reduce] == plain[reduce]
+    assert low[reduce] == plain[reduce] // 2 + plain[reduce]
+
+
+def test_fsdp_mp_computes_in_the_param_dtype() -> None:
+    """bf16 gathered parameters make bf16 activations: SDPA takes its flash kernel, which it
+    refuses in fp32."""
+    for fsdp_mp, backend in ((None, "efficient"), ("bf16:fp32", "flash")):
+        _, extra = trace(workload(),
+                         StepConfig("adamw", 1, strategy="fsdp2", world_size=2, fsdp_mp=fsdp_mp),
+                         load_profile(None))  # fmt: skip
+        assert set(extra["sdpa_backends"]) == {backend}, (fsdp_mp, extra["sdpa_backends"])
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expect"),
+    [
+        ({"strategy": "ddp", "world_size": 2, "fsdp_mp": "bf16"}, "--strategy ddp has no FSDP2"),
+        ({"strategy": "zero1", "world_size": 2, "fsdp_mp": "bf16"}, "--strategy zero1 has no"),
+        ({"fsdp_mp": "bf16"}, "an unsharded job has no FSDP2"),
+        ({"strategy": "fsdp2", "world_size": 2, "fsdp_mp": "bf16:int8"}, "expected PARAM"),
+        ({"strategy": "fsdp2", "world_size": 2, "fsdp_mp": "bf16:fp32:x"}, "expected PARAM"),
+    ],
+)
+def test_bad_fsdp_mp(cfg: dict[str, Any], expect: str) -> None:
+    with pytest.raises(UserError, match=expect):
+        StepConfig(**cfg).validate()
+
+
+def test_fsdp_mp_with_no_effect_is_warned_about(tmp_path: Path) -> None:
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--dtype",
+               "bf16", "--strategy", "fsdp2", "--world-size", "2", "--fsdp-mp", "bf16", "--out",
+               str(tmp_path / "t.jsonl"))  # fmt: skip
+    assert "--fsdp-mp bf16: the trainable parameters are bf16 already" in done.stderr
+    done = cli("symtrace", "--step", "step_examples:ddp_step", "--world-size", "2", "--fsdp-mp",
+               "bf16", "--out", str(tmp_path / "s.jsonl"))  # fmt: skip
+    assert "--fsdp-mp has no effect with --step" in done.stderr
+
+
+# --- FSDPMemTracker beside the estimate ----------------------------------------------------------
+
+
+def test_fsdp_memtracker_agrees_with_the_trace_on_live_bytes() -> None:
+    """PyTorch's FSDPMemTracker and memtrace's recorder count the same live tensors of the
+    same FSDP2 steps (the plain trace, no CUDA-only allocations): the peaks agree within 2%."""
+    from memtrace_trainer.baselines import fsdp_memtracker
+
+    for world in (1, 4):
+        seen: dict[str, int] = {}
+
+        def run(world: int = world, seen: dict[str, int] = seen) -> None:
+            cfg = StepConfig("adamw", 2, cuda_emulation=False, strategy="fsdp2", world_size=world)
+            rec, _ = trace(workload(dtype="bf16"), cfg, load_profile(None))
+            seen["peak"] = summarize(rec.events).peak_live_bytes
+
+        answer = fsdp_memtracker(run)
+        tracked = answer["device_mib"] * 2**20
+        assert abs(tracked - seen["peak"]) / seen["peak"] < 0.02, (world, tracked, seen)
+        kinds = answer["by_kind_mib"]
+        assert kinds["sharded_param"] > 0 and kinds["opt"] > 0, kinds
+
+
+def test_estimate_runs_fsdp_memtracker_for_fsdp_jobs_only() -> None:
+    base = ("estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16", "--dtype",
+            "bf16", "--optimizer", "adamw", "--json")  # fmt: skip
+    out = json.loads(cli(*base, "--strategy", "fsdp2", "--world-size", "2", "--memtracker").stdout)
+    fsdp, plain = out["estimates"]["fsdp_memtracker"], out["estimates"]["memtracker"]
+    assert fsdp["role"] == "baseline" and "FSDPMemTracker" in fsdp["ignores"]
+    assert fsdp["device_mib"] == pytest.approx(plain["device_mib"], rel=0.02)
+    out = json.loads(cli(*base, "--strategy", "fsdp2", "--world-size", "2").stdout)
+    assert "give --memtracker" in out["unavailable"]["fsdp_memtracker"]
+    out = json.loads(cli(*base, "--strategy", "ddp", "--world-size", "2").stdout)
+    assert "fsdp_memtracker" not in out["estimates"]
+    assert "fsdp_memtracker" not in out.get("unavailable", {})
+
+
+# --- a user's own sharded step, and the meta device proper --------------------------------------
+
+
+def test_a_users_fsdp2_step_with_meta_init_holds_only_its_shards(tmp_path: Path) -> None:
+    """Built on the meta device, sharded over a "cuda" mesh, materialised with to_empty: the
+    trace holds rank 0's shards once, never the full model, and the 64 MiB scratch tensor of
+    the meta device is not allocated."""
+    out = tmp_path / "fsdp.jsonl"
+    cli("symtrace", "--step", "step_examples:fsdp2_meta_init_step", "--world-size", "4",
+        "--steps", "2", "--out", str(out))  # fmt: skip
+    events = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    allocs = [e for e in events if e["kind"] == "alloc"]
+    params = [e["size"] for e in allocs if e["category"] == "parameter"]
+    shard = 4 * (4 * (512 // 4) * 512 + 4 * (512 // 4))  # weights and biases, fp32, 1/4 of rows
+    assert sum(params) == shard, (sum(params), shard)
+    assert max(e["size"] for e in allocs) < 1 << 24  # no scratch tensor, no full model
+
+
+def test_the_meta_device_proper_holds_no_memory(tmp_path: Path) -> None:
+    out = tmp_path / "meta.jsonl"
+    cli("symtrace", "--step", "step_examples:meta_device_step", "--steps", "1", "--out", str(out))
+    sizes = [json.loads(line)["size"] for line in out.read_text().splitlines()[1:]
+             if json.loads(line)["kind"] == "alloc"]  # fmt: skip
+    assert max(sizes) == 4 << 20, sizes  # the GPU's weight (and its double); not the probe
+
+
+def test_torchtitans_step_runs_as_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """scripts/public/torchtitan_llama3.py (the public per-GPU check, docs/validation.md) on
+    a two-layer Llama: meta init, FSDP2 with bf16 mixed precision, selective op checkpointing
+    written by the user (recomputed under the tracer's modes), clip_grad_norm_."""
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(repo / "scripts" / "public"))
+    monkeypatch.setenv("MEMTRACE_TT_CONFIG", str(Path(__file__).parent / "hf_configs" /
+                                                 "tiny-llama.json"))  # fmt: skip
+    monkeypatch.setenv("MEMTRACE_TT_SEQ", "64")
+    out = tmp_path / "tt.jsonl"
+    cli("symtrace", "--step", "torchtitan_llama3:step", "--world-size", "2", "--steps", "2",
+        "--out", str(out))  # fmt: skip
+    sys.modules.pop("torchtitan_llama3", None)
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["metadata"]["sdpa_backends"].startswith("flash:")
+    assert header["metadata"]["world_size"] == "2"
