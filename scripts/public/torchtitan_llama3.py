@@ -21,7 +21,8 @@ numbers), and the tokens are random ids.
 Settings, from the environment (the step takes only the device):
 MEMTRACE_TT_CONFIG (a config.json) or MEMTRACE_TT_MODEL (an id of memtrace's registry; default
 meta-llama/Llama-3.1-8B),
-MEMTRACE_TT_BATCH (default 2), MEMTRACE_TT_SEQ (default 8192).
+MEMTRACE_TT_BATCH (default 2), MEMTRACE_TT_SEQ (default 8192), MEMTRACE_TT_AC (selective, the
+default: op-level; full: every block recomputed, torchtitan's `mode = "full"`; none).
 
     python -m memtrace_trainer symtrace --step torchtitan_llama3:step --world-size 8 \
         --steps 2 --out tt.jsonl       # with scripts/public on PYTHONPATH
@@ -78,6 +79,8 @@ class _Checkpointed(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         run = partial(self.block, **kwargs)
+        if os.environ.get("MEMTRACE_TT_AC", "selective") == "full":
+            return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False)
         return checkpoint(run, *args, use_reentrant=False, context_fn=_policy_context,
                           preserve_rng_state=False)  # fmt: skip
 
@@ -111,8 +114,9 @@ def step(device: torch.device) -> Any:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     layers = model.model.layers
-    for i, block in enumerate(layers):
-        layers[i] = _Checkpointed(block)
+    if os.environ.get("MEMTRACE_TT_AC", "selective") != "none":
+        for i, block in enumerate(layers):
+            layers[i] = _Checkpointed(block)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for i, block in enumerate(layers):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)

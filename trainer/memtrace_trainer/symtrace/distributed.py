@@ -178,6 +178,9 @@ def _bridges(world_size: int) -> Iterator[None]:
         # No annotations on the hook: DDP checks that a `bucket` annotation is a GradBucket.
         self.register_comm_hook(None, lambda state, bucket: _done(bucket.buffer()))
         self.reducer = _NoRebuild(self.reducer)
+        # DDP's C++ logger times iterations with a CUDA or CPU timer and warns on stderr for
+        # any other device; it records statistics, not memory.
+        self.logger = _Quiet()
 
     patch(DistributedDataParallel, "__init__", ddp_init)
     # A user's program starts its own process group ("nccl"): it gets this fake one, whose rank
@@ -302,6 +305,13 @@ def _done(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(value)
     return future
+
+
+class _Quiet:
+    """DDP's logger, answering every call with nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
 
 
 class _NoRebuild:
