@@ -33,4 +33,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 else
   say "Python requirements already installed"
 fi
+# The HTML report's test renders it in a real browser: Debian's Chromium.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian's chromium (the report's browser test)"
+    if ! apt-get install -y -q chromium >/dev/null 2>&1; then
+      apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1 \
+        || say "could not install chromium: the browser test of the report will fail"
+    fi
+  else
+    say "chromium not found and not root: install it (apt-get install chromium) for the report's browser test"
+  fi
+fi
 say "done: binaries in target/release, Python in .venv"

@@ -8,6 +8,7 @@ pub mod fit;
 pub mod perfetto;
 pub mod profile;
 pub mod replay;
+pub mod report;
 pub mod snapshot;
 pub mod stats;
 pub mod units;

@@ -518,6 +518,27 @@ impl Replayer {
         })
     }
 
+    /// Live block bytes of a device by category (`Category::ALL` order, then uncategorized).
+    pub fn live_by_category(&self, device: u32) -> [u64; 7] {
+        self.devices.get(&device).map_or([0; 7], |d| d.live_by_category)
+    }
+
+    /// A device's live blocks: (trace address, the model's address, block size, category).
+    pub fn live_blocks(&self, device: u32) -> Vec<(u64, u64, u64, Option<Category>)> {
+        self.devices.get(&device).map_or_else(Vec::new, |d| {
+            d.live_blocks
+                .iter()
+                .filter(|(_, b)| !b.requested)
+                .map(|(&a, b)| (a, b.model_addr, b.size, b.category))
+                .collect()
+        })
+    }
+
+    /// A device's segments as they are now.
+    pub fn segments(&self, device: u32) -> Vec<crate::alloc::SegmentView> {
+        self.devices.get(&device).map_or_else(Vec::new, |d| d.alloc.segments())
+    }
+
     /// Whether the allocator behaves differently under a capacity it never reaches: garbage
     /// collection and a memory fraction are relative to the capacity.
     pub fn capacity_sensitive(&self) -> bool {

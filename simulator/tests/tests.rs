@@ -7,6 +7,7 @@ mod alloc_support; // the test script language and the state-consistency checker
 mod cli; // the memsim binary end to end: JSON contracts, conversions, colocate, errors
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
 mod fit; // the fit check: in-memory shortcut == lockstep replay at every budget; margins and verdicts
+mod report; // the memory report: collect on known answers, the page, memsim report end to end
 mod snapshot_import; // every shared snapshot imports with the README's action counts
 mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
 mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known answers

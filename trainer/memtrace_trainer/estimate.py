@@ -182,9 +182,11 @@ def estimate_job(
     capacity: str | None = None,
     point: bool = False,
     with_memtracker: bool = False,
+    report: Path | None = None,
 ) -> dict[str, Any]:
     """memest's schema-2 object for one job, whole, plus the job's inputs and warnings
-    (and PyTorch's MemTracker beside the baselines when `with_memtracker`)."""
+    (and PyTorch's MemTracker beside the baselines when `with_memtracker`); with `report`, the
+    HTML page of `memsim report` for the symbolic trace, with this estimate beside it."""
     memest = find_binary("memest")
     if log:
         log(f"memest: {memest.describe()}")
@@ -235,32 +237,50 @@ def estimate_job(
                 t = time.perf_counter()
                 fsdp, fsdp_why = _memtracker(job, prof, d / "fsdp_memtracker.jsonl", fsdp=True)
                 seconds["fsdp_memtracker"] = time.perf_counter() - t
-    # memest exits 1 for "does not fit": an answer, not a failure.
-    if done.returncode not in (0, 1):
-        msg = error_line(done.stderr)
-        raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
-    result = parse_memest(done.stdout, features is not None)
-    result["estimates"]["memtracker"] = tracker
-    if tracker is None:
-        result.setdefault("unavailable", {})["memtracker"] = tracker_why
-    if fsdp is not None:
-        result["estimates"]["fsdp_memtracker"] = fsdp
-    elif fsdp_why:
-        result.setdefault("unavailable", {})["fsdp_memtracker"] = fsdp_why
-    for w in result.get("warnings", []):
-        warn(w)
-    result["seconds"] = {
-        **seconds,
-        **{f"memest.{k}": v for k, v in result.get("seconds", {}).items()},
-    }
-    result["binary"] = {"memest": str(memest.path), "source": memest.source}
-    result["profile_path"] = result.get("profile")
-    result["profile"] = profile
-    result["model"] = job.spec
-    result["batch_size"] = job.batch_size
-    result["inputs"] = job.inputs()
+        # memest exits 1 for "does not fit": an answer, not a failure.
+        if done.returncode not in (0, 1):
+            msg = error_line(done.stderr)
+            raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
+        result = parse_memest(done.stdout, features is not None)
+        result["estimates"]["memtracker"] = tracker
+        if tracker is None:
+            result.setdefault("unavailable", {})["memtracker"] = tracker_why
+        if fsdp is not None:
+            result["estimates"]["fsdp_memtracker"] = fsdp
+        elif fsdp_why:
+            result.setdefault("unavailable", {})["fsdp_memtracker"] = fsdp_why
+        for w in result.get("warnings", []):
+            warn(w)
+        result["seconds"] = {
+            **seconds,
+            **{f"memest.{k}": v for k, v in result.get("seconds", {}).items()},
+        }
+        result["binary"] = {"memest": str(memest.path), "source": memest.source}
+        result["profile_path"] = result.get("profile")
+        result["profile"] = profile
+        result["model"] = job.spec
+        result["batch_size"] = job.batch_size
+        result["inputs"] = job.inputs()
+        if report is not None:
+            t = time.perf_counter()
+            result["report"] = str(write_report(d / "symbolic.jsonl", result, prof, report))
+            result["seconds"]["report"] = time.perf_counter() - t
     result["warnings"] = notes.collected()
     return result
+
+
+def write_report(trace: Path, result: dict[str, Any], prof: Profile, out: Path) -> Path:
+    """`memsim report` of the symbolic trace, with the estimate beside it, as one HTML page."""
+    memsim = find_binary("memsim")
+    est = trace.parent / "estimate.json"
+    est.write_text(json.dumps(result))
+    cmd = [str(memsim.path), "report", str(trace), "--html", str(out), "--estimate", str(est),
+           "--profile", str(prof.path), "--title", str(result.get("model"))]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "
+                        f"{error_line(done.stderr)}")  # fmt: skip
+    return out
 
 
 def _distributed(s: StepConfig) -> dict[str, Any] | None:

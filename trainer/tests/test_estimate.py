@@ -230,3 +230,12 @@ def test_max_batch_is_the_boundary(tmp_path: Path) -> None:
     bad = cli("max-batch", "--model", MLP, "--profile", "a100-40gb", "--capacity", "0.05",
               "--json", check=False)  # fmt: skip
     assert bad.returncode == 2 and "0.05" in bad.stderr
+
+
+def test_estimate_report_into_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    require("memsim")
+    out = tmp_path / "no" / "such" / "dir" / "r.html"
+    done = cli("estimate", "--model", MLP, "--batch-size", "8", "--report", str(out), check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"--report {out}: memsim report failed" in done.stderr
+    assert not out.exists()

@@ -120,6 +120,14 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         help="also run PyTorch's MemTracker over the same steps as a baseline (slow: 10-25x "
         "the symbolic trace)",
     )
+    e.add_argument(
+        "--report",
+        type=Path,
+        metavar="OUT.html",
+        help="also write one self-contained HTML page (memsim report): memory over the step by "
+        "category, what is alive at the peak, the segment map, the estimators side by side and "
+        "the verdict",
+    )
     e.add_argument("--json", action="store_true", help="print JSON")
 
     m = sub.add_parser(
@@ -259,12 +267,15 @@ def _estimate(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         point=args.point,
         with_memtracker=args.memtracker,
+        report=args.report,
     )
     if args.json:
         print(json.dumps(result))
     else:
         print_defaults(result["inputs"]["defaults"], None)
         print(render(result))
+        if result.get("report"):
+            print(f"report: {result['report']}")
     return 0 if result["verdict"]["fits"] else 1
 
 

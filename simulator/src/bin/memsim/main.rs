@@ -9,6 +9,7 @@ mod convert;
 mod input;
 mod profile;
 mod replay;
+mod report;
 mod stats;
 mod validate;
 
@@ -50,6 +51,10 @@ enum Command {
     /// Simulate several jobs sharing one GPU: does the set fit, the combined peak and when it
     /// happens, and the smallest capacity that fits.
     Colocate(colocate::Args),
+    /// Write one self-contained HTML page explaining a trace's memory: memory over the run by
+    /// category, what is alive at the peak and where it was allocated, the segment map at the
+    /// peak, a verdict per GPU profile, and with --estimate the estimators side by side.
+    Report(report::Args),
     /// Show a GPU profile as memsim reads it (`--json` for programs: the Python side reads
     /// profiles through this).
     Profile(profile::Args),
@@ -64,6 +69,7 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Validate(a) => validate::run(a),
         Command::Colocate(a) => colocate::run(a),
         Command::Profile(a) => profile::run(a),
+        Command::Report(a) => report::run(a),
     }
 }
 

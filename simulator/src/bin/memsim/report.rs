@@ -1,0 +1,128 @@
+//! `memsim report FILE --html OUT [--profile NAME]... [--estimate EST.json]`: one self-contained
+//! HTML page explaining a trace's memory (simulator::report).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use simulator::profile::{known_profiles, Profile};
+use simulator::replay::ReplayOptions;
+use simulator::report::html::{self, Extras, ProfileVerdict};
+use simulator::report::{self};
+
+use crate::replay::{load, replay_file};
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// Arguments of `memsim report`.
+#[derive(clap::Args)]
+#[command(after_help = "Exit status: 0 the page was written, 2 bad input or error.\n\
+The page holds memory over the run by category with the allocated and reserved lines, what is \
+alive at the allocated peak (categories, the largest allocations and their source lines where the \
+trace has stacks), the segment map at the peak, and a verdict per GPU profile; with --estimate, \
+the estimators side by side and the estimate's verdict as the headline. No script, no network.")]
+pub struct Args {
+    /// Allocator-level trace: .mtrace, .jsonl, or a snapshot .pickle.
+    file: PathBuf,
+    /// Where to write the page.
+    #[arg(long, value_name = "OUT.html")]
+    html: PathBuf,
+    /// GPU profile to give a verdict for (repeatable). Default: every known profile.
+    #[arg(long = "profile", value_name = "NAME")]
+    profiles: Vec<String>,
+    /// `python -m memtrace_trainer estimate --json` of the same job: its estimators side by side
+    /// and its verdict as the page's headline.
+    #[arg(long, value_name = "EST.json")]
+    estimate: Option<PathBuf>,
+    /// Allocator configuration in PYTORCH_CUDA_ALLOC_CONF syntax; overrides what the trace recorded.
+    #[arg(long, value_name = "STR")]
+    alloc_conf: Option<String>,
+    /// PyTorch version whose allocator rules apply to the pictures (2.4, 2.5, 2.9 or later).
+    /// Default: the first profile's, else the newest. Each profile's verdict uses its own.
+    #[arg(long, value_name = "VER")]
+    torch: Option<String>,
+    /// What the page is about (default: the trace's file name).
+    #[arg(long, value_name = "TEXT")]
+    title: Option<String>,
+    /// Verdicts on the point estimate instead of the safe number.
+    #[arg(long)]
+    point: bool,
+    /// A truncated input is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    strict: bool,
+}
+
+fn read_estimate(path: &PathBuf) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--estimate {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--estimate {}: not JSON (expected `estimate --json` output)", path.display()))?;
+    if v.get("estimates").and_then(|e| e.as_object()).is_none() {
+        bail!("--estimate {}: field `estimates` missing: expected `estimate --json` output", path.display());
+    }
+    Ok(v)
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let estimate = a.estimate.as_ref().map(read_estimate).transpose()?;
+    let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
+    // The pictures follow the first profile given (or --torch, or the newest rules).
+    let (_, version) = load(a.profiles.first().map(String::as_str), a.torch.as_deref())?;
+    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
+    let mut records = Vec::new();
+    let read = crate::input::for_each_record(
+        &a.file,
+        |_| Ok(()),
+        |_, r| {
+            records.push(r.clone());
+            Ok(())
+        },
+    )?;
+    let mut warnings = read.warnings(&a.file, a.strict)?;
+    let rep = report::collect(&read.header, &records, &opts)
+        .with_context(|| format!("{}: cannot replay", a.file.display()))?;
+    drop(records);
+    let mut verdicts = Vec::new();
+    for name in &profiles {
+        let (profile, pversion) = load(Some(name), a.torch.as_deref())?;
+        let popts = ReplayOptions { version: pversion, ..opts.clone() };
+        let r = replay_file(&a.file, &popts, profile.as_ref(), None, a.strict, a.point)?;
+        let Some(v) = &r.verdict else { continue };
+        let gpu = profile.as_ref().map_or_else(String::new, |(p, _): &(Profile, PathBuf)| p.gpu.name.clone());
+        for w in &r.warnings {
+            if !warnings.contains(w) {
+                warnings.push(w.clone());
+            }
+        }
+        verdicts.push(ProfileVerdict {
+            profile: profile.as_ref().map_or_else(|| name.clone(), |(_, path)| Profile::name_of(path)),
+            gpu,
+            need_mib: mib(v.need_bytes),
+            point_mib: mib(r.point()),
+            capacity_mib: mib(v.capacity_bytes),
+            fits: v.fits,
+            basis: v.basis.clone(),
+        });
+    }
+    crate::input::warn(&warnings);
+    let title = a.title.clone().unwrap_or_else(|| {
+        a.file.file_name().map_or_else(|| a.file.display().to_string(), |n| n.to_string_lossy().into_owned())
+    });
+    let extras = Extras { title, allocator: version.to_string(), estimate, verdicts, warnings };
+    let page = html::render(&rep, &extras);
+    crate::convert::write_atomic(&a.html, |w| {
+        w.write_all(page.as_bytes())?;
+        Ok(())
+    })?;
+    println!(
+        "wrote {}: peak reserved {:.1} MiB, peak allocated {:.1} MiB, {} segments at the peak, {} profile verdict(s)",
+        a.html.display(),
+        mib(rep.peak_reserved),
+        mib(rep.peak_allocated),
+        rep.segments.len(),
+        extras.verdicts.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
