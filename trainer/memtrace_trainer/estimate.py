@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -116,8 +117,10 @@ class StepJob:
     """A user's step function (`--step MOD:FN`): their loop, as written; no layer list, so the
     feature baselines are unavailable."""
 
-    def __init__(self, spec: str, steps: int, world_size: int | None = None) -> None:
-        self.spec, self.steps, self.batch_size = f"step:{spec}", steps, None
+    def __init__(self, spec: Any, steps: int, world_size: int | None = None) -> None:
+        # `spec` is `package.module:function`, or the function itself (the Python API).
+        name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
+        self.spec, self.steps, self.batch_size = f"step:{name}", steps, None
         self.fn, self.world_size = spec, world_size
 
     def features(self) -> None:
@@ -129,7 +132,7 @@ class StepJob:
 
     def inputs(self) -> dict[str, Any]:
         return {
-            "step": self.fn,
+            "step": self.spec.removeprefix("step:"),
             "iterations": self.steps,
             "defaults": {"iterations": {"value": self.steps, "why": "traced steps"}},
         }
@@ -183,10 +186,12 @@ def estimate_job(
     point: bool = False,
     with_memtracker: bool = False,
     report: Path | None = None,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     """memest's schema-2 object for one job, whole, plus the job's inputs and warnings
     (and PyTorch's MemTracker beside the baselines when `with_memtracker`); with `report`, the
-    HTML page of `memsim report` for the symbolic trace, with this estimate beside it."""
+    HTML page of `memsim report` for the symbolic trace, with this estimate beside it; with
+    `keep`, the symbolic trace is copied there."""
     memest = find_binary("memest")
     if log:
         log(f"memest: {memest.describe()}")
@@ -261,6 +266,8 @@ def estimate_job(
         result["model"] = job.spec
         result["batch_size"] = job.batch_size
         result["inputs"] = job.inputs()
+        if keep is not None:
+            shutil.copyfile(d / "symbolic.jsonl", keep)
         if report is not None:
             t = time.perf_counter()
             result["report"] = str(write_report(d / "symbolic.jsonl", result, prof, report))

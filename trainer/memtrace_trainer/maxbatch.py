@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 
 from memtrace_trainer.binaries import Found, error_line, find_binary
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.notes import warn
+from memtrace_trainer.notes import progress, warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
@@ -84,10 +83,9 @@ def _probe(
     path.unlink()
     for w in result.pop("warnings"):
         warn(w)
-    print(
+    progress(
         f"{label}: needs {result['need_bytes'] / MIB:.1f} MiB: "
-        + ("fits" if result["fits"] else "does not fit"),
-        file=sys.stderr,
+        + ("fits" if result["fits"] else "does not fit")
     )
     return {**result, "defaults": defaults, "seconds": time.perf_counter() - t}
 

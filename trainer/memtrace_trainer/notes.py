@@ -3,17 +3,49 @@ without effect and every placeholder constant is said once, on stderr, and kept 
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 
 _SEEN: list[str] = []
+# Where warnings go instead of stderr (the Python API turns them into Python warnings).
+_SINKS: list[Callable[[str], None]] = []
 
 
 def warn(message: str) -> None:
-    """Print `warning: MESSAGE` on stderr once per process run, and remember it."""
+    """Print `warning: MESSAGE` on stderr once per process run (or hand it to the active sink),
+    and remember it."""
     if message in _SEEN:
         return
     _SEEN.append(message)
-    print(f"warning: {message}", file=sys.stderr)
+    if _SINKS:
+        _SINKS[-1](message)
+    else:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def progress(message: str) -> None:
+    """A progress line of long work: on stderr for the person at the terminal; to the
+    `memtrace` logger (level INFO) while warnings are captured (the Python API)."""
+    if _SINKS:
+        import logging
+
+        logging.getLogger("memtrace").info(message)
+    else:
+        print(message, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def captured(sink: Callable[[str], None]) -> Iterator[None]:
+    """Within: a fresh list of warnings, each handed to `sink` instead of stderr."""
+    saved = list(_SEEN)
+    _SEEN.clear()
+    _SINKS.append(sink)
+    try:
+        yield
+    finally:
+        _SINKS.remove(sink)
+        _SEEN[:0] = [m for m in saved if m not in _SEEN]
 
 
 def collected() -> list[str]:

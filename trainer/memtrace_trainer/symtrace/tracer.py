@@ -163,7 +163,7 @@ def metadata(
 
 
 def trace_step(
-    spec: str,
+    spec: Any,
     steps: int,
     profile: Profile,
     cuda_emulation: bool = True,
@@ -176,10 +176,11 @@ def trace_step(
 
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
+    name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
     workspaces, rec = _recorder(profile, cuda_emulation)
     with _world(world_size):
-        run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {spec}")
-    meta = _user_metadata(f"step:{spec}", steps, profile, cuda_emulation, rec, run, workspaces)
+        run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
+    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, workspaces)
     _world_metadata(meta, world_size)
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
@@ -266,7 +267,7 @@ def _user_metadata(
 
 
 def step_to_file(
-    spec: str,
+    spec: Any,
     steps: int,
     profile: Profile,
     out: Path,

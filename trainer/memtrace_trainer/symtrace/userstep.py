@@ -39,11 +39,15 @@ from memtrace_trainer.workload import user_function
 StepFn = Callable[[torch.device], Callable[[], Any]]
 
 
-def load_step(spec: str, with_batch: bool = False) -> Any:
-    """`package.module:function`, checked to take the device (and, `with_batch`, the batch size
-    as a second argument: what `max-batch --step` searches over)."""
-    func = user_function(spec, "--step")
-    func_name = spec.partition(":")[2]
+def load_step(spec: Any, with_batch: bool = False) -> Any:
+    """`package.module:function` (or the function itself, from the Python API), checked to take
+    the device (and, `with_batch`, the batch size as a second argument: what `max-batch --step`
+    searches over)."""
+    if callable(spec):
+        func, func_name = spec, getattr(spec, "__qualname__", repr(spec))
+    else:
+        func = user_function(spec, "--step")
+        func_name = spec.partition(":")[2]
     try:
         if with_batch:
             inspect.signature(func).bind(META, 1)

@@ -1,4 +1,4 @@
-//! `memsim profile NAME|PATH [--json]`: a GPU profile as the one parser reads it. Python reads
+//! `memsim profile NAME|PATH [--json]`, `memsim profile --list [--json]`: a GPU profile as the one parser reads it. Python reads
 //! profiles through this command, so Rust and Python cannot disagree on defaults.
 
 use std::process::ExitCode;
@@ -15,14 +15,27 @@ use simulator::units::mib;
 allocated per call.")]
 pub struct Args {
     /// A name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
-    name: String,
+    #[arg(required_unless_present = "list")]
+    name: Option<String>,
+    /// List the known profiles' names instead (one per line, or a JSON array with --json).
+    #[arg(long, conflicts_with = "name")]
+    list: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let (p, path) = Profile::load(&a.name)?;
+    let Some(name) = a.name.as_deref() else {
+        let names = simulator::profile::known_profiles();
+        if a.json {
+            println!("{}", serde_json::to_string(&names)?);
+        } else {
+            names.iter().for_each(|n| println!("{n}"));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let (p, path) = Profile::load(name)?;
     let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
     if a.json {
         let mut v = serde_json::to_value(&p)?;

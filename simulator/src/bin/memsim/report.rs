@@ -29,7 +29,12 @@ pub struct Args {
     file: PathBuf,
     /// Where to write the page.
     #[arg(long, value_name = "OUT.html")]
-    html: PathBuf,
+    html: Option<PathBuf>,
+    /// Print what the page shows as JSON instead (for programs: `memtrace.Estimate.timeline()`
+    /// and `.breakdown` read it): peaks, categories at the peak, the largest live allocations,
+    /// the sampled curve and the markers.
+    #[arg(long)]
+    json: bool,
     /// GPU profile to give a verdict for (repeatable). Default: every known profile.
     #[arg(long = "profile", value_name = "NAME")]
     profiles: Vec<String>,
@@ -65,7 +70,37 @@ fn read_estimate(path: &PathBuf) -> Result<serde_json::Value> {
     Ok(v)
 }
 
+fn to_json(rep: &report::Report, version: &str, verdicts: &[ProfileVerdict], warnings: &[String]) -> serde_json::Value {
+    let names: Vec<&str> = trace::Category::ALL.iter().map(|c| c.as_str()).collect();
+    serde_json::json!({
+        "device": rep.device,
+        "records": rep.records,
+        "allocator": version,
+        "peak_allocated_bytes": rep.peak_allocated,
+        "peak_reserved_bytes": rep.peak_reserved,
+        "peak_at": rep.peak_at,
+        "reserved_at_peak_bytes": rep.reserved_at_peak,
+        "has_categories": rep.has_categories,
+        "categories_at_peak": rep
+            .categories_at_peak
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
+            .collect::<serde_json::Map<_, _>>(),
+        "live_count": rep.live_count,
+        "top": rep.top,
+        "segments_at_peak": rep.segments.len(),
+        "categories": names,
+        "samples": rep.samples,
+        "marks": rep.marks,
+        "verdicts": verdicts,
+        "warnings": warnings,
+    })
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
+    if a.html.is_none() && !a.json {
+        bail!("give --html OUT.html (the page) or --json (its numbers)");
+    }
     let estimate = a.estimate.as_ref().map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
     // The pictures follow the first profile given (or --torch, or the newest rules).
@@ -111,18 +146,25 @@ pub fn run(a: Args) -> Result<ExitCode> {
         a.file.file_name().map_or_else(|| a.file.display().to_string(), |n| n.to_string_lossy().into_owned())
     });
     let extras = Extras { title, allocator: version.to_string(), estimate, verdicts, warnings };
-    let page = html::render(&rep, &extras);
-    crate::convert::write_atomic(&a.html, |w| {
-        w.write_all(page.as_bytes())?;
-        Ok(())
-    })?;
-    println!(
-        "wrote {}: peak reserved {:.1} MiB, peak allocated {:.1} MiB, {} segments at the peak, {} profile verdict(s)",
-        a.html.display(),
-        mib(rep.peak_reserved),
-        mib(rep.peak_allocated),
-        rep.segments.len(),
-        extras.verdicts.len()
-    );
+    if let Some(out) = &a.html {
+        let page = html::render(&rep, &extras);
+        crate::convert::write_atomic(out, |w| {
+            w.write_all(page.as_bytes())?;
+            Ok(())
+        })?;
+        if !a.json {
+            println!(
+                "wrote {}: peak reserved {:.1} MiB, peak allocated {:.1} MiB, {} segments at the peak, {} profile verdict(s)",
+                out.display(),
+                mib(rep.peak_reserved),
+                mib(rep.peak_allocated),
+                rep.segments.len(),
+                extras.verdicts.len()
+            );
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&to_json(&rep, &extras.allocator, &extras.verdicts, &extras.warnings))?);
+    }
     Ok(ExitCode::SUCCESS)
 }

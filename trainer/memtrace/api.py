@@ -1,0 +1,364 @@
+"""The Python API: `estimate`, `max_batch`, `replay`, `profiles`, `preload_path`.
+
+The model a caller passes is never moved, trained or changed: each trace gets a copy whose
+parameters and buffers are new tensors on the tracer's device (no values are read), and the
+copy is what the tracer's loop trains. Defaults are the CLI's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtrace.result import Estimate, EstimateError, breakdown, memsim
+from memtrace_trainer import notes
+from memtrace_trainer.errors import UserError, user_frames
+from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
+
+META = torch.device("meta")
+CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
+
+
+class MemtraceWarning(UserWarning):
+    """Input memtrace could only partly use, or a constant it rests on that is unmeasured."""
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are new tensors of the same shapes, dtypes
+    and `requires_grad` on meta; the original's values are never read, nor its device touched."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in memo:
+            continue
+        fresh = torch.empty_like(t, device=META)
+        memo[id(t)] = nn.Parameter(fresh, t.requires_grad) if isinstance(t, nn.Parameter) else fresh
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as e:
+        raise EstimateError(
+            f"cannot copy the model to the tracer's device ({type(e).__name__}: {e}); pass a "
+            "step function instead (memtrace.estimate(make_step), make_step(device) -> step)"
+        ) from e
+
+
+def _meta_like(value: Any, batch: int | None = None) -> Any:
+    """`value`'s tensors as new meta tensors (first dimension `batch` when given)."""
+    if isinstance(value, torch.Tensor):
+        shape = list(value.shape)
+        if batch is not None and shape:
+            shape[0] = batch
+        return torch.empty(shape, dtype=value.dtype, device=META)
+    if isinstance(value, dict):
+        return {k: _meta_like(v, batch) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_meta_like(v, batch) for v in value)
+    return value
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    loss = getattr(value, "loss", None)  # a transformers ModelOutput given labels
+    if isinstance(loss, torch.Tensor):
+        return loss
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(items, tuple | list) or isinstance(value, dict):
+        for v in items:
+            t = _first_tensor(v)
+            if t is not None and t.is_floating_point():
+                return t
+    return None
+
+
+def default_loss(output: Any, target: Any) -> torch.Tensor:
+    """The loss when none is given: cross-entropy against an integer `target`, mean squared
+    error against a floating one, else the model's own loss (a transformers output given
+    labels) or the mean of its first floating output."""
+    out = _first_tensor(output)
+    if out is None:
+        raise EstimateError("the model's output has no floating-point tensor to take a loss of: "
+                            "pass loss_fn=")  # fmt: skip
+    if target is None:
+        return out if out.dim() == 0 else out.mean()
+    if not target.is_floating_point():
+        return nn.functional.cross_entropy(out.flatten(0, -2) if out.dim() > 2 else out,
+                                           target.flatten())  # fmt: skip
+    return nn.functional.mse_loss(out, target)
+
+
+def _batch_of(inputs: Any) -> int:
+    first = inputs if isinstance(inputs, torch.Tensor) else _any_tensor(inputs)
+    if first is None or first.dim() == 0:
+        raise EstimateError("example_inputs: expected a tensor (or a tuple/dict of tensors) "
+                            "whose first dimension is the batch")  # fmt: skip
+    return int(first.shape[0])
+
+
+def _any_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict | tuple | list):
+        for v in items:
+            t = _any_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def _workloads(
+    model: nn.Module,
+    example_inputs: Any,
+    target: Any,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    dtype: str | None,
+    lora: int | str | None,
+    amp: str | None = None,
+) -> Callable[[int | None], Any]:
+    """Batch size (None: the example's) -> a fresh meta workload of the caller's model."""
+    from memtrace_trainer.models.finetune import Lora, Regime
+    from memtrace_trainer.models.zoo import tuned
+    from memtrace_trainer.workload import Workload, fresh_like
+
+    if example_inputs is None:
+        raise EstimateError("example_inputs is required with a model: one batch as the model "
+                            "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
+    base = _batch_of(example_inputs)
+    parsed = Lora.parse(str(lora), None, None) if lora is not None else None
+    regime = Regime(dtype=dtype, amp=amp, lora=parsed)
+    regime.validate()
+    loss = loss_fn or default_loss
+
+    def workload(batch: int | None = None) -> Any:
+        b = batch or base
+        inputs, tgt = _meta_like(example_inputs, b), _meta_like(target, b)
+        w = Workload(f"python:{type(model).__name__}", _meta_copy(model),
+                     lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
+        return tuned(w, regime) if regime.active else w
+
+    return workload
+
+
+def _step_config(
+    optimizer: str, steps: int | None, amp: str | None, checkpointing: Any,
+    world_size: int, strategy: str | None,
+) -> Any:  # fmt: skip
+    from memtrace_trainer.cli.common import MODEL_STEPS
+    from memtrace_trainer.symtrace.step import StepConfig
+
+    if checkpointing not in CHECKPOINTING:
+        raise EstimateError(f"checkpointing={checkpointing!r}: expected False, True, 'full' or "
+                            "'selective'")  # fmt: skip
+    if world_size != 1 and strategy is None:
+        raise EstimateError(f"world_size={world_size} needs strategy= (fsdp2, ddp, zero3, ...)")
+    cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, CHECKPOINTING[checkpointing], 1, True,
+                     world_size if strategy else None, strategy)  # fmt: skip
+    cfg.validate()
+    return cfg
+
+
+def _explain(e: BaseException) -> str:
+    """What failed on the tracer's device: the exception (PyTorch's message names the op) and
+    the innermost line of the caller's own code."""
+    frames = user_frames(e)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+    return f"the model failed on the tracer's device: {type(e).__name__}: {e}{where}"
+
+
+@contextlib.contextmanager
+def _warnings_as_python() -> Iterator[list[str]]:
+    said: list[str] = []
+
+    def sink(message: str) -> None:
+        said.append(message)
+        warnings.warn(message, MemtraceWarning, stacklevel=4)
+
+    with notes.captured(sink):
+        yield said
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except EstimateError:
+        raise
+    except UserError as e:
+        raise EstimateError(str(e)) from e
+    except Exception as e:
+        if _ours(e):  # a fault of memtrace itself: its own traceback, not the model's story
+            raise
+        raise EstimateError(_explain(e)) from e
+
+
+def _ours(e: BaseException) -> bool:
+    """Whether the innermost frame of `e` is memtrace's own code."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    here = str(Path(__file__).resolve().parents[1])
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(here)
+
+
+def _profile(gpu: str) -> Any:
+    try:
+        return load_profile(gpu)
+    except UserError as e:
+        raise EstimateError(f"gpu={gpu!r}: {e}") from e
+
+
+def estimate(
+    model: nn.Module | Callable[[torch.device], Callable[[], Any]],
+    example_inputs: Any = None,
+    *,
+    target: Any = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: str = "adam",
+    amp: str | None = None,
+    dtype: str | None = None,
+    gpu: str = DEFAULT_PROFILE,
+    world_size: int = 1,
+    strategy: str | None = None,
+    lora: int | str | None = None,
+    checkpointing: bool | str = False,
+    steps: int | None = None,
+    capacity: str | None = None,
+    point: bool = False,
+) -> Estimate:
+    """The GPU memory a training job needs on `gpu`, estimated without a GPU.
+
+    `model` is an `nn.Module` (on the CPU, or anywhere: it is copied, never moved or trained)
+    trained by the tracer's loop on `example_inputs` (one batch: a tensor, tuple or dict) with
+    `loss_fn(output, target)` (default: `default_loss`), `optimizer` (a name: adam, adamw, sgd,
+    ...), autocast `amp` ("bf16"/"fp16"), parameter `dtype` ("bf16"/"fp16"), LoRA of rank
+    `lora` ("R:ALPHA" for alpha), `checkpointing` (True/"full" or "selective"), sharded with
+    `strategy` over `world_size` ranks. Or `model` is a step builder, `make(device) -> step`,
+    run as written for `steps` steps (your loop, your optimizer).
+
+    Raises `EstimateError` on bad arguments, an unknown `gpu` (the message lists the known
+    profiles), or a model that fails on the tracer's device (naming the op and your line)."""
+    from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
+
+    prof = _profile(gpu)
+    tmp = tempfile.TemporaryDirectory(prefix="memtrace-")
+    trace = Path(tmp.name) / "symbolic.jsonl"
+    with _warnings_as_python() as said, _errors():
+        if isinstance(model, nn.Module):
+            workload = _workloads(model, example_inputs, target, loss_fn, dtype, lora, amp)
+            step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
+            job: Any = ModelJob(lambda: workload(None), step)
+        elif callable(model):
+            if example_inputs is not None:
+                raise EstimateError("example_inputs has no effect with a step builder: your "
+                                    "step makes its own batches")  # fmt: skip
+            from memtrace_trainer.cli.common import STEP_FN_STEPS
+
+            job = StepJob(model, steps or STEP_FN_STEPS, world_size if world_size > 1 else None)
+        else:
+            raise EstimateError(f"model: expected an nn.Module or a step builder "
+                                f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
+        raw = estimate_job(job, gpu, None, capacity=capacity, point=point, keep=trace)
+        report = json.loads(memsim("report", str(trace), "--json", "--profile", str(prof.path)))
+    sym = raw["estimates"]["symbolic"]
+    inputs = raw.get("inputs", {})
+    ranks = {"rank": 0, "device_mib": sym["device_mib"], "reserved_mib": sym["reserved_mib"],
+             "allocated_mib": sym["allocated_mib"]}  # fmt: skip
+    if inputs.get("distributed"):
+        ranks["note"] = inputs["distributed"].get("ranks")
+    return Estimate(
+        device_mib=float(sym["device_mib"]),
+        safe_mib=float(sym.get("safe_mib") or sym["device_mib"]),
+        reserved_mib=float(sym["reserved_mib"]),
+        allocated_mib=float(sym["allocated_mib"]),
+        gpu=str(raw.get("gpu", gpu)),
+        profile=str(prof.path),
+        verdict=raw["verdict"],
+        breakdown=breakdown(raw, report),
+        per_rank=[ranks],
+        warnings=said,
+        raw=raw,
+        _report=report,
+        _dir=tmp,
+    )
+
+
+def max_batch(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    target: Any = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: str = "adam",
+    amp: str | None = None,
+    dtype: str | None = None,
+    gpu: str = DEFAULT_PROFILE,
+    world_size: int = 1,
+    strategy: str | None = None,
+    lora: int | str | None = None,
+    checkpointing: bool | str = False,
+    steps: int | None = None,
+    capacity: str | None = None,
+    point: bool = False,
+    limit: int = 1 << 16,
+) -> int:
+    """The largest batch (the first dimension of `example_inputs` and `target`) that fits on
+    `gpu`, by the same check as `estimate`; 0 when not even 1 fits. Arguments as `estimate`."""
+    from memtrace_trainer.maxbatch import max_batch as search
+    from memtrace_trainer.maxbatch import trace_model
+
+    prof = _profile(gpu)
+    with _warnings_as_python(), _errors():
+        workload = _workloads(model, example_inputs, target, loss_fn, dtype, lora, amp)
+        step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
+        found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,
+                       limit, point)  # fmt: skip
+    return int(found["max_batch"])
+
+
+def replay(trace: str | Path, profile: str | None = None, *, capacity: str | None = None,
+           alloc_conf: str | None = None, point: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
+    peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
+    args = ["replay", str(trace), "--json"]
+    for flag, value in (("--profile", profile), ("--capacity", capacity),
+                        ("--alloc-conf", alloc_conf)):  # fmt: skip
+        if value is not None:
+            args += [flag, value]
+    if point:
+        args.append("--point")
+    return json.loads(memsim(*args, codes=(0, 1)))  # type: ignore[no-any-return]
+
+
+def profiles() -> list[str]:
+    """The names of the known GPU profiles (`gpu=` takes them)."""
+    return list(json.loads(memsim("profile", "--list", "--json")))
+
+
+def preload_path() -> Path:
+    """`libmemtrace.so`, for `LD_PRELOAD=$(python -m memtrace preload) python train.py`."""
+    from memtrace_trainer.binaries import find_shim
+
+    with _errors():
+        return find_shim().path
+
+
+__all__ = [
+    "Estimate",
+    "EstimateError",
+    "MemtraceWarning",
+    "default_loss",
+    "estimate",
+    "max_batch",
+    "preload_path",
+    "profiles",
+    "replay",
+]

@@ -1,0 +1,169 @@
+"""`Estimate`: what `memtrace.estimate` answers, with the trace kept so that the answer can be
+asked again (another GPU, a plot, memory_viz, an HTML report)."""
+
+from __future__ import annotations
+
+import html
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtrace_trainer.binaries import error_line, find_binary
+
+MIB = 1 << 20
+
+# The breakdown's parts, in the order a person reads them; they sum to `device_mib`.
+PARTS = (
+    ("parameters", "parameter"),
+    ("gradients", "gradient"),
+    ("optimizer_state", "optimizer_state"),
+    ("activations", "activation"),
+    ("workspaces", "workspace"),
+    ("inputs", "input"),
+    ("other", "other"),
+)
+
+
+class EstimateError(Exception):
+    """The job could not be estimated: bad arguments (the message says what was expected), or
+    the model failed on the tracer's device (the message names the op and your source line)."""
+
+
+def memsim(*args: str, codes: tuple[int, ...] = (0,)) -> str:
+    """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise."""
+    found = find_binary("memsim")
+    done = subprocess.run([str(found.path), *args], capture_output=True, text=True, check=False)
+    if done.returncode not in codes:
+        raise EstimateError(f"memsim {args[0]}: {error_line(done.stderr)}")
+    return done.stdout
+
+
+@dataclass
+class Estimate:
+    """The GPU memory one rank of a training job needs, from a symbolic trace replayed through
+    the caching-allocator model.
+
+    `device_mib` is the point estimate (peak reserved plus memory outside the allocator),
+    `safe_mib` the calibrated upper bound verdicts use, `reserved_mib` and `allocated_mib` the
+    allocator's peaks. `breakdown` splits `device_mib` by what the memory holds."""
+
+    device_mib: float
+    safe_mib: float
+    reserved_mib: float
+    allocated_mib: float
+    gpu: str
+    profile: str
+    verdict: dict[str, Any]
+    breakdown: dict[str, float]
+    per_rank: list[dict[str, Any]]
+    warnings: list[str]
+    raw: dict[str, Any] = field(repr=False)
+    _report: dict[str, Any] = field(repr=False)
+    _dir: tempfile.TemporaryDirectory[str] = field(repr=False)
+
+    @property
+    def trace_path(self) -> Path:
+        """The symbolic trace (a memtrace JSONL trace; `memsim` reads it)."""
+        return Path(self._dir.name) / "symbolic.jsonl"
+
+    def fits(self, gpu: str | None = None, *, point: bool = False) -> bool:
+        """Whether the job fits `gpu` (a profile name or path; default: the one estimated for),
+        on the safe number, or on the point estimate with `point=True`."""
+        if gpu is None and not point:
+            return bool(self.verdict["fits"])
+        args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
+        data = json.loads(memsim(*args, *(["--point"] if point else []), codes=(0, 1)))
+        return bool(data["verdict"]["fits"])
+
+    def timeline(self) -> Any:
+        """Memory over the traced steps: one row per sampled point (`at`, the record index;
+        `allocated_mib`, `reserved_mib`, and MiB per category), as a pandas DataFrame when
+        pandas is installed, else a list of dicts."""
+        names = self._report["categories"]
+        rows = [
+            {
+                "at": s["at"],
+                "allocated_mib": s["allocated"] / MIB,
+                "reserved_mib": s["reserved"] / MIB,
+                **{f"{n}_mib": v / MIB for n, v in zip(names, s["by_category"], strict=True)},
+            }
+            for s in self._report["samples"]
+        ]
+        try:
+            import pandas as pd
+        except ImportError:
+            return rows
+        return pd.DataFrame(rows)
+
+    def plot(self, ax: Any = None) -> Any:
+        """Memory over the steps, stacked by category, with the reserved line (matplotlib,
+        imported here). Returns the axes."""
+        import matplotlib.pyplot as plt
+
+        names = self._report["categories"]
+        samples = self._report["samples"]
+        if ax is None:
+            _, ax = plt.subplots(figsize=(9, 4))
+        xs = [s["at"] for s in samples]
+        layers = [[s["by_category"][i] / MIB for s in samples] for i in range(len(names))]
+        ax.stackplot(xs, layers, labels=names, step="post", alpha=0.85)
+        ax.step(xs, [s["reserved"] / MIB for s in samples], where="post", color="k",
+                label="reserved")  # fmt: skip
+        ax.set_xlabel("trace records (logical time)")
+        ax.set_ylabel("MiB")
+        ax.legend(loc="upper left", fontsize=8)
+        return ax
+
+    def to_memory_viz(self, path: str | Path) -> Path:
+        """The trace as a PyTorch memory snapshot pickle, for https://pytorch.org/memory_viz."""
+        out = Path(path)
+        memsim("convert", str(self.trace_path), str(out))
+        return out
+
+    def report(self, path: str | Path) -> Path:
+        """One self-contained HTML page: memory over the steps, what is alive at the peak, the
+        segment map, the estimators side by side and the verdict."""
+        out = Path(path)
+        est = Path(self._dir.name) / "estimate.json"
+        est.write_text(json.dumps(self.raw))
+        memsim("report", str(self.trace_path), "--html", str(out), "--estimate", str(est),
+               "--profile", self.profile, "--title", str(self.raw.get("model")))  # fmt: skip
+        return out
+
+    def to_json(self) -> str:
+        """The estimate as `python -m memtrace_trainer estimate --json` prints it, plus the
+        breakdown."""
+        return json.dumps({**self.raw, "breakdown_mib": self.breakdown})
+
+    def _repr_html_(self) -> str:
+        v = self.verdict
+        word = "FITS" if v["fits"] else "DOES NOT FIT"
+        color = "#1a7f37" if v["fits"] else "#c00"
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{mib:,.1f}</td></tr>"
+            for k, mib in self.breakdown.items()
+        )
+        return (
+            f"<div><b>needs {v['need_mib']:,.1f} MiB on {html.escape(self.gpu)} (point "
+            f"{self.device_mib:,.1f}): <span style='color:{color}'>{word}</span></b>"
+            f"<table><tr><th>part</th><th>MiB</th></tr>{rows}</table></div>"
+        )
+
+    def __str__(self) -> str:
+        word = "FITS" if self.verdict["fits"] else "DOES NOT FIT"
+        return (f"needs {self.verdict['need_mib']:.1f} MiB on {self.gpu} (point "
+                f"{self.device_mib:.1f}): {word}")  # fmt: skip
+
+
+def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:
+    """`device_mib` split: block bytes by category at the allocated peak, what the allocator
+    holds beyond them at its reserved peak (cached and fragmented), and memory outside the
+    allocator (CUDA context, libraries, NCCL)."""
+    cats = report["categories_at_peak"]
+    out = {part: cats.get(cat, 0) / MIB for part, cat in PARTS}
+    out["allocator_cache"] = (report["peak_reserved_bytes"] - sum(cats.values())) / MIB
+    out["outside_allocator"] = float(raw.get("outside_allocator", {}).get("total_mib", 0.0))
+    return out

@@ -1,0 +1,177 @@
+"""The Python API (`import memtrace`): the same numbers as the CLI, the caller's model never
+touched, every way to ask the answer again, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli
+from torch import nn
+
+import memtrace
+from memtrace import EstimateError
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+X, Y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[nn.Module, memtrace.Estimate]:
+    import torchvision
+
+    model = torchvision.models.resnet18()
+    est = memtrace.estimate(model, torch.randn(4, 3, 224, 224), target=torch.randint(0, 1000, (4,)))
+    return model, est
+
+
+def test_the_api_answers_what_the_cli_answers(resnet: tuple[nn.Module, memtrace.Estimate]) -> None:
+    _, est = resnet
+    out = json.loads(cli("estimate", "--model", "torchvision:resnet18", "--batch-size", "4",
+                         "--json").stdout)  # fmt: skip
+    sym = out["estimates"]["symbolic"]
+    assert est.device_mib == sym["device_mib"] and est.reserved_mib == sym["reserved_mib"]
+    assert est.safe_mib == pytest.approx(sym["safe_mib"])
+    assert est.verdict == out["verdict"]
+    assert est.per_rank[0]["device_mib"] == est.device_mib
+
+
+def test_the_callers_model_is_never_touched() -> None:
+    model = _mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.eval()
+    memtrace.estimate(model, X, target=Y, optimizer="adamw")
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    assert not model.training  # not even switched to train mode
+
+
+def test_the_breakdown_adds_up_to_the_point_estimate(
+    resnet: tuple[nn.Module, memtrace.Estimate],
+) -> None:
+    _, est = resnet
+    b = est.breakdown
+    assert sum(b.values()) == pytest.approx(est.device_mib)
+    assert b["parameters"] == pytest.approx(
+        sum(p.numel() * 4 for p in resnet[0].parameters()) / 2**20, rel=0.01
+    )
+    assert b["optimizer_state"] >= 2 * b["parameters"]  # Adam's two moments, at least
+    assert b["outside_allocator"] == est.raw["outside_allocator"]["total_mib"]
+
+
+def test_fits_asks_again_on_another_gpu(resnet: tuple[nn.Module, memtrace.Estimate]) -> None:
+    _, est = resnet
+    assert est.fits() is est.verdict["fits"] is True
+    for gpu in memtrace.profiles():
+        replayed = memtrace.replay(est.trace_path, gpu)
+        assert est.fits(gpu) is replayed["verdict"]["fits"]
+    tiny = memtrace.replay(est.trace_path, "a100-40gb", capacity="1GiB")
+    assert tiny["verdict"]["fits"] is False
+
+
+def test_the_answer_in_every_form(
+    resnet: tuple[nn.Module, memtrace.Estimate], tmp_path: Path
+) -> None:
+    _, est = resnet
+    rows = est.timeline()
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    peak = max(r["allocated_mib"] for r in rows)
+    assert peak == pytest.approx(est.allocated_mib, rel=1e-6)
+    assert {"at", "reserved_mib", "parameter_mib", "activation_mib"} <= set(rows[0])
+    snap = pickle.loads(est.to_memory_viz(tmp_path / "s.pickle").read_bytes())
+    assert snap["segments"] or snap["device_traces"]
+    page = est.report(tmp_path / "r.html").read_text()
+    assert f'data-mib="{est.verdict["need_mib"]:.1f}"' in page
+    assert json.loads(est.to_json())["breakdown_mib"] == est.breakdown
+    assert "FITS" in est._repr_html_() and str(est).startswith("needs ")
+
+
+def test_a_step_builder_runs_as_written() -> None:
+    from step_examples import default_adamw
+
+    est = memtrace.estimate(default_adamw, steps=2)
+    assert est.raw["model"] == "step:default_adamw"
+    assert est.device_mib > est.reserved_mib > 0
+
+
+def test_max_batch_is_the_boundary() -> None:
+    model = _mlp()
+    cap = "1600MiB"
+    best = memtrace.max_batch(model, X, target=Y, capacity=cap, limit=1 << 20)
+    assert best > 0
+    at = memtrace.estimate(model, torch.randn(best, 256), target=torch.randint(0, 10, (best,)),
+                           capacity=cap)  # fmt: skip
+    over = memtrace.estimate(model, torch.randn(best + 1, 256),
+                             target=torch.randint(0, 10, (best + 1,)), capacity=cap)  # fmt: skip
+    assert at.fits() and not over.fits()
+
+
+class _DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)[x.nonzero()[:, 0]]  # a shape that depends on values
+
+
+def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() -> None:
+    with pytest.raises(EstimateError) as e:
+        memtrace.estimate(_DataDependent(), torch.randn(4, 8))
+    msg = str(e.value)
+    assert "nonzero" in msg and "test_python_api.py" in msg and "x.nonzero()" in msg
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expect"),
+    [
+        ({"gpu": "nope"}, "known profiles: a100-40gb, h200"),
+        ({"example_inputs": None}, "example_inputs is required"),
+        ({"world_size": 4}, "world_size=4 needs strategy="),
+        ({"optimizer": "adamx"}, "--optimizer 'adamx': expected one of"),
+        ({"checkpointing": "some"}, "checkpointing='some'"),
+        ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
+    ],
+)
+def test_bad_arguments_raise_estimate_error(kwargs: dict, expect: str) -> None:
+    args = {"example_inputs": X, **kwargs}
+    with pytest.raises(EstimateError, match=expect):
+        memtrace.estimate(_mlp(), **args)
+
+
+def test_warnings_are_python_warnings() -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        est = memtrace.estimate(_mlp(), X, target=Y, gpu="h200")
+    said = [str(w.message) for w in seen if issubclass(w.category, memtrace.MemtraceWarning)]
+    assert said and said == est.warnings
+    assert any("unmeasured" in s for s in said)
+
+
+def test_preload_path_is_the_shim() -> None:
+    path = memtrace.preload_path()
+    assert path.name == "libmemtrace.so" and path.is_file()
+    from memtrace.__main__ import main
+
+    assert main(["preload"]) == 0 and main(["nope"]) == 2
+
+
+def test_the_python_api_page_runs_as_written() -> None:
+    """docs/python-api.md is a doctest: every example there works as written."""
+    import doctest
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", memtrace.MemtraceWarning)
+        result = doctest.testfile(str(page), module_relative=False, optionflags=flags)
+    assert result.attempted >= 15 and result.failed == 0, result
