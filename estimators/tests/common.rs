@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 
-/// The repository root.
+/// The repository root: the workspace directory holding `Cargo.lock`, above the crate whose
+/// tests include this file.
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    crate_dir.ancestors().find(|d| d.join("Cargo.lock").is_file()).unwrap_or(&crate_dir).to_path_buf()
 }
 
 /// A file under ../shared/data; panics with instructions when it is missing.

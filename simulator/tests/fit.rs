@@ -6,7 +6,7 @@ use simulator::fit::{fit_records, Capacity, CapacitySource, FitReplay, Margin, V
 use simulator::replay::ReplayOptions;
 use trace::{Header, Level, Record};
 
-use crate::cli::{alloc, free};
+use crate::records::{alloc, free};
 
 const MIB: u64 = 1 << 20;
 

@@ -1,61 +1,12 @@
-//! The memory report: what `report::collect` finds on a hand-made trace with known answers, the
-//! page it renders, and `memsim report` end to end (profiles, --estimate, bad input).
-
-use std::path::{Path, PathBuf};
-use std::process::Command;
+//! The memory report: what `report::collect` finds on a hand-made trace with known answers, and
+//! the page it renders (`memsim report` end to end: the memsim crate's tests).
 
 use simulator::replay::ReplayOptions;
 use simulator::report::{self, html};
-use trace::{Category, Event, Frame, Header, Level, Record, StackDef};
 
-use crate::cli::{alloc, free};
+use crate::records::{header, records};
 
 const MIB: u64 = 1 << 20;
-
-/// Three 30 MiB tensors; the second freed; a 60 MiB one allocated at the top of a known stack
-/// (the peak: 30 + 30 + 60 = 120 MiB allocated, 150 MiB reserved), then everything freed.
-fn records() -> Vec<Record> {
-    let stack = Record {
-        ts_ns: None,
-        tid: None,
-        device: Some(0),
-        event: Event::Stack(StackDef {
-            id: 7,
-            frames: vec![Frame { filename: "train.py".into(), line: 42, name: "forward".into() }],
-        }),
-    };
-    let mut big = alloc(4, 60 * MIB, Some(Category::Activation));
-    if let Event::Alloc(a) = &mut big.event {
-        a.stack = Some(7);
-    }
-    vec![
-        alloc(1, 30 * MIB, Some(Category::Parameter)),
-        alloc(2, 30 * MIB, Some(Category::Activation)),
-        alloc(3, 30 * MIB, Some(Category::Activation)),
-        free(2),
-        stack,
-        big,
-        free(4),
-        free(3),
-        free(1),
-    ]
-}
-
-fn header() -> Header {
-    let mut h = Header::new("test", "0", Level::Allocator);
-    h.synthetic_addresses = true;
-    h
-}
-
-fn write(dir: &Path) -> PathBuf {
-    let path = dir.join("t.jsonl");
-    let mut w = trace::TraceWriter::create(&path, &header()).unwrap();
-    for r in records() {
-        w.write(&r).unwrap();
-    }
-    w.finish().unwrap();
-    path
-}
 
 #[test]
 fn collect_finds_the_peak_what_is_alive_and_the_segments() {
@@ -104,60 +55,5 @@ fn the_page_is_self_contained_and_says_the_numbers() {
     for absent in ["<script", "http://", "https://"] {
         let outside_svg_ns = page.replace("http://www.w3.org/2000/svg", "");
         assert!(!outside_svg_ns.contains(absent), "the page must not load anything: found {absent}");
-    }
-}
-
-fn memsim(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-#[test]
-fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
-    let dir = tempfile::tempdir().unwrap();
-    let t = write(dir.path());
-    let est = dir.path().join("est.json");
-    std::fs::write(
-        &est,
-        r#"{"gpu": "NVIDIA A100-SXM4-40GB", "verdict": {"need_mib": 1234.5, "point_mib": 1200.0, "capacity_mib": 40536.0, "fits": true},
-            "estimates": {"symbolic": {"device_mib": 1200.0, "level": "device", "ignores": "x"},
-                          "analytic": {"device_mib": 900.0, "level": "device", "ignores": "y"}},
-            "unavailable": {"ml": "no model"}}"#,
-    )
-    .unwrap();
-    let out = dir.path().join("r.html");
-    let args = ["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
-    let (code, stdout, err) = memsim(&[&args[..], &["--estimate", est.to_str().unwrap()]].concat());
-    assert_eq!(code, 0, "{err}");
-    assert!(stdout.contains("peak reserved 150.0 MiB"), "{stdout}");
-    let page = std::fs::read_to_string(&out).unwrap();
-    assert!(page.contains(r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0)"#));
-    assert!(page.contains("The estimators side by side") && page.contains("no model"));
-    assert!(page.contains("The verdict per GPU profile") && page.contains(">a100-40gb<"));
-}
-
-#[test]
-fn memsim_report_refuses_bad_input_without_writing() {
-    let dir = tempfile::tempdir().unwrap();
-    let t = write(dir.path());
-    let out = dir.path().join("r.html");
-    let bad = dir.path().join("bad.json");
-    std::fs::write(&bad, "{\"not\": \"an estimate\"}").unwrap();
-    for (args, expect) in [
-        (
-            vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", bad.to_str().unwrap()],
-            "field `estimates` missing",
-        ),
-        (vec!["report", "/nonexistent.jsonl", "--html", out.to_str().unwrap()], "no such file"),
-        (vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "nope"], "nope"),
-    ] {
-        let (code, _, err) = memsim(&args);
-        assert_eq!(code, 2, "{args:?}: {err}");
-        assert!(err.contains(expect), "{args:?}: {err}");
-        assert!(!out.exists(), "{args:?}: no partial page");
     }
 }

@@ -25,9 +25,16 @@ pub const SHARED_FILES: [&str; 16] = [
     "kkaitlyn111--cs336-a2-systems--memory_small_forward.pickle",
 ];
 
+/// The repository root: the workspace directory holding `Cargo.lock`, above the crate whose
+/// tests include this file.
+fn repo() -> PathBuf {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    crate_dir.ancestors().find(|d| d.join("Cargo.lock").is_file()).unwrap_or(&crate_dir).to_path_buf()
+}
+
 /// ../shared/data/snapshots relative to the repository root.
 pub fn shared_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/snapshots");
+    let dir = repo().join("../shared/data/snapshots");
     assert!(
         dir.is_dir(),
         "shared snapshot data missing: expected {} (the project's ../shared checkout)",
@@ -51,7 +58,7 @@ pub fn shared_snapshot(file: &str) -> Snapshot {
 
 /// Path of a fixture under tests/fixtures/snapshots.
 pub fn fixture(file: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/snapshots").join(file);
+    let p = repo().join("tests/fixtures/snapshots").join(file);
     assert!(p.is_file(), "fixture missing: {}", p.display());
     p
 }

@@ -4,9 +4,8 @@ mod alloc_native; // hand-written native cases, one per rule and config option
 mod alloc_props; // proptest invariants and differential fuzzing against alloc_reference
 mod alloc_reference; // a naive Vec-of-segments model of the native rules, for differential tests
 mod alloc_support; // the test script language and the state-consistency checker
-mod cli; // the memsim binary end to end: JSON contracts, conversions, colocate, errors
-mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
 mod fit; // the fit check: in-memory shortcut == lockstep replay at every budget; margins and verdicts
+mod records; // hand-built trace records (shared with the memsim command's tests)
 mod report; // the memory report: collect on known answers, the page, memsim report end to end
 mod snapshot_import; // every shared snapshot imports with the README's action counts
 mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
@@ -14,6 +13,5 @@ mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known an
 mod snapshot_roundtrip; // pickle -> trace -> pickle gives memory_viz the same picture (venv torch)
 mod snapshot_support; // shared-data paths (fail loudly when missing) and helpers
 mod snapshot_validate; // replay validation per shared snapshot, expectations from the spec §16
-mod util_cli; // memsim stats: the utilization JSON object and text, launch-only message, fallbacks
 mod util_metrics; // busy fraction, SM activity, occupancy, gaps and phases on hand-built kernel timelines
 mod util_occupancy; // the occupancy calculator on CUDA's documented cases, launch failures, invariants

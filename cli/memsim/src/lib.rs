@@ -13,8 +13,6 @@ mod report;
 mod stats;
 mod validate;
 
-use std::process::ExitCode;
-
 use clap::{Parser, Subcommand};
 
 /// Predict the GPU memory a PyTorch training job reserves, from a trace, with an exact model of
@@ -60,8 +58,7 @@ enum Command {
     Profile(profile::Args),
 }
 
-fn run() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Replay(a) => replay::run(a),
         Command::Stats(a) => stats::run(a),
@@ -73,25 +70,31 @@ fn run() -> anyhow::Result<ExitCode> {
     }
 }
 
-fn main() -> ExitCode {
-    // Rust ignores SIGPIPE; a CLI piped into `head` should end quietly, as other tools do, instead
-    // of panicking in println!.
-    #[cfg(unix)]
-    // Safety: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    match run() {
+/// `memsim ARGS...` (the first item is the program name): the exit status, after printing the
+/// output and, on failure, the error chain on stderr. The `memsim` binary and the Python console
+/// script call this; clap's usage errors are exit 2, `--help` and `--version` exit 0.
+pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             // A closed pipe (`memsim stats x | head`) is not an error.
             if e.chain().any(|c| {
                 c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             }) {
-                return ExitCode::SUCCESS;
+                return 0;
             }
             eprintln!("memsim: error: {e:#}");
-            ExitCode::from(2)
+            2
         }
-    }
+    };
+    // The Python console script returns to the interpreter: what was printed must be out.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    code
 }

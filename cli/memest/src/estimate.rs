@@ -1,7 +1,6 @@
 //! `memest estimate`.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use estimators::estimate::{estimate, Answer, EstimateInput, EstimateReport};
@@ -56,7 +55,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+pub fn run(a: Args) -> anyhow::Result<u8> {
     let (profile, ppath) = Profile::load(&a.profile)?;
     let trace = LoadedTrace::load(&a.trace).with_context(|| format!("--trace {}", a.trace.display()))?;
     let plain = match &a.fake_trace {
@@ -106,7 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for w in &report.warnings {
         eprintln!("memest: warning: {w}");
     }
-    let code = if report.verdict.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
+    let code = if report.verdict.fits { 0u8 } else { 1u8 };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

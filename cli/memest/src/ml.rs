@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
@@ -112,7 +111,7 @@ struct EvalArgs {
 }
 
 /// Runs `memest ml ...`.
-pub fn run(args: MlArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: MlArgs) -> anyhow::Result<u8> {
     match args.command {
         MlCommand::Train(a) => train(a),
         MlCommand::Predict(a) => predict(a),
@@ -140,7 +139,7 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> 
     Ok(Examples::build(&ds, &Target::memory(detected))?)
 }
 
-fn train(a: TrainArgs) -> anyhow::Result<ExitCode> {
+fn train(a: TrainArgs) -> anyhow::Result<u8> {
     let kind = parse_model(&a.model)?;
     let ex = load_examples(&a.dataset, a.family.as_deref())?;
     let cfg = a.knobs.train_config();
@@ -153,10 +152,10 @@ fn train(a: TrainArgs) -> anyhow::Result<ExitCode> {
         kind.name(),
         file.training_rows
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(0u8)
 }
 
-fn predict(a: PredictArgs) -> anyhow::Result<ExitCode> {
+fn predict(a: PredictArgs) -> anyhow::Result<u8> {
     let model = ModelFile::load(&a.model)?;
     let mut out = std::io::stdout().lock();
     if let Some(f) = &a.features {
@@ -177,7 +176,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<ExitCode> {
                 writeln!(out, "{} MiB{}", p.estimate, p.bin.map(|b| format!(" (bin {b})")).unwrap_or_default())?;
             }
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0u8);
     }
     let path = a.dataset.as_ref().context("--features or --dataset is required")?;
     let ds = Dataset::load(path)?;
@@ -212,10 +211,10 @@ fn predict(a: PredictArgs) -> anyhow::Result<ExitCode> {
         }
         writeln!(out, "summary: {summary}")?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0u8)
 }
 
-fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<ExitCode> {
+fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
     let ex = load_examples(&a.dataset, None)?;
     let mut cfg = ProtocolConfig {
         seed: a.knobs.seed,
@@ -236,5 +235,5 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<ExitCode> {
     } else {
         write!(out, "{}", render::markdown(&report))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0u8)
 }

@@ -4,9 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use trace::{
-    Alloc, Api, Category, Control, ControlOp, Event, Free, FreeStage, Header, Level, MemoryKind, Origin, Record,
-};
+use trace::{Category, Control, ControlOp, Event, Header, Level, Record};
 
 fn memsim(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
@@ -25,47 +23,7 @@ fn json(args: &[&str]) -> Value {
 
 const MIB: u64 = 1 << 20;
 
-/// An allocator-level request of `size` bytes at trace address `addr`.
-pub(crate) fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
-    Record {
-        ts_ns: Some(addr),
-        tid: None,
-        device: Some(0),
-        event: Event::Alloc(Alloc {
-            addr,
-            size,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            category: cat,
-            caller: None,
-            stack: None,
-        }),
-    }
-}
-
-/// The free of the request at `addr`.
-pub(crate) fn free(addr: u64) -> Record {
-    Record {
-        ts_ns: Some(addr + 1),
-        tid: None,
-        device: Some(0),
-        event: Event::Free(Free {
-            addr,
-            size: None,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
-        }),
-    }
-}
+use crate::records::{alloc, free};
 
 /// Write an allocator-level trace with synthetic addresses and this header metadata.
 fn write_with(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {

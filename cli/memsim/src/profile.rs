@@ -1,8 +1,6 @@
 //! `memsim profile NAME|PATH [--json]`, `memsim profile --list [--json]`: a GPU profile as the one parser reads it. Python reads
 //! profiles through this command, so Rust and Python cannot disagree on defaults.
 
-use std::process::ExitCode;
-
 use anyhow::Result;
 use simulator::profile::Profile;
 use simulator::units::mib;
@@ -25,7 +23,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(a: Args) -> Result<u8> {
     let Some(name) = a.name.as_deref() else {
         let names = simulator::profile::known_profiles();
         if a.json {
@@ -33,7 +31,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         } else {
             names.iter().for_each(|n| println!("{n}"));
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0u8);
     };
     let (p, path) = Profile::load(name)?;
     let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
@@ -48,7 +46,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "allocator": p.software.allocator,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0u8);
     }
     let o = &p.outside_allocator;
     println!("{} ({})", Profile::name_of(&path), path.display());
@@ -75,5 +73,5 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         println!("  UNMEASURED          {}", p.provenance.unmeasured.join(", "));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0u8)
 }

@@ -5,11 +5,9 @@ mod calibrate;
 mod compare;
 mod estimate;
 mod fitio;
-mod ml;
+pub mod ml;
 mod safety;
-mod util;
-
-use std::process::ExitCode;
+pub mod util;
 
 use clap::{Parser, Subcommand};
 
@@ -49,30 +47,36 @@ enum Command {
     Util(util::UtilArgs),
 }
 
-fn run() -> anyhow::Result<ExitCode> {
-    match Cli::parse().command {
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
         Command::Estimate(a) => estimate::run(a),
-        Command::Compare(a) => compare::run(a).map(|()| ExitCode::SUCCESS),
-        Command::Calibrate(a) => calibrate::run(a).map(|()| ExitCode::SUCCESS),
-        Command::Safety(a) => safety::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Compare(a) => compare::run(a).map(|()| 0u8),
+        Command::Calibrate(a) => calibrate::run(a).map(|()| 0u8),
+        Command::Safety(a) => safety::run(a).map(|()| 0u8),
         Command::Ml(a) => ml::run(a),
         Command::Util(a) => util::run(a),
     }
 }
 
-fn main() -> ExitCode {
-    // Rust ignores SIGPIPE; a CLI piped into `head` should end quietly, as other tools do, instead
-    // of panicking in println!.
-    #[cfg(unix)]
-    // Safety: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    match run() {
+/// `memest ARGS...` (the first item is the program name): the exit status, after printing the
+/// output and, on failure, the error chain on stderr. The `memest` binary and the Python console
+/// script call this; clap's usage errors are exit 2, `--help` and `--version` exit 0.
+pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("memest: error: {e:#}");
-            ExitCode::from(2)
+            2
         }
-    }
+    };
+    // The Python console script returns to the interpreter: what was printed must be out.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    code
 }

@@ -1,7 +1,6 @@
 //! `memsim colocate A B [C...] [--profile NAME] [--capacity 80GiB] [--context 500MiB] [--align auto|timestamps|sum] [--json]`.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Result;
 use simulator::colocate::{colocate, Align, Job, Mode};
@@ -57,7 +56,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = crate::replay::load(a.profile.as_deref(), a.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
     let (capacity, mut warnings) = simulator::fit::capacity(a.capacity, profile.as_ref().map(|(p, _)| p));
@@ -98,7 +97,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         warnings.extend(crate::replay::point_without_effect(r.verdict.is_some(), &margins));
     }
     crate::input::warn(&warnings);
-    let code = if r.fits { ExitCode::SUCCESS } else { ExitCode::from(1) };
+    let code = if r.fits { 0u8 } else { 1u8 };
     if a.json {
         let mut v = serde_json::to_value(&r)?;
         v["warnings"] = serde_json::to_value(&warnings)?;

@@ -1,7 +1,6 @@
 //! `memsim replay FILE [--capacity 40GiB] [--profile NAME] [--alloc-conf STR] [--torch VER] [--strict] [--json]`.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
@@ -160,7 +159,7 @@ pub fn replay_file(
     Ok(r)
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
     let mut r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict, a.point)?;
@@ -171,8 +170,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     crate::input::warn(&r.warnings);
     let code = match &r.verdict {
-        Some(v) if !v.fits => ExitCode::from(1),
-        _ => ExitCode::SUCCESS,
+        Some(v) if !v.fits => 1u8,
+        _ => 0u8,
     };
     let rep = &r.fit.report;
     if a.json {

@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use simulator::perfetto::PerfettoBuilder;
@@ -41,7 +40,7 @@ fn out_kind(p: &Path) -> Result<Out> {
     }
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(a: Args) -> Result<u8> {
     let in_kind = crate::input::kind(&a.input)?;
     if !a.input.exists() {
         bail!("{}: no such file", a.input.display());
@@ -98,7 +97,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             eprintln!("open it at https://ui.perfetto.dev (Open trace file)");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0u8)
 }
 
 fn report(a: &Args, records: u64, truncated: bool) {

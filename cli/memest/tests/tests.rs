@@ -1,0 +1,22 @@
+//! The memest command end to end (one binary; one module per concept).
+
+/// The memest binary: JSON contract, errors, compare through the trainer.
+mod cli;
+/// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
+mod compare_trainer;
+/// ML estimators: the `memest ml` subcommands, driven through the command's library.
+mod ml_cli;
+/// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
+mod ml_util;
+
+/// Shared-data and venv paths (failing loudly) and trace builders, from the estimators' tests.
+#[path = "../../../estimators/tests/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+mod ml_data {
+    /// A GPUMemNet CSV under ../shared/data/gpumemnet.
+    pub fn gpumemnet(file: &str) -> std::path::PathBuf {
+        crate::common::shared(&format!("gpumemnet/{file}"))
+    }
+}

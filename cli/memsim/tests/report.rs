@@ -1,0 +1,72 @@
+//! `memsim report` end to end: the page with profiles and --estimate, and bad input refused
+//! without writing (the report's contents: simulator's tests).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::records::{header, records};
+
+fn write(dir: &Path) -> PathBuf {
+    let path = dir.join("t.jsonl");
+    let mut w = trace::TraceWriter::create(&path, &header()).unwrap();
+    for r in records() {
+        w.write(&r).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+fn memsim(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path());
+    let est = dir.path().join("est.json");
+    std::fs::write(
+        &est,
+        r#"{"gpu": "NVIDIA A100-SXM4-40GB", "verdict": {"need_mib": 1234.5, "point_mib": 1200.0, "capacity_mib": 40536.0, "fits": true},
+            "estimates": {"symbolic": {"device_mib": 1200.0, "level": "device", "ignores": "x"},
+                          "analytic": {"device_mib": 900.0, "level": "device", "ignores": "y"}},
+            "unavailable": {"ml": "no model"}}"#,
+    )
+    .unwrap();
+    let out = dir.path().join("r.html");
+    let args = ["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
+    let (code, stdout, err) = memsim(&[&args[..], &["--estimate", est.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("peak reserved 150.0 MiB"), "{stdout}");
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert!(page.contains(r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0)"#));
+    assert!(page.contains("The estimators side by side") && page.contains("no model"));
+    assert!(page.contains("The verdict per GPU profile") && page.contains(">a100-40gb<"));
+}
+
+#[test]
+fn memsim_report_refuses_bad_input_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path());
+    let out = dir.path().join("r.html");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"not\": \"an estimate\"}").unwrap();
+    for (args, expect) in [
+        (
+            vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", bad.to_str().unwrap()],
+            "field `estimates` missing",
+        ),
+        (vec!["report", "/nonexistent.jsonl", "--html", out.to_str().unwrap()], "no such file"),
+        (vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "nope"], "nope"),
+    ] {
+        let (code, _, err) = memsim(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?}: no partial page");
+    }
+}

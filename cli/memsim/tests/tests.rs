@@ -1,0 +1,14 @@
+//! The memsim command end to end (one binary; one module per concept).
+
+mod cli; // JSON contracts, conversions, colocate, errors
+mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
+mod report; // memsim report: the page with profiles and --estimate, bad input
+mod util_cli; // memsim stats: the utilization JSON object and text, launch-only message, fallbacks
+
+// Hand-built records and the shared-data paths, from the simulator's tests.
+#[path = "../../../simulator/tests/records.rs"]
+#[allow(dead_code)]
+mod records;
+#[path = "../../../simulator/tests/snapshot_support.rs"]
+#[allow(dead_code)]
+mod snapshot_support;

@@ -1,0 +1,82 @@
+//! Trace records the tests build by hand (shared with the memsim command's tests).
+
+use trace::{Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, Level, MemoryKind, Origin, Record, StackDef};
+
+const MIB: u64 = 1 << 20;
+
+/// An allocator-level request of `size` bytes at trace address `addr`.
+pub fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
+    Record {
+        ts_ns: Some(addr),
+        tid: None,
+        device: Some(0),
+        event: Event::Alloc(Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            category: cat,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+/// The free of the request at `addr`.
+pub fn free(addr: u64) -> Record {
+    Record {
+        ts_ns: Some(addr + 1),
+        tid: None,
+        device: Some(0),
+        event: Event::Free(Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api: Api::Allocator,
+            result: 0,
+            origin: Origin::Request,
+            stage: FreeStage::Immediate,
+            caller: None,
+            stack: None,
+        }),
+    }
+}
+
+/// Three 30 MiB tensors; the second freed; a 60 MiB one allocated at the top of a known stack
+/// (the peak: 30 + 30 + 60 = 120 MiB allocated, 150 MiB reserved), then everything freed.
+pub fn records() -> Vec<Record> {
+    let stack = Record {
+        ts_ns: None,
+        tid: None,
+        device: Some(0),
+        event: Event::Stack(StackDef {
+            id: 7,
+            frames: vec![Frame { filename: "train.py".into(), line: 42, name: "forward".into() }],
+        }),
+    };
+    let mut big = alloc(4, 60 * MIB, Some(Category::Activation));
+    if let Event::Alloc(a) = &mut big.event {
+        a.stack = Some(7);
+    }
+    vec![
+        alloc(1, 30 * MIB, Some(Category::Parameter)),
+        alloc(2, 30 * MIB, Some(Category::Activation)),
+        alloc(3, 30 * MIB, Some(Category::Activation)),
+        free(2),
+        stack,
+        big,
+        free(4),
+        free(3),
+        free(1),
+    ]
+}
+
+pub fn header() -> Header {
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    h
+}
