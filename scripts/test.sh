@@ -62,6 +62,21 @@ pytest_suite() {
 pytest_suite trainer trainer/tests
 pytest_suite end-to-end tests
 
+# The wheel: `pip install .` into a fresh virtual environment, its tests run from outside the
+# source tree (scripts/wheel-check.sh).
+step "pytest (wheel: pip install . in a fresh venv)"
+set +e
+bash scripts/wheel-check.sh 2>&1 | tee "$log_dir/wheel.log"
+rc=${PIPESTATUS[0]}
+set -e
+line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/wheel.log" | tail -n 1 || true)
+p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
+f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
+p=${p:-0}; f=${f:-0}
+passed=$((passed + p)); failed=$((failed + f))
+summary+=("pytest wheel: $p passed, $f failed, 0 skipped")
+if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+
 printf '\n== summary\n'
 printf '  %s\n' "${summary[@]}"
 if [ "$skipped" -ne 0 ]; then printf '  skipped or ignored tests are listed above with their reasons\n'; fi

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import html
 import json
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import error_line, find_binary
+from memtrace_trainer.binaries import error_line, run_tool
 
 MIB = 1 << 20
 
@@ -34,8 +33,7 @@ class EstimateError(Exception):
 
 def memsim(*args: str, codes: tuple[int, ...] = (0,)) -> str:
     """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise."""
-    found = find_binary("memsim")
-    done = subprocess.run([str(found.path), *args], capture_output=True, text=True, check=False)
+    done = run_tool("memsim", list(args))
     if done.returncode not in codes:
         raise EstimateError(f"memsim {args[0]}: {error_line(done.stderr)}")
     return done.stdout

@@ -1,11 +1,21 @@
-"""Finding the Rust binaries (memsim, memest) and the shim library the trainer drives."""
+"""Running the Rust commands (memsim, memest) and finding the shim library the trainer drives.
+
+`run_tool` is the one way to run a command: in this process through the wheel's native module
+(`memtrace._native`, the same `main` as the binaries) when it is installed, else the binary
+found by `find_binary` as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from memtrace_trainer.errors import UserError
 
@@ -45,12 +55,69 @@ def find_binary(name: str, debug_fallback: bool = False) -> Found:
     )
 
 
+def native() -> ModuleType | None:
+    """The wheel's native module, or None outside the wheel (the development setup). With it,
+    the GPU profiles are the ones shipped in the wheel (memtrace/profiles), never a path of the
+    machine that built it, unless $MEMTRACE_PROFILES says otherwise."""
+    try:
+        from memtrace import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    shipped = Path(_native.__file__).resolve().parent / "profiles"
+    if shipped.is_dir():
+        os.environ.setdefault("MEMTRACE_PROFILES", str(shipped))
+    return _native  # type: ignore[no-any-return]
+
+
+def tool_source(name: str) -> Found:
+    """Where `run_tool(name, ...)` runs the command from."""
+    if native() is not None:
+        return Found(Path(native().__file__), "the memtrace wheel's native module, in-process")  # type: ignore[union-attr, arg-type]
+    return find_binary(name)
+
+
+# The in-process commands write to the process's file descriptors 1 and 2, which are redirected
+# for the call: one call at a time.
+_FDS = threading.Lock()
+
+
+def run_tool(name: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`NAME ARGS` (memsim or memest) with its exit status, stdout and stderr: in-process through
+    the native module when the wheel is installed, else as a subprocess of the binary."""
+    mod = native()
+    if mod is None:
+        found = find_binary(name)
+        return subprocess.run([str(found.path), *args], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+    main = getattr(mod, f"{name}_main")
+    with _FDS, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = (os.dup(1), os.dup(2))
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            code = main([name, *args])
+        finally:
+            for fd, original in zip((1, 2), saved, strict=True):
+                os.dup2(original, fd)
+                with contextlib.suppress(OSError):
+                    os.close(original)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([name, *args], int(code),
+                                           out.read().decode(), err.read().decode())  # fmt: skip
+
+
 def find_shim() -> Found:
-    """libmemtrace.so, found like the binaries: $MEMTRACE_BIN_DIR, then target/release|debug."""
+    """libmemtrace.so: $MEMTRACE_BIN_DIR, then the wheel's copy (memtrace/_lib), then
+    target/release|debug."""
     candidates: list[Found] = []
     if os.environ.get("MEMTRACE_BIN_DIR"):
         path = Path(os.environ["MEMTRACE_BIN_DIR"]) / "libmemtrace.so"
         candidates.append(Found(path, "$MEMTRACE_BIN_DIR"))
+    packaged = Path(__file__).resolve().parents[1] / "memtrace" / "_lib" / "libmemtrace.so"
+    candidates.append(Found(packaged, "the memtrace package"))
     for kind in ("release", "debug"):
         path = REPO_ROOT / "target" / kind / "libmemtrace.so"
         candidates.append(Found(path, f"target/{kind}"))

@@ -22,7 +22,8 @@ def _library_dirs() -> list[str]:
     from pathlib import Path
 
     dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.add(str(Path(__file__).resolve().parent))  # memtrace_trainer itself
+    here = Path(__file__).resolve().parent
+    dirs.update((str(here), str(here.parent / "memtrace")))  # memtrace_trainer and memtrace
     return [str(Path(d).resolve()) for d in dirs if d]
 
 
@@ -36,7 +37,11 @@ def user_frames(exc: BaseException) -> list:
     out = []
     for f in traceback.extract_tb(exc.__traceback__):
         path = os.path.realpath(f.filename) if not f.filename.startswith("<") else f.filename
-        if f.filename.startswith("<") or any(path.startswith(d + os.sep) for d in libs):
+        # Installed packages anywhere on the path (site-packages of another environment too).
+        parts = path.split(os.sep)
+        installed = "site-packages" in parts or "dist-packages" in parts
+        ours = any(path.startswith(d + os.sep) for d in libs)
+        if f.filename.startswith("<") or installed or ours:
             continue
         out.append(f)
     return out

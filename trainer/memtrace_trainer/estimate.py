@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer import notes
-from memtrace_trainer.binaries import error_line, find_binary
+from memtrace_trainer.binaries import error_line, run_tool, tool_source
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
@@ -192,7 +191,7 @@ def estimate_job(
     (and PyTorch's MemTracker beside the baselines when `with_memtracker`); with `report`, the
     HTML page of `memsim report` for the symbolic trace, with this estimate beside it; with
     `keep`, the symbolic trace is copied there."""
-    memest = find_binary("memest")
+    memest = tool_source("memest")
     if log:
         log(f"memest: {memest.describe()}")
     prof = load_profile(profile)
@@ -213,7 +212,7 @@ def estimate_job(
         t = time.perf_counter()
         job.trace(prof, d / "plain.jsonl", False)
         seconds["trace_fake_tensor"] = time.perf_counter() - t
-        cmd = [str(memest.path), "estimate", "--trace", str(d / "symbolic.jsonl")]
+        cmd = ["estimate", "--trace", str(d / "symbolic.jsonl")]
         if features is not None:
             cmd += ["--features", str(d / "features.json")]
         cmd += ["--fake-trace", str(d / "plain.jsonl"), "--profile", str(prof.path), "--json"]
@@ -224,7 +223,7 @@ def estimate_job(
         if ml_model is not None:
             cmd += ["--ml-model", str(ml_model)]
         t = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = run_tool("memest", cmd)
         seconds["memest"] = time.perf_counter() - t
         tracker, tracker_why = (
             None,
@@ -278,12 +277,11 @@ def estimate_job(
 
 def write_report(trace: Path, result: dict[str, Any], prof: Profile, out: Path) -> Path:
     """`memsim report` of the symbolic trace, with the estimate beside it, as one HTML page."""
-    memsim = find_binary("memsim")
     est = trace.parent / "estimate.json"
     est.write_text(json.dumps(result))
-    cmd = [str(memsim.path), "report", str(trace), "--html", str(out), "--estimate", str(est),
+    cmd = ["report", str(trace), "--html", str(out), "--estimate", str(est),
            "--profile", str(prof.path), "--title", str(result.get("model"))]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = run_tool("memsim", cmd)
     if done.returncode != 0:
         raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "
                         f"{error_line(done.stderr)}")  # fmt: skip

@@ -11,14 +11,13 @@ the allocator's budget. So the answer fits by `estimate`, and the next batch doe
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import Found, error_line, find_binary
+from memtrace_trainer.binaries import error_line, run_tool, tool_source
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import progress, warn
 from memtrace_trainer.profile import Profile, load_profile
@@ -32,15 +31,18 @@ MIB = 1 << 20
 TraceAt = Callable[[int, Profile, Path], dict[str, Any]]
 
 
-def _replay(
-    memsim: Found, trace: Path, profile: Path, capacity: str | None, point: bool
-) -> dict[str, Any]:
-    cmd = [str(memsim.path), "replay", str(trace), "--json", "--profile", str(profile)]
+def _memsim_source() -> dict[str, str]:
+    found = tool_source("memsim")
+    return {"path": str(found.path), "source": found.source}
+
+
+def _replay(trace: Path, profile: Path, capacity: str | None, point: bool) -> dict[str, Any]:
+    cmd = ["replay", str(trace), "--json", "--profile", str(profile)]
     if capacity is not None:
         cmd += ["--capacity", capacity]
     if point:
         cmd.append("--point")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = run_tool("memsim", cmd)
     # memsim exits 1 for "does not fit": an answer, not a failure.
     if done.returncode not in (0, 1):
         msg = error_line(done.stderr)
@@ -65,7 +67,6 @@ def _replay(
 
 
 def _probe(
-    memsim: Found,
     prof: Profile,
     capacity: str | None,
     point: bool,
@@ -79,7 +80,7 @@ def _probe(
     t = time.perf_counter()
     path = tmp / f"probe-{value}.jsonl"
     defaults = trace_at(value, prof, path)
-    result = _replay(memsim, path, prof.path, capacity, point)
+    result = _replay(path, prof.path, capacity, point)
     path.unlink()
     for w in result.pop("warnings"):
         warn(w)
@@ -171,7 +172,6 @@ def max_batch(
     """`capacity` is the device's total memory as the user typed it (`40GiB`); memsim parses it,
     and rejects a bad one naming it. `unit` names the searched axis and its step (progress
     lines say `sequence length 2048` for `max_seq`)."""
-    memsim = find_binary("memsim")
     prof = load_profile(profile)
     if limit < 1:
         raise UserError(f"--limit {limit}: expected a positive batch size")
@@ -184,7 +184,7 @@ def max_batch(
 
         def probe(batch: int) -> bool:
             label = f"{command}: {axis} {batch * step}"
-            result = _probe(memsim, prof, capacity, point, trace_at, batch, Path(tmp), label)
+            result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label)
             defaults.update(result.pop("defaults"))
             probes[batch] = {"batch": batch, **result}
             return bool(result["fits"])
@@ -225,7 +225,7 @@ def max_batch(
         "probes": [probes[b] for b in sorted(probes)],
         "defaults": defaults,
         "iterations": iterations,
-        "memsim": {"path": str(memsim.path), "source": memsim.source},
+        "memsim": _memsim_source(),
         "seconds": time.perf_counter() - started,
     }
 
@@ -241,7 +241,6 @@ def min_world_size(
     job at that world size and replays it with `memsim replay`, the fit check of `estimate`.
     Probing stops at the first fit; sizes where the strategy cannot run are reported, not
     skipped silently."""
-    memsim = find_binary("memsim")
     prof = load_profile(profile)
     started = time.perf_counter()
     probes: list[dict[str, Any]] = []
@@ -250,7 +249,7 @@ def min_world_size(
     with tempfile.TemporaryDirectory(prefix="memtrace-minworld-") as tmp:
         for world in sizes:
             label = f"min-world-size: {world} ranks, per GPU"
-            result = _probe(memsim, prof, capacity, point, trace_at, world, Path(tmp), label)
+            result = _probe(prof, capacity, point, trace_at, world, Path(tmp), label)
             defaults.update(result.pop("defaults"))
             probes.append({"world_size": world, **result})
             if result["fits"]:
@@ -266,6 +265,6 @@ def min_world_size(
         "basis": last["basis"],
         "probes": probes,
         "defaults": defaults,
-        "memsim": {"path": str(memsim.path), "source": memsim.source},
+        "memsim": _memsim_source(),
         "seconds": time.perf_counter() - started,
     }

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import error_line, find_binary
+from memtrace_trainer.binaries import error_line, run_tool
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 
@@ -49,10 +48,7 @@ class Profile:
 
 @functools.lru_cache(maxsize=32)
 def _read(name: str) -> dict[str, Any]:
-    memsim = find_binary("memsim")
-    done = subprocess.run(
-        [str(memsim.path), "profile", name, "--json"], capture_output=True, text=True, check=False
-    )
+    done = run_tool("memsim", ["profile", name, "--json"])
     if done.returncode != 0:
         msg = error_line(done.stderr)
         raise UserError(msg or f"memsim profile {name} failed ({done.returncode})")

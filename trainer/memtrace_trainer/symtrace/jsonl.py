@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import __version__
-from memtrace_trainer.binaries import find_binary
+from memtrace_trainer.binaries import run_tool
 from memtrace_trainer.errors import UserError
 
 PRODUCER = "memtrace_trainer.symtrace"
@@ -46,11 +45,6 @@ def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
     return out
 
 
-def memsim_binary() -> Path:
-    """memsim from $MEMTRACE_BIN_DIR, then PATH, then the workspace's target/release|debug."""
-    return find_binary("memsim", debug_fallback=True).path
-
-
 def write(path: Path, text_lines: list[str]) -> None:
     """Atomically writes `.jsonl`, or `.mtrace` by converting through `memsim convert`."""
     path = Path(path)
@@ -65,12 +59,9 @@ def write(path: Path, text_lines: list[str]) -> None:
         if path.suffix == ".jsonl":
             os.replace(tmp, path)
             return
-        memsim = memsim_binary()
         tmp_out = tmp[: -len(".jsonl")] + ".mtrace"
         try:
-            done = subprocess.run(
-                [str(memsim), "convert", tmp, tmp_out], capture_output=True, text=True, check=False
-            )
+            done = run_tool("memsim", ["convert", tmp, tmp_out])
             if done.returncode != 0:
                 raise UserError(f"memsim convert failed for {path}: {done.stderr.strip()}")
             os.replace(tmp_out, path)
