@@ -175,3 +175,19 @@ def test_the_python_api_page_runs_as_written() -> None:
         warnings.simplefilter("ignore", memtrace.MemtraceWarning)
         result = doctest.testfile(str(page), module_relative=False, optionflags=flags)
     assert result.attempted >= 15 and result.failed == 0, result
+
+
+def test_plot_draws_the_categories_and_the_reserved_line(
+    resnet: tuple[nn.Module, memtrace.Estimate], tmp_path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _, est = resnet
+    ax = est.plot()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[-1] == "reserved" and {"parameter", "activation"} <= set(labels)
+    reserved = ax.get_lines()[-1].get_ydata()
+    assert max(reserved) == pytest.approx(est.reserved_mib)
+    ax.figure.savefig(tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
