@@ -26,8 +26,7 @@
 # three ways (scripts/gpu/job.py), so every check, the replay comparison included, is judged.
 #
 # On the GPU machine (torch with CUDA, python3, no network), from the repository root:
-#   scripts/gpu-check.sh --shim target/release/libmemtrace.so --memsim target/release/memsim \
-#       --jsonl target/release/mtrace-jsonl
+#   scripts/gpu-check.sh --shim target/release/libmemtrace.so --memsim target/release/memsim
 # Here, without a GPU, against the stub runtime/driver of the shim's tests:
 #   scripts/gpu-check.sh --dry-run
 set -euo pipefail
@@ -38,7 +37,6 @@ ENV_OUT=${OUT:-}
 DRY=0
 SHIM=target/release/libmemtrace.so
 MEMSIM=target/release/memsim
-JSONL=target/release/mtrace-jsonl
 OUT=
 PY=${PYTHON:-python3}
 ITER=5
@@ -47,7 +45,6 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY=1 ;;
     --shim) SHIM=$2; shift ;;
     --memsim) MEMSIM=$2; shift ;;
-    --jsonl) JSONL=$2; shift ;;
     --out) OUT=$2; shift ;;
     --iterations) ITER=$2; shift ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
@@ -55,9 +52,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -f "$SHIM" ] || { echo "gpu-check: shim $SHIM not found (cargo build --release -p memtrace-shim)" >&2; exit 2; }
-[ -x "$JSONL" ] || { echo "gpu-check: converter $JSONL not found (it is built with the shim)" >&2; exit 2; }
+# memsim converts each trace to JSON Lines for the analysis and replays the no-caching run.
+[ -x "$MEMSIM" ] || { echo "gpu-check: memsim $MEMSIM not found (cargo build --release -p memsim)" >&2; exit 2; }
 SHIM=$(readlink -f "$SHIM")
-[ -x "$MEMSIM" ] && MEMSIM=$(readlink -f "$MEMSIM") || { echo "gpu-check: no memsim at $MEMSIM: the no-caching replay is not compared" >&2; MEMSIM=; }
+MEMSIM=$(readlink -f "$MEMSIM")
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 OUT=$(readlink -f "$OUT")
@@ -102,7 +100,7 @@ for mode in default expandable nocache; do
   pid=$(cat "$OUT/$mode/pid")
   [ -f "$OUT/$mode/$pid.mtrace" ] || { echo "gpu-check: $mode wrote no trace $OUT/$mode/$pid.mtrace" >&2; cat "$OUT/$mode/stderr" >&2; exit 1; }
   mv "$OUT/$mode/$pid.mtrace" "$OUT/$mode/trace.mtrace"
-  "$JSONL" "$OUT/$mode/trace.mtrace" "$OUT/$mode/trace.jsonl"
+  "$MEMSIM" convert "$OUT/$mode/trace.mtrace" "$OUT/$mode/trace.jsonl" >/dev/null
   grep '^memtrace:' "$OUT/$mode/stderr" | sed "s/^/[$mode] /" || true
 done
 status=0

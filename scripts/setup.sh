@@ -11,7 +11,7 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain (https://rustup.rs) first"; exit 1; }
 command -v cc >/dev/null || { say "cc not found: install gcc (apt-get install -y gcc)"; exit 1; }
 py=${PYTHON:-python3}
-command -v "$py" >/dev/null || { say "$py not found: install Python >= 3.10"; exit 1; }
+command -v "$py" >/dev/null || { say "$py not found: install Python >= 3.11"; exit 1; }
 
 say "building the Rust workspace (release): libmemtrace.so, memsim, memest"
 cargo build --release --workspace --quiet

@@ -23,8 +23,6 @@ def test_gpu_check_dry_run_passes_every_check(tmp_path):
             str(shim),
             "--memsim",
             str(binary("memsim")),
-            "--jsonl",
-            str(binary("mtrace-jsonl")),
             "--out",
             str(out),
         ],

@@ -108,18 +108,11 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 /// Result alias of the library.
 pub type Result<T, E = EstimateError> = std::result::Result<T, E>;
 
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, renamed over the
-/// target, so a failure never leaves a partial output.
+/// [`trace::write_bytes_atomic`] with this crate's error: a failure never leaves a partial output.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let io = |source| EstimateError::Io { path: path.to_path_buf(), action: "cannot write", source };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    // tempfile creates 0600 files; reports, profiles and model files are ordinary outputs.
-    let mut builder = tempfile::Builder::new();
-    #[cfg(unix)]
-    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    let mut tmp = builder.tempfile_in(dir).map_err(io)?;
-    tmp.write_all(bytes).map_err(io)?;
-    tmp.persist(path).map_err(|e| io(e.error))?;
-    Ok(())
+    trace::write_bytes_atomic(path, bytes).map_err(|source| EstimateError::Io {
+        path: path.to_path_buf(),
+        action: "cannot write",
+        source,
+    })
 }

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod atomic;
 pub mod codec;
 mod convert;
 pub mod error;
@@ -33,6 +34,7 @@ mod read;
 mod write;
 
 pub use api::Api;
+pub use atomic::{write_atomic, write_bytes_atomic};
 pub use convert::convert;
 pub use error::TraceError;
 pub use event::*;

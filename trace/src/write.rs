@@ -252,22 +252,10 @@ impl TraceWriter {
     pub fn create_as(path: impl AsRef<Path>, format: Format, header: &Header) -> Result<TraceWriter, TraceError> {
         let path = path.as_ref();
         let in_file = |e: TraceError| e.in_file(path);
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let prefix = format!(".{name}.");
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(&prefix).suffix(".partial");
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o644));
-        }
-        let tmp = builder
-            .tempfile_in(dir)
-            .map_err(|e| in_file(TraceError::io(format!("creating a temporary file in {}", dir.display()), e)))?;
+        let tmp = crate::atomic::temp_beside(path).map_err(|e| {
+            let dir = path.parent().map_or_else(|| ".".into(), |d| d.display().to_string());
+            in_file(TraceError::io(format!("creating a temporary file in {dir}"), e))
+        })?;
         let sink = match format {
             Format::Binary => Sink::Binary(BinaryWriter::new(tmp, header).map_err(in_file)?),
             Format::Jsonl => Sink::Jsonl(JsonlWriter::new(tmp, header).map_err(in_file)?),

@@ -1,6 +1,5 @@
 //! `memsim convert IN OUT`: the format is chosen by each path's extension.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -92,7 +91,7 @@ pub fn run(a: Args) -> Result<u8> {
             )?;
             crate::input::warn(&read.warnings(&a.input, a.strict)?);
             let v = read.state.finish(&read.header);
-            write_atomic(&a.output, |w| Ok(serde_json::to_writer(w, &v)?))?;
+            trace::write_atomic(&a.output, |w| -> Result<()> { Ok(serde_json::to_writer(w, &v)?) })?;
             report(&a, 0, false);
             eprintln!("open it at https://ui.perfetto.dev (Open trace file)");
         }
@@ -126,23 +125,4 @@ fn write_trace(path: &Path, header: &Header, records: &[Record]) -> Result<()> {
     }
     w.finish()?;
     Ok(())
-}
-
-/// Write through a temporary file in the same directory, renamed on success: never a partial output.
-pub fn write_atomic(path: &Path, f: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp =
-        dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"), std::process::id()));
-    let res = (|| {
-        let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut w = std::io::BufWriter::new(file);
-        f(&mut w)?;
-        w.flush()?;
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
 }

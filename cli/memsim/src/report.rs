@@ -1,7 +1,6 @@
 //! `memsim report FILE --html OUT [--profile NAME]... [--estimate EST.json]`: one self-contained
 //! HTML page explaining a trace's memory (simulator::report).
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -147,10 +146,7 @@ pub fn run(a: Args) -> Result<u8> {
     let extras = Extras { title, allocator: version.to_string(), estimate, verdicts, warnings };
     if let Some(out) = &a.html {
         let page = html::render(&rep, &extras);
-        crate::convert::write_atomic(out, |w| {
-            w.write_all(page.as_bytes())?;
-            Ok(())
-        })?;
+        trace::write_bytes_atomic(out, page.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
         if !a.json {
             println!(
                 "wrote {}: peak reserved {:.1} MiB, peak allocated {:.1} MiB, {} segments at the peak, {} profile verdict(s)",

@@ -81,14 +81,7 @@ impl ModelFile {
         let io = |source| MlError::Io { path: path.to_path_buf(), source };
         let text =
             serde_json::to_string(self).map_err(|source| MlError::ModelFile { path: path.to_path_buf(), source })?;
-        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-        tmp_name.push(format!(".tmp.{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io(e)
-        })
+        trace::write_bytes_atomic(path, text.as_bytes()).map_err(io)
     }
 
     /// Reads a model file, checking its format version.

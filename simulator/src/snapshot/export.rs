@@ -7,7 +7,6 @@
 //! `[]`, as PyTorch writes it) and left out otherwise.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 use trace::{
@@ -417,17 +416,7 @@ impl Encoder<'_> {
 /// so a failure never leaves a partial file.
 pub fn write_snapshot(path: &Path, header: &Header, records: &[Record]) -> Result<(), SnapshotError> {
     let bytes = export_snapshot(header, records)?;
-    let wr = |source| SnapshotError::Write { path: path.to_path_buf(), source };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    // tempfile creates 0600 files; an exported snapshot is an ordinary output file.
-    let mut builder = tempfile::Builder::new();
-    #[cfg(unix)]
-    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    let mut tmp = builder.tempfile_in(dir).map_err(wr)?;
-    tmp.write_all(&bytes).map_err(wr)?;
-    tmp.persist(path).map_err(|e| wr(e.error))?;
+    trace::write_bytes_atomic(path, &bytes)
+        .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })?;
     Ok(())
 }

@@ -1,0 +1,47 @@
+//! Output files written whole or not at all: the one implementation every crate uses (traces,
+//! snapshot exports, reports, profiles, model files).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// A temporary file in `path`'s directory (`.NAME.*.partial`, mode 0644 on Unix as ordinary
+/// outputs are; tempfile's default is 0600), to be persisted over `path` once complete. Dropped
+/// without being persisted, it is removed.
+pub fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    builder.tempfile_in(dir)
+}
+
+/// Writes `path` through [`temp_beside`]: `fill` writes the contents, and only when it succeeds
+/// is the file flushed and renamed over `path`. A failure never leaves a partial output.
+pub fn write_atomic<E: From<std::io::Error>>(
+    path: &Path,
+    fill: impl FnOnce(&mut BufWriter<&mut File>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut tmp = temp_beside(path)?;
+    {
+        let mut w = BufWriter::new(tmp.as_file_mut());
+        fill(&mut w)?;
+        w.flush()?;
+    }
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// [`write_atomic`] of bytes already in memory.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic(path, |w| w.write_all(bytes))
+}
