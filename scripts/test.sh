@@ -38,16 +38,10 @@ py="$root/.venv/bin/python"
 step "ruff (Python: trainer, tests, scripts)"
 if "$py" -m ruff format --check trainer tests scripts && "$py" -m ruff check trainer tests scripts; then summary+=("ruff: ok"); else summary+=("ruff: FAILED"); status=1; fi
 
-# Two runs: each test directory has its own conftest.py.
-pytest_suite() {
-  local name=$1; shift
-  step "pytest ($name)"
-  set +e
-  MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs "$@" 2>&1 | tee "$log_dir/pytest.log"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  local line p f e s
-  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/pytest.log" | tail -n 1 || true)
+# Counts a pytest run from its log: NAME LOG EXIT_STATUS.
+tally() {
+  local name=$1 log=$2 rc=$3 line p f e s
+  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log" | tail -n 1 || true)
   p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
   f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
   e=$(echo "$line" | grep -oE '[0-9]+ errors?' | cut -d' ' -f1 || true)
@@ -59,6 +53,17 @@ pytest_suite() {
   if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
   return 0
 }
+
+# Two runs: each test directory has its own conftest.py.
+pytest_suite() {
+  local name=$1; shift
+  step "pytest ($name)"
+  set +e
+  MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs "$@" 2>&1 | tee "$log_dir/pytest.log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  tally "$name" "$log_dir/pytest.log" "$rc"
+}
 pytest_suite trainer trainer/tests
 pytest_suite end-to-end tests
 
@@ -69,13 +74,7 @@ set +e
 bash scripts/wheel-check.sh 2>&1 | tee "$log_dir/wheel.log"
 rc=${PIPESTATUS[0]}
 set -e
-line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log_dir/wheel.log" | tail -n 1 || true)
-p=$(echo "$line" | grep -oE '[0-9]+ passed' | cut -d' ' -f1 || true)
-f=$(echo "$line" | grep -oE '[0-9]+ failed' | cut -d' ' -f1 || true)
-p=${p:-0}; f=${f:-0}
-passed=$((passed + p)); failed=$((failed + f))
-summary+=("pytest wheel: $p passed, $f failed, 0 skipped")
-if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+tally wheel "$log_dir/wheel.log" "$rc"
 
 printf '\n== summary\n'
 printf '  %s\n' "${summary[@]}"

@@ -69,17 +69,28 @@ def _policy_context() -> Any:
     return create_selective_checkpoint_contexts(policy)
 
 
+AC_MODES = ("selective", "full", "none")
+
+
+def _ac_mode() -> str:
+    mode = os.environ.get("MEMTRACE_TT_AC", "selective")
+    if mode not in AC_MODES:
+        raise ValueError(f"MEMTRACE_TT_AC={mode!r}: expected one of {', '.join(AC_MODES)}")
+    return mode
+
+
 class _Checkpointed(torch.nn.Module):
     """A block run under non-reentrant selective checkpointing (torchtitan's
-    `ptd_checkpoint_wrapper(..., context_fn=..., preserve_rng_state=False)`)."""
+    `ptd_checkpoint_wrapper(..., context_fn=..., preserve_rng_state=False)`), or full
+    checkpointing with MEMTRACE_TT_AC=full."""
 
-    def __init__(self, block: torch.nn.Module) -> None:
+    def __init__(self, block: torch.nn.Module, full: bool) -> None:
         super().__init__()
-        self.block = block
+        self.block, self.full = block, full
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         run = partial(self.block, **kwargs)
-        if os.environ.get("MEMTRACE_TT_AC", "selective") == "full":
+        if self.full:
             return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False)
         return checkpoint(run, *args, use_reentrant=False, context_fn=_policy_context,
                           preserve_rng_state=False)  # fmt: skip
@@ -105,6 +116,7 @@ def step(device: torch.device) -> Any:
 
     batch = int(os.environ.get("MEMTRACE_TT_BATCH", "2"))
     seq = int(os.environ.get("MEMTRACE_TT_SEQ", "8192"))
+    ac = _ac_mode()
     config = _config()
     config._attn_implementation = "sdpa"
 
@@ -114,9 +126,9 @@ def step(device: torch.device) -> Any:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     layers = model.model.layers
-    if os.environ.get("MEMTRACE_TT_AC", "selective") != "none":
+    if ac != "none":
         for i, block in enumerate(layers):
-            layers[i] = _Checkpointed(block)
+            layers[i] = _Checkpointed(block, full=ac == "full")
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for i, block in enumerate(layers):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)

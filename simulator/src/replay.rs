@@ -534,6 +534,11 @@ impl Replayer {
         })
     }
 
+    /// Whether any applied allocation carried a category.
+    pub fn has_categories(&self) -> bool {
+        self.has_categories
+    }
+
     /// A device's segments as they are now.
     pub fn segments(&self, device: u32) -> Vec<crate::alloc::SegmentView> {
         self.devices.get(&device).map_or_else(Vec::new, |d| d.alloc.segments())

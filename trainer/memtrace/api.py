@@ -64,26 +64,33 @@ def _meta_like(value: Any, batch: int | None = None) -> Any:
     return value
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a tensor, tuple, list or dict (a transformers ModelOutput is one), in
+    order."""
     if isinstance(value, torch.Tensor):
-        return value
-    loss = getattr(value, "loss", None)  # a transformers ModelOutput given labels
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, tuple | list):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _output_tensor(output: Any) -> torch.Tensor | None:
+    """The model's own loss (a transformers output given labels), else its first floating
+    output."""
+    loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    items = value.values() if isinstance(value, dict) else value
-    if isinstance(items, tuple | list) or isinstance(value, dict):
-        for v in items:
-            t = _first_tensor(v)
-            if t is not None and t.is_floating_point():
-                return t
-    return None
+    return next((t for t in _tensors(output) if t.is_floating_point()), None)
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:
     """The loss when none is given: cross-entropy against an integer `target`, mean squared
     error against a floating one, else the model's own loss (a transformers output given
     labels) or the mean of its first floating output."""
-    out = _first_tensor(output)
+    out = _output_tensor(output)
     if out is None:
         raise EstimateError("the model's output has no floating-point tensor to take a loss of: "
                             "pass loss_fn=")  # fmt: skip
@@ -96,23 +103,11 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
 
 
 def _batch_of(inputs: Any) -> int:
-    first = inputs if isinstance(inputs, torch.Tensor) else _any_tensor(inputs)
+    first = next(_tensors(inputs), None)
     if first is None or first.dim() == 0:
         raise EstimateError("example_inputs: expected a tensor (or a tuple/dict of tensors) "
                             "whose first dimension is the batch")  # fmt: skip
     return int(first.shape[0])
-
-
-def _any_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    items = value.values() if isinstance(value, dict) else value
-    if isinstance(value, dict | tuple | list):
-        for v in items:
-            t = _any_tensor(v)
-            if t is not None:
-                return t
-    return None
 
 
 def _workloads(
@@ -204,9 +199,13 @@ def _ours(e: BaseException) -> bool:
     """Whether the innermost frame of `e` is memtrace's own code."""
     import traceback
 
+    import memtrace_trainer
+
     frames = traceback.extract_tb(e.__traceback__)
-    here = str(Path(__file__).resolve().parents[1])
-    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(here)
+    # The two packages' own directories, not their parent: installed, that is site-packages,
+    # where torch lives too.
+    ours = (Path(__file__).resolve().parent, Path(memtrace_trainer.__file__).resolve().parent)
+    return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
 
 
 def _profile(gpu: str) -> Any:
@@ -262,6 +261,12 @@ def estimate(
                                     "step makes its own batches")  # fmt: skip
             from memtrace_trainer.cli.common import STEP_FN_STEPS
 
+            loop = {"target": target, "loss_fn": loss_fn, "amp": amp, "dtype": dtype,
+                    "lora": lora, "strategy": strategy,
+                    "optimizer": optimizer if optimizer != "adam" else None,
+                    "checkpointing": checkpointing or None}  # fmt: skip
+            for name in (n for n, v in loop.items() if v is not None):
+                notes.warn(f"{name}= has no effect with a step builder: your step decides")
             job = StepJob(model, steps or STEP_FN_STEPS, world_size if world_size > 1 else None)
         else:
             raise EstimateError(f"model: expected an nn.Module or a step builder "

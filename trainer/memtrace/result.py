@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer.binaries import error_line, run_tool
+from memtrace_trainer.errors import UserError
 
 MIB = 1 << 20
 
@@ -124,12 +125,12 @@ class Estimate:
     def report(self, path: str | Path) -> Path:
         """One self-contained HTML page: memory over the steps, what is alive at the peak, the
         segment map, the estimators side by side and the verdict."""
-        out = Path(path)
-        est = Path(self._dir.name) / "estimate.json"
-        est.write_text(json.dumps(self.raw))
-        memsim("report", str(self.trace_path), "--html", str(out), "--estimate", str(est),
-               "--profile", self.profile, "--title", str(self.raw.get("model")))  # fmt: skip
-        return out
+        from memtrace_trainer.estimate import write_report
+
+        try:
+            return write_report(self.trace_path, self.raw, Path(self.profile), Path(path))
+        except UserError as e:
+            raise EstimateError(str(e)) from e
 
     def to_json(self) -> str:
         """The estimate as `python -m memtrace_trainer estimate --json` prints it, plus the

@@ -132,7 +132,7 @@ def fsdp_memtracker(run: Callable[[], Any]) -> dict[str, Any]:
         if not isinstance(model, FSDPModule):
             raise UserError("FSDPMemTracker needs an FSDP2 root module; the job's model is not one")
         tracker = FSDPMemTracker(model, optimizer)
-        return _Reusable(lambda: around(tracker))
+        return lambda: around(tracker)
 
     with watch_steps(made):
         run()
@@ -149,19 +149,3 @@ def fsdp_memtracker(run: Callable[[], Any]) -> dict[str, Any]:
         "by_kind_mib": {k: v / MIB for k, v in sorted(best["by_kind"].items())},
         "ignores": FSDP_IGNORES,
     }
-
-
-class _Reusable:
-    """A context entered once per step, made fresh from `make()` each time."""
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make = make
-        self._stack: list[Any] = []
-
-    def __enter__(self) -> None:
-        ctx = self._make()
-        self._stack.append(ctx)
-        ctx.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._stack.pop().__exit__(*exc)

@@ -71,8 +71,9 @@ def native() -> ModuleType | None:
 
 def tool_source(name: str) -> Found:
     """Where `run_tool(name, ...)` runs the command from."""
-    if native() is not None:
-        return Found(Path(native().__file__), "the memtrace wheel's native module, in-process")  # type: ignore[union-attr, arg-type]
+    mod = native()
+    if mod is not None:
+        return Found(Path(str(mod.__file__)), "the memtrace wheel's native module, in-process")
     return find_binary(name)
 
 

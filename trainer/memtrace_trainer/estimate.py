@@ -269,18 +269,19 @@ def estimate_job(
             shutil.copyfile(d / "symbolic.jsonl", keep)
         if report is not None:
             t = time.perf_counter()
-            result["report"] = str(write_report(d / "symbolic.jsonl", result, prof, report))
+            result["report"] = str(write_report(d / "symbolic.jsonl", result, prof.path, report))
             result["seconds"]["report"] = time.perf_counter() - t
     result["warnings"] = notes.collected()
     return result
 
 
-def write_report(trace: Path, result: dict[str, Any], prof: Profile, out: Path) -> Path:
-    """`memsim report` of the symbolic trace, with the estimate beside it, as one HTML page."""
+def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) -> Path:
+    """`memsim report` of the symbolic trace, with the estimate beside it, as one HTML page
+    (`estimate --report`, `memtrace.Estimate.report`)."""
     est = trace.parent / "estimate.json"
     est.write_text(json.dumps(result))
     cmd = ["report", str(trace), "--html", str(out), "--estimate", str(est),
-           "--profile", str(prof.path), "--title", str(result.get("model"))]  # fmt: skip
+           "--profile", str(profile), "--title", str(result.get("model"))]  # fmt: skip
     done = run_tool("memsim", cmd)
     if done.returncode != 0:
         raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "

@@ -103,6 +103,19 @@ def test_a_step_builder_runs_as_written() -> None:
     assert est.device_mib > est.reserved_mib > 0
 
 
+def test_the_loops_arguments_with_a_step_builder_are_warned_about() -> None:
+    from step_examples import default_adamw
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        memtrace.estimate(default_adamw, steps=1, optimizer="sgd", amp="bf16")
+    said = [str(w.message) for w in seen if issubclass(w.category, memtrace.MemtraceWarning)]
+    assert "optimizer= has no effect with a step builder: your step decides" in said
+    assert "amp= has no effect with a step builder: your step decides" in said
+    with pytest.raises(EstimateError, match="example_inputs has no effect"):
+        memtrace.estimate(default_adamw, X)
+
+
 def test_max_batch_is_the_boundary() -> None:
     model = _mlp()
     cap = "1600MiB"

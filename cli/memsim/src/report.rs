@@ -114,6 +114,13 @@ pub fn run(a: Args) -> Result<u8> {
         },
     )?;
     let mut warnings = read.warnings(&a.file, a.strict)?;
+    if a.html.is_none() {
+        for (flag, given) in [("--title", a.title.is_some()), ("--estimate", a.estimate.is_some())] {
+            if given {
+                warnings.push(format!("{flag} has no effect without --html: it only shapes the page"));
+            }
+        }
+    }
     let rep = report::collect(&read.header, &records, &opts)
         .with_context(|| format!("{}: cannot replay", a.file.display()))?;
     drop(records);

@@ -70,3 +70,17 @@ fn memsim_report_refuses_bad_input_without_writing() {
         assert!(!out.exists(), "{args:?}: no partial page");
     }
 }
+
+#[test]
+fn memsim_report_json_says_which_flags_shape_only_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path());
+    let (code, out, err) = memsim(&["report", t.to_str().unwrap(), "--json", "--title", "x", "--profile", "a100-40gb"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--title has no effect without --html"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["peak_reserved_bytes"], 150 * (1u64 << 20));
+    let (code, _, err) = memsim(&["report", t.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("give --html OUT.html (the page) or --json"), "{err}");
+}

@@ -169,7 +169,7 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
             samples.push(Sample { at, allocated, reserved, by_category: rp.live_by_category(device) });
         }
     }
-    let has_categories = rp.finish().devices.iter().any(|d| !d.categories_at_peak.is_empty());
+    let has_categories = rp.has_categories();
     if marks.len() > MAX_MARKS {
         marks.retain(|m| m.text.starts_with("iter:"));
         marks.truncate(MAX_MARKS);

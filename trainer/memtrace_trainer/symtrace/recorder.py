@@ -63,6 +63,8 @@ class Recorder(TorchDispatchMode):
         # Above zero while the program works on PyTorch's own meta device (`with
         # torch.device("meta")`): storages made then hold no memory, now or later.
         self.memory_free = 0
+        # Whether any storage was marked memory-free: until one is, no op needs the check.
+        self._memory_free_seen = False
         self._next_id = 1
         self._alloc_index: dict[int, int] = {}
         self._holders: dict[int, int] = {}
@@ -137,6 +139,7 @@ class Recorder(TorchDispatchMode):
             return None
         if self.memory_free:
             storage._memtrace = (self._token, None, [False], 0)  # type: ignore[attr-defined]
+            self._memory_free_seen = True
             return None
         addr = self.alloc(size, category or self.category)
         self._hold(storage, addr, size)
@@ -243,8 +246,10 @@ class Recorder(TorchDispatchMode):
             # An op on tensors of the meta device proper makes more of them (PyTorch keeps an
             # op's inputs and outputs on one device), unless it names its output's device
             # (`to_empty`'s `empty_like(..., device=)`).
-            derived = "device" not in kwargs and any(
-                self.holds_no_memory(t) for t in tree_flatten(args)[0]
+            derived = (
+                self._memory_free_seen
+                and "device" not in kwargs
+                and any(self.holds_no_memory(t) for t in tree_flatten(args)[0])
             )
             self.memory_free += derived
             try:

@@ -25,16 +25,15 @@ from memtrace_trainer.workload import Workload, call_model
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # A baseline that needs the job's model and optimizer (PyTorch's FSDPMemTracker) is given them
-# once the tracer's loop has made them, and answers with a context each step runs in.
-_STEP_WATCHERS: list[Callable[[nn.Module, Any], contextlib.AbstractContextManager[Any]]] = []
+# once the tracer's loop has made them, and answers with a maker of the context each step runs in.
+StepContext = Callable[[], contextlib.AbstractContextManager[Any]]
+_STEP_WATCHERS: list[Callable[[nn.Module, Any], StepContext]] = []
 
 
 @contextlib.contextmanager
-def watch_steps(
-    fn: Callable[[nn.Module, Any], contextlib.AbstractContextManager[Any]],
-) -> Iterator[None]:
+def watch_steps(fn: Callable[[nn.Module, Any], StepContext]) -> Iterator[None]:
     """While active, the tracer's own loop calls `fn(model, optimizer)` once both exist and
-    runs every step inside the context it returns."""
+    runs every step inside a fresh context from what it returns."""
     _STEP_WATCHERS.append(fn)
     try:
         yield
@@ -134,7 +133,7 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
         def step() -> None:
             with contextlib.ExitStack() as watched:
                 for w in watchers:
-                    watched.enter_context(w)
+                    watched.enter_context(w())
                 one_step()
 
         def one_step() -> None:
