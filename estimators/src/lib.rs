@@ -11,10 +11,10 @@ pub mod features;
 pub mod metrics;
 pub mod ml;
 pub mod plots;
-pub mod rebuild;
 pub mod report;
 pub mod safety;
 pub mod symbolic;
+pub mod trace_jobs;
 pub mod tracefile;
 
 pub use error::{EstimateError, Result};

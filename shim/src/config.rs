@@ -4,7 +4,9 @@
 //! variable, the value and what was expected, and the default is used instead. Nothing here can
 //! stop the host process.
 
-use crate::log::LogLevel;
+use std::sync::OnceLock;
+
+use crate::log::{self, LogLevel};
 
 /// One entry of the table: the variable, its default and what it means (printed with
 /// `MEMTRACE_LOG=debug`, and used in the README).
@@ -232,6 +234,32 @@ impl Config {
             _ => String::new(),
         }
     }
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+fn load() -> Config {
+    let (cfg, errors) = Config::from_lookup(|k| std::env::var(k).ok());
+    log::set_level(cfg.log);
+    for e in &errors {
+        crate::log!(Warn, "{e}");
+    }
+    if log::enabled(LogLevel::Debug) {
+        for v in VARS.iter() {
+            crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
+        }
+    }
+    cfg
+}
+
+/// The configuration (read from the environment once).
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(load)
+}
+
+/// The configuration, if it has been read.
+pub fn config_if_read() -> Option<&'static Config> {
+    CONFIG.get()
 }
 
 #[cfg(test)]

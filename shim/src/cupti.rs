@@ -386,7 +386,7 @@ unsafe fn field<T: Copy>(p: *const u8, off: usize) -> T {
 unsafe fn mem_of(p: *const u8) -> Option<Mem> {
     use std::mem::offset_of;
     use trace::{CuptiMemoryKind, MemActivity, MemActivityOp, MemPoolKind};
-    // Safety (every read): offsets inside the record's common prefix, plain integers.
+    // Safety: every read is at an offset inside the record's common prefix, of a plain integer.
     let (op, kind, pool_type): (u32, u32, u32) = unsafe {
         (
             field(p, offset_of!(MemoryRecord, memoryOperationType)),

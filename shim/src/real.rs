@@ -75,7 +75,7 @@ unsafe fn lookup(d: &DynInfo, name: &[u8]) -> usize {
         return 0;
     }
     let h = gnu_hash(name);
-    // Safety (whole block): the GNU hash table layout is fixed by the ELF gABI extension and the
+    // Safety: (whole block) the GNU hash table layout is fixed by the ELF gABI extension and the
     // loader mapped it; all indices come from the table itself.
     unsafe {
         let hdr = d.gnu_hash as *const u32;
@@ -227,7 +227,7 @@ pub fn loaded(soname: &CStr) -> Option<*mut c_void> {
 pub fn driver_symbol(name: &CStr) -> Option<usize> {
     let h = loaded(c"libcuda.so.1")?;
     let p = dlsym(h, name);
-    (p != 0 && !crate::hooks::table::is_own(p)).then_some(p)
+    (p != 0 && !is_own(p)).then_some(p)
 }
 
 /// The definition of `name` in each already-loaded library of `lib` (for pointer identity).
@@ -247,14 +247,14 @@ pub fn candidates(lib: Lib, name: &CStr, mut f: impl FnMut(usize)) {
 pub fn next(lib: Lib, name: &CStr) -> usize {
     let p = dlsym(libc::RTLD_NEXT, name);
     if p != 0 {
-        if !crate::hooks::table::is_own(p) {
+        if !is_own(p) {
             return p;
         }
         crate::log!(Warn, "dlsym(RTLD_NEXT, {name:?}) returned the shim's own function; ignoring it");
     }
     let mut found = 0;
     candidates(lib, name, |p| {
-        if found == 0 && !crate::hooks::table::is_own(p) {
+        if found == 0 && !is_own(p) {
             found = p;
         }
     });
@@ -310,4 +310,34 @@ impl Default for Slot {
     fn default() -> Self {
         Self::new()
     }
+}
+
+static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
+
+fn own_base() -> usize {
+    let b = OWN_BASE.load(Ordering::Relaxed);
+    if b != 0 {
+        return b;
+    }
+    // Safety: Dl_info is plain C data; all-zero is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = own_base as *const c_void;
+    // Safety: dladdr on one of our own functions; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(here, &mut info) } != 0 {
+        OWN_BASE.store(info.dli_fbase as usize, Ordering::Relaxed);
+    }
+    info.dli_fbase as usize
+}
+
+/// Whether `p` is a function of this library (an export or a wrapper): never wrapped again and
+/// never used as a "real" function.
+pub fn is_own(p: usize) -> bool {
+    let base = own_base();
+    if base == 0 {
+        return false;
+    }
+    // Safety: Dl_info is plain C data; all-zero is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // Safety: dladdr accepts any address and fills `info` on success.
+    (unsafe { libc::dladdr(p as *const c_void, &mut info) } != 0) && info.dli_fbase as usize == base
 }

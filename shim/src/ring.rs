@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use crossbeam_queue::ArrayQueue;
 
 use crate::clock::now_ns;
-use crate::raw::RawEvent;
+use crate::event::RawEvent;
 
 /// Keeps the producer's and the consumer's indices on separate cache lines.
 #[repr(align(64))]

@@ -1,45 +1,36 @@
-//! Process lifecycle: configuration at load, lazy start on the first recorded call, completion
-//! on every exit path (atexit, `_exit`, fatal signals), and fork handling.
+//! The process-wide flags every layer reads: whether we record, the writer's lifecycle, the exit
+//! request, the owning pid and the clock origin. Plain atomics with no behaviour, so that the
+//! writer and the lifecycle code ([`crate::lifecycle`]) share them without depending on each
+//! other.
 
-use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::clock;
-use crate::config::{Config, VARS};
-use crate::log::{self, LogLevel};
-use crate::raw::{self, Depth, RawEvent};
-use crate::writer::{self, DONE, NOT_STARTED, RUNNING};
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
+/// Writer lifecycle, one value per process (reset in a fork child).
+pub static WRITER: AtomicU8 = AtomicU8::new(NOT_STARTED);
+/// No writer thread yet.
+pub const NOT_STARTED: u8 = 0;
+/// The writer thread runs.
+pub const RUNNING: u8 = 1;
+/// The trace is complete (or could not be written); nothing more is recorded.
+pub const DONE: u8 = 2;
+
+/// Set by the exit paths: write `ProcessExit` and stop.
+pub static FINISH: AtomicBool = AtomicBool::new(false);
+/// Set by a chained signal handler: flush now, the process may keep running.
+pub static FLUSH: AtomicBool = AtomicBool::new(false);
+/// Exit status for `ProcessExit`, `i64::MIN` = unknown.
+pub static EXIT_STATUS: AtomicI64 = AtomicI64::new(i64::MIN);
+/// Signal for `ProcessExit`, 0 = none.
+pub static EXIT_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Whether events are recorded at all (false past `MEMTRACE_MAX_BYTES`, after the exit paths,
+/// and in a fork child that does not follow forks).
+pub static RECORDING: AtomicBool = AtomicBool::new(true);
+
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static ORIGIN: AtomicU64 = AtomicU64::new(0);
-static RECORDING: AtomicBool = AtomicBool::new(true);
-static SIGNALS_INSTALLED: AtomicBool = AtomicBool::new(false);
-
-/// How long an exit path waits for the writer to complete the trace. Bounded so that a wedged
-/// writer never keeps a dying process alive.
-const FINISH_WAIT: Duration = Duration::from_secs(5);
-
-fn load() -> Config {
-    let (cfg, errors) = Config::from_lookup(|k| std::env::var(k).ok());
-    log::set_level(cfg.log);
-    for e in &errors {
-        crate::log!(Warn, "{e}");
-    }
-    if log::enabled(LogLevel::Debug) {
-        for v in VARS.iter() {
-            crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
-        }
-    }
-    cfg
-}
-
-/// The configuration (read once).
-pub fn config() -> &'static Config {
-    CONFIG.get_or_init(load)
-}
 
 /// The pid whose trace this process state belongs to.
 pub fn owner_pid() -> u32 {
@@ -78,250 +69,12 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
-/// Stamp and queue one event recorded at hook level `d` (called inside the hook's
-/// `catch_unwind`). Inlined into every hook: the common path (recording, the writer running,
-/// this thread's ring has room) is a few loads and stores and builds the event straight into its
-/// ring slot. Everything else (a thread's first event, starting the writer, a full ring, thread
-/// teardown) goes out of line to [`record_slow`].
-#[inline(always)]
-pub fn record(d: &Depth, mut ev: RawEvent) {
-    ev.ts = clock::stamp();
-    // Two relaxed loads decide the common case: recording, and the writer running.
-    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING && d.try_push(&ev) {
-        return;
-    }
-    record_slow(d, ev)
-}
-
-#[cold]
-#[inline(never)]
-fn record_slow(d: &Depth, ev: RawEvent) {
-    if ready(&ev) {
-        if let Err(ev) = d.push(ev) {
-            writer::release(&ev);
-        }
-    }
-}
-
-/// As [`record`], outside a hook (markers).
-pub fn record_any(mut ev: RawEvent) {
-    ev.ts = clock::stamp();
-    if ready(&ev) {
-        if let Err(ev) = raw::push_any(ev) {
-            writer::release(&ev);
-        }
-    }
-}
-
-/// Whether a stamped event should be queued (starting the writer on first use). An event that
-/// should not is released here.
-fn ready(ev: &RawEvent) -> bool {
-    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Relaxed) == RUNNING {
-        return true;
-    }
-    not_running(ev)
-}
-
-#[cold]
-#[inline(never)]
-fn not_running(ev: &RawEvent) -> bool {
-    if RECORDING.load(Ordering::Relaxed) && writer::WRITER.load(Ordering::Acquire) == NOT_STARTED {
-        start();
-        if writer::WRITER.load(Ordering::Acquire) == RUNNING {
-            return true;
-        }
-    }
-    writer::release(ev);
-    false
-}
-
-/// True until the process's first outermost recording calls have settled whether CUPTI starts
-/// early ([`start_before_call`]). One relaxed load per hook.
-pub static STARTING: AtomicBool = AtomicBool::new(true);
-/// Outermost recording calls that found CUPTI wanted but no driver loaded yet.
-static CUPTI_DEFERRED: AtomicU32 = AtomicU32::new(0);
-
-/// With `MEMTRACE_CUPTI=1`, the process's first outermost recording call starts CUPTI (and the
-/// writer that drains it) before the call is forwarded, so that CUPTI, enabled before the
-/// driver's first allocation, reports it too. The real libcupti must not be subscribed before
-/// libcuda is loaded, and a runtime loads its driver during its first call: then CUPTI waits
-/// for the next call (once; after that it starts, or logs why it cannot). Without CUPTI nothing
-/// starts early: the writer starts with the first recorded event, so a process that records
-/// nothing (say, launches only, with `MEMTRACE_KERNELS=0`) writes no trace.
-#[cold]
-#[inline(never)]
-pub fn start_before_call() {
-    let _ = std::panic::catch_unwind(|| {
-        // A vfork child shares our memory: it must not touch the flags.
-        if !is_owner() {
-            return;
-        }
-        if !RECORDING.load(Ordering::Relaxed) || !config().cupti {
-            STARTING.store(false, Ordering::Relaxed);
-            return;
-        }
-        if writer::WRITER.load(Ordering::Acquire) == NOT_STARTED {
-            start_writer();
-        }
-        if crate::real::loaded(c"libcuda.so.1").is_none() && CUPTI_DEFERRED.fetch_add(1, Ordering::Relaxed) == 0 {
-            return;
-        }
-        crate::cupti::start();
-        STARTING.store(false, Ordering::Relaxed);
-    });
-}
-
-#[cold]
-fn start() {
-    if !is_owner() {
-        return;
-    }
-    start_writer();
-    if config().cupti {
-        crate::cupti::start();
-    }
-}
-
-fn start_writer() {
-    clock_origin();
-    install_signals();
-    writer::ensure_started();
-}
-
-/// Complete the trace: ask the writer to drain and write `ProcessExit`, and wait (bounded).
-/// Async-signal-safe: atomics and `nanosleep` only.
-pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
-    if !is_owner() {
-        return;
-    }
-    if let Some(s) = status {
-        writer::EXIT_STATUS.store(i64::from(s), Ordering::Release);
-    }
-    if let Some(s) = signal {
-        writer::EXIT_SIGNAL.store(s, Ordering::Release);
-    }
-    if writer::WRITER.load(Ordering::Acquire) != RUNNING {
-        return;
-    }
-    // Not from a signal handler: CUPTI's flush is not async-signal-safe.
-    if signal.is_none() {
-        crate::cupti::flush();
-    }
-    writer::FINISH.store(true, Ordering::Release);
-    let step = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
-    let mut waited = Duration::ZERO;
-    while writer::WRITER.load(Ordering::Acquire) != DONE && waited < FINISH_WAIT {
-        // Safety: nanosleep with a valid timespec; async-signal-safe.
-        unsafe { libc::nanosleep(&step, std::ptr::null_mut()) };
-        waited += Duration::from_millis(1);
-    }
-    RECORDING.store(false, Ordering::Release);
-}
-
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn at_exit() {
-    let _ = std::panic::catch_unwind(|| finish(None, None));
-}
-
-const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
-// Safety: sigaction is plain C data; all-zero is a valid value.
-static mut PREVIOUS: [libc::sigaction; 2] = [unsafe { std::mem::zeroed() }; 2];
-
-fn install_signals() {
-    if SIGNALS_INSTALLED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    for (i, sig) in SIGNALS.iter().enumerate() {
-        // Safety: PREVIOUS[i] is written once here, before our handler is installed, and only
-        // read by the handler afterwards.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            let prev = &raw mut PREVIOUS[i];
-            libc::sigaction(*sig, &sa, prev);
-        }
-    }
-}
-
-/// Fatal signal: complete the trace, then die by the same signal. A signal the program handles
-/// itself (Python's SIGINT → KeyboardInterrupt): flush and chain to its handler; the process
-/// keeps running and completes the trace at exit.
-extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
-    // Safety: written once before this handler was installed.
-    let prev = unsafe { PREVIOUS[i] };
-    let h = prev.sa_sigaction;
-    if h == libc::SIG_IGN {
-        return;
-    }
-    if h == libc::SIG_DFL {
-        finish(None, Some(sig));
-        // Safety: restoring the default disposition and re-raising; the signal is blocked while
-        // this handler runs, so it is delivered (and kills us) when we return.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::raise(sig);
-        }
-        return;
-    }
-    writer::FLUSH.store(true, Ordering::Release);
-    // Safety: calling the handler that was installed before ours, with the form it registered.
-    unsafe {
-        if prev.sa_flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
-            f(sig, info, ctx);
-        } else {
-            let f: extern "C" fn(c_int) = std::mem::transmute(h);
-            f(sig);
-        }
-    }
-}
-
-/// Fork child: the parent's writer thread does not exist here, and its queued events belong to
-/// the parent's trace. Either start afresh (own `%p` file) or stop.
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn at_fork_child() {
-    raw::reset_in_child();
-    crate::cupti::disable_in_child();
+/// A fork child: the process is now this pid, with no exit requested yet.
+pub fn reset_in_child() {
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
-    writer::FINISH.store(false, Ordering::Release);
-    writer::FLUSH.store(false, Ordering::Release);
-    writer::EXIT_STATUS.store(i64::MIN, Ordering::Release);
-    writer::EXIT_SIGNAL.store(0, Ordering::Release);
-    let follow = CONFIG.get().is_none_or(|c| c.follow_fork);
-    CUPTI_DEFERRED.store(0, Ordering::Relaxed);
-    if follow {
-        STARTING.store(true, Ordering::Relaxed);
-        writer::WRITER.store(NOT_STARTED, Ordering::Release);
-    } else {
-        writer::WRITER.store(DONE, Ordering::Release);
-        RECORDING.store(false, Ordering::Release);
-    }
+    FINISH.store(false, Ordering::Release);
+    FLUSH.store(false, Ordering::Release);
+    EXIT_STATUS.store(i64::MIN, Ordering::Release);
+    EXIT_SIGNAL.store(0, Ordering::Release);
 }
-
-/// Runs when the library is loaded: read the configuration and register exit and fork
-/// handlers. Touches no CUDA library (they may not be loaded yet).
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn on_load() {
-    let _ = std::panic::catch_unwind(|| {
-        clock::init();
-        config();
-        owner_pid();
-        clock_origin();
-        // Safety: registering plain extern "C" callbacks with libc.
-        unsafe {
-            libc::atexit(at_exit);
-            libc::pthread_atfork(None, None, Some(at_fork_child));
-        }
-    });
-}
-
-#[cfg(not(test))]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static ON_LOAD: extern "C" fn() = on_load;

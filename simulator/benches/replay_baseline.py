@@ -2,12 +2,18 @@
 split, merge), the baseline for the replay benchmark: the published xMem simulator is Python.
 
 Usage: python3 replay_baseline.py OPS_FILE
+       python3 replay_baseline.py --trace TRACE.jsonl
 OPS_FILE holds little-endian u64 ops written by `cargo bench --bench replay -- --dump-ops`:
 high bit set = free live block (rest % len(live)), else allocate that many bytes on stream 0.
 Prints events/s and the same address checksum as the Rust replay, so the two can be compared.
+
+With --trace it is the end-to-end reference for `memsim replay`: it reads an allocator-level
+JSON Lines trace (one stream, device memory), replays its requests and prints the wall time and
+the peak reserved bytes, which must equal memsim's (`scripts/bench-replay-e2e.sh` checks).
 """
 
 import bisect
+import json
 import sys
 import time
 from array import array
@@ -19,7 +25,7 @@ MASK = (1 << 64) - 1
 
 
 class Block:
-    __slots__ = ("addr", "size", "prev", "next", "allocated", "small")
+    __slots__ = ("addr", "allocated", "next", "prev", "size", "small")
 
     def __init__(self, addr, size, small):
         self.addr, self.size, self.small = addr, size, small
@@ -109,7 +115,35 @@ class Allocator:
         self._insert(b)
 
 
+def replay_trace(path):
+    t = time.perf_counter()
+    a = Allocator()
+    where = {}  # trace address -> model address
+    records = 0
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            records += 1
+            kind = r["kind"]
+            if r.get("origin") != "request" or r.get("mem") != "device":
+                continue
+            if kind == "alloc":
+                where[r["addr"]] = a.malloc(r["size"])
+            elif kind == "free" and r.get("stage", "immediate") != "requested":
+                # A requested free leaves the block allocated until its completion (one stream:
+                # no other stream can still use it, so completion follows at once).
+                a.free(where.pop(r["addr"]))
+    secs = time.perf_counter() - t
+    print(
+        f"python-trace: {records} records in {secs:.3f} s wall; "
+        f"peak reserved bytes {a.peak_reserved}; live at end {len(a.live)}"
+    )
+
+
 def main():
+    if sys.argv[1] == "--trace":
+        replay_trace(sys.argv[2])
+        return
     ops = array("Q")
     with open(sys.argv[1], "rb") as f:
         ops.frombytes(f.read())

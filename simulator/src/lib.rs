@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod colocate;
+pub mod conversions;
 pub mod fit;
 pub mod perfetto;
 pub mod profile;

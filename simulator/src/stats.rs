@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
-use trace::{CuptiMemoryKind, Event, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin, Record};
+use trace::{
+    Api, CuptiMemoryKind, Event, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin, Record,
+};
 
 /// Summary of one trace.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -82,6 +84,13 @@ pub struct TraceStats {
     count_requests_only: bool,
     #[serde(skip)]
     intervals: Vec<(u64, u64)>,
+    /// Records and calls counted by their static names while reading (no string per record);
+    /// `kinds`, `calls` and `failed_calls` are filled from them by [`TraceStats::finish`].
+    #[serde(skip)]
+    kind_counts: [u64; Event::KINDS.len() + 1],
+    /// Calls and failed calls by API code.
+    #[serde(skip)]
+    call_counts: Vec<(u64, u64)>,
 }
 
 /// What CUPTI's memory activity says, next to what interposition saw.
@@ -179,7 +188,8 @@ impl TraceStats {
     /// Account one record.
     pub fn observe(&mut self, rec: &Record) {
         self.events += 1;
-        *self.kinds.entry(rec.event.kind().to_string()).or_default() += 1;
+        // Tags are 1..=KINDS.len(), pinned.
+        self.kind_counts[usize::from(rec.event.tag())] += 1;
         if let Some(ts) = rec.ts_ns {
             self.time_span_ns = Some(match self.time_span_ns {
                 None => (ts, ts),
@@ -189,7 +199,7 @@ impl TraceStats {
         let device = rec.device.unwrap_or(0);
         match &rec.event {
             Event::Alloc(a) => {
-                self.call(a.api.name(), a.result);
+                self.call(a.api, a.result);
                 // Only device-level traces (the shim's) can carry CUPTI records to match.
                 if !self.count_requests_only
                     && a.result == 0
@@ -213,7 +223,7 @@ impl TraceStats {
                 }
             }
             Event::Free(f) => {
-                self.call(f.api.name(), f.result);
+                self.call(f.api, f.result);
                 // A free_requested leaves the block live until free_completed.
                 if f.result != 0 || !self.counts_live(f.origin) || f.stage == FreeStage::Requested {
                     return;
@@ -230,10 +240,10 @@ impl TraceStats {
                     None => self.unknown_frees += 1,
                 }
             }
-            Event::Vmm(v) => self.call(v.api.name(), v.result),
-            Event::PoolTrim(p) => self.call(p.api.name(), p.result),
+            Event::Vmm(v) => self.call(v.api, v.result),
+            Event::PoolTrim(p) => self.call(p.api, p.result),
             Event::KernelLaunch(k) => {
-                self.call(k.api.name(), k.result);
+                self.call(k.api, k.result);
                 if k.result == 0 {
                     self.kernel_launches += 1;
                     if k.api.is_graph_launch() {
@@ -272,17 +282,35 @@ impl TraceStats {
         }
     }
 
-    fn call(&mut self, name: &str, result: i32) {
-        *self.calls.entry(name.to_string()).or_default() += 1;
-        if result != 0 {
-            *self.failed_calls.entry(name.to_string()).or_default() += 1;
+    fn call(&mut self, api: Api, result: i32) {
+        let code = usize::from(api.code());
+        if code >= self.call_counts.len() {
+            self.call_counts.resize(code + 1, (0, 0));
         }
+        let c = &mut self.call_counts[code];
+        c.0 += 1;
+        c.1 += u64::from(result != 0);
     }
 
     /// Close the summary with what the reader saw.
     pub fn finish(mut self, truncated: bool, unknown_skipped: u64) -> Self {
         self.truncated = truncated;
         self.unknown_events_skipped = unknown_skipped;
+        for (kind, &n) in Event::KINDS.iter().zip(&self.kind_counts[1..]) {
+            if n > 0 {
+                *self.kinds.entry(kind.to_string()).or_default() += n;
+            }
+        }
+        // Unknown API codes share one name ("unknown"): summed here.
+        for (code, (n, failed)) in
+            std::mem::take(&mut self.call_counts).into_iter().enumerate().filter(|(_, c)| c.0 > 0)
+        {
+            let api = Api::from_code(code as u16);
+            *self.calls.entry(api.name().to_string()).or_default() += n;
+            if failed > 0 {
+                *self.failed_calls.entry(api.name().to_string()).or_default() += failed;
+            }
+        }
         if !self.intervals.is_empty() {
             self.kernel_busy_ns = Some(union_length(&mut self.intervals));
         }

@@ -104,6 +104,7 @@ pub fn stat(s: &MemoryStats, key: &str) -> i64 {
 /// reserved >= active >= allocated.
 pub fn check_consistent(a: &Allocator) {
     let segs: Vec<SegmentView> = a.segments();
+    assert_eq!(a.mapped_ranges(), segs.len() as u64, "the incremental count of mapped ranges");
     let s = a.stats();
     let mut reserved = [0i64; 3];
     let mut allocated = [0i64; 3];

@@ -10,7 +10,9 @@ use bincode::error::EncodeError;
 use crate::error::TraceError;
 use crate::event::*;
 use crate::fastframe::{self, Sink};
+use crate::fastread;
 use crate::header::{Header, FORMAT_VERSION};
+pub use crate::prefix::PrefixState;
 
 /// The first eight bytes of every binary trace.
 pub const MAGIC: [u8; 8] = *b"MEMTRACE";
@@ -101,7 +103,7 @@ pub fn put_uvarint(buf: &mut Vec<u8>, v: u64) {
 }
 
 #[inline(always)]
-fn uvarint_into(out: &mut impl Sink, mut v: u64) {
+pub(crate) fn uvarint_into(out: &mut impl Sink, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -121,6 +123,12 @@ pub enum VarintError {
 /// Reads an unsigned LEB128 varint from the start of `b`; returns the value and its length.
 #[inline]
 pub fn get_uvarint(b: &[u8]) -> Result<(u64, usize), VarintError> {
+    // Lengths, tags, thread and device ids and most timestamp deltas take one or two bytes.
+    match *b {
+        [b0, ..] if b0 < 0x80 => return Ok((u64::from(b0), 1)),
+        [b0, b1, ..] if b1 < 0x80 => return Ok((u64::from(b0 & 0x7f) | (u64::from(b1) << 7), 2)),
+        _ => {}
+    }
     let mut v: u64 = 0;
     for (i, &byte) in b.iter().enumerate().take(10) {
         if i == 9 && byte > 1 {
@@ -182,127 +190,6 @@ pub fn decode_header_body(body: &[u8], offset: u64) -> Result<Header, TraceError
     bincode::decode_from_slice::<Header, _>(body, decode_config())
         .map(|(h, _)| h)
         .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {e}") })
-}
-
-/// The delta state shared by consecutive record prefixes: the last timestamp, thread and device
-/// any frame (known tag or not) carried.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PrefixState {
-    ts: Option<u64>,
-    tid: Option<u32>,
-    device: Option<u32>,
-}
-
-impl PrefixState {
-    #[inline(always)]
-    fn encode(&self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, buf: &mut impl Sink) {
-        let flags_at = buf.len();
-        buf.push(0);
-        let mut flags = 0u8;
-        if let Some(ts) = ts_ns {
-            flags |= PREFIX_HAS_TS;
-            match self.ts {
-                Some(prev) => {
-                    flags |= PREFIX_TS_DELTA;
-                    uvarint_into(buf, zigzag(ts.wrapping_sub(prev) as i64));
-                }
-                None => uvarint_into(buf, ts),
-            }
-        }
-        if let Some(tid) = tid {
-            flags |= PREFIX_HAS_TID;
-            if self.tid == Some(tid) {
-                flags |= PREFIX_TID_SAME;
-            } else {
-                uvarint_into(buf, u64::from(tid));
-            }
-        }
-        if let Some(dev) = device {
-            flags |= PREFIX_HAS_DEVICE;
-            if self.device == Some(dev) {
-                flags |= PREFIX_DEVICE_SAME;
-            } else {
-                uvarint_into(buf, u64::from(dev));
-            }
-        }
-        buf.set(flags_at, flags);
-    }
-
-    fn commit(&mut self, ts: Option<u64>, tid: Option<u32>, device: Option<u32>) {
-        if ts.is_some() {
-            self.ts = ts;
-        }
-        if tid.is_some() {
-            self.tid = tid;
-        }
-        if device.is_some() {
-            self.device = device;
-        }
-    }
-
-    /// Parses a prefix and advances the state.
-    fn decode(&mut self, body: &[u8]) -> Result<Prefix, String> {
-        let Some(&flags) = body.first() else {
-            return Err("empty frame body (the record prefix byte is missing)".into());
-        };
-        if flags & PREFIX_RESERVED != 0 {
-            return Err(format!("record prefix byte {flags:#04x} sets reserved bits {PREFIX_RESERVED:#04x}"));
-        }
-        let mut pos = 1;
-        let mut next = |what: &str| -> Result<u64, String> {
-            let (v, n) = get_uvarint(&body[pos..]).map_err(|e| match e {
-                VarintError::Incomplete => format!("frame body ends inside the {what} varint"),
-                VarintError::Overflow => format!("{what} varint exceeds 64 bits"),
-            })?;
-            pos += n;
-            Ok(v)
-        };
-        let ts = if flags & PREFIX_HAS_TS != 0 {
-            let raw = next("timestamp")?;
-            if flags & PREFIX_TS_DELTA != 0 {
-                let prev = self.ts.ok_or("timestamp delta with no earlier timestamp in the trace")?;
-                Some(prev.wrapping_add(unzigzag(raw) as u64))
-            } else {
-                Some(raw)
-            }
-        } else if flags & PREFIX_TS_DELTA != 0 {
-            return Err("timestamp-delta bit set without the has-timestamp bit".into());
-        } else {
-            None
-        };
-        let tid = decode_same(flags, PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid, "thread id", &mut next)?;
-        let device = decode_same(flags, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device, "device", &mut next)?;
-        self.commit(ts, tid, device);
-        Ok(Prefix { ts, tid, device, len: pos })
-    }
-}
-
-/// A decoded record prefix.
-struct Prefix {
-    ts: Option<u64>,
-    tid: Option<u32>,
-    device: Option<u32>,
-    /// Bytes it took.
-    len: usize,
-}
-
-fn decode_same(
-    flags: u8,
-    has: u8,
-    same: u8,
-    prev: Option<u32>,
-    what: &str,
-    next: &mut impl FnMut(&str) -> Result<u64, String>,
-) -> Result<Option<u32>, String> {
-    match (flags & has != 0, flags & same != 0) {
-        (false, false) => Ok(None),
-        (false, true) => Err(format!("{what}-same bit set without the has-{what} bit")),
-        (true, true) => prev.map(Some).ok_or_else(|| format!("{what} marked same as previous, but none came before")),
-        (true, false) => {
-            let v = next(what)?;
-            u32::try_from(v).map(Some).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
-        }
-    }
 }
 
 /// Appends one event frame for `rec` and advances the delta state. On error `buf` and the state
@@ -411,44 +298,53 @@ fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result
         .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {e}") })
 }
 
-/// Decodes a launch exactly as its derived `Decode` would, but without bincode's generic array
-/// decoding, which profiling showed to be a third of the read time of launch-heavy traces.
-/// The round-trip tests keep it in step with the derived encoder.
-fn decode_launch(bytes: &[u8], offset: u64) -> Result<KernelLaunch, TraceError> {
-    use bincode::de::{read::SliceReader, DecoderImpl};
-    use bincode::Decode;
-    let mut d = DecoderImpl::new(SliceReader::new(bytes), decode_config(), ());
-    let mut go = || -> Result<KernelLaunch, bincode::error::DecodeError> {
-        let api = crate::Api::decode(&mut d)?;
-        let name = Option::<u32>::decode(&mut d)?;
-        let grid = [u32::decode(&mut d)?, u32::decode(&mut d)?, u32::decode(&mut d)?];
-        let block = [u32::decode(&mut d)?, u32::decode(&mut d)?, u32::decode(&mut d)?];
-        Ok(KernelLaunch {
-            api,
-            name,
-            grid,
-            block,
-            shared_mem: u32::decode(&mut d)?,
-            stream: i64::decode(&mut d)?,
-            result: i32::decode(&mut d)?,
-        })
-    };
-    go().map_err(|e| TraceError::CorruptFrame { offset, reason: format!("launch body does not decode: {e}") })
-}
-
 /// Decodes one frame body (everything after tag and length). `offset` is the frame's byte offset,
 /// used in errors.
+#[inline]
 pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64) -> Result<Decoded, TraceError> {
+    decode_frame_with(state, tag, bytes, offset, true)
+}
+
+/// [`decode_frame`] through the derived decoders only, never the hand-written fast path: what the
+/// fast path is tested against (`tests/it/fastread.rs`).
+pub fn decode_frame_generic(
+    state: &mut PrefixState,
+    tag: u8,
+    bytes: &[u8],
+    offset: u64,
+) -> Result<Decoded, TraceError> {
+    decode_frame_with(state, tag, bytes, offset, false)
+}
+
+#[inline(always)]
+fn decode_frame_with(
+    state: &mut PrefixState,
+    tag: u8,
+    bytes: &[u8],
+    offset: u64,
+    fast: bool,
+) -> Result<Decoded, TraceError> {
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
     let prefix = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
     let rest = &bytes[prefix.len..];
     let event = match tag {
-        1 => Event::Alloc(body(rest, "alloc", offset)?),
-        2 => Event::Free(body(rest, "free", offset)?),
+        // The hot kinds go through `fastread`, and through the derived decoder only when it
+        // declines (which then names what is wrong).
+        1 => Event::Alloc(match fast.then(|| fastread::alloc(rest)).flatten() {
+            Some(a) => a,
+            None => body(rest, "alloc", offset)?,
+        }),
+        2 => Event::Free(match fast.then(|| fastread::free(rest)).flatten() {
+            Some(f) => f,
+            None => body(rest, "free", offset)?,
+        }),
         3 => Event::Vmm(body(rest, "vmm", offset)?),
-        4 => Event::KernelLaunch(decode_launch(rest, offset)?),
+        4 => Event::KernelLaunch(match fast.then(|| fastread::launch(rest)).flatten() {
+            Some(l) => l,
+            None => body(rest, "launch", offset)?,
+        }),
         5 => Event::KernelExec(body(rest, "kernel_exec", offset)?),
         6 => Event::MemInfo(body(rest, "mem_info", offset)?),
         7 => Event::Marker(body(rest, "marker", offset)?),

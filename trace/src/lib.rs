@@ -27,9 +27,11 @@ mod convert;
 pub mod error;
 pub mod event;
 mod fastframe;
+mod fastread;
 pub mod header;
 pub mod jsonl;
 pub mod marker;
+mod prefix;
 mod read;
 mod write;
 

@@ -1,7 +1,7 @@
 //! The streaming reader: one record at a time, constant memory, either form.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::io::{self, BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
 use crate::codec::{self, Decoded, PrefixState, VarintError, MAX_FRAME_LEN, PREAMBLE_LEN};
@@ -12,6 +12,77 @@ use crate::jsonl;
 use crate::write::Format;
 
 const READ_BUFFER: usize = 256 * 1024;
+
+/// Where a reader's bytes come from: a file mapped into memory (read in place, no copy and no
+/// read call per buffer), or any byte stream through a buffer (pipes, stdin, sockets, files
+/// that cannot be mapped).
+enum Source<R> {
+    Stream(BufReader<R>),
+    /// `released`: the bytes before it were read and handed back to the kernel, so that the
+    /// reader's resident memory stays bounded however large the file.
+    Mapped {
+        map: memmap2::Mmap,
+        pos: usize,
+        released: usize,
+    },
+}
+
+/// A mapped file's bytes are handed back (`MADV_DONTNEED`) in steps of this much once read.
+const RELEASE_STEP: usize = 8 << 20;
+
+impl<R: Read> Source<R> {
+    /// The bytes available without reading: the rest of a mapped file, or the buffer.
+    #[inline(always)]
+    fn buffer(&self) -> &[u8] {
+        match self {
+            Source::Stream(b) => b.buffer(),
+            Source::Mapped { map, pos, .. } => &map[*pos..],
+        }
+    }
+}
+
+impl<R: Read> Read for Source<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Source::Stream(b) => b.read(buf),
+            Source::Mapped { map, pos, .. } => {
+                let n = (&map[*pos..]).read(buf)?;
+                self.consume(n);
+                Ok(n)
+            }
+        }
+    }
+}
+
+impl<R: Read> BufRead for Source<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        match self {
+            Source::Stream(b) => b.fill_buf(),
+            Source::Mapped { map, pos, .. } => Ok(&map[*pos..]),
+        }
+    }
+
+    #[inline(always)]
+    fn consume(&mut self, n: usize) {
+        match self {
+            Source::Stream(b) => b.consume(n),
+            Source::Mapped { map, pos, released } => {
+                *pos = (*pos + n).min(map.len());
+                if *pos - *released >= RELEASE_STEP {
+                    let end = *pos / RELEASE_STEP * RELEASE_STEP;
+                    // Safety: a read-only shared file mapping: dropping its pages loses nothing
+                    // (a later access would read them from the file again), and no slice of
+                    // the range is borrowed: it lies before `pos`, and every record decoded
+                    // from it owns its data.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *released, end - *released)
+                    };
+                    *released = end;
+                }
+            }
+        }
+    }
+}
 
 /// What a reader has seen so far; complete once iteration has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +135,7 @@ enum Form {
 /// Reads a trace record by record. Also an [`Iterator`] of `Result<Record, TraceError>`; after
 /// the first error it yields nothing more.
 pub struct Reader<R: Read> {
-    src: BufReader<R>,
+    src: Source<R>,
     header: Header,
     form: Form,
     scratch: Vec<u8>,
@@ -76,21 +147,37 @@ pub struct Reader<R: Read> {
 /// Opens a trace from any byte source, detecting the form: the binary magic `MEMTRACE`, or a
 /// first non-blank byte `{` for JSON Lines. Reads the header before returning.
 pub fn open_reader<R: Read>(r: R) -> Result<Reader<R>, TraceError> {
-    Reader::new(r, None)
+    Reader::new(Source::Stream(BufReader::with_capacity(READ_BUFFER, r)), None)
 }
 
 impl Reader<File> {
-    /// Opens a trace file; every error, now or while iterating, names the path.
+    /// Opens a trace file; every error, now or while iterating, names the path. A regular file
+    /// is mapped into memory and decoded in place; anything that cannot be mapped (a pipe, a
+    /// character device) is streamed.
     pub fn open(path: impl AsRef<Path>) -> Result<Reader<File>, TraceError> {
         let path = path.as_ref();
         let f = File::open(path).map_err(|e| TraceError::io("cannot open trace", e).in_file(path))?;
-        Reader::new(f, Some(path.to_path_buf()))
+        let regular = f.metadata().is_ok_and(|m| m.is_file() && m.len() > 0);
+        // Safety: the mapping is read-only and owned by the reader, so no slice of it outlives
+        // it. Its bytes must not shrink while mapped: memtrace's writers only append to a trace
+        // (the shim, while its process runs) or rename a finished one into place, and bytes
+        // appended after the mapping was made are not seen, as a stream opened then would not
+        // see them. A trace truncated by someone else while it is read (a new run recreating
+        // the same path) would fault; streaming it (`open_reader`) does not.
+        let src = match regular.then(|| unsafe { memmap2::Mmap::map(&f) }) {
+            Some(Ok(map)) => {
+                // Sequential reads: let the kernel read ahead.
+                let _ = map.advise(memmap2::Advice::Sequential);
+                Source::Mapped { map, pos: 0, released: 0 }
+            }
+            _ => Source::Stream(BufReader::with_capacity(READ_BUFFER, f)),
+        };
+        Reader::new(src, Some(path.to_path_buf()))
     }
 }
 
 impl<R: Read> Reader<R> {
-    fn new(r: R, path: Option<PathBuf>) -> Result<Self, TraceError> {
-        let mut src = BufReader::with_capacity(READ_BUFFER, r);
+    fn new(mut src: Source<R>, path: Option<PathBuf>) -> Result<Self, TraceError> {
         let attach = |e: TraceError| match &path {
             Some(p) => e.in_file(p),
             None => e,
@@ -139,9 +226,33 @@ impl<R: Read> Reader<R> {
 
     /// The next record; `None` at the end of the input (or of its last complete record, when
     /// truncated: see [`Summary::truncated`]).
+    #[inline]
     pub fn next_record(&mut self) -> Option<Result<Record, TraceError>> {
         if self.done {
             return None;
+        }
+        // The common case inline: a whole binary frame already in the buffer (always, for a
+        // mapped file) is decoded in place and its record returned without further wrapping.
+        while let Form::Binary { state } = &mut self.form {
+            let Some((tag, body, frame)) = whole_frame(self.src.buffer()) else { break };
+            let offset = self.summary.bytes_read;
+            let d = codec::decode_frame(state, tag, body, offset);
+            self.src.consume(frame);
+            self.summary.bytes_read += frame as u64;
+            match d {
+                Ok(Decoded::Record(r)) => {
+                    self.summary.records += 1;
+                    return Some(Ok(r));
+                }
+                Ok(Decoded::Unknown { .. }) => self.summary.unknown_skipped += 1,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(match &self.path {
+                        Some(p) => e.in_file(p),
+                        None => e,
+                    }));
+                }
+            }
         }
         let r = match self.form {
             Form::Binary { .. } => self.next_binary(),
@@ -409,9 +520,26 @@ impl<R: Read> Iterator for Reader<R> {
     }
 }
 
+/// The frame at the start of `buf` when it is whole: its tag, its body and its length in bytes
+/// (tag and length varint included). `None` when it is not whole or not well formed (tag 0, a
+/// length too large): the general path reads those and says what is wrong.
+#[inline(always)]
+fn whole_frame(buf: &[u8]) -> Option<(u8, &[u8], usize)> {
+    let (&tag, rest) = buf.split_first()?;
+    if tag == 0 {
+        return None;
+    }
+    let (len, n) = codec::get_uvarint(rest).ok()?;
+    if len > MAX_FRAME_LEN {
+        return None;
+    }
+    let body = rest.get(n..n + len as usize)?;
+    Some((tag, body, 1 + n + len as usize))
+}
+
 /// Peeks at the first bytes. Returns the form, the leading blank bytes consumed (JSON Lines only)
 /// and how many newlines they held.
-fn detect<R: Read>(src: &mut BufReader<R>) -> Result<(Format, u64, u64), TraceError> {
+fn detect<R: Read>(src: &mut Source<R>) -> Result<(Format, u64, u64), TraceError> {
     let mut skipped = 0u64;
     let mut newlines = 0u64;
     loop {

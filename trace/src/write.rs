@@ -15,54 +15,33 @@ use crate::jsonl;
 /// sees few calls, small enough to stay in L2.
 const FLUSH_AT: usize = 64 * 1024;
 
-/// Writes the binary form. Buffers internally; the preamble and header reach the sink at once
-/// (so a process killed right after start still leaves a readable trace), events in 64 KiB
-/// batches and on [`flush`](Self::flush). Dropping the writer flushes what is buffered, ignoring
-/// errors; call [`finish`](Self::finish) to see them.
-pub struct BinaryWriter<W: Write> {
+/// The buffering both forms share: bytes collect in `buf` and reach the sink in batches, on
+/// `flush`, and (errors ignored) on drop.
+struct Buffered<W: Write> {
     out: Option<W>,
     buf: Vec<u8>,
-    state: PrefixState,
     bytes: u64,
     events: u64,
+    /// The form, for error messages ("writing binary trace").
+    form: &'static str,
 }
 
-impl<W: Write> BinaryWriter<W> {
-    /// Writes the preamble and `header` (with `format_version` set to [`FORMAT_VERSION`]).
-    pub fn new(out: W, header: &Header) -> Result<Self, TraceError> {
+impl<W: Write> Buffered<W> {
+    /// A buffer already holding `start` (preamble, header), which reaches the sink at once.
+    fn new(
+        out: W,
+        start: impl FnOnce(&mut Vec<u8>) -> Result<(), TraceError>,
+        form: &'static str,
+    ) -> Result<Self, TraceError> {
         let mut buf = Vec::with_capacity(FLUSH_AT + 4096);
-        buf.extend_from_slice(&codec::preamble(FORMAT_VERSION, codec::native_flags()));
-        codec::encode_header_frame(header, &mut buf)?;
+        start(&mut buf)?;
         let bytes = buf.len() as u64;
-        let mut w = BinaryWriter { out: Some(out), buf, state: PrefixState::default(), bytes, events: 0 };
-        w.drain()?;
-        Ok(w)
+        let mut b = Buffered { out: Some(out), buf, bytes, events: 0, form };
+        b.drain()?;
+        Ok(b)
     }
 
-    /// Appends one record.
-    #[inline]
-    pub fn write(&mut self, rec: &Record) -> Result<(), TraceError> {
-        let before = self.buf.len();
-        codec::encode_frame(&mut self.state, rec, &mut self.buf)?;
-        self.appended(before)
-    }
-
-    /// Appends a kernel launch: the same bytes as [`write`](Self::write) with a `Record` of
-    /// `Event::KernelLaunch(launch)`, without building (and dropping) the record.
-    #[inline(always)]
-    pub fn write_launch(
-        &mut self,
-        ts_ns: Option<u64>,
-        tid: Option<u32>,
-        device: Option<u32>,
-        launch: &KernelLaunch,
-    ) -> Result<(), TraceError> {
-        let before = self.buf.len();
-        codec::encode_launch_frame(&mut self.state, ts_ns, tid, device, launch, &mut self.buf);
-        self.appended(before)
-    }
-
-    /// Counts the frame appended after `before` and drains a full buffer.
+    /// Counts the record appended after `before` and drains a full buffer.
     #[inline]
     fn appended(&mut self, before: usize) -> Result<(), TraceError> {
         self.bytes += (self.buf.len() - before) as u64;
@@ -76,126 +55,144 @@ impl<W: Write> BinaryWriter<W> {
     fn drain(&mut self) -> Result<(), TraceError> {
         if let Some(out) = self.out.as_mut() {
             if !self.buf.is_empty() {
-                out.write_all(&self.buf).map_err(|e| TraceError::io("writing binary trace", e))?;
+                out.write_all(&self.buf).map_err(|e| TraceError::io(format!("writing {} trace", self.form), e))?;
                 self.buf.clear();
             }
         }
         Ok(())
     }
 
-    /// Hands everything buffered to the sink and flushes it.
-    pub fn flush(&mut self) -> Result<(), TraceError> {
+    fn flush(&mut self) -> Result<(), TraceError> {
         self.drain()?;
         if let Some(out) = self.out.as_mut() {
-            out.flush().map_err(|e| TraceError::io("flushing binary trace", e))?;
+            out.flush().map_err(|e| TraceError::io(format!("flushing {} trace", self.form), e))?;
         }
         Ok(())
     }
 
-    /// Flushes and returns the sink.
-    pub fn finish(mut self) -> Result<W, TraceError> {
+    fn finish(mut self) -> Result<W, TraceError> {
         self.flush()?;
         Ok(self.out.take().expect("the sink is only taken by finish, which consumes the writer"))
     }
 
-    /// Bytes of the trace so far (preamble, header and frames), buffered or not.
-    pub fn bytes_written(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Records written so far.
-    pub fn events_written(&self) -> u64 {
-        self.events
-    }
-
-    /// The sink.
-    pub fn get_ref(&self) -> &W {
+    fn get_ref(&self) -> &W {
         self.out.as_ref().expect("the sink is only taken by finish, which consumes the writer")
     }
 }
 
-impl<W: Write> Drop for BinaryWriter<W> {
+impl<W: Write> Drop for Buffered<W> {
     fn drop(&mut self) {
         if let Some(out) = self.out.as_mut() {
             let _ = out.write_all(&self.buf);
             let _ = out.flush();
         }
+    }
+}
+
+/// Writes the binary form. Buffers internally; the preamble and header reach the sink at once
+/// (so a process killed right after start still leaves a readable trace), events in 64 KiB
+/// batches and on [`flush`](Self::flush). Dropping the writer flushes what is buffered, ignoring
+/// errors; call [`finish`](Self::finish) to see them.
+pub struct BinaryWriter<W: Write> {
+    b: Buffered<W>,
+    state: PrefixState,
+}
+
+impl<W: Write> BinaryWriter<W> {
+    /// Writes the preamble and `header` (with `format_version` set to [`FORMAT_VERSION`]).
+    pub fn new(out: W, header: &Header) -> Result<Self, TraceError> {
+        let start = |buf: &mut Vec<u8>| {
+            buf.extend_from_slice(&codec::preamble(FORMAT_VERSION, codec::native_flags()));
+            codec::encode_header_frame(header, buf)
+        };
+        Ok(BinaryWriter { b: Buffered::new(out, start, "binary")?, state: PrefixState::default() })
+    }
+
+    /// Appends one record.
+    #[inline]
+    pub fn write(&mut self, rec: &Record) -> Result<(), TraceError> {
+        let before = self.b.buf.len();
+        codec::encode_frame(&mut self.state, rec, &mut self.b.buf)?;
+        self.b.appended(before)
+    }
+
+    /// Appends a kernel launch: the same bytes as [`write`](Self::write) with a `Record` of
+    /// `Event::KernelLaunch(launch)`, without building (and dropping) the record.
+    #[inline(always)]
+    pub fn write_launch(
+        &mut self,
+        ts_ns: Option<u64>,
+        tid: Option<u32>,
+        device: Option<u32>,
+        launch: &KernelLaunch,
+    ) -> Result<(), TraceError> {
+        let before = self.b.buf.len();
+        codec::encode_launch_frame(&mut self.state, ts_ns, tid, device, launch, &mut self.b.buf);
+        self.b.appended(before)
+    }
+
+    /// Hands everything buffered to the sink and flushes it.
+    pub fn flush(&mut self) -> Result<(), TraceError> {
+        self.b.flush()
+    }
+
+    /// Flushes and returns the sink.
+    pub fn finish(self) -> Result<W, TraceError> {
+        self.b.finish()
+    }
+
+    /// Bytes of the trace so far (preamble, header and frames), buffered or not.
+    pub fn bytes_written(&self) -> u64 {
+        self.b.bytes
+    }
+
+    /// Records written so far.
+    pub fn events_written(&self) -> u64 {
+        self.b.events
+    }
+
+    /// The sink.
+    pub fn get_ref(&self) -> &W {
+        self.b.get_ref()
     }
 }
 
 /// Writes the JSON Lines form, with the same API and buffering as [`BinaryWriter`].
 pub struct JsonlWriter<W: Write> {
-    out: Option<W>,
-    buf: Vec<u8>,
-    bytes: u64,
-    events: u64,
+    b: Buffered<W>,
 }
 
 impl<W: Write> JsonlWriter<W> {
     /// Writes the header line.
     pub fn new(out: W, header: &Header) -> Result<Self, TraceError> {
-        let mut buf = Vec::with_capacity(FLUSH_AT + 4096);
-        jsonl::write_header_line(header, &mut buf)?;
-        let bytes = buf.len() as u64;
-        let mut w = JsonlWriter { out: Some(out), buf, bytes, events: 0 };
-        w.drain()?;
-        Ok(w)
+        Ok(JsonlWriter { b: Buffered::new(out, |buf| jsonl::write_header_line(header, buf), "JSON Lines")? })
     }
 
     /// Appends one record line.
     pub fn write(&mut self, rec: &Record) -> Result<(), TraceError> {
-        let before = self.buf.len();
-        jsonl::write_record_line(rec, &mut self.buf)?;
-        self.bytes += (self.buf.len() - before) as u64;
-        self.events += 1;
-        if self.buf.len() >= FLUSH_AT {
-            self.drain()?;
-        }
-        Ok(())
-    }
-
-    fn drain(&mut self) -> Result<(), TraceError> {
-        if let Some(out) = self.out.as_mut() {
-            if !self.buf.is_empty() {
-                out.write_all(&self.buf).map_err(|e| TraceError::io("writing JSON Lines trace", e))?;
-                self.buf.clear();
-            }
-        }
-        Ok(())
+        let before = self.b.buf.len();
+        jsonl::write_record_line(rec, &mut self.b.buf)?;
+        self.b.appended(before)
     }
 
     /// Hands everything buffered to the sink and flushes it.
     pub fn flush(&mut self) -> Result<(), TraceError> {
-        self.drain()?;
-        if let Some(out) = self.out.as_mut() {
-            out.flush().map_err(|e| TraceError::io("flushing JSON Lines trace", e))?;
-        }
-        Ok(())
+        self.b.flush()
     }
 
     /// Flushes and returns the sink.
-    pub fn finish(mut self) -> Result<W, TraceError> {
-        self.flush()?;
-        Ok(self.out.take().expect("the sink is only taken by finish, which consumes the writer"))
+    pub fn finish(self) -> Result<W, TraceError> {
+        self.b.finish()
     }
 
     /// Bytes of the trace so far, buffered or not.
     pub fn bytes_written(&self) -> u64 {
-        self.bytes
+        self.b.bytes
     }
 
     /// Records written so far.
     pub fn events_written(&self) -> u64 {
-        self.events
-    }
-}
-
-impl<W: Write> Drop for JsonlWriter<W> {
-    fn drop(&mut self) {
-        if let Some(out) = self.out.as_mut() {
-            let _ = out.write_all(&self.buf);
-            let _ = out.flush();
-        }
+        self.b.events
     }
 }
 

@@ -17,6 +17,9 @@ mod enum_codes;
 /// The hand-written launch/alloc/free encoders equal the generic bincode path byte for byte.
 #[path = "it/fastframe.rs"]
 mod fastframe;
+/// The hand-written alloc/free/launch decoders read what the derived ones read.
+#[path = "it/fastread.rs"]
+mod fastread;
 /// `TraceWriter` temp file + rename, `Reader::open` errors naming the path, `convert`.
 #[path = "it/files.rs"]
 mod files;

@@ -16,7 +16,7 @@ from memtrace_trainer.models.cnn import CNNConfig
 from memtrace_trainer.models.config import InvalidConfig, from_dict
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename, parse_filename
 from memtrace_trainer.models.mlp import MLPConfig
-from memtrace_trainer.models.sweep import sample, sample_file
+from memtrace_trainer.models.sampling import sample, sample_file
 from memtrace_trainer.models.transformer import TransformerConfig
 from memtrace_trainer.models.zoo import ZOO_EXAMPLES, build_workload
 

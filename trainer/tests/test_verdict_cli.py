@@ -20,7 +20,7 @@ def test_one_dispatcher_knows_every_command() -> None:
     _, handlers = parser()
     assert set(handlers) == {"features", "symtrace", "sample", "fake-tensor", "estimate",
                              "max-batch", "max-seq", "min-world-size", "hf-models", "kernel-stats",
-                             "run", "launch", "dataset"}  # fmt: skip
+                             "run", "launch", "dataset", "serve"}  # fmt: skip
 
 
 def test_seq_len_reaches_an_entry_that_takes_it_and_is_warned_about_otherwise(

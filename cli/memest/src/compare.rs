@@ -7,10 +7,11 @@ use estimators::analytic::{Optimizer, Precision};
 use estimators::compare::{aggregate, evaluate_row, read_runs, EvalContext, MlModels, Outcome, RunRecord};
 use estimators::dataset::{seeded_subset, DatasetRow, Spec};
 use estimators::error::write_atomic;
-use estimators::rebuild::{trace_parallel, TraceJob, TraceResult, Trainer};
 use estimators::symbolic::profile_version;
+use estimators::trace_jobs::{trace_parallel, TraceJob, TraceResult, Trainer};
 use estimators::{plots, report};
 use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
 use simulator::profile::Profile;
 
 #[derive(clap::Args)]
@@ -229,19 +230,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Some(t) => t.trace.clone().map(|p| (p, t.seconds)),
         }
     };
-    let mut records: Vec<RunRecord> = Vec::with_capacity(rows.len());
-    for (r, di) in &rows {
-        let main = lookup(&r.id);
-        let plain = lookup(&format!("{}-plain", r.id));
-        let ml = match &ml_models {
-            None => Outcome::failed("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)"),
-            Some(m) => m.outcome(r, &a.dataset[*di], a.ml_include_training_rows),
-        };
-        let mut rec = evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml);
-        rec.calibrated_on = calibrated.contains(&rec.id);
-        records.push(rec);
-        pb.inc(1);
-    }
+    // Every row's replays run in this process, one row per core, in the rows' order.
+    let records: Vec<RunRecord> = rows
+        .par_iter()
+        .map(|(r, di)| {
+            let main = lookup(&r.id);
+            let plain = lookup(&format!("{}-plain", r.id));
+            let ml = match &ml_models {
+                None => Outcome::failed("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)"),
+                Some(m) => m.outcome(r, &a.dataset[*di], a.ml_include_training_rows),
+            };
+            let mut rec = evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml);
+            rec.calibrated_on = calibrated.contains(&rec.id);
+            pb.inc(1);
+            rec
+        })
+        .collect();
     pb.finish_and_clear();
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
     let mut truth_cols: std::collections::BTreeMap<&str, usize> = Default::default();

@@ -7,7 +7,7 @@ mod estimate;
 mod fitio;
 pub mod ml;
 mod safety;
-pub mod util;
+pub mod utilization;
 
 use clap::{Parser, Subcommand};
 
@@ -44,7 +44,7 @@ enum Command {
     /// Train, apply and evaluate GPUMemNet-style ML estimators (`memest ml --help`).
     Ml(ml::MlArgs),
     /// Classify GPU utilization (DCGM SMACT/SMOCC classes) from model features (`memest util --help`).
-    Util(util::UtilArgs),
+    Util(utilization::UtilArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -54,7 +54,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Calibrate(a) => calibrate::run(a).map(|()| 0u8),
         Command::Safety(a) => safety::run(a).map(|()| 0u8),
         Command::Ml(a) => ml::run(a),
-        Command::Util(a) => util::run(a),
+        Command::Util(a) => utilization::run(a),
     }
 }
 

@@ -7,7 +7,7 @@ mod compare_trainer;
 /// ML estimators: the `memest ml` subcommands, driven through the command's library.
 mod ml_cli;
 /// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
-mod ml_util;
+mod ml_utilization;
 
 /// Shared-data and venv paths (failing loudly) and trace builders, from the estimators' tests.
 #[path = "../../../estimators/tests/common.rs"]

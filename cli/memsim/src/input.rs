@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -89,16 +90,20 @@ pub fn for_each_record<S>(
             let mut state = init(&header)?;
             let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let bar = progress(size);
-            let mut n = 0u64;
-            while let Some(rec) = reader.next_record() {
-                let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
-                f(&mut state, &rec)?;
-                n += 1;
-                if n.is_multiple_of(65536) {
-                    if let Some(b) = &bar {
-                        b.set_position(reader.summary().bytes_read);
+            if BATCH.load(Ordering::Relaxed) || size < PIPELINE_FROM {
+                let mut n = 0u64;
+                while let Some(rec) = reader.next_record() {
+                    let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
+                    f(&mut state, &rec)?;
+                    n += 1;
+                    if n.is_multiple_of(65536) {
+                        if let Some(b) = &bar {
+                            b.set_position(reader.summary().bytes_read);
+                        }
                     }
                 }
+            } else {
+                pipelined(path, &mut reader, &mut state, &mut f, bar.as_ref())?;
             }
             if let Some(b) = bar {
                 b.finish_and_clear();
@@ -108,9 +113,75 @@ pub fn for_each_record<S>(
     }
 }
 
+/// Files from this size on are decoded on a second thread while the caller's thread consumes.
+const PIPELINE_FROM: u64 = 1 << 20;
+/// Records per batch handed from the decoding thread.
+const BATCH_RECORDS: usize = 4096;
+
+/// Decoding on one thread, `f` on this one: batches of records go through a bounded channel
+/// and come back empty to be refilled, so nothing is allocated per batch after the first few.
+/// The records reach `f` in file order; the first error (decoding or `f`'s) stops both.
+fn pipelined<S>(
+    path: &Path,
+    reader: &mut trace::Reader<std::fs::File>,
+    state: &mut S,
+    f: &mut impl FnMut(&mut S, &Record) -> Result<()>,
+    bar: Option<&ProgressBar>,
+) -> Result<()> {
+    type Batch = (Vec<Record>, Option<trace::TraceError>, u64);
+    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<Record>>();
+    std::thread::scope(|scope| -> Result<()> {
+        scope.spawn(move || loop {
+            let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
+            let mut error = None;
+            while batch.len() < BATCH_RECORDS {
+                match reader.next_record() {
+                    Some(Ok(r)) => batch.push(r),
+                    Some(Err(e)) => {
+                        error = Some(e);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let last = batch.len() < BATCH_RECORDS || error.is_some();
+            // The consumer hung up (an error in `f`): stop.
+            if full_tx.send((batch, error, reader.summary().bytes_read)).is_err() || last {
+                return;
+            }
+        });
+        let mut n = 0u64;
+        for (mut batch, error, bytes) in full_rx {
+            for rec in &batch {
+                f(state, rec)?;
+            }
+            n += batch.len() as u64;
+            if let Some(e) = error {
+                return Err(anyhow::Error::new(e).context(format!("{}: reading record {n}", path.display())));
+            }
+            if let Some(b) = bar {
+                b.set_position(bytes);
+            }
+            batch.clear();
+            let _ = empty_tx.send(batch);
+        }
+        Ok(())
+    })
+}
+
+/// Whether many inputs are read at once (`batch`): then one thread per input (rayon's) and no
+/// per-input progress bar.
+static BATCH: AtomicBool = AtomicBool::new(false);
+
+/// Marks the command as reading many inputs at once.
+pub fn set_batch(on: bool) {
+    BATCH.store(on, Ordering::Relaxed);
+}
+
 fn progress(size: u64) -> Option<ProgressBar> {
     // Only for large inputs and only when a person is watching.
-    if size < 64 << 20 || !std::io::stderr().is_terminal() {
+    if size < 64 << 20 || BATCH.load(Ordering::Relaxed) || !std::io::stderr().is_terminal() {
         return None;
     }
     let b = ProgressBar::new(size);

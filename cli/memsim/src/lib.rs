@@ -4,6 +4,7 @@
 //!
 //! Thin binary: argument parsing and I/O here; the rules live in the `simulator` library.
 
+mod batch;
 mod colocate;
 mod convert;
 mod input;

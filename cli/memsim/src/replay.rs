@@ -1,4 +1,4 @@
-//! `memsim replay FILE [--capacity 40GiB] [--profile NAME] [--alloc-conf STR] [--torch VER] [--strict] [--json]`.
+//! `memsim replay FILE... [--capacity 40GiB] [--profile NAME] [--alloc-conf STR] [--torch VER] [--strict] [--json]`.
 
 use std::path::{Path, PathBuf};
 
@@ -9,16 +9,21 @@ use simulator::profile::Profile;
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
 
+use crate::batch::{self, outln, Output};
+
 /// Arguments of `memsim replay`.
 #[derive(clap::Args)]
 #[command(after_help = "Exit status: 0 fits (or no capacity to check), 1 does not fit the capacity, 2 bad input.\n\
+Several files are replayed at once, one per core, and reported in the order given (with --json, \
+a JSON array; a file that fails is an element {\"file\", \"error\"} and makes the status 2).\n\
 Peaks are the caching allocator's (max_memory_reserved/allocated): they count what the trace \
 requests, not the CUDA context or libraries; the device peak adds the profile's memory outside the \
 allocator.")]
 pub struct Args {
-    /// Allocator-level trace: .mtrace, .jsonl (e.g. from `memtrace_trainer symtrace`), or a
-    /// snapshot .pickle.
-    file: PathBuf,
+    /// Allocator-level traces: .mtrace, .jsonl (e.g. from `memtrace_trainer symtrace`), or
+    /// snapshot .pickle files. Several are replayed in parallel.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
     /// Allocator configuration in PYTORCH_CUDA_ALLOC_CONF syntax; overrides what the trace recorded.
     #[arg(long, value_name = "STR")]
     alloc_conf: Option<String>,
@@ -162,21 +167,32 @@ pub fn replay_file(
 pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
-    let mut r = replay_file(&a.file, &opts, profile.as_ref(), a.capacity, a.strict, a.point)?;
+    batch::run(&a.files, a.json, |file| replay_one(&a, file, &opts, profile.as_ref(), version))
+}
+
+/// One file's replay, rendered.
+fn replay_one(
+    a: &Args,
+    file: &Path,
+    opts: &ReplayOptions,
+    profile: Option<&(Profile, PathBuf)>,
+    version: TorchVersion,
+) -> Result<Output> {
+    let mut r = replay_file(file, opts, profile, a.capacity, a.strict, a.point)?;
     if a.point {
         if let Some(why) = point_without_effect(r.verdict.is_some(), &[&r.margin]) {
             r.warnings.push(why);
         }
     }
-    crate::input::warn(&r.warnings);
-    let code = match &r.verdict {
+    let mut out = Output::new(r.warnings.clone());
+    out.code = match &r.verdict {
         Some(v) if !v.fits => 1u8,
         _ => 0u8,
     };
     let rep = &r.fit.report;
     if a.json {
         let mut v = serde_json::to_value(rep)?;
-        v["file"] = a.file.display().to_string().into();
+        v["file"] = file.display().to_string().into();
         v["torch_allocator_version"] = version.to_string().into();
         // One meaning of capacity: the device's total memory. The allocator's share is separate.
         v["capacity"] = serde_json::to_value(r.capacity)?;
@@ -191,31 +207,34 @@ pub fn run(a: Args) -> Result<u8> {
         v["verdict"] = serde_json::to_value(&r.verdict)?;
         v["warnings"] = serde_json::to_value(&r.warnings)?;
         v["peaks_count"] = PEAKS_COUNT.into();
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(code);
+        out.json = Some(v);
+        return Ok(out);
     }
-    println!(
+    outln!(
+        out,
         "{}: replayed {} requests of {} records (allocator rules {version})",
-        a.file.display(),
+        file.display(),
         rep.requests,
         rep.events
     );
     if let Some(c) = &rep.alloc_conf {
-        println!("  alloc conf          {c}");
+        outln!(out, "  alloc conf          {c}");
     }
-    println!("  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
-    println!("  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);
-    println!("  peak active         {}", mib(rep.peak_active_bytes));
-    println!("  peak requested      {}", mib(rep.peak_requested_bytes));
-    println!("  (peaks: {PEAKS_COUNT})");
+    outln!(out, "  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
+    outln!(out, "  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);
+    outln!(out, "  peak active         {}", mib(rep.peak_active_bytes));
+    outln!(out, "  peak requested      {}", mib(rep.peak_requested_bytes));
+    outln!(out, "  (peaks: {PEAKS_COUNT})");
     if let Some((first, steady)) = rep.step_peaks() {
-        println!(
+        outln!(
+            out,
             "  first iteration     {} reserved, {} allocated",
             mib(first.peak_reserved_bytes),
             mib(first.peak_allocated_bytes)
         );
         if let Some(s) = steady {
-            println!(
+            outln!(
+                out,
                 "  {:<19} {} reserved, {} allocated",
                 format!("steady (iter 1-{})", s.iter),
                 mib(s.peak_reserved_bytes),
@@ -225,7 +244,8 @@ pub fn run(a: Args) -> Result<u8> {
     }
     if r.outside.source != "none" {
         let o = &r.outside;
-        println!(
+        outln!(
+            out,
             "  outside allocator   {} (context {}, cuBLAS {}, cuDNN {}, NCCL {}; libraries from {})",
             mib(o.total_bytes),
             mib(o.context_bytes),
@@ -234,11 +254,12 @@ pub fn run(a: Args) -> Result<u8> {
             mib(o.nccl_bytes),
             o.libraries.source
         );
-        println!("  peak device         {} (reserved + outside the allocator)", mib(r.point()));
-        println!("  safe device         {} ({})", mib(r.safe()), r.margin.note);
+        outln!(out, "  peak device         {} (reserved + outside the allocator)", mib(r.point()));
+        outln!(out, "  safe device         {} ({})", mib(r.safe()), r.margin.note);
     }
     for d in &rep.devices {
-        println!(
+        outln!(
+            out,
             "  device {}: at peak reserved: {} segments, {} reserved but not allocated, largest free block {}",
             d.device,
             d.at_peak.segments,
@@ -246,24 +267,24 @@ pub fn run(a: Args) -> Result<u8> {
             mib(d.at_peak.largest_free_block)
         );
         if !d.categories_at_peak.is_empty() {
-            println!("  device {}: allocated at its peak, by category:", d.device);
+            outln!(out, "  device {}: allocated at its peak, by category:", d.device);
             for (k, v) in &d.categories_at_peak {
                 if *v > 0 {
-                    println!("    {k:<16} {}", mib(*v));
+                    outln!(out, "    {k:<16} {}", mib(*v));
                 }
             }
         }
     }
     for (m, n) in &rep.skipped_by_caller {
-        println!("  left out: {n} requests made by {m} (outside the caching allocator)");
+        outln!(out, "  left out: {n} requests made by {m} (outside the caching allocator)");
     }
     if rep.skipped_failed_calls > 0 {
-        println!("  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
+        outln!(out, "  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
     }
     if rep.rejected > 0 {
-        println!("  WARNING: {} requests rejected by the model, e.g.:", rep.rejected);
+        outln!(out, "  WARNING: {} requests rejected by the model, e.g.:", rep.rejected);
         for e in &rep.rejected_examples {
-            println!("    {e}");
+            outln!(out, "    {e}");
         }
     }
     match (&r.verdict, r.fit.budget) {
@@ -272,7 +293,8 @@ pub fn run(a: Args) -> Result<u8> {
                 fit::CapacitySource::Flag => "--capacity",
                 fit::CapacitySource::Profile => "the profile's total memory",
             };
-            println!(
+            outln!(
+                out,
                 "verdict: needs {} ({}) on a {} device ({src}; allocator budget {}): {}",
                 mib(v.need_bytes),
                 v.basis,
@@ -281,12 +303,12 @@ pub fn run(a: Args) -> Result<u8> {
                 if v.fits { "FITS" } else { "DOES NOT FIT" }
             );
             if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
-                println!("  replayed at the budget, the first allocation fails at record {i}: {d}");
+                outln!(out, "  replayed at the budget, the first allocation fails at record {i}: {d}");
             }
         }
-        _ => println!("verdict: none (give --capacity or --profile to check a fit)"),
+        _ => outln!(out, "verdict: none (give --capacity or --profile to check a fit)"),
     }
-    Ok(code)
+    Ok(out)
 }
 
 /// Why `--point` changes nothing, if it does not: no verdict to judge, or no margin to leave out.

@@ -1,17 +1,23 @@
-//! `memsim stats FILE [--json]`.
+//! `memsim stats FILE... [--json]`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use simulator::stats::{CuptiMemoryStats, TraceStats};
 use simulator::units::mib;
 use simulator::utilization::{ScopeMetrics, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
 
+use crate::batch::{self, outln, Output};
+
 /// Arguments of `memsim stats`.
 #[derive(clap::Args)]
+#[command(after_help = "Several files are summarised at once, one per core, and reported in the order given \
+(with --json, a JSON array; a file that fails is an element {\"file\", \"error\"} and makes the exit \
+status 2).")]
 pub struct Args {
-    /// Trace to summarise (.mtrace, .jsonl or snapshot .pickle).
-    file: PathBuf,
+    /// Traces to summarise (.mtrace, .jsonl or snapshot .pickle). Several are read in parallel.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
     /// Print a JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -48,8 +54,13 @@ fn util_options(a: &Args) -> Result<UtilOptions> {
 
 pub fn run(a: Args) -> Result<u8> {
     let opts = util_options(&a)?;
+    batch::run(&a.files, a.json, |file| stats_one(&a, file, opts))
+}
+
+/// One file's summary, rendered.
+fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let read = crate::input::for_each_record(
-        &a.file,
+        file,
         |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts))),
         |(s, u), r| {
             s.observe(r);
@@ -57,8 +68,8 @@ pub fn run(a: Args) -> Result<u8> {
             Ok(())
         },
     )?;
-    let warnings = read.warnings(&a.file, a.strict)?;
-    crate::input::warn(&warnings);
+    let warnings = read.warnings(file, a.strict)?;
+    let mut out = Output::new(warnings.clone());
     let header = read.header;
     let (s, u) = read.state;
     let (truncated, unknown) = read.summary.map_or((false, 0), |r| (r.truncated, r.unknown_skipped));
@@ -67,64 +78,65 @@ pub fn run(a: Args) -> Result<u8> {
     if a.json {
         let mut v = serde_json::to_value(&s)?;
         v["utilization"] = serde_json::to_value(&util)?;
-        v["file"] = a.file.display().to_string().into();
+        v["file"] = file.display().to_string().into();
         v["level"] = serde_json::to_value(header.level)?;
         v["producer"] = header.producer.name.clone().into();
         v["peak_live_device_counts"] = PEAK_COUNTS.into();
         v["warnings"] = serde_json::to_value(&warnings)?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0u8);
+        out.json = Some(v);
+        return Ok(out);
     }
-    println!("{}: {} trace by {} {}", a.file.display(), level(&header), header.producer.name, header.producer.version);
-    println!("  events            {}", s.events);
+    outln!(out, "{}: {} trace by {} {}", file.display(), level(&header), header.producer.name, header.producer.version);
+    outln!(out, "  events            {}", s.events);
     for (k, n) in &s.kinds {
-        println!("    {k:<16} {n}");
+        outln!(out, "    {k:<16} {n}");
     }
-    println!("  calls");
+    outln!(out, "  calls");
     for (k, n) in &s.calls {
         let failed = s.failed_calls.get(k).map(|f| format!(" ({f} failed)")).unwrap_or_default();
-        println!("    {k:<32} {n}{failed}");
+        outln!(out, "    {k:<32} {n}{failed}");
     }
-    println!("  device allocs     {} (frees {})", s.allocs, s.frees);
-    println!("  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
-    println!("  peak live device  {} ({} B)", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
-    println!("    (counts {PEAK_COUNTS})");
+    outln!(out, "  device allocs     {} (frees {})", s.allocs, s.frees);
+    outln!(out, "  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
+    outln!(out, "  peak live device  {} ({} B)", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
+    outln!(out, "    (counts {PEAK_COUNTS})");
     if s.start_state_allocated_bytes > 0 {
-        println!(
+        outln!(
+            out,
             "  allocated before  {} in blocks alive when the trace began (start state): not in the peak above; \
              replay's peak allocated counts them",
             mib(s.start_state_allocated_bytes)
         );
     }
-    println!("  kernel launches   {} ({} graph launches)", s.kernel_launches, s.graph_launches);
+    outln!(out, "  kernel launches   {} ({} graph launches)", s.kernel_launches, s.graph_launches);
     match s.kernel_busy_ns {
         Some(busy) => {
-            println!("  kernel busy time  {:.3} ms over {} CUPTI records", busy as f64 / 1e6, s.kernel_exec_records)
+            outln!(out, "  kernel busy time  {:.3} ms over {} CUPTI records", busy as f64 / 1e6, s.kernel_exec_records)
         }
         None if s.kernel_launches > 0 => {
-            println!("  kernel timing     none: record with MEMTRACE_CUPTI=1 for execution times")
+            outln!(out, "  kernel timing     none: record with MEMTRACE_CUPTI=1 for execution times")
         }
         None => {}
     }
     if let Some(c) = &s.cupti_memory {
-        print_cupti_memory(c);
+        print_cupti_memory(&mut out, c);
     }
-    print_utilization(&util);
+    print_utilization(&mut out, &util);
     if s.lost_events > 0 {
-        println!("  LOST EVENTS       {} (the producer's queue was full)", s.lost_events);
+        outln!(out, "  LOST EVENTS       {} (the producer's queue was full)", s.lost_events);
     }
     if s.unknown_frees > 0 {
-        println!("  unknown frees     {} (frees of addresses allocated before the trace began)", s.unknown_frees);
+        outln!(out, "  unknown frees     {} (frees of addresses allocated before the trace began)", s.unknown_frees);
     }
     if s.unknown_events_skipped > 0 {
-        println!("  skipped           {} events of kinds this memsim does not know", s.unknown_events_skipped);
+        outln!(out, "  skipped           {} events of kinds this memsim does not know", s.unknown_events_skipped);
     }
     if s.truncated {
-        println!("  TRUNCATED: the trace ends mid-event (process killed?); everything before was read");
+        outln!(out, "  TRUNCATED: the trace ends mid-event (process killed?); everything before was read");
     } else if !s.complete && header.producer.name == "libmemtrace" {
-        println!("  incomplete: no process_exit event (the process did not exit through the shim's handlers)");
+        outln!(out, "  incomplete: no process_exit event (the process did not exit through the shim's handlers)");
     }
-    Ok(0u8)
+    Ok(out)
 }
 
 fn level(h: &trace::Header) -> &'static str {
@@ -135,57 +147,74 @@ fn level(h: &trace::Header) -> &'static str {
     }
 }
 
-fn print_cupti_memory(c: &CuptiMemoryStats) {
+fn print_cupti_memory(out: &mut Output, c: &CuptiMemoryStats) {
     let kinds: Vec<String> = c.allocations_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    println!("  CUPTI memory      {} allocations ({}), {} releases", c.allocations, kinds.join(", "), c.releases);
-    println!(
+    outln!(out, "  CUPTI memory      {} allocations ({}), {} releases", c.allocations, kinds.join(", "), c.releases);
+    outln!(
+        out,
         "    device bytes    {} allocated, peak live {} ({} B)",
         mib(c.device_bytes_allocated),
         mib(c.peak_live_device_bytes),
         c.peak_live_device_bytes
     );
-    println!(
+    outln!(
+        out,
         "    cross-check     {} of {} CUPTI device allocations match a traced allocation (address and size)",
-        c.device_allocations_matched, c.device_allocations
+        c.device_allocations_matched,
+        c.device_allocations
     );
     if c.unknown_releases > 0 {
-        println!("    unknown         {} releases of addresses CUPTI reported no allocation for", c.unknown_releases);
+        outln!(
+            out,
+            "    unknown         {} releases of addresses CUPTI reported no allocation for",
+            c.unknown_releases
+        );
     }
 }
 
-fn print_utilization(u: &UtilizationReport) {
+fn print_utilization(out: &mut Output, u: &UtilizationReport) {
     if u.timing == Timing::None {
         return;
     }
     let device = u.device.map_or_else(|| "?".to_string(), |d| d.to_string());
     let sms = u.sm_count.map_or_else(|| "unknown".to_string(), |n| format!("{n}"));
     let cc = u.compute_capability.map_or_else(|| "unknown".to_string(), |(a, b)| format!("{a}.{b}"));
-    println!("  utilization       device {device} ({sms} SMs, compute capability {cc})");
+    outln!(out, "  utilization       device {device} ({sms} SMs, compute capability {cc})");
     for n in &u.notes {
-        println!("    note: {n}");
+        outln!(out, "    note: {n}");
     }
     if !u.other_devices.is_empty() {
         let others: Vec<String> = u.other_devices.iter().map(|(d, n)| format!("device {d}: {n}")).collect();
-        println!("    left out (other devices): {}", others.join(", "));
+        outln!(out, "    left out (other devices): {}", others.join(", "));
     }
     if u.invalid_kernel_records > 0 {
-        println!("    left out: {} kernel records ending before they start", u.invalid_kernel_records);
+        outln!(out, "    left out: {} kernel records ending before they start", u.invalid_kernel_records);
     }
     if u.markers_without_time > 0 {
-        println!("    {} phase markers without timestamps were ignored", u.markers_without_time);
+        outln!(out, "    {} phase markers without timestamps were ignored", u.markers_without_time);
     }
-    println!(
+    outln!(
+        out,
         "    {:<10} {:>10} {:>6} {:>6} {:>6} {:>8} {:>10} {:>10} {:>12}",
-        "scope", "wall ms", "busy", "SMact", "occ", "kernels", "launch/s", "gap us", "gemm/elt/red"
+        "scope",
+        "wall ms",
+        "busy",
+        "SMact",
+        "occ",
+        "kernels",
+        "launch/s",
+        "gap us",
+        "gemm/elt/red"
     );
-    print_scope("run", &u.run);
+    print_scope(out, "run", &u.run);
     for (name, m) in &u.phases {
-        print_scope(name, m);
+        print_scope(out, name, m);
     }
     if !u.run.top_kernels.is_empty() {
-        println!("    top kernels (run)");
+        outln!(out, "    top kernels (run)");
         for k in &u.run.top_kernels {
-            println!(
+            outln!(
+                out,
                 "      {:>5.1}% {:>9.3} ms {:>7}x {:<11} {}",
                 k.share * 100.0,
                 k.total_ns as f64 / 1e6,
@@ -197,7 +226,7 @@ fn print_utilization(u: &UtilizationReport) {
     }
 }
 
-fn print_scope(name: &str, m: &ScopeMetrics) {
+fn print_scope(out: &mut Output, name: &str, m: &ScopeMetrics) {
     let pct = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
     let num = |x: Option<f64>, scale: f64| x.map_or_else(|| "-".to_string(), |v| format!("{:.1}", v / scale));
     let share = m.time_share.map_or_else(
@@ -205,7 +234,8 @@ fn print_scope(name: &str, m: &ScopeMetrics) {
         |t| format!("{:.0}/{:.0}/{:.0}%", t.gemm_conv * 100.0, t.elementwise * 100.0, t.reduction * 100.0),
     );
     let count = if m.kernels > 0 { m.kernels } else { m.launches };
-    println!(
+    outln!(
+        out,
         "    {:<10} {:>10.3} {:>6} {:>6} {:>6} {:>8} {:>10} {:>10} {:>12}",
         name,
         m.wall_ns as f64 / 1e6,

@@ -1,29 +1,14 @@
 //! The `memsim` binary end to end: JSON contracts, conversions, collocation and error messages.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use trace::{Category, Control, ControlOp, Event, Header, Level, Record};
 
-fn memsim(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-fn json(args: &[&str]) -> Value {
-    let (code, out, err) = memsim(args);
-    assert_eq!(code, 0, "memsim {args:?} failed: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("memsim {args:?}: not JSON ({e}): {out}"))
-}
-
 const MIB: u64 = 1 << 20;
 
 use crate::records::{alloc, free};
+use crate::support::{json, memsim};
 
 /// Write an allocator-level trace with synthetic addresses and this header metadata.
 fn write_with(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {
@@ -124,6 +109,38 @@ fn stats_json_contract() {
     assert_eq!(v["peak_live_device_bytes"], 120 * MIB);
     assert_eq!(v["calls"]["allocator"], 8);
     assert_eq!(v["truncated"], false);
+}
+
+/// Several files in one command: each gives what it gives alone, in the order given; a file
+/// that fails is reported beside the others and makes the status 2.
+#[test]
+fn replay_and_stats_take_many_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_trace(dir.path(), "a.mtrace", &three_tensors());
+    let b = write_trace(dir.path(), "b.jsonl", &three_tensors()[..3]);
+    let missing = dir.path().join("missing.mtrace");
+    let (a, b, missing) = (a.to_str().unwrap(), b.to_str().unwrap(), missing.to_str().unwrap());
+    for cmd in ["replay", "stats"] {
+        let v = json(&[cmd, a, b, "--json"]);
+        let alone = [json(&[cmd, a, "--json"]), json(&[cmd, b, "--json"])];
+        assert_eq!(v.as_array().map(Vec::len), Some(2), "{cmd}: {v}");
+        for (got, want) in v.as_array().unwrap().iter().zip(&alone) {
+            assert_eq!(got, want, "{cmd}: a file in a batch is reported as it is alone");
+        }
+        let (code, out, err) = memsim(&[cmd, b, missing, a, "--json"]);
+        assert_eq!(code, 2, "{cmd}: a failed file makes the status 2 ({err})");
+        assert!(err.contains("missing.mtrace: no such file"), "{cmd}: {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let files: Vec<&str> = v.as_array().unwrap().iter().map(|e| e["file"].as_str().unwrap()).collect();
+        assert_eq!(files, [b, missing, a], "{cmd}: in the order given");
+        assert!(v[1]["error"].as_str().unwrap().contains("no such file"), "{cmd}: {v}");
+        let (code, out, _) = memsim(&[cmd, a, b]);
+        assert_eq!(code, 0);
+        assert!(out.find(a).unwrap() < out.find(b).unwrap(), "{cmd}: text sections in order: {out}");
+    }
+    assert_eq!(json(&["replay", a, b, "--json"])[1]["peak_reserved_bytes"], 90 * MIB);
+    let (code, _, err) = memsim(&["replay"]);
+    assert_eq!(code, 2, "no file: usage error ({err})");
 }
 
 #[test]

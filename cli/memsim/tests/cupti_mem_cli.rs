@@ -2,7 +2,6 @@
 //! their absence from traces without such records.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{json, Value};
 use trace::{
@@ -10,11 +9,7 @@ use trace::{
     Record,
 };
 
-fn memsim(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    assert!(out.status.success(), "memsim {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::support::memsim_ok;
 
 fn alloc(ts: u64, addr: u64, size: u64) -> Record {
     Record {
@@ -105,7 +100,7 @@ fn records() -> Vec<Record> {
 fn stats_reports_cupti_memory() {
     let dir = tempfile::tempdir().unwrap();
     let t = write(dir.path(), "cupti.mtrace", &records());
-    let v: Value = serde_json::from_str(&memsim(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
+    let v: Value = serde_json::from_str(&memsim_ok(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
     assert_eq!(
         v["cupti_memory"],
         json!({
@@ -125,7 +120,7 @@ fn stats_reports_cupti_memory() {
     assert_eq!(v["peak_live_device_bytes"], 6 * MIB);
     assert_eq!(v["kinds"]["mem_activity"], 5);
 
-    let text = memsim(&["stats", t.to_str().unwrap()]);
+    let text = memsim_ok(&["stats", t.to_str().unwrap()]);
     for line in [
         "  CUPTI memory      4 allocations (device 3, pinned 1), 1 releases",
         "    device bytes    8.00 MiB allocated, peak live 6.00 MiB (6291456 B)",
@@ -140,7 +135,7 @@ fn stats_without_cupti_memory_says_nothing_of_it() {
     let dir = tempfile::tempdir().unwrap();
     let plain: Vec<Record> = records().into_iter().filter(|r| !matches!(r.event, Event::MemActivity(_))).collect();
     let t = write(dir.path(), "plain.mtrace", &plain);
-    let v: Value = serde_json::from_str(&memsim(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
+    let v: Value = serde_json::from_str(&memsim_ok(&["stats", t.to_str().unwrap(), "--json"])).unwrap();
     assert!(v.get("cupti_memory").is_none(), "{v}");
-    assert!(!memsim(&["stats", t.to_str().unwrap()]).contains("CUPTI memory"));
+    assert!(!memsim_ok(&["stats", t.to_str().unwrap()]).contains("CUPTI memory"));
 }

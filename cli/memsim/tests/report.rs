@@ -2,9 +2,9 @@
 //! without writing (the report's contents: simulator's tests).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::records::{header, records};
+use crate::support::memsim;
 
 fn write(dir: &Path) -> PathBuf {
     let path = dir.join("t.jsonl");
@@ -14,15 +14,6 @@ fn write(dir: &Path) -> PathBuf {
     }
     w.finish().unwrap();
     path
-}
-
-fn memsim(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 #[test]

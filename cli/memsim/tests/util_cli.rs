@@ -2,25 +2,10 @@
 //! message and the `--sm-count`/`--profile` fallbacks.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use crate::support::{json, memsim};
 use serde_json::Value;
 use trace::{DeviceInfo, Event, Header, KernelExec, KernelLaunch, Level, Marker, NameDef, Record};
-
-fn memsim(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-fn json(args: &[&str]) -> Value {
-    let (code, out, err) = memsim(args);
-    assert_eq!(code, 0, "memsim {args:?} failed: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("memsim {args:?}: not JSON ({e}): {out}"))
-}
 
 fn rec(ts: u64, event: Event) -> Record {
     Record { ts_ns: Some(ts), tid: None, device: Some(0), event }

@@ -25,7 +25,7 @@ pub mod render;
 pub mod scale;
 pub mod score;
 pub mod split;
-pub mod util;
+pub mod utilization;
 
 pub use bins::{Binning, Closed, OOM_RELABEL_MIB};
 pub use dataset::{Dataset, DatasetRow, Family, Layer};

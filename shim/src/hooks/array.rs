@@ -8,17 +8,18 @@
 //! unknown. The `_v1` entry points (32-bit descriptors, pre-CUDA 3.2 binaries) are not hooked.
 //!
 //! The call to the real function is made, and documented, once in the hook macros
-//! (`hooks/mod.rs`); the unsafe blocks left here read the caller's descriptor and the
+//! (`hooks/shape.rs`); the unsafe blocks left here read the caller's descriptor and the
 //! out-handle, each with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use trace::Api;
 
-use super::caller_hook;
-use super::emit;
-use super::table::HookDesc;
-use crate::raw::{mem, Depth};
+use super::emit::{self, out};
+use super::shape::caller_hook;
+use super::shape::HookDesc;
+use crate::event::mem;
+use crate::raw::Depth;
 
 const NO_DRIVER: c_int = 3;
 
@@ -71,16 +72,6 @@ pub fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, ch
         .fold(0u64, |a, n| a.saturating_add(n))
         .saturating_mul(u64::from(channels.max(1)))
         .saturating_mul(b)
-}
-
-#[inline(always)]
-unsafe fn out(p: *mut *mut c_void, r: c_int) -> u64 {
-    if r == 0 && !p.is_null() {
-        // Safety: checked non-null; the real call wrote it on success.
-        unsafe { *p as u64 }
-    } else {
-        0
-    }
 }
 
 caller_hook! {

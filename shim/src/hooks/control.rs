@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
 
 use crate::real::{Lib, Slot};
-use crate::{state, writer};
+use crate::{lifecycle, state};
 
 type ExitFn = unsafe extern "C" fn(c_int) -> !;
 
@@ -30,7 +30,7 @@ fn die(slot: &Slot, name: &std::ffi::CStr, status: c_int) -> ! {
 #[cfg_attr(not(test), export_name = "exit")]
 pub unsafe extern "C" fn exit_export(status: c_int) -> ! {
     if state::is_owner() {
-        writer::EXIT_STATUS.store(i64::from(status), Ordering::Release);
+        state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
     }
     die(&REAL_EXIT, c"exit", status)
 }
@@ -38,14 +38,14 @@ pub unsafe extern "C" fn exit_export(status: c_int) -> ! {
 /// `_exit`: bypasses atexit, so complete the trace first.
 #[cfg_attr(not(test), export_name = "_exit")]
 pub unsafe extern "C" fn underscore_exit(status: c_int) -> ! {
-    let _ = std::panic::catch_unwind(|| state::finish(Some(status), None));
+    let _ = std::panic::catch_unwind(|| lifecycle::finish(Some(status), None));
     die(&REAL_UEXIT, c"_exit", status)
 }
 
 /// `_Exit`: as `_exit`.
 #[cfg_attr(not(test), export_name = "_Exit")]
 pub unsafe extern "C" fn underscore_exit2(status: c_int) -> ! {
-    let _ = std::panic::catch_unwind(|| state::finish(Some(status), None));
+    let _ = std::panic::catch_unwind(|| lifecycle::finish(Some(status), None));
     die(&REAL_UEXIT2, c"_Exit", status)
 }
 

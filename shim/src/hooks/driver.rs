@@ -2,39 +2,21 @@
 //! `CUDA_ERROR_NOT_INITIALIZED` (3).
 //!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
-//! documented, once in the hook macros (`hooks/mod.rs`). The unsafe blocks left here read
+//! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
 //! out-pointers, each with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use trace::Api;
 
-use super::emit;
-use super::table::HookDesc;
-use super::{caller_hook, plain_hook, Handle};
-use crate::raw::{mem, vmm, Depth};
+use super::emit::{self, out};
+use super::shape::HookDesc;
+use super::shape::{caller_hook, plain_hook};
+use super::Handle;
+use crate::event::{mem, vmm};
+use crate::raw::Depth;
 
 const NO_DRIVER: c_int = 3;
-
-#[inline(always)]
-unsafe fn out(p: *mut u64, r: c_int) -> u64 {
-    if r == 0 && !p.is_null() {
-        // Safety: checked non-null; the real call wrote it on success.
-        unsafe { *p }
-    } else {
-        0
-    }
-}
-
-#[inline(always)]
-unsafe fn out_host(p: *mut *mut c_void, r: c_int) -> u64 {
-    if r == 0 && !p.is_null() {
-        // Safety: checked non-null; the real call wrote it on success.
-        unsafe { *p as u64 }
-    } else {
-        0
-    }
-}
 
 macro_rules! alloc_hook {
     ($name:ident, $api:ident, $mem:expr) => {
@@ -159,7 +141,7 @@ caller_hook! {
         let d = Depth::enter();
         let r = real(p, size, flags);
         // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }
@@ -171,7 +153,7 @@ caller_hook! {
         let d = Depth::enter();
         let r = real(p, size);
         // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out_host(p, r) }, size as u64, 0, r, ra) }
+        if d.outer() { emit::alloc(&d, Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
         r
     }
 }

@@ -9,8 +9,25 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use trace::Api;
 
-use crate::raw::{pack, result16, Depth, FuncKind, RawEvent, RawKind};
-use crate::state;
+use crate::event::{pack, result16, FuncKind, RawEvent, RawKind};
+use crate::lifecycle;
+use crate::raw::Depth;
+
+/// The handle or address a successful call wrote through its out-pointer `p` (an 8-byte
+/// `CUdeviceptr`, pointer or handle), or 0 when the call failed or `p` is null.
+///
+/// # Safety
+/// `p` is null or valid for reads of 8 bytes once the call succeeded.
+#[inline(always)]
+pub unsafe fn out<T>(p: *mut T, r: std::ffi::c_int) -> u64 {
+    const { assert!(std::mem::size_of::<T>() == 8) };
+    if r == 0 && !p.is_null() {
+        // Safety: checked non-null; the real call wrote these 8 bytes on success.
+        unsafe { p.cast::<u64>().read() }
+    } else {
+        0
+    }
+}
 
 #[inline(always)]
 fn guarded(f: impl FnOnce()) {
@@ -22,7 +39,7 @@ fn guarded(f: impl FnOnce()) {
 pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
     let addr = if result == 0 { addr } else { 0 };
     let ev = RawEvent {
-        kind: RawKind::Alloc as u8,
+        kind: RawKind::Alloc,
         api,
         sub: mem,
         addr,
@@ -32,14 +49,14 @@ pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, re
         caller: caller as u64,
         ..RawEvent::default()
     };
-    guarded(|| state::record(d, ev))
+    guarded(|| lifecycle::record(d, ev))
 }
 
 /// A free call returned.
 #[inline(always)]
 pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
     let ev = RawEvent {
-        kind: RawKind::Free as u8,
+        kind: RawKind::Free,
         api,
         sub: mem,
         addr,
@@ -48,7 +65,7 @@ pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, c
         caller: caller as u64,
         ..RawEvent::default()
     };
-    guarded(|| state::record(d, ev))
+    guarded(|| lifecycle::record(d, ev))
 }
 
 /// A VMM call returned.
@@ -56,7 +73,7 @@ pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, c
 #[allow(clippy::too_many_arguments)]
 pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offset: u64, result: i32, caller: usize) {
     let ev = RawEvent {
-        kind: RawKind::Vmm as u8,
+        kind: RawKind::Vmm,
         api,
         sub: op,
         addr,
@@ -67,7 +84,7 @@ pub fn vmm(d: &Depth, api: Api, op: u8, addr: u64, size: u64, handle: u64, offse
         caller: caller as u64,
         ..RawEvent::default()
     };
-    guarded(|| state::record(d, ev))
+    guarded(|| lifecycle::record(d, ev))
 }
 
 /// Whether launches are recorded (`MEMTRACE_KERNELS`), without a `OnceLock` check per launch.
@@ -87,7 +104,7 @@ fn kernels_on() -> bool {
 #[inline(never)]
 fn kernels_first() -> bool {
     catch_unwind(|| {
-        let on = state::config().kernels;
+        let on = crate::config::config().kernels;
         KERNELS.store(u8::from(on), Ordering::Relaxed);
         on
     })
@@ -114,7 +131,7 @@ pub fn launch(
         return;
     }
     let ev = RawEvent {
-        kind: RawKind::Launch as u8,
+        kind: RawKind::Launch,
         api,
         sub: func as u8,
         addr: f,
@@ -126,21 +143,21 @@ pub fn launch(
         result: result16(result),
         ts: 0,
     };
-    guarded(|| state::record(d, ev))
+    guarded(|| lifecycle::record(d, ev))
 }
 
 /// A pool trim returned.
 #[inline]
 pub fn trim(d: &Depth, api: Api, pool: u64, keep: u64, result: i32) {
     let ev = RawEvent {
-        kind: RawKind::PoolTrim as u8,
+        kind: RawKind::PoolTrim,
         api,
         addr: pool,
         size: keep,
         result: result16(result),
         ..RawEvent::default()
     };
-    guarded(|| state::record(d, ev))
+    guarded(|| lifecycle::record(d, ev))
 }
 
 /// A marker (user call or NVTX range push). Markers are rare, so copying the text here is fine.
@@ -154,7 +171,7 @@ pub unsafe fn marker(text: *const c_char) {
     guarded(|| {
         // Safety: the caller passes a NUL-terminated string (the C API contract).
         let owned = CString::from(unsafe { CStr::from_ptr(text) });
-        state::record_any(RawEvent { kind: RawKind::Marker as u8, aux: owned.into_raw() as u64, ..RawEvent::default() })
+        lifecycle::record_any(RawEvent { kind: RawKind::Marker, aux: owned.into_raw() as u64, ..RawEvent::default() })
     })
 }
 

@@ -2,7 +2,7 @@
 //! named, not attributed. Launch hooks only record; the kernel name is resolved by the writer.
 //!
 //! The call to the real function is made, and documented, once in the hook macros
-//! (`hooks/mod.rs`); the unsafe blocks left here read the caller's launch configuration, each
+//! (`hooks/shape.rs`); the unsafe blocks left here read the caller's launch configuration, each
 //! with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_void};
@@ -10,9 +10,11 @@ use std::ffi::{c_int, c_uint, c_void};
 use trace::Api;
 
 use super::emit;
-use super::table::HookDesc;
-use super::{plain_hook, Handle};
-use crate::raw::{Depth, FuncKind};
+use super::shape::plain_hook;
+use super::shape::HookDesc;
+use super::Handle;
+use crate::event::FuncKind;
+use crate::raw::Depth;
 
 const NO_RUNTIME: c_int = 3;
 const NO_DRIVER: c_int = 3;

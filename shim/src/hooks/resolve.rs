@@ -10,10 +10,16 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::plain_hook;
-use super::table::{self, HookDesc};
+use super::shape::plain_hook;
+use super::shape::HookDesc;
+use super::table;
+use super::{array, driver, launch, runtime};
 use crate::raw;
 use crate::real;
+
+/// Every hook, grouped by file: what a resolver's pointer is compared against. The resolvers
+/// are among them, so that asking a resolver for a resolver returns the wrapped one.
+pub const GROUPS: [&[HookDesc]; 5] = [runtime::ALL, driver::ALL, array::ALL, launch::ALL, ALL];
 
 const NO_DRIVER: c_int = 3;
 const NO_RUNTIME: c_int = 3;
@@ -33,96 +39,73 @@ unsafe fn wrap_out(r: c_int, sym: *const c_char, pfn: *mut *mut c_void) {
     }
     // Safety: the resolver contract: a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(sym) };
-    let w = catch_unwind(AssertUnwindSafe(|| table::wrap(p, name))).unwrap_or(p);
+    let w = catch_unwind(AssertUnwindSafe(|| table::wrap(&GROUPS, p, name))).unwrap_or(p);
     // Safety: as above.
     unsafe { *pfn = w as *mut c_void };
 }
 
-plain_hook! {
+/// A resolver of the `cuGetProcAddress` family: the real call with the caller's arguments, then
+/// the pointer it wrote replaced by our wrapper. One body for all seven.
+macro_rules! entry_point_hook {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $lib:ident, err = $err:expr,
+        fn($sym:ident: $sty:ty, $pfn:ident: $pty:ty $(, $arg:ident: $ty:ty)*)
+    ) => {
+        plain_hook! {
+            $(#[$doc])*
+            $name, $lib, fn($sym: $sty, $pfn: $pty $(, $arg: $ty)*) -> c_int, err = $err,
+            |real| {
+                let r = real($sym, $pfn $(, $arg)*);
+                // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
+                unsafe { wrap_out(r, $sym, $pfn) };
+                r
+            }
+        }
+    };
+}
+
+entry_point_hook! {
     /// `cuGetProcAddress` (declared with the `_v2` arity: the extra argument is ignored by an
     /// older four-argument driver, and forwarding it is harmless).
-    cuGetProcAddress, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_DRIVER,
-    |real| {
-        let r = real(sym, pfn, ver, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cuGetProcAddress, Driver, err = NO_DRIVER,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cuGetProcAddress_v2`.
-    cuGetProcAddress_v2, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_DRIVER,
-    |real| {
-        let r = real(sym, pfn, ver, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cuGetProcAddress_v2, Driver, err = NO_DRIVER,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cuGetProcAddress_ptsz`.
-    cuGetProcAddress_ptsz, Driver, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_DRIVER,
-    |real| {
-        let r = real(sym, pfn, ver, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cuGetProcAddress_ptsz, Driver, err = NO_DRIVER,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cudaGetDriverEntryPoint` (CUDA 12 arity; see cuGetProcAddress on extra arguments).
-    cudaGetDriverEntryPoint, Runtime, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_RUNTIME,
-    |real| {
-        let r = real(sym, pfn, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cudaGetDriverEntryPoint, Runtime, err = NO_RUNTIME,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cudaGetDriverEntryPointByVersion`.
-    cudaGetDriverEntryPointByVersion, Runtime,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_RUNTIME,
-    |real| {
-        let r = real(sym, pfn, ver, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cudaGetDriverEntryPointByVersion, Runtime, err = NO_RUNTIME,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cudaGetDriverEntryPoint_ptsz`.
-    cudaGetDriverEntryPoint_ptsz, Runtime, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_RUNTIME,
-    |real| {
-        let r = real(sym, pfn, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cudaGetDriverEntryPoint_ptsz, Runtime, err = NO_RUNTIME,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int)
 }
 
-plain_hook! {
+entry_point_hook! {
     /// `cudaGetDriverEntryPointByVersion_ptsz`.
-    cudaGetDriverEntryPointByVersion_ptsz, Runtime,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int) -> c_int,
-    err = NO_RUNTIME,
-    |real| {
-        let r = real(sym, pfn, ver, flags, st);
-        // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-        unsafe { wrap_out(r, sym, pfn) };
-        r
-    }
+    cudaGetDriverEntryPointByVersion_ptsz, Runtime, err = NO_RUNTIME,
+    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int)
 }
 
 /// Resolver hooks that resolvers can hand out.
@@ -146,6 +129,17 @@ fn worth_wrapping(name: *const c_char) -> bool {
     b.starts_with(b"cu") || b.starts_with(b"__cuda")
 }
 
+/// What `dlsym`/`dlvsym` returned for `name`, replaced by our wrapper when it is a hooked
+/// function.
+fn wrapped_symbol(r: *mut c_void, name: *const c_char) -> *mut c_void {
+    if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
+        return r;
+    }
+    // Safety: checked non-null by worth_wrapping; dlsym's contract: a NUL-terminated name.
+    let n = unsafe { CStr::from_ptr(name) };
+    catch_unwind(AssertUnwindSafe(|| table::wrap(&GROUPS, r as usize, n) as *mut c_void)).unwrap_or(r)
+}
+
 /// The body of `dlsym` for explicit handles.
 unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let p = real::real_dlsym_addr();
@@ -156,12 +150,7 @@ unsafe extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mu
     let f: real::DlsymFn = unsafe { std::mem::transmute::<usize, real::DlsymFn>(p) };
     // Safety: forwarding the caller's arguments.
     let r = unsafe { f(handle, name) };
-    if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
-        return r;
-    }
-    // Safety: checked non-null by worth_wrapping; dlsym's contract: a NUL-terminated name.
-    let n = unsafe { CStr::from_ptr(name) };
-    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize, n) as *mut c_void)).unwrap_or(r)
+    wrapped_symbol(r, name)
 }
 
 /// The body of `dlvsym` for explicit handles.
@@ -174,12 +163,7 @@ unsafe extern "C" fn dlvsym_hook(handle: *mut c_void, name: *const c_char, versi
     let f: real::DlvsymFn = unsafe { std::mem::transmute::<usize, real::DlvsymFn>(p) };
     // Safety: forwarding the caller's arguments.
     let r = unsafe { f(handle, name, version) };
-    if r.is_null() || raw::is_internal() || !worth_wrapping(name) {
-        return r;
-    }
-    // Safety: checked non-null by worth_wrapping; dlsym's contract: a NUL-terminated name.
-    let n = unsafe { CStr::from_ptr(name) };
-    catch_unwind(AssertUnwindSafe(|| table::wrap(r as usize, n) as *mut c_void)).unwrap_or(r)
+    wrapped_symbol(r, name)
 }
 
 extern "C" fn init_dlsym() -> usize {

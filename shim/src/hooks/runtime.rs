@@ -2,33 +2,21 @@
 //! `cudaErrorInitializationError` (3).
 //!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
-//! documented, once in the hook macros (`hooks/mod.rs`). The unsafe blocks left here read
+//! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
 //! out-pointers, each with its own `// Safety:` line.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use trace::Api;
 
-use super::emit;
-use super::table::HookDesc;
-use super::{caller_hook, plain_hook, Handle};
-use crate::raw::{mem, Depth};
+use super::emit::{self, out};
+use super::shape::HookDesc;
+use super::shape::{caller_hook, plain_hook};
+use super::Handle;
+use crate::event::mem;
+use crate::raw::Depth;
 
 const NO_RUNTIME: c_int = 3;
-
-/// The written pointer, or 0 when the call failed or gave no out-pointer.
-///
-/// # Safety
-/// `p` is null or points to a pointer the real call wrote.
-#[inline(always)]
-unsafe fn out(p: *mut *mut c_void, r: c_int) -> u64 {
-    if r == 0 && !p.is_null() {
-        // Safety: checked non-null; the real call wrote it on success.
-        unsafe { *p as u64 }
-    } else {
-        0
-    }
-}
 
 caller_hook! {
     /// `cudaMalloc`.

@@ -155,6 +155,7 @@ impl Allocator {
             let rest = self.arena.split_off(u, mapped);
             self.pools[p].insert(&mut self.arena, rest);
         }
+        self.mapped_ranges = self.mapped_ranges.wrapping_add_signed(self.range_change(u));
         self.arena[u].mapped = true;
         let (i, _) = self.merge_neighbours(u);
         self.pools[p].insert(&mut self.arena, i);
@@ -188,6 +189,7 @@ impl Allocator {
             let after = self.arena.split_off(u, end - begin);
             self.pools[p].insert(&mut self.arena, after);
         }
+        self.mapped_ranges = self.mapped_ranges.wrapping_add_signed(-self.range_change(u));
         self.arena[u].mapped = false;
         let (u, _) = self.merge_neighbours(u);
         self.pools[p].insert(&mut self.arena, u);

@@ -7,14 +7,13 @@
 //! - `expandable`: expandable segments (reservations, page mapping and unmapping);
 //! - `state`: seeding a mid-run starting state and snapshot-style views;
 //! - `stats`: `memory_stats()` counters;
-//! - `devices`: one allocator per device.
 
 mod block;
 mod capacity;
 mod config;
-mod devices;
 mod expandable;
 mod native;
+mod release;
 mod request;
 pub mod rounding;
 mod state;
@@ -22,7 +21,6 @@ mod stats;
 mod version;
 
 pub use config::{AllocatorConfig, Backend, ConfigError};
-pub use devices::Devices;
 pub use native::{Allocator, DEFAULT_TOTAL_MEMORY, MAX_SEGMENT};
 pub use request::{
     BlockView, BlockViewState, DeviceEvent, ExistingBlock, ExistingSegment, OomInfo, Outcome, ReplayError, Request,

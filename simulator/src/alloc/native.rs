@@ -1,6 +1,6 @@
 //! The device allocator: `malloc`, `free`, best fit, split/merge, the OOM chain and releasing
-//! cached memory (spec §4–§9). Expandable segments live in `expandable.rs`, seeding and views
-//! in `state.rs`.
+//! cached memory (spec §4–§9). Releasing cached segments is `release.rs`, expandable segments
+//! `expandable.rs`, seeding and views `state.rs`.
 
 use std::collections::BTreeMap;
 
@@ -42,7 +42,7 @@ fn inc(a: &mut StatArray, small: bool, n: u64) {
 }
 
 #[inline]
-fn dec(a: &mut StatArray, small: bool, n: u64) {
+pub(super) fn dec(a: &mut StatArray, small: bool, n: u64) {
     a[ALL].decrease(n as i64);
     a[if small { SMALL_POOL } else { LARGE_POOL }].decrease(n as i64);
 }
@@ -82,6 +82,10 @@ pub struct Allocator {
     pub(super) allowed_max: Option<u64>,
     pub(super) next_synthetic: u64,
     pub(super) stats: MemoryStats,
+    /// Contiguous mapped ranges: one per native segment, one per mapped run of an expandable
+    /// reservation. Kept as blocks are mapped and unmapped, so a replay can read it at every
+    /// new peak without walking the segments (`segments().len()` is the same number).
+    pub(super) mapped_ranges: u64,
 }
 
 impl Allocator {
@@ -107,6 +111,7 @@ impl Allocator {
             allowed_max,
             next_synthetic: SYNTHETIC_BASE,
             stats,
+            mapped_ranges: 0,
         }
     }
 
@@ -432,7 +437,7 @@ impl Allocator {
     }
 
     /// `process_events`: the model treats every recorded event as complete by the next malloc.
-    fn process_events(&mut self, out: &mut Outcome) {
+    pub(super) fn process_events(&mut self, out: &mut Outcome) {
         for i in std::mem::take(&mut self.pending_events) {
             out.completed_frees.push(self.arena[i].addr);
             self.free_block(i);
@@ -463,6 +468,7 @@ impl Allocator {
         let addr = self.choose_base(alloc_size, recorded);
         let i = self.arena.insert(Block::free(addr, alloc_size, stream, small, false, true));
         self.segments.insert(addr, Segment { size: alloc_size, head: i, stream, small, expandable: false });
+        self.mapped_ranges += 1;
         inc(&mut self.stats.segment, small, 1);
         inc(&mut self.stats.reserved_bytes, small, alloc_size);
         if alloc_size >= self.cfg.max_split_size {
@@ -499,130 +505,17 @@ impl Allocator {
         cand
     }
 
-    /// `release_block`: cudaFree a whole, unsplit, free native segment.
-    fn release_block(&mut self, i: u32, out: &mut Outcome) {
-        let (addr, size, small) = {
-            let b = &self.arena[i];
-            (b.addr, b.size, b.small)
-        };
-        self.pools[pool_of(small)].remove(&self.arena, i);
-        self.segments.remove(&addr);
-        self.arena.remove(i);
-        dec(&mut self.stats.segment, small, 1);
-        dec(&mut self.stats.reserved_bytes, small, size);
-        if size >= self.cfg.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
-        self.stats.num_device_free += 1;
-        out.device_events.push(DeviceEvent::SegmentFree { addr, size });
+    /// Contiguous mapped ranges now: [`Allocator::segments`]`().len()`, in O(1).
+    pub fn mapped_ranges(&self) -> u64 {
+        self.mapped_ranges
     }
 
-    /// A free block `release_block` may take. PyTorch would cudaFree a split block here too
-    /// (corrupting its neighbours); the model refuses instead.
-    fn releasable(&self, i: u32) -> bool {
+    /// How mapping block `i` changes the count of mapped ranges: a new range, unless it joins
+    /// a mapped neighbour (or two, which it then bridges). Unmapping changes it by the negation.
+    pub(super) fn range_change(&self, i: u32) -> i64 {
         let b = &self.arena[i];
-        !b.expandable && !b.is_split()
-    }
-
-    fn release_available_cached_blocks(&mut self, small: bool, stream: i64, size: u64, out: &mut Outcome) -> bool {
-        let msp = self.cfg.max_split_size;
-        if msp == u64::MAX {
-            return false;
-        }
-        let key = size.max(msp);
-        let Some(sp) = self.pools[pool_of(small)].of(stream) else { return false };
-        let hit = sp.blocks.range(super::block::key(key, 0)..).next().map(|(_, &i)| i);
-        let skip_expandable = self.version >= TorchVersion::V2_5;
-        match hit {
-            Some(i) if !(skip_expandable && self.arena[i].expandable) => {
-                if !self.releasable(i) {
-                    return false;
-                }
-                self.release_block(i, out);
-                true
-            }
-            _ => {
-                // No single block is large enough: free oversize blocks, largest first.
-                let mut victims = Vec::new();
-                let mut total = 0u64;
-                for (&k, &i) in sp.blocks.range(..super::block::key(key, 0)).rev() {
-                    let (bsize, _) = unkey(k);
-                    if total >= key || bsize < msp {
-                        break;
-                    }
-                    if self.releasable(i) {
-                        victims.push(i);
-                        total += bsize;
-                    }
-                }
-                for i in victims {
-                    self.release_block(i, out);
-                }
-                total >= key
-            }
-        }
-    }
-
-    /// `release_cached_blocks` (also `empty_cache`): sync pending frees, then release every
-    /// unsplit free segment (large pool first) and unmap free expandable pages.
-    pub(super) fn release_cached_blocks(&mut self, out: &mut Outcome) {
-        self.stats.num_sync_all_streams += 1;
-        self.process_events(out);
-        for p in [LARGE, SMALL] {
-            let mut to_unmap = Vec::new();
-            for i in self.pools[p].all_blocks() {
-                if self.arena[i].expandable {
-                    to_unmap.push(i);
-                } else if !self.arena[i].is_split() {
-                    self.release_block(i, out);
-                }
-            }
-            for i in to_unmap {
-                if let Some(u) = self.unmap_block(i, out) {
-                    if !self.arena[u].is_split() {
-                        self.release_expandable_segment(u);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `garbage_collect_cached_blocks`: with a memory fraction and a threshold, release old
-    /// unsplit large-pool blocks until usage falls to the threshold.
-    fn garbage_collect_cached_blocks(&mut self, out: &mut Outcome) {
-        let Some(max) = self.allowed_max else { return };
-        let threshold = (self.cfg.garbage_collection_threshold * max as f64) as u64;
-        let total = self.reserved();
-        if total <= threshold {
-            return;
-        }
-        let target = total - threshold;
-        let calls = self.pools[LARGE].free_calls;
-        let age = |b: &Block| calls - b.gc_base;
-        let mut total_age = 0u64;
-        let mut freeable = 0u64;
-        for i in self.pools[LARGE].all_blocks() {
-            if !self.arena[i].is_split() {
-                total_age += age(&self.arena[i]);
-                freeable += 1;
-            }
-        }
-        let mut reclaimed = 0u64;
-        let mut freed_any = true;
-        while reclaimed < target && freed_any && freeable > 0 {
-            let threshold_age = total_age as f64 / freeable as f64;
-            freed_any = false;
-            for i in self.pools[LARGE].all_blocks() {
-                let b = &self.arena[i];
-                if self.releasable(i) && age(b) as f64 >= threshold_age {
-                    freed_any = true;
-                    reclaimed += b.size;
-                    total_age -= age(b);
-                    freeable -= 1;
-                    self.release_block(i, out);
-                }
-            }
-        }
+        let mapped = |j: u32| j != NIL && self.arena[j].mapped;
+        1 - i64::from(mapped(b.prev)) - i64::from(mapped(b.next))
     }
 
     /// Size of the largest free mapped block in any pool and stream.

@@ -249,27 +249,3 @@ pub struct SegmentView {
     /// Blocks in address order.
     pub blocks: Vec<BlockView>,
 }
-
-impl From<&SegmentView> for ExistingSegment {
-    /// The segment as a starting state: pending frees count as allocated (their free has not
-    /// completed). Expandable ranges are seeded as native-shaped segments of their mapped size.
-    fn from(s: &SegmentView) -> Self {
-        ExistingSegment {
-            addr: s.addr,
-            size: s.size,
-            stream: s.stream,
-            is_small_pool: s.is_small_pool,
-            expandable: s.expandable,
-            blocks: s
-                .blocks
-                .iter()
-                .map(|b| ExistingBlock {
-                    addr: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    allocated: b.state != BlockViewState::Inactive,
-                })
-                .collect(),
-        }
-    }
-}

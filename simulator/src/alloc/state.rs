@@ -83,6 +83,8 @@ impl Allocator {
         }
         self.segments
             .insert(seg.addr, Segment { size: seg.size, head: slots[0], stream: seg.stream, small, expandable: exp });
+        // Seeded blocks are all mapped: one contiguous range.
+        self.mapped_ranges += 1;
         if !exp {
             inc(&mut self.stats.segment, small, 1);
             if seg.size >= msp {

@@ -19,9 +19,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use trace::BlockState;
 
-use crate::alloc::{
-    rounding, Allocator, AllocatorConfig, DeviceEvent, ExistingBlock, ExistingSegment, Request, TorchVersion,
-};
+use crate::alloc::{rounding, Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Request, TorchVersion};
 
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
@@ -245,23 +243,7 @@ pub fn validate_from(
 
 fn seed(alloc: &mut Allocator, start: &StartState, device: u32) -> Result<(), SnapshotError> {
     for s in start.device_segments(device) {
-        let seg = ExistingSegment {
-            addr: s.addr,
-            size: s.size,
-            stream: s.stream,
-            is_small_pool: s.is_small_pool,
-            expandable: s.expandable,
-            blocks: s
-                .blocks
-                .iter()
-                .map(|b| ExistingBlock {
-                    addr: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    allocated: b.state != BlockState::Inactive,
-                })
-                .collect(),
-        };
+        let seg = ExistingSegment::from(s);
         alloc.add_existing_segment(&seg).map_err(|e| SnapshotError::Config {
             message: format!("device {device}: rebuilt start state rejected by the model: {e}"),
         })?;

@@ -114,3 +114,60 @@ fn header_is_on_disk_before_the_first_flush() {
     assert_eq!((h2, got.len(), sum.truncated), (h, 0, false));
     std::mem::forget(w); // as SIGKILL would: no drop, no flush
 }
+
+/// `Reader::open` maps a regular file and hands read parts back to the kernel as it goes: a
+/// file larger than a few of those steps reads exactly what streaming the same bytes reads, and
+/// a truncated one stops at the same place.
+#[test]
+fn a_mapped_file_reads_what_a_stream_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.mtrace");
+    let h = Header::new("test", "1", Level::Device);
+    let mut w = TraceWriter::create(&path, &h).unwrap();
+    let mut i = 0u64;
+    while w.bytes_written() < 20 << 20 {
+        let event = if i.is_multiple_of(3) {
+            Event::Alloc(Alloc {
+                addr: 0x7f00_0000_0000 + i * 512,
+                size: 512 + i,
+                stream: 0,
+                mem: MemoryKind::Device,
+                api: Api::CudaMalloc,
+                result: 0,
+                origin: Origin::Outcome,
+                category: None,
+                caller: None,
+                stack: None,
+            })
+        } else {
+            Event::Marker(Marker { text: format!("m{i}") })
+        };
+        w.write(&Record { ts_ns: Some(i * 1000), tid: Some(1), device: Some(0), event }).unwrap();
+        i += 1;
+    }
+    w.finish().unwrap();
+    let streamed = |bytes: &[u8]| {
+        let mut r = open_reader(bytes).unwrap();
+        let recs: Vec<Record> = r.by_ref().collect::<Result<_, _>>().unwrap();
+        (recs, r.summary())
+    };
+    let bytes = std::fs::read(&path).unwrap();
+    let (mapped, ms) = {
+        let mut r = Reader::open(&path).unwrap();
+        let recs: Vec<Record> = r.by_ref().collect::<Result<_, _>>().unwrap();
+        (recs, r.summary())
+    };
+    let (want, ws) = streamed(&bytes);
+    assert_eq!(mapped.len() as u64, i);
+    assert!(mapped == want, "mapped and streamed records differ");
+    assert_eq!(ms, ws);
+    // Cut inside the last frame.
+    let cut = &bytes[..bytes.len() - 3];
+    std::fs::write(&path, cut).unwrap();
+    let mut r = Reader::open(&path).unwrap();
+    let n = r.by_ref().count();
+    let (want, ws) = streamed(cut);
+    assert_eq!(n, want.len());
+    assert!(r.summary().truncated && ws.truncated);
+    assert_eq!(r.summary(), ws);
+}

@@ -14,11 +14,11 @@ import traceback
 from collections.abc import Callable
 
 from memtrace_trainer import notes
-from memtrace_trainer.cli import estimate, kernelstats, models, runs
+from memtrace_trainer.cli import estimate, kernelstats, models, runs, serve
 from memtrace_trainer.errors import UserCodeError, UserError, user_frames
 
 Handler = Callable[[argparse.Namespace], int | None]
-GROUPS = (models, estimate, kernelstats, runs)
+GROUPS = (models, estimate, kernelstats, runs, serve)
 
 DESCRIPTION = """\
 Front end of memtrace where models live.
@@ -41,6 +41,8 @@ commands:
   run        train on a GPU (or a loud CPU fallback) and write a run directory of labels
   launch     run a sweep file: local GPUs/CPU workers or a Slurm array; resumable
   dataset    collect run directories into one CSV with the GPUMemNet columns
+  serve      answer estimate requests over local HTTP (Unix socket or 127.0.0.1), warm: torch
+             and the model zoo stay imported (docs/serve.md)
 
 model specs: torchvision:NAME, timm:NAME, hf:REPO_ID (e.g. hf:meta-llama/Meta-Llama-3-8B, hf:gpt2;
 `hf-models` lists them), hf-config:PATH (any transformers config.json), dlrm[:small],

@@ -244,8 +244,10 @@ def _workloads(args: argparse.Namespace) -> Callable[[int], Any]:
     return workloads(vars(args))
 
 
-def _estimate(args: argparse.Namespace) -> int:
-    from memtrace_trainer.estimate import ModelJob, ScriptJob, StepJob, estimate_job, render
+def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
+    """The answer of `estimate` for parsed arguments: the object `--json` prints. `serve` calls
+    it too, so a served estimate is this command's, number for number."""
+    from memtrace_trainer.estimate import ModelJob, ScriptJob, StepJob, estimate_job
 
     check_script_args(vars(args))
     if args.script:
@@ -259,7 +261,7 @@ def _estimate(args: argparse.Namespace) -> int:
             raise UserError("--batch-size is required with --model and --entry")
         build = _workloads(args)
         job = ModelJob(lambda: build(args.batch_size), _step(args))
-    result = estimate_job(
+    return estimate_job(
         job,
         args.profile,
         args.ml_model,
@@ -269,6 +271,12 @@ def _estimate(args: argparse.Namespace) -> int:
         with_memtracker=args.memtracker,
         report=args.report,
     )
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from memtrace_trainer.estimate import render
+
+    result = estimate_result(args)
     if args.json:
         print(json.dumps(result))
     else:

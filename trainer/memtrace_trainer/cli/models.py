@@ -285,7 +285,7 @@ def _symtrace(args: argparse.Namespace) -> None:
 
 
 def _sample(args: argparse.Namespace) -> None:
-    from memtrace_trainer.models.sweep import sample_file
+    from memtrace_trainer.models.sampling import sample_file
 
     for config in sample_file(args.sweep, args.seed):
         print(json.dumps({"id": config.id, **config.to_dict()}, sort_keys=True))

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.models.sweep import draw, sample
+from memtrace_trainer.models.sampling import draw, sample
 from memtrace_trainer.runs.config import RunConfig
 
 

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use estimators::ml::protocol::ProtocolConfig;
-use estimators::ml::util::{self, UtilMetric, DEFAULT_THRESHOLDS};
+use estimators::ml::utilization::{self as util, UtilMetric, DEFAULT_THRESHOLDS};
 use estimators::ml::{features, Dataset, Examples, KernelFeatures, MlError, ModelKind, TargetKind, TrainConfig};
 
 #[test]
@@ -58,7 +58,7 @@ fn util_cv_picks_the_best_model_by_cv_accuracy() {
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    util: memest_cli::util::UtilArgs,
+    util: memest_cli::utilization::UtilArgs,
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn memest_util_cv_command() {
     let run = |args: &[&str]| {
         let mut argv = vec!["memest-util"];
         argv.extend_from_slice(args);
-        memest_cli::util::run(Cli::try_parse_from(argv)?.util)
+        memest_cli::utilization::run(Cli::try_parse_from(argv)?.util)
     };
     assert_eq!(run(&["cv", "--dataset", &csv, "--metric", "smocc", "--json", "--epochs", "2"]).unwrap(), 0u8);
     let err = format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "drama"]).unwrap_err());
@@ -182,7 +182,7 @@ fn util_cv_with_kernel_features_reports_the_wider_feature_vector() {
     assert!(with.models.iter().all(|m| m.error.is_none()), "{:?}", with.models);
     let err = format!(
         "{:#}",
-        memest_cli::util::run(
+        memest_cli::utilization::run(
             Cli::try_parse_from([
                 "memest-util",
                 "cv",

@@ -13,16 +13,17 @@
 use std::collections::BTreeMap;
 
 use hashbrown::HashMap;
-use serde::Serialize;
 use trace::{
-    Alloc, Api, BlockInfo, BlockState, Category, ControlOp, Event, Free, FreeStage, Header, MemoryKind, Oom, Origin,
-    Record, SegmentPool, SegmentState, StateAt, Vmm, VmmOp,
+    BlockState, Category, ControlOp, Event, FreeStage, Header, MemoryKind, Origin, Record, SegmentState, StateAt,
 };
 
 use crate::alloc::{
-    Allocator, AllocatorConfig, BlockViewState, ConfigError, DeviceEvent, ExistingBlock, ExistingSegment, Outcome,
-    ReplayError, Request, TorchVersion,
+    Allocator, AllocatorConfig, ConfigError, ExistingSegment, Outcome, ReplayError, Request, TorchVersion,
 };
+use crate::conversions;
+
+mod report;
+pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, ReplayReport};
 
 /// Why a trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]
@@ -56,114 +57,6 @@ pub struct ReplayOptions {
     pub version: TorchVersion,
     /// Device capacity in bytes for the OOM chain; `None` = unlimited.
     pub capacity: Option<u64>,
-}
-
-/// Where a replayed event came from, for error messages.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct EventRef {
-    /// Index of the record in the trace (0 = first record after the header).
-    pub index: u64,
-    /// Device.
-    pub device: u32,
-}
-
-/// Fragmentation at the moment of peak reserved memory.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct Fragmentation {
-    /// Reserved minus allocated bytes.
-    pub reserved_minus_allocated: u64,
-    /// Largest free block.
-    pub largest_free_block: u64,
-    /// Segments (native) or mapped ranges held.
-    pub segments: u64,
-}
-
-/// Per-device result.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceReport {
-    /// Device ordinal.
-    pub device: u32,
-    /// `reserved_bytes.all.peak`.
-    pub peak_reserved_bytes: u64,
-    /// `allocated_bytes.all.peak`.
-    pub peak_allocated_bytes: u64,
-    /// `active_bytes.all.peak`.
-    pub peak_active_bytes: u64,
-    /// `requested_bytes.all.peak`.
-    pub peak_requested_bytes: u64,
-    /// At the first moment reserved memory reached its peak.
-    pub at_peak: Fragmentation,
-    /// Allocated bytes by category at the peak of allocated bytes (when the trace has categories).
-    pub categories_at_peak: BTreeMap<String, u64>,
-    /// `torch.cuda.memory_stats()` at the end of the trace.
-    pub memory_stats: serde_json::Value,
-}
-
-/// Peaks within one training iteration: from its `iter:<n>` marker to the next one (or the end).
-/// Memory held when the iteration starts counts, so iteration 0 includes the setup's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct IterationPeak {
-    /// The marker's iteration number.
-    pub iter: u64,
-    /// Max over devices and over the iteration of allocated bytes.
-    pub peak_allocated_bytes: u64,
-    /// Max over devices and over the iteration of reserved bytes.
-    pub peak_reserved_bytes: u64,
-}
-
-/// Replay result.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplayReport {
-    /// Max over devices of `reserved_bytes.all.peak`.
-    pub peak_reserved_bytes: u64,
-    /// Max over devices of `allocated_bytes.all.peak`.
-    pub peak_allocated_bytes: u64,
-    /// Max over devices of `active_bytes.all.peak`.
-    pub peak_active_bytes: u64,
-    /// Max over devices of `requested_bytes.all.peak`.
-    pub peak_requested_bytes: u64,
-    /// Whether an allocation failed at the capacity.
-    pub oom: bool,
-    /// Index of the first record whose allocation failed.
-    pub oom_at_event: Option<u64>,
-    /// Details of the first OOM.
-    pub oom_detail: Option<String>,
-    /// Requests replayed.
-    pub requests: u64,
-    /// Records seen.
-    pub events: u64,
-    /// Request events left out because another module made them (by caller module).
-    pub skipped_by_caller: BTreeMap<String, u64>,
-    /// Failed calls in the trace that were not replayed.
-    pub skipped_failed_calls: u64,
-    /// Requests the model rejected (free of an unknown address, ...), with the first few messages.
-    pub rejected: u64,
-    /// The first rejected requests' messages.
-    pub rejected_examples: Vec<String>,
-    /// `memory_stats()` of device 0 (or the only device) at the end.
-    pub memory_stats: serde_json::Value,
-    /// Per device.
-    pub devices: Vec<DeviceReport>,
-    /// The capacity used, bytes.
-    pub capacity: Option<u64>,
-    /// Allocator configuration string in force (as given, or from the trace).
-    pub alloc_conf: Option<String>,
-    /// Peaks per `iter:<n>` marker, in trace order; empty when the trace has none.
-    pub iterations: Vec<IterationPeak>,
-}
-
-impl ReplayReport {
-    /// The first iteration's peaks, and the max over the later iterations (the steady state:
-    /// caches warm, optimizer state allocated); `None` for a trace without `iter:` markers.
-    pub fn step_peaks(&self) -> Option<(IterationPeak, Option<IterationPeak>)> {
-        let (first, rest) = self.iterations.split_first()?;
-        let steady = rest.iter().copied().reduce(|a, b| IterationPeak {
-            iter: a.iter.max(b.iter),
-            peak_allocated_bytes: a.peak_allocated_bytes.max(b.peak_allocated_bytes),
-            peak_reserved_bytes: a.peak_reserved_bytes.max(b.peak_reserved_bytes),
-        });
-        Some((*first, steady))
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -389,23 +282,7 @@ impl Replayer {
 
     /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
     fn seed(&mut self, index: u64, device: u32, seg: &SegmentState) {
-        let existing = ExistingSegment {
-            addr: seg.addr,
-            size: seg.total_size,
-            stream: seg.stream,
-            is_small_pool: seg.pool == SegmentPool::Small,
-            expandable: seg.is_expandable,
-            blocks: seg
-                .blocks
-                .iter()
-                .map(|b| ExistingBlock {
-                    addr: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    allocated: b.state != BlockState::Inactive,
-                })
-                .collect(),
-        };
+        let existing = ExistingSegment::from(seg);
         let ds = self.device(device);
         if let Err(e) = ds.alloc.add_existing_segment(&existing) {
             self.rejected += 1;
@@ -431,23 +308,37 @@ impl Replayer {
     ) {
         self.report_requests += 1;
         let ds = self.device(device);
-        // Translate the trace's address into the model's.
-        let (req, trace_addr) = match *req {
-            Request::Free { addr } => (Request::Free { addr: ds.model_addr(addr) }, Some(addr)),
-            Request::FreeRequested { addr } => (Request::FreeRequested { addr: ds.model_addr(addr) }, Some(addr)),
-            Request::FreeCompleted { addr } => (Request::FreeCompleted { addr: ds.model_addr(addr) }, Some(addr)),
-            Request::RecordStream { addr, stream } => {
-                (Request::RecordStream { addr: ds.model_addr(addr), stream }, None)
+        // Translate the trace's address into the model's. A free that completes takes its block
+        // out of `live_blocks` at once (one map operation), and puts it back if the model
+        // refuses the request.
+        let mut taken: Option<(u64, LiveBlock)> = None;
+        let mut requested_at = None;
+        let req = match *req {
+            Request::Free { addr } | Request::FreeCompleted { addr } => {
+                let b = ds.live_blocks.remove(&addr);
+                let model = b.map_or(addr, |b| b.model_addr);
+                if let Some(b) = b {
+                    taken = Some((addr, b));
+                }
+                match *req {
+                    Request::Free { .. } => Request::Free { addr: model },
+                    _ => Request::FreeCompleted { addr: model },
+                }
             }
-            ref other => (other.clone(), None),
+            Request::FreeRequested { addr } => {
+                requested_at = Some(addr);
+                Request::FreeRequested { addr: ds.model_addr(addr) }
+            }
+            Request::RecordStream { addr, stream } => Request::RecordStream { addr: ds.model_addr(addr), stream },
+            ref other => other.clone(),
         };
         let result: Result<Outcome, ReplayError> = ds.alloc.apply(&req);
-        if let (Some(out), Ok(o)) = (self.realized.as_mut(), &result) {
-            realize(out, source, device, &req, o);
-        }
         let outcome = match result {
             Ok(o) => o,
             Err(e) => {
+                if let Some((addr, b)) = taken {
+                    ds.live_blocks.insert(addr, b);
+                }
                 self.rejected += 1;
                 if self.rejected_examples.len() < 5 {
                     self.rejected_examples.push(format!("record {index} (device {device}): {e}"));
@@ -455,54 +346,57 @@ impl Replayer {
                 return;
             }
         };
-        let ds = self.devices.get_mut(&device).expect("device state exists");
         // Category accounting follows allocated bytes: they drop at free_requested.
-        if let Some(addr) = trace_addr {
-            let completes = !matches!(req, Request::FreeRequested { .. });
-            if let Some(b) = ds.live_blocks.get_mut(&addr) {
-                if !b.requested {
-                    b.requested = true;
-                    ds.live_by_category[cat_index(b.category)] -= b.size;
-                }
-                if completes {
-                    ds.live_blocks.remove(&addr);
-                }
+        if let Some((_, b)) = &taken {
+            if !b.requested {
+                ds.live_by_category[cat_index(b.category)] -= b.size;
             }
         }
+        if let Some(b) = requested_at.and_then(|a| ds.live_blocks.get_mut(&a)) {
+            if !b.requested {
+                b.requested = true;
+                ds.live_by_category[cat_index(b.category)] -= b.size;
+            }
+        }
+        let mut new_category = false;
+        let mut failed = None;
         if let Some((trace_addr, category)) = alloc {
-            if let Some(oom) = outcome.oom {
-                if self.oom_at.is_none() {
-                    self.oom_at = Some(index);
-                    self.oom_detail = Some(format!(
-                        "device {device}: request of {} B (rounded {} B) with {} B reserved and {} B allocated",
-                        oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
-                    ));
-                }
-            } else if outcome.addr.is_some() {
+            if let Some(oom) = &outcome.oom {
+                failed = Some(format!(
+                    "device {device}: request of {} B (rounded {} B) with {} B reserved and {} B allocated",
+                    oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
+                ));
+            } else if let Some(model_addr) = outcome.addr {
                 // The trace's address identifies the block in later frees.
-                let model_addr = outcome.addr.unwrap_or(trace_addr);
                 ds.live_blocks
                     .insert(trace_addr, LiveBlock { model_addr, category, size: outcome.block_size, requested: false });
                 ds.live_by_category[cat_index(category)] += outcome.block_size;
-                if category.is_some() {
-                    self.has_categories = true;
-                }
+                new_category = category.is_some();
             }
         }
         let stats = ds.alloc.stats();
         let reserved = stats.reserved_bytes[0].current.max(0) as u64;
         let allocated = stats.allocated_bytes[0].current.max(0) as u64;
         if reserved > ds.peak_reserved_seen {
+            // Constant time: a new peak is set at every segment growth of a rising run.
             ds.peak_reserved_seen = reserved;
             ds.at_peak = Fragmentation {
                 reserved_minus_allocated: reserved.saturating_sub(allocated),
                 largest_free_block: ds.alloc.largest_free_block(),
-                segments: ds.alloc.segments().len() as u64,
+                segments: ds.alloc.mapped_ranges(),
             };
         }
         if allocated > ds.peak_allocated_seen {
             ds.peak_allocated_seen = allocated;
             ds.categories_at_peak = ds.live_by_category;
+        }
+        if let Some(out) = self.realized.as_mut() {
+            conversions::realize(out, source, device, &req, &outcome);
+        }
+        self.has_categories |= new_category;
+        if failed.is_some() && self.oom_at.is_none() {
+            self.oom_at = Some(index);
+            self.oom_detail = failed;
         }
         if let Some(it) = self.iterations.last_mut() {
             it.peak_reserved_bytes = it.peak_reserved_bytes.max(reserved);
@@ -573,38 +467,7 @@ impl Replayer {
     pub fn take_realized(&mut self) -> Vec<Record> {
         let mut out = self.realized.take().unwrap_or_default();
         for (&device, ds) in &self.devices {
-            for seg in ds.alloc.segments() {
-                out.push(Record {
-                    ts_ns: None,
-                    tid: None,
-                    device: Some(device),
-                    event: Event::SegmentState(SegmentState {
-                        at: StateAt::End,
-                        addr: seg.addr,
-                        total_size: seg.size,
-                        stream: seg.stream,
-                        pool: if seg.is_small_pool { SegmentPool::Small } else { SegmentPool::Large },
-                        is_expandable: seg.expandable,
-                        pool_id: (0, 0),
-                        stack: None,
-                        blocks: seg
-                            .blocks
-                            .iter()
-                            .map(|b| BlockInfo {
-                                addr: b.addr,
-                                size: b.size,
-                                requested_size: b.requested_size,
-                                state: match b.state {
-                                    BlockViewState::Allocated => BlockState::ActiveAllocated,
-                                    BlockViewState::PendingFree => BlockState::ActivePendingFree,
-                                    BlockViewState::Inactive => BlockState::Inactive,
-                                },
-                                stack: None,
-                            })
-                            .collect(),
-                    }),
-                });
-            }
+            out.extend(ds.alloc.segments().iter().map(|seg| conversions::segment_record(device, seg)));
         }
         out
     }
@@ -661,96 +524,6 @@ impl Replayer {
             alloc_conf: self.alloc_conf,
             iterations: self.iterations,
         }
-    }
-}
-
-/// Append what the model did for one request, in the order PyTorch records it: deferred frees
-/// that completed, segment events, then the request itself at the model's address.
-fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req: &Request, o: &Outcome) {
-    let meta = |event| Record {
-        ts_ns: source.and_then(|r| r.ts_ns),
-        tid: source.and_then(|r| r.tid),
-        device: Some(device),
-        event,
-    };
-    let stream = match req {
-        Request::Alloc { stream, .. } => *stream,
-        _ => 0,
-    };
-    let free = |addr, size: Option<u64>, stage, origin, api| {
-        Event::Free(Free {
-            addr,
-            size,
-            stream,
-            mem: MemoryKind::Device,
-            api,
-            result: 0,
-            origin,
-            stage,
-            caller: None,
-            stack: None,
-        })
-    };
-    for &addr in &o.completed_frees {
-        out.push(meta(free(addr, None, FreeStage::Completed, Origin::Request, Api::Allocator)));
-    }
-    for ev in &o.device_events {
-        let e = match *ev {
-            DeviceEvent::SegmentAlloc { addr, size } => Event::Alloc(Alloc {
-                addr,
-                size,
-                stream,
-                mem: MemoryKind::Device,
-                api: Api::CudaMalloc,
-                result: 0,
-                origin: Origin::Outcome,
-                category: None,
-                caller: None,
-                stack: None,
-            }),
-            DeviceEvent::SegmentFree { addr, size } => {
-                free(addr, Some(size), FreeStage::Immediate, Origin::Outcome, Api::CudaFree)
-            }
-            DeviceEvent::SegmentMap { addr, size } | DeviceEvent::SegmentUnmap { addr, size } => Event::Vmm(Vmm {
-                op: if matches!(ev, DeviceEvent::SegmentMap { .. }) { VmmOp::Map } else { VmmOp::Unmap },
-                addr,
-                size,
-                handle: 0,
-                offset: 0,
-                api: if matches!(ev, DeviceEvent::SegmentMap { .. }) { Api::CuMemMap } else { Api::CuMemUnmap },
-                result: 0,
-                origin: Origin::Outcome,
-                stream,
-                caller: None,
-            }),
-        };
-        out.push(meta(e));
-    }
-    let src = source.map(|r| &r.event);
-    match (req, src) {
-        (Request::Alloc { size, stream, .. }, Some(Event::Alloc(a))) => match (o.addr, o.oom) {
-            (Some(addr), _) => {
-                out.push(meta(Event::Alloc(Alloc { addr, size: *size, stream: *stream, ..a.clone() })));
-            }
-            (None, Some(oom)) => out.push(meta(Event::Oom(Oom {
-                size: oom.rounded_size,
-                device_free: oom.device_free,
-                stream: *stream,
-            }))),
-            (None, None) => {}
-        },
-        (
-            Request::Free { addr } | Request::FreeRequested { addr } | Request::FreeCompleted { addr },
-            Some(Event::Free(f)),
-        ) => {
-            out.push(meta(Event::Free(Free {
-                addr: *addr,
-                size: Some(o.block_size).filter(|s| *s > 0).or(f.size),
-                ..f.clone()
-            })));
-        }
-        (_, Some(e @ Event::Control(_))) => out.push(meta(e.clone())),
-        _ => {}
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use estimators::ml::protocol::ProtocolConfig;
-use estimators::ml::util::{self, UtilMetric, DEFAULT_THRESHOLDS};
+use estimators::ml::utilization::{self as util, UtilMetric, DEFAULT_THRESHOLDS};
 use estimators::ml::{render, Dataset, KernelFeatures, TrainConfig};
 
 /// Predict DCGM utilisation classes (low / medium / high) from model features.

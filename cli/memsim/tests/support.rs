@@ -1,0 +1,28 @@
+//! Running the `memsim` binary.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `memsim ARGS`: exit status, stdout, stderr.
+pub fn memsim(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memsim")).args(args).output().expect("run memsim");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// `memsim ARGS`'s stdout, which must be a success.
+pub fn memsim_ok(args: &[&str]) -> String {
+    let (code, out, err) = memsim(args);
+    assert_eq!(code, 0, "memsim {args:?} failed: {err}");
+    out
+}
+
+/// `memsim ARGS`'s stdout as JSON, which must be a success.
+pub fn json(args: &[&str]) -> Value {
+    let out = memsim_ok(args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("memsim {args:?}: not JSON ({e}): {out}"))
+}

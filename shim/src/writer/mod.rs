@@ -1,0 +1,294 @@
+//! The writer thread: drains the rings, writes the file, and flushes it while the process runs.
+//! Turning raw events into records is [`translate`]; resolving caller modules and kernel names
+//! off the hot path is [`names`]; the exit summary is [`summary`].
+
+mod names;
+mod summary;
+mod translate;
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, CString};
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use trace::{BinaryWriter, Event, Header, Level, Marker, Record, ALLOCATOR_ENV_VARS};
+
+use crate::clock::{self, now_ns};
+use crate::config::{config, expand_out, Config};
+use crate::event::{RawEvent, RawKind};
+use crate::state::{self, DONE, FINISH, FLUSH, NOT_STARTED, RUNNING, WRITER};
+use crate::{log, raw, ring};
+
+use names::Names;
+use summary::Tally;
+
+/// At most this many events per ring per sweep, so that a sweep's batch (72 bytes an event)
+/// stays in the writer core's L2 cache: 16,384 made it 1.2 MB, and the batch was written and
+/// read back from beyond L2 (a few ns less per launch when writer and caller share a core).
+const SWEEP_PER_RING: usize = 2048;
+
+/// How often buffered events reach the file while the process runs, so that a process killed
+/// with SIGKILL leaves a trace readable up to a recent point.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+/// Start the writer thread if none runs. Called by the first recording hook.
+pub fn ensure_started() {
+    if WRITER.load(Ordering::Acquire) != NOT_STARTED {
+        return;
+    }
+    if WRITER.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    // The writer must never run the exit-signal handler: that handler waits for the writer. So
+    // it is born with SIGINT and SIGTERM blocked (a new thread inherits its creator's mask); a
+    // signal arriving meanwhile stays pending for the host's threads.
+    let old = block_signals();
+    let spawned = std::thread::Builder::new().name("memtrace-writer".into()).spawn(|| {
+        let r = std::panic::catch_unwind(run);
+        if r.is_err() {
+            log!(Warn, "writer thread failed; recording stopped");
+        }
+        WRITER.store(DONE, Ordering::Release);
+    });
+    // Safety: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if let Err(e) = spawned {
+        log!(Warn, "cannot start the writer thread ({e}); recording disabled");
+        WRITER.store(DONE, Ordering::Release);
+    }
+}
+
+/// The writer thread's state: the open trace, the clock map, interned names and the tally.
+struct Ctx {
+    w: BinaryWriter<File>,
+    origin: u64,
+    clock: clock::Calibration,
+    names: Names,
+    tally: Tally,
+    max_bytes: u64,
+    limit_hit: bool,
+}
+
+fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
+    let mut h = Header::new("libmemtrace", env!("CARGO_PKG_VERSION"), Level::Device);
+    h.pid = Some(pid);
+    h.clock_origin_ns = Some(origin);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    h.start_wall_ns = Some((wall.as_nanos() as u64).saturating_sub(now_ns().saturating_sub(origin)));
+    h.command_line = std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|c| *c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+        })
+        .unwrap_or_default();
+    let mut host = [0u8; 256];
+    // Safety: the buffer is valid for its length; gethostname NUL-terminates when it fits.
+    if unsafe { libc::gethostname(host.as_mut_ptr().cast(), host.len() - 1) } == 0 {
+        let end = host.iter().position(|c| *c == 0).unwrap_or(host.len());
+        h.host_name = Some(String::from_utf8_lossy(&host[..end]).into_owned());
+    }
+    h.env = ALLOCATOR_ENV_VARS
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect::<BTreeMap<_, _>>();
+    h.caching_disabled = h.env_var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_some_and(truthy);
+    h.metadata.insert("memtrace.kernels".into(), (cfg.kernels as u8).to_string());
+    h
+}
+
+/// PyTorch treats any value other than empty and "0" as set.
+fn truthy(v: &str) -> bool {
+    let v = v.trim();
+    !v.is_empty() && v != "0"
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread; returns the previous mask.
+fn block_signals() -> libc::sigset_t {
+    // Safety: plain sigset manipulation on local sets; affects only this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+fn run() {
+    raw::set_internal(true);
+    let cfg = config();
+    let pid = state::owner_pid();
+    let origin = state::clock_origin();
+    let path = expand_out(&cfg.out, pid);
+    // The trace goes straight to its final path, not through a rename: a process killed with
+    // SIGKILL must still leave a trace readable up to its last complete frame.
+    let file = match std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
+            return;
+        }
+    };
+    let w = match BinaryWriter::new(file, &header(cfg, pid, origin)) {
+        Ok(w) => w,
+        Err(e) => {
+            log!(Warn, "cannot write trace header to {path}: {e:#}; recording disabled");
+            return;
+        }
+    };
+    log!(Info, "tracing pid {pid} into {path}");
+    let names = Names::new();
+    let clock = clock::Calibration::new(clock::anchor());
+    let mut cx = Ctx { w, origin, clock, names, tally: Tally::default(), max_bytes: cfg.max_bytes, limit_hit: false };
+    let mut last_flush = std::time::Instant::now();
+    let mut dirty = false;
+    let mut batch: Vec<(u32, RawEvent)> = Vec::new();
+    let mut pending: Vec<(u32, RawEvent)> = Vec::new();
+    let mut finishing_rounds = 0u32;
+    loop {
+        let finishing = FINISH.load(Ordering::Acquire);
+        // Events stamped after this may still be overtaken by events of a ring swept earlier;
+        // see `ring::order`.
+        let watermark = clock::stamp();
+        // Finishing: sweep until the rings are empty, but not forever if threads keep calling.
+        finishing_rounds += u32::from(finishing);
+        let lone = if pending.is_empty() { ring::lone_source() } else { None };
+        let swept = match lone {
+            Some(r) => cx.sweep_in_place(r),
+            None => cx.sweep_merged(&mut batch, &mut pending, watermark, finishing, finishing_rounds, &mut last_flush),
+        };
+        let n = match swept.and_then(|n| cx.drain_cupti(&mut dirty).map(|_| n)) {
+            Ok(n) => n,
+            Err(e) => {
+                log!(Warn, "writing {path} failed: {e:#}; recording stopped");
+                return;
+            }
+        };
+        dirty |= n > 0;
+        if finishing && (n == 0 || finishing_rounds > 64) {
+            cx.finish(&path);
+            return;
+        }
+        if dirty && (FLUSH.swap(false, Ordering::AcqRel) || last_flush.elapsed() >= FLUSH_EVERY) {
+            if let Err(e) = cx.w.flush() {
+                log!(Warn, "flushing {path} failed: {e:#}; recording stopped");
+                return;
+            }
+            last_flush = std::time::Instant::now();
+            dirty = false;
+        }
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Ctx {
+    fn rec(&self, ts: u64, tid: u32, event: Event) -> Record {
+        Record { ts_ns: Some(ts.saturating_sub(self.origin)), tid: Some(tid), device: None, event }
+    }
+
+    /// One source and nothing held back: its events are in stamp order already, so they are
+    /// encoded straight from the ring's slots, with no copy into a batch. Returns how many.
+    fn sweep_in_place(&mut self, r: &ring::Ring) -> Result<usize, trace::TraceError> {
+        // Only events pushed before the clock map's newest sample: their stamps are converted
+        // between samples, never extrapolated past the last one (which a later sample could
+        // contradict by a few ns, out of order).
+        let take = r.available().min(SWEEP_PER_RING);
+        self.clock.refresh();
+        let mut failed = None;
+        let mut i = 0u32;
+        let n = ring::drain_one(r, take, |tid, ev| {
+            if failed.is_none() {
+                failed = self.handle(tid, ev).err();
+            }
+            i += 1;
+            if i.is_multiple_of(1024) {
+                ring::heartbeat();
+            }
+        });
+        failed.map_or(Ok(n), Err)
+    }
+
+    /// Several sources (or events held back last time): copy the sweep into `batch`, merge by
+    /// stamp, write what can no longer be overtaken and hold back the rest in `pending`
+    /// (`ring::order`). The last round (finishing, and nothing new or too many rounds) writes
+    /// everything. Returns how many events the sweep took.
+    fn sweep_merged(
+        &mut self,
+        batch: &mut Vec<(u32, RawEvent)>,
+        pending: &mut Vec<(u32, RawEvent)>,
+        watermark: u64,
+        finishing: bool,
+        finishing_rounds: u32,
+        last_flush: &mut std::time::Instant,
+    ) -> Result<usize, trace::TraceError> {
+        let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, *ev)));
+        // After the sweep: every stamp it took is older than the clock map's newest sample.
+        self.clock.refresh();
+        let n = sweep.events;
+        let last_round = finishing && (n == 0 || finishing_rounds > 64);
+        if batch.is_empty() && pending.is_empty() {
+            return Ok(n);
+        }
+        ring::order(batch, pending, &sweep, watermark, last_round);
+        for (i, (tid, ev)) in batch.iter().enumerate() {
+            self.handle(*tid, ev)?;
+            if i % 1024 == 1023 {
+                ring::heartbeat();
+            }
+            if i % 8192 == 8191 && last_flush.elapsed() >= FLUSH_EVERY {
+                let _ = self.w.flush();
+                *last_flush = std::time::Instant::now();
+            }
+        }
+        batch.clear();
+        Ok(n)
+    }
+
+    /// Write what CUPTI delivered since the last sweep.
+    fn drain_cupti(&mut self, dirty: &mut bool) -> Result<(), trace::TraceError> {
+        for a in crate::cupti::take() {
+            self.cupti(a)?;
+            *dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Write one record, then stop recording (with a marker) once past `MEMTRACE_MAX_BYTES`.
+    fn write_checked(&mut self, r: &Record) -> Result<(), trace::TraceError> {
+        self.w.write(r)?;
+        self.check_limit()
+    }
+
+    #[inline(always)]
+    fn check_limit(&mut self) -> Result<(), trace::TraceError> {
+        if self.max_bytes != 0 && self.w.bytes_written() >= self.max_bytes {
+            return self.limit_reached();
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn limit_reached(&mut self) -> Result<(), trace::TraceError> {
+        self.limit_hit = true;
+        let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+        let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
+        self.w.write(&r)?;
+        self.w.flush()?;
+        state::stop_recording();
+        log!(Warn, "MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+        Ok(())
+    }
+}
+
+/// Free what an event owns when it is not written.
+pub fn release(ev: &RawEvent) {
+    if ev.kind == RawKind::Marker && ev.aux != 0 {
+        // Safety: see Ctx::handle; an event is either written or released, never both.
+        drop(unsafe { CString::from_raw(ev.aux as *mut c_char) });
+    }
+}

@@ -1,0 +1,196 @@
+//! Conversions between the trace's records and the allocator model's values, in one place: a
+//! segment as a starting state (from a trace's `SegmentState`, a rebuilt snapshot start, or the
+//! model's own view), and what the model did as trace records (a realised replay, the final
+//! segment state).
+
+use trace::{
+    Alloc, Api, BlockInfo, BlockState, Event, Free, FreeStage, MemoryKind, Oom, Origin, Record, SegmentPool,
+    SegmentState, StateAt, Vmm, VmmOp,
+};
+
+use crate::alloc::{BlockViewState, DeviceEvent, ExistingBlock, ExistingSegment, Outcome, Request, SegmentView};
+use crate::snapshot::StartSegment;
+
+/// A block as a starting state: allocated unless inactive (a pending free has not completed).
+fn block(addr: u64, size: u64, requested_size: u64, allocated: bool) -> ExistingBlock {
+    ExistingBlock { addr, size, requested_size, allocated }
+}
+
+/// Trace blocks (a recorded `SegmentState`'s, a rebuilt start's) as starting blocks.
+fn trace_blocks<'a>(
+    blocks: impl IntoIterator<Item = (&'a u64, &'a u64, &'a u64, &'a BlockState)>,
+) -> Vec<ExistingBlock> {
+    blocks.into_iter().map(|(a, s, r, st)| block(*a, *s, *r, *st != BlockState::Inactive)).collect()
+}
+
+impl From<&SegmentState> for ExistingSegment {
+    /// A segment recorded before the first event (an imported snapshot's start).
+    fn from(s: &SegmentState) -> Self {
+        ExistingSegment {
+            addr: s.addr,
+            size: s.total_size,
+            stream: s.stream,
+            is_small_pool: s.pool == SegmentPool::Small,
+            expandable: s.is_expandable,
+            blocks: trace_blocks(s.blocks.iter().map(|b| (&b.addr, &b.size, &b.requested_size, &b.state))),
+        }
+    }
+}
+
+impl From<&StartSegment> for ExistingSegment {
+    /// A segment of a snapshot's start, rebuilt by walking its trace backwards.
+    fn from(s: &StartSegment) -> Self {
+        ExistingSegment {
+            addr: s.addr,
+            size: s.size,
+            stream: s.stream,
+            is_small_pool: s.is_small_pool,
+            expandable: s.expandable,
+            blocks: trace_blocks(s.blocks.iter().map(|b| (&b.addr, &b.size, &b.requested_size, &b.state))),
+        }
+    }
+}
+
+impl From<&SegmentView> for ExistingSegment {
+    /// The model's segment as a starting state: pending frees count as allocated (their free has
+    /// not completed). Expandable ranges are seeded as native-shaped segments of their mapped
+    /// size.
+    fn from(s: &SegmentView) -> Self {
+        ExistingSegment {
+            addr: s.addr,
+            size: s.size,
+            stream: s.stream,
+            is_small_pool: s.is_small_pool,
+            expandable: s.expandable,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| block(b.addr, b.size, b.requested_size, b.state != BlockViewState::Inactive))
+                .collect(),
+        }
+    }
+}
+
+/// The model's segment as the trace's end-of-run `SegmentState` record.
+pub fn segment_record(device: u32, seg: &SegmentView) -> Record {
+    Record {
+        ts_ns: None,
+        tid: None,
+        device: Some(device),
+        event: Event::SegmentState(SegmentState {
+            at: StateAt::End,
+            addr: seg.addr,
+            total_size: seg.size,
+            stream: seg.stream,
+            pool: if seg.is_small_pool { SegmentPool::Small } else { SegmentPool::Large },
+            is_expandable: seg.expandable,
+            pool_id: (0, 0),
+            stack: None,
+            blocks: seg
+                .blocks
+                .iter()
+                .map(|b| BlockInfo {
+                    addr: b.addr,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state: match b.state {
+                        BlockViewState::Allocated => BlockState::ActiveAllocated,
+                        BlockViewState::PendingFree => BlockState::ActivePendingFree,
+                        BlockViewState::Inactive => BlockState::Inactive,
+                    },
+                    stack: None,
+                })
+                .collect(),
+        }),
+    }
+}
+
+/// Append what the model did for one request, in the order PyTorch records it: deferred frees
+/// that completed, segment events, then the request itself at the model's address.
+pub fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req: &Request, o: &Outcome) {
+    let meta = |event| Record {
+        ts_ns: source.and_then(|r| r.ts_ns),
+        tid: source.and_then(|r| r.tid),
+        device: Some(device),
+        event,
+    };
+    let stream = match req {
+        Request::Alloc { stream, .. } => *stream,
+        _ => 0,
+    };
+    let free = |addr, size: Option<u64>, stage, origin, api| {
+        Event::Free(Free {
+            addr,
+            size,
+            stream,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            stage,
+            caller: None,
+            stack: None,
+        })
+    };
+    for &addr in &o.completed_frees {
+        out.push(meta(free(addr, None, FreeStage::Completed, Origin::Request, Api::Allocator)));
+    }
+    for ev in &o.device_events {
+        let e = match *ev {
+            DeviceEvent::SegmentAlloc { addr, size } => Event::Alloc(Alloc {
+                addr,
+                size,
+                stream,
+                mem: MemoryKind::Device,
+                api: Api::CudaMalloc,
+                result: 0,
+                origin: Origin::Outcome,
+                category: None,
+                caller: None,
+                stack: None,
+            }),
+            DeviceEvent::SegmentFree { addr, size } => {
+                free(addr, Some(size), FreeStage::Immediate, Origin::Outcome, Api::CudaFree)
+            }
+            DeviceEvent::SegmentMap { addr, size } | DeviceEvent::SegmentUnmap { addr, size } => Event::Vmm(Vmm {
+                op: if matches!(ev, DeviceEvent::SegmentMap { .. }) { VmmOp::Map } else { VmmOp::Unmap },
+                addr,
+                size,
+                handle: 0,
+                offset: 0,
+                api: if matches!(ev, DeviceEvent::SegmentMap { .. }) { Api::CuMemMap } else { Api::CuMemUnmap },
+                result: 0,
+                origin: Origin::Outcome,
+                stream,
+                caller: None,
+            }),
+        };
+        out.push(meta(e));
+    }
+    let src = source.map(|r| &r.event);
+    match (req, src) {
+        (Request::Alloc { size, stream, .. }, Some(Event::Alloc(a))) => match (o.addr, o.oom) {
+            (Some(addr), _) => {
+                out.push(meta(Event::Alloc(Alloc { addr, size: *size, stream: *stream, ..a.clone() })));
+            }
+            (None, Some(oom)) => out.push(meta(Event::Oom(Oom {
+                size: oom.rounded_size,
+                device_free: oom.device_free,
+                stream: *stream,
+            }))),
+            (None, None) => {}
+        },
+        (
+            Request::Free { addr } | Request::FreeRequested { addr } | Request::FreeCompleted { addr },
+            Some(Event::Free(f)),
+        ) => {
+            out.push(meta(Event::Free(Free {
+                addr: *addr,
+                size: Some(o.block_size).filter(|s| *s > 0).or(f.size),
+                ..f.clone()
+            })));
+        }
+        (_, Some(e @ Event::Control(_))) => out.push(meta(e.clone())),
+        _ => {}
+    }
+}

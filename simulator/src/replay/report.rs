@@ -1,0 +1,114 @@
+//! What a replay reports: peaks per device and overall, fragmentation at the peak, per-iteration
+//! peaks, and what was left out.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Where a replayed event came from, for error messages.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EventRef {
+    /// Index of the record in the trace (0 = first record after the header).
+    pub index: u64,
+    /// Device.
+    pub device: u32,
+}
+
+/// Fragmentation at the moment of peak reserved memory.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Fragmentation {
+    /// Reserved minus allocated bytes.
+    pub reserved_minus_allocated: u64,
+    /// Largest free block.
+    pub largest_free_block: u64,
+    /// Segments (native) or mapped ranges held.
+    pub segments: u64,
+}
+
+/// Per-device result.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// Device ordinal.
+    pub device: u32,
+    /// `reserved_bytes.all.peak`.
+    pub peak_reserved_bytes: u64,
+    /// `allocated_bytes.all.peak`.
+    pub peak_allocated_bytes: u64,
+    /// `active_bytes.all.peak`.
+    pub peak_active_bytes: u64,
+    /// `requested_bytes.all.peak`.
+    pub peak_requested_bytes: u64,
+    /// At the first moment reserved memory reached its peak.
+    pub at_peak: Fragmentation,
+    /// Allocated bytes by category at the peak of allocated bytes (when the trace has categories).
+    pub categories_at_peak: BTreeMap<String, u64>,
+    /// `torch.cuda.memory_stats()` at the end of the trace.
+    pub memory_stats: serde_json::Value,
+}
+
+/// Peaks within one training iteration: from its `iter:<n>` marker to the next one (or the end).
+/// Memory held when the iteration starts counts, so iteration 0 includes the setup's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IterationPeak {
+    /// The marker's iteration number.
+    pub iter: u64,
+    /// Max over devices and over the iteration of allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Max over devices and over the iteration of reserved bytes.
+    pub peak_reserved_bytes: u64,
+}
+
+/// Replay result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// Max over devices of `reserved_bytes.all.peak`.
+    pub peak_reserved_bytes: u64,
+    /// Max over devices of `allocated_bytes.all.peak`.
+    pub peak_allocated_bytes: u64,
+    /// Max over devices of `active_bytes.all.peak`.
+    pub peak_active_bytes: u64,
+    /// Max over devices of `requested_bytes.all.peak`.
+    pub peak_requested_bytes: u64,
+    /// Whether an allocation failed at the capacity.
+    pub oom: bool,
+    /// Index of the first record whose allocation failed.
+    pub oom_at_event: Option<u64>,
+    /// Details of the first OOM.
+    pub oom_detail: Option<String>,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Records seen.
+    pub events: u64,
+    /// Request events left out because another module made them (by caller module).
+    pub skipped_by_caller: BTreeMap<String, u64>,
+    /// Failed calls in the trace that were not replayed.
+    pub skipped_failed_calls: u64,
+    /// Requests the model rejected (free of an unknown address, ...), with the first few messages.
+    pub rejected: u64,
+    /// The first rejected requests' messages.
+    pub rejected_examples: Vec<String>,
+    /// `memory_stats()` of device 0 (or the only device) at the end.
+    pub memory_stats: serde_json::Value,
+    /// Per device.
+    pub devices: Vec<DeviceReport>,
+    /// The capacity used, bytes.
+    pub capacity: Option<u64>,
+    /// Allocator configuration string in force (as given, or from the trace).
+    pub alloc_conf: Option<String>,
+    /// Peaks per `iter:<n>` marker, in trace order; empty when the trace has none.
+    pub iterations: Vec<IterationPeak>,
+}
+
+impl ReplayReport {
+    /// The first iteration's peaks, and the max over the later iterations (the steady state:
+    /// caches warm, optimizer state allocated); `None` for a trace without `iter:` markers.
+    pub fn step_peaks(&self) -> Option<(IterationPeak, Option<IterationPeak>)> {
+        let (first, rest) = self.iterations.split_first()?;
+        let steady = rest.iter().copied().reduce(|a, b| IterationPeak {
+            iter: a.iter.max(b.iter),
+            peak_allocated_bytes: a.peak_allocated_bytes.max(b.peak_allocated_bytes),
+            peak_reserved_bytes: a.peak_reserved_bytes.max(b.peak_reserved_bytes),
+        });
+        Some((*first, steady))
+    }
+}

@@ -1,0 +1,167 @@
+//! Hand-written decoders for the frames replay and stats read by the million: allocations,
+//! frees and kernel launches. The read-side mirror of `fastframe`: they accept exactly what the
+//! writers produce (bincode `standard()` varints, unit enums as variant indices, `Option` as a
+//! 0/1 byte) and return `None` for anything else, unusual or wrong, which then goes through the
+//! generic derived decoder, the one that names what is wrong. `tests/it/fastread.rs` checks that
+//! both paths decode generated frames to equal values.
+
+use crate::api::Api;
+use crate::event::{Alloc, Category, Free, FreeStage, KernelLaunch, MemoryKind, Origin};
+
+/// A read position in a frame body. Trailing bytes are fields a newer writer appended: ignored,
+/// as the generic path ignores them.
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    #[inline(always)]
+    fn byte(&mut self) -> Option<u8> {
+        let v = *self.b.get(self.pos)?;
+        self.pos += 1;
+        Some(v)
+    }
+
+    #[inline(always)]
+    fn le<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let bytes = self.b.get(self.pos..self.pos + N)?;
+        self.pos += N;
+        bytes.try_into().ok()
+    }
+
+    /// An unsigned varint of a field of at most `max_marker`'s width: 251 marks a u16, 252 a
+    /// u32, 253 a u64 (little-endian after the marker).
+    #[inline(always)]
+    fn varint(&mut self, max_marker: u8) -> Option<u64> {
+        match self.byte()? {
+            b if b < 251 => Some(u64::from(b)),
+            251 if max_marker >= 251 => Some(u64::from(u16::from_le_bytes(self.le()?))),
+            252 if max_marker >= 252 => Some(u64::from(u32::from_le_bytes(self.le()?))),
+            253 if max_marker >= 253 => Some(u64::from_le_bytes(self.le()?)),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    fn u64(&mut self) -> Option<u64> {
+        self.varint(253)
+    }
+
+    #[inline(always)]
+    fn u32(&mut self) -> Option<u32> {
+        self.varint(252).map(|v| v as u32)
+    }
+
+    #[inline(always)]
+    fn i64(&mut self) -> Option<i64> {
+        self.u64().map(crate::codec::unzigzag)
+    }
+
+    #[inline(always)]
+    fn i32(&mut self) -> Option<i32> {
+        // bincode decodes an i32 as the zigzag of a u32 varint.
+        self.u32().map(|v| ((v >> 1) as i32) ^ -((v & 1) as i32))
+    }
+
+    #[inline(always)]
+    fn api(&mut self) -> Option<Api> {
+        self.varint(251).map(|v| Api::from_code(v as u16))
+    }
+
+    /// bincode's `Option`: a 0 byte, or a 1 byte and the value.
+    #[inline(always)]
+    fn opt<T>(&mut self, value: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        match self.byte()? {
+            0 => Some(None),
+            1 => value(self).map(Some),
+            _ => None,
+        }
+    }
+
+    /// A unit enum's variant index (a u32 varint).
+    #[inline(always)]
+    fn variant(&mut self) -> Option<u32> {
+        self.u32()
+    }
+}
+
+fn memory_kind(i: u32) -> Option<MemoryKind> {
+    Some(match i {
+        0 => MemoryKind::Device,
+        1 => MemoryKind::PinnedHost,
+        2 => MemoryKind::Managed,
+        3 => MemoryKind::Physical,
+        4 => MemoryKind::HostRegistered,
+        5 => MemoryKind::IpcImport,
+        _ => return None,
+    })
+}
+
+fn origin(i: u32) -> Option<Origin> {
+    Some(match i {
+        0 => Origin::Request,
+        1 => Origin::Outcome,
+        _ => return None,
+    })
+}
+
+fn free_stage(i: u32) -> Option<FreeStage> {
+    Some(match i {
+        0 => FreeStage::Immediate,
+        1 => FreeStage::Requested,
+        2 => FreeStage::Completed,
+        _ => return None,
+    })
+}
+
+/// An allocation body, or `None` for the generic path.
+#[inline]
+pub(crate) fn alloc(b: &[u8]) -> Option<Alloc> {
+    let mut c = Cursor { b, pos: 0 };
+    Some(Alloc {
+        addr: c.u64()?,
+        size: c.u64()?,
+        stream: c.i64()?,
+        mem: c.variant().and_then(memory_kind)?,
+        api: c.api()?,
+        result: c.i32()?,
+        origin: c.variant().and_then(origin)?,
+        category: c.opt(|c| c.variant().and_then(|i| Category::ALL.get(i as usize).copied()))?,
+        caller: c.opt(Cursor::u32)?,
+        stack: c.opt(Cursor::u32)?,
+    })
+}
+
+/// A free body, or `None` for the generic path.
+#[inline]
+pub(crate) fn free(b: &[u8]) -> Option<Free> {
+    let mut c = Cursor { b, pos: 0 };
+    Some(Free {
+        addr: c.u64()?,
+        size: c.opt(Cursor::u64)?,
+        stream: c.i64()?,
+        mem: c.variant().and_then(memory_kind)?,
+        api: c.api()?,
+        result: c.i32()?,
+        origin: c.variant().and_then(origin)?,
+        stage: c.variant().and_then(free_stage)?,
+        caller: c.opt(Cursor::u32)?,
+        stack: c.opt(Cursor::u32)?,
+    })
+}
+
+/// A launch body, or `None` for the generic path.
+#[inline]
+pub(crate) fn launch(b: &[u8]) -> Option<KernelLaunch> {
+    let mut c = Cursor { b, pos: 0 };
+    Some(KernelLaunch {
+        api: c.api()?,
+        name: c.opt(Cursor::u32)?,
+        grid: [c.u32()?, c.u32()?, c.u32()?],
+        block: [c.u32()?, c.u32()?, c.u32()?],
+        shared_mem: c.u32()?,
+        stream: c.i64()?,
+        result: c.i32()?,
+    })
+}

@@ -1,0 +1,166 @@
+//! The record prefix every frame starts with: timestamp, thread and device, each delta-coded
+//! against the previous frame's (FORMAT.md §1.4).
+
+use crate::codec::{
+    get_uvarint, unzigzag, uvarint_into, zigzag, VarintError, PREFIX_DEVICE_SAME, PREFIX_HAS_DEVICE, PREFIX_HAS_TID,
+    PREFIX_HAS_TS, PREFIX_RESERVED, PREFIX_TID_SAME, PREFIX_TS_DELTA,
+};
+use crate::fastframe::Sink;
+
+/// The delta state shared by consecutive record prefixes: the last timestamp, thread and device
+/// any frame (known tag or not) carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixState {
+    pub(crate) ts: Option<u64>,
+    pub(crate) tid: Option<u32>,
+    pub(crate) device: Option<u32>,
+}
+
+impl PrefixState {
+    #[inline(always)]
+    pub(crate) fn encode(&self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, buf: &mut impl Sink) {
+        let flags_at = buf.len();
+        buf.push(0);
+        let mut flags = 0u8;
+        if let Some(ts) = ts_ns {
+            flags |= PREFIX_HAS_TS;
+            match self.ts {
+                Some(prev) => {
+                    flags |= PREFIX_TS_DELTA;
+                    uvarint_into(buf, zigzag(ts.wrapping_sub(prev) as i64));
+                }
+                None => uvarint_into(buf, ts),
+            }
+        }
+        if let Some(tid) = tid {
+            flags |= PREFIX_HAS_TID;
+            if self.tid == Some(tid) {
+                flags |= PREFIX_TID_SAME;
+            } else {
+                uvarint_into(buf, u64::from(tid));
+            }
+        }
+        if let Some(dev) = device {
+            flags |= PREFIX_HAS_DEVICE;
+            if self.device == Some(dev) {
+                flags |= PREFIX_DEVICE_SAME;
+            } else {
+                uvarint_into(buf, u64::from(dev));
+            }
+        }
+        buf.set(flags_at, flags);
+    }
+
+    pub(crate) fn commit(&mut self, ts: Option<u64>, tid: Option<u32>, device: Option<u32>) {
+        if ts.is_some() {
+            self.ts = ts;
+        }
+        if tid.is_some() {
+            self.tid = tid;
+        }
+        if device.is_some() {
+            self.device = device;
+        }
+    }
+
+    /// Parses a prefix and advances the state.
+    #[inline(always)]
+    pub(crate) fn decode(&mut self, body: &[u8]) -> Result<Prefix, String> {
+        self.decode_common(body).map_or_else(|| self.decode_checked(body), Ok)
+    }
+
+    /// The prefixes a trace is made of, read straight: a timestamp delta, and a thread and
+    /// device that are absent or the same as before. `None` for anything else (the checked
+    /// path reads it, or names what is wrong); the state is then unchanged.
+    #[inline(always)]
+    fn decode_common(&mut self, body: &[u8]) -> Option<Prefix> {
+        let (&flags, rest) = body.split_first()?;
+        if flags
+            & !(PREFIX_HAS_TS
+                | PREFIX_TS_DELTA
+                | PREFIX_HAS_TID
+                | PREFIX_TID_SAME
+                | PREFIX_HAS_DEVICE
+                | PREFIX_DEVICE_SAME)
+            != 0
+            || flags & (PREFIX_HAS_TS | PREFIX_TS_DELTA) != (PREFIX_HAS_TS | PREFIX_TS_DELTA)
+        {
+            return None;
+        }
+        let same = |has: u8, same: u8, prev: Option<u32>| match (flags & has != 0, flags & same != 0) {
+            (false, false) => Some(None),
+            (true, true) => prev.map(Some),
+            _ => None,
+        };
+        let tid = same(PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid)?;
+        let device = same(PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device)?;
+        let (raw, n) = get_uvarint(rest).ok()?;
+        let ts = Some(self.ts?.wrapping_add(unzigzag(raw) as u64));
+        self.commit(ts, tid, device);
+        Some(Prefix { ts, tid, device, len: 1 + n })
+    }
+
+    #[cold]
+    fn decode_checked(&mut self, body: &[u8]) -> Result<Prefix, String> {
+        let Some(&flags) = body.first() else {
+            return Err("empty frame body (the record prefix byte is missing)".into());
+        };
+        if flags & PREFIX_RESERVED != 0 {
+            return Err(format!("record prefix byte {flags:#04x} sets reserved bits {PREFIX_RESERVED:#04x}"));
+        }
+        let mut pos = 1;
+        let mut next = |what: &str| -> Result<u64, String> {
+            let (v, n) = get_uvarint(&body[pos..]).map_err(|e| match e {
+                VarintError::Incomplete => format!("frame body ends inside the {what} varint"),
+                VarintError::Overflow => format!("{what} varint exceeds 64 bits"),
+            })?;
+            pos += n;
+            Ok(v)
+        };
+        let ts = if flags & PREFIX_HAS_TS != 0 {
+            let raw = next("timestamp")?;
+            if flags & PREFIX_TS_DELTA != 0 {
+                let prev = self.ts.ok_or("timestamp delta with no earlier timestamp in the trace")?;
+                Some(prev.wrapping_add(unzigzag(raw) as u64))
+            } else {
+                Some(raw)
+            }
+        } else if flags & PREFIX_TS_DELTA != 0 {
+            return Err("timestamp-delta bit set without the has-timestamp bit".into());
+        } else {
+            None
+        };
+        let tid = decode_same(flags, PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid, "thread id", &mut next)?;
+        let device = decode_same(flags, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device, "device", &mut next)?;
+        self.commit(ts, tid, device);
+        Ok(Prefix { ts, tid, device, len: pos })
+    }
+}
+
+/// A decoded record prefix.
+pub(crate) struct Prefix {
+    pub(crate) ts: Option<u64>,
+    pub(crate) tid: Option<u32>,
+    pub(crate) device: Option<u32>,
+    /// Bytes it took.
+    pub(crate) len: usize,
+}
+
+fn decode_same(
+    flags: u8,
+    has: u8,
+    same: u8,
+    prev: Option<u32>,
+    what: &str,
+    next: &mut impl FnMut(&str) -> Result<u64, String>,
+) -> Result<Option<u32>, String> {
+    match (flags & has != 0, flags & same != 0) {
+        (false, false) => Ok(None),
+        (false, true) => Err(format!("{what}-same bit set without the has-{what} bit")),
+        (true, true) => prev.map(Some).ok_or_else(|| format!("{what} marked same as previous, but none came before")),
+        (true, false) => {
+            let v = next(what)?;
+            u32::try_from(v).map(Some).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
+        }
+    }
+}

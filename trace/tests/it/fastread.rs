@@ -1,0 +1,76 @@
+//! The hand-written frame decoders (`trace/src/fastread.rs`: alloc, free, launch) read exactly
+//! what the derived bincode decoders read: equal records and prefix states for generated
+//! records, and, for arbitrary body bytes, the same value or an error where the derived decoder
+//! errs (the fast path then declines and the derived decoder names the fault).
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use trace::codec::{self, Decoded, PrefixState};
+
+use crate::strategies::record;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fast_decoding_equals_the_derived_decoding(recs in vec(record(), 1..24)) {
+        let mut buf = Vec::new();
+        let mut enc = PrefixState::default();
+        for r in &recs {
+            codec::encode_frame_generic(&mut enc, r, &mut buf).unwrap();
+        }
+        let (mut fast_state, mut generic_state) = (PrefixState::default(), PrefixState::default());
+        let mut at = 0;
+        for r in &recs {
+            let tag = buf[at];
+            let (len, n) = codec::get_uvarint(&buf[at + 1..]).unwrap();
+            let body = &buf[at + 1 + n..at + 1 + n + len as usize];
+            let fast = codec::decode_frame(&mut fast_state, tag, body, at as u64).unwrap();
+            let generic = codec::decode_frame_generic(&mut generic_state, tag, body, at as u64).unwrap();
+            prop_assert_eq!(&fast, &generic);
+            prop_assert_eq!(&fast, &Decoded::Record(r.clone()));
+            prop_assert_eq!(&fast_state, &generic_state);
+            at += 1 + n + len as usize;
+        }
+    }
+
+    #[test]
+    fn fast_decoding_of_any_bytes_agrees(tag in prop::sample::select(vec![1u8, 2, 4]), body in vec(any::<u8>(), 0..64)) {
+        // A prefix byte with nothing set, then the body as the hot kind's fields.
+        let mut bytes = vec![0u8];
+        bytes.extend_from_slice(&body);
+        let fast = codec::decode_frame(&mut PrefixState::default(), tag, &bytes, 0);
+        let generic = codec::decode_frame_generic(&mut PrefixState::default(), tag, &bytes, 0);
+        match (&fast, &generic) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "fast {:?} but derived {:?}", fast, generic),
+        }
+    }
+
+    #[test]
+    fn fast_decoding_of_small_varint_forms_agrees(
+        tag in prop::sample::select(vec![1u8, 2, 4]),
+        fields in vec(prop_oneof![
+            (0u8..251).prop_map(|b| vec![b]),
+            any::<u16>().prop_map(|v| [vec![251], v.to_le_bytes().to_vec()].concat()),
+            any::<u32>().prop_map(|v| [vec![252], v.to_le_bytes().to_vec()].concat()),
+            any::<u64>().prop_map(|v| [vec![253], v.to_le_bytes().to_vec()].concat()),
+            Just(vec![254]),
+            Just(vec![1]),
+            Just(vec![0]),
+        ], 8..14),
+    ) {
+        // Bodies made of well-formed varints of every width (and the markers bincode refuses),
+        // which random bytes rarely produce.
+        let mut bytes = vec![0u8];
+        bytes.extend(fields.concat());
+        let fast = codec::decode_frame(&mut PrefixState::default(), tag, &bytes, 0);
+        let generic = codec::decode_frame_generic(&mut PrefixState::default(), tag, &bytes, 0);
+        match (&fast, &generic) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "fast {:?} but derived {:?}", fast, generic),
+        }
+    }
+}

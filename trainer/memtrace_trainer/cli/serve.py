@@ -1,0 +1,152 @@
+"""Command group of the warm estimate server: `serve` (memtrace_trainer/serve.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from memtrace_trainer import notes
+from memtrace_trainer.errors import UserError
+
+Handler = Callable[[argparse.Namespace], int | None]
+
+DESCRIPTION = """\
+Answer `estimate` requests over local HTTP with torch and the model zoo already imported: a warm
+estimate costs the trace, not the interpreter's start (docs/serve.md).
+
+endpoints:
+  POST /v1/estimate  body: a JSON object of `estimate` options, each named by its long flag in
+                     snake case, e.g. {"model": "torchvision:resnet50", "batch_size": 32,
+                     "profile": "a100-40gb"}; answer: exactly what `estimate --json` prints for
+                     the same options (200, whether or not the job fits)
+  GET  /v1/health    status, version, limits, in-flight estimates, the allowed step/entry/script
+  GET  /v1/schema    every request field: type, flag, help, choices, default
+
+errors: {"error": MESSAGE, "field": FIELD or null}; 400 bad request (malformed JSON, unknown
+field, wrong type, a value `estimate` rejects), 403 code not allowed, 404 unknown path, 405 wrong
+method, 411/413 body length, 503 busy (over --max-concurrency; Retry-After: 1) or shutting down,
+504 past --timeout, 500 internal error. The server never crashes on a request.
+
+code: a request runs only the --step/--entry functions and --script files listed at start-up
+with --allow-step/--allow-entry/--allow-script (403 otherwise). `report` is refused (it writes a
+file on the server). Options naming files the estimate reads (--profile PATH, --ml-model,
+hf-config:PATH) read them as the server's user.
+
+Each estimate runs in a worker process forked from a warm zygote; a worker past --timeout is
+killed (504) and the server goes on. Requests over --max-concurrency are refused at once with 503
+(no queue: the caller decides when to retry). One log line per request on stderr: method, path,
+status, seconds. SIGTERM or SIGINT: stop accepting, abort in-flight estimates (503), remove the
+socket, exit 0.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+    s = sub.add_parser(
+        "serve",
+        help="answer estimate requests over local HTTP, warm (Unix socket or 127.0.0.1)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help="listen on this Unix socket (created mode 0600; a stale one is replaced, removed on "
+        "exit)",
+    )
+    where.add_argument(
+        "--port",
+        type=int,
+        metavar="N",
+        help="listen on --host:N over TCP (0: a free port, printed in the `listening on` line)",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="loopback address for --port (default 127.0.0.1; ::1 or localhost also work); any "
+        "other address is refused",
+    )
+    s.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="estimates run at once (default 2); more are answered 503 at once",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time limit of one estimate (default 120); past it the worker is killed and the "
+        "request answered 504",
+    )
+    s.add_argument(
+        "--allow-step",
+        action="append",
+        default=[],
+        metavar="MOD:FN",
+        help="a --step function requests may name (repeatable; default none)",
+    )
+    s.add_argument(
+        "--allow-entry",
+        action="append",
+        default=[],
+        metavar="MOD:FN",
+        help="an --entry function requests may name (repeatable; default none)",
+    )
+    s.add_argument(
+        "--allow-script",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="TRAIN.py",
+        help="a --script file requests may name, by this path or its absolute form "
+        "(repeatable; default none)",
+    )
+    return {"serve": _serve}
+
+
+def _function_spec(flag: str, spec: str) -> str:
+    """A `package.module:function` the server may run, checked to be on the Python path (finding
+    `pkg.mod` imports the allowed package `pkg`; the module itself is imported by each worker)."""
+    module, sep, fn = spec.partition(":")
+    if not sep or not module or not fn:
+        raise UserError(f"serve {flag} {spec!r}: expected package.module:function")
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise UserError(f"serve {flag} {spec!r}: no module {module!r} on the Python path (the "
+                        "working directory and PYTHONPATH)")  # fmt: skip
+    return spec
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from memtrace_trainer.serve import Config, serve
+    from memtrace_trainer.serve_schema import Policy
+
+    if args.max_concurrency < 1:
+        raise UserError(f"serve --max-concurrency {args.max_concurrency}: expected 1 or more")
+    if not args.timeout > 0:
+        raise UserError(f"serve --timeout {args.timeout}: expected seconds above 0")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UserError(f"serve --port {args.port}: expected 0-65535")
+    if args.socket is not None and args.host != "127.0.0.1":
+        notes.warn(f"--host {args.host} has no effect with --socket")
+    scripts = []
+    for path in args.allow_script:
+        if not path.is_file():
+            raise UserError(f"serve --allow-script {path}: no such file")
+        scripts.append(path.expanduser().resolve())
+    policy = Policy(
+        tuple(_function_spec("--allow-step", s) for s in args.allow_step),
+        tuple(_function_spec("--allow-entry", s) for s in args.allow_entry),
+        tuple(scripts),
+    )
+    config = Config(args.socket, args.host, args.port, args.max_concurrency, args.timeout, policy)
+    return serve(config)

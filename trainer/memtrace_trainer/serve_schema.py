@@ -1,0 +1,294 @@
+"""The request schema of `serve`: a JSON object whose fields are the options of `estimate`.
+
+The fields are read off the `estimate` command's own argparse parser, and a request is turned back
+into that command's argv and parsed by it, so every option means and checks in a request what it
+means and checks on the command line; nothing here restates a default or a choice. What is added
+is what a server needs on top: JSON types checked per field, the code a request may run limited to
+what the server was started with (`--allow-step`, `--allow-entry`, `--allow-script`), and options
+that would write files on the server refused."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_BODY = 1 << 20
+
+# Options a request may not use, and why (the server never writes files a request names).
+REFUSED = {
+    "report": "it writes an HTML file on the server; run `memtrace_trainer estimate --report` "
+    "or `memsim report` where the file should be",
+}
+# Options that name code the server would import and run, with the start-up flag allowing each.
+CODE = {"step": "--allow-step", "entry": "--allow-entry", "script": "--allow-script"}
+
+
+class RequestError(Exception):
+    """A request the server answers with `status` and `{"error": message, "field": field}`."""
+
+    def __init__(
+        self, status: int, message: str, field: str | None = None, headers: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.field = status, field
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": str(self), "field": self.field}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field: an option of `estimate`, named by its first long flag in snake case."""
+
+    name: str
+    flag: str
+    kind: str  # boolean, integer, number, string, string-or-true, array
+    help: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind, "flag": self.flag, "help": self.help}
+        if self.default is not None and self.default is not False:
+            out["default"] = str(self.default) if isinstance(self.default, Path) else self.default
+        if self.choices:
+            out["choices"] = list(self.choices)
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        if self.name in REFUSED:
+            out["refused"] = REFUSED[self.name]
+        if self.name in CODE:
+            out["allowed_by"] = CODE[self.name]
+        return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The code requests may name: `package.module:function` specs and script paths."""
+
+    steps: tuple[str, ...] = ()
+    entries: tuple[str, ...] = ()
+    scripts: tuple[Path, ...] = field(default=())
+
+    def allowed(self) -> dict[str, list[str]]:
+        return {"step": list(self.steps), "entry": list(self.entries),
+                "script": [str(p) for p in self.scripts]}  # fmt: skip
+
+    def check(self, name: str, value: str) -> None:
+        """A 403 naming the field unless `value` is allowed for `name` (step, entry, script)."""
+        if name == "script":
+            ok = Path(value).expanduser().resolve() in self.scripts
+            listed = self.allowed()["script"]
+        else:
+            listed = list(self.steps if name == "step" else self.entries)
+            ok = value in listed
+        if not ok:
+            given = ", ".join(listed) if listed else "none"
+            raise RequestError(
+                403,
+                f"{name} {value!r} is not allowed by this server: it runs only the code it was "
+                f"started with ({CODE[name]}; allowed: {given})",
+                name,
+            )
+
+
+def _snake(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _kind(action: argparse.Action) -> str:
+    if action.nargs == 0:
+        return "boolean"
+    if action.nargs in ("*", "+"):
+        return "array"
+    if action.nargs == "?":
+        return "string-or-true"
+    if action.type is int:
+        return "integer"
+    if action.type is float:
+        return "number"
+    return "string"
+
+
+class Schema:
+    """The request fields of the `estimate` parser and the parser itself, made to raise instead
+    of exiting (one instance is shared by the server's threads: parsing does not change it)."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+        self.fields: dict[str, Field] = {}
+        self.by_flag: dict[str, str] = {}
+        self.by_key: dict[str, str] = {}
+        for action in parser._actions:
+            if action.dest == "help":
+                continue
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            names = [_snake(s) for s in longs] or [action.dest]
+            f = Field(names[0], longs[0] if longs else "-- ARGS", _kind(action),
+                      action.help or "", action.default,
+                      tuple(str(c) for c in action.choices) if action.choices else None,
+                      tuple(names[1:]))  # fmt: skip
+            self.fields[f.name] = f
+            for name in names:
+                self.by_key[name] = f.name
+            for flag in longs:
+                self.by_flag[flag] = f.name
+
+        def fail(message: str) -> None:
+            raise RequestError(400, message, self.field_in(message))
+
+        parser.error = fail  # type: ignore[method-assign]
+
+    def field_in(self, message: str, argv: list[str] | None = None) -> str | None:
+        """The request field a command-line message is about: the first flag it names, else
+        the option whose value it quotes (`unknown model spec 'x'`)."""
+        for flag in re.findall(r"--[a-z][a-z0-9-]*", message):
+            if flag in self.by_flag:
+                return self.by_flag[flag]
+        for word in argv or []:
+            flag, sep, value = word.partition("=")
+            if sep and flag in self.by_flag and repr(value) in message:
+                return self.by_flag[flag]
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: f.to_json() for name, f in self.fields.items()}
+
+    def argv(self, text: bytes, policy: Policy) -> list[str]:
+        """The `estimate` argv of a request body (`--json` included), checked by the command's
+        parser; a RequestError naming the field otherwise."""
+        body = parse_body(text)
+        argv, positional, seen = [], [], {}
+        for key, value in body.items():
+            name = self.by_key.get(key)
+            if name is None:
+                raise RequestError(400, _unknown(key, list(self.by_key)), key)
+            if name in seen:
+                raise RequestError(400, f"fields {seen[name]!r} and {key!r} are the same option "
+                                   f"({self.fields[name].flag}): give one", key)  # fmt: skip
+            seen[name] = key
+            if value is None:  # null is the field left out
+                continue
+            f = self.fields[name]
+            if name in REFUSED:
+                raise RequestError(400, f"field {key!r} is not accepted by serve: "
+                                   f"{REFUSED[name]}", key)  # fmt: skip
+            if name == "json":
+                if value is not True:
+                    raise RequestError(400, "field 'json': the server answers JSON only; "
+                                       "leave it out or give true", key)  # fmt: skip
+                continue
+            words = _words(f, key, value)
+            if name in CODE:
+                policy.check(name, str(value))
+            if f.flag == "-- ARGS":
+                positional = words
+            else:
+                argv += words
+        argv.append("--json")
+        if positional:
+            argv += ["--", *positional]
+        self.parser.parse_args(argv)  # raises a RequestError on what the command rejects
+        return argv
+
+
+def _words(f: Field, key: str, value: Any) -> list[str]:
+    """The command-line words of one field's JSON value, its type checked. `--flag=value` keeps
+    a value that starts with `-` from being read as a flag."""
+
+    def wrong(expected: str) -> RequestError:
+        return RequestError(400, f"field {key!r} ({f.flag}) must be {expected}, not "
+                            f"{_json_type(value)} {json.dumps(value)[:80]}", key)  # fmt: skip
+
+    if f.kind == "boolean":
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return [f.flag] if value else []
+    if f.kind == "string-or-true":
+        if value is True:
+            return [f.flag]
+        if value is False:
+            return []
+        if not isinstance(value, str):
+            raise wrong("a string or true")
+        return [f"{f.flag}={value}"]
+    if f.kind == "array":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise wrong("an array of strings")
+        return list(value)
+    if f.kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("an integer")
+    elif f.kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise wrong("a number")
+    elif not isinstance(value, str):
+        raise wrong("a string")
+    return [f"{f.flag}={value}"]
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def _unknown(key: str, known: list[str]) -> str:
+    near = difflib.get_close_matches(key.replace("-", "_"), known, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+    return (f"unknown field {key!r}{hint} (fields are the `estimate` options in snake case; "
+            "GET /v1/schema lists them)")  # fmt: skip
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RequestError(400, f"field {key!r} is given twice", key)
+        out[key] = value
+    return out
+
+
+def parse_body(text: bytes) -> dict[str, Any]:
+    """The request body as a JSON object: UTF-8, no NaN or Infinity, no key given twice."""
+    try:
+        body = json.loads(text.decode("utf-8"), object_pairs_hook=_unique,
+                          parse_constant=_no_constant)  # fmt: skip
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"request body is not UTF-8 ({e})") from None
+    except ValueError as e:  # JSONDecodeError is one
+        raise RequestError(400, f"request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"request body must be a JSON object of `estimate` options, "
+                           f"not {_json_type(body)}")  # fmt: skip
+    return body
+
+
+def estimate_parser() -> argparse.ArgumentParser:
+    """The `estimate` subcommand's parser, as the CLI builds it."""
+    from memtrace_trainer.cli import parser
+
+    top, _ = parser()
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices["estimate"]  # type: ignore[no-any-return]
+    raise AssertionError("the CLI has no estimate command")

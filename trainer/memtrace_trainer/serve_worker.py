@@ -1,0 +1,113 @@
+"""What runs in `serve`'s worker processes: one estimate per process, forked from the warm zygote
+(`serve_zygote`), its answer sent back over a pipe.
+
+Light to import: the server imports this module to name the worker's function, and must not
+import torch itself (the zygote does)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import tempfile
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+# The job the zygote estimates once at start-up, through the same path as a request: it imports
+# and warms what every estimate uses, and proves memsim, memest and the profile are there.
+WARM_ARGV = ["--model", 'synthetic:{"family":"mlp","input_size":64,"output_size":10,"depth":2}',
+             "--batch-size", "2", "--json"]  # fmt: skip
+
+
+def _error(message: str, field: str | None = None) -> str:
+    return json.dumps({"error": message, "field": field})
+
+
+@functools.cache
+def _schema() -> Any:
+    from memtrace_trainer.serve_schema import Schema, estimate_parser
+
+    return Schema(estimate_parser())
+
+
+def answer(argv: list[str]) -> tuple[int, str]:
+    """HTTP status and body of one estimate: 200 and exactly what `estimate ARGV` prints (a
+    "does not fit" verdict is an answer too), 400 for what the command rejects, 500 for an
+    internal error."""
+    from memtrace_trainer import notes
+    from memtrace_trainer.cli import _internal
+    from memtrace_trainer.cli.estimate import estimate_result
+    from memtrace_trainer.errors import UserCodeError, UserError, user_frames
+    from memtrace_trainer.serve_schema import RequestError
+
+    schema, args = _schema(), None
+    try:
+        args = schema.parser.parse_args(argv)
+        # Warnings are in the answer (`warnings`), so they are not printed; what the user's own
+        # code prints goes to the server's log, never into the body.
+        with notes.captured(lambda _m: None), contextlib.redirect_stdout(sys.stderr):
+            result = estimate_result(args)
+    except RequestError as e:
+        return e.status, json.dumps(e.body())
+    except UserError as e:
+        return 400, _error(str(e), schema.field_in(str(e), argv))
+    except Exception as e:  # the user's code or an internal fault: a JSON answer either way
+        if user_frames(e):
+            message = str(UserCodeError("your code raised", e))
+            return 400, _error(message, next((k for k in ("step", "entry", "script")
+                                              if getattr(args, k, None)), None))  # fmt: skip
+        if os.environ.get("MEMTRACE_TRACEBACK") == "1":
+            traceback.print_exc()
+        return 500, _error(_internal(e))
+    return 200, json.dumps(result) + "\n"
+
+
+def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
+    """A worker's whole life: the estimate with every temporary file under `tmpdir` (the server
+    removes it whatever happens here), its answer sent on `conn`."""
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = tmpdir
+    try:
+        status, body = answer(argv)
+    except BaseException as e:  # the server must always get an answer
+        status, body = 500, _error(f"internal error: {type(e).__name__}: {e}")
+    conn.send((status, body))
+    conn.close()
+
+
+def warm_up() -> str | None:
+    """One estimate of a tiny model in the zygote, then the caches that must not outlive it
+    cleared; the error that stops the server, or None."""
+    from memtrace_trainer import notes
+    from memtrace_trainer.profile import _read
+
+    with tempfile.TemporaryDirectory(prefix="memtrace-serve-warm-") as tmp:
+        old = tempfile.tempdir
+        tempfile.tempdir = tmp
+        try:
+            status, body = answer(WARM_ARGV)
+        finally:
+            tempfile.tempdir = old
+    # A profile edited while the server runs must be read again, as the CLI would.
+    _read.cache_clear()
+    notes.reset()
+    if status != 200:
+        return f"the warm-up estimate failed ({status}): {json.loads(body)['error']}"
+    return None
+
+
+def ready(conn: Connection) -> None:
+    """Sent by the server's first worker: the zygote's warm-up error, or None when it is warm."""
+    from memtrace_trainer import serve_zygote
+
+    conn.send(serve_zygote.WARM_ERROR)
+    conn.close()
+
+
+def describe_exit(code: Any) -> str:
+    if isinstance(code, int) and code < 0:
+        return f"killed by signal {-code}"
+    return f"exit status {code}"

@@ -1,0 +1,432 @@
+"""`serve`: a real server in a child process, real HTTP over its Unix socket and over 127.0.0.1.
+
+Most tests use stand-in memsim/memest (scripts that answer `memsim profile` and hash the traces and
+features memest is given into the answer), so they check the server and not the Rust tools: the
+same hash from the server and from the CLI means the same traces and features. One test repeats
+the comparison with the release binaries."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, cli
+
+from memtrace_trainer.profile import _read
+
+TESTS = Path(__file__).resolve().parent
+MLP = 'synthetic:{"family":"mlp","input_size":256,"output_size":10,"depth":3}'
+RELEASE = REPO / "target" / "release"
+TIMEOUT = 8  # the servers' --timeout: well above an MLP estimate, short for the slow step
+
+MEMSIM = """
+import json, sys
+if sys.argv[1:2] != ["profile"]:
+    sys.exit("memsim: error: this stand-in answers only `memsim profile`")
+print(json.dumps({"name": "a100-40gb", "path": PROFILE,
+    "gpu": {"name": "NVIDIA A100-SXM4-40GB", "total_memory": 42505273344,
+            "compute_capability": [8, 0]},
+    "derived": {"cublas_workspace_bytes": 8519680, "cublaslt_workspace_bytes": 1048576,
+                "cudnn_workspace_factor": 2.0},
+    "provenance": {"unmeasured": []}}))
+"""
+# Schema 2 with every input hashed into `digest`; does not fit when given --capacity.
+MEMEST = """
+import hashlib, json, sys
+args, h = sys.argv[1:], hashlib.sha256()
+for flag in ("--trace", "--features", "--fake-trace"):
+    if flag in args:
+        h.update(open(args[args.index(flag) + 1], "rb").read())
+fits = "--capacity" not in args
+print(json.dumps({"schema": 2, "headline": "symbolic", "digest": h.hexdigest(),
+    "verdict": {"basis": "estimates.symbolic.safe_mib", "point_mib": 2.0, "need_mib": 2.0,
+                "capacity_mib": 40536.0 if fits else 1.0, "capacity_source": "profile",
+                "fits": fits},
+    "estimates": {"symbolic": {"device_mib": 2.0, "reserved_mib": 1.0},
+                  "horus": {"device_mib": 1.5}},
+    "warnings": []}))
+sys.exit(0 if fits else 1)
+"""
+# Steps that misbehave: one never ends (it says where it runs and makes a temporary file
+# first), one raises, one kills its own process.
+SLOW_STEP = """
+import os, signal, tempfile, time
+from pathlib import Path
+
+def make(device):
+    fd, path = tempfile.mkstemp()
+    Path(os.environ["SLOW_STEP_MARK"]).write_text(f"{os.getpid()} {path}")
+    time.sleep(600)
+
+def fail(device):
+    raise ValueError("boom")
+
+def die(device):
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=120)
+        self.path = str(path)
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+class Server:
+    """`python -m memtrace_trainer serve ARGS` in a child process, its stderr collected."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args, self.env, self.lines = args, env, []
+        self.proc = subprocess.Popen([sys.executable, "-m", "memtrace_trainer", "serve", *args],
+                                     env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+        self.socket = Path(args[args.index("--socket") + 1]) if "--socket" in args else None
+        self.port = 0
+        end = time.monotonic() + 180
+        while not any("listening on" in line for line in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.proc.kill()
+                pytest.fail("serve did not start:\n" + self.log())
+            time.sleep(0.1)
+        if self.socket is None:
+            line = next(line for line in self.lines if "listening on" in line)
+            self.port = int(line.split("http://127.0.0.1:")[1].split()[0])
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:  # fmt: skip
+        conn: http.client.HTTPConnection = (
+            UnixConnection(self.socket) if self.socket
+            else http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        )  # fmt: skip
+        data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers=headers or {})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        assert resp.getheader("Content-Type") == "application/json", text
+        return resp.status, json.loads(text), dict(resp.getheaders())
+
+    def estimate(self, body: Any) -> tuple[int, Any]:
+        status, answer, _ = self.request("POST", "/v1/estimate", body)
+        return status, answer
+
+    def raw(self, data: bytes) -> bytes:
+        """Bytes sent as they are, half-closed, and all that comes back."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(60)
+            s.connect(str(self.socket))
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail("serve did not stop within 30 s:\n" + self.log())
+
+
+def stand_ins(d: Path) -> Path:
+    bin_dir = d / "bin"
+    bin_dir.mkdir()
+    profile = str(REPO / "profiles" / "a100-40gb.toml")
+    for name, text in (("memsim", MEMSIM.replace("PROFILE", repr(profile))), ("memest", MEMEST)):
+        path = bin_dir / name
+        path.write_text(f"#!{sys.executable}\n{text}")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+def server_env(d: Path, bin_dir: Path) -> dict[str, str]:
+    (d / "slow_step.py").write_text(SLOW_STEP)
+    env = {k: v for k, v in os.environ.items() if k != "MEMTRACE_ML_MODEL"}
+    return env | {"MEMTRACE_BIN_DIR": str(bin_dir), "SLOW_STEP_MARK": str(d / "mark"),
+                  "PYTHONPATH": os.pathsep.join([str(d), str(TESTS)])}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stand_ins(tmp_path_factory.mktemp("tools"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tools: Path) -> Iterator[Server]:
+    d = tmp_path_factory.mktemp("unix")
+    srv = Server(["--socket", str(d / "serve.sock"), "--max-concurrency", "1", "--timeout",
+                  str(TIMEOUT), "--allow-step", "slow_step:make", "--allow-step",
+                  "step_examples:custom_optimizer", "--allow-step", "slow_step:fail",
+                  "--allow-step", "slow_step:die"], server_env(d, tools))  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def cli_json(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, *args: str) -> dict[str, Any]:
+    """`estimate ARGS --json` in this process, with the server's tools and no cached profile."""
+    monkeypatch.setenv("MEMTRACE_BIN_DIR", str(bin_dir))
+    monkeypatch.delenv("MEMTRACE_ML_MODEL", raising=False)
+    _read.cache_clear()
+    try:
+        done = cli("estimate", *args, "--json", check=False)
+    finally:
+        _read.cache_clear()
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by its parent counts)."""
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def same_answer(served: dict[str, Any], local: dict[str, Any]) -> None:
+    """Everything but the timings."""
+    assert served.keys() == local.keys()
+    for key in served.keys() - {"seconds"}:
+        assert served[key] == local[key], key
+    assert served["seconds"].keys() == local["seconds"].keys()
+
+
+def test_answers_what_the_cli_prints(
+    server: Server, tools: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status, served = server.estimate({"model": MLP, "batch_size": 32, "optimizer": "adamw",
+                                      "profile": "a100-40gb", "json": True})  # fmt: skip
+    assert status == 200, served
+    local = cli_json(monkeypatch, tools, "--model", MLP, "--batch-size", "32", "--optimizer",
+                     "adamw", "--profile", "a100-40gb")  # fmt: skip
+    same_answer(served, local)
+    assert served["inputs"]["optimizer"] == "adamw" and len(served["digest"]) == 64
+    # "Does not fit" is an answer (the CLI's exit status 1), not an error.
+    status, served = server.estimate({"model": MLP, "batch_size": 8, "capacity": "1GiB"})
+    assert status == 200 and served["verdict"]["fits"] is False
+    same_answer(served, cli_json(monkeypatch, tools, "--model", MLP, "--batch-size", "8",
+                                 "--capacity", "1GiB"))  # fmt: skip
+    # An allowed step function runs, with the same answer as the CLI's --step.
+    spec = "step_examples:custom_optimizer"
+    status, served = server.estimate({"step": spec, "steps": 2})
+    assert status == 200, served
+    same_answer(served, cli_json(monkeypatch, tools, "--step", spec, "--steps", "2"))
+
+
+def test_health_and_schema(server: Server) -> None:
+    status, health, _ = server.request("GET", "/v1/health")
+    assert status == 200 and health["status"] == "ok" and health["max_concurrency"] == 1
+    assert health["allowed"]["step"][:2] == ["slow_step:make", "step_examples:custom_optimizer"]
+    assert health["allowed"]["entry"] == [] and health["timeout_seconds"] == TIMEOUT
+    status, schema, _ = server.request("GET", "/v1/schema")
+    fields = schema["fields"]
+    assert status == 200 and fields["batch_size"]["type"] == "integer"
+    assert fields["steps"]["aliases"] == ["iterations"] and fields["point"]["type"] == "boolean"
+    assert fields["amp"]["choices"] == ["bf16", "fp16"] and "refused" in fields["report"]
+    assert fields["script_args"]["type"] == "array"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field", "says"),
+    [
+        (b"{not json", 400, None, "not JSON"),
+        (b"\xff\xfe", 400, None, "not UTF-8"),
+        (b"[1, 2]", 400, None, "JSON object"),
+        (b'{"model": "x", "model": "y"}', 400, "model", "given twice"),
+        (b'{"model": "x", "lora_dropout": NaN}', 400, None, "not JSON"),
+        ({"model": MLP, "batch": 32}, 400, "batch", "did you mean 'batch_size'"),
+        ({"model": MLP, "batch_size": "32"}, 400, "batch_size", "must be an integer"),
+        ({"model": MLP, "batch_size": True}, 400, "batch_size", "must be an integer"),
+        ({"model": MLP, "batch_size": 4, "point": "yes"}, 400, "point", "true or false"),
+        ({"model": MLP, "batch_size": 4, "amp": "fp8"}, 400, "amp", "invalid choice"),
+        ({"model": MLP, "step": "slow_step:make"}, 400, "step", "not allowed with"),
+        ({"model": MLP, "steps": 2, "iterations": 3}, 400, "iterations", "same option"),
+        ({"model": MLP}, 400, "batch_size", "--batch-size is required"),
+        ({"batch_size": 4}, 400, "model", "one of the arguments"),
+        ({"model": "nosuch:thing", "batch_size": 4}, 400, "model", ""),
+        ({"model": MLP, "batch_size": 4, "report": "/tmp/r.html"}, 400, "report", "writes"),
+        ({"model": MLP, "batch_size": 4, "json": False}, 400, "json", "JSON only"),
+        ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),
+        ({"entry": "entry_example:build", "batch_size": 2}, 403, "entry", "allowed: none"),
+        ({"script": str(TESTS / "scripts" / "x.py")}, 403, "script", "--allow-script"),
+    ],
+)
+def test_bad_requests_name_the_field(
+    server: Server, body: Any, status: int, field: str | None, says: str
+) -> None:
+    got, answer = server.estimate(body)
+    assert (got, answer["field"]) == (status, field), answer
+    assert says in answer["error"]
+
+
+def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
+    status, answer = server.estimate({"step": "slow_step:fail"})
+    assert (status, answer["field"]) == (400, "step"), answer
+    assert "raised ValueError: boom" in answer["error"]
+    assert "slow_step.py" in answer["error"]  # the user's frames, as the CLI prints them
+    status, answer = server.estimate({"step": "slow_step:die"})
+    assert status == 500 and "died without an answer (killed by signal 9)" in answer["error"]
+    assert server.estimate({"model": MLP, "batch_size": 4})[0] == 200
+
+
+def test_bad_http_is_answered_in_json(server: Server) -> None:
+    status, answer, headers = server.request("GET", "/v1/estimate")
+    assert status == 405 and headers["Allow"] == "POST" and "takes POST" in answer["error"]
+    status, answer, _ = server.request("GET", "/v2/nothing")
+    assert status == 404 and "/v1/estimate" in answer["error"]
+    status, answer, _ = server.request("GET", "/v1/health?verbose=1")
+    assert status == 400 and "query" in answer["error"]
+    no_length = b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert b" 411 " in server.raw(no_length).split(b"\r\n")[0]
+    short = b'POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model"'
+    reply = server.raw(short)
+    assert b" 400 " in reply.split(b"\r\n")[0] and b"ended after 8 of the 100 bytes" in reply
+    bad_length = b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"
+    reply = server.raw(bad_length)
+    assert b" 400 " in reply.split(b"\r\n")[0] and b"not one byte count" in reply
+    garbage = server.raw(b"HELLO\r\n\r\n")
+    assert b" 400 " in garbage.split(b"\r\n")[0] and b'"error"' in garbage
+    # Still serving, and every request logged on one line: method, path, status, seconds.
+    assert server.request("GET", "/v1/health")[0] == 200
+    assert any(line.startswith("serve: GET /v2/nothing 404 ") for line in server.lines)
+
+
+def test_time_limit_and_concurrency_bound(server: Server, tools: Path) -> None:
+    mark = Path(server.env["SLOW_STEP_MARK"])
+    mark.unlink(missing_ok=True)
+    slow: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: slow.update(zip(("status", "answer"),
+                                       server.estimate({"step": "slow_step:make"}), strict=True))
+    )  # fmt: skip
+    start = time.monotonic()
+    thread.start()
+    while server.request("GET", "/v1/health")[1]["in_flight"] == 0:
+        time.sleep(0.05)
+    # Over --max-concurrency 1: refused at once.
+    status, answer, headers = server.request("POST", "/v1/estimate",
+                                             {"model": MLP, "batch_size": 4})  # fmt: skip
+    assert status == 503 and "busy" in answer["error"] and headers["Retry-After"] == "1"
+    thread.join(60)
+    assert slow["status"] == 504 and f"time limit of {TIMEOUT} s" in slow["answer"]["error"], slow
+    assert TIMEOUT <= time.monotonic() - start < TIMEOUT + 30
+    # The worker is gone, and with it its temporary directory.
+    pid, tmp = mark.read_text().split()
+    assert gone(int(pid)) and not Path(tmp).exists() and not Path(tmp).parent.exists()
+    # The server goes on.
+    status, answer = server.estimate({"model": MLP, "batch_size": 4})
+    assert status == 200 and answer["verdict"]["fits"] is True
+
+
+def test_sigterm_aborts_in_flight_estimates_and_removes_the_socket(
+    tmp_path: Path, tools: Path
+) -> None:
+    srv = Server(["--socket", str(tmp_path / "s.sock"), "--allow-step", "slow_step:make"],
+                 server_env(tmp_path, tools))  # fmt: skip
+    slow: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: slow.update(
+        answer=srv.estimate({"step": "slow_step:make"})))  # fmt: skip
+    thread.start()
+    while srv.request("GET", "/v1/health")[1]["in_flight"] == 0:
+        time.sleep(0.05)
+    assert srv.stop(signal.SIGTERM) == 0, srv.log()
+    thread.join(30)
+    assert slow["answer"][0] == 503 and "shutting down" in slow["answer"][1]["error"]
+    assert not (tmp_path / "s.sock").exists()
+    assert srv.lines[-1] == "serve: stopped", srv.log()
+
+
+def test_sigterm_during_the_warm_up(tmp_path: Path, tools: Path) -> None:
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "memtrace_trainer", "serve", "--socket",
+                             str(sock)], env=server_env(tmp_path, tools), stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stderr is not None
+    assert "warming up" in proc.stderr.readline()
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0 and time.monotonic() - start < 5
+    assert proc.stderr.read().splitlines()[-1] == "serve: stopped" and not sock.exists()
+
+
+def test_tcp_on_loopback_and_sigint(tmp_path: Path, tools: Path) -> None:
+    srv = Server(["--port", "0", "--timeout", str(TIMEOUT)], server_env(tmp_path, tools))
+    try:
+        status, health, _ = srv.request("GET", "/v1/health")
+        assert status == 200 and health["listen"] == f"http://127.0.0.1:{srv.port}"
+        status, answer = srv.estimate({"model": MLP, "batch_size": 4, "seq_len": 16})
+        assert status == 200 and "--seq-len 16 has no effect" in " ".join(answer["warnings"])
+        assert srv.estimate({"step": "slow_step:make"})[0] == 403
+    finally:
+        assert srv.stop(signal.SIGINT) == 0, srv.log()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.com"])
+def test_refuses_to_listen_beyond_this_machine(host: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "memtrace_trainer", "serve", "--port", "0",
+                           "--host", host], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "loopback" in done.stderr, done.stderr
+
+
+def test_start_up_errors(tmp_path: Path) -> None:
+    def check(args: list[str], says: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "memtrace_trainer", "serve", *args],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+
+    plain = tmp_path / "not-a-socket"
+    plain.write_text("keep me")
+    check(["--socket", str(plain)], "is not a socket")
+    assert plain.read_text() == "keep me"
+    check(["--socket", str(tmp_path / "s"), "--allow-step", "nomodule_xyz:make"], "no module")
+    check(["--socket", str(tmp_path / "s"), "--allow-entry", "justaname"], "package.module:")
+    check(["--socket", str(tmp_path / "s"), "--allow-script", "nofile.py"], "no such file")
+    check(["--socket", str(tmp_path / "s"), "--max-concurrency", "0"], "--max-concurrency")
+    check(["--socket", str(tmp_path / "s"), "--timeout", "0"], "--timeout")
+
+
+def test_same_numbers_with_the_release_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("memsim", "memest"):
+        if not (RELEASE / name).is_file():
+            pytest.fail(f"{RELEASE / name} missing: run `cargo build --release` in {REPO} first")
+    srv = Server(["--socket", str(tmp_path / "s.sock")], server_env(tmp_path, RELEASE))
+    try:
+        status, served = srv.estimate({"model": MLP, "batch_size": 32})
+        assert status == 200, served
+    finally:
+        assert srv.stop() == 0
+    local = cli_json(monkeypatch, RELEASE, "--model", MLP, "--batch-size", "32")
+    same_answer(served, local)
+    assert served["estimates"]["symbolic"]["device_mib"] > 0
