@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 allocs=${1:-300000}
 runs=${2:-5}
 python=${PYTHON:-python3}
+for v in "$allocs" "$runs"; do
+  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "bench-replay-e2e: expected positive integers ALLOCS RUNS, got '$v'" >&2; exit 2; }
+done
 cargo build -q --release -p memsim
 memsim=$PWD/target/release/memsim
 dir=$(mktemp -d)

@@ -9,6 +9,18 @@ use trace::codec::{self, Decoded, PrefixState};
 
 use crate::strategies::record;
 
+/// A frame body decodes to the same value through both paths, or fails through both.
+fn agree(tag: u8, bytes: &[u8]) -> Result<(), TestCaseError> {
+    let fast = codec::decode_frame(&mut PrefixState::default(), tag, bytes, 0);
+    let generic = codec::decode_frame_generic(&mut PrefixState::default(), tag, bytes, 0);
+    match (&fast, &generic) {
+        (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+        (Err(_), Err(_)) => {}
+        _ => prop_assert!(false, "fast {:?} but derived {:?}", fast, generic),
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -39,13 +51,7 @@ proptest! {
         // A prefix byte with nothing set, then the body as the hot kind's fields.
         let mut bytes = vec![0u8];
         bytes.extend_from_slice(&body);
-        let fast = codec::decode_frame(&mut PrefixState::default(), tag, &bytes, 0);
-        let generic = codec::decode_frame_generic(&mut PrefixState::default(), tag, &bytes, 0);
-        match (&fast, &generic) {
-            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
-            (Err(_), Err(_)) => {}
-            _ => prop_assert!(false, "fast {:?} but derived {:?}", fast, generic),
-        }
+        agree(tag, &bytes)?;
     }
 
     #[test]
@@ -65,12 +71,6 @@ proptest! {
         // which random bytes rarely produce.
         let mut bytes = vec![0u8];
         bytes.extend(fields.concat());
-        let fast = codec::decode_frame(&mut PrefixState::default(), tag, &bytes, 0);
-        let generic = codec::decode_frame_generic(&mut PrefixState::default(), tag, &bytes, 0);
-        match (&fast, &generic) {
-            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
-            (Err(_), Err(_)) => {}
-            _ => prop_assert!(false, "fast {:?} but derived {:?}", fast, generic),
-        }
+        agree(tag, &bytes)?;
     }
 }
