@@ -242,6 +242,9 @@ class CudaShim:
     def __enter__(self) -> CudaShim:
         p, rec, c = self.profile, self.rec, torch.cuda
         props = _Properties(p)
+        # Stream ids count from the trace's start: the same program traces to the same events,
+        # however many traces this process made before.
+        _Stream._next_id = 1
         answers: dict[str, Any] = {
             "is_available": lambda: True,
             "device_count": lambda: 1,

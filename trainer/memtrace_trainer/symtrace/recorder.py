@@ -17,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
+from memtrace_trainer.symtrace import opcache
+
 Event = dict[str, Any]
 # Called around each op: (recorder, op, args, kwargs, outputs or None before the op runs).
 OpHook = Callable[["Recorder", Any, tuple[Any, ...], dict[str, Any], Any], None]
@@ -234,7 +236,7 @@ class Recorder(TorchDispatchMode):
                 return decomposed
         for hook in self.hooks:
             hook(self, func, args, kwargs, None)
-        out = func(*args, **kwargs)
+        out = opcache.call(func, args, kwargs)
         folded = (
             func in _INPLACE_ON_GPU
             and torch._C._current_autograd_node() is not None
