@@ -132,14 +132,18 @@ def test_checkpoint_recompute_keeps_the_region() -> None:
     assert seen == [BF16, BF16]
 
 
+def _aten_autocast_names() -> set[str]:
+    """aten's ops with an AutocastCUDA kernel, which the engine emulates. Other namespaces
+    (torchvision's, once imported) register their own."""
+    return {n.removeprefix("aten::").split(".")[0] for n in cuda_autocast_ops()
+            if n.startswith("aten::")}  # fmt: skip
+
+
 def _opinfo_samples() -> dict[str, Any]:
     """The first OpInfo (PyTorch's own test database) for each op with an AutocastCUDA kernel."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    # Other namespaces (torchvision's, once imported) register their own autocast kernels; the
-    # engine emulates aten's, which this test covers.
-    names = {n.removeprefix("aten::").split(".")[0] for n in cuda_autocast_ops()
-             if n.startswith("aten::")}  # fmt: skip
+    names = _aten_autocast_names()
     found: dict[str, Any] = {info.name: info for info in op_db if info.name in names}
     for info in op_db:  # then `nn.functional.mse_loss` for mse_loss, and aten names
         if info.name.startswith(("sparse.", "_refs.", "masked.")):
@@ -167,10 +171,7 @@ NO_OPINFO = {
 
 
 def test_every_autocast_op_is_checked_or_named() -> None:
-    # Other namespaces (torchvision's, once imported) register their own autocast kernels; the
-    # engine emulates aten's, which this test covers.
-    names = {n.removeprefix("aten::").split(".")[0] for n in cuda_autocast_ops()
-             if n.startswith("aten::")}  # fmt: skip
+    names = _aten_autocast_names()
     assert names - set(OPINFO) == NO_OPINFO & names
     assert len(OPINFO) >= 60
 
