@@ -133,7 +133,9 @@ fn pipelined<S>(
     let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<Record>>();
     std::thread::scope(|scope| -> Result<()> {
         scope.spawn(move || loop {
+            // A returned batch is cleared here, so that dropping its records costs this thread.
             let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
+            batch.clear();
             let mut error = None;
             while batch.len() < BATCH_RECORDS {
                 match reader.next_record() {
@@ -152,7 +154,7 @@ fn pipelined<S>(
             }
         });
         let mut n = 0u64;
-        for (mut batch, error, bytes) in full_rx {
+        for (batch, error, bytes) in full_rx {
             for rec in &batch {
                 f(state, rec)?;
             }
@@ -163,7 +165,6 @@ fn pipelined<S>(
             if let Some(b) = bar {
                 b.set_position(bytes);
             }
-            batch.clear();
             let _ = empty_tx.send(batch);
         }
         Ok(())

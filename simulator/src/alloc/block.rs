@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use super::free_index::FreeIndex;
+
 /// "No block" in a prev/next link.
 pub(super) const NIL: u32 = u32::MAX;
 
@@ -156,7 +158,7 @@ pub(super) fn unkey(k: u128) -> (u64, u64) {
 pub(super) struct StreamPool {
     pub stream: i64,
     /// Free mapped blocks by [`key`].
-    pub blocks: BTreeMap<u128, u32>,
+    pub blocks: FreeIndex,
     /// Unmapped ranges of expandable segments by address.
     pub unmapped: BTreeMap<u64, u32>,
 }
@@ -176,17 +178,20 @@ impl Pool {
         self.streams.iter().find(|s| s.stream == stream)
     }
 
-    #[inline]
+    #[inline(always)]
     fn of_mut(&mut self, stream: i64) -> &mut StreamPool {
         let pos = match self.streams.iter().position(|s| s.stream == stream) {
             Some(p) => p,
-            None => {
-                let at = self.streams.partition_point(|s| s.stream < stream);
-                self.streams.insert(at, StreamPool { stream, blocks: BTreeMap::new(), unmapped: BTreeMap::new() });
-                at
-            }
+            None => self.add_stream(stream),
         };
         &mut self.streams[pos]
+    }
+
+    #[cold]
+    fn add_stream(&mut self, stream: i64) -> usize {
+        let at = self.streams.partition_point(|s| s.stream < stream);
+        self.streams.insert(at, StreamPool { stream, blocks: FreeIndex::default(), unmapped: BTreeMap::new() });
+        at
     }
 
     /// This stream's share, when the stream has used the pool.
@@ -213,7 +218,7 @@ impl Pool {
         let b = &arena[i];
         let sp = self.of_mut(b.stream);
         if b.mapped {
-            sp.blocks.remove(&key(b.size, b.addr));
+            sp.blocks.remove(key(b.size, b.addr));
         } else {
             sp.unmapped.remove(&b.addr);
         }
@@ -221,6 +226,6 @@ impl Pool {
 
     /// Every free mapped block in (stream, size, addr) order.
     pub fn all_blocks(&self) -> Vec<u32> {
-        self.streams.iter().flat_map(|s| s.blocks.values().copied()).collect()
+        self.streams.iter().flat_map(|s| s.blocks.slots()).collect()
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! - `config`: `PYTORCH_CUDA_ALLOC_CONF` parsing and snapshot settings;
 //! - `rounding`: `round_size`, `get_allocation_size` and the constants;
+//! - `free_index`: the free-block index of a pool (best fit by size, then address);
 //! - `native`: malloc/free, best fit, split/merge, the OOM chain, GC, `empty_cache`;
 //! - `expandable`: expandable segments (reservations, page mapping and unmapping);
 //! - `state`: seeding a mid-run starting state and snapshot-style views;
@@ -12,6 +13,7 @@ mod block;
 mod capacity;
 mod config;
 mod expandable;
+mod free_index;
 mod native;
 mod release;
 mod request;

@@ -139,8 +139,16 @@ impl Allocator {
     /// free) returns an error and leaves the state unchanged.
     pub fn apply(&mut self, req: &Request) -> Result<Outcome, ReplayError> {
         let mut out = Outcome::default();
+        self.apply_into(req, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Allocator::apply`] into a caller's `Outcome` (cleared first), so a replay reuses one
+    /// for every request. On an error `out` is cleared and the state unchanged.
+    pub fn apply_into(&mut self, req: &Request, out: &mut Outcome) -> Result<(), ReplayError> {
+        out.clear();
         match *req {
-            Request::Alloc { size, stream, recorded_addr } => self.malloc(size, stream, recorded_addr, &mut out),
+            Request::Alloc { size, stream, recorded_addr } => self.malloc(size, stream, recorded_addr, out),
             Request::FreeRequested { addr } => {
                 let i = self.request_free(addr)?;
                 self.arena[i].state = State::PendingExplicit;
@@ -159,14 +167,18 @@ impl Allocator {
                 }
             }
             Request::FreeCompleted { addr } => {
-                let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                // One map operation: the block leaves `live` here, and goes back on a refusal.
+                let i = self.live.remove(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
                 match self.arena[i].state {
-                    State::Allocated => return Err(ReplayError::NotRequested { addr }),
+                    State::Allocated => {
+                        self.live.insert(addr, i);
+                        return Err(ReplayError::NotRequested { addr });
+                    }
                     State::PendingEvents => self.pending_events.retain(|&p| p != i),
                     _ => {}
                 }
                 out.block_size = self.arena[i].size;
-                self.free_block(i);
+                self.free_unlisted_block(i);
             }
             Request::RecordStream { addr, stream } => {
                 let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
@@ -178,7 +190,7 @@ impl Allocator {
                     b.stream_uses.push(stream);
                 }
             }
-            Request::EmptyCache => self.release_cached_blocks(&mut out),
+            Request::EmptyCache => self.release_cached_blocks(out),
             Request::SetMemoryFraction(f) => {
                 if !(0.0..=1.0).contains(&f) {
                     return Err(ReplayError::InvalidFraction(f));
@@ -187,7 +199,7 @@ impl Allocator {
             }
             Request::ResetPeakStats => self.stats.reset_peaks(),
         }
-        Ok(out)
+        Ok(())
     }
 
     /// `free()`: the program's release; allocated counters drop at once.
@@ -284,7 +296,8 @@ impl Allocator {
         // descent that finds it, and put it back in the rare case an oversize rule refuses it.
         let (msp, slack) = (self.cfg.max_split_size, self.non_split_rounding());
         let sp = self.pools[p].of_existing_mut(stream)?;
-        let (k, first) = sp.blocks.extract_if(key(size, 0).., |_, _| true).next()?;
+        let (k, first) = sp.blocks.first_at_or_after(key(size, 0))?;
+        sp.blocks.remove(k);
         if !self.arena[first].expandable {
             let bsize = unkey(k).0;
             if (size < msp && bsize >= msp) || (size >= msp && bsize >= size.saturating_add(slack)) {
@@ -294,29 +307,32 @@ impl Allocator {
             return Some(first);
         }
         sp.blocks.insert(k, first);
-        let sp = self.pools[p].of(stream)?;
-        let mut it = sp.blocks.range(key(size, 0)..);
-        let (_, &first) = it.next()?;
-        let mut cand = first;
-        if self.arena[cand].expandable {
-            if self.cfg.expandable_segments {
-                for (_, &next) in it {
-                    if !self.arena[cand].expandable || self.expandable_size(next) >= self.expandable_size(cand) {
-                        break;
-                    }
-                    cand = next;
-                }
-            } else {
-                // Expandable segments were switched off: only non-expandable blocks qualify.
-                loop {
-                    let (_, &next) = it.next()?;
-                    if !self.arena[next].expandable {
+        let cand = {
+            let sp = self.pools[p].of(stream)?;
+            let mut it = sp.blocks.range_from(key(size, 0));
+            let (_, first) = it.next()?;
+            let mut cand = first;
+            if self.arena[cand].expandable {
+                if self.cfg.expandable_segments {
+                    for (_, next) in it {
+                        if !self.arena[cand].expandable || self.expandable_size(next) >= self.expandable_size(cand) {
+                            break;
+                        }
                         cand = next;
-                        break;
+                    }
+                } else {
+                    // Expandable segments were switched off: only non-expandable blocks qualify.
+                    loop {
+                        let (_, next) = it.next()?;
+                        if !self.arena[next].expandable {
+                            cand = next;
+                            break;
+                        }
                     }
                 }
             }
-        }
+            cand
+        };
         let msp = self.cfg.max_split_size;
         let bsize = self.arena[cand].size;
         if size < msp && bsize >= msp {
@@ -406,14 +422,20 @@ impl Allocator {
 
     /// `free_block`: the memory becomes reusable; merge and return to the pool.
     pub(super) fn free_block(&mut self, i: u32) {
-        let (addr, orig_size, requested, small, expandable) = {
+        let addr = self.arena[i].addr;
+        self.live.remove(&addr);
+        self.free_unlisted_block(i);
+    }
+
+    /// [`Allocator::free_block`] of a block already taken out of `live`.
+    fn free_unlisted_block(&mut self, i: u32) {
+        let (orig_size, requested, small, expandable) = {
             let b = &mut self.arena[i];
             b.state = State::Free;
             let r = b.requested;
             b.requested = 0;
-            (b.addr, b.size, r, b.small, b.expandable)
+            (b.size, r, b.small, b.expandable)
         };
-        self.live.remove(&addr);
         let (i, absorbed) = self.merge_neighbours(i);
         let mut net_blocks: i64 = 0;
         let mut net_size: i64 = 0;
@@ -522,7 +544,7 @@ impl Allocator {
     pub fn largest_free_block(&self) -> u64 {
         let mut best = 0;
         for sp in self.pools.iter().flat_map(|p| &p.streams) {
-            if let Some(&k) = sp.blocks.keys().next_back() {
+            if let Some((k, _)) = sp.blocks.last() {
                 best = best.max(unkey(k).0);
             }
         }

@@ -47,7 +47,7 @@ impl Allocator {
         }
         let key = size.max(msp);
         let Some(sp) = self.pools[pool_of(small)].of(stream) else { return false };
-        let hit = sp.blocks.range(super::block::key(key, 0)..).next().map(|(_, &i)| i);
+        let hit = sp.blocks.first_at_or_after(super::block::key(key, 0)).map(|(_, i)| i);
         let skip_expandable = self.version >= TorchVersion::V2_5;
         match hit {
             Some(i) if !(skip_expandable && self.arena[i].expandable) => {
@@ -61,7 +61,7 @@ impl Allocator {
                 // No single block is large enough: free oversize blocks, largest first.
                 let mut victims = Vec::new();
                 let mut total = 0u64;
-                for (&k, &i) in sp.blocks.range(..super::block::key(key, 0)).rev() {
+                for (k, i) in sp.blocks.range_before_rev(super::block::key(key, 0)) {
                     let (bsize, _) = unkey(k);
                     if total >= key || bsize < msp {
                         break;

@@ -119,6 +119,18 @@ pub struct Outcome {
     pub completed_frees: Vec<u64>,
 }
 
+impl Outcome {
+    /// Back to `Outcome::default()`, keeping the vectors' capacity.
+    pub fn clear(&mut self) {
+        self.addr = None;
+        self.block_size = 0;
+        self.device_events.clear();
+        self.oom = None;
+        self.retried = false;
+        self.completed_frees.clear();
+    }
+}
+
 /// A request the model cannot apply; the state is left unchanged.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ReplayError {

@@ -17,9 +17,7 @@ use trace::{
     BlockState, Category, ControlOp, Event, FreeStage, Header, MemoryKind, Origin, Record, SegmentState, StateAt,
 };
 
-use crate::alloc::{
-    Allocator, AllocatorConfig, ConfigError, ExistingSegment, Outcome, ReplayError, Request, TorchVersion,
-};
+use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ExistingSegment, Outcome, Request, TorchVersion};
 use crate::conversions;
 
 mod report;
@@ -79,6 +77,8 @@ struct DeviceState {
     live_blocks: HashMap<u64, LiveBlock>,
     categories_at_peak: [u64; 7],
     peak_allocated_seen: u64,
+    /// The latest request's outcome, reused so that a request allocates nothing.
+    outcome: Outcome,
 }
 
 impl DeviceState {
@@ -94,7 +94,8 @@ pub struct Replayer {
     alloc_conf: Option<String>,
     use_recorded_addrs: bool,
     device_level_requests: bool,
-    devices: BTreeMap<u32, DeviceState>,
+    /// Sorted by device id; a linear search, as a trace names one device or a few.
+    devices: Vec<(u32, DeviceState)>,
     names: HashMap<u32, String>,
     index: u64,
     report_requests: u64,
@@ -149,7 +150,7 @@ impl Replayer {
             alloc_conf,
             use_recorded_addrs: !header.synthetic_addresses,
             device_level_requests: header.caching_disabled && header.level == trace::Level::Device,
-            devices: BTreeMap::new(),
+            devices: Vec::new(),
             names: HashMap::new(),
             index: 0,
             report_requests: 0,
@@ -175,20 +176,63 @@ impl Replayer {
     }
 
     fn device(&mut self, d: u32) -> &mut DeviceState {
-        let (cfg, version, capacity) = (&self.cfg, self.opts.version, self.opts.capacity);
-        self.devices.entry(d).or_insert_with(|| DeviceState {
-            alloc: Allocator::new(cfg.clone(), version, capacity),
+        Self::device_in(&mut self.devices, &self.cfg, &self.opts, d)
+    }
+
+    /// A device's state, made on first use; borrows only the device list, so the caller can
+    /// still use the replay's other fields.
+    #[inline(always)]
+    fn device_in<'a>(
+        devices: &'a mut Vec<(u32, DeviceState)>,
+        cfg: &AllocatorConfig,
+        opts: &ReplayOptions,
+        d: u32,
+    ) -> &'a mut DeviceState {
+        let at = match devices.iter().position(|(id, _)| *id == d) {
+            Some(at) => at,
+            None => Self::add_device(devices, cfg, opts, d),
+        };
+        &mut devices[at].1
+    }
+
+    #[cold]
+    fn add_device(devices: &mut Vec<(u32, DeviceState)>, cfg: &AllocatorConfig, opts: &ReplayOptions, d: u32) -> usize {
+        let state = DeviceState {
+            alloc: Allocator::new(cfg.clone(), opts.version, opts.capacity),
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
             live_by_category: [0; 7],
             live_blocks: HashMap::new(),
             categories_at_peak: [0; 7],
             peak_allocated_seen: 0,
-        })
+            outcome: Outcome::default(),
+        };
+        let at = devices.partition_point(|(id, _)| *id < d);
+        devices.insert(at, (d, state));
+        at
+    }
+
+    fn device_state(&self, d: u32) -> Option<&DeviceState> {
+        self.devices.iter().find(|(id, _)| *id == d).map(|(_, ds)| ds)
     }
 
     /// Whether an allocation-like event is one this replay should apply.
+    #[inline(always)]
     fn wants(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
+        // The common case, an allocator request with no caller module and no failure, without
+        // a call.
+        if !self.device_level_requests
+            && origin == Origin::Request
+            && mem == MemoryKind::Device
+            && caller.is_none()
+            && result == 0
+        {
+            return true;
+        }
+        self.wants_rare(origin, mem, caller, result)
+    }
+
+    fn wants_rare(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
         let is_request = if self.device_level_requests { mem == MemoryKind::Device } else { origin == Origin::Request };
         if !is_request || mem != MemoryKind::Device {
             return false;
@@ -272,7 +316,7 @@ impl Replayer {
 
     fn start_iteration(&mut self, iter: u64) {
         let (mut reserved, mut allocated) = (0, 0);
-        for d in self.devices.keys() {
+        for (d, _) in &self.devices {
             let (r, a) = self.current(*d);
             reserved = reserved.max(r);
             allocated = allocated.max(a);
@@ -307,7 +351,7 @@ impl Replayer {
         source: Option<&Record>,
     ) {
         self.report_requests += 1;
-        let ds = self.device(device);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
         // Translate the trace's address into the model's. A free that completes takes its block
         // out of `live_blocks` at once (one map operation), and puts it back if the model
         // refuses the request.
@@ -326,33 +370,30 @@ impl Replayer {
                 }
             }
             Request::FreeRequested { addr } => {
-                requested_at = Some(addr);
-                Request::FreeRequested { addr: ds.model_addr(addr) }
+                requested_at = ds.live_blocks.get_mut(&addr);
+                Request::FreeRequested { addr: requested_at.as_ref().map_or(addr, |b| b.model_addr) }
             }
             Request::RecordStream { addr, stream } => Request::RecordStream { addr: ds.model_addr(addr), stream },
             ref other => other.clone(),
         };
-        let result: Result<Outcome, ReplayError> = ds.alloc.apply(&req);
-        let outcome = match result {
-            Ok(o) => o,
-            Err(e) => {
-                if let Some((addr, b)) = taken {
-                    ds.live_blocks.insert(addr, b);
-                }
-                self.rejected += 1;
-                if self.rejected_examples.len() < 5 {
-                    self.rejected_examples.push(format!("record {index} (device {device}): {e}"));
-                }
-                return;
+        let outcome = &mut ds.outcome;
+        if let Err(e) = ds.alloc.apply_into(&req, outcome) {
+            if let Some((addr, b)) = taken {
+                ds.live_blocks.insert(addr, b);
             }
-        };
+            self.rejected += 1;
+            if self.rejected_examples.len() < 5 {
+                self.rejected_examples.push(format!("record {index} (device {device}): {e}"));
+            }
+            return;
+        }
         // Category accounting follows allocated bytes: they drop at free_requested.
         if let Some((_, b)) = &taken {
             if !b.requested {
                 ds.live_by_category[cat_index(b.category)] -= b.size;
             }
         }
-        if let Some(b) = requested_at.and_then(|a| ds.live_blocks.get_mut(&a)) {
+        if let Some(b) = requested_at {
             if !b.requested {
                 b.requested = true;
                 ds.live_by_category[cat_index(b.category)] -= b.size;
@@ -391,7 +432,7 @@ impl Replayer {
             ds.categories_at_peak = ds.live_by_category;
         }
         if let Some(out) = self.realized.as_mut() {
-            conversions::realize(out, source, device, &req, &outcome);
+            conversions::realize(out, source, device, &req, outcome);
         }
         self.has_categories |= new_category;
         if failed.is_some() && self.oom_at.is_none() {
@@ -406,7 +447,7 @@ impl Replayer {
 
     /// Current (reserved, allocated) bytes of a device; zeros before its first request.
     pub fn current(&self, device: u32) -> (u64, u64) {
-        self.devices.get(&device).map_or((0, 0), |d| {
+        self.device_state(device).map_or((0, 0), |d| {
             let s = d.alloc.stats();
             (s.reserved_bytes[0].current.max(0) as u64, s.allocated_bytes[0].current.max(0) as u64)
         })
@@ -414,12 +455,12 @@ impl Replayer {
 
     /// Live block bytes of a device by category (`Category::ALL` order, then uncategorized).
     pub fn live_by_category(&self, device: u32) -> [u64; 7] {
-        self.devices.get(&device).map_or([0; 7], |d| d.live_by_category)
+        self.device_state(device).map_or([0; 7], |d| d.live_by_category)
     }
 
     /// A device's live blocks: (trace address, the model's address, block size, category).
     pub fn live_blocks(&self, device: u32) -> Vec<(u64, u64, u64, Option<Category>)> {
-        self.devices.get(&device).map_or_else(Vec::new, |d| {
+        self.device_state(device).map_or_else(Vec::new, |d| {
             d.live_blocks
                 .iter()
                 .filter(|(_, b)| !b.requested)
@@ -435,7 +476,7 @@ impl Replayer {
 
     /// A device's segments as they are now.
     pub fn segments(&self, device: u32) -> Vec<crate::alloc::SegmentView> {
-        self.devices.get(&device).map_or_else(Vec::new, |d| d.alloc.segments())
+        self.device_state(device).map_or_else(Vec::new, |d| d.alloc.segments())
     }
 
     /// Whether the allocator behaves differently under a capacity it never reaches: garbage
@@ -447,7 +488,7 @@ impl Replayer {
     /// Change the capacity of every device's allocator (collocation: what other jobs leave free).
     pub fn set_capacity(&mut self, capacity: u64) {
         self.opts.capacity = Some(capacity);
-        for d in self.devices.values_mut() {
+        for (_, d) in &mut self.devices {
             d.alloc.set_capacity(Some(capacity));
         }
     }
@@ -466,7 +507,8 @@ impl Replayer {
     /// state; empty unless realisation was requested.
     pub fn take_realized(&mut self) -> Vec<Record> {
         let mut out = self.realized.take().unwrap_or_default();
-        for (&device, ds) in &self.devices {
+        for (device, ds) in &self.devices {
+            let device = *device;
             out.extend(ds.alloc.segments().iter().map(|seg| conversions::segment_record(device, seg)));
         }
         out
@@ -478,7 +520,7 @@ impl Replayer {
         let devices: Vec<DeviceReport> = self
             .devices
             .iter()
-            .map(|(&device, ds)| {
+            .map(|(device, ds)| {
                 let s = ds.alloc.stats();
                 let peak = |a: &crate::alloc::StatArray| a[0].peak.max(0) as u64;
                 let mut categories_at_peak = BTreeMap::new();
@@ -489,7 +531,7 @@ impl Replayer {
                     }
                 }
                 DeviceReport {
-                    device,
+                    device: *device,
                     peak_reserved_bytes: peak(&s.reserved_bytes),
                     peak_allocated_bytes: peak(&s.allocated_bytes),
                     peak_active_bytes: peak(&s.active_bytes),

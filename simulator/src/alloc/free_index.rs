@@ -1,0 +1,350 @@
+//! The free-block index of one stream's pool: an ordered map from [`key`](super::block::key)
+//! (size, then address) to a block slot, with the order PyTorch's `std::set` gives, and a
+//! faster best fit than a B-tree.
+//!
+//! Keys are split into size classes, sixteen per power of two (the classes are monotone in the
+//! key, so class order then in-class order is key order), with one bit per non-empty class. A best
+//! fit looks in the request's own class, then takes the first entry of the next non-empty class
+//! that the bitmap names. A class is a short sorted vector, and a B-tree once it holds many
+//! entries (thousands of free blocks of one size), so no operation degrades to a long shift.
+//! `tests::agrees_with_a_btreemap` checks every operation against `BTreeMap`.
+
+use std::collections::BTreeMap;
+
+/// Classes: sizes below 16 each have their own; from 16 on, sixteen per power of two.
+const CLASSES: usize = 16 + 60 * 16;
+const WORDS: usize = CLASSES.div_ceil(64);
+/// Entries from which a class becomes a B-tree.
+const TREE_FROM: usize = 64;
+
+#[inline]
+fn class_of(key: u128) -> usize {
+    let size = (key >> 64) as u64;
+    if size < 16 {
+        return size as usize;
+    }
+    let e = 63 - size.leading_zeros() as usize;
+    (e - 3) * 16 + ((size >> (e - 4)) & 15) as usize
+}
+
+#[derive(Debug, Clone)]
+enum Class {
+    Sorted(Vec<(u128, u32)>),
+    Tree(BTreeMap<u128, u32>),
+}
+
+impl Class {
+    fn first_at_or_after(&self, k: u128) -> Option<(u128, u32)> {
+        match self {
+            Class::Sorted(v) => v.get(v.partition_point(|e| e.0 < k)).copied(),
+            Class::Tree(t) => t.range(k..).next().map(|(&k, &v)| (k, v)),
+        }
+    }
+
+    fn first_after(&self, k: u128) -> Option<(u128, u32)> {
+        match self {
+            Class::Sorted(v) => v.get(v.partition_point(|e| e.0 <= k)).copied(),
+            Class::Tree(t) => {
+                t.range((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)).next().map(|(&k, &v)| (k, v))
+            }
+        }
+    }
+
+    fn last_before(&self, k: u128) -> Option<(u128, u32)> {
+        match self {
+            Class::Sorted(v) => v.partition_point(|e| e.0 < k).checked_sub(1).map(|i| v[i]),
+            Class::Tree(t) => t.range(..k).next_back().map(|(&k, &v)| (k, v)),
+        }
+    }
+
+    fn first(&self) -> Option<(u128, u32)> {
+        match self {
+            Class::Sorted(v) => v.first().copied(),
+            Class::Tree(t) => t.iter().next().map(|(&k, &v)| (k, v)),
+        }
+    }
+
+    fn last(&self) -> Option<(u128, u32)> {
+        match self {
+            Class::Sorted(v) => v.last().copied(),
+            Class::Tree(t) => t.iter().next_back().map(|(&k, &v)| (k, v)),
+        }
+    }
+
+    /// Inserts; whether the class was empty before, and whether the key is new.
+    fn insert(&mut self, k: u128, slot: u32) -> (bool, bool) {
+        match self {
+            Class::Sorted(v) => {
+                let was_empty = v.is_empty();
+                // Most classes hold one entry or none: append without a search or a shift.
+                if v.last().is_none_or(|e| e.0 < k) {
+                    v.push((k, slot));
+                    if v.len() >= TREE_FROM {
+                        *self = Class::Tree(v.drain(..).collect());
+                    }
+                    return (was_empty, true);
+                }
+                let new = match v.binary_search_by(|e| e.0.cmp(&k)) {
+                    Ok(i) => {
+                        v[i].1 = slot;
+                        false
+                    }
+                    Err(i) => {
+                        v.insert(i, (k, slot));
+                        true
+                    }
+                };
+                if v.len() >= TREE_FROM {
+                    *self = Class::Tree(v.drain(..).collect());
+                }
+                (was_empty, new)
+            }
+            Class::Tree(t) => (t.is_empty(), t.insert(k, slot).is_none()),
+        }
+    }
+
+    /// Removes; the slot, and whether the class is empty after.
+    fn remove(&mut self, k: u128) -> (Option<u32>, bool) {
+        match self {
+            Class::Sorted(v) => match v.binary_search_by(|e| e.0.cmp(&k)) {
+                Ok(i) if i + 1 == v.len() => (v.pop().map(|e| e.1), v.is_empty()),
+                Ok(i) => (Some(v.remove(i).1), v.is_empty()),
+                Err(_) => (None, v.is_empty()),
+            },
+            Class::Tree(t) => {
+                let slot = t.remove(&k);
+                let empty = t.is_empty();
+                if empty {
+                    *self = Class::Sorted(Vec::new());
+                }
+                (slot, empty)
+            }
+        }
+    }
+
+    fn push_all(&self, out: &mut Vec<u32>) {
+        match self {
+            Class::Sorted(v) => out.extend(v.iter().map(|e| e.1)),
+            Class::Tree(t) => out.extend(t.values().copied()),
+        }
+    }
+}
+
+/// Free blocks by (size, address), as a `BTreeMap<u128, u32>` would hold them.
+#[derive(Debug, Clone)]
+pub(super) struct FreeIndex {
+    classes: Vec<Class>,
+    occupied: [u64; WORDS],
+    len: usize,
+}
+
+impl Default for FreeIndex {
+    fn default() -> Self {
+        FreeIndex { classes: vec![Class::Sorted(Vec::new()); CLASSES], occupied: [0; WORDS], len: 0 }
+    }
+}
+
+impl FreeIndex {
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn insert(&mut self, k: u128, slot: u32) {
+        let c = class_of(k);
+        let (was_empty, new) = self.classes[c].insert(k, slot);
+        if was_empty {
+            self.occupied[c / 64] |= 1 << (c % 64);
+        }
+        self.len += usize::from(new);
+    }
+
+    pub fn remove(&mut self, k: u128) -> Option<u32> {
+        let c = class_of(k);
+        let (slot, empty) = self.classes[c].remove(k);
+        if empty {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+        self.len -= usize::from(slot.is_some());
+        slot
+    }
+
+    /// The first non-empty class at or after `c`.
+    #[inline]
+    fn next_class(&self, c: usize) -> Option<usize> {
+        let mut w = c / 64;
+        if w >= WORDS {
+            return None;
+        }
+        let mut bits = self.occupied[w] & (!0u64 << (c % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            if w == WORDS {
+                return None;
+            }
+            bits = self.occupied[w];
+        }
+    }
+
+    /// The last non-empty class before `c`.
+    #[inline]
+    fn prev_class(&self, c: usize) -> Option<usize> {
+        if c == 0 {
+            return None;
+        }
+        let last = c - 1;
+        let mut w = last / 64;
+        let mut bits = self.occupied[w] & (!0u64 >> (63 - last % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + 63 - bits.leading_zeros() as usize);
+            }
+            if w == 0 {
+                return None;
+            }
+            w -= 1;
+            bits = self.occupied[w];
+        }
+    }
+
+    /// The first entry with key `>= k` (the best fit for a key of the requested size).
+    #[inline]
+    pub fn first_at_or_after(&self, k: u128) -> Option<(u128, u32)> {
+        let c = class_of(k);
+        if let Some(e) = self.classes[c].first_at_or_after(k) {
+            return Some(e);
+        }
+        self.next_class(c + 1).and_then(|n| self.classes[n].first())
+    }
+
+    /// The first entry with key `> k`.
+    pub fn first_after(&self, k: u128) -> Option<(u128, u32)> {
+        let c = class_of(k);
+        if let Some(e) = self.classes[c].first_after(k) {
+            return Some(e);
+        }
+        self.next_class(c + 1).and_then(|n| self.classes[n].first())
+    }
+
+    /// The last entry with key `< k`.
+    pub fn last_before(&self, k: u128) -> Option<(u128, u32)> {
+        let c = class_of(k);
+        if let Some(e) = self.classes[c].last_before(k) {
+            return Some(e);
+        }
+        self.prev_class(c).and_then(|p| self.classes[p].last())
+    }
+
+    /// The entry with the largest key.
+    pub fn last(&self) -> Option<(u128, u32)> {
+        self.prev_class(CLASSES).and_then(|p| self.classes[p].last())
+    }
+
+    /// Entries with key `>= k`, in key order.
+    pub fn range_from(&self, k: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
+        std::iter::successors(self.first_at_or_after(k), move |&(k, _)| self.first_after(k))
+    }
+
+    /// Entries with key `< k`, largest first.
+    pub fn range_before_rev(&self, k: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
+        std::iter::successors(self.last_before(k), move |&(k, _)| self.last_before(k))
+    }
+
+    /// Every slot, in key order.
+    pub fn slots(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.len);
+        let mut c = 0;
+        while let Some(n) = self.next_class(c) {
+            self.classes[n].push_all(&mut out);
+            c = n + 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, u64),
+        Remove(usize),
+        Query(u64, u64),
+    }
+
+    /// Sizes that crowd a few classes (so classes become trees) and span the whole range.
+    fn size() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..40, (0u64..8).prop_map(|i| 512 << i), any::<u64>(), (1u64..4).prop_map(|i| u64::MAX - i)]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (size(), 0u64..300).prop_map(|(s, a)| Op::Insert(s, a)),
+            2 => any::<usize>().prop_map(Op::Remove),
+            2 => (size(), 0u64..300).prop_map(|(s, a)| Op::Query(s, a)),
+        ]
+    }
+
+    fn key(size: u64, addr: u64) -> u128 {
+        ((size as u128) << 64) | addr as u128
+    }
+
+    fn agree(index: &FreeIndex, model: &BTreeMap<u128, u32>, k: u128) {
+        let pair = |(k, v): (&u128, &u32)| (*k, *v);
+        assert_eq!(index.first_at_or_after(k), model.range(k..).next().map(pair));
+        assert_eq!(
+            index.first_after(k),
+            model.range((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)).next().map(pair)
+        );
+        assert_eq!(index.last_before(k), model.range(..k).next_back().map(pair));
+        assert_eq!(
+            index.range_from(k).take(5).collect::<Vec<_>>(),
+            model.range(k..).take(5).map(pair).collect::<Vec<_>>()
+        );
+        let rev: Vec<_> = model.range(..k).rev().take(5).map(pair).collect();
+        assert_eq!(index.range_before_rev(k).take(5).collect::<Vec<_>>(), rev);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn agrees_with_a_btreemap(ops in proptest::collection::vec(op(), 1..400)) {
+            let mut index = FreeIndex::default();
+            let mut model = BTreeMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Insert(s, a) => {
+                        index.insert(key(s, a), n as u32);
+                        model.insert(key(s, a), n as u32);
+                    }
+                    Op::Remove(i) => {
+                        let k = model.keys().nth(i % model.len().max(1)).copied().unwrap_or(key(7, 7));
+                        prop_assert_eq!(index.remove(k), model.remove(&k));
+                    }
+                    Op::Query(s, a) => agree(&index, &model, key(s, a)),
+                }
+                prop_assert_eq!(index.len(), model.len());
+                prop_assert_eq!(index.last(), model.iter().next_back().map(|(k, v)| (*k, *v)));
+            }
+            prop_assert_eq!(index.slots(), model.values().copied().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn classes_follow_key_order() {
+        let sizes =
+            (0..4096u64).chain((12..64).flat_map(|e| [1u64 << e, (1u64 << e) + 1, (1u64 << e) + (1u64 << (e - 1))]));
+        let mut last = 0;
+        for size in sizes.chain([u64::MAX]) {
+            let c = class_of(key(size, 0));
+            assert!(c >= last && c < CLASSES, "size {size}: class {c} after {last}");
+            last = c;
+        }
+        assert_eq!(last, CLASSES - 1);
+    }
+}
