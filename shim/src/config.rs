@@ -20,7 +20,7 @@ pub struct Var {
 }
 
 /// The whole table.
-pub const VARS: [Var; 8] = [
+pub const VARS: [Var; 9] = [
     Var { name: "MEMTRACE_OUT", default: "memtrace-%p.mtrace", help: "output path; %p = pid, %% = %" },
     Var { name: "MEMTRACE_KERNELS", default: "1", help: "record kernel launches (0/1)" },
     Var { name: "MEMTRACE_CUPTI", default: "0", help: "enable the CUPTI kernel/memory activity layer (0/1)" },
@@ -37,6 +37,12 @@ pub const VARS: [Var; 8] = [
     },
     Var { name: "MEMTRACE_LOG", default: "warn", help: "off|warn|info|debug" },
     Var { name: "MEMTRACE_QUEUE", default: "16384", help: "per-thread event ring capacity (events, 1024..=16777216)" },
+    Var {
+        name: "MEMTRACE_MAX_WAIT_MS",
+        default: "1000",
+        help: "how long a thread waits for a full ring while the writer makes no progress before it drops the event, \
+               counted as lost (ms, 1..=3600000)",
+    },
 ];
 
 /// The parsed configuration.
@@ -58,6 +64,8 @@ pub struct Config {
     pub log: LogLevel,
     /// Queue capacity in events.
     pub queue: usize,
+    /// How long a producer waits on a stalled writer before dropping an event, in ms.
+    pub max_wait_ms: u64,
 }
 
 impl Default for Config {
@@ -71,6 +79,7 @@ impl Default for Config {
             follow_fork: true,
             log: LogLevel::Warn,
             queue: 16384,
+            max_wait_ms: crate::ring::MAX_WAIT_NS / 1_000_000,
         }
     }
 }
@@ -217,6 +226,12 @@ impl Config {
                 _ => bad("MEMTRACE_QUEUE", &v, "an event count between 1024 and 16777216"),
             }
         }
+        if let Some(v) = get("MEMTRACE_MAX_WAIT_MS") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if (1..=3_600_000).contains(&n) => c.max_wait_ms = n,
+                _ => bad("MEMTRACE_MAX_WAIT_MS", &v, "milliseconds between 1 and 3600000"),
+            }
+        }
         (c, errors)
     }
 
@@ -231,6 +246,7 @@ impl Config {
             "MEMTRACE_FOLLOW_FORK" => (self.follow_fork as u8).to_string(),
             "MEMTRACE_LOG" => format!("{:?}", self.log).to_ascii_lowercase(),
             "MEMTRACE_QUEUE" => self.queue.to_string(),
+            "MEMTRACE_MAX_WAIT_MS" => self.max_wait_ms.to_string(),
             _ => String::new(),
         }
     }
@@ -278,6 +294,8 @@ mod tests {
         check(&[("MEMTRACE_MAX_BYTES", "10M")], |c| assert_eq!(c.max_bytes, 10 << 20), 0);
         check(&[("MEMTRACE_MAX_BYTES", "abc")], |c| assert_eq!(c.max_bytes, 0), 1);
         check(&[("MEMTRACE_KERNELS", "off")], |c| assert!(!c.kernels), 0);
+        check(&[("MEMTRACE_MAX_WAIT_MS", "60000")], |c| assert_eq!(c.max_wait_ms, 60_000), 0);
+        check(&[("MEMTRACE_MAX_WAIT_MS", "0")], |c| assert_eq!(c.max_wait_ms, 1000), 1);
         check(&[("MEMTRACE_KERNELS", "maybe")], |c| assert!(c.kernels), 1);
         check(&[("MEMTRACE_OUT", "x/%q")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
         check(&[("MEMTRACE_OUT", "")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);

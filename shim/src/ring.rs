@@ -53,7 +53,7 @@ pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
 static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// How long a producer waits for room while the writer makes no progress at all before it
-/// drops the event. While the writer drains (even slowly) producers wait: that is backpressure.
+/// drops the event, by default (`MEMTRACE_MAX_WAIT_MS` sets it). While the writer drains (even slowly) producers wait: that is backpressure.
 /// The bound is generous because on an oversubscribed machine the writer can be descheduled
 /// for hundreds of milliseconds; it exists for a writer that is truly stuck (a hung file
 /// system), and after it fires, producers drop at once until the writer moves again.
@@ -160,7 +160,7 @@ fn wait(mut ready: impl FnMut() -> bool) -> bool {
             if p != seen {
                 seen = p;
                 since = now;
-            } else if now - since > MAX_WAIT_NS {
+            } else if now - since > max_wait_ns() {
                 STALLED_AT.store(p, Ordering::Relaxed);
                 LOST.fetch_add(1, Ordering::Relaxed);
                 return false;
@@ -175,6 +175,11 @@ fn wait(mut ready: impl FnMut() -> bool) -> bool {
             return true;
         }
     }
+}
+
+/// The configured bound (read only on this slow path, when a ring is full).
+fn max_wait_ns() -> u64 {
+    crate::config::config().max_wait_ms.saturating_mul(1_000_000)
 }
 
 fn rings() -> impl Iterator<Item = &'static Ring> {
