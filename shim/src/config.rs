@@ -19,6 +19,10 @@ pub struct Var {
     pub help: &'static str,
 }
 
+/// How long a producer waits on a writer that makes no progress before dropping an event,
+/// unless `MEMTRACE_MAX_WAIT_MS` says otherwise (see `ring::MAX_WAIT_NS`).
+pub const DEFAULT_MAX_WAIT_MS: u64 = 1000;
+
 /// The whole table.
 pub const VARS: [Var; 9] = [
     Var { name: "MEMTRACE_OUT", default: "memtrace-%p.mtrace", help: "output path; %p = pid, %% = %" },
@@ -79,7 +83,7 @@ impl Default for Config {
             follow_fork: true,
             log: LogLevel::Warn,
             queue: 16384,
-            max_wait_ms: crate::ring::MAX_WAIT_NS / 1_000_000,
+            max_wait_ms: DEFAULT_MAX_WAIT_MS,
         }
     }
 }
@@ -286,6 +290,13 @@ mod tests {
         let (c, e) = Config::from_lookup(|k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()));
         expect(&c);
         assert_eq!(e.len(), errors, "{env:?}: {e:?}");
+    }
+
+    #[test]
+    fn the_table_states_the_defaults_the_code_uses() {
+        let (c, errors) = Config::from_lookup(|k| VARS.iter().find(|v| v.name == k).map(|v| v.default.to_string()));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(c, Config::default());
     }
 
     #[test]

@@ -57,7 +57,7 @@ static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 /// The bound is generous because on an oversubscribed machine the writer can be descheduled
 /// for hundreds of milliseconds; it exists for a writer that is truly stuck (a hung file
 /// system), and after it fires, producers drop at once until the writer moves again.
-pub const MAX_WAIT_NS: u64 = 1_000_000_000;
+pub const MAX_WAIT_NS: u64 = crate::config::DEFAULT_MAX_WAIT_MS * 1_000_000;
 
 impl Ring {
     fn new(capacity: usize, tid: u32) -> Ring {
