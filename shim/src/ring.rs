@@ -53,7 +53,8 @@ pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
 static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// How long a producer waits for room while the writer makes no progress at all before it
-/// drops the event, by default (`MEMTRACE_MAX_WAIT_MS` sets it). While the writer drains (even slowly) producers wait: that is backpressure.
+/// drops the event, by default (`MEMTRACE_MAX_WAIT_MS` sets it). While the writer drains (even
+/// slowly) producers wait: that is backpressure.
 /// The bound is generous because on an oversubscribed machine the writer can be descheduled
 /// for hundreds of milliseconds; it exists for a writer that is truly stuck (a hung file
 /// system), and after it fires, producers drop at once until the writer moves again.
