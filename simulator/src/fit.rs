@@ -11,7 +11,7 @@ use serde::Serialize;
 use trace::{Header, Record};
 
 use crate::profile::Profile;
-use crate::replay::{ReplayOptions, ReplayReport, ReplaySetupError, Replayer};
+use crate::replay::{Classifier, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -272,6 +272,21 @@ impl FitReplay {
         self.unlimited.observe(r);
         if let Some(c) = &mut self.capped {
             c.observe(r);
+        }
+    }
+
+    /// The classifier for [`FitReplay::observe_step`] (both replays read the same header, so
+    /// they sort records alike).
+    pub fn classifier(&self) -> Option<Classifier> {
+        self.unlimited.classifier()
+    }
+
+    /// Feed one record as its [`Step`] (see [`Replayer::observe_step`]).
+    #[inline]
+    pub fn observe_step(&mut self, s: &Step) {
+        self.unlimited.observe_step(s);
+        if let Some(c) = &mut self.capped {
+            c.observe_step(s);
         }
     }
 

@@ -70,7 +70,19 @@ pub fn warn(lines: &[String]) {
 pub fn for_each_record<S>(
     path: &Path,
     init: impl FnOnce(&Header) -> Result<S>,
-    mut f: impl FnMut(&mut S, &Record) -> Result<()>,
+    f: impl FnMut(&mut S, &Record) -> Result<()>,
+) -> Result<Read<S>> {
+    for_each_mapped(path, init, |_| |r: Record| r, f)
+}
+
+/// [`for_each_record`], with each record first turned into an item by a mapper that `mapper`
+/// makes from the state. For a large file the mapper runs on the decoding thread, so work that
+/// needs only the record (sorting it for a replay) leaves the consuming thread.
+pub fn for_each_mapped<S, T: Send, M: FnMut(Record) -> T + Send>(
+    path: &Path,
+    init: impl FnOnce(&Header) -> Result<S>,
+    mapper: impl FnOnce(&S) -> M,
+    mut f: impl FnMut(&mut S, &T) -> Result<()>,
 ) -> Result<Read<S>> {
     if !path.exists() {
         bail!("{}: no such file", path.display());
@@ -79,8 +91,9 @@ pub fn for_each_record<S>(
         Kind::Snapshot => {
             let (header, records) = import_snapshot(path)?;
             let mut state = init(&header)?;
-            for r in &records {
-                f(&mut state, r)?;
+            let mut map = mapper(&state);
+            for r in records {
+                f(&mut state, &map(r))?;
             }
             Ok(Read { header, state, summary: None })
         }
@@ -88,13 +101,14 @@ pub fn for_each_record<S>(
             let mut reader = trace::Reader::open(path)?;
             let header = reader.header().clone();
             let mut state = init(&header)?;
+            let mut map = mapper(&state);
             let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let bar = progress(size);
             if BATCH.load(Ordering::Relaxed) || size < PIPELINE_FROM {
                 let mut n = 0u64;
                 while let Some(rec) = reader.next_record() {
                     let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
-                    f(&mut state, &rec)?;
+                    f(&mut state, &map(rec))?;
                     n += 1;
                     if n.is_multiple_of(65536) {
                         if let Some(b) = &bar {
@@ -103,7 +117,7 @@ pub fn for_each_record<S>(
                     }
                 }
             } else {
-                pipelined(path, &mut reader, &mut state, &mut f, bar.as_ref())?;
+                pipelined(path, &mut reader, &mut state, map, &mut f, bar.as_ref())?;
             }
             if let Some(b) = bar {
                 b.finish_and_clear();
@@ -118,28 +132,29 @@ const PIPELINE_FROM: u64 = 1 << 20;
 /// Records per batch handed from the decoding thread.
 const BATCH_RECORDS: usize = 4096;
 
-/// Decoding on one thread, `f` on this one: batches of records go through a bounded channel
-/// and come back empty to be refilled, so nothing is allocated per batch after the first few.
-/// The records reach `f` in file order; the first error (decoding or `f`'s) stops both.
-fn pipelined<S>(
+/// Decoding (and `map`) on one thread, `f` on this one: batches of items go through a bounded
+/// channel and come back empty to be refilled, so nothing is allocated per batch after the
+/// first few. The items reach `f` in file order; the first error (decoding or `f`'s) stops both.
+fn pipelined<S, T: Send>(
     path: &Path,
     reader: &mut trace::Reader<std::fs::File>,
     state: &mut S,
-    f: &mut impl FnMut(&mut S, &Record) -> Result<()>,
+    mut map: impl FnMut(Record) -> T + Send,
+    f: &mut impl FnMut(&mut S, &T) -> Result<()>,
     bar: Option<&ProgressBar>,
 ) -> Result<()> {
-    type Batch = (Vec<Record>, Option<trace::TraceError>, u64);
-    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Batch>(4);
-    let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<Record>>();
+    type Batch<T> = (Vec<T>, Option<trace::TraceError>, u64);
+    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Batch<T>>(4);
+    let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<T>>();
     std::thread::scope(|scope| -> Result<()> {
         scope.spawn(move || loop {
-            // A returned batch is cleared here, so that dropping its records costs this thread.
+            // A returned batch is cleared here, so that dropping its items costs this thread.
             let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
             batch.clear();
             let mut error = None;
             while batch.len() < BATCH_RECORDS {
                 match reader.next_record() {
-                    Some(Ok(r)) => batch.push(r),
+                    Some(Ok(r)) => batch.push(map(r)),
                     Some(Err(e)) => {
                         error = Some(e);
                         break;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
 use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
-use simulator::replay::ReplayOptions;
+use simulator::replay::{ReplayOptions, Step};
 use simulator::units::{mib, parse_size};
 
 use crate::batch::{self, outln, Output};
@@ -133,7 +133,7 @@ pub fn replay_file(
     let (capacity, mut warnings) = fit::capacity(capacity_flag, profile.map(|(p, _)| p));
     let mut outside = None;
     let mut margin = None;
-    let read = crate::input::for_each_record(
+    let read = crate::input::for_each_mapped(
         file,
         |h| {
             margin = Some(margin_for(profile, h, &mut warnings));
@@ -142,8 +142,16 @@ pub fn replay_file(
             outside = Some(o);
             FitReplay::new(h, opts, budget).with_context(|| format!("{}: cannot replay", file.display()))
         },
-        |rp, r| {
-            rp.observe(r);
+        // Records are sorted into replay steps on the decoding thread.
+        |rp| {
+            let classifier = rp.classifier();
+            move |r| match classifier {
+                Some(c) => c.classify(r),
+                None => Step::Record(Box::new(r)),
+            }
+        },
+        |rp, s| {
+            rp.observe_step(s);
             Ok(())
         },
     )?;

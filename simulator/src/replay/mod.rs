@@ -21,7 +21,9 @@ use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ExistingSegment, Out
 use crate::conversions;
 
 mod report;
+mod step;
 pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, ReplayReport};
+pub use step::{Classifier, Step};
 
 /// Why a trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]

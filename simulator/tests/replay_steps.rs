@@ -1,0 +1,135 @@
+//! The two-phase replay (`Classifier::classify` then `Replayer::observe_step`) leaves a replay
+//! exactly as `Replayer::observe` of the same records does: on every shared real snapshot, and
+//! on hand-built traces with the records the fast path must hand over whole (other callers,
+//! failed calls, control operations, markers, names, device-level requests, a start state).
+
+use simulator::replay::{ReplayOptions, Replayer, Step};
+use simulator::snapshot;
+use trace::{Control, ControlOp, Event, Header, Level, Marker, MemoryKind, NameDef, Origin, Record};
+
+use crate::records::{alloc, free, header};
+use crate::snapshot_support::{shared_snapshot, SHARED_FILES};
+
+const MIB: u64 = 1 << 20;
+
+/// Replays `recs` both ways and asserts equal reports; returns the steps, for the callers'
+/// own checks of how records were sorted.
+fn check(what: &str, h: &Header, opts: &ReplayOptions, recs: &[Record]) -> Vec<Step> {
+    let mut whole = Replayer::new(h, opts.clone()).unwrap();
+    let mut stepped = Replayer::new(h, opts.clone()).unwrap();
+    let c = stepped.classifier().expect("a replay that does not realise has a classifier");
+    let mut steps = Vec::new();
+    for r in recs {
+        whole.observe(r);
+        let s = c.classify(r.clone());
+        stepped.observe_step(&s);
+        steps.push(s);
+    }
+    assert_eq!(whole.position(), stepped.position(), "{what}: records counted");
+    let a = serde_json::to_value(whole.finish()).unwrap();
+    let b = serde_json::to_value(stepped.finish()).unwrap();
+    assert_eq!(a, b, "{what}: the stepped replay's report differs from the whole-record one");
+    steps
+}
+
+fn with_event(mut r: Record, f: impl FnOnce(&mut Event)) -> Record {
+    f(&mut r.event);
+    r
+}
+
+fn bare(event: Event) -> Record {
+    Record { ts_ns: None, tid: None, device: Some(0), event }
+}
+
+/// Allocations and frees from another caller module, failed ones, outcome events, a control
+/// operation, iteration markers and names: every kind the fast path must not take.
+fn unusual_records() -> Vec<Record> {
+    let by_caller = |r: Record, id: u32| {
+        with_event(r, |e| match e {
+            Event::Alloc(a) => a.caller = Some(id),
+            Event::Free(f) => f.caller = Some(id),
+            _ => {}
+        })
+    };
+    let failed = with_event(alloc(9, 8 * MIB, None), |e| {
+        if let Event::Alloc(a) = e {
+            a.result = 2;
+        }
+    });
+    let outcome = with_event(alloc(10, 4 * MIB, None), |e| {
+        if let Event::Alloc(a) = e {
+            a.origin = Origin::Outcome;
+        }
+    });
+    let pinned = with_event(alloc(11, 4 * MIB, None), |e| {
+        if let Event::Alloc(a) = e {
+            a.mem = MemoryKind::PinnedHost;
+        }
+    });
+    vec![
+        bare(Event::Name(NameDef { id: 1, text: "/usr/lib/libnccl.so.2".into() })),
+        bare(Event::Name(NameDef { id: 2, text: "/opt/torch/lib/libc10_cuda.so".into() })),
+        bare(Event::Marker(Marker { text: "iter:0".into() })),
+        alloc(1, 30 * MIB, None),
+        by_caller(alloc(2, 20 * MIB, None), 1),
+        by_caller(alloc(3, 20 * MIB, None), 2),
+        failed,
+        outcome,
+        pinned,
+        free(1),
+        bare(Event::Marker(Marker { text: "iter:1".into() })),
+        alloc(4, 50 * MIB, None),
+        bare(Event::Control(Control { op: ControlOp::EmptyCache })),
+        by_caller(free(2), 1),
+        by_caller(free(3), 2),
+        free(4),
+        bare(Event::Control(Control { op: ControlOp::ResetPeakStats })),
+        alloc(5, 10 * MIB, None),
+    ]
+}
+
+#[test]
+fn hand_built_traces_replay_the_same_either_way() {
+    let opts = ReplayOptions::default();
+    let steps = check("allocator-level records", &header(), &opts, &crate::records::records());
+    // The fast path took the plain requests and skipped the stack definition.
+    assert!(steps.iter().any(|s| matches!(s, Step::Alloc { .. })));
+    assert!(steps.iter().any(|s| matches!(s, Step::Free { .. })));
+    assert!(steps.iter().any(|s| matches!(s, Step::Skip)));
+
+    let steps = check("unusual records", &header(), &opts, &unusual_records());
+    // Each unusual request kept its record, so the replay could count what it left out.
+    let kept = steps.iter().filter(|s| matches!(s, Step::Record(_))).count();
+    assert_eq!(kept, 13, "{steps:#?}");
+
+    // A device-level trace taken with the cache off: every device request keeps its record.
+    let mut h = Header::new("test", "0", Level::Device);
+    h.caching_disabled = true;
+    h.synthetic_addresses = true;
+    let steps = check("device-level requests", &h, &opts, &unusual_records());
+    assert!(!steps.iter().any(|s| matches!(s, Step::Alloc { .. } | Step::Free { .. })));
+
+    let capped = ReplayOptions { capacity: Some(60 * MIB), ..ReplayOptions::default() };
+    check("a capacity the trace exceeds", &header(), &capped, &unusual_records());
+}
+
+#[test]
+fn shared_snapshots_replay_the_same_either_way() {
+    let mut with_history = 0;
+    for file in SHARED_FILES {
+        let snap = shared_snapshot(file);
+        let imported = snapshot::import_snapshot(&snap, None, None).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let steps = check(file, &imported.header, &ReplayOptions::default(), &imported.records);
+        // Some snapshots hold only their segments, no history of requests.
+        if steps.iter().any(|s| matches!(s, Step::Alloc { .. })) {
+            with_history += 1;
+        }
+    }
+    assert!(with_history >= 10, "only {with_history} snapshots sent requests through the fast path");
+}
+
+#[test]
+fn a_realising_replay_has_no_classifier() {
+    let rp = Replayer::new(&header(), ReplayOptions::default()).unwrap().realize();
+    assert!(rp.classifier().is_none());
+}
