@@ -4,8 +4,8 @@
 //! segment state).
 
 use trace::{
-    Alloc, Api, BlockInfo, BlockState, Event, Free, FreeStage, MemoryKind, Oom, Origin, Record, SegmentPool,
-    SegmentState, StateAt, Vmm, VmmOp,
+    Alloc, Api, BlockInfo, BlockState, Event, Free, FreeStage, Oom, Origin, Record, SegmentPool, SegmentState, StateAt,
+    Vmm, VmmOp,
 };
 
 use crate::alloc::{BlockViewState, DeviceEvent, ExistingBlock, ExistingSegment, Outcome, Request, SegmentView};
@@ -119,36 +119,16 @@ pub fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req:
         _ => 0,
     };
     let free = |addr, size: Option<u64>, stage, origin, api| {
-        Event::Free(Free {
-            addr,
-            size,
-            stream,
-            mem: MemoryKind::Device,
-            api,
-            result: 0,
-            origin,
-            stage,
-            caller: None,
-            stack: None,
-        })
+        Event::Free(Free { size, stream, ..Free::device(addr, api, origin, stage) })
     };
     for &addr in &o.completed_frees {
         out.push(meta(free(addr, None, FreeStage::Completed, Origin::Request, Api::Allocator)));
     }
     for ev in &o.device_events {
         let e = match *ev {
-            DeviceEvent::SegmentAlloc { addr, size } => Event::Alloc(Alloc {
-                addr,
-                size,
-                stream,
-                mem: MemoryKind::Device,
-                api: Api::CudaMalloc,
-                result: 0,
-                origin: Origin::Outcome,
-                category: None,
-                caller: None,
-                stack: None,
-            }),
+            DeviceEvent::SegmentAlloc { addr, size } => {
+                Event::Alloc(Alloc { stream, ..Alloc::device(addr, size, Api::CudaMalloc, Origin::Outcome) })
+            }
             DeviceEvent::SegmentFree { addr, size } => {
                 free(addr, Some(size), FreeStage::Immediate, Origin::Outcome, Api::CudaFree)
             }

@@ -1,6 +1,6 @@
 //! Trace records the tests build by hand (shared with the memsim command's tests).
 
-use trace::{Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, Level, MemoryKind, Origin, Record, StackDef};
+use trace::{Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, Level, Origin, Record, StackDef};
 
 const MIB: u64 = 1 << 20;
 
@@ -10,18 +10,7 @@ pub fn alloc(addr: u64, size: u64, cat: Option<Category>) -> Record {
         ts_ns: Some(addr),
         tid: None,
         device: Some(0),
-        event: Event::Alloc(Alloc {
-            addr,
-            size,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            category: cat,
-            caller: None,
-            stack: None,
-        }),
+        event: Event::Alloc(Alloc { category: cat, ..Alloc::device(addr, size, Api::Allocator, Origin::Request) }),
     }
 }
 
@@ -31,18 +20,7 @@ pub fn free(addr: u64) -> Record {
         ts_ns: Some(addr + 1),
         tid: None,
         device: Some(0),
-        event: Event::Free(Free {
-            addr,
-            size: None,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
-        }),
+        event: Event::Free(Free::device(addr, Api::Allocator, Origin::Request, FreeStage::Immediate)),
     }
 }
 

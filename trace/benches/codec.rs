@@ -45,18 +45,7 @@ fn alloc(ts: u64, addr: u64, size: u64, stream: i64) -> Record {
         ts_ns: Some(ts),
         tid: Some(41_234),
         device: Some(0),
-        event: Event::Alloc(Alloc {
-            addr,
-            size,
-            stream,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            category: None,
-            caller: None,
-            stack: None,
-        }),
+        event: Event::Alloc(Alloc { stream, ..Alloc::device(addr, size, Api::Allocator, Origin::Request) }),
     }
 }
 
@@ -66,16 +55,9 @@ fn free(ts: u64, addr: u64, size: u64, stream: i64) -> Record {
         tid: Some(41_234),
         device: Some(0),
         event: Event::Free(Free {
-            addr,
             size: Some(size),
             stream,
-            mem: MemoryKind::Device,
-            api: Api::Allocator,
-            result: 0,
-            origin: Origin::Request,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
+            ..Free::device(addr, Api::Allocator, Origin::Request, FreeStage::Immediate)
         }),
     }
 }

@@ -89,6 +89,32 @@ impl<W: Write> Drop for Buffered<W> {
     }
 }
 
+/// The methods both writers take from their [`Buffered`] sink: one definition for the two
+/// forms.
+macro_rules! buffered_methods {
+    () => {
+        /// Hands everything buffered to the sink and flushes it.
+        pub fn flush(&mut self) -> Result<(), TraceError> {
+            self.b.flush()
+        }
+
+        /// Flushes and returns the sink.
+        pub fn finish(self) -> Result<W, TraceError> {
+            self.b.finish()
+        }
+
+        /// Bytes of the trace so far (preamble and header included), buffered or not.
+        pub fn bytes_written(&self) -> u64 {
+            self.b.bytes
+        }
+
+        /// Records written so far.
+        pub fn events_written(&self) -> u64 {
+            self.b.events
+        }
+    };
+}
+
 /// Writes the binary form. Buffers internally; the preamble and header reach the sink at once
 /// (so a process killed right after start still leaves a readable trace), events in 64 KiB
 /// batches and on [`flush`](Self::flush). Dropping the writer flushes what is buffered, ignoring
@@ -131,25 +157,7 @@ impl<W: Write> BinaryWriter<W> {
         self.b.appended(before)
     }
 
-    /// Hands everything buffered to the sink and flushes it.
-    pub fn flush(&mut self) -> Result<(), TraceError> {
-        self.b.flush()
-    }
-
-    /// Flushes and returns the sink.
-    pub fn finish(self) -> Result<W, TraceError> {
-        self.b.finish()
-    }
-
-    /// Bytes of the trace so far (preamble, header and frames), buffered or not.
-    pub fn bytes_written(&self) -> u64 {
-        self.b.bytes
-    }
-
-    /// Records written so far.
-    pub fn events_written(&self) -> u64 {
-        self.b.events
-    }
+    buffered_methods!();
 
     /// The sink.
     pub fn get_ref(&self) -> &W {
@@ -175,25 +183,7 @@ impl<W: Write> JsonlWriter<W> {
         self.b.appended(before)
     }
 
-    /// Hands everything buffered to the sink and flushes it.
-    pub fn flush(&mut self) -> Result<(), TraceError> {
-        self.b.flush()
-    }
-
-    /// Flushes and returns the sink.
-    pub fn finish(self) -> Result<W, TraceError> {
-        self.b.finish()
-    }
-
-    /// Bytes of the trace so far, buffered or not.
-    pub fn bytes_written(&self) -> u64 {
-        self.b.bytes
-    }
-
-    /// Records written so far.
-    pub fn events_written(&self) -> u64 {
-        self.b.events
-    }
+    buffered_methods!();
 }
 
 /// The two on-disk forms.

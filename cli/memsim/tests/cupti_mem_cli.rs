@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use trace::{
-    Alloc, Api, CuptiMemoryKind, Event, Free, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin,
-    Record,
+    Alloc, Api, CuptiMemoryKind, Event, Free, FreeStage, Header, Level, MemActivity, MemActivityOp, Origin, Record,
 };
 
 use crate::support::memsim_ok;
@@ -16,18 +15,7 @@ fn alloc(ts: u64, addr: u64, size: u64) -> Record {
         ts_ns: Some(ts),
         tid: Some(1),
         device: None,
-        event: Event::Alloc(Alloc {
-            addr,
-            size,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::CudaMalloc,
-            result: 0,
-            origin: Origin::Outcome,
-            category: None,
-            caller: None,
-            stack: None,
-        }),
+        event: Event::Alloc(Alloc::device(addr, size, Api::CudaMalloc, Origin::Outcome)),
     }
 }
 
@@ -36,18 +24,7 @@ fn free(ts: u64, addr: u64) -> Record {
         ts_ns: Some(ts),
         tid: Some(1),
         device: None,
-        event: Event::Free(Free {
-            addr,
-            size: None,
-            stream: 0,
-            mem: MemoryKind::Device,
-            api: Api::CudaFree,
-            result: 0,
-            origin: Origin::Outcome,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
-        }),
+        event: Event::Free(Free::device(addr, Api::CudaFree, Origin::Outcome, FreeStage::Immediate)),
     }
 }
 

@@ -221,17 +221,9 @@ impl Replayer {
     /// Whether an allocation-like event is one this replay should apply.
     #[inline(always)]
     fn wants(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
-        // The common case, an allocator request with no caller module and no failure, without
-        // a call.
-        if !self.device_level_requests
-            && origin == Origin::Request
-            && mem == MemoryKind::Device
-            && caller.is_none()
-            && result == 0
-        {
-            return true;
-        }
-        self.wants_rare(origin, mem, caller, result)
+        // The common case without a call.
+        step::plain_request(self.device_level_requests, origin, mem, caller, result)
+            || self.wants_rare(origin, mem, caller, result)
     }
 
     fn wants_rare(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
@@ -301,17 +293,11 @@ impl Replayer {
                 }
                 return;
             }
-            Event::Vmm(_)
-            | Event::KernelLaunch(_)
-            | Event::KernelExec(_)
-            | Event::MemInfo(_)
-            | Event::Stack(_)
-            | Event::Oom(_)
-            | Event::PoolTrim(_)
-            | Event::SegmentState(_)
-            | Event::SnapshotPoint(_)
-            | Event::ProcessExit(_)
-            | Event::MemActivity(_) => return,
+            // The rest a replay only counts (`step::counted_only` says which, exhaustively).
+            _ => {
+                debug_assert!(step::counted_only(&rec.event));
+                return;
+            }
         };
         self.apply(index, device, &req, None, Some(rec));
     }

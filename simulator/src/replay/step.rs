@@ -61,14 +61,8 @@ impl Classifier {
         // The record is taken apart by value, so that the hot arms drop nothing.
         let Record { ts_ns, tid, device: dev, event } = rec;
         let device = dev.unwrap_or(0);
-        // The same common case as `Replayer::wants`; anything else keeps its record.
-        let plain = |origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32| {
-            !self.device_level_requests
-                && origin == Origin::Request
-                && mem == MemoryKind::Device
-                && caller.is_none()
-                && result == 0
-        };
+        let plain =
+            |origin, mem, caller, result| plain_request(self.device_level_requests, origin, mem, caller, result);
         let whole = |event: Event| Step::Record(Box::new(Record { ts_ns, tid, device: dev, event }));
         match event {
             Event::Alloc(a) if plain(a.origin, a.mem, a.caller, a.result) => {
@@ -77,20 +71,42 @@ impl Classifier {
             Event::Free(f) if plain(f.origin, f.mem, f.caller, f.result) => {
                 Step::Free { device, stage: f.stage, addr: f.addr }
             }
-            Event::SegmentState(s) if s.at == StateAt::Start => whole(Event::SegmentState(s)),
-            Event::Vmm(_)
-            | Event::KernelLaunch(_)
-            | Event::KernelExec(_)
-            | Event::MemInfo(_)
-            | Event::Stack(_)
-            | Event::Oom(_)
-            | Event::PoolTrim(_)
-            | Event::SegmentState(_)
-            | Event::SnapshotPoint(_)
-            | Event::ProcessExit(_)
-            | Event::MemActivity(_) => Step::Skip,
-            e @ (Event::Alloc(_) | Event::Free(_) | Event::Name(_) | Event::Control(_) | Event::Marker(_)) => whole(e),
+            e if counted_only(&e) => Step::Skip,
+            e => whole(e),
         }
+    }
+}
+
+/// The common request, which a replay applies without looking further: an allocator request for
+/// device memory with no caller module and no failure. Anything else is for
+/// `Replayer::wants_rare` to judge (and count when it leaves it out).
+#[inline(always)]
+pub(super) fn plain_request(
+    device_level_requests: bool,
+    origin: Origin,
+    mem: MemoryKind,
+    caller: Option<u32>,
+    result: i32,
+) -> bool {
+    !device_level_requests && origin == Origin::Request && mem == MemoryKind::Device && caller.is_none() && result == 0
+}
+
+/// Whether a replay only counts this event: every kind but requests, names, control operations,
+/// markers and a start state. Exhaustive, so that a new event kind needs a decision here.
+pub(super) fn counted_only(e: &Event) -> bool {
+    match e {
+        Event::SegmentState(s) => s.at != StateAt::Start,
+        Event::Vmm(_)
+        | Event::KernelLaunch(_)
+        | Event::KernelExec(_)
+        | Event::MemInfo(_)
+        | Event::Stack(_)
+        | Event::Oom(_)
+        | Event::PoolTrim(_)
+        | Event::SnapshotPoint(_)
+        | Event::ProcessExit(_)
+        | Event::MemActivity(_) => true,
+        Event::Alloc(_) | Event::Free(_) | Event::Name(_) | Event::Control(_) | Event::Marker(_) => false,
     }
 }
 

@@ -5,8 +5,8 @@
 //! `segments` (`SegmentState` at `End`). Interned `Stack` records precede their first use.
 
 use trace::{
-    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, MemoryKind, Oom, Origin, Record, SegmentState,
-    SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
+    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, Oom, Origin, Record, SegmentState, SnapshotPoint,
+    StackDef, StackId, StateAt, Vmm, VmmOp,
 };
 
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
@@ -185,33 +185,10 @@ fn merge_by_time(traces: &[Vec<TraceEntry>]) -> Vec<(u32, &TraceEntry)> {
 }
 
 fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Event {
-    let alloc = |origin, api| {
-        Event::Alloc(Alloc {
-            addr: e.addr,
-            size: e.size,
-            stream: e.stream,
-            mem: MemoryKind::Device,
-            api,
-            result: 0,
-            origin,
-            category: None,
-            caller: None,
-            stack,
-        })
-    };
+    let alloc =
+        |origin, api| Event::Alloc(Alloc { stream: e.stream, stack, ..Alloc::device(e.addr, e.size, api, origin) });
     let free = |origin, api, stage| {
-        Event::Free(Free {
-            addr: e.addr,
-            size: Some(e.size),
-            stream: e.stream,
-            mem: MemoryKind::Device,
-            api,
-            result: 0,
-            origin,
-            stage,
-            caller: None,
-            stack,
-        })
+        Event::Free(Free { size: Some(e.size), stream: e.stream, stack, ..Free::device(e.addr, api, origin, stage) })
     };
     let vmm = |op, api| {
         Event::Vmm(Vmm {

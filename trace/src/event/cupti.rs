@@ -51,7 +51,7 @@ pub enum MemActivityOp {
 }
 
 /// CUPTI's memory kinds (`CUpti_ActivityMemoryKind`), in CUPTI's order: the variant index is
-/// CUPTI's code. Kept apart from [`MemoryKind`], which says which API allocated; CUPTI says where
+/// CUPTI's code. Kept apart from [`MemoryKind`](crate::MemoryKind), which says which API allocated; CUPTI says where
 /// the memory lives and has kinds no interposed call produces (pageable, array, static).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Encode, Decode, Default)]
 pub enum CuptiMemoryKind {

@@ -299,6 +299,25 @@ pub struct Alloc {
     pub stack: Option<StackId>,
 }
 
+impl Alloc {
+    /// A successful allocation of device memory on stream 0, with no category, caller or
+    /// stack; other fields by struct update (`Alloc { stream, ..Alloc::device(..) }`).
+    pub fn device(addr: u64, size: u64, api: Api, origin: Origin) -> Alloc {
+        Alloc {
+            addr,
+            size,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            category: None,
+            caller: None,
+            stack: None,
+        }
+    }
+}
+
 /// Which step of freeing a free event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Encode, Decode, Default)]
 pub enum FreeStage {
@@ -345,6 +364,25 @@ pub struct Free {
     /// The call stack (interned), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<StackId>,
+}
+
+impl Free {
+    /// A successful free of device memory at `addr` on stream 0, with no size, caller or stack;
+    /// other fields by struct update (`Free { size: Some(n), ..Free::device(..) }`).
+    pub fn device(addr: u64, api: Api, origin: Origin, stage: FreeStage) -> Free {
+        Free {
+            addr,
+            size: None,
+            stream: 0,
+            mem: MemoryKind::Device,
+            api,
+            result: 0,
+            origin,
+            stage,
+            caller: None,
+            stack: None,
+        }
+    }
 }
 
 /// Virtual memory operations. Physical memory (`cuMemCreate`/`cuMemRelease`) is recorded as

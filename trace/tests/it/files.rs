@@ -127,18 +127,7 @@ fn a_mapped_file_reads_what_a_stream_reads() {
     let mut i = 0u64;
     while w.bytes_written() < 20 << 20 {
         let event = if i.is_multiple_of(3) {
-            Event::Alloc(Alloc {
-                addr: 0x7f00_0000_0000 + i * 512,
-                size: 512 + i,
-                stream: 0,
-                mem: MemoryKind::Device,
-                api: Api::CudaMalloc,
-                result: 0,
-                origin: Origin::Outcome,
-                category: None,
-                caller: None,
-                stack: None,
-            })
+            Event::Alloc(Alloc::device(0x7f00_0000_0000 + i * 512, 512 + i, Api::CudaMalloc, Origin::Outcome))
         } else {
             Event::Marker(Marker { text: format!("m{i}") })
         };
