@@ -72,17 +72,27 @@ def memtracker(run: Callable[[], Any]) -> dict[str, Any]:
 
     with _hooks_on_frozen_skipped(), listen_markers(on_marker), tracker:
         run()
+    return _entry(_peak(tracker)[1], IGNORES)
+
+
+def _peak(tracker: Any) -> tuple[dict[Any, dict[Any, int]], int]:
+    """A MemTracker's peak snapshot (per module, per kind) and its total bytes."""
     peak = tracker.get_tracker_snapshot("peak")
-    total = sum(int(stats.get("Total", 0)) for stats in peak.values())
+    return peak, sum(int(stats.get("Total", 0)) for stats in peak.values())
+
+
+def _entry(total_bytes: int, ignores: str, **extra: Any) -> dict[str, Any]:
+    """A live-tensor baseline as an `estimates` entry: no allocator, so no reserved number."""
     return {
-        "device_mib": total / MIB,
+        "device_mib": total_bytes / MIB,
         "reserved_mib": None,
         "allocated_mib": None,
         "safe_mib": None,
         "level": "live",
         "steps": None,
         "role": "baseline",
-        "ignores": IGNORES,
+        **extra,
+        "ignores": ignores,
     }
 
 
@@ -109,8 +119,7 @@ def fsdp_memtracker(run: Callable[[], Any]) -> dict[str, Any]:
     best: dict[str, Any] = {"total": -1, "by_kind": {}}
 
     def snapshot(tracker: Any) -> None:
-        peak = tracker.get_tracker_snapshot("peak")
-        total = sum(int(stats.get("Total", 0)) for stats in peak.values())
+        peak, total = _peak(tracker)
         if total > best["total"]:
             kinds: dict[str, int] = {}
             for stats in peak.values():
@@ -138,14 +147,5 @@ def fsdp_memtracker(run: Callable[[], Any]) -> dict[str, Any]:
         run()
     if best["total"] < 0:
         raise UserError("FSDPMemTracker saw no step (the job made no model and optimizer)")
-    return {
-        "device_mib": best["total"] / MIB,
-        "reserved_mib": None,
-        "allocated_mib": None,
-        "safe_mib": None,
-        "level": "live",
-        "steps": None,
-        "role": "baseline",
-        "by_kind_mib": {k: v / MIB for k, v in sorted(best["by_kind"].items())},
-        "ignores": FSDP_IGNORES,
-    }
+    by_kind = {k: v / MIB for k, v in sorted(best["by_kind"].items())}
+    return _entry(best["total"], FSDP_IGNORES, by_kind_mib=by_kind)

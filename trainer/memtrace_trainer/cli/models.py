@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,25 +264,31 @@ def _symtrace(args: argparse.Namespace) -> None:
     defaults.pop("model", None)
     defaults.pop("entry", None)
     defaults.pop("step", None)
-    configs = list(read_configs(args.batch, BATCH_KEYS))
+    configs = read_configs(args.batch, BATCH_KEYS)
+    items = [(n, defaults | c, str(args.out_dir / f"{n}.jsonl")) for n, c in configs]
+    results: Iterable[dict[str, Any]]
     if args.backend == "slurm":
         from memtrace_trainer.symtrace.cluster import trace_on_cluster
 
-        items = [(n, defaults | c, str(args.out_dir / f"{n}.jsonl")) for n, c in configs]
         results = trace_on_cluster(items, args.out_dir, args.submitit_cluster, args.partition,
                                    args.timeout_min, args.array_parallelism)  # fmt: skip
-        for result in results:
-            print(json.dumps(result), flush=True)
-        return
-    for name, config in configs:
+    else:
+        results = symtrace_each(items)
+    for result in results:
+        print(json.dumps(result), flush=True)
+
+
+def symtrace_each(items: Iterable[tuple[str, dict[str, Any], str]]) -> Iterator[dict[str, Any]]:
+    """Traces (name, config, out path) items in turn, here or in an array task; a config's
+    error is its result, so one bad config does not stop the rest."""
+    for name, config, path in items:
         try:
-            result = _symtrace_one(defaults | config, args.out_dir / f"{name}.jsonl")
-            result["name"] = name
+            result = {**_symtrace_one(config, Path(path)), "name": name}
         except UserError as e:
             result = {"name": name, "error": str(e)}
         result["warnings"] = notes.collected()
         notes.reset()
-        print(json.dumps(result), flush=True)
+        yield result
 
 
 def _sample(args: argparse.Namespace) -> None:

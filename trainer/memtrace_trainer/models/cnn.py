@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from memtrace_trainer.models.config import ACTIVATIONS, ModelConfig, activation
+from memtrace_trainer.models.config import ModelConfig, activation, layer_problems
 
 ARCHITECTURES = ("pyramid", "uniform", "bottleneck", "gradual", "hourglass", "residual", "dense")
 MAX_FILTERS = 2048
@@ -109,12 +109,7 @@ class CNNConfig(ModelConfig):
                 p.append(f"{name} {getattr(self, name)} < 1")
         if self.input_size < 2:
             p.append(f"input_size {self.input_size} < 2")
-        if self.architecture not in ARCHITECTURES:
-            p.append(f"architecture {self.architecture!r} not in {ARCHITECTURES}")
-        if self.activation not in ACTIVATIONS:
-            p.append(f"activation {self.activation!r} not in {sorted(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            p.append(f"dropout {self.dropout} outside [0, 1)")
+        p += layer_problems(self.architecture, ARCHITECTURES, self.activation, self.dropout)
         if self.base_filters > MAX_FILTERS:
             p.append(f"base_filters {self.base_filters} > {MAX_FILTERS}")
         if self.architecture == "dense" and self.dense_interval is None:

@@ -74,6 +74,21 @@ class ModelConfig(abc.ABC):
         """Number of output classes (targets are drawn from this range)."""
 
 
+def layer_problems(
+    architecture: str, architectures: tuple[str, ...], act: str, dropout: float
+) -> list[str]:
+    """The checks GPUMemNet's MLP and CNN generators share, in the order their configs report
+    them."""
+    p = []
+    if architecture not in architectures:
+        p.append(f"architecture {architecture!r} not in {architectures}")
+    if act not in ACTIVATIONS:
+        p.append(f"activation {act!r} not in {sorted(ACTIVATIONS)}")
+    if not 0.0 <= dropout < 1.0:
+        p.append(f"dropout {dropout} outside [0, 1)")
+    return p
+
+
 def activation(name: str) -> nn.Module:
     if name not in ACTIVATIONS:
         raise InvalidConfig(f"unknown activation {name!r}: expected one of {sorted(ACTIVATIONS)}")

@@ -6,7 +6,7 @@ import dataclasses
 
 from torch import nn
 
-from memtrace_trainer.models.config import ACTIVATIONS, ModelConfig, activation
+from memtrace_trainer.models.config import ModelConfig, activation, layer_problems
 
 ARCHITECTURES = ("pyramid", "uniform", "bottleneck", "gradual")
 
@@ -31,18 +31,10 @@ class MLPConfig(ModelConfig):
 
     def problems(self) -> list[str]:
         p = []
-        if self.input_size < 1:
-            p.append(f"input_size {self.input_size} < 1")
-        if self.output_size < 1:
-            p.append(f"output_size {self.output_size} < 1")
-        if self.depth < 1:
-            p.append(f"depth {self.depth} < 1")
-        if self.architecture not in ARCHITECTURES:
-            p.append(f"architecture {self.architecture!r} not in {ARCHITECTURES}")
-        if self.activation not in ACTIVATIONS:
-            p.append(f"activation {self.activation!r} not in {sorted(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            p.append(f"dropout {self.dropout} outside [0, 1)")
+        for name in ("input_size", "output_size", "depth"):
+            if getattr(self, name) < 1:
+                p.append(f"{name} {getattr(self, name)} < 1")
+        p += layer_problems(self.architecture, ARCHITECTURES, self.activation, self.dropout)
         if self.architecture == "gradual" and self.input_size < self.output_size:
             p.append("gradual needs input_size >= output_size (it narrows towards the output)")
         return p

@@ -78,7 +78,8 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
     return configs
 
 
-def sample_file(path: Path, seed: int | None = None) -> list[ModelConfig]:
+def read_sweep(path: Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML sweep file (`sample`'s and `launch`'s)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -87,4 +88,8 @@ def sample_file(path: Path, seed: int | None = None) -> list[ModelConfig]:
         raise UserError(f"sweep file {path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise UserError(f"sweep file {path}: expected a mapping at the top level")
-    return sample(data, str(path), seed)
+    return data
+
+
+def sample_file(path: Path, seed: int | None = None) -> list[ModelConfig]:
+    return sample(read_sweep(path), str(path), seed)

@@ -206,6 +206,27 @@ def require_submitit(cluster: str) -> Any:
     return submitit
 
 
+def array_executor(
+    submitit: Any,
+    folder: Path,
+    cluster: str,
+    name: str,
+    timeout_min: int,
+    partition: str | None,
+    slurm: dict[str, Any],
+) -> Any:
+    """A submitit executor of one job array, its logs under `folder`; `slurm` holds the
+    parameters given only when the cluster is Slurm."""
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster=cluster)
+    params: dict[str, Any] = {"timeout_min": timeout_min, "name": name}
+    if cluster == "slurm":
+        params |= slurm
+        if partition:
+            params["slurm_partition"] = partition
+    executor.update_parameters(**params)
+    return executor
+
+
 def launch_slurm(
     out: Path,
     items: list[Item],
@@ -222,13 +243,9 @@ def launch_slurm(
     if not pending:
         print(f"launch: all {len(items)} runs present; nothing to submit", file=sys.stderr)
         return progress
-    executor = submitit.AutoExecutor(folder=out / "submitit" / "%j", cluster=cluster)
-    params: dict[str, Any] = {"timeout_min": timeout_min, "name": "memtrace-run"}
-    if cluster == "slurm":
-        params |= {"gpus_per_node": 1, "slurm_array_parallelism": parallelism}
-        if partition:
-            params["slurm_partition"] = partition
-    executor.update_parameters(**params)
+    slurm = {"gpus_per_node": 1, "slurm_array_parallelism": parallelism}
+    executor = array_executor(submitit, out / "submitit", cluster, "memtrace-run", timeout_min,
+                              partition, slurm)  # fmt: skip
     manifest = str(out / MANIFEST)
     (out / "submitit").mkdir(parents=True, exist_ok=True)
     jobs = executor.map_array(run_one, [it.index for it in pending], [manifest] * len(pending))

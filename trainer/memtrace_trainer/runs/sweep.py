@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.models.sampling import draw, sample
+from memtrace_trainer.models.sampling import draw, read_sweep, sample
 from memtrace_trainer.runs.config import RunConfig
 
 
@@ -92,15 +90,7 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
 
 
 def load_sweep(path: Path) -> list[Item]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise UserError(f"sweep file {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"sweep file {path}: not valid YAML ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"sweep file {path}: expected a mapping at the top level")
-    items = items_of(data, str(path))
+    items = items_of(read_sweep(path), str(path))
     ids = [it.config.id for it in items]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:

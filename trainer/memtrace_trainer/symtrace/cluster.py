@@ -18,19 +18,9 @@ from memtrace_trainer.errors import UserError
 
 def trace_chunk(items: list[tuple[str, dict[str, Any], str]]) -> list[dict[str, Any]]:
     """Traces (name, config, out path) items in one process; errors are results, not raised."""
-    from memtrace_trainer import notes
-    from memtrace_trainer.cli.models import _symtrace_one
+    from memtrace_trainer.cli.models import symtrace_each
 
-    out = []
-    for name, config, path in items:
-        try:
-            result = {**_symtrace_one(config, Path(path)), "name": name}
-        except UserError as e:
-            result = {"name": name, "error": str(e)}
-        result["warnings"] = notes.collected()
-        notes.reset()
-        out.append(result)
-    return out
+    return list(symtrace_each(items))
 
 
 def trace_on_cluster(
@@ -41,7 +31,7 @@ def trace_on_cluster(
     timeout_min: int,
     parallelism: int,
 ) -> list[dict[str, Any]]:
-    from memtrace_trainer.runs.launch import require_submitit
+    from memtrace_trainer.runs.launch import array_executor, require_submitit
 
     submitit = require_submitit(cluster)
     if parallelism < 1:
@@ -52,13 +42,9 @@ def trace_on_cluster(
     chunks = [items[i::n] for i in range(n)]
     folder = out_dir / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    executor = submitit.AutoExecutor(folder=folder / "%j", cluster=cluster)
-    params: dict[str, Any] = {"timeout_min": timeout_min, "name": "memtrace-symtrace"}
-    if cluster == "slurm":
-        params |= {"cpus_per_task": 1, "slurm_array_parallelism": n}
-        if partition:
-            params["slurm_partition"] = partition
-    executor.update_parameters(**params)
+    slurm = {"cpus_per_task": 1, "slurm_array_parallelism": n}
+    executor = array_executor(submitit, folder, cluster, "memtrace-symtrace", timeout_min,
+                              partition, slurm)  # fmt: skip
     jobs = executor.map_array(trace_chunk, chunks)
     by_name: dict[str, dict[str, Any]] = {}
     for chunk, job in zip(chunks, jobs, strict=True):

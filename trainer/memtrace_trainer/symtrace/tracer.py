@@ -275,10 +275,7 @@ def step_to_file(
     batch_size: int | None = None,
     world_size: int | None = None,
 ) -> Summary:
-    rec, meta = trace_step(spec, steps, profile, emulate, batch_size, world_size)
-    summary = summarize(rec.events)
-    jsonl.write(out, jsonl.lines(rec.events, meta))
-    return summary
+    return _write(out, *trace_step(spec, steps, profile, emulate, batch_size, world_size))
 
 
 def script_to_file(
@@ -290,14 +287,15 @@ def script_to_file(
     emulate: bool = True,
     world_size: int | None = None,
 ) -> Summary:
-    rec, meta = trace_script(path, argv, steps, profile, emulate, world_size)
-    summary = summarize(rec.events)
-    jsonl.write(out, jsonl.lines(rec.events, meta))
-    return summary
+    return _write(out, *trace_script(path, argv, steps, profile, emulate, world_size))
 
 
 def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path) -> Summary:
     rec, extra = trace(workload, cfg, profile)
+    return _write(out, rec, metadata(workload, cfg, profile, extra))
+
+
+def _write(out: Path, rec: Recorder, meta: dict[str, str]) -> Summary:
     summary = summarize(rec.events)
-    jsonl.write(out, jsonl.lines(rec.events, metadata(workload, cfg, profile, extra)))
+    jsonl.write(out, jsonl.lines(rec.events, meta))
     return summary
