@@ -21,6 +21,16 @@ const COLORS: [RGBColor; 6] = [
 
 type DrawResult = std::result::Result<(), String>;
 
+/// Every chart's legend, in one style.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
 /// Write `NAME.svg` and `NAME.png` of every plot into `dir`; returns the files written.
 pub fn write_all(dir: &Path, records: &[RunRecord]) -> Result<Vec<std::path::PathBuf>> {
     let mut written = Vec::new();
@@ -109,13 +119,7 @@ fn scatter<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunReco
             .label(est)
             .legend(move |(x, y)| Circle::new((x, y), 4, c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    Ok(())
+    legend(&mut chart)
 }
 
 fn error_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]) -> DrawResult {
@@ -144,13 +148,7 @@ fn error_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRe
             .label(est)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    Ok(())
+    legend(&mut chart)
 }
 
 fn bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]) -> DrawResult {
@@ -192,11 +190,5 @@ fn bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, records: &[RunRecord]
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 10, y + 4)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    Ok(())
+    legend(&mut chart)
 }
