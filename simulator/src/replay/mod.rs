@@ -262,8 +262,7 @@ impl Replayer {
                 if !self.wants(a.origin, a.mem, a.caller, a.result) {
                     return;
                 }
-                let recorded_addr = self.use_recorded_addrs.then_some(a.addr);
-                let req = Request::Alloc { size: a.size, stream: a.stream, recorded_addr };
+                let req = self.alloc_request(a.addr, a.size, a.stream);
                 self.apply(index, device, &req, Some((a.addr, a.category)), Some(rec));
                 return;
             }
@@ -271,11 +270,7 @@ impl Replayer {
                 if !self.wants(f.origin, f.mem, f.caller, f.result) {
                     return;
                 }
-                match f.stage {
-                    FreeStage::Immediate => Request::Free { addr: f.addr },
-                    FreeStage::Requested => Request::FreeRequested { addr: f.addr },
-                    FreeStage::Completed => Request::FreeCompleted { addr: f.addr },
-                }
+                free_request(f.stage, f.addr)
             }
             Event::Control(c) => match &c.op {
                 ControlOp::EmptyCache => Request::EmptyCache,
@@ -300,6 +295,13 @@ impl Replayer {
             }
         };
         self.apply(index, device, &req, None, Some(rec));
+    }
+
+    /// The request for an allocation at a trace address: placed there when the addresses are
+    /// real, wherever the model puts it when they are synthetic.
+    #[inline(always)]
+    fn alloc_request(&self, addr: u64, size: u64, stream: i64) -> Request {
+        Request::Alloc { size, stream, recorded_addr: self.use_recorded_addrs.then_some(addr) }
     }
 
     fn start_iteration(&mut self, iter: u64) {
@@ -554,6 +556,16 @@ impl Replayer {
             alloc_conf: self.alloc_conf,
             iterations: self.iterations,
         }
+    }
+}
+
+/// The request for a free of this stage at a trace address.
+#[inline(always)]
+fn free_request(stage: FreeStage, addr: u64) -> Request {
+    match stage {
+        FreeStage::Immediate => Request::Free { addr },
+        FreeStage::Requested => Request::FreeRequested { addr },
+        FreeStage::Completed => Request::FreeCompleted { addr },
     }
 }
 

@@ -11,7 +11,6 @@
 use trace::{Category, Event, FreeStage, MemoryKind, Origin, Record, StateAt};
 
 use super::Replayer;
-use crate::alloc::Request;
 
 /// A record as the replay will use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,19 +123,13 @@ impl Replayer {
             Step::Alloc { device, category, addr, size, stream } => {
                 let index = self.index;
                 self.index += 1;
-                let recorded_addr = self.use_recorded_addrs.then_some(addr);
-                let req = Request::Alloc { size, stream, recorded_addr };
+                let req = self.alloc_request(addr, size, stream);
                 self.apply(index, device, &req, Some((addr, category)), None);
             }
             Step::Free { device, stage, addr } => {
                 let index = self.index;
                 self.index += 1;
-                let req = match stage {
-                    FreeStage::Immediate => Request::Free { addr },
-                    FreeStage::Requested => Request::FreeRequested { addr },
-                    FreeStage::Completed => Request::FreeCompleted { addr },
-                };
-                self.apply(index, device, &req, None, None);
+                self.apply(index, device, &super::free_request(stage, addr), None, None);
             }
             Step::Skip => self.index += 1,
             Step::Record(ref rec) => self.observe(rec),
