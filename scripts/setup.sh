@@ -13,8 +13,10 @@ command -v cc >/dev/null || { say "cc not found: install gcc (apt-get install -y
 py=${PYTHON:-python3}
 command -v "$py" >/dev/null || { say "$py not found: install Python >= 3.11"; exit 1; }
 
+t0=$(date +%s)
 say "building the Rust workspace (release): libmemtrace.so, memsim, memest"
 cargo build --release --workspace --quiet
+t_build=$(( $(date +%s) - t0 ))
 
 venv="$root/.venv"
 if [ ! -x "$venv/bin/python" ]; then
@@ -45,4 +47,5 @@ if ! command -v chromium >/dev/null; then
     say "chromium not found and not root: install it (apt-get install chromium) for the report's browser test"
   fi
 fi
-say "done: binaries in target/release, Python in .venv"
+# The phases' wall times: on a fresh machine setup is most of CI's time.
+say "done: binaries in target/release, Python in .venv (Rust build ${t_build} s, Python and browser $(( $(date +%s) - t0 - t_build )) s)"

@@ -12,14 +12,17 @@ trap 'rm -rf "$log_dir"' EXIT
 bash scripts/setup.sh
 
 passed=0; failed=0; skipped=0; status=0
-summary=()
-step() { printf '\n== %s\n' "$*"; }
+# Each summary line ends with its step's wall time, so that a slow CI run says where it went.
+summary=("setup (release build, .venv): $(( $(date +%s) - started )) s")
+step_t0=$started
+step() { printf '\n== %s\n' "$*"; step_t0=$(date +%s); }
+took() { printf '(%d s)' "$(( $(date +%s) - step_t0 ))"; }
 
 step "cargo fmt --check"
-if cargo fmt --all --check; then summary+=("rustfmt: ok"); else summary+=("rustfmt: FAILED"); status=1; fi
+if cargo fmt --all --check; then summary+=("rustfmt: ok $(took)"); else summary+=("rustfmt: FAILED $(took)"); status=1; fi
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
-if cargo clippy --workspace --all-targets --quiet -- -D warnings; then summary+=("clippy: ok"); else summary+=("clippy: FAILED"); status=1; fi
+if cargo clippy --workspace --all-targets --quiet -- -D warnings; then summary+=("clippy: ok $(took)"); else summary+=("clippy: FAILED $(took)"); status=1; fi
 
 step "cargo test --workspace"
 # The shim's tests preload the release libmemtrace.so built by setup.sh.
@@ -30,13 +33,13 @@ rc=${PIPESTATUS[0]}
 set -e
 read -r p f i < <(awk '/^test result:/ {for (k=1;k<=NF;k++) {if ($k ~ /^passed;?$/) p+=$(k-1); if ($k ~ /^failed;?$/) f+=$(k-1); if ($k ~ /^ignored;?$/) i+=$(k-1)}} END {print p+0, f+0, i+0}' "$log_dir/cargo.log")
 passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + i))
-summary+=("cargo test: $p passed, $f failed, $i ignored")
+summary+=("cargo test: $p passed, $f failed, $i ignored $(took)")
 if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
 if [ "$i" -ne 0 ]; then grep -E '^test .* ignored' "$log_dir/cargo.log" | sed 's/^/  ignored: /' || true; fi
 
 py="$root/.venv/bin/python"
 step "ruff (Python: trainer, tests, scripts)"
-if "$py" -m ruff format --check trainer tests scripts && "$py" -m ruff check trainer tests scripts; then summary+=("ruff: ok"); else summary+=("ruff: FAILED"); status=1; fi
+if "$py" -m ruff format --check trainer tests scripts && "$py" -m ruff check trainer tests scripts; then summary+=("ruff: ok $(took)"); else summary+=("ruff: FAILED $(took)"); status=1; fi
 
 # Counts a pytest run from its log: NAME LOG EXIT_STATUS.
 tally() {
@@ -48,7 +51,7 @@ tally() {
   s=$(echo "$line" | grep -oE '[0-9]+ skipped' | cut -d' ' -f1 || true)
   p=${p:-0}; f=$(( ${f:-0} + ${e:-0} )); s=${s:-0}
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-  summary+=("pytest $name: $p passed, $f failed, $s skipped")
+  summary+=("pytest $name: $p passed, $f failed, $s skipped $(took)")
   # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
   if [ "$rc" -ne 0 ]; then status=1; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
   return 0

@@ -332,6 +332,9 @@ impl Replayer {
         }
     }
 
+    // Inlined into `observe_step`'s allocation and free arms, where the request's kind is known,
+    // so that neither this function's `match` nor the allocator's is taken at run time.
+    #[inline(always)]
     fn apply(
         &mut self,
         index: u64,
