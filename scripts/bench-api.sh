@@ -11,10 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-3}
-PY=${PYTHON:-.venv/bin/python}
-export MEMTRACE_BIN_DIR=${MEMTRACE_BIN_DIR:-$PWD/target/release}
-[ -x "$MEMTRACE_BIN_DIR/memest" ] || { echo "bench-api: no memest in $MEMTRACE_BIN_DIR (cargo build --release)" >&2; exit 2; }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. scripts/bench-lib.sh
+bench_needs bench-api "$N" memest
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for _ in $(seq "$N"); do
   s=$(date +%s.%N)

@@ -12,11 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-3}
-PY=${PYTHON:-.venv/bin/python}
-export MEMTRACE_BIN_DIR=${MEMTRACE_BIN_DIR:-$PWD/target/release}
-[ -x "$MEMTRACE_BIN_DIR/memest" ] || { echo "bench-llm: no memest in $MEMTRACE_BIN_DIR (cargo build --release)" >&2; exit 2; }
+. scripts/bench-lib.sh
+bench_needs bench-llm "$N" memest
 [ -x /usr/bin/time ] || { echo "bench-llm: needs GNU time (/usr/bin/time) for peak memory" >&2; exit 2; }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 measure() {  # prints "seconds kilobytes" of one command
   /usr/bin/time -f "%e %M" -o "$tmp/t" "$@" >/dev/null 2>"$tmp/err" || {

@@ -12,13 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-3}
-PY=${PYTHON:-.venv/bin/python}
-export MEMTRACE_BIN_DIR=${MEMTRACE_BIN_DIR:-$PWD/target/release}
-for tool in memsim memest; do
-  [ -x "$MEMTRACE_BIN_DIR/$tool" ] || { echo "bench-serve: no $tool in $MEMTRACE_BIN_DIR (cargo build --release)" >&2; exit 2; }
-done
+. scripts/bench-lib.sh
+bench_needs bench-serve "$N" memsim memest
 command -v curl >/dev/null || { echo "bench-serve: curl not found" >&2; exit 2; }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 tmp=$(mktemp -d)
 pid=
 cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$tmp"; }

@@ -12,11 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-3}
-PY=${PYTHON:-.venv/bin/python}
-export MEMTRACE_BIN_DIR=${MEMTRACE_BIN_DIR:-$PWD/target/release}
-[ -x "$MEMTRACE_BIN_DIR/memsim" ] || { echo "bench-trace: no memsim in $MEMTRACE_BIN_DIR (cargo build --release)" >&2; exit 2; }
+. scripts/bench-lib.sh
+bench_needs bench-trace "$N" memsim
 
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 wall() {  # seconds of one command
   local t0 t1
   t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N)
