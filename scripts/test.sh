@@ -62,7 +62,8 @@ pytest_suite() {
   local name=$1; shift
   step "pytest ($name)"
   set +e
-  MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs "$@" 2>&1 | tee "$log_dir/pytest.log"
+  # --durations: the slowest tests of each suite, for keeping CI inside its time budget.
+  MEMTRACE_BIN_DIR="$root/target/release" "$py" -m pytest -q -rs --durations=10 "$@" 2>&1 | tee "$log_dir/pytest.log"
   local rc=${PIPESTATUS[0]}
   set -e
   tally "$name" "$log_dir/pytest.log" "$rc"
