@@ -74,8 +74,7 @@ def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
         status, body = answer(argv)
     except BaseException as e:  # the server must always get an answer
         status, body = 500, _error(f"internal error: {type(e).__name__}: {e}")
-    conn.send((status, body))
-    conn.close()
+    _reply(conn, (status, body))
 
 
 def warm_up() -> str | None:
@@ -103,8 +102,20 @@ def ready(conn: Connection) -> None:
     """Sent by the server's first worker: the zygote's warm-up error, or None when it is warm."""
     from memtrace_trainer import serve_zygote
 
-    conn.send(serve_zygote.WARM_ERROR)
-    conn.close()
+    _reply(conn, serve_zygote.WARM_ERROR)
+
+
+def _reply(conn: Connection, answer: Any) -> None:
+    """Send a worker's answer to the server. A server that was told to stop (SIGTERM during the
+    warm-up, or with estimates in flight) has closed its end and waits for nothing: the answer
+    is dropped, quietly, since a traceback here would land in the server's log after its last
+    line."""
+    try:
+        conn.send(answer)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        conn.close()
 
 
 def describe_exit(code: Any) -> str:
