@@ -105,13 +105,13 @@ def ready(conn: Connection) -> None:
     _reply(conn, serve_zygote.WARM_ERROR)
 
 
-def _reply(conn: Connection, answer: Any) -> None:
+def _reply(conn: Connection, message: Any) -> None:
     """Send a worker's answer to the server. A server that was told to stop (SIGTERM during the
     warm-up, or with estimates in flight) has closed its end and waits for nothing: the answer
     is dropped, quietly, since a traceback here would land in the server's log after its last
     line."""
     try:
-        conn.send(answer)
+        conn.send(message)
     except (BrokenPipeError, ConnectionResetError):
         pass
     finally:
