@@ -14,7 +14,6 @@ bash scripts/setup.sh
 passed=0; failed=0; skipped=0; status=0
 # Each summary line ends with its step's wall time, so that a slow CI run says where it went.
 summary=("setup (release build, .venv): $(( $(date +%s) - started )) s")
-step_t0=$started
 step() { printf '\n== %s\n' "$*"; step_t0=$(date +%s); }
 took() { printf '(%d s)' "$(( $(date +%s) - step_t0 ))"; }
 

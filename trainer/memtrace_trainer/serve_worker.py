@@ -110,12 +110,8 @@ def _reply(conn: Connection, message: Any) -> None:
     warm-up, or with estimates in flight) has closed its end and waits for nothing: the answer
     is dropped, quietly, since a traceback here would land in the server's log after its last
     line."""
-    try:
+    with contextlib.suppress(ConnectionError), conn:
         conn.send(message)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-    finally:
-        conn.close()
 
 
 def describe_exit(code: Any) -> str:

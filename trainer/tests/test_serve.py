@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import multiprocessing
 import os
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 from conftest import REPO, cli
 
+from memtrace_trainer import serve_worker
 from memtrace_trainer.profile import _read
 
 TESTS = Path(__file__).resolve().parent
@@ -387,11 +390,6 @@ def test_sigterm_during_the_warm_up(tmp_path: Path, tools: Path, delay: float) -
 def test_a_worker_whose_server_stopped_waiting_exits_quietly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    import multiprocessing
-    import tempfile
-
-    from memtrace_trainer import serve_worker
-
     # `work` points the temporary directory at the request's own: put it back afterwards.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
