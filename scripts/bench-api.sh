@@ -10,9 +10,9 @@
 #   scripts/bench-api.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-3}
 . scripts/bench-lib.sh
-bench_needs bench-api "$N" memest
+bench_runs bench-api "$@"
+bench_needs bench-api memest
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for _ in $(seq "$N"); do
   s=$(date +%s.%N)

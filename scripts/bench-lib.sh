@@ -6,12 +6,20 @@
 PY=${PYTHON:-.venv/bin/python}
 export MEMTRACE_BIN_DIR=${MEMTRACE_BIN_DIR:-$PWD/target/release}
 
-# bench_needs NAME N TOOL...: exits 2, naming what is wrong, unless N is a positive whole number
-# and every TOOL is an executable in $MEMTRACE_BIN_DIR.
+# bench_runs NAME [N]: the script's own arguments; sets N, the number of runs (default 3), and
+# exits 2 on anything but one positive whole number.
+bench_runs() {
+  local name=$1
+  shift
+  [ "$#" -le 1 ] || { echo "$name: expected at most one argument, the number of runs N; got $#: $*" >&2; exit 2; }
+  N=${1:-3}
+  [[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "$name: expected a positive whole number of runs N, got '$N'" >&2; exit 2; }
+}
+
+# bench_needs NAME TOOL...: exits 2 unless every TOOL is an executable in $MEMTRACE_BIN_DIR.
 bench_needs() {
-  local name=$1 n=$2 tool
-  shift 2
-  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "$name: expected a positive whole number of runs N, got '$n'" >&2; exit 2; }
+  local name=$1 tool
+  shift
   for tool in "$@"; do
     [ -x "$MEMTRACE_BIN_DIR/$tool" ] || { echo "$name: no $tool in $MEMTRACE_BIN_DIR (cargo build --release)" >&2; exit 2; }
   done

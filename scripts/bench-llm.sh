@@ -11,9 +11,9 @@
 #   scripts/bench-llm.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-3}
 . scripts/bench-lib.sh
-bench_needs bench-llm "$N" memest
+bench_runs bench-llm "$@"
+bench_needs bench-llm memest
 [ -x /usr/bin/time ] || { echo "bench-llm: needs GNU time (/usr/bin/time) for peak memory" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 measure() {  # prints "seconds kilobytes" of one command

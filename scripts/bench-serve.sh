@@ -11,9 +11,9 @@
 #   scripts/bench-serve.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-3}
 . scripts/bench-lib.sh
-bench_needs bench-serve "$N" memsim memest
+bench_runs bench-serve "$@"
+bench_needs bench-serve memsim memest
 command -v curl >/dev/null || { echo "bench-serve: curl not found" >&2; exit 2; }
 tmp=$(mktemp -d)
 pid=

@@ -11,9 +11,9 @@
 #   scripts/bench-trace.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-3}
 . scripts/bench-lib.sh
-bench_needs bench-trace "$N" memsim
+bench_runs bench-trace "$@"
+bench_needs bench-trace memsim
 
 wall() {  # seconds of one command
   local t0 t1
