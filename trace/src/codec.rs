@@ -121,14 +121,19 @@ pub enum VarintError {
 }
 
 /// Reads an unsigned LEB128 varint from the start of `b`; returns the value and its length.
-#[inline]
+#[inline(always)]
 pub fn get_uvarint(b: &[u8]) -> Result<(u64, usize), VarintError> {
-    // Lengths, tags, thread and device ids and most timestamp deltas take one or two bytes.
+    // Lengths, tags, thread and device ids and most timestamp deltas take one or two bytes:
+    // those inline at every call, the rest out of line.
     match *b {
-        [b0, ..] if b0 < 0x80 => return Ok((u64::from(b0), 1)),
-        [b0, b1, ..] if b1 < 0x80 => return Ok((u64::from(b0 & 0x7f) | (u64::from(b1) << 7), 2)),
-        _ => {}
+        [b0, ..] if b0 < 0x80 => Ok((u64::from(b0), 1)),
+        [b0, b1, ..] if b1 < 0x80 => Ok((u64::from(b0 & 0x7f) | (u64::from(b1) << 7), 2)),
+        _ => get_uvarint_long(b),
     }
+}
+
+#[inline(never)]
+fn get_uvarint_long(b: &[u8]) -> Result<(u64, usize), VarintError> {
     let mut v: u64 = 0;
     for (i, &byte) in b.iter().enumerate().take(10) {
         if i == 9 && byte > 1 {
@@ -317,7 +322,7 @@ pub fn decode_frame_generic(
 }
 
 #[inline(always)]
-fn decode_frame_with(
+pub(crate) fn decode_frame_with(
     state: &mut PrefixState,
     tag: u8,
     bytes: &[u8],
@@ -332,16 +337,16 @@ fn decode_frame_with(
     let event = match tag {
         // The hot kinds go through `fastread`, and through the derived decoder only when it
         // declines (which then names what is wrong).
-        1 => Event::Alloc(match fast.then(|| fastread::alloc(rest)).flatten() {
+        1 => Event::Alloc(match if fast { fastread::alloc(rest) } else { None } {
             Some(a) => a,
             None => body(rest, "alloc", offset)?,
         }),
-        2 => Event::Free(match fast.then(|| fastread::free(rest)).flatten() {
+        2 => Event::Free(match if fast { fastread::free(rest) } else { None } {
             Some(f) => f,
             None => body(rest, "free", offset)?,
         }),
         3 => Event::Vmm(body(rest, "vmm", offset)?),
-        4 => Event::KernelLaunch(match fast.then(|| fastread::launch(rest)).flatten() {
+        4 => Event::KernelLaunch(match if fast { fastread::launch(rest) } else { None } {
             Some(l) => l,
             None => body(rest, "launch", offset)?,
         }),

@@ -116,7 +116,7 @@ fn free_stage(i: u32) -> Option<FreeStage> {
 }
 
 /// An allocation body, or `None` for the generic path.
-#[inline]
+#[inline(always)]
 pub(crate) fn alloc(b: &[u8]) -> Option<Alloc> {
     let mut c = Cursor { b, pos: 0 };
     Some(Alloc {
@@ -134,7 +134,7 @@ pub(crate) fn alloc(b: &[u8]) -> Option<Alloc> {
 }
 
 /// A free body, or `None` for the generic path.
-#[inline]
+#[inline(always)]
 pub(crate) fn free(b: &[u8]) -> Option<Free> {
     let mut c = Cursor { b, pos: 0 };
     Some(Free {
@@ -152,7 +152,7 @@ pub(crate) fn free(b: &[u8]) -> Option<Free> {
 }
 
 /// A launch body, or `None` for the generic path.
-#[inline]
+#[inline(always)]
 pub(crate) fn launch(b: &[u8]) -> Option<KernelLaunch> {
     let mut c = Cursor { b, pos: 0 };
     Some(KernelLaunch {

@@ -8,6 +8,9 @@ mod strategies;
 #[path = "it/support.rs"]
 mod support;
 
+/// `Reader::next_records` in batches reads what `next_record` reads one at a time.
+#[path = "it/batched.rs"]
+mod batched;
 /// Bad magic, versions, flags, tag 0, absurd lengths, garbage: errors with offsets or lines.
 #[path = "it/corruption.rs"]
 mod corruption;

@@ -151,17 +151,7 @@ fn pipelined<S, T: Send>(
             // A returned batch is cleared here, so that dropping its items costs this thread.
             let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
             batch.clear();
-            let mut error = None;
-            while batch.len() < BATCH_RECORDS {
-                match reader.next_record() {
-                    Some(Ok(r)) => batch.push(map(r)),
-                    Some(Err(e)) => {
-                        error = Some(e);
-                        break;
-                    }
-                    None => break,
-                }
-            }
+            let error = reader.next_records(&mut batch, BATCH_RECORDS, &mut map).err();
             let last = batch.len() < BATCH_RECORDS || error.is_some();
             // The consumer hung up (an error in `f`): stop.
             if full_tx.send((batch, error, reader.summary().bytes_read)).is_err() || last {

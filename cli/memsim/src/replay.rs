@@ -145,6 +145,7 @@ pub fn replay_file(
         // Records are sorted into replay steps on the decoding thread.
         |rp| {
             let classifier = rp.classifier();
+            #[inline(always)]
             move |r| match classifier {
                 Some(c) => c.classify(r),
                 None => Step::Record(Box::new(r)),

@@ -453,3 +453,50 @@ fn stats_and_replay_say_why_their_peaks_differ_on_a_converted_snapshot() {
     // Replay's peak counts the start state that stats' does not.
     assert!(r["peak_allocated_bytes"].as_u64().unwrap() > s["peak_live_device_bytes"].as_u64().unwrap());
 }
+
+/// A trace of 1 MiB or more is decoded on a second thread, in batches (`input::pipelined`); in a
+/// many-file command each file is read on its own thread, record by record. Both give the same
+/// report, the same truncation warning, and the same error for a frame that does not decode.
+#[test]
+fn a_large_trace_reads_the_same_on_a_decoding_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut recs = Vec::new();
+    for i in 0..60_000u64 {
+        let cat = [None, Some(Category::Activation), Some(Category::Gradient)][(i % 3) as usize];
+        recs.push(alloc(0x1000 * (i + 1), (i * 7919 % 5000 + 1) * 512, cat));
+        if i >= 16 {
+            recs.push(free(0x1000 * (i - 15)));
+        }
+    }
+    let big = write_trace(dir.path(), "big.mtrace", &recs);
+    let bytes = std::fs::read(&big).unwrap();
+    assert!(bytes.len() > 1 << 20, "the trace must reach the decoding thread's threshold");
+    let small = write_trace(dir.path(), "small.mtrace", &three_tensors());
+    let small = small.to_str().unwrap();
+    let cut = dir.path().join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).unwrap();
+    // A whole frame (tag 1, two body bytes) whose record prefix sets reserved bits, then bytes
+    // that must never be read.
+    let bad = dir.path().join("bad.mtrace");
+    std::fs::write(&bad, [&bytes[..], &[1, 2, 0xff, 0], &bytes[bytes.len() - 100..]].concat()).unwrap();
+    for cmd in ["replay", "stats"] {
+        for file in [&big, &cut] {
+            let f = file.to_str().unwrap();
+            let (code, out, err) = memsim(&[cmd, f, "--json"]);
+            assert_eq!(code, 0, "{cmd} {f}: {err}");
+            let alone: Value = serde_json::from_str(&out).unwrap();
+            let batch = json(&[cmd, f, small, "--json"]);
+            assert_eq!(batch[0], alone, "{cmd} {f}: on the decoding thread and off it");
+            assert_eq!(err.contains("cut.mtrace: truncated"), *file == cut, "{cmd} {f}: {err}");
+        }
+        let (code, _, err) = memsim(&[cmd, bad.to_str().unwrap()]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        let at = format!("corrupt trace frame at byte {}", bytes.len());
+        assert!(err.contains("bad.mtrace") && err.contains(&at) && err.contains("reserved bits"), "{cmd}: {err}");
+        let (code, out, _) = memsim(&[cmd, bad.to_str().unwrap(), small, "--json"]);
+        assert_eq!(code, 2);
+        let batch: Value = serde_json::from_str(&out).unwrap();
+        assert!(batch[0]["error"].as_str().unwrap().contains(&at), "{cmd}: {batch}");
+    }
+    assert_eq!(json(&["stats", big.to_str().unwrap(), "--json"])["events"], recs.len());
+}

@@ -55,7 +55,7 @@ pub struct Classifier {
 
 impl Classifier {
     /// What this record is to the replay.
-    #[inline]
+    #[inline(always)]
     pub fn classify(&self, rec: Record) -> Step {
         // The record is taken apart by value, so that the hot arms drop nothing.
         let Record { ts_ns, tid, device: dev, event } = rec;

@@ -1,0 +1,103 @@
+//! `Reader::next_records` (batches, the decoding thread's path) yields what `next_record` yields
+//! one at a time: the same records in the same order, the same first error, the same summary,
+//! for whole, cut, damaged and unknown-tag inputs, streamed or mapped from a file.
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use trace::*;
+
+use crate::strategies::record;
+use crate::support::{binary, frame_bounds, jsonl, read_all, small_trace};
+
+/// What a reader gave: the records, or the error as text (errors are not `PartialEq`); and the
+/// summary, where the bytes consumed when an error stopped it are also compared.
+type Outcome = (Result<Vec<Record>, String>, Summary);
+
+fn one_by_one<R: std::io::Read>(mut r: Reader<R>) -> Outcome {
+    let mut out = Vec::new();
+    while let Some(rec) = r.next_record() {
+        match rec {
+            Ok(rec) => out.push(rec),
+            Err(e) => return (Err(e.to_string()), r.summary()),
+        }
+    }
+    (Ok(out), r.summary())
+}
+
+/// Reads in batches of `batch`, through a mapper, as the decoding thread does; checks that every
+/// batch but the last is full and that the reader stays ended.
+fn batched<R: std::io::Read>(mut r: Reader<R>, batch: usize) -> Outcome {
+    let mut out = Vec::new();
+    let seen = std::cell::Cell::new(0);
+    let mut map = |rec: Record| {
+        seen.set(seen.get() + 1);
+        rec
+    };
+    loop {
+        let before = out.len();
+        match r.next_records(&mut out, batch, &mut map) {
+            Ok(true) => assert_eq!(out.len() - before, batch, "a batch that did not end the input is full"),
+            Ok(false) => break,
+            Err(e) => return (Err(e.to_string()), r.summary()),
+        }
+    }
+    assert_eq!(seen.get(), out.len(), "every record went through the mapper once");
+    let mut more = Vec::new();
+    assert!(matches!(r.next_records(&mut more, batch, &mut map), Ok(false)) && more.is_empty(), "reader restarted");
+    (Ok(out), r.summary())
+}
+
+/// Both ways of reading `bytes` agree, for several batch sizes.
+fn agree(bytes: &[u8], what: &str) {
+    let Ok(reader) = open_reader(bytes) else { return };
+    let want = one_by_one(reader);
+    for batch in [1, 2, 3, 7, 4096] {
+        let got = batched(open_reader(bytes).expect("header read once already"), batch);
+        assert_eq!(got, want, "{what}, batches of {batch}");
+    }
+}
+
+#[test]
+fn batches_equal_single_records_for_every_cut() {
+    let (h, recs) = small_trace();
+    for bytes in [binary(&h, &recs), jsonl(&h, &recs)] {
+        for cut in 0..=bytes.len() {
+            agree(&bytes[..cut], &format!("cut at {cut}"));
+        }
+    }
+}
+
+#[test]
+fn batches_equal_single_records_for_every_damaged_byte() {
+    let (h, recs) = small_trace();
+    let bytes = binary(&h, &recs);
+    let first = frame_bounds(&bytes)[0];
+    let mut checked_errors = 0;
+    for at in first..bytes.len() {
+        // 0: a tag 0 or a zero length; 0xff: an overlong varint or a bad enum; 200: an unknown tag.
+        for v in [0u8, 0x7f, 0xff, 200] {
+            let mut damaged = bytes.clone();
+            damaged[at] = v;
+            checked_errors += usize::from(read_all(&damaged).is_err());
+            agree(&damaged, &format!("byte {at} set to {v:#x}"));
+        }
+    }
+    assert!(checked_errors > 0, "some damage must be an error, or the errors went unchecked");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A file is mapped and decoded in place (the loop in `next_records` runs over the whole of
+    /// it): generated records of every kind read back equal to one at a time.
+    #[test]
+    fn a_mapped_file_reads_the_same_in_batches(recs in vec(record(), 0..200), batch in 1usize..64) {
+        let (h, _) = small_trace();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mtrace");
+        std::fs::write(&path, binary(&h, &recs)).unwrap();
+        let want = one_by_one(Reader::open(&path).unwrap());
+        prop_assert_eq!(want.0.as_ref(), Ok(&recs));
+        prop_assert_eq!(batched(Reader::open(&path).unwrap(), batch), want);
+    }
+}
