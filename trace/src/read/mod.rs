@@ -161,28 +161,16 @@ impl<R: Read> Reader<R> {
         if self.done {
             return None;
         }
-        // The common case inline: a whole binary frame already in the buffer (always, for a
-        // mapped file) is decoded in place and its record returned without further wrapping.
-        while let Form::Binary { state } = &mut self.form {
-            let Some((tag, body, frame)) = whole_frame(self.src.buffer()) else { break };
-            let offset = self.summary.bytes_read;
-            let d = codec::decode_frame(state, tag, body, offset);
-            self.src.consume(frame);
-            self.summary.bytes_read += frame as u64;
-            match d {
-                Ok(Decoded::Record(r)) => {
-                    self.summary.records += 1;
+        // The common case first: a whole binary frame already in the buffer (always, for a
+        // mapped file), decoded in place.
+        let mut buffered = None;
+        match self.decode_buffered(1, |r| buffered = Some(r)) {
+            Ok(_) => {
+                if let Some(r) = buffered {
                     return Some(Ok(r));
                 }
-                Ok(Decoded::Unknown { .. }) => self.summary.unknown_skipped += 1,
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(match &self.path {
-                        Some(p) => e.in_file(p),
-                        None => e,
-                    }));
-                }
             }
+            Err(e) => return Some(Err(e)),
         }
         let r = match self.form {
             Form::Binary { .. } => self.next_binary(),
@@ -199,10 +187,7 @@ impl<R: Read> Reader<R> {
             }
             Err(e) => {
                 self.done = true;
-                Some(Err(match &self.path {
-                    Some(p) => e.in_file(p),
-                    None => e,
-                }))
+                Some(Err(self.in_file(e)))
             }
         }
     }
@@ -229,43 +214,9 @@ impl<R: Read> Reader<R> {
             if self.done {
                 return Ok(false);
             }
-            if let Form::Binary { state } = &mut self.form {
-                let buf = self.src.buffer();
-                let (mut used, mut records, mut unknown) = (0usize, 0u64, 0u64);
-                let mut error = None;
-                while left > 0 {
-                    let Some((tag, body, frame)) = whole_frame(&buf[used..]) else { break };
-                    // Inlined here (`decode_frame` is not), so that the record is built where
-                    // `map` takes it, not returned through `decode_frame`'s result.
-                    let d = codec::decode_frame_with(state, tag, body, self.summary.bytes_read + used as u64, true);
-                    used += frame;
-                    match d {
-                        Ok(Decoded::Record(r)) => {
-                            out.push(map(r));
-                            records += 1;
-                            left -= 1;
-                        }
-                        Ok(Decoded::Unknown { .. }) => unknown += 1,
-                        Err(e) => {
-                            error = Some(e);
-                            break;
-                        }
-                    }
-                }
-                self.src.consume(used);
-                self.summary.bytes_read += used as u64;
-                self.summary.records += records;
-                self.summary.unknown_skipped += unknown;
-                if let Some(e) = error {
-                    self.done = true;
-                    return Err(match &self.path {
-                        Some(p) => e.in_file(p),
-                        None => e,
-                    });
-                }
-                if left == 0 {
-                    break;
-                }
+            left -= self.decode_buffered(left, |r| out.push(map(r)))?;
+            if left == 0 {
+                break;
             }
             // A frame split across buffer refills, a truncated end, JSON Lines: the general path.
             match self.next_record() {
@@ -278,6 +229,54 @@ impl<R: Read> Reader<R> {
             }
         }
         Ok(true)
+    }
+
+    /// Decodes the whole binary frames already buffered, up to `max` records, handing each to
+    /// `emit` and skipping (counting) unknown kinds; returns how many it handed over. Stops at
+    /// the first frame that is not whole (the general path reads it). An error ends the reader
+    /// and names the file. The frame decoder is inlined here (`decode_frame` is not), so that a
+    /// record is built where `emit` takes it, not returned through `decode_frame`'s result.
+    #[inline(always)]
+    fn decode_buffered(&mut self, max: usize, mut emit: impl FnMut(Record)) -> Result<usize, TraceError> {
+        let Form::Binary { state } = &mut self.form else { return Ok(0) };
+        let buf = self.src.buffer();
+        let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
+        let mut error = None;
+        while records < max {
+            let Some((tag, body, frame)) = whole_frame(&buf[used..]) else { break };
+            let d = codec::decode_frame_with(state, tag, body, self.summary.bytes_read + used as u64, true);
+            used += frame;
+            match d {
+                Ok(Decoded::Record(r)) => {
+                    emit(r);
+                    records += 1;
+                }
+                Ok(Decoded::Unknown { .. }) => unknown += 1,
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        self.src.consume(used);
+        self.summary.bytes_read += used as u64;
+        self.summary.records += records as u64;
+        self.summary.unknown_skipped += unknown;
+        match error {
+            Some(e) => {
+                self.done = true;
+                Err(self.in_file(e))
+            }
+            None => Ok(records),
+        }
+    }
+
+    /// An error naming this reader's file, when it has one.
+    fn in_file(&self, e: TraceError) -> TraceError {
+        match &self.path {
+            Some(p) => e.in_file(p),
+            None => e,
+        }
     }
 
     /// Reads up to `n` bytes into `scratch` (cleared first); false when the input ended first.
