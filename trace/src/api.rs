@@ -37,6 +37,9 @@ macro_rules! apis {
             }
 
             /// The API for a code; unknown codes are kept as [`Api::Unknown`].
+            // Always inlined: the trace decoder calls it for every record, and a call costs
+            // more than the lookup table the match compiles to.
+            #[inline(always)]
             pub fn from_code(code: u16) -> Api {
                 match code {
                     $($code => Api::$variant,)*

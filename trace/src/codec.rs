@@ -307,7 +307,7 @@ fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result
 /// used in errors.
 #[inline]
 pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, offset, true)
+    decode_frame_with(state, tag, bytes, Some(bytes), offset)
 }
 
 /// [`decode_frame`] through the derived decoders only, never the hand-written fast path: what the
@@ -318,35 +318,39 @@ pub fn decode_frame_generic(
     bytes: &[u8],
     offset: u64,
 ) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, offset, false)
+    decode_frame_with(state, tag, bytes, None, offset)
 }
 
+/// [`decode_frame`], through the hand-written decoders when `fast` holds the input from the
+/// frame body's start on (`bytes` and what follows it: they read through a fixed window of it),
+/// and through the derived decoders only when it is `None`.
 #[inline(always)]
 pub(crate) fn decode_frame_with(
     state: &mut PrefixState,
     tag: u8,
     bytes: &[u8],
+    fast: Option<&[u8]>,
     offset: u64,
-    fast: bool,
 ) -> Result<Decoded, TraceError> {
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
     let prefix = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
     let rest = &bytes[prefix.len..];
+    let fast = fast.map(|following| (&following[prefix.len..], rest.len()));
     let event = match tag {
         // The hot kinds go through `fastread`, and through the derived decoder only when it
         // declines (which then names what is wrong).
-        1 => Event::Alloc(match if fast { fastread::alloc(rest) } else { None } {
+        1 => Event::Alloc(match fast.and_then(|(f, len)| fastread::alloc(f, len)) {
             Some(a) => a,
             None => body(rest, "alloc", offset)?,
         }),
-        2 => Event::Free(match if fast { fastread::free(rest) } else { None } {
+        2 => Event::Free(match fast.and_then(|(f, len)| fastread::free(f, len)) {
             Some(f) => f,
             None => body(rest, "free", offset)?,
         }),
         3 => Event::Vmm(body(rest, "vmm", offset)?),
-        4 => Event::KernelLaunch(match if fast { fastread::launch(rest) } else { None } {
+        4 => Event::KernelLaunch(match fast.and_then(|(f, len)| fastread::launch(f, len)) {
             Some(l) => l,
             None => body(rest, "launch", offset)?,
         }),

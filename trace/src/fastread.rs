@@ -3,31 +3,44 @@
 //! writers produce (bincode `standard()` varints, unit enums as variant indices, `Option` as a
 //! 0/1 byte) and return `None` for anything else, unusual or wrong, which then goes through the
 //! generic derived decoder, the one that names what is wrong. `tests/it/fastread.rs` checks that
-//! both paths decode generated frames to equal values.
+//! both paths decode generated frames to equal values, alone and followed by other bytes (the
+//! decoders read through a fixed window that runs past the body, see `Cursor`).
 
 use crate::api::Api;
 use crate::event::{Alloc, Category, Free, FreeStage, KernelLaunch, MemoryKind, Origin};
 
-/// A read position in a frame body. Trailing bytes are fields a newer writer appended: ignored,
-/// as the generic path ignores them.
+/// How many bytes a hot kind's fields take at the most: ten varints of at most nine bytes, or
+/// fewer and smaller (a free: 63). A cursor never reads past this many.
+const MOST: usize = 64;
+/// The window a cursor reads from: `MOST` bytes and room for a last eight-byte field.
+const WINDOW: usize = MOST + 8;
+
+/// A read position in a frame body, over a fixed window that starts with the body: the bytes
+/// after the body, or zeros when the input ends sooner. Reads take no bounds checks (the window
+/// is larger than any body the decoders read); whether they stayed inside the body is checked
+/// once, at the end (`decode`). Trailing bytes are fields a newer writer appended: ignored, as
+/// the generic path ignores them.
 struct Cursor<'a> {
-    b: &'a [u8],
+    b: &'a [u8; WINDOW],
     pos: usize,
 }
 
-impl<'a> Cursor<'a> {
+impl Cursor<'_> {
     #[inline(always)]
     fn byte(&mut self) -> Option<u8> {
-        let v = *self.b.get(self.pos)?;
+        // `pos` stays below `MOST` (see `MOST`); the mask only shows the compiler so.
+        debug_assert!(self.pos < MOST, "a hot kind's fields take at most {MOST} bytes");
+        let v = self.b[self.pos % MOST];
         self.pos += 1;
         Some(v)
     }
 
     #[inline(always)]
     fn le<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let bytes = self.b.get(self.pos..self.pos + N)?;
+        debug_assert!(self.pos < MOST, "a hot kind's fields take at most {MOST} bytes");
+        let at = self.pos % MOST;
         self.pos += N;
-        bytes.try_into().ok()
+        self.b[at..at + N].try_into().ok()
     }
 
     /// An unsigned varint of a field of at most `max_marker`'s width: 251 marks a u16, 252 a
@@ -86,6 +99,12 @@ impl<'a> Cursor<'a> {
     }
 }
 
+#[inline(always)]
+fn category(i: u32) -> Option<Category> {
+    Category::ALL.get(i as usize).copied()
+}
+
+#[inline(always)]
 fn memory_kind(i: u32) -> Option<MemoryKind> {
     Some(match i {
         0 => MemoryKind::Device,
@@ -98,6 +117,7 @@ fn memory_kind(i: u32) -> Option<MemoryKind> {
     })
 }
 
+#[inline(always)]
 fn origin(i: u32) -> Option<Origin> {
     Some(match i {
         0 => Origin::Request,
@@ -106,6 +126,7 @@ fn origin(i: u32) -> Option<Origin> {
     })
 }
 
+#[inline(always)]
 fn free_stage(i: u32) -> Option<FreeStage> {
     Some(match i {
         0 => FreeStage::Immediate,
@@ -115,53 +136,77 @@ fn free_stage(i: u32) -> Option<FreeStage> {
     })
 }
 
-/// An allocation body, or `None` for the generic path.
+/// Decodes the body `following[..len]` with `fields`, through a window of `following` (the
+/// input from the body's start on) when that is long enough, or else of a zero-padded copy.
+/// `None` when `fields` declines, or when it read past the body's end: the generic path then
+/// reads the body.
 #[inline(always)]
-pub(crate) fn alloc(b: &[u8]) -> Option<Alloc> {
+fn decode<T>(following: &[u8], len: usize, fields: impl FnOnce(&mut Cursor) -> Option<T>) -> Option<T> {
+    let padded;
+    let b = match following.first_chunk::<WINDOW>() {
+        Some(w) => w,
+        None => {
+            let mut p = [0u8; WINDOW];
+            p[..following.len()].copy_from_slice(following);
+            padded = p;
+            &padded
+        }
+    };
     let mut c = Cursor { b, pos: 0 };
-    Some(Alloc {
-        addr: c.u64()?,
-        size: c.u64()?,
-        stream: c.i64()?,
-        mem: c.variant().and_then(memory_kind)?,
-        api: c.api()?,
-        result: c.i32()?,
-        origin: c.variant().and_then(origin)?,
-        category: c.opt(|c| c.variant().and_then(|i| Category::ALL.get(i as usize).copied()))?,
-        caller: c.opt(Cursor::u32)?,
-        stack: c.opt(Cursor::u32)?,
+    let v = fields(&mut c)?;
+    (c.pos <= len).then_some(v)
+}
+
+/// An allocation body, `following[..len]`, or `None` for the generic path (see [`decode`]).
+#[inline(always)]
+pub(crate) fn alloc(following: &[u8], len: usize) -> Option<Alloc> {
+    decode(following, len, |c| {
+        Some(Alloc {
+            addr: c.u64()?,
+            size: c.u64()?,
+            stream: c.i64()?,
+            mem: c.variant().and_then(memory_kind)?,
+            api: c.api()?,
+            result: c.i32()?,
+            origin: c.variant().and_then(origin)?,
+            category: c.opt(|c| c.variant().and_then(category))?,
+            caller: c.opt(Cursor::u32)?,
+            stack: c.opt(Cursor::u32)?,
+        })
     })
 }
 
-/// A free body, or `None` for the generic path.
+/// A free body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
-pub(crate) fn free(b: &[u8]) -> Option<Free> {
-    let mut c = Cursor { b, pos: 0 };
-    Some(Free {
-        addr: c.u64()?,
-        size: c.opt(Cursor::u64)?,
-        stream: c.i64()?,
-        mem: c.variant().and_then(memory_kind)?,
-        api: c.api()?,
-        result: c.i32()?,
-        origin: c.variant().and_then(origin)?,
-        stage: c.variant().and_then(free_stage)?,
-        caller: c.opt(Cursor::u32)?,
-        stack: c.opt(Cursor::u32)?,
+pub(crate) fn free(following: &[u8], len: usize) -> Option<Free> {
+    decode(following, len, |c| {
+        Some(Free {
+            addr: c.u64()?,
+            size: c.opt(Cursor::u64)?,
+            stream: c.i64()?,
+            mem: c.variant().and_then(memory_kind)?,
+            api: c.api()?,
+            result: c.i32()?,
+            origin: c.variant().and_then(origin)?,
+            stage: c.variant().and_then(free_stage)?,
+            caller: c.opt(Cursor::u32)?,
+            stack: c.opt(Cursor::u32)?,
+        })
     })
 }
 
-/// A launch body, or `None` for the generic path.
+/// A launch body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
-pub(crate) fn launch(b: &[u8]) -> Option<KernelLaunch> {
-    let mut c = Cursor { b, pos: 0 };
-    Some(KernelLaunch {
-        api: c.api()?,
-        name: c.opt(Cursor::u32)?,
-        grid: [c.u32()?, c.u32()?, c.u32()?],
-        block: [c.u32()?, c.u32()?, c.u32()?],
-        shared_mem: c.u32()?,
-        stream: c.i64()?,
-        result: c.i32()?,
+pub(crate) fn launch(following: &[u8], len: usize) -> Option<KernelLaunch> {
+    decode(following, len, |c| {
+        Some(KernelLaunch {
+            api: c.api()?,
+            name: c.opt(Cursor::u32)?,
+            grid: [c.u32()?, c.u32()?, c.u32()?],
+            block: [c.u32()?, c.u32()?, c.u32()?],
+            shared_mem: c.u32()?,
+            stream: c.i64()?,
+            result: c.i32()?,
+        })
     })
 }

@@ -75,29 +75,17 @@ impl PrefixState {
     #[inline(always)]
     fn decode_common(&mut self, body: &[u8]) -> Option<Prefix> {
         let (&flags, rest) = body.split_first()?;
-        if flags
-            & !(PREFIX_HAS_TS
-                | PREFIX_TS_DELTA
-                | PREFIX_HAS_TID
-                | PREFIX_TID_SAME
-                | PREFIX_HAS_DEVICE
-                | PREFIX_DEVICE_SAME)
-            != 0
-            || flags & (PREFIX_HAS_TS | PREFIX_TS_DELTA) != (PREFIX_HAS_TS | PREFIX_TS_DELTA)
-        {
+        // One table lookup says the flags are of this shape; a thread or device is then either
+        // absent or the one before, so the state keeps it.
+        if !COMMON_FLAGS[usize::from(flags)] {
             return None;
         }
-        let same = |has: u8, same: u8, prev: Option<u32>| match (flags & has != 0, flags & same != 0) {
-            (false, false) => Some(None),
-            (true, true) => prev.map(Some),
-            _ => None,
-        };
-        let tid = same(PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid)?;
-        let device = same(PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device)?;
+        let tid = if flags & PREFIX_HAS_TID != 0 { Some(self.tid?) } else { None };
+        let device = if flags & PREFIX_HAS_DEVICE != 0 { Some(self.device?) } else { None };
         let (raw, n) = get_uvarint(rest).ok()?;
-        let ts = Some(self.ts?.wrapping_add(unzigzag(raw) as u64));
-        self.commit(ts, tid, device);
-        Some(Prefix { ts, tid, device, len: 1 + n })
+        let ts = self.ts?.wrapping_add(unzigzag(raw) as u64);
+        self.ts = Some(ts);
+        Some(Prefix { ts: Some(ts), tid, device, len: 1 + n })
     }
 
     #[cold]
@@ -137,6 +125,34 @@ impl PrefixState {
     }
 }
 
+/// Which flag bytes `decode_common` reads: a timestamp delta, and a thread and a device each
+/// either absent or the same as before (no reserved bit).
+static COMMON_FLAGS: [bool; 256] = {
+    const fn same(flags: u8, has: u8, same: u8) -> bool {
+        (flags & has == 0) == (flags & same == 0)
+    }
+    const fn common(flags: u8) -> bool {
+        flags
+            & !(PREFIX_HAS_TS
+                | PREFIX_TS_DELTA
+                | PREFIX_HAS_TID
+                | PREFIX_TID_SAME
+                | PREFIX_HAS_DEVICE
+                | PREFIX_DEVICE_SAME)
+            == 0
+            && flags & (PREFIX_HAS_TS | PREFIX_TS_DELTA) == (PREFIX_HAS_TS | PREFIX_TS_DELTA)
+            && same(flags, PREFIX_HAS_TID, PREFIX_TID_SAME)
+            && same(flags, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME)
+    }
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = common(i as u8);
+        i += 1;
+    }
+    table
+};
+
 /// A decoded record prefix.
 pub(crate) struct Prefix {
     pub(crate) ts: Option<u64>,
@@ -162,5 +178,46 @@ fn decode_same(
             let v = next(what)?;
             u32::try_from(v).map(Some).map_err(|_| format!("{what} {v} does not fit in 32 bits"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read for common flag bytes gives what the checked read gives, in value and state, for
+    /// every flag byte, every state a trace can be in and timestamps of every varint length.
+    #[test]
+    fn the_common_read_equals_the_checked_read() {
+        let states = [
+            PrefixState::default(),
+            PrefixState { ts: Some(1_000), tid: None, device: None },
+            PrefixState { ts: Some(u64::MAX - 3), tid: Some(7), device: None },
+            PrefixState { ts: Some(5), tid: None, device: Some(1) },
+            PrefixState { ts: Some(9_999_999), tid: Some(u32::MAX), device: Some(0) },
+        ];
+        let tails: [&[u8]; 6] = [&[], &[0x05], &[0x85, 0x01, 0x07], &[0xff; 11], &[0x80], &[0x03, 0x02, 0x01]];
+        let (mut common, mut both) = (0, 0);
+        for flags in 0..=255u8 {
+            for state in &states {
+                for tail in tails {
+                    let body = [&[flags][..], tail].concat();
+                    let (mut fast, mut checked) = (state.clone(), state.clone());
+                    let got = fast.decode(&body);
+                    let want = checked.decode_checked(&body);
+                    let view = |p: Result<Prefix, String>| p.map(|p| (p.ts, p.tid, p.device, p.len));
+                    let what = format!("flags {flags:#04x}, state {state:?}, tail {tail:?}");
+                    assert_eq!(view(got), view(want), "{what}");
+                    assert_eq!(fast, checked, "state after {what}");
+                    if COMMON_FLAGS[usize::from(flags)] {
+                        common += 1;
+                        both += usize::from(state.clone().decode_common(&body).is_some());
+                    }
+                }
+            }
+        }
+        // The common read took part: all four flag bytes it reads, on the states that allow it.
+        assert_eq!(common, 4 * states.len() * tails.len());
+        assert!(both > 0);
     }
 }

@@ -244,7 +244,8 @@ impl<R: Read> Reader<R> {
         let mut error = None;
         while records < max {
             let Some((tag, body, frame)) = whole_frame(&buf[used..]) else { break };
-            let d = codec::decode_frame_with(state, tag, body, self.summary.bytes_read + used as u64, true);
+            let following = &buf[used + frame - body.len()..];
+            let d = codec::decode_frame_with(state, tag, body, Some(following), self.summary.bytes_read + used as u64);
             used += frame;
             match d {
                 Ok(Decoded::Record(r)) => {
