@@ -72,7 +72,7 @@ pub fn for_each_record<S>(
     init: impl FnOnce(&Header) -> Result<S>,
     f: impl FnMut(&mut S, &Record) -> Result<()>,
 ) -> Result<Read<S>> {
-    for_each_mapped(path, init, |_| |r: Record| r, f)
+    read(path, init, |_| |r: Record| r, f, Drops::OnConsumer)
 }
 
 /// [`for_each_record`], with each record first turned into an item by a mapper that `mapper`
@@ -82,7 +82,26 @@ pub fn for_each_mapped<S, T: Send, M: FnMut(Record) -> T + Send>(
     path: &Path,
     init: impl FnOnce(&Header) -> Result<S>,
     mapper: impl FnOnce(&S) -> M,
+    f: impl FnMut(&mut S, &T) -> Result<()>,
+) -> Result<Read<S>> {
+    read(path, init, mapper, f, Drops::OnDecoder)
+}
+
+/// Which thread drops the items of a batch (dropping a batch of records walks every one) when
+/// the input is decoded on a second thread: the one with less to do. A mapped read feeds a
+/// replay, which takes longer than decoding; a plain read feeds counting, which takes less.
+#[derive(Clone, Copy, PartialEq)]
+enum Drops {
+    OnDecoder,
+    OnConsumer,
+}
+
+fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
+    path: &Path,
+    init: impl FnOnce(&Header) -> Result<S>,
+    mapper: impl FnOnce(&S) -> M,
     mut f: impl FnMut(&mut S, &T) -> Result<()>,
+    drops: Drops,
 ) -> Result<Read<S>> {
     if !path.exists() {
         bail!("{}: no such file", path.display());
@@ -117,7 +136,7 @@ pub fn for_each_mapped<S, T: Send, M: FnMut(Record) -> T + Send>(
                     }
                 }
             } else {
-                pipelined(path, &mut reader, &mut state, map, &mut f, bar.as_ref())?;
+                pipelined(path, &mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
             }
             if let Some(b) = bar {
                 b.finish_and_clear();
@@ -142,14 +161,15 @@ fn pipelined<S, T: Send>(
     mut map: impl FnMut(Record) -> T + Send,
     f: &mut impl FnMut(&mut S, &T) -> Result<()>,
     bar: Option<&ProgressBar>,
+    drops: Drops,
 ) -> Result<()> {
     type Batch<T> = (Vec<T>, Option<trace::TraceError>, u64);
     let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Batch<T>>(4);
     let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<T>>();
     std::thread::scope(|scope| -> Result<()> {
         scope.spawn(move || loop {
-            // A returned batch is cleared here, so that dropping its items costs this thread.
             let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
+            // Empty already when the consumer drops (see `Drops`).
             batch.clear();
             let error = reader.next_records(&mut batch, BATCH_RECORDS, &mut map).err();
             let last = batch.len() < BATCH_RECORDS || error.is_some();
@@ -159,7 +179,7 @@ fn pipelined<S, T: Send>(
             }
         });
         let mut n = 0u64;
-        for (batch, error, bytes) in full_rx {
+        for (mut batch, error, bytes) in full_rx {
             for rec in &batch {
                 f(state, rec)?;
             }
@@ -169,6 +189,9 @@ fn pipelined<S, T: Send>(
             }
             if let Some(b) = bar {
                 b.set_position(bytes);
+            }
+            if drops == Drops::OnConsumer {
+                batch.clear();
             }
             let _ = empty_tx.send(batch);
         }
