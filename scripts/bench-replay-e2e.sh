@@ -26,35 +26,40 @@ trap 'rm -rf "$dir"' EXIT
 records=$("$memsim" stats "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["events"])')
 bytes=$(stat -c %s "$dir/t.mtrace")
 
-# Best of RUNS wall seconds of a command (a nanosecond clock around the command alone), and its
-# peak resident set (KiB) from one more run under /usr/bin/time, whose own start-up (about 1.5
-# ms) and 10 ms steps would blur a 0.1 s figure.
+# Best and median of RUNS wall seconds of a command (a nanosecond clock around the command
+# alone), and its peak resident set (KiB) from one more run under /usr/bin/time, whose own
+# start-up (about 1.5 ms) and 10 ms steps would blur a 0.1 s figure. The best is what the code
+# can do; the median says how dependable that is on a machine whose speed varies.
 best() {
-  local b=999999 t0 t1 t kb
+  local t0 t1 kb times=()
   for _ in $(seq "$runs"); do
     t0=$(date +%s%N)
     "$@" >/dev/null
     t1=$(date +%s%N)
-    t=$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.4f", (z - a) / 1e9 }')
-    if awk -v t="$t" -v b="$b" 'BEGIN { exit !(t < b) }'; then b=$t; fi
+    times+=("$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.4f", (z - a) / 1e9 }')")
   done
   kb=$( { /usr/bin/time -f "%M" "$@" >/dev/null; } 2>&1 | tail -1)
-  echo "$b $kb"
+  printf '%s\n' "${times[@]}" | sort -g | awk -v kb="$kb" '{ t[NR] = $1 } END {
+    m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2
+    printf "%.4f %.4f %s\n", t[1], m, kb }'
 }
 
-read -r py_s _ < <(best "$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl")
+read -r py_s py_med _ < <(best "$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl")
 py_peak=$("$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl" | sed -n 's/.*peak reserved bytes \([0-9]*\).*/\1/p')
-read -r replay_s replay_kb < <(best "$memsim" replay "$dir/t.mtrace" --json)
-read -r stats_s stats_kb < <(best "$memsim" stats "$dir/t.mtrace" --json)
+read -r replay_s replay_med replay_kb < <(best "$memsim" replay "$dir/t.mtrace" --json)
+read -r stats_s stats_med stats_kb < <(best "$memsim" stats "$dir/t.mtrace" --json)
 rust_peak=$("$memsim" replay "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["peak_reserved_bytes"])')
 if [[ "$py_peak" != "$rust_peak" ]]; then
   echo "error: the Python reference's peak reserved ($py_peak) differs from memsim's ($rust_peak)" >&2
   exit 1
 fi
 awk -v a="$allocs" -v r="$records" -v by="$bytes" -v py="$py_s" -v rs="$replay_s" -v rk="$replay_kb" \
-    -v ss="$stats_s" -v sk="$stats_kb" -v peak="$rust_peak" 'BEGIN {
+    -v ss="$stats_s" -v sk="$stats_kb" -v peak="$rust_peak" -v pym="$py_med" -v rsm="$replay_med" \
+    -v ssm="$stats_med" -v n="$runs" 'BEGIN {
   printf "trace: %d allocations, %d records, %.1f MB .mtrace; peak reserved %.0f B (memsim = Python)\n", a, r, by / 1e6, peak
   printf "python reference (JSON Lines + replay): %.2f s\n", py
   printf "memsim replay: %.4f s (max RSS %.1f MiB) = %.0fx the Python reference\n", rs, rk / 1024, py / rs
   printf "memsim stats:  %.4f s (max RSS %.1f MiB) = %.1f M records/s\n", ss, sk / 1024, r / ss / 1e6
+  printf "medians of the %d runs: python %.2f s, replay %.4f s = %.0fx, stats %.4f s = %.1f M records/s\n", \
+    n, pym, rsm, pym / rsm, ssm, r / ssm / 1e6
 }'
