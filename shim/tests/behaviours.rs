@@ -163,6 +163,60 @@ fn triton_dlopen_dlsym_launch() {
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
 
+/// Every allocation and free hook of the common shapes records its own API, memory kind, size
+/// and stream (`p_every_alloc.c`): a hook whose table entry names the wrong one fails here.
+#[test]
+fn every_alloc_and_free_hook_records_its_own_fields() {
+    use MemoryKind::{Device, HostRegistered, IpcImport, Managed, PinnedHost};
+    let s = run_ok("p_every_alloc", &[]).stats();
+    let got: Vec<_> = s
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Alloc(a) => Some(("alloc", a.api.name(), a.mem, Some(a.size), a.stream)),
+            Event::Free(f) => Some(("free", f.api.name(), f.mem, f.size, f.stream)),
+            _ => None,
+        })
+        .collect();
+    // Streams are the handles the program passed (0x5000 + n). A free of device memory carries
+    // the size the shim knew from its allocation; host frees and an address never allocated
+    // (an IPC close) carry none (`writer/translate.rs` tracks device memory only).
+    let st = |n: i64| 0x5000 + n;
+    let want = [
+        ("alloc", "cudaMalloc", Device, Some(1001), 0),
+        ("alloc", "cudaMallocAsync", Device, Some(1002), st(1)),
+        ("alloc", "cudaMallocAsync_ptsz", Device, Some(1003), st(2)),
+        ("alloc", "cudaMallocFromPoolAsync", Device, Some(1004), st(3)),
+        ("alloc", "cudaMallocFromPoolAsync_ptsz", Device, Some(1005), st(4)),
+        ("alloc", "cudaMallocManaged", Managed, Some(1006), 0),
+        ("alloc", "cudaMallocHost", PinnedHost, Some(1007), 0),
+        ("alloc", "cudaHostAlloc", PinnedHost, Some(1008), 0),
+        ("alloc", "cudaHostRegister", HostRegistered, Some(1009), 0),
+        ("free", "cudaFreeAsync", Device, Some(1002), st(11)),
+        ("free", "cudaFreeAsync_ptsz", Device, Some(1003), st(12)),
+        ("free", "cudaFreeHost", PinnedHost, None, 0),
+        ("free", "cudaHostUnregister", HostRegistered, None, 0),
+        ("free", "cudaIpcCloseMemHandle", IpcImport, None, 0),
+        ("alloc", "cuMemAlloc_v2", Device, Some(2001), 0),
+        ("alloc", "cuMemAllocAsync", Device, Some(2002), st(21)),
+        ("alloc", "cuMemAllocAsync_ptsz", Device, Some(2003), st(22)),
+        ("alloc", "cuMemAllocFromPoolAsync", Device, Some(2004), st(23)),
+        ("alloc", "cuMemAllocFromPoolAsync_ptsz", Device, Some(2005), st(24)),
+        ("alloc", "cuMemAllocManaged", Managed, Some(2006), 0),
+        ("alloc", "cuMemAllocHost_v2", PinnedHost, Some(2007), 0),
+        ("alloc", "cuMemHostAlloc", PinnedHost, Some(2008), 0),
+        ("alloc", "cuMemHostRegister_v2", HostRegistered, Some(2009), 0),
+        ("free", "cuMemFree_v2", Device, Some(2001), 0),
+        ("free", "cuMemFreeAsync", Device, Some(2002), st(31)),
+        ("free", "cuMemFreeAsync_ptsz", Device, Some(2003), st(32)),
+        ("free", "cuMemFreeHost", PinnedHost, None, 0),
+        ("free", "cuMemHostUnregister", HostRegistered, None, 0),
+        ("free", "cuIpcCloseMemHandle", IpcImport, None, 0),
+    ];
+    assert_eq!(got, want);
+    assert!(s.whole() && s.lost_events == 0);
+}
+
 #[test]
 fn direct_plt_driver_calls() {
     check("p_plt_driver", &[], &[("cuLaunchKernel", 1), ("cuMemAlloc_v2", 1), ("cuMemFree_v2", 1)], (1, 1, 1, 3 << 20));

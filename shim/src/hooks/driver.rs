@@ -1,6 +1,9 @@
 //! Driver (`libcuda.so.1`) allocation and VMM hooks. Error code when the real driver is missing:
 //! `CUDA_ERROR_NOT_INITIALIZED` (3).
 //!
+//! Allocations through an out-pointer and frees of an address are rows of the `memory_hooks!`
+//! table below (`hooks/memory.rs`); the other shapes are written out after it.
+//!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
 //! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
 //! out-pointers, each with its own `// Safety:` line.
@@ -10,6 +13,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use trace::Api;
 
 use super::emit::{self, out};
+use super::memory::memory_hooks;
 use super::shape::HookDesc;
 use super::shape::{caller_hook, plain_hook};
 use super::Handle;
@@ -18,104 +22,38 @@ use crate::raw::Depth;
 
 const NO_DRIVER: c_int = 3;
 
-macro_rules! alloc_hook {
-    ($name:ident, $api:ident, $mem:expr) => {
-        caller_hook! {
-            /// A driver allocation with (dptr, size).
-            $name, Driver, fn(p: *mut u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-            |real, ra| {
-                let d = Depth::enter();
-                let r = real(p, size);
-                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-                if d.outer() { emit::alloc(&d, Api::$api, $mem, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-                r
-            }
-        }
-    };
-}
-
-macro_rules! async_alloc_hook {
-    ($name:ident, $api:ident) => {
-        caller_hook! {
-            /// A stream-ordered driver allocation.
-            $name, Driver, fn(p: *mut u64, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
-            |real, ra| {
-                let d = Depth::enter();
-                let r = real(p, size, s);
-                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-                if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-                r
-            }
-        }
-    };
-}
-
-macro_rules! pool_alloc_hook {
-    ($name:ident, $api:ident) => {
-        caller_hook! {
-            /// A driver allocation from a memory pool.
-            $name, Driver, fn(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
-            |real, ra| {
-                let d = Depth::enter();
-                let r = real(p, size, pool, s);
-                // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-                if d.outer() { emit::alloc(&d, Api::$api, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-                r
-            }
-        }
-    };
-}
-
-macro_rules! free_hook {
-    ($name:ident, $api:ident, $mem:expr) => {
-        caller_hook! {
-            /// A driver free of one address.
-            $name, Driver, fn(p: u64) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
-            |real, ra| {
-                let d = Depth::enter();
-                let r = real(p);
-                if d.outer() { emit::free(&d, Api::$api, $mem, p, 0, r, ra) }
-                r
-            }
-        }
-    };
-}
-
-macro_rules! async_free_hook {
-    ($name:ident, $api:ident) => {
-        caller_hook! {
-            /// A stream-ordered driver free.
-            $name, Driver, fn(p: u64, s: Handle) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-            |real, ra| {
-                let d = Depth::enter();
-                let r = real(p, s);
-                if d.outer() { emit::free(&d, Api::$api, mem::DEVICE, p, s as u64, r, ra) }
-                r
-            }
-        }
-    };
-}
-
-alloc_hook!(cuMemAlloc_v2, CuMemAlloc_v2, mem::DEVICE);
-free_hook!(cuMemFree_v2, CuMemFree_v2, mem::DEVICE);
-async_alloc_hook!(cuMemAllocAsync, CuMemAllocAsync);
-async_alloc_hook!(cuMemAllocAsync_ptsz, CuMemAllocAsync_ptsz);
-async_free_hook!(cuMemFreeAsync, CuMemFreeAsync);
-async_free_hook!(cuMemFreeAsync_ptsz, CuMemFreeAsync_ptsz);
-pool_alloc_hook!(cuMemAllocFromPoolAsync, CuMemAllocFromPoolAsync);
-pool_alloc_hook!(cuMemAllocFromPoolAsync_ptsz, CuMemAllocFromPoolAsync_ptsz);
-free_hook!(cuIpcCloseMemHandle, CuIpcCloseMemHandle, mem::IPC_IMPORT);
-
-caller_hook! {
+memory_hooks! {
+    Driver, err = NO_DRIVER;
+    /// `cuMemAlloc_v2`.
+    alloc cuMemAlloc_v2(p: *mut u64, size: usize) pads(a, b, c) => CuMemAlloc_v2, mem::DEVICE, stream 0;
+    /// `cuMemFree_v2`.
+    free cuMemFree_v2(p: u64) pads(a, b, c, e) => CuMemFree_v2, mem::DEVICE, stream 0;
+    /// `cuMemAllocAsync`.
+    alloc cuMemAllocAsync(p: *mut u64, size: usize, s: Handle) pads(a, b) => CuMemAllocAsync, mem::DEVICE, stream s as u64;
+    /// `cuMemAllocAsync_ptsz`.
+    alloc cuMemAllocAsync_ptsz(p: *mut u64, size: usize, s: Handle) pads(a, b) => CuMemAllocAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cuMemFreeAsync`.
+    free cuMemFreeAsync(p: u64, s: Handle) pads(a, b, c) => CuMemFreeAsync, mem::DEVICE, stream s as u64;
+    /// `cuMemFreeAsync_ptsz`.
+    free cuMemFreeAsync_ptsz(p: u64, s: Handle) pads(a, b, c) => CuMemFreeAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cuMemAllocFromPoolAsync`.
+    alloc cuMemAllocFromPoolAsync(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) => CuMemAllocFromPoolAsync, mem::DEVICE, stream s as u64;
+    /// `cuMemAllocFromPoolAsync_ptsz`.
+    alloc cuMemAllocFromPoolAsync_ptsz(p: *mut u64, size: usize, pool: Handle, s: Handle) pads(a) => CuMemAllocFromPoolAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cuIpcCloseMemHandle`.
+    free cuIpcCloseMemHandle(p: u64) pads(a, b, c, e) => CuIpcCloseMemHandle, mem::IPC_IMPORT, stream 0;
     /// `cuMemAllocManaged`.
-    cuMemAllocManaged, Driver, fn(p: *mut u64, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuMemAllocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
+    alloc cuMemAllocManaged(p: *mut u64, size: usize, flags: c_uint) pads(a, b) => CuMemAllocManaged, mem::MANAGED, stream 0;
+    /// `cuMemHostAlloc`.
+    alloc cuMemHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) => CuMemHostAlloc, mem::PINNED_HOST, stream 0;
+    /// `cuMemAllocHost_v2`.
+    alloc cuMemAllocHost_v2(p: *mut *mut c_void, size: usize) pads(a, b, c) => CuMemAllocHost_v2, mem::PINNED_HOST, stream 0;
+    /// `cuMemFreeHost`.
+    free cuMemFreeHost(p: *mut c_void) pads(a, b, c, e) => CuMemFreeHost, mem::PINNED_HOST, stream 0;
+    /// `cuMemHostUnregister`.
+    free cuMemHostUnregister(p: *mut c_void) pads(a, b, c, e) => CuMemHostUnregister, mem::HOST_REGISTERED, stream 0;
+    /// `cuMemRelease`: the physical handle.
+    free cuMemRelease(p: u64) pads(a, b, c, e) => CuMemRelease, mem::PHYSICAL, stream 0;
 }
 
 caller_hook! {
@@ -135,58 +73,12 @@ caller_hook! {
 }
 
 caller_hook! {
-    /// `cuMemHostAlloc`.
-    cuMemHostAlloc, Driver, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuMemHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cuMemAllocHost_v2`.
-    cuMemAllocHost_v2, Driver, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuMemAllocHost_v2, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cuMemFreeHost`.
-    cuMemFreeHost, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p);
-        if d.outer() { emit::free(&d, Api::CuMemFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
     /// `cuMemHostRegister_v2`.
     cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
         if d.outer() { emit::alloc(&d, Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cuMemHostUnregister`.
-    cuMemHostUnregister, Driver, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p);
-        if d.outer() { emit::free(&d, Api::CuMemHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
 }
@@ -268,8 +160,6 @@ caller_hook! {
         r
     }
 }
-
-free_hook!(cuMemRelease, CuMemRelease, mem::PHYSICAL);
 
 caller_hook! {
     /// `cuMemMap`.

@@ -1,6 +1,8 @@
 //! The exported hooks, one file per family (runtime, driver, arrays, launches, resolvers), built
-//! from the two shapes in [`shape`]. Hooks that record a caller module pass the return address
-//! on the way as an extra trailing argument (no frame pointers or compiler intrinsics needed).
+//! from the two shapes in [`shape`]; most allocation and free hooks of the runtime and the driver
+//! through the two recording shapes in [`memory`]. Hooks that record a caller module pass the
+//! return address on the way as an extra trailing argument (no frame pointers or compiler
+//! intrinsics needed).
 //! [`emit`] turns a returned call into a raw event; [`table`] recognises a resolver's pointer
 //! by identity.
 
@@ -15,6 +17,7 @@ pub mod control;
 pub mod driver;
 pub mod emit;
 pub mod launch;
+pub mod memory;
 pub mod resolve;
 pub mod runtime;
 pub mod shape;

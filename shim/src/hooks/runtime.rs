@@ -1,6 +1,9 @@
 //! Runtime (`libcudart`) allocation hooks. Error code when the real runtime is missing:
 //! `cudaErrorInitializationError` (3).
 //!
+//! Allocations through an out-pointer and frees of an address are rows of the `memory_hooks!`
+//! table below (`hooks/memory.rs`); the other shapes are written out after it.
+//!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
 //! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
 //! out-pointers, each with its own `// Safety:` line.
@@ -10,6 +13,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use trace::Api;
 
 use super::emit::{self, out};
+use super::memory::memory_hooks;
 use super::shape::HookDesc;
 use super::shape::{caller_hook, plain_hook};
 use super::Handle;
@@ -18,16 +22,34 @@ use crate::raw::Depth;
 
 const NO_RUNTIME: c_int = 3;
 
-caller_hook! {
+memory_hooks! {
+    Runtime, err = NO_RUNTIME;
     /// `cudaMalloc`.
-    cudaMalloc, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMalloc, mem::DEVICE, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
+    alloc cudaMalloc(p: *mut *mut c_void, size: usize) pads(a, b, c) => CudaMalloc, mem::DEVICE, stream 0;
+    /// `cudaMallocAsync`.
+    alloc cudaMallocAsync(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) => CudaMallocAsync, mem::DEVICE, stream s as u64;
+    /// `cudaFreeAsync`.
+    free cudaFreeAsync(p: *mut c_void, s: Handle) pads(a, b, c) => CudaFreeAsync, mem::DEVICE, stream s as u64;
+    /// `cudaMallocAsync_ptsz`.
+    alloc cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) => CudaMallocAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cudaFreeAsync_ptsz`.
+    free cudaFreeAsync_ptsz(p: *mut c_void, s: Handle) pads(a, b, c) => CudaFreeAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cudaMallocFromPoolAsync_ptsz`.
+    alloc cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) => CudaMallocFromPoolAsync_ptsz, mem::DEVICE, stream s as u64;
+    /// `cudaMallocFromPoolAsync`.
+    alloc cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) => CudaMallocFromPoolAsync, mem::DEVICE, stream s as u64;
+    /// `cudaMallocManaged`.
+    alloc cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) => CudaMallocManaged, mem::MANAGED, stream 0;
+    /// `cudaMallocHost`.
+    alloc cudaMallocHost(p: *mut *mut c_void, size: usize) pads(a, b, c) => CudaMallocHost, mem::PINNED_HOST, stream 0;
+    /// `cudaHostAlloc`.
+    alloc cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) => CudaHostAlloc, mem::PINNED_HOST, stream 0;
+    /// `cudaFreeHost`.
+    free cudaFreeHost(p: *mut c_void) pads(a, b, c, e) => CudaFreeHost, mem::PINNED_HOST, stream 0;
+    /// `cudaHostUnregister`.
+    free cudaHostUnregister(p: *mut c_void) pads(a, b, c, e) => CudaHostUnregister, mem::HOST_REGISTERED, stream 0;
+    /// `cudaIpcCloseMemHandle`.
+    free cudaIpcCloseMemHandle(p: *mut c_void) pads(a, b, c, e) => CudaIpcCloseMemHandle, mem::IPC_IMPORT, stream 0;
 }
 
 caller_hook! {
@@ -43,140 +65,12 @@ caller_hook! {
 }
 
 caller_hook! {
-    /// `cudaMallocAsync`.
-    cudaMallocAsync, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, s);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaFreeAsync`.
-    cudaFreeAsync, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, s);
-        if d.outer() { emit::free(&d, Api::CudaFreeAsync, mem::DEVICE, p as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocAsync_ptsz`.
-    cudaMallocAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, s: Handle) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, s);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocAsync_ptsz, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaFreeAsync_ptsz`.
-    cudaFreeAsync_ptsz, Runtime, fn(p: *mut c_void, s: Handle) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, s);
-        if d.outer() { emit::free(&d, Api::CudaFreeAsync_ptsz, mem::DEVICE, p as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocFromPoolAsync_ptsz`.
-    cudaMallocFromPoolAsync_ptsz, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, pool, s);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocFromPoolAsync_ptsz, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocFromPoolAsync`.
-    cudaMallocFromPoolAsync, Runtime, fn(p: *mut *mut c_void, size: usize, pool: Handle, s: Handle) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, pool, s);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocFromPoolAsync, mem::DEVICE, unsafe { out(p, r) }, size as u64, s as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocManaged`.
-    cudaMallocManaged, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocManaged, mem::MANAGED, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocHost`.
-    cudaMallocHost, Runtime, fn(p: *mut *mut c_void, size: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaMallocHost, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaHostAlloc`.
-    cudaHostAlloc, Runtime, fn(p: *mut *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaHostAlloc, mem::PINNED_HOST, unsafe { out(p, r) }, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaFreeHost`.
-    cudaFreeHost, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p);
-        if d.outer() { emit::free(&d, Api::CudaFreeHost, mem::PINNED_HOST, p as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
     /// `cudaHostRegister`.
     cudaHostRegister, Runtime, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
     |real, ra| {
         let d = Depth::enter();
         let r = real(p, size, flags);
         if d.outer() { emit::alloc(&d, Api::CudaHostRegister, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaHostUnregister`.
-    cudaHostUnregister, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p);
-        if d.outer() { emit::free(&d, Api::CudaHostUnregister, mem::HOST_REGISTERED, p as u64, 0, r, ra) }
         r
     }
 }
@@ -224,17 +118,6 @@ plain_hook! {
         let r = real(p, h, flags);
         // Safety: reads the out-pointer only when it is non-null and the call succeeded.
         if d.outer() { emit::alloc(&d, Api::CudaIpcOpenMemHandle, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaIpcCloseMemHandle`.
-    cudaIpcCloseMemHandle, Runtime, fn(p: *mut c_void) pads(a, b, c, e) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p);
-        if d.outer() { emit::free(&d, Api::CudaIpcCloseMemHandle, mem::IPC_IMPORT, p as u64, 0, r, ra) }
         r
     }
 }

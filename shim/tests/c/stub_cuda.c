@@ -117,6 +117,7 @@ CUresult cuMemFreeHost(void *p) {
 }
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) { (void)p; (void)size; (void)flags; return 0; }
 CUresult cuMemHostUnregister(void *p) { (void)p; return 0; }
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return 0; }
 CUresult cuMemPoolTrimTo(void *pool, size_t keep) { (void)pool; (void)keep; return 0; }
 
 CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
