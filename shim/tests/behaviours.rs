@@ -41,24 +41,16 @@ fn runtime_alloc_and_free() {
     );
     assert_eq!(s.host_allocs, 1);
     // Caller module: the program itself made the calls.
-    let callers: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) => Some(s.name(a.caller).unwrap_or("?").to_string()),
-            _ => None,
-        })
-        .collect();
+    let callers: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) => Some(s.name(a.caller).unwrap_or("?").to_string()),
+        _ => None,
+    });
     assert_eq!(callers, ["p_runtime_alloc"; 3]);
     // Frees carry the size the shim knew from the allocation.
-    let sizes: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Free(f) => f.size,
-            _ => None,
-        })
-        .collect();
+    let sizes: Vec<_> = s.events(|e| match e {
+        Event::Free(f) => f.size,
+        _ => None,
+    });
     assert_eq!(sizes, [1 << 20, 4096]);
     // Summary on stderr: counts, peak, output path.
     let err = r.stderr();
@@ -77,16 +69,10 @@ fn cuda_launch_kernel_stubs_and_names() {
         &[("__cudaLaunchKernel", 3), ("cudaLaunchKernel", 1), ("cudaLaunchKernelExC", 1)],
         (0, 0, 5, 0),
     );
-    let launches: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::KernelLaunch(k) => {
-                Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem))
-            }
-            _ => None,
-        })
-        .collect();
+    let launches: Vec<_> = s.events(|e| match e {
+        Event::KernelLaunch(k) => Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem)),
+        _ => None,
+    });
     assert_eq!(launches[0], ("my_kernel".to_string(), [4, 2, 1], 128, 256));
     assert_eq!(launches[3], ("other_kernel".to_string(), [4, 2, 1], 128, 0));
     assert_eq!(launches[4], ("my_kernel".to_string(), [8, 1, 1], 32, 0));
@@ -128,14 +114,10 @@ fn driver_entry_point_vmm() {
         ],
         (2, 1, 0, 2 << 20),
     );
-    let ops: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Vmm(v) => Some(v.op),
-            _ => None,
-        })
-        .collect();
+    let ops: Vec<_> = s.events(|e| match e {
+        Event::Vmm(v) => Some(v.op),
+        _ => None,
+    });
     assert_eq!(ops, [VmmOp::Reserve, VmmOp::Map, VmmOp::SetAccess, VmmOp::Unmap, VmmOp::AddressFree]);
     let phys = s.records.iter().find_map(|r| match &r.event {
         Event::Alloc(a) if a.mem == MemoryKind::Physical => Some(a.clone()),
@@ -152,14 +134,10 @@ fn driver_entry_point_vmm() {
 #[test]
 fn triton_dlopen_dlsym_launch() {
     let (_, s) = check("p_triton", &[], &[("cuLaunchKernelEx", 2)], (0, 0, 2, 0));
-    let names: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)),
-            _ => None,
-        })
-        .collect();
+    let names: Vec<_> = s.events(|e| match e {
+        Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)),
+        _ => None,
+    });
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
 
@@ -169,15 +147,11 @@ fn triton_dlopen_dlsym_launch() {
 fn every_alloc_and_free_hook_records_its_own_fields() {
     use MemoryKind::{Device, HostRegistered, IpcImport, Managed, PinnedHost};
     let s = run_ok("p_every_alloc", &[]).stats();
-    let got: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) => Some(("alloc", a.api.name(), a.mem, Some(a.size), a.stream)),
-            Event::Free(f) => Some(("free", f.api.name(), f.mem, f.size, f.stream)),
-            _ => None,
-        })
-        .collect();
+    let got: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) => Some(("alloc", a.api.name(), a.mem, Some(a.size), a.stream)),
+        Event::Free(f) => Some(("free", f.api.name(), f.mem, f.size, f.stream)),
+        _ => None,
+    });
     // Streams are the handles the program passed (0x5000 + n). A free of device memory carries
     // the size the shim knew from its allocation; host frees and an address never allocated
     // (an IPC close) carry none (`writer/translate.rs` tracks device memory only).
@@ -236,14 +210,10 @@ fn rtld_local_cudart_found_by_soname() {
 fn failed_allocation_is_a_call_not_an_allocation() {
     let (_, s) =
         check("p_oom", &[("STUB_OOM_LIMIT", "1073741824")], &[("cudaFree", 1), ("cudaMalloc", 2)], (1, 1, 0, 1 << 20));
-    let failed: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) if a.result != 0 => Some((a.result, a.addr, a.size)),
-            _ => None,
-        })
-        .collect();
+    let failed: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) if a.result != 0 => Some((a.result, a.addr, a.size)),
+        _ => None,
+    });
     assert_eq!(failed, [(2, 0, 1 << 34)]);
     assert_eq!(s.failed(), 1);
 }
@@ -289,14 +259,10 @@ fn ptsz_allocations_arrays_and_legacy_launches() {
         ],
         (5, 5, 3, peak),
     );
-    let sizes: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) => Some((a.api.name(), a.size)),
-            _ => None,
-        })
-        .collect();
+    let sizes: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) => Some((a.api.name(), a.size)),
+        _ => None,
+    });
     assert_eq!(
         sizes,
         [
@@ -307,14 +273,10 @@ fn ptsz_allocations_arrays_and_legacy_launches() {
             ("cuMipmappedArrayCreate", 84)
         ]
     );
-    let launches: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::KernelLaunch(k) => Some((s.name(k.name), k.grid, k.block, k.stream)),
-            _ => None,
-        })
-        .collect();
+    let launches: Vec<_> = s.events(|e| match e {
+        Event::KernelLaunch(k) => Some((s.name(k.name), k.grid, k.block, k.stream)),
+        _ => None,
+    });
     let name = Some("plain_kernel");
     assert_eq!(launches, [(name, [1, 1, 1], [0; 3], 0), (name, [5, 6, 1], [0; 3], 0), (name, [7, 8, 1], [0; 3], 0x99)]);
 }

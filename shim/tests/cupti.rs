@@ -132,14 +132,10 @@ fn memory_activity_records_from_cupti() {
     let path = lib_path(&[".", "cupti"]);
     let r = run_ok("p_runtime_alloc", &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path)]);
     let s = r.stats();
-    let traced: Vec<(MemoryKind, u64, u64)> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) if a.result == 0 => Some((a.mem, a.addr, a.size)),
-            _ => None,
-        })
-        .collect();
+    let traced: Vec<(MemoryKind, u64, u64)> = s.events(|e| match e {
+        Event::Alloc(a) if a.result == 0 => Some((a.mem, a.addr, a.size)),
+        _ => None,
+    });
     let [(MemoryKind::Device, a, 1048576), (MemoryKind::Device, b, 4096), (MemoryKind::PinnedHost, h, 8192)] =
         traced[..]
     else {

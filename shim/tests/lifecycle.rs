@@ -133,14 +133,10 @@ fn exit_from_another_thread_and_underscore_exit() {
 #[test]
 fn markers_and_nvtx_ranges() {
     let s = run_ok("p_marker", &[]).stats();
-    let marks: Vec<_> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Marker(m) => Some(m.text.clone()),
-            _ => None,
-        })
-        .collect();
+    let marks: Vec<_> = s.events(|e| match e {
+        Event::Marker(m) => Some(m.text.clone()),
+        _ => None,
+    });
     assert_eq!(marks, ["iter:0", "phase:forward", "iter:1"]);
     assert_eq!(s.calls(), [("cudaMalloc", 1)]);
 }

@@ -59,15 +59,11 @@ fn real_runtime_failures_are_recorded_with_their_codes() {
     let s = r.stats();
     assert_eq!(s.calls(), [("cudaLaunchKernel", 1), ("cudaMalloc", 1), ("cudaMallocHost", 1)]);
     assert_eq!((s.allocs, s.kernel_launches, s.failed()), (0, 0, 3));
-    let codes: Vec<i32> = s
-        .records
-        .iter()
-        .filter_map(|r| match &r.event {
-            Event::Alloc(a) => Some(a.result),
-            Event::KernelLaunch(k) => Some(k.result),
-            _ => None,
-        })
-        .collect();
+    let codes: Vec<i32> = s.events(|e| match e {
+        Event::Alloc(a) => Some(a.result),
+        Event::KernelLaunch(k) => Some(k.result),
+        _ => None,
+    });
     assert_eq!(codes, [35, 35, 35]);
 }
 

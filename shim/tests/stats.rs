@@ -67,6 +67,11 @@ impl Stats {
         self.t.failed_calls.values().sum()
     }
 
+    /// What `pick` takes from each record's event, in trace order.
+    pub fn events<'a, T>(&'a self, pick: impl FnMut(&'a Event) -> Option<T>) -> Vec<T> {
+        self.records.iter().map(|r| &r.event).filter_map(pick).collect()
+    }
+
     /// The interned name with this id.
     pub fn name(&self, id: Option<u32>) -> Option<&str> {
         id.and_then(|i| self.names.get(&i)).map(String::as_str)

@@ -307,7 +307,7 @@ fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result
 /// used in errors.
 #[inline]
 pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, Some(bytes), offset)
+    decode_frame_with(state, tag, bytes, bytes.len(), true, offset)
 }
 
 /// [`decode_frame`] through the derived decoders only, never the hand-written fast path: what the
@@ -318,26 +318,28 @@ pub fn decode_frame_generic(
     bytes: &[u8],
     offset: u64,
 ) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, None, offset)
+    decode_frame_with(state, tag, bytes, bytes.len(), false, offset)
 }
 
-/// [`decode_frame`], through the hand-written decoders when `fast` holds the input from the
-/// frame body's start on (`bytes` and what follows it: they read through a fixed window of it),
-/// and through the derived decoders only when it is `None`.
+/// [`decode_frame`] of the body `following[..len]`, where `following` is the input from the
+/// body's start on: the hand-written decoders (`fast`) read through a fixed window of it, which
+/// may run past the body. Without `fast`, the derived decoders only.
 #[inline(always)]
 pub(crate) fn decode_frame_with(
     state: &mut PrefixState,
     tag: u8,
-    bytes: &[u8],
-    fast: Option<&[u8]>,
+    following: &[u8],
+    len: usize,
+    fast: bool,
     offset: u64,
 ) -> Result<Decoded, TraceError> {
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
+    let bytes = &following[..len];
     let prefix = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
     let rest = &bytes[prefix.len..];
-    let fast = fast.map(|following| (&following[prefix.len..], rest.len()));
+    let fast = fast.then(|| (&following[prefix.len..], rest.len()));
     let event = match tag {
         // The hot kinds go through `fastread`, and through the derived decoder only when it
         // declines (which then names what is wrong).

@@ -243,10 +243,16 @@ impl<R: Read> Reader<R> {
         let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
         let mut error = None;
         while records < max {
-            let Some((tag, body, frame)) = whole_frame(&buf[used..]) else { break };
-            let following = &buf[used + frame - body.len()..];
-            let d = codec::decode_frame_with(state, tag, body, Some(following), self.summary.bytes_read + used as u64);
-            used += frame;
+            let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
+            let d = codec::decode_frame_with(
+                state,
+                tag,
+                &buf[used + at..],
+                len,
+                true,
+                self.summary.bytes_read + used as u64,
+            );
+            used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
                     emit(r);
@@ -523,11 +529,11 @@ impl<R: Read> Iterator for Reader<R> {
     }
 }
 
-/// The frame at the start of `buf` when it is whole: its tag, its body and its length in bytes
-/// (tag and length varint included). `None` when it is not whole or not well formed (tag 0, a
-/// length too large): the general path reads those and says what is wrong.
+/// The frame at the start of `buf` when it is whole: its tag, where its body starts (after the
+/// tag and the length varint) and the body's length. `None` when it is not whole or not well
+/// formed (tag 0, a length too large): the general path reads those and says what is wrong.
 #[inline(always)]
-fn whole_frame(buf: &[u8]) -> Option<(u8, &[u8], usize)> {
+fn whole_frame(buf: &[u8]) -> Option<(u8, usize, usize)> {
     let (&tag, rest) = buf.split_first()?;
     if tag == 0 {
         return None;
@@ -536,6 +542,6 @@ fn whole_frame(buf: &[u8]) -> Option<(u8, &[u8], usize)> {
     if len > MAX_FRAME_LEN {
         return None;
     }
-    let body = rest.get(n..n + len as usize)?;
-    Some((tag, body, 1 + n + len as usize))
+    rest.get(n..n + len as usize)?;
+    Some((tag, 1 + n, len as usize))
 }
