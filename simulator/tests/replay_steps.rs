@@ -1,7 +1,7 @@
 //! The two-phase replay (`Classifier::classify` then `Replayer::observe_step`) leaves a replay
 //! exactly as `Replayer::observe` of the same records does: on every shared real snapshot, and
-//! on hand-built traces with the records the fast path must hand over whole (other callers,
-//! failed calls, control operations, markers, names, device-level requests, a start state).
+//! on hand-built traces with every kind of record the classifier sorts (other callers, failed
+//! calls, control operations, markers, names, device-level requests, a start state).
 
 use simulator::replay::{ReplayOptions, Replayer, Step};
 use simulator::snapshot;
@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 fn check(what: &str, h: &Header, opts: &ReplayOptions, recs: &[Record]) -> Vec<Step> {
     let mut whole = Replayer::new(h, opts.clone()).unwrap();
     let mut stepped = Replayer::new(h, opts.clone()).unwrap();
-    let c = stepped.classifier().expect("a replay that does not realise has a classifier");
+    let mut c = stepped.classifier().expect("a replay that does not realise has a classifier");
     let mut steps = Vec::new();
     for r in recs {
         whole.observe(r);
@@ -88,6 +88,20 @@ fn unusual_records() -> Vec<Record> {
     ]
 }
 
+fn kind(s: &Step) -> String {
+    match s {
+        Step::Alloc { .. } => "alloc".into(),
+        Step::Free { .. } => "free".into(),
+        Step::Control { .. } => "control".into(),
+        Step::Seed(_) => "seed".into(),
+        Step::Iteration(n) => format!("iteration {n}"),
+        Step::OtherCaller(_) => "other caller".into(),
+        Step::FailedCall => "failed".into(),
+        Step::Skip => "skip".into(),
+        Step::Record(_) => "record".into(),
+    }
+}
+
 #[test]
 fn hand_built_traces_replay_the_same_either_way() {
     let opts = ReplayOptions::default();
@@ -98,16 +112,61 @@ fn hand_built_traces_replay_the_same_either_way() {
     assert!(steps.iter().any(|s| matches!(s, Step::Skip)));
 
     let steps = check("unusual records", &header(), &opts, &unusual_records());
-    // Each unusual request kept its record, so the replay could count what it left out.
-    let kept = steps.iter().filter(|s| matches!(s, Step::Record(_))).count();
-    assert_eq!(kept, 13, "{steps:#?}");
+    // Each record sorted by what the replay does with it: other callers' requests and failed
+    // calls left out with their reason, the allocator's own module's requests applied, outcome
+    // and pinned-host events counted only.
+    let nccl = Step::OtherCaller("/usr/lib/libnccl.so.2".into());
+    let expect = [
+        "skip",
+        "skip",
+        "iteration 0",
+        "alloc",
+        "other caller",
+        "alloc",
+        "failed",
+        "skip",
+        "skip",
+        "free",
+        "iteration 1",
+        "alloc",
+        "control",
+        "other caller",
+        "free",
+        "free",
+        "control",
+        "alloc",
+    ];
+    assert_eq!(steps.iter().map(kind).collect::<Vec<_>>(), expect, "{steps:#?}");
+    assert_eq!(steps[4], nccl);
+    assert_eq!(steps[13], nccl);
 
-    // A device-level trace taken with the cache off: every device request keeps its record.
+    // A device-level trace taken with the cache off: every device request is one, whatever its
+    // origin; other callers' are still left out.
     let mut h = Header::new("test", "0", Level::Device);
     h.caching_disabled = true;
     h.synthetic_addresses = true;
     let steps = check("device-level requests", &h, &opts, &unusual_records());
-    assert!(!steps.iter().any(|s| matches!(s, Step::Alloc { .. } | Step::Free { .. })));
+    let expect = [
+        "skip",
+        "skip",
+        "iteration 0",
+        "alloc",
+        "other caller",
+        "alloc",
+        "failed",
+        "alloc",
+        "skip",
+        "free",
+        "iteration 1",
+        "alloc",
+        "control",
+        "other caller",
+        "free",
+        "free",
+        "control",
+        "alloc",
+    ];
+    assert_eq!(steps.iter().map(kind).collect::<Vec<_>>(), expect, "{steps:#?}");
 
     let capped = ReplayOptions { capacity: Some(60 * MIB), ..ReplayOptions::default() };
     check("a capacity the trace exceeds", &header(), &capped, &unusual_records());

@@ -6,6 +6,7 @@ mod alloc_reference; // a naive Vec-of-segments model of the native rules, for d
 mod alloc_support; // the test script language and the state-consistency checker
 mod fit; // the fit check: in-memory shortcut == lockstep replay at every budget; margins and verdicts
 mod records; // hand-built trace records (shared with the memsim command's tests)
+mod replay_live; // the numbered live blocks hold what a map by trace address holds, on random refusing traces
 mod replay_steps; // the two-phase replay (classify on the decoding thread) == observe, on real snapshots and unusual records
 mod report; // the memory report: collect on known answers, the page, memsim report end to end
 mod snapshot_import; // every shared snapshot imports with the README's action counts

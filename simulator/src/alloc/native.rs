@@ -295,12 +295,11 @@ impl Allocator {
         if self.gc_active() {
             self.pools[p].free_calls += 1;
         }
-        // Common case first: the best fit is a native block. Take it out in the same B-tree
-        // descent that finds it, and put it back in the rare case an oversize rule refuses it.
+        // Common case first: the best fit is a native block. Take it out in the same search
+        // that finds it, and put it back in the rare case an oversize rule refuses it.
         let (msp, slack) = (self.cfg.max_split_size, self.non_split_rounding());
         let sp = self.pools[p].of_existing_mut(stream)?;
-        let (k, first) = sp.blocks.first_at_or_after(key(size, 0))?;
-        sp.blocks.remove(k);
+        let (k, first) = sp.blocks.take_first_at_or_after(key(size, 0))?;
         if !self.arena[first].expandable {
             let bsize = unkey(k).0;
             if (size < msp && bsize >= msp) || (size >= msp && bsize >= size.saturating_add(slack)) {

@@ -12,18 +12,17 @@
 
 use std::collections::BTreeMap;
 
-use hashbrown::HashMap;
-use trace::{
-    BlockState, Category, ControlOp, Event, FreeStage, Header, MemoryKind, Origin, Record, SegmentState, StateAt,
-};
+use trace::{Category, ControlOp, Event, FreeStage, Header, Record};
 
 use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ExistingSegment, Outcome, Request, TorchVersion};
 use crate::conversions;
 
+mod live;
 mod report;
 mod step;
+use live::{LiveBlock, LiveBlocks};
 pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, ReplayReport};
-pub use step::{Classifier, Step};
+pub use step::{Classifier, Seed, Step};
 
 /// Why a trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]
@@ -59,34 +58,15 @@ pub struct ReplayOptions {
     pub capacity: Option<u64>,
 }
 
-#[derive(Clone, Copy)]
-struct LiveBlock {
-    model_addr: u64,
-    category: Option<Category>,
-    size: u64,
-    /// Its free was requested: allocated bytes already dropped.
-    requested: bool,
-}
-
 struct DeviceState {
     alloc: Allocator,
     at_peak: Fragmentation,
     peak_reserved_seen: u64,
     live_by_category: [u64; 7],
-    /// Live blocks by trace address: the model's address, category and block size. Frees in
-    /// the trace name trace addresses; the model may have placed the block elsewhere (synthetic
-    /// addresses, or a divergence from the recorded run).
-    live_blocks: HashMap<u64, LiveBlock>,
     categories_at_peak: [u64; 7],
     peak_allocated_seen: u64,
     /// The latest request's outcome, reused so that a request allocates nothing.
     outcome: Outcome,
-}
-
-impl DeviceState {
-    fn model_addr(&self, trace_addr: u64) -> u64 {
-        self.live_blocks.get(&trace_addr).map_or(trace_addr, |b| b.model_addr)
-    }
 }
 
 /// Drives one allocator per device from trace records.
@@ -98,7 +78,10 @@ pub struct Replayer {
     device_level_requests: bool,
     /// Sorted by device id; a linear search, as a trace names one device or a few.
     devices: Vec<(u32, DeviceState)>,
-    names: HashMap<u32, String>,
+    /// Live blocks by the classifier's numbers for their trace addresses.
+    live: LiveBlocks,
+    /// Sorts the records fed whole to [`Replayer::observe`].
+    own: Classifier,
     index: u64,
     report_requests: u64,
     skipped_by_caller: BTreeMap<String, u64>,
@@ -111,13 +94,6 @@ pub struct Replayer {
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
     iterations: Vec<IterationPeak>,
-}
-
-/// Whether a caller module is PyTorch's caching allocator (or unknown, which producers that only
-/// see the allocator leave unset).
-fn is_framework_allocator(module: &str) -> bool {
-    let base = module.rsplit('/').next().unwrap_or(module);
-    base.starts_with("libc10_cuda") || base.starts_with("libc10_hip") || base.starts_with("libtorch_cuda")
 }
 
 impl Replayer {
@@ -146,14 +122,16 @@ impl Replayer {
         } else {
             (AllocatorConfig::default(), None)
         };
+        let device_level_requests = header.caching_disabled && header.level == trace::Level::Device;
         Ok(Replayer {
             cfg,
             opts,
             alloc_conf,
             use_recorded_addrs: !header.synthetic_addresses,
-            device_level_requests: header.caching_disabled && header.level == trace::Level::Device,
+            device_level_requests,
             devices: Vec::new(),
-            names: HashMap::new(),
+            live: LiveBlocks::default(),
+            own: Classifier::new(device_level_requests),
             index: 0,
             report_requests: 0,
             skipped_by_caller: BTreeMap::new(),
@@ -175,10 +153,6 @@ impl Replayer {
     pub fn realize(mut self) -> Self {
         self.realized = Some(Vec::new());
         self
-    }
-
-    fn device(&mut self, d: u32) -> &mut DeviceState {
-        Self::device_in(&mut self.devices, &self.cfg, &self.opts, d)
     }
 
     /// A device's state, made on first use; borrows only the device list, so the caller can
@@ -204,7 +178,6 @@ impl Replayer {
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
             live_by_category: [0; 7],
-            live_blocks: HashMap::new(),
             categories_at_peak: [0; 7],
             peak_allocated_seen: 0,
             outcome: Outcome::default(),
@@ -218,83 +191,64 @@ impl Replayer {
         self.devices.iter().find(|(id, _)| *id == d).map(|(_, ds)| ds)
     }
 
-    /// Whether an allocation-like event is one this replay should apply.
-    #[inline(always)]
-    fn wants(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
-        // The common case without a call.
-        step::plain_request(self.device_level_requests, origin, mem, caller, result)
-            || self.wants_rare(origin, mem, caller, result)
-    }
-
-    fn wants_rare(&mut self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> bool {
-        let is_request = if self.device_level_requests { mem == MemoryKind::Device } else { origin == Origin::Request };
-        if !is_request || mem != MemoryKind::Device {
-            return false;
-        }
-        if let Some(id) = caller {
-            let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("<name {id}>"));
-            if !is_framework_allocator(&name) {
-                *self.skipped_by_caller.entry(name).or_default() += 1;
-                return false;
-            }
-        }
-        if result != 0 {
-            self.skipped_failed += 1;
-            return false;
-        }
-        true
-    }
-
-    /// Feed one record.
+    /// Feed one record. A replay is fed either this way or by [`Replayer::observe_step`] with
+    /// one classifier from the first record on, not both.
     pub fn observe(&mut self, rec: &Record) {
-        let index = self.index;
-        self.index += 1;
-        let device = rec.device.unwrap_or(0);
         if let (Some(out), Event::Name(_) | Event::Stack(_)) = (self.realized.as_mut(), &rec.event) {
             out.push(rec.clone());
         }
-        let req = match &rec.event {
-            Event::Name(n) => {
-                self.names.insert(n.id, n.text.clone());
-                return;
+        let step = self.own.classify(rec.clone());
+        self.apply_step(&step, Some(rec));
+    }
+
+    /// The classifier for [`Replayer::observe_step`], before the first record; `None` when
+    /// this replay realises the trace ([`Replayer::realize`]), which needs every record whole.
+    pub fn classifier(&self) -> Option<Classifier> {
+        debug_assert_eq!(self.index, 0, "a classifier must see the trace from its first record");
+        self.realized.is_none().then(|| Classifier::new(self.device_level_requests))
+    }
+
+    /// Feed one record as its [`Step`], made by one classifier of this replay's (or of a replay
+    /// of the same trace) that has seen every record before it.
+    #[inline]
+    pub fn observe_step(&mut self, step: &Step) {
+        match step {
+            Step::Record(rec) => self.observe(rec),
+            s => self.apply_step(s, None),
+        }
+    }
+
+    // Inlined into `observe_step`, so that the hot arms' requests are built and applied with
+    // their kind known.
+    #[inline(always)]
+    fn apply_step(&mut self, step: &Step, source: Option<&Record>) {
+        let index = self.index;
+        self.index += 1;
+        match *step {
+            Step::Alloc { device, id, category, addr, size, stream } => {
+                let req = self.alloc_request(addr, size, stream);
+                self.apply(index, device, &req, Target { id: Some(id), addr, category }, source);
             }
-            Event::Alloc(a) => {
-                if !self.wants(a.origin, a.mem, a.caller, a.result) {
-                    return;
-                }
-                let req = self.alloc_request(a.addr, a.size, a.stream);
-                self.apply(index, device, &req, Some((a.addr, a.category)), Some(rec));
-                return;
+            Step::Free { device, stage, addr, id } => {
+                self.apply(index, device, &free_request(stage, addr), Target { id, addr, category: None }, source);
             }
-            Event::Free(f) => {
-                if !self.wants(f.origin, f.mem, f.caller, f.result) {
-                    return;
-                }
-                free_request(f.stage, f.addr)
+            Step::Control { device, ref op, id } => {
+                let (req, addr) = match *op {
+                    ControlOp::EmptyCache => (Request::EmptyCache, 0),
+                    ControlOp::SetMemoryFraction { fraction } => (Request::SetMemoryFraction(fraction), 0),
+                    ControlOp::ResetPeakStats => (Request::ResetPeakStats, 0),
+                    ControlOp::RecordStream { addr, stream } => (Request::RecordStream { addr, stream }, addr),
+                };
+                self.apply(index, device, &req, Target { id, addr, category: None }, source);
             }
-            Event::Control(c) => match &c.op {
-                ControlOp::EmptyCache => Request::EmptyCache,
-                ControlOp::SetMemoryFraction { fraction } => Request::SetMemoryFraction(*fraction),
-                ControlOp::ResetPeakStats => Request::ResetPeakStats,
-                ControlOp::RecordStream { addr, stream } => Request::RecordStream { addr: *addr, stream: *stream },
-            },
-            Event::SegmentState(seg) if seg.at == StateAt::Start => {
-                self.seed(index, device, seg);
-                return;
-            }
-            Event::Marker(m) => {
-                if let trace::marker::MarkerKind::Iter(n) = trace::marker::parse(&m.text) {
-                    self.start_iteration(n);
-                }
-                return;
-            }
-            // The rest a replay only counts (`step::counted_only` says which, exhaustively).
-            _ => {
-                debug_assert!(step::counted_only(&rec.event));
-                return;
-            }
-        };
-        self.apply(index, device, &req, None, Some(rec));
+            Step::Seed(ref seed) => self.seed(index, seed),
+            Step::Iteration(n) => self.start_iteration(n),
+            Step::OtherCaller(ref name) => *self.skipped_by_caller.entry(name.to_string()).or_default() += 1,
+            Step::FailedCall => self.skipped_failed += 1,
+            Step::Skip => {}
+            // `observe_step` takes whole records before this, and a classifier makes none.
+            Step::Record(_) => debug_assert!(false, "a whole record reached apply_step"),
+        }
     }
 
     /// The request for an allocation at a trace address: placed there when the addresses are
@@ -315,97 +269,121 @@ impl Replayer {
     }
 
     /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
-    fn seed(&mut self, index: u64, device: u32, seg: &SegmentState) {
-        let existing = ExistingSegment::from(seg);
-        let ds = self.device(device);
+    fn seed(&mut self, index: u64, seed: &Seed) {
+        let device = seed.device;
+        let existing = ExistingSegment::from(&seed.segment);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
         if let Err(e) = ds.alloc.add_existing_segment(&existing) {
-            self.rejected += 1;
-            if self.rejected_examples.len() < 5 {
-                self.rejected_examples.push(format!("record {index} (device {device}): start state: {e}"));
+            for (b, id) in seed.active_blocks() {
+                self.live.refused(device, id, b.addr);
             }
+            self.reject(|| format!("record {index} (device {device}): start state: {e}"));
             return;
         }
-        for b in seg.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
-            let live = LiveBlock { model_addr: b.addr, category: None, size: b.size, requested: false };
-            ds.live_blocks.insert(b.addr, live);
+        for (b, id) in seed.active_blocks() {
+            let live = LiveBlock {
+                model_addr: b.addr,
+                size: b.size,
+                trace_addr: b.addr,
+                device,
+                category: None,
+                requested: false,
+            };
+            self.live.placed(id, live);
             ds.live_by_category[cat_index(None)] += b.size;
+        }
+    }
+
+    #[cold]
+    fn reject(&mut self, example: impl FnOnce() -> String) {
+        self.rejected += 1;
+        if self.rejected_examples.len() < 5 {
+            self.rejected_examples.push(example());
         }
     }
 
     // Inlined into `observe_step`'s allocation and free arms, where the request's kind is known,
     // so that neither this function's `match` nor the allocator's is taken at run time.
     #[inline(always)]
-    fn apply(
-        &mut self,
-        index: u64,
-        device: u32,
-        req: &Request,
-        alloc: Option<(u64, Option<Category>)>,
-        source: Option<&Record>,
-    ) {
+    fn apply(&mut self, index: u64, device: u32, req: &Request, t: Target, source: Option<&Record>) {
         self.report_requests += 1;
         let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        let live = &mut self.live;
         // Translate the trace's address into the model's. A free that completes takes its block
-        // out of `live_blocks` at once (one map operation), and puts it back if the model
-        // refuses the request.
-        let mut taken: Option<(u64, LiveBlock)> = None;
-        let mut requested_at = None;
+        // out at once, and puts it back if the model refuses the request.
+        let mut taken: Option<LiveBlock> = None;
+        let model = |b: Option<&LiveBlock>, addr: u64| b.map_or(addr, |b| b.model_addr);
         let req = match *req {
-            Request::Free { addr } | Request::FreeCompleted { addr } => {
-                let b = ds.live_blocks.remove(&addr);
-                let model = b.map_or(addr, |b| b.model_addr);
-                if let Some(b) = b {
-                    taken = Some((addr, b));
-                }
-                match *req {
-                    Request::Free { .. } => Request::Free { addr: model },
-                    _ => Request::FreeCompleted { addr: model },
-                }
+            Request::Free { addr } => {
+                taken = live.take(device, t.id, addr);
+                Request::Free { addr: model(taken.as_ref(), addr) }
+            }
+            Request::FreeCompleted { addr } => {
+                taken = live.take(device, t.id, addr);
+                Request::FreeCompleted { addr: model(taken.as_ref(), addr) }
             }
             Request::FreeRequested { addr } => {
-                requested_at = ds.live_blocks.get_mut(&addr);
-                Request::FreeRequested { addr: requested_at.as_ref().map_or(addr, |b| b.model_addr) }
+                Request::FreeRequested { addr: model(live.get(device, t.id, addr), addr) }
             }
-            Request::RecordStream { addr, stream } => Request::RecordStream { addr: ds.model_addr(addr), stream },
+            Request::RecordStream { addr, stream } => {
+                Request::RecordStream { addr: model(live.get(device, t.id, addr), addr), stream }
+            }
             ref other => other.clone(),
         };
         let outcome = &mut ds.outcome;
+        let placing = match (&req, t.id) {
+            (Request::Alloc { .. }, Some(id)) => Some(id),
+            _ => None,
+        };
         if let Err(e) = ds.alloc.apply_into(&req, outcome) {
-            if let Some((addr, b)) = taken {
-                ds.live_blocks.insert(addr, b);
+            if let Some(b) = taken {
+                live.put_back(b);
             }
-            self.rejected += 1;
-            if self.rejected_examples.len() < 5 {
-                self.rejected_examples.push(format!("record {index} (device {device}): {e}"));
+            if let Some(id) = placing {
+                live.refused(device, id, t.addr);
             }
+            self.reject(|| format!("record {index} (device {device}): {e}"));
             return;
         }
         // Category accounting follows allocated bytes: they drop at free_requested.
-        if let Some((_, b)) = &taken {
+        if let Some(b) = &taken {
             if !b.requested {
                 ds.live_by_category[cat_index(b.category)] -= b.size;
             }
         }
-        if let Some(b) = requested_at {
-            if !b.requested {
-                b.requested = true;
-                ds.live_by_category[cat_index(b.category)] -= b.size;
+        if let Request::FreeRequested { .. } = req {
+            if let Some(b) = live.get_mut(device, t.id, t.addr) {
+                if !b.requested {
+                    b.requested = true;
+                    ds.live_by_category[cat_index(b.category)] -= b.size;
+                }
             }
         }
         let mut new_category = false;
         let mut failed = None;
-        if let Some((trace_addr, category)) = alloc {
+        if let Some(id) = placing {
             if let Some(oom) = &outcome.oom {
                 failed = Some(format!(
                     "device {device}: request of {} B (rounded {} B) with {} B reserved and {} B allocated",
                     oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
                 ));
+                live.refused(device, id, t.addr);
             } else if let Some(model_addr) = outcome.addr {
-                // The trace's address identifies the block in later frees.
-                ds.live_blocks
-                    .insert(trace_addr, LiveBlock { model_addr, category, size: outcome.block_size, requested: false });
+                let category = t.category;
+                let b = LiveBlock {
+                    model_addr,
+                    size: outcome.block_size,
+                    trace_addr: t.addr,
+                    device,
+                    category,
+                    requested: false,
+                };
+                live.placed(id, b);
                 ds.live_by_category[cat_index(category)] += outcome.block_size;
                 new_category = category.is_some();
+            } else {
+                // A zero-byte request: nothing placed.
+                live.refused(device, id, t.addr);
             }
         }
         let stats = ds.alloc.stats();
@@ -453,13 +431,11 @@ impl Replayer {
 
     /// A device's live blocks: (trace address, the model's address, block size, category).
     pub fn live_blocks(&self, device: u32) -> Vec<(u64, u64, u64, Option<Category>)> {
-        self.device_state(device).map_or_else(Vec::new, |d| {
-            d.live_blocks
-                .iter()
-                .filter(|(_, b)| !b.requested)
-                .map(|(&a, b)| (a, b.model_addr, b.size, b.category))
-                .collect()
-        })
+        self.live
+            .of_device(device)
+            .filter(|b| !b.requested)
+            .map(|b| (b.trace_addr, b.model_addr, b.size, b.category))
+            .collect()
     }
 
     /// Whether any applied allocation carried a category.
@@ -560,6 +536,16 @@ impl Replayer {
             iterations: self.iterations,
         }
     }
+}
+
+/// What a request is about, as the trace names it.
+struct Target {
+    /// The classifier's number for the trace address (always there for an allocation).
+    id: Option<u32>,
+    /// The trace address.
+    addr: u64,
+    /// An allocation's category.
+    category: Option<Category>,
 }
 
 /// The request for a free of this stage at a trace address.

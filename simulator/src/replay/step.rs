@@ -1,24 +1,29 @@
-//! Records sorted for replay before they reach it: the two-phase form of
-//! [`Replayer::observe`](super::Replayer::observe).
+//! What each record means to a replay, decided before the replay sees it: the [`Classifier`],
+//! which also holds the trace's half of the address translation.
 //!
-//! Why: a replay is fed by a decoding thread. Deciding what a record means to the replay (a
-//! plain allocator request, something the replay ignores, or a record that needs its full
-//! handling) depends only on the record and on the trace's header, so that thread can do it.
-//! The replay's own thread then reads a 32-byte [`Step`] instead of a 112-byte record and skips
-//! the decision. [`Replayer::observe_step`] of a record's step leaves the replay exactly as
-//! [`Replayer::observe`] of the record does (`tests/replay_steps.rs`).
+//! Why: a replay is fed by a decoding thread. Deciding what a record means to the replay (an
+//! allocator request to apply, one it leaves out and why, a record it only counts) depends only
+//! on the record, the trace's header and the records before it, so that thread can do it. So can
+//! the trace's half of the address translation: which allocation a free's trace address names is
+//! fixed by the trace alone. The classifier numbers each live trace address (an id); the replay
+//! keeps its live blocks in a vector by id (`live.rs`), so its own thread hashes nothing.
+//!
+//! [`Replayer::observe`](super::Replayer::observe) sorts each record with a classifier of its
+//! own, so a record fed whole and its step fed from another thread take one code path.
 
-use trace::{Category, Event, FreeStage, MemoryKind, Origin, Record, StateAt};
-
-use super::Replayer;
+use hashbrown::HashMap;
+use trace::marker::{self, MarkerKind};
+use trace::{BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Origin, Record, SegmentState, StateAt};
 
 /// A record as the replay will use it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// An allocator request to allocate, with nothing unusual about it.
+    /// An allocator request to allocate.
     Alloc {
         /// CUDA device ordinal.
         device: u32,
+        /// The number the classifier gave the trace's address while the block lives.
+        id: u32,
         /// What the tensor is, when the trace says.
         category: Option<Category>,
         /// The trace's address of the block.
@@ -28,7 +33,7 @@ pub enum Step {
         /// The stream it was allocated on.
         stream: i64,
     },
-    /// An allocator request to free, with nothing unusual about it.
+    /// An allocator request to free.
     Free {
         /// CUDA device ordinal.
         device: u32,
@@ -36,51 +41,255 @@ pub enum Step {
         stage: FreeStage,
         /// The trace's address of the block.
         addr: u64,
+        /// The address's number, when an allocation there is live in the trace.
+        id: Option<u32>,
     },
+    /// A control operation (`empty_cache`, a memory fraction, a peak reset, `record_stream`).
+    Control {
+        /// CUDA device ordinal.
+        device: u32,
+        /// The operation.
+        op: ControlOp,
+        /// For `record_stream`: its address's number, when an allocation there is live.
+        id: Option<u32>,
+    },
+    /// A segment that existed before the first event, with the numbers of its active blocks.
+    Seed(Box<Seed>),
+    /// An `iter:N` marker: a new iteration starts.
+    Iteration(u64),
+    /// A request from another caller module (NCCL, cuBLAS, ...), which bypasses the caching
+    /// allocator on a real run: left out and counted by the module's name.
+    OtherCaller(Box<str>),
+    /// A request whose call failed: left out and counted.
+    FailedCall,
     /// A record the replay counts and otherwise ignores (launches, kernel times, memory
-    /// queries, stacks, ...).
+    /// queries, stacks, names, outcome events, ...).
     Skip,
-    /// Any other record, handled as [`Replayer::observe`] handles it: names, control
-    /// operations, markers, start state, and requests the replay leaves out or reports.
+    /// A record passed whole, for a replay that realises the trace: it sorts the record with
+    /// its own classifier, as [`Replayer::observe`](super::Replayer::observe) does.
     Record(Box<Record>),
 }
 
-/// Sorts records into [`Step`]s; made by [`Replayer::classifier`], and `Send` so that a
-/// decoding thread can own it.
-#[derive(Debug, Clone, Copy)]
+/// A start-state segment and the numbers of its active blocks, in block order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seed {
+    /// CUDA device ordinal.
+    pub device: u32,
+    /// The segment as recorded.
+    pub segment: SegmentState,
+    /// One number per block that is not inactive.
+    pub ids: Vec<u32>,
+}
+
+impl Seed {
+    /// The blocks that were live at the start, with their numbers.
+    pub fn active_blocks(&self) -> impl Iterator<Item = (&trace::BlockInfo, u32)> {
+        self.segment.blocks.iter().filter(|b| b.state != BlockState::Inactive).zip(self.ids.iter().copied())
+    }
+}
+
+/// Sorts records into [`Step`]s; made by [`Replayer::classifier`](super::Replayer::classifier)
+/// and `Send`, so that a decoding thread can own it. It keeps state: the names of caller
+/// modules, and the number of each live trace address. So one classifier sees every record of
+/// a trace, in order, from the first.
+#[derive(Debug, Clone)]
 pub struct Classifier {
     /// Device-level traces taken with the cache off: each `cudaMalloc` is a request.
     device_level_requests: bool,
+    /// Caller modules' names by name id.
+    names: HashMap<u32, String>,
+    ids: Ids,
+}
+
+/// The number of each live trace address, per device. A number is given at an allocation (the
+/// address's own, if it already has one: an allocation over a live one replaces it), and given
+/// back at the free that ends the block, for reuse, so numbers stay as few as live blocks.
+#[derive(Debug, Clone, Default)]
+struct Ids {
+    /// Sorted by device id; a linear search, as a trace names one device or a few.
+    by_device: Vec<(u32, HashMap<u64, u32>)>,
+    vacant: Vec<u32>,
+    next: u32,
+}
+
+impl Ids {
+    #[inline(always)]
+    fn of(&mut self, device: u32) -> &mut HashMap<u64, u32> {
+        let at = match self.by_device.iter().position(|(d, _)| *d == device) {
+            Some(at) => at,
+            None => self.add_device(device),
+        };
+        &mut self.by_device[at].1
+    }
+
+    #[cold]
+    fn add_device(&mut self, device: u32) -> usize {
+        let at = self.by_device.partition_point(|(d, _)| *d < device);
+        self.by_device.insert(at, (device, HashMap::new()));
+        at
+    }
+
+    #[inline(always)]
+    fn assign(&mut self, device: u32, addr: u64) -> u32 {
+        let at = match self.by_device.iter().position(|(d, _)| *d == device) {
+            Some(at) => at,
+            None => self.add_device(device),
+        };
+        let (vacant, next) = (&mut self.vacant, &mut self.next);
+        *self.by_device[at].1.entry(addr).or_insert_with(|| {
+            vacant.pop().unwrap_or_else(|| {
+                *next += 1;
+                *next - 1
+            })
+        })
+    }
+
+    #[inline(always)]
+    fn release(&mut self, device: u32, addr: u64) -> Option<u32> {
+        let id = self.of(device).remove(&addr)?;
+        self.vacant.push(id);
+        Some(id)
+    }
+
+    #[inline(always)]
+    fn find(&mut self, device: u32, addr: u64) -> Option<u32> {
+        self.of(device).get(&addr).copied()
+    }
+}
+
+/// What the replay does with an allocation or free.
+enum Decision {
+    Apply,
+    /// Not an allocator request for device memory (an outcome, pinned host memory): counted only.
+    NotRequest,
+    OtherCaller(String),
+    Failed,
 }
 
 impl Classifier {
+    /// A classifier for a trace with this shape, before its first record.
+    pub(super) fn new(device_level_requests: bool) -> Classifier {
+        Classifier { device_level_requests, names: HashMap::new(), ids: Ids::default() }
+    }
+
     /// What this record is to the replay.
     #[inline(always)]
-    pub fn classify(&self, rec: Record) -> Step {
+    pub fn classify(&mut self, rec: Record) -> Step {
         // The record is taken apart by value, so that the hot arms drop nothing.
-        let Record { ts_ns, tid, device: dev, event } = rec;
+        let Record { device: dev, event, .. } = rec;
         let device = dev.unwrap_or(0);
-        let plain =
-            |origin, mem, caller, result| plain_request(self.device_level_requests, origin, mem, caller, result);
-        let whole = |event: Event| Step::Record(Box::new(Record { ts_ns, tid, device: dev, event }));
         match event {
-            Event::Alloc(a) if plain(a.origin, a.mem, a.caller, a.result) => {
-                Step::Alloc { device, category: a.category, addr: a.addr, size: a.size, stream: a.stream }
+            Event::Alloc(a) => match self.decide(a.origin, a.mem, a.caller, a.result) {
+                Decision::Apply => Step::Alloc {
+                    device,
+                    id: self.ids.assign(device, a.addr),
+                    category: a.category,
+                    addr: a.addr,
+                    size: a.size,
+                    stream: a.stream,
+                },
+                d => d.left_out(),
+            },
+            Event::Free(f) => match self.decide(f.origin, f.mem, f.caller, f.result) {
+                Decision::Apply => {
+                    // A requested free leaves the block live until its completion.
+                    let id = match f.stage {
+                        FreeStage::Requested => self.ids.find(device, f.addr),
+                        FreeStage::Immediate | FreeStage::Completed => self.ids.release(device, f.addr),
+                    };
+                    Step::Free { device, stage: f.stage, addr: f.addr, id }
+                }
+                d => d.left_out(),
+            },
+            e => self.classify_rare(device, e),
+        }
+    }
+
+    #[inline(never)]
+    fn classify_rare(&mut self, device: u32, event: Event) -> Step {
+        match event {
+            Event::Name(n) => {
+                self.names.insert(n.id, n.text);
+                Step::Skip
             }
-            Event::Free(f) if plain(f.origin, f.mem, f.caller, f.result) => {
-                Step::Free { device, stage: f.stage, addr: f.addr }
+            Event::Control(c) => {
+                let id = match c.op {
+                    ControlOp::RecordStream { addr, .. } => self.ids.find(device, addr),
+                    ControlOp::EmptyCache | ControlOp::SetMemoryFraction { .. } | ControlOp::ResetPeakStats => None,
+                };
+                Step::Control { device, op: c.op, id }
             }
-            e if counted_only(&e) => Step::Skip,
-            e => whole(e),
+            Event::SegmentState(segment) if segment.at == StateAt::Start => {
+                let ids = segment
+                    .blocks
+                    .iter()
+                    .filter(|b| b.state != BlockState::Inactive)
+                    .map(|b| self.ids.assign(device, b.addr))
+                    .collect();
+                Step::Seed(Box::new(Seed { device, segment, ids }))
+            }
+            Event::Marker(m) => match marker::parse(&m.text) {
+                MarkerKind::Iter(n) => Step::Iteration(n),
+                MarkerKind::Phase(_) | MarkerKind::User(_) => Step::Skip,
+            },
+            e => {
+                debug_assert!(counted_only(&e), "{e:?} reached the counted-only arm");
+                Step::Skip
+            }
+        }
+    }
+
+    /// Whether an allocation-like event is one the replay applies; the common request without a
+    /// call.
+    #[inline(always)]
+    fn decide(&self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> Decision {
+        if plain_request(self.device_level_requests, origin, mem, caller, result) {
+            return Decision::Apply;
+        }
+        self.decide_rare(origin, mem, caller, result)
+    }
+
+    #[inline(never)]
+    fn decide_rare(&self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> Decision {
+        let is_request = if self.device_level_requests { mem == MemoryKind::Device } else { origin == Origin::Request };
+        if !is_request || mem != MemoryKind::Device {
+            return Decision::NotRequest;
+        }
+        if let Some(id) = caller {
+            let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("<name {id}>"));
+            if !is_framework_allocator(&name) {
+                return Decision::OtherCaller(name);
+            }
+        }
+        if result != 0 {
+            return Decision::Failed;
+        }
+        Decision::Apply
+    }
+}
+
+impl Decision {
+    /// The step of a request the replay does not apply.
+    fn left_out(self) -> Step {
+        match self {
+            Decision::OtherCaller(name) => Step::OtherCaller(name.into_boxed_str()),
+            Decision::Failed => Step::FailedCall,
+            Decision::NotRequest | Decision::Apply => Step::Skip,
         }
     }
 }
 
+/// Whether a caller module is PyTorch's caching allocator (or unknown, which producers that only
+/// see the allocator leave unset).
+fn is_framework_allocator(module: &str) -> bool {
+    let base = module.rsplit('/').next().unwrap_or(module);
+    base.starts_with("libc10_cuda") || base.starts_with("libc10_hip") || base.starts_with("libtorch_cuda")
+}
+
 /// The common request, which a replay applies without looking further: an allocator request for
-/// device memory with no caller module and no failure. Anything else is for
-/// `Replayer::wants_rare` to judge (and count when it leaves it out).
+/// device memory with no caller module and no failure.
 #[inline(always)]
-pub(super) fn plain_request(
+fn plain_request(
     device_level_requests: bool,
     origin: Origin,
     mem: MemoryKind,
@@ -92,7 +301,7 @@ pub(super) fn plain_request(
 
 /// Whether a replay only counts this event: every kind but requests, names, control operations,
 /// markers and a start state. Exhaustive, so that a new event kind needs a decision here.
-pub(super) fn counted_only(e: &Event) -> bool {
+fn counted_only(e: &Event) -> bool {
     match e {
         Event::SegmentState(s) => s.at != StateAt::Start,
         Event::Vmm(_)
@@ -109,41 +318,30 @@ pub(super) fn counted_only(e: &Event) -> bool {
     }
 }
 
-impl Replayer {
-    /// The classifier for [`Replayer::observe_step`]; `None` when this replay realises the
-    /// trace ([`Replayer::realize`]), which needs every record whole.
-    pub fn classifier(&self) -> Option<Classifier> {
-        self.realized.is_none().then_some(Classifier { device_level_requests: self.device_level_requests })
-    }
-
-    /// Feed one record as its [`Step`], made by this replay's [`Replayer::classifier`].
-    #[inline]
-    pub fn observe_step(&mut self, step: &Step) {
-        match *step {
-            Step::Alloc { device, category, addr, size, stream } => {
-                let index = self.index;
-                self.index += 1;
-                let req = self.alloc_request(addr, size, stream);
-                self.apply(index, device, &req, Some((addr, category)), None);
-            }
-            Step::Free { device, stage, addr } => {
-                let index = self.index;
-                self.index += 1;
-                self.apply(index, device, &super::free_request(stage, addr), None, None);
-            }
-            Step::Skip => self.index += 1,
-            Step::Record(ref rec) => self.observe(rec),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_step_is_small() {
-        // The point of a step is to carry less than a record across threads.
-        assert!(std::mem::size_of::<Step>() <= 32, "Step is {} bytes", std::mem::size_of::<Step>());
+        // The point of a step is to carry less than a record (112 bytes) across threads.
+        assert!(std::mem::size_of::<Step>() <= 40, "Step is {} bytes", std::mem::size_of::<Step>());
+    }
+
+    #[test]
+    fn numbers_follow_live_addresses() {
+        let mut ids = Ids::default();
+        let a = ids.assign(0, 0x1000);
+        // An allocation over a live address keeps its number; another device's is its own.
+        assert_eq!(ids.assign(0, 0x1000), a);
+        let b = ids.assign(1, 0x1000);
+        assert_ne!(a, b);
+        assert_eq!(ids.find(0, 0x1000), Some(a));
+        assert_eq!(ids.release(0, 0x1000), Some(a));
+        assert_eq!(ids.find(0, 0x1000), None);
+        assert_eq!(ids.release(0, 0x1000), None);
+        // A number given back is reused, so numbers stay as few as live blocks.
+        assert_eq!(ids.assign(0, 0x2000), a);
+        assert_eq!(ids.next, 2);
     }
 }

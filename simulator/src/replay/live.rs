@@ -1,0 +1,121 @@
+//! The replay's half of the address translation: each live block by the number the
+//! [`Classifier`](super::Classifier) gave its trace address.
+//!
+//! Frees in the trace name trace addresses, and the model may have placed the block elsewhere
+//! (synthetic addresses, or a divergence from the recorded run). What this keeps is exactly what
+//! a map from trace address to block would hold, read through the classifier's numbers:
+//! - an allocation that the model places stores its block under its number, replacing any
+//!   block there (an allocation over a live trace address replaces it);
+//! - one the model refuses leaves what was there;
+//! - a free takes its block out, and puts it back when the model refuses the free. The
+//!   classifier has then already given the number back, so the block goes to a small map by
+//!   trace address (`unnumbered`), where later requests at that address find it.
+//!
+//! Invariant: while the classifier numbers a trace address, `unnumbered` holds nothing at that
+//! address. An allocation restores it: a placed one removes the address from `unnumbered`, and a
+//! refused one moves the block from there to its number. `tests/replay_live.rs` checks all of
+//! this against a map by trace address, on random traces with refused requests of every kind.
+
+use hashbrown::HashMap;
+use trace::Category;
+
+/// A live block, as the replay knows it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LiveBlock {
+    /// Where the model placed it.
+    pub model_addr: u64,
+    /// Its size in the model.
+    pub size: u64,
+    /// The trace's address of it.
+    pub trace_addr: u64,
+    pub device: u32,
+    pub category: Option<Category>,
+    /// Its free was requested: allocated bytes already dropped.
+    pub requested: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct LiveBlocks {
+    by_id: Vec<Option<LiveBlock>>,
+    /// Blocks whose refused free came after the classifier gave their number back, by (device,
+    /// trace address). Empty unless the model refused a free.
+    unnumbered: HashMap<(u32, u64), LiveBlock>,
+}
+
+impl LiveBlocks {
+    /// The block at a trace address, by its number when it has one.
+    #[inline(always)]
+    pub fn get(&self, device: u32, id: Option<u32>, addr: u64) -> Option<&LiveBlock> {
+        match id {
+            Some(id) => self.by_id.get(id as usize)?.as_ref(),
+            None if self.unnumbered.is_empty() => None,
+            None => self.unnumbered.get(&(device, addr)),
+        }
+    }
+
+    #[inline(always)]
+    pub fn get_mut(&mut self, device: u32, id: Option<u32>, addr: u64) -> Option<&mut LiveBlock> {
+        match id {
+            Some(id) => self.by_id.get_mut(id as usize)?.as_mut(),
+            None if self.unnumbered.is_empty() => None,
+            None => self.unnumbered.get_mut(&(device, addr)),
+        }
+    }
+
+    /// Takes the block out for a free.
+    #[inline(always)]
+    pub fn take(&mut self, device: u32, id: Option<u32>, addr: u64) -> Option<LiveBlock> {
+        match id {
+            Some(id) => self.by_id.get_mut(id as usize)?.take(),
+            None if self.unnumbered.is_empty() => None,
+            None => self.unnumbered.remove(&(device, addr)),
+        }
+    }
+
+    /// A refused free's block goes back; its number is no longer its address's.
+    #[cold]
+    pub fn put_back(&mut self, b: LiveBlock) {
+        self.unnumbered.insert((b.device, b.trace_addr), b);
+    }
+
+    /// The model placed an allocation whose trace address has this number.
+    #[inline(always)]
+    pub fn placed(&mut self, id: u32, b: LiveBlock) {
+        if !self.unnumbered.is_empty() {
+            self.unnumbered.remove(&(b.device, b.trace_addr));
+        }
+        *self.slot(id) = Some(b);
+    }
+
+    /// The model refused an allocation (or placed nothing) whose trace address has this number.
+    #[inline(always)]
+    pub fn refused(&mut self, device: u32, id: u32, addr: u64) {
+        if self.unnumbered.is_empty() {
+            return;
+        }
+        let moved = self.unnumbered.remove(&(device, addr));
+        let slot = self.slot(id);
+        if slot.is_none() {
+            *slot = moved;
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&mut self, id: u32) -> &mut Option<LiveBlock> {
+        let i = id as usize;
+        if i >= self.by_id.len() {
+            self.grow(i);
+        }
+        &mut self.by_id[i]
+    }
+
+    #[cold]
+    fn grow(&mut self, i: usize) {
+        self.by_id.resize((i + 1).max(self.by_id.len() * 2), None);
+    }
+
+    /// A device's live blocks.
+    pub fn of_device(&self, device: u32) -> impl Iterator<Item = &LiveBlock> {
+        self.by_id.iter().flatten().chain(self.unnumbered.values()).filter(move |b| b.device == device)
+    }
+}
