@@ -44,80 +44,53 @@ unsafe fn wrap_out(r: c_int, sym: *const c_char, pfn: *mut *mut c_void) {
     unsafe { *pfn = w as *mut c_void };
 }
 
-/// A resolver of the `cuGetProcAddress` family: the real call with the caller's arguments, then
-/// the pointer it wrote replaced by our wrapper. One body for all seven.
-macro_rules! entry_point_hook {
+/// The resolvers of the `cuGetProcAddress` family, a row each: the real call with the caller's
+/// arguments, then the pointer it wrote replaced by our wrapper. One body for all seven; the
+/// table also makes [`ALL`], in row order.
+macro_rules! entry_point_hooks {
     (
-        $(#[$doc:meta])*
-        $name:ident, $lib:ident, err = $err:expr,
-        fn($sym:ident: $sty:ty, $pfn:ident: $pty:ty $(, $arg:ident: $ty:ty)*)
+        $(
+            $(#[$doc:meta])*
+            $name:ident, $lib:ident, err = $err:expr,
+            fn($sym:ident: $sty:ty, $pfn:ident: $pty:ty $(, $arg:ident: $ty:ty)*);
+        )*
     ) => {
-        plain_hook! {
-            $(#[$doc])*
-            $name, $lib, fn($sym: $sty, $pfn: $pty $(, $arg: $ty)*) -> c_int, err = $err,
-            |real| {
-                let r = real($sym, $pfn $(, $arg)*);
-                // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
-                unsafe { wrap_out(r, $sym, $pfn) };
-                r
+        $(
+            plain_hook! {
+                $(#[$doc])*
+                $name, $lib, fn($sym: $sty, $pfn: $pty $(, $arg: $ty)*) -> c_int, err = $err,
+                |real| {
+                    let r = real($sym, $pfn $(, $arg)*);
+                    // Safety: `pfn` is the out-pointer the real resolver just wrote (or null).
+                    unsafe { wrap_out(r, $sym, $pfn) };
+                    r
+                }
             }
-        }
+        )*
+
+        /// Resolver hooks that resolvers can hand out.
+        pub const ALL: &[HookDesc] = &[$($name::DESC),*];
     };
 }
 
-entry_point_hook! {
-    /// `cuGetProcAddress` (declared with the `_v2` arity: the extra argument is ignored by an
-    /// older four-argument driver, and forwarding it is harmless).
-    cuGetProcAddress, Driver, err = NO_DRIVER,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
+// `cuGetProcAddress` is declared with the `_v2` arity: an older four-argument driver ignores the
+// extra argument, so forwarding it is harmless. Likewise `cudaGetDriverEntryPoint` with CUDA 12's.
+entry_point_hooks! {
+    /// `cuGetProcAddress`.
+    cuGetProcAddress, Driver, err = NO_DRIVER, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int);
     /// `cuGetProcAddress_v2`.
-    cuGetProcAddress_v2, Driver, err = NO_DRIVER,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
+    cuGetProcAddress_v2, Driver, err = NO_DRIVER, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int);
     /// `cuGetProcAddress_ptsz`.
-    cuGetProcAddress_ptsz, Driver, err = NO_DRIVER,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
-    /// `cudaGetDriverEntryPoint` (CUDA 12 arity; see cuGetProcAddress on extra arguments).
-    cudaGetDriverEntryPoint, Runtime, err = NO_RUNTIME,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
+    cuGetProcAddress_ptsz, Driver, err = NO_DRIVER, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64, st: *mut c_int);
+    /// `cudaGetDriverEntryPoint`.
+    cudaGetDriverEntryPoint, Runtime, err = NO_RUNTIME, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int);
     /// `cudaGetDriverEntryPointByVersion`.
-    cudaGetDriverEntryPointByVersion, Runtime, err = NO_RUNTIME,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
+    cudaGetDriverEntryPointByVersion, Runtime, err = NO_RUNTIME, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int);
     /// `cudaGetDriverEntryPoint_ptsz`.
-    cudaGetDriverEntryPoint_ptsz, Runtime, err = NO_RUNTIME,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int)
-}
-
-entry_point_hook! {
+    cudaGetDriverEntryPoint_ptsz, Runtime, err = NO_RUNTIME, fn(sym: *const c_char, pfn: *mut *mut c_void, flags: u64, st: *mut c_int);
     /// `cudaGetDriverEntryPointByVersion_ptsz`.
-    cudaGetDriverEntryPointByVersion_ptsz, Runtime, err = NO_RUNTIME,
-    fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int)
+    cudaGetDriverEntryPointByVersion_ptsz, Runtime, err = NO_RUNTIME, fn(sym: *const c_char, pfn: *mut *mut c_void, ver: c_uint, flags: u64, st: *mut c_int);
 }
-
-/// Resolver hooks that resolvers can hand out.
-pub const ALL: &[HookDesc] = &[
-    cuGetProcAddress::DESC,
-    cuGetProcAddress_v2::DESC,
-    cuGetProcAddress_ptsz::DESC,
-    cudaGetDriverEntryPoint::DESC,
-    cudaGetDriverEntryPointByVersion::DESC,
-    cudaGetDriverEntryPoint_ptsz::DESC,
-    cudaGetDriverEntryPointByVersion_ptsz::DESC,
-];
 
 /// Only names that could be hooked are worth an identity check.
 fn worth_wrapping(name: *const c_char) -> bool {
