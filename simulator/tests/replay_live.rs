@@ -37,13 +37,15 @@ fn cat_index(c: Option<Category>) -> usize {
 }
 
 impl MapReplay {
-    fn apply(&mut self, d: u32, req: &Request) -> Option<simulator::alloc::Outcome> {
+    fn allocator(&mut self, d: u32) -> &mut Allocator {
         let capacity = self.capacity;
-        let a = self
-            .allocs
+        self.allocs
             .entry(d)
-            .or_insert_with(|| Allocator::new(AllocatorConfig::default(), TorchVersion::default(), capacity));
-        match a.apply(req) {
+            .or_insert_with(|| Allocator::new(AllocatorConfig::default(), TorchVersion::default(), capacity))
+    }
+
+    fn apply(&mut self, d: u32, req: &Request) -> Option<simulator::alloc::Outcome> {
+        match self.allocator(d).apply(req) {
             Ok(o) => Some(o),
             Err(_) => {
                 self.rejected += 1;
@@ -107,12 +109,7 @@ impl MapReplay {
                 self.apply(d, &req);
             }
             Event::SegmentState(s) => {
-                let capacity = self.capacity;
-                let a = self
-                    .allocs
-                    .entry(d)
-                    .or_insert_with(|| Allocator::new(AllocatorConfig::default(), TorchVersion::default(), capacity));
-                if a.add_existing_segment(&ExistingSegment::from(s)).is_err() {
+                if self.allocator(d).add_existing_segment(&ExistingSegment::from(s)).is_err() {
                     self.rejected += 1;
                     return;
                 }

@@ -164,16 +164,7 @@ impl Replayer {
         opts: &ReplayOptions,
         d: u32,
     ) -> &'a mut DeviceState {
-        let at = match devices.iter().position(|(id, _)| *id == d) {
-            Some(at) => at,
-            None => Self::add_device(devices, cfg, opts, d),
-        };
-        &mut devices[at].1
-    }
-
-    #[cold]
-    fn add_device(devices: &mut Vec<(u32, DeviceState)>, cfg: &AllocatorConfig, opts: &ReplayOptions, d: u32) -> usize {
-        let state = DeviceState {
+        per_device(devices, d, || DeviceState {
             alloc: Allocator::new(cfg.clone(), opts.version, opts.capacity),
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
@@ -181,10 +172,7 @@ impl Replayer {
             categories_at_peak: [0; 7],
             peak_allocated_seen: 0,
             outcome: Outcome::default(),
-        };
-        let at = devices.partition_point(|(id, _)| *id < d);
-        devices.insert(at, (d, state));
-        at
+        })
     }
 
     fn device_state(&self, d: u32) -> Option<&DeviceState> {
@@ -536,6 +524,25 @@ impl Replayer {
             iterations: self.iterations,
         }
     }
+}
+
+/// A device's entry in a list sorted by device, made by `make` on first use. A linear search,
+/// as a trace names one device or a few; the insertion is kept off the inlined path.
+#[inline(always)]
+fn per_device<V>(list: &mut Vec<(u32, V)>, device: u32, make: impl FnOnce() -> V) -> &mut V {
+    let at = match list.iter().position(|(d, _)| *d == device) {
+        Some(at) => at,
+        None => add_device(list, device, make),
+    };
+    &mut list[at].1
+}
+
+#[cold]
+#[inline(never)]
+fn add_device<V>(list: &mut Vec<(u32, V)>, device: u32, make: impl FnOnce() -> V) -> usize {
+    let at = list.partition_point(|(d, _)| *d < device);
+    list.insert(at, (device, make()));
+    at
 }
 
 /// What a request is about, as the trace names it.

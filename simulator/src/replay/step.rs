@@ -115,28 +115,14 @@ struct Ids {
 impl Ids {
     #[inline(always)]
     fn of(&mut self, device: u32) -> &mut HashMap<u64, u32> {
-        let at = match self.by_device.iter().position(|(d, _)| *d == device) {
-            Some(at) => at,
-            None => self.add_device(device),
-        };
-        &mut self.by_device[at].1
-    }
-
-    #[cold]
-    fn add_device(&mut self, device: u32) -> usize {
-        let at = self.by_device.partition_point(|(d, _)| *d < device);
-        self.by_device.insert(at, (device, HashMap::new()));
-        at
+        super::per_device(&mut self.by_device, device, HashMap::new)
     }
 
     #[inline(always)]
     fn assign(&mut self, device: u32, addr: u64) -> u32 {
-        let at = match self.by_device.iter().position(|(d, _)| *d == device) {
-            Some(at) => at,
-            None => self.add_device(device),
-        };
+        let map = super::per_device(&mut self.by_device, device, HashMap::new);
         let (vacant, next) = (&mut self.vacant, &mut self.next);
-        *self.by_device[at].1.entry(addr).or_insert_with(|| {
+        *map.entry(addr).or_insert_with(|| {
             vacant.pop().unwrap_or_else(|| {
                 *next += 1;
                 *next - 1
