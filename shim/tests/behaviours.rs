@@ -1,7 +1,7 @@
 //! One test per interception path. Each runs a tiny C program against the stub runtime and
 //! driver and checks exact calls and counts.
 
-use trace::{Event, MemoryKind, VmmOp};
+use trace::{Api, Event, MemoryKind, VmmOp};
 
 use crate::harness::{run_ok, Run};
 use crate::stats::Stats;
@@ -194,6 +194,29 @@ fn every_alloc_and_free_hook_records_its_own_fields() {
 #[test]
 fn direct_plt_driver_calls() {
     check("p_plt_driver", &[], &[("cuLaunchKernel", 1), ("cuMemAlloc_v2", 1), ("cuMemFree_v2", 1)], (1, 1, 1, 3 << 20));
+}
+
+/// `dlvsym` through a handle is wrapped (one `cudaMalloc`); through RTLD_DEFAULT it goes to libc
+/// untouched, whose versioned lookup passes over the shim's unversioned export: that call is seen
+/// as the runtime's own driver call (`cuMemAlloc_v2`).
+#[test]
+fn dlvsym_and_cooperative_launches() {
+    let (_, s) = check(
+        "p_dlvsym",
+        &[],
+        &[("cuLaunchCooperativeKernel", 1), ("cuMemAlloc_v2", 1), ("cudaMalloc", 1)],
+        (2, 0, 1, 3000),
+    );
+    let allocs: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) => Some((a.api, a.size)),
+        _ => None,
+    });
+    assert_eq!(allocs, [(Api::CuMemAlloc_v2, 1000), (Api::CudaMalloc, 2000)]);
+    let launches: Vec<_> = s.events(|e| match e {
+        Event::KernelLaunch(k) => Some((k.api, k.grid, k.block, k.shared_mem)),
+        _ => None,
+    });
+    assert_eq!(launches, [(Api::CuLaunchCooperativeKernel, [2, 3, 4], [64, 1, 1], 512)]);
 }
 
 #[test]

@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 19] = [
+const PROGRAMS: [&str; 20] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -60,6 +60,7 @@ const PROGRAMS: [&str; 19] = [
     "p_thread_teardown",
     "p_dlopen_shim",
     "p_every_alloc",
+    "p_dlvsym",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

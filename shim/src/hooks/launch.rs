@@ -131,16 +131,19 @@ graph_launch!(cudaGraphLaunch_ptsz, Runtime, CudaGraphLaunch_ptsz, NO_RUNTIME);
 graph_launch!(cuGraphLaunch, Driver, CuGraphLaunch, NO_DRIVER);
 graph_launch!(cuGraphLaunch_ptsz, Driver, CuGraphLaunch_ptsz, NO_DRIVER);
 
+/// `cuLaunchKernel`-shaped driver launches: a function, grid, block, shared memory and stream,
+/// then the kernel parameters and whatever follows them (`extra` for `cuLaunchKernel`, nothing
+/// for the cooperative launch).
 macro_rules! driver_launch {
-    ($name:ident, $api:ident) => {
+    ($(#[$doc:meta])* $name:ident, $api:ident, params($($p:ident: $pty:ty),*)) => {
         plain_hook! {
-            /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`.
+            $(#[$doc])*
             $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-                shared: c_uint, s: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> c_int,
+                shared: c_uint, s: Handle, $($p: $pty),*) -> c_int,
             err = NO_DRIVER, forward_nested,
             |real| {
                 let d = Depth::enter();
-                let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+                let r = real(f, gx, gy, gz, bx, by, bz, shared, s, $($p),*);
                 if d.outer() {
                     emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
                 }
@@ -150,30 +153,22 @@ macro_rules! driver_launch {
     };
 }
 
-driver_launch!(cuLaunchKernel, CuLaunchKernel);
-driver_launch!(cuLaunchKernel_ptsz, CuLaunchKernel_ptsz);
-
-macro_rules! driver_coop {
-    ($name:ident, $api:ident) => {
-        plain_hook! {
-            /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)`.
-            $name, Driver, fn(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-                shared: c_uint, s: Handle, params: *mut *mut c_void) -> c_int,
-            err = NO_DRIVER, forward_nested,
-            |real| {
-                let d = Depth::enter();
-                let r = real(f, gx, gy, gz, bx, by, bz, shared, s, params);
-                if d.outer() {
-                    emit::launch(&d, Api::$api, FuncKind::CuFunction, f as u64, [gx, gy, gz], [bx, by, bz], shared, s as u64, r)
-                }
-                r
-            }
-        }
-    };
-}
-
-driver_coop!(cuLaunchCooperativeKernel, CuLaunchCooperativeKernel);
-driver_coop!(cuLaunchCooperativeKernel_ptsz, CuLaunchCooperativeKernel_ptsz);
+driver_launch!(
+    /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`.
+    cuLaunchKernel, CuLaunchKernel, params(params: *mut *mut c_void, extra: *mut *mut c_void)
+);
+driver_launch!(
+    /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`.
+    cuLaunchKernel_ptsz, CuLaunchKernel_ptsz, params(params: *mut *mut c_void, extra: *mut *mut c_void)
+);
+driver_launch!(
+    /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)`.
+    cuLaunchCooperativeKernel, CuLaunchCooperativeKernel, params(params: *mut *mut c_void)
+);
+driver_launch!(
+    /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)`.
+    cuLaunchCooperativeKernel_ptsz, CuLaunchCooperativeKernel_ptsz, params(params: *mut *mut c_void)
+);
 
 macro_rules! driver_launch_ex {
     ($name:ident, $api:ident) => {

@@ -147,78 +147,61 @@ extern "C" fn init_dlvsym() -> usize {
     catch_unwind(real::real_dlvsym_addr).unwrap_or(0)
 }
 
-/// `dlsym`: RTLD_DEFAULT (0) and RTLD_NEXT (-1) tail-jump to libc's dlsym with the caller's
-/// return address intact; explicit handles go through [`dlsym_hook`].
+/// An x86-64 entry point for `dlsym` or `dlvsym`: RTLD_DEFAULT (0) and RTLD_NEXT (-1) tail-jump
+/// to libc's function with the caller's return address intact (RTLD_NEXT is relative to the
+/// caller); explicit handles go through the hook. Before libc's function is known, `init`
+/// finds it, with the three argument registers saved (three pushes also keep the stack aligned
+/// for the call; `dlsym` has only two arguments, and its third register is saved for nothing).
 #[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[cfg_attr(not(test), export_name = "dlsym")]
-pub unsafe extern "C" fn dlsym_export() {
-    core::arch::naked_asm!(
-        "test rdi, rdi",
-        "je 2f",
-        "cmp rdi, -1",
-        "je 2f",
-        "jmp {hook}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "je 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {init}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "je 4f",
-        "jmp rax",
-        "4:",
-        "xor eax, eax",
-        "ret",
-        hook = sym dlsym_hook,
-        real = sym real::REAL_DLSYM,
-        init = sym init_dlsym,
-    )
+macro_rules! dl_entry {
+    ($(#[$doc:meta])* $fn:ident, $symbol:literal, hook = $hook:path, real = $real:path, init = $init:path) => {
+        $(#[$doc])*
+        #[unsafe(naked)]
+        #[cfg_attr(not(test), export_name = $symbol)]
+        pub unsafe extern "C" fn $fn() {
+            core::arch::naked_asm!(
+                "test rdi, rdi",
+                "je 2f",
+                "cmp rdi, -1",
+                "je 2f",
+                "jmp {hook}",
+                "2:",
+                "mov rax, qword ptr [rip + {real}]",
+                "test rax, rax",
+                "je 3f",
+                "jmp rax",
+                "3:",
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                "call {init}",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "test rax, rax",
+                "je 4f",
+                "jmp rax",
+                "4:",
+                "xor eax, eax",
+                "ret",
+                hook = sym $hook,
+                real = sym $real,
+                init = sym $init,
+            )
+        }
+    };
 }
 
-/// `dlvsym`: as [`dlsym_export`].
 #[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[cfg_attr(not(test), export_name = "dlvsym")]
-pub unsafe extern "C" fn dlvsym_export() {
-    core::arch::naked_asm!(
-        "test rdi, rdi",
-        "je 2f",
-        "cmp rdi, -1",
-        "je 2f",
-        "jmp {hook}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "je 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {init}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "je 4f",
-        "jmp rax",
-        "4:",
-        "xor eax, eax",
-        "ret",
-        hook = sym dlvsym_hook,
-        real = sym real::REAL_DLVSYM,
-        init = sym init_dlvsym,
-    )
-}
+dl_entry!(
+    /// `dlsym` (see `dl_entry!`); explicit handles go through [`dlsym_hook`].
+    dlsym_export, "dlsym", hook = dlsym_hook, real = real::REAL_DLSYM, init = init_dlsym
+);
+#[cfg(target_arch = "x86_64")]
+dl_entry!(
+    /// `dlvsym` (see `dl_entry!`); explicit handles go through [`dlvsym_hook`].
+    dlvsym_export, "dlvsym", hook = dlvsym_hook, real = real::REAL_DLVSYM, init = init_dlvsym
+);
 
 /// `dlsym` on targets without the tail-jump stub: RTLD_NEXT is resolved relative to the shim.
 #[cfg(not(target_arch = "x86_64"))]
