@@ -26,28 +26,41 @@ trap 'rm -rf "$dir"' EXIT
 records=$("$memsim" stats "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["events"])')
 bytes=$(stat -c %s "$dir/t.mtrace")
 
-# Best and median of RUNS wall seconds of a command (a nanosecond clock around the command
-# alone), and its peak resident set (KiB) from one more run under /usr/bin/time, whose own
-# start-up (about 1.5 ms) and 10 ms steps would blur a 0.1 s figure. The best is what the code
-# can do; the median says how dependable that is on a machine whose speed varies.
-best() {
-  local t0 t1 kb times=()
-  for _ in $(seq "$runs"); do
-    t0=$(date +%s%N)
-    "$@" >/dev/null
-    t1=$(date +%s%N)
-    times+=("$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.4f", (z - a) / 1e9 }')")
-  done
-  kb=$( { /usr/bin/time -f "%M" "$@" >/dev/null; } 2>&1 | tail -1)
-  printf '%s\n' "${times[@]}" | sort -g | awk -v kb="$kb" '{ t[NR] = $1 } END {
-    m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2
-    printf "%.4f %.4f %s\n", t[1], m, kb }'
+# Best and median of RUNS wall seconds of a command (bash's `time` around the command alone,
+# to the millisecond), the median of its CPU seconds (user + system, all threads), and its peak
+# resident set (KiB) from one more run under /usr/bin/time, whose own start-up (about 1.5 ms)
+# and 10 ms steps would blur a 0.1 s figure. The best is what the code can do; the median says
+# how dependable that is on a machine whose speed varies. CPU over wall says how many cores the
+# command got: memsim decodes on a second thread, so on a machine that lends it one core for a
+# while its wall time is its CPU time, and the ratio to the single-threaded reference drops.
+# The least and the median of numbers, one a line.
+least_median() {
+  sort -g | awk '{ t[NR] = $1 } END { printf "%.4f %.4f", t[1], (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2 }'
 }
 
-read -r py_s py_med _ < <(best "$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl")
+best() {
+  local kb times=()
+  for _ in $(seq "$runs"); do
+    { TIMEFORMAT='%R %U %S'; time "$@" >/dev/null 2>&3; } 3>&2 2>"$dir/time"
+    times+=("$(awk '{ printf "%.4f %.4f", $1, $2 + $3 }' "$dir/time")")
+  done
+  kb=$( { /usr/bin/time -f "%M" "$@" >/dev/null; } 2>&1 | tail -1)
+  local wall cpu
+  wall=$(printf '%s\n' "${times[@]}" | cut -d' ' -f1 | least_median)
+  cpu=$(printf '%s\n' "${times[@]}" | cut -d' ' -f2 | least_median)
+  echo "$wall $kb ${cpu#* }"
+}
+
+# The machine's steal time (CPU time the hypervisor gave to others) over the timed runs, as a
+# share of all CPU time: a high share marks a slow stretch.
+steal() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t }' /proc/stat; }
+read -r steal0 total0 < <(steal)
+
+read -r py_s py_med _ py_cpu < <(best "$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl")
 py_peak=$("$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl" | sed -n 's/.*peak reserved bytes \([0-9]*\).*/\1/p')
-read -r replay_s replay_med replay_kb < <(best "$memsim" replay "$dir/t.mtrace" --json)
-read -r stats_s stats_med stats_kb < <(best "$memsim" stats "$dir/t.mtrace" --json)
+read -r replay_s replay_med replay_kb replay_cpu < <(best "$memsim" replay "$dir/t.mtrace" --json)
+read -r stats_s stats_med stats_kb stats_cpu < <(best "$memsim" stats "$dir/t.mtrace" --json)
+read -r steal1 total1 < <(steal)
 rust_peak=$("$memsim" replay "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["peak_reserved_bytes"])')
 if [[ "$py_peak" != "$rust_peak" ]]; then
   echo "error: the Python reference's peak reserved ($py_peak) differs from memsim's ($rust_peak)" >&2
@@ -55,11 +68,17 @@ if [[ "$py_peak" != "$rust_peak" ]]; then
 fi
 awk -v a="$allocs" -v r="$records" -v by="$bytes" -v py="$py_s" -v rs="$replay_s" -v rk="$replay_kb" \
     -v ss="$stats_s" -v sk="$stats_kb" -v peak="$rust_peak" -v pym="$py_med" -v rsm="$replay_med" \
-    -v ssm="$stats_med" -v n="$runs" 'BEGIN {
+    -v ssm="$stats_med" -v n="$runs" -v pyc="$py_cpu" -v rc="$replay_cpu" -v sc="$stats_cpu" \
+    -v st="$((steal1 - steal0))" -v tot="$((total1 - total0))" 'BEGIN {
   printf "trace: %d allocations, %d records, %.1f MB .mtrace; peak reserved %.0f B (memsim = Python)\n", a, r, by / 1e6, peak
   printf "python reference (JSON Lines + replay): %.2f s\n", py
   printf "memsim replay: %.4f s (max RSS %.1f MiB) = %.0fx the Python reference\n", rs, rk / 1024, py / rs
   printf "memsim stats:  %.4f s (max RSS %.1f MiB) = %.1f M records/s\n", ss, sk / 1024, r / ss / 1e6
   printf "medians of the %d runs: python %.2f s, replay %.4f s = %.0fx, stats %.4f s = %.1f M records/s\n", \
     n, pym, rsm, pym / rsm, ssm, r / ssm / 1e6
+  printf "median CPU seconds (all threads): python %.2f s, replay %.4f s (%.2f cores), stats %.4f s (%.2f cores)\n", \
+    pyc, rc, rc / rsm, sc, sc / ssm
+  printf "by CPU seconds (the work done, on any number of cores): replay %.0fx the Python reference, stats %.1f M records per CPU second\n", \
+    pyc / rc, r / sc / 1e6
+  printf "steal time during the runs: %.1f%% of the machine'"'"'s CPU time\n", tot ? 100 * st / tot : 0
 }'
