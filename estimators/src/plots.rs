@@ -1,7 +1,7 @@
 //! Plots (SVG and PNG) of a comparison: estimate vs actual with y = x, error distributions
 //! (CDF of signed relative error), and per-run bars like GPUMemNet's Figure 5.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -32,32 +32,39 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartCont
 }
 
 /// Write `NAME.svg` and `NAME.png` of every plot into `dir`; returns the files written.
-pub fn write_all(dir: &Path, records: &[RunRecord]) -> Result<Vec<std::path::PathBuf>> {
+pub fn write_all(dir: &Path, records: &[RunRecord]) -> Result<Vec<PathBuf>> {
+    const SIZE: (u32, u32) = (900, 650);
     let mut written = Vec::new();
     for name in ["estimate_vs_actual", "error_distribution", "per_run_bars"] {
-        // Draw into a temporary name and rename, so a failed plot never leaves a partial file.
-        let svg = dir.join(format!("{name}.svg"));
-        let tmp = dir.join(format!(".{name}.tmp.svg"));
-        {
-            let root = SVGBackend::new(&tmp, (900, 650)).into_drawing_area();
-            draw(name, &root, records)
-                .and_then(|_| root.present().map_err(|e| e.to_string()))
-                .map_err(|message| EstimateError::Plot { path: svg.clone(), message })?;
-        }
-        rename(&tmp, &svg)?;
-        written.push(svg);
-        let png = dir.join(format!("{name}.png"));
-        let tmp = dir.join(format!(".{name}.tmp.png"));
-        {
-            let root = BitMapBackend::new(&tmp, (900, 650)).into_drawing_area();
-            draw(name, &root, records)
-                .and_then(|_| root.present().map_err(|e| e.to_string()))
-                .map_err(|message| EstimateError::Plot { path: png.clone(), message })?;
-        }
-        rename(&tmp, &png)?;
-        written.push(png);
+        let (svg, tmp) = paths(dir, name, "svg");
+        written.push(finish(name, SVGBackend::new(&tmp, SIZE).into_drawing_area(), records, &tmp, svg)?);
+        let (png, tmp) = paths(dir, name, "png");
+        written.push(finish(name, BitMapBackend::new(&tmp, SIZE).into_drawing_area(), records, &tmp, png)?);
     }
     Ok(written)
+}
+
+/// A plot's file, and the temporary name it is drawn into first.
+fn paths(dir: &Path, name: &str, ext: &str) -> (PathBuf, PathBuf) {
+    (dir.join(format!("{name}.{ext}")), dir.join(format!(".{name}.tmp.{ext}")))
+}
+
+/// Draws plot `name` on `root`, a backend writing `tmp`, then renames `tmp` to `out`: a failed
+/// plot never leaves a partial file under its name.
+fn finish<DB: DrawingBackend>(
+    name: &str,
+    root: DrawingArea<DB, Shift>,
+    records: &[RunRecord],
+    tmp: &Path,
+    out: PathBuf,
+) -> Result<PathBuf> {
+    draw(name, &root, records)
+        .and_then(|_| root.present().map_err(|e| e.to_string()))
+        .map_err(|message| EstimateError::Plot { path: out.clone(), message })?;
+    // The backend writes and closes its file when dropped: before the rename.
+    drop(root);
+    rename(tmp, &out)?;
+    Ok(out)
 }
 
 fn rename(from: &Path, to: &Path) -> Result<()> {

@@ -198,6 +198,13 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     ] {
         assert!(out.join(f).is_file(), "{f} written");
     }
+    // Plots are drawn under a temporary name and renamed: none is left behind.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(left.is_empty(), "temporary plot files left: {left:?}");
     // Seed 5 picks none of the A100 profile's calibration rows: the report says all are held out.
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("every row here is held out"), "{report}");
