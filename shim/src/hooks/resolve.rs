@@ -148,8 +148,9 @@ extern "C" fn init_dlvsym() -> usize {
 }
 
 /// An x86-64 entry point for `dlsym` or `dlvsym`: RTLD_DEFAULT (0) and RTLD_NEXT (-1) tail-jump
-/// to libc's function with the caller's return address intact (RTLD_NEXT is relative to the
-/// caller); explicit handles go through the hook. Before libc's function is known, `init`
+/// to libc's function with the caller's return address intact, because libc looks both up
+/// relative to the caller (its scope, or the objects after it); explicit handles go through the
+/// hook, which wraps what it returns. Before libc's function is known, `init`
 /// finds it, with the three argument registers saved (three pushes also keep the stack aligned
 /// for the call; `dlsym` has only two arguments, and its third register is saved for nothing).
 #[cfg(target_arch = "x86_64")]
