@@ -41,10 +41,7 @@ fn runtime_alloc_and_free() {
     );
     assert_eq!(s.host_allocs, 1);
     // Caller module: the program itself made the calls.
-    let callers: Vec<_> = s.events(|e| match e {
-        Event::Alloc(a) => Some(s.name(a.caller).unwrap_or("?").to_string()),
-        _ => None,
-    });
+    let callers: Vec<_> = s.allocs().iter().map(|a| s.name(a.caller).unwrap_or("?").to_string()).collect();
     assert_eq!(callers, ["p_runtime_alloc"; 3]);
     // Frees carry the size the shim knew from the allocation.
     let sizes: Vec<_> = s.events(|e| match e {
@@ -69,10 +66,11 @@ fn cuda_launch_kernel_stubs_and_names() {
         &[("__cudaLaunchKernel", 3), ("cudaLaunchKernel", 1), ("cudaLaunchKernelExC", 1)],
         (0, 0, 5, 0),
     );
-    let launches: Vec<_> = s.events(|e| match e {
-        Event::KernelLaunch(k) => Some((s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem)),
-        _ => None,
-    });
+    let launches: Vec<_> = s
+        .launches()
+        .iter()
+        .map(|k| (s.name(k.name).unwrap_or("?").to_string(), k.grid, k.block[0], k.shared_mem))
+        .collect();
     assert_eq!(launches[0], ("my_kernel".to_string(), [4, 2, 1], 128, 256));
     assert_eq!(launches[3], ("other_kernel".to_string(), [4, 2, 1], 128, 0));
     assert_eq!(launches[4], ("my_kernel".to_string(), [8, 1, 1], 32, 0));
@@ -134,10 +132,7 @@ fn driver_entry_point_vmm() {
 #[test]
 fn triton_dlopen_dlsym_launch() {
     let (_, s) = check("p_triton", &[], &[("cuLaunchKernelEx", 2)], (0, 0, 2, 0));
-    let names: Vec<_> = s.events(|e| match e {
-        Event::KernelLaunch(k) => Some((s.name(k.name), k.grid[0], k.shared_mem)),
-        _ => None,
-    });
+    let names: Vec<_> = s.launches().iter().map(|k| (s.name(k.name), k.grid[0], k.shared_mem)).collect();
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
 
@@ -207,25 +202,16 @@ fn dlvsym_and_cooperative_launches() {
         &[("cuLaunchCooperativeKernel", 1), ("cuMemAlloc_v2", 1), ("cudaMalloc", 1)],
         (2, 0, 1, 3000),
     );
-    let allocs: Vec<_> = s.events(|e| match e {
-        Event::Alloc(a) => Some((a.api, a.size)),
-        _ => None,
-    });
+    let allocs: Vec<_> = s.allocs().iter().map(|a| (a.api, a.size)).collect();
     assert_eq!(allocs, [(Api::CuMemAlloc_v2, 1000), (Api::CudaMalloc, 2000)]);
-    let launches: Vec<_> = s.events(|e| match e {
-        Event::KernelLaunch(k) => Some((k.api, k.grid, k.block, k.shared_mem)),
-        _ => None,
-    });
+    let launches: Vec<_> = s.launches().iter().map(|k| (k.api, k.grid, k.block, k.shared_mem)).collect();
     assert_eq!(launches, [(Api::CuLaunchCooperativeKernel, [2, 3, 4], [64, 1, 1], 512)]);
 }
 
 #[test]
 fn rtld_local_cudart_found_by_soname() {
     let (_, s) = check("p_rtld_local", &[], &[("cudaFree", 1), ("cudaMalloc", 1)], (1, 1, 0, 12345));
-    let caller = s.records.iter().find_map(|r| match &r.event {
-        Event::Alloc(a) => Some(s.name(a.caller)),
-        _ => None,
-    });
+    let caller = s.allocs().first().map(|a| s.name(a.caller));
     assert_eq!(caller, Some(Some("libuser.so")));
 }
 
@@ -282,10 +268,7 @@ fn ptsz_allocations_arrays_and_legacy_launches() {
         ],
         (5, 5, 3, peak),
     );
-    let sizes: Vec<_> = s.events(|e| match e {
-        Event::Alloc(a) => Some((a.api.name(), a.size)),
-        _ => None,
-    });
+    let sizes: Vec<_> = s.allocs().iter().map(|a| (a.api.name(), a.size)).collect();
     assert_eq!(
         sizes,
         [
@@ -296,10 +279,7 @@ fn ptsz_allocations_arrays_and_legacy_launches() {
             ("cuMipmappedArrayCreate", 84)
         ]
     );
-    let launches: Vec<_> = s.events(|e| match e {
-        Event::KernelLaunch(k) => Some((s.name(k.name), k.grid, k.block, k.stream)),
-        _ => None,
-    });
+    let launches: Vec<_> = s.launches().iter().map(|k| (s.name(k.name), k.grid, k.block, k.stream)).collect();
     let name = Some("plain_kernel");
     assert_eq!(launches, [(name, [1, 1, 1], [0; 3], 0), (name, [5, 6, 1], [0; 3], 0), (name, [7, 8, 1], [0; 3], 0x99)]);
 }

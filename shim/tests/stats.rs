@@ -8,7 +8,7 @@ use std::ops::Deref;
 use std::path::Path;
 
 use simulator::stats::TraceStats;
-use trace::{Event, ProcessExit, Record};
+use trace::{Alloc, Event, KernelLaunch, ProcessExit, Record};
 
 /// A trace's `memsim stats` summary, plus its records.
 #[derive(Debug)]
@@ -70,6 +70,22 @@ impl Stats {
     /// What `pick` takes from each record's event, in trace order.
     pub fn events<'a, T>(&'a self, pick: impl FnMut(&'a Event) -> Option<T>) -> Vec<T> {
         self.records.iter().map(|r| &r.event).filter_map(pick).collect()
+    }
+
+    /// Every allocation record's event, in trace order.
+    pub fn allocs(&self) -> Vec<&Alloc> {
+        self.events(|e| match e {
+            Event::Alloc(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// Every kernel launch record's event, in trace order.
+    pub fn launches(&self) -> Vec<&KernelLaunch> {
+        self.events(|e| match e {
+            Event::KernelLaunch(k) => Some(k),
+            _ => None,
+        })
     }
 
     /// The interned name with this id.
