@@ -26,38 +26,15 @@ trap 'rm -rf "$dir"' EXIT
 records=$("$memsim" stats "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["events"])')
 bytes=$(stat -c %s "$dir/t.mtrace")
 
-# Each command runs RUNS times, in rounds (the reference, replay, stats, then again), so that a
-# slow stretch of the machine meets all three alike instead of one of them. Each run is timed
-# with bash's `time` around the command alone: wall seconds to the millisecond, and CPU seconds
-# over all threads (user + system). Reported: the best and the median wall time (the best is
-# what the code can do; the median says how dependable that is on a machine whose speed varies),
-# the median CPU time, and the peak resident set (KiB) from one more run under /usr/bin/time,
-# whose own start-up (about 1.5 ms) and 10 ms steps would blur a 0.1 s figure. CPU over wall
-# says how many cores the command got: memsim decodes on a second thread, so on a machine that
-# lends it one core for a while its wall time is its CPU time, and the ratio to the
-# single-threaded reference drops.
-once() {
-  { TIMEFORMAT='%R %U %S'; time "$@" >/dev/null 2>&3; } 3>&2 2>"$dir/time"
-  awk '{ printf "%.4f %.4f\n", $1, $2 + $3 }' "$dir/time"
-}
-
-# The least and the median of numbers, one a line.
-least_median() {
-  sort -g | awk '{ t[NR] = $1 } END { printf "%.4f %.4f", t[1], (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2 }'
-}
-
-# "BEST MEDIAN KIB CPU_MEDIAN" from a file of "wall cpu" lines; KIB is the peak resident set of
-# one more run of the command that follows the file, if one does (else 0).
-summary() {
-  local file=$1 kb=0 wall cpu
-  shift
-  if (($#)); then
-    kb=$( { /usr/bin/time -f "%M" "$@" >/dev/null; } 2>&1 | tail -1)
-  fi
-  wall=$(cut -d' ' -f1 "$file" | least_median)
-  cpu=$(cut -d' ' -f2 "$file" | least_median)
-  echo "$wall $kb ${cpu#* }"
-}
+# The three commands run RUNS times in rounds (the reference, replay, stats, then again), so
+# that a slow stretch of the machine meets all three alike; scripts/bench-ab.py times them: for
+# each, the best and the median wall time (the best is what the code can do; the median says how
+# dependable that is on a machine whose speed varies) and the median CPU time over all threads.
+# CPU over wall says how many cores a command got: memsim decodes on a second thread, so on a
+# machine that lends it one core for a while its wall time is its CPU time, and the ratio to the
+# single-threaded reference drops. The peak resident set (KiB) comes from one more run under
+# /usr/bin/time, whose own start-up (about 1.5 ms) and 10 ms steps would blur a 0.1 s figure.
+rss() { { /usr/bin/time -f "%M" "$@" >/dev/null; } 2>&1 | tail -1; }
 
 # The machine's steal time (CPU time the hypervisor gave to others) over the timed runs, as a
 # share of all CPU time: a high share marks a slow stretch.
@@ -67,15 +44,11 @@ py_cmd=("$python" simulator/benches/replay_baseline.py --trace "$dir/t.jsonl")
 replay_cmd=("$memsim" replay "$dir/t.mtrace" --json)
 stats_cmd=("$memsim" stats "$dir/t.mtrace" --json)
 read -r steal0 total0 < <(steal)
-for _ in $(seq "$runs"); do
-  once "${py_cmd[@]}" >>"$dir/py.times"
-  once "${replay_cmd[@]}" >>"$dir/replay.times"
-  once "${stats_cmd[@]}" >>"$dir/stats.times"
-done
+"$python" scripts/bench-ab.py --rounds "$runs" "${py_cmd[*]@Q}" "${replay_cmd[*]@Q}" "${stats_cmd[*]@Q}" >"$dir/times"
 read -r steal1 total1 < <(steal)
-read -r py_s py_med _ py_cpu < <(summary "$dir/py.times")
-read -r replay_s replay_med replay_kb replay_cpu < <(summary "$dir/replay.times" "${replay_cmd[@]}")
-read -r stats_s stats_med stats_kb stats_cpu < <(summary "$dir/stats.times" "${stats_cmd[@]}")
+{ read -r py_s py_med py_cpu; read -r replay_s replay_med replay_cpu; read -r stats_s stats_med stats_cpu; } <"$dir/times"
+replay_kb=$(rss "${replay_cmd[@]}")
+stats_kb=$(rss "${stats_cmd[@]}")
 py_peak=$("${py_cmd[@]}" | sed -n 's/.*peak reserved bytes \([0-9]*\).*/\1/p')
 rust_peak=$("$memsim" replay "$dir/t.mtrace" --json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["peak_reserved_bytes"])')
 if [[ "$py_peak" != "$rust_peak" ]]; then
