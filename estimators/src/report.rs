@@ -25,6 +25,18 @@ fn label(r: &GroupMetrics) -> String {
     }
 }
 
+/// A Markdown table: the header (column names joined by " | "), its rule, and a line per row of
+/// cells.
+fn table(s: &mut String, header: &str, rows: impl Iterator<Item = Vec<String>>) {
+    let columns = header.split(" | ").count();
+    let _ = writeln!(s, "| {header} |");
+    let _ = writeln!(s, "|{}", "---|".repeat(columns));
+    for cells in rows {
+        debug_assert_eq!(cells.len(), columns, "a row's cells match the header");
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
+}
+
 /// The Markdown report. `title` heads it; `notes` go under the title verbatim.
 pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
     let mut s = format!("# {title}\n\n{notes}\n\n");
@@ -51,61 +63,54 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
         if rows.iter().any(|r| r.unlabelled > 0) {
             s.push('\n');
         }
-        s.push_str("| estimator | estimated | MRE | median signed | under | P50 | P80 | P90 | P95 | P99 | max | PEF (memsim) | PEF proxy | MCP GB |\n");
-        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for r in &rows {
-            let m = &r.metrics;
-            let p = m.abs_rel;
-            let pef_sim = match (m.pef, m.pef_kind) {
-                (Some(v), PefKind::Simulated) => format!("{v:.1}%"),
-                (Some(_), PefKind::Proxy) => "– (some runs had no trace)".into(),
-                (None, _) => "–".into(),
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                label(r),
-                m.estimated,
-                m.runs,
-                pct(m.mre),
-                pct(m.median_signed),
-                pct(m.under_fraction),
-                pct(p.map(|p| p.p50)),
-                pct(p.map(|p| p.p80)),
-                pct(p.map(|p| p.p90)),
-                pct(p.map(|p| p.p95)),
-                pct(p.map(|p| p.p99)),
-                pct(p.map(|p| p.max)),
-                pef_sim,
-                r.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%")),
-                num(m.mcp_gb, 2),
-            );
-        }
+        table(
+            &mut s,
+            "estimator | estimated | MRE | median signed | under | P50 | P80 | P90 | P95 | P99 | max | PEF (memsim) | PEF proxy | MCP GB",
+            rows.iter().map(|r| {
+                let m = &r.metrics;
+                let p = m.abs_rel;
+                let pef_sim = match (m.pef, m.pef_kind) {
+                    (Some(v), PefKind::Simulated) => format!("{v:.1}%"),
+                    (Some(_), PefKind::Proxy) => "– (some runs had no trace)".into(),
+                    (None, _) => "–".into(),
+                };
+                vec![
+                    label(r),
+                    format!("{}/{}", m.estimated, m.runs),
+                    pct(m.mre),
+                    pct(m.median_signed),
+                    pct(m.under_fraction),
+                    pct(p.map(|p| p.p50)),
+                    pct(p.map(|p| p.p80)),
+                    pct(p.map(|p| p.p90)),
+                    pct(p.map(|p| p.p95)),
+                    pct(p.map(|p| p.p99)),
+                    pct(p.map(|p| p.max)),
+                    pef_sim,
+                    r.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%")),
+                    num(m.mcp_gb, 2),
+                ]
+            }),
+        );
         s.push_str("\nAbsolute error in MiB, bin accuracy / macro F1 (right-closed bins), latency:\n\n");
-        s.push_str("| estimator | P50 MiB | P90 MiB | P99 MiB | max MiB | acc@1GiB | F1@1GiB | acc@2GiB | F1@2GiB | acc@8GiB | F1@8GiB | latency P50 s | latency P99 s |\n");
-        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for r in &rows {
-            let m = &r.metrics;
-            let a = m.abs_mib;
-            let bin = |w: f64| m.bins.iter().find(|b| b.width_gib == w);
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                label(r),
-                num(a.map(|p| p.p50), 0),
-                num(a.map(|p| p.p90), 0),
-                num(a.map(|p| p.p99), 0),
-                num(a.map(|p| p.max), 0),
-                num(bin(1.0).map(|b| b.accuracy), 3),
-                num(bin(1.0).map(|b| b.macro_f1), 3),
-                num(bin(2.0).map(|b| b.accuracy), 3),
-                num(bin(2.0).map(|b| b.macro_f1), 3),
-                num(bin(8.0).map(|b| b.accuracy), 3),
-                num(bin(8.0).map(|b| b.macro_f1), 3),
-                num(m.latency_p50_s, 4),
-                num(m.latency_p99_s, 4),
-            );
-        }
+        table(
+            &mut s,
+            "estimator | P50 MiB | P90 MiB | P99 MiB | max MiB | acc@1GiB | F1@1GiB | acc@2GiB | F1@2GiB | acc@8GiB | F1@8GiB | latency P50 s | latency P99 s",
+            rows.iter().map(|r| {
+                let m = &r.metrics;
+                let a = m.abs_mib;
+                let bin = |w: f64| m.bins.iter().find(|b| b.width_gib == w);
+                let mut cells = vec![label(r)];
+                cells.extend(
+                    [a.map(|p| p.p50), a.map(|p| p.p90), a.map(|p| p.p99), a.map(|p| p.max)].map(|v| num(v, 0)),
+                );
+                for w in [1.0, 2.0, 8.0] {
+                    cells.extend([bin(w).map(|b| b.accuracy), bin(w).map(|b| b.macro_f1)].map(|v| num(v, 3)));
+                }
+                cells.extend([m.latency_p50_s, m.latency_p99_s].map(|v| num(v, 4)));
+                cells
+            }),
+        );
         let failures: Vec<String> = rows
             .iter()
             .flat_map(|r| r.metrics.not_estimated.iter().map(move |(why, n)| format!("- {}: {n} × {why}", label(r))))

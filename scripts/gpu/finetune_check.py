@@ -19,10 +19,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from steps_check import judge  # noqa: E402  (the GPU checks' shared table row)
+from steps_check import judge, run_check  # noqa: E402  (the GPU checks' shared row and driver)
 
 COMMON = ["--optimizer", "adamw", "--profile", os.environ.get("MEMTRACE_PROFILE", "a100-40gb")]
 CASES: dict[str, list[str]] = {
@@ -89,25 +90,15 @@ def predicted(args: list[str], steps: int) -> dict[str, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--tolerance", type=float, default=0.05, help="relative error allowed")
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp"))
-    a = ap.parse_args()
-    import torch
+    def rows(a: argparse.Namespace) -> list[dict[str, Any]]:
+        out = []
+        for name, flags in CASES.items():
+            args = [*flags, *COMMON]
+            row = judge(name, measured(args, a.steps), predicted(args, a.steps), a.tolerance)
+            out.append({**row, "args": args})
+        return out
 
-    if not torch.cuda.is_available():
-        print("finetune_check: needs a CUDA GPU (none here)", file=sys.stderr)
-        return 2
-    a.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name, flags in CASES.items():
-        args = [*flags, *COMMON]
-        rows.append({**judge(name, measured(args, a.steps), predicted(args, a.steps), a.tolerance),
-                     "args": args})  # fmt: skip
-    failed = not all(r["ok"] for r in rows)
-    (a.out / "finetune_check.json").write_text(json.dumps(rows, indent=1))
-    return 1 if failed else 0
+    return run_check(__doc__, "finetune_check", 2, rows)
 
 
 if __name__ == "__main__":

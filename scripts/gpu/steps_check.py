@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,24 +81,41 @@ def judge(name: str, m: dict[str, int], p: dict[str, int], tolerance: float) -> 
     return {"example": name, "measured": m, "predicted": p, "error": err, "ok": ok}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--memsim", default=str(ROOT / "target" / "release" / "memsim"))
-    ap.add_argument("--steps", type=int, default=3)
+def run_check(
+    doc: str,
+    name: str,
+    steps: int,
+    rows: Callable[[argparse.Namespace], list[dict[str, Any]]],
+    flags: Callable[[argparse.ArgumentParser], None] = lambda ap: None,
+) -> int:
+    """The GPU checks' one driver: the flags (`flags` adds a check's own), a GPU or exit 2, the
+    rows written to OUT/NAME.json, and exit 1 when one is outside the tolerance."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    flags(ap)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--tolerance", type=float, default=0.05, help="relative error allowed")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp"))
     a = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
-        print("steps_check: needs a CUDA GPU (none here)", file=sys.stderr)
+        print(f"{name}: needs a CUDA GPU (none here)", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    rows = [judge(name, measured(name, a.steps), predicted(name, a.steps, a.memsim, a.out),
-                  a.tolerance) for name in EXAMPLES]  # fmt: skip
-    failed = not all(r["ok"] for r in rows)
-    (a.out / "steps_check.json").write_text(json.dumps(rows, indent=1))
-    return 1 if failed else 0
+    table = rows(a)
+    (a.out / f"{name}.json").write_text(json.dumps(table, indent=1))
+    return 0 if all(r["ok"] for r in table) else 1
+
+
+def main() -> int:
+    def rows(a: argparse.Namespace) -> list[dict[str, Any]]:
+        return [judge(name, measured(name, a.steps), predicted(name, a.steps, a.memsim, a.out),
+                      a.tolerance) for name in EXAMPLES]  # fmt: skip
+
+    def flags(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--memsim", default=str(ROOT / "target" / "release" / "memsim"))
+
+    return run_check(__doc__, "steps_check", 3, rows, flags)
 
 
 if __name__ == "__main__":

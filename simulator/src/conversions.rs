@@ -73,33 +73,49 @@ impl From<&SegmentView> for ExistingSegment {
 
 /// The model's segment as the trace's end-of-run `SegmentState` record.
 pub fn segment_record(device: u32, seg: &SegmentView) -> Record {
+    let blocks = seg.blocks.iter().map(|b| {
+        let state = match b.state {
+            BlockViewState::Allocated => BlockState::ActiveAllocated,
+            BlockViewState::PendingFree => BlockState::ActivePendingFree,
+            BlockViewState::Inactive => BlockState::Inactive,
+        };
+        (b.addr, b.size, b.requested_size, state)
+    });
+    let (small, expandable) = (seg.is_small_pool, seg.expandable);
+    unpooled(None, device, StateAt::End, (seg.addr, seg.size, seg.stream, small, expandable), blocks)
+}
+
+/// A snapshot's rebuilt start segment as the trace's `SegmentState` record at `Start`.
+pub fn start_segment_record(ts_ns: Option<u64>, s: &StartSegment) -> Record {
+    let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.requested_size, b.state));
+    unpooled(ts_ns, s.device, StateAt::Start, (s.addr, s.size, s.stream, s.is_small_pool, s.expandable), blocks)
+}
+
+/// A `SegmentState` record with no pool id or stacks (what neither the model nor a rebuilt start
+/// knows): the segment as (address, size, stream, small pool, expandable), blocks as (address,
+/// size, requested size, state).
+fn unpooled(
+    ts_ns: Option<u64>,
+    device: u32,
+    at: StateAt,
+    (addr, total_size, stream, small, is_expandable): (u64, u64, i64, bool, bool),
+    blocks: impl Iterator<Item = (u64, u64, u64, BlockState)>,
+) -> Record {
     Record {
-        ts_ns: None,
+        ts_ns,
         tid: None,
         device: Some(device),
         event: Event::SegmentState(SegmentState {
-            at: StateAt::End,
-            addr: seg.addr,
-            total_size: seg.size,
-            stream: seg.stream,
-            pool: if seg.is_small_pool { SegmentPool::Small } else { SegmentPool::Large },
-            is_expandable: seg.expandable,
+            at,
+            addr,
+            total_size,
+            stream,
+            pool: if small { SegmentPool::Small } else { SegmentPool::Large },
+            is_expandable,
             pool_id: (0, 0),
             stack: None,
-            blocks: seg
-                .blocks
-                .iter()
-                .map(|b| BlockInfo {
-                    addr: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    state: match b.state {
-                        BlockViewState::Allocated => BlockState::ActiveAllocated,
-                        BlockViewState::PendingFree => BlockState::ActivePendingFree,
-                        BlockViewState::Inactive => BlockState::Inactive,
-                    },
-                    stack: None,
-                })
+            blocks: blocks
+                .map(|(addr, size, requested_size, state)| BlockInfo { addr, size, requested_size, state, stack: None })
                 .collect(),
         }),
     }

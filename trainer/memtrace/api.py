@@ -354,16 +354,3 @@ def preload_path() -> Path:
 
     with _errors():
         return find_shim().path
-
-
-__all__ = [
-    "Estimate",
-    "EstimateError",
-    "MemtraceWarning",
-    "default_loss",
-    "estimate",
-    "max_batch",
-    "preload_path",
-    "profiles",
-    "replay",
-]

@@ -3,12 +3,11 @@ command accepts, so thousands of configs share one torch import."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, json_object
 
 
 def read_configs(
@@ -21,12 +20,7 @@ def read_configs(
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            config = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise UserError(f"{path}:{n}: expected a JSON object")
+        config = json_object(line, f"{path}:{n}")
         unknown = sorted(set(config) - set(allowed))
         if unknown:
             raise UserError(f"{path}:{n}: unknown fields {unknown}; expected {sorted(allowed)}")

@@ -17,6 +17,20 @@ class UserCodeError(UserError):
         super().__init__("\n".join(lines))
 
 
+def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
+    """`text` parsed as a JSON object; otherwise a `UserError` naming `where` (a file and line, a
+    flag) and what was expected."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected {expected}")
+    return data
+
+
 def _library_dirs() -> list[str]:
     import sysconfig
     from pathlib import Path

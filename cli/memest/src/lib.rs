@@ -59,24 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 /// `memest ARGS...` (the first item is the program name): the exit status, after printing the
-/// output and, on failure, the error chain on stderr. The `memest` binary and the Python console
-/// script call this; clap's usage errors are exit 2, `--help` and `--version` exit 0.
+/// output and, on failure, the error chain on stderr (the one exit path, [`memsim_cli::exit::main_with`]).
 pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
-        }
-    };
-    let code = match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("memest: error: {e:#}");
-            2
-        }
-    };
-    // The Python console script returns to the interpreter: what was printed must be out.
-    let _ = std::io::Write::flush(&mut std::io::stdout());
-    code
+    memsim_cli::exit::main_with("memest", args, run)
 }

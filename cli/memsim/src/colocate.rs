@@ -42,22 +42,12 @@ pub struct Args {
     /// How to combine the jobs.
     #[arg(long, value_enum, default_value = "auto")]
     align: AlignArg,
-    /// PyTorch allocator rules (2.4, 2.5, 2.9+). Default: the profile's, else the newest.
-    #[arg(long, value_name = "VER")]
-    torch: Option<String>,
-    /// A truncated input is an error (exit 2) instead of a warning.
-    #[arg(long)]
-    strict: bool,
-    /// Sum the point estimates instead of the safe numbers (point + calibrated margin).
-    #[arg(long)]
-    point: bool,
-    /// Print a JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    judge: crate::replay::JudgeFlags,
 }
 
 pub fn run(a: Args) -> Result<u8> {
-    let (profile, version) = crate::replay::load(a.profile.as_deref(), a.torch.as_deref())?;
+    let (profile, version) = crate::replay::load(a.profile.as_deref(), a.judge.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
     let (capacity, mut warnings) = simulator::fit::capacity(a.capacity, profile.as_ref().map(|(p, _)| p));
     let mut jobs = Vec::new();
@@ -70,7 +60,7 @@ pub fn run(a: Args) -> Result<u8> {
                 Ok(())
             },
         )?;
-        warnings.extend(read.warnings(t, a.strict)?);
+        warnings.extend(read.warnings(t, a.judge.strict)?);
         let mut job_warnings = Vec::new();
         let outside = match a.context {
             Some(c) => Outside::fixed(c),
@@ -91,14 +81,14 @@ pub fn run(a: Args) -> Result<u8> {
         AlignArg::Timestamps => Align::Timestamps,
         AlignArg::Sum => Align::SumOfPeaks,
     };
-    let r = colocate(&jobs, &opts, capacity, align, a.point)?;
-    if a.point {
+    let r = colocate(&jobs, &opts, capacity, align, a.judge.point)?;
+    if a.judge.point {
         let margins: Vec<&simulator::fit::Margin> = jobs.iter().map(|j| &j.margin).collect();
         warnings.extend(crate::replay::point_without_effect(r.verdict.is_some(), &margins));
     }
     crate::input::warn(&warnings);
     let code = if r.fits { 0u8 } else { 1u8 };
-    if a.json {
+    if a.judge.json {
         let mut v = serde_json::to_value(&r)?;
         v["warnings"] = serde_json::to_value(&warnings)?;
         println!("{}", serde_json::to_string_pretty(&v)?);

@@ -7,6 +7,7 @@
 mod batch;
 mod colocate;
 mod convert;
+pub mod exit;
 mod input;
 mod profile;
 mod replay;
@@ -72,30 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 /// `memsim ARGS...` (the first item is the program name): the exit status, after printing the
-/// output and, on failure, the error chain on stderr. The `memsim` binary and the Python console
-/// script call this; clap's usage errors are exit 2, `--help` and `--version` exit 0.
+/// output and, on failure, the error chain on stderr (the one exit path, [`exit::main_with`]).
 pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
-        }
-    };
-    let code = match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            // A closed pipe (`memsim stats x | head`) is not an error.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
-                return 0;
-            }
-            eprintln!("memsim: error: {e:#}");
-            2
-        }
-    };
-    // The Python console script returns to the interpreter: what was printed must be out.
-    let _ = std::io::Write::flush(&mut std::io::stdout());
-    code
+    exit::main_with("memsim", args, run)
 }

@@ -35,20 +35,27 @@ pub struct Args {
     /// GPU profile: a name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
+    #[command(flatten)]
+    judge: JudgeFlags,
+}
+
+/// The flags of the subcommands that judge a fit (`replay`, `colocate`).
+#[derive(clap::Args)]
+pub struct JudgeFlags {
     /// PyTorch version whose allocator rules apply (2.4, 2.5, 2.9 or later). Default: the
     /// profile's, else the newest.
     #[arg(long, value_name = "VER")]
-    torch: Option<String>,
+    pub torch: Option<String>,
     /// A truncated input is an error (exit 2) instead of a warning.
     #[arg(long)]
-    strict: bool,
-    /// Judge the fit on the point estimate instead of the safe number (the point plus the
-    /// profile's calibrated margin for a symbolic trace's family; traces of real runs get none).
+    pub strict: bool,
+    /// Judge the fit on point estimates instead of safe numbers (the point plus the profile's
+    /// calibrated margin for a symbolic trace's family; traces of real runs get none).
     #[arg(long)]
-    point: bool,
-    /// Print a JSON object instead of text.
+    pub point: bool,
+    /// Print JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// The profile (with its path) and the allocator version from flags.
@@ -175,9 +182,9 @@ pub fn replay_file(
 }
 
 pub fn run(a: Args) -> Result<u8> {
-    let (profile, version) = load(a.profile.as_deref(), a.torch.as_deref())?;
+    let (profile, version) = load(a.profile.as_deref(), a.judge.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
-    batch::run(&a.files, a.json, |file| replay_one(&a, file, &opts, profile.as_ref(), version))
+    batch::run(&a.files, a.judge.json, |file| replay_one(&a, file, &opts, profile.as_ref(), version))
 }
 
 /// One file's replay, rendered.
@@ -188,8 +195,8 @@ fn replay_one(
     profile: Option<&(Profile, PathBuf)>,
     version: TorchVersion,
 ) -> Result<Output> {
-    let mut r = replay_file(file, opts, profile, a.capacity, a.strict, a.point)?;
-    if a.point {
+    let mut r = replay_file(file, opts, profile, a.capacity, a.judge.strict, a.judge.point)?;
+    if a.judge.point {
         if let Some(why) = point_without_effect(r.verdict.is_some(), &[&r.margin]) {
             r.warnings.push(why);
         }
@@ -200,7 +207,7 @@ fn replay_one(
         _ => 0u8,
     };
     let rep = &r.fit.report;
-    if a.json {
+    if a.judge.json {
         let mut v = serde_json::to_value(rep)?;
         v["file"] = file.display().to_string().into();
         v["torch_allocator_version"] = version.to_string().into();

@@ -136,13 +136,16 @@ macro_rules! recording_prologue {
 }
 pub(crate) use recording_prologue;
 
-/// The parts every hook shares: its slots, its name, the Rust body that calls the real function
-/// (after the recording prologue, for recording hooks) and its identity-table row. `$ra` is the
-/// caller's return address, for hooks that record it.
+/// Everything a hook is, whatever its shape: its slots, its name, the Rust body that calls the
+/// real function (after the recording prologue, for recording hooks), its identity-table row, and
+/// its two entry points (the exported symbol and the wrapper handed out by resolvers), each a
+/// naked `via` jump to a Rust function that calls the body with its slot's function. `$pad`s
+/// fill the argument registers the jump leaves unused; `$ra` is the caller's return address, for
+/// hooks that record it.
 macro_rules! hook_parts {
     (
-        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) -> $ret:ty, err = $err:expr,
-        fwd($($fwd:ident)?), ra($($ra:ident)?), |$real:ident| $body:block
+        $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) pads($($pad:ident),*) -> $ret:ty, err = $err:expr,
+        fwd($($fwd:ident)?), ra($($ra:ident)?), via($($via:tt)*), |$real:ident| $body:block
     ) => {
         /// The next definition after the shim.
         pub static REAL: $crate::real::Slot = $crate::real::Slot::new();
@@ -184,6 +187,34 @@ macro_rules! hook_parts {
             real: &REAL,
             target: &TARGET,
         };
+
+        /// The exported symbol.
+        #[unsafe(naked)]
+        #[cfg_attr(not(test), export_name = stringify!($name))]
+        pub unsafe extern "C" fn exported() {
+            $crate::hooks::shape::entry!($($via)*, exported_fn, REAL $(, $fwd)?)
+        }
+
+        /// The exported symbol's body.
+        pub unsafe extern "C" fn exported_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
+            $(let _ = $pad;)*
+            let real = REAL.get($crate::real::Lib::$lib, NAME);
+            // Safety: forwarding the caller's own arguments to the real function.
+            unsafe { body(real, $($ra,)? $($arg),*) }
+        }
+
+        /// The wrapper handed out by resolvers.
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn resolved() {
+            $crate::hooks::shape::entry!($($via)*, resolved_fn, TARGET $(, $fwd)?)
+        }
+
+        /// The resolver wrapper's body.
+        pub unsafe extern "C" fn resolved_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
+            $(let _ = $pad;)*
+            // Safety: TARGET is what the real resolver returned for this name.
+            unsafe { body(TARGET.load(), $($ra,)? $($arg),*) }
+        }
     };
 }
 pub(crate) use hook_parts;
@@ -206,33 +237,8 @@ macro_rules! caller_hook {
             use super::*;
 
             $crate::hooks::shape::hook_parts! {
-                $name, $lib, fn($($arg: $ty),*) -> $ret, err = $err, fwd($($fwd)?), ra($ra), |$real| $body
-            }
-
-            /// The exported symbol.
-            #[unsafe(naked)]
-            #[cfg_attr(not(test), export_name = stringify!($name))]
-            pub unsafe extern "C" fn exported() {
-                $crate::hooks::shape::entry!($crate::hooks::shape::trampoline!(), exported_inner, REAL $(, $fwd)?)
-            }
-
-            unsafe extern "C" fn exported_inner($($arg: $ty,)* $($pad: usize,)* ra: usize) -> $ret {
-                $(let _ = $pad;)*
-                let real = REAL.get($crate::real::Lib::$lib, NAME);
-                // Safety: forwarding the caller's own arguments to the real function.
-                unsafe { body(real, ra, $($arg),*) }
-            }
-
-            /// The wrapper handed out by resolvers.
-            #[unsafe(naked)]
-            pub unsafe extern "C" fn resolved() {
-                $crate::hooks::shape::entry!($crate::hooks::shape::trampoline!(), resolved_inner, TARGET $(, $fwd)?)
-            }
-
-            unsafe extern "C" fn resolved_inner($($arg: $ty,)* $($pad: usize,)* ra: usize) -> $ret {
-                $(let _ = $pad;)*
-                // Safety: as above; TARGET is what the real resolver returned for this name.
-                unsafe { body(TARGET.load(), ra, $($arg),*) }
+                $name, $lib, fn($($arg: $ty),*) pads($($pad),*) -> $ret, err = $err, fwd($($fwd)?), ra($ra),
+                via($crate::hooks::shape::trampoline!()), |$real| $body
             }
         }
     };
@@ -257,33 +263,8 @@ macro_rules! plain_hook {
             use super::*;
 
             $crate::hooks::shape::hook_parts! {
-                $name, $lib, fn($($arg: $ty),*) -> $ret, err = $err, fwd($($fwd)?), ra(), |$real| $body
-            }
-
-            /// The exported symbol.
-            #[unsafe(naked)]
-            #[cfg_attr(not(test), export_name = stringify!($name))]
-            pub unsafe extern "C" fn exported() {
-                $crate::hooks::shape::entry!($crate::hooks::shape::jump!(), exported_fn, REAL $(, $fwd)?)
-            }
-
-            /// The exported symbol's body.
-            pub unsafe extern "C" fn exported_fn($($arg: $ty),*) -> $ret {
-                let real = REAL.get($crate::real::Lib::$lib, NAME);
-                // Safety: forwarding the caller's own arguments.
-                unsafe { body(real, $($arg),*) }
-            }
-
-            /// The wrapper handed out by resolvers.
-            #[unsafe(naked)]
-            pub unsafe extern "C" fn resolved() {
-                $crate::hooks::shape::entry!($crate::hooks::shape::jump!(), resolved_fn, TARGET $(, $fwd)?)
-            }
-
-            /// The resolver wrapper's body.
-            pub unsafe extern "C" fn resolved_fn($($arg: $ty),*) -> $ret {
-                // Safety: TARGET is what the real resolver returned for this name.
-                unsafe { body(TARGET.load(), $($arg),*) }
+                $name, $lib, fn($($arg: $ty),*) pads() -> $ret, err = $err, fwd($($fwd)?), ra(),
+                via($crate::hooks::shape::jump!()), |$real| $body
             }
         }
     };

@@ -65,35 +65,7 @@ pub fn import(snap: &Snapshot, round_size: &dyn Fn(u64) -> u64) -> Imported {
 
     let mut out = Out { snap, records: Vec::new(), emitted: vec![false; snap.stacks.len()] };
     let start_ts = t0.map(|_| 0);
-    for s in &start.segments {
-        let blocks = s
-            .blocks
-            .iter()
-            .map(|b| BlockInfo {
-                addr: b.addr,
-                size: b.size,
-                requested_size: b.requested_size,
-                state: b.state,
-                stack: None,
-            })
-            .collect();
-        out.records.push(Record {
-            ts_ns: start_ts,
-            tid: None,
-            device: Some(s.device),
-            event: Event::SegmentState(SegmentState {
-                at: StateAt::Start,
-                addr: s.addr,
-                total_size: s.size,
-                stream: s.stream,
-                pool: if s.is_small_pool { trace::SegmentPool::Small } else { trace::SegmentPool::Large },
-                is_expandable: s.expandable,
-                pool_id: (0, 0),
-                stack: None,
-                blocks,
-            }),
-        });
-    }
+    out.records.extend(start.segments.iter().map(|s| crate::conversions::start_segment_record(start_ts, s)));
 
     let mut last_ts = start_ts;
     for (device, e) in merge_by_time(&snap.device_traces) {

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+pub use super::pickle_writer::encode;
+
 /// Index of a value in a [`Pickle`] arena. Two references to the same pickled object (through
 /// the memo) have the same id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

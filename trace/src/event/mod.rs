@@ -209,6 +209,16 @@ pub enum MemoryKind {
 }
 
 impl MemoryKind {
+    /// All kinds in declaration order.
+    pub const ALL: [MemoryKind; 6] = [
+        MemoryKind::Device,
+        MemoryKind::PinnedHost,
+        MemoryKind::Managed,
+        MemoryKind::Physical,
+        MemoryKind::HostRegistered,
+        MemoryKind::IpcImport,
+    ];
+
     /// Whether this memory counts as device memory of this process (physical VMM handles do).
     pub fn is_device(self) -> bool {
         matches!(self, MemoryKind::Device | MemoryKind::Managed | MemoryKind::Physical)

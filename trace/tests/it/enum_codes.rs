@@ -10,22 +10,23 @@ fn check<T: bincode::Encode>(values: &[T], name: &str) {
     }
 }
 
+fn check_names<T: serde::Serialize>(values: &[T], names: &[&str]) {
+    let got: Vec<String> =
+        values.iter().map(|v| serde_json::to_value(v).unwrap().as_str().unwrap().to_owned()).collect();
+    assert_eq!(got, names);
+}
+
 #[test]
 fn enum_variant_indexes_are_pinned() {
     check(&[Level::Device, Level::Allocator], "Level");
     check(&[Origin::Request, Origin::Outcome], "Origin");
-    check(
-        &[
-            MemoryKind::Device,
-            MemoryKind::PinnedHost,
-            MemoryKind::Managed,
-            MemoryKind::Physical,
-            MemoryKind::HostRegistered,
-            MemoryKind::IpcImport,
-        ],
-        "MemoryKind",
-    );
+    // `ALL` in declaration order, pinned by JSON spelling: reordering the enum, or `ALL` with it,
+    // fails.
+    check(&MemoryKind::ALL, "MemoryKind");
+    check_names(&MemoryKind::ALL, &["device", "pinned_host", "managed", "physical", "host_registered", "ipc_import"]);
     check(&Category::ALL, "Category");
+    let categories = ["parameter", "gradient", "optimizer_state", "activation", "workspace", "input", "other"];
+    check_names(&Category::ALL, &categories);
     check(&[FreeStage::Immediate, FreeStage::Requested, FreeStage::Completed], "FreeStage");
     check(&[VmmOp::Reserve, VmmOp::AddressFree, VmmOp::Map, VmmOp::Unmap, VmmOp::SetAccess], "VmmOp");
     check(&[StateAt::Start, StateAt::End], "StateAt");

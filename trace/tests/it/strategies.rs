@@ -51,14 +51,7 @@ fn origin() -> impl Strategy<Value = Origin> {
 }
 
 fn mem() -> impl Strategy<Value = MemoryKind> {
-    proptest::sample::select(vec![
-        MemoryKind::Device,
-        MemoryKind::PinnedHost,
-        MemoryKind::Managed,
-        MemoryKind::Physical,
-        MemoryKind::HostRegistered,
-        MemoryKind::IpcImport,
-    ])
+    proptest::sample::select(MemoryKind::ALL.to_vec())
 }
 
 fn dim3() -> impl Strategy<Value = [u32; 3]> {

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, json_object
 from memtrace_trainer.notes import warn
 
 REGISTRY = Path(__file__).with_name("hf_configs")
@@ -89,12 +89,7 @@ def read_config(path: Path) -> HFSpec:
         text = path.read_text()
     except OSError as e:
         raise UserError(f"--model hf-config:{path}: cannot read the file ({e.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object (a transformers config.json)")
+    data = json_object(text, str(path), "a JSON object (a transformers config.json)")
     return HFSpec(str(path), data, str(path))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memtrace_trainer.errors import UserCodeError, UserError
+from memtrace_trainer.errors import UserCodeError, UserError, json_object
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.finetune import Regime
@@ -229,14 +228,7 @@ def _build(
         config, _ = from_gpumemnet_filename(name)
         return _synthetic(spec, config, batch_size, shape, device)
     if source == "synthetic":
-        try:
-            data = json.loads(name)
-        except json.JSONDecodeError as e:
-            raise UserError(
-                f"spec {spec!r}: the config after `synthetic:` is not JSON ({e})"
-            ) from None
-        if not isinstance(data, dict):
-            raise UserError(f"spec {spec!r}: expected a JSON object after `synthetic:`")
+        data = json_object(name, f"spec {spec!r}: the config after `synthetic:`")
         return _synthetic(spec, from_dict(data), batch_size, shape, device)
     raise UserError(
         f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:REPO_ID, "

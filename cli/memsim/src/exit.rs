@@ -1,0 +1,50 @@
+//! The one exit path of the memtrace commands (`memsim` here, `memest` through this crate):
+//! clap's usage errors exit 2, `--help` and `--version` 0, a failure prints its error chain
+//! (`{:#}`) and exits 2, and a closed pipe (`memsim stats x | head`) ends quietly.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+/// `NAME ARGS...` (the first item is the program name) parsed as `C` and handed to `run`: the exit
+/// status, after printing the output and, on failure, the error chain on stderr. The binaries and
+/// the Python console scripts call this through their crate's `main`.
+pub fn main_with<C: clap::Parser>(
+    name: &str,
+    args: impl IntoIterator<Item = OsString>,
+    run: impl FnOnce(C) -> anyhow::Result<u8>,
+) -> u8 {
+    let cli = match C::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) if broken_pipe(&e) => 0,
+        Err(e) => {
+            eprintln!("{name}: error: {e:#}");
+            2
+        }
+    };
+    // The Python console script returns to the interpreter: what was printed must be out.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    code
+}
+
+/// A process's `main`: the command's `main(argv)` with the process's arguments, SIGPIPE restored
+/// first. Rust ignores SIGPIPE; a command piped into `head` should end quietly, as other tools
+/// do, instead of failing in `println!`.
+pub fn process_main(main: fn(std::env::ArgsOs) -> u8) -> ExitCode {
+    #[cfg(unix)]
+    // Safety: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    ExitCode::from(main(std::env::args_os()))
+}
+
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
