@@ -106,15 +106,7 @@ fn category(i: u32) -> Option<Category> {
 
 #[inline(always)]
 fn memory_kind(i: u32) -> Option<MemoryKind> {
-    Some(match i {
-        0 => MemoryKind::Device,
-        1 => MemoryKind::PinnedHost,
-        2 => MemoryKind::Managed,
-        3 => MemoryKind::Physical,
-        4 => MemoryKind::HostRegistered,
-        5 => MemoryKind::IpcImport,
-        _ => return None,
-    })
+    MemoryKind::ALL.get(i as usize).copied()
 }
 
 #[inline(always)]

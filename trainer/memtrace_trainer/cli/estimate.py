@@ -294,6 +294,39 @@ def _where(result: dict[str, Any], profile: str, per: str = "") -> str:
     return f"{cap:.1f} MiB{per} ({src}, profile {profile})"
 
 
+def _search_answer(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    key: str,
+    none: str,
+    found: str,
+    unit: str = "",
+    bigger: str = "larger",
+) -> int:
+    """Prints a search's answer (`max-batch`, `max-seq`): JSON, or a line saying `none` when
+    nothing fits and `found` (the largest that does, in `unit`) with what it needs. Exit 1 when
+    nothing fits."""
+    result["warnings"] = notes.collected()
+    code = 0 if result[key] > 0 else 1
+    if args.json:
+        print(json.dumps(result))
+        return code
+    print_defaults(result["defaults"], result["iterations"])
+    where = _where(result, args.profile)
+    if result[key] == 0:
+        print(f"{result['model']}: does not fit even at {none} on {where}")
+        return code
+    more = f" (the --limit; {bigger} may fit)" if result["hit_limit"] else ""
+    print(
+        f"{result['model']}: {found} on {where}: {result[key]}{unit}{more}; "
+        f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
+        f"{result['point_bytes'] / MIB:.1f} MiB = peak reserved "
+        f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
+        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
+    )
+    return code
+
+
 def _max_batch(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_batch, trace_model, trace_step_fn
 
@@ -304,25 +337,7 @@ def _max_batch(args: argparse.Namespace) -> int:
         trace_at = trace_model(_workloads(args), _step(args))
     result = max_batch(trace_at, steps, args.profile, args.capacity, args.limit, args.point)
     result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
-    result["warnings"] = notes.collected()
-    code = 0 if result["max_batch"] > 0 else 1
-    if args.json:
-        print(json.dumps(result))
-        return code
-    print_defaults(result["defaults"], result["iterations"])
-    where = _where(result, args.profile)
-    if result["max_batch"] == 0:
-        print(f"{result['model']}: does not fit even at batch 1 on {where}")
-        return code
-    more = " (the --limit; larger may fit)" if result["hit_limit"] else ""
-    print(
-        f"{result['model']}: largest batch that fits on {where}: {result['max_batch']}{more}; "
-        f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
-        f"{result['point_bytes'] / MIB:.1f} MiB = peak reserved "
-        f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
-        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
-    )
-    return code
+    return _search_answer(args, result, "max_batch", "batch 1", "largest batch that fits")
 
 
 def _max_seq(args: argparse.Namespace) -> int:
@@ -335,26 +350,9 @@ def _max_seq(args: argparse.Namespace) -> int:
                      args.multiple_of, args.point)  # fmt: skip
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
-    result["warnings"] = notes.collected()
-    code = 0 if result["max_seq_len"] > 0 else 1
-    if args.json:
-        print(json.dumps(result))
-        return code
-    print_defaults(result["defaults"], result["iterations"])
-    where = _where(result, args.profile)
-    if result["max_seq_len"] == 0:
-        print(f"{result['model']}: does not fit even at {args.multiple_of} tokens, batch "
-              f"{args.batch_size}, on {where}")  # fmt: skip
-        return code
-    more = " (the --limit; longer may fit)" if result["hit_limit"] else ""
-    print(
-        f"{result['model']}: longest sequence that fits at batch {args.batch_size} on {where}: "
-        f"{result['max_seq_len']} tokens{more}; needs {result['need_bytes'] / MIB:.1f} MiB there "
-        f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
-        f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
-        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
-    )
-    return code
+    none = f"{args.multiple_of} tokens, batch {args.batch_size},"
+    found = f"longest sequence that fits at batch {args.batch_size}"
+    return _search_answer(args, result, "max_seq_len", none, found, " tokens", "longer")
 
 
 def _world_sizes(text: str) -> list[int]:
