@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
@@ -208,6 +209,25 @@ SCRIPT_HELP = (
     "are counted at optimizer.step() (or memtrace_trainer.mark('iter')) and the run stops "
     "after --steps"
 )
+
+
+def model_source(
+    p: argparse.ArgumentParser,
+    entry: str = "package.module:function (see README)",
+    step: bool = True,
+    script: bool = False,
+) -> argparse._MutuallyExclusiveGroup:
+    """The required choice of what to trace: --model, --entry (`entry` says what the function
+    returns or takes), and --step and --script where the command traces the user's own step.
+    Returns the group, for a command's other sources."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model spec")
+    src.add_argument("--entry", metavar="MOD:FN", help=entry)
+    if step:
+        src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
+    if script:
+        src.add_argument("--script", metavar="TRAIN.py", type=Path, help=SCRIPT_HELP)
+    return src
 
 
 def script_args(p: argparse.ArgumentParser) -> None:

@@ -13,10 +13,9 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.cli.common import (
-    SCRIPT_HELP,
-    STEP_FN_HELP,
     check_script_args,
     finetune_args,
+    model_source,
     print_defaults,
     resolve_steps,
     script_args,
@@ -45,13 +44,7 @@ FAKE_KEYS = {
 def _model_source(
     p: argparse.ArgumentParser, gpumemnet: bool = False, step: bool = True, script: bool = False
 ) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model spec")
-    src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (see README)")
-    if step:
-        src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
-    if script:
-        src.add_argument("--script", metavar="TRAIN.py", type=Path, help=SCRIPT_HELP)
+    src = model_source(p, step=step, script=script)
     if gpumemnet:
         src.add_argument(
             "--gpumemnet-row",
@@ -155,9 +148,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "For token models: --model hf:REPO_ID (or any zoo model that takes --seq-len) or an "
         "--entry function taking `seq_len`. Exit status 0, or 1 when not even one step fits.",
     )
-    qsrc = q.add_mutually_exclusive_group(required=True)
-    qsrc.add_argument("--model", help="model spec")
-    qsrc.add_argument("--entry", metavar="MOD:FN", help="package.module:function taking seq_len")
+    model_source(q, "package.module:function taking seq_len", step=False)
     q.add_argument("--batch-size", type=int, default=1, help="samples per step (default 1)")
     q.add_argument("--num-classes", type=int, help="classifier width (classification tasks)")
     step_args(q)

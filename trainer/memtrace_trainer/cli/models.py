@@ -12,11 +12,10 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.batchfile import read_configs
 from memtrace_trainer.cli.common import (
-    SCRIPT_HELP,
-    STEP_FN_HELP,
     check_script_args,
     finetune_args,
     model_args,
+    model_source,
     print_defaults,
     resolve_steps,
     script_args,
@@ -62,15 +61,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         "run them (forward, loss, backward, optimizer.step, zero_grad(set_to_none)), "
         "emulating CUDA-only allocations unless --no-cuda-emulation.",
     )
-    src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model spec")
-    src.add_argument(
-        "--entry",
-        metavar="MOD:FN",
-        help="package.module:function returning (model, (inputs, target), loss_fn)",
-    )
-    src.add_argument("--step", metavar="MOD:FN", help=STEP_FN_HELP)
-    src.add_argument("--script", metavar="TRAIN.py", type=Path, help=SCRIPT_HELP)
+    entry = "package.module:function returning (model, (inputs, target), loss_fn)"
+    src = model_source(s, entry, script=True)
     src.add_argument(
         "--batch",
         metavar="CONFIGS.jsonl",
