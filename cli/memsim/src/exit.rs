@@ -48,3 +48,17 @@ pub fn process_main(main: fn(std::env::ArgsOs) -> u8) -> ExitCode {
 fn broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_closed_pipe_anywhere_in_the_chain_is_quiet() {
+        let check = |e: anyhow::Error, expect: bool| assert_eq!(super::broken_pipe(&e), expect, "{e:#}");
+        check(anyhow::Error::new(Error::from(ErrorKind::BrokenPipe)), true);
+        check(anyhow::Error::new(Error::from(ErrorKind::BrokenPipe)).context("writing the report"), true);
+        check(anyhow::Error::new(Error::from(ErrorKind::NotFound)).context("t.mtrace"), false);
+        check(anyhow::anyhow!("broken pipe"), false);
+    }
+}

@@ -500,3 +500,23 @@ fn a_large_trace_reads_the_same_on_a_decoding_thread() {
     }
     assert_eq!(json(&["stats", big.to_str().unwrap(), "--json"])["events"], recs.len());
 }
+
+/// `memsim stats t | head -c0`: a reader that goes away ends memsim as it ends other tools (by
+/// SIGPIPE, or exit 0 when its output fit the pipe first), never with an error message.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memsim"))
+        .args(["stats", t.to_str().unwrap(), t.to_str().unwrap(), t.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("error"), "{stderr}");
+}
