@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use hashbrown::HashMap;
+use trace::marker::{self, MarkerKind, Phase};
 use trace::{Category, Event, FreeStage, Header, MemoryKind, Origin, Record};
 
 use crate::error::Result;
@@ -64,7 +65,10 @@ impl LoadedTrace {
     /// FakeTensor method as GPUMemNet ran it (forward and backward, live storage bytes, no
     /// optimizer step, no allocator).
     pub fn forward_backward_peak(&self) -> u64 {
-        live_peak_until(&self.records, |r| matches!(&r.event, Event::Marker(m) if m.text == "phase:optimizer"))
+        live_peak_until(&self.records, |r| {
+            let optimizer = MarkerKind::Phase(Phase::Optimizer);
+            matches!(&r.event, Event::Marker(m) if marker::parse(&m.text) == optimizer)
+        })
     }
 }
 

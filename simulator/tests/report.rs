@@ -57,3 +57,17 @@ fn the_page_is_self_contained_and_says_the_numbers() {
         assert!(!outside_svg_ns.contains(absent), "the page must not load anything: found {absent}");
     }
 }
+
+/// Marks are what the one marker grammar (`trace::marker::parse`) says: `iter:N` and known
+/// phases; user text that only looks like one (`phase:warmup`, `iter:end`) is not drawn.
+#[test]
+fn marks_follow_the_marker_grammar() {
+    use trace::{Event, Marker, Record};
+    let mark =
+        |t: &str| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Marker(Marker { text: t.into() }) };
+    let mut recs = vec![mark("iter:0"), mark("phase:forward"), mark("phase:warmup"), mark("iter:end"), mark("hello")];
+    recs.extend(records());
+    let r = report::collect(&header(), &recs, &ReplayOptions::default()).unwrap();
+    let marks: Vec<(&str, bool)> = r.marks.iter().map(|m| (m.text.as_str(), m.is_iter())).collect();
+    assert_eq!(marks, vec![("iter:0", true), ("phase:forward", false)]);
+}

@@ -394,3 +394,18 @@ def test_batch_on_a_cluster_answers_like_the_local_backend(tmp_path: Path) -> No
     done = cli("symtrace", "--model", mlp, "--batch-size", "2", "--out", str(tmp_path / "y.jsonl"),
                "--backend", "slurm", check=False)  # fmt: skip
     assert done.returncode == 2 and "give --batch FILE" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.mtrace"])
+def test_out_is_written_atomically_and_readable_by_all(tmp_path: Path, name: str) -> None:
+    # One writer for the Python side (memtrace_trainer.atomic), 0644 as the Rust side's files
+    # are: mkstemp's 0600 must not leak into a trace a team reads, and no temporary is left.
+    out = tmp_path / name
+    cli("symtrace", "--model", MLP, "--batch-size", "2", "--out", str(out))
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    # A refused name leaves nothing behind.
+    bad = cli("symtrace", "--model", MLP, "--batch-size", "2", "--out", str(tmp_path / "t.txt"),
+              check=False)  # fmt: skip
+    assert bad.returncode == 2 and "expected a .jsonl or .mtrace" in bad.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]

@@ -10,6 +10,7 @@ mod svg;
 use std::collections::HashMap;
 
 use serde::Serialize;
+use trace::marker::{self, MarkerKind};
 use trace::{Category, Event, Header, MemoryKind, Origin, Record};
 
 use crate::alloc::SegmentView;
@@ -43,6 +44,13 @@ pub struct Mark {
     pub at: u64,
     /// The marker's text (`iter:1`, `phase:backward`).
     pub text: String,
+}
+
+impl Mark {
+    /// Whether it starts an iteration (`iter:N`, by the one marker grammar, `trace::marker`).
+    pub fn is_iter(&self) -> bool {
+        matches!(marker::parse(&self.text), MarkerKind::Iter(_))
+    }
 }
 
 /// One allocation alive at the peak.
@@ -150,7 +158,7 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
         rp.observe(r);
         let at = i as u64;
         if let Event::Marker(m) = &r.event {
-            if m.text.starts_with("iter:") || m.text.starts_with("phase:") {
+            if !matches!(marker::parse(&m.text), MarkerKind::User(_)) {
                 marks.push(Mark { at, text: m.text.clone() });
             }
             continue;
@@ -171,7 +179,7 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
     }
     let has_categories = rp.has_categories();
     if marks.len() > MAX_MARKS {
-        marks.retain(|m| m.text.starts_with("iter:"));
+        marks.retain(Mark::is_iter);
         marks.truncate(MAX_MARKS);
     }
     let total = records.len() as u64;

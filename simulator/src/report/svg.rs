@@ -121,7 +121,7 @@ pub fn timeline(r: &Report) -> String {
     }
     for m in &r.marks {
         let xx = x(m.at);
-        let iter = m.text.starts_with("iter:");
+        let iter = m.is_iter();
         let _ = write!(
             s,
             r##"<line x1="{xx:.1}" x2="{xx:.1}" y1="{top}" y2="{}" stroke="{}" stroke-dasharray="2 3"><title>{}</title></line>"##,

@@ -199,8 +199,8 @@ def _launch(args: argparse.Namespace) -> None:
 
 
 def _dataset(args: argparse.Namespace) -> None:
+    from memtrace_trainer.atomic import write_text
     from memtrace_trainer.runs.dataset import collect
-    from memtrace_trainer.runs.rundir import write_text
 
     text, summary = collect(args.dir, args.include_cpu)
     if not args.out.parent.is_dir():

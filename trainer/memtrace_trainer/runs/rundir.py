@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer import __version__
+from memtrace_trainer.atomic import write_text
 from memtrace_trainer.binaries import find_shim
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract, gpumemnet_row
@@ -38,19 +39,6 @@ class RunFailed(UserError):
 
 def is_complete(path: Path) -> bool:
     return all((path / f).is_file() for f in FILES)
-
-
-def write_text(path: Path, text: str) -> None:
-    """Atomic: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the rest of a team
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json(path: Path, data: Any) -> None:

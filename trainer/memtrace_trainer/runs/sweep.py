@@ -99,7 +99,7 @@ def load_sweep(path: Path) -> list[Item]:
 
 
 def write_manifest(path: Path, items: list[Item]) -> None:
-    from memtrace_trainer.runs.rundir import write_text
+    from memtrace_trainer.atomic import write_text
 
     write_text(path, "".join(it.to_json() + "\n" for it in items))
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import __version__
+from memtrace_trainer.atomic import replacing, write_text
 from memtrace_trainer.binaries import run_tool
 from memtrace_trainer.errors import UserError
 
@@ -52,22 +52,14 @@ def write(path: Path, text_lines: list[str]) -> None:
         raise UserError(f"--out {path}: expected a .jsonl or .mtrace file name")
     if not path.parent.is_dir():
         raise UserError(f"--out {path}: directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(text_lines) + "\n")
-        if path.suffix == ".jsonl":
-            os.replace(tmp, path)
-            return
-        tmp_out = tmp[: -len(".jsonl")] + ".mtrace"
-        try:
-            done = run_tool("memsim", ["convert", tmp, tmp_out])
+    text = "\n".join(text_lines) + "\n"
+    if path.suffix == ".jsonl":
+        write_text(path, text)
+        return
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as d:
+        src = Path(d) / "trace.jsonl"
+        src.write_text(text)
+        with replacing(path, suffix=".mtrace") as out:
+            done = run_tool("memsim", ["convert", str(src), str(out)])
             if done.returncode != 0:
                 raise UserError(f"memsim convert failed for {path}: {done.stderr.strip()}")
-            os.replace(tmp_out, path)
-        finally:
-            if os.path.exists(tmp_out):
-                os.unlink(tmp_out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -1,0 +1,32 @@
+"""Atomic output files, the Python side's one writer (the Rust side's is `trace/src/atomic.rs`):
+a reader never sees half a file, a failed write leaves nothing behind, and the file is 0644 as
+the Rust side's are (`mkstemp`'s 0600 would hide results from the rest of a team)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
+    """A temporary file beside `path` (ending in `suffix`, for tools that go by the extension),
+    moved over `path` when the block ends without an error and removed otherwise."""
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o644)
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` into `path`, atomically."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
