@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use simulator::snapshot::{self, Action};
 use trace::{Event, FreeStage, Origin, StateAt, VmmOp};
 
-use crate::snapshot_support::{round_plain, shared_snapshot, SHARED_FILES};
+use crate::snapshot_support::{plain, shared_snapshot, SHARED_FILES};
 
 /// Per-file action counts, copied from /work/shared/data/snapshots/README.md.
 fn readme_counts(file: &str) -> Option<&'static str> {
@@ -87,7 +87,7 @@ fn every_shared_snapshot_has_the_readme_action_counts() {
 /// Counts imported records per trace-level kind and compares with the snapshot's actions.
 fn check_import(file: &str) {
     let snap = shared_snapshot(file);
-    let imp = snapshot::import(&snap, &round_plain);
+    let imp = snapshot::import(&snap, &plain());
     let counts: BTreeMap<Action, usize> = snap.action_counts().into_iter().collect();
     let mut got: BTreeMap<Action, usize> = BTreeMap::new();
     let (mut end_states, mut start_states, mut stacks) = (0, 0, 0);
@@ -139,7 +139,7 @@ fn import_keeps_every_entry_and_state_of_every_shared_snapshot() {
 #[test]
 fn import_times_are_relative_and_settings_reach_the_env() {
     let snap = shared_snapshot("Constructor-Sun--code_location--memory_snapshot.pickle");
-    let imp = snapshot::import(&snap, &round_plain);
+    let imp = snapshot::import(&snap, &plain());
     let t0 = snap.device_traces.iter().flatten().filter_map(|e| e.time_us).min().expect("has times");
     assert_eq!(imp.header.start_wall_ns, Some(t0 * 1000));
     assert_eq!(imp.header.alloc_conf(), Some("expandable_segments:True"));

@@ -4,7 +4,7 @@
 use simulator::snapshot::{self, StartState, ValidateOptions, Verdict};
 use trace::BlockState::{self, ActiveAllocated as Alloc, ActivePendingFree as Pending, Inactive as Free};
 
-use crate::snapshot_support::{fixture, round_plain};
+use crate::snapshot_support::{fixture, plain};
 
 const MIB: u64 = 1 << 20;
 const L: u64 = 0x7F00_0000_0000;
@@ -29,7 +29,7 @@ fn check(start: &StartState, expect: &[Expect]) {
 #[test]
 fn rebuild_native_fixture() {
     let snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
-    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &round_plain);
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &plain());
     let b = 3_000_320 + 512 * 1024; // round_size(3,000,000) plus the absorbed 512 KiB gap
     let c = 2 * MIB + b;
     let d = c + 4 * MIB;
@@ -73,7 +73,7 @@ fn rebuild_native_fixture() {
 fn rebuild_with_an_empty_trace_is_the_final_state() {
     let mut snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
     snap.device_traces = vec![Vec::new()];
-    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &round_plain);
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &plain());
     assert!(start.unrecoverable.is_empty());
     assert_eq!(start.segments.len(), snap.segments.len());
     for (s, f) in start.segments.iter().zip(&snap.segments) {
@@ -97,4 +97,38 @@ fn the_fixture_replays_exactly_from_its_rebuilt_start() {
     assert_eq!(r.recorded_peak_reserved_bytes, (20 + 2 + 12) * MIB);
     assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes);
     assert!(r.passed());
+}
+
+/// A block allocated before the trace and freed in it, 25 MiB requested, with a 2 MiB free gap
+/// after it: the large pool splits a remainder over 1 MiB, so without `max_split_size` the gap
+/// is its own block and the size is ambiguous; with `max_split_size:21MB` a 25 MiB block is never
+/// split, so the gap belongs to it. The rebuild reads the allocator's one split rule backwards.
+#[test]
+fn rebuild_follows_max_split_size() {
+    use serde_json::json;
+    let base = L;
+    let block = |addr: u64, size: u64, requested: u64, state: &str| json!({"address": addr, "size": size, "requested_size": requested, "state": state});
+    let snap = json!({
+        "segments": [{
+            "device": 0, "address": base, "total_size": 64 * MIB, "allocated_size": 37 * MIB,
+            "active_size": 37 * MIB, "requested_size": 37 * MIB, "stream": 0, "segment_type": "large",
+            "blocks": [block(base, 27 * MIB, 0, "inactive"), block(base + 27 * MIB, 37 * MIB, 37 * MIB, "active_allocated")],
+        }],
+        "device_traces": [[
+            {"action": "free_requested", "addr": base, "size": 25 * MIB, "stream": 0},
+            {"action": "free_completed", "addr": base, "size": 25 * MIB, "stream": 0},
+        ]],
+    });
+    let snap = snapshot::parse_snapshot(&simulator::snapshot::pickle::encode(&snap), "hand-made").unwrap();
+    let sizes =
+        |start: &StartState| start.segments[0].blocks.iter().map(|b| (b.addr - base, b.size)).collect::<Vec<_>>();
+
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &plain());
+    assert_eq!(sizes(&start), vec![(0, 25 * MIB), (25 * MIB, 2 * MIB), (27 * MIB, 37 * MIB)]);
+    assert!(start.unrecoverable.iter().any(|u| u.reason.contains("size ambiguous")), "{:?}", start.unrecoverable);
+
+    let cfg = simulator::alloc::AllocatorConfig::parse("max_split_size_mb:21", Default::default()).unwrap();
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &cfg);
+    assert_eq!(sizes(&start), vec![(0, 27 * MIB), (27 * MIB, 37 * MIB)]);
+    assert!(start.unrecoverable.is_empty(), "{:?}", start.unrecoverable);
 }

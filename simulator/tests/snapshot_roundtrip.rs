@@ -6,7 +6,7 @@ use std::process::Command;
 
 use simulator::snapshot::{self, pickle};
 
-use crate::snapshot_support::{round_plain, shared_path, shared_snapshot, SHARED_FILES};
+use crate::snapshot_support::{plain, shared_path, shared_snapshot, SHARED_FILES};
 
 /// The project's venv python; the test fails (never skips) without it.
 fn venv_python() -> PathBuf {
@@ -81,7 +81,7 @@ for fa, fb in zip(args[::2], args[1::2]):
 
 fn export_roundtrip(file: &str, dir: &Path) -> PathBuf {
     let snap = shared_snapshot(file);
-    let imp = snapshot::import(&snap, &round_plain);
+    let imp = snapshot::import(&snap, &plain());
     let out = dir.join(format!("{file}.rt.pickle"));
     snapshot::write_snapshot(&out, &imp.header, &imp.records).unwrap_or_else(|e| panic!("{file}: {e}"));
     let bytes = std::fs::read(&out).expect("written");
@@ -124,7 +124,7 @@ fn memory_viz_cli_prints_the_same_stats_for_a_round_tripped_file() {
 #[test]
 fn export_refuses_a_trace_without_final_segments() {
     let snap = shared_snapshot("JasperSolt--EoR_NN--snapshot.pickle");
-    let imp = snapshot::import(&snap, &round_plain);
+    let imp = snapshot::import(&snap, &plain());
     let without_end: Vec<_> = imp
         .records
         .into_iter()
@@ -137,7 +137,7 @@ fn export_refuses_a_trace_without_final_segments() {
 #[test]
 fn a_failed_write_leaves_no_file() {
     let snap = shared_snapshot("JasperSolt--EoR_NN--snapshot.pickle");
-    let imp = snapshot::import(&snap, &round_plain);
+    let imp = snapshot::import(&snap, &plain());
     let dir = tempfile::tempdir().expect("temp dir");
     let target = dir.path().join("missing-dir").join("x.pickle");
     let err = snapshot::write_snapshot(&target, &imp.header, &imp.records).expect_err("no such dir");

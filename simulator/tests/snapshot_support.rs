@@ -63,7 +63,8 @@ pub fn fixture(file: &str) -> PathBuf {
     p
 }
 
-/// `round_size` with no `roundup_power2_divisions`: up to a multiple of 512, at least 512.
-pub fn round_plain(size: u64) -> u64 {
-    size.max(1).div_ceil(512) * 512
+/// The default allocator configuration: `round_size` with no `roundup_power2_divisions` (up to
+/// a multiple of 512, at least 512) and no `max_split_size`.
+pub fn plain() -> simulator::alloc::AllocatorConfig {
+    simulator::alloc::AllocatorConfig::default()
 }

@@ -9,7 +9,7 @@ use hashbrown::HashMap;
 use super::block::{key, unkey, Arena, Block, Pool, State, NIL};
 use super::config::AllocatorConfig;
 use super::request::{DeviceEvent, OomInfo, Outcome, ReplayError, Request};
-use super::rounding::{get_allocation_size, is_small, round_size, K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_SIZE};
+use super::rounding::{get_allocation_size, is_small, round_size, should_split, K_LARGE_BUFFER};
 use super::stats::{MemoryStats, StatArray, ALL, LARGE_POOL, SMALL_POOL};
 use super::version::TorchVersion;
 
@@ -349,12 +349,7 @@ impl Allocator {
 
     fn should_split(&self, i: u32, size: u64) -> bool {
         let b = &self.arena[i];
-        let remaining = b.size - size;
-        if b.small || self.cfg.expandable_segments {
-            remaining >= K_MIN_BLOCK_SIZE
-        } else {
-            size < self.cfg.max_split_size && remaining > K_SMALL_SIZE
-        }
+        should_split(b.small || self.cfg.expandable_segments, size, b.size - size, self.cfg.max_split_size)
     }
 
     fn alloc_found_block(&mut self, i: u32, size: u64, orig: u64, split: bool) {

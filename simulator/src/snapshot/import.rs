@@ -11,6 +11,7 @@ use trace::{
 
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
 use super::rebuild::{rebuild, StartState};
+use crate::alloc::AllocatorConfig;
 
 /// Producer name written into imported headers.
 pub const PRODUCER: &str = "memsim convert (snapshot)";
@@ -30,10 +31,10 @@ pub struct Imported {
     pub start: StartState,
 }
 
-/// Converts a snapshot into a trace. `round_size` is the allocator's rounding, used to infer the
-/// sizes of blocks allocated before the trace (see [`rebuild`]).
-pub fn import(snap: &Snapshot, round_size: &dyn Fn(u64) -> u64) -> Imported {
-    let start = rebuild(&snap.segments, &snap.device_traces, round_size);
+/// Converts a snapshot into a trace. `cfg` is the allocator configuration whose rounding and
+/// split rule infer the sizes of blocks allocated before the trace (see [`rebuild`]).
+pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
+    let start = rebuild(&snap.segments, &snap.device_traces, cfg);
     let t0 = snap.device_traces.iter().flatten().filter_map(|e| e.time_us).min();
 
     let mut header = Header::new(PRODUCER, env!("CARGO_PKG_VERSION"), Level::Allocator);

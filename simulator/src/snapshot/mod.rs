@@ -38,8 +38,7 @@ pub fn import_snapshot(
     alloc_conf: Option<&str>,
 ) -> Result<Imported, SnapshotError> {
     let (cfg, _) = snapshot_config(snap, version, alloc_conf)?;
-    let divisions = cfg.roundup_power2_divisions;
-    Ok(import(snap, &|s| crate::alloc::rounding::round_size(s, &divisions)))
+    Ok(import(snap, &cfg))
 }
 
 /// Errors reading, converting or writing snapshots.

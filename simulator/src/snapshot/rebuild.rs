@@ -11,13 +11,8 @@ use serde::Serialize;
 use trace::{BlockState, SegmentPool};
 
 use super::model::{Action, Segment, TraceEntry};
-
-/// `kSmallBuffer`: a native segment of exactly this size is a small-pool segment.
-const SMALL_SEGMENT: u64 = 2 << 20;
-/// `kMinBlockSize`: the small-pool (and expandable) split threshold.
-const MIN_BLOCK: u64 = 512;
-/// `kSmallSize`: the large pool absorbs remainders up to this size instead of splitting.
-const LARGE_ABSORB: u64 = 1 << 20;
+use crate::alloc::rounding::{self, K_SMALL_BUFFER};
+use crate::alloc::AllocatorConfig;
 
 /// One block of the starting state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -109,15 +104,16 @@ struct Live {
 }
 
 /// Rebuilds the starting state of every device from the final `segments` and the per-device
-/// traces. `round_size` is the allocator's rounding (`round_size` of §2, with the trace's
+/// traces, under the allocator configuration `cfg` (its rounding, `round_size` of §2, and its
+/// split rule, which decide the sizes of blocks allocated before the trace).
 /// `roundup_power2_divisions`).
-pub fn rebuild(segments: &[Segment], device_traces: &[Vec<TraceEntry>], round_size: &dyn Fn(u64) -> u64) -> StartState {
+pub fn rebuild(segments: &[Segment], device_traces: &[Vec<TraceEntry>], cfg: &AllocatorConfig) -> StartState {
     let mut out = StartState::default();
     let devices = segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0).max(device_traces.len());
     for d in 0..devices {
         let finals: Vec<&Segment> = segments.iter().filter(|s| s.device as usize == d).collect();
         let entries = device_traces.get(d).map(Vec::as_slice).unwrap_or(&[]);
-        rebuild_device(d as u32, &finals, entries, round_size, &mut out);
+        rebuild_device(d as u32, &finals, entries, cfg, &mut out);
     }
     out
 }
@@ -126,7 +122,7 @@ fn rebuild_device(
     device: u32,
     finals: &[&Segment],
     entries: &[TraceEntry],
-    round_size: &dyn Fn(u64) -> u64,
+    cfg: &AllocatorConfig,
     out: &mut StartState,
 ) {
     let mut problem = |addr: Option<u64>, reason: String| {
@@ -183,7 +179,7 @@ fn rebuild_device(
             Action::SegmentFree => {
                 segs.insert(
                     e.addr,
-                    SegInfo { size: e.size, stream: e.stream, expandable: false, small: e.size == SMALL_SEGMENT },
+                    SegInfo { size: e.size, stream: e.stream, expandable: false, small: e.size == K_SMALL_BUFFER },
                 );
             }
             Action::SegmentMap => unmap_range(&mut segs, e.addr, e.size),
@@ -231,7 +227,7 @@ fn rebuild_device(
             }
             let size = match b.size {
                 Some(sz) => sz,
-                None => infer_size(*addr, b.requested, next, small, s.expandable, round_size, &mut problem),
+                None => infer_size(*addr, b.requested, next, small, s.expandable, cfg, &mut problem),
             };
             let size = if addr.saturating_add(size) > next {
                 problem(
@@ -272,10 +268,10 @@ fn infer_size(
     next: u64,
     small: bool,
     expandable: bool,
-    round_size: &dyn Fn(u64) -> u64,
+    cfg: &AllocatorConfig,
     problem: &mut dyn FnMut(Option<u64>, String),
 ) -> u64 {
-    let rounded = round_size(requested);
+    let rounded = rounding::round_size(requested, &cfg.roundup_power2_divisions);
     if addr.saturating_add(rounded) > next {
         return rounded;
     }
@@ -284,7 +280,7 @@ fn infer_size(
         return rounded;
     }
     // A remainder the allocator would not have split off belongs to the block.
-    let absorbed = if small || expandable { gap < MIN_BLOCK } else { gap <= LARGE_ABSORB };
+    let absorbed = !rounding::should_split(small || expandable, rounded, gap, cfg.max_split_size);
     if absorbed {
         return rounded + gap;
     }

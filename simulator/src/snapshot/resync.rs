@@ -9,11 +9,6 @@
 
 use crate::alloc::{rounding, Allocator, BlockView, BlockViewState, ExistingSegment, Request};
 
-/// `kSmallSize`: in the large pool a remainder up to this is absorbed, not split off.
-const LARGE_ABSORB: u64 = 1 << 20;
-/// `kMinBlockSize`: the small pool splits remainders of at least this.
-const MIN_BLOCK: u64 = 512;
-
 /// A fresh allocator whose state is `alloc`'s with the block at `predicted` moved to
 /// `recorded`; None when that cannot be done consistently (the recorded address is not free in
 /// the model, or expandable segments are involved).
@@ -44,11 +39,8 @@ pub(super) fn resync(
         return None;
     }
     let remaining = end - recorded - rounded;
-    let split = if segs[sj].is_small_pool {
-        remaining >= MIN_BLOCK
-    } else {
-        rounded < cfg.max_split_size && remaining > LARGE_ABSORB
-    };
+    let small_or_expandable = segs[sj].is_small_pool || cfg.expandable_segments;
+    let split = rounding::should_split(small_or_expandable, rounded, remaining, cfg.max_split_size);
     let size = if split { rounded } else { end - recorded };
     let mut repl = Vec::with_capacity(3);
     if recorded > free.addr {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use trace::BlockState;
 
-use crate::alloc::{rounding, Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Request, TorchVersion};
+use crate::alloc::{Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Request, TorchVersion};
 
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
@@ -183,8 +183,7 @@ pub fn snapshot_config(
 
 /// The start state of a snapshot rebuilt with the rounding of `cfg`.
 pub fn rebuild_with(snap: &Snapshot, cfg: &AllocatorConfig) -> StartState {
-    let divisions = cfg.roundup_power2_divisions;
-    rebuild(&snap.segments, &snap.device_traces, &|s| rounding::round_size(s, &divisions))
+    rebuild(&snap.segments, &snap.device_traces, cfg)
 }
 
 /// Replays a snapshot through the model and compares (see the module documentation).
