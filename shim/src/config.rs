@@ -31,7 +31,8 @@ pub const VARS: [Var; 9] = [
     Var {
         name: "MEMTRACE_MAX_BYTES",
         default: "0",
-        help: "stop recording (with a marker) past this file size; K/M/G suffixes; 0 = no limit",
+        help: "stop recording (with a marker) past this file size, as memsim reads sizes (64KiB, 10MiB, 2GiB; \
+               KB/MB/GB are decimal); 0 = no limit",
     },
     Var { name: "MEMTRACE_QUIET", default: "0", help: "no summary on stderr at exit (0/1)" },
     Var {
@@ -111,20 +112,6 @@ fn parse_bool(v: &str) -> Option<bool> {
         "0" | "false" | "no" | "off" | "" => Some(false),
         _ => None,
     }
-}
-
-/// `123`, `64K`, `10M`, `2G` (binary multiples, optional trailing `B`/`iB`).
-pub fn parse_size(v: &str) -> Option<u64> {
-    let t = v.trim().to_ascii_uppercase();
-    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
-    let (digits, mult) = match t.chars().last()? {
-        'K' => (&t[..t.len() - 1], 1u64 << 10),
-        'M' => (&t[..t.len() - 1], 1 << 20),
-        'G' => (&t[..t.len() - 1], 1 << 30),
-        'T' => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
 fn parse_level(v: &str) -> Option<LogLevel> {
@@ -213,9 +200,9 @@ impl Config {
             }
         }
         if let Some(v) = get("MEMTRACE_MAX_BYTES") {
-            match parse_size(&v) {
-                Some(n) => c.max_bytes = n,
-                None => bad("MEMTRACE_MAX_BYTES", &v, "a byte count such as 1000000, 64K, 10M or 2G (0 = no limit)"),
+            match trace::units::parse_size(&v) {
+                Ok(n) => c.max_bytes = n,
+                Err(_) => bad("MEMTRACE_MAX_BYTES", &v, "a size such as 1000000, 64KiB, 10MiB or 2GiB (0 = no limit)"),
             }
         }
         if let Some(v) = get("MEMTRACE_LOG") {
@@ -303,6 +290,9 @@ mod tests {
     fn table() {
         check(&[], |c| assert_eq!(c, &Config::default()), 0);
         check(&[("MEMTRACE_MAX_BYTES", "10M")], |c| assert_eq!(c.max_bytes, 10 << 20), 0);
+        // Sizes read as memsim reads them (`trace::units`): MB is decimal, fractions round.
+        check(&[("MEMTRACE_MAX_BYTES", "10MB")], |c| assert_eq!(c.max_bytes, 10_000_000), 0);
+        check(&[("MEMTRACE_MAX_BYTES", "1.5GiB")], |c| assert_eq!(c.max_bytes, 3 << 29), 0);
         check(&[("MEMTRACE_MAX_BYTES", "abc")], |c| assert_eq!(c.max_bytes, 0), 1);
         check(&[("MEMTRACE_KERNELS", "off")], |c| assert!(!c.kernels), 0);
         check(&[("MEMTRACE_MAX_WAIT_MS", "60000")], |c| assert_eq!(c.max_wait_ms, 60_000), 0);
@@ -336,8 +326,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn sizes_round_trip(n in 0u64..(1 << 40)) {
-            proptest::prop_assert_eq!(parse_size(&n.to_string()), Some(n));
-            proptest::prop_assert_eq!(parse_size(&format!("{}K", n >> 10)), Some((n >> 10) << 10));
+            proptest::prop_assert_eq!(trace::units::parse_size(&n.to_string()), Ok(n));
+            proptest::prop_assert_eq!(trace::units::parse_size(&format!("{}K", n >> 10)), Ok((n >> 10) << 10));
         }
 
         #[test]

@@ -33,6 +33,7 @@ pub mod jsonl;
 pub mod marker;
 mod prefix;
 mod read;
+pub mod units;
 mod write;
 
 pub use api::Api;

@@ -1,0 +1,81 @@
+//! Byte quantities as people type them: `40GiB`, `80GB`, `500MiB`, `1.5TiB`, `4096`. The one
+//! parser of sizes: memsim's and memest's flags, and the shim's `MEMTRACE_MAX_BYTES` (this crate
+//! is the one both depend on).
+
+/// Parse a size. Binary (`KiB`, `MiB`, `GiB`, `TiB`, and `K`/`M`/`G`/`T`) and decimal (`KB`, `MB`,
+/// `GB`, `TB`) suffixes, case-insensitive; a bare number is bytes. Whole numbers are exact
+/// (`18446744073709551615`); a fraction (`1.5GiB`) is rounded to the byte.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let digits = num.replace('_', "");
+    let whole = digits.parse::<u64>().ok();
+    let value: f64 = match whole {
+        Some(n) => n as f64,
+        None => digits.parse().map_err(|_| {
+            format!("invalid size {s:?}: expected a number with an optional unit, e.g. 40GiB or 500MiB")
+        })?,
+    };
+    if unit.trim().is_empty() && whole.is_none() && value.fract() != 0.0 {
+        return Err(format!(
+            "invalid size {s:?}: a number without a unit is bytes, and {s} is not a whole number (did you \
+             mean {s}GiB?)"
+        ));
+    }
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        u => {
+            return Err(format!("invalid size {s:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"))
+        }
+    };
+    let out_of_range = || format!("invalid size {s:?}: out of range");
+    if let Some(n) = whole {
+        return n.checked_mul(mult).ok_or_else(out_of_range);
+    }
+    let v = value * mult as f64;
+    if !v.is_finite() || v < 0.0 || v >= u64::MAX as f64 {
+        return Err(out_of_range());
+    }
+    Ok(v.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        for (s, want) in [
+            ("4096", 4096),
+            ("40GiB", 40 << 30),
+            ("40gib", 40 << 30),
+            ("80GB", 80_000_000_000),
+            ("500MiB", 500 << 20),
+            ("1.5KiB", 1536),
+            ("2M", 2 << 20),
+            ("10MB", 10_000_000),
+            ("64K", 64 << 10),
+            ("1_000", 1000),
+            ("18446744073709551615", u64::MAX),
+            ("9007199254740993", 9_007_199_254_740_993),
+        ] {
+            assert_eq!(parse_size(s), Ok(want), "{s}");
+        }
+        assert!(parse_size("forty").unwrap_err().contains("forty"));
+        assert!(parse_size("4 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_size("").unwrap_err().contains("expected a number"));
+        assert!(parse_size("20000000T").unwrap_err().contains("out of range"));
+        assert!(parse_size("20000000.5T").unwrap_err().contains("out of range"));
+        // A bare number is bytes: a fraction of a byte is a unit left out, not a size.
+        assert!(parse_size("0.05").unwrap_err().contains("0.05GiB"));
+    }
+}
