@@ -15,6 +15,9 @@ mod report;
 mod stats;
 mod validate;
 
+/// The one `--strict` rule, shared with `memest`.
+pub use input::summary_warnings;
+
 use clap::{Parser, Subcommand};
 
 /// Predict the GPU memory a PyTorch training job reserves, from a trace, with an exact model of
