@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
+use simulator::fit::{self, Libraries};
 use simulator::profile::OutsideAllocator;
 
 use crate::compare::RunRecord;
@@ -45,11 +46,13 @@ impl CalRun {
         })
     }
 
+    /// The libraries the run loads (calibration rows are single-process runs).
+    fn libraries(&self) -> Libraries {
+        Libraries::single(self.uses_gemm, self.uses_conv, "calibration")
+    }
+
     fn predict(&self, o: &OutsideAllocator) -> f64 {
-        self.reserved_mib
-            + o.context_mib
-            + if self.uses_gemm { o.cublas_mib } else { 0.0 }
-            + if self.uses_conv { o.cudnn_mib } else { 0.0 }
+        self.reserved_mib + fit::outside_mib(o, self.libraries())
     }
 }
 
@@ -139,10 +142,9 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         .iter()
         .filter(|r| r.uses_conv)
         .map(|r| {
-            (
-                r.truth_mib - r.reserved_mib - outside.context_mib - if r.uses_gemm { outside.cublas_mib } else { 0.0 },
-                1.0 / r.truth_mib,
-            )
+            // What the terms other than cuDNN's leave of the measured peak.
+            let without_cudnn = Libraries { conv: false, ..r.libraries() };
+            (r.truth_mib - r.reserved_mib - fit::outside_mib(&outside, without_cudnn), 1.0 / r.truth_mib)
         })
         .collect();
     match wq(&conv) {

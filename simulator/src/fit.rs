@@ -10,7 +10,7 @@
 use serde::Serialize;
 use trace::{Header, Record};
 
-use crate::profile::Profile;
+use crate::profile::{OutsideAllocator, Profile};
 use crate::replay::{Classifier, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -131,27 +131,42 @@ fn bytes(mib: f64) -> u64 {
     (mib * MIB).round() as u64
 }
 
+/// The `[outside_allocator]` terms a job loading `libs` pays, as (profile key, MiB, how many
+/// times): the one rule of which terms apply, which [`outside`] turns into bytes and calibration
+/// fits ([`outside_mib`]).
+fn terms(o: &OutsideAllocator, libs: Libraries) -> [(&'static str, f64, u64); 5] {
+    let sharded = libs.ranks > 1;
+    [
+        ("context_mib", o.context_mib, 1),
+        ("cublas_mib", o.cublas_mib, u64::from(libs.gemm)),
+        ("cudnn_mib", o.cudnn_mib, u64::from(libs.conv)),
+        ("nccl_communicator_mib", o.nccl_communicator_mib, u64::from(sharded)),
+        ("nccl_per_peer_mib", o.nccl_per_peer_mib, if sharded { u64::from(libs.nccl_peers()) } else { 0 }),
+    ]
+}
+
+/// The memory outside the allocator for a job loading `libs` under the terms `o`, MiB: what
+/// calibration fits the terms to.
+pub fn outside_mib(o: &OutsideAllocator, libs: Libraries) -> f64 {
+    terms(o, libs).iter().map(|&(_, mib, times)| mib * times as f64).sum()
+}
+
 /// The memory outside the allocator for a job loading `libs`, from `profile` (the one function
 /// that applies the profile's `[outside_allocator]` terms).
 pub fn outside(profile: &Profile, source: &str, libs: Libraries) -> Outside {
-    let o = &profile.outside_allocator;
     let mut unmeasured = Vec::new();
-    let mut term = |key: &str, used: bool, mib: f64| {
-        if !used {
-            return 0;
-        }
-        let full = format!("outside_allocator.{key}");
-        if profile.is_unmeasured(&full) {
-            unmeasured.push(full);
-        }
-        bytes(mib)
-    };
-    let context_bytes = term("context_mib", true, o.context_mib);
-    let cublas_bytes = term("cublas_mib", libs.gemm, o.cublas_mib);
-    let cudnn_bytes = term("cudnn_mib", libs.conv, o.cudnn_mib);
-    let sharded = libs.ranks > 1;
-    let nccl_bytes = term("nccl_communicator_mib", sharded, o.nccl_communicator_mib)
-        + libs.nccl_peers() as u64 * term("nccl_per_peer_mib", sharded, o.nccl_per_peer_mib);
+    let [context_bytes, cublas_bytes, cudnn_bytes, communicator, per_peer] = terms(&profile.outside_allocator, libs)
+        .map(|(key, mib, times)| {
+            if times == 0 {
+                return 0;
+            }
+            let full = format!("outside_allocator.{key}");
+            if profile.is_unmeasured(&full) {
+                unmeasured.push(full);
+            }
+            times * bytes(mib)
+        });
+    let nccl_bytes = communicator + per_peer;
     Outside {
         context_bytes,
         cublas_bytes,

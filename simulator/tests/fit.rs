@@ -91,3 +91,21 @@ fn iteration_peaks_split_the_run_at_iter_markers() {
     assert!(first.peak_reserved_bytes >= first.peak_allocated_bytes);
     assert_eq!(steady.unwrap().iter, 2);
 }
+
+/// The one rule of which outside-allocator terms a job pays: the bytes `outside` reports and the
+/// MiB calibration fits (`outside_mib`) are the same terms, for every mix of libraries and ranks.
+#[test]
+fn outside_bytes_and_calibration_mib_take_the_same_terms() {
+    use simulator::fit::{outside, outside_mib, Libraries};
+    let (profile, _) = simulator::profile::Profile::load("a100-40gb").unwrap();
+    for gemm in [false, true] {
+        for conv in [false, true] {
+            for ranks in [1, 2, 8] {
+                let libs = Libraries { gemm, conv, source: "test", ranks };
+                let bytes = outside(&profile, "test", libs).total_bytes as f64;
+                let mib = outside_mib(&profile.outside_allocator, libs);
+                assert!((bytes / (1024.0 * 1024.0) - mib).abs() < 1e-5, "{libs:?}: {bytes} B vs {mib} MiB");
+            }
+        }
+    }
+}
