@@ -10,6 +10,7 @@ runs, so the numbers are features for utilisation models, not measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from memtrace_trainer.profile import load_profile
+from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace import step
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
@@ -26,9 +28,28 @@ aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
+class Rates:
+    """Datasheet peak rates of one GPU, which its profile does not hold. `launch_floor_us` is
+    the time one kernel occupies at least when the step is launch-bound (launch latency plus
+    eager PyTorch's per-op host work)."""
+
+    fp32_flops: float
+    tf32_flops: float
+    half_flops: float
+    dram_bytes_per_s: float
+    launch_floor_us: float
+
+
+# By profile name. NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB): 19.5 TFLOP/s FP32,
+# 156 TFLOP/s TF32 tensor, 312 TFLOP/s FP16/BF16 tensor (dense), 1,555 GB/s HBM2.
+RATES = {"a100-40gb": Rates(19.5e12, 156e12, 312e12, 1555e9, 4.0)}
+
+
+@dataclass(frozen=True)
 class Device:
-    """Peak rates of one GPU. `launch_floor_us` is the time one kernel occupies at least when
-    the step is launch-bound (launch latency plus eager PyTorch's per-op host work)."""
+    """One GPU as the roofline sees it: the GPU's name and SMs and the profile they come from
+    (whose emulation the step is traced with; none for a hand-made device), and the datasheet
+    rates of `Rates`."""
 
     name: str
     sm_count: int
@@ -37,13 +58,17 @@ class Device:
     half_flops: float
     dram_bytes_per_s: float
     launch_floor_us: float
+    profile: Profile | None = None
 
 
-# NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB): 19.5 TFLOP/s FP32, 156 TFLOP/s TF32 tensor,
-# 312 TFLOP/s FP16/BF16 tensor (dense), 1,555 GB/s HBM2; 108 SMs (A100 whitepaper, GA100 as
-# shipped). profiles/a100-40gb.toml cannot hold these: its loaders reject unknown fields.
-A100_40GB = Device("A100-SXM4-40GB", 108, 19.5e12, 156e12, 312e12, 1555e9, 4.0)
-DEVICES = {"a100-40gb": A100_40GB}
+def profile_device(profile: str | None = None) -> Device:
+    """The GPU of a profile (NAME or .toml path; `None`: the default), with its rates."""
+    p = load_profile(profile)
+    if p.name not in RATES:
+        raise UserError(f"--device {profile}: no datasheet rates for profile {p.name!r} (rates are "
+                        f"known for {sorted(RATES)}; add them to kernelstats.RATES)")  # fmt: skip
+    return Device(p.gpu, p.sm_count, *dataclasses.astuple(RATES[p.name]), profile=p)
+
 
 # PyTorch's vectorised elementwise kernel: 128 threads x 4 elements per thread per block.
 ELEMENTWISE_PER_BLOCK = 512
@@ -344,12 +369,15 @@ class KernelRecorder(Recorder):
         return out
 
 
-def step_kernels(workload: Workload, cfg: step.StepConfig | None = None) -> list[Kernel]:
+def step_kernels(
+    workload: Workload, cfg: step.StepConfig | None = None, gpu: Device | None = None
+) -> list[Kernel]:
     """Kernels of the last of `cfg.iterations` (default two: the second is the steady state,
-    without the optimizer's one-time state initialisation)."""
+    without the optimizer's one-time state initialisation), traced with `gpu`'s profile (default:
+    the default profile's)."""
     cfg = cfg or step.StepConfig(iterations=2)
     rec = KernelRecorder(cfg.iterations - 1)
-    step.run(workload, cfg, load_profile(None), rec)
+    step.run(workload, cfg, gpu.profile if gpu and gpu.profile else load_profile(None), rec)
     return rec.kernels
 
 
@@ -385,7 +413,7 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def summarize(kernels: list[Kernel], device: Device = A100_40GB) -> dict[str, float]:
+def summarize(kernels: list[Kernel], device: Device | None = None) -> dict[str, float]:
     """The `k_` columns of one step.
 
     - est_gpu_time_us: sum of roofline durations (the GPU never idles);
@@ -394,7 +422,9 @@ def summarize(kernels: list[Kernel], device: Device = A100_40GB) -> dict[str, fl
     - est_launch_bound_ratio: launch floor x kernels / est GPU time (> 1: launch-bound);
     - est_smact: sum of duration x min(1, blocks/SMs) over est_step_time (DCGM SMACT's proxy);
     - est_busy_fraction: est GPU time / est step time (nvidia-smi utilisation's proxy).
-    """
+
+    `device` defaults to the default profile's GPU."""
+    device = device or profile_device()
     floor = device.launch_floor_us
     durs = [duration_us(k, device) for k in kernels]
     gpu = sum(durs)

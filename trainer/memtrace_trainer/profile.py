@@ -32,6 +32,7 @@ class Profile:
     path: Path
     gpu: str
     compute_capability: tuple[int, int]
+    sm_count: int
     total_memory: int
     cublas_workspace_bytes: int
     cublaslt_workspace_bytes: int
@@ -73,6 +74,7 @@ def load_profile(name: str | None) -> Profile:
             path=Path(data["path"]),
             gpu=str(data["gpu"]["name"]),
             compute_capability=(int(cc[0]), int(cc[1])),
+            sm_count=int(data["gpu"]["sm_count"]),
             total_memory=int(data["gpu"]["total_memory"]),
             cublas_workspace_bytes=int(derived["cublas_workspace_bytes"]),
             cublaslt_workspace_bytes=int(derived["cublaslt_workspace_bytes"]),

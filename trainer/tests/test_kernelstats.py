@@ -133,7 +133,8 @@ def test_summary_on_hand_built_kernels() -> None:
 
 
 def test_fp32_gemm_uses_fp32_peak_and_fp32_conv_tf32() -> None:
-    a = ks.A100_40GB
+    a = ks.profile_device("a100-40gb")
+    assert (a.name, a.sm_count) == ("NVIDIA A100-SXM4-40GB", 108), "from the profile"
     assert ks.peak_flops(ks.Kernel("mm", "gemm", 1, 1, 1), a) == 19.5e12
     assert ks.peak_flops(ks.Kernel("convolution", "conv", 1, 1, 1), a) == 156e12
     assert ks.peak_flops(ks.Kernel("mm", "gemm", 1, 1, 1, half=True), a) == 312e12

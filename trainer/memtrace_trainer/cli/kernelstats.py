@@ -37,16 +37,13 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     k.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     k.add_argument("--optimizer", default="adam", help="optimizer (default adam, as GPUMemNet)")
     k.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (GPUMemNet: fp32)")
-    k.add_argument("--device", default="a100-40gb", help="device table entry (a100-40gb)")
+    k.add_argument(
+        "--device",
+        metavar="PROFILE",
+        help="the GPU profile whose SMs and emulation are used, with its datasheet rates "
+        "(kernelstats.RATES; default: the default profile, a100-40gb)",
+    )
     return {"kernel-stats": run}
-
-
-def _device(name: str) -> Any:
-    from memtrace_trainer.kernelstats import DEVICES
-
-    if name not in DEVICES:
-        raise UserError(f"--device {name!r}: expected one of {sorted(DEVICES)}")
-    return DEVICES[name]
 
 
 # Worker state: set once per process (fork inherits it), so each task carries only a Filename.
@@ -63,7 +60,8 @@ def _row(filename: str) -> dict[str, str]:
     try:
         _, batch = from_gpumemnet_filename(filename)
         workload = build_workload(f"gpumemnet:{filename}", batch)
-        stats = kernelstats.summarize(kernelstats.step_kernels(workload, cfg), _SETTINGS["device"])
+        gpu = _SETTINGS["device"]
+        stats = kernelstats.summarize(kernelstats.step_kernels(workload, cfg, gpu), gpu)
     except Exception as e:  # every failure becomes this row's error status, never a dropped row
         return {KEY: filename, "status": "error", "error": f"{type(e).__name__}: {e}"}
     return {KEY: filename, "status": "ok", "error": "", **{k: repr(v) for k, v in stats.items()}}
@@ -156,21 +154,25 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from memtrace_trainer import kernelstats
     from memtrace_trainer.symtrace.step import StepConfig
 
     StepConfig(optimizer=args.optimizer, amp=args.amp).validate()
-    settings = {"optimizer": args.optimizer, "amp": args.amp, "device": _device(args.device)}
+    settings = {
+        "optimizer": args.optimizer,
+        "amp": args.amp,
+        "device": kernelstats.profile_device(args.device),
+    }
     if args.gpumemnet is not None:
         _gpumemnet(args, settings)
         return
-    from memtrace_trainer import kernelstats
     from memtrace_trainer.models.zoo import build_workload
 
     if args.batch_size is None:
         raise UserError("--model needs --batch-size N")
     workload = build_workload(args.model, args.batch_size)
     cfg = StepConfig(optimizer=args.optimizer, amp=args.amp, iterations=2)
-    kernels = kernelstats.step_kernels(workload, cfg)
+    kernels = kernelstats.step_kernels(workload, cfg, settings["device"])
     print(
         json.dumps(
             {
