@@ -203,6 +203,10 @@ fn default_scale() -> String {
     "point".into()
 }
 
+/// The profile a command uses when none is given (the Python side's `DEFAULT_PROFILE` says the
+/// same; `trainer/tests/test_estimate.py` checks they agree).
+pub const DEFAULT_PROFILE: &str = "a100-40gb";
+
 /// The keys `[provenance] unmeasured` may name.
 pub const MEASURABLE_KEYS: &[&str] = &[
     "gpu.total_memory",

@@ -239,3 +239,12 @@ def test_estimate_report_into_a_missing_directory_is_a_clear_error(tmp_path: Pat
     assert done.returncode == 2, done.stderr
     assert f"--report {out}: memsim report failed" in done.stderr
     assert not out.exists()
+
+
+def test_the_default_profile_is_one_name() -> None:
+    # Rust's simulator::profile::DEFAULT_PROFILE (memest's default) and Python's must agree.
+    from memtrace_trainer.profile import DEFAULT_PROFILE
+
+    done = subprocess.run([str(require("memest")), "estimate", "--help"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert f"[default: {DEFAULT_PROFILE}]" in done.stdout, done.stdout

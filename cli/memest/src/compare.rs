@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     out: PathBuf,
     /// GPU profile the runs were measured on.
-    #[arg(long, default_value = "a100-40gb")]
+    #[arg(long, default_value = simulator::profile::DEFAULT_PROFILE)]
     profile: String,
     /// A seeded random subset of this many rows per dataset (default: all rows).
     #[arg(long)]

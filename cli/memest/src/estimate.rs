@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     features: Option<PathBuf>,
     /// GPU profile: NAME (profiles/NAME.toml) or a path to a .toml file.
-    #[arg(long, default_value = "a100-40gb")]
+    #[arg(long, default_value = simulator::profile::DEFAULT_PROFILE)]
     profile: String,
     /// The GPU's total memory (e.g. 40GiB, 40960MiB); the memory outside the allocator is
     /// subtracted inside. Default: the profile's total memory.

@@ -10,7 +10,7 @@ pub struct FitIo {
     pub runs: Vec<PathBuf>,
     /// The profile the runs were estimated with (its constants are the priors, and --write starts
     /// from it).
-    #[arg(long, default_value = "a100-40gb")]
+    #[arg(long, default_value = simulator::profile::DEFAULT_PROFILE)]
     pub profile: String,
     /// Write the fitted profile here (atomically); otherwise only report the fit.
     #[arg(long)]

@@ -26,6 +26,7 @@ from memtrace_trainer.cli.common import (
     workloads_by_seq,
 )
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.profile import DEFAULT_PROFILE
 
 Handler = Callable[[argparse.Namespace], int | None]
 MIB = 1 << 20
@@ -104,7 +105,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     step_args(e)
     finetune_args(e)
-    e.add_argument("--profile", default="a100-40gb", help="GPU profile (default a100-40gb)")
+    e.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"GPU profile (default {DEFAULT_PROFILE})"
+    )
     _capacity_arg(e)
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
     e.add_argument(
