@@ -189,6 +189,17 @@ pub enum CapacitySource {
     Profile,
 }
 
+impl CapacitySource {
+    /// Where the capacity came from, in the words every verdict line uses (the Python side's
+    /// `capacity_source_text` says the same).
+    pub fn describe(self) -> &'static str {
+        match self {
+            CapacitySource::Flag => "--capacity",
+            CapacitySource::Profile => "the profile's total memory",
+        }
+    }
+}
+
 /// A device capacity: total memory, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Capacity {

@@ -23,7 +23,7 @@ from memtrace_trainer.binaries import error_line, run_tool, tool_source
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
-from memtrace_trainer.profile import Profile, load_profile
+from memtrace_trainer.profile import Profile, capacity_source_text, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
@@ -342,7 +342,7 @@ def render(result: dict[str, Any]) -> str:
     sym = result["estimates"]["symbolic"]
     out = result.get("outside_allocator", {})
     gpu = result.get("gpu", result["profile"])
-    src = "--capacity" if v.get("capacity_source") == "flag" else "profile total"
+    src = capacity_source_text(v.get("capacity_source"))
     point = f"point {v['point_mib']:.1f}" if v["basis"].endswith("safe_mib") else "point"
     margin = result.get("margin", {}).get("note", "")
     batch = result.get("batch_size")

@@ -47,6 +47,12 @@ class Profile:
                      "workspaces rest on a placeholder")  # fmt: skip
 
 
+def capacity_source_text(source: str | None) -> str:
+    """Where a verdict's capacity came from (`capacity_source` in the JSON), in the words the
+    Rust commands use (`simulator::fit::CapacitySource::describe`)."""
+    return "--capacity" if source == "flag" else "the profile's total memory"
+
+
 @functools.lru_cache(maxsize=32)
 def _read(name: str) -> dict[str, Any]:
     done = run_tool("memsim", ["profile", name, "--json"])

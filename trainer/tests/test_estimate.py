@@ -248,3 +248,14 @@ def test_the_default_profile_is_one_name() -> None:
     done = subprocess.run([str(require("memest")), "estimate", "--help"], capture_output=True,
                           text=True, check=True)  # fmt: skip
     assert f"[default: {DEFAULT_PROFILE}]" in done.stdout, done.stdout
+
+
+def test_capacity_source_words_are_memsims(tmp_path: Path) -> None:
+    # The Python renderers say where a capacity came from in memsim's words.
+    from memtrace_trainer.profile import capacity_source_text
+
+    trace = symtrace(tmp_path, 4)
+    for flags, source in [([], "profile"), (["--capacity", "40GiB"], "flag")]:
+        done = subprocess.run([str(require("memsim")), "replay", str(trace), "--profile",
+                               "a100-40gb", *flags], capture_output=True, text=True, check=True)  # fmt: skip
+        assert f"({capacity_source_text(source)};" in done.stdout, done.stdout

@@ -40,7 +40,7 @@ if sys.argv[1:2] != ["profile"]:
     sys.exit("memsim: error: this stand-in answers only `memsim profile`")
 print(json.dumps({"name": "a100-40gb", "path": PROFILE,
     "gpu": {"name": "NVIDIA A100-SXM4-40GB", "total_memory": 42505273344,
-            "compute_capability": [8, 0]},
+            "compute_capability": [8, 0], "sm_count": 108},
     "derived": {"cublas_workspace_bytes": 8519680, "cublaslt_workspace_bytes": 1048576,
                 "cudnn_workspace_factor": 2.0},
     "provenance": {"unmeasured": []}}))

@@ -116,10 +116,7 @@ pub fn render(r: &EstimateReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let v = &r.verdict;
-    let src = match v.capacity_source {
-        simulator::fit::CapacitySource::Flag => "--capacity",
-        simulator::fit::CapacitySource::Profile => "profile total",
-    };
+    let src = v.capacity_source.describe();
     let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
     let _ = writeln!(
         s,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use simulator::colocate::{colocate, Align, Job, Mode};
-use simulator::fit::{CapacitySource, Outside};
+use simulator::fit::Outside;
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
 
@@ -124,10 +124,7 @@ pub fn run(a: Args) -> Result<u8> {
     println!("smallest capacity    {}", mib(r.smallest_fitting_capacity));
     match &r.verdict {
         Some(v) => {
-            let src = match v.capacity_source {
-                CapacitySource::Flag => "--capacity",
-                CapacitySource::Profile => "the profile's total memory",
-            };
+            let src = v.capacity_source.describe();
             println!(
                 "verdict              needs {} of {} ({src}): {}",
                 mib(v.need_bytes),

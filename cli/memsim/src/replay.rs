@@ -306,10 +306,7 @@ fn replay_one(
     }
     match (&r.verdict, r.fit.budget) {
         (Some(v), Some(budget)) => {
-            let src = match v.capacity_source {
-                fit::CapacitySource::Flag => "--capacity",
-                fit::CapacitySource::Profile => "the profile's total memory",
-            };
+            let src = v.capacity_source.describe();
             outln!(
                 out,
                 "verdict: needs {} ({}) on a {} device ({src}; allocator budget {}): {}",

@@ -26,7 +26,7 @@ from memtrace_trainer.cli.common import (
     workloads_by_seq,
 )
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.profile import DEFAULT_PROFILE
+from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 
 Handler = Callable[[argparse.Namespace], int | None]
 MIB = 1 << 20
@@ -284,7 +284,7 @@ def _estimate(args: argparse.Namespace) -> int:
 def _where(result: dict[str, Any], profile: str, per: str = "") -> str:
     """The capacity a search answered for, and where it came from."""
     cap = result["capacity_bytes"] / MIB
-    src = "--capacity" if result["capacity_source"] == "flag" else "the profile's total memory"
+    src = capacity_source_text(result["capacity_source"])
     return f"{cap:.1f} MiB{per} ({src}, profile {profile})"
 
 
