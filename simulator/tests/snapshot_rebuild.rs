@@ -99,27 +99,50 @@ fn the_fixture_replays_exactly_from_its_rebuilt_start() {
     assert!(r.passed());
 }
 
-/// A block allocated before the trace and freed in it, 25 MiB requested, with a 2 MiB free gap
-/// after it: the large pool splits a remainder over 1 MiB, so without `max_split_size` the gap
-/// is its own block and the size is ambiguous; with `max_split_size:21MB` a 25 MiB block is never
-/// split, so the gap belongs to it. The rebuild reads the allocator's one split rule backwards.
-#[test]
-fn rebuild_follows_max_split_size() {
+/// A snapshot with one large native segment of 64 MiB: a block allocated before the trace (25 MiB
+/// requested) and freed in it, then a free gap of `gap` bytes, then a live block filling the rest.
+fn one_freed_block(gap: u64) -> simulator::snapshot::Snapshot {
     use serde_json::json;
     let base = L;
     let block = |addr: u64, size: u64, requested: u64, state: &str| json!({"address": addr, "size": size, "requested_size": requested, "state": state});
+    let live = 64 * MIB - 25 * MIB - gap;
     let snap = json!({
         "segments": [{
-            "device": 0, "address": base, "total_size": 64 * MIB, "allocated_size": 37 * MIB,
-            "active_size": 37 * MIB, "requested_size": 37 * MIB, "stream": 0, "segment_type": "large",
-            "blocks": [block(base, 27 * MIB, 0, "inactive"), block(base + 27 * MIB, 37 * MIB, 37 * MIB, "active_allocated")],
+            "device": 0, "address": base, "total_size": 64 * MIB, "allocated_size": live,
+            "active_size": live, "requested_size": live, "stream": 0, "segment_type": "large",
+            "blocks": [block(base, 25 * MIB + gap, 0, "inactive"), block(base + 25 * MIB + gap, live, live, "active_allocated")],
         }],
         "device_traces": [[
             {"action": "free_requested", "addr": base, "size": 25 * MIB, "stream": 0},
             {"action": "free_completed", "addr": base, "size": 25 * MIB, "stream": 0},
         ]],
     });
-    let snap = snapshot::parse_snapshot(&simulator::snapshot::pickle::encode(&snap), "hand-made").unwrap();
+    snapshot::parse_snapshot(&simulator::snapshot::pickle::encode(&snap), "hand-made").unwrap()
+}
+
+/// With `expandable_segments` on, the model splits off any remainder of a block, even in a native
+/// segment (PyTorch's `shouldSplit` reads the configuration): the rebuild reads it so too.
+#[test]
+fn rebuild_follows_expandable_segments_of_the_configuration() {
+    let gap = 600 * 1024;
+    let snap = one_freed_block(gap);
+    let sizes = |start: &StartState| start.segments[0].blocks.iter().map(|b| (b.addr - L, b.size)).collect::<Vec<_>>();
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &plain());
+    assert_eq!(sizes(&start)[0], (0, 25 * MIB + gap), "the large pool absorbs a remainder up to 1 MiB");
+    let cfg = simulator::alloc::AllocatorConfig::parse("expandable_segments:True", Default::default()).unwrap();
+    let start = snapshot::rebuild(&snap.segments, &snap.device_traces, &cfg);
+    assert_eq!(sizes(&start)[..2], [(0, 25 * MIB), (25 * MIB, gap)]);
+    assert!(start.unrecoverable.iter().any(|u| u.reason.contains("under 512 B")), "{:?}", start.unrecoverable);
+}
+
+/// A block allocated before the trace and freed in it, 25 MiB requested, with a 2 MiB free gap
+/// after it: the large pool splits a remainder over 1 MiB, so without `max_split_size` the gap
+/// is its own block and the size is ambiguous; with `max_split_size:21MB` a 25 MiB block is never
+/// split, so the gap belongs to it. The rebuild reads the allocator's one split rule backwards.
+#[test]
+fn rebuild_follows_max_split_size() {
+    let base = L;
+    let snap = one_freed_block(2 * MIB);
     let sizes =
         |start: &StartState| start.segments[0].blocks.iter().map(|b| (b.addr - base, b.size)).collect::<Vec<_>>();
 

@@ -63,10 +63,14 @@ class Device:
 
 def profile_device(profile: str | None = None) -> Device:
     """The GPU of a profile (NAME or .toml path; `None`: the default), with its rates."""
-    p = load_profile(profile)
+    try:
+        p = load_profile(profile)
+    except UserError as e:
+        raise UserError(f"--device {profile}: {e}") from None
     if p.name not in RATES:
-        raise UserError(f"--device {profile}: no datasheet rates for profile {p.name!r} (rates are "
-                        f"known for {sorted(RATES)}; add them to kernelstats.RATES)")  # fmt: skip
+        raise UserError(f"--device {profile or p.name}: no datasheet rates for profile "
+                        f"{p.name!r} (rates are known for {sorted(RATES)}; add them to "
+                        "kernelstats.RATES)")  # fmt: skip
     return Device(p.gpu, p.sm_count, *dataclasses.astuple(RATES[p.name]), profile=p)
 
 

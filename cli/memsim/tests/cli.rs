@@ -501,8 +501,10 @@ fn a_large_trace_reads_the_same_on_a_decoding_thread() {
     assert_eq!(json(&["stats", big.to_str().unwrap(), "--json"])["events"], recs.len());
 }
 
-/// `memsim stats t | head -c0`: a reader that goes away ends memsim as it ends other tools (by
-/// SIGPIPE, or exit 0 when its output fit the pipe first), never with an error message.
+/// `memsim stats t | head -c0`: a reader that goes away ends the binary as it ends other tools
+/// (by SIGPIPE, which `exit::process_main` restores; or exit 0 when its output fit the pipe
+/// first), never with an error message. The in-process path (SIGPIPE ignored, a `BrokenPipe`
+/// error) is the unit test in `exit.rs`.
 #[test]
 fn a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;

@@ -106,7 +106,6 @@ struct Live {
 /// Rebuilds the starting state of every device from the final `segments` and the per-device
 /// traces, under the allocator configuration `cfg` (its rounding, `round_size` of §2, and its
 /// split rule, which decide the sizes of blocks allocated before the trace).
-/// `roundup_power2_divisions`).
 pub fn rebuild(segments: &[Segment], device_traces: &[Vec<TraceEntry>], cfg: &AllocatorConfig) -> StartState {
     let mut out = StartState::default();
     let devices = segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0).max(device_traces.len());
@@ -280,11 +279,14 @@ fn infer_size(
         return rounded;
     }
     // A remainder the allocator would not have split off belongs to the block.
-    let absorbed = !rounding::should_split(small || expandable, rounded, gap, cfg.max_split_size);
+    // As the model decides: the configuration's expandable_segments, not only the segment's own
+    // flag, makes any remainder of a block splittable.
+    let small_or_expandable = small || expandable || cfg.expandable_segments;
+    let absorbed = !rounding::should_split(small_or_expandable, rounded, gap, cfg.max_split_size);
     if absorbed {
         return rounded + gap;
     }
-    let tail = if small || expandable { "under 512 B".to_string() } else { "up to 1 MiB".to_string() };
+    let tail = if small_or_expandable { "under 512 B".to_string() } else { "up to 1 MiB".to_string() };
     problem(
         Some(addr),
         format!(
