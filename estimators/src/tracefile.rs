@@ -65,10 +65,10 @@ impl LoadedTrace {
     /// FakeTensor method as GPUMemNet ran it (forward and backward, live storage bytes, no
     /// optimizer step, no allocator).
     pub fn forward_backward_peak(&self) -> u64 {
-        live_peak_until(&self.records, |r| {
-            let optimizer = MarkerKind::Phase(Phase::Optimizer);
-            matches!(&r.event, Event::Marker(m) if marker::parse(&m.text) == optimizer)
-        })
+        live_peak_until(
+            &self.records,
+            |r| matches!(&r.event, Event::Marker(m) if matches!(marker::parse(&m.text), MarkerKind::Phase(Phase::Optimizer))),
+        )
     }
 }
 

@@ -1,5 +1,7 @@
 """The one exception type the CLI turns into a clean message instead of a traceback."""
 
+import json
+
 
 class UserError(Exception):
     """Bad input from the user (a spec, a file, a flag); the message says what was expected."""
@@ -20,8 +22,6 @@ class UserCodeError(UserError):
 def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
     """`text` parsed as a JSON object; otherwise a `UserError` naming `where` (a file and line, a
     flag) and what was expected."""
-    import json
-
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

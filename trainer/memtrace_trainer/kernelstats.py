@@ -10,7 +10,6 @@ runs, so the numbers are features for utilisation models, not measurements.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.profile import Profile, load_profile
+from memtrace_trainer.profile import DEFAULT_PROFILE, Profile, load_profile
 from memtrace_trainer.symtrace import step
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
@@ -28,28 +27,12 @@ aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
-class Rates:
-    """Datasheet peak rates of one GPU, which its profile does not hold. `launch_floor_us` is
-    the time one kernel occupies at least when the step is launch-bound (launch latency plus
-    eager PyTorch's per-op host work)."""
-
-    fp32_flops: float
-    tf32_flops: float
-    half_flops: float
-    dram_bytes_per_s: float
-    launch_floor_us: float
-
-
-# By profile name. NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB): 19.5 TFLOP/s FP32,
-# 156 TFLOP/s TF32 tensor, 312 TFLOP/s FP16/BF16 tensor (dense), 1,555 GB/s HBM2.
-RATES = {"a100-40gb": Rates(19.5e12, 156e12, 312e12, 1555e9, 4.0)}
-
-
-@dataclass(frozen=True)
 class Device:
     """One GPU as the roofline sees it: the GPU's name and SMs and the profile they come from
-    (whose emulation the step is traced with; none for a hand-made device), and the datasheet
-    rates of `Rates`."""
+    (whose emulation the step is traced with; none for a hand-made device), and its datasheet
+    peak rates, which a profile does not hold (`RATES`). `launch_floor_us` is the time one
+    kernel occupies at least when the step is launch-bound (launch latency plus eager PyTorch's
+    per-op host work)."""
 
     name: str
     sm_count: int
@@ -61,17 +44,26 @@ class Device:
     profile: Profile | None = None
 
 
+# Datasheet rates by profile name. NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB):
+# 19.5 TFLOP/s FP32, 156 TFLOP/s TF32 tensor, 312 TFLOP/s FP16/BF16 tensor (dense), 1,555 GB/s HBM2.
+RATES = {
+    "a100-40gb": {"fp32_flops": 19.5e12, "tf32_flops": 156e12, "half_flops": 312e12,
+                  "dram_bytes_per_s": 1555e9, "launch_floor_us": 4.0},
+}  # fmt: skip
+
+
 def profile_device(profile: str | None = None) -> Device:
     """The GPU of a profile (NAME or .toml path; `None`: the default), with its rates."""
+    name = profile or DEFAULT_PROFILE
     try:
-        p = load_profile(profile)
+        p = load_profile(name)
     except UserError as e:
-        raise UserError(f"--device {profile}: {e}") from None
+        raise UserError(f"--device {name}: {e}") from None
     if p.name not in RATES:
-        raise UserError(f"--device {profile or p.name}: no datasheet rates for profile "
+        raise UserError(f"--device {name}: no datasheet rates for profile "
                         f"{p.name!r} (rates are known for {sorted(RATES)}; add them to "
                         "kernelstats.RATES)")  # fmt: skip
-    return Device(p.gpu, p.sm_count, *dataclasses.astuple(RATES[p.name]), profile=p)
+    return Device(p.gpu, p.sm_count, **RATES[p.name], profile=p)
 
 
 # PyTorch's vectorised elementwise kernel: 128 threads x 4 elements per thread per block.

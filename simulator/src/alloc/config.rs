@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use super::rounding::{K_LARGE_BUFFER, ROUNDUP_INTERVALS};
+use super::rounding::{K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_SIZE, ROUNDUP_INTERVALS};
 use super::version::TorchVersion;
 
 const MB: u64 = 1 << 20;
@@ -413,6 +413,28 @@ impl Parser<'_> {
 }
 
 impl AllocatorConfig {
+    /// Whether a block of the small pool (`small`) or of the large one splits off any remainder of
+    /// at least a block: the small pool does, and with `expandable_segments` every pool does
+    /// (PyTorch's `shouldSplit` reads the configuration, not the segment).
+    #[inline]
+    pub fn splits_any_remainder(&self, small: bool) -> bool {
+        small || self.expandable_segments
+    }
+
+    /// `shouldSplit`: whether a free block serving a `size`-byte request is split, leaving
+    /// `remaining` bytes free. Small remainders split off where [`Self::splits_any_remainder`];
+    /// otherwise only requests under `max_split_size`, and only a remainder over 1 MiB (smaller
+    /// ones are absorbed into the block). The one statement of the rule: the allocator applies
+    /// it, the snapshot rebuild reads it backwards, the resync follows it.
+    #[inline]
+    pub fn should_split(&self, small: bool, size: u64, remaining: u64) -> bool {
+        if self.splits_any_remainder(small) {
+            remaining >= K_MIN_BLOCK_SIZE
+        } else {
+            size < self.max_split_size && remaining > K_SMALL_SIZE
+        }
+    }
+
     /// Parse a `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_ALLOC_CONF` string with the syntax and
     /// validation rules of `version`. Errors name the key and what was expected.
     pub fn parse(s: &str, version: TorchVersion) -> Result<Self, ConfigError> {

@@ -9,7 +9,7 @@ use hashbrown::HashMap;
 use super::block::{key, unkey, Arena, Block, Pool, State, NIL};
 use super::config::AllocatorConfig;
 use super::request::{DeviceEvent, OomInfo, Outcome, ReplayError, Request};
-use super::rounding::{get_allocation_size, is_small, round_size, should_split, K_LARGE_BUFFER};
+use super::rounding::{get_allocation_size, is_small, round_size, K_LARGE_BUFFER};
 use super::stats::{MemoryStats, StatArray, ALL, LARGE_POOL, SMALL_POOL};
 use super::version::TorchVersion;
 
@@ -349,7 +349,7 @@ impl Allocator {
 
     fn should_split(&self, i: u32, size: u64) -> bool {
         let b = &self.arena[i];
-        should_split(b.small || self.cfg.expandable_segments, size, b.size - size, self.cfg.max_split_size)
+        self.cfg.should_split(b.small, size, b.size - size)
     }
 
     fn alloc_found_block(&mut self, i: u32, size: u64, orig: u64, split: bool) {

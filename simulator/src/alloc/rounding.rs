@@ -15,19 +15,6 @@ pub const K_ROUND_LARGE: u64 = 2 << 20;
 /// Number of power-of-two intervals in the divisions table: [1 MiB, 2 MiB) … [32 GiB, 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
 
-/// `shouldSplit`: whether a free block serving a `size`-byte request is split, leaving
-/// `remaining` bytes free. The small pool and expandable segments split off any remainder of at
-/// least a block; the large pool only for requests under `max_split_size`, and only a remainder
-/// over 1 MiB (smaller ones are absorbed into the block). The one statement of the rule: the
-/// allocator applies it, the snapshot rebuild reads it backwards, the resync follows it.
-pub fn should_split(small_or_expandable: bool, size: u64, remaining: u64, max_split_size: u64) -> bool {
-    if small_or_expandable {
-        remaining >= K_MIN_BLOCK_SIZE
-    } else {
-        size < max_split_size && remaining > K_SMALL_SIZE
-    }
-}
-
 /// Index into the divisions table for a size: `clamp(floor(log2 size) - 20, 0, 15)`.
 pub fn divisions_index(size: u64) -> usize {
     if size == 0 {

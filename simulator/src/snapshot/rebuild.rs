@@ -278,15 +278,14 @@ fn infer_size(
     if gap == 0 {
         return rounded;
     }
-    // A remainder the allocator would not have split off belongs to the block.
-    // As the model decides: the configuration's expandable_segments, not only the segment's own
-    // flag, makes any remainder of a block splittable.
-    let small_or_expandable = small || expandable || cfg.expandable_segments;
-    let absorbed = !rounding::should_split(small_or_expandable, rounded, gap, cfg.max_split_size);
-    if absorbed {
+    // A remainder the allocator would not have split off belongs to the block. An expandable
+    // segment splits as the small pool does, whatever the configuration says now.
+    let small_rules = small || expandable;
+    if !cfg.should_split(small_rules, rounded, gap) {
         return rounded + gap;
     }
-    let tail = if small_or_expandable { "under 512 B".to_string() } else { "up to 1 MiB".to_string() };
+    let tail =
+        if cfg.splits_any_remainder(small_rules) { "under 512 B".to_string() } else { "up to 1 MiB".to_string() };
     problem(
         Some(addr),
         format!(

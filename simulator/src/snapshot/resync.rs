@@ -39,8 +39,7 @@ pub(super) fn resync(
         return None;
     }
     let remaining = end - recorded - rounded;
-    let small_or_expandable = segs[sj].is_small_pool || cfg.expandable_segments;
-    let split = rounding::should_split(small_or_expandable, rounded, remaining, cfg.max_split_size);
+    let split = cfg.should_split(segs[sj].is_small_pool, rounded, remaining);
     let size = if split { rounded } else { end - recorded };
     let mut repl = Vec::with_capacity(3);
     if recorded > free.addr {
