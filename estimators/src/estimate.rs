@@ -12,7 +12,8 @@ use crate::analytic::{
     accelerate_bytes, analytic, deepspeed_zero2_bytes, dtype_bytes, horus_bytes, Optimizer, Precision,
 };
 use crate::error::{EstimateError, Result};
-use crate::features::Features;
+use crate::estimate_text::{EstimateText, EstimateView};
+use crate::features::{Family, Features};
 use crate::symbolic::{profile_version, symbolic};
 use crate::tracefile::LoadedTrace;
 
@@ -201,6 +202,8 @@ pub struct EstimateReport {
     pub oom_predicted: Option<bool>,
     /// What was partly used or rests on a placeholder.
     pub warnings: Vec<String>,
+    /// The estimate in words, the one wording every view joins ([`EstimateText`]).
+    pub text: EstimateText,
 }
 
 /// Inputs of one estimate.
@@ -255,14 +258,16 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         Some(f) => Libraries::single(f.uses_gemm() || t.has_workspace(), f.uses_conv(), "features"),
         None => Libraries::single(t.has_workspace(), false, "trace workspaces"),
     };
-    let family = f.map(Features::family).or_else(|| t.meta("family").and_then(crate::features::Family::parse));
+    // The trace ran the job's step; the features are the fallback (one family for the report and
+    // the margin).
+    let family = Family::of_header(&t.header).or_else(|| f.map(Features::family));
     let libs = Libraries::of(&t.header, fallback);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
     warnings.extend(cap_warnings);
     let capacity = capacity.expect("a profile always gives a capacity");
-    let margin = fit::margin(profile, &t.header, family.map(|f| f.name()));
+    let margin = fit::margin(profile, &t.header, family);
     if !margin.coverage_measured {
         warnings.push(format!("safety margin: {}", margin.note));
     }
@@ -373,7 +378,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         fit::Verdict::new("estimates.symbolic.safe_mib", margin.safe(point, sym.predicted_reserved_peak), capacity)
     };
     let o = &outside_terms;
-    Ok(EstimateReport {
+    let mut report = EstimateReport {
         schema: SCHEMA,
         headline: "symbolic",
         verdict: VerdictReport {
@@ -404,5 +409,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         family: family.map_or("unknown", |f| f.as_str()),
         oom_predicted: Some(!v.fits),
         warnings,
-    })
+        text: EstimateText::default(),
+    };
+    report.text = EstimateText::of(&EstimateView::from(&report));
+    Ok(report)
 }

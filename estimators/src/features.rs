@@ -2,106 +2,12 @@
 //! activations, layers), and the model family decided from the layer types.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EstimateError, Result};
-
-/// Model family, decided from the layer types by [`Family::from_layer_types`]; the one family
-/// type of the crate (reports, the safe number's margins, the ML estimators and their model files).
-///
-/// Serialized in lower case (`mlp`, `cnn`, `transformer`, as ML model files have always stored
-/// it); `MLP`, `CNN` and `Transformer` are read too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Family {
-    /// Only dense layers.
-    #[serde(rename = "mlp", alias = "MLP")]
-    Mlp,
-    /// Any convolution (and no attention).
-    #[serde(rename = "cnn", alias = "CNN")]
-    Cnn,
-    /// Any attention.
-    #[serde(rename = "transformer", alias = "Transformer")]
-    Transformer,
-}
-
-impl Family {
-    /// Every family, in report order.
-    pub const ALL: [Family; 3] = [Family::Mlp, Family::Cnn, Family::Transformer];
-
-    /// Display name in reports and JSON outputs (`MLP`, `CNN`, `Transformer`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::Mlp => "MLP",
-            Family::Cnn => "CNN",
-            Family::Transformer => "Transformer",
-        }
-    }
-
-    /// Lower-case name used on the command line, in the profile's safety margins, in ML model
-    /// files and by [`fmt::Display`].
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::Mlp => "mlp",
-            Family::Cnn => "cnn",
-            Family::Transformer => "transformer",
-        }
-    }
-
-    /// Parses either name of a family (`mlp`, `MLP`, `cnn`, `transformer`, ...), ignoring case.
-    pub fn parse(s: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(s.trim()))
-    }
-
-    /// The family of a model with these layer types. Attention wins over convolution: a ViT's
-    /// patch embedding is a convolution, but its memory behaves like a Transformer's.
-    pub fn from_layer_types<'a>(types: impl IntoIterator<Item = &'a str> + Clone) -> Family {
-        if types.clone().into_iter().any(is_attention) {
-            Family::Transformer
-        } else if types.into_iter().any(is_convolution) {
-            Family::Cnn
-        } else {
-            Family::Mlp
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Whether a layer type is a convolution that runs on cuDNN. GPT-2's `Conv1D` is a GEMM in
-/// disguise (transformers' `pytorch_utils.Conv1D`), so the match is case-sensitive on `d`.
-pub fn is_convolution(t: &str) -> bool {
-    let l = t.to_ascii_lowercase();
-    if t == "Conv1D" {
-        return false;
-    }
-    // torch: Conv1d/2d/3d, ConvTranspose1d..3d, LazyConv*; GPUMemNet's CSV: "conv2d".
-    let core = l.strip_prefix("lazy").unwrap_or(&l);
-    core.starts_with("conv") && (core.ends_with("1d") || core.ends_with("2d") || core.ends_with("3d"))
-}
-
-/// Whether a layer type is attention. `NonDynamicallyQuantizableLinear` is the output projection
-/// only `nn.MultiheadAttention` has, so torchsummary rows that list it are attention models.
-pub fn is_attention(t: &str) -> bool {
-    let l = t.to_ascii_lowercase();
-    l.contains("attention") || l.contains("nondynamicallyquantizablelinear")
-}
-
-/// Whether a layer type runs a GEMM through cuBLAS.
-pub fn is_gemm(t: &str) -> bool {
-    let l = t.to_ascii_lowercase();
-    l == "linear"
-        || l.ends_with("linear")
-        || t == "Conv1D"
-        || is_attention(t)
-        || matches!(l.as_str(), "lstm" | "gru" | "rnn" | "bilinear")
-}
+pub use simulator::family::{is_attention, is_convolution, is_gemm, Family};
 
 /// One layer: type, per-sample output elements, parameters. The one layer type of the crate:
 /// `features --json` layers and the entries of a dataset's `Activations-Params` cell.

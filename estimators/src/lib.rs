@@ -7,6 +7,7 @@ pub mod compare;
 pub mod dataset;
 pub mod error;
 pub mod estimate;
+pub mod estimate_text;
 pub mod features;
 pub mod metrics;
 pub mod ml;

@@ -99,3 +99,29 @@ fn family_names_parse_and_serde() {
     assert_eq!((Family::Mlp.as_str(), Family::Transformer.name()), ("MLP", "transformer"));
     assert_eq!(Family::parse("rnn"), None);
 }
+
+/// A trace's family is the rule's, of the layer types its header lists; a header written before
+/// the tracer listed them is read by its recorded family; a real run's names none.
+#[test]
+fn family_of_a_trace_header() {
+    use trace::{Header, Level};
+    let header = |meta: &[(&str, &str)]| {
+        let mut h = Header::new("memtrace_trainer", "0", Level::Allocator);
+        for (k, v) in meta {
+            h.metadata.insert(k.to_string(), v.to_string());
+        }
+        h
+    };
+    let check = |meta: &[(&str, &str)], expect: Option<Family>| {
+        assert_eq!(Family::of_header(&header(meta)), expect, "{meta:?}");
+    };
+    check(&[("layer_types", "Linear,ReLU")], Some(Family::Mlp));
+    check(&[("layer_types", "BatchNorm2d, Conv2d,Linear")], Some(Family::Cnn));
+    check(&[("layer_types", "Conv1D,GPT2Attention,Linear")], Some(Family::Transformer));
+    check(&[("layer_types", "")], Some(Family::Mlp));
+    // The listed layers win over a recorded family: one rule decides.
+    check(&[("layer_types", "Linear"), ("family", "cnn")], Some(Family::Mlp));
+    check(&[("family", "CNN")], Some(Family::Cnn));
+    check(&[("family", "rnn")], None);
+    check(&[], None);
+}

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use estimators::compare::{Outcome, RunRecord};
 use estimators::safety::{conformal_quantile, fit, rewrite_safety, table, SafetyRun, Skip};
+use simulator::family::Family;
 use simulator::fit::margin;
 use simulator::profile::Profile;
 use trace::{Header, Level};
@@ -132,16 +133,24 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
         }
         h
     };
-    let cnn = margin(&p, &header(&[("clock", "logical"), ("family", "cnn"), ("amp", "fp32")]), None);
+    // The family is the one rule's, of the layer types the tracer lists.
+    let of = |p: &Profile, meta: &[(&str, &str)]| {
+        let h = header(meta);
+        margin(p, &h, Family::of_header(&h))
+    };
+    let cnn = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d,Linear,ReLU"), ("amp", "fp32")]);
     assert_eq!((cnn.fraction, cnn.coverage_measured), (sf.families["cnn"].margin, true));
     let base = if cnn.scale == "reserved" { 400.0 } else { 1000.0 };
     assert_eq!(cnn.safe(1000, 400), 1000 + (base * cnn.fraction).ceil() as u64);
+    // A trace written before the tracer listed layer types: its recorded family is read.
+    assert_eq!(of(&p, &[("clock", "logical"), ("family", "cnn"), ("amp", "fp32")]), cnn);
     // A Transformer borrows the MLP margin, and says its coverage is unmeasured.
-    let trf = margin(&p, &header(&[("clock", "logical"), ("family", "transformer")]), None);
+    let trf = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d,Linear,MultiheadAttention")]);
     assert_eq!(trf.calibrated_family.as_deref(), Some("mlp"));
+    assert!(trf.regime.starts_with("transformer "), "{trf:?}");
     assert!(!trf.coverage_measured && trf.note.contains("coverage unmeasured for this regime"), "{trf:?}");
     // bf16 is another regime, even for a calibrated family.
-    let bf16 = margin(&p, &header(&[("clock", "logical"), ("family", "cnn"), ("amp", "bf16")]), None);
+    let bf16 = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d"), ("amp", "bf16")]);
     assert!(!bf16.coverage_measured && bf16.fraction == sf.families["cnn"].margin);
     // A trace of a real run (no logical clock; the shim's) gets no margin.
     let real = margin(&p, &Header::new("libmemtrace", "0", Level::Device), None);
@@ -150,6 +159,6 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
     // A profile without [safety]: no margin, and it says so.
     let mut bare = p.clone();
     bare.safety = None;
-    let m = margin(&bare, &header(&[("clock", "logical"), ("family", "mlp")]), None);
+    let m = of(&bare, &[("clock", "logical"), ("layer_types", "Linear,ReLU")]);
     assert!(m.fraction == 0.0 && !m.coverage_measured && m.note.contains("no [safety]"));
 }

@@ -7,8 +7,10 @@
 //! (`memsim replay`, `memsim colocate`, `memest estimate`, and the trainer's `max-batch` through
 //! `memsim replay`) comes through [`outside`] and [`FitReplay`], so they cannot disagree.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use trace::{Header, Record};
+
+use crate::family::Family;
 
 use crate::profile::{OutsideAllocator, Profile};
 use crate::replay::{Classifier, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
@@ -180,7 +182,7 @@ pub fn outside(profile: &Profile, source: &str, libs: Libraries) -> Outside {
 }
 
 /// Where a device capacity came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CapacitySource {
     /// `--capacity`.
@@ -241,6 +243,15 @@ pub struct Verdict {
     pub capacity_source: CapacitySource,
     /// `need_bytes <= capacity_bytes`.
     pub fits: bool,
+}
+
+/// The verdict in a word: `FITS` or `DOES NOT FIT`, the one wording of every command and view.
+pub fn verdict_word(fits: bool) -> &'static str {
+    if fits {
+        "FITS"
+    } else {
+        "DOES NOT FIT"
+    }
 }
 
 impl Verdict {
@@ -429,15 +440,16 @@ fn nearest(family: &str) -> &'static [&'static str] {
     }
 }
 
-/// The margin for a trace with this header. Traces recorded on a real run (the shim's) get none:
+/// The margin for a trace with this header, of a job of this family ([`Family::of_header`], or
+/// the features' when the header names none). Traces recorded on a real run (the shim's) get none:
 /// they are measurements. Symbolic traces get their family's calibrated margin when the profile
 /// has one for their regime; otherwise the nearest calibrated family's (at least the largest, when
 /// the family is unknown), with "coverage unmeasured for this regime".
-pub fn margin(profile: &Profile, header: &Header, fallback_family: Option<&str>) -> Margin {
+pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Margin {
     // Only the symbolic tracer counts events on a logical clock; every trace of a real run (the
     // shim's, a converted snapshot) carries time or nothing.
     let measured_run = header.meta("clock") != Some("logical");
-    let family = header.meta("family").or(fallback_family).map(str::to_ascii_lowercase);
+    let family = family.map(|f| f.name().to_string());
     let precision = header.meta("amp").unwrap_or("fp32").to_string();
     let regime = format!("{} {precision}", family.as_deref().unwrap_or("unknown-family"));
     if measured_run {

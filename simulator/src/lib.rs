@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod colocate;
 pub mod conversions;
+pub mod family;
 pub mod fit;
 pub mod perfetto;
 pub mod profile;

@@ -138,23 +138,23 @@ class Estimate:
         return json.dumps({**self.raw, "breakdown_mib": self.breakdown})
 
     def _repr_html_(self) -> str:
-        v = self.verdict
-        word = "FITS" if v["fits"] else "DOES NOT FIT"
-        color = "#1a7f37" if v["fits"] else "#c00"
+        # memest's words; only the colour is the notebook's.
+        text = self.raw["text"]
+        color = "#1a7f37" if self.verdict["fits"] else "#c00"
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{mib:,.1f}</td></tr>"
             for k, mib in self.breakdown.items()
         )
         return (
-            f"<div><b>needs {v['need_mib']:,.1f} MiB on {html.escape(self.gpu)} (point "
-            f"{self.device_mib:,.1f}): <span style='color:{color}'>{word}</span></b>"
+            f"<div><b>{html.escape(text['headline'])}: <span style='color:{color}'>"
+            f"{html.escape(text['verdict'])}</span></b>"
             f"<table><tr><th>part</th><th>MiB</th></tr>{rows}</table></div>"
         )
 
     def __str__(self) -> str:
-        word = "FITS" if self.verdict["fits"] else "DOES NOT FIT"
-        return (f"needs {self.verdict['need_mib']:.1f} MiB on {self.gpu} (point "
-                f"{self.device_mib:.1f}): {word}")  # fmt: skip
+        from memtrace_trainer.estimate import sentence
+
+        return sentence(self.raw["text"])
 
 
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:

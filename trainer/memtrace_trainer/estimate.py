@@ -23,7 +23,7 @@ from memtrace_trainer.binaries import error_line, run_tool, tool_source
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
-from memtrace_trainer.profile import Profile, capacity_source_text, load_profile
+from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
@@ -67,6 +67,7 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
     verdict = data.get("verdict")
     if not isinstance(verdict, dict) or not isinstance(verdict.get("fits"), bool):
         raise UserError("memest estimate: field verdict.fits missing (expected schema 2)")
+    _text(data.get("text"))
     return data
 
 
@@ -253,6 +254,8 @@ def estimate_job(
             result["estimates"]["fsdp_memtracker"] = fsdp
         elif fsdp_why:
             result.setdefault("unavailable", {})["fsdp_memtracker"] = fsdp_why
+        # Worded again now that the baselines above are in: memest words every estimate.
+        result["text"] = words(result, d / "estimate.json")
         for w in result.get("warnings", []):
             warn(w)
         result["seconds"] = {
@@ -336,42 +339,49 @@ def _memtracker(
         return None, f"PyTorch's {name} raised {type(e).__name__}: {e}"
 
 
+def words(result: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """memest's words for an estimate (`memest render --json`): its headline, verdict, detail and
+    baseline lines, which every view of the estimate joins (`render`, `memtrace.Estimate`, the
+    HTML report)."""
+    scratch.write_text(json.dumps(result))
+    done = run_tool("memest", ["render", str(scratch), "--json"])
+    if done.returncode != 0:
+        raise UserError(f"memest render failed ({done.returncode}): {error_line(done.stderr)}")
+    return _text(json.loads(done.stdout))
+
+
+def _text(t: Any) -> dict[str, Any]:
+    ok = (
+        isinstance(t, dict)
+        and all(isinstance(t.get(k), str) for k in ("headline", "verdict"))
+        and all(isinstance(t.get(k), list) for k in ("details", "baselines"))
+    )
+    if not ok:
+        raise UserError("memest: field text: expected {headline, verdict, details, baselines} "
+                        "(rebuild memest: cargo build --release)")  # fmt: skip
+    return t
+
+
+def sentence(text: dict[str, Any]) -> str:
+    """The first line of an estimate: memest's headline and its verdict."""
+    return f"{text['headline']}: {text['verdict']}"
+
+
 def render(result: dict[str, Any]) -> str:
-    """The verdict on the headline number first, then the baselines, each with what it ignores."""
-    v = result["verdict"]
-    sym = result["estimates"]["symbolic"]
-    out = result.get("outside_allocator", {})
-    gpu = result.get("gpu", result["profile"])
-    src = capacity_source_text(v.get("capacity_source"))
-    point = f"point {v['point_mib']:.1f}" if v["basis"].endswith("safe_mib") else "point"
-    margin = result.get("margin", {}).get("note", "")
+    """memest's words for the estimate (the verdict on the headline number first, then the
+    baselines, each with what it ignores), with the job's own lines between."""
+    t = result["text"]
     batch = result.get("batch_size")
     at_batch = f" at batch {batch}" if batch is not None else ""
     lines = [
-        f"needs {v['need_mib']:.1f} MiB on {gpu} ({point}): "
-        + ("FITS" if v["fits"] else "DOES NOT FIT"),
-        f"  capacity {v['capacity_mib']:.1f} MiB ({src}); margin: {margin}",
-        f"  {result['model']}{at_batch}, profile {result['profile']}; "
-        f"symbolic: peak reserved {sym['reserved_mib']:.1f} MiB (peak allocated "
-        f"{sym.get('allocated_mib') or 0:.1f} MiB) + outside the allocator "
-        f"{out.get('total_mib', 0):.1f} MiB",
+        sentence(t),
+        *t["details"],
+        f"  job: {result['model']}{at_batch}",
         *_model_lines(result.get("inputs", {}).get("model_details")),
         *_rank_lines(result.get("inputs", {})),
-        *_step_lines(sym.get("steps")),
         f"  (memest: {result['binary']['memest']}, from {result['binary']['source']})",
-        "baselines (for comparison, not for decisions):",
+        *t["baselines"],
     ]
-    for name, ans in result["estimates"].items():
-        if name == result.get("headline", "symbolic"):
-            continue
-        if ans is None:
-            why = result["unavailable"].get(name, "not available")
-            lines.append(f"  {name:<12} {'-':>10}      ({why})")
-        else:
-            lines.append(
-                f"  {name:<12} {ans['device_mib']:>10.1f} MiB  {ans.get('level') or '':<6}  "
-                f"ignores {ans.get('ignores', '')}"
-            )
     return "\n".join(lines)
 
 
@@ -393,12 +403,3 @@ def _rank_lines(inputs: dict[str, Any]) -> list[str]:
     if d.get("equivalence"):
         lines.append(f"  emulated: {d['equivalence']}")
     return lines
-
-
-def _step_lines(steps: dict[str, Any] | None) -> list[str]:
-    if not steps:
-        return []
-    first = f"  per step: first {steps['first_step_device_mib']:.1f} MiB"
-    if steps.get("steady_device_mib") is None:
-        return [first + " (one step traced: no steady state)"]
-    return [first + f", steady (steps 2-{steps['count']}) {steps['steady_device_mib']:.1f} MiB"]

@@ -18,7 +18,7 @@ from torch import nn
 
 from memtrace_trainer.workload import Workload
 
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 # GPUMemNet's layer names per family; modules mapped to None are not listed in its datasets.
 _GPUMEMNET_NAMES: dict[type[nn.Module], str | None] = {
@@ -131,7 +131,7 @@ def extract(workload: Workload, family: str = "") -> Features:
     handles = [
         m.register_forward_hook(hook)
         for m in model.modules()
-        if m is not model and not isinstance(m, _CONTAINERS)
+        if m is not model and not isinstance(m, CONTAINERS)
     ]
     was_training = model.training
     model.eval()  # batch statistics of one sample would be rejected by BatchNorm in train mode

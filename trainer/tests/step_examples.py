@@ -67,6 +67,32 @@ def default_adamw(device: Any) -> Any:
     return step
 
 
+class _MlpWithSpareConv(nn.Module):
+    """An MLP that also builds a convolution its forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+        self.spare = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def unused_conv(device: Any) -> Any:
+    """The family is of the layers that ran: this job is an MLP, its unused Conv2d aside."""
+    model = _MlpWithSpareConv().to(device)
+    opt = torch.optim.SGD(model.parameters())
+    x, y = torch.randn(32, 256, device=device), torch.randint(0, 10, (32,), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def zero_grad_after_forward(device: Any) -> Any:
     """Stale gradients stay alive through the next forward."""
     model = _mlp(device, 1024)

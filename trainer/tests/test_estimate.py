@@ -62,6 +62,20 @@ CANNED = {
     "gpu_total_mib": 40536.0,
     "family": "MLP",
     "oom_predicted": False,
+    "text": {
+        "headline": "needs 1000.5 MiB on GPU (point)",
+        "verdict": "FITS",
+        "details": ["  memest's detail line"],
+        "baselines": ["baselines (for comparison, not for decisions):", "  memest's baseline line"],
+    },
+}
+# What the scripted `memest render` answers: words that are not the estimate's own, so a test
+# sees which of the two the trainer printed.
+RENDERED = {
+    "headline": "needs 1000.5 MiB on GPU (point 1000.5)",
+    "verdict": "FITS",
+    "details": ["  rendered detail"],
+    "baselines": ["baselines (for comparison, not for decisions):", "  rendered baseline"],
 }
 
 
@@ -75,6 +89,10 @@ def scripted_memest(tmp_path: Path, output: Any, rc: int = 0) -> Path:
         f"#!{sys.executable}\n"
         "import json, sys\n"
         "args = sys.argv[1:]\n"
+        "if args[0] == 'render':\n"
+        f"    json.dump(json.load(open(args[1])), open({str(tmp_path / 'rendered.json')!r}, 'w'))\n"
+        f"    sys.stdout.write({json.dumps(RENDERED)!r})\n"
+        "    sys.exit(0)\n"
         "seen = {'args': args, 'features': json.load(open(args[args.index('--features') + 1])),\n"
         "        'trace': open(args[args.index('--trace') + 1]).readline(),\n"
         "        'fake': open(args[args.index('--fake-trace') + 1]).readline()}\n"
@@ -121,7 +139,16 @@ def test_estimate_follows_the_memest_contract(
     model.write_text("{}")
     monkeypatch.setenv("MEMTRACE_ML_MODEL", str(model))
     text = cli("estimate", "--model", MLP, "--batch-size", "32").stdout
-    assert "from $MEMTRACE_BIN_DIR" in text and "symbolic" in text and "1000.5" in text
+    assert "from $MEMTRACE_BIN_DIR" in text
+    # memest words the estimate after the trainer's own baselines are in: `memest render` got
+    # the composed JSON (MemTracker's reason included), and its words are what is printed,
+    # with the job's lines between the details and the baselines.
+    composed = json.loads((tmp_path / "rendered.json").read_text())
+    assert "--memtracker" in composed["unavailable"]["memtracker"]
+    lines = text.splitlines()
+    assert lines[0] == "needs 1000.5 MiB on GPU (point 1000.5): FITS", text
+    assert lines[1] == "  rendered detail" and lines[-2:] == RENDERED["baselines"], text
+    assert f"  job: {MLP} at batch 32" in lines and "memest's detail line" not in text
     args = json.loads((tmp_path / "seen.json").read_text())["args"]
     assert args[args.index("--ml-model") + 1] == str(model)
 
@@ -139,6 +166,7 @@ def test_estimate_follows_the_memest_contract(
           "estimates": {k: {"device_mib": "x"} for k in ("symbolic", "horus", "analytic")}}, 0,
          "estimates.symbolic.device_mib missing or not a number"),
         ({**CANNED, "verdict": {}}, 0, "field verdict.fits missing"),
+        ({**CANNED, "text": {"headline": "needs"}}, 0, "field text: expected {headline,"),
     ],
 )  # fmt: skip
 def test_estimate_rejects_bad_memest_output(

@@ -49,6 +49,11 @@ print(json.dumps({"name": "a100-40gb", "path": PROFILE,
 MEMEST = """
 import hashlib, json, sys
 args, h = sys.argv[1:], hashlib.sha256()
+WORDS = {"headline": "needs 2.0 MiB on GPU (point 2.0)", "verdict": "FITS", "details": [],
+         "baselines": []}
+if args[:1] == ["render"]:
+    print(json.dumps(WORDS))
+    sys.exit(0)
 for flag in ("--trace", "--features", "--fake-trace"):
     if flag in args:
         h.update(open(args[args.index(flag) + 1], "rb").read())
@@ -59,7 +64,7 @@ print(json.dumps({"schema": 2, "headline": "symbolic", "digest": h.hexdigest(),
                 "fits": fits},
     "estimates": {"symbolic": {"device_mib": 2.0, "reserved_mib": 1.0},
                   "horus": {"device_mib": 1.5}},
-    "warnings": []}))
+    "warnings": [], "text": WORDS}))
 sys.exit(0 if fits else 1)
 """
 # Steps that misbehave: one never ends (it says where it runs and makes a temporary file

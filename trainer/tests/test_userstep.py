@@ -56,6 +56,20 @@ def test_default_optimizer_choice_is_pytorchs_own_for_cuda(tmp_path: Path) -> No
     assert {"gradient", "optimizer_state"} <= cats
 
 
+def test_family_is_of_the_layers_that_ran(tmp_path: Path) -> None:
+    """The tracer lists the module types whose forward ran; memest derives the family from them
+    (one rule, in Rust), so a built but unused Conv2d leaves an MLP an MLP."""
+    _, events = symtrace(tmp_path, "unused_conv", "--steps", "1")
+    header = events[0]["metadata"]
+    assert header["layer_types"] == "Linear,ReLU", header
+    assert "family" not in header  # the family is derived, never written by Python
+    done = cli("estimate", "--step", "step_examples:unused_conv", "--steps", "1", "--profile",
+               "a100-40gb", "--json")  # fmt: skip
+    r = json.loads(done.stdout)
+    assert r["family"] == "MLP", r["family"]
+    assert r["margin"]["regime"].startswith("mlp "), r["margin"]
+
+
 def forward_peak(events: list[dict[str, Any]], step: int) -> int:
     """Max live bytes from `iter:<step>` to that step's first backward."""
     live = peak = 0

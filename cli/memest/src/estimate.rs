@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use estimators::estimate::{estimate, Answer, EstimateInput, EstimateReport};
+use estimators::estimate::{estimate, Answer, EstimateInput};
+use estimators::estimate_text::{EstimateText, EstimateView};
 use estimators::features::Features;
 use estimators::tracefile::LoadedTrace;
 use simulator::profile::Profile;
@@ -17,7 +18,8 @@ JSON output (--json) is schema 2, the contract `python -m memtrace_trainer estim
 {\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"need_mib\", \"capacity_mib\", \
 \"capacity_source\", \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \"allocated_mib\", \
 \"level\", \"role\", \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"seconds\", \"unavailable\", \
-\"profile\", \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\"}\n\
+\"profile\", \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\",\n  \
+\"text\": {\"headline\", \"verdict\", \"details\", \"baselines\"}}\n\
 See estimators/README.md.")]
 pub struct Args {
     /// Symbolic trace of the job (`python -m memtrace_trainer symtrace --out T`).
@@ -106,60 +108,47 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render(&report));
+        print!("{}", report.text.render());
     }
     Ok(code)
 }
 
-/// The text report: the verdict on the headline number first, then the baselines.
-pub fn render(r: &EstimateReport) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let v = &r.verdict;
-    let src = v.capacity_source.describe();
-    let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
-    let _ = writeln!(
-        s,
-        "needs {:.1} MiB on {} ({point}): {}",
-        v.need_mib,
-        r.gpu,
-        if v.fits { "FITS" } else { "DOES NOT FIT" }
-    );
-    let _ = writeln!(s, "  capacity {:.1} MiB ({src}); margin: {}", v.capacity_mib, r.margin.note);
-    if let Some(Some(sym)) = r.estimates.get("symbolic") {
-        let o = &r.outside_allocator;
-        let _ = writeln!(
-            s,
-            "  symbolic: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
-             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}; libraries from {})",
-            sym.reserved_mib.unwrap_or(0.0),
-            sym.allocated_mib.unwrap_or(0.0),
-            o.total_mib,
-            o.context_mib,
-            o.cublas_mib,
-            o.cudnn_mib,
-            o.nccl_mib,
-            o.libraries.source
-        );
-        if let Some(st) = &sym.steps {
-            let steady = match st.steady_device_mib {
-                Some(m) => format!("steady (steps 2-{}) {m:.1} MiB", st.count),
-                None => "one step traced: no steady state".into(),
-            };
-            let _ = writeln!(s, "  per step: first {:.1} MiB, {steady} (device level)", st.first_step_device_mib);
-        }
+#[derive(clap::Args)]
+#[command(after_help = "Exit status: 0 worded, 2 bad input (the file, and the field that is missing or \
+of the wrong type).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
+\"baselines\": [lines]}, the `text` object of `memest estimate --json`.")]
+pub struct RenderArgs {
+    /// The estimate: `memest estimate --json` or `python -m memtrace_trainer estimate --json`
+    /// output (`-` reads stdin).
+    #[arg(value_name = "EST.json")]
+    file: PathBuf,
+    /// Print the parts (headline, verdict, detail and baseline lines) as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `memest render`.
+pub fn render(a: RenderArgs) -> anyhow::Result<()> {
+    let stdin = a.file.as_os_str() == "-";
+    let name = if stdin { "stdin".to_string() } else { a.file.display().to_string() };
+    let text = if stdin {
+        std::io::read_to_string(std::io::stdin()).context("reading the estimate from stdin")?
+    } else {
+        std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {name}"))?
+    };
+    let mut de = serde_json::Deserializer::from_str(&text);
+    let view: EstimateView = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = match e.path().to_string() {
+            root if root == "." => String::new(),
+            path => format!(" field `{path}`:"),
+        };
+        anyhow::anyhow!("{name}:{at} {} (expected `estimate --json` output, schema 2)", e.inner())
+    })?;
+    let words = EstimateText::of(&view);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&words)?);
+    } else {
+        print!("{}", words.render());
     }
-    let _ = writeln!(s, "  profile {} ({}), family {}", r.profile_name, r.profile, r.family);
-    let _ = writeln!(s, "baselines (for comparison, not for decisions):");
-    for (name, ans) in r.estimates.iter().filter(|(n, _)| n.as_str() != r.headline) {
-        match ans {
-            Some(x) => {
-                let _ = writeln!(s, "  {:<12} {:>10.1} MiB  {:<6}  ignores {}", name, x.device_mib, x.level, x.ignores);
-            }
-            None => {
-                let _ = writeln!(s, "  {:<12} {:>10}      ({})", name, "-", r.unavailable.get(name).map_or("", |s| s));
-            }
-        }
-    }
-    s
+    Ok(())
 }

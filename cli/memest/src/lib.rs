@@ -35,6 +35,9 @@ struct Cli {
 enum Command {
     /// Every estimator's answer for one job (a symbolic trace plus its features), in MiB.
     Estimate(estimate::Args),
+    /// Word an estimate JSON (`memest estimate --json`, or the trainer's `estimate --json`) as
+    /// `memest estimate` prints it; `--json` prints the parts every other view joins.
+    Render(estimate::RenderArgs),
     /// Run every estimator on a dataset of measured runs and report metrics, tables and plots.
     Compare(compare::Args),
     /// Fit a profile's outside-allocator constants (context, cuBLAS, cuDNN) on measured runs.
@@ -50,6 +53,7 @@ enum Command {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Estimate(a) => estimate::run(a),
+        Command::Render(a) => estimate::render(a).map(|()| 0u8),
         Command::Compare(a) => compare::run(a).map(|()| 0u8),
         Command::Calibrate(a) => calibrate::run(a).map(|()| 0u8),
         Command::Safety(a) => safety::run(a).map(|()| 0u8),

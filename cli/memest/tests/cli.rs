@@ -113,6 +113,54 @@ fn estimate_schema_2_verdict_and_exit_codes() {
     assert_eq!(code, 2, "{err}");
 }
 
+/// One wording: `memest estimate` prints its JSON's `text`, and `memest render` words the same
+/// JSON (or the trainer's, which adds baselines) identically; a file without the fields the words
+/// need is exit 2, naming the file and the field.
+#[test]
+fn render_words_an_estimate_as_estimate_prints_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, f) = inputs(dir.path());
+    let (_, json, _) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]);
+    let (_, text, _) = memest_code(&["estimate", "--trace", &t, "--features", &f]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let words = &v["text"];
+    let first = format!("{}: {}", words["headline"].as_str().unwrap(), words["verdict"].as_str().unwrap());
+    assert_eq!(text.lines().next(), Some(first.as_str()), "{text}");
+    let est = dir.path().join("est.json");
+    std::fs::write(&est, &json).unwrap();
+    let (code, rendered, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert_eq!((code, rendered.as_str()), (0, text.as_str()), "{err}");
+    let (code, parts, _) = memest_code(&["render", est.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(&serde_json::from_str::<serde_json::Value>(&parts).unwrap(), words);
+    // The memory outside the allocator is split by library in the words every view shows.
+    assert!(
+        text.contains("(context ") && text.contains("cuBLAS") && text.contains("libraries from features"),
+        "{text}"
+    );
+    // A baseline added after memest (the trainer's MemTracker) is worded like memest's own.
+    let mut with_tracker = v.clone();
+    with_tracker["estimates"]["memtracker"] =
+        serde_json::json!({"device_mib": 12.5, "level": "live", "ignores": "the allocator", "role": "baseline"});
+    std::fs::write(&est, with_tracker.to_string()).unwrap();
+    let (_, rendered, _) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(
+        rendered
+            .lines()
+            .any(|l| l.starts_with("  memtracker") && l.contains("12.5 MiB  live    ignores the allocator")),
+        "{rendered}"
+    );
+    // Bad input: the file and the field.
+    let mut bad = v.clone();
+    bad["verdict"]["need_mib"] = serde_json::json!("lots");
+    std::fs::write(&est, bad.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("est.json: field `verdict.need_mib`"), "{code} {err}");
+    std::fs::write(&est, "{}").unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("missing field"), "{code} {err}");
+}
+
 #[test]
 fn estimate_warns_on_a_truncated_trace() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use simulator::colocate::{colocate, Align, Job, Mode};
-use simulator::fit::Outside;
+use simulator::fit::{self, Outside};
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_size};
 
@@ -129,7 +129,7 @@ pub fn run(a: Args) -> Result<u8> {
                 "verdict              needs {} of {} ({src}): {}",
                 mib(v.need_bytes),
                 mib(v.capacity_bytes),
-                if v.fits { "FITS" } else { "DOES NOT FIT" }
+                fit::verdict_word(v.fits)
             );
         }
         None => println!("verdict              none (give --capacity or --profile)"),

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
+use simulator::family::Family;
 use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, Step};
@@ -119,9 +120,10 @@ impl Replayed {
 
 /// The safety margin for a trace (none without a profile), warning when coverage is unmeasured.
 pub fn margin_for(profile: Option<&(Profile, PathBuf)>, header: &trace::Header, warnings: &mut Vec<String>) -> Margin {
-    let regime = header.meta("family").unwrap_or("unknown-family").to_string();
+    let family = Family::of_header(header);
+    let regime = family.map_or("unknown-family", Family::name).to_string();
     let Some((p, _)) = profile else { return Margin::none(regime, "no profile: no safety margin", false) };
-    let m = fit::margin(p, header, None);
+    let m = fit::margin(p, header, family);
     if !m.coverage_measured {
         warnings.push(format!("safety margin: {}", m.note));
     }
@@ -314,7 +316,7 @@ fn replay_one(
                 v.basis,
                 mib(v.capacity_bytes),
                 mib(budget),
-                if v.fits { "FITS" } else { "DOES NOT FIT" }
+                fit::verdict_word(v.fits)
             );
             if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
                 outln!(out, "  replayed at the budget, the first allocation fails at record {i}: {d}");

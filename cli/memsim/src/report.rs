@@ -114,6 +114,15 @@ pub fn run(a: Args) -> Result<u8> {
         },
     )?;
     let mut warnings = read.warnings(&a.file, a.strict)?;
+    if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
+        if a.html.is_some() && html::estimate_headline(e).is_none() {
+            warnings.push(format!(
+                "--estimate {}: no `text.headline` (written before memest worded its estimates; re-run \
+                 `estimate --json`): the headline shows the replay's peaks",
+                path.display()
+            ));
+        }
+    }
     if a.html.is_none() {
         for (flag, given) in [("--title", a.title.is_some()), ("--estimate", a.estimate.is_some())] {
             if given {

@@ -26,7 +26,9 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
         r#"{"gpu": "NVIDIA A100-SXM4-40GB", "verdict": {"need_mib": 1234.5, "point_mib": 1200.0, "capacity_mib": 40536.0, "fits": true},
             "estimates": {"symbolic": {"device_mib": 1200.0, "level": "device", "ignores": "x"},
                           "analytic": {"device_mib": 900.0, "level": "device", "ignores": "y"}},
-            "unavailable": {"ml": "no model"}}"#,
+            "unavailable": {"ml": "no model"},
+            "text": {"headline": "needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) & more", "verdict": "FITS",
+                     "details": [], "baselines": []}}"#,
     )
     .unwrap();
     let out = dir.path().join("r.html");
@@ -35,9 +37,22 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("peak reserved 150.0 MiB"), "{stdout}");
     let page = std::fs::read_to_string(&out).unwrap();
-    assert!(page.contains(r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0)"#));
+    // The headline is memest's words (escaped), the verdict word coloured by `fits`.
+    assert!(page.contains(
+        r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) &amp; more: <span class="fits">FITS</span>"#
+    ));
     assert!(page.contains("The estimators side by side") && page.contains("no model"));
     assert!(page.contains("The verdict per GPU profile") && page.contains(">a100-40gb<"));
+    // An estimate without memest's words: the headline is the replay's, and a warning says why.
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&est).unwrap()).unwrap();
+    let mut old = v.clone();
+    old.as_object_mut().unwrap().remove("text");
+    std::fs::write(&est, old.to_string()).unwrap();
+    let (code, _, err) = memsim(&[&args[..], &["--estimate", est.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no `text.headline`") && err.contains("the headline shows the replay's peaks"), "{err}");
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert!(page.contains(r#"id="headline" data-mib="150.0">peak reserved 150.0 MiB"#), "{page}");
 }
 
 #[test]

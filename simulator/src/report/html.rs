@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::svg::{self, esc, mib};
 use super::Report;
+use crate::fit;
 
 /// The verdict of one GPU profile on the trace.
 #[derive(Debug, Clone, Serialize)]
@@ -50,26 +51,23 @@ text-align:left;vertical-align:top}td.n{text-align:right;font-variant-numeric:ta
 .legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:11px;height:11px;\
 margin-right:4px;vertical-align:-1px}.muted{color:#666}code{font-size:12px}.warn{color:#8a5a00}";
 
-fn verdict_word(fits: bool) -> &'static str {
-    if fits {
-        r#"<span class="fits">FITS</span>"#
-    } else {
-        r#"<span class="nofit">DOES NOT FIT</span>"#
-    }
+fn verdict_word(fits: bool) -> String {
+    let class = if fits { "fits" } else { "nofit" };
+    format!(r#"<span class="{class}">{}</span>"#, fit::verdict_word(fits))
+}
+
+/// The estimate's headline, in the words memest gave it (`text`, `memest render`); the page
+/// words nothing itself. `None` when the estimate has no `text` (a caller warns).
+pub fn estimate_headline(estimate: &Value) -> Option<String> {
+    let headline = estimate.get("text")?.get("headline")?.as_str()?;
+    let verdict = estimate.get("verdict")?;
+    let (fits, need) = (verdict.get("fits")?.as_bool()?, verdict.get("need_mib")?.as_f64()?);
+    Some(format!(r#"<p id="headline" data-mib="{need:.1}">{}: {}</p>"#, esc(headline), verdict_word(fits)))
 }
 
 fn headline(r: &Report, x: &Extras) -> String {
-    let verdict = x.estimate.as_ref().and_then(|e| Some((e.get("verdict")?, e)));
-    if let Some((v, e)) = verdict {
-        let need = v.get("need_mib").and_then(Value::as_f64).unwrap_or(0.0);
-        let point = v.get("point_mib").and_then(Value::as_f64).unwrap_or(need);
-        let gpu = e.get("gpu").and_then(Value::as_str).unwrap_or("the GPU");
-        let fits = v.get("fits").and_then(Value::as_bool).unwrap_or(false);
-        return format!(
-            r#"<p id="headline" data-mib="{need:.1}">needs {need:.1} MiB on {} (point {point:.1}): {}</p>"#,
-            esc(gpu),
-            verdict_word(fits)
-        );
+    if let Some(h) = x.estimate.as_ref().and_then(estimate_headline) {
+        return h;
     }
     format!(
         r#"<p id="headline" data-mib="{:.1}">peak reserved {:.1} MiB (peak allocated {:.1} MiB)</p>"#,

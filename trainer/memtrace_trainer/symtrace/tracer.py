@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace import jsonl, step
 from memtrace_trainer.symtrace.emulation import Workspaces
@@ -72,34 +73,40 @@ def trace(
     if cfg.cuda_emulation:
         profile.warn_unmeasured()
     rec = Recorder(hooks)
-    emulated = step.run(workload, cfg, profile, rec)
+    with LayersRun() as layers:
+        emulated = step.run(workload, cfg, profile, rec)
+    emulated["layer_types"] = layers.types([workload.model])
     if cfg.cuda_emulation:
         emulated["uses_gemm"] = workspaces.cublas_done
         emulated["uses_conv"] = workspaces.used_conv
     return rec, emulated
 
 
-def model_family(model: torch.nn.Module) -> str:
-    """`transformer` (any attention module), else `cnn` (any cuDNN convolution), else `mlp`: the
-    rule memest applies to layer types (`estimators/src/features.rs`), which picks the safety
-    margin of the job's family."""
-    return _family_of([type(m).__name__ for m in model.modules()])
+class LayersRun:
+    """The class names of the modules whose forward ran while tracing, roots and containers
+    aside, as `features` lists layers. memsim derives the job's family from them
+    (`simulator/src/family.rs`, the one family rule), so a module that is built but never called
+    does not change the family, as it does not in the runs the safety margins were fitted on."""
 
+    def __init__(self) -> None:
+        self._ran: dict[int, str] = {}
+        self._handle: Any = None
 
-def _family_of(kinds: list[str]) -> str:
-    if any("attention" in k.lower() for k in kinds):
-        return "transformer"
-    if any(_is_convolution(k) for k in kinds):
-        return "cnn"
-    return "mlp"
+    def __enter__(self) -> LayersRun:
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._hook)
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
 
-def _is_convolution(kind: str) -> bool:
-    # GPT-2's Conv1D is a GEMM in disguise; torch's Conv1d/2d/3d, ConvTranspose and Lazy* run cuDNN.
-    if kind == "Conv1D":
-        return False
-    core = kind.lower().removeprefix("lazy")
-    return core.startswith("conv") and core.endswith(("1d", "2d", "3d"))
+    def _hook(self, module: torch.nn.Module, _args: Any) -> None:
+        if not isinstance(module, CONTAINERS):
+            self._ran.setdefault(id(module), type(module).__name__)
+
+    def types(self, roots: list[torch.nn.Module]) -> str:
+        """The header's `layer_types`: sorted, each once, comma-separated."""
+        skip = {id(r) for r in roots}
+        return ",".join(sorted({t for i, t in self._ran.items() if i not in skip}))
 
 
 def param_dtype(model: torch.nn.Module) -> str:
@@ -124,7 +131,7 @@ def metadata(
 ) -> dict[str, str]:
     meta = {
         "model": workload.spec,
-        "family": model_family(workload.model),
+        "layer_types": extra["layer_types"],
         "batch_size": str(workload.batch_size),
         "optimizer": cfg.optimizer,
         "iterations": str(cfg.iterations),
@@ -178,9 +185,10 @@ def trace_step(
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
     workspaces, rec = _recorder(profile, cuda_emulation)
-    with _world(world_size):
+    with _world(world_size), LayersRun() as layers:
         run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
     meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, workspaces)
+    meta["layer_types"] = layers.types(run.models)
     _world_metadata(meta, world_size)
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
@@ -199,10 +207,11 @@ def trace_script(
     from memtrace_trainer.symtrace.script import run_script
 
     workspaces, rec = _recorder(profile, cuda_emulation)
-    with _world(world_size):
+    with _world(world_size), LayersRun() as layers:
         run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
     meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces)
+    meta["layer_types"] = layers.types(run.models)
     _world_metadata(meta, world_size)
     return rec, meta
 
@@ -243,10 +252,8 @@ def _user_metadata(
     if not any(e["kind"] == "alloc" for e in rec.events):
         warn(f"{spec}: nothing was allocated on the tracer's device (is the model built on the "
              "`device` argument, or moved to \"cuda\"?)")  # fmt: skip
-    kinds = [type(m).__name__ for root in run.models for m in root.modules()]
     meta = {
         "model": spec,
-        "family": _family_of(kinds),
         "optimizer": ",".join(sorted(run.optimizers)) or "none",
         "iterations": str(steps),
         # One precision names the regime (safety margin); a program mixing fp16 and bf16

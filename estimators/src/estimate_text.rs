@@ -1,0 +1,247 @@
+//! The estimate in words. Every view of an estimate (memest's text, the trainer's `estimate`
+//! text, the Python API's `str` and notebook cell, the HTML report's headline) joins these parts
+//! and words nothing itself, so the sentence a user acts on is written once.
+//!
+//! The words are made from an [`EstimateView`]: the fields of the estimate JSON (schema 2) they
+//! need. memest fills one from its report; `memest render` reads one from a JSON file, so the
+//! trainer's estimate, which adds baselines of its own (PyTorch's MemTracker), is worded by the
+//! same function after it has added them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use simulator::fit::{self, CapacitySource};
+
+use crate::estimate::EstimateReport;
+
+/// The estimate as lines of text, in parts a caller can place its own lines between.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EstimateText {
+    /// What is needed where: `needs 1234.5 MiB on GPU (point 1200.0)`; the verdict follows it.
+    pub headline: String,
+    /// `FITS` or `DOES NOT FIT` ([`fit::verdict_word`]), of the need in the headline.
+    pub verdict: String,
+    /// Indented lines under the headline: capacity and margin, the symbolic breakdown (with the
+    /// memory outside the allocator by library), the per-step peaks, the profile and family.
+    pub details: Vec<String>,
+    /// The baselines' heading, then one indented line per baseline.
+    pub baselines: Vec<String>,
+}
+
+/// The verdict fields the words use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VerdictView {
+    /// `estimates.symbolic.safe_mib` or `.device_mib`.
+    pub basis: String,
+    /// The point estimate.
+    pub point_mib: f64,
+    /// The need judged.
+    pub need_mib: f64,
+    /// The capacity judged against.
+    pub capacity_mib: f64,
+    /// Where the capacity came from.
+    pub capacity_source: CapacitySource,
+    /// `need_mib <= capacity_mib`.
+    pub fits: bool,
+}
+
+/// The per-step peaks the words use.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StepsView {
+    /// Steps traced.
+    pub count: usize,
+    /// The first step's device peak.
+    pub first_step_device_mib: f64,
+    /// The later steps' device peak.
+    pub steady_device_mib: Option<f64>,
+}
+
+/// One estimator's answer, as the words use it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AnswerView {
+    /// Its number.
+    pub device_mib: f64,
+    /// Allocator level, where modelled.
+    #[serde(default)]
+    pub reserved_mib: Option<f64>,
+    /// Peak allocated, where modelled.
+    #[serde(default)]
+    pub allocated_mib: Option<f64>,
+    /// What the number measures.
+    pub level: String,
+    /// What it leaves out.
+    pub ignores: String,
+    /// Per-step peaks (the headline).
+    #[serde(default)]
+    pub steps: Option<StepsView>,
+}
+
+/// The memory outside the allocator, as the words use it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OutsideView {
+    /// CUDA context.
+    pub context_mib: f64,
+    /// cuBLAS.
+    pub cublas_mib: f64,
+    /// cuDNN.
+    pub cudnn_mib: f64,
+    /// NCCL.
+    pub nccl_mib: f64,
+    /// The sum.
+    pub total_mib: f64,
+    /// Where the libraries counted came from.
+    pub libraries: LibrariesView,
+}
+
+/// Where the libraries counted came from.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LibrariesView {
+    /// `trace`, `features`, `unknown`, ...
+    pub source: String,
+}
+
+/// The margin's sentence.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MarginView {
+    /// What the margin rests on.
+    pub note: String,
+}
+
+/// The fields of an estimate (memest's schema 2, or the trainer's, which adds to it) that the
+/// words use; other fields are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EstimateView {
+    /// The estimator to act on.
+    pub headline: String,
+    /// The verdict.
+    pub verdict: VerdictView,
+    /// Every estimator's answer, `null` where it could not run.
+    pub estimates: BTreeMap<String, Option<AnswerView>>,
+    /// Why an estimator is `null`.
+    #[serde(default)]
+    pub unavailable: BTreeMap<String, String>,
+    /// Memory outside the allocator.
+    pub outside_allocator: OutsideView,
+    /// The safety margin.
+    pub margin: MarginView,
+    /// The profile's path.
+    pub profile: String,
+    /// The profile's name.
+    pub profile_name: String,
+    /// The GPU's name.
+    pub gpu: String,
+    /// The job's family.
+    pub family: String,
+}
+
+impl From<&EstimateReport> for EstimateView {
+    fn from(r: &EstimateReport) -> EstimateView {
+        let v = &r.verdict;
+        let o = &r.outside_allocator;
+        let answer = |a: &crate::estimate::Answer| AnswerView {
+            device_mib: a.device_mib,
+            reserved_mib: a.reserved_mib,
+            allocated_mib: a.allocated_mib,
+            level: a.level.to_string(),
+            ignores: a.ignores.to_string(),
+            steps: a.steps.as_ref().map(|s| StepsView {
+                count: s.count,
+                first_step_device_mib: s.first_step_device_mib,
+                steady_device_mib: s.steady_device_mib,
+            }),
+        };
+        EstimateView {
+            headline: r.headline.to_string(),
+            verdict: VerdictView {
+                basis: v.basis.clone(),
+                point_mib: v.point_mib,
+                need_mib: v.need_mib,
+                capacity_mib: v.capacity_mib,
+                capacity_source: v.capacity_source,
+                fits: v.fits,
+            },
+            estimates: r.estimates.iter().map(|(k, a)| (k.clone(), a.as_ref().map(answer))).collect(),
+            unavailable: r.unavailable.clone(),
+            outside_allocator: OutsideView {
+                context_mib: o.context_mib,
+                cublas_mib: o.cublas_mib,
+                cudnn_mib: o.cudnn_mib,
+                nccl_mib: o.nccl_mib,
+                total_mib: o.total_mib,
+                libraries: LibrariesView { source: o.libraries.source.to_string() },
+            },
+            margin: MarginView { note: r.margin.note.clone() },
+            profile: r.profile.clone(),
+            profile_name: r.profile_name.clone(),
+            gpu: r.gpu.clone(),
+            family: r.family.to_string(),
+        }
+    }
+}
+
+impl EstimateText {
+    /// The words of an estimate.
+    pub fn of(r: &EstimateView) -> EstimateText {
+        let v = &r.verdict;
+        let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
+        let mut details = vec![format!(
+            "  capacity {:.1} MiB ({}); margin: {}",
+            v.capacity_mib,
+            v.capacity_source.describe(),
+            r.margin.note
+        )];
+        if let Some(Some(sym)) = r.estimates.get(&r.headline) {
+            let o = &r.outside_allocator;
+            details.push(format!(
+                "  {}: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
+                 (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}; libraries from {})",
+                r.headline,
+                sym.reserved_mib.unwrap_or(0.0),
+                sym.allocated_mib.unwrap_or(0.0),
+                o.total_mib,
+                o.context_mib,
+                o.cublas_mib,
+                o.cudnn_mib,
+                o.nccl_mib,
+                o.libraries.source
+            ));
+            if let Some(st) = &sym.steps {
+                let steady = match st.steady_device_mib {
+                    Some(m) => format!("steady (steps 2-{}) {m:.1} MiB", st.count),
+                    None => "one step traced: no steady state".into(),
+                };
+                details.push(format!("  per step: first {:.1} MiB, {steady} (device level)", st.first_step_device_mib));
+            }
+        }
+        details.push(format!("  profile {} ({}), family {}", r.profile_name, r.profile, r.family));
+        let mut baselines = vec!["baselines (for comparison, not for decisions):".to_string()];
+        for (name, ans) in r.estimates.iter().filter(|(n, _)| **n != r.headline) {
+            baselines.push(match ans {
+                Some(x) => format!("  {:<12} {:>10.1} MiB  {:<6}  ignores {}", name, x.device_mib, x.level, x.ignores),
+                None => format!("  {:<12} {:>10}      ({})", name, "-", r.unavailable.get(name).map_or("", |s| s)),
+            });
+        }
+        EstimateText {
+            headline: format!("needs {:.1} MiB on {} ({point})", v.need_mib, r.gpu),
+            verdict: fit::verdict_word(v.fits).to_string(),
+            details,
+            baselines,
+        }
+    }
+
+    /// The first line: the headline and its verdict.
+    pub fn sentence(&self) -> String {
+        format!("{}: {}", self.headline, self.verdict)
+    }
+
+    /// The whole text, as `memest estimate` prints it.
+    pub fn render(&self) -> String {
+        let mut s = self.sentence();
+        s.push('\n');
+        for line in self.details.iter().chain(&self.baselines) {
+            s.push_str(line);
+            s.push('\n');
+        }
+        s
+    }
+}
