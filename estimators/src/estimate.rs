@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use simulator::fit::{self, CapacitySource, Libraries, Margin};
 use simulator::profile::Profile;
 
@@ -64,7 +64,7 @@ impl Answer {
 }
 
 /// Peaks per traced step, MiB at the device level (reserved + outside the allocator).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepPeaks {
     /// Steps traced.
     pub count: usize,
@@ -152,7 +152,7 @@ pub struct OutsideReport {
 }
 
 /// The verdict in MiB.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerdictReport {
     /// The number the verdict rests on: `estimates.symbolic.safe_mib`, or `.device_mib` with
     /// `--point`.

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use simulator::fit::{self, CapacitySource};
+use simulator::fit;
 
-use crate::estimate::EstimateReport;
+use crate::estimate::{EstimateReport, StepPeaks, VerdictReport};
 
 /// The estimate as lines of text, in parts a caller can place its own lines between.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -26,34 +26,6 @@ pub struct EstimateText {
     pub details: Vec<String>,
     /// The baselines' heading, then one indented line per baseline.
     pub baselines: Vec<String>,
-}
-
-/// The verdict fields the words use.
-#[derive(Debug, Clone, Deserialize)]
-pub struct VerdictView {
-    /// `estimates.symbolic.safe_mib` or `.device_mib`.
-    pub basis: String,
-    /// The point estimate.
-    pub point_mib: f64,
-    /// The need judged.
-    pub need_mib: f64,
-    /// The capacity judged against.
-    pub capacity_mib: f64,
-    /// Where the capacity came from.
-    pub capacity_source: CapacitySource,
-    /// `need_mib <= capacity_mib`.
-    pub fits: bool,
-}
-
-/// The per-step peaks the words use.
-#[derive(Debug, Clone, Deserialize)]
-pub struct StepsView {
-    /// Steps traced.
-    pub count: usize,
-    /// The first step's device peak.
-    pub first_step_device_mib: f64,
-    /// The later steps' device peak.
-    pub steady_device_mib: Option<f64>,
 }
 
 /// One estimator's answer, as the words use it.
@@ -73,7 +45,7 @@ pub struct AnswerView {
     pub ignores: String,
     /// Per-step peaks (the headline).
     #[serde(default)]
-    pub steps: Option<StepsView>,
+    pub steps: Option<StepPeaks>,
 }
 
 /// The memory outside the allocator, as the words use it.
@@ -114,7 +86,7 @@ pub struct EstimateView {
     /// The estimator to act on.
     pub headline: String,
     /// The verdict.
-    pub verdict: VerdictView,
+    pub verdict: VerdictReport,
     /// Every estimator's answer, `null` where it could not run.
     pub estimates: BTreeMap<String, Option<AnswerView>>,
     /// Why an estimator is `null`.
@@ -136,7 +108,6 @@ pub struct EstimateView {
 
 impl From<&EstimateReport> for EstimateView {
     fn from(r: &EstimateReport) -> EstimateView {
-        let v = &r.verdict;
         let o = &r.outside_allocator;
         let answer = |a: &crate::estimate::Answer| AnswerView {
             device_mib: a.device_mib,
@@ -144,22 +115,11 @@ impl From<&EstimateReport> for EstimateView {
             allocated_mib: a.allocated_mib,
             level: a.level.to_string(),
             ignores: a.ignores.to_string(),
-            steps: a.steps.as_ref().map(|s| StepsView {
-                count: s.count,
-                first_step_device_mib: s.first_step_device_mib,
-                steady_device_mib: s.steady_device_mib,
-            }),
+            steps: a.steps.clone(),
         };
         EstimateView {
             headline: r.headline.to_string(),
-            verdict: VerdictView {
-                basis: v.basis.clone(),
-                point_mib: v.point_mib,
-                need_mib: v.need_mib,
-                capacity_mib: v.capacity_mib,
-                capacity_source: v.capacity_source,
-                fits: v.fits,
-            },
+            verdict: r.verdict.clone(),
             estimates: r.estimates.iter().map(|(k, a)| (k.clone(), a.as_ref().map(answer))).collect(),
             unavailable: r.unavailable.clone(),
             outside_allocator: OutsideView {
