@@ -302,6 +302,8 @@ def test_a_users_fsdp2_step_with_meta_init_holds_only_its_shards(tmp_path: Path)
     shard = 4 * (4 * (512 // 4) * 512 + 4 * (512 // 4))  # weights and biases, fp32, 1/4 of rows
     assert sum(params) == shard, (sum(params), shard)
     assert max(e["size"] for e in allocs) < 1 << 24  # no scratch tensor, no full model
+    # The layers are the user's Linears, not fully_shard's FSDPLinear subclasses.
+    assert json.loads(out.read_text().splitlines()[0])["metadata"]["layer_types"] == "Linear"
 
 
 def test_the_meta_device_proper_holds_no_memory(tmp_path: Path) -> None:

@@ -101,12 +101,24 @@ class LayersRun:
 
     def _hook(self, module: torch.nn.Module, _args: Any) -> None:
         if not isinstance(module, CONTAINERS):
-            self._ran.setdefault(id(module), type(module).__name__)
+            self._ran.setdefault(id(module), _layer_type(module))
 
     def types(self, roots: list[torch.nn.Module]) -> str:
         """The header's `layer_types`: sorted, each once, comma-separated."""
         skip = {id(r) for r in roots}
         return ",".join(sorted({t for i, t in self._ran.items() if i not in skip}))
+
+
+def _layer_type(module: torch.nn.Module) -> str:
+    """The module's class name; FSDP2's `fully_shard` swaps a module's class for a subclass
+    `FSDP<name>` of (FSDPModule, the class), and the layer is still the original class's."""
+    cls = type(module)
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule
+
+        if FSDPModule in cls.__bases__:
+            cls = next((b for b in cls.__bases__ if b is not FSDPModule), cls)
+    return cls.__name__
 
 
 def param_dtype(model: torch.nn.Module) -> str:
