@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.markers import iteration_of
 
 MIB = 1 << 20
 IGNORES = (
@@ -67,7 +68,7 @@ def memtracker(run: Callable[[], Any]) -> dict[str, Any]:
     tracker = MemTracker()
 
     def on_marker(text: str) -> None:
-        if text.startswith("iter:"):
+        if iteration_of(text) is not None:
             tracker.reset_mod_stats()
 
     with _hooks_on_frozen_skipped(), listen_markers(on_marker), tracker:

@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import DEFAULT_PROFILE, Profile, load_profile
 from memtrace_trainer.symtrace import step
 from memtrace_trainer.symtrace.recorder import Recorder
@@ -348,8 +349,9 @@ class KernelRecorder(Recorder):
         self.kernels: list[Kernel] = []
 
     def marker(self, text: str) -> None:
-        if text.startswith("iter:"):
-            self.iteration = int(text.removeprefix("iter:"))
+        n = iteration_of(text)
+        if n is not None:
+            self.iteration = n
         super().marker(text)
 
     def __torch_dispatch__(

@@ -93,6 +93,20 @@ def unused_conv(device: Any) -> Any:
     return step
 
 
+def bf16_params(device: Any) -> Any:
+    """bf16 parameters, no autocast: the regime is bf16, as for `--model ... --dtype bf16`."""
+    model = _mlp(device).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters())
+    x = torch.randn(32, 256, device=device, dtype=torch.bfloat16)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+        opt.step()
+
+    return step
+
+
 def zero_grad_after_forward(device: Any) -> Any:
     """Stale gradients stay alive through the next forward."""
     model = _mlp(device, 1024)

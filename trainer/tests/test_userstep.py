@@ -70,6 +70,17 @@ def test_family_is_of_the_layers_that_ran(tmp_path: Path) -> None:
     assert r["margin"]["regime"].startswith("mlp "), r["margin"]
 
 
+def test_precision_regime_is_the_parameters_without_autocast(tmp_path: Path) -> None:
+    """A step with bf16 parameters and no autocast is in the bf16 regime (its safety margin's),
+    as the same job traced by the tracer's own loop is; fp32 parameters stay fp32."""
+    _, events = symtrace(tmp_path, "bf16_params", "--steps", "1")
+    header = events[0]["metadata"]
+    assert (header["amp"], header["param_dtype"]) == ("bf16", "bf16"), header
+    _, events = symtrace(tmp_path, "default_adamw", "--steps", "1")
+    header = events[0]["metadata"]
+    assert (header["amp"], header["param_dtype"]) == ("fp32", "fp32"), header
+
+
 def forward_peak(events: list[dict[str, Any]], step: int) -> int:
     """Max live bytes from `iter:<step>` to that step's first backward."""
     live = peak = 0
@@ -227,6 +238,25 @@ def test_unmodified_script_runs_as_written_and_stops_after_n_steps(tmp_path: Pat
     r = json.loads(cli("estimate", "--script", TRAIN, "--json").stdout)
     assert r["estimates"]["symbolic"]["steps"]["count"] == 3
     assert r["inputs"]["script"] == TRAIN
+
+
+def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
+    """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
+    user's marker and ends nothing."""
+    script = tmp_path / "marks.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nimport memtrace_trainer\n"
+        "m = nn.Linear(8, 8).cuda()\n"
+        "for i in range(10):\n"
+        "    memtrace_trainer.mark('iterator ready')\n"
+        "    m(torch.randn(4, 8, device='cuda')).sum().backward()\n"
+        "    memtrace_trainer.mark('iter')\n"
+    )
+    out = tmp_path / "marks.jsonl"
+    cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out))
+    texts = markers(read_trace(out))
+    assert [t for t in texts if t.startswith("iter:")] == ["iter:0", "iter:1"], texts
+    assert texts.count("iterator ready") == 2, texts
 
 
 def test_script_without_a_step_or_with_value_dependent_shapes(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import memtrace_trainer
+from memtrace_trainer import markers
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile
@@ -50,8 +51,8 @@ def run_script(
         state["done"] += 1
         if state["done"] >= steps:
             raise _Enough
-        rec.marker(f"iter:{state['done']}")
-        rec.marker("phase:forward")
+        rec.marker(markers.iteration(state["done"]))
+        rec.marker(markers.phase("forward"))
         rec.category = "activation"
 
     def after_optimizer_step() -> None:
@@ -59,7 +60,8 @@ def run_script(
             advance()
 
     def mark(text: str) -> None:
-        if text.startswith("iter"):
+        # `mark("iter")` is the documented call; an `iter:<n>` marker ends an iteration too.
+        if text == "iter" or markers.iteration_of(text) is not None:
             state["explicit"] = True
             advance()
         else:
@@ -72,8 +74,8 @@ def run_script(
         memtrace_trainer._MARK = mark
         sys.argv = [str(path), *argv]
         sys.path.insert(0, str(path.resolve().parent))
-        rec.marker("iter:0")
-        rec.marker("phase:forward")
+        rec.marker(markers.iteration(0))
+        rec.marker(markers.phase("forward"))
         try:
             # The script's prints go to stderr: stdout is the command's answer (--json).
             with contextlib.redirect_stdout(sys.stderr):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer import markers
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
@@ -138,10 +139,10 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
 
         def one_step() -> None:
             for _ in range(cfg.grad_accum):
-                rec.marker("phase:data")
+                rec.marker(markers.phase("data"))
                 rec.category = "input"
                 held["inputs"], held["target"] = workload.make_batch()
-                rec.marker("phase:forward")
+                rec.marker(markers.phase("forward"))
                 rec.category = "activation"
                 with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
                     held["out"] = call_model(model, held["inputs"])

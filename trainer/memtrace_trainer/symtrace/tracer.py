@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer.features import CONTAINERS
+from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace import jsonl, step
 from memtrace_trainer.symtrace.emulation import Workspaces
@@ -50,7 +51,7 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         elif e["kind"] == "free":
             frees += 1
             live -= e["size"]
-        elif e["kind"] == "marker" and e["text"].startswith("iter:"):
+        elif e["kind"] == "marker" and iteration_of(e["text"]) is not None:
             per_step.append(live)
     return Summary(
         len(events),
@@ -121,21 +122,26 @@ def _layer_type(module: torch.nn.Module) -> str:
     return cls.__name__
 
 
-def param_dtype(model: torch.nn.Module) -> str:
-    """The dtype holding most of the floating-point parameter bytes (fp32, bf16, fp16)."""
+def param_dtype(*models: torch.nn.Module) -> str:
+    """The dtype holding most of the floating-point parameter bytes of the models (fp32, bf16,
+    fp16)."""
     sizes: dict[torch.dtype, int] = {}
-    for p in model.parameters():
-        if p.is_floating_point():
-            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    for model in models:
+        for p in model.parameters():
+            if p.is_floating_point():
+                sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
     if not sizes:
         return "none"
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
     return names.get(max(sizes, key=lambda d: sizes[d]), str(max(sizes, key=lambda d: sizes[d])))
 
 
-def low_precision(model: torch.nn.Module) -> str | None:
-    dtype = param_dtype(model)
-    return dtype if dtype in ("bf16", "fp16") else None
+def precision_regime(autocast: str | None, models: list[torch.nn.Module]) -> str:
+    """The header's `amp`, the precision regime that names the safety margin, for every way a
+    job is traced: autocast's dtype, else the parameters' when they are bf16 or fp16, else
+    fp32."""
+    dtype = param_dtype(*models)
+    return autocast or (dtype if dtype in ("bf16", "fp16") else "fp32")
 
 
 def metadata(
@@ -147,8 +153,7 @@ def metadata(
         "batch_size": str(workload.batch_size),
         "optimizer": cfg.optimizer,
         "iterations": str(cfg.iterations),
-        # The precision regime names the safety margin: autocast's dtype, else the parameters'.
-        "amp": cfg.amp or low_precision(workload.model) or "fp32",
+        "amp": precision_regime(cfg.amp, [workload.model]),
         "param_dtype": param_dtype(workload.model),
         "checkpointing": cfg.checkpointing or "none",
         "grad_accum": str(cfg.grad_accum),
@@ -268,9 +273,9 @@ def _user_metadata(
         "model": spec,
         "optimizer": ",".join(sorted(run.optimizers)) or "none",
         "iterations": str(steps),
-        # One precision names the regime (safety margin); a program mixing fp16 and bf16
-        # regions is named by the first.
-        "amp": sorted(run.autocast_dtypes)[0] if run.autocast_dtypes else "fp32",
+        # A program mixing fp16 and bf16 autocast regions is named by the first.
+        "amp": precision_regime(min(run.autocast_dtypes, default=None), run.models),
+        "param_dtype": param_dtype(*run.models),
         "cuda_emulation": str(cuda_emulation).lower(),
         "profile": profile.name,
         "compute_capability": "{}.{}".format(*profile.compute_capability),

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer import markers
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
@@ -87,7 +88,7 @@ class PhaseHooks:
 
         def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             self.optimizers.add(type(optimizer).__name__.lower())
-            rec.marker("phase:optimizer")
+            rec.marker(markers.phase("optimizer"))
             rec.category = "other"
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -122,7 +123,7 @@ class PhaseHooks:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             # What follows a backward (clipping, the next micro-batch) stays in this phase until
             # the code marks another: the optimizer hook, or the next step's forward.
-            rec.marker("phase:backward")
+            rec.marker(markers.phase("backward"))
             before, rec.category = rec.category, "activation"
             try:
                 return original(*args, **kwargs)
@@ -290,9 +291,9 @@ def run_steps(
         run.models = new_root_modules(before) if models is None else models
         label_model_state(rec, run.models)
         for i in range(steps):
-            rec.marker(f"iter:{i}")
+            rec.marker(markers.iteration(i))
             if user_step:
-                rec.marker("phase:forward")
+                rec.marker(markers.phase("forward"))
             rec.category = "activation"
             _call(step, (), f"{what}: step() raised in step {i + 1}", user_step)
         label_model_state(rec, run.models)
