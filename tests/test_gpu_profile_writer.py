@@ -87,6 +87,27 @@ def test_allocator_version_follows_torch(torch, allocator, per_call):
     assert p["workspace"]["cublaslt_per_call"] is (per_call == "true")
 
 
+def test_allocator_version_is_memsims(tmp_path):
+    """The writer maps a torch version to allocator rules as `memsim --torch` does."""
+    import subprocess
+
+    memsim = REPO / "target" / "release" / "memsim"
+    if not memsim.is_file():
+        pytest.fail(f"{memsim} missing: run `cargo build --release` first")
+    trace = REPO / "tests" / "fixtures" / "trace-v1" / "all-kinds.jsonl"
+    for version in ("2.3.1", "2.4.1", "2.5.0", "2.8.0", "2.9.1", "2.10.0", "3.0.0"):
+        done = subprocess.run([str(memsim), "replay", str(trace), "--torch", version, "--json"],
+                              capture_output=True, text=True)  # fmt: skip
+        try:
+            ours = writer.allocator_version(version)
+        except writer.MeasurementError:
+            ours = None
+        theirs = (
+            json.loads(done.stdout)["torch_allocator_version"] if done.returncode == 0 else None
+        )
+        assert ours == theirs, (version, ours, theirs, done.stderr)
+
+
 def test_no_workspace_through_the_allocator_keeps_the_default():
     text = writer.render({**FAKE, "cublas_workspace_bytes": 0})
     assert tomllib.loads(text)["workspace"]["cublas_workspace_config"] == ":32768:1"

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use simulator::alloc::TorchVersion;
-use simulator::fit::{outside, Capacity, CapacitySource, Libraries};
+use simulator::fit::{outside, Capacity, CapacitySource};
 use simulator::profile::Profile;
 
 use crate::analytic::{
@@ -20,7 +20,7 @@ use crate::metrics::{self, Metrics};
 use crate::ml::features::extract;
 use crate::ml::modelfile::ModelFile;
 use crate::symbolic::{capped_rerun_ok, symbolic};
-use crate::tracefile::LoadedTrace;
+use crate::tracefile::{job_libraries, LoadedTrace};
 
 /// Estimators in report order.
 pub const ESTIMATORS: [&str; 8] =
@@ -132,17 +132,12 @@ pub fn evaluate_row(
     ml: Outcome,
 ) -> RunRecord {
     let f = &row.features;
-    // Rows whose layer list is empty (torchsummary failed upstream) still ran their generator's convolutions.
-    let uses_conv = f.uses_conv() || row.family == Family::Cnn;
     let loaded = trace.map(|(p, s)| (LoadedTrace::load(p).map_err(|e| chain(&e)), s));
-    // The tracer's workspace allocation is direct evidence of a GEMM; layer types are the fallback.
-    let uses_gemm = f.uses_gemm() || matches!(&loaded, Ok((Ok(t), _)) if t.has_workspace());
-    // The trace header's libraries win, as in `memest estimate` and `memsim replay`.
-    let fallback = Libraries::single(uses_gemm, uses_conv, "features");
-    let libs = match &loaded {
-        Ok((Ok(t), _)) => Libraries::of(&t.header, fallback),
-        _ => fallback,
+    let loaded_trace = match &loaded {
+        Ok((Ok(t), _)) => Some(t),
+        _ => None,
     };
+    let libs = job_libraries(loaded_trace, Some(f), Some(row.family));
     let (uses_gemm, uses_conv) = (libs.gemm, libs.conv);
     let outside_terms = outside(ctx.profile, "profile", libs);
     let outside = outside_terms.total_bytes;

@@ -15,7 +15,7 @@ use crate::error::{EstimateError, Result};
 use crate::estimate_text::{EstimateText, EstimateView};
 use crate::features::{Family, Features};
 use crate::symbolic::{profile_version, symbolic};
-use crate::tracefile::LoadedTrace;
+use crate::tracefile::{job_libraries, LoadedTrace};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -253,15 +253,10 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     if let Some(p) = input.plain {
         warnings.extend(p.warnings());
     }
-    // The trace says which libraries its job loaded; the features are the fallback.
-    let fallback = match f {
-        Some(f) => Libraries::single(f.uses_gemm() || t.has_workspace(), f.uses_conv(), "features"),
-        None => Libraries::single(t.has_workspace(), false, "trace workspaces"),
-    };
-    // The trace ran the job's step; the features are the fallback (one family for the report and
-    // the margin).
+    // The trace ran the job's step; the features are the fallback (one family for the report,
+    // the margin and the libraries).
     let family = Family::of_header(&t.header).or_else(|| f.map(Features::family));
-    let libs = Libraries::of(&t.header, fallback);
+    let libs = job_libraries(Some(t), f, family);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));

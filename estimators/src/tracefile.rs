@@ -8,6 +8,8 @@ use trace::marker::{self, MarkerKind, Phase};
 use trace::{Category, Event, FreeStage, Header, MemoryKind, Origin, Record};
 
 use crate::error::Result;
+use crate::features::{Family, Features};
+use simulator::fit::Libraries;
 
 /// A trace read into memory: symbolic traces are small, and PEF replays them several times.
 #[derive(Debug, Clone)]
@@ -101,4 +103,24 @@ fn live_peak_until(records: &[Record], stop: impl Fn(&Record) -> bool) -> u64 {
         }
     }
     peak
+}
+
+/// The CUDA libraries a job loads, the one rule of `memest estimate` and `memest compare`: the
+/// trace header's `uses_gemm`/`uses_conv` when it says ([`Libraries::of`]); else the evidence at
+/// hand, named by where it came from: a GEMM when the features have a GEMM layer or the trace
+/// holds a cuBLAS workspace (the tracer emits it at the first GEMM), a convolution when the
+/// features have one or the job is a CNN (a dataset row whose layer list is empty still ran its
+/// generator's convolutions). `memsim replay`, which has neither features nor family, counts the
+/// context only and says so.
+pub fn job_libraries(trace: Option<&LoadedTrace>, features: Option<&Features>, family: Option<Family>) -> Libraries {
+    let workspace = trace.is_some_and(LoadedTrace::has_workspace);
+    let cnn = family == Some(Family::Cnn);
+    let fallback = match features {
+        Some(f) => Libraries::single(f.uses_gemm() || workspace, f.uses_conv() || cnn, "features"),
+        None => Libraries::single(workspace, cnn, if trace.is_some() { "trace workspaces" } else { "unknown" }),
+    };
+    match trace {
+        Some(t) => Libraries::of(&t.header, fallback),
+        None => fallback,
+    }
 }

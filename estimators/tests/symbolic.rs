@@ -117,3 +117,43 @@ fn device_level_trace_is_refused_with_a_reason() {
         estimators::error::chain(&symbolic(&t, TorchVersion::V2_4, &Outside::none(), total(&profile())).unwrap_err());
     assert!(e.contains("dev.jsonl") && e.contains("device-level"), "{e}");
 }
+
+/// Which CUDA libraries a job loads: the header when it says, else the features, the trace's
+/// cuBLAS workspace and the family, named by where it came from.
+#[test]
+fn job_libraries_take_the_header_then_the_evidence() {
+    use estimators::features::{Family, Features};
+    use estimators::tracefile::job_libraries;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = |name: &str, meta: &[(&str, &str)], workspace: bool| {
+        let mut text = jsonl_trace(meta, &[('a', 1, MIB)]);
+        if workspace {
+            text += &(serde_json::json!({"kind": "alloc", "ts_ns": 9, "device": 0, "addr": 2 * MIB, "size": MIB,
+                "stream": 0, "mem": "device", "api": "allocator", "result": 0, "origin": "request",
+                "category": "workspace"})
+            .to_string()
+                + "\n");
+        }
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        LoadedTrace::load(&p).unwrap()
+    };
+    let linear = Features::parse_json(
+        r#"{"total_parameters": 10, "total_activations": 4, "batch_size": 1, "sequence": [["Linear", 4, 10]]}"#,
+        std::path::Path::new("f.json"),
+    )
+    .unwrap();
+    let said = trace("said.jsonl", &[("uses_gemm", "false"), ("uses_conv", "true")], true);
+    let silent = trace("silent.jsonl", &[], false);
+    let with_ws = trace("ws.jsonl", &[], true);
+    let check = |t: Option<&LoadedTrace>, f: Option<&Features>, fam: Option<Family>, expect: (bool, bool, &str)| {
+        let l = job_libraries(t, f, fam);
+        assert_eq!((l.gemm, l.conv, l.source), expect, "{:?} {f:?} {fam:?}", t.map(|t| &t.path));
+    };
+    check(Some(&said), Some(&linear), Some(Family::Mlp), (false, true, "trace"));
+    check(Some(&silent), Some(&linear), None, (true, false, "features"));
+    check(Some(&with_ws), None, None, (true, false, "trace workspaces"));
+    check(Some(&silent), None, Some(Family::Cnn), (false, true, "trace workspaces"));
+    check(None, Some(&linear), Some(Family::Cnn), (true, true, "features"));
+    check(None, None, None, (false, false, "unknown"));
+}

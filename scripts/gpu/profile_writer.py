@@ -14,6 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+# The repository's one atomic writer; the GPU machine runs this file without the package installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer"))
+from memtrace_trainer.atomic import write_text
+
 # field -> (type, what it is); every one must be present in the measurement JSON.
 FIELDS = {
     "date": (str, "ISO date of the measurement"),
@@ -73,8 +77,15 @@ def _major_minor(version: str, source: str = "measurements") -> tuple[int, int]:
 
 
 def allocator_version(torch_version: str) -> str:
-    """The allocator behaviour the simulator models for this torch (profiles/README.md)."""
+    """The allocator behaviour the simulator models for this torch (profiles/README.md), as
+    memsim maps a version (`TorchVersion::from_str`; tests/test_gpu_profile_writer.py checks
+    they agree): a torch older than 2.4 is not modelled."""
     v = _major_minor(torch_version)
+    if v < (2, 4):
+        raise MeasurementError(
+            f"field 'torch': PyTorch {torch_version} is older than 2.4, the oldest release "
+            "family memsim models"
+        )
     return "2.9" if v >= (2, 9) else "2.5" if v >= (2, 5) else "2.4"
 
 
@@ -145,9 +156,7 @@ def write(measurements: Path, profile: Path, expect_gpu: str | None) -> str:
             f"{measurements}: field 'gpu_name': expected a {expect_gpu}, got {data['gpu_name']!r}; "
             f"{profile} left unchanged"
         )
-    tmp = profile.with_name(profile.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(profile)
+    write_text(profile, text)
     return text
 
 

@@ -432,11 +432,11 @@ impl Margin {
 
 /// Families whose memory is dominated by GEMMs borrow each other's margin: a Transformer without
 /// its own calibration takes the MLP's, the closest measured family.
-fn nearest(family: &str) -> &'static [&'static str] {
+fn nearest(family: Family) -> [Family; 3] {
     match family {
-        "transformer" => &["transformer", "mlp", "cnn"],
-        "cnn" => &["cnn", "mlp", "transformer"],
-        _ => &["mlp", "transformer", "cnn"],
+        Family::Transformer => [Family::Transformer, Family::Mlp, Family::Cnn],
+        Family::Cnn => [Family::Cnn, Family::Mlp, Family::Transformer],
+        Family::Mlp => [Family::Mlp, Family::Transformer, Family::Cnn],
     }
 }
 
@@ -449,9 +449,8 @@ pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Mar
     // Only the symbolic tracer counts events on a logical clock; every trace of a real run (the
     // shim's, a converted snapshot) carries time or nothing.
     let measured_run = header.meta("clock") != Some("logical");
-    let family = family.map(|f| f.name().to_string());
     let precision = header.meta("amp").unwrap_or("fp32").to_string();
-    let regime = format!("{} {precision}", family.as_deref().unwrap_or("unknown-family"));
+    let regime = format!("{} {precision}", family.map_or("unknown-family", Family::name));
     if measured_run {
         return Margin::none(regime, "a trace recorded on a real run is a measurement: no margin", true);
     }
@@ -462,15 +461,15 @@ pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Mar
             false,
         );
     };
-    let chosen = match family.as_deref() {
-        Some(f) => nearest(f).iter().find_map(|n| sf.families.get(*n).map(|m| (n.to_string(), m))),
+    let chosen = match family {
+        Some(f) => nearest(f).iter().find_map(|n| sf.families.get(n.name()).map(|m| (n.name().to_string(), m))),
         // Unknown family: the widest calibrated margin.
         None => sf.families.iter().max_by(|a, b| a.1.margin.total_cmp(&b.1.margin)).map(|(n, m)| (n.clone(), m)),
     };
     let Some((name, m)) = chosen else {
         return Margin::none(regime, "the profile's [safety] table calibrates no family", false);
     };
-    let same_family = family.as_deref() == Some(name.as_str());
+    let same_family = family.map(Family::name) == Some(name.as_str());
     let same_regime = m.regime.split_whitespace().next() == Some(precision.as_str());
     let measured = same_family && same_regime;
     let note = if measured {

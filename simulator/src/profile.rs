@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::family::Family;
+
 /// Errors loading a profile.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -203,8 +205,11 @@ fn default_scale() -> String {
     "point".into()
 }
 
-/// The profile a command uses when none is given (the Python side's `DEFAULT_PROFILE` says the
-/// same; `trainer/tests/test_estimate.py` checks they agree).
+/// The profile an estimate uses when none is given: `memest estimate` and `compare`, the trainer's
+/// `estimate` and `memtrace.estimate` (the Python side's `DEFAULT_PROFILE` says the same;
+/// `trainer/tests/test_estimate.py` checks they agree). Commands that judge a trace only when
+/// asked (`memsim replay`, `colocate`) use none by default, `memsim report` every profile, and
+/// the searches (`max-batch`, `max-seq`, `min-world-size`) require one.
 pub const DEFAULT_PROFILE: &str = "a100-40gb";
 
 /// The keys `[provenance] unmeasured` may name.
@@ -263,8 +268,9 @@ impl Profile {
                 return bad(format!("safety.miss_rate = {}: expected a fraction in (0, 1)", sf.miss_rate));
             }
             for (name, f) in &sf.families {
-                if !matches!(name.as_str(), "mlp" | "cnn" | "transformer") {
-                    return bad(format!("safety.families.{name}: expected mlp, cnn or transformer"));
+                if !Family::ALL.iter().any(|f| f.name() == name) {
+                    let names: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+                    return bad(format!("safety.families.{name}: expected one of {}", names.join(", ")));
                 }
                 if !matches!(f.scale.as_str(), "point" | "reserved") {
                     return bad(format!(

@@ -6,6 +6,7 @@ there, and an estimate makes no subprocess call."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,15 @@ def test_the_console_scripts_behave_as_the_binaries() -> None:
         assert done.returncode == 0 and done.stdout.startswith(f"{name} "), done
         bad = subprocess.run([str(BIN / name), "no-such-command"], capture_output=True, text=True)
         assert bad.returncode == 2 and "error" in bad.stderr, bad
-    listed = subprocess.run([str(BIN / "memsim"), "profile", "--list", "--json"],
+    # The profiles are the wheel's own, whatever this process set and wherever it was built.
+    env = {k: v for k, v in os.environ.items() if k != "MEMTRACE_PROFILES"}
+    listed = subprocess.run([str(BIN / "memsim"), "profile", "--list", "--json"], env=env,
                             capture_output=True, text=True, check=True)  # fmt: skip
     assert json.loads(listed.stdout) == ["a100-40gb", "h200"]
+    shown = subprocess.run([str(BIN / "memsim"), "profile", "a100-40gb", "--json"], env=env,
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    path = Path(json.loads(shown.stdout)["path"]).resolve()
+    assert REPO not in path.parents and path.parent.name == "profiles", path
 
 
 def test_the_preload_library_ships_in_the_wheel() -> None:

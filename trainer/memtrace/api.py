@@ -293,6 +293,8 @@ def estimate(
         raw=raw,
         _report=report,
         _dir=tmp,
+        _capacity=capacity,
+        _point=point,
     )
 
 
@@ -345,7 +347,10 @@ def replay(trace: str | Path, profile: str | None = None, *, capacity: str | Non
 
 def profiles() -> list[str]:
     """The names of the known GPU profiles (`gpu=` takes them)."""
-    return list(json.loads(memsim("profile", "--list", "--json")))
+    from memtrace_trainer.profile import known_profiles
+
+    with _errors():
+        return known_profiles()
 
 
 def preload_path() -> Path:

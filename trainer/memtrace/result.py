@@ -15,16 +15,15 @@ from memtrace_trainer.errors import UserError
 
 MIB = 1 << 20
 
-# The breakdown's parts, in the order a person reads them; they sum to `device_mib`.
-PARTS = (
-    ("parameters", "parameter"),
-    ("gradients", "gradient"),
-    ("optimizer_state", "optimizer_state"),
-    ("activations", "activation"),
-    ("workspaces", "workspace"),
-    ("inputs", "input"),
-    ("other", "other"),
-)
+# The breakdown's part names for trace categories (memsim's `categories`, in its order); a
+# category without a name here is its own part, so the parts always sum to `device_mib`.
+PART_NAMES = {
+    "parameter": "parameters",
+    "gradient": "gradients",
+    "activation": "activations",
+    "workspace": "workspaces",
+    "input": "inputs",
+}
 
 
 class EstimateError(Exception):
@@ -62,6 +61,9 @@ class Estimate:
     raw: dict[str, Any] = field(repr=False)
     _report: dict[str, Any] = field(repr=False)
     _dir: tempfile.TemporaryDirectory[str] = field(repr=False)
+    # How the verdict was judged (`estimate`'s capacity= and point=), so asking again keeps it.
+    _capacity: str | None = field(default=None, repr=False)
+    _point: bool = field(default=False, repr=False)
 
     @property
     def trace_path(self) -> Path:
@@ -69,11 +71,14 @@ class Estimate:
         return Path(self._dir.name) / "symbolic.jsonl"
 
     def fits(self, gpu: str | None = None, *, point: bool = False) -> bool:
-        """Whether the job fits `gpu` (a profile name or path; default: the one estimated for),
-        on the safe number, or on the point estimate with `point=True`."""
-        if gpu is None and not point:
+        """Whether the job fits `gpu` (a profile name or path; default: the one estimated for,
+        at the estimate's `capacity` when it was given one), on the safe number, or on the
+        point estimate with `point=True`."""
+        if gpu is None and point == self._point:
             return bool(self.verdict["fits"])
         args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
+        if gpu is None and self._capacity is not None:
+            args += ["--capacity", self._capacity]
         data = json.loads(memsim(*args, *(["--point"] if point else []), codes=(0, 1)))
         return bool(data["verdict"]["fits"])
 
@@ -160,9 +165,13 @@ class Estimate:
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:
     """`device_mib` split: block bytes by category at the allocated peak, what the allocator
     holds beyond them at its reserved peak (cached and fragmented), and memory outside the
-    allocator (CUDA context, libraries, NCCL)."""
+    allocator (CUDA context, libraries, NCCL). The reserved peak is the estimate's own (replayed
+    at the allocator's budget, where a tight capacity makes the allocator free its cache and
+    retry), not the report's unlimited replay; the blocks alive at the peak are the same in
+    both."""
     cats = report["categories_at_peak"]
-    out = {part: cats.get(cat, 0) / MIB for part, cat in PARTS}
-    out["allocator_cache"] = (report["peak_reserved_bytes"] - sum(cats.values())) / MIB
+    out = {PART_NAMES.get(c, c): cats.get(c, 0) / MIB for c in report["categories"]}
+    reserved = float(raw["estimates"]["symbolic"]["reserved_mib"])
+    out["allocator_cache"] = reserved - sum(cats.values()) / MIB
     out["outside_allocator"] = float(raw.get("outside_allocator", {}).get("total_mib", 0.0))
     return out

@@ -28,7 +28,6 @@ from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
 
-ESTIMATORS = ("symbolic", "fake_tensor", "horus", "analytic", "ml")
 SCHEMA = 2
 MIB = 1 << 20
 
@@ -285,6 +284,8 @@ def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) 
     est.write_text(json.dumps(result))
     cmd = ["report", str(trace), "--html", str(out), "--estimate", str(est),
            "--profile", str(profile), "--title", str(result.get("model"))]  # fmt: skip
+    if result["verdict"]["basis"].endswith(".device_mib"):
+        cmd.append("--point")  # the page's verdicts judge what the estimate judged
     done = run_tool("memsim", cmd)
     if done.returncode != 0:
         raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "

@@ -21,6 +21,7 @@ from memtrace_trainer.errors import UserError
 from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import DEFAULT_PROFILE, Profile, load_profile
 from memtrace_trainer.symtrace import step
+from memtrace_trainer.symtrace.emulation import CUBLAS_OPS
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
 
@@ -94,10 +95,8 @@ _NO_KERNEL = {
     "lift_fresh", "_local_scalar_dense", "set_", "resize_", "resize_as_", "_reshape_alias",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
 }  # fmt: skip
-_GEMM = {
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul", "linear", "dot",
-    "mv", "addmv",
-}  # fmt: skip
+# matmul and linear decompose into these before dispatch.
+_GEMM = {op._overloadpacket.__name__ for op in CUBLAS_OPS}
 _ATTENTION = {
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention_backward",

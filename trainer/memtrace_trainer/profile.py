@@ -53,6 +53,23 @@ def capacity_source_text(source: str | None) -> str:
     return "--capacity" if source == "flag" else "the profile's total memory"
 
 
+def known_profiles() -> list[str]:
+    """The names of the known GPU profiles, as memsim finds them ($MEMTRACE_PROFILES, else the
+    repository's or the wheel's `profiles/`): the one place that decides where they live."""
+    done = run_tool("memsim", ["profile", "--list", "--json"])
+    if done.returncode != 0:
+        raise UserError(
+            error_line(done.stderr) or f"memsim profile --list failed ({done.returncode})"
+        )
+    try:
+        names = json.loads(done.stdout)
+    except json.JSONDecodeError as e:
+        raise UserError(f"memsim profile --list --json: not JSON ({e})") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError("memsim profile --list --json: expected a list of names")
+    return names
+
+
 @functools.lru_cache(maxsize=32)
 def _read(name: str) -> dict[str, Any]:
     done = run_tool("memsim", ["profile", name, "--json"])

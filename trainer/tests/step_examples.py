@@ -107,6 +107,17 @@ def bf16_params(device: Any) -> Any:
     return step
 
 
+def matrix_vector(device: Any) -> Any:
+    """A step whose only products are matrix-vector ones (cuBLAS gemv)."""
+    w = torch.randn(512, 512, device=device, requires_grad=True)
+    x = torch.randn(512, device=device)
+
+    def step() -> None:
+        torch.mv(w, x).sum().backward()
+
+    return step
+
+
 def zero_grad_after_forward(device: Any) -> Any:
     """Stale gradients stay alive through the next forward."""
     model = _mlp(device, 1024)

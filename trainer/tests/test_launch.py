@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import REPO, cli
 
 from memtrace_trainer.runs.rundir import write_json
 
@@ -152,3 +152,23 @@ def test_dataset_row_of_a_gpu_run(tmp_path: Path, labels: dict, expect: dict) ->
     (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert {k: row[k] for k in expect} == expect
     assert row["Conv2d Count"] == "2" and row["Batch Size"] == "2" and row["family"] == "cnn"
+
+
+def test_dataset_finds_profiles_where_memsim_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row's profile is looked up among memsim's profiles ($MEMTRACE_PROFILES here), not a
+    directory of its own."""
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    (mine / "lab-a100.toml").write_text((REPO / "profiles" / "a100-40gb.toml").read_text())
+    monkeypatch.setenv("MEMTRACE_PROFILES", str(mine))
+    out = tmp_path / "runs" / "r1"
+    out.parent.mkdir()
+    spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
+    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
+    write_json(out / "labels.json", GPU_LABELS)
+    csv_path = tmp_path / "d.csv"
+    cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
+    (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert row["profile"] == "lab-a100", row["profile"]

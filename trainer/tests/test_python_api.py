@@ -68,6 +68,27 @@ def test_the_breakdown_adds_up_to_the_point_estimate(
     assert b["outside_allocator"] == est.raw["outside_allocator"]["total_mib"]
 
 
+def test_the_breakdown_takes_the_estimates_reserved_peak() -> None:
+    """At a tight capacity the estimate's replay (at the allocator's budget) can reserve less
+    than the report's unlimited one; the parts still sum to the estimate's point, and a
+    category memsim adds is a part of its own."""
+    from memtrace.result import breakdown
+
+    mib = 1 << 20
+    raw = {
+        "estimates": {"symbolic": {"reserved_mib": 30.0}},
+        "outside_allocator": {"total_mib": 400.0},
+    }
+    report = {"categories": ["parameter", "activation", "new_kind"], "peak_reserved_bytes": 40 * mib,
+              "categories_at_peak": {"parameter": 10 * mib, "activation": 12 * mib, "new_kind": 2 * mib}}  # fmt: skip
+    parts = breakdown(raw, report)
+    assert sum(parts.values()) == pytest.approx(430.0), parts
+    assert parts["allocator_cache"] == pytest.approx(6.0) and parts["new_kind"] == pytest.approx(
+        2.0
+    )
+    assert list(parts)[:2] == ["parameters", "activations"]
+
+
 def test_fits_asks_again_on_another_gpu(resnet: tuple[nn.Module, memtrace.Estimate]) -> None:
     _, est = resnet
     assert est.fits() is est.verdict["fits"] is True
@@ -76,6 +97,25 @@ def test_fits_asks_again_on_another_gpu(resnet: tuple[nn.Module, memtrace.Estima
         assert est.fits(gpu) is replayed["verdict"]["fits"]
     tiny = memtrace.replay(est.trace_path, "a100-40gb", capacity="1GiB")
     assert tiny["verdict"]["fits"] is False
+
+
+def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> None:
+    """`fits()` answers at the estimate's capacity, on the number it is asked about (the safe
+    number, or the point with point=True), whichever number the estimate itself judged."""
+    model = _mlp()
+    est = memtrace.estimate(model, X, target=Y)
+    assert est.safe_mib > est.device_mib  # the profile's margin is above zero
+    below_point = f"{est.device_mib - 1:.3f}MiB"
+    tight = memtrace.estimate(model, X, target=Y, capacity=below_point)
+    assert tight.fits() is False and tight.fits(point=True) is False
+    assert tight.fits("a100-40gb", point=True) is True  # another GPU: its own memory
+    between = f"{(est.device_mib + est.safe_mib) / 2:.3f}MiB"
+    on_point = memtrace.estimate(model, X, target=Y, capacity=between, point=True)
+    assert on_point.verdict["fits"] is True and on_point.fits(point=True) is True
+    assert on_point.fits() is False  # the safe number is above the capacity
+    # The page judges its rows on the point too, and shows the capacity judged at.
+    page = on_point.report(tmp_path / "r.html").read_text()
+    assert '<span class="muted">(point)</span>' in page and "(--capacity)" in page
 
 
 def test_the_answer_in_every_form(

@@ -81,6 +81,14 @@ def test_precision_regime_is_the_parameters_without_autocast(tmp_path: Path) -> 
     assert (header["amp"], header["param_dtype"]) == ("fp32", "fp32"), header
 
 
+def test_a_matrix_vector_product_loads_cublas(tmp_path: Path) -> None:
+    """gemv takes the thread's cuBLAS handle, and so its workspace, as a GEMM does."""
+    _, events = symtrace(tmp_path, "matrix_vector", "--steps", "1")
+    assert events[0]["metadata"]["uses_gemm"] == "true", events[0]["metadata"]
+    workspaces = [e["size"] for e in events if e.get("category") == "workspace"]
+    assert workspaces, "no cuBLAS workspace"
+
+
 def forward_peak(events: list[dict[str, Any]], step: int) -> int:
     """Max live bytes from `iter:<step>` to that step's first backward."""
     live = peak = 0

@@ -96,10 +96,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         ml,
     })?;
     let mut report = report;
-    if a.point && report.margin.fraction == 0.0 {
-        report
-            .warnings
-            .push(format!("--point has no effect: the safe number is the point here ({})", report.margin.note));
+    if a.point {
+        // memsim's rule and words: an estimate always has a verdict.
+        report.warnings.extend(memsim_cli::point_without_effect(true, &[&report.margin]));
     }
     for w in &report.warnings {
         eprintln!("memest: warning: {w}");

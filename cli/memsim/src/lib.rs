@@ -17,6 +17,7 @@ mod validate;
 
 /// The one `--strict` rule, shared with `memest`.
 pub use input::summary_warnings;
+pub use replay::point_without_effect;
 
 use clap::{Parser, Subcommand};
 

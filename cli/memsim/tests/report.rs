@@ -28,7 +28,7 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
                           "analytic": {"device_mib": 900.0, "level": "device", "ignores": "y"}},
             "unavailable": {"ml": "no model"},
             "text": {"headline": "needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) & more", "verdict": "FITS",
-                     "details": [], "baselines": []}}"#,
+                     "details": ["  capacity 2000.0 MiB (--capacity); margin: m", "  per step: p"], "baselines": []}}"#,
     )
     .unwrap();
     let out = dir.path().join("r.html");
@@ -41,6 +41,9 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
     assert!(page.contains(
         r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) &amp; more: <span class="fits">FITS</span>"#
     ));
+    // Under it, the capacity the estimate was judged at, in memest's words.
+    assert!(page
+        .contains(r#"<p class="muted" id="details">capacity 2000.0 MiB (--capacity); margin: m<br>per step: p</p>"#));
     assert!(page.contains("The estimators side by side") && page.contains("no model"));
     assert!(page.contains("The verdict per GPU profile") && page.contains(">a100-40gb<"));
     // An estimate without memest's words: the headline is the replay's, and a warning says why.

@@ -56,13 +56,22 @@ fn verdict_word(fits: bool) -> String {
     format!(r#"<span class="{class}">{}</span>"#, fit::verdict_word(fits))
 }
 
-/// The estimate's headline, in the words memest gave it (`text`, `memest render`); the page
-/// words nothing itself. `None` when the estimate has no `text` (a caller warns).
+/// The estimate's headline and the lines under it (the capacity it was judged at, the margin,
+/// the breakdown), in the words memest gave it (`text`, `memest render`); the page words
+/// nothing itself. `None` when the estimate has no `text` (a caller warns).
 pub fn estimate_headline(estimate: &Value) -> Option<String> {
-    let headline = estimate.get("text")?.get("headline")?.as_str()?;
+    let text = estimate.get("text")?;
+    let headline = text.get("headline")?.as_str()?;
     let verdict = estimate.get("verdict")?;
     let (fits, need) = (verdict.get("fits")?.as_bool()?, verdict.get("need_mib")?.as_f64()?);
-    Some(format!(r#"<p id="headline" data-mib="{need:.1}">{}: {}</p>"#, esc(headline), verdict_word(fits)))
+    let details: Vec<String> =
+        text.get("details")?.as_array()?.iter().filter_map(Value::as_str).map(|l| esc(l.trim())).collect();
+    Some(format!(
+        r#"<p id="headline" data-mib="{need:.1}">{}: {}</p><p class="muted" id="details">{}</p>"#,
+        esc(headline),
+        verdict_word(fits),
+        details.join("<br>")
+    ))
 }
 
 fn headline(r: &Report, x: &Extras) -> String {

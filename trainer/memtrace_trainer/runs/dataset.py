@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.binaries import REPO_ROOT
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS
 from memtrace_trainer.runs.rundir import FILES
@@ -59,18 +58,18 @@ def _mib(value: Any) -> str:
     return "" if value is None else f"{value / MIB:.1f}"
 
 
-def profile_for_gpu(gpu: str | None, profiles: Path) -> str:
-    """The profile whose `[gpu] name` is this GPU (its file stem), or empty."""
-    if not gpu or not profiles.is_dir():
+def profile_for_gpu(gpu: str | None) -> str:
+    """The known profile (`profile.known_profiles`) whose `[gpu] name` is this GPU, or empty."""
+    if not gpu:
         return ""
     from memtrace_trainer.notes import warn
-    from memtrace_trainer.profile import load_profile
+    from memtrace_trainer.profile import known_profiles, load_profile
 
-    for path in sorted(profiles.glob("*.toml")):
+    for name in known_profiles():
         try:
-            profile = load_profile(str(path))
+            profile = load_profile(name)
         except UserError as e:
-            warn(f"dataset: skipped profile {path}: {e}")
+            warn(f"dataset: skipped profile {name}: {e}")
             continue
         if profile.gpu == gpu:
             return profile.name
@@ -99,7 +98,7 @@ def _features_cells(feats: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def row_of(path: Path, profiles: Path) -> dict[str, str]:
+def row_of(path: Path) -> dict[str, str]:
     config, feats, labels = (_load(path, f) for f in FILES)
     for key in ("total_activations", "total_parameters", "batch_size"):
         if key not in feats:
@@ -132,7 +131,7 @@ def row_of(path: Path, profiles: Path) -> dict[str, str]:
         "gpu": labels.get("gpu") or "",
         "torch": str(labels["torch"]),
         "cuda": labels.get("cuda") or "",
-        "profile": config.get("profile") or profile_for_gpu(labels.get("gpu"), profiles),
+        "profile": config.get("profile") or profile_for_gpu(labels.get("gpu")),
     }
 
 
@@ -144,12 +143,11 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p for p in found if all((p / f).is_file() for f in FILES))
 
 
-def collect(root: Path, include_cpu: bool, profiles: Path | None = None) -> tuple[str, dict]:
+def collect(root: Path, include_cpu: bool) -> tuple[str, dict]:
     """The CSV text and a summary (rows, skipped CPU-fallback runs)."""
-    profiles = profiles or REPO_ROOT / "profiles"
     rows, skipped = [], []
     for path in find_runs(root):
-        row = row_of(path, profiles)
+        row = row_of(path)
         if row["device"] != "cuda" and not include_cpu:
             skipped.append(str(path))
             continue

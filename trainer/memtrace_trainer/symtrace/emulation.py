@@ -19,9 +19,13 @@ from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.recorder import Recorder
 
 aten = torch.ops.aten
-_GEMMS = {
+# The ops that run cuBLAS: the GEMMs and the matrix-vector and dot products (gemv, dot). Each
+# takes the thread's handle through getCurrentCUDABlasHandle, which sets its workspace, so any of
+# them loads cuBLAS and holds the workspace. `kernelstats` counts the same ops as GEMM kernels.
+CUBLAS_OPS = {
     aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-    aten.addbmm.default, aten._addmm_activation.default,
+    aten.addbmm.default, aten._addmm_activation.default, aten.mv.default, aten.addmv.default,
+    aten.dot.default, aten.vdot.default,
 }  # fmt: skip
 
 
@@ -58,7 +62,7 @@ class Workspaces:
     ) -> None:
         if out is None:
             return
-        if func in _GEMMS:
+        if func in CUBLAS_OPS:
             thread = "backward" if torch._C._current_autograd_node() is not None else "main"
             key = (thread, rec.stream)
             if key not in self.cublas_handles:
