@@ -129,6 +129,19 @@ GPU_LABELS = {
 }  # fmt: skip
 
 
+def dataset_row(tmp_path: Path, spec: str, labels: dict) -> dict[str, str]:
+    """The `dataset` row of one run directory as a GPU run writes it (labels.json made here:
+    no GPU in CI)."""
+    out = tmp_path / "runs" / "r1"
+    out.parent.mkdir()
+    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
+    write_json(out / "labels.json", labels)
+    csv_path = tmp_path / "d.csv"
+    cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
+    (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    return row
+
+
 @pytest.mark.parametrize(
     ("labels", "expect"),
     [
@@ -141,15 +154,8 @@ GPU_LABELS = {
     ],
 )  # fmt: skip
 def test_dataset_row_of_a_gpu_run(tmp_path: Path, labels: dict, expect: dict) -> None:
-    """A run directory as a GPU run writes it (labels.json made here: no GPU in CI)."""
-    out = tmp_path / "runs" / "r1"
-    out.parent.mkdir()
     spec = 'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":2,"architecture":"uniform","base_filters":8,"input_size":16}'
-    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
-    write_json(out / "labels.json", labels)
-    csv_path = tmp_path / "d.csv"
-    cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
-    (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    row = dataset_row(tmp_path, spec, labels)
     assert {k: row[k] for k in expect} == expect
     assert row["Conv2d Count"] == "2" and row["Batch Size"] == "2" and row["family"] == "cnn"
 
@@ -163,12 +169,6 @@ def test_dataset_finds_profiles_where_memsim_does(
     mine.mkdir()
     (mine / "lab-a100.toml").write_text((REPO / "profiles" / "a100-40gb.toml").read_text())
     monkeypatch.setenv("MEMTRACE_PROFILES", str(mine))
-    out = tmp_path / "runs" / "r1"
-    out.parent.mkdir()
     spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
-    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
-    write_json(out / "labels.json", GPU_LABELS)
-    csv_path = tmp_path / "d.csv"
-    cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
-    (row,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    row = dataset_row(tmp_path, spec, GPU_LABELS)
     assert row["profile"] == "lab-a100", row["profile"]
