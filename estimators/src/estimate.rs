@@ -196,7 +196,8 @@ pub struct EstimateReport {
     pub gpu: String,
     /// The GPU's total memory, MiB.
     pub gpu_total_mib: f64,
-    /// Model family from the features.
+    /// The job's family: of the layers the trace ran, else the features', else what an older
+    /// trace recorded (`unknown` when none says).
     pub family: &'static str,
     /// `!verdict.fits`, kept for schema-1 readers.
     pub oom_predicted: Option<bool>,
@@ -253,9 +254,9 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     if let Some(p) = input.plain {
         warnings.extend(p.warnings());
     }
-    // The trace ran the job's step; the features are the fallback (one family for the report,
-    // the margin and the libraries).
-    let family = Family::of_header(&t.header).or_else(|| f.map(Features::family));
+    // The layers the trace ran, else the features', else what an older trace recorded: one
+    // family for the report, the margin and the libraries.
+    let family = Family::listed(&t.header).or_else(|| f.map(Features::family)).or_else(|| Family::recorded(&t.header));
     let libs = job_libraries(Some(t), f, family);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());

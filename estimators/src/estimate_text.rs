@@ -96,8 +96,12 @@ pub struct EstimateView {
     pub outside_allocator: OutsideView,
     /// The safety margin.
     pub margin: MarginView,
-    /// The profile's path.
+    /// The profile's path (memest's JSON); the trainer's puts the name given here and the path
+    /// in `profile_path`.
     pub profile: String,
+    /// The profile's path in the trainer's JSON.
+    #[serde(default)]
+    pub profile_path: Option<String>,
     /// The profile's name.
     pub profile_name: String,
     /// The GPU's name.
@@ -132,6 +136,7 @@ impl From<&EstimateReport> for EstimateView {
             },
             margin: MarginView { note: r.margin.note.clone() },
             profile: r.profile.clone(),
+            profile_path: None,
             profile_name: r.profile_name.clone(),
             gpu: r.gpu.clone(),
             family: r.family.to_string(),
@@ -173,7 +178,8 @@ impl EstimateText {
                 details.push(format!("  per step: first {:.1} MiB, {steady} (device level)", st.first_step_device_mib));
             }
         }
-        details.push(format!("  profile {} ({}), family {}", r.profile_name, r.profile, r.family));
+        let path = r.profile_path.as_deref().unwrap_or(&r.profile);
+        details.push(format!("  profile {} ({path}), family {}", r.profile_name, r.family));
         let mut baselines = vec!["baselines (for comparison, not for decisions):".to_string()];
         for (name, ans) in r.estimates.iter().filter(|(n, _)| **n != r.headline) {
             baselines.push(match ans {

@@ -116,8 +116,19 @@ pub fn job_libraries(trace: Option<&LoadedTrace>, features: Option<&Features>, f
     let workspace = trace.is_some_and(LoadedTrace::has_workspace);
     let cnn = family == Some(Family::Cnn);
     let fallback = match features {
-        Some(f) => Libraries::single(f.uses_gemm() || workspace, f.uses_conv() || cnn, "features"),
-        None => Libraries::single(workspace, cnn, if trace.is_some() { "trace workspaces" } else { "unknown" }),
+        Some(f) => {
+            let source = if cnn && !f.uses_conv() { "features and family" } else { "features" };
+            Libraries::single(f.uses_gemm() || workspace, f.uses_conv() || cnn, source)
+        }
+        None => {
+            let source = match (trace.is_some(), cnn) {
+                (true, false) => "trace workspaces",
+                (true, true) => "trace workspaces and family",
+                (false, true) => "family",
+                (false, false) => "unknown",
+            };
+            Libraries::single(workspace, cnn, source)
+        }
     };
     match trace {
         Some(t) => Libraries::of(&t.header, fallback),

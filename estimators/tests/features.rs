@@ -118,7 +118,9 @@ fn family_of_a_trace_header() {
     check(&[("layer_types", "Linear,ReLU")], Some(Family::Mlp));
     check(&[("layer_types", "BatchNorm2d, Conv2d,Linear")], Some(Family::Cnn));
     check(&[("layer_types", "Conv1D,GPT2Attention,Linear")], Some(Family::Transformer));
-    check(&[("layer_types", "")], Some(Family::Mlp));
+    // No module ran (a functional step): the family is unknown, not an MLP's.
+    check(&[("layer_types", "")], None);
+    check(&[("layer_types", ""), ("family", "cnn")], Some(Family::Cnn));
     // The listed layers win over a recorded family: one rule decides.
     check(&[("layer_types", "Linear"), ("family", "cnn")], Some(Family::Mlp));
     check(&[("family", "CNN")], Some(Family::Cnn));

@@ -153,7 +153,8 @@ fn job_libraries_take_the_header_then_the_evidence() {
     check(Some(&said), Some(&linear), Some(Family::Mlp), (false, true, "trace"));
     check(Some(&silent), Some(&linear), None, (true, false, "features"));
     check(Some(&with_ws), None, None, (true, false, "trace workspaces"));
-    check(Some(&silent), None, Some(Family::Cnn), (false, true, "trace workspaces"));
-    check(None, Some(&linear), Some(Family::Cnn), (true, true, "features"));
+    check(Some(&silent), None, Some(Family::Cnn), (false, true, "trace workspaces and family"));
+    check(None, Some(&linear), Some(Family::Cnn), (true, true, "features and family"));
+    check(None, None, Some(Family::Cnn), (false, true, "family"));
     check(None, None, None, (false, false, "unknown"));
 }

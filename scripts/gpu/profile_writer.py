@@ -62,7 +62,7 @@ def validate(data: object, source: str) -> dict:
     for field in ("total_memory_bytes", "sm_count", "context_mib", "cublas_mib", "cudnn_mib"):
         if data[field] < 0:
             raise MeasurementError(f"{source}: field {field!r}: expected >= 0, got {data[field]}")
-    _major_minor(data["torch"], source)
+    allocator_version(data["torch"], source)  # a version memsim models
     return data
 
 
@@ -76,15 +76,15 @@ def _major_minor(version: str, source: str = "measurements") -> tuple[int, int]:
         ) from None
 
 
-def allocator_version(torch_version: str) -> str:
+def allocator_version(torch_version: str, source: str = "measurements") -> str:
     """The allocator behaviour the simulator models for this torch (profiles/README.md), as
     memsim maps a version (`TorchVersion::from_str`; tests/test_gpu_profile_writer.py checks
     they agree): a torch older than 2.4 is not modelled."""
-    v = _major_minor(torch_version)
+    v = _major_minor(torch_version, source)
     if v < (2, 4):
         raise MeasurementError(
-            f"field 'torch': PyTorch {torch_version} is older than 2.4, the oldest release "
-            "family memsim models"
+            f"{source}: field 'torch': PyTorch {torch_version} is older than 2.4, the oldest "
+            "release family memsim models"
         )
     return "2.9" if v >= (2, 9) else "2.5" if v >= (2, 5) else "2.4"
 

@@ -72,14 +72,25 @@ impl Family {
 pub const LAYER_TYPES_KEY: &str = "layer_types";
 
 impl Family {
-    /// The family of a trace's job: derived from the layer types its header lists. Traces written
-    /// before the tracer listed them carry the family it decided (`family`), which is read as
-    /// recorded. `None`: the header says neither (a real run's trace).
+    /// The family of the layer types a trace's header lists (`layer_types`). `None` when it
+    /// lists none: no module ran (a functional step), or the trace predates the list.
+    pub fn listed(header: &Header) -> Option<Family> {
+        let types: Vec<&str> =
+            header.meta(LAYER_TYPES_KEY)?.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
+        (!types.is_empty()).then(|| Family::from_layer_types(types.iter().copied()))
+    }
+
+    /// The family a trace written before the tracer listed layer types recorded (`family`), as
+    /// it recorded it.
+    pub fn recorded(header: &Header) -> Option<Family> {
+        header.meta("family").and_then(Family::parse)
+    }
+
+    /// The family of a trace's job, from its header alone: [`Family::listed`], else
+    /// [`Family::recorded`]. `None`: the header says neither (a real run's trace, a functional
+    /// step); the margin is then the widest calibrated one, flagged unmeasured.
     pub fn of_header(header: &Header) -> Option<Family> {
-        match header.meta(LAYER_TYPES_KEY) {
-            Some(types) => Some(Family::from_layer_types(types.split(',').map(str::trim).filter(|t| !t.is_empty()))),
-            None => header.meta("family").and_then(Family::parse),
-        }
+        Family::listed(header).or_else(|| Family::recorded(header))
     }
 }
 

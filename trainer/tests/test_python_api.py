@@ -135,6 +135,13 @@ def test_the_answer_in_every_form(
     assert "FITS" in est._repr_html_() and str(est).startswith("needs ")
 
 
+def test_a_model_that_is_one_layer_is_its_layers_family() -> None:
+    """The root counts when nothing under it ran: a bare Conv2d is a CNN."""
+    est = memtrace.estimate(nn.Conv2d(3, 8, 3), torch.randn(2, 3, 16, 16),
+                            target=torch.randn(2, 8, 14, 14), loss_fn=torch.nn.functional.mse_loss)  # fmt: skip
+    assert est.raw["family"] == "CNN", est.raw["family"]
+
+
 def test_a_step_builder_runs_as_written() -> None:
     from step_examples import default_adamw
 

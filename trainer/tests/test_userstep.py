@@ -87,6 +87,11 @@ def test_a_matrix_vector_product_loads_cublas(tmp_path: Path) -> None:
     assert events[0]["metadata"]["uses_gemm"] == "true", events[0]["metadata"]
     workspaces = [e["size"] for e in events if e.get("category") == "workspace"]
     assert workspaces, "no cuBLAS workspace"
+    # No module ran: the tracer lists no layer types, and the family is unknown (not an MLP's).
+    assert events[0]["metadata"]["layer_types"] == ""
+    r = json.loads(cli("estimate", "--step", "step_examples:matrix_vector", "--steps", "1",
+                       "--json").stdout)  # fmt: skip
+    assert r["family"] == "unknown" and r["margin"]["regime"].startswith("unknown-family")
 
 
 def forward_peak(events: list[dict[str, Any]], step: int) -> int:

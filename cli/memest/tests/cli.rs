@@ -138,6 +138,14 @@ fn render_words_an_estimate_as_estimate_prints_it() {
         text.contains("(context ") && text.contains("cuBLAS") && text.contains("libraries from features"),
         "{text}"
     );
+    // The trainer's JSON names the profile as given and moves the path to `profile_path`: the
+    // same words.
+    let mut trainer = v.clone();
+    trainer["profile_path"] = v["profile"].clone();
+    trainer["profile"] = serde_json::json!("a100-40gb");
+    std::fs::write(&est, trainer.to_string()).unwrap();
+    let (_, rendered, _) = memest_code(&["render", est.to_str().unwrap()]);
+    assert_eq!(rendered, text);
     // A baseline added after memest (the trainer's MemTracker) is worded like memest's own.
     let mut with_tracker = v.clone();
     with_tracker["estimates"]["memtracker"] =
@@ -327,9 +335,9 @@ fn compare_traces_with_several_trainer_processes() {
 #[test]
 fn estimate_without_features_is_a_step_function_estimate_with_per_step_peaks() {
     let dir = tempfile::tempdir().unwrap();
-    // A step function's trace: no batch size, family from the tracer; step 0 peaks at 5 MiB
-    // requested (setup 1 MiB + 4 MiB), step 1 at 31 MiB.
-    let meta = [("family", "cnn"), ("cuda_emulation", "true")];
+    // A step function's trace: no batch size, family from the layer types the tracer lists;
+    // step 0 peaks at 5 MiB requested (setup 1 MiB + 4 MiB), step 1 at 31 MiB.
+    let meta = [("layer_types", "BatchNorm2d,Conv2d,ReLU"), ("cuda_emulation", "true")];
     let ops = [('a', 1, MIB), ('i', 0, 0), ('a', 2, 4 * MIB), ('f', 2, 0), ('i', 0, 1), ('a', 3, 30 * MIB)];
     let t = dir.path().join("t.jsonl");
     std::fs::write(&t, jsonl_trace(&meta, &ops)).unwrap();

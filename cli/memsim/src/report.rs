@@ -117,8 +117,8 @@ pub fn run(a: Args) -> Result<u8> {
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
         if a.html.is_some() && html::estimate_headline(e).is_none() {
             warnings.push(format!(
-                "--estimate {}: no `text.headline` (written before memest worded its estimates; re-run \
-                 `estimate --json`): the headline shows the replay's peaks",
+                "--estimate {}: no `text.headline` with `verdict.need_mib` and `verdict.fits` (written before \
+                 memest worded its estimates? re-run `estimate --json`): the headline shows the replay's peaks",
                 path.display()
             ));
         }

@@ -58,14 +58,15 @@ def _mib(value: Any) -> str:
     return "" if value is None else f"{value / MIB:.1f}"
 
 
-def profile_for_gpu(gpu: str | None) -> str:
-    """The known profile (`profile.known_profiles`) whose `[gpu] name` is this GPU, or empty."""
+def profile_for_gpu(gpu: str | None, known: list[str]) -> str:
+    """The profile among `known` (`profile.known_profiles`) whose `[gpu] name` is this GPU, or
+    empty."""
     if not gpu:
         return ""
     from memtrace_trainer.notes import warn
-    from memtrace_trainer.profile import known_profiles, load_profile
+    from memtrace_trainer.profile import load_profile
 
-    for name in known_profiles():
+    for name in known:
         try:
             profile = load_profile(name)
         except UserError as e:
@@ -98,7 +99,7 @@ def _features_cells(feats: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def row_of(path: Path) -> dict[str, str]:
+def row_of(path: Path, known: list[str]) -> dict[str, str]:
     config, feats, labels = (_load(path, f) for f in FILES)
     for key in ("total_activations", "total_parameters", "batch_size"):
         if key not in feats:
@@ -131,7 +132,7 @@ def row_of(path: Path) -> dict[str, str]:
         "gpu": labels.get("gpu") or "",
         "torch": str(labels["torch"]),
         "cuda": labels.get("cuda") or "",
-        "profile": config.get("profile") or profile_for_gpu(labels.get("gpu")),
+        "profile": config.get("profile") or profile_for_gpu(labels.get("gpu"), known),
     }
 
 
@@ -145,9 +146,13 @@ def find_runs(root: Path) -> list[Path]:
 
 def collect(root: Path, include_cpu: bool) -> tuple[str, dict]:
     """The CSV text and a summary (rows, skipped CPU-fallback runs)."""
+    from memtrace_trainer.profile import known_profiles
+
     rows, skipped = [], []
-    for path in find_runs(root):
-        row = row_of(path)
+    runs = find_runs(root)
+    known = known_profiles() if runs else []
+    for path in runs:
+        row = row_of(path, known)
         if row["device"] != "cuda" and not include_cpu:
             skipped.append(str(path))
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,11 @@ class LayersRun:
     does not change the family, as it does not in the runs the safety margins were fitted on."""
 
     def __init__(self) -> None:
-        self._ran: dict[int, str] = {}
+        # (id, class name) of every module that ran: a module freed during the trace may hand
+        # its id to another, which then still counts under its own name. No reference is kept,
+        # so the trace's memory is not held alive by this record.
+        self._ran: set[tuple[int, str]] = set()
+        self._names: dict[type, str] = {}
         self._handle: Any = None
 
     def __enter__(self) -> LayersRun:
@@ -100,25 +105,37 @@ class LayersRun:
     def __exit__(self, *exc: object) -> None:
         self._handle.remove()
 
+    def _name(self, module: torch.nn.Module) -> str:
+        cls = type(module)
+        name = self._names.get(cls)
+        if name is None:
+            name = self._names[cls] = _layer_type(cls)
+        return name
+
     def _hook(self, module: torch.nn.Module, _args: Any) -> None:
         if not isinstance(module, CONTAINERS):
-            self._ran.setdefault(id(module), _layer_type(module))
+            self._ran.add((id(module), self._name(module)))
 
     def types(self, roots: list[torch.nn.Module]) -> str:
-        """The header's `layer_types`: sorted, each once, comma-separated."""
-        skip = {id(r) for r in roots}
-        return ",".join(sorted({t for i, t in self._ran.items() if i not in skip}))
+        """The header's `layer_types`: sorted, each once, comma-separated. A root counts only
+        when nothing under it ran (a model that is one layer); "" when no module ran at all (a
+        functional step), which memsim reads as an unknown family."""
+        root = {(id(r), self._name(r)) for r in roots}
+        names = {n for _, n in self._ran - root}
+        if not names:
+            names = {n for _, n in self._ran & root}
+        return ",".join(sorted(names))
 
 
-def _layer_type(module: torch.nn.Module) -> str:
-    """The module's class name; FSDP2's `fully_shard` swaps a module's class for a subclass
-    `FSDP<name>` of (FSDPModule, the class), and the layer is still the original class's."""
-    cls = type(module)
-    if torch.distributed.is_available():
-        from torch.distributed.fsdp import FSDPModule
-
-        if FSDPModule in cls.__bases__:
-            cls = next((b for b in cls.__bases__ if b is not FSDPModule), cls)
+def _layer_type(cls: type) -> str:
+    """A module class's layer name; FSDP2's `fully_shard` swaps a module's class for a subclass
+    `FSDP<name>` of (FSDPModule, the class), and the layer is still the original class's.
+    Nothing can be sharded before torch.distributed.fsdp is imported, so it is not imported
+    here."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    shard = getattr(fsdp, "FSDPModule", None)
+    if shard is not None and shard in cls.__bases__:
+        cls = next((b for b in cls.__bases__ if b is not shard), cls)
     return cls.__name__
 
 
