@@ -347,7 +347,9 @@ def words(result: dict[str, Any], scratch: Path) -> dict[str, Any]:
     scratch.write_text(json.dumps(result))
     done = run_tool("memest", ["render", str(scratch), "--json"])
     if done.returncode != 0:
-        raise UserError(f"memest render failed ({done.returncode}): {error_line(done.stderr)}")
+        # The JSON is this program's own, not the user's input: a fault here is an internal one
+        # (`serve` answers 500, the CLI says "internal error").
+        raise RuntimeError(f"memest render failed ({done.returncode}): {error_line(done.stderr)}")
     return _text(json.loads(done.stdout))
 
 

@@ -11,6 +11,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -305,6 +306,29 @@ def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
     status, answer = server.estimate({"step": "slow_step:die"})
     assert status == 500 and "died without an answer (killed by signal 9)" in answer["error"]
     assert server.estimate({"model": MLP, "batch_size": 4})[0] == 200
+
+
+def test_a_failing_render_is_an_internal_error(
+    tmp_path: Path, tools: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memest words the server's own JSON: when that fails it is the server's fault (500), not
+    the request's (400)."""
+    from memtrace_trainer.serve_worker import answer
+
+    bin_dir = tmp_path / "bin"
+    shutil.copytree(tools, bin_dir)
+    broken = (
+        (bin_dir / "memest")
+        .read_text()
+        .replace(
+            'if args[:1] == ["render"]:',
+            'if args[:1] == ["render"]:\n    sys.exit("memest: error: x")',
+        )
+    )
+    (bin_dir / "memest").write_text(broken)
+    monkeypatch.setenv("MEMTRACE_BIN_DIR", str(bin_dir))
+    status, body = answer(["--model", MLP, "--batch-size", "2", "--steps", "1"])
+    assert status == 500 and "memest render failed" in json.loads(body)["error"], body
 
 
 def test_bad_http_is_answered_in_json(server: Server) -> None:
