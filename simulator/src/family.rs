@@ -75,9 +75,9 @@ impl Family {
     /// The family of the layer types a trace's header lists (`layer_types`). `None` when it
     /// lists none: no module ran (a functional step), or the trace predates the list.
     pub fn listed(header: &Header) -> Option<Family> {
-        let types: Vec<&str> =
-            header.meta(LAYER_TYPES_KEY)?.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
-        (!types.is_empty()).then(|| Family::from_layer_types(types.iter().copied()))
+        let types = header.meta(LAYER_TYPES_KEY)?.split(',').map(str::trim).filter(|t| !t.is_empty());
+        types.clone().next()?;
+        Some(Family::from_layer_types(types))
     }
 
     /// The family a trace written before the tracer listed layer types recorded (`family`), as

@@ -294,7 +294,6 @@ def estimate(
         _report=report,
         _dir=tmp,
         _capacity=capacity,
-        _point=point,
     )
 
 

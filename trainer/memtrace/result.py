@@ -61,9 +61,8 @@ class Estimate:
     raw: dict[str, Any] = field(repr=False)
     _report: dict[str, Any] = field(repr=False)
     _dir: tempfile.TemporaryDirectory[str] = field(repr=False)
-    # How the verdict was judged (`estimate`'s capacity= and point=), so asking again keeps it.
+    # The capacity the verdict was judged at (`estimate`'s capacity=), so asking again keeps it.
     _capacity: str | None = field(default=None, repr=False)
-    _point: bool = field(default=False, repr=False)
 
     @property
     def trace_path(self) -> Path:
@@ -74,7 +73,9 @@ class Estimate:
         """Whether the job fits `gpu` (a profile name or path; default: the one estimated for,
         at the estimate's `capacity` when it was given one), on the safe number, or on the
         point estimate with `point=True`."""
-        if gpu is None and point == self._point:
+        from memtrace_trainer.estimate import judged_on_point
+
+        if gpu is None and point == judged_on_point(self.raw):
             return bool(self.verdict["fits"])
         args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
         if gpu is None and self._capacity is not None:

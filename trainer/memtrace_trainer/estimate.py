@@ -284,7 +284,7 @@ def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) 
     est.write_text(json.dumps(result))
     cmd = ["report", str(trace), "--html", str(out), "--estimate", str(est),
            "--profile", str(profile), "--title", str(result.get("model"))]  # fmt: skip
-    if result["verdict"]["basis"].endswith(".device_mib"):
+    if judged_on_point(result):
         cmd.append("--point")  # the page's verdicts judge what the estimate judged
     done = run_tool("memsim", cmd)
     if done.returncode != 0:
@@ -363,6 +363,12 @@ def _text(t: Any) -> dict[str, Any]:
         raise UserError("memest: field text: expected {headline, verdict, details, baselines} "
                         "(rebuild memest: cargo build --release)")  # fmt: skip
     return t
+
+
+def judged_on_point(result: dict[str, Any]) -> bool:
+    """Whether the estimate's verdict judged the point estimate (`--point`), not the safe
+    number: its `verdict.basis` says."""
+    return bool(result["verdict"]["basis"].endswith(".device_mib"))
 
 
 def sentence(text: dict[str, Any]) -> str:

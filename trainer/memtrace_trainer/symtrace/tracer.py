@@ -221,8 +221,8 @@ def trace_step(
     workspaces, rec = _recorder(profile, cuda_emulation)
     with _world(world_size), LayersRun() as layers:
         run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
-    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, workspaces)
-    meta["layer_types"] = layers.types(run.models)
+    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, workspaces,
+                          layers)  # fmt: skip
     _world_metadata(meta, world_size)
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
@@ -244,8 +244,7 @@ def trace_script(
     with _world(world_size), LayersRun() as layers:
         run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
-    meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces)
-    meta["layer_types"] = layers.types(run.models)
+    meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces, layers)
     _world_metadata(meta, world_size)
     return rec, meta
 
@@ -280,6 +279,7 @@ def _user_metadata(
     rec: Recorder,
     run: Any,
     workspaces: Workspaces,
+    layers: LayersRun,
 ) -> dict[str, str]:
     from memtrace_trainer.notes import warn
 
@@ -293,6 +293,7 @@ def _user_metadata(
         # A program mixing fp16 and bf16 autocast regions is named by the first.
         "amp": precision_regime(min(run.autocast_dtypes, default=None), run.models),
         "param_dtype": param_dtype(*run.models),
+        "layer_types": layers.types(run.models),
         "cuda_emulation": str(cuda_emulation).lower(),
         "profile": profile.name,
         "compute_capability": "{}.{}".format(*profile.compute_capability),
