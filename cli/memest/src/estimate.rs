@@ -114,7 +114,7 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
 
 #[derive(clap::Args)]
 #[command(after_help = "Exit status: 0 worded, 2 bad input (the file, and the field that is missing or \
-of the wrong type).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
+of the wrong type, or a `verdict.fits` its own need and capacity contradict).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
 \"baselines\": [lines]}, the `text` object of `memest estimate --json`.")]
 pub struct RenderArgs {
     /// The estimate: `memest estimate --json` or `python -m memtrace_trainer estimate --json`
@@ -135,14 +135,30 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     } else {
         std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {name}"))?
     };
-    let mut de = serde_json::Deserializer::from_str(&text);
-    let view: EstimateView = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let expected = "expected `estimate --json` output, schema 2";
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{name}: {e} ({expected})"))?;
+    if !value.is_object() {
+        anyhow::bail!("{name}: not a JSON object ({expected})");
+    }
+    let view: EstimateView = serde_path_to_error::deserialize(value).map_err(|e| {
         let at = match e.path().to_string() {
             root if root == "." => String::new(),
             path => format!(" field `{path}`:"),
         };
-        anyhow::anyhow!("{name}:{at} {} (expected `estimate --json` output, schema 2)", e.inner())
+        anyhow::anyhow!("{name}:{at} {} ({expected})", e.inner())
     })?;
+    // The words never give a verdict the numbers beside it contradict.
+    let v = &view.verdict;
+    if v.fits != (v.need_mib <= v.capacity_mib) {
+        anyhow::bail!(
+            "{name}: field `verdict.fits` is {} but need_mib {:.1} {} capacity_mib {:.1}",
+            v.fits,
+            v.need_mib,
+            if v.need_mib <= v.capacity_mib { "<=" } else { ">" },
+            v.capacity_mib
+        );
+    }
     let words = EstimateText::of(&view);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&words)?);

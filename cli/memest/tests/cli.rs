@@ -167,6 +167,15 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, "{}").unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("missing field"), "{code} {err}");
+    std::fs::write(&est, "[1]").unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("est.json: not a JSON object"), "{code} {err}");
+    // A verdict its own numbers contradict is refused, not worded.
+    let mut lying = v.clone();
+    lying["verdict"]["fits"] = serde_json::json!(!v["verdict"]["fits"].as_bool().unwrap());
+    std::fs::write(&est, lying.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("field `verdict.fits` is"), "{code} {err}");
 }
 
 #[test]
