@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use simulator::alloc::TorchVersion;
 use simulator::fit::{outside, Capacity, CapacitySource};
 use simulator::profile::Profile;
+use trace::metadata;
 
 use crate::analytic::{
     accelerate_bytes, analytic, deepspeed_zero2_bytes, dtype_bytes, horus_bytes, Optimizer, Precision,
@@ -151,7 +152,7 @@ pub fn evaluate_row(
     );
     // The model-state formulas: a row's parameters are fp32 unless its trace says otherwise.
     let dtype = match &loaded {
-        Ok((Ok(t), _)) => t.header.meta("param_dtype").map(str::to_string),
+        Ok((Ok(t), _)) => t.header.meta(&metadata::PARAM_DTYPE).map(str::to_string),
         _ => None,
     };
     let (acc, s) = timed(|| accelerate_bytes(f.total_parameters, dtype_bytes(dtype.as_deref())));

@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use simulator::fit::{self, CapacitySource, Libraries, Margin};
 use simulator::profile::Profile;
+use trace::metadata;
 
 use crate::analytic::{
     accelerate_bytes, analytic, deepspeed_zero2_bytes, dtype_bytes, horus_bytes, Optimizer, Precision,
@@ -241,7 +242,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         |field: &str, expected: String| EstimateError::Field { path: t.path.clone(), field: field.into(), expected };
     let batch = match input.batch.or(f.and_then(|f| f.batch_size)) {
         Some(b) => Some(b),
-        None => match t.meta("batch_size") {
+        None => match t.meta(&metadata::BATCH_SIZE) {
             None if f.is_none() => None,
             meta => Some(
                 meta.and_then(|b| b.parse().ok())
@@ -294,10 +295,11 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         (Some(f), Some(batch)) => {
             // Only the feature baselines read these; a step function's trace may name optimizers
             // the analytic model does not know.
-            let precision: Precision = t.meta("amp").unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
+            let precision: Precision =
+                t.meta(&metadata::AMP).unwrap_or("fp32").parse().map_err(|e| field("metadata.amp", e))?;
             // An optimizer the closed form has no state count for (Adafactor, bitsandbytes' 8-bit
             // ones) leaves the analytic baseline out, with the reason, rather than guessing.
-            match t.meta("optimizer").unwrap_or("adam").parse::<Optimizer>() {
+            match t.meta(&metadata::OPTIMIZER).unwrap_or("adam").parse::<Optimizer>() {
                 Ok(optimizer) => {
                     let s = Instant::now();
                     let a = analytic(f, batch, optimizer, precision, profile);
@@ -313,7 +315,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
                 }
             }
             let s = Instant::now();
-            let acc = accelerate_bytes(f.total_parameters, dtype_bytes(t.meta("param_dtype")));
+            let acc = accelerate_bytes(f.total_parameters, dtype_bytes(t.meta(&metadata::PARAM_DTYPE)));
             let ds = deepspeed_zero2_bytes(f.total_parameters);
             time("model_state_formulas", s);
             for (name, bytes) in [("accelerate", acc), ("deepspeed", ds)] {

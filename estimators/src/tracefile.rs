@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use hashbrown::HashMap;
 use trace::marker::{self, MarkerKind, Phase};
-use trace::{Category, Event, FreeStage, Header, MemoryKind, Origin, Record};
+use trace::{metadata, Category, Event, FreeStage, Header, MemoryKind, Origin, Record};
 
 use crate::error::Result;
 use crate::features::{Family, Features};
@@ -36,19 +36,22 @@ impl LoadedTrace {
         Ok(LoadedTrace { path: path.to_path_buf(), header, records, summary: r.summary() })
     }
 
-    /// What the input did not give whole, as warning lines naming the file.
+    /// What the input did not give whole, as warning lines naming the file: a truncated end,
+    /// skipped records, and header metadata values outside their key's domain (ignored).
     pub fn warnings(&self) -> Vec<String> {
-        self.summary.warnings(&self.path)
+        let mut w = self.summary.warnings(&self.path);
+        w.extend(self.header.metadata_warnings(&self.path));
+        w
     }
 
     /// A header metadata value (`optimizer`, `amp`, `batch_size`, `cuda_emulation`, ...).
-    pub fn meta(&self, key: &str) -> Option<&str> {
+    pub fn meta(&self, key: &metadata::Key) -> Option<&str> {
         self.header.meta(key)
     }
 
     /// Whether the trace was taken on the plain meta path (no CUDA emulation).
     pub fn is_plain_meta(&self) -> bool {
-        self.meta("cuda_emulation") == Some("false")
+        self.header.meta_flag(&metadata::CUDA_EMULATION) == Some(false)
     }
 
     /// Whether any allocation is a library workspace: the tracer emits the cuBLAS workspace at

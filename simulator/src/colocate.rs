@@ -14,7 +14,7 @@
 //! capacity.
 
 use serde::Serialize;
-use trace::{Event, Header, Record};
+use trace::{metadata, Event, Header, Record};
 
 use crate::fit::{self, Capacity, Margin, Outside, Verdict};
 use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
@@ -148,7 +148,7 @@ struct Run {
 fn times(job: &Job) -> (Vec<f64>, bool) {
     let first = job.records.iter().find_map(|r| r.ts_ns);
     // A logical clock (the symbolic tracer's event sequence numbers) is not time.
-    let logical = job.header.meta("clock") == Some("logical");
+    let logical = job.header.meta(&metadata::CLOCK).is_some();
     let all = !logical && first.is_some() && job.records.iter().all(|r| r.ts_ns.is_some() || !is_request(r));
     if all {
         let t0 = first.unwrap_or(0);

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use trace::Header;
+use trace::{metadata, Header};
 
 /// Model family, decided from the layer types by [`Family::from_layer_types`]; the one family
 /// type of the crate (reports, the safe number's margins, the ML estimators and their model files).
@@ -67,15 +67,11 @@ impl Family {
     }
 }
 
-/// The header key under which the symbolic tracer lists the module types that ran
-/// (comma-separated, sorted, each once).
-pub const LAYER_TYPES_KEY: &str = "layer_types";
-
 impl Family {
     /// The family of the layer types a trace's header lists (`layer_types`). `None` when it
     /// lists none: no module ran (a functional step), or the trace predates the list.
     pub fn listed(header: &Header) -> Option<Family> {
-        let types = header.meta(LAYER_TYPES_KEY)?.split(',').map(str::trim).filter(|t| !t.is_empty());
+        let types = header.meta(&metadata::LAYER_TYPES)?.split(',').map(str::trim).filter(|t| !t.is_empty());
         types.clone().next()?;
         Some(Family::from_layer_types(types))
     }
@@ -83,7 +79,7 @@ impl Family {
     /// The family a trace written before the tracer listed layer types recorded (`family`), as
     /// it recorded it.
     pub fn recorded(header: &Header) -> Option<Family> {
-        header.meta("family").and_then(Family::parse)
+        header.meta(&metadata::FAMILY).and_then(Family::parse)
     }
 
     /// The family of a trace's job, from its header alone: [`Family::listed`], else

@@ -8,7 +8,7 @@
 //! `memsim replay`) comes through [`outside`] and [`FitReplay`], so they cannot disagree.
 
 use serde::{Deserialize, Serialize};
-use trace::{Header, Record};
+use trace::{metadata, Header, Record};
 
 use crate::family::Family;
 
@@ -44,8 +44,7 @@ impl Libraries {
     /// From the trace header's `uses_gemm`/`uses_conv` metadata (written by the symbolic tracer);
     /// `None` when the trace does not say.
     pub fn from_header(h: &Header) -> Option<Libraries> {
-        let flag = |k: &str| h.meta(k).map(|v| v == "true");
-        match (flag("uses_gemm"), flag("uses_conv")) {
+        match (h.meta_flag(&metadata::USES_GEMM), h.meta_flag(&metadata::USES_CONV)) {
             (None, None) => None,
             (g, c) => Some(Libraries {
                 gemm: g.unwrap_or(false),
@@ -58,7 +57,7 @@ impl Libraries {
 
     /// The header's `world_size` (1 when absent or unreadable).
     pub fn ranks_of(h: &Header) -> u32 {
-        h.meta("world_size").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(1)
+        h.meta_count(&metadata::WORLD_SIZE).and_then(|n| u32::try_from(n).ok()).unwrap_or(1)
     }
 
     /// The header's answer, else `fallback` (with the header's ranks).
@@ -448,8 +447,8 @@ fn nearest(family: Family) -> [Family; 3] {
 pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Margin {
     // Only the symbolic tracer counts events on a logical clock; every trace of a real run (the
     // shim's, a converted snapshot) carries time or nothing.
-    let measured_run = header.meta("clock") != Some("logical");
-    let precision = header.meta("amp").unwrap_or("fp32").to_string();
+    let measured_run = header.meta(&metadata::CLOCK).is_none();
+    let precision = header.meta(&metadata::AMP).unwrap_or("fp32").to_string();
     let regime = format!("{} {precision}", family.map_or("unknown-family", Family::name));
     if measured_run {
         return Margin::none(regime, "a trace recorded on a real run is a measurement: no margin", true);

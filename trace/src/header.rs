@@ -107,7 +107,8 @@ pub struct Header {
     /// tracer), not addresses a real device returned. Replay then never places segments at them.
     #[serde(default)]
     pub synthetic_addresses: bool,
-    /// Free-form producer metadata (e.g. model spec, batch size, torch version).
+    /// Producer metadata: the keys with a meaning are listed in [`crate::metadata`] and read
+    /// through [`Header::meta`]; any other key is free-form, for people.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
 }
@@ -138,11 +139,6 @@ impl Header {
     /// The value of an environment variable recorded in the header.
     pub fn env_var(&self, key: &str) -> Option<&str> {
         self.env.get(key).map(String::as_str)
-    }
-
-    /// A metadata value.
-    pub fn meta(&self, key: &str) -> Option<&str> {
-        self.metadata.get(key).map(String::as_str)
     }
 
     /// The allocator configuration string in force: `PYTORCH_ALLOC_CONF` wins over

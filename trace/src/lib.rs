@@ -31,6 +31,7 @@ mod fastread;
 pub mod header;
 pub mod jsonl;
 pub mod marker;
+pub mod metadata;
 mod prefix;
 mod read;
 pub mod units;

@@ -39,7 +39,56 @@ def csv_sample(rows: list[dict[str, str]], name: str, n: int = CSV_SAMPLE) -> li
     return [rows[i] for i in picked]
 
 
+class HeaderCheck:
+    """Every trace header the tracer writes in this test process is checked against the trace
+    schema, whose `metadata` keys are generated from `trace::metadata::KEYS` (the one list the
+    readers act on): a key memsim does not know, or a value outside its key's domain, would be
+    ignored there, so it fails the test that wrote it."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self._validator: Any = None
+
+    def __call__(self, header: dict[str, Any]) -> None:
+        import jsonschema
+
+        if self._validator is None:
+            if not SCHEMA.is_file():
+                pytest.fail(f"trace schema {SCHEMA} is missing: cannot check trace headers")
+            schema = json.loads(SCHEMA.read_text())
+            self._validator = jsonschema.Draft202012Validator(schema)
+            self.keys = set(schema["$defs"]["header"]["properties"]["metadata"]["properties"])
+        unknown = sorted(set(header.get("metadata", {})) - self.keys)
+        assert not unknown, f"trace header metadata keys not in trace::metadata::KEYS: {unknown}"
+        errors = [
+            f"{e.message} at {list(e.absolute_path)}" for e in self._validator.iter_errors(header)
+        ]
+        assert not errors, "trace header refused by the schema: " + "; ".join(errors)
+        self.checked += 1
+
+
+HEADERS = HeaderCheck()
+
+
+@pytest.fixture(autouse=True)
+def _written_headers_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtrace_trainer.symtrace import jsonl
+
+    real = jsonl.lines
+
+    def checked(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
+        out = real(events, metadata)
+        HEADERS(json.loads(out[0]))
+        return out
+
+    monkeypatch.setattr(jsonl, "lines", checked)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.section("trace headers")
+    terminalreporter.write_line(
+        f"{HEADERS.checked} headers written by the tracer were checked against the trace schema"
+    )
     if not _SAMPLED:
         return
     mode = "full (MEMTRACE_FULL_CSV=1)" if FULL_CSV else "sampled (MEMTRACE_FULL_CSV=1 for all)"

@@ -41,10 +41,13 @@ pub struct Read<S> {
 }
 
 impl<S> Read<S> {
-    /// What the input did not give whole, as warning lines naming the file; with `strict`, a
-    /// truncated input is an error instead (exit 2).
+    /// What the input did not give whole, as warning lines naming the file: a truncated input
+    /// (with `strict`, an error instead: exit 2), skipped records, and header metadata values
+    /// outside their key's domain, which are ignored.
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
-        summary_warnings(self.summary.as_ref(), path, strict)
+        let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
+        lines.extend(self.header.metadata_warnings(path));
+        Ok(lines)
     }
 }
 

@@ -215,6 +215,16 @@ fn colocate_counts_the_libraries_each_job_loads() {
     assert_eq!(v["combined_need_bytes"], 3 * 30 * MIB + 321 * MIB);
     // The trace that does not say which libraries it loads is warned about.
     assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("unknown.jsonl")), "{v}");
+
+    // A flag spelt outside its domain is not read as false: it is ignored, and said so.
+    let odd = job("odd.jsonl", &[("uses_gemm", "True"), ("uses_conv", "false")]);
+    let v = json(&["colocate", &odd, "--profile", profile.to_str().unwrap(), "--json"]);
+    assert_eq!(v["jobs"][0]["outside_allocator"]["total_bytes"], 100 * MIB, "{v}");
+    let warned = "odd.jsonl: header metadata `uses_gemm` = \"True\": expected true or false; ignored";
+    assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().ends_with(warned)), "{v}");
+    let (code, _, err) = memsim(&["replay", &odd, "--profile", profile.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(warned), "{err}");
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect::<BTreeMap<_, _>>();
     h.caching_disabled = h.env_var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_some_and(truthy);
-    h.metadata.insert("memtrace.kernels".into(), (cfg.kernels as u8).to_string());
+    h.set_meta(&trace::metadata::SHIM_KERNELS, (cfg.kernels as u8).to_string());
     h
 }
 

@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use trace::{
-    BlockState, Event, Frame, FreeStage, Header, MemoryKind, Origin, Record, SegmentPool, StackId, StateAt, VmmOp,
+    metadata, BlockState, Event, Frame, FreeStage, Header, MemoryKind, Origin, Record, SegmentPool, StackId, StateAt,
+    VmmOp,
 };
 
-use super::import::{META_ANNOTATIONS, META_LIST_FORM};
 use super::model::UNKNOWN_LINE;
 use super::pickle_writer::PickleWriter;
 use super::SnapshotError;
@@ -272,10 +272,10 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
                 .to_string(),
         });
     }
-    let parse_meta = |key: &str| header.meta(key).and_then(|t| serde_json::from_str(t).ok());
+    let parse_meta = |key: &metadata::Key| header.meta(key).and_then(|t| serde_json::from_str(t).ok());
     let allocator_settings = header.allocator_settings.as_deref().and_then(|t| serde_json::from_str(t).ok());
     let mut w = Encoder { w: PickleWriter::new(), stacks: &b.stacks, memo: HashMap::new() };
-    if header.meta(META_LIST_FORM) == Some("true") {
+    if header.meta_flag(&metadata::SNAPSHOT_LIST_FORM) == Some(true) {
         w.segments(&b.segments);
         return Ok(w.w.finish());
     }
@@ -283,7 +283,7 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
         segments: b.segments,
         device_traces: b.traces,
         allocator_settings,
-        external_annotations: parse_meta(META_ANNOTATIONS),
+        external_annotations: parse_meta(&metadata::SNAPSHOT_ANNOTATIONS),
     };
     w.snapshot(&snap);
     Ok(w.w.finish())

@@ -5,8 +5,8 @@
 //! `segments` (`SegmentState` at `End`). Interned `Stack` records precede their first use.
 
 use trace::{
-    Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, Oom, Origin, Record, SegmentState, SnapshotPoint,
-    StackDef, StackId, StateAt, Vmm, VmmOp,
+    metadata, Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, Oom, Origin, Record, SegmentState,
+    SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
 };
 
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
@@ -15,10 +15,6 @@ use crate::alloc::AllocatorConfig;
 
 /// Producer name written into imported headers.
 pub const PRODUCER: &str = "memsim convert (snapshot)";
-/// Header metadata key holding `external_annotations` as JSON text.
-pub const META_ANNOTATIONS: &str = "snapshot.external_annotations";
-/// Header metadata key set to `true` when the input was the old list-of-segments form.
-pub const META_LIST_FORM: &str = "snapshot.list_form";
 
 /// The result of [`import`].
 #[derive(Debug, Clone)]
@@ -48,7 +44,7 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
         }
     }
     if let Some(ann) = &snap.external_annotations {
-        header.metadata.insert(META_ANNOTATIONS.to_string(), ann.to_string());
+        header.set_meta(&metadata::SNAPSHOT_ANNOTATIONS, ann.to_string());
     }
     // The number of device trace lists is part of the picture (memory_viz indexes them by device).
     for index in 0..snap.device_count() as u32 {
@@ -61,7 +57,7 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
         });
     }
     if snap.list_form {
-        header.metadata.insert(META_LIST_FORM.to_string(), "true".to_string());
+        header.set_meta(&metadata::SNAPSHOT_LIST_FORM, "true");
     }
 
     let mut out = Out { snap, records: Vec::new(), emitted: vec![false; snap.stacks.len()] };

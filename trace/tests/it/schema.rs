@@ -39,6 +39,25 @@ fn object(kind: Option<&str>, required: &[&str], props: Value) -> Value {
     json!({ "type": "object", "required": req, "properties": p, "additionalProperties": false })
 }
 
+/// The header's `metadata`: the keys with a meaning ([`trace::metadata::KEYS`]) with their
+/// domains; any other key is free-form text.
+fn metadata_schema() -> Value {
+    let props: Map<String, Value> = trace::metadata::KEYS
+        .iter()
+        .map(|k| {
+            let mut p = json!({ "type": "string", "description": k.doc });
+            if let Some(names) = k.values.names() {
+                p["enum"] = json!(names);
+            }
+            if let Some(pattern) = k.values.pattern() {
+                p["pattern"] = json!(pattern);
+            }
+            (k.name.to_string(), p)
+        })
+        .collect();
+    json!({ "type": "object", "properties": props, "additionalProperties": { "type": "string" } })
+}
+
 /// The schema, built from the code's own lists.
 fn generate() -> Value {
     let u64r = json!({ "$ref": "#/$defs/u64" });
@@ -130,7 +149,7 @@ fn generate() -> Value {
                     "devices": { "type": "array", "items": { "$ref": "#/$defs/device_info" } },
                     "allocator_settings": { "type": "string" },
                     "synthetic_addresses": { "type": "boolean" },
-                    "metadata": { "type": "object", "additionalProperties": { "type": "string" } }
+                    "metadata": metadata_schema()
                 },
                 "additionalProperties": false
             },
@@ -261,6 +280,67 @@ fn schema_rejects_wrong_lines() {
     check(r#"{"kind":"mem_activity","op":"release","memory_kind":"pinned_host","addr":1,"size":2}"#);
     check(r#"{"kind":"mem_activity","op":"allocation","addr":1}"#);
     check(r#"{"kind":"header","format_version":1,"producer":{"name":"x","version":"1"}}"#);
+    let header = |meta: &str| {
+        format!(
+            r#"{{"kind":"header","format_version":1,"producer":{{"name":"x","version":"1"}},"level":"allocator","metadata":{meta}}}"#
+        )
+    };
+    check(&header(r#"{"uses_gemm":"True"}"#));
+    check(&header(r#"{"batch_size":"0"}"#));
+    check(&header(r#"{"amp":"BF16"}"#));
+    check(&header(r#"{"layer_types":"Linear,"}"#));
+    check(&header(r#"{"free_form":1}"#));
+    let ok: Value = serde_json::from_str(&header(r#"{"uses_gemm":"true","layer_types":"","free_form":"x"}"#)).unwrap();
+    assert!(v.is_valid(&ok), "schema refused valid metadata");
+}
+
+/// The schema's domain of each metadata key is the one `Header::meta` reads: a value the schema
+/// accepts is read, and one it refuses is ignored with a warning.
+#[test]
+fn schema_metadata_domains_are_the_readers() {
+    let v = validator();
+    let values = [
+        "",
+        "0",
+        "1",
+        "08",
+        "12",
+        "-1",
+        "1.5",
+        "true",
+        "false",
+        "True",
+        "fp32",
+        "bf16",
+        "BF16",
+        "logical",
+        "cnn",
+        "CNN",
+        "Linear",
+        "Conv2d,Linear",
+        "Linear,",
+        ",",
+        "a,,b",
+        "flash:3, math:1",
+        " ",
+        "none",
+    ];
+    for key in trace::metadata::KEYS {
+        for value in values {
+            let mut h = Header::new("x", "1", Level::Allocator);
+            h.set_meta(&key, value);
+            let mut buf = Vec::new();
+            trace::jsonl::write_header_line(&h, &mut buf).unwrap();
+            let line: Value = serde_json::from_slice(&buf).unwrap();
+            assert_eq!(
+                v.is_valid(&line),
+                h.meta(&key).is_some(),
+                "`{}` = {value:?}: the schema and Header::meta disagree",
+                key.name
+            );
+            assert_eq!(h.metadata_warnings(std::path::Path::new("t")).is_empty(), h.meta(&key).is_some());
+        }
+    }
 }
 
 proptest! {
