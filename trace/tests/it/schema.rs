@@ -328,17 +328,17 @@ fn schema_metadata_domains_are_the_readers() {
     for key in trace::metadata::KEYS {
         for value in values {
             let mut h = Header::new("x", "1", Level::Allocator);
-            h.set_meta(&key, value);
+            h.set_meta(key, value);
             let mut buf = Vec::new();
             trace::jsonl::write_header_line(&h, &mut buf).unwrap();
             let line: Value = serde_json::from_slice(&buf).unwrap();
             assert_eq!(
                 v.is_valid(&line),
-                h.meta(&key).is_some(),
+                h.meta(key).is_some(),
                 "`{}` = {value:?}: the schema and Header::meta disagree",
                 key.name
             );
-            assert_eq!(h.metadata_warnings(std::path::Path::new("t")).is_empty(), h.meta(&key).is_some());
+            assert_eq!(h.metadata_warnings(std::path::Path::new("t")).is_empty(), h.meta(key).is_some());
         }
     }
 }
