@@ -84,3 +84,31 @@ def test_four_commands_agree_on_one_trace(
     assert code == 0 and pt["verdict"]["basis"] == "estimates.symbolic.device_mib"
     code, sf = _estimate(trainer_env, 64, "--capacity", str(device))
     assert code == 1 and sf["verdict"]["fits"] is False
+
+
+CNN = (
+    'synthetic:{"family":"cnn","input_channels":3,"num_classes":10,"depth":3,'
+    '"architecture":"residual","base_filters":8,"input_size":16}'
+)
+
+
+def test_memsim_and_memest_agree_on_a_plain_meta_trace(
+    tmp_path: Path, memsim: Path, trainer_env: dict[str, str]
+) -> None:
+    # The plain meta path (--no-cuda-emulation) emulates no workspaces, but its header still says
+    # which libraries the job loads: both commands count the same memory outside the allocator
+    # (before, memsim counted the context alone and memest guessed from the family).
+    trace = tmp_path / "plain.jsonl"
+    _trainer(trainer_env, "symtrace", "--model", CNN, "--batch-size", "8",
+             "--no-cuda-emulation", "--out", str(trace))  # fmt: skip
+    replay = json.loads(run([str(memsim), "replay", str(trace), "--profile", "a100-40gb",
+                             "--json"]).stdout)  # fmt: skip
+    outside = replay["outside_allocator"]
+    assert outside["libraries"] == {"gemm": True, "conv": True, "source": "trace", "ranks": 1}
+    memest = memsim.parent / "memest"
+    est = json.loads(run([str(memest), "estimate", "--trace", str(trace), "--profile", "a100-40gb",
+                          "--json"]).stdout)  # fmt: skip
+    assert est["outside_allocator"]["total_mib"] * MIB == outside["total_bytes"]
+    assert est["outside_allocator"]["libraries"] == outside["libraries"]
+    assert est["verdict"]["need_mib"] * MIB == replay["verdict"]["need_bytes"]
+    assert est["verdict"]["fits"] == replay["verdict"]["fits"]

@@ -115,12 +115,10 @@ pub const PARAM_DTYPE: Key = key(
     Values::Text,
     "the dtype holding most floating-point parameter bytes: fp32, bf16, fp16, none, or torch's name",
 );
-/// Whether any GEMM ran (cuBLAS loaded), as the CUDA emulation saw it.
-pub const USES_GEMM: Key =
-    key("uses_gemm", Values::Flag, "whether a GEMM ran, so cuBLAS is loaded (CUDA emulation only)");
-/// Whether any convolution ran (cuDNN loaded), as the CUDA emulation saw it.
-pub const USES_CONV: Key =
-    key("uses_conv", Values::Flag, "whether a convolution ran, so cuDNN is loaded (CUDA emulation only)");
+/// Whether any GEMM ran (cuBLAS loaded), from the ops the tracer saw.
+pub const USES_GEMM: Key = key("uses_gemm", Values::Flag, "whether a GEMM ran, so cuBLAS is loaded");
+/// Whether any convolution ran (cuDNN loaded), from the ops the tracer saw.
+pub const USES_CONV: Key = key("uses_conv", Values::Flag, "whether a convolution ran, so cuDNN is loaded");
 /// Whether the tracer emulated CUDA's own allocations (workspaces), or traced the plain meta path.
 pub const CUDA_EMULATION: Key = key(
     "cuda_emulation",

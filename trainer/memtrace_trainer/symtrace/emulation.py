@@ -29,6 +29,30 @@ CUBLAS_OPS = {
 }  # fmt: skip
 
 
+class LibrariesUsed:
+    """Which CUDA libraries the job loads, from the ops that ran: cuBLAS at its first GEMM (any of
+    `CUBLAS_OPS`), cuDNN at its first convolution. Their memory outside the allocator (handles,
+    kernel images) belongs to the job, not to how it was traced, so this hook runs with or without
+    CUDA emulation, and the header's `uses_gemm`/`uses_conv` always say."""
+
+    def __init__(self) -> None:
+        self.gemm = False
+        self.conv = False
+
+    def __call__(
+        self, rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        if out is None:
+            return
+        if func in CUBLAS_OPS:
+            self.gemm = True
+        elif func is aten.convolution.default:
+            self.conv = True
+
+    def metadata(self) -> dict[str, str]:
+        return {"uses_gemm": str(self.gemm).lower(), "uses_conv": str(self.conv).lower()}
+
+
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
@@ -43,14 +67,6 @@ class Workspaces:
         # and handles are per thread: autograd runs a CUDA backward on its own device thread,
         # so a step that multiplies in both passes holds two.
         self.cublas_handles: set[tuple[str, int]] = set()
-        # Which libraries the step loads: their memory outside the allocator (context, handles,
-        # kernel images) is a per-process constant of the profile, counted once per library.
-        self.used_conv = False
-
-    @property
-    def cublas_done(self) -> bool:
-        """Whether the step ran a GEMM (loads cuBLAS)."""
-        return bool(self.cublas_handles)
 
     def _transient(self, rec: Recorder, size: int) -> None:
         if size > 0:
@@ -75,7 +91,6 @@ class Workspaces:
         elif func is aten._scaled_dot_product_flash_attention_backward.default:
             self._flash_backward(rec, args)
         elif func is aten.convolution.default:
-            self.used_conv = True
             x, w = args[0], args[1]
             self._conv(rec, ConvCall("fwd", x, w, out, args[3], args[6], args[8]))
         elif func is aten.convolution_backward.default:

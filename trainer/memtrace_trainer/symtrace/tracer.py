@@ -14,7 +14,7 @@ from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace import jsonl, step
-from memtrace_trainer.symtrace.emulation import Workspaces
+from memtrace_trainer.symtrace.emulation import LibrariesUsed, Workspaces
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
 
@@ -70,17 +70,11 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
 def trace(
     workload: Workload, cfg: step.StepConfig, profile: Profile
 ) -> tuple[Recorder, dict[str, Any]]:
-    workspaces = Workspaces(profile)
-    hooks = [workspaces] if cfg.cuda_emulation else []
-    if cfg.cuda_emulation:
-        profile.warn_unmeasured()
-    rec = Recorder(hooks)
+    libraries, rec = _recorder(profile, cfg.cuda_emulation)
     with LayersRun() as layers:
         emulated = step.run(workload, cfg, profile, rec)
     emulated["layer_types"] = layers.types([workload.model])
-    if cfg.cuda_emulation:
-        emulated["uses_gemm"] = workspaces.cublas_done
-        emulated["uses_conv"] = workspaces.used_conv
+    emulated["libraries"] = libraries.metadata()
     return rec, emulated
 
 
@@ -184,9 +178,7 @@ def metadata(
     for key in ("task", "parameters", "trainable_parameters"):
         if key in workload.details:
             meta[key] = str(workload.details[key])
-    for lib in ("uses_gemm", "uses_conv"):
-        if lib in extra:
-            meta[lib] = str(bool(extra[lib])).lower()
+    meta.update(extra["libraries"])
     if extra.get("distributed"):
         d = extra["distributed"]
         for key in ("strategy", "runs_as", "world_size", "rank", "units", "local_parameter_bytes"):
@@ -218,10 +210,10 @@ def trace_step(
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
-    workspaces, rec = _recorder(profile, cuda_emulation)
+    libraries, rec = _recorder(profile, cuda_emulation)
     with _world(world_size), LayersRun() as layers:
         run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
-    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, workspaces,
+    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, libraries,
                           layers)  # fmt: skip
     _world_metadata(meta, world_size)
     if batch_size is not None:
@@ -240,11 +232,11 @@ def trace_script(
     """An unmodified training script (symtrace/script.py) traced for `steps` iterations."""
     from memtrace_trainer.symtrace.script import run_script
 
-    workspaces, rec = _recorder(profile, cuda_emulation)
+    libraries, rec = _recorder(profile, cuda_emulation)
     with _world(world_size), LayersRun() as layers:
         run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
-    meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, workspaces, layers)
+    meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, libraries, layers)
     _world_metadata(meta, world_size)
     return rec, meta
 
@@ -264,11 +256,14 @@ def _world_metadata(meta: dict[str, str], world_size: int | None) -> None:
         meta["rank"] = "0"
 
 
-def _recorder(profile: Profile, cuda_emulation: bool) -> tuple[Workspaces, Recorder]:
-    workspaces = Workspaces(profile)
-    if cuda_emulation:
-        profile.warn_unmeasured()
-    return workspaces, Recorder([workspaces] if cuda_emulation else [])
+def _recorder(profile: Profile, cuda_emulation: bool) -> tuple[LibrariesUsed, Recorder]:
+    """The recorder, with the hook that notes which CUDA libraries the job loads and, under CUDA
+    emulation, the library workspaces."""
+    libraries = LibrariesUsed()
+    if not cuda_emulation:
+        return libraries, Recorder([libraries])
+    profile.warn_unmeasured()
+    return libraries, Recorder([libraries, Workspaces(profile)])
 
 
 def _user_metadata(
@@ -278,7 +273,7 @@ def _user_metadata(
     cuda_emulation: bool,
     rec: Recorder,
     run: Any,
-    workspaces: Workspaces,
+    libraries: LibrariesUsed,
     layers: LayersRun,
 ) -> dict[str, str]:
     from memtrace_trainer.notes import warn
@@ -300,9 +295,7 @@ def _user_metadata(
         "torch": torch.__version__,
         "clock": "logical",
     }
-    if cuda_emulation:
-        meta["uses_gemm"] = str(workspaces.cublas_done).lower()
-        meta["uses_conv"] = str(workspaces.used_conv).lower()
+    meta.update(libraries.metadata())
     if run.sdpa_backends:
         meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(run.sdpa_backends.items()))
     return meta
