@@ -217,8 +217,12 @@ fn shared_run(
     Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect() })
 }
 
-fn fits_everywhere(run: &Run) -> bool {
-    run.ooms.iter().all(Option::is_none)
+/// Whether the set fits at `capacity`: no job ran out of memory, and what the jobs held together
+/// never passed the capacity. Both are needed: the segments a snapshot's start state rebuilds are
+/// placed as they were, without the allocator's capacity check, so a shared replay can hold more
+/// than the capacity with no OOM.
+fn fits_at(run: &Run, capacity: u64) -> bool {
+    run.ooms.iter().all(Option::is_none) && run.combined_peak <= capacity
 }
 
 /// The smallest capacity (2 MiB granules) in `[lo, hi]` granules at which the aligned replay
@@ -232,7 +236,7 @@ fn smallest(
 ) -> Result<u64, ColocateError> {
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if fits_everywhere(&shared_run(jobs, axes, opts, Some(mid * GRANULE))?) {
+        if fits_at(&shared_run(jobs, axes, opts, Some(mid * GRANULE))?, mid * GRANULE) {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -314,18 +318,18 @@ pub fn colocate(
     let sum: u64 = job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
-    let (need, peak_at, smallest_cap, any_oom) = match mode {
+    let (need, peak_at, smallest_cap, failed) = match mode {
         Mode::SumOfPeaks => (sum, None, sum, false),
         Mode::Timestamps => {
             let unlimited = shared_run(jobs, &axes, opts, None)?;
-            let (need, at, any_oom) = match capacity {
+            let (need, at, failed) = match capacity {
                 Some(c) => {
                     let run = shared_run(jobs, &axes, opts, Some(c.bytes))?;
                     for (jr, o) in job_reports.iter_mut().zip(&run.ooms) {
                         jr.oom_in_shared_run = Some(o.is_some());
                         jr.oom_at_event = *o;
                     }
-                    if fits_everywhere(&run) {
+                    if fits_at(&run, c.bytes) {
                         // The set survives at the capacity: its peak there is what it needs.
                         (run.combined_peak, run.peak_at_us, false)
                     } else {
@@ -342,13 +346,13 @@ pub fn colocate(
             // The allocator's retry chain makes fitting not quite monotone in the capacity; keep
             // the smallest capacity consistent with the verdict at the capacity asked about.
             if let Some(c) = capacity {
-                if !any_oom {
+                if !failed {
                     least = least.min(c.bytes);
                 } else if least <= c.bytes {
                     least = smallest(jobs, &axes, opts, c.bytes / GRANULE + 1, upper.max(c.bytes / GRANULE + 1))?;
                 }
             }
-            (need, Some(at), least, any_oom)
+            (need, Some(at), least, failed)
         }
     };
     let verdict = capacity.map(|c| {
@@ -358,7 +362,7 @@ pub fn colocate(
             (Mode::Timestamps, _) => "aligned replay",
         };
         let mut v = Verdict::new(basis, need, c);
-        v.fits &= !any_oom;
+        v.fits &= !failed;
         v
     });
     Ok(ColocateReport {

@@ -335,6 +335,32 @@ fn colocate_aligned_verdict_matches_its_numbers() {
     }
 }
 
+/// Two snapshots whose start states are rebuilt at their traces' first instant: those segments are
+/// placed without the allocator's capacity check, so a shared replay below their sum ran without
+/// an OOM, and the smallest capacity came out below the combined need printed beside it.
+#[test]
+fn colocate_smallest_capacity_holds_the_start_states() {
+    let snap = crate::snapshot_support::shared_path;
+    let a = snap("Wedsonlin--assignment2-systems--results_medium_128_inference_memory_snapshot.pickle");
+    let b = snap("bcrafton--assignment2-systems--memory_snapshot.pickle");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let v = json(&["colocate", a, b, "--context", "0", "--json"]);
+    assert_eq!(v["mode"], "timestamps", "{v}");
+    let need = v["combined_need_bytes"].as_u64().unwrap();
+    let least = v["smallest_fitting_capacity"].as_u64().unwrap();
+    assert!(least >= need, "smallest capacity {least} below the combined need {need} at the start");
+    for cap in [least - MIB, least, least + 64 * MIB] {
+        let c = format!("{cap}B");
+        let (code, out, _) = memsim(&["colocate", a, b, "--context", "0", "--capacity", &c, "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let fits = v["fits"].as_bool().unwrap();
+        assert_eq!(code, if fits { 0 } else { 1 });
+        assert_eq!(fits, cap >= least, "capacity {cap}: smallest {least}: {v}");
+        assert!(v["smallest_fitting_capacity"].as_u64().unwrap() <= cap || !fits, "{v}");
+        assert!(fits || v["smallest_fitting_capacity"].as_u64().unwrap() > cap, "{v}");
+    }
+}
+
 #[test]
 fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
     let dir = tempfile::tempdir().unwrap();
