@@ -63,7 +63,7 @@ pub fn symbolic(
         .map_err(|source| EstimateError::Replay { path: t.path.clone(), source })?;
     let device = fit.device_peak(outside);
     Ok(SymbolicEstimate {
-        predicted_reserved_peak: fit.report.peak_reserved_bytes,
+        predicted_reserved_peak: fit.reserved_need(),
         predicted_allocated_peak: fit.report.peak_allocated_bytes,
         predicted_device_peak: device,
         outside_allocator: outside.total_bytes,

@@ -303,7 +303,7 @@ pub fn colocate(
         let device = unlimited.device_peak(&j.outside);
         job_reports.push(JobReport {
             name: j.name.clone(),
-            peak_reserved_bytes: unlimited.report.peak_reserved_bytes,
+            peak_reserved_bytes: unlimited.reserved_need(),
             outside_allocator: j.outside.clone(),
             device_peak_bytes: device,
             device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),

@@ -289,6 +289,10 @@ pub struct FitOutcome {
     pub oom_detail: Option<String>,
     /// The allocator budget, bytes, when one was set.
     pub budget: Option<u64>,
+    /// When a replay ran out of memory, what its first failed allocation needed reserved
+    /// ([`ReplayReport::oom_need_bytes`]): the capped replay's, or the unlimited one's when even
+    /// that failed (a request past [`crate::alloc::MAX_SEGMENT`], which no device holds).
+    pub oom_need_bytes: Option<u64>,
 }
 
 impl FitReplay {
@@ -330,20 +334,22 @@ impl FitReplay {
     pub fn finish(self) -> FitOutcome {
         let unlimited = self.unlimited.finish();
         match self.capped {
-            None => FitOutcome { report: unlimited, oom: false, oom_at_event: None, oom_detail: None, budget: None },
+            None => FitOutcome::of(unlimited, None),
             Some(c) => {
                 let capped = c.finish();
                 let budget = capped.capacity;
                 if capped.oom {
+                    let floor = capped.oom_need_bytes.max(unlimited.oom_need_bytes);
                     FitOutcome {
                         oom: true,
                         oom_at_event: capped.oom_at_event,
                         oom_detail: capped.oom_detail,
                         report: unlimited,
                         budget,
+                        oom_need_bytes: floor,
                     }
                 } else {
-                    FitOutcome { report: capped, oom: false, oom_at_event: None, oom_detail: None, budget }
+                    FitOutcome::of(capped, budget)
                 }
             }
         }
@@ -351,14 +357,31 @@ impl FitReplay {
 }
 
 impl FitOutcome {
-    /// Device memory needed: the reserved peak plus what lives outside the allocator.
+    /// A replay that did not run out of memory at its budget (or had none): its own report.
+    fn of(report: ReplayReport, budget: Option<u64>) -> FitOutcome {
+        let oom_need_bytes = report.oom_need_bytes;
+        FitOutcome { report, oom: false, oom_at_event: None, oom_detail: None, budget, oom_need_bytes }
+    }
+
+    /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed, since
+    /// the peak never counts the request that could not be placed.
+    pub fn reserved_need(&self) -> u64 {
+        self.report.peak_reserved_bytes.max(self.oom_need_bytes.unwrap_or(0))
+    }
+
+    /// Whether [`FitOutcome::reserved_need`] is the failed allocation's floor, above the peak.
+    pub fn need_is_oom_floor(&self) -> bool {
+        self.oom_need_bytes.is_some_and(|n| n > self.report.peak_reserved_bytes)
+    }
+
+    /// Device memory needed: the reserved need plus what lives outside the allocator.
     pub fn device_peak(&self, outside: &Outside) -> u64 {
-        self.report.peak_reserved_bytes + outside.total_bytes
+        self.reserved_need().saturating_add(outside.total_bytes)
     }
 
     /// The device peak plus the safety margin.
     pub fn device_safe(&self, outside: &Outside, margin: &Margin) -> u64 {
-        margin.safe(self.device_peak(outside), self.report.peak_reserved_bytes)
+        margin.safe(self.device_peak(outside), self.reserved_need())
     }
 }
 
@@ -381,7 +404,7 @@ pub fn fit_records<'a>(
         return replay(Some(b));
     }
     let mut out = replay(None)?;
-    if out.report.peak_reserved_bytes > b {
+    if out.reserved_need() > b {
         return replay(Some(b));
     }
     out.budget = Some(b);
@@ -425,7 +448,7 @@ impl Margin {
     /// The safe number for a point estimate and its reserved (allocator) part, bytes, rounded up.
     pub fn safe(&self, point: u64, reserved: u64) -> u64 {
         let base = if self.scale == "reserved" { reserved } else { point };
-        point + (base as f64 * self.fraction).ceil() as u64
+        point.saturating_add((base as f64 * self.fraction).ceil() as u64)
     }
 }
 

@@ -273,7 +273,16 @@ fn replay_one(
             mib(o.nccl_bytes),
             o.libraries.source
         );
-        outln!(out, "  peak device         {} (reserved + outside the allocator)", mib(r.point()));
+        if r.fit.need_is_oom_floor() {
+            outln!(
+                out,
+                "  peak device         {} at least (an allocation failed: the bytes reserved then plus its size, \
+                 + outside the allocator)",
+                mib(r.point())
+            );
+        } else {
+            outln!(out, "  peak device         {} (reserved + outside the allocator)", mib(r.point()));
+        }
         outln!(out, "  safe device         {} ({})", mib(r.safe()), r.margin.note);
     }
     for d in &rep.devices {

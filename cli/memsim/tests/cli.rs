@@ -361,6 +361,25 @@ fn colocate_smallest_capacity_holds_the_start_states() {
     }
 }
 
+/// A request no device holds (past the model's largest segment) fails even in the unlimited
+/// replay, so the peak never counts it: the verdict rests on what the failed request needed, and
+/// cannot say FITS above the line saying the allocation fails.
+#[test]
+fn an_allocation_that_fails_everywhere_is_in_the_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "huge.jsonl", &[alloc(1, 30 * MIB, None), alloc(2, 1 << 50, None)]);
+    let t = t.to_str().unwrap();
+    let (code, out, _) = memsim(&["replay", t, "--capacity", "40GiB", "--json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"]["fits"], false, "{v}");
+    assert!(v["verdict"]["need_bytes"].as_u64().unwrap() >= 1 << 50, "{v}");
+    assert_eq!(v["peak_reserved_bytes"], 30 * MIB, "the failed request is not in the peak");
+    assert_eq!(v["oom_need_bytes"], 30 * MIB + (1u64 << 50), "{v}");
+    let (_, text, _) = memsim(&["replay", t, "--capacity", "40GiB"]);
+    assert!(text.contains("DOES NOT FIT") && text.contains("first allocation fails"), "{text}");
+}
+
 #[test]
 fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
     let dir = tempfile::tempdir().unwrap();

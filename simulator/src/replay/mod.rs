@@ -90,6 +90,7 @@ pub struct Replayer {
     rejected_examples: Vec<String>,
     oom_at: Option<u64>,
     oom_detail: Option<String>,
+    oom_need: Option<u64>,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
@@ -140,6 +141,7 @@ impl Replayer {
             rejected_examples: Vec::new(),
             oom_at: None,
             oom_detail: None,
+            oom_need: None,
             has_categories: false,
             realized: None,
             iterations: Vec::new(),
@@ -349,8 +351,10 @@ impl Replayer {
         }
         let mut new_category = false;
         let mut failed = None;
+        let mut need = None;
         if let Some(id) = placing {
             if let Some(oom) = &outcome.oom {
+                need = Some(oom.reserved.saturating_add(oom.rounded_size));
                 failed = Some(format!(
                     "device {device}: request of {} B (rounded {} B) with {} B reserved and {} B allocated",
                     oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
@@ -397,6 +401,7 @@ impl Replayer {
         if failed.is_some() && self.oom_at.is_none() {
             self.oom_at = Some(index);
             self.oom_detail = failed;
+            self.oom_need = need;
         }
         if let Some(it) = self.iterations.last_mut() {
             it.peak_reserved_bytes = it.peak_reserved_bytes.max(reserved);
@@ -508,6 +513,7 @@ impl Replayer {
             oom: self.oom_at.is_some(),
             oom_at_event: self.oom_at,
             oom_detail: self.oom_detail,
+            oom_need_bytes: self.oom_need,
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,

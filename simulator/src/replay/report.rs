@@ -75,6 +75,10 @@ pub struct ReplayReport {
     pub oom_at_event: Option<u64>,
     /// Details of the first OOM.
     pub oom_detail: Option<String>,
+    /// What the first failed allocation needed reserved: the bytes reserved when it failed plus
+    /// its rounded size. A floor under the job's need that its peak cannot show: the failed
+    /// request was never placed.
+    pub oom_need_bytes: Option<u64>,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.
