@@ -278,6 +278,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let s = Instant::now();
     let sym = symbolic(t, version, &outside_terms, capacity)?;
     time("symbolic", s);
+    warnings.extend(sym.config_warning.clone());
     estimates.insert(
         "symbolic".into(),
         Some(Answer {

@@ -67,6 +67,10 @@ pub fn run(a: Args) -> Result<u8> {
             None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),
         };
         let margin = crate::replay::margin_for(profile.as_ref(), &read.header, &mut job_warnings);
+        // A header the replay cannot take is colocate's error to report, below.
+        if let Ok(rp) = simulator::replay::Replayer::new(&read.header, opts.clone()) {
+            job_warnings.extend(rp.config().unmodelled());
+        }
         warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", t.display())));
         jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside, margin });
     }

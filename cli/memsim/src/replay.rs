@@ -167,6 +167,8 @@ pub fn replay_file(
         },
     )?;
     warnings.extend(read.warnings(file, strict)?);
+    let fit = read.state.finish();
+    warnings.extend(fit.report.config_warning.clone());
     let outside = outside.unwrap_or_else(Outside::none);
     if capacity_flag.is_some() && profile.is_none() {
         warnings.push(
@@ -175,7 +177,6 @@ pub fn replay_file(
                 .into(),
         );
     }
-    let fit = read.state.finish();
     let margin = margin.unwrap_or_else(|| Margin::none(String::new(), "", false));
     let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings };
     r.verdict =

@@ -380,6 +380,30 @@ fn an_allocation_that_fails_everywhere_is_in_the_need() {
     assert!(text.contains("DOES NOT FIT") && text.contains("first allocation fails"), "{text}");
 }
 
+/// The model follows the native caching allocator; a run under `backend:cudaMallocAsync` (given
+/// as a flag, or recorded in the trace's environment) is replayed by those rules, and said so.
+#[test]
+fn the_cuda_malloc_async_backend_is_replayed_as_native_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = write_trace(dir.path(), "t.jsonl", &three_tensors());
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    h.env.insert("PYTORCH_CUDA_ALLOC_CONF".into(), "backend:cudaMallocAsync".into());
+    let recorded = dir.path().join("async.jsonl");
+    let mut w = trace::TraceWriter::create(&recorded, &h).unwrap();
+    for r in three_tensors() {
+        w.write(&r).unwrap();
+    }
+    w.finish().unwrap();
+    let said = "backend:cudaMallocAsync is not modelled";
+    let (code, _, err) = memsim(&["replay", plain.to_str().unwrap(), "--alloc-conf", "backend:cudaMallocAsync"]);
+    assert!(code == 0 && err.contains(said), "{err}");
+    let (code, _, err) = memsim(&["replay", plain.to_str().unwrap(), "--alloc-conf", "backend:native"]);
+    assert!(code == 0 && !err.contains(said), "{err}");
+    let v = json(&["colocate", recorded.to_str().unwrap(), "--context", "0", "--json"]);
+    assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(said)), "{v}");
+}
+
 #[test]
 fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
     let dir = tempfile::tempdir().unwrap();

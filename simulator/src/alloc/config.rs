@@ -48,6 +48,20 @@ pub struct AllocatorConfig {
     pub graph_capture_record_stream_reuse: bool,
 }
 
+impl AllocatorConfig {
+    /// What the configuration asks for that the model does not follow, as a warning: the
+    /// `cudaMallocAsync` backend, whose blocks the driver's stream-ordered pool places. `None`
+    /// when the model follows all of it.
+    pub fn unmodelled(&self) -> Option<String> {
+        (self.backend == Backend::CudaMallocAsync).then(|| {
+            "backend:cudaMallocAsync is not modelled: the replay follows the native caching allocator's \
+             rules, while under cudaMallocAsync the driver's pool places the blocks, so reserved memory \
+             and the verdict may differ from such a run"
+                .to_string()
+        })
+    }
+}
+
 impl Default for AllocatorConfig {
     fn default() -> Self {
         AllocatorConfig {

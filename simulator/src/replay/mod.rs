@@ -460,6 +460,11 @@ impl Replayer {
         self.index
     }
 
+    /// The allocator configuration in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.cfg
+    }
+
     /// Whether an allocation has failed so far.
     pub fn oom_at(&self) -> Option<u64> {
         self.oom_at
@@ -526,6 +531,7 @@ impl Replayer {
                 .unwrap_or_else(|| crate::alloc::MemoryStats::default().to_json()),
             devices,
             capacity: self.opts.capacity,
+            config_warning: self.cfg.unmodelled(),
             alloc_conf: self.alloc_conf,
             iterations: self.iterations,
         }

@@ -97,6 +97,9 @@ pub struct ReplayReport {
     pub devices: Vec<DeviceReport>,
     /// The capacity used, bytes.
     pub capacity: Option<u64>,
+    /// What the allocator configuration asks for that the model does not follow
+    /// ([`crate::alloc::AllocatorConfig::unmodelled`]), as a warning.
+    pub config_warning: Option<String>,
     /// Allocator configuration string in force (as given, or from the trace).
     pub alloc_conf: Option<String>,
     /// Peaks per `iter:<n>` marker, in trace order; empty when the trace has none.
