@@ -462,6 +462,24 @@ fn nearest(family: Family) -> [Family; 3] {
     }
 }
 
+/// A warning when a symbolic trace was emulated for another GPU profile than the one judging it:
+/// its library workspaces and attention backends are the other GPU's, so the numbers are that
+/// GPU's with this one's capacity and outside terms. `None` for a plain meta trace (nothing
+/// emulated) and for traces that name no profile (a real run's).
+pub fn profile_mismatch(header: &Header, profile_path: &std::path::Path) -> Option<String> {
+    let traced = header.meta(&metadata::PROFILE)?;
+    if header.meta_flag(&metadata::CUDA_EMULATION) == Some(false) {
+        return None;
+    }
+    let judging = Profile::name_of(profile_path);
+    (traced != judging).then(|| {
+        format!(
+            "the trace was emulated for the {traced} profile, not {judging}: its library workspaces and \
+             attention backends are that GPU's; trace it again with --profile {judging} to judge it on this one"
+        )
+    })
+}
+
 /// The margin for a trace with this header, of a job of this family ([`Family::of_header`], or
 /// the features' when the header names none). Traces recorded on a real run (the shim's) get none:
 /// they are measurements. Symbolic traces get their family's calibrated margin when the profile

@@ -225,6 +225,19 @@ fn colocate_counts_the_libraries_each_job_loads() {
     let (code, _, err) = memsim(&["replay", &odd, "--profile", profile.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(warned), "{err}");
+
+    // A trace emulated for another GPU profile is judged with a warning saying so; a plain meta
+    // trace emulated nothing, and one emulated for this profile is silent.
+    let elsewhere = "the trace was emulated for the h200 profile, not p";
+    for (meta, warns) in [
+        (vec![("profile", "h200")], true),
+        (vec![("profile", "h200"), ("cuda_emulation", "false")], false),
+        (vec![("profile", "p")], false),
+    ] {
+        let t = job("traced.jsonl", &meta);
+        let (_, _, err) = memsim(&["replay", &t, "--profile", profile.to_str().unwrap()]);
+        assert_eq!(err.contains(elsewhere), warns, "{meta:?}: {err}");
+    }
 }
 
 #[test]
