@@ -48,9 +48,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v.round() as u64)
 }
 
+/// A device capacity as users type it ([`parse_size`]), which cannot be zero.
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!("invalid capacity {s:?}: a device holds more than 0 bytes (e.g. 40GiB)")),
+        n => Ok(n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capacity_is_not_zero() {
+        assert_eq!(parse_capacity("40GiB"), Ok(40 << 30));
+        assert!(parse_capacity("0GiB").unwrap_err().contains("more than 0 bytes"));
+        assert!(parse_capacity("-1GiB").is_err());
+    }
 
     #[test]
     fn sizes() {

@@ -194,7 +194,7 @@ def estimate_job(
     memest = tool_source("memest")
     if log:
         log(f"memest: {memest.describe()}")
-    prof = load_profile(profile)
+    prof = load_profile(profile, capacity)
     seconds: dict[str, float] = {}
     ml_model = ml_model or (
         Path(os.environ["MEMTRACE_ML_MODEL"]) if os.environ.get("MEMTRACE_ML_MODEL") else None
@@ -217,7 +217,7 @@ def estimate_job(
             cmd += ["--features", str(d / "features.json")]
         cmd += ["--fake-trace", str(d / "plain.jsonl"), "--profile", str(prof.path), "--json"]
         if capacity is not None:
-            cmd += ["--capacity", capacity]
+            cmd.append(f"--capacity={capacity}")
         if point:
             cmd.append("--point")
         if ml_model is not None:

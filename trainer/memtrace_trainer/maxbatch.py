@@ -39,7 +39,7 @@ def _memsim_source() -> dict[str, str]:
 def _replay(trace: Path, profile: Path, capacity: str | None, point: bool) -> dict[str, Any]:
     cmd = ["replay", str(trace), "--json", "--profile", str(profile)]
     if capacity is not None:
-        cmd += ["--capacity", capacity]
+        cmd.append(f"--capacity={capacity}")
     if point:
         cmd.append("--point")
     done = run_tool("memsim", cmd)
@@ -172,7 +172,7 @@ def max_batch(
     """`capacity` is the device's total memory as the user typed it (`40GiB`); memsim parses it,
     and rejects a bad one naming it. `unit` names the searched axis and its step (progress
     lines say `sequence length 2048` for `max_seq`)."""
-    prof = load_profile(profile)
+    prof = load_profile(profile, capacity)
     if limit < 1:
         raise UserError(f"--limit {limit}: expected a positive batch size")
     axis, step = unit
@@ -241,7 +241,7 @@ def min_world_size(
     job at that world size and replays it with `memsim replay`, the fit check of `estimate`.
     Probing stops at the first fit; sizes where the strategy cannot run are reported, not
     skipped silently."""
-    prof = load_profile(profile)
+    prof = load_profile(profile, capacity)
     started = time.perf_counter()
     probes: list[dict[str, Any]] = []
     defaults: dict[str, Any] = {}

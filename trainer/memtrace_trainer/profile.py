@@ -71,8 +71,9 @@ def known_profiles() -> list[str]:
 
 
 @functools.lru_cache(maxsize=32)
-def _read(name: str) -> dict[str, Any]:
-    done = run_tool("memsim", ["profile", name, "--json"])
+def _read(name: str, capacity: str | None = None) -> dict[str, Any]:
+    cap = [] if capacity is None else [f"--capacity={capacity}"]
+    done = run_tool("memsim", ["profile", name, *cap, "--json"])
     if done.returncode != 0:
         msg = error_line(done.stderr)
         raise UserError(msg or f"memsim profile {name} failed ({done.returncode})")
@@ -85,10 +86,11 @@ def _read(name: str) -> dict[str, Any]:
     return data
 
 
-def load_profile(name: str | None) -> Profile:
+def load_profile(name: str | None, capacity: str | None = None) -> Profile:
     """A profile NAME (profiles/NAME.toml or $MEMTRACE_PROFILES) or a .toml path; `None` is the
-    default profile, a100-40gb."""
-    data = _read(name or DEFAULT_PROFILE)
+    default profile, a100-40gb. A `capacity` (`--capacity` as the user typed it) is checked by
+    memsim's one size parser here, so a bad one fails before any tracing."""
+    data = _read(name or DEFAULT_PROFILE, capacity)
     try:
         cc = data["gpu"]["compute_capability"]
         derived = data["derived"]

@@ -287,3 +287,29 @@ def test_capacity_source_words_are_memsims(tmp_path: Path) -> None:
         done = subprocess.run([str(require("memsim")), "replay", str(trace), "--profile",
                                "a100-40gb", *flags], capture_output=True, text=True, check=True)  # fmt: skip
         assert f"({capacity_source_text(source)};" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        # Checked by memsim's size parser before any tracing (before, "-1GiB" reached memest as
+        # two arguments after the whole trace, and its error named '-1').
+        (["--capacity=-1GiB"], 'invalid size "-1GiB"'),
+        (["--capacity", "0"], 'invalid capacity "0"'),
+        (["--grad-accum", "0"], "--grad-accum 0: expected at least 1"),
+        (["--strategy", "ddp"], "--world-size is required with --strategy"),
+    ],
+)
+def test_bad_flags_are_refused_with_their_names(flags: list[str], said: str) -> None:
+    require("memsim")
+    done = cli("estimate", "--model", MLP, "--batch-size", "8", *flags, check=False)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+    assert "internal error" not in done.stderr
+
+
+def test_a_classifier_needs_a_class() -> None:
+    done = cli("symtrace", "--model", "torchvision:resnet18", "--batch-size", "2",
+               "--num-classes", "0", "--out", "/dev/null", check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--num-classes 0: expected a positive integer" in done.stderr

@@ -421,3 +421,17 @@ def test_num_classes_on_a_token_task_is_warned_about(tmp_path: Path) -> None:
     done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8",
                "--num-classes", "5", "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
     assert "--num-classes 5 has no effect: --task causal-lm" in done.stderr
+
+
+def test_a_sequence_beyond_the_models_positions_is_warned_about(tmp_path: Path) -> None:
+    # The meta device does not check the position lookup a real run fails at.
+    def err(seq: int) -> str:
+        out = tmp_path / "t.jsonl"
+        done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", str(seq),
+                   "--steps", "1", "--out", str(out))  # fmt: skip
+        return done.stderr
+
+    said = err(512)
+    assert "a sequence of 512 tokens is beyond" in said
+    assert "tiny-llama.json's max_position_embeddings (256)" in said
+    assert "beyond" not in err(256)

@@ -8,7 +8,7 @@ use estimators::estimate_text::{EstimateText, EstimateView};
 use estimators::features::Features;
 use estimators::tracefile::LoadedTrace;
 use simulator::profile::Profile;
-use simulator::units::parse_size;
+use simulator::units::parse_capacity;
 
 #[derive(clap::Args)]
 #[command(after_help = "Act on the symbolic estimate (the headline); the others are baselines, each \
@@ -34,7 +34,7 @@ pub struct Args {
     profile: String,
     /// The GPU's total memory (e.g. 40GiB, 40960MiB); the memory outside the allocator is
     /// subtracted inside. Default: the profile's total memory.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
     /// A truncated trace is an error (exit 2) instead of a warning.
     #[arg(long)]

@@ -6,7 +6,7 @@ use anyhow::Result;
 use simulator::colocate::{colocate, Align, Job, Mode};
 use simulator::fit::{self, Outside};
 use simulator::replay::ReplayOptions;
-use simulator::units::{mib, parse_size};
+use simulator::units::{mib, parse_capacity, parse_size};
 
 /// How to combine the jobs (`--align`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
     /// The GPU's total memory, e.g. 80GiB or 81920MiB. Default: the profile's total memory.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
     /// Memory each process holds outside the allocator, e.g. 500MiB. Default: from the profile,
     /// the context plus cuBLAS/cuDNN for the libraries each trace says its job loads.

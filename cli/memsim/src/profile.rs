@@ -9,7 +9,7 @@ use simulator::units::mib;
 #[derive(clap::Args)]
 #[command(after_help = "JSON: {\"name\", \"path\", \"gpu\", \"software\", \"outside_allocator\", \"workspace\", \
 \"calibration\", \"provenance\": {\"unmeasured\": [...]}, \"derived\": {\"cublas_workspace_bytes\", \
-\"cublaslt_workspace_bytes\", \"cudnn_workspace_factor\", \"allocator\"}}. cublaslt_workspace_bytes is 0 unless the Lt workspace is \
+\"cublaslt_workspace_bytes\", \"cudnn_workspace_factor\", \"allocator\"}, \"capacity\": {\"bytes\", \"source\"}}. cublaslt_workspace_bytes is 0 unless the Lt workspace is \
 allocated per call.")]
 pub struct Args {
     /// A name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
@@ -21,6 +21,10 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also check a device capacity as the fit commands read it (e.g. 40GiB): the JSON gains
+    /// `capacity` {bytes, source}. Python checks its `--capacity` here before tracing.
+    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE", conflicts_with = "list")]
+    capacity: Option<u64>,
 }
 
 pub fn run(a: Args) -> Result<u8> {
@@ -34,6 +38,7 @@ pub fn run(a: Args) -> Result<u8> {
         return Ok(0u8);
     };
     let (p, path) = Profile::load(name)?;
+    let (capacity, _) = simulator::fit::capacity(a.capacity, Some(&p));
     let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
     if a.json {
         let mut v = serde_json::to_value(&p)?;
@@ -45,6 +50,7 @@ pub fn run(a: Args) -> Result<u8> {
             "cudnn_workspace_factor": p.workspace.cudnn_workspace_factor,
             "allocator": p.software.allocator,
         });
+        v["capacity"] = serde_json::to_value(capacity)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0u8);
     }
@@ -55,6 +61,9 @@ pub fn run(a: Args) -> Result<u8> {
         p.gpu.name, p.gpu.compute_capability[0], p.gpu.compute_capability[1], p.gpu.sm_count
     );
     println!("  total memory        {} ({} B)", mib(p.gpu.total_memory), p.gpu.total_memory);
+    if let Some(c) = capacity.filter(|_| a.capacity.is_some()) {
+        println!("  capacity            {} ({} B, {})", mib(c.bytes), c.bytes, c.source.describe());
+    }
     println!(
         "  software            torch {}, CUDA {}, allocator rules {}",
         p.software.torch, p.software.cuda, p.software.allocator

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
 use simulator::snapshot::{read_snapshot, validate, ValidateOptions, Verdict};
-use simulator::units::{mib, parse_size};
+use simulator::units::{mib, parse_capacity};
 
 /// Arguments of `memsim validate`.
 #[derive(clap::Args)]
@@ -15,7 +15,7 @@ pub struct Args {
     snapshot: PathBuf,
     /// Device capacity: predict `segment_free`/`segment_unmap` bursts with the OOM chain instead of
     /// replaying each recorded burst as an `empty_cache`.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
     /// PyTorch version whose rules apply (default: guessed from the snapshot's settings).
     #[arg(long, value_name = "VER")]

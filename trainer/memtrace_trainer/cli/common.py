@@ -334,7 +334,7 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
         steps,
         args.get("amp"),
         args.get("checkpointing") or None,
-        args.get("grad_accum") or 1,
+        1 if args.get("grad_accum") is None else args["grad_accum"],
         emulate,
         args.get("world_size"),
         args.get("strategy"),

@@ -221,13 +221,23 @@ def model_loss(out: Any, _target: Any) -> torch.Tensor:
 DEFAULT_SEQ = 2048
 
 
-def default_seq_len(config: Any) -> tuple[int, str]:
-    """The sequence length when the user gives none, and why: the model's maximum, capped at
-    2048 (a long-context model's maximum, 128k tokens, is not what a fine-tune trains at)."""
+def max_positions(config: Any) -> tuple[int, str] | None:
+    """The longest sequence the config allows, and the field that says so; `None` when it has
+    no maximum (T5's relative positions)."""
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
-            if value <= DEFAULT_SEQ:
-                return value, f"{name}, the model's maximum"
-            return DEFAULT_SEQ, f"a common fine-tuning length; the model allows {value}"
-    return 512, "T5's pre-training length (the config has no maximum)"
+            return value, name
+    return None
+
+
+def default_seq_len(config: Any) -> tuple[int, str]:
+    """The sequence length when the user gives none, and why: the model's maximum, capped at
+    2048 (a long-context model's maximum, 128k tokens, is not what a fine-tune trains at)."""
+    most = max_positions(config)
+    if most is None:
+        return 512, "T5's pre-training length (the config has no maximum)"
+    value, name = most
+    if value <= DEFAULT_SEQ:
+        return value, f"{name}, the model's maximum"
+    return DEFAULT_SEQ, f"a common fine-tuning length; the model allows {value}"

@@ -115,6 +115,12 @@ def _hf(
         seq = seq_len
     if seq < 1:
         raise UserError(f"--seq-len {seq}: expected a positive integer")
+    most = hf.max_positions(config)
+    if most is not None and seq > most[0]:
+        warn(f"a sequence of {seq} tokens is beyond {hfspec.name}'s {most[1]} ({most[0]}): a "
+             "real run fails at the position lookup of a model with learned positions, and one "
+             "with rotary positions runs outside what it was trained on; this estimates the "
+             "memory alone")  # fmt: skip
     model = finetune.apply(model, tune.regime, task, config.model_type)
     w = Workload(spec, model, hf.batch_maker(config, task, batch, seq, device), hf.model_loss,
                  batch, config.model_type, defaults)  # fmt: skip
@@ -157,6 +163,9 @@ def build_workload(
     run or the FakeTensor baseline asks for another)."""
     if batch_size < 1:
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
+    for classes in (num_classes, (tune or Tune()).num_classes):
+        if classes is not None and classes < 1:
+            raise UserError(f"--num-classes {classes}: expected a positive integer")
     shape = _parse_shape(input_shape)
     source, _, name = spec.partition(":")
     if source in ("torchvision", "timm"):

@@ -103,7 +103,9 @@ def mp_policy(text: str) -> tuple[torch.dtype, torch.dtype]:
 
 
 def check_world_size(world_size: int | None) -> None:
-    if world_size is None or world_size < 1:
+    if world_size is None:
+        raise UserError("--world-size is required with --strategy: the number of ranks")
+    if world_size < 1:
         raise UserError(f"--world-size {world_size}: expected a positive number of ranks")
 
 
