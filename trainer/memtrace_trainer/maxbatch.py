@@ -60,6 +60,7 @@ def _replay(trace: Path, profile: Path, capacity: str | None, point: bool) -> di
             "oom": bool(data["oom"]),
             "peak_reserved_bytes": int(data["peak_reserved_bytes"]),
             "peak_allocated_bytes": int(data["peak_allocated_bytes"]),
+            "need_floor_bytes": int(data["need_floor_bytes"]),
             "warnings": list(data.get("warnings", [])),
         }
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
@@ -160,6 +161,30 @@ def max_seq(
     return result
 
 
+# Probes past the first batch that does not fit, at most (see `_beyond_the_boundary`).
+SCAN_BEYOND = 8
+
+
+def _beyond_the_boundary(
+    probe: Callable[[int], bool], probes: dict[int, dict[str, Any]], bad: int, limit: int, best: int
+) -> tuple[int, int | None]:
+    """The largest batch that fits, when the need is not monotone: the allocator's packing
+    (reserved minus allocated) moves with the shapes, so a batch above the first that does not
+    fit may fit again. Batches above it are probed one by one while the last one's floor (its
+    need with the allocated peak in place of the reserved) is within the capacity: the allocated
+    peak grows with the batch, so past that no batch can fit. Returns the best batch and, when
+    the probes ran out first, the first batch left unprobed."""
+    b = bad
+    for _ in range(SCAN_BEYOND):
+        if b >= limit or probes[b]["need_floor_bytes"] > probes[b]["capacity"]:
+            return best, None
+        b += 1
+        if probe(b):
+            best = b
+    done = b >= limit or probes[b]["need_floor_bytes"] > probes[b]["capacity"]
+    return best, None if done else b + 1
+
+
 def max_batch(
     trace_at: TraceAt,
     iterations: int,
@@ -183,6 +208,8 @@ def max_batch(
     with tempfile.TemporaryDirectory(prefix="memtrace-maxbatch-") as tmp:
 
         def probe(batch: int) -> bool:
+            if batch in probes:
+                return bool(probes[batch]["fits"])
             label = f"{command}: {axis} {batch * step}"
             result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label)
             defaults.update(result.pop("defaults"))
@@ -208,6 +235,14 @@ def max_batch(
                         best = mid
                     else:
                         bad = mid
+                best, unprobed = _beyond_the_boundary(probe, probes, bad, limit, best)
+                if unprobed is not None:
+                    what = "batch sizes" if axis == "batch" else f"{axis}s"
+                    warn(
+                        f"{command}: the need is not monotone in the {axis} here, and {what} "
+                        f"from {unprobed * step} up were not all probed ({SCAN_BEYOND} probes "
+                        "past the first that does not fit): a larger one may fit"
+                    )
     at_best = probes.get(best)
     any_probe = next(iter(probes.values()))
     return {

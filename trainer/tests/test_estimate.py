@@ -313,3 +313,35 @@ def test_a_classifier_needs_a_class() -> None:
                "--num-classes", "0", "--out", "/dev/null", check=False)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "--num-classes 0: expected a positive integer" in done.stderr
+
+
+def test_the_batch_search_looks_past_a_need_that_is_not_monotone() -> None:
+    # The allocator's packing moves with the shapes: batch 6 does not fit, 7 does again. Past
+    # the first batch that does not fit, batches are probed while their floor (allocated peak in
+    # place of the reserved) is within the capacity.
+    from memtrace_trainer import maxbatch
+
+    fits = {b: b < 6 or b in (7, 11) for b in range(1, 40)}
+    asked: list[int] = []
+
+    def search(floor_per_batch: int, limit: int = 100) -> tuple[int, int | None]:
+        probes = {
+            b: {"fits": fits[b], "need_floor_bytes": floor_per_batch * b, "capacity": 85}
+            for b in range(1, 7)
+        }
+        asked.clear()
+
+        def probe(b: int) -> bool:
+            asked.append(b)
+            probes[b] = {"fits": fits[b], "need_floor_bytes": floor_per_batch * b, "capacity": 85}
+            return fits[b]
+
+        return maxbatch._beyond_the_boundary(probe, probes, 6, limit, 5)
+
+    assert search(10) == (7, None)
+    assert asked == [7, 8, 9]  # 9's floor (90) passes 85: 11 cannot fit, and is not probed
+    assert search(10, limit=6) == (5, None) and asked == []
+    # When the probes run out first, the first batch left unprobed is returned, to be warned of.
+    best, unprobed = search(1)
+    assert len(asked) == maxbatch.SCAN_BEYOND and best == 11
+    assert unprobed == 6 + maxbatch.SCAN_BEYOND + 1

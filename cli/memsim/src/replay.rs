@@ -117,6 +117,20 @@ impl Replayed {
     pub fn safe(&self) -> u64 {
         self.fit.device_safe(&self.outside, &self.margin)
     }
+
+    /// The need with perfect packing: the allocated peak in place of the reserved, with the
+    /// same outside terms (and margin, unless `point`). A batch search stops probing larger
+    /// batches once this passes the capacity: when the allocated peak grows with the batch, theirs
+    /// are at least this one's, so however the allocator packs them they cannot fit.
+    pub fn need_floor(&self, point: bool) -> u64 {
+        let allocated = self.fit.report.peak_allocated_bytes;
+        let at_least = allocated.saturating_add(self.outside.total_bytes);
+        if point {
+            at_least
+        } else {
+            self.margin.safe(at_least, allocated)
+        }
+    }
 }
 
 /// The safety margin for a trace (none without a profile), warning when coverage is unmeasured.
@@ -224,6 +238,7 @@ fn replay_one(
         v["outside_allocator"] = serde_json::to_value(&r.outside)?;
         v["peak_device_bytes"] = r.point().into();
         v["peak_device_safe_bytes"] = r.safe().into();
+        v["need_floor_bytes"] = r.need_floor(a.judge.point).into();
         v["margin"] = serde_json::to_value(&r.margin)?;
         v["verdict"] = serde_json::to_value(&r.verdict)?;
         v["warnings"] = serde_json::to_value(&r.warnings)?;
