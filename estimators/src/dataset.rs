@@ -343,6 +343,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
             total_parameters: num(c_par, "Total Parameters")?,
             total_activations: num(c_act, "Total Activations")?,
             batch_size: Some(batch),
+            model: None,
             layers,
         };
         let filename = get(c_file, "Filename")?.trim().to_string();

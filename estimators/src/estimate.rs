@@ -234,6 +234,32 @@ fn mib(b: u64) -> f64 {
 }
 
 /// Run every estimator on one job.
+/// Warnings when the features (and the batch the baselines use) describe another job than the
+/// trace the headline replays: the two answers would then be of different jobs, side by side.
+fn other_job(t: &LoadedTrace, f: Option<&Features>, batch: Option<u64>) -> Vec<String> {
+    let mut w = Vec::new();
+    let Some(f) = f else { return w };
+    if let (Some(fm), Some(tm)) = (f.model.as_deref(), t.meta(&metadata::MODEL)) {
+        if fm != tm {
+            w.push(format!(
+                "the features are of {fm} and the trace ({}) of {tm}: the baselines describe another job than \
+                 the symbolic headline",
+                t.path.display()
+            ));
+        }
+    }
+    if let (Some(b), Some(tb)) = (batch, t.header.meta_count(&metadata::BATCH_SIZE)) {
+        if b != tb {
+            w.push(format!(
+                "the baselines are for batch {b} and the trace ({}) was taken at batch {tb}: the symbolic \
+                 headline is batch {tb}'s",
+                t.path.display()
+            ));
+        }
+    }
+    w
+}
+
 pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let (profile, ppath) = input.profile;
     let t = input.trace;
@@ -259,6 +285,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     // family for the report, the margin and the libraries.
     let family = Family::listed(&t.header).or_else(|| f.map(Features::family)).or_else(|| Family::recorded(&t.header));
     warnings.extend(fit::profile_mismatch(&t.header, ppath));
+    warnings.extend(other_job(t, f, batch));
     let libs = job_libraries(Some(t), f, family);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());

@@ -31,6 +31,8 @@ pub struct Features {
     pub total_activations: u64,
     /// Batch size, when the features were taken for one.
     pub batch_size: Option<u64>,
+    /// The model the features were taken of (`model`, e.g. `torchvision:resnet18`), when named.
+    pub model: Option<String>,
     /// Layers in execution order.
     pub layers: Vec<Layer>,
 }
@@ -52,7 +54,15 @@ impl Features {
         let total_activations = count("total_activations")?;
         let batch_size = match v.get("batch_size") {
             None | Some(serde_json::Value::Null) => None,
-            Some(b) => Some(b.as_u64().ok_or_else(|| field("batch_size", "expected a whole number >= 1"))?),
+            Some(b) => {
+                Some(b.as_u64().filter(|&n| n > 0).ok_or_else(|| field("batch_size", "expected a whole number >= 1"))?)
+            }
+        };
+        let model = match v.get("model") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(m) => {
+                Some(m.as_str().ok_or_else(|| field("model", "expected the model's name, a string"))?.to_string())
+            }
         };
         // Layers in execution order: the `sequence` list ([type, activations, parameters] per
         // layer) when present; else `layers`, an object keyed by execution index.
@@ -100,7 +110,7 @@ impl Features {
             keyed.sort_by_key(|(i, _)| *i);
             keyed.into_iter().map(|x| x.1).collect()
         };
-        Ok(Features { total_parameters, total_activations, batch_size, layers })
+        Ok(Features { total_parameters, total_activations, batch_size, model, layers })
     }
 
     /// Read and parse a features JSON file.

@@ -57,6 +57,7 @@ fn analytic_terms_by_optimizer_and_precision() {
         total_parameters: 1_000_000,
         total_activations: 1000,
         batch_size: None,
+        model: None,
         layers: vec![Layer { kind: "Linear".into(), activations: 1000, parameters: 1_000_000 }],
     };
     let p = profile();

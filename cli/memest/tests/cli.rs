@@ -375,3 +375,38 @@ fn estimate_without_features_is_a_step_function_estimate_with_per_step_peaks() {
     let (ok, out, _) = memest(&["estimate", "--trace", &t]);
     assert!(ok && out.contains("per step: first") && out.contains("steady (steps 2-2)"), "{out}");
 }
+
+/// Features of another job than the trace, or baselines at another batch, put two jobs' answers
+/// side by side: said, not silent. A batch of 0 is refused.
+#[test]
+fn features_of_another_job_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = [("batch_size", "8"), ("model", "hf:gpt2"), ("cuda_emulation", "true")];
+    let t = dir.path().join("t.jsonl");
+    std::fs::write(&t, jsonl_trace(&meta, &[('a', 1, 3 * MIB)])).unwrap();
+    let feats = |name: &str, body: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, format!(r#"{{"total_parameters": 100, "total_activations": 10, {body} "layers": {{}}}}"#))
+            .unwrap();
+        f.display().to_string()
+    };
+    let t = t.display().to_string();
+    let warnings = |f: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["estimate", "--trace", &t, "--features", f, "--json"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = memest(&args);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap().to_string()).collect()
+    };
+    let same = feats("same.json", r#""model": "hf:gpt2", "batch_size": 8,"#);
+    assert!(!warnings(&same, &[]).iter().any(|w| w.contains("another job") || w.contains("batch 8's")));
+    let other = feats("other.json", r#""model": "torchvision:resnet18","#);
+    assert!(warnings(&other, &[]).iter().any(|w| w.contains("of torchvision:resnet18") && w.contains("another job")));
+    assert!(warnings(&same, &["--batch-size", "16"]).iter().any(|w| w.contains("baselines are for batch 16")));
+    let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &same, "--batch-size", "0"]);
+    assert!(!ok && err.contains("--batch-size"), "{err}");
+    let zero = feats("zero.json", r#""batch_size": 0,"#);
+    let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &zero]);
+    assert!(!ok && err.contains("batch_size") && err.contains(">= 1"), "{err}");
+}

@@ -65,7 +65,53 @@ fn read_estimate(path: &PathBuf) -> Result<serde_json::Value> {
     if v.get("estimates").and_then(|e| e.as_object()).is_none() {
         bail!("--estimate {}: field `estimates` missing: expected `estimate --json` output", path.display());
     }
+    // The page's headline never gives a verdict the numbers beside it contradict.
+    let verdict = &v["verdict"];
+    let num = |k: &str| verdict.get(k).and_then(serde_json::Value::as_f64);
+    if let (Some(fits), Some(need), Some(cap)) =
+        (verdict.get("fits").and_then(|f| f.as_bool()), num("need_mib"), num("capacity_mib"))
+    {
+        if fits != (need <= cap) {
+            bail!(
+                "--estimate {}: field `verdict.fits` is {fits} but need_mib {need:.1} {} capacity_mib {cap:.1}",
+                path.display(),
+                if need <= cap { "<=" } else { ">" }
+            );
+        }
+    }
     Ok(v)
+}
+
+/// A warning when the estimate is of another job than the trace the page explains (the
+/// estimate's `model`/`batch_size` against the trace header's).
+fn other_job(
+    estimate: &serde_json::Value,
+    path: &std::path::Path,
+    header: &trace::Header,
+    file: &std::path::Path,
+) -> Option<String> {
+    let said = |k: &str| {
+        estimate.get(k).filter(|v| !v.is_null()).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+    };
+    let pairs = [
+        ("model", said("model"), header.meta(&trace::metadata::MODEL).map(str::to_string)),
+        ("batch_size", said("batch_size"), header.meta(&trace::metadata::BATCH_SIZE).map(str::to_string)),
+    ];
+    let differ: Vec<String> = pairs
+        .into_iter()
+        .filter_map(|(k, e, t)| match (e, t) {
+            (Some(e), Some(t)) if e != t => Some(format!("{k} {e} against {t}")),
+            _ => None,
+        })
+        .collect();
+    (!differ.is_empty()).then(|| {
+        format!(
+            "--estimate {} is of another job than {} ({}): the page puts two jobs side by side",
+            path.display(),
+            file.display(),
+            differ.join(", ")
+        )
+    })
 }
 
 fn to_json(rep: &report::Report, version: &str, verdicts: &[ProfileVerdict], warnings: &[String]) -> serde_json::Value {
@@ -115,6 +161,7 @@ pub fn run(a: Args) -> Result<u8> {
     )?;
     let mut warnings = read.warnings(&a.file, a.strict)?;
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
+        warnings.extend(other_job(e, path, &read.header, &a.file));
         if a.html.is_some() && html::estimate_headline(e).is_none() {
             warnings.push(format!(
                 "--estimate {}: no `text.headline` with `verdict.need_mib` and `verdict.fits` (written before \

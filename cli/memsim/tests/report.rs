@@ -65,7 +65,24 @@ fn memsim_report_refuses_bad_input_without_writing() {
     let out = dir.path().join("r.html");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{\"not\": \"an estimate\"}").unwrap();
+    let contradicted = dir.path().join("contradicted.json");
+    std::fs::write(
+        &contradicted,
+        r#"{"estimates": {}, "verdict": {"need_mib": 99999.0, "capacity_mib": 40536.0, "fits": true}}"#,
+    )
+    .unwrap();
     for (args, expect) in [
+        (
+            vec![
+                "report",
+                t.to_str().unwrap(),
+                "--html",
+                out.to_str().unwrap(),
+                "--estimate",
+                contradicted.to_str().unwrap(),
+            ],
+            "field `verdict.fits` is true but need_mib 99999.0 > capacity_mib 40536.0",
+        ),
         (
             vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", bad.to_str().unwrap()],
             "field `estimates` missing",
@@ -77,6 +94,35 @@ fn memsim_report_refuses_bad_input_without_writing() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(expect), "{args:?}: {err}");
         assert!(!out.exists(), "{args:?}: no partial page");
+    }
+}
+
+#[test]
+fn memsim_report_says_when_the_estimate_is_of_another_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    let mut h = header();
+    h.set_meta(&trace::metadata::MODEL, "torchvision:resnet18");
+    h.set_meta(&trace::metadata::BATCH_SIZE, "16");
+    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    for r in records() {
+        w.write(&r).unwrap();
+    }
+    w.finish().unwrap();
+    let est = dir.path().join("est.json");
+    let out = dir.path().join("r.html");
+    for (model, batch, warned) in [("hf:gpt2", 2, true), ("torchvision:resnet18", 16, false)] {
+        let body = format!(r#"{{"estimates": {{}}, "model": "{model}", "batch_size": {batch}}}"#);
+        std::fs::write(&est, body).unwrap();
+        let args =
+            ["report", path.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", est.to_str().unwrap()];
+        let (code, _, err) = memsim(&args);
+        assert_eq!(code, 0, "{err}");
+        let said = "is of another job than";
+        assert_eq!(err.contains(said), warned, "{model}: {err}");
+        if warned {
+            assert!(err.contains("model hf:gpt2 against torchvision:resnet18, batch_size 2 against 16"), "{err}");
+        }
     }
 }
 

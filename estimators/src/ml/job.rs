@@ -41,6 +41,7 @@ pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<DatasetR
         total_parameters: count("total_parameters")?,
         total_activations: count("total_activations")?,
         batch_size: None,
+        model: None,
         layers,
     };
     Ok(DatasetRow::unmeasured(
