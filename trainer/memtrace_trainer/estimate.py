@@ -73,8 +73,13 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
 class ModelJob:
     """A model spec or `--entry`, run by the tracer's own loop (`StepConfig`)."""
 
-    def __init__(self, workload_for: Any, step: StepConfig) -> None:
+    def __init__(
+        self, workload_for: Any, step: StepConfig, shape: dict[str, Any] | None = None
+    ) -> None:
+        """`shape`: the input-shape flags as given (`seq_len`, `input_shape`, `num_classes`);
+        those given go into the answer's inputs (the ones left out show under `defaults`)."""
         self.workload_for, self.step = workload_for, step
+        self.shape = {k: v for k, v in (shape or {}).items() if v is not None}
         self.first: Workload = workload_for()
         self.spec, self.batch_size = self.first.spec, self.first.batch_size
 
@@ -95,6 +100,7 @@ class ModelJob:
         s = self.step
         return {
             "batch_size": self.batch_size,
+            **self.shape,
             "optimizer": s.optimizer,
             "amp": s.amp or "fp32",
             "checkpointing": s.checkpointing,

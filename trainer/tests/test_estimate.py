@@ -345,3 +345,12 @@ def test_the_batch_search_looks_past_a_need_that_is_not_monotone() -> None:
     best, unprobed = search(1)
     assert len(asked) == maxbatch.SCAN_BEYOND and best == 11
     assert unprobed == 6 + maxbatch.SCAN_BEYOND + 1
+
+
+def test_the_answer_names_the_shape_flags_it_was_given() -> None:
+    require("memest")
+    done = cli("estimate", "--model", "torchvision:resnet18", "--batch-size", "2",
+               "--input-shape", "3,32,32", "--num-classes", "10", "--json")  # fmt: skip
+    inputs = json.loads(done.stdout)["inputs"]
+    assert (inputs["input_shape"], inputs["num_classes"]) == ("3,32,32", 10), inputs
+    assert "seq_len" not in inputs  # not given, and an image model has none

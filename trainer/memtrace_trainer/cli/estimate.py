@@ -254,7 +254,8 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         if args.batch_size is None:
             raise UserError("--batch-size is required with --model and --entry")
         build = _workloads(args)
-        job = ModelJob(lambda: build(args.batch_size), _step(args))
+        shape = {k: getattr(args, k) for k in ("seq_len", "input_shape", "num_classes")}
+        job = ModelJob(lambda: build(args.batch_size), _step(args), shape)
     return estimate_job(
         job,
         args.profile,
