@@ -435,3 +435,22 @@ def test_a_sequence_beyond_the_models_positions_is_warned_about(tmp_path: Path) 
     assert "a sequence of 512 tokens is beyond" in said
     assert "tiny-llama.json's max_position_embeddings (256)" in said
     assert "beyond" not in err(256)
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"model_type": "gpt2", "n_layer": "two"}, "n_layer"),
+        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5}, "not a multiple"),
+    ],
+)
+def test_a_config_transformers_rejects_is_the_users_error(
+    tmp_path: Path, config: dict, said: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    done = cli("symtrace", "--model", f"hf-config:{path}", "--batch-size", "1",
+               "--out", str(tmp_path / "t.jsonl"), check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{path}: transformers rejects the config" in done.stderr and said in done.stderr
+    assert "internal error" not in done.stderr

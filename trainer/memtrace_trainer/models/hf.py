@@ -106,6 +106,12 @@ def to_config(spec: HFSpec) -> Any:
         )
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
+    except _config_errors() as e:
+        # Recent transformers validate configs as strict dataclasses (a field of the wrong type,
+        # a hidden size its heads do not divide): the user's file, said as such.
+        raise UserError(
+            f"{spec.source}: transformers rejects the config ({_one_line(e)})"
+        ) from None
     except ValueError as e:
         if "Unrecognized model" in str(e) or "model_type" in str(e):
             raise UserError(
@@ -115,6 +121,19 @@ def to_config(spec: HFSpec) -> Any:
         raise UserError(f"{spec.source}: transformers rejects the config ({e})") from None
     except (TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{spec.source}: transformers rejects the config ({e})") from None
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """huggingface_hub's strict-dataclass validation errors, where this version has them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def default_task(config: Any) -> str:
