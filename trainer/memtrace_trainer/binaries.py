@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -134,11 +135,20 @@ def find_shim() -> Found:
 
 
 def error_line(stderr: str) -> str:
-    """The one line of a Rust CLI's failure worth showing: its `error:` line without the program
-    prefix (clap adds usage lines after it; warnings may come before it)."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in lines:
+    """A Rust CLI's failure as one line: its `error:` line without the program prefix, and the
+    lines the error goes on with (a TOML error's reason under its source excerpt), joined by
+    "; ". Warnings may come before it; clap's usage advice and source excerpts (`21 | ...`) are
+    left out."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    for i, line in enumerate(lines):
         for prefix in ("memsim: error: ", "memest: error: ", "error: "):
             if line.startswith(prefix):
-                return line.removeprefix(prefix)
-    return lines[-1] if lines else ""
+                said = [line.removeprefix(prefix)]
+                for more in lines[i + 1 :]:
+                    if not more or more.startswith(("Usage:", "For more information")):
+                        break
+                    if not re.match(r"^(\d+ *)?\|", more):
+                        said.append(more)
+                return "; ".join(said)
+    rest = [line for line in lines if line]
+    return rest[-1] if rest else ""

@@ -354,3 +354,29 @@ def test_the_answer_names_the_shape_flags_it_was_given() -> None:
     inputs = json.loads(done.stdout)["inputs"]
     assert (inputs["input_shape"], inputs["num_classes"]) == ("3,32,32", 10), inputs
     assert "seq_len" not in inputs  # not given, and an image model has none
+
+
+@pytest.mark.parametrize(
+    ("stderr", "line"),
+    [
+        # A TOML error goes on under its source excerpt: its reason is kept, the excerpt left out.
+        (
+            "memsim: warning: w\nmemsim: error: invalid profile p.toml: TOML parse error at line "
+            '21, column 16\n   |\n21 | total_memory = "40GiB"\n   |                ^^^^^^^\n'
+            'invalid type: string "40GiB", expected u64\n',
+            'invalid profile p.toml: TOML parse error at line 21, column 16; invalid type: string "40GiB", expected u64',
+        ),
+        # clap's usage advice is not the error.
+        (
+            "error: invalid value '0' for '--capacity <SIZE>': bad\n\nFor more information, try "
+            "'--help'.\n",
+            "invalid value '0' for '--capacity <SIZE>': bad",
+        ),
+        ("memest: error: x.jsonl: no such file\n", "x.jsonl: no such file"),
+        ("something else\nlast words\n", "last words"),
+    ],
+)
+def test_a_tools_error_is_one_line_with_its_reason(stderr: str, line: str) -> None:
+    from memtrace_trainer.binaries import error_line
+
+    assert error_line(stderr) == line
