@@ -531,6 +531,20 @@ fn profile_command_reads_profiles_once_for_everyone() {
     assert!(h200["provenance"]["unmeasured"].as_array().unwrap().len() >= 3, "{h200}");
 }
 
+/// A snapshot with no events is its start state alone: its peak is there, and so is the picture
+/// at the peak (before, it was taken only at a request, and read 0 segments beside 104 MiB).
+#[test]
+fn a_trace_that_is_only_its_start_state_has_a_picture_at_its_peak() {
+    let snap = crate::snapshot_support::shared_path("Charran78--DocuBox--dump_snapshot.pickle");
+    let v = json(&["replay", snap.to_str().unwrap(), "--json"]);
+    assert_eq!(v["requests"], 0, "no events: {v}");
+    let at = &v["devices"][0]["at_peak"];
+    assert!(v["peak_reserved_bytes"].as_u64().unwrap() > 0);
+    assert!(at["segments"].as_u64().unwrap() > 0, "{at}");
+    let r = json(&["report", snap.to_str().unwrap(), "--json"]);
+    assert_eq!(at["segments"], r["segments_at_peak"], "replay and report see the same peak");
+}
+
 #[test]
 fn stats_and_replay_say_why_their_peaks_differ_on_a_converted_snapshot() {
     let snap = crate::snapshot_support::shared_path("bcrafton--assignment2-systems--memory_snapshot.pickle");

@@ -69,6 +69,30 @@ struct DeviceState {
     outcome: Outcome,
 }
 
+impl DeviceState {
+    /// Takes the picture at a new reserved or allocated peak; returns (reserved, allocated) now.
+    #[inline(always)]
+    fn note_peaks(&mut self) -> (u64, u64) {
+        let stats = self.alloc.stats();
+        let reserved = stats.reserved_bytes[0].current.max(0) as u64;
+        let allocated = stats.allocated_bytes[0].current.max(0) as u64;
+        if reserved > self.peak_reserved_seen {
+            // Constant time: a new peak is set at every segment growth of a rising run.
+            self.peak_reserved_seen = reserved;
+            self.at_peak = Fragmentation {
+                reserved_minus_allocated: reserved.saturating_sub(allocated),
+                largest_free_block: self.alloc.largest_free_block(),
+                segments: self.alloc.mapped_ranges(),
+            };
+        }
+        if allocated > self.peak_allocated_seen {
+            self.peak_allocated_seen = allocated;
+            self.categories_at_peak = self.live_by_category;
+        }
+        (reserved, allocated)
+    }
+}
+
 /// Drives one allocator per device from trace records.
 pub struct Replayer {
     cfg: AllocatorConfig,
@@ -282,6 +306,8 @@ impl Replayer {
             self.live.placed(id, live);
             ds.live_by_category[cat_index(None)] += b.size;
         }
+        // A trace that is only its start state (a snapshot with no events) peaks here.
+        ds.note_peaks();
     }
 
     #[cold]
@@ -378,24 +404,9 @@ impl Replayer {
                 live.refused(device, id, t.addr);
             }
         }
-        let stats = ds.alloc.stats();
-        let reserved = stats.reserved_bytes[0].current.max(0) as u64;
-        let allocated = stats.allocated_bytes[0].current.max(0) as u64;
-        if reserved > ds.peak_reserved_seen {
-            // Constant time: a new peak is set at every segment growth of a rising run.
-            ds.peak_reserved_seen = reserved;
-            ds.at_peak = Fragmentation {
-                reserved_minus_allocated: reserved.saturating_sub(allocated),
-                largest_free_block: ds.alloc.largest_free_block(),
-                segments: ds.alloc.mapped_ranges(),
-            };
-        }
-        if allocated > ds.peak_allocated_seen {
-            ds.peak_allocated_seen = allocated;
-            ds.categories_at_peak = ds.live_by_category;
-        }
+        let (reserved, allocated) = ds.note_peaks();
         if let Some(out) = self.realized.as_mut() {
-            conversions::realize(out, source, device, &req, outcome);
+            conversions::realize(out, source, device, &req, &ds.outcome);
         }
         self.has_categories |= new_category;
         if failed.is_some() && self.oom_at.is_none() {
