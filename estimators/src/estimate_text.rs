@@ -83,6 +83,8 @@ pub struct MarginView {
 /// words use; other fields are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct EstimateView {
+    /// The schema version ([`crate::estimate::SCHEMA`]); the words are of that schema alone.
+    pub schema: u32,
     /// The estimator to act on.
     pub headline: String,
     /// The verdict.
@@ -122,6 +124,7 @@ impl From<&EstimateReport> for EstimateView {
             steps: a.steps.clone(),
         };
         EstimateView {
+            schema: r.schema,
             headline: r.headline.to_string(),
             verdict: r.verdict.clone(),
             estimates: r.estimates.iter().map(|(k, a)| (k.clone(), a.as_ref().map(answer))).collect(),

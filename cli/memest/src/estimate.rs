@@ -148,6 +148,13 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
         };
         anyhow::anyhow!("{name}:{at} {} ({expected})", e.inner())
     })?;
+    if view.schema != estimators::estimate::SCHEMA {
+        anyhow::bail!(
+            "{name}: field `schema` is {}: expected {} ({expected})",
+            view.schema,
+            estimators::estimate::SCHEMA
+        );
+    }
     // The words never give a verdict the numbers beside it contradict.
     let v = &view.verdict;
     if v.fits != (v.need_mib <= v.capacity_mib) {

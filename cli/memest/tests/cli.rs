@@ -176,6 +176,16 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, lying.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("field `verdict.fits` is"), "{code} {err}");
+    // The words are of schema 2 alone: another version, or none, is refused.
+    let mut later = v.clone();
+    later["schema"] = serde_json::json!(3);
+    std::fs::write(&est, later.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("field `schema` is 3: expected 2"), "{code} {err}");
+    later.as_object_mut().unwrap().remove("schema");
+    std::fs::write(&est, later.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("missing field `schema`"), "{code} {err}");
 }
 
 #[test]

@@ -272,7 +272,8 @@ fn replay_one(
             outln!(
                 out,
                 "  {:<19} {} reserved, {} allocated",
-                format!("steady (iter 1-{})", s.iter),
+                // Steps counted from 1, as `estimate` says them, whatever the markers' numbers.
+                format!("steady (steps 2-{})", rep.iterations.len()),
                 mib(s.peak_reserved_bytes),
                 mib(s.peak_allocated_bytes)
             );

@@ -137,7 +137,11 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     _model_source(m)
     step_args(m)
     finetune_args(m)
-    m.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
+    m.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
+    )
     _capacity_arg(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")
     m.add_argument("--json", action="store_true", help="print JSON")
@@ -156,7 +160,11 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     q.add_argument("--num-classes", type=int, help="classifier width (classification tasks)")
     step_args(q)
     finetune_args(q)
-    q.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
+    q.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
+    )
     _capacity_arg(q)
     q.add_argument(
         "--multiple-of",
@@ -177,7 +185,11 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     n.add_argument("--batch-size", type=int, required=True, help="samples per step per GPU")
     step_args(n)
     finetune_args(n)
-    n.add_argument("--profile", required=True, help="GPU profile NAME or .toml path")
+    n.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
+    )
     _capacity_arg(n)
     n.add_argument(
         "--world-sizes",
