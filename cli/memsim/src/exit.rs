@@ -24,7 +24,7 @@ pub fn main_with<C: clap::Parser>(
         Ok(code) => code,
         Err(e) if broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("{name}: error: {e:#}");
+            eprintln!("{name}: error: {}", chain_text(&e));
             2
         }
     };
@@ -45,6 +45,23 @@ pub fn process_main(main: fn(std::env::ArgsOs) -> u8) -> ExitCode {
     ExitCode::from(main(std::env::args_os()))
 }
 
+/// The error chain on one line, as `{:#}` prints it, less the causes an error's own message
+/// already quotes (a `thiserror` message that says `{source}` and also names it its source).
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
 fn broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
@@ -60,5 +77,35 @@ mod tests {
         check(anyhow::Error::new(Error::from(ErrorKind::BrokenPipe)).context("writing the report"), true);
         check(anyhow::Error::new(Error::from(ErrorKind::NotFound)).context("t.mtrace"), false);
         check(anyhow::anyhow!("broken pipe"), false);
+    }
+
+    /// An error whose message quotes its source, as a `thiserror` `{source}` message does.
+    #[derive(Debug)]
+    struct Quoting {
+        source: Error,
+    }
+
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "t.pickle: not a readable snapshot pickle: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn the_chain_says_each_cause_once() {
+        let check = |e: anyhow::Error, expect: &str| assert_eq!(super::chain_text(&e), expect);
+        let quoting = || Quoting { source: Error::other("file ends before STOP") };
+        check(anyhow::Error::new(quoting()), "t.pickle: not a readable snapshot pickle: file ends before STOP");
+        check(
+            anyhow::Error::new(quoting()).context("--trace t.pickle"),
+            "--trace t.pickle: t.pickle: not a readable snapshot pickle: file ends before STOP",
+        );
+        check(anyhow::Error::new(Error::from(ErrorKind::NotFound)).context("t.mtrace"), "t.mtrace: entity not found");
     }
 }
