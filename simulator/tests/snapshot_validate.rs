@@ -203,3 +203,20 @@ fn report_json_has_the_issue_fields() {
     assert_eq!(v["verdict"], "exact");
     assert_eq!(v["devices"][0]["allocs"], 1935, "per-device counts are flattened");
 }
+
+/// The peaks are one device's, as a replay reports them: several devices' peaks are never held
+/// by one GPU. A snapshot of segments only (the old list form) peaks at its start state.
+#[test]
+fn the_peaks_are_the_largest_devices() {
+    let r = run("Constructor-Sun--code_location--memory_snapshot.pickle");
+    assert!(r.devices.len() > 1);
+    let largest = r.devices.iter().map(|d| d.recorded_peak_reserved_bytes).max().unwrap();
+    assert_eq!(r.recorded_peak_reserved_bytes, largest);
+    let sum: u64 = r.devices.iter().map(|d| d.recorded_peak_reserved_bytes).sum();
+    assert!(sum > largest, "the devices' sum is another number");
+
+    let r = run("Muduard--LayoutEditing--memory_snapshot.pkl");
+    assert_eq!((r.allocs, r.segment_events), (0, 0), "no events to compare");
+    assert_eq!(r.recorded_peak_reserved_bytes, 3480 << 20, "the start state's segments");
+    assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes);
+}

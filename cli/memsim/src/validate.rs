@@ -57,9 +57,10 @@ pub fn run(a: Args) -> Result<u8> {
         r.extra_predicted_segment_events
     );
     println!(
-        "  peak reserved     recorded {}, predicted {}",
+        "  peak reserved     recorded {}, predicted {}{}",
         mib(r.recorded_peak_reserved_bytes),
-        mib(r.predicted_peak_reserved_bytes)
+        mib(r.predicted_peak_reserved_bytes),
+        if r.devices.len() > 1 { " (the largest device's)" } else { "" }
     );
     if r.empty_cache_bursts > 0 {
         println!(
@@ -88,9 +89,15 @@ pub fn run(a: Args) -> Result<u8> {
             );
         }
     }
+    let nothing = r.allocs == 0 && r.segment_events == 0;
     println!(
         "  verdict           {}",
         match r.verdict {
+            // Nothing was compared: say so, not that everything matched.
+            Verdict::Exact if nothing => {
+                "EXACT, but vacuously: the snapshot records no allocator events (only its segments), so \
+                 nothing was compared beyond loading its state"
+            }
             Verdict::Exact => "EXACT: every address and segment event matches",
             Verdict::ExplainedByStartState => "mismatches explained by the unrecoverable start state",
             Verdict::Mismatch => "MISMATCH beyond what the start state explains",

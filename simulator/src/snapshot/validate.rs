@@ -115,7 +115,8 @@ pub struct DeviceReport {
     pub first_mismatches: Vec<Mismatch>,
 }
 
-/// The result of [`validate`]. The flat fields sum over devices.
+/// The result of [`validate`]. The flat counts sum over devices; the peaks are the largest
+/// device's.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ValidationReport {
     /// Recorded allocations replayed.
@@ -128,9 +129,10 @@ pub struct ValidationReport {
     pub segment_event_matches: u64,
     /// Predicted segment events the trace does not have.
     pub extra_predicted_segment_events: u64,
-    /// Peak reserved bytes recorded (sum over devices of each device's peak).
+    /// Peak reserved bytes recorded: the largest device's, as `replay` reports a peak (no one
+    /// GPU holds the sum of several devices' peaks).
     pub recorded_peak_reserved_bytes: u64,
-    /// Peak reserved bytes predicted (sum over devices of each device's peak).
+    /// Peak reserved bytes predicted: the largest device's.
     pub predicted_peak_reserved_bytes: u64,
     /// What the start-state rebuild could not recover.
     pub unrecoverable: Vec<Unrecoverable>,
@@ -201,7 +203,10 @@ pub fn validate_from(
 ) -> Result<ValidationReport, SnapshotError> {
     let (cfg, version) = snapshot_config(snap, opts.version, opts.alloc_conf.as_deref())?;
     let mut devices = Vec::new();
-    for (d, entries) in snap.device_traces.iter().enumerate() {
+    // A device may hold segments and have no trace (the old list-of-segments form has none).
+    let count = start.segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0).max(snap.device_traces.len());
+    for d in 0..count {
+        let entries = snap.device_traces.get(d).map_or(&[][..], Vec::as_slice);
         let d = d as u32;
         if entries.is_empty() && start.device_segments(d).next().is_none() {
             continue;
@@ -211,14 +216,15 @@ pub fn validate_from(
         devices.push(Replay::new(alloc, d, start.reserved(d), opts.capacity).run(entries, start));
     }
     let sum = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).sum::<u64>();
+    let max = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).max().unwrap_or(0);
     let mut report = ValidationReport {
         allocs: sum(&|r| r.counts.allocs),
         alloc_addr_matches: sum(&|r| r.counts.alloc_addr_matches),
         segment_events: sum(&|r| r.counts.segment_events),
         segment_event_matches: sum(&|r| r.counts.segment_event_matches),
         extra_predicted_segment_events: sum(&|r| r.counts.extra_predicted_segment_events),
-        recorded_peak_reserved_bytes: sum(&|r| r.recorded_peak_reserved_bytes),
-        predicted_peak_reserved_bytes: sum(&|r| r.predicted_peak_reserved_bytes),
+        recorded_peak_reserved_bytes: max(&|r| r.recorded_peak_reserved_bytes),
+        predicted_peak_reserved_bytes: max(&|r| r.predicted_peak_reserved_bytes),
         unrecoverable: start.unrecoverable.clone(),
         empty_cache_bursts: sum(&|r| r.empty_cache_bursts),
         capacity: opts.capacity,
