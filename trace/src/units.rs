@@ -48,10 +48,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v.round() as u64)
 }
 
-/// A device capacity as users type it ([`parse_size`]), which cannot be zero.
+/// A device capacity as users type it ([`parse_size`]): at least a MiB, since no GPU is smaller
+/// and a bare number is bytes (`--capacity 40` is far more likely a missing `GiB` than 40 B).
 pub fn parse_capacity(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err(format!("invalid capacity {s:?}: a device holds more than 0 bytes (e.g. 40GiB)")),
+        n if n < 1 << 20 => Err(format!(
+            "invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (a number without a \
+             unit is bytes: did you mean {}GiB?)",
+            s.trim()
+        )),
         n => Ok(n),
     }
 }
@@ -65,6 +71,8 @@ mod tests {
         assert_eq!(parse_capacity("40GiB"), Ok(40 << 30));
         assert!(parse_capacity("0GiB").unwrap_err().contains("more than 0 bytes"));
         assert!(parse_capacity("-1GiB").is_err());
+        assert!(parse_capacity("40").unwrap_err().contains("did you mean 40GiB?"));
+        assert_eq!(parse_capacity("1MiB"), Ok(1 << 20));
     }
 
     #[test]
