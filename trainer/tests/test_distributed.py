@@ -61,7 +61,7 @@ def test_fsdp2_all_gathers_one_unit_at_a_time_within_the_full_model() -> None:
         ({"world_size": 4}, "--world-size needs --strategy"),
         ({"strategy": "nope", "world_size": 2}, "expected one of"),
         ({"strategy": "fsdp2", "world_size": 0}, "expected a positive number of ranks"),
-        ({"strategy": "fsdp2"}, "expected a positive number of ranks"),
+        ({"strategy": "fsdp2"}, "--world-size is required with --strategy"),
     ],
 )
 def test_bad_distributed_settings(cfg: dict[str, Any], expect: str) -> None:
