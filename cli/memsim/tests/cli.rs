@@ -417,6 +417,27 @@ fn the_cuda_malloc_async_backend_is_replayed_as_native_with_a_warning() {
     assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(said)), "{v}");
 }
 
+/// A symbolic trace taken to memory_viz's `.pickle` and back keeps its header: still symbolic
+/// (a margin), still loading cuBLAS. Before, it came back as a real run's measurement.
+#[test]
+fn a_symbolic_trace_through_a_snapshot_is_still_symbolic() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let p = profile.to_str().unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[("uses_gemm", "true"), ("uses_conv", "false")]);
+    let pickle = dir.path().join("t.pickle");
+    let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let direct = json(&["replay", t.to_str().unwrap(), "--profile", p, "--json"]);
+    let through = json(&["replay", pickle.to_str().unwrap(), "--profile", p, "--json"]);
+    for k in ["peak_device_bytes", "peak_device_safe_bytes"] {
+        assert_eq!(direct[k], through[k], "{k}: {through}");
+    }
+    assert_eq!(direct["outside_allocator"]["libraries"], through["outside_allocator"]["libraries"]);
+    assert_eq!(direct["margin"]["note"], through["margin"]["note"]);
+}
+
 #[test]
 fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,6 +23,7 @@ struct OutSnapshot {
     device_traces: Vec<Vec<OutEntry>>,
     allocator_settings: Option<serde_json::Value>,
     external_annotations: Option<serde_json::Value>,
+    memtrace_header: Option<serde_json::Value>,
 }
 
 struct OutSegment {
@@ -284,9 +285,26 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
         device_traces: b.traces,
         allocator_settings,
         external_annotations: parse_meta(&metadata::SNAPSHOT_ANNOTATIONS),
+        memtrace_header: kept_header(header),
     };
     w.snapshot(&snap);
     Ok(w.w.finish())
+}
+
+/// What the snapshot keeps of the trace's header: its metadata (less the keys the snapshot
+/// carries itself) and whether its addresses are synthetic. Without it a symbolic trace would come
+/// back as a measurement of a real run: no safety margin, no CUDA libraries. `None` when there
+/// is nothing to keep (a real snapshot's round trip stays byte for byte PyTorch's).
+fn kept_header(header: &Header) -> Option<serde_json::Value> {
+    let own = [metadata::SNAPSHOT_ANNOTATIONS.name, metadata::SNAPSHOT_LIST_FORM.name];
+    let meta: serde_json::Map<String, serde_json::Value> = header
+        .metadata
+        .iter()
+        .filter(|(k, _)| !own.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+        .collect();
+    (!meta.is_empty() || header.synthetic_addresses)
+        .then(|| serde_json::json!({ "metadata": meta, "synthetic_addresses": header.synthetic_addresses }))
 }
 
 /// Writes the output structures in PyTorch's key order, sharing each frame list.
@@ -318,6 +336,10 @@ impl Encoder<'_> {
         }
         if let Some(v) = &s.external_annotations {
             self.w.str("external_annotations");
+            self.w.json(v);
+        }
+        if let Some(v) = &s.memtrace_header {
+            self.w.str(super::model::MEMTRACE_HEADER);
             self.w.json(v);
         }
         self.w.dict_end();

@@ -27,6 +27,22 @@ pub struct Imported {
     pub start: StartState,
 }
 
+/// Restores what a snapshot memsim exported kept of its trace's header ([`super::model::MEMTRACE_HEADER`]):
+/// string metadata values and the synthetic-address flag; anything else there is not memsim's and
+/// is left out.
+fn keep_header(header: &mut Header, kept: &serde_json::Value) {
+    if let Some(meta) = kept.get("metadata").and_then(serde_json::Value::as_object) {
+        for (k, v) in meta {
+            if let Some(v) = v.as_str() {
+                header.metadata.insert(k.clone(), v.to_string());
+            }
+        }
+    }
+    if let Some(s) = kept.get("synthetic_addresses").and_then(serde_json::Value::as_bool) {
+        header.synthetic_addresses = s;
+    }
+}
+
 /// Converts a snapshot into a trace. `cfg` is the allocator configuration whose rounding and
 /// split rule infer the sizes of blocks allocated before the trace (see [`rebuild`]).
 pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
@@ -55,6 +71,9 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
             sm_count: None,
             compute_capability: None,
         });
+    }
+    if let Some(kept) = &snap.memtrace_header {
+        keep_header(&mut header, kept);
     }
     if snap.list_form {
         header.set_meta(&metadata::SNAPSHOT_LIST_FORM, "true");

@@ -15,6 +15,9 @@ use super::SnapshotError;
 /// Index into [`Snapshot::stacks`].
 pub type StackRef = u32;
 
+/// The snapshot key under which memsim keeps a trace header's metadata on export.
+pub const MEMTRACE_HEADER: &str = "memtrace_header";
+
 /// A whole snapshot.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -26,6 +29,10 @@ pub struct Snapshot {
     pub allocator_settings: Option<serde_json::Value>,
     /// `external_annotations`, when present (kept for export only).
     pub external_annotations: Option<serde_json::Value>,
+    /// `memtrace_header`: what a snapshot memsim exported from a trace keeps of its header (the
+    /// metadata, whether its addresses were synthetic), so that a symbolic trace does not come
+    /// back as a real run's. PyTorch's readers ignore the key.
+    pub memtrace_header: Option<serde_json::Value>,
     /// Interned frame lists; [`StackRef`] indexes this. An empty list is a stack too: PyTorch
     /// writes `[]` where it has no frames, and leaves the key out (or writes None) elsewhere.
     pub stacks: Vec<Vec<Frame>>,
@@ -305,6 +312,7 @@ impl<'a> Reader<'a> {
                 }
                 snap.allocator_settings = self.p.dict_get(root, "allocator_settings").map(|v| self.p.to_json(v));
                 snap.external_annotations = self.p.dict_get(root, "external_annotations").map(|v| self.p.to_json(v));
+                snap.memtrace_header = self.p.dict_get(root, MEMTRACE_HEADER).map(|v| self.p.to_json(v));
             }
             _ => return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root)),
         }
