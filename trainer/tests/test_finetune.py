@@ -454,3 +454,16 @@ def test_a_config_transformers_rejects_is_the_users_error(
     assert done.returncode == 2, done.stderr
     assert f"{path}: transformers rejects the config" in done.stderr and said in done.stderr
     assert "internal error" not in done.stderr
+
+
+def test_fp16_autocast_over_fp16_trainable_parameters_is_refused(tmp_path: Path) -> None:
+    # torch.amp.GradScaler raises "Attempting to unscale FP16 gradients" at the first step.
+    def run(*flags: str) -> Any:
+        return cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16",
+                   "--steps", "1", "--dtype", "fp16", "--amp", "fp16", *flags,
+                   "--out", str(tmp_path / "t.jsonl"), check=False)  # fmt: skip
+
+    full = run()
+    assert full.returncode == 2 and "cannot unscale fp16 gradients" in full.stderr, full.stderr
+    # LoRA adapters stay fp32 under an fp16 base: the scaler unscales them, as on a GPU.
+    assert run("--lora", "8").returncode == 0

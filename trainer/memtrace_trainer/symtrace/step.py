@@ -126,6 +126,14 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
         made["optimizer"] = optimizer
         watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None
+        if scaler and any(p.dtype == torch.float16 for p in params):
+            # torch.amp.GradScaler.unscale_ raises "Attempting to unscale FP16 gradients": the
+            # job would fail at its first step, so there is no memory to estimate.
+            raise UserError(
+                "--amp fp16 over fp16 trainable parameters (--dtype fp16): PyTorch's GradScaler "
+                "cannot unscale fp16 gradients and fails at the first step; train them in fp32 "
+                "(--amp fp16 alone, or --lora, whose adapters stay fp32) or use bf16"
+            )
         amp = AMP[cfg.amp] if cfg.amp else None
         # A loop's variables live until reassigned in the next iteration, after the new value
         # is computed: the previous logits and loss overlap the next forward, as on a GPU.
