@@ -118,6 +118,7 @@ def _workloads(
     dtype: str | None,
     lora: int | str | None,
     amp: str | None = None,
+    lora_targets: str | None = None,
 ) -> Callable[[int | None], Any]:
     """Batch size (None: the example's) -> a fresh meta workload of the caller's model."""
     from memtrace_trainer.models.finetune import Lora, Regime
@@ -128,7 +129,9 @@ def _workloads(
         raise EstimateError("example_inputs is required with a model: one batch as the model "
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
     base = _batch_of(example_inputs)
-    parsed = Lora.parse(str(lora), None, None) if lora is not None else None
+    if lora_targets is not None and lora is None:
+        raise EstimateError("lora_targets= has no meaning without lora=")
+    parsed = Lora.parse(str(lora), lora_targets, None) if lora is not None else None
     regime = Regime(dtype=dtype, amp=amp, lora=parsed)
     regime.validate()
     loss = loss_fn or default_loss
@@ -228,6 +231,7 @@ def estimate(
     world_size: int = 1,
     strategy: str | None = None,
     lora: int | str | None = None,
+    lora_targets: str | None = None,
     checkpointing: bool | str = False,
     steps: int | None = None,
     capacity: str | None = None,
@@ -239,9 +243,11 @@ def estimate(
     trained by the tracer's loop on `example_inputs` (one batch: a tensor, tuple or dict) with
     `loss_fn(output, target)` (default: `default_loss`), `optimizer` (a name: adam, adamw, sgd,
     ...), autocast `amp` ("bf16"/"fp16"), parameter `dtype` ("bf16"/"fp16"), LoRA of rank
-    `lora` ("R:ALPHA" for alpha), `checkpointing` (True/"full" or "selective"), sharded with
-    `strategy` over `world_size` ranks. Or `model` is a step builder, `make(device) -> step`,
-    run as written for `steps` steps (your loop, your optimizer).
+    `lora` ("R:ALPHA" for alpha; peft's default targets for a transformers model, else
+    `lora_targets`, module names like "fc1,fc2"), `checkpointing` (True/"full" or
+    "selective"), sharded with `strategy` over `world_size` ranks. Or `model` is a step
+    builder, `make(device) -> step`, run as written for `steps` steps (your loop, your
+    optimizer).
 
     Raises `EstimateError` on bad arguments, an unknown `gpu` (the message lists the known
     profiles), or a model that fails on the tracer's device (naming the op and your line)."""
@@ -252,7 +258,9 @@ def estimate(
     trace = Path(tmp.name) / "symbolic.jsonl"
     with _warnings_as_python() as said, _errors():
         if isinstance(model, nn.Module):
-            workload = _workloads(model, example_inputs, target, loss_fn, dtype, lora, amp)
+            workload = _workloads(
+                model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
+            )
             step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
             job: Any = ModelJob(lambda: workload(None), step)
         elif callable(model):
@@ -262,7 +270,7 @@ def estimate(
             from memtrace_trainer.cli.common import STEP_FN_STEPS
 
             loop = {"target": target, "loss_fn": loss_fn, "amp": amp, "dtype": dtype,
-                    "lora": lora, "strategy": strategy,
+                    "lora": lora, "lora_targets": lora_targets, "strategy": strategy,
                     "optimizer": optimizer if optimizer != "adam" else None,
                     "checkpointing": checkpointing or None}  # fmt: skip
             for name in (n for n, v in loop.items() if v is not None):
@@ -310,6 +318,7 @@ def max_batch(
     world_size: int = 1,
     strategy: str | None = None,
     lora: int | str | None = None,
+    lora_targets: str | None = None,
     checkpointing: bool | str = False,
     steps: int | None = None,
     capacity: str | None = None,
@@ -321,9 +330,15 @@ def max_batch(
     from memtrace_trainer.maxbatch import max_batch as search
     from memtrace_trainer.maxbatch import trace_model
 
+    if not isinstance(model, nn.Module):
+        raise EstimateError(f"model: max_batch searches an nn.Module's batch, got "
+                            f"{type(model).__name__} (for a step builder, use the CLI: "
+                            "max-batch --step MOD:FN)")  # fmt: skip
     prof = _profile(gpu)
     with _warnings_as_python(), _errors():
-        workload = _workloads(model, example_inputs, target, loss_fn, dtype, lora, amp)
+        workload = _workloads(
+            model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
+        )
         step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
         found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,
                        limit, point)  # fmt: skip

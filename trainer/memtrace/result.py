@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,16 @@ class Estimate:
 
         if gpu is None and point == judged_on_point(self.raw):
             return bool(self.verdict["fits"])
+        from memtrace.api import MemtraceWarning
+
         args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
         if gpu is None and self._capacity is not None:
-            args += ["--capacity", self._capacity]
+            args.append(f"--capacity={self._capacity}")
         data = json.loads(memsim(*args, *(["--point"] if point else []), codes=(0, 1)))
+        # What memsim says of the question (a trace emulated for another GPU, unmeasured
+        # constants) reaches the caller as it does from `estimate`.
+        for said in data.get("warnings", []):
+            warnings.warn(said, MemtraceWarning, stacklevel=2)
         return bool(data["verdict"]["fits"])
 
     def timeline(self) -> Any:

@@ -97,6 +97,13 @@ def test_fits_asks_again_on_another_gpu(resnet: tuple[nn.Module, memtrace.Estima
         assert est.fits(gpu) is replayed["verdict"]["fits"]
     tiny = memtrace.replay(est.trace_path, "a100-40gb", capacity="1GiB")
     assert tiny["verdict"]["fits"] is False
+    # What memsim says of the question reaches the caller: this trace was emulated for the
+    # a100-40gb profile, and judging it on the h200's is said.
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        est.fits("h200")
+    said = [str(w.message) for w in seen if w.category is memtrace.MemtraceWarning]
+    assert any("emulated for the a100-40gb profile, not h200" in s for s in said), said
 
 
 def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> None:
@@ -200,6 +207,8 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"optimizer": "adamx"}, "--optimizer 'adamx': expected one of"),
         ({"checkpointing": "some"}, "checkpointing='some'"),
         ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
+        ({"lora": 4}, r"not a Hugging Face model.*lora_targets="),
+        ({"lora_targets": "0"}, "lora_targets= has no meaning without lora="),
     ],
 )
 def test_bad_arguments_raise_estimate_error(kwargs: dict, expect: str) -> None:
@@ -251,3 +260,21 @@ def test_plot_draws_the_categories_and_the_reserved_line(
     assert max(reserved) == pytest.approx(est.reserved_mib)
     ax.figure.savefig(tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_lora_on_a_transformers_model_takes_peft_defaults_and_elsewhere_its_targets() -> None:
+    import transformers
+
+    cfg = json.loads((Path(__file__).parent / "hf_configs" / "tiny-llama.json").read_text())
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    llama = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    tuned = memtrace.estimate(llama, {"input_ids": ids, "labels": ids}, lora=8)
+    full = memtrace.estimate(llama, {"input_ids": ids, "labels": ids})
+    assert tuned.safe_mib < full.safe_mib  # frozen base: no gradients or optimizer state
+    assert memtrace.estimate(_mlp(), X, lora=4, lora_targets="0").safe_mib > 0
+
+
+def test_max_batch_of_what_is_not_a_module_is_an_estimate_error() -> None:
+    with pytest.raises(EstimateError, match=r"max_batch searches an nn\.Module"):
+        memtrace.max_batch(lambda device: None, None)

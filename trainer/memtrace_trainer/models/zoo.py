@@ -252,14 +252,19 @@ def tuned(w: Workload, regime: Regime) -> Workload:
 
     if regime.qlora and regime.lora is None:
         raise UserError("--qlora: give --lora R (the adapters the 4-bit base is tuned with)")
-    if regime.lora is not None and regime.lora.targets is None:
+    # A transformers model (one built in Python and handed to the API) has peft's default
+    # targets by its model_type, as an `hf:` spec has.
+    model_type = getattr(getattr(w.model, "config", None), "model_type", None)
+    if not isinstance(model_type, str):
+        model_type = None
+    if regime.lora is not None and regime.lora.targets is None and model_type is None:
         raise UserError(
             f"--lora: {w.spec} is not a Hugging Face model, so peft has no default targets; "
-            "give --lora-targets (module names, e.g. fc1,fc2)"
+            "give --lora-targets (lora_targets= in Python; module names, e.g. fc1,fc2)"
         )
     dtype = regime.param_dtype
     model = w.model.to(dtype) if dtype != torch.float32 else w.model
-    model = finetune.apply(model, regime, None, None)
+    model = finetune.apply(model, regime, None, model_type)
     make = w.make_batch
     if dtype != torch.float32:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
