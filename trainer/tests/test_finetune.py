@@ -349,8 +349,12 @@ def test_task_and_attn_warn_on_models_they_do_not_shape(tmp_path: Path) -> None:
     assert done.returncode == 0 and "--task causal-lm has no effect" in done.stderr
 
 
-def test_max_seq_fits_by_estimate_and_the_next_step_does_not() -> None:
-    args = ["--model", LLAMA, "--dtype", "bf16", "--profile", "a100-40gb", "--capacity", "1600MiB",
+def test_max_seq_fits_by_estimate_and_the_next_step_does_not(tmp_path: Path) -> None:
+    # tiny-llama with room for long sequences (its own table has 256 positions).
+    config = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    (tmp_path / "long.json").write_text(json.dumps(config | {"max_position_embeddings": 32768}))
+    long = f"hf-config:{tmp_path / 'long.json'}"
+    args = ["--model", long, "--dtype", "bf16", "--profile", "a100-40gb", "--capacity", "1600MiB",
             "--multiple-of", "256", "--limit", "16384"]  # fmt: skip
     done = cli("max-seq", *args, "--json")
     assert done.returncode == 0, done.stderr
@@ -359,9 +363,17 @@ def test_max_seq_fits_by_estimate_and_the_next_step_does_not() -> None:
     assert best % 256 == 0 and 0 < best < 16384
     probes = {p["seq_len"]: p["fits"] for p in out["probes"]}
     assert probes[best] and not probes[best + 256]
-    est = cli("estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", str(best), "--dtype",
+    est = cli("estimate", "--model", long, "--batch-size", "1", "--seq-len", str(best), "--dtype",
               "bf16", "--capacity", "1600MiB")  # fmt: skip
     assert est.returncode == 0, est.stderr
+
+
+def test_max_seq_answers_no_longer_than_the_model_takes() -> None:
+    done = cli("max-seq", "--model", LLAMA, "--capacity", "40GiB", "--json")
+    out = json.loads(done.stdout)
+    assert out["max_seq_len"] == 256 and "max_position_embeddings" in out["limit_why"], out
+    image = cli("max-seq", "--model", "torchvision:resnet18", check=False)
+    assert image.returncode == 2 and "takes no token sequence" in image.stderr
 
 
 def test_hf_models_lists_every_known_id() -> None:

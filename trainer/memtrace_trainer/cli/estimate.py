@@ -324,6 +324,8 @@ def _search_answer(
         print(f"{result['model']}: does not fit even at {none} on {where}")
         return code
     more = f" (the --limit; {bigger} may fit)" if result["hit_limit"] else ""
+    if result["hit_limit"] and result.get("limit_why"):
+        more = f" ({result['limit_why']})"
     print(
         f"{result['model']}: {found} on {where}: {result[key]}{unit}{more}; "
         f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
@@ -352,14 +354,37 @@ def _max_seq(args: argparse.Namespace) -> int:
 
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)
+    limit, why = _seq_limit(args.model, args.limit)
     trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
-    result = max_seq(trace_at, steps, args.profile, args.capacity, args.limit,
+    result = max_seq(trace_at, steps, args.profile, args.capacity, limit,
                      args.multiple_of, args.point)  # fmt: skip
+    result["limit_why"] = why
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
     none = f"{args.multiple_of} tokens, batch {args.batch_size},"
     found = f"longest sequence that fits at batch {args.batch_size}"
     return _search_answer(args, result, "max_seq_len", none, found, " tokens", "longer")
+
+
+def _seq_limit(spec: str | None, limit: int) -> tuple[int, str | None]:
+    """The longest sequence `max-seq` may answer, and why when it is not `--limit`: no more than
+    the model's positions (a real run fails past a learned position table). A model that takes
+    no token sequence has nothing to search."""
+    from memtrace_trainer.models import hf
+
+    source, _, name = (spec or "").partition(":")
+    if source in ("torchvision", "timm", "gpumemnet", "synthetic"):
+        raise UserError(
+            f"max-seq: {spec} takes no token sequence, so there is no length to search "
+            "(max-seq is for hf:, hf-config:, dlrm and --entry models)"
+        )
+    if source not in ("hf", "hf-config"):
+        return limit, None
+    hfspec = hf.resolve(name) if source == "hf" else hf.read_config(Path(name))
+    most = hf.max_positions(hf.to_config(hfspec))
+    if most is not None and most[0] < limit:
+        return most[0], f"the model's {most[1]}: a real run takes no longer sequence"
+    return limit, None
 
 
 def _world_sizes(text: str) -> list[int]:
