@@ -131,8 +131,11 @@ class Schema:
                 continue
             longs = [s for s in action.option_strings if s.startswith("--")]
             names = [_snake(s) for s in longs] or [action.dest]
+            # A flag's field is the flag: absent, a store_false flag (`--no-kbit-prepare`) is
+            # off, though its destination (`kbit_prepare`) defaults to True.
+            default = False if isinstance(action, argparse._StoreFalseAction) else action.default
             f = Field(names[0], longs[0] if longs else "-- ARGS", _kind(action),
-                      action.help or "", action.default,
+                      action.help or "", default,
                       tuple(str(c) for c in action.choices) if action.choices else None,
                       tuple(names[1:]))  # fmt: skip
             self.fields[f.name] = f

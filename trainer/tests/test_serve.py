@@ -263,6 +263,8 @@ def test_health_and_schema(server: Server) -> None:
     assert fields["steps"]["aliases"] == ["iterations"] and fields["point"]["type"] == "boolean"
     assert fields["amp"]["choices"] == ["bf16", "fp16"] and "refused" in fields["report"]
     assert fields["script_args"]["type"] == "array"
+    # A flag's default is the flag's: --no-kbit-prepare is off unless given.
+    assert fields["no_kbit_prepare"]["default"] is False
 
 
 @pytest.mark.parametrize(
