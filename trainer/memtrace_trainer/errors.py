@@ -59,3 +59,19 @@ def user_frames(exc: BaseException) -> list:
             continue
         out.append(f)
     return out
+
+
+def size_overflow(exc: BaseException) -> UserError | None:
+    """A size so large that a tensor's element count overflows PyTorch's 64-bit integers (a
+    batch of 10^15, a sequence of 10^20 tokens): the request's fault, said as such rather than
+    as an internal error. `None` for any other exception."""
+    if not isinstance(exc, RuntimeError | TypeError | OverflowError):
+        return None
+    said = str(exc)
+    if "overflow" not in said.lower():
+        return None
+    first = said.strip().splitlines()[0] if said.strip() else type(exc).__name__
+    return UserError(
+        "a tensor's size overflows PyTorch's 64-bit element count, so no device could hold it "
+        f"(is --batch-size or --seq-len what you meant?): {first}"
+    )

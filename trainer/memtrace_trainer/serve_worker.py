@@ -40,7 +40,7 @@ def answer(argv: list[str]) -> tuple[int, str]:
     from memtrace_trainer import notes
     from memtrace_trainer.cli import _internal
     from memtrace_trainer.cli.estimate import estimate_result
-    from memtrace_trainer.errors import UserCodeError, UserError, user_frames
+    from memtrace_trainer.errors import UserCodeError, UserError, size_overflow, user_frames
     from memtrace_trainer.serve_schema import RequestError
 
     schema, args = _schema(), None
@@ -55,6 +55,11 @@ def answer(argv: list[str]) -> tuple[int, str]:
     except UserError as e:
         return 400, _error(str(e), schema.field_in(str(e), argv))
     except Exception as e:  # the user's code or an internal fault: a JSON answer either way
+        if (too_large := size_overflow(e)) is not None:
+            huge = (
+                k for k in ("batch_size", "seq_len") if (getattr(args, k, None) or 0) >= 1 << 31
+            )
+            return 400, _error(str(too_large), next(huge, None))
         if user_frames(e):
             message = str(UserCodeError("your code raised", e))
             return 400, _error(message, next((k for k in ("step", "entry", "script")

@@ -380,3 +380,11 @@ def test_a_tools_error_is_one_line_with_its_reason(stderr: str, line: str) -> No
     from memtrace_trainer.binaries import error_line
 
     assert error_line(stderr) == line
+
+
+def test_a_batch_whose_tensors_overflow_is_the_requests_error() -> None:
+    done = cli("estimate", "--model", "torchvision:resnet18", "--batch-size",
+               "1000000000000000", check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "overflows PyTorch's 64-bit element count" in done.stderr
+    assert "internal error" not in done.stderr

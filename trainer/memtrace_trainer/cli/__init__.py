@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from memtrace_trainer import notes
 from memtrace_trainer.cli import estimate, kernelstats, models, runs, serve
-from memtrace_trainer.errors import UserCodeError, UserError, user_frames
+from memtrace_trainer.errors import UserCodeError, UserError, size_overflow, user_frames
 
 Handler = Callable[[argparse.Namespace], int | None]
 GROUPS = (models, estimate, kernelstats, runs, serve)
@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the user's model or an internal fault: never a raw traceback
         if os.environ.get("MEMTRACE_TRACEBACK") == "1":
             traceback.print_exc()
-        if user_frames(e):
+        if (too_large := size_overflow(e)) is not None:
+            print(f"error: {too_large}", file=sys.stderr)
+        elif user_frames(e):
             print(f"error: {UserCodeError('your code raised', e)}", file=sys.stderr)
         else:
             print(f"error: {_internal(e)}", file=sys.stderr)
