@@ -292,6 +292,10 @@ def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) 
            "--profile", str(profile), "--title", str(result.get("model"))]  # fmt: skip
     if judged_on_point(result):
         cmd.append("--point")  # the page's verdicts judge what the estimate judged
+    verdict = result.get("verdict", {})
+    if verdict.get("capacity_source") == "flag":
+        # The table judges the device the headline judged (MiB of whole bytes are exact).
+        cmd.append(f"--capacity={round(verdict['capacity_mib'] * MIB)}B")
     done = run_tool("memsim", cmd)
     if done.returncode != 0:
         raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "

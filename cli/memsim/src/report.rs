@@ -53,6 +53,11 @@ pub struct Args {
     /// Verdicts on the point estimate instead of the safe number.
     #[arg(long)]
     point: bool,
+    /// The device's total memory every profile's verdict is judged at (e.g. 40GiB), as `memsim
+    /// replay --capacity`; default: each profile's own. `estimate --report --capacity` passes
+    /// its capacity here, so the page's table and headline judge the same device.
+    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE")]
+    capacity: Option<u64>,
     /// A truncated input is an error (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
@@ -184,7 +189,7 @@ pub fn run(a: Args) -> Result<u8> {
     for name in &profiles {
         let (profile, pversion) = load(Some(name), a.torch.as_deref())?;
         let popts = ReplayOptions { version: pversion, ..opts.clone() };
-        let r = replay_file(&a.file, &popts, profile.as_ref(), None, a.strict, a.point)?;
+        let r = replay_file(&a.file, &popts, profile.as_ref(), a.capacity, a.strict, a.point)?;
         let Some(v) = &r.verdict else { continue };
         let gpu = profile.as_ref().map_or_else(String::new, |(p, _): &(Profile, PathBuf)| p.gpu.name.clone());
         for w in &r.warnings {

@@ -126,6 +126,26 @@ fn memsim_report_says_when_the_estimate_is_of_another_job() {
     }
 }
 
+/// `--capacity` judges every profile's verdict at that device memory, as `replay --capacity`
+/// does (`estimate --report --capacity` passes its own, so the table agrees with the headline).
+#[test]
+fn memsim_report_judges_the_profiles_at_the_capacity_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path());
+    let verdict = |extra: &[&str]| {
+        let mut args = vec!["report", t.to_str().unwrap(), "--json", "--profile", "a100-40gb"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = memsim(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["verdicts"][0].clone()
+    };
+    let own = verdict(&[]);
+    assert!(own["capacity_mib"].as_f64().unwrap() > 40000.0 && own["fits"] == true, "{own}");
+    let small = verdict(&["--capacity", "100MiB"]);
+    assert_eq!((small["capacity_mib"].as_f64(), small["fits"].as_bool()), (Some(100.0), Some(false)), "{small}");
+}
+
 #[test]
 fn memsim_report_json_says_which_flags_shape_only_the_page() {
     let dir = tempfile::tempdir().unwrap();
