@@ -198,7 +198,8 @@ pub enum Format {
 impl Format {
     /// The form named by a path's extension (`.mtrace` or `.jsonl`).
     pub fn from_path(path: &Path) -> Result<Format, TraceError> {
-        match path.extension().and_then(|e| e.to_str()) {
+        // Case-insensitive, as the readers and `memsim convert`'s other outputs are.
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
             Some("mtrace") => Ok(Format::Binary),
             Some("jsonl") => Ok(Format::Jsonl),
             _ => Err(TraceError::UnknownExtension { path: path.to_path_buf() }),

@@ -197,3 +197,13 @@ def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
         "kernel-stats", "--model", "dlrm", "--batch-size", "2", "--optimizer", "x", check=False
     )
     assert opt.returncode == 2 and "--optimizer" in opt.stderr
+
+
+def test_flags_of_the_other_source_are_said_to_have_no_effect(tmp_path: Path) -> None:
+    mlp = 'synthetic:{"family":"mlp","input_size":32,"output_size":4,"depth":2}'
+    done = cli("kernel-stats", "--model", mlp, "--batch-size", "2", "--out",
+               str(tmp_path / "k.csv"), "--limit", "3")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--out" in done.stderr and "has no effect with --model" in done.stderr
+    assert "--limit 3 has no effect with --model" in done.stderr
+    assert not (tmp_path / "k.csv").exists()

@@ -26,7 +26,13 @@ fn read_file(path: &std::path::Path) -> (Header, Vec<Record>, Summary) {
 #[test]
 fn create_picks_the_form_from_the_extension() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, format) in [("a.mtrace", Format::Binary), ("b.jsonl", Format::Jsonl)] {
+    // Upper case too, as the readers take it.
+    for (name, format) in [
+        ("a.mtrace", Format::Binary),
+        ("b.jsonl", Format::Jsonl),
+        ("C.MTRACE", Format::Binary),
+        ("d.JsonL", Format::Jsonl),
+    ] {
         let path = dir.path().join(name);
         let (h, recs) = write_file(&path);
         let (h2, recs2, sum) = read_file(&path);

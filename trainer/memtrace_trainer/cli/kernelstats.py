@@ -163,9 +163,20 @@ def run(args: argparse.Namespace) -> None:
         "amp": args.amp,
         "device": kernelstats.profile_device(args.device),
     }
+    from memtrace_trainer.notes import warn
+
+    # Each source has flags of its own; one given to the other source is said, not dropped.
     if args.gpumemnet is not None:
+        if args.batch_size is not None:
+            warn(f"--batch-size {args.batch_size} has no effect with --gpumemnet: each row "
+                 "traces at its own batch size")  # fmt: skip
         _gpumemnet(args, settings)
         return
+    for flag, given in (("--out", args.out), ("--limit", args.limit),
+                        ("--jobs", None if args.jobs == 1 else args.jobs)):  # fmt: skip
+        if given is not None:
+            warn(f"{flag} {given} has no effect with --model: one model's stats are printed as "
+                 "JSON")  # fmt: skip
     from memtrace_trainer.models.zoo import build_workload
 
     if args.batch_size is None:
