@@ -67,10 +67,6 @@ pub fn run(a: Args) -> Result<u8> {
             None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),
         };
         let margin = crate::replay::margin_for(profile.as_ref(), &read.header, &mut job_warnings);
-        // A header the replay cannot take is colocate's error to report, below.
-        if let Ok(rp) = simulator::replay::Replayer::new(&read.header, opts.clone()) {
-            job_warnings.extend(rp.config().unmodelled());
-        }
         warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", t.display())));
         jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside, margin });
     }
@@ -86,6 +82,11 @@ pub fn run(a: Args) -> Result<u8> {
         AlignArg::Sum => Align::SumOfPeaks,
     };
     let r = colocate(&jobs, &opts, capacity, align, a.judge.point)?;
+    for j in &r.jobs {
+        if let Some(w) = &j.config_warning {
+            warnings.push(format!("{}: {w}", j.name));
+        }
+    }
     if a.judge.point {
         let margins: Vec<&simulator::fit::Margin> = jobs.iter().map(|j| &j.margin).collect();
         warnings.extend(crate::replay::point_without_effect(r.verdict.is_some(), &margins));

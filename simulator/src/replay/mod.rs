@@ -471,11 +471,6 @@ impl Replayer {
         self.index
     }
 
-    /// The allocator configuration in force.
-    pub fn config(&self) -> &AllocatorConfig {
-        &self.cfg
-    }
-
     /// Whether an allocation has failed so far.
     pub fn oom_at(&self) -> Option<u64> {
         self.oom_at
