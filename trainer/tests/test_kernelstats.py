@@ -182,6 +182,29 @@ def test_kernel_stats_cli_writes_every_row_with_a_status_and_resumes(tmp_path: P
     again = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
     assert "0 to do" in again.stderr
     assert len(list(csv.DictReader(out.open()))) == 4
+    assert {(r["optimizer"], r["amp"], r["device"]) for r in rows} == {
+        ("adam", "fp32", ks.profile_device().name)
+    }
+
+
+def test_kernel_stats_refuses_to_resume_a_file_of_other_settings(tmp_path: Path) -> None:
+    dataset = tmp_path / "rows.csv"
+    names = [
+        "input:64_output:10_depth:2_arch:pyramid_batch:8.out",
+        "input:32_output:4_depth:1_arch:uniform_batch:16.out",
+    ]
+    dataset.write_text("Filename\n" + "".join(f'"{n}"\n' for n in names))
+    out = tmp_path / "k.csv"
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--limit", "1")
+    before = out.read_text()
+    # (--device too is checked, but only one profile has datasheet rates today.)
+    for flags, said in ((["--optimizer", "sgd"], "optimizer 'adam'"),
+                        (["--amp", "bf16"], "amp 'fp32'")):  # fmt: skip
+        mixed = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), *flags,
+                    check=False)  # fmt: skip
+        assert mixed.returncode == 2, mixed.stderr
+        assert f"line 2 was computed with {said}" in mixed.stderr and str(out) in mixed.stderr
+        assert out.read_text() == before, "nothing appended to a file of other settings"
 
 
 def test_kernel_stats_cli_errors(tmp_path: Path) -> None:

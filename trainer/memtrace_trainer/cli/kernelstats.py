@@ -16,6 +16,8 @@ from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], None]
 KEY = "Filename"
+# The settings every row was computed with: a resumed file must have been written with the same.
+SETTINGS = ("optimizer", "amp", "device")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
@@ -26,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "counted) and turns every dispatched aten op into the kernels CUDA would launch: class, "
         "FLOPs, bytes, grid; a roofline with a per-launch floor gives est. SM activity and "
         "launch-boundness. With --gpumemnet, one CSV row per dataset row keyed by Filename "
-        "(status ok|error; resumable: rows already in --out are kept).",
+        "(status ok|error, and the optimizer, amp and device it was computed with; resumable: "
+        "rows already in --out are kept when they were computed with the same settings).",
     )
     src = k.add_mutually_exclusive_group(required=True)
     src.add_argument("--gpumemnet", type=Path, metavar="CSV", help="a GPUMemNet dataset CSV")
@@ -57,14 +60,25 @@ def _row(filename: str) -> dict[str, str]:
     from memtrace_trainer.symtrace.step import StepConfig
 
     cfg = StepConfig(optimizer=_SETTINGS["optimizer"], amp=_SETTINGS["amp"], iterations=2)
+    said = _said(_SETTINGS)
     try:
         _, batch = from_gpumemnet_filename(filename)
         workload = build_workload(f"gpumemnet:{filename}", batch)
         gpu = _SETTINGS["device"]
         stats = kernelstats.summarize(kernelstats.step_kernels(workload, cfg, gpu), gpu)
     except Exception as e:  # every failure becomes this row's error status, never a dropped row
-        return {KEY: filename, "status": "error", "error": f"{type(e).__name__}: {e}"}
-    return {KEY: filename, "status": "ok", "error": "", **{k: repr(v) for k, v in stats.items()}}
+        return {KEY: filename, "status": "error", "error": f"{type(e).__name__}: {e}", **said}
+    return {KEY: filename, "status": "ok", "error": "", **said,
+            **{k: repr(v) for k, v in stats.items()}}  # fmt: skip
+
+
+def _said(settings: dict[str, Any]) -> dict[str, str]:
+    """The settings as the file's cells say them (amp `fp32` when autocast is off)."""
+    return {
+        "optimizer": settings["optimizer"],
+        "amp": settings["amp"] or "fp32",
+        "device": settings["device"].name,
+    }
 
 
 def _init_worker(settings: dict[str, Any]) -> None:
@@ -85,8 +99,9 @@ def _dataset_keys(path: Path, limit: int | None) -> list[str]:
     return keys[:limit] if limit is not None else keys
 
 
-def _done_keys(out: Path, header: list[str]) -> set[str]:
-    """Keys already written by an earlier run of the same columns (the resume point)."""
+def _done_keys(out: Path, header: list[str], said: dict[str, str]) -> set[str]:
+    """Keys already written by an earlier run of the same columns and settings (the resume
+    point). Rows of other settings are refused: a file mixing them would train on both."""
     if not out.exists() or out.stat().st_size == 0:
         return set()
     with out.open(newline="") as f:
@@ -96,7 +111,20 @@ def _done_keys(out: Path, header: list[str]) -> set[str]:
             raise UserError(
                 f"--out {out}: exists with other columns ({found}); remove it or pick another path"
             )
-        return {row[0] for row in reader if len(row) == len(header)}
+        done = set()
+        for line, row in enumerate(reader, 2):
+            if len(row) != len(header):
+                continue  # a row cut short by an interruption: computed again
+            cells = dict(zip(header, row, strict=True))
+            for name, want in said.items():
+                if cells[name] != want:
+                    raise UserError(
+                        f"--out {out}: line {line} was computed with {name} {cells[name]!r}, "
+                        f"this run asks for {want!r}; resuming would mix the two in one file "
+                        "(remove it, pick another path, or pass the same settings)"
+                    )
+            done.add(row[0])
+        return done
 
 
 def _results(todo: list[str], jobs: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
@@ -118,9 +146,9 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         raise UserError(f"--jobs {args.jobs}: expected at least 1")
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: expected at least 1")
-    header = [KEY, "status", "error", *COLUMNS]
+    header = [KEY, "status", "error", *SETTINGS, *COLUMNS]
     keys = _dataset_keys(args.gpumemnet, args.limit)
-    done = _done_keys(args.out, header)
+    done = _done_keys(args.out, header, _said(settings))
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     print(
         f"kernel-stats: {len(keys)} rows in {args.gpumemnet}, {len(keys) - len(todo)} already "
