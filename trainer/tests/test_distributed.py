@@ -168,6 +168,21 @@ def test_a_users_ddp_loop_runs_in_the_fake_world(tmp_path: Path) -> None:
     assert any(params * 4 <= s < params * 4 * 1.01 for s in sizes)  # the flat fp32 bucket
 
 
+def test_a_step_that_runs_no_collective_is_charged_no_nccl(tmp_path: Path) -> None:
+    """NCCL builds its communicators at the first collective: a single-GPU loop given
+    --world-size runs none, so its header names no world size (memsim and memest charge no
+    NCCL), and the flag is said to have had no effect."""
+    plain, ranked = tmp_path / "plain.jsonl", tmp_path / "ranked.jsonl"
+    cli("symtrace", "--step", "step_examples:default_adamw", "--out", str(plain))
+    done = cli("symtrace", "--step", "step_examples:default_adamw", "--world-size", "4", "--out",
+               str(ranked))  # fmt: skip
+    assert "--world-size 4: --step step_examples:default_adamw ran no collective" in done.stderr
+    assert "no NCCL memory is charged" in done.stderr
+    header = json.loads(ranked.read_text().splitlines()[0])
+    assert "world_size" not in header["metadata"] and "rank" not in header["metadata"]
+    assert ranked.read_text().splitlines()[1:] == plain.read_text().splitlines()[1:]
+
+
 def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     """ZeroRedundancyOptimizer over DDP: rank 0 keeps the AdamW state of its partition only
     (whole parameters, balanced greedily), gradients stay full."""

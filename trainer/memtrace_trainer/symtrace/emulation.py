@@ -33,15 +33,22 @@ class LibrariesUsed:
     """Which CUDA libraries the job loads, from the ops that ran: cuBLAS at its first GEMM (any of
     `CUBLAS_OPS`), cuDNN at its first convolution. Their memory outside the allocator (handles,
     kernel images) belongs to the job, not to how it was traced, so this hook runs with or without
-    CUDA emulation, and the header's `uses_gemm`/`uses_conv` always say."""
+    CUDA emulation, and the header's `uses_gemm`/`uses_conv` always say. NCCL creates its
+    communicators lazily, at the first collective (`c10d` ops, and the functional ones); that one
+    is noted as `collective`."""
+
+    COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
     def __init__(self) -> None:
         self.gemm = False
         self.conv = False
+        self.collective = False
 
     def __call__(
         self, rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
+        if getattr(func, "namespace", None) in self.COLLECTIVE_NAMESPACES:
+            self.collective = True
         if out is None:
             return
         if func in CUBLAS_OPS:

@@ -215,7 +215,7 @@ def trace_step(
         run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
     meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, libraries,
                           layers)  # fmt: skip
-    _world_metadata(meta, world_size)
+    _world_metadata(meta, world_size, libraries, f"--step {name}")
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
     return rec, meta
@@ -237,7 +237,7 @@ def trace_script(
         run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
     meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, libraries, layers)
-    _world_metadata(meta, world_size)
+    _world_metadata(meta, world_size, libraries, f"script {path}")
     return rec, meta
 
 
@@ -250,10 +250,23 @@ def _world(world_size: int | None) -> Any:
     return fake_world(world_size)
 
 
-def _world_metadata(meta: dict[str, str], world_size: int | None) -> None:
-    if world_size is not None:
-        meta["world_size"] = str(world_size)
-        meta["rank"] = "0"
+def _world_metadata(
+    meta: dict[str, str], world_size: int | None, libraries: LibrariesUsed, spec: str
+) -> None:
+    """A user's program runs as rank 0 of `world_size`; its NCCL memory is charged only when it
+    ran a collective, as NCCL builds its communicators at the first one."""
+    if world_size is None:
+        return
+    if not libraries.collective:
+        from memtrace_trainer.notes import warn
+
+        warn(f"--world-size {world_size}: {spec} ran no collective (no DDP, FSDP or "
+             "torch.distributed call reached the process group), so no NCCL memory is charged "
+             "and each rank is this single-GPU trace; drop --world-size, or check that the "
+             "program starts its process group as it does under torchrun")  # fmt: skip
+        return
+    meta["world_size"] = str(world_size)
+    meta["rank"] = "0"
 
 
 def _recorder(profile: Profile, cuda_emulation: bool) -> tuple[LibrariesUsed, Recorder]:
