@@ -70,19 +70,33 @@ class Estimate:
         """The symbolic trace (a memtrace JSONL trace; `memsim` reads it)."""
         return Path(self._dir.name) / "symbolic.jsonl"
 
-    def fits(self, gpu: str | None = None, *, point: bool = False) -> bool:
-        """Whether the job fits `gpu` (a profile name or path; default: the one estimated for,
-        at the estimate's `capacity` when it was given one), on the safe number, or on the
-        point estimate with `point=True`."""
+    def fits(
+        self, gpu: str | None = None, *, capacity: str | None = None, point: bool = False
+    ) -> bool:
+        """Whether the job fits `gpu` (a profile name or path; default: the one estimated for),
+        on the safe number, or on the point estimate with `point=True`.
+
+        The memory judged is `capacity` (e.g. "20GiB") when given; else, with no `gpu`, the
+        estimate's own `capacity` when it was given one; else the GPU's total memory. A `gpu`
+        named with no `capacity` is judged on its total memory, even when it is the estimated
+        GPU: a warning says so when the estimate had a capacity of its own."""
+        from memtrace.api import MemtraceWarning
         from memtrace_trainer.estimate import judged_on_point
 
-        if gpu is None and point == judged_on_point(self.raw):
+        if gpu is None and capacity is None and point == judged_on_point(self.raw):
             return bool(self.verdict["fits"])
-        from memtrace.api import MemtraceWarning
-
+        if gpu is not None and capacity is None and self._capacity is not None:
+            warnings.warn(
+                f"fits({gpu!r}) judges that GPU's total memory, not the capacity "
+                f"{self._capacity} this estimate was given; pass capacity= to judge a share of "
+                "it, or call fits() for the estimate's own",
+                MemtraceWarning,
+                stacklevel=2,
+            )
         args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
-        if gpu is None and self._capacity is not None:
-            args.append(f"--capacity={self._capacity}")
+        judged_at = capacity if capacity is not None else None if gpu else self._capacity
+        if judged_at is not None:
+            args.append(f"--capacity={judged_at}")
         data = json.loads(memsim(*args, *(["--point"] if point else []), codes=(0, 1)))
         # What memsim says of the question (a trace emulated for another GPU, unmeasured
         # constants) reaches the caller as it does from `estimate`.
