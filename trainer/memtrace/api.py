@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,6 +31,33 @@ CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selecti
 
 class MemtraceWarning(UserWarning):
     """Input memtrace could only partly use, or a constant it rests on that is unmeasured."""
+
+
+# The checks behind the API are the CLI's, whose messages name its flags; a caller of the API
+# wrote keyword arguments, so those are named instead.
+KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
+            "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
+            "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
+            "profile": "gpu", "checkpointing": "checkpointing", "point": "point"}  # fmt: skip
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+
+
+def as_keywords(message: str) -> str:
+    """`message` with each CLI flag the API has a keyword for said as that keyword:
+    `--world-size 0:` as `world_size=0:`, a flag without a value as the keyword's name."""
+
+    def said(m: re.Match[str]) -> str:
+        name = KEYWORDS.get(m.group(1))
+        if name is None:
+            return m.group(0)
+        return f"{name}={m.group(2)}" if m.group(2) else name
+
+    return _FLAG.sub(said, message)
+
+
+def _count(name: str, value: Any, what: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise EstimateError(f"{name}={value!r}: expected {what} (an int of at least 1)")
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
@@ -188,10 +216,12 @@ def _warnings_as_python() -> Iterator[list[str]]:
 def _errors() -> Iterator[None]:
     try:
         yield
-    except EstimateError:
+    except EstimateError as e:
+        if e.__cause__ is None and isinstance(e.args[0], str):
+            raise EstimateError(as_keywords(e.args[0])) from e
         raise
     except UserError as e:
-        raise EstimateError(str(e)) from e
+        raise EstimateError(as_keywords(str(e))) from e
     except Exception as e:
         if _ours(e):  # a fault of memtrace itself: its own traceback, not the model's story
             raise
@@ -211,10 +241,13 @@ def _ours(e: BaseException) -> bool:
     return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
 
 
-def _profile(gpu: str) -> Any:
+def _profile(gpu: str, capacity: str | None = None) -> Any:
+    """The profile of `gpu`, with `capacity` checked by memsim's parser before any tracing."""
     try:
-        return load_profile(gpu)
+        return load_profile(gpu, capacity)
     except UserError as e:
+        if capacity is not None and "capacity" in str(e):
+            raise EstimateError(as_keywords(str(e))) from e
         raise EstimateError(f"gpu={gpu!r}: {e}") from e
 
 
@@ -253,7 +286,9 @@ def estimate(
     profiles), or a model that fails on the tracer's device (naming the op and your line)."""
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
-    prof = _profile(gpu)
+    _count("steps", steps, "a number of traced steps")
+    _count("world_size", world_size, "a number of ranks")
+    prof = _profile(gpu, capacity)
     tmp = tempfile.TemporaryDirectory(prefix="memtrace-")
     trace = Path(tmp.name) / "symbolic.jsonl"
     with _warnings_as_python() as said, _errors():
@@ -334,7 +369,10 @@ def max_batch(
         raise EstimateError(f"model: max_batch searches an nn.Module's batch, got "
                             f"{type(model).__name__} (for a step builder, use the CLI: "
                             "max-batch --step MOD:FN)")  # fmt: skip
-    prof = _profile(gpu)
+    _count("steps", steps, "a number of traced steps")
+    _count("world_size", world_size, "a number of ranks")
+    _count("limit", limit, "the largest batch to try")
+    prof = _profile(gpu, capacity)
     with _warnings_as_python(), _errors():
         workload = _workloads(
             model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets

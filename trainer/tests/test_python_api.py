@@ -176,6 +176,19 @@ def test_the_loops_arguments_with_a_step_builder_are_warned_about() -> None:
         memtrace.estimate(default_adamw, X)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "expect"),
+    [({"steps": 0}, "^steps=0: expected"), ({"world_size": 0}, "^world_size=0: expected"),
+     ({"world_size": -2}, "^world_size=-2: expected")],
+)  # fmt: skip
+def test_a_step_builders_counts_are_checked(kwargs: dict, expect: str) -> None:
+    """Before, steps=0 became the default and world_size=0 a single GPU, silently."""
+    from step_examples import default_adamw
+
+    with pytest.raises(EstimateError, match=expect):
+        memtrace.estimate(default_adamw, **kwargs)
+
+
 def test_max_batch_is_the_boundary() -> None:
     model = _mlp()
     cap = "1600MiB"
@@ -210,7 +223,13 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"gpu": "nope"}, "known profiles: a100-40gb, h200"),
         ({"example_inputs": None}, "example_inputs is required"),
         ({"world_size": 4}, "world_size=4 needs strategy="),
-        ({"optimizer": "adamx"}, "--optimizer 'adamx': expected one of"),
+        ({"optimizer": "adamx"}, "^optimizer='adamx': expected one of"),
+        ({"steps": 0}, r"^steps=0: expected a number of traced steps"),
+        ({"steps": -1}, r"^steps=-1: expected"),
+        ({"world_size": 0, "strategy": "fsdp2"}, r"^world_size=0: expected a number of ranks"),
+        ({"lora": 4, "lora_targets": "zz"}, r"^lora_targets: zz match no module"),
+        ({"amp": "fp8"}, r"^amp='fp8': expected one of"),
+        ({"capacity": "40"}, r"for 'capacity': .*did you mean 40GiB"),
         ({"checkpointing": "some"}, "checkpointing='some'"),
         ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
         ({"lora": 4}, r"not a Hugging Face model.*lora_targets="),
