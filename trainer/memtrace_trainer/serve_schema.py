@@ -157,7 +157,7 @@ class Schema:
                 return self.by_flag[flag]
         for word in argv or []:
             flag, sep, value = word.partition("=")
-            if sep and flag in self.by_flag and repr(value) in message:
+            if sep and flag in self.by_flag and _quotes(message, value):
                 return self.by_flag[flag]
         return None
 
@@ -295,3 +295,13 @@ def estimate_parser() -> argparse.ArgumentParser:
         if isinstance(action, argparse._SubParsersAction):
             return action.choices["estimate"]  # type: ignore[no-any-return]
     raise AssertionError("the CLI has no estimate command")
+
+
+def _quotes(message: str, value: str) -> bool:
+    """Whether `message` quotes `value`: in Python's or Rust's quotes, or bare as a whole word
+    when it is a name or path (a bare number could be any count in the message)."""
+    if repr(value) in message or f'"{value}"' in message:
+        return True
+    if len(value) < 2 or value.replace(".", "").isdigit():
+        return False
+    return re.search(rf"(?<![\w/.-]){re.escape(value)}(?![\w/-]|\.\w)", message) is not None

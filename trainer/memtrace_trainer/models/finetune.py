@@ -77,6 +77,11 @@ class Regime:
     # backward, 0.44 and later do not.
     bnb_version: tuple[int, int] = (0, 50)
 
+    @property
+    def adapters_flag(self) -> str:
+        """The flag that asked for the LoRA adapters: --qlora's come with it (default rank)."""
+        return "--qlora" if self.qlora else "--lora"
+
     def validate(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise UserError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -189,11 +194,12 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
     except ValueError as e:
         if lora.targets is None:
             raise UserError(
-                f"--lora: peft has no default targets for {model_type or type(model).__name__}; "
+                f"{regime.adapters_flag}: peft has no default targets for "
+                f"{model_type or type(model).__name__}; "
                 f"give --lora-targets (its linear layers are named "
                 f"{', '.join(_linear_names(model))})"
             ) from None
-        raise UserError(f"--lora: peft refused the config ({e})") from None
+        raise UserError(f"{regime.adapters_flag}: peft refused the config ({e})") from None
     if regime.qlora:
         from memtrace_trainer.models.qlora import clone_outputs_under_lora
 

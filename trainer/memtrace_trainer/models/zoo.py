@@ -259,7 +259,8 @@ def tuned(w: Workload, regime: Regime) -> Workload:
         model_type = None
     if regime.lora is not None and regime.lora.targets is None and model_type is None:
         raise UserError(
-            f"--lora: {w.spec} is not a Hugging Face model, so peft has no default targets; "
+            f"{regime.adapters_flag}: {w.spec} is not a Hugging Face model, so peft has no "
+            "default targets for its adapters; "
             "give --lora-targets (lora_targets= in Python; module names, e.g. fc1,fc2)"
         )
     dtype = regime.param_dtype
