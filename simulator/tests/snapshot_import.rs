@@ -166,3 +166,23 @@ fn frames_shared_through_the_memo_are_interned_once() {
     let frames = &snap.stacks[first.frames.expect("first entry has frames") as usize];
     assert_eq!(frames.len(), 50);
 }
+
+/// The CUDA libraries a recorded run loaded, as its C++ frames name them: a transformer's GEMMs
+/// (cuBLAS), a CNN's convolutions and batch norms (cuDNN). A run that recorded no C++ frame
+/// cannot tell, and its header stays silent (memsim warns and counts the context only).
+#[test]
+fn import_reads_the_libraries_off_the_cpp_frames() {
+    let check = |file: &str, expect: Option<(&str, &str)>| {
+        let imp = snapshot::import(&shared_snapshot(file), &plain());
+        let got = (imp.header.meta(&trace::metadata::USES_GEMM), imp.header.meta(&trace::metadata::USES_CONV));
+        let got = match got {
+            (Some(g), Some(c)) => Some((g, c)),
+            (None, None) => None,
+            other => panic!("{file}: one library key without the other: {other:?}"),
+        };
+        assert_eq!(got, expect, "{file}");
+    };
+    check("kkaitlyn111--cs336-a2-systems--memory_ctx128_fullstep.pickle", Some(("true", "false")));
+    check("JasperSolt--EoR_NN--snapshot.pickle", Some(("true", "true")));
+    check("MAGMA27--assignment2-systems--memory_snapshot.pickle", None);
+}

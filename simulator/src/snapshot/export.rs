@@ -285,18 +285,26 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
         device_traces: b.traces,
         allocator_settings,
         external_annotations: parse_meta(&metadata::SNAPSHOT_ANNOTATIONS),
-        memtrace_header: kept_header(header),
+        memtrace_header: kept_header(header, &b.stacks),
     };
     w.snapshot(&snap);
     Ok(w.w.finish())
 }
 
 /// What the snapshot keeps of the trace's header: its metadata (less the keys the snapshot
-/// carries itself) and whether its addresses are synthetic. Without it a symbolic trace would come
-/// back as a measurement of a real run: no safety margin, no CUDA libraries. `None` when there
-/// is nothing to keep (a real snapshot's round trip stays byte for byte PyTorch's).
-fn kept_header(header: &Header) -> Option<serde_json::Value> {
-    let own = [metadata::SNAPSHOT_ANNOTATIONS.name, metadata::SNAPSHOT_LIST_FORM.name];
+/// carries itself, the libraries too when its frames say the same) and whether its addresses are
+/// synthetic. Without it a symbolic trace would come back as a measurement of a real run: no
+/// safety margin, no CUDA libraries. `None` when there is nothing to keep (a real snapshot's
+/// round trip stays byte for byte PyTorch's).
+fn kept_header(header: &Header, stacks: &HashMap<StackId, Vec<OutFrame>>) -> Option<serde_json::Value> {
+    let mut own = vec![metadata::SNAPSHOT_ANNOTATIONS.name, metadata::SNAPSHOT_LIST_FORM.name];
+    let names = stacks.values().flatten().map(|f| f.name.as_str());
+    if let Some((gemm, conv)) = super::libraries::from_frame_names(names) {
+        let said = (header.meta_flag(&metadata::USES_GEMM), header.meta_flag(&metadata::USES_CONV));
+        if said == (Some(gemm), Some(conv)) {
+            own.extend([metadata::USES_GEMM.name, metadata::USES_CONV.name]);
+        }
+    }
     let meta: serde_json::Map<String, serde_json::Value> = header
         .metadata
         .iter()

@@ -75,6 +75,15 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
     if let Some(kept) = &snap.memtrace_header {
         keep_header(&mut header, kept);
     }
+    // A trace memsim exported says for itself; a recorded run says by its C++ frames, if any.
+    let says = |k: &metadata::Key| header.metadata.contains_key(k.name);
+    if !says(&metadata::USES_GEMM) && !says(&metadata::USES_CONV) {
+        let names = snap.stacks.iter().flatten().map(|f| f.name.as_str());
+        if let Some((gemm, conv)) = super::libraries::from_frame_names(names) {
+            header.set_meta(&metadata::USES_GEMM, gemm.to_string());
+            header.set_meta(&metadata::USES_CONV, conv.to_string());
+        }
+    }
     if snap.list_form {
         header.set_meta(&metadata::SNAPSHOT_LIST_FORM, "true");
     }

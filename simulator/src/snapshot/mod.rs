@@ -11,6 +11,7 @@
 
 pub mod export;
 pub mod import;
+pub mod libraries;
 pub mod model;
 pub mod pickle;
 mod pickle_writer;
