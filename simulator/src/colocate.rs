@@ -249,6 +249,31 @@ fn smallest(
     Ok(hi * GRANULE)
 }
 
+/// A job alone on a device of `capacity`: whether it fits, and its need there (its replay at the
+/// allocator budget the capacity leaves, judged on the point or the safe number).
+fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(bool, u64), ColocateError> {
+    let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
+        .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+    let need = if point { alone.device_peak(&j.outside) } else { alone.device_safe(&j.outside, &j.margin) };
+    Ok((!alone.oom && Verdict::new("alone", need, c).fits, need))
+}
+
+/// The smallest capacity (2 MiB granules) at which a job fits alone, up to `upper` (its need
+/// with unlimited memory, which always fits).
+fn smallest_alone(j: &Job, opts: &ReplayOptions, point: bool, upper: u64) -> Result<u64, ColocateError> {
+    let (mut lo, mut hi) = (1, upper.div_ceil(GRANULE).max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let c = Capacity { bytes: mid * GRANULE, source: fit::CapacitySource::Flag };
+        if alone_at(j, opts, c, point)?.0 {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok((hi * GRANULE).min(upper))
+}
+
 /// Place the jobs on one GPU of `capacity` (None: only measure).
 pub fn colocate(
     jobs: &[Job],
@@ -279,6 +304,7 @@ pub fn colocate(
         _ if all_timestamps => {
             (Mode::Timestamps, "every trace has wall-clock timestamps: replayed together on one time axis".into())
         }
+        _ if jobs.len() == 1 => (Mode::SumOfPeaks, "one job: no other job's peak can coincide with its own".into()),
         _ => (
             Mode::SumOfPeaks,
             "not every trace has wall-clock timestamps, so the peaks may coincide: the sum of device peaks".into(),
@@ -289,19 +315,8 @@ pub fn colocate(
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-        let need = |f: &fit::FitOutcome| {
-            if point {
-                f.device_peak(&j.outside)
-            } else {
-                f.device_safe(&j.outside, &j.margin)
-            }
-        };
         let fits_alone = match capacity {
-            Some(c) => {
-                let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
-                    .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-                Some(!alone.oom && Verdict::new("alone", need(&alone), c).fits)
-            }
+            Some(c) => Some(alone_at(j, opts, c, point)?.0),
             None => None,
         };
         let device = unlimited.device_peak(&j.outside);
@@ -324,6 +339,21 @@ pub fn colocate(
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
     let (need, peak_at, smallest_cap, failed) = match mode {
+        // One job has no one to share with: it needs what it needs alone, and at a capacity
+        // below its unlimited peak the allocator's retry chain (freeing its own cache) may still
+        // fit it, as `memsim replay --capacity` finds.
+        Mode::SumOfPeaks if jobs.len() == 1 => {
+            let j = &jobs[0];
+            let least = smallest_alone(j, opts, point, sum)?;
+            match capacity {
+                Some(c) => {
+                    let (fits, at) = alone_at(j, opts, c, point)?;
+                    let least = if fits { least.min(c.bytes) } else { least.max((c.bytes / GRANULE + 1) * GRANULE) };
+                    (if fits { at } else { sum.max(at) }, None, least, !fits)
+                }
+                None => (sum, None, least, false),
+            }
+        }
         Mode::SumOfPeaks => (sum, None, sum, false),
         Mode::Timestamps => {
             let unlimited = shared_run(jobs, &axes, opts, None)?;
@@ -362,6 +392,8 @@ pub fn colocate(
     };
     let verdict = capacity.map(|c| {
         let basis = match (mode, point) {
+            (Mode::SumOfPeaks, true) if jobs.len() == 1 => "the job alone at the capacity (point)",
+            (Mode::SumOfPeaks, false) if jobs.len() == 1 => "the job alone at the capacity (safe)",
             (Mode::SumOfPeaks, true) => "sum of device peaks (point)",
             (Mode::SumOfPeaks, false) => "sum of safe device peaks",
             (Mode::Timestamps, _) => "aligned replay",

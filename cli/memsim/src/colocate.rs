@@ -126,7 +126,15 @@ pub fn run(a: Args) -> Result<u8> {
         None => String::new(),
     };
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
-    println!("smallest capacity    {}", mib(r.smallest_fitting_capacity));
+    // Below its unlimited peak an allocator frees its own cache and retries, so what a set
+    // needs depends on the capacity it is given: the smallest that fits can be below the need
+    // at a larger one.
+    let adapts = if r.smallest_fitting_capacity < r.combined_need_bytes {
+        " (below the need above: at a smaller capacity the allocators free their caches and retry)"
+    } else {
+        ""
+    };
+    println!("smallest capacity    {}{adapts}", mib(r.smallest_fitting_capacity));
     match &r.verdict {
         Some(v) => {
             let src = v.capacity_source.describe();

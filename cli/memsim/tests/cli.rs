@@ -374,6 +374,34 @@ fn colocate_smallest_capacity_holds_the_start_states() {
     }
 }
 
+/// One job alone: `colocate` says what `replay` says at every capacity, including below its
+/// unlimited peak, where the allocator frees its own cache and retries. Before, "fits alone"
+/// stood beside DOES NOT FIT, the set judged on the unlimited peak.
+#[test]
+fn colocate_of_one_job_agrees_with_its_replay() {
+    let s = crate::snapshot_support::shared_path("Maphsge4--select_n--snapshot.pickle");
+    let s = s.to_str().unwrap();
+    let unlimited = json(&["replay", s, "--profile", "a100-40gb", "--json"]);
+    let peak = unlimited["verdict"]["need_bytes"].as_u64().unwrap();
+    let least =
+        json(&["colocate", s, "--profile", "a100-40gb", "--json"])["smallest_fitting_capacity"].as_u64().unwrap();
+    assert!(least < peak, "the retry chain fits this run below its unlimited peak ({least} vs {peak})");
+    for cap in [least - 2 * MIB, least, (least + peak) / 2, peak + 64 * MIB] {
+        let c = format!("{cap}B");
+        let (rcode, rout, _) = memsim(&["replay", s, "--profile", "a100-40gb", "--capacity", &c, "--json"]);
+        let (ccode, cout, _) = memsim(&["colocate", s, "--profile", "a100-40gb", "--capacity", &c, "--json"]);
+        let (r, v): (Value, Value) = (serde_json::from_str(&rout).unwrap(), serde_json::from_str(&cout).unwrap());
+        assert_eq!((ccode, v["fits"].clone()), (rcode, r["verdict"]["fits"].clone()), "capacity {cap}: {v}");
+        assert_eq!(v["jobs"][0]["fits_alone"], v["fits"], "capacity {cap}: {v}");
+        let fits = v["fits"].as_bool().unwrap();
+        if fits {
+            assert_eq!(v["combined_need_bytes"], r["verdict"]["need_bytes"], "capacity {cap}");
+        }
+        let smallest = v["smallest_fitting_capacity"].as_u64().unwrap();
+        assert!(if fits { smallest <= cap } else { smallest > cap }, "capacity {cap}: smallest {smallest}");
+    }
+}
+
 /// A request no device holds (past the model's largest segment) fails even in the unlimited
 /// replay, so the peak never counts it: the verdict rests on what the failed request needed, and
 /// cannot say FITS above the line saying the allocation fails.
