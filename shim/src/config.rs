@@ -38,7 +38,7 @@ pub const VARS: [Var; 9] = [
     Var {
         name: "MEMTRACE_FOLLOW_FORK",
         default: "1",
-        help: "fork children trace into their own %p file (1) or stop (0)",
+        help: "fork children trace into their own file (%p, or NAME.PID.EXT beside a path without it) (1) or stop (0)",
     },
     Var { name: "MEMTRACE_LOG", default: "warn", help: "off|warn|info|debug" },
     Var { name: "MEMTRACE_QUEUE", default: "16384", help: "per-thread event ring capacity (events, 1024..=16777216)" },
@@ -142,6 +142,20 @@ fn valid_pattern(v: &str) -> bool {
         }
     }
     true
+}
+
+/// Whether an output pattern names the pid (`%p`, not the literal `%%p`).
+pub fn names_pid(pattern: &str) -> bool {
+    let b = pattern.as_bytes();
+    let mut i = 0;
+    while i + 1 < b.len() {
+        match (b[i], b[i + 1]) {
+            (b'%', b'p') => return true,
+            (b'%', _) => i += 2,
+            _ => i += 1,
+        }
+    }
+    false
 }
 
 /// Expand `%p` (pid) and `%%` in an output pattern.
@@ -321,6 +335,8 @@ mod tests {
     fn expand() {
         assert_eq!(expand_out("runs/%p.mtrace", 42), "runs/42.mtrace");
         assert_eq!(expand_out("a%%b-%p", 7), "a%b-7");
+        assert!(names_pid("runs/%p.mtrace") && names_pid("a%%b-%p"));
+        assert!(!names_pid("same.mtrace") && !names_pid("lit%%p.mtrace") && !names_pid("%"));
     }
 
     proptest::proptest! {

@@ -69,8 +69,12 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
+/// Set in a fork child: the output path without `%p` is its parent's.
+pub static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+
 /// A fork child: the process is now this pid, with no exit requested yet.
 pub fn reset_in_child() {
+    FORK_CHILD.store(true, Ordering::Release);
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     FINISH.store(false, Ordering::Release);

@@ -29,6 +29,69 @@ fn fork_child_traces_into_its_own_file() {
     }
 }
 
+/// One file for two processes (MEMTRACE_OUT without %p): the child finds the parent's trace
+/// locked and writes beside it, saying so, where it truncated the parent's trace and left it
+/// corrupt.
+#[test]
+fn fork_child_under_a_fixed_path_writes_beside_the_parents_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let same = dir.path().join("same.mtrace");
+    let out = command("p_fork", dir.path(), &[("MEMTRACE_OUT", same.to_str().unwrap())]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let child: u32 = stdout.trim().strip_prefix("child ").unwrap().parse().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let beside = dir.path().join(format!("same.{child}.mtrace"));
+    assert!(
+        stderr.contains(&format!("has no %p: fork child pid {child} traces into {}", beside.display())),
+        "{stderr}"
+    );
+    let parent = Stats::read(&same).unwrap();
+    assert!(parent.whole(), "the parent's trace is whole");
+    assert_eq!(parent.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+    let child = Stats::read(&beside).unwrap();
+    assert!(child.whole());
+    assert_eq!(child.calls(), [("cudaFree", 1), ("cudaMalloc", 2)]);
+}
+
+/// Two processes given one MEMTRACE_OUT (two ranks, or an exec'd child): the second finds the
+/// file locked by the first, which is still writing it, and writes beside it.
+#[test]
+fn a_second_process_on_a_locked_trace_file_writes_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.mtrace");
+    let env = [("MEMTRACE_OUT", one.to_str().unwrap())];
+    let mut c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let first = c.id();
+    let mut g = Guard(Some(c));
+    let mut line = String::new();
+    BufReader::new(g.0.as_mut().unwrap().stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    // The writer opens (and locks) the file on its own thread; its header marks that done.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&one).map_or(0, |m| m.len()) == 0 {
+        assert!(Instant::now() < deadline, "the first process never wrote its header");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = command("p_fork", dir.path(), &[("MEMTRACE_OUT", one.to_str().unwrap()), ("MEMTRACE_FOLLOW_FORK", "0")])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is being written by another process"), "{stderr}");
+    let c = g.0.as_mut().unwrap();
+    // Safety of the test: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGTERM) }, 0);
+    c.wait().unwrap();
+    g.0 = None;
+    let kept = Stats::read(&one).unwrap();
+    assert!(kept.whole(), "the first process's trace is whole");
+    assert_eq!(kept.calls(), [("cudaMalloc", 100)]);
+    let second: Vec<_> = traces_in(dir.path()).into_iter().filter(|t| t != &one).collect();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(Stats::read(&second[0]).unwrap().calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+}
+
 #[test]
 fn fork_child_stops_when_not_followed() {
     let r = run_ok("p_fork", &[("MEMTRACE_FOLLOW_FORK", "0")]);

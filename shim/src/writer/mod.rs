@@ -15,7 +15,7 @@ use std::time::Duration;
 use trace::{BinaryWriter, Event, Header, Level, Marker, Record, ALLOCATOR_ENV_VARS};
 
 use crate::clock::{self, now_ns};
-use crate::config::{config, expand_out, Config};
+use crate::config::{config, expand_out, names_pid, Config};
 use crate::event::{RawEvent, RawKind};
 use crate::state::{self, DONE, FINISH, FLUSH, NOT_STARTED, RUNNING, WRITER};
 use crate::{log, raw, ring};
@@ -116,21 +116,74 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// The trace file of this process, locked for its lifetime. The trace goes straight to its final
+/// path, not through a rename: a process killed with SIGKILL must still leave a trace readable up
+/// to its last complete frame. A path another live process holds (a fork or exec child under an
+/// `MEMTRACE_OUT` without `%p`, or two ranks given one file) is left to it: truncating it would
+/// corrupt that process's trace, so this one writes beside it, `NAME.PID.EXT`, and says so.
+fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
+    let mut path = wanted;
+    for attempt in 0..2 {
+        let file = match std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
+                return None;
+            }
+        };
+        use std::os::fd::AsRawFd;
+        // Safety: flock on a descriptor this function owns; LOCK_NB never blocks. The lock lives
+        // as long as the descriptor, which the writer holds until the trace is complete.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let held = locked != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+        if !held {
+            // Locked, or a file system without locks (then as before: ours to truncate).
+            if let Err(e) = file.set_len(0) {
+                log!(Warn, "cannot truncate trace file {path}: {e}; recording disabled");
+                return None;
+            }
+            return Some((file, path));
+        }
+        if attempt == 0 {
+            let beside = beside(&path, pid);
+            log!(
+                Warn,
+                "trace file {path} is being written by another process (MEMTRACE_OUT without %p?); \
+                 pid {pid} traces into {beside}"
+            );
+            path = beside;
+        }
+    }
+    log!(Warn, "trace file {path} is being written by another process too; recording disabled");
+    None
+}
+
+/// `dir/NAME.PID.EXT` beside `dir/NAME.EXT` (`PATH.PID` without an extension).
+fn beside(path: &str, pid: u32) -> String {
+    let p = std::path::Path::new(path);
+    match (p.file_stem(), p.extension()) {
+        (Some(stem), Some(ext)) => p
+            .with_file_name(format!("{}.{pid}.{}", stem.to_string_lossy(), ext.to_string_lossy()))
+            .to_string_lossy()
+            .into_owned(),
+        _ => format!("{path}.{pid}"),
+    }
+}
+
 fn run() {
     raw::set_internal(true);
     let cfg = config();
     let pid = state::owner_pid();
     let origin = state::clock_origin();
-    let path = expand_out(&cfg.out, pid);
-    // The trace goes straight to its final path, not through a rename: a process killed with
-    // SIGKILL must still leave a trace readable up to its last complete frame.
-    let file = match std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path) {
-        Ok(f) => f,
-        Err(e) => {
-            log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
-            return;
-        }
-    };
+    let mut wanted = expand_out(&cfg.out, pid);
+    if state::FORK_CHILD.load(Ordering::Acquire) && !names_pid(&cfg.out) {
+        // The path is the parent's, which may not have opened it yet (its writer starts
+        // lazily) and would then truncate this child's finished trace: the child writes beside.
+        let own = beside(&wanted, pid);
+        log!(Warn, "MEMTRACE_OUT {wanted} has no %p: fork child pid {pid} traces into {own}");
+        wanted = own;
+    }
+    let Some((file, path)) = open_own(wanted, pid) else { return };
     let w = match BinaryWriter::new(file, &header(cfg, pid, origin)) {
         Ok(w) => w,
         Err(e) => {
