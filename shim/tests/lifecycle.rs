@@ -61,7 +61,7 @@ fn a_second_process_on_a_locked_trace_file_writes_beside_it() {
     let dir = tempfile::tempdir().unwrap();
     let one = dir.path().join("one.mtrace");
     let env = [("MEMTRACE_OUT", one.to_str().unwrap())];
-    let mut c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let first = c.id();
     let mut g = Guard(Some(c));
     let mut line = String::new();
