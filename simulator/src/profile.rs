@@ -249,6 +249,10 @@ impl Profile {
         if self.gpu.total_memory == 0 {
             return bad("gpu.total_memory must be > 0 bytes".into());
         }
+        // Far above any GPU, and low enough that no sum of the profile's terms overflows.
+        if self.gpu.total_memory > 1 << 50 {
+            return bad(format!("gpu.total_memory = {}: more than 1 PiB; expected bytes", self.gpu.total_memory));
+        }
         if let Err(e) = parse_cublas_workspace_config(&self.workspace.cublas_workspace_config) {
             return bad(format!("workspace.cublas_workspace_config: {e}"));
         }
@@ -261,6 +265,15 @@ impl Profile {
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(format!("outside_allocator.{k} = {v}: expected a finite number of MiB >= 0"));
+            }
+            // No term outside the allocator holds more than the whole GPU; a larger one is a
+            // typo (bytes for MiB), and would overflow the sums it enters.
+            let total_mib = self.gpu.total_memory as f64 / (1u64 << 20) as f64;
+            if v > total_mib {
+                return bad(format!(
+                    "outside_allocator.{k} = {v}: more than the GPU's whole memory ({total_mib:.0} MiB, \
+                     gpu.total_memory); expected MiB"
+                ));
             }
         }
         if let Some(sf) = &self.safety {

@@ -575,6 +575,18 @@ fn profile_command_reads_profiles_once_for_everyone() {
     let (code, _, err) = memsim(&["profile", p]);
     assert_eq!(code, 2);
     assert!(err.contains("outside.cublas") && err.contains("provenance"), "{err}");
+    // A constant larger than the whole GPU (1 GiB here) is refused, naming it: 1e30 MiB turned
+    // into u64::MAX bytes and wrapped the sums it entered, to a FITS below the stock profile's.
+    for (from, to) in [("context_mib = 100.0", "context_mib = 1e30"), ("cudnn_mib = 1.0", "cudnn_mib = 1025")] {
+        std::fs::write(&profile, TEST_PROFILE.replace(from, to)).unwrap();
+        let (code, _, err) = memsim(&["profile", p]);
+        assert_eq!(code, 2, "{to}: {err}");
+        let key = to.split(' ').next().unwrap();
+        assert!(
+            err.contains(&format!("outside_allocator.{key}")) && err.contains("more than the GPU's whole memory"),
+            "{err}"
+        );
+    }
     // The shipped profiles load, and the H200's placeholders are declared.
     let h200 = json(&["profile", "h200", "--json"]);
     assert!(h200["provenance"]["unmeasured"].as_array().unwrap().len() >= 3, "{h200}");
