@@ -306,7 +306,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let s = Instant::now();
     let sym = symbolic(t, version, &outside_terms, capacity)?;
     time("symbolic", s);
-    warnings.extend(sym.config_warning.clone());
+    warnings.extend(sym.replay_warnings.clone());
     estimates.insert(
         "symbolic".into(),
         Some(Answer {

@@ -28,8 +28,8 @@ pub struct SymbolicEstimate {
     pub verdict: Verdict,
     /// Per `iter:` marker: reserved and allocated peaks (empty without markers).
     pub iterations: Vec<simulator::replay::IterationPeak>,
-    /// What the trace's allocator configuration asks for that the model does not follow.
-    pub config_warning: Option<String>,
+    /// What the replay says of the trace ([`simulator::replay::ReplayReport::warnings`]).
+    pub replay_warnings: Vec<String>,
 }
 
 /// The allocator version a profile implies.
@@ -72,7 +72,7 @@ pub fn symbolic(
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),
-        config_warning: fit.report.config_warning.clone(),
+        replay_warnings: fit.report.warnings(),
     })
 }
 

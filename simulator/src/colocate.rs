@@ -111,10 +111,9 @@ pub struct JobReport {
     pub oom_in_shared_run: Option<bool>,
     /// Record index of its first OOM in the aligned replay.
     pub oom_at_event: Option<u64>,
-    /// What the trace's allocator configuration asks for that the model does not follow
-    /// ([`crate::replay::ReplayReport::config_warning`]).
+    /// What its replay says of its trace ([`crate::replay::ReplayReport::warnings`]).
     #[serde(skip)]
-    pub config_warning: Option<String>,
+    pub replay_warnings: Vec<String>,
 }
 
 /// Result.
@@ -331,7 +330,7 @@ pub fn colocate(
             timestamps: *ts,
             oom_in_shared_run: None,
             oom_at_event: None,
-            config_warning: unlimited.report.config_warning.clone(),
+            replay_warnings: unlimited.report.warnings(),
         });
     }
     // Symbolic traces carry no wall-clock time, so margins meet the sum of peaks only.

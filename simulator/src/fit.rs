@@ -363,10 +363,12 @@ impl FitOutcome {
         FitOutcome { report, oom: false, oom_at_event: None, oom_detail: None, budget, oom_need_bytes }
     }
 
-    /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed, since
-    /// the peak never counts the request that could not be placed.
+    /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed (in the
+    /// replay, or in the run itself, as recorded), since the peak never counts the request that
+    /// could not be placed.
     pub fn reserved_need(&self) -> u64 {
-        self.report.peak_reserved_bytes.max(self.oom_need_bytes.unwrap_or(0))
+        let recorded = self.report.recorded_oom.map_or(0, |o| o.need_bytes);
+        self.report.peak_reserved_bytes.max(self.oom_need_bytes.unwrap_or(0)).max(recorded)
     }
 
     /// Whether [`FitOutcome::reserved_need`] is the failed allocation's floor, above the peak.

@@ -85,6 +85,7 @@ fn unusual_records() -> Vec<Record> {
         free(4),
         bare(Event::Control(Control { op: ControlOp::ResetPeakStats })),
         alloc(5, 10 * MIB, None),
+        bare(Event::Oom(trace::Oom { size: 80 * MIB, device_free: None, stream: 0 })),
     ]
 }
 
@@ -97,6 +98,7 @@ fn kind(s: &Step) -> String {
         Step::Iteration(n) => format!("iteration {n}"),
         Step::OtherCaller(_) => "other caller".into(),
         Step::FailedCall => "failed".into(),
+        Step::RecordedOom { .. } => "recorded oom".into(),
         Step::Skip => "skip".into(),
         Step::Record(_) => "record".into(),
     }
@@ -134,6 +136,7 @@ fn hand_built_traces_replay_the_same_either_way() {
         ("free", "free"),
         ("control", "control"),
         ("alloc", "alloc"),
+        ("recorded oom", "recorded oom"),
     ];
     let steps = check("unusual records", &header(), &opts, &unusual_records());
     assert_eq!(steps.iter().map(kind).collect::<Vec<_>>(), expect.map(|e| e.0), "{steps:#?}");

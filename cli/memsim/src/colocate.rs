@@ -83,7 +83,7 @@ pub fn run(a: Args) -> Result<u8> {
     };
     let r = colocate(&jobs, &opts, capacity, align, a.judge.point)?;
     for j in &r.jobs {
-        if let Some(w) = &j.config_warning {
+        for w in &j.replay_warnings {
             warnings.push(format!("{}: {w}", j.name));
         }
     }

@@ -183,7 +183,7 @@ pub fn replay_file(
     )?;
     warnings.extend(read.warnings(file, strict)?);
     let fit = read.state.finish();
-    warnings.extend(fit.report.config_warning.clone());
+    warnings.extend(fit.report.warnings());
     let outside = outside.unwrap_or_else(Outside::none);
     if capacity_flag.is_some() && profile.is_none() {
         warnings.push(

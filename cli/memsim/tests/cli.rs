@@ -402,6 +402,49 @@ fn colocate_of_one_job_agrees_with_its_replay() {
     }
 }
 
+/// On several devices, the top-level `memory_stats` are of the device the peaks are of; they were
+/// device 0's beside device 1's peak.
+#[test]
+fn replay_memory_stats_are_of_the_peak_device() {
+    let s = crate::snapshot_support::shared_path("Constructor-Sun--code_location--memory_snapshot.pickle");
+    let v = json(&["replay", s.to_str().unwrap(), "--json"]);
+    assert!(v["devices"].as_array().unwrap().len() > 1);
+    assert_eq!(v["memory_stats"]["reserved_bytes.all.peak"], v["peak_reserved_bytes"], "{}", v["memory_stats"]);
+}
+
+/// A run that recorded an out-of-memory error: the request it failed is in no allocation record,
+/// so the replay's peak leaves it out. The need counts it, and every judging command says the run
+/// ran out of memory. Before, the verdict was FITS, silently.
+#[test]
+fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = Record {
+        ts_ns: None,
+        tid: None,
+        device: Some(0),
+        event: Event::Oom(trace::Oom { size: 100 * MIB, device_free: Some(MIB), stream: 0 }),
+    };
+    let mut records = three_tensors();
+    records.insert(3, oom);
+    let t = write_logical(dir.path(), "o.jsonl", &records, &[]);
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--json"]);
+    let peak = v["peak_reserved_bytes"].as_u64().unwrap();
+    // 90 MiB allocated when it failed (three 30 MiB tensors), plus the 100 MiB request.
+    assert_eq!(v["recorded_oom"]["need_bytes"], 190 * MIB, "{v}");
+    assert!(peak < 190 * MIB, "the peak alone is {peak}");
+    let cap = format!("{}B", 180 * MIB);
+    for cmd in ["replay", "colocate"] {
+        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+        assert_eq!(code, 1, "{cmd}: {out}{err}");
+        assert!(
+            err.contains("the run ran out of memory (record 3, device 0: a request of 104857600 B"),
+            "{cmd}: {err}"
+        );
+        assert!(out.contains("DOES NOT FIT"), "{cmd}: {out}");
+    }
+}
+
 /// A request no device holds (past the model's largest segment) fails even in the unlimited
 /// replay, so the peak never counts it: the verdict rests on what the failed request needed, and
 /// cannot say FITS above the line saying the allocation fails.

@@ -21,7 +21,7 @@ mod live;
 mod report;
 mod step;
 use live::{LiveBlock, LiveBlocks};
-pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, ReplayReport};
+pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, RecordedOom, ReplayReport};
 pub use step::{Classifier, Seed, Step};
 
 /// Why a trace cannot be replayed.
@@ -115,6 +115,7 @@ pub struct Replayer {
     oom_at: Option<u64>,
     oom_detail: Option<String>,
     oom_need: Option<u64>,
+    recorded_oom: Option<RecordedOom>,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
@@ -166,6 +167,7 @@ impl Replayer {
             oom_at: None,
             oom_detail: None,
             oom_need: None,
+            recorded_oom: None,
             has_categories: false,
             realized: None,
             iterations: Vec::new(),
@@ -259,6 +261,7 @@ impl Replayer {
             Step::Iteration(n) => self.start_iteration(n),
             Step::OtherCaller(ref name) => *self.skipped_by_caller.entry(name.to_string()).or_default() += 1,
             Step::FailedCall => self.skipped_failed += 1,
+            Step::RecordedOom { device, size, device_free } => self.recorded_oom(index, device, size, device_free),
             Step::Skip => {}
             // `observe_step` takes whole records before this, and a classifier makes none.
             Step::Record(_) => debug_assert!(false, "a whole record reached apply_step"),
@@ -308,6 +311,18 @@ impl Replayer {
         }
         // A trace that is only its start state (a snapshot with no events) peaks here.
         ds.note_peaks();
+    }
+
+    /// The run's first recorded out-of-memory error: what was allocated then plus the failed
+    /// request is a floor under the need (the cached blocks the allocator freed before it gave
+    /// up are not; the replay's reserved bytes there may hold them).
+    #[cold]
+    fn recorded_oom(&mut self, index: u64, device: u32, size: u64, device_free: Option<u64>) {
+        if self.recorded_oom.is_none() {
+            let (_, allocated) = self.current(device);
+            let need_bytes = allocated.saturating_add(size);
+            self.recorded_oom = Some(RecordedOom { at_event: index, device, size, device_free, need_bytes });
+        }
     }
 
     #[cold]
@@ -525,14 +540,19 @@ impl Replayer {
             oom_at_event: self.oom_at,
             oom_detail: self.oom_detail,
             oom_need_bytes: self.oom_need,
+            recorded_oom: self.recorded_oom,
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,
             skipped_failed_calls: self.skipped_failed,
             rejected: self.rejected,
             rejected_examples: self.rejected_examples,
+            // The device the reserved peak is of (the first of equals): the one the verdict
+            // judges, so the stats beside the peaks are that device's.
             memory_stats: devices
-                .first()
+                .iter()
+                .rev()
+                .max_by_key(|d| d.peak_reserved_bytes)
                 .map(|d| d.memory_stats.clone())
                 .unwrap_or_else(|| crate::alloc::MemoryStats::default().to_json()),
             devices,

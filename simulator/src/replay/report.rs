@@ -58,6 +58,33 @@ pub struct IterationPeak {
     pub peak_reserved_bytes: u64,
 }
 
+/// An out-of-memory error a run recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordedOom {
+    /// Index of the record.
+    pub at_event: u64,
+    /// CUDA device ordinal.
+    pub device: u32,
+    /// Bytes the failed request asked for.
+    pub size: u64,
+    /// Free device memory when it failed, when recorded.
+    pub device_free: Option<u64>,
+    /// Bytes allocated when it failed plus the request: a floor under the reserved need.
+    pub need_bytes: u64,
+}
+
+impl RecordedOom {
+    /// The warning every command that judges the trace gives.
+    pub fn warning(&self) -> String {
+        let free = self.device_free.map_or(String::new(), |f| format!(", {f} B free on the device"));
+        format!(
+            "the run ran out of memory (record {}, device {}: a request of {} B{free}); the need counts that \
+             request on top of what was allocated then, {} B in all",
+            self.at_event, self.device, self.size, self.need_bytes
+        )
+    }
+}
+
 /// Replay result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
@@ -79,6 +106,8 @@ pub struct ReplayReport {
     /// its rounded size. A floor under the job's need that its peak cannot show: the failed
     /// request was never placed.
     pub oom_need_bytes: Option<u64>,
+    /// The first out-of-memory error the run itself recorded (a real run's snapshot `oom`).
+    pub recorded_oom: Option<RecordedOom>,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.
@@ -91,7 +120,7 @@ pub struct ReplayReport {
     pub rejected: u64,
     /// The first rejected requests' messages.
     pub rejected_examples: Vec<String>,
-    /// `memory_stats()` of device 0 (or the only device) at the end.
+    /// `memory_stats()` at the end of the device whose reserved peak is `peak_reserved_bytes`.
     pub memory_stats: serde_json::Value,
     /// Per device.
     pub devices: Vec<DeviceReport>,
@@ -107,6 +136,12 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
+    /// What the replay says of its input that the numbers do not: an allocator configuration the
+    /// model does not follow, an out-of-memory error the run recorded.
+    pub fn warnings(&self) -> Vec<String> {
+        self.config_warning.iter().cloned().chain(self.recorded_oom.map(|o| o.warning())).collect()
+    }
+
     /// The first iteration's peaks, and the max over the later iterations (the steady state:
     /// caches warm, optimizer state allocated); `None` for a trace without `iter:` markers.
     pub fn step_peaks(&self) -> Option<(IterationPeak, Option<IterationPeak>)> {

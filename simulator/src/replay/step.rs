@@ -62,6 +62,16 @@ pub enum Step {
     OtherCaller(Box<str>),
     /// A request whose call failed: left out and counted.
     FailedCall,
+    /// An out-of-memory error the run recorded (a snapshot's `oom` entry): the request it
+    /// failed is in no allocation record.
+    RecordedOom {
+        /// CUDA device ordinal.
+        device: u32,
+        /// Bytes the failed request asked the device for.
+        size: u64,
+        /// Free device memory when it failed, when recorded.
+        device_free: Option<u64>,
+    },
     /// A record the replay counts and otherwise ignores (launches, kernel times, memory
     /// queries, stacks, names, outcome events, ...).
     Skip,
@@ -218,6 +228,7 @@ impl Classifier {
                 MarkerKind::Iter(n) => Step::Iteration(n),
                 MarkerKind::Phase(_) | MarkerKind::User(_) => Step::Skip,
             },
+            Event::Oom(o) => Step::RecordedOom { device, size: o.size, device_free: o.device_free },
             e => {
                 debug_assert!(counted_only(&e), "{e:?} reached the counted-only arm");
                 Step::Skip
@@ -295,12 +306,13 @@ fn counted_only(e: &Event) -> bool {
         | Event::KernelExec(_)
         | Event::MemInfo(_)
         | Event::Stack(_)
-        | Event::Oom(_)
         | Event::PoolTrim(_)
         | Event::SnapshotPoint(_)
         | Event::ProcessExit(_)
         | Event::MemActivity(_) => true,
-        Event::Alloc(_) | Event::Free(_) | Event::Name(_) | Event::Control(_) | Event::Marker(_) => false,
+        Event::Alloc(_) | Event::Free(_) | Event::Name(_) | Event::Control(_) | Event::Marker(_) | Event::Oom(_) => {
+            false
+        }
     }
 }
 
