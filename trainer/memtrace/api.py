@@ -157,6 +157,15 @@ def _workloads(
         raise EstimateError("example_inputs is required with a model: one batch as the model "
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
     base = _batch_of(example_inputs)
+    # Every tensor's first dimension is resized with the batch, so each must be the batch: a
+    # target of another batch was resized silently where a real run fails.
+    for name, value in (("example_inputs", example_inputs), ("target", target)):
+        other = sorted({int(t.shape[0]) for t in _tensors(value) if t.dim() > 0} - {base})
+        if other:
+            raise EstimateError(
+                f"{name}: a tensor's first dimension is {other[0]}, where example_inputs' batch "
+                f"is {base}; every tensor's first dimension is the batch"
+            )
     if lora_targets is not None and lora is None:
         raise EstimateError("lora_targets= has no meaning without lora=")
     parsed = Lora.parse(str(lora), lora_targets, None) if lora is not None else None
@@ -176,7 +185,7 @@ def _workloads(
 
 def _step_config(
     optimizer: str, steps: int | None, amp: str | None, checkpointing: Any,
-    world_size: int, strategy: str | None,
+    world_size: int | None, strategy: str | None,
 ) -> Any:  # fmt: skip
     from memtrace_trainer.cli.common import MODEL_STEPS
     from memtrace_trainer.symtrace.step import StepConfig
@@ -184,8 +193,10 @@ def _step_config(
     if checkpointing not in CHECKPOINTING:
         raise EstimateError(f"checkpointing={checkpointing!r}: expected False, True, 'full' or "
                             "'selective'")  # fmt: skip
-    if world_size != 1 and strategy is None:
+    if world_size not in (None, 1) and strategy is None:
         raise EstimateError(f"world_size={world_size} needs strategy= (fsdp2, ddp, zero3, ...)")
+    if strategy is not None and world_size is None:
+        raise EstimateError(f"strategy={strategy!r} needs world_size= (the number of ranks)")
     cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, CHECKPOINTING[checkpointing], 1, True,
                      world_size if strategy else None, strategy)  # fmt: skip
     cfg.validate()
@@ -261,7 +272,7 @@ def estimate(
     amp: str | None = None,
     dtype: str | None = None,
     gpu: str = DEFAULT_PROFILE,
-    world_size: int = 1,
+    world_size: int | None = None,
     strategy: str | None = None,
     lora: int | str | None = None,
     lora_targets: str | None = None,
@@ -278,8 +289,8 @@ def estimate(
     ...), autocast `amp` ("bf16"/"fp16"), parameter `dtype` ("bf16"/"fp16"), LoRA of rank
     `lora` ("R:ALPHA" for alpha; peft's default targets for a transformers model, else
     `lora_targets`, module names like "fc1,fc2"), `checkpointing` (True/"full" or
-    "selective"), sharded with `strategy` over `world_size` ranks. Or `model` is a step
-    builder, `make(device) -> step`, run as written for `steps` steps (your loop, your
+    "selective"), sharded with `strategy` over `world_size` ranks (both or neither). Or `model`
+    is a step builder, `make(device) -> step`, run as written for `steps` steps (your loop, your
     optimizer).
 
     Raises `EstimateError` on bad arguments, an unknown `gpu` (the message lists the known
@@ -310,7 +321,8 @@ def estimate(
                     "checkpointing": checkpointing or None}  # fmt: skip
             for name in (n for n, v in loop.items() if v is not None):
                 notes.warn(f"{name}= has no effect with a step builder: your step decides")
-            job = StepJob(model, steps or STEP_FN_STEPS, world_size if world_size > 1 else None)
+            ranks = world_size if world_size is not None and world_size > 1 else None
+            job = StepJob(model, steps or STEP_FN_STEPS, ranks)
         else:
             raise EstimateError(f"model: expected an nn.Module or a step builder "
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
@@ -350,7 +362,7 @@ def max_batch(
     amp: str | None = None,
     dtype: str | None = None,
     gpu: str = DEFAULT_PROFILE,
-    world_size: int = 1,
+    world_size: int | None = None,
     strategy: str | None = None,
     lora: int | str | None = None,
     lora_targets: str | None = None,

@@ -225,6 +225,11 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"world_size": 4}, "world_size=4 needs strategy="),
         ({"optimizer": "adamx"}, "^optimizer='adamx': expected one of"),
         ({"steps": 0}, r"^steps=0: expected a number of traced steps"),
+        ({"strategy": "fsdp2"}, r"^strategy='fsdp2' needs world_size="),
+        (
+            {"target": torch.randint(0, 10, (3,))},
+            r"^target: a tensor's first dimension is 3, where",
+        ),
         ({"steps": -1}, r"^steps=-1: expected"),
         ({"world_size": 0, "strategy": "fsdp2"}, r"^world_size=0: expected a number of ranks"),
         ({"lora": 4, "lora_targets": "zz"}, r"^lora_targets: zz match no module"),

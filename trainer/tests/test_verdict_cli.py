@@ -23,6 +23,18 @@ def test_one_dispatcher_knows_every_command() -> None:
                              "run", "launch", "dataset", "serve"}  # fmt: skip
 
 
+def test_flags_are_never_abbreviated_and_the_optimizer_help_lists_every_optimizer() -> None:
+    """`--step` given to a command without it was taken for `--steps` ("invalid int value")."""
+    from memtrace_trainer.optim import OPTIMIZERS
+
+    done = cli("max-seq", "--step", "x:y", "--model", MLP, "--batch-size", "1", check=False)
+    assert done.returncode == 2 and "unrecognized arguments: --step x:y" in done.stderr
+    p, _ = parser()
+    sub = next(a for a in p._actions if a.dest == "command").choices["estimate"]  # type: ignore[union-attr]
+    help_text = next(a.help for a in sub._actions if a.dest == "optimizer")
+    assert help_text.split(" (")[0].split("|") == list(OPTIMIZERS)
+
+
 def test_seq_len_reaches_an_entry_that_takes_it_and_is_warned_about_otherwise(
     tmp_path: Path,
 ) -> None:

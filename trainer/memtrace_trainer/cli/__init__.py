@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.cli import estimate, kernelstats, models, runs, serve
@@ -54,13 +55,21 @@ exit status: 0 success or fits; 1 does not fit (estimate; max-batch/max-seq when
 """
 
 
+class _Exact(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
+
 def parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = argparse.ArgumentParser(
         prog="python -m memtrace_trainer",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    # No abbreviated flags in any command: `--step` given to a command without it was taken for
+    # `--steps` and refused as "invalid int value".
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Exact)
     handlers: dict[str, Handler] = {}
     for group in GROUPS:
         handlers.update(group.register(sub))

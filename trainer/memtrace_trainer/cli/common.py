@@ -62,7 +62,9 @@ def step_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optimizer",
         default="adam",
-        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop (default adam)",
+        # optim.OPTIMIZERS, written out: the parser is built before torch is imported.
+        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop|adafactor|adamw-8bit|paged-adamw|"
+        "paged-adamw-8bit (default adam; the last three emulate bitsandbytes)",
     )
     p.add_argument(
         "--amp",
