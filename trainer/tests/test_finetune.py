@@ -446,7 +446,27 @@ def test_a_sequence_beyond_the_models_positions_is_warned_about(tmp_path: Path) 
     said = err(512)
     assert "a sequence of 512 tokens is beyond" in said
     assert "tiny-llama.json's max_position_embeddings (256)" in said
+    assert "rotary or relative" in said
     assert "beyond" not in err(256)
+
+
+def test_a_sequence_beyond_learned_positions_is_refused(tmp_path: Path) -> None:
+    """GPT-2 learns a table of n_positions rows: a longer sequence fails at its lookup on a
+    real run, so it is no job to estimate (it was warned about, and judged FITS)."""
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2,
+                                  "vocab_size": 100, "n_positions": 64}))  # fmt: skip
+    out = tmp_path / "t.jsonl"
+    args = ("symtrace", "--model", f"hf-config:{config}", "--batch-size", "1", "--steps", "1",
+            "--out", str(out))  # fmt: skip
+    done = cli(*args, "--seq-len", "65", check=False)
+    assert done.returncode == 2, done.stderr
+    assert (
+        "--seq-len 65: beyond " in done.stderr
+        and "gpt2.json's max_position_embeddings (64)" in done.stderr
+    )
+    assert "learns its positions (transformer.wpe, 64 rows)" in done.stderr and not out.exists()
+    assert cli(*args, "--seq-len", "64").returncode == 0
 
 
 @pytest.mark.parametrize(

@@ -250,6 +250,18 @@ def max_positions(config: Any) -> tuple[int, str] | None:
     return None
 
 
+def position_table(model: Any, most: int) -> str | None:
+    """The learned position embedding of a model allowing `most` positions, named with its rows
+    (`transformer.wpe, 1024 rows`); `None` when its positions are computed (rotary, relative,
+    sinusoidal). A table has `most` rows, or two more (OPT's and RoBERTa's offset)."""
+    from torch import nn
+
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding) and most <= m.num_embeddings <= most + 2:
+            return f"{name}, {m.num_embeddings} rows"
+    return None
+
+
 def default_seq_len(config: Any) -> tuple[int, str]:
     """The sequence length when the user gives none, and why: the model's maximum, capped at
     2048 (a long-context model's maximum, 128k tokens, is not what a fine-tune trains at)."""

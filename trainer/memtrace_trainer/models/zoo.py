@@ -117,10 +117,16 @@ def _hf(
         raise UserError(f"--seq-len {seq}: expected a positive integer")
     most = hf.max_positions(config)
     if most is not None and seq > most[0]:
-        warn(f"a sequence of {seq} tokens is beyond {hfspec.name}'s {most[1]} ({most[0]}): a "
-             "real run fails at the position lookup of a model with learned positions, and one "
-             "with rotary positions runs outside what it was trained on; this estimates the "
-             "memory alone")  # fmt: skip
+        table = hf.position_table(model, most[0])
+        if table is not None:
+            raise UserError(
+                f"--seq-len {seq}: beyond {hfspec.name}'s {most[1]} ({most[0]}), and the model "
+                f"learns its positions ({table}): a real run fails at the position lookup; give "
+                f"--seq-len {most[0]} or less"
+            )
+        warn(f"a sequence of {seq} tokens is beyond {hfspec.name}'s {most[1]} ({most[0]}): its "
+             "positions are computed (rotary or relative), so a real run works, outside what "
+             "the model was trained on; this estimates the memory alone")  # fmt: skip
     model = finetune.apply(model, tune.regime, task, config.model_type)
     w = Workload(spec, model, hf.batch_maker(config, task, batch, seq, device), hf.model_loss,
                  batch, config.model_type, defaults)  # fmt: skip
