@@ -472,8 +472,22 @@ def test_a_sequence_beyond_learned_positions_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "said"),
     [
-        ({"model_type": "gpt2", "n_layer": "two"}, "n_layer"),
+        ({"model_type": "gpt2", "n_layer": "two"}, "field n_layer is 'two': expected a positive"),
         ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5}, "not a multiple"),
+        # Before, these reached PyTorch and were an "internal error, please report it".
+        ({"model_type": "llama", "vocab_size": -5}, "field vocab_size is -5"),
+        ({"model_type": "llama", "intermediate_size": -1}, "field intermediate_size is -1"),
+        ({"model_type": "gpt2", "n_positions": -3}, "field n_positions is -3"),
+        ({"model_type": "llama", "num_attention_heads": 0}, "field num_attention_heads is 0"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 3,
+            },
+            "num_key_value_heads is 3: expected a divisor",
+        ),
     ],
 )
 def test_a_config_transformers_rejects_is_the_users_error(
@@ -484,7 +498,7 @@ def test_a_config_transformers_rejects_is_the_users_error(
     done = cli("symtrace", "--model", f"hf-config:{path}", "--batch-size", "1",
                "--out", str(tmp_path / "t.jsonl"), check=False)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert f"{path}: transformers rejects the config" in done.stderr and said in done.stderr
+    assert f"{path}: " in done.stderr and said in done.stderr
     assert "internal error" not in done.stderr
 
 

@@ -81,6 +81,14 @@ def resolve(name: str) -> HFSpec:
     return HFSpec(spelling, dict(data["config"]), data["source"])
 
 
+# The sizes a config's model is built from (the names transformers' families use): each a
+# count of at least 1 when given. A zero or negative one reached PyTorch as a negative dimension.
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim",
+         "n_embd", "n_layer", "n_head", "n_positions", "n_inner", "d_model", "d_ff", "d_kv",
+         "num_layers", "num_heads", "num_decoder_layers")  # fmt: skip
+
+
 def read_config(path: Path) -> HFSpec:
     """`hf-config:PATH`: a local config.json (or a directory holding one)."""
     if path.is_dir():
@@ -98,6 +106,17 @@ def to_config(spec: HFSpec) -> Any:
     import transformers
 
     values = dict(spec.config)
+    for field in SIZES:
+        v = values.get(field)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise UserError(f"{spec.source}: field {field} is {v!r}: expected a positive integer")
+    heads, kv = values.get("num_attention_heads"), values.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise UserError(
+            f"{spec.source}: field num_key_value_heads is {kv}: expected a divisor of "
+            f"num_attention_heads ({heads}), as grouped-query attention shares each key/value "
+            "head among a whole number of query heads"
+        )
     model_type = values.pop("model_type", None)
     if not isinstance(model_type, str):
         raise UserError(
@@ -194,6 +213,13 @@ def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Modul
     except ValueError as e:
         what = f"--attn {opts.attn}" if opts.attn else f"--task {task}"
         raise UserError(f"{spec.name}: transformers cannot build it with {what} ({e})") from e
+    except (RuntimeError, ZeroDivisionError, TypeError) as e:
+        # A config that passed transformers' checks and SIZES but still makes no model (a size
+        # its layers cannot split): the user's file, not an internal fault.
+        raise UserError(
+            f"{spec.source}: the model cannot be built from this config "
+            f"({type(e).__name__}: {_one_line(e)}); check its sizes"
+        ) from e
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     if isinstance(experts, int) and experts > 1:
         warn(
