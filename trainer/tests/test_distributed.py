@@ -247,6 +247,23 @@ def test_fsdp_mp_computes_in_the_param_dtype() -> None:
         ({"fsdp_mp": "bf16"}, "an unsharded job has no FSDP2"),
         ({"strategy": "fsdp2", "world_size": 2, "fsdp_mp": "bf16:int8"}, "expected PARAM"),
         ({"strategy": "fsdp2", "world_size": 2, "fsdp_mp": "bf16:fp32:x"}, "expected PARAM"),
+        (
+            {"strategy": "fsdp2", "world_size": 2, "fsdp_mp": "fp16", "amp": "bf16"},
+            "--fsdp-mp fp16 with --amp bf16 is contradictory",
+        ),
+        # Before, these failed inside PyTorch: an internal error, or a class name for the flag.
+        (
+            {"optimizer": "adafactor", "strategy": "fsdp2", "world_size": 2},
+            "--optimizer adafactor with --strategy fsdp2",
+        ),
+        (
+            {"optimizer": "adafactor", "strategy": "zero3", "world_size": 2},
+            "--optimizer adafactor with --strategy zero3",
+        ),
+        (
+            {"optimizer": "adamw-8bit", "strategy": "zero1", "world_size": 2},
+            r"--optimizer adamw-8bit with --strategy zero1: .* bitsandbytes' \(emulated\)",
+        ),
     ],
 )
 def test_bad_fsdp_mp(cfg: dict[str, Any], expect: str) -> None:

@@ -88,6 +88,37 @@ def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = No
     check_world_size(world_size)
 
 
+def check_with_step(strategy: str | None, optimizer: str, amp: str | None,
+                    fsdp_mp: str | None) -> None:  # fmt: skip
+    """What a strategy cannot run with: optimizers it refuses, a precision the policy
+    contradicts. Said before tracing, naming the flags; each failed in PyTorch before."""
+    from memtrace_trainer.optim import EMULATED
+
+    if strategy is None:
+        return
+    if strategy == "zero1" and optimizer in ("adafactor", *EMULATED):
+        whose = "transformers'" if optimizer == "adafactor" else "bitsandbytes' (emulated)"
+        raise UserError(
+            f"--optimizer {optimizer} with --strategy zero1: ZeRO-1 runs as PyTorch's "
+            f"ZeroRedundancyOptimizer, which wraps torch.optim optimizers only, and {optimizer} "
+            f"is {whose}; use adam, adamw, sgd, adagrad or rmsprop"
+        )
+    if runs_as(strategy)[0] == "fsdp2" and optimizer == "adafactor":
+        raise UserError(
+            f"--optimizer adafactor with --strategy {strategy}: transformers' Adafactor keeps its "
+            "factored state as plain tensors, and FSDP2's parameters are sharded DTensors, which "
+            "its update cannot mix (PyTorch refuses it); use adamw, or --strategy ddp"
+        )
+    if fsdp_mp is not None and amp is not None:
+        param, _ = mp_policy(fsdp_mp)
+        if param != torch.float32 and param != MP_DTYPES.get(amp):
+            raise UserError(
+                f"--fsdp-mp {fsdp_mp} with --amp {amp} is contradictory: FSDP2 casts the "
+                f"parameters to {fsdp_mp.split(':')[0]} for compute, and autocast to {amp} would "
+                "cast every matmul to another 16-bit type; give one precision"
+            )
+
+
 def mp_policy(text: str) -> tuple[torch.dtype, torch.dtype]:
     """ "PARAM[:REDUCE]" as (param_dtype, reduce_dtype); REDUCE defaults to PARAM, as FSDP2's
     reduce_dtype=None does."""

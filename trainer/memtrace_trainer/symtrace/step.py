@@ -18,7 +18,12 @@ from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkpointing
 from memtrace_trainer.symtrace.distributed import check as check_distributed
-from memtrace_trainer.symtrace.distributed import runs_as, wrap_ddp, zero_redundancy
+from memtrace_trainer.symtrace.distributed import (
+    check_with_step,
+    runs_as,
+    wrap_ddp,
+    zero_redundancy,
+)
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
@@ -77,6 +82,7 @@ class StepConfig:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
             raise UserError(f"--amp {self.amp!r}: expected one of {sorted(AMP)}")
+        check_with_step(self.strategy, self.optimizer, self.amp, self.fsdp_mp)
 
 
 class GradScaler:
