@@ -41,6 +41,13 @@ PAGED_MIN = 100_000
 EMULATED = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit")
 
 
+def _local_numel(p: torch.Tensor) -> int:
+    """The elements this rank holds: a sharded (DTensor) parameter's local shard, whose state is
+    all the rank keeps, and by whose size bitsandbytes' thresholds decide."""
+    to_local = getattr(p, "to_local", None)
+    return int(to_local().numel()) if callable(to_local) else p.numel()
+
+
 class Emulated8bit(torch.optim.Optimizer):
     """bitsandbytes' AdamW8bit / PagedAdamW / PagedAdamW8bit as the allocator sees them."""
 
@@ -51,13 +58,15 @@ class Emulated8bit(torch.optim.Optimizer):
         self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _buffer(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-        if self.paged and p.numel() >= PAGED_MIN:
-            self.paged_bytes += p.numel() * torch.empty((), dtype=dtype).element_size()
+        n = _local_numel(p)
+        if self.paged and n >= PAGED_MIN:
+            self.paged_bytes += n * torch.empty((), dtype=dtype).element_size()
             return None
         return torch.zeros_like(p, dtype=dtype)
 
     def _init(self, p: torch.Tensor) -> dict[str, Any]:
-        eight = self.bits == 8 and p.numel() >= MIN_8BIT_SIZE
+        n = _local_numel(p)
+        eight = self.bits == 8 and n >= MIN_8BIT_SIZE
         dtype = torch.uint8 if eight else torch.float32
         state: dict[str, Any] = {
             "step": 0,
@@ -71,7 +80,7 @@ class Emulated8bit(torch.optim.Optimizer):
                     torch.zeros(256, device=p.device),
                 )
             state["qmap1"], state["qmap2"] = self._qmaps
-            blocks = -(-p.numel() // BLOCK)
+            blocks = -(-n // BLOCK)
             state["absmax1"] = torch.zeros(blocks, device=p.device)
             state["absmax2"] = torch.zeros(blocks, device=p.device)
         return state

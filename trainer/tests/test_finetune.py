@@ -236,6 +236,18 @@ def test_paged_optimizer_state_is_reported_outside_the_allocator(capsys: Any) ->
     assert cats["optimizer_state"] < 2 * big / 10
 
 
+def test_paged_optimizer_state_under_fsdp2_is_the_ranks_shard() -> None:
+    """Each rank pages the state of its own shard: rank 0 holds the largest dim-0 chunk. Before,
+    every rank was said to page the whole model's state (the DTensor's global size)."""
+    world = 4
+    w = workload("hf:gpt2", batch=1, seq=16, dtype="bf16")
+    local = [-(-p.shape[0] // world) * (p.numel() // p.shape[0]) for p in w.model.parameters()]
+    big = sum(n for n in local if n >= 100_000)
+    _, extra, _ = traced(w, optimizer="paged-adamw", iterations=1, strategy="fsdp2",
+                         world_size=world)  # fmt: skip
+    assert extra["paged_optimizer_bytes"] == 2 * 4 * big  # two fp32 states per element
+
+
 def test_adafactor_runs_as_transformers_wrote_it() -> None:
     cats, _, _ = traced(workload(dtype="bf16"), optimizer="adafactor")
     assert 0 < cats["optimizer_state"] < 2 * 2 * workload(dtype="bf16").details["parameters"]
