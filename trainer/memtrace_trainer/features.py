@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memtrace_trainer.workload import Workload
+from memtrace_trainer.workload import Workload, parameter_count
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -124,7 +124,7 @@ def extract(workload: Workload, family: str = "") -> Features:
     names = {m: n for n, m in model.named_modules()}
 
     def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
-        params = sum(p.numel() for p in module.parameters(recurse=False))
+        params = sum(parameter_count(p) for p in module.parameters(recurse=False))
         layer = Layer(names[module], type(module).__name__, _numel(output) // batch, params)
         records.append((module, layer))
 
@@ -156,7 +156,7 @@ def extract(workload: Workload, family: str = "") -> Features:
             # GPUMemNet's summary gives PReLU no parameters; mirror it so our rows line up.
             sequence.append((name, la.activations, 0 if isinstance(m, nn.PReLU) else la.parameters))
     return Features(
-        total_parameters=sum(p.numel() for p in model.parameters()),
+        total_parameters=sum(parameter_count(p) for p in model.parameters()),
         total_activations=sum(la.activations for _, la in leaves),
         layers=layers,
         depth=sum(1 for _, la in leaves if la.parameters > 0),

@@ -22,6 +22,12 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+def parameter_count(p: torch.Tensor) -> int:
+    """The weights a parameter stands for: its elements, or for a 4-bit weight, packed two to
+    a byte (`models/qlora.py`), the layer's weights, as peft counts them."""
+    return int(getattr(p, "quantized_numel", p.numel()))
+
+
 def fresh_like(value: Any) -> Any:
     """New storage of the same shapes, as the next batch copied to the GPU would have."""
     if isinstance(value, torch.Tensor):

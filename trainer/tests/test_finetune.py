@@ -159,6 +159,11 @@ def test_qlora_base_storage_per_parameter() -> None:
         # prepare_model_for_kbit_training casts what is not 4-bit to fp32 (embeddings, head).
         head = w.model.get_output_embeddings()
         assert head.weight.dtype == torch.float32 and not head.weight.requires_grad
+        # A 4-bit weight counts as the layer's weights, as peft counts it, not as its packed
+        # bytes (the 8B model was reported as 4.5B parameters).
+        plain = build_workload("hf:meta-llama/Meta-Llama-3-8B", 1, seq_len=8)
+        lora = sum(p.numel() for p in w.model.parameters() if p.requires_grad)
+        assert w.details["parameters"] == plain.details["parameters"] + lora
 
 
 def test_qlora_dequantizes_a_transient_weight_per_layer() -> None:

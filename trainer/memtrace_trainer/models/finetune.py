@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.workload import parameter_count
 
 # peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates with a
 # FutureWarning on every read: noise to the user, who did not write either call.
@@ -211,7 +212,7 @@ def summary(model: nn.Module) -> dict[str, int]:
     """Parameter counts and bytes: total, trainable, and the frozen base's storage."""
     total = trainable = total_bytes = trainable_bytes = 0
     for p in model.parameters():
-        n, b = p.numel(), p.numel() * p.element_size()
+        n, b = parameter_count(p), p.numel() * p.element_size()
         total += n
         total_bytes += b
         if p.requires_grad:

@@ -60,6 +60,7 @@ class Linear4bit(nn.Linear):
         blocks = -(-n // BLOCK)
         packed = torch.empty((-(-n // 2), 1), dtype=torch.uint8, device=device)
         self.weight = nn.Parameter(packed, requires_grad=False)
+        self.weight.quantized_numel = n  # type: ignore[attr-defined]  # workload.parameter_count
         if double_quant:
             self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
             nested = -(-blocks // NESTED_BLOCK)
