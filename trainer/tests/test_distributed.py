@@ -35,7 +35,12 @@ def test_fsdp2_rank_holds_its_shard_of_parameters_gradients_and_state(world: int
     cats = summarize(rec.events).bytes_by_category
     d = extra["distributed"]
     assert d["local_parameter_bytes"] == expect  # padding included: rank 0 has ceil(rows / N)
-    assert cats["parameter"] == expect
+    first = next(i for i, e in enumerate(rec.events) if e.get("text") == "iter:0")
+    before = [e for e in rec.events[:first] if e["kind"] == "alloc"]
+    assert sum(e["size"] for e in before if e["category"] == "parameter") == expect
+    # Each unit's all-gathers (its unsharded parameters, once per pass) are parameters too.
+    full = sum(p.numel() * p.element_size() for p in workload(dtype="bf16").model.parameters())
+    assert cats["parameter"] >= expect + 2 * full
     assert cats["optimizer_state"] == 2 * expect  # bf16 moments of the local shard
     assert cats["gradient"] == 2 * expect  # one sharded gradient per step, two steps
     # FSDP2's all-gather and reduce-scatter run on their own streams, which the trace carries.
@@ -330,9 +335,17 @@ def test_a_users_fsdp2_step_with_meta_init_holds_only_its_shards(tmp_path: Path)
         "--steps", "2", "--out", str(out))  # fmt: skip
     events = [json.loads(line) for line in out.read_text().splitlines()[1:]]
     allocs = [e for e in events if e["kind"] == "alloc"]
-    params = [e["size"] for e in allocs if e["category"] == "parameter"]
+    first = next(i for i, e in enumerate(events) if e.get("text") == "iter:0")
+    params = [
+        e["size"] for e in events[:first] if e["kind"] == "alloc" and e["category"] == "parameter"
+    ]
     shard = 4 * (4 * (512 // 4) * 512 + 4 * (512 // 4))  # weights and biases, fp32, 1/4 of rows
     assert sum(params) == shard, (sum(params), shard)
+    # In the steps, the all-gathered units are parameters (they were said to be activations).
+    gathered = [
+        e["size"] for e in events[first:] if e["kind"] == "alloc" and e["category"] == "parameter"
+    ]
+    assert sum(gathered) >= 2 * 4 * shard
     assert max(e["size"] for e in allocs) < 1 << 24  # no scratch tensor, no full model
     # The layers are the user's Linears, not fully_shard's FSDPLinear subclasses.
     assert json.loads(out.read_text().splitlines()[0])["metadata"]["layer_types"] == "Linear"

@@ -197,6 +197,11 @@ def _bridges(world_size: int) -> Iterator[None]:
             fsdp_param.device = META
 
     patch(group, "__init__", group_on_meta)
+    # What an all-gather allocates (the unit's unsharded parameters, and the send buffer it
+    # copies its shards into) holds parameters, whichever pass gathers them; the trace says so,
+    # where it said "activation" in the forward (a breakdown then blamed the batch).
+    for name in ("unshard", "wait_for_unshard"):
+        patch(group, name, _as_parameters(getattr(group, name)))
     for mod in (_fsdp_param_group, _fsdp_collectives):
         patch(mod, "_get_device_handle", lambda device_type: torch.cuda)
     # DDP, wherever it is built (`wrap_ddp`, or the user's own step): see `wrap_ddp`.
@@ -236,6 +241,25 @@ def _bridges(world_size: int) -> Iterator[None]:
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
+
+
+def _as_parameters(fn: Any) -> Any:
+    """`fn` with the recorder's category "parameter" while it runs (no recorder: as it is)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from memtrace_trainer.symtrace.recorder import Recorder
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = next((m for m in _get_current_dispatch_mode_stack() if isinstance(m, Recorder)), None)
+        if rec is None:
+            return fn(self, *args, **kwargs)
+        before, rec.category = rec.category, "parameter"
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            rec.category = before
+
+    return run
 
 
 def units(model: nn.Module) -> list[nn.Module]:
