@@ -301,6 +301,19 @@ def test_flash_attention_2_forces_flash_and_needs_half_precision() -> None:
         traced(workload(attn="flash_attention_2"))
 
 
+@pytest.mark.parametrize(
+    ("regime", "step"),
+    [({}, {"amp": "bf16"}), ({"dtype": "bf16", "qlora": True, "lora": Lora(8)}, {})],
+)
+def test_flash_attention_2_casts_fp32_inputs_as_transformers_does(regime: dict, step: dict) -> None:
+    """The HF Trainer's bf16=True over fp32 weights, and QLoRA (whose norms prepare casts to
+    fp32): RoPE hands flash attention fp32 q and k, which transformers' integration casts to the
+    autocast dtype, or to a quantized model's load dtype. Both were refused, the message asking
+    for the --amp bf16 already given."""
+    _, extra, _ = traced(workload(attn="flash_attention_2", **regime), **step)
+    assert set(extra["sdpa_backends"]) == {"flash"}
+
+
 def test_causal_lm_loss_upcasts_logits_to_fp32() -> None:
     w = workload(dtype="bf16", batch=2, seq=64)
     rec, _ = trace(w, StepConfig("adamw", 1), load_profile(None))

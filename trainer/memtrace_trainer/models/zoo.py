@@ -136,6 +136,12 @@ def _hf(
     defaults.update(tune.regime.defaults)
     w.details = {"task": task, "attn": attn, "source": hfspec.source,
                  **finetune.summary(model)}  # fmt: skip
+    if tune.regime.qlora:
+        # What transformers records of a 4-bit load (config._pre_quantization_dtype): the
+        # compute dtype the model was loaded in, which its flash attention casts fp32 inputs to.
+        w.details["pre_quantization_dtype"] = next(
+            k for k, v in finetune.DTYPES.items() if v == tune.regime.compute_dtype
+        )
     return w
 
 

@@ -9,6 +9,7 @@ CUDA op, so they run in a TorchFunctionMode above autograd.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -234,6 +235,15 @@ class FusedMish(torch.autograd.Function):
         return mish_backward(grad, x)
 
 
+@dataclass(frozen=True)
+class Flash:
+    """`--attn flash_attention_2`. `fp32_cast`: what transformers casts fp32 attention inputs to
+    when autocast is off (a quantized model's `_pre_quantization_dtype`); `None`: nothing, and
+    flash-attn refuses them."""
+
+    fp32_cast: torch.dtype | None = None
+
+
 class CudaFunctions:
     """Re-routes SDPA to the CUDA backend, dropout to the fused kernel with a bool mask and
     mish's backward to its fused CUDA kernel.
@@ -242,11 +252,11 @@ class CudaFunctions:
     intercepted by a function mode, because composite functions such as
     `multi_head_attention_forward` run their bodies with function modes popped."""
 
-    def __init__(self, profile: Profile, force_flash: bool = False) -> None:
+    def __init__(self, profile: Profile, flash: Flash | None = None) -> None:
         self.profile = profile
         # `--attn flash_attention_2`: the flash-attn package's kernel, which is SDPA's flash
         # kernel (same output and fp32 log-sum-exp); it refuses fp32 inputs and masks.
-        self.force_flash = force_flash
+        self.flash = flash
         self.backends: dict[str, int] = {}
         self._saved: tuple[Any, Any, Any] | None = None
 
@@ -292,12 +302,20 @@ class CudaFunctions:
             backend = sdpa_backend(q, k, v, attn_mask, is_causal, self.profile)
         if is_causal and attn_mask is not None:
             backend = "math"
-        if self.force_flash:
+        if self.flash is not None:
             if q.dtype not in _HALF:
-                raise UserError(
-                    f"--attn flash_attention_2 runs only in fp16/bf16, and attention here is "
-                    f"{str(q.dtype).removeprefix('torch.')}: give --dtype bf16 or --amp bf16"
-                )
+                # transformers' flash-attention integration casts fp32 q, k and v to the
+                # autocast dtype, else to the dtype a quantized model was loaded in, else
+                # leaves them to flash-attn, which refuses fp32.
+                cast = self.flash.fp32_cast
+                if torch.is_autocast_enabled("cuda"):
+                    cast = torch.get_autocast_dtype("cuda")
+                if cast not in _HALF:
+                    raise UserError(
+                        f"--attn flash_attention_2 runs only in fp16/bf16, and attention here is "
+                        f"{str(q.dtype).removeprefix('torch.')}: give --dtype bf16 or --amp bf16"
+                    )
+                q, k, v = q.to(cast), k.to(cast), v.to(cast)
             backend = "flash"
         self.backends[backend] = self.backends.get(backend, 0) + 1
         if backend == "flash":

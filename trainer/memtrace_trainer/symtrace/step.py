@@ -24,6 +24,7 @@ from memtrace_trainer.symtrace.distributed import (
     wrap_ddp,
     zero_redundancy,
 )
+from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import run_steps
 from memtrace_trainer.workload import Workload, call_model
@@ -177,6 +178,16 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
     return make
 
 
+def flash_of(workload: Workload) -> Flash | None:
+    """`--attn flash_attention_2`'s attention, with the dtype a quantized model casts fp32
+    attention inputs to (`pre_quantization_dtype` in the model's details)."""
+    from memtrace_trainer.models.finetune import DTYPES
+
+    if workload.details.get("attn") != "flash_attention_2":
+        return None
+    return Flash(DTYPES.get(workload.details.get("pre_quantization_dtype") or "fp32"))
+
+
 def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) -> dict[str, Any]:
     """Runs `cfg.iterations` training iterations under `rec`; returns what was emulated."""
     cfg.validate()
@@ -196,7 +207,7 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
             cfg.cuda_emulation,
             workload.spec,
             models=[workload.model],
-            force_flash=workload.details.get("attn") == "flash_attention_2",
+            flash=flash_of(workload),
         )
     emulated: dict[str, Any] = {"sdpa_backends": done.sdpa_backends}
     if sharded is not None:

@@ -33,6 +33,7 @@ from torch import nn
 from memtrace_trainer import markers
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
 from memtrace_trainer.symtrace.recorder import Recorder, storage_resizes
 from memtrace_trainer.workload import user_function
@@ -213,7 +214,7 @@ class Run:
 
 @contextlib.contextmanager
 def tracing(
-    profile: Profile, rec: Recorder, cuda_emulation: bool, force_flash: bool = False
+    profile: Profile, rec: Recorder, cuda_emulation: bool, flash: Flash | None = None
 ) -> Iterator[Run]:
     """The fake device around a traced program: autocast, optimizer defaults, the recorder,
     CUDA function swaps, phase hooks, `torch.cuda` and `"cuda"`."""
@@ -222,7 +223,7 @@ def tracing(
     from memtrace_trainer.symtrace.emulation import CudaFunctions
 
     run = Run()
-    functions = CudaFunctions(profile, force_flash) if cuda_emulation else contextlib.nullcontext()
+    functions = CudaFunctions(profile, flash) if cuda_emulation else contextlib.nullcontext()
     defaults = cuda_like_optimizer_defaults(defaults=cuda_emulation)
     run.hooks = PhaseHooks(rec)
     autocast = Autocast()
@@ -269,7 +270,7 @@ def run_steps(
     cuda_emulation: bool,
     what: str,
     models: list[nn.Module] | None = None,
-    force_flash: bool = False,
+    flash: Flash | None = None,
 ) -> Run:
     """`make(meta)` under the recorder, then `step()` `steps` times after `iter:<n>` markers.
     `models`: the tracer's own loop passes the model it built (its step marks its own phases,
@@ -278,7 +279,7 @@ def run_steps(
     if steps < 1:
         raise UserError(f"--steps {steps}: expected at least 1")
     before = set(_modules()) if models is None else set()
-    with tracing(profile, rec, cuda_emulation, force_flash) as run:
+    with tracing(profile, rec, cuda_emulation, flash) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
         # A user's step gets "cuda", as on a GPU: the tracer's device answers to it, and the
