@@ -166,6 +166,26 @@ def test_qlora_base_storage_per_parameter() -> None:
         assert w.details["parameters"] == plain.details["parameters"] + lora
 
 
+@pytest.mark.parametrize("kbit_prepare", [True, False])
+def test_qlora_keeps_what_transformers_keeps_unquantized(kbit_prepare: bool) -> None:
+    """T5 keeps `wo` in fp32 (`_keep_in_fp32_modules`), and the whole classification head stays
+    in full precision (transformers skips every module under it). Both were quantized: T5's
+    forward cast its activations to the packed uint8 dtype, and peft could not make RoBERTa's
+    head trainable; each was an internal error."""
+    t5 = workload("hf:google-t5/t5-small", batch=1, seq=16, dtype="bf16", qlora=True,
+                  lora=Lora(8), kbit_prepare=kbit_prepare)  # fmt: skip
+    wo = [m for n, m in t5.model.named_modules() if n.endswith(".wo")]
+    assert wo and all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 for m in wo)
+    assert any(isinstance(m, Linear4bit) for m in t5.model.modules())
+    traced(t5, iterations=1)
+    roberta = workload("hf:FacebookAI/roberta-base", batch=1, seq=16, dtype="bf16", qlora=True,
+                       lora=Lora(8), kbit_prepare=kbit_prepare)  # fmt: skip
+    head = [n for n, m in roberta.model.named_modules() if ".classifier." in f".{n}." and
+            isinstance(m, Linear4bit)]  # fmt: skip
+    assert head == []
+    traced(roberta, iterations=1)
+
+
 def test_qlora_dequantizes_a_transient_weight_per_layer() -> None:
     w = workload(dtype="bf16", qlora=True, lora=Lora(8))
     rec, _ = trace(w, StepConfig("adamw", 1), load_profile(None))

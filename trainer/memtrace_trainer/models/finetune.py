@@ -164,7 +164,16 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
         from memtrace_trainer.models.qlora import quantize
 
         out = getattr(model, "get_output_embeddings", lambda: None)()
-        skip = HEADS + tuple(n for n, m in model.named_modules() if out is not None and m is out)
+        fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+        skip = (
+            HEADS
+            + fp32
+            + tuple(n for n, m in model.named_modules() if out is not None and m is out)
+        )
+        # transformers loads the modules a model keeps in fp32 in fp32, whatever the load dtype.
+        for n, m in model.named_modules():
+            if n.rsplit(".", 1)[-1] in fp32:
+                m.float()
         saves_input = regime.bnb_version < (0, 44)
         if not quantize(model, regime.compute_dtype, regime.double_quant, skip, saves_input):
             raise UserError("--qlora: this model has no nn.Linear layers to quantize")

@@ -129,13 +129,22 @@ class _MatMul4Bit(torch.autograd.Function):
 def quantize(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
              skip: tuple[str, ...], save_input: bool = False) -> int:  # fmt: skip
     """Every `nn.Linear` outside `skip` replaced by its 4-bit form, as transformers does with
-    `BitsAndBytesConfig(load_in_4bit=True)` (it keeps the output head in full precision).
-    Returns the number of weights quantized."""
+    `BitsAndBytesConfig(load_in_4bit=True)`: it keeps the output head in full precision, the
+    whole of it (a classifier's `dense` under `classifier` too), and the modules a model keeps
+    in fp32 (`_keep_in_fp32_modules`, T5's `wo`). A `skip` entry names a module by its own name
+    or by its full name, and a full name keeps everything under it. Returns the number of
+    weights quantized."""
     count = 0
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and child_name not in skip and full not in skip:
+            under = any(full.startswith(f"{s}.") for s in skip)
+            if (
+                type(child) is nn.Linear
+                and child_name not in skip
+                and full not in skip
+                and not under
+            ):
                 setattr(module, child_name,
                         Linear4bit(child, compute_dtype, double_quant, save_input))  # fmt: skip
                 count += child.weight.numel()
