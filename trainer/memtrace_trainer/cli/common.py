@@ -154,7 +154,9 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
         "--qlora",
         action="store_true",
         help="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes' layout, emulated), "
-        "prepare_model_for_kbit_training, then --lora (default rank 8, peft's)",
+        "prepare_model_for_kbit_training (without the gradient checkpointing peft's default "
+        "turns on: add --checkpointing for scripts that call it with defaults), then --lora "
+        "(default rank 8, peft's)",
     )
     g.add_argument(
         "--qlora-double-quant",
