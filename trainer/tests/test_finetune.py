@@ -166,6 +166,16 @@ def test_qlora_base_storage_per_parameter() -> None:
         assert w.details["parameters"] == plain.details["parameters"] + lora
 
 
+def test_a_full_rank_lora_and_an_unknown_bitsandbytes_are_said(tmp_path: Path) -> None:
+    args = ("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--steps", "1",
+            "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
+    said = cli(*args, "--lora", "100000").stderr
+    assert "--lora 100000: the rank reaches the smaller side of" in said
+    assert "the rank reaches" not in cli(*args, "--lora", "8").stderr
+    said = cli(*args, "--qlora", "--bnb-version", "9.9").stderr
+    assert "--bnb-version 9.9 is newer than any release memtrace knows (0.50)" in said
+
+
 @pytest.mark.parametrize("kbit_prepare", [True, False])
 def test_qlora_keeps_what_transformers_keeps_unquantized(kbit_prepare: bool) -> None:
     """T5 keeps `wo` in fp32 (`_keep_in_fp32_modules`), and the whole classification head stays

@@ -26,6 +26,8 @@ warnings.filterwarnings(
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The output heads bitsandbytes leaves in full precision (transformers' get_keys_to_not_convert
 # keeps the output embedding; the classifier heads are the same role).
+# The newest bitsandbytes release whose 4-bit layers were read for the emulation.
+NEWEST_BNB = (0, 50)
 HEADS = ("lm_head", "score", "classifier", "qa_outputs", "embed_out", "output")
 
 
@@ -107,6 +109,12 @@ class Regime:
             raise UserError(f"--bnb-version {text!r}: expected a release like 0.45") from None
         if (major, minor) < (0, 41):
             raise UserError(f"--bnb-version {text}: NF4 training starts with bitsandbytes 0.41")
+        if (major, minor) > NEWEST_BNB:
+            from memtrace_trainer.notes import warn
+
+            warn(f"--bnb-version {text} is newer than any release memtrace knows "
+                 f"({'.'.join(map(str, NEWEST_BNB))}); it is emulated as the releases from 0.44 "
+                 "are (the 4-bit layers keep no input for the backward)")  # fmt: skip
         return major, minor
 
     @property
@@ -210,11 +218,30 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
                 f"{', '.join(_linear_names(model))})"
             ) from None
         raise UserError(f"{regime.adapters_flag}: peft refused the config ({e})") from None
+    _say_full_rank(tuned, lora.r)
     if regime.qlora:
         from memtrace_trainer.models.qlora import clone_outputs_under_lora
 
         clone_outputs_under_lora(tuned)
     return tuned  # type: ignore[no-any-return]
+
+
+def _say_full_rank(model: nn.Module, r: int) -> None:
+    """A rank at or above a target layer's smaller side is no low-rank update: its adapters
+    hold as many parameters as the layer, or more, and the estimate is a full fine-tune's or
+    worse. Legal, so said, not refused."""
+    from memtrace_trainer.notes import warn
+
+    sides = [(n, m.in_features, m.out_features) for n, m in model.named_modules()
+             if hasattr(m, "lora_A") and hasattr(m, "in_features")
+             and hasattr(m, "out_features")]  # fmt: skip
+    full = [(n, i, o) for n, i, o in sides if r >= min(i, o)]
+    if full:
+        name, i, o = full[0]
+        warn(f"--lora {r}: the rank reaches the smaller side of {len(full)} of the "
+             f"{len(sides)} adapted layers ({name.rsplit('.', 1)[-1]}: {i} x {o}), whose "
+             "adapters then hold as many parameters as the layer or more; a rank below it is "
+             "the low-rank update LoRA is for")  # fmt: skip
 
 
 def summary(model: nn.Module) -> dict[str, int]:
