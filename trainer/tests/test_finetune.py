@@ -395,6 +395,7 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
         (["--dtype", "bf16", "--amp", "fp16"], "contradictory"),
         (["--lora-targets", "q_proj"], "needs --lora R"),
         (["--lora", "8", "--lora-targets", "nope"], "nope match no module"),
+        (["--lora", "8", "--lora-targets", "all-linear,q_proj"], "give it alone"),
         (["--qlora-double-quant"], "without --qlora"),
     ):
         done = cli(

@@ -59,6 +59,11 @@ class Lora:
                 raise UserError(
                     f"--lora-targets {targets!r}: expected module names like q_proj,v_proj"
                 )
+            if "all-linear" in names and len(names) > 1:
+                raise UserError(
+                    f"--lora-targets {targets!r}: all-linear already names every linear layer "
+                    "but the output head; give it alone, or the module names alone"
+                )
         return Lora(r, alpha, 0.0 if dropout is None else dropout, names)
 
 
