@@ -106,6 +106,7 @@ class ModelJob:
             "checkpointing": s.checkpointing,
             "grad_accum": s.grad_accum,
             "iterations": s.iterations,
+            "fine_tuning": self.first.details.get("fine_tuning"),
             "model_details": self.first.details,
             "world_size": s.world_size,
             "strategy": s.strategy,

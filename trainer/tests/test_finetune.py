@@ -574,3 +574,20 @@ def test_fp16_autocast_over_fp16_trainable_parameters_is_refused(tmp_path: Path)
     assert full.returncode == 2 and "cannot unscale fp16 gradients" in full.stderr, full.stderr
     # LoRA adapters stay fp32 under an fp16 base: the scaler unscales them, as on a GPU.
     assert run("--lora", "8").returncode == 0
+
+
+def test_the_answer_names_the_fine_tuning_regime() -> None:
+    """`estimate --json` (and so `serve`) and `max-batch --json` say what was fine-tuned how: a
+    QLoRA answer read as a full fine-tune's before."""
+    args = ("--model", LLAMA, "--seq-len", "8", "--steps", "1", "--json")
+    tuned = ("--qlora", "--dtype", "bf16", "--lora", "16:32", "--lora-targets", "q_proj")
+    est = json.loads(cli("estimate", *args, "--batch-size", "1", *tuned).stdout)
+    assert est["inputs"]["fine_tuning"] == {
+        "dtype": "bf16", "qlora": True, "double_quant": False, "kbit_prepare": True,
+        "bnb_version": "0.50", "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": ["q_proj"]},
+    }  # fmt: skip
+    full = json.loads(cli("estimate", *args, "--batch-size", "1").stdout)
+    assert full["inputs"]["fine_tuning"] == {"dtype": "fp32", "lora": None, "qlora": False}
+    found = json.loads(cli("max-batch", *args, *tuned, "--limit", "2", check=False).stdout)
+    assert found["inputs"]["fine_tuning"] == est["inputs"]["fine_tuning"]
+    assert found["inputs"]["seq_len"] == 8

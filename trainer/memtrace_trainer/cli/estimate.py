@@ -22,6 +22,7 @@ from memtrace_trainer.cli.common import (
     shape_args,
     step_args,
     step_config,
+    tune_from,
     workloads,
     workloads_by_seq,
 )
@@ -346,7 +347,27 @@ def _max_batch(args: argparse.Namespace) -> int:
         trace_at = trace_model(_workloads(args), _step(args))
     result = max_batch(trace_at, steps, args.profile, args.capacity, args.limit, args.point)
     result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
+    result["inputs"] = _search_inputs(args)
     return _search_answer(args, result, "max_batch", "batch 1", "largest batch that fits")
+
+
+def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The job a search searched, as `estimate --json` names it: the shape flags given, the
+    step, and the fine-tuning regime (a QLoRA answer must not read as a full fine-tune's)."""
+    if args.step:
+        return {"step": args.step}
+    shape = {k: getattr(args, k, None) for k in ("seq_len", "input_shape", "num_classes")}
+    step = _step(args)
+    return {
+        **{k: v for k, v in shape.items() if v is not None},
+        "optimizer": step.optimizer,
+        "amp": step.amp or "fp32",
+        "checkpointing": step.checkpointing,
+        "grad_accum": step.grad_accum,
+        "world_size": step.world_size,
+        "strategy": step.strategy,
+        "fine_tuning": tune_from(vars(args)).regime.to_json(),
+    }
 
 
 def _max_seq(args: argparse.Namespace) -> int:
@@ -361,6 +382,7 @@ def _max_seq(args: argparse.Namespace) -> int:
     result["limit_why"] = why
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
+    result["inputs"] = _search_inputs(args)
     none = f"{args.multiple_of} tokens, batch {args.batch_size},"
     found = f"longest sequence that fits at batch {args.batch_size}"
     return _search_answer(args, result, "max_seq_len", none, found, " tokens", "longer")

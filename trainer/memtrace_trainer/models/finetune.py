@@ -85,6 +85,20 @@ class Regime:
     # backward, 0.44 and later do not.
     bnb_version: tuple[int, int] = (0, 50)
 
+    def to_json(self) -> dict[str, Any]:
+        """What the answer's inputs say of the regime (`fine_tuning`): a QLoRA answer must not
+        read as a full fine-tune's."""
+        out: dict[str, Any] = {"dtype": self.dtype or "fp32", "lora": None, "qlora": self.qlora}
+        if self.lora is not None:
+            lo = self.lora
+            out["lora"] = {"r": lo.r, "alpha": lo.r if lo.alpha is None else lo.alpha,
+                           "dropout": lo.dropout,
+                           "targets": list(lo.targets) if lo.targets else None}  # fmt: skip
+        if self.qlora:
+            out |= {"double_quant": self.double_quant, "kbit_prepare": self.kbit_prepare,
+                    "bnb_version": ".".join(map(str, self.bnb_version))}  # fmt: skip
+        return out
+
     @property
     def adapters_flag(self) -> str:
         """The flag that asked for the LoRA adapters: --qlora's come with it (default rank)."""

@@ -135,7 +135,7 @@ def _hf(
         defaults["attn"] = {"value": attn, "why": "transformers' default for this model"}
     defaults.update(tune.regime.defaults)
     w.details = {"task": task, "attn": attn, "source": hfspec.source,
-                 **finetune.summary(model)}  # fmt: skip
+                 **finetune.summary(model), "fine_tuning": tune.regime.to_json()}  # fmt: skip
     if tune.regime.qlora:
         # What transformers records of a 4-bit load (config._pre_quantization_dtype): the
         # compute dtype the model was loaded in, which its flash attention casts fp32 inputs to.
@@ -283,7 +283,7 @@ def tuned(w: Workload, regime: Regime) -> Workload:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
     out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
                    {**w.defaults, **regime.defaults})  # fmt: skip
-    out.details = finetune.summary(model)
+    out.details = {**finetune.summary(model), "fine_tuning": regime.to_json()}
     return out
 
 
