@@ -150,9 +150,15 @@ class Schema:
         parser.error = fail  # type: ignore[method-assign]
 
     def field_in(self, message: str, argv: list[str] | None = None) -> str | None:
-        """The request field a command-line message is about: the first flag it names, else
+        """The request field a command-line message is about: the script arguments it quotes,
+        else the first flag it names outside quotes (a quoted value may look like a flag), else
         the option whose value it quotes (`unknown model spec 'x'`)."""
-        for flag in re.findall(r"--[a-z][a-z0-9-]*", message):
+        words = argv or []
+        rest = words[words.index("--") + 1 :] if "--" in words else []
+        if any(repr(w) in message for w in rest) and "script_args" in self.fields:
+            return "script_args"
+        unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", message)
+        for flag in re.findall(r"--[a-z][a-z0-9-]*", unquoted):
             if flag in self.by_flag:
                 return self.by_flag[flag]
         for word in argv or []:

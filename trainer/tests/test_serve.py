@@ -312,6 +312,13 @@ def test_bad_requests_name_the_field(
         # A bare number could be any count in the message: never taken for the field.
         ("expected at most 8 ranks", ["--batch-size=8"], None),
         ("/etc/passwd.bak is not readable", ["--profile=/etc/passwd"], None),
+        # A quoted value that looks like a flag, and script arguments without a --script.
+        ("unknown model spec '--step=x:y': expected ...", ["--model=--step=x:y"], "model"),
+        (
+            "unexpected arguments 'a': only --script takes arguments (after `--`)",
+            ["--model=m", "--json", "--", "a"],
+            "script_args",
+        ),
     ],
 )
 def test_an_error_names_the_field_whose_value_it_quotes(
