@@ -216,6 +216,13 @@ def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
     data.write_text("Filename\na\n")
     clash = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other), check=False)
     assert clash.returncode == 2 and "other columns" in clash.stderr
+    nowhere = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(tmp_path / "no" / "k.csv"),
+                  check=False)  # fmt: skip
+    assert (
+        nowhere.returncode == 2
+        and "no directory" in nowhere.stderr
+        and "rows/s" not in nowhere.stderr
+    )
     opt = cli(
         "kernel-stats", "--model", "dlrm", "--batch-size", "2", "--optimizer", "x", check=False
     )

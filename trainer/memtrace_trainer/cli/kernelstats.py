@@ -142,6 +142,9 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
     if args.out is None:
         raise UserError("--gpumemnet needs --out OUT.csv")
+    # Said before any row is computed, not after all of them.
+    if not args.out.parent.is_dir():
+        raise UserError(f"--out {args.out}: no directory {args.out.parent} to write it in")
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected at least 1")
     if args.limit is not None and args.limit < 1:
