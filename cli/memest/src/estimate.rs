@@ -157,6 +157,14 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     }
     // The words never give a verdict the numbers beside it contradict.
     let v = &view.verdict;
+    for (field, mib) in [("need_mib", v.need_mib), ("capacity_mib", v.capacity_mib)] {
+        if !(mib.is_finite() && mib >= 0.0) {
+            anyhow::bail!("{name}: field `verdict.{field}` is {mib}: expected a number of MiB >= 0 ({expected})");
+        }
+    }
+    if v.capacity_mib == 0.0 {
+        anyhow::bail!("{name}: field `verdict.capacity_mib` is 0: expected a device's memory ({expected})");
+    }
     if v.fits != (v.need_mib <= v.capacity_mib) {
         anyhow::bail!(
             "{name}: field `verdict.fits` is {} but need_mib {:.1} {} capacity_mib {:.1}",

@@ -37,20 +37,44 @@ struct Knobs {
     /// Seed for splits, bootstraps, initialisation and batch order.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Epochs for the MLP ensembles.
-    #[arg(long, default_value_t = 100)]
-    epochs: usize,
-    /// Trees in the forest and bagging ensembles.
-    #[arg(long, default_value_t = 50)]
-    trees: usize,
-    /// perpetual's gradient-boosting budget.
-    #[arg(long, default_value_t = 0.5)]
-    budget: f32,
+    /// Epochs for the MLP ensembles (mlp-ensemble, mlp-reg) [default: 100].
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Trees in the forest and bagging ensembles (forest, bagging, forest-reg) [default: 50].
+    #[arg(long)]
+    trees: Option<usize>,
+    /// perpetual's gradient-boosting budget (gbm, gbm-reg) [default: 0.5].
+    #[arg(long)]
+    budget: Option<f32>,
 }
 
 impl Knobs {
     fn train_config(&self) -> TrainConfig {
-        TrainConfig { seed: self.seed, mlp_epochs: self.epochs, trees: self.trees, gbm_budget: self.budget }
+        TrainConfig {
+            seed: self.seed,
+            mlp_epochs: self.epochs.unwrap_or(100),
+            trees: self.trees.unwrap_or(50),
+            gbm_budget: self.budget.unwrap_or(0.5),
+        }
+    }
+
+    /// The knobs given that `kind` does not use, each as a warning line.
+    fn unused_by(&self, kind: ModelKind) -> Vec<String> {
+        use ModelKind::*;
+        let given = [
+            ("--epochs", self.epochs.map(|v| v.to_string()), matches!(kind, MlpEnsemble | MlpReg), "the MLP ensembles"),
+            ("--trees", self.trees.map(|v| v.to_string()), matches!(kind, Forest | Bagging | ForestReg), "the forests"),
+            ("--budget", self.budget.map(|v| v.to_string()), matches!(kind, Gbm | GbmReg), "gradient boosting"),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(flag, v, used, whose)| match (v, used) {
+                (Some(v), false) => {
+                    Some(format!("{flag} {v} has no effect on a {} model: it is for {whose}", kind.name()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -141,6 +165,9 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> 
 
 fn train(a: TrainArgs) -> anyhow::Result<u8> {
     let kind = parse_model(&a.model)?;
+    for w in a.knobs.unused_by(kind) {
+        eprintln!("memest: warning: {w}");
+    }
     let ex = load_examples(&a.dataset, a.family.as_deref())?;
     let cfg = a.knobs.train_config();
     let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string())?;
@@ -236,4 +263,25 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
         write!(out, "{}", render::markdown(&report))?;
     }
     Ok(0u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_a_model_does_not_use_are_said() {
+        let knobs = Knobs { seed: 1, epochs: Some(7), trees: Some(3), budget: None };
+        let said = knobs.unused_by(ModelKind::Tree);
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(said[0].starts_with("--epochs 7 has no effect on a tree model"), "{said:?}");
+        assert!(said[1].starts_with("--trees 3 has no effect on a tree model"), "{said:?}");
+        assert_eq!(
+            knobs.unused_by(ModelKind::Forest),
+            vec!["--epochs 7 has no effect on a forest model: it is for the MLP ensembles".to_string()]
+        );
+        let none = Knobs { seed: 1, epochs: None, trees: None, budget: None };
+        assert!(none.unused_by(ModelKind::Tree).is_empty());
+        assert_eq!(none.train_config().mlp_epochs, 100);
+    }
 }

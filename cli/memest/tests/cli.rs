@@ -176,6 +176,13 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, lying.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("field `verdict.fits` is"), "{code} {err}");
+    // A need below zero was worded ("needs -5.0 MiB ... FITS").
+    let mut negative = v.clone();
+    negative["verdict"]["need_mib"] = serde_json::json!(-5.0);
+    negative["verdict"]["fits"] = serde_json::json!(true);
+    std::fs::write(&est, negative.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("field `verdict.need_mib` is -5: expected a number of MiB >= 0"), "{code} {err}");
     // The words are of schema 2 alone: another version, or none, is refused.
     let mut later = v.clone();
     later["schema"] = serde_json::json!(3);

@@ -51,6 +51,19 @@ fn train_then_predict_through_the_cli() {
     assert_eq!(memest_ml(&["predict", "--model", &out_s, "--dataset", &csv]).unwrap(), 0u8);
     check_err(&["predict", "--model", &out_s, "--features", r#"{"layers": 3}"#], &["--features", "batch_size"]);
     check_err(&["predict", "--model", &out_s, "--features", "/nonexistent/f.json"], &["/nonexistent/f.json"]);
+    // Impossible features were answered ("2000 MiB" for a batch of -32).
+    for (from, to, expect) in [
+        ("\"batch_size\": 996", "\"batch_size\": -32", "feature \"batch_size\" is -32: expected a batch of at least 1"),
+        ("\"parameters\": 3560152", "\"parameters\": -1", "feature \"parameters\" is -1: expected a count"),
+        (
+            "\"activation_sin\": 0.99",
+            "\"activation_sin\": 7",
+            "feature \"activation_sin\" is 7: expected a value in [-1, 1]",
+        ),
+    ] {
+        let bad = features.replace(from, to);
+        check_err(&["predict", "--model", &out_s, "--features", &bad], &["--features", expect]);
+    }
 }
 
 #[test]

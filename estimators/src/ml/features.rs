@@ -50,6 +50,24 @@ pub const MLP_ACTIVATIONS: [&str; 11] =
 pub const CNN_ACTIVATIONS: [&str; 10] =
     ["ELU", "GELU", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU", "SiLU", "Softplus", "Tanh"];
 
+/// What a feature's value must be, when `v` is not that: the activation encodings lie in
+/// [-1, 1], the batch is at least 1, and every other feature (GPUMemNet's and the kernel
+/// statistics alike) counts something, so is at least 0. `None` when `v` is in its domain.
+pub fn out_of_domain(name: &str, v: f64) -> Option<&'static str> {
+    if !v.is_finite() {
+        return Some("a finite number");
+    }
+    match name {
+        "activation_sin" | "activation_cos" if !(-1.0..=1.0).contains(&v) => {
+            Some("a value in [-1, 1] (the activation's sin/cos encoding)")
+        }
+        "activation_sin" | "activation_cos" => None,
+        "batch_size" if v < 1.0 => Some("a batch of at least 1"),
+        _ if v < 0.0 => Some("a count of at least 0"),
+        _ => None,
+    }
+}
+
 /// Feature names for a family.
 pub fn feature_names(family: Family) -> &'static [&'static str] {
     match family {

@@ -146,6 +146,11 @@ impl ModelFile {
                 let v = map.get(n).and_then(|v| v.as_f64()).ok_or_else(|| {
                     MlError::Invalid(format!("{source}: entry {i}: feature {n:?} missing or not a number"))
                 })?;
+                if let Some(expected) = super::features::out_of_domain(n, v) {
+                    return Err(MlError::Invalid(format!(
+                        "{source}: entry {i}: feature {n:?} is {v}: expected {expected}"
+                    )));
+                }
                 data.push(v);
             }
         }
