@@ -265,6 +265,18 @@ fn load() -> Config {
     for e in &errors {
         crate::log!(Warn, "{e}");
     }
+    let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
+    for (name, meant) in near_misses(names.iter().map(String::as_str)) {
+        crate::log!(Warn, "{name} is not a variable of the shim (did you mean {meant}?); ignored");
+    }
+    if cfg.out.to_ascii_lowercase().ends_with(".jsonl") {
+        crate::log!(
+            Warn,
+            "MEMTRACE_OUT={}: the shim writes the binary trace format whatever the name; memsim reads \
+             it by its content, other JSON Lines readers will not (name it .mtrace, or `memsim convert` it)",
+            cfg.out
+        );
+    }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {
             crate::log!(Debug, "{} = {} (default {}): {}", v.name, cfg.show(v.name), v.default, v.help);
@@ -276,6 +288,32 @@ fn load() -> Config {
 /// The configuration (read from the environment once).
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(load)
+}
+
+/// Environment names that look like a misspelt variable of the table (`MEMTRACE_KERNEL`), each
+/// with the one meant. Other `MEMTRACE_*` names (the other tools', `MEMTRACE_BIN_DIR`, ...) are
+/// not near any, and pass unsaid.
+pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'static str)> {
+    names
+        .filter(|n| n.starts_with("MEMTRACE_") && !VARS.iter().any(|v| v.name == *n))
+        .filter_map(|n| VARS.iter().find(|v| edits(n, v.name) <= 2).map(|v| (n, v.name)))
+        .collect()
+}
+
+/// Levenshtein distance (names are short ASCII).
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1).min(row[j] + 1).min(diag + usize::from(ca != cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// The configuration, if it has been read.
@@ -329,6 +367,16 @@ mod tests {
         let (_, e) = Config::from_lookup(|k| (k == "MEMTRACE_QUIET").then(|| "2".to_string()));
         let msg = e[0].to_string();
         assert!(msg.contains("MEMTRACE_QUIET=\"2\"") && msg.contains("default \"0\""), "{msg}");
+    }
+
+    #[test]
+    fn misspelt_variables_are_found_and_the_other_tools_are_not() {
+        let names =
+            ["MEMTRACE_KERNEL", "MEMTRACE_OUTT", "MEMTRACE_BIN_DIR", "MEMTRACE_ML_MODEL", "MEMTRACE_OUT", "PATH"];
+        assert_eq!(
+            near_misses(names.into_iter()),
+            vec![("MEMTRACE_KERNEL", "MEMTRACE_KERNELS"), ("MEMTRACE_OUTT", "MEMTRACE_OUT")]
+        );
     }
 
     #[test]

@@ -221,6 +221,21 @@ fn invalid_config_value_warns_and_uses_default() {
     assert_eq!(r.stats().allocs, 2);
 }
 
+/// A misspelt variable (recorded 5 launches, silently, for `MEMTRACE_KERNEL=0`) and a binary
+/// trace named `.jsonl` are said; the run is traced as before.
+#[test]
+fn a_misspelt_variable_and_a_jsonl_name_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.jsonl");
+    let env = [("MEMTRACE_KERNEL", "0"), ("MEMTRACE_OUT", out.to_str().unwrap()), ("MEMTRACE_QUIET", "1")];
+    let r = command("p_runtime_alloc", dir.path(), &env).output().unwrap();
+    assert!(r.status.success());
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("MEMTRACE_KERNEL is not a variable of the shim (did you mean MEMTRACE_KERNELS?)"), "{err}");
+    assert!(err.contains("the shim writes the binary trace format whatever the name"), "{err}");
+    assert_eq!(Stats::read(&out).unwrap().allocs, 2);
+}
+
 #[test]
 fn max_bytes_stops_with_a_marker() {
     let r = run_ok("p_threads", &[("MEMTRACE_MAX_BYTES", "64K"), ("MEMTRACE_QUIET", "1")]);
