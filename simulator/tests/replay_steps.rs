@@ -99,6 +99,7 @@ fn kind(s: &Step) -> String {
         Step::OtherCaller(_) => "other caller".into(),
         Step::FailedCall => "failed".into(),
         Step::RecordedOom { .. } => "recorded oom".into(),
+        Step::RecordedRelease { .. } => "recorded release".into(),
         Step::Skip => "skip".into(),
         Step::Record(_) => "record".into(),
     }

@@ -324,6 +324,14 @@ fn replay_one(
     for (m, n) in &rep.skipped_by_caller {
         outln!(out, "  left out: {n} requests made by {m} (outside the caching allocator)");
     }
+    if rep.recorded_releases > 0 {
+        outln!(
+            out,
+            "  replayed as empty_cache: {} releases of cached memory the run recorded (empty_cache, or its \
+             allocator's retry at its GPU's capacity)",
+            rep.recorded_releases
+        );
+    }
     if rep.skipped_failed_calls > 0 {
         outln!(out, "  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
     }

@@ -116,6 +116,7 @@ pub struct Replayer {
     oom_detail: Option<String>,
     oom_need: Option<u64>,
     recorded_oom: Option<RecordedOom>,
+    recorded_releases: u64,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
@@ -168,6 +169,7 @@ impl Replayer {
             oom_detail: None,
             oom_need: None,
             recorded_oom: None,
+            recorded_releases: 0,
             has_categories: false,
             realized: None,
             iterations: Vec::new(),
@@ -262,6 +264,7 @@ impl Replayer {
             Step::OtherCaller(ref name) => *self.skipped_by_caller.entry(name.to_string()).or_default() += 1,
             Step::FailedCall => self.skipped_failed += 1,
             Step::RecordedOom { device, size, device_free } => self.recorded_oom(index, device, size, device_free),
+            Step::RecordedRelease { device } => self.recorded_release(index, device),
             Step::Skip => {}
             // `observe_step` takes whole records before this, and a classifier makes none.
             Step::Record(_) => debug_assert!(false, "a whole record reached apply_step"),
@@ -311,6 +314,18 @@ impl Replayer {
         }
         // A trace that is only its start state (a snapshot with no events) peaks here.
         ds.note_peaks();
+    }
+
+    /// The run's allocator released cached memory here: replayed as `empty_cache`, as `memsim
+    /// validate` replays such a burst, so that the replay holds no cache the run no longer held
+    /// (its unlimited peak would otherwise pass the run's own by the released segments).
+    #[cold]
+    fn recorded_release(&mut self, index: u64, device: u32) {
+        self.recorded_releases += 1;
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        if let Err(e) = ds.alloc.apply_into(&Request::EmptyCache, &mut ds.outcome) {
+            self.reject(|| format!("record {index} (device {device}): recorded release: {e}"));
+        }
     }
 
     /// The run's first recorded out-of-memory error: what was allocated then plus the failed
@@ -541,6 +556,7 @@ impl Replayer {
             oom_detail: self.oom_detail,
             oom_need_bytes: self.oom_need,
             recorded_oom: self.recorded_oom,
+            recorded_releases: self.recorded_releases,
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,

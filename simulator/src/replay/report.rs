@@ -108,6 +108,9 @@ pub struct ReplayReport {
     pub oom_need_bytes: Option<u64>,
     /// The first out-of-memory error the run itself recorded (a real run's snapshot `oom`).
     pub recorded_oom: Option<RecordedOom>,
+    /// Releases of cached memory the run recorded (`segment_free`/`segment_unmap` outcomes),
+    /// each replayed as `empty_cache`.
+    pub recorded_releases: u64,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.

@@ -13,7 +13,9 @@
 
 use hashbrown::HashMap;
 use trace::marker::{self, MarkerKind};
-use trace::{BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Origin, Record, SegmentState, StateAt};
+use trace::{
+    Api, BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Origin, Record, SegmentState, StateAt, VmmOp,
+};
 
 /// A record as the replay will use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +64,12 @@ pub enum Step {
     OtherCaller(Box<str>),
     /// A request whose call failed: left out and counted.
     FailedCall,
+    /// Cached memory the run's allocator released (a recorded `segment_free` or `segment_unmap`
+    /// outcome: `empty_cache()`, or its retry at a capacity the trace does not record).
+    RecordedRelease {
+        /// CUDA device ordinal.
+        device: u32,
+    },
     /// An out-of-memory error the run recorded (a snapshot's `oom` entry): the request it
     /// failed is in no allocation record.
     RecordedOom {
@@ -195,6 +203,9 @@ impl Classifier {
                     };
                     Step::Free { device, stage: f.stage, addr: f.addr, id }
                 }
+                Decision::NotRequest if self.released(f.origin, f.api == Api::CudaFree) => {
+                    Step::RecordedRelease { device }
+                }
                 d => d.left_out(),
             },
             e => self.classify_rare(device, e),
@@ -229,6 +240,7 @@ impl Classifier {
                 MarkerKind::Phase(_) | MarkerKind::User(_) => Step::Skip,
             },
             Event::Oom(o) => Step::RecordedOom { device, size: o.size, device_free: o.device_free },
+            Event::Vmm(v) if v.op == VmmOp::Unmap && self.released(v.origin, true) => Step::RecordedRelease { device },
             e => {
                 debug_assert!(counted_only(&e), "{e:?} reached the counted-only arm");
                 Step::Skip
@@ -244,6 +256,12 @@ impl Classifier {
             return Decision::Apply;
         }
         self.decide_rare(origin, mem, caller, result)
+    }
+
+    /// Whether an event is the allocator's own release of cached memory, as a run recorded it
+    /// (an outcome, in an allocator-level trace, of a call that releases).
+    fn released(&self, origin: Origin, releasing: bool) -> bool {
+        releasing && origin == Origin::Outcome && !self.device_level_requests
     }
 
     #[inline(never)]
