@@ -29,10 +29,11 @@ pub enum TraceError {
         found: Vec<u8>,
     },
 
-    /// The file was written by a newer format version than this reader knows.
+    /// The file's format version is one this reader does not know: newer than it, or 0, which
+    /// no writer has used.
     #[error(
-        "unsupported trace format version {found}: this reader knows versions 1 to {max}; \
-         upgrade memtrace to read it"
+        "unsupported trace format version {found}: this reader knows versions 1 to {max}; {}",
+        if *found == 0 { "version 0 was never written, so the header is damaged" } else { "upgrade memtrace to read it" }
     )]
     UnsupportedVersion {
         /// The version in the file.

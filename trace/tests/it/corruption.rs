@@ -37,8 +37,8 @@ fn preamble_errors() {
     check(b"GARBAGE!xxxxxxxx", &["not a memtrace trace", "47 41 52 42 41 47 45 21", "\"GARBAGE!xxxxxxxx\""]);
     check(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", &["not a memtrace trace", "89 50 4e 47"]);
     check(b"MEMTRACX\x01\x00\x03\x00\x00", &["not a memtrace trace", "MEMTRACX"]);
-    check(&preamble(2, 3), &["unsupported trace format version 2", "versions 1 to 1"]);
-    check(&preamble(0, 3), &["unsupported trace format version 0"]);
+    check(&preamble(2, 3), &["unsupported trace format version 2", "versions 1 to 1", "upgrade memtrace"]);
+    check(&preamble(0, 3), &["unsupported trace format version 0", "never written, so the header is damaged"]);
     check(&preamble(1, 0x8003), &["unsupported trace flags 0x8003", "0x8000"]);
 }
 
