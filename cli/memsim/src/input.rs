@@ -129,7 +129,8 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             if BATCH.load(Ordering::Relaxed) || size < PIPELINE_FROM {
                 let mut n = 0u64;
                 while let Some(rec) = reader.next_record() {
-                    let rec = rec.with_context(|| format!("{}: reading record {n}", path.display()))?;
+                    // The reader's errors name the file and the line or byte already.
+                    let rec = rec.with_context(|| format!("after {n} whole records"))?;
                     f(&mut state, &map(rec))?;
                     n += 1;
                     if n.is_multiple_of(65536) {
@@ -139,7 +140,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
                     }
                 }
             } else {
-                pipelined(path, &mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
+                pipelined(&mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
             }
             if let Some(b) = bar {
                 b.finish_and_clear();
@@ -158,7 +159,6 @@ const BATCH_RECORDS: usize = 4096;
 /// channel and come back empty to be refilled, so nothing is allocated per batch after the
 /// first few. The items reach `f` in file order; the first error (decoding or `f`'s) stops both.
 fn pipelined<S, T: Send>(
-    path: &Path,
     reader: &mut trace::Reader<std::fs::File>,
     state: &mut S,
     mut map: impl FnMut(Record) -> T + Send,
@@ -188,7 +188,7 @@ fn pipelined<S, T: Send>(
             }
             n += batch.len() as u64;
             if let Some(e) = error {
-                return Err(anyhow::Error::new(e).context(format!("{}: reading record {n}", path.display())));
+                return Err(anyhow::Error::new(e).context(format!("after {n} whole records")));
             }
             if let Some(b) = bar {
                 b.set_position(bytes);

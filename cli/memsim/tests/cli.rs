@@ -587,6 +587,14 @@ fn truncated_and_unknown_input_is_never_silent() {
     let (code, _, err) = memsim(&["replay", unk.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("1 records of kinds this version does not know"), "{err}");
+    // A bad record mid-file: the file named once, the line counted as the file counts it.
+    lines[2] = r#"{"kind":"alloc", bad"#;
+    let broken = dir.path().join("broken.jsonl");
+    std::fs::write(&broken, lines.join("\n") + "\n").unwrap();
+    let (code, _, err) = memsim(&["replay", broken.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.matches("broken.jsonl").count(), 1, "{err}");
+    assert!(err.contains("after 1 whole records") && err.contains("line 3"), "{err}");
 }
 
 #[test]
