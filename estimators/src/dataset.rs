@@ -396,6 +396,10 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
             util: Utilization { gputl: util(0)?, gract: util(1)?, smact: util(2)?, smocc: util(3)?, fp32a: util(4)? },
         });
     }
+    if rows.is_empty() {
+        // Every consumer (compare, calibrate, safety) would write an empty report and exit 0.
+        return Err(csv_err(path, 0, "<rows>", "at least one data row (the file holds only its header)"));
+    }
     Ok(rows)
 }
 

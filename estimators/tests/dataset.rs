@@ -199,7 +199,9 @@ fn malformed_cells_name_file_row_and_column_for_every_consumer() {
     // A missing column is named with the header row (row 0).
     let p = dir.path().join("bad.csv");
     std::fs::write(&p, format!("{}\n", HEAD.replace(",Depth", ""))).unwrap();
-    assert!(load(&p, &[]).unwrap().is_empty());
+    // A header alone is no dataset: compare wrote an empty report from it, and exited 0.
+    let empty = load(&p, &[]).unwrap_err().to_string();
+    assert!(empty.contains("bad.csv") && empty.contains("at least one data row"), "{empty}");
     let ml = Dataset::load(&p).unwrap_err().to_string();
     assert!(
         ml.contains("bad.csv") && ml.contains("row 0") && ml.contains("\"Depth\"") && ml.contains("missing column"),

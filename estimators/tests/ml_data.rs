@@ -254,7 +254,7 @@ fn bad_csv_errors_name_file_row_and_column() {
         &cnn_csv(&["x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,inf,SUCCESSFUL"]),
         &["row 1", "Max GPU Memory (MiB)", "finite"],
     );
-    check_error(&cnn_csv(&[]), &["bad.csv", "no usable rows"]);
+    check_error(&cnn_csv(&[]), &["bad.csv", "at least one data row"]);
     check_error(
         &cnn_csv(&[good, "x,1,\"[('conv2d', 4, 20)]\",ReLU,4,20,8,1500,SUCCESSFUL"]),
         &["mix model families", "mlp, cnn"],
