@@ -307,8 +307,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "Datasets: {}. Rows: {}{}. Profile: {}. Device-level truth (nvidia-smi/NVML): {truth_note}.\n\
          Relative errors |est−truth|/truth; MRE is their median (xMem). PEF (memsim): the rerun capped at each estimate is \
          simulated by replaying the run's symbolic trace at capacity = estimate − profile outside-allocator memory; it is only \
-         as good as the symbolic trace (circular for `symbolic` itself). PEF proxy: \"estimate below truth\" counts as a \
-         failure; it is a proxy and not comparable with xMem's published PEF. MCP in GB (10^9 B) per run against {:.0} MiB. \
+         as good as the symbolic trace (circular for `symbolic` itself). PEF proxy: the PEF with \"estimate below truth\" in \
+         place of the simulated rerun, so a failure is an estimate below truth, an estimate above the GPU's memory for a \
+         run that fitted, or a missed real OOM; it is a proxy and not comparable with xMem's published PEF. MCP in GB (10^9 B) per run against {:.0} MiB. \
          fake_tensor is taken from the trainer's plain-meta trace (forward+backward live bytes of iteration 0); live_peak is \
          the peak of live requested bytes of the emulated trace. Latencies of trace-based estimators include the trainer's \
          tracing time.",

@@ -39,8 +39,9 @@ pub struct Args {
     /// A truncated trace is an error (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
-    /// Judge the fit on the point estimate instead of the safe number (point + the profile's
-    /// calibrated margin for the job's family and regime).
+    /// Judge the fit on the point estimate (peak reserved plus memory outside the allocator)
+    /// instead of the safe number (the point plus the profile's calibrated margin for the job's
+    /// family and regime).
     #[arg(long)]
     point: bool,
     /// Plain-meta trace of the same job (`symtrace --no-cuda-emulation`) for the FakeTensor baseline.

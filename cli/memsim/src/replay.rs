@@ -50,8 +50,9 @@ pub struct JudgeFlags {
     /// A truncated input is an error (exit 2) instead of a warning.
     #[arg(long)]
     pub strict: bool,
-    /// Judge the fit on point estimates instead of safe numbers (the point plus the profile's
-    /// calibrated margin for a symbolic trace's family; traces of real runs get none).
+    /// Judge the fit on point estimates (peak reserved plus memory outside the allocator)
+    /// instead of safe numbers (a safe number is the point plus the profile's calibrated margin
+    /// for a symbolic trace's family; traces of real runs get none).
     #[arg(long)]
     pub point: bool,
     /// Print JSON instead of text.
