@@ -25,7 +25,7 @@ if cargo clippy --workspace --all-targets --quiet -- -D warnings; then summary+=
 
 step "cargo test --workspace"
 # The shim's tests preload the release libmemtrace.so built by setup.sh.
-export MEMTRACE_SO="$root/target/release/libmemtrace.so"
+export MEMTRACE_SHIM="$root/target/release/libmemtrace.so"
 set +e
 cargo test --workspace --release 2>&1 | tee "$log_dir/cargo.log"
 rc=${PIPESTATUS[0]}

@@ -296,7 +296,12 @@ pub fn config() -> &'static Config {
 pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'static str)> {
     names
         .filter(|n| n.starts_with("MEMTRACE_") && !VARS.iter().any(|v| v.name == *n))
-        .filter_map(|n| VARS.iter().find(|v| edits(n, v.name) <= 2).map(|v| (n, v.name)))
+        // One slip in a short name, two in a long one: `MEMTRACE_SO` (another tool's) is two
+        // edits from `MEMTRACE_LOG` and is no typo of it.
+        .filter_map(|n| {
+            let most = if n.len() - "MEMTRACE_".len() < 8 { 1 } else { 2 };
+            VARS.iter().find(|v| edits(n, v.name) <= most).map(|v| (n, v.name))
+        })
         .collect()
 }
 
@@ -371,11 +376,28 @@ mod tests {
 
     #[test]
     fn misspelt_variables_are_found_and_the_other_tools_are_not() {
-        let names =
-            ["MEMTRACE_KERNEL", "MEMTRACE_OUTT", "MEMTRACE_BIN_DIR", "MEMTRACE_ML_MODEL", "MEMTRACE_OUT", "PATH"];
+        let names = [
+            "MEMTRACE_KERNEL",
+            "MEMTRACE_OUTT",
+            "MEMTRACE_FOLOW_FORK",
+            "MEMTRACE_MAX_BYTE",
+            "MEMTRACE_BIN_DIR",
+            "MEMTRACE_ML_MODEL",
+            "MEMTRACE_SO",
+            "MEMTRACE_SHIM",
+            "MEMTRACE_PYTHON",
+            "MEMTRACE_PROFILE",
+            "MEMTRACE_OUT",
+            "PATH",
+        ];
         assert_eq!(
             near_misses(names.into_iter()),
-            vec![("MEMTRACE_KERNEL", "MEMTRACE_KERNELS"), ("MEMTRACE_OUTT", "MEMTRACE_OUT")]
+            vec![
+                ("MEMTRACE_KERNEL", "MEMTRACE_KERNELS"),
+                ("MEMTRACE_OUTT", "MEMTRACE_OUT"),
+                ("MEMTRACE_FOLOW_FORK", "MEMTRACE_FOLLOW_FORK"),
+                ("MEMTRACE_MAX_BYTE", "MEMTRACE_MAX_BYTES"),
+            ]
         );
     }
 

@@ -92,6 +92,23 @@ fn a_second_process_on_a_locked_trace_file_writes_beside_it() {
     assert_eq!(Stats::read(&second[0]).unwrap().calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
 }
 
+/// A trace streamed to a pipe (`MEMTRACE_OUT=/dev/stdout`) is written whole: there is nothing to
+/// lock or truncate there (truncating failed, and recording was disabled).
+#[test]
+fn a_trace_streams_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = command("p_runtime_alloc", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.starts_with(b"MEMTRACE"), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = dir.path().join("piped.mtrace");
+    std::fs::write(&t, &out.stdout).unwrap();
+    let s = Stats::read(&t).unwrap();
+    assert!(s.whole());
+    assert_eq!(s.allocs, 2);
+}
+
 #[test]
 fn fork_child_stops_when_not_followed() {
     let r = run_ok("p_fork", &[("MEMTRACE_FOLLOW_FORK", "0")]);

@@ -131,6 +131,11 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
                 return None;
             }
         };
+        // A device, pipe or terminal (`/dev/stdout`, a FIFO) streams the trace: nothing to
+        // lock or truncate, and nothing written beside it.
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Some((file, path));
+        }
         use std::os::fd::AsRawFd;
         // Safety: flock on a descriptor this function owns; LOCK_NB never blocks. The lock lives
         // as long as the descriptor, which the writer holds until the trace is complete.

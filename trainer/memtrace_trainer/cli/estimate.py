@@ -354,7 +354,7 @@ def _max_batch(args: argparse.Namespace) -> int:
 def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
     """The job a search searched, as `estimate --json` names it: the shape flags given, the
     step, and the fine-tuning regime (a QLoRA answer must not read as a full fine-tune's)."""
-    if args.step:
+    if getattr(args, "step", None):  # max-seq takes no --step
         return {"step": args.step}
     shape = {k: getattr(args, k, None) for k in ("seq_len", "input_shape", "num_classes")}
     step = _step(args)
