@@ -528,6 +528,12 @@ def test_a_sequence_beyond_learned_positions_is_refused(tmp_path: Path) -> None:
     )
     assert "learns its positions (transformer.wpe, 64 rows)" in done.stderr and not out.exists()
     assert cli(*args, "--seq-len", "64").returncode == 0
+    # A rotary model whose vocabulary has as many rows as its positions: no table of positions.
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "vocab_size": 64, "max_position_embeddings": 64}))  # fmt: skip
+    done = cli(*args, "--seq-len", "65")
+    assert "positions are computed (rotary or relative)" in done.stderr
 
 
 @pytest.mark.parametrize(

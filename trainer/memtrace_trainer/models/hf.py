@@ -282,8 +282,11 @@ def position_table(model: Any, most: int) -> str | None:
     sinusoidal). A table has `most` rows, or two more (OPT's and RoBERTa's offset)."""
     from torch import nn
 
+    # The token embedding is no position table, even when the vocabulary has as many rows
+    # (Mistral-7B-v0.3: 32768 of each).
+    tokens = getattr(model, "get_input_embeddings", lambda: None)()
     for name, m in model.named_modules():
-        if isinstance(m, nn.Embedding) and most <= m.num_embeddings <= most + 2:
+        if isinstance(m, nn.Embedding) and m is not tokens and most <= m.num_embeddings <= most + 2:
             return f"{name}, {m.num_embeddings} rows"
     return None
 
