@@ -371,9 +371,10 @@ impl FitOutcome {
         self.report.peak_reserved_bytes.max(self.oom_need_bytes.unwrap_or(0)).max(recorded)
     }
 
-    /// Whether [`FitOutcome::reserved_need`] is the failed allocation's floor, above the peak.
+    /// Whether [`FitOutcome::reserved_need`] is a failed allocation's floor (the replay's, or
+    /// one the run recorded), above the peak.
     pub fn need_is_oom_floor(&self) -> bool {
-        self.oom_need_bytes.is_some_and(|n| n > self.report.peak_reserved_bytes)
+        self.reserved_need() > self.report.peak_reserved_bytes
     }
 
     /// Device memory needed: the reserved need plus what lives outside the allocator.

@@ -295,7 +295,7 @@ fn replay_one(
         if r.fit.need_is_oom_floor() {
             outln!(
                 out,
-                "  peak device         {} at least (an allocation failed: the bytes reserved then plus its size, \
+                "  peak device         {} at least (an allocation failed: the bytes held then plus its size, \
                  + outside the allocator)",
                 mib(r.point())
             );

@@ -412,6 +412,24 @@ fn replay_memory_stats_are_of_the_peak_device() {
     assert_eq!(v["memory_stats"]["reserved_bytes.all.peak"], v["peak_reserved_bytes"], "{}", v["memory_stats"]);
 }
 
+/// With a setting under which the allocator releases some segments and keeps others, the run's
+/// releases are not replayed as `empty_cache` (that could fall below the run), and it is said.
+#[test]
+fn partial_release_settings_keep_the_recorded_releases_out() {
+    let s = crate::snapshot_support::shared_path("Maphsge4--select_n--snapshot.pickle");
+    let s = s.to_str().unwrap();
+    let plain = json(&["replay", s, "--json"]);
+    assert!(plain["recorded_releases"].as_u64().unwrap() > 0 && plain["recorded_releases_kept"] == 0, "{plain}");
+    let (code, out, err) = memsim(&["replay", s, "--alloc-conf", "max_split_size_mb:200", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["recorded_releases"].as_u64(), v["recorded_releases_kept"].clone()),
+        (Some(0), plain["recorded_releases"].clone())
+    );
+    assert!(err.contains("releases of cached memory the run recorded were not replayed"), "{err}");
+}
+
 /// A run that recorded an out-of-memory error: the request it failed is in no allocation record,
 /// so the replay's peak leaves it out. The need counts it, and every judging command says the run
 /// ran out of memory. Before, the verdict was FITS, silently.

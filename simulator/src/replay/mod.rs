@@ -14,10 +14,11 @@ use std::collections::BTreeMap;
 
 use trace::{Category, ControlOp, Event, FreeStage, Header, Record};
 
-use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ExistingSegment, Outcome, Request, TorchVersion};
+use crate::alloc::{Allocator, AllocatorConfig, ConfigError, Outcome, Request, TorchVersion};
 use crate::conversions;
 
 mod live;
+mod recorded;
 mod report;
 mod step;
 use live::{LiveBlock, LiveBlocks};
@@ -117,6 +118,7 @@ pub struct Replayer {
     oom_need: Option<u64>,
     recorded_oom: Option<RecordedOom>,
     recorded_releases: u64,
+    recorded_releases_kept: u64,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
@@ -170,6 +172,7 @@ impl Replayer {
             oom_need: None,
             recorded_oom: None,
             recorded_releases: 0,
+            recorded_releases_kept: 0,
             has_categories: false,
             realized: None,
             iterations: Vec::new(),
@@ -286,58 +289,6 @@ impl Replayer {
             allocated = allocated.max(a);
         }
         self.iterations.push(IterationPeak { iter, peak_allocated_bytes: allocated, peak_reserved_bytes: reserved });
-    }
-
-    /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
-    fn seed(&mut self, index: u64, seed: &Seed) {
-        let device = seed.device;
-        let existing = ExistingSegment::from(&seed.segment);
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
-        if let Err(e) = ds.alloc.add_existing_segment(&existing) {
-            for (b, id) in seed.active_blocks() {
-                self.live.refused(device, id, b.addr);
-            }
-            self.reject(|| format!("record {index} (device {device}): start state: {e}"));
-            return;
-        }
-        for (b, id) in seed.active_blocks() {
-            let live = LiveBlock {
-                model_addr: b.addr,
-                size: b.size,
-                trace_addr: b.addr,
-                device,
-                category: None,
-                requested: false,
-            };
-            self.live.placed(id, live);
-            ds.live_by_category[cat_index(None)] += b.size;
-        }
-        // A trace that is only its start state (a snapshot with no events) peaks here.
-        ds.note_peaks();
-    }
-
-    /// The run's allocator released cached memory here: replayed as `empty_cache`, as `memsim
-    /// validate` replays such a burst, so that the replay holds no cache the run no longer held
-    /// (its unlimited peak would otherwise pass the run's own by the released segments).
-    #[cold]
-    fn recorded_release(&mut self, index: u64, device: u32) {
-        self.recorded_releases += 1;
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
-        if let Err(e) = ds.alloc.apply_into(&Request::EmptyCache, &mut ds.outcome) {
-            self.reject(|| format!("record {index} (device {device}): recorded release: {e}"));
-        }
-    }
-
-    /// The run's first recorded out-of-memory error: what was allocated then plus the failed
-    /// request is a floor under the need (the cached blocks the allocator freed before it gave
-    /// up are not; the replay's reserved bytes there may hold them).
-    #[cold]
-    fn recorded_oom(&mut self, index: u64, device: u32, size: u64, device_free: Option<u64>) {
-        if self.recorded_oom.is_none() {
-            let (_, allocated) = self.current(device);
-            let need_bytes = allocated.saturating_add(size);
-            self.recorded_oom = Some(RecordedOom { at_event: index, device, size, device_free, need_bytes });
-        }
     }
 
     #[cold]
@@ -557,6 +508,7 @@ impl Replayer {
             oom_need_bytes: self.oom_need,
             recorded_oom: self.recorded_oom,
             recorded_releases: self.recorded_releases,
+            recorded_releases_kept: self.recorded_releases_kept,
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,

@@ -111,6 +111,9 @@ pub struct ReplayReport {
     /// Releases of cached memory the run recorded (`segment_free`/`segment_unmap` outcomes),
     /// each replayed as `empty_cache`.
     pub recorded_releases: u64,
+    /// Those left out: the allocator's settings release some segments and keep others
+    /// (`max_split_size_mb`, `garbage_collection_threshold`), which `empty_cache` does not.
+    pub recorded_releases_kept: u64,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.
@@ -142,7 +145,15 @@ impl ReplayReport {
     /// What the replay says of its input that the numbers do not: an allocator configuration the
     /// model does not follow, an out-of-memory error the run recorded.
     pub fn warnings(&self) -> Vec<String> {
-        self.config_warning.iter().cloned().chain(self.recorded_oom.map(|o| o.warning())).collect()
+        let kept = (self.recorded_releases_kept > 0).then(|| {
+            format!(
+                "{} releases of cached memory the run recorded were not replayed: with max_split_size_mb or \
+                 garbage_collection_threshold its allocator releases some segments and keeps others, which the \
+                 model cannot tell apart, so the replay keeps them all (its peak may pass the run's)",
+                self.recorded_releases_kept
+            )
+        });
+        self.config_warning.iter().cloned().chain(kept).chain(self.recorded_oom.map(|o| o.warning())).collect()
     }
 
     /// The first iteration's peaks, and the max over the later iterations (the steady state:

@@ -1,0 +1,68 @@
+//! What a trace records beyond requests that the replay takes in: a snapshot's rebuilt start
+//! state, and a real run's releases of cached memory and out-of-memory errors.
+
+use super::live::LiveBlock;
+use super::{cat_index, RecordedOom, Replayer, Seed};
+use crate::alloc::{ExistingSegment, Request};
+
+impl Replayer {
+    /// Seed a segment that existed before the first event (an imported snapshot's rebuilt start).
+    pub(super) fn seed(&mut self, index: u64, seed: &Seed) {
+        let device = seed.device;
+        let existing = ExistingSegment::from(&seed.segment);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        if let Err(e) = ds.alloc.add_existing_segment(&existing) {
+            for (b, id) in seed.active_blocks() {
+                self.live.refused(device, id, b.addr);
+            }
+            self.reject(|| format!("record {index} (device {device}): start state: {e}"));
+            return;
+        }
+        for (b, id) in seed.active_blocks() {
+            let live = LiveBlock {
+                model_addr: b.addr,
+                size: b.size,
+                trace_addr: b.addr,
+                device,
+                category: None,
+                requested: false,
+            };
+            self.live.placed(id, live);
+            ds.live_by_category[cat_index(None)] += b.size;
+        }
+        // A trace that is only its start state (a snapshot with no events) peaks here.
+        ds.note_peaks();
+    }
+
+    /// The run's allocator released cached memory here: replayed as `empty_cache`, as `memsim
+    /// validate` replays such a burst, so that the replay holds no cache the run no longer held
+    /// (its unlimited peak would otherwise pass the run's own by the released segments).
+    ///
+    /// With `max_split_size_mb` or `garbage_collection_threshold` the allocator also releases
+    /// some segments and keeps others, which an `empty_cache` would not: those releases are kept
+    /// out (counted), and the replay holds the cache, erring above the run, never below it.
+    #[cold]
+    pub(super) fn recorded_release(&mut self, index: u64, device: u32) {
+        if self.cfg.max_split_size != u64::MAX || self.cfg.garbage_collection_threshold > 0.0 {
+            self.recorded_releases_kept += 1;
+            return;
+        }
+        self.recorded_releases += 1;
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        if let Err(e) = ds.alloc.apply_into(&Request::EmptyCache, &mut ds.outcome) {
+            self.reject(|| format!("record {index} (device {device}): recorded release: {e}"));
+        }
+    }
+
+    /// The run's first recorded out-of-memory error: what was allocated then plus the failed
+    /// request is a floor under the need (the cached blocks the allocator freed before it gave
+    /// up are not; the replay's reserved bytes there may hold them).
+    #[cold]
+    pub(super) fn recorded_oom(&mut self, index: u64, device: u32, size: u64, device_free: Option<u64>) {
+        if self.recorded_oom.is_none() {
+            let (_, allocated) = self.current(device);
+            let need_bytes = allocated.saturating_add(size);
+            self.recorded_oom = Some(RecordedOom { at_event: index, device, size, device_free, need_bytes });
+        }
+    }
+}
