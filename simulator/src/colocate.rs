@@ -311,13 +311,14 @@ pub fn colocate(
     };
     // Each job alone: its own peak, unlimited, and whether it fits the capacity by itself.
     let mut job_reports = Vec::with_capacity(jobs.len());
+    // (fits, need) of each job alone at the capacity; one job's is its verdict too.
+    let mut alone = Vec::with_capacity(jobs.len());
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-        let fits_alone = match capacity {
-            Some(c) => Some(alone_at(j, opts, c, point)?.0),
-            None => None,
-        };
+        let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
+        alone.push(at);
+        let fits_alone = at.map(|(fits, _)| fits);
         let device = unlimited.device_peak(&j.outside);
         job_reports.push(JobReport {
             name: j.name.clone(),
@@ -341,18 +342,15 @@ pub fn colocate(
         // One job has no one to share with: it needs what it needs alone, and at a capacity
         // below its unlimited peak the allocator's retry chain (freeing its own cache) may still
         // fit it, as `memsim replay --capacity` finds.
-        Mode::SumOfPeaks if jobs.len() == 1 => {
-            let j = &jobs[0];
-            let least = smallest_alone(j, opts, point, sum)?;
-            match capacity {
-                Some(c) => {
-                    let (fits, at) = alone_at(j, opts, c, point)?;
-                    let least = if fits { least.min(c.bytes) } else { least.max((c.bytes / GRANULE + 1) * GRANULE) };
-                    (if fits { at } else { sum.max(at) }, None, least, !fits)
-                }
-                None => (sum, None, least, false),
+        Mode::SumOfPeaks if jobs.len() == 1 => match (capacity, alone[0]) {
+            // The search (a replay per halving) runs only when there is a verdict to agree with.
+            (Some(c), Some((fits, at))) => {
+                let least = smallest_alone(&jobs[0], opts, point, sum)?;
+                let least = if fits { least.min(c.bytes) } else { least.max((c.bytes / GRANULE + 1) * GRANULE) };
+                (if fits { at } else { sum.max(at) }, None, least, !fits)
             }
-        }
+            _ => (sum, None, sum, false),
+        },
         Mode::SumOfPeaks => (sum, None, sum, false),
         Mode::Timestamps => {
             let unlimited = shared_run(jobs, &axes, opts, None)?;
