@@ -178,14 +178,17 @@ def test_a_full_rank_lora_and_an_unknown_bitsandbytes_are_said(tmp_path: Path) -
 
 @pytest.mark.parametrize("kbit_prepare", [True, False])
 def test_qlora_keeps_what_transformers_keeps_unquantized(kbit_prepare: bool) -> None:
-    """T5 keeps `wo` in fp32 (`_keep_in_fp32_modules`), and the whole classification head stays
-    in full precision (transformers skips every module under it). Both were quantized: T5's
-    forward cast its activations to the packed uint8 dtype, and peft could not make RoBERTa's
-    head trainable; each was an internal error."""
-    t5 = workload("hf:google-t5/t5-small", batch=1, seq=16, dtype="bf16", qlora=True,
-                  lora=Lora(8), kbit_prepare=kbit_prepare)  # fmt: skip
-    wo = [m for n, m in t5.model.named_modules() if n.endswith(".wo")]
-    assert wo and all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 for m in wo)
+    """T5's `wo` (`_keep_in_fp32_modules`) is not quantized, and the whole classification head
+    stays in full precision (memtrace's choice: peft trains it as `modules_to_save`). Both were
+    quantized: T5's forward cast its activations to the packed uint8 dtype, and peft could not
+    make RoBERTa's head trainable; each was an internal error. A bf16 load keeps `wo` in bf16
+    (transformers upcasts it for fp16 loads only); kbit preparation casts it to fp32."""
+    for dtype, expect in (("bf16", torch.float32 if kbit_prepare else torch.bfloat16),
+                          ("fp16", torch.float32)):  # fmt: skip
+        t5 = workload("hf:google-t5/t5-small", batch=1, seq=16, dtype=dtype, qlora=True,
+                      lora=Lora(8), kbit_prepare=kbit_prepare)  # fmt: skip
+        wo = [m for n, m in t5.model.named_modules() if n.endswith(".wo")]
+        assert wo and all(type(m) is torch.nn.Linear and m.weight.dtype == expect for m in wo)
     assert any(isinstance(m, Linear4bit) for m in t5.model.modules())
     traced(t5, iterations=1)
     roberta = workload("hf:FacebookAI/roberta-base", batch=1, seq=16, dtype="bf16", qlora=True,

@@ -192,14 +192,15 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
 
         out = getattr(model, "get_output_embeddings", lambda: None)()
         fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
-        skip = (
-            HEADS
-            + fp32
-            + tuple(n for n, m in model.named_modules() if out is not None and m is out)
-        )
-        # transformers loads the modules a model keeps in fp32 in fp32, whatever the load dtype.
+        strict = tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+        skip = HEADS + fp32 + strict
+        skip += tuple(n for n, m in model.named_modules() if out is not None and m is out)
+        # transformers (`_get_dtype_plan`) loads those modules in fp32 when the load dtype is
+        # fp16, and the strict ones for bf16 too; the 4-bit model loads in its compute dtype.
+        load = regime.compute_dtype
+        upcast = (fp32 if load == torch.float16 else ()) + (strict if load != torch.float32 else ())
         for n, m in model.named_modules():
-            if n.rsplit(".", 1)[-1] in fp32:
+            if n.rsplit(".", 1)[-1] in upcast:
                 m.float()
         saves_input = regime.bnb_version < (0, 44)
         if not quantize(model, regime.compute_dtype, regime.double_quant, skip, saves_input):

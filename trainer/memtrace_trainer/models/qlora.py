@@ -129,9 +129,10 @@ class _MatMul4Bit(torch.autograd.Function):
 def quantize(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
              skip: tuple[str, ...], save_input: bool = False) -> int:  # fmt: skip
     """Every `nn.Linear` outside `skip` replaced by its 4-bit form, as transformers does with
-    `BitsAndBytesConfig(load_in_4bit=True)`: it keeps the output head in full precision, the
-    whole of it (a classifier's `dense` under `classifier` too), and the modules a model keeps
-    in fp32 (`_keep_in_fp32_modules`, T5's `wo`). A `skip` entry names a module by its own name
+    `BitsAndBytesConfig(load_in_4bit=True)`: it keeps the output head in full precision (here
+    the whole of it, a classifier's `dense` under `classifier` too, which peft trains as
+    `modules_to_save`), and the modules a model keeps in fp32 (`_keep_in_fp32_modules`, T5's
+    `wo`). A `skip` entry names a module by its own name
     or by its full name, and a full name keeps everything under it. Returns the number of
     weights quantized."""
     count = 0
