@@ -39,7 +39,7 @@ KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
             "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
             "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
             "profile": "gpu", "checkpointing": "checkpointing", "point": "point"}  # fmt: skip
-_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
 
 
 def as_keywords(message: str) -> str:

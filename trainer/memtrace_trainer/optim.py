@@ -42,8 +42,9 @@ EMULATED = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit")
 
 
 def _local_numel(p: torch.Tensor) -> int:
-    """The elements this rank holds: a sharded (DTensor) parameter's local shard, whose state is
-    all the rank keeps, and by whose size bitsandbytes' thresholds decide."""
+    """The elements this rank holds: a sharded (DTensor) parameter's local shard. Under FSDP2 the
+    emulation keeps each rank's state of its shard, and decides bitsandbytes' thresholds by its
+    size, as a bitsandbytes that ran on DTensors would (a warning says none is known to)."""
     to_local = getattr(p, "to_local", None)
     return int(to_local().numel()) if callable(to_local) else p.numel()
 

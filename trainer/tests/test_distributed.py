@@ -377,3 +377,10 @@ def test_torchtitans_step_runs_as_written(monkeypatch: pytest.MonkeyPatch, tmp_p
     header = json.loads(out.read_text().splitlines()[0])
     assert header["metadata"]["sdpa_backends"].startswith("flash:")
     assert header["metadata"]["world_size"] == "2"
+
+
+def test_bitsandbytes_optimizers_under_fsdp2_are_warned_about(tmp_path: Path) -> None:
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--steps", "1",
+               "--optimizer", "adamw-8bit", "--strategy", "fsdp2", "--world-size", "2", "--out",
+               str(tmp_path / "t.jsonl"))  # fmt: skip
+    assert "bitsandbytes' optimizers are not known to run on FSDP2's sharded DTensor" in done.stderr

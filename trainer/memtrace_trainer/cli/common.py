@@ -182,7 +182,7 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
 def tune_from(args: dict[str, Any]) -> Any:
     """The `Tune` (task, attention, regime) of the parsed flags; the regime is checked here so
     a contradiction is reported before anything is built."""
-    from memtrace_trainer.models.finetune import Lora, Regime
+    from memtrace_trainer.models.finetune import NEWEST_BNB, Lora, Regime
     from memtrace_trainer.models.zoo import Tune
 
     lora_text = args.get("lora")
@@ -203,7 +203,7 @@ def tune_from(args: dict[str, Any]) -> Any:
     regime = Regime(args.get("dtype"), args.get("amp"), lora, bool(args.get("qlora")),
                     bool(args.get("qlora_double_quant")), defaults,
                     args.get("kbit_prepare", True) is not False,
-                    Regime.parse_bnb(bnb) if bnb else (0, 50))  # fmt: skip
+                    Regime.parse_bnb(bnb) if bnb else NEWEST_BNB)  # fmt: skip
     regime.validate()
     return Tune(args.get("task"), args.get("attn"), args.get("num_classes"), regime)
 

@@ -24,10 +24,10 @@ warnings.filterwarnings(
     "ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The newest bitsandbytes release whose 4-bit layers were read for the emulation (the default).
+NEWEST_BNB = (0, 50)
 # The output heads bitsandbytes leaves in full precision (transformers' get_keys_to_not_convert
 # keeps the output embedding; the classifier heads are the same role).
-# The newest bitsandbytes release whose 4-bit layers were read for the emulation.
-NEWEST_BNB = (0, 50)
 HEADS = ("lm_head", "score", "classifier", "qa_outputs", "embed_out", "output")
 
 
@@ -83,7 +83,7 @@ class Regime:
     kbit_prepare: bool = True
     # The bitsandbytes release emulated: 0.41-0.43 keep each 4-bit layer's input for the
     # backward, 0.44 and later do not.
-    bnb_version: tuple[int, int] = (0, 50)
+    bnb_version: tuple[int, int] = NEWEST_BNB
 
     def to_json(self) -> dict[str, Any]:
         """What the answer's inputs say of the regime (`fine_tuning`): a QLoRA answer must not
@@ -238,7 +238,7 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
                 f"{', '.join(_linear_names(model))})"
             ) from None
         raise UserError(f"{regime.adapters_flag}: peft refused the config ({e})") from None
-    _say_full_rank(tuned, lora.r)
+    _say_full_rank(tuned, lora.r, regime.adapters_flag)
     if regime.qlora:
         from memtrace_trainer.models.qlora import clone_outputs_under_lora
 
@@ -246,7 +246,7 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
     return tuned  # type: ignore[no-any-return]
 
 
-def _say_full_rank(model: nn.Module, r: int) -> None:
+def _say_full_rank(model: nn.Module, r: int, flag: str) -> None:
     """A rank at or above a target layer's smaller side is no low-rank update: its adapters
     hold as many parameters as the layer, or more, and the estimate is a full fine-tune's or
     worse. Legal, so said, not refused."""
@@ -258,7 +258,8 @@ def _say_full_rank(model: nn.Module, r: int) -> None:
     full = [(n, i, o) for n, i, o in sides if r >= min(i, o)]
     if full:
         name, i, o = full[0]
-        warn(f"--lora {r}: the rank reaches the smaller side of {len(full)} of the "
+        given = "--lora" if flag == "--lora" else "--qlora's default --lora"
+        warn(f"{given} {r}: the rank reaches the smaller side of {len(full)} of the "
              f"{len(sides)} adapted layers ({name.rsplit('.', 1)[-1]}: {i} x {o}), whose "
              "adapters then hold as many parameters as the layer or more; a rank below it is "
              "the low-rank update LoRA is for")  # fmt: skip

@@ -90,8 +90,10 @@ def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = No
 
 def check_with_step(strategy: str | None, optimizer: str, amp: str | None,
                     fsdp_mp: str | None) -> None:  # fmt: skip
-    """What a strategy cannot run with: optimizers it refuses, a precision the policy
-    contradicts. Said before tracing, naming the flags; each failed in PyTorch before."""
+    """What a strategy cannot run with, said before tracing and naming the flags: optimizers it
+    refuses (each failed inside PyTorch before), and a 16-bit policy beside another 16-bit
+    autocast (legal in PyTorch, refused as `--dtype` with another `--amp` is). bitsandbytes'
+    optimizers under the FSDP2 family are warned about: not known to run on DTensors."""
     from memtrace_trainer.optim import EMULATED
 
     if strategy is None:
@@ -109,6 +111,12 @@ def check_with_step(strategy: str | None, optimizer: str, amp: str | None,
             "factored state as plain tensors, and FSDP2's parameters are sharded DTensors, which "
             "its update cannot mix (PyTorch refuses it); use adamw, or --strategy ddp"
         )
+    if runs_as(strategy)[0] == "fsdp2" and optimizer in EMULATED:
+        from memtrace_trainer.notes import warn
+
+        warn(f"--optimizer {optimizer} with --strategy {strategy}: bitsandbytes' optimizers are "
+             "not known to run on FSDP2's sharded DTensor parameters; estimated as if each rank "
+             "kept the state of its own shard")  # fmt: skip
     if fsdp_mp is not None and amp is not None:
         param, _ = mp_policy(fsdp_mp)
         if param != torch.float32 and param != MP_DTYPES.get(amp):
