@@ -305,20 +305,28 @@ pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'
         .collect()
 }
 
-/// Levenshtein distance (names are short ASCII).
+/// Edits between two names, ignoring case, a swap of neighbours counting one (the optimal
+/// string alignment distance: `QUITE` is one from `QUIET`).
 fn edits(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.iter().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1).min(row[j] + 1).min(diag + usize::from(ca != cb));
-            diag = row[j + 1];
-            row[j + 1] = next;
+    let (a, b) = (a.to_ascii_uppercase().into_bytes(), b.to_ascii_uppercase().into_bytes());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
         }
     }
-    row[b.len()]
+    d[a.len()][b.len()]
 }
 
 /// The configuration, if it has been read.
@@ -381,6 +389,9 @@ mod tests {
             "MEMTRACE_OUTT",
             "MEMTRACE_FOLOW_FORK",
             "MEMTRACE_MAX_BYTE",
+            "MEMTRACE_QUITE",
+            "MEMTRACE_LGO",
+            "MEMTRACE_Out",
             "MEMTRACE_BIN_DIR",
             "MEMTRACE_ML_MODEL",
             "MEMTRACE_SO",
@@ -397,6 +408,9 @@ mod tests {
                 ("MEMTRACE_OUTT", "MEMTRACE_OUT"),
                 ("MEMTRACE_FOLOW_FORK", "MEMTRACE_FOLLOW_FORK"),
                 ("MEMTRACE_MAX_BYTE", "MEMTRACE_MAX_BYTES"),
+                ("MEMTRACE_QUITE", "MEMTRACE_QUIET"),
+                ("MEMTRACE_LGO", "MEMTRACE_LOG"),
+                ("MEMTRACE_Out", "MEMTRACE_OUT"),
             ]
         );
     }

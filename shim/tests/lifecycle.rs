@@ -107,6 +107,18 @@ fn a_trace_streams_to_stdout() {
     let s = Stats::read(&t).unwrap();
     assert!(s.whole());
     assert_eq!(s.allocs, 2);
+    // A fork child does not write into the parent's stream, nor beside a device.
+    let out =
+        command("p_fork", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")]).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("MEMTRACE_OUT /dev/stdout is a stream: fork child pid"), "{err}");
+    let stray: Vec<_> = std::fs::read_dir("/dev")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("stdout."))
+        .collect();
+    assert!(stray.is_empty(), "files written beside /dev/stdout: {stray:?}");
 }
 
 #[test]

@@ -313,9 +313,15 @@ pub fn colocate(
     let mut job_reports = Vec::with_capacity(jobs.len());
     // (fits, need) of each job alone at the capacity; one job's is its verdict too.
     let mut alone = Vec::with_capacity(jobs.len());
+    // What a job whose run recorded an out-of-memory error needed at least, on its own: the
+    // aligned replay cannot show it (the failed request is in no record).
+    let mut recorded_floor = 0u64;
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+        if let Some(o) = unlimited.report.recorded_oom {
+            recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(j.outside.total_bytes));
+        }
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);
         let fits_alone = at.map(|(fits, _)| fits);
@@ -370,6 +376,8 @@ pub fn colocate(
                 }
                 None => (unlimited.combined_peak, unlimited.peak_at_us, false),
             };
+            let failed = failed || capacity.is_some_and(|c| recorded_floor > c.bytes);
+            let need = need.max(recorded_floor);
             // At the sum of the device peaks every job always has its own peak available, so
             // that bound fits; the largest single job is a lower bound.
             let lower = job_reports.iter().map(|j| j.device_peak_bytes).max().unwrap_or(0).div_ceil(GRANULE);
@@ -384,7 +392,7 @@ pub fn colocate(
                     least = smallest(jobs, &axes, opts, c.bytes / GRANULE + 1, upper.max(c.bytes / GRANULE + 1))?;
                 }
             }
-            (need, Some(at), least, failed)
+            (need, Some(at), least.max(recorded_floor), failed)
         }
     };
     let verdict = capacity.map(|c| {

@@ -600,3 +600,7 @@ def test_the_answer_names_the_fine_tuning_regime() -> None:
     found = json.loads(cli("max-batch", *args, *tuned, "--limit", "2", check=False).stdout)
     assert found["inputs"]["fine_tuning"] == est["inputs"]["fine_tuning"]
     assert found["inputs"]["seq_len"] == 8
+    sharded = json.loads(cli("max-batch", *args, "--strategy", "fsdp2", "--world-size", "2",
+                             "--fsdp-mp", "bf16:fp32", "--attn", "sdpa", "--limit", "1",
+                             check=False).stdout)  # fmt: skip
+    assert (sharded["inputs"]["fsdp_mp"], sharded["inputs"]["attn"]) == ("bf16:fp32", "sdpa")

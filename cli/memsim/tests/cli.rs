@@ -444,6 +444,13 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
     };
     let mut records = three_tensors();
     records.insert(3, oom);
+    // Without timestamps (one job alone), and with them (the aligned replay, which missed it).
+    let timed = write_with(dir.path(), "timed.jsonl", &records, &[]);
+    let v = json(&["colocate", timed.to_str().unwrap(), "--json"]);
+    assert_eq!(v["mode"], "timestamps", "{v}");
+    let (code, out, _) = memsim(&["colocate", timed.to_str().unwrap(), "--capacity", &format!("{}B", 180 * MIB)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("DOES NOT FIT"), "{out}");
     let t = write_logical(dir.path(), "o.jsonl", &records, &[]);
     let t = t.to_str().unwrap();
     let v = json(&["replay", t, "--json"]);

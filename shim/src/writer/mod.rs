@@ -182,6 +182,12 @@ fn run() {
     let origin = state::clock_origin();
     let mut wanted = expand_out(&cfg.out, pid);
     if state::FORK_CHILD.load(Ordering::Acquire) && !names_pid(&cfg.out) {
+        // A stream (`/dev/stdout`, a FIFO) is the parent's: two writers would interleave their
+        // frames, and nothing can be written beside a device.
+        if std::fs::metadata(&wanted).is_ok_and(|m| !m.is_file()) {
+            log!(Warn, "MEMTRACE_OUT {wanted} is a stream: fork child pid {pid} does not trace (give a path with %p)");
+            return;
+        }
         // The path is the parent's, which may not have opened it yet (its writer starts
         // lazily) and would then truncate this child's finished trace: the child writes beside.
         let own = beside(&wanted, pid);

@@ -366,6 +366,8 @@ def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
         "grad_accum": step.grad_accum,
         "world_size": step.world_size,
         "strategy": step.strategy,
+        "fsdp_mp": step.fsdp_mp,
+        "attn": getattr(args, "attn", None),
         "fine_tuning": tune_from(vars(args)).regime.to_json(),
     }
 
