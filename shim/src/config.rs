@@ -144,18 +144,10 @@ fn valid_pattern(v: &str) -> bool {
     true
 }
 
-/// Whether an output pattern names the pid (`%p`, not the literal `%%p`).
+/// Whether an output pattern names the pid (`%p`, not the literal `%%p`): [`expand_out`] is the
+/// one reader of the pattern, so two pids giving two paths says it.
 pub fn names_pid(pattern: &str) -> bool {
-    let b = pattern.as_bytes();
-    let mut i = 0;
-    while i + 1 < b.len() {
-        match (b[i], b[i + 1]) {
-            (b'%', b'p') => return true,
-            (b'%', _) => i += 2,
-            _ => i += 1,
-        }
-    }
-    false
+    expand_out(pattern, 1) != expand_out(pattern, 2)
 }
 
 /// Expand `%p` (pid) and `%%` in an output pattern.

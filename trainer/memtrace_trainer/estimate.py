@@ -101,22 +101,29 @@ class ModelJob:
         return {
             "batch_size": self.batch_size,
             **self.shape,
-            "optimizer": s.optimizer,
-            "amp": s.amp or "fp32",
-            "checkpointing": s.checkpointing,
-            "grad_accum": s.grad_accum,
+            **step_inputs(s),
             "iterations": s.iterations,
             "fine_tuning": self.first.details.get("fine_tuning"),
             "model_details": self.first.details,
-            "world_size": s.world_size,
-            "strategy": s.strategy,
-            "fsdp_mp": s.fsdp_mp,
             "distributed": _distributed(s),
             "defaults": {
                 **self.first.defaults,
                 "iterations": {"value": s.iterations, "why": "traced training iterations"},
             },
         }
+
+
+def step_inputs(s: StepConfig) -> dict[str, Any]:
+    """The tracer's loop as an answer's `inputs` name it (`estimate`, `max-batch`, `max-seq`)."""
+    return {
+        "optimizer": s.optimizer,
+        "amp": s.amp or "fp32",
+        "checkpointing": s.checkpointing,
+        "grad_accum": s.grad_accum,
+        "world_size": s.world_size,
+        "strategy": s.strategy,
+        "fsdp_mp": s.fsdp_mp,
+    }
 
 
 class StepJob:

@@ -513,15 +513,21 @@ fn the_cuda_malloc_async_backend_is_replayed_as_native_with_a_warning() {
     assert!(v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(said)), "{v}");
 }
 
+/// `TEST_PROFILE` written to `dir`, and the three tensors as a logical trace that loads cuBLAS.
+fn profile_and_gemm_trace(dir: &Path) -> (PathBuf, PathBuf) {
+    let profile = dir.join("p.toml");
+    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let t = write_logical(dir, "t.jsonl", &three_tensors(), &[("uses_gemm", "true"), ("uses_conv", "false")]);
+    (profile, t)
+}
+
 /// A symbolic trace taken to memory_viz's `.pickle` and back keeps its header: still symbolic
 /// (a margin), still loading cuBLAS. Before, it came back as a real run's measurement.
 #[test]
 fn a_symbolic_trace_through_a_snapshot_is_still_symbolic() {
     let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("p.toml");
-    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let (profile, t) = profile_and_gemm_trace(dir.path());
     let p = profile.to_str().unwrap();
-    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[("uses_gemm", "true"), ("uses_conv", "false")]);
     let pickle = dir.path().join("t.pickle");
     let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), pickle.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -537,10 +543,8 @@ fn a_symbolic_trace_through_a_snapshot_is_still_symbolic() {
 #[test]
 fn replay_capacity_is_the_device_total_with_the_profile_subtracted() {
     let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("p.toml");
-    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let (profile, t) = profile_and_gemm_trace(dir.path());
     let p = profile.to_str().unwrap();
-    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[("uses_gemm", "true"), ("uses_conv", "false")]);
     let t = t.to_str().unwrap();
     // 150 MiB reserved + 110 MiB outside (context + cuBLAS) = 260 MiB on the device.
     let v = json(&["replay", t, "--profile", p, "--capacity", "260MiB", "--json"]);

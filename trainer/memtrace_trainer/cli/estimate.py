@@ -356,17 +356,12 @@ def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
     step, and the fine-tuning regime (a QLoRA answer must not read as a full fine-tune's)."""
     if getattr(args, "step", None):  # max-seq takes no --step
         return {"step": args.step}
+    from memtrace_trainer.estimate import step_inputs
+
     shape = {k: getattr(args, k, None) for k in ("seq_len", "input_shape", "num_classes")}
-    step = _step(args)
     return {
         **{k: v for k, v in shape.items() if v is not None},
-        "optimizer": step.optimizer,
-        "amp": step.amp or "fp32",
-        "checkpointing": step.checkpointing,
-        "grad_accum": step.grad_accum,
-        "world_size": step.world_size,
-        "strategy": step.strategy,
-        "fsdp_mp": step.fsdp_mp,
+        **step_inputs(_step(args)),
         "attn": getattr(args, "attn", None),
         "fine_tuning": tune_from(vars(args)).regime.to_json(),
     }
