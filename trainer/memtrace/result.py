@@ -34,9 +34,12 @@ class EstimateError(Exception):
 
 def memsim(*args: str, codes: tuple[int, ...] = (0,)) -> str:
     """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise."""
+    from memtrace.api import as_keywords
+
     done = run_tool("memsim", list(args))
     if done.returncode not in codes:
-        raise EstimateError(f"memsim {args[0]}: {error_line(done.stderr)}")
+        # The caller gave keyword arguments (capacity=, gpu=), which memsim knows as flags.
+        raise EstimateError(f"memsim {args[0]}: {as_keywords(error_line(done.stderr))}")
     return done.stdout
 
 

@@ -122,6 +122,8 @@ def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> 
         assert tight.fits("a100-40gb", point=True) is True
     assert tight.fits("a100-40gb", capacity=below_point, point=True) is False
     assert est.fits(capacity=below_point, point=True) is False  # a capacity asked of any estimate
+    with pytest.raises(EstimateError, match=r"for 'capacity': .*did you mean 40GiB"):
+        est.fits(capacity="40")
     between = f"{(est.device_mib + est.safe_mib) / 2:.3f}MiB"
     on_point = memtrace.estimate(model, X, target=Y, capacity=between, point=True)
     assert on_point.verdict["fits"] is True and on_point.fits(point=True) is True
