@@ -69,12 +69,24 @@ pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);
 }
 
+/// The descriptor of this process's open trace file, -1 when none: a fork child closes its
+/// inherited copy, or it would hold the parent's lock (and file) for as long as it lives, and a
+/// later run given the same path would write beside it after the parent had finished.
+pub static TRACE_FD: AtomicI32 = AtomicI32::new(-1);
+
 /// Set in a fork child: the output path without `%p` is its parent's.
 pub static FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
 /// A fork child: the process is now this pid, with no exit requested yet.
 pub fn reset_in_child() {
     FORK_CHILD.store(true, Ordering::Release);
+    let fd = TRACE_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // Safety: the descriptor is the parent's trace file, inherited by fork; nothing in this
+        // process uses it (the writer thread that owned it does not exist here, and its `File`
+        // is never dropped here), so closing it cannot close a descriptor in use.
+        unsafe { libc::close(fd) };
+    }
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     FINISH.store(false, Ordering::Release);

@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 20] = [
+const PROGRAMS: [&str; 21] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -61,6 +61,7 @@ const PROGRAMS: [&str; 20] = [
     "p_dlopen_shim",
     "p_every_alloc",
     "p_dlvsym",
+    "p_fork_outlives",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -54,6 +54,36 @@ fn fork_child_under_a_fixed_path_writes_beside_the_parents_trace() {
     assert_eq!(child.calls(), [("cudaFree", 1), ("cudaMalloc", 2)]);
 }
 
+/// A fork child that outlives its parent (a daemon, a data-loader worker) does not keep the
+/// parent's trace file open: it held the lock, and the next run given that path wrote beside it.
+#[test]
+fn a_fork_child_does_not_hold_the_parents_finished_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.mtrace");
+    let mut c = command("p_fork_outlives", dir.path(), &[("MEMTRACE_OUT", path.to_str().unwrap())])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The child waits on this pipe; dropping it (also on a failed assertion) lets it exit.
+    let _child_stdin = c.stdin.take().unwrap();
+    assert!(c.wait().unwrap().success());
+    let parent = Stats::read(&path).unwrap();
+    assert!(parent.whole(), "the parent's trace is whole");
+    assert_eq!(parent.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+    let f = std::fs::File::open(&path).unwrap();
+    use std::os::fd::AsRawFd;
+    // Safety of the test: flock on a descriptor the test owns; LOCK_NB never blocks.
+    let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(
+        locked,
+        0,
+        "the trace file is still locked after its process exited: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 /// Two processes given one MEMTRACE_OUT (two ranks, or an exec'd child): the second finds the
 /// file locked by the first, which is still writing it, and writes beside it.
 #[test]

@@ -61,7 +61,7 @@ pub fn ensure_started() {
 
 /// The writer thread's state: the open trace, the clock map, interned names and the tally.
 struct Ctx {
-    w: BinaryWriter<File>,
+    w: BinaryWriter<TraceFile>,
     origin: u64,
     clock: clock::Calibration,
     names: Names,
@@ -113,6 +113,33 @@ fn block_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
         old
+    }
+}
+
+/// The open trace file, published in [`state::TRACE_FD`] for a fork child to close. The
+/// descriptor is withdrawn before it closes, so a later fork child never closes a reused number.
+struct TraceFile(File);
+
+impl TraceFile {
+    fn new(file: File) -> Self {
+        use std::os::fd::AsRawFd;
+        state::TRACE_FD.store(file.as_raw_fd(), Ordering::Release);
+        Self(file)
+    }
+}
+
+impl std::io::Write for TraceFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        state::TRACE_FD.store(-1, Ordering::Release);
     }
 }
 
@@ -195,7 +222,7 @@ fn run() {
         wanted = own;
     }
     let Some((file, path)) = open_own(wanted, pid) else { return };
-    let w = match BinaryWriter::new(file, &header(cfg, pid, origin)) {
+    let w = match BinaryWriter::new(TraceFile::new(file), &header(cfg, pid, origin)) {
         Ok(w) => w,
         Err(e) => {
             log!(Warn, "cannot write trace header to {path}: {e:#}; recording disabled");
