@@ -151,6 +151,35 @@ fn a_trace_streams_to_stdout() {
     assert!(stray.is_empty(), "files written beside /dev/stdout: {stray:?}");
 }
 
+/// `MEMTRACE_OUT=/dev/stdout` with stdout redirected to a file (`prog > out`) writes the trace
+/// into that stream, beside the program's own output, as through a pipe. It opened the file
+/// afresh: the trace was truncated over the program's output, or that output over the trace.
+#[test]
+fn a_trace_to_stdout_redirected_to_a_file_keeps_the_programs_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let redirected = dir.path().join("out");
+    let f = std::fs::File::create(&redirected).unwrap();
+    let out = command("p_fork", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
+        .stdout(Stdio::from(f))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // The fork child takes the redirected stdout for the parent's stream, as it does a pipe.
+    assert!(err.contains("MEMTRACE_OUT /dev/stdout is a stream: fork child pid"), "{err}");
+    let bytes = std::fs::read(&redirected).unwrap();
+    let text = b"child ";
+    let at = bytes.windows(text.len()).position(|w| w == text).expect("the program's output is in the file");
+    let end = at + bytes[at..].iter().position(|&b| b == b'\n').unwrap() + 1;
+    let mut trace = bytes[..at].to_vec();
+    trace.extend_from_slice(&bytes[end..]);
+    let t = dir.path().join("trace.mtrace");
+    std::fs::write(&t, &trace).unwrap();
+    let s = Stats::read(&t).unwrap();
+    assert!(s.whole(), "the trace around the program's output is whole");
+    assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
+}
+
 #[test]
 fn fork_child_stops_when_not_followed() {
     let r = run_ok("p_fork", &[("MEMTRACE_FOLLOW_FORK", "0")]);

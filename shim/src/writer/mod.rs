@@ -160,8 +160,24 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
         };
         // A device, pipe or terminal (`/dev/stdout`, a FIFO) streams the trace: nothing to
         // lock or truncate, and nothing written beside it.
-        if !file.metadata().is_ok_and(|m| m.is_file()) {
+        let meta = file.metadata();
+        if !meta.as_ref().is_ok_and(|m| m.is_file()) {
             return Some((file, path));
+        }
+        // `/dev/stdout` with stdout redirected to a file opens that file afresh, at offset 0:
+        // truncating it erased the program's output, and the program then wrote over the trace.
+        // The trace shares the stream's offset instead, as it does through a pipe.
+        if let Some(fd) = meta.as_ref().ok().and_then(std_stream_of) {
+            // Safety: duplicating a descriptor the process has open; the new one is ours.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                let e = std::io::Error::last_os_error();
+                log!(Warn, "cannot write the trace to {path}, this program's fd {fd}: {e}; recording disabled");
+                return None;
+            }
+            use std::os::fd::FromRawFd;
+            // Safety: `dup` is a fresh descriptor nothing else owns.
+            return Some((unsafe { File::from_raw_fd(dup) }, path));
         }
         use std::os::fd::AsRawFd;
         // Safety: flock on a descriptor this function owns; LOCK_NB never blocks. The lock lives
@@ -190,6 +206,18 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     None
 }
 
+/// The program's stdout or stderr, when `meta` is the file one of them writes to.
+fn std_stream_of(meta: &std::fs::Metadata) -> Option<i32> {
+    use std::os::unix::fs::MetadataExt;
+    [1, 2].into_iter().find(|&fd| {
+        // Safety: an all-zero `stat` is a valid value of this plain C struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // Safety: fstat fills a local struct; a closed descriptor only returns an error.
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+        ok && st.st_dev == meta.dev() && st.st_ino == meta.ino()
+    })
+}
+
 /// `dir/NAME.PID.EXT` beside `dir/NAME.EXT` (`PATH.PID` without an extension).
 fn beside(path: &str, pid: u32) -> String {
     let p = std::path::Path::new(path);
@@ -211,7 +239,7 @@ fn run() {
     if state::FORK_CHILD.load(Ordering::Acquire) && !names_pid(&cfg.out) {
         // A stream (`/dev/stdout`, a FIFO) is the parent's: two writers would interleave their
         // frames, and nothing can be written beside a device.
-        if std::fs::metadata(&wanted).is_ok_and(|m| !m.is_file()) {
+        if std::fs::metadata(&wanted).is_ok_and(|m| !m.is_file() || std_stream_of(&m).is_some()) {
             log!(Warn, "MEMTRACE_OUT {wanted} is a stream: fork child pid {pid} does not trace (give a path with %p)");
             return;
         }
