@@ -80,7 +80,7 @@ pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> 
     for (file, out) in files.iter().zip(outs) {
         match out {
             Ok(out) => {
-                crate::input::warn(&out.warnings);
+                crate::input::warn(&of_file(file, &out.warnings));
                 code = code.max(out.code);
                 if json {
                     all.push(out.json.unwrap_or(serde_json::Value::Null));
@@ -101,6 +101,13 @@ pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> 
         println!("{}", serde_json::to_string_pretty(&all)?);
     }
     Ok(code)
+}
+
+/// A batch prints every file's warnings before any output: each names its file, where it did
+/// not already.
+fn of_file(file: &Path, warnings: &[String]) -> Vec<String> {
+    let name = file.display().to_string();
+    warnings.iter().map(|w| if w.contains(&name) { w.clone() } else { format!("{name}: {w}") }).collect()
 }
 
 fn print(out: &Output, json: bool) -> Result<()> {

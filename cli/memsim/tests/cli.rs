@@ -468,6 +468,11 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
         );
         assert!(out.contains("DOES NOT FIT"), "{cmd}: {out}");
     }
+    // Among several files, the warning names the file that ran out of memory.
+    let plain = write_logical(dir.path(), "plain.jsonl", &three_tensors(), &[]);
+    let (code, _, err) = memsim(&["replay", plain.to_str().unwrap(), t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("memsim: warning: {t}: the run ran out of memory (record 3")), "{err}");
 }
 
 /// A request no device holds (past the model's largest segment) fails even in the unlimited
