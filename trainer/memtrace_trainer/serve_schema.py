@@ -238,6 +238,10 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
     elif f.kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise wrong("a number")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        # `"lora": 16`: the value the command line takes is the number's text, which the
+        # command's own parser checks (`--lora R[:ALPHA]`, `--capacity 40GiB`); said, not guessed.
+        raise wrong(f"a string, as on the command line ({json.dumps(str(value))})")
     elif not isinstance(value, str):
         raise wrong("a string")
     return [f"{f.flag}={value}"]

@@ -280,6 +280,7 @@ def test_health_and_schema(server: Server) -> None:
         ({"model": MLP, "batch_size": "32"}, 400, "batch_size", "must be an integer"),
         ({"model": MLP, "batch_size": True}, 400, "batch_size", "must be an integer"),
         ({"model": MLP, "batch_size": 4, "point": "yes"}, 400, "point", "true or false"),
+        ({"model": MLP, "batch_size": 4, "lora": 16}, 400, "lora", 'command line ("16")'),
         ({"model": MLP, "batch_size": 4, "amp": "fp8"}, 400, "amp", "invalid choice"),
         ({"model": MLP, "step": "slow_step:make"}, 400, "step", "not allowed with"),
         ({"model": MLP, "steps": 2, "iterations": 3}, 400, "iterations", "same option"),
