@@ -31,11 +31,12 @@ pub use step::{Classifier, Seed, Step};
 pub enum ReplaySetupError {
     /// A device-level trace with the cache on records segments, not requests.
     #[error(
-        "this is a device-level trace taken with PyTorch's caching allocator on: its cudaMalloc \
-         events are segments, not tensor requests, so replaying them would model a cache on top of \
-         a cache. Record an allocator-level trace instead: rerun under the shim with \
-         PYTORCH_NO_CUDA_MEMORY_CACHING=1, or use `python -m memtrace_trainer symtrace`; \
-         `memsim stats` summarises this trace as it is"
+        "this is a device-level trace recorded without PYTORCH_NO_CUDA_MEMORY_CACHING=1: under \
+         PyTorch, whose caching allocator is on by default, its cudaMalloc events are segments, not \
+         tensor requests, so replaying them would model a cache on top of a cache. Record an \
+         allocator-level trace instead: rerun under the shim with PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+         (which also marks a program without PyTorch, whose calls are its requests), or use \
+         `python -m memtrace_trainer symtrace`; `memsim stats` summarises this trace as it is"
     )]
     DeviceLevel,
     /// The allocator configuration is invalid.
