@@ -144,6 +144,9 @@ pub struct OutsideReport {
     pub cudnn_mib: f64,
     /// NCCL's communicator and peer buffers (jobs of more than one rank).
     pub nccl_mib: f64,
+    /// Device memory the trace itself held outside the allocator (another module's own
+    /// requests, VMM handles, managed memory), at most.
+    pub recorded_mib: f64,
     /// The sum.
     pub total_mib: f64,
     /// The libraries counted, and where that came from.
@@ -422,7 +425,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             cublas_mib: mib(o.cublas_bytes),
             cudnn_mib: mib(o.cudnn_bytes),
             nccl_mib: mib(o.nccl_bytes),
-            total_mib: mib(o.total_bytes),
+            recorded_mib: mib(sym.recorded_outside),
+            total_mib: mib(o.total_bytes.saturating_add(sym.recorded_outside)),
             libraries: o.libraries,
             unmeasured: o.unmeasured.clone(),
         },

@@ -59,6 +59,9 @@ pub struct OutsideView {
     pub cudnn_mib: f64,
     /// NCCL.
     pub nccl_mib: f64,
+    /// Held by the trace itself (absent before it was reported).
+    #[serde(default)]
+    pub recorded_mib: f64,
     /// The sum.
     pub total_mib: f64,
     /// Where the libraries counted came from.
@@ -134,6 +137,7 @@ impl From<&EstimateReport> for EstimateView {
                 cublas_mib: o.cublas_mib,
                 cudnn_mib: o.cudnn_mib,
                 nccl_mib: o.nccl_mib,
+                recorded_mib: o.recorded_mib,
                 total_mib: o.total_mib,
                 libraries: LibrariesView { source: o.libraries.source.to_string() },
             },
@@ -162,7 +166,7 @@ impl EstimateText {
             let o = &r.outside_allocator;
             details.push(format!(
                 "  {}: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
-                 (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}; libraries from {})",
+                 (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}{}; libraries from {})",
                 r.headline,
                 sym.reserved_mib.unwrap_or(0.0),
                 sym.allocated_mib.unwrap_or(0.0),
@@ -171,6 +175,7 @@ impl EstimateText {
                 o.cublas_mib,
                 o.cudnn_mib,
                 o.nccl_mib,
+                if o.recorded_mib > 0.0 { format!(", held by the trace {:.1}", o.recorded_mib) } else { String::new() },
                 o.libraries.source
             ));
             if let Some(st) = &sym.steps {

@@ -20,8 +20,11 @@ pub struct SymbolicEstimate {
     pub predicted_allocated_peak: u64,
     /// Reserved peak plus the memory outside the allocator: nvidia-smi's view.
     pub predicted_device_peak: u64,
-    /// The outside-allocator term added.
+    /// The outside-allocator term added: the profile's terms plus `recorded_outside`.
     pub outside_allocator: u64,
+    /// Device memory the trace itself held outside the allocator at most
+    /// ([`simulator::replay::ReplayReport::recorded_outside_bytes`]).
+    pub recorded_outside: u64,
     /// Whether the job would OOM at the capacity.
     pub oom_on_profile_gpu: bool,
     /// The fit verdict at the capacity, on the device peak.
@@ -68,7 +71,8 @@ pub fn symbolic(
         predicted_reserved_peak: fit.reserved_need(),
         predicted_allocated_peak: fit.report.peak_allocated_bytes,
         predicted_device_peak: device,
-        outside_allocator: outside.total_bytes,
+        outside_allocator: outside.total_bytes.saturating_add(fit.report.recorded_outside_bytes),
+        recorded_outside: fit.report.recorded_outside_bytes,
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),

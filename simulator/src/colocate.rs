@@ -97,6 +97,9 @@ pub struct JobReport {
     pub peak_reserved_bytes: u64,
     /// Memory outside the allocator, by term.
     pub outside_allocator: Outside,
+    /// Device memory the trace itself held outside the allocator, at most
+    /// ([`crate::replay::ReplayReport::recorded_outside_bytes`]).
+    pub held_outside_bytes: u64,
     /// Its device peak alone: reserved + outside the allocator (the point estimate).
     pub device_peak_bytes: u64,
     /// The point plus its safety margin.
@@ -205,12 +208,15 @@ fn shared_run(
         let Some((i, t)) = pick else { break };
         let rec = &jobs[i].records[next[i]];
         next[i] += 1;
+        let device = rec.device.unwrap_or(0);
         if let Some(c) = capacity {
             let others: u64 = reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r).sum();
-            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside));
+            let own = reps[i].outside_now(device);
+            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside).saturating_sub(own));
         }
         reps[i].observe(rec);
-        reserved[i] = reps[i].current(rec.device.unwrap_or(0)).0;
+        // What the job holds on the device: its segments, and what its trace holds beside them.
+        reserved[i] = reps[i].current(device).0 + reps[i].outside_now(device);
         let total = reserved.iter().sum::<u64>() + outside;
         if total > combined_peak {
             combined_peak = total;
@@ -320,7 +326,8 @@ pub fn colocate(
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
         if let Some(o) = unlimited.report.recorded_oom {
-            recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(j.outside.total_bytes));
+            let beside = j.outside.total_bytes.saturating_add(unlimited.report.recorded_outside_bytes);
+            recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(beside));
         }
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);
@@ -330,6 +337,7 @@ pub fn colocate(
             name: j.name.clone(),
             peak_reserved_bytes: unlimited.reserved_need(),
             outside_allocator: j.outside.clone(),
+            held_outside_bytes: unlimited.report.recorded_outside_bytes,
             device_peak_bytes: device,
             device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
             margin: j.margin.clone(),

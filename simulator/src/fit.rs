@@ -281,11 +281,12 @@ pub struct FitOutcome {
     /// The replay that describes the run: the capped one when it survived, else the unlimited
     /// one (what the job would have needed).
     pub report: ReplayReport,
-    /// Whether the capped replay ran out of memory (false without a budget).
+    /// Whether an allocation failed: in the capped replay, or in the replay the report is of
+    /// (without a budget, a request past [`crate::alloc::MAX_SEGMENT`], which no device holds).
     pub oom: bool,
-    /// The capped replay's first failing record and its message, when it ran out of memory.
+    /// The first failing record, when an allocation failed.
     pub oom_at_event: Option<u64>,
-    /// The capped replay's OOM message.
+    /// Its message.
     pub oom_detail: Option<String>,
     /// The allocator budget, bytes, when one was set.
     pub budget: Option<u64>,
@@ -357,10 +358,12 @@ impl FitReplay {
 }
 
 impl FitOutcome {
-    /// A replay that did not run out of memory at its budget (or had none): its own report.
+    /// A replay that did not run out of memory at its budget (or had none): its own report,
+    /// whose failure, if any, no capacity would have avoided.
     fn of(report: ReplayReport, budget: Option<u64>) -> FitOutcome {
         let oom_need_bytes = report.oom_need_bytes;
-        FitOutcome { report, oom: false, oom_at_event: None, oom_detail: None, budget, oom_need_bytes }
+        let (oom, oom_at_event, oom_detail) = (report.oom, report.oom_at_event, report.oom_detail.clone());
+        FitOutcome { report, oom, oom_at_event, oom_detail, budget, oom_need_bytes }
     }
 
     /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed (in the
@@ -377,9 +380,10 @@ impl FitOutcome {
         self.reserved_need() > self.report.peak_reserved_bytes
     }
 
-    /// Device memory needed: the reserved need plus what lives outside the allocator.
+    /// Device memory needed: the reserved need plus what lives outside the allocator (the
+    /// profile's terms, and what the trace itself held there).
     pub fn device_peak(&self, outside: &Outside) -> u64 {
-        self.reserved_need().saturating_add(outside.total_bytes)
+        self.reserved_need().saturating_add(self.report.recorded_outside_bytes).saturating_add(outside.total_bytes)
     }
 
     /// The device peak plus the safety margin.

@@ -61,11 +61,7 @@ fn unusual_records() -> Vec<Record> {
             a.origin = Origin::Outcome;
         }
     });
-    let pinned = with_event(alloc(11, 4 * MIB, None), |e| {
-        if let Event::Alloc(a) = e {
-            a.mem = MemoryKind::PinnedHost;
-        }
-    });
+    let pinned = mem(alloc(11, 4 * MIB, None), MemoryKind::PinnedHost);
     vec![
         bare(Event::Name(NameDef { id: 1, text: "/usr/lib/libnccl.so.2".into() })),
         bare(Event::Name(NameDef { id: 2, text: "/opt/torch/lib/libc10_cuda.so".into() })),
@@ -86,7 +82,19 @@ fn unusual_records() -> Vec<Record> {
         bare(Event::Control(Control { op: ControlOp::ResetPeakStats })),
         alloc(5, 10 * MIB, None),
         bare(Event::Oom(trace::Oom { size: 80 * MIB, device_free: None, stream: 0 })),
+        mem(alloc(12, 6 * MIB, None), MemoryKind::Physical),
+        mem(alloc(13, 2 * MIB, None), MemoryKind::Managed),
+        mem(free(12), MemoryKind::Physical),
     ]
+}
+
+/// The record with its memory kind set (a VMM handle, managed memory).
+fn mem(r: Record, kind: MemoryKind) -> Record {
+    with_event(r, |e| match e {
+        Event::Alloc(a) => a.mem = kind,
+        Event::Free(f) => f.mem = kind,
+        _ => {}
+    })
 }
 
 fn kind(s: &Step) -> String {
@@ -96,7 +104,8 @@ fn kind(s: &Step) -> String {
         Step::Control { .. } => "control".into(),
         Step::Seed(_) => "seed".into(),
         Step::Iteration(n) => format!("iteration {n}"),
-        Step::OtherCaller(_) => "other caller".into(),
+        Step::Outside { caller: Some(_), .. } => "other caller".into(),
+        Step::Outside { caller: None, .. } => "held outside".into(),
         Step::FailedCall => "failed".into(),
         Step::RecordedOom { .. } => "recorded oom".into(),
         Step::RecordedRelease { .. } => "recorded release".into(),
@@ -138,11 +147,22 @@ fn hand_built_traces_replay_the_same_either_way() {
         ("control", "control"),
         ("alloc", "alloc"),
         ("recorded oom", "recorded oom"),
+        ("held outside", "held outside"), // a VMM handle
+        ("held outside", "held outside"), // managed memory
+        ("held outside", "held outside"), // the handle released
     ];
     let steps = check("unusual records", &header(), &opts, &unusual_records());
     assert_eq!(steps.iter().map(kind).collect::<Vec<_>>(), expect.map(|e| e.0), "{steps:#?}");
-    let nccl = Step::OtherCaller("/usr/lib/libnccl.so.2".into());
-    assert_eq!((&steps[4], &steps[13]), (&nccl, &nccl));
+    // Another module's requests hold device memory beside the allocator's, and give it back.
+    let nccl = |size: u64, free: bool| Step::Outside {
+        device: 0,
+        addr: 2,
+        size,
+        free,
+        physical: false,
+        caller: Some("/usr/lib/libnccl.so.2".into()),
+    };
+    assert_eq!((&steps[4], &steps[13]), (&nccl(20 * MIB, false), &nccl(0, true)));
     let mut h = Header::new("test", "0", Level::Device);
     h.caching_disabled = true;
     h.synthetic_addresses = true;

@@ -116,7 +116,7 @@ pub fn run(a: Args) -> Result<u8> {
             mib(j.device_safe_bytes),
             mib(j.device_peak_bytes),
             mib(j.peak_reserved_bytes),
-            mib(j.outside_allocator.total_bytes)
+            mib(j.outside_allocator.total_bytes.saturating_add(j.held_outside_bytes))
         );
     }
     let how = r.verdict.as_ref().map_or(mode_name(r.mode), |v| v.basis.as_str());

@@ -74,6 +74,14 @@ pub fn run(a: Args) -> Result<u8> {
                 records.iter().for_each(|r| rep.observe(r));
                 records = rep.take_realized();
                 eprintln!("{}: no recorded segments; exporting the allocator model's replay", a.input.display());
+                let replayed = rep.finish();
+                crate::input::warn(&export_warnings(&replayed));
+                if !records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End)) {
+                    bail!(
+                        "{}: the allocator model's replay holds no segment at the end, so there is nothing to export",
+                        a.input.display()
+                    );
+                }
             }
             simulator::snapshot::write_snapshot(&a.output, &header, &records)
                 .with_context(|| format!("writing {}", a.output.display()))?;
@@ -125,4 +133,29 @@ fn write_trace(path: &Path, header: &Header, records: &[Record]) -> Result<()> {
     }
     w.finish()?;
     Ok(())
+}
+
+/// What an export of the model's replay leaves out or could not place, which the snapshot
+/// itself does not show.
+fn export_warnings(r: &simulator::replay::ReplayReport) -> Vec<String> {
+    let mut w = Vec::new();
+    if r.rejected > 0 {
+        w.push(format!(
+            "{} requests rejected by the model are not in the snapshot, e.g.: {}",
+            r.rejected,
+            r.rejected_examples.join("; ")
+        ));
+    }
+    if r.recorded_outside_bytes > 0 {
+        w.push(format!(
+            "up to {} B of device memory the trace held outside the caching allocator (VMM handles, managed \
+             memory, other modules' requests) is not in the snapshot, which shows the allocator's segments only",
+            r.recorded_outside_bytes
+        ));
+    }
+    if let Some(d) = &r.oom_detail {
+        w.push(format!("an allocation failed in the model's replay and is not in the snapshot: {d}"));
+    }
+    w.extend(r.recorded_oom.map(|o| o.warning()));
+    w
 }

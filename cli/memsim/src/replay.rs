@@ -125,7 +125,8 @@ impl Replayed {
     /// are at least this one's, so however the allocator packs them they cannot fit.
     pub fn need_floor(&self, point: bool) -> u64 {
         let allocated = self.fit.report.peak_allocated_bytes;
-        let at_least = allocated.saturating_add(self.outside.total_bytes);
+        let outside = self.outside.total_bytes.saturating_add(self.fit.report.recorded_outside_bytes);
+        let at_least = allocated.saturating_add(outside);
         if point {
             at_least
         } else {
@@ -292,6 +293,16 @@ fn replay_one(
             mib(o.nccl_bytes),
             o.libraries.source
         );
+    }
+    if rep.recorded_outside_bytes > 0 {
+        outln!(
+            out,
+            "  held outside        {} (device memory the trace held outside the caching allocator, at most: other \
+             modules' own requests, VMM handles, managed memory)",
+            mib(rep.recorded_outside_bytes)
+        );
+    }
+    if r.outside.source != "none" || rep.recorded_outside_bytes > 0 || r.fit.need_is_oom_floor() {
         if r.fit.need_is_oom_floor() {
             outln!(
                 out,
@@ -358,7 +369,12 @@ fn replay_one(
                 outln!(out, "  replayed at the budget, the first allocation fails at record {i}: {d}");
             }
         }
-        _ => outln!(out, "verdict: none (give --capacity or --profile to check a fit)"),
+        _ => {
+            if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
+                outln!(out, "  the first allocation fails at record {i}, whatever the capacity: {d}");
+            }
+            outln!(out, "verdict: none (give --capacity or --profile to check a fit)")
+        }
     }
     Ok(out)
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use trace::{Category, Control, ControlOp, Event, Header, Level, Record};
+use trace::{Api, Category, Control, ControlOp, Event, Header, Level, MemoryKind, Record};
 
 const MIB: u64 = 1 << 20;
 
@@ -475,6 +475,40 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
     assert!(err.contains(&format!("memsim: warning: {t}: the run ran out of memory (record 3")), "{err}");
 }
 
+/// Device memory the trace holds outside the caching allocator (a VMM handle from cuMemCreate,
+/// managed memory) is in the need: the model places none of it, and the replay said FITS on a
+/// device the job had filled, silently.
+#[test]
+fn device_memory_held_outside_the_allocator_is_in_the_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = |r: Record, mem: MemoryKind, api: Api| {
+        let mut r = r;
+        match &mut r.event {
+            Event::Alloc(a) => (a.mem, a.api) = (mem, api),
+            Event::Free(f) => (f.mem, f.api) = (mem, api),
+            _ => {}
+        }
+        r
+    };
+    let mut records = three_tensors();
+    records.insert(0, held(alloc(900, 200 * MIB, None), MemoryKind::Physical, Api::CuMemCreate));
+    records.insert(1, held(alloc(901, 40 * MIB, None), MemoryKind::Managed, Api::CudaMallocManaged));
+    records.insert(2, held(free(901), MemoryKind::Managed, Api::CudaFree));
+    records.push(held(free(900), MemoryKind::Physical, Api::CuMemRelease));
+    let t = write_logical(dir.path(), "t.jsonl", &records, &[]);
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 150 * MIB, "{v}");
+    assert_eq!(v["recorded_outside_bytes"], 240 * MIB, "the most held at once: {v}");
+    let cap = format!("{}B", 300 * MIB);
+    for cmd in ["replay", "colocate"] {
+        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+        assert_eq!(code, 1, "{cmd}: 150 MiB reserved + 240 MiB held beside it: {out}{err}");
+        assert!(out.contains("DOES NOT FIT") && out.contains("390.00 MiB"), "{cmd}: {out}");
+        assert!(err.contains("outside the caching allocator"), "{cmd}: {err}");
+    }
+}
+
 /// A request no device holds (past the model's largest segment) fails even in the unlimited
 /// replay, so the peak never counts it: the verdict rests on what the failed request needed, and
 /// cannot say FITS above the line saying the allocation fails.
@@ -492,6 +526,13 @@ fn an_allocation_that_fails_everywhere_is_in_the_need() {
     assert_eq!(v["oom_need_bytes"], 30 * MIB + (1u64 << 50), "{v}");
     let (_, text, _) = memsim(&["replay", t, "--capacity", "40GiB"]);
     assert!(text.contains("DOES NOT FIT") && text.contains("first allocation fails"), "{text}");
+    // Without a capacity the failure is said too: the text showed a peak of 30 MiB and nothing
+    // else, and the JSON said "oom": false beside the failed request's need.
+    let v = json(&["replay", t, "--json"]);
+    assert_eq!((v["oom"].as_bool(), v["oom_at_event"].as_u64()), (Some(true), Some(1)), "{v}");
+    let (code, text, _) = memsim(&["replay", t]);
+    assert_eq!(code, 0, "no capacity, no verdict");
+    assert!(text.contains("fails at record 1, whatever the capacity") && text.contains("at least"), "{text}");
 }
 
 /// The model follows the native caching allocator; a run under `backend:cudaMallocAsync` (given

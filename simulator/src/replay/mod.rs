@@ -18,6 +18,7 @@ use crate::alloc::{Allocator, AllocatorConfig, ConfigError, Outcome, Request, To
 use crate::conversions;
 
 mod live;
+mod outside;
 mod recorded;
 mod report;
 mod step;
@@ -120,6 +121,7 @@ pub struct Replayer {
     recorded_oom: Option<RecordedOom>,
     recorded_releases: u64,
     recorded_releases_kept: u64,
+    outside: outside::OutsideHeld,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
     realized: Option<Vec<Record>>,
@@ -174,6 +176,7 @@ impl Replayer {
             recorded_oom: None,
             recorded_releases: 0,
             recorded_releases_kept: 0,
+            outside: outside::OutsideHeld::default(),
             has_categories: false,
             realized: None,
             iterations: Vec::new(),
@@ -265,7 +268,9 @@ impl Replayer {
             }
             Step::Seed(ref seed) => self.seed(index, seed),
             Step::Iteration(n) => self.start_iteration(n),
-            Step::OtherCaller(ref name) => *self.skipped_by_caller.entry(name.to_string()).or_default() += 1,
+            Step::Outside { device, addr, size, free, physical, ref caller } => {
+                self.outside_step(device, addr, size, free, physical, caller.as_deref())
+            }
             Step::FailedCall => self.skipped_failed += 1,
             Step::RecordedOom { device, size, device_free } => self.recorded_oom(index, device, size, device_free),
             Step::RecordedRelease { device } => self.recorded_release(index, device),
@@ -510,6 +515,7 @@ impl Replayer {
             recorded_oom: self.recorded_oom,
             recorded_releases: self.recorded_releases,
             recorded_releases_kept: self.recorded_releases_kept,
+            recorded_outside_bytes: self.outside.peak(),
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,

@@ -1,5 +1,6 @@
 //! What a trace records beyond requests that the replay takes in: a snapshot's rebuilt start
-//! state, and a real run's releases of cached memory and out-of-memory errors.
+//! state, a real run's releases of cached memory and out-of-memory errors, and the device memory
+//! it held outside the allocator.
 
 use super::live::LiveBlock;
 use super::{cat_index, RecordedOom, Replayer, Seed};
@@ -64,5 +65,32 @@ impl Replayer {
             let need_bytes = allocated.saturating_add(size);
             self.recorded_oom = Some(RecordedOom { at_event: index, device, size, device_free, need_bytes });
         }
+    }
+
+    /// Device memory held or released outside the caching allocator ([`super::Step::Outside`]);
+    /// another module's requests are also counted by its name.
+    #[cold]
+    pub(super) fn outside_step(
+        &mut self,
+        device: u32,
+        addr: u64,
+        size: u64,
+        free: bool,
+        physical: bool,
+        caller: Option<&str>,
+    ) {
+        if let Some(name) = caller {
+            *self.skipped_by_caller.entry(name.to_string()).or_default() += 1;
+        }
+        if free {
+            self.outside.free(device, physical, addr);
+        } else if size > 0 {
+            self.outside.alloc(device, physical, addr, size);
+        }
+    }
+
+    /// Device memory held outside the allocator on `device` now.
+    pub fn outside_now(&self, device: u32) -> u64 {
+        self.outside.now(device)
     }
 }

@@ -114,6 +114,10 @@ pub struct ReplayReport {
     /// Those left out: the allocator's settings release some segments and keep others
     /// (`max_split_size_mb`, `garbage_collection_threshold`), which `empty_cache` does not.
     pub recorded_releases_kept: u64,
+    /// The most device memory the trace held outside the caching allocator at once on one
+    /// device (another module's own requests, VMM physical handles, managed memory): not placed
+    /// by the model, and counted in the need on top of the reserved peak.
+    pub recorded_outside_bytes: u64,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.
@@ -143,7 +147,8 @@ pub struct ReplayReport {
 
 impl ReplayReport {
     /// What the replay says of its input that the numbers do not: an allocator configuration the
-    /// model does not follow, an out-of-memory error the run recorded.
+    /// model does not follow, releases it could not replay, device memory held outside the
+    /// allocator, an out-of-memory error the run recorded.
     pub fn warnings(&self) -> Vec<String> {
         let kept = (self.recorded_releases_kept > 0).then(|| {
             format!(
@@ -153,7 +158,21 @@ impl ReplayReport {
                 self.recorded_releases_kept
             )
         });
-        self.config_warning.iter().cloned().chain(kept).chain(self.recorded_oom.map(|o| o.warning())).collect()
+        let outside = (self.recorded_outside_bytes > 0).then(|| {
+            format!(
+                "the trace holds up to {} B of device memory outside the caching allocator (another module's own \
+                 requests, VMM physical handles, managed memory); the need counts it on top of the reserved peak, \
+                 which errs high when the two peaks do not coincide",
+                self.recorded_outside_bytes
+            )
+        });
+        self.config_warning
+            .iter()
+            .cloned()
+            .chain(kept)
+            .chain(outside)
+            .chain(self.recorded_oom.map(|o| o.warning()))
+            .collect()
     }
 
     /// The first iteration's peaks, and the max over the later iterations (the steady state:

@@ -59,9 +59,26 @@ pub enum Step {
     Seed(Box<Seed>),
     /// An `iter:N` marker: a new iteration starts.
     Iteration(u64),
-    /// A request from another caller module (NCCL, cuBLAS, ...), which bypasses the caching
-    /// allocator on a real run: left out and counted by the module's name.
-    OtherCaller(Box<str>),
+    /// Device memory held outside the caching allocator, or its release: a request from
+    /// another caller module (NCCL, cuBLAS, ...), which bypasses the caching allocator on a real
+    /// run, a VMM physical handle (`cuMemCreate`) or managed memory. Not placed: its bytes are
+    /// held beside the replay's and counted in the need. Another module's requests are also
+    /// counted by the module's name.
+    Outside {
+        /// CUDA device ordinal.
+        device: u32,
+        /// The trace's address (a physical allocation's handle).
+        addr: u64,
+        /// Bytes an allocation holds: 0 for a free, and for a call that failed or holds no
+        /// device memory (which only counts for its module).
+        size: u64,
+        /// A release of the memory at `addr`.
+        free: bool,
+        /// A VMM physical handle, whose numbers are not addresses.
+        physical: bool,
+        /// The module that made the request, when not the caching allocator's.
+        caller: Option<Box<str>>,
+    },
     /// A request whose call failed: left out and counted.
     FailedCall,
     /// Cached memory the run's allocator released (a recorded `segment_free` or `segment_unmap`
@@ -192,7 +209,10 @@ impl Classifier {
                     size: a.size,
                     stream: a.stream,
                 },
-                d => d.left_out(),
+                d => {
+                    let held = self.holds_device_memory(a.origin, a.mem, a.result);
+                    d.left_out(device, a.addr, if held { a.size } else { 0 }, false, a.mem)
+                }
             },
             Event::Free(f) => match self.decide(f.origin, f.mem, f.caller, f.result) {
                 Decision::Apply => {
@@ -206,7 +226,10 @@ impl Classifier {
                 Decision::NotRequest if self.released(f.origin, f.api == Api::CudaFree) => {
                     Step::RecordedRelease { device }
                 }
-                d => d.left_out(),
+                d => {
+                    let released = self.holds_device_memory(f.origin, f.mem, f.result);
+                    d.left_out(device, f.addr, 0, released, f.mem)
+                }
             },
             e => self.classify_rare(device, e),
         }
@@ -258,6 +281,13 @@ impl Classifier {
         self.decide_rare(origin, mem, caller, result)
     }
 
+    /// Whether a call the replay does not apply held (or released) device memory beside the
+    /// caching allocator: a successful call for device-resident memory that is not the
+    /// allocator's own segment (an outcome, in an allocator-level trace, is one).
+    fn holds_device_memory(&self, origin: Origin, mem: MemoryKind, result: i32) -> bool {
+        result == 0 && mem.is_device() && (self.device_level_requests || origin == Origin::Request)
+    }
+
     /// Whether an event is the allocator's own release of cached memory, as a run recorded it
     /// (an outcome, in an allocator-level trace, of a call that releases).
     fn released(&self, origin: Origin, releasing: bool) -> bool {
@@ -284,10 +314,17 @@ impl Classifier {
 }
 
 impl Decision {
-    /// The step of a request the replay does not apply.
-    fn left_out(self) -> Step {
+    /// The step of a request the replay does not apply: `size` is what an allocation holds on
+    /// the device (0 when nothing), `free` a release of device memory at `addr`.
+    fn left_out(self, device: u32, addr: u64, size: u64, free: bool, mem: MemoryKind) -> Step {
+        let physical = mem == MemoryKind::Physical;
         match self {
-            Decision::OtherCaller(name) => Step::OtherCaller(name.into_boxed_str()),
+            Decision::OtherCaller(name) => {
+                Step::Outside { device, addr, size, free, physical, caller: Some(name.into_boxed_str()) }
+            }
+            Decision::NotRequest if size > 0 || free => {
+                Step::Outside { device, addr, size, free, physical, caller: None }
+            }
             Decision::Failed => Step::FailedCall,
             Decision::NotRequest | Decision::Apply => Step::Skip,
         }

@@ -1,0 +1,49 @@
+//! Device memory a trace holds outside the caching allocator: another module's own requests
+//! (NCCL's buffers), VMM physical handles, managed memory. The model places none of it, but the
+//! device holds it beside the allocator's segments, so the need counts it: left out, a verdict
+//! said FITS on a device the job had filled.
+
+use hashbrown::HashMap;
+
+/// The live device memory outside the allocator, per device, with its peak.
+#[derive(Debug, Default)]
+pub(super) struct OutsideHeld {
+    /// Bytes held by (device, physical handle, trace address).
+    live: HashMap<(u32, bool, u64), u64>,
+    /// Bytes held now and at most, per device, sorted by device.
+    devices: Vec<(u32, Held)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    now: u64,
+    peak: u64,
+}
+
+impl OutsideHeld {
+    /// An allocation of `size` bytes at `addr`; one over a live address replaces it.
+    pub(super) fn alloc(&mut self, device: u32, physical: bool, addr: u64, size: u64) {
+        let old = self.live.insert((device, physical, addr), size).unwrap_or(0);
+        let h = super::per_device(&mut self.devices, device, Held::default);
+        h.now = h.now - old + size;
+        h.peak = h.peak.max(h.now);
+    }
+
+    /// The release of the memory at `addr` (nothing, when the trace never showed it allocated).
+    pub(super) fn free(&mut self, device: u32, physical: bool, addr: u64) {
+        if let Some(size) = self.live.remove(&(device, physical, addr)) {
+            let h = super::per_device(&mut self.devices, device, Held::default);
+            h.now -= size;
+        }
+    }
+
+    /// Bytes held on `device` now.
+    pub(super) fn now(&self, device: u32) -> u64 {
+        self.devices.iter().find(|(d, _)| *d == device).map_or(0, |(_, h)| h.now)
+    }
+
+    /// The most bytes held at once on any one device.
+    pub(super) fn peak(&self) -> u64 {
+        self.devices.iter().map(|(_, h)| h.peak).max().unwrap_or(0)
+    }
+}
