@@ -53,6 +53,9 @@ pub struct TraceStats {
     pub peak_live_host_bytes: u64,
     /// Frees of addresses that were never allocated in this trace (started mid-run, or a bug).
     pub unknown_frees: u64,
+    /// Allocations at an address whose block the trace never freed (a missed free, or a bug):
+    /// the earlier block stays counted live, as `memsim replay` keeps it allocated.
+    pub allocs_over_live: u64,
     /// Bytes of blocks already allocated when the trace began, from its start-state records (a
     /// converted snapshot's rebuilt start). `peak_live_device_bytes` does not count them;
     /// `memsim replay`'s peak allocated does, which is why the two can differ.
@@ -210,14 +213,14 @@ impl TraceStats {
                 if a.result != 0 || !self.counts_live(a.origin) {
                     return;
                 }
+                let over_live = self.live.insert((device, space(a.mem), a.addr), a.size).is_some();
+                self.allocs_over_live += u64::from(over_live);
                 if a.mem.is_device() {
                     self.allocs += 1;
-                    self.live.insert((device, space(a.mem), a.addr), a.size);
                     self.live_device_bytes += a.size;
                     self.peak_live_device_bytes = self.peak_live_device_bytes.max(self.live_device_bytes);
                 } else {
                     self.host_allocs += 1;
-                    self.live.insert((device, space(a.mem), a.addr), a.size);
                     self.live_host += a.size;
                     self.peak_live_host_bytes = self.peak_live_host_bytes.max(self.live_host);
                 }

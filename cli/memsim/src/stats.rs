@@ -128,6 +128,14 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     if s.unknown_frees > 0 {
         outln!(out, "  unknown frees     {} (frees of addresses allocated before the trace began)", s.unknown_frees);
     }
+    if s.allocs_over_live > 0 {
+        outln!(
+            out,
+            "  allocs over live  {} (allocations at an address whose block the trace never freed: the earlier \
+             blocks stay counted live, as replay keeps them)",
+            s.allocs_over_live
+        );
+    }
     if s.unknown_events_skipped > 0 {
         outln!(out, "  skipped           {} events of kinds this memsim does not know", s.unknown_events_skipped);
     }

@@ -509,6 +509,25 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
     }
 }
 
+/// An allocation at an address whose block the trace never freed (a missed free): replay and
+/// stats both keep the earlier block live, and say so. Both were silent.
+#[test]
+fn an_allocation_over_a_live_address_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.jsonl", &[alloc(1, 30 * MIB, None), alloc(1, 10 * MIB, None), free(1)]);
+    let t = t.to_str().unwrap();
+    let (code, out, err) = memsim(&["replay", t, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["allocations_over_live"].as_u64(), v["peak_allocated_bytes"].as_u64()), (Some(1), Some(40 * MIB)));
+    assert!(
+        err.contains("1 allocations at an address whose block the trace never freed (the first: record 1"),
+        "{err}"
+    );
+    let v = json(&["stats", t, "--json"]);
+    assert_eq!((v["allocs_over_live"].as_u64(), v["live_device_bytes"].as_u64()), (Some(1), Some(30 * MIB)), "{v}");
+}
+
 /// A request no device holds (past the model's largest segment) fails even in the unlimited
 /// replay, so the peak never counts it: the verdict rests on what the failed request needed, and
 /// cannot say FITS above the line saying the allocation fails.

@@ -78,13 +78,14 @@ impl LiveBlocks {
         self.unnumbered.insert((b.device, b.trace_addr), b);
     }
 
-    /// The model placed an allocation whose trace address has this number.
+    /// The model placed an allocation whose trace address has this number; returns whether it
+    /// replaced a block still live there (the trace never freed it).
     #[inline(always)]
-    pub fn placed(&mut self, id: u32, b: LiveBlock) {
+    pub fn placed(&mut self, id: u32, b: LiveBlock) -> bool {
         if !self.unnumbered.is_empty() {
             self.unnumbered.remove(&(b.device, b.trace_addr));
         }
-        *self.slot(id) = Some(b);
+        self.slot(id).replace(b).is_some()
     }
 
     /// The model refused an allocation (or placed nothing) whose trace address has this number.

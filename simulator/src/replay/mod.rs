@@ -121,6 +121,8 @@ pub struct Replayer {
     recorded_oom: Option<RecordedOom>,
     recorded_releases: u64,
     recorded_releases_kept: u64,
+    /// Allocations at a trace address still live, and the first of them.
+    over_live: (u64, Option<String>),
     outside: outside::OutsideHeld,
     has_categories: bool,
     /// With [`Replayer::realize`]: the trace as this model would have recorded it.
@@ -176,6 +178,7 @@ impl Replayer {
             recorded_oom: None,
             recorded_releases: 0,
             recorded_releases_kept: 0,
+            over_live: (0, None),
             outside: outside::OutsideHeld::default(),
             has_categories: false,
             realized: None,
@@ -363,6 +366,7 @@ impl Replayer {
             }
         }
         let mut new_category = false;
+        let mut over_live = false;
         let mut failed = None;
         let mut need = None;
         if let Some(id) = placing {
@@ -383,7 +387,7 @@ impl Replayer {
                     category,
                     requested: false,
                 };
-                live.placed(id, b);
+                over_live = live.placed(id, b);
                 ds.live_by_category[cat_index(category)] += outcome.block_size;
                 new_category = category.is_some();
             } else {
@@ -396,6 +400,9 @@ impl Replayer {
             conversions::realize(out, source, device, &req, &ds.outcome);
         }
         self.has_categories |= new_category;
+        if over_live {
+            self.over_live(index, device, t.addr);
+        }
         if failed.is_some() && self.oom_at.is_none() {
             self.oom_at = Some(index);
             self.oom_detail = failed;
@@ -516,6 +523,8 @@ impl Replayer {
             recorded_releases: self.recorded_releases,
             recorded_releases_kept: self.recorded_releases_kept,
             recorded_outside_bytes: self.outside.peak(),
+            allocations_over_live: self.over_live.0,
+            first_allocation_over_live: self.over_live.1,
             requests: self.report_requests,
             events: self.index,
             skipped_by_caller: self.skipped_by_caller,

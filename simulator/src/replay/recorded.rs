@@ -28,7 +28,8 @@ impl Replayer {
                 category: None,
                 requested: false,
             };
-            self.live.placed(id, live);
+            // A start state lists each block once: nothing to replace.
+            let _ = self.live.placed(id, live);
             ds.live_by_category[cat_index(None)] += b.size;
         }
         // A trace that is only its start state (a snapshot with no events) peaks here.
@@ -92,5 +93,16 @@ impl Replayer {
     /// Device memory held outside the allocator on `device` now.
     pub fn outside_now(&self, device: u32) -> u64 {
         self.outside.now(device)
+    }
+
+    /// An allocation at a trace address whose block the trace never freed: a free it missed, or
+    /// a damaged trace. The earlier block stays allocated in the model (nothing can free it), so
+    /// the replay errs high; counted and said.
+    #[cold]
+    pub(super) fn over_live(&mut self, index: u64, device: u32, addr: u64) {
+        self.over_live.0 += 1;
+        if self.over_live.1.is_none() {
+            self.over_live.1 = Some(format!("record {index} (device {device}, address {addr:#x})"));
+        }
     }
 }

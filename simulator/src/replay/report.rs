@@ -118,6 +118,11 @@ pub struct ReplayReport {
     /// device (another module's own requests, VMM physical handles, managed memory): not placed
     /// by the model, and counted in the need on top of the reserved peak.
     pub recorded_outside_bytes: u64,
+    /// Allocations at a trace address whose block was still live (the trace has no free for
+    /// it): the earlier block stays allocated in the model.
+    pub allocations_over_live: u64,
+    /// The first of them.
+    pub first_allocation_over_live: Option<String>,
     /// Requests replayed.
     pub requests: u64,
     /// Records seen.
@@ -166,10 +171,18 @@ impl ReplayReport {
                 self.recorded_outside_bytes
             )
         });
+        let over_live = self.first_allocation_over_live.as_ref().map(|first| {
+            format!(
+                "{} allocations at an address whose block the trace never freed (the first: {first}): a free the \
+                 trace is missing, or a damaged trace; the earlier blocks stay allocated in the replay, which errs high",
+                self.allocations_over_live
+            )
+        });
         self.config_warning
             .iter()
             .cloned()
             .chain(kept)
+            .chain(over_live)
             .chain(outside)
             .chain(self.recorded_oom.map(|o| o.warning()))
             .collect()
