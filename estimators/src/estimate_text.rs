@@ -156,12 +156,9 @@ impl EstimateText {
     pub fn of(r: &EstimateView) -> EstimateText {
         let v = &r.verdict;
         let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
-        let mut details = vec![format!(
-            "  capacity {:.1} MiB ({}); margin: {}",
-            v.capacity_mib,
-            v.capacity_source.describe(),
-            r.margin.note
-        )];
+        let (need, capacity) = simulator::units::need_and_capacity_mib(v.need_mib, v.capacity_mib, 1);
+        let mut details =
+            vec![format!("  capacity {capacity} ({}); margin: {}", v.capacity_source.describe(), r.margin.note)];
         if let Some(Some(sym)) = r.estimates.get(&r.headline) {
             let o = &r.outside_allocator;
             details.push(format!(
@@ -196,7 +193,7 @@ impl EstimateText {
             });
         }
         EstimateText {
-            headline: format!("needs {:.1} MiB on {} ({point})", v.need_mib, r.gpu),
+            headline: format!("needs {need} on {} ({point})", r.gpu),
             verdict: fit::verdict_word(v.fits).to_string(),
             details,
             baselines,

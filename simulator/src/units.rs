@@ -7,3 +7,37 @@ pub use trace::units::{parse_capacity, parse_size};
 pub fn mib(b: u64) -> String {
     format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
 }
+
+/// A need and a capacity as MiB with `decimals`, or both in bytes when those would print alike
+/// but differ: a verdict that tells the two apart must not stand beside two equal numbers.
+pub fn need_and_capacity(need: u64, capacity: u64, decimals: usize) -> (String, String) {
+    let as_mib = |b: u64| format!("{:.*} MiB", decimals, b as f64 / (1024.0 * 1024.0));
+    let (n, c) = (as_mib(need), as_mib(capacity));
+    if n == c && need != capacity {
+        (format!("{need} B"), format!("{capacity} B"))
+    } else {
+        (n, c)
+    }
+}
+
+/// [`need_and_capacity`] of two MiB values (exact for any byte count below 2^53).
+pub fn need_and_capacity_mib(need_mib: f64, capacity_mib: f64, decimals: usize) -> (String, String) {
+    let bytes = |m: f64| (m * 1024.0 * 1024.0).round() as u64;
+    need_and_capacity(bytes(need_mib), bytes(capacity_mib), decimals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_need_and_capacity_that_print_alike_are_shown_in_bytes() {
+        let check = |need: u64, cap: u64, want: (&str, &str)| {
+            assert_eq!(need_and_capacity(need, cap, 2), (want.0.to_string(), want.1.to_string()), "{need} {cap}");
+        };
+        check(18173096968, 18173096967, ("18173096968 B", "18173096967 B"));
+        check(1 << 30, 1 << 30, ("1024.00 MiB", "1024.00 MiB"));
+        check(1 << 30, 2 << 30, ("1024.00 MiB", "2048.00 MiB"));
+        assert_eq!(need_and_capacity_mib(1024.04, 1024.01, 1), ("1073783767 B".into(), "1073752310 B".into()));
+    }
+}

@@ -138,12 +138,8 @@ pub fn run(a: Args) -> Result<u8> {
     match &r.verdict {
         Some(v) => {
             let src = v.capacity_source.describe();
-            println!(
-                "verdict              needs {} of {} ({src}): {}",
-                mib(v.need_bytes),
-                mib(v.capacity_bytes),
-                fit::verdict_word(v.fits)
-            );
+            let (need, cap) = simulator::units::need_and_capacity(v.need_bytes, v.capacity_bytes, 2);
+            println!("verdict              needs {need} of {cap} ({src}): {}", fit::verdict_word(v.fits));
         }
         None => println!("verdict              none (give --capacity or --profile)"),
     }

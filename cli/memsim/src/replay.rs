@@ -356,12 +356,11 @@ fn replay_one(
     match (&r.verdict, r.fit.budget) {
         (Some(v), Some(budget)) => {
             let src = v.capacity_source.describe();
+            let (need, cap) = simulator::units::need_and_capacity(v.need_bytes, v.capacity_bytes, 2);
             outln!(
                 out,
-                "verdict: needs {} ({}) on a {} device ({src}; allocator budget {}): {}",
-                mib(v.need_bytes),
+                "verdict: needs {need} ({}) on a {cap} device ({src}; allocator budget {}): {}",
                 v.basis,
-                mib(v.capacity_bytes),
                 mib(budget),
                 fit::verdict_word(v.fits)
             );

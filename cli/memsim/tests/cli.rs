@@ -509,6 +509,21 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
     }
 }
 
+/// A need one byte over the capacity printed as MiB reads as two equal numbers beside DOES NOT
+/// FIT: such a pair is printed in bytes, in every verdict line.
+#[test]
+fn a_verdict_never_stands_beside_two_equal_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &[alloc(1, 30 * MIB, None)], &[]);
+    let (t, cap) = (t.to_str().unwrap(), format!("{}B", 30 * MIB - 1));
+    for cmd in ["replay", "colocate"] {
+        let (code, out, _) = memsim(&[cmd, t, "--capacity", &cap]);
+        assert_eq!(code, 1, "{cmd}: {out}");
+        let needs = format!("needs {} B", 30 * MIB);
+        assert!(out.contains(&needs) && out.contains(&format!("{} B", 30 * MIB - 1)), "{cmd}: {out}");
+    }
+}
+
 /// An allocation at an address whose block the trace never freed (a missed free): replay and
 /// stats both keep the earlier block live, and say so. Both were silent.
 #[test]

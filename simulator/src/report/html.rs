@@ -210,14 +210,15 @@ fn verdicts(vs: &[ProfileVerdict]) -> String {
          <th>verdict</th></tr>",
     );
     for v in vs {
+        let (need, capacity) = crate::units::need_and_capacity_mib(v.need_mib, v.capacity_mib, 1);
         let _ = write!(
             s,
-            r#"<tr><td>{}</td><td>{}</td><td class="n">{:.1}</td><td class="n">{:.1}</td><td class="n">{:.1}</td><td>{} <span class="muted">({})</span></td></tr>"#,
+            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{:.1}</td><td class="n">{}</td><td>{} <span class="muted">({})</span></td></tr>"#,
             esc(&v.profile),
             esc(&v.gpu),
-            v.need_mib,
+            need.trim_end_matches(" MiB"),
             v.point_mib,
-            v.capacity_mib,
+            capacity.trim_end_matches(" MiB"),
             verdict_word(v.fits),
             esc(&v.basis)
         );
