@@ -98,6 +98,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.jobs == 0 {
         anyhow::bail!("--jobs 0: expected at least 1 tracing process");
     }
+    if a.limit == Some(0) {
+        anyhow::bail!("--limit 0: expected at least 1 row per dataset");
+    }
     let (profile, ppath) = Profile::load(&a.profile)?;
     let version = profile_version(&profile, &ppath)?;
     let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
@@ -158,6 +161,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None => all,
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
+    }
+    let unlabelled = rows.iter().filter(|(r, _)| r.truth.is_none()).count();
+    if unlabelled == rows.len() {
+        eprintln!(
+            "memest: warning: none of the {} rows has a measured peak (truth): every estimator is run, but no \
+             error, PEF or MCP can be scored",
+            rows.len()
+        );
+    } else if unlabelled > 0 {
+        eprintln!(
+            "memest: warning: {unlabelled} of the {} rows have no measured peak (truth): estimated, not scored",
+            rows.len()
+        );
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
     let tdir = a.out.join("traces");
@@ -252,7 +268,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {
         *truth_cols.entry(r.truth_column).or_default() += 1;
     }
-    let truth_note = truth_cols.iter().map(|(c, n)| format!("`{c}` for {n} rows")).collect::<Vec<_>>().join(", ");
+    let truth_note = if truth_cols.is_empty() {
+        "none (no row has a measured peak, so nothing is scored)".to_string()
+    } else {
+        truth_cols.iter().map(|(c, n)| format!("`{c}` for {n} rows")).collect::<Vec<_>>().join(", ")
+    };
     let reserved_rows = rows.iter().filter(|(r, _)| r.reserved_truth.is_some()).count();
     let in_sample = records.iter().filter(|r| r.calibrated_on).count();
     let mut extra = String::new();
@@ -260,7 +280,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "\n\nCalibration: the profile's outside-allocator constants were fitted on {} rows ([calibration.rows] of {}). {}",
         calibrated.len(),
         ppath.display(),
-        if a.exclude_calibrated {
+        if truth_cols.is_empty() {
+            "No row is scored here.".to_string()
+        } else if a.exclude_calibrated {
             "They were left out (--exclude-calibrated): every row here is held out.".to_string()
         } else if in_sample == 0 {
             "None of them is among the rows scored here: every row here is held out.".to_string()

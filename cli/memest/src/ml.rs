@@ -58,20 +58,31 @@ impl Knobs {
         }
     }
 
-    /// The knobs given that `kind` does not use, each as a warning line.
-    fn unused_by(&self, kind: ModelKind) -> Vec<String> {
+    /// The knobs given that none of `kinds` uses, each as a warning line.
+    fn unused_by(&self, kinds: &[ModelKind]) -> Vec<String> {
         use ModelKind::*;
+        let uses = |f: fn(ModelKind) -> bool| kinds.iter().any(|k| f(*k));
         let given = [
-            ("--epochs", self.epochs.map(|v| v.to_string()), matches!(kind, MlpEnsemble | MlpReg), "the MLP ensembles"),
-            ("--trees", self.trees.map(|v| v.to_string()), matches!(kind, Forest | Bagging | ForestReg), "the forests"),
-            ("--budget", self.budget.map(|v| v.to_string()), matches!(kind, Gbm | GbmReg), "gradient boosting"),
+            (
+                "--epochs",
+                self.epochs.map(|v| v.to_string()),
+                uses(|k| matches!(k, MlpEnsemble | MlpReg)),
+                "the MLP ensembles",
+            ),
+            (
+                "--trees",
+                self.trees.map(|v| v.to_string()),
+                uses(|k| matches!(k, Forest | Bagging | ForestReg)),
+                "the forests",
+            ),
+            ("--budget", self.budget.map(|v| v.to_string()), uses(|k| matches!(k, Gbm | GbmReg)), "gradient boosting"),
         ];
+        let names = kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+        let models = if kinds.len() == 1 { "model" } else { "models" };
         given
             .into_iter()
             .filter_map(|(flag, v, used, whose)| match (v, used) {
-                (Some(v), false) => {
-                    Some(format!("{flag} {v} has no effect on a {} model: it is for {whose}", kind.name()))
-                }
+                (Some(v), false) => Some(format!("{flag} {v} has no effect on a {names} {models}: it is for {whose}")),
                 _ => None,
             })
             .collect()
@@ -86,7 +97,8 @@ struct TrainArgs {
     /// Expected family (mlp, cnn, transformer); checked against the layer types in the file.
     #[arg(long)]
     family: Option<String>,
-    /// Model family: logistic, tree, forest, bagging, gbm, mlp-ensemble, linear-reg, gbm-reg, mlp-reg.
+    /// Model family: logistic, tree, forest, bagging, gbm, mlp-ensemble (classifiers); linear-reg,
+    /// forest-reg, gbm-reg, mlp-reg (regressors).
     #[arg(long)]
     model: String,
     /// Where to write the model file (JSON).
@@ -124,9 +136,10 @@ struct EvalArgs {
     /// Number of CV folds.
     #[arg(long, default_value_t = 3)]
     folds: usize,
-    /// Held-out test fraction (stratified CV only).
-    #[arg(long, default_value_t = 0.2)]
-    test_frac: f64,
+    /// Held-out test fraction, in (0, 1) (stratified CV only; `reproduce` holds out GPUMemNet's
+    /// 10%) [default: 0.2].
+    #[arg(long)]
+    test_frac: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -165,7 +178,7 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> 
 
 fn train(a: TrainArgs) -> anyhow::Result<u8> {
     let kind = parse_model(&a.model)?;
-    for w in a.knobs.unused_by(kind) {
+    for w in a.knobs.unused_by(&[kind]) {
         eprintln!("memest: warning: {w}");
     }
     let ex = load_examples(&a.dataset, a.family.as_deref())?;
@@ -242,17 +255,32 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
 }
 
 fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
-    let ex = load_examples(&a.dataset, None)?;
+    if a.folds < 2 {
+        bail!("--folds {}: expected at least 2", a.folds);
+    }
+    let test_frac = match a.test_frac {
+        // NaN fails this too.
+        Some(f) if !(f > 0.0 && f < 1.0) => bail!("--test-frac {f}: expected a fraction in (0, 1)"),
+        Some(f) if gpumemnet => {
+            eprintln!("memest: warning: --test-frac {f} has no effect on reproduce: it holds out GPUMemNet's 10%");
+            f
+        }
+        f => f.unwrap_or(0.2),
+    };
     let mut cfg = ProtocolConfig {
         seed: a.knobs.seed,
         folds: a.folds,
-        test_frac: a.test_frac,
+        test_frac,
         train: a.knobs.train_config(),
         ..ProtocolConfig::default()
     };
     if !a.models.is_empty() {
         cfg.models = a.models.iter().map(|m| parse_model(m)).collect::<Result<_, _>>()?;
     }
+    for w in a.knobs.unused_by(&cfg.models) {
+        eprintln!("memest: warning: {w}");
+    }
+    let ex = load_examples(&a.dataset, None)?;
     let name = a.dataset.display().to_string();
     let report =
         if gpumemnet { protocol::reproduce(&ex, &name, &cfg)? } else { protocol::cross_validate(&ex, &name, &cfg)? };
@@ -270,18 +298,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_model_help_lists_every_model() {
+        use clap::Args as _;
+        let help = TrainArgs::augment_args(clap::Command::new("train")).render_long_help().to_string();
+        for k in ModelKind::CLASSIFIERS.iter().chain(&ModelKind::REGRESSORS) {
+            assert!(help.contains(k.name()), "--model's help leaves out {}:\n{help}", k.name());
+        }
+    }
+
+    #[test]
     fn knobs_a_model_does_not_use_are_said() {
         let knobs = Knobs { seed: 1, epochs: Some(7), trees: Some(3), budget: None };
-        let said = knobs.unused_by(ModelKind::Tree);
+        let said = knobs.unused_by(&[ModelKind::Tree]);
         assert_eq!(said.len(), 2, "{said:?}");
         assert!(said[0].starts_with("--epochs 7 has no effect on a tree model"), "{said:?}");
         assert!(said[1].starts_with("--trees 3 has no effect on a tree model"), "{said:?}");
         assert_eq!(
-            knobs.unused_by(ModelKind::Forest),
+            knobs.unused_by(&[ModelKind::Forest]),
             vec!["--epochs 7 has no effect on a forest model: it is for the MLP ensembles".to_string()]
         );
+        // Among several models (cv), a knob one of them uses is not said.
+        assert_eq!(
+            knobs.unused_by(&[ModelKind::Logistic, ModelKind::Forest]),
+            vec!["--epochs 7 has no effect on a logistic, forest models: it is for the MLP ensembles".to_string()]
+        );
         let none = Knobs { seed: 1, epochs: None, trees: None, budget: None };
-        assert!(none.unused_by(ModelKind::Tree).is_empty());
+        assert!(none.unused_by(&[ModelKind::Tree]).is_empty());
         assert_eq!(none.train_config().mlp_epochs, 100);
     }
 }

@@ -356,6 +356,10 @@ fn compare_traces_with_several_trainer_processes() {
     assert_eq!(symbolic(&again), symbolic(&runs), "same answers from reused traces");
     let (ok, _, err) = run(&["--jobs", "0"]);
     assert!(!ok && err.contains("--jobs 0"), "{err}");
+    // No rows: it wrote a report of nothing and exited 0.
+    let (ok, _, err) =
+        memest(&["compare", "--dataset", data.to_str().unwrap(), "--limit", "0", "--out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("--limit 0: expected at least 1 row"), "{err}");
 }
 
 #[test]

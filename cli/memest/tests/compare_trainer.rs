@@ -207,6 +207,7 @@ fn compare_on_trainer_dataset_rebuilds_specs_and_scores_both_levels() {
     ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("symbolic (reserved)"), "{stdout}");
+    assert!(err.contains("1 of the 3 rows have no measured peak (truth): estimated, not scored"), "{err}");
     let recs = records(&out);
     let specs: Vec<&str> = recs.iter().map(|r| r["spec"].as_str().unwrap()).collect();
     assert_eq!(specs, [CNN_SPEC.to_string(), format!("gpumemnet:{GM_FILE}"), MLP_SPEC.to_string()]);

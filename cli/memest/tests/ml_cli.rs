@@ -92,5 +92,11 @@ fn cli_misuse_is_a_clear_error() {
         &["unknown model \"svm\"", "mlp-ensemble"],
     );
     check_err(&["cv", "--dataset", "/nonexistent/x.csv"], &["/nonexistent/x.csv"]);
+    // A test fraction outside (0, 1) panicked past 1, and took NaN and 0 for an empty test set.
+    for bad in ["1.5", "1", "0", "NaN", "-0.1"] {
+        let flag = format!("--test-frac={bad}");
+        check_err(&["cv", "--dataset", &csv, &flag], &["--test-frac", "expected a fraction in (0, 1)"]);
+    }
+    check_err(&["cv", "--dataset", &csv, "--folds", "1"], &["--folds 1: expected at least 2"]);
     assert!(!std::path::Path::new(&out).exists(), "no model file after a failed train");
 }

@@ -78,6 +78,12 @@ fn memest_util_cv_command() {
             format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "smact", "--thresholds", bad]).unwrap_err());
         assert!(err.contains("expected two numbers") && err.contains("tertiles"), "{bad}: {err}");
     }
+    // The metrics are fractions: thresholds past 1 left every row "low" and scored accuracy 1.0.
+    for bad in ["2,3", "0.5,1.5", "0.9,0.1"] {
+        let err =
+            format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "smact", "--thresholds", bad]).unwrap_err());
+        assert!(err.contains("medium/high <= 1"), "{bad}: {err}");
+    }
 }
 
 #[test]

@@ -74,9 +74,11 @@ pub fn tertiles(ds: &Dataset, metric: UtilMetric) -> Result<[f64; 2], MlError> {
 
 /// The low / medium / high target for `metric` with the two inner thresholds `t`.
 pub fn target(metric: UtilMetric, t: [f64; 2]) -> Result<Target, MlError> {
-    if !(0.0 < t[0] && t[0] < t[1]) {
+    // The metrics are fractions of the GPU's time or warps: a threshold past 1 leaves "high" empty.
+    if !(0.0 < t[0] && t[0] < t[1] && t[1] <= 1.0) {
         return Err(MlError::Invalid(format!(
-            "utilisation thresholds must satisfy 0 < low/medium < medium/high, got {t:?}"
+            "utilisation thresholds must satisfy 0 < low/medium < medium/high <= 1 (the metrics are fractions), \
+             got {t:?}"
         )));
     }
     // The top edge is open-ended: a ratio of exactly 1.0 is "high", as is any rounding above it.
