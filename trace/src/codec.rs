@@ -194,7 +194,32 @@ pub fn encode_header_frame(header: &Header, buf: &mut Vec<u8>) -> Result<(), Tra
 pub fn decode_header_body(body: &[u8], offset: u64) -> Result<Header, TraceError> {
     bincode::decode_from_slice::<Header, _>(body, decode_config())
         .map(|(h, _)| h)
-        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {e}") })
+        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {}", why(&e)) })
+}
+
+/// A decode error in words: bincode's own `Display` is its `Debug` (`Utf8 { inner: ... }`).
+fn why(e: &bincode::error::DecodeError) -> String {
+    use bincode::error::DecodeError as E;
+    match e {
+        E::UnexpectedEnd { .. } => "the body ends before its last field".into(),
+        E::LimitExceeded => "a length past the decoder's limit".into(),
+        E::Utf8 { inner } => format!("a string is not UTF-8 ({inner})"),
+        E::UnexpectedVariant { type_name, found, .. } => {
+            format!("{found} is not a known value of {}", type_name.rsplit("::").next().unwrap_or(type_name))
+        }
+        E::InvalidBooleanValue(v) => format!("{v} is not a boolean (0 or 1)"),
+        E::InvalidCharEncoding(b) => format!("{b:?} is not a character"),
+        E::OutsideUsizeRange(v) => format!("{v} does not fit this machine's usize"),
+        E::InvalidIntegerType { expected, found: bincode::error::IntegerType::Reserved } => {
+            format!("a reserved integer marker byte where a {} belongs", format!("{expected:?}").to_lowercase())
+        }
+        E::InvalidIntegerType { expected, found } => format!(
+            "a {} where a {} belongs",
+            format!("{found:?}").to_lowercase(),
+            format!("{expected:?}").to_lowercase()
+        ),
+        other => format!("{other:?}"),
+    }
 }
 
 /// Appends one event frame for `rec` and advances the delta state. On error `buf` and the state
@@ -300,7 +325,7 @@ fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result
     // Trailing bytes are fields appended by a newer writer: ignored by design.
     bincode::decode_from_slice::<T, _>(bytes, decode_config())
         .map(|(v, _)| v)
-        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {e}") })
+        .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {}", why(&e)) })
 }
 
 /// Decodes one frame body (everything after tag and length). `offset` is the frame's byte offset,

@@ -53,11 +53,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub fn parse_capacity(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err(format!("invalid capacity {s:?}: a device holds more than 0 bytes (e.g. 40GiB)")),
-        n if n < 1 << 20 => Err(format!(
+        // Only a bare number is taken for a missing unit; `1KB` was told "did you mean 1KBGiB?".
+        n if n < 1 << 20 && s.trim().parse::<f64>().is_ok() => Err(format!(
             "invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (a number without a \
              unit is bytes: did you mean {}GiB?)",
             s.trim()
         )),
+        n if n < 1 << 20 => {
+            Err(format!("invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (e.g. 40GiB)"))
+        }
         n => Ok(n),
     }
 }
@@ -72,6 +76,8 @@ mod tests {
         assert!(parse_capacity("0GiB").unwrap_err().contains("more than 0 bytes"));
         assert!(parse_capacity("-1GiB").is_err());
         assert!(parse_capacity("40").unwrap_err().contains("did you mean 40GiB?"));
+        let with_unit = parse_capacity("1KB").unwrap_err();
+        assert!(with_unit.contains("less than a MiB") && !with_unit.contains("did you mean"), "{with_unit}");
         assert_eq!(parse_capacity("1MiB"), Ok(1 << 20));
     }
 

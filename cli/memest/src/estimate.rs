@@ -15,10 +15,11 @@ use simulator::units::parse_capacity;
 labelled with what it ignores.\n\
 Exit status: 0 fits, 1 does not fit the capacity, 2 bad input or error.\n\
 JSON output (--json) is schema 2, the contract `python -m memtrace_trainer estimate` reads:\n  \
-{\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"need_mib\", \"capacity_mib\", \
-\"capacity_source\", \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \"allocated_mib\", \
-\"level\", \"role\", \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"seconds\", \"unavailable\", \
-\"profile\", \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\",\n  \
+{\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
+\"capacity_mib\", \"capacity_source\", \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
+\"allocated_mib\", \"safe_mib\" (symbolic), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
+\"ignores\"}|null},\n  \"outside_allocator\": {...}, \"margin\": {...}, \"seconds\", \"unavailable\", \"profile\", \
+\"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\",\n  \
 \"text\": {\"headline\", \"verdict\", \"details\", \"baselines\"}}\n\
 See estimators/README.md.")]
 pub struct Args {
@@ -70,6 +71,19 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         memsim_cli::summary_warnings(Some(&t.summary), &t.path, a.strict)?;
     }
     let features = a.features.as_deref().map(Features::load).transpose()?;
+    if a.features.is_none() {
+        // Only the feature-based baselines (analytic, Horus, ML) use these.
+        let unused = [
+            a.batch_size.map(|b| format!("--batch-size {b}")),
+            a.ml_model.as_ref().map(|m| format!("--ml-model {}", m.display())),
+        ];
+        for flag in unused.into_iter().flatten() {
+            eprintln!(
+                "memest: warning: {flag} has no effect without --features: only the feature-based baselines \
+                 (analytic, Horus, ML) use it"
+            );
+        }
+    }
     let ml_model = a.ml_model.clone().or_else(|| std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
     let ml = match (ml_model, &a.features) {
         (None, _) => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),

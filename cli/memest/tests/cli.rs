@@ -395,6 +395,19 @@ fn estimate_without_features_is_a_step_function_estimate_with_per_step_peaks() {
     assert_eq!(e["symbolic"]["device_mib"].as_f64().unwrap(), first.max(steady) + outside);
     let (ok, out, _) = memest(&["estimate", "--trace", &t]);
     assert!(ok && out.contains("per step: first") && out.contains("steady (steps 2-2)"), "{out}");
+    // `--help` names every key of the JSON it documents.
+    let (_, help, _) = memest(&["estimate", "--help"]);
+    let keys = |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    let sym = &e["symbolic"];
+    for k in keys(&v).iter().chain(&keys(&v["verdict"])).chain(&keys(sym)).chain(&keys(&v["text"])) {
+        assert!(help.contains(&format!("\"{k}\"")), "estimate --help leaves out {k:?}:\n{help}");
+    }
+    // Without features, what only the feature-based baselines use is said to have no effect.
+    let (ok, _, err) = memest(&["estimate", "--trace", &t, "--batch-size", "8", "--ml-model", "/nonexistent.json"]);
+    assert!(ok, "{err}");
+    for flag in ["--batch-size 8", "--ml-model /nonexistent.json"] {
+        assert!(err.contains(&format!("{flag} has no effect without --features")), "{flag}: {err}");
+    }
 }
 
 /// Features of another job than the trace, or baselines at another batch, put two jobs' answers

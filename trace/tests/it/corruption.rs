@@ -49,7 +49,13 @@ fn header_frame_errors() {
     check(&absurd, &["corrupt trace frame at byte 12", "header length", "exceeds"]);
     let mut garbage = preamble(1, 3).to_vec();
     garbage.extend_from_slice(&[4, 0xff, 0xff, 0xff, 0xff]);
-    check(&garbage, &["corrupt trace frame at byte 12", "header body does not decode"]);
+    check(
+        &garbage,
+        &[
+            "corrupt trace frame at byte 12",
+            "header body does not decode: a reserved integer marker byte where a u16 belongs",
+        ],
+    );
     let mut short = preamble(1, 3).to_vec();
     short.extend_from_slice(&[40, 1, 2]);
     check(&short, &["incomplete trace header", "header frame body"]);
@@ -69,7 +75,10 @@ fn frame_errors_name_the_offset() {
 
     // An alloc body of garbage: prefix byte 0, then an api varint discriminant that cannot be a u64.
     let (v, at) = with_frame(&[1, 3, 0, 0xff, 0xff]);
-    check(&v, &[&format!("at byte {at}"), "alloc body does not decode"]);
+    check(
+        &v,
+        &[&format!("at byte {at}"), "alloc body does not decode: a reserved integer marker byte where a u64 belongs"],
+    );
 
     // Empty body: not even the prefix byte.
     let (v, at) = with_frame(&[2, 0]);
