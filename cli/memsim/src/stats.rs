@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use simulator::stats::{CuptiMemoryStats, TraceStats};
 use simulator::units::mib;
-use simulator::utilization::{ScopeMetrics, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
+use simulator::utilization::{ScopeMetrics, Source, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
 
 use crate::batch::{self, outln, Output};
 
@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// SM count for SM activity when the trace header has none.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     sm_count: Option<u32>,
     /// GPU profile (profiles/NAME.toml or a path) supplying SM count and compute capability
     /// when the trace header has none; `--sm-count` wins over it.
@@ -68,13 +68,17 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
             Ok(())
         },
     )?;
-    let warnings = read.warnings(file, a.strict)?;
-    let mut out = Output::new(warnings.clone());
+    let mut warnings = read.warnings(file, a.strict)?;
     let header = read.header;
     let (s, u) = read.state;
     let (truncated, unknown) = read.summary.map_or((false, 0), |r| (r.truncated, r.unknown_skipped));
     let s = s.finish(truncated, unknown);
     let util = u.finish();
+    if let (Some(n), Some(Source::Header)) = (a.sm_count, util.sm_count_source) {
+        let recorded = util.sm_count.map_or_else(|| "its".to_string(), |m| m.to_string());
+        warnings.push(format!("--sm-count {n} has no effect: the trace header records the GPU's {recorded} SMs"));
+    }
+    let mut out = Output::new(warnings.clone());
     if a.json {
         let mut v = serde_json::to_value(&s)?;
         v["utilization"] = serde_json::to_value(&util)?;

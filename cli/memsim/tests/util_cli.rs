@@ -183,4 +183,12 @@ fn sm_count_and_profile_fallbacks() {
     let (code, _, err) = memsim(&["stats", path, "--profile", "no-such-gpu"]);
     assert_eq!(code, 2);
     assert!(err.contains("--profile no-such-gpu") && err.contains("not found"), "{err}");
+
+    // The header's SM count wins: a flag it overrides is said to have no effect; 0 SMs is refused.
+    let h = write(dir.path(), "h.jsonl", a100_like(4), &cupti_records());
+    let (code, _, err) = memsim(&["stats", h.to_str().unwrap(), "--sm-count", "50"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--sm-count 50 has no effect: the trace header records the GPU's 4 SMs"), "{err}");
+    let (code, _, err) = memsim(&["stats", path, "--sm-count", "0"]);
+    assert_eq!(code, 2, "{err}");
 }
