@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use simulator::alloc::TorchVersion;
-use simulator::snapshot::{read_snapshot, validate, ValidateOptions, Verdict};
+use simulator::snapshot::{read_snapshot, validate, Action, ValidateOptions, Verdict};
 use simulator::units::{mib, parse_capacity};
 
 /// Arguments of `memsim validate`.
@@ -36,6 +36,7 @@ pub fn run(a: Args) -> Result<u8> {
     let snap = read_snapshot(&a.snapshot)?;
     let opts = ValidateOptions { capacity: a.capacity, version, alloc_conf: a.alloc_conf };
     let r = validate(&snap, &opts).with_context(|| format!("{}: validation", a.snapshot.display()))?;
+    crate::input::warn(&capacity_warnings(&snap, &r));
     let code = if r.passed() { 0u8 } else { 1u8 };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -104,4 +105,31 @@ pub fn run(a: Args) -> Result<u8> {
         }
     );
     Ok(code)
+}
+
+/// What a `--capacity` cannot do here: the run itself held more than it (so it did not run on
+/// such a device), or the snapshot records no release of cached memory for it to predict.
+fn capacity_warnings(snap: &simulator::snapshot::Snapshot, r: &simulator::snapshot::ValidationReport) -> Vec<String> {
+    let Some(c) = r.capacity else { return Vec::new() };
+    let mut w = Vec::new();
+    if c < r.recorded_peak_reserved_bytes {
+        w.push(format!(
+            "--capacity {c} B is below the run's recorded peak reserved ({} B): the run held more than that, so \
+             it did not run on a device of this capacity",
+            r.recorded_peak_reserved_bytes
+        ));
+    }
+    let releases = snap
+        .device_traces
+        .iter()
+        .flatten()
+        .filter(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+        .count();
+    if releases == 0 {
+        w.push(
+            "--capacity has no effect: the snapshot records no segment_free/segment_unmap for the model to predict"
+                .into(),
+        );
+    }
+    w
 }

@@ -524,6 +524,29 @@ fn a_verdict_never_stands_beside_two_equal_numbers() {
     }
 }
 
+/// `validate --capacity` below what the run itself held, or with no recorded release for it to
+/// predict, was taken without a word.
+#[test]
+fn validate_says_what_a_capacity_cannot_do() {
+    let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/snapshots/rebuild_native.pickle");
+    let snap = snap.to_str().unwrap();
+    let (code, _, err) = memsim(&["validate", snap, "--capacity", "2MiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--capacity 2097152 B is below the run's recorded peak reserved (35651584 B)"), "{err}");
+    let (code, _, err) = memsim(&["validate", snap, "--capacity", "80GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("below the run's"), "{err}");
+    let (_, _, plain) = memsim(&["validate", snap]);
+    assert!(!plain.contains("--capacity"), "no flag, nothing said: {plain}");
+    // A real run that released nothing: there is no burst for a capacity to predict.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/snapshots");
+    let real = root.join("MAGMA27--assignment2-systems--memory_snapshot.pickle");
+    assert!(real.is_file(), "shared snapshot missing: {}", real.display());
+    let (code, _, err) = memsim(&["validate", real.to_str().unwrap(), "--capacity", "80GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--capacity has no effect: the snapshot records no segment_free"), "{err}");
+}
+
 /// An allocation at an address whose block the trace never freed (a missed free): replay and
 /// stats both keep the earlier block live, and say so. Both were silent.
 #[test]
