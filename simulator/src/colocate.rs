@@ -66,8 +66,11 @@ pub enum ColocateError {
         /// Why.
         source: ReplaySetupError,
     },
-    /// A job uses several devices.
-    #[error("{job}: uses devices {devices:?}; colocate places single-GPU jobs (split the trace per device)")]
+    /// A job beside others uses several devices.
+    #[error(
+        "{job}: uses devices {devices:?}; colocate places single-GPU jobs together (split the trace per device; \
+         alone, a job on several devices is judged as its replay)"
+    )]
     MultiDevice {
         /// Job name.
         job: String,
@@ -290,17 +293,30 @@ pub fn colocate(
     if jobs.is_empty() {
         return Err(ColocateError::NoJobs);
     }
+    // A job on several devices cannot share one GPU with another; alone, it is its replay, as
+    // `memsim replay` and `memest` judge it (the largest device's need).
+    let mut several_devices = None;
     for j in jobs {
         let mut devices: Vec<u32> = j.records.iter().filter(|r| is_request(r)).filter_map(|r| r.device).collect();
         devices.sort_unstable();
         devices.dedup();
-        if devices.len() > 1 {
+        if devices.len() > 1 && jobs.len() > 1 {
             return Err(ColocateError::MultiDevice { job: j.name.clone(), devices });
+        }
+        if devices.len() > 1 {
+            several_devices = Some(devices);
         }
     }
     let axes_and_ts: Vec<(Vec<f64>, bool)> = jobs.iter().map(times).collect();
     let all_timestamps = axes_and_ts.iter().all(|(_, t)| *t);
     let (mode, mode_reason) = match align {
+        _ if several_devices.is_some() => (
+            Mode::SumOfPeaks,
+            format!(
+                "one job on devices {:?}: judged as its replay is, by its largest device's need",
+                several_devices.unwrap_or_default()
+            ),
+        ),
         Align::SumOfPeaks => (Mode::SumOfPeaks, "asked for (--align sum): peaks assumed to coincide".to_string()),
         Align::Timestamps if !all_timestamps => {
             let (j, _) = jobs.iter().zip(&axes_and_ts).find(|(_, (_, t))| !*t).expect("one job lacks timestamps");

@@ -402,6 +402,25 @@ fn colocate_of_one_job_agrees_with_its_replay() {
     }
 }
 
+/// One job on several devices is judged by colocate as its replay judges it (it was refused,
+/// while replay and memest gave a verdict); beside another job it is still refused.
+#[test]
+fn colocate_of_one_job_on_several_devices_is_its_replay() {
+    let s = crate::snapshot_support::shared_path("Constructor-Sun--code_location--memory_snapshot.pickle");
+    let s = s.to_str().unwrap();
+    for cap in ["80GiB", "200GiB"] {
+        let (rcode, rout, _) = memsim(&["replay", s, "--profile", "h200", "--capacity", cap, "--json"]);
+        let (ccode, cout, err) = memsim(&["colocate", s, "--profile", "h200", "--capacity", cap, "--json"]);
+        let (r, v): (Value, Value) = (serde_json::from_str(&rout).unwrap(), serde_json::from_str(&cout).unwrap());
+        assert_eq!((ccode, v["fits"].clone()), (rcode, r["verdict"]["fits"].clone()), "{cap}: {v} {err}");
+        assert!(v["mode_reason"].as_str().unwrap().contains("one job on devices [0, 1, 2]"), "{v}");
+    }
+    let other = crate::snapshot_support::shared_path("MAGMA27--assignment2-systems--memory_snapshot.pickle");
+    let (code, _, err) = memsim(&["colocate", s, other.to_str().unwrap(), "--capacity", "80GiB"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("uses devices [0, 1, 2]"), "{err}");
+}
+
 /// On several devices, the top-level `memory_stats` are of the device the peaks are of; they were
 /// device 0's beside device 1's peak.
 #[test]
@@ -539,9 +558,7 @@ fn validate_says_what_a_capacity_cannot_do() {
     let (_, _, plain) = memsim(&["validate", snap]);
     assert!(!plain.contains("--capacity"), "no flag, nothing said: {plain}");
     // A real run that released nothing: there is no burst for a capacity to predict.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/snapshots");
-    let real = root.join("MAGMA27--assignment2-systems--memory_snapshot.pickle");
-    assert!(real.is_file(), "shared snapshot missing: {}", real.display());
+    let real = crate::snapshot_support::shared_path("MAGMA27--assignment2-systems--memory_snapshot.pickle");
     let (code, _, err) = memsim(&["validate", real.to_str().unwrap(), "--capacity", "80GiB"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("--capacity has no effect: the snapshot records no segment_free"), "{err}");
