@@ -119,6 +119,47 @@ fn other_job(
     })
 }
 
+/// Where the estimate's headline and the page's table, for the same profile, rest on different
+/// things: another capacity, the point against the safe number, or a point that is not this
+/// trace's replay (an estimate of another trace). Each made the page contradict itself silently.
+fn headline_against_table(
+    estimate: &serde_json::Value,
+    path: &std::path::Path,
+    verdicts: &[ProfileVerdict],
+    point: bool,
+) -> Vec<String> {
+    let num = |k: &str| estimate.pointer(k).and_then(serde_json::Value::as_f64);
+    let name = estimate.get("profile_name").and_then(serde_json::Value::as_str);
+    let Some(row) = verdicts.iter().find(|v| Some(v.profile.as_str()) == name) else { return Vec::new() };
+    let est = path.display();
+    let mut w = Vec::new();
+    // MiB to a tenth, as both print them.
+    let differ = |a: f64, b: f64| (a - b).abs() >= 0.05;
+    if let Some(c) = num("/verdict/capacity_mib").filter(|c| differ(*c, row.capacity_mib)) {
+        w.push(format!(
+            "--estimate {est} was judged at {c:.1} MiB and the table's {} row at {:.1} MiB: the headline and the \
+             table judge different devices (give the estimate's --capacity here too)",
+            row.profile, row.capacity_mib
+        ));
+    }
+    let safe = estimate.pointer("/verdict/basis").and_then(serde_json::Value::as_str).map(|b| b.ends_with("safe_mib"));
+    if let Some(safe) = safe.filter(|s| *s == point) {
+        let (headline, table) =
+            if safe { ("the safe number", "the point (--point)") } else { ("the point", "the safe number") };
+        w.push(format!(
+            "--estimate {est} judges {headline} and the table {table}: the headline and the table can disagree"
+        ));
+    }
+    if let Some(p) = num("/verdict/point_mib").filter(|p| differ(*p, row.point_mib)) {
+        w.push(format!(
+            "--estimate {est} has a point of {p:.1} MiB on {} where this trace's replay has {:.1} MiB: an estimate \
+             of another trace?",
+            row.profile, row.point_mib
+        ));
+    }
+    w
+}
+
 fn to_json(rep: &report::Report, version: &str, verdicts: &[ProfileVerdict], warnings: &[String]) -> serde_json::Value {
     let names: Vec<&str> = trace::Category::ALL.iter().map(|c| c.as_str()).collect();
     serde_json::json!({
@@ -206,6 +247,9 @@ pub fn run(a: Args) -> Result<u8> {
             fits: v.fits,
             basis: v.basis.clone(),
         });
+    }
+    if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
+        warnings.extend(headline_against_table(e, path, &verdicts, a.point));
     }
     crate::input::warn(&warnings);
     let title = a.title.clone().unwrap_or_else(|| {

@@ -159,3 +159,37 @@ fn memsim_report_json_says_which_flags_shape_only_the_page() {
     assert_eq!(code, 2);
     assert!(err.contains("give --html OUT.html (the page) or --json"), "{err}");
 }
+
+/// The estimate's headline and the table's row for its profile must rest on the same things: a
+/// capacity, a point or safe number, and this trace's point. Each difference made the page
+/// contradict itself with no word.
+#[test]
+fn memsim_report_says_when_the_headline_and_the_table_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path());
+    let (t, out) = (t.to_str().unwrap(), dir.path().join("r.html"));
+    let (_, table, _) = memsim(&["report", t, "--json", "--profile", "a100-40gb"]);
+    let row = serde_json::from_str::<serde_json::Value>(&table).unwrap()["verdicts"][0].clone();
+    let (point, cap) = (row["point_mib"].as_f64().unwrap(), row["capacity_mib"].as_f64().unwrap());
+    let est = dir.path().join("est.json");
+    let report = |basis: &str, point: f64, cap: f64, extra: &[&str]| {
+        let body = serde_json::json!({"estimates": {}, "profile_name": "a100-40gb", "verdict": {
+            "basis": basis, "point_mib": point, "need_mib": point, "capacity_mib": cap, "fits": true}});
+        std::fs::write(&est, body.to_string()).unwrap();
+        let mut args = vec!["report", t, "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
+        args.extend_from_slice(&["--estimate", est.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let (code, _, err) = memsim(&args);
+        assert_eq!(code, 0, "{err}");
+        err
+    };
+    let safe = "estimates.symbolic.safe_mib";
+    let err = report(safe, point, cap, &[]);
+    assert!(!err.contains("the headline and the table") && !err.contains("another trace"), "judged alike: {err}");
+    let err = report(safe, point, 2000.0, &[]);
+    assert!(err.contains("was judged at 2000.0 MiB and the table's a100-40gb row at"), "{err}");
+    let err = report(safe, point, cap, &["--point"]);
+    assert!(err.contains("judges the safe number and the table the point (--point)"), "{err}");
+    let err = report(safe, point + 500.0, cap, &[]);
+    assert!(err.contains("where this trace's replay has") && err.contains("an estimate of another trace?"), "{err}");
+}
