@@ -1,5 +1,7 @@
 """Entry points whose training step fails, for `run` and `launch` tests."""
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,3 +56,8 @@ def sized(batch_size: int = 2, seq_len: int = 4):
     model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * seq_len, 2))
     ids = torch.randint(0, 50, (batch_size, seq_len))
     return model, (ids, torch.zeros(batch_size).long()), F.cross_entropy
+
+
+def crash(batch_size: int = 2):
+    """Kills its process as an OOM kill or a segfault would: no Python error, no failure file."""
+    os._exit(137)

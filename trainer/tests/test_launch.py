@@ -56,7 +56,8 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     ids = [i for i, _ in listed]
     assert ids[1].startswith("entry-failures-broken-b2-")
 
-    first = cli("launch", str(sweep), "--out", str(out), "--workers", "2")
+    first = cli("launch", str(sweep), "--out", str(out), "--workers", "2", check=False)
+    assert first.returncode == 1, "a failed run makes the status 1"
     assert "1/2 done (0 present before), 1 failed, 0 remaining" in first.stderr
     failure = json.loads((out / "failed" / f"{ids[1]}.json").read_text())
     assert "injected failure" in failure["error"]
@@ -68,7 +69,7 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     assert [s for _, s in statuses(cli("launch", str(sweep), "--out", str(out),
                                        "--dry-run").stdout)] == [
         "present", "failed-before"]  # fmt: skip
-    again = cli("launch", str(sweep), "--out", str(out), "--workers", "2")
+    again = cli("launch", str(sweep), "--out", str(out), "--workers", "2", check=False)
     assert "1 present (skipped), 1 to run" in again.stderr
     assert "1/2 done (1 present before), 1 failed, 0 remaining" in again.stderr
     assert stamps == {i: (out / "runs" / i / "labels.json").stat().st_mtime_ns for i in ids[:1]}
@@ -90,10 +91,32 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
         assert (r["device"], r["Max GPU Memory (MiB)"], r["Status"]) == ("cpu", "", "SUCCESSFUL")
 
 
+def test_a_worker_killed_mid_run_is_a_failed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed without a word (an OOM kill, a segfault) on a fresh output folder: its
+    failure is recorded and the queue goes on. The thread that met it died on a missing
+    `failed/`, the rest of its queue never ran, and launch exited 0."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    sweep = tmp_path / "crash.yaml"
+    spec = 'synthetic:{"family":"mlp","input_size":8,"output_size":2,"depth":1}'
+    sweep.write_text(f"models:\n  - {{entry: 'entry_failures:crash', batch_size: 2}}\n"
+                     f"  - '{spec}'\nbatch_sizes: [2]\n"
+                     "run: {iterations: 1, device: cpu}\n")  # fmt: skip
+    out = tmp_path / "out"
+    done = cli("launch", str(sweep), "--out", str(out), "--workers", "1", check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "1/2 done (0 present before), 1 failed, 0 remaining" in done.stderr, done.stderr
+    (failed,) = (out / "failed").iterdir()
+    assert "worker exited with 137" in json.loads(failed.read_text())["error"]
+
+
 def test_submitit_array_runs_the_same_run_one(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = cli("launch", str(sweep), "--out", str(out), "--backend", "slurm",
-               "--submitit-cluster", "debug", "--wait")  # fmt: skip
+               "--submitit-cluster", "debug", "--wait", check=False)  # fmt: skip
+    assert done.returncode == 1, "a failed run makes the status 1"
     assert "submitted 2 runs as job array" in done.stderr
     assert "1/2 done (0 present before), 1 failed, 0 remaining" in done.stderr
     jobs = json.loads((out / "submitit" / "jobs.json").read_text())
@@ -101,7 +124,7 @@ def test_submitit_array_runs_the_same_run_one(sweep: Path, tmp_path: Path) -> No
     assert len(list((out / "runs").iterdir())) == 1 and len(list((out / "failed").iterdir())) == 1
     # Resubmitting sends only what is missing.
     again = cli("launch", str(sweep), "--out", str(out), "--backend", "slurm",
-                "--submitit-cluster", "debug", "--wait")  # fmt: skip
+                "--submitit-cluster", "debug", "--wait", check=False)  # fmt: skip
     assert "submitted 1 runs" in again.stderr
 
 
@@ -119,6 +142,20 @@ def test_launch_errors_are_clean(sweep: Path, tmp_path: Path) -> None:
     bad.write_text("modles: []\n")
     check([str(bad), "--out", out], "unknown top-level fields ['modles']")
     check([str(tmp_path / "none.yaml"), "--out", out], "No such file")
+    for flag, value in [("--workers", "0"), ("--workers", "-1"), ("--timeout-min", "0")]:
+        check(
+            [str(sweep), "--out", out, f"{flag}={value}"], f"{flag}: {value}: expected at least 1"
+        )
+    for field, value in [("nvml_hz", "fast"), ("seconds", "abc")]:
+        bad.write_text(
+            f"models: [torchvision:resnet18]\nbatch_sizes: [2]\nrun: {{{field}: {value}}}\n"
+        )
+        check([str(bad), "--out", out], f"{field} '{value}': expected")
+    assert not Path(out).exists(), "nothing written by a refused launch"
+    # Flags the backend does not read are said; --dry-run writes nothing.
+    done = cli("launch", str(sweep), "--out", out, "--dry-run", "--partition", "gpu", "--wait")
+    for flag in ("--partition", "--wait"):
+        assert f"{flag} has no effect: --backend local" in done.stderr, done.stderr
 
 
 GPU_LABELS = {
@@ -172,3 +209,28 @@ def test_dataset_finds_profiles_where_memsim_does(
     spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
     row = dataset_row(tmp_path, spec, GPU_LABELS)
     assert row["profile"] == "lab-a100", row["profile"]
+
+
+def test_dataset_names_a_damaged_label(tmp_path: Path) -> None:
+    """A label of the wrong type (hand-edited, damaged) names the file and the field; it was an
+    internal error (`None.get`). A null step time is a label, not damage."""
+    spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
+    row = dataset_row(tmp_path, spec, GPU_LABELS | {"step_time": None})
+    assert row["step_time_s"] == ""
+    labels = tmp_path / "runs" / "r1" / "labels.json"
+    for field, value in [("step_time", "fast"), ("device_peak_bytes", "big")]:
+        write_json(labels, GPU_LABELS | {field: value})
+        done = cli("dataset", str(tmp_path / "runs"), "--out", str(tmp_path / "x.csv"), check=False)
+        assert done.returncode == 2, done.stderr
+        assert f"{labels}: field '{field}' is '{value}': expected" in done.stderr, done.stderr
+
+
+def test_sample_says_what_it_does_not_read(tmp_path: Path) -> None:
+    """`sample` of a launch sweep draws the generator configs only: the rest is said."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP)
+    done = cli("sample", str(sweep))
+    assert "models, run have no effect on sample" in done.stderr, done.stderr
+    sweep.write_text(SWEEP + "modles: []\n")
+    done = cli("sample", str(sweep), check=False)
+    assert done.returncode == 2 and "unknown top-level fields ['modles']" in done.stderr

@@ -60,6 +60,12 @@ def test_seconds_budget_and_training_variants(tmp_path: Path) -> None:
     assert (
         labels["iterations_done"] >= 2 and labels["cpu_fallback_reason"] == "--device cpu requested"
     )
+    # --iterations beside --seconds is said to have no effect; a default never is.
+    (tmp_path / "b").mkdir()
+    _, _, stderr = run_dir(tmp_path / "b", "--model", MLP, "--batch-size", "2", "--seconds", "0.1",
+                           "--iterations", "5", "--device", "cpu")  # fmt: skip
+    assert "--iterations 5 has no effect: --seconds 0.1 decides" in stderr, stderr
+    assert "--num-classes" not in stderr, "a default is not a flag given"
 
 
 def test_oom_is_a_label_not_a_crash(tmp_path: Path) -> None:
@@ -81,6 +87,13 @@ def test_errors_are_clean_and_leave_nothing(tmp_path: Path) -> None:
           "--device cuda: no CUDA device")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--nvml-hz", "2", "--out", str(out)], "nvml_hz")
     check(["--entry", "entry_failures:broken", "--out", str(out)], "injected failure")
+    # Accepted silently before: a batch of 0 trained at 1, an unknown profile was recorded, a
+    # shape the generator's MLP cannot take failed inside torch.
+    check(["--model", MLP, "--batch-size", "0", "--out", str(out)], "batch_size 0: expected")
+    check(["--model", MLP, "--batch-size", "2", "--profile", "no-such-gpu", "--out", str(out)],
+          "--profile no-such-gpu: profile \"no-such-gpu\" not found")  # fmt: skip
+    check(["--model", MLP, "--batch-size", "2", "--input-shape", "3,9,9", "--out", str(out)],
+          "--input-shape 3,9,9: " + MLP + " takes inputs of shape 16")  # fmt: skip
     assert list(tmp_path.iterdir()) == []  # no partial run directory left behind
     out.mkdir()
     (out / "x").write_text("")

@@ -3,7 +3,7 @@
 Every module registers its subcommands with `register(sub) -> {name: handler}`; `main` builds the
 parser, runs the handler and turns every failure into one line on stderr (plus the user's own
 frames when their code raised) with exit status 2. A handler returns its exit status: 0, or 1
-for "does not fit"."""
+for "does not fit" (estimates) or "some runs failed" (`launch`)."""
 
 from __future__ import annotations
 

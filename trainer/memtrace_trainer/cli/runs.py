@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.notes import warn
 
-Handler = Callable[[argparse.Namespace], None]
+Handler = Callable[[argparse.Namespace], int | None]
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,9 +31,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--batch-size", type=int, help="samples per step (required with --model)")
     r.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     r.add_argument("--seq-len", type=int, help="sequence length of token models")
-    r.add_argument("--num-classes", type=int, default=1000, help="classifier width")
+    r.add_argument("--num-classes", type=int, help="classifier width (default: the model's)")
     r.add_argument("--optimizer", default="adam", help="adam|adamw|sgd|sgd-momentum|...")
-    r.add_argument("--iterations", type=int, default=10, help="training iterations (default 10)")
+    r.add_argument("--iterations", type=int, help="training iterations (default 10)")
     r.add_argument("--seconds", type=float, help="train for T seconds instead (>= 2 iterations)")
     r.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16: GradScaler)")
     r.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
@@ -69,15 +70,18 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     la.add_argument("--out", type=Path, required=True, help="sweep output directory")
     la.add_argument("--backend", choices=["local", "slurm"], default="local")
     la.add_argument("--dry-run", action="store_true", help="list the configs and their status")
-    la.add_argument("--workers", type=int, help="parallel workers (default: one per GPU)")
-    la.add_argument("--timeout-min", type=int, default=60, help="per run (default 60)")
-    la.add_argument("--partition", help="Slurm partition")
-    la.add_argument("--array-parallelism", type=int, default=64, help="Slurm array %% limit")
+    la.add_argument("--workers", type=_positive("--workers"),
+                    help="local: parallel workers (default: one per GPU)")  # fmt: skip
+    la.add_argument("--timeout-min", type=_positive("--timeout-min"), default=60,
+                    help="per run, minutes (default 60)")  # fmt: skip
+    la.add_argument("--partition", help="Slurm partition (--backend slurm)")
+    la.add_argument("--array-parallelism", type=_positive("--array-parallelism"), default=None,
+                    help="Slurm array %% limit (--backend slurm; default 64)")  # fmt: skip
     la.add_argument(
         "--submitit-cluster",
-        default="slurm",
         choices=["slurm", "local", "debug"],
-        help="submitit executor for --backend slurm (local: same array, this machine)",
+        help="submitit executor for --backend slurm (default slurm; local: same array, this "
+        "machine)",
     )
     la.add_argument("--wait", action="store_true", help="slurm: wait for the array to finish")
 
@@ -107,12 +111,12 @@ def _config_from_args(args: argparse.Namespace) -> object:
     cfg = RunConfig(
         model=args.model,
         entry=args.entry,
-        batch_size=args.batch_size or 1,
+        batch_size=1 if args.batch_size is None else args.batch_size,
         input_shape=args.input_shape,
         seq_len=args.seq_len,
         num_classes=args.num_classes,
         optimizer=args.optimizer,
-        iterations=args.iterations,
+        iterations=10 if args.iterations is None else args.iterations,
         seconds=args.seconds,
         amp=args.amp,
         checkpointing=args.checkpointing,
@@ -122,6 +126,16 @@ def _config_from_args(args: argparse.Namespace) -> object:
         nvml_hz=args.nvml_hz,
     )
     cfg.validate("run")
+    if args.profile is not None:
+        from memtrace_trainer.profile import load_profile
+
+        try:
+            load_profile(args.profile)  # recorded, and read back by `dataset` and `compare`
+        except UserError as e:
+            raise UserError(f"--profile {args.profile}: {e}") from None
+    if args.seconds is not None and args.iterations is not None:
+        warn(f"--iterations {args.iterations} has no effect: --seconds {args.seconds} decides "
+             "how long the run trains")  # fmt: skip
     return cfg
 
 
@@ -167,11 +181,47 @@ def _run(args: argparse.Namespace) -> None:
     )
 
 
-def _launch(args: argparse.Namespace) -> None:
-    from memtrace_trainer.runs.launch import MANIFEST, launch_local, launch_slurm, status_of
+def _positive(flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least 1, or an error naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{v}: expected at least 1")
+        return v
+
+    parse.__name__ = flag  # argparse names the type in its message
+    return parse
+
+
+def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
+    """The flags the chosen backend does not read."""
+    if args.backend == "local":
+        given = [("--partition", args.partition), ("--array-parallelism", args.array_parallelism),
+                 ("--submitit-cluster", args.submitit_cluster), ("--wait", args.wait or None)]  # fmt: skip
+        why = "--backend local runs here, one worker per GPU"
+    else:
+        given = [("--workers", args.workers)]
+        why = "--backend slurm runs one array task per run"
+    return [f"{flag} has no effect: {why}" for flag, v in given if v is not None]
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from memtrace_trainer.runs.launch import (
+        MANIFEST,
+        launch_local,
+        launch_slurm,
+        require_submitit,
+        status_of,
+    )
     from memtrace_trainer.runs.sweep import load_sweep, write_manifest
 
     items = load_sweep(args.sweep)
+    for w in _launch_flags_without_effect(args):
+        warn(w)
     if args.dry_run:
         for it in items:
             c = it.config
@@ -180,7 +230,10 @@ def _launch(args: argparse.Namespace) -> None:
                 f"{c.model or 'entry:' + str(c.entry)}  batch {c.batch_size}"
             )
         print(f"{len(items)} configs (dry run: nothing was run)", file=sys.stderr)
-        return
+        return 0
+    cluster = args.submitit_cluster or "slurm"
+    if args.backend == "slurm":
+        require_submitit(cluster)  # before anything is written
     args.out.mkdir(parents=True, exist_ok=True)
     write_manifest(args.out / MANIFEST, items)
     if args.backend == "local":
@@ -189,13 +242,17 @@ def _launch(args: argparse.Namespace) -> None:
         progress = launch_slurm(
             args.out,
             items,
-            args.submitit_cluster,
+            cluster,
             args.partition,
             args.timeout_min,
-            args.array_parallelism,
+            args.array_parallelism or 64,
             args.wait,
         )
     print(progress.line(), file=sys.stderr)
+    if progress.failed:
+        warn(f"{progress.failed} runs failed: see {args.out / 'failed'}/ (a rerun retries them)")
+        return 1
+    return 0
 
 
 def _dataset(args: argparse.Namespace) -> None:

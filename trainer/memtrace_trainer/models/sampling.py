@@ -21,6 +21,7 @@ import yaml
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.config import InvalidConfig, ModelConfig, from_dict
+from memtrace_trainer.notes import warn
 
 MAX_REJECTIONS = 100
 
@@ -92,4 +93,13 @@ def read_sweep(path: Path) -> dict[str, Any]:
 
 
 def sample_file(path: Path, seed: int | None = None) -> list[ModelConfig]:
-    return sample(read_sweep(path), str(path), seed)
+    data = read_sweep(path)
+    launch_only = sorted(set(data) & {"models", "batch_sizes", "run", "trace"})
+    unknown = sorted(set(data) - {"family", "count", "seed", "fields", *launch_only})
+    if unknown:
+        raise UserError(f"{path}: unknown top-level fields {unknown}; expected family, count, "
+                        "seed and fields")  # fmt: skip
+    if launch_only:
+        warn(f"{path}: {', '.join(launch_only)} have no effect on sample, which draws generator "
+             "configs only (launch reads them)")  # fmt: skip
+    return sample(data, str(path), seed)

@@ -65,6 +65,27 @@ def _parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def _check_shape(spec: str, config: ModelConfig, shape: tuple[int, ...] | None) -> None:
+    """A generator model's input is fixed by its config (an MLP's input_size, a CNN's channels,
+    a transformer's one sequence length): another shape failed deep inside torch's matmul."""
+    if shape is None:
+        return
+    default = config.default_input_shape()
+    given = ",".join(map(str, shape))
+    want = ",".join(map(str, default))
+    if config.family == "cnn":
+        if len(shape) != 3 or shape[0] != default[0]:
+            raise UserError(f"--input-shape {given}: {spec} takes C,H,W images with C = "
+                            f"{default[0]} (its input_channels), e.g. {want}")  # fmt: skip
+    elif config.family == "transformer":
+        if len(shape) != 1:
+            raise UserError(f"--input-shape {given}: {spec} takes one sequence length "
+                            f"(e.g. {want}; or give --seq-len)")  # fmt: skip
+    elif shape != default:
+        raise UserError(f"--input-shape {given}: {spec} takes inputs of shape {want} (its "
+                        "input_size); leave the flag out or give that")  # fmt: skip
+
+
 def _synthetic(
     spec: str,
     config: ModelConfig,
@@ -72,6 +93,7 @@ def _synthetic(
     shape: tuple[int, ...] | None,
     device: torch.device = META,
 ) -> Workload:
+    _check_shape(spec, config, shape)
     with device:
         model = config.build()
     if config.family == "transformer":
@@ -182,6 +204,9 @@ def build_workload(
     source, _, name = spec.partition(":")
     if source in ("torchvision", "timm"):
         _ignored("--seq-len", seq_len, f"{spec} is an image model (give --input-shape C,H,W)")
+        if shape is not None and len(shape) != 3:
+            raise UserError(f"--input-shape {input_shape}: {spec} is an image model: expected C,H,W "
+                            "like 3,224,224")  # fmt: skip
     elif source in ("hf", "hf-config"):
         _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
     elif source == "dlrm":

@@ -15,6 +15,16 @@ from memtrace_trainer.symtrace.step import AMP
 DEVICES = ("auto", "cuda", "cpu")
 
 
+def _integer(v: Any) -> bool:
+    """An int that is not a bool (YAML's `true` is one)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    """A number a comparison can take: `seconds: "abc"` made `>=` raise."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A training job on synthetic data. `seconds`, when set, replaces `iterations` as the
@@ -25,7 +35,10 @@ class RunConfig:
     batch_size: int = 1
     input_shape: str | None = None
     seq_len: int | None = None
-    num_classes: int = 1000
+    # None: the model's own (ImageNet's 1000 for image models, transformers' 2 for a Hugging
+    # Face classifier), as `estimate` takes it; a number for a generator config was said to have
+    # no effect on every run, given or not.
+    num_classes: int | None = None
     optimizer: str = "adam"
     iterations: int = 10
     seconds: float | None = None
@@ -40,7 +53,7 @@ class RunConfig:
         out = []
         if (self.model is None) == (self.entry is None):
             out.append("exactly one of model or entry is required")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if not _integer(self.batch_size) or self.batch_size < 1:
             out.append(f"batch_size {self.batch_size!r}: expected a positive integer")
         if self.optimizer not in OPTIMIZERS:
             out.append(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
@@ -49,18 +62,22 @@ class RunConfig:
                 f"optimizer {self.optimizer!r}: its bitsandbytes kernels are emulated for "
                 "estimates only; real runs support the PyTorch and transformers ones"
             )
-        if not isinstance(self.iterations, int) or self.iterations < 1:
+        if not _integer(self.iterations) or self.iterations < 1:
             out.append(f"iterations {self.iterations!r}: expected at least 1")
-        if self.seconds is not None and not self.seconds > 0:
+        if self.seconds is not None and not (_number(self.seconds) and self.seconds > 0):
             out.append(f"seconds {self.seconds!r}: expected a positive number")
         if self.amp is not None and self.amp not in AMP:
             out.append(f"amp {self.amp!r}: expected one of {sorted(AMP)}")
-        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+        if not _integer(self.grad_accum) or self.grad_accum < 1:
             out.append(f"grad_accum {self.grad_accum!r}: expected at least 1")
         if self.device not in DEVICES:
             out.append(f"device {self.device!r}: expected one of {DEVICES}")
-        if not self.nvml_hz >= 10:
+        if not (_number(self.nvml_hz) and self.nvml_hz >= 10):
             out.append(f"nvml_hz {self.nvml_hz!r}: expected at least 10 (samples per second)")
+        if self.num_classes is not None and (
+            not _integer(self.num_classes) or self.num_classes < 1
+        ):
+            out.append(f"num_classes {self.num_classes!r}: expected a positive integer")
         return out
 
     def validate(self, source: str = "run config") -> None:

@@ -109,9 +109,22 @@ def row_of(path: Path, known: list[str]) -> dict[str, str]:
             raise UserError(f"{path / 'labels.json'}: missing field {key!r}")
     spec = config.get("model") or config.get("entry") or ""
     filename = spec.partition(":")[2] if spec.startswith("gpumemnet:") else spec
-    peak = labels.get("device_peak_bytes")
+    where = path / "labels.json"
+
+    def number(value: Any, field: str) -> float | None:
+        # A hand-edited or damaged label was an internal error (`None.get`, `str / int`).
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise UserError(f"{where}: field {field!r} is {value!r}: expected a number or null")
+        return value
+
+    peak = number(labels.get("device_peak_bytes"), "device_peak_bytes")
     oom = bool(labels["oom"])
-    step = labels.get("step_time", {}).get("median_s")
+    step_time = labels.get("step_time") or {}
+    if not isinstance(step_time, dict):
+        raise UserError(f"{where}: field 'step_time' is {step_time!r}: expected a mapping or null")
+    step = number(step_time.get("median_s"), "step_time.median_s")
+    reserved = number(labels.get("max_memory_reserved_bytes"), "max_memory_reserved_bytes")
+    allocated = number(labels.get("max_memory_allocated_bytes"), "max_memory_allocated_bytes")
     return {
         "Filename": filename,
         **_features_cells(feats),
@@ -122,8 +135,8 @@ def row_of(path: Path, known: list[str]) -> dict[str, str]:
         "family": str(feats.get("family", "")),
         "optimizer": str(config.get("optimizer", "")),
         "amp": str(config.get("amp") or "fp32"),
-        "max_memory_reserved_mib": _mib(labels.get("max_memory_reserved_bytes")),
-        "max_memory_allocated_mib": _mib(labels.get("max_memory_allocated_bytes")),
+        "max_memory_reserved_mib": _mib(reserved),
+        "max_memory_allocated_mib": _mib(allocated),
         "device_peak_mib": _mib(peak),
         "device_peak_source": labels.get("device_peak_source") or "",
         "oom": str(oom).lower(),

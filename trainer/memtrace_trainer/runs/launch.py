@@ -145,11 +145,15 @@ def _run_worker(
         return "failed", item.config.id
     tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
     why = f"timed out after {timeout_s} s" if rc is None else f"worker exited with {rc}"
-    write_json(
-        failure_file(out, item),
-        {"index": item.index, "id": item.config.id, "error": f"{why}; log tail:\n{tail}"},
-    )
+    _record_failure(out, item, f"{why}; log tail:\n{tail}")
     return "failed", item.config.id
+
+
+def _record_failure(out: Path, item: Item, error: str) -> None:
+    """`failed/<id>.json` for a run whose worker could not record it (killed, timed out)."""
+    failed = failure_file(out, item)
+    failed.parent.mkdir(parents=True, exist_ok=True)
+    write_json(failed, {"index": item.index, "id": item.config.id, "error": error})
 
 
 def launch_local(
@@ -173,7 +177,11 @@ def launch_local(
                 item = work.get_nowait()
             except queue.Empty:
                 return
-            status, what = _run_worker(out, item, env, timeout_s)
+            try:
+                status, what = _run_worker(out, item, env, timeout_s)
+            except Exception as e:  # this worker goes on with the queue; the run is failed
+                _record_failure(out, item, f"launching its worker failed: {type(e).__name__}: {e}")
+                status, what = "failed", item.config.id
             progress.update(status, what)
 
     threads = [threading.Thread(target=worker, args=(env,)) for env in slots]

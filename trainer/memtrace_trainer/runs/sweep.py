@@ -25,6 +25,7 @@ from typing import Any
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.sampling import draw, read_sweep, sample
+from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.config import RunConfig
 
 
@@ -86,6 +87,10 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
             raw.append(settings | m | extra)
     if not raw:
         raise UserError(f"{source}: no runs: give family/count/fields, models, or both")
+    both = [r for r in raw if r.get("seconds") is not None and r.get("iterations") is not None]
+    if both:
+        warn(f"{source}: iterations has no effect in {len(both)} runs that also give seconds, "
+             "which decides how long a run trains")  # fmt: skip
     return [Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)]
 
 
