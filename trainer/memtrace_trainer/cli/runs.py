@@ -200,8 +200,12 @@ def _positive(flag: str) -> Callable[[str], int]:
 def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
     """The flags the chosen backend does not read."""
     if args.backend == "local":
-        given = [("--partition", args.partition), ("--array-parallelism", args.array_parallelism),
-                 ("--submitit-cluster", args.submitit_cluster), ("--wait", args.wait or None)]  # fmt: skip
+        given = [
+            ("--partition", args.partition),
+            ("--array-parallelism", args.array_parallelism),
+            ("--submitit-cluster", args.submitit_cluster),
+            ("--wait", args.wait or None),
+        ]
         why = "--backend local runs here, one worker per GPU"
     else:
         given = [("--workers", args.workers)]

@@ -205,8 +205,8 @@ def build_workload(
     if source in ("torchvision", "timm"):
         _ignored("--seq-len", seq_len, f"{spec} is an image model (give --input-shape C,H,W)")
         if shape is not None and len(shape) != 3:
-            raise UserError(f"--input-shape {input_shape}: {spec} is an image model: expected C,H,W "
-                            "like 3,224,224")  # fmt: skip
+            raise UserError(f"--input-shape {input_shape}: {spec} is an image model: expected "
+                            "C,H,W like 3,224,224")  # fmt: skip
     elif source in ("hf", "hf-config"):
         _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
     elif source == "dlrm":
