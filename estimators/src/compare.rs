@@ -96,6 +96,13 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
                 line: i + 1,
                 expected: format!("expected a run record written by `memest compare` ({e})"),
             })?;
+            if let Some(t) = r.truth_bytes.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+                return Err(EstimateError::Line {
+                    path: f.clone(),
+                    line: i + 1,
+                    expected: format!("field truth_bytes is {t}: expected a measured peak in bytes, >= 0, or null"),
+                });
+            }
             out.push(r);
         }
     }

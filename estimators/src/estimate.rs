@@ -287,7 +287,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     // The layers the trace ran, else the features', else what an older trace recorded: one
     // family for the report, the margin and the libraries.
     let family = Family::listed(&t.header).or_else(|| f.map(Features::family)).or_else(|| Family::recorded(&t.header));
-    warnings.extend(fit::profile_mismatch(&t.header, ppath));
+    warnings.extend(fit::profile_mismatch(&t.header, profile, ppath));
     warnings.extend(other_job(t, f, batch));
     let libs = job_libraries(Some(t), f, family);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);

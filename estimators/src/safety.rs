@@ -119,6 +119,8 @@ pub struct SafetyFit {
     pub families: BTreeMap<String, FamilyFit>,
     /// Records not used, by reason.
     pub skipped: BTreeMap<Skip, usize>,
+    /// Families with runs too few to fit a margin on their calibration split.
+    pub too_few: Vec<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -150,6 +152,7 @@ pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: 
         ));
     }
     let mut families = BTreeMap::new();
+    let mut too_few = Vec::new();
     for (family, runs) in by_family {
         let (cal, test) = split_by_id(&runs, |r| &r.id, held_out, seed);
         // Each scale's margin on the calibration split, and its median over-reservation there.
@@ -161,7 +164,10 @@ pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: 
             let over = median(cal.iter().map(|r| (r.safe(scale, margin) - r.truth) / r.truth).collect());
             options.push((scale, margin, exact, over));
         }
-        let Some(&(scale, margin, exact, _)) = options.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else { continue };
+        let Some(&(scale, margin, exact, _)) = options.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
+            too_few.push(family);
+            continue;
+        };
         let n = test.len().max(1) as f64;
         let misses = test.iter().filter(|r| r.safe(scale, margin) < r.truth).count();
         families.insert(
@@ -184,7 +190,13 @@ pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: 
             },
         );
     }
-    Ok(SafetyFit { families, skipped })
+    if families.is_empty() {
+        return Err(EstimateError::Calibration(format!(
+            "no family has enough calibration runs to fit a margin ({} left too few by the held-out share)",
+            too_few.join(", ")
+        )));
+    }
+    Ok(SafetyFit { families, skipped, too_few })
 }
 
 /// The profile's `[safety]` table for a fit.

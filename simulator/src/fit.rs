@@ -469,17 +469,22 @@ fn nearest(family: Family) -> [Family; 3] {
     }
 }
 
-/// A warning when a symbolic trace was emulated for another GPU profile than the one judging it:
-/// its library workspaces and attention backends are the other GPU's, so the numbers are that
-/// GPU's with this one's capacity and outside terms. `None` for a plain meta trace (nothing
+/// A warning when a symbolic trace was emulated for another GPU profile than the one judging it,
+/// of another compute capability: its library workspaces and attention backends are the other
+/// GPU's, so the numbers are that GPU's with this one's capacity and outside terms. `None` for a plain meta trace (nothing
 /// emulated) and for traces that name no profile (a real run's).
-pub fn profile_mismatch(header: &Header, profile_path: &std::path::Path) -> Option<String> {
+pub fn profile_mismatch(header: &Header, profile: &Profile, profile_path: &std::path::Path) -> Option<String> {
     let traced = header.meta(&metadata::PROFILE)?;
     if header.meta_flag(&metadata::CUDA_EMULATION) == Some(false) {
         return None;
     }
     let judging = Profile::name_of(profile_path);
-    (traced != judging).then(|| {
+    // A renamed copy of the profile, or another GPU of the same architecture, emulates the same
+    // (attention backends and library workspaces follow the compute capability): the names
+    // alone differ.
+    let [major, minor] = profile.gpu.compute_capability;
+    let same_arch = header.meta(&metadata::COMPUTE_CAPABILITY) == Some(format!("{major}.{minor}").as_str());
+    (traced != judging && !same_arch).then(|| {
         format!(
             "the trace was emulated for the {traced} profile, not {judging}: its library workspaces and \
              attention backends are that GPU's; trace it again with --profile {judging} to judge it on this one"

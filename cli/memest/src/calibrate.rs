@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use estimators::calibrate::{fit, rewrite_profile, rows_by_dataset, split, CalRun};
-use estimators::compare::read_runs;
 use estimators::error::write_atomic;
 use simulator::profile::Profile;
 
@@ -30,11 +29,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
     }
     let (profile, ppath) = Profile::load(&a.io.profile)?;
-    let records = read_runs(&a.io.runs)?;
+    if !(0.0..=1.0).contains(&a.quantile) {
+        anyhow::bail!("--quantile {}: expected a fraction in [0, 1]", a.quantile);
+    }
+    let records = a.io.read()?;
     let runs: Vec<CalRun> = records.iter().filter_map(CalRun::from_record).collect();
+    if runs.len() < records.len() {
+        eprintln!(
+            "memest: warning: {} of {} runs left out of the fit: no measured peak (or a zero one, or a real OOM), or no \
+             symbolic estimate",
+            records.len() - runs.len(),
+            records.len()
+        );
+    }
     let (train, test) = split(&runs, a.test_fraction, a.seed);
     let total = profile.gpu.total_memory as f64;
-    let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total)?;
+    let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total).with_context(|| a.io.runs_list())?;
     if a.io.json {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
@@ -62,12 +72,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(out) = &a.io.write {
+        if profile.safety.is_some() {
+            eprintln!(
+                "memest: warning: {}'s [safety] margins are kept as they are, but they were fitted against its old \
+                 [outside_allocator] constants: refit them with `memest safety` on runs estimated with {}",
+                ppath.display(),
+                out.display()
+            );
+        }
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
         let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{:.2}%", x * 100.0));
         let provenance = vec![
             ("fitted_by".to_string(), "memest calibrate".to_string()),
             ("runs".to_string(), a.io.runs_list()),
-            ("data_licence".to_string(), a.io.data_licence.clone()),
+            ("data_licence".to_string(), a.io.licence().to_string()),
             (
                 "method".to_string(),
                 format!(

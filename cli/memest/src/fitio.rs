@@ -1,6 +1,12 @@
 //! Arguments shared by the commands that fit a profile on `memest compare` runs.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
+
+use estimators::compare::{read_runs, RunRecord};
+
+/// The licence recorded when `--data-licence` is not given.
+const DEFAULT_LICENCE: &str = "CC BY-NC 4.0 (GPUMemNet datasets)";
 
 /// Inputs and outputs of a profile fit (`memest calibrate`, `memest safety`).
 #[derive(clap::Args)]
@@ -15,9 +21,10 @@ pub struct FitIo {
     /// Write the fitted profile here (atomically); otherwise only report the fit.
     #[arg(long)]
     pub write: Option<PathBuf>,
-    /// Licence of the runs' data, recorded in the profile's provenance.
-    #[arg(long, default_value = "CC BY-NC 4.0 (GPUMemNet datasets)")]
-    pub data_licence: String,
+    /// Licence of the runs' data, recorded in the written profile's provenance (with --write)
+    /// [default: CC BY-NC 4.0 (GPUMemNet datasets)].
+    #[arg(long)]
+    pub data_licence: Option<String>,
     /// Print the fit as JSON.
     #[arg(long)]
     pub json: bool,
@@ -27,5 +34,31 @@ impl FitIo {
     /// The runs' paths, for provenance.
     pub fn runs_list(&self) -> String {
         self.runs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The licence to record.
+    pub fn licence(&self) -> &str {
+        self.data_licence.as_deref().unwrap_or(DEFAULT_LICENCE)
+    }
+
+    /// The run records of every file, each run once: a run read again (a file given twice, or
+    /// runs repeated across files) was counted twice, in the fit and in its held-out share.
+    /// Warns about what was dropped and about flags that have no effect.
+    pub fn read(&self) -> anyhow::Result<Vec<RunRecord>> {
+        if let (Some(l), None) = (&self.data_licence, &self.write) {
+            eprintln!("memest: warning: --data-licence {l:?} has no effect without --write: it is recorded in the written profile");
+        }
+        let mut seen = BTreeSet::new();
+        let all = read_runs(&self.runs)?;
+        let total = all.len();
+        let unique: Vec<RunRecord> = all.into_iter().filter(|r| seen.insert(r.id.clone())).collect();
+        if unique.len() < total {
+            eprintln!(
+                "memest: warning: {} of {total} run records repeat a run id already read (a runs.jsonl given twice?): \
+                 each run is counted once",
+                total - unique.len()
+            );
+        }
+        Ok(unique)
     }
 }

@@ -1,7 +1,6 @@
 //! `memest safety`.
 
 use anyhow::Context;
-use estimators::compare::read_runs;
 use estimators::error::write_atomic;
 use estimators::safety::{fit, rewrite_safety, table};
 use simulator::profile::Profile;
@@ -36,9 +35,37 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.held_out > 0.0 && a.held_out < 1.0) {
         anyhow::bail!("--held-out {}: expected a fraction in (0, 1)", a.held_out);
     }
-    let (_, ppath) = Profile::load(&a.io.profile)?;
-    let records = read_runs(&a.io.runs)?;
+    const PRECISIONS: [&str; 3] = ["fp32", "bf16", "fp16"];
+    if !a.regime.split_whitespace().next().is_some_and(|p| PRECISIONS.contains(&p)) {
+        anyhow::bail!(
+            "--regime {:?}: expected the runs' precision first ({}), then what else describes them (e.g. \
+             \"fp32 adam\"): a margin is applied to traces of its family and precision",
+            a.regime,
+            PRECISIONS.join(", ")
+        );
+    }
+    let (profile, ppath) = Profile::load(&a.io.profile)?;
+    let records = a.io.read()?;
     let fit = fit(&records, a.miss_rate, a.held_out, a.seed, &a.regime)?;
+    if !fit.too_few.is_empty() {
+        eprintln!(
+            "memest: warning: no margin for {}: too few runs on the calibration split (lower --held-out, or give \
+             more runs)",
+            fit.too_few.join(", ")
+        );
+    }
+    if a.io.write.is_some() {
+        let dropped: Vec<&String> =
+            profile.safety.iter().flat_map(|s| s.families.keys()).filter(|f| !fit.families.contains_key(*f)).collect();
+        if !dropped.is_empty() {
+            eprintln!(
+                "memest: warning: --write replaces {}'s [safety] table: its margins for {} are not refitted by \
+                 these runs and are dropped (give every family's runs in one call to keep them)",
+                ppath.display(),
+                dropped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
     if a.io.json {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
@@ -75,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
              held-out fraction {}; runs the [outside_allocator] constants were fitted on left out",
             a.miss_rate, a.seed, a.held_out
         );
-        let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, &a.io.data_licence))
+        let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, a.io.licence()))
             .map_err(anyhow::Error::msg)?;
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;
         write_atomic(out, new_text.as_bytes())?;

@@ -444,3 +444,77 @@ fn features_of_another_job_are_warned_about() {
     let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &zero]);
     assert!(!ok && err.contains("batch_size") && err.contains(">= 1"), "{err}");
 }
+
+/// `memest compare` run records of `n` MLP runs whose truth is the point plus 0-10%.
+fn runs_jsonl(n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        let mut estimates = std::collections::BTreeMap::new();
+        let point = 1000 * MIB;
+        estimates.insert(
+            "symbolic".to_string(),
+            estimators::compare::Outcome {
+                device_bytes: Some(point),
+                reserved_bytes: Some(point - 500 * MIB),
+                ..Default::default()
+            },
+        );
+        let r = estimators::compare::RunRecord {
+            id: format!("mlp_data_step1.csv:{i}"),
+            filename: String::new(),
+            spec: String::new(),
+            family: "MLP".into(),
+            batch: 1,
+            truth_bytes: Some(point as f64 * (1.0 + (i % 10) as f64 / 100.0)),
+            real_oom: false,
+            reserved_truth_bytes: None,
+            uses_gemm: true,
+            uses_conv: false,
+            estimates,
+            calibrated_on: false,
+        };
+        out += &serde_json::to_string(&r).unwrap();
+        out.push('\n');
+    }
+    out
+}
+
+/// The profile fits say what they drop or ignore, and refuse what cannot be fitted: runs read
+/// twice were counted twice (in the fit and its held-out share), a refit dropped every other
+/// family's margin silently, and a held-out share leaving nothing wrote an empty table.
+#[test]
+fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs.jsonl");
+    std::fs::write(&runs, runs_jsonl(40)).unwrap();
+    let r = runs.to_str().unwrap();
+    let out = dir.path().join("p.toml");
+    let o = out.to_str().unwrap();
+    let (ok, _, err) = memest(&["safety", r, r]);
+    assert!(ok, "{err}");
+    assert!(err.contains("40 of 80 run records repeat a run id already read"), "{err}");
+    let (ok, _, err) = memest(&["safety", r, "--write", o]);
+    assert!(ok && out.is_file(), "{err}");
+    assert!(err.contains("its margins for cnn are not refitted by these runs and are dropped"), "{err}");
+    std::fs::remove_file(&out).unwrap();
+    for (args, says) in [
+        (vec!["safety", r, "--held-out", "0.99", "--write", o], "no family has enough calibration runs"),
+        (vec!["safety", r, "--regime", "banana"], "--regime \"banana\": expected the runs' precision first"),
+        (vec!["calibrate", r, "--quantile", "2"], "--quantile 2: expected a fraction in [0, 1]"),
+        (vec!["calibrate", r, "--quantile", "NaN"], "--quantile NaN: expected a fraction in [0, 1]"),
+    ] {
+        let (ok, _, err) = memest(&args);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?}: nothing written");
+    }
+    let (ok, _, err) = memest(&["calibrate", r, "--data-licence", "MIT"]);
+    assert!(ok && err.contains("--data-licence \"MIT\" has no effect without --write"), "{err}");
+    let (ok, _, err) = memest(&["calibrate", r, "--write", o]);
+    assert!(ok, "{err}");
+    assert!(err.contains("[safety] margins are kept as they are, but they were fitted against"), "{err}");
+    // A negative measured peak is refused where it is, not dropped in silence.
+    let bad = runs_jsonl(2).replacen("\"truth_bytes\":", "\"truth_bytes\":-", 1);
+    std::fs::write(&runs, bad).unwrap();
+    let (ok, _, err) = memest(&["calibrate", r]);
+    assert!(!ok && err.contains("runs.jsonl:1: field truth_bytes is -"), "{err}");
+}

@@ -84,7 +84,7 @@ pub fn outside_for(
     warnings: &mut Vec<String>,
 ) -> Outside {
     let Some((p, path)) = profile else { return Outside::none() };
-    warnings.extend(fit::profile_mismatch(header, path));
+    warnings.extend(fit::profile_mismatch(header, p, path));
     let libs = Libraries::from_header(header).unwrap_or_else(|| {
         warnings.push(
             "the trace does not say which CUDA libraries the job loads (no uses_gemm/uses_conv metadata); \

@@ -227,12 +227,15 @@ fn colocate_counts_the_libraries_each_job_loads() {
     assert!(err.contains(warned), "{err}");
 
     // A trace emulated for another GPU profile is judged with a warning saying so; a plain meta
-    // trace emulated nothing, and one emulated for this profile is silent.
+    // trace emulated nothing, and one emulated for this profile (or its architecture) is silent.
     let elsewhere = "the trace was emulated for the h200 profile, not p";
     for (meta, warns) in [
         (vec![("profile", "h200")], true),
         (vec![("profile", "h200"), ("cuda_emulation", "false")], false),
         (vec![("profile", "p")], false),
+        // Another name for a GPU of this one's architecture (a renamed copy) emulates the same.
+        (vec![("profile", "h200"), ("compute_capability", "8.0")], false),
+        (vec![("profile", "h200"), ("compute_capability", "9.0")], true),
     ] {
         let t = job("traced.jsonl", &meta);
         let (_, _, err) = memsim(&["replay", &t, "--profile", profile.to_str().unwrap()]);
