@@ -190,7 +190,8 @@ class Estimate:
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:
     """`device_mib` split: block bytes by category at the allocated peak, what the allocator
     holds beyond them at its reserved peak (cached and fragmented), and memory outside the
-    allocator (CUDA context, libraries, NCCL). The reserved peak is the estimate's own (replayed
+    allocator (CUDA context, libraries, NCCL, and what a real run's trace held there itself).
+    The reserved peak is the estimate's own (replayed
     at the allocator's budget, where a tight capacity makes the allocator free its cache and
     retry), not the report's unlimited replay; the blocks alive at the peak are the same in
     both."""

@@ -174,3 +174,12 @@ def test_nvml_sampler_keeps_peaks(readings: list, peak: int, source: str) -> Non
 def test_sampler_refuses_less_than_10_hz() -> None:
     with pytest.raises(ValueError, match=r"at least 10\.0 Hz"):
         Sampler(lambda: (None, 0), interval=0.5)
+
+
+def test_a_default_class_count_keeps_the_run_id_it_had() -> None:
+    """`num_classes` defaults to the model's own now (it was 1000): a run that left it out keeps
+    the id it was written under, so `launch` still finds it finished."""
+    plain = RunConfig(model=MLP, batch_size=2)
+    assert plain.num_classes is None
+    assert plain.id == RunConfig(model=MLP, batch_size=2, num_classes=1000).id
+    assert plain.id != RunConfig(model=MLP, batch_size=2, num_classes=10).id

@@ -91,7 +91,12 @@ class RunConfig:
     @property
     def id(self) -> str:
         """Stable: a readable slug of the model and batch, then a hash of the whole config."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        fields = self.to_dict()
+        if fields["num_classes"] is None:
+            # Hashed as the default it replaced, so that sweeps written before keep their ids
+            # (and `launch` still finds their finished runs).
+            fields["num_classes"] = 1000
+        canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
         what = self.model or self.entry or "run"
         source, _, name = what.partition(":")
