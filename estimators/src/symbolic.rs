@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use simulator::alloc::TorchVersion;
-use simulator::fit::{fit_records, Capacity, Outside, Verdict};
+use simulator::fit::{fit_records, held_beside_terms, Capacity, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, ReplayReport, Replayer};
 
@@ -76,7 +76,7 @@ pub fn symbolic(
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),
-        replay_warnings: fit.report.warnings(),
+        replay_warnings: fit.report.warnings().into_iter().chain(held_beside_terms(&fit.report, outside)).collect(),
     })
 }
 

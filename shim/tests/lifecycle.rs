@@ -180,6 +180,28 @@ fn a_trace_to_stdout_redirected_to_a_file_keeps_the_programs_output() {
     assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
 }
 
+/// Two traced processes writing into one redirected stdout (a shell running two, or a launcher
+/// and its exec'd workers) would leave two traces in one stream, unreadable apart: the second
+/// finds the first one's trace there and does not trace, saying so.
+#[test]
+fn a_second_process_does_not_trace_into_a_redirected_stdout_that_holds_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let redirected = dir.path().join("out");
+    let f = std::fs::File::create(&redirected).unwrap();
+    let prog = crate::harness::build_dir().join("p_runtime_alloc");
+    let out = command("/bin/sh", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
+        .args(["-c", "\"$0\" && \"$0\"", prog.to_str().unwrap()])
+        .stdout(Stdio::from(f))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("where another process already writes a trace"), "{err}");
+    let s = Stats::read(&redirected).unwrap();
+    assert!(s.whole(), "one whole trace in the stream");
+    assert_eq!(s.allocs, 2, "the first process's");
+}
+
 #[test]
 fn fork_child_stops_when_not_followed() {
     let r = run_ok("p_fork", &[("MEMTRACE_FOLLOW_FORK", "0")]);

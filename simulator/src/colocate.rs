@@ -267,7 +267,8 @@ fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(
 }
 
 /// The smallest capacity (2 MiB granules) at which a job fits alone, up to `upper` (its need
-/// with unlimited memory, which always fits).
+/// with unlimited memory, which fits unless a request no device holds fails: then `upper`,
+/// where the verdict beside it says DOES NOT FIT).
 fn smallest_alone(j: &Job, opts: &ReplayOptions, point: bool, upper: u64) -> Result<u64, ColocateError> {
     let (mut lo, mut hi) = (1, upper.div_ceil(GRANULE).max(1));
     while lo < hi {
@@ -317,6 +318,9 @@ pub fn colocate(
                 several_devices.unwrap_or_default()
             ),
         ),
+        // One job shares with no one: it is its own replay, as `memsim replay` judges it, with
+        // or without timestamps.
+        _ if jobs.len() == 1 => (Mode::SumOfPeaks, "one job: no other job's peak can coincide with its own".into()),
         Align::SumOfPeaks => (Mode::SumOfPeaks, "asked for (--align sum): peaks assumed to coincide".to_string()),
         Align::Timestamps if !all_timestamps => {
             let (j, _) = jobs.iter().zip(&axes_and_ts).find(|(_, (_, t))| !*t).expect("one job lacks timestamps");
@@ -325,7 +329,6 @@ pub fn colocate(
         _ if all_timestamps => {
             (Mode::Timestamps, "every trace has wall-clock timestamps: replayed together on one time axis".into())
         }
-        _ if jobs.len() == 1 => (Mode::SumOfPeaks, "one job: no other job's peak can coincide with its own".into()),
         _ => (
             Mode::SumOfPeaks,
             "not every trace has wall-clock timestamps, so the peaks may coincide: the sum of device peaks".into(),
@@ -361,7 +364,12 @@ pub fn colocate(
             timestamps: *ts,
             oom_in_shared_run: None,
             oom_at_event: None,
-            replay_warnings: unlimited.report.warnings(),
+            replay_warnings: unlimited
+                .report
+                .warnings()
+                .into_iter()
+                .chain(fit::held_beside_terms(&unlimited.report, &j.outside))
+                .collect(),
         });
     }
     // Symbolic traces carry no wall-clock time, so margins meet the sum of peaks only.
@@ -404,7 +412,14 @@ pub fn colocate(
             let need = need.max(recorded_floor);
             // At the sum of the device peaks every job always has its own peak available, so
             // that bound fits; the largest single job is a lower bound.
-            let lower = job_reports.iter().map(|j| j.device_peak_bytes).max().unwrap_or(0).div_ceil(GRANULE);
+            // (What a trace holds beside the allocator counts at its own moments here, not at
+            // its peak on top of the reserved one: left out of the bound.)
+            let lower = job_reports
+                .iter()
+                .map(|j| j.device_peak_bytes - j.held_outside_bytes)
+                .max()
+                .unwrap_or(0)
+                .div_ceil(GRANULE);
             let upper = sum.div_ceil(GRANULE).max(lower);
             let mut least = smallest(jobs, &axes, opts, lower, upper)?;
             // The allocator's retry chain makes fitting not quite monotone in the capacity; keep

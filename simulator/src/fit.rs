@@ -180,6 +180,21 @@ pub fn outside(profile: &Profile, source: &str, libs: Libraries) -> Outside {
     }
 }
 
+/// A warning when a trace holds device memory outside the allocator while the profile's library
+/// terms apply too: a library's own allocations (NCCL's buffers, cuBLAS's handles) may then be
+/// counted twice. Only symbolic traces carry the metadata that turns the terms on, and they
+/// record no library's allocations, so this should not happen; said, and erring high, if it does.
+pub fn held_beside_terms(report: &ReplayReport, outside: &Outside) -> Option<String> {
+    let terms = outside.cublas_bytes + outside.cudnn_bytes + outside.nccl_bytes;
+    (report.recorded_outside_bytes > 0 && terms > 0).then(|| {
+        format!(
+            "the trace holds {} B outside the allocator and the profile's library terms ({} B of cuBLAS, cuDNN \
+             and NCCL) are counted too: a library's own allocations may be counted twice (the need errs high)",
+            report.recorded_outside_bytes, terms
+        )
+    })
+}
+
 /// Where a device capacity came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -469,9 +484,10 @@ fn nearest(family: Family) -> [Family; 3] {
     }
 }
 
-/// A warning when a symbolic trace was emulated for another GPU profile than the one judging it,
-/// of another compute capability: its library workspaces and attention backends are the other
-/// GPU's, so the numbers are that GPU's with this one's capacity and outside terms. `None` for a plain meta trace (nothing
+/// A warning when a symbolic trace was emulated for another GPU profile than the one judging it
+/// (one that emulates differently, where the traced one can be read): its library workspaces and
+/// attention backends are the other GPU's, so the numbers are that GPU's with this one's capacity
+/// and outside terms. `None` for a plain meta trace (nothing
 /// emulated) and for traces that name no profile (a real run's).
 pub fn profile_mismatch(header: &Header, profile: &Profile, profile_path: &std::path::Path) -> Option<String> {
     let traced = header.meta(&metadata::PROFILE)?;
@@ -479,12 +495,16 @@ pub fn profile_mismatch(header: &Header, profile: &Profile, profile_path: &std::
         return None;
     }
     let judging = Profile::name_of(profile_path);
-    // A renamed copy of the profile, or another GPU of the same architecture, emulates the same
-    // (attention backends and library workspaces follow the compute capability): the names
-    // alone differ.
-    let [major, minor] = profile.gpu.compute_capability;
-    let same_arch = header.meta(&metadata::COMPUTE_CAPABILITY) == Some(format!("{major}.{minor}").as_str());
-    (traced != judging && !same_arch).then(|| {
+    // A renamed copy of the traced profile emulates the same: the attention backends follow the
+    // compute capability, the library workspaces the `[workspace]` table, the rules the
+    // allocator version. When the traced profile can be read, those decide, not the names.
+    let emulates_alike = |p: &Profile| {
+        p.gpu.compute_capability == profile.gpu.compute_capability
+            && p.workspace == profile.workspace
+            && p.software.allocator == profile.software.allocator
+    };
+    let same = traced == judging || Profile::load(traced).is_ok_and(|(p, _)| emulates_alike(&p));
+    (!same).then(|| {
         format!(
             "the trace was emulated for the {traced} profile, not {judging}: its library workspaces and \
              attention backends are that GPU's; trace it again with --profile {judging} to judge it on this one"

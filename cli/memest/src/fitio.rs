@@ -43,7 +43,8 @@ impl FitIo {
 
     /// The run records of every file, each run once: a run read again (a file given twice, or
     /// runs repeated across files) was counted twice, in the fit and in its held-out share.
-    /// Warns about what was dropped and about flags that have no effect.
+    /// Warns about what was dropped, about distinct runs that share an id, and about flags that
+    /// have no effect.
     pub fn read(&self) -> anyhow::Result<Vec<RunRecord>> {
         if let (Some(l), None) = (&self.data_licence, &self.write) {
             eprintln!("memest: warning: --data-licence {l:?} has no effect without --write: it is recorded in the written profile");
@@ -51,12 +52,25 @@ impl FitIo {
         let mut seen = BTreeSet::new();
         let all = read_runs(&self.runs)?;
         let total = all.len();
-        let unique: Vec<RunRecord> = all.into_iter().filter(|r| seen.insert(r.id.clone())).collect();
+        // The whole record: distinct runs may share an id (two datasets with one file stem).
+        let unique: Vec<RunRecord> =
+            all.into_iter().filter(|r| seen.insert(serde_json::to_string(r).unwrap_or_default())).collect();
         if unique.len() < total {
             eprintln!(
-                "memest: warning: {} of {total} run records repeat a run id already read (a runs.jsonl given twice?): \
-                 each run is counted once",
+                "memest: warning: {} of {total} run records repeat one already read (a runs.jsonl given twice?): each \
+                 run is counted once",
                 total - unique.len()
+            );
+        }
+        let mut ids = BTreeSet::new();
+        let shared: BTreeSet<&str> = unique.iter().filter(|r| !ids.insert(&r.id)).map(|r| r.id.as_str()).collect();
+        if !shared.is_empty() {
+            let first: Vec<&str> = shared.iter().take(3).copied().collect();
+            eprintln!(
+                "memest: warning: {} run ids belong to different runs (e.g. {}: datasets with the same file name?); all \
+                 are kept, and the held-out split puts runs of one id on one side",
+                shared.len(),
+                first.join(", ")
             );
         }
         Ok(unique)

@@ -492,7 +492,12 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     let o = out.to_str().unwrap();
     let (ok, _, err) = memest(&["safety", r, r]);
     assert!(ok, "{err}");
-    assert!(err.contains("40 of 80 run records repeat a run id already read"), "{err}");
+    assert!(err.contains("40 of 80 run records repeat one already read"), "{err}");
+    // Distinct runs under one id (two datasets named alike) are kept, and said.
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(&other, runs_jsonl(3).replace("\"batch\":1", "\"batch\":2")).unwrap();
+    let (ok, _, err) = memest(&["safety", r, other.to_str().unwrap()]);
+    assert!(ok && err.contains("3 run ids belong to different runs"), "{err}");
     let (ok, _, err) = memest(&["safety", r, "--write", o]);
     assert!(ok && out.is_file(), "{err}");
     assert!(err.contains("its margins for cnn are not refitted by these runs and are dropped"), "{err}");

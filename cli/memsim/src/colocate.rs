@@ -81,6 +81,9 @@ pub fn run(a: Args) -> Result<u8> {
         AlignArg::Timestamps => Align::Timestamps,
         AlignArg::Sum => Align::SumOfPeaks,
     };
+    if jobs.len() == 1 && align != Align::Auto {
+        warnings.push("--align has no effect on one job: it is judged as its replay".into());
+    }
     let r = colocate(&jobs, &opts, capacity, align, a.judge.point)?;
     for j in &r.jobs {
         for w in &j.replay_warnings {

@@ -187,6 +187,7 @@ pub fn replay_file(
     let fit = read.state.finish();
     warnings.extend(fit.report.warnings());
     let outside = outside.unwrap_or_else(Outside::none);
+    warnings.extend(fit::held_beside_terms(&fit.report, &outside));
     if capacity_flag.is_some() && profile.is_none() {
         warnings.push(
             "--capacity without --profile: nothing is subtracted for memory outside the allocator (context, \

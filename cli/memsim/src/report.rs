@@ -120,8 +120,9 @@ fn other_job(
 }
 
 /// Where the estimate's headline and the page's table, for the same profile, rest on different
-/// things: another capacity, the point against the safe number, or a point that is not this
-/// trace's replay (an estimate of another trace). Each made the page contradict itself silently.
+/// things: another capacity, the point against the safe number (where a margin tells them
+/// apart), or a reserved peak that is not this replay's (another trace, or other allocator
+/// settings). Each made the page contradict itself silently.
 fn headline_against_table(
     estimate: &serde_json::Value,
     path: &std::path::Path,
@@ -135,7 +136,8 @@ fn headline_against_table(
     let mut w = Vec::new();
     // MiB to a tenth, as both print them.
     let differ = |a: f64, b: f64| (a - b).abs() >= 0.05;
-    if let Some(c) = num("/verdict/capacity_mib").filter(|c| differ(*c, row.capacity_mib)) {
+    let capacity = num("/verdict/capacity_mib").filter(|c| differ(*c, row.capacity_mib));
+    if let Some(c) = capacity {
         w.push(format!(
             "--estimate {est} was judged at {c:.1} MiB and the table's {} row at {:.1} MiB: the headline and the \
              table judge different devices (give the estimate's --capacity here too)",
@@ -143,18 +145,23 @@ fn headline_against_table(
         ));
     }
     let safe = estimate.pointer("/verdict/basis").and_then(serde_json::Value::as_str).map(|b| b.ends_with("safe_mib"));
-    if let Some(safe) = safe.filter(|s| *s == point) {
+    // Without a margin the safe number is the point: the two cannot disagree.
+    let margin = matches!((num("/verdict/need_mib"), num("/verdict/point_mib")), (Some(n), Some(p)) if differ(n, p));
+    if let Some(safe) = safe.filter(|s| *s == point && margin) {
         let (headline, table) =
             if safe { ("the safe number", "the point (--point)") } else { ("the point", "the safe number") };
         w.push(format!(
             "--estimate {est} judges {headline} and the table {table}: the headline and the table can disagree"
         ));
     }
-    if let Some(p) = num("/verdict/point_mib").filter(|p| differ(*p, row.point_mib)) {
+    // The reserved peak leaves out the outside terms (which memest may choose libraries for
+    // where the trace does not say); at another capacity it differs anyway (said above).
+    let reserved = num("/estimates/symbolic/reserved_mib").filter(|r| differ(*r, row.reserved_mib));
+    if let (Some(r), None) = (reserved, capacity) {
         w.push(format!(
-            "--estimate {est} has a point of {p:.1} MiB on {} where this trace's replay has {:.1} MiB: an estimate \
-             of another trace?",
-            row.profile, row.point_mib
+            "--estimate {est} has a reserved peak of {r:.1} MiB on {} where this replay has {:.1} MiB: the \
+             headline is of another trace, or of other allocator settings (--alloc-conf, --torch)",
+            row.profile, row.reserved_mib
         ));
     }
     w
@@ -243,6 +250,7 @@ pub fn run(a: Args) -> Result<u8> {
             gpu,
             need_mib: mib(v.need_bytes),
             point_mib: mib(r.point()),
+            reserved_mib: mib(r.fit.reserved_need()),
             capacity_mib: mib(v.capacity_bytes),
             fits: v.fits,
             basis: v.basis.clone(),

@@ -233,9 +233,10 @@ fn colocate_counts_the_libraries_each_job_loads() {
         (vec![("profile", "h200")], true),
         (vec![("profile", "h200"), ("cuda_emulation", "false")], false),
         (vec![("profile", "p")], false),
-        // Another name for a GPU of this one's architecture (a renamed copy) emulates the same.
-        (vec![("profile", "h200"), ("compute_capability", "8.0")], false),
-        (vec![("profile", "h200"), ("compute_capability", "9.0")], true),
+        // A renamed copy of the traced profile (read where memsim finds profiles) emulates the
+        // same; another GPU does not, whatever the trace says of it.
+        (vec![("profile", profile.to_str().unwrap())], false),
+        (vec![("profile", "h200"), ("compute_capability", "8.0")], true),
     ] {
         let t = job("traced.jsonl", &meta);
         let (_, _, err) = memsim(&["replay", &t, "--profile", profile.to_str().unwrap()]);
@@ -466,11 +467,14 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
     };
     let mut records = three_tensors();
     records.insert(3, oom);
-    // Without timestamps (one job alone), and with them (the aligned replay, which missed it).
+    // Without timestamps (one job alone), and with them beside another job (the aligned replay,
+    // which missed it).
     let timed = write_with(dir.path(), "timed.jsonl", &records, &[]);
-    let v = json(&["colocate", timed.to_str().unwrap(), "--json"]);
+    let small = write_with(dir.path(), "small.jsonl", &[alloc(1, 2 * MIB, None)], &[]);
+    let (timed, small) = (timed.to_str().unwrap(), small.to_str().unwrap());
+    let v = json(&["colocate", timed, small, "--json"]);
     assert_eq!(v["mode"], "timestamps", "{v}");
-    let (code, out, _) = memsim(&["colocate", timed.to_str().unwrap(), "--capacity", &format!("{}B", 180 * MIB)]);
+    let (code, out, _) = memsim(&["colocate", timed, small, "--capacity", &format!("{}B", 180 * MIB)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("DOES NOT FIT"), "{out}");
     let t = write_logical(dir.path(), "o.jsonl", &records, &[]);
@@ -515,7 +519,11 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
     let mut records = three_tensors();
     records.insert(0, held(alloc(900, 200 * MIB, None), MemoryKind::Physical, Api::CuMemCreate));
     records.insert(1, held(alloc(901, 40 * MIB, None), MemoryKind::Managed, Api::CudaMallocManaged));
-    records.insert(2, held(free(901), MemoryKind::Managed, Api::CudaFree));
+    // The shim records every cudaFree as device memory, managed or not.
+    records.insert(2, held(free(901), MemoryKind::Device, Api::CudaFree));
+    // Released, so 40 MiB more at another address is not 40 MiB more held.
+    records.insert(3, held(alloc(902, 40 * MIB, None), MemoryKind::Managed, Api::CudaMallocManaged));
+    records.push(held(free(902), MemoryKind::Device, Api::CudaFree));
     records.push(held(free(900), MemoryKind::Physical, Api::CuMemRelease));
     let t = write_logical(dir.path(), "t.jsonl", &records, &[]);
     let t = t.to_str().unwrap();
@@ -529,6 +537,14 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
         assert!(out.contains("DOES NOT FIT") && out.contains("390.00 MiB"), "{cmd}: {out}");
         assert!(err.contains("outside the caching allocator"), "{cmd}: {err}");
     }
+    // Beside the profile's library terms (which a trace of a real run never turns on), the
+    // overlap is said.
+    let dir2 = tempfile::tempdir().unwrap();
+    let profile = dir2.path().join("p.toml");
+    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let both = write_logical(dir2.path(), "both.jsonl", &records, &[("uses_gemm", "true"), ("uses_conv", "false")]);
+    let (_, _, err) = memsim(&["replay", both.to_str().unwrap(), "--profile", profile.to_str().unwrap()]);
+    assert!(err.contains("a library's own allocations may be counted twice"), "{err}");
 }
 
 /// A need one byte over the capacity printed as MiB reads as two equal numbers beside DOES NOT

@@ -171,10 +171,13 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
     let (_, table, _) = memsim(&["report", t, "--json", "--profile", "a100-40gb"]);
     let row = serde_json::from_str::<serde_json::Value>(&table).unwrap()["verdicts"][0].clone();
     let (point, cap) = (row["point_mib"].as_f64().unwrap(), row["capacity_mib"].as_f64().unwrap());
+    let reserved = row["reserved_mib"].as_f64().unwrap();
     let est = dir.path().join("est.json");
-    let report = |basis: &str, point: f64, cap: f64, extra: &[&str]| {
-        let body = serde_json::json!({"estimates": {}, "profile_name": "a100-40gb", "verdict": {
-            "basis": basis, "point_mib": point, "need_mib": point, "capacity_mib": cap, "fits": true}});
+    let report = |basis: &str, reserved: f64, cap: f64, extra: &[&str]| {
+        // A margin of 10%: the safe number and the point differ.
+        let body = serde_json::json!({"estimates": {"symbolic": {"reserved_mib": reserved}},
+            "profile_name": "a100-40gb", "verdict": {
+            "basis": basis, "point_mib": point, "need_mib": point * 1.1, "capacity_mib": cap, "fits": true}});
         std::fs::write(&est, body.to_string()).unwrap();
         let mut args = vec!["report", t, "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
         args.extend_from_slice(&["--estimate", est.to_str().unwrap()]);
@@ -184,12 +187,13 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
         err
     };
     let safe = "estimates.symbolic.safe_mib";
-    let err = report(safe, point, cap, &[]);
+    let err = report(safe, reserved, cap, &[]);
     assert!(!err.contains("the headline and the table") && !err.contains("another trace"), "judged alike: {err}");
-    let err = report(safe, point, 2000.0, &[]);
+    let err = report(safe, reserved, 2000.0, &[]);
     assert!(err.contains("was judged at 2000.0 MiB and the table's a100-40gb row at"), "{err}");
-    let err = report(safe, point, cap, &["--point"]);
+    assert!(!err.contains("another trace"), "at another capacity the peaks differ anyway: {err}");
+    let err = report(safe, reserved, cap, &["--point"]);
     assert!(err.contains("judges the safe number and the table the point (--point)"), "{err}");
-    let err = report(safe, point + 500.0, cap, &[]);
-    assert!(err.contains("where this trace's replay has") && err.contains("an estimate of another trace?"), "{err}");
+    let err = report(safe, reserved + 500.0, cap, &[]);
+    assert!(err.contains("where this replay has") && err.contains("the headline is of another trace"), "{err}");
 }

@@ -177,7 +177,18 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             }
             use std::os::fd::FromRawFd;
             // Safety: `dup` is a fresh descriptor nothing else owns.
-            return Some((unsafe { File::from_raw_fd(dup) }, path));
+            let stream = unsafe { File::from_raw_fd(dup) };
+            // An exec'd child (torchrun's workers, a subprocess) inherits the stream its parent
+            // traces into: two traces in one stream cannot be read apart.
+            if traced_already(&path) {
+                log!(
+                    Warn,
+                    "MEMTRACE_OUT {path} is this program's output, where another process already writes a trace: \
+                     pid {pid} does not trace (give a path with %p)"
+                );
+                return None;
+            }
+            return Some((stream, path));
         }
         use std::os::fd::AsRawFd;
         // Safety: flock on a descriptor this function owns; LOCK_NB never blocks. The lock lives
@@ -204,6 +215,16 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     }
     log!(Warn, "trace file {path} is being written by another process too; recording disabled");
     None
+}
+
+/// Whether the first 64 KiB of a regular file hold a trace's magic (the parent's header, which
+/// reaches the file as soon as its writer starts, after whatever the program printed first).
+/// Opened afresh for reading: the stream itself is usually write-only.
+fn traced_already(path: &str) -> bool {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(64 << 10);
+    let read = File::open(path).and_then(|f| f.take(64 << 10).read_to_end(&mut head));
+    read.is_ok() && head.windows(trace::codec::MAGIC.len()).any(|w| w == trace::codec::MAGIC)
 }
 
 /// The program's stdout or stderr, when `meta` is the file one of them writes to.

@@ -257,6 +257,7 @@ impl Replayer {
                 let req = self.alloc_request(addr, size, stream);
                 self.apply(index, device, &req, Target { id: Some(id), addr, category }, source);
             }
+            Step::Free { device, addr, id: None, .. } if self.outside.release_unknown(device, addr) => {}
             Step::Free { device, stage, addr, id } => {
                 self.apply(index, device, &free_request(stage, addr), Target { id, addr, category: None }, source);
             }

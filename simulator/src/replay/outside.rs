@@ -37,6 +37,17 @@ impl OutsideHeld {
         }
     }
 
+    /// A free of an address no request holds: the release of managed memory held here, when it
+    /// is (the shim records every `cudaFree` as device memory: it cannot tell them apart).
+    #[inline]
+    pub(super) fn release_unknown(&mut self, device: u32, addr: u64) -> bool {
+        if self.live.is_empty() || !self.live.contains_key(&(device, false, addr)) {
+            return false;
+        }
+        self.free(device, false, addr);
+        true
+    }
+
     /// Bytes held on `device` now.
     pub(super) fn now(&self, device: u32) -> u64 {
         self.devices.iter().find(|(d, _)| *d == device).map_or(0, |(_, h)| h.now)

@@ -20,6 +20,8 @@ pub struct ProfileVerdict {
     pub need_mib: f64,
     /// The point estimate: reserved peak plus memory outside the allocator (MiB).
     pub point_mib: f64,
+    /// The reserved peak in it (MiB).
+    pub reserved_mib: f64,
     /// The GPU's total memory (MiB).
     pub capacity_mib: f64,
     /// Whether the job fits.
