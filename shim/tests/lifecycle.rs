@@ -151,20 +151,28 @@ fn a_trace_streams_to_stdout() {
     assert!(stray.is_empty(), "files written beside /dev/stdout: {stray:?}");
 }
 
+/// Runs `prog ARGS` under the shim with `MEMTRACE_OUT=/dev/stdout` and stdout redirected to a
+/// file (`prog > out`); asserts it succeeds; returns the file and its stderr.
+fn to_redirected_stdout(dir: &std::path::Path, prog: &str, args: &[&str]) -> (std::path::PathBuf, String) {
+    let redirected = dir.join("out");
+    let f = std::fs::File::create(&redirected).unwrap();
+    let out = command(prog, dir, &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
+        .args(args)
+        .stdout(Stdio::from(f))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (redirected, err)
+}
+
 /// `MEMTRACE_OUT=/dev/stdout` with stdout redirected to a file (`prog > out`) writes the trace
 /// into that stream, beside the program's own output, as through a pipe. It opened the file
 /// afresh: the trace was truncated over the program's output, or that output over the trace.
 #[test]
 fn a_trace_to_stdout_redirected_to_a_file_keeps_the_programs_output() {
     let dir = tempfile::tempdir().unwrap();
-    let redirected = dir.path().join("out");
-    let f = std::fs::File::create(&redirected).unwrap();
-    let out = command("p_fork", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
-        .stdout(Stdio::from(f))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (redirected, err) = to_redirected_stdout(dir.path(), "p_fork", &[]);
     // The fork child takes the redirected stdout for the parent's stream, as it does a pipe.
     assert!(err.contains("MEMTRACE_OUT /dev/stdout is a stream: fork child pid"), "{err}");
     let bytes = std::fs::read(&redirected).unwrap();
@@ -186,16 +194,9 @@ fn a_trace_to_stdout_redirected_to_a_file_keeps_the_programs_output() {
 #[test]
 fn a_second_process_does_not_trace_into_a_redirected_stdout_that_holds_a_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let redirected = dir.path().join("out");
-    let f = std::fs::File::create(&redirected).unwrap();
     let prog = crate::harness::build_dir().join("p_runtime_alloc");
-    let out = command("/bin/sh", dir.path(), &[("MEMTRACE_OUT", "/dev/stdout"), ("MEMTRACE_QUIET", "1")])
-        .args(["-c", "\"$0\" && \"$0\"", prog.to_str().unwrap()])
-        .stdout(Stdio::from(f))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (redirected, err) =
+        to_redirected_stdout(dir.path(), "/bin/sh", &["-c", "\"$0\" && \"$0\"", prog.to_str().unwrap()]);
     assert!(err.contains("where another process already writes a trace"), "{err}");
     let s = Stats::read(&redirected).unwrap();
     assert!(s.whole(), "one whole trace in the stream");
