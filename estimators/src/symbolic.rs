@@ -71,7 +71,7 @@ pub fn symbolic(
         predicted_reserved_peak: fit.reserved_need(),
         predicted_allocated_peak: fit.report.peak_allocated_bytes,
         predicted_device_peak: device,
-        outside_allocator: outside.total_bytes.saturating_add(fit.report.recorded_outside_bytes),
+        outside_allocator: fit.beside(outside),
         recorded_outside: fit.report.recorded_outside_bytes,
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),

@@ -345,8 +345,7 @@ pub fn colocate(
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
         if let Some(o) = unlimited.report.recorded_oom {
-            let beside = j.outside.total_bytes.saturating_add(unlimited.report.recorded_outside_bytes);
-            recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(beside));
+            recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(unlimited.beside(&j.outside)));
         }
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);

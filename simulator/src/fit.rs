@@ -398,7 +398,12 @@ impl FitOutcome {
     /// Device memory needed: the reserved need plus what lives outside the allocator (the
     /// profile's terms, and what the trace itself held there).
     pub fn device_peak(&self, outside: &Outside) -> u64 {
-        self.reserved_need().saturating_add(self.report.recorded_outside_bytes).saturating_add(outside.total_bytes)
+        self.reserved_need().saturating_add(self.beside(outside))
+    }
+
+    /// Memory outside the allocator: the profile's terms plus what the trace itself held there.
+    pub fn beside(&self, outside: &Outside) -> u64 {
+        outside.total_bytes.saturating_add(self.report.recorded_outside_bytes)
     }
 
     /// The device peak plus the safety margin.

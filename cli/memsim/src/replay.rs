@@ -125,8 +125,7 @@ impl Replayed {
     /// are at least this one's, so however the allocator packs them they cannot fit.
     pub fn need_floor(&self, point: bool) -> u64 {
         let allocated = self.fit.report.peak_allocated_bytes;
-        let outside = self.outside.total_bytes.saturating_add(self.fit.report.recorded_outside_bytes);
-        let at_least = allocated.saturating_add(outside);
+        let at_least = allocated.saturating_add(self.fit.beside(&self.outside));
         if point {
             at_least
         } else {
