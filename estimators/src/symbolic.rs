@@ -22,8 +22,8 @@ pub struct SymbolicEstimate {
     pub predicted_device_peak: u64,
     /// The outside-allocator term added: the profile's terms plus `recorded_outside`.
     pub outside_allocator: u64,
-    /// Device memory the trace itself held outside the allocator at most
-    /// ([`simulator::replay::ReplayReport::recorded_outside_bytes`]).
+    /// Device memory the trace itself held outside the allocator, on top of the reserved need
+    /// ([`simulator::fit::FitOutcome::held_beside`]).
     pub recorded_outside: u64,
     /// Whether the job would OOM at the capacity.
     pub oom_on_profile_gpu: bool,
@@ -72,7 +72,7 @@ pub fn symbolic(
         predicted_allocated_peak: fit.report.peak_allocated_bytes,
         predicted_device_peak: device,
         outside_allocator: fit.beside(outside),
-        recorded_outside: fit.report.recorded_outside_bytes,
+        recorded_outside: fit.held_beside(),
         oom_on_profile_gpu: fit.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),

@@ -100,8 +100,8 @@ pub struct JobReport {
     pub peak_reserved_bytes: u64,
     /// Memory outside the allocator, by term.
     pub outside_allocator: Outside,
-    /// Device memory the trace itself held outside the allocator, at most
-    /// ([`crate::replay::ReplayReport::recorded_outside_bytes`]).
+    /// Device memory the trace itself held outside the allocator, on top of its reserved need
+    /// ([`fit::FitOutcome::held_beside`]).
     pub held_outside_bytes: u64,
     /// Its device peak alone: reserved + outside the allocator (the point estimate).
     pub device_peak_bytes: u64,
@@ -214,8 +214,8 @@ fn shared_run(
         let device = rec.device.unwrap_or(0);
         if let Some(c) = capacity {
             let others: u64 = reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r).sum();
-            let own = reps[i].outside_now(device);
-            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside).saturating_sub(own));
+            // The replayer leaves its own trace's memory outside the allocator out of this.
+            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside));
         }
         reps[i].observe(rec);
         // What the job holds on the device: its segments, and what its trace holds beside them.
@@ -355,7 +355,7 @@ pub fn colocate(
             name: j.name.clone(),
             peak_reserved_bytes: unlimited.reserved_need(),
             outside_allocator: j.outside.clone(),
-            held_outside_bytes: unlimited.report.recorded_outside_bytes,
+            held_outside_bytes: unlimited.held_beside(),
             device_peak_bytes: device,
             device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
             margin: j.margin.clone(),

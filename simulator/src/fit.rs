@@ -401,9 +401,22 @@ impl FitOutcome {
         self.reserved_need().saturating_add(self.beside(outside))
     }
 
-    /// Memory outside the allocator: the profile's terms plus what the trace itself held there.
+    /// Memory outside the allocator: the profile's terms plus what the trace itself held there
+    /// ([`FitOutcome::held_beside`]).
     pub fn beside(&self, outside: &Outside) -> u64 {
-        outside.total_bytes.saturating_add(self.report.recorded_outside_bytes)
+        outside.total_bytes.saturating_add(self.held_beside())
+    }
+
+    /// What the trace itself held outside the allocator on top of the reserved need: what it held
+    /// at the allocator's busiest moment; when the need is a failed allocation's floor, the most
+    /// it held at any one time (the failure's moment is not the peak's; errs high).
+    pub fn held_beside(&self) -> u64 {
+        let r = &self.report;
+        if self.need_is_oom_floor() {
+            r.recorded_outside_bytes
+        } else {
+            r.outside_beside_peak_bytes
+        }
     }
 
     /// The device peak plus the safety margin.
@@ -431,7 +444,7 @@ pub fn fit_records<'a>(
         return replay(Some(b));
     }
     let mut out = replay(None)?;
-    if out.reserved_need() > b {
+    if out.reserved_need().saturating_add(out.held_beside()) > b {
         return replay(Some(b));
     }
     out.budget = Some(b);

@@ -297,8 +297,9 @@ fn replay_one(
     if rep.recorded_outside_bytes > 0 {
         outln!(
             out,
-            "  held outside        {} (device memory the trace held outside the caching allocator, at most: other \
-             modules' own requests, VMM handles, managed memory)",
+            "  held outside        {} in the need, of {} at most (device memory the trace held outside the caching \
+             allocator: other modules' own requests, VMM handles, managed memory)",
+            mib(r.fit.held_beside()),
             mib(rep.recorded_outside_bytes)
         );
     }

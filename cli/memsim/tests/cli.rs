@@ -547,6 +547,89 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
     assert!(err.contains("a library's own allocations may be counted twice"), "{err}");
 }
 
+/// What a trace holds outside the allocator counts at the allocator's busiest moment, not its
+/// own peak on top of the allocator's (which said DOES NOT FIT of a job that fits); and at a
+/// capacity, the allocator gets what the held memory leaves, freeing its cache as a real one
+/// would when `cudaMalloc` fails.
+#[test]
+fn memory_held_outside_counts_where_it_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let vmm = |r: Record| {
+        let mut r = r;
+        match &mut r.event {
+            Event::Alloc(a) => (a.mem, a.api) = (MemoryKind::Physical, Api::CuMemCreate),
+            Event::Free(f) => (f.mem, f.api) = (MemoryKind::Physical, Api::CuMemRelease),
+            _ => {}
+        }
+        r
+    };
+    // 200 MiB held and released before the tensors' 150 MiB: the device holds 200 at most.
+    let mut before = vec![vmm(alloc(900, 200 * MIB, None)), vmm(free(900))];
+    before.extend(three_tensors());
+    let t = write_logical(dir.path(), "before.jsonl", &before, &[]);
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 150 * MIB, "{v}");
+    assert_eq!(v["recorded_outside_bytes"], 200 * MIB, "{v}");
+    assert_eq!(v["outside_beside_peak_bytes"], 50 * MIB, "200 at once, 150 of it the reserved peak: {v}");
+    let cap = format!("{}B", 250 * MIB);
+    for cmd in ["replay", "colocate"] {
+        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+        assert_eq!(code, 0, "{cmd}: {out}{err}");
+        assert!(out.contains("FITS") && out.contains("200.00 MiB"), "{cmd}: {out}");
+    }
+    // 100 MiB held throughout; the job caches two 30 MiB segments, then asks for 60 MiB.
+    // Unlimited, it reserves 120 MiB (220 with the held memory); on 200 MiB the allocator has
+    // 100, frees its cache at the failed cudaMalloc and goes on: 160 MiB at most.
+    let held = vec![
+        vmm(alloc(900, 100 * MIB, None)),
+        alloc(1, 30 * MIB, None),
+        alloc(2, 30 * MIB, None),
+        free(1),
+        free(2),
+        alloc(3, 60 * MIB, None),
+        free(3),
+        vmm(free(900)),
+    ];
+    let t = write_logical(dir.path(), "held.jsonl", &held, &[]);
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 120 * MIB, "{v}");
+    let cap = format!("{}B", 200 * MIB);
+    let v = json(&["replay", t, "--capacity", &cap, "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 60 * MIB, "the cache freed at the held memory's limit: {v}");
+    assert_eq!(v["verdict"]["need_bytes"], 160 * MIB, "{v}");
+    assert_eq!(v["verdict"]["fits"], true, "{v}");
+    let (code, out, err) = memsim(&["colocate", t, "--capacity", &cap]);
+    assert_eq!(code, 0, "one job is its replay: {out}{err}");
+}
+
+/// A program that resets the peak statistics (after a warm-up, or to log each step) made the
+/// replay's peak the one since the reset: a phase of 100 MiB before an `empty_cache` and a
+/// reset was a need of 10 MiB, an underestimate a scheduler would act on.
+#[test]
+fn a_reset_of_the_peak_statistics_is_not_a_smaller_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = |op| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Control(Control { op }) };
+    let records = vec![
+        alloc(1, 100 * MIB, None),
+        free(1),
+        ctl(ControlOp::EmptyCache),
+        ctl(ControlOp::ResetPeakStats),
+        alloc(2, 10 * MIB, None),
+        free(2),
+    ];
+    let t = write_logical(dir.path(), "reset.jsonl", &records, &[]);
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--json"]);
+    assert_eq!(v["peak_reserved_bytes"], 100 * MIB, "{v}");
+    assert_eq!(v["peak_allocated_bytes"], 100 * MIB, "{v}");
+    assert_eq!(v["peak_resets"], 1, "{v}");
+    let (code, out, err) = memsim(&["replay", t, "--capacity", "64MiB"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("resets the peak statistics 1 times"), "{err}");
+}
+
 /// A need one byte over the capacity printed as MiB reads as two equal numbers beside DOES NOT
 /// FIT: such a pair is printed in bytes, in every verdict line.
 #[test]

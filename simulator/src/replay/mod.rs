@@ -121,6 +121,7 @@ pub struct Replayer {
     recorded_oom: Option<RecordedOom>,
     recorded_releases: u64,
     recorded_releases_kept: u64,
+    peak_resets: u64,
     /// Allocations at a trace address still live, and the first of them.
     over_live: (u64, Option<String>),
     outside: outside::OutsideHeld,
@@ -178,6 +179,7 @@ impl Replayer {
             recorded_oom: None,
             recorded_releases: 0,
             recorded_releases_kept: 0,
+            peak_resets: 0,
             over_live: (0, None),
             outside: outside::OutsideHeld::default(),
             has_categories: false,
@@ -202,10 +204,11 @@ impl Replayer {
         devices: &'a mut Vec<(u32, DeviceState)>,
         cfg: &AllocatorConfig,
         opts: &ReplayOptions,
+        outside: &outside::OutsideHeld,
         d: u32,
     ) -> &'a mut DeviceState {
         per_device(devices, d, || DeviceState {
-            alloc: Allocator::new(cfg.clone(), opts.version, opts.capacity),
+            alloc: Allocator::new(cfg.clone(), opts.version, opts.capacity.map(|c| c.saturating_sub(outside.now(d)))),
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
             live_by_category: [0; 7],
@@ -265,7 +268,8 @@ impl Replayer {
                 let (req, addr) = match *op {
                     ControlOp::EmptyCache => (Request::EmptyCache, 0),
                     ControlOp::SetMemoryFraction { fraction } => (Request::SetMemoryFraction(fraction), 0),
-                    ControlOp::ResetPeakStats => (Request::ResetPeakStats, 0),
+                    // The need is the whole run's peak, whatever the program measured.
+                    ControlOp::ResetPeakStats => return self.peak_resets += 1,
                     ControlOp::RecordStream { addr, stream } => (Request::RecordStream { addr, stream }, addr),
                 };
                 self.apply(index, device, &req, Target { id, addr, category: None }, source);
@@ -314,7 +318,7 @@ impl Replayer {
     #[inline(always)]
     fn apply(&mut self, index: u64, device: u32, req: &Request, t: Target, source: Option<&Record>) {
         self.report_requests += 1;
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
         let live = &mut self.live;
         // Translate the trace's address into the model's. A free that completes takes its block
         // out at once, and puts it back if the model refuses the request.
@@ -397,6 +401,7 @@ impl Replayer {
             }
         }
         let (reserved, allocated) = ds.note_peaks();
+        self.outside.note_reserved(device, reserved);
         if let Some(out) = self.realized.as_mut() {
             conversions::realize(out, source, device, &req, &ds.outcome);
         }
@@ -451,14 +456,6 @@ impl Replayer {
     /// collection and a memory fraction are relative to the capacity.
     pub fn capacity_sensitive(&self) -> bool {
         self.cfg.garbage_collection_threshold > 0.0 || self.cfg.per_process_memory_fraction.is_some()
-    }
-
-    /// Change the capacity of every device's allocator (collocation: what other jobs leave free).
-    pub fn set_capacity(&mut self, capacity: u64) {
-        self.opts.capacity = Some(capacity);
-        for (_, d) in &mut self.devices {
-            d.alloc.set_capacity(Some(capacity));
-        }
     }
 
     /// Index of the next record.
@@ -523,7 +520,9 @@ impl Replayer {
             recorded_oom: self.recorded_oom,
             recorded_releases: self.recorded_releases,
             recorded_releases_kept: self.recorded_releases_kept,
+            peak_resets: self.peak_resets,
             recorded_outside_bytes: self.outside.peak(),
+            outside_beside_peak_bytes: self.outside.beside_peak(max(|d| d.peak_reserved_bytes)),
             allocations_over_live: self.over_live.0,
             first_allocation_over_live: self.over_live.1,
             requests: self.report_requests,

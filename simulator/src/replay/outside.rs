@@ -1,11 +1,12 @@
 //! Device memory a trace holds outside the caching allocator: another module's own requests
 //! (NCCL's buffers), VMM physical handles, managed memory. The model places none of it, but the
 //! device holds it beside the allocator's segments, so the need counts it: left out, a verdict
-//! said FITS on a device the job had filled.
+//! said FITS on a device the job had filled. What counts is what it holds at the allocator's
+//! busiest moment, not its own peak on top of the allocator's: the two need not coincide.
 
 use hashbrown::HashMap;
 
-/// The live device memory outside the allocator, per device, with its peak.
+/// The live device memory outside the allocator, per device, with its peaks.
 #[derive(Debug, Default)]
 pub(super) struct OutsideHeld {
     /// Bytes held by (device, physical handle, trace address).
@@ -18,15 +19,20 @@ pub(super) struct OutsideHeld {
 struct Held {
     now: u64,
     peak: u64,
+    /// The most of (the allocator's reserved bytes + held bytes) at once, taken whenever
+    /// either rises while something is held.
+    joint: u64,
 }
 
 impl OutsideHeld {
-    /// An allocation of `size` bytes at `addr`; one over a live address replaces it.
-    pub(super) fn alloc(&mut self, device: u32, physical: bool, addr: u64, size: u64) {
+    /// An allocation of `size` bytes at `addr`, while the allocator reserves `reserved` on the
+    /// device; one over a live address replaces it.
+    pub(super) fn alloc(&mut self, device: u32, physical: bool, addr: u64, size: u64, reserved: u64) {
         let old = self.live.insert((device, physical, addr), size).unwrap_or(0);
         let h = super::per_device(&mut self.devices, device, Held::default);
         h.now = h.now - old + size;
         h.peak = h.peak.max(h.now);
+        h.joint = h.joint.max(h.now + reserved);
     }
 
     /// The release of the memory at `addr` (nothing, when the trace never showed it allocated).
@@ -34,6 +40,22 @@ impl OutsideHeld {
         if let Some(size) = self.live.remove(&(device, physical, addr)) {
             let h = super::per_device(&mut self.devices, device, Held::default);
             h.now -= size;
+        }
+    }
+
+    /// The allocator on `device` reserves `reserved` now: a new joint peak when memory is held
+    /// beside it. Nothing to do, and one test, when nothing is held (every symbolic trace).
+    #[inline(always)]
+    pub(super) fn note_reserved(&mut self, device: u32, reserved: u64) {
+        if !self.live.is_empty() {
+            self.note_joint(device, reserved);
+        }
+    }
+
+    #[cold]
+    fn note_joint(&mut self, device: u32, reserved: u64) {
+        if let Some((_, h)) = self.devices.iter_mut().find(|(d, _)| *d == device) {
+            h.joint = h.joint.max(h.now + reserved);
         }
     }
 
@@ -56,5 +78,11 @@ impl OutsideHeld {
     /// The most bytes held at once on any one device.
     pub(super) fn peak(&self) -> u64 {
         self.devices.iter().map(|(_, h)| h.peak).max().unwrap_or(0)
+    }
+
+    /// What the held memory adds to the reserved peak `reserved_peak` (the most reserved on any
+    /// one device): the most of (reserved + held) at once on any one device, less that peak.
+    pub(super) fn beside_peak(&self, reserved_peak: u64) -> u64 {
+        self.devices.iter().map(|(_, h)| h.joint).max().unwrap_or(0).saturating_sub(reserved_peak)
     }
 }

@@ -11,7 +11,7 @@ impl Replayer {
     pub(super) fn seed(&mut self, index: u64, seed: &Seed) {
         let device = seed.device;
         let existing = ExistingSegment::from(&seed.segment);
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
         if let Err(e) = ds.alloc.add_existing_segment(&existing) {
             for (b, id) in seed.active_blocks() {
                 self.live.refused(device, id, b.addr);
@@ -50,7 +50,7 @@ impl Replayer {
             return;
         }
         self.recorded_releases += 1;
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, device);
+        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
         if let Err(e) = ds.alloc.apply_into(&Request::EmptyCache, &mut ds.outcome) {
             self.reject(|| format!("record {index} (device {device}): recorded release: {e}"));
         }
@@ -86,7 +86,25 @@ impl Replayer {
         if free {
             self.outside.free(device, physical, addr);
         } else if size > 0 {
-            self.outside.alloc(device, physical, addr, size);
+            let (reserved, _) = self.current(device);
+            self.outside.alloc(device, physical, addr, size, reserved);
+        }
+        // What is held beside the allocator is not the allocator's to use: at a capacity, its
+        // segments get what the held memory leaves, as a real `cudaMalloc` would.
+        if let Some(c) = self.opts.capacity {
+            let held = self.outside.now(device);
+            if let Some((_, ds)) = self.devices.iter_mut().find(|(d, _)| *d == device) {
+                ds.alloc.set_capacity(Some(c.saturating_sub(held)));
+            }
+        }
+    }
+
+    /// Change the capacity of every device (collocation: what other jobs leave free); each
+    /// allocator gets what the trace's own memory outside it leaves of that.
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.opts.capacity = Some(capacity);
+        for (dev, d) in &mut self.devices {
+            d.alloc.set_capacity(Some(capacity.saturating_sub(self.outside.now(*dev))));
         }
     }
 

@@ -114,10 +114,16 @@ pub struct ReplayReport {
     /// Those left out: the allocator's settings release some segments and keep others
     /// (`max_split_size_mb`, `garbage_collection_threshold`), which `empty_cache` does not.
     pub recorded_releases_kept: u64,
+    /// `reset_peak_memory_stats` calls in the trace, not replayed: the peaks are the whole run's.
+    pub peak_resets: u64,
     /// The most device memory the trace held outside the caching allocator at once on one
     /// device (another module's own requests, VMM physical handles, managed memory): not placed
     /// by the model, and counted in the need on top of the reserved peak.
     pub recorded_outside_bytes: u64,
+    /// What that memory adds to the reserved peak: the most of (reserved + held) at once on one
+    /// device, less `peak_reserved_bytes` (at most `recorded_outside_bytes`: the two peaks need
+    /// not coincide).
+    pub outside_beside_peak_bytes: u64,
     /// Allocations at a trace address whose block was still live (the trace has no free for
     /// it): the earlier block stays allocated in the model.
     pub allocations_over_live: u64,
@@ -163,12 +169,20 @@ impl ReplayReport {
                 self.recorded_releases_kept
             )
         });
+        let resets = (self.peak_resets > 0).then(|| {
+            format!(
+                "the program resets the peak statistics {} times (reset_peak_memory_stats): not replayed, so the \
+                 peaks here are the whole run's, which is what the job needs, and not what the program's own \
+                 max_memory_reserved() would say",
+                self.peak_resets
+            )
+        });
         let outside = (self.recorded_outside_bytes > 0).then(|| {
             format!(
                 "the trace holds up to {} B of device memory outside the caching allocator (another module's own \
-                 requests, VMM physical handles, managed memory); the need counts it on top of the reserved peak, \
-                 which errs high when the two peaks do not coincide",
-                self.recorded_outside_bytes
+                 requests, VMM physical handles, managed memory); the need counts what it held at the allocator's \
+                 busiest moment: {} B on top of the reserved peak",
+                self.recorded_outside_bytes, self.outside_beside_peak_bytes
             )
         });
         let over_live = self.first_allocation_over_live.as_ref().map(|first| {
@@ -183,6 +197,7 @@ impl ReplayReport {
             .cloned()
             .chain(kept)
             .chain(over_live)
+            .chain(resets)
             .chain(outside)
             .chain(self.recorded_oom.map(|o| o.warning()))
             .collect()
