@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,16 +39,22 @@ class MemtraceWarning(UserWarning):
 KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
             "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
             "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
-            "profile": "gpu", "checkpointing": "checkpointing", "point": "point"}  # fmt: skip
+            "profile": "gpu", "checkpointing": "checkpointing", "point": "point",
+            "alloc-conf": "alloc_conf", "step": "model", "report": "path"}  # fmt: skip
+# `replay` names the profile as memsim does.
+REPLAY_KEYWORDS = {**KEYWORDS, "profile": "profile"}
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+# One estimate at a time per process: the tracer's device, the fake process group and the
+# warnings captured are the process's own. Calls from several threads wait their turn.
+_ONE_AT_A_TIME = threading.RLock()
 
 
-def as_keywords(message: str) -> str:
+def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
     """`message` with each CLI flag the API has a keyword for said as that keyword:
     `--world-size 0:` as `world_size=0:`, a flag without a value as the keyword's name."""
 
     def said(m: re.Match[str]) -> str:
-        name = KEYWORDS.get(m.group(1))
+        name = keywords.get(m.group(1))
         if name is None:
             return m.group(0)
         return f"{name}={m.group(2)}" if m.group(2) else name
@@ -125,9 +132,60 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     if target is None:
         return out if out.dim() == 0 else out.mean()
     if not target.is_floating_point():
-        return nn.functional.cross_entropy(out.flatten(0, -2) if out.dim() > 2 else out,
-                                           target.flatten())  # fmt: skip
+        shape, classes_last = tuple(target.shape), tuple(out.shape[:-1])
+        if out.dim() == 2 and shape in (classes_last, (*classes_last, 1)):
+            return nn.functional.cross_entropy(out, target.flatten())
+        if out.dim() > 2 and shape == (out.shape[0], *out.shape[2:]):
+            # Classes in the second dimension (segmentation: N, C, H, W), as cross_entropy takes.
+            return nn.functional.cross_entropy(out, target)
+        if out.dim() > 2 and shape == classes_last:
+            return nn.functional.cross_entropy(out.flatten(0, -2), target.flatten())
+        raise EstimateError(
+            f"the default loss cannot pair the model's output {tuple(out.shape)} with the "
+            f"integer target {shape} (class scores in the last or the second dimension): pass "
+            "loss_fn="
+        )
+    if tuple(target.shape) != tuple(out.shape):
+        raise EstimateError(
+            f"the default loss (mean squared error) needs a floating target of the output's "
+            f"shape {tuple(out.shape)}, got {tuple(target.shape)}: pass loss_fn="
+        )
     return nn.functional.mse_loss(out, target)
+
+
+def _check_arguments(target: Any, loss_fn: Any, lora_targets: Any) -> str | None:
+    """Refuse values the tracer cannot take, naming the keyword; `lora_targets` as the CLI's
+    comma-separated text (a list of module names is taken too)."""
+    if loss_fn is not None:
+        if not callable(loss_fn):
+            raise EstimateError(f"loss_fn={loss_fn!r}: expected a callable loss_fn(output, "
+                                "target) -> scalar tensor")  # fmt: skip
+        import inspect
+
+        try:
+            inspect.signature(loss_fn).bind(None, None)
+        except TypeError as e:
+            raise EstimateError(f"loss_fn: it is called as loss_fn(output, target), and that "
+                                f"call does not match its signature ({e})") from None  # fmt: skip
+        except ValueError:
+            pass  # a builtin without a signature: it is called as is
+    elif target is not None and not isinstance(target, torch.Tensor):
+        raise EstimateError(
+            f"target: the default loss takes a tensor (class indices or values), got "
+            f"{type(target).__name__}; convert it (torch.as_tensor) or pass loss_fn="
+        )
+    if lora_targets is None or isinstance(lora_targets, str):
+        return lora_targets
+    if isinstance(lora_targets, list | tuple) and all(isinstance(t, str) for t in lora_targets):
+        return ",".join(lora_targets)
+    raise EstimateError(f"lora_targets={lora_targets!r}: expected module names, as a list of "
+                        "strings or one comma-separated string")  # fmt: skip
+
+
+def _text(name: str, value: Any) -> None:
+    """A name argument (`gpu`, `profile`, `optimizer`): a non-empty string or a path."""
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise EstimateError(f"{name}={value!r}: expected a non-empty name (a string)")
 
 
 def _batch_of(inputs: Any) -> int:
@@ -166,19 +224,25 @@ def _workloads(
                 f"{name}: a tensor's first dimension is {other[0]}, where example_inputs' batch "
                 f"is {base}; every tensor's first dimension is the batch"
             )
+    lora_targets = _check_arguments(target, loss_fn, lora_targets)
     if lora_targets is not None and lora is None:
         raise EstimateError("lora_targets= has no meaning without lora=")
     parsed = Lora.parse(str(lora), lora_targets, None) if lora is not None else None
     regime = Regime(dtype=dtype, amp=amp, lora=parsed)
     regime.validate()
     loss = loss_fn or default_loss
+    # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
+    # model too); without one, the model's own.
+    recast = dtype is not None and any(
+        p.is_floating_point() and p.dtype != regime.param_dtype for p in model.parameters()
+    )
 
     def workload(batch: int | None = None) -> Any:
         b = batch or base
         inputs, tgt = _meta_like(example_inputs, b), _meta_like(target, b)
         w = Workload(f"python:{type(model).__name__}", _meta_copy(model),
                      lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
-        return tuned(w, regime) if regime.active else w
+        return tuned(w, regime) if regime.active or recast else w
 
     return workload
 
@@ -216,11 +280,47 @@ def _warnings_as_python() -> Iterator[list[str]]:
     said: list[str] = []
 
     def sink(message: str) -> None:
+        message = as_keywords(message)
         said.append(message)
         warnings.warn(message, MemtraceWarning, stacklevel=4)
 
     with notes.captured(sink):
         yield said
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """The caller's context set aside while a job is traced: one trace at a time, gradients on
+    (a notebook cell under `torch.no_grad()` or `inference_mode()` trains nothing), and a
+    default device other than CUDA (under `with torch.device("meta")` every op of the trace was
+    taken for one on the meta device proper, which holds no memory, and the estimate lost its
+    gradients, optimizer state and activations). A CUDA default stays: the tracer's device
+    answers for it, as the job's GPU would."""
+    with _ONE_AT_A_TIME, torch.inference_mode(False), torch.enable_grad(), _no_device_default():
+        yield
+
+
+@contextlib.contextmanager
+def _no_device_default() -> Iterator[None]:
+    """The torch-function modes of a non-CUDA default device (`with torch.device(...)`,
+    `torch.set_default_device`) taken off the mode stack for a while, the rest kept in order."""
+    from torch.utils._device import DeviceContext
+
+    def aside(m: Any) -> bool:
+        return isinstance(m, DeviceContext) and torch.device(m.device).type != "cuda"
+
+    saved = [torch._C._pop_torch_function_stack()
+             for _ in range(torch._C._len_torch_function_stack())][::-1]  # fmt: skip
+    for m in saved:
+        if not aside(m):
+            torch._C._push_on_torch_function_stack(m)
+    try:
+        yield
+    finally:
+        for _ in range(torch._C._len_torch_function_stack()):
+            torch._C._pop_torch_function_stack()
+        for m in saved:
+            torch._C._push_on_torch_function_stack(m)
 
 
 @contextlib.contextmanager
@@ -299,10 +399,12 @@ def estimate(
 
     _count("steps", steps, "a number of traced steps")
     _count("world_size", world_size, "a number of ranks")
+    _text("gpu", gpu)
+    _text("optimizer", optimizer)
     prof = _profile(gpu, capacity)
     tmp = tempfile.TemporaryDirectory(prefix="memtrace-")
     trace = Path(tmp.name) / "symbolic.jsonl"
-    with _warnings_as_python() as said, _errors():
+    with _tracing(), _warnings_as_python() as said, _errors():
         if isinstance(model, nn.Module):
             workload = _workloads(
                 model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
@@ -384,14 +486,19 @@ def max_batch(
     _count("steps", steps, "a number of traced steps")
     _count("world_size", world_size, "a number of ranks")
     _count("limit", limit, "the largest batch to try")
+    _text("gpu", gpu)
+    _text("optimizer", optimizer)
     prof = _profile(gpu, capacity)
-    with _warnings_as_python(), _errors():
+    with _tracing(), _warnings_as_python(), _errors():
         workload = _workloads(
             model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
         )
         step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
         found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,
                        limit, point)  # fmt: skip
+        if found.get("hit_limit"):
+            notes.warn(f"limit={limit} fits: the search stopped there, and larger batches may "
+                       "fit too; raise limit= to look further")  # fmt: skip
     return int(found["max_batch"])
 
 
@@ -399,14 +506,21 @@ def replay(trace: str | Path, profile: str | None = None, *, capacity: str | Non
            alloc_conf: str | None = None, point: bool = False) -> dict[str, Any]:  # fmt: skip
     """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
+    _text("trace", trace)
     args = ["replay", str(trace), "--json"]
     for flag, value in (("--profile", profile), ("--capacity", capacity),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip
         if value is not None:
-            args += [flag, value]
+            _text(flag[2:].replace("-", "_"), value)
+            args += [flag, str(value)]
     if point:
         args.append("--point")
-    return json.loads(memsim(*args, codes=(0, 1)))  # type: ignore[no-any-return]
+    data = json.loads(memsim(*args, codes=(0, 1), keywords=REPLAY_KEYWORDS))
+    # What memsim says of the trace (truncated, unknown records) reaches the caller as
+    # `estimate`'s warnings do.
+    for said in data.get("warnings", []):
+        warnings.warn(said, MemtraceWarning, stacklevel=2)
+    return data  # type: ignore[no-any-return]
 
 
 def profiles() -> list[str]:

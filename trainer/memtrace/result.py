@@ -32,14 +32,18 @@ class EstimateError(Exception):
     the model failed on the tracer's device (the message names the op and your source line)."""
 
 
-def memsim(*args: str, codes: tuple[int, ...] = (0,)) -> str:
-    """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise."""
-    from memtrace.api import as_keywords
+def memsim(
+    *args: str, codes: tuple[int, ...] = (0,), keywords: dict[str, str] | None = None
+) -> str:
+    """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise, with memsim's
+    flags said as the caller's `keywords` (default: `estimate`'s)."""
+    from memtrace.api import KEYWORDS, as_keywords
 
     done = run_tool("memsim", list(args))
     if done.returncode not in codes:
         # The caller gave keyword arguments (capacity=, gpu=), which memsim knows as flags.
-        raise EstimateError(f"memsim {args[0]}: {as_keywords(error_line(done.stderr))}")
+        said = as_keywords(error_line(done.stderr), keywords or KEYWORDS)
+        raise EstimateError(f"memsim {args[0]}: {said}")
     return done.stdout
 
 
@@ -74,10 +78,11 @@ class Estimate:
         return Path(self._dir.name) / "symbolic.jsonl"
 
     def fits(
-        self, gpu: str | None = None, *, capacity: str | None = None, point: bool = False
+        self, gpu: str | None = None, *, capacity: str | None = None, point: bool | None = None
     ) -> bool:
         """Whether the job fits `gpu` (a profile name or path; default: the one estimated for),
-        on the safe number, or on the point estimate with `point=True`.
+        on the safe number, or on the point estimate with `point=True` (default: what the
+        estimate judged, so `fits()` is always the estimate's own verdict).
 
         The memory judged is `capacity` (e.g. "20GiB") when given; else, with no `gpu`, the
         estimate's own `capacity` when it was given one; else the GPU's total memory. A `gpu`
@@ -86,6 +91,10 @@ class Estimate:
         from memtrace.api import MemtraceWarning
         from memtrace_trainer.estimate import judged_on_point
 
+        if gpu is not None and (not isinstance(gpu, str | Path) or not str(gpu).strip()):
+            raise EstimateError(f"gpu={gpu!r}: expected a profile name or path (a string)")
+        if point is None:
+            point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):
             return bool(self.verdict["fits"])
         if gpu is not None and capacity is None and self._capacity is not None:
@@ -155,12 +164,13 @@ class Estimate:
     def report(self, path: str | Path) -> Path:
         """One self-contained HTML page: memory over the steps, what is alive at the peak, the
         segment map, the estimators side by side and the verdict."""
+        from memtrace.api import as_keywords
         from memtrace_trainer.estimate import write_report
 
         try:
             return write_report(self.trace_path, self.raw, Path(self.profile), Path(path))
         except UserError as e:
-            raise EstimateError(str(e)) from e
+            raise EstimateError(as_keywords(str(e))) from e
 
     def to_json(self) -> str:
         """The estimate as `python -m memtrace_trainer estimate --json` prints it, plus the
@@ -182,9 +192,10 @@ class Estimate:
         )
 
     def __str__(self) -> str:
+        from memtrace.api import as_keywords
         from memtrace_trainer.estimate import sentence
 
-        return sentence(self.raw["text"])
+        return as_keywords(sentence(self.raw["text"]))
 
 
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:

@@ -90,6 +90,9 @@ def load_profile(name: str | None, capacity: str | None = None) -> Profile:
     """A profile NAME (profiles/NAME.toml or $MEMTRACE_PROFILES) or a .toml path; `None` is the
     default profile, a100-40gb. A `capacity` (`--capacity` as the user typed it) is checked by
     memsim's one size parser here, so a bad one fails before any tracing."""
+    if name is not None and not name.strip():
+        raise UserError(f"--profile {name!r}: expected a GPU profile NAME (profiles/NAME.toml) "
+                        "or a .toml path")  # fmt: skip
     data = _read(name or DEFAULT_PROFILE, capacity)
     try:
         cc = data["gpu"]["compute_capability"]

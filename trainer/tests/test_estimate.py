@@ -298,6 +298,10 @@ def test_capacity_source_words_are_memsims(tmp_path: Path) -> None:
         (["--capacity", "0"], 'invalid capacity "0"'),
         (["--grad-accum", "0"], "--grad-accum 0: expected at least 1"),
         (["--strategy", "ddp"], "--world-size is required with --strategy"),
+        # An empty name was the default, silently; a world past 2**31 an internal error.
+        (["--optimizer="], "--optimizer '': expected one of adam"),
+        (["--profile="], "--profile '': expected a GPU profile NAME"),
+        (["--strategy", "ddp", "--world-size", "1000000000000"], "expected at most 65536"),
     ],
 )
 def test_bad_flags_are_refused_with_their_names(flags: list[str], said: str) -> None:

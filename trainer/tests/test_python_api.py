@@ -127,7 +127,8 @@ def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> 
     between = f"{(est.device_mib + est.safe_mib) / 2:.3f}MiB"
     on_point = memtrace.estimate(model, X, target=Y, capacity=between, point=True)
     assert on_point.verdict["fits"] is True and on_point.fits(point=True) is True
-    assert on_point.fits() is False  # the safe number is above the capacity
+    assert on_point.fits(point=False) is False  # the safe number is above the capacity
+    assert on_point.fits() is True  # the estimate's own verdict, on its own number
     # The page judges its rows on the point too, and shows the capacity judged at.
     page = on_point.report(tmp_path / "r.html").read_text()
     assert '<span class="muted">(point)</span>' in page and "(--capacity)" in page
@@ -241,6 +242,21 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
         ({"lora": 4}, r"not a Hugging Face model.*lora_targets="),
         ({"lora_targets": "0"}, "lora_targets= has no meaning without lora="),
+        ({"target": 3}, r"^target: the default loss takes a tensor .* got int"),
+        ({"target": [1] * 32}, r"^target: the default loss takes a tensor .* got list"),
+        ({"loss_fn": "mse"}, r"^loss_fn='mse': expected a callable"),
+        (
+            {"loss_fn": lambda out: out.sum()},
+            r"^loss_fn: it is called as loss_fn\(output, target\)",
+        ),
+        ({"gpu": 5}, r"^gpu=5: expected a non-empty name"),
+        ({"gpu": ""}, r"^gpu='': expected a non-empty name"),
+        ({"optimizer": ""}, r"^optimizer='': expected a non-empty name"),
+        ({"lora": 4, "lora_targets": [0, 2]}, r"^lora_targets=\[0, 2\]: expected module names"),
+        (
+            {"world_size": 2_000_000, "strategy": "ddp"},
+            r"^world_size=2000000: expected at most 65536 ranks",
+        ),
     ],
 )
 def test_bad_arguments_raise_estimate_error(kwargs: dict, expect: str) -> None:
@@ -310,3 +326,115 @@ def test_lora_on_a_transformers_model_takes_peft_defaults_and_elsewhere_its_targ
 def test_max_batch_of_what_is_not_a_module_is_an_estimate_error() -> None:
     with pytest.raises(EstimateError, match=r"max_batch searches an nn\.Module"):
         memtrace.max_batch(lambda device: None, None)
+
+
+def test_fits_without_arguments_is_the_estimates_own_verdict() -> None:
+    """An estimate judged on its point number at a capacity between the point and the safe
+    number: `fits()` said False beside a FITS verdict, as it judged the safe number."""
+    model = _mlp()
+    est = memtrace.estimate(model, X, target=Y)
+    between = f"{(est.device_mib + est.safe_mib) / 2:.3f}MiB"
+    on_point = memtrace.estimate(model, X, target=Y, capacity=between, point=True)
+    assert on_point.verdict["fits"] is True and "FITS" in str(on_point)
+    assert on_point.fits() is True and on_point.fits(point=False) is False
+
+
+def _same(a: memtrace.Estimate, b: memtrace.Estimate) -> None:
+    assert (a.device_mib, a.breakdown) == (b.device_mib, b.breakdown)
+
+
+def test_the_callers_torch_context_is_set_aside() -> None:
+    """A notebook cell under no_grad or inference_mode trained nothing ("element 0 of tensors
+    does not require grad"); under `with torch.device("meta")` every op was taken for one on
+    the meta device proper, and the estimate lost its gradients and optimizer state. The same
+    numbers now, and the caller's context as it was afterwards."""
+    model = _mlp()
+    plain = memtrace.estimate(model, X, target=Y)
+    assert plain.breakdown["gradients"] > 0 and plain.breakdown["optimizer_state"] > 0
+    with torch.no_grad():
+        _same(memtrace.estimate(model, X, target=Y), plain)
+        assert not torch.is_grad_enabled()
+    with torch.inference_mode():
+        _same(memtrace.estimate(model, X, target=Y), plain)
+        assert torch.is_inference_mode_enabled()
+    with torch.device("meta"):
+        _same(memtrace.estimate(model, X, target=Y), plain)
+        assert torch.get_default_device().type == "meta" and torch.empty(1).is_meta
+        assert memtrace.max_batch(model, X, target=Y, limit=4) == 4
+
+
+def test_estimates_from_threads_wait_their_turn() -> None:
+    """Four threads at once: three failed with "nested traces are not supported", and one
+    took another's warnings. Each now gets its own answer and its own warnings."""
+    import threading
+
+    model = _mlp()
+    alone = {g: memtrace.estimate(model, X, target=Y, gpu=g) for g in ("a100-40gb", "h200")}
+    got: list[tuple[str, object]] = []
+
+    def one(gpu: str) -> None:
+        try:
+            got.append((gpu, memtrace.estimate(model, X, target=Y, gpu=gpu)))
+        except Exception as e:
+            got.append((gpu, e))
+
+    threads = [threading.Thread(target=one, args=(g,)) for g in ("a100-40gb", "h200") * 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(got) == 4
+    for gpu, est in got:
+        assert isinstance(est, memtrace.Estimate), f"{gpu}: {est!r}"
+        assert est.device_mib == alone[gpu].device_mib and est.warnings == alone[gpu].warnings
+
+
+def test_a_sharded_estimate_leaves_the_callers_excepthook() -> None:
+    """The fake process group's init installed PyTorch's `[rank0]:` excepthook, once more per
+    estimate, on every later traceback of the caller's."""
+    import sys
+
+    hook = sys.excepthook
+    memtrace.estimate(_mlp(), X, target=Y, strategy="ddp", world_size=2)
+    assert sys.excepthook is hook
+
+
+def test_a_dtype_asked_for_is_the_parameters_dtype() -> None:
+    """`dtype="fp32"` of a bf16 model was taken as no dtype: its parameters stayed bf16."""
+    bf16 = _mlp().to(torch.bfloat16)
+    own = memtrace.estimate(bf16, X, target=Y).breakdown["parameters"]
+    fp32 = memtrace.estimate(bf16, X, target=Y, dtype="fp32").breakdown["parameters"]
+    assert fp32 == pytest.approx(2 * own, rel=0.01)
+    assert memtrace.estimate(_mlp(), X, target=Y, dtype="fp32").breakdown["parameters"] == fp32
+
+
+def test_the_default_loss_takes_class_scores_in_the_second_dimension() -> None:
+    """A segmentation head's (N, C, H, W) output against (N, H, W) classes failed ("Expected
+    input batch_size (320) to match target batch_size (2048)") and blamed the model."""
+    seg = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 5, 1))
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 5, (2, 32, 32))
+    assert memtrace.estimate(seg, x, target=y).device_mib > 0
+    with pytest.raises(EstimateError, match=r"cannot pair the model's output \(2, 5, 32, 32\)"):
+        memtrace.estimate(seg, x, target=torch.randint(0, 5, (2, 7)))
+    with pytest.raises(EstimateError, match=r"mean squared error.*shape \(32, 10\), got \(32,\)"):
+        memtrace.estimate(_mlp(), X, target=torch.randn(32))
+
+
+def test_max_batch_at_its_limit_says_larger_may_fit() -> None:
+    with pytest.warns(memtrace.MemtraceWarning, match=r"limit=3 fits: .* larger batches may fit"):
+        assert memtrace.max_batch(nn.Linear(4, 4), torch.randn(2, 4), limit=3) == 3
+
+
+def test_replay_names_its_own_arguments_and_says_memsims_warnings(tmp_path: Path) -> None:
+    est = memtrace.estimate(_mlp(), X, target=Y)
+    text = est.trace_path.read_text()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.warns(memtrace.MemtraceWarning, match="truncated"):
+        memtrace.replay(cut, "a100-40gb")
+    with pytest.raises(EstimateError, match=r"profile=a100-80gb: profile \"a100-80gb\" not found"):
+        memtrace.replay(est.trace_path, "a100-80gb")
+    with pytest.raises(EstimateError, match=r"^profile=5: expected a non-empty name"):
+        memtrace.replay(est.trace_path, 5)  # type: ignore[arg-type]

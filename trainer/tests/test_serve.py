@@ -290,6 +290,9 @@ def test_health_and_schema(server: Server) -> None:
         ({"model": MLP, "batch_size": 4, "report": "/tmp/r.html"}, 400, "report", "writes"),
         ({"model": MLP, "batch_size": 4, "json": False}, 400, "json", "JSON only"),
         ({"model": MLP, "batch_size": 4, "qlora": True}, 400, "qlora", "--qlora: synthetic"),
+        ({"model": "synthetic:{}", "batch_size": 2}, 400, "model", "config field 'family'"),
+        ({"model": MLP, "batch_size": 4, "optimizer": ""}, 400, "optimizer", "--optimizer ''"),
+        ({"model": MLP, "batch_size": 4, "profile": ""}, 400, "profile", "--profile ''"),
         ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),
         ({"entry": "entry_example:build", "batch_size": 2}, 403, "entry", "allowed: none"),
         ({"script": str(TESTS / "scripts" / "x.py")}, 403, "script", "--allow-script"),
@@ -497,6 +500,9 @@ def test_start_up_errors(tmp_path: Path) -> None:
     check(["--socket", str(tmp_path / "s"), "--allow-script", "nofile.py"], "no such file")
     check(["--socket", str(tmp_path / "s"), "--max-concurrency", "0"], "--max-concurrency")
     check(["--socket", str(tmp_path / "s"), "--timeout", "0"], "--timeout")
+    # Past Connection.poll's limit every estimate was a 500, and /v1/health said `Infinity`.
+    for past in ("inf", "nan", "3e9"):
+        check(["--socket", str(tmp_path / "s"), "--timeout", past], "at most 2000000")
 
 
 def test_same_numbers_with_the_release_binaries(

@@ -334,7 +334,7 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
     from memtrace_trainer.symtrace.step import StepConfig
 
     cfg = StepConfig(
-        args.get("optimizer") or "adam",
+        "adam" if args.get("optimizer") is None else args["optimizer"],
         steps,
         args.get("amp"),
         args.get("checkpointing") or None,

@@ -10,6 +10,9 @@ from pathlib import Path
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError
 
+# The longest --timeout: Connection.poll takes at most 2**31 - 1 milliseconds.
+MAX_TIMEOUT = 2_000_000
+
 Handler = Callable[[argparse.Namespace], int | None]
 
 DESCRIPTION = """\
@@ -132,8 +135,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_concurrency < 1:
         raise UserError(f"serve --max-concurrency {args.max_concurrency}: expected 1 or more")
-    if not args.timeout > 0:
-        raise UserError(f"serve --timeout {args.timeout}: expected seconds above 0")
+    # The worker is waited for with Connection.poll, whose limit is 2**31 milliseconds.
+    if not 0 < args.timeout <= MAX_TIMEOUT:
+        raise UserError(f"serve --timeout {args.timeout}: expected seconds above 0 and at most "
+                        f"{MAX_TIMEOUT} (24 days)")  # fmt: skip
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UserError(f"serve --port {args.port}: expected 0-65535")
     if args.socket is not None and args.host != "127.0.0.1":

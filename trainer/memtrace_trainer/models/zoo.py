@@ -270,12 +270,16 @@ def _build(
         return _hf(spec, source, name, batch_size, seq_len, device, tune)
     if source == "dlrm":
         return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size, device)
-    if source == "gpumemnet":
-        config, _ = from_gpumemnet_filename(name)
+    if source in ("gpumemnet", "synthetic"):
+        try:
+            if source == "gpumemnet":
+                config, _ = from_gpumemnet_filename(name)
+            else:
+                config = from_dict(json_object(name, "the config after `synthetic:`"))
+        except UserError as e:
+            # The generator's words name its config's fields; the spec is what was given.
+            raise UserError(f"--model {spec!r}: {e}") from None
         return _synthetic(spec, config, batch_size, shape, device)
-    if source == "synthetic":
-        data = json_object(name, f"spec {spec!r}: the config after `synthetic:`")
-        return _synthetic(spec, from_dict(data), batch_size, shape, device)
     raise UserError(
         f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:REPO_ID, "
         "hf-config:PATH, dlrm, "
@@ -301,10 +305,12 @@ def tuned(w: Workload, regime: Regime) -> Workload:
             "give --lora-targets (lora_targets= in Python; module names, e.g. fc1,fc2)"
         )
     dtype = regime.param_dtype
-    model = w.model.to(dtype) if dtype != torch.float32 else w.model
+    # Cast where a floating parameter is of another dtype (a bf16 model asked for in fp32 too).
+    recast = any(p.is_floating_point() and p.dtype != dtype for p in w.model.parameters())
+    model = w.model.to(dtype) if recast else w.model
     model = finetune.apply(model, regime, None, model_type)
     make = w.make_batch
-    if dtype != torch.float32:
+    if dtype != torch.float32 or recast:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
     out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
                    {**w.defaults, **regime.defaults})  # fmt: skip
