@@ -265,6 +265,36 @@ def einsum_bf16(device: Any) -> Any:
     return _einsum_step(device, torch.bfloat16)
 
 
+def _attention_step(device: Any, backends: list[Any] | None) -> Any:
+    from torch.nn.attention import sdpa_kernel
+
+    q = torch.randn(2, 8, 1024, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = torch.randn_like(q, requires_grad=True), torch.randn_like(q, requires_grad=True)
+
+    def step() -> None:
+        if backends is None:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            with sdpa_kernel(backends):
+                out = F.scaled_dot_product_attention(q, k, v)
+        out.sum().backward()
+        q.grad = k.grad = v.grad = None
+
+    return step
+
+
+def attention_default(device: Any) -> Any:
+    return _attention_step(device, None)
+
+
+def attention_math(device: Any) -> Any:
+    """The math kernel, as a program asks for it: the (2, 8, 1024, 1024) scores and their
+    softmax are allocated, which flash never does."""
+    from torch.nn.attention import SDPBackend
+
+    return _attention_step(device, [SDPBackend.MATH])
+
+
 def sized(device: Any, batch_size: int) -> Any:
     """`max-batch --step` searches the second argument."""
     model = _mlp(device, 1024)

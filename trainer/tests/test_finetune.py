@@ -327,6 +327,39 @@ def test_sdpa_backend_follows_pytorch(
     assert sdpa_backend(q, k, v, mask, False, profile) == expect
 
 
+@pytest.mark.parametrize(
+    ("backends", "priority", "mask", "expect"),
+    [
+        (["MATH"], False, False, "math"),
+        (["EFFICIENT_ATTENTION"], False, False, "efficient"),
+        (["EFFICIENT_ATTENTION", "MATH"], False, True, "efficient"),
+        (["MATH", "FLASH_ATTENTION"], True, False, "math"),  # the program's own order
+        (["FLASH_ATTENTION", "MATH"], True, False, "flash"),
+        (["FLASH_ATTENTION"], False, True, None),  # a mask: flash refuses, nothing else is on
+    ],
+)
+def test_sdpa_backend_takes_the_kernels_the_program_left_on(
+    backends: list[str], priority: bool, mask: bool, expect: str | None
+) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv()
+    m = torch.empty(2, 1, 128, 128, device="meta", dtype=torch.bool) if mask else None
+    profile = load_profile(None)
+    with sdpa_kernel([getattr(SDPBackend, b) for b in backends], set_priority=priority):
+        if expect is None:
+            with pytest.raises(RuntimeError, match="No available kernel"):
+                sdpa_backend(q, k, v, m, False, profile)
+        else:
+            assert sdpa_backend(q, k, v, m, False, profile) == expect
+    assert sdpa_backend(q, k, v, None, False, profile) == "flash"  # the context undone
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert sdpa_backend(q, k, v, None, False, profile) == "efficient"
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+
+
 def test_flash_attention_2_forces_flash_and_needs_half_precision() -> None:
     _, extra, _ = traced(workload(dtype="bf16", attn="flash_attention_2"))
     assert set(extra["sdpa_backends"]) == {"flash"}

@@ -113,6 +113,17 @@ def forward_peak(events: list[dict[str, Any]], step: int) -> int:
     raise AssertionError(f"no backward in step {step}")
 
 
+def test_the_programs_attention_kernel_choice_is_pytorchs(tmp_path: Path) -> None:
+    """`sdpa_kernel(SDPBackend.MATH)` in the user's step was ignored: flash was recorded, and the
+    score matrices the math kernel allocates were missing from the estimate."""
+    _, flash_events = symtrace(tmp_path, "attention_default", "--steps", "1")
+    _, math_events = symtrace(tmp_path, "attention_math", "--steps", "1")
+    assert flash_events[0]["metadata"]["sdpa_backends"] == "flash:1", flash_events[0]
+    assert math_events[0]["metadata"]["sdpa_backends"] == "math:1", math_events[0]
+    scores = 2 * 8 * 1024 * 1024 * 2  # one (2, 8, 1024, 1024) bf16 score matrix
+    assert forward_peak(math_events, 0) - forward_peak(flash_events, 0) >= scores
+
+
 def test_zero_grad_after_forward_keeps_stale_gradients_alive(tmp_path: Path) -> None:
     _, after = symtrace(tmp_path, "zero_grad_after_forward")
     _, before = symtrace(tmp_path, "zero_grad_before_forward")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
@@ -169,9 +170,13 @@ def sdpa_backend(
     the mask and the device's compute capability. Grouped-query attention (fewer K/V heads) is
     supported by flash and memory-efficient alike. cuDNN attention, which PyTorch prefers on
     sm90/sm100 with cuDNN newer than 9.15, is not modelled: its output and fp32 statistics are
-    flash's."""
+    flash's.
+
+    The program's own choice is PyTorch's too: the kernels it turned off (`sdpa_kernel(...)`,
+    `torch.backends.cuda.enable_flash_sdp(False)`) are never picked, and the kernels on are
+    tried in PyTorch's priority order (`sdpa_kernel(..., set_priority=True)` changes it)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "math"
+        return _only_math()
     cc = profile.compute_capability
     dq, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
     heads_ok = k.shape[1] == v.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
@@ -186,8 +191,6 @@ def sdpa_backend(
         and half
         and heads_ok
     )
-    if flash:
-        return "flash"
     # minimum_gemm_alignment: tensor cores from sm80 (sm70 for half) need 128-bit alignment.
     tensor_cores = cc >= (8, 0) or (cc >= (7, 0) and half)
     align = max(4 if cc >= (8, 0) else 1, (8 if half else 4) if tensor_cores else 1)
@@ -201,7 +204,42 @@ def sdpa_backend(
         and q.dtype in dtypes
         and heads_ok
     )
-    return "efficient" if efficient else "math"
+    cuda = torch.backends.cuda
+    can = {
+        SDPBackend.FLASH_ATTENTION: flash and cuda.flash_sdp_enabled(),
+        SDPBackend.EFFICIENT_ATTENTION: efficient and cuda.mem_efficient_sdp_enabled(),
+        SDPBackend.MATH: cuda.math_sdp_enabled(),
+        # Not modelled: taken as flash, whose output and statistics it has.
+        SDPBackend.CUDNN_ATTENTION: flash and cuda.cudnn_sdp_enabled(),
+    }
+    for b in _priority():
+        if can.get(b):
+            return "math" if b == SDPBackend.MATH else "efficient" if b == (
+                SDPBackend.EFFICIENT_ATTENTION) else "flash"  # fmt: skip
+    raise RuntimeError(_NO_KERNEL)
+
+
+# PyTorch's words when every kernel is off, or none that is on takes these inputs.
+_NO_KERNEL = "No available kernel. Aborting execution. (scaled_dot_product_attention: every " \
+    "backend the program left on refuses these inputs)"  # fmt: skip
+
+
+def _priority() -> list[Any]:
+    """The kernels in the order PyTorch tries them (flash, memory-efficient, math, cuDNN by
+    default)."""
+    order = getattr(torch._C, "_get_sdp_priority_order", None)
+    if order is None:
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                SDPBackend.CUDNN_ATTENTION]  # fmt: skip
+    members = {int(b): b for b in SDPBackend.__members__.values()}
+    return [members[i] for i in order() if i in members]
+
+
+def _only_math() -> str:
+    """Inputs only the math kernel takes (not 4-D, a mask beside is_causal)."""
+    if not torch.backends.cuda.math_sdp_enabled():
+        raise RuntimeError(_NO_KERNEL)
+    return "math"
 
 
 @torch.library.custom_op("memtrace::mish_backward", mutates_args=())
@@ -298,10 +336,10 @@ class CudaFunctions:
     ) -> torch.Tensor:
         if k.shape[1] != q.shape[1] and not enable_gqa and k.dim() == 4:
             backend = "math"  # PyTorch itself refuses this; let its own function say why
+        elif is_causal and attn_mask is not None:
+            backend = _only_math()
         else:
             backend = sdpa_backend(q, k, v, attn_mask, is_causal, self.profile)
-        if is_causal and attn_mask is not None:
-            backend = "math"
         if self.flash is not None:
             if q.dtype not in _HALF:
                 # transformers' flash-attention integration casts fp32 q, k and v to the
