@@ -224,12 +224,14 @@ def estimate_job(
         job.trace(prof, d / "symbolic.jsonl", True)
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
-        job.trace(prof, d / "plain.jsonl", False)
+        fake_why = _plain_trace(job, prof, d / "plain.jsonl")
         seconds["trace_fake_tensor"] = time.perf_counter() - t
         cmd = ["estimate", "--trace", str(d / "symbolic.jsonl")]
         if features is not None:
             cmd += ["--features", str(d / "features.json")]
-        cmd += ["--fake-trace", str(d / "plain.jsonl"), "--profile", str(prof.path), "--json"]
+        if fake_why is None:
+            cmd += ["--fake-trace", str(d / "plain.jsonl")]
+        cmd += ["--profile", str(prof.path), "--json"]
         if capacity is not None:
             cmd.append(f"--capacity={capacity}")
         if point:
@@ -260,6 +262,8 @@ def estimate_job(
             msg = error_line(done.stderr)
             raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
         result = parse_memest(done.stdout, features is not None)
+        if fake_why is not None:
+            result.setdefault("unavailable", {})["fake_tensor"] = fake_why
         result["estimates"]["memtracker"] = tracker
         if tracker is None:
             result.setdefault("unavailable", {})["memtracker"] = tracker_why
@@ -289,6 +293,21 @@ def estimate_job(
             result["seconds"]["report"] = time.perf_counter() - t
     result["warnings"] = notes.collected()
     return result
+
+
+def _plain_trace(job: Any, prof: Profile, out: Path) -> str | None:
+    """The FakeTensor-style baseline's trace (the job on the meta device as it is, no CUDA
+    emulation); `None` when it ran, else why not. The estimate stands without it: code that
+    runs on a GPU (a fused optimizer, whose kernels have no meta implementation) may fail
+    there, after the tracer's own trace succeeded."""
+    try:
+        job.trace(prof, out, False)
+    except UserError as e:
+        first = str(e).splitlines()[0]
+        return (
+            f"the job fails on the plain meta device, as PyTorch's FakeTensor mode runs it: {first}"
+        )
+    return None
 
 
 def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) -> Path:

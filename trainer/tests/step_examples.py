@@ -67,6 +67,32 @@ def default_adamw(device: Any) -> Any:
     return step
 
 
+def _built_with(device: Any, make: Any) -> Any:
+    model = _mlp(device, 1024)
+    opt = make(model.parameters())
+    x, y = torch.randn(32, 1024, device=device), torch.randint(0, 10, (32,), device=device)
+
+    def step() -> None:
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def fused_adamw(device: Any) -> Any:
+    return _built_with(device, lambda p: torch.optim.AdamW(p, fused=True))
+
+
+def foreach_adamw(device: Any) -> Any:
+    return _built_with(device, lambda p: torch.optim.AdamW(p, foreach=True))
+
+
+def fused_sgd(device: Any) -> Any:
+    """SGD with momentum, `fused=True`: `_fused_sgd_` has no meta kernel in PyTorch."""
+    return _built_with(device, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True))
+
+
 class _MlpWithSpareConv(nn.Module):
     """An MLP that also builds a convolution its forward never calls."""
 

@@ -184,6 +184,22 @@ def test_autocast_in_user_code_applies_to_einsum(tmp_path: Path) -> None:
     assert hidden(fp32, 4) >= 3
 
 
+def test_fused_optimizers_run_as_on_cuda(tmp_path: Path) -> None:
+    """`fused=True` failed the whole estimate: AdamW in the FakeTensor baseline (fused kernels
+    refuse meta parameters there), SGD in the trace itself (`_fused_sgd_` has no meta kernel).
+    The fused update holds no temporaries: less than foreach's."""
+    need = {}
+    for fn in ("fused_adamw", "foreach_adamw", "fused_sgd"):
+        r = json.loads(cli("estimate", "--step", f"step_examples:{fn}", "--json").stdout)
+        need[fn] = r["estimates"]["symbolic"]["allocated_mib"]
+        if fn != "foreach_adamw":
+            why = r["unavailable"]["fake_tensor"]
+            assert why.startswith("the job fails on the plain meta device"), why
+            assert "\n" not in why
+    assert need["fused_adamw"] < need["foreach_adamw"], need
+    assert need["fused_sgd"] < need["fused_adamw"], need  # no second moment
+
+
 def test_estimate_and_max_batch_take_a_step(tmp_path: Path) -> None:
     done = cli("estimate", "--step", "step_examples:default_adamw", "--json")
     r = json.loads(done.stdout)
