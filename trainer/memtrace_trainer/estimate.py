@@ -130,10 +130,13 @@ class StepJob:
     """A user's step function (`--step MOD:FN`): their loop, as written; no layer list, so the
     feature baselines are unavailable."""
 
-    def __init__(self, spec: Any, steps: int, world_size: int | None = None) -> None:
-        # `spec` is `package.module:function`, or the function itself (the Python API).
+    def __init__(
+        self, spec: Any, steps: int, world_size: int | None = None, batch_size: int | None = None
+    ) -> None:
+        # `spec` is `package.module:function`, or the function itself (the Python API);
+        # `batch_size` the second argument of `FN(device, batch_size)`.
         name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
-        self.spec, self.steps, self.batch_size = f"step:{name}", steps, None
+        self.spec, self.steps, self.batch_size = f"step:{name}", steps, batch_size
         self.fn, self.world_size = spec, world_size
 
     def features(self) -> None:
@@ -141,11 +144,12 @@ class StepJob:
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
         steps = self.steps if emulate or all_steps else 1
-        step_to_file(self.fn, steps, prof, out, emulate, world_size=self.world_size)
+        step_to_file(self.fn, steps, prof, out, emulate, self.batch_size, self.world_size)
 
     def inputs(self) -> dict[str, Any]:
         return {
             "step": self.spec.removeprefix("step:"),
+            **({"batch_size": self.batch_size} if self.batch_size is not None else {}),
             "iterations": self.steps,
             "defaults": {"iterations": {"value": self.steps, "why": "traced steps"}},
         }

@@ -103,12 +103,13 @@ def trace_model(workload_for: Callable[[int], Workload], step: StepConfig) -> Tr
     return trace_at
 
 
-def trace_step_fn(spec: str, steps: int) -> TraceAt:
-    """Probes of a step function `FN(device, batch_size)` at a batch size."""
+def trace_step_fn(spec: str, steps: int, world_size: int | None = None) -> TraceAt:
+    """Probes of a step function `FN(device, batch_size)` at a batch size (as rank 0 of
+    `world_size` ranks, under the fake process group, as `estimate --step` traces it)."""
     load_step(spec, with_batch=True)  # a clear error before the first probe
 
     def trace_at(batch: int, prof: Profile, path: Path) -> dict[str, Any]:
-        step_to_file(spec, steps, prof, path, batch_size=batch)
+        step_to_file(spec, steps, prof, path, batch_size=batch, world_size=world_size)
         return {}
 
     return trace_at

@@ -16,3 +16,9 @@ def linear_sum(batch_size: int = 2):
     """Small enough to count by hand: Linear(8, 4, bias=False), loss = output.sum()."""
     model = nn.Linear(8, 4, bias=False)
     return model, (torch.randn(batch_size, 8), torch.zeros(batch_size)), lambda out, _y: out.sum()
+
+
+def fixed_batch():
+    """An entry of a fixed batch of 4: no `batch_size` (nor `seq_len`) parameter."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    return model, (torch.randn(4, 32), torch.randint(0, 10, (4,))), F.cross_entropy

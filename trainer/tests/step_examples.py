@@ -396,7 +396,7 @@ def side_stream(device: Any) -> Any:
     return step
 
 
-def ddp_step(device: torch.device) -> Any:
+def ddp_step(device: torch.device, batch_size: int = 32) -> Any:
     """A data-parallel loop as written for torchrun: the process group, DDP, AdamW."""
     import os
 
@@ -413,8 +413,8 @@ def ddp_step(device: torch.device) -> Any:
     opt = torch.optim.AdamW(model.parameters())
 
     def step() -> None:
-        x = torch.randn(32, 256, device=device)
-        y = torch.randint(0, 10, (32,), device=device)
+        x = torch.randn(batch_size, 256, device=device)
+        y = torch.randint(0, 10, (batch_size,), device=device)
         F.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -200,6 +200,49 @@ def test_fused_optimizers_run_as_on_cuda(tmp_path: Path) -> None:
     assert need["fused_sgd"] < need["fused_adamw"], need  # no second moment
 
 
+def test_a_step_of_the_batch_size_takes_batch_size(tmp_path: Path) -> None:
+    """`FN(device, batch_size)`, the step `max-batch --step` searches, could not be traced at a
+    batch: `estimate --step FN --batch-size N` said the flag had no effect and then failed.
+    `max-batch --step --world-size` dropped the world size (the torchrun-style step failed)."""
+
+    def need(*flags: str) -> dict[str, Any]:
+        done = cli("estimate", "--step", "step_examples:ddp_step", "--world-size", "2",
+                   "--capacity", "2GiB", "--json", *flags, check=False)  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr  # 1: does not fit
+        return json.loads(done.stdout)
+
+    small, big = need("--batch-size", "8"), need("--batch-size", "4096")
+    assert not any("--batch-size" in w for w in small["warnings"]), small["warnings"]
+    assert small["inputs"]["batch_size"] == 8
+    assert (small["estimates"]["symbolic"]["allocated_mib"]
+            < big["estimates"]["symbolic"]["allocated_mib"])  # fmt: skip
+    found = json.loads(cli("max-batch", "--step", "step_examples:ddp_step", "--world-size", "2",
+                           "--capacity", "2GiB", "--json").stdout)  # fmt: skip
+    assert found["max_batch"] > 0 and not found["hit_limit"], found
+    at = need("--batch-size", str(found["max_batch"]))
+    past = need("--batch-size", str(found["max_batch"] + 1))
+    assert at["verdict"]["fits"] and not past["verdict"]["fits"]
+    # Without --world-size, torchrun's rendezvous is missing: the error names the flag.
+    done = cli("estimate", "--step", "step_examples:ddp_step", check=False)
+    assert done.returncode == 2 and "give --world-size N" in done.stderr, done.stderr
+    done = cli("estimate", "--step", "step_examples:sized", check=False)
+    assert done.returncode == 2 and "give --batch-size N" in done.stderr, done.stderr
+    plain = cli("estimate", "--step", "step_examples:default_adamw", "--batch-size", "8", "--json")
+    assert "--batch-size has no effect with --step" in " ".join(
+        json.loads(plain.stdout)["warnings"]
+    )
+
+
+def test_an_entry_of_a_fixed_batch_is_said_and_never_searched() -> None:
+    done = cli("estimate", "--entry", "entry_example:fixed_batch", "--batch-size", "64", "--json")
+    said = json.loads(done.stdout)["warnings"]
+    assert any("--batch-size 64 has no effect" in w and "4 samples" in w for w in said), said
+    for search, name in (("max-batch", "batch_size"), ("max-seq", "seq_len")):
+        done = cli(search, "--entry", "entry_example:fixed_batch", check=False)
+        assert done.returncode == 2, done.stdout
+        assert f"takes no `{name}` parameter, so there is no {name} to search" in done.stderr
+
+
 def test_estimate_and_max_batch_take_a_step(tmp_path: Path) -> None:
     done = cli("estimate", "--step", "step_examples:default_adamw", "--json")
     r = json.loads(done.stdout)

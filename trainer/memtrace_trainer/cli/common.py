@@ -267,9 +267,16 @@ def resolve_steps(args: dict[str, Any]) -> int:
         what = "--step" if args.get("step") else "--script"
         defaults = {"optimizer": "adam", "grad_accum": 1, "qlora": False,
                     "qlora_double_quant": False, "kbit_prepare": True}  # fmt: skip
+        taken = set()
+        if args.get("step") and args.get("batch_size") is not None:
+            from memtrace_trainer.symtrace.userstep import step_batch
+
+            # FN(device, batch_size) takes --batch-size.
+            if step_batch(args["step"], args["batch_size"]) is not None:
+                taken.add("batch_size")
         for key in LOOP_FLAGS:
             value = args.get(key)
-            if value is not None and value != defaults.get(key, None):
+            if key not in taken and value is not None and value != defaults.get(key, None):
                 flag = "--" + key.replace("_", "-")
                 notes.warn(f"{flag} has no effect with {what}: your code decides")
     steps = args.get("iterations")

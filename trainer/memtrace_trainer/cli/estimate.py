@@ -262,7 +262,10 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
             args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
         )
     elif args.step:
-        job = StepJob(args.step, resolve_steps(vars(args)), args.world_size)
+        from memtrace_trainer.symtrace.userstep import step_batch
+
+        steps = resolve_steps(vars(args))
+        job = StepJob(args.step, steps, args.world_size, step_batch(args.step, args.batch_size))
     else:
         if args.batch_size is None:
             raise UserError("--batch-size is required with --model and --entry")
@@ -342,8 +345,12 @@ def _max_batch(args: argparse.Namespace) -> int:
 
     steps = resolve_steps(vars(args))
     if args.step:
-        trace_at = trace_step_fn(args.step, steps)
+        trace_at = trace_step_fn(args.step, steps, args.world_size)
     else:
+        if args.entry:
+            from memtrace_trainer.models.zoo import entry_takes
+
+            entry_takes(args.entry, "batch_size", "max-batch")
         trace_at = trace_model(_workloads(args), _step(args))
     result = max_batch(trace_at, steps, args.profile, args.capacity, args.limit, args.point)
     result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
@@ -372,6 +379,10 @@ def _max_seq(args: argparse.Namespace) -> int:
 
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)
+    if args.entry:
+        from memtrace_trainer.models.zoo import entry_takes
+
+        entry_takes(args.entry, "seq_len", "max-seq")
     limit, why = _seq_limit(args.model, args.limit)
     trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
     result = max_seq(trace_at, steps, args.profile, args.capacity, limit,

@@ -166,6 +166,7 @@ def _features(args: argparse.Namespace) -> None:
 def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     from memtrace_trainer.profile import load_profile
     from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
+    from memtrace_trainer.symtrace.userstep import step_batch
 
     check_script_args(args)
     steps = resolve_steps(args)
@@ -179,7 +180,8 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     if args.get("step"):
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
-        summary = step_to_file(args["step"], steps, profile, out, emulate,
+        batch = step_batch(args["step"], args.get("batch_size"))
+        summary = step_to_file(args["step"], steps, profile, out, emulate, batch,
                                world_size=args.get("world_size"))  # fmt: skip
         return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
     batch = args.get("batch_size")

@@ -328,6 +328,14 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
+def entry_takes(entry: str, name: str, what: str) -> None:
+    """Refuse a search (`what`) over `name` of an entry function that takes no such parameter:
+    every probe would be the same job, and the answer the search's own limit."""
+    if name not in inspect.signature(user_function(entry, "--entry")).parameters:
+        raise UserError(f"{what} --entry {entry}: the function takes no `{name}` parameter, so "
+                        f"there is no {name} to search (give it a `{name}` parameter)")  # fmt: skip
+
+
 def load_entry(
     entry: str, batch_size: int, device: torch.device = META, seq_len: int | None = None
 ) -> Workload:
@@ -359,6 +367,9 @@ def load_entry(
         model = model.to(device)  # (fake tensors cannot be swapped for themselves)
     first = batch[0]
     size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else batch_size
+    if "batch_size" not in params and size != batch_size:
+        warn(f"--batch-size {batch_size} has no effect: {entry} takes no `batch_size` parameter, "
+             f"and its batch has {size} samples")  # fmt: skip
     if device.type == "meta":
         example = _to_device(batch[0], device), _to_device(batch[1], device)
         make: Callable[[], Batch] = lambda: fresh_like(example)  # noqa: E731

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import Profile
@@ -244,10 +246,40 @@ def trace_script(
 def _world(world_size: int | None) -> Any:
     """The fake process group a user's distributed program runs in (`--world-size`)."""
     if world_size is None:
-        return contextlib.nullcontext()
+        return _without_world()
     from memtrace_trainer.symtrace.distributed import fake_world
 
     return fake_world(world_size)
+
+
+@contextlib.contextmanager
+def _without_world() -> Iterator[None]:
+    """A program that starts a process group, traced without `--world-size`: torchrun's
+    rendezvous is not there, and PyTorch's error ("environment variable RANK expected") named
+    no flag of ours; the failure now says which one answers it."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.init_process_group
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as e:
+            raise UserError(
+                f"init_process_group() failed ({type(e).__name__}: {str(e).splitlines()[0]}): "
+                "a distributed program is traced as rank 0 under the tracer's fake process "
+                "group: give --world-size N, the job's ranks"
+            ) from e
+
+    saved = [(m, m.init_process_group) for m in (dist, c10d)]
+    for m, _ in saved:
+        m.init_process_group = start
+    try:
+        yield
+    finally:
+        for m, value in saved:
+            m.init_process_group = value
 
 
 def _world_metadata(

@@ -45,11 +45,7 @@ def load_step(spec: Any, with_batch: bool = False) -> Any:
     """`package.module:function` (or the function itself, from the Python API), checked to take
     the device (and, `with_batch`, the batch size as a second argument: what `max-batch --step`
     searches over)."""
-    if callable(spec):
-        func, func_name = spec, getattr(spec, "__qualname__", repr(spec))
-    else:
-        func = user_function(spec, "--step")
-        func_name = spec.partition(":")[2]
+    func, func_name = _resolve(spec)
     try:
         if with_batch:
             inspect.signature(func).bind(META, 1)
@@ -67,6 +63,40 @@ def load_step(spec: Any, with_batch: bool = False) -> Any:
     except ValueError:
         pass  # builtins without a signature: let the call say
     return func  # type: ignore[no-any-return]
+
+
+def step_batch(spec: Any, batch_size: int | None) -> int | None:
+    """The batch size a step function is called with: `FN(device, batch_size)` takes
+    `--batch-size` (the argument `max-batch --step` searches); a function of the device alone
+    takes none (`--batch-size` is then said to have no effect). A function that needs the batch
+    size and was given none is refused."""
+    func, name = _resolve(spec)
+    try:
+        sig = inspect.signature(func)
+    except ValueError:
+        return None  # a builtin without a signature: called with the device
+    alone, with_batch = _binds(sig, META), _binds(sig, META, 1)
+    if with_batch and not alone and batch_size is None:
+        raise UserError(f"--step {spec!r}: {name} takes the batch size as its second argument: "
+                        "give --batch-size N")  # fmt: skip
+    if not alone and not with_batch:
+        load_step(spec)  # its words for a function that takes neither
+    return batch_size if with_batch else None
+
+
+def _binds(sig: inspect.Signature, *args: Any) -> bool:
+    try:
+        sig.bind(*args)
+    except TypeError:
+        return False
+    return True
+
+
+def _resolve(spec: Any) -> tuple[Any, str]:
+    """The step function of `package.module:function` (or the function), and its name."""
+    if callable(spec):
+        return spec, getattr(spec, "__qualname__", repr(spec))
+    return user_function(spec, "--step"), spec.partition(":")[2]
 
 
 class PhaseHooks:
