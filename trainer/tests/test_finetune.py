@@ -365,6 +365,10 @@ def test_flash_attention_2_forces_flash_and_needs_half_precision() -> None:
     assert set(extra["sdpa_backends"]) == {"flash"}
     with pytest.raises(UserError, match="flash_attention_2 runs only in fp16/bf16"):
         traced(workload(attn="flash_attention_2"))
+    # A model transformers refuses it for (T5: its position bias is a mask flash cannot take)
+    # was estimated as a job that cannot start.
+    with pytest.raises(UserError, match="transformers does not support it for T5"):
+        workload(T5, dtype="bf16", attn="flash_attention_2")
 
 
 @pytest.mark.parametrize(

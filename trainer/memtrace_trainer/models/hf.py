@@ -220,6 +220,16 @@ def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Modul
             f"{spec.source}: the model cannot be built from this config "
             f"({type(e).__name__}: {_one_line(e)}); check its sizes"
         ) from e
+    # Built with sdpa, the class's own flag is what transformers checks for flash-attn: a
+    # model that refuses it (T5's position bias) was estimated as a job that cannot start.
+    if (
+        opts.attn == "flash_attention_2"
+        and getattr(type(model), "_supports_flash_attn", True) is False
+    ):
+        raise UserError(
+            f"--attn flash_attention_2: transformers does not support it for "
+            f"{type(model).__name__} ({spec.name}); give --attn sdpa or eager"
+        )
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     if isinstance(experts, int) and experts > 1:
         warn(
