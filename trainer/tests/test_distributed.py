@@ -203,6 +203,37 @@ def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     assert cats["gradient"] == 2 * params  # full gradients, one per step
 
 
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_zero_in_bf16_keeps_deepspeeds_fp32_master_and_state(strategy: str) -> None:
+    """DeepSpeed's bf16 mode: fp32 master weights and Adam moments beside the bf16 parameters
+    and gradients, 16 bytes per parameter partitioned. Run as bf16 parameters, the state was
+    4 bytes (a third of DeepSpeed's 12); now fp32 shards under FSDP2's bf16 policy, which
+    hold the same bytes (4 + 4 + 8) and gather and compute in bf16."""
+    world = 4
+    shard16 = sum(
+        _chunk_rows(p.shape[0], world) * (p.numel() // p.shape[0]) * 2
+        for p in workload(dtype="bf16").model.parameters()
+    )
+    rec, extra = trace(workload(dtype="bf16"), StepConfig("adamw", 2, strategy=strategy,
+                       world_size=world), load_profile(None))  # fmt: skip
+    cats = summarize(rec.events).bytes_by_category
+    d = extra["distributed"]
+    assert d["mp_policy"] == {"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.bfloat16"}
+    assert "DeepSpeed's bf16 mode" in d["equivalence"]
+    assert d["local_parameter_bytes"] == 2 * shard16  # the fp32 master shards
+    assert cats["optimizer_state"] == 4 * shard16  # fp32 exp_avg and exp_avg_sq
+    assert cats["gradient"] == 2 * 2 * shard16  # one fp32 sharded gradient per step
+    sides = [e for e in rec.events if e["kind"] == "alloc" and e["category"] == "parameter"]
+    assert any(e["size"] < 2 * shard16 for e in sides)  # bf16 all-gathers of each unit
+
+
+def test_zero1_in_bf16_says_what_it_leaves_out(tmp_path: Path) -> None:
+    done = cli("estimate", "--model", LLAMA, "--batch-size", "2", "--seq-len", "64", "--dtype",
+               "bf16", "--strategy", "zero1", "--world-size", "4", "--json")  # fmt: skip
+    said = json.loads(done.stdout)["warnings"]
+    assert any("DeepSpeed's bf16/fp16 mode keeps fp32 master weights" in w for w in said), said
+
+
 # --- FSDP2's mixed precision -------------------------------------------------------------------
 
 

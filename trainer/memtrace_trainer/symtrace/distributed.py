@@ -326,6 +326,17 @@ def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None
     world = mesh.size()
     code, reshard, _ = runs_as(strategy)
     info = {"strategy": strategy, "world_size": world, "rank": 0, **describe(strategy)}
+    if strategy == "zero1":
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if trainable and {p.dtype for p in trainable} <= {torch.bfloat16, torch.float16}:
+            missing = 8 * sum(p.numel() for p in trainable) / world / 2**20
+            warn(
+                "--strategy zero1 with 16-bit parameters: DeepSpeed's bf16/fp16 mode keeps fp32 "
+                "master weights and fp32 optimizer state (12 bytes per parameter, partitioned), "
+                "and PyTorch's ZeroRedundancyOptimizer here keeps the state in the parameters' "
+                f"dtype: this rank's estimate is low by about {missing:.1f} MiB (zero2 and zero3 "
+                "model the fp32 state)"
+            )
     if code == "ddp":
         full = sum(p.numel() * p.element_size() for p in model.parameters())
         return {**info, "units": 1, "parameter_bytes": full, "local_parameter_bytes": full}
@@ -338,6 +349,23 @@ def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy()
+    low = deepspeed_low_precision(model, strategy, fsdp_mp)
+    if low is not None:
+        # DeepSpeed's bf16/fp16 mode keeps fp32 master weights and fp32 Adam moments beside
+        # the 16-bit parameters and gradients: 2 + 2 + 12 bytes per parameter, partitioned.
+        # FSDP2 over fp32 trainable parameters computing in 16 bits holds the same 16 (4 + 4 +
+        # 8); left in 16 bits, the optimizer state was a third of DeepSpeed's.
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[low]
+        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
+        info["mp_policy"] = {"param_dtype": str(low), "reduce_dtype": str(low)}
+        info["equivalence"] = (
+            f"{info['equivalence']}; DeepSpeed's {name} mode (fp32 master weights and optimizer "
+            f"state, {name} parameters and gradients) as fp32 trainable parameters under FSDP2's "
+            f"MixedPrecisionPolicy({name}), the same bytes per parameter"
+        )
     if fsdp_mp is not None:
         param_dtype, reduce_dtype = mp_policy(fsdp_mp)
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -361,6 +389,19 @@ def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None
         "parameter_bytes": full,
         "local_parameter_bytes": local,
     }
+
+
+def deepspeed_low_precision(
+    model: nn.Module, strategy: str, fsdp_mp: str | None
+) -> torch.dtype | None:
+    """The 16-bit dtype of a ZeRO-2/3 job in pure low precision (`--dtype bf16/fp16`, every
+    trainable parameter in it, no `--fsdp-mp` of its own): DeepSpeed's bf16/fp16 mode."""
+    if strategy not in ("zero2", "zero3") or fsdp_mp is not None:
+        return None
+    trainable = {p.dtype for p in model.parameters() if p.requires_grad}
+    if len(trainable) == 1 and next(iter(trainable)) in (torch.bfloat16, torch.float16):
+        return next(iter(trainable))
+    return None
 
 
 def wrap_ddp(model: nn.Module) -> nn.Module:
