@@ -312,6 +312,12 @@ def test_fsdp_mp_with_no_effect_is_warned_about(tmp_path: Path) -> None:
                "bf16", "--strategy", "fsdp2", "--world-size", "2", "--fsdp-mp", "bf16", "--out",
                str(tmp_path / "t.jsonl"))  # fmt: skip
     assert "--fsdp-mp bf16: the trainable parameters are bf16 already" in done.stderr
+    assert "give fp32 parameters" in done.stderr
+    # fp32 over fp32: the advice is a 16-bit PARAM, not the fp32 the parameters already are.
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--strategy",
+               "fsdp2", "--world-size", "2", "--fsdp-mp", "fp32", "--out",
+               str(tmp_path / "f.jsonl"))  # fmt: skip
+    assert "are fp32 already" in done.stderr and "give a 16-bit PARAM" in done.stderr
     done = cli("symtrace", "--step", "step_examples:ddp_step", "--world-size", "2", "--fsdp-mp",
                "bf16", "--out", str(tmp_path / "s.jsonl"))  # fmt: skip
     assert "--fsdp-mp has no effect with --step" in done.stderr

@@ -436,6 +436,7 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
         (["--lora-targets", "q_proj"], "needs --lora R"),
         (["--lora", "8", "--lora-targets", "nope"], "nope match no module"),
         (["--lora", "8", "--lora-targets", "all-linear,q_proj"], "give it alone"),
+        (["--lora", "8", "--lora-targets", "q_proj,,"], "expected module names"),
         (["--qlora-double-quant"], "without --qlora"),
     ):
         done = cli(
@@ -473,6 +474,10 @@ def test_max_seq_answers_no_longer_than_the_model_takes() -> None:
     done = cli("max-seq", "--model", LLAMA, "--capacity", "40GiB", "--json")
     out = json.loads(done.stdout)
     assert out["max_seq_len"] == 256 and "max_position_embeddings" in out["limit_why"], out
+    # Where the capacity, not the positions, ends the search, the positions are no reason.
+    done = cli("max-seq", "--model", LLAMA, "--capacity", "1470MiB", "--json")
+    out = json.loads(done.stdout)
+    assert out["max_seq_len"] < 256 and out["limit_why"] is None, out
     image = cli("max-seq", "--model", "torchvision:resnet18", check=False)
     assert image.returncode == 2 and "takes no token sequence" in image.stderr
 

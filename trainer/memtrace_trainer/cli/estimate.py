@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -257,6 +258,12 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
     from memtrace_trainer.estimate import ModelJob, ScriptJob, StepJob, estimate_job
 
     check_script_args(vars(args))
+    if args.report is not None:
+        # Said before the trace, not after it (minutes, for a large model).
+        folder = Path(args.report).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise UserError(f"--report {args.report}: {folder} is not a folder this user can "
+                            "write to")  # fmt: skip
     if args.script:
         job: Any = ScriptJob(
             args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
@@ -387,7 +394,8 @@ def _max_seq(args: argparse.Namespace) -> int:
     trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
     result = max_seq(trace_at, steps, args.profile, args.capacity, limit,
                      args.multiple_of, args.point)  # fmt: skip
-    result["limit_why"] = why
+    # Why the search stopped where it did: only when it stopped at that limit.
+    result["limit_why"] = why if result["hit_limit"] else None
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
     result["inputs"] = _search_inputs(args)

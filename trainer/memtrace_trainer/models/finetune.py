@@ -54,8 +54,9 @@ class Lora:
             raise UserError(f"--lora-dropout {dropout}: expected a probability in [0, 1)")
         names = None
         if targets is not None:
-            names = tuple(t.strip() for t in targets.split(",") if t.strip())
-            if not names:
+            names = tuple(t.strip() for t in targets.split(","))
+            if not names or not all(names):
+                # An empty name (`q_proj,,`, a trailing comma) matches nothing peft can say.
                 raise UserError(
                     f"--lora-targets {targets!r}: expected module names like q_proj,v_proj"
                 )

@@ -373,8 +373,12 @@ def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None
         if trainable == {param_dtype} and reduce_dtype == param_dtype:
             warn(
                 f"--fsdp-mp {fsdp_mp}: the trainable parameters are {fsdp_mp} already, so the "
-                "policy casts nothing and has no effect (give fp32 parameters, the default "
-                "--dtype, for mixed precision)"
+                "policy casts nothing and has no effect ("
+                + (
+                    "give a 16-bit PARAM, e.g. bf16:fp32, for mixed precision)"
+                    if param_dtype == torch.float32
+                    else "give fp32 parameters, the default --dtype, for mixed precision)"
+                )
             )
         info["mp_policy"] = {"param_dtype": str(param_dtype), "reduce_dtype": str(reduce_dtype)}
     blocks = units(model)
