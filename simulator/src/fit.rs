@@ -226,9 +226,20 @@ pub struct Capacity {
 }
 
 /// `--capacity` if given, else the profile's total memory, else none. A profile whose total
-/// memory is unmeasured adds a warning.
+/// memory is unmeasured adds a warning, and so does a capacity above the profile's GPU's total
+/// (a typo of a unit, or another GPU than the profile describes).
 pub fn capacity(flag: Option<u64>, profile: Option<&Profile>) -> (Option<Capacity>, Vec<String>) {
     match (flag, profile) {
+        (Some(bytes), Some(p)) if bytes > p.gpu.total_memory => {
+            let warn = format!(
+                "--capacity {} is more than the profile's GPU ({}) has in all ({}): the verdict is for a device \
+                 the profile does not describe (give the --profile of that GPU)",
+                crate::units::mib(bytes),
+                p.gpu.name,
+                crate::units::mib(p.gpu.total_memory)
+            );
+            (Some(Capacity { bytes, source: CapacitySource::Flag }), vec![warn])
+        }
         (Some(bytes), _) => (Some(Capacity { bytes, source: CapacitySource::Flag }), Vec::new()),
         (None, Some(p)) => {
             let warn = if p.is_unmeasured("gpu.total_memory") {

@@ -630,6 +630,27 @@ fn a_reset_of_the_peak_statistics_is_not_a_smaller_need() {
     assert!(err.contains("resets the peak statistics 1 times"), "{err}");
 }
 
+/// `--capacity 100TiB` beside a profile of a 1 GiB GPU (a unit typed wrong, or another GPU)
+/// was judged in silence.
+#[test]
+fn a_capacity_past_the_profiles_gpu_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, TEST_PROFILE).unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[]);
+    let (t, p) = (t.to_str().unwrap(), profile.to_str().unwrap());
+    for cmd in ["replay", "colocate"] {
+        let (code, out, err) = memsim(&[cmd, t, "--profile", p, "--capacity", "2GiB"]);
+        assert_eq!(code, 0, "{cmd}: {out}{err}");
+        assert!(
+            err.contains("--capacity 2048.00 MiB is more than the profile's GPU (test) has in all"),
+            "{cmd}: {err}"
+        );
+        let (_, _, err) = memsim(&[cmd, t, "--profile", p, "--capacity", "512MiB"]);
+        assert!(!err.contains("is more than the profile's GPU"), "{cmd}: {err}");
+    }
+}
+
 /// A need one byte over the capacity printed as MiB reads as two equal numbers beside DOES NOT
 /// FIT: such a pair is printed in bytes, in every verdict line.
 #[test]
