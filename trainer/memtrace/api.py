@@ -11,7 +11,6 @@ import contextlib
 import copy
 import json
 import re
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memtrace.result import Estimate, EstimateError, breakdown, memsim
+from memtrace.result import Estimate, EstimateError, Kept, breakdown, memsim
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
@@ -188,6 +187,19 @@ def _text(name: str, value: Any) -> None:
         raise EstimateError(f"{name}={value!r}: expected a non-empty name (a string)")
 
 
+def _uncompiled(model: Any) -> Any:
+    """A `torch.compile`d module's own module, traced eagerly, as the CLI traces a compiled
+    step (dynamo could not copy the wrapper to the tracer's device)."""
+    orig = getattr(model, "_orig_mod", None)
+    if isinstance(model, nn.Module) and isinstance(orig, nn.Module):
+        notes.warn(
+            "the model is torch.compile'd: its eager module is traced (Inductor's fused "
+            "kernels usually hold fewer intermediates, so the estimate errs high)"
+        )
+        return orig
+    return model
+
+
 def _batch_of(inputs: Any) -> int:
     first = next(_tensors(inputs), None)
     if first is None or first.dim() == 0:
@@ -215,6 +227,16 @@ def _workloads(
         raise EstimateError("example_inputs is required with a model: one batch as the model "
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
     base = _batch_of(example_inputs)
+    # The meta device checks no dtypes: float64 inputs (numpy's default) to a float32 model
+    # trace fine where a GPU's first layer fails ("mat1 and mat2 must have the same dtype").
+    floats = {t.dtype for t in _tensors(example_inputs) if t.is_floating_point()}
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtype is None and amp is None and len(params) == 1 and floats - params:
+        notes.warn(
+            f"example_inputs are {', '.join(sorted(str(f) for f in floats - params))} and the "
+            f"model's parameters {next(iter(params))}: on a GPU the first layer that mixes them "
+            "fails unless the model casts its inputs; the estimate is of the job as given"
+        )
     # Every tensor's first dimension is resized with the batch, so each must be the batch: a
     # target of another batch was resized silently where a real run fails.
     for name, value in (("example_inputs", example_inputs), ("target", target)):
@@ -341,15 +363,9 @@ def _errors() -> Iterator[None]:
 
 def _ours(e: BaseException) -> bool:
     """Whether the innermost frame of `e` is memtrace's own code."""
-    import traceback
+    from memtrace_trainer.errors import raised_by_memtrace
 
-    import memtrace_trainer
-
-    frames = traceback.extract_tb(e.__traceback__)
-    # The two packages' own directories, not their parent: installed, that is site-packages,
-    # where torch lives too.
-    ours = (Path(__file__).resolve().parent, Path(memtrace_trainer.__file__).resolve().parent)
-    return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
+    return raised_by_memtrace(e)
 
 
 def _profile(gpu: str, capacity: str | None = None) -> Any:
@@ -402,9 +418,10 @@ def estimate(
     _text("gpu", gpu)
     _text("optimizer", optimizer)
     prof = _profile(gpu, capacity)
-    tmp = tempfile.TemporaryDirectory(prefix="memtrace-")
+    tmp = Kept()
     trace = Path(tmp.name) / "symbolic.jsonl"
     with _tracing(), _warnings_as_python() as said, _errors():
+        model = _uncompiled(model)
         if isinstance(model, nn.Module):
             workload = _workloads(
                 model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
@@ -490,6 +507,7 @@ def max_batch(
     _text("optimizer", optimizer)
     prof = _profile(gpu, capacity)
     with _tracing(), _warnings_as_python(), _errors():
+        model = _uncompiled(model)
         workload = _workloads(
             model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
         )

@@ -3,11 +3,14 @@ asked again (another GPU, a plot, memory_viz, an HTML report)."""
 
 from __future__ import annotations
 
+import copy
 import html
 import json
+import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,19 @@ PART_NAMES = {
     "workspace": "workspaces",
     "input": "inputs",
 }
+
+
+class Kept:
+    """The folder an estimate keeps its trace in, removed when the last estimate holding it is
+    collected (a copy of an estimate shares it), or at `Estimate.close()`; without the
+    ResourceWarning a collected `TemporaryDirectory` gives."""
+
+    def __init__(self) -> None:
+        self.name = tempfile.mkdtemp(prefix="memtrace-")
+        self._remove = weakref.finalize(self, shutil.rmtree, self.name, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._remove()
 
 
 class EstimateError(Exception):
@@ -68,9 +84,30 @@ class Estimate:
     warnings: list[str]
     raw: dict[str, Any] = field(repr=False)
     _report: dict[str, Any] = field(repr=False)
-    _dir: tempfile.TemporaryDirectory[str] = field(repr=False)
+    _dir: Kept = field(repr=False)
     # The capacity the verdict was judged at (`estimate`'s capacity=), so asking again keeps it.
     _capacity: str | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """Remove the kept trace now (else when the estimate is collected); asking again
+        (`fits`, `report`, `to_memory_viz`) needs it."""
+        self._dir.cleanup()
+
+    def __enter__(self) -> Estimate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Estimate:
+        # The trace is shared, not copied: a copy asks again of the same trace, which stays
+        # while any copy does.
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for f in fields(self):
+            if f.name != "_dir":
+                setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
+        return new
 
     @property
     def trace_path(self) -> Path:

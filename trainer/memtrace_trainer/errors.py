@@ -61,6 +61,20 @@ def user_frames(exc: BaseException) -> list:
     return out
 
 
+def raised_by_memtrace(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` is memtrace's own code (a fault of the tool, whose
+    traceback is what helps), not the model's or PyTorch's on the model's behalf."""
+    import traceback
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    # The two packages' own directories, not their parent: installed, that is site-packages,
+    # where torch lives too.
+    ours = (here, here.parent / "memtrace")
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
+
+
 def size_overflow(exc: BaseException) -> UserError | None:
     """A size so large that a tensor's element count overflows PyTorch's 64-bit integers (a
     batch of 10^15, a sequence of 10^20 tokens): the request's fault, said as such rather than

@@ -22,3 +22,13 @@ def fixed_batch():
     """An entry of a fixed batch of 4: no `batch_size` (nor `seq_len`) parameter."""
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     return model, (torch.randn(4, 32), torch.randint(0, 10, (4,))), F.cross_entropy
+
+
+def batch_norm(batch_size: int = 8):
+    """BatchNorm1d in training: PyTorch refuses a batch of one sample."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    return (
+        model,
+        (torch.randn(batch_size, 16), torch.randint(0, 10, (batch_size,))),
+        F.cross_entropy,
+    )

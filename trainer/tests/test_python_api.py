@@ -438,3 +438,43 @@ def test_replay_names_its_own_arguments_and_says_memsims_warnings(tmp_path: Path
         memtrace.replay(est.trace_path, "a100-80gb")
     with pytest.raises(EstimateError, match=r"^profile=5: expected a non-empty name"):
         memtrace.replay(est.trace_path, 5)  # type: ignore[arg-type]
+
+
+def test_a_model_that_fails_at_a_batch_says_the_batch() -> None:
+    """BatchNorm cannot train on one sample: max_batch's first probe failed with PyTorch's words
+    alone, and the CLI called it an internal error."""
+    bn = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    with pytest.raises(EstimateError, match=r"the model failed at batch 1: ValueError: Expected"):
+        memtrace.max_batch(bn, x, target=y)
+    done = cli("max-batch", "--entry", "entry_example:batch_norm", check=False)
+    assert done.returncode == 2 and "internal error" not in done.stderr, done.stderr
+    assert "entry_example:batch_norm: the model failed at batch 1" in done.stderr
+
+
+def test_inputs_a_gpu_would_refuse_and_compiled_models_are_said() -> None:
+    with pytest.warns(memtrace.MemtraceWarning, match=r"example_inputs are torch.float64 and"):
+        memtrace.estimate(_mlp(), X.double(), target=Y)
+    with pytest.warns(memtrace.MemtraceWarning, match=r"torch.compile'd: its eager module"):
+        compiled = memtrace.estimate(torch.compile(_mlp()), X, target=Y)
+    assert compiled.device_mib == memtrace.estimate(_mlp(), X, target=Y).device_mib
+
+
+def test_an_estimate_keeps_its_trace_while_a_copy_lives() -> None:
+    """A deep copy asked again after the original was collected found no trace; a collected
+    estimate gave a ResourceWarning. The trace is shared and removed with the last copy, or
+    at close()."""
+    import copy
+    import gc
+
+    est = memtrace.estimate(_mlp(), X, target=Y)
+    path = est.trace_path
+    twin = copy.deepcopy(est)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del est
+        gc.collect()
+        assert path.exists() and twin.fits() is True
+        with twin:
+            pass
+    assert not path.exists()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer import markers
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserCodeError, UserError, raised_by_memtrace
 from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
@@ -150,7 +150,17 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
             with contextlib.ExitStack() as watched:
                 for w in watchers:
                     watched.enter_context(w())
-                one_step()
+                try:
+                    one_step()
+                except UserError:
+                    raise
+                except Exception as e:
+                    # A model of the user's (`--entry`, the Python API) that fails in PyTorch:
+                    # its fault at this batch, not an internal error of the tool's.
+                    if workload.family != "entry" or raised_by_memtrace(e):
+                        raise
+                    raise UserCodeError(f"{workload.spec}: the model failed at batch "
+                                        f"{workload.batch_size}:", e) from e  # fmt: skip
 
         def one_step() -> None:
             for _ in range(cfg.grad_accum):
