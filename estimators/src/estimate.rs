@@ -358,6 +358,13 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             let h = horus_bytes(f.total_activations, batch, f.total_parameters);
             time("horus", s);
             estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
+            // The formulas know one GPU: beside a rank's estimate they read as its numbers.
+            if let Some(world) = t.meta(&metadata::WORLD_SIZE).and_then(|v| v.parse::<u64>().ok()).filter(|w| *w > 1) {
+                warnings.push(format!(
+                    "the analytic, horus, accelerate and deepspeed baselines are one unsharded GPU's; the job is \
+                     sharded over {world} ranks and the estimate is one rank's"
+                ));
+            }
         }
         _ => {
             for name in ["analytic", "horus", "accelerate", "deepspeed"] {
