@@ -145,8 +145,8 @@ pub struct OutsideReport {
     /// NCCL's communicator and peer buffers (jobs of more than one rank).
     pub nccl_mib: f64,
     /// Device memory the trace itself held outside the allocator (another module's own
-    /// requests, VMM handles, managed memory) on top of the reserved peak: what it held at
-    /// the allocator's busiest moment.
+    /// requests, VMM handles, managed memory) on top of the reserved peak: what it adds at the
+    /// device's busiest moment (the most of reserved + held at once).
     pub recorded_mib: f64,
     /// The sum.
     pub total_mib: f64,

@@ -418,9 +418,10 @@ impl FitOutcome {
         outside.total_bytes.saturating_add(self.held_beside())
     }
 
-    /// What the trace itself held outside the allocator on top of the reserved need: what it held
-    /// at the allocator's busiest moment; when the need is a failed allocation's floor, the most
-    /// it held at any one time (the failure's moment is not the peak's; errs high).
+    /// What the trace itself held outside the allocator on top of the reserved need: what it
+    /// adds at the device's busiest moment (the most of reserved + held at once, less the
+    /// reserved peak); when the need is a failed allocation's floor, the most it held at any one
+    /// time (the failure's moment is not the peak's; errs high).
     pub fn held_beside(&self) -> u64 {
         let r = &self.report;
         if self.need_is_oom_floor() {

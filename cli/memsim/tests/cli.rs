@@ -630,6 +630,48 @@ fn a_reset_of_the_peak_statistics_is_not_a_smaller_need() {
     assert!(err.contains("resets the peak statistics 1 times"), "{err}");
 }
 
+/// Beside another job on one time axis, a job's memory held outside its allocator is its own:
+/// its allocator gets the capacity less the other job and less that memory, and frees its cache
+/// at that limit; the combined need counts the held memory at its moments.
+#[test]
+fn colocate_aligned_counts_each_jobs_held_memory_at_its_moments() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |r: Record, ts: u64| Record { ts_ns: Some(ts), ..r };
+    let vmm = |r: Record| {
+        let mut r = r;
+        match &mut r.event {
+            Event::Alloc(a) => (a.mem, a.api) = (MemoryKind::Physical, Api::CuMemCreate),
+            Event::Free(f) => (f.mem, f.api) = (MemoryKind::Physical, Api::CuMemRelease),
+            _ => {}
+        }
+        r
+    };
+    let a = [
+        vmm(alloc(900, 100 * MIB, None)),
+        alloc(1, 30 * MIB, None),
+        alloc(2, 30 * MIB, None),
+        free(1),
+        free(2),
+        alloc(3, 60 * MIB, None),
+        free(3),
+        vmm(free(900)),
+    ];
+    let a: Vec<Record> = a.into_iter().zip(1..).map(|(r, ts)| at(r, ts)).collect();
+    let a = write_trace(dir.path(), "a.jsonl", &a);
+    let b = write_trace(dir.path(), "b.jsonl", &[at(alloc(50, 2 * MIB, None), 1)]);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let v = json(&["colocate", a, b, "--capacity", "200MiB", "--json"]);
+    assert_eq!(v["mode"], "timestamps", "{v}");
+    // b's 2 MiB request takes a 20 MiB segment. a's allocator has 200 - 20 - 100 = 80 MiB: at
+    // the 60 MiB request it frees its two cached 30 MiB segments. At most 60 reserved + 100
+    // held + b's 20.
+    assert_eq!(v["combined_need_bytes"], 180 * MIB, "{v}");
+    assert_eq!(v["fits"], true, "{v}");
+    // Unlimited, a would reserve 120 MiB beside its 100 held: 240 MiB with b.
+    let v = json(&["colocate", a, b, "--json"]);
+    assert_eq!(v["combined_need_bytes"], 240 * MIB, "{v}");
+}
+
 /// `--capacity 100TiB` beside a profile of a 1 GiB GPU (a unit typed wrong, or another GPU)
 /// was judged in silence.
 #[test]

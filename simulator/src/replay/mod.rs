@@ -208,7 +208,7 @@ impl Replayer {
         d: u32,
     ) -> &'a mut DeviceState {
         per_device(devices, d, || DeviceState {
-            alloc: Allocator::new(cfg.clone(), opts.version, opts.capacity.map(|c| c.saturating_sub(outside.now(d)))),
+            alloc: outside.limit(d, Allocator::new(cfg.clone(), opts.version, opts.capacity), opts.capacity),
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
             live_by_category: [0; 7],

@@ -1,10 +1,13 @@
 //! Device memory a trace holds outside the caching allocator: another module's own requests
 //! (NCCL's buffers), VMM physical handles, managed memory. The model places none of it, but the
 //! device holds it beside the allocator's segments, so the need counts it: left out, a verdict
-//! said FITS on a device the job had filled. What counts is what it holds at the allocator's
-//! busiest moment, not its own peak on top of the allocator's: the two need not coincide.
+//! said FITS on a device the job had filled. What counts is what it adds at the device's busiest
+//! moment (the most of reserved + held at once), not its own peak on top of the allocator's:
+//! the two need not coincide.
 
 use hashbrown::HashMap;
+
+use crate::alloc::Allocator;
 
 /// The live device memory outside the allocator, per device, with its peaks.
 #[derive(Debug, Default)]
@@ -68,6 +71,16 @@ impl OutsideHeld {
         }
         self.free(device, false, addr);
         true
+    }
+
+    /// `alloc`, made for a device of `capacity`, limited to what the memory held on `device`
+    /// leaves of it (its total memory, the base of a memory fraction, stays the device's).
+    pub(super) fn limit(&self, device: u32, mut alloc: Allocator, capacity: Option<u64>) -> Allocator {
+        let held = self.now(device);
+        if let (Some(c), true) = (capacity, held > 0) {
+            alloc.set_capacity(Some(c.saturating_sub(held)));
+        }
+        alloc
     }
 
     /// Bytes held on `device` now.

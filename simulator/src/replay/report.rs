@@ -120,9 +120,9 @@ pub struct ReplayReport {
     /// device (another module's own requests, VMM physical handles, managed memory): not placed
     /// by the model, and counted in the need on top of the reserved peak.
     pub recorded_outside_bytes: u64,
-    /// What that memory adds to the reserved peak: the most of (reserved + held) at once on one
-    /// device, less `peak_reserved_bytes` (at most `recorded_outside_bytes`: the two peaks need
-    /// not coincide).
+    /// What that memory adds to the reserved peak at the device's busiest moment: the most of
+    /// (reserved + held) at once on one device, less `peak_reserved_bytes` (at most
+    /// `recorded_outside_bytes`: the two peaks need not coincide).
     pub outside_beside_peak_bytes: u64,
     /// Allocations at a trace address whose block was still live (the trace has no free for
     /// it): the earlier block stays allocated in the model.
@@ -180,8 +180,9 @@ impl ReplayReport {
         let outside = (self.recorded_outside_bytes > 0).then(|| {
             format!(
                 "the trace holds up to {} B of device memory outside the caching allocator (another module's own \
-                 requests, VMM physical handles, managed memory); the need counts what it held at the allocator's \
-                 busiest moment: {} B on top of the reserved peak",
+                 requests, VMM physical handles, managed memory); it adds {} B to the reserved peak at the \
+                 device's busiest moment (the most of reserved + held at once), and the need counts that (all \
+                 of it where the need is a failed allocation's floor)",
                 self.recorded_outside_bytes, self.outside_beside_peak_bytes
             )
         });
