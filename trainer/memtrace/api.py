@@ -324,25 +324,33 @@ def _tracing() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_device_default() -> Iterator[None]:
-    """The torch-function modes of a non-CUDA default device (`with torch.device(...)`,
-    `torch.set_default_device`) taken off the mode stack for a while, the rest kept in order."""
+    """A non-CUDA default device (`with torch.device(...)`, `torch.set_default_device`) set
+    aside for a while: its mode off the torch-function stack (the rest kept in order), and
+    PyTorch's record of it cleared, so that code traced meanwhile may set its own. The caller's
+    stack and default come back afterwards, whatever the traced code left."""
+    import torch.utils._device as device_mod
     from torch.utils._device import DeviceContext
 
-    def aside(m: Any) -> bool:
-        return isinstance(m, DeviceContext) and torch.device(m.device).type != "cuda"
-
-    saved = [torch._C._pop_torch_function_stack()
-             for _ in range(torch._C._len_torch_function_stack())][::-1]  # fmt: skip
-    for m in saved:
-        if not aside(m):
-            torch._C._push_on_torch_function_stack(m)
+    stack = torch._C._len_torch_function_stack
+    holder = torch._GLOBAL_DEVICE_CONTEXT
+    saved: list[Any] = []
+    saved_global = (getattr(holder, "device_context", None), device_mod.CURRENT_DEVICE)
     try:
+        saved = [torch._C._pop_torch_function_stack() for _ in range(stack())][::-1]
+        aside = [m for m in saved if isinstance(m, DeviceContext)
+                 and torch.device(m.device).type != "cuda"]  # fmt: skip
+        for m in saved:
+            if m not in aside:
+                torch._C._push_on_torch_function_stack(m)
+        if aside:
+            holder.device_context, device_mod.CURRENT_DEVICE = None, None
         yield
     finally:
-        for _ in range(torch._C._len_torch_function_stack()):
+        for _ in range(stack()):
             torch._C._pop_torch_function_stack()
         for m in saved:
             torch._C._push_on_torch_function_stack(m)
+        holder.device_context, device_mod.CURRENT_DEVICE = saved_global
 
 
 @contextlib.contextmanager
@@ -440,8 +448,8 @@ def estimate(
                     "checkpointing": checkpointing or None}  # fmt: skip
             for name in (n for n, v in loop.items() if v is not None):
                 notes.warn(f"{name}= has no effect with a step builder: your step decides")
-            ranks = world_size if world_size is not None and world_size > 1 else None
-            job = StepJob(model, steps or STEP_FN_STEPS, ranks)
+            # Any world size given, 1 too: a step that starts a process group gets the fake one.
+            job = StepJob(model, steps or STEP_FN_STEPS, world_size)
         else:
             raise EstimateError(f"model: expected an nn.Module or a step builder "
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip

@@ -152,7 +152,8 @@ def test_min_world_size_fits_by_estimate_and_the_next_smaller_does_not() -> None
 
 
 def test_min_world_size_refuses_bad_sizes() -> None:
-    for sizes, expect in (("4,2", "ascending"), ("a", "integers"), ("0,1", "positive")):
+    for sizes, expect in (("4,2", "ascending"), ("a", "integers"), ("0,1", "positive"),
+                          ("1,2,100000", "at most 65536 ranks")):  # fmt: skip
         done = cli("min-world-size", "--model", LLAMA, "--batch-size", "1", "--strategy", "fsdp2",
                    "--profile", "a100-40gb", "--world-sizes", sizes, check=False)  # fmt: skip
         assert done.returncode == 2 and expect in done.stderr, done.stderr
@@ -220,6 +221,8 @@ def test_zero_in_bf16_keeps_deepspeeds_fp32_master_and_state(strategy: str) -> N
     d = extra["distributed"]
     assert d["mp_policy"] == {"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.bfloat16"}
     assert "DeepSpeed's bf16 mode" in d["equivalence"]
+    # The header keeps the job's own regime (its margin and baselines), not the fp32 shards'.
+    assert extra["regime"] == {"amp": "bf16", "param_dtype": "bf16"}
     assert d["local_parameter_bytes"] == 2 * shard16  # the fp32 master shards
     assert cats["optimizer_state"] == 4 * shard16  # fp32 exp_avg and exp_avg_sq
     assert cats["gradient"] == 2 * 2 * shard16  # one fp32 sharded gradient per step

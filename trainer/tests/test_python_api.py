@@ -7,6 +7,7 @@ import json
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -408,6 +409,9 @@ def test_a_dtype_asked_for_is_the_parameters_dtype() -> None:
     fp32 = memtrace.estimate(bf16, X, target=Y, dtype="fp32").breakdown["parameters"]
     assert fp32 == pytest.approx(2 * own, rel=0.01)
     assert memtrace.estimate(_mlp(), X, target=Y, dtype="fp32").breakdown["parameters"] == fp32
+    # Without a dtype, the model's own stays, with LoRA too (it was cast to fp32).
+    lora = memtrace.estimate(bf16, X, target=Y, lora=8, lora_targets="0,2")
+    assert lora.breakdown["parameters"] < 1.2 * own
 
 
 def test_the_default_loss_takes_class_scores_in_the_second_dimension() -> None:
@@ -478,3 +482,41 @@ def test_an_estimate_keeps_its_trace_while_a_copy_lives() -> None:
         with twin:
             pass
     assert not path.exists()
+
+
+def test_the_callers_modes_and_default_device_come_back_whatever_the_trace_did() -> None:
+    """The caller's own torch-function mode keeps its place; a global default device of meta is
+    set aside and comes back, after a failed estimate too; a step that sets its own default
+    (`torch.set_default_device("cuda")`) failed with "trying to pop from empty mode stack"."""
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    class Mine(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def make(device: torch.device) -> Any:
+        torch.set_default_device("cuda")
+        model = nn.Linear(64, 64)
+        x = torch.randn(16, 64)
+
+        def step() -> None:
+            model(x).sum().backward()
+
+        return step
+
+    plain = memtrace.estimate(_mlp(), X, target=Y)
+    torch.set_default_device("meta")
+    try:
+        with Mine():
+            before = _get_current_function_mode_stack()
+            _same(memtrace.estimate(_mlp(), X, target=Y), plain)
+            assert _get_current_function_mode_stack() == before
+            with pytest.raises(EstimateError):
+                memtrace.estimate(_mlp(), X, target=torch.randint(0, 10, (3,)))
+            assert _get_current_function_mode_stack() == before
+            assert memtrace.estimate(make, steps=1).allocated_mib > 0
+            assert _get_current_function_mode_stack() == before
+            assert torch.get_default_device().type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert torch.get_default_device().type == "cpu"

@@ -356,3 +356,19 @@ def test_script_without_a_step_or_with_value_dependent_shapes(tmp_path: Path) ->
     done = cli("symtrace", "--step", "step_examples:forward_only", "--out",
                str(tmp_path / "y.jsonl"), "--", "--lr", "3", check=False)  # fmt: skip
     assert done.returncode == 2 and "only --script takes arguments" in done.stderr
+
+
+def test_the_fused_meta_kernels_last_only_while_tracing() -> None:
+    """Registered for the whole process, they made the caller's own meta code skip fused
+    updates that PyTorch refuses there."""
+    import torch
+
+    from memtrace_trainer.symtrace.userstep import fused_meta_kernels
+
+    def has() -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_sgd_", "Meta")
+
+    assert not has()
+    with fused_meta_kernels():
+        assert has()
+    assert not has()

@@ -432,6 +432,11 @@ def _world_sizes(text: str) -> list[int]:
         raise UserError(f"--world-sizes {text!r}: expected integers like 1,2,4,8") from None
     if not sizes or any(v < 1 for v in sizes) or sizes != sorted(set(sizes)):
         raise UserError(f"--world-sizes {text!r}: expected positive integers, ascending")
+    from memtrace_trainer.symtrace.distributed import MAX_WORLD
+
+    if sizes[-1] > MAX_WORLD:
+        # Said before the smaller sizes are traced, not when the search reaches this one.
+        raise UserError(f"--world-sizes {text!r}: expected sizes of at most {MAX_WORLD} ranks")
     return sizes
 
 

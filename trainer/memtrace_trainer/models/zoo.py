@@ -305,8 +305,11 @@ def tuned(w: Workload, regime: Regime) -> Workload:
             "give --lora-targets (lora_targets= in Python; module names, e.g. fc1,fc2)"
         )
     dtype = regime.param_dtype
-    # Cast where a floating parameter is of another dtype (a bf16 model asked for in fp32 too).
-    recast = any(p.is_floating_point() and p.dtype != dtype for p in w.model.parameters())
+    # Cast where a dtype was asked for and a floating parameter is of another (a bf16 model
+    # asked for in fp32 too); without one, the model's own dtype stays (LoRA of a bf16 model).
+    recast = regime.dtype is not None and any(
+        p.is_floating_point() and p.dtype != dtype for p in w.model.parameters()
+    )
     model = w.model.to(dtype) if recast else w.model
     model = finetune.apply(model, regime, None, model_type)
     make = w.make_batch

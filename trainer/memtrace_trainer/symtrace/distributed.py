@@ -317,7 +317,17 @@ def describe(strategy: str) -> dict[str, Any]:
     return {"runs_as": code, "equivalence": note, "ranks": ranks}
 
 
-def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None) -> dict[str, Any]:
+# fp32 state tensors per parameter of each optimizer ZeRO-1 takes (DeepSpeed keeps them fp32).
+STATE_SLOTS = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "rmsprop": 1}
+
+
+def shard(
+    model: nn.Module,
+    strategy: str,
+    mesh: Any,
+    fsdp_mp: str | None = None,
+    optimizer: str = "adam",
+) -> dict[str, Any]:
     """Before the trace: `fully_shard` per unit and on the root for the FSDP2 family (DDP wraps
     inside the trace, `wrap_ddp`, so its buckets are recorded); returns what the output
     reports."""
@@ -328,14 +338,18 @@ def shard(model: nn.Module, strategy: str, mesh: Any, fsdp_mp: str | None = None
     info = {"strategy": strategy, "world_size": world, "rank": 0, **describe(strategy)}
     if strategy == "zero1":
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if trainable and {p.dtype for p in trainable} <= {torch.bfloat16, torch.float16}:
-            missing = 8 * sum(p.numel() for p in trainable) / world / 2**20
+        slots = STATE_SLOTS.get(optimizer)
+        low = {p.dtype for p in trainable} <= {torch.bfloat16, torch.float16}
+        if trainable and low and slots is not None:
+            # DeepSpeed: a 4-byte master and `slots` 4-byte states; here `slots` 2-byte ones.
+            per = 4 + 2 * slots
+            missing = per * sum(p.numel() for p in trainable) / world / 2**20
             warn(
                 "--strategy zero1 with 16-bit parameters: DeepSpeed's bf16/fp16 mode keeps fp32 "
-                "master weights and fp32 optimizer state (12 bytes per parameter, partitioned), "
-                "and PyTorch's ZeroRedundancyOptimizer here keeps the state in the parameters' "
-                f"dtype: this rank's estimate is low by about {missing:.1f} MiB (zero2 and zero3 "
-                "model the fp32 state)"
+                f"master weights and fp32 {optimizer} state ({4 + 4 * slots} bytes per parameter, "
+                "partitioned), and PyTorch's ZeroRedundancyOptimizer here keeps the state in the "
+                f"parameters' dtype: this rank's estimate is low by about {missing:.1f} MiB "
+                "(zero2 and zero3 model the fp32 state)"
             )
     if code == "ddp":
         full = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -208,7 +208,7 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
             from memtrace_trainer.symtrace.distributed import fake_world, shard
 
             mesh = world.enter_context(fake_world(cfg.world_size or 1))
-            sharded = shard(workload.model, cfg.strategy, mesh, cfg.fsdp_mp)
+            sharded = shard(workload.model, cfg.strategy, mesh, cfg.fsdp_mp, cfg.optimizer)
         done = run_steps(
             canned(workload, cfg, rec, made),
             cfg.iterations,

@@ -73,8 +73,13 @@ def trace(
     workload: Workload, cfg: step.StepConfig, profile: Profile
 ) -> tuple[Recorder, dict[str, Any]]:
     libraries, rec = _recorder(profile, cfg.cuda_emulation)
+    # The regime as the job was given: a strategy may run it otherwise (ZeRO in bf16 as fp32
+    # shards under a bf16 policy), and the margin and baselines are the job's own regime's.
+    regime = {"amp": precision_regime(cfg.amp, [workload.model]),
+              "param_dtype": param_dtype(workload.model)}  # fmt: skip
     with LayersRun() as layers:
         emulated = step.run(workload, cfg, profile, rec)
+    emulated["regime"] = regime
     emulated["layer_types"] = layers.types([workload.model])
     emulated["libraries"] = libraries.metadata()
     return rec, emulated
@@ -166,8 +171,7 @@ def metadata(
         "batch_size": str(workload.batch_size),
         "optimizer": cfg.optimizer,
         "iterations": str(cfg.iterations),
-        "amp": precision_regime(cfg.amp, [workload.model]),
-        "param_dtype": param_dtype(workload.model),
+        **extra["regime"],
         "checkpointing": cfg.checkpointing or "none",
         "grad_accum": str(cfg.grad_accum),
         "cuda_emulation": str(cfg.cuda_emulation).lower(),

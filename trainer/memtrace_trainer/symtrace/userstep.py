@@ -183,40 +183,34 @@ def cuda_like_optimizer_defaults(defaults: bool = True) -> Iterator[None]:
     import torch.optim.optimizer as optimizer_mod
     import torch.utils._foreach_utils as fu
 
-    if defaults:
-        fused_meta_kernels()
     names = ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices")
     modules = (fu, optimizer_mod) if defaults else (fu,)
     saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]
     for m, n, original in saved:
         setattr(m, n, lambda _o=original: [*_o(), "meta"])
     try:
-        yield
+        with fused_meta_kernels() if defaults else contextlib.nullcontext():
+            yield
     finally:
         for m, n, original in saved:
             setattr(m, n, original)
 
 
-# The meta kernels registered for CUDA's fused optimizer updates (kept alive: dropping the
-# library drops its kernels).
-_FUSED_META: list[Any] = []
-
-
-def fused_meta_kernels() -> None:
-    """Meta kernels for CUDA's fused optimizer updates that have none (`_fused_sgd_`,
-    `_fused_adagrad_`, the `tensor_lr` overloads): each updates its tensors in place and
-    allocates nothing, so on the tracer's device it does nothing. Without them an optimizer
-    built with `fused=True` failed at its first step."""
-    if _FUSED_META:
-        return
-    lib = torch.library.Library("aten", "IMPL")
-    for op in ("_fused_sgd_", "_fused_adagrad_", "_fused_adam_", "_fused_adamw_"):
-        packet = getattr(torch.ops.aten, op, None)
-        for overload in packet.overloads() if packet is not None else ():
-            name = op if overload == "default" else f"{op}.{overload}"
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                lib.impl(name, _updates_in_place, "Meta")
-    _FUSED_META.append(lib)
+@contextlib.contextmanager
+def fused_meta_kernels() -> Iterator[None]:
+    """Meta kernels, while tracing, for CUDA's fused optimizer updates that have none
+    (`_fused_sgd_`, `_fused_adagrad_`, the `tensor_lr` overloads): each updates its tensors in
+    place and allocates nothing, so on the tracer's device it does nothing. Without them an
+    optimizer built with `fused=True` failed at its first step. Removed afterwards: the caller's
+    own meta or FakeTensor code keeps PyTorch's refusal."""
+    with torch.library._scoped_library("aten", "IMPL") as lib:
+        for op in ("_fused_sgd_", "_fused_adagrad_", "_fused_adam_", "_fused_adamw_"):
+            packet = getattr(torch.ops.aten, op, None)
+            for overload in packet.overloads() if packet is not None else ():
+                name = op if overload == "default" else f"{op}.{overload}"
+                if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                    lib.impl(name, _updates_in_place, "Meta")
+        yield
 
 
 def _updates_in_place(*args: Any, **kwargs: Any) -> None:
