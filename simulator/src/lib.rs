@@ -7,6 +7,7 @@ pub mod colocate;
 pub mod conversions;
 pub mod family;
 pub mod fit;
+pub mod margin;
 pub mod perfetto;
 pub mod profile;
 pub mod replay;

@@ -34,7 +34,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
         u => {
-            return Err(format!("invalid size {s:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"))
+            return Err(format!("invalid size {s:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB or K, M, G, T for them, or KB, MB, GB, TB)"))
         }
     };
     let out_of_range = || format!("invalid size {s:?}: out of range");

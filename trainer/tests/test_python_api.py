@@ -453,7 +453,7 @@ def test_a_model_that_fails_at_a_batch_says_the_batch() -> None:
         memtrace.max_batch(bn, x, target=y)
     done = cli("max-batch", "--entry", "entry_example:batch_norm", check=False)
     assert done.returncode == 2 and "internal error" not in done.stderr, done.stderr
-    assert "entry_example:batch_norm: the model failed at batch 1" in done.stderr
+    assert "--entry 'entry_example:batch_norm': the model failed at batch 1" in done.stderr
 
 
 def test_inputs_a_gpu_would_refuse_and_compiled_models_are_said() -> None:

@@ -95,7 +95,8 @@ def test_the_users_exception_is_one_line_and_their_frames(tmp_path: Path) -> Non
                "--out", out, check=False)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     first, *frames = done.stderr.strip().splitlines()
-    assert first.startswith("error: your code raised RuntimeError:"), done.stderr
+    said = "error: --entry 'entry_failures:bad_forward': the model failed at batch 2: RuntimeError:"
+    assert first.startswith(said), done.stderr
     assert any("entry_failures.py" in f and "in forward" in f for f in frames), done.stderr
     assert not any("site-packages" in f or "memtrace_trainer" in f for f in frames), done.stderr
     done = cli("symtrace", "--entry", "entry_failures:broken", "--batch-size", "2",

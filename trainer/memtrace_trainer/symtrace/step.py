@@ -159,7 +159,9 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                     # its fault at this batch, not an internal error of the tool's.
                     if workload.family != "entry" or raised_by_memtrace(e):
                         raise
-                    raise UserCodeError(f"{workload.spec}: the model failed at batch "
+                    spec = workload.spec  # `python:CLASS` from the API, else the --entry
+                    what = spec if spec.startswith("python:") else f"--entry {spec!r}"
+                    raise UserCodeError(f"{what}: the model failed at batch "
                                         f"{workload.batch_size}:", e) from e  # fmt: skip
 
         def one_step() -> None:
