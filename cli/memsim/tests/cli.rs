@@ -501,21 +501,44 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
     assert!(err.contains(&format!("memsim: warning: {t}: the run ran out of memory (record 3")), "{err}");
 }
 
+/// `r` as memory held outside the allocator: `mem` allocated or released by `api`.
+fn held(r: Record, mem: MemoryKind, api: Api) -> Record {
+    let mut r = r;
+    match &mut r.event {
+        Event::Alloc(a) => (a.mem, a.api) = (mem, api),
+        Event::Free(f) => (f.mem, f.api) = (mem, api),
+        _ => {}
+    }
+    r
+}
+
+/// `r` as a VMM physical handle's creation (`cuMemCreate`) or release (`cuMemRelease`).
+fn vmm(r: Record) -> Record {
+    let api = if matches!(r.event, Event::Free(_)) { Api::CuMemRelease } else { Api::CuMemCreate };
+    held(r, MemoryKind::Physical, api)
+}
+
+/// 100 MiB held as a VMM handle throughout, while the job caches two 30 MiB segments and then
+/// asks for 60 MiB: unlimited it reserves 120 MiB, and a limit below that frees the cache.
+fn cache_beside_held() -> Vec<Record> {
+    vec![
+        vmm(alloc(900, 100 * MIB, None)),
+        alloc(1, 30 * MIB, None),
+        alloc(2, 30 * MIB, None),
+        free(1),
+        free(2),
+        alloc(3, 60 * MIB, None),
+        free(3),
+        vmm(free(900)),
+    ]
+}
+
 /// Device memory the trace holds outside the caching allocator (a VMM handle from cuMemCreate,
 /// managed memory) is in the need: the model places none of it, and the replay said FITS on a
 /// device the job had filled, silently.
 #[test]
 fn device_memory_held_outside_the_allocator_is_in_the_need() {
     let dir = tempfile::tempdir().unwrap();
-    let held = |r: Record, mem: MemoryKind, api: Api| {
-        let mut r = r;
-        match &mut r.event {
-            Event::Alloc(a) => (a.mem, a.api) = (mem, api),
-            Event::Free(f) => (f.mem, f.api) = (mem, api),
-            _ => {}
-        }
-        r
-    };
     let mut records = three_tensors();
     records.insert(0, held(alloc(900, 200 * MIB, None), MemoryKind::Physical, Api::CuMemCreate));
     records.insert(1, held(alloc(901, 40 * MIB, None), MemoryKind::Managed, Api::CudaMallocManaged));
@@ -554,15 +577,6 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
 #[test]
 fn memory_held_outside_counts_where_it_is_held() {
     let dir = tempfile::tempdir().unwrap();
-    let vmm = |r: Record| {
-        let mut r = r;
-        match &mut r.event {
-            Event::Alloc(a) => (a.mem, a.api) = (MemoryKind::Physical, Api::CuMemCreate),
-            Event::Free(f) => (f.mem, f.api) = (MemoryKind::Physical, Api::CuMemRelease),
-            _ => {}
-        }
-        r
-    };
     // 200 MiB held and released before the tensors' 150 MiB: the device holds 200 at most.
     let mut before = vec![vmm(alloc(900, 200 * MIB, None)), vmm(free(900))];
     before.extend(three_tensors());
@@ -581,16 +595,7 @@ fn memory_held_outside_counts_where_it_is_held() {
     // 100 MiB held throughout; the job caches two 30 MiB segments, then asks for 60 MiB.
     // Unlimited, it reserves 120 MiB (220 with the held memory); on 200 MiB the allocator has
     // 100, frees its cache at the failed cudaMalloc and goes on: 160 MiB at most.
-    let held = vec![
-        vmm(alloc(900, 100 * MIB, None)),
-        alloc(1, 30 * MIB, None),
-        alloc(2, 30 * MIB, None),
-        free(1),
-        free(2),
-        alloc(3, 60 * MIB, None),
-        free(3),
-        vmm(free(900)),
-    ];
+    let held = cache_beside_held();
     let t = write_logical(dir.path(), "held.jsonl", &held, &[]);
     let t = t.to_str().unwrap();
     let v = json(&["replay", t, "--json"]);
@@ -637,25 +642,7 @@ fn a_reset_of_the_peak_statistics_is_not_a_smaller_need() {
 fn colocate_aligned_counts_each_jobs_held_memory_at_its_moments() {
     let dir = tempfile::tempdir().unwrap();
     let at = |r: Record, ts: u64| Record { ts_ns: Some(ts), ..r };
-    let vmm = |r: Record| {
-        let mut r = r;
-        match &mut r.event {
-            Event::Alloc(a) => (a.mem, a.api) = (MemoryKind::Physical, Api::CuMemCreate),
-            Event::Free(f) => (f.mem, f.api) = (MemoryKind::Physical, Api::CuMemRelease),
-            _ => {}
-        }
-        r
-    };
-    let a = [
-        vmm(alloc(900, 100 * MIB, None)),
-        alloc(1, 30 * MIB, None),
-        alloc(2, 30 * MIB, None),
-        free(1),
-        free(2),
-        alloc(3, 60 * MIB, None),
-        free(3),
-        vmm(free(900)),
-    ];
+    let a = cache_beside_held();
     let a: Vec<Record> = a.into_iter().zip(1..).map(|(r, ts)| at(r, ts)).collect();
     let a = write_trace(dir.path(), "a.jsonl", &a);
     let b = write_trace(dir.path(), "b.jsonl", &[at(alloc(50, 2 * MIB, None), 1)]);
