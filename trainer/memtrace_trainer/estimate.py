@@ -304,6 +304,10 @@ def _plain_trace(job: Any, prof: Profile, out: Path) -> str | None:
     emulation); `None` when it ran, else why not. The estimate stands without it: code that
     runs on a GPU (a fused optimizer, whose kernels have no meta implementation) may fail
     there, after the tracer's own trace succeeded."""
+    if isinstance(job, ScriptJob):
+        # A script's side effects (its files, logs, outputs) would happen again.
+        return ("not run for a script: it would run the script a second time; a step function "
+                "(--step) gets it")  # fmt: skip
     try:
         job.trace(prof, out, False)
     except UserError as e:

@@ -323,6 +323,27 @@ def test_unmodified_script_runs_as_written_and_stops_after_n_steps(tmp_path: Pat
     assert r["inputs"]["script"] == TRAIN
 
 
+def test_a_script_written_for_a_gpu_runs_as_on_one(tmp_path: Path) -> None:
+    """The optimizer built before `.cuda()` held the replaced parameters (no optimizer state),
+    tied weights came apart (counted twice), DataParallel refused the tracer's device, a pinned
+    DataLoader with workers and `memory_stats()` failed, and `torch.save` overwrote the user's
+    file with one of empty tensors."""
+    out, ck = tmp_path / "s.jsonl", tmp_path / "ck.pt"
+    ck.write_bytes(b"the user's real checkpoint")
+    done = cli("symtrace", "--script", str(SCRIPTS / "as_on_a_gpu.py"), "--out", str(out),
+               "--json", "--steps", "2", "--", str(ck))  # fmt: skip
+    assert "same parameters: True" in done.stderr, done.stderr
+    assert ck.read_bytes() == b"the user's real checkpoint"
+    assert f"torch.save to {ck} skipped while tracing" in done.stderr
+    cats = json.loads(done.stdout)["bytes_by_category"]
+    params = (1000 * 256 + 256 * 256 + 256) * 4  # the tied weight once
+    assert cats["parameter"] == params, cats
+    assert cats["optimizer_state"] == 2 * params, cats  # AdamW's two moments, every parameter
+    r = json.loads(cli("estimate", "--script", str(SCRIPTS / "as_on_a_gpu.py"), "--json",
+                       "--steps", "2", "--", str(ck)).stdout)  # fmt: skip
+    assert r["unavailable"]["fake_tensor"].startswith("not run for a script")
+
+
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
     """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
     user's marker and ends nothing."""

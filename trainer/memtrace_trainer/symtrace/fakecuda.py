@@ -134,6 +134,95 @@ def _host(original: Callable[..., Any], then: str | None = None) -> Callable[...
     return read
 
 
+# `memory_summary()`'s table needs the allocator's statistics, which memsim computes after the
+# trace; a program that prints it (for its log) gets this line instead of a failure.
+_SUMMARY = (
+    "memtrace: memory_summary() is not available while tracing (the caching allocator is "
+    "replayed after the trace); memory_allocated() and max_memory_allocated() are"
+)
+
+
+def _memory_stats(rec: Recorder) -> dict[str, int]:
+    """`torch.cuda.memory_stats()` as far as the trace knows it: the allocated and active bytes
+    (current and peak), which are the recorder's live bytes. Reserved bytes need the allocator,
+    which memsim replays afterwards: they are absent, as for a device that has allocated nothing
+    yet (and `memory_reserved()` says why)."""
+    out: dict[str, int] = {}
+    for kind in ("allocated_bytes", "active_bytes", "requested_bytes"):
+        out[f"{kind}.all.current"] = rec.live_bytes
+        out[f"{kind}.all.peak"] = rec.peak_bytes
+    return dict(sorted(out.items()))
+
+
+def _is_file(f: Any) -> bool:
+    """Whether `f` is an open file of the file system (an `io.BytesIO` is not)."""
+    try:
+        f.fileno()
+    except Exception:  # io.UnsupportedOperation, or no such method
+        return False
+    return True
+
+
+def _save_skipped(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.save` to a file skipped (said): a checkpoint of the trace's tensors holds no
+    values, and written, it replaced the user's real file at that path. In-memory buffers are
+    the program's own business and are written."""
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        from memtrace_trainer.notes import warn
+
+        named = isinstance(f, str | bytes) or hasattr(f, "__fspath__")
+        if not named and not _is_file(f):
+            return original(obj, f, *args, **kwargs)
+        where = f if named else getattr(f, "name", type(f).__name__)
+        warn(f"torch.save to {where} skipped while tracing: the trace's tensors hold no values, "
+             "and a real checkpoint there would have been overwritten")  # fmt: skip
+        return None
+
+    return save
+
+
+def _on_cuda(location: Any) -> bool:
+    if isinstance(location, dict):
+        return any(_on_cuda(v) for v in location.values())
+    if isinstance(location, str | torch.device):
+        return torch.device(location).type == "cuda"
+    return False
+
+
+def _to_cuda(value: Any) -> Any:
+    """Every tensor in a loaded checkpoint moved to "cuda", which the tracer's device answers:
+    the checkpoint's device memory, held while the program keeps it."""
+    if isinstance(value, torch.Tensor):
+        return value.to("cuda")
+    if isinstance(value, dict):
+        return type(value)((k, _to_cuda(v)) for k, v in value.items())
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_to_cuda(v) for v in value)
+    return value
+
+
+def _load_onto_the_device(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.load(..., map_location="cuda")` (or of a checkpoint saved on a GPU, without a
+    map_location) read through the host: PyTorch's CUDA deserializer needs a driver."""
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if map_location is None:
+            try:
+                return original(f, None, *args, **kwargs)
+            except RuntimeError as e:
+                if "NVIDIA driver" not in str(e) and "CUDA" not in str(e):
+                    raise
+                if hasattr(f, "seek"):
+                    f.seek(0)
+                return _to_cuda(original(f, "cpu", *args, **kwargs))
+        if _on_cuda(map_location):
+            return _to_cuda(original(f, "cpu", *args, **kwargs))
+        return original(f, map_location, *args, **kwargs)
+
+    return load
+
+
 class _Properties:
     """What `torch.cuda.get_device_properties` returns, for the profile's GPU."""
 
@@ -141,7 +230,8 @@ class _Properties:
         self.name = profile.gpu
         self.major, self.minor = profile.compute_capability
         self.total_memory = profile.total_memory
-        self.multi_processor_count = 0  # not in the profile; code that needs it gets 0
+        # nn.DataParallel divides by it (a 0 was a ZeroDivisionError in the user's line).
+        self.multi_processor_count = profile.sm_count
 
     def __repr__(self) -> str:
         return f"_CudaDeviceProperties(name={self.name!r}, total_memory={self.total_memory})"
@@ -268,8 +358,19 @@ class CudaShim:
             "current_stream": lambda device=None: self._current,
             "default_stream": lambda device=None: _DEFAULT_STREAM,
         }
+        answers["memory_stats"] = lambda device=None: _memory_stats(rec)
+        answers["memory_summary"] = lambda device=None, abbreviated=False: _SUMMARY
         for name, value in answers.items():
             self._patch(c, name, value)
+        # DataLoader's pinning thread asks the accelerator which device it is on.
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None:
+            for name, value in (("current_device_index", lambda: 0),
+                                ("set_device_index", lambda device: None),
+                                ("is_available", lambda: True),
+                                ("device_count", lambda: 1)):  # fmt: skip
+                if hasattr(accelerator, name):
+                    self._patch(accelerator, name, value)
         # memory_reserved needs the allocator in this process: memsim replays it afterwards.
         for name in ("memory_reserved", "max_memory_reserved"):
             self._patch(c, name, _reserved_unavailable(name))
@@ -282,6 +383,13 @@ class CudaShim:
         # out of reach of the function mode, so the method itself is the identity.
         self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)
         self._patch(torch.Tensor, "is_pinned", lambda t, *a, **k: False)
+        # One device: DataParallel's replicas are the module itself (its device check compared
+        # the tracer's device with cuda:0 and refused).
+        self._patch(nn.DataParallel, "forward", lambda dp, *a, **k: dp.module(*a, **k))
+        # A checkpoint of the trace's tensors holds no values: written, it replaced the user's
+        # real file at that path with an empty one.
+        self._patch(torch, "save", _save_skipped(torch.save))
+        self._patch(torch, "load", _load_onto_the_device(torch.load))
         # Values the tracer's device does not have, read back by the program (docs: stand-ins).
         T = torch.Tensor
         self._patch(T, "item", _item(T.item))

@@ -92,6 +92,21 @@ def _binds(sig: inspect.Signature, *args: Any) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def parameters_kept() -> Iterator[None]:
+    """`Module.to("cuda")`/`.cuda()` keeps each parameter object, as it does on a GPU. PyTorch
+    takes a move to the tracer's device (meta) for an incompatible one and makes new
+    `Parameter`s: an optimizer built before the move then held the old ones (no gradients, so no
+    optimizer state in the estimate), and tied weights came apart (counted twice). Swapping the
+    tensors in place (PyTorch's own `swap_module_params_on_conversion`) keeps them."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+
+
 def _resolve(spec: Any) -> tuple[Any, str]:
     """The step function of `package.module:function` (or the function), and its name."""
     if callable(spec):
@@ -281,6 +296,7 @@ def tracing(
     autocast = Autocast()
     resizes = storage_resizes(rec)
     with (
+        parameters_kept(),
         autocast,
         defaults,
         rec,
