@@ -271,6 +271,7 @@ def test_bad_steps_fail_clearly(tmp_path: Path) -> None:
     assert done.returncode == 2 and "zero-argument step()" in done.stderr
     done, _ = symtrace(tmp_path, "asks_reserved", check=False)
     assert done.returncode == 2 and "memory_reserved" in done.stderr
+    assert "(at " in done.stderr and "step_examples.py:" in done.stderr  # the caller's line
     summary, _ = symtrace(tmp_path, "allocates_nothing")
     assert any("nothing was allocated" in w for w in summary["warnings"])
     done = cli("symtrace", "--step", "step_examples:nope", "--out", str(tmp_path / "x.jsonl"),
@@ -342,6 +343,14 @@ def test_a_script_written_for_a_gpu_runs_as_on_one(tmp_path: Path) -> None:
     r = json.loads(cli("estimate", "--script", str(SCRIPTS / "as_on_a_gpu.py"), "--json",
                        "--steps", "2", "--", str(ck)).stdout)  # fmt: skip
     assert r["unavailable"]["fake_tensor"].startswith("not run for a script")
+
+
+def test_a_script_that_exits_with_a_message_says_it(tmp_path: Path) -> None:
+    script = tmp_path / "needs_gpus.py"
+    script.write_text('import sys\nsys.exit("need 2 GPUs")\n')
+    done = cli("symtrace", "--script", str(script), "--out", str(tmp_path / "t.jsonl"),
+               check=False)  # fmt: skip
+    assert done.returncode == 2 and "the script exited saying: need 2 GPUs" in done.stderr
 
 
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:

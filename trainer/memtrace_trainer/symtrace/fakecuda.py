@@ -500,9 +500,18 @@ def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
 
 def _reserved_unavailable(name: str) -> Callable[..., int]:
     def answer(device: Any = None) -> int:
+        import traceback
+
+        from memtrace_trainer.errors import _library_dirs
+
+        # The caller's line, as every error in the user's code names it.
+        libs = _library_dirs()
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if not any(f.filename.startswith(d) for d in libs)]  # fmt: skip
+        at = f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
         raise UserError(
-            f"torch.cuda.{name}() while tracing: reserved memory comes from replaying the trace "
-            "through memsim's allocator model after the step, not from inside it; use "
+            f"torch.cuda.{name}() while tracing{at}: reserved memory comes from replaying the "
+            "trace through memsim's allocator model after the step, not from inside it; use "
             "memory_allocated()/max_memory_allocated() in the step, or read the estimate's "
             "reserved peak"
         )

@@ -84,9 +84,9 @@ def run_script(
             pass
         except SystemExit as e:
             if e.code not in (None, 0):
-                raise UserError(
-                    f"--script {path}: the script exited with status {e.code}"
-                ) from None
+                # sys.exit("a message") exits 1 and prints the message; sys.exit(N) is a status.
+                said = f"with status {e.code}" if isinstance(e.code, int) else f"saying: {e.code}"
+                raise UserError(f"--script {path}: the script exited {said}") from None
         except UserError:
             raise
         except Exception as e:
