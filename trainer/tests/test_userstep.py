@@ -353,6 +353,20 @@ def test_a_script_that_exits_with_a_message_says_it(tmp_path: Path) -> None:
     assert done.returncode == 2 and "the script exited saying: need 2 GPUs" in done.stderr
 
 
+def test_a_script_that_stops_on_its_loss_is_told_why(tmp_path: Path) -> None:
+    """Early stopping reads the loss back (`.item()`, 0 while tracing): the loop stopped after
+    one step, and the warning said only that it ended."""
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(8, 1).cuda()\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(100):\n    loss = m(torch.randn(4, 8, device='cuda')).square().mean()\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n"
+        "    if loss.item() < 1e-3:\n        break\n"
+    )
+    done = cli("symtrace", "--script", str(script), "--out", str(tmp_path / "t.jsonl"))
+    assert "ended after 1 of 3 iterations" in done.stderr and "`.item()`" in done.stderr
+
+
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
     """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
     user's marker and ends nothing."""

@@ -103,5 +103,10 @@ def run_script(
                 'memtrace_trainer.mark("iter"): the whole run is traced as one iteration'
             )
         else:
-            warn(f"--script {path}: the script ended after {state['done']} of {steps} iterations")
+            warn(
+                f"--script {path}: the script ended after {state['done']} of {steps} iterations "
+                "(values read back while tracing are stand-ins: `.item()` and `bool()` of a tensor "
+                "are 0/False, so a loop that stops on its loss, as early stopping does, may stop "
+                "at once; the trace's last iteration is what ran after the last step)"
+            )
     return run
