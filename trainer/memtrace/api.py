@@ -22,7 +22,7 @@ from torch import nn
 
 from memtrace.result import Estimate, EstimateError, Kept, breakdown, memsim
 from memtrace_trainer import notes
-from memtrace_trainer.errors import UserError, user_frames
+from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
 
 META = torch.device("meta")
@@ -364,16 +364,9 @@ def _errors() -> Iterator[None]:
     except UserError as e:
         raise EstimateError(as_keywords(str(e))) from e
     except Exception as e:
-        if _ours(e):  # a fault of memtrace itself: its own traceback, not the model's story
+        if raised_by_memtrace(e):  # a fault of memtrace itself: its own traceback, not the model's
             raise
         raise EstimateError(_explain(e)) from e
-
-
-def _ours(e: BaseException) -> bool:
-    """Whether the innermost frame of `e` is memtrace's own code."""
-    from memtrace_trainer.errors import raised_by_memtrace
-
-    return raised_by_memtrace(e)
 
 
 def _profile(gpu: str, capacity: str | None = None) -> Any:

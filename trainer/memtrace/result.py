@@ -125,11 +125,11 @@ class Estimate:
         estimate's own `capacity` when it was given one; else the GPU's total memory. A `gpu`
         named with no `capacity` is judged on its total memory, even when it is the estimated
         GPU: a warning says so when the estimate had a capacity of its own."""
-        from memtrace.api import MemtraceWarning
+        from memtrace.api import MemtraceWarning, _text
         from memtrace_trainer.estimate import judged_on_point
 
-        if gpu is not None and (not isinstance(gpu, str | Path) or not str(gpu).strip()):
-            raise EstimateError(f"gpu={gpu!r}: expected a profile name or path (a string)")
+        if gpu is not None:
+            _text("gpu", gpu)
         if point is None:
             point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):

@@ -208,7 +208,11 @@ impl Replayer {
         d: u32,
     ) -> &'a mut DeviceState {
         per_device(devices, d, || DeviceState {
-            alloc: outside.limit(d, Allocator::new(cfg.clone(), opts.version, opts.capacity), opts.capacity),
+            alloc: {
+                let mut alloc = Allocator::new(cfg.clone(), opts.version, opts.capacity);
+                outside.limit(d, &mut alloc, opts.capacity);
+                alloc
+            },
             at_peak: Fragmentation::default(),
             peak_reserved_seen: 0,
             live_by_category: [0; 7],

@@ -73,14 +73,13 @@ impl OutsideHeld {
         true
     }
 
-    /// `alloc`, made for a device of `capacity`, limited to what the memory held on `device`
-    /// leaves of it (its total memory, the base of a memory fraction, stays the device's).
-    pub(super) fn limit(&self, device: u32, mut alloc: Allocator, capacity: Option<u64>) -> Allocator {
-        let held = self.now(device);
-        if let (Some(c), true) = (capacity, held > 0) {
-            alloc.set_capacity(Some(c.saturating_sub(held)));
+    /// Limit `alloc`, on `device` of `capacity`, to what the memory held there leaves (the one
+    /// rule of every place a capacity reaches an allocator); its total memory, the base of a
+    /// memory fraction, stays the device's.
+    pub(super) fn limit(&self, device: u32, alloc: &mut Allocator, capacity: Option<u64>) {
+        if let Some(c) = capacity {
+            alloc.set_capacity(Some(c.saturating_sub(self.now(device))));
         }
-        alloc
     }
 
     /// Bytes held on `device` now.

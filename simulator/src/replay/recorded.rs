@@ -91,11 +91,8 @@ impl Replayer {
         }
         // What is held beside the allocator is not the allocator's to use: at a capacity, its
         // segments get what the held memory leaves, as a real `cudaMalloc` would.
-        if let Some(c) = self.opts.capacity {
-            let held = self.outside.now(device);
-            if let Some((_, ds)) = self.devices.iter_mut().find(|(d, _)| *d == device) {
-                ds.alloc.set_capacity(Some(c.saturating_sub(held)));
-            }
+        if let Some((_, ds)) = self.devices.iter_mut().find(|(d, _)| *d == device) {
+            self.outside.limit(device, &mut ds.alloc, self.opts.capacity);
         }
     }
 
@@ -104,7 +101,7 @@ impl Replayer {
     pub fn set_capacity(&mut self, capacity: u64) {
         self.opts.capacity = Some(capacity);
         for (dev, d) in &mut self.devices {
-            d.alloc.set_capacity(Some(capacity.saturating_sub(self.outside.now(*dev))));
+            self.outside.limit(*dev, &mut d.alloc, Some(capacity));
         }
     }
 

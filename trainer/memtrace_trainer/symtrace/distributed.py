@@ -339,8 +339,7 @@ def shard(
     if strategy == "zero1":
         trainable = [p for p in model.parameters() if p.requires_grad]
         slots = STATE_SLOTS.get(optimizer)
-        low = {p.dtype for p in trainable} <= {torch.bfloat16, torch.float16}
-        if trainable and low and slots is not None:
+        if deepspeed_low_precision(model) is not None and slots is not None:
             # DeepSpeed: a 4-byte master and `slots` 4-byte states; here `slots` 2-byte ones.
             per = 4 + 2 * slots
             missing = per * sum(p.numel() for p in trainable) / world / 2**20
@@ -363,7 +362,8 @@ def shard(
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy()
-    low = deepspeed_low_precision(model, strategy, fsdp_mp)
+    # A policy of the job's own (--fsdp-mp) says how it trains instead.
+    low = deepspeed_low_precision(model) if strategy in ("zero2", "zero3") and not fsdp_mp else None
     if low is not None:
         # DeepSpeed's bf16/fp16 mode keeps fp32 master weights and fp32 Adam moments beside
         # the 16-bit parameters and gradients: 2 + 2 + 12 bytes per parameter, partitioned.
@@ -409,13 +409,9 @@ def shard(
     }
 
 
-def deepspeed_low_precision(
-    model: nn.Module, strategy: str, fsdp_mp: str | None
-) -> torch.dtype | None:
-    """The 16-bit dtype of a ZeRO-2/3 job in pure low precision (`--dtype bf16/fp16`, every
-    trainable parameter in it, no `--fsdp-mp` of its own): DeepSpeed's bf16/fp16 mode."""
-    if strategy not in ("zero2", "zero3") or fsdp_mp is not None:
-        return None
+def deepspeed_low_precision(model: nn.Module) -> torch.dtype | None:
+    """The 16-bit dtype of a job in pure low precision (`--dtype bf16/fp16`: every trainable
+    parameter in it), which a ZeRO strategy runs in DeepSpeed's bf16/fp16 mode."""
     trainable = {p.dtype for p in model.parameters() if p.requires_grad}
     if len(trainable) == 1 and next(iter(trainable)) in (torch.bfloat16, torch.float16):
         return next(iter(trainable))

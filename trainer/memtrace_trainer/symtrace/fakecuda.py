@@ -193,13 +193,9 @@ def _on_cuda(location: Any) -> bool:
 def _to_cuda(value: Any) -> Any:
     """Every tensor in a loaded checkpoint moved to "cuda", which the tracer's device answers:
     the checkpoint's device memory, held while the program keeps it."""
-    if isinstance(value, torch.Tensor):
-        return value.to("cuda")
-    if isinstance(value, dict):
-        return type(value)((k, _to_cuda(v)) for k, v in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        return type(value)(_to_cuda(v) for v in value)
-    return value
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.to("cuda"), value)
 
 
 def _load_onto_the_device(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -47,11 +47,10 @@ def load_step(spec: Any, with_batch: bool = False) -> Any:
     searches over)."""
     func, func_name = _resolve(spec)
     try:
-        if with_batch:
-            inspect.signature(func).bind(META, 1)
-        else:
-            inspect.signature(func).bind(META)
-    except TypeError:
+        sig = inspect.signature(func)
+    except ValueError:
+        return func  # builtins without a signature: let the call say
+    if not _binds(sig, META, *((1,) if with_batch else ())):
         takes = (
             "two arguments, the device and the batch size,"
             if with_batch
@@ -59,10 +58,8 @@ def load_step(spec: Any, with_batch: bool = False) -> Any:
         )
         raise UserError(
             f"--step {spec!r}: {func_name} must take {takes} and return a zero-argument step()"
-        ) from None
-    except ValueError:
-        pass  # builtins without a signature: let the call say
-    return func  # type: ignore[no-any-return]
+        )
+    return func
 
 
 def step_batch(spec: Any, batch_size: int | None) -> int | None:
