@@ -225,6 +225,9 @@ def test_a_step_of_the_batch_size_takes_batch_size(tmp_path: Path) -> None:
     # Without --world-size, torchrun's rendezvous is missing: the error names the flag.
     done = cli("estimate", "--step", "step_examples:ddp_step", check=False)
     assert done.returncode == 2 and "give --world-size N" in done.stderr, done.stderr
+    for bad in ("0", "-3"):  # a batch of none trained nothing, silently
+        done = cli("estimate", "--step", "step_examples:sized", f"--batch-size={bad}", check=False)
+        assert done.returncode == 2 and f"--batch-size {bad}: expected a positive" in done.stderr
     done = cli("estimate", "--step", "step_examples:sized", check=False)
     assert done.returncode == 2 and "give --batch-size N" in done.stderr, done.stderr
     plain = cli("estimate", "--step", "step_examples:default_adamw", "--batch-size", "8", "--json")

@@ -78,6 +78,8 @@ def step_batch(spec: Any, batch_size: int | None) -> int | None:
                         "give --batch-size N")  # fmt: skip
     if not alone and not with_batch:
         load_step(spec)  # its words for a function that takes neither
+    if with_batch and batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: expected a positive integer")
     return batch_size if with_batch else None
 
 
