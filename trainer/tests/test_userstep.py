@@ -370,6 +370,35 @@ def test_a_script_that_stops_on_its_loss_is_told_why(tmp_path: Path) -> None:
     assert "ended after 1 of 3 iterations" in done.stderr and "`.item()`" in done.stderr
 
 
+def test_a_script_with_a_hand_written_update_stops_after_n_steps(tmp_path: Path) -> None:
+    """No `torch.optim` optimizer: the loop ran all its iterations (`--steps` had no effect),
+    and a bare `except:` around it swallowed the stop in silence."""
+    loop = (
+        "import torch\nm = torch.nn.Linear(8, 8).cuda()\n"
+        "for i in range(1000):\n"
+        "    m(torch.randn(4, 8, device='cuda')).square().sum().backward()\n"
+        "    with torch.no_grad():\n"
+        "        for p in m.parameters():\n"
+        "            p -= 0.1 * p.grad\n"
+        "            p.grad = None\n"
+        "    print('ran', i)\n"
+    )
+    script = tmp_path / "sgd.py"
+    script.write_text(loop)
+    out = tmp_path / "sgd.jsonl"
+    done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out), "--json")
+    texts = markers(read_trace(out))
+    assert [t for t in texts if t.startswith("iter:")] == ["iter:0", "iter:1"], texts
+    assert "ran 1" in done.stderr and "ran 2" not in done.stderr
+    assert json.loads(done.stdout)["warnings"] == []
+    caught = tmp_path / "caught.py"
+    indented = "".join("    " + line + "\n" for line in loop.splitlines())
+    caught.write_text(f"try:\n{indented}except:\n    pass\nprint('after the loop')\n")
+    done = cli("symtrace", "--script", str(caught), "--steps", "2", "--out", str(out))
+    assert "after the loop" in done.stderr
+    assert "the script caught the stop after 2 iterations" in done.stderr, done.stderr
+
+
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
     """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
     user's marker and ends nothing."""

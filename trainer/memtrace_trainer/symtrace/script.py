@@ -3,10 +3,12 @@
 The script runs as `__main__` with `sys.argv = [train.py, *ARGS]`, inside the same fake device as
 a step function (symtrace/userstep.py `tracing`): `"cuda"` is meta, `torch.cuda` is the
 profile's GPU, autocast and optimizer defaults are PyTorch's CUDA ones. Iterations are counted
-at `optimizer.step()`, or at `memtrace_trainer.mark("iter")` when the script calls it; after N
-the run is stopped cleanly (a `BaseException`, so the script's `except Exception` does not
-swallow it). Data-dependent reads on the tracer's device get stand-ins (fakecuda.py): `.item()`
-is 0, `.cpu()`/`.tolist()`/`.numpy()` give zeros; ops whose output shape depends on values
+at `optimizer.step()`, or at `memtrace_trainer.mark("iter")` when the script calls it; a script
+that builds no `torch.optim.Optimizer` (a hand-written update) is counted at the first module
+call after each backward, where its next iteration begins. After N the run is stopped cleanly
+(a `BaseException`, so the script's `except Exception` does not swallow it; a bare `except:`
+that does is said). Data-dependent reads on the tracer's device get stand-ins (fakecuda.py):
+`.item()` is 0, `.cpu()`/`.tolist()`/`.numpy()` give zeros; ops whose output shape depends on values
 (`nonzero`, `masked_select`, `unique`) fail with the op and the script's line.
 """
 
@@ -15,7 +17,11 @@ from __future__ import annotations
 import contextlib
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import torch
 
 import memtrace_trainer
 from memtrace_trainer import markers
@@ -36,6 +42,25 @@ class _Enough(BaseException):
     """N iterations traced: the script stops here."""
 
 
+@contextlib.contextmanager
+def _optimizers_built() -> Iterator[list[int]]:
+    """Counts the `torch.optim.Optimizer`s the script builds (third-party ones too: each calls
+    the base `__init__`)."""
+    base = torch.optim.Optimizer
+    original = base.__init__
+    built = [0]
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        built[0] += 1
+        original(self, *args, **kwargs)
+
+    base.__init__ = counted  # type: ignore[method-assign]
+    try:
+        yield built
+    finally:
+        base.__init__ = original  # type: ignore[method-assign]
+
+
 def run_script(
     path: Path, argv: list[str], steps: int, profile: Profile, rec: Recorder, emulate: bool
 ) -> Run:
@@ -44,12 +69,15 @@ def run_script(
     if not path.is_file():
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())
-    state = {"done": 0, "explicit": False}
+    state = {"done": 0, "explicit": False, "stopped": False, "backwards": 0}
 
     def advance() -> None:
+        if state["stopped"]:
+            raise _Enough  # the script caught the stop and went on: asked again
         label_model_state(rec, new_root_modules(before))
         state["done"] += 1
         if state["done"] >= steps:
+            state["stopped"] = True
             raise _Enough
         rec.marker(markers.iteration(state["done"]))
         rec.marker(markers.phase("forward"))
@@ -68,9 +96,20 @@ def run_script(
             rec.marker(text)
 
     saved_argv, saved_path = sys.argv, list(sys.path)
-    with tracing(profile, rec, emulate) as run:
+    with tracing(profile, rec, emulate) as run, _optimizers_built() as built:
         assert run.hooks is not None
-        run.hooks.after_step = after_optimizer_step
+        hooks = run.hooks
+        hooks.after_step = after_optimizer_step
+
+        def after_backward(module: torch.nn.Module, args: Any) -> None:
+            # Without an optimizer, the first module called after a backward begins the next
+            # iteration (the update in between is the script's own code).
+            if state["explicit"] or built[0] or hooks.backwards == state["backwards"]:
+                return
+            state["backwards"] = hooks.backwards
+            advance()
+
+        forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(after_backward)
         memtrace_trainer._MARK = mark
         sys.argv = [str(path), *argv]
         sys.path.insert(0, str(path.resolve().parent))
@@ -91,7 +130,15 @@ def run_script(
             raise
         except Exception as e:
             raise UserCodeError(f"--script {path}: the script raised", e) from e
+        else:
+            if state["stopped"]:
+                warn(
+                    f"--script {path}: the script caught the stop after {steps} iterations (a "
+                    "bare `except:` or `except BaseException:`) and ran on to its end: what it "
+                    "ran after is traced too"
+                )
         finally:
+            forward_hook.remove()
             memtrace_trainer._MARK = None
             sys.argv, sys.path[:] = saved_argv, saved_path
         run.models = new_root_modules(before)
@@ -99,8 +146,9 @@ def run_script(
     if state["done"] < steps:
         if state["done"] == 0:
             warn(
-                f"--script {path}: the script finished without an optimizer.step() or "
-                'memtrace_trainer.mark("iter"): the whole run is traced as one iteration'
+                f"--script {path}: the script finished without an optimizer.step(), a "
+                'backward followed by another forward, or memtrace_trainer.mark("iter"): the '
+                "whole run is traced as one iteration"
             )
         else:
             warn(

@@ -120,6 +120,8 @@ class PhaseHooks:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self.optimizer_steps = 0
+        # Backward passes that returned: a script's loop without an optimizer counts by them.
+        self.backwards = 0
         self.optimizers: set[str] = set()
         # Called after each optimizer step (a script's iteration boundary).
         self.after_step: Callable[[], None] | None = None
@@ -171,9 +173,11 @@ class PhaseHooks:
             rec.marker(markers.phase("backward"))
             before, rec.category = rec.category, "activation"
             try:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
             finally:
                 rec.category = before
+            self.backwards += 1
+            return out
 
         self._saved.append((torch.autograd, name, original))
         setattr(torch.autograd, name, wrapped)
