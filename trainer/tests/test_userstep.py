@@ -399,6 +399,37 @@ def test_a_script_with_a_hand_written_update_stops_after_n_steps(tmp_path: Path)
     assert "the script caught the stop after 2 iterations" in done.stderr, done.stderr
 
 
+def test_a_script_with_two_optimizers_counts_an_iteration_once_both_stepped(
+    tmp_path: Path,
+) -> None:
+    """A GAN's discriminator (five steps) and generator: each step was an iteration, so
+    `--steps 2` traced a third of one; an optimizer that never steps is left out, and said."""
+    gan = (
+        "import torch\nfrom torch import nn\n"
+        "G, D = nn.Linear(8, 16).cuda(), nn.Linear(16, 1).cuda()\n"
+        "og, od = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())\n"
+        "{unused}"
+        "for i in range(1000):\n"
+        "    for _ in range(5):\n"
+        "        D(G(torch.randn(4, 8, device='cuda')).detach()).mean().backward()\n"
+        "        od.step(); od.zero_grad()\n"
+        "    D(G(torch.randn(4, 8, device='cuda'))).mean().backward(); og.step(); og.zero_grad()\n"
+        "    print('iteration', i)\n"
+    )
+    script, out = tmp_path / "gan.py", tmp_path / "gan.jsonl"
+    script.write_text(gan.format(unused=""))
+    done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out), "--json")
+    texts = markers(read_trace(out))
+    assert [t for t in texts if t.startswith("iter:")] == ["iter:0", "iter:1"], texts
+    assert texts.count("phase:optimizer") == 12, texts
+    assert "iteration 0" in done.stderr and "iteration 1" not in done.stderr
+    assert json.loads(done.stdout)["warnings"] == []
+    script.write_text(gan.format(unused="spare = torch.optim.SGD(nn.Linear(2, 2).parameters())\n"))
+    done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out))
+    assert "never stepped while the others stepped 64 times (SGD)" in done.stderr, done.stderr
+    assert "iteration 999" not in done.stderr
+
+
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
     """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
     user's marker and ends nothing."""

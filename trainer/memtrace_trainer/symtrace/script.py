@@ -2,8 +2,9 @@
 
 The script runs as `__main__` with `sys.argv = [train.py, *ARGS]`, inside the same fake device as
 a step function (symtrace/userstep.py `tracing`): `"cuda"` is meta, `torch.cuda` is the
-profile's GPU, autocast and optimizer defaults are PyTorch's CUDA ones. Iterations are counted
-at `optimizer.step()`, or at `memtrace_trainer.mark("iter")` when the script calls it; a script
+profile's GPU, autocast and optimizer defaults are PyTorch's CUDA ones. An iteration ends once
+every optimizer the script built has stepped (`_Optimizers`), or at
+`memtrace_trainer.mark("iter")` when the script calls it; a script
 that builds no `torch.optim.Optimizer` (a hand-written update) is counted at the first module
 call after each backward, where its next iteration begins. After N the run is stopped cleanly
 (a `BaseException`, so the script's `except Exception` does not swallow it; a bare `except:`
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import runpy
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,23 +44,56 @@ class _Enough(BaseException):
     """N iterations traced: the script stops here."""
 
 
-@contextlib.contextmanager
-def _optimizers_built() -> Iterator[list[int]]:
-    """Counts the `torch.optim.Optimizer`s the script builds (third-party ones too: each calls
-    the base `__init__`)."""
-    base = torch.optim.Optimizer
-    original = base.__init__
-    built = [0]
+class _Optimizers:
+    """The `torch.optim.Optimizer`s a script builds (third-party ones too: each calls the base
+    `__init__`). An iteration ends once each live one has stepped: a GAN's two, Muon beside
+    AdamW, a wrapper (`ZeroRedundancyOptimizer`) and the optimizer inside it."""
 
-    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
-        built[0] += 1
-        original(self, *args, **kwargs)
+    # An optimizer that has never stepped while the others stepped this often is not in the
+    # loop (built for another phase, or unused), and no longer waited for.
+    IDLE = 64
 
-    base.__init__ = counted  # type: ignore[method-assign]
-    try:
-        yield built
-    finally:
-        base.__init__ = original  # type: ignore[method-assign]
+    def __init__(self) -> None:
+        self.built = 0
+        self.live: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.ever: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.this_iteration: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.steps_since = 0
+        self.idle: list[str] = []
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[_Optimizers]:
+        base = torch.optim.Optimizer
+        original = base.__init__
+
+        def counted(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            self.built += 1
+            self.live.add(opt)
+            original(opt, *args, **kwargs)
+
+        base.__init__ = counted  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            base.__init__ = original  # type: ignore[method-assign]
+
+    def ends_iteration(self, opt: torch.optim.Optimizer) -> bool:
+        """`opt` has stepped: whether every optimizer of the loop has now."""
+        self.live.add(opt)  # one built before the script's run, or without the base __init__
+        self.ever.add(opt)
+        self.this_iteration.add(opt)
+        self.steps_since += 1
+        waiting = [o for o in self.live if o not in self.this_iteration]
+        if waiting and self.steps_since >= self.IDLE:
+            for o in [o for o in waiting if o not in self.ever]:
+                self.live.discard(o)
+                self.idle.append(type(o).__name__)
+            waiting = [o for o in self.live if o not in self.this_iteration]
+        if waiting:
+            return False
+        self.this_iteration = weakref.WeakSet()
+        self.steps_since = 0
+        return True
 
 
 def run_script(
@@ -70,6 +105,7 @@ def run_script(
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())
     state = {"done": 0, "explicit": False, "stopped": False, "backwards": 0}
+    optimizers = _Optimizers()
 
     def advance() -> None:
         if state["stopped"]:
@@ -83,8 +119,8 @@ def run_script(
         rec.marker(markers.phase("forward"))
         rec.category = "activation"
 
-    def after_optimizer_step() -> None:
-        if not state["explicit"]:
+    def after_optimizer_step(opt: torch.optim.Optimizer) -> None:
+        if not state["explicit"] and optimizers.ends_iteration(opt):
             advance()
 
     def mark(text: str) -> None:
@@ -96,7 +132,7 @@ def run_script(
             rec.marker(text)
 
     saved_argv, saved_path = sys.argv, list(sys.path)
-    with tracing(profile, rec, emulate) as run, _optimizers_built() as built:
+    with tracing(profile, rec, emulate) as run, optimizers.counting():
         assert run.hooks is not None
         hooks = run.hooks
         hooks.after_step = after_optimizer_step
@@ -104,7 +140,7 @@ def run_script(
         def after_backward(module: torch.nn.Module, args: Any) -> None:
             # Without an optimizer, the first module called after a backward begins the next
             # iteration (the update in between is the script's own code).
-            if state["explicit"] or built[0] or hooks.backwards == state["backwards"]:
+            if state["explicit"] or optimizers.built or hooks.backwards == state["backwards"]:
                 return
             state["backwards"] = hooks.backwards
             advance()
@@ -143,6 +179,12 @@ def run_script(
             sys.argv, sys.path[:] = saved_argv, saved_path
         run.models = new_root_modules(before)
         label_model_state(rec, run.models)
+    if optimizers.idle:
+        warn(
+            f"--script {path}: optimizers built but never stepped while the others stepped "
+            f"{_Optimizers.IDLE} times ({', '.join(optimizers.idle)}) are not counted in the "
+            "loop's iterations"
+        )
     if state["done"] < steps:
         if state["done"] == 0:
             warn(

@@ -123,8 +123,8 @@ class PhaseHooks:
         # Backward passes that returned: a script's loop without an optimizer counts by them.
         self.backwards = 0
         self.optimizers: set[str] = set()
-        # Called after each optimizer step (a script's iteration boundary).
-        self.after_step: Callable[[], None] | None = None
+        # Called with the optimizer after each of its steps (a script counts its iterations).
+        self.after_step: Callable[[torch.optim.Optimizer], None] | None = None
         self._handles: list[Any] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
@@ -153,7 +153,7 @@ class PhaseHooks:
                     if addr is not None:
                         rec.recategorize(addr, "optimizer_state")
             if self.after_step is not None:
-                self.after_step()
+                self.after_step(optimizer)
 
         self._handles += [
             opt.register_optimizer_step_pre_hook(pre),
