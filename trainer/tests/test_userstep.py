@@ -283,6 +283,12 @@ def test_bad_steps_fail_clearly(tmp_path: Path) -> None:
     done = cli("symtrace", "--step", "step_examples:custom_optimizer", "--amp", "bf16",
                "--out", str(tmp_path / "y.jsonl"), "--json")  # fmt: skip
     assert any("--amp has no effect with --step" in w for w in json.loads(done.stdout)["warnings"])
+    # The default's own value given explicitly has no effect either (it was taken for unset).
+    done = cli("symtrace", "--step", "step_examples:custom_optimizer", "--optimizer", "adam",
+               "--grad-accum", "1", "--out", str(tmp_path / "y.jsonl"), "--json")  # fmt: skip
+    said = json.loads(done.stdout)["warnings"]
+    assert any("--optimizer has no effect with --step" in w for w in said), said
+    assert any("--grad-accum has no effect with --step" in w for w in said), said
 
 
 def test_torch_compile_is_traced_eagerly_and_said(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ def step_args(p: argparse.ArgumentParser) -> None:
     """The training step: optimizer, precision, checkpointing, accumulation, traced steps."""
     p.add_argument(
         "--optimizer",
-        default="adam",
+        # None, not "adam": an explicit `--optimizer adam` beside --step is told apart (it has
+        # no effect there); step_config fills the default.
         # optim.OPTIMIZERS, written out: the parser is built before torch is imported.
         help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop|adafactor|adamw-8bit|paged-adamw|"
         "paged-adamw-8bit (default adam; the last three emulate bitsandbytes)",
@@ -80,7 +81,7 @@ def step_args(p: argparse.ArgumentParser) -> None:
         "every decoder layer of a Hugging Face model, recomputed) or selective (torchtitan's "
         "op-level policy: matmul and attention outputs kept, every second matmul recomputed)",
     )
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
     p.add_argument(
         "--steps",
         "--iterations",
@@ -265,8 +266,7 @@ def resolve_steps(args: dict[str, Any]) -> int:
     """The steps to trace, and for `--step` a warning per loop flag it makes meaningless."""
     if args.get("step") or args.get("script"):
         what = "--step" if args.get("step") else "--script"
-        defaults = {"optimizer": "adam", "grad_accum": 1, "qlora": False,
-                    "qlora_double_quant": False, "kbit_prepare": True}  # fmt: skip
+        defaults = {"qlora": False, "qlora_double_quant": False, "kbit_prepare": True}
         taken = set()
         if args.get("step") and args.get("batch_size") is not None:
             from memtrace_trainer.symtrace.userstep import step_batch
