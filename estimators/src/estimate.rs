@@ -289,6 +289,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     // family for the report, the margin and the libraries.
     let family = Family::listed(&t.header).or_else(|| f.map(Features::family)).or_else(|| Family::recorded(&t.header));
     warnings.extend(fit::profile_mismatch(&t.header, profile, ppath));
+    warnings.extend(fit::autotuning(&t.header));
     warnings.extend(other_job(t, f, batch));
     let libs = job_libraries(Some(t), f, family);
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);

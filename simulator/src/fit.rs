@@ -465,6 +465,21 @@ pub fn fit_records<'a>(
     Ok(out)
 }
 
+/// A warning when the job autotunes its convolutions (`torch.backends.cudnn.benchmark`, said by
+/// the trace header): PyTorch then sizes each new shape's search workspace to the largest block
+/// it could take at that moment (`getMaxWorkspaceSize`: free device memory or the largest cached
+/// block), which no trace or profile knows. Alone, the cached workspace is given back when the job
+/// needs the memory; beside another job, the memory it took is not.
+pub fn autotuning(header: &Header) -> Option<String> {
+    (header.meta_flag(&metadata::CUDNN_BENCHMARK) == Some(true)).then(|| {
+        "the job turns on torch.backends.cudnn.benchmark: cuDNN's autotuning sizes a workspace to the memory free \
+         at each new convolution shape, which is not in these numbers; alone it frees that cache when it needs the \
+         memory, but its reserved memory may grow past the need and take what a job sharing its GPU needs \
+         (benchmark off, the workspaces are the estimate's)"
+            .to_string()
+    })
+}
+
 /// A warning when a symbolic trace was emulated for another GPU profile than the one judging it
 /// (one that emulates differently, where the traced one can be read): its library workspaces and
 /// attention backends are the other GPU's, so the numbers are that GPU's with this one's capacity

@@ -119,6 +119,13 @@ pub const PARAM_DTYPE: Key = key(
 pub const USES_GEMM: Key = key("uses_gemm", Values::Flag, "whether a GEMM ran, so cuBLAS is loaded");
 /// Whether any convolution ran (cuDNN loaded), from the ops the tracer saw.
 pub const USES_CONV: Key = key("uses_conv", Values::Flag, "whether a convolution ran, so cuDNN is loaded");
+/// Whether the job turned on `torch.backends.cudnn.benchmark` before a convolution: cuDNN's
+/// autotuning then takes workspaces sized to the memory free at the time, which no trace models.
+pub const CUDNN_BENCHMARK: Key = key(
+    "cudnn_benchmark",
+    Values::Flag,
+    "whether torch.backends.cudnn.benchmark was on at a convolution (autotuning workspaces sized to free memory)",
+);
 /// Whether the tracer emulated CUDA's own allocations (workspaces), or traced the plain meta path.
 pub const CUDA_EMULATION: Key = key(
     "cuda_emulation",
@@ -213,6 +220,7 @@ pub const KEYS: &[Key] = &[
     PARAM_DTYPE,
     USES_GEMM,
     USES_CONV,
+    CUDNN_BENCHMARK,
     CUDA_EMULATION,
     LAYER_TYPES,
     FAMILY,

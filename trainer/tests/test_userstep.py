@@ -436,6 +436,29 @@ def test_a_script_with_two_optimizers_counts_an_iteration_once_both_stepped(
     assert "iteration 999" not in done.stderr
 
 
+def test_a_script_that_autotunes_its_convolutions_is_said_to(tmp_path: Path) -> None:
+    """`cudnn.benchmark = True` sizes cuDNN's search workspaces to free memory, which no trace
+    has: the header says so and the verdict warns; the setting does not outlive the trace."""
+    import torch
+
+    script, out = tmp_path / "tuned.py", tmp_path / "tuned.jsonl"
+    script.write_text(
+        "import torch\ntorch.backends.cudnn.benchmark = True\n"
+        "m = torch.nn.Conv2d(3, 8, 3).cuda()\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(5):\n"
+        "    m(torch.randn(2, 3, 16, 16, device='cuda')).sum().backward(); opt.step()\n"
+    )
+    cli("symtrace", "--script", str(script), "--out", str(out))
+    assert read_trace(out)[0]["metadata"]["cudnn_benchmark"] == "true"
+    r = json.loads(cli("estimate", "--script", str(script), "--json").stdout)
+    assert any("torch.backends.cudnn.benchmark" in w for w in r["warnings"]), r["warnings"]
+    assert torch.backends.cudnn.benchmark is False
+    script.write_text(script.read_text().replace("torch.backends.cudnn.benchmark = True", ""))
+    cli("symtrace", "--script", str(script), "--out", str(out))
+    header = read_trace(out)[0]["metadata"]
+    assert header["uses_conv"] == "true" and "cudnn_benchmark" not in header
+
+
 def test_a_scripts_marks_follow_the_marker_grammar(tmp_path: Path) -> None:
     """`mark("iter")` ends an iteration; other text, even text starting with "iter", is the
     user's marker and ends nothing."""

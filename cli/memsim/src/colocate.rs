@@ -61,7 +61,7 @@ pub fn run(a: Args) -> Result<u8> {
             },
         )?;
         warnings.extend(read.warnings(t, a.judge.strict)?);
-        let mut job_warnings = Vec::new();
+        let mut job_warnings: Vec<String> = simulator::fit::autotuning(&read.header).into_iter().collect();
         let outside = match a.context {
             Some(c) => Outside::fixed(c),
             None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),

@@ -161,6 +161,7 @@ pub fn replay_file(
     let read = crate::input::for_each_mapped(
         file,
         |h| {
+            warnings.extend(fit::autotuning(h));
             margin = Some(margin_for(profile, h, &mut warnings));
             let o = outside_for(profile, h, &mut warnings);
             let budget = capacity.map(|c| o.budget(c.bytes));

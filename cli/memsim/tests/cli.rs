@@ -245,6 +245,25 @@ fn colocate_counts_the_libraries_each_job_loads() {
 }
 
 #[test]
+fn a_job_that_autotunes_its_convolutions_is_said_to_by_every_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let tuned = write_with(dir.path(), "tuned.jsonl", &[alloc(1, 30 * MIB, None)], &[("cudnn_benchmark", "true")]);
+    let plain = write_with(dir.path(), "plain.jsonl", &[alloc(1, 30 * MIB, None)], &[("cudnn_benchmark", "false")]);
+    let said = "turns on torch.backends.cudnn.benchmark";
+    for (args, warns) in [
+        (vec!["replay", tuned.to_str().unwrap()], true),
+        (vec!["replay", plain.to_str().unwrap()], false),
+        (vec!["colocate", tuned.to_str().unwrap(), plain.to_str().unwrap()], true),
+        (vec!["colocate", plain.to_str().unwrap(), "--context", "1MiB"], false),
+        (vec!["colocate", tuned.to_str().unwrap(), "--context", "1MiB"], true),
+    ] {
+        let (code, _, err) = memsim(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert_eq!(err.matches(said).count(), usize::from(warns), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
     let (code, _, err) = memsim(&["replay", "/nonexistent/x.mtrace"]);

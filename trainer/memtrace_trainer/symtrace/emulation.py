@@ -44,6 +44,9 @@ class LibrariesUsed:
     def __init__(self) -> None:
         self.gemm = False
         self.conv = False
+        # cuDNN autotuning (torch.backends.cudnn.benchmark) at any convolution: its workspaces
+        # are sized to the memory free at the time, which the header says for memsim to warn.
+        self.cudnn_benchmark = False
         self.collective = False
 
     def __call__(
@@ -57,9 +60,13 @@ class LibrariesUsed:
             self.gemm = True
         elif func is aten.convolution.default:
             self.conv = True
+            self.cudnn_benchmark |= bool(torch.backends.cudnn.benchmark)
 
     def metadata(self) -> dict[str, str]:
-        return {"uses_gemm": str(self.gemm).lower(), "uses_conv": str(self.conv).lower()}
+        meta = {"uses_gemm": str(self.gemm).lower(), "uses_conv": str(self.conv).lower()}
+        if self.cudnn_benchmark:
+            meta["cudnn_benchmark"] = "true"
+        return meta
 
 
 def _nbytes(t: Any) -> int:

@@ -106,6 +106,17 @@ def parameters_kept() -> Iterator[None]:
         torch.__future__.set_swap_module_params_on_conversion(before)
 
 
+@contextlib.contextmanager
+def cudnn_benchmark_kept() -> Iterator[None]:
+    """A program's `torch.backends.cudnn.benchmark = True` is its own: the next trace in this
+    process (serve, the Python API) starts from the caller's setting."""
+    before = torch.backends.cudnn.benchmark
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def _resolve(spec: Any) -> tuple[Any, str]:
     """The step function of `package.module:function` (or the function), and its name."""
     if callable(spec):
@@ -299,6 +310,7 @@ def tracing(
     autocast = Autocast()
     resizes = storage_resizes(rec)
     with (
+        cudnn_benchmark_kept(),
         parameters_kept(),
         autocast,
         defaults,
