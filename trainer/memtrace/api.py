@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedTensorMixin
 
 from memtrace.result import Estimate, EstimateError, Kept, breakdown, memsim
 from memtrace_trainer import notes
@@ -72,6 +73,10 @@ def _meta_copy(model: nn.Module) -> nn.Module:
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) in memo:
+            continue
+        if isinstance(t, UninitializedTensorMixin):
+            # A lazy module's parameter stays uninitialized (its first forward sizes it).
+            memo[id(t)] = type(t)(requires_grad=t.requires_grad, device=META, dtype=t.dtype)
             continue
         fresh = torch.empty_like(t, device=META)
         memo[id(t)] = nn.Parameter(fresh, t.requires_grad) if isinstance(t, nn.Parameter) else fresh
@@ -256,7 +261,7 @@ def _workloads(
     # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
     # model too); without one, the model's own.
     recast = dtype is not None and any(
-        p.is_floating_point() and p.dtype != regime.param_dtype for p in model.parameters()
+        p.dtype.is_floating_point and p.dtype != regime.param_dtype for p in model.parameters()
     )
 
     def workload(batch: int | None = None) -> Any:

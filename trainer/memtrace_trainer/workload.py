@@ -56,6 +56,18 @@ class Workload:
     # the task of a Hugging Face model); commands print it and put it in their JSON.
     details: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from torch.nn.parameter import UninitializedTensorMixin
+
+        # A lazy module (nn.LazyLinear) sizes its parameters at its first forward; everything
+        # that counts, casts, adapts or shards them needs them sized. One forward of a batch,
+        # untraced and without gradients, runs first: PyTorch's own advice for lazy modules.
+        state = [*self.model.parameters(), *self.model.buffers()]
+        if any(isinstance(t, UninitializedTensorMixin) for t in state):
+            inputs, _ = self.make_batch()
+            with torch.no_grad():
+                call_model(self.model, inputs)
+
     def forward(self) -> Any:
         inputs, _ = self.make_batch()
         return call_model(self.model, inputs)

@@ -520,3 +520,25 @@ def test_the_callers_modes_and_default_device_come_back_whatever_the_trace_did()
     finally:
         torch.set_default_device(None)
     assert torch.get_default_device().type == "cpu"
+
+
+def test_a_lazy_model_is_sized_by_its_first_forward_as_on_a_gpu() -> None:
+    """A `LazyLinear`'s parameters were counted before its first forward (PyTorch refuses that),
+    and moved to the tracer's device they became empty `Parameter`s its forward refused."""
+    torch.manual_seed(0)
+
+    def lazy() -> nn.Module:
+        return nn.Sequential(nn.LazyConv2d(8, 3), nn.LazyBatchNorm2d(), nn.Flatten(),
+                             nn.LazyLinear(10))  # fmt: skip
+
+    def sized() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(),
+                             nn.Linear(8 * 14 * 14, 10))  # fmt: skip
+
+    x = torch.randn(4, 3, 16, 16)
+    model = lazy()
+    for dtype in (None, "bf16"):
+        got = memtrace.estimate(model, x, gpu="a100-40gb", dtype=dtype)
+        want = memtrace.estimate(sized(), x, gpu="a100-40gb", dtype=dtype)
+        assert got.breakdown == want.breakdown, (dtype, got.breakdown, want.breakdown)
+    assert isinstance(model[3].weight, nn.parameter.UninitializedParameter)  # still the caller's

@@ -508,3 +508,20 @@ def test_the_fused_meta_kernels_last_only_while_tracing() -> None:
     with fused_meta_kernels():
         assert has()
     assert not has()
+
+
+def test_a_script_with_lazy_modules_moved_to_the_gpu(tmp_path: Path) -> None:
+    """`.cuda()` made a lazy module's uninitialized parameter an empty `Parameter` (the move
+    swaps tensors to keep parameter objects), which its first forward refused."""
+    script, out = tmp_path / "lazy.py", tmp_path / "lazy.jsonl"
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "m = nn.Sequential(nn.LazyConv2d(8, 3), nn.Flatten(), nn.LazyLinear(10)).cuda()\n"
+        "m(torch.randn(2, 3, 16, 16, device='cuda'))\n"
+        "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(5):\n"
+        "    m(torch.randn(2, 3, 16, 16, device='cuda')).sum().backward(); opt.step()\n"
+    )
+    done = cli("symtrace", "--script", str(script), "--out", str(out), "--json")
+    params = (8 * 3 * 3 * 3 + 8 + 10 * 8 * 14 * 14 + 10) * 4
+    assert json.loads(done.stdout)["bytes_by_category"]["parameter"] == params

@@ -98,11 +98,29 @@ def parameters_kept() -> Iterator[None]:
     `Parameter`s: an optimizer built before the move then held the old ones (no gradients, so no
     optimizer state in the estimate), and tied weights came apart (counted twice). Swapping the
     tensors in place (PyTorch's own `swap_module_params_on_conversion`) keeps them."""
+    from torch.nn.parameter import UninitializedParameter
+
+    original = nn.Module._apply
+
+    def _apply(self: nn.Module, fn: Any, recurse: bool = True) -> Any:
+        lazy = [k for k, p in self._parameters.items() if isinstance(p, UninitializedParameter)]
+        out = original(self, fn, recurse)
+        # The swap makes a lazy module's UninitializedParameter a plain Parameter of no
+        # elements, which its first forward then refuses; on a GPU it stays uninitialized.
+        for key in lazy:
+            p = self._parameters[key]
+            if p is not None and not isinstance(p, UninitializedParameter):
+                kept = UninitializedParameter(p.requires_grad, p.device, p.dtype)
+                torch.utils.swap_tensors(p, kept)
+        return out
+
     before = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)
+    nn.Module._apply = _apply  # type: ignore[method-assign]
     try:
         yield
     finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
         torch.__future__.set_swap_module_params_on_conversion(before)
 
 
