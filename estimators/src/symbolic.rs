@@ -46,7 +46,7 @@ pub fn profile_version(profile: &Profile, path: &std::path::Path) -> Result<Torc
 
 /// Replay a trace at an optional capacity (bytes available to the allocator).
 pub fn replay(t: &LoadedTrace, version: TorchVersion, capacity: Option<u64>) -> Result<ReplayReport> {
-    let opts = ReplayOptions { alloc_conf: None, version, capacity };
+    let opts = ReplayOptions { alloc_conf: None, version, capacity, ..ReplayOptions::default() };
     let mut rep =
         Replayer::new(&t.header, opts).map_err(|source| EstimateError::Replay { path: t.path.clone(), source })?;
     for r in &t.records {
@@ -63,7 +63,8 @@ pub fn symbolic(
     outside: &Outside,
     capacity: Capacity,
 ) -> Result<SymbolicEstimate> {
-    let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
+    // The device's total is the base of a memory fraction the program sets.
+    let opts = ReplayOptions { alloc_conf: None, version, capacity: None, device_total: Some(capacity.bytes) };
     let fit = fit_records(&t.header, &t.records, &opts, Some(outside.budget(capacity.bytes)))
         .map_err(|source| EstimateError::Replay { path: t.path.clone(), source })?;
     let device = fit.device_peak(outside);

@@ -260,6 +260,7 @@ fn smallest(
 /// A job alone on a device of `capacity`: whether it fits, and its need there (its replay at the
 /// allocator budget the capacity leaves, judged on the point or the safe number).
 fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(bool, u64), ColocateError> {
+    let opts = &ReplayOptions { device_total: Some(c.bytes), ..opts.clone() };
     let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
         .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
     let need = if point { alone.device_peak(&j.outside) } else { alone.device_safe(&j.outside, &j.margin) };

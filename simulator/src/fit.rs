@@ -409,8 +409,9 @@ impl FitOutcome {
 
     /// Device memory needed: the reserved need plus what lives outside the allocator (the
     /// profile's terms, and what the trace itself held there).
+    /// At least the device total the program's own memory fraction asks for.
     pub fn device_peak(&self, outside: &Outside) -> u64 {
-        self.reserved_need().saturating_add(self.beside(outside))
+        self.reserved_need().saturating_add(self.beside(outside)).max(self.report.fraction_need_bytes)
     }
 
     /// Memory outside the allocator: the profile's terms plus what the trace itself held there

@@ -109,3 +109,35 @@ fn outside_bytes_and_calibration_mib_take_the_same_terms() {
         }
     }
 }
+
+/// A program that caps its allocator (`set_per_process_memory_fraction(0.1)`) and reserves
+/// 6 GiB under it needs a 60 GiB device: the need says so, and so the verdict on 40 GiB (the
+/// need was 6 GiB, FITS, beside a replay at the budget that failed). At 0.5 the 3 GiB cached
+/// beside the 6 GiB stay reserved under the limit, so 18 GiB (a 12 GiB device would free them).
+#[test]
+fn a_programs_memory_fraction_sets_the_device_it_needs() {
+    use trace::{Control, ControlOp, Event};
+    const GIB: u64 = 1 << 30;
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let fraction = |f: f64| Record {
+        ts_ns: Some(0),
+        tid: None,
+        device: Some(0),
+        event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
+    };
+    let outside = simulator::fit::Outside::fixed(0);
+    let cap = Capacity { bytes: 40 * GIB, source: CapacitySource::Flag };
+    for (f, need) in [(0.1, 60 * GIB), (0.5, 18 * GIB), (1.0, 9 * GIB)] {
+        let recs = vec![fraction(f), alloc(1, 3 * GIB, None), free(1), alloc(2, 6 * GIB, None)];
+        for budget in [None, Some(cap.bytes)] {
+            let opts = ReplayOptions { device_total: budget, ..ReplayOptions::default() };
+            let out = fit_records(&h, &recs, &opts, budget).unwrap();
+            assert_eq!(out.device_peak(&outside), need, "fraction {f}, budget {budget:?}");
+            assert_eq!(Verdict::new("point", out.device_peak(&outside), cap).fits, need <= cap.bytes);
+            if budget.is_some() {
+                assert_eq!(out.oom, need > cap.bytes, "fraction {f}: the replay at the budget");
+            }
+        }
+    }
+}

@@ -48,7 +48,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = crate::replay::load(a.profile.as_deref(), a.judge.torch.as_deref())?;
-    let opts = ReplayOptions { alloc_conf: None, version, capacity: None };
+    let opts = ReplayOptions { alloc_conf: None, version, ..ReplayOptions::default() };
     let (capacity, mut warnings) = simulator::fit::capacity(a.capacity, profile.as_ref().map(|(p, _)| p));
     let mut jobs = Vec::new();
     for t in &a.traces {

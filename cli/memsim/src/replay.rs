@@ -156,6 +156,8 @@ pub fn replay_file(
     point: bool,
 ) -> Result<Replayed> {
     let (capacity, mut warnings) = fit::capacity(capacity_flag, profile.map(|(p, _)| p));
+    // The device's total is the base of a memory fraction the program sets.
+    let opts = &ReplayOptions { device_total: capacity.map(|c| c.bytes), ..opts.clone() };
     let mut outside = None;
     let mut margin = None;
     let read = crate::input::for_each_mapped(
@@ -204,7 +206,7 @@ pub fn replay_file(
 
 pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = load(a.profile.as_deref(), a.judge.torch.as_deref())?;
-    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
+    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, ..ReplayOptions::default() };
     batch::run(&a.files, a.judge.json, |file| replay_one(&a, file, &opts, profile.as_ref(), version))
 }
 
@@ -304,8 +306,16 @@ fn replay_one(
             mib(rep.recorded_outside_bytes)
         );
     }
-    if r.outside.source != "none" || rep.recorded_outside_bytes > 0 || r.fit.need_is_oom_floor() {
-        if r.fit.need_is_oom_floor() {
+    let by_fraction = rep.fraction_need_bytes > r.fit.reserved_need().saturating_add(r.fit.beside(&r.outside));
+    if r.outside.source != "none" || rep.recorded_outside_bytes > 0 || r.fit.need_is_oom_floor() || by_fraction {
+        if by_fraction {
+            outln!(
+                out,
+                "  peak device         {} (the device total under which the program's own memory fraction lets its \
+                 allocator reserve what it needs)",
+                mib(r.point())
+            );
+        } else if r.fit.need_is_oom_floor() {
             outln!(
                 out,
                 "  peak device         {} at least (an allocation failed: the bytes held then plus its size, \

@@ -202,7 +202,7 @@ pub fn run(a: Args) -> Result<u8> {
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
     // The pictures follow the first profile given (or --torch, or the newest rules).
     let (_, version) = load(a.profiles.first().map(String::as_str), a.torch.as_deref())?;
-    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, capacity: None };
+    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, ..ReplayOptions::default() };
     let mut records = Vec::new();
     let read = crate::input::for_each_record(
         &a.file,

@@ -8,4 +8,11 @@ impl Allocator {
     pub fn set_capacity(&mut self, capacity: Option<u64>) {
         self.capacity = capacity;
     }
+
+    /// Set the device's total memory, the base of a memory fraction (PyTorch's `total_memory`
+    /// from `cudaMemGetInfo`): a fraction in force is re-read against it.
+    pub fn set_total_memory(&mut self, total: u64) {
+        self.total_memory = total;
+        self.allowed_max = self.fraction.map(|f| (f * total as f64) as u64);
+    }
 }

@@ -80,6 +80,8 @@ pub struct Allocator {
     pub(super) segments: BTreeMap<u64, Segment>,
     pub(super) pending_events: Vec<u32>,
     pub(super) allowed_max: Option<u64>,
+    /// The memory fraction in force (`allowed_max`'s share of `total_memory`).
+    pub(super) fraction: Option<f64>,
     pub(super) next_synthetic: u64,
     pub(super) stats: MemoryStats,
     /// Contiguous mapped ranges: one per native segment, one per mapped run of an expandable
@@ -93,7 +95,8 @@ impl Allocator {
     /// obtain (cudaMalloc and cuMemCreate fail beyond it); None means unlimited.
     pub fn new(cfg: AllocatorConfig, version: TorchVersion, capacity: Option<u64>) -> Self {
         let total_memory = capacity.unwrap_or(DEFAULT_TOTAL_MEMORY);
-        let allowed_max = cfg.per_process_memory_fraction.map(|f| (f * total_memory as f64) as u64);
+        let fraction = cfg.per_process_memory_fraction;
+        let allowed_max = fraction.map(|f| (f * total_memory as f64) as u64);
         let stats = MemoryStats {
             max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 },
             ..MemoryStats::default()
@@ -109,6 +112,7 @@ impl Allocator {
             segments: BTreeMap::new(),
             pending_events: Vec::new(),
             allowed_max,
+            fraction,
             next_synthetic: SYNTHETIC_BASE,
             stats,
             mapped_ranges: 0,
@@ -199,6 +203,7 @@ impl Allocator {
                     return Err(ReplayError::InvalidFraction(f));
                 }
                 self.allowed_max = Some((f * self.total_memory as f64) as u64);
+                self.fraction = Some(f);
             }
             Request::ResetPeakStats => self.stats.reset_peaks(),
         }
@@ -522,6 +527,12 @@ impl Allocator {
         }
         self.next_synthetic = cand + size;
         cand
+    }
+
+    /// The program's memory fraction in force (`set_per_process_memory_fraction`, or the
+    /// configuration's), if any: the share of the device's memory the allocator may reserve.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        self.fraction
     }
 
     /// Contiguous mapped ranges now: [`Allocator::segments`]`().len()`, in O(1).

@@ -14,14 +14,16 @@ use std::collections::BTreeMap;
 
 use trace::{Category, ControlOp, Event, FreeStage, Header, Record};
 
-use crate::alloc::{Allocator, AllocatorConfig, ConfigError, Outcome, Request, TorchVersion};
+use crate::alloc::{Allocator, AllocatorConfig, ConfigError, Request, TorchVersion};
 use crate::conversions;
 
+mod device;
 mod live;
 mod outside;
 mod recorded;
 mod report;
 mod step;
+use device::DeviceState;
 use live::{LiveBlock, LiveBlocks};
 pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, RecordedOom, ReplayReport};
 pub use step::{Classifier, Seed, Step};
@@ -59,41 +61,9 @@ pub struct ReplayOptions {
     pub version: TorchVersion,
     /// Device capacity in bytes for the OOM chain; `None` = unlimited.
     pub capacity: Option<u64>,
-}
-
-struct DeviceState {
-    alloc: Allocator,
-    at_peak: Fragmentation,
-    peak_reserved_seen: u64,
-    live_by_category: [u64; 7],
-    categories_at_peak: [u64; 7],
-    peak_allocated_seen: u64,
-    /// The latest request's outcome, reused so that a request allocates nothing.
-    outcome: Outcome,
-}
-
-impl DeviceState {
-    /// Takes the picture at a new reserved or allocated peak; returns (reserved, allocated) now.
-    #[inline(always)]
-    fn note_peaks(&mut self) -> (u64, u64) {
-        let stats = self.alloc.stats();
-        let reserved = stats.reserved_bytes[0].current.max(0) as u64;
-        let allocated = stats.allocated_bytes[0].current.max(0) as u64;
-        if reserved > self.peak_reserved_seen {
-            // Constant time: a new peak is set at every segment growth of a rising run.
-            self.peak_reserved_seen = reserved;
-            self.at_peak = Fragmentation {
-                reserved_minus_allocated: reserved.saturating_sub(allocated),
-                largest_free_block: self.alloc.largest_free_block(),
-                segments: self.alloc.mapped_ranges(),
-            };
-        }
-        if allocated > self.peak_allocated_seen {
-            self.peak_allocated_seen = allocated;
-            self.categories_at_peak = self.live_by_category;
-        }
-        (reserved, allocated)
-    }
+    /// The device's total memory, the base of a program's memory fraction, when known (a
+    /// replay for a fit at a capacity); else the capacity, else 80 GiB.
+    pub device_total: Option<u64>,
 }
 
 /// Drives one allocator per device from trace records.
@@ -207,18 +177,13 @@ impl Replayer {
         outside: &outside::OutsideHeld,
         d: u32,
     ) -> &'a mut DeviceState {
-        per_device(devices, d, || DeviceState {
-            alloc: {
-                let mut alloc = Allocator::new(cfg.clone(), opts.version, opts.capacity);
-                outside.limit(d, &mut alloc, opts.capacity);
-                alloc
-            },
-            at_peak: Fragmentation::default(),
-            peak_reserved_seen: 0,
-            live_by_category: [0; 7],
-            categories_at_peak: [0; 7],
-            peak_allocated_seen: 0,
-            outcome: Outcome::default(),
+        per_device(devices, d, || {
+            let mut alloc = Allocator::new(cfg.clone(), opts.version, opts.capacity);
+            if let Some(t) = opts.device_total {
+                alloc.set_total_memory(t);
+            }
+            outside.limit(d, &mut alloc, opts.capacity);
+            DeviceState::new(alloc)
         })
     }
 
@@ -405,6 +370,9 @@ impl Replayer {
             }
         }
         let (reserved, allocated) = ds.note_peaks();
+        if let Some(n) = need {
+            ds.note_fraction_need(n);
+        }
         self.outside.note_reserved(device, reserved);
         if let Some(out) = self.realized.as_mut() {
             conversions::realize(out, source, device, &req, &ds.outcome);
@@ -527,6 +495,7 @@ impl Replayer {
             peak_resets: self.peak_resets,
             recorded_outside_bytes: self.outside.peak(),
             outside_beside_peak_bytes: self.outside.beside_peak(max(|d| d.peak_reserved_bytes)),
+            fraction_need_bytes: self.devices.iter().map(|(_, d)| d.fraction_need).max().unwrap_or(0),
             allocations_over_live: self.over_live.0,
             first_allocation_over_live: self.over_live.1,
             requests: self.report_requests,

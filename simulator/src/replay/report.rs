@@ -124,6 +124,11 @@ pub struct ReplayReport {
     /// (reserved + held) at once on one device, less `peak_reserved_bytes` (at most
     /// `recorded_outside_bytes`: the two peaks need not coincide).
     pub outside_beside_peak_bytes: u64,
+    /// The device's total memory the program's own memory fraction asks for
+    /// (`set_per_process_memory_fraction`, or the configuration's): the most bytes reserved, or a
+    /// failed allocation's need, over the fraction in force then, on any one device; 0 without
+    /// a fraction. The need is at least this.
+    pub fraction_need_bytes: u64,
     /// Allocations at a trace address whose block was still live (the trace has no free for
     /// it): the earlier block stays allocated in the model.
     pub allocations_over_live: u64,
@@ -186,6 +191,13 @@ impl ReplayReport {
                 self.recorded_outside_bytes, self.outside_beside_peak_bytes
             )
         });
+        let fraction = (self.fraction_need_bytes > 0).then(|| {
+            format!(
+                "the program caps its allocator with a memory fraction (set_per_process_memory_fraction): what it \
+                 reserves under that share needs a device of {} B in all, and the need is at least that",
+                self.fraction_need_bytes
+            )
+        });
         let over_live = self.first_allocation_over_live.as_ref().map(|first| {
             format!(
                 "{} allocations at an address whose block the trace never freed (the first: {first}): a free the \
@@ -200,6 +212,7 @@ impl ReplayReport {
             .chain(over_live)
             .chain(resets)
             .chain(outside)
+            .chain(fraction)
             .chain(self.recorded_oom.map(|o| o.warning()))
             .collect()
     }
