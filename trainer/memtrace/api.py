@@ -451,6 +451,7 @@ def estimate(
         else:
             raise EstimateError(f"model: expected an nn.Module or a step builder "
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
+        job.steps_given = steps is not None
         raw = estimate_job(job, gpu, None, capacity=capacity, point=point, keep=trace)
         report = json.loads(memsim("report", str(trace), "--json", "--profile", str(prof.path)))
     sym = raw["estimates"]["symbolic"]

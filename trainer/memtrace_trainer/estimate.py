@@ -70,8 +70,20 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
     return data
 
 
+def _iterations_default(job: Any, why: str) -> dict[str, Any]:
+    """`iterations` among an answer's `defaults`, unless the caller chose the count
+    (`job.steps_given`: a count the user gave is theirs, not a default)."""
+    if getattr(job, "steps_given", False):
+        return {}
+    steps = job.step.iterations if isinstance(job, ModelJob) else job.steps
+    return {"iterations": {"value": steps, "why": why}}
+
+
 class ModelJob:
     """A model spec or `--entry`, run by the tracer's own loop (`StepConfig`)."""
+
+    # Whether the caller chose the step count (`--steps`, `steps=`): set by whoever knows.
+    steps_given = False
 
     def __init__(
         self, workload_for: Any, step: StepConfig, shape: dict[str, Any] | None = None
@@ -108,7 +120,7 @@ class ModelJob:
             "distributed": _distributed(s),
             "defaults": {
                 **self.first.defaults,
-                "iterations": {"value": s.iterations, "why": "traced training iterations"},
+                **_iterations_default(self, "traced training iterations"),
             },
         }
 
@@ -129,6 +141,8 @@ def step_inputs(s: StepConfig) -> dict[str, Any]:
 class StepJob:
     """A user's step function (`--step MOD:FN`): their loop, as written; no layer list, so the
     feature baselines are unavailable."""
+
+    steps_given = False
 
     def __init__(
         self, spec: Any, steps: int, world_size: int | None = None, batch_size: int | None = None
@@ -151,12 +165,14 @@ class StepJob:
             "step": self.spec.removeprefix("step:"),
             **({"batch_size": self.batch_size} if self.batch_size is not None else {}),
             "iterations": self.steps,
-            "defaults": {"iterations": {"value": self.steps, "why": "traced steps"}},
+            "defaults": _iterations_default(self, "traced steps"),
         }
 
 
 class ScriptJob:
     """An unmodified training script (`--script train.py -- ARGS`), run as written."""
+
+    steps_given = False
 
     def __init__(
         self, path: Path, argv: list[str], steps: int, world_size: int | None = None
@@ -177,7 +193,7 @@ class ScriptJob:
             "script": str(self.path),
             "args": self.argv,
             "iterations": self.steps,
-            "defaults": {"iterations": {"value": self.steps, "why": "traced iterations"}},
+            "defaults": _iterations_default(self, "traced iterations"),
         }
 
 

@@ -157,6 +157,7 @@ def max_seq(
     best = result.pop("max_batch")
     result["max_seq_len"] = best * multiple
     result["multiple_of"] = multiple
+    result["need_at_seq_len"] = result.pop("need_at_batch") * multiple
     for probe in result["probes"]:
         probe["seq_len"] = probe.pop("batch") * multiple
     return result
@@ -244,20 +245,21 @@ def max_batch(
                         f"from {unprobed * step} up were not all probed ({SCAN_BEYOND} probes "
                         "past the first that does not fit): a larger one may fit"
                     )
-    at_best = probes.get(best)
-    any_probe = next(iter(probes.values()))
+    # When nothing fits, the need is the smallest probe's: how far the job is from fitting.
+    shown = probes[best] if best else probes[min(probes)]
     return {
         "profile": profile,
-        "capacity_bytes": any_probe["capacity"],
-        "capacity_source": any_probe["capacity_source"],
+        "capacity_bytes": shown["capacity"],
+        "capacity_source": shown["capacity_source"],
         "max_batch": best,
         "hit_limit": hit_limit,
-        "need_bytes": at_best["need_bytes"] if at_best else None,
-        "basis": any_probe["basis"],
-        "point_bytes": at_best["point_bytes"] if at_best else None,
-        "peak_reserved_bytes": at_best["peak_reserved_bytes"] if at_best else None,
-        "peak_reserved_mib": at_best["peak_reserved_bytes"] / MIB if at_best else None,
-        "peak_allocated_bytes": at_best["peak_allocated_bytes"] if at_best else None,
+        "need_at_batch": shown["batch"],
+        "need_bytes": shown["need_bytes"],
+        "basis": shown["basis"],
+        "point_bytes": shown["point_bytes"],
+        "peak_reserved_bytes": shown["peak_reserved_bytes"],
+        "peak_reserved_mib": shown["peak_reserved_bytes"] / MIB,
+        "peak_allocated_bytes": shown["peak_allocated_bytes"],
         "probes": [probes[b] for b in sorted(probes)],
         "defaults": defaults,
         "iterations": iterations,
@@ -297,7 +299,9 @@ def min_world_size(
         "capacity_bytes": last["capacity"],
         "capacity_source": last["capacity_source"],
         "min_world_size": best,
-        "need_bytes": last["need_bytes"] if best else None,
+        # When none fits, the largest world size tried: the need nearest to fitting.
+        "need_at_world_size": last["world_size"],
+        "need_bytes": last["need_bytes"],
         "basis": last["basis"],
         "probes": probes,
         "defaults": defaults,

@@ -32,7 +32,7 @@ def test_fsdp2_rank_holds_its_shard_of_parameters_gradients_and_state(world: int
     )
     rec, extra = trace(w, StepConfig("adamw", 2, strategy="fsdp2", world_size=world),
                        load_profile(None))  # fmt: skip
-    cats = summarize(rec.events).bytes_by_category
+    cats = summarize(rec.events).allocated_bytes_by_category
     d = extra["distributed"]
     assert d["local_parameter_bytes"] == expect  # padding included: rank 0 has ceil(rows / N)
     first = next(i for i, e in enumerate(rec.events) if e.get("text") == "iter:0")
@@ -98,9 +98,11 @@ def test_ddp_holds_a_bucket_copy_of_every_gradient() -> None:
     buckets = ddp.end_live_bytes - plain.end_live_bytes
     assert params <= buckets < params * 1.01
     # What passes: construction broadcasts the module states as one coalesced flat buffer.
-    other = ddp.bytes_by_category["other"] - plain.bytes_by_category["other"]
+    other = ddp.allocated_bytes_by_category["other"] - plain.allocated_bytes_by_category["other"]
     assert abs(other - buckets - params) <= 1024  # (alignment of the flat buffers)
-    assert ddp.bytes_by_category["gradient"] == plain.bytes_by_category["gradient"]
+    assert (
+        ddp.allocated_bytes_by_category["gradient"] == plain.allocated_bytes_by_category["gradient"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -198,7 +200,7 @@ def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     params = w.details["parameter_bytes"]
     rec, extra = trace(w, StepConfig("adamw", 2, strategy="zero1", world_size=4),
                        load_profile(None))  # fmt: skip
-    cats = summarize(rec.events).bytes_by_category
+    cats = summarize(rec.events).allocated_bytes_by_category
     assert extra["distributed"]["runs_as"] == "ddp"
     assert 0 < cats["optimizer_state"] < 2 * params * 0.4  # about 1/4 of 2 x params
     assert cats["gradient"] == 2 * params  # full gradients, one per step
@@ -217,7 +219,7 @@ def test_zero_in_bf16_keeps_deepspeeds_fp32_master_and_state(strategy: str) -> N
     )
     rec, extra = trace(workload(dtype="bf16"), StepConfig("adamw", 2, strategy=strategy,
                        world_size=world), load_profile(None))  # fmt: skip
-    cats = summarize(rec.events).bytes_by_category
+    cats = summarize(rec.events).allocated_bytes_by_category
     d = extra["distributed"]
     assert d["mp_policy"] == {"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.bfloat16"}
     assert "DeepSpeed's bf16 mode" in d["equivalence"]

@@ -254,7 +254,7 @@ def test_max_batch_is_the_boundary(tmp_path: Path) -> None:
                "--json", check=False)  # fmt: skip
     assert none.returncode == 1
     data = json.loads(none.stdout)
-    assert data["max_batch"] == 0 and data["peak_reserved_bytes"] is None
+    assert data["max_batch"] == 0 and data["need_at_batch"] == 1
     bad = cli("max-batch", "--model", MLP, "--profile", "a100-40gb", "--capacity", "0.05",
               "--json", check=False)  # fmt: skip
     assert bad.returncode == 2 and "0.05" in bad.stderr
@@ -394,3 +394,121 @@ def test_a_batch_whose_tensors_overflow_is_the_requests_error() -> None:
     assert done.returncode == 2, done.stderr
     assert "overflows PyTorch's 64-bit element count" in done.stderr
     assert "internal error" not in done.stderr
+
+
+# (command, flags, key of the answer, the smallest probe's key, how the text names it)
+SEARCHES = [
+    ("max-batch", ["--model", MLP], "max_batch", "need_at_batch", "batch 1"),
+    ("max-seq", ["--entry", "entry_failures:sized", "--multiple-of", "16"], "max_seq_len",
+     "need_at_seq_len", "16 tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "flags", "key", "at", "words"), SEARCHES)
+def test_a_search_that_finds_nothing_says_what_the_smallest_probe_needs(
+    command: str, flags: list[str], key: str, at: str, words: str
+) -> None:
+    """Nothing fitting hid the need the first probe had measured (null in JSON, none in text)."""
+    require("memsim")
+    args = [command, *flags, "--capacity", "64MiB"]
+    data = json.loads(cli(*args, "--json", check=False).stdout)
+    first = data["probes"][0]
+    assert data[key] == 0 and data[at] == first.get("seq_len", first.get("batch"))
+    for field in ("need_bytes", "point_bytes", "peak_reserved_bytes", "peak_allocated_bytes"):
+        assert data[field] == first[field] > 0, field
+    assert data["need_bytes"] > data["capacity_bytes"]
+    text = cli(*args, check=False)
+    assert text.returncode == 1
+    assert f"needs {data['need_bytes'] / MIB:.1f} MiB even at {words} (" in text.stdout, text.stdout
+
+
+def test_min_world_size_that_finds_nothing_says_the_need_at_the_largest_size() -> None:
+    require("memsim")
+    args = ["min-world-size", "--model", MLP, "--batch-size", "2", "--strategy", "ddp",
+            "--world-sizes", "1,2", "--capacity", "64MiB"]  # fmt: skip
+    data = json.loads(cli(*args, "--json", check=False).stdout)
+    assert data["min_world_size"] is None and data["need_at_world_size"] == 2
+    assert data["need_bytes"] == data["probes"][-1]["need_bytes"] > data["capacity_bytes"]
+    text = cli(*args, check=False).stdout
+    assert f"rank 0 needs {data['need_bytes'] / MIB:.1f} MiB even at 2 ranks" in text, text
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "defaulted"),
+    [
+        ("estimate", ["--model", MLP, "--batch-size", "2"], 2),
+        ("estimate", ["--step", "step_examples:sized", "--batch-size", "2"], 3),
+        ("estimate", ["--script", str(Path(__file__).parent / "scripts" / "train_mlp.py")], 3),
+        ("max-batch", ["--model", MLP, "--capacity", "64MiB"], 2),
+        ("max-seq", ["--entry", "entry_failures:sized", "--capacity", "64MiB"], 2),
+        ("symtrace", ["--model", MLP, "--batch-size", "2"], 2),
+    ],
+)
+def test_only_a_defaulted_step_count_is_called_a_default(
+    command: str, flags: list[str], defaulted: int, tmp_path: Path
+) -> None:
+    """An explicit --steps was listed under `defaults` and noted as a default (estimate), and
+    a defaulted one was not listed at all (max-batch, symtrace)."""
+    require("memest")
+    if command == "symtrace":
+        flags = [*flags, "--out", str(tmp_path / "t.jsonl")]
+
+    def run(*more: str) -> tuple[dict[str, Any], str]:
+        text = cli(command, *flags, *more, check=False).stderr
+        data = json.loads(cli(command, *flags, *more, "--json", check=False).stdout)
+        return (data["inputs"] if command == "estimate" else data)["defaults"], text
+
+    defaults, text = run()
+    assert defaults["iterations"]["value"] == defaulted, defaults
+    note = next(line for line in text.splitlines() if line.startswith("note: iterations = "))
+    assert note.startswith(f"note: iterations = {defaulted} (") and "give --steps" in note, note
+    defaults, text = run("--steps", "3")
+    assert "iterations" not in defaults, defaults
+    assert "iterations =" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("flags", "said", "not_said"),
+    [
+        # The cap is gpt2's 1024 positions: the error named a --limit nobody gave.
+        (["--model", "hf:gpt2", "--multiple-of", "2000"],
+         "--multiple-of 2000: expected at most 1024 tokens, the model's max_position_embeddings",
+         "--limit"),
+        (["--entry", "entry_failures:sized", "--limit", "10", "--multiple-of", "16"],
+         "--limit 10: expected at least --multiple-of (16) tokens", "max_position_embeddings"),
+    ],
+)  # fmt: skip
+def test_max_seq_errors_name_where_the_cap_came_from(
+    flags: list[str], said: str, not_said: str
+) -> None:
+    done = cli("max-seq", *flags, check=False)
+    assert done.returncode == 2 and said in done.stderr and not_said not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("limit", "cap", "multiple", "why"),
+    [
+        (1024, "max_position_embeddings", 1000, "the largest multiple of --multiple-of 1000 within "
+         "the model's max_position_embeddings, 1024; a real run takes no longer sequence"),
+        (1024, "n_positions", 64, "the model's n_positions, 1024; a real run takes no longer "
+         "sequence"),
+        (1000, None, 64, "the largest multiple of --multiple-of 64 within --limit 1000; longer "
+         "may fit"),
+        (1024, None, 64, "--limit 1024; longer may fit"),
+    ],
+)  # fmt: skip
+def test_the_sequence_cap_is_worded_with_its_value_and_source(
+    limit: int, cap: str | None, multiple: int, why: str
+) -> None:
+    from memtrace_trainer.cli.estimate import _seq_limit_why
+
+    assert _seq_limit_why(limit, cap, multiple) == why
+
+
+def test_max_seq_at_the_models_cap_says_the_cap_and_the_multiple() -> None:
+    """`--multiple-of 1000` on gpt2 answered "1000 tokens (the model's max_position_embeddings)",
+    where that is 1024."""
+    require("memsim")
+    done = cli("max-seq", "--model", "hf:gpt2", "--multiple-of", "1000", "--steps", "1")
+    assert (": 1000 tokens (the largest multiple of --multiple-of 1000 within the model's "
+            "max_position_embeddings, 1024;") in done.stdout, done.stdout  # fmt: skip

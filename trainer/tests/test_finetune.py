@@ -36,7 +36,7 @@ def traced(w: Any, **step: Any) -> tuple[dict[str, int], dict[str, Any], int]:
     """Bytes allocated per category over the steps, what was emulated, and the live peak."""
     rec, extra = trace(w, StepConfig(**{"optimizer": "adamw", **step}), load_profile(None))
     s = summarize(rec.events)
-    return s.bytes_by_category, extra, s.peak_live_bytes
+    return s.allocated_bytes_by_category, extra, s.peak_live_bytes
 
 
 # --- the registry of published configs ----------------------------------------------------------

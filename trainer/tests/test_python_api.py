@@ -542,3 +542,11 @@ def test_a_lazy_model_is_sized_by_its_first_forward_as_on_a_gpu() -> None:
         want = memtrace.estimate(sized(), x, gpu="a100-40gb", dtype=dtype)
         assert got.breakdown == want.breakdown, (dtype, got.breakdown, want.breakdown)
     assert isinstance(model[3].weight, nn.parameter.UninitializedParameter)  # still the caller's
+
+
+def test_a_step_count_given_is_not_called_a_default() -> None:
+    x = torch.randn(4, 8)
+    chosen = memtrace.estimate(nn.Linear(8, 2), x, steps=3).raw["inputs"]
+    left = memtrace.estimate(nn.Linear(8, 2), x).raw["inputs"]
+    assert chosen["iterations"] == 3 and "iterations" not in chosen["defaults"], chosen
+    assert left["defaults"]["iterations"]["value"] == left["iterations"], left

@@ -68,6 +68,20 @@ def test_seconds_budget_and_training_variants(tmp_path: Path) -> None:
     assert "--num-classes" not in stderr, "a default is not a flag given"
 
 
+def test_an_out_under_missing_folders_creates_them(tmp_path: Path) -> None:
+    """README's `run ... --out runs/r50` in a checkout without `runs/` was refused."""
+    out = tmp_path / "runs" / "deeper" / "r"
+    cli("run", "--model", MLP, "--batch-size", "2", "--iterations", "1", "--device", "cpu",
+        "--out", str(out))  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "features.json", "labels.json"]
+    assert list((tmp_path / "runs").iterdir()) == [out.parent]  # no partial folder left beside
+    (tmp_path / "file").write_text("")
+    done = cli("run", "--model", MLP, "--batch-size", "2", "--out", str(tmp_path / "file" / "r"),
+               check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--out {tmp_path / 'file' / 'r'}: {tmp_path / 'file'} is not a directory" in done.stderr
+
+
 def test_oom_is_a_label_not_a_crash(tmp_path: Path) -> None:
     _, labels, stderr = run_dir(tmp_path, "--entry", "entry_failures:oom", "--batch-size", "2")
     assert labels["oom"] is True and labels["iterations_done"] == 0
@@ -87,6 +101,9 @@ def test_errors_are_clean_and_leave_nothing(tmp_path: Path) -> None:
           "--device cuda: no CUDA device")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--nvml-hz", "2", "--out", str(out)], "nvml_hz")
     check(["--entry", "entry_failures:broken", "--out", str(out)], "injected failure")
+    # The folders made for a run that fails go with it.
+    check(["--entry", "entry_failures:broken", "--out", str(tmp_path / "new" / "r")],
+          "injected failure")  # fmt: skip
     # Accepted silently before: a batch of 0 trained at 1, an unknown profile was recorded, a
     # shape the generator's MLP cannot take failed inside torch.
     check(["--model", MLP, "--batch-size", "0", "--out", str(out)], "batch_size 0: expected")

@@ -151,7 +151,7 @@ def test_amp_adds_half_weight_copies() -> None:
         return [e["size"] for e in ev if e["kind"] == "alloc" and e["category"] == "activation"]
 
     assert weight_sizes <= set(fwd_sizes(bf16))
-    act = lambda ev: summarize(ev).bytes_by_category["activation"]  # noqa: E731
+    act = lambda ev: summarize(ev).allocated_bytes_by_category["activation"]  # noqa: E731
     assert act(bf16) != act(fp32)
 
 
@@ -301,7 +301,7 @@ def test_resnet50_smoke(tmp_path: Path) -> None:
             "--json",
         ).stdout
     )
-    assert res["bytes_by_category"]["parameter"] == 25_557_032 * 4
+    assert res["allocated_bytes_by_category"]["parameter"] == 25_557_032 * 4
     check_live_never_negative(read_trace(out)[1:-1])
 
 

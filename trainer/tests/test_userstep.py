@@ -139,7 +139,7 @@ def test_forward_only_and_inference_mode(tmp_path: Path) -> None:
         summary, events = symtrace(tmp_path, fn)
         assert "phase:backward" not in markers(events)
         params = (256 * 256 + 256 + 256 * 10 + 10) * 4
-        cats = summary["bytes_by_category"]
+        cats = summary["allocated_bytes_by_category"]
         assert "gradient" not in cats and "optimizer_state" not in cats, fn
         # Without autograd's saved tensors each activation dies at the next layer: the peak is
         # parameters, the cuBLAS workspaces and at most two 64 x 256 activations at once.
@@ -327,7 +327,9 @@ def test_unmodified_script_runs_as_written_and_stops_after_n_steps(tmp_path: Pat
     assert [m for m in markers(events) if m.startswith("iter:")] == ["iter:0", "iter:1"]
     assert markers(events).count("phase:optimizer") == 2
     assert events[0]["metadata"]["amp"] == "bf16" and events[0]["metadata"]["optimizer"] == "adamw"
-    assert summary["bytes_by_category"]["parameter"] == (64 * 128 + 128 + 128 * 10 + 10) * 4
+    assert (
+        summary["allocated_bytes_by_category"]["parameter"] == (64 * 128 + 128 + 128 * 10 + 10) * 4
+    )
     r = json.loads(cli("estimate", "--script", TRAIN, "--json").stdout)
     assert r["estimates"]["symbolic"]["steps"]["count"] == 3
     assert r["inputs"]["script"] == TRAIN
@@ -345,7 +347,7 @@ def test_a_script_written_for_a_gpu_runs_as_on_one(tmp_path: Path) -> None:
     assert "same parameters: True" in done.stderr, done.stderr
     assert ck.read_bytes() == b"the user's real checkpoint"
     assert f"torch.save to {ck} skipped while tracing" in done.stderr
-    cats = json.loads(done.stdout)["bytes_by_category"]
+    cats = json.loads(done.stdout)["allocated_bytes_by_category"]
     params = (1000 * 256 + 256 * 256 + 256) * 4  # the tied weight once
     assert cats["parameter"] == params, cats
     assert cats["optimizer_state"] == 2 * params, cats  # AdamW's two moments, every parameter
@@ -524,4 +526,4 @@ def test_a_script_with_lazy_modules_moved_to_the_gpu(tmp_path: Path) -> None:
     )
     done = cli("symtrace", "--script", str(script), "--out", str(out), "--json")
     params = (8 * 3 * 3 * 3 + 8 + 10 * 8 * 14 * 14 + 10) * 4
-    assert json.loads(done.stdout)["bytes_by_category"]["parameter"] == params
+    assert json.loads(done.stdout)["allocated_bytes_by_category"]["parameter"] == params

@@ -104,3 +104,20 @@ def test_the_users_exception_is_one_line_and_their_frames(tmp_path: Path) -> Non
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "broken() raised RuntimeError: injected failure" in done.stderr
     assert "entry_failures.py" in done.stderr and "in broken" in done.stderr
+
+
+def test_bytes_by_category_is_named_for_what_it_sums(tmp_path: Path) -> None:
+    """`bytes_by_category` sat beside the peak fields while summing every allocation of the
+    trace (workspace several times the peak): its name says so now."""
+    out = tmp_path / "t.jsonl"
+    result = json.loads(cli("symtrace", "--model", MLP, "--batch-size", "4", "--steps", "3",
+                            "--out", str(out), "--json").stdout)  # fmt: skip
+    summed: dict[str, int] = {}
+    for line in out.read_text().splitlines()[1:]:
+        event = json.loads(line)
+        if event.get("kind") == "alloc":
+            summed[event["category"]] = summed.get(event["category"], 0) + event["size"]
+    assert result["allocated_bytes_by_category"] == summed
+    # Three steps allocate each step's activations anew: more than was ever live at once.
+    assert sum(summed.values()) > result["peak_live_bytes"]
+    assert "bytes_by_category" not in result

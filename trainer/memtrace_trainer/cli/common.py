@@ -38,23 +38,31 @@ def shape_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def defaults_lines(defaults: dict[str, Any], iterations: int | None) -> list[str]:
+def defaults_lines(defaults: dict[str, Any]) -> list[str]:
     """The values chosen for the user, one line each."""
     # `iterations` is set with --steps (its alias --iterations names the same thing).
     flag = {"iterations": "steps"}
-    lines = [
+    return [
         f"{k} = {v['value']} ({v['why']}; give --{flag.get(k, k).replace('_', '-')} to change it)"
         for k, v in defaults.items()
     ]
-    if iterations is not None:
-        lines.append(f"iterations = {iterations} traced (give --steps to change it)")
-    return lines
 
 
-def print_defaults(defaults: dict[str, Any], iterations: int | None) -> None:
+def print_defaults(defaults: dict[str, Any]) -> None:
     """Say on stderr which defaults shaped the answer."""
-    for line in defaults_lines(defaults, iterations):
+    for line in defaults_lines(defaults):
         print(f"note: {line}", file=sys.stderr)
+
+
+STEPS_WHY = "traced training iterations"
+
+
+def steps_default(args: dict[str, Any], steps: int) -> dict[str, Any]:
+    """`iterations` as an answer's `defaults` list it: there only when --steps was left out
+    (a count the user gave is theirs, not a default)."""
+    if args.get("iterations") is not None:
+        return {}
+    return {"iterations": {"value": steps, "why": STEPS_WHY}}
 
 
 def step_args(p: argparse.ArgumentParser) -> None:

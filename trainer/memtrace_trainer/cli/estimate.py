@@ -23,6 +23,7 @@ from memtrace_trainer.cli.common import (
     shape_args,
     step_args,
     step_config,
+    steps_default,
     tune_from,
     workloads,
     workloads_by_seq,
@@ -279,6 +280,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         build = _workloads(args)
         shape = {k: getattr(args, k) for k in ("seq_len", "input_shape", "num_classes")}
         job = ModelJob(lambda: build(args.batch_size), _step(args), shape)
+    job.steps_given = args.iterations is not None
     return estimate_job(
         job,
         args.profile,
@@ -298,7 +300,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print_defaults(result["inputs"]["defaults"], None)
+        print_defaults(result["inputs"]["defaults"])
         print(render(result))
         if result.get("report"):
             print(f"report: {result['report']}")
@@ -318,32 +320,36 @@ def _search_answer(
     key: str,
     none: str,
     found: str,
+    at: Callable[[int], str],
     unit: str = "",
-    bigger: str = "larger",
 ) -> int:
-    """Prints a search's answer (`max-batch`, `max-seq`): JSON, or a line saying `none` when
-    nothing fits and `found` (the largest that does, in `unit`) with what it needs. Exit 1 when
-    nothing fits."""
+    """Prints a search's answer (`max-batch`, `max-seq`): JSON, or a line saying `found` (the
+    largest that fits, in `unit`), or `none` when nothing fits, with what the probe it stands on
+    needs (`at` words the result's `need_at_*`). Exit 1 when nothing fits."""
     result["warnings"] = notes.collected()
     code = 0 if result[key] > 0 else 1
     if args.json:
         print(json.dumps(result))
         return code
-    print_defaults(result["defaults"], result["iterations"])
+    print_defaults(result["defaults"])
     where = _where(result, args.profile)
-    if result[key] == 0:
-        print(f"{result['model']}: does not fit even at {none} on {where}")
-        return code
-    more = f" (the --limit; {bigger} may fit)" if result["hit_limit"] else ""
-    if result["hit_limit"] and result.get("limit_why"):
-        more = f" ({result['limit_why']})"
-    print(
-        f"{result['model']}: {found} on {where}: {result[key]}{unit}{more}; "
-        f"needs {result['need_bytes'] / MIB:.1f} MiB there ({result['basis']}; point "
-        f"{result['point_bytes'] / MIB:.1f} MiB = peak reserved "
+    need_at = next(v for k, v in result.items() if k.startswith("need_at_"))
+    need = f"{result['need_bytes'] / MIB:.1f} MiB"
+    detail = (
+        f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
         f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )
+    if result[key] == 0:
+        # The smallest probe's need: how far from fitting the job is, not only that it is not.
+        print(f"{result['model']}: does not fit even at {none} on {where}: needs {need} even at "
+              f"{at(need_at)} {detail}")  # fmt: skip
+        return code
+    more = f" ({result['limit_why']})" if result["hit_limit"] and result.get("limit_why") else ""
+    if result["hit_limit"] and not more:
+        more = " (the --limit; larger may fit)"
+    print(f"{result['model']}: {found} on {where}: {result[key]}{unit}{more}; needs {need} there "
+          f"{detail}")  # fmt: skip
     return code
 
 
@@ -360,9 +366,12 @@ def _max_batch(args: argparse.Namespace) -> int:
             entry_takes(args.entry, "batch_size", "max-batch")
         trace_at = trace_model(_workloads(args), _step(args))
     result = max_batch(trace_at, steps, args.profile, args.capacity, args.limit, args.point)
+    result["defaults"] |= steps_default(vars(args), steps)
     result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
     result["inputs"] = _search_inputs(args)
-    return _search_answer(args, result, "max_batch", "batch 1", "largest batch that fits")
+    return _search_answer(
+        args, result, "max_batch", "batch 1", "largest batch that fits", lambda n: f"batch {n}"
+    )
 
 
 def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -390,24 +399,30 @@ def _max_seq(args: argparse.Namespace) -> int:
         from memtrace_trainer.models.zoo import entry_takes
 
         entry_takes(args.entry, "seq_len", "max-seq")
-    limit, why = _seq_limit(args.model, args.limit)
+    limit, cap = _seq_limit(args.model, args.limit)
+    multiple = args.multiple_of
+    if cap is not None and 0 < limit < multiple:
+        # The cap is the model's, not a --limit the user gave: the error names its source.
+        raise UserError(f"--multiple-of {multiple}: expected at most {limit} tokens, the "
+                        f"model's {cap} (a real run takes no longer sequence)")  # fmt: skip
     trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
-    result = max_seq(trace_at, steps, args.profile, args.capacity, limit,
-                     args.multiple_of, args.point)  # fmt: skip
+    result = max_seq(trace_at, steps, args.profile, args.capacity, limit, multiple, args.point)
+    result["defaults"] |= steps_default(values, steps)
     # Why the search stopped where it did: only when it stopped at that limit.
-    result["limit_why"] = why if result["hit_limit"] else None
+    result["limit_why"] = _seq_limit_why(limit, cap, multiple) if result["hit_limit"] else None
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
     result["inputs"] = _search_inputs(args)
-    none = f"{args.multiple_of} tokens, batch {args.batch_size},"
+    none = f"{multiple} tokens at batch {args.batch_size}"
     found = f"longest sequence that fits at batch {args.batch_size}"
-    return _search_answer(args, result, "max_seq_len", none, found, " tokens", "longer")
+    return _search_answer(args, result, "max_seq_len", none, found, lambda n: f"{n} tokens",
+                          " tokens")  # fmt: skip
 
 
 def _seq_limit(spec: str | None, limit: int) -> tuple[int, str | None]:
-    """The longest sequence `max-seq` may answer, and why when it is not `--limit`: no more than
-    the model's positions (a real run fails past a learned position table). A model that takes
-    no token sequence has nothing to search."""
+    """The longest sequence `max-seq` may answer, and the model's field that caps it when that
+    is not `--limit`: no more than the model's positions (a real run fails past a learned
+    position table). A model that takes no token sequence has nothing to search."""
     from memtrace_trainer.models import hf
 
     source, _, name = (spec or "").partition(":")
@@ -421,8 +436,18 @@ def _seq_limit(spec: str | None, limit: int) -> tuple[int, str | None]:
     hfspec = hf.resolve(name) if source == "hf" else hf.read_config(Path(name))
     most = hf.max_positions(hf.to_config(hfspec))
     if most is not None and most[0] < limit:
-        return most[0], f"the model's {most[1]}: a real run takes no longer sequence"
+        return most[0], most[1]
     return limit, None
+
+
+def _seq_limit_why(limit: int, cap: str | None, multiple: int) -> str:
+    """Where the search's longest length came from, with its value: the answer is the largest
+    multiple of `multiple` within it, which is the cap itself only when it divides evenly."""
+    source = f"--limit {limit}" if cap is None else f"the model's {cap}, {limit}"
+    after = "longer may fit" if cap is None else "a real run takes no longer sequence"
+    if limit % multiple == 0:
+        return f"{source}; {after}"
+    return f"the largest multiple of --multiple-of {multiple} within {source}; {after}"
 
 
 def _world_sizes(text: str) -> list[int]:
@@ -462,16 +487,18 @@ def _min_world_size(args: argparse.Namespace) -> int:
     result = min_world_size(trace_at, sizes, args.profile, args.capacity, args.point)
     result["model"] = args.model or args.entry
     result["strategy"] = args.strategy
+    result["defaults"] |= steps_default(values, resolve_steps(values))
     result["warnings"] = notes.collected()
     code = 0 if result["min_world_size"] else 1
     if args.json:
         print(json.dumps(result))
         return code
-    print_defaults(result["defaults"], None)
+    print_defaults(result["defaults"])
     where = _where(result, args.profile, " per GPU")
     if not result["min_world_size"]:
         print(f"{result['model']} ({args.strategy}): does not fit on {where} at any of "
-              f"{args.world_sizes} ranks")  # fmt: skip
+              f"{args.world_sizes} ranks; rank 0 needs {result['need_bytes'] / MIB:.1f} MiB even "
+              f"at {result['need_at_world_size']} ranks ({result['basis']})")  # fmt: skip
         return code
     print(
         f"{result['model']} ({args.strategy}, batch {args.batch_size} per GPU): fits on "

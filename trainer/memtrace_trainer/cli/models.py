@@ -22,6 +22,7 @@ from memtrace_trainer.cli.common import (
     shape_args,
     step_args,
     step_config,
+    steps_default,
     workloads,
 )
 from memtrace_trainer.errors import UserError
@@ -155,7 +156,7 @@ def _features(args: argparse.Namespace) -> None:
     with torch.device("meta"):
         feats = extract(workload, family)
     if not args.csv:
-        print_defaults(workload.defaults, None)
+        print_defaults(workload.defaults)
     if args.csv:
         name = args.gpumemnet_row or args.model
         sys.stdout.write(to_csv([gpumemnet_row(feats, name, family)], family))
@@ -176,22 +177,30 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         argv = list(args.get("script_args") or [])
         summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate,
                                  args.get("world_size"))  # fmt: skip
-        return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
+        return _symtrace_result(out, summary, {}, args, steps)
     if args.get("step"):
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
         batch = step_batch(args["step"], args.get("batch_size"))
         summary = step_to_file(args["step"], steps, profile, out, emulate, batch,
                                world_size=args.get("world_size"))  # fmt: skip
-        return {"out": str(out), **summary.to_json(), "defaults": {}, "iterations": steps}
+        return _symtrace_result(out, summary, {}, args, steps)
     batch = args.get("batch_size")
     if not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
     workload = workloads(args)(batch)
     cfg = step_config(args, steps, not args.get("no_cuda_emulation", False))
     summary = trace_to_file(workload, cfg, load_profile(args.get("profile")), out)
-    return {"out": str(out), **summary.to_json(), "defaults": workload.defaults,
-            "iterations": cfg.iterations}  # fmt: skip
+    return _symtrace_result(out, summary, workload.defaults, args, cfg.iterations)
+
+
+def _symtrace_result(
+    out: Path, summary: Any, defaults: dict[str, Any], args: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    """What `symtrace --json` prints for one trace."""
+    fields = summary.to_json()
+    return {"out": str(out), **fields, "defaults": defaults | steps_default(args, steps),
+            "iterations": steps}  # fmt: skip
 
 
 BATCH_KEYS = {
@@ -237,7 +246,7 @@ def _symtrace(args: argparse.Namespace) -> None:
         if args.json:
             print(json.dumps(result))
         else:
-            print_defaults(result["defaults"], result["iterations"])
+            print_defaults(result["defaults"])
             per_step = ""
             if result["first_step_peak_live_bytes"] is not None:
                 steady = result["steady_peak_live_bytes"]

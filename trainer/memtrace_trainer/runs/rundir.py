@@ -110,8 +110,7 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty (a finished run is never rerun)")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    created = make_parents(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         config = {"id": cfg.id, "trainer": __version__, **cfg.to_dict()}
@@ -121,7 +120,35 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
         write_json(tmp / "labels.json", labels)
         tmp.chmod(0o755)
         os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # A failed run leaves nothing behind, the folders made for it included.
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # something else was put there meanwhile: not ours to remove
+        raise
     return labels
+
+
+def make_parents(out: Path) -> list[Path]:
+    """Creates the missing folders above the run folder `out`, as `mkdir -p` would (`--out
+    runs/r50` in a checkout without `runs/`); returns them, outermost first."""
+    missing, above = [], out.parent
+    while not above.exists():
+        missing.append(above)
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"--out {out}: {above} is not a directory")
+    missing.reverse()
+    for i, folder in enumerate(missing):
+        try:
+            folder.mkdir()
+        except OSError as e:
+            for made in reversed(missing[:i]):
+                made.rmdir()
+            raise UserError(
+                f"--out {out}: cannot create directory {folder}: {e.strerror}"
+            ) from None
+    return missing

@@ -28,7 +28,8 @@ class Summary:
     frees: int
     peak_live_bytes: int
     end_live_bytes: int
-    bytes_by_category: dict[str, int]
+    # Every allocation's bytes summed per category over the trace (not a breakdown at the peak).
+    allocated_bytes_by_category: dict[str, int]
     # Live-byte peaks of the first traced step and of steps 2 and on (None with one step).
     # Memory held when a step starts counts in it, so the first includes the setup's.
     first_step_peak_live_bytes: int | None = None
