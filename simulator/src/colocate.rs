@@ -111,6 +111,9 @@ pub struct JobReport {
     pub margin: Margin,
     /// Whether it fits the capacity on its own (`None` without a capacity).
     pub fits_alone: Option<bool>,
+    /// What it needs on its own at the capacity (`None` without one): below its unlimited peak
+    /// its allocator frees its cache and retries, so this can be less than `device_safe_bytes`.
+    pub need_alone_bytes: Option<u64>,
     /// Whether its trace has wall-clock timestamps.
     pub timestamps: bool,
     /// Whether it OOMs in the aligned replay at the capacity (`None` for the sum of peaks).
@@ -145,8 +148,6 @@ pub struct ColocateReport {
     /// Per job.
     pub jobs: Vec<JobReport>,
 }
-
-const GRANULE: u64 = 2 << 20;
 
 struct Run {
     combined_peak: u64,
@@ -237,24 +238,29 @@ fn fits_at(run: &Run, capacity: u64) -> bool {
     run.ooms.iter().all(Option::is_none) && run.combined_peak <= capacity
 }
 
-/// The smallest capacity (2 MiB granules) in `[lo, hi]` granules at which the aligned replay
-/// fits; `hi` must fit.
-fn smallest(
-    jobs: &[Job],
-    axes: &[Vec<f64>],
-    opts: &ReplayOptions,
+/// The smallest capacity, in bytes, in `[lo, hi]` at which the aligned replay fits; `hi` must
+/// fit.
+fn smallest(jobs: &[Job], axes: &[Vec<f64>], opts: &ReplayOptions, lo: u64, hi: u64) -> Result<u64, ColocateError> {
+    least_fitting(lo, hi, |c| Ok(fits_at(&shared_run(jobs, axes, opts, Some(c))?, c)))
+}
+
+/// Bisection, in bytes, for the least of `[lo, hi]` that `fits` (`hi` is taken to fit). Fitting
+/// is not quite monotone in the capacity (the allocator's retry chain), so the answer is checked
+/// against the verdict at the capacity asked about by the caller.
+fn least_fitting(
     mut lo: u64,
     mut hi: u64,
+    mut fits: impl FnMut(u64) -> Result<bool, ColocateError>,
 ) -> Result<u64, ColocateError> {
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if fits_at(&shared_run(jobs, axes, opts, Some(mid * GRANULE))?, mid * GRANULE) {
+        if fits(mid)? {
             hi = mid;
         } else {
             lo = mid + 1;
         }
     }
-    Ok(hi * GRANULE)
+    Ok(hi)
 }
 
 /// A job alone on a device of `capacity`: whether it fits, and its need there (its replay at the
@@ -267,21 +273,14 @@ fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(
     Ok((!alone.oom && Verdict::new("alone", need, c).fits, need))
 }
 
-/// The smallest capacity (2 MiB granules) at which a job fits alone, up to `upper` (its need
-/// with unlimited memory, which fits unless a request no device holds fails: then `upper`,
-/// where the verdict beside it says DOES NOT FIT).
+/// The smallest capacity, in bytes, at which a job fits alone, up to `upper` (its need with
+/// unlimited memory, which fits unless a request no device holds fails: then `upper`, where the
+/// verdict beside it says DOES NOT FIT).
 fn smallest_alone(j: &Job, opts: &ReplayOptions, point: bool, upper: u64) -> Result<u64, ColocateError> {
-    let (mut lo, mut hi) = (1, upper.div_ceil(GRANULE).max(1));
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        let c = Capacity { bytes: mid * GRANULE, source: fit::CapacitySource::Flag };
-        if alone_at(j, opts, c, point)?.0 {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Ok((hi * GRANULE).min(upper))
+    let least = least_fitting(1, upper.max(1), |bytes| {
+        Ok(alone_at(j, opts, Capacity { bytes, source: fit::CapacitySource::Flag }, point)?.0)
+    })?;
+    Ok(least.min(upper))
 }
 
 /// Place the jobs on one GPU of `capacity` (None: only measure).
@@ -342,15 +341,21 @@ pub fn colocate(
     // What a job whose run recorded an out-of-memory error needed at least, on its own: the
     // aligned replay cannot show it (the failed request is in no record).
     let mut recorded_floor = 0u64;
+    // What each job needs at least however its allocator packs: its allocated peak and the
+    // memory outside its allocator. Below its reserved peak an allocator frees its cache and
+    // retries, so that peak is no lower bound on a capacity.
+    let mut floors = Vec::with_capacity(jobs.len());
     for (j, (_, ts)) in jobs.iter().zip(&axes_and_ts) {
         let unlimited = fit::fit_records(&j.header, &j.records, opts, None)
             .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
         if let Some(o) = unlimited.report.recorded_oom {
             recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(unlimited.beside(&j.outside)));
         }
+        floors.push(unlimited.report.peak_allocated_bytes.saturating_add(j.outside.total_bytes));
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);
         let fits_alone = at.map(|(fits, _)| fits);
+        let need_alone_bytes = at.map(|(_, need)| need);
         let device = unlimited.device_peak(&j.outside);
         job_reports.push(JobReport {
             name: j.name.clone(),
@@ -361,6 +366,7 @@ pub fn colocate(
             device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
             margin: j.margin.clone(),
             fits_alone,
+            need_alone_bytes,
             timestamps: *ts,
             oom_in_shared_run: None,
             oom_at_event: None,
@@ -380,15 +386,17 @@ pub fn colocate(
         // One job has no one to share with: it needs what it needs alone, and at a capacity
         // below its unlimited peak the allocator's retry chain (freeing its own cache) may still
         // fit it, as `memsim replay --capacity` finds.
-        Mode::SumOfPeaks if jobs.len() == 1 => match (capacity, alone[0]) {
-            // The search (a replay per halving) runs only when there is a verdict to agree with.
-            (Some(c), Some((fits, at))) => {
-                let least = smallest_alone(&jobs[0], opts, point, sum)?;
-                let least = if fits { least.min(c.bytes) } else { least.max((c.bytes / GRANULE + 1) * GRANULE) };
-                (if fits { at } else { sum.max(at) }, None, least, !fits)
+        Mode::SumOfPeaks if jobs.len() == 1 => {
+            // The same search with or without a capacity asked about, so the answer is one.
+            let least = smallest_alone(&jobs[0], opts, point, sum)?;
+            match (capacity, alone[0]) {
+                (Some(c), Some((fits, at))) => {
+                    let least = if fits { least.min(c.bytes) } else { least.max(c.bytes + 1) };
+                    (if fits { at } else { sum.max(at) }, None, least, !fits)
+                }
+                _ => (sum, None, least, false),
             }
-            _ => (sum, None, sum, false),
-        },
+        }
         Mode::SumOfPeaks => (sum, None, sum, false),
         Mode::Timestamps => {
             let unlimited = shared_run(jobs, &axes, opts, None)?;
@@ -411,16 +419,9 @@ pub fn colocate(
             let failed = failed || capacity.is_some_and(|c| recorded_floor > c.bytes);
             let need = need.max(recorded_floor);
             // At the sum of the device peaks every job always has its own peak available, so
-            // that bound fits; the largest single job is a lower bound.
-            // (What a trace holds beside the allocator counts at its own moments here, not at
-            // its peak on top of the reserved one: left out of the bound.)
-            let lower = job_reports
-                .iter()
-                .map(|j| j.device_peak_bytes - j.held_outside_bytes)
-                .max()
-                .unwrap_or(0)
-                .div_ceil(GRANULE);
-            let upper = sum.div_ceil(GRANULE).max(lower);
+            // that bound fits; the largest single job's floor is a lower bound.
+            let lower = floors.iter().copied().max().unwrap_or(0);
+            let upper = sum.max(lower);
             let mut least = smallest(jobs, &axes, opts, lower, upper)?;
             // The allocator's retry chain makes fitting not quite monotone in the capacity; keep
             // the smallest capacity consistent with the verdict at the capacity asked about.
@@ -428,7 +429,7 @@ pub fn colocate(
                 if !failed {
                     least = least.min(c.bytes);
                 } else if least <= c.bytes {
-                    least = smallest(jobs, &axes, opts, c.bytes / GRANULE + 1, upper.max(c.bytes / GRANULE + 1))?;
+                    least = smallest(jobs, &axes, opts, c.bytes + 1, upper.max(c.bytes + 1))?;
                 }
             }
             (need, Some(at), least.max(recorded_floor), failed)

@@ -103,10 +103,17 @@ pub fn run(a: Args) -> Result<u8> {
         return Ok(code);
     }
     for j in &r.jobs {
+        let judged = if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes };
+        // At a capacity below its unlimited peak the job frees its own cache: what it needs
+        // there is what the verdict alone rests on, said when it is not the number beside it.
+        let there = match j.need_alone_bytes {
+            Some(n) if n != judged => format!(" (needs {} at this capacity)", mib(n)),
+            _ => String::new(),
+        };
         let alone = match j.fits_alone {
-            Some(true) => "  fits alone",
-            Some(false) => "  DOES NOT FIT ALONE",
-            None => "",
+            Some(true) => format!("  fits alone{there}"),
+            Some(false) => format!("  DOES NOT FIT ALONE{there}"),
+            None => String::new(),
         };
         let shared = match (j.oom_in_shared_run, j.oom_at_event) {
             (Some(true), Some(i)) => format!("; OOM in the shared run at its record {i}"),

@@ -394,6 +394,9 @@ fn colocate_smallest_capacity_holds_the_start_states() {
         assert_eq!(fits, cap >= least, "capacity {cap}: smallest {least}: {v}");
         assert!(v["smallest_fitting_capacity"].as_u64().unwrap() <= cap || !fits, "{v}");
         assert!(fits || v["smallest_fitting_capacity"].as_u64().unwrap() > cap, "{v}");
+        // One answer whatever capacity is asked about (the lower bound was the largest job's
+        // unlimited peak, above what it needs at a capacity where it frees its cache).
+        assert_eq!(v["smallest_fitting_capacity"].as_u64().unwrap(), least, "capacity {cap}");
     }
 }
 
@@ -409,6 +412,21 @@ fn colocate_of_one_job_agrees_with_its_replay() {
     let least =
         json(&["colocate", s, "--profile", "a100-40gb", "--json"])["smallest_fitting_capacity"].as_u64().unwrap();
     assert!(least < peak, "the retry chain fits this run below its unlimited peak ({least} vs {peak})");
+    // The smallest is byte-exact and one answer, whatever capacity is asked about (it was
+    // rounded up to 2 MiB, and clamped to the capacity asked, and without one it was the peak).
+    let bare = json(&["colocate", s, "--context", "0", "--json"])["smallest_fitting_capacity"].as_u64().unwrap();
+    let at = |cap: u64| -> Value {
+        let (_, out, err) = memsim(&["colocate", s, "--context", "0", "--capacity", &format!("{cap}B"), "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {err}"))
+    };
+    assert_eq!(at(bare)["fits"], true);
+    assert_eq!(at(bare - 1)["fits"], false);
+    for cap in [bare - 1, bare, bare + 3 * MIB + 1] {
+        assert_eq!(at(cap)["smallest_fitting_capacity"].as_u64().unwrap(), bare, "capacity {cap}");
+    }
+    // "fits alone" beside a larger unlimited need says what it needs at this capacity.
+    let (_, out, _) = memsim(&["colocate", s, "--context", "0", "--capacity", &format!("{bare}B")]);
+    assert!(out.contains("fits alone (needs ") && out.contains(" at this capacity)"), "{out}");
     for cap in [least - 2 * MIB, least, (least + peak) / 2, peak + 64 * MIB] {
         let c = format!("{cap}B");
         let (rcode, rout, _) = memsim(&["replay", s, "--profile", "a100-40gb", "--capacity", &c, "--json"]);
