@@ -24,7 +24,7 @@ pub fn from_frame_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<
         conv |= l.contains("cudnn") || l.contains("miopen");
     }
     // A compiled run without a GEMM in sight may still have run them: unknown, not absent.
-    (cpp && !(compiled && !gemm)).then_some((gemm, conv))
+    (cpp && (gemm || !compiled)).then_some((gemm, conv))
 }
 
 /// The ops whose CUDA kernels run cuBLAS (the symbolic tracer's `CUBLAS_OPS`, with the fp8 and
