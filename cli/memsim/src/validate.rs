@@ -91,6 +91,15 @@ pub fn run(a: Args) -> Result<u8> {
         }
     }
     let nothing = r.allocs == 0 && r.segment_events == 0;
+    let unexplained: u64 = r.devices.iter().map(|d| d.unexplained_mismatches).sum();
+    let mismatch = if unexplained > 0 && !r.unrecoverable.is_empty() {
+        format!(
+            "MISMATCH beyond what the start state explains: {unexplained} allocations placed elsewhere, neither \
+             address in a start segment holding an unrecoverable block"
+        )
+    } else {
+        "MISMATCH beyond what the start state explains".to_string()
+    };
     println!(
         "  verdict           {}",
         match r.verdict {
@@ -101,7 +110,7 @@ pub fn run(a: Args) -> Result<u8> {
             }
             Verdict::Exact => "EXACT: every address and segment event matches",
             Verdict::ExplainedByStartState => "mismatches explained by the unrecoverable start state",
-            Verdict::Mismatch => "MISMATCH beyond what the start state explains",
+            Verdict::Mismatch => &mismatch,
         }
     );
     Ok(code)

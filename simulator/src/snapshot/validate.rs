@@ -43,7 +43,8 @@ pub struct ValidateOptions {
 pub enum Verdict {
     /// Every address and segment event matches.
     Exact,
-    /// Mismatches, but the start state had unrecoverable parts that can explain them.
+    /// Mismatches, but the start state had unrecoverable parts that can explain them: every
+    /// misplaced allocation was recorded or predicted in a start segment holding one.
     ExplainedByStartState,
     /// Mismatches with a fully recovered start state: the model (or the replay) is wrong.
     Mismatch,
@@ -113,6 +114,9 @@ pub struct DeviceReport {
     pub replay_errors: Vec<String>,
     /// The first few mismatches.
     pub first_mismatches: Vec<Mismatch>,
+    /// Allocations placed elsewhere than recorded where neither address is in a start segment
+    /// holding an unrecoverable block: no ambiguity of the start state can have moved them.
+    pub unexplained_mismatches: u64,
 }
 
 /// The result of [`validate`]. The flat counts sum over devices; the peaks are the largest
@@ -232,13 +236,14 @@ pub fn validate_from(
         verdict: Verdict::Exact,
         devices,
     };
+    let unexplained: u64 = report.devices.iter().map(|d| d.unexplained_mismatches).sum();
     let clean = report.alloc_addr_matches == report.allocs
         && report.segment_event_matches == report.segment_events
         && report.extra_predicted_segment_events == 0
         && report.devices.iter().all(|d| d.replay_errors.is_empty());
     report.verdict = if clean {
         Verdict::Exact
-    } else if !report.unrecoverable.is_empty() {
+    } else if !report.unrecoverable.is_empty() && unexplained == 0 {
         Verdict::ExplainedByStartState
     } else {
         Verdict::Mismatch
@@ -316,6 +321,9 @@ struct Replay {
     moved: HashMap<u64, u64>,
     /// Recorded blocks the model could not allocate at all (OOM at the capacity).
     lost: std::collections::HashSet<u64>,
+    /// Start segments of this device holding an unrecoverable block: `(base, end)`. An
+    /// ambiguous block's size moves placements within its segment, and only there.
+    ambiguous: Vec<(u64, u64)>,
 }
 
 impl Replay {
@@ -337,6 +345,7 @@ impl Replay {
                 translated: 0,
                 replay_errors: Vec::new(),
                 first_mismatches: Vec::new(),
+                unexplained_mismatches: 0,
             },
             with_capacity,
             capacity,
@@ -345,6 +354,7 @@ impl Replay {
             pending: Vec::new(),
             moved: HashMap::new(),
             lost: std::collections::HashSet::new(),
+            ambiguous: Vec::new(),
         }
     }
 
@@ -393,7 +403,15 @@ impl Replay {
     }
 
     fn run(mut self, entries: &[TraceEntry], start: &StartState) -> DeviceReport {
-        self.report.start_segments = start.device_segments(self.report.device).count();
+        let device = self.report.device;
+        self.report.start_segments = start.device_segments(device).count();
+        let unsure: Vec<u64> =
+            start.unrecoverable.iter().filter(|u| u.device == device).filter_map(|u| u.addr).collect();
+        self.ambiguous = start
+            .device_segments(device)
+            .map(|s| (s.addr, s.addr + s.size))
+            .filter(|&(base, end)| unsure.iter().any(|&a| (base..end).contains(&a)))
+            .collect();
         let mut i = 0;
         while i < entries.len() {
             let e = &entries[i];
@@ -503,6 +521,10 @@ impl Replay {
         match out.addr {
             Some(a) if a == e.addr => self.report.counts.alloc_addr_matches += 1,
             predicted => {
+                let in_ambiguous = |a: u64| self.ambiguous.iter().any(|&(base, end)| (base..end).contains(&a));
+                if !in_ambiguous(e.addr) && !predicted.is_some_and(in_ambiguous) {
+                    self.report.unexplained_mismatches += 1;
+                }
                 self.mismatch(Mismatch {
                     entry: index,
                     action: "alloc".to_string(),
