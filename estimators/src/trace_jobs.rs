@@ -27,6 +27,8 @@ pub struct TraceJob {
     pub amp: Option<String>,
     /// Trace the plain meta path (the FakeTensor-style baseline).
     pub plain_meta: bool,
+    /// The GPU profile to emulate (a name or a path); `None`: the trainer's default.
+    pub profile: Option<String>,
 }
 
 /// What the trainer answered for one job.
@@ -200,6 +202,9 @@ fn run_once(
         }
         if j.plain_meta {
             o["no_cuda_emulation"] = serde_json::Value::Bool(true);
+        }
+        if let Some(p) = &j.profile {
+            o["profile"] = serde_json::Value::String(p.clone());
         }
         text.push_str(&o.to_string());
         text.push('\n');

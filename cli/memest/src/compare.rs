@@ -32,9 +32,9 @@ pub struct Args {
     /// A seeded random subset of this many rows per dataset (default: all rows).
     #[arg(long)]
     limit: Option<usize>,
-    /// Seed of the subset.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// Seed of the subset (default 1; with --limit).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Optimizer the runs trained with (GPUMemNet: adam).
     #[arg(long, default_value = "adam")]
     optimizer: String,
@@ -101,6 +101,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.limit == Some(0) {
         anyhow::bail!("--limit 0: expected at least 1 row per dataset");
     }
+    // Rows (and their traces) are named by the dataset file's stem: two files of one stem would
+    // score one file's rows with the other's traces.
+    let mut stems: std::collections::BTreeMap<String, &PathBuf> = Default::default();
+    for d in &a.dataset {
+        let stem = d.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        if let Some(other) = stems.insert(stem.clone(), d) {
+            anyhow::bail!(
+                "--dataset {}: its rows are named {stem}-NNNNN by the file's stem, as are those of --dataset {}: \
+                 their rows and traces would be mixed up; give each file once, under names of different stems",
+                d.display(),
+                other.display()
+            );
+        }
+    }
+    if a.seed.is_some() && a.limit.is_none() {
+        eprintln!("memest: warning: --seed has no effect without --limit: every row is used");
+    }
+    let seed = a.seed.unwrap_or(1);
     let (profile, ppath) = Profile::load(&a.profile)?;
     let version = profile_version(&profile, &ppath)?;
     let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
@@ -117,6 +135,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         loaded.push((p, m));
     }
     let ml_models = if loaded.is_empty() { None } else { Some(MlModels::new(loaded)?) };
+    if a.ml_include_training_rows && ml_models.is_none() {
+        eprintln!(
+            "memest: warning: --ml-include-training-rows has no effect: no ML model given (--ml-model or \
+             $MEMTRACE_ML_MODEL)"
+        );
+    }
     let mut ml_notes = Vec::new();
     if let Some(m) = &ml_models {
         for (model, data) in m.training_overlap(&a.dataset) {
@@ -157,7 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             all.retain(|r| !calibrated.contains(&r.id));
         }
         let chosen = match a.limit {
-            Some(n) => seeded_subset(&all, n, a.seed),
+            Some(n) => seeded_subset(&all, n, seed),
             None => all,
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
@@ -187,6 +211,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             optimizer: r.optimizer.clone().unwrap_or_else(|| a.optimizer.clone()),
             amp: r.amp.clone(),
             plain_meta: plain,
+            // The runs' GPU: its library workspaces and attention backends are emulated.
+            profile: Some(ppath.display().to_string()),
         };
         jobs.push(job(false));
         if !a.no_fake_tensor {
@@ -194,8 +220,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let existing = |j: &TraceJob| tdir.join(format!("{}.jsonl", j.name));
-    let (reused, todo): (Vec<TraceJob>, Vec<TraceJob>) =
-        jobs.into_iter().partition(|j| a.reuse_traces && existing(j).is_file());
+    if a.reuse_traces && !tdir.is_dir() {
+        eprintln!(
+            "memest: warning: --reuse-traces has no effect: {} does not exist; tracing every row",
+            tdir.display()
+        );
+    }
+    // A trace made with other settings (another --optimizer, profile or batch) is not this row's.
+    let mut stale = Vec::new();
+    let (reused, todo): (Vec<TraceJob>, Vec<TraceJob>) = jobs.into_iter().partition(|j| {
+        let path = existing(j);
+        if !(a.reuse_traces && path.is_file()) {
+            return false;
+        }
+        match traced_otherwise(&path, j, &Profile::name_of(&ppath)) {
+            None => true,
+            Some(why) => {
+                stale.push(format!("{}: {why}", path.display()));
+                false
+            }
+        }
+    });
+    if let Some(first) = stale.first() {
+        eprintln!(
+            "memest: warning: --reuse-traces: {} traces were made with other settings and are traced again (the \
+             first: {first})",
+            stale.len()
+        );
+    }
     // On a cluster the array is the parallelism: one submitting trainer process here.
     let (trainer, workers) = if a.backend == "slurm" {
         let mut extra = vec![
@@ -337,7 +389,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
          tracing time.",
         a.dataset.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
         rows.len(),
-        a.limit.map_or(String::new(), |n| format!(" (seeded subset: at most {n} per dataset, seed {})", a.seed))
+        a.limit.map_or(String::new(), |n| format!(" (seeded subset: at most {n} per dataset, seed {seed})"))
             + &if excluded.is_empty() { String::new() } else { format!(", excluding {} rows listed in the calibration runs", excluded.len()) },
         ppath.display(),
         profile.gpu.total_memory as f64 / 1048576.0,
@@ -378,4 +430,29 @@ fn borrow(x: &Result<(PathBuf, f64), String>) -> Result<(&Path, f64), String> {
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(write_atomic(path, text.as_bytes())?)
+}
+
+/// Why the trace at `path` is not `job`'s: a header field the trainer writes that differs from
+/// what the job asks for (`None` when they agree, or when the header cannot be read: the
+/// replay then says what is wrong with the file).
+fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Option<String> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(file), &mut first).ok()?;
+    let header: serde_json::Value = serde_json::from_str(&first).ok()?;
+    let meta = header.get("metadata")?;
+    let amp = job.amp.clone().unwrap_or_else(|| "fp32".into());
+    let emulated = if job.plain_meta { "false" } else { "true" };
+    let batch = job.batch_size.to_string();
+    let wanted = [
+        ("optimizer", job.optimizer.as_str()),
+        ("amp", amp.as_str()),
+        ("batch_size", batch.as_str()),
+        ("cuda_emulation", emulated),
+        ("profile", profile),
+    ];
+    wanted.iter().find_map(|(key, want)| {
+        let got = meta.get(*key)?.as_str()?;
+        (got != *want).then(|| format!("{key} {got}, not {want}"))
+    })
 }

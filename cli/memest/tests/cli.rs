@@ -354,6 +354,32 @@ fn compare_traces_with_several_trainer_processes() {
     assert!(ok, "{err}");
     let again = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
     assert_eq!(symbolic(&again), symbolic(&runs), "same answers from reused traces");
+    assert!(!err.contains("traced again"), "{err}");
+    // Another --optimizer: the traces were made with adam, so they are not reused for sgd.
+    let (ok, _, err) = run(&["--jobs", "2", "--reuse-traces", "--optimizer", "sgd"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("4 traces were made with other settings") && err.contains("optimizer adam, not sgd"), "{err}");
+    let sgd = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    assert!(symbolic(&sgd).iter().zip(symbolic(&runs)).all(|(s, a)| s.1 <= a.1), "sgd keeps no more than adam");
+    assert!(symbolic(&sgd).iter().zip(symbolic(&runs)).any(|(s, a)| s.1 < a.1), "{sgd}");
+    // The traces emulate the profile the runs are judged on.
+    let header = std::fs::read_to_string(out.join("traces").join(format!("{}.jsonl", symbolic(&runs)[0].0))).unwrap();
+    assert!(header.lines().next().unwrap().contains("\"profile\":\"a100-40gb\""), "{header:.300}");
+    // Two datasets of one file stem would name their rows alike: refused, naming both.
+    let twin = dir.path().join("other");
+    std::fs::create_dir_all(&twin).unwrap();
+    std::fs::copy(&data, twin.join("mlp_data_step1.csv")).unwrap();
+    let twin = twin.join("mlp_data_step1.csv");
+    let (ok, _, err) = memest(&[
+        "compare",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--dataset",
+        twin.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("are named mlp_data_step1-NNNNN") && err.contains("other/mlp_data_step1.csv"), "{err}");
     let (ok, _, err) = run(&["--jobs", "0"]);
     assert!(!ok && err.contains("--jobs 0"), "{err}");
     // No rows: it wrote a report of nothing and exited 0.
