@@ -55,7 +55,7 @@ impl<S> Read<S> {
 pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: bool) -> Result<Vec<String>> {
     let Some(s) = summary else { return Ok(Vec::new()) };
     let lines = s.warnings(path);
-    if strict && s.truncated {
+    if strict && (s.truncated || s.cut_short()) {
         bail!("{} (--strict)", lines[0]);
     }
     Ok(lines)

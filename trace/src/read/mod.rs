@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::codec::{self, Decoded, PrefixState, VarintError, MAX_FRAME_LEN, PREAMBLE_LEN};
 use crate::error::TraceError;
-use crate::event::Record;
+use crate::event::{Event, Record};
 use crate::header::Header;
 use crate::jsonl;
 use crate::write::Format;
@@ -31,9 +31,24 @@ pub struct Summary {
     pub complete_bytes: u64,
     /// Records returned.
     pub records: u64,
+    /// The last record returned was the producer's `process_exit`.
+    pub ends_with_exit: bool,
+    /// The producer ends every trace with `process_exit` ([`PRODUCERS_ENDING_WITH_EXIT`]).
+    pub expects_exit: bool,
 }
 
+/// The producers that end every trace they finish with a `process_exit` record (the shim at
+/// the program's exit, the symbolic tracer at the end of its trace): one of theirs without it
+/// was cut short, even at a record boundary (a killed run, a copy cut at a line).
+pub const PRODUCERS_ENDING_WITH_EXIT: &[&str] = &["libmemtrace", "memtrace_trainer.symtrace"];
+
 impl Summary {
+    /// Whole records, but not the end its producer always writes: see
+    /// [`PRODUCERS_ENDING_WITH_EXIT`]. (A truncated input is said as such instead.)
+    pub fn cut_short(&self) -> bool {
+        self.expects_exit && !self.ends_with_exit && !self.truncated
+    }
+
     /// What the input did not give whole, one line each, naming `path`: an end cut inside an
     /// event (truncation first), and records of unknown kinds that were skipped.
     pub fn warnings(&self, path: &Path) -> Vec<String> {
@@ -44,6 +59,13 @@ impl Summary {
                  last complete event) was ignored, so peaks may be low",
                 path.display(),
                 self.complete_bytes
+            ));
+        }
+        if self.cut_short() {
+            w.push(format!(
+                "{}: cut short: the trace ends without the process_exit record its producer writes at the end (a \
+                 killed run, or a copy cut at a line), so what came after is missing and peaks may be low",
+                path.display()
             ));
         }
         if self.unknown_skipped > 0 {
@@ -128,6 +150,8 @@ impl<R: Read> Reader<R> {
                 bytes_read: skipped,
                 complete_bytes: skipped,
                 records: 0,
+                ends_with_exit: false,
+                expects_exit: false,
             },
             path: path.clone(),
             done: false,
@@ -137,6 +161,7 @@ impl<R: Read> Reader<R> {
             Format::Jsonl => reader.read_jsonl_header(),
         }
         .map_err(attach)?;
+        reader.summary.expects_exit = PRODUCERS_ENDING_WITH_EXIT.contains(&reader.header.producer.name.as_str());
         Ok(reader)
     }
 
@@ -179,6 +204,7 @@ impl<R: Read> Reader<R> {
         match r {
             Ok(Some(rec)) => {
                 self.summary.records += 1;
+                self.summary.ends_with_exit = matches!(rec.event, Event::ProcessExit(_));
                 Some(Ok(rec))
             }
             Ok(None) => {
@@ -241,6 +267,7 @@ impl<R: Read> Reader<R> {
         let Form::Binary { state } = &mut self.form else { return Ok(0) };
         let buf = self.src.buffer();
         let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
+        let mut last_exit = None;
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
@@ -255,6 +282,7 @@ impl<R: Read> Reader<R> {
             used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
+                    last_exit = Some(matches!(r.event, Event::ProcessExit(_)));
                     emit(r);
                     records += 1;
                 }
@@ -269,6 +297,9 @@ impl<R: Read> Reader<R> {
         self.summary.bytes_read += used as u64;
         self.summary.records += records as u64;
         self.summary.unknown_skipped += unknown;
+        if let Some(exit) = last_exit {
+            self.summary.ends_with_exit = exit;
+        }
         match error {
             Some(e) => {
                 self.done = true;

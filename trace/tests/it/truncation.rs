@@ -74,3 +74,24 @@ fn empty_and_blank_inputs_say_the_header_is_missing() {
     check(b"MEMTR", "while reading the preamble");
     check(b"{\"kind\":\"header\",\"format_ver", "while reading the JSON Lines header line");
 }
+
+/// A trace whose producer always ends it with `process_exit` and that ends at a whole record
+/// without it was cut short (`head -n`, a killed run): said, whichever form; another producer's
+/// traces (a snapshot import) carry no such promise.
+#[test]
+fn a_trace_cut_at_a_record_boundary_is_said_when_its_producer_ends_with_exit() {
+    let (mut h, recs) = small_trace();
+    assert!(matches!(recs.last().unwrap().event, Event::ProcessExit(_)));
+    for (producer, expects) in [("memtrace_trainer.symtrace", true), ("libmemtrace", true), ("tests", false)] {
+        h.producer.name = producer.into();
+        for (encode, form) in [(binary as fn(&Header, &[Record]) -> Vec<u8>, "binary"), (jsonl, "jsonl")] {
+            for (n, ended) in [(recs.len(), true), (recs.len() - 1, false), (1, false)] {
+                let (_, _, sum) = read_all(&encode(&h, &recs[..n])).unwrap();
+                assert_eq!(sum.ends_with_exit, ended, "{producer} {form} {n}");
+                assert_eq!(sum.cut_short(), expects && !ended, "{producer} {form} {n}");
+                let said = sum.warnings(std::path::Path::new("t")).iter().any(|w| w.contains("cut short"));
+                assert_eq!(said, sum.cut_short(), "{producer} {form} {n}");
+            }
+        }
+    }
+}
