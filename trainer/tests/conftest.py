@@ -76,8 +76,10 @@ def _written_headers_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real = jsonl.lines
 
-    def checked(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
-        out = real(events, metadata)
+    def checked(
+        events: list[dict[str, Any]], metadata: dict[str, str], env: dict[str, str] | None = None
+    ) -> list[str]:
+        out = real(events, metadata, env)
         HEADERS(json.loads(out[0]))
         return out
 

@@ -527,3 +527,32 @@ def test_a_script_with_lazy_modules_moved_to_the_gpu(tmp_path: Path) -> None:
     done = cli("symtrace", "--script", str(script), "--out", str(out), "--json")
     params = (8 * 3 * 3 * 3 + 8 + 10 * 8 * 14 * 14 + 10) * 4
     assert json.loads(done.stdout)["allocated_bytes_by_category"]["parameter"] == params
+
+
+def test_a_scripts_allocator_settings_are_the_traces(tmp_path: Path) -> None:
+    """`PYTORCH_CUDA_ALLOC_CONF` set by the script, or `_set_allocator_settings`, changed
+    nothing: the trace had no settings and memsim replayed the default allocator."""
+    import os
+
+    script, out = tmp_path / "conf.py", tmp_path / "conf.jsonl"
+    script.write_text(
+        "import os, torch\nos.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'\n"
+        "torch.cuda.memory._set_allocator_settings('garbage_collection_threshold:0.6')\n"
+        "m = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(5):\n"
+        "    m(torch.randn(8, 64, device='cuda')).sum().backward(); opt.step()\n"
+    )
+    before = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    cli("symtrace", "--script", str(script), "--out", str(out))
+    env = read_trace(out)[0]["env"]
+    assert env == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,garbage_collection_threshold:0.6"
+    }, env
+    assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == before  # the caller's again
+    import subprocess
+
+    shown = subprocess.run(["memsim", "replay", str(out)], capture_output=True, text=True)
+    assert "expandable_segments:True" in shown.stdout, shown.stdout
+    plain = tmp_path / "plain.jsonl"
+    cli("symtrace", "--step", "step_examples:custom_optimizer", "--out", str(plain))
+    assert "env" not in read_trace(plain)[0]

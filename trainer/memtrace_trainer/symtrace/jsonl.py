@@ -16,7 +16,10 @@ PRODUCER = "memtrace_trainer.symtrace"
 _REQUEST = {"stream": 0, "mem": "device", "api": "allocator", "result": 0, "origin": "request"}
 
 
-def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
+def lines(
+    events: list[dict[str, Any]], metadata: dict[str, str], env: dict[str, str] | None = None
+) -> list[str]:
+    """`env`: the job's allocator settings (symtrace/allocconf.py), which memsim replays with."""
     header = {
         "kind": "header",
         "format_version": 1,
@@ -26,6 +29,8 @@ def lines(events: list[dict[str, Any]], metadata: dict[str, str]) -> list[str]:
         "synthetic_addresses": True,
         "metadata": metadata,
     }
+    if env:
+        header["env"] = env
     out = [json.dumps(header, separators=(",", ":"))]
     for e in events:
         kind = e["kind"]

@@ -61,6 +61,8 @@ class Recorder(TorchDispatchMode):
         self.events: list[Event] = []
         self.hooks = hooks or []
         self.category = "other"
+        # The job's allocator settings for the trace header's `env` (symtrace/allocconf.py).
+        self.allocator_env: dict[str, str] = {}
         self.active = True
         # Above zero while the program works on PyTorch's own meta device (`with
         # torch.device("meta")`): storages made then hold no memory, now or later.

@@ -382,5 +382,5 @@ def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, ou
 
 def _write(out: Path, rec: Recorder, meta: dict[str, str]) -> Summary:
     summary = summarize(rec.events)
-    jsonl.write(out, jsonl.lines(rec.events, meta))
+    jsonl.write(out, jsonl.lines(rec.events, meta, rec.allocator_env))
     return summary

@@ -317,6 +317,7 @@ def tracing(
 ) -> Iterator[Run]:
     """The fake device around a traced program: autocast, optimizer defaults, the recorder,
     CUDA function swaps, phase hooks, `torch.cuda` and `"cuda"`."""
+    from memtrace_trainer.symtrace import allocconf
     from memtrace_trainer.symtrace.autocast import Autocast
     from memtrace_trainer.symtrace.checkpointing import recompute_under_modes
     from memtrace_trainer.symtrace.emulation import CudaFunctions
@@ -329,6 +330,7 @@ def tracing(
     resizes = storage_resizes(rec)
     with (
         cudnn_benchmark_kept(),
+        allocconf.recorded(rec),
         parameters_kept(),
         autocast,
         defaults,
