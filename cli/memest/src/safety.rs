@@ -9,7 +9,8 @@ use simulator::profile::Profile;
 #[command(after_help = "RUNS are runs.jsonl files written by `memest compare` (measured device peak and the \
 symbolic point estimate of each run). Runs marked calibrated_on (the profile's [calibration.rows]) are left out. \
 Per family, split conformal prediction on one seeded share of the runs fits the margin at which the safe number \
-(point x (1 + margin)) is under the truth in at most --miss-rate of runs; the other share measures it.\n\
+(point + margin x scale, the scale being the point or its reserved part) is under the truth in at most --miss-rate \
+of runs; the other share measures it.\n\
 Example: memest safety out/full/*/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
 pub struct Args {
     #[command(flatten)]
@@ -93,6 +94,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     if let Some(out) = &a.io.write {
+        // A margin short of its guarantee in the profile would read, to every verdict, as one
+        // measured to hold: not written.
+        let short: Vec<&str> = fit.families.iter().filter(|(_, f)| !f.exact).map(|(n, _)| n.as_str()).collect();
+        if !short.is_empty() {
+            anyhow::bail!(
+                "--write {}: the margins of {} rest on too few calibration runs for the --miss-rate {} guarantee \
+                 (the largest score was used): not written; give more runs or lower --held-out",
+                out.display(),
+                short.join(", "),
+                a.miss_rate
+            );
+        }
         let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
         let runs = a.io.runs_list();
         let method = format!(

@@ -524,7 +524,14 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     std::fs::write(&other, runs_jsonl(3).replace("\"batch\":1", "\"batch\":2")).unwrap();
     let (ok, _, err) = memest(&["safety", r, other.to_str().unwrap()]);
     assert!(ok && err.contains("3 run ids belong to different runs"), "{err}");
+    // 20 calibration runs are too few for a 2% guarantee (49 needed): not written, as though
+    // it held.
     let (ok, _, err) = memest(&["safety", r, "--write", o]);
+    assert!(!ok && !out.exists(), "{err}");
+    assert!(err.contains("the margins of mlp rest on too few calibration runs for the --miss-rate 0.02"), "{err}");
+    let many = dir.path().join("many.jsonl");
+    std::fs::write(&many, runs_jsonl(120)).unwrap();
+    let (ok, _, err) = memest(&["safety", many.to_str().unwrap(), "--write", o]);
     assert!(ok && out.is_file(), "{err}");
     assert!(err.contains("its margins for cnn are not refitted by these runs and are dropped"), "{err}");
     std::fs::remove_file(&out).unwrap();
