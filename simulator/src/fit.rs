@@ -466,6 +466,26 @@ pub fn fit_records<'a>(
     Ok(out)
 }
 
+/// A warning when a real run's trace was recorded on another GPU architecture than the profile
+/// judging it (or, where the trace gives no compute capability, another GPU name): the
+/// workspaces and kernels its libraries chose are in the trace, and are that GPU's.
+fn recorded_elsewhere(header: &Header, profile: &Profile) -> Option<String> {
+    let d = header.devices.iter().find(|d| d.name.is_some() || d.compute_capability.is_some())?;
+    let other = match d.compute_capability {
+        Some((major, minor)) => [major, minor] != profile.gpu.compute_capability,
+        None => d.name.as_deref() != Some(profile.gpu.name.as_str()),
+    };
+    other.then(|| {
+        let name = d.name.as_deref().unwrap_or("another GPU");
+        let cc = d.compute_capability.map_or(String::new(), |(a, b)| format!(", compute capability {a}.{b}"));
+        format!(
+            "the trace was recorded on {name}{cc}, not the profile's {}: the workspaces and kernels its libraries \
+             chose there are in it, judged with this profile's capacity and memory outside the allocator",
+            profile.gpu.name
+        )
+    })
+}
+
 /// A warning when the job autotunes its convolutions (`torch.backends.cudnn.benchmark`, said by
 /// the trace header): PyTorch then sizes each new shape's search workspace to the largest block
 /// it could take at that moment (`getMaxWorkspaceSize`: free device memory or the largest cached
@@ -487,7 +507,7 @@ pub fn autotuning(header: &Header) -> Option<String> {
 /// and outside terms. `None` for a plain meta trace (nothing
 /// emulated) and for traces that name no profile (a real run's).
 pub fn profile_mismatch(header: &Header, profile: &Profile, profile_path: &std::path::Path) -> Option<String> {
-    let traced = header.meta(&metadata::PROFILE)?;
+    let Some(traced) = header.meta(&metadata::PROFILE) else { return recorded_elsewhere(header, profile) };
     if header.meta_flag(&metadata::CUDA_EMULATION) == Some(false) {
         return None;
     }

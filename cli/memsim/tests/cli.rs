@@ -1078,3 +1078,32 @@ fn a_closed_pipe_ends_quietly() {
     assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("error"), "{stderr}");
 }
+
+/// A real run's trace from another GPU architecture was judged on the profile in silence.
+#[test]
+fn a_trace_recorded_on_another_gpu_is_said_to_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = |name: &str, device: &str| {
+        let p = dir.path().join(name);
+        let header = format!(
+            "{{\"kind\":\"header\",\"format_version\":1,\"producer\":{{\"name\":\"hand\",\"version\":\"1\"}},\
+             \"level\":\"allocator\",\"caching_disabled\":false,\"synthetic_addresses\":true,\"devices\":[{device}]}}"
+        );
+        let alloc = "{\"ts_ns\":1,\"device\":0,\"kind\":\"alloc\",\"addr\":1,\"size\":1048576,\"stream\":0,\
+                     \"mem\":\"device\",\"api\":\"allocator\",\"result\":0,\"origin\":\"request\"}";
+        std::fs::write(&p, format!("{header}\n{alloc}\n")).unwrap();
+        p
+    };
+    let said = "the trace was recorded on";
+    for (device, warns) in [
+        (r#"{"index":0,"name":"NVIDIA H100 80GB HBM3","compute_capability":[9,0]}"#, true),
+        (r#"{"index":0,"name":"NVIDIA A100-PCIE-40GB","compute_capability":[8,0]}"#, false),
+        (r#"{"index":0,"name":"NVIDIA A100-SXM4-40GB"}"#, false),
+        (r#"{"index":0,"name":"Tesla T4"}"#, true),
+    ] {
+        let t = trace("t.jsonl", device);
+        let (code, _, err) = memsim(&["replay", t.to_str().unwrap(), "--profile", "a100-40gb"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(err.contains(said), warns, "{device}: {err}");
+    }
+}
