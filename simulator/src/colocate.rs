@@ -194,6 +194,8 @@ fn shared_run(
     opts: &ReplayOptions,
     capacity: Option<u64>,
 ) -> Result<Run, ColocateError> {
+    // A job's memory fraction is of the device's total, whichever job reserves first.
+    let opts = &ReplayOptions { device_total: capacity, ..opts.clone() };
     let mut reps = jobs.iter().map(|j| replayer(j, opts)).collect::<Result<Vec<_>, _>>()?;
     let outside: u64 = jobs.iter().map(|j| j.outside.total_bytes).sum();
     let mut next = vec![0usize; jobs.len()];

@@ -128,11 +128,14 @@ fn a_programs_memory_fraction_sets_the_device_it_needs() {
     };
     let outside = simulator::fit::Outside::fixed(0);
     let cap = Capacity { bytes: 40 * GIB, source: CapacitySource::Flag };
-    for (f, need) in [(0.1, 60 * GIB), (0.5, 18 * GIB), (1.0, 9 * GIB)] {
+    // Without a device (no budget) the fraction limits nothing: 9 GiB stay reserved, and the
+    // need is what they ask of a device; on 40 GiB the limit frees the cache first.
+    for (f, unlimited, at_40) in [(0.1, 90 * GIB, 60 * GIB), (0.5, 18 * GIB, 18 * GIB), (1.0, 9 * GIB, 9 * GIB)] {
         let recs = vec![fraction(f), alloc(1, 3 * GIB, None), free(1), alloc(2, 6 * GIB, None)];
-        for budget in [None, Some(cap.bytes)] {
+        for (budget, need) in [(None, unlimited), (Some(cap.bytes), at_40)] {
             let opts = ReplayOptions { device_total: budget, ..ReplayOptions::default() };
             let out = fit_records(&h, &recs, &opts, budget).unwrap();
+            assert!(!out.report.oom || budget.is_some(), "fraction {f}: no device, no limit");
             assert_eq!(out.device_peak(&outside), need, "fraction {f}, budget {budget:?}");
             assert_eq!(Verdict::new("point", out.device_peak(&outside), cap).fits, need <= cap.bytes);
             if budget.is_some() {

@@ -1107,3 +1107,30 @@ fn a_trace_recorded_on_another_gpu_is_said_to_be() {
         assert_eq!(err.contains(said), warns, "{device}: {err}");
     }
 }
+
+/// A job's memory fraction is of the device's total in a shared replay: it was of what the
+/// other jobs left it, so the order of the traces on the command line changed the verdict
+/// (DOES NOT FIT beside a need within the capacity).
+#[test]
+fn colocate_takes_a_jobs_memory_fraction_of_the_device_whatever_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = "{\"kind\":\"header\",\"format_version\":1,\"producer\":{\"name\":\"t\",\"version\":\"0\"},\
+                  \"level\":\"allocator\",\"caching_disabled\":false,\"synthetic_addresses\":true}";
+    let alloc = |ts: u64, size: u64| {
+        format!(
+            "{{\"kind\":\"alloc\",\"ts_ns\":{ts},\"device\":0,\"addr\":1,\"size\":{size},\"stream\":0,\"mem\":\"device\",\
+             \"api\":\"allocator\",\"result\":0,\"origin\":\"request\"}}"
+        )
+    };
+    let big = dir.path().join("big.jsonl");
+    std::fs::write(&big, format!("{header}\n{}\n", alloc(1000, 20 << 30))).unwrap();
+    let half = dir.path().join("half.jsonl");
+    let fraction = "{\"ts_ns\":5000,\"kind\":\"control\",\"device\":0,\"op\":\"set_memory_fraction\",\"fraction\":0.5}";
+    std::fs::write(&half, format!("{header}\n{fraction}\n{}\n", alloc(6000, 15 << 30))).unwrap();
+    let (big, half) = (big.to_str().unwrap(), half.to_str().unwrap());
+    for order in [[big, half], [half, big]] {
+        let (code, out, err) = memsim(&["colocate", order[0], order[1], "--capacity", "40GiB", "--context", "0"]);
+        assert_eq!(code, 0, "{order:?}: {out}{err}");
+        assert!(out.contains("needs 35840.00 MiB of 40960.00 MiB (--capacity): FITS"), "{order:?}: {out}");
+    }
+}

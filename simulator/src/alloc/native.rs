@@ -82,6 +82,9 @@ pub struct Allocator {
     pub(super) allowed_max: Option<u64>,
     /// The memory fraction in force (`allowed_max`'s share of `total_memory`).
     pub(super) fraction: Option<f64>,
+    /// Whether the fraction limits the allocator: not when the device's total is unknown (a
+    /// replay without a capacity), where its base would be made up.
+    pub(super) fraction_enforced: bool,
     pub(super) next_synthetic: u64,
     pub(super) stats: MemoryStats,
     /// Contiguous mapped ranges: one per native segment, one per mapped run of an expandable
@@ -113,6 +116,7 @@ impl Allocator {
             pending_events: Vec::new(),
             allowed_max,
             fraction,
+            fraction_enforced: true,
             next_synthetic: SYNTHETIC_BASE,
             stats,
             mapped_ranges: 0,
@@ -202,8 +206,10 @@ impl Allocator {
                 if !(0.0..=1.0).contains(&f) {
                     return Err(ReplayError::InvalidFraction(f));
                 }
-                self.allowed_max = Some((f * self.total_memory as f64) as u64);
                 self.fraction = Some(f);
+                if self.fraction_enforced {
+                    self.allowed_max = Some((f * self.total_memory as f64) as u64);
+                }
             }
             Request::ResetPeakStats => self.stats.reset_peaks(),
         }

@@ -62,7 +62,8 @@ pub struct ReplayOptions {
     /// Device capacity in bytes for the OOM chain; `None` = unlimited.
     pub capacity: Option<u64>,
     /// The device's total memory, the base of a program's memory fraction, when known (a
-    /// replay for a fit at a capacity); else the capacity, else 80 GiB.
+    /// replay for a fit at a capacity); else the capacity; without either, a fraction limits
+    /// nothing (its need is still reported).
     pub device_total: Option<u64>,
 }
 
@@ -179,8 +180,11 @@ impl Replayer {
     ) -> &'a mut DeviceState {
         per_device(devices, d, || {
             let mut alloc = Allocator::new(cfg.clone(), opts.version, opts.capacity);
-            if let Some(t) = opts.device_total {
-                alloc.set_total_memory(t);
+            match (opts.device_total, opts.capacity) {
+                (Some(t), _) => alloc.set_total_memory(t),
+                // No device: a fraction of it limits nothing; its need is still recorded.
+                (None, None) => alloc.leave_fraction_unenforced(),
+                (None, Some(_)) => {}
             }
             outside.limit(d, &mut alloc, opts.capacity);
             DeviceState::new(alloc)

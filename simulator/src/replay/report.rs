@@ -194,8 +194,8 @@ impl ReplayReport {
         let fraction = (self.fraction_need_bytes > 0).then(|| {
             format!(
                 "the program caps its allocator with a memory fraction (set_per_process_memory_fraction): what it \
-                 reserves under that share needs a device of {} B in all, and the need is at least that",
-                self.fraction_need_bytes
+                 reserves under that share needs a device of {} in all, and the need is at least that",
+                crate::units::mib(self.fraction_need_bytes)
             )
         });
         let over_live = self.first_allocation_over_live.as_ref().map(|first| {
