@@ -6,10 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import step_examples
 from conftest import cli, read_trace
 
 SCRIPTS = Path(__file__).parent / "scripts"
+# A hand-written update of a script's loop body (`m`'s parameters, plain SGD).
+UPDATE = (
+    "    with torch.no_grad():\n        for p in m.parameters():\n"
+    "            p -= 0.1 * p.grad\n            p.grad = None\n"
+)
 TRAIN = str(SCRIPTS / "train_mlp.py")
 
 
@@ -407,6 +413,47 @@ def test_a_script_with_a_hand_written_update_stops_after_n_steps(tmp_path: Path)
     assert "the script caught the stop after 2 iterations" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(
+    "body, backwards",
+    [
+        # Four micro-batches per update: one iteration, not four.
+        ("    for k in range(4):\n        m(x()).square().sum().backward()\n" + UPDATE, 4),
+        # A reentrant checkpoint's recompute runs a backward and module calls inside the
+        # backward: not an iteration boundary.
+        (
+            "    checkpoint(m, x().requires_grad_(), use_reentrant=True).square().sum().backward()\n"
+            + UPDATE,
+            2,
+        ),
+        # An update through `.data` leaves the parameters' versions: its reset gradients tell.
+        (
+            "    m(x()).square().sum().backward()\n    for p in m.parameters():\n"
+            "        p.data.add_(p.grad.data, alpha=-0.1)\n        p.grad = None\n",
+            1,
+        ),
+    ],
+)
+def test_a_hand_written_loops_iterations_are_its_updates(
+    tmp_path: Path, body: str, backwards: int
+) -> None:
+    script, out = tmp_path / "loop.py", tmp_path / "loop.jsonl"
+    script.write_text(
+        "import sys, torch\nfrom torch.utils.checkpoint import checkpoint\n"
+        "m = torch.nn.Linear(8, 8).cuda()\nx = lambda: torch.randn(4, 8, device='cuda')\n"
+        "for i in range(int(sys.argv[1])):\n" + body + "    print('ran', i)\n"
+    )
+    done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out), "--json",
+               "--", "100")  # fmt: skip
+    texts = markers(read_trace(out))
+    assert [t for t in texts if t.startswith("iter:")] == ["iter:0", "iter:1"], texts
+    assert texts.count("phase:backward") == 2 * backwards, texts
+    assert "ran 1" in done.stderr and "ran 2" not in done.stderr
+    # A loop of exactly --steps iterations ends without a word (it was said to end short).
+    done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out), "--json",
+               "--", "2")  # fmt: skip
+    assert json.loads(done.stdout)["warnings"] == [], done.stdout
+
+
 def test_a_script_with_two_optimizers_counts_an_iteration_once_both_stepped(
     tmp_path: Path,
 ) -> None:
@@ -434,7 +481,7 @@ def test_a_script_with_two_optimizers_counts_an_iteration_once_both_stepped(
     assert json.loads(done.stdout)["warnings"] == []
     script.write_text(gan.format(unused="spare = torch.optim.SGD(nn.Linear(2, 2).parameters())\n"))
     done = cli("symtrace", "--script", str(script), "--steps", "2", "--out", str(out))
-    assert "never stepped while the others stepped 64 times (SGD)" in done.stderr, done.stderr
+    assert "did not step while the others stepped 64 times (SGD)" in done.stderr, done.stderr
     assert "iteration 999" not in done.stderr
 
 

@@ -37,7 +37,8 @@ pub struct Args {
     /// subtracted inside. Default: the profile's total memory.
     #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// A truncated trace is an error (exit 2) instead of a warning.
+    /// A truncated or cut-short trace (no process_exit where its producer writes one) is an error
+    /// (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
     /// Judge the fit on the point estimate (peak reserved plus memory outside the allocator)

@@ -16,7 +16,7 @@ pub struct Args {
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
-    /// A truncated input is an error (exit 2, no output written) instead of a warning.
+    /// A truncated or cut-short input is an error (exit 2, no output written) instead of a warning.
     #[arg(long)]
     strict: bool,
 }

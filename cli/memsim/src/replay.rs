@@ -47,7 +47,8 @@ pub struct JudgeFlags {
     /// profile's, else the newest.
     #[arg(long, value_name = "VER")]
     pub torch: Option<String>,
-    /// A truncated input is an error (exit 2) instead of a warning.
+    /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
+    /// (exit 2) instead of a warning.
     #[arg(long)]
     pub strict: bool,
     /// Judge the fit on point estimates (peak reserved plus memory outside the allocator)

@@ -31,7 +31,8 @@ pub struct Args {
     /// Kernel names listed under top kernels, per run and per phase.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
-    /// A truncated input is an error (exit 2) instead of a warning.
+    /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
+    /// (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
 }

@@ -96,8 +96,8 @@ def step_args(p: argparse.ArgumentParser) -> None:
         dest="iterations",
         type=int,
         default=None,
-        help=f"training steps traced (default {STEP_FN_STEPS} with --step, {MODEL_STEPS} "
-        "otherwise, the setting the profiles are calibrated with)",
+        help=f"training steps traced (default {STEP_FN_STEPS} with --step or --script, "
+        f"{MODEL_STEPS} otherwise, the setting the profiles are calibrated with)",
     )
     p.add_argument(
         "--strategy",
@@ -218,9 +218,9 @@ def tune_from(args: dict[str, Any]) -> Any:
 
 
 SCRIPT_HELP = (
-    "an unmodified training script, run as __main__ with the arguments after `--`; iterations "
-    "are counted at optimizer.step() (or memtrace_trainer.mark('iter')) and the run stops "
-    "after --steps"
+    "an unmodified training script, run as __main__ with the arguments after `--`; an "
+    "iteration ends once each optimizer it built has stepped (a hand-written update: at the "
+    "next forward; or at memtrace_trainer.mark('iter')) and the run stops after --steps"
 )
 
 

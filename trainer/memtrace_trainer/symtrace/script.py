@@ -6,7 +6,9 @@ profile's GPU, autocast and optimizer defaults are PyTorch's CUDA ones. An itera
 every optimizer the script built has stepped (`_Optimizers`), or at
 `memtrace_trainer.mark("iter")` when the script calls it; a script
 that builds no `torch.optim.Optimizer` (a hand-written update) is counted at the first module
-call after each backward, where its next iteration begins. After N the run is stopped cleanly
+call after a backward and an update (the parameters changed in place, or their gradients
+were reset), where its next iteration begins; micro-batches of an accumulation begin none.
+After N the run is stopped cleanly
 (a `BaseException`, so the script's `except Exception` does not swallow it; a bare `except:`
 that does is said). Data-dependent reads on the tracer's device get stand-ins (fakecuda.py):
 `.item()` is 0, `.cpu()`/`.tolist()`/`.numpy()` give zeros; ops whose output shape depends on values
@@ -49,16 +51,19 @@ class _Optimizers:
     `__init__`). An iteration ends once each live one has stepped: a GAN's two, Muon beside
     AdamW, a wrapper (`ZeroRedundancyOptimizer`) and the optimizer inside it."""
 
-    # An optimizer that has never stepped while the others stepped this often is not in the
-    # loop (built for another phase, or unused), and no longer waited for.
+    # An optimizer that has not stepped while the others stepped this often is not in the loop
+    # (unused, or a warm-up's left behind), and no longer waited for.
     IDLE = 64
 
     def __init__(self) -> None:
         self.built = 0
+        self.steps = 0
         self.live: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self.ever: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # The step count at each optimizer's last step (or at its construction).
+        self.last: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = (
+            weakref.WeakKeyDictionary()
+        )
         self.this_iteration: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self.steps_since = 0
         self.idle: list[str] = []
 
     @contextlib.contextmanager
@@ -69,6 +74,7 @@ class _Optimizers:
         def counted(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             self.built += 1
             self.live.add(opt)
+            self.last[opt] = self.steps
             original(opt, *args, **kwargs)
 
         base.__init__ = counted  # type: ignore[method-assign]
@@ -79,20 +85,18 @@ class _Optimizers:
 
     def ends_iteration(self, opt: torch.optim.Optimizer) -> bool:
         """`opt` has stepped: whether every optimizer of the loop has now."""
+        self.steps += 1
         self.live.add(opt)  # one built before the script's run, or without the base __init__
-        self.ever.add(opt)
+        self.last[opt] = self.steps
         self.this_iteration.add(opt)
-        self.steps_since += 1
-        waiting = [o for o in self.live if o not in self.this_iteration]
-        if waiting and self.steps_since >= self.IDLE:
-            for o in [o for o in waiting if o not in self.ever]:
-                self.live.discard(o)
-                self.idle.append(type(o).__name__)
-            waiting = [o for o in self.live if o not in self.this_iteration]
-        if waiting:
+        # Not stepped while the others stepped IDLE times: never used, or left behind (a
+        # warm-up's optimizer).
+        for o in [o for o in self.live if self.steps - self.last.get(o, 0) >= self.IDLE]:
+            self.live.discard(o)
+            self.idle.append(type(o).__name__)
+        if any(o not in self.this_iteration for o in self.live):
             return False
         self.this_iteration = weakref.WeakSet()
-        self.steps_since = 0
         return True
 
 
@@ -104,7 +108,7 @@ def run_script(
     if not path.is_file():
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())
-    state = {"done": 0, "explicit": False, "stopped": False, "backwards": 0}
+    state: dict[str, Any] = {"done": 0, "explicit": False, "stopped": False, "updated_from": None}
     optimizers = _Optimizers()
 
     def advance() -> None:
@@ -137,15 +141,37 @@ def run_script(
         hooks = run.hooks
         hooks.after_step = after_optimizer_step
 
-        def after_backward(module: torch.nn.Module, args: Any) -> None:
-            # Without an optimizer, the first module called after a backward begins the next
-            # iteration (the update in between is the script's own code).
-            if state["explicit"] or optimizers.built or hooks.backwards == state["backwards"]:
-                return
-            state["backwards"] = hooks.backwards
-            advance()
+        params: list[torch.Tensor] = []
 
-        forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(after_backward)
+        def versions() -> list[tuple[int, int, int]]:
+            # An update in place bumps a parameter's version; one through `.data` does not, but
+            # the gradients it consumed are then reset (None, or zeroed in place).
+            return [
+                (p._version, id(p.grad), -1 if p.grad is None else p.grad._version) for p in params
+            ]
+
+        def after_backward() -> None:
+            if state["explicit"] or optimizers.built:
+                return
+            if not params:
+                params.extend(p for m in new_root_modules(before) for p in m.parameters())
+            state["updated_from"] = versions()
+
+        def iteration_boundary(module: torch.nn.Module, args: Any) -> None:
+            # Without an optimizer, an iteration ends where the parameters were updated in
+            # place since the last backward (the script's own update): the next module call.
+            # A micro-batch (no update yet) and a checkpoint's recompute (inside a backward)
+            # begin none.
+            seen = state["updated_from"]
+            if state["explicit"] or optimizers.built or hooks.depth or seen is None:
+                return
+            # Only the first module call after a backward decides.
+            state["updated_from"] = None
+            if versions() != seen:
+                advance()
+
+        hooks.after_backward = after_backward
+        forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(iteration_boundary)
         memtrace_trainer._MARK = mark
         sys.argv = [str(path), *argv]
         sys.path.insert(0, str(path.resolve().parent))
@@ -179,11 +205,15 @@ def run_script(
             sys.argv, sys.path[:] = saved_argv, saved_path
         run.models = new_root_modules(before)
         label_model_state(rec, run.models)
+        # The last update, with no module call after it, finished an iteration too.
+        seen = state["updated_from"]
+        if seen is not None and not state["stopped"] and versions() != seen:
+            state["done"] += 1
     if optimizers.idle:
         warn(
-            f"--script {path}: optimizers built but never stepped while the others stepped "
+            f"--script {path}: optimizers that did not step while the others stepped "
             f"{_Optimizers.IDLE} times ({', '.join(optimizers.idle)}) are not counted in the "
-            "loop's iterations"
+            "loop's iterations from then on"
         )
     if state["done"] < steps:
         if state["done"] == 0:

@@ -149,8 +149,13 @@ class PhaseHooks:
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
         self.optimizer_steps = 0
-        # Backward passes that returned: a script's loop without an optimizer counts by them.
+        # Outermost backward passes (and `autograd.grad` calls) that returned, and how deep the
+        # program is in one now: a reentrant checkpoint's recompute runs its own inside. A
+        # script's loop without an optimizer counts by them.
         self.backwards = 0
+        self.depth = 0
+        # Called after each outermost backward.
+        self.after_backward: Callable[[], None] | None = None
         self.optimizers: set[str] = set()
         # Called with the optimizer after each of its steps (a script counts its iterations).
         self.after_step: Callable[[torch.optim.Optimizer], None] | None = None
@@ -201,11 +206,16 @@ class PhaseHooks:
             # the code marks another: the optimizer hook, or the next step's forward.
             rec.marker(markers.phase("backward"))
             before, rec.category = rec.category, "activation"
+            self.depth += 1
             try:
                 out = original(*args, **kwargs)
             finally:
                 rec.category = before
-            self.backwards += 1
+                self.depth -= 1
+            if self.depth == 0:
+                self.backwards += 1
+                if self.after_backward is not None:
+                    self.after_backward()
             return out
 
         self._saved.append((torch.autograd, name, original))
