@@ -51,6 +51,8 @@ fn cuda_gemm_kernel(name: &str) -> bool {
     let Some((_, rest)) = name.split_once("wrapper_CUDA_") else { return false };
     let op = rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap_or("");
     let op = op.strip_suffix("_out_out").or_else(|| op.strip_suffix("_out")).unwrap_or(op);
+    // The output-dtype overloads (`mm.dtype`, `bmm.dtype`, `addmm.dtype`).
+    let op = op.strip_suffix("_dtype").unwrap_or(op);
     let op = op.strip_suffix('_').unwrap_or(op);
     CUBLAS_OPS.contains(&op)
 }
@@ -79,6 +81,7 @@ mod tests {
         check(&["at::(anonymous namespace)::wrapper_CUDA_bmm(at::Tensor const&)"], Some((true, false)));
         check(&["at::(anonymous namespace)::wrapper_CUDA_addmm_out_out(at::Tensor const&)"], Some((true, false)));
         check(&["at::(anonymous namespace)::wrapper_CUDA_addmm_(at::Tensor&)"], Some((true, false)));
+        check(&["at::(anonymous namespace)::wrapper_CUDA_mm_dtype(at::Tensor const&)"], Some((true, false)));
         // Not GEMMs: names that start like one.
         check(&["at::(anonymous namespace)::wrapper_CUDA_mul_Tensor(at::Tensor const&)"], Some((false, false)));
         check(&["at::(anonymous namespace)::wrapper_CUDA_mmx(at::Tensor const&)"], Some((false, false)));

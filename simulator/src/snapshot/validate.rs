@@ -405,13 +405,18 @@ impl Replay {
     fn run(mut self, entries: &[TraceEntry], start: &StartState) -> DeviceReport {
         let device = self.report.device;
         self.report.start_segments = start.device_segments(device).count();
-        let unsure: Vec<u64> =
-            start.unrecoverable.iter().filter(|u| u.device == device).filter_map(|u| u.addr).collect();
-        self.ambiguous = start
-            .device_segments(device)
-            .map(|s| (s.addr, s.addr + s.size))
-            .filter(|&(base, end)| unsure.iter().any(|&a| (base..end).contains(&a)))
-            .collect();
+        let segments: Vec<(u64, u64)> = start.device_segments(device).map(|s| (s.addr, s.addr + s.size)).collect();
+        let within = |a: u64| segments.iter().any(|&(base, end)| (base..end).contains(&a));
+        let unsure: Vec<Option<u64>> =
+            start.unrecoverable.iter().filter(|u| u.device == device).map(|u| u.addr).collect();
+        // What the rebuild could not place at all (no address, or in no start segment: an
+        // expandable reservation, a dropped block) may move any placement on the device.
+        self.ambiguous = if unsure.iter().any(|a| a.is_none_or(|a| !within(a))) {
+            vec![(0, u64::MAX)]
+        } else {
+            let held = |&(base, end): &(u64, u64)| unsure.iter().flatten().any(|&a| (base..end).contains(&a));
+            segments.iter().copied().filter(held).collect()
+        };
         let mut i = 0;
         while i < entries.len() {
             let e = &entries[i];
