@@ -441,10 +441,13 @@ fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Op
     std::io::BufRead::read_line(&mut std::io::BufReader::new(file), &mut first).ok()?;
     let header: serde_json::Value = serde_json::from_str(&first).ok()?;
     let meta = header.get("metadata")?;
-    let amp = job.amp.clone().unwrap_or_else(|| "fp32".into());
+    // Without autocast the regime is the parameters' own (bf16 for a bf16 model).
+    let amp = job.amp.clone().or_else(|| meta.get("param_dtype")?.as_str().map(str::to_string));
+    let amp = amp.filter(|a| a == "bf16" || a == "fp16" || job.amp.is_some()).unwrap_or_else(|| "fp32".into());
     let emulated = if job.plain_meta { "false" } else { "true" };
     let batch = job.batch_size.to_string();
     let wanted = [
+        ("model", job.model.as_str()),
         ("optimizer", job.optimizer.as_str()),
         ("amp", amp.as_str()),
         ("batch_size", batch.as_str()),
