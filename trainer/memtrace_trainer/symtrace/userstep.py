@@ -132,7 +132,10 @@ def cudnn_benchmark_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = before
+        # Only when changed: once a test harness calls `disable_global_flags`, any assignment
+        # raises, and a program that could change it could change it back.
+        if torch.backends.cudnn.benchmark != before:
+            torch.backends.cudnn.benchmark = before
 
 
 def _resolve(spec: Any) -> tuple[Any, str]:
