@@ -600,9 +600,9 @@ def test_a_scripts_allocator_settings_are_the_traces(tmp_path: Path) -> None:
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,garbage_collection_threshold:0.6"
     }, env
     assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == before  # the caller's again
-    import subprocess
+    from memtrace_trainer.binaries import run_tool
 
-    shown = subprocess.run(["memsim", "replay", str(out)], capture_output=True, text=True)
+    shown = run_tool("memsim", ["replay", str(out)])
     assert "expandable_segments:True" in shown.stdout, shown.stdout
     plain = tmp_path / "plain.jsonl"
     cli("symtrace", "--step", "step_examples:custom_optimizer", "--out", str(plain))
