@@ -436,26 +436,23 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 /// what the job asks for (`None` when they agree, or when the header cannot be read: the
 /// replay then says what is wrong with the file).
 fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(file), &mut first).ok()?;
-    let header: serde_json::Value = serde_json::from_str(&first).ok()?;
-    let meta = header.get("metadata")?;
+    use trace::metadata::{AMP, BATCH_SIZE, CUDA_EMULATION, MODEL, OPTIMIZER, PARAM_DTYPE, PROFILE};
+    let reader = trace::Reader::open(path).ok()?;
+    let h = reader.header();
     // Without autocast the regime is the parameters' own (bf16 for a bf16 model).
-    let amp = job.amp.clone().or_else(|| meta.get("param_dtype")?.as_str().map(str::to_string));
-    let amp = amp.filter(|a| a == "bf16" || a == "fp16" || job.amp.is_some()).unwrap_or_else(|| "fp32".into());
-    let emulated = if job.plain_meta { "false" } else { "true" };
+    let own = h.meta(&PARAM_DTYPE).filter(|d| *d == "bf16" || *d == "fp16").unwrap_or("fp32");
+    let amp = job.amp.as_deref().unwrap_or(own);
     let batch = job.batch_size.to_string();
     let wanted = [
-        ("model", job.model.as_str()),
-        ("optimizer", job.optimizer.as_str()),
-        ("amp", amp.as_str()),
-        ("batch_size", batch.as_str()),
-        ("cuda_emulation", emulated),
-        ("profile", profile),
+        (&MODEL, job.model.as_str()),
+        (&OPTIMIZER, job.optimizer.as_str()),
+        (&AMP, amp),
+        (&BATCH_SIZE, batch.as_str()),
+        (&CUDA_EMULATION, if job.plain_meta { "false" } else { "true" }),
+        (&PROFILE, profile),
     ];
     wanted.iter().find_map(|(key, want)| {
-        let got = meta.get(*key)?.as_str()?;
-        (got != *want).then(|| format!("{key} {got}, not {want}"))
+        let got = h.meta(key)?;
+        (got != *want).then(|| format!("{} {got}, not {want}", key.name))
     })
 }
