@@ -237,7 +237,6 @@ fn mib(b: u64) -> f64 {
     b as f64 / MIB
 }
 
-/// Run every estimator on one job.
 /// Warnings when the features (and the batch the baselines use) describe another job than the
 /// trace the headline replays: the two answers would then be of different jobs, side by side.
 fn other_job(t: &LoadedTrace, f: Option<&Features>, batch: Option<u64>) -> Vec<String> {
@@ -264,6 +263,29 @@ fn other_job(t: &LoadedTrace, f: Option<&Features>, batch: Option<u64>) -> Vec<S
     w
 }
 
+/// Warnings when the plain-meta trace (the FakeTensor baseline's) is of another job than the
+/// trace the headline replays: the model, the batch, the steps, the optimizer or the precision.
+fn other_plain_job(t: &LoadedTrace, p: &LoadedTrace) -> Vec<String> {
+    let keys = [&metadata::MODEL, &metadata::BATCH_SIZE, &metadata::GRAD_ACCUM, &metadata::OPTIMIZER, &metadata::AMP];
+    let differ: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| match (t.meta(k), p.meta(k)) {
+            (Some(a), Some(b)) if a != b => Some(format!("{} {b} there, {a} here", k.name)),
+            _ => None,
+        })
+        .collect();
+    if differ.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "--fake-trace {} is of another job than the trace {} ({}): the FakeTensor baseline describes that job",
+        p.path.display(),
+        t.path.display(),
+        differ.join(", ")
+    )]
+}
+
+/// Run every estimator on one job.
 pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let (profile, ppath) = input.profile;
     let t = input.trace;
@@ -284,6 +306,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let mut warnings = t.warnings();
     if let Some(p) = input.plain {
         warnings.extend(p.warnings());
+        warnings.extend(other_plain_job(t, p));
     }
     // The layers the trace ran, else the features', else what an older trace recorded: one
     // family for the report, the margin and the libraries.

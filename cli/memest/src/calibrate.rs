@@ -101,7 +101,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ("held_out_under_after".to_string(), pct(fit.after.under_fraction)),
         ];
         // Every row the runs came from, measured or not: all of them were looked at.
-        let rows = rows_by_dataset(records.iter().map(|r| r.id.as_str()));
+        let mut ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        // A constant this fit kept came from the profile's earlier calibration: the rows that
+        // one was fitted on stay in-sample, or `compare` would count them as held out.
+        if fit.train_mlp == 0 || fit.train_conv == 0 {
+            let old = estimators::calibrate::calibrated_ids(&profile.calibration)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", ppath.display()))?;
+            if !old.is_empty() {
+                eprintln!(
+                    "memest: note: {} of {}'s earlier [calibration.rows] are kept: the {} its earlier calibration \
+                     fitted are kept too",
+                    old.len(),
+                    ppath.display(),
+                    if fit.train_mlp == 0 { "context_mib and cublas_mib" } else { "cudnn_mib" }
+                );
+            }
+            ids.extend(old);
+        }
+        let rows = rows_by_dataset(ids.iter().map(String::as_str));
         let new_text = rewrite_profile(&text, &fit.outside, &provenance, &rows);
         // The rewritten profile must load, or nothing is written.
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;

@@ -190,11 +190,47 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
             v.capacity_mib
         );
     }
+    consistent(&view).map_err(|e| anyhow::anyhow!("{name}: {e} ({expected})"))?;
     let words = EstimateText::of(&view);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&words)?);
     } else {
         print!("{}", words.render());
+    }
+    Ok(())
+}
+
+/// The verdict's numbers agree with each other and with the estimate they name: a hand-edited or
+/// spliced file would otherwise be worded as though it held.
+fn consistent(view: &estimators::estimate_text::EstimateView) -> Result<(), String> {
+    let v = &view.verdict;
+    let h = &view.headline;
+    let (safe, point) = (format!("estimates.{h}.safe_mib"), format!("estimates.{h}.device_mib"));
+    if v.basis != safe && v.basis != point {
+        return Err(format!("field `verdict.basis` is {:?}: expected {safe:?} or {point:?} (the headline's)", v.basis));
+    }
+    // The JSON carries MiB to a tenth at least; a twentieth is rounding, more is another number.
+    let differ = |a: f64, b: f64| (a - b).abs() > 0.05;
+    let Some(Some(answer)) = view.estimates.get(h) else {
+        return Err(format!("field `estimates.{h}` is missing or null: the headline names it"));
+    };
+    if differ(v.point_mib, answer.device_mib) {
+        return Err(format!(
+            "field `verdict.point_mib` is {:.1} but `estimates.{h}.device_mib` is {:.1}",
+            v.point_mib, answer.device_mib
+        ));
+    }
+    if v.basis == point && differ(v.need_mib, v.point_mib) {
+        return Err(format!(
+            "field `verdict.need_mib` is {:.1} but the basis is the point, {:.1}",
+            v.need_mib, v.point_mib
+        ));
+    }
+    if v.need_mib + 0.05 < v.point_mib {
+        return Err(format!(
+            "field `verdict.need_mib` is {:.1}, below `verdict.point_mib` {:.1}: a safe number is never below the point",
+            v.need_mib, v.point_mib
+        ));
     }
     Ok(())
 }

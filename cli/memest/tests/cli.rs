@@ -52,6 +52,18 @@ fn estimate_json_contract() {
     assert_eq!(e["live_peak"]["device_mib"].as_f64().unwrap(), 4.0);
     assert_eq!(e["fake_tensor"]["device_mib"].as_f64().unwrap(), 3.0);
     assert_eq!(v["family"], "MLP");
+    assert!(!err.contains("another job"), "{err}");
+    // A plain trace of another job is said to be one.
+    let other = dir.path().join("other.jsonl");
+    let other_meta = [("batch_size", "64"), ("cuda_emulation", "false"), ("model", "resnet50")];
+    std::fs::write(&other, jsonl_trace(&other_meta, &[('a', 1, 3 * MIB)])).unwrap();
+    let o = other.to_str().unwrap();
+    let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &f, "--fake-trace", o, "--json"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("other.jsonl is of another job than the trace") && err.contains("batch_size 64 there, 8 here"),
+        "{err}"
+    );
     // Without a plain trace fake_tensor is null, with the reason.
     let (ok, out, _) = memest(&["estimate", "--trace", &t, "--features", &f, "--json"]);
     assert!(ok);
@@ -183,6 +195,33 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, negative.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("field `verdict.need_mib` is -5: expected a number of MiB >= 0"), "{code} {err}");
+    // Numbers that disagree with each other or with the estimate the headline names are refused.
+    let point = v["verdict"]["point_mib"].as_f64().unwrap();
+    let need = v["verdict"]["need_mib"].as_f64().unwrap();
+    for (field, value, says) in [
+        (
+            "basis",
+            serde_json::json!("estimates.horus.safe_mib"),
+            "field `verdict.basis` is \"estimates.horus.safe_mib\"",
+        ),
+        ("point_mib", serde_json::json!(point + 100.0), "but `estimates.symbolic.device_mib` is"),
+        ("need_mib", serde_json::json!(point + 50.0), "but the basis is the point"),
+    ] {
+        let mut spliced = v.clone();
+        if field == "need_mib" {
+            spliced["verdict"]["basis"] = serde_json::json!("estimates.symbolic.device_mib");
+        }
+        spliced["verdict"][field] = value;
+        std::fs::write(&est, spliced.to_string()).unwrap();
+        let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+        assert!(code == 2 && err.contains(says), "{field}: {code} {err}");
+    }
+    let mut below = v.clone();
+    below["estimates"]["symbolic"]["device_mib"] = serde_json::json!(need + 10.0);
+    below["verdict"]["point_mib"] = serde_json::json!(need + 10.0);
+    std::fs::write(&est, below.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("a safe number is never below the point"), "{code} {err}");
     // The words are of schema 2 alone: another version, or none, is refused.
     let mut later = v.clone();
     later["schema"] = serde_json::json!(3);
@@ -550,6 +589,17 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     let (ok, _, err) = memest(&["calibrate", r, "--write", o]);
     assert!(ok, "{err}");
     assert!(err.contains("[safety] margins are kept as they are, but they were fitted against"), "{err}");
+    // MLP runs alone refit context and cuBLAS; cuDNN's constant stays, and so do the rows it was
+    // fitted on, or `compare` would count them as held out.
+    assert!(err.contains("earlier [calibration.rows] are kept: the cudnn_mib"), "{err}");
+    let rows_of = |path: &std::path::Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let p = simulator::profile::Profile::parse(&text, path).unwrap();
+        estimators::calibrate::calibrated_ids(&p.calibration).unwrap()
+    };
+    let before = rows_of(&crate::common::repo().join("profiles/a100-40gb.toml"));
+    assert!(!before.is_empty());
+    assert_eq!(rows_of(&out), before);
     // A negative measured peak is refused where it is, not dropped in silence.
     let bad = runs_jsonl(2).replacen("\"truth_bytes\":", "\"truth_bytes\":-", 1);
     std::fs::write(&runs, bad).unwrap();

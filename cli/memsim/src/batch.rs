@@ -91,9 +91,9 @@ pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> 
                 }
             }
             Err(e) => {
-                eprintln!("memsim: error: {e:#}");
+                eprintln!("memsim: error: {}", crate::exit::chain_text(&e));
                 code = 2;
-                all.push(serde_json::json!({"file": file.display().to_string(), "error": format!("{e:#}")}));
+                all.push(serde_json::json!({"file": file.display().to_string(), "error": crate::exit::chain_text(&e)}));
             }
         }
     }

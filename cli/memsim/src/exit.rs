@@ -47,7 +47,7 @@ pub fn process_main(main: fn(std::env::ArgsOs) -> u8) -> ExitCode {
 
 /// The error chain on one line, as `{:#}` prints it, less the causes an error's own message
 /// already quotes (a `thiserror` message that says `{source}` and also names it its source).
-fn chain_text(e: &anyhow::Error) -> String {
+pub fn chain_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let said = cause.to_string();

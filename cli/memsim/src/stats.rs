@@ -58,6 +58,43 @@ pub fn run(a: Args) -> Result<u8> {
     batch::run(&a.files, a.json, |file| stats_one(&a, file, opts))
 }
 
+/// `--sm-count` and `--profile` only stand in for device facts the SM activity needs and the
+/// header lacks: said when a file needs neither.
+fn device_flags_without_effect(a: &Args, s: &TraceStats, util: &UtilizationReport) -> Vec<String> {
+    let mut out = Vec::new();
+    let flags: Vec<String> =
+        [a.sm_count.map(|n| format!("--sm-count {n}")), a.profile.as_ref().map(|p| format!("--profile {p}"))]
+            .into_iter()
+            .flatten()
+            .collect();
+    if flags.is_empty() {
+        return out;
+    }
+    if s.kernel_launches == 0 && s.kernel_exec_records == 0 {
+        out.push(format!(
+            "{} {} no effect: the trace records no kernel launch, so there is no SM activity to compute",
+            flags.join(" and "),
+            if flags.len() == 1 { "has" } else { "have" }
+        ));
+        return out;
+    }
+    if let (Some(n), Some(Source::Header)) = (a.sm_count, util.sm_count_source) {
+        let recorded = util.sm_count.map_or_else(|| "its".to_string(), |m| m.to_string());
+        out.push(format!("--sm-count {n} has no effect: the trace header records the GPU's {recorded} SMs"));
+    }
+    let fallback = |src: Option<Source>| src == Some(Source::Fallback);
+    let profile_sm = a.sm_count.is_none() && fallback(util.sm_count_source);
+    if let (Some(p), false) = (&a.profile, profile_sm || fallback(util.compute_capability_source)) {
+        let sm = if a.sm_count.is_some() {
+            "--sm-count wins over its SM count"
+        } else {
+            "the trace header records the SM count"
+        };
+        out.push(format!("--profile {p} has no effect: {sm}, and the header records the compute capability"));
+    }
+    out
+}
+
 /// One file's summary, rendered.
 fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let read = crate::input::for_each_record(
@@ -75,10 +112,7 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let (truncated, unknown) = read.summary.map_or((false, 0), |r| (r.truncated, r.unknown_skipped));
     let s = s.finish(truncated, unknown);
     let util = u.finish();
-    if let (Some(n), Some(Source::Header)) = (a.sm_count, util.sm_count_source) {
-        let recorded = util.sm_count.map_or_else(|| "its".to_string(), |m| m.to_string());
-        warnings.push(format!("--sm-count {n} has no effect: the trace header records the GPU's {recorded} SMs"));
-    }
+    warnings.extend(device_flags_without_effect(a, &s, &util));
     let mut out = Output::new(warnings.clone());
     if a.json {
         let mut v = serde_json::to_value(&s)?;

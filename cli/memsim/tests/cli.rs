@@ -1053,6 +1053,12 @@ fn a_large_trace_reads_the_same_on_a_decoding_thread() {
         assert_eq!(code, 2);
         let batch: Value = serde_json::from_str(&out).unwrap();
         assert!(batch[0]["error"].as_str().unwrap().contains(&at), "{cmd}: {batch}");
+        // Among several files an error's causes are said once each, as for one file.
+        let pickle = dir.path().join("bad.pickle");
+        std::fs::write(&pickle, b"garbage").unwrap();
+        let (code, _, err) = memsim(&[cmd, pickle.to_str().unwrap(), small]);
+        assert_eq!(code, 2);
+        assert_eq!(err.matches("unsupported opcode").count(), 1, "{cmd}: {err}");
     }
     assert_eq!(json(&["stats", big.to_str().unwrap(), "--json"])["events"], recs.len());
 }

@@ -191,4 +191,18 @@ fn sm_count_and_profile_fallbacks() {
     assert!(err.contains("--sm-count 50 has no effect: the trace header records the GPU's 4 SMs"), "{err}");
     let (code, _, err) = memsim(&["stats", path, "--sm-count", "0"]);
     assert_eq!(code, 2, "{err}");
+    // A profile standing in for nothing the header lacks, or for a trace with no kernel at all,
+    // is said to have no effect.
+    let (code, _, err) = memsim(&["stats", h.to_str().unwrap(), "--profile", "h200"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--profile h200 has no effect: the trace header records the SM count"), "{err}");
+    let (_, _, err) = memsim(&["stats", path, "--profile", "h200"]);
+    assert!(!err.contains("no effect"), "{err}");
+    let empty = write(dir.path(), "e.jsonl", None, &[]);
+    let (code, _, err) = memsim(&["stats", empty.to_str().unwrap(), "--profile", "h200", "--sm-count", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("--sm-count 8 and --profile h200 have no effect: the trace records no kernel launch"),
+        "{err}"
+    );
 }

@@ -133,10 +133,10 @@ fn at_peak(r: &Report) -> String {
     let _ = write!(s, "<h3>The {} largest allocations alive at the peak</h3>", r.top.len());
     s.push_str("<table><tr><th>MiB</th><th>block MiB</th><th>category</th><th>stream</th><th>where</th></tr>");
     for a in &r.top {
-        let wher = if a.frames.is_empty() {
+        let wher = if a.site.is_empty() {
             r#"<span class="muted">no stack in the trace</span>"#.to_string()
         } else {
-            a.frames.iter().take(3).map(|f| format!("<code>{}</code>", esc(f))).collect::<Vec<_>>().join("<br>")
+            a.site.iter().map(|f| format!("<code>{}</code>", esc(f))).collect::<Vec<_>>().join("<br>")
         };
         let _ = write!(
             s,

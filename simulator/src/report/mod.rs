@@ -5,6 +5,7 @@
 //! self-contained page.
 
 pub mod html;
+pub mod site;
 mod svg;
 
 use std::collections::HashMap;
@@ -64,14 +65,17 @@ pub struct LiveAlloc {
     pub category: String,
     /// Stream.
     pub stream: i64,
-    /// Source lines, innermost first (`file:line in function`), when the trace has stacks.
+    /// Source lines, innermost first (`file:line in function`), when the trace has stacks:
+    /// what PyTorch's memory viewer shows ([`site::viewer_keeps`]).
     pub frames: Vec<String>,
+    /// The few of them that say where in the program it was made ([`site::site`]).
+    pub site: Vec<String>,
 }
 
 /// Everything a report shows for one device.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// The device shown (the one with the most allocations).
+    /// The device shown: the one whose reserved peak is the trace's, which a verdict rests on.
     pub device: u32,
     /// Devices in the trace.
     pub devices: usize,
@@ -107,17 +111,35 @@ pub(crate) fn category_name(i: usize) -> &'static str {
     Category::ALL.get(i).map_or("other", |c| c.as_str())
 }
 
-/// The device with the most allocation records (0 when there are none).
-fn busiest_device(records: &[Record]) -> (u32, usize) {
-    let mut counts: HashMap<u32, usize> = HashMap::new();
-    for r in records {
-        if matches!(r.event, Event::Alloc(_)) {
-            *counts.entry(r.device.unwrap_or(0)).or_default() += 1;
+/// One device's curve from the first pass.
+#[derive(Default)]
+struct Curve {
+    samples: Vec<Sample>,
+    peak_allocated: u64,
+    peak_reserved: u64,
+    peak_at: u64,
+    last: Option<(u64, u64)>,
+    allocs: usize,
+}
+
+impl Curve {
+    fn observe(&mut self, at: u64, (reserved, allocated): (u64, u64), by_category: impl FnOnce() -> [u64; 7]) {
+        self.peak_reserved = self.peak_reserved.max(reserved);
+        if allocated > self.peak_allocated {
+            self.peak_allocated = allocated;
+            self.peak_at = at;
+        }
+        if self.last != Some((reserved, allocated)) {
+            self.last = Some((reserved, allocated));
+            self.samples.push(Sample { at, allocated, reserved, by_category: by_category() });
         }
     }
-    let devices = counts.len().max(1);
-    let best = counts.into_iter().max_by_key(|&(d, n)| (n, std::cmp::Reverse(d))).map_or(0, |(d, _)| d);
-    (best, devices)
+}
+
+/// The device the page shows: the one whose reserved peak is the trace's (the one a verdict's
+/// need rests on), the busier one on a tie, the lower ordinal after that.
+fn deciding_device(curves: &HashMap<u32, Curve>) -> u32 {
+    curves.iter().max_by_key(|&(d, c)| (c.peak_reserved, c.allocs, std::cmp::Reverse(*d))).map_or(0, |(d, _)| *d)
 }
 
 fn is_memory_event(e: &Event) -> bool {
@@ -148,12 +170,9 @@ fn downsample(samples: Vec<Sample>, records: u64, peak_at: u64) -> Vec<Sample> {
 /// Replays the records twice: once for the curve and the peak's position, once up to the peak
 /// for what is alive there and the segment map.
 pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Result<Report, ReplaySetupError> {
-    let (device, devices) = busiest_device(records);
     let mut rp = Replayer::new(header, opts.clone())?;
-    let mut samples = Vec::new();
+    let mut curves: HashMap<u32, Curve> = HashMap::new();
     let mut marks = Vec::new();
-    let (mut peak_allocated, mut peak_reserved, mut peak_at) = (0u64, 0u64, 0u64);
-    let mut last = (u64::MAX, u64::MAX);
     for (i, r) in records.iter().enumerate() {
         rp.observe(r);
         let at = i as u64;
@@ -163,19 +182,13 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
             }
             continue;
         }
-        if r.device.unwrap_or(0) != device || !is_memory_event(&r.event) {
+        if !is_memory_event(&r.event) {
             continue;
         }
-        let (reserved, allocated) = rp.current(device);
-        peak_reserved = peak_reserved.max(reserved);
-        if allocated > peak_allocated {
-            peak_allocated = allocated;
-            peak_at = at;
-        }
-        if (reserved, allocated) != last {
-            last = (reserved, allocated);
-            samples.push(Sample { at, allocated, reserved, by_category: rp.live_by_category(device) });
-        }
+        let device = r.device.unwrap_or(0);
+        let curve = curves.entry(device).or_default();
+        curve.allocs += usize::from(matches!(r.event, Event::Alloc(_)));
+        curve.observe(at, rp.current(device), || rp.live_by_category(device));
     }
     let has_categories = rp.has_categories();
     if marks.len() > MAX_MARKS {
@@ -183,18 +196,21 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
         marks.truncate(MAX_MARKS);
     }
     let total = records.len() as u64;
+    let devices = curves.values().filter(|c| c.allocs > 0).count().max(1);
+    let device = deciding_device(&curves);
+    let Curve { samples, peak_allocated, peak_reserved, peak_at, .. } = curves.remove(&device).unwrap_or_default();
     let samples = downsample(samples, total, peak_at);
 
     // Second pass, to the peak: the live allocations with their stacks, and the segments.
     let mut rp = Replayer::new(header, opts.clone())?;
-    let mut stacks: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut stacks: HashMap<u64, (Vec<String>, Vec<String>)> = HashMap::new();
     let mut live: HashMap<u64, (u64, i64, Option<u64>)> = HashMap::new();
     for r in records.iter().take(peak_at as usize + 1) {
         rp.observe(r);
         match &r.event {
             Event::Stack(s) => {
-                let frames = s.frames.iter().map(|f| format!("{}:{} in {}", f.filename, f.line, f.name)).collect();
-                stacks.insert(u64::from(s.id), frames);
+                let frames = s.frames.iter().filter(|f| site::viewer_keeps(f)).map(site::format).collect();
+                stacks.insert(u64::from(s.id), (frames, site::site(&s.frames)));
             }
             Event::Alloc(a)
                 if r.device.unwrap_or(0) == device
@@ -219,8 +235,8 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
             let name = category.map_or("other", |c| c.as_str()).to_string();
             block_categories.insert(model_addr, name.clone());
             let (size, stream, stack) = live.get(&trace_addr).copied().unwrap_or((block, 0, None));
-            let frames = stack.and_then(|s| stacks.get(&s).cloned()).unwrap_or_default();
-            LiveAlloc { size, block, category: name, stream, frames }
+            let (frames, site) = stack.and_then(|s| stacks.get(&s).cloned()).unwrap_or_default();
+            LiveAlloc { size, block, category: name, stream, frames, site }
         })
         .collect();
     top.sort_by(|a, b| b.block.cmp(&a.block).then(b.size.cmp(&a.size)));
