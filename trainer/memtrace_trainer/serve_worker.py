@@ -54,6 +54,10 @@ def answer(argv: list[str]) -> tuple[int, str]:
         return e.status, json.dumps(e.body())
     except UserError as e:
         return 400, _error(str(e), schema.field_in(str(e), argv))
+    except SystemExit as e:  # the user's code (the server's own never exits by raising)
+        message = str(UserCodeError("your code called sys.exit:", e))
+        return 400, _error(message, next((k for k in ("step", "entry", "script")
+                                          if getattr(args, k, None)), None))  # fmt: skip
     except Exception as e:  # the user's code or an internal fault: a JSON answer either way
         if (too_large := size_overflow(e)) is not None:
             huge = (

@@ -85,7 +85,7 @@ def user_function(spec: str, flag: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise UserError(f"{flag} {spec!r}: cannot import {module_name!r} ({e})") from None
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a module that exits on import, too
         raise UserCodeError(f"{flag} {spec!r}: importing {module_name} raised", e) from e
     func = getattr(module, func_name, None)
     if not callable(func):

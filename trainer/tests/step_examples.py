@@ -3,6 +3,7 @@ model, optimizer and data on `device` and returns `step()`, one iteration of the
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -343,6 +344,24 @@ def raises(device: Any) -> Any:
         model(torch.randn(4, 7, device=device))  # wrong width: the user's bug
 
     return step
+
+
+def exits(device: Any) -> Any:
+    """A step that ends the program (`sys.exit(0)`) in its second call."""
+    model = _mlp(device)
+    calls = [0]
+
+    def step() -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            sys.exit(0)
+        model(torch.randn(4, 256, device=device)).sum().backward()
+
+    return step
+
+
+def exits_building(device: Any) -> Any:
+    sys.exit(3)
 
 
 def allocates_nothing(device: Any) -> Any:

@@ -69,7 +69,7 @@ print(json.dumps({"schema": 2, "headline": "symbolic", "digest": h.hexdigest(),
 sys.exit(0 if fits else 1)
 """
 # Steps that misbehave: one never ends (it says where it runs and makes a temporary file
-# first), one raises, one kills its own process.
+# first), one raises, one kills its own process, one exits (sys.exit).
 SLOW_STEP = """
 import os, signal, tempfile, time
 from pathlib import Path
@@ -84,6 +84,9 @@ def fail(device):
 
 def die(device):
     os.kill(os.getpid(), signal.SIGKILL)
+
+def quit(device):
+    raise SystemExit(3)
 """
 
 
@@ -196,7 +199,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tools: Path) -> Iterator[Se
     srv = Server(["--socket", str(d / "serve.sock"), "--max-concurrency", "1", "--timeout",
                   str(TIMEOUT), "--allow-step", "slow_step:make", "--allow-step",
                   "step_examples:custom_optimizer", "--allow-step", "slow_step:fail",
-                  "--allow-step", "slow_step:die"], server_env(d, tools))  # fmt: skip
+                  "--allow-step", "slow_step:die", "--allow-step", "slow_step:quit"],
+                 server_env(d, tools))  # fmt: skip
     yield srv
     srv.stop()
 
@@ -340,6 +344,10 @@ def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
     assert (status, answer["field"]) == (400, "step"), answer
     assert "raised ValueError: boom" in answer["error"]
     assert "slow_step.py" in answer["error"]  # the user's frames, as the CLI prints them
+    # sys.exit in the user's code is theirs too, not an internal error.
+    status, answer = server.estimate({"step": "slow_step:quit"})
+    assert (status, answer["field"]) == (400, "step"), answer
+    assert "SystemExit: 3" in answer["error"] and "slow_step.py" in answer["error"]
     status, answer = server.estimate({"step": "slow_step:die"})
     assert status == 500 and "died without an answer (killed by signal 9)" in answer["error"]
     assert server.estimate({"model": MLP, "batch_size": 4})[0] == 200

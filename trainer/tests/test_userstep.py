@@ -281,6 +281,13 @@ def test_bad_steps_fail_clearly(tmp_path: Path) -> None:
     done, _ = symtrace(tmp_path, "asks_reserved", check=False)
     assert done.returncode == 2 and "memory_reserved" in done.stderr
     assert "(at " in done.stderr and "step_examples.py:" in done.stderr  # the caller's line
+    # sys.exit in the user's step is their code ending early, never the command's status (0
+    # read as "fits").
+    for step, says in [("exits", "step() raised in step 2 SystemExit: 0"),
+                       ("exits_building", "building the step raised SystemExit: 3")]:  # fmt: skip
+        done, _ = symtrace(tmp_path, step, check=False)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert "step_examples.py:" in done.stderr
     summary, _ = symtrace(tmp_path, "allocates_nothing")
     assert any("nothing was allocated" in w for w in summary["warnings"])
     done = cli("symtrace", "--step", "step_examples:nope", "--out", str(tmp_path / "x.jsonl"),

@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        # memtrace_trainer never exits by raising: this is the user's code (a model's forward, a
+        # loss) calling sys.exit, which must not pass for the command's own status (0: "fits").
+        print(f"error: {UserCodeError('your code called sys.exit:', e)}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `| head`: the reader is gone, which is not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -357,7 +357,7 @@ def load_entry(
     try:
         with device:
             result = func(**kwargs)
-    except Exception as e:  # the user's code: say whose, what it raised, and where
+    except (Exception, SystemExit) as e:  # the user's code: say whose, what it raised, and where
         raise UserCodeError(f"--entry {entry!r}: {func_name}() raised", e) from e
     if not isinstance(result, tuple) or len(result) != 3:
         raise UserError(f"--entry {entry!r}: expected (model, (inputs, target), loss_fn)")

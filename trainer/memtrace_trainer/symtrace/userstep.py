@@ -372,7 +372,7 @@ def _call(fn: Any, args: tuple[Any, ...], message: str, user_code: bool) -> Any:
         return fn(*args)
     except UserError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() in a step is the user's code ending early
         if not user_code:
             raise
         raise UserCodeError(message, e) from e
