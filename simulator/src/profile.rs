@@ -249,9 +249,13 @@ impl Profile {
         if self.gpu.total_memory == 0 {
             return bad("gpu.total_memory must be > 0 bytes".into());
         }
-        // Far above any GPU, and low enough that no sum of the profile's terms overflows.
-        if self.gpu.total_memory > 1 << 50 {
-            return bad(format!("gpu.total_memory = {}: more than 1 PiB; expected bytes", self.gpu.total_memory));
+        // Far above any GPU, and no more than a capacity given by hand may be
+        // (`trace::units::MAX_CAPACITY`).
+        if self.gpu.total_memory > trace::units::MAX_CAPACITY {
+            return bad(format!(
+                "gpu.total_memory = {}: more than 256 TiB, which no GPU holds; expected bytes",
+                self.gpu.total_memory
+            ));
         }
         if let Err(e) = parse_cublas_workspace_config(&self.workspace.cublas_workspace_config) {
             return bad(format!("workspace.cublas_workspace_config: {e}"));

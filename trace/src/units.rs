@@ -48,8 +48,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v.round() as u64)
 }
 
+/// The largest device capacity taken, 256 TiB: the allocator model's largest segment
+/// (`simulator::alloc::MAX_SEGMENT`). Past it a request no segment holds would fail at any
+/// capacity, and a verdict of "fits" beside it would contradict the replay.
+pub const MAX_CAPACITY: u64 = 1 << 48;
+
 /// A device capacity as users type it ([`parse_size`]): at least a MiB, since no GPU is smaller
-/// and a bare number is bytes (`--capacity 40` is far more likely a missing `GiB` than 40 B).
+/// and a bare number is bytes (`--capacity 40` is far more likely a missing `GiB` than 40 B);
+/// at most [`MAX_CAPACITY`].
 pub fn parse_capacity(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err(format!("invalid capacity {s:?}: a device holds more than 0 bytes (e.g. 40GiB)")),
@@ -61,6 +67,9 @@ pub fn parse_capacity(s: &str) -> Result<u64, String> {
         )),
         n if n < 1 << 20 => {
             Err(format!("invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (e.g. 40GiB)"))
+        }
+        n if n > MAX_CAPACITY => {
+            Err(format!("invalid capacity {s:?}: more than any GPU holds (memtrace models devices of up to 256 TiB)"))
         }
         n => Ok(n),
     }
@@ -78,6 +87,8 @@ mod tests {
         assert!(parse_capacity("40").unwrap_err().contains("did you mean 40GiB?"));
         let with_unit = parse_capacity("1KB").unwrap_err();
         assert!(with_unit.contains("less than a MiB") && !with_unit.contains("did you mean"), "{with_unit}");
+        assert_eq!(parse_capacity("256TiB"), Ok(MAX_CAPACITY));
+        assert!(parse_capacity("4000TiB").unwrap_err().contains("more than any GPU holds"));
         assert_eq!(parse_capacity("1MiB"), Ok(1 << 20));
     }
 

@@ -17,8 +17,9 @@ use super::version::TorchVersion;
 /// memory fraction's base.
 pub const DEFAULT_TOTAL_MEMORY: u64 = 80 << 30;
 /// Requests above this fail like a `cudaMalloc` that cannot be satisfied, even without a
-/// capacity, so synthetic addresses never overflow.
-pub const MAX_SEGMENT: u64 = 1 << 48;
+/// capacity, so synthetic addresses never overflow; no capacity above it is taken
+/// (`trace::units::MAX_CAPACITY`), so such a request never sits beside a "fits".
+pub const MAX_SEGMENT: u64 = trace::units::MAX_CAPACITY;
 /// First synthetic segment base; far from the 0x7f… range where recorded CUDA addresses live.
 const SYNTHETIC_BASE: u64 = 0x1000_0000_0000;
 const SEGMENT_ALIGN: u64 = 2 << 20;
