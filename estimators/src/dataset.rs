@@ -56,6 +56,29 @@ pub struct DatasetRow {
     pub activation: String,
     /// DCGM utilisation means (`Avg ...` columns).
     pub util: Utilization,
+    /// The run's other settings (`job` column: `seq_len`, `input_shape`, `checkpointing`, ...),
+    /// which the trainer traces the row with; empty where the dataset has none.
+    pub job: serde_json::Map<String, serde_json::Value>,
+    /// The profile of the GPU the run was measured on (`profile` column), where recorded.
+    pub profile: Option<String>,
+}
+
+/// Settings a `job` cell may not carry: the row's own columns (and the tracer's own switches)
+/// say them.
+const JOB_OWN_COLUMNS: [&str; 9] =
+    ["name", "model", "entry", "step", "batch_size", "optimizer", "amp", "profile", "no_cuda_emulation"];
+
+/// A `job` cell: a JSON object of the run's other settings.
+fn job_of(cell: &str) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {
+    let expected = "a JSON object of the run's other settings (e.g. {\"seq_len\": 128})";
+    let map = match serde_json::from_str::<serde_json::Value>(cell) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => return Err(format!("expected {expected}, got {cell:?}")),
+    };
+    if let Some(k) = map.keys().find(|k| JOB_OWN_COLUMNS.contains(&k.as_str())) {
+        return Err(format!("{k:?} is a column of its own; expected {expected}"));
+    }
+    Ok(map)
 }
 
 /// DCGM utilisation means of one run; `None` where the CSV says −1 (or any negative value: no
@@ -134,6 +157,8 @@ impl DatasetRow {
             depth,
             activation: activation.to_string(),
             util: Utilization::default(),
+            job: serde_json::Map::new(),
+            profile: None,
         }
     }
 
@@ -267,6 +292,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         opt_col("max_memory_reserved_mib"),
     );
     let (c_depth, c_activation, c_family) = (opt_col("Depth"), opt_col("Activation Function"), opt_col("family"));
+    let (c_job, c_profile) = (opt_col("job"), opt_col("profile"));
     let c_util = UTILIZATION_COLUMNS.map(opt_col);
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let mut rows = Vec::new();
@@ -394,6 +420,12 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
             depth: finite(c_depth, "Depth", "a finite number")?,
             activation: opt_cell(c_activation).unwrap_or("").to_string(),
             util: Utilization { gputl: util(0)?, gract: util(1)?, smact: util(2)?, smocc: util(3)?, fp32a: util(4)? },
+            job: opt_cell(c_job)
+                .map(job_of)
+                .transpose()
+                .map_err(|e| csv_err(path, row, "job", &e))?
+                .unwrap_or_default(),
+            profile: opt_cell(c_profile).map(str::to_string),
         });
     }
     if rows.is_empty() {

@@ -29,6 +29,8 @@ pub struct TraceJob {
     pub plain_meta: bool,
     /// The GPU profile to emulate (a name or a path); `None`: the trainer's default.
     pub profile: Option<String>,
+    /// The job's other settings (`symtrace --batch` keys: `seq_len`, `input_shape`, ...).
+    pub options: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What the trainer answered for one job.
@@ -195,7 +197,10 @@ fn run_once(
     let configs = configs_file(dir, worker);
     let mut text = String::new();
     for j in jobs {
-        let mut o = serde_json::json!({"name": j.name, "batch_size": j.batch_size, "optimizer": j.optimizer});
+        let mut o = serde_json::Value::Object(j.options.clone());
+        o["name"] = j.name.clone().into();
+        o["batch_size"] = j.batch_size.into();
+        o["optimizer"] = j.optimizer.clone().into();
         o[if j.entry { "entry" } else { "model" }] = serde_json::Value::String(j.model.clone());
         if let Some(amp) = &j.amp {
             o["amp"] = serde_json::Value::String(amp.clone());

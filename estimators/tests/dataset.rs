@@ -53,6 +53,33 @@ fn bad_csv_names_file_row_and_column() {
     check(&format!("{head}a,\"oops\",1,2,4,100\n"), "Activations-Params");
 }
 
+/// The trainer's `job` column carries a run's other settings (sequence length, input shape,
+/// checkpointing), so `compare` traces the job that was measured; a cell that is not an object
+/// of them is refused where it is.
+#[test]
+fn the_job_column_carries_the_runs_other_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("runs.csv");
+    let head = "Filename,Activations-Params,Total Activations,Total Parameters,Batch Size,Max GPU Memory (MiB),spec,profile,job\n";
+    let write = |job: &str| {
+        let cell = format!("\"{}\"", job.replace('"', "\"\""));
+        std::fs::write(&p, format!("{head}hf:gpt2,[],1,2,4,100,hf:gpt2,h200,{cell}\n")).unwrap();
+    };
+    write(r#"{"seq_len": 32, "checkpointing": "full"}"#);
+    let r = &load(&p, &[]).unwrap()[0];
+    assert_eq!(serde_json::Value::Object(r.job.clone()), serde_json::json!({"seq_len": 32, "checkpointing": "full"}));
+    assert_eq!(r.profile.as_deref(), Some("h200"));
+    write("");
+    assert!(load(&p, &[]).unwrap()[0].job.is_empty());
+    for (bad, says) in
+        [("[32]", "expected a JSON object"), (r#"{"batch_size": 8}"#, "\"batch_size\" is a column of its own")]
+    {
+        write(bad);
+        let e = load(&p, &[]).unwrap_err().to_string();
+        assert!(e.contains("runs.csv") && e.contains("job") && e.contains(says), "{bad}: {e}");
+    }
+}
+
 #[test]
 fn real_gpumemnet_files() {
     let check = |file: &str, rows: usize, family: Family, ooms: usize, zero_labels: usize| {

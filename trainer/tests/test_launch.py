@@ -166,12 +166,13 @@ GPU_LABELS = {
 }  # fmt: skip
 
 
-def dataset_row(tmp_path: Path, spec: str, labels: dict) -> dict[str, str]:
+def dataset_row(tmp_path: Path, spec: str, labels: dict, *extra: str) -> dict[str, str]:
     """The `dataset` row of one run directory as a GPU run writes it (labels.json made here:
     no GPU in CI)."""
     out = tmp_path / "runs" / "r1"
     out.parent.mkdir()
-    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out))
+    cli("run", "--model", spec, "--batch-size", "2", "--iterations", "1", "--out", str(out),
+        *extra)  # fmt: skip
     write_json(out / "labels.json", labels)
     csv_path = tmp_path / "d.csv"
     cli("dataset", str(tmp_path / "runs"), "--out", str(csv_path))
@@ -209,6 +210,24 @@ def test_dataset_finds_profiles_where_memsim_does(
     spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
     row = dataset_row(tmp_path, spec, GPU_LABELS)
     assert row["profile"] == "lab-a100", row["profile"]
+
+
+def test_dataset_rows_carry_the_runs_other_settings(tmp_path: Path) -> None:
+    """The `job` column holds what else shaped the run (sequence, input shape, checkpointing,
+    accumulation), so `memest compare` traces the job that was measured, not the spec's
+    defaults; a folder whose path says `partial-` is still read (only `.NAME.partial-*` run
+    directories are unfinished)."""
+    from memtrace_trainer.runs.dataset import job_cell
+
+    assert job_cell({"seq_len": 32, "checkpointing": True, "grad_accum": 1}) == (
+        '{"checkpointing": "full", "seq_len": 32}'
+    )
+    assert job_cell({"seq_len": None, "checkpointing": False, "grad_accum": 1}) == ""
+    root = tmp_path / "partial-data"
+    root.mkdir()
+    spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
+    row = dataset_row(root, spec, GPU_LABELS, "--grad-accum", "2")
+    assert json.loads(row["job"]) == {"grad_accum": 2}
 
 
 def test_dataset_names_a_damaged_label(tmp_path: Path) -> None:

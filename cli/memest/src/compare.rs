@@ -1,5 +1,6 @@
 //! `memest compare`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -103,7 +104,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     // Rows (and their traces) are named by the dataset file's stem: two files of one stem would
     // score one file's rows with the other's traces.
-    let mut stems: std::collections::BTreeMap<String, &PathBuf> = Default::default();
+    let mut stems: BTreeMap<String, &PathBuf> = Default::default();
     for d in &a.dataset {
         let stem = d.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         if let Some(other) = stems.insert(stem.clone(), d) {
@@ -186,6 +187,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
     }
+    // One profile traces and scores every row: runs measured on another GPU are said to be.
+    let pname = Profile::name_of(&ppath);
+    let mut elsewhere: BTreeMap<String, usize> = BTreeMap::new();
+    for (r, _) in &rows {
+        if let Some(p) = r.profile.as_deref().map(|p| Profile::name_of(Path::new(p))) {
+            if p != pname {
+                *elsewhere.entry(p).or_default() += 1;
+            }
+        }
+    }
+    if !elsewhere.is_empty() {
+        let list: Vec<String> = elsewhere.iter().map(|(p, n)| format!("{n} on {p}")).collect();
+        eprintln!(
+            "memest: warning: {} of the {} rows were measured on another GPU than --profile {pname} ({}, by the \
+             dataset's `profile` column): they are traced and judged as {pname}'s; compare them with their own \
+             --profile",
+            elsewhere.values().sum::<usize>(),
+            rows.len(),
+            list.join(", ")
+        );
+    }
     let unlabelled = rows.iter().filter(|(r, _)| r.truth.is_none()).count();
     if unlabelled == rows.len() {
         eprintln!(
@@ -213,6 +235,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             plain_meta: plain,
             // The runs' GPU: its library workspaces and attention backends are emulated.
             profile: Some(ppath.display().to_string()),
+            options: r.job.clone(),
         };
         jobs.push(job(false));
         if !a.no_fake_tensor {
@@ -316,7 +339,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     pb.finish_and_clear();
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
-    let mut truth_cols: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut truth_cols: BTreeMap<&str, usize> = Default::default();
     for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {
         *truth_cols.entry(r.truth_column).or_default() += 1;
     }

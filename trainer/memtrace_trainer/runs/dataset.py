@@ -41,7 +41,22 @@ COLUMNS = (
     "torch",
     "cuda",
     "profile",
+    "job",
 )
+# The run's settings beyond the spec, batch, optimizer and amp columns that shape its memory:
+# `memest compare` traces each row with them (`symtrace --batch` keys), or it would score
+# another job (gpt2 at its default sequence, a ResNet at 224x224 for one run at 64x64).
+JOB_KEYS = ("input_shape", "seq_len", "num_classes", "checkpointing", "grad_accum")
+_JOB_DEFAULTS: dict[str, Any] = {"checkpointing": False, "grad_accum": 1}
+
+
+def job_cell(config: dict[str, Any]) -> str:
+    """The `job` column: a JSON object of the run's non-default `JOB_KEYS`, empty when none."""
+    job = {k: config[k] for k in JOB_KEYS
+           if config.get(k) is not None and config.get(k) != _JOB_DEFAULTS.get(k)}  # fmt: skip
+    if job.get("checkpointing") is True:
+        job["checkpointing"] = "full"  # what `run --checkpointing` trains with
+    return json.dumps(job, sort_keys=True) if job else ""
 
 
 def _load(path: Path, name: str) -> dict[str, Any]:
@@ -146,14 +161,20 @@ def row_of(path: Path, known: list[str]) -> dict[str, str]:
         "torch": str(labels["torch"]),
         "cuda": labels.get("cuda") or "",
         "profile": config.get("profile") or profile_for_gpu(labels.get("gpu"), known),
+        "job": job_cell(config),
     }
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Finished run directories under `root` (temporary `.partial-` ones excluded)."""
+    """Finished run directories under `root` (temporary `.NAME.partial-*` ones excluded, by
+    their own name: a `root` whose path says `partial-` is still read)."""
     if not root.is_dir():
         raise UserError(f"dataset: {root} is not a directory")
-    found = {p.parent for p in root.rglob("labels.json") if "partial-" not in str(p.parent)}
+
+    def unfinished(run: Path) -> bool:
+        return any(".partial-" in part for part in run.relative_to(root).parts)
+
+    found = {p.parent for p in root.rglob("labels.json") if not unfinished(p.parent)}
     return sorted(p for p in found if all((p / f).is_file() for f in FILES))
 
 
