@@ -46,6 +46,19 @@ fn three_tensors() -> Vec<Record> {
     ]
 }
 
+/// A trace with no device allocation (a run that fell back to the CPU) is not a measurement
+/// of a job that needs nothing: said beside the verdict.
+#[test]
+fn a_trace_without_allocations_is_said_to_measure_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let says = "the trace holds no device allocation, so nothing was measured";
+    for (records, expect) in [(vec![], true), (three_tensors(), false)] {
+        let t = write_trace(dir.path(), "t.jsonl", &records);
+        let (code, _, err) = memsim(&["replay", t.to_str().unwrap(), "--profile", "a100-40gb"]);
+        assert_eq!((code, err.contains(says)), (0, expect), "{err}");
+    }
+}
+
 #[test]
 fn replay_json_contract() {
     let dir = tempfile::tempdir().unwrap();

@@ -95,15 +95,18 @@ def activation(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
 
 
-def from_dict(data: dict[str, Any]) -> ModelConfig:
-    """Inverse of `ModelConfig.to_dict`, with the family choosing the class."""
+def families() -> dict[str, type[ModelConfig]]:
+    """The config class of each synthetic family, by its name."""
     from memtrace_trainer.models.cnn import CNNConfig
     from memtrace_trainer.models.mlp import MLPConfig
     from memtrace_trainer.models.transformer import TransformerConfig
 
-    classes: dict[str, type[ModelConfig]] = {
-        c.family: c for c in (MLPConfig, CNNConfig, TransformerConfig)
-    }
+    return {c.family: c for c in (MLPConfig, CNNConfig, TransformerConfig)}
+
+
+def from_dict(data: dict[str, Any]) -> ModelConfig:
+    """Inverse of `ModelConfig.to_dict`, with the family choosing the class."""
+    classes = families()
     data = dict(data)
     family = data.pop("family", None)
     if family not in classes:
@@ -111,6 +114,8 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
             f"config field 'family' is {family!r}: expected one of {sorted(classes)}"
         )
     cls = classes[family]
+    # `sample` prints each config with its id; taking that line back is the config itself.
+    given_id = data.pop("id", None)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -122,4 +127,9 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
     except TypeError as e:
         raise InvalidConfig(f"{family} config: {e}") from None
     config.validate()
+    if given_id is not None and given_id != config.id:
+        from memtrace_trainer.notes import warn
+
+        warn(f"{family} config field 'id' is {given_id!r}, not this config's id {config.id!r} "
+             "(its fields were edited?): the id is ignored, the fields decide")  # fmt: skip
     return config
