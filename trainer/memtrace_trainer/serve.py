@@ -54,6 +54,17 @@ class Config:
     policy: Policy
 
 
+def kill_group(proc: multiprocessing.process.BaseProcess) -> None:
+    """The worker and every process in its group (it leads one: `serve_worker.work`), so what
+    the user's code started does not outlive its request; the worker alone where it has not
+    made its group yet."""
+    if proc.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.kill()
+
+
 def log(line: str) -> None:
     sys.stderr.write(f"serve: {line}\n")
     sys.stderr.flush()
@@ -133,7 +144,7 @@ class Service:
                 self.workers.add(proc)
             send.close()  # the worker's copy is the only one left: its exit is our EOF
             if not recv.poll(self.config.timeout):
-                proc.kill()
+                kill_group(proc)
                 raise RequestError(504, f"the estimate ran past this server's time limit of "
                                    f"{self.config.timeout:g} s (--timeout); its worker was "
                                    "stopped")  # fmt: skip
@@ -155,8 +166,8 @@ class Service:
                 # A worker that answered but does not exit (a thread the user's code left
                 # running) is not waited for past a few seconds.
                 proc.join(EXIT_SECONDS)
-                if proc.is_alive():
-                    proc.kill()
+                # Killed whether or not it exited: what it started goes with it.
+                kill_group(proc)
                 proc.join()
             recv.close()
             send.close()
@@ -168,7 +179,7 @@ class Service:
             self.stopping.set()
             for proc in self.workers:
                 with contextlib.suppress(Exception):
-                    proc.kill()
+                    kill_group(proc)
 
     def drain(self, seconds: float) -> bool:
         """Wait until no request is being handled; False if some still are after `seconds`."""

@@ -77,6 +77,10 @@ def answer(argv: list[str]) -> tuple[int, str]:
 def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
     """A worker's whole life: the estimate with every temporary file under `tmpdir` (the server
     removes it whatever happens here), its answer sent on `conn`."""
+    # A process group of its own: what the user's code starts (a DataLoader's workers, a
+    # subprocess) is stopped with the worker, not left running after its request.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = tmpdir
     try:

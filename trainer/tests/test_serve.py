@@ -71,12 +71,13 @@ sys.exit(0 if fits else 1)
 # Steps that misbehave: one never ends (it says where it runs and makes a temporary file
 # first), one raises, one kills its own process, one exits (sys.exit).
 SLOW_STEP = """
-import os, signal, tempfile, time
+import os, signal, subprocess, tempfile, time
 from pathlib import Path
 
 def make(device):
     fd, path = tempfile.mkstemp()
-    Path(os.environ["SLOW_STEP_MARK"]).write_text(f"{os.getpid()} {path}")
+    child = subprocess.Popen(["sleep", "600"])  # as a DataLoader's worker would be
+    Path(os.environ["SLOW_STEP_MARK"]).write_text(f"{os.getpid()} {path} {child.pid}")
     time.sleep(600)
 
 def fail(device):
@@ -417,9 +418,13 @@ def test_time_limit_and_concurrency_bound(server: Server, tools: Path) -> None:
     thread.join(60)
     assert slow["status"] == 504 and f"time limit of {TIMEOUT} s" in slow["answer"]["error"], slow
     assert TIMEOUT <= time.monotonic() - start < TIMEOUT + 30
-    # The worker is gone, and with it its temporary directory.
-    pid, tmp = mark.read_text().split()
+    # The worker is gone, and with it its temporary directory and what it started.
+    pid, tmp, child = mark.read_text().split()
     assert gone(int(pid)) and not Path(tmp).exists() and not Path(tmp).parent.exists()
+    deadline = time.monotonic() + 5  # SIGKILL is delivered, not waited for
+    while not gone(int(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(int(child)), "the worker's own child outlived its request"
     # The server goes on.
     status, answer = server.estimate({"model": MLP, "batch_size": 4})
     assert status == 200 and answer["verdict"]["fits"] is True

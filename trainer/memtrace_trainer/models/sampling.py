@@ -5,6 +5,7 @@ count: 100
 seed: 99
 fields:
   input_size: {min: 4, max: 4096}        # integers, both ends included
+  base_filters: {min: 8, max: 64, step: 8}   # every step-th value from min: 8, 16, ..., 64
   dropout: {min: 0.1, max: 0.5}          # floats when either end is a float
   architecture: [pyramid, uniform]       # a list: uniform choice
   output_size: {min: 1, max_ratio: 0.25, of: input_size}   # up to ratio x another field
@@ -13,17 +14,58 @@ fields:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.models.config import InvalidConfig, ModelConfig, from_dict
+from memtrace_trainer.models.config import (
+    ACTIVATIONS,
+    InvalidConfig,
+    ModelConfig,
+    families,
+    from_dict,
+)
 from memtrace_trainer.notes import warn
 
 MAX_REJECTIONS = 100
+RANGE_KEYS = ("min", "max", "step", "max_ratio", "of")
+RANGE_FORMS = "{min, max[, step]} or {min, max_ratio, of[, step]}"
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _range(spec: dict[str, Any], where: str) -> None:
+    """A range's own shape, whatever field it is for; a mapping is always a range (a fixed
+    mapping was handed on as a value and failed far from the sweep file)."""
+    unknown = sorted(set(spec) - set(RANGE_KEYS), key=str)
+    if unknown:
+        raise UserError(f"{where}: unknown range keys {unknown}: expected {RANGE_FORMS}")
+    if "min" not in spec or ("max" in spec) == ("max_ratio" in spec):
+        raise UserError(f"{where}: {spec} is not a range: expected {RANGE_FORMS}")
+    if ("of" in spec) != ("max_ratio" in spec):
+        raise UserError(f"{where}: max_ratio and of go together: expected {RANGE_FORMS}")
+    ends = [spec["min"], spec.get("max", spec.get("max_ratio"))]
+    if not all(_number(v) for v in ends):
+        raise UserError(f"{where}: expected numbers for min and max (or max_ratio), got {spec}")
+    if "max" in spec and spec["max"] < spec["min"]:
+        raise UserError(f"{where}: expected min <= max, got {spec}")
+    if "max_ratio" in spec and spec["max_ratio"] <= 0:
+        raise UserError(f"{where}: max_ratio {spec['max_ratio']!r}: expected a positive number")
+    step = spec.get("step")
+    if step is not None and not (_number(step) and step > 0):
+        raise UserError(f"{where}: step {step!r}: expected a positive number")
 
 
 def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> Any:
@@ -31,21 +73,107 @@ def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> An
         if not spec:
             raise UserError(f"{where}: empty choice list")
         return spec[rng.randrange(len(spec))]
-    if isinstance(spec, dict) and "min" in spec:
-        lo = spec["min"]
-        if "max_ratio" in spec:
-            ref = spec.get("of")
-            if ref not in drawn:
-                raise UserError(f"{where}: 'of' must name a field listed before it")
-            hi: Any = max(lo, int(drawn[ref] * spec["max_ratio"]))
+    if not isinstance(spec, dict):
+        return spec
+    _range(spec, where)
+    lo, step = spec["min"], spec.get("step")
+    if "max_ratio" in spec:
+        ref = spec["of"]
+        if ref not in drawn:
+            raise UserError(f"{where}: 'of' must name a field listed before it")
+        if not _number(drawn[ref]):
+            raise UserError(f"{where}: 'of' names {ref!r}, whose value {drawn[ref]!r} is not "
+                            "a number")  # fmt: skip
+        hi: Any = max(lo, int(drawn[ref] * spec["max_ratio"]))
+    else:
+        hi = spec["max"]
+    floats = any(isinstance(v, float) for v in (lo, hi, step))
+    if step is not None:
+        # Both ends included when max is a whole number of steps from min.
+        return lo + step * rng.randint(0, math.floor((hi - lo) / step + 1e-9))
+    return rng.uniform(lo, hi) if floats else rng.randint(lo, hi)
+
+
+# The values a categorical field takes: a value outside them made every draw holding it
+# infeasible, so it was silently never drawn.
+def _choices(family: str) -> dict[str, tuple[Any, ...]]:
+    from memtrace_trainer.models import cnn, mlp, transformer
+
+    acts = tuple(ACTIVATIONS)
+    return {
+        "mlp": {"architecture": mlp.ARCHITECTURES, "activation": acts},
+        "cnn": {"architecture": cnn.ARCHITECTURES, "activation": acts},
+        "transformer": {"activation": transformer.ACTIVATIONS},
+    }.get(family, {})
+
+
+_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+          type(None): "null"}  # fmt: skip
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    if typing.get_args(hint):  # `int | None`
+        return any(_accepts(h, value) for h in typing.get_args(hint))
+    checks = {int: _integer, float: _number, bool: lambda v: isinstance(v, bool),
+              str: lambda v: isinstance(v, str), type(None): lambda v: v is None}  # fmt: skip
+    return checks.get(hint, lambda _: True)(value)
+
+
+def _expected(hint: Any) -> str:
+    return " or ".join(_WORDS.get(h, str(h)) for h in (typing.get_args(hint) or (hint,)))
+
+
+def _check_value(value: Any, hint: Any, choices: tuple[Any, ...] | None, where: str) -> None:
+    if not _accepts(hint, value):
+        raise UserError(f"{where}: {value!r} is not {_expected(hint)}")
+    if choices is not None and value not in choices:
+        raise UserError(f"{where}: {value!r} is not one of {list(choices)}")
+
+
+def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
+    """Every field of a sweep against its family's config: names, the required ones, and each
+    value, choice or range end of the type the field takes. Draws are then infeasible only for
+    the reasons a config gives (`depth 0 < 1`), never for a field the family does not have."""
+    classes = families()
+    if family not in classes:
+        raise UserError(f"{source}: field 'family' is {family!r}: expected one of "
+                        f"{sorted(classes)}")  # fmt: skip
+    cls: type[ModelConfig] = classes[family]
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - set(known), key=str)
+    if unknown:
+        raise UserError(f"{source}: fields {unknown} are not {family} config fields: expected "
+                        f"some of {sorted(known)}")  # fmt: skip
+    missing = [n for n, f in known.items() if n not in fields and
+               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    if missing:
+        raise UserError(f"{source}: fields: a {family} config needs {missing} (no default)")
+    choices = _choices(family)
+    before: list[str] = []
+    for name, spec in fields.items():
+        where, hint = f"{source}: field {name!r}", hints[name]
+        if isinstance(spec, list):
+            if not spec:
+                raise UserError(f"{where}: empty choice list")
+            for i, v in enumerate(spec):
+                _check_value(v, hint, choices.get(name), f"{where}, choice {i + 1}")
+        elif isinstance(spec, dict):
+            _range(spec, where)
+            ints = not _accepts(hint, 0.5)
+            if not _accepts(hint, 1):
+                raise UserError(f"{where}: a range draws numbers; the field takes "
+                                f"{_expected(hint)}")  # fmt: skip
+            for key in ("min", "max", "step"):
+                if ints and key in spec and not _integer(spec[key]):
+                    raise UserError(f"{where}: {key} {spec[key]!r}: expected an integer "
+                                    "(the field takes integers)")  # fmt: skip
+            if "of" in spec and (spec["of"] not in before or not _accepts(hints[spec["of"]], 1)):
+                raise UserError(f"{where}: 'of' is {spec['of']!r}: expected a numeric field "
+                                f"listed before it ({before})")  # fmt: skip
         else:
-            hi = spec.get("max")
-        if not isinstance(lo, int | float) or not isinstance(hi, int | float) or hi < lo:
-            raise UserError(f"{where}: expected numbers with min <= max, got {spec}")
-        if isinstance(lo, float) or isinstance(hi, float):
-            return rng.uniform(lo, hi)
-        return rng.randint(lo, hi)
-    return spec
+            _check_value(spec, hint, choices.get(name), where)
+        before.append(name)
 
 
 def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[ModelConfig]:
@@ -55,11 +183,13 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
         if key not in sweep:
             raise UserError(f"{source}: missing field {key!r}")
     count = sweep["count"]
-    if not isinstance(count, int) or count < 0:
+    if not _integer(count) or count < 0:
         raise UserError(f"{source}: field 'count' is {count!r}: expected an integer >= 0")
+    check_seed(sweep, source)
     fields = sweep["fields"]
     if not isinstance(fields, dict):
         raise UserError(f"{source}: field 'fields' must be a mapping of field -> range")
+    check_fields(sweep["family"], fields, source)
     rng = random.Random(sweep.get("seed", 0) if seed is None else seed)
     configs: list[ModelConfig] = []
     rejected = 0
@@ -77,6 +207,12 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
                     f"{source}: {MAX_REJECTIONS} draws in a row were infeasible; last: {e}"
                 ) from None
     return configs
+
+
+def check_seed(sweep: dict[str, Any], source: str) -> None:
+    seed = sweep.get("seed", 0)
+    if not _integer(seed):
+        raise UserError(f"{source}: field 'seed' is {seed!r}: expected an integer")
 
 
 def read_sweep(path: Path) -> dict[str, Any]:
