@@ -296,6 +296,7 @@ def test_health_and_schema(server: Server) -> None:
         ({"model": MLP, "batch_size": 4, "json": False}, 400, "json", "JSON only"),
         ({"model": MLP, "batch_size": 4, "qlora": True}, 400, "qlora", "--qlora: synthetic"),
         ({"model": "synthetic:{}", "batch_size": 2}, 400, "model", "config field 'family'"),
+        ({"model": "dlrm:bad", "batch_size": 2}, 400, "model", "unknown DLRM size 'bad'"),
         ({"model": MLP, "batch_size": 4, "optimizer": ""}, 400, "optimizer", "--optimizer ''"),
         ({"model": MLP, "batch_size": 4, "profile": ""}, 400, "profile", "--profile ''"),
         ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import multiprocessing
 import sys
@@ -99,12 +100,36 @@ def _dataset_keys(path: Path, limit: int | None) -> list[str]:
     return keys[:limit] if limit is not None else keys
 
 
-def _done_keys(out: Path, header: list[str], said: dict[str, str]) -> set[str]:
+def _complete_part(out: Path) -> tuple[str, bool]:
+    """The text of `out` up to its last complete row, and whether a row after it was cut by an
+    interruption (no line end after it: rows appended to it made one row of two)."""
+    text = out.read_text(newline="") if out.is_file() else ""
+    if not text or text.endswith("\n"):
+        return text, False
+    # The end of the last complete record: csv pulls lines, and a quoted cell may hold some.
+    lines = text.splitlines(keepends=True)
+    pulled = [0]
+
+    def feed() -> Iterator[str]:
+        for line in lines:
+            pulled[0] += len(line)
+            yield line
+
+    kept = 0
+    for _ in csv.reader(feed()):
+        if pulled[0] == len(text):
+            break  # the cut record itself
+        kept = pulled[0]
+    return text[:kept], True
+
+
+def _done_keys(text: str, out: Path, header: list[str], said: dict[str, str]) -> set[str]:
     """Keys already written by an earlier run of the same columns and settings (the resume
-    point). Rows of other settings are refused: a file mixing them would train on both."""
-    if not out.exists() or out.stat().st_size == 0:
+    point), from the complete rows `text` of `out`. Rows of other settings are refused: a file
+    mixing them would train on both."""
+    if not text:
         return set()
-    with out.open(newline="") as f:
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         found = next(reader, None)
         if found != header:
@@ -142,22 +167,42 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
     if args.out is None:
         raise UserError("--gpumemnet needs --out OUT.csv")
-    # Said before any row is computed, not after all of them.
-    if not args.out.parent.is_dir():
-        raise UserError(f"--out {args.out}: no directory {args.out.parent} to write it in")
+    if args.out.is_dir():
+        raise UserError(f"--out {args.out}: is a directory (expected a CSV file to write)")
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected at least 1")
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: expected at least 1")
     header = [KEY, "status", "error", *SETTINGS, *COLUMNS]
     keys = _dataset_keys(args.gpumemnet, args.limit)
-    done = _done_keys(args.out, header, _said(settings))
-    todo = list(dict.fromkeys(k for k in keys if k not in done))
+    complete, cut = _complete_part(args.out)
+    done = _done_keys(complete, args.out, header, _said(settings))
+    unique = list(dict.fromkeys(keys))
+    todo = [k for k in unique if k not in done]
+    repeated = len(keys) - len(unique)
+    if repeated:
+        from memtrace_trainer.notes import warn
+
+        warn(f"{args.gpumemnet}: {repeated} rows repeat a Filename of an earlier row: each "
+             f"Filename is one row of {args.out}, computed once")  # fmt: skip
     print(
-        f"kernel-stats: {len(keys)} rows in {args.gpumemnet}, {len(keys) - len(todo)} already "
-        f"in {args.out}, {len(todo)} to do with {args.jobs} job(s)",
+        f"kernel-stats: {len(keys)} rows in {args.gpumemnet}"
+        + (f" ({len(unique)} distinct Filenames)" if repeated else "")
+        + f", {len(unique) - len(todo)} already in {args.out}, {len(todo)} to do with "
+        f"{args.jobs} job(s)",
         file=sys.stderr,
     )
+    # Said before any row is computed, not after all of them: `mkdir -p`, as `run --out` does.
+    from memtrace_trainer.runs.rundir import make_parents
+
+    make_parents(args.out)
+    if cut:
+        from memtrace_trainer.notes import warn
+
+        warn(f"--out {args.out}: its last row was cut short (an interrupted run): removed, and "
+             "computed again")  # fmt: skip
+        with args.out.open("r+", newline="") as f:
+            f.truncate(len(complete.encode()))
     fresh = not args.out.exists() or args.out.stat().st_size == 0
     start = last = time.monotonic()
     errors = 0

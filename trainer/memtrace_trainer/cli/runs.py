@@ -84,6 +84,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "machine)",
     )
     la.add_argument("--wait", action="store_true", help="slurm: wait for the array to finish")
+    la.add_argument(
+        "--resubmit",
+        action="store_true",
+        help="slurm: submit again the runs submitted before whose jobs have not finished them "
+        "(OUT/submitit/jobs.json; default: leave them to those jobs)",
+    )
 
     d = sub.add_parser(
         "dataset",
@@ -205,58 +211,94 @@ def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
             ("--array-parallelism", args.array_parallelism),
             ("--submitit-cluster", args.submitit_cluster),
             ("--wait", args.wait or None),
+            ("--resubmit", args.resubmit or None),
         ]
         why = "--backend local runs here, one worker per GPU"
     else:
         given = [("--workers", args.workers)]
         why = "--backend slurm runs one array task per run"
-    return [f"{flag} has no effect: {why}" for flag, v in given if v is not None]
+    said = [f"{flag} has no effect: {why}" for flag, v in given if v is not None]
+    cluster = args.submitit_cluster
+    if args.backend == "slurm" and cluster in ("local", "debug"):
+        # submitit hands the partition and the array limit to sbatch alone.
+        said += [f"{flag} has no effect: --submitit-cluster {cluster} runs the array on this "
+                 "machine, outside Slurm" for flag, v in (("--partition", args.partition),
+                 ("--array-parallelism", args.array_parallelism)) if v is not None]  # fmt: skip
+    return said
 
 
 def _launch(args: argparse.Namespace) -> int:
     from memtrace_trainer.runs.launch import (
         MANIFEST,
+        check_manifest,
         launch_local,
         launch_slurm,
+        out_lock,
+        preflight,
         require_submitit,
         status_of,
+        submitted_jobs,
     )
     from memtrace_trainer.runs.sweep import load_sweep, write_manifest
 
     items = load_sweep(args.sweep)
     for w in _launch_flags_without_effect(args):
         warn(w)
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out}: exists and is not a directory")
+    cluster = args.submitit_cluster or "slurm"
+    # Everything is checked before the first run (and by --dry-run); CUDA only where the runs
+    # are to run: a Slurm login node without a GPU sends them to nodes with one.
+    preflight(items, str(args.sweep), here=args.backend == "local" or cluster != "slurm")
     if args.dry_run:
+        check_manifest(args.out, items, args.sweep)
+        submitted = submitted_jobs(args.out)
         for it in items:
             c = it.config
             print(
-                f"{it.index:5d}  {c.id}  {status_of(args.out, it):13s}  "
+                f"{it.index:5d}  {c.id}  {status_of(args.out, it, submitted):13s}  "
                 f"{c.model or 'entry:' + str(c.entry)}  batch {c.batch_size}"
             )
         print(f"{len(items)} configs (dry run: nothing was run)", file=sys.stderr)
         return 0
-    cluster = args.submitit_cluster or "slurm"
     if args.backend == "slurm":
         require_submitit(cluster)  # before anything is written
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_manifest(args.out / MANIFEST, items)
-    if args.backend == "local":
-        progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0)
-    else:
-        progress = launch_slurm(
-            args.out,
-            items,
-            cluster,
-            args.partition,
-            args.timeout_min,
-            args.array_parallelism or 64,
-            args.wait,
-        )
+    with out_lock(args.out):
+        check_manifest(args.out, items, args.sweep)
+        write_manifest(args.out / MANIFEST, items)
+        if args.backend == "local":
+            progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0)
+        else:
+            progress = launch_slurm(args.out, items, cluster, args.partition, args.timeout_min,
+                                    args.array_parallelism or 64, args.wait,
+                                    args.resubmit)  # fmt: skip
     print(progress.line(), file=sys.stderr)
+    _say_cpu_fallbacks(args.out, items)
     if progress.failed:
+        causes = list(progress.causes.items())
+        for run_id, cause in causes[:SHOWN_FAILURES]:
+            print(f"launch: failed {run_id}: {cause}", file=sys.stderr)
+        if len(causes) > SHOWN_FAILURES:
+            print(f"launch: ... and {len(causes) - SHOWN_FAILURES} more", file=sys.stderr)
         warn(f"{progress.failed} runs failed: see {args.out / 'failed'}/ (a rerun retries them)")
         return 1
     return 0
+
+
+SHOWN_FAILURES = 20
+
+
+def _say_cpu_fallbacks(out: Path, items: list) -> None:
+    """A sweep that trained on the CPU has no GPU labels: said in its summary, not only in
+    each run's log."""
+    from memtrace_trainer.runs.launch import cpu_fallbacks
+
+    fallback, finished = cpu_fallbacks(out, items)
+    if not fallback:
+        return
+    which = f"all {finished}" if fallback == finished else f"{fallback} of {finished}"
+    warn(f"{which} finished runs in {out} trained on the CPU (CPU FALLBACK): their CUDA labels "
+         "are null, and `dataset` leaves them out unless --include-cpu")  # fmt: skip
 
 
 def _dataset(args: argparse.Namespace) -> None:

@@ -145,8 +145,10 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
     if unknown:
         raise UserError(f"{source}: fields {unknown} are not {family} config fields: expected "
                         f"some of {sorted(known)}")  # fmt: skip
-    missing = [n for n, f in known.items() if n not in fields and
-               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    unset = dataclasses.MISSING
+    missing = [
+        n for n, f in known.items() if n not in fields and unset is f.default is f.default_factory
+    ]
     if missing:
         raise UserError(f"{source}: fields: a {family} config needs {missing} (no default)")
     choices = _choices(family)

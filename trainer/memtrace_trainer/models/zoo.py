@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +221,16 @@ def build_workload(
         _ignored("--task", tune.task, f"{spec} is not a Hugging Face model")
         _ignored("--attn", tune.attn, f"{spec} is not a Hugging Face model")
     tune = Tune(tune.task, tune.attn, num_classes, tune.regime)
-    workload = _build(spec, source, name, batch_size, shape, seq_len, num_classes, device, tune)
+    try:
+        workload = _build(spec, source, name, batch_size, shape, seq_len, num_classes, device, tune)
+    except UserCodeError:
+        raise
+    except UserError as e:
+        # A spec's own words (`unknown DLRM size 'bad'`, a config file's field) name no flag:
+        # the spec is what the user gave, and `serve` names the request's field by it.
+        if re.search(r"--[a-z]", str(e)):
+            raise
+        raise UserError(f"--model {spec!r}: {e}") from None
     if source not in ("hf", "hf-config") and tune.regime.active:
         workload = tuned(workload, tune.regime)
     if source in ("torchvision", "timm") and num_classes is None:

@@ -2,27 +2,37 @@
 
 Every backend calls the same `run_one(index, manifest)`: it runs one manifest line into
 `OUT/runs/<id>/`, or records the failure in `OUT/failed/<id>.json`. A run directory exists only
-once complete, so rerunning `launch` skips finished runs and retries failed ones.
+once complete, so rerunning `launch` skips finished runs and retries failed ones. One `launch`
+at a time writes into an OUT (`OUT/.launch.lock`); the Slurm backend records what it submitted
+(`OUT/submitit/jobs.json`) and does not submit a run again while its job may still run it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import queue
 import shutil
 import subprocess
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.rundir import execute, is_complete, write_json
 from memtrace_trainer.runs.sweep import Item, read_manifest
 
 MANIFEST = "manifest.jsonl"
+LOCK = ".launch.lock"
+JOBS = Path("submitit") / "jobs.json"
 
 
 def run_dir(out: Path, item: Item) -> Path:
@@ -33,12 +43,19 @@ def failure_file(out: Path, item: Item) -> Path:
     return out / "failed" / f"{item.config.id}.json"
 
 
-def run_one(index: int, manifest: str | Path) -> dict[str, Any]:
+def run_one(index: int, manifest: str | Path, run_id: str | None = None) -> dict[str, Any]:
     """Runs manifest line `index` (0-based) into the manifest's directory. Never raises for a
-    failing run: the failure is written to `failed/<id>.json` and returned."""
+    failing run: the failure is written to `failed/<id>.json` and returned. With `run_id` (what
+    an array task was submitted for), the run of that id, wherever a later, grown manifest put
+    it."""
     manifest = Path(manifest)
     out = manifest.parent
     items = read_manifest(manifest)
+    by_id = [it for it in items if it.config.id == run_id]
+    if by_id:
+        index = by_id[0].index
+    elif run_id is not None:
+        raise UserError(f"run_one: run {run_id} is no longer in {manifest}")
     if not 0 <= index < len(items):
         raise UserError(f"run_one: index {index} out of range: {manifest} has {len(items)} runs")
     item = items[index]
@@ -51,6 +68,10 @@ def run_one(index: int, manifest: str | Path) -> dict[str, Any]:
     try:
         labels = execute(item.config, target, trace=item.trace)
     except Exception as e:  # recorded, and the sweep goes on
+        if is_complete(target):
+            # Another worker (a second launch, a resubmitted task) finished the same run first;
+            # ours lost the rename. The run is there: not a failure.
+            return base | {"status": "present"}
         error = f"{type(e).__name__}: {e}"
         failed.parent.mkdir(parents=True, exist_ok=True)
         write_json(failed, base | {"error": error, "traceback": traceback.format_exc()})
@@ -69,6 +90,8 @@ class Progress:
     done: int = 0
     failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The cause of each run that failed in this launch, by id (one line each).
+    causes: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
         remaining = self.total - self.present - self.done - self.failed
@@ -77,10 +100,11 @@ class Progress:
             f"({self.present} present before), {self.failed} failed, {remaining} remaining"
         )
 
-    def update(self, status: str, what: str) -> None:
+    def update(self, status: str, what: str, cause: str = "") -> None:
         with self.lock:
             if status == "failed":
                 self.failed += 1
+                self.causes[what] = cause.strip().splitlines()[0] if cause.strip() else "?"
             else:
                 self.done += 1
             if self.stream.isatty():
@@ -92,10 +116,143 @@ class Progress:
             self.stream.flush()
 
 
-def status_of(out: Path, item: Item) -> str:
+def status_of(out: Path, item: Item, submitted: dict[str, str] | None = None) -> str:
     if is_complete(run_dir(out, item)):
         return "present"
+    if submitted and item.config.id in submitted:
+        return "submitted"
     return "failed-before" if failure_file(out, item).is_file() else "pending"
+
+
+def failure_cause(out: Path, item: Item) -> str:
+    """The recorded error of a failed run (its first line), for the summary."""
+    try:
+        error = json.loads(failure_file(out, item).read_text())["error"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable failure record"
+    return str(error).strip().splitlines()[0] if str(error).strip() else "?"
+
+
+@contextlib.contextmanager
+def out_lock(out: Path) -> Iterator[None]:
+    """Holds `OUT/.launch.lock` while a launch writes into OUT: a second launch of the same OUT
+    ran every pending run again beside the first, and the loser of each race recorded a finished
+    run as failed."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot create the directory ({e.strerror})") from None
+    path = out / LOCK
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise UserError(
+                f"--out {out}: another launch (pid {holder}) is writing into it ({path} is "
+                "locked); wait for it to finish, or pick another --out"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_manifest(out: Path, items: list[Item], sweep: Path) -> None:
+    """Refuses an OUT that holds another sweep's manifest: writing ours over it mixed the two
+    sweeps' runs in one folder. A sweep that grew (every old run still in it) may go on."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        old = read_manifest(path)
+    except UserError as e:
+        raise UserError(f"--out {out}: holds a manifest this launch cannot read ({e}); pick "
+                        "another --out") from None  # fmt: skip
+    ids = {it.config.id for it in items}
+    gone = [it.config.id for it in old if it.config.id not in ids]
+    if gone:
+        raise UserError(
+            f"--out {out}: holds {path.name} of another sweep: {len(gone)} of its {len(old)} "
+            f"runs (e.g. {gone[0]}) are not in {sweep}; launching would mix the two sweeps' "
+            "runs in one folder. Pick another --out (or remove the manifest to keep the old "
+            "runs beside the new ones)"
+        )
+
+
+def submitted_jobs(out: Path) -> dict[str, str]:
+    """Run id -> job of the runs submitted to Slurm that have not finished: neither their run
+    directory nor a failure recorded since their submission exists."""
+    path = out / JOBS
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+        found = {str(e["id"]): (str(e["job"]), float(e.get("submitted", 0))) for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: expected a list of {{index, id, job, submitted}} ({e}); "
+                        "remove it to submit every unfinished run again") from None  # fmt: skip
+    unfinished = {}
+    for run_id, (job, when) in found.items():
+        if is_complete(out / "runs" / run_id):
+            continue
+        failed = out / "failed" / f"{run_id}.json"
+        if failed.is_file() and failed.stat().st_mtime >= when:
+            continue
+        unfinished[run_id] = job
+    return unfinished
+
+
+def preflight(items: list[Item], source: str, here: bool) -> None:
+    """What would fail every run of a kind, said before any runs: a model spec that does not
+    build (each distinct one built once on meta, as each run's features are), an entry that does
+    not import, `device: cuda` on a machine without CUDA when the runs are to run here."""
+    import torch
+
+    from memtrace_trainer.runs.train import build
+    from memtrace_trainer.workload import user_function
+
+    cuda = [it for it in items if it.config.device == "cuda"]
+    if here and cuda and not torch.cuda.is_available():
+        raise UserError(
+            f"{source}: {len(cuda)} runs ask for device cuda (run {cuda[0].index}, "
+            f"{cuda[0].config.id}), and this machine has no CUDA device "
+            "(torch.cuda.is_available() is False): give device auto (a CPU fallback) or cpu"
+        )
+    seen: set[tuple[Any, ...]] = set()
+    for it in items:
+        c = it.config
+        key = (c.entry,) if c.entry else (c.model, c.input_shape, c.seq_len, c.num_classes)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            if c.entry:
+                user_function(c.entry, "entry")  # its function runs in the run alone
+            else:
+                build(c, torch.device("meta"))
+        except UserError as e:
+            raise UserError(f"{source}: run {it.index} ({c.model or c.entry}): {e}") from None
+
+
+def cpu_fallbacks(out: Path, items: list[Item]) -> tuple[int, int]:
+    """(CPU-fallback runs, finished runs) of the sweep, from their labels."""
+    finished = fallback = 0
+    for it in items:
+        target = run_dir(out, it)
+        if not is_complete(target):
+            continue
+        finished += 1
+        try:
+            fallback += bool(json.loads((target / "labels.json").read_text()).get("cpu_fallback"))
+        except (OSError, ValueError, AttributeError):
+            pass  # a damaged label is `dataset`'s to name
+    return fallback, finished
 
 
 def _slots(workers: int | None) -> list[dict[str, str]]:
@@ -182,7 +339,8 @@ def launch_local(
             except Exception as e:  # this worker goes on with the queue; the run is failed
                 _record_failure(out, item, f"launching its worker failed: {type(e).__name__}: {e}")
                 status, what = "failed", item.config.id
-            progress.update(status, what)
+            cause = failure_cause(out, item) if status == "failed" else ""
+            progress.update(status, what, cause)
 
     threads = [threading.Thread(target=worker, args=(env,)) for env in slots]
     for t in threads:
@@ -243,27 +401,42 @@ def launch_slurm(
     timeout_min: int,
     parallelism: int,
     wait: bool,
+    resubmit: bool = False,
 ) -> Progress:
-    """Submits the runs not yet present as one job array through submitit."""
+    """Submits the runs not yet present as one job array through submitit; runs submitted
+    before whose jobs have not finished them are left to those jobs unless `resubmit`."""
     submitit = require_submitit(cluster)
     pending = [it for it in items if not is_complete(run_dir(out, it))]
     progress = Progress(len(items), len(items) - len(pending))
+    earlier = submitted_jobs(out)
+    held = [it for it in pending if it.config.id in earlier]
+    if held and not resubmit:
+        jobs = sorted({earlier[it.config.id] for it in held})
+        warn(f"{len(held)} runs were submitted before and have not finished (jobs "
+             f"{', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}; {out / JOBS}): not "
+             "submitted again; pass --resubmit if those jobs are gone (squeue)")  # fmt: skip
+        pending = [it for it in pending if it.config.id not in earlier]
     if not pending:
-        print(f"launch: all {len(items)} runs present; nothing to submit", file=sys.stderr)
+        print(f"launch: {progress.present}/{len(items)} runs present, {len(held)} submitted "
+              "before; nothing to submit", file=sys.stderr)  # fmt: skip
         return progress
     slurm = {"gpus_per_node": 1, "slurm_array_parallelism": parallelism}
     executor = array_executor(submitit, out / "submitit", cluster, "memtrace-run", timeout_min,
                               partition, slurm)  # fmt: skip
     manifest = str(out / MANIFEST)
     (out / "submitit").mkdir(parents=True, exist_ok=True)
-    jobs = executor.map_array(run_one, [it.index for it in pending], [manifest] * len(pending))
-    write_json(
-        out / "submitit" / "jobs.json",
-        [
-            {"index": it.index, "id": it.config.id, "job": j.job_id}
-            for it, j in zip(pending, jobs, strict=True)
-        ],
-    )
+    # Taken before submitting: a task that fails at once records its failure after it.
+    now = time.time()
+    jobs = executor.map_array(run_one, [it.index for it in pending], [manifest] * len(pending),
+                              [it.config.id for it in pending])  # fmt: skip
+    sent = {it.config.id for it in pending}
+    kept = []
+    if (out / JOBS).is_file():
+        kept = [e for e in json.loads((out / JOBS).read_text()) if e["id"] not in sent]
+    write_json(out / JOBS, kept + [
+        {"index": it.index, "id": it.config.id, "job": j.job_id, "submitted": now}
+        for it, j in zip(pending, jobs, strict=True)
+    ])  # fmt: skip
     print(
         f"launch: submitted {len(jobs)} runs as job array {jobs[0].job_id.split('_')[0]} "
         f"({cluster}); rerun `launch` to resubmit what is missing",
@@ -273,11 +446,11 @@ def launch_slurm(
         for it, job in zip(pending, jobs, strict=True):
             try:
                 result = job.result()
-                progress.update(result["status"], it.config.id)
+                progress.update(result["status"], it.config.id, result.get("error", ""))
             except Exception as e:  # a killed or timed-out array task
-                write_json(
-                    failure_file(out, it),
-                    {"index": it.index, "id": it.config.id, "error": f"{type(e).__name__}: {e}"},
-                )
-                progress.update("failed", it.config.id)
+                error = f"{type(e).__name__}: {e}"
+                failure_file(out, it).parent.mkdir(parents=True, exist_ok=True)
+                write_json(failure_file(out, it), {"index": it.index, "id": it.config.id,
+                                                    "error": error})  # fmt: skip
+                progress.update("failed", it.config.id, error)
     return progress

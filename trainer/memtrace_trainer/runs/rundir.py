@@ -53,6 +53,10 @@ def features_of(cfg: RunConfig) -> dict[str, Any]:
     with meta:
         feats = extract(workload, family)
     data = {"model": workload.spec, "family": family, **feats.to_json()}
+    if workload.defaults:
+        # The sizes chosen for the run (a Hugging Face model's sequence length): config.json
+        # holds what was asked for, null for these.
+        data["defaults"] = workload.defaults
     if family in ("mlp", "cnn"):
         spec = cfg.model or ""
         filename = spec.partition(":")[2] if spec.startswith("gpumemnet:") else spec
@@ -108,6 +112,9 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
     """Runs `cfg` and writes its run directory `out`; returns the labels."""
     cfg.validate()
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory (expected a new run "
+                        "directory)")  # fmt: skip
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty (a finished run is never rerun)")
     created = make_parents(out)
@@ -115,7 +122,11 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
     try:
         config = {"id": cfg.id, "trainer": __version__, **cfg.to_dict()}
         write_json(tmp / "config.json", config)
-        write_json(tmp / "features.json", features_of(cfg))
+        features = features_of(cfg)
+        for name, chosen in features.get("defaults", {}).items():
+            log(f"note: {name} = {chosen['value']} ({chosen['why']}; recorded in features.json "
+                "under defaults)")  # fmt: skip
+        write_json(tmp / "features.json", features)
         labels = _traced(tmp / "config.json", tmp, log) if trace else train(cfg, log)
         write_json(tmp / "labels.json", labels)
         tmp.chmod(0o755)

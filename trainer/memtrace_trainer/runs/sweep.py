@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.models.sampling import draw, read_sweep, sample
+from memtrace_trainer.models.sampling import check_seed, draw, read_sweep, sample
 from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.config import RunConfig
 
@@ -67,6 +67,11 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
     trace = data.get("trace", False)
     if not isinstance(trace, bool):
         raise UserError(f"{source}: field 'trace' is {trace!r}: expected true or false")
+    check_seed(data, source)
+    orphans = sorted({"count", "fields"} & set(data)) if "family" not in data else []
+    if orphans:
+        raise UserError(f"{source}: {orphans} draw synthetic configs of a family: give "
+                        "family (mlp, cnn or transformer) too")  # fmt: skip
     rng = random.Random(f"run-settings-{data.get('seed', 0)}")
     raw: list[dict[str, Any]] = []
     if "family" in data:
@@ -87,6 +92,13 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
             raw.append(settings | m | extra)
     if not raw:
         raise UserError(f"{source}: no runs: give family/count/fields, models, or both")
+    # A model run left without one trained at batch 1, the dataclass default; `run` refuses it.
+    unsized = [(i, r) for i, r in enumerate(raw) if "model" in r and r.get("batch_size") is None]
+    if unsized:
+        i, r = unsized[0]
+        raise UserError(f"{source}: {len(unsized)} runs have no batch_size (run {i}: "
+                        f"{r['model']}); give batch_size in run, in batch_sizes, or in the "
+                        "models item")  # fmt: skip
     both = [r for r in raw if r.get("seconds") is not None and r.get("iterations") is not None]
     if both:
         warn(f"{source}: iterations has no effect in {len(both)} runs that also give seconds, "

@@ -19,6 +19,7 @@ import torch
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.zoo import build_workload, load_entry
+from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.config import RunConfig
 from memtrace_trainer.runs.marks import Marker
 from memtrace_trainer.runs.nvml import NvmlPeaks, Sampler, nvml_reader
@@ -57,7 +58,12 @@ def resolve_device(requested: str) -> tuple[torch.device, str | None]:
 
 def build(cfg: RunConfig, device: torch.device) -> Workload:
     if cfg.entry:
-        return load_entry(cfg.entry, cfg.batch_size, device)
+        # As symtrace: the entry decides its own sizes; --seq-len reaches it when it takes one.
+        for flag, value in (("--input-shape", cfg.input_shape), ("--num-classes", cfg.num_classes)):
+            if value is not None:
+                warn(f"{flag} {value} has no effect with --entry: the entry function builds its "
+                     "own model and batch")  # fmt: skip
+        return load_entry(cfg.entry, cfg.batch_size, device, seq_len=cfg.seq_len)
     assert cfg.model is not None
     return build_workload(
         cfg.model, cfg.batch_size, cfg.input_shape, cfg.seq_len, cfg.num_classes, device
@@ -131,15 +137,25 @@ def _train(cfg: RunConfig, device: torch.device, marker: Marker, loop: _Loop) ->
     loop.phase = "done"
 
 
+ONE_STEP_NOTE = (
+    "one step only: median and mean leave out the first step (lazy initialisation), so they "
+    "are null; run 2 or more iterations for a steady-state step time"
+)
+
+
 def _step_time(times: list[float]) -> dict[str, Any]:
-    # The first step pays for lazy initialisation (cuBLAS handles, autotuning); leave it out.
-    steady = times[1:] if len(times) > 1 else times
-    return {
+    # The first step pays for lazy initialisation (cuBLAS handles, autotuning); leave it out,
+    # and say null rather than pass the first step off as the steady state.
+    steady = times[1:]
+    out = {
         "median_s": statistics.median(steady) if steady else None,
         "mean_s": statistics.fmean(steady) if steady else None,
         "first_s": times[0] if times else None,
         "all_s": times,
     }
+    if len(times) == 1:
+        out["note"] = ONE_STEP_NOTE
+    return out
 
 
 def _nvml_labels(peaks: NvmlPeaks | None, error: str | None) -> dict[str, Any]:
@@ -203,6 +219,8 @@ def train(cfg: RunConfig, log: Log = stderr_log) -> dict[str, Any]:
         if shutdown is not None:
             shutdown()
     wall = time.monotonic() - started
+    if len(loop.step_times) == 1:
+        log(f"note: step_time: {ONE_STEP_NOTE}")
     cuda = device.type == "cuda"
     peaks = sampler.peaks if isinstance(sampler, Sampler) else None
     return {
