@@ -42,6 +42,10 @@ class Kept:
     def cleanup(self) -> None:
         self._remove()
 
+    @property
+    def closed(self) -> bool:
+        return not self._remove.alive
+
 
 class EstimateError(Exception):
     """The job could not be estimated: bad arguments (the message says what was expected), or
@@ -90,8 +94,18 @@ class Estimate:
 
     def close(self) -> None:
         """Remove the kept trace now (else when the estimate is collected); asking again
-        (`fits`, `report`, `to_memory_viz`) needs it."""
+        (`fits` of another GPU or capacity, `report`, `to_memory_viz`) needs it, so those raise
+        `EstimateError` after it. Copies share the trace: closing one closes them all."""
         self._dir.cleanup()
+
+    def _trace(self) -> Path:
+        """The kept trace, for asking again; an `EstimateError` once closed."""
+        if self._dir.closed or not self.trace_path.is_file():
+            raise EstimateError(
+                "this estimate was closed (close(), or the end of its `with` block, on it or on a "
+                "copy, which shares its trace): estimate again to ask it more"
+            )
+        return self.trace_path
 
     def __enter__(self) -> Estimate:
         return self
@@ -142,7 +156,7 @@ class Estimate:
                 MemtraceWarning,
                 stacklevel=2,
             )
-        args = ["replay", str(self.trace_path), "--profile", gpu or self.profile, "--json"]
+        args = ["replay", str(self._trace()), "--profile", gpu or self.profile, "--json"]
         judged_at = capacity if capacity is not None else None if gpu else self._capacity
         if judged_at is not None:
             args.append(f"--capacity={judged_at}")
@@ -193,9 +207,17 @@ class Estimate:
         return ax
 
     def to_memory_viz(self, path: str | Path) -> Path:
-        """The trace as a PyTorch memory snapshot pickle, for https://pytorch.org/memory_viz."""
+        """The trace as a PyTorch memory snapshot pickle (`path` ends in .pickle or .pkl), for
+        https://pytorch.org/memory_viz."""
         out = Path(path)
-        memsim("convert", str(self.trace_path), str(out))
+        if out.suffix not in (".pickle", ".pkl"):
+            # memsim convert writes what the name says (.json is a Perfetto trace, .mtrace ours):
+            # a snapshot was asked for.
+            raise EstimateError(
+                f"to_memory_viz({str(path)!r}): expected a path ending in .pickle or .pkl (a "
+                "PyTorch memory snapshot); `memsim convert` writes the other formats"
+            )
+        memsim("convert", str(self._trace()), str(out))
         return out
 
     def report(self, path: str | Path) -> Path:
@@ -205,7 +227,7 @@ class Estimate:
         from memtrace_trainer.estimate import write_report
 
         try:
-            return write_report(self.trace_path, self.raw, Path(self.profile), Path(path))
+            return write_report(self._trace(), self.raw, Path(self.profile), Path(path))
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from e
 

@@ -482,6 +482,22 @@ def test_an_estimate_keeps_its_trace_while_a_copy_lives() -> None:
         with twin:
             pass
     assert not path.exists()
+    # Closed: asking again is an EstimateError that says so (it was a raw FileNotFoundError, or
+    # memsim's "no such file"); the estimate's own verdict needs no trace.
+    assert twin.fits() is True
+    for ask in (lambda: twin.fits("h200"), lambda: twin.report(path.parent / "r.html"),
+                lambda: twin.to_memory_viz(path.parent / "s.pickle")):  # fmt: skip
+        with pytest.raises(memtrace.EstimateError, match="this estimate was closed"):
+            ask()
+
+
+def test_to_memory_viz_writes_only_a_snapshot(tmp_path: Path) -> None:
+    """A name that is not a pickle's was written as whatever `memsim convert` makes of it (a
+    Perfetto trace for .json) under a docstring that promises a snapshot."""
+    with memtrace.estimate(_mlp(), X, target=Y) as est:
+        with pytest.raises(memtrace.EstimateError, match=r"ending in \.pickle or \.pkl"):
+            est.to_memory_viz(tmp_path / "x.json")
+        assert not (tmp_path / "x.json").exists()
 
 
 def test_the_callers_modes_and_default_device_come_back_whatever_the_trace_did() -> None:
