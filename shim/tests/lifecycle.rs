@@ -122,6 +122,36 @@ fn a_second_process_on_a_locked_trace_file_writes_beside_it() {
     assert_eq!(Stats::read(&second[0]).unwrap().calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
 }
 
+/// A FIFO as `MEMTRACE_OUT`: with a reader the trace streams to it whole; with none, opening it
+/// blocked the writer for good (the rings filled, the program's exit waited on the writer, and
+/// the trace was lost without a word). Now it is said, and the program runs untraced.
+#[test]
+fn a_fifo_streams_when_read_and_is_said_when_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("trace.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // Safety: a NUL-terminated path this test owns.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let f = fifo.to_str().unwrap();
+    let out = command("p_runtime_alloc", dir.path(), &[("MEMTRACE_OUT", f)]).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("MEMTRACE_OUT {f} is a pipe no process reads; recording disabled")), "{err}");
+    // With a reader (opened first, so the program finds it; the small trace fits the pipe's
+    // buffer, read once the program is done), the whole trace.
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let out = command("p_runtime_alloc", dir.path(), &[("MEMTRACE_OUT", f), ("MEMTRACE_QUIET", "1")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).unwrap();
+    let t = dir.path().join("read.mtrace");
+    std::fs::write(&t, bytes).unwrap();
+    let s = Stats::read(&t).unwrap();
+    assert!(s.whole() && s.allocs == 2, "{s:?}");
+}
+
 /// A trace streamed to a pipe (`MEMTRACE_OUT=/dev/stdout`) is written whole: there is nothing to
 /// lock or truncate there (truncating failed, and recording was disabled).
 #[test]

@@ -143,6 +143,20 @@ impl Drop for TraceFile {
     }
 }
 
+/// Writes to `file` wait for the reader again (it was opened non-blocking): a pipe's reader that
+/// is slower than the program must not make the writer drop the trace.
+fn blocking(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // Safety: reading and setting the status flags of a descriptor this function's caller owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // Safety: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The trace file of this process, locked for its lifetime. The trace goes straight to its final
 /// path, not through a rename: a process killed with SIGKILL must still leave a trace readable up
 /// to its last complete frame. A path another live process holds (a fork or exec child under an
@@ -151,13 +165,30 @@ impl Drop for TraceFile {
 fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     let mut path = wanted;
     for attempt in 0..2 {
-        let file = match std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path) {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking open: a FIFO no process reads would block the writer for good, the
+        // rings would fill and the program's exit would wait on a writer that never started.
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
+        let file = match opened {
             Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                log!(Warn, "MEMTRACE_OUT {path} is a pipe no process reads; recording disabled");
+                return None;
+            }
             Err(e) => {
                 log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
                 return None;
             }
         };
+        if let Err(e) = blocking(&file) {
+            log!(Warn, "cannot write the trace to {path}: {e}; recording disabled");
+            return None;
+        }
         // A device, pipe or terminal (`/dev/stdout`, a FIFO) streams the trace: nothing to
         // lock or truncate, and nothing written beside it.
         let meta = file.metadata();

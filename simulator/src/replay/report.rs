@@ -207,12 +207,13 @@ impl ReplayReport {
         });
         // A trace of a run that never reached the GPU (a CPU fallback, CUDA calls the shim did
         // not see) is not a measurement of a job that needs nothing.
-        let empty = (self.requests == 0 && self.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0).then(|| {
-            "the trace holds no device allocation, so nothing was measured (a run that fell back to the CPU, or \
+        let empty =
+            (self.requests == 0 && self.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0).then(|| {
+                "the trace holds no device allocation, so nothing was measured (a run that fell back to the CPU, or \
              a program whose CUDA calls did not reach the tracer): the need is only what the profile puts outside \
              the allocator"
-                .to_string()
-        });
+                    .to_string()
+            });
         self.config_warning
             .iter()
             .cloned()
