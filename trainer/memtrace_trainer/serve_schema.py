@@ -81,14 +81,19 @@ class Policy:
         return {"step": list(self.steps), "entry": list(self.entries),
                 "script": [str(p) for p in self.scripts]}  # fmt: skip
 
-    def check(self, name: str, value: str) -> None:
-        """A 403 naming the field unless `value` is allowed for `name` (step, entry, script)."""
+    def check(self, name: str, value: str) -> str:
+        """What runs for `value` of `name` (step, entry, script): a script's path as allowed at
+        start-up (resolved then), not as the request spells it, so a link re-pointed after the
+        check runs nothing else; a 403 naming the field unless it is allowed."""
         if name == "script":
-            ok = Path(value).expanduser().resolve() in self.scripts
+            resolved = Path(value).expanduser().resolve()
+            ok = resolved in self.scripts
+            runs = str(resolved)
             listed = self.allowed()["script"]
         else:
             listed = list(self.steps if name == "step" else self.entries)
             ok = value in listed
+            runs = value
         if not ok:
             given = ", ".join(listed) if listed else "none"
             raise RequestError(
@@ -97,6 +102,7 @@ class Policy:
                 f"started with ({CODE[name]}; allowed: {given})",
                 name,
             )
+        return runs
 
 
 def _snake(flag: str) -> str:
@@ -196,7 +202,7 @@ class Schema:
                 continue
             words = _words(f, key, value)
             if name in CODE:
-                policy.check(name, str(value))
+                words = _words(f, key, policy.check(name, str(value)))
             if f.flag == "-- ARGS":
                 positional = words
             else:

@@ -341,6 +341,25 @@ def test_an_error_names_the_field_whose_value_it_quotes(
     assert Schema(estimate_parser()).field_in(message, argv) == field
 
 
+def test_an_allowed_script_runs_as_allowed_not_as_spelled(tmp_path: Path) -> None:
+    """The request's path was checked resolved but run as spelled: a link the requester controls
+    could be re-pointed between the check and the run. What runs is the path allowed."""
+    from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    link = tmp_path / "link.py"
+    link.symlink_to(script)
+    policy = Policy(scripts=(script.resolve(),))
+    argv = Schema(estimate_parser()).argv(json.dumps({"script": str(link)}).encode(), policy)
+    assert f"--script={script.resolve()}" in argv and str(link) not in " ".join(argv), argv
+    link.unlink()
+    link.symlink_to(tmp_path / "other.py")
+    with pytest.raises(RequestError) as e:
+        Schema(estimate_parser()).argv(json.dumps({"script": str(link)}).encode(), policy)
+    assert e.value.status == 403
+
+
 def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
     status, answer = server.estimate({"step": "slow_step:fail"})
     assert (status, answer["field"]) == (400, "step"), answer
