@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 
@@ -216,13 +217,15 @@ def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
     data.write_text("Filename\na\n")
     clash = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other), check=False)
     assert clash.returncode == 2 and "other columns" in clash.stderr
-    nowhere = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(tmp_path / "no" / "k.csv"),
+    # Under a file: said before any row is computed. (Missing folders are created: see
+    # test_kernel_stats_out_creates_its_folders.)
+    nowhere = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other / "k.csv"),
                   check=False)  # fmt: skip
     assert (
         nowhere.returncode == 2
-        and "no directory" in nowhere.stderr
+        and f"{other} is not a directory" in nowhere.stderr
         and "rows/s" not in nowhere.stderr
-    )
+    ), nowhere.stderr
     opt = cli(
         "kernel-stats", "--model", "dlrm", "--batch-size", "2", "--optimizer", "x", check=False
     )
@@ -237,3 +240,59 @@ def test_flags_of_the_other_source_are_said_to_have_no_effect(tmp_path: Path) ->
     assert "--out" in done.stderr and "has no effect with --model" in done.stderr
     assert "--limit 3 has no effect with --model" in done.stderr
     assert not (tmp_path / "k.csv").exists()
+
+
+KS_NAMES = [
+    "input:64_output:10_depth:2_arch:pyramid_batch:8.out",
+    "input:32_output:4_depth:1_arch:uniform_batch:16.out",
+    "input:16_output:2_depth:1_arch:uniform_batch:4.out",
+]
+
+
+@pytest.mark.parametrize("cut", [3, 40, "header"])
+def test_kernel_stats_repairs_a_row_cut_by_an_interruption(tmp_path: Path, cut: object) -> None:
+    """A resume appended its first row onto the cut one (a 33-field row). The cut row is
+    removed, said, and computed again, whether the cut left the row short of fields or inside
+    its last cell (all fields there, a wrong number)."""
+    dataset = tmp_path / "rows.csv"
+    dataset.write_text("Filename\n" + "".join(f'"{n}"\n' for n in KS_NAMES))
+    out = tmp_path / "k.csv"
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--limit", "2")
+    full = out.read_text()
+    header_end = full.index("\n") + 1
+    out.write_text(full[: header_end - 5] if cut == "header" else full[: -1 - int(cut)])
+    done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert "last row was cut short" in done.stderr, done.stderr
+    with out.open(newline="") as f:
+        rows = list(csv.reader(f))
+    assert all(len(r) == len(rows[0]) for r in rows), [len(r) for r in rows]
+    assert [r[0] for r in rows[1:]] == KS_NAMES
+    # Recomputed, not kept as cut: the same cells as the uninterrupted run wrote.
+    first = {r[0]: r for r in csv.reader(io.StringIO(full))}
+    assert rows[1:3] == [first[n] for n in KS_NAMES[:2]]
+
+
+def test_kernel_stats_counts_repeated_filenames_as_what_they_are(tmp_path: Path) -> None:
+    """A fresh file said '4 rows ..., 1 already in' when a Filename was repeated: it is one row
+    of the output, computed once."""
+    dataset = tmp_path / "rows.csv"
+    names = [KS_NAMES[0], KS_NAMES[1], KS_NAMES[0], KS_NAMES[0]]
+    dataset.write_text("Filename\n" + "".join(f'"{n}"\n' for n in names))
+    out = tmp_path / "k.csv"
+    done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert f"4 rows in {dataset} (2 distinct Filenames), 0 already in {out}, 2 to do" in (
+        done.stderr
+    ), done.stderr
+    assert "2 rows repeat a Filename of an earlier row" in done.stderr
+    assert [r["Filename"] for r in csv.DictReader(out.open())] == KS_NAMES[:2]
+    again = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert "2 already in" in again.stderr and "0 to do" in again.stderr
+
+
+def test_kernel_stats_out_creates_its_folders(tmp_path: Path) -> None:
+    """README's `--out target/kstats/cnn.k.csv` failed with 'no directory target/kstats'."""
+    dataset = tmp_path / "rows.csv"
+    dataset.write_text("Filename\n" + f'"{KS_NAMES[2]}"\n')
+    out = tmp_path / "target" / "kstats" / "k.csv"
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert [r["status"] for r in csv.DictReader(out.open())] == ["ok"]

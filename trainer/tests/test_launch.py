@@ -61,6 +61,10 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     assert "1/2 done (0 present before), 1 failed, 0 remaining" in first.stderr
     failure = json.loads((out / "failed" / f"{ids[1]}.json").read_text())
     assert "injected failure" in failure["error"]
+    # Each failure's cause in the summary, one line; a sweep all on the CPU says so.
+    cause = failure["error"].splitlines()[0]
+    assert f"launch: failed {ids[1]}: {cause}" in first.stderr.splitlines(), first.stderr
+    assert "all 1 finished runs in" in first.stderr and "CPU FALLBACK" in first.stderr
     for run_id in ids[:1]:
         labels = json.loads((out / "runs" / run_id / "labels.json").read_text())
         assert labels["iterations_done"] == 2 and labels["cpu_fallback"] is True
@@ -253,3 +257,273 @@ def test_sample_says_what_it_does_not_read(tmp_path: Path) -> None:
     sweep.write_text(SWEEP + "modles: []\n")
     done = cli("sample", str(sweep), check=False)
     assert done.returncode == 2 and "unknown top-level fields ['modles']" in done.stderr
+
+
+MLP_FIELDS = "  input_size: 16\n  output_size: 2\n  depth: 2\n"
+
+
+def test_sample_output_round_trips_as_a_synthetic_spec(tmp_path: Path) -> None:
+    """A line `sample` prints carries its config's id: `synthetic:LINE` is that config (it was
+    refused, 'unknown fields ['id']'); a line whose fields were edited after says the id is not
+    theirs."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"family: mlp\ncount: 2\nseed: 3\nfields:\n{MLP_FIELDS}")
+    line = cli("sample", str(sweep)).stdout.splitlines()[0]
+    config = json.loads(line)
+    done = cli("kernel-stats", "--model", f"synthetic:{line}", "--batch-size", "2")
+    assert json.loads(done.stdout)["k_kernels_per_step"] > 0 and "warning" not in done.stderr
+    out = tmp_path / "r"
+    cli("run", "--model", f"synthetic:{line}", "--batch-size", "2", "--iterations", "1",
+        "--device", "cpu", "--out", str(out))  # fmt: skip
+    feats = json.loads((out / "features.json").read_text())
+    from memtrace_trainer.models.config import from_dict
+
+    model = from_dict({k: v for k, v in config.items() if k != "id"}).build()
+    assert feats["total_parameters"] == sum(p.numel() for p in model.parameters())
+    edited = json.dumps(config | {"depth": 3})
+    done = cli("kernel-stats", "--model", f"synthetic:{edited}", "--batch-size", "2")
+    assert f"field 'id' is '{config['id']}', not this config's id" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (MLP_FIELDS + "  input_size: {max: 64}\n", "field 'input_size': {'max': 64} is not a range"),
+        (MLP_FIELDS + "  output_size: {min: 1, max_ratio: 0.5, of: architecture}\n"
+         "  architecture: uniform\n", "field 'output_size': 'of' is 'architecture': expected a "
+         "numeric field listed before it"),
+        (MLP_FIELDS + "  architecture: pyramid\n  output_size: {min: 1, max_ratio: 0.5, "
+         "of: architecture}\n", "'of' is 'architecture': expected a numeric field"),
+        (MLP_FIELDS + "  depth: two\n", "field 'depth': 'two' is not an integer"),
+        (MLP_FIELDS + "  depth: 2.5\n", "field 'depth': 2.5 is not an integer"),
+        (MLP_FIELDS + "  depth: {min: 1.5, max: 3}\n", "field 'depth': min 1.5: expected an "
+         "integer"),
+        (MLP_FIELDS + "  batchnorm: {min: 0, max: 1}\n", "field 'batchnorm': a range draws "
+         "numbers; the field takes true or false"),
+        (MLP_FIELDS + "  nosuch: 3\n", "fields ['nosuch'] are not mlp config fields"),
+        (MLP_FIELDS + "  id: mlp-1234\n", "fields ['id'] are not mlp config fields"),
+        (MLP_FIELDS + "  architecture: [pyramid, nosuch]\n", "field 'architecture', choice 2: "
+         "'nosuch' is not one of ['pyramid', 'uniform', 'bottleneck', 'gradual']"),
+        (MLP_FIELDS + "  activation: [relu, swsh]\n", "choice 2: 'swsh' is not one of"),
+        (MLP_FIELDS + "  input_size: {min: 4, max: 64, stp: 8}\n", "unknown range keys ['stp']"),
+        (MLP_FIELDS + "  input_size: {min: 4, max: 64, step: 0}\n", "step 0: expected a positive"),
+        (MLP_FIELDS + "  input_size: []\n", "field 'input_size': empty choice list"),
+    ],
+)  # fmt: skip
+def test_bad_sweep_fields_are_named_before_any_draw(tmp_path: Path, text: str, said: str) -> None:
+    """Each was an internal error (TypeError), a run that failed later, a choice silently never
+    drawn, or '100 draws in a row were infeasible'."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"family: mlp\ncount: 2\nseed: 1\nfields:\n{text}")
+    for args in (["sample", str(sweep)], ["launch", str(sweep), "--out", str(tmp_path / "o"),
+                                          "--dry-run"]):  # fmt: skip
+        done = cli(*args, check=False)
+        assert done.returncode == 2 and said in done.stderr, (args[0], done.stderr)
+        assert "internal error" not in done.stderr and "infeasible" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("family: mlpx\ncount: 1\nfields: {}\n", "field 'family' is 'mlpx': expected one of "
+         "['cnn', 'mlp', 'transformer']"),
+        ("family: cnn\ncount: 1\nfields: {}\n", "a cnn config needs ['input_channels', "
+         "'num_classes', 'depth', 'architecture', 'base_filters', 'input_size']"),
+        (f"family: mlp\ncount: 1\nseed: [1]\nfields:\n{MLP_FIELDS}", "field 'seed' is [1]: "
+         "expected an integer"),
+        (f"family: mlp\ncount: true\nfields:\n{MLP_FIELDS}", "field 'count' is True"),
+    ],
+)  # fmt: skip
+def test_bad_sweep_tops_are_named(tmp_path: Path, text: str, said: str) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(text)
+    done = cli("sample", str(sweep), check=False)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "infeasible" not in done.stderr
+
+
+def test_a_range_step_is_honoured(tmp_path: Path) -> None:
+    """`step` was ignored without a word: every integer of the range was drawn."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("family: mlp\ncount: 40\nseed: 2\nfields:\n  input_size: {min: 4, max: "
+                     "64, step: 8}\n  output_size: 2\n  depth: 1\n  dropout: {min: 0.0, max: "
+                     "0.5, step: 0.25}\n")  # fmt: skip
+    configs = [json.loads(x) for x in cli("sample", str(sweep)).stdout.splitlines()]
+    sizes = {c["input_size"] for c in configs}
+    assert sizes <= set(range(4, 65, 8)) and len(sizes) > 3, sizes
+    assert {c["dropout"] for c in configs} <= {0.0, 0.25, 0.5}
+
+
+def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
+    sweep = tmp_path / "s.yaml"
+    for run, said in [("{batch_size: {max: 64}}", "run.batch_size: {'max': 64} is not a range"),
+                      ("{batch_size: 2, optimizer: sgd, iterations: {min: 1, max_ratio: 2, "
+                       "of: optimizer}}", "'of' names 'optimizer', whose value 'sgd' is not a "
+                       "number")]:  # fmt: skip
+        sweep.write_text(f"models: [torchvision:resnet18]\nrun: {run}\n")
+        done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run", check=False)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+    sweep.write_text(f"count: 2\nfields:\n{MLP_FIELDS}models: [torchvision:resnet18]\n"
+                     "batch_sizes: [2]\n")  # fmt: skip
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run", check=False)
+    assert done.returncode == 2 and "give family" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("sweep_text", "said"),
+    [
+        ("models: [torchvision:nosuch]\nbatch_sizes: [2]\n",
+         "run 0 (torchvision:nosuch): --model 'torchvision:nosuch': unknown torchvision model"),
+        ("models: [{entry: 'nosuch_module:make'}]\n", "run 0 (nosuch_module:make): entry "
+         "'nosuch_module:make': cannot import 'nosuch_module'"),
+        ("models: [torchvision:resnet18, torchvision:resnet34]\nrun: {iterations: 1}\n",
+         "2 runs have no batch_size (run 0: torchvision:resnet18)"),
+        ("models: ['synthetic:{\"family\":\"mlp\",\"input_size\":8,\"output_size\":2,\"depth\":1}']"
+         "\nbatch_sizes: [2]\nrun: {input_shape: '3,9,9'}\n", "--input-shape 3,9,9"),
+    ],
+)  # fmt: skip
+def test_launch_refuses_what_every_run_would_fail_on_up_front(
+    tmp_path: Path, sweep_text: str, said: str
+) -> None:
+    """A model spec that does not build, an entry that does not import, a model without a batch
+    size (it ran at batch 1; `run` requires --batch-size): refused before any run, by --dry-run
+    too, and nothing is written."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(sweep_text)
+    out = tmp_path / "o"
+    for extra in (["--dry-run"], ["--workers", "1"]):
+        done = cli("launch", str(sweep), "--out", str(out), *extra, check=False)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_device_cuda_without_cuda_is_refused_where_the_runs_run(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: device cuda is valid here")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models: [torchvision:resnet18]\nbatch_sizes: [2]\nrun: {device: cuda}\n")
+    out = str(tmp_path / "o")
+    for backend in (["--backend", "local"], ["--backend", "slurm", "--submitit-cluster", "local"]):
+        done = cli("launch", str(sweep), "--out", out, "--dry-run", *backend, check=False)
+        assert done.returncode == 2, done.stderr
+        assert "1 runs ask for device cuda" in done.stderr and "no CUDA device" in done.stderr
+    # A Slurm array runs on the cluster's GPU nodes, not on this login node.
+    done = cli("launch", str(sweep), "--out", out, "--dry-run", "--backend", "slurm")
+    assert "pending" in done.stdout
+
+
+def test_a_second_launch_of_the_same_out_is_refused(sweep: Path, tmp_path: Path) -> None:
+    """Two launches of one --out ran every pending run twice, and the loser of each race
+    recorded a finished run as failed ('0/4 done ... 3 failed')."""
+    import os
+
+    from memtrace_trainer.runs.launch import LOCK, out_lock
+
+    out = tmp_path / "out"
+    with out_lock(out):
+        done = cli("launch", str(sweep), "--out", str(out), "--workers", "1", check=False)
+        assert done.returncode == 2, done.stderr
+        assert f"another launch (pid {os.getpid()}) is writing into it" in done.stderr
+        assert sorted(p.name for p in out.iterdir()) == [LOCK], "nothing run, nothing written"
+    with out_lock(out):  # released when the holder ends
+        pass
+
+
+def test_a_duplicate_worker_does_not_fail_a_finished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker that loses the race to the run directory (its rename fails: ENOTEMPTY) finds
+    the run finished: present, not failed. A run that really failed is still recorded."""
+    import errno
+
+    from memtrace_trainer.runs import launch
+    from memtrace_trainer.runs.sweep import items_of, write_manifest
+
+    spec = 'synthetic:{"family":"mlp","input_size":8,"output_size":2,"depth":1}'
+    items = items_of({"models": [spec], "batch_sizes": [2]}, "inline")
+    manifest = tmp_path / launch.MANIFEST
+    write_manifest(manifest, items)
+    target = launch.run_dir(tmp_path, items[0])
+
+    def lost_the_race(cfg: object, out: Path, trace: bool = False) -> dict:
+        out.mkdir(parents=True)
+        for name in ("config.json", "features.json", "labels.json"):
+            (out / name).write_text("{}")
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    def broken(cfg: object, out: Path, trace: bool = False) -> dict:
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    monkeypatch.setattr(launch, "execute", broken)
+    assert launch.run_one(0, manifest)["status"] == "failed"
+    assert launch.failure_file(tmp_path, items[0]).is_file()
+    launch.failure_file(tmp_path, items[0]).unlink()
+    monkeypatch.setattr(launch, "execute", lost_the_race)
+    assert launch.run_one(0, manifest)["status"] == "present"
+    assert (
+        launch.is_complete(target)
+        and not (tmp_path / "failed" / f"{items[0].config.id}.json").exists()
+    )
+
+
+def test_submitted_runs_are_not_submitted_again(sweep: Path, tmp_path: Path) -> None:
+    """Runs of an array whose jobs have not finished are `submitted`, not pending, and a second
+    launch leaves them to their jobs unless --resubmit (the debug cluster runs a job only when
+    waited on, so these never finish)."""
+    out = tmp_path / "out"
+    args = ["launch", str(sweep), "--out", str(out), "--backend", "slurm",
+            "--submitit-cluster", "debug"]  # fmt: skip
+    assert "submitted 2 runs" in cli(*args).stderr
+    assert [s for _, s in statuses(cli(*args, "--dry-run").stdout)] == ["submitted"] * 2
+    again = cli(*args)
+    assert "2 runs were submitted before and have not finished" in again.stderr, again.stderr
+    assert "submitted 2 runs" not in again.stderr
+    jobs = json.loads((out / "submitit" / "jobs.json").read_text())
+    assert len(jobs) == 2 and all(j["submitted"] > 0 for j in jobs)
+    assert "submitted 2 runs" in cli(*args, "--resubmit").stderr
+    # A run whose job recorded its failure since is submitted again without the flag.
+    failed = out / "failed" / f"{jobs[1]['id']}.json"
+    failed.parent.mkdir()
+    write_json(failed, {"error": "x"})
+    assert [s for _, s in statuses(cli(*args, "--dry-run").stdout)] == ["submitted",
+                                                                       "failed-before"]  # fmt: skip
+    assert "submitted 1 runs" in cli(*args).stderr
+
+
+def test_another_sweeps_out_is_refused(sweep: Path, tmp_path: Path) -> None:
+    """A launch into an --out of another sweep replaced its manifest and mixed the runs; a
+    sweep that grew (every earlier run still in it) goes on."""
+    from memtrace_trainer.runs.launch import MANIFEST
+    from memtrace_trainer.runs.sweep import load_sweep, write_manifest
+
+    out = tmp_path / "out"
+    out.mkdir()
+    other = tmp_path / "other.yaml"
+    other.write_text(SWEEP.replace("seed: 5", "seed: 6"))
+    write_manifest(out / MANIFEST, load_sweep(other))
+    before = (out / MANIFEST).read_text()
+    for extra in (["--dry-run"], ["--workers", "1"]):
+        done = cli("launch", str(sweep), "--out", str(out), *extra, check=False)
+        assert done.returncode == 2, done.stderr
+        assert "holds manifest.jsonl of another sweep: 1 of its 2 runs" in done.stderr
+    assert (out / MANIFEST).read_text() == before
+    write_manifest(out / MANIFEST, load_sweep(sweep)[:1])
+    grown = cli("launch", str(sweep), "--out", str(out), "--dry-run")
+    assert len(statuses(grown.stdout)) == 2
+
+
+def test_flags_the_submitit_local_cluster_does_not_read_are_said(
+    sweep: Path, tmp_path: Path
+) -> None:
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--backend", "slurm",
+               "--submitit-cluster", "local", "--partition", "gpu", "--array-parallelism", "2",
+               "--dry-run")  # fmt: skip
+    for flag in ("--partition", "--array-parallelism"):
+        assert f"{flag} has no effect: --submitit-cluster local runs the array on this machine" in (
+            done.stderr
+        ), done.stderr
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--backend", "slurm",
+               "--partition", "gpu", "--dry-run")  # fmt: skip
+    assert "has no effect" not in done.stderr, "Slurm reads --partition"

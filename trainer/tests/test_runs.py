@@ -200,3 +200,78 @@ def test_a_default_class_count_keeps_the_run_id_it_had() -> None:
     assert plain.num_classes is None
     assert plain.id == RunConfig(model=MLP, batch_size=2, num_classes=1000).id
     assert plain.id != RunConfig(model=MLP, batch_size=2, num_classes=10).id
+
+
+def test_run_entry_says_the_flags_it_does_not_read(tmp_path: Path) -> None:
+    """As symtrace: --input-shape and --num-classes have no effect with --entry, and --seq-len
+    reaches an entry that takes `seq_len` (it was dropped without a word)."""
+    out, _, stderr = run_dir(tmp_path, "--entry", "entry_failures:sized", "--batch-size", "2",
+                             "--seq-len", "6", "--input-shape", "3,4,4", "--num-classes", "5",
+                             "--iterations", "1", "--device", "cpu")  # fmt: skip
+    for flag in ("--input-shape 3,4,4", "--num-classes 5"):
+        assert f"{flag} has no effect with --entry" in stderr, stderr
+    assert "--seq-len" not in stderr
+    # sized(seq_len=6) embeds 6 tokens of 8 into Linear(8 * 6, 2).
+    feats = json.loads((out / "features.json").read_text())
+    assert feats["total_parameters"] == 50 * 8 + 8 * 6 * 2 + 2
+    (tmp_path / "b").mkdir()
+    _, _, stderr = run_dir(tmp_path / "b", "--entry", "entry_failures:oom", "--batch-size", "2",
+                           "--seq-len", "6")  # fmt: skip
+    assert "--seq-len 6 has no effect: entry_failures:oom takes no `seq_len`" in stderr, stderr
+
+
+def test_a_default_sequence_length_is_said_and_recorded(tmp_path: Path) -> None:
+    """`run --model hf:...` without --seq-len trained at the model's default length and wrote
+    only `seq_len: null`."""
+    spec = f"hf-config:{Path(__file__).parent / 'hf_configs' / 'tiny-llama.json'}"
+    out, _, stderr = run_dir(tmp_path, "--model", spec, "--batch-size", "1", "--iterations",
+                             "1", "--device", "cpu")  # fmt: skip
+    assert "note: seq_len = 256 (max_position_embeddings, the model's maximum" in stderr, stderr
+    feats = json.loads((out / "features.json").read_text())
+    assert feats["defaults"]["seq_len"]["value"] == 256
+    assert json.loads((out / "config.json").read_text())["seq_len"] is None
+    (tmp_path / "b").mkdir()
+    out, _, stderr = run_dir(tmp_path / "b", "--model", spec, "--batch-size", "1", "--seq-len",
+                             "8", "--iterations", "1", "--device", "cpu")  # fmt: skip
+    assert "seq_len" not in json.loads((out / "features.json").read_text()).get("defaults", {})
+    assert "note: seq_len" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("times", "median", "mean", "note"),
+    [
+        ([0.5], None, None, True),
+        ([], None, None, False),
+        ([0.5, 0.1], 0.1, 0.1, False),
+        ([0.5, 0.1, 0.3, 0.2], 0.2, 0.2, False),
+    ],
+)
+def test_step_time_leaves_out_the_first_step(
+    times: list[float], median: float | None, mean: float | None, note: bool
+) -> None:
+    """With one step there is no steady state: median and mean are null, with a note (they
+    were the first step's own time)."""
+    from memtrace_trainer.runs.train import _step_time
+
+    got = _step_time(times)
+    assert got["median_s"] == pytest.approx(median) and got["mean_s"] == pytest.approx(mean)
+    assert got["first_s"] == (times[0] if times else None) and got["all_s"] == times
+    assert ("note" in got) is note
+
+
+def test_one_iteration_run_has_a_null_steady_step_time(tmp_path: Path) -> None:
+    _, labels, stderr = run_dir(tmp_path, "--model", MLP, "--batch-size", "2", "--iterations",
+                                "1", "--device", "cpu")  # fmt: skip
+    step = labels["step_time"]
+    assert step["median_s"] is None and step["mean_s"] is None and step["first_s"] > 0
+    assert "one step only" in step["note"] and "note: step_time: one step only" in stderr
+
+
+def test_an_out_that_is_a_file_is_named(tmp_path: Path) -> None:
+    """It was 'the run failed: NotADirectoryError'."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    done = cli("run", "--model", MLP, "--batch-size", "2", "--out", str(afile), check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"--out {afile}: exists and is not a directory" in done.stderr
+    assert "NotADirectoryError" not in done.stderr and afile.read_text() == "keep me"

@@ -103,15 +103,17 @@ def _dataset_keys(path: Path, limit: int | None) -> list[str]:
 def _complete_part(out: Path) -> tuple[str, bool]:
     """The text of `out` up to its last complete row, and whether a row after it was cut by an
     interruption (no line end after it: rows appended to it made one row of two)."""
-    text = out.read_text(newline="") if out.is_file() else ""
+    text = ""
+    if out.is_file():
+        with out.open(newline="") as f:
+            text = f.read()
     if not text or text.endswith("\n"):
         return text, False
     # The end of the last complete record: csv pulls lines, and a quoted cell may hold some.
-    lines = text.splitlines(keepends=True)
     pulled = [0]
 
     def feed() -> Iterator[str]:
-        for line in lines:
+        for line in io.StringIO(text, newline=""):
             pulled[0] += len(line)
             yield line
 

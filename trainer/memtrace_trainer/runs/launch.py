@@ -439,7 +439,8 @@ def launch_slurm(
     ])  # fmt: skip
     print(
         f"launch: submitted {len(jobs)} runs as job array {jobs[0].job_id.split('_')[0]} "
-        f"({cluster}); rerun `launch` to resubmit what is missing",
+        f"({cluster}); rerun `launch` once they end: it submits the failed runs again (and, "
+        "with --resubmit, those of jobs killed without a word)",
         file=sys.stderr,
     )
     if wait:

@@ -92,6 +92,13 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
             raw.append(settings | m | extra)
     if not raw:
         raise UserError(f"{source}: no runs: give family/count/fields, models, or both")
+    both = [r for r in raw if r.get("seconds") is not None and r.get("iterations") is not None]
+    if both:
+        warn(f"{source}: iterations has no effect in {len(both)} runs that also give seconds, "
+             "which decides how long a run trains")  # fmt: skip
+    items = [
+        Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)
+    ]
     # A model run left without one trained at batch 1, the dataclass default; `run` refuses it.
     unsized = [(i, r) for i, r in enumerate(raw) if "model" in r and r.get("batch_size") is None]
     if unsized:
@@ -99,11 +106,7 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
         raise UserError(f"{source}: {len(unsized)} runs have no batch_size (run {i}: "
                         f"{r['model']}); give batch_size in run, in batch_sizes, or in the "
                         "models item")  # fmt: skip
-    both = [r for r in raw if r.get("seconds") is not None and r.get("iterations") is not None]
-    if both:
-        warn(f"{source}: iterations has no effect in {len(both)} runs that also give seconds, "
-             "which decides how long a run trains")  # fmt: skip
-    return [Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)]
+    return items
 
 
 def load_sweep(path: Path) -> list[Item]:
