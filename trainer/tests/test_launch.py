@@ -373,7 +373,7 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
     ("sweep_text", "said"),
     [
         ("models: [torchvision:nosuch]\nbatch_sizes: [2]\n",
-         "run 0 (torchvision:nosuch): --model 'torchvision:nosuch': unknown torchvision model"),
+         "run 0 (torchvision:nosuch): unknown torchvision model 'nosuch' in spec"),
         ("models: [{entry: 'nosuch_module:make'}]\n", "run 0 (nosuch_module:make): entry "
          "'nosuch_module:make': cannot import 'nosuch_module'"),
         ("models: [torchvision:resnet18, torchvision:resnet34]\nrun: {iterations: 1}\n",
@@ -459,6 +459,16 @@ def test_a_duplicate_worker_does_not_fail_a_finished_run(
     monkeypatch.setattr(launch, "execute", broken)
     assert launch.run_one(0, manifest)["status"] == "failed"
     assert launch.failure_file(tmp_path, items[0]).is_file()
+    launch.failure_file(tmp_path, items[0]).unlink()
+
+    # sys.exit in the run's own code (a model's forward) is a failure too: the worker exited 0
+    # and the run counted as done with no run directory.
+    def exits(cfg: object, out: Path, trace: bool = False) -> dict:
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launch, "execute", exits)
+    result = launch.run_one(0, manifest)
+    assert result["status"] == "failed" and "SystemExit" in result["error"], result
     launch.failure_file(tmp_path, items[0]).unlink()
     monkeypatch.setattr(launch, "execute", lost_the_race)
     assert launch.run_one(0, manifest)["status"] == "present"

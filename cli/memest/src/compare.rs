@@ -187,13 +187,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
     }
-    // One profile traces and scores every row: runs measured on another GPU are said to be.
+    // One profile traces and scores every row: runs measured on another GPU are said to be. A
+    // GPU is its profile's `[gpu]` (a calibrated copy of the same GPU's profile is that GPU),
+    // by name where the row's profile cannot be read here.
     let pname = Profile::name_of(&ppath);
+    let same_gpu = |p: &str| match Profile::load(p) {
+        Ok((other, _)) => other.gpu.name == profile.gpu.name && other.gpu.total_memory == profile.gpu.total_memory,
+        Err(_) => Profile::name_of(Path::new(p)) == pname,
+    };
+    let mut judged: BTreeMap<&str, bool> = BTreeMap::new();
     let mut elsewhere: BTreeMap<String, usize> = BTreeMap::new();
     for (r, _) in &rows {
-        if let Some(p) = r.profile.as_deref().map(|p| Profile::name_of(Path::new(p))) {
-            if p != pname {
-                *elsewhere.entry(p).or_default() += 1;
+        if let Some(p) = r.profile.as_deref() {
+            if !*judged.entry(p).or_insert_with(|| same_gpu(p)) {
+                *elsewhere.entry(Profile::name_of(Path::new(p))).or_default() += 1;
             }
         }
     }
@@ -310,6 +317,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         })?
     };
     pb.finish_and_clear();
+    // Each trace's job settings beside it: the header does not say them all (a sequence length,
+    // an input shape), and a reused trace must be of the same job.
+    for j in &todo {
+        if matches!(traces.get(&j.name), Some(TraceResult { trace: Ok(_), .. })) {
+            let text = serde_json::to_string(&j.options)?;
+            write_atomic(&job_file(&tdir, &j.name), text.as_bytes())?;
+        }
+    }
     for j in reused {
         traces.insert(j.name.clone(), TraceResult { trace: Ok(existing(&j)), seconds: f64::NAN });
     }
@@ -458,7 +473,25 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 /// Why the trace at `path` is not `job`'s: a header field the trainer writes that differs from
 /// what the job asks for (`None` when they agree, or when the header cannot be read: the
 /// replay then says what is wrong with the file).
+/// Where a trace's job settings (`TraceJob::options`) are kept.
+fn job_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.job.json"))
+}
+
 fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Option<String> {
+    // A trace made before the settings were kept had none beyond its columns.
+    let kept: serde_json::Map<String, serde_json::Value> = path
+        .parent()
+        .and_then(|d| std::fs::read_to_string(job_file(d, &job.name)).ok())
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    if kept != job.options {
+        return Some(format!(
+            "job {}, not {}",
+            serde_json::Value::Object(kept),
+            serde_json::Value::Object(job.options.clone())
+        ));
+    }
     use trace::metadata::{AMP, BATCH_SIZE, CUDA_EMULATION, MODEL, OPTIMIZER, PARAM_DTYPE, PROFILE};
     let reader = trace::Reader::open(path).ok()?;
     let h = reader.header();

@@ -130,7 +130,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
 
 #[derive(clap::Args)]
 #[command(after_help = "Exit status: 0 worded, 2 bad input (the file, and the field that is missing or \
-of the wrong type, or a `verdict.fits` its own need and capacity contradict).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
+of the wrong type, or verdict numbers that contradict each other: a `verdict.fits` against its need and \
+capacity, a basis not the headline's, a `point_mib` not the headline's `device_mib`, a safe need below the \
+point).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
 \"baselines\": [lines]}, the `text` object of `memest estimate --json`.")]
 pub struct RenderArgs {
     /// The estimate: `memest estimate --json` or `python -m memtrace_trainer estimate --json`

@@ -276,36 +276,6 @@ fn errors_are_clear_and_exit_nonzero() {
     assert!(!out.exists(), "no partial profile written");
 }
 
-/// A trainer row is traced with the settings its run had (`job`), and a row measured on another
-/// GPU than --profile is said to be: `compare` scored gpt2 at its default sequence against a
-/// run at 32, and an H200 run as an A100's, in silence.
-#[test]
-fn compare_traces_the_job_that_was_run() {
-    venv_python();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("runs.csv");
-    let spec = r#"synthetic:{""family"":""mlp"",""input_size"":16,""output_size"":4,""depth"":2}"#;
-    std::fs::write(
-        &csv,
-        format!(
-            "Filename,Activations-Params,Total Activations,Total Parameters,Batch Size,Max GPU Memory (MiB),spec,\
-             optimizer,profile,job\n\"{spec}\",[],1,2,4,500,\"{spec}\",adam,h200,\"{{\"\"grad_accum\"\": 2}}\"\n"
-        ),
-    )
-    .unwrap();
-    let out = dir.path().join("cmp");
-    let (ok, _, err) =
-        memest(&["compare", "--dataset", csv.to_str().unwrap(), "--no-fake-tensor", "--out", out.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    assert!(err.contains("1 of the 1 rows were measured on another GPU than --profile a100-40gb (1 on h200"), "{err}");
-    let configs = std::fs::read_to_string(out.join("traces/configs.jsonl")).unwrap();
-    let config: serde_json::Value = serde_json::from_str(configs.lines().next().unwrap()).unwrap();
-    assert_eq!(config["grad_accum"], 2, "{configs}");
-    let trace = std::fs::read_to_string(out.join("traces/runs-00001.jsonl")).unwrap();
-    let header: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
-    assert_eq!(header["metadata"]["grad_accum"], "2", "{header}");
-}
-
 #[test]
 fn compare_rebuilds_real_rows_through_the_trainer() {
     // Two real GPUMemNet MLP rows, traced by the trainer (needs the venv), every estimator run.

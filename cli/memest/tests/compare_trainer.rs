@@ -333,3 +333,50 @@ fn compare_on_a_cluster_backend_scores_what_the_local_backend_scores() {
     ]);
     assert!(ok && err.contains("--partition has no effect without --backend slurm"), "{err}");
 }
+
+/// A trainer row is traced with the settings its run had (`job`), and a row measured on another
+/// GPU than --profile is said to be: `compare` scored gpt2 at its default sequence against a
+/// run at 32, and an H200 run as an A100's, in silence.
+#[test]
+fn compare_traces_the_job_that_was_run() {
+    venv_python();
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("runs.csv");
+    let spec = r#"synthetic:{""family"":""mlp"",""input_size"":16,""output_size"":4,""depth"":2}"#;
+    std::fs::write(
+        &csv,
+        format!(
+            "Filename,Activations-Params,Total Activations,Total Parameters,Batch Size,Max GPU Memory (MiB),spec,\
+             optimizer,profile,job\n\"{spec}\",[],1,2,4,500,\"{spec}\",adam,h200,\"{{\"\"grad_accum\"\": 2}}\"\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("cmp");
+    let compare = |extra: &[&str]| {
+        let mut args = vec!["compare", "--dataset", csv.to_str().unwrap(), "--no-fake-tensor", "--out"];
+        args.push(out.to_str().unwrap());
+        args.extend(extra);
+        let done = Command::new(env!("CARGO_BIN_EXE_memest")).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&done.stderr).into_owned();
+        assert!(done.status.success(), "{err}");
+        err
+    };
+    let err = compare(&[]);
+    assert!(err.contains("1 of the 1 rows were measured on another GPU than --profile a100-40gb (1 on h200"), "{err}");
+    let configs = std::fs::read_to_string(out.join("traces/configs.jsonl")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(configs.lines().next().unwrap()).unwrap();
+    assert_eq!(config["grad_accum"], 2, "{configs}");
+    let trace = std::fs::read_to_string(out.join("traces/runs-00001.jsonl")).unwrap();
+    let header: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
+    assert_eq!(header["metadata"]["grad_accum"], "2", "{header}");
+    // Reused as long as the row's settings are the trace's; traced again once they are not.
+    let err = compare(&["--reuse-traces"]);
+    assert!(!err.contains("traced again"), "{err}");
+    let text = std::fs::read_to_string(&csv).unwrap().replace("\": 2}", "\": 3}");
+    std::fs::write(&csv, text).unwrap();
+    let err = compare(&["--reuse-traces"]);
+    assert!(err.contains("traced again") && err.contains(r#"job {"grad_accum":2}, not {"grad_accum":3}"#), "{err}");
+    let trace = std::fs::read_to_string(out.join("traces/runs-00001.jsonl")).unwrap();
+    let header: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
+    assert_eq!(header["metadata"]["grad_accum"], "3", "{header}");
+}

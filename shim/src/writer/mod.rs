@@ -143,6 +143,11 @@ impl Drop for TraceFile {
     }
 }
 
+fn is_fifo(path: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
 /// Writes to `file` wait for the reader again (it was opened non-blocking): a pipe's reader that
 /// is slower than the program must not make the writer drop the trace.
 fn blocking(file: &File) -> std::io::Result<()> {
@@ -176,7 +181,8 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             .open(&path);
         let file = match opened {
             Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            // ENXIO is also a socket behind /proc/self/fd, or /dev/tty without a terminal.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && is_fifo(&path) => {
                 log!(Warn, "MEMTRACE_OUT {path} is a pipe no process reads; recording disabled");
                 return None;
             }

@@ -105,7 +105,7 @@ def _complete_part(out: Path) -> tuple[str, bool]:
     interruption (no line end after it: rows appended to it made one row of two)."""
     text = ""
     if out.is_file():
-        with out.open(newline="") as f:
+        with out.open(newline="", encoding="utf-8") as f:
             text = f.read()
     if not text or text.endswith("\n"):
         return text, False
@@ -203,12 +203,12 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
         warn(f"--out {args.out}: its last row was cut short (an interrupted run): removed, and "
              "computed again")  # fmt: skip
-        with args.out.open("r+", newline="") as f:
-            f.truncate(len(complete.encode()))
+        with args.out.open("r+", newline="", encoding="utf-8") as f:
+            f.truncate(len(complete.encode("utf-8")))  # bytes: the file is UTF-8 throughout
     fresh = not args.out.exists() or args.out.stat().st_size == 0
     start = last = time.monotonic()
     errors = 0
-    with args.out.open("a", newline="") as f:
+    with args.out.open("a", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
         if fresh:
             writer.writeheader()

@@ -228,7 +228,7 @@ def build_workload(
     except UserError as e:
         # A spec's own words (`unknown DLRM size 'bad'`, a config file's field) name no flag:
         # the spec is what the user gave, and `serve` names the request's field by it.
-        if re.search(r"--[a-z]", str(e)):
+        if re.search(r"--[a-z]", str(e)) or repr(spec) in str(e):
             raise
         raise UserError(f"--model {spec!r}: {e}") from None
     if source not in ("hf", "hf-config") and tune.regime.active:

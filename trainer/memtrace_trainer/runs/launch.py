@@ -67,7 +67,7 @@ def run_one(index: int, manifest: str | Path, run_id: str | None = None) -> dict
     failed = failure_file(out, item)
     try:
         labels = execute(item.config, target, trace=item.trace)
-    except Exception as e:  # recorded, and the sweep goes on
+    except (Exception, SystemExit) as e:  # recorded (sys.exit in the model too), the sweep goes on
         if is_complete(target):
             # Another worker (a second launch, a resubmitted task) finished the same run first;
             # ours lost the rename. The run is there: not a failure.
@@ -238,6 +238,9 @@ def preflight(items: list[Item], source: str, here: bool) -> None:
                 build(c, torch.device("meta"))
         except UserError as e:
             raise UserError(f"{source}: run {it.index} ({c.model or c.entry}): {e}") from None
+        except Exception as e:  # the model's own code on meta: named, not an internal error
+            raise UserError(f"{source}: run {it.index} ({c.model or c.entry}): building it "
+                            f"raised {type(e).__name__}: {e}") from None  # fmt: skip
 
 
 def cpu_fallbacks(out: Path, items: list[Item]) -> tuple[int, int]:
@@ -296,12 +299,14 @@ def _run_worker(
             ).returncode
         except subprocess.TimeoutExpired:
             rc = None
-    if rc == 0:
+    if rc == 0 and is_complete(run_dir(out, item)):
         return "done", item.config.id
     if rc == 1 and failure_file(out, item).is_file():
         return "failed", item.config.id
     tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
-    why = f"timed out after {timeout_s} s" if rc is None else f"worker exited with {rc}"
+    why = (f"timed out after {timeout_s} s" if rc is None
+           else "worker exited 0 without a run directory" if rc == 0
+           else f"worker exited with {rc}")  # fmt: skip
     _record_failure(out, item, f"{why}; log tail:\n{tail}")
     return "failed", item.config.id
 
