@@ -79,10 +79,14 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     assert stamps == {i: (out / "runs" / i / "labels.json").stat().st_mtime_ns for i in ids[:1]}
     assert (out / "logs" / f"{ids[1]}.log").is_file()
 
-    # Dataset of the sweep: CPU runs are skipped unless asked for, and say so.
+    # Dataset of the sweep: CPU runs are skipped unless asked for; a header alone is not
+    # written (every reader refuses it), and a directory is no CSV.
     csv_path = tmp_path / "d.csv"
-    done = cli("dataset", str(out), "--out", str(csv_path))
-    assert "0 runs; skipped 1 CPU-fallback runs" in done.stdout
+    done = cli("dataset", str(out), "--out", str(csv_path), check=False)
+    assert done.returncode == 2 and "all 1 are CPU-fallback runs" in done.stderr, done.stderr
+    assert not csv_path.exists()
+    done = cli("dataset", str(out), "--out", str(tmp_path), check=False)
+    assert done.returncode == 2 and "is a directory; expected the CSV file" in done.stderr
     cli("dataset", str(out), "--out", str(csv_path), "--include-cpu")
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [r["run_id"] for r in rows] == ids[:1]

@@ -305,11 +305,18 @@ def _dataset(args: argparse.Namespace) -> None:
     from memtrace_trainer.atomic import write_text
     from memtrace_trainer.runs.dataset import collect
 
+    if args.out.is_dir():
+        raise UserError(f"--out {args.out}: is a directory; expected the CSV file to write")
     text, summary = collect(args.dir, args.include_cpu)
     if not args.out.parent.is_dir():
         raise UserError(f"--out {args.out}: directory {args.out.parent} does not exist")
-    write_text(args.out, text)
     skipped = summary["skipped_cpu_runs"]
+    if summary["rows"] == 0:
+        # A header alone is no dataset: every reader of it (compare, calibrate) refuses it.
+        why = (f"all {len(skipped)} are CPU-fallback runs, with no GPU labels (--include-cpu "
+               "keeps them)" if skipped else "no finished run directory is under it")  # fmt: skip
+        raise UserError(f"dataset {args.dir}: no run to write: {why}; {args.out} not written")
+    write_text(args.out, text)
     print(
         f"wrote {args.out}: {summary['rows']} runs"
         + (
