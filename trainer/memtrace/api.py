@@ -192,6 +192,12 @@ def _text(name: str, value: Any) -> None:
         raise EstimateError(f"{name}={value!r}: expected a non-empty name (a string)")
 
 
+def _flag(name: str, value: Any) -> None:
+    """A yes/no argument (`point`): True or False, not a truthy string (`point="no"` was True)."""
+    if not isinstance(value, bool):
+        raise EstimateError(f"{name}={value!r}: expected True or False")
+
+
 def _uncompiled(model: Any) -> Any:
     """A `torch.compile`d module's own module, traced eagerly, as the CLI traces a compiled
     step (dynamo could not copy the wrapper to the tracer's device)."""
@@ -423,6 +429,7 @@ def estimate(
     _count("world_size", world_size, "a number of ranks")
     _text("gpu", gpu)
     _text("optimizer", optimizer)
+    _flag("point", point)
     prof = _profile(gpu, capacity)
     tmp = Kept()
     trace = Path(tmp.name) / "symbolic.jsonl"
@@ -512,6 +519,7 @@ def max_batch(
     _count("limit", limit, "the largest batch to try")
     _text("gpu", gpu)
     _text("optimizer", optimizer)
+    _flag("point", point)
     prof = _profile(gpu, capacity)
     with _tracing(), _warnings_as_python(), _errors():
         model = _uncompiled(model)
@@ -532,6 +540,7 @@ def replay(trace: str | Path, profile: str | None = None, *, capacity: str | Non
     """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
     _text("trace", trace)
+    _flag("point", point)
     args = ["replay", str(trace), "--json"]
     for flag, value in (("--profile", profile), ("--capacity", capacity),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip

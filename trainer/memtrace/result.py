@@ -144,6 +144,8 @@ class Estimate:
 
         if gpu is not None:
             _text("gpu", gpu)
+        if point is not None and not isinstance(point, bool):
+            raise EstimateError(f"point={point!r}: expected True, False or None")
         if point is None:
             point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):

@@ -253,6 +253,7 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"gpu": 5}, r"^gpu=5: expected a non-empty name"),
         ({"gpu": ""}, r"^gpu='': expected a non-empty name"),
         ({"optimizer": ""}, r"^optimizer='': expected a non-empty name"),
+        ({"point": "no"}, r"^point='no': expected True or False"),
         ({"lora": 4, "lora_targets": [0, 2]}, r"^lora_targets=\[0, 2\]: expected module names"),
         (
             {"world_size": 2_000_000, "strategy": "ddp"},
