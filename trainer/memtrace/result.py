@@ -139,13 +139,13 @@ class Estimate:
         estimate's own `capacity` when it was given one; else the GPU's total memory. A `gpu`
         named with no `capacity` is judged on its total memory, even when it is the estimated
         GPU: a warning says so when the estimate had a capacity of its own."""
-        from memtrace.api import MemtraceWarning, _text
+        from memtrace.api import MemtraceWarning, _flag, _text
         from memtrace_trainer.estimate import judged_on_point
 
         if gpu is not None:
             _text("gpu", gpu)
-        if point is not None and not isinstance(point, bool):
-            raise EstimateError(f"point={point!r}: expected True, False or None")
+        if point is not None:
+            _flag("point", point)
         if point is None:
             point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):

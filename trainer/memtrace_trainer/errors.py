@@ -19,6 +19,17 @@ class UserCodeError(UserError):
         super().__init__("\n".join(lines))
 
 
+def is_integer(v: object) -> bool:
+    """An int that is not a bool (YAML's and JSON's `true` is one), as user input is checked."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: object) -> bool:
+    """A number a comparison can take (not a bool, not a string: `seconds: "abc"` made `>=`
+    raise)."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
     """`text` parsed as a JSON object; otherwise a `UserError` naming `where` (a file and line, a
     flag) and what was expected."""

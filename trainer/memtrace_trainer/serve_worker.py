@@ -33,6 +33,11 @@ def _schema() -> Any:
     return Schema(estimate_parser())
 
 
+def _code_field(args: Any) -> str | None:
+    """The request field naming the user's code the estimate ran (step, entry, script)."""
+    return next((k for k in ("step", "entry", "script") if getattr(args, k, None)), None)
+
+
 def answer(argv: list[str]) -> tuple[int, str]:
     """HTTP status and body of one estimate: 200 and exactly what `estimate ARGV` prints (a
     "does not fit" verdict is an answer too), 400 for what the command rejects, 500 for an
@@ -55,9 +60,7 @@ def answer(argv: list[str]) -> tuple[int, str]:
     except UserError as e:
         return 400, _error(str(e), schema.field_in(str(e), argv))
     except SystemExit as e:  # the user's code (the server's own never exits by raising)
-        message = str(UserCodeError("your code called sys.exit:", e))
-        return 400, _error(message, next((k for k in ("step", "entry", "script")
-                                          if getattr(args, k, None)), None))  # fmt: skip
+        return 400, _error(str(UserCodeError("your code called sys.exit:", e)), _code_field(args))
     except Exception as e:  # the user's code or an internal fault: a JSON answer either way
         if (too_large := size_overflow(e)) is not None:
             huge = (
@@ -65,9 +68,7 @@ def answer(argv: list[str]) -> tuple[int, str]:
             )
             return 400, _error(str(too_large), next(huge, None))
         if user_frames(e):
-            message = str(UserCodeError("your code raised", e))
-            return 400, _error(message, next((k for k in ("step", "entry", "script")
-                                              if getattr(args, k, None)), None))  # fmt: skip
+            return 400, _error(str(UserCodeError("your code raised", e)), _code_field(args))
         if os.environ.get("MEMTRACE_TRACEBACK") == "1":
             traceback.print_exc()
         return 500, _error(_internal(e))

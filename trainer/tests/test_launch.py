@@ -401,11 +401,13 @@ def test_launch_refuses_what_every_run_would_fail_on_up_front(
     assert not out.exists()
 
 
-def test_device_cuda_without_cuda_is_refused_where_the_runs_run(tmp_path: Path) -> None:
+def test_device_cuda_without_cuda_is_refused_where_the_runs_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: device cuda is valid here")
+    # A machine without CUDA, on a GPU machine too: the check is what is tested, not the host.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     sweep = tmp_path / "s.yaml"
     sweep.write_text("models: [torchvision:resnet18]\nbatch_sizes: [2]\nrun: {device: cuda}\n")
     out = str(tmp_path / "o")

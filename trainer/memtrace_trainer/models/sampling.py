@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, is_integer, is_number
 from memtrace_trainer.models.config import (
     ACTIVATIONS,
     InvalidConfig,
@@ -38,14 +38,6 @@ RANGE_KEYS = ("min", "max", "step", "max_ratio", "of")
 RANGE_FORMS = "{min, max[, step]} or {min, max_ratio, of[, step]}"
 
 
-def _integer(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
 def _range(spec: dict[str, Any], where: str) -> None:
     """A range's own shape, whatever field it is for; a mapping is always a range (a fixed
     mapping was handed on as a value and failed far from the sweep file)."""
@@ -57,14 +49,14 @@ def _range(spec: dict[str, Any], where: str) -> None:
     if ("of" in spec) != ("max_ratio" in spec):
         raise UserError(f"{where}: max_ratio and of go together: expected {RANGE_FORMS}")
     ends = [spec["min"], spec.get("max", spec.get("max_ratio"))]
-    if not all(_number(v) for v in ends):
+    if not all(is_number(v) for v in ends):
         raise UserError(f"{where}: expected numbers for min and max (or max_ratio), got {spec}")
     if "max" in spec and spec["max"] < spec["min"]:
         raise UserError(f"{where}: expected min <= max, got {spec}")
     if "max_ratio" in spec and spec["max_ratio"] <= 0:
         raise UserError(f"{where}: max_ratio {spec['max_ratio']!r}: expected a positive number")
     step = spec.get("step")
-    if step is not None and not (_number(step) and step > 0):
+    if step is not None and not (is_number(step) and step > 0):
         raise UserError(f"{where}: step {step!r}: expected a positive number")
 
 
@@ -81,7 +73,7 @@ def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> An
         ref = spec["of"]
         if ref not in drawn:
             raise UserError(f"{where}: 'of' must name a field listed before it")
-        if not _number(drawn[ref]):
+        if not is_number(drawn[ref]):
             raise UserError(f"{where}: 'of' names {ref!r}, whose value {drawn[ref]!r} is not "
                             "a number")  # fmt: skip
         hi: Any = max(lo, int(drawn[ref] * spec["max_ratio"]))
@@ -114,7 +106,7 @@ _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 def _accepts(hint: Any, value: Any) -> bool:
     if typing.get_args(hint):  # `int | None`
         return any(_accepts(h, value) for h in typing.get_args(hint))
-    checks = {int: _integer, float: _number, bool: lambda v: isinstance(v, bool),
+    checks = {int: is_integer, float: is_number, bool: lambda v: isinstance(v, bool),
               str: lambda v: isinstance(v, str), type(None): lambda v: v is None}  # fmt: skip
     return checks.get(hint, lambda _: True)(value)
 
@@ -167,7 +159,7 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
                 raise UserError(f"{where}: a range draws numbers; the field takes "
                                 f"{_expected(hint)}")  # fmt: skip
             for key in ("min", "max", "step"):
-                if ints and key in spec and not _integer(spec[key]):
+                if ints and key in spec and not is_integer(spec[key]):
                     raise UserError(f"{where}: {key} {spec[key]!r}: expected an integer "
                                     "(the field takes integers)")  # fmt: skip
             if "of" in spec and (spec["of"] not in before or not _accepts(hints[spec["of"]], 1)):
@@ -185,7 +177,7 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
         if key not in sweep:
             raise UserError(f"{source}: missing field {key!r}")
     count = sweep["count"]
-    if not _integer(count) or count < 0:
+    if not is_integer(count) or count < 0:
         raise UserError(f"{source}: field 'count' is {count!r}: expected an integer >= 0")
     check_seed(sweep, source)
     fields = sweep["fields"]
@@ -213,7 +205,7 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
 
 def check_seed(sweep: dict[str, Any], source: str) -> None:
     seed = sweep.get("seed", 0)
-    if not _integer(seed):
+    if not is_integer(seed):
         raise UserError(f"{source}: field 'seed' is {seed!r}: expected an integer")
 
 

@@ -281,14 +281,11 @@ def _build(
     if source == "dlrm":
         return DLRM.workload(spec, DLRMConfig.from_spec(name), batch_size, device)
     if source in ("gpumemnet", "synthetic"):
-        try:
-            if source == "gpumemnet":
-                config, _ = from_gpumemnet_filename(name)
-            else:
-                config = from_dict(json_object(name, "the config after `synthetic:`"))
-        except UserError as e:
-            # The generator's words name its config's fields; the spec is what was given.
-            raise UserError(f"--model {spec!r}: {e}") from None
+        # The generator's words name its config's fields: `build_workload` names the spec.
+        if source == "gpumemnet":
+            config, _ = from_gpumemnet_filename(name)
+        else:
+            config = from_dict(json_object(name, "the config after `synthetic:`"))
         return _synthetic(spec, config, batch_size, shape, device)
     raise UserError(
         f"unknown model spec {spec!r}: expected torchvision:NAME, timm:NAME, hf:REPO_ID, "

@@ -8,21 +8,11 @@ import json
 import re
 from typing import Any
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, is_integer, is_number
 from memtrace_trainer.optim import EMULATED, OPTIMIZERS
 from memtrace_trainer.symtrace.step import AMP
 
 DEVICES = ("auto", "cuda", "cpu")
-
-
-def _integer(v: Any) -> bool:
-    """An int that is not a bool (YAML's `true` is one)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    """A number a comparison can take: `seconds: "abc"` made `>=` raise."""
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +43,7 @@ class RunConfig:
         out = []
         if (self.model is None) == (self.entry is None):
             out.append("exactly one of model or entry is required")
-        if not _integer(self.batch_size) or self.batch_size < 1:
+        if not is_integer(self.batch_size) or self.batch_size < 1:
             out.append(f"batch_size {self.batch_size!r}: expected a positive integer")
         if self.optimizer not in OPTIMIZERS:
             out.append(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
@@ -62,20 +52,20 @@ class RunConfig:
                 f"optimizer {self.optimizer!r}: its bitsandbytes kernels are emulated for "
                 "estimates only; real runs support the PyTorch and transformers ones"
             )
-        if not _integer(self.iterations) or self.iterations < 1:
+        if not is_integer(self.iterations) or self.iterations < 1:
             out.append(f"iterations {self.iterations!r}: expected at least 1")
-        if self.seconds is not None and not (_number(self.seconds) and self.seconds > 0):
+        if self.seconds is not None and not (is_number(self.seconds) and self.seconds > 0):
             out.append(f"seconds {self.seconds!r}: expected a positive number")
         if self.amp is not None and self.amp not in AMP:
             out.append(f"amp {self.amp!r}: expected one of {sorted(AMP)}")
-        if not _integer(self.grad_accum) or self.grad_accum < 1:
+        if not is_integer(self.grad_accum) or self.grad_accum < 1:
             out.append(f"grad_accum {self.grad_accum!r}: expected at least 1")
         if self.device not in DEVICES:
             out.append(f"device {self.device!r}: expected one of {DEVICES}")
-        if not (_number(self.nvml_hz) and self.nvml_hz >= 10):
+        if not (is_number(self.nvml_hz) and self.nvml_hz >= 10):
             out.append(f"nvml_hz {self.nvml_hz!r}: expected at least 10 (samples per second)")
         if self.num_classes is not None and (
-            not _integer(self.num_classes) or self.num_classes < 1
+            not is_integer(self.num_classes) or self.num_classes < 1
         ):
             out.append(f"num_classes {self.num_classes!r}: expected a positive integer")
         return out
