@@ -40,6 +40,8 @@ pub struct TraceResult {
     pub trace: std::result::Result<PathBuf, String>,
     /// Wall seconds the trainer spent on it (time between its output lines).
     pub seconds: f64,
+    /// What the trainer said of the config (a setting with no effect on the model, ...).
+    pub warnings: Vec<String>,
 }
 
 /// How the trainer is run: its interpreter and the extra arguments of its `symtrace --batch`
@@ -152,7 +154,10 @@ fn trace_worker(
                 if pending.len() == jobs.len() && results.is_empty() {
                     return Err(EstimateError::Command { command: trainer_command(trainer, dir, worker), message });
                 }
-                results.insert(first.name.clone(), TraceResult { trace: Err(message), seconds: 0.0 });
+                results.insert(
+                    first.name.clone(),
+                    TraceResult { trace: Err(message), seconds: 0.0, warnings: Vec::new() },
+                );
                 progress(&first.name);
                 pending.remove(0);
             }
@@ -162,6 +167,7 @@ fn trace_worker(
         results.entry(j.name.clone()).or_insert_with(|| TraceResult {
             trace: Err("the trainer printed no result for this config".into()),
             seconds: 0.0,
+            warnings: Vec::new(),
         });
     }
     Ok(results)
@@ -248,9 +254,14 @@ fn run_once(
             (None, Some(e)) => Err(e.to_string()),
             (None, None) => Err("trainer printed neither \"out\" nor \"error\"".to_string()),
         };
+        let warnings = v
+            .get("warnings")
+            .and_then(|w| w.as_array())
+            .map(|w| w.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
         progress(&name);
         answered += 1;
-        results.insert(name, TraceResult { trace, seconds });
+        results.insert(name, TraceResult { trace, seconds, warnings });
     }
     let status = child.wait().map_err(|e| cmd_err(format!("waiting: {e}")))?;
     let stderr_text = err_thread.join().unwrap_or_default();

@@ -317,6 +317,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         })?
     };
     pb.finish_and_clear();
+    // What the trainer said of the rows' settings (one with no effect on the model, a default it
+    // chose) reaches the user: the row's trace is of what it did with them.
+    let said: Vec<String> =
+        traces.iter().flat_map(|(name, t)| t.warnings.iter().map(move |w| format!("{name}: {w}"))).collect();
+    if let Some(first) = said.first() {
+        eprintln!(
+            "memest: warning: the trainer gave {} warnings while tracing the rows (the first: {first})",
+            said.len()
+        );
+    }
     // Each trace's job settings beside it: the header does not say them all (a sequence length,
     // an input shape), and a reused trace must be of the same job.
     for j in &todo {
@@ -326,7 +336,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     for j in reused {
-        traces.insert(j.name.clone(), TraceResult { trace: Ok(existing(&j)), seconds: f64::NAN });
+        traces.insert(j.name.clone(), TraceResult { trace: Ok(existing(&j)), seconds: f64::NAN, warnings: Vec::new() });
     }
     let ctx = EvalContext { profile: &profile, version, optimizer, precision: Precision::Fp32 };
     let pb = bar(rows.len(), "estimating");

@@ -362,6 +362,7 @@ fn compare_traces_the_job_that_was_run() {
         err
     };
     let err = compare(&[]);
+    assert!(!err.contains("the trainer gave"), "{err}");
     assert!(err.contains("1 of the 1 rows were measured on another GPU than --profile a100-40gb (1 on h200"), "{err}");
     let configs = std::fs::read_to_string(out.join("traces/configs.jsonl")).unwrap();
     let config: serde_json::Value = serde_json::from_str(configs.lines().next().unwrap()).unwrap();
@@ -379,4 +380,9 @@ fn compare_traces_the_job_that_was_run() {
     let trace = std::fs::read_to_string(out.join("traces/runs-00001.jsonl")).unwrap();
     let header: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
     assert_eq!(header["metadata"]["grad_accum"], "3", "{header}");
+    // A setting the model has no use for is said, as the trainer says it of a flag.
+    let text = std::fs::read_to_string(&csv).unwrap().replace("\": 3}", "\": 3, \"\"seq_len\"\": 32}");
+    std::fs::write(&csv, text).unwrap();
+    let err = compare(&[]);
+    assert!(err.contains("the trainer gave 1 warnings") && err.contains("--seq-len 32 has no effect"), "{err}");
 }
