@@ -173,7 +173,8 @@ def test_kernel_stats_cli_writes_every_row_with_a_status_and_resumes(tmp_path: P
     out = tmp_path / "k.csv"
     done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--limit", "3")
     assert "3 to do" in done.stderr and "rows/s" in done.stderr
-    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--jobs", "2")
+    rest = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--jobs", "2")
+    assert rest.returncode == 0 and "1 of the 1 rows computed failed" in rest.stderr
     rows = list(csv.DictReader(out.open()))
     assert [r["Filename"] for r in rows] == names, "resumed: earlier rows kept, the rest appended"
     assert [r["status"] for r in rows] == ["ok", "ok", "error", "error"]
@@ -182,6 +183,7 @@ def test_kernel_stats_cli_writes_every_row_with_a_status_and_resumes(tmp_path: P
     assert 0 < float(rows[1]["k_est_smact"]) <= 1
     again = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
     assert "0 to do" in again.stderr
+    assert "2 of its rows have status error and are not computed again" in again.stderr
     assert len(list(csv.DictReader(out.open()))) == 4
     assert {(r["optimizer"], r["amp"], r["device"]) for r in rows} == {
         ("adam", "fp32", ks.profile_device().name)
@@ -296,3 +298,19 @@ def test_kernel_stats_out_creates_its_folders(tmp_path: Path) -> None:
     out = tmp_path / "target" / "kstats" / "k.csv"
     cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
     assert [r["status"] for r in csv.DictReader(out.open())] == ["ok"]
+
+
+def test_kernel_stats_says_failed_rows_and_exits_2_when_all_failed(tmp_path: Path) -> None:
+    dataset = tmp_path / "rows.csv"
+    dataset.write_text('Filename\n"not a gpumemnet name"\n"' + KS_NAMES[0] + '"\n')
+    out = tmp_path / "k.csv"
+    one = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), "--limit", "1",
+              check=False)  # fmt: skip
+    assert one.returncode == 2, one.stderr
+    assert f"every row of {out} failed (1 computed now" in one.stderr
+    assert "the first: not a gpumemnet name: " in one.stderr, one.stderr
+    assert [r["status"] for r in csv.DictReader(out.open())] == ["error"], "the row is kept"
+    both = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    assert both.returncode == 0, both.stderr
+    assert "1 of its rows have status error" in both.stderr
+    assert "1 new rows (0 with status error)" in both.stderr, "the new row computed"

@@ -498,6 +498,11 @@ def test_submitted_runs_are_not_submitted_again(sweep: Path, tmp_path: Path) -> 
     assert "submitted 2 runs" not in again.stderr
     jobs = json.loads((out / "submitit" / "jobs.json").read_text())
     assert len(jobs) == 2 and all(j["submitted"] > 0 for j in jobs)
+    # Nor run here beside their jobs: two writers of one run directory.
+    local = cli("launch", str(sweep), "--out", str(out))
+    assert "2 runs were submitted before and have not finished" in local.stderr, local.stderr
+    assert "2 left to their Slurm jobs, 0 to run" in local.stderr
+    assert not (out / "runs").exists() or not any((out / "runs").iterdir())
     assert "submitted 2 runs" in cli(*args, "--resubmit").stderr
     # A run whose job recorded its failure since is submitted again without the flag.
     failed = out / "failed" / f"{jobs[1]['id']}.json"

@@ -175,17 +175,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
+    let (mut read, mut left_out) = (0, 0);
     for (di, d) in a.dataset.iter().enumerate() {
         let mut all = estimators::dataset::load(d, &[])?;
+        let n = all.len();
+        read += n;
         all.retain(|r| !excluded.contains(&r.id));
         if a.exclude_calibrated {
             all.retain(|r| !calibrated.contains(&r.id));
         }
+        left_out += n - all.len();
         let chosen = match a.limit {
             Some(n) => seeded_subset(&all, n, seed),
             None => all,
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
+    }
+    if rows.is_empty() {
+        anyhow::bail!(
+            "no row to compare: the datasets hold {read} rows{}",
+            if left_out == 0 {
+                String::new()
+            } else {
+                format!(
+                    " and all of them were left out ({left_out} by {})",
+                    match (a.exclude_runs.is_empty(), a.exclude_calibrated) {
+                        (false, true) => "--exclude-runs and --exclude-calibrated",
+                        (false, false) => "--exclude-runs",
+                        _ => "--exclude-calibrated",
+                    }
+                )
+            }
+        );
     }
     // One profile traces and scores every row: runs measured on another GPU are said to be. A
     // GPU is its profile's `[gpu]` (a calibrated copy of the same GPU's profile is that GPU),
@@ -480,14 +501,14 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(write_atomic(path, text.as_bytes())?)
 }
 
-/// Why the trace at `path` is not `job`'s: a header field the trainer writes that differs from
-/// what the job asks for (`None` when they agree, or when the header cannot be read: the
-/// replay then says what is wrong with the file).
 /// Where a trace's job settings (`TraceJob::options`) are kept.
 fn job_file(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.job.json"))
 }
 
+/// Why the trace at `path` is not `job`'s: a header field the trainer writes that differs from
+/// what the job asks for (`None` when they agree, or when the header cannot be read: the
+/// replay then says what is wrong with the file).
 fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Option<String> {
     // A trace made before the settings were kept had none beyond its columns.
     let kept: serde_json::Map<String, serde_json::Value> = path

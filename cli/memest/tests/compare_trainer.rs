@@ -386,3 +386,39 @@ fn compare_traces_the_job_that_was_run() {
     let err = compare(&[]);
     assert!(err.contains("the trainer gave 1 warnings") && err.contains("--seq-len 32 has no effect"), "{err}");
 }
+
+#[test]
+fn compare_with_every_row_left_out_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two rows of a measured dataset, under a stem of their own.
+    let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step1.csv")).unwrap();
+    let data = dir.path().join("two.csv");
+    std::fs::write(&data, text.lines().take(3).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    // A profile calibrated on both.
+    let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
+    let cut = base.find("\n[calibration.rows]\n").unwrap();
+    let rest = &base[cut + 1..];
+    let after = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
+    let profile = dir.path().join("cal.toml");
+    let rows = "[calibration.rows]\n\"two\" = [1, 2]\n";
+    std::fs::write(&profile, format!("{}\n{rows}\n{}", &base[..cut], &rest[after..])).unwrap();
+    let out = dir.path().join("cmp");
+    let (ok, _, err) = memest(&[
+        "compare",
+        "--dataset",
+        data.to_str().unwrap(),
+        "--profile",
+        profile.to_str().unwrap(),
+        "--exclude-calibrated",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "no row to compare: the datasets hold 2 rows and all of them were left out (2 by --exclude-calibrated)"
+        ),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is written");
+}

@@ -125,12 +125,14 @@ def _complete_part(out: Path) -> tuple[str, bool]:
     return text[:kept], True
 
 
-def _done_keys(text: str, out: Path, header: list[str], said: dict[str, str]) -> set[str]:
+def _done_keys(
+    text: str, out: Path, header: list[str], said: dict[str, str]
+) -> tuple[set[str], int]:
     """Keys already written by an earlier run of the same columns and settings (the resume
-    point), from the complete rows `text` of `out`. Rows of other settings are refused: a file
-    mixing them would train on both."""
+    point), from the complete rows `text` of `out`, and how many of them have status error.
+    Rows of other settings are refused: a file mixing them would train on both."""
     if not text:
-        return set()
+        return set(), 0
     with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         found = next(reader, None)
@@ -138,7 +140,7 @@ def _done_keys(text: str, out: Path, header: list[str], said: dict[str, str]) ->
             raise UserError(
                 f"--out {out}: exists with other columns ({found}); remove it or pick another path"
             )
-        done = set()
+        done, failed = set(), 0
         for line, row in enumerate(reader, 2):
             if len(row) != len(header):
                 continue  # a row cut short by an interruption: computed again
@@ -151,7 +153,8 @@ def _done_keys(text: str, out: Path, header: list[str], said: dict[str, str]) ->
                         "(remove it, pick another path, or pass the same settings)"
                     )
             done.add(row[0])
-        return done
+            failed += cells["status"] != "ok"
+        return done, failed
 
 
 def _results(todo: list[str], jobs: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
@@ -178,13 +181,18 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
     header = [KEY, "status", "error", *SETTINGS, *COLUMNS]
     keys = _dataset_keys(args.gpumemnet, args.limit)
     complete, cut = _complete_part(args.out)
-    done = _done_keys(complete, args.out, header, _said(settings))
+    done, failed_before = _done_keys(complete, args.out, header, _said(settings))
     unique = list(dict.fromkeys(keys))
     todo = [k for k in unique if k not in done]
     repeated = len(keys) - len(unique)
-    if repeated:
-        from memtrace_trainer.notes import warn
+    from memtrace_trainer.notes import warn
 
+    if failed_before:
+        # A row's failure is a fact of its name and settings (an unparsable name, a model
+        # too large): computing it again would fail again, so it is kept, and said.
+        warn(f"--out {args.out}: {failed_before} of its rows have status error and are not "
+             "computed again (remove those rows to retry them)")  # fmt: skip
+    if repeated:
         warn(f"{args.gpumemnet}: {repeated} rows repeat a Filename of an earlier row: each "
              f"Filename is one row of {args.out}, computed once")  # fmt: skip
     print(
@@ -199,15 +207,13 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
     make_parents(args.out)
     if cut:
-        from memtrace_trainer.notes import warn
-
         warn(f"--out {args.out}: its last row was cut short (an interrupted run): removed, and "
              "computed again")  # fmt: skip
         with args.out.open("r+", newline="", encoding="utf-8") as f:
             f.truncate(len(complete.encode("utf-8")))  # bytes: the file is UTF-8 throughout
     fresh = not args.out.exists() or args.out.stat().st_size == 0
     start = last = time.monotonic()
-    errors = 0
+    errors, first_error = 0, ""
     with args.out.open("a", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=header, lineterminator="\n")
         if fresh:
@@ -215,7 +221,9 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         for i, row in enumerate(_results(todo, args.jobs, settings), 1):
             writer.writerow(row)
             f.flush()  # every finished row survives an interruption: the next run resumes
-            errors += row["status"] != "ok"
+            if row["status"] != "ok":
+                errors += 1
+                first_error = first_error or f"{row[KEY]}: {row['error']}"
             now = time.monotonic()
             if now - last >= 5 or i == len(todo):
                 last = now
@@ -229,6 +237,14 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         f"wrote {args.out}: {len(todo)} new rows ({errors} with status error) in {elapsed:.1f} s",
         file=sys.stderr,
     )
+    if errors == len(todo) and todo and failed_before == len(done):
+        # Every row failing is a setting or an input the tool cannot use, not a dataset: a
+        # file of error rows only is no result to exit 0 on.
+        raise UserError(f"every row of {args.out} failed ({errors} computed now, status "
+                        f"error); the first: {first_error}")  # fmt: skip
+    if errors:
+        warn(f"{errors} of the {len(todo)} rows computed failed (status error in {args.out}); "
+             f"the first: {first_error}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:

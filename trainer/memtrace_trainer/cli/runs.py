@@ -87,8 +87,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     la.add_argument(
         "--resubmit",
         action="store_true",
-        help="slurm: submit again the runs submitted before whose jobs have not finished them "
-        "(OUT/submitit/jobs.json; default: leave them to those jobs)",
+        help="run or submit again the runs submitted to Slurm before whose jobs have not "
+        "finished them (OUT/submitit/jobs.json; default: leave them to those jobs)",
     )
 
     d = sub.add_parser(
@@ -211,7 +211,6 @@ def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
             ("--array-parallelism", args.array_parallelism),
             ("--submitit-cluster", args.submitit_cluster),
             ("--wait", args.wait or None),
-            ("--resubmit", args.resubmit or None),
         ]
         why = "--backend local runs here, one worker per GPU"
     else:
@@ -267,7 +266,8 @@ def _launch(args: argparse.Namespace) -> int:
         check_manifest(args.out, items, args.sweep)
         write_manifest(args.out / MANIFEST, items)
         if args.backend == "local":
-            progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0)
+            progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0,
+                                    args.resubmit)  # fmt: skip
         else:
             progress = launch_slurm(args.out, items, cluster, args.partition, args.timeout_min,
                                     args.array_parallelism or 64, args.wait,

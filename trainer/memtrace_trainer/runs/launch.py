@@ -319,14 +319,24 @@ def _record_failure(out: Path, item: Item, error: str) -> None:
 
 
 def launch_local(
-    out: Path, items: list[Item], workers: int | None, timeout_s: float | None
+    out: Path,
+    items: list[Item],
+    workers: int | None,
+    timeout_s: float | None,
+    resubmit: bool = False,
 ) -> Progress:
+    """Runs the runs not yet present here; runs submitted to Slurm before whose jobs have not
+    finished them are left to those jobs unless `resubmit` (two writers of one run directory
+    would mix two runs' files)."""
     pending = [it for it in items if not is_complete(run_dir(out, it))]
     progress = Progress(len(items), len(items) - len(pending))
+    pending, held = _leave_to_their_jobs(out, pending, resubmit)
     slots = _slots(workers)
     print(
-        f"launch: {len(items)} runs, {progress.present} present (skipped), {len(pending)} to "
-        f"run on {len(slots)} worker(s): " + ", ".join(_describe(s) for s in slots),
+        f"launch: {len(items)} runs, {progress.present} present (skipped), "
+        + (f"{held} left to their Slurm jobs, " if held else "")
+        + f"{len(pending)} to run on {len(slots)} worker(s): "
+        + ", ".join(_describe(s) for s in slots),
         file=sys.stderr,
     )
     work: queue.Queue[Item] = queue.Queue()
@@ -398,6 +408,20 @@ def array_executor(
     return executor
 
 
+def _leave_to_their_jobs(out: Path, pending: list[Item], resubmit: bool) -> tuple[list[Item], int]:
+    """`pending` without the runs submitted to Slurm before whose jobs have not finished them
+    (said), and how many those are; all of `pending` with `resubmit`."""
+    earlier = submitted_jobs(out)
+    held = [it for it in pending if it.config.id in earlier]
+    if not held or resubmit:
+        return pending, 0
+    jobs = sorted({earlier[it.config.id] for it in held})
+    warn(f"{len(held)} runs were submitted before and have not finished (jobs "
+         f"{', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}; {out / JOBS}): left to "
+         "those jobs; pass --resubmit if they are gone (squeue)")  # fmt: skip
+    return [it for it in pending if it.config.id not in earlier], len(held)
+
+
 def launch_slurm(
     out: Path,
     items: list[Item],
@@ -413,16 +437,9 @@ def launch_slurm(
     submitit = require_submitit(cluster)
     pending = [it for it in items if not is_complete(run_dir(out, it))]
     progress = Progress(len(items), len(items) - len(pending))
-    earlier = submitted_jobs(out)
-    held = [it for it in pending if it.config.id in earlier]
-    if held and not resubmit:
-        jobs = sorted({earlier[it.config.id] for it in held})
-        warn(f"{len(held)} runs were submitted before and have not finished (jobs "
-             f"{', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}; {out / JOBS}): not "
-             "submitted again; pass --resubmit if those jobs are gone (squeue)")  # fmt: skip
-        pending = [it for it in pending if it.config.id not in earlier]
+    pending, held = _leave_to_their_jobs(out, pending, resubmit)
     if not pending:
-        print(f"launch: {progress.present}/{len(items)} runs present, {len(held)} submitted "
+        print(f"launch: {progress.present}/{len(items)} runs present, {held} submitted "
               "before; nothing to submit", file=sys.stderr)  # fmt: skip
         return progress
     slurm = {"gpus_per_node": 1, "slurm_array_parallelism": parallelism}
