@@ -332,14 +332,7 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     // A profile calibrated on the first of the two rows: marked, counted, warned, or left out.
     let first = recs[0]["id"].as_str().unwrap();
     let (stem, n) = first.rsplit_once('-').unwrap();
-    let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
-    let cut = base.find("\n[calibration.rows]\n").unwrap();
-    let rest = &base[cut + 1..];
-    let after = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
-    let profile = dir.path().join("cal.toml");
-    let row: u64 = n.parse().unwrap();
-    let text = format!("{}\n[calibration.rows]\n\"{stem}\" = [{row}]\n\n{}", &base[..cut], &rest[after..]);
-    std::fs::write(&profile, text).unwrap();
+    let profile = crate::compare_trainer::calibrated_on(dir.path(), stem, &[n.parse().unwrap()]);
     let args = |out: &std::path::Path, extra: &[&str]| -> (bool, String, String) {
         let mut v = vec!["compare", "--dataset", data.to_str().unwrap(), "--limit", "2", "--seed", "5"];
         v.extend_from_slice(&["--no-fake-tensor", "--profile", profile.to_str().unwrap()]);

@@ -387,6 +387,20 @@ fn compare_traces_the_job_that_was_run() {
     assert!(err.contains("the trainer gave 1 warnings") && err.contains("--seq-len 32 has no effect"), "{err}");
 }
 
+/// The A100 profile in `dir`, its `[calibration.rows]` replaced by `rows` of dataset `stem`.
+pub fn calibrated_on(dir: &Path, stem: &str, rows: &[u64]) -> PathBuf {
+    let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
+    let cut = base.find("\n[calibration.rows]\n").unwrap();
+    let rest = &base[cut + 1..];
+    let after = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
+    let list: Vec<String> = rows.iter().map(u64::to_string).collect();
+    let profile = dir.join("cal.toml");
+    let text =
+        format!("{}\n[calibration.rows]\n\"{stem}\" = [{}]\n\n{}", &base[..cut], list.join(", "), &rest[after..]);
+    std::fs::write(&profile, text).unwrap();
+    profile
+}
+
 #[test]
 fn compare_with_every_row_left_out_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -394,14 +408,7 @@ fn compare_with_every_row_left_out_is_refused() {
     let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step1.csv")).unwrap();
     let data = dir.path().join("two.csv");
     std::fs::write(&data, text.lines().take(3).collect::<Vec<_>>().join("\n") + "\n").unwrap();
-    // A profile calibrated on both.
-    let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
-    let cut = base.find("\n[calibration.rows]\n").unwrap();
-    let rest = &base[cut + 1..];
-    let after = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
-    let profile = dir.path().join("cal.toml");
-    let rows = "[calibration.rows]\n\"two\" = [1, 2]\n";
-    std::fs::write(&profile, format!("{}\n{rows}\n{}", &base[..cut], &rest[after..])).unwrap();
+    let profile = calibrated_on(dir.path(), "two", &[1, 2]);
     let out = dir.path().join("cmp");
     let (ok, _, err) = memest(&[
         "compare",
