@@ -6,9 +6,12 @@
 //!   peaks, so the set must survive the peaks coinciding: the combined need is the sum of each
 //!   job's device peak, and that sum is the smallest capacity. This holds for any interleaving.
 //! - [`Mode::Timestamps`]: every trace carries wall-clock timestamps, so the jobs are put on one
-//!   time axis from their starts and replayed together: before each request of job *i*, its
-//!   allocator may use what the others leave free (`capacity − Σ others' reserved − Σ outside`),
-//!   so a job that hits the ceiling goes through PyTorch's own retry chain before it OOMs.
+//!   time axis and replayed together: before each request of job *i*, its allocator may use what
+//!   the others leave free (`capacity − Σ others' reserved − Σ outside`), so a job that hits the
+//!   ceiling goes through PyTorch's own retry chain (freeing its own cache) before it OOMs. Two
+//!   recordings say nothing of when the jobs start relative to each other, so the set is
+//!   replayed at two starts ([`Start`]): all at once, and each shifted so that its own peak falls
+//!   at one instant. The worse of the two decides.
 //!
 //! The verdict is a [`Verdict`]: FITS only when the combined need printed beside it is within the
 //! capacity.
@@ -52,6 +55,18 @@ pub enum Mode {
     Timestamps,
     /// The sum of each job's device peak (peaks assumed to coincide).
     SumOfPeaks,
+}
+
+/// How the jobs' time axes are lined up in the aligned replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Start {
+    /// Every job from its own first record, at once.
+    Together,
+    /// Each job shifted so that its own reserved peak (alone, unlimited) falls at the instant the
+    /// latest of them does: peaks coincide, while each allocator still frees its cache when the
+    /// device is full.
+    PeaksAligned,
 }
 
 /// Errors setting up a collocation.
@@ -141,8 +156,10 @@ pub struct ColocateReport {
     /// What the set needs: the sum of device peaks, or the peak of Σ (reserved + outside) in the
     /// aligned replay (at the capacity when it fits there).
     pub combined_need_bytes: u64,
-    /// When the combined peak happens in the aligned replay, µs from the common start.
+    /// When the combined peak happens in the aligned replay, µs from the first job's start.
     pub combined_peak_at_us: Option<f64>,
+    /// How the jobs were lined up in the aligned replay the need comes from.
+    pub start: Option<Start>,
     /// The smallest capacity, in bytes, at which the set fits.
     pub smallest_fitting_capacity: u64,
     /// Per job.
@@ -153,6 +170,48 @@ struct Run {
     combined_peak: u64,
     peak_at_us: f64,
     ooms: Vec<Option<u64>>,
+}
+
+/// The jobs' time axes under one way of lining them up.
+struct Scenario {
+    start: Start,
+    axes: Vec<Vec<f64>>,
+}
+
+/// The starts the aligned replay tries: together, and (when that differs) with every job's own
+/// peak at the latest of their peak times.
+fn scenarios(jobs: &[Job], axes: Vec<Vec<f64>>, opts: &ReplayOptions) -> Result<Vec<Scenario>, ColocateError> {
+    let mut peaks = Vec::with_capacity(jobs.len());
+    for (j, a) in jobs.iter().zip(&axes) {
+        peaks.push(shared_run(std::slice::from_ref(j), std::slice::from_ref(a), opts, None)?.peak_at_us);
+    }
+    let latest = peaks.iter().copied().fold(0.0, f64::max);
+    let shifted = peaks.iter().any(|p| *p != latest).then(|| Scenario {
+        start: Start::PeaksAligned,
+        axes: axes.iter().zip(&peaks).map(|(a, p)| a.iter().map(|t| t + (latest - p)).collect()).collect(),
+    });
+    Ok(std::iter::once(Scenario { start: Start::Together, axes }).chain(shifted).collect())
+}
+
+/// The aligned replay at `capacity` under every scenario, and the one that decides: the first
+/// that does not fit, else the one of the highest combined peak.
+fn worst(
+    jobs: &[Job],
+    scenarios: &[Scenario],
+    opts: &ReplayOptions,
+    capacity: Option<u64>,
+) -> Result<(Run, Start), ColocateError> {
+    let mut decided: Option<(Run, Start)> = None;
+    for sc in scenarios {
+        let run = shared_run(jobs, &sc.axes, opts, capacity)?;
+        if capacity.is_some_and(|c| !fits_at(&run, c)) {
+            return Ok((run, sc.start));
+        }
+        if decided.as_ref().is_none_or(|(d, _)| run.combined_peak > d.combined_peak) {
+            decided = Some((run, sc.start));
+        }
+    }
+    Ok(decided.expect("at least one scenario"))
 }
 
 fn times(job: &Job) -> (Vec<f64>, bool) {
@@ -242,8 +301,8 @@ fn fits_at(run: &Run, capacity: u64) -> bool {
 
 /// The smallest capacity, in bytes, in `[lo, hi]` at which the aligned replay fits; `hi` must
 /// fit.
-fn smallest(jobs: &[Job], axes: &[Vec<f64>], opts: &ReplayOptions, lo: u64, hi: u64) -> Result<u64, ColocateError> {
-    least_fitting(lo, hi, |c| Ok(fits_at(&shared_run(jobs, axes, opts, Some(c))?, c)))
+fn smallest(jobs: &[Job], sc: &[Scenario], opts: &ReplayOptions, lo: u64, hi: u64) -> Result<u64, ColocateError> {
+    least_fitting(lo, hi, |c| Ok(fits_at(&worst(jobs, sc, opts, Some(c))?.0, c)))
 }
 
 /// Bisection, in bytes, for the least of `[lo, hi]` that `fits` (`hi` is taken to fit). Fitting
@@ -328,9 +387,13 @@ pub fn colocate(
             let (j, _) = jobs.iter().zip(&axes_and_ts).find(|(_, (_, t))| !*t).expect("one job lacks timestamps");
             return Err(ColocateError::NoTimestamps { job: j.name.clone() });
         }
-        _ if all_timestamps => {
-            (Mode::Timestamps, "every trace has wall-clock timestamps: replayed together on one time axis".into())
-        }
+        _ if all_timestamps => (
+            Mode::Timestamps,
+            "every trace has wall-clock timestamps: replayed together on one time axis, started together and \
+             shifted so that each job's own peak falls at one instant (the worse decides; each allocator frees its \
+             cache when the device is full, as PyTorch's does)"
+                .into(),
+        ),
         _ => (
             Mode::SumOfPeaks,
             "not every trace has wall-clock timestamps, so the peaks may coincide: the sum of device peaks".into(),
@@ -384,6 +447,7 @@ pub fn colocate(
     let sum: u64 = job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
+    let mut start = None;
     let (need, peak_at, smallest_cap, failed) = match mode {
         // One job has no one to share with: it needs what it needs alone, and at a capacity
         // below its unlimited peak the allocator's retry chain (freeing its own cache) may still
@@ -401,22 +465,28 @@ pub fn colocate(
         }
         Mode::SumOfPeaks => (sum, None, sum, false),
         Mode::Timestamps => {
-            let unlimited = shared_run(jobs, &axes, opts, None)?;
+            let sc = scenarios(jobs, axes, opts)?;
+            let (unlimited, at_unlimited) = worst(jobs, &sc, opts, None)?;
             let (need, at, failed) = match capacity {
                 Some(c) => {
-                    let run = shared_run(jobs, &axes, opts, Some(c.bytes))?;
+                    let (run, at_c) = worst(jobs, &sc, opts, Some(c.bytes))?;
                     for (jr, o) in job_reports.iter_mut().zip(&run.ooms) {
                         jr.oom_in_shared_run = Some(o.is_some());
                         jr.oom_at_event = *o;
                     }
                     if fits_at(&run, c.bytes) {
                         // The set survives at the capacity: its peak there is what it needs.
+                        start = Some(at_c);
                         (run.combined_peak, run.peak_at_us, false)
                     } else {
+                        start = Some(at_unlimited);
                         (unlimited.combined_peak, unlimited.peak_at_us, true)
                     }
                 }
-                None => (unlimited.combined_peak, unlimited.peak_at_us, false),
+                None => {
+                    start = Some(at_unlimited);
+                    (unlimited.combined_peak, unlimited.peak_at_us, false)
+                }
             };
             let failed = failed || capacity.is_some_and(|c| recorded_floor > c.bytes);
             let need = need.max(recorded_floor);
@@ -424,14 +494,14 @@ pub fn colocate(
             // that bound fits; the largest single job's floor is a lower bound.
             let lower = floors.iter().copied().max().unwrap_or(0);
             let upper = sum.max(lower);
-            let mut least = smallest(jobs, &axes, opts, lower, upper)?;
+            let mut least = smallest(jobs, &sc, opts, lower, upper)?;
             // The allocator's retry chain makes fitting not quite monotone in the capacity; keep
             // the smallest capacity consistent with the verdict at the capacity asked about.
             if let Some(c) = capacity {
                 if !failed {
                     least = least.min(c.bytes);
                 } else if least <= c.bytes {
-                    least = smallest(jobs, &axes, opts, c.bytes + 1, upper.max(c.bytes + 1))?;
+                    least = smallest(jobs, &sc, opts, c.bytes + 1, upper.max(c.bytes + 1))?;
                 }
             }
             (need, Some(at), least.max(recorded_floor), failed)
@@ -457,6 +527,7 @@ pub fn colocate(
         verdict,
         combined_need_bytes: need,
         combined_peak_at_us: peak_at,
+        start,
         smallest_fitting_capacity: smallest_cap,
         jobs: job_reports,
     })

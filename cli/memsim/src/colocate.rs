@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use simulator::colocate::{colocate, Align, Job, Mode};
+use simulator::colocate::{colocate, Align, Job, Mode, Start};
 use simulator::fit::{self, Outside};
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_capacity, parse_size};
@@ -131,11 +131,23 @@ pub fn run(a: Args) -> Result<u8> {
     }
     let how = r.verdict.as_ref().map_or(mode_name(r.mode), |v| v.basis.as_str());
     println!("combination          {how}: {}", r.mode_reason);
-    let when = match r.combined_peak_at_us {
-        Some(t) => format!(" at {:.6} s after the common start", t / 1e6),
-        None => String::new(),
+    let when = match (r.combined_peak_at_us, r.start) {
+        (Some(t), Some(Start::PeaksAligned)) => {
+            format!(" at {:.6} s after the first start (each job's own peak at one instant)", t / 1e6)
+        }
+        (Some(t), _) => format!(" at {:.6} s after the common start (the jobs started together)", t / 1e6),
+        (None, _) => String::new(),
     };
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
+    // Beside each job's own peak, a shared need below their sum reads as a mistake unless said.
+    let sum: u64 = r.jobs.iter().map(|j| if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
+    if r.mode == Mode::Timestamps && r.combined_need_bytes < sum {
+        println!(
+            "                     (below the sum of their peaks, {}: when the device is full each allocator frees its \
+             own cached blocks and retries, as PyTorch's does)",
+            mib(sum)
+        );
+    }
     // Below its unlimited peak an allocator frees its own cache and retries, so what a set
     // needs depends on the capacity it is given: the smallest that fits can be below the need
     // at a larger one.

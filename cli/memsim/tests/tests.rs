@@ -1,6 +1,7 @@
 //! The memsim command end to end (one binary; one module per concept).
 
 mod cli; // JSON contracts, conversions, colocate, errors
+mod colocate; // colocate on real snapshots: how recordings are lined up
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
 mod report; // memsim report: the page with profiles and --estimate, bad input
 mod support; // running the binary
