@@ -90,7 +90,7 @@ fn check_import(file: &str) {
     let imp = snapshot::import(&snap, &plain());
     let counts: BTreeMap<Action, usize> = snap.action_counts().into_iter().collect();
     let mut got: BTreeMap<Action, usize> = BTreeMap::new();
-    let (mut end_states, mut start_states, mut stacks) = (0, 0, 0);
+    let (mut end_states, mut start_states, mut stacks, mut exits) = (0, 0, 0, 0);
     for r in &imp.records {
         let a = match &r.event {
             Event::Alloc(a) if a.origin == Origin::Request => Some(Action::Alloc),
@@ -114,6 +114,10 @@ fn check_import(file: &str) {
                 stacks += 1;
                 None
             }
+            Event::ProcessExit(_) => {
+                exits += 1;
+                None
+            }
             other => panic!("{file}: unexpected imported event {other:?}"),
         };
         if let Some(a) = a {
@@ -123,6 +127,10 @@ fn check_import(file: &str) {
     let expect: BTreeMap<Action, usize> = counts.into_iter().filter(|(_, n)| *n > 0).collect();
     assert_eq!(got, expect, "{file}");
     assert_eq!(end_states, snap.segments.len(), "{file}: one End state per final segment");
+    // The end, so that a copy cut at a record is told from the whole.
+    assert_eq!(exits, 1, "{file}");
+    assert!(matches!(imp.records.last().map(|r| &r.event), Some(Event::ProcessExit(_))), "{file}: last");
+    assert_eq!(imp.header.meta(&trace::metadata::ENDS_WITH_EXIT), Some("true"), "{file}");
     assert_eq!(start_states, imp.start.segments.len(), "{file}");
     assert!(stacks <= snap.stacks.len(), "{file}");
     assert_eq!(imp.header.allocator_settings.is_some(), snap.allocator_settings.is_some(), "{file}");

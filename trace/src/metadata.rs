@@ -188,6 +188,14 @@ pub const SNAPSHOT_LIST_FORM: Key = key(
     Values::Flag,
     "true when the snapshot was the old list-of-segments form (memsim convert of a snapshot)",
 );
+/// `true` when the producer writes a `process_exit` record last, whatever its name: a trace of
+/// it without one was cut short ([`crate::read::Summary::cut_short`]).
+pub const ENDS_WITH_EXIT: Key = key(
+    "ends_with_exit",
+    Values::Flag,
+    "true when the producer writes a process_exit record last, so a trace without one was cut short (memsim \
+     convert of a snapshot)",
+);
 /// Whether the shim recorded kernel launches (`1`) or not (`0`).
 pub const SHIM_KERNELS: Key =
     key("memtrace.kernels", Values::OneOf(&["0", "1"]), "1 when the shim recorded kernel launches");
@@ -238,6 +246,7 @@ pub const KEYS: &[Key] = &[
     SDPA_BACKENDS,
     SNAPSHOT_ANNOTATIONS,
     SNAPSHOT_LIST_FORM,
+    ENDS_WITH_EXIT,
     SHIM_KERNELS,
     MODEL,
     TASK,

@@ -179,6 +179,35 @@ fn convert_round_trips_and_exports() {
     assert!(std::fs::metadata(&pickle).unwrap().len() > 0);
 }
 
+/// A converted snapshot cut at a record boundary (`head -n`) replayed as a smaller job, with no
+/// word even under `--strict`: the converter now ends it as the shim does, and says so in its
+/// header, so the cut is told from the whole in either form.
+#[test]
+fn a_converted_snapshot_cut_at_a_record_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = crate::snapshot_support::shared_path("MAGMA27--assignment2-systems--memory_snapshot.pickle");
+    for name in ["whole.jsonl", "whole.mtrace"] {
+        let whole = dir.path().join(name);
+        assert_eq!(memsim(&["convert", snap.to_str().unwrap(), whole.to_str().unwrap()]).0, 0);
+        let (code, _, err) = memsim(&["replay", "--strict", whole.to_str().unwrap(), "--capacity", "1TiB"]);
+        assert_eq!(code, 0, "the whole: {err}");
+        assert!(!err.contains("cut short"), "{err}");
+        // The same records less the last, in the same form.
+        let reader = trace::Reader::open(&whole).unwrap();
+        let header = reader.header().clone();
+        let records: Vec<Record> = reader.map(Result::unwrap).collect();
+        let cut = dir.path().join(format!("cut.{}", name.rsplit('.').next().unwrap()));
+        let mut w = trace::TraceWriter::create(&cut, &header).unwrap();
+        records[..records.len() - 1].iter().for_each(|r| w.write(r).unwrap());
+        w.finish().unwrap();
+        let (code, _, err) = memsim(&["replay", cut.to_str().unwrap(), "--capacity", "1TiB"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("cut short"), "{name}: {err}");
+        let (code, _, err) = memsim(&["replay", "--strict", cut.to_str().unwrap(), "--capacity", "1TiB"]);
+        assert_eq!(code, 2, "{name}: {err}");
+    }
+}
+
 #[test]
 fn colocate_fits_and_smallest_capacity() {
     let dir = tempfile::tempdir().unwrap();

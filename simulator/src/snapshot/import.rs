@@ -5,8 +5,8 @@
 //! `segments` (`SegmentState` at `End`). Interned `Stack` records precede their first use.
 
 use trace::{
-    metadata, Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, Oom, Origin, Record, SegmentState,
-    SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
+    metadata, Alloc, Api, BlockInfo, Event, Free, FreeStage, Header, Level, Oom, Origin, ProcessExit, Record,
+    SegmentState, SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
 };
 
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
@@ -87,6 +87,9 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
     if snap.list_form {
         header.set_meta(&metadata::SNAPSHOT_LIST_FORM, "true");
     }
+    // Its end, so that a copy cut at a record is told from the whole (a snapshot may end with no
+    // segment, so the end states cannot say it).
+    header.set_meta(&metadata::ENDS_WITH_EXIT, "true");
 
     let mut out = Out { snap, records: Vec::new(), emitted: vec![false; snap.stacks.len()] };
     let start_ts = t0.map(|_| 0);
@@ -130,6 +133,12 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
             }),
         });
     }
+    out.records.push(Record {
+        ts_ns: last_ts,
+        tid: None,
+        device: None,
+        event: Event::ProcessExit(ProcessExit { status: None, signal: None, lost_events: 0 }),
+    });
     Imported { header, records: out.records, start }
 }
 

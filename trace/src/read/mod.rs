@@ -39,7 +39,9 @@ pub struct Summary {
 
 /// The producers that end every trace they finish with a `process_exit` record (the shim at
 /// the program's exit, the symbolic tracer at the end of its trace): one of theirs without it
-/// was cut short, even at a record boundary (a killed run, a copy cut at a line).
+/// was cut short, even at a record boundary (a killed run, a copy cut at a line). Any other
+/// producer says the same of its trace with the header's `ends_with_exit`
+/// ([`crate::metadata::ENDS_WITH_EXIT`]).
 pub const PRODUCERS_ENDING_WITH_EXIT: &[&str] = &["libmemtrace", "memtrace_trainer.symtrace"];
 
 impl Summary {
@@ -161,7 +163,8 @@ impl<R: Read> Reader<R> {
             Format::Jsonl => reader.read_jsonl_header(),
         }
         .map_err(attach)?;
-        reader.summary.expects_exit = PRODUCERS_ENDING_WITH_EXIT.contains(&reader.header.producer.name.as_str());
+        reader.summary.expects_exit = PRODUCERS_ENDING_WITH_EXIT.contains(&reader.header.producer.name.as_str())
+            || reader.header.meta(&crate::metadata::ENDS_WITH_EXIT) == Some("true");
         Ok(reader)
     }
 
