@@ -36,10 +36,25 @@ pub fn run(a: Args) -> Result<u8> {
     let snap = read_snapshot(&a.snapshot)?;
     let opts = ValidateOptions { capacity: a.capacity, version, alloc_conf: a.alloc_conf };
     let r = validate(&snap, &opts).with_context(|| format!("{}: validation", a.snapshot.display()))?;
+    if let Some(c) = r.capacity.filter(|c| *c < r.recorded_peak_reserved_bytes) {
+        // The run held more than that at once, so it did not run on such a device: there is
+        // no run of that capacity to validate against.
+        anyhow::bail!(
+            "--capacity {}: below the run's recorded peak reserved ({}{}), so the run did not run on a device of \
+             this capacity; give the capacity of the GPU it ran on (or leave it out)",
+            mib(c),
+            mib(r.recorded_peak_reserved_bytes),
+            if r.devices.len() > 1 { ", its largest device's" } else { "" }
+        );
+    }
     crate::input::warn(&capacity_warnings(&snap, &r));
     let code = if r.passed() { 0u8 } else { 1u8 };
+    let nothing = r.allocs == 0 && r.segment_events == 0;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        // "exact" with nothing compared is the text's "EXACT, but vacuously".
+        v["nothing_compared"] = nothing.into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(code);
     }
     let pct = |m: u64, n: u64| if n == 0 { "-".to_string() } else { format!("{:.2}%", 100.0 * m as f64 / n as f64) };
@@ -90,7 +105,6 @@ pub fn run(a: Args) -> Result<u8> {
             );
         }
     }
-    let nothing = r.allocs == 0 && r.segment_events == 0;
     let unexplained: u64 = r.devices.iter().map(|d| d.unexplained_mismatches).sum();
     let mismatch = if unexplained > 0 && !r.unrecoverable.is_empty() {
         format!(
@@ -116,18 +130,13 @@ pub fn run(a: Args) -> Result<u8> {
     Ok(code)
 }
 
-/// What a `--capacity` cannot do here: the run itself held more than it (so it did not run on
-/// such a device), or the snapshot records no release of cached memory for it to predict.
+/// What a `--capacity` cannot do here: the snapshot records no release of cached memory for it
+/// to predict.
 fn capacity_warnings(snap: &simulator::snapshot::Snapshot, r: &simulator::snapshot::ValidationReport) -> Vec<String> {
-    let Some(c) = r.capacity else { return Vec::new() };
-    let mut w = Vec::new();
-    if c < r.recorded_peak_reserved_bytes {
-        w.push(format!(
-            "--capacity {c} B is below the run's recorded peak reserved ({} B): the run held more than that, so \
-             it did not run on a device of this capacity",
-            r.recorded_peak_reserved_bytes
-        ));
+    if r.capacity.is_none() {
+        return Vec::new();
     }
+    let mut w = Vec::new();
     let releases = snap
         .device_traces
         .iter()
@@ -136,7 +145,8 @@ fn capacity_warnings(snap: &simulator::snapshot::Snapshot, r: &simulator::snapsh
         .count();
     if releases == 0 {
         w.push(
-            "--capacity has no effect: the snapshot records no segment_free/segment_unmap for the model to predict"
+            "--capacity has nothing to predict: the snapshot records no segment_free/segment_unmap (a release \
+             the model predicts at it is a mismatch)"
                 .into(),
         );
     }

@@ -775,14 +775,19 @@ fn a_verdict_never_stands_beside_two_equal_numbers() {
 }
 
 /// `validate --capacity` below what the run itself held, or with no recorded release for it to
-/// predict, was taken without a word.
+/// predict, was taken without a word. Below the run's own peak there is no run to validate: a
+/// warning there stood beside EXACT on a device smaller than what the run held, and beside a
+/// MISMATCH the impossible capacity caused.
 #[test]
 fn validate_says_what_a_capacity_cannot_do() {
     let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/snapshots/rebuild_native.pickle");
     let snap = snap.to_str().unwrap();
-    let (code, _, err) = memsim(&["validate", snap, "--capacity", "2MiB"]);
-    assert_eq!(code, 0, "{err}");
-    assert!(err.contains("--capacity 2097152 B is below the run's recorded peak reserved (35651584 B)"), "{err}");
+    let (code, out, err) = memsim(&["validate", snap, "--capacity", "2MiB"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--capacity 2.00 MiB: below the run's recorded peak reserved (34.00 MiB)"), "{err}");
+    assert!(out.is_empty(), "no verdict: {out}");
+    let (code, _, err) = memsim(&["validate", snap, "--capacity", "34MiB"]);
+    assert_eq!(code, 0, "at the run's own peak: {err}");
     let (code, _, err) = memsim(&["validate", snap, "--capacity", "80GiB"]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("below the run's"), "{err}");
@@ -792,7 +797,7 @@ fn validate_says_what_a_capacity_cannot_do() {
     let real = crate::snapshot_support::shared_path("MAGMA27--assignment2-systems--memory_snapshot.pickle");
     let (code, _, err) = memsim(&["validate", real.to_str().unwrap(), "--capacity", "80GiB"]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("--capacity has no effect: the snapshot records no segment_free"), "{err}");
+    assert!(err.contains("--capacity has nothing to predict: the snapshot records no segment_free"), "{err}");
 }
 
 /// An allocation at an address whose block the trace never freed (a missed free): replay and
