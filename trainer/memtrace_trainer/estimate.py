@@ -94,6 +94,8 @@ class ModelJob:
         self.shape = {k: v for k, v in (shape or {}).items() if v is not None}
         self.first: Workload = workload_for()
         self.spec, self.batch_size = self.first.spec, self.first.batch_size
+        # How the symbolic trace sharded the job, once it has run (`Summary.distributed`).
+        self.sharded: dict[str, Any] | None = None
 
     def features(self) -> dict[str, Any]:
         with torch.device("meta"):
@@ -106,7 +108,9 @@ class ModelJob:
         s = self.step
         steps = s.iterations if emulate or all_steps else 1
         cfg = dataclasses.replace(s, iterations=steps, cuda_emulation=emulate)
-        trace_to_file(self.workload_for(), cfg, prof, out)
+        summary = trace_to_file(self.workload_for(), cfg, prof, out)
+        if emulate:
+            self.sharded = summary.distributed
 
     def inputs(self) -> dict[str, Any]:
         s = self.step
@@ -117,7 +121,7 @@ class ModelJob:
             "iterations": s.iterations,
             "fine_tuning": self.first.details.get("fine_tuning"),
             "model_details": self.first.details,
-            "distributed": _distributed(s),
+            "distributed": _distributed(s, self.sharded),
             "defaults": {
                 **self.first.defaults,
                 **_iterations_default(self, "traced training iterations"),
@@ -354,13 +358,15 @@ def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) 
     return out
 
 
-def _distributed(s: StepConfig) -> dict[str, Any] | None:
-    """What the output says of a sharded job: the rank traced and how the strategy runs."""
+def _distributed(s: StepConfig, sharded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the output says of a sharded job: the rank traced and how the strategy runs, as
+    the trace ran it (`sharded`, which says more: DeepSpeed's 16-bit mode) when it has run."""
     if s.strategy is None:
         return None
     from memtrace_trainer.symtrace.distributed import describe
 
-    return {"rank": 0, **describe(s.strategy)}
+    said = describe(s.strategy)
+    return {"rank": 0, **{k: (sharded or said).get(k, v) for k, v in said.items()}}
 
 
 def _fsdp_tracker_why(job: Any, asked: bool) -> str | None:

@@ -116,10 +116,10 @@ def step_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fsdp-mp",
         metavar="PARAM[:REDUCE]",
-        help="FSDP2's MixedPrecisionPolicy for the fsdp2/fsdp1*/zero2/zero3 strategies: the "
-        "dtype parameters are all-gathered and computed in, and the dtype gradients are "
+        help="FSDP2's MixedPrecisionPolicy for the fsdp2, fsdp1 and fsdp1-grad-op strategies: "
+        "the dtype parameters are all-gathered and computed in, and the dtype gradients are "
         "reduced in (default: PARAM), e.g. bf16:fp32 over fp32 parameters as torchtitan "
-        "trains; dtypes fp32, bf16, fp16",
+        "trains; dtypes fp32, bf16, fp16 (DeepSpeed's zero1-3 take --dtype bf16/fp16 instead)",
     )
 
 

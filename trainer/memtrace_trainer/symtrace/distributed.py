@@ -74,11 +74,19 @@ MP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float1
 def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None) -> None:
     if fsdp_mp is not None:
         mp_policy(fsdp_mp)
+        if strategy in ("zero2", "zero3"):
+            # DeepSpeed's precision is its own config's: bf16/fp16 enabled keeps fp32 master
+            # weights and state, which a policy over the emulating FSDP2 would drop.
+            raise UserError(
+                f"--fsdp-mp {fsdp_mp}: --strategy {strategy} is DeepSpeed's ZeRO, which has no "
+                "FSDP2 MixedPrecisionPolicy; its bf16/fp16 mode (fp32 master weights and state) "
+                "is --dtype bf16 or fp16"
+            )
         if strategy is None or runs_as(strategy)[0] != "fsdp2":
             what = f"--strategy {strategy}" if strategy else "an unsharded job"
             raise UserError(
                 f"--fsdp-mp {fsdp_mp}: {what} has no FSDP2 MixedPrecisionPolicy (it is for "
-                "fsdp2, fsdp1, fsdp1-grad-op, zero2 and zero3); use --amp for autocast"
+                "fsdp2, fsdp1 and fsdp1-grad-op); use --amp for autocast"
             )
     if strategy is None and world_size is None:
         return
@@ -321,6 +329,25 @@ def describe(strategy: str) -> dict[str, Any]:
 STATE_SLOTS = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "rmsprop": 1}
 
 
+def fp32_extra_per_parameter(slots: int) -> int:
+    """What DeepSpeed's 16-bit mode holds per partitioned parameter beyond a 16-bit
+    ZeroRedundancyOptimizer's state: a 4-byte master weight, and 4 - 2 more bytes per state
+    tensor."""
+    return 4 + 2 * slots
+
+
+def deepspeed_fp32_bytes(model: nn.Module, zero: Any, optimizer: str) -> int:
+    """ZeRO-1 in DeepSpeed's bf16/fp16 mode: the bytes of fp32 master weights and fp32 state
+    rank 0 holds beyond what `zero` (PyTorch's ZeroRedundancyOptimizer, state in the
+    parameters' 16 bits) holds; 0 when the job is not in pure 16 bits or the optimizer's state
+    is unknown (said by `shard`)."""
+    slots = STATE_SLOTS.get(optimizer)
+    if deepspeed_low_precision(model) is None or slots is None:
+        return 0
+    numel = sum(p.numel() for group in zero._partition_parameters()[0] for p in group["params"])
+    return fp32_extra_per_parameter(slots) * numel
+
+
 def shard(
     model: nn.Module,
     strategy: str,
@@ -336,19 +363,23 @@ def shard(
     world = mesh.size()
     code, reshard, _ = runs_as(strategy)
     info = {"strategy": strategy, "world_size": world, "rank": 0, **describe(strategy)}
-    if strategy == "zero1":
-        trainable = [p for p in model.parameters() if p.requires_grad]
+    low = deepspeed_low_precision(model)
+    if strategy == "zero1" and low is not None:
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[low]
         slots = STATE_SLOTS.get(optimizer)
-        if deepspeed_low_precision(model) is not None and slots is not None:
-            # DeepSpeed: a 4-byte master and `slots` 4-byte states; here `slots` 2-byte ones.
-            per = 4 + 2 * slots
-            missing = per * sum(p.numel() for p in trainable) / world / 2**20
+        if slots is None:
             warn(
-                "--strategy zero1 with 16-bit parameters: DeepSpeed's bf16/fp16 mode keeps fp32 "
-                f"master weights and fp32 {optimizer} state ({4 + 4 * slots} bytes per parameter, "
-                "partitioned), and PyTorch's ZeroRedundancyOptimizer here keeps the state in the "
-                f"parameters' dtype: this rank's estimate is low by about {missing:.1f} MiB "
-                "(zero2 and zero3 model the fp32 state)"
+                f"--strategy zero1 with {name} parameters: DeepSpeed's {name} mode keeps fp32 "
+                f"master weights and fp32 optimizer state, and how many state tensors {optimizer} "
+                "keeps per parameter is not known here: this rank's estimate leaves out the fp32 "
+                "master weights and state beyond ZeroRedundancyOptimizer's 16-bit state"
+            )
+        else:
+            info["equivalence"] = (
+                f"{info['equivalence']}; DeepSpeed's {name} mode (fp32 master weights and fp32 "
+                f"{optimizer} state) as ZeroRedundancyOptimizer's {name} state plus one buffer "
+                f"of the rest, {fp32_extra_per_parameter(slots)} bytes per parameter of rank 0's "
+                "partition, held from the optimizer's construction"
             )
     if code == "ddp":
         full = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -362,9 +393,7 @@ def shard(
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy()
-    # A policy of the job's own (--fsdp-mp) says how it trains instead.
-    low = deepspeed_low_precision(model) if strategy in ("zero2", "zero3") and not fsdp_mp else None
-    if low is not None:
+    if strategy in ("zero2", "zero3") and low is not None:
         # DeepSpeed's bf16/fp16 mode keeps fp32 master weights and fp32 Adam moments beside
         # the 16-bit parameters and gradients: 2 + 2 + 12 bytes per parameter, partitioned.
         # FSDP2 over fp32 trainable parameters computing in 16 bits holds the same 16 (4 + 4 +

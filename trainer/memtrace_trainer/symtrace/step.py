@@ -22,6 +22,7 @@ from memtrace_trainer.symtrace.distributed import (
     check_with_step,
     runs_as,
     wrap_ddp,
+    deepspeed_fp32_bytes,
     zero_redundancy,
 )
 from memtrace_trainer.symtrace.emulation import Flash
@@ -130,6 +131,12 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
             model = wrap_ddp(model)
         if cfg.strategy == "zero1":
             optimizer = zero_redundancy(optimizer, params)
+            extra = deepspeed_fp32_bytes(workload.model, optimizer, cfg.optimizer)
+            if extra:
+                # Held as long as the optimizer: DeepSpeed makes its fp32 partition at start.
+                before, rec.category = rec.category, "optimizer_state"
+                made["deepspeed_fp32"] = torch.empty(extra, dtype=torch.uint8, device=device)
+                rec.category = before
         made["optimizer"] = optimizer
         watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None

@@ -35,6 +35,9 @@ class Summary:
     first_step_peak_live_bytes: int | None = None
     steady_peak_live_bytes: int | None = None
     steps: int = 0
+    # How a sharded job was traced (`distributed.shard`'s account: the rank, the code that ran,
+    # the equivalence stated), None when it is not sharded.
+    distributed: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -377,7 +380,9 @@ def script_to_file(
 
 def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path) -> Summary:
     rec, extra = trace(workload, cfg, profile)
-    return _write(out, rec, metadata(workload, cfg, profile, extra))
+    summary = _write(out, rec, metadata(workload, cfg, profile, extra))
+    summary.distributed = extra.get("distributed")
+    return summary
 
 
 def _write(out: Path, rec: Recorder, meta: dict[str, str]) -> Summary:
