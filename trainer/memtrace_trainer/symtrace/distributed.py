@@ -427,7 +427,11 @@ def shard(
     blocks = units(model)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=bool(reshard), mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard), mp_policy=mp)
+    # The root's parameters stay gathered after forward in FSDP2 (its default, None) and in
+    # FSDP1 FULL_SHARD (it never frees the root's in its post-forward): backward needs them
+    # first. DeepSpeed's ZeRO-3 releases every partitioned parameter after use.
+    root = None if strategy in ("fsdp2", "fsdp1") else bool(reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=root, mp_policy=mp)
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     return {

@@ -20,9 +20,9 @@ from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkp
 from memtrace_trainer.symtrace.distributed import check as check_distributed
 from memtrace_trainer.symtrace.distributed import (
     check_with_step,
+    deepspeed_fp32_bytes,
     runs_as,
     wrap_ddp,
-    deepspeed_fp32_bytes,
     zero_redundancy,
 )
 from memtrace_trainer.symtrace.emulation import Flash
