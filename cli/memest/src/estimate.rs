@@ -218,21 +218,48 @@ fn consistent(view: &estimators::estimate_text::EstimateView) -> Result<(), Stri
     };
     if differ(v.point_mib, answer.device_mib) {
         return Err(format!(
-            "field `verdict.point_mib` is {:.1} but `estimates.{h}.device_mib` is {:.1}",
-            v.point_mib, answer.device_mib
+            "field `verdict.point_mib` is {} but `estimates.{h}.device_mib` is {}",
+            show(v.point_mib),
+            show(answer.device_mib)
         ));
     }
     if v.basis == point && differ(v.need_mib, v.point_mib) {
         return Err(format!(
-            "field `verdict.need_mib` is {:.1} but the basis is the point, {:.1}",
-            v.need_mib, v.point_mib
+            "field `verdict.need_mib` is {} but the basis is the point, {}",
+            show(v.need_mib),
+            show(v.point_mib)
         ));
     }
     if v.need_mib + 0.05 < v.point_mib {
         return Err(format!(
-            "field `verdict.need_mib` is {:.1}, below `verdict.point_mib` {:.1}: a safe number is never below the point",
-            v.need_mib, v.point_mib
+            "field `verdict.need_mib` is {}, below `verdict.point_mib` {}: a safe number is never below the point",
+            show(v.need_mib),
+            show(v.point_mib)
         ));
     }
+    // The detail line adds the headline's reserved peak and the memory outside the allocator:
+    // together they are never more than its device need (which a memory fraction can raise).
+    if let Some(reserved) = answer.reserved_mib {
+        let outside = view.outside_allocator.total_mib;
+        if reserved + outside > answer.device_mib + 0.1 {
+            return Err(format!(
+                "fields `estimates.{h}.reserved_mib` ({}) and `outside_allocator.total_mib` ({}) add up to more than \
+                 `estimates.{h}.device_mib` ({})",
+                show(reserved),
+                show(outside),
+                show(answer.device_mib)
+            ));
+        }
+    }
     Ok(())
+}
+
+/// MiB as the checks above name them: a tenth, or an exponent for a number no device holds (a
+/// 1e308 written out in full is 309 digits).
+fn show(mib: f64) -> String {
+    if mib.abs() < 1e12 {
+        format!("{mib:.1}")
+    } else {
+        format!("{mib:e}")
+    }
 }
