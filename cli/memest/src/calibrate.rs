@@ -24,6 +24,9 @@ pub struct Args {
     quantile: f64,
 }
 
+/// The fewest training runs a written constant may rest on.
+const MIN_RUNS_TO_WRITE: usize = 10;
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     if !(0.0..1.0).contains(&a.test_fraction) {
         anyhow::bail!("--test-fraction {}: expected a fraction in [0, 1)", a.test_fraction);
@@ -72,6 +75,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(out) = &a.io.write {
+        // A weighted quantile of a handful of runs is one of them, not a calibration; the
+        // profile would carry it as the constants of every estimate on this GPU.
+        for (n, what) in [
+            (fit.train_mlp, "context_mib and cublas_mib (MLP runs)"),
+            (fit.train_conv, "cudnn_mib (convolutional runs)"),
+        ] {
+            if n > 0 && n < MIN_RUNS_TO_WRITE {
+                anyhow::bail!(
+                    "--write {}: {what} would rest on {n} runs; at least {MIN_RUNS_TO_WRITE} are needed to write a \
+                     profile (without --write the fit is only printed)",
+                    out.display()
+                );
+            }
+        }
+        if fit.test == 0 {
+            eprintln!(
+                "memest: warning: no run is held out (--test-fraction {}): {} records no held-out error for its constants",
+                a.test_fraction,
+                out.display()
+            );
+        }
         if profile.safety.is_some() {
             eprintln!(
                 "memest: warning: {}'s [safety] margins are kept as they are, but they were fitted against its old \

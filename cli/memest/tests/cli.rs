@@ -222,6 +222,19 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, below.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("a safe number is never below the point"), "{code} {err}");
+    // A detail line of parts above the whole ("peak reserved 99999.0 MiB + outside ..." under a
+    // need of 2485) was worded.
+    let mut parts = v.clone();
+    parts["estimates"]["symbolic"]["reserved_mib"] = serde_json::json!(99999.0);
+    std::fs::write(&est, parts.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("(99999.0) and `outside_allocator.total_mib`"), "{code} {err}");
+    // A number no device holds is said as one, not in 309 digits.
+    let mut huge = v.clone();
+    huge["verdict"]["point_mib"] = serde_json::json!(1e308);
+    std::fs::write(&est, huge.to_string()).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("is 1e308 but") && err.len() < 400, "{code} {err}");
     // The words are of schema 2 alone: another version, or none, is refused.
     let mut later = v.clone();
     later["schema"] = serde_json::json!(3);
@@ -579,6 +592,16 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     }
     let (ok, _, err) = memest(&["calibrate", r, "--data-licence", "MIT"]);
     assert!(ok && err.contains("--data-licence \"MIT\" has no effect without --write"), "{err}");
+    // A fit of a handful of runs was written as the GPU's constants, the profile's record of its
+    // earlier fit replaced; and one with nothing held out, in silence.
+    let few = dir.path().join("few.jsonl");
+    std::fs::write(&few, runs_jsonl(5)).unwrap();
+    let (ok, _, err) = memest(&["calibrate", few.to_str().unwrap(), "--write", o]);
+    assert!(!ok && !out.exists(), "{err}");
+    assert!(err.contains("context_mib and cublas_mib (MLP runs) would rest on 3 runs; at least 10"), "{err}");
+    let (ok, _, err) = memest(&["calibrate", r, "--test-fraction", "0", "--write", o]);
+    assert!(ok && err.contains("no run is held out (--test-fraction 0)"), "{err}");
+    std::fs::remove_file(&out).unwrap();
     let (ok, _, err) = memest(&["calibrate", r, "--write", o]);
     assert!(ok, "{err}");
     assert!(err.contains("[safety] margins are kept as they are, but they were fitted against"), "{err}");
