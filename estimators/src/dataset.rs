@@ -399,9 +399,24 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         if let Some(a) = &amp {
             a.parse::<crate::analytic::Precision>().map_err(|e| csv_err(path, row, "amp", &e))?;
         }
-        // GPUMemNet writes -1 where DCGM produced no non-zero sample.
+        // GPUMemNet writes -1 where DCGM produced no non-zero sample. Anything else outside the
+        // metric's range (GPUTL is a percent, the others fractions) is no measurement: a 1.5 was
+        // trained on as "high", a -0.2 said to be a missing sample.
         let util = |k: usize| -> Result<Option<f64>> {
-            Ok(finite(c_util[k], UTILIZATION_COLUMNS[k], "a finite number (-1: no sample)")?.filter(|v| *v >= 0.0))
+            let (name, top) = (UTILIZATION_COLUMNS[k], if k == 0 { 100.0 } else { 1.0 });
+            match finite(c_util[k], name, "a finite number (-1: no sample)")? {
+                Some(-1.0) => Ok(None),
+                Some(v) if !(0.0..=top).contains(&v) => Err(csv_err(
+                    path,
+                    row,
+                    name,
+                    &format!(
+                        "expected a {} in [0, {top}], or -1 (no sample), got {v}",
+                        if k == 0 { "percent" } else { "fraction" }
+                    ),
+                )),
+                v => Ok(v),
+            }
         };
         rows.push(DatasetRow {
             id: format!("{stem}-{row:05}"),

@@ -38,14 +38,31 @@ struct Knobs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Epochs for the MLP ensembles (mlp-ensemble, mlp-reg) [default: 100].
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     epochs: Option<usize>,
     /// Trees in the forest and bagging ensembles (forest, bagging, forest-reg) [default: 50].
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     trees: Option<usize>,
     /// perpetual's gradient-boosting budget (gbm, gbm-reg) [default: 0.5].
-    #[arg(long)]
+    #[arg(long, value_parser = positive_budget)]
     budget: Option<f32>,
+}
+
+/// A count of epochs or trees: 0 trained nothing (an untrained model written as a result) or was
+/// taken as 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number, at least 1".into()),
+    }
+}
+
+/// perpetual's budget: a finite number above zero (NaN was taken).
+fn positive_budget(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(b) if b.is_finite() && b > 0.0 => Ok(b),
+        _ => Err("expected a finite number above 0, e.g. 0.5".into()),
+    }
 }
 
 impl Knobs {
@@ -182,6 +199,7 @@ fn train(a: TrainArgs) -> anyhow::Result<u8> {
         eprintln!("memest: warning: {w}");
     }
     let ex = load_examples(&a.dataset, a.family.as_deref())?;
+    say_excluded(&a.dataset, &ex.excluded);
     let cfg = a.knobs.train_config();
     let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string())?;
     file.save(&a.out)?;
@@ -208,6 +226,9 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         let json: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{source}: not valid JSON"))?;
         let x = model.features_from_json(&json, &source)?;
+        if x.nrows() == 0 {
+            bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");
+        }
         let preds = model.predict(&x)?;
         if a.json {
             writeln!(out, "{}", serde_json::to_string_pretty(&preds)?)?;
@@ -225,6 +246,19 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         bail!("{}: rows are {family} but {} was trained for {}", path.display(), a.model.display(), model.family);
     }
     let ex = Examples::build(&ds, &model.target)?;
+    say_excluded(path, &ex.excluded);
+    // The model file names the CSV it was trained on; a score on it is no held-out result.
+    let same = |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(path, std::path::Path::new(&model.trained_on)) {
+        eprintln!(
+            "memest: warning: {} was trained on {}: the summary scores its own training rows (in-sample, not held out)",
+            a.model.display(),
+            path.display()
+        );
+    }
     let preds = model.predict(&ex.x)?;
     let rows: Vec<serde_json::Value> = preds
         .iter()
@@ -252,6 +286,13 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         writeln!(out, "summary: {summary}")?;
     }
     Ok(0u8)
+}
+
+/// The rows of `path` left out, per reason (`ml cv` prints them in its report).
+fn say_excluded(path: &std::path::Path, excluded: &std::collections::BTreeMap<String, usize>) {
+    for (reason, n) in excluded {
+        eprintln!("memest: warning: {}: {n} rows left out: {reason}", path.display());
+    }
 }
 
 fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {

@@ -100,3 +100,60 @@ fn cli_misuse_is_a_clear_error() {
     check_err(&["cv", "--dataset", &csv, "--folds", "1"], &["--folds 1: expected at least 2"]);
     assert!(!std::path::Path::new(&out).exists(), "no model file after a failed train");
 }
+
+fn memest_bin(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The excerpt with one cell of row 1 replaced.
+fn with_cell(dir: &std::path::Path, column: &str, value: &str) -> String {
+    let text = std::fs::read_to_string(excerpt(dir)).unwrap();
+    let mut rows: Vec<Vec<String>> = csv::Reader::from_reader(text.as_bytes())
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_string).collect())
+        .collect();
+    let header: Vec<String> = text.lines().next().unwrap().split(',').map(str::to_string).collect();
+    let i = header.iter().position(|h| h == column).unwrap();
+    rows[0][i] = value.to_string();
+    let p = dir.join(format!("{}.csv", column.replace(' ', "_").replace(['(', ')'], "")));
+    let mut w = csv::Writer::from_path(&p).unwrap();
+    w.write_record(&header).unwrap();
+    rows.iter().for_each(|r| w.write_record(r).unwrap());
+    w.flush().unwrap();
+    p.display().to_string()
+}
+
+/// Knobs that trained nothing (`--epochs 0`: an untrained model written as a result) or were
+/// taken as another value (`--trees 0` as 1, `--budget nan`) are refused; rows a model leaves
+/// out, a score on its own training rows and an empty feature list are said; a utilisation
+/// outside its range was trained on as a label.
+#[test]
+fn what_ml_cannot_use_is_refused_or_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    for (flag, value, says) in [
+        ("--trees", "0", "expected a whole number, at least 1"),
+        ("--epochs", "0", "expected a whole number, at least 1"),
+        ("--budget", "nan", "expected a finite number above 0"),
+    ] {
+        let (code, err) = memest_bin(&["ml", "cv", "--dataset", &csv, "--models", "forest", flag, value]);
+        assert!(code == 2 && err.contains(says), "{flag} {value}: {code} {err}");
+    }
+    let huge = with_cell(dir.path(), "Max GPU Memory (MiB)", "1e300");
+    let model = dir.path().join("m.json");
+    let m = model.to_str().unwrap();
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", &huge, "--model", "tree", "--out", m]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 rows left out: a memory label above any device's memory"), "{err}");
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &huge]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("the summary scores its own training rows (in-sample"), "{err}");
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &csv]);
+    assert!(code == 0 && !err.contains("in-sample"), "another file: {err}");
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--features", "[]"]);
+    assert!(code == 2 && err.contains("no feature object to predict"), "{code} {err}");
+    let busy = with_cell(dir.path(), "Avg SMACT", "1.5");
+    let (code, err) = memest_bin(&["util", "cv", "--dataset", &busy, "--metric", "smact"]);
+    assert!(code == 2 && err.contains("row 1: column \"Avg SMACT\": expected a fraction in [0, 1]"), "{code} {err}");
+}

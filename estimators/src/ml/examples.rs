@@ -202,6 +202,10 @@ fn target_value(kind: TargetKind, row: &DatasetRow) -> Result<(f64, bool), &'sta
     match kind {
         TargetKind::MemoryMib => match row.truth_mib() {
             _ if row.real_oom => Ok((OOM_RELABEL_MIB, false)),
+            // No device holds more than the allocator model's largest capacity.
+            Some(mib) if mib > (trace::units::MAX_CAPACITY >> 20) as f64 => {
+                Err("a memory label above any device's memory (256 TiB)")
+            }
             Some(mib) => Ok((mib, mib > 0.0)),
             None => Err("no device-level memory label"),
         },
