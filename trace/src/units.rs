@@ -60,10 +60,13 @@ pub fn parse_capacity(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err(format!("invalid capacity {s:?}: a device holds more than 0 bytes (e.g. 40GiB)")),
         // Only a bare number is taken for a missing unit; `1KB` was told "did you mean 1KBGiB?".
+        // Below 1024 it is a GPU's GiB; from 1024 its MiB, as nvidia-smi prints memory (40960
+        // was told "did you mean 40960GiB?", 40 TiB).
         n if n < 1 << 20 && s.trim().parse::<f64>().is_ok() => Err(format!(
             "invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (a number without a \
-             unit is bytes: did you mean {}GiB?)",
-            s.trim()
+             unit is bytes: did you mean {}{}?)",
+            s.trim(),
+            if n < 1024 { "GiB" } else { "MiB" }
         )),
         n if n < 1 << 20 => {
             Err(format!("invalid capacity {s:?}: {n} B is less than a MiB, and no GPU is that small (e.g. 40GiB)"))
@@ -85,6 +88,7 @@ mod tests {
         assert!(parse_capacity("0GiB").unwrap_err().contains("more than 0 bytes"));
         assert!(parse_capacity("-1GiB").is_err());
         assert!(parse_capacity("40").unwrap_err().contains("did you mean 40GiB?"));
+        assert!(parse_capacity("40960").unwrap_err().contains("did you mean 40960MiB?"));
         let with_unit = parse_capacity("1KB").unwrap_err();
         assert!(with_unit.contains("less than a MiB") && !with_unit.contains("did you mean"), "{with_unit}");
         assert_eq!(parse_capacity("256TiB"), Ok(MAX_CAPACITY));

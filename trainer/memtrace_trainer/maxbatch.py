@@ -268,6 +268,10 @@ def max_batch(
     }
 
 
+def ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def min_world_size(
     trace_at: Callable[[int, Profile, Path], dict[str, Any]],
     sizes: list[int],
@@ -286,7 +290,7 @@ def min_world_size(
     best = None
     with tempfile.TemporaryDirectory(prefix="memtrace-minworld-") as tmp:
         for world in sizes:
-            label = f"min-world-size: {world} ranks, per GPU"
+            label = f"min-world-size: {ranks(world)}, per GPU"
             result = _probe(prof, capacity, point, trace_at, world, Path(tmp), label)
             defaults.update(result.pop("defaults"))
             probes.append({"world_size": world, **result})

@@ -459,3 +459,63 @@ def test_bitsandbytes_optimizers_under_fsdp2_are_warned_about(tmp_path: Path) ->
                "--optimizer", "adamw-8bit", "--strategy", "fsdp2", "--world-size", "2", "--out",
                str(tmp_path / "t.jsonl"))  # fmt: skip
     assert "bitsandbytes' optimizers are not known to run on FSDP2's sharded DTensor" in done.stderr
+
+
+@pytest.mark.parametrize(("strategy", "storage"), [("fsdp2", "bf16"), ("fsdp1", "bf16"),
+                                                   ("zero3", "bf16"), ("ddp", None)])  # fmt: skip
+def test_qlora_under_fsdp_stores_its_4bit_weights_as_fsdp_qlora_does(
+    strategy: str, storage: str | None
+) -> None:
+    """FSDP shards 4-bit weights only with bnb_4bit_quant_storage=bf16; QLoRA under FSDP was
+    accepted in silence with uint8 storage. DDP replicates and keeps bitsandbytes' uint8."""
+    import torch
+
+    from memtrace_trainer.models.finetune import Lora
+    from memtrace_trainer.models.qlora import Linear4bit
+
+    w = workload(dtype="bf16", qlora=True, lora=Lora(8))
+    _, extra = trace(w, StepConfig("adamw", 1, strategy=strategy, world_size=2),
+                     load_profile(None))  # fmt: skip
+    d = extra["distributed"]
+    assert d.get("quant_storage") == storage
+    packed = {m.weight.dtype for m in w.model.modules() if isinstance(m, Linear4bit)}
+    assert packed == {torch.bfloat16 if storage else torch.uint8}
+    assert ("bnb_4bit_quant_storage=bf16" in (d["equivalence"] or "")) == bool(storage)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp1-no-shard"])
+def test_min_world_size_of_a_replicating_strategy_probes_the_smallest_size_only(
+    strategy: str,
+) -> None:
+    """More DDP ranks never lower a rank's need; every size of --world-sizes was probed, in
+    silence, and the answer said "1 ranks"."""
+    args = ["min-world-size", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16",
+            "--strategy", strategy, "--world-sizes", "1,2,4"]  # fmt: skip
+    done = cli(*args, "--capacity", "1MiB", check=False)
+    assert done.returncode == 1
+    assert f"--strategy {strategy} replicates the parameters" in done.stderr
+    assert "every rank holds the whole model" in done.stdout and "at 1 rank," in done.stdout
+    assert "1 ranks" not in done.stdout + done.stderr
+    out = json.loads(cli(*args, "--capacity", "1MiB", "--json", check=False).stdout)
+    assert [p["world_size"] for p in out["probes"]] == [1]
+    done = cli(*args, "--capacity", "40GiB")
+    assert "fits on 1 GPU of" in done.stdout
+    # zero1 shards the optimizer state, so its search goes on.
+    out = json.loads(cli(*args[:-3], "zero1", "--world-sizes", "1,2", "--capacity", "1MiB",
+                         "--json", check=False).stdout)  # fmt: skip
+    assert [p["world_size"] for p in out["probes"]] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--strategy", "fsdp2", "--world-size", "4"], " (fsdp2 over 4 ranks; the batch and the need "
+      "are per GPU): largest batch that fits on 2048.0 MiB per GPU"),
+     ([], ": largest batch that fits on 2048.0 MiB (")],
+)  # fmt: skip
+def test_max_batch_of_a_sharded_job_says_the_strategy_and_per_gpu(
+    flags: list[str], said: str
+) -> None:
+    """The sharded answer read as a whole job's: no strategy, no world size, no "per GPU"."""
+    done = cli("max-batch", "--model", LLAMA, "--seq-len", "16", "--capacity", "2GiB",
+               "--limit", "2", *flags)  # fmt: skip
+    assert f"{LLAMA}{said}" in done.stdout, done.stdout

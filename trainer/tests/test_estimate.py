@@ -424,7 +424,8 @@ def test_a_search_that_finds_nothing_says_what_the_smallest_probe_needs(
 
 def test_min_world_size_that_finds_nothing_says_the_need_at_the_largest_size() -> None:
     require("memsim")
-    args = ["min-world-size", "--model", MLP, "--batch-size", "2", "--strategy", "ddp",
+    # fsdp2: a replicating strategy (ddp) probes only the smallest size.
+    args = ["min-world-size", "--model", MLP, "--batch-size", "2", "--strategy", "fsdp2",
             "--world-sizes", "1,2", "--capacity", "64MiB"]  # fmt: skip
     data = json.loads(cli(*args, "--json", check=False).stdout)
     assert data["min_world_size"] is None and data["need_at_world_size"] == 2

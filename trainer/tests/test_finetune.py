@@ -176,6 +176,21 @@ def test_a_full_rank_lora_and_an_unknown_bitsandbytes_are_said(tmp_path: Path) -
     assert "--bnb-version 9.9 is newer than any release memtrace knows (0.50)" in said
 
 
+def test_qlora_quantizes_gpt2s_conv1d_as_transformers_does() -> None:
+    """transformers' bitsandbytes integration converts GPT-2's Conv1D (weight stored (in, out))
+    to Linear4bit like any nn.Linear; --qlora refused GPT-2 as having no linear layers."""
+    from transformers.pytorch_utils import Conv1D
+
+    plain = workload("hf:gpt2", batch=1, seq=16, dtype="bf16")
+    shapes = sorted(tuple(m.weight.shape) for m in plain.model.modules() if isinstance(m, Conv1D))
+    w = workload("hf:gpt2", batch=1, seq=16, dtype="bf16", qlora=True, lora=Lora(8))
+    layers = [m for m in w.model.modules() if isinstance(m, Linear4bit)]
+    assert len(layers) == len(shapes) == 12 * 4  # c_attn, attn c_proj, c_fc, mlp c_proj
+    assert sorted((m.in_features, m.out_features) for m in layers) == shapes
+    assert not any(isinstance(m, Conv1D) for m in w.model.modules())
+    traced(w, iterations=1)
+
+
 @pytest.mark.parametrize("kbit_prepare", [True, False])
 def test_qlora_keeps_what_transformers_keeps_unquantized(kbit_prepare: bool) -> None:
     """T5's `wo` (`_keep_in_fp32_modules`) is not quantized, and the whole classification head
@@ -197,6 +212,19 @@ def test_qlora_keeps_what_transformers_keeps_unquantized(kbit_prepare: bool) -> 
             isinstance(m, Linear4bit)]  # fmt: skip
     assert head == []
     traced(roberta, iterations=1)
+
+
+@pytest.mark.parametrize(("dtype", "said"), [(None, True), ("fp32", True), ("bf16", False)])
+def test_no_kbit_prepare_without_16_bit_parameters_is_said(
+    tmp_path: Path, dtype: str | None, said: bool
+) -> None:
+    """Over an fp32 load, kbit preparation casts nothing, so skipping it changed nothing and
+    was not said."""
+    dtype_flag = ["--dtype", dtype] if dtype else []
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--steps",
+               "1", "--qlora", "--amp", "bf16", "--no-kbit-prepare", *dtype_flag,
+               "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
+    assert ("--no-kbit-prepare has no effect" in done.stderr) == said, done.stderr
 
 
 def test_qlora_dequantizes_a_transient_weight_per_layer() -> None:
@@ -238,6 +266,33 @@ def test_bad_lora_flags(text: str, targets: str | None, dropout: float | None, e
         Lora.parse(text, targets, dropout)
 
 
+def test_peft_and_transformers_say_nothing_of_memtraces_own_calls() -> None:
+    """peft's and transformers' warnings about the calls memtrace makes (a deprecated attribute
+    peft reads, the LoraConfig memtrace builds, GPT-2's class name that maps to no loss) reached
+    the user, three times per Python estimate; memtrace's own warnings still do."""
+    import warnings
+
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    from memtrace_trainer import notes
+
+    said: list[str] = []
+    with warnings.catch_warnings(record=True) as seen, notes.captured(said.append):
+        warnings.simplefilter("always")  # as pytest and notebooks show them
+        w = workload("hf:gpt2", batch=1, seq=16, lora=Lora(1024, targets=("c_attn", "lm_head")))
+        llama = workload(lora=Lora(8))
+    assert [str(x.message) for x in seen] == []
+    assert any("the rank reaches the smaller side" in m for m in said)
+    # transformers' loss_function logs when loss_type is not one of its losses.
+    assert w.model.base_model.model.loss_type in LOSS_MAPPING
+    assert llama.model.base_model.model.loss_type == "ForCausalLM"
+    # Outside the build, the filters are the caller's again.
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning, stacklevel=1)
+    assert len(seen) == 1
+
+
 # --- checkpointing -----------------------------------------------------------------------------
 
 
@@ -252,6 +307,29 @@ def test_checkpointing_of_a_peft_model_reaches_the_base() -> None:
     none = traced(workload(dtype="bf16", lora=Lora(8), seq=128))[2]
     full = traced(workload(dtype="bf16", lora=Lora(8), seq=128), checkpointing="full")[2]
     assert full < none
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_checkpointing_a_flat_model_is_said_to_save_little(tmp_path: Path, mode: str) -> None:
+    """A flat MLP has only single layers to checkpoint, which saves little (each keeps its
+    input): the flag was accepted in silence. It is still run as asked, and recorded so."""
+    from conftest import read_trace
+
+    mlp = 'synthetic:{"family":"mlp","input_size":64,"output_size":10,"depth":3}'
+    out = tmp_path / "t.jsonl"
+    done = cli("symtrace", "--model", mlp, "--batch-size", "8", "--steps", "1",
+               "--checkpointing", mode, "--out", str(out))  # fmt: skip
+    assert f"--checkpointing {mode} saves little on this model" in done.stderr
+    assert read_trace(out)[0]["metadata"]["checkpointing"] == mode
+    done = cli("estimate", "--model", mlp, "--batch-size", "8", "--steps", "1",
+               "--checkpointing", mode, "--json")  # fmt: skip
+    answer = json.loads(done.stdout)
+    assert any("saves little" in w for w in answer["warnings"])
+    # A model with blocks of several layers is checkpointed, and said nothing of.
+    done = cli("symtrace", "--model", LLAMA, "--batch-size", "1", "--seq-len", "8", "--steps",
+               "1", "--checkpointing", mode, "--out", str(out))  # fmt: skip
+    assert "saves little" not in done.stderr
+    assert read_trace(out)[0]["metadata"]["checkpointing"] == mode
 
 
 # --- optimizers --------------------------------------------------------------------------------

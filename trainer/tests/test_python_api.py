@@ -239,6 +239,9 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"lora": 4, "lora_targets": "zz"}, r"^lora_targets: zz match no module"),
         ({"amp": "fp8"}, r"^amp='fp8': expected one of"),
         ({"capacity": "40"}, r"for 'capacity': .*did you mean 40GiB"),
+        # A bare 40960 most likely means MiB (40 GiB), not 40960 GiB.
+        ({"capacity": 40960}, r"for 'capacity': .*did you mean 40960MiB\?"),
+        ({"capacity": "2048"}, r"for 'capacity': .*did you mean 2048MiB\?"),
         ({"checkpointing": "some"}, "checkpointing='some'"),
         ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
         ({"lora": 4}, r"not a Hugging Face model.*lora_targets="),

@@ -332,7 +332,15 @@ def _search_answer(
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"])
-    where = _where(result, args.profile)
+    who, where = result["model"], _where(result, args.profile)
+    strategy, world = getattr(args, "strategy", None), getattr(args, "world_size", None)
+    if strategy or world:
+        from memtrace_trainer.maxbatch import ranks
+
+        # A sharded job's answer is one rank's: the batch each GPU takes, on each GPU's memory.
+        over = f"{strategy} over {ranks(world)}" if strategy else ranks(world)
+        who = f"{who} ({over}; the batch and the need are per GPU)"
+        where = _where(result, args.profile, " per GPU")
     need_at = next(v for k, v in result.items() if k.startswith("need_at_"))
     need = f"{result['need_bytes'] / MIB:.1f} MiB"
     detail = (
@@ -342,13 +350,13 @@ def _search_answer(
     )
     if result[key] == 0:
         # The smallest probe's need: how far from fitting the job is, not only that it is not.
-        print(f"{result['model']}: does not fit even at {none} on {where}: needs {need} even at "
+        print(f"{who}: does not fit even at {none} on {where}: needs {need} even at "
               f"{at(need_at)} {detail}")  # fmt: skip
         return code
     more = f" ({result['limit_why']})" if result["hit_limit"] and result.get("limit_why") else ""
     if result["hit_limit"] and not more:
         more = " (the --limit; larger may fit)"
-    print(f"{result['model']}: {found} on {where}: {result[key]}{unit}{more}; needs {need} there "
+    print(f"{who}: {found} on {where}: {result[key]}{unit}{more}; needs {need} there "
           f"{detail}")  # fmt: skip
     return code
 
@@ -475,6 +483,17 @@ def _min_world_size(args: argparse.Namespace) -> int:
         raise UserError("min-world-size searches the world size: give --world-sizes, not "
                         "--world-size")  # fmt: skip
     sizes = _world_sizes(args.world_sizes)
+    from memtrace_trainer.maxbatch import ranks
+    from memtrace_trainer.symtrace.distributed import replicates
+
+    replicated = replicates(args.strategy)
+    if replicated and len(sizes) > 1:
+        # A replica's need never falls with more ranks (NCCL's buffers only grow), so the
+        # smallest size answers for every other.
+        notes.warn(f"--strategy {args.strategy} replicates the parameters, gradients and "
+                   "optimizer state on every rank, so more ranks never lower a rank's need: "
+                   f"probed only the smallest of --world-sizes, {ranks(sizes[0])}")  # fmt: skip
+        sizes = sizes[:1]
     build = _workloads(args)
     values = vars(args)
 
@@ -495,14 +514,22 @@ def _min_world_size(args: argparse.Namespace) -> int:
         return code
     print_defaults(result["defaults"])
     where = _where(result, args.profile, " per GPU")
+    need = f"{result['need_bytes'] / MIB:.1f} MiB"
+    if not result["min_world_size"] and replicated:
+        at = ranks(result["need_at_world_size"])
+        print(f"{result['model']} ({args.strategy}): does not fit on {where} at any world "
+              f"size: every rank holds the whole model, and rank 0 needs {need} at {at}, no "
+              f"less at more ({result['basis']})")  # fmt: skip
+        return code
     if not result["min_world_size"]:
         print(f"{result['model']} ({args.strategy}): does not fit on {where} at any of "
-              f"{args.world_sizes} ranks; rank 0 needs {result['need_bytes'] / MIB:.1f} MiB even "
-              f"at {result['need_at_world_size']} ranks ({result['basis']})")  # fmt: skip
+              f"{args.world_sizes} ranks; rank 0 needs {need} even "
+              f"at {ranks(result['need_at_world_size'])} ({result['basis']})")  # fmt: skip
         return code
+    gpus = "1 GPU" if result["min_world_size"] == 1 else f"{result['min_world_size']} GPUs"
     print(
         f"{result['model']} ({args.strategy}, batch {args.batch_size} per GPU): fits on "
-        f"{result['min_world_size']} GPUs of {where}; rank 0 needs "
+        f"{gpus} of {where}; rank 0 needs "
         f"{result['need_bytes'] / MIB:.1f} MiB ({result['basis']}); "
         f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
     )

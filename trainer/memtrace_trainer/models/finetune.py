@@ -8,7 +8,9 @@ trainable parameters, and with them gradients and optimizer state, are peft's.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +20,15 @@ from torch import nn
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.workload import parameter_count
 
-# peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates with a
-# FutureWarning on every read: noise to the user, who did not write either call.
-warnings.filterwarnings(
-    "ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning
+# What peft and transformers say about memtrace's own calls while the regime is applied:
+# noise to the user, who wrote none of them (`quiet_libraries`).
+LIBRARY_NOISE = (
+    # peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates.
+    (r".*is_gradient_checkpointing.*deprecated", FutureWarning),
+    # peft's advice on LoraConfig(ensure_weight_tying=...), which memtrace builds.
+    (r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter", UserWarning),
+    # peft corrects LoraConfig's fan_in_fan_out to each target's layout (GPT-2's Conv1D).
+    (r"fan_in_fan_out is set to", UserWarning),
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The newest bitsandbytes release whose 4-bit layers were read for the emulation (the default).
@@ -183,8 +190,23 @@ def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
         )
 
 
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Within: the `LIBRARY_NOISE` warnings ignored, and only those; memtrace's own warnings and
+    everything else peft or transformers says still reach the user."""
+    with warnings.catch_warnings():
+        for message, category in LIBRARY_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield
+
+
 def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | None) -> nn.Module:
     """The model as the regime trains it (a peft model when LoRA is on)."""
+    with quiet_libraries():
+        return _apply(model, regime, task, model_type)
+
+
+def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | None) -> nn.Module:
     regime.validate()
     if regime.qlora:
         from peft import prepare_model_for_kbit_training
@@ -205,12 +227,23 @@ def apply(model: nn.Module, regime: Regime, task: str | None, model_type: str | 
                 m.float()
         saves_input = regime.bnb_version < (0, 44)
         if not quantize(model, regime.compute_dtype, regime.double_quant, skip, saves_input):
-            raise UserError("--qlora: this model has no nn.Linear layers to quantize")
+            raise UserError(
+                "--qlora: this model has no linear layers (nn.Linear or transformers' Conv1D) "
+                "outside the output head for bitsandbytes to quantize"
+            )
         # What fine-tuning scripts (and trl's SFTTrainer) call on a 4-bit model: freezes the
         # base and casts every non-quantized fp16/bf16 parameter to fp32. Checkpointing stays
         # the step's choice (--checkpointing).
         if regime.kbit_prepare:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        elif not any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters()):
+            # The one thing kbit preparation changes here is that cast, of 16-bit parameters.
+            from memtrace_trainer.notes import warn
+
+            warn("--no-kbit-prepare has no effect: no parameter outside the 4-bit layers is "
+                 "fp16 or bf16 (the model loads in fp32 without --dtype), so "
+                 "prepare_model_for_kbit_training would cast nothing to fp32; give --dtype bf16 "
+                 "to keep them in 16 bits")  # fmt: skip
     if regime.lora is None:
         return model
     from peft import LoraConfig, get_peft_model

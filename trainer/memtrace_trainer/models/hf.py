@@ -178,6 +178,16 @@ class HFOptions:
     dtype: torch.dtype = torch.float32
 
 
+def _pin_loss_type(model: nn.Module) -> None:
+    """A class name transformers maps to no loss (GPT-2's `GPT2LMHeadModel`) gets the causal-LM
+    loss in `loss_function`, with a log line calling it a config error the user did not make;
+    the loss it falls back to is set here, so the step is the same and says nothing."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    if hasattr(model, "loss_type") and model.loss_type not in LOSS_MAPPING:
+        model.loss_type = "ForCausalLM"
+
+
 def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Module, Any, str]:
     """(model, config, task) on `device`."""
     import transformers
@@ -220,6 +230,7 @@ def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Modul
             f"{spec.source}: the model cannot be built from this config "
             f"({type(e).__name__}: {_one_line(e)}); check its sizes"
         ) from e
+    _pin_loss_type(model)
     # Built with sdpa, the class's own flag is what transformers checks for flash-attn: a
     # model that refuses it (T5's position bias) was estimated as a job that cannot start.
     if (

@@ -49,10 +49,15 @@ class Linear4bit(nn.Linear):
     """`bnb.nn.Linear4bit` as the allocator sees it. A subclass of `nn.Linear`, so peft wraps it
     with its plain LoRA layer, whose adapters sit beside it exactly as beside bitsandbytes'."""
 
-    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype, double_quant: bool,
+    def __init__(self, linear: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                  save_input: bool = False) -> None:  # fmt: skip
         nn.Module.__init__(self)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if is_conv1d(linear):
+            # transformers quantizes GPT-2's Conv1D into the same bnb Linear4bit, reading its
+            # (in, out) weight transposed (integrations/bitsandbytes.py, replace_with_bnb_linear).
+            self.in_features, self.out_features = linear.weight.shape
+        else:
+            self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype, self.double_quant = compute_dtype, double_quant
         self.save_input = save_input
         device = linear.weight.device
@@ -98,6 +103,14 @@ class Linear4bit(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, nf4{dq}"
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' `Conv1D` (GPT-2 and its kin): a linear layer with its weight stored as
+    (in, out), which transformers quantizes as it does `nn.Linear`."""
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, Conv1D)
+
+
 class _MatMul4Bit(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, layer: Linear4bit, bias: Any) -> torch.Tensor:
@@ -128,7 +141,8 @@ class _MatMul4Bit(torch.autograd.Function):
 
 def quantize(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
              skip: tuple[str, ...], save_input: bool = False) -> int:  # fmt: skip
-    """Every `nn.Linear` outside `skip` replaced by its 4-bit form, as transformers does with
+    """Every `nn.Linear` (and transformers' `Conv1D`, which transformers converts too) outside
+    `skip` replaced by its 4-bit form, as transformers does with
     `BitsAndBytesConfig(load_in_4bit=True)`: it keeps the output head in full precision (here
     the whole of it, a classifier's `dense` under `classifier` too, which peft trains as
     `modules_to_save`), and the modules a model keeps in fp32 (`_keep_in_fp32_modules`, T5's
@@ -141,7 +155,7 @@ def quantize(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
             full = f"{name}.{child_name}" if name else child_name
             under = any(full.startswith(f"{s}.") for s in skip)
             if (
-                type(child) is nn.Linear
+                (type(child) is nn.Linear or is_conv1d(child))
                 and child_name not in skip
                 and full not in skip
                 and not under
@@ -150,6 +164,22 @@ def quantize(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                         Linear4bit(child, compute_dtype, double_quant, save_input))  # fmt: skip
                 count += child.weight.numel()
     model.is_loaded_in_4bit = True  # type: ignore[assignment]
+    return count
+
+
+def store_for_fsdp(model: nn.Module) -> int:
+    """Each packed 4-bit weight re-stored as `bnb_4bit_quant_storage=torch.bfloat16` keeps it,
+    which FSDP-QLoRA needs so that FSDP shards it beside the model's bf16 parameters:
+    `quantize_4bit` packs n values into `((n + 1) // 4, 1)` bf16 instead of `((n + 1) // 2, 1)`
+    uint8, the same bytes. The statistics are not parameters and stay whole on every rank.
+    Returns the number of layers re-stored."""
+    count = 0
+    for m in model.modules():
+        if isinstance(m, Linear4bit) and m.weight.dtype != torch.bfloat16:
+            n = m.weight.quantized_numel  # type: ignore[attr-defined]
+            m.weight.data = torch.empty(((n + 1) // 4, 1), dtype=torch.bfloat16,
+                                        device=m.weight.device)  # fmt: skip
+            count += 1
     return count
 
 

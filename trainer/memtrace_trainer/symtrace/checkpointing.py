@@ -145,6 +145,15 @@ def enable_checkpointing(model: nn.Module, mode: str = "full") -> int:
         layers = [m for m in hf.modules() if getattr(m, "gradient_checkpointing", False) is True]
         return len(layers)
     blocks = _blocks(model)
+    if blocks and not any(any(True for _ in b.children()) for b in blocks):
+        # A flat model's blocks are its single layers. Each is checkpointed as asked (a
+        # dropout's mask, say, is then recomputed, not kept), but a layer checkpointed alone
+        # keeps its input, most of what its own backward keeps: the flag saves little.
+        from memtrace_trainer.notes import warn
+
+        warn(f"--checkpointing {mode} saves little on this model: it has no blocks of several "
+             "layers to recompute, so each layer is checkpointed alone, and a layer "
+             "checkpointed alone keeps its input, most of what its backward keeps")  # fmt: skip
     for block in blocks:
         forward = block.forward
 

@@ -310,6 +310,12 @@ def runs_as(strategy: str) -> tuple[str, bool | None, str | None]:
     return strategy, True if strategy == "fsdp2" else None, None
 
 
+def replicates(strategy: str) -> bool:
+    """Whether every rank holds the whole model state (DDP and what runs as it, ZeRO-1 aside,
+    which shards the optimizer state): more ranks never lower a rank's need."""
+    return runs_as(strategy)[0] == "ddp" and strategy != "zero1"
+
+
 def describe(strategy: str) -> dict[str, Any]:
     """What the output says of a strategy: the PyTorch code that runs, the equivalence stated,
     and why the traced rank 0 stands for every rank (or where it does not)."""
@@ -424,6 +430,7 @@ def shard(
                 )
             )
         info["mp_policy"] = {"param_dtype": str(param_dtype), "reduce_dtype": str(reduce_dtype)}
+    _qlora_storage(model, strategy, info)
     blocks = units(model)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=bool(reshard), mp_policy=mp)
@@ -440,6 +447,22 @@ def shard(
         "parameter_bytes": full,
         "local_parameter_bytes": local,
     }
+
+
+def _qlora_storage(model: nn.Module, strategy: str, info: dict[str, Any]) -> None:
+    """QLoRA under a sharding strategy as FSDP-QLoRA runs it: FSDP shards a 4-bit weight only
+    when bitsandbytes stores it in the model's 16-bit dtype (`bnb_4bit_quant_storage=bf16`),
+    so the trace does so, and the output says it."""
+    from memtrace_trainer.models.qlora import store_for_fsdp
+
+    if not store_for_fsdp(model):
+        return
+    info["quant_storage"] = "bf16"
+    said = (f"--qlora with --strategy {strategy}: the 4-bit weights stored as "
+            "bnb_4bit_quant_storage=bf16, which FSDP needs to shard them (the same bytes as "
+            "uint8), sharded with the rest; their quantization statistics stay whole on "
+            "every rank")  # fmt: skip
+    info["equivalence"] = f"{info['equivalence']}; {said}" if info.get("equivalence") else said
 
 
 def deepspeed_low_precision(model: nn.Module) -> torch.dtype | None:
