@@ -38,9 +38,9 @@ pub struct Args {
 }
 
 /// What `peak_live_device_bytes` counts, printed beside it.
-const PEAK_COUNTS: &str = "bytes of device allocations this trace records, alive at once; blocks allocated \
-     before the trace began are not known, so on a converted snapshot it can differ from replay's peak \
-     allocated, which also counts the rebuilt start state";
+const PEAK_COUNTS: &str = "bytes of device allocations this trace records, alive at once, on all its devices \
+     together; blocks allocated before the trace began are not known, so on a converted snapshot it can differ \
+     from replay's peak allocated, which also counts the rebuilt start state (and is per device)";
 
 fn util_options(a: &Args) -> Result<UtilOptions> {
     let mut o = UtilOptions { sm_count: a.sm_count, compute_capability: None, top: a.top };
@@ -137,7 +137,12 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     }
     outln!(out, "  device allocs     {} (frees {})", s.allocs, s.frees);
     outln!(out, "  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
-    outln!(out, "  peak live device  {} ({} B)", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
+    // Several GPUs' bytes in one number read as one device holding them all: said.
+    let summed = match header.devices.len() {
+        n if n > 1 => format!(", summed over the {n} devices the trace lists"),
+        _ => String::new(),
+    };
+    outln!(out, "  peak live device  {} ({} B{summed})", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
     outln!(out, "    (counts {PEAK_COUNTS})");
     if s.start_state_allocated_bytes > 0 {
         outln!(

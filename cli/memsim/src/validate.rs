@@ -32,6 +32,14 @@ pub fn run(a: Args) -> Result<u8> {
     if !a.snapshot.exists() {
         anyhow::bail!("{}: no such file", a.snapshot.display());
     }
+    // It checks the model against what a snapshot recorded; a trace records no placement.
+    if matches!(crate::input::kind(&a.snapshot), Ok(crate::input::Kind::Trace)) {
+        anyhow::bail!(
+            "{}: a trace, not a snapshot: validate compares the model's addresses with those a PyTorch memory \
+             snapshot (.pickle/.pkl) recorded; replay a trace with `memsim replay`",
+            a.snapshot.display()
+        );
+    }
     let version: Option<TorchVersion> = a.torch.as_deref().map(str::parse).transpose().context("--torch")?;
     let snap = read_snapshot(&a.snapshot)?;
     let opts = ValidateOptions { capacity: a.capacity, version, alloc_conf: a.alloc_conf };

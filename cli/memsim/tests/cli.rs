@@ -798,6 +798,24 @@ fn validate_says_what_a_capacity_cannot_do() {
     let (code, _, err) = memsim(&["validate", real.to_str().unwrap(), "--capacity", "80GiB"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("--capacity has nothing to predict: the snapshot records no segment_free"), "{err}");
+    // A trace records no placement to validate against: said as such, not as a pickle opcode.
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
+    let (code, _, err) = memsim(&["validate", t.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("a trace, not a snapshot") && err.contains("memsim replay"), "{err}");
+}
+
+/// On several GPUs the peak of live bytes is of all of them at once, and says so: it read as one
+/// device holding 105 GiB.
+#[test]
+fn stats_says_a_peak_summed_over_devices() {
+    let snap = crate::snapshot_support::shared_path("Constructor-Sun--code_location--memory_snapshot.pickle");
+    let (code, out, err) = memsim(&["stats", snap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("B, summed over the 4 devices the trace lists)"), "{out}");
+    let one = crate::snapshot_support::shared_path("MAGMA27--assignment2-systems--memory_snapshot.pickle");
+    let (_, out, _) = memsim(&["stats", one.to_str().unwrap()]);
+    assert!(out.contains("peak live device") && !out.contains("summed over"), "{out}");
 }
 
 /// An allocation at an address whose block the trace never freed (a missed free): replay and
