@@ -92,6 +92,44 @@ fn iteration_peaks_split_the_run_at_iter_markers() {
     assert_eq!(steady.unwrap().iter, 2);
 }
 
+/// A job that keeps memory across steps (a tensor appended to a list each step) has no steady
+/// state: the trace's last step was taken for what a long run holds, in silence. Growth under
+/// 1% a step (a steady job's jitter) is not said.
+#[test]
+fn a_peak_growing_at_every_step_is_said() {
+    use simulator::replay::Replayer;
+    use trace::{Event, Marker};
+    let marker =
+        |t: &str| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Marker(Marker { text: t.into() }) };
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let run = |kept: u64| {
+        // Each step: a 100 MiB transient, and `kept` MiB held from then on.
+        let mut recs = vec![alloc(1, 200 * MIB, None)];
+        for i in 0..4u64 {
+            recs.push(marker(&format!("iter:{i}")));
+            recs.push(alloc(10 + i, 100 * MIB, None));
+            recs.push(free(10 + i));
+            if kept > 0 {
+                recs.push(alloc(100 + i, kept * MIB, None));
+            }
+        }
+        let mut rp = Replayer::new(&h, ReplayOptions::default()).unwrap();
+        recs.iter().for_each(|r| rp.observe(r));
+        rp.finish().warnings()
+    };
+    let leak = run(20);
+    assert!(
+        leak.iter()
+            .any(|w| w.contains("grows at every step after the first, by about 20.00 MiB a step (steps 2 to 4)")),
+        "{leak:?}"
+    );
+    for kept in [0, 2] {
+        let steady = run(kept);
+        assert!(!steady.iter().any(|w| w.contains("grows")), "{kept} MiB a step: {steady:?}");
+    }
+}
+
 /// The one rule of which outside-allocator terms a job pays: the bytes `outside` reports and the
 /// MiB calibration fits (`outside_mib`) are the same terms, for every mix of libraries and ranks.
 #[test]

@@ -25,7 +25,7 @@ from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
+from memtrace_trainer.symtrace.tracer import Summary, script_to_file, step_to_file, trace_to_file
 from memtrace_trainer.workload import Workload
 
 SCHEMA = 2
@@ -103,7 +103,7 @@ class ModelJob:
         # memest reads the layers in execution order from `sequence`.
         return {"model": self.spec, **feats.to_json()}
 
-    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         """The symbolic trace (`emulate`), or the plain one: one step unless `all_steps`."""
         s = self.step
         steps = s.iterations if emulate or all_steps else 1
@@ -111,6 +111,7 @@ class ModelJob:
         summary = trace_to_file(self.workload_for(), cfg, prof, out)
         if emulate:
             self.sharded = summary.distributed
+        return summary
 
     def inputs(self) -> dict[str, Any]:
         s = self.step
@@ -160,9 +161,9 @@ class StepJob:
     def features(self) -> None:
         return None
 
-    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         steps = self.steps if emulate or all_steps else 1
-        step_to_file(self.fn, steps, prof, out, emulate, self.batch_size, self.world_size)
+        return step_to_file(self.fn, steps, prof, out, emulate, self.batch_size, self.world_size)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -188,9 +189,9 @@ class ScriptJob:
     def features(self) -> None:
         return None
 
-    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> None:
+    def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         steps = self.steps if emulate or all_steps else 1
-        script_to_file(self.path, self.argv, steps, prof, out, emulate, self.world_size)
+        return script_to_file(self.path, self.argv, steps, prof, out, emulate, self.world_size)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -245,7 +246,15 @@ def estimate_job(
             (d / "features.json").write_text(json.dumps(features))
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
-        job.trace(prof, d / "symbolic.jsonl", True)
+        if job.trace(prof, d / "symbolic.jsonl", True).allocs == 0:
+            # The need would be the profile's context alone: a verdict on a job that never
+            # reached the GPU (a CPU job, a script that ended before its loop) is no answer.
+            raise UserError(
+                f"{job.spec}: nothing was allocated on the GPU in the traced steps, so there is no "
+                'memory to estimate (does the model or its data reach "cuda" or the step\'s '
+                "`device` argument? does the script reach its training loop with these "
+                "arguments?)"
+            )
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
         fake_why = _plain_trace(job, prof, d / "plain.jsonl")

@@ -218,6 +218,7 @@ impl ReplayReport {
             .iter()
             .cloned()
             .chain(empty)
+            .chain(self.growth())
             .chain(kept)
             .chain(over_live)
             .chain(resets)
@@ -225,6 +226,29 @@ impl ReplayReport {
             .chain(fraction)
             .chain(self.recorded_oom.map(|o| o.warning()))
             .collect()
+    }
+
+    /// A peak that grows at every iteration after the first, by at least 1 MiB and 1% each time:
+    /// memory kept across steps, which no steady state bounds (a run of 1000 steps needs about
+    /// 1000 times the growth more). Run-to-run jitter of a steady job is well under 1%.
+    fn growth(&self) -> Option<String> {
+        let steady = self.iterations.get(1..).filter(|s| s.len() >= 2)?;
+        let grows = |a: u64, b: u64| b >= a.saturating_add((a / 100).max(1 << 20));
+        if !steady.windows(2).all(|w| grows(w[0].peak_allocated_bytes, w[1].peak_allocated_bytes)) {
+            return None;
+        }
+        let (first, last) = (steady[0], steady[steady.len() - 1]);
+        let per_step = (last.peak_allocated_bytes - first.peak_allocated_bytes) / (steady.len() as u64 - 1);
+        Some(format!(
+            "the allocated peak grows at every step after the first, by about {} a step (steps {} to {}): memory kept \
+             across steps (a tensor appended to a list, a loss summed without .item(), a graph kept with \
+             retain_graph) grows with the run's length, and a longer run needs more than this trace shows; trace \
+             more steps to tell a leak from a one-time allocation",
+            crate::units::mib(per_step),
+            // Counted from 1, as the per-step lines count them.
+            first.iter + 1,
+            last.iter + 1
+        ))
     }
 
     /// The first iteration's peaks, and the max over the later iterations (the steady state:

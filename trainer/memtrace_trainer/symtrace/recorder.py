@@ -236,7 +236,11 @@ class Recorder(TorchDispatchMode):
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 return decomposed
-        for hook in self.hooks:
+        # The hooks say what CUDA does beside an op (a library's workspace, loading it): an op
+        # on the CPU's tensors takes none of it (a CPU matmul charged cuBLAS to a job that never
+        # touched the GPU).
+        hooks = self.hooks if _on_device(args) else ()
+        for hook in hooks:
             hook(self, func, args, kwargs, None)
         out = opcache.call(func, args, kwargs)
         folded = (
@@ -263,7 +267,7 @@ class Recorder(TorchDispatchMode):
             finally:
                 self.memory_free -= derived
         self._zeros = self.address(out) if func in _ZEROS else None
-        for hook in self.hooks:
+        for hook in hooks:
             hook(self, func, args, kwargs, out)
         return out
 
@@ -288,6 +292,13 @@ def storage_resizes(rec: Recorder) -> Iterator[None]:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+def _on_device(args: tuple[Any, ...]) -> bool:
+    """Whether an op's arguments hold a tensor of the tracer's device (meta)."""
+    return any(
+        isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_flatten(args)[0]
+    )
 
 
 def _inner(tensor: Any) -> list[torch.Tensor]:

@@ -1,0 +1,59 @@
+"""What the estimate of a user's own script says when the script's memory is not what a
+steady GPU job's is: it never reaches the GPU, or it keeps memory from step to step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import cli, read_trace
+
+LOOP = (
+    "import torch\n"
+    "m = torch.nn.Linear(256, 256){to}\n"
+    "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+    "kept = []\n"
+    "for _ in range(100):\n"
+    "    out = m(torch.randn(2048, 256{on}))\n"
+    "    out.sum().backward()\n"
+    "    {keep}\n"
+    "    opt.step()\n"
+    "    opt.zero_grad()\n"
+)
+
+
+def script(tmp_path: Path, name: str, gpu: bool = True, keep: bool = False) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(LOOP.format(to=".cuda()" if gpu else "", on=", device='cuda'" if gpu else "",
+                                keep="kept.append(out)" if keep else "pass"))  # fmt: skip
+    return str(path)
+
+
+def test_a_job_on_the_cpu_is_no_gpu_job(tmp_path: Path) -> None:
+    """A CPU matmul was charged cuBLAS's workspace and library memory, and the estimate said
+    "needs 1453 MiB: FITS" of a job that never touches the GPU; a trace with nothing on the
+    GPU has no need to judge."""
+    cpu = script(tmp_path, "cpu", gpu=False)
+    out = tmp_path / "t.jsonl"
+    cli("symtrace", "--script", cpu, "--out", str(out))
+    header, *events = read_trace(out)
+    assert header["metadata"]["uses_gemm"] == "false"
+    assert not [e for e in events if e.get("kind") == "alloc"]
+    done = cli("estimate", "--script", cpu, "--json", check=False)
+    assert done.returncode == 2, done.stdout
+    assert "nothing was allocated on the GPU in the traced steps" in done.stderr
+    # The same loop on the GPU loads cuBLAS and is estimated.
+    gpu = json.loads(cli("estimate", "--script", script(tmp_path, "gpu"), "--json").stdout)
+    assert gpu["outside_allocator"]["cublas_mib"] > 0 and gpu["verdict"]["fits"]
+
+
+def test_memory_kept_from_step_to_step_is_said(tmp_path: Path) -> None:
+    """Each step's output appended to a list (2048 x 256 fp32, 2 MiB) makes the peak grow every
+    step, and the estimate of the last traced step was given as the job's need in silence."""
+    leak = json.loads(cli("estimate", "--script", script(tmp_path, "leak", keep=True), "--steps",
+                          "4", "--json").stdout)  # fmt: skip
+    said = [w for w in leak["warnings"] if "grows at every step after the first" in w]
+    assert said and "(steps 2 to 4)" in said[0], leak["warnings"]
+    steady = json.loads(cli("estimate", "--script", script(tmp_path, "steady"), "--steps", "4",
+                            "--json").stdout)  # fmt: skip
+    assert not any("grows" in w for w in steady["warnings"]), steady["warnings"]
