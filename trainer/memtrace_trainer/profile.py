@@ -17,6 +17,7 @@ from memtrace_trainer.notes import warn
 DEFAULT_PROFILE = "a100-40gb"
 
 # The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
+MIB = 1 << 20
 EMULATION_KEYS = (
     "workspace.cublas_workspace_config",
     "workspace.cublaslt_workspace_kib",
@@ -38,6 +39,11 @@ class Profile:
     cublaslt_workspace_bytes: int
     cudnn_workspace_factor: float
     unmeasured: tuple[str, ...] = ()
+    # Memory the process holds outside the caching allocator ([outside_allocator]), by what
+    # the job has loaded: the context always, cuBLAS and cuDNN once used.
+    context_bytes: int = 0
+    cublas_bytes: int = 0
+    cudnn_bytes: int = 0
 
     def warn_unmeasured(self) -> None:
         """One warning per unmeasured constant the emulation uses."""
@@ -108,6 +114,10 @@ def load_profile(name: str | None, capacity: str | None = None) -> Profile:
             cublaslt_workspace_bytes=int(derived["cublaslt_workspace_bytes"]),
             cudnn_workspace_factor=float(derived.get("cudnn_workspace_factor", 1.0)),
             unmeasured=tuple(data.get("provenance", {}).get("unmeasured", [])),
+            **{
+                f"{lib}_bytes": int(float(data["outside_allocator"][f"{lib}_mib"]) * MIB)
+                for lib in ("context", "cublas", "cudnn")
+            },
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise UserError(f"memsim profile {name} --json: unexpected output ({e!r})") from None

@@ -57,3 +57,26 @@ def test_memory_kept_from_step_to_step_is_said(tmp_path: Path) -> None:
     steady = json.loads(cli("estimate", "--script", script(tmp_path, "steady"), "--steps", "4",
                             "--json").stdout)  # fmt: skip
     assert not any("grows" in w for w in steady["warnings"]), steady["warnings"]
+
+
+def test_free_memory_leaves_out_what_the_process_holds_beside_its_tensors(tmp_path: Path) -> None:
+    """`torch.cuda.mem_get_info()` said the device was free but for the job's tensors: a program
+    sizing a buffer to a share of it was given the context and cuBLAS (1.4 GiB on the A100
+    profile), which a real GPU has already taken."""
+    path = tmp_path / "free.py"
+    path.write_text(
+        "import torch\n"
+        "free0, total = torch.cuda.mem_get_info()\n"
+        "m = torch.nn.Linear(64, 64).cuda()\n"
+        "m(torch.randn(4, 64, device='cuda')).sum().backward()\n"
+        "free1, _ = torch.cuda.mem_get_info()\n"
+        "print('HELD', total - free0, total - free1, torch.cuda.memory_allocated())\n"
+    )
+    done = cli("symtrace", "--script", str(path), "--out", str(tmp_path / "t.jsonl"))
+    line = next(x for x in (done.stdout + done.stderr).splitlines() if x.startswith("HELD"))
+    before, after, tensors = (int(v) for v in line.split()[1:])
+    from memtrace_trainer.profile import load_profile
+
+    p = load_profile(None)
+    assert before == p.context_bytes > 0  # the context, before any op
+    assert after == p.context_bytes + p.cublas_bytes + tensors  # cuBLAS, from the first GEMM

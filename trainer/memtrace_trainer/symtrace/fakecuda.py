@@ -321,6 +321,20 @@ class CudaShim:
             self._current = before
             self.rec.stream = before.stream_id
 
+    def _free(self) -> int:
+        """What `mem_get_info` says is free: the device less what the job holds, its tensors
+        and what its process holds outside the allocator (the context, and the libraries it
+        has loaded so far), as on a GPU. A program sizing a buffer to a share of it was given
+        the context's and cuBLAS's 1.4 GiB too. The allocator's cache is not known until the
+        replay, so this errs high by it."""
+        from memtrace_trainer.symtrace.emulation import LibrariesUsed
+
+        p = self.profile
+        held = p.context_bytes
+        for libs in (h for h in self.rec.hooks if isinstance(h, LibrariesUsed)):
+            held += p.cublas_bytes * libs.gemm + p.cudnn_bytes * libs.conv
+        return max(p.total_memory - held - self.rec.live_bytes, 0)
+
     def _patch(self, mod: Any, name: str, value: Any) -> None:
         self._saved.append((mod, name, getattr(mod, name, None)))
         setattr(mod, name, value)
@@ -341,7 +355,7 @@ class CudaShim:
             "get_device_capability": lambda device=None: p.compute_capability,
             "get_device_properties": lambda device=None: props,
             "is_bf16_supported": lambda including_emulation=True: p.compute_capability >= (8, 0),
-            "mem_get_info": lambda device=None: (p.total_memory - rec.live_bytes, p.total_memory),
+            "mem_get_info": lambda device=None: (self._free(), p.total_memory),
             "memory_allocated": lambda device=None: rec.live_bytes,
             "max_memory_allocated": lambda device=None: rec.peak_bytes,
             "empty_cache": lambda: rec.control("empty_cache"),
