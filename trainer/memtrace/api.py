@@ -487,7 +487,7 @@ def estimate(
 
 def max_batch(
     model: nn.Module,
-    example_inputs: Any,
+    example_inputs: Any = None,
     *,
     target: Any = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
@@ -514,6 +514,11 @@ def max_batch(
         raise EstimateError(f"model: max_batch searches an nn.Module's batch, got "
                             f"{type(model).__name__} (for a step builder, use the CLI: "
                             "max-batch --step MOD:FN)")  # fmt: skip
+    if example_inputs is None:
+        # Checked here, not by Python's signature: a step builder passed alone got a raw
+        # TypeError about this argument, not the message above.
+        raise EstimateError("example_inputs: max_batch needs one batch of the model's inputs, "
+                            "whose first dimension it searches")  # fmt: skip
     _count("steps", steps, "a number of traced steps")
     _count("world_size", world_size, "a number of ranks")
     _count("limit", limit, "the largest batch to try")

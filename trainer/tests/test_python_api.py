@@ -331,6 +331,11 @@ def test_lora_on_a_transformers_model_takes_peft_defaults_and_elsewhere_its_targ
 def test_max_batch_of_what_is_not_a_module_is_an_estimate_error() -> None:
     with pytest.raises(EstimateError, match=r"max_batch searches an nn\.Module"):
         memtrace.max_batch(lambda device: None, None)
+    # A step builder alone (as `estimate` takes one) got a raw TypeError about the inputs.
+    with pytest.raises(EstimateError, match=r"max_batch searches an nn\.Module"):
+        memtrace.max_batch(lambda device: None)
+    with pytest.raises(EstimateError, match=r"^example_inputs: max_batch needs one batch"):
+        memtrace.max_batch(_mlp())
 
 
 def test_fits_without_arguments_is_the_estimates_own_verdict() -> None:
