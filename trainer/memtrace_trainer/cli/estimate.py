@@ -407,6 +407,10 @@ def _max_seq(args: argparse.Namespace) -> int:
         from memtrace_trainer.models.zoo import entry_takes
 
         entry_takes(args.entry, "seq_len", "max-seq")
+        # A hf: model's position table caps the answer; an entry's model is the user's own.
+        notes.warn(f"max-seq --entry {args.entry}: the longest sequence its model accepts (a "
+                   "learned position table, a fixed mask) is not known here, so the answer is "
+                   "memory's limit alone: check it against the model's")  # fmt: skip
     limit, cap = _seq_limit(args.model, args.limit)
     multiple = args.multiple_of
     if cap is not None and 0 < limit < multiple:
