@@ -240,10 +240,12 @@ def max_batch(
                 best, unprobed = _beyond_the_boundary(probe, probes, bad, limit, best)
                 if unprobed is not None:
                     what = "batch sizes" if axis == "batch" else f"{axis}s"
+                    # Said of what was found, not assumed: the probes may all have been in order.
                     warn(
-                        f"{command}: the need is not monotone in the {axis} here, and {what} "
-                        f"from {unprobed * step} up were not all probed ({SCAN_BEYOND} probes "
-                        "past the first that does not fit): a larger one may fit"
+                        f"{command}: {what} past the first that does not fit may still fit (their "
+                        "allocated peak is within the capacity, and the allocator's packing "
+                        f"moves with the shapes); {SCAN_BEYOND} of them were probed, and those "
+                        f"from {unprobed * step} up were not: a larger one may fit"
                     )
     # When nothing fits, the need is the smallest probe's: how far the job is from fitting.
     shown = probes[best] if best else probes[min(probes)]
