@@ -44,6 +44,7 @@ print(json.dumps({"name": "a100-40gb", "path": PROFILE,
             "compute_capability": [8, 0], "sm_count": 108},
     "derived": {"cublas_workspace_bytes": 8519680, "cublaslt_workspace_bytes": 1048576,
                 "cudnn_workspace_factor": 2.0},
+    "outside_allocator": {"context_mib": 400.0, "cublas_mib": 1029.0, "cudnn_mib": 312.0},
     "provenance": {"unmeasured": []}}))
 """
 # Schema 2 with every input hashed into `digest`; does not fit when given --capacity.
