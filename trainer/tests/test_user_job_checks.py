@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import cli, read_trace
+from conftest import cli, cli_process, read_trace
 
 LOOP = (
     "import torch\n"
@@ -80,3 +80,25 @@ def test_free_memory_leaves_out_what_the_process_holds_beside_its_tensors(tmp_pa
     p = load_profile(None)
     assert before == p.context_bytes > 0  # the context, before any op
     assert after == p.context_bytes + p.cublas_bytes + tensors  # cuBLAS, from the first GEMM
+
+
+def test_a_script_that_catches_every_stop_is_ended(tmp_path: Path) -> None:
+    """`while True:` around a bare `except:` swallowed the stop at every step: the command ran
+    for ever. It is ended with an error naming the cause."""
+    path = tmp_path / "forever.py"
+    path.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(8, 8).cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "while True:\n"
+        "    try:\n"
+        "        m(torch.randn(4, 8, device='cuda')).sum().backward()\n"
+        "        opt.step()\n"
+        "        opt.zero_grad()\n"
+        "    except:  # noqa: E722\n"
+        "        pass\n"
+    )
+    # In a child process: the command ends its own process (os._exit), as it must.
+    done = cli_process("estimate", "--script", str(path), check=False)
+    assert done.returncode == 2, done.stderr
+    assert "caught the stop after 3 iterations 100 times" in done.stderr

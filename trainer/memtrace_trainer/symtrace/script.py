@@ -46,6 +46,25 @@ class _Enough(BaseException):
     """N iterations traced: the script stops here."""
 
 
+# Stops a script may swallow (a bare `except:` inside `while True:`) before it is ended by
+# force: Python has no exception it cannot catch, and such a loop would run for ever.
+MAX_SWALLOWED = 100
+
+
+def _unstoppable(path: Path, steps: int) -> None:
+    """Ends the process with an error: the script caught every stop, so neither the trace nor
+    the command can finish. Only the CLI and serve's workers trace scripts; each is a process
+    of its own, so nothing else is ended with it."""
+    import os
+
+    sys.stdout.flush()
+    print(f"error: --script {path}: the script caught the stop after {steps} iterations "
+          f"{MAX_SWALLOWED} times (a bare `except:` or `except BaseException:` inside an "
+          "endless loop) and would run for ever; let BaseException through, or end the loop "
+          "after a number of steps", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(2)
+
+
 class _Optimizers:
     """The `torch.optim.Optimizer`s a script builds (third-party ones too: each calls the base
     `__init__`). An iteration ends once each live one has stepped: a GAN's two, Muon beside
@@ -108,11 +127,16 @@ def run_script(
     if not path.is_file():
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())
-    state: dict[str, Any] = {"done": 0, "explicit": False, "stopped": False, "updated_from": None}
+    state: dict[str, Any] = {
+        "done": 0, "explicit": False, "stopped": False, "updated_from": None, "swallowed": 0
+    }
     optimizers = _Optimizers()
 
     def advance() -> None:
         if state["stopped"]:
+            state["swallowed"] += 1
+            if state["swallowed"] >= MAX_SWALLOWED:
+                _unstoppable(path, steps)
             raise _Enough  # the script caught the stop and went on: asked again
         label_model_state(rec, new_root_modules(before))
         state["done"] += 1
