@@ -60,14 +60,22 @@ fn safe_numbers_never_undercut_the_point_and_verdicts_follow_their_numbers() {
     }
 }
 
+/// A user's marker on device 0.
+fn marker(text: &str) -> Record {
+    Record { ts_ns: None, tid: None, device: Some(0), event: trace::Event::Marker(trace::Marker { text: text.into() }) }
+}
+
+/// An allocator-level header of synthetic addresses.
+fn synthetic_header() -> Header {
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    h
+}
+
 #[test]
 fn iteration_peaks_split_the_run_at_iter_markers() {
     use simulator::replay::Replayer;
-    use trace::{Event, Marker};
-    let marker =
-        |t: &str| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Marker(Marker { text: t.into() }) };
-    let mut h = Header::new("test", "0", Level::Allocator);
-    h.synthetic_addresses = true;
+    let h = synthetic_header();
     // A 40 MiB block lives across iteration 0 into 1 (setup memory counts in both windows);
     // iteration 0 peaks with 60 MiB more, iteration 1 with 10 MiB more, iteration 2 holds nothing new.
     let recs = vec![
@@ -98,11 +106,7 @@ fn iteration_peaks_split_the_run_at_iter_markers() {
 #[test]
 fn a_peak_growing_at_every_step_is_said() {
     use simulator::replay::Replayer;
-    use trace::{Event, Marker};
-    let marker =
-        |t: &str| Record { ts_ns: None, tid: None, device: Some(0), event: Event::Marker(Marker { text: t.into() }) };
-    let mut h = Header::new("test", "0", Level::Allocator);
-    h.synthetic_addresses = true;
+    let h = synthetic_header();
     let run = |kept: u64| {
         // Each step: a 100 MiB transient, and `kept` MiB held from then on.
         let mut recs = vec![alloc(1, 200 * MIB, None)];

@@ -19,6 +19,17 @@ class UserCodeError(UserError):
         super().__init__("\n".join(lines))
 
 
+def nothing_on_the_gpu(what: str) -> UserError:
+    """A job whose traced steps allocated nothing on the GPU (a CPU job, a script that ended
+    before its loop): the need would be the profile's context alone, a verdict on a job that
+    never reached the GPU. Every command that judges a job refuses it so."""
+    return UserError(
+        f"{what}: nothing was allocated on the GPU in the traced steps, so there is no memory to "
+        'estimate (does the model or its data reach "cuda" or the step\'s `device` argument? '
+        "does the script reach its training loop with these arguments?)"
+    )
+
+
 def is_integer(v: object) -> bool:
     """An int that is not a bool (YAML's and JSON's `true` is one), as user input is checked."""
     return isinstance(v, int) and not isinstance(v, bool)

@@ -20,7 +20,7 @@ import torch
 
 from memtrace_trainer import notes
 from memtrace_trainer.binaries import error_line, run_tool, tool_source
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, nothing_on_the_gpu
 from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile, load_profile
@@ -247,14 +247,7 @@ def estimate_job(
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
         if job.trace(prof, d / "symbolic.jsonl", True).allocs == 0:
-            # The need would be the profile's context alone: a verdict on a job that never
-            # reached the GPU (a CPU job, a script that ended before its loop) is no answer.
-            raise UserError(
-                f"{job.spec}: nothing was allocated on the GPU in the traced steps, so there is no "
-                'memory to estimate (does the model or its data reach "cuda" or the step\'s '
-                "`device` argument? does the script reach its training loop with these "
-                "arguments?)"
-            )
+            raise nothing_on_the_gpu(job.spec)
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
         fake_why = _plain_trace(job, prof, d / "plain.jsonl")
@@ -375,7 +368,10 @@ def _distributed(s: StepConfig, sharded: dict[str, Any] | None) -> dict[str, Any
     from memtrace_trainer.symtrace.distributed import describe
 
     said = describe(s.strategy)
-    return {"rank": 0, **{k: (sharded or said).get(k, v) for k, v in said.items()}}
+    told = {k: (sharded or said).get(k, v) for k, v in said.items()}
+    # What the trace stored otherwise than the job asked (QLoRA's 4-bit weights as bf16).
+    kept = {k: sharded[k] for k in ("quant_storage",) if sharded and k in sharded}
+    return {"rank": 0, **told, **kept}
 
 
 def _fsdp_tracker_why(job: Any, asked: bool) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer.binaries import error_line, run_tool, tool_source
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, nothing_on_the_gpu
 from memtrace_trainer.notes import progress, warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
@@ -83,6 +83,8 @@ def _probe(
     defaults = trace_at(value, prof, path)
     result = _replay(path, prof.path, capacity, point)
     path.unlink()
+    if result["peak_allocated_bytes"] == 0:
+        raise nothing_on_the_gpu(label)  # as `estimate` refuses it: no search of nothing
     for w in result.pop("warnings"):
         warn(w)
     progress(

@@ -481,6 +481,11 @@ def test_qlora_under_fsdp_stores_its_4bit_weights_as_fsdp_qlora_does(
     packed = {m.weight.dtype for m in w.model.modules() if isinstance(m, Linear4bit)}
     assert packed == {torch.bfloat16 if storage else torch.uint8}
     assert ("bnb_4bit_quant_storage=bf16" in (d["equivalence"] or "")) == bool(storage)
+    if strategy == "fsdp2":
+        # The estimate's answer says it too, as docs/distributed.md promises.
+        done = cli("estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16", "--dtype",
+                   "bf16", "--qlora", "--strategy", strategy, "--world-size", "2", "--json")  # fmt: skip
+        assert json.loads(done.stdout)["inputs"]["distributed"]["quant_storage"] == "bf16"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp1-no-shard"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from conftest import cli, cli_process, read_trace
 
@@ -102,3 +103,22 @@ def test_a_script_that_catches_every_stop_is_ended(tmp_path: Path) -> None:
     done = cli_process("estimate", "--script", str(path), check=False)
     assert done.returncode == 2, done.stderr
     assert "caught the stop after 3 iterations 100 times" in done.stderr
+
+
+def test_a_search_of_a_job_on_the_cpu_is_refused_as_its_estimate_is(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`estimate` refused a job with nothing on the GPU, while `max-batch` answered its --limit,
+    every probe FITS at the context alone: two commands, two verdicts for one job."""
+    (tmp_path / "cpu_steps.py").write_text(
+        "import torch\n"
+        "def sized(device, batch_size):\n"
+        "    m = torch.nn.Linear(8, 8)\n"
+        "    def step():\n"
+        "        m(torch.randn(batch_size, 8)).sum().backward()\n"
+        "    return step\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = cli("max-batch", "--step", "cpu_steps:sized", "--limit", "64", check=False)
+    assert done.returncode == 2, done.stdout
+    assert "nothing was allocated on the GPU in the traced steps" in done.stderr

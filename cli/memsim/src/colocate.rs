@@ -141,7 +141,9 @@ pub fn run(a: Args) -> Result<u8> {
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
     // Beside each job's own peak, a shared need below their sum reads as a mistake unless said.
     let sum: u64 = r.jobs.iter().map(|j| if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
-    if r.mode == Mode::Timestamps && r.combined_need_bytes < sum {
+    // Only a shared run at a capacity retries; unlimited, a gap has other terms (a memory
+    // fraction, a recorded OOM's floor, memory held outside at other moments).
+    if r.mode == Mode::Timestamps && r.capacity.is_some() && r.combined_need_bytes < sum {
         println!(
             "                     (below the sum of their peaks, {}: when the device is full each allocator frees its \
              own cached blocks and retries, as PyTorch's does)",

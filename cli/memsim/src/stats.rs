@@ -139,7 +139,8 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     outln!(out, "  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
     // Several GPUs' bytes in one number read as one device holding them all: said.
     let summed = match header.devices.len() {
-        n if n > 1 => format!(", summed over the {n} devices the trace lists"),
+        // The devices the trace lists, not all of them used (a snapshot lists every visible one).
+        n if n > 1 => ", summed over the trace's devices".to_string(),
         _ => String::new(),
     };
     outln!(out, "  peak live device  {} ({} B{summed})", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);

@@ -275,7 +275,12 @@ impl Replayer {
             reserved = reserved.max(r);
             allocated = allocated.max(a);
         }
-        self.iterations.push(IterationPeak { iter, peak_allocated_bytes: allocated, peak_reserved_bytes: reserved });
+        self.iterations.push(IterationPeak {
+            iter,
+            peak_allocated_bytes: allocated,
+            peak_reserved_bytes: reserved,
+            start_allocated_bytes: allocated,
+        });
     }
 
     #[cold]

@@ -56,6 +56,9 @@ pub struct IterationPeak {
     pub peak_allocated_bytes: u64,
     /// Max over devices and over the iteration of reserved bytes.
     pub peak_reserved_bytes: u64,
+    /// Max over devices of the allocated bytes held when the iteration starts: what the job
+    /// keeps from step to step.
+    pub start_allocated_bytes: u64,
 }
 
 /// An out-of-memory error a run recorded.
@@ -228,26 +231,30 @@ impl ReplayReport {
             .collect()
     }
 
-    /// A peak that grows at every iteration after the first, by at least 1 MiB and 1% each time:
-    /// memory kept across steps, which no steady state bounds (a run of 1000 steps needs about
-    /// 1000 times the growth more). Run-to-run jitter of a steady job is well under 1%.
+    /// What a step holds when it starts that grows at every step after the first, by at least
+    /// 1 MiB and 1% each time, over two steps or more: memory kept across steps, which no steady
+    /// state bounds (a run of 1000 steps needs about 1000 times the growth more). What a step
+    /// starts with is its state and the loop's variables, not its activations, so shapes that
+    /// change from step to step (dynamic padding) move it far less than its peak; and two
+    /// steps in a row are asked for, not one.
     fn growth(&self) -> Option<String> {
-        let steady = self.iterations.get(1..).filter(|s| s.len() >= 2)?;
+        let steady = self.iterations.get(1..).filter(|s| s.len() >= 3)?;
         let grows = |a: u64, b: u64| b >= a.saturating_add((a / 100).max(1 << 20));
-        if !steady.windows(2).all(|w| grows(w[0].peak_allocated_bytes, w[1].peak_allocated_bytes)) {
+        if !steady.windows(2).all(|w| grows(w[0].start_allocated_bytes, w[1].start_allocated_bytes)) {
             return None;
         }
         let (first, last) = (steady[0], steady[steady.len() - 1]);
-        let per_step = (last.peak_allocated_bytes - first.peak_allocated_bytes) / (steady.len() as u64 - 1);
+        let per_step = (last.start_allocated_bytes - first.start_allocated_bytes) / (steady.len() as u64 - 1);
         Some(format!(
-            "the allocated peak grows at every step after the first, by about {} a step (steps {} to {}): memory kept \
+            "what a step holds when it starts grows at every step after the first, by about {} a step (steps {} to \
+             {}): memory kept \
              across steps (a tensor appended to a list, a loss summed without .item(), a graph kept with \
              retain_graph) grows with the run's length, and a longer run needs more than this trace shows; trace \
              more steps to tell a leak from a one-time allocation",
             crate::units::mib(per_step),
-            // Counted from 1, as the per-step lines count them.
-            first.iter + 1,
-            last.iter + 1
+            // By position, counted from 1, as the per-step lines count them.
+            2,
+            self.iterations.len()
         ))
     }
 
@@ -259,6 +266,7 @@ impl ReplayReport {
             iter: a.iter.max(b.iter),
             peak_allocated_bytes: a.peak_allocated_bytes.max(b.peak_allocated_bytes),
             peak_reserved_bytes: a.peak_reserved_bytes.max(b.peak_reserved_bytes),
+            start_allocated_bytes: a.start_allocated_bytes.max(b.start_allocated_bytes),
         });
         Some((*first, steady))
     }

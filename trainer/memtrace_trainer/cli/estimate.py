@@ -339,7 +339,8 @@ def _search_answer(
 
         # A sharded job's answer is one rank's: the batch each GPU takes, on each GPU's memory.
         over = f"{strategy} over {ranks(world)}" if strategy else ranks(world)
-        who = f"{who} ({over}; the batch and the need are per GPU)"
+        per = "the batch and the need are" if key == "max_batch" else "the need is"
+        who = f"{who} ({over}; {per} per GPU)"
         where = _where(result, args.profile, " per GPU")
     need_at = next(v for k, v in result.items() if k.startswith("need_at_"))
     need = f"{result['need_bytes'] / MIB:.1f} MiB"

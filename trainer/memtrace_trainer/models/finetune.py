@@ -9,6 +9,7 @@ trainable parameters, and with them gradients and optimizer state, are peft's.
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -190,11 +191,16 @@ def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
         )
 
 
+# `warnings.catch_warnings` saves and restores the process's filters: two threads interleaving
+# it (the library estimates in threads) could leave the other's filters in place for good.
+_QUIET = threading.RLock()
+
+
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
     """Within: the `LIBRARY_NOISE` warnings ignored, and only those; memtrace's own warnings and
     everything else peft or transformers says still reach the user."""
-    with warnings.catch_warnings():
+    with _QUIET, warnings.catch_warnings():
         for message, category in LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message=message, category=category)
         yield

@@ -47,6 +47,7 @@ STRATEGIES = (
 # Strategies that run as another's PyTorch code, and what the output says of the difference.
 EQUIVALENT = {
     "fsdp1": ("fsdp2", True, "FSDP1 FULL_SHARD emulated by FSDP2 with reshard_after_forward=True "
+              "per block, the root's parameters kept gathered as FSDP1 keeps them "
               "(FSDP1 refuses a CPU mesh): per-parameter dim-0 shards instead of one padded "
               "FlatParameter per unit, the same gathered and resharded bytes per unit"),
     "fsdp1-grad-op": ("fsdp2", False, "FSDP1 SHARD_GRAD_OP emulated by FSDP2 with "

@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
-from memtrace_trainer.symtrace.recorder import Recorder
+from memtrace_trainer.symtrace.recorder import COLLECTIVE_NAMESPACES, Recorder
 
 aten = torch.ops.aten
 # The ops that run cuBLAS: the GEMMs and the matrix-vector and dot products (gemv, dot). Each
@@ -39,7 +39,7 @@ class LibrariesUsed:
     communicators lazily, at the first collective (`c10d` ops, and the functional ones); that one
     is noted as `collective`."""
 
-    COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+    COLLECTIVE_NAMESPACES = COLLECTIVE_NAMESPACES
 
     def __init__(self) -> None:
         self.gemm = False

@@ -239,7 +239,9 @@ class Recorder(TorchDispatchMode):
         # The hooks say what CUDA does beside an op (a library's workspace, loading it): an op
         # on the CPU's tensors takes none of it (a CPU matmul charged cuBLAS to a job that never
         # touched the GPU).
-        hooks = self.hooks if _on_device(args) else ()
+        # A collective is noted whatever its tensors (object collectives gather CPU tensors
+        # under the fake process group; under NCCL they run on the GPU).
+        hooks = self.hooks if _on_device(args) or _collective(func) else ()
         for hook in hooks:
             hook(self, func, args, kwargs, None)
         out = opcache.call(func, args, kwargs)
@@ -292,6 +294,14 @@ def storage_resizes(rec: Recorder) -> Iterator[None]:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+# The op namespaces of collectives (c10d's, and the functional ones).
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+def _collective(func: Any) -> bool:
+    return getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
 
 
 def _on_device(args: tuple[Any, ...]) -> bool:

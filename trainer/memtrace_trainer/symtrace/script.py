@@ -128,7 +128,11 @@ def run_script(
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())
     state: dict[str, Any] = {
-        "done": 0, "explicit": False, "stopped": False, "updated_from": None, "swallowed": 0
+        "done": 0,
+        "explicit": False,
+        "stopped": False,
+        "updated_from": None,
+        "swallowed": 0,
     }
     optimizers = _Optimizers()
 
