@@ -305,10 +305,17 @@ def _collective(func: Any) -> bool:
 
 
 def _on_device(args: tuple[Any, ...]) -> bool:
-    """Whether an op's arguments hold a tensor of the tracer's device (meta)."""
-    return any(
-        isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_flatten(args)[0]
-    )
+    """Whether an op's arguments hold a tensor of the tracer's device (meta). Aten ops take
+    tensors as arguments or in a list of them (`cat`), never deeper: one level is looked at,
+    cheaper than `tree_flatten` on every op."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "meta":
+                return True
+        elif isinstance(a, list | tuple):
+            if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in a):
+                return True
+    return False
 
 
 def _inner(tensor: Any) -> list[torch.Tensor]:
