@@ -370,8 +370,9 @@ def _distributed(s: StepConfig, sharded: dict[str, Any] | None) -> dict[str, Any
     said = describe(s.strategy)
     told = {k: (sharded or said).get(k, v) for k, v in said.items()}
     # What the trace stored otherwise than the job asked (QLoRA's 4-bit weights as bf16).
-    kept = {k: sharded[k] for k in ("quant_storage",) if sharded and k in sharded}
-    return {"rank": 0, **told, **kept}
+    if sharded and "quant_storage" in sharded:
+        told["quant_storage"] = sharded["quant_storage"]
+    return {"rank": 0, **told}
 
 
 def _fsdp_tracker_why(job: Any, asked: bool) -> str | None:

@@ -16,8 +16,8 @@ from memtrace_trainer.notes import warn
 
 DEFAULT_PROFILE = "a100-40gb"
 
-# The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
 MIB = 1 << 20
+# The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
 EMULATION_KEYS = (
     "workspace.cublas_workspace_config",
     "workspace.cublaslt_workspace_kib",

@@ -137,12 +137,9 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     }
     outln!(out, "  device allocs     {} (frees {})", s.allocs, s.frees);
     outln!(out, "  host allocs       {} (frees {})", s.host_allocs, s.host_frees);
-    // Several GPUs' bytes in one number read as one device holding them all: said.
-    let summed = match header.devices.len() {
-        // The devices the trace lists, not all of them used (a snapshot lists every visible one).
-        n if n > 1 => ", summed over the trace's devices".to_string(),
-        _ => String::new(),
-    };
+    // Several GPUs' bytes in one number read as one device holding them all: said. (The devices
+    // the trace lists, not all of them used: a snapshot lists every visible one.)
+    let summed = if header.devices.len() > 1 { ", summed over the trace's devices" } else { "" };
     outln!(out, "  peak live device  {} ({} B{summed})", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
     outln!(out, "    (counts {PEAK_COUNTS})");
     if s.start_state_allocated_bytes > 0 {

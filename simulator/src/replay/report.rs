@@ -247,10 +247,9 @@ impl ReplayReport {
         let per_step = (last.start_allocated_bytes - first.start_allocated_bytes) / (steady.len() as u64 - 1);
         Some(format!(
             "what a step holds when it starts grows at every step after the first, by about {} a step (steps {} to \
-             {}): memory kept \
-             across steps (a tensor appended to a list, a loss summed without .item(), a graph kept with \
-             retain_graph) grows with the run's length, and a longer run needs more than this trace shows; trace \
-             more steps to tell a leak from a one-time allocation",
+             {}): memory kept across steps (a tensor appended to a list, a loss summed without .item(), a graph \
+             kept with retain_graph) grows with the run's length, and a longer run needs more than this trace \
+             shows; trace more steps to tell a leak from a one-time allocation",
             crate::units::mib(per_step),
             // By position, counted from 1, as the per-step lines count them.
             2,

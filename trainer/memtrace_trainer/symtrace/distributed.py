@@ -284,11 +284,8 @@ def _as_parameters(fn: Any) -> Any:
         rec = next((m for m in _get_current_dispatch_mode_stack() if isinstance(m, Recorder)), None)
         if rec is None:
             return fn(self, *args, **kwargs)
-        before, rec.category = rec.category, "parameter"
-        try:
+        with rec.categorized("parameter"):
             return fn(self, *args, **kwargs)
-        finally:
-            rec.category = before
 
     return run
 

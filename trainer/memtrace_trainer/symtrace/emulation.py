@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
-from memtrace_trainer.symtrace.recorder import COLLECTIVE_NAMESPACES, Recorder
+from memtrace_trainer.symtrace.recorder import Recorder, is_collective
 
 aten = torch.ops.aten
 # The ops that run cuBLAS: the GEMMs and the matrix-vector and dot products (gemv, dot). Each
@@ -39,8 +39,6 @@ class LibrariesUsed:
     communicators lazily, at the first collective (`c10d` ops, and the functional ones); that one
     is noted as `collective`."""
 
-    COLLECTIVE_NAMESPACES = COLLECTIVE_NAMESPACES
-
     def __init__(self) -> None:
         self.gemm = False
         self.conv = False
@@ -52,7 +50,7 @@ class LibrariesUsed:
     def __call__(
         self, rec: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
-        if getattr(func, "namespace", None) in self.COLLECTIVE_NAMESPACES:
+        if is_collective(func):
             self.collective = True
         if out is None:
             return

@@ -238,10 +238,9 @@ class Recorder(TorchDispatchMode):
                 return decomposed
         # The hooks say what CUDA does beside an op (a library's workspace, loading it): an op
         # on the CPU's tensors takes none of it (a CPU matmul charged cuBLAS to a job that never
-        # touched the GPU).
-        # A collective is noted whatever its tensors (object collectives gather CPU tensors
-        # under the fake process group; under NCCL they run on the GPU).
-        hooks = self.hooks if _on_device(args) or _collective(func) else ()
+        # touched the GPU). A collective is noted whatever its tensors: object collectives
+        # gather CPU tensors under the fake process group, and run on the GPU under NCCL.
+        hooks = self.hooks if _on_device(args) or is_collective(func) else ()
         for hook in hooks:
             hook(self, func, args, kwargs, None)
         out = opcache.call(func, args, kwargs)
@@ -273,6 +272,15 @@ class Recorder(TorchDispatchMode):
             hook(self, func, args, kwargs, out)
         return out
 
+    @contextlib.contextmanager
+    def categorized(self, category: str) -> Iterator[None]:
+        """Within: what is allocated is of `category`."""
+        before, self.category = self.category, category
+        try:
+            yield
+        finally:
+            self.category = before
+
     def finish(self) -> None:
         """Stop recording: later frees belong to the tracer's teardown, not the step."""
         self.active = False
@@ -300,7 +308,8 @@ def storage_resizes(rec: Recorder) -> Iterator[None]:
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
-def _collective(func: Any) -> bool:
+def is_collective(func: Any) -> bool:
+    """Whether an op is a collective (of c10d's namespaces)."""
     return getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
 
 

@@ -134,9 +134,8 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
             extra = deepspeed_fp32_bytes(workload.model, optimizer, cfg.optimizer)
             if extra:
                 # Held as long as the optimizer: DeepSpeed makes its fp32 partition at start.
-                before, rec.category = rec.category, "optimizer_state"
-                made["deepspeed_fp32"] = torch.empty(extra, dtype=torch.uint8, device=device)
-                rec.category = before
+                with rec.categorized("optimizer_state"):
+                    made["deepspeed_fp32"] = torch.empty(extra, dtype=torch.uint8, device=device)
         made["optimizer"] = optimizer
         watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None
