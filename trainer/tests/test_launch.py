@@ -498,6 +498,10 @@ def test_submitted_runs_are_not_submitted_again(sweep: Path, tmp_path: Path) -> 
     assert "submitted 2 runs" not in again.stderr
     jobs = json.loads((out / "submitit" / "jobs.json").read_text())
     assert len(jobs) == 2 and all(j["submitted"] > 0 for j in jobs)
+    # --resubmit where nothing is held by a job has nothing to do, and says so.
+    fresh = cli("launch", str(sweep), "--out", str(tmp_path / "fresh"), "--resubmit", "--dry-run")
+    assert "--resubmit has no effect: no run in" in fresh.stderr, fresh.stderr
+    assert "--resubmit has no effect" not in cli(*args, "--resubmit", "--dry-run").stderr
     # Nor run here beside their jobs: two writers of one run directory.
     local = cli("launch", str(sweep), "--out", str(out))
     assert "2 runs were submitted before and have not finished" in local.stderr, local.stderr

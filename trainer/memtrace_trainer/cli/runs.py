@@ -245,6 +245,9 @@ def _launch(args: argparse.Namespace) -> int:
         warn(w)
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out}: exists and is not a directory")
+    if args.resubmit and not submitted_jobs(args.out):
+        warn(f"--resubmit has no effect: no run in {args.out} was submitted to Slurm and left "
+             "unfinished (submitit/jobs.json)")  # fmt: skip
     cluster = args.submitit_cluster or "slurm"
     # Everything is checked before the first run (and by --dry-run); CUDA only where the runs
     # are to run: a Slurm login node without a GPU sends them to nodes with one.
