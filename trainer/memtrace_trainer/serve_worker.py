@@ -85,6 +85,11 @@ def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
     os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = tmpdir
     try:
+        from memtrace_trainer.symtrace import script
+
+        # A script that catches every stop ends this process (os._exit): its error is this
+        # request's answer, not a dead worker's 500.
+        script.unstoppable_reply = lambda m: _reply(conn, (400, _error(m, "script")))
         status, body = answer(argv)
     except BaseException as e:  # the server must always get an answer
         status, body = 500, _error(f"internal error: {type(e).__name__}: {e}")

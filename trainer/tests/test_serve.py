@@ -375,6 +375,41 @@ def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
     assert server.estimate({"model": MLP, "batch_size": 4})[0] == 200
 
 
+def test_a_script_that_catches_every_stop_is_answered_not_a_dead_worker(tmp_path: Path) -> None:
+    """The tracer ends a script that catches every stop with os._exit: in a worker, the client
+    got a 500 ("died without an answer") and the reason went to the server's log alone."""
+    path = tmp_path / "forever.py"
+    path.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(8, 8).cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "while True:\n"
+        "    try:\n"
+        "        m(torch.randn(4, 8, device='cuda')).sum().backward()\n"
+        "        opt.step()\n"
+        "    except:  # noqa: E722\n"
+        "        pass\n"
+    )
+    (tmp_path / "tmp").mkdir()
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    args = (["--script", str(path)], str(tmp_path / "tmp"), send)
+    proc = ctx.Process(target=serve_worker.work, args=args, daemon=True)
+    proc.start()
+    send.close()
+    try:
+        assert recv.poll(120), "no answer from the worker"
+        status, body = recv.recv()
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 2
+    answer = json.loads(body)
+    assert (status, answer["field"]) == (400, "script"), answer
+    assert "caught the stop after 3 iterations 100 times" in answer["error"]
+
+
 def test_a_failing_render_is_an_internal_error(
     tmp_path: Path, tools: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,7 @@ import contextlib
 import runpy
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +51,27 @@ class _Enough(BaseException):
 MAX_SWALLOWED = 100
 
 
+# Where `_unstoppable` sends its message before the process ends: None prints it to stderr (the
+# CLI); serve's worker sends it as its request's answer, since a bare `except:` leaves no
+# exception to carry it there.
+unstoppable_reply: Callable[[str], None] | None = None
+
+
 def _unstoppable(path: Path, steps: int) -> None:
     """Ends the process with an error: the script caught every stop, so neither the trace nor
     the command can finish. Only the CLI and serve's workers trace scripts; each is a process
     of its own, so nothing else is ended with it."""
     import os
 
+    message = (f"--script {path}: the script caught the stop after {steps} iterations "
+               f"{MAX_SWALLOWED} times (a bare `except:` or `except BaseException:` inside an "
+               "endless loop) and would run for ever; let BaseException through, or end the "
+               "loop after a number of steps")  # fmt: skip
     sys.stdout.flush()
-    print(f"error: --script {path}: the script caught the stop after {steps} iterations "
-          f"{MAX_SWALLOWED} times (a bare `except:` or `except BaseException:` inside an "
-          "endless loop) and would run for ever; let BaseException through, or end the loop "
-          "after a number of steps", file=sys.stderr, flush=True)  # fmt: skip
+    if unstoppable_reply is None:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    else:
+        unstoppable_reply(message)
     os._exit(2)
 
 
