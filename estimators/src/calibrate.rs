@@ -3,7 +3,7 @@
 //! allocator. MLP runs load cuBLAS but no cuDNN, so they fit `context + cublas`; CNN runs then
 //! fit `cudnn` on top. A fit is always evaluated on runs it did not see.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 use simulator::fit::{self, Libraries};
@@ -13,6 +13,7 @@ use crate::compare::RunRecord;
 use crate::dataset::splitmix64;
 use crate::error::{EstimateError, Result};
 use crate::metrics::{self, Metrics};
+use crate::rows::RowSet;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -201,12 +202,7 @@ pub fn weighted_quantile(values: &[(f64, f64)], q: f64) -> Option<f64> {
 
 /// Rewrite a profile's text with fitted constants: the three `[outside_allocator]` values are
 /// replaced in place (their comments kept) and a `[calibration]` table is (re)written at the end.
-pub fn rewrite_profile(
-    text: &str,
-    o: &OutsideAllocator,
-    provenance: &[(String, String)],
-    rows: &BTreeMap<String, Vec<usize>>,
-) -> String {
+pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, String)], rows: &RowSet) -> String {
     // The old provenance goes; every other table stays as it was.
     let mut out = String::new();
     let mut section = String::new();
@@ -236,13 +232,24 @@ pub fn rewrite_profile(
     for (k, v) in provenance {
         out.push_str(&format!("{k} = {}\n", toml_string(v)));
     }
-    if !rows.is_empty() {
+    let by_stem = rows_by_dataset(rows.ids());
+    if !by_stem.is_empty() {
         out.push_str(
             "\n[calibration.rows]\n# The dataset rows (1-based, per file stem) whose runs the constants were fitted and\n\
              # evaluated on; `memest compare` marks them and can leave them out (--exclude-calibrated).\n",
         );
-        for (stem, nums) in rows {
+        for (stem, nums) in by_stem {
             let list = nums.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+            out.push_str(&format!("{} = [{list}]\n", toml_string(&stem)));
+        }
+    }
+    if !rows.digests().is_empty() {
+        out.push_str(
+            "\n[calibration.row_digests]\n# The same rows by what they hold (memest's rows::digest of each CSV record), so\n\
+             # that they are recognised in a file of another name or order.\n",
+        );
+        for (stem, digests) in rows.digests() {
+            let list = digests.iter().map(|d| toml_string(d)).collect::<Vec<_>>().join(", ");
             out.push_str(&format!("{} = [{list}]\n", toml_string(stem)));
         }
     }
@@ -310,23 +317,42 @@ pub fn rows_by_dataset<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeMap<S
     out
 }
 
-/// The row ids a profile was calibrated on (`[calibration.rows]`), empty when it does not say.
-pub fn calibrated_ids(calibration: &BTreeMap<String, toml::Value>) -> std::result::Result<BTreeSet<String>, String> {
-    let Some(rows) = calibration.get("rows") else { return Ok(BTreeSet::new()) };
-    let table = rows.as_table().ok_or("calibration.rows: expected a table of dataset stem = [row numbers]")?;
-    let mut ids = BTreeSet::new();
-    for (stem, list) in table {
-        let list =
-            list.as_array().ok_or_else(|| format!("calibration.rows.{stem}: expected an array of row numbers"))?;
-        for v in list {
-            let n = v
-                .as_integer()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("calibration.rows.{stem}: {v} is not a row number (1-based)"))?;
-            ids.insert(format!("{stem}-{n:05}"));
+/// The rows a profile was calibrated on: `[calibration.rows]` by position and
+/// `[calibration.row_digests]` by content; empty when it says neither.
+pub fn calibrated_rows(calibration: &BTreeMap<String, toml::Value>) -> std::result::Result<RowSet, String> {
+    let mut set = RowSet::default();
+    if let Some(rows) = calibration.get("rows") {
+        let table = rows.as_table().ok_or("calibration.rows: expected a table of dataset stem = [row numbers]")?;
+        for (stem, list) in table {
+            let list =
+                list.as_array().ok_or_else(|| format!("calibration.rows.{stem}: expected an array of row numbers"))?;
+            for v in list {
+                let n = v
+                    .as_integer()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("calibration.rows.{stem}: {v} is not a row number (1-based)"))?;
+                set.insert(&format!("{stem}-{n:05}"), "");
+            }
         }
     }
-    Ok(ids)
+    if let Some(digests) = calibration.get("row_digests") {
+        let expected = "expected an array of 16-hex-digit row digests";
+        let table =
+            digests.as_table().ok_or("calibration.row_digests: expected a table of dataset stem = [digests]")?;
+        for (stem, list) in table {
+            let list = list.as_array().ok_or_else(|| format!("calibration.row_digests.{stem}: {expected}"))?;
+            let digests = list
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .filter(|d| d.len() == 16 && d.bytes().all(|b| b.is_ascii_hexdigit()))
+                        .ok_or_else(|| format!("calibration.row_digests.{stem}: {v} is not a row digest; {expected}"))
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            set.insert_digests(stem, digests);
+        }
+    }
+    Ok(set)
 }
 
 fn toml_string(s: &str) -> String {

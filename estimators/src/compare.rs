@@ -54,6 +54,9 @@ impl Outcome {
 pub struct RunRecord {
     /// Row id.
     pub id: String,
+    /// The row's content digest ([`crate::rows::digest`]); empty in runs written before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
     /// Generator configuration (`Filename`).
     pub filename: String,
     /// What the trainer rebuilt the run from (model spec or entry).
@@ -243,6 +246,7 @@ pub fn evaluate_row(
     }
     RunRecord {
         id: row.id.clone(),
+        digest: row.digest.clone(),
         filename: row.filename.clone(),
         spec: row.spec.as_str().to_string(),
         family: row.family.as_str().to_string(),

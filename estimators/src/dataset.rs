@@ -27,6 +27,9 @@ pub struct DatasetRow {
     pub id: String,
     /// 1-based data row number (the header is row 0; 0 for a row not read from a file).
     pub row: usize,
+    /// What the row holds ([`crate::rows::digest`]): it names the row in whatever file or order
+    /// it comes (empty for a row not read from a file).
+    pub digest: String,
     /// The row's `Filename` (the generator configuration).
     pub filename: String,
     /// Features from the CSV itself (what GPUMemNet and Horus used); `layers` is the parsed
@@ -61,6 +64,9 @@ pub struct DatasetRow {
     pub job: serde_json::Map<String, serde_json::Value>,
     /// The profile of the GPU the run was measured on (`profile` column), where recorded.
     pub profile: Option<String>,
+    /// The name of the GPU the run was measured on (`gpu` column, as NVML reports it), where
+    /// recorded: it says the GPU where no profile of it is known.
+    pub gpu: Option<String>,
 }
 
 /// Settings a `job` cell may not carry: the row's own columns (and the tracer's own switches)
@@ -143,6 +149,7 @@ impl DatasetRow {
         DatasetRow {
             id: name.to_string(),
             row: 0,
+            digest: String::new(),
             filename: name.to_string(),
             family: features.family(),
             features,
@@ -159,6 +166,7 @@ impl DatasetRow {
             util: Utilization::default(),
             job: serde_json::Map::new(),
             profile: None,
+            gpu: None,
         }
     }
 
@@ -292,7 +300,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         opt_col("max_memory_reserved_mib"),
     );
     let (c_depth, c_activation, c_family) = (opt_col("Depth"), opt_col("Activation Function"), opt_col("family"));
-    let (c_job, c_profile) = (opt_col("job"), opt_col("profile"));
+    let (c_job, c_profile, c_gpu) = (opt_col("job"), opt_col("profile"), opt_col("gpu"));
     let c_util = UTILIZATION_COLUMNS.map(opt_col);
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let mut rows = Vec::new();
@@ -421,6 +429,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         rows.push(DatasetRow {
             id: format!("{stem}-{row:05}"),
             row,
+            digest: crate::rows::digest(headers.iter(), rec.iter()),
             filename,
             features,
             batch,
@@ -441,6 +450,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
                 .map_err(|e| csv_err(path, row, "job", &e))?
                 .unwrap_or_default(),
             profile: opt_cell(c_profile).map(str::to_string),
+            gpu: opt_cell(c_gpu).map(str::to_string),
         });
     }
     if rows.is_empty() {

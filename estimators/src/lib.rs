@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod ml;
 pub mod plots;
 pub mod report;
+pub mod rows;
 pub mod safety;
 pub mod symbolic;
 pub mod trace_jobs;

@@ -3,11 +3,8 @@
 
 use std::path::Path;
 
-use std::collections::BTreeMap;
-
-use estimators::calibrate::{
-    calibrated_ids, fit, rewrite_profile, rows_by_dataset, split, weighted_median, weighted_quantile, CalRun,
-};
+use estimators::calibrate::{calibrated_rows, fit, rewrite_profile, split, weighted_median, weighted_quantile, CalRun};
+use estimators::rows::{digest, RowSet};
 use simulator::profile::{OutsideAllocator, Profile};
 
 #[test]
@@ -76,13 +73,21 @@ fn rewritten_profile_loads_with_new_constants() {
     let start = text.find("\n[provenance]").expect("the profile has a [provenance] table");
     let end = text[start + 1..].find("\n[").map_or(text.len(), |i| start + 1 + i);
     let text = format!("{}{}\n[provenance]\nunmeasured = [\"gpu.sm_count\"]\n", &text[..start], &text[end..]);
-    let rows = rows_by_dataset(["mlp-00007", "mlp-00003", "cnn_early-00010", "bad"]);
+    let mut rows = RowSet::default();
+    for id in ["mlp-00007", "mlp-00003", "cnn_early-00010", "bad"] {
+        rows.insert(id, "");
+    }
+    rows.insert("mlp-00009", "00000000000000ff");
     let out = rewrite_profile(&text, &o, &[("note".into(), "a \"quoted\" value".into())], &rows);
     let p = Profile::parse(&out, &path).unwrap();
     // Tables after [calibration] survive the rewrite.
     assert_eq!(p.provenance.unmeasured, vec!["gpu.sm_count".to_string()]);
-    let ids: Vec<String> = calibrated_ids(&p.calibration).unwrap().into_iter().collect();
-    assert_eq!(ids, vec!["cnn_early-00010", "mlp-00003", "mlp-00007"]);
+    let back = calibrated_rows(&p.calibration).unwrap();
+    assert_eq!(back.ids().collect::<Vec<_>>(), vec!["cnn_early-00010", "mlp-00003", "mlp-00007", "mlp-00009"]);
+    // The digest names its row; a stem with digests is no longer matched by position.
+    assert!(back.contains("renamed-00001", "00000000000000ff"));
+    assert!(!back.contains("mlp-00003", "0000000000000001"));
+    assert!(back.contains("cnn_early-00010", ""));
     // The fitted terms are rewritten; the NCCL terms, not fitted by calibrate, stay as they were.
     assert_eq!(
         p.outside_allocator,
@@ -96,11 +101,11 @@ fn rewritten_profile_loads_with_new_constants() {
     );
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("a \"quoted\" value"));
     // Rewriting again replaces the [calibration] table rather than appending a second one.
-    let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())], &BTreeMap::new());
+    let again = rewrite_profile(&out, &o, &[("note".into(), "second".into())], &RowSet::default());
     assert!(!again.contains("\n\n\n"), "blank lines pile up: {again}");
     let p = Profile::parse(&again, &path).unwrap();
     assert_eq!(p.calibration.get("note").and_then(|v| v.as_str()), Some("second"));
-    assert!(calibrated_ids(&p.calibration).unwrap().is_empty());
+    assert!(calibrated_rows(&p.calibration).unwrap().is_empty());
     assert_eq!(p.provenance.unmeasured.len(), 1);
 }
 
@@ -110,11 +115,52 @@ fn the_shipped_profile_names_the_rows_it_was_calibrated_on() {
     // `memest compare --limit 150 --seed 1` chose from the two calibration datasets.
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
     let p = Profile::load(path.to_str().unwrap()).unwrap().0;
-    let ids = calibrated_ids(&p.calibration).unwrap();
+    let set = calibrated_rows(&p.calibration).unwrap();
+    let ids: std::collections::BTreeSet<&str> = set.ids().collect();
     let mut want = std::collections::BTreeSet::new();
+    let mut digests = RowSet::default();
     for f in ["mlp_data_step2.csv", "cnn_data_step1_early.csv"] {
         let rows = estimators::dataset::load(&crate::common::shared(&format!("gpumemnet/{f}")), &[]).unwrap();
-        want.extend(estimators::dataset::seeded_subset(&rows, 150, 1).into_iter().map(|r| r.id));
+        for r in estimators::dataset::seeded_subset(&rows, 150, 1) {
+            digests.insert(&r.id, &r.digest);
+            want.insert(r.id);
+        }
     }
-    assert_eq!(ids, want);
+    assert_eq!(ids, want.iter().map(String::as_str).collect());
+    // [calibration.row_digests] are those rows' digests, so a renamed or reordered copy of a
+    // calibration file is still recognised.
+    let listed = |set: &RowSet| -> String {
+        set.digests()
+            .iter()
+            .map(|(stem, d)| {
+                format!("{stem:?} = [{}]", d.iter().map(|d| format!("{d:?}")).collect::<Vec<_>>().join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        listed(&set),
+        listed(&digests),
+        "the profile's [calibration.row_digests] should read:\n{}",
+        listed(&digests)
+    );
+}
+
+#[test]
+fn a_row_digest_is_its_content_by_column_whatever_the_order() {
+    let check = |headers: &[&str], cells: &[&str], other: &[&str], other_cells: &[&str], same: bool| {
+        let (a, b) = (
+            digest(headers.iter().copied(), cells.iter().copied()),
+            digest(other.iter().copied(), other_cells.iter().copied()),
+        );
+        assert_eq!(a == b, same, "{headers:?}={cells:?} against {other:?}={other_cells:?}");
+        assert!(a.len() == 16 && a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+    };
+    check(&["A", "B"], &["1", "2"], &["B", "A"], &["2", "1"], true);
+    check(&["A", "B"], &["1", "2"], &[" A", "B "], &["1 ", " 2"], true);
+    check(&["A", "B"], &["1", "2"], &["A", "B"], &["1", "3"], false);
+    check(&["A", "B"], &["12", ""], &["A", "B"], &["1", "2"], false);
+    check(&["A"], &["1"], &["A", "B"], &["1", ""], false);
+    // The value is fixed by its definition (FNV-1a 64): profiles store it.
+    assert_eq!(digest(["a"], ["b"]), "e8bcb28230513dfd");
 }

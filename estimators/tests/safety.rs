@@ -23,6 +23,7 @@ fn record_r(id: &str, family: &str, truth: f64, point: u64, reserved: u64) -> Ru
     );
     RunRecord {
         id: id.into(),
+        digest: String::new(),
         filename: String::new(),
         spec: String::new(),
         family: family.into(),

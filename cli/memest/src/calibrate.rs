@@ -1,7 +1,7 @@
 //! `memest calibrate`.
 
 use anyhow::Context;
-use estimators::calibrate::{fit, rewrite_profile, rows_by_dataset, split, CalRun};
+use estimators::calibrate::{fit, rewrite_profile, split, CalRun};
 use estimators::error::write_atomic;
 use simulator::profile::Profile;
 
@@ -125,11 +125,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ("held_out_under_after".to_string(), pct(fit.after.under_fraction)),
         ];
         // Every row the runs came from, measured or not: all of them were looked at.
-        let mut ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
+        let mut rows = estimators::rows::RowSet::default();
+        for r in &records {
+            rows.insert(&r.id, &r.digest);
+        }
         // A constant this fit kept came from the profile's earlier calibration: the rows that
         // one was fitted on stay in-sample, or `compare` would count them as held out.
         if fit.train_mlp == 0 || fit.train_conv == 0 {
-            let old = estimators::calibrate::calibrated_ids(&profile.calibration)
+            let old = estimators::calibrate::calibrated_rows(&profile.calibration)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", ppath.display()))?;
             if !old.is_empty() {
                 eprintln!(
@@ -140,9 +143,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     if fit.train_mlp == 0 { "context_mib and cublas_mib" } else { "cudnn_mib" }
                 );
             }
-            ids.extend(old);
+            for id in old.ids() {
+                rows.insert(id, "");
+            }
+            for (stem, digests) in old.digests() {
+                rows.insert_digests(stem, digests.iter().map(String::as_str));
+            }
         }
-        let rows = rows_by_dataset(ids.iter().map(String::as_str));
         let new_text = rewrite_profile(&text, &fit.outside, &provenance, &rows);
         // The rewritten profile must load, or nothing is written.
         Profile::parse(&new_text, out).context("the rewritten profile does not parse")?;

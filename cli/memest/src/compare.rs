@@ -123,8 +123,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (profile, ppath) = Profile::load(&a.profile)?;
     let version = profile_version(&profile, &ppath)?;
     let optimizer: Optimizer = a.optimizer.parse().map_err(anyhow::Error::msg).context("--optimizer")?;
-    let excluded: std::collections::BTreeSet<String> =
-        read_runs(&a.exclude_runs).context("--exclude-runs")?.into_iter().map(|r| r.id).collect();
+    let mut excluded = estimators::rows::RowSet::default();
+    for r in read_runs(&a.exclude_runs).context("--exclude-runs")? {
+        excluded.insert(&r.id, &r.digest);
+    }
     let mut model_paths = a.ml_model.clone();
     if model_paths.is_empty() {
         model_paths.extend(std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
@@ -165,9 +167,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     // (row, the dataset it came from) — ML needs the source file to recognise training rows.
-    let calibrated = estimators::calibrate::calibrated_ids(&profile.calibration)
+    let calibrated = estimators::calibrate::calibrated_rows(&profile.calibration)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}", ppath.display()))?;
+    let positional = calibrated.positional_stems();
+    if !positional.is_empty() {
+        eprintln!(
+            "memest: warning: {} names its calibration rows of {} by position alone (no [calibration.row_digests]): \
+             they are recognised only in a file of that stem with its rows in their order; `memest calibrate --write` \
+             on runs from this memest records their digests",
+            ppath.display(),
+            positional.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
     if a.exclude_calibrated && calibrated.is_empty() {
         eprintln!(
             "memest: warning: --exclude-calibrated has no effect: {} lists no [calibration.rows]",
@@ -180,9 +192,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut all = estimators::dataset::load(d, &[])?;
         let n = all.len();
         read += n;
-        all.retain(|r| !excluded.contains(&r.id));
+        all.retain(|r| !excluded.contains(&r.id, &r.digest));
         if a.exclude_calibrated {
-            all.retain(|r| !calibrated.contains(&r.id));
+            all.retain(|r| !calibrated.contains(&r.id, &r.digest));
         }
         left_out += n - all.len();
         let chosen = match a.limit {
@@ -223,14 +235,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if !*judged.entry(p).or_insert_with(|| same_gpu(p)) {
                 *elsewhere.entry(Profile::name_of(Path::new(p))).or_default() += 1;
             }
+        } else if let Some(g) = r.gpu.as_deref().filter(|g| !g.eq_ignore_ascii_case(profile.gpu.name.trim())) {
+            // A GPU no profile is known of (the trainer's `dataset` leaves `profile` empty).
+            *elsewhere.entry(g.to_string()).or_default() += 1;
         }
     }
     if !elsewhere.is_empty() {
         let list: Vec<String> = elsewhere.iter().map(|(p, n)| format!("{n} on {p}")).collect();
         eprintln!(
             "memest: warning: {} of the {} rows were measured on another GPU than --profile {pname} ({}, by the \
-             dataset's `profile` column): they are traced and judged as {pname}'s; compare them with their own \
-             --profile",
+             dataset's `profile` or `gpu` column): they are traced and judged as {pname}'s; compare them with their \
+             own --profile",
             elsewhere.values().sum::<usize>(),
             rows.len(),
             list.join(", ")
@@ -378,7 +393,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 Some(m) => m.outcome(r, &a.dataset[*di], a.ml_include_training_rows),
             };
             let mut rec = evaluate_row(r, borrow(&main), borrow(&plain), &ctx, ml);
-            rec.calibrated_on = calibrated.contains(&rec.id);
+            rec.calibrated_on = calibrated.contains(&rec.id, &rec.digest);
             pb.inc(1);
             rec
         })

@@ -368,6 +368,33 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
 }
 
 #[test]
+fn calibration_rows_are_recognised_in_a_renamed_or_reordered_copy() {
+    // `--exclude-calibrated` matched rows by file stem and row number: the shipped profile's own
+    // calibration rows, copied into a file of another name or order, were scored as held out.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step2.csv")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Data rows 16 and 3 (both calibration rows of the A100 profile), in reverse order; the
+    // second file has the calibration file's own stem.
+    for name in ["heldout_mlp.csv", "mlp_data_step2.csv"] {
+        let sub = dir.path().join(name);
+        std::fs::write(&sub, format!("{}\n{}\n{}\n", lines[0], lines[16], lines[3])).unwrap();
+        let out = dir.path().join("cmp");
+        let (ok, _, err) = memest(&[
+            "compare",
+            "--dataset",
+            sub.to_str().unwrap(),
+            "--exclude-calibrated",
+            "--no-fake-tensor",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(!ok && err.contains("all of them were left out (2 by --exclude-calibrated)"), "{name}: {err}");
+        assert!(!out.exists(), "nothing written");
+    }
+}
+
+#[test]
 fn compare_traces_with_several_trainer_processes() {
     venv_python();
     let dir = tempfile::tempdir().unwrap();
@@ -532,6 +559,7 @@ fn runs_jsonl(n: usize) -> String {
         );
         let r = estimators::compare::RunRecord {
             id: format!("mlp_data_step1.csv:{i}"),
+            digest: String::new(),
             filename: String::new(),
             spec: String::new(),
             family: "MLP".into(),
@@ -611,7 +639,7 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     let rows_of = |path: &std::path::Path| {
         let text = std::fs::read_to_string(path).unwrap();
         let p = simulator::profile::Profile::parse(&text, path).unwrap();
-        estimators::calibrate::calibrated_ids(&p.calibration).unwrap()
+        estimators::calibrate::calibrated_rows(&p.calibration).unwrap()
     };
     let before = rows_of(&crate::common::repo().join("profiles/a100-40gb.toml"));
     assert!(!before.is_empty());

@@ -385,14 +385,29 @@ fn compare_traces_the_job_that_was_run() {
     std::fs::write(&csv, text).unwrap();
     let err = compare(&[]);
     assert!(err.contains("the trainer gave 1 warnings") && err.contains("--seq-len 32 has no effect"), "{err}");
+    // A GPU no profile is known of: `dataset` leaves `profile` empty and names it in `gpu`.
+    let text = std::fs::read_to_string(&csv)
+        .unwrap()
+        .replace("profile,job", "profile,gpu,job")
+        .replace(",adam,h200,", ",adam,,NVIDIA H100 80GB HBM3,");
+    std::fs::write(&csv, text).unwrap();
+    let err = compare(&["--reuse-traces"]);
+    assert!(
+        err.contains(
+            "1 of the 1 rows were measured on another GPU than --profile a100-40gb (1 on NVIDIA H100 80GB HBM3"
+        ),
+        "{err}"
+    );
 }
 
-/// The A100 profile in `dir`, its `[calibration.rows]` replaced by `rows` of dataset `stem`.
+/// The A100 profile in `dir`, its `[calibration.rows]` replaced by `rows` of dataset `stem`, named
+/// by position (its `[calibration.row_digests]` left out).
 pub fn calibrated_on(dir: &Path, stem: &str, rows: &[u64]) -> PathBuf {
     let base = std::fs::read_to_string(crate::common::repo().join("profiles/a100-40gb.toml")).unwrap();
     let cut = base.find("\n[calibration.rows]\n").unwrap();
     let rest = &base[cut + 1..];
-    let after = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
+    let after = rest.find("\n[calibration.row_digests]\n").unwrap() + 1;
+    let after = rest[after..].find("\n[").map_or(rest.len(), |i| after + i + 1);
     let list: Vec<String> = rows.iter().map(u64::to_string).collect();
     let profile = dir.join("cal.toml");
     let text =
