@@ -394,10 +394,7 @@ pub fn colocate(
              cache when the device is full, as PyTorch's does)"
                 .into(),
         ),
-        _ => (
-            Mode::SumOfPeaks,
-            "not every trace has wall-clock timestamps, so the peaks may coincide: the sum of device peaks".into(),
-        ),
+        _ => (Mode::SumOfPeaks, "not every trace has wall-clock timestamps, so the jobs' peaks may coincide".into()),
     };
     // Each job alone: its own peak, unlimited, and whether it fits the capacity by itself.
     let mut job_reports = Vec::with_capacity(jobs.len());

@@ -38,7 +38,14 @@ pub fn run(a: Args) -> Result<u8> {
         return Ok(0u8);
     };
     let (p, path) = Profile::load(name)?;
-    let (capacity, _) = simulator::fit::capacity(a.capacity, Some(&p));
+    let (capacity, warnings) = simulator::fit::capacity(a.capacity, Some(&p));
+    // Only a --capacity given here can warn (above the GPU's total); the profile's own
+    // unmeasured total is listed below with the other unmeasured entries.
+    if a.capacity.is_some() {
+        for w in &warnings {
+            eprintln!("memsim: warning: {w}");
+        }
+    }
     let lt = if p.workspace.cublaslt_per_call { p.workspace.cublaslt_workspace_kib * 1024 } else { 0 };
     if a.json {
         let mut v = serde_json::to_value(&p)?;

@@ -259,8 +259,11 @@ fn replay_one(
         rep.requests,
         rep.events
     );
-    if let Some(c) = &rep.alloc_conf {
-        outln!(out, "  alloc conf          {c}");
+    match rep.alloc_conf.as_deref() {
+        // The run recorded its setting, and it set nothing.
+        Some("") => outln!(out, "  alloc conf          (none set: PyTorch's defaults)"),
+        Some(c) => outln!(out, "  alloc conf          {c}"),
+        None => {}
     }
     outln!(out, "  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
     outln!(out, "  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);

@@ -44,7 +44,8 @@ pub struct Args {
     #[arg(long, value_name = "STR")]
     alloc_conf: Option<String>,
     /// PyTorch version whose allocator rules apply to the pictures (2.4, 2.5, 2.9 or later).
-    /// Default: the first profile's, else the newest. Each profile's verdict uses its own.
+    /// Default: the first --profile's, else that of the profile the trace was emulated for, else the newest.
+    /// Each profile's verdict uses its own.
     #[arg(long, value_name = "VER")]
     torch: Option<String>,
     /// What the page is about (default: the trace's file name).
@@ -201,9 +202,6 @@ pub fn run(a: Args) -> Result<u8> {
     }
     let estimate = a.estimate.as_ref().map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
-    // The pictures follow the first profile given (or --torch, or the newest rules).
-    let (_, version) = load(a.profiles.first().map(String::as_str), a.torch.as_deref())?;
-    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, ..ReplayOptions::default() };
     let mut records = Vec::new();
     let read = crate::input::for_each_record(
         &a.file,
@@ -231,6 +229,11 @@ pub fn run(a: Args) -> Result<u8> {
             }
         }
     }
+    // The pictures follow --torch, else the first profile given, else the profile the trace was
+    // emulated for (as `replay --profile` of it would), else the newest rules.
+    let traced = read.header.meta(&trace::metadata::PROFILE).filter(|p| known_profiles().iter().any(|k| k == p));
+    let (_, version) = load(a.profiles.first().map(String::as_str).or(traced), a.torch.as_deref())?;
+    let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, ..ReplayOptions::default() };
     let rep = report::collect(&read.header, &records, &opts)
         .with_context(|| format!("{}: cannot replay", a.file.display()))?;
     drop(records);

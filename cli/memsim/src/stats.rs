@@ -28,9 +28,9 @@ pub struct Args {
     /// when the trace header has none; `--sm-count` wins over it.
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
-    /// Kernel names listed under top kernels, per run and per phase.
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    top: usize,
+    /// Kernel names listed under top kernels, per run and per phase [default: 10].
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
     /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
     /// (exit 2) instead of a warning.
     #[arg(long)]
@@ -43,7 +43,7 @@ const PEAK_COUNTS: &str = "bytes of device allocations this trace records, alive
      from replay's peak allocated, which also counts the rebuilt start state (and is per device)";
 
 fn util_options(a: &Args) -> Result<UtilOptions> {
-    let mut o = UtilOptions { sm_count: a.sm_count, compute_capability: None, top: a.top };
+    let mut o = UtilOptions { sm_count: a.sm_count, compute_capability: None, top: a.top.unwrap_or(10) };
     if let Some(name) = &a.profile {
         let (p, _) = simulator::profile::Profile::load(name).with_context(|| format!("--profile {name}"))?;
         o.sm_count = o.sm_count.or(Some(p.gpu.sm_count));
@@ -59,9 +59,12 @@ pub fn run(a: Args) -> Result<u8> {
 }
 
 /// `--sm-count` and `--profile` only stand in for device facts the SM activity needs and the
-/// header lacks: said when a file needs neither.
+/// header lacks: said when a file needs neither; `--top` is said when there is no kernel.
 fn device_flags_without_effect(a: &Args, s: &TraceStats, util: &UtilizationReport) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(n) = a.top.filter(|_| s.kernel_launches == 0 && s.kernel_exec_records == 0) {
+        out.push(format!("--top {n} has no effect: the trace records no kernel launch to list"));
+    }
     let flags: Vec<String> =
         [a.sm_count.map(|n| format!("--sm-count {n}")), a.profile.as_ref().map(|p| format!("--profile {p}"))]
             .into_iter()

@@ -386,7 +386,12 @@ fn colocate_without_timestamps_sums_device_peaks_and_never_fits_above_capacity()
     let (code, out, _) = memsim(&["colocate", a, b, "--capacity", "300MiB", "--context", "10MiB"]);
     assert_eq!(code, 1);
     assert!(out.contains("fits alone") && !out.contains("DOES NOT FIT ALONE"), "{out}");
-    assert!(out.contains("sum of device peaks") && out.contains("DOES NOT FIT"), "{out}");
+    // The basis is said once ("sum of safe device peaks: ... the sum of device peaks" before).
+    assert!(
+        out.contains("sum of safe device peaks: not every trace has wall-clock") && out.contains("DOES NOT FIT"),
+        "{out}"
+    );
+    assert_eq!(out.matches("device peaks").count(), 1, "{out}");
     // The aligned replay cannot be asked for without time.
     let (code, _, err) = memsim(&["colocate", a, b, "--align", "timestamps"]);
     assert_eq!(code, 2);
@@ -757,6 +762,26 @@ fn a_capacity_past_the_profiles_gpu_is_said() {
         let (_, _, err) = memsim(&[cmd, t, "--profile", p, "--capacity", "512MiB"]);
         assert!(!err.contains("is more than the profile's GPU"), "{cmd}: {err}");
     }
+    // `profile --capacity` checks a capacity as those commands read it, and says it too.
+    for json in [&[][..], &["--json"][..]] {
+        let (code, out, err) = memsim(&[&["profile", p, "--capacity", "2GiB"][..], json].concat());
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(err.contains("--capacity 2048.00 MiB is more than the profile's GPU (test) has in all"), "{err}");
+        let (_, _, err) = memsim(&[&["profile", p, "--capacity", "512MiB"][..], json].concat());
+        assert!(!err.contains("is more than"), "{err}");
+    }
+}
+
+/// A run that recorded an empty allocator setting printed `alloc conf` with nothing after it.
+#[test]
+fn an_empty_alloc_conf_is_said_to_be_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[]);
+    let (code, out, err) = memsim(&["replay", t.to_str().unwrap(), "--alloc-conf", ""]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("  alloc conf          (none set: PyTorch's defaults)\n"), "{out}");
+    let (_, out, _) = memsim(&["replay", t.to_str().unwrap(), "--alloc-conf", "expandable_segments:True"]);
+    assert!(out.contains("  alloc conf          expandable_segments:True\n"), "{out}");
 }
 
 /// A need one byte over the capacity printed as MiB reads as two equal numbers beside DOES NOT

@@ -146,6 +146,37 @@ fn memsim_report_judges_the_profiles_at_the_capacity_given() {
     assert_eq!((small["capacity_mib"].as_f64(), small["fits"].as_bool()), (Some(100.0), Some(false)), "{small}");
 }
 
+/// The help said the pictures followed "the first profile's" rules: with no --profile they were
+/// the newest (2.9), while `replay --profile` of the trace's own profile used its 2.4.
+#[test]
+fn memsim_report_pictures_follow_the_profile_the_trace_was_emulated_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    let mut h = header();
+    h.metadata.insert("profile".into(), "a100-40gb".into());
+    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    for r in records() {
+        w.write(&r).unwrap();
+    }
+    w.finish().unwrap();
+    let allocator = |extra: &[&str]| {
+        let (code, out, err) = memsim(&[&["report", path.to_str().unwrap(), "--json"][..], extra].concat());
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["allocator"].clone()
+    };
+    assert_eq!(allocator(&[]), "2.4");
+    assert_eq!(allocator(&["--profile", "h200"]), "2.9");
+    assert_eq!(allocator(&["--torch", "2.5"]), "2.5");
+    // A trace that names no profile: the newest rules.
+    assert_eq!(memsim_json(&write(dir.path()))["allocator"], "2.9");
+}
+
+fn memsim_json(t: &Path) -> serde_json::Value {
+    let (code, out, err) = memsim(&["report", t.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 #[test]
 fn memsim_report_json_says_which_flags_shape_only_the_page() {
     let dir = tempfile::tempdir().unwrap();

@@ -205,4 +205,10 @@ fn sm_count_and_profile_fallbacks() {
         err.contains("--sm-count 8 and --profile h200 have no effect: the trace records no kernel launch"),
         "{err}"
     );
+    // --top lists kernels: with none it was taken in silence.
+    let (code, _, err) = memsim(&["stats", empty.to_str().unwrap(), "--top", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--top 3 has no effect: the trace records no kernel launch to list"), "{err}");
+    let (_, _, err) = memsim(&["stats", path, "--top", "3"]);
+    assert!(!err.contains("no effect"), "{err}");
 }
