@@ -109,5 +109,5 @@ def size_overflow(exc: BaseException) -> UserError | None:
     first = said.strip().splitlines()[0] if said.strip() else type(exc).__name__
     return UserError(
         "a tensor's size overflows PyTorch's 64-bit element count, so no device could hold it "
-        f"(is --batch-size or --seq-len what you meant?): {first}"
+        f"(is --batch-size, --seq-len or --input-shape what you meant?): {first}"
     )

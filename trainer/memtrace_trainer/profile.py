@@ -99,6 +99,13 @@ def load_profile(name: str | None, capacity: str | None = None) -> Profile:
     if name is not None and not name.strip():
         raise UserError(f"--profile {name!r}: expected a GPU profile NAME (profiles/NAME.toml) "
                         "or a .toml path")  # fmt: skip
+    if name is not None and name.startswith("-"):
+        # memsim would read it as its own flag (`--list` answered a list, `--step=x` a clap
+        # error naming no --profile); no profile name starts with `-`, and a path can say `./`.
+        raise UserError(
+            f"--profile {name!r}: expected a GPU profile NAME (profiles/NAME.toml) or a .toml "
+            f"path, not a flag (a file of that name: {'./' + name!r})"
+        )
     data = _read(name or DEFAULT_PROFILE, capacity)
     try:
         cc = data["gpu"]["compute_capability"]

@@ -326,6 +326,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = urllib.parse.urlsplit(getattr(self, "path", "") or "").path or "-"
         log(f"{self.command or '-'} {path} {status} {seconds:.3f} s{why}")
 
+    def parse_request(self) -> bool:
+        """http.server's, less HTTP/0.9: a request line without a version (`GET /v1/health`)
+        was served as HTTP/0.9, a bare body with no status line or Content-Type. Refused before
+        its headers are read, as a 505 in JSON (`send_error` answers as HTTP/1.0)."""
+        words = str(self.raw_requestline, "iso-8859-1").split()
+        if len(words) != 2:
+            return super().parse_request()
+        self.command, self.path = words
+        self.send_error(505, "a request line without an HTTP version (HTTP/0.9) is not served: "
+                        "send HTTP/1.0 or HTTP/1.1")  # fmt: skip
+        return False
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """What http.server answers itself (a malformed request line, an unknown method): JSON
         too."""

@@ -296,6 +296,9 @@ def parse_body(text: bytes) -> dict[str, Any]:
         raise RequestError(400, f"request body is not UTF-8 ({e})") from None
     except ValueError as e:  # JSONDecodeError is one
         raise RequestError(400, f"request body is not JSON: {e}") from None
+    except RecursionError:  # `[[[...` within the size limit: the parser's depth, not ours
+        raise RequestError(400, "request body nests arrays or objects deeper than the JSON "
+                           "parser allows") from None  # fmt: skip
     if not isinstance(body, dict):
         raise RequestError(400, f"request body must be a JSON object of `estimate` options, "
                            f"not {_json_type(body)}")  # fmt: skip

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -38,6 +39,18 @@ def _code_field(args: Any) -> str | None:
     return next((k for k in ("step", "entry", "script") if getattr(args, k, None)), None)
 
 
+def _huge_size(args: Any) -> str | None:
+    """The size field a tensor's overflow is about: the first with a number past 2**31 (the
+    message quotes PyTorch, not the field, so `field_in` cannot tell), or None."""
+    for key in ("batch_size", "seq_len", "input_shape"):
+        value = getattr(args, key, None)
+        # --input-shape is its text (`3,224,224`), parsed by the model zoo.
+        sizes = [int(v) for v in re.findall(r"\d+", value)] if isinstance(value, str) else [value]
+        if any(isinstance(v, int) and v >= 1 << 31 for v in sizes):
+            return key
+    return None
+
+
 def answer(argv: list[str]) -> tuple[int, str]:
     """HTTP status and body of one estimate: 200 and exactly what `estimate ARGV` prints (a
     "does not fit" verdict is an answer too), 400 for what the command rejects, 500 for an
@@ -63,10 +76,7 @@ def answer(argv: list[str]) -> tuple[int, str]:
         return 400, _error(str(UserCodeError("your code called sys.exit:", e)), _code_field(args))
     except Exception as e:  # the user's code or an internal fault: a JSON answer either way
         if (too_large := size_overflow(e)) is not None:
-            huge = (
-                k for k in ("batch_size", "seq_len") if (getattr(args, k, None) or 0) >= 1 << 31
-            )
-            return 400, _error(str(too_large), next(huge, None))
+            return 400, _error(str(too_large), _huge_size(args))
         if user_frames(e):
             return 400, _error(str(UserCodeError("your code raised", e)), _code_field(args))
         if os.environ.get("MEMTRACE_TRACEBACK") == "1":

@@ -303,6 +303,9 @@ def test_capacity_source_words_are_memsims(tmp_path: Path) -> None:
         # An empty name was the default, silently; a world past 2**31 an internal error.
         (["--optimizer="], "--optimizer '': expected one of adam"),
         (["--profile="], "--profile '': expected a GPU profile NAME"),
+        # Passed to `memsim profile` as its own flags: a list answered, a clap error.
+        (["--profile=--list"], "--profile '--list': expected a GPU profile NAME"),
+        (["--profile=--step=os:system"], "--profile '--step=os:system': expected a GPU profile"),
         (["--strategy", "ddp", "--world-size", "1000000000000"], "expected at most 65536"),
     ],
 )

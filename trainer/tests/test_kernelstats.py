@@ -274,6 +274,33 @@ def test_kernel_stats_repairs_a_row_cut_by_an_interruption(tmp_path: Path, cut: 
     assert rows[1:3] == [first[n] for n in KS_NAMES[:2]]
 
 
+def test_kernel_stats_refuses_a_damaged_row_before_the_last(tmp_path: Path) -> None:
+    """A finished file whose second line was cut to 100 characters (8 of the fields) was resumed
+    as if that row were not there: a second row of its Filename was appended, exit 0, and `memest
+    util cv --kernel-features` refused the file. Only the last row can be cut by an interruption;
+    cut that short, after its line end, it is repaired as one cut inside its line."""
+    dataset = tmp_path / "rows.csv"
+    dataset.write_text("Filename\n" + "".join(f'"{n}"\n' for n in KS_NAMES[:2]))
+    out = tmp_path / "k.csv"
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    full = out.read_text()
+    for line in (1, 2):
+        lines = full.splitlines(keepends=True)
+        lines[line] = lines[line][:100] + "\n"
+        out.write_text("".join(lines))
+        done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), check=False)
+        if line == 1:
+            assert done.returncode == 2, done.stderr
+            assert f"--out {out}: line 2 has " in done.stderr, done.stderr
+            assert out.read_text() == "".join(lines), "a refused file is left as it was"
+            continue
+        assert done.returncode == 0 and "last row was cut short" in done.stderr, done.stderr
+        with out.open(newline="") as f:
+            rows = list(csv.reader(f))
+        assert [r[0] for r in rows[1:]] == KS_NAMES[:2]
+        assert all(len(r) == len(rows[0]) for r in rows), [len(r) for r in rows]
+
+
 def test_kernel_stats_counts_repeated_filenames_as_what_they_are(tmp_path: Path) -> None:
     """A fresh file said '4 rows ..., 1 already in' when a Filename was repeated: it is one row
     of the output, computed once."""

@@ -6,6 +6,7 @@ import ast
 import csv
 import io
 import json
+import math
 import shutil
 import textwrap
 from pathlib import Path
@@ -197,6 +198,9 @@ def dataset_row(tmp_path: Path, spec: str, labels: dict, *extra: str) -> dict[st
                       "gpu": "NVIDIA A100-SXM4-40GB", "step_time_s": "0.250000"}),
         (GPU_LABELS | {"oom": True, "gpu": "NVIDIA H100"},
          {"Max GPU Memory (MiB)": "", "Status": "OOM_CRASH", "oom": "true", "profile": ""}),
+        # A GPU named with its index is a GPU run, not a CPU fallback left out of the table.
+        (GPU_LABELS | {"device": "cuda:0"},
+         {"device": "cuda", "Status": "SUCCESSFUL", "device_peak_mib": "3572.0"}),
     ],
 )  # fmt: skip
 def test_dataset_row_of_a_gpu_run(tmp_path: Path, labels: dict, expect: dict) -> None:
@@ -239,17 +243,23 @@ def test_dataset_rows_carry_the_runs_other_settings(tmp_path: Path) -> None:
 
 
 def test_dataset_names_a_damaged_label(tmp_path: Path) -> None:
-    """A label of the wrong type (hand-edited, damaged) names the file and the field; it was an
-    internal error (`None.get`). A null step time is a label, not damage."""
+    """A label of the wrong type or value (hand-edited, damaged) names the file and the field;
+    it was an internal error (`None.get`), an OOM (`bool("false")`), or a nan, inf or -0.0 cell
+    that made `memest compare` refuse the whole table. A null step time is a label, not damage."""
     spec = 'synthetic:{"family":"mlp","input_size":16,"output_size":4,"depth":2}'
     row = dataset_row(tmp_path, spec, GPU_LABELS | {"step_time": None})
     assert row["step_time_s"] == ""
     labels = tmp_path / "runs" / "r1" / "labels.json"
-    for field, value in [("step_time", "fast"), ("device_peak_bytes", "big")]:
+    for field, value in [("step_time", "fast"), ("device_peak_bytes", "big"), ("oom", "false"),
+                         ("oom", 0), ("device_peak_bytes", math.nan),
+                         ("device_peak_bytes", math.inf), ("device_peak_bytes", -5),
+                         ("device_peak_bytes", 0), ("max_memory_reserved_bytes", -1),
+                         ("device", None)]:  # fmt: skip
         write_json(labels, GPU_LABELS | {field: value})
         done = cli("dataset", str(tmp_path / "runs"), "--out", str(tmp_path / "x.csv"), check=False)
         assert done.returncode == 2, done.stderr
-        assert f"{labels}: field '{field}' is '{value}': expected" in done.stderr, done.stderr
+        assert f"{labels}: field '{field}' is {value!r}: expected" in done.stderr, done.stderr
+        assert not (tmp_path / "x.csv").exists()
 
 
 def test_sample_says_what_it_does_not_read(tmp_path: Path) -> None:

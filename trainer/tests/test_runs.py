@@ -202,6 +202,30 @@ def test_a_default_class_count_keeps_the_run_id_it_had() -> None:
     assert plain.id != RunConfig(model=MLP, batch_size=2, num_classes=10).id
 
 
+@pytest.mark.parametrize(
+    ("model", "built_with"),
+    [
+        ("hf:bert-base-uncased", lambda m: m.config.num_labels),
+        ("torchvision:resnet18", lambda m: m.fc.out_features),
+    ],
+)
+def test_a_left_out_class_count_is_hashed_as_the_one_the_model_is_built_with(
+    model: str, built_with: Any
+) -> None:
+    """A Hugging Face classifier left without num_classes trains 2 classes, but its id was that
+    of a run of 1000: `launch` skipped one of the two as the other's, and a sweep of both was
+    refused as one run twice."""
+    from memtrace_trainer.models.zoo import build_workload
+
+    classes = built_with(
+        build_workload(model, 2, seq_len=8 if model.startswith("hf:") else None).model
+    )
+    plain = RunConfig(model=model, batch_size=2)
+    assert plain.id == RunConfig(model=model, batch_size=2, num_classes=classes).id
+    for other in {2, 1000} - {classes}:
+        assert plain.id != RunConfig(model=model, batch_size=2, num_classes=other).id
+
+
 def test_run_entry_says_the_flags_it_does_not_read(tmp_path: Path) -> None:
     """As symtrace: --input-shape and --num-classes have no effect with --entry, and --seq-len
     reaches an entry that takes `seq_len` (it was dropped without a word)."""

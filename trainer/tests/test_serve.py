@@ -300,6 +300,22 @@ def test_health_and_schema(server: Server) -> None:
         ({"model": "dlrm:bad", "batch_size": 2}, 400, "model", "unknown DLRM size 'bad'"),
         ({"model": MLP, "batch_size": 4, "optimizer": ""}, 400, "optimizer", "--optimizer ''"),
         ({"model": MLP, "batch_size": 4, "profile": ""}, 400, "profile", "--profile ''"),
+        # Read by memsim as its own flags: a list answered (field json), a clap error (null).
+        ({"model": MLP, "batch_size": 4, "profile": "--list"}, 400, "profile", "not a flag"),
+        ({"model": MLP, "batch_size": 4, "profile": "--step=x"}, 400, "profile", "not a flag"),
+        # The overflow's message quotes PyTorch; the field is the size past 2**31.
+        (
+            {
+                "model": "torchvision:resnet18",
+                "batch_size": 1,
+                "input_shape": "3,99999999999,99999999999",
+            },
+            400,
+            "input_shape",
+            "overflows",
+        ),
+        # Past the JSON parser's depth: a RecursionError, answered 500 as an internal error.
+        (b"[" * 100_000 + b"]" * 100_000, 400, None, "deeper than the JSON parser allows"),
         ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),
         ({"entry": "entry_example:build", "batch_size": 2}, 403, "entry", "allowed: none"),
         ({"script": str(TESTS / "scripts" / "x.py")}, 403, "script", "--allow-script"),
@@ -450,6 +466,10 @@ def test_bad_http_is_answered_in_json(server: Server) -> None:
     assert b" 400 " in reply.split(b"\r\n")[0] and b"not one byte count" in reply
     garbage = server.raw(b"HELLO\r\n\r\n")
     assert b" 400 " in garbage.split(b"\r\n")[0] and b'"error"' in garbage
+    # No version on the request line: HTTP/0.9, answered with a bare body before.
+    head, _, body = server.raw(b"GET /v1/health\r\n\r\n").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 505 ") and b"Content-Type: application/json" in head, head
+    assert "HTTP/0.9" in json.loads(body)["error"]
     # Still serving, and every request logged on one line: method, path, status, seconds.
     assert server.request("GET", "/v1/health")[0] == 200
     assert any(line.startswith("serve: GET /v2/nothing 404 ") for line in server.lines)

@@ -100,14 +100,16 @@ def _dataset_keys(path: Path, limit: int | None) -> list[str]:
     return keys[:limit] if limit is not None else keys
 
 
-def _complete_part(out: Path) -> tuple[str, bool]:
-    """The text of `out` up to its last complete row, and whether a row after it was cut by an
-    interruption (no line end after it: rows appended to it made one row of two)."""
+def _complete_part(out: Path, width: int) -> tuple[str, bool]:
+    """The text of `out` up to its last complete row, and whether the row after it was cut by
+    an interruption: no line end after it (rows appended to it made one row of two), or fewer
+    than `width` cells (cut after a line end inside a quoted cell). A short row before the last
+    is no interruption: `_done_keys` refuses it."""
     text = ""
     if out.is_file():
         with out.open(newline="", encoding="utf-8") as f:
             text = f.read()
-    if not text or text.endswith("\n"):
+    if not text:
         return text, False
     # The end of the last complete record: csv pulls lines, and a quoted cell may hold some.
     pulled = [0]
@@ -117,11 +119,15 @@ def _complete_part(out: Path) -> tuple[str, bool]:
             pulled[0] += len(line)
             yield line
 
-    kept = 0
-    for _ in csv.reader(feed()):
+    kept, last = 0, None
+    for row in csv.reader(feed()):
         if pulled[0] == len(text):
-            break  # the cut record itself
+            last = row
+            break
         kept = pulled[0]
+    # A file of one record is its header, whatever its width: `_done_keys` checks it.
+    if text.endswith("\n") and (kept == 0 or last is None or len(last) >= width):
+        return text, False
     return text[:kept], True
 
 
@@ -143,7 +149,13 @@ def _done_keys(
         done, failed = set(), 0
         for line, row in enumerate(reader, 2):
             if len(row) != len(header):
-                continue  # a row cut short by an interruption: computed again
+                # Not the last row (`_complete_part` removed a cut one): kept, it was a second
+                # row of its Filename once computed again, which the file's readers refuse.
+                raise UserError(
+                    f"--out {out}: line {reader.line_num} has {len(row)} fields, expected "
+                    f"{len(header)} (a damaged row: only a cut last row is repaired); remove "
+                    "that line to compute it again, or pick another path"
+                )
             cells = dict(zip(header, row, strict=True))
             for name, want in said.items():
                 if cells[name] != want:
@@ -180,7 +192,7 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         raise UserError(f"--limit {args.limit}: expected at least 1")
     header = [KEY, "status", "error", *SETTINGS, *COLUMNS]
     keys = _dataset_keys(args.gpumemnet, args.limit)
-    complete, cut = _complete_part(args.out)
+    complete, cut = _complete_part(args.out, len(header))
     done, failed_before = _done_keys(complete, args.out, header, _said(settings))
     unique = list(dict.fromkeys(keys))
     todo = [k for k in unique if k not in done]

@@ -130,7 +130,7 @@ def _hf(
     if task != "classification":
         _ignored("--num-classes", tune.num_classes, f"--task {task} predicts tokens, not classes")
     elif tune.num_classes is None:
-        defaults["num_classes"] = {"value": hf.DEFAULT_CLASSES, "why": "a binary classifier"}
+        defaults["num_classes"] = {"value": default_num_classes(spec), "why": "a binary classifier"}
     if seq_len is None:
         seq, why = hf.default_seq_len(config)
         defaults["seq_len"] = {"value": seq, "why": why}
@@ -166,6 +166,18 @@ def _hf(
             k for k, v in finetune.DTYPES.items() if v == tune.regime.compute_dtype
         )
     return w
+
+
+def default_num_classes(spec: str) -> int:
+    """The classifier width a model spec is built with when no class count is given: transformers'
+    binary classifier for a Hugging Face model (of a classification task; other tasks read no
+    count), ImageNet's 1000 for the rest (torchvision, timm; generator configs, DLRM and entries
+    read none). `RunConfig.id` hashes a left-out count as this, so it names the job that runs."""
+    if spec.partition(":")[0] in ("hf", "hf-config"):
+        from memtrace_trainer.models import hf
+
+        return hf.DEFAULT_CLASSES
+    return DEFAULT_CLASSES
 
 
 def _ignored(flag: str, value: Any, why: str) -> None:
@@ -234,7 +246,8 @@ def build_workload(
     if source not in ("hf", "hf-config") and tune.regime.active:
         workload = tuned(workload, tune.regime)
     if source in ("torchvision", "timm") and num_classes is None:
-        workload.defaults["num_classes"] = {"value": DEFAULT_CLASSES, "why": "ImageNet's classes"}
+        classes = default_num_classes(spec)
+        workload.defaults["num_classes"] = {"value": classes, "why": "ImageNet's classes"}
     return workload
 
 
@@ -257,7 +270,7 @@ def _build(
     device: torch.device,
     tune: Tune,
 ) -> Workload:
-    num_classes = DEFAULT_CLASSES if num_classes is None else num_classes
+    num_classes = default_num_classes(spec) if num_classes is None else num_classes
     if source == "torchvision":
         import torchvision
 

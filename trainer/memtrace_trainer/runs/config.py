@@ -83,9 +83,13 @@ class RunConfig:
         """Stable: a readable slug of the model and batch, then a hash of the whole config."""
         fields = self.to_dict()
         if fields["num_classes"] is None:
-            # Hashed as the default it replaced, so that sweeps written before keep their ids
-            # (and `launch` still finds their finished runs).
-            fields["num_classes"] = 1000
+            # Hashed as the count the model is built with, so that a null and that count are
+            # one job with one id, and a Hugging Face classifier's null (2 classes) is not taken
+            # for a run of 1000. Ids written when null hashed as 1000 stay what they were for
+            # every other model (1000 is their default, or they read no count).
+            from memtrace_trainer.models.zoo import default_num_classes
+
+            fields["num_classes"] = default_num_classes(self.model or "")
         canon = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canon.encode()).hexdigest()[:12]
         what = self.model or self.entry or "run"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +127,32 @@ def row_of(path: Path, known: list[str]) -> dict[str, str]:
     filename = spec.partition(":")[2] if spec.startswith("gpumemnet:") else spec
     where = path / "labels.json"
 
-    def number(value: Any, field: str) -> float | None:
-        # A hand-edited or damaged label was an internal error (`None.get`, `str / int`).
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise UserError(f"{where}: field {field!r} is {value!r}: expected a number or null")
+    def number(value: Any, field: str, positive: bool = False) -> float | None:
+        # A hand-edited or damaged label was an internal error (`None.get`, `str / int`), or a
+        # nan/inf/negative cell that made `memest compare` refuse the whole file.
+        if value is None:
+            return None
+        want = "a positive number or null" if positive else "a number of at least 0 or null"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+            or (positive and value == 0)
+        ):
+            raise UserError(f"{where}: field {field!r} is {value!r}: expected {want}")
         return value
 
-    peak = number(labels.get("device_peak_bytes"), "device_peak_bytes")
-    oom = bool(labels["oom"])
+    # A measured device peak is never 0: NVML sees at least the CUDA context.
+    peak = number(labels.get("device_peak_bytes"), "device_peak_bytes", positive=True)
+    oom = labels["oom"]
+    if not isinstance(oom, bool):  # `bool("false")` was an OOM
+        raise UserError(f"{where}: field 'oom' is {oom!r}: expected true or false")
+    device = labels["device"]
+    if not isinstance(device, str) or not device:
+        raise UserError(f"{where}: field 'device' is {device!r}: expected a device like cuda")
+    # `cuda:0` is a GPU run: the column holds the kind, as `run` writes it (`device.type`).
+    device = device.partition(":")[0]
     step_time = labels.get("step_time") or {}
     if not isinstance(step_time, dict):
         raise UserError(f"{where}: field 'step_time' is {step_time!r}: expected a mapping or null")
@@ -156,7 +175,7 @@ def row_of(path: Path, known: list[str]) -> dict[str, str]:
         "device_peak_source": labels.get("device_peak_source") or "",
         "oom": str(oom).lower(),
         "step_time_s": "" if step is None else f"{step:.6f}",
-        "device": str(labels["device"]),
+        "device": device,
         "gpu": labels.get("gpu") or "",
         "torch": str(labels["torch"]),
         "cuda": labels.get("cuda") or "",
