@@ -208,8 +208,37 @@ def gpumemnet_row(features: Features, filename: str, family: str) -> dict[str, s
     return row
 
 
+# A zoo or entry model's row: GPUMemNet's common columns, and its layers counted by module type.
+ZOO_COLUMNS = (
+    "Filename", "Depth", "Activations-Params", "Activation Function", "Total Activations",
+    "Total Parameters", "Batch Size", "Conv2d Count", "BatchNorm2d Count", "Linear Count",
+    "Dropout Count",
+)  # fmt: skip
+
+
+def zoo_cells(feats: dict[str, Any]) -> dict[str, str]:
+    """A zoo or entry model's cells (`Features.to_json()`): its own layers, as GPUMemNet's
+    Transformer rows list theirs. GPUMemNet's MLP/CNN columns would count only the layers its
+    generators build (a ResNet read as an MLP had Depth 1 and no batch norms)."""
+    seq = [tuple(s) for s in feats.get("sequence", [])]
+    counts = feats.get("layer_counts", {})
+    return {
+        "Depth": str(feats.get("depth", "")),
+        "Activations-Params": repr(seq),
+        "Activation Function": feats.get("activation_function") or "",
+        "Total Activations": str(feats["total_activations"]),
+        "Total Parameters": str(feats["total_parameters"]),
+        "Batch Size": str(feats["batch_size"]),
+        "Conv2d Count": str(counts.get("Conv2d", 0)),
+        "BatchNorm2d Count": str(counts.get("BatchNorm2d", 0)),
+        "Linear Count": str(counts.get("Linear", 0)),
+        "Dropout Count": str(counts.get("Dropout", 0)),
+    }
+
+
 def to_csv(rows: list[dict[str, str]], family: str) -> str:
-    columns = CNN_COLUMNS if family == "cnn" else MLP_COLUMNS
+    """GPUMemNet's columns of `family` (mlp, cnn), else a zoo model's (`ZOO_COLUMNS`)."""
+    columns = {"cnn": CNN_COLUMNS, "mlp": MLP_COLUMNS}.get(family, ZOO_COLUMNS)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()

@@ -88,6 +88,20 @@ def test_features_cli_json_contract() -> None:
     assert out["total_activations"] > 0 and out["layer_counts"]["Conv2d"] == 20
 
 
+def test_features_cli_csv_of_a_zoo_model_says_what_json_says() -> None:
+    """A zoo model's CSV row took GPUMemNet's MLP columns: ResNet-18 had Depth 1 and no batch
+    norms beside `--json`'s 41 and 20, and batch 1 was chosen without a note."""
+    done = cli("features", "--model", "torchvision:resnet18", "--csv")
+    feats = json.loads(cli("features", "--model", "torchvision:resnet18").stdout)
+    got = next(csv.DictReader(io.StringIO(done.stdout)))
+    assert got["Depth"] == str(feats["depth"]) == "41"
+    assert got["BatchNorm2d Count"] == str(feats["layer_counts"]["BatchNorm2d"]) == "20"
+    assert got["Conv2d Count"] == "20" and got["Total Parameters"] == "11689512"
+    assert got["Batch Size"] == "1" and "note: batch_size = 1" in done.stderr
+    assert "note: batch_size" not in cli("features", "--model", "torchvision:resnet18",
+                                         "--batch-size", "1").stderr  # fmt: skip
+
+
 def test_features_cli_gpumemnet_row_csv() -> None:
     row = gpumemnet_rows("mlp_data_step2.csv")[0]
     out = cli("features", "--gpumemnet-row", row["Filename"], "--csv").stdout

@@ -303,6 +303,21 @@ def test_checkpointing_orders_activation_memory() -> None:
     assert peaks["full"] < peaks["selective"] < peaks[None]
 
 
+def test_checkpointing_a_hf_model_draws_no_message_from_transformers(capfd: Any) -> None:
+    """transformers said "`use_cache=True` is incompatible with gradient checkpointing" at the
+    first training forward: a message about memtrace's own call. The cache is off up front, as
+    transformers would turn it off there."""
+    import logging
+
+    w = workload(dtype="bf16", seq=128)
+    # transformers says it once per process (it adds `warning_once` to Logger on import).
+    logging.Logger.warning_once.cache_clear()  # type: ignore[attr-defined]
+    assert w.model.config.use_cache is True
+    traced(w, checkpointing="full")
+    assert w.model.config.use_cache is False
+    assert "use_cache" not in capfd.readouterr().err
+
+
 def test_checkpointing_of_a_peft_model_reaches_the_base() -> None:
     none = traced(workload(dtype="bf16", lora=Lora(8), seq=128))[2]
     full = traced(workload(dtype="bf16", lora=Lora(8), seq=128), checkpointing="full")[2]

@@ -268,6 +268,9 @@ def test_sample_says_what_it_does_not_read(tmp_path: Path) -> None:
     sweep.write_text(SWEEP)
     done = cli("sample", str(sweep))
     assert "models, run have no effect on sample" in done.stderr, done.stderr
+    sweep.write_text(SWEEP.split("models:")[0] + "run: {iterations: 2}\n")  # run alone
+    done = cli("sample", str(sweep))
+    assert ": run has no effect on sample" in done.stderr, done.stderr
     sweep.write_text(SWEEP + "modles: []\n")
     done = cli("sample", str(sweep), check=False)
     assert done.returncode == 2 and "unknown top-level fields ['modles']" in done.stderr

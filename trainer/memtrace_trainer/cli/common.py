@@ -18,7 +18,7 @@ def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
         "--batch-size",
         type=int,
         required=batch_required,
-        default=None if batch_required else 1,
+        default=None,
         help="samples per step" + ("" if batch_required else " (default 1)"),
     )
     shape_args(p)

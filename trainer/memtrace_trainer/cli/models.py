@@ -139,7 +139,7 @@ def _hf_models(args: argparse.Namespace) -> None:
 def _features(args: argparse.Namespace) -> None:
     import torch
 
-    from memtrace_trainer.features import extract, gpumemnet_row, to_csv
+    from memtrace_trainer.features import extract, gpumemnet_row, to_csv, zoo_cells
     from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
     from memtrace_trainer.models.zoo import build_workload
 
@@ -149,17 +149,24 @@ def _features(args: argparse.Namespace) -> None:
         workload = build_workload(spec, batch, args.input_shape)
         family = config.family
     else:
+        batch = 1 if args.batch_size is None else args.batch_size
         workload = build_workload(
-            args.model, args.batch_size, args.input_shape, args.seq_len, args.num_classes
+            args.model, batch, args.input_shape, args.seq_len, args.num_classes
         )
         family = workload.family
     with torch.device("meta"):
         feats = extract(workload, family)
-    if not args.csv:
-        print_defaults(workload.defaults)
+    print_defaults(workload.defaults)
+    if args.batch_size is None and not args.gpumemnet_row:
+        print("note: batch_size = 1 (features per sample; give --batch-size to change it)",
+              file=sys.stderr)  # fmt: skip
     if args.csv:
         name = args.gpumemnet_row or args.model
-        sys.stdout.write(to_csv([gpumemnet_row(feats, name, family)], family))
+        if family in ("mlp", "cnn"):
+            row = gpumemnet_row(feats, name, family)
+        else:
+            row = {"Filename": name, **zoo_cells(feats.to_json())}
+        sys.stdout.write(to_csv([row], family))
     else:
         print(json.dumps({"model": workload.spec, **feats.to_json()}))
 

@@ -230,6 +230,7 @@ def sample_file(path: Path, seed: int | None = None) -> list[ModelConfig]:
         raise UserError(f"{path}: unknown top-level fields {unknown}; expected family, count, "
                         "seed and fields")  # fmt: skip
     if launch_only:
-        warn(f"{path}: {', '.join(launch_only)} have no effect on sample, which draws generator "
+        verb = "has" if len(launch_only) == 1 else "have"
+        warn(f"{path}: {', '.join(launch_only)} {verb} no effect on sample, which draws generator "
              "configs only (launch reads them)")  # fmt: skip
     return sample(data, str(path), seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS
+from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS, zoo_cells
 from memtrace_trainer.runs.rundir import FILES
 
 MIB = 1024 * 1024
@@ -98,21 +98,7 @@ def _features_cells(feats: dict[str, Any]) -> dict[str, str]:
         row = dict(feats["gpumemnet_row"])
         row.pop("Filename", None)
         return row
-    # Zoo and entry models: their own layers, as GPUMemNet's Transformer rows list theirs.
-    seq = [tuple(s) for s in feats.get("sequence", [])]
-    counts = feats.get("layer_counts", {})
-    return {
-        "Depth": str(feats.get("depth", "")),
-        "Activations-Params": repr(seq),
-        "Activation Function": feats.get("activation_function") or "",
-        "Total Activations": str(feats["total_activations"]),
-        "Total Parameters": str(feats["total_parameters"]),
-        "Batch Size": str(feats["batch_size"]),
-        "Conv2d Count": str(counts.get("Conv2d", 0)),
-        "BatchNorm2d Count": str(counts.get("BatchNorm2d", 0)),
-        "Linear Count": str(counts.get("Linear", 0)),
-        "Dropout Count": str(counts.get("Dropout", 0)),
-    }
+    return zoo_cells(feats)
 
 
 def row_of(path: Path, known: list[str]) -> dict[str, str]:

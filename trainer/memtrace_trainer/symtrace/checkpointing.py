@@ -142,6 +142,12 @@ def enable_checkpointing(model: nn.Module, mode: str = "full") -> int:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # What transformers does itself at the first training forward, with a message about
+        # this call of ours ("`use_cache=True` is incompatible with gradient checkpointing"):
+        # no key/value cache is kept in training with checkpointing either way.
+        config = getattr(hf, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False
         layers = [m for m in hf.modules() if getattr(m, "gradient_checkpointing", False) is True]
         return len(layers)
     blocks = _blocks(model)
