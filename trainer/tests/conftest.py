@@ -122,9 +122,11 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def cli_process(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """The real `python -m memtrace_trainer` in a child process."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+def cli_process(
+    *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `python -m memtrace_trainer` in a child process (`env` added to this one's)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "memtrace_trainer", *args],
         capture_output=True,

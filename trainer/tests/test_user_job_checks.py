@@ -99,10 +99,14 @@ def test_a_script_that_catches_every_stop_is_ended(tmp_path: Path) -> None:
         "    except:  # noqa: E722\n"
         "        pass\n"
     )
-    # In a child process: the command ends its own process (os._exit), as it must.
-    done = cli_process("estimate", "--script", str(path), check=False)
+    # In a child process: the command ends its own process (os._exit), as it must; its
+    # temporary folders go with it (os._exit left them behind).
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = cli_process("estimate", "--script", str(path), check=False, env={"TMPDIR": str(tmp)})
     assert done.returncode == 2, done.stderr
     assert "caught the stop after 3 iterations 100 times" in done.stderr
+    assert list(tmp.glob("memtrace-*")) == []  # (torch keeps its inductor cache there)
 
 
 def test_a_search_of_a_job_on_the_cpu_is_refused_as_its_estimate_is(

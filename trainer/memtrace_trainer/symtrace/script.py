@@ -72,6 +72,12 @@ def _unstoppable(path: Path, steps: int) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
         unstoppable_reply(message)
+    # What a normal exit runs: the command's temporary folders (`weakref.finalize`) were left
+    # behind by os._exit.
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
     os._exit(2)
 
 
