@@ -109,7 +109,9 @@ pub enum ConfigError {
 fn parse_bool(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Some(true),
-        "0" | "false" | "no" | "off" | "" => Some(false),
+        // Empty is no value, as for the other variables: said, and the default kept (it turned
+        // recording of kernels, or fork following, off in silence).
+        "0" | "false" | "no" | "off" => Some(false),
         _ => None,
     }
 }
@@ -252,10 +254,23 @@ impl Config {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 fn load() -> Config {
-    let (cfg, errors) = Config::from_lookup(|k| std::env::var(k).ok());
+    let (mut cfg, errors) = Config::from_lookup(|k| std::env::var(k).ok());
     log::set_level(cfg.log);
     for e in &errors {
         crate::log!(Warn, "{e}");
+    }
+    for v in VARS.iter() {
+        if matches!(std::env::var(v.name), Err(std::env::VarError::NotUnicode(_))) {
+            crate::log!(Warn, "{} is not valid UTF-8; ignored, using the default {:?}", v.name, v.default);
+        }
+    }
+    // A relative path is the one the program was started in: a program that changes its
+    // directory before its first CUDA call (Hydra does) wrote its trace somewhere else, under the
+    // relative name the summary printed.
+    if !cfg.out.starts_with('/') {
+        if let Some(dir) = std::env::current_dir().ok().and_then(|d| d.to_str().map(str::to_string)) {
+            cfg.out = format!("{}/{}", dir.trim_end_matches('/'), cfg.out);
+        }
     }
     let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
     for (name, meant) in near_misses(names.iter().map(String::as_str)) {
@@ -355,6 +370,9 @@ mod tests {
         check(&[("MEMTRACE_MAX_WAIT_MS", "60000")], |c| assert_eq!(c.max_wait_ms, 60_000), 0);
         check(&[("MEMTRACE_MAX_WAIT_MS", "0")], |c| assert_eq!(c.max_wait_ms, 1000), 1);
         check(&[("MEMTRACE_KERNELS", "maybe")], |c| assert!(c.kernels), 1);
+        // Empty is no value for every variable (it was "off" for the on/off ones).
+        check(&[("MEMTRACE_KERNELS", "")], |c| assert!(c.kernels), 1);
+        check(&[("MEMTRACE_FOLLOW_FORK", " ")], |c| assert!(c.follow_fork), 1);
         check(&[("MEMTRACE_OUT", "x/%q")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
         check(&[("MEMTRACE_OUT", "")], |c| assert_eq!(c.out, "memtrace-%p.mtrace"), 1);
         check(

@@ -187,6 +187,12 @@ fn install_signals() {
             libc::sigemptyset(&mut sa.sa_mask);
             let prev = &raw mut PREVIOUS[i];
             libc::sigaction(*sig, &sa, prev);
+            // An ignored signal stays ignored: a handler in its place would let it interrupt
+            // blocking calls (EINTR), and an exec'd child would no longer inherit the SIG_IGN
+            // (nohup, a shell's background job). It ends nothing, so there is no trace to finish.
+            if (*prev).sa_sigaction == libc::SIG_IGN {
+                libc::sigaction(*sig, prev, std::ptr::null_mut());
+            }
         }
     }
 }

@@ -160,7 +160,10 @@ fn push_first(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
     // Only a thread that can still register a TLS destructor may take a ring: it must be able
     // to give it back.
     if !t.internal.get() && RING_OWNER.try_with(|_| ()).is_ok() {
-        let r = ring::acquire(capacity, tid);
+        let Some(r) = ring::acquire(capacity, tid) else {
+            ring::out_of_memory("a thread's ring", capacity);
+            return Err(ev);
+        };
         t.ring.set(r);
         r.push(ev);
         return Ok(());

@@ -60,11 +60,32 @@ static STALLED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 /// system), and after it fires, producers drop at once until the writer moves again.
 pub const MAX_WAIT_NS: u64 = crate::config::DEFAULT_MAX_WAIT_MS * 1_000_000;
 
+/// Whether `bytes` can be allocated now. Rust aborts the process when an allocation fails (a
+/// tight RLIMIT_AS or cgroup): the shim asks first, with the allocator's fallible call, and
+/// stops recording instead.
+fn can_allocate(bytes: usize, align: usize) -> bool {
+    let Ok(layout) = std::alloc::Layout::from_size_align(bytes.max(1), align) else { return false };
+    // Safety: a non-zero layout; the block is freed at once with the same layout.
+    unsafe {
+        let p = std::alloc::alloc(layout);
+        if p.is_null() {
+            return false;
+        }
+        std::alloc::dealloc(p, layout);
+    }
+    true
+}
+
 impl Ring {
-    fn new(capacity: usize, tid: u32) -> Ring {
-        let cap = capacity.next_power_of_two();
-        let slots = (0..cap).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
-        Ring {
+    /// A ring of at least `capacity` slots, or `None` when its memory cannot be allocated.
+    fn new(capacity: usize, tid: u32) -> Option<Ring> {
+        let cap = capacity.checked_next_power_of_two()?;
+        let mut slots = Vec::new();
+        // Fallible: a failed reservation returns an error where `collect` would abort.
+        slots.try_reserve_exact(cap).ok()?;
+        slots.resize_with(cap, || UnsafeCell::new(MaybeUninit::uninit()));
+        let slots = slots.into_boxed_slice();
+        Some(Ring {
             tail: Padded(AtomicUsize::new(0)),
             seen_head: UnsafeCell::new(0),
             head: Padded(AtomicUsize::new(0)),
@@ -73,7 +94,7 @@ impl Ring {
             next: AtomicPtr::new(ptr::null_mut()),
             mask: cap - 1,
             slots,
-        }
+        })
     }
 
     /// Push from the owning thread if there is room now: plain loads and stores, inlined into
@@ -193,47 +214,54 @@ fn rings() -> impl Iterator<Item = &'static Ring> {
     })
 }
 
-/// A ring for the calling thread: a drained one a finished thread left, or a new one.
-/// Allocates once per thread (never again on that thread's hot path).
-pub fn acquire(capacity: usize, tid: u32) -> &'static Ring {
+/// A ring for the calling thread: a drained one a finished thread left, or a new one (`None`
+/// when its memory cannot be allocated). Allocates once per thread (never again on that
+/// thread's hot path).
+pub fn acquire(capacity: usize, tid: u32) -> Option<&'static Ring> {
     for r in rings() {
         if r.owned.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             if r.head.0.load(Ordering::Acquire) == r.tail.0.load(Ordering::Acquire) {
                 r.tid.store(tid, Ordering::Relaxed);
                 // Safety: we own the ring now; the previous owner is gone.
                 unsafe { *r.seen_head.get() = r.head.0.load(Ordering::Relaxed) };
-                return r;
+                return Some(r);
             }
             r.owned.store(false, Ordering::Release);
         }
     }
-    let r: &'static Ring = Box::leak(Box::new(Ring::new(capacity, tid)));
+    let r: &'static Ring = Box::leak(Box::new(Ring::new(capacity, tid)?));
     let mut head = RINGS.load(Ordering::Acquire);
     loop {
         r.next.store(head, Ordering::Relaxed);
         match RINGS.compare_exchange_weak(head, r as *const Ring as *mut Ring, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return r,
+            Ok(_) => return Some(r),
             Err(h) => head = h,
         }
     }
 }
 
-/// The shared queue for threads without a ring, created on first use.
-fn shared(capacity: usize) -> &'static ArrayQueue<(u32, RawEvent)> {
+/// The shared queue for threads without a ring, created on first use (`None` when its memory
+/// cannot be allocated: `ArrayQueue::new` would abort, so its size is asked for first, twice
+/// over for its slots' stamps).
+fn shared(capacity: usize) -> Option<&'static ArrayQueue<(u32, RawEvent)>> {
     let q = SHARED.load(Ordering::Acquire);
     if !q.is_null() {
         // Safety: a published queue is never freed.
-        return unsafe { &*q };
+        return Some(unsafe { &*q });
+    }
+    let slot = std::mem::size_of::<(u32, RawEvent)>() + std::mem::size_of::<usize>();
+    if !can_allocate(capacity.checked_mul(2 * slot)?, 64) {
+        return None;
     }
     let fresh = Box::into_raw(Box::new(ArrayQueue::new(capacity)));
     match SHARED.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         // Safety: just published, never freed.
-        Ok(_) => unsafe { &*fresh },
+        Ok(_) => Some(unsafe { &*fresh }),
         Err(won) => {
             // Safety: `fresh` was never shared.
             drop(unsafe { Box::from_raw(fresh) });
             // Safety: as above for the winner.
-            unsafe { &*won }
+            Some(unsafe { &*won })
         }
     }
 }
@@ -241,7 +269,10 @@ fn shared(capacity: usize) -> &'static ArrayQueue<(u32, RawEvent)> {
 /// Push to the shared queue (threads without a ring); bounded wait, then drop and count.
 /// Returns the event when it was dropped, so owned payloads can be released.
 pub fn push_shared(capacity: usize, tid: u32, ev: RawEvent) -> Result<(), RawEvent> {
-    let q = shared(capacity);
+    let Some(q) = shared(capacity) else {
+        out_of_memory("the shared queue", capacity);
+        return Err(ev);
+    };
     let mut item = match q.push((tid, ev)) {
         Ok(()) => return Ok(()),
         Err(e) => e,
@@ -385,6 +416,21 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
     STALLED_AT.store(u64::MAX, Ordering::Relaxed);
 }
 
+/// A queue's memory could not be allocated: recording stops for good (the host's calls are
+/// forwarded as always), said once.
+#[cold]
+pub fn out_of_memory(what: &str, capacity: usize) {
+    LOST.fetch_add(1, Ordering::Relaxed);
+    crate::state::OUT_OF_MEMORY.store(true, Ordering::Release);
+    if crate::state::RECORDING.swap(false, Ordering::AcqRel) {
+        let mib = capacity.saturating_mul(std::mem::size_of::<RawEvent>()) >> 20;
+        crate::log!(
+            Warn,
+            "cannot allocate {what} ({capacity} events, about {mib} MiB; MEMTRACE_QUEUE sets it): recording stopped"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,7 +441,7 @@ mod tests {
 
     #[test]
     fn ring_keeps_order_and_wraps() {
-        let r = Ring::new(4, 7);
+        let r = Ring::new(4, 7).unwrap();
         let mut got = Vec::new();
         for round in 0..5u64 {
             for i in 0..4 {
@@ -457,7 +503,7 @@ mod tests {
 
     #[test]
     fn stalled_writer_drops_after_the_bound_then_at_once() {
-        let r = Ring::new(1, 1);
+        let r = Ring::new(1, 1).unwrap();
         r.push(ev(1));
         let before = LOST.load(Ordering::Relaxed);
         // Nobody drains: the first push waits out the bound, the next one fails immediately.

@@ -64,6 +64,9 @@ pub fn clock_origin() -> u64 {
     }
 }
 
+/// A queue's memory could not be allocated, and recording stopped: the trace says so at its end.
+pub static OUT_OF_MEMORY: AtomicBool = AtomicBool::new(false);
+
 /// Stop recording for good (size limit reached).
 pub fn stop_recording() {
     RECORDING.store(false, Ordering::Release);

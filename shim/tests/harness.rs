@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 21] = [
+const PROGRAMS: [&str; 25] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -62,6 +62,10 @@ const PROGRAMS: [&str; 21] = [
     "p_every_alloc",
     "p_dlvsym",
     "p_fork_outlives",
+    "p_main_pthread_exit",
+    "p_sig_ignored",
+    "p_chdir",
+    "p_exec_self",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -8,6 +8,8 @@ mod behaviours;
 mod cupti;
 /// Builds the C stubs and programs, locates the shim, runs programs under it.
 mod harness;
+/// The host program as it runs without the shim: its end, its ignored signals, its limits.
+mod host;
 /// Exit paths, signals, fork, threads, markers and configuration.
 mod lifecycle;
 /// The real libcudart.so.13 from the nvidia-cuda-runtime wheel, with no driver.

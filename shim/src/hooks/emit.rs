@@ -170,7 +170,17 @@ pub unsafe fn marker(text: *const c_char) {
     }
     guarded(|| {
         // Safety: the caller passes a NUL-terminated string (the C API contract).
-        let owned = CString::from(unsafe { CStr::from_ptr(text) });
+        let bytes = unsafe { CStr::from_ptr(text) }.to_bytes_with_nul();
+        // Fallible: a copy that cannot be allocated drops the marker, where `CString::from`
+        // would abort the host.
+        let mut copy = Vec::new();
+        if copy.try_reserve_exact(bytes.len()).is_err() {
+            crate::ring::LOST.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        copy.extend_from_slice(bytes);
+        // Safety: `bytes` ends in its only NUL, as `CStr` guarantees.
+        let owned = unsafe { CString::from_vec_with_nul_unchecked(copy) };
         lifecycle::record_any(RawEvent { kind: RawKind::Marker, aux: owned.into_raw() as u64, ..RawEvent::default() })
     })
 }

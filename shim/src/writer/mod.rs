@@ -32,6 +32,33 @@ const SWEEP_PER_RING: usize = 2048;
 /// with SIGKILL leaves a trace readable up to a recent point.
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
+/// How often an idle writer asks whether it is the process's last live thread ([`alone`]).
+const ALONE_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether every other thread of the process has ended: the main thread left by
+/// `pthread_exit`, and the others after it. A process ends when its last thread does, and the
+/// writer, which never ends by itself, kept such a process alive for ever (deaf to SIGTERM, which
+/// it blocks). The main thread's state is read first (one small file); the other threads only
+/// once it is gone. Without /proc nothing is known, and the writer stays.
+fn alone(pid: u32) -> bool {
+    let gone = |tid: &str| -> Option<bool> {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+        Some(matches!(state, 'Z' | 'X'))
+    };
+    if gone(&pid.to_string()) != Some(true) {
+        return false;
+    }
+    // Safety: gettid has no preconditions.
+    let me = unsafe { libc::gettid() }.to_string();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return false };
+    tasks.flatten().all(|t| {
+        let tid = t.file_name().to_string_lossy().into_owned();
+        // A thread that ended between the listing and the read is gone too.
+        tid == me || gone(&tid).unwrap_or(true)
+    })
+}
+
 /// Start the writer thread if none runs. Called by the first recording hook.
 pub fn ensure_started() {
     if WRITER.load(Ordering::Acquire) != NOT_STARTED {
@@ -42,7 +69,9 @@ pub fn ensure_started() {
     }
     // The writer must never run the exit-signal handler: that handler waits for the writer. So
     // it is born with SIGINT and SIGTERM blocked (a new thread inherits its creator's mask); a
-    // signal arriving meanwhile stays pending for the host's threads.
+    // signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file size
+    // limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused them,
+    // and by default end the process: blocked, the write fails instead, and recording stops.
     let old = block_signals();
     let spawned = std::thread::Builder::new().name("memtrace-writer".into()).spawn(|| {
         let r = std::panic::catch_unwind(run);
@@ -102,15 +131,17 @@ fn truthy(v: &str) -> bool {
     !v.is_empty() && v != "0"
 }
 
-/// Blocks SIGINT and SIGTERM in the calling thread; returns the previous mask.
+/// Blocks SIGINT, SIGTERM, SIGXFSZ and SIGPIPE in the calling thread; returns the previous
+/// mask.
 fn block_signals() -> libc::sigset_t {
     // Safety: plain sigset manipulation on local sets; affects only this thread.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ, libc::SIGPIPE] {
+            libc::sigaddset(&mut set, sig);
+        }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
         old
     }
@@ -233,6 +264,18 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
         let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         let held = locked != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
         if !held {
+            // This process's own trace, written before it exec'd this image (the lock went with
+            // the old image's descriptor): truncating it erased that trace in silence.
+            if attempt == 0 && own_earlier_trace(&path, pid) {
+                let beside = beside(&path, pid);
+                log!(
+                    Warn,
+                    "trace file {path} holds this process's trace from before it exec'd this program; pid {pid} \
+                     traces into {beside}"
+                );
+                path = beside;
+                continue;
+            }
             // Locked, or a file system without locks (then as before: ours to truncate).
             if let Err(e) = file.set_len(0) {
                 log!(Warn, "cannot truncate trace file {path}: {e}; recording disabled");
@@ -262,6 +305,13 @@ fn traced_already(path: &str) -> bool {
     let mut head = Vec::with_capacity(64 << 10);
     let read = File::open(path).and_then(|f| f.take(64 << 10).read_to_end(&mut head));
     read.is_ok() && head.windows(trace::codec::MAGIC.len()).any(|w| w == trace::codec::MAGIC)
+}
+
+/// Whether the file at `path` holds a trace whose header names this pid: the same process
+/// before an exec. Opened afresh for reading: the writer's descriptor is write-only.
+fn own_earlier_trace(path: &str, pid: u32) -> bool {
+    let Ok(f) = File::open(path) else { return false };
+    trace::open_reader(std::io::BufReader::new(f)).is_ok_and(|r| r.header().pid == Some(pid))
 }
 
 /// The program's stdout or stderr, when `meta` is the file one of them writes to.
@@ -324,6 +374,7 @@ fn run() {
     let mut batch: Vec<(u32, RawEvent)> = Vec::new();
     let mut pending: Vec<(u32, RawEvent)> = Vec::new();
     let mut finishing_rounds = 0u32;
+    let mut alone_checked = std::time::Instant::now();
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
         // Events stamped after this may still be overtaken by events of a ring swept earlier;
@@ -357,6 +408,18 @@ fn run() {
             dirty = false;
         }
         if n == 0 {
+            if !finishing && alone_checked.elapsed() >= ALONE_EVERY {
+                alone_checked = std::time::Instant::now();
+                if alone(pid) {
+                    // The trace is completed as at exit; the process ends when this thread does.
+                    log!(
+                        Info,
+                        "every thread of pid {pid} has ended (the main thread by pthread_exit): completing the trace"
+                    );
+                    FINISH.store(true, Ordering::Release);
+                    continue;
+                }
+            }
             std::thread::sleep(Duration::from_micros(200));
         }
     }

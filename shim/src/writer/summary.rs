@@ -38,8 +38,15 @@ impl Ctx {
             signal: (signal != 0).then_some(signal),
             lost_events: lost,
         };
+        let mut res = Ok(());
+        if crate::state::OUT_OF_MEMORY.load(Ordering::Acquire) {
+            // Read by memsim as the byte limit's marker is: the trace ends early.
+            let text = "memtrace: a queue's memory could not be allocated; recording stopped".to_string();
+            let r = self.rec(now_ns(), raw::tid(), Event::Marker(trace::Marker { text }));
+            res = self.w.write(&r);
+        }
         let r = self.rec(now_ns(), raw::tid(), Event::ProcessExit(exit));
-        let res = self.w.write(&r).and_then(|_| self.w.finish().map(|_| ()));
+        let res = res.and_then(|_| self.w.write(&r)).and_then(|_| self.w.finish().map(|_| ()));
         if let Err(e) = res {
             log!(Warn, "finishing {path} failed: {e:#}");
         }

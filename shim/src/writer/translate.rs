@@ -143,6 +143,7 @@ impl Ctx {
                 })
             }
             RawKind::Vmm => {
+                self.tally.failed += u64::from(result != 0);
                 let caller = self.caller(ev.caller)?;
                 Event::Vmm(Vmm {
                     op: vmm_op(ev.sub),
@@ -158,7 +159,12 @@ impl Ctx {
                 })
             }
             RawKind::Launch => {
-                self.tally.launches += 1;
+                // As `memsim stats` counts them: a failed launch ran no kernel, and is a failed call.
+                if result == 0 {
+                    self.tally.launches += 1;
+                } else {
+                    self.tally.failed += 1;
+                }
                 let name = self.kernel(ev.sub, ev.addr)?;
                 let ((gx, gy), (gz, bx), (by, bz)) = (unpack(ev.size), unpack(ev.aux), unpack(ev.offset));
                 let launch = KernelLaunch {
@@ -176,7 +182,10 @@ impl Ctx {
                 self.w.write_launch(Some(ts), Some(tid), None, &launch)?;
                 return self.check_limit();
             }
-            RawKind::PoolTrim => Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result }),
+            RawKind::PoolTrim => {
+                self.tally.failed += u64::from(result != 0);
+                Event::PoolTrim(PoolTrim { pool: ev.addr, min_bytes_to_keep: ev.size, api, result })
+            }
             RawKind::Marker if ev.aux == 0 => Event::Marker(Marker { text: String::new() }),
             RawKind::Marker => {
                 // Safety: a marker's non-zero `aux` is a pointer from CString::into_raw made by
