@@ -59,6 +59,8 @@ fn real_runtime_failures_are_recorded_with_their_codes() {
     let s = r.stats();
     assert_eq!(s.calls(), [("cudaLaunchKernel", 1), ("cudaMalloc", 1), ("cudaMallocHost", 1)]);
     assert_eq!((s.allocs, s.kernel_launches, s.failed()), (0, 0, 3));
+    // The exit summary counts as memsim does: the failed launch ran no kernel, and failed.
+    assert!(r.stderr().contains("0 kernel launches, 0 pinned host allocs, 3 failed calls"), "{}", r.stderr());
     let codes: Vec<i32> = s.events(|e| match e {
         Event::Alloc(a) => Some(a.result),
         Event::KernelLaunch(k) => Some(k.result),
