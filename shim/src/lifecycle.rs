@@ -260,12 +260,24 @@ extern "C" fn on_load() {
         config();
         owner_pid();
         clock_origin();
+        second_copy();
         // Safety: registering plain extern "C" callbacks with libc.
         unsafe {
             libc::atexit(at_exit);
             libc::pthread_atfork(None, None, Some(at_fork_child));
         }
     });
+}
+
+/// Another copy of the shim loaded before this one (`LD_PRELOAD` naming two): its hooks come
+/// first and forward to this copy's, so both recorded every call, into two traces of one
+/// process, the second saying another process held the file. This copy only forwards.
+fn second_copy() {
+    let first = crate::real::dlsym(libc::RTLD_DEFAULT, c"memtrace_mark");
+    if first != 0 && !crate::real::is_own(first) {
+        RECORDING.store(false, Ordering::Release);
+        crate::log!(Warn, "another copy of libmemtrace is loaded before this one (LD_PRELOAD names two?): it records; this one does not");
+    }
 }
 
 #[cfg(not(test))]

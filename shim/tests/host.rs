@@ -122,3 +122,18 @@ fn an_exec_without_fork_keeps_the_trace_from_before_it() {
     assert_eq!((after.allocs, after.frees), (1, 1));
     assert!(after.whole());
 }
+
+/// Two copies of the shim preloaded both recorded every call, into two traces of one process
+/// (the second said another process held the file). The second forwards only, and says so.
+#[test]
+fn a_second_copy_of_the_shim_records_nothing() {
+    let copy = tempfile::tempdir().unwrap();
+    let second = copy.path().join("libmemtrace-copy.so");
+    std::fs::copy(crate::harness::shim(), &second).unwrap();
+    let preload = format!("{} {}", crate::harness::shim().display(), second.display());
+    let r = run("p_runtime_alloc", &[("LD_PRELOAD", &preload)]);
+    assert!(r.out.status.success(), "{}", r.stderr());
+    assert!(r.stderr().contains("another copy of libmemtrace is loaded before this one"), "{}", r.stderr());
+    let s = r.stats();
+    assert_eq!((s.allocs, s.frees), (2, 2));
+}
