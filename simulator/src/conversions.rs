@@ -164,10 +164,22 @@ pub fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req:
         out.push(meta(e));
     }
     let src = source.map(|r| &r.event);
+    // The request itself is the allocator's, whatever recorded it: a device-level trace taken
+    // with the cache off records each request as the cudaMalloc/cudaFree it became (an outcome),
+    // which written as is would read as a segment event, leaving the realised trace (and a
+    // snapshot made of it) with no request at all.
+    let api = |recorded: Api, origin: Origin| if origin == Origin::Request { recorded } else { Api::Allocator };
     match (req, src) {
         (Request::Alloc { size, stream, .. }, Some(Event::Alloc(a))) => match (o.addr, o.oom) {
             (Some(addr), _) => {
-                out.push(meta(Event::Alloc(Alloc { addr, size: *size, stream: *stream, ..a.clone() })));
+                out.push(meta(Event::Alloc(Alloc {
+                    addr,
+                    size: *size,
+                    stream: *stream,
+                    api: api(a.api, a.origin),
+                    origin: Origin::Request,
+                    ..a.clone()
+                })));
             }
             (None, Some(oom)) => out.push(meta(Event::Oom(Oom {
                 size: oom.rounded_size,
@@ -183,6 +195,8 @@ pub fn realize(out: &mut Vec<Record>, source: Option<&Record>, device: u32, req:
             out.push(meta(Event::Free(Free {
                 addr: *addr,
                 size: Some(o.block_size).filter(|s| *s > 0).or(f.size),
+                api: api(f.api, f.origin),
+                origin: Origin::Request,
                 ..f.clone()
             })));
         }

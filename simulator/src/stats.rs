@@ -64,8 +64,13 @@ pub struct TraceStats {
     pub lost_events: u64,
     /// The trace ended mid-event (process killed).
     pub truncated: bool,
-    /// Whether a `process_exit` closed the trace.
+    /// Whether a `process_exit` closed the trace. The producer may still have left events out
+    /// before it: `lost_events`, `byte_limit`.
     pub complete: bool,
+    /// The byte limit at which the producer stopped recording (the shim's `MEMTRACE_MAX_BYTES`,
+    /// from its marker), when it did: the run went on, unrecorded, after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub byte_limit: Option<u64>,
     /// Events of kinds this version does not know, skipped.
     pub unknown_events_skipped: u64,
     /// Kernel execution records (CUPTI).
@@ -264,9 +269,13 @@ impl TraceStats {
                 self.complete = true;
                 self.lost_events += p.lost_events;
             }
+            Event::Marker(m) => {
+                if let Some(limit) = trace::marker::parse_byte_limit(&m.text) {
+                    self.byte_limit.get_or_insert(limit);
+                }
+            }
             Event::MemActivity(m) => self.cupti.observe(device, m),
             Event::MemInfo(_)
-            | Event::Marker(_)
             | Event::Name(_)
             | Event::Stack(_)
             | Event::Oom(_)

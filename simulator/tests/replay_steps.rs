@@ -193,3 +193,44 @@ fn a_realising_replay_has_no_classifier() {
     let rp = Replayer::new(&header(), ReplayOptions::default()).unwrap().realize();
     assert!(rp.classifier().is_none());
 }
+
+/// A device-level trace taken with the cache off records each request as the `cudaMalloc` and
+/// `cudaFree` it became (outcomes). Realised, the requests kept those fields and were exported
+/// as `segment_alloc`/`segment_free`: a snapshot of a cache-off run held no allocation, so
+/// `memsim validate` had nothing to replay. They are the allocator's requests.
+#[test]
+fn a_cache_off_trace_realises_its_calls_as_requests() {
+    let mut h = Header::new("libmemtrace", "0", Level::Device);
+    h.caching_disabled = true;
+    let call = |ts: u64, event| Record { ts_ns: Some(ts), tid: Some(1), device: Some(0), event };
+    let addr = |i: u64| 0x7f00_0000_0000 + i * 2 * MIB;
+    let mut recs = Vec::new();
+    for i in 0..8u64 {
+        let a = trace::Alloc::device(addr(i), 2 * MIB, trace::Api::CudaMalloc, Origin::Outcome);
+        recs.push(call(2 * i, Event::Alloc(a)));
+        let f = trace::Free::device(addr(i), trace::Api::CudaFree, Origin::Outcome, trace::FreeStage::Immediate);
+        recs.push(call(2 * i + 1, Event::Free(f)));
+    }
+    let mut rp = Replayer::new(&h, ReplayOptions::default()).unwrap().realize();
+    recs.iter().for_each(|r| rp.observe(r));
+    let realized = rp.take_realized();
+    let requests = |origin| {
+        realized
+            .iter()
+            .filter(|r| match &r.event {
+                Event::Alloc(a) => a.size == 2 * MIB && a.origin == origin,
+                _ => false,
+            })
+            .count()
+    };
+    assert_eq!((requests(Origin::Request), requests(Origin::Outcome)), (8, 0), "{realized:#?}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.pickle");
+    let exported = snapshot::write_snapshot(&out, &h, &realized).unwrap();
+    assert_eq!(exported.allocs, 8);
+    let snap = snapshot::read_snapshot(&out).unwrap();
+    let r = snapshot::validate(&snap, &snapshot::ValidateOptions::default()).unwrap();
+    assert_eq!((r.allocs, r.alloc_addr_matches), (8, 8));
+    assert_eq!(r.segment_event_matches, r.segment_events);
+    assert_eq!(r.verdict, snapshot::Verdict::Exact);
+}

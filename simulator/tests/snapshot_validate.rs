@@ -261,3 +261,54 @@ fn replay_peaks_are_the_recorded_peaks() {
     }
     assert!(released > 1000, "the snapshots with release bursts took part ({released} releases)");
 }
+
+/// A snapshot of segment events and no allocation (one written from a trace that records no
+/// allocator-level request) gave the model nothing to replay: it predicted none of the recorded
+/// segment events, and that was judged "explained by the unrecoverable start state", a pass.
+/// Nothing compared is said, and no start state explains what the model never predicted.
+#[test]
+fn segment_events_alone_are_never_explained_by_the_start_state() {
+    use trace::{Alloc, Api, BlockInfo, BlockState, Event, Free, FreeStage, Header, Level, Origin, Record};
+    let at = |ts, event| Record { ts_ns: Some(ts), tid: None, device: Some(0), event };
+    let (base, mib) = (1000u64 << 20, 1u64 << 20);
+    let records = vec![
+        at(1, Event::Alloc(Alloc::device(base, 20 * mib, Api::CudaMalloc, Origin::Outcome))),
+        at(2, Event::Alloc(Alloc::device(base, 2 * mib, Api::CudaMalloc, Origin::Outcome))),
+        at(
+            3,
+            Event::Free(Free {
+                size: Some(2 * mib),
+                ..Free::device(base, Api::CudaFree, Origin::Outcome, FreeStage::Immediate)
+            }),
+        ),
+        at(
+            4,
+            Event::SegmentState(trace::SegmentState {
+                at: trace::StateAt::End,
+                addr: base,
+                total_size: 20 * mib,
+                stream: 0,
+                pool: trace::SegmentPool::Large,
+                is_expandable: false,
+                pool_id: (0, 0),
+                stack: None,
+                blocks: vec![BlockInfo {
+                    addr: base,
+                    size: 20 * mib,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                    stack: None,
+                }],
+            }),
+        ),
+    ];
+    let bytes = snapshot::export_snapshot(&Header::new("test", "0", Level::Allocator), &records).unwrap();
+    let snap = snapshot::parse_snapshot(&bytes, "segments.pickle").unwrap();
+    let r = snapshot::validate(&snap, &ValidateOptions::default()).unwrap();
+    assert_eq!((r.allocs, r.segment_events, r.segment_event_matches), (0, 3, 0));
+    assert!(!r.unrecoverable.is_empty(), "the start state the rule leant on: {r:?}");
+    assert!(r.nothing_compared);
+    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert!(!r.passed());
+    assert_eq!(serde_json::to_value(&r).unwrap()["nothing_compared"], true);
+}

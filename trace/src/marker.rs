@@ -4,6 +4,10 @@
 //! - `phase:<forward|backward|optimizer|data|other>`: a phase starts here and lasts until the next
 //!   phase marker.
 //! - anything else is free-form user text.
+//!
+//! One producer's own marker is read apart from the grammar: the shim's note that it stopped
+//! recording at its `MEMTRACE_MAX_BYTES` limit ([`byte_limit`], [`parse_byte_limit`]). To the
+//! grammar it is user text.
 
 /// A training phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +76,23 @@ pub fn phase(p: Phase) -> String {
     format!("phase:{}", p.as_str())
 }
 
+/// What the shim's marker says before the limit.
+const BYTE_LIMIT_PREFIX: &str = "memtrace: MEMTRACE_MAX_BYTES=";
+/// What it says after.
+const BYTE_LIMIT_SUFFIX: &str = " reached; recording stopped";
+
+/// The marker text a producer writes when it stops recording because its trace reached
+/// `max_bytes` (the shim's `MEMTRACE_MAX_BYTES`): everything after it went unrecorded, though
+/// the producer may still close the trace with its `process_exit`.
+pub fn byte_limit(max_bytes: u64) -> String {
+    format!("{BYTE_LIMIT_PREFIX}{max_bytes}{BYTE_LIMIT_SUFFIX}")
+}
+
+/// The limit a [`byte_limit`] marker names; `None` for any other text.
+pub fn parse_byte_limit(text: &str) -> Option<u64> {
+    text.strip_prefix(BYTE_LIMIT_PREFIX)?.strip_suffix(BYTE_LIMIT_SUFFIX)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +107,15 @@ mod tests {
         for p in Phase::ALL {
             assert_eq!(parse(&phase(p)), MarkerKind::Phase(p));
         }
+    }
+
+    #[test]
+    fn byte_limit_marker() {
+        // The shim's text, as it writes it.
+        assert_eq!(parse_byte_limit("memtrace: MEMTRACE_MAX_BYTES=20000 reached; recording stopped"), Some(20000));
+        assert_eq!(parse_byte_limit(&byte_limit(1 << 30)), Some(1 << 30));
+        assert_eq!(parse_byte_limit("memtrace: MEMTRACE_MAX_BYTES=x reached; recording stopped"), None);
+        assert_eq!(parse_byte_limit("iter:3"), None);
+        assert_eq!(parse(&byte_limit(5)), MarkerKind::User(&byte_limit(5)));
     }
 }

@@ -41,3 +41,6 @@ mod schema;
 /// A cut at every byte offset reads a prefix of records and sets `truncated`.
 #[path = "it/truncation.rs"]
 mod truncation;
+/// Events the producer lost and a stop at its byte limit: counted in the summary and said.
+#[path = "it/unrecorded.rs"]
+mod unrecorded;

@@ -16,7 +16,9 @@ pub struct Args {
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
-    /// A truncated or cut-short input is an error (exit 2, no output written) instead of a warning.
+    /// A truncated or cut-short input, or one whose producer stopped recording at its byte limit
+    /// (MEMTRACE_MAX_BYTES) or lost events, is an error (exit 2, no output written) instead of a
+    /// warning.
     #[arg(long)]
     strict: bool,
 }
@@ -64,7 +66,7 @@ pub fn run(a: Args) -> Result<u8> {
             report(&a, records.len() as u64, false);
         }
         (_, Out::Pickle) => {
-            let (header, mut records) = read_all(&a.input, a.strict)?;
+            let (header, mut records, summary) = read_all(&a.input, a.strict)?;
             let has_end_state =
                 records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End));
             if !has_end_state && header.is_allocator_level() {
@@ -83,8 +85,18 @@ pub fn run(a: Args) -> Result<u8> {
                     );
                 }
             }
-            simulator::snapshot::write_snapshot(&a.output, &header, &records)
+            let exported = simulator::snapshot::write_snapshot(&a.output, &header, &records)
                 .with_context(|| format!("writing {}", a.output.display()))?;
+            if exported.allocs == 0 && exported.segment_events > 0 {
+                crate::input::warn(&[format!(
+                    "{}: the snapshot holds {} segment events but no allocation (no `alloc` entry): memory_viz \
+                     shows its segments, but `memsim validate` and `replay` have no request in it to replay (its \
+                     input records no allocator-level request)",
+                    a.output.display(),
+                    exported.segment_events
+                )]);
+            }
+            crate::input::warn(&not_carried(summary.as_ref(), &a.output));
             report(&a, records.len() as u64, false);
             eprintln!("open it at https://pytorch.org/memory_viz (drag the file onto the page)");
         }
@@ -100,6 +112,7 @@ pub fn run(a: Args) -> Result<u8> {
             crate::input::warn(&read.warnings(&a.input, a.strict)?);
             let v = read.state.finish(&read.header);
             trace::write_atomic(&a.output, |w| -> Result<()> { Ok(serde_json::to_writer(w, &v)?) })?;
+            crate::input::warn(&not_carried(read.summary.as_ref(), &a.output));
             report(&a, 0, false);
             eprintln!("open it at https://ui.perfetto.dev (Open trace file)");
         }
@@ -113,7 +126,20 @@ fn report(a: &Args, records: u64, truncated: bool) {
     eprintln!("{n}{} -> {}{t}", a.input.display(), a.output.display());
 }
 
-fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>)> {
+/// What an output that is not a trace (a memory_viz snapshot, a Perfetto trace) cannot say of
+/// its input: that it did not hold the whole run (the warnings before say why). Read back, a
+/// snapshot looks whole.
+fn not_carried(summary: Option<&trace::Summary>, output: &Path) -> Vec<String> {
+    match summary {
+        Some(s) if s.incomplete() => vec![format!(
+            "{}: the output does not record that its input is incomplete (see above): read back, it looks whole",
+            output.display()
+        )],
+        _ => Vec::new(),
+    }
+}
+
+fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>, Option<trace::Summary>)> {
     let read = crate::input::for_each_record(
         path,
         |_| Ok(Vec::new()),
@@ -123,7 +149,7 @@ fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>)> {
         },
     )?;
     crate::input::warn(&read.warnings(path, strict)?);
-    Ok((read.header, read.state))
+    Ok((read.header, read.state, read.summary))
 }
 
 fn write_trace(path: &Path, header: &Header, records: &[Record]) -> Result<()> {

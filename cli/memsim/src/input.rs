@@ -41,9 +41,10 @@ pub struct Read<S> {
 }
 
 impl<S> Read<S> {
-    /// What the input did not give whole, as warning lines naming the file: a truncated input
-    /// (with `strict`, an error instead: exit 2), skipped records, and header metadata values
-    /// outside their key's domain, which are ignored.
+    /// What the input did not give whole, as warning lines naming the file: a truncated or
+    /// otherwise incomplete input (cut short, stopped at the producer's byte limit, events the
+    /// producer lost; with `strict`, an error instead: exit 2), skipped records, and header
+    /// metadata values outside their key's domain, which are ignored.
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
         let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
         lines.extend(self.header.metadata_warnings(path));
@@ -51,11 +52,13 @@ impl<S> Read<S> {
     }
 }
 
-/// [`trace::Summary::warnings`], with `strict` turning a truncated input into an error.
+/// [`trace::Summary::warnings`], with `strict` turning an input that does not hold the whole run
+/// ([`trace::Summary::incomplete`]: truncated, cut short, stopped at the producer's byte limit, or
+/// with events the producer lost) into an error.
 pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: bool) -> Result<Vec<String>> {
     let Some(s) = summary else { return Ok(Vec::new()) };
     let lines = s.warnings(path);
-    if strict && (s.truncated || s.cut_short()) {
+    if strict && s.incomplete() {
         bail!("{} (--strict)", lines[0]);
     }
     Ok(lines)

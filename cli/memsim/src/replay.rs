@@ -47,7 +47,8 @@ pub struct JudgeFlags {
     /// profile's, else the newest.
     #[arg(long, value_name = "VER")]
     pub torch: Option<String>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
+    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
+    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
     /// (exit 2) instead of a warning.
     #[arg(long)]
     pub strict: bool,

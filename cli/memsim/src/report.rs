@@ -59,7 +59,8 @@ pub struct Args {
     /// its capacity here, so the page's table and headline judge the same device.
     #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
+    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
+    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
     /// (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,

@@ -31,7 +31,8 @@ pub struct Args {
     /// Kernel names listed under top kernels, per run and per phase [default: 10].
     #[arg(long, value_name = "N")]
     top: Option<usize>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one) is an error
+    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
+    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
     /// (exit 2) instead of a warning.
     #[arg(long)]
     strict: bool,
@@ -186,6 +187,12 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     }
     if s.truncated {
         outln!(out, "  TRUNCATED: the trace ends mid-event (process killed?); everything before was read");
+    } else if let Some(limit) = s.byte_limit {
+        outln!(
+            out,
+            "  INCOMPLETE: recording stopped at the byte limit (MEMTRACE_MAX_BYTES={limit}); what the run did after \
+             was not recorded"
+        );
     } else if !s.complete && header.producer.name == "libmemtrace" {
         outln!(out, "  incomplete: no process_exit event (the process did not exit through the shim's handlers)");
     }

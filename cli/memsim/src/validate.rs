@@ -55,14 +55,23 @@ pub fn run(a: Args) -> Result<u8> {
             if r.devices.len() > 1 { ", its largest device's" } else { "" }
         );
     }
+    if r.nothing_compared && r.segment_events > 0 {
+        // The model replays allocations: with none, it predicted none of the recorded segment
+        // events, and no verdict on it can be drawn from them.
+        anyhow::bail!(
+            "{}: the snapshot records {} segment events but no allocation (no `alloc` entry), so the model had \
+             nothing to replay and predicted none of them: there is nothing to validate it against (a snapshot \
+             of segment events alone, such as one written from a trace that records no allocator-level request)",
+            a.snapshot.display(),
+            r.segment_events
+        );
+    }
     crate::input::warn(&capacity_warnings(&snap, &r));
     let code = if r.passed() { 0u8 } else { 1u8 };
-    let nothing = r.allocs == 0 && r.segment_events == 0;
+    // From here, nothing compared means no event at all: "exact", vacuously.
+    let nothing = r.nothing_compared;
     if a.json {
-        let mut v = serde_json::to_value(&r)?;
-        // "exact" with nothing compared is the text's "EXACT, but vacuously".
-        v["nothing_compared"] = nothing.into();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(code);
     }
     let pct = |m: u64, n: u64| if n == 0 { "-".to_string() } else { format!("{:.2}%", 100.0 * m as f64 / n as f64) };

@@ -1230,3 +1230,190 @@ fn colocate_takes_a_jobs_memory_fraction_of_the_device_whatever_the_order() {
         assert!(out.contains("needs 35840.00 MiB of 40960.00 MiB (--capacity): FITS"), "{order:?}: {out}");
     }
 }
+
+/// A shim trace taken with the cache off (each cudaMalloc/cudaFree one request, recorded as the
+/// call it became), ending with this `process_exit` after `tail`.
+fn cache_off_trace(dir: &Path, name: &str, tail: &[Record], lost_events: u64) -> PathBuf {
+    let mut h = Header::new("libmemtrace", "0.1.0", Level::Device);
+    h.pid = Some(1);
+    h.caching_disabled = true;
+    let call = |ts: u64, event| Record { ts_ns: Some(ts), tid: Some(1), device: Some(0), event };
+    let path = dir.join(name);
+    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    for i in 0..8u64 {
+        let addr = 0x7f00_0000_0000 + i * 2 * MIB;
+        w.write(&call(
+            2 * i,
+            Event::Alloc(trace::Alloc::device(addr, 2 * MIB, Api::CudaMalloc, trace::Origin::Outcome)),
+        ))
+        .unwrap();
+        let f = trace::Free::device(addr, Api::CudaFree, trace::Origin::Outcome, trace::FreeStage::Immediate);
+        w.write(&call(2 * i + 1, Event::Free(f))).unwrap();
+    }
+    tail.iter().for_each(|r| w.write(r).unwrap());
+    let exit = trace::ProcessExit { status: Some(0), signal: None, lost_events };
+    w.write(&call(100, Event::ProcessExit(exit))).unwrap();
+    w.finish().unwrap();
+    path
+}
+
+/// A shim trace whose recorder lost events (its ring was full: the count is in its
+/// `process_exit`), or that stopped recording at `MEMTRACE_MAX_BYTES` (its marker), was judged
+/// and converted as whole: no warning, `--strict` 0, the count dropped by a conversion. Every
+/// command that reads it says so, and `--strict` refuses it.
+#[test]
+fn lost_events_and_a_byte_limit_stop_are_never_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let stop = Record {
+        ts_ns: Some(50),
+        tid: Some(1),
+        device: None,
+        event: Event::Marker(trace::Marker {
+            text: "memtrace: MEMTRACE_MAX_BYTES=20000 reached; recording stopped".into(),
+        }),
+    };
+    let lost = cache_off_trace(dir.path(), "lost.mtrace", &[], 309_402);
+    let limit = cache_off_trace(dir.path(), "limit.mtrace", &[stop], 0);
+    let whole = cache_off_trace(dir.path(), "whole.mtrace", &[], 0);
+    let says_lost = "lost.mtrace: 309402 events were lost by the recorder";
+    let says_limit = "limit.mtrace: recording stopped at the producer's byte limit (MEMTRACE_MAX_BYTES=20000)";
+    for (t, says) in [(&lost, says_lost), (&limit, says_limit), (&whole, "")] {
+        let t = t.to_str().unwrap();
+        let html = dir.path().join("r.html");
+        let html = html.to_str().unwrap();
+        let commands: [Vec<&str>; 4] = [
+            vec!["replay", t],
+            vec!["stats", t],
+            vec!["report", t, "--html", html, "--profile", "a100-40gb"],
+            vec!["colocate", t, t, "--capacity", "1GiB"],
+        ];
+        for args in commands {
+            let (code, _, err) = memsim(&args);
+            assert_eq!(code, 0, "{args:?}: {err}");
+            let said = if says.is_empty() {
+                !err.contains("lost by") && !err.contains("byte limit")
+            } else {
+                err.contains(says)
+            };
+            assert!(said, "{args:?}: {err}");
+            let strict: Vec<&str> = args.iter().copied().chain(["--strict"]).collect();
+            let (code, _, err) = memsim(&strict);
+            assert_eq!(code, if says.is_empty() { 0 } else { 2 }, "{strict:?}: {err}");
+            assert!(says.is_empty() || (err.contains(says) && err.contains("(--strict)")), "{strict:?}: {err}");
+        }
+        // In the JSON a program reads, too.
+        let v = json(&["replay", t, "--json"]);
+        let warned =
+            v["warnings"].as_array().unwrap().iter().any(|w| !says.is_empty() && w.as_str().unwrap().contains(says));
+        assert_eq!(warned, !says.is_empty(), "{v}");
+        let v = json(&["stats", t, "--json"]);
+        let warned =
+            v["warnings"].as_array().unwrap().iter().any(|w| !says.is_empty() && w.as_str().unwrap().contains(says));
+        assert_eq!(warned, !says.is_empty(), "{v}");
+        // A conversion to a form that cannot carry it says so; to a trace, it keeps it.
+        for out in ["c.pickle", "c.json", "c.jsonl"] {
+            let out = dir.path().join(out);
+            let (code, _, err) = memsim(&["convert", t, out.to_str().unwrap()]);
+            assert_eq!(code, 0, "{err}");
+            assert!(says.is_empty() || err.contains(says), "{out:?}: {err}");
+            let dropped = err.contains("the output does not record that its input is incomplete");
+            assert_eq!(dropped, !says.is_empty() && !out.to_str().unwrap().ends_with(".jsonl"), "{out:?}: {err}");
+            if out.to_str().unwrap().ends_with(".jsonl") {
+                let (code, _, err) = memsim(&["replay", out.to_str().unwrap()]);
+                assert_eq!(code, 0, "{err}");
+                let kept = says.split_once(": ").map_or("", |(_, rest)| rest);
+                assert!(says.is_empty() || err.contains(&format!("c.jsonl: {kept}")), "{err}");
+            }
+            let (code, _, err) = memsim(&["convert", t, out.to_str().unwrap(), "--strict"]);
+            assert_eq!(code, if says.is_empty() { 0 } else { 2 }, "{out:?}: {err}");
+        }
+    }
+    // `stats` names the limit in its JSON and text.
+    let v = json(&["stats", limit.to_str().unwrap(), "--json"]);
+    assert_eq!(v["byte_limit"], 20000);
+    assert_eq!(json(&["stats", whole.to_str().unwrap(), "--json"]).get("byte_limit"), None);
+    let (_, out, _) = memsim(&["stats", limit.to_str().unwrap()]);
+    assert!(out.contains("INCOMPLETE: recording stopped at the byte limit (MEMTRACE_MAX_BYTES=20000)"), "{out}");
+}
+
+/// `memsim convert` of a cache-off shim trace wrote a snapshot of segment events and no
+/// allocation (the requests kept their cudaMalloc/cudaFree form), and `memsim validate` of it
+/// compared none (0 of N segment events, a predicted peak of 0) yet passed it as "explained by
+/// the unrecoverable start state". The requests are exported as requests and validate; a
+/// snapshot of segment events alone is said by convert and refused by validate.
+#[test]
+fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = cache_off_trace(dir.path(), "c10.mtrace", &[], 0);
+    let pickle = dir.path().join("c10.pickle");
+    let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("no allocation"), "{err}");
+    let v = json(&["validate", pickle.to_str().unwrap(), "--json"]);
+    assert_eq!((v["allocs"].as_u64(), v["alloc_addr_matches"].as_u64()), (Some(8), Some(8)), "{v}");
+    assert_eq!((v["verdict"].as_str(), v["nothing_compared"].as_bool()), (Some("exact"), Some(false)), "{v}");
+
+    // Segment events alone: an allocator-level trace of outcomes, with its end state.
+    let seg = dir.path().join("seg.jsonl");
+    std::fs::write(
+        &seg,
+        r#"{"kind":"header","format_version":1,"producer":{"name":"test","version":"0"},"level":"allocator","synthetic_addresses":false,"metadata":{}}
+{"ts_ns":1,"device":0,"kind":"alloc","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaMalloc","result":0,"origin":"outcome"}
+{"ts_ns":2,"device":0,"kind":"alloc","addr":1048576000,"size":2097152,"stream":0,"mem":"device","api":"cudaMalloc","result":0,"origin":"outcome"}
+{"ts_ns":3,"device":0,"kind":"free","addr":1048576000,"size":2097152,"stream":0,"mem":"device","api":"cudaFree","result":0,"origin":"outcome","stage":"immediate"}
+{"ts_ns":4,"device":0,"kind":"segment_state","at":"end","addr":1048576000,"total_size":20971520,"stream":0,"pool":"large","blocks":[{"addr":1048576000,"size":20971520,"requested_size":0,"state":"inactive"}]}
+"#,
+    )
+    .unwrap();
+    let pickle = dir.path().join("seg.pickle");
+    let (code, _, err) = memsim(&["convert", seg.to_str().unwrap(), pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("seg.pickle: the snapshot holds 3 segment events but no allocation"), "{err}");
+    for json in [false, true] {
+        let args = [&["validate", pickle.to_str().unwrap()][..], if json { &["--json"] } else { &[] }].concat();
+        let (code, out, err) = memsim(&args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(
+            err.contains("records 3 segment events but no allocation") && err.contains("nothing to validate"),
+            "{err}"
+        );
+        assert!(!out.contains("explained"), "{out}");
+    }
+}
+
+/// The refusal of a device-level trace with the cache on told a program without PyTorch that
+/// PYTORCH_NO_CUDA_MEMORY_CACHING=1 makes its calls its requests; under it such a program's
+/// calls are left out of the replay as another module's, so the advice is PyTorch's alone.
+#[test]
+fn the_cache_on_refusal_says_what_a_program_without_pytorch_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = Header::new("libmemtrace", "0", Level::Device);
+    h.pid = Some(1);
+    let dev = dir.path().join("dev.mtrace");
+    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
+    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
+    w.finish().unwrap();
+    let (code, _, err) = memsim(&["replay", dev.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(!err.contains("whose calls are its requests"), "{err}");
+    assert!(err.contains("For a PyTorch program") && err.contains("A program without PyTorch"), "{err}");
+
+    // What it says of such a program under the variable is what the replay does: its own
+    // calls (made by its module, not PyTorch's allocator) are left out.
+    let mut h = Header::new("libmemtrace", "0", Level::Device);
+    h.pid = Some(1);
+    h.caching_disabled = true;
+    let own = dir.path().join("own.mtrace");
+    let mut w = trace::TraceWriter::create(&own, &h).unwrap();
+    w.write(&Record::bare(Event::Name(trace::NameDef { id: 0, text: "thr".into() }))).unwrap();
+    let a = trace::Alloc {
+        caller: Some(0),
+        ..trace::Alloc::device(0x7000_0000, MIB, Api::CudaMalloc, trace::Origin::Outcome)
+    };
+    w.write(&Record { ts_ns: Some(1), tid: Some(1), device: Some(0), event: Event::Alloc(a) }).unwrap();
+    w.write(&Record::bare(Event::ProcessExit(trace::ProcessExit { status: Some(0), signal: None, lost_events: 0 })))
+        .unwrap();
+    w.finish().unwrap();
+    let v = json(&["replay", own.to_str().unwrap(), "--json"]);
+    assert_eq!(v["requests"], 0, "{v}");
+}

@@ -515,7 +515,8 @@ impl Ctx {
     #[inline(never)]
     fn limit_reached(&mut self) -> Result<(), trace::TraceError> {
         self.limit_hit = true;
-        let text = format!("memtrace: MEMTRACE_MAX_BYTES={} reached; recording stopped", self.max_bytes);
+        // The text memsim reads as "recording stopped here" (one owner: `trace::marker`).
+        let text = trace::marker::byte_limit(self.max_bytes);
         let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
         self.w.write(&r)?;
         self.w.flush()?;

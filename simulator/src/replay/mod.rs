@@ -5,7 +5,8 @@
 //! - allocator-level traces (the symbolic tracer, imported snapshots): `request` events only;
 //!   `outcome` events (segments) are what a real allocator did and are never replayed;
 //! - device-level shim traces taken with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: each device
-//!   `cudaMalloc`/`cudaFree` is one allocator request in effect.
+//!   `cudaMalloc`/`cudaFree` PyTorch's allocator makes is one allocator request in effect (a
+//!   program without PyTorch makes its calls itself: they are left out, below).
 //!
 //! Requests from other caller modules (NCCL, cuBLAS, extensions calling `cudaMalloc` themselves)
 //! bypass the caching allocator on a real run, so they are left out and reported.
@@ -36,10 +37,13 @@ pub enum ReplaySetupError {
     #[error(
         "this is a device-level trace recorded without PYTORCH_NO_CUDA_MEMORY_CACHING=1: under \
          PyTorch, whose caching allocator is on by default, its cudaMalloc events are segments, not \
-         tensor requests, so replaying them would model a cache on top of a cache. Record an \
-         allocator-level trace instead: rerun under the shim with PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-         (which also marks a program without PyTorch, whose calls are its requests), or use \
-         `python -m memtrace_trainer symtrace`; `memsim stats` summarises this trace as it is"
+         tensor requests, so replaying them would model a cache on top of a cache. For a PyTorch \
+         program, record an allocator-level trace instead: rerun under the shim with \
+         PYTORCH_NO_CUDA_MEMORY_CACHING=1 (PyTorch's allocator then makes one cudaMalloc per \
+         request), or use `python -m memtrace_trainer symtrace`. A program without PyTorch has no \
+         caching allocator to model: its cudaMalloc calls are its own device memory, which a replay \
+         leaves out (under that variable too, as requests made by its own module); `memsim stats` \
+         summarises this trace as it is, with its peak live device bytes"
     )]
     DeviceLevel,
     /// The allocator configuration is invalid.

@@ -241,10 +241,38 @@ fn out_frame(f: &Frame) -> OutFrame {
     OutFrame { name: f.name.clone(), filename: f.filename.clone(), line }
 }
 
+/// What a written snapshot's `device_traces` hold, over all devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exported {
+    /// `alloc` entries: the allocator's requests, which `memsim validate` and `replay` replay.
+    pub allocs: u64,
+    /// `segment_alloc`, `segment_free`, `segment_map` and `segment_unmap` entries: what the
+    /// allocator did, which they only compare.
+    pub segment_events: u64,
+}
+
+impl Exported {
+    fn of(traces: &[Vec<OutEntry>]) -> Exported {
+        let mut e = Exported::default();
+        for entry in traces.iter().flatten() {
+            match entry.action {
+                "alloc" => e.allocs += 1,
+                a if a.starts_with("segment_") => e.segment_events += 1,
+                _ => {}
+            }
+        }
+        e
+    }
+}
+
 /// Encodes an allocator-level trace as snapshot pickle bytes. The trace must carry its final
 /// segment state (`SegmentState` at `End`, as [`super::import`] writes) whenever it has events;
 /// a trace without one needs a replay to compute it.
 pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, SnapshotError> {
+    export(header, records).map(|(bytes, _)| bytes)
+}
+
+fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), SnapshotError> {
     if !header.is_allocator_level() {
         return Err(SnapshotError::Export {
             index: 0,
@@ -276,9 +304,10 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
     let parse_meta = |key: &metadata::Key| header.meta(key).and_then(|t| serde_json::from_str(t).ok());
     let allocator_settings = header.allocator_settings.as_deref().and_then(|t| serde_json::from_str(t).ok());
     let mut w = Encoder { w: PickleWriter::new(), stacks: &b.stacks, memo: HashMap::new() };
+    let exported = Exported::of(&b.traces);
     if header.meta_flag(&metadata::SNAPSHOT_LIST_FORM) == Some(true) {
         w.segments(&b.segments);
-        return Ok(w.w.finish());
+        return Ok((w.w.finish(), Exported::default()));
     }
     let snap = OutSnapshot {
         segments: b.segments,
@@ -288,7 +317,7 @@ pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, S
         memtrace_header: kept_header(header, &b.stacks),
     };
     w.snapshot(&snap);
-    Ok(w.w.finish())
+    Ok((w.w.finish(), exported))
 }
 
 /// What the snapshot keeps of the trace's header: its metadata (less the keys the snapshot
@@ -443,10 +472,10 @@ impl Encoder<'_> {
 }
 
 /// Writes [`export_snapshot`]'s bytes to `path` through a temporary file in the same directory,
-/// so a failure never leaves a partial file.
-pub fn write_snapshot(path: &Path, header: &Header, records: &[Record]) -> Result<(), SnapshotError> {
-    let bytes = export_snapshot(header, records)?;
+/// so a failure never leaves a partial file. Returns what the snapshot's traces hold.
+pub fn write_snapshot(path: &Path, header: &Header, records: &[Record]) -> Result<Exported, SnapshotError> {
+    let (bytes, exported) = export(header, records)?;
     trace::write_bytes_atomic(path, &bytes)
         .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })?;
-    Ok(())
+    Ok(exported)
 }

@@ -19,7 +19,7 @@ pub mod rebuild;
 mod resync;
 pub mod validate;
 
-pub use export::{export_snapshot, write_snapshot};
+pub use export::{export_snapshot, write_snapshot, Exported};
 pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};
 pub use rebuild::{rebuild, StartBlock, StartSegment, StartState, Unrecoverable};

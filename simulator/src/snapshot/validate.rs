@@ -44,7 +44,9 @@ pub enum Verdict {
     /// Every address and segment event matches.
     Exact,
     /// Mismatches, but the start state had unrecoverable parts that can explain them: every
-    /// misplaced allocation was recorded or predicted in a start segment holding one.
+    /// misplaced allocation was recorded or predicted in a start segment holding one. Never
+    /// when no allocation was replayed ([`ValidationReport::nothing_compared`]): then the model
+    /// predicted nothing, and no start state explains the segment events it did not predict.
     ExplainedByStartState,
     /// Mismatches with a fully recovered start state: the model (or the replay) is wrong.
     Mismatch,
@@ -148,6 +150,10 @@ pub struct ValidationReport {
     pub torch_version: String,
     /// The judgement.
     pub verdict: Verdict,
+    /// No allocation was replayed (the snapshot records no `alloc` entry), so the model
+    /// predicted nothing from the run: an `Exact` verdict is vacuous, and any recorded segment
+    /// event is one the model did not predict.
+    pub nothing_compared: bool,
     /// Per-device detail.
     pub devices: Vec<DeviceReport>,
 }
@@ -234,8 +240,10 @@ pub fn validate_from(
         capacity: opts.capacity,
         torch_version: version.to_string(),
         verdict: Verdict::Exact,
+        nothing_compared: false,
         devices,
     };
+    report.nothing_compared = report.allocs == 0;
     let unexplained: u64 = report.devices.iter().map(|d| d.unexplained_mismatches).sum();
     let clean = report.alloc_addr_matches == report.allocs
         && report.segment_event_matches == report.segment_events
@@ -243,7 +251,7 @@ pub fn validate_from(
         && report.devices.iter().all(|d| d.replay_errors.is_empty());
     report.verdict = if clean {
         Verdict::Exact
-    } else if !report.unrecoverable.is_empty() && unexplained == 0 {
+    } else if !report.nothing_compared && !report.unrecoverable.is_empty() && unexplained == 0 {
         Verdict::ExplainedByStartState
     } else {
         Verdict::Mismatch

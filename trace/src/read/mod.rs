@@ -35,6 +35,12 @@ pub struct Summary {
     pub ends_with_exit: bool,
     /// The producer ends every trace with `process_exit` ([`PRODUCERS_ENDING_WITH_EXIT`]).
     pub expects_exit: bool,
+    /// Events the producer counted as lost (its queue was full), summed over the `process_exit`
+    /// records read: they happened but are not in the trace.
+    pub lost_events: u64,
+    /// The byte limit at which the producer stopped recording, from its marker
+    /// ([`crate::marker::byte_limit`]): the run went on, unrecorded, after it.
+    pub byte_limit: Option<u64>,
 }
 
 /// The producers that end every trace they finish with a `process_exit` record (the shim at
@@ -51,8 +57,17 @@ impl Summary {
         self.expects_exit && !self.ends_with_exit && !self.truncated
     }
 
+    /// The trace does not hold the whole run: truncated, cut short, stopped at the producer's
+    /// byte limit, or with events the producer lost. What `--strict` refuses; the first line of
+    /// [`Summary::warnings`] says why.
+    pub fn incomplete(&self) -> bool {
+        self.truncated || self.cut_short() || self.byte_limit.is_some() || self.lost_events > 0
+    }
+
     /// What the input did not give whole, one line each, naming `path`: an end cut inside an
-    /// event (truncation first), and records of unknown kinds that were skipped.
+    /// event (truncation first), an end without the producer's `process_exit`, recording stopped
+    /// at the producer's byte limit, events the producer lost (what [`Summary::incomplete`]
+    /// counts, in that order), and records of unknown kinds that were skipped.
     pub fn warnings(&self, path: &Path) -> Vec<String> {
         let mut w = Vec::new();
         if self.truncated {
@@ -70,6 +85,21 @@ impl Summary {
                 path.display()
             ));
         }
+        if let Some(limit) = self.byte_limit {
+            w.push(format!(
+                "{}: recording stopped at the producer's byte limit (MEMTRACE_MAX_BYTES={limit}): the run went on \
+                 unrecorded after the trace reached it, so what came after is missing and peaks may be low",
+                path.display()
+            ));
+        }
+        if self.lost_events > 0 {
+            w.push(format!(
+                "{}: {} events were lost by the recorder (its queue was full; counted in its process_exit record): \
+                 allocations and frees are missing, so peaks and placements may be wrong or low",
+                path.display(),
+                self.lost_events
+            ));
+        }
         if self.unknown_skipped > 0 {
             w.push(format!(
                 "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
@@ -78,6 +108,26 @@ impl Summary {
             ));
         }
         w
+    }
+}
+
+/// What a record says of the input as a whole: events its producer lost (a `process_exit`'s
+/// count, added to `lost`), the byte limit its producer stopped recording at (its marker, kept in
+/// `limit` when the first). Whether it is the producer's `process_exit`.
+#[inline(always)]
+fn note(event: &Event, lost: &mut u64, limit: &mut Option<u64>) -> bool {
+    match event {
+        Event::ProcessExit(p) => {
+            *lost = lost.saturating_add(p.lost_events);
+            true
+        }
+        Event::Marker(m) => {
+            if let Some(n) = crate::marker::parse_byte_limit(&m.text) {
+                limit.get_or_insert(n);
+            }
+            false
+        }
+        _ => false,
     }
 }
 
@@ -154,6 +204,8 @@ impl<R: Read> Reader<R> {
                 records: 0,
                 ends_with_exit: false,
                 expects_exit: false,
+                lost_events: 0,
+                byte_limit: None,
             },
             path: path.clone(),
             done: false,
@@ -207,7 +259,8 @@ impl<R: Read> Reader<R> {
         match r {
             Ok(Some(rec)) => {
                 self.summary.records += 1;
-                self.summary.ends_with_exit = matches!(rec.event, Event::ProcessExit(_));
+                let s = &mut self.summary;
+                s.ends_with_exit = note(&rec.event, &mut s.lost_events, &mut s.byte_limit);
                 Some(Ok(rec))
             }
             Ok(None) => {
@@ -271,6 +324,7 @@ impl<R: Read> Reader<R> {
         let buf = self.src.buffer();
         let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
         let mut last_exit = None;
+        let (mut lost, mut limit) = (0u64, None);
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
@@ -285,7 +339,7 @@ impl<R: Read> Reader<R> {
             used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
-                    last_exit = Some(matches!(r.event, Event::ProcessExit(_)));
+                    last_exit = Some(note(&r.event, &mut lost, &mut limit));
                     emit(r);
                     records += 1;
                 }
@@ -300,6 +354,8 @@ impl<R: Read> Reader<R> {
         self.summary.bytes_read += used as u64;
         self.summary.records += records as u64;
         self.summary.unknown_skipped += unknown;
+        self.summary.lost_events = self.summary.lost_events.saturating_add(lost);
+        self.summary.byte_limit = self.summary.byte_limit.or(limit);
         if let Some(exit) = last_exit {
             self.summary.ends_with_exit = exit;
         }
