@@ -26,6 +26,8 @@ pub struct PerfettoBuilder {
     live_total: HashMap<u32, u64>,
     index: u64,
     has_timestamps: bool,
+    /// The symbolic tracer's timestamps are event numbers (`clock = logical`), not time.
+    logical: bool,
 }
 
 impl PerfettoBuilder {
@@ -47,6 +49,7 @@ impl PerfettoBuilder {
             live_total: HashMap::new(),
             index: 0,
             has_timestamps: false,
+            logical: header.meta(&trace::metadata::CLOCK).is_some(),
         })
     }
 
@@ -148,7 +151,12 @@ impl PerfettoBuilder {
             "metadata": {
                 "producer": header.producer.name,
                 "level": match header.level { Level::Device => "device", Level::Allocator => "allocator" },
-                "time_axis": if self.has_timestamps { "trace timestamps (us)" } else { "record index (trace has no timestamps)" },
+                "time_axis": match (self.has_timestamps, self.logical) {
+                    // Shown in µs, one per event: the run is not 1.7 µs long.
+                    (true, true) => "the symbolic tracer's event numbers, shown as ns (not time: the trace is of no real run)",
+                    (true, false) => "trace timestamps (us)",
+                    (false, _) => "record index (trace has no timestamps)",
+                },
             }
         })
     }

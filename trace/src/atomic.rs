@@ -22,7 +22,17 @@ pub fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o644));
     }
-    builder.tempfile_in(dir)
+    // tempfile names its own random file in the error ("at path .../.NAME.Xy12.partial"): the
+    // user gave `path`, so the error names its folder instead.
+    builder.tempfile_in(dir).map_err(|e| {
+        // The folder's own error where it has one ("No such file or directory"), else the kind.
+        let why = match std::fs::metadata(dir) {
+            Err(m) => m.to_string(),
+            Ok(m) if !m.is_dir() => "not a folder".to_string(),
+            Ok(_) => e.kind().to_string(),
+        };
+        std::io::Error::new(e.kind(), format!("cannot create a file in {}: {why}", dir.display()))
+    })
 }
 
 /// Writes `path` through [`temp_beside`]: `fill` writes the contents, and only when it succeeds

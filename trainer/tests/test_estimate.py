@@ -269,6 +269,13 @@ def test_estimate_report_into_a_missing_directory_is_a_clear_error(tmp_path: Pat
     assert f"--report {out}: {out.parent} is not a folder this user can write to" in done.stderr
     assert "tracing" not in done.stderr.lower()
     assert not out.exists()
+    # A folder, or a name that is not .html: said before the trace too (a folder failed after it).
+    for bad, said in ((tmp_path, "a folder; expected a file name ending in .html"),
+                      (tmp_path / "r.txt", "expected a file name ending in .html")):  # fmt: skip
+        done = cli("estimate", "--model", MLP, "--batch-size", "8", "--report", str(bad),
+                   check=False)  # fmt: skip
+        assert done.returncode == 2 and f"--report {bad}: {said}" in done.stderr, done.stderr
+        assert "tracing" not in done.stderr.lower()
 
 
 def test_the_default_profile_is_one_name() -> None:

@@ -47,6 +47,7 @@ pub fn run(a: Args) -> Result<u8> {
         bail!("{}: no such file", a.input.display());
     }
     let out = out_kind(&a.output)?;
+    crate::input::distinct_output(&a.input, &a.output)?;
     match (in_kind, out) {
         (Kind::Trace, Out::Trace) => {
             let s = trace::convert(&a.input, &a.output)
@@ -97,6 +98,7 @@ pub fn run(a: Args) -> Result<u8> {
                 )]);
             }
             crate::input::warn(&not_carried(summary.as_ref(), &a.output));
+            crate::input::warn(&dropped_by_snapshot(&records, &a.output));
             report(&a, records.len() as u64, false);
             eprintln!("open it at https://pytorch.org/memory_viz (drag the file onto the page)");
         }
@@ -137,6 +139,22 @@ fn not_carried(summary: Option<&trace::Summary>, output: &Path) -> Vec<String> {
         )],
         _ => Vec::new(),
     }
+}
+
+/// What a memory_viz snapshot has no place for: the allocations' categories (the breakdown at
+/// the peak) and the markers (the per-step peaks). Replayed from the snapshot, both are gone.
+fn dropped_by_snapshot(records: &[Record], output: &Path) -> Vec<String> {
+    let categorized = records.iter().filter(|r| matches!(&r.event, Event::Alloc(a) if a.category.is_some())).count();
+    let markers = records.iter().filter(|r| matches!(r.event, Event::Marker(_))).count();
+    if categorized == 0 && markers == 0 {
+        return Vec::new();
+    }
+    vec![format!(
+        "{}: a memory_viz snapshot keeps no allocation category and no marker: {categorized} categorized \
+         allocations and {markers} markers are not in it, so `memsim replay` of it has no breakdown by category \
+         and no per-step peaks (keep the .mtrace or .jsonl for those)",
+        output.display()
+    )]
 }
 
 fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>, Option<trace::Summary>)> {

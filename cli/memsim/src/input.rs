@@ -235,3 +235,25 @@ pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>)> {
         .with_context(|| format!("{}: cannot import snapshot", path.display()))?;
     Ok((imported.header, imported.records))
 }
+
+/// Whether `output` names the file `input` is (the same path, a symbolic or a hard link):
+/// writing it destroyed the input (`report T --html T` left an HTML page where the trace was).
+pub fn same_file(input: &Path, output: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(input), std::fs::metadata(output)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Refuses an output that is the input file.
+pub fn distinct_output(input: &Path, output: &Path) -> Result<()> {
+    if same_file(input, output) {
+        bail!(
+            "{}: the output is the input file {}: give another path (writing it would destroy the input)",
+            output.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}

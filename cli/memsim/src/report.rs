@@ -28,7 +28,7 @@ pub struct Args {
     /// Where to write the page.
     #[arg(long, value_name = "OUT.html")]
     html: Option<PathBuf>,
-    /// Print what the page shows as JSON instead (for programs: `memtrace.Estimate.timeline()`
+    /// Print what the page shows as JSON, with or without --html (for programs: `memtrace.Estimate.timeline()`
     /// and `.breakdown` read it): peaks, categories at the peak, the largest live allocations,
     /// the sampled curve and the markers.
     #[arg(long)]
@@ -200,6 +200,13 @@ fn to_json(rep: &report::Report, version: &str, verdicts: &[ProfileVerdict], war
 pub fn run(a: Args) -> Result<u8> {
     if a.html.is_none() && !a.json {
         bail!("give --html OUT.html (the page) or --json (its numbers)");
+    }
+    if let Some(out) = &a.html {
+        let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        if !matches!(ext.as_deref(), Some("html" | "htm")) {
+            bail!("--html {}: expected a file name ending in .html (the page is HTML)", out.display());
+        }
+        crate::input::distinct_output(&a.file, out)?;
     }
     let estimate = a.estimate.as_ref().map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };

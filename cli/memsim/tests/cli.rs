@@ -772,6 +772,68 @@ fn a_capacity_past_the_profiles_gpu_is_said() {
     }
 }
 
+/// PyTorch writes a free with the requested size of its alloc: a symbolic trace's free carries
+/// the rounded block size, and the exported snapshot freed a 1000-byte alloc as 1024 bytes
+/// (memory_viz then rebuilt past states at the wrong size).
+#[test]
+fn an_exported_free_has_the_size_of_its_alloc() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = free(1);
+    if let Event::Free(x) = &mut f.event {
+        x.size = Some(1024);
+    }
+    let t = write_logical(dir.path(), "t.jsonl", &[alloc(1, 1000, None), f], &[]);
+    let out = dir.path().join("t.pickle");
+    let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let snap = simulator::snapshot::read_snapshot(&out).unwrap();
+    let sizes: Vec<(String, u64)> = snap.device_traces[0]
+        .iter()
+        .map(|e| (format!("{:?}", e.action), e.size))
+        .filter(|(a, _)| !a.starts_with("Segment"))
+        .collect();
+    assert_eq!(
+        sizes,
+        [("Alloc".to_string(), 1000), ("FreeRequested".to_string(), 1000), ("FreeCompleted".to_string(), 1000)],
+        "{err}"
+    );
+}
+
+/// An output that is the input destroyed it (`report T --html T` left a page where the trace
+/// was; `convert T T` rewrote it while reading it); a page named other than .html was written.
+#[test]
+fn an_output_that_is_the_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_logical(dir.path(), "t.jsonl", &three_tensors(), &[]);
+    let before = std::fs::read(&t).unwrap();
+    let link = dir.path().join("link.jsonl");
+    std::os::unix::fs::symlink(&t, &link).unwrap();
+    let (t, l) = (t.to_str().unwrap(), link.to_str().unwrap());
+    for args in [vec!["convert", t, t], vec!["convert", t, l], vec!["report", t, "--html", t]] {
+        let (code, _, err) = memsim(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("the output is the input file") || err.contains("ending in .html"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(t).unwrap(), before, "the input was changed");
+    let page = dir.path().join("t.html");
+    std::fs::write(&page, "x").unwrap();
+    let (code, _, err) = memsim(&["report", page.to_str().unwrap(), "--html", page.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("the output is the input file"), "{err}");
+    let (code, _, err) = memsim(&["report", t, "--html", dir.path().join("r.txt").to_str().unwrap()]);
+    assert!(code == 2 && err.contains("expected a file name ending in .html"), "{err}");
+    // A symbolic trace's timestamps are event numbers: the Perfetto export says so, not "µs".
+    let json_out = dir.path().join("t.json");
+    let (code, _, err) = memsim(&["convert", t, json_out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    assert!(v["metadata"]["time_axis"].as_str().unwrap().contains("event numbers"), "{}", v["metadata"]);
+    // A snapshot has no place for categories and markers: said.
+    let out = dir.path().join("t.pickle");
+    let (code, _, err) = memsim(&["convert", t, out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("keeps no allocation category and no marker: 4 categorized allocations"), "{err}");
+}
+
 /// A run that recorded an empty allocator setting printed `alloc conf` with nothing after it.
 #[test]
 fn an_empty_alloc_conf_is_said_to_be_the_defaults() {

@@ -145,7 +145,11 @@ impl Builder<'_> {
                     self.push(device, entry("segment_free", f.addr, size, f.stream, frames));
                     return Ok(());
                 }
-                let size = match f.size.or_else(|| self.live.get(&(device, f.addr)).copied()) {
+                // PyTorch writes a free with its block's requested size, the alloc's own: a
+                // symbolic trace's free carries the rounded block size, and memory_viz then
+                // rebuilt freed blocks at another size than they were allocated (a 49 MiB alloc
+                // freed as 50 MiB). The record's size serves blocks allocated before the trace.
+                let size = match self.live.get(&(device, f.addr)).copied().or(f.size) {
                     Some(s) => s,
                     None => {
                         return Err(SnapshotError::Export {

@@ -265,6 +265,12 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise UserError(f"--report {args.report}: {folder} is not a folder this user can "
                             "write to")  # fmt: skip
+        if Path(args.report).is_dir():
+            raise UserError(f"--report {args.report}: a folder; expected a file name ending "
+                            "in .html")  # fmt: skip
+        if Path(args.report).suffix.lower() not in (".html", ".htm"):
+            raise UserError(f"--report {args.report}: expected a file name ending in .html "
+                            "(the page is HTML)")  # fmt: skip
     if args.script:
         job: Any = ScriptJob(
             args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
