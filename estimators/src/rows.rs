@@ -9,11 +9,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
+/// Columns a dataset's writer derives anew each time it writes (the trainer's `dataset` fills
+/// `profile` from the GPU's name and the profiles it knows then): not what the row holds.
+const DERIVED: &[&str] = &["profile"];
+
 /// The content digest of one CSV record: its cells by column name (trimmed, in name order, so
-/// the columns' order and surrounding spaces do not matter), FNV-1a 64, as 16 hex digits.
+/// the columns' order and surrounding spaces do not matter; [`DERIVED`] columns left out),
+/// FNV-1a 64, as 16 hex digits.
 pub fn digest<'a>(headers: impl IntoIterator<Item = &'a str>, cells: impl IntoIterator<Item = &'a str>) -> String {
-    let mut pairs: Vec<(&str, &str)> =
-        headers.into_iter().map(str::trim).zip(cells.into_iter().map(str::trim)).collect();
+    let mut pairs: Vec<(&str, &str)> = headers
+        .into_iter()
+        .map(str::trim)
+        .zip(cells.into_iter().map(str::trim))
+        .filter(|(name, _)| !DERIVED.contains(name))
+        .collect();
     pairs.sort_unstable();
     let mut h = fnv::FnvHasher::default();
     for (name, cell) in pairs {

@@ -269,7 +269,8 @@ fn load() -> Config {
     // relative name the summary printed.
     if !cfg.out.starts_with('/') {
         if let Some(dir) = std::env::current_dir().ok().and_then(|d| d.to_str().map(str::to_string)) {
-            cfg.out = format!("{}/{}", dir.trim_end_matches('/'), cfg.out);
+            // The directory is literal text in a pattern: its own `%` is escaped.
+            cfg.out = format!("{}/{}", dir.trim_end_matches('/').replace('%', "%%"), cfg.out);
         }
     }
     let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();

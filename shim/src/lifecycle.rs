@@ -269,11 +269,17 @@ extern "C" fn on_load() {
     });
 }
 
+/// Exported by every copy of the shim and by nothing else (a program may define its own
+/// `memtrace_mark` fallback): found in another object, it names another copy.
+#[cfg_attr(not(test), unsafe(export_name = "memtrace_shim_copy"))]
+#[used]
+pub static SHIM_COPY: u8 = 1;
+
 /// Another copy of the shim loaded before this one (`LD_PRELOAD` naming two): its hooks come
 /// first and forward to this copy's, so both recorded every call, into two traces of one
 /// process, the second saying another process held the file. This copy only forwards.
 fn second_copy() {
-    let first = crate::real::dlsym(libc::RTLD_DEFAULT, c"memtrace_mark");
+    let first = crate::real::dlsym(libc::RTLD_DEFAULT, c"memtrace_shim_copy");
     if first != 0 && !crate::real::is_own(first) {
         RECORDING.store(false, Ordering::Release);
         crate::log!(Warn, "another copy of libmemtrace is loaded before this one (LD_PRELOAD names two?): it records; this one does not");

@@ -420,7 +420,7 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
 /// forwarded as always), said once.
 #[cold]
 pub fn out_of_memory(what: &str, capacity: usize) {
-    LOST.fetch_add(1, Ordering::Relaxed);
+    // Not counted as lost (a full queue): the trace's marker says recording stopped here.
     crate::state::OUT_OF_MEMORY.store(true, Ordering::Release);
     if crate::state::RECORDING.swap(false, Ordering::AcqRel) {
         let mib = capacity.saturating_mul(std::mem::size_of::<RawEvent>()) >> 20;

@@ -40,7 +40,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 25] = [
+const PROGRAMS: [&str; 27] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -66,6 +66,8 @@ const PROGRAMS: [&str; 25] = [
     "p_sig_ignored",
     "p_chdir",
     "p_exec_self",
+    "p_main_exit_fds",
+    "p_own_mark",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

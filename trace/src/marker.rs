@@ -5,9 +5,9 @@
 //!   phase marker.
 //! - anything else is free-form user text.
 //!
-//! One producer's own marker is read apart from the grammar: the shim's note that it stopped
-//! recording at its `MEMTRACE_MAX_BYTES` limit ([`byte_limit`], [`parse_byte_limit`]). To the
-//! grammar it is user text.
+//! One producer's own markers are read apart from the grammar: the shim's notes that it stopped
+//! recording at its `MEMTRACE_MAX_BYTES` limit ([`byte_limit`], [`parse_byte_limit`]) or when it
+//! could not allocate its queue ([`QUEUE_UNALLOCATED`]). To the grammar they are user text.
 
 /// A training phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +92,11 @@ pub fn byte_limit(max_bytes: u64) -> String {
 pub fn parse_byte_limit(text: &str) -> Option<u64> {
     text.strip_prefix(BYTE_LIMIT_PREFIX)?.strip_suffix(BYTE_LIMIT_SUFFIX)?.parse().ok()
 }
+
+/// The marker text a producer writes when it stops recording because the memory for its event
+/// queue could not be allocated (the shim under a tight memory limit): what the run did after
+/// went unrecorded.
+pub const QUEUE_UNALLOCATED: &str = "memtrace: a queue's memory could not be allocated; recording stopped";
 
 #[cfg(test)]
 mod tests {

@@ -196,6 +196,13 @@ pub const ENDS_WITH_EXIT: Key = key(
     "true when the producer writes a process_exit record last, so a trace without one was cut short (memsim \
      convert of a snapshot)",
 );
+/// When the traced process started (`/proc/self/stat`'s start time, clock ticks since boot):
+/// with the header's pid it names one process, which keeps both across an exec.
+pub const SHIM_PROCESS_START: Key = key(
+    "memtrace.process_start",
+    Values::Natural,
+    "the traced process's start time in clock ticks since boot (with pid, names one process across exec)",
+);
 /// Whether the shim recorded kernel launches (`1`) or not (`0`).
 pub const SHIM_KERNELS: Key =
     key("memtrace.kernels", Values::OneOf(&["0", "1"]), "1 when the shim recorded kernel launches");
@@ -248,6 +255,7 @@ pub const KEYS: &[Key] = &[
     SNAPSHOT_LIST_FORM,
     ENDS_WITH_EXIT,
     SHIM_KERNELS,
+    SHIM_PROCESS_START,
     MODEL,
     TASK,
     CHECKPOINTING,

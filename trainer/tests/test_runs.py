@@ -226,6 +226,13 @@ def test_a_left_out_class_count_is_hashed_as_the_one_the_model_is_built_with(
         assert plain.id != RunConfig(model=model, batch_size=2, num_classes=other).id
 
 
+def test_a_model_that_reads_no_class_count_keeps_its_id() -> None:
+    """A language model reads no num_classes: its id is the one it had before classifier
+    counts were resolved (a sweep's finished runs are found, not run again)."""
+    assert RunConfig(model="hf:gpt2", batch_size=2).id == "hf-gpt2-b2-343af201398f"
+    assert RunConfig(model="hf:gpt2", batch_size=2, num_classes=1000).id.endswith("343af201398f")
+
+
 def test_run_entry_says_the_flags_it_does_not_read(tmp_path: Path) -> None:
     """As symtrace: --input-shape and --num-classes have no effect with --entry, and --seq-len
     reaches an entry that takes `seq_len` (it was dropped without a word)."""

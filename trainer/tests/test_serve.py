@@ -314,7 +314,7 @@ def test_health_and_schema(server: Server) -> None:
             "input_shape",
             "overflows",
         ),
-        # Past the JSON parser's depth: a RecursionError, answered 500 as an internal error.
+        # Past the JSON parser's depth: a RecursionError, once answered 500 as an internal error.
         (b"[" * 100_000 + b"]" * 100_000, 400, None, "deeper than the JSON parser allows"),
         ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),
         ({"entry": "entry_example:build", "batch_size": 2}, 403, "entry", "allowed: none"),
@@ -407,7 +407,9 @@ def test_a_script_that_catches_every_stop_is_answered_not_a_dead_worker(tmp_path
         "        pass\n"
     )
     (tmp_path / "tmp").mkdir()
-    ctx = multiprocessing.get_context("fork")
+    # A fresh process, as the server's zygote forks its workers from one: forked from this
+    # test process (its torch threads and locks), the child could deadlock.
+    ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     args = (["--script", str(path)], str(tmp_path / "tmp"), send)
     proc = ctx.Process(target=serve_worker.work, args=args, daemon=True)

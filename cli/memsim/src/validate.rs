@@ -55,15 +55,17 @@ pub fn run(a: Args) -> Result<u8> {
             if r.devices.len() > 1 { ", its largest device's" } else { "" }
         );
     }
-    if r.nothing_compared && r.segment_events > 0 {
-        // The model replays allocations: with none, it predicted none of the recorded segment
-        // events, and no verdict on it can be drawn from them.
+    if r.nothing_compared && r.segment_event_matches < r.segment_events {
+        // The model replays allocations: with none, it predicted no segment event but the
+        // releases it replays as `empty_cache`, and no verdict on it can be drawn from the rest.
         anyhow::bail!(
             "{}: the snapshot records {} segment events but no allocation (no `alloc` entry), so the model had \
-             nothing to replay and predicted none of them: there is nothing to validate it against (a snapshot \
-             of segment events alone, such as one written from a trace that records no allocator-level request)",
+             nothing to replay and predicted {} of them (releases it replays as empty_cache): there is nothing \
+             to validate it against (a snapshot of segment events alone, such as one written from a trace that \
+             records no allocator-level request)",
             a.snapshot.display(),
-            r.segment_events
+            r.segment_events,
+            r.segment_event_matches
         );
     }
     crate::input::warn(&capacity_warnings(&snap, &r));

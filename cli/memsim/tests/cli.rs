@@ -1441,6 +1441,23 @@ fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
         );
         assert!(!out.contains("explained"), "{out}");
     }
+    // A release burst alone is what the model replays (as empty_cache) and matches: judged, not
+    // refused as nothing to validate.
+    let rel = dir.path().join("rel.jsonl");
+    std::fs::write(
+        &rel,
+        r#"{"kind":"header","format_version":1,"producer":{"name":"test","version":"0"},"level":"allocator","synthetic_addresses":false,"metadata":{}}
+{"ts_ns":3,"device":0,"kind":"free","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaFree","result":0,"origin":"outcome","stage":"immediate"}
+{"ts_ns":4,"device":0,"kind":"segment_state","at":"end","addr":1069547520,"total_size":2097152,"stream":0,"pool":"small","blocks":[{"addr":1069547520,"size":2097152,"requested_size":0,"state":"inactive"}]}
+"#,
+    )
+    .unwrap();
+    let pickle = dir.path().join("rel.pickle");
+    let (code, _, err) = memsim(&["convert", rel.to_str().unwrap(), pickle.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = memsim(&["validate", pickle.to_str().unwrap()]);
+    assert!(code != 2 && !err.contains("nothing to validate"), "{out}{err}");
+    assert!(out.contains("segment events    1/1 match"), "{out}");
 }
 
 /// The refusal of a device-level trace with the cache on told a program without PyTorch that

@@ -175,7 +175,7 @@ pub unsafe fn marker(text: *const c_char) {
         // would abort the host.
         let mut copy = Vec::new();
         if copy.try_reserve_exact(bytes.len()).is_err() {
-            crate::ring::LOST.fetch_add(1, Ordering::Relaxed);
+            crate::ring::LOST.fetch_add(1, Ordering::Relaxed); // this marker alone
             return;
         }
         copy.extend_from_slice(bytes);

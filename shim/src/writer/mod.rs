@@ -41,21 +41,19 @@ const ALONE_EVERY: Duration = Duration::from_millis(200);
 /// it blocks). The main thread's state is read first (one small file); the other threads only
 /// once it is gone. Without /proc nothing is known, and the writer stays.
 fn alone(pid: u32) -> bool {
-    let gone = |tid: &str| -> Option<bool> {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-        let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-        Some(matches!(state, 'Z' | 'X'))
-    };
-    if gone(&pid.to_string()) != Some(true) {
+    // One descriptor at a time, so that a program holding all but one open is still read; any
+    // error (out of descriptors, no /proc) means "not known", never "ended".
+    let main_gone = std::fs::read_to_string(format!("/proc/self/task/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')')?.1.trim_start().chars().next())
+        .is_some_and(|state| matches!(state, 'Z' | 'X'));
+    if !main_gone {
         return false;
     }
-    // Safety: gettid has no preconditions.
-    let me = unsafe { libc::gettid() }.to_string();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return false };
-    tasks.flatten().all(|t| {
-        let tid = t.file_name().to_string_lossy().into_owned();
-        // A thread that ended between the listing and the read is gone too.
-        tid == me || gone(&tid).unwrap_or(true)
+    // The thread count keeps the ended main thread until the process ends: two is it and this
+    // writer. One read of one file, so no thread started meanwhile is missed.
+    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|status| {
+        status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|n| n.trim().parse::<u32>().ok()) == Some(2)
     })
 }
 
@@ -79,6 +77,13 @@ pub fn ensure_started() {
             log!(Warn, "writer thread failed; recording stopped");
         }
         WRITER.store(DONE, Ordering::Release);
+        if r.unwrap_or(false) {
+            // This thread ends the process (glibc calls exit(0) as its last thread returns), and
+            // the program's exit handlers run on it: as on any thread of the program, with its
+            // signals open and its calls its own.
+            unblock_signals();
+            raw::set_internal(false);
+        }
     });
     // Safety: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
@@ -122,6 +127,9 @@ fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
         .collect::<BTreeMap<_, _>>();
     h.caching_disabled = h.env_var("PYTORCH_NO_CUDA_MEMORY_CACHING").is_some_and(truthy);
     h.set_meta(&trace::metadata::SHIM_KERNELS, (cfg.kernels as u8).to_string());
+    if let Some(start) = process_start() {
+        h.set_meta(&trace::metadata::SHIM_PROCESS_START, start.to_string());
+    }
     h
 }
 
@@ -129,6 +137,22 @@ fn header(cfg: &Config, pid: u32, origin: u64) -> Header {
 fn truthy(v: &str) -> bool {
     let v = v.trim();
     !v.is_empty() && v != "0"
+}
+
+/// The signals the writer blocks ([`block_signals`]).
+const WRITER_BLOCKS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ, libc::SIGPIPE];
+
+/// Unblocks [`WRITER_BLOCKS`] in the calling thread.
+fn unblock_signals() {
+    // Safety: plain sigset manipulation on a local set; affects only this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in WRITER_BLOCKS {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Blocks SIGINT, SIGTERM, SIGXFSZ and SIGPIPE in the calling thread; returns the previous
@@ -139,7 +163,7 @@ fn block_signals() -> libc::sigset_t {
         let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ, libc::SIGPIPE] {
+        for sig in WRITER_BLOCKS {
             libc::sigaddset(&mut set, sig);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
@@ -199,8 +223,10 @@ fn blocking(file: &File) -> std::io::Result<()> {
 /// `MEMTRACE_OUT` without `%p`, or two ranks given one file) is left to it: truncating it would
 /// corrupt that process's trace, so this one writes beside it, `NAME.PID.EXT`, and says so.
 fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
-    let mut path = wanted;
-    for attempt in 0..2 {
+    let mut path = wanted.clone();
+    // Earlier images of this process (exec without fork) whose traces were found, each kept.
+    let mut images = 0u32;
+    for attempt in 0..16 {
         use std::os::unix::fs::OpenOptionsExt;
         // Non-blocking open: a FIFO no process reads would block the writer for good, the
         // rings would fill and the program's exit would wait on a writer that never started.
@@ -266,8 +292,10 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
         if !held {
             // This process's own trace, written before it exec'd this image (the lock went with
             // the old image's descriptor): truncating it erased that trace in silence.
-            if attempt == 0 && own_earlier_trace(&path, pid) {
-                let beside = beside(&path, pid);
+            if own_earlier_trace(&path, pid) {
+                images += 1;
+                let tag = if images == 1 { pid.to_string() } else { format!("{pid}.{images}") };
+                let beside = beside(&wanted, &tag);
                 log!(
                     Warn,
                     "trace file {path} holds this process's trace from before it exec'd this program; pid {pid} \
@@ -283,15 +311,16 @@ fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             }
             return Some((file, path));
         }
-        if attempt == 0 {
-            let beside = beside(&path, pid);
-            log!(
-                Warn,
-                "trace file {path} is being written by another process (MEMTRACE_OUT without %p?); \
-                 pid {pid} traces into {beside}"
-            );
-            path = beside;
+        if attempt > 0 {
+            break;
         }
+        let beside = beside(&path, &pid.to_string());
+        log!(
+            Warn,
+            "trace file {path} is being written by another process (MEMTRACE_OUT without %p?); \
+             pid {pid} traces into {beside}"
+        );
+        path = beside;
     }
     log!(Warn, "trace file {path} is being written by another process too; recording disabled");
     None
@@ -307,11 +336,25 @@ fn traced_already(path: &str) -> bool {
     read.is_ok() && head.windows(trace::codec::MAGIC.len()).any(|w| w == trace::codec::MAGIC)
 }
 
-/// Whether the file at `path` holds a trace whose header names this pid: the same process
-/// before an exec. Opened afresh for reading: the writer's descriptor is write-only.
+/// This process's start time (`/proc/self/stat` field 22, clock ticks since boot): an exec
+/// keeps it, and a later process given the same pid (a container's pid 1, run again) has
+/// another.
+fn process_start() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command, which may hold spaces: the state is field 3, the start 22.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the file at `path` holds a trace of this very process before an exec: its header's
+/// pid and start time are this process's. Opened afresh for reading: the writer's descriptor
+/// is write-only.
 fn own_earlier_trace(path: &str, pid: u32) -> bool {
+    let Some(start) = process_start() else { return false };
     let Ok(f) = File::open(path) else { return false };
-    trace::open_reader(std::io::BufReader::new(f)).is_ok_and(|r| r.header().pid == Some(pid))
+    trace::open_reader(std::io::BufReader::new(f)).is_ok_and(|r| {
+        let h = r.header();
+        h.pid == Some(pid) && h.meta(&trace::metadata::SHIM_PROCESS_START) == Some(start.to_string().as_str())
+    })
 }
 
 /// The program's stdout or stderr, when `meta` is the file one of them writes to.
@@ -326,8 +369,9 @@ fn std_stream_of(meta: &std::fs::Metadata) -> Option<i32> {
     })
 }
 
-/// `dir/NAME.PID.EXT` beside `dir/NAME.EXT` (`PATH.PID` without an extension).
-fn beside(path: &str, pid: u32) -> String {
+/// `dir/NAME.TAG.EXT` beside `dir/NAME.EXT` (`PATH.TAG` without an extension); the tag is a
+/// pid.
+fn beside(path: &str, pid: &str) -> String {
     let p = std::path::Path::new(path);
     match (p.file_stem(), p.extension()) {
         (Some(stem), Some(ext)) => p
@@ -338,7 +382,8 @@ fn beside(path: &str, pid: u32) -> String {
     }
 }
 
-fn run() {
+/// The writer's life; true when it ended as the process's last live thread ([`alone`]).
+fn run() -> bool {
     raw::set_internal(true);
     let cfg = config();
     let pid = state::owner_pid();
@@ -349,20 +394,20 @@ fn run() {
         // frames, and nothing can be written beside a device.
         if std::fs::metadata(&wanted).is_ok_and(|m| !m.is_file() || std_stream_of(&m).is_some()) {
             log!(Warn, "MEMTRACE_OUT {wanted} is a stream: fork child pid {pid} does not trace (give a path with %p)");
-            return;
+            return false;
         }
         // The path is the parent's, which may not have opened it yet (its writer starts
         // lazily) and would then truncate this child's finished trace: the child writes beside.
-        let own = beside(&wanted, pid);
+        let own = beside(&wanted, &pid.to_string());
         log!(Warn, "MEMTRACE_OUT {wanted} has no %p: fork child pid {pid} traces into {own}");
         wanted = own;
     }
-    let Some((file, path)) = open_own(wanted, pid) else { return };
+    let Some((file, path)) = open_own(wanted, pid) else { return false };
     let w = match BinaryWriter::new(TraceFile::new(file), &header(cfg, pid, origin)) {
         Ok(w) => w,
         Err(e) => {
             log!(Warn, "cannot write trace header to {path}: {e:#}; recording disabled");
-            return;
+            return false;
         }
     };
     log!(Info, "tracing pid {pid} into {path}");
@@ -375,6 +420,7 @@ fn run() {
     let mut pending: Vec<(u32, RawEvent)> = Vec::new();
     let mut finishing_rounds = 0u32;
     let mut alone_checked = std::time::Instant::now();
+    let mut ended_alone = false;
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
         // Events stamped after this may still be overtaken by events of a ring swept earlier;
@@ -391,18 +437,18 @@ fn run() {
             Ok(n) => n,
             Err(e) => {
                 log!(Warn, "writing {path} failed: {e:#}; recording stopped");
-                return;
+                return false;
             }
         };
         dirty |= n > 0;
         if finishing && (n == 0 || finishing_rounds > 64) {
             cx.finish(&path);
-            return;
+            return ended_alone;
         }
         if dirty && (FLUSH.swap(false, Ordering::AcqRel) || last_flush.elapsed() >= FLUSH_EVERY) {
             if let Err(e) = cx.w.flush() {
                 log!(Warn, "flushing {path} failed: {e:#}; recording stopped");
-                return;
+                return false;
             }
             last_flush = std::time::Instant::now();
             dirty = false;
@@ -417,6 +463,7 @@ fn run() {
                         "every thread of pid {pid} has ended (the main thread by pthread_exit): completing the trace"
                     );
                     FINISH.store(true, Ordering::Release);
+                    ended_alone = true;
                     continue;
                 }
             }

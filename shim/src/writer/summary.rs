@@ -40,8 +40,8 @@ impl Ctx {
         };
         let mut res = Ok(());
         if crate::state::OUT_OF_MEMORY.load(Ordering::Acquire) {
-            // Read by memsim as the byte limit's marker is: the trace ends early.
-            let text = "memtrace: a queue's memory could not be allocated; recording stopped".to_string();
+            // Read by memsim as "recording stopped" (one owner: `trace::marker`).
+            let text = trace::marker::QUEUE_UNALLOCATED.to_string();
             let r = self.rec(now_ns(), raw::tid(), Event::Marker(trace::Marker { text }));
             res = self.w.write(&r);
         }

@@ -130,7 +130,7 @@ def _hf(
     if task != "classification":
         _ignored("--num-classes", tune.num_classes, f"--task {task} predicts tokens, not classes")
     elif tune.num_classes is None:
-        defaults["num_classes"] = {"value": default_num_classes(spec), "why": "a binary classifier"}
+        defaults["num_classes"] = {"value": hf.DEFAULT_CLASSES, "why": "a binary classifier"}
     if seq_len is None:
         seq, why = hf.default_seq_len(config)
         defaults["seq_len"] = {"value": seq, "why": why}
@@ -169,14 +169,21 @@ def _hf(
 
 
 def default_num_classes(spec: str) -> int:
-    """The classifier width a model spec is built with when no class count is given: transformers'
-    binary classifier for a Hugging Face model (of a classification task; other tasks read no
-    count), ImageNet's 1000 for the rest (torchvision, timm; generator configs, DLRM and entries
-    read none). `RunConfig.id` hashes a left-out count as this, so it names the job that runs."""
-    if spec.partition(":")[0] in ("hf", "hf-config"):
+    """What `RunConfig.id` hashes a left-out `num_classes` as: the classifier width the model is
+    built with. transformers' binary classifier for a Hugging Face model whose published
+    architecture is a classifier; ImageNet's 1000 for the rest, a model that reads no count (a
+    language model, a generator config) included, so that ids written before stay as they were.
+    An unknown spec is refused where the run is built, not here."""
+    source, _, name = spec.partition(":")
+    if source in ("hf", "hf-config"):
         from memtrace_trainer.models import hf
 
-        return hf.DEFAULT_CLASSES
+        try:
+            hfspec = hf.resolve(name) if source == "hf" else hf.read_config(Path(name))
+            if hf.default_task(hf.to_config(hfspec)) == "classification":
+                return hf.DEFAULT_CLASSES
+        except Exception:  # the build says what is wrong with the spec
+            pass
     return DEFAULT_CLASSES
 
 
@@ -246,8 +253,7 @@ def build_workload(
     if source not in ("hf", "hf-config") and tune.regime.active:
         workload = tuned(workload, tune.regime)
     if source in ("torchvision", "timm") and num_classes is None:
-        classes = default_num_classes(spec)
-        workload.defaults["num_classes"] = {"value": classes, "why": "ImageNet's classes"}
+        workload.defaults["num_classes"] = {"value": DEFAULT_CLASSES, "why": "ImageNet's classes"}
     return workload
 
 
@@ -270,7 +276,8 @@ def _build(
     device: torch.device,
     tune: Tune,
 ) -> Workload:
-    num_classes = default_num_classes(spec) if num_classes is None else num_classes
+    # A Hugging Face model reads the count from `tune` (its default is the task's own).
+    num_classes = DEFAULT_CLASSES if num_classes is None else num_classes
     if source == "torchvision":
         import torchvision
 

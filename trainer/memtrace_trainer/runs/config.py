@@ -86,7 +86,7 @@ class RunConfig:
             # Hashed as the count the model is built with, so that a null and that count are
             # one job with one id, and a Hugging Face classifier's null (2 classes) is not taken
             # for a run of 1000. Ids written when null hashed as 1000 stay what they were for
-            # every other model (1000 is their default, or they read no count).
+            # every other model (1000 is their default, or they read no count: a language model).
             from memtrace_trainer.models.zoo import default_num_classes
 
             fields["num_classes"] = default_num_classes(self.model or "")

@@ -72,12 +72,13 @@ def _unstoppable(path: Path, steps: int) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
         unstoppable_reply(message)
-    # What a normal exit runs: the command's temporary folders (`weakref.finalize`) were left
-    # behind by os._exit.
-    import atexit
+    # The command's temporary folders (`TemporaryDirectory`'s `weakref.finalize`), which
+    # os._exit left behind. Only those: the other exit functions (multiprocessing joining a
+    # child that never ends, the script's own) could keep this process from ending.
+    import weakref
 
     with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
+        weakref.finalize._exitfunc()  # type: ignore[attr-defined]
     os._exit(2)
 
 

@@ -1,0 +1,141 @@
+//! What a reader has seen of its input as a whole: its form, whether it was cut, and what its
+//! producer said it left out (lost events, a recording stopped early).
+
+use std::path::Path;
+
+use crate::event::Event;
+use crate::write::Format;
+
+/// What a reader has seen so far; complete once iteration has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// The form of the input.
+    pub format: Format,
+    /// The input ended inside a frame (or, in JSON Lines, inside a last line without a newline
+    /// that does not parse): the producer was cut short. Everything before was read. Not an error.
+    pub truncated: bool,
+    /// Frames (binary) or lines (JSON Lines) of kinds this version does not know, skipped.
+    pub unknown_skipped: u64,
+    /// Bytes consumed, header included.
+    pub bytes_read: u64,
+    /// Byte offset just past the last complete event (or the header): where a truncated input
+    /// was cut short. Equals `bytes_read` unless `truncated`.
+    pub complete_bytes: u64,
+    /// Records returned.
+    pub records: u64,
+    /// The last record returned was the producer's `process_exit`.
+    pub ends_with_exit: bool,
+    /// The producer ends every trace with `process_exit` ([`PRODUCERS_ENDING_WITH_EXIT`]).
+    pub expects_exit: bool,
+    /// Events the producer counted as lost (its queue was full), summed over the `process_exit`
+    /// records read: they happened but are not in the trace.
+    pub lost_events: u64,
+    /// The byte limit at which the producer stopped recording, from its marker
+    /// ([`crate::marker::byte_limit`]): the run went on, unrecorded, after it.
+    pub byte_limit: Option<u64>,
+    /// The producer stopped recording when it could not allocate its event queue
+    /// ([`crate::marker::QUEUE_UNALLOCATED`]): the run went on, unrecorded, after it.
+    pub queue_unallocated: bool,
+}
+
+/// The producers that end every trace they finish with a `process_exit` record (the shim at
+/// the program's exit, the symbolic tracer at the end of its trace): one of theirs without it
+/// was cut short, even at a record boundary (a killed run, a copy cut at a line). Any other
+/// producer says the same of its trace with the header's `ends_with_exit`
+/// ([`crate::metadata::ENDS_WITH_EXIT`]).
+pub const PRODUCERS_ENDING_WITH_EXIT: &[&str] = &["libmemtrace", "memtrace_trainer.symtrace"];
+
+impl Summary {
+    /// Whole records, but not the end its producer always writes: see
+    /// [`PRODUCERS_ENDING_WITH_EXIT`]. (A truncated input is said as such instead.)
+    pub fn cut_short(&self) -> bool {
+        self.expects_exit && !self.ends_with_exit && !self.truncated
+    }
+
+    /// The trace does not hold the whole run: truncated, cut short, stopped at the producer's
+    /// byte limit, or with events the producer lost. What `--strict` refuses; the first line of
+    /// [`Summary::warnings`] says why.
+    pub fn incomplete(&self) -> bool {
+        self.truncated
+            || self.cut_short()
+            || self.byte_limit.is_some()
+            || self.queue_unallocated
+            || self.lost_events > 0
+    }
+
+    /// What the input did not give whole, one line each, naming `path`: an end cut inside an
+    /// event (truncation first), an end without the producer's `process_exit`, recording stopped
+    /// at the producer's byte limit, events the producer lost (what [`Summary::incomplete`]
+    /// counts, in that order), and records of unknown kinds that were skipped.
+    pub fn warnings(&self, path: &Path) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.truncated {
+            w.push(format!(
+                "{}: truncated: the input ends inside an event; everything after byte {} (the end of the \
+                 last complete event) was ignored, so peaks may be low",
+                path.display(),
+                self.complete_bytes
+            ));
+        }
+        if self.cut_short() {
+            w.push(format!(
+                "{}: cut short: the trace ends without the process_exit record its producer writes at the end (a \
+                 killed run, or a copy cut at a line), so what came after is missing and peaks may be low",
+                path.display()
+            ));
+        }
+        if let Some(limit) = self.byte_limit {
+            w.push(format!(
+                "{}: recording stopped at the producer's byte limit (MEMTRACE_MAX_BYTES={limit}): the run went on \
+                 unrecorded after the trace reached it, so what came after is missing and peaks may be low",
+                path.display()
+            ));
+        }
+        if self.queue_unallocated {
+            w.push(format!(
+                "{}: recording stopped when the producer could not allocate its event queue (a memory limit): the \
+                 run went on unrecorded after it, so what came after is missing and peaks may be low",
+                path.display()
+            ));
+        }
+        if self.lost_events > 0 {
+            w.push(format!(
+                "{}: {} events were lost by the recorder (its queue was full; counted in its process_exit record): \
+                 allocations and frees are missing, so peaks and placements may be wrong or low",
+                path.display(),
+                self.lost_events
+            ));
+        }
+        if self.unknown_skipped > 0 {
+            w.push(format!(
+                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
+                path.display(),
+                self.unknown_skipped
+            ));
+        }
+        w
+    }
+}
+
+/// What a record says of the input as a whole: events its producer lost (a `process_exit`'s
+/// count, added to `lost`), the byte limit its producer stopped recording at (its marker, kept in
+/// `limit` when the first), a stop for want of queue memory (`queue`). Whether it is the
+/// producer's `process_exit`.
+#[inline(always)]
+pub(super) fn note(event: &Event, lost: &mut u64, limit: &mut Option<u64>, queue: &mut bool) -> bool {
+    match event {
+        Event::ProcessExit(p) => {
+            *lost = lost.saturating_add(p.lost_events);
+            true
+        }
+        Event::Marker(m) => {
+            if let Some(n) = crate::marker::parse_byte_limit(&m.text) {
+                limit.get_or_insert(n);
+            } else if m.text == crate::marker::QUEUE_UNALLOCATED {
+                *queue = true;
+            }
+            false
+        }
+        _ => false,
+    }
+}
