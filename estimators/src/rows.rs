@@ -46,7 +46,6 @@ pub struct RowSet {
     ids: BTreeSet<String>,
     /// Digests by the stem of the file they were read from (kept for writing them back).
     digests: BTreeMap<String, BTreeSet<String>>,
-    all_digests: BTreeSet<String>,
 }
 
 impl RowSet {
@@ -54,23 +53,22 @@ impl RowSet {
     pub fn insert(&mut self, id: &str, digest: &str) {
         self.ids.insert(id.to_string());
         if !digest.is_empty() {
-            self.digests.entry(stem_of(id).to_string()).or_default().insert(digest.to_string());
-            self.all_digests.insert(digest.to_string());
+            self.insert_digests(stem_of(id), [digest]);
         }
     }
 
     /// Adds digests alone, under the stem they were recorded for.
     pub fn insert_digests<'a>(&mut self, stem: &str, digests: impl IntoIterator<Item = &'a str>) {
-        for d in digests {
-            self.digests.entry(stem.to_string()).or_default().insert(d.to_string());
-            self.all_digests.insert(d.to_string());
+        let digests: Vec<String> = digests.into_iter().map(str::to_string).collect();
+        if !digests.is_empty() {
+            self.digests.entry(stem.to_string()).or_default().extend(digests);
         }
     }
 
     /// Whether the row is in the set: by its digest; by its position only where the set knows no
     /// digest of the row's stem (a row of a known stem whose content changed is another row).
     pub fn contains(&self, id: &str, digest: &str) -> bool {
-        (!digest.is_empty() && self.all_digests.contains(digest))
+        (!digest.is_empty() && self.digests.values().any(|d| d.contains(digest)))
             || (!self.digests.contains_key(stem_of(id)) && self.ids.contains(id))
     }
 
@@ -86,12 +84,12 @@ impl RowSet {
 
     /// Rows named (by position; a set of digests alone counts its digests).
     pub fn len(&self) -> usize {
-        self.ids.len().max(self.all_digests.len())
+        self.ids.len().max(self.digests.values().map(BTreeSet::len).sum())
     }
 
     /// No row named.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty() && self.all_digests.is_empty()
+        self.len() == 0
     }
 
     /// Stems whose rows are named by position only (no digest known), which a renamed or

@@ -49,7 +49,7 @@ impl Stats {
             records.push(rec);
         }
         let s = r.summary();
-        Ok(Stats { t: t.finish(s.truncated, s.unknown_skipped), records, names, exit })
+        Ok(Stats { t: t.finish(Some(&s)), records, names, exit })
     }
 
     /// Whether the trace is whole: not cut inside a frame, and closed by `process_exit`.

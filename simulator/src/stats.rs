@@ -68,7 +68,8 @@ pub struct TraceStats {
     /// before it: `lost_events`, `byte_limit`.
     pub complete: bool,
     /// The byte limit at which the producer stopped recording (the shim's `MEMTRACE_MAX_BYTES`,
-    /// from its marker), when it did: the run went on, unrecorded, after it.
+    /// as the reader found it: [`trace::Summary::byte_limit`]), when it did: the run went on,
+    /// unrecorded, after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub byte_limit: Option<u64>,
     /// Events of kinds this version does not know, skipped.
@@ -269,13 +270,9 @@ impl TraceStats {
                 self.complete = true;
                 self.lost_events += p.lost_events;
             }
-            Event::Marker(m) => {
-                if let Some(limit) = trace::marker::parse_byte_limit(&m.text) {
-                    self.byte_limit.get_or_insert(limit);
-                }
-            }
             Event::MemActivity(m) => self.cupti.observe(device, m),
             Event::MemInfo(_)
+            | Event::Marker(_)
             | Event::Name(_)
             | Event::Stack(_)
             | Event::Oom(_)
@@ -304,10 +301,14 @@ impl TraceStats {
         c.1 += u64::from(result != 0);
     }
 
-    /// Close the summary with what the reader saw.
-    pub fn finish(mut self, truncated: bool, unknown_skipped: u64) -> Self {
-        self.truncated = truncated;
-        self.unknown_events_skipped = unknown_skipped;
+    /// Close the summary with what the reader saw of the input as a whole (`None`: records not
+    /// read from a file, whole).
+    pub fn finish(mut self, read: Option<&trace::Summary>) -> Self {
+        if let Some(r) = read {
+            self.truncated = r.truncated;
+            self.unknown_events_skipped = r.unknown_skipped;
+            self.byte_limit = r.byte_limit;
+        }
         for (kind, &n) in Event::KINDS.iter().zip(&self.kind_counts[1..]) {
             if n > 0 {
                 *self.kinds.entry(kind.to_string()).or_default() += n;
@@ -408,7 +409,7 @@ mod tests {
         ] {
             s.observe(&r);
         }
-        let s = s.finish(false, 0);
+        let s = s.finish(None);
         assert_eq!(
             (s.allocs, s.frees, s.unknown_frees, s.peak_live_device_bytes, s.live_device_bytes),
             (2, 1, 0, 100, 30)
@@ -452,7 +453,7 @@ mod tests {
         ] {
             s.observe(&r);
         }
-        let s = s.finish(false, 0);
+        let s = s.finish(None);
         assert_eq!((s.allocs, s.peak_live_device_bytes, s.events), (3, 180, 9));
         let c = s.cupti_memory.expect("cupti_memory");
         let by_kind: Vec<(&str, u64)> = c.allocations_by_kind.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -465,7 +466,7 @@ mod tests {
 
         let mut plain = TraceStats::new(&h);
         plain.observe(&alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc));
-        let plain = plain.finish(false, 0);
+        let plain = plain.finish(None);
         assert_eq!(plain.cupti_memory, None);
         assert!(serde_json::to_value(&plain).unwrap().get("cupti_memory").is_none());
     }

@@ -394,18 +394,7 @@ def test_a_failing_step_is_an_answer_not_a_crash(server: Server) -> None:
 def test_a_script_that_catches_every_stop_is_answered_not_a_dead_worker(tmp_path: Path) -> None:
     """The tracer ends a script that catches every stop with os._exit: in a worker, the client
     got a 500 ("died without an answer") and the reason went to the server's log alone."""
-    path = tmp_path / "forever.py"
-    path.write_text(
-        "import torch\n"
-        "m = torch.nn.Linear(8, 8).cuda()\n"
-        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "while True:\n"
-        "    try:\n"
-        "        m(torch.randn(4, 8, device='cuda')).sum().backward()\n"
-        "        opt.step()\n"
-        "    except:  # noqa: E722\n"
-        "        pass\n"
-    )
+    path = Path(__file__).parent / "scripts" / "catches_every_stop.py"
     (tmp_path / "tmp").mkdir()
     # A fresh process, as the server's zygote forks its workers from one: forked from this
     # test process (its torch threads and locks), the child could deadlock.

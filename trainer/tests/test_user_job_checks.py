@@ -86,19 +86,7 @@ def test_free_memory_leaves_out_what_the_process_holds_beside_its_tensors(tmp_pa
 def test_a_script_that_catches_every_stop_is_ended(tmp_path: Path) -> None:
     """`while True:` around a bare `except:` swallowed the stop at every step: the command ran
     for ever. It is ended with an error naming the cause."""
-    path = tmp_path / "forever.py"
-    path.write_text(
-        "import torch\n"
-        "m = torch.nn.Linear(8, 8).cuda()\n"
-        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "while True:\n"
-        "    try:\n"
-        "        m(torch.randn(4, 8, device='cuda')).sum().backward()\n"
-        "        opt.step()\n"
-        "        opt.zero_grad()\n"
-        "    except:  # noqa: E722\n"
-        "        pass\n"
-    )
+    path = Path(__file__).parent / "scripts" / "catches_every_stop.py"
     # In a child process: the command ends its own process (os._exit), as it must; its
     # temporary folders go with it (os._exit left them behind).
     tmp = tmp_path / "tmp"

@@ -113,8 +113,7 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let mut warnings = read.warnings(file, a.strict)?;
     let header = read.header;
     let (s, u) = read.state;
-    let (truncated, unknown) = read.summary.map_or((false, 0), |r| (r.truncated, r.unknown_skipped));
-    let s = s.finish(truncated, unknown);
+    let s = s.finish(read.summary.as_ref());
     let util = u.finish();
     warnings.extend(device_flags_without_effect(a, &s, &util));
     let mut out = Output::new(warnings.clone());

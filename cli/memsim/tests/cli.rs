@@ -1415,21 +1415,26 @@ fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
     assert_eq!((v["allocs"].as_u64(), v["alloc_addr_matches"].as_u64()), (Some(8), Some(8)), "{v}");
     assert_eq!((v["verdict"].as_str(), v["nothing_compared"].as_bool()), (Some("exact"), Some(false)), "{v}");
 
-    // Segment events alone: an allocator-level trace of outcomes, with its end state.
-    let seg = dir.path().join("seg.jsonl");
-    std::fs::write(
-        &seg,
-        r#"{"kind":"header","format_version":1,"producer":{"name":"test","version":"0"},"level":"allocator","synthetic_addresses":false,"metadata":{}}
-{"ts_ns":1,"device":0,"kind":"alloc","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaMalloc","result":0,"origin":"outcome"}
+    // An allocator-level trace of outcomes (`body`, JSON Lines), with its end state, converted
+    // to a snapshot: its path and what convert said.
+    let to_pickle = |name: &str, body: &str| {
+        let jsonl = dir.path().join(format!("{name}.jsonl"));
+        let header = r#"{"kind":"header","format_version":1,"producer":{"name":"test","version":"0"},"level":"allocator","synthetic_addresses":false,"metadata":{}}"#;
+        std::fs::write(&jsonl, format!("{header}\n{body}")).unwrap();
+        let pickle = dir.path().join(format!("{name}.pickle"));
+        let (code, _, err) = memsim(&["convert", jsonl.to_str().unwrap(), pickle.to_str().unwrap()]);
+        assert_eq!(code, 0, "{err}");
+        (pickle, err)
+    };
+    // Segment events alone.
+    let (pickle, err) = to_pickle(
+        "seg",
+        r#"{"ts_ns":1,"device":0,"kind":"alloc","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaMalloc","result":0,"origin":"outcome"}
 {"ts_ns":2,"device":0,"kind":"alloc","addr":1048576000,"size":2097152,"stream":0,"mem":"device","api":"cudaMalloc","result":0,"origin":"outcome"}
 {"ts_ns":3,"device":0,"kind":"free","addr":1048576000,"size":2097152,"stream":0,"mem":"device","api":"cudaFree","result":0,"origin":"outcome","stage":"immediate"}
 {"ts_ns":4,"device":0,"kind":"segment_state","at":"end","addr":1048576000,"total_size":20971520,"stream":0,"pool":"large","blocks":[{"addr":1048576000,"size":20971520,"requested_size":0,"state":"inactive"}]}
 "#,
-    )
-    .unwrap();
-    let pickle = dir.path().join("seg.pickle");
-    let (code, _, err) = memsim(&["convert", seg.to_str().unwrap(), pickle.to_str().unwrap()]);
-    assert_eq!(code, 0, "{err}");
+    );
     assert!(err.contains("seg.pickle: the snapshot holds 3 segment events but no allocation"), "{err}");
     for json in [false, true] {
         let args = [&["validate", pickle.to_str().unwrap()][..], if json { &["--json"] } else { &[] }].concat();
@@ -1443,18 +1448,12 @@ fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
     }
     // A release burst alone is what the model replays (as empty_cache) and matches: judged, not
     // refused as nothing to validate.
-    let rel = dir.path().join("rel.jsonl");
-    std::fs::write(
-        &rel,
-        r#"{"kind":"header","format_version":1,"producer":{"name":"test","version":"0"},"level":"allocator","synthetic_addresses":false,"metadata":{}}
-{"ts_ns":3,"device":0,"kind":"free","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaFree","result":0,"origin":"outcome","stage":"immediate"}
+    let (pickle, _) = to_pickle(
+        "rel",
+        r#"{"ts_ns":3,"device":0,"kind":"free","addr":1048576000,"size":20971520,"stream":0,"mem":"device","api":"cudaFree","result":0,"origin":"outcome","stage":"immediate"}
 {"ts_ns":4,"device":0,"kind":"segment_state","at":"end","addr":1069547520,"total_size":2097152,"stream":0,"pool":"small","blocks":[{"addr":1069547520,"size":2097152,"requested_size":0,"state":"inactive"}]}
 "#,
-    )
-    .unwrap();
-    let pickle = dir.path().join("rel.pickle");
-    let (code, _, err) = memsim(&["convert", rel.to_str().unwrap(), pickle.to_str().unwrap()]);
-    assert_eq!(code, 0, "{err}");
+    );
     let (code, out, err) = memsim(&["validate", pickle.to_str().unwrap()]);
     assert!(code != 2 && !err.contains("nothing to validate"), "{out}{err}");
     assert!(out.contains("segment events    1/1 match"), "{out}");
