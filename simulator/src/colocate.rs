@@ -246,6 +246,12 @@ fn replayer(job: &Job, opts: &ReplayOptions) -> Result<Replayer, ColocateError> 
     Replayer::new(&job.header, opts.clone()).map_err(|source| ColocateError::Replay { job: job.name.clone(), source })
 }
 
+/// A sum of byte counts that stops at `u64::MAX`: a job whose need saturated (a damaged size, a
+/// memory fraction of 0) must not wrap the total into one that fits.
+pub fn saturating_sum(bytes: impl IntoIterator<Item = u64>) -> u64 {
+    bytes.into_iter().fold(0, u64::saturating_add)
+}
+
 /// Replay every job together on one axis at `capacity`.
 fn shared_run(
     jobs: &[Job],
@@ -256,7 +262,7 @@ fn shared_run(
     // A job's memory fraction is of the device's total, whichever job reserves first.
     let opts = &ReplayOptions { device_total: capacity, ..opts.clone() };
     let mut reps = jobs.iter().map(|j| replayer(j, opts)).collect::<Result<Vec<_>, _>>()?;
-    let outside: u64 = jobs.iter().map(|j| j.outside.total_bytes).sum();
+    let outside = saturating_sum(jobs.iter().map(|j| j.outside.total_bytes));
     let mut next = vec![0usize; jobs.len()];
     let mut reserved = vec![0u64; jobs.len()];
     let (mut combined_peak, mut peak_at_us) = (outside, 0.0);
@@ -275,14 +281,14 @@ fn shared_run(
         next[i] += 1;
         let device = rec.device.unwrap_or(0);
         if let Some(c) = capacity {
-            let others: u64 = reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r).sum();
+            let others = saturating_sum(reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r));
             // The replayer leaves its own trace's memory outside the allocator out of this.
             reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside));
         }
         reps[i].observe(rec);
         // What the job holds on the device: its segments, and what its trace holds beside them.
-        reserved[i] = reps[i].current(device).0 + reps[i].outside_now(device);
-        let total = reserved.iter().sum::<u64>() + outside;
+        reserved[i] = reps[i].current(device).0.saturating_add(reps[i].outside_now(device));
+        let total = saturating_sum(reserved.iter().copied()).saturating_add(outside);
         if total > combined_peak {
             combined_peak = total;
             peak_at_us = t;
@@ -441,7 +447,7 @@ pub fn colocate(
         });
     }
     // Symbolic traces carry no wall-clock time, so margins meet the sum of peaks only.
-    let sum: u64 = job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
+    let sum = saturating_sum(job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }));
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
     let mut start = None;

@@ -87,8 +87,12 @@ pub struct TraceStats {
     cupti: CuptiTally,
     #[serde(skip)]
     live: HashMap<(u32, MemoryKind, u64), u64>,
+    /// Live bytes, wider than any sum of u64 sizes: a damaged size near 2^64 must not wrap the
+    /// running total (a wrong peak) nor, freed, take it below what is still live.
     #[serde(skip)]
-    live_host: u64,
+    live_device: u128,
+    #[serde(skip)]
+    live_host: u128,
     #[serde(skip)]
     count_requests_only: bool,
     #[serde(skip)]
@@ -138,6 +142,8 @@ struct CuptiTally {
     device_allocs: Vec<(u64, u64)>,
     /// (address, size) of every successful traced device or managed allocation.
     traced: HashSet<(u64, u64)>,
+    /// Live device-resident bytes, wide as [`TraceStats`]'s.
+    live_device: u128,
 }
 
 impl CuptiTally {
@@ -157,19 +163,19 @@ impl CuptiTally {
                 if let Some(old) = self.live.insert(key, m.size) {
                     // An allocation over a live one: its release was lost; count the newer size.
                     if resident {
-                        o.live_device_bytes -= old;
+                        self.live_device -= u128::from(old);
                     }
                 }
                 if resident {
                     o.device_bytes_allocated = o.device_bytes_allocated.saturating_add(m.size);
-                    o.live_device_bytes = o.live_device_bytes.saturating_add(m.size);
-                    o.peak_live_device_bytes = o.peak_live_device_bytes.max(o.live_device_bytes);
+                    self.live_device += u128::from(m.size);
+                    o.peak_live_device_bytes = o.peak_live_device_bytes.max(saturated(self.live_device));
                 }
             }
             MemActivityOp::Release => {
                 o.releases += 1;
                 match self.live.remove(&key) {
-                    Some(size) if resident => o.live_device_bytes -= size,
+                    Some(size) if resident => self.live_device -= u128::from(size),
                     Some(_) => {}
                     None => o.unknown_releases += 1,
                 }
@@ -179,6 +185,7 @@ impl CuptiTally {
 
     fn finish(self) -> Option<CuptiMemoryStats> {
         let mut out = self.out;
+        out.live_device_bytes = saturated(self.live_device);
         out.device_allocations_matched = self.device_allocs.iter().filter(|k| self.traced.contains(*k)).count() as u64;
         self.seen.then_some(out)
     }
@@ -223,12 +230,12 @@ impl TraceStats {
                 self.allocs_over_live += u64::from(over_live);
                 if a.mem.is_device() {
                     self.allocs += 1;
-                    self.live_device_bytes += a.size;
-                    self.peak_live_device_bytes = self.peak_live_device_bytes.max(self.live_device_bytes);
+                    self.live_device += u128::from(a.size);
+                    self.peak_live_device_bytes = self.peak_live_device_bytes.max(saturated(self.live_device));
                 } else {
                     self.host_allocs += 1;
-                    self.live_host += a.size;
-                    self.peak_live_host_bytes = self.peak_live_host_bytes.max(self.live_host);
+                    self.live_host += u128::from(a.size);
+                    self.peak_live_host_bytes = self.peak_live_host_bytes.max(saturated(self.live_host));
                 }
             }
             Event::Free(f) => {
@@ -240,11 +247,11 @@ impl TraceStats {
                 match self.live.remove(&(device, space(f.mem), f.addr)) {
                     Some(size) if f.mem.is_device() => {
                         self.frees += 1;
-                        self.live_device_bytes -= size;
+                        self.live_device -= u128::from(size);
                     }
                     Some(size) => {
                         self.host_frees += 1;
-                        self.live_host -= size;
+                        self.live_host -= u128::from(size);
                     }
                     None => self.unknown_frees += 1,
                 }
@@ -268,7 +275,7 @@ impl TraceStats {
             }
             Event::ProcessExit(p) => {
                 self.complete = true;
-                self.lost_events += p.lost_events;
+                self.lost_events = self.lost_events.saturating_add(p.lost_events);
             }
             Event::MemActivity(m) => self.cupti.observe(device, m),
             Event::MemInfo(_)
@@ -280,12 +287,11 @@ impl TraceStats {
             | Event::SnapshotPoint(_) => {}
             Event::SegmentState(st) => {
                 if st.at == trace::StateAt::Start {
-                    self.start_state_allocated_bytes += st
+                    self.start_state_allocated_bytes = st
                         .blocks
                         .iter()
                         .filter(|b| b.state != trace::BlockState::Inactive)
-                        .map(|b| b.size)
-                        .sum::<u64>();
+                        .fold(self.start_state_allocated_bytes, |n, b| n.saturating_add(b.size));
                 }
             }
         }
@@ -327,9 +333,15 @@ impl TraceStats {
         if !self.intervals.is_empty() {
             self.kernel_busy_ns = Some(union_length(&mut self.intervals));
         }
+        self.live_device_bytes = saturated(self.live_device);
         self.cupti_memory = std::mem::take(&mut self.cupti).finish();
         self
     }
+}
+
+/// A byte total as the summary reports it: at most `u64::MAX`.
+fn saturated(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
 }
 
 /// The address space a block lives in, for matching a free to its allocation: managed memory

@@ -10,7 +10,7 @@ use crate::snapshot_support::shared_path;
 
 fn check(bytes: &[u8], expect: Value) {
     let p = pickle::decode(bytes).unwrap_or_else(|e| panic!("{bytes:?}: {e}"));
-    assert_eq!(p.to_json(p.root()), expect, "{bytes:?}");
+    assert_eq!(p.to_json(p.root()), Some(expect), "{bytes:?}");
 }
 
 fn check_err(bytes: &[u8], offset: u64, opcode: &str, message: &str) {
@@ -73,6 +73,38 @@ fn a_bad_snapshot_field_names_file_and_field() {
     assert!(text.starts_with("x.pickle: field segments[0].segment_type: expected a str"), "{text}");
     let e = simulator::snapshot::parse_snapshot(b"\x80\x04K\x01.", "y.pickle").expect_err("not a dict");
     assert!(e.to_string().contains("y.pickle: field (top level)"), "{e}");
+}
+
+/// A list that holds itself (`a = []; a.append(a)`), or one nested 100,000 deep, in a snapshot's
+/// free-form fields overflowed the stack: memsim aborted. Refused, naming the file and field.
+#[test]
+fn a_cyclic_or_too_deep_annotation_is_refused() {
+    // {'segments': [], 'external_annotations': a} with a = [a].
+    let cyclic = b"\x80\x02}q\x00(X\x08\x00\x00\x00segments]q\x01X\x14\x00\x00\x00external_annotations]q\x02h\x02au.";
+    let p = pickle::decode(cyclic).expect("decodes");
+    let annotations = p.dict_get(p.root(), "external_annotations").expect("present");
+    assert_eq!(p.to_json(annotations), None);
+    let e = simulator::snapshot::parse_snapshot(cyclic, "c.pickle").expect_err("cyclic");
+    assert!(
+        e.to_string().starts_with("c.pickle: field external_annotations: expected plain data nested at most 128 deep"),
+        "{e}"
+    );
+
+    // {'segments': [], 'allocator_settings': [[[...]]]}, 100,000 deep.
+    let mut deep = b"\x80\x02}(X\x08\x00\x00\x00segments]X\x12\x00\x00\x00allocator_settings".to_vec();
+    deep.extend(std::iter::repeat_n(b'(', 100_000));
+    deep.extend(std::iter::repeat_n(b'l', 100_000));
+    deep.extend(b"u.");
+    let e = simulator::snapshot::parse_snapshot(&deep, "d.pickle").expect_err("too deep");
+    assert!(e.to_string().contains("d.pickle: field allocator_settings: expected plain data nested"), "{e}");
+
+    // 128 deep is still read.
+    let mut fine = b"\x80\x02".to_vec();
+    fine.extend(std::iter::repeat_n(b'(', 128));
+    fine.extend(std::iter::repeat_n(b'l', 128));
+    fine.push(b'.');
+    let p = pickle::decode(&fine).expect("decodes");
+    assert!(p.to_json(p.root()).is_some());
 }
 
 /// Walks our value and serde-pickle's side by side. serde-pickle (with
@@ -155,7 +187,7 @@ proptest! {
     fn reads_what_serde_pickle_writes(v in value()) {
         let bytes = serde_pickle::to_vec(&v, serde_pickle::SerOptions::new()).expect("encodes");
         let p = pickle::decode(&bytes).expect("decodes");
-        prop_assert_eq!(p.to_json(p.root()), v);
+        prop_assert_eq!(p.to_json(p.root()), Some(v));
     }
 
     /// What our writer writes (repeated strings shared through the memo), the unpickler reads
@@ -163,7 +195,7 @@ proptest! {
     #[test]
     fn reads_back_what_the_writer_writes(v in value()) {
         let p = pickle::decode(&pickle::encode(&v)).expect("decodes what it wrote");
-        prop_assert_eq!(p.to_json(p.root()), v);
+        prop_assert_eq!(p.to_json(p.root()), Some(v));
     }
 }
 

@@ -55,12 +55,32 @@ pub fn write_record_line(rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceErr
 struct Common {
     #[serde(default)]
     kind: Option<String>,
+    /// Read only to refuse a tag that is not a string (see [`tags_are_strings`]).
+    #[serde(default, rename = "op")]
+    _op: Option<String>,
     #[serde(default)]
     ts_ns: Option<u64>,
     #[serde(default)]
     tid: Option<u32>,
     #[serde(default)]
     device: Option<u32>,
+}
+
+/// Whether every `"kind"` and `"op"` key of the line has a string value. serde's internally
+/// tagged enums (`Event` by `kind`, `Control` by `op`) also take a variant's index, so
+/// `"kind":1` read as a free: a line where this is false goes to [`parse_record_line`], which
+/// refuses it naming the field. A key inside a string value is escaped (`\"kind\"`) and does
+/// not match; a nested one with another value only sends its line the slower way.
+pub(crate) fn tags_are_strings(line: &[u8]) -> bool {
+    [&b"\"kind\""[..], &b"\"op\""[..]].iter().all(|key| {
+        line.windows(key.len()).enumerate().filter(|(_, w)| w == key).all(|(i, _)| {
+            let mut rest = line[i + key.len()..].iter().copied().skip_while(u8::is_ascii_whitespace);
+            match rest.next() {
+                Some(b':') => rest.find(|b| !b.is_ascii_whitespace()) == Some(b'"'),
+                _ => true,
+            }
+        })
+    })
 }
 
 /// serde_json appends " at line L column C"; the line is always 1 here, so keep the column only.
@@ -95,7 +115,13 @@ fn parse<T: DeserializeOwned>(bytes: &[u8], line: u64) -> Result<T, TraceError> 
 }
 
 fn common(bytes: &[u8], line: u64) -> Result<Common, TraceError> {
-    parse::<Common>(bytes, line)
+    parse::<Common>(bytes, line).map_err(|e| match e {
+        // `null`, `[]` or `5` as a line: serde names the private struct it wanted.
+        TraceError::Json { line, field, message } => {
+            TraceError::Json { line, field, message: message.replace("struct Common", "a JSON object") }
+        }
+        e => e,
+    })
 }
 
 /// The first bytes of a line for messages.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use simulator::colocate::{colocate, Align, Job, Mode, Start};
+use simulator::colocate::{colocate, saturating_sum, Align, Job, Mode, Start};
 use simulator::fit::{self, Outside};
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_capacity, parse_size};
@@ -140,7 +140,8 @@ pub fn run(a: Args) -> Result<u8> {
     };
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
     // Beside each job's own peak, a shared need below their sum reads as a mistake unless said.
-    let sum: u64 = r.jobs.iter().map(|j| if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes }).sum();
+    let sum =
+        saturating_sum(r.jobs.iter().map(|j| if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes }));
     // Only a shared run at a capacity retries; unlimited, a gap has other terms (a memory
     // fraction, a recorded OOM's floor, memory held outside at other moments).
     if r.mode == Mode::Timestamps && r.capacity.is_some() && r.combined_need_bytes < sum {

@@ -50,14 +50,17 @@ pub fn run(a: Args) -> Result<u8> {
     crate::input::distinct_output(&a.input, &a.output)?;
     match (in_kind, out) {
         (Kind::Trace, Out::Trace) => {
-            let s = trace::convert(&a.input, &a.output)
-                .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
-            match crate::input::summary_warnings(Some(&s), &a.input, a.strict) {
-                Ok(w) => crate::input::warn(&w),
-                Err(e) => {
-                    let _ = std::fs::remove_file(&a.output);
-                    return Err(e);
-                }
+            // Under --strict a refused input leaves the output path as it was.
+            let mut judged = None;
+            let (s, _) = trace::convert(&a.input, &a.output, |s| {
+                let verdict = crate::input::summary_warnings(Some(s), &a.input, a.strict);
+                let keep = verdict.is_ok();
+                judged = Some(verdict);
+                keep
+            })
+            .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
+            if let Some(verdict) = judged {
+                crate::input::warn(&verdict?);
             }
             report(&a, s.records, s.truncated);
         }
@@ -73,7 +76,9 @@ pub fn run(a: Args) -> Result<u8> {
             if !has_end_state && header.is_allocator_level() {
                 // A request-only trace (e.g. symbolic): memory_viz needs segments, so show what the
                 // allocator model would have done, at its addresses.
-                let mut rep = Replayer::new(&header, ReplayOptions::default())?.realize();
+                let mut rep = Replayer::new(&header, ReplayOptions::default())
+                    .with_context(|| format!("{}: cannot replay", a.input.display()))?
+                    .realize();
                 records.iter().for_each(|r| rep.observe(r));
                 records = rep.take_realized();
                 eprintln!("{}: no recorded segments; exporting the allocator model's replay", a.input.display());
@@ -87,7 +92,7 @@ pub fn run(a: Args) -> Result<u8> {
                 }
             }
             let exported = simulator::snapshot::write_snapshot(&a.output, &header, &records)
-                .with_context(|| format!("writing {}", a.output.display()))?;
+                .with_context(|| format!("writing {} from {}", a.output.display(), a.input.display()))?;
             if exported.allocs == 0 && exported.segment_events > 0 {
                 crate::input::warn(&[format!(
                     "{}: the snapshot holds {} segment events but no allocation (no `alloc` entry): memory_viz \
@@ -105,7 +110,10 @@ pub fn run(a: Args) -> Result<u8> {
         (_, Out::Perfetto) => {
             let read = crate::input::for_each_record(
                 &a.input,
-                |h| Ok(PerfettoBuilder::new(h, ReplayOptions::default())?),
+                |h| {
+                    PerfettoBuilder::new(h, ReplayOptions::default())
+                        .with_context(|| format!("{}: cannot replay", a.input.display()))
+                },
                 |b, r| {
                     b.observe(r);
                     Ok(())

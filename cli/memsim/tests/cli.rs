@@ -319,12 +319,7 @@ fn errors_are_clear() {
     assert!(err.contains("unknown input format"), "{err}");
 
     // A device-level trace with the cache on is refused, with what to do instead.
-    let mut h = Header::new("libmemtrace", "0", Level::Device);
-    h.pid = Some(1);
-    let dev = dir.path().join("dev.mtrace");
-    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
-    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
-    w.finish().unwrap();
+    let dev = device_trace_with_cache_on(dir.path());
     let (code, _, err) = memsim(&["replay", dev.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("PYTORCH_NO_CUDA_MEMORY_CACHING=1"), "{err}");
@@ -1459,18 +1454,24 @@ fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
     assert!(out.contains("segment events    1/1 match"), "{out}");
 }
 
+/// A device-level trace of one 20 MiB allocation, recorded with PyTorch's cache on.
+fn device_trace_with_cache_on(dir: &Path) -> PathBuf {
+    let mut h = Header::new("libmemtrace", "0", Level::Device);
+    h.pid = Some(1);
+    let dev = dir.join("dev.mtrace");
+    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
+    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
+    w.finish().unwrap();
+    dev
+}
+
 /// The refusal of a device-level trace with the cache on told a program without PyTorch that
 /// PYTORCH_NO_CUDA_MEMORY_CACHING=1 makes its calls its requests; under it such a program's
 /// calls are left out of the replay as another module's, so the advice is PyTorch's alone.
 #[test]
 fn the_cache_on_refusal_says_what_a_program_without_pytorch_gets() {
     let dir = tempfile::tempdir().unwrap();
-    let mut h = Header::new("libmemtrace", "0", Level::Device);
-    h.pid = Some(1);
-    let dev = dir.path().join("dev.mtrace");
-    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
-    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
-    w.finish().unwrap();
+    let dev = device_trace_with_cache_on(dir.path());
     let (code, _, err) = memsim(&["replay", dev.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(!err.contains("whose calls are its requests"), "{err}");

@@ -95,12 +95,13 @@ impl Builder<'_> {
         }
     }
 
-    fn push(&mut self, device: u32, entry: OutEntry) {
-        let d = device as usize;
+    fn push(&mut self, index: usize, device: u32, entry: OutEntry) -> Result<(), SnapshotError> {
+        let d = device_slot(index, device)?;
         if self.traces.len() <= d {
             self.traces.resize_with(d + 1, Vec::new);
         }
         self.traces[d].push(entry);
+        Ok(())
     }
 
     fn time_us(&self, ts_ns: Option<u64>) -> Option<u64> {
@@ -133,7 +134,7 @@ impl Builder<'_> {
                     }
                     Origin::Outcome => "segment_alloc",
                 };
-                self.push(device, entry(action, a.addr, a.size, a.stream, frames));
+                self.push(index, device, entry(action, a.addr, a.size, a.stream, frames))?;
             }
             Event::Free(f) if f.mem == MemoryKind::Device => {
                 let frames = self.frames(index, f.stack)?;
@@ -142,7 +143,7 @@ impl Builder<'_> {
                         index,
                         message: format!("segment free at 0x{:x} has no size", f.addr),
                     })?;
-                    self.push(device, entry("segment_free", f.addr, size, f.stream, frames));
+                    self.push(index, device, entry("segment_free", f.addr, size, f.stream, frames))?;
                     return Ok(());
                 }
                 // PyTorch writes a free with its block's requested size, the alloc's own: a
@@ -159,18 +160,19 @@ impl Builder<'_> {
                     }
                 };
                 if matches!(f.stage, FreeStage::Requested | FreeStage::Immediate) {
-                    self.push(device, entry("free_requested", f.addr, size, f.stream, frames));
+                    self.push(index, device, entry("free_requested", f.addr, size, f.stream, frames))?;
                 }
                 if matches!(f.stage, FreeStage::Completed | FreeStage::Immediate) {
                     self.live.remove(&(device, f.addr));
-                    self.push(device, entry("free_completed", f.addr, size, f.stream, frames));
+                    self.push(index, device, entry("free_completed", f.addr, size, f.stream, frames))?;
                 }
             }
             Event::Vmm(v) if matches!(v.op, VmmOp::Map | VmmOp::Unmap) => {
                 let action = if v.op == VmmOp::Map { "segment_map" } else { "segment_unmap" };
-                self.push(device, entry(action, v.addr, v.size, v.stream, None));
+                self.push(index, device, entry(action, v.addr, v.size, v.stream, None))?;
             }
             Event::Oom(o) => self.push(
+                index,
                 device,
                 OutEntry {
                     action: "oom",
@@ -181,8 +183,8 @@ impl Builder<'_> {
                     time_us,
                     frames: None,
                 },
-            ),
-            Event::SnapshotPoint(p) => self.push(device, entry("snapshot", 0, p.active_bytes, 0, None)),
+            )?,
+            Event::SnapshotPoint(p) => self.push(index, device, entry("snapshot", 0, p.active_bytes, 0, None))?,
             Event::SegmentState(s) if s.at == StateAt::End => {
                 let mut blocks = Vec::with_capacity(s.blocks.len());
                 let (mut allocated, mut active, mut requested) = (0, 0, 0);
@@ -272,6 +274,24 @@ impl Exported {
 /// Encodes an allocator-level trace as snapshot pickle bytes. The trace must carry its final
 /// segment state (`SegmentState` at `End`, as [`super::import`] writes) whenever it has events;
 /// a trace without one needs a replay to compute it.
+/// PyTorch's device index is an `int8_t` (`c10::DeviceIndex`): no snapshot has a device past it.
+const MAX_DEVICE: u32 = i8::MAX as u32;
+
+/// The slot of `device` in the snapshot's per-device trace list, which holds one list for every
+/// device from 0: a damaged ordinal would make billions of them.
+fn device_slot(index: usize, device: u32) -> Result<usize, SnapshotError> {
+    if device > MAX_DEVICE {
+        return Err(SnapshotError::Export {
+            index,
+            message: format!(
+                "device {device}: a snapshot lists one trace per device from 0, and PyTorch's device \
+                 index stops at {MAX_DEVICE}"
+            ),
+        });
+    }
+    Ok(device as usize)
+}
+
 pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, SnapshotError> {
     export(header, records).map(|(bytes, _)| bytes)
 }
@@ -292,7 +312,10 @@ fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), Sn
         has_end |= matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End);
         b.record(i, r)?;
     }
-    let devices = header.devices.iter().map(|d| d.index as usize + 1).max().unwrap_or(0);
+    let mut devices = 0;
+    for d in &header.devices {
+        devices = devices.max(device_slot(0, d.index)? + 1);
+    }
     if b.traces.len() < devices {
         b.traces.resize_with(devices, Vec::new);
     }

@@ -224,6 +224,14 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The value under `key` of the snapshot's top-level dict, as JSON.
+    fn plain_data(&self, root: ValueId, key: &str) -> Result<Option<serde_json::Value>, SnapshotError> {
+        let Some(v) = self.p.dict_get(root, key) else { return Ok(None) };
+        let depth = Pickle::JSON_DEPTH;
+        let expected = format!("plain data nested at most {depth} deep (a container that holds itself never ends)");
+        self.p.to_json(v).map(Some).ok_or_else(|| self.bad(key, &expected, v))
+    }
+
     fn missing(&self, field: &str, expected: &str) -> SnapshotError {
         SnapshotError::Field {
             file: self.file.to_string(),
@@ -310,9 +318,9 @@ impl<'a> Reader<'a> {
                         snap.device_traces.push(out);
                     }
                 }
-                snap.allocator_settings = self.p.dict_get(root, "allocator_settings").map(|v| self.p.to_json(v));
-                snap.external_annotations = self.p.dict_get(root, "external_annotations").map(|v| self.p.to_json(v));
-                snap.memtrace_header = self.p.dict_get(root, MEMTRACE_HEADER).map(|v| self.p.to_json(v));
+                snap.allocator_settings = self.plain_data(root, "allocator_settings")?;
+                snap.external_annotations = self.plain_data(root, "external_annotations")?;
+                snap.memtrace_header = self.plain_data(root, MEMTRACE_HEADER)?;
             }
             _ => return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root)),
         }

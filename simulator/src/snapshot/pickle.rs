@@ -76,10 +76,20 @@ impl Pickle {
     }
 
     /// Converts a value to JSON (for allocator settings and annotations). Dict keys that are
-    /// not strings are written with their JSON text; ints beyond i64/u64 become floats.
-    pub fn to_json(&self, id: ValueId) -> serde_json::Value {
+    /// not strings are written with their JSON text; ints beyond i64/u64 become floats. `None`
+    /// when it nests deeper than [`Self::JSON_DEPTH`]: a pickle can hold a list that contains
+    /// itself, and a deep one would overflow the stack here or in the value's drop.
+    pub fn to_json(&self, id: ValueId) -> Option<serde_json::Value> {
+        self.to_json_within(id, Self::JSON_DEPTH)
+    }
+
+    /// How deep [`Self::to_json`] follows containers: serde_json's own parsing limit.
+    pub const JSON_DEPTH: usize = 128;
+
+    fn to_json_within(&self, id: ValueId, depth: usize) -> Option<serde_json::Value> {
         use serde_json::Value;
-        match self.get(id) {
+        let inner = |v: ValueId| self.to_json_within(v, depth.checked_sub(1)?);
+        Some(match self.get(id) {
             PickleValue::None => Value::Null,
             PickleValue::Bool(b) => Value::Bool(*b),
             PickleValue::Int(i) => {
@@ -94,7 +104,7 @@ impl Pickle {
             PickleValue::Float(f) => Value::from(*f),
             PickleValue::Str(s) => Value::String(s.to_string()),
             PickleValue::List(items) | PickleValue::Tuple(items) => {
-                Value::Array(items.iter().map(|v| self.to_json(*v)).collect())
+                Value::Array(items.iter().map(|v| inner(*v)).collect::<Option<_>>()?)
             }
             PickleValue::Dict(items) => Value::Object(
                 items
@@ -102,13 +112,13 @@ impl Pickle {
                     .map(|(k, v)| {
                         let key = match self.get(*k) {
                             PickleValue::Str(s) => s.to_string(),
-                            _ => self.to_json(*k).to_string(),
+                            _ => inner(*k)?.to_string(),
                         };
-                        (key, self.to_json(*v))
+                        Some((key, inner(*v)?))
                     })
-                    .collect(),
+                    .collect::<Option<_>>()?,
             ),
-        }
+        })
     }
 }
 

@@ -460,6 +460,14 @@ impl<R: Read> Reader<R> {
             let line = self.line_no();
             let text = self.scratch.trim_ascii();
             return match jsonl::parse_header_line(text, line) {
+                // Old Mac line endings: the whole input reads as one line that is no JSON.
+                Err(_) if !complete && text.contains(&b'\r') => Err(TraceError::Json {
+                    line,
+                    field: None,
+                    message: "its lines end with a bare carriage return (\\r): JSON Lines ends each line with \\n \
+                              (or \\r\\n)"
+                        .into(),
+                }),
                 // Only a line that is not even complete JSON was cut short.
                 Err(_) if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
                     Err(TraceError::PartialHeader {
@@ -483,7 +491,9 @@ impl<R: Read> Reader<R> {
             // the line reader). Anything it rejects goes through the line reader, which knows
             // unknown kinds and names the failing field.
             if let Ok(r) = serde_json::from_slice::<Record>(text) {
-                return Ok(Some(r));
+                if jsonl::tags_are_strings(text) {
+                    return Ok(Some(r));
+                }
             }
             match jsonl::parse_record_line(text, self.line_no()) {
                 Ok(Some(r)) => return Ok(Some(r)),

@@ -111,6 +111,18 @@ fn errors_stop_iteration_and_keep_earlier_records() {
     assert!(r.next_record().is_none());
 }
 
+/// A key named like a tag, inside a string or nested with another value, is no tag: such lines
+/// still read.
+#[test]
+fn jsonl_tag_names_elsewhere_still_read() {
+    let (h, recs) = small_trace();
+    let good = String::from_utf8(jsonl(&h, &recs[..2])).unwrap();
+    for line in [r#"{"kind":"marker","text":"\"kind\": 1"}"#, r#"{"kind":"marker","text":"\"op\""}"#] {
+        let (_, got, _) = read_all(format!("{good}{line}\n").as_bytes()).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(matches!(&got[2].event, Event::Marker(_)), "{line}: {got:?}");
+    }
+}
+
 #[test]
 fn jsonl_errors_name_line_and_field() {
     let (h, recs) = small_trace();
@@ -137,7 +149,17 @@ fn jsonl_errors_name_line_and_field() {
     checkj(r#"{"kind":"alloc","addr":1,"#, &["line 4", "EOF while parsing"]);
     checkj(r#"{"kind":"header","format_version":1}"#, &["line 4", "second header"]);
     checkj(r#"{"kind":"marker","text":"a"} trailing"#, &["line 4", "trailing characters"]);
+    checkj("null", &["line 4", "expected a JSON object"]);
+    // serde's tagged enums take a variant's index: `"kind":1` was read as a free, and with
+    // another fault on the line the error blamed `kind`, not the field at fault.
+    checkj(r#"{"kind":1,"addr":1,"api":"cudaFree"}"#, &["line 4", "field `kind`", "expected a string"]);
+    checkj(r#"{"kind" : 0,"addr":1,"size":2,"api":"cudaMalloc"}"#, &["line 4", "field `kind`", "expected a string"]);
+    checkj(r#"{"kind":"control","op":0,"fraction":0.5}"#, &["line 4", "field `op`", "expected a string"]);
     check(br#"{"kind":"marker","text":"a"}"#, &["missing trace header", "line 1", "\"marker\" record"]);
+    // CR-only line endings read as one line: it was called a header cut short.
+    let (h, recs) = small_trace();
+    let cr = String::from_utf8(jsonl(&h, &recs[..2])).unwrap().replace('\n', "\r");
+    check(cr.as_bytes(), &["line 1", "bare carriage return"]);
     check(
         b"{\"kind\":\"header\",\"format_version\":1,\"level\":\"device\"}\n",
         &["line 1", "missing field `producer`"],

@@ -88,9 +88,9 @@ fn convert_round_trips_byte_identically() {
     write_file(&a);
     let b = dir.path().join("b.jsonl");
     let c = dir.path().join("c.mtrace");
-    let sum = convert(&a, &b).unwrap();
-    assert_eq!((sum.records, sum.truncated), (6, false));
-    convert(&b, &c).unwrap();
+    let (sum, kept) = convert(&a, &b, |_| true).unwrap();
+    assert_eq!((sum.records, sum.truncated, kept), (6, false, true));
+    convert(&b, &c, |_| true).unwrap();
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
 }
 
@@ -102,10 +102,27 @@ fn convert_keeps_the_complete_records_of_a_truncated_input() {
     let cut = dir.path().join("cut.mtrace");
     std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
     let out = dir.path().join("out.jsonl");
-    let sum = convert(&cut, &out).unwrap();
+    let (sum, _) = convert(&cut, &out, |_| true).unwrap();
     assert!(sum.truncated);
     let (_, got, _) = read_file(&out);
     assert_eq!(got, recs[..recs.len() - 1]);
+}
+
+/// `memsim convert --strict` refused a truncated input after the copy had replaced the file
+/// at the output path, and removed it: the user's earlier file was gone.
+#[test]
+fn a_refused_conversion_leaves_the_output_path_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, recs) = small_trace();
+    let bytes = binary(&h, &recs);
+    let cut = dir.path().join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
+    let out = dir.path().join("out.mtrace");
+    std::fs::write(&out, "earlier").unwrap();
+    let (sum, kept) = convert(&cut, &out, |s| !s.truncated).unwrap();
+    assert!(sum.truncated && !kept);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a temporary file was left behind");
 }
 
 #[test]
