@@ -42,7 +42,7 @@ def test_four_commands_agree_on_one_trace(
     # The verdict rests on the safe number: the point plus the profile's MLP margin, a fraction
     # of the point or of the reserved peak (the margin's scale).
     margin = replay["margin"]
-    assert margin["regime"] == "mlp fp32"
+    assert margin["regime"] == "mlp fp32 adam"
     base = replay["peak_reserved_bytes"] if margin["scale"] == "reserved" else device
     assert safe == device + math.ceil(base * margin["fraction"])
     assert replay["verdict"]["need_bytes"] == safe and replay["verdict"]["fits"] is True

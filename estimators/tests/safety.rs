@@ -139,17 +139,30 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
         let h = header(meta);
         margin(p, &h, Family::of_header(&h))
     };
-    let cnn = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d,Linear,ReLU"), ("amp", "fp32")]);
+    let cnn =
+        of(&p, &[("clock", "logical"), ("layer_types", "Conv2d,Linear,ReLU"), ("amp", "fp32"), ("optimizer", "adam")]);
     assert_eq!((cnn.fraction, cnn.coverage_measured), (sf.families["cnn"].margin, true));
     let base = if cnn.scale == "reserved" { 400.0 } else { 1000.0 };
     assert_eq!(cnn.safe(1000, 400), 1000 + (base * cnn.fraction).ceil() as u64);
     // A trace written before the tracer listed layer types: its recorded family is read.
-    assert_eq!(of(&p, &[("clock", "logical"), ("family", "cnn"), ("amp", "fp32")]), cnn);
+    assert_eq!(of(&p, &[("clock", "logical"), ("family", "cnn"), ("amp", "fp32"), ("optimizer", "adam")]), cnn);
     // A Transformer borrows the MLP margin, and says its coverage is unmeasured.
     let trf = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d,Linear,MultiheadAttention")]);
     assert_eq!(trf.calibrated_family.as_deref(), Some("mlp"));
     assert!(trf.regime.starts_with("transformer "), "{trf:?}");
     assert!(!trf.coverage_measured && trf.note.contains("coverage unmeasured for this regime"), "{trf:?}");
+    // Another optimizer, checkpointing or a strategy than the calibration runs had is unmeasured
+    // (the margin still applies).
+    let cnn_meta = [("clock", "logical"), ("layer_types", "Conv2d"), ("amp", "fp32"), ("optimizer", "adam")];
+    let with = |extra: (&str, &str)| of(&p, &[&cnn_meta[..], &[extra]].concat());
+    assert!(with(("checkpointing", "none")).coverage_measured);
+    let unknown = of(&p, &cnn_meta[..3]);
+    assert!(!unknown.coverage_measured, "no optimizer recorded: {unknown:?}");
+    for extra in [("optimizer", "sgd"), ("checkpointing", "full"), ("strategy", "ddp")] {
+        let m = with(extra);
+        assert!(!m.coverage_measured && m.fraction == sf.families["cnn"].margin, "{extra:?}: {m:?}");
+        assert!(m.note.contains("coverage unmeasured") && m.regime.contains(extra.1), "{extra:?}: {m:?}");
+    }
     // bf16 is another regime, even for a calibrated family.
     let bf16 = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d"), ("amp", "bf16")]);
     assert!(!bf16.coverage_measured && bf16.fraction == sf.families["cnn"].margin);

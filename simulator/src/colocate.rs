@@ -459,9 +459,11 @@ pub fn colocate(
             // The same search with or without a capacity asked about, so the answer is one.
             let least = smallest_alone(&jobs[0], opts, point, sum)?;
             match (capacity, alone[0]) {
+                // Its need is its replay's at the capacity, fitting or not, as `memsim replay
+                // --capacity` prints it; what it takes to fit is the smallest capacity.
                 (Some(c), Some((fits, at))) => {
                     let least = if fits { least.min(c.bytes) } else { least.max(c.bytes + 1) };
-                    (if fits { at } else { sum.max(at) }, None, least, !fits)
+                    (at, None, least, !fits)
                 }
                 _ => (sum, None, least, false),
             }

@@ -67,7 +67,22 @@ pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Mar
     // shim's, a converted snapshot) carries time or nothing.
     let measured_run = header.meta(&metadata::CLOCK).is_none();
     let precision = header.meta(&metadata::AMP).unwrap_or("fp32").to_string();
-    let regime = format!("{} {precision}", family.map_or("unknown-family", Family::name));
+    let optimizer = header.meta(&metadata::OPTIMIZER);
+    // What the job does that no calibration run did (GPUMemNet's runs: no checkpointing, one GPU).
+    let beyond: Vec<String> = [
+        header.meta(&metadata::CHECKPOINTING).filter(|c| *c != "none").map(|c| format!("checkpointing {c}")),
+        header.meta(&metadata::STRATEGY).filter(|s| *s != "none").map(|s| format!("strategy {s}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let regime = [family.map_or("unknown-family", Family::name), &precision]
+        .into_iter()
+        .chain(optimizer)
+        .map(str::to_string)
+        .chain(beyond.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
     if measured_run {
         return Margin::none(regime, "a trace recorded on a real run is a measurement: no margin", true);
     }
@@ -87,7 +102,11 @@ pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Mar
         return Margin::none(regime, "the profile's [safety] table calibrates no family", false);
     };
     let same_family = family.map(Family::name) == Some(name.as_str());
-    let same_regime = m.regime.split_whitespace().next() == Some(precision.as_str());
+    // The calibration's regime is its precision, then its optimizer when it names one.
+    let mut words = m.regime.split_whitespace();
+    let same_regime = words.next() == Some(precision.as_str())
+        && words.next().is_none_or(|o| optimizer == Some(o))
+        && beyond.is_empty();
     let measured = same_family && same_regime;
     let note = if measured {
         format!(

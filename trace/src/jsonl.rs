@@ -72,14 +72,15 @@ struct Common {
 /// refuses it naming the field. A key inside a string value is escaped (`\"kind\"`) and does
 /// not match; a nested one with another value only sends its line the slower way.
 pub(crate) fn tags_are_strings(line: &[u8]) -> bool {
-    [&b"\"kind\""[..], &b"\"op\""[..]].iter().all(|key| {
-        line.windows(key.len()).enumerate().filter(|(_, w)| w == key).all(|(i, _)| {
-            let mut rest = line[i + key.len()..].iter().copied().skip_while(u8::is_ascii_whitespace);
-            match rest.next() {
-                Some(b':') => rest.find(|b| !b.is_ascii_whitespace()) == Some(b'"'),
-                _ => true,
-            }
-        })
+    // One pass over the quotes: the line was parsed already, this only routes it.
+    line.iter().enumerate().filter(|&(_, &b)| b == b'"').all(|(i, _)| {
+        let rest = &line[i + 1..];
+        let Some(after) = rest.strip_prefix(b"kind\"").or_else(|| rest.strip_prefix(b"op\"")) else { return true };
+        let mut after = after.iter().copied().skip_while(u8::is_ascii_whitespace);
+        match after.next() {
+            Some(b':') => after.find(|b| !b.is_ascii_whitespace()) == Some(b'"'),
+            _ => true,
+        }
     })
 }
 

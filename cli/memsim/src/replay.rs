@@ -201,8 +201,12 @@ pub fn replay_file(
     }
     let margin = margin.unwrap_or_else(|| Margin::none(String::new(), "", false));
     let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings };
-    r.verdict =
-        capacity.map(|c| if point { Verdict::new("point", r.point(), c) } else { Verdict::new("safe", r.safe(), c) });
+    // Without a profile there is no margin: the number judged is the point, and says so.
+    r.verdict = capacity.map(|c| match (point, profile) {
+        (true, _) => Verdict::new("point", r.point(), c),
+        (false, None) => Verdict::new("point: no profile, no safety margin", r.safe(), c),
+        (false, Some(_)) => Verdict::new("safe", r.safe(), c),
+    });
     Ok(r)
 }
 
@@ -271,6 +275,16 @@ fn replay_one(
     outln!(out, "  peak active         {}", mib(rep.peak_active_bytes));
     outln!(out, "  peak requested      {}", mib(rep.peak_requested_bytes));
     outln!(out, "  (peaks: {PEAKS_COUNT})");
+    if let Some(budget) = r.fit.budget {
+        // Replayed within the budget the peaks can differ from an unlimited replay's: at a full
+        // device the allocator frees its cached blocks and retries, as PyTorch's does.
+        outln!(
+            out,
+            "  (replayed within the allocator budget of {}: when it fills, the allocator frees its cache and \
+             retries, so these peaks can differ from a replay without --capacity)",
+            mib(budget)
+        );
+    }
     if let Some((first, steady)) = rep.step_peaks() {
         outln!(
             out,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::codec::{self, Decoded, PrefixState, VarintError, MAX_FRAME_LEN, PREAMBLE_LEN};
 use crate::error::TraceError;
-use crate::event::Record;
+use crate::event::{Event, Record};
 use crate::header::Header;
 use crate::jsonl;
 use crate::write::Format;
@@ -491,7 +491,10 @@ impl<R: Read> Reader<R> {
             // the line reader). Anything it rejects goes through the line reader, which knows
             // unknown kinds and names the failing field.
             if let Ok(r) = serde_json::from_slice::<Record>(text) {
-                if jsonl::tags_are_strings(text) {
+                // Lines as the writers write them open with their string tag; a control line
+                // has a second tag.
+                let plain = text.starts_with(br#"{"kind":""#) && !matches!(r.event, Event::Control(_));
+                if plain || jsonl::tags_are_strings(text) {
                     return Ok(Some(r));
                 }
             }
