@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import json
-import re
+import os
+import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,50 +24,28 @@ import torch
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
+from memtrace import checks
+from memtrace.checks import KEYWORDS, as_keywords
+from memtrace.checks import flag as _flag
+from memtrace.checks import tensors as _tensors
+from memtrace.checks import text as _text
 from memtrace.result import Estimate, EstimateError, Kept, breakdown, memsim
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
 
 META = torch.device("meta")
-CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
 
 
 class MemtraceWarning(UserWarning):
     """Input memtrace could only partly use, or a constant it rests on that is unmeasured."""
 
 
-# The checks behind the API are the CLI's, whose messages name its flags; a caller of the API
-# wrote keyword arguments, so those are named instead.
-KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
-            "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
-            "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
-            "profile": "gpu", "checkpointing": "checkpointing", "point": "point",
-            "alloc-conf": "alloc_conf", "step": "model", "report": "path"}  # fmt: skip
 # `replay` names the profile as memsim does.
 REPLAY_KEYWORDS = {**KEYWORDS, "profile": "profile"}
-_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
 # One estimate at a time per process: the tracer's device, the fake process group and the
 # warnings captured are the process's own. Calls from several threads wait their turn.
 _ONE_AT_A_TIME = threading.RLock()
-
-
-def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
-    """`message` with each CLI flag the API has a keyword for said as that keyword:
-    `--world-size 0:` as `world_size=0:`, a flag without a value as the keyword's name."""
-
-    def said(m: re.Match[str]) -> str:
-        name = keywords.get(m.group(1))
-        if name is None:
-            return m.group(0)
-        return f"{name}={m.group(2)}" if m.group(2) else name
-
-    return _FLAG.sub(said, message)
-
-
-def _count(name: str, value: Any, what: str) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise EstimateError(f"{name}={value!r}: expected {what} (an int of at least 1)")
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
@@ -96,24 +77,20 @@ def _meta_like(value: Any, batch: int | None = None) -> Any:
         if batch is not None and shape:
             shape[0] = batch
         return torch.empty(shape, dtype=value.dtype, device=META)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
+        # A plain dict, whatever mapping was given (a tokenizer's BatchEncoding is a UserDict):
+        # the model is called with `model(**inputs)`, and the trace copies the batch per step.
         return {k: _meta_like(v, batch) for k, v in value.items()}
     if isinstance(value, tuple | list):
         return type(value)(_meta_like(v, batch) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # Its tensors are the caller's, on the CPU: left inside, the model met them beside its
+        # meta parameters and failed as if it were at fault.
+        inits = [f.name for f in dataclasses.fields(value) if f.init]
+        return dataclasses.replace(
+            value, **{n: _meta_like(getattr(value, n), batch) for n in inits}
+        )
     return value
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors in a tensor, tuple, list or dict (a transformers ModelOutput is one), in
-    order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
-    elif isinstance(value, tuple | list):
-        for v in value:
-            yield from _tensors(v)
 
 
 def _output_tensor(output: Any) -> torch.Tensor | None:
@@ -157,45 +134,17 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     return nn.functional.mse_loss(out, target)
 
 
-def _check_arguments(target: Any, loss_fn: Any, lora_targets: Any) -> str | None:
-    """Refuse values the tracer cannot take, naming the keyword; `lora_targets` as the CLI's
-    comma-separated text (a list of module names is taken too)."""
-    if loss_fn is not None:
-        if not callable(loss_fn):
-            raise EstimateError(f"loss_fn={loss_fn!r}: expected a callable loss_fn(output, "
-                                "target) -> scalar tensor")  # fmt: skip
-        import inspect
+def _checked_loss(loss_fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
+    """`loss_fn`, its result checked in the caller's words (the tracer's loop says "the loss",
+    the API's caller wrote a `loss_fn`)."""
+    from memtrace_trainer.symtrace.step import check_loss
 
-        try:
-            inspect.signature(loss_fn).bind(None, None)
-        except TypeError as e:
-            raise EstimateError(f"loss_fn: it is called as loss_fn(output, target), and that "
-                                f"call does not match its signature ({e})") from None  # fmt: skip
-        except ValueError:
-            pass  # a builtin without a signature: it is called as is
-    elif target is not None and not isinstance(target, torch.Tensor):
-        raise EstimateError(
-            f"target: the default loss takes a tensor (class indices or values), got "
-            f"{type(target).__name__}; convert it (torch.as_tensor) or pass loss_fn="
-        )
-    if lora_targets is None or isinstance(lora_targets, str):
-        return lora_targets
-    if isinstance(lora_targets, list | tuple) and all(isinstance(t, str) for t in lora_targets):
-        return ",".join(lora_targets)
-    raise EstimateError(f"lora_targets={lora_targets!r}: expected module names, as a list of "
-                        "strings or one comma-separated string")  # fmt: skip
+    def loss(output: Any, target: Any) -> torch.Tensor:
+        value = loss_fn(output, target)
+        check_loss(value, "loss_fn")
+        return value  # type: ignore[no-any-return]
 
-
-def _text(name: str, value: Any) -> None:
-    """A name argument (`gpu`, `profile`, `optimizer`): a non-empty string or a path."""
-    if not isinstance(value, str | Path) or not str(value).strip():
-        raise EstimateError(f"{name}={value!r}: expected a non-empty name (a string)")
-
-
-def _flag(name: str, value: Any) -> None:
-    """A yes/no argument (`point`): True or False, not a truthy string (`point="no"` was True)."""
-    if not isinstance(value, bool):
-        raise EstimateError(f"{name}={value!r}: expected True or False")
+    return loss
 
 
 def _uncompiled(model: Any) -> Any:
@@ -211,12 +160,12 @@ def _uncompiled(model: Any) -> Any:
     return model
 
 
-def _batch_of(inputs: Any) -> int:
-    first = next(_tensors(inputs), None)
-    if first is None or first.dim() == 0:
-        raise EstimateError("example_inputs: expected a tensor (or a tuple/dict of tensors) "
-                            "whose first dimension is the batch")  # fmt: skip
-    return int(first.shape[0])
+def _checked(model: nn.Module, example_inputs: Any) -> Any:
+    """The caller's module checked before its copy is traced, and `example_inputs` as the trace
+    takes them (`checks.masks`)."""
+    checks.scripted(model)
+    checks.hooks_said(model)
+    return checks.masks(model, example_inputs)
 
 
 def _workloads(
@@ -237,7 +186,7 @@ def _workloads(
     if example_inputs is None:
         raise EstimateError("example_inputs is required with a model: one batch as the model "
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
-    base = _batch_of(example_inputs)
+    base = checks.batch_of(example_inputs)
     # The meta device checks no dtypes: float64 inputs (numpy's default) to a float32 model
     # trace fine where a GPU's first layer fails ("mat1 and mat2 must have the same dtype").
     floats = {t.dtype for t in _tensors(example_inputs) if t.is_floating_point()}
@@ -257,13 +206,13 @@ def _workloads(
                 f"{name}: a tensor's first dimension is {other[0]}, where example_inputs' batch "
                 f"is {base}; every tensor's first dimension is the batch"
             )
-    lora_targets = _check_arguments(target, loss_fn, lora_targets)
+    lora_targets = checks.loop_arguments(target, loss_fn, lora_targets)
     if lora_targets is not None and lora is None:
         raise EstimateError("lora_targets= has no meaning without lora=")
     parsed = Lora.parse(str(lora), lora_targets, None) if lora is not None else None
     regime = Regime(dtype=dtype, amp=amp, lora=parsed)
     regime.validate()
-    loss = loss_fn or default_loss
+    loss = default_loss if loss_fn is None else _checked_loss(loss_fn)
     # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
     # model too); without one, the model's own.
     recast = dtype is not None and any(
@@ -287,14 +236,12 @@ def _step_config(
     from memtrace_trainer.cli.common import MODEL_STEPS
     from memtrace_trainer.symtrace.step import StepConfig
 
-    if checkpointing not in CHECKPOINTING:
-        raise EstimateError(f"checkpointing={checkpointing!r}: expected False, True, 'full' or "
-                            "'selective'")  # fmt: skip
+    kind = checks.checkpointing(checkpointing)
     if world_size not in (None, 1) and strategy is None:
         raise EstimateError(f"world_size={world_size} needs strategy= (fsdp2, ddp, zero3, ...)")
     if strategy is not None and world_size is None:
         raise EstimateError(f"strategy={strategy!r} needs world_size= (the number of ranks)")
-    cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, CHECKPOINTING[checkpointing], 1, True,
+    cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, kind, 1, True,
                      world_size if strategy else None, strategy)  # fmt: skip
     cfg.validate()
     return cfg
@@ -308,6 +255,38 @@ def _explain(e: BaseException) -> str:
     return f"the model failed on the tracer's device: {type(e).__name__}: {e}{where}"
 
 
+def _callers_level(frame: Any) -> int:
+    """The `stacklevel` of the innermost frame of the caller's own code above `frame`: a warning
+    points at the line of theirs that led to it (their `estimate` call, or their step's line),
+    not at memtrace's or PyTorch's. Without one (memtrace called from an installed package), the
+    frame that called memtrace: the one above its outermost frame of memtrace or PyTorch."""
+    from memtrace_trainer.errors import is_user_file
+
+    level, outermost = 1, 0
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if (name.startswith("<") and not name.startswith("<frozen")) or is_user_file(name):
+            return level
+        if _ours(name):
+            outermost = level
+        frame, level = frame.f_back, level + 1
+    return outermost + 1
+
+
+def _ours(filename: str) -> bool:
+    """Whether `filename` is memtrace's, memtrace_trainer's or PyTorch's."""
+    path = os.path.realpath(filename)
+    return any(path.startswith(d + os.sep) for d in _own_dirs())
+
+
+@functools.lru_cache(maxsize=1)
+def _own_dirs() -> tuple[str, ...]:
+    import memtrace_trainer
+
+    files = (__file__, memtrace_trainer.__file__ or "", torch.__file__ or "")
+    return tuple(os.path.dirname(os.path.realpath(f)) for f in files)
+
+
 @contextlib.contextmanager
 def _warnings_as_python() -> Iterator[list[str]]:
     said: list[str] = []
@@ -315,7 +294,7 @@ def _warnings_as_python() -> Iterator[list[str]]:
     def sink(message: str) -> None:
         message = as_keywords(message)
         said.append(message)
-        warnings.warn(message, MemtraceWarning, stacklevel=4)
+        warnings.warn(message, MemtraceWarning, stacklevel=_callers_level(sys._getframe()))
 
     with notes.captured(sink):
         yield said
@@ -369,9 +348,10 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except EstimateError as e:
-        if e.__cause__ is None and isinstance(e.args[0], str):
-            raise EstimateError(as_keywords(e.args[0])) from e
-        raise
+        said = as_keywords(e.args[0]) if e.args and isinstance(e.args[0], str) else None
+        if e.__cause__ is None and said is not None and said != e.args[0]:
+            raise EstimateError(said) from e
+        raise  # already in the caller's words: one traceback, not the same message twice
     except UserError as e:
         raise EstimateError(as_keywords(str(e))) from e
     except Exception as e:
@@ -399,7 +379,7 @@ def estimate(
     optimizer: str = "adam",
     amp: str | None = None,
     dtype: str | None = None,
-    gpu: str = DEFAULT_PROFILE,
+    gpu: str | os.PathLike[str] = DEFAULT_PROFILE,
     world_size: int | None = None,
     strategy: str | None = None,
     lora: int | str | None = None,
@@ -423,22 +403,22 @@ def estimate(
 
     Raises `EstimateError` on bad arguments, an unknown `gpu` (the message lists the known
     profiles), or a model that fails on the tracer's device (naming the op and your line)."""
+    from memtrace import builders
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
-    _count("steps", steps, "a number of traced steps")
-    _count("world_size", world_size, "a number of ranks")
-    _text("gpu", gpu)
+    checks.steps(steps)
+    checks.count("world_size", world_size, "a number of ranks")
+    gpu = _text("gpu", gpu)
     _text("optimizer", optimizer)
     _flag("point", point)
     prof = _profile(gpu, capacity)
     tmp = Kept()
     trace = Path(tmp.name) / "symbolic.jsonl"
-    with _tracing(), _warnings_as_python() as said, _errors():
+    with _tracing(), _warnings_as_python() as said, _errors(), contextlib.ExitStack() as around:
         model = _uncompiled(model)
         if isinstance(model, nn.Module):
-            workload = _workloads(
-                model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
-            )
+            inputs = _checked(model, example_inputs)
+            workload = _workloads(model, inputs, target, loss_fn, dtype, lora, amp, lora_targets)
             step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
             job: Any = ModelJob(lambda: workload(None), step)
         elif callable(model):
@@ -455,6 +435,7 @@ def estimate(
                 notes.warn(f"{name}= has no effect with a step builder: your step decides")
             # Any world size given, 1 too: a step that starts a process group gets the fake one.
             job = StepJob(model, steps or STEP_FN_STEPS, world_size)
+            around.enter_context(builders.watched(model))
         else:
             raise EstimateError(f"model: expected an nn.Module or a step builder "
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
@@ -494,7 +475,7 @@ def max_batch(
     optimizer: str = "adam",
     amp: str | None = None,
     dtype: str | None = None,
-    gpu: str = DEFAULT_PROFILE,
+    gpu: str | os.PathLike[str] = DEFAULT_PROFILE,
     world_size: int | None = None,
     strategy: str | None = None,
     lora: int | str | None = None,
@@ -519,18 +500,17 @@ def max_batch(
         # TypeError about this argument, not the message above.
         raise EstimateError("example_inputs: max_batch needs one batch of the model's inputs, "
                             "whose first dimension it searches")  # fmt: skip
-    _count("steps", steps, "a number of traced steps")
-    _count("world_size", world_size, "a number of ranks")
-    _count("limit", limit, "the largest batch to try")
-    _text("gpu", gpu)
+    checks.steps(steps)
+    checks.count("world_size", world_size, "a number of ranks")
+    checks.count("limit", limit, "the largest batch to try")
+    gpu = _text("gpu", gpu)
     _text("optimizer", optimizer)
     _flag("point", point)
     prof = _profile(gpu, capacity)
     with _tracing(), _warnings_as_python(), _errors():
         model = _uncompiled(model)
-        workload = _workloads(
-            model, example_inputs, target, loss_fn, dtype, lora, amp, lora_targets
-        )
+        inputs = _checked(model, example_inputs)
+        workload = _workloads(model, inputs, target, loss_fn, dtype, lora, amp, lora_targets)
         step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
         found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,
                        limit, point)  # fmt: skip
@@ -540,18 +520,17 @@ def max_batch(
     return int(found["max_batch"])
 
 
-def replay(trace: str | Path, profile: str | None = None, *, capacity: str | None = None,
-           alloc_conf: str | None = None, point: bool = False) -> dict[str, Any]:  # fmt: skip
+def replay(trace: str | os.PathLike[str], profile: str | os.PathLike[str] | None = None, *,
+           capacity: str | None = None, alloc_conf: str | None = None,
+           point: bool = False) -> dict[str, Any]:  # fmt: skip
     """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
-    _text("trace", trace)
+    args = ["replay", _text("trace", trace), "--json"]
     _flag("point", point)
-    args = ["replay", str(trace), "--json"]
     for flag, value in (("--profile", profile), ("--capacity", capacity),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip
         if value is not None:
-            _text(flag[2:].replace("-", "_"), value)
-            args += [flag, str(value)]
+            args += [flag, _text(flag[2:].replace("-", "_"), value)]
     if point:
         args.append("--point")
     data = json.loads(memsim(*args, codes=(0, 1), keywords=REPLAY_KEYWORDS))

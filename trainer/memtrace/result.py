@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import html
 import json
+import os
 import shutil
 import tempfile
 import warnings
 import weakref
+import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,7 @@ def memsim(
 ) -> str:
     """`memsim ARGS`'s stdout; its error line as an `EstimateError` otherwise, with memsim's
     flags said as the caller's `keywords` (default: `estimate`'s)."""
-    from memtrace.api import KEYWORDS, as_keywords
+    from memtrace.checks import KEYWORDS, as_keywords
 
     done = run_tool("memsim", list(args))
     if done.returncode not in codes:
@@ -113,15 +115,53 @@ class Estimate:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __copy__(self) -> Estimate:
+        # Not through __getstate__, which carries the trace's text for a pickle: a copy in this
+        # process shares the trace.
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Estimate:
         # The trace is shared, not copied: a copy asks again of the same trace, which stays
         # while any copy does.
-        new = copy.copy(self)
+        new = self.__copy__()
         memo[id(self)] = new
         for f in fields(self):
             if f.name != "_dir":
                 setattr(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
         return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The trace lives in a temporary folder of this process, removed with the estimate: a
+        # pickle carries the trace itself (compressed), so that the estimate loaded elsewhere or
+        # later can still be asked again; a closed one stays closed.
+        state = {k: v for k, v in self.__dict__.items() if k != "_dir"}
+        closed = self._dir.closed or not self.trace_path.is_file()
+        state["_trace_zlib"] = None if closed else _packed(self.trace_path)
+        # Asking again names the profile by its path, which another environment may not have
+        # (a custom profile's file, the checkout it was shipped in): its text goes along.
+        try:
+            state["_profile_toml"] = Path(self.profile).read_text()
+        except OSError:
+            state["_profile_toml"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        packed = state.pop("_trace_zlib", None)
+        toml = state.pop("_profile_toml", None)
+        self.__dict__.update(state)
+        self._dir = Kept()
+        if packed is None:
+            self._dir.cleanup()
+            return
+        _unpacked(packed, self.trace_path)
+        if toml is not None and not Path(self.profile).is_file():
+            # The same name: memsim and the report name a profile by its file.
+            here = Path(self._dir.name) / Path(self.profile).name
+            here.write_text(toml)
+            self.profile = str(here)
 
     @property
     def trace_path(self) -> Path:
@@ -129,7 +169,11 @@ class Estimate:
         return Path(self._dir.name) / "symbolic.jsonl"
 
     def fits(
-        self, gpu: str | None = None, *, capacity: str | None = None, point: bool | None = None
+        self,
+        gpu: str | os.PathLike[str] | None = None,
+        *,
+        capacity: str | None = None,
+        point: bool | None = None,
     ) -> bool:
         """Whether the job fits `gpu` (a profile name or path; default: the one estimated for),
         on the safe number, or on the point estimate with `point=True` (default: what the
@@ -139,11 +183,13 @@ class Estimate:
         estimate's own `capacity` when it was given one; else the GPU's total memory. A `gpu`
         named with no `capacity` is judged on its total memory, even when it is the estimated
         GPU: a warning says so when the estimate had a capacity of its own."""
-        from memtrace.api import MemtraceWarning, _flag, _text
+        from memtrace.api import MemtraceWarning
+        from memtrace.checks import flag as _flag
+        from memtrace.checks import text as _text
         from memtrace_trainer.estimate import judged_on_point
 
         if gpu is not None:
-            _text("gpu", gpu)
+            gpu = _text("gpu", gpu)
         if point is not None:
             _flag("point", point)
         if point is None:
@@ -191,9 +237,17 @@ class Estimate:
 
     def plot(self, ax: Any = None) -> Any:
         """Memory over the steps, stacked by category, with the reserved line (matplotlib,
-        imported here). Returns the axes."""
-        import matplotlib.pyplot as plt
-
+        imported here), on `ax` (a matplotlib Axes; default: a new figure). Returns the axes."""
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise EstimateError(
+                "plot() draws with matplotlib, which is not installed: "
+                "pip install matplotlib (timeline() has the same numbers)"
+            ) from e
+        if ax is not None and not all(hasattr(ax, a) for a in ("stackplot", "step", "legend")):
+            raise EstimateError(f"plot(ax={ax!r}): expected a matplotlib Axes (or None for a "
+                                "new figure)")  # fmt: skip
         names = self._report["categories"]
         samples = self._report["samples"]
         if ax is None:
@@ -211,7 +265,7 @@ class Estimate:
     def to_memory_viz(self, path: str | Path) -> Path:
         """The trace as a PyTorch memory snapshot pickle (`path` ends in .pickle or .pkl), for
         https://pytorch.org/memory_viz."""
-        out = Path(path)
+        out = _path("to_memory_viz", path, ".pickle or .pkl")
         if out.suffix not in (".pickle", ".pkl"):
             # memsim convert writes what the name says (.json is a Perfetto trace, .mtrace ours):
             # a snapshot was asked for.
@@ -228,8 +282,9 @@ class Estimate:
         from memtrace.api import as_keywords
         from memtrace_trainer.estimate import write_report
 
+        out = _path("report", path, ".html")
         try:
-            return write_report(self._trace(), self.raw, Path(self.profile), Path(path))
+            return write_report(self._trace(), self.raw, Path(self.profile), out)
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from e
 
@@ -239,8 +294,12 @@ class Estimate:
         return json.dumps({**self.raw, "breakdown_mib": self.breakdown})
 
     def _repr_html_(self) -> str:
-        # memest's words; only the colour is the notebook's.
+        # memest's words, with the capacity judged beside the verdict as `str` has it; only the
+        # colour is the notebook's.
+        from memtrace_trainer.estimate import capacity_beside
+
         text = self.raw["text"]
+        beside = capacity_beside(self.verdict)
         color = "#1a7f37" if self.verdict["fits"] else "#c00"
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{mib:,.1f}</td></tr>"
@@ -248,15 +307,49 @@ class Estimate:
         )
         return (
             f"<div><b>{html.escape(text['headline'])}: <span style='color:{color}'>"
-            f"{html.escape(text['verdict'])}</span></b>"
+            f"{html.escape(text['verdict'])}</span>{html.escape(beside)}</b>"
             f"<table><tr><th>part</th><th>MiB</th></tr>{rows}</table></div>"
         )
 
     def __str__(self) -> str:
         from memtrace.api import as_keywords
-        from memtrace_trainer.estimate import sentence
+        from memtrace_trainer.estimate import capacity_beside, sentence
 
-        return as_keywords(sentence(self.raw["text"]))
+        return as_keywords(sentence(self.raw["text"]) + capacity_beside(self.verdict))
+
+
+# Blocks of a trace pickled or loaded: a trace runs to gigabytes, and neither end holds it whole.
+_BLOCK = 1 << 22
+
+
+def _packed(trace: Path) -> bytes:
+    """The trace's bytes compressed, read a block at a time."""
+    z = zlib.compressobj(1)
+    parts = []
+    with trace.open("rb") as f:
+        while block := f.read(_BLOCK):
+            parts.append(z.compress(block))
+    parts.append(z.flush())
+    return b"".join(parts)
+
+
+def _unpacked(packed: bytes, out: Path) -> None:
+    """`_packed`'s bytes written out as the trace, a block at a time."""
+    z = zlib.decompressobj()
+    with out.open("wb") as f:
+        for at in range(0, len(packed), _BLOCK):
+            rest = packed[at : at + _BLOCK]
+            while rest:
+                f.write(z.decompress(rest, _BLOCK))
+                rest = z.unconsumed_tail
+        f.write(z.flush())
+
+
+def _path(method: str, path: Any, ending: str) -> Path:
+    """A file name a method writes to: a string or a path (`os.PathLike`)."""
+    if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str):
+        raise EstimateError(f"{method}({path!r}): expected a path ending in {ending}")
+    return Path(path)
 
 
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:
@@ -265,8 +358,9 @@ def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:
     allocator (CUDA context, libraries, NCCL, and what a real run's trace held there itself).
     The reserved peak is the estimate's own (replayed
     at the allocator's budget, where a tight capacity makes the allocator free its cache and
-    retry), not the report's unlimited replay; the blocks alive at the peak are the same in
-    both."""
+    retry), the categories the report's unlimited replay's: at a capacity tight enough to retry,
+    the two replays' allocated peaks can differ a little (a few MiB), and `allocator_cache`
+    takes the difference, so the parts still sum to `device_mib`."""
     cats = report["categories_at_peak"]
     out = {PART_NAMES.get(c, c): cats.get(c, 0) / MIB for c in report["categories"]}
     reserved = float(raw["estimates"]["symbolic"]["reserved_mib"])

@@ -1,5 +1,6 @@
 """The one exception type the CLI turns into a clean message instead of a traceback."""
 
+import functools
 import json
 
 
@@ -53,34 +54,40 @@ def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
     return data
 
 
-def _library_dirs() -> list[str]:
+# A warning's frames are asked one by one, and sysconfig computes its paths anew on each call.
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
     import sysconfig
     from pathlib import Path
 
     dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     here = Path(__file__).resolve().parent
     dirs.update((str(here), str(here.parent / "memtrace")))  # memtrace_trainer and memtrace
-    return [str(Path(d).resolve()) for d in dirs if d]
+    return tuple(str(Path(d).resolve()) for d in dirs if d)
 
 
 def user_frames(exc: BaseException) -> list:
     """The traceback frames of `exc` in the user's files: not the standard library, not installed
     packages (torch, transformers, ...), not memtrace_trainer. Empty when there are none."""
-    import os
     import traceback
 
     libs = _library_dirs()
-    out = []
-    for f in traceback.extract_tb(exc.__traceback__):
-        path = os.path.realpath(f.filename) if not f.filename.startswith("<") else f.filename
-        # Installed packages anywhere on the path (site-packages of another environment too).
-        parts = path.split(os.sep)
-        installed = "site-packages" in parts or "dist-packages" in parts
-        ours = any(path.startswith(d + os.sep) for d in libs)
-        if f.filename.startswith("<") or installed or ours:
-            continue
-        out.append(f)
-    return out
+    return [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename, libs)]
+
+
+def is_user_file(filename: str, libs: tuple[str, ...] | None = None) -> bool:
+    """Whether `filename` is the user's own code: not the standard library, not an installed
+    package (torch, transformers, ...), not memtrace's, not generated (`<string>`)."""
+    import os
+
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    # Installed packages anywhere on the path (site-packages of another environment too).
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not any(path.startswith(d + os.sep) for d in (libs or _library_dirs()))
 
 
 def raised_by_memtrace(exc: BaseException) -> bool:

@@ -154,9 +154,12 @@ class StepJob:
     ) -> None:
         # `spec` is `package.module:function`, or the function itself (the Python API);
         # `batch_size` the second argument of `FN(device, batch_size)`.
-        name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
-        self.spec, self.steps, self.batch_size = f"step:{name}", steps, batch_size
+        from memtrace_trainer.symtrace.userstep import step_label, step_name
+
+        self.spec, self.steps, self.batch_size = f"step:{step_name(spec)}", steps, batch_size
         self.fn, self.world_size = spec, world_size
+        # Messages name the step function as the tracer's do (`--step NAME`), not by `spec`.
+        self.label = step_label(spec)
 
     def features(self) -> None:
         return None
@@ -247,7 +250,7 @@ def estimate_job(
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
         if job.trace(prof, d / "symbolic.jsonl", True).allocs == 0:
-            raise nothing_on_the_gpu(job.spec)
+            raise nothing_on_the_gpu(getattr(job, "label", job.spec))
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
         fake_why = _plain_trace(job, prof, d / "plain.jsonl")
@@ -447,6 +450,31 @@ def judged_on_point(result: dict[str, Any]) -> bool:
 def sentence(text: dict[str, Any]) -> str:
     """The first line of an estimate: memest's headline and its verdict."""
     return f"{text['headline']}: {text['verdict']}"
+
+
+def capacity_beside(verdict: dict[str, Any]) -> str:
+    """What `memtrace.Estimate` prints beside its first line: the capacity judged when it is not
+    the GPU's total memory (`capacity=`), since a verdict of DOES NOT FIT beside a need far below
+    the GPU's memory reads as a contradiction. The CLI's text has it on its next line already
+    (memest's words), so its first line stays memest's headline."""
+    if verdict.get("capacity_source") != "flag":
+        return ""
+    _, capacity = need_and_capacity_mib(verdict["need_mib"], verdict["capacity_mib"])
+    return f" (capacity {capacity})"
+
+
+def need_and_capacity_mib(need_mib: float, capacity_mib: float) -> tuple[str, str]:
+    """A need and a capacity as the headline prints them (MiB, one decimal), or both in bytes
+    when those would print alike but differ: memsim's `units::need_and_capacity_mib`, so the
+    capacity beside the verdict never reads as the need the verdict refused."""
+
+    def as_mib(m: float) -> str:
+        return f"{m:.1f} MiB"
+
+    need, cap = round(need_mib * MIB), round(capacity_mib * MIB)
+    if as_mib(need / MIB) == as_mib(cap / MIB) and need != cap:
+        return f"{need} B", f"{cap} B"
+    return as_mib(need / MIB), as_mib(cap / MIB)
 
 
 def render(result: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer.symtrace.fakecuda import stand_ins
 from memtrace_trainer.workload import Workload, parameter_count
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -136,7 +137,9 @@ def extract(workload: Workload, family: str = "") -> Features:
     was_training = model.training
     model.eval()  # batch statistics of one sample would be rejected by BatchNorm in train mode
     try:
-        with torch.no_grad():
+        # The trace's stand-ins for values meta lacks: the forward takes the branches the
+        # trace takes (transformers reads an attention mask's values to choose its path).
+        with torch.no_grad(), stand_ins():
             workload.forward()
     finally:
         for h in handles:

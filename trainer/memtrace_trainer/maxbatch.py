@@ -87,10 +87,10 @@ def _probe(
         raise nothing_on_the_gpu(label)  # as `estimate` refuses it: no search of nothing
     for w in result.pop("warnings"):
         warn(w)
-    progress(
-        f"{label}: needs {result['need_bytes'] / MIB:.1f} MiB: "
-        + ("fits" if result["fits"] else "does not fit")
-    )
+    from memtrace_trainer.estimate import need_and_capacity_mib
+
+    need, cap = need_and_capacity_mib(result["need_bytes"] / MIB, result["capacity"] / MIB)
+    progress(f"{label}: needs {need} of {cap}: " + ("fits" if result["fits"] else "does not fit"))
     return {**result, "defaults": defaults, "seconds": time.perf_counter() - t}
 
 

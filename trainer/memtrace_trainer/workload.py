@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ Batch = tuple[Any, Any]
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
     """`model(x)`, `model(*x)` or `model(**x)` for a tensor, a tuple or a dict of inputs."""
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, tuple | list):
         return model(*inputs)
@@ -32,10 +33,14 @@ def fresh_like(value: Any) -> Any:
     """New storage of the same shapes, as the next batch copied to the GPU would have."""
     if isinstance(value, torch.Tensor):
         return torch.empty_like(value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: fresh_like(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
         return type(value)(fresh_like(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A batch of the caller's own class (the Python API): its tensors are the batch too.
+        inits = [f.name for f in dataclasses.fields(value) if f.init]
+        return dataclasses.replace(value, **{n: fresh_like(getattr(value, n)) for n in inits})
     return value
 
 

@@ -255,6 +255,25 @@ def test_max_batch_is_the_boundary(tmp_path: Path) -> None:
     assert none.returncode == 1
     data = json.loads(none.stdout)
     assert data["max_batch"] == 0 and data["need_at_batch"] == 1
+    # One byte below that need, need and capacity read alike in MiB: the line says them in bytes
+    # ("needs 2149.0 MiB" beside "does not fit even at batch 1 on 2149.0 MiB").
+    tight = [
+        "max-batch",
+        "--model",
+        MLP,
+        "--profile",
+        "a100-40gb",
+        "--capacity",
+        f"{data['need_bytes'] - 1}B",
+    ]
+    answer = json.loads(cli(*tight, "--json", check=False).stdout)
+    need, cap = answer["need_bytes"], answer["capacity_bytes"]
+    assert answer["max_batch"] == 0 and 0 < need - cap < MIB / 20, answer
+    text = cli(*tight, check=False)
+    assert (
+        text.returncode == 1 and f"needs {need} B" in text.stdout and f"on {cap} B" in text.stdout
+    ), text.stdout
+    assert f"needs {need} B of {cap} B: does not fit" in text.stderr, text.stderr
     bad = cli("max-batch", "--model", MLP, "--profile", "a100-40gb", "--capacity", "0.05",
               "--json", check=False)  # fmt: skip
     assert bad.returncode == 2 and "0.05" in bad.stderr

@@ -19,6 +19,7 @@ from memtrace_trainer.binaries import find_binary
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.zoo import build_workload
 from memtrace_trainer.profile import load_profile
+from memtrace_trainer.symtrace.recorder import decomposes_on_cuda
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import summarize, trace
 from memtrace_trainer.workload import call_model
@@ -187,12 +188,33 @@ def alloc_sizes(events: list[dict[str, Any]]) -> list[int]:
         # Meta decomposes mish_backward (CompositeImplicitAutograd) into full-size temporaries.
         ("mish", False, False),
         ("gelu", True, True),
+        # silu_backward has a composite for other backends and its own CUDA kernel: it ran as
+        # its parts (seven full-size temporaries) from the day composites were decomposed.
+        ("swish", True, True),
     ],
 )
 def test_mish_backward_is_one_fused_kernel(act: str, emulation: bool, same_as_relu: bool) -> None:
     relu = alloc_sizes(events_of(cnn_with("relu"), cuda_emulation=emulation))
     other = alloc_sizes(events_of(cnn_with(act), cuda_emulation=emulation))
     assert (other == relu) is same_as_relu
+
+
+def test_an_op_decomposes_where_the_dispatcher_gives_cuda_its_composite() -> None:
+    # PyTorch's own computed dispatch table says which kernel a CUDA tensor gets: its
+    # CompositeImplicitAutograd ("math") kernel, or one registered for CUDA.
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = [
+        n for n in torch._C._dispatch_get_all_op_names() if has(n, "CompositeImplicitAutograd")
+    ]
+    assert len(names) > 500
+    table = {}
+    for name in names:
+        lines = torch._C._dispatch_dump_table(name).splitlines()
+        table[name] = next(line for line in lines if line.startswith("CUDA:")).endswith(
+            "[math kernel]"
+        )
+    assert {n: decomposes_on_cuda(n) for n in names} == table
+    assert not table["aten::silu_backward"] and table["aten::linear"]
 
 
 def test_mish_swap_is_undone_after_the_trace() -> None:

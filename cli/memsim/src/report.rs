@@ -142,8 +142,8 @@ fn headline_against_table(
     let capacity = num("/verdict/capacity_mib").filter(|c| differ(*c, row.capacity_mib));
     if let Some(c) = capacity {
         w.push(format!(
-            "--estimate {est} was judged at {c:.1} MiB and the table's {} row at {:.1} MiB: the headline and the \
-             table judge different devices (give the estimate's --capacity here too)",
+            "--estimate {est} was judged on a device of {c:.1} MiB and the table's {} row on one of {:.1} MiB: the \
+             headline and the table judge different devices (give the estimate's --capacity here too)",
             row.profile, row.capacity_mib
         ));
     }

@@ -221,7 +221,7 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
     let err = report(safe, reserved, cap, &[]);
     assert!(!err.contains("the headline and the table") && !err.contains("another trace"), "judged alike: {err}");
     let err = report(safe, reserved, 2000.0, &[]);
-    assert!(err.contains("was judged at 2000.0 MiB and the table's a100-40gb row at"), "{err}");
+    assert!(err.contains("was judged on a device of 2000.0 MiB and the table's a100-40gb row on one of"), "{err}");
     assert!(!err.contains("another trace"), "at another capacity the peaks differ anyway: {err}");
     let err = report(safe, reserved, cap, &["--point"]);
     assert!(err.contains("judges the safe number and the table the point (--point)"), "{err}");

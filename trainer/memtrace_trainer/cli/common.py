@@ -290,6 +290,10 @@ def resolve_steps(args: dict[str, Any]) -> int:
     steps = args.get("iterations")
     if steps is None:
         return STEP_FN_STEPS if args.get("step") or args.get("script") else MODEL_STEPS
+    from memtrace_trainer.symtrace.userstep import check_steps
+
+    # Before any model is built or imported: a count past the limit would run for hours.
+    check_steps(int(steps))
     return int(steps)
 
 

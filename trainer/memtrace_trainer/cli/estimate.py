@@ -313,11 +313,15 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0 if result["verdict"]["fits"] else 1
 
 
-def _where(result: dict[str, Any], profile: str, per: str = "") -> str:
-    """The capacity a search answered for, and where it came from."""
-    cap = result["capacity_bytes"] / MIB
+def _need_where(result: dict[str, Any], profile: str, per: str = "") -> tuple[str, str]:
+    """The need a search answered with, and the capacity it answered for with where it came
+    from: in bytes when the two would print alike ("needs 2149.0 MiB" beside "does not fit on
+    2149.0 MiB")."""
+    from memtrace_trainer.estimate import need_and_capacity_mib
+
+    need, cap = need_and_capacity_mib(result["need_bytes"] / MIB, result["capacity_bytes"] / MIB)
     src = capacity_source_text(result["capacity_source"])
-    return f"{cap:.1f} MiB{per} ({src}, profile {profile})"
+    return need, f"{cap}{per} ({src}, profile {profile})"
 
 
 def _search_answer(
@@ -338,7 +342,7 @@ def _search_answer(
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"])
-    who, where = result["model"], _where(result, args.profile)
+    who, (need, where) = result["model"], _need_where(result, args.profile)
     strategy, world = getattr(args, "strategy", None), getattr(args, "world_size", None)
     if strategy or world:
         from memtrace_trainer.maxbatch import ranks
@@ -347,9 +351,8 @@ def _search_answer(
         over = f"{strategy} over {ranks(world)}" if strategy else ranks(world)
         per = "the batch and the need are" if key == "max_batch" else "the need is"
         who = f"{who} ({over}; {per} per GPU)"
-        where = _where(result, args.profile, " per GPU")
+        need, where = _need_where(result, args.profile, " per GPU")
     need_at = next(v for k, v in result.items() if k.startswith("need_at_"))
-    need = f"{result['need_bytes'] / MIB:.1f} MiB"
     detail = (
         f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
@@ -524,8 +527,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return code
     print_defaults(result["defaults"])
-    where = _where(result, args.profile, " per GPU")
-    need = f"{result['need_bytes'] / MIB:.1f} MiB"
+    need, where = _need_where(result, args.profile, " per GPU")
     if not result["min_world_size"] and replicated:
         at = ranks(result["need_at_world_size"])
         print(f"{result['model']} ({args.strategy}): does not fit on {where} at any world "

@@ -174,7 +174,7 @@ def _features(args: argparse.Namespace) -> None:
 def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     from memtrace_trainer.profile import load_profile
     from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
-    from memtrace_trainer.symtrace.userstep import step_batch
+    from memtrace_trainer.symtrace.userstep import step_batch, step_label
 
     check_script_args(args)
     steps = resolve_steps(args)
@@ -184,6 +184,7 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         argv = list(args.get("script_args") or [])
         summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate,
                                  args.get("world_size"))  # fmt: skip
+        _allocated(summary, f"--script {args['script']}")
         return _symtrace_result(out, summary, {}, args, steps)
     if args.get("step"):
         profile = load_profile(args.get("profile"))
@@ -191,6 +192,7 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         batch = step_batch(args["step"], args.get("batch_size"))
         summary = step_to_file(args["step"], steps, profile, out, emulate, batch,
                                world_size=args.get("world_size"))  # fmt: skip
+        _allocated(summary, step_label(args["step"]))
         return _symtrace_result(out, summary, {}, args, steps)
     batch = args.get("batch_size")
     if not isinstance(batch, int):
@@ -199,6 +201,13 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     cfg = step_config(args, steps, not args.get("no_cuda_emulation", False))
     summary = trace_to_file(workload, cfg, load_profile(args.get("profile")), out)
     return _symtrace_result(out, summary, workload.defaults, args, cfg.iterations)
+
+
+def _allocated(summary: Any, label: str) -> None:
+    """A trace of nothing is still written (`symtrace` only traces), but said."""
+    if summary.allocs == 0:
+        notes.warn(f"{label}: nothing was allocated on the tracer's device (is the model built "
+                   "on the `device` argument, or moved to \"cuda\"?)")  # fmt: skip
 
 
 def _symtrace_result(

@@ -134,6 +134,33 @@ def _host(original: Callable[..., Any], then: str | None = None) -> Callable[...
     return read
 
 
+def _value_stand_ins() -> list[tuple[Any, str, Any]]:
+    """The patches that answer reads of values meta lacks with stand-ins."""
+    T = torch.Tensor
+    return [(T, "item", _item(T.item)), (T, "__bool__", _truth(T.__bool__)),
+            (T, "cpu", _host(T.cpu)), (T, "tolist", _host(T.tolist, "tolist")),
+            (T, "numpy", _host(T.numpy, "numpy"))]  # fmt: skip
+
+
+@contextlib.contextmanager
+def stand_ins() -> Iterator[None]:
+    """Within: reads of values meta lacks (`item`, `bool`, `cpu`, `tolist`, `numpy`) get the
+    trace's stand-ins, for a pass on meta outside the trace that must not fail where the trace
+    does not (the features' forward: transformers reads an attention mask's values to choose its
+    path, which failed there and nowhere else). Only those reads: the trace's answers to a run's
+    health checks (`isfinite`, `isnan` and what is taken of them, `DeviceMap`) are not given
+    here, so a branch on those may differ from the trace's."""
+    patches = _value_stand_ins()
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    for mod, name, value in patches:
+        setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
 # `memory_summary()`'s table needs the allocator's statistics, which memsim computes after the
 # trace; a program that prints it (for its log) gets this line instead of a failure.
 _SUMMARY = (
@@ -401,12 +428,8 @@ class CudaShim:
         self._patch(torch, "save", _save_skipped(torch.save))
         self._patch(torch, "load", _load_onto_the_device(torch.load))
         # Values the tracer's device does not have, read back by the program (docs: stand-ins).
-        T = torch.Tensor
-        self._patch(T, "item", _item(T.item))
-        self._patch(T, "__bool__", _truth(T.__bool__))
-        self._patch(T, "cpu", _host(T.cpu))
-        self._patch(T, "tolist", _host(T.tolist, "tolist"))
-        self._patch(T, "numpy", _host(T.numpy, "numpy"))
+        for mod, name, value in _value_stand_ins():
+            self._patch(mod, name, value)
         self._patch(torch, "compile", _eager_compile)
         self._patch(nn.Module, "compile", lambda module, *a, **k: _eager_compile(module))
         self._patch(c.memory, "_record_memory_history", lambda *a, **k: None)

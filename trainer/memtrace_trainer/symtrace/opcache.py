@@ -158,6 +158,8 @@ def _entry(
             return _BYPASS
         if id(value) in input_ids:
             return ("arg", input_ids[id(value)])
+        if value.layout is not torch.strided:
+            return _BYPASS  # a sparse tensor has no storage of its own to key
         cdata = value.untyped_storage()._cdata
         if cdata in storages or cdata in seen:
             return _BYPASS  # an alias of an input or of another output

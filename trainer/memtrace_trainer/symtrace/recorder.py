@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.symtrace import opcache
 
 Event = dict[str, Any]
@@ -225,9 +226,7 @@ class Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         composite = _COMPOSITE.get(func)
         if composite is None:
-            composite = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
-                func.name(), "CompositeImplicitAutograd"
-            )
+            composite = _COMPOSITE[func] = decomposes_on_cuda(func.name())
         if composite:
             # Under inference_mode autograd's keys are skipped and composite ops (linear,
             # matmul, einsum) reach this mode whole; on a GPU they run as their parts, which
@@ -264,6 +263,7 @@ class Recorder(TorchDispatchMode):
             try:
                 for value in tree_flatten(out)[0]:
                     if isinstance(value, torch.Tensor):
+                        _strided(func, value)
                         self.track(value)
             finally:
                 self.memory_free -= derived
@@ -313,6 +313,21 @@ def is_collective(func: Any) -> bool:
     return getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES
 
 
+# Kernels that take a CUDA tensor's call before a CompositeImplicitAutograd one: the dispatcher
+# uses the composite for a backend only when neither is registered (PyTorch's
+# computeDispatchTableEntry).
+_CUDA_KERNELS = ("CUDA", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+
+
+def decomposes_on_cuda(name: str) -> bool:
+    """Whether op `name` runs on a CUDA tensor as its CompositeImplicitAutograd parts. An op
+    with a kernel of its own for CUDA runs whole there: `silu_backward` has a composite for
+    other backends, and running its parts recorded seven full-size temporaries where CUDA's
+    fused kernel writes one gradient."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeImplicitAutograd") and not any(has(name, k) for k in _CUDA_KERNELS)
+
+
 def _on_device(args: tuple[Any, ...]) -> bool:
     """Whether an op's arguments hold a tensor of the tracer's device (meta). Aten ops take
     tensors as arguments or in a list of them (`cat`), never deeper: one level is looked at,
@@ -325,6 +340,20 @@ def _on_device(args: tuple[Any, ...]) -> bool:
             if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in a):
                 return True
     return False
+
+
+def _strided(func: Any, value: torch.Tensor) -> None:
+    """Refuse a sparse tensor on the tracer's device, in words that name the op and where such
+    tensors come from: its memory is in inner tensors that are not tracked, and PyTorch's
+    NotImplementedError ("Cannot access storage of SparseTensorImpl") said neither."""
+    if value.layout is torch.strided or value.device.type != "meta":
+        return
+    raise UserError(
+        f"{func} made a {value.layout} tensor: sparse tensors are not supported by the tracer "
+        "(nn.Embedding and nn.EmbeddingBag with sparse=True make sparse gradients); estimate "
+        "it with sparse=False, which differs in the gradient: the whole table, where a sparse "
+        "one holds a row per index looked up"
+    )
 
 
 def _inner(tensor: Any) -> list[torch.Tensor]:

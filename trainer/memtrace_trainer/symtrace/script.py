@@ -36,6 +36,7 @@ from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import (
     Run,
     _modules,
+    check_steps,
     label_model_state,
     new_root_modules,
     tracing,
@@ -139,8 +140,7 @@ class _Optimizers:
 def run_script(
     path: Path, argv: list[str], steps: int, profile: Profile, rec: Recorder, emulate: bool
 ) -> Run:
-    if steps < 1:
-        raise UserError(f"--steps {steps}: expected at least 1")
+    check_steps(steps)
     if not path.is_file():
         raise UserError(f"--script {path}: no such file")
     before = set(_modules())

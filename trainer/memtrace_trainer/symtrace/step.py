@@ -27,7 +27,7 @@ from memtrace_trainer.symtrace.distributed import (
 )
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.recorder import Recorder
-from memtrace_trainer.symtrace.userstep import run_steps
+from memtrace_trainer.symtrace.userstep import check_steps, run_steps
 from memtrace_trainer.workload import Workload, call_model
 
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -77,8 +77,7 @@ class StepConfig:
         if self.checkpointing is not None and self.checkpointing not in CHECKPOINTING:
             expected = ", ".join(CHECKPOINTING)
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
-        if self.iterations < 1:
-            raise UserError(f"--iterations {self.iterations}: expected at least 1")
+        check_steps(self.iterations)
         check_distributed(self.strategy, self.world_size, self.fsdp_mp)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
@@ -117,7 +116,29 @@ def prepare(
     if checkpointing:
         enable_checkpointing(model, "full" if checkpointing is True else checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        # PyTorch's own words ("optimizer got an empty parameter list") read as a fault of the
+        # model's code; it is the job's: there is nothing to train.
+        raise UserError("the model has no parameter that requires grad: nothing to train "
+                        "(unfreeze some with requires_grad_(True), or train adapters with "
+                        "LoRA)")  # fmt: skip
     return params, make_optimizer(optimizer, params)
+
+
+def check_loss(loss: Any, said: str = "the loss") -> None:
+    """What backward() is called on must be one number: a loss function that returns nothing,
+    a float or an unreduced tensor is refused in words that name it (`said`: the Python API's
+    caller wrote a `loss_fn`, the CLI's did not), not in the AttributeError or "grad can be
+    implicitly created only for scalar outputs" of the line that uses it."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return
+    if isinstance(loss, torch.Tensor):
+        got = f"a tensor of shape {tuple(loss.shape)}"
+    else:
+        got = "None" if loss is None else f"a {type(loss).__name__}"
+    hint = ": reduce it (.mean(), .sum())" if isinstance(loss, torch.Tensor) else ""
+    raise UserError(f"{said} returned {got}: expected a scalar tensor (one element) to call "
+                    f"backward() on{hint}")  # fmt: skip
 
 
 def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, Any]) -> Any:
@@ -180,6 +201,7 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                 with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
                     held["out"] = call_model(model, held["inputs"])
                     loss = workload.loss(held["out"], held["target"])
+                    check_loss(loss)
                     if cfg.grad_accum > 1:
                         loss = loss / cfg.grad_accum
                 held["loss"] = loss

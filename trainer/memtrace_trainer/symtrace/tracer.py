@@ -215,17 +215,16 @@ def trace_step(
 ) -> tuple[Recorder, dict[str, str]]:
     """A user's step function (`--step MOD:FN`, symtrace/userstep.py) traced `steps` times;
     returns the recorder and the trace's metadata."""
-    from memtrace_trainer.symtrace.userstep import load_step, run_steps
+    from memtrace_trainer.symtrace.userstep import load_step, run_steps, step_label, step_name
 
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
-    name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
     libraries, rec = _recorder(profile, cuda_emulation)
     with _world(world_size), LayersRun() as layers:
-        run = run_steps(make, steps, profile, rec, cuda_emulation, f"--step {name}")
-    meta = _user_metadata(f"step:{name}", steps, profile, cuda_emulation, rec, run, libraries,
-                          layers)  # fmt: skip
-    _world_metadata(meta, world_size, libraries, f"--step {name}")
+        run = run_steps(make, steps, profile, rec, cuda_emulation, step_label(spec))
+    meta = _user_metadata(f"step:{step_name(spec)}", steps, profile, cuda_emulation, rec, run,
+                          libraries, layers)  # fmt: skip
+    _world_metadata(meta, world_size, libraries, step_label(spec))
     if batch_size is not None:
         meta["batch_size"] = str(batch_size)
     return rec, meta
@@ -329,11 +328,8 @@ def _user_metadata(
     libraries: LibrariesUsed,
     layers: LayersRun,
 ) -> dict[str, str]:
-    from memtrace_trainer.notes import warn
-
-    if not any(e["kind"] == "alloc" for e in rec.events):
-        warn(f"{spec}: nothing was allocated on the tracer's device (is the model built on the "
-             "`device` argument, or moved to \"cuda\"?)")  # fmt: skip
+    # Nothing allocated is said by whoever asked for the trace: `estimate` and `max-batch` refuse
+    # it (naming the step as every message does), `symtrace` warns (cli/models.py).
     meta = {
         "model": spec,
         "optimizer": ",".join(sorted(run.optimizers)) or "none",

@@ -40,6 +40,36 @@ from memtrace_trainer.workload import user_function
 
 StepFn = Callable[[torch.device], Callable[[], Any]]
 
+# The peak of a training job shows within its first few steps (the profiles are calibrated at
+# 2); every traced step runs each op of the step again, on one core, and adds as much again to
+# the trace. A count past this is a run's length, not a trace's, and would run for hours.
+MAX_STEPS = 1000
+
+
+def check_steps(steps: int) -> None:
+    """Refuse a step count the tracer cannot take: below 1, or above `MAX_STEPS`."""
+    if steps < 1:
+        raise UserError(f"--steps {steps}: expected at least 1")
+    if steps > MAX_STEPS:
+        raise UserError(f"--steps {steps}: expected at most {MAX_STEPS} (the peak shows "
+                        "within the first few steps; each is traced op by op)")  # fmt: skip
+
+
+def step_name(spec: Any) -> str:
+    """How messages name a step function: `package.module:function` as given, or the function's
+    own name (the Python API passes the function itself)."""
+    if isinstance(spec, str):
+        return spec
+    name = getattr(spec, "__qualname__", None) or getattr(getattr(spec, "func", None),
+                                                           "__qualname__", None)  # fmt: skip
+    return str(name or type(spec).__qualname__)
+
+
+def step_label(spec: Any) -> str:
+    """The step function as every message names it: `--step NAME` (the Python API says it as
+    `model=NAME`)."""
+    return f"--step {step_name(spec)}"
+
 
 def load_step(spec: Any, with_batch: bool = False) -> Any:
     """`package.module:function` (or the function itself, from the Python API), checked to take
@@ -57,7 +87,7 @@ def load_step(spec: Any, with_batch: bool = False) -> Any:
             else "one argument, the device,"
         )
         raise UserError(
-            f"--step {spec!r}: {func_name} must take {takes} and return a zero-argument step()"
+            f"{step_label(spec)}: {func_name} must take {takes} and return a zero-argument step()"
         )
     return func
 
@@ -74,8 +104,8 @@ def step_batch(spec: Any, batch_size: int | None) -> int | None:
         return None  # a builtin without a signature: called with the device
     alone, with_batch = _binds(sig, META), _binds(sig, META, 1)
     if with_batch and not alone and batch_size is None:
-        raise UserError(f"--step {spec!r}: {name} takes the batch size as its second argument: "
-                        "give --batch-size N")  # fmt: skip
+        raise UserError(f"{step_label(spec)}: {name} takes the batch size as its second "
+                        "argument: give --batch-size N")  # fmt: skip
     if not alone and not with_batch:
         load_step(spec)  # its words for a function that takes neither
     if with_batch and batch_size is not None and batch_size < 1:
@@ -141,7 +171,7 @@ def cudnn_benchmark_kept() -> Iterator[None]:
 def _resolve(spec: Any) -> tuple[Any, str]:
     """The step function of `package.module:function` (or the function), and its name."""
     if callable(spec):
-        return spec, getattr(spec, "__qualname__", repr(spec))
+        return spec, step_name(spec)
     return user_function(spec, "--step"), spec.partition(":")[2]
 
 
@@ -392,8 +422,7 @@ def run_steps(
     `models`: the tracer's own loop passes the model it built (its step marks its own phases,
     and errors in the model are reported as the model's); a user's step makes its own."""
     user_step = models is None
-    if steps < 1:
-        raise UserError(f"--steps {steps}: expected at least 1")
+    check_steps(steps)
     before = set(_modules()) if models is None else set()
     with tracing(profile, rec, cuda_emulation, flash) as run:
         if models is not None:

@@ -1,0 +1,240 @@
+"""What the Python API checks of a caller's arguments and model before tracing: every refusal an
+`EstimateError` naming the argument and what was expected, every input used only in part a
+warning (`notes.warn`, a `MemtraceWarning` to the caller)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from memtrace.result import EstimateError
+from memtrace_trainer import notes
+
+# The checks behind the API are the CLI's, whose messages name its flags; a caller of the API
+# wrote keyword arguments, so those are named instead.
+KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
+            "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
+            "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
+            "profile": "gpu", "checkpointing": "checkpointing", "point": "point",
+            "alloc-conf": "alloc_conf", "step": "model", "report": "path"}  # fmt: skip
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
+
+
+def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
+    """`message` with each CLI flag the API has a keyword for said as that keyword:
+    `--world-size 0:` as `world_size=0:`, a flag without a value as the keyword's name."""
+
+    def said(m: re.Match[str]) -> str:
+        name = keywords.get(m.group(1))
+        if name is None:
+            return m.group(0)
+        return f"{name}={m.group(2)}" if m.group(2) else name
+
+    return _FLAG.sub(said, message)
+
+
+def count(name: str, value: Any, what: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise EstimateError(f"{name}={value!r}: expected {what} (an int of at least 1)")
+
+
+def steps(value: Any) -> None:
+    """`steps=`: a count the tracer takes, bounded as the CLI's `--steps` is."""
+    from memtrace_trainer.errors import UserError
+    from memtrace_trainer.symtrace.userstep import check_steps
+
+    count("steps", value, "a number of traced steps")
+    if value is not None:
+        try:
+            check_steps(value)
+        except UserError as e:
+            raise EstimateError(as_keywords(str(e))) from None
+
+
+def text(name: str, value: Any) -> str:
+    """A name argument (`gpu`, `profile`, `optimizer`): a non-empty string or a path
+    (`os.PathLike`, as `open` takes), as the string the commands take."""
+    said = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(said, str) or not said.strip():
+        raise EstimateError(f"{name}={value!r}: expected a non-empty name (a string) or a path")
+    return said
+
+
+def flag(name: str, value: Any) -> None:
+    """A yes/no argument (`point`): True or False, not a truthy string (`point="no"` was True)."""
+    if not isinstance(value, bool):
+        raise EstimateError(f"{name}={value!r}: expected True or False")
+
+
+def checkpointing(value: Any) -> str | None:
+    """`checkpointing=` as the tracer names it; the type first, as a list is not hashable and
+    0 or 1 would pass for False or True."""
+    if not (value is None or isinstance(value, bool | str)) or value not in CHECKPOINTING:
+        raise EstimateError(f"checkpointing={value!r}: expected False, True, 'full' or "
+                            "'selective'")  # fmt: skip
+    return CHECKPOINTING[value]
+
+
+def loop_arguments(target: Any, loss_fn: Any, lora_targets: Any) -> str | None:
+    """Refuse values the tracer cannot take, naming the keyword; `lora_targets` as the CLI's
+    comma-separated text (a list of module names is taken too)."""
+    if loss_fn is not None:
+        if not callable(loss_fn):
+            raise EstimateError(f"loss_fn={loss_fn!r}: expected a callable loss_fn(output, "
+                                "target) -> scalar tensor")  # fmt: skip
+        import inspect
+
+        try:
+            inspect.signature(loss_fn).bind(None, None)
+        except TypeError as e:
+            raise EstimateError(f"loss_fn: it is called as loss_fn(output, target), and that "
+                                f"call does not match its signature ({e})") from None  # fmt: skip
+        except ValueError:
+            pass  # a builtin without a signature: it is called as is
+    elif target is not None and not isinstance(target, torch.Tensor):
+        raise EstimateError(
+            f"target: the default loss takes a tensor (class indices or values), got "
+            f"{type(target).__name__}; convert it (torch.as_tensor) or pass loss_fn="
+        )
+    if lora_targets is None or isinstance(lora_targets, str):
+        return lora_targets
+    if isinstance(lora_targets, list | tuple) and all(isinstance(t, str) for t in lora_targets):
+        return ",".join(lora_targets)
+    raise EstimateError(f"lora_targets={lora_targets!r}: expected module names, as a list of "
+                        "strings or one comma-separated string")  # fmt: skip
+
+
+def tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a tensor, tuple, list, mapping (a transformers ModelOutput is a dict, a
+    tokenizer's BatchEncoding a UserDict) or dataclass, in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from tensors(v)
+    elif isinstance(value, tuple | list):
+        for v in value:
+            yield from tensors(v)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from tensors(getattr(value, f.name, None))
+
+
+def batch_of(inputs: Any) -> int:
+    """The batch of `example_inputs`: the first dimension of its first tensor, at least 1 (an
+    empty batch has no memory to estimate, and a search of a batch needs one sample's shape)."""
+    first = next(tensors(inputs), None)
+    if first is None or first.dim() == 0:
+        raise EstimateError("example_inputs: expected a tensor (or a tuple/dict of tensors) "
+                            "whose first dimension is the batch")  # fmt: skip
+    if first.shape[0] == 0:
+        raise EstimateError(f"example_inputs: the batch is empty (shape {tuple(first.shape)}): "
+                            "expected at least one sample in the first dimension")  # fmt: skip
+    return int(first.shape[0])
+
+
+def scripted(model: nn.Module) -> None:
+    """Refuse TorchScript (`torch.jit.script`/`trace`): its graph runs as compiled code, which
+    neither the tracer's module hooks nor its device can follow; PyTorch's words for the first
+    hook ("register_forward_hook is not supported on ScriptModules") blamed the model."""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            where = "model" if not name else f"model: its submodule {name!r}"
+            raise EstimateError(
+                f"{where} is a TorchScript module (torch.jit.script or torch.jit.trace), which "
+                "cannot be traced on the tracer's device: pass the eager nn.Module it was made "
+                "from"
+            )
+
+
+def _users(hook: Any) -> bool:
+    """Whether a hook is the user's own code (not a library's: transformers registers hooks of
+    its own, e.g. for gradient checkpointing), so a warning about it is news to them."""
+    from memtrace_trainer.errors import is_user_file
+
+    fn = getattr(hook, "func", hook)  # functools.partial
+    fn = getattr(fn, "__func__", fn)  # a bound method
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    return code is not None and (code.co_filename.startswith("<") or
+                                 is_user_file(code.co_filename))  # fmt: skip
+
+
+def listed(items: list[str]) -> str:
+    """The first three of `items` and how many more."""
+    shown = ", ".join(items[:3])
+    return shown + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+
+def hooks_said(model: nn.Module) -> None:
+    """Warn of the caller's hooks on the model: module hooks are copied with it and run on the
+    tracer's copy (what they keep holds meta tensors afterwards), and hooks on its tensors stay
+    with the caller's tensors, so they are left out of the trace."""
+    kinds = (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward_pre_hooks"),
+             ("backward hook", "_backward_hooks"),
+             ("backward pre-hook", "_backward_pre_hooks"))  # fmt: skip
+    ran = [
+        f"{kind} {getattr(h, '__qualname__', type(h).__name__)} on "
+        + (f"{name!r}" if name else "the model")
+        for name, m in model.named_modules()
+        for kind, attr in kinds
+        for h in (getattr(m, attr, None) or {}).values()
+        if _users(h)
+    ]
+    if ran:
+        notes.warn(
+            f"hooks registered on the model ran on the tracer's copy of it ({listed(ran)}): "
+            "whatever they keep (a dict of features, a list of outputs) now holds the trace's "
+            "meta tensors, not values"
+        )
+    left = [
+        name
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if any(
+            _users(h)
+            for attr in ("_backward_hooks", "_post_accumulate_grad_hooks")
+            for h in (getattr(t, attr, None) or {}).values()
+        )
+    ]
+    if left:
+        notes.warn(
+            f"gradient hooks on the model's tensors ({listed(left)}) were left out of the "
+            "trace: the tracer's copy has tensors of its own, and a hook stays with the tensor "
+            "it was registered on, so what the hooks allocate is not in the estimate; register "
+            "them in a step builder (memtrace.estimate(make_step)) to have them traced"
+        )
+
+
+def _transformers_model(model: nn.Module) -> bool:
+    """Whether `model` is a transformers PreTrainedModel (or peft's wrapper of one). Only when
+    transformers is imported already: a model of it cannot exist otherwise."""
+    tf = sys.modules.get("transformers")
+    if tf is None:
+        return False
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return isinstance(base, tf.PreTrainedModel)
+
+
+def masks(model: nn.Module, inputs: Any) -> Any:
+    """`example_inputs` for the trace of a transformers model. transformers reads a 2-D
+    attention mask's values to choose its path (masking_utils: `_ignore_causal_mask_sdpa`,
+    `_ignore_bidirectional_mask_sdpa` and `flash_attention_mask` take an all-ones mask as none),
+    which the tracer's device cannot: there the read is a stand-in that says "padded", the path
+    a padded batch takes (a 4-D mask). The example is the caller's real tensors, so the reading
+    is done here: an all-ones mask is left out, as transformers leaves it out. Silently: a
+    tokenizer returns one for every batch without padding, and transformers' own run treats it
+    as no mask, so nothing of the job is lost. Only for transformers' own model: a caller's
+    module (one wrapping a transformers model too) may read its mask as it likes."""
+    if not isinstance(inputs, Mapping) or not _transformers_model(model):
+        return inputs
+    return {key: value for key, value in inputs.items()
+            if not (key.endswith("attention_mask") and isinstance(value, torch.Tensor)
+                    and value.dim() == 2 and value.device.type != "meta"
+                    and bool(value.all()))}  # fmt: skip
