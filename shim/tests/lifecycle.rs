@@ -62,13 +62,19 @@ fn a_fork_child_does_not_hold_the_parents_finished_trace() {
     let path = dir.path().join("run.mtrace");
     let mut c = command("p_fork_outlives", dir.path(), &[("MEMTRACE_OUT", path.to_str().unwrap())])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     // The child waits on this pipe; dropping it (also on a failed assertion) lets it exit.
     let _child_stdin = c.stdin.take().unwrap();
     assert!(c.wait().unwrap().success());
+    // A child not yet scheduled after the fork still holds every inherited descriptor (under a
+    // loaded CI machine the parent had ended first): wait for the byte it writes once its fork
+    // handlers have run.
+    let mut ready = [0u8; 1];
+    std::io::Read::read_exact(c.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    assert_eq!(&ready, b"r");
     let parent = Stats::read(&path).unwrap();
     assert!(parent.whole(), "the parent's trace is whole");
     assert_eq!(parent.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
