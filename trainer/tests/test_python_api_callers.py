@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from conftest import REPO, cli
+from test_python_api_inputs import _estimate_said
 from torch import nn
 
 import memtrace
@@ -23,17 +24,6 @@ from memtrace import EstimateError, MemtraceWarning
 
 X = torch.randn(4, 16)
 MLP = 'synthetic:{"family":"mlp","input_size":256,"output_size":10,"depth":3}'
-
-
-def _said(seen: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in seen if issubclass(w.category, MemtraceWarning)]
-
-
-def _estimate_said(*args: Any, **kwargs: Any) -> tuple[memtrace.Estimate, list[str]]:
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        est = memtrace.estimate(*args, **kwargs)
-    return est, _said(seen)
 
 
 def _mlp() -> nn.Module:
