@@ -271,9 +271,6 @@ impl Exported {
     }
 }
 
-/// Encodes an allocator-level trace as snapshot pickle bytes. The trace must carry its final
-/// segment state (`SegmentState` at `End`, as [`super::import`] writes) whenever it has events;
-/// a trace without one needs a replay to compute it.
 /// PyTorch's device index is an `int8_t` (`c10::DeviceIndex`): no snapshot has a device past it.
 const MAX_DEVICE: u32 = i8::MAX as u32;
 
@@ -292,6 +289,9 @@ fn device_slot(index: usize, device: u32) -> Result<usize, SnapshotError> {
     Ok(device as usize)
 }
 
+/// Encodes an allocator-level trace as snapshot pickle bytes. The trace must carry its final
+/// segment state (`SegmentState` at `End`, as [`super::import`] writes) whenever it has events;
+/// a trace without one needs a replay to compute it.
 pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, SnapshotError> {
     export(header, records).map(|(bytes, _)| bytes)
 }
