@@ -137,8 +137,8 @@ def extract(workload: Workload, family: str = "") -> Features:
     was_training = model.training
     model.eval()  # batch statistics of one sample would be rejected by BatchNorm in train mode
     try:
-        # The trace's stand-ins for values meta lacks: the forward takes the branches the
-        # trace takes (transformers reads an attention mask's values to choose its path).
+        # The trace's stand-ins for the values meta lacks (transformers reads an attention
+        # mask's values to choose its path); its health-check answers are not given here.
         with torch.no_grad(), stand_ins():
             workload.forward()
     finally:
