@@ -3,15 +3,25 @@
 
 pub use trace::units::{parse_capacity, parse_size};
 
-/// Bytes as MiB with two decimals.
+/// How a saturated byte count reads: a need of `u64::MAX` is one no device meets (a memory
+/// fraction of 0, a sum that overflowed), not a size to print as 16 EiB.
+pub const UNBOUNDED: &str = "more than any device holds";
+
+/// Bytes as MiB with two decimals ([`UNBOUNDED`] for `u64::MAX`).
 pub fn mib(b: u64) -> String {
+    if b == u64::MAX {
+        return UNBOUNDED.into();
+    }
     format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 /// A need and a capacity as MiB with `decimals`, or both in bytes when those would print alike
 /// but differ: a verdict that tells the two apart must not stand beside two equal numbers.
 pub fn need_and_capacity(need: u64, capacity: u64, decimals: usize) -> (String, String) {
-    let as_mib = |b: u64| format!("{:.*} MiB", decimals, b as f64 / (1024.0 * 1024.0));
+    let as_mib = |b: u64| match b {
+        u64::MAX => UNBOUNDED.to_string(),
+        _ => format!("{:.*} MiB", decimals, b as f64 / (1024.0 * 1024.0)),
+    };
     let (n, c) = (as_mib(need), as_mib(capacity));
     if n == c && need != capacity {
         (format!("{need} B"), format!("{capacity} B"))
@@ -38,6 +48,7 @@ mod tests {
         check(18173096968, 18173096967, ("18173096968 B", "18173096967 B"));
         check(1 << 30, 1 << 30, ("1024.00 MiB", "1024.00 MiB"));
         check(1 << 30, 2 << 30, ("1024.00 MiB", "2048.00 MiB"));
+        check(u64::MAX, 40 << 30, (UNBOUNDED, "40960.00 MiB"));
         assert_eq!(need_and_capacity_mib(1024.04, 1024.01, 1), ("1073783767 B".into(), "1073752310 B".into()));
     }
 }

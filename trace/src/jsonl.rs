@@ -55,9 +55,10 @@ pub fn write_record_line(rec: &Record, buf: &mut Vec<u8>) -> Result<(), TraceErr
 struct Common {
     #[serde(default)]
     kind: Option<String>,
-    /// Read only to refuse a tag that is not a string (see [`tags_are_strings`]).
-    #[serde(default, rename = "op")]
-    _op: Option<String>,
+    /// A control record's operation; a tag that is not a string is refused here (see
+    /// [`tags_are_strings`]).
+    #[serde(default)]
+    op: Option<String>,
     #[serde(default)]
     ts_ns: Option<u64>,
     #[serde(default)]
@@ -125,6 +126,39 @@ fn common(bytes: &[u8], line: u64) -> Result<Common, TraceError> {
     })
 }
 
+/// A control record, its fields read by `op`: serde reads an internally tagged enum through a
+/// buffer that loses the field's name (`"fraction":"0.5"` said only "expected f64").
+fn control(bytes: &[u8], line: u64, op: Option<&str>) -> Result<Control, TraceError> {
+    #[derive(Deserialize)]
+    struct Fraction {
+        fraction: f64,
+    }
+    #[derive(Deserialize)]
+    struct Stream {
+        addr: u64,
+        stream: i64,
+    }
+    let op = match op {
+        Some("set_memory_fraction") => {
+            ControlOp::SetMemoryFraction { fraction: parse::<Fraction>(bytes, line)?.fraction }
+        }
+        Some("record_stream") => {
+            let Stream { addr, stream } = parse(bytes, line)?;
+            ControlOp::RecordStream { addr, stream }
+        }
+        // The other operations have no fields; a missing or unknown `op` is refused, named.
+        _ => {
+            return parse(bytes, line).map_err(|e| match e {
+                TraceError::Json { line, field: None, message } => {
+                    TraceError::Json { line, field: Some("op".into()), message }
+                }
+                e => e,
+            })
+        }
+    };
+    Ok(Control { op })
+}
+
 /// The first bytes of a line for messages.
 fn preview(bytes: &[u8]) -> String {
     let s = String::from_utf8_lossy(&bytes[..bytes.len().min(60)]).into_owned();
@@ -176,7 +210,7 @@ pub fn parse_record_line(bytes: &[u8], line: u64) -> Result<Option<Record>, Trac
         "name" => Event::Name(parse(bytes, line)?),
         "stack" => Event::Stack(parse(bytes, line)?),
         "oom" => Event::Oom(parse(bytes, line)?),
-        "control" => Event::Control(parse(bytes, line)?),
+        "control" => Event::Control(control(bytes, line, c.op.as_deref())?),
         "pool_trim" => Event::PoolTrim(parse(bytes, line)?),
         "segment_state" => Event::SegmentState(parse(bytes, line)?),
         "snapshot_point" => Event::SnapshotPoint(parse(bytes, line)?),

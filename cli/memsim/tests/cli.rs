@@ -1287,6 +1287,16 @@ fn colocate_takes_a_jobs_memory_fraction_of_the_device_whatever_the_order() {
         assert_eq!(code, 0, "{order:?}: {out}{err}");
         assert!(out.contains("needs 35840.00 MiB of 40960.00 MiB (--capacity): FITS"), "{order:?}: {out}");
     }
+    // A fraction of 0 lets the allocator reserve nothing: no device meets the need, which is
+    // said as such, not printed as a 16 EiB device.
+    let none = dir.path().join("none.jsonl");
+    let zero = fraction.replace("0.5", "0");
+    std::fs::write(&none, format!("{header}\n{zero}\n{}\n", alloc(6000, 1 << 20))).unwrap();
+    let (code, out, err) = memsim(&["replay", none.to_str().unwrap(), "--capacity", "40GiB"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("verdict: needs more than any device holds"), "{out}");
+    assert!(err.contains("lets its allocator reserve nothing of any device"), "{err}");
+    assert!(!format!("{out}{err}").contains("17592186044416"), "{out}{err}");
 }
 
 /// A shim trace taken with the cache off (each cudaMalloc/cudaFree one request, recorded as the

@@ -194,12 +194,16 @@ impl ReplayReport {
                 self.recorded_outside_bytes, self.outside_beside_peak_bytes
             )
         });
-        let fraction = (self.fraction_need_bytes > 0).then(|| {
-            format!(
+        let fraction = (self.fraction_need_bytes > 0).then(|| match self.fraction_need_bytes {
+            u64::MAX => "the program's memory fraction (set_per_process_memory_fraction) lets its allocator reserve \
+                         nothing of any device (a fraction of 0, or one too small for what it reserves): no device is \
+                         large enough; the replay places its requests anyway, to show what they would take"
+                .to_string(),
+            _ => format!(
                 "the program caps its allocator with a memory fraction (set_per_process_memory_fraction): what it \
                  reserves under that share needs a device of {} in all, and the need is at least that",
                 crate::units::mib(self.fraction_need_bytes)
-            )
+            ),
         });
         let over_live = self.first_allocation_over_live.as_ref().map(|first| {
             format!(

@@ -155,6 +155,15 @@ fn jsonl_errors_name_line_and_field() {
     checkj(r#"{"kind":1,"addr":1,"api":"cudaFree"}"#, &["line 4", "field `kind`", "expected a string"]);
     checkj(r#"{"kind" : 0,"addr":1,"size":2,"api":"cudaMalloc"}"#, &["line 4", "field `kind`", "expected a string"]);
     checkj(r#"{"kind":"control","op":0,"fraction":0.5}"#, &["line 4", "field `op`", "expected a string"]);
+    // A control record's fields are read by its `op`: serde's tagged enum lost their names.
+    checkj(
+        r#"{"kind":"control","op":"set_memory_fraction","fraction":"0.5"}"#,
+        &["line 4", "field `fraction`", "invalid type: string \"0.5\"", "expected f64"],
+    );
+    checkj(r#"{"kind":"control","op":"record_stream","addr":"x","stream":1}"#, &["line 4", "field `addr`", "u64"]);
+    checkj(r#"{"kind":"control","op":"record_stream","addr":1}"#, &["line 4", "field `stream`", "missing field"]);
+    checkj(r#"{"kind":"control","op":"bogus"}"#, &["line 4", "field `op`", "unknown variant `bogus`"]);
+    checkj(r#"{"kind":"control"}"#, &["line 4", "field `op`", "missing field `op`"]);
     check(br#"{"kind":"marker","text":"a"}"#, &["missing trace header", "line 1", "\"marker\" record"]);
     // CR-only line endings read as one line: it was called a header cut short.
     let (h, recs) = small_trace();
