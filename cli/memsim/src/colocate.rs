@@ -120,8 +120,11 @@ pub fn run(a: Args) -> Result<u8> {
             (Some(true), None) => "; OOM in the shared run".into(),
             _ => String::new(),
         };
+        // As replay says it: a safe number without a margin is the point, and must not read as
+        // one with a margin's cover.
+        let bare = if j.margin.fraction > 0.0 { "" } else { " (no safety margin)" };
         println!(
-            "  {:<40} safe {:>12}, device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
+            "  {:<40} safe {:>12}{bare}, device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
             j.name,
             mib(j.device_safe_bytes),
             mib(j.device_peak_bytes),

@@ -387,6 +387,9 @@ fn colocate_without_timestamps_sums_device_peaks_and_never_fits_above_capacity()
         "{out}"
     );
     assert_eq!(out.matches("device peaks").count(), 1, "{out}");
+    // Without a profile no margin applies: each job's safe number says it is the point, as
+    // replay's does.
+    assert_eq!(out.matches("(no safety margin), device peak").count(), 2, "{out}");
     // The aligned replay cannot be asked for without time.
     let (code, _, err) = memsim(&["colocate", a, b, "--align", "timestamps"]);
     assert_eq!(code, 2);
