@@ -67,6 +67,10 @@ pub struct DatasetRow {
     /// The name of the GPU the run was measured on (`gpu` column, as NVML reports it), where
     /// recorded: it says the GPU where no profile of it is known.
     pub gpu: Option<String>,
+    /// The row is the trainer's own measurement (`dataset` output: its file has the `spec`
+    /// column), not a row of GPUMemNet's CSVs, whose licence (CC BY-NC 4.0) models trained on
+    /// them carry.
+    pub own_run: bool,
 }
 
 /// Settings a `job` cell may not carry: the row's own columns (and the tracer's own switches)
@@ -167,6 +171,7 @@ impl DatasetRow {
             job: serde_json::Map::new(),
             profile: None,
             gpu: None,
+            own_run: true,
         }
     }
 
@@ -276,6 +281,21 @@ pub fn load(path: &Path, required: &[&str]) -> Result<Vec<DatasetRow>> {
 pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<DatasetRow>> {
     let mut rdr = csv::Reader::from_reader(reader);
     let headers = rdr.headers().map_err(|e| csv_err(path, 0, "<header>", &e.to_string()))?.clone();
+    if headers.iter().all(|h| h.trim().is_empty()) {
+        return Err(csv_err(
+            path,
+            0,
+            "<header>",
+            "expected a header line with the GPUMemNet columns; the file is empty",
+        ));
+    }
+    // A column named twice was read from its first copy, whichever the writer meant.
+    for (i, h) in headers.iter().enumerate() {
+        if let Some(j) = headers.iter().skip(i + 1).position(|o| o.trim() == h.trim() && !h.trim().is_empty()) {
+            let msg = format!("expected each column once; it is column {} and column {}", i + 1, i + j + 2);
+            return Err(csv_err(path, 0, h.trim(), &msg));
+        }
+    }
     let opt_col = |name: &str| headers.iter().position(|h| h.trim() == name);
     let col = |name: &str| {
         opt_col(name).ok_or_else(|| csv_err(path, 0, name, "missing column: the header has no such column"))
@@ -342,6 +362,9 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         let layers = parse_activations_params(get(c_ap, "Activations-Params")?)
             .map_err(|e| csv_err(path, row, "Activations-Params", &e))?;
         let batch = num(c_batch, "Batch Size")?;
+        if batch == 0 {
+            return Err(csv_err(path, row, "Batch Size", "expected a batch of at least 1, got 0"));
+        }
         let status_oom = match c_status {
             None => false,
             Some(c) => match get(c, "Status")?.trim() {
@@ -441,7 +464,12 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
             amp,
             truth_column,
             reserved_truth,
-            depth: finite(c_depth, "Depth", "a finite number")?,
+            depth: match finite(c_depth, "Depth", "a finite number >= 0")? {
+                Some(d) if d < 0.0 => {
+                    return Err(csv_err(path, row, "Depth", &format!("expected a layer count >= 0, got {d}")))
+                }
+                d => d,
+            },
             activation: opt_cell(c_activation).unwrap_or("").to_string(),
             util: Utilization { gputl: util(0)?, gract: util(1)?, smact: util(2)?, smocc: util(3)?, fp32a: util(4)? },
             job: opt_cell(c_job)
@@ -451,6 +479,7 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
                 .unwrap_or_default(),
             profile: opt_cell(c_profile).map(str::to_string),
             gpu: opt_cell(c_gpu).map(str::to_string),
+            own_run: c_spec.is_some(),
         });
     }
     if rows.is_empty() {

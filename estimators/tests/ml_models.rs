@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use estimators::ml::mlp::{MlpEnsemble, MlpParams, MlpTask};
-use estimators::ml::modelfile::{ModelFile, FORMAT_VERSION};
+use estimators::ml::modelfile::{ModelFile, FORMAT_VERSION, LICENCE_NOTE};
 use estimators::ml::protocol::evaluate_split;
 use estimators::ml::split::stratified_holdout;
 use estimators::ml::{Binning, Examples, Family, MlError, ModelKind, Pipeline, Target, TargetKind, TrainConfig};
@@ -142,7 +142,7 @@ fn model_file_round_trip_predicts_identically() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = TrainConfig { mlp_epochs: 3, ..fast_config() };
     for kind in ModelKind::CLASSIFIERS.into_iter().chain(ModelKind::REGRESSORS) {
-        let file = ModelFile::train(&ex, kind, &cfg, "synthetic").unwrap();
+        let file = ModelFile::train(&ex, kind, &cfg, "synthetic", LICENCE_NOTE).unwrap();
         let path = dir.path().join(format!("{}.json", kind.name()));
         file.save(&path).unwrap();
         let loaded = ModelFile::load(&path).unwrap();
@@ -202,7 +202,7 @@ fn mlp_ensemble_matches_gpumemnet_sizes() {
 fn model_file_misuse_is_a_clear_error() {
     let ex = synthetic(60, 9);
     let dir = tempfile::tempdir().unwrap();
-    let file = ModelFile::train(&ex, ModelKind::Tree, &fast_config(), "synthetic").unwrap();
+    let file = ModelFile::train(&ex, ModelKind::Tree, &fast_config(), "synthetic", LICENCE_NOTE).unwrap();
 
     let unknown = serde_json::json!({"layers": 1, "bogus": 2});
     let err = file.features_from_json(&unknown, "f.json").unwrap_err().to_string();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use estimators::ml::modelfile::{ModelFile, LICENCE_NOTE};
+use estimators::ml::modelfile::{ModelFile, LICENCE_NOTE, OWN_DATA_NOTE};
 use estimators::ml::protocol::{self, ProtocolConfig};
 use estimators::ml::{render, Dataset, Examples, Family, ModelKind, Target, TrainConfig};
 
@@ -181,7 +181,9 @@ fn parse_model(name: &str) -> anyhow::Result<ModelKind> {
     })
 }
 
-fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> {
+/// The rows of `path` as examples, and whether every row is the trainer's own run (its licence
+/// is then not GPUMemNet's).
+fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<(Examples, bool)> {
     let ds = Dataset::load(path)?;
     let detected = ds.family()?;
     if let Some(f) = family {
@@ -190,7 +192,8 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<Examples> 
             bail!("{}: --family {want} but the layer types make these rows {detected}", path.display());
         }
     }
-    Ok(Examples::build(&ds, &Target::memory(detected))?)
+    let own = ds.rows.iter().all(|r| r.own_run);
+    Ok((Examples::build(&ds, &Target::memory(detected))?, own))
 }
 
 fn train(a: TrainArgs) -> anyhow::Result<u8> {
@@ -198,13 +201,19 @@ fn train(a: TrainArgs) -> anyhow::Result<u8> {
     for w in a.knobs.unused_by(&[kind]) {
         eprintln!("memest: warning: {w}");
     }
-    let ex = load_examples(&a.dataset, a.family.as_deref())?;
+    // The model file would replace the data it was trained on.
+    let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
+    if same(&a.out, &a.dataset) {
+        bail!("--out {} is the --dataset: the model file would replace its training data", a.out.display());
+    }
+    let (ex, own) = load_examples(&a.dataset, a.family.as_deref())?;
     say_excluded(&a.dataset, &ex.excluded);
     let cfg = a.knobs.train_config();
-    let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string())?;
+    let licence = if own { OWN_DATA_NOTE } else { LICENCE_NOTE };
+    let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string(), licence)?;
     file.save(&a.out)?;
     eprintln!(
-        "wrote {} ({} {} model, {} training rows)\nnote: {LICENCE_NOTE}",
+        "wrote {} ({} {} model, {} training rows)\nnote: {licence}",
         a.out.display(),
         ex.family,
         kind.name(),
@@ -316,12 +325,23 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
         ..ProtocolConfig::default()
     };
     if !a.models.is_empty() {
-        cfg.models = a.models.iter().map(|m| parse_model(m)).collect::<Result<_, _>>()?;
+        cfg.models = Vec::new();
+        for m in &a.models {
+            let kind = parse_model(m)?;
+            if cfg.models.contains(&kind) {
+                eprintln!("memest: warning: --models names {} twice: it runs once", kind.name());
+            } else {
+                cfg.models.push(kind);
+            }
+        }
     }
     for w in a.knobs.unused_by(&cfg.models) {
         eprintln!("memest: warning: {w}");
     }
-    let ex = load_examples(&a.dataset, None)?;
+    let (ex, _) = load_examples(&a.dataset, None)?;
+    if a.folds > ex.len() {
+        bail!("--folds {}: expected at most the {} usable rows of {}", a.folds, ex.len(), a.dataset.display());
+    }
     let name = a.dataset.display().to_string();
     let report =
         if gpumemnet { protocol::reproduce(&ex, &name, &cfg)? } else { protocol::cross_validate(&ex, &name, &cfg)? };

@@ -63,6 +63,9 @@ pub fn run(args: UtilArgs) -> anyhow::Result<u8> {
 fn cv(a: CvArgs) -> anyhow::Result<u8> {
     let metric =
         UtilMetric::parse(&a.metric).with_context(|| format!("--metric {:?}: expected smact or smocc", a.metric))?;
+    if a.folds < 2 || a.folds > 1000 {
+        anyhow::bail!("--folds {}: expected at least 2 (and no more than the usable rows)", a.folds);
+    }
     let ds = Dataset::load(&a.dataset)?;
     let thresholds = match a.thresholds.as_deref().map(str::trim) {
         None => DEFAULT_THRESHOLDS,
@@ -73,6 +76,9 @@ fn cv(a: CvArgs) -> anyhow::Result<u8> {
         },
     };
     let kernel = a.kernel_features.as_deref().map(KernelFeatures::load).transpose()?;
+    for w in kernel.iter().flat_map(|k| k.mismatches(&ds.rows)) {
+        eprintln!("memest: warning: {w}");
+    }
     let cfg = ProtocolConfig {
         seed: a.seed,
         folds: a.folds,

@@ -157,3 +157,77 @@ fn what_ml_cannot_use_is_refused_or_said() {
     let (code, err) = memest_bin(&["util", "cv", "--dataset", &busy, "--metric", "smact"]);
     assert!(code == 2 && err.contains("row 1: column \"Avg SMACT\": expected a fraction in [0, 1]"), "{code} {err}");
 }
+
+/// What a probe found the ML commands took in silence: a model file written over its own
+/// training data, cells out of their domain read from a CSV (refused from `--features`), an
+/// empty file or a column named twice, a model file whose parts disagree, a one-class problem
+/// called a success, a model repeated, and our own runs labelled with GPUMemNet's licence.
+#[test]
+fn ml_inputs_a_probe_found_taken_in_silence_are_refused_or_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", &csv]);
+    assert!(code == 2 && err.contains("is the --dataset: the model file would replace"), "{code} {err}");
+    assert!(std::fs::read_to_string(&csv).unwrap().contains("Max GPU Memory (MiB)"), "the data is kept");
+    for (column, value, says) in [
+        ("Batch Size", "0", "row 1: column \"Batch Size\": expected a batch of at least 1, got 0"),
+        ("Depth", "-3", "row 1: column \"Depth\": expected a layer count >= 0, got -3"),
+    ] {
+        let bad = with_cell(dir.path(), column, value);
+        let (code, err) = memest_bin(&["ml", "train", "--dataset", &bad, "--model", "tree", "--out", "/dev/null"]);
+        assert!(code == 2 && err.contains(says), "{column}: {code} {err}");
+    }
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let (code, err) = memest_bin(&["ml", "cv", "--dataset", empty.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("the file is empty"), "{code} {err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let twice = dir.path().join("twice.csv");
+    let doubled: Vec<String> = text.lines().map(|l| format!("{l},{}", l.rsplit(',').next().unwrap())).collect();
+    let last = text.lines().next().unwrap().rsplit(',').next().unwrap().to_string();
+    std::fs::write(&twice, doubled.join("\n")).unwrap();
+    let (code, err) = memest_bin(&["ml", "cv", "--dataset", twice.to_str().unwrap()]);
+    assert!(code == 2 && err.contains(&format!("column \"{last}\": expected each column once")), "{code} {err}");
+
+    // A model file edited by hand: each part checked at load, the same for both predict paths.
+    let model = dir.path().join("m.json");
+    let m = model.to_str().unwrap();
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", m]);
+    assert!(code == 0 && err.contains("GPUMemNet data (CC BY-NC 4.0)"), "{err}");
+    let good: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&model).unwrap()).unwrap();
+    let edited = |name: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        let p = dir.path().join(format!("{name}.json"));
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.display().to_string()
+    };
+    for (edit, says) in [
+        (edited("names", &|v| v["feature_names"][0] = "bogus".into()), "field feature_names"),
+        (edited("seven", &|v| v["feature_names"].as_array_mut().unwrap().truncate(7)), "field feature_names"),
+        (edited("edges", &|v| v["target"]["binning"]["edges"] = serde_json::json!([1.0, 2.0])), "field target.binning"),
+        (edited("kind", &|v| v["target"]["kind"] = "smact".into()), "field target.kind"),
+    ] {
+        for how in [["--dataset", csv.as_str()], ["--features", r#"{"layers": 3}"#]] {
+            let (code, err) = memest_bin(&["ml", "predict", "--model", &edit, how[0], how[1]]);
+            assert!(code == 2 && err.contains(says), "{says} {how:?}: {code} {err}");
+        }
+    }
+
+    let (code, err) = memest_bin(&["util", "cv", "--dataset", &csv, "--metric", "smact", "--thresholds", "0.99,0.995"]);
+    assert!(code == 2 && err.contains("every row falls in one class"), "{code} {err}");
+    let (code, err) = memest_bin(&["ml", "cv", "--dataset", &csv, "--models", "tree,tree", "--folds", "500"]);
+    assert!(code == 2 && err.contains("--models names tree twice"), "{err}");
+    assert!(err.contains("--folds 500: expected at most the 240 usable rows"), "{err}");
+
+    // The trainer's own `dataset` output (its `spec` column): not GPUMemNet's data or licence.
+    let own = dir.path().join("own.csv");
+    let own_rows: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i == 0 { format!("{l},spec") } else { format!("{l},synthetic:{{}}") })
+        .collect();
+    std::fs::write(&own, own_rows.join("\n")).unwrap();
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", own.to_str().unwrap(), "--model", "tree", "--out", m]);
+    assert!(code == 0 && err.contains("your own runs") && !err.contains("CC BY-NC"), "{code} {err}");
+}

@@ -156,17 +156,61 @@ fn kernel_features_missing_key_or_non_numeric_value_is_an_error() {
 
     let bad = KernelFeatures::load(&kernel_file(dir.path(), &ds, None, Some(9))).unwrap();
     let msg = Examples::build_with(&ds, &target, Some(&bad)).unwrap_err().to_string();
-    assert!(msg.contains("kernel.csv") && msg.contains("\"k_a\"") && msg.contains(&ds.rows[8].filename), "{msg}");
-    assert!(msg.contains("status error: InvalidConfig: no"), "the trainer's reason is quoted: {msg}");
+    // A row whose statistics were not computed is refused by its status, before its cells.
+    assert!(msg.contains("kernel.csv") && msg.contains("\"status\"") && msg.contains(&ds.rows[8].filename), "{msg}");
+    assert!(msg.contains("found \"error: InvalidConfig: no\""), "the trainer's reason is quoted: {msg}");
 
     for (text, what) in [
         ("Name,k_a\nx,1\n", "Filename"),
         ("Filename,status\nx,ok\n", "k_*"),
         ("Filename,k_a\nx,1\nx,2\n", "already appears in row 1"),
+        // One file, one step's settings.
+        (
+            "Filename,optimizer,k_a\nx,adam,1\ny,sgd,2\n",
+            "row 2, column \"optimizer\": \"sgd\" here but \"adam\" in row 1",
+        ),
     ] {
         let msg = KernelFeatures::from_reader(std::path::Path::new("k.csv"), text.as_bytes()).unwrap_err().to_string();
         assert!(msg.contains("k.csv") && msg.contains(what), "{what}: {msg}");
     }
+}
+
+/// A kernel-statistics value outside its domain, or a row whose status is not ok, was used as a
+/// feature; a file of another step's settings was joined in silence.
+#[test]
+fn kernel_features_outside_their_domain_or_of_another_step_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset::load(&excerpt(dir.path())).unwrap();
+    let target = util::target(UtilMetric::Smact, DEFAULT_THRESHOLDS).unwrap();
+    let path = kernel_file(dir.path(), &ds, None, None);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let first = &ds.rows[0].filename;
+    for (from, to, says) in [
+        (format!("\"{first}\",ok,,1,2"), format!("\"{first}\",ok,,-5,2"), "\"k_a\": Filename"),
+        (format!("\"{first}\",ok,,1,2"), format!("\"{first}\",maybe,,1,2"), "expected status ok, found \"maybe\""),
+    ] {
+        assert!(text.contains(&from), "{from}");
+        std::fs::write(&path, text.replace(&from, &to)).unwrap();
+        let k = KernelFeatures::load(&path).unwrap();
+        let msg = Examples::build_with(&ds, &target, Some(&k)).unwrap_err().to_string();
+        assert!(msg.contains(says), "{says}: {msg}");
+    }
+    assert!(
+        Examples::build_with(&ds, &target, Some(&KernelFeatures::load(&path).unwrap())).is_err(),
+        "the last edit stays refused"
+    );
+    let sgd = dir.path().join("sgd.csv");
+    let with_setting: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i == 0 { format!("{l},optimizer") } else { format!("{l},sgd") })
+        .collect();
+    std::fs::write(&sgd, with_setting.join("\n")).unwrap();
+    let k = KernelFeatures::load(&sgd).unwrap();
+    assert_eq!(k.settings, vec![("optimizer".to_string(), "sgd".to_string())]);
+    let said = k.mismatches(&ds.rows);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("optimizer \"sgd\", but 400 of 400 dataset rows ran with another"), "{said:?}");
 }
 
 #[test]

@@ -63,6 +63,17 @@ pub enum MlError {
         /// 1-based data row number in the dataset.
         row: usize,
     },
+    /// A model file parsed but its parts disagree (edited by hand, or damaged): its feature
+    /// names, the scaler's width, its bins or its target.
+    #[error("{path}: field {field}: {expected}")]
+    ModelFileField {
+        /// The model file.
+        path: PathBuf,
+        /// The field at fault.
+        field: &'static str,
+        /// What was found and what was expected.
+        expected: String,
+    },
     /// The file parsed but holds no usable rows for the requested task.
     #[error("{path}: no usable rows ({reason})")]
     Empty {

@@ -142,7 +142,7 @@ impl Examples {
         if ex.row_ids.is_empty() {
             return Err(MlError::Empty {
                 path: ds.path.clone(),
-                reason: format!("every row was excluded: {:?}", ex.excluded),
+                reason: format!("every row was excluded: {}", said(&ex.excluded)),
             });
         }
         ex.x = Array2::from_shape_vec((ex.row_ids.len(), names.len()), data)
@@ -183,6 +183,19 @@ impl Examples {
         }
         c
     }
+}
+
+/// The reasons rows were left out, the most common first and at most five: one reason per
+/// distinct value ("memory_mib 1445 outside every bin") made a 10 KB line.
+fn said(excluded: &BTreeMap<String, usize>) -> String {
+    let mut by_count: Vec<(&String, &usize)> = excluded.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1));
+    let mut out: Vec<String> = by_count.iter().take(5).map(|(r, n)| format!("{n} rows: {r}")).collect();
+    if by_count.len() > 5 {
+        let rest: usize = by_count[5..].iter().map(|(_, n)| **n).sum();
+        out.push(format!("{rest} rows for {} other reasons", by_count.len() - 5));
+    }
+    out.join("; ")
 }
 
 fn gpumemnet_filter(family: Family, row: &DatasetRow) -> Option<&'static str> {

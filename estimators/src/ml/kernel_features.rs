@@ -9,11 +9,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::error::MlError;
+use crate::dataset::DatasetRow;
 
 /// The join key, shared with the GPUMemNet CSVs.
 pub const KEY: &str = "Filename";
 /// Prefix of the feature columns; every other column is carried along, not learned from.
 pub const PREFIX: &str = "k_";
+/// The step settings `kernel-stats` computed a file with, one value per file.
+pub const SETTINGS: [&str; 3] = ["optimizer", "amp", "device"];
 
 /// One row of the feature file, cells unparsed.
 #[derive(Debug, Clone)]
@@ -33,6 +36,9 @@ pub struct KernelFeatures {
     pub path: PathBuf,
     /// Its `k_` column names, in file order: the names of the appended features.
     pub columns: Vec<String>,
+    /// The step settings the file was computed with ([`SETTINGS`] present in it), as
+    /// `(column, value)`: said beside every result, since a dataset's runs had their own.
+    pub settings: Vec<(String, String)>,
     rows: HashMap<String, Entry>,
 }
 
@@ -60,11 +66,35 @@ impl KernelFeatures {
         }
         let status_col = headers.iter().position(|h| h.trim() == "status");
         let error_col = headers.iter().position(|h| h.trim() == "error");
+        let setting_cols: Vec<(usize, &str)> =
+            SETTINGS.iter().filter_map(|&n| headers.iter().position(|h| h.trim() == n).map(|c| (c, n))).collect();
+        // Per setting: its value and the first row that gave it.
+        let mut settings: Vec<Option<(String, usize)>> = vec![None; setting_cols.len()];
         let mut rows: HashMap<String, Entry> = HashMap::new();
         for (i, rec) in rdr.records().enumerate() {
             let rec = rec.map_err(csv_err)?;
             let row = i + 1;
             let cell = |c: usize| rec.get(c).unwrap_or("").trim().to_string();
+            // One file, one step: features of an SGD step beside an Adam step's would be joined
+            // onto runs that trained one way (kernel-stats itself refuses to mix them).
+            for (k, &(c, name)) in setting_cols.iter().enumerate() {
+                let value = cell(c);
+                match &settings[k] {
+                    Some((first, at)) if *first != value => {
+                        return Err(MlError::BadCell {
+                            path: path.to_path_buf(),
+                            row,
+                            column: name.into(),
+                            message: format!(
+                                "{value:?} here but {first:?} in row {at}: a kernel-statistics file holds one step's \
+                                 settings (compute one file per setting)"
+                            ),
+                        })
+                    }
+                    Some(_) => {}
+                    None => settings[k] = Some((value, row)),
+                }
+            }
             let status = status_col.map(|s| {
                 let err = error_col.map(cell).unwrap_or_default();
                 if err.is_empty() {
@@ -86,8 +116,42 @@ impl KernelFeatures {
         Ok(KernelFeatures {
             path: path.to_path_buf(),
             columns: feature_cols.iter().map(|&c| headers[c].trim().to_string()).collect(),
+            settings: setting_cols
+                .iter()
+                .zip(settings)
+                .filter_map(|(&(_, name), v)| v.map(|(v, _)| (name.to_string(), v)))
+                .collect(),
             rows,
         })
+    }
+
+    /// What the file's settings say against the runs of `rows` it is joined onto, a line per
+    /// setting that differs: the runs' optimizer (GPUMemNet's: Adam) and precision (fp32), and
+    /// their GPU where the dataset names it.
+    pub fn mismatches(&self, rows: &[DatasetRow]) -> Vec<String> {
+        self.settings
+            .iter()
+            .filter_map(|(name, value)| {
+                let ran = |r: &DatasetRow| -> Option<String> {
+                    match name.as_str() {
+                        "optimizer" => Some(r.optimizer.clone().unwrap_or_else(|| "adam".into())),
+                        "amp" => Some(r.amp.clone().unwrap_or_else(|| "fp32".into())),
+                        _ => r.gpu.clone(),
+                    }
+                };
+                let other: Vec<&DatasetRow> = rows.iter().filter(|r| ran(r).is_some_and(|v| v != *value)).collect();
+                let first = other.first()?;
+                Some(format!(
+                    "{}: its statistics are of a step with {name} {value:?}, but {} of {} dataset rows ran with \
+                     another (row {}: {:?}): the features describe a step those runs did not take",
+                    self.path.display(),
+                    other.len(),
+                    rows.len(),
+                    first.row,
+                    ran(first).unwrap_or_default()
+                ))
+            })
+            .collect()
     }
 
     /// Number of rows in the file.
@@ -109,12 +173,33 @@ impl KernelFeatures {
             dataset: dataset.to_path_buf(),
             row,
         })?;
+        // A row whose statistics were not computed may still hold numbers (a partial row): its
+        // status says whether they are the step's.
+        if let Some(status) = entry.status.as_deref().filter(|s| *s != "ok") {
+            return Err(MlError::BadCell {
+                path: self.path.clone(),
+                row: entry.row,
+                column: "status".into(),
+                message: format!(
+                    "{KEY} {filename:?}: expected status ok, found {status:?}: its statistics were not computed"
+                ),
+            });
+        }
         entry
             .cells
             .iter()
             .zip(&self.columns)
             .map(|(cell, column)| match cell.parse::<f64>() {
-                Ok(v) if v.is_finite() => Ok(v),
+                Ok(v) if super::features::out_of_domain(column, v).is_none() => Ok(v),
+                Ok(v) if v.is_finite() => Err(MlError::BadCell {
+                    path: self.path.clone(),
+                    row: entry.row,
+                    column: column.clone(),
+                    message: format!(
+                        "{KEY} {filename:?}: expected {}, found {v}",
+                        super::features::out_of_domain(column, v).unwrap_or("a value in the feature's domain")
+                    ),
+                }),
                 _ => Err(MlError::BadCell {
                     path: self.path.clone(),
                     row: entry.row,

@@ -22,6 +22,11 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const LICENCE_NOTE: &str = "trained on GPUMemNet data (CC BY-NC 4.0): this model file is a \
 non-commercial build output; do not commit or redistribute it for commercial use";
 
+/// The notice for a model trained on the trainer's own `dataset` output (its `spec` column):
+/// the runs are the user's, and so are their terms.
+pub const OWN_DATA_NOTE: &str = "trained on memtrace_trainer dataset output (your own runs): the \
+model file carries the terms of that data";
+
 /// A trained model and its metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelFile {
@@ -58,14 +63,20 @@ pub struct Prediction {
 
 impl ModelFile {
     /// Trains `kind` on every usable row of `ex` (regressors: every measured row).
-    pub fn train(ex: &Examples, kind: ModelKind, cfg: &TrainConfig, trained_on: &str) -> Result<ModelFile, MlError> {
+    pub fn train(
+        ex: &Examples,
+        kind: ModelKind,
+        cfg: &TrainConfig,
+        trained_on: &str,
+        licence: &str,
+    ) -> Result<ModelFile, MlError> {
         let idx: Vec<usize> = (0..ex.len()).filter(|&i| !kind.is_regressor() || ex.measured[i]).collect();
         let train = ex.subset(&idx);
         let pipeline =
             Pipeline::fit(kind, ex.family, &train.x, &train.class, &train.value, ex.target.binning.classes(), cfg)?;
         Ok(ModelFile {
             format_version: FORMAT_VERSION,
-            licence: LICENCE_NOTE.to_string(),
+            licence: licence.to_string(),
             family: ex.family,
             target: ex.target.clone(),
             feature_names: ex.feature_names.clone(),
@@ -100,7 +111,60 @@ impl ModelFile {
                 expected: FORMAT_VERSION,
             });
         }
-        serde_json::from_str(&text).map_err(json_err)
+        let file: ModelFile = serde_json::from_str(&text).map_err(json_err)?;
+        file.check(path)?;
+        Ok(file)
+    }
+
+    /// Whether the parts agree: a file whose names were edited predicted a CSV by position
+    /// while `--features` refused the same names, and bins without names failed every row.
+    fn check(&self, path: &Path) -> Result<(), MlError> {
+        let bad = |field, expected: String| Err(MlError::ModelFileField { path: path.to_path_buf(), field, expected });
+        let names = super::features::feature_names(self.family);
+        if self.feature_names != names {
+            return bad(
+                "feature_names",
+                format!(
+                    "{} model's features are {}; the file lists {}",
+                    self.family,
+                    names.join(", "),
+                    self.feature_names.join(", ")
+                ),
+            );
+        }
+        let scaler = &self.pipeline.scaler;
+        if scaler.mean.len() != names.len() || scaler.std.len() != names.len() {
+            return bad(
+                "pipeline.scaler",
+                format!(
+                    "{} means and {} deviations for {} features: one per feature",
+                    scaler.mean.len(),
+                    scaler.std.len(),
+                    names.len()
+                ),
+            );
+        }
+        if self.target.kind != super::examples::TargetKind::MemoryMib {
+            return bad(
+                "target.kind",
+                format!("{}: memest ml trains memory models (memory_mib)", self.target.kind.name()),
+            );
+        }
+        let b = &self.target.binning;
+        if b.edges.len() < 2
+            || b.edges.windows(2).any(|w| w[0].partial_cmp(&w[1]) != Some(std::cmp::Ordering::Less))
+            || b.names.len() != b.classes()
+        {
+            return bad(
+                "target.binning",
+                format!(
+                    "{} edges and {} bin names: edges rising, at least two, and one name per interval between them",
+                    b.edges.len(),
+                    b.names.len()
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Predicts every row of raw features `x` (columns in [`ModelFile::feature_names`] order).

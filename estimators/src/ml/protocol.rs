@@ -363,9 +363,25 @@ fn base_report(ex: &Examples, dataset: &str, protocol: &str, cfg: &ProtocolConfi
     }
 }
 
+/// Rows all in one class give a classifier nothing to learn, and an accuracy of 1.0 that was
+/// reported as the best model's.
+fn two_classes(ex: &Examples, cfg: &ProtocolConfig) -> Result<(), MlError> {
+    let counts = ex.class_counts();
+    if cfg.models.iter().all(|k| k.is_regressor()) || counts.iter().filter(|&&n| n > 0).count() >= 2 {
+        return Ok(());
+    }
+    let bins: Vec<String> = ex.target.binning.names.iter().zip(&counts).map(|(n, c)| format!("{n}: {c}")).collect();
+    Err(MlError::Invalid(format!(
+        "every row falls in one class ({}): a classifier has nothing to learn and its accuracy says nothing; \
+         choose bins or thresholds that split the rows",
+        bins.join(", ")
+    )))
+}
+
 /// The stratified protocol: stratified hold-out test set, stratified k-fold CV on the rest,
 /// final refit on all development rows scored on the hold-out set.
 pub fn cross_validate(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Result<Report, MlError> {
+    two_classes(ex, cfg)?;
     let p = plan(ex, cfg)?;
     let mut report = base_report(ex, dataset, "stratified-cv", cfg);
     report.test_rows = p.holdout.test.len();
@@ -382,6 +398,7 @@ pub fn cross_validate(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Res
 /// GPUMemNet's protocol: train on its 70% split, score its 20% validation and 10% test splits,
 /// and a shuffled 3-fold KFold over all rows. Classifiers only (GPUMemNet has no regressor).
 pub fn reproduce(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Result<Report, MlError> {
+    two_classes(ex, cfg)?;
     let (train, val, test) = split::gpumemnet_split(ex.len(), cfg.seed);
     let folds = split::kfold(ex.len(), cfg.folds, cfg.seed)?;
     let mut report = base_report(ex, dataset, "gpumemnet", cfg);

@@ -141,7 +141,9 @@ pub fn cross_validate(
     let ex = Examples::build_with(ds, &target(metric, thresholds)?, kernel)?;
     let mut report = protocol::cross_validate(&ex, &ds.path.display().to_string(), cfg)?;
     if let Some(k) = kernel {
-        report.notes.push(format!("{} kernel-statistics features from {}", k.columns.len(), k.path.display()));
+        let with: Vec<String> = k.settings.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        let with = if with.is_empty() { String::new() } else { format!(" (a step with {})", with.join(", ")) };
+        report.notes.push(format!("{} kernel-statistics features from {}{with}", k.columns.len(), k.path.display()));
     }
     if thresholds == DEFAULT_THRESHOLDS {
         report.notes.push("default low/medium/high thresholds (thirds of 0-1), not the paper's bins".into());
