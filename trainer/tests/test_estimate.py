@@ -425,6 +425,18 @@ def test_a_batch_whose_tensors_overflow_is_the_requests_error() -> None:
     assert "internal error" not in done.stderr
 
 
+def test_a_zoo_model_pytorch_refuses_at_its_batch_is_the_jobs_error() -> None:
+    """BatchNorm in training over one value per channel raises in PyTorch itself, on a GPU as on
+    meta: it was called an internal error of the tool's."""
+    spec = 'synthetic:{"family":"mlp","input_size":8,"depth":2,"output_size":2,"batchnorm":true}'
+    done = cli("estimate", "--model", spec, "--batch-size", "1", check=False)
+    assert done.returncode == 2, done.stderr
+    assert "PyTorch refused to train it at batch 1: ValueError: Expected more than 1 value" in (
+        done.stderr
+    )
+    assert "internal error" not in done.stderr
+
+
 # (command, flags, key of the answer, the smallest probe's key, how the text names it)
 SEARCHES = [
     ("max-batch", ["--model", MLP], "max_batch", "need_at_batch", "batch 1"),

@@ -182,14 +182,24 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                 except UserError:
                     raise
                 except Exception as e:
+                    if raised_by_memtrace(e):
+                        raise
                     # A model of the user's (`--entry`, the Python API) that fails in PyTorch:
                     # its fault at this batch, not an internal error of the tool's.
-                    if workload.family != "entry" or raised_by_memtrace(e):
-                        raise
                     spec = workload.spec  # `python:CLASS` from the API, else the --entry
-                    what = spec if spec.startswith("python:") else f"--entry {spec!r}"
-                    raise UserCodeError(f"{what}: the model failed at batch "
-                                        f"{workload.batch_size}:", e) from e  # fmt: skip
+                    if workload.family == "entry":
+                        what = spec if spec.startswith("python:") else f"--entry {spec!r}"
+                        raise UserCodeError(f"{what}: the model failed at batch "
+                                            f"{workload.batch_size}:", e) from e  # fmt: skip
+                    # A zoo model that PyTorch itself refuses at this size (BatchNorm in
+                    # training over one value per channel) fails on a GPU as well; where it
+                    # would not, the fault is the tracer's, and the message says how to tell.
+                    raise UserError(
+                        f"--model {spec}: PyTorch refused to train it at batch "
+                        f"{workload.batch_size}: {type(e).__name__}: {e} (the same job fails on "
+                        "a GPU; if it runs there, this is a memtrace fault: set "
+                        "MEMTRACE_TRACEBACK=1 and report it)"
+                    ) from e
 
         def one_step() -> None:
             for _ in range(cfg.grad_accum):
