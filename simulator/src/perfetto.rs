@@ -5,7 +5,8 @@
 //!   "GPU memory (device N)" carries `reserved` and `allocated` bytes after every request.
 //! - Device-level traces carry `live_device_bytes` from the recorded allocations and frees.
 //! - CUPTI kernel records become complete slices (`"ph":"X"`) on one track per stream; host
-//!   launches become instants on the launching thread, markers become global instants.
+//!   launches become instants on the launching thread, markers and recorded OOMs become global
+//!   instants.
 //! - Without timestamps (old snapshots) the time axis is the record index, in µs, and the trace's
 //!   metadata says so.
 
@@ -100,6 +101,14 @@ impl PerfettoBuilder {
             Event::Marker(m) => {
                 self.events.push(json!({
                     "name": m.text, "cat": "marker", "ph": "i", "s": "g", "pid": self.pid, "tid": tid, "ts": ts
+                }));
+            }
+            // The moment the run failed is what a reader of its memory curve looks for first.
+            Event::Oom(o) => {
+                self.events.push(json!({
+                    "name": format!("OOM (device {device}): {} B requested", o.size), "cat": "oom", "ph": "i",
+                    "s": "g", "pid": self.pid, "tid": tid, "ts": ts,
+                    "args": {"device": device, "size": o.size, "device_free": o.device_free, "stream": o.stream}
                 }));
             }
             _ => {}

@@ -172,6 +172,18 @@ fn convert_round_trips_and_exports() {
     let counters: Vec<&Value> = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "C").collect();
     let max_reserved = counters.iter().filter_map(|e| e["args"]["reserved"].as_u64()).max();
     assert_eq!(max_reserved, Some(150 * MIB));
+    // A recorded OOM is an instant on the time line, not left out.
+    let mut failed = three_tensors();
+    let oom = trace::Oom { size: 64 * MIB, device_free: Some(MIB), stream: 0 };
+    failed.push(Record { ts_ns: Some(99), tid: None, device: Some(0), event: Event::Oom(oom) });
+    let t = write_trace(dir.path(), "oom.jsonl", &failed);
+    let out = dir.path().join("oom.json");
+    assert_eq!(memsim(&["convert", t.to_str().unwrap(), out.to_str().unwrap()]).0, 0);
+    let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let ooms: Vec<&Value> = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["cat"] == "oom").collect();
+    assert_eq!(ooms.len(), 1, "{v}");
+    assert_eq!(ooms[0]["args"]["size"], 64 * MIB);
+    assert_eq!(ooms[0]["name"], format!("OOM (device 0): {} B requested", 64 * MIB));
 
     let pickle = dir.path().join("t.pickle");
     let (code, _, err) = memsim(&["convert", bin.to_str().unwrap(), pickle.to_str().unwrap()]);
