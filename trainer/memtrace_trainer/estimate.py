@@ -228,9 +228,11 @@ def estimate_job(
     with_memtracker: bool = False,
     report: Path | None = None,
     keep: Path | None = None,
+    with_fake_tensor: bool = True,
 ) -> dict[str, Any]:
     """memest's schema-2 object for one job, whole, plus the job's inputs and warnings
-    (and PyTorch's MemTracker beside the baselines when `with_memtracker`); with `report`, the
+    (and PyTorch's MemTracker beside the baselines when `with_memtracker`; the FakeTensor
+    baseline, which runs the job a second time, unless not `with_fake_tensor`); with `report`, the
     HTML page of `memsim report` for the symbolic trace, with this estimate beside it; with
     `keep`, the symbolic trace is copied there."""
     memest = tool_source("memest")
@@ -253,7 +255,12 @@ def estimate_job(
             raise nothing_on_the_gpu(getattr(job, "label", job.spec))
         seconds["trace_symbolic"] = time.perf_counter() - t
         t = time.perf_counter()
-        fake_why = _plain_trace(job, prof, d / "plain.jsonl")
+        # The baseline runs the job again (a step builder is called a second time).
+        fake_why = (
+            _plain_trace(job, prof, d / "plain.jsonl")
+            if with_fake_tensor
+            else "not run (--no-fake-tensor)"
+        )
         seconds["trace_fake_tensor"] = time.perf_counter() - t
         cmd = ["estimate", "--trace", str(d / "symbolic.jsonl")]
         if features is not None:

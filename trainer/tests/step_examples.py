@@ -481,3 +481,13 @@ def meta_device_step(device: torch.device) -> Any:
         (weight * 2).sum()
 
     return step
+
+
+def counted_builds(device: Any) -> Any:
+    """`default_adamw`, appending a line to `$MEMTRACE_TEST_BUILDS` per call: how often a
+    command builds the user's step."""
+    import os
+
+    with open(os.environ["MEMTRACE_TEST_BUILDS"], "a") as f:
+        f.write("build\n")
+    return default_adamw(device)

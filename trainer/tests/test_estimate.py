@@ -425,6 +425,24 @@ def test_a_batch_whose_tensors_overflow_is_the_requests_error() -> None:
     assert "internal error" not in done.stderr
 
 
+def test_no_fake_tensor_builds_a_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FakeTensor baseline runs the job a second time, so a step builder with side effects
+    ran twice with no way to avoid it; `--no-fake-tensor` leaves the baseline out, said."""
+    require("memest")
+    builds = tmp_path / "builds.txt"
+    monkeypatch.setenv("MEMTRACE_TEST_BUILDS", str(builds))
+    for flags, count in (([], 2), (["--no-fake-tensor"], 1)):
+        builds.write_text("")
+        done = cli("estimate", "--step", "step_examples:counted_builds", *flags, "--json")
+        assert builds.read_text().count("build") == count, flags
+        data = json.loads(done.stdout)
+        if flags:
+            assert data["unavailable"]["fake_tensor"] == "not run (--no-fake-tensor)"
+            assert data["estimates"].get("fake_tensor") is None
+        else:
+            assert data["estimates"]["fake_tensor"]["device_mib"] > 0
+
+
 def test_a_zoo_model_pytorch_refuses_at_its_batch_is_the_jobs_error() -> None:
     """BatchNorm in training over one value per channel raises in PyTorch itself, on a GPU as on
     meta: it was called an internal error of the tool's."""

@@ -120,6 +120,13 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "the symbolic trace)",
     )
     e.add_argument(
+        "--no-fake-tensor",
+        action="store_true",
+        help="leave out the FakeTensor baseline, which runs the job a second time on the plain "
+        "meta device (a --step builder is called again, a --script is never rerun); the "
+        "symbolic estimate and the verdict do not use it",
+    )
+    e.add_argument(
         "--report",
         type=Path,
         metavar="OUT.html",
@@ -296,6 +303,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         point=args.point,
         with_memtracker=args.memtracker,
         report=args.report,
+        with_fake_tensor=not args.no_fake_tensor,
     )
 
 
