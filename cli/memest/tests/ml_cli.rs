@@ -222,12 +222,7 @@ fn ml_inputs_a_probe_found_taken_in_silence_are_refused_or_said() {
 
     // The trainer's own `dataset` output (its `spec` column): not GPUMemNet's data or licence.
     let own = dir.path().join("own.csv");
-    let own_rows: Vec<String> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| if i == 0 { format!("{l},spec") } else { format!("{l},synthetic:{{}}") })
-        .collect();
-    std::fs::write(&own, own_rows.join("\n")).unwrap();
+    std::fs::write(&own, crate::ml_data::with_column(&text, "spec", "synthetic:{}")).unwrap();
     let (code, err) = memest_bin(&["ml", "train", "--dataset", own.to_str().unwrap(), "--model", "tree", "--out", m]);
     assert!(code == 0 && err.contains("your own runs") && !err.contains("CC BY-NC"), "{code} {err}");
 }

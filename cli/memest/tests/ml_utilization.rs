@@ -200,12 +200,7 @@ fn kernel_features_outside_their_domain_or_of_another_step_are_said() {
         "the last edit stays refused"
     );
     let sgd = dir.path().join("sgd.csv");
-    let with_setting: Vec<String> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| if i == 0 { format!("{l},optimizer") } else { format!("{l},sgd") })
-        .collect();
-    std::fs::write(&sgd, with_setting.join("\n")).unwrap();
+    std::fs::write(&sgd, crate::ml_data::with_column(&text, "optimizer", "sgd")).unwrap();
     let k = KernelFeatures::load(&sgd).unwrap();
     assert_eq!(k.settings, vec![("optimizer".to_string(), "sgd".to_string())]);
     let said = k.mismatches(&ds.rows);

@@ -19,4 +19,10 @@ mod ml_data {
     pub fn gpumemnet(file: &str) -> std::path::PathBuf {
         crate::common::shared(&format!("gpumemnet/{file}"))
     }
+
+    /// CSV `text` with one more column, `name`, holding `value` in every row.
+    pub fn with_column(text: &str, name: &str, value: &str) -> String {
+        let rows = text.lines().enumerate().map(|(i, l)| format!("{l},{}", if i == 0 { name } else { value }));
+        rows.collect::<Vec<_>>().join("\n")
+    }
 }
