@@ -88,7 +88,7 @@ pub struct RunRecord {
 pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
     let mut out = Vec::new();
     for f in paths {
-        let text = std::fs::read_to_string(f).map_err(|source| EstimateError::Io {
+        let text = trace::read_small_string(f, u64::MAX).map_err(|source| EstimateError::Io {
             path: f.clone(),
             action: "cannot read",
             source,

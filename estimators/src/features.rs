@@ -115,7 +115,7 @@ impl Features {
 
     /// Read and parse a features JSON file.
     pub fn load(path: &Path) -> Result<Features> {
-        let text = std::fs::read_to_string(path).map_err(|source| EstimateError::Io {
+        let text = trace::read_small_string(path, 256 << 20).map_err(|source| EstimateError::Io {
             path: path.to_path_buf(),
             action: "cannot read features",
             source,

@@ -318,7 +318,9 @@ impl Profile {
     /// Load a profile by name (`profiles/NAME.toml`) or path.
     pub fn load(name_or_path: &str) -> Result<(Profile, PathBuf), ProfileError> {
         let path = resolve(name_or_path)?;
-        let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Io { path: path.clone(), source })?;
+        // A profile is a few KiB of TOML.
+        let text = trace::read_small_string(&path, 16 << 20)
+            .map_err(|source| ProfileError::Io { path: path.clone(), source })?;
         Ok((Profile::parse(&text, &path)?, path))
     }
 

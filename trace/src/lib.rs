@@ -34,6 +34,7 @@ pub mod marker;
 pub mod metadata;
 mod prefix;
 mod read;
+pub mod small;
 pub mod units;
 mod write;
 
@@ -44,4 +45,5 @@ pub use error::TraceError;
 pub use event::*;
 pub use header::{DeviceInfo, Header, Level, Producer, ALLOCATOR_ENV_VARS, FORMAT_VERSION};
 pub use read::{open_reader, Reader, Summary};
+pub use small::{read_small, read_small_string};
 pub use write::{BinaryWriter, Format, JsonlWriter, TraceWriter};

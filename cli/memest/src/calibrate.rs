@@ -104,7 +104,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 out.display()
             );
         }
-        let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
+        let text =
+            trace::read_small_string(&ppath, 16 << 20).with_context(|| format!("cannot read {}", ppath.display()))?;
         let pct = |v: Option<f64>| v.map_or("n/a".into(), |x| format!("{:.2}%", x * 100.0));
         let provenance = vec![
             ("fitted_by".to_string(), "memest calibrate".to_string()),

@@ -92,7 +92,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         (Some(_), None) => Err("needs the model's features (--features)".to_string()),
         (Some(m), Some(fpath)) => {
             let model = estimators::ml::modelfile::ModelFile::load(&m)?;
-            let text = std::fs::read_to_string(fpath).with_context(|| format!("--features {}", fpath.display()))?;
+            let text = trace::read_small_string(fpath, 256 << 20)
+                .with_context(|| format!("--features {}", fpath.display()))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).with_context(|| format!("--features {}: not JSON", fpath.display()))?;
             let source = fpath.display().to_string();
@@ -152,7 +153,7 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     let text = if stdin {
         std::io::read_to_string(std::io::stdin()).context("reading the estimate from stdin")?
     } else {
-        std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {name}"))?
+        trace::read_small_string(&a.file, 256 << 20).with_context(|| format!("cannot read {name}"))?
     };
     let expected = "expected `estimate --json` output, schema 2";
     let value: serde_json::Value =

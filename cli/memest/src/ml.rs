@@ -229,7 +229,8 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         let (text, source) = if f.trim_start().starts_with(['{', '[']) {
             (f.clone(), "--features".to_string())
         } else {
-            let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
+            let text =
+                trace::read_small_string(std::path::Path::new(f), 256 << 20).with_context(|| format!("reading {f}"))?;
             (text, f.clone())
         };
         let json: serde_json::Value =

@@ -106,7 +106,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 a.miss_rate
             );
         }
-        let text = std::fs::read_to_string(&ppath).with_context(|| format!("cannot read {}", ppath.display()))?;
+        let text =
+            trace::read_small_string(&ppath, 16 << 20).with_context(|| format!("cannot read {}", ppath.display()))?;
         let runs = a.io.runs_list();
         let method = format!(
             "split conformal prediction per family: score (truth - point)/scale, scale = the point or the reserved \

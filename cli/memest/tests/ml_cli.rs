@@ -214,6 +214,9 @@ fn ml_inputs_a_probe_found_taken_in_silence_are_refused_or_said() {
         }
     }
 
+    // A device as a model file was read until memory ran out (a serve request can name one).
+    let (code, err) = memest_bin(&["ml", "predict", "--model", "/dev/zero", "--features", "{}"]);
+    assert!(code == 2 && err.contains("/dev/zero: not a regular file"), "{code} {err}");
     let (code, err) = memest_bin(&["util", "cv", "--dataset", &csv, "--metric", "smact", "--thresholds", "0.99,0.995"]);
     assert!(code == 2 && err.contains("every row falls in one class"), "{code} {err}");
     let (code, err) = memest_bin(&["ml", "cv", "--dataset", &csv, "--models", "tree,tree", "--folds", "500"]);

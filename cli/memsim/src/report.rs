@@ -1,7 +1,7 @@
 //! `memsim report FILE --html OUT [--profile NAME]... [--estimate EST.json]`: one self-contained
 //! HTML page explaining a trace's memory (simulator::report).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use simulator::profile::{known_profiles, Profile};
@@ -66,8 +66,8 @@ pub struct Args {
     strict: bool,
 }
 
-fn read_estimate(path: &PathBuf) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("--estimate {}", path.display()))?;
+fn read_estimate(path: &Path) -> Result<serde_json::Value> {
+    let text = trace::read_small_string(path, 256 << 20).with_context(|| format!("--estimate {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("--estimate {}: not JSON (expected `estimate --json` output)", path.display()))?;
     if v.get("estimates").and_then(|e| e.as_object()).is_none() {
@@ -208,7 +208,7 @@ pub fn run(a: Args) -> Result<u8> {
         }
         crate::input::distinct_output(&a.file, out)?;
     }
-    let estimate = a.estimate.as_ref().map(read_estimate).transpose()?;
+    let estimate = a.estimate.as_deref().map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
     let mut records = Vec::new();
     let read = crate::input::for_each_record(

@@ -97,7 +97,9 @@ impl ModelFile {
 
     /// Reads a model file, checking its format version.
     pub fn load(path: &Path) -> Result<ModelFile, MlError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MlError::Io { path: path.to_path_buf(), source })?;
+        // Forests and ensembles of these datasets are a few MiB of JSON.
+        let text = trace::read_small_string(path, 1 << 30)
+            .map_err(|source| MlError::Io { path: path.to_path_buf(), source })?;
         #[derive(Deserialize)]
         struct Header {
             format_version: u32,

@@ -184,7 +184,9 @@ impl Snapshot {
 
 /// Reads a snapshot pickle from a file.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
-    let bytes = std::fs::read(path).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
+    // Snapshots reach GiBs: no size bound, only a regular file (`/dev/zero` was read forever).
+    let bytes =
+        trace::read_small(path, u64::MAX).map_err(|source| SnapshotError::Io { path: path.to_path_buf(), source })?;
     parse_snapshot(&bytes, &path.display().to_string())
 }
 
