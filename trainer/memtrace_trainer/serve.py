@@ -10,34 +10,42 @@ process serving HTTP on threads could not do safely."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import ipaddress
-import json
+import math
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
 import os
+import select
 import shutil
 import signal
 import socket
 import socketserver
 import stat
-import sys
 import tempfile
 import threading
 import time
-import traceback
-import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import __version__, serve_worker
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.serve_schema import MAX_BODY, Policy, RequestError, Schema, estimate_parser
+from memtrace_trainer.serve_http import (
+    CLIENT_GONE,
+    POLL_SECONDS,
+    RETRY,
+    ROUTES,
+    SPARE_CONNECTIONS,
+    STOPPING,
+    Bounded,
+    ClientWatch,
+    Handler,
+    log,
+)
+from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
 
-ROUTES = {"/v1/estimate": "POST", "/v1/health": "GET", "/v1/schema": "GET"}
-STOPPING = "the server is shutting down"
-# How long a connection may take to send its request, so a silent client does not hold a thread.
-READ_SECONDS = 30.0
 # How long shutdown waits for in-flight requests to send their answers once workers are stopped.
 DRAIN_SECONDS = 10.0
 # How long a worker that has answered may take to exit before it is killed.
@@ -65,9 +73,43 @@ def kill_group(proc: multiprocessing.process.BaseProcess) -> None:
         proc.kill()
 
 
-def log(line: str) -> None:
-    sys.stderr.write(f"serve: {line}\n")
-    sys.stderr.flush()
+def _alive(pid: int) -> bool:
+    """Whether a child process runs, without reaping it (multiprocessing reaps its forkserver
+    and would fail on one reaped here): a zombie has exited."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _kill_holders(fd: int) -> None:
+    """Kill every other process holding the pipe `fd` is an end of. A zygote that dies after
+    forking a worker but before sending its pid leaves a worker the server cannot name; it holds
+    its request's answer pipe, and is found by it."""
+    try:
+        target = f"pipe:[{os.fstat(fd).st_ino}]"
+    except OSError:
+        return
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            held = any(os.readlink(f) == target for f in (entry / "fd").iterdir())
+        except OSError:  # exited, or not ours
+            continue
+        if held:
+            pid = int(entry.name)
+            # Its group if it made one (`serve_worker.work`), so what it started goes too.
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _zygote_pid() -> int | None:
+    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
+    return getattr(fs, "_forkserver_pid", None)
 
 
 class Service:
@@ -82,14 +124,18 @@ class Service:
         self.lock = threading.Lock()
         self.workers: set[Any] = set()
         self.busy = 0  # estimates holding a slot
-        self.active = 0  # requests being handled, of any kind
+        self.rewarming = 0  # workers waiting for a zygote started again
         self.stopping = threading.Event()
         self.tmp_root = Path(tempfile.mkdtemp(prefix="memtrace-serve-"))
 
     def health(self) -> dict[str, Any]:
         c = self.config
         return {
-            "status": "stopping" if self.stopping.is_set() else "ok",
+            "status": "stopping"
+            if self.stopping.is_set()
+            else "warming"
+            if self.rewarming
+            else "ok",
             "version": __version__,
             "pid": os.getpid(),
             "listen": self.where,
@@ -110,50 +156,68 @@ class Service:
             "errors": '{"error": MESSAGE, "field": FIELD or null}',
         }
 
-    def estimate(self, body: bytes) -> tuple[int, str]:
+    def estimate(self, body: bytes, client: socket.socket | None = None) -> tuple[int, str]:
+        """The answer to an estimate request; `client` is its connection, watched so that a
+        client that leaves stops its estimate."""
         argv = self.schema.argv(body, self.config.policy)
         if self.stopping.is_set():
-            raise RequestError(503, STOPPING)
+            raise RequestError(503, STOPPING, headers=RETRY)
         if not self.slots.acquire(blocking=False):
             n = self.config.max_concurrency
             raise RequestError(503, f"busy: {n} estimate(s) already running, this server's "
                                f"limit (--max-concurrency {n}); retry shortly",
-                               headers={"Retry-After": "1"})  # fmt: skip
+                               headers=RETRY)  # fmt: skip
         with self.lock:
             self.busy += 1
         try:
-            return self._run(argv)
+            return self._run(argv, client)
         finally:
             with self.lock:
                 self.busy -= 1
             self.slots.release()
 
-    def _run(self, argv: list[str]) -> tuple[int, str]:
+    def _run(self, argv: list[str], client: socket.socket | None) -> tuple[int, str]:
         """One worker: its answer, or 504 past the time limit (the worker killed), 503 when
-        shutdown stopped it, 500 when it died without one. Its temporary directory goes with it."""
+        shutdown stopped it, 500 when it died without one, CLIENT_GONE (not sent) when the
+        client left first. Its temporary directory goes with it."""
+        # The limit counts from here: a zygote started again below is part of the wait.
+        deadline = time.monotonic() + self.config.timeout
         tmp = tempfile.mkdtemp(prefix="request-", dir=self.tmp_root)
         recv, send = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(target=serve_worker.work, args=(argv, tmp, send), daemon=True)
-        started = False
+
+        def release() -> None:
+            recv.close()
+            send.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+        started = handed_off = False
         try:
-            with self.lock:
+            if self.stopping.is_set():
+                raise RequestError(503, STOPPING, headers=RETRY)
+            if not self._launch(proc, send, deadline, release):
+                handed_off = True  # the start's thread releases the pipe and tmp when it ends
                 if self.stopping.is_set():
-                    raise RequestError(503, STOPPING)
-                proc.start()
-                started = True
-                self.workers.add(proc)
-            send.close()  # the worker's copy is the only one left: its exit is our EOF
-            if not recv.poll(self.config.timeout):
-                kill_group(proc)
+                    raise RequestError(503, f"aborted: {STOPPING}", headers=RETRY)
                 raise RequestError(504, f"the estimate ran past this server's time limit of "
-                                   f"{self.config.timeout:g} s (--timeout); its worker was "
-                                   "stopped")  # fmt: skip
+                                   f"{self.config.timeout:g} s (--timeout) while its worker was "
+                                   "started (the workers' zygote, started again, was not warm); "
+                                   "the zygote was stopped, and the next request starts it "
+                                   "afresh")  # fmt: skip
+            started = True
+            with self.lock:
+                self.workers.add(proc)
+                stopped = self.stopping.is_set()
+            if stopped:  # stop_workers ran before this worker was listed
+                kill_group(proc)
+            send.close()  # the worker's copy is the only one left: its exit is our EOF
+            self._wait(proc, recv, client, deadline)
             try:
                 status, body = recv.recv()
             except EOFError:
                 proc.join(5)
                 if self.stopping.is_set():
-                    raise RequestError(503, f"aborted: {STOPPING}") from None
+                    raise RequestError(503, f"aborted: {STOPPING}", headers=RETRY) from None
                 died = serve_worker.describe_exit(proc.exitcode)
                 raise RequestError(
                     500, f"the estimate's worker process died without an answer ({died})"
@@ -169,9 +233,8 @@ class Service:
                 # Killed whether or not it exited: what it started goes with it.
                 kill_group(proc)
                 proc.join()
-            recv.close()
-            send.close()
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not handed_off:
+                release()
 
     def stop_workers(self) -> None:
         """No new estimates; every worker in flight killed (its request answers 503)."""
@@ -181,12 +244,123 @@ class Service:
                 with contextlib.suppress(Exception):
                     kill_group(proc)
 
-    def drain(self, seconds: float) -> bool:
-        """Wait until no request is being handled; False if some still are after `seconds`."""
+    def _launch(self, proc: Any, send: Any, deadline: float, release: Callable[[], None]) -> bool:
+        """`_start(proc)` within the request's deadline: True once started. A start may restart
+        a dead zygote (torch imported again, a warm-up), which can hang; it runs on a thread of
+        its own, and past the deadline (or at shutdown) it is abandoned: False, the zygote
+        killed so that the start fails and the next request starts a fresh one. The abandoned
+        thread then owns the pipe and the temporary directory (the start hands the pipe's
+        descriptor to the worker: closed under it, the number could name another file), calls
+        `release` when the start returns, and kills a worker started too late."""
+        lock = threading.Lock()
+        finished, abandoned = threading.Event(), threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._start(proc, send, abandoned)
+            except BaseException as e:
+                errors.append(e)
+            with lock:
+                finished.set()
+            if abandoned.is_set():
+                if proc.pid is not None:  # started after all, for a request already answered
+                    kill_group(proc)
+                    proc.join()
+                release()
+
+        threading.Thread(target=run, name="worker-start", daemon=True).start()
+        # A normal start is milliseconds: `wait` returns as soon as it is done.
+        while not finished.wait(max(0.0, min(deadline - time.monotonic(), POLL_SECONDS))):
+            if time.monotonic() < deadline and not self.stopping.is_set():
+                continue
+            with lock:
+                if not finished.is_set():
+                    abandoned.set()
+            if abandoned.is_set():
+                pid = _zygote_pid()
+                log(f"the workers' zygote (pid {pid}) did not start the worker within the "
+                    "request's time limit; stopping it")  # fmt: skip
+                if pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                return False
+        if errors:
+            raise errors[0]
+        return True
+
+    def _start(self, proc: Any, send: Any, abandoned: threading.Event) -> None:
+        """`proc.start()`, said in the log and in health when the zygote had died (the OOM
+        killer's likely pick: it is the largest process) and is started and warmed again.
+        Returns without a start once `abandoned` is set."""
+        pid = _zygote_pid()
+        if pid is None or _alive(pid):
+            try:
+                self._start_once(proc, send)
+                return
+            except (EOFError, ConnectionError):
+                if pid is None or abandoned.is_set():
+                    raise
+                # It died just before: multiprocessing starts a new one once it is reaped.
+                end = time.monotonic() + 5
+                while _alive(pid) and time.monotonic() < end:
+                    time.sleep(0.05)
+        if abandoned.is_set():
+            return
+        log(f"the workers' zygote (pid {pid}) has exited; starting it again (importing torch, "
+            "one warm-up estimate)")  # fmt: skip
+        start = time.perf_counter()
+        with self.lock:
+            self.rewarming += 1
+        try:
+            self._start_once(proc, send)
+        finally:
+            with self.lock:
+                self.rewarming -= 1
+        log(f"the workers' zygote is warm again ({time.perf_counter() - start:.1f} s)")
+
+    @staticmethod
+    def _start_once(proc: Any, send: Any) -> None:
+        try:
+            proc.start()
+        except (EOFError, ConnectionError):
+            # The zygote died during the start, maybe after forking the worker but before
+            # sending its pid: that worker would run on outside the group killed at the
+            # request's end (and answer on this pipe), so it is found by the pipe and killed.
+            _kill_holders(send.fileno())
+            raise
+
+    def _wait(self, proc: Any, recv: Any, client: socket.socket | None, deadline: float) -> None:
+        """Until the worker answers (or exits). Past the deadline, or when the client leaves
+        (`ClientWatch`), the worker is killed and the request answered 504, or not at all."""
+        poller = select.poll()
+        poller.register(recv.fileno(), select.POLLIN)
+        watch = None if client is None else ClientWatch(client)
+        if watch is not None:
+            poller.register(watch.sock.fileno(), watch.events())
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                kill_group(proc)
+                raise RequestError(504, f"the estimate ran past this server's time limit of "
+                                   f"{self.config.timeout:g} s (--timeout); its worker was "
+                                   "stopped")  # fmt: skip
+            ready = dict(poller.poll(math.ceil(left * 1000)))
+            if recv.fileno() in ready:  # an answer, or the worker's exit
+                return
+            if watch is not None and watch.sock.fileno() in ready:
+                if watch.gone(ready[watch.sock.fileno()]):
+                    kill_group(proc)
+                    raise RequestError(CLIENT_GONE, "the client closed its connection before "
+                                       "the answer; its estimate was stopped")  # fmt: skip
+                poller.modify(watch.sock.fileno(), watch.events())
+
+    def drain(self, seconds: float, server: Bounded) -> bool:
+        """Wait until no connection is open; False if some still are after `seconds`."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            with self.lock:
-                if self.active == 0:
+            with server.open_lock:
+                if server.open == 0:
                     return True
             time.sleep(0.05)
         return False
@@ -225,145 +399,11 @@ class Service:
             send.close()
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    """One request: routed, answered with JSON whatever happens, and logged on one line."""
-
-    server_version = f"memtrace-serve/{__version__}"
-    timeout = READ_SECONDS
-    service: Service  # set on the subclass the server makes
-
-    def do_GET(self) -> None:
-        self._dispatch()
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
-
-    def _dispatch(self) -> None:
-        start = time.perf_counter()
-        svc = self.service
-        with svc.lock:
-            svc.active += 1
-        headers: dict[str, str] = {}
-        try:
-            status, body = self._route()
-        except RequestError as e:
-            status, body, headers = e.status, json.dumps(e.body()), e.headers
-        except Exception as e:  # never let a request take the server down
-            traceback.print_exc()
-            status = 500
-            body = json.dumps({"error": f"internal error: {type(e).__name__}: {e}", "field": None})
-        try:
-            self._send(status, body, headers)
-        except OSError as e:  # the client left; its answer has nowhere to go
-            log(f"{self.command} {self.path}: could not send the answer ({e})")
-        finally:
-            with svc.lock:
-                svc.active -= 1
-        self._log(status, time.perf_counter() - start, body)
-
-    def _route(self) -> tuple[int, str]:
-        url = urllib.parse.urlsplit(self.path)
-        method = ROUTES.get(url.path)
-        if method is None:
-            raise RequestError(404, f"no endpoint {url.path!r}; endpoints: "
-                               + ", ".join(f"{m} {p}" for p, m in ROUTES.items()))  # fmt: skip
-        if self.command != method:
-            raise RequestError(405, f"{url.path} takes {method}, not {self.command}",
-                               headers={"Allow": method})  # fmt: skip
-        if url.query:
-            raise RequestError(400, f"{url.path} takes no query string ({url.query!r}): "
-                               "options go in the JSON body")  # fmt: skip
-        if url.path == "/v1/health":
-            return 200, json.dumps(self.service.health())
-        if url.path == "/v1/schema":
-            return 200, json.dumps(self.service.schema_json())
-        return self.service.estimate(self._body())
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            raise RequestError(411, "send the body with a Content-Length header, not "
-                               f"Transfer-Encoding {self.headers['Transfer-Encoding']}",
-                               "Content-Length")  # fmt: skip
-        lengths = self.headers.get_all("Content-Length") or []
-        if not lengths:
-            raise RequestError(411, "POST /v1/estimate needs a Content-Length header",
-                               "Content-Length")  # fmt: skip
-        text = lengths[0].strip()
-        if len(lengths) > 1 or not text.isascii() or not text.isdigit():
-            raise RequestError(400, f"Content-Length {', '.join(lengths)!r} is not one byte "
-                               "count", "Content-Length")  # fmt: skip
-        n = int(text)
-        if n > MAX_BODY:
-            raise RequestError(413, f"request body of {n} bytes is over the limit of "
-                               f"{MAX_BODY} bytes", "Content-Length")  # fmt: skip
-        try:
-            data = self.rfile.read(n)
-        except TimeoutError:
-            why = f"request body incomplete after {READ_SECONDS:g} s: Content-Length said {n} bytes"
-            raise RequestError(400, why, "Content-Length") from None
-        if len(data) < n:
-            raise RequestError(400, f"request body ended after {len(data)} of the {n} bytes its "
-                               "Content-Length announced", "Content-Length")  # fmt: skip
-        return data
-
-    def _send(self, status: int, body: str, headers: dict[str, str]) -> None:
-        data = body.encode() if body.endswith("\n") else (body + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def _log(self, status: int, seconds: float, body: str) -> None:
-        why = ""
-        if status >= 400:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                why = f" ({json.loads(body)['error'][:160]})"
-        # A request line http.server could not parse leaves no method or path behind.
-        path = urllib.parse.urlsplit(getattr(self, "path", "") or "").path or "-"
-        log(f"{self.command or '-'} {path} {status} {seconds:.3f} s{why}")
-
-    def parse_request(self) -> bool:
-        """http.server's, less HTTP/0.9: a request line without a version (`GET /v1/health`)
-        was served as HTTP/0.9, a bare body with no status line or Content-Type. Refused before
-        its headers are read, as a 505 in JSON (`send_error` answers as HTTP/1.0)."""
-        words = str(self.raw_requestline, "iso-8859-1").split()
-        if len(words) != 2:
-            return super().parse_request()
-        self.command, self.path = words
-        self.send_error(505, "a request line without an HTTP version (HTTP/0.9) is not served: "
-                        "send HTTP/1.0 or HTTP/1.1")  # fmt: skip
-        return False
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """What http.server answers itself (a malformed request line, an unknown method): JSON
-        too."""
-        self.close_connection = True
-        # A request line too broken to name its version is answered as HTTP/1.0, with a status
-        # line and headers, not as the bare body of HTTP/0.9.
-        self.request_version = "HTTP/1.0"
-        text = message or self.responses.get(code, ("error",))[0]
-        body = json.dumps({"error": text, "field": None})
-        with contextlib.suppress(OSError):
-            self._send(code, body, {})
-        self._log(code, 0.0, body)
-
-    def log_request(self, code: Any = "-", size: Any = "-") -> None:
-        pass  # `_log` writes one line per request, with its time
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log(format % args)
-
-
 # Connections wait in the listen queue during the warm-up and at bursts: more than the default 5.
 BACKLOG = 64
 
 
-class _TCPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class _TCPServer(Bounded):
     request_queue_size = BACKLOG
 
 
@@ -371,9 +411,8 @@ class _TCP6Server(_TCPServer):
     address_family = socket.AF_INET6
 
 
-class _UnixServer(http.server.ThreadingHTTPServer):
+class _UnixServer(Bounded):
     address_family = socket.AF_UNIX
-    daemon_threads = True
     request_queue_size = BACKLOG
     allow_reuse_address = False
 
@@ -418,7 +457,7 @@ def _free_socket_path(path: Path) -> None:
     raise UserError(f"serve --socket {path}: a server is already listening there")
 
 
-def _bind(config: Config) -> tuple[http.server.ThreadingHTTPServer, str]:
+def _bind(config: Config) -> tuple[Bounded, str]:
     """The listening server, before any request is read, and where it listens."""
     handler = type("BoundHandler", (Handler,), {})
     try:
@@ -427,13 +466,15 @@ def _bind(config: Config) -> tuple[http.server.ThreadingHTTPServer, str]:
             _free_socket_path(path)
             old = os.umask(0o177)  # the socket file is the owner's only (mode 0600)
             try:
-                srv: http.server.ThreadingHTTPServer = _UnixServer(str(path), handler)
+                srv: Bounded = _UnixServer(str(path), handler)
             finally:
                 os.umask(old)
+            srv.max_connections = config.max_concurrency + SPARE_CONNECTIONS
             return srv, f"unix:{path}"
         ip = _loopback(config.host)
         cls = _TCP6Server if ip.version == 6 else _TCPServer
         srv = cls((str(ip), config.port or 0), handler)
+        srv.max_connections = config.max_concurrency + SPARE_CONNECTIONS
         host = f"[{ip}]" if ip.version == 6 else str(ip)
         return srv, f"http://{host}:{srv.server_address[1]}"
     except OSError as e:
@@ -467,7 +508,8 @@ def serve(config: Config) -> int:
             "(connections made meanwhile wait)")  # fmt: skip
         start = time.perf_counter()
         if svc.warm(stop):
-            thread = threading.Thread(target=srv.serve_forever, name="serve", daemon=True)
+            thread = threading.Thread(target=srv.serve_forever, args=(0.1,), name="serve",
+                                      daemon=True)  # fmt: skip
             thread.start()
             log(f"listening on {where} (pid {os.getpid()}, max concurrency "
                 f"{config.max_concurrency}, timeout {config.timeout:g} s; warm in "
@@ -476,17 +518,19 @@ def serve(config: Config) -> int:
             pass
         log(f"{caught[0] if caught else 'stop'}: stopping; in-flight estimates are aborted (503)")
     finally:
-        svc.stopping.set()  # estimates arriving from here on are answered 503
-        if thread is not None:
-            srv.shutdown()
-        svc.stop_workers()
-        if not svc.drain(DRAIN_SECONDS):
-            log(f"{svc.active} request(s) still open after {DRAIN_SECONDS:g} s; closing anyway")
-        srv.server_close()
+        # Requests still being received are answered 503, estimates arriving are refused 503.
+        svc.stopping.set()
+        # No new connection from here: the socket's name goes first, then the listener.
         if config.socket is not None:
             with contextlib.suppress(OSError):
                 if os.stat(config.socket).st_ino == inode:  # ours, not a successor's
                     config.socket.unlink()
+        if thread is not None:
+            srv.shutdown()
+        srv.server_close()
+        svc.stop_workers()
+        if not svc.drain(DRAIN_SECONDS, srv):
+            log(f"{srv.open} connection(s) still open after {DRAIN_SECONDS:g} s; closing anyway")
         shutil.rmtree(svc.tmp_root, ignore_errors=True)
     log("stopped")
     return 0

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,21 @@ class Policy:
 
     steps: tuple[str, ...] = ()
     entries: tuple[str, ...] = ()
-    scripts: tuple[Path, ...] = field(default=())
+    scripts: tuple[Path, ...] = field(default=())  # resolved at start-up
+    # Each allowed script as spelled at start-up, made absolute without following links, and
+    # the file it resolved to then: a request spelling it so runs that file even after a link
+    # on the way was re-pointed (a `current -> release-N` deployment).
+    script_names: tuple[tuple[str, Path], ...] = ()
+
+    @classmethod
+    def allowing(
+        cls, steps: Iterable[str], entries: Iterable[str], scripts: Iterable[Path]
+    ) -> Policy:
+        """The policy of the `--allow-*` flags, scripts as given on the command line."""
+        given = [Path(p).expanduser() for p in scripts]
+        resolved = tuple(p.resolve() for p in given)
+        names = tuple((os.path.abspath(p), r) for p, r in zip(given, resolved, strict=True))
+        return cls(tuple(steps), tuple(entries), resolved, names)
 
     def allowed(self) -> dict[str, list[str]]:
         return {"step": list(self.steps), "entry": list(self.entries),
@@ -86,9 +102,9 @@ class Policy:
         start-up (resolved then), not as the request spells it, so a link re-pointed after the
         check runs nothing else; a 403 naming the field unless it is allowed."""
         if name == "script":
-            resolved = Path(value).expanduser().resolve()
-            ok = resolved in self.scripts
-            runs = str(resolved)
+            target = self._script(value)
+            ok = target is not None
+            runs = str(target)
             listed = self.allowed()["script"]
         else:
             listed = list(self.steps if name == "step" else self.entries)
@@ -103,6 +119,23 @@ class Policy:
                 name,
             )
         return runs
+
+    def _script(self, value: str) -> Path | None:
+        """The allowed script `value` names (the path stored at start-up), or None. Another
+        path to an allowed file is resolved once, and what runs is the stored path, never the
+        path just resolved: resolving twice let a link re-pointed between the two run a file
+        never allowed."""
+        try:
+            spelled = Path(value).expanduser()
+            target = dict(self.script_names).get(os.path.abspath(spelled))
+            if target is not None:
+                return target
+            now = spelled.resolve()
+        # A NUL byte (ValueError), a link loop (RuntimeError before Python 3.13, OSError
+        # after), an unknown `~user`: a path to nothing allowed, so a 403, not a 500.
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return next((p for p in self.scripts if p == now), None)
 
 
 def _snake(flag: str) -> str:
@@ -163,6 +196,18 @@ class Schema:
         rest = words[words.index("--") + 1 :] if "--" in words else []
         if any(repr(w) in message for w in rest) and "script_args" in self.fields:
             return "script_args"
+        # A script's own arguments, as the `script:PATH ARGS` spec quotes them, are not flags
+        # of the command (`--json` among them was taken for the field `json`). Only that span
+        # goes, once: replacing the arguments' text everywhere cut it out of flag names too
+        # (arguments `e` made `--seq-len` read `--sq-ln`).
+        if rest:
+            args = "".join(f" {a}" for a in rest)
+            path = next((w.partition("=")[2] for w in words if w.startswith("--script=")), None)
+            if path is not None and f"script:{path}{args}" in message:
+                message = message.replace(f"script:{path}{args}", f"script:{path}", 1)
+            else:
+                joined = re.escape(args.lstrip())
+                message = re.sub(rf"(?<!\S){joined}(?!\S)", "", message, count=1)
         unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", message)
         for flag in re.findall(r"--[a-z][a-z0-9-]*", unquoted):
             if flag in self.by_flag:

@@ -107,8 +107,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         default=[],
         type=Path,
         metavar="TRAIN.py",
-        help="a --script file requests may name, by this path or its absolute form "
-        "(repeatable; default none)",
+        help="a --script file requests may name, by this path, its absolute form, or any path "
+        "to the same file at the time of the request; what runs is this path as resolved at "
+        "start-up (repeatable; default none)",
     )
     return {"serve": _serve}
 
@@ -143,15 +144,15 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError(f"serve --port {args.port}: expected 0-65535")
     if args.socket is not None and args.host != "127.0.0.1":
         notes.warn(f"--host {args.host} has no effect with --socket")
-    scripts = []
     for path in args.allow_script:
         if not path.is_file():
             raise UserError(f"serve --allow-script {path}: no such file")
-        scripts.append(path.expanduser().resolve())
-    policy = Policy(
-        tuple(_function_spec("--allow-step", s) for s in args.allow_step),
-        tuple(_function_spec("--allow-entry", s) for s in args.allow_entry),
-        tuple(scripts),
+    # The spelling is kept beside the file it names now: a link re-pointed later still runs
+    # what was allowed at start-up (docs/serve.md).
+    policy = Policy.allowing(
+        [_function_spec("--allow-step", s) for s in args.allow_step],
+        [_function_spec("--allow-entry", s) for s in args.allow_entry],
+        args.allow_script,
     )
     config = Config(args.socket, args.host, args.port, args.max_concurrency, args.timeout, policy)
     return serve(config)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from memtrace_trainer.errors import UserError, json_object
 from memtrace_trainer.notes import warn
 
 REGISTRY = Path(__file__).with_name("hf_configs")
+# A config.json is kilobytes; the cap keeps a mistaken path from reading gigabytes.
+MAX_CONFIG_BYTES = 16 << 20
 TASKS = ("causal-lm", "classification", "seq2seq")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 DEFAULT_CLASSES = 2
@@ -93,10 +97,36 @@ def read_config(path: Path) -> HFSpec:
     """`hf-config:PATH`: a local config.json (or a directory holding one)."""
     if path.is_dir():
         path = path / "config.json"
+    where = f"--model hf-config:{path}"
+    not_regular = f"{where}: not a regular file (a config.json is one)"
+    limit = f"{where}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config.json"
     try:
-        text = path.read_text()
+        # Checked before opening: opening a device can act (a tape rewinds, a terminal becomes
+        # the controlling one), and a device or FIFO was read until memory ran out.
+        before = os.stat(path)
+        if not stat.S_ISREG(before.st_mode):
+            raise UserError(not_regular)
+        if before.st_size > MAX_CONFIG_BYTES:
+            raise UserError(limit)
+        # Non-blocking and no controlling terminal: the path may be replaced by a FIFO or a
+        # device between the stat and the open, which the fstat below then refuses.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
-        raise UserError(f"--model hf-config:{path}: cannot read the file ({e.strerror})") from None
+        raise UserError(f"{where}: cannot read the file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
+            raise UserError(f"{where}: the file was replaced while it was being opened")
+        try:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # the file may grow after the stat
+        except OSError as e:
+            raise UserError(f"{where}: cannot read the file ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UserError(limit)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
     data = json_object(text, str(path), "a JSON object (a transformers config.json)")
     return HFSpec(str(path), data, str(path))
 

@@ -1,0 +1,214 @@
+"""`serve` against clients and processes that misbehave: a client that leaves, a zygote that dies,
+an oversized body sent by an ordinary client, a SIGTERM with a request half sent, a config path
+that is not a file. A real server in a child process, as in test_serve.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_serve import MLP, Server, gone, server_env, stand_ins
+
+SLOW = {"step": "slow_step:make"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    d = tmp_path_factory.mktemp("robust")
+    srv = Server(["--socket", str(d / "s.sock"), "--max-concurrency", "1", "--timeout", "90",
+                  "--allow-step", "slow_step:make"],
+                 server_env(d, stand_ins(tmp_path_factory.mktemp("tools"))))  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def connect(srv: Server) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(str(srv.socket))
+    return s
+
+
+def post(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data
+
+
+def in_flight(srv: Server) -> int:
+    return int(srv.request("GET", "/v1/health")[1]["in_flight"])
+
+
+# A stray CRLF after the request took the client off the watch: its close was never seen.
+@pytest.mark.parametrize("extra", [b"", b"\r\n"])
+def test_a_client_that_leaves_stops_its_estimate(server: Server, extra: bytes) -> None:
+    """The estimate ran on to the time limit, holding the only slot, and every other request
+    was refused 503 meanwhile."""
+    mark = Path(server.env["SLOW_STEP_MARK"])
+    mark.unlink(missing_ok=True)
+    client = connect(server)
+    client.sendall(post(SLOW) + extra)
+    end = time.monotonic() + 60
+    while not mark.exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    assert mark.exists(), server.log()
+    client.close()
+    left = time.monotonic()
+    while in_flight(server) and time.monotonic() - left < 10:
+        time.sleep(0.1)
+    assert in_flight(server) == 0, "the estimate of a client that left still holds its slot"
+    pid, tmp, child = mark.read_text().split()
+    deadline = time.monotonic() + 5
+    while not (gone(int(pid)) and gone(int(child))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(int(pid)) and gone(int(child)) and not Path(tmp).exists()
+    assert server.estimate({"model": MLP, "batch_size": 4})[0] == 200
+    assert any(line.startswith("serve: POST /v1/estimate 499 ") and "closed its connection"
+               in line for line in server.lines), server.log()  # fmt: skip
+
+
+def test_a_client_that_half_closes_gets_its_answer(server: Server) -> None:
+    """`nc -N` and socat shut down their sending side after the request and wait for the
+    answer: the server took that for a client that left, killed the estimate and sent
+    nothing (499)."""
+    with connect(server) as client:
+        client.sendall(post({"model": MLP, "batch_size": 4}))
+        client.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := client.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0], (reply[:300], server.log())
+    assert json.loads(body)["verdict"]["fits"] in (True, False)
+
+
+def _zygote(server: Server) -> int:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server.proc.pid and b"forkserver" in cmdline:
+            return int(entry.name)
+    raise AssertionError("no zygote (forkserver) among the server's children")
+
+
+# Posted at once, the request can find the zygote killed but not yet exited: its worker's start
+# failed (500, "unexpected EOF"). Posted once it has exited, health waited on the restart.
+@pytest.mark.parametrize("settle", [False, True])
+def test_health_answers_while_a_dead_zygote_is_started_again(server: Server, settle: bool) -> None:
+    """Starting a worker restarts a dead zygote (torch imported again, a warm-up), and that ran
+    under the lock every request takes: health waited seconds for it."""
+    zygote = _zygote(server)
+    os.kill(zygote, signal.SIGKILL)
+    while settle and not gone(zygote):
+        time.sleep(0.05)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        answer=server.estimate({"model": MLP, "batch_size": 4})))  # fmt: skip
+    thread.start()
+    statuses = []
+    while thread.is_alive() and len(statuses) < 20:
+        start = time.monotonic()
+        status, health, _ = server.request("GET", "/v1/health")
+        # Seconds on a loaded machine at worst; waiting on the restart is a torch import.
+        assert status == 200 and time.monotonic() - start < 3.0, "health waited on the restart"
+        statuses.append(health["status"])
+        time.sleep(0.1)
+    thread.join(120)
+    assert result["answer"][0] == 200, result
+    assert "warming" in statuses, statuses
+    assert server.request("GET", "/v1/health")[1]["status"] == "ok"
+    assert any("zygote" in line and "starting it again" in line for line in server.lines)
+
+
+def test_an_oversized_body_is_a_413_an_ordinary_client_reads(server: Server) -> None:
+    """http.client sends its whole body before it reads: the server closed the connection with
+    the body unread, and the client got a broken pipe instead of the 413."""
+    body = json.dumps({"model": MLP, "batch_size": 4, "x": "a" * (2 << 20)}).encode()
+    status, answer, _ = server.request("POST", "/v1/estimate", body)
+    assert (status, answer["field"]) == (413, "Content-Length"), answer
+    assert "over the limit" in answer["error"]
+    assert server.request("GET", "/v1/health")[0] == 200
+
+
+def test_a_config_path_that_is_not_a_file_is_refused(server: Server, tmp_path: Path) -> None:
+    """A FIFO held a worker (and the only slot) until the time limit; a device was read until
+    the machine ran out of memory."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    status, answer = server.estimate({"model": f"hf-config:{fifo}", "batch_size": 2})
+    assert (status, answer["field"]) == (400, "model"), answer
+    assert "not a regular file" in answer["error"] and time.monotonic() - start < 30
+
+
+def test_sigterm_with_a_request_half_sent(tmp_path: Path) -> None:
+    """Shutdown waited its whole 10 s drain for a client still sending, which then got nothing,
+    and the socket accepted new connections meanwhile only to reset them."""
+    srv = Server(["--socket", str(tmp_path / "s.sock")],
+                 server_env(tmp_path, stand_ins(tmp_path)))  # fmt: skip
+    half = connect(srv)
+    half.sendall(b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+    headers_only = connect(srv)
+    headers_only.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+    time.sleep(0.5)
+    start = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + 5
+    while srv.socket is not None and srv.socket.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
+        connect(srv)
+    assert srv.stop() == 0 and time.monotonic() - start < 5, srv.log()
+    for client in (half, headers_only):
+        reply = client.recv(65536)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert b" 503 " in head.split(b"\r\n")[0] and b"Retry-After: 1" in head, reply
+        assert "shutting down" in json.loads(body)["error"]
+        client.close()
+    assert srv.lines[-1] == "serve: stopped", srv.log()
+
+
+def test_a_hung_zygote_restart_is_bounded_by_the_time_limit(tmp_path: Path) -> None:
+    """Starting a worker waited for a zygote's restart without a limit: a restart that hung
+    held the request, and its slot, for ever. It is a 504 at the deadline, the hung zygote is
+    killed, and the next request starts a fresh one."""
+    srv = Server(["--socket", str(tmp_path / "s.sock"), "--max-concurrency", "1",
+                  "--timeout", "15"], server_env(tmp_path, stand_ins(tmp_path)))  # fmt: skip
+    try:
+        first = _zygote(srv)
+        os.kill(first, signal.SIGKILL)
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(
+            answer=srv.estimate({"model": MLP, "batch_size": 4})))  # fmt: skip
+        thread.start()
+        hung, end = None, time.monotonic() + 10
+        while hung is None and time.monotonic() < end:
+            with contextlib.suppress(AssertionError):
+                if (pid := _zygote(srv)) != first:
+                    os.kill(pid, signal.SIGSTOP)  # its restart never ends
+                    hung = pid
+            time.sleep(0.02)
+        assert hung is not None, srv.log()
+        thread.join(60)
+        status, answer = result["answer"]
+        assert status == 504 and "zygote" in answer["error"], answer
+        end = time.monotonic() + 5
+        while not gone(hung) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert gone(hung), "the hung zygote was left running"
+        assert srv.estimate({"model": MLP, "batch_size": 4})[0] == 200, srv.log()
+    finally:
+        assert srv.stop() == 0, srv.log()
