@@ -104,6 +104,25 @@ def raised_by_memtrace(exc: BaseException) -> bool:
     return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
 
 
+def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Exception) -> UserError:
+    """A model that failed in PyTorch while `doing` (training it, a forward pass for its
+    features): the user's `--entry` or API model with their frames; a zoo model that PyTorch
+    itself refuses at this size (BatchNorm in training over one value per channel, an image
+    size a ViT does not take) fails on a GPU as well; where it would not, the fault is the
+    tracer's, and the message says how to tell. The caller re-raises memtrace's own faults."""
+    if (too_large := size_overflow(exc)) is not None:
+        return too_large
+    if family == "entry":
+        what = spec if spec.startswith("python:") else f"--entry {spec!r}"
+        return UserCodeError(f"{what}: the model failed at batch {batch_size}:", exc)
+    said = str(exc).strip().splitlines()
+    return UserError(
+        f"--model {spec}: PyTorch refused {doing} at batch {batch_size}: {type(exc).__name__}: "
+        f"{said[0] if said else ''} (the same job fails on a GPU; if it runs there, this is a "
+        "memtrace fault: set MEMTRACE_TRACEBACK=1 and report it)"
+    )
+
+
 def size_overflow(exc: BaseException) -> UserError | None:
     """A size so large that a tensor's element count overflows PyTorch's 64-bit integers (a
     batch of 10^15, a sequence of 10^20 tokens): the request's fault, said as such rather than

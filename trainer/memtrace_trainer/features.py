@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer.errors import model_failed, raised_by_memtrace
 from memtrace_trainer.symtrace.fakecuda import stand_ins
 from memtrace_trainer.workload import Workload, parameter_count
 
@@ -141,6 +142,12 @@ def extract(workload: Workload, family: str = "") -> Features:
         # mask's values to choose its path); its health-check answers are not given here.
         with torch.no_grad(), stand_ins():
             workload.forward()
+    except Exception as e:
+        # A model PyTorch refuses at this shape (a ViT given another image size) was called an
+        # internal error here, and only after the trace had run under `estimate`.
+        if raised_by_memtrace(e):
+            raise
+        raise model_failed(workload.spec, workload.family, batch, "its forward pass", e) from e
     finally:
         for h in handles:
             h.remove()

@@ -453,6 +453,15 @@ def test_a_zoo_model_pytorch_refuses_at_its_batch_is_the_jobs_error() -> None:
         done.stderr
     )
     assert "internal error" not in done.stderr
+    # The same for the features pass (a ViT at another image size), before any trace runs.
+    for command in ("features", "estimate"):
+        done = cli(command, "--model", "torchvision:vit_b_16", "--input-shape", "3,100,100",
+                   "--batch-size", "1", check=False)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "PyTorch refused its forward pass at batch 1: AssertionError: Wrong image" in (
+            done.stderr
+        ), done.stderr
+        assert "internal error" not in done.stderr
 
 
 # (command, flags, key of the answer, the smallest probe's key, how the text names it)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer import markers
-from memtrace_trainer.errors import UserCodeError, UserError, raised_by_memtrace
+from memtrace_trainer.errors import UserError, model_failed, raised_by_memtrace
 from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
@@ -182,24 +182,12 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                 except UserError:
                     raise
                 except Exception as e:
+                    # The model failing in PyTorch is the job's fault at this batch, not an
+                    # internal error of the tool's.
                     if raised_by_memtrace(e):
                         raise
-                    # A model of the user's (`--entry`, the Python API) that fails in PyTorch:
-                    # its fault at this batch, not an internal error of the tool's.
-                    spec = workload.spec  # `python:CLASS` from the API, else the --entry
-                    if workload.family == "entry":
-                        what = spec if spec.startswith("python:") else f"--entry {spec!r}"
-                        raise UserCodeError(f"{what}: the model failed at batch "
-                                            f"{workload.batch_size}:", e) from e  # fmt: skip
-                    # A zoo model that PyTorch itself refuses at this size (BatchNorm in
-                    # training over one value per channel) fails on a GPU as well; where it
-                    # would not, the fault is the tracer's, and the message says how to tell.
-                    raise UserError(
-                        f"--model {spec}: PyTorch refused to train it at batch "
-                        f"{workload.batch_size}: {type(e).__name__}: {e} (the same job fails on "
-                        "a GPU; if it runs there, this is a memtrace fault: set "
-                        "MEMTRACE_TRACEBACK=1 and report it)"
-                    ) from e
+                    raise model_failed(workload.spec, workload.family, workload.batch_size,
+                                       "to train it", e) from e  # fmt: skip
 
         def one_step() -> None:
             for _ in range(cfg.grad_accum):
