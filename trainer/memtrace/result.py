@@ -283,6 +283,11 @@ class Estimate:
         from memtrace_trainer.estimate import write_report
 
         out = _path("report", path, ".html")
+        # As memsim report takes it (`.htm` too, any case), refused here in the API's words.
+        if out.suffix.lower() not in (".html", ".htm"):
+            raise EstimateError(
+                f"report({str(path)!r}): expected a path ending in .html or .htm (the page is HTML)"
+            )
         try:
             return write_report(self._trace(), self.raw, Path(self.profile), out)
         except UserError as e:

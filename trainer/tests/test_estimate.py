@@ -285,7 +285,7 @@ def test_estimate_report_into_a_missing_directory_is_a_clear_error(tmp_path: Pat
     done = cli("estimate", "--model", MLP, "--batch-size", "8", "--report", str(out), check=False)
     assert done.returncode == 2, done.stderr
     # Said before the trace: no tracing progress precedes it.
-    assert f"--report {out}: {out.parent} is not a folder this user can write to" in done.stderr
+    assert f"--report {out}: the folder {out.parent} does not exist" in done.stderr
     assert "tracing" not in done.stderr.lower()
     assert not out.exists()
     # A folder, or a name that is not .html: said before the trace too (a folder failed after it).

@@ -393,6 +393,9 @@ def test_asking_again_with_a_wrong_argument_is_an_estimate_error(
 ) -> None:
     est = memtrace.estimate(_mlp(), X)
     for ask, expect in [(lambda: est.report(5), r"^report\(5\): expected a path ending in .html"),
+                        # Refused in the API's words, before memsim runs (its flags were quoted).
+                        (lambda: est.report("a.pdf"),
+                         r"^report\('a.pdf'\): expected a path ending in .html or .htm"),
                         (lambda: est.to_memory_viz(5), r"^to_memory_viz\(5\): expected a path"),
                         (lambda: est.plot(ax=5), r"^plot\(ax=5\): expected a matplotlib Axes")]:  # fmt: skip
         with pytest.raises(EstimateError, match=expect):

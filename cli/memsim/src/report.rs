@@ -204,7 +204,7 @@ pub fn run(a: Args) -> Result<u8> {
     if let Some(out) = &a.html {
         let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
         if !matches!(ext.as_deref(), Some("html" | "htm")) {
-            bail!("--html {}: expected a file name ending in .html (the page is HTML)", out.display());
+            bail!("--html {}: expected a file name ending in .html or .htm (the page is HTML)", out.display());
         }
         crate::input::distinct_output(&a.file, out)?;
     }

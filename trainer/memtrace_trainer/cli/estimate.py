@@ -269,15 +269,17 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
     if args.report is not None:
         # Said before the trace, not after it (minutes, for a large model).
         folder = Path(args.report).resolve().parent
+        if not folder.exists():
+            raise UserError(f"--report {args.report}: the folder {folder} does not exist")
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise UserError(f"--report {args.report}: {folder} is not a folder this user can "
                             "write to")  # fmt: skip
         if Path(args.report).is_dir():
             raise UserError(f"--report {args.report}: a folder; expected a file name ending "
-                            "in .html")  # fmt: skip
+                            "in .html or .htm")  # fmt: skip
         if Path(args.report).suffix.lower() not in (".html", ".htm"):
             raise UserError(f"--report {args.report}: expected a file name ending in .html "
-                            "(the page is HTML)")  # fmt: skip
+                            "or .htm (the page is HTML)")  # fmt: skip
     if args.script:
         job: Any = ScriptJob(
             args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
