@@ -341,3 +341,18 @@ def test_kernel_stats_says_failed_rows_and_exits_2_when_all_failed(tmp_path: Pat
     assert both.returncode == 0, both.stderr
     assert "1 of its rows have status error" in both.stderr
     assert "1 new rows (0 with status error)" in both.stderr, "the new row computed"
+
+
+def test_a_rerun_over_a_file_of_error_rows_still_fails(tmp_path: Path) -> None:
+    """The second run over a file whose rows all failed had nothing to do and exited 0 ("0 new
+    rows"); a model spec in Filename (a `dataset` CSV of runs) is said to be one."""
+    dataset = tmp_path / "rows.csv"
+    spec = 'synthetic:{"family":"mlp","input_size":8,"output_size":2,"depth":1}'
+    dataset.write_text('Filename\n"' + spec.replace('"', '""') + '"\n"not a gpumemnet name"\n')
+    out = tmp_path / "k.csv"
+    for _ in range(2):
+        done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), check=False)
+        assert done.returncode == 2 and f"every row of {out} failed" in done.stderr, done.stderr
+        assert "is a model spec, not a GPUMemNet file name" in done.stderr, done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert [r["status"] for r in rows] == ["error", "error"]

@@ -331,7 +331,11 @@ def test_bad_sweep_fields_are_named_before_any_draw(tmp_path: Path, text: str, s
     """Each was an internal error (TypeError), a run that failed later, a choice silently never
     drawn, or '100 draws in a row were infeasible'."""
     sweep = tmp_path / "s.yaml"
-    sweep.write_text(f"family: mlp\ncount: 2\nseed: 1\nfields:\n{text}")
+    # A field given again replaces MLP_FIELDS' own (a key given twice is refused).
+    given = {line.split(":")[0] for line in text[len(MLP_FIELDS) :].splitlines()}
+    base = "".join(f"{line}\n" for line in MLP_FIELDS.splitlines()
+                   if line.split(":")[0] not in given)  # fmt: skip
+    sweep.write_text(f"family: mlp\ncount: 2\nseed: 1\nfields:\n{base}{text[len(MLP_FIELDS) :]}")
     for args in (["sample", str(sweep)], ["launch", str(sweep), "--out", str(tmp_path / "o"),
                                           "--dry-run"]):  # fmt: skip
         done = cli(*args, check=False)

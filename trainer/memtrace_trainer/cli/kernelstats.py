@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     return {"kernel-stats": run}
 
 
+# The model spec sources (`symtrace --model`) besides gpumemnet: a Filename starting with one is
+# a spec that `dataset` wrote, never a GPUMemNet file name (those start with `input`).
+SPEC_SOURCES = ("synthetic", "torchvision", "timm", "hf", "hf-config", "dlrm", "gpumemnet")
+
 # Worker state: set once per process (fork inherits it), so each task carries only a Filename.
 _SETTINGS: dict[str, Any] = {}
 
@@ -62,6 +66,11 @@ def _row(filename: str) -> dict[str, str]:
 
     cfg = StepConfig(optimizer=_SETTINGS["optimizer"], amp=_SETTINGS["amp"], iterations=2)
     said = _said(_SETTINGS)
+    if filename.partition(":")[0] in SPEC_SOURCES:
+        # A `dataset` CSV of our runs names a model without a GPUMemNet name by its spec.
+        error = (f"Filename {filename[:60]!r} is a model spec, not a GPUMemNet file name (a "
+                 "`dataset` CSV of runs?); --gpumemnet reads GPUMemNet's CSVs")  # fmt: skip
+        return {KEY: filename, "status": "error", "error": error, **said}
     try:
         _, batch = from_gpumemnet_filename(filename)
         workload = build_workload(f"gpumemnet:{filename}", batch)
@@ -133,12 +142,13 @@ def _complete_part(out: Path, width: int) -> tuple[str, bool]:
 
 def _done_keys(
     text: str, out: Path, header: list[str], said: dict[str, str]
-) -> tuple[set[str], int]:
+) -> tuple[set[str], int, str]:
     """Keys already written by an earlier run of the same columns and settings (the resume
-    point), from the complete rows `text` of `out`, and how many of them have status error.
-    Rows of other settings are refused: a file mixing them would train on both."""
+    point), from the complete rows `text` of `out`, how many of them have status error, and the
+    first of those errors. Rows of other settings are refused: a file mixing them would train
+    on both."""
     if not text:
-        return set(), 0
+        return set(), 0, ""
     with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         found = next(reader, None)
@@ -146,7 +156,7 @@ def _done_keys(
             raise UserError(
                 f"--out {out}: exists with other columns ({found}); remove it or pick another path"
             )
-        done, failed = set(), 0
+        done, failed, first = set(), 0, ""
         for line, row in enumerate(reader, 2):
             if len(row) != len(header):
                 # Not the last row (`_complete_part` removed a cut one): kept, it was a second
@@ -165,8 +175,10 @@ def _done_keys(
                         "(remove it, pick another path, or pass the same settings)"
                     )
             done.add(row[0])
-            failed += cells["status"] != "ok"
-        return done, failed
+            if cells["status"] != "ok":
+                failed += 1
+                first = first or f"{row[0]}: {cells['error']}"
+        return done, failed, first
 
 
 def _results(todo: list[str], jobs: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
@@ -193,7 +205,7 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
     header = [KEY, "status", "error", *SETTINGS, *COLUMNS]
     keys = _dataset_keys(args.gpumemnet, args.limit)
     complete, cut = _complete_part(args.out, len(header))
-    done, failed_before = _done_keys(complete, args.out, header, _said(settings))
+    done, failed_before, first_before = _done_keys(complete, args.out, header, _said(settings))
     unique = list(dict.fromkeys(keys))
     todo = [k for k in unique if k not in done]
     repeated = len(keys) - len(unique)
@@ -249,11 +261,12 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         f"wrote {args.out}: {len(todo)} new rows ({errors} with status error) in {elapsed:.1f} s",
         file=sys.stderr,
     )
-    if errors == len(todo) and todo and failed_before == len(done):
+    if errors == len(todo) and failed_before == len(done) and (todo or done):
         # Every row failing is a setting or an input the tool cannot use, not a dataset: a
-        # file of error rows only is no result to exit 0 on.
-        raise UserError(f"every row of {args.out} failed ({errors} computed now, status "
-                        f"error); the first: {first_error}")  # fmt: skip
+        # file of error rows only is no result to exit 0 on, on a rerun over it too.
+        raise UserError(f"every row of {args.out} failed ({errors} computed now, "
+                        f"{failed_before} before; status error); the first: "
+                        f"{first_before or first_error}")  # fmt: skip
     if errors:
         warn(f"{errors} of the {len(todo)} rows computed failed (status error in {args.out}); "
              f"the first: {first_error}")  # fmt: skip

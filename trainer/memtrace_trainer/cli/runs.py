@@ -153,7 +153,13 @@ def _run(args: argparse.Namespace) -> None:
     if args.from_config:
         if args.labels_out is None:
             raise UserError("--from-config needs --labels-out")
-        data = json.loads(args.from_config.read_text())
+        try:
+            data = json.loads(args.from_config.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"--from-config {args.from_config}: cannot read it ({e})") from None
+        if not isinstance(data, dict):
+            raise UserError(f"--from-config {args.from_config}: expected a JSON object (a run's "
+                            "config.json)")  # fmt: skip
         data = {k: v for k, v in data.items() if k not in ("id", "trainer")}
         write_json(args.labels_out, train(RunConfig.from_dict(data, str(args.from_config))))
         return
@@ -261,7 +267,8 @@ def _launch(args: argparse.Namespace) -> int:
                 f"{it.index:5d}  {c.id}  {status_of(args.out, it, submitted):13s}  "
                 f"{c.model or 'entry:' + str(c.entry)}  batch {c.batch_size}"
             )
-        print(f"{len(items)} configs (dry run: nothing was run)", file=sys.stderr)
+        print(f"{len(items)} config{'s' * (len(items) != 1)} (dry run: nothing was run)",
+              file=sys.stderr)  # fmt: skip
         return 0
     if args.backend == "slurm":
         require_submitit(cluster)  # before anything is written
@@ -269,8 +276,15 @@ def _launch(args: argparse.Namespace) -> int:
         check_manifest(args.out, items, args.sweep)
         write_manifest(args.out / MANIFEST, items)
         if args.backend == "local":
-            progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0,
-                                    args.resubmit)  # fmt: skip
+            try:
+                progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0,
+                                        args.resubmit)  # fmt: skip
+            except KeyboardInterrupt:
+                # Raised once the workers have ended, and said once the lock is let go.
+                raise UserError(
+                    f"interrupted: no new run was started, and the runs in flight were stopped "
+                    f"and left pending; rerun the same launch to go on ({args.out})"
+                ) from None
         else:
             progress = launch_slurm(args.out, items, cluster, args.partition, args.timeout_min,
                                     args.array_parallelism or 64, args.wait,
@@ -316,14 +330,19 @@ def _dataset(args: argparse.Namespace) -> None:
     skipped = summary["skipped_cpu_runs"]
     if summary["rows"] == 0:
         # A header alone is no dataset: every reader of it (compare, calibrate) refuses it.
+        failed = summary["failed"]
         why = (f"all {len(skipped)} are CPU-fallback runs, with no GPU labels (--include-cpu "
-               "keeps them)" if skipped else "no finished run directory is under it")  # fmt: skip
+               "keeps them)" if skipped else "no finished run directory is under it"
+               + (f" ({failed} run{'s' * (failed != 1)} failed: see the warnings above)"
+                  if failed else ""))  # fmt: skip
         raise UserError(f"dataset {args.dir}: no run to write: {why}; {args.out} not written")
     write_text(args.out, text)
+    rows = summary["rows"]
     print(
-        f"wrote {args.out}: {summary['rows']} runs"
+        f"wrote {args.out}: {rows} run{'s' * (rows != 1)}"
         + (
-            f"; skipped {len(skipped)} CPU-fallback runs (no GPU labels; --include-cpu keeps them)"
+            f"; skipped {len(skipped)} CPU-fallback run{'s' * (len(skipped) != 1)} (no GPU "
+            "labels; --include-cpu keeps them)"
             if skipped
             else ""
         )

@@ -38,7 +38,7 @@ RANGE_KEYS = ("min", "max", "step", "max_ratio", "of")
 RANGE_FORMS = "{min, max[, step]} or {min, max_ratio, of[, step]}"
 
 
-def _range(spec: dict[str, Any], where: str) -> None:
+def check_range(spec: dict[str, Any], where: str) -> None:
     """A range's own shape, whatever field it is for; a mapping is always a range (a fixed
     mapping was handed on as a value and failed far from the sweep file)."""
     unknown = sorted(set(spec) - set(RANGE_KEYS), key=str)
@@ -67,7 +67,7 @@ def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> An
         return spec[rng.randrange(len(spec))]
     if not isinstance(spec, dict):
         return spec
-    _range(spec, where)
+    check_range(spec, where)
     lo, step = spec["min"], spec.get("step")
     if "max_ratio" in spec:
         ref = spec["of"]
@@ -153,7 +153,7 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
             for i, v in enumerate(spec):
                 _check_value(v, hint, choices.get(name), f"{where}, choice {i + 1}")
         elif isinstance(spec, dict):
-            _range(spec, where)
+            check_range(spec, where)
             ints = not _accepts(hint, 0.5)
             if not _accepts(hint, 1):
                 raise UserError(f"{where}: a range draws numbers; the field takes "
@@ -180,6 +180,11 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
     if not is_integer(count) or count < 0:
         raise UserError(f"{source}: field 'count' is {count!r}: expected an integer >= 0")
     check_seed(sweep, source)
+    if seed is not None and seed < 0:
+        raise UserError(f"--seed {seed}: expected an integer >= 0 (a negative seed drew what "
+                        "its absolute value draws)")  # fmt: skip
+    if count == 0:
+        warn(f"{source}: field 'count' is 0: no {sweep['family']} configs are drawn")
     fields = sweep["fields"]
     if not isinstance(fields, dict):
         raise UserError(f"{source}: field 'fields' must be a mapping of field -> range")
@@ -205,16 +210,49 @@ def sample(sweep: dict[str, Any], source: str, seed: int | None = None) -> list[
 
 def check_seed(sweep: dict[str, Any], source: str) -> None:
     seed = sweep.get("seed", 0)
-    if not is_integer(seed):
-        raise UserError(f"{source}: field 'seed' is {seed!r}: expected an integer")
+    # `random.Random` seeds with abs() of an int: -7 drew what 7 draws.
+    if not is_integer(seed) or seed < 0:
+        raise UserError(f"{source}: field 'seed' is {seed!r}: expected an integer >= 0")
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is refused: YAML keeps the last
+    one, so `count: 2` then `count: 5` drew 5 configs without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        # Before `flatten_mapping` (in the super call) puts the merged keys in: a key given
+        # beside a merge (`<<: *base` then `iterations: 7`) overrides the merged one, as in
+        # safe_load, and is no duplicate. The merge keys themselves (`<<`, even twice) are left
+        # to it: they have no constructor of their own.
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, line)
+            except TypeError:
+                continue  # an unhashable key: construct_mapping below names it
+            if first is not None:
+                raise _DuplicateKey(f"line {line}: key {key!r} is given twice (first on line "
+                                    f"{first}); give it once")  # fmt: skip
+        return super().construct_mapping(node, deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
 
 
 def read_sweep(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML sweep file (`sample`'s and `launch`'s)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
     except OSError as e:
         raise UserError(f"sweep file {path}: {e.strerror}") from None
+    except _DuplicateKey as e:
+        raise UserError(f"sweep file {path}: {e}") from None
     except yaml.YAMLError as e:
         raise UserError(f"sweep file {path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):

@@ -10,6 +10,7 @@ from typing import Any
 
 from memtrace_trainer.errors import UserError, is_integer, is_number
 from memtrace_trainer.optim import EMULATED, OPTIMIZERS
+from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING
 from memtrace_trainer.symtrace.step import AMP
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -43,31 +44,10 @@ class RunConfig:
         out = []
         if (self.model is None) == (self.entry is None):
             out.append("exactly one of model or entry is required")
-        if not is_integer(self.batch_size) or self.batch_size < 1:
-            out.append(f"batch_size {self.batch_size!r}: expected a positive integer")
-        if self.optimizer not in OPTIMIZERS:
-            out.append(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
-        elif self.optimizer in EMULATED:
-            out.append(
-                f"optimizer {self.optimizer!r}: its bitsandbytes kernels are emulated for "
-                "estimates only; real runs support the PyTorch and transformers ones"
-            )
-        if not is_integer(self.iterations) or self.iterations < 1:
-            out.append(f"iterations {self.iterations!r}: expected at least 1")
-        if self.seconds is not None and not (is_number(self.seconds) and self.seconds > 0):
-            out.append(f"seconds {self.seconds!r}: expected a positive number")
-        if self.amp is not None and self.amp not in AMP:
-            out.append(f"amp {self.amp!r}: expected one of {sorted(AMP)}")
-        if not is_integer(self.grad_accum) or self.grad_accum < 1:
-            out.append(f"grad_accum {self.grad_accum!r}: expected at least 1")
-        if self.device not in DEVICES:
-            out.append(f"device {self.device!r}: expected one of {DEVICES}")
-        if not (is_number(self.nvml_hz) and self.nvml_hz >= 10):
-            out.append(f"nvml_hz {self.nvml_hz!r}: expected at least 10 (samples per second)")
-        if self.num_classes is not None and (
-            not is_integer(self.num_classes) or self.num_classes < 1
-        ):
-            out.append(f"num_classes {self.num_classes!r}: expected a positive integer")
+        for f in dataclasses.fields(self):
+            problem = field_problem(f.name, getattr(self, f.name))
+            if problem:
+                out.append(problem)
         return out
 
     def validate(self, source: str = "run config") -> None:
@@ -112,3 +92,52 @@ class RunConfig:
             raise UserError(f"{source}: {e}") from None
         cfg.validate(source)
         return cfg
+
+
+# The settings drawn from numbers (a sweep's `{min, max}`), and whether they take integers.
+NUMERIC = {"batch_size": int, "iterations": int, "grad_accum": int, "seq_len": int,
+           "num_classes": int, "seconds": float, "nvml_hz": float}  # fmt: skip
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with `value` for the setting `name`, or None: one check per setting, so a
+    sweep checks every choice of a setting up front, not only the values it happens to draw."""
+    if name in ("model", "entry", "input_shape", "profile") and value is not None:
+        if not isinstance(value, str) or not value:
+            what = {
+                "model": "a model spec",
+                "entry": "package.module:function",
+                "input_shape": "a shape C,H,W",
+                "profile": "a GPU profile name",
+            }[name]
+            return f"{name} {value!r}: expected {what} (a string) or null"
+    elif name in ("batch_size", "iterations", "grad_accum") or (
+        name in ("seq_len", "num_classes") and value is not None
+    ):
+        if not is_integer(value):
+            return f"{name} {value!r}: expected an integer of at least 1"
+        if value < 1:
+            return f"{name} {value!r}: expected at least 1"
+    elif name == "optimizer":
+        if not isinstance(value, str) or value not in OPTIMIZERS:
+            return f"optimizer {value!r}: expected one of {OPTIMIZERS}"
+        if value in EMULATED:
+            return (f"optimizer {value!r}: its bitsandbytes kernels are emulated for estimates "
+                    "only; real runs support the PyTorch and transformers ones")  # fmt: skip
+    elif name == "seconds" and value is not None:
+        if not (is_number(value) and value > 0):
+            return f"seconds {value!r}: expected a positive number"
+    elif name == "amp" and value is not None:
+        if not isinstance(value, str) or value not in AMP:
+            return f"amp {value!r}: expected one of {sorted(AMP)} or null"
+    elif name == "checkpointing":
+        # `run --checkpointing` records true ("full"); a string mode reaches the same switch.
+        if not isinstance(value, bool) and value not in CHECKPOINTING:
+            return f"checkpointing {value!r}: expected true, false or one of {list(CHECKPOINTING)}"
+    elif name == "device":
+        if not isinstance(value, str) or value not in DEVICES:
+            return f"device {value!r}: expected one of {DEVICES}"
+    elif name == "nvml_hz":
+        if not (is_number(value) and value >= 10):
+            return f"nvml_hz {value!r}: expected at least 10 (samples per second)"
+    return None

@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +29,9 @@ from typing import Any, TextIO
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.rundir import execute, is_complete, write_json
+from memtrace_trainer.runs.stop import Interrupts, Workers, kill_group, remove_leftovers, wait_for
 from memtrace_trainer.runs.sweep import Item, read_manifest
+from memtrace_trainer.runs.worker import INTERRUPTED
 
 MANIFEST = "manifest.jsonl"
 LOCK = ".launch.lock"
@@ -275,7 +278,7 @@ def _slots(workers: int | None) -> list[dict[str, str]]:
 
 
 def _run_worker(
-    out: Path, item: Item, env: dict[str, str], timeout_s: float | None
+    out: Path, item: Item, env: dict[str, str], timeout_s: float | None, workers: Workers
 ) -> tuple[str, str]:
     """One run in its own process (a crash or a poisoned CUDA context stays there)."""
     log = out / "logs" / f"{item.config.id}.log"
@@ -288,21 +291,24 @@ def _run_worker(
         str(item.index),
     ]
     with log.open("w") as f:
+        proc = workers.start(cmd, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT)
+        if proc is None:
+            return "interrupted", item.config.id
         try:
-            rc = subprocess.run(
-                cmd,
-                env={**os.environ, **env},
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                check=False,
-            ).returncode
+            rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            kill_group(proc, signal.SIGKILL)  # its traced runs too
+            proc.wait()
             rc = None
+        finally:
+            workers.ended(proc)
     if rc == 0 and is_complete(run_dir(out, item)):
         return "done", item.config.id
     if rc == 1 and failure_file(out, item).is_file():
         return "failed", item.config.id
+    # A worker signalled by someone else than its launch may end before launch is told to stop.
+    if workers.stop.is_set() or (rc == INTERRUPTED and workers.stop.wait(2.0)):
+        return "interrupted", item.config.id
     tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
     why = (f"timed out after {timeout_s} s" if rc is None
            else "worker exited 0 without a run directory" if rc == 0
@@ -339,29 +345,43 @@ def launch_local(
         + ", ".join(_describe(s) for s in slots),
         file=sys.stderr,
     )
+    remove_leftovers(out, {it.config.id for it in pending})
     work: queue.Queue[Item] = queue.Queue()
     for it in pending:
         work.put(it)
+    running = Workers()
 
     def worker(env: dict[str, str]) -> None:
-        while True:
+        while not running.stop.is_set():
             try:
                 item = work.get_nowait()
             except queue.Empty:
                 return
             try:
-                status, what = _run_worker(out, item, env, timeout_s)
+                status, what = _run_worker(out, item, env, timeout_s, running)
             except Exception as e:  # this worker goes on with the queue; the run is failed
                 _record_failure(out, item, f"launching its worker failed: {type(e).__name__}: {e}")
                 status, what = "failed", item.config.id
+            if status == "interrupted":
+                continue  # neither done nor failed: the next launch runs it
             cause = failure_cause(out, item) if status == "failed" else ""
             progress.update(status, what, cause)
 
-    threads = [threading.Thread(target=worker, args=(env,)) for env in slots]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [threading.Thread(target=worker, args=(env,), daemon=True) for env in slots]
+    # Set before the first thread starts: a signal while they start stops those started.
+    with Interrupts() as interrupts:
+        started: list[threading.Thread] = []
+        try:
+            for t in threads:
+                t.start()
+                started.append(t)
+        except BaseException:
+            interrupts.count += 1  # what started is stopped, and waited for, before it raises
+            wait_for(running, started, interrupts)
+            raise
+        interrupted = wait_for(running, started, interrupts)
+    if interrupted:
+        raise KeyboardInterrupt  # SIGTERM too: said as an interrupted launch
     return progress
 
 

@@ -21,6 +21,7 @@ from memtrace_trainer.binaries import find_shim
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import extract, gpumemnet_row
 from memtrace_trainer.runs.config import RunConfig
+from memtrace_trainer.runs.stop import own_partial
 from memtrace_trainer.runs.train import Log, build, stderr_log, train
 
 FILES = ("config.json", "features.json", "labels.json")
@@ -64,7 +65,7 @@ def features_of(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
-def _traced(config_path: Path, tmp: Path, log: Log) -> dict[str, Any]:
+def _traced(config_path: Path, tmp: Path, final: Path, log: Log) -> dict[str, Any]:
     shim = find_shim()
     log(f"--trace: shim {shim.describe()}")
     traces = tmp / "traces"
@@ -90,7 +91,9 @@ def _traced(config_path: Path, tmp: Path, log: Log) -> dict[str, Any]:
         ]
         log(f"--trace: {level}-level run" + (f" ({extra})" if extra else ""))
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        sys.stderr.write(done.stderr)
+        # The shim names the trace where it wrote it, under the temporary directory that is
+        # renamed to `final` once the run is complete: the path it said was gone.
+        sys.stderr.write(done.stderr.replace(str(tmp), str(final)))
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             raise RunFailed(f"the {level}-level traced run failed ({done.returncode}): {tail}")
@@ -101,6 +104,11 @@ def _traced(config_path: Path, tmp: Path, log: Log) -> dict[str, Any]:
             )
         labels[level] = json.loads(out.read_text())
     main = dict(labels["device"])
+    if main.get("cpu_fallback"):
+        from memtrace_trainer.notes import warn
+
+        warn(f"--trace has no effect on a CPU fallback: the shim records CUDA allocations, and "
+             f"this run made none, so {final / 'traces'}/*.mtrace hold no allocation")  # fmt: skip
     main["traces"] = {
         level: {"trace": f"traces/{level}.mtrace", "labels": f"traces/{level}.labels.json"}
         for level in TRACE_LEVELS
@@ -119,6 +127,7 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
         raise UserError(f"--out {out}: exists and is not empty (a finished run is never rerun)")
     created = make_parents(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    owner = own_partial(tmp)  # a later launch leaves it alone while this process lives
     try:
         config = {"id": cfg.id, "trainer": __version__, **cfg.to_dict()}
         write_json(tmp / "config.json", config)
@@ -127,7 +136,7 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
             log(f"note: {name} = {chosen['value']} ({chosen['why']}; recorded in features.json "
                 "under defaults)")  # fmt: skip
         write_json(tmp / "features.json", features)
-        labels = _traced(tmp / "config.json", tmp, log) if trace else train(cfg, log)
+        labels = _traced(tmp / "config.json", tmp, out, log) if trace else train(cfg, log)
         write_json(tmp / "labels.json", labels)
         tmp.chmod(0o755)
         os.replace(tmp, out)
@@ -140,6 +149,8 @@ def execute(cfg: RunConfig, out: Path, trace: bool = False, log: Log = stderr_lo
             except OSError:
                 break  # something else was put there meanwhile: not ours to remove
         raise
+    finally:
+        os.close(owner)
     return labels
 
 

@@ -17,16 +17,19 @@ them), explicit `models`, or both; `run` gives per-run settings, each a fixed va
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.errors import UserError
-from memtrace_trainer.models.sampling import check_seed, draw, read_sweep, sample
+from memtrace_trainer.errors import UserError, is_integer
+from memtrace_trainer.models.sampling import check_range, check_seed, draw, read_sweep, sample
 from memtrace_trainer.notes import warn
-from memtrace_trainer.runs.config import RunConfig
+from memtrace_trainer.runs.config import NUMERIC, RunConfig, field_problem
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,94 @@ def _settings(rng: random.Random, run: dict[str, Any], source: str) -> dict[str,
     return drawn
 
 
+def check_run(run: dict[str, Any], source: str) -> None:
+    """Every value a `run` setting may take, each choice and each range end, checked before any
+    draw: a bad choice that happened not to be drawn was accepted, and a seed that drew it
+    failed."""
+    unknown = sorted(set(run) - set(SETTINGS), key=str)
+    if unknown:
+        raise UserError(f"{source}: run: unknown settings {unknown}; expected some of "
+                        f"{sorted(SETTINGS)}")  # fmt: skip
+    for name, spec in run.items():
+        where = f"{source}: run.{name}"
+        if isinstance(spec, list):
+            if not spec:
+                raise UserError(f"{where}: empty choice list")
+            values = [(f", choice {i}", v) for i, v in enumerate(spec, 1)]
+        elif isinstance(spec, dict):
+            check_range(spec, where)
+            kind = NUMERIC.get(name)
+            if kind is None:
+                raise UserError(f"{where}: a range draws numbers, and {name} is not a number "
+                                "setting: give a value or a list of choices")  # fmt: skip
+            for key in ("min", "max", "step"):
+                if kind is int and key in spec and not is_integer(spec[key]):
+                    raise UserError(f"{where}: {key} {spec[key]!r}: expected an integer "
+                                    f"({name} takes integers)")  # fmt: skip
+            values = [(f" ({end})", spec[end]) for end in ("min", "max") if end in spec]
+        else:
+            values = [("", spec)]
+        for suffix, value in values:
+            if (problem := field_problem(name, value)) is not None:
+                raise UserError(f"{where}{suffix}: {problem}")
+
+
+def _check_models(models: list[Any], source: str) -> None:
+    for n, m in enumerate(models, 1):
+        where = f"{source}: models[{n}]"
+        if isinstance(m, str):
+            m = {"model": m}
+        if not isinstance(m, dict):
+            raise UserError(f"{where} is {m!r}: expected a spec or a mapping")
+        unknown = sorted(set(m) - set(SETTINGS), key=str)
+        if unknown:
+            raise UserError(f"{where}: unknown fields {unknown}; expected model or entry and "
+                            f"some of {sorted(SETTINGS)}")  # fmt: skip
+        # Null is no value: `{model: x, entry: null}` is how config.json writes a model run.
+        if (m.get("model") is not None) == (m.get("entry") is not None):
+            raise UserError(f"{where}: expected exactly one of model or entry, got {m!r}")
+        for name, value in m.items():
+            if (problem := field_problem(name, value)) is not None:
+                raise UserError(f"{where}: {problem}")
+
+
+def _check_profiles(run: dict[str, Any], models: list[Any], source: str) -> None:
+    """Every profile named, checked as `run --profile` checks it: it is recorded with each run
+    and read back by `dataset`."""
+    from memtrace_trainer.profile import load_profile
+
+    given = run.get("profile")
+    names = list(given) if isinstance(given, list) else [given]
+    names += [m.get("profile") for m in models if isinstance(m, dict)]
+    for name in dict.fromkeys(n for n in names if n is not None):
+        try:
+            load_profile(name)
+        except UserError as e:
+            raise UserError(f"{source}: profile {name!r}: {e}") from None
+
+
+def _say_overridden(data: dict[str, Any], models: list[Any], source: str) -> None:
+    """The batch sizes that a more specific one overrides, said: run.batch_size under
+    batch_sizes, batch_sizes under a models item's own batch_size."""
+    if "batch_sizes" not in data:
+        return
+    own = [(n, m) for n, m in enumerate(models, 1) if isinstance(m, dict) and "batch_size" in m]
+    sized = len(models) - len(own)
+    if not models:
+        warn(f"{source}: batch_sizes has no effect: it sizes the runs of `models`, and there "
+             "are none (run.batch_size sizes the synthetic configs)")  # fmt: skip
+    for n, m in own:
+        warn(f"{source}: batch_sizes has no effect on models[{n}] "
+             f"({m.get('model') or m.get('entry')}), which gives its own batch_size "
+             f"{m['batch_size']}")  # fmt: skip
+    if "batch_size" in data.get("run", {}) and sized:
+        rest = " (it sizes the synthetic configs alone)" if "family" in data else ""
+        what = ("the `models` item without a batch_size of its own" if sized == 1 else
+                f"the {sized} `models` items without a batch_size of their own")  # fmt: skip
+        warn(f"{source}: run.batch_size has no effect on {what}: batch_sizes gives their "
+             f"batch sizes{rest}")  # fmt: skip
+
+
 def items_of(data: dict[str, Any], source: str) -> list[Item]:
     known = {"family", "count", "seed", "fields", "models", "batch_sizes", "run", "trace"}
     unknown = sorted(set(data) - known)
@@ -68,19 +159,26 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
     if not isinstance(trace, bool):
         raise UserError(f"{source}: field 'trace' is {trace!r}: expected true or false")
     check_seed(data, source)
+    check_run(run, source)
     orphans = sorted({"count", "fields"} & set(data)) if "family" not in data else []
     if orphans:
         raise UserError(f"{source}: {orphans} draw synthetic configs of a family: give "
                         "family (mlp, cnn or transformer) too")  # fmt: skip
+    models = data.get("models", [])
+    batch_sizes = data.get("batch_sizes", [None])
+    if not isinstance(models, list) or not isinstance(batch_sizes, list) or not batch_sizes:
+        raise UserError(f"{source}: 'models' and 'batch_sizes' must be lists")
+    _check_models(models, source)
+    for i, b in enumerate(batch_sizes, 1):
+        if b is not None and (problem := field_problem("batch_size", b)) is not None:
+            raise UserError(f"{source}: batch_sizes, item {i}: {problem}")
+    _check_profiles(run, models, source)
+    _say_overridden(data, models, source)
     rng = random.Random(f"run-settings-{data.get('seed', 0)}")
     raw: list[dict[str, Any]] = []
     if "family" in data:
         for cfg in sample(data, source):
             raw.append({"model": "synthetic:" + cfg.to_json(), **_settings(rng, run, source)})
-    models = data.get("models", [])
-    batch_sizes = data.get("batch_sizes", [None])
-    if not isinstance(models, list) or not isinstance(batch_sizes, list) or not batch_sizes:
-        raise UserError(f"{source}: 'models' and 'batch_sizes' must be lists")
     for n, m in enumerate(models, 1):
         if isinstance(m, str):
             m = {"model": m}
@@ -100,7 +198,11 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
         Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)
     ]
     # A model run left without one trained at batch 1, the dataclass default; `run` refuses it.
-    unsized = [(i, r) for i, r in enumerate(raw) if "model" in r and r.get("batch_size") is None]
+    unsized = [
+        (i, r)
+        for i, r in enumerate(raw)
+        if r.get("model") is not None and r.get("batch_size") is None
+    ]
     if unsized:
         i, r = unsized[0]
         raise UserError(f"{source}: {len(unsized)} runs have no batch_size (run {i}: "
