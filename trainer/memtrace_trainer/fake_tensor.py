@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -24,12 +24,14 @@ from memtrace_trainer.workload import Workload, call_model
 
 @dataclass
 class FakeResult:
-    """Live storage bytes: the peak over forward and backward, and after each of them."""
+    """Live storage bytes: the peak over forward and backward, and after each of them; the
+    defaults chosen for the user (`seq_len`, `input_shape`, ...) that shaped them."""
 
     peak_bytes: int
     after_forward_bytes: int
     after_backward_bytes: int
     seconds: float
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,33 +127,62 @@ def measure(build: Callable[[torch.device], Workload], what: str) -> FakeResult:
     except Exception as e:  # some models cannot run on fake tensors; the baseline says so
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         raise UserError(f"FakeTensor could not run {what}: {type(e).__name__}: {first}") from None
-    return FakeResult(tracker.peak, after_forward, after_backward, time.perf_counter() - started)
+    return FakeResult(tracker.peak, after_forward, after_backward, time.perf_counter() - started,
+                      dict(workload.defaults))  # fmt: skip
+
+
+SOURCES = ("model", "entry", "gpumemnet_row")
+
+
+def check_config(config: dict[str, Any]) -> int:
+    """A job's batch size, its other sizes checked before anything is built: one model source,
+    a positive batch size (a GPUMemNet row gives its own unless `batch_size` is set; 0 is not
+    "not set"), a row's filename and an input shape's syntax."""
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+
+    # The --input-shape parser of every zoo command, so a line's shape reads as the flag's.
+    from memtrace_trainer.models.zoo import _parse_shape
+
+    sources = [k for k in SOURCES if config.get(k)]
+    if len(sources) != 1:
+        raise UserError("exactly one of --model, --entry or --gpumemnet-row is required")
+    batch = config.get("batch_size")
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise UserError(f"--batch-size {batch}: expected a positive integer")
+    if sources[0] == "gpumemnet_row":
+        _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
+        batch = row_batch if batch is None else batch
+    if batch is None:
+        raise UserError("--batch-size is required (a positive integer)")
+    _parse_shape(config.get("input_shape"))
+    return int(batch)
 
 
 def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], Workload], str]:
     """The builder of a config with one of `model`, `entry` or `gpumemnet_row`, and its name.
     A GPUMemNet row gives its own batch size unless `batch_size` is set."""
-    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
-    from memtrace_trainer.models.zoo import build_workload, load_entry
+    from memtrace_trainer.cli.common import entry_workload
+    from memtrace_trainer.models.zoo import build_workload
 
-    sources = [k for k in ("model", "entry", "gpumemnet_row") if config.get(k)]
-    if len(sources) != 1:
-        raise UserError("exactly one of --model, --entry or --gpumemnet-row is required")
-    batch = config.get("batch_size")
-    if sources[0] == "gpumemnet_row":
-        _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
-        batch = batch or row_batch
-        spec = f"gpumemnet:{config['gpumemnet_row']}"
-    else:
-        spec = config.get("model") or ""
-    if not isinstance(batch, int) or batch < 1:
-        raise UserError("--batch-size is required (a positive integer)")
-    if sources[0] == "entry":
-        entry = config["entry"]
-        return (lambda device: load_entry(entry, batch, device)), entry
+    batch = check_config(config)
     shape, seq, classes = (
         config.get("input_shape"),
         config.get("seq_len"),
         config.get("num_classes"),
     )
-    return (lambda device: build_workload(spec, batch, shape, seq, classes, device)), spec
+    if config.get("entry"):
+        entry = config["entry"]
+        # Always built on meta (`measure` fakes it after): the sizes as every --entry takes them,
+        # --seq-len passed on, the zoo-only ones warned about.
+        return (lambda _device: entry_workload(entry, batch, seq, shape, classes)), entry
+    row = config.get("gpumemnet_row")
+    spec = f"gpumemnet:{row}" if row else config["model"]
+
+    def build(device: torch.device) -> Workload:
+        workload = build_workload(spec, batch, shape, seq, classes, device)
+        if row and config.get("batch_size") is None:
+            why = "the GPUMemNet row's Filename"
+            workload.defaults["batch_size"] = {"value": batch, "why": why}
+        return workload
+
+    return build, spec

@@ -82,7 +82,10 @@ def test_gpumemnet_row_and_batch_mode(tmp_path: Path) -> None:
         + json.dumps({"model": "nope:x", "batch_size": 2, "name": "b"}) + "\n"
         + json.dumps({"gpumemnet_row": row, "batch_size": 128}) + "\n"
     )  # fmt: skip
-    lines = [json.loads(x) for x in cli("fake-tensor", "--batch", str(configs)).stdout.splitlines()]
+    done = cli("fake-tensor", "--batch", str(configs), check=False)
+    # One of three failed: exit 1, said on stderr (2 only when every config failed).
+    assert done.returncode == 1 and "1 of 3 configs failed (b)" in done.stderr
+    lines = [json.loads(x) for x in done.stdout.splitlines()]
     assert lines[0]["name"] == "a" and lines[0]["peak_bytes"] == single["peak_bytes"]
     assert "unknown model spec" in lines[1]["error"]
     assert lines[2]["name"] == "config-00003" and lines[2]["peak_bytes"] > single["peak_bytes"]

@@ -273,7 +273,8 @@ def test_cli_entry_and_batch_mode(tmp_path: Path) -> None:
         + json.dumps({"model": "nope:x", "batch_size": 2, "name": "b"})
         + "\n"
     )
-    done = cli("symtrace", "--batch", str(configs), "--out-dir", str(tmp_path / "d"))
+    done = cli("symtrace", "--batch", str(configs), "--out-dir", str(tmp_path / "d"), check=False)
+    assert done.returncode == 1 and "1 of 2 configs failed (b)" in done.stderr
     results = [json.loads(x) for x in done.stdout.splitlines()]
     assert results[0]["name"] == "a" and (tmp_path / "d" / "a.jsonl").is_file()
     assert "unknown model spec" in results[1]["error"]
@@ -407,7 +408,8 @@ def test_batch_on_a_cluster_answers_like_the_local_backend(tmp_path: Path) -> No
     for backend in (["--backend", "local"], ["--backend", "slurm", "--submitit-cluster", "debug",
                                              "--array-parallelism", "2"]):  # fmt: skip
         d = tmp_path / backend[1]
-        done = cli("symtrace", "--batch", str(configs), "--out-dir", str(d), *backend)
+        done = cli("symtrace", "--batch", str(configs), "--out-dir", str(d), *backend, check=False)
+        assert done.returncode == 1, done.stderr  # b failed, a and c did not
         results = [json.loads(line) for line in done.stdout.splitlines()]
         assert [r["name"] for r in results] == ["a", "b", "c"]
         assert "error" in results[1] and "nope:x" in results[1]["error"]

@@ -1,4 +1,5 @@
-"""Command group of the fit questions: `estimate`, `max-batch`, and the `fake-tensor` baseline."""
+"""Command group of the fit questions: `estimate`, `max-batch`, and the `fake-tensor` baseline
+(cli/faketensor.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import argparse
 import json
 import os
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
-from memtrace_trainer.batchfile import read_configs
+from memtrace_trainer.cli import faketensor
 from memtrace_trainer.cli.common import (
     check_script_args,
     finetune_args,
@@ -33,34 +33,10 @@ from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 
 Handler = Callable[[argparse.Namespace], int | None]
 MIB = 1 << 20
-FAKE_KEYS = {
-    "model",
-    "entry",
-    "gpumemnet_row",
-    "batch_size",
-    "input_shape",
-    "seq_len",
-    "num_classes",
-    "name",
-}
 
 
-def _model_source(
-    p: argparse.ArgumentParser, gpumemnet: bool = False, step: bool = True, script: bool = False
-) -> None:
-    src = model_source(p, step=step, script=script)
-    if gpumemnet:
-        src.add_argument(
-            "--gpumemnet-row",
-            metavar="FILENAME",
-            help="a GPUMemNet row's Filename (model and batch from it)",
-        )
-        src.add_argument(
-            "--batch",
-            metavar="CONFIGS.jsonl",
-            type=Path,
-            help="many configs in one process; one JSON line out per config",
-        )
+def _model_source(p: argparse.ArgumentParser, step: bool = True, script: bool = False) -> None:
+    model_source(p, step=step, script=script)
     shape_args(p)
 
 
@@ -80,17 +56,7 @@ def _capacity_arg(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
-    f = sub.add_parser(
-        "fake-tensor",
-        help="the FakeTensor baseline (GPUMemNet's method)",
-        description="Forward and backward under FakeTensorMode with a dispatch mode tracking "
-        "the peak of live storage bytes; no optimizer step, no allocator. JSON: "
-        '{"peak_bytes", "after_forward_bytes", "after_backward_bytes", "seconds"}.',
-    )
-    _model_source(f, gpumemnet=True, step=False)
-    f.add_argument("--batch-size", type=int, help="samples per step")
-    f.add_argument("--json", action="store_true", help="print JSON")
-
+    faketensor.add_parser(sub)
     e = sub.add_parser(
         "estimate",
         help="does the job fit, and how much device memory it needs",
@@ -208,48 +174,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     n.add_argument("--json", action="store_true", help="print JSON")
     return {
-        "fake-tensor": _fake_tensor,
+        "fake-tensor": faketensor.run,
         "estimate": _estimate,
         "max-batch": _max_batch,
         "max-seq": _max_seq,
         "min-world-size": _min_world_size,
     }
-
-
-def _fake_one(config: dict[str, Any]) -> dict[str, Any]:
-    from memtrace_trainer.fake_tensor import measure, workload_builder
-
-    build, what = workload_builder(config)
-    with warnings.catch_warnings():
-        # HF models read data pointers for weight tying; on fake tensors that only warns.
-        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        return measure(build, what).to_json()
-
-
-def _fake_tensor(args: argparse.Namespace) -> int:
-    if args.batch is None:
-        result = _fake_one(vars(args))
-        if args.json:
-            print(json.dumps(result))
-        else:
-            print(
-                f"fake-tensor: peak {result['peak_bytes'] / MIB:.1f} MiB live "
-                f"(after forward {result['after_forward_bytes'] / MIB:.1f}, after backward "
-                f"{result['after_backward_bytes'] / MIB:.1f}) in {result['seconds']:.2f} s"
-            )
-        return 0
-    defaults = {
-        k: v
-        for k, v in vars(args).items()
-        if k in ("batch_size", "input_shape", "seq_len", "num_classes") and v is not None
-    }
-    for name, config in read_configs(args.batch, FAKE_KEYS):
-        try:
-            result = {"name": name, **_fake_one(defaults | config)}
-        except UserError as e:
-            result = {"name": name, "error": str(e)}
-        print(json.dumps(result), flush=True)
-    return 0
 
 
 def _step(args: argparse.Namespace) -> Any:

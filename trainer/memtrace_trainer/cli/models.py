@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
-from memtrace_trainer.batchfile import read_configs
+from memtrace_trainer.batchfile import (
+    command_parser,
+    failed_summary,
+    in_field_terms,
+    read_configs,
+    warnings_of,
+)
 from memtrace_trainer.cli.common import (
     check_script_args,
     finetune_args,
@@ -23,6 +30,7 @@ from memtrace_trainer.cli.common import (
     step_args,
     step_config,
     steps_default,
+    tune_from,
     workloads,
 )
 from memtrace_trainer.errors import UserError
@@ -83,25 +91,30 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         help="trace the plain meta path (FakeTensor-style baseline)",
     )
     s.add_argument("--out", type=Path, help="output trace (.jsonl or .mtrace)")
-    s.add_argument("--out-dir", type=Path, help="output directory of --batch")
-    s.add_argument("--json", action="store_true", help="print a JSON summary")
+    s.add_argument(
+        "--out-dir",
+        type=Path,
+        help="output directory of --batch: NAME.jsonl per config (a rerun traces every config "
+        "again and replaces its file)",
+    )
+    s.add_argument("--json", action="store_true", help="print a JSON summary (--batch always does)")
     s.add_argument(
         "--backend",
         choices=["local", "slurm"],
         default="local",
         help="with --batch: trace here (local) or as a Slurm job array through submitit",
     )
+    # The --backend slurm flags default to None, not to their values, so that one given without
+    # --backend slurm is told apart and warned about.
     s.add_argument(
         "--submitit-cluster",
         choices=["slurm", "local", "debug"],
-        default="slurm",
-        help="submitit executor of --backend slurm (local: the same array on this machine)",
+        help="submitit executor of --backend slurm (default slurm; local: the same array on this "
+        "machine)",
     )
     s.add_argument("--partition", help="Slurm partition of --backend slurm")
-    s.add_argument("--timeout-min", type=int, default=60, help="per array task (default 60)")
-    s.add_argument(
-        "--array-parallelism", type=int, default=8, help="array tasks of --backend slurm (8)"
-    )
+    s.add_argument("--timeout-min", type=int, help="per array task of --backend slurm (default 60)")
+    s.add_argument("--array-parallelism", type=int, help="array tasks of --backend slurm (8)")
     script_args(s)
 
     sm = sub.add_parser(
@@ -144,9 +157,15 @@ def _features(args: argparse.Namespace) -> None:
     from memtrace_trainer.models.zoo import build_workload
 
     if args.gpumemnet_row:
+        # The row's batch unless --batch-size is given, as `fake-tensor --gpumemnet-row` takes
+        # it; --seq-len and --num-classes go to the build, which says they have no effect.
         config, batch = from_gpumemnet_filename(args.gpumemnet_row)
+        batch = batch if args.batch_size is None else args.batch_size
         spec = f"gpumemnet:{args.gpumemnet_row}"
-        workload = build_workload(spec, batch, args.input_shape)
+        workload = build_workload(spec, batch, args.input_shape, args.seq_len, args.num_classes)
+        if args.batch_size is None:
+            why = "the GPUMemNet row's Filename"
+            workload.defaults["batch_size"] = {"value": batch, "why": why}
         family = config.family
     else:
         batch = 1 if args.batch_size is None else args.batch_size
@@ -251,62 +270,144 @@ BATCH_KEYS = {
 }
 
 
-def _symtrace(args: argparse.Namespace) -> None:
+SLURM_FLAGS = {"submitit_cluster": "slurm", "partition": None, "timeout_min": 60,
+               "array_parallelism": 8}  # fmt: skip
+# The reserved key a batch item's config carries its line's own fields under (cluster.py passes
+# items through as they are): messages name those as fields, not as flags.
+OWN = "_line_fields"
+
+
+def _no_effect(args: argparse.Namespace, flags: list[str], why: str) -> None:
+    for dest in flags:
+        value = getattr(args, dest)
+        if value is not None and value is not False:
+            notes.warn(f"--{dest.replace('_', '-')} has no effect {why}")
+
+
+def _symtrace(args: argparse.Namespace) -> int:
     if args.backend != "local" and args.batch is None:
         raise UserError(f"--backend {args.backend} traces a --batch of configs; give --batch FILE")
+    if args.batch_size is not None and args.batch_size < 1:
+        # Before any line is read: the command line's batch is every line's default.
+        raise UserError(f"--batch-size {args.batch_size}: expected a positive integer")
     if args.batch is None:
-        if args.out is None:
-            raise UserError("--out FILE is required")
-        result = _symtrace_one(vars(args), args.out)
-        result["warnings"] = notes.collected()
-        if args.json:
-            print(json.dumps(result))
-        else:
-            print_defaults(result["defaults"])
-            per_step = ""
-            if result["first_step_peak_live_bytes"] is not None:
-                steady = result["steady_peak_live_bytes"]
-                per_step = f" (first step {result['first_step_peak_live_bytes']} B" + (
-                    f", steady {steady} B)" if steady is not None else ")"
-                )
-            print(
-                f"wrote {result['out']}: {result['allocs']} allocations, "
-                f"peak {result['peak_live_bytes']} B live{per_step}"
-            )
-        return
+        _symtrace_single(args)
+        return 0
     if args.out_dir is None:
         raise UserError("--batch needs --out-dir DIR")
-    if not args.batch.is_file():
-        raise UserError(f"--batch {args.batch}: no such file")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    parser = command_parser("symtrace")
     defaults = {k: v for k, v in vars(args).items() if k in BATCH_KEYS and v is not None}
-    defaults.pop("model", None)
-    defaults.pop("entry", None)
-    defaults.pop("step", None)
-    configs = read_configs(args.batch, BATCH_KEYS)
-    items = [(n, defaults | c, str(args.out_dir / f"{n}.jsonl")) for n, c in configs]
+    for source in ("model", "entry", "step"):
+        defaults.pop(source, None)
+    given = {k for k, v in defaults.items() if v != parser.get_default(k)}
+    try:
+        configs = read_configs(args.batch, parser, BATCH_KEYS,
+                               lambda c: _check_line(defaults | c), given)  # fmt: skip
+        _out_dir(args.out_dir)
+    except UserError as e:
+        raise UserError(f"{e}; nothing was traced (the whole file is checked first)") from None
+    _no_effect(args, ["out"], "with --batch: each config's trace is --out-dir/NAME.jsonl")
+    _no_effect(args, ["json"], "with --batch: every config's result is a JSON line")
+    if args.backend == "local":
+        _no_effect(args, list(SLURM_FLAGS), "without --backend slurm")
+    items = [(c.name, defaults | c.values | {OWN: sorted(c.own)},
+              str(args.out_dir / f"{c.name}.jsonl")) for c in configs]  # fmt: skip
     results: Iterable[dict[str, Any]]
     if args.backend == "slurm":
         from memtrace_trainer.symtrace.cluster import trace_on_cluster
 
-        results = trace_on_cluster(items, args.out_dir, args.submitit_cluster, args.partition,
-                                   args.timeout_min, args.array_parallelism)  # fmt: skip
+        slurm = {k: v if getattr(args, k) is None else getattr(args, k)
+                 for k, v in SLURM_FLAGS.items()}  # fmt: skip
+        results = trace_on_cluster(items, args.out_dir, slurm["submitit_cluster"],
+                                   slurm["partition"], slurm["timeout_min"],
+                                   slurm["array_parallelism"])  # fmt: skip
     else:
         results = symtrace_each(items)
+    done = []
     for result in results:
+        done.append(result)
         print(json.dumps(result), flush=True)
+    return failed_summary(done)
+
+
+def _symtrace_single(args: argparse.Namespace) -> None:
+    if args.out is None:
+        raise UserError("--out FILE is required")
+    _no_effect(args, ["out_dir"], "without --batch: the trace is --out")
+    _no_effect(args, list(SLURM_FLAGS), "without --batch and --backend slurm")
+    result = _symtrace_one(vars(args), args.out)
+    result["warnings"] = notes.collected()
+    if args.json:
+        print(json.dumps(result))
+        return
+    print_defaults(result["defaults"])
+    per_step = ""
+    if result["first_step_peak_live_bytes"] is not None:
+        steady = result["steady_peak_live_bytes"]
+        per_step = f" (first step {result['first_step_peak_live_bytes']} B" + (
+            f", steady {steady} B)" if steady is not None else ")"
+        )
+    print(
+        f"wrote {result['out']}: {result['allocs']} allocations, "
+        f"peak {result['peak_live_bytes']} B live{per_step}"
+    )
+
+
+def _check_line(config: dict[str, Any]) -> None:
+    """A batch line's checks before any line is traced: those `symtrace` makes of its flags
+    before it builds anything (one source, a batch size, the loop, the regime, the profile)."""
+    from memtrace_trainer.models.zoo import _parse_shape
+    from memtrace_trainer.profile import load_profile
+
+    sources = [k for k in ("model", "entry", "step") if config.get(k)]
+    if len(sources) != 1:
+        raise UserError("expected exactly one of --model, --entry or --step")
+    if sources[0] != "step":
+        if config.get("batch_size") is None:
+            raise UserError("--batch-size is required with --model and --entry")
+        step_config(config, resolve_steps(config))
+    tune_from(config)
+    _parse_shape(config.get("input_shape"))
+    load_profile(config.get("profile"))
+
+
+def _out_dir(path: Path) -> None:
+    """--out-dir made (with its parents) or refused: a file there, or a folder this user cannot
+    create or write to, would fail every config alike."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out-dir {path}: a file; expected a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out-dir {path}: cannot create it ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"--out-dir {path}: not a folder this user can write to")
 
 
 def symtrace_each(items: Iterable[tuple[str, dict[str, Any], str]]) -> Iterator[dict[str, Any]]:
     """Traces (name, config, out path) items in turn, here or in an array task; a config's
-    error is its result, so one bad config does not stop the rest."""
-    for name, config, path in items:
-        try:
-            result = {**_symtrace_one(config, Path(path)), "name": name}
-        except UserError as e:
-            result = {"name": name, "error": str(e)}
-        result["warnings"] = notes.collected()
-        notes.reset()
+    error is its result, so one bad config does not stop the rest. A config's warnings are said
+    under its name and kept in its result."""
+    items = list(items)
+    parser = command_parser("symtrace")
+    for i, (name, config, path) in enumerate(items):
+        config = dict(config)
+        own = set(config.pop(OWN, ()))
+
+        def terms(message: str, own: set[str] = own) -> str:
+            return in_field_terms(message, parser, own)
+
+        with warnings_of(name, terms) as said:
+            try:
+                result = {**_symtrace_one(config, Path(path)), "name": name}
+            except UserError as e:
+                result = {"name": name, "error": terms(str(e))}
+            except KeyboardInterrupt:
+                # The trace in progress is not written (traces are written whole, at the end).
+                raise UserError(f"interrupted while tracing {name!r} ({i + 1} of {len(items)}): "
+                                f"its trace was not written, the {i} before it were; a rerun "
+                                "traces every config again") from None  # fmt: skip
+        result["warnings"] = said
         yield result
 
 
