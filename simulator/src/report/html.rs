@@ -208,19 +208,21 @@ fn estimators(e: &Value) -> String {
 
 fn verdicts(vs: &[ProfileVerdict]) -> String {
     let mut s = String::from(
-        "<table><tr><th>profile</th><th>GPU</th><th>needs MiB</th><th>point MiB</th><th>capacity MiB</th>\
+        "<table><tr><th>profile</th><th>GPU</th><th>needs</th><th>point</th><th>capacity</th>\
          <th>verdict</th></tr>",
     );
     for v in vs {
+        // Each cell carries its unit: where need and capacity would print alike in MiB they are
+        // shown in bytes, under a header that said MiB.
         let (need, capacity) = crate::units::need_and_capacity_mib(v.need_mib, v.capacity_mib, 1);
         let _ = write!(
             s,
-            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{:.1}</td><td class="n">{}</td><td>{} <span class="muted">({})</span></td></tr>"#,
+            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{:.1} MiB</td><td class="n">{}</td><td>{} <span class="muted">({})</span></td></tr>"#,
             esc(&v.profile),
             esc(&v.gpu),
-            need.trim_end_matches(" MiB"),
+            esc(&need),
             v.point_mib,
-            capacity.trim_end_matches(" MiB"),
+            esc(&capacity),
             verdict_word(v.fits),
             esc(&v.basis)
         );
