@@ -123,6 +123,11 @@ def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Excep
     )
 
 
+class SizeOverflowError(UserError):
+    """A size past what PyTorch's element count holds: the request's fault, whose message
+    quotes PyTorch rather than the field (serve names the field from the sizes given)."""
+
+
 def size_overflow(exc: BaseException) -> UserError | None:
     """A size so large that a tensor's element count overflows PyTorch's 64-bit integers (a
     batch of 10^15, a sequence of 10^20 tokens): the request's fault, said as such rather than
@@ -133,7 +138,7 @@ def size_overflow(exc: BaseException) -> UserError | None:
     if "overflow" not in said.lower():
         return None
     first = said.strip().splitlines()[0] if said.strip() else type(exc).__name__
-    return UserError(
+    return SizeOverflowError(
         "a tensor's size overflows PyTorch's 64-bit element count, so no device could hold it "
         f"(is --batch-size, --seq-len or --input-shape what you meant?): {first}"
     )

@@ -58,7 +58,13 @@ def answer(argv: list[str]) -> tuple[int, str]:
     from memtrace_trainer import notes
     from memtrace_trainer.cli import _internal
     from memtrace_trainer.cli.estimate import estimate_result
-    from memtrace_trainer.errors import UserCodeError, UserError, size_overflow, user_frames
+    from memtrace_trainer.errors import (
+        SizeOverflowError,
+        UserCodeError,
+        UserError,
+        size_overflow,
+        user_frames,
+    )
     from memtrace_trainer.serve_schema import RequestError
 
     schema, args = _schema(), None
@@ -70,6 +76,8 @@ def answer(argv: list[str]) -> tuple[int, str]:
             result = estimate_result(args)
     except RequestError as e:
         return e.status, json.dumps(e.body())
+    except SizeOverflowError as e:  # raised on the model's behalf, said before the trace ends
+        return 400, _error(str(e), _huge_size(args))
     except UserError as e:
         return 400, _error(str(e), schema.field_in(str(e), argv))
     except SystemExit as e:  # the user's code (the server's own never exits by raising)

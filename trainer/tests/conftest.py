@@ -25,6 +25,13 @@ SCHEMA = REPO / "trace" / "schema" / "trace.schema.json"
 # and MEMTRACE_FULL_CSV=1 checks every row. Which one ran is printed in the test summary.
 FULL_CSV = os.environ.get("MEMTRACE_FULL_CSV") == "1"
 CSV_SAMPLE = 300
+# The labels of a run on a GPU, as `run` writes them (no GPU in CI: the tests write them).
+GPU_LABELS = {
+    "device": "cuda", "cpu_fallback": False, "oom": False, "torch": "2.4.1", "cuda": "12.2",
+    "gpu": "NVIDIA A100-SXM4-40GB", "max_memory_reserved_bytes": 3 * 2**30,
+    "max_memory_allocated_bytes": 2**31, "device_peak_bytes": 3 * 2**30 + 500 * 2**20,
+    "device_peak_source": "nvml-process", "step_time": {"median_s": 0.25},
+}  # fmt: skip
 CSV_SEED = 20240601
 _SAMPLED: list[str] = []
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli
+from conftest import GPU_LABELS, REPO, cli
 
 from memtrace_trainer.runs.rundir import write_json
 
@@ -165,14 +165,6 @@ def test_launch_errors_are_clean(sweep: Path, tmp_path: Path) -> None:
     done = cli("launch", str(sweep), "--out", out, "--dry-run", "--partition", "gpu", "--wait")
     for flag in ("--partition", "--wait"):
         assert f"{flag} has no effect: --backend local" in done.stderr, done.stderr
-
-
-GPU_LABELS = {
-    "device": "cuda", "cpu_fallback": False, "oom": False, "torch": "2.4.1", "cuda": "12.2",
-    "gpu": "NVIDIA A100-SXM4-40GB", "max_memory_reserved_bytes": 3 * 2**30,
-    "max_memory_allocated_bytes": 2**31, "device_peak_bytes": 3 * 2**30 + 500 * 2**20,
-    "device_peak_source": "nvml-process", "step_time": {"median_s": 0.25},
-}  # fmt: skip
 
 
 def dataset_row(tmp_path: Path, spec: str, labels: dict, *extra: str) -> dict[str, str]:

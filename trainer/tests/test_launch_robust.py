@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import GPU_LABELS, cli
 
 from memtrace_trainer.runs.rundir import write_json
 
@@ -302,14 +302,6 @@ def test_a_negative_seed_is_refused(tmp_path: Path) -> None:
     sweep.write_text(sweep.read_text() + "seed: -1\n")
     done = cli("sample", str(sweep), check=False)
     assert done.returncode == 2 and "field 'seed' is -1: expected an integer >= 0" in done.stderr
-
-
-GPU_LABELS = {
-    "device": "cuda", "cpu_fallback": False, "oom": False, "torch": "2.4.1", "cuda": "12.2",
-    "gpu": "NVIDIA A100-SXM4-40GB", "max_memory_reserved_bytes": 3 * 2**30,
-    "max_memory_allocated_bytes": 2**31, "device_peak_bytes": 3 * 2**30 + 500 * 2**20,
-    "device_peak_source": "nvml-process", "step_time": {"median_s": 0.25},
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

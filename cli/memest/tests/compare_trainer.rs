@@ -380,11 +380,11 @@ fn compare_traces_the_job_that_was_run() {
     let trace = std::fs::read_to_string(out.join("traces/runs-00001.jsonl")).unwrap();
     let header: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
     assert_eq!(header["metadata"]["grad_accum"], "3", "{header}");
-    // A setting the model has no use for is said, as the trainer says it of a flag.
+    // A setting the model has no use for is said, as the trainer says it of a batch line's field.
     let text = std::fs::read_to_string(&csv).unwrap().replace("\": 3}", "\": 3, \"\"seq_len\"\": 32}");
     std::fs::write(&csv, text).unwrap();
     let err = compare(&[]);
-    assert!(err.contains("the trainer gave 1 warnings") && err.contains("--seq-len 32 has no effect"), "{err}");
+    assert!(err.contains("the trainer gave 1 warnings") && err.contains("field 'seq_len' 32 has no effect"), "{err}");
     // A GPU no profile is known of: `dataset` leaves `profile` empty and names it in `gpu`.
     let text = std::fs::read_to_string(&csv)
         .unwrap()
