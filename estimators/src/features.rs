@@ -45,8 +45,12 @@ impl Features {
             field: field.to_string(),
             expected: expected.to_string(),
         };
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| field("<document>", &format!("expected a JSON object ({e})")))?;
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            // `features --csv` writes a GPUMemNet row, which is easy to hand over by mistake.
+            let csv = text.trim_start().starts_with("Filename,");
+            let hint = if csv { "; this is a CSV row (features --csv): give `features --json`" } else { "" };
+            field("<document>", &format!("expected a JSON object ({e}){hint}"))
+        })?;
         let count = |name: &str| -> Result<u64> {
             v.get(name).and_then(serde_json::Value::as_u64).ok_or_else(|| field(name, "expected a whole number >= 0"))
         };

@@ -51,6 +51,8 @@ fn errors_name_file_and_field() {
         assert!(e.contains("feat.json") && e.contains(needle), "{e:?} lacks {needle:?}");
     };
     check("not json", "<document>");
+    // `features --csv` output handed over for `--features`: said to be a CSV row.
+    check("Filename,Depth,Activations-Params\nx.out,2,\"[]\"\n", "this is a CSV row (features --csv)");
     check(r#"{"total_activations": 1, "layers": {}}"#, "total_parameters");
     check(r#"{"total_parameters": -1, "total_activations": 1, "layers": {}}"#, "total_parameters");
     check(r#"{"total_parameters": 1, "total_activations": 1}"#, "layers");

@@ -207,6 +207,14 @@ pub fn run(a: Args) -> Result<u8> {
             bail!("--html {}: expected a file name ending in .html or .htm (the page is HTML)", out.display());
         }
         crate::input::distinct_output(&a.file, out)?;
+        // Said before the replay, not after its warnings (a second on a large trace).
+        if out.is_dir() {
+            bail!("--html {}: a folder; expected a file name ending in .html or .htm", out.display());
+        }
+        let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !folder.is_dir() {
+            bail!("--html {}: the folder {} does not exist", out.display(), folder.display());
+        }
     }
     let estimate = a.estimate.as_deref().map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };

@@ -832,6 +832,14 @@ fn an_output_that_is_the_input_is_refused() {
     assert!(code == 2 && err.contains("the output is the input file"), "{err}");
     let (code, _, err) = memsim(&["report", t, "--html", dir.path().join("r.txt").to_str().unwrap()]);
     assert!(code == 2 && err.contains("expected a file name ending in .html"), "{err}");
+    // A folder, or a folder that does not exist: said before the replay.
+    let folder = dir.path().join("d.html");
+    std::fs::create_dir(&folder).unwrap();
+    let missing = dir.path().join("no").join("r.html");
+    for (out, says) in [(&folder, "a folder; expected a file name"), (&missing, "does not exist")] {
+        let (code, _, err) = memsim(&["report", t, "--html", out.to_str().unwrap()]);
+        assert!(code == 2 && err.contains(says) && !err.contains("warning"), "{says}: {err}");
+    }
     // A symbolic trace's timestamps are event numbers: the Perfetto export says so, not "µs".
     let json_out = dir.path().join("t.json");
     let (code, _, err) = memsim(&["convert", t, json_out.to_str().unwrap()]);
