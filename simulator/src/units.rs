@@ -9,20 +9,21 @@ pub const UNBOUNDED: &str = "more than any device holds";
 
 /// Bytes as MiB with two decimals ([`UNBOUNDED`] for `u64::MAX`).
 pub fn mib(b: u64) -> String {
-    if b == u64::MAX {
-        return UNBOUNDED.into();
+    mib_places(b, 2)
+}
+
+/// Bytes as MiB with `decimals` ([`UNBOUNDED`] for `u64::MAX`).
+fn mib_places(b: u64, decimals: usize) -> String {
+    match b {
+        u64::MAX => UNBOUNDED.to_string(),
+        _ => format!("{:.*} MiB", decimals, b as f64 / (1024.0 * 1024.0)),
     }
-    format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 /// A need and a capacity as MiB with `decimals`, or both in bytes when those would print alike
 /// but differ: a verdict that tells the two apart must not stand beside two equal numbers.
 pub fn need_and_capacity(need: u64, capacity: u64, decimals: usize) -> (String, String) {
-    let as_mib = |b: u64| match b {
-        u64::MAX => UNBOUNDED.to_string(),
-        _ => format!("{:.*} MiB", decimals, b as f64 / (1024.0 * 1024.0)),
-    };
-    let (n, c) = (as_mib(need), as_mib(capacity));
+    let (n, c) = (mib_places(need, decimals), mib_places(capacity, decimals));
     if n == c && need != capacity {
         (format!("{need} B"), format!("{capacity} B"))
     } else {

@@ -202,8 +202,7 @@ fn train(a: TrainArgs) -> anyhow::Result<u8> {
         eprintln!("memest: warning: {w}");
     }
     // The model file would replace the data it was trained on.
-    let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
-    if same(&a.out, &a.dataset) {
+    if same_file(&a.out, &a.dataset) {
         bail!("--out {} is the --dataset: the model file would replace its training data", a.out.display());
     }
     let (ex, own) = load_examples(&a.dataset, a.family.as_deref())?;
@@ -258,11 +257,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
     let ex = Examples::build(&ds, &model.target)?;
     say_excluded(path, &ex.excluded);
     // The model file names the CSV it was trained on; a score on it is no held-out result.
-    let same = |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    };
-    if same(path, std::path::Path::new(&model.trained_on)) {
+    if same_file(path, Path::new(&model.trained_on)) {
         eprintln!(
             "memest: warning: {} was trained on {}: the summary scores its own training rows (in-sample, not held out)",
             a.model.display(),
@@ -296,6 +291,14 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         writeln!(out, "summary: {summary}")?;
     }
     Ok(0u8)
+}
+
+/// Whether two paths name one file (as written, where one does not exist).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// The rows of `path` left out, per reason (`ml cv` prints them in its report).

@@ -189,16 +189,13 @@ impl KernelFeatures {
             .cells
             .iter()
             .zip(&self.columns)
-            .map(|(cell, column)| match cell.parse::<f64>() {
-                Ok(v) if super::features::out_of_domain(column, v).is_none() => Ok(v),
-                Ok(v) if v.is_finite() => Err(MlError::BadCell {
+            .map(|(cell, column)| match cell.parse::<f64>().map(|v| (v, super::features::out_of_domain(column, v))) {
+                Ok((v, None)) => Ok(v),
+                Ok((v, Some(expected))) if v.is_finite() => Err(MlError::BadCell {
                     path: self.path.clone(),
                     row: entry.row,
                     column: column.clone(),
-                    message: format!(
-                        "{KEY} {filename:?}: expected {}, found {v}",
-                        super::features::out_of_domain(column, v).unwrap_or("a value in the feature's domain")
-                    ),
+                    message: format!("{KEY} {filename:?}: expected {expected}, found {v}"),
                 }),
                 _ => Err(MlError::BadCell {
                     path: self.path.clone(),
