@@ -441,6 +441,10 @@ def test_no_fake_tensor_builds_a_step_once(tmp_path: Path, monkeypatch: pytest.M
             assert data["estimates"].get("fake_tensor") is None
         else:
             assert data["estimates"]["fake_tensor"]["device_mib"] > 0
+    # With --script the baseline never reruns the job: the flag does nothing, and says so.
+    script = Path(__file__).parent / "scripts" / "train_mlp.py"
+    done = cli("estimate", "--script", str(script), "--no-fake-tensor")
+    assert "--no-fake-tensor has no effect with --script" in done.stderr, done.stderr
 
 
 def test_a_zoo_model_pytorch_refuses_at_its_batch_is_the_jobs_error() -> None:

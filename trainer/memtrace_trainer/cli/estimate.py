@@ -211,6 +211,9 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--report {args.report}: expected a file name ending in .html "
                             "or .htm (the page is HTML)")  # fmt: skip
     if args.script:
+        if args.no_fake_tensor:
+            notes.warn("--no-fake-tensor has no effect with --script: the FakeTensor baseline "
+                       "never runs a script a second time")  # fmt: skip
         job: Any = ScriptJob(
             args.script, list(args.script_args), resolve_steps(vars(args)), args.world_size
         )
