@@ -266,17 +266,6 @@ pub struct MlModels {
     models: Vec<(PathBuf, ModelFile)>,
 }
 
-/// Whether a dataset is the file a model was trained on. `ModelFile::train` fits on every usable
-/// row of its CSV, so every row of that file is a training row.
-fn same_file(trained_on: &str, dataset: &Path) -> bool {
-    let t = Path::new(trained_on);
-    match (t.canonicalize(), dataset.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        // The training path no longer resolves (trained elsewhere): the file name is the evidence.
-        _ => t.file_name().is_some() && t.file_name() == dataset.file_name(),
-    }
-}
-
 impl MlModels {
     /// The models, checked to cover distinct families.
     pub fn new(models: Vec<(PathBuf, ModelFile)>) -> Result<MlModels> {
@@ -297,15 +286,18 @@ impl MlModels {
         self.models.iter().map(|(p, m)| (p.as_path(), m.trained_on.as_str(), m.family))
     }
 
-    /// Datasets among `datasets` that a model was trained on, with that model's path.
-    pub fn training_overlap<'a>(&'a self, datasets: &'a [PathBuf]) -> Vec<(&'a Path, &'a Path)> {
-        let mut out = Vec::new();
-        for (p, m) in &self.models {
-            for d in datasets.iter().filter(|d| same_file(&m.trained_on, d)) {
-                out.push((p.as_path(), d.as_path()));
-            }
-        }
-        out
+    /// Whether every model file records its training rows' digests, so a training row is
+    /// known in any file; older files know only their training CSV's path.
+    pub fn know_training_rows(&self) -> bool {
+        self.models.iter().all(|(_, m)| m.knows_training_rows())
+    }
+
+    /// The model of `row`'s family, when it was trained on that row of `dataset`.
+    pub fn trained_on_row(&self, row: &DatasetRow, dataset: &Path) -> Option<&Path> {
+        self.models
+            .iter()
+            .find(|(_, m)| m.family == row.family && m.trained_on_row(&row.digest, dataset))
+            .map(|(p, _)| p.as_path())
     }
 
     /// The `ml` outcome of one row of `dataset`: the model of the row's family applied to the
@@ -318,7 +310,7 @@ impl MlModels {
                 self.models.iter().map(|(p, m)| format!("{} ({})", p.display(), m.family)).collect();
             return Outcome::failed(format!("no ML model for family {family} (given: {})", given.join(", ")));
         };
-        if !allow_training_rows && same_file(&model.trained_on, dataset) {
+        if !allow_training_rows && model.trained_on_row(&row.digest, dataset) {
             return Outcome::failed(format!(
                 "training row of {} (trained on {}): not held out (--ml-include-training-rows evaluates it anyway)",
                 path.display(),

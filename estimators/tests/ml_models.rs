@@ -37,6 +37,7 @@ fn synthetic(n: usize, seed: u64) -> Examples {
         class,
         measured: vec![true; n],
         row_ids: (1..=n).collect(),
+        digests: (1..=n).map(|i| format!("{i:016x}")).collect(),
         excluded: BTreeMap::new(),
         value,
         target,
@@ -224,6 +225,42 @@ fn model_file_misuse_is_a_clear_error() {
     std::fs::write(&path, "{\"format_version\":1,\"licence\":3}").unwrap();
     let err = ModelFile::load(&path).unwrap_err().to_string();
     assert!(err.contains("m.json"), "{err}");
+}
+
+/// Training rows are recognised by content in any file; a model file written before digests
+/// were recorded falls back to its training CSV's path; damaged digests are refused at load.
+#[test]
+fn model_files_know_their_training_rows_by_content() {
+    let ex = synthetic(40, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("train.csv");
+    std::fs::write(&csv, "x\n").unwrap();
+    let elsewhere = dir.path().join("copy.csv");
+    let file = ModelFile::train(&ex, ModelKind::Tree, &fast_config(), csv.to_str().unwrap(), LICENCE_NOTE).unwrap();
+    assert!(file.knows_training_rows() && file.training_digests.len() == 40);
+    assert!(file.trained_on_row(&ex.digests[7], &elsewhere), "a training row in another file");
+    assert!(!file.trained_on_row(&format!("{:016x}", 999), &csv), "a new row of the training file");
+
+    let mut old = file.clone();
+    old.training_digests.clear();
+    assert!(!old.knows_training_rows());
+    assert!(old.trained_on_row("", &csv) && !old.trained_on_row(&ex.digests[7], &elsewhere));
+
+    let path = dir.path().join("m.json");
+    for (bad, why) in [
+        (vec!["xyz".to_string()], "16 hex digits"),
+        (vec![ex.digests[2].clone(), ex.digests[1].clone()], "sorted and distinct"),
+    ] {
+        let mut f = file.clone();
+        f.training_digests = bad;
+        f.save(&path).unwrap();
+        let err = ModelFile::load(&path).unwrap_err().to_string();
+        assert!(err.contains("training_digests") && err.contains(why), "{err}");
+    }
+    let mut f = serde_json::to_value(&file).unwrap();
+    f.as_object_mut().unwrap().remove("training_digests");
+    std::fs::write(&path, f.to_string()).unwrap();
+    assert!(!ModelFile::load(&path).unwrap().knows_training_rows(), "an older file still loads");
 }
 
 #[test]

@@ -144,28 +144,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
              $MEMTRACE_ML_MODEL)"
         );
     }
-    let mut ml_notes = Vec::new();
-    if let Some(m) = &ml_models {
-        for (model, data) in m.training_overlap(&a.dataset) {
-            let msg = if a.ml_include_training_rows {
-                format!(
-                    "WARNING: ml on {} uses {}, which was trained on every row of that file: those results are \
-                     in-sample, not held out",
-                    data.display(),
-                    model.display()
-                )
-            } else {
-                format!(
-                    "ml is null on the rows of {}: {} was trained on them (--ml-include-training-rows evaluates \
-                     them in-sample)",
-                    data.display(),
-                    model.display()
-                )
-            };
-            eprintln!("{msg}");
-            ml_notes.push(msg);
-        }
-    }
     // (row, the dataset it came from) — ML needs the source file to recognise training rows.
     let calibrated = estimators::calibrate::calibrated_rows(&profile.calibration)
         .map_err(anyhow::Error::msg)
@@ -203,6 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
     }
+    let ml_notes = ml_models.as_ref().map_or_else(Vec::new, |m| training_notes(m, &rows, &a));
     if rows.is_empty() {
         anyhow::bail!(
             "no row to compare: the datasets hold {read} rows{}",
@@ -450,10 +429,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(m) => {
             let list: Vec<String> =
                 m.trained_on().map(|(p, t, f)| format!("{} ({f}, trained on {t})", p.display())).collect();
+            let known = if m.know_training_rows() {
+                "The model files record what their training rows hold, so such a row is known in any file or order"
+            } else {
+                "A model file written before training rows were recorded names only its training CSV (every usable \
+                 row of it is a training row): its rows repeated in other files are not detected"
+            };
             format!(
-                "{}. A model scored on rows it was trained on is not a held-out result. The model file records its \
-                 training CSV (every usable row of it is a training row), so rows of that file are null unless \
-                 --ml-include-training-rows; rows repeated in other files are not detected.",
+                "{}. A model scored on rows it was trained on is not a held-out result: such rows are null unless \
+                 --ml-include-training-rows. {known}.",
                 list.join("; ")
             )
         }
@@ -557,4 +541,34 @@ fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Op
         let got = h.meta(key)?;
         (got != *want).then(|| format!("{} {got}, not {want}", key.name))
     })
+}
+
+/// The rows of each dataset an ML model was trained on, said on stderr and returned for the
+/// report: null unless `--ml-include-training-rows`, in-sample when included.
+fn training_notes(m: &MlModels, rows: &[(DatasetRow, usize)], a: &Args) -> Vec<String> {
+    let mut counts: BTreeMap<(usize, &Path), usize> = BTreeMap::new();
+    for (r, di) in rows {
+        if let Some(model) = m.trained_on_row(r, &a.dataset[*di]) {
+            *counts.entry((*di, model)).or_default() += 1;
+        }
+    }
+    if counts.is_empty() && a.ml_include_training_rows {
+        eprintln!(
+            "memest: warning: --ml-include-training-rows has no effect: no row compared is one a model was trained on"
+        );
+    }
+    let mut notes = Vec::new();
+    for ((di, model), n) in counts {
+        let data = a.dataset[di].display();
+        let model = model.display();
+        let them = if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
+        let msg = if a.ml_include_training_rows {
+            format!("WARNING: ml on {them} of {data} uses {model}, which was trained on them: those results are in-sample, not held out")
+        } else {
+            format!("ml is null on {them} of {data}: {model} was trained on them (--ml-include-training-rows evaluates them in-sample)")
+        };
+        eprintln!("{msg}");
+        notes.push(msg);
+    }
+    notes
 }

@@ -256,12 +256,15 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
     }
     let ex = Examples::build(&ds, &model.target)?;
     say_excluded(path, &ex.excluded);
-    // The model file names the CSV it was trained on; a score on it is no held-out result.
-    if same_file(path, Path::new(&model.trained_on)) {
+    // A score on rows the model was trained on is no held-out result, whatever the file's name.
+    let in_sample = ex.digests.iter().filter(|d| model.trained_on_row(d, path)).count();
+    if in_sample > 0 {
         eprintln!(
-            "memest: warning: {} was trained on {}: the summary scores its own training rows (in-sample, not held out)",
+            "memest: warning: {} was trained on {in_sample} of the rows scored from {} ({} in all): the \
+             summary is in-sample for them, not held out",
             a.model.display(),
-            path.display()
+            path.display(),
+            ex.len()
         );
     }
     let preds = model.predict(&ex.x)?;

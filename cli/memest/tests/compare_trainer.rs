@@ -297,6 +297,17 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
         assert!(r["estimates"]["ml"]["device_bytes"].as_u64().is_some(), "{r}");
     }
     assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("in-sample"));
+    // The same rows under another name: known by what they hold (the name was the evidence once).
+    let copy = dir.path().join("renamed.csv");
+    std::fs::copy(&excerpt, &copy).unwrap();
+    let mut a = args(&[]);
+    a[2] = copy.display().to_string();
+    let (ok, _, err) = memest(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok && err.contains("ml is null on 2 rows of") && err.contains("trained on them"), "{err}");
+    for r in records(&out) {
+        let e = r["estimates"]["ml"]["error"].as_str().unwrap_or_default().to_string();
+        assert!(e.contains("training row"), "renamed copy: {e}");
+    }
 }
 
 #[test]

@@ -148,9 +148,37 @@ fn what_ml_cannot_use_is_refused_or_said() {
     assert!(err.contains("1 rows left out: a memory label above any device's memory"), "{err}");
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &huge]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("the summary scores its own training rows (in-sample"), "{err}");
+    assert!(err.contains("was trained on 239 of the rows scored from") && err.contains("(239 in all)"), "{err}");
+    // Training rows are known by what they hold: the excerpt differs in row 1 alone (its label
+    // was left out of training), and a renamed copy in reverse order is the same rows. The file
+    // name was the evidence before, so both read as held out.
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &csv]);
-    assert!(code == 0 && !err.contains("in-sample"), "another file: {err}");
+    assert!(
+        code == 0 && err.contains("was trained on 239 of the rows scored from") && err.contains("(240 in all)"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&huge).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1..].reverse();
+    let copy = dir.path().join("renamed.csv");
+    std::fs::write(&copy, lines.join("\n")).unwrap();
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", copy.to_str().unwrap()]);
+    assert!(code == 0 && err.contains("was trained on 239 of the rows"), "renamed copy: {err}");
+    // Rows of the same source the model never saw.
+    let full = std::fs::read_to_string(crate::ml_data::gpumemnet("mlp_data_step2.csv")).unwrap();
+    let rest: Vec<&str> = full.lines().take(1).chain(full.lines().skip(1000).take(100)).collect();
+    let other = dir.path().join("other.csv");
+    std::fs::write(&other, rest.join("\n")).unwrap();
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", other.to_str().unwrap()]);
+    assert!(code == 0 && !err.contains("in-sample"), "rows never trained on: {err}");
+    // Every absent feature is named at once.
+    let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--features", "{}"]);
+    assert!(
+        code == 2
+            && err.contains("features \"layers\", \"batch_size\",")
+            && err.contains("are missing or not a number"),
+        "{code} {err}"
+    );
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--features", "[]"]);
     assert!(code == 2 && err.contains("no feature object to predict"), "{code} {err}");
     let busy = with_cell(dir.path(), "Avg SMACT", "1.5");

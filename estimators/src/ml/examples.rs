@@ -70,6 +70,9 @@ pub struct Examples {
     pub measured: Vec<bool>,
     /// CSV data-row number of each example: the identity splits are made of.
     pub row_ids: Vec<usize>,
+    /// Content digest of each example's row ([`crate::rows::digest`]): what a model file
+    /// records of its training rows, so they are known again in a copy or another order.
+    pub digests: Vec<String>,
     /// Rows left out, counted per reason.
     pub excluded: BTreeMap<String, usize>,
 }
@@ -97,6 +100,7 @@ impl Examples {
             class: Vec::new(),
             measured: Vec::new(),
             row_ids: Vec::new(),
+            digests: Vec::new(),
             excluded: BTreeMap::new(),
         };
         for row in &ds.rows {
@@ -138,6 +142,7 @@ impl Examples {
             ex.class.push(class);
             ex.measured.push(measured);
             ex.row_ids.push(row.row);
+            ex.digests.push(row.digest.clone());
         }
         if ex.row_ids.is_empty() {
             return Err(MlError::Empty {
@@ -171,6 +176,7 @@ impl Examples {
             class: idx.iter().map(|&i| self.class[i]).collect(),
             measured: idx.iter().map(|&i| self.measured[i]).collect(),
             row_ids: idx.iter().map(|&i| self.row_ids[i]).collect(),
+            digests: idx.iter().map(|&i| self.digests[i].clone()).collect(),
             excluded: self.excluded.clone(),
         }
     }

@@ -44,10 +44,27 @@ pub struct ModelFile {
     pub trained_on: String,
     /// Rows it was trained on.
     pub training_rows: usize,
+    /// The content digests of those rows ([`crate::rows::digest`]), sorted: a row is known as a
+    /// training row in a copy of the CSV, a subset or another order. Empty in files written
+    /// before they were recorded, where the CSV's path is the only evidence.
+    #[serde(default)]
+    pub training_digests: Vec<String>,
     /// Training settings.
     pub config: TrainConfig,
     /// Scaler and model.
     pub pipeline: Pipeline,
+}
+
+/// Whether `dataset` is the CSV a model was trained on, for model files without training
+/// digests. `ModelFile::train` fits on every usable row of its CSV, so every row of that file
+/// is a training row.
+fn same_file(trained_on: &str, dataset: &Path) -> bool {
+    let t = Path::new(trained_on);
+    match (t.canonicalize(), dataset.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        // The training path no longer resolves (trained elsewhere): the file name is the evidence.
+        _ => t.file_name().is_some() && t.file_name() == dataset.file_name(),
+    }
 }
 
 /// One prediction.
@@ -62,6 +79,20 @@ pub struct Prediction {
 }
 
 impl ModelFile {
+    /// Whether a row of `dataset` with content `digest` is one this model was trained on: by
+    /// digest where the file records them, else (older files) when `dataset` is the training CSV.
+    pub fn trained_on_row(&self, digest: &str, dataset: &Path) -> bool {
+        if self.training_digests.is_empty() {
+            return same_file(&self.trained_on, dataset);
+        }
+        self.training_digests.binary_search_by(|d| d.as_str().cmp(digest)).is_ok()
+    }
+
+    /// Whether the file records its training rows' digests (files written before did not).
+    pub fn knows_training_rows(&self) -> bool {
+        !self.training_digests.is_empty()
+    }
+
     /// Trains `kind` on every usable row of `ex` (regressors: every measured row).
     pub fn train(
         ex: &Examples,
@@ -72,6 +103,9 @@ impl ModelFile {
     ) -> Result<ModelFile, MlError> {
         let idx: Vec<usize> = (0..ex.len()).filter(|&i| !kind.is_regressor() || ex.measured[i]).collect();
         let train = ex.subset(&idx);
+        let mut training_digests = train.digests.clone();
+        training_digests.sort_unstable();
+        training_digests.dedup();
         let pipeline =
             Pipeline::fit(kind, ex.family, &train.x, &train.class, &train.value, ex.target.binning.classes(), cfg)?;
         Ok(ModelFile {
@@ -82,6 +116,7 @@ impl ModelFile {
             feature_names: ex.feature_names.clone(),
             trained_on: trained_on.to_string(),
             training_rows: idx.len(),
+            training_digests,
             config: cfg.clone(),
             pipeline,
         })
@@ -166,6 +201,20 @@ impl ModelFile {
                 ),
             );
         }
+        let hex = |d: &String| d.len() == 16 && d.bytes().all(|c| c.is_ascii_hexdigit());
+        if self.training_digests.len() > self.training_rows
+            || !self.training_digests.iter().all(hex)
+            || self.training_digests.windows(2).any(|w| w[0] >= w[1])
+        {
+            return bad(
+                "training_digests",
+                format!(
+                    "{} digests for {} training rows: at most one per row, 16 hex digits each, sorted and distinct",
+                    self.training_digests.len(),
+                    self.training_rows
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -208,10 +257,18 @@ impl ModelFile {
                     names.join(", ")
                 )));
             }
-            for n in names {
-                let v = map.get(n).and_then(|v| v.as_f64()).ok_or_else(|| {
-                    MlError::Invalid(format!("{source}: entry {i}: feature {n:?} missing or not a number"))
-                })?;
+            let values: Vec<Option<f64>> = names.iter().map(|n| map.get(n).and_then(|v| v.as_f64())).collect();
+            // Every absent or non-numeric feature at once: one at a time took as many reruns.
+            let missing: Vec<String> =
+                names.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(n, _)| format!("{n:?}")).collect();
+            if !missing.is_empty() {
+                let (noun, verb) = if missing.len() == 1 { ("feature", "is") } else { ("features", "are") };
+                return Err(MlError::Invalid(format!(
+                    "{source}: entry {i}: {noun} {} {verb} missing or not a number",
+                    missing.join(", ")
+                )));
+            }
+            for (n, v) in names.iter().zip(values.into_iter().flatten()) {
                 if let Some(expected) = super::features::out_of_domain(n, v) {
                     return Err(MlError::Invalid(format!(
                         "{source}: entry {i}: feature {n:?} is {v}: expected {expected}"
