@@ -115,17 +115,38 @@ def check_name(name: Any) -> str:
     return name
 
 
+# The trace formats `symtrace --out` writes: a `--batch` name ending in one reads as that file.
+TRACE_SUFFIXES = (".jsonl", ".mtrace")
+
+
+def output_file(name: str, suffix: str) -> str:
+    """The file of a config's output: `NAME` + `suffix`, or `NAME` when it already ends in it
+    (`"name": "x.jsonl"` wrote `x.jsonl.jsonl`)."""
+    return name if name.endswith(suffix) else name + suffix
+
+
+def _check_output_name(name: str, suffix: str) -> None:
+    if name == suffix:
+        raise UserError(f"field 'name': {name!r}: expected a name before {suffix}")
+    other = [s for s in TRACE_SUFFIXES if s != suffix and name.endswith(s)]
+    if other:
+        raise UserError(f"field 'name': {name!r}: each config is written as NAME{suffix}, not as "
+                        f"{other[0]}; expected a name without {other[0]}")  # fmt: skip
+
+
 def read_configs(
     path: Path,
     parser: argparse.ArgumentParser,
     allowed: set[str] | frozenset[str],
     check: Callable[[dict[str, Any]], None] | None = None,
     given: set[str] | frozenset[str] = frozenset(),
+    suffix: str | None = None,
 ) -> list[Config]:
     """Every config of the file, each field checked as the command's option (`parser`) takes it
     and the line then checked whole by `check` (a UserError of its own). `given`: the fields the
-    command line gives defaults for. An error names the file, the line and the field; an empty
-    file is one."""
+    command line gives defaults for. `suffix`: of the file each config writes (`output_file`),
+    where a command writes one: two names of one file are refused. An error names the file, the
+    line and the field; an empty file is one."""
     if path.is_dir():
         raise UserError(f"--batch {path}: a folder; expected a file of JSON lines")
     if not path.is_file():
@@ -152,6 +173,8 @@ def read_configs(
                     continue
                 if key == "name":
                     values[key] = check_name(value)
+                    if suffix is not None:
+                        _check_output_name(value, suffix)
                 else:
                     values[key] = check_value(key, value, actions.get(key))
             if check is not None:
@@ -163,18 +186,22 @@ def read_configs(
     if not configs:
         raise UserError(f"--batch {path}: no configs (every line is blank); expected one JSON "
                         "object per line")  # fmt: skip
-    _unique(path, configs)
+    _unique(path, configs, suffix)
     return configs
 
 
-def _unique(path: Path, configs: list[Config]) -> None:
+def _unique(path: Path, configs: list[Config], suffix: str | None) -> None:
     """Two configs of one name would write one file, the second trace over the first; an
-    unnamed line's automatic name (`config-NNNNN`) counts."""
+    unnamed line's automatic name (`config-NNNNN`) counts, and so do `x` and `x.jsonl`."""
     first: dict[str, Config] = {}
     for c in configs:
-        other = first.setdefault(c.name, c)
+        other = first.setdefault(c.name if suffix is None else output_file(c.name, suffix), c)
         if other is c:
             continue
+        if other.name != c.name:
+            raise UserError(f"{path}:{c.line}: field 'name': {c.name!r} writes "
+                            f"{output_file(c.name, suffix or '')}, as {other.name!r} of line "
+                            f"{other.line} does; expected names unique in the file")  # fmt: skip
         # The line to fix is the one whose `name` field says it, not an unnamed one.
         auto = next((x for x in (other, c) if "name" not in x.values), None)
         at = other if auto is c else c

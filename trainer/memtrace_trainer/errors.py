@@ -104,6 +104,17 @@ def raised_by_memtrace(exc: BaseException) -> bool:
     return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
 
 
+class ModelFailedError(UserError):
+    """PyTorch refused the model at `batch_size` (`model_failed`): a search may try the next
+    size, where a refusal at one size alone (BatchNorm over one sample) is PyTorch's rule."""
+
+    batch_size: int = 0
+
+
+class EntryFailedError(UserCodeError, ModelFailedError):
+    """A `ModelFailedError` of the user's own model, with their frames."""
+
+
 def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Exception) -> UserError:
     """A model that failed in PyTorch while `doing` (training it, a forward pass for its
     features): the user's `--entry` or API model with their frames; a zoo model that PyTorch
@@ -114,13 +125,18 @@ def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Excep
         return too_large
     if family == "entry":
         what = spec if spec.startswith("python:") else f"--entry {spec!r}"
-        return UserCodeError(f"{what}: the model failed at batch {batch_size}:", exc)
-    said = str(exc).strip().splitlines()
-    return UserError(
-        f"--model {spec}: PyTorch refused {doing} at batch {batch_size}: {type(exc).__name__}: "
-        f"{said[0] if said else ''} (the same job fails on a GPU; if it runs there, this is a "
-        "memtrace fault: set MEMTRACE_TRACEBACK=1 and report it)"
-    )
+        failed: ModelFailedError = EntryFailedError(
+            f"{what}: the model failed at batch {batch_size}:", exc
+        )
+    else:
+        said = str(exc).strip().splitlines()
+        failed = ModelFailedError(
+            f"--model {spec}: PyTorch refused {doing} at batch {batch_size}: "
+            f"{type(exc).__name__}: {said[0] if said else ''} (the same job fails on a GPU; if it "
+            "runs there, this is a memtrace fault: set MEMTRACE_TRACEBACK=1 and report it)"
+        )
+    failed.batch_size = batch_size
+    return failed
 
 
 class SizeOverflowError(UserError):

@@ -61,6 +61,8 @@ class Features:
     layer_counts: dict[str, int]
     activation_function: str | None
     batch_size: int
+    # `Workload.sizes`: the sequence length or input shape these features are of.
+    sizes: dict[str, Any] = field(default_factory=dict)
     gpumemnet_sequence: list[tuple[str, int, int]] = field(default_factory=list)
 
     def activation_encoding(self) -> tuple[float, float]:
@@ -76,6 +78,7 @@ class Features:
             "total_parameters": self.total_parameters,
             "total_activations": self.total_activations,
             "batch_size": self.batch_size,
+            **self.sizes,
             "depth": self.depth,
             "layer_counts": self.layer_counts,
             "activation_function": self.activation_function,
@@ -173,6 +176,7 @@ def extract(workload: Workload, family: str = "") -> Features:
         layer_counts=dict(sorted(counts.items())),
         activation_function=collections.Counter(acts).most_common(1)[0][0] if acts else None,
         batch_size=batch,
+        sizes=dict(workload.sizes),
         gpumemnet_sequence=sequence,
     )
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer.binaries import error_line, run_tool, tool_source
-from memtrace_trainer.errors import UserError, nothing_on_the_gpu
+from memtrace_trainer.errors import ModelFailedError, UserError, nothing_on_the_gpu
 from memtrace_trainer.notes import progress, warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
@@ -189,6 +189,33 @@ def _beyond_the_boundary(
     return best, None if done else b + 1
 
 
+def _first_size(
+    probe: Callable[[int], bool], limit: int, command: str, axis: str, step: int
+) -> int:
+    """Where the search starts: 1, or 2 when the model fails at 1 alone, as PyTorch's BatchNorm
+    refuses to train over one value per channel (a ResNet at batch 1) and trains at 2. Found by
+    the model's own refusal, so no list of models to keep; one that fails at 2 as well fails
+    with its words at 1."""
+    try:
+        probe(1)
+    except ModelFailedError as refused:
+        if limit < 2:
+            raise
+        try:
+            probe(2)
+        except ModelFailedError:
+            raise refused from refused.__cause__
+        why = refused.__cause__
+        said = str(why).strip().splitlines() if why is not None else []
+        reason = f"{type(why).__name__}: {said[0] if said else ''}" if why else str(refused)
+        warn(
+            f"{command}: the model fails at {axis} {step} ({reason}) and trains at {2 * step}, "
+            f"so the search starts at {axis} {2 * step}"
+        )
+        return 2
+    return 1
+
+
 def max_batch(
     trace_at: TraceAt,
     iterations: int,
@@ -221,8 +248,9 @@ def max_batch(
             return bool(result["fits"])
 
         best, hit_limit = 0, False
-        if probe(1):
-            best, bad = 1, None
+        first = _first_size(probe, limit, command, axis, step)
+        if probe(first):
+            best, bad = first, None
             while bad is None:
                 nxt = min(best * 2, limit)
                 if nxt <= best:

@@ -24,6 +24,11 @@ def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 run`, `2 runs`: a count with its noun, where `1 runs` read as a slip."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def progress(message: str) -> None:
     """A progress line of long work: on stderr for the person at the terminal; to the
     `memtrace` logger (level INFO) while warnings are captured (the Python API)."""

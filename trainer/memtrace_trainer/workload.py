@@ -60,6 +60,10 @@ class Workload:
     # What the builder knows of the model that a reader of the answer needs (parameter counts,
     # the task of a Hugging Face model); commands print it and put it in their JSON.
     details: dict[str, Any] = field(default_factory=dict)
+    # The input size the job was built for, as its features name it (`seq_len` of a token
+    # model, `input_shape` of one sample otherwise): features of one size read against a trace
+    # of another would compare two jobs. Empty where the inputs take no size (DLRM).
+    sizes: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from torch.nn.parameter import UninitializedTensorMixin

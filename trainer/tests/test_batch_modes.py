@@ -108,6 +108,30 @@ def test_names_are_unique(tmp_path: Path) -> None:
     refused(cli("fake-tensor", "--batch", str(ft), check=False), f"{ft}:2:", "unique")
 
 
+def test_a_name_with_the_traces_extension_is_not_given_it_twice(tmp_path: Path) -> None:
+    """`"name": "x.jsonl"` wrote `x.jsonl.jsonl`."""
+    batch = write(tmp_path / "b.jsonl", GOOD | {"name": "x.jsonl"}, GOOD | {"name": "y"})
+    done = symtrace(tmp_path, batch)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x.jsonl", "y.jsonl"]
+    outs = {r["name"]: r["out"] for r in map(json.loads, done.stdout.splitlines())}
+    assert outs == {
+        "x.jsonl": str(tmp_path / "d" / "x.jsonl"),
+        "y": str(tmp_path / "d" / "y.jsonl"),
+    }
+    # `x` and `x.jsonl` are one file; a name of the other format and the bare extension are no
+    # names of a JSON-lines trace.
+    both = write(tmp_path / "b.jsonl", GOOD | {"name": "x"}, GOOD | {"name": "x.jsonl"})
+    refused(symtrace(tmp_path, both), f"{both}:2: field 'name': 'x.jsonl' writes x.jsonl, as 'x'")
+    for name, said in (("t.mtrace", "expected a name without .mtrace"),
+                       (".jsonl", "expected a name before .jsonl")):  # fmt: skip
+        bad = write(tmp_path / "b.jsonl", GOOD | {"name": name})
+        refused(symtrace(tmp_path, bad), f"{bad}:1: field 'name': {name!r}", said)
+    # fake-tensor writes no file per config: its names are labels alone.
+    ft = write(tmp_path / "f.jsonl", GOOD | {"name": "a"}, GOOD | {"name": "a.jsonl"})
+    assert cli("fake-tensor", "--batch", str(ft), check=False).returncode == 0
+
+
 def test_out_dir_that_is_a_file_or_cannot_be_made(tmp_path: Path) -> None:
     batch = write(tmp_path / "b.jsonl", GOOD)
     afile = tmp_path / "afile"

@@ -492,6 +492,9 @@ def test_a_search_that_finds_nothing_says_what_the_smallest_probe_needs(
     text = cli(*args, check=False)
     assert text.returncode == 1
     assert f"needs {data['need_bytes'] / MIB:.1f} MiB even at {words} (" in text.stdout, text.stdout
+    assert len(data["probes"]) == 1 and "; 1 probe in " in text.stdout, (
+        text.stdout
+    )  # not "1 probes"
     # An entry's position limit is its own: its answer is memory's limit alone, and says so.
     said = "the longest sequence its model accepts (a learned position table"
     assert (said in text.stderr) == ("--entry" in flags), text.stderr

@@ -88,6 +88,46 @@ def test_features_cli_json_contract() -> None:
     assert out["total_activations"] > 0 and out["layer_counts"]["Conv2d"] == 20
 
 
+TINY_TRANSFORMER = ('synthetic:{"family":"transformer","seq_len":64,"embed_dim":32,"layers":1,'
+                    '"heads":2,"vocab_size":100,"num_classes":2}')  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "sizes"),
+    [
+        (["--model", "torchvision:resnet18"], {"input_shape": [3, 224, 224]}),
+        (["--model", "torchvision:resnet18", "--input-shape", "3,64,64"],
+         {"input_shape": [3, 64, 64]}),
+        (["--model", "hf:gpt2", "--seq-len", "128"], {"seq_len": 128}),
+        (["--model", "hf:gpt2"], {"seq_len": 1024}),
+        (["--model", TINY_TRANSFORMER], {"seq_len": 64}),
+        (["--model", TINY_TRANSFORMER, "--input-shape", "16"], {"seq_len": 16}),
+        (["--model", "dlrm"], {}),
+    ],
+)  # fmt: skip
+def test_features_json_names_the_input_size_they_are_of(
+    flags: list[str], sizes: dict[str, object]
+) -> None:
+    """Features carried the batch but not the sequence length or image size they were computed
+    for, so features of another length passed for a trace's without a word."""
+    out = json.loads(cli("features", *flags, "--json").stdout)
+    assert {k: out[k] for k in ("seq_len", "input_shape") if k in out} == sizes, out
+    assert out["batch_size"] == 1 and out["total_parameters"] > 0
+
+
+def test_an_entrys_features_name_the_sequence_length_it_was_built_for() -> None:
+    """`estimate --entry` hands memest these features: the length given, else the function's
+    own default; none for a function that takes no length."""
+    from memtrace_trainer.estimate import ModelJob
+    from memtrace_trainer.models.zoo import load_entry
+    from memtrace_trainer.symtrace.step import StepConfig
+
+    for seq, want in ((None, 4), (12, 12)):
+        job = ModelJob(lambda s=seq: load_entry("entry_failures:sized", 2, seq_len=s), StepConfig())
+        assert job.features()["seq_len"] == want
+    assert "seq_len" not in load_entry("entry_example:batch_norm", 2).sizes
+
+
 def test_features_cli_csv_of_a_zoo_model_says_what_json_says() -> None:
     """A zoo model's CSV row took GPUMemNet's MLP columns: ResNet-18 had Depth 1 and no batch
     norms beside `--json`'s 41 and 20, and batch 1 was chosen without a note."""

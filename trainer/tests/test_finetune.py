@@ -567,6 +567,13 @@ def test_max_seq_answers_no_longer_than_the_model_takes() -> None:
     done = cli("max-seq", "--model", LLAMA, "--capacity", "40GiB", "--json")
     out = json.loads(done.stdout)
     assert out["max_seq_len"] == 256 and "max_position_embeddings" in out["limit_why"], out
+    assert not [w for w in out["warnings"] if "--limit" in w], out["warnings"]
+    # A --limit past the positions was taken silently, where --multiple-of past them is refused.
+    done = cli("max-seq", "--model", LLAMA, "--capacity", "40GiB", "--limit", "1000", "--json")
+    out = json.loads(done.stdout)
+    assert out["max_seq_len"] == 256, out
+    assert (f"--limit 1000 is beyond {LLAMA}'s max_position_embeddings (256): a real run takes "
+            "no longer sequence, so the search stops at 256") in out["warnings"], out  # fmt: skip
     # Where the capacity, not the positions, ends the search, the positions are no reason.
     done = cli("max-seq", "--model", LLAMA, "--capacity", "1470MiB", "--json")
     out = json.loads(done.stdout)

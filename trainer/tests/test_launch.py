@@ -65,7 +65,10 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     # Each failure's cause in the summary, one line; a sweep all on the CPU says so.
     cause = failure["error"].splitlines()[0]
     assert f"launch: failed {ids[1]}: {cause}" in first.stderr.splitlines(), first.stderr
-    assert "all 1 finished runs in" in first.stderr and "CPU FALLBACK" in first.stderr
+    # One run, said as one: "all 1 finished runs", "1 runs failed".
+    assert "the one finished run in" in first.stderr and "CPU FALLBACK" in first.stderr
+    assert "its CUDA labels are null, and `dataset` leaves it out" in first.stderr
+    assert "warning: 1 run failed: see" in first.stderr, first.stderr
     for run_id in ids[:1]:
         labels = json.loads((out / "runs" / run_id / "labels.json").read_text())
         assert labels["iterations_done"] == 2 and labels["cpu_fallback"] is True
@@ -84,7 +87,7 @@ def test_local_launch_resume_and_failure(sweep: Path, tmp_path: Path) -> None:
     # written (every reader refuses it), and a directory is no CSV.
     csv_path = tmp_path / "d.csv"
     done = cli("dataset", str(out), "--out", str(csv_path), check=False)
-    assert done.returncode == 2 and "all 1 are CPU-fallback runs" in done.stderr, done.stderr
+    assert done.returncode == 2 and "its one run is a CPU-fallback run" in done.stderr, done.stderr
     assert not csv_path.exists()
     done = cli("dataset", str(out), "--out", str(tmp_path), check=False)
     assert done.returncode == 2 and "is a directory; expected the CSV file" in done.stderr
@@ -134,7 +137,7 @@ def test_submitit_array_runs_the_same_run_one(sweep: Path, tmp_path: Path) -> No
     # Resubmitting sends only what is missing.
     again = cli("launch", str(sweep), "--out", str(out), "--backend", "slurm",
                 "--submitit-cluster", "debug", "--wait", check=False)  # fmt: skip
-    assert "submitted 1 runs" in again.stderr
+    assert "submitted 1 run as job array" in again.stderr
 
 
 def test_launch_errors_are_clean(sweep: Path, tmp_path: Path) -> None:
@@ -391,6 +394,8 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
          "'nosuch_module:make': cannot import 'nosuch_module'"),
         ("models: [torchvision:resnet18, torchvision:resnet34]\nrun: {iterations: 1}\n",
          "2 runs have no batch_size (run 0: torchvision:resnet18)"),
+        ("models: [torchvision:resnet18]\nrun: {iterations: 1}\n",
+         ": 1 run has no batch_size (run 0: torchvision:resnet18)"),
         ("models: ['synthetic:{\"family\":\"mlp\",\"input_size\":8,\"output_size\":2,\"depth\":1}']"
          "\nbatch_sizes: [2]\nrun: {input_shape: '3,9,9'}\n", "--input-shape 3,9,9"),
     ],
@@ -423,7 +428,7 @@ def test_device_cuda_without_cuda_is_refused_where_the_runs_run(
     for backend in (["--backend", "local"], ["--backend", "slurm", "--submitit-cluster", "local"]):
         done = cli("launch", str(sweep), "--out", out, "--dry-run", *backend, check=False)
         assert done.returncode == 2, done.stderr
-        assert "1 runs ask for device cuda" in done.stderr and "no CUDA device" in done.stderr
+        assert "1 run asks for device cuda" in done.stderr and "no CUDA device" in done.stderr
     # A Slurm array runs on the cluster's GPU nodes, not on this login node.
     done = cli("launch", str(sweep), "--out", out, "--dry-run", "--backend", "slurm")
     assert "pending" in done.stdout
@@ -523,7 +528,7 @@ def test_submitted_runs_are_not_submitted_again(sweep: Path, tmp_path: Path) -> 
     write_json(failed, {"error": "x"})
     assert [s for _, s in statuses(cli(*args, "--dry-run").stdout)] == ["submitted",
                                                                        "failed-before"]  # fmt: skip
-    assert "submitted 1 runs" in cli(*args).stderr
+    assert "submitted 1 run as job array" in cli(*args).stderr
 
 
 def test_another_sweeps_out_is_refused(sweep: Path, tmp_path: Path) -> None:

@@ -455,14 +455,23 @@ def test_replay_names_its_own_arguments_and_says_memsims_warnings(tmp_path: Path
 
 def test_a_model_that_fails_at_a_batch_says_the_batch() -> None:
     """BatchNorm cannot train on one sample: max_batch's first probe failed with PyTorch's words
-    alone, and the CLI called it an internal error."""
+    alone, and the CLI called it an internal error. A search that may go past batch 1 starts
+    at 2 instead, and says so."""
     bn = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
     x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
     with pytest.raises(EstimateError, match=r"the model failed at batch 1: ValueError: Expected"):
-        memtrace.max_batch(bn, x, target=y)
-    done = cli("max-batch", "--entry", "entry_example:batch_norm", check=False)
+        memtrace.max_batch(bn, x, target=y, limit=1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert memtrace.max_batch(bn, x, target=y, limit=4) == 4
+    starts = [str(w.message) for w in said if "the search starts at batch 2" in str(w.message)]
+    assert starts and "fails at batch 1 (ValueError: Expected" in starts[0], said
+    done = cli("max-batch", "--entry", "entry_example:batch_norm", "--limit", "1", check=False)
     assert done.returncode == 2 and "internal error" not in done.stderr, done.stderr
     assert "--entry 'entry_example:batch_norm': the model failed at batch 1" in done.stderr
+    done = cli("max-batch", "--entry", "entry_example:batch_norm", "--limit", "4", "--json")
+    assert json.loads(done.stdout)["max_batch"] == 4, done.stderr
+    assert "the search starts at batch 2" in done.stderr, done.stderr
 
 
 def test_inputs_a_gpu_would_refuse_and_compiled_models_are_said() -> None:

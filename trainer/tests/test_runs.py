@@ -52,6 +52,17 @@ def test_cpu_fallback_writes_a_full_run_directory(tmp_path: Path) -> None:
     assert feats["gpumemnet_row"]["Batch Size"] == "4"
 
 
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_a_profile_on_the_cpu_is_said_not_measured(tmp_path: Path, device: str) -> None:
+    """`run --profile h200` fell back to the CPU and recorded the profile without a word."""
+    args = ["--model", MLP, "--batch-size", "2", "--iterations", "1", "--device", device]
+    _, labels, stderr = run_dir(tmp_path, *args, "--profile", "h200")
+    assert labels["cpu_fallback"] is True
+    assert "warning: --profile h200 was not measured: the run trained on the CPU" in stderr
+    _, _, stderr = run_dir(tmp_path / "plain", *args)
+    assert "--profile" not in stderr, stderr
+
+
 def test_seconds_budget_and_training_variants(tmp_path: Path) -> None:
     _, labels, _ = run_dir(
         tmp_path, "--model", MLP, "--batch-size", "4", "--seconds", "0.2", "--amp", "bf16",

@@ -121,3 +121,21 @@ def test_bytes_by_category_is_named_for_what_it_sums(tmp_path: Path) -> None:
     # Three steps allocate each step's activations anew: more than was ever live at once.
     assert sum(summed.values()) > result["peak_live_bytes"]
     assert "bytes_by_category" not in result
+
+
+def test_max_batch_of_a_model_batchnorm_refuses_at_batch_1_starts_at_2() -> None:
+    """PyTorch's BatchNorm trains on no single sample: a torchvision ResNet's search failed at its
+    first probe, batch 1, where batch 2 and up fit."""
+    args = ["max-batch", "--model", "torchvision:resnet18", "--input-shape", "3,32,32",
+            "--steps", "1"]  # fmt: skip
+    data = json.loads(cli(*args, "--limit", "4", "--json").stdout)
+    assert data["max_batch"] == 4 and [p["batch"] for p in data["probes"]] == [2, 4], data
+    said = [w for w in data["warnings"] if "starts at batch 2" in w]
+    assert said and "fails at batch 1 (ValueError: Expected more than 1 value per" in said[0], said
+    none = cli(*args, "--capacity", "64MiB", check=False)
+    assert none.returncode == 1, none.stderr
+    assert "does not fit even at batch 2 on" in none.stdout, none.stdout
+    assert "; 1 probe in " in none.stdout, none.stdout
+    # Nothing past batch 1 to search: PyTorch's refusal is the answer.
+    one = cli(*args, "--limit", "1", check=False)
+    assert one.returncode == 2 and "PyTorch refused to train it at batch 1" in one.stderr

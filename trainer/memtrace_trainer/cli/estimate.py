@@ -31,6 +31,9 @@ from memtrace_trainer.cli.common import (
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 
+# `max-seq --limit`'s default.
+SEQ_LIMIT = 131072
+
 Handler = Callable[[argparse.Namespace], int | None]
 MIB = 1 << 20
 
@@ -148,7 +151,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         default=64,
         help="sequence lengths tried are multiples of this (default 64)",
     )
-    q.add_argument("--limit", type=int, default=131072, help="longest sequence tried (131072)")
+    # None, not its value, so that a --limit given past the model's positions is told apart.
+    q.add_argument(
+        "--limit",
+        type=int,
+        help=f"longest sequence tried ({SEQ_LIMIT}; no longer than the model's positions)",
+    )
     q.add_argument("--json", action="store_true", help="print JSON")
     n = sub.add_parser(
         "min-world-size",
@@ -299,7 +307,7 @@ def _search_answer(
     detail = (
         f"({result['basis']}; point {result['point_bytes'] / MIB:.1f} MiB = peak reserved "
         f"{result['peak_reserved_mib']:.1f} MiB + outside the allocator); "
-        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
+        f"{notes.counted(len(result['probes']), 'probe')} in {result['seconds']:.1f} s"
     )
     if result[key] == 0:
         # The smallest probe's need: how far from fitting the job is, not only that it is not.
@@ -330,8 +338,10 @@ def _max_batch(args: argparse.Namespace) -> int:
     result["defaults"] |= steps_default(vars(args), steps)
     result["model"] = f"step:{args.step}" if args.step else args.model or args.entry
     result["inputs"] = _search_inputs(args)
+    # The smallest batch probed: 2 where the model refuses batch 1 (BatchNorm; said in a warning).
+    none = f"batch {result['need_at_batch']}"
     return _search_answer(
-        args, result, "max_batch", "batch 1", "largest batch that fits", lambda n: f"batch {n}"
+        args, result, "max_batch", none, "largest batch that fits", lambda n: f"batch {n}"
     )
 
 
@@ -364,8 +374,13 @@ def _max_seq(args: argparse.Namespace) -> int:
         notes.warn(f"max-seq --entry {args.entry}: the longest sequence its model accepts (a "
                    "learned position table, a fixed mask) is not known here, so the answer is "
                    "memory's limit alone: check it against the model's")  # fmt: skip
-    limit, cap = _seq_limit(args.model, args.limit)
+    given = args.limit
+    limit, cap = _seq_limit(args.model, SEQ_LIMIT if given is None else given)
     multiple = args.multiple_of
+    if cap is not None and given is not None and limit >= multiple:
+        # As --multiple-of past the cap is refused: a --limit past it is not taken silently.
+        notes.warn(f"--limit {given} is beyond {args.model}'s {cap} ({limit}): a real run takes "
+                   f"no longer sequence, so the search stops at {limit}")  # fmt: skip
     if cap is not None and 0 < limit < multiple:
         # The cap is the model's, not a --limit the user gave: the error names its source.
         raise UserError(f"--multiple-of {multiple}: expected at most {limit} tokens, the "
@@ -378,7 +393,7 @@ def _max_seq(args: argparse.Namespace) -> int:
     result["model"] = args.model or args.entry
     result["batch_size"] = args.batch_size
     result["inputs"] = _search_inputs(args)
-    none = f"{multiple} tokens at batch {args.batch_size}"
+    none = f"{result['need_at_seq_len']} tokens at batch {args.batch_size}"
     found = f"longest sequence that fits at batch {args.batch_size}"
     return _search_answer(args, result, "max_seq_len", none, found, lambda n: f"{n} tokens",
                           " tokens")  # fmt: skip
@@ -487,6 +502,6 @@ def _min_world_size(args: argparse.Namespace) -> int:
         f"{result['model']} ({args.strategy}, batch {args.batch_size} per GPU): fits on "
         f"{gpus} of {where}; rank 0 needs "
         f"{result['need_bytes'] / MIB:.1f} MiB ({result['basis']}); "
-        f"{len(result['probes'])} probes in {result['seconds']:.1f} s"
+        f"{notes.counted(len(result['probes']), 'probe')} in {result['seconds']:.1f} s"
     )
     return code

@@ -15,6 +15,7 @@ from memtrace_trainer.batchfile import (
     command_parser,
     failed_summary,
     in_field_terms,
+    output_file,
     read_configs,
     warnings_of,
 )
@@ -94,8 +95,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
     s.add_argument(
         "--out-dir",
         type=Path,
-        help="output directory of --batch: NAME.jsonl per config (a rerun traces every config "
-        "again and replaces its file)",
+        help="output directory of --batch: NAME.jsonl per config, of its `name` field (a name "
+        "ending in .jsonl is the file's whole name; one ending in .mtrace is refused); a rerun "
+        "traces every config again and replaces its file",
     )
     s.add_argument("--json", action="store_true", help="print a JSON summary (--batch always does)")
     s.add_argument(
@@ -302,7 +304,7 @@ def _symtrace(args: argparse.Namespace) -> int:
     given = {k for k, v in defaults.items() if v != parser.get_default(k)}
     try:
         configs = read_configs(args.batch, parser, BATCH_KEYS,
-                               lambda c: _check_line(defaults | c), given)  # fmt: skip
+                               lambda c: _check_line(defaults | c), given, ".jsonl")  # fmt: skip
         _out_dir(args.out_dir)
     except UserError as e:
         raise UserError(f"{e}; nothing was traced (the whole file is checked first)") from None
@@ -311,7 +313,7 @@ def _symtrace(args: argparse.Namespace) -> int:
     if args.backend == "local":
         _no_effect(args, list(SLURM_FLAGS), "without --backend slurm")
     items = [(c.name, defaults | c.values | {OWN: sorted(c.own)},
-              str(args.out_dir / f"{c.name}.jsonl")) for c in configs]  # fmt: skip
+              str(args.out_dir / output_file(c.name, ".jsonl"))) for c in configs]  # fmt: skip
     results: Iterable[dict[str, Any]]
     if args.backend == "slurm":
         from memtrace_trainer.symtrace.cluster import trace_on_cluster

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.notes import warn
+from memtrace_trainer.notes import counted, warn
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -176,6 +176,13 @@ def _run(args: argparse.Namespace) -> None:
         raise UserError(
             f"the run failed: {type(e).__name__}: {e} (at {where.filename}:{where.lineno})"
         ) from e
+    if labels.get("cpu_fallback") and args.profile is not None:
+        # The profile names the GPU this run measures; on the CPU it measured none, and the
+        # recorded profile would read as a GPU's run of that kind.
+        warn(f"--profile {args.profile} was not measured: the run trained on the CPU "
+             f"({labels.get('cpu_fallback_reason')}), so it has no GPU labels for that profile; "
+             "the profile is recorded in config.json, and `dataset` leaves the run out unless "
+             "--include-cpu")  # fmt: skip
     if args.json:
         print(json.dumps(labels))
         return
@@ -297,7 +304,8 @@ def _launch(args: argparse.Namespace) -> int:
             print(f"launch: failed {run_id}: {cause}", file=sys.stderr)
         if len(causes) > SHOWN_FAILURES:
             print(f"launch: ... and {len(causes) - SHOWN_FAILURES} more", file=sys.stderr)
-        warn(f"{progress.failed} runs failed: see {args.out / 'failed'}/ (a rerun retries them)")
+        failed = counted(progress.failed, "run")
+        warn(f"{failed} failed: see {args.out / 'failed'}/ (a rerun retries them)")
         return 1
     return 0
 
@@ -313,9 +321,13 @@ def _say_cpu_fallbacks(out: Path, items: list) -> None:
     fallback, finished = cpu_fallbacks(out, items)
     if not fallback:
         return
-    which = f"all {finished}" if fallback == finished else f"{fallback} of {finished}"
-    warn(f"{which} finished runs in {out} trained on the CPU (CPU FALLBACK): their CUDA labels "
-         "are null, and `dataset` leaves them out unless --include-cpu")  # fmt: skip
+    if finished == 1:
+        which, their, them = "the one finished run", "its", "it"
+    else:
+        which = f"all {finished}" if fallback == finished else f"{fallback} of {finished}"
+        which, their, them = f"{which} finished runs", "their", "them"
+    warn(f"{which} in {out} trained on the CPU (CPU FALLBACK): {their} CUDA labels are null, and "
+         f"`dataset` leaves {them} out unless --include-cpu")  # fmt: skip
 
 
 def _dataset(args: argparse.Namespace) -> None:
@@ -331,8 +343,10 @@ def _dataset(args: argparse.Namespace) -> None:
     if summary["rows"] == 0:
         # A header alone is no dataset: every reader of it (compare, calibrate) refuses it.
         failed = summary["failed"]
-        why = (f"all {len(skipped)} are CPU-fallback runs, with no GPU labels (--include-cpu "
-               "keeps them)" if skipped else "no finished run directory is under it"
+        cpu = ("its one run is a CPU-fallback run" if len(skipped) == 1
+               else f"all {len(skipped)} are CPU-fallback runs")  # fmt: skip
+        why = (f"{cpu}, with no GPU labels (--include-cpu keeps them)" if skipped
+               else "no finished run directory is under it"
                + (f" ({failed} run{'s' * (failed != 1)} failed: see the warnings above)"
                   if failed else ""))  # fmt: skip
         raise UserError(f"dataset {args.dir}: no run to write: {why}; {args.out} not written")

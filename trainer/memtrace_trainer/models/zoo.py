@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memtrace_trainer.errors import UserCodeError, UserError, json_object
+from memtrace_trainer.errors import UserCodeError, UserError, is_integer, json_object
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.finetune import Regime
@@ -51,7 +51,7 @@ def _classification(
             return F.binary_cross_entropy(out.squeeze(1), target.float())
         return F.cross_entropy(out, target)
 
-    return Workload(spec, model, make, loss, batch, family)
+    return Workload(spec, model, make, loss, batch, family, sizes={"input_shape": list(shape)})
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -105,7 +105,8 @@ def _synthetic(
             ids = torch.randint(0, vocab, (batch, seq), device=device)
             return ids, torch.randint(0, config.classes(), (batch,), device=device)
 
-        return Workload(spec, model, make, lambda o, t: F.cross_entropy(o, t), batch, "transformer")
+        return Workload(spec, model, make, lambda o, t: F.cross_entropy(o, t), batch, "transformer",
+                        sizes={"seq_len": seq})  # fmt: skip
     shape = shape or config.default_input_shape()
     return _classification(spec, model, batch, shape, config.classes(), config.family, device)
 
@@ -152,7 +153,7 @@ def _hf(
              "the model was trained on; this estimates the memory alone")  # fmt: skip
     model = finetune.apply(model, tune.regime, task, config.model_type)
     w = Workload(spec, model, hf.batch_maker(config, task, batch, seq, device), hf.model_loss,
-                 batch, config.model_type, defaults)  # fmt: skip
+                 batch, config.model_type, defaults, sizes={"seq_len": seq})  # fmt: skip
     attn = tune.attn or hf.attention_of(model)
     if tune.attn is None:
         defaults["attn"] = {"value": attn, "why": "transformers' default for this model"}
@@ -343,7 +344,7 @@ def tuned(w: Workload, regime: Regime) -> Workload:
     if dtype != torch.float32 or recast:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
     out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
-                   {**w.defaults, **regime.defaults})  # fmt: skip
+                   {**w.defaults, **regime.defaults}, sizes=w.sizes)  # fmt: skip
     out.details = {**finetune.summary(model), "fine_tuning": regime.to_json()}
     return out
 
@@ -408,7 +409,10 @@ def load_entry(
         # loader's batches arrive; uninitialised copies would give invalid class indices.
         host = _to_device(batch, torch.device("cpu"))
         make = lambda: _to_device(host, device, copy=True)  # noqa: E731
-    return Workload(entry, model, make, loss_fn, int(size), "entry")
+    # The length the function built its batch for: the one given, else its own default.
+    seq = kwargs.get("seq_len", params["seq_len"].default if "seq_len" in params else None)
+    sizes = {"seq_len": seq} if is_integer(seq) else {}
+    return Workload(entry, model, make, loss_fn, int(size), "entry", sizes=sizes)
 
 
 def _to_device(value: Any, device: torch.device, copy: bool = False) -> Any:

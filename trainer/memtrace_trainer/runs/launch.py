@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from memtrace_trainer.errors import UserError
-from memtrace_trainer.notes import warn
+from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.rundir import execute, is_complete, write_json
 from memtrace_trainer.runs.stop import Interrupts, Workers, kill_group, remove_leftovers, wait_for
 from memtrace_trainer.runs.sweep import Item, read_manifest
@@ -60,7 +60,9 @@ def run_one(index: int, manifest: str | Path, run_id: str | None = None) -> dict
     elif run_id is not None:
         raise UserError(f"run_one: run {run_id} is no longer in {manifest}")
     if not 0 <= index < len(items):
-        raise UserError(f"run_one: index {index} out of range: {manifest} has {len(items)} runs")
+        raise UserError(
+            f"run_one: index {index} out of range: {manifest} has {counted(len(items), 'run')}"
+        )
     item = items[index]
     target = run_dir(out, item)
     base = {"index": index, "id": item.config.id}
@@ -223,7 +225,9 @@ def preflight(items: list[Item], source: str, here: bool) -> None:
     cuda = [it for it in items if it.config.device == "cuda"]
     if here and cuda and not torch.cuda.is_available():
         raise UserError(
-            f"{source}: {len(cuda)} runs ask for device cuda (run {cuda[0].index}, "
+            f"{source}: {counted(len(cuda), 'run')} "
+            + ("asks" if len(cuda) == 1 else "ask")
+            + f" for device cuda (run {cuda[0].index}, "
             f"{cuda[0].config.id}), and this machine has no CUDA device "
             "(torch.cuda.is_available() is False): give device auto (a CPU fallback) or cpu"
         )
@@ -339,7 +343,7 @@ def launch_local(
     pending, held = _leave_to_their_jobs(out, pending, resubmit)
     slots = _slots(workers)
     print(
-        f"launch: {len(items)} runs, {progress.present} present (skipped), "
+        f"launch: {counted(len(items), 'run')}, {progress.present} present (skipped), "
         + (f"{held} left to their Slurm jobs, " if held else "")
         + f"{len(pending)} to run on {len(slots)} worker(s): "
         + ", ".join(_describe(s) for s in slots),
@@ -436,7 +440,8 @@ def _leave_to_their_jobs(out: Path, pending: list[Item], resubmit: bool) -> tupl
     if not held or resubmit:
         return pending, 0
     jobs = sorted({earlier[it.config.id] for it in held})
-    warn(f"{len(held)} runs were submitted before and have not finished (jobs "
+    were, have = ("was", "has") if len(held) == 1 else ("were", "have")
+    warn(f"{counted(len(held), 'run')} {were} submitted before and {have} not finished (jobs "
          f"{', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}; {out / JOBS}): left to "
          "those jobs; pass --resubmit if they are gone (squeue)")  # fmt: skip
     return [it for it in pending if it.config.id not in earlier], len(held)
@@ -459,7 +464,7 @@ def launch_slurm(
     progress = Progress(len(items), len(items) - len(pending))
     pending, held = _leave_to_their_jobs(out, pending, resubmit)
     if not pending:
-        print(f"launch: {progress.present}/{len(items)} runs present, {held} submitted "
+        print(f"launch: {progress.present}/{counted(len(items), 'run')} present, {held} submitted "
               "before; nothing to submit", file=sys.stderr)  # fmt: skip
         return progress
     slurm = {"gpus_per_node": 1, "slurm_array_parallelism": parallelism}
@@ -479,8 +484,9 @@ def launch_slurm(
         {"index": it.index, "id": it.config.id, "job": j.job_id, "submitted": now}
         for it, j in zip(pending, jobs, strict=True)
     ])  # fmt: skip
+    array = jobs[0].job_id.split("_")[0]
     print(
-        f"launch: submitted {len(jobs)} runs as job array {jobs[0].job_id.split('_')[0]} "
+        f"launch: submitted {counted(len(jobs), 'run')} as job array {array} "
         f"({cluster}); rerun `launch` once they end: it submits the failed runs again (and, "
         "with --resubmit, those of jobs killed without a word)",
         file=sys.stderr,

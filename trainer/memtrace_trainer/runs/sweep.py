@@ -26,7 +26,7 @@ from typing import Any
 
 from memtrace_trainer.errors import UserError, is_integer
 from memtrace_trainer.models.sampling import check_range, check_seed, draw, read_sweep, sample
-from memtrace_trainer.notes import warn
+from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.config import NUMERIC, RunConfig, field_problem
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(RunConfig))
@@ -192,7 +192,9 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
         raise UserError(f"{source}: no runs: give family/count/fields, models, or both")
     both = [r for r in raw if r.get("seconds") is not None and r.get("iterations") is not None]
     if both:
-        warn(f"{source}: iterations has no effect in {len(both)} runs that also give seconds, "
+        warn(f"{source}: iterations has no effect in {counted(len(both), 'run')} that also "
+             + ("gives" if len(both) == 1 else "give")
+             + " seconds, "
              "which decides how long a run trains")  # fmt: skip
     items = [
         Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)
@@ -205,7 +207,9 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
     ]
     if unsized:
         i, r = unsized[0]
-        raise UserError(f"{source}: {len(unsized)} runs have no batch_size (run {i}: "
+        raise UserError(f"{source}: {counted(len(unsized), 'run')} "
+                        + ("has" if len(unsized) == 1 else "have")
+                        + f" no batch_size (run {i}: "
                         f"{r['model']}); give batch_size in run, in batch_sizes, or in the "
                         "models item")  # fmt: skip
     return items
