@@ -401,6 +401,8 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
             total_activations: num(c_act, "Total Activations")?,
             batch_size: Some(batch),
             model: None,
+            seq_len: None,
+            input_shape: None,
             layers,
         };
         let filename = get(c_file, "Filename")?.trim().to_string();

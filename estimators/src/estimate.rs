@@ -251,6 +251,28 @@ fn other_job(t: &LoadedTrace, f: Option<&Features>, batch: Option<u64>) -> Vec<S
             ));
         }
     }
+    // The input size: features of 512 tokens beside a trace of 128 are two jobs as surely as
+    // two models are.
+    let sizes = [
+        (&metadata::SEQ_LEN, f.seq_len.map(|n| n.to_string())),
+        (
+            &metadata::INPUT_SHAPE,
+            f.input_shape.as_ref().map(|d| d.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        ),
+    ];
+    for (key, fs) in sizes {
+        if let (Some(fs), Some(ts)) = (fs, t.meta(key)) {
+            if fs != ts {
+                w.push(format!(
+                    "the features are for {} {fs} and the trace ({}) for {} {ts}: the baselines describe another job \
+                     than the symbolic headline",
+                    key.name,
+                    t.path.display(),
+                    key.name
+                ));
+            }
+        }
+    }
     if let (Some(b), Some(tb)) = (batch, t.header.meta_count(&metadata::BATCH_SIZE)) {
         if b != tb {
             w.push(format!(

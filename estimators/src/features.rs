@@ -33,6 +33,10 @@ pub struct Features {
     pub batch_size: Option<u64>,
     /// The model the features were taken of (`model`, e.g. `torchvision:resnet18`), when named.
     pub model: Option<String>,
+    /// Tokens per sample they were taken for (`seq_len`, a sequence model), when named.
+    pub seq_len: Option<u64>,
+    /// One sample's dimensions they were taken for (`input_shape`), when named.
+    pub input_shape: Option<Vec<u64>>,
     /// Layers in execution order.
     pub layers: Vec<Layer>,
 }
@@ -67,6 +71,23 @@ impl Features {
             Some(m) => {
                 Some(m.as_str().ok_or_else(|| field("model", "expected the model's name, a string"))?.to_string())
             }
+        };
+        let seq_len = match v.get("seq_len") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(n) => {
+                Some(n.as_u64().filter(|&n| n > 0).ok_or_else(|| field("seq_len", "expected a whole number >= 1"))?)
+            }
+        };
+        let input_shape = match v.get("input_shape") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(d) => Some(
+                d.as_array()
+                    .filter(|a| !a.is_empty())
+                    .and_then(|a| a.iter().map(|x| x.as_u64().filter(|&n| n > 0)).collect::<Option<Vec<u64>>>())
+                    .ok_or_else(|| {
+                        field("input_shape", "expected a list of whole numbers >= 1 (one sample's dimensions)")
+                    })?,
+            ),
         };
         // Layers in execution order: the `sequence` list ([type, activations, parameters] per
         // layer) when present; else `layers`, an object keyed by execution index.
@@ -114,7 +135,7 @@ impl Features {
             keyed.sort_by_key(|(i, _)| *i);
             keyed.into_iter().map(|x| x.1).collect()
         };
-        Ok(Features { total_parameters, total_activations, batch_size, model, layers })
+        Ok(Features { total_parameters, total_activations, batch_size, model, seq_len, input_shape, layers })
     }
 
     /// Read and parse a features JSON file.

@@ -58,6 +58,8 @@ fn analytic_terms_by_optimizer_and_precision() {
         total_activations: 1000,
         batch_size: None,
         model: None,
+        seq_len: None,
+        input_shape: None,
         layers: vec![Layer { kind: "Linear".into(), activations: 1000, parameters: 1_000_000 }],
     };
     let p = profile();

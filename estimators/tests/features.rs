@@ -78,7 +78,15 @@ fn one_family_rule_for_features_and_ml_rows() {
         assert_eq!(F::from_layer_types(kinds.iter().copied()), f, "{kinds:?}");
         let layers: Vec<Layer> =
             kinds.iter().map(|k| Layer { kind: k.to_string(), activations: 1, parameters: 1 }).collect();
-        let features = Features { total_parameters: 0, total_activations: 0, batch_size: None, model: None, layers };
+        let features = Features {
+            total_parameters: 0,
+            total_activations: 0,
+            batch_size: None,
+            model: None,
+            seq_len: None,
+            input_shape: None,
+            layers,
+        };
         let m: M = features.family();
         assert_eq!(m, f, "{kinds:?}");
     }

@@ -25,6 +25,8 @@ pub enum Values {
     Natural,
     /// Names separated by commas; empty when there are none.
     List,
+    /// Integers above zero separated by commas (a shape), at least one.
+    Dims,
     /// Any text: descriptive, read by people.
     Text,
 }
@@ -41,6 +43,7 @@ impl Values {
             Values::Positive => canonical && value != "0" && value.parse::<u64>().is_ok(),
             Values::Natural => canonical && value.parse::<u64>().is_ok(),
             Values::List => value.is_empty() || value.split(',').all(|n| !n.trim().is_empty()),
+            Values::Dims => value.split(',').all(|n| Values::Positive.admits(n)),
             Values::Text => true,
         }
     }
@@ -53,6 +56,7 @@ impl Values {
             Values::Positive => "an integer above zero".into(),
             Values::Natural => "an integer, zero or above".into(),
             Values::List => "names separated by commas".into(),
+            Values::Dims => "integers above zero separated by commas".into(),
             Values::Text => "any text".into(),
         }
     }
@@ -64,6 +68,7 @@ impl Values {
             Values::Positive => Some("^[1-9][0-9]*$"),
             Values::Natural => Some("^(0|[1-9][0-9]*)$"),
             Values::List => Some("^([^,]*[^,\\s][^,]*(,[^,]*[^,\\s][^,]*)*)?$"),
+            Values::Dims => Some("^[1-9][0-9]*(,[1-9][0-9]*)*$"),
             Values::Flag | Values::OneOf(_) | Values::Text => None,
         }
     }
@@ -148,6 +153,11 @@ pub const FAMILY: Key = key(
 pub const OPTIMIZER: Key = key("optimizer", Values::Text, "the optimizers the job stepped, comma-separated, or none");
 /// Samples per step.
 pub const BATCH_SIZE: Key = key("batch_size", Values::Positive, "samples per step");
+/// Tokens per sample of a sequence model.
+pub const SEQ_LEN: Key = key("seq_len", Values::Positive, "tokens per sample (a sequence model)");
+/// One sample's dimensions, comma-separated (`3,224,224`).
+pub const INPUT_SHAPE: Key =
+    key("input_shape", Values::Dims, "one sample's dimensions, comma-separated (e.g. 3,224,224)");
 /// Training steps traced.
 pub const ITERATIONS: Key = key("iterations", Values::Positive, "training steps traced");
 /// Micro-batches accumulated per optimizer step.
@@ -241,6 +251,8 @@ pub const KEYS: &[Key] = &[
     FAMILY,
     OPTIMIZER,
     BATCH_SIZE,
+    SEQ_LEN,
+    INPUT_SHAPE,
     ITERATIONS,
     GRAD_ACCUM,
     WORLD_SIZE,

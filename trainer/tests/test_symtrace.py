@@ -345,6 +345,18 @@ def test_header_says_which_cuda_libraries_the_step_loads(tmp_path: Path) -> None
     assert (plain["uses_gemm"], plain["uses_conv"]) == ("true", "true")
 
 
+def test_header_names_the_input_size_as_the_features_do(tmp_path: Path) -> None:
+    # memest warns when features of one size are read beside a trace of another: both name it.
+    def meta(spec: str) -> dict[str, str]:
+        out = tmp_path / "m.jsonl"
+        cli("symtrace", "--model", spec, "--batch-size", "2", "--out", str(out))
+        return read_trace(out)[0]["metadata"]
+
+    trf, cnn = meta(TRF), meta(CNN)
+    assert trf["seq_len"] == "16" and "input_shape" not in trf
+    assert cnn["input_shape"] == "3,16,16" and "seq_len" not in cnn
+
+
 def test_every_cudnn_workspace_is_named_by_its_call() -> None:
     events = events_of(CNN, iterations=1)
     factor = load_profile(None).cudnn_workspace_factor

@@ -513,7 +513,7 @@ fn estimate_without_features_is_a_step_function_estimate_with_per_step_peaks() {
 #[test]
 fn features_of_another_job_are_warned_about() {
     let dir = tempfile::tempdir().unwrap();
-    let meta = [("batch_size", "8"), ("model", "hf:gpt2"), ("cuda_emulation", "true")];
+    let meta = [("batch_size", "8"), ("model", "hf:gpt2"), ("seq_len", "128"), ("cuda_emulation", "true")];
     let t = dir.path().join("t.jsonl");
     std::fs::write(&t, jsonl_trace(&meta, &[('a', 1, 3 * MIB)])).unwrap();
     let feats = |name: &str, body: &str| {
@@ -531,11 +531,27 @@ fn features_of_another_job_are_warned_about() {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap().to_string()).collect()
     };
-    let same = feats("same.json", r#""model": "hf:gpt2", "batch_size": 8,"#);
+    let same = feats("same.json", r#""model": "hf:gpt2", "batch_size": 8, "seq_len": 128,"#);
     assert!(!warnings(&same, &[]).iter().any(|w| w.contains("another job") || w.contains("batch 8's")));
     let other = feats("other.json", r#""model": "torchvision:resnet18","#);
     assert!(warnings(&other, &[]).iter().any(|w| w.contains("of torchvision:resnet18") && w.contains("another job")));
     assert!(warnings(&same, &["--batch-size", "16"]).iter().any(|w| w.contains("baselines are for batch 16")));
+    // Another input size: the trace's `seq_len` against the features'.
+    let longer = feats("longer.json", r#""model": "hf:gpt2", "batch_size": 8, "seq_len": 512,"#);
+    assert!(warnings(&longer, &[])
+        .iter()
+        .any(|w| w.contains("the features are for seq_len 512") && w.contains("for seq_len 128")));
+    let images = feats("images.json", r#""input_shape": [3, 224, 224],"#);
+    assert!(!warnings(&images, &[]).iter().any(|w| w.contains("input_shape")), "the trace names no shape");
+    for (body, field) in [
+        (r#""seq_len": 0,"#, "seq_len"),
+        (r#""input_shape": [3, -1],"#, "input_shape"),
+        (r#""input_shape": [],"#, "input_shape"),
+    ] {
+        let bad = feats("bad.json", body);
+        let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &bad]);
+        assert!(!ok && err.contains(field) && err.contains(">= 1"), "{body}: {err}");
+    }
     let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &same, "--batch-size", "0"]);
     assert!(!ok && err.contains("--batch-size"), "{err}");
     let zero = feats("zero.json", r#""batch_size": 0,"#);

@@ -42,6 +42,8 @@ pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<DatasetR
         total_activations: count("total_activations")?,
         batch_size: None,
         model: None,
+        seq_len: None,
+        input_shape: None,
         layers,
     };
     Ok(DatasetRow::unmeasured(

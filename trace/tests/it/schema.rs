@@ -322,6 +322,10 @@ fn schema_metadata_domains_are_the_readers() {
         ",",
         "a,,b",
         "flash:3, math:1",
+        "3,224,224",
+        "3,0,224",
+        "3, 224",
+        "3,224,",
         " ",
         "none",
     ];

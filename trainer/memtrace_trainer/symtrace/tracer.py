@@ -188,6 +188,10 @@ def metadata(
     for key in ("task", "parameters", "trainable_parameters"):
         if key in workload.details:
             meta[key] = str(workload.details[key])
+    # The input size, as the features name it: memest warns when features of another size are
+    # read beside this trace.
+    for key, value in workload.sizes.items():
+        meta[key] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     meta.update(extra["libraries"])
     if extra.get("distributed"):
         d = extra["distributed"]
