@@ -441,7 +441,7 @@ def estimate(
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
         job.steps_given = steps is not None
         raw = estimate_job(job, gpu, None, capacity=capacity, point=point, keep=trace)
-        report = json.loads(memsim("report", str(trace), "--json", "--profile", str(prof.path)))
+        report = json.loads(memsim("report", "--json", f"--profile={prof.path}", "--", str(trace)))
     sym = raw["estimates"]["symbolic"]
     inputs = raw.get("inputs", {})
     ranks = {"rank": 0, "device_mib": sym["device_mib"], "reserved_mib": sym["reserved_mib"],
@@ -525,14 +525,16 @@ def replay(trace: str | os.PathLike[str], profile: str | os.PathLike[str] | None
            point: bool = False) -> dict[str, Any]:  # fmt: skip
     """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
-    args = ["replay", _text("trace", trace), "--json"]
+    args = ["replay", "--json"]
     _flag("point", point)
     for flag, value in (("--profile", profile), ("--capacity", capacity),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip
         if value is not None:
-            args += [flag, _text(flag[2:].replace("-", "_"), value)]
+            # `--flag=value` and `--` before the file: a name that begins with `-` is a name.
+            args.append(f"{flag}={_text(flag[2:].replace('-', '_'), value)}")
     if point:
         args.append("--point")
+    args += ["--", _text("trace", trace)]
     data = json.loads(memsim(*args, codes=(0, 1), keywords=REPLAY_KEYWORDS))
     # What memsim says of the trace (truncated, unknown records) reaches the caller as
     # `estimate`'s warnings do.

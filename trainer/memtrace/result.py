@@ -204,11 +204,12 @@ class Estimate:
                 MemtraceWarning,
                 stacklevel=2,
             )
-        args = ["replay", str(self._trace()), "--profile", gpu or self.profile, "--json"]
+        args = ["replay", f"--profile={gpu or self.profile}", "--json"]
         judged_at = capacity if capacity is not None else None if gpu else self._capacity
         if judged_at is not None:
             args.append(f"--capacity={judged_at}")
-        data = json.loads(memsim(*args, *(["--point"] if point else []), codes=(0, 1)))
+        args += ["--point"] if point else []
+        data = json.loads(memsim(*args, "--", str(self._trace()), codes=(0, 1)))
         # What memsim says of the question (a trace emulated for another GPU, unmeasured
         # constants) reaches the caller as it does from `estimate`.
         for said in data.get("warnings", []):
@@ -273,7 +274,8 @@ class Estimate:
                 f"to_memory_viz({str(path)!r}): expected a path ending in .pickle or .pkl (a "
                 "PyTorch memory snapshot); `memsim convert` writes the other formats"
             )
-        memsim("convert", str(self._trace()), str(out))
+        # `--` first: a name that begins with `-` is a name, not a flag.
+        memsim("convert", "--", str(self._trace()), str(out))
         return out
 
     def report(self, path: str | Path) -> Path:
@@ -288,8 +290,12 @@ class Estimate:
             raise EstimateError(
                 f"report({str(path)!r}): expected a path ending in .html or .htm (the page is HTML)"
             )
+        # The page's lines in the API's words (`capacity`, not `--capacity`), as `str` says them.
+        text = {k: [as_keywords(x) for x in v] if isinstance(v, list) else
+                as_keywords(v) if isinstance(v, str) else v
+                for k, v in self.raw.get("text", {}).items()}  # fmt: skip
         try:
-            return write_report(self._trace(), self.raw, Path(self.profile), out)
+            return write_report(self._trace(), {**self.raw, "text": text}, Path(self.profile), out)
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from e
 

@@ -355,14 +355,16 @@ def write_report(trace: Path, result: dict[str, Any], profile: Path, out: Path) 
     (`estimate --report`, `memtrace.Estimate.report`)."""
     est = trace.parent / "estimate.json"
     est.write_text(json.dumps(result))
-    cmd = ["report", str(trace), "--html", str(out), "--estimate", str(est),
-           "--profile", str(profile), "--title", str(result.get("model"))]  # fmt: skip
+    # `--flag=value` and `--` before the trace: a name that begins with `-` is a name.
+    cmd = ["report", f"--html={out}", f"--estimate={est}", f"--profile={profile}",
+           f"--title={result.get('model')}"]  # fmt: skip
     if judged_on_point(result):
         cmd.append("--point")  # the page's verdicts judge what the estimate judged
     verdict = result.get("verdict", {})
     if verdict.get("capacity_source") == "flag":
         # The table judges the device the headline judged (MiB of whole bytes are exact).
         cmd.append(f"--capacity={round(verdict['capacity_mib'] * MIB)}B")
+    cmd += ["--", str(trace)]
     done = run_tool("memsim", cmd)
     if done.returncode != 0:
         raise UserError(f"--report {out}: memsim report failed ({done.returncode}): "

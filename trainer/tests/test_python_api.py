@@ -132,7 +132,8 @@ def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> 
     assert on_point.fits() is True  # the estimate's own verdict, on its own number
     # The page judges its rows on the point too, and shows the capacity judged at.
     page = on_point.report(tmp_path / "r.html").read_text()
-    assert '<span class="muted">(point)</span>' in page and "(--capacity)" in page
+    assert '<span class="muted">(point)</span>' in page and "(capacity)" in page
+    assert "--capacity" not in page, "the API's page names its keyword, not the CLI flag"
 
 
 def test_the_answer_in_every_form(

@@ -9,8 +9,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import shutil
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -386,6 +388,22 @@ def test_a_pickled_estimate_keeps_its_trace() -> None:
     closed = pickle.loads(pickle.dumps(est))
     with pytest.raises(EstimateError, match="this estimate was closed"):
         closed.fits("h200")
+
+
+def test_a_file_name_that_begins_with_a_dash_is_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-x.mtrace` reached memsim as a flag ("unexpected argument '-x'"), and `--help` as one."""
+    est = memtrace.estimate(_mlp(), X)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(est.trace_path, "-t.jsonl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MemtraceWarning)
+        assert memtrace.replay("-t.jsonl", "h200")["peak_reserved_bytes"] > 0
+    with pytest.raises(EstimateError, match="--help"):
+        memtrace.replay("--help")
+    assert est.to_memory_viz("-v.pickle").is_file()
+    assert est.report("-r.html").read_text().startswith("<!DOCTYPE html>")
 
 
 def test_asking_again_with_a_wrong_argument_is_an_estimate_error(

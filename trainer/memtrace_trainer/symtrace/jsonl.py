@@ -65,6 +65,6 @@ def write(path: Path, text_lines: list[str]) -> None:
         src = Path(d) / "trace.jsonl"
         src.write_text(text)
         with replacing(path, suffix=".mtrace") as out:
-            done = run_tool("memsim", ["convert", str(src), str(out)])
+            done = run_tool("memsim", ["convert", "--", str(src), str(out)])
             if done.returncode != 0:
                 raise UserError(f"memsim convert failed for {path}: {done.stderr.strip()}")
