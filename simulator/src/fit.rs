@@ -244,8 +244,10 @@ pub fn capacity(flag: Option<u64>, profile: Option<&Profile>) -> (Option<Capacit
         (Some(bytes), _) => (Some(Capacity { bytes, source: CapacitySource::Flag }), Vec::new()),
         (None, Some(p)) => {
             let warn = if p.is_unmeasured("gpu.total_memory") {
-                vec!["the profile's gpu.total_memory is marked unmeasured ([provenance]); the capacity is nominal"
-                    .to_string()]
+                vec![format!(
+                    "the profile's ({}) gpu.total_memory is marked unmeasured ([provenance]); the capacity is nominal",
+                    p.gpu.name
+                )]
             } else {
                 Vec::new()
             };
@@ -321,6 +323,10 @@ pub struct FitOutcome {
     /// ([`ReplayReport::oom_need_bytes`]): the capped replay's, or the unlimited one's when even
     /// that failed (a request past [`crate::alloc::MAX_SEGMENT`], which no device holds).
     pub oom_need_bytes: Option<u64>,
+    /// Whether `report` (its peaks and `memory_stats`) is of the replay at the budget; false
+    /// without a budget, and when the replay at the budget failed (the report is then the
+    /// replay without one: what the run needs, and `oom` is the replay at the budget's).
+    pub peaks_at_budget: bool,
 }
 
 impl FitReplay {
@@ -375,6 +381,7 @@ impl FitReplay {
                         report: unlimited,
                         budget,
                         oom_need_bytes: floor,
+                        peaks_at_budget: false,
                     }
                 } else {
                     FitOutcome::of(capped, budget)
@@ -390,7 +397,8 @@ impl FitOutcome {
     fn of(report: ReplayReport, budget: Option<u64>) -> FitOutcome {
         let oom_need_bytes = report.oom_need_bytes;
         let (oom, oom_at_event, oom_detail) = (report.oom, report.oom_at_event, report.oom_detail.clone());
-        FitOutcome { report, oom, oom_at_event, oom_detail, budget, oom_need_bytes }
+        let peaks_at_budget = budget.is_some();
+        FitOutcome { report, oom, oom_at_event, oom_detail, budget, oom_need_bytes, peaks_at_budget }
     }
 
     /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed (in the
@@ -463,6 +471,8 @@ pub fn fit_records<'a>(
     }
     out.budget = Some(b);
     out.report.capacity = Some(b);
+    // Below the budget the two replays are one run.
+    out.peaks_at_budget = true;
     Ok(out)
 }
 

@@ -76,6 +76,7 @@ pub fn run(a: Args) -> Result<u8> {
     }
     warnings.sort();
     warnings.dedup();
+    warnings.extend(same_file_twice(&a.traces));
     let align = match a.align {
         AlignArg::Auto => Align::Auto,
         AlignArg::Timestamps => Align::Timestamps,
@@ -179,4 +180,21 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Timestamps => "aligned replay",
         Mode::SumOfPeaks => "sum of device peaks",
     }
+}
+
+/// A warning per file given more than once (by path or link): two copies of one job may be
+/// meant, or a slip of the shell.
+fn same_file_twice(traces: &[std::path::PathBuf]) -> Vec<String> {
+    let mut w = Vec::new();
+    for (i, t) in traces.iter().enumerate() {
+        if let Some(first) = traces[..i].iter().find(|e| crate::input::same_file(e, t)) {
+            w.push(format!(
+                "{} is given twice (also as {}): judged as two copies of the same job on one GPU; drop one if that \
+                 is not meant",
+                t.display(),
+                first.display()
+            ));
+        }
+    }
+    w
 }

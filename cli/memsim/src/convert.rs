@@ -65,7 +65,7 @@ pub fn run(a: Args) -> Result<u8> {
             report(&a, s.records, s.truncated);
         }
         (Kind::Snapshot, Out::Trace) => {
-            let (header, records) = import_snapshot(&a.input)?;
+            let (header, records, _) = import_snapshot(&a.input)?;
             write_trace(&a.output, &header, &records)?;
             report(&a, records.len() as u64, false);
         }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use simulator::alloc::TorchVersion;
 use trace::{Header, Record};
 
 /// Input kinds by extension.
@@ -38,6 +39,8 @@ pub struct Read<S> {
     pub state: S,
     /// What the trace reader saw (`None` for a snapshot, which is read whole or not at all).
     pub summary: Option<trace::Summary>,
+    /// What a snapshot's import says its replay cannot show (none for a trace).
+    pub notes: Vec<String>,
 }
 
 impl<S> Read<S> {
@@ -48,6 +51,7 @@ impl<S> Read<S> {
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
         let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
         lines.extend(self.header.metadata_warnings(path));
+        lines.extend(self.notes.iter().cloned());
         Ok(lines)
     }
 }
@@ -78,19 +82,32 @@ pub fn for_each_record<S>(
     init: impl FnOnce(&Header) -> Result<S>,
     f: impl FnMut(&mut S, &Record) -> Result<()>,
 ) -> Result<Read<S>> {
-    read(path, init, |_| |r: Record| r, f, Drops::OnConsumer)
+    read(path, &SnapshotAs::default(), |h, _| init(h), |_| |r: Record| r, f, Drops::OnConsumer)
+}
+
+/// How a snapshot input is imported: under the allocator version and configuration the replay
+/// follows (`--torch`, `--alloc-conf`), so that its start state is rebuilt under them, as
+/// `memsim validate` rebuilds it. `version: None`: the release the snapshot was most likely
+/// written with ([`simulator::snapshot::guess_version`]).
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotAs {
+    pub version: Option<TorchVersion>,
+    pub alloc_conf: Option<String>,
 }
 
 /// [`for_each_record`], with each record first turned into an item by a mapper that `mapper`
 /// makes from the state. For a large file the mapper runs on the decoding thread, so work that
 /// needs only the record (sorting it for a replay) leaves the consuming thread.
+/// A snapshot is imported as `snapshot` says; `init` gets the allocator version it was imported
+/// under (`None` for a trace).
 pub fn for_each_mapped<S, T: Send, M: FnMut(Record) -> T + Send>(
     path: &Path,
-    init: impl FnOnce(&Header) -> Result<S>,
+    snapshot: &SnapshotAs,
+    init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
     mapper: impl FnOnce(&S) -> M,
     f: impl FnMut(&mut S, &T) -> Result<()>,
 ) -> Result<Read<S>> {
-    read(path, init, mapper, f, Drops::OnDecoder)
+    read(path, snapshot, init, mapper, f, Drops::OnDecoder)
 }
 
 /// Which thread drops the items of a batch (dropping a batch of records walks every one) when
@@ -104,7 +121,8 @@ enum Drops {
 
 fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
     path: &Path,
-    init: impl FnOnce(&Header) -> Result<S>,
+    snapshot: &SnapshotAs,
+    init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
     mapper: impl FnOnce(&S) -> M,
     mut f: impl FnMut(&mut S, &T) -> Result<()>,
     drops: Drops,
@@ -114,18 +132,18 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
     }
     match kind(path)? {
         Kind::Snapshot => {
-            let (header, records) = import_snapshot(path)?;
-            let mut state = init(&header)?;
+            let (header, records, notes, version) = import_snapshot_as(path, snapshot)?;
+            let mut state = init(&header, Some(version))?;
             let mut map = mapper(&state);
             for r in records {
                 f(&mut state, &map(r))?;
             }
-            Ok(Read { header, state, summary: None })
+            Ok(Read { header, state, summary: None, notes })
         }
         Kind::Trace => {
             let mut reader = trace::Reader::open(path)?;
             let header = reader.header().clone();
-            let mut state = init(&header)?;
+            let mut state = init(&header, None)?;
             let mut map = mapper(&state);
             let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let bar = progress(size);
@@ -148,7 +166,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
-            Ok(Read { header, state, summary: Some(reader.summary()) })
+            Ok(Read { header, state, summary: Some(reader.summary()), notes: Vec::new() })
         }
     }
 }
@@ -229,11 +247,19 @@ fn progress(size: u64) -> Option<ProgressBar> {
 
 /// Read a snapshot pickle and import it as an allocator-level trace (with its rebuilt start
 /// state), under the rules of the release the snapshot was most likely written with.
-pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>)> {
+/// With what a replay of it cannot show ([`simulator::snapshot::Imported::warnings`]).
+pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>, Vec<String>)> {
+    import_snapshot_as(path, &SnapshotAs::default()).map(|(h, r, n, _)| (h, r, n))
+}
+
+/// [`import_snapshot`] under the version and configuration `how` gives, with the version used.
+fn import_snapshot_as(path: &Path, how: &SnapshotAs) -> Result<(Header, Vec<Record>, Vec<String>, TorchVersion)> {
     let snap = simulator::snapshot::read_snapshot(path)?;
-    let imported = simulator::snapshot::import_snapshot(&snap, None, None)
+    let version = how.version.unwrap_or_else(|| simulator::snapshot::guess_version(&snap));
+    let imported = simulator::snapshot::import_snapshot(&snap, Some(version), how.alloc_conf.as_deref())
         .with_context(|| format!("{}: cannot import snapshot", path.display()))?;
-    Ok((imported.header, imported.records))
+    let notes = imported.warnings(&snap);
+    Ok((imported.header, imported.records, notes, version))
 }
 
 /// Whether `output` names the file `input` is (the same path, a symbolic or a hard link):

@@ -108,6 +108,8 @@ pub struct Replayed {
     pub capacity: Option<Capacity>,
     pub verdict: Option<Verdict>,
     pub warnings: Vec<String>,
+    /// The allocator rules replayed (a snapshot's guessed release where none was given).
+    pub version: TorchVersion,
 }
 
 impl Replayed {
@@ -148,10 +150,14 @@ pub fn margin_for(profile: Option<&(Profile, PathBuf)>, header: &trace::Header, 
     m
 }
 
-/// Replay a file at a capacity: the one path every verdict of `memsim` takes.
+/// Replay a file at a capacity: the one path every verdict of `memsim` takes. A snapshot is
+/// imported under `opts`' configuration; under its version where `version_given` (`--torch` or a
+/// profile named it), else under the release it was most likely written with, as `memsim
+/// validate` replays it.
 pub fn replay_file(
     file: &Path,
     opts: &ReplayOptions,
+    version_given: bool,
     profile: Option<&(Profile, PathBuf)>,
     capacity_flag: Option<u64>,
     strict: bool,
@@ -162,9 +168,17 @@ pub fn replay_file(
     let opts = &ReplayOptions { device_total: capacity.map(|c| c.bytes), ..opts.clone() };
     let mut outside = None;
     let mut margin = None;
+    let mut version = opts.version;
+    let snapshot = crate::input::SnapshotAs {
+        version: version_given.then_some(opts.version),
+        alloc_conf: opts.alloc_conf.clone(),
+    };
     let read = crate::input::for_each_mapped(
         file,
-        |h| {
+        &snapshot,
+        |h, imported_as| {
+            version = imported_as.unwrap_or(version);
+            let opts = &ReplayOptions { version, ..opts.clone() };
             warnings.extend(fit::autotuning(h));
             margin = Some(margin_for(profile, h, &mut warnings));
             let o = outside_for(profile, h, &mut warnings);
@@ -200,7 +214,7 @@ pub fn replay_file(
         );
     }
     let margin = margin.unwrap_or_else(|| Margin::none(String::new(), "", false));
-    let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings };
+    let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings, version };
     // Without a profile there is no margin: the number judged is the point, and says so.
     r.verdict = capacity.map(|c| match (point, profile) {
         (true, _) => Verdict::new("point", r.point(), c),
@@ -213,18 +227,14 @@ pub fn replay_file(
 pub fn run(a: Args) -> Result<u8> {
     let (profile, version) = load(a.profile.as_deref(), a.judge.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: a.alloc_conf.clone(), version, ..ReplayOptions::default() };
-    batch::run(&a.files, a.judge.json, |file| replay_one(&a, file, &opts, profile.as_ref(), version))
+    batch::run(&a.files, a.judge.json, |file| replay_one(&a, file, &opts, profile.as_ref()))
 }
 
 /// One file's replay, rendered.
-fn replay_one(
-    a: &Args,
-    file: &Path,
-    opts: &ReplayOptions,
-    profile: Option<&(Profile, PathBuf)>,
-    version: TorchVersion,
-) -> Result<Output> {
-    let mut r = replay_file(file, opts, profile, a.capacity, a.judge.strict, a.judge.point)?;
+fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Profile, PathBuf)>) -> Result<Output> {
+    let version_given = a.judge.torch.is_some() || profile.is_some();
+    let mut r = replay_file(file, opts, version_given, profile, a.capacity, a.judge.strict, a.judge.point)?;
+    let version = r.version;
     if a.judge.point {
         if let Some(why) = point_without_effect(r.verdict.is_some(), &[&r.margin]) {
             r.warnings.push(why);
@@ -244,6 +254,10 @@ fn replay_one(
         v["capacity"] = serde_json::to_value(r.capacity)?;
         v["allocator_budget_bytes"] = serde_json::to_value(r.fit.budget)?;
         v["oom"] = r.fit.oom.into();
+        // The need of the failed replay (the unlimited report beside it has none).
+        v["oom_need_bytes"] = serde_json::to_value(r.fit.oom_need_bytes)?;
+        // Which replay the peaks and memory_stats are of (README.md, "Replay, summarise, convert": `peaks_of`).
+        v["peaks_of"] = peaks_of(&r.fit).into();
         v["oom_at_event"] = serde_json::to_value(r.fit.oom_at_event)?;
         v["oom_detail"] = serde_json::to_value(&r.fit.oom_detail)?;
         v["outside_allocator"] = serde_json::to_value(&r.outside)?;
@@ -264,26 +278,31 @@ fn replay_one(
         rep.requests,
         rep.events
     );
-    match rep.alloc_conf.as_deref() {
-        // The run recorded its setting, and it set nothing.
-        Some("") => outln!(out, "  alloc conf          (none set: PyTorch's defaults)"),
-        Some(c) => outln!(out, "  alloc conf          {c}"),
-        None => {}
-    }
+    let line = crate::validate::alloc_conf_line(rep.alloc_conf.as_deref(), rep.alloc_conf_source);
+    outln!(out, "  alloc conf          {line}");
     outln!(out, "  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
     outln!(out, "  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);
     outln!(out, "  peak active         {}", mib(rep.peak_active_bytes));
     outln!(out, "  peak requested      {}", mib(rep.peak_requested_bytes));
     outln!(out, "  (peaks: {PEAKS_COUNT})");
-    if let Some(budget) = r.fit.budget {
-        // Replayed within the budget the peaks can differ from an unlimited replay's: at a full
-        // device the allocator frees its cached blocks and retries, as PyTorch's does.
-        outln!(
+    match (r.fit.budget, r.fit.oom_at_event) {
+        (Some(budget), _) if r.fit.peaks_at_budget => {
+            // Replayed within the budget the peaks can differ from an unlimited replay's: at a
+            // full device the allocator frees its cached blocks and retries, as PyTorch's does.
+            outln!(
+                out,
+                "  (replayed within the allocator budget of {}: when it fills, the allocator frees its cache and \
+                 retries, so these peaks can differ from a replay without --capacity)",
+                mib(budget)
+            )
+        }
+        (Some(budget), Some(i)) => outln!(
             out,
-            "  (replayed within the allocator budget of {}: when it fills, the allocator frees its cache and \
-             retries, so these peaks can differ from a replay without --capacity)",
+            "  (the replay at the allocator budget of {} fails at record {i}; these peaks and stats are of the replay \
+             without a budget: what the run needs)",
             mib(budget)
-        );
+        ),
+        _ => {}
     }
     if let Some((first, steady)) = rep.step_peaks() {
         outln!(
@@ -378,12 +397,6 @@ fn replay_one(
     if rep.skipped_failed_calls > 0 {
         outln!(out, "  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
     }
-    if rep.rejected > 0 {
-        outln!(out, "  WARNING: {} requests rejected by the model, e.g.:", rep.rejected);
-        for e in &rep.rejected_examples {
-            outln!(out, "    {e}");
-        }
-    }
     match (&r.verdict, r.fit.budget) {
         (Some(v), Some(budget)) => {
             let src = v.capacity_source.describe();
@@ -396,7 +409,7 @@ fn replay_one(
                 fit::verdict_word(v.fits)
             );
             if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
-                outln!(out, "  replayed at the budget, the first allocation fails at record {i}: {d}");
+                outln!(out, "  replayed at the budget, it fails at record {i}: {d}");
             }
         }
         _ => {
@@ -407,6 +420,17 @@ fn replay_one(
         }
     }
     Ok(out)
+}
+
+/// Which replay a fit's peaks and `memory_stats` are of: `"budget"` (the replay at the
+/// allocator budget, which did not fail), `"unlimited"` (the replay without a budget: none was
+/// given, or the replay at the budget failed, which `oom` then says).
+pub fn peaks_of(fit: &FitOutcome) -> &'static str {
+    if fit.peaks_at_budget {
+        "budget"
+    } else {
+        "unlimited"
+    }
 }
 
 /// Why `--point` changes nothing, if it does not: no verdict to judge, or no margin to leave out.

@@ -257,7 +257,7 @@ pub fn run(a: Args) -> Result<u8> {
     for name in &profiles {
         let (profile, pversion) = load(Some(name), a.torch.as_deref())?;
         let popts = ReplayOptions { version: pversion, ..opts.clone() };
-        let r = replay_file(&a.file, &popts, profile.as_ref(), a.capacity, a.strict, a.point)?;
+        let r = replay_file(&a.file, &popts, true, profile.as_ref(), a.capacity, a.strict, a.point)?;
         let Some(v) = &r.verdict else { continue };
         let gpu = profile.as_ref().map_or_else(String::new, |(p, _): &(Profile, PathBuf)| p.gpu.name.clone());
         for w in &r.warnings {

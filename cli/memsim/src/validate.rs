@@ -43,7 +43,7 @@ pub fn run(a: Args) -> Result<u8> {
     let version: Option<TorchVersion> = a.torch.as_deref().map(str::parse).transpose().context("--torch")?;
     let snap = read_snapshot(&a.snapshot)?;
     let opts = ValidateOptions { capacity: a.capacity, version, alloc_conf: a.alloc_conf };
-    let r = validate(&snap, &opts).with_context(|| format!("{}: validation", a.snapshot.display()))?;
+    let mut r = validate(&snap, &opts).with_context(|| format!("{}: validation", a.snapshot.display()))?;
     if let Some(c) = r.capacity.filter(|c| *c < r.recorded_peak_reserved_bytes) {
         // The run held more than that at once, so it did not run on such a device: there is
         // no run of that capacity to validate against.
@@ -68,7 +68,9 @@ pub fn run(a: Args) -> Result<u8> {
             r.segment_event_matches
         );
     }
-    crate::input::warn(&capacity_warnings(&snap, &r));
+    let more = capacity_warnings(&snap, &r);
+    r.warnings.extend(more);
+    crate::input::warn(&r.warnings);
     let code = if r.passed() { 0u8 } else { 1u8 };
     // From here, nothing compared means no event at all: "exact", vacuously.
     let nothing = r.nothing_compared;
@@ -78,6 +80,7 @@ pub fn run(a: Args) -> Result<u8> {
     }
     let pct = |m: u64, n: u64| if n == 0 { "-".to_string() } else { format!("{:.2}%", 100.0 * m as f64 / n as f64) };
     println!("{} (allocator rules {})", a.snapshot.display(), r.torch_version);
+    println!("  alloc conf        {}", alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source));
     println!(
         "  block addresses   {}/{} match ({})",
         r.alloc_addr_matches,
@@ -105,7 +108,7 @@ pub fn run(a: Args) -> Result<u8> {
         );
     }
     for u in r.unrecoverable.iter().take(5) {
-        println!("  unrecoverable: {}", serde_json::to_string(u)?);
+        println!("  unrecoverable: {u}");
     }
     if r.unrecoverable.len() > 5 {
         println!("  ... and {} more unrecoverable start-state items (--json lists all)", r.unrecoverable.len() - 5);
@@ -170,4 +173,17 @@ fn capacity_warnings(snap: &simulator::snapshot::Snapshot, r: &simulator::snapsh
         );
     }
     w
+}
+
+/// What allocator configuration a replay followed, and where it came from when not recorded.
+pub fn alloc_conf_line(shown: Option<&str>, source: simulator::alloc::ConfigSource) -> String {
+    use simulator::alloc::ConfigSource;
+    match (source, shown) {
+        (ConfigSource::Override, Some("")) => "(none set: PyTorch's defaults; from --alloc-conf)".into(),
+        (ConfigSource::Override, Some(c)) => format!("{c} (from --alloc-conf)"),
+        (ConfigSource::Default, _) => "(none recorded: PyTorch's defaults)".into(),
+        (_, Some("")) => "(none set: PyTorch's defaults)".into(),
+        (_, Some(c)) => c.to_string(),
+        (_, None) => "(the snapshot's recorded allocator_settings fields)".into(),
+    }
 }

@@ -1,5 +1,6 @@
 //! The memsim command end to end (one binary; one module per concept).
 
+mod caveats; // what replay and validate say beside their numbers: budgets, settings, damaged snapshots
 mod cli; // JSON contracts, conversions, colocate, errors
 mod colocate; // colocate on real snapshots: how recordings are lined up
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records

@@ -2,6 +2,7 @@
 //! allocator (`DeviceCachingAllocator`), per `../shared/reference/pytorch-caching-allocator.md`.
 //!
 //! - `config`: `PYTORCH_CUDA_ALLOC_CONF` parsing and snapshot settings;
+//! - `chosen`: which configuration a replay follows (override, recorded string or settings);
 //! - `rounding`: `round_size`, `get_allocation_size` and the constants;
 //! - `free_index`: the free-block index of a pool (best fit by size, then address);
 //! - `native`: malloc/free, best fit, split/merge, the OOM chain, GC, `empty_cache`;
@@ -11,6 +12,7 @@
 
 mod block;
 mod capacity;
+mod chosen;
 mod config;
 mod expandable;
 mod free_index;
@@ -22,6 +24,7 @@ mod state;
 mod stats;
 mod version;
 
+pub use chosen::{choose, ChooseError, ChosenConfig, ConfigSource, RecordedConfig};
 pub use config::{AllocatorConfig, Backend, ConfigError};
 pub use native::{Allocator, DEFAULT_TOTAL_MEMORY, MAX_SEGMENT};
 pub use request::{

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use trace::{Category, ControlOp, Event, FreeStage, Header, Record};
 
-use crate::alloc::{Allocator, AllocatorConfig, ConfigError, Request, TorchVersion};
+use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ConfigSource, RecordedConfig, Request, TorchVersion};
 use crate::conversions;
 
 mod device;
@@ -76,6 +76,9 @@ pub struct Replayer {
     cfg: AllocatorConfig,
     opts: ReplayOptions,
     alloc_conf: Option<String>,
+    alloc_conf_source: ConfigSource,
+    /// Recorded settings that contradict each other, or that `--alloc-conf` drops.
+    config_warnings: Vec<String>,
     use_recorded_addrs: bool,
     device_level_requests: bool,
     /// Sorted by device id; a linear search, as a trace names one device or a few.
@@ -93,6 +96,8 @@ pub struct Replayer {
     oom_at: Option<u64>,
     oom_detail: Option<String>,
     oom_need: Option<u64>,
+    /// The device and budget the start state passed (its failure's detail follows the whole state).
+    start_over: Option<(u32, u64)>,
     recorded_oom: Option<RecordedOom>,
     recorded_releases: u64,
     recorded_releases_kept: u64,
@@ -112,31 +117,28 @@ impl Replayer {
         if !header.is_allocator_level() {
             return Err(ReplaySetupError::DeviceLevel);
         }
-        let (cfg, alloc_conf) = if let Some(s) = &opts.alloc_conf {
-            let cfg = AllocatorConfig::parse(s, opts.version)
-                .map_err(|error| ReplaySetupError::Config { source_name: "--alloc-conf".into(), error })?;
-            (cfg, Some(s.clone()))
-        } else if let Some(s) = header.alloc_conf() {
-            let cfg = AllocatorConfig::parse(s, opts.version).map_err(|error| ReplaySetupError::Config {
-                source_name: "recorded in the trace header's environment".into(),
-                error,
-            })?;
-            (cfg, Some(s.to_string()))
-        } else if let Some(settings) = header.allocator_settings.as_deref() {
-            let v: serde_json::Value = serde_json::from_str(settings).unwrap_or(serde_json::Value::Null);
-            let cfg = AllocatorConfig::from_snapshot_settings(&v, opts.version).map_err(|error| {
-                ReplaySetupError::Config { source_name: "recorded as the snapshot's allocator_settings".into(), error }
-            })?;
-            let raw = v.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|s| s.as_str()).map(str::to_string);
-            (cfg, raw)
-        } else {
-            (AllocatorConfig::default(), None)
+        // Unparseable settings are an error naming them, not "no settings".
+        let settings = match header.allocator_settings.as_deref() {
+            Some(s) => Some(serde_json::from_str::<serde_json::Value>(s).map_err(|e| ReplaySetupError::Config {
+                source_name: "recorded as the trace header's allocator_settings".into(),
+                error: ConfigError::Settings {
+                    field: format!("allocator_settings (not valid JSON: {e})"),
+                    expected: "a JSON dict",
+                },
+            })?),
+            None => None,
         };
+        let recorded = RecordedConfig { env: header.alloc_conf(), settings: settings.as_ref() };
+        let chosen = crate::alloc::choose(opts.alloc_conf.as_deref(), recorded, opts.version)
+            .map_err(|e| ReplaySetupError::Config { source_name: e.source_name.into(), error: e.error })?;
+        let (cfg, alloc_conf) = (chosen.cfg, chosen.shown);
         let device_level_requests = header.caching_disabled && header.level == trace::Level::Device;
         Ok(Replayer {
             cfg,
             opts,
             alloc_conf,
+            alloc_conf_source: chosen.source,
+            config_warnings: chosen.warnings,
             use_recorded_addrs: !header.synthetic_addresses,
             device_level_requests,
             devices: Vec::new(),
@@ -151,6 +153,7 @@ impl Replayer {
             oom_at: None,
             oom_detail: None,
             oom_need: None,
+            start_over: None,
             recorded_oom: None,
             recorded_releases: 0,
             recorded_releases_kept: 0,
@@ -529,6 +532,8 @@ impl Replayer {
             capacity: self.opts.capacity,
             config_warning: self.cfg.unmodelled(),
             alloc_conf: self.alloc_conf,
+            alloc_conf_source: self.alloc_conf_source,
+            config_warnings: self.config_warnings,
             iterations: self.iterations,
         }
     }

@@ -33,7 +33,33 @@ impl Replayer {
             ds.live_by_category[cat_index(None)] += b.size;
         }
         // A trace that is only its start state (a snapshot with no events) peaks here.
-        ds.note_peaks();
+        let (reserved, _) = ds.note_peaks();
+        let budget = self.opts.capacity.map(|c| c.saturating_sub(self.outside.now(device)));
+        match self.start_over {
+            // Start segments after the one that passed the budget: the failure names the whole state.
+            Some((d, b)) if d == device => self.start_over_budget(device, reserved, b),
+            None if self.oom_at.is_none() => {
+                if let Some(b) = budget.filter(|b| reserved > *b) {
+                    self.oom_at = Some(index);
+                    self.start_over = Some((device, b));
+                    self.start_over_budget(device, reserved, b);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The start state alone reserves more than the budget: no allocation failed, but the job
+    /// could not have begun there. The first failure, at the record that passed it; its detail
+    /// and need are the whole start state's (renewed at each start segment of that device, all of
+    /// which precede the first event).
+    #[cold]
+    fn start_over_budget(&mut self, device: u32, reserved: u64, budget: u64) {
+        self.oom_detail = Some(format!(
+            "device {device}: the start state alone (the segments the trace held when recording began) reserves \
+             {reserved} B, over the budget of {budget} B"
+        ));
+        self.oom_need = Some(reserved);
     }
 
     /// The run's allocator released cached memory here: replayed as `empty_cache`, as `memsim

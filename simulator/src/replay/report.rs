@@ -160,6 +160,11 @@ pub struct ReplayReport {
     pub config_warning: Option<String>,
     /// Allocator configuration string in force (as given, or from the trace).
     pub alloc_conf: Option<String>,
+    /// Where it came from: `override` (`--alloc-conf`), `recorded`, or `default` (nothing recorded).
+    pub alloc_conf_source: crate::alloc::ConfigSource,
+    /// Recorded settings that contradict each other, or that `--alloc-conf` drops (also in
+    /// [`ReplayReport::warnings`]).
+    pub config_warnings: Vec<String>,
     /// Peaks per `iter:<n>` marker, in trace order; empty when the trace has none.
     pub iterations: Vec<IterationPeak>,
 }
@@ -221,9 +226,19 @@ impl ReplayReport {
              the allocator"
                     .to_string()
             });
+        let rejected = (self.rejected > 0).then(|| {
+            format!(
+                "{} requests rejected by the model and left out of the replay (a damaged trace, or one the model \
+                 does not follow), e.g.: {}",
+                self.rejected,
+                self.rejected_examples.join("; ")
+            )
+        });
         self.config_warning
             .iter()
             .cloned()
+            .chain(self.config_warnings.iter().cloned())
+            .chain(rejected)
             .chain(empty)
             .chain(self.growth())
             .chain(kept)

@@ -23,7 +23,7 @@ struct OutSnapshot {
     device_traces: Vec<Vec<OutEntry>>,
     allocator_settings: Option<serde_json::Value>,
     external_annotations: Option<serde_json::Value>,
-    memtrace_header: Option<serde_json::Value>,
+    memtrace_header: serde_json::Value,
 }
 
 struct OutSegment {
@@ -347,12 +347,13 @@ fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), Sn
     Ok((w.w.finish(), exported))
 }
 
-/// What the snapshot keeps of the trace's header: its metadata (less the keys the snapshot
-/// carries itself, the libraries too when its frames say the same) and whether its addresses are
-/// synthetic. Without it a symbolic trace would come back as a measurement of a real run: no
-/// safety margin, no CUDA libraries. `None` when there is nothing to keep (a real snapshot's
-/// round trip stays byte for byte PyTorch's).
-fn kept_header(header: &Header, stacks: &HashMap<StackId, Vec<OutFrame>>) -> Option<serde_json::Value> {
+/// What the snapshot keeps of the trace's header: the producer (always: it marks the file as
+/// memsim's, so that `memsim validate` can say when it would compare the model with itself), its
+/// metadata (less the keys the snapshot carries itself, the libraries too when its frames say the
+/// same) and whether its addresses are synthetic. Without it a symbolic trace would come back as
+/// a measurement of a real run: no safety margin, no CUDA libraries. PyTorch's readers
+/// (memory_viz, `pickle.load`) ignore the extra key.
+fn kept_header(header: &Header, stacks: &HashMap<StackId, Vec<OutFrame>>) -> serde_json::Value {
     let mut own = vec![metadata::SNAPSHOT_ANNOTATIONS.name, metadata::SNAPSHOT_LIST_FORM.name];
     let names = stacks.values().flatten().map(|f| f.name.as_str());
     if let Some((gemm, conv)) = super::libraries::from_frame_names(names) {
@@ -367,8 +368,11 @@ fn kept_header(header: &Header, stacks: &HashMap<StackId, Vec<OutFrame>>) -> Opt
         .filter(|(k, _)| !own.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
         .collect();
-    (!meta.is_empty() || header.synthetic_addresses)
-        .then(|| serde_json::json!({ "metadata": meta, "synthetic_addresses": header.synthetic_addresses }))
+    serde_json::json!({
+        "producer": header.producer.name,
+        "metadata": meta,
+        "synthetic_addresses": header.synthetic_addresses,
+    })
 }
 
 /// Writes the output structures in PyTorch's key order, sharing each frame list.
@@ -402,10 +406,8 @@ impl Encoder<'_> {
             self.w.str("external_annotations");
             self.w.json(v);
         }
-        if let Some(v) = &s.memtrace_header {
-            self.w.str(super::model::MEMTRACE_HEADER);
-            self.w.json(v);
-        }
+        self.w.str(super::model::MEMTRACE_HEADER);
+        self.w.json(&s.memtrace_header);
         self.w.dict_end();
     }
 

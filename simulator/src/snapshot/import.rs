@@ -28,9 +28,13 @@ pub struct Imported {
 }
 
 /// Restores what a snapshot memsim exported kept of its trace's header ([`super::model::MEMTRACE_HEADER`]):
-/// string metadata values and the synthetic-address flag; anything else there is not memsim's and
-/// is left out.
+/// its producer, string metadata values and the synthetic-address flag; anything else there is not
+/// memsim's and is left out.
 fn keep_header(header: &mut Header, kept: &serde_json::Value) {
+    // Where the records first came from, through any number of conversions.
+    if let Some(p) = kept.get("producer").and_then(serde_json::Value::as_str) {
+        header.producer.name = p.to_string();
+    }
     if let Some(meta) = kept.get("metadata").and_then(serde_json::Value::as_object) {
         for (k, v) in meta {
             if let Some(v) = v.as_str() {
@@ -40,6 +44,34 @@ fn keep_header(header: &mut Header, kept: &serde_json::Value) {
     }
     if let Some(s) = kept.get("synthetic_addresses").and_then(serde_json::Value::as_bool) {
         header.synthetic_addresses = s;
+    }
+}
+
+impl Imported {
+    /// What a replay of this import cannot show: a snapshot with no events, whose peak is only
+    /// its state when dumped, and a start state that could not be fully recovered.
+    pub fn warnings(&self, snap: &Snapshot) -> Vec<String> {
+        let mut w = Vec::new();
+        if snap.device_traces.iter().all(Vec::is_empty) {
+            w.push(
+                "the snapshot records no allocator events (only its segments when it was dumped): the peaks are \
+                 only the state at dump time, not the run's own peak, which may have been higher"
+                    .to_string(),
+            );
+        }
+        // A block whose only doubt is its size (freed during the trace, a hidden tail at most
+        // 1 MiB) leaves the start state standing: the real snapshots with such blocks validate
+        // exactly. The rest are start states the walk could not see, or a snapshot at odds with itself.
+        let doubts: Vec<_> = self.start.unrecoverable.iter().filter(|u| !u.size_only).collect();
+        if let Some(first) = doubts.first() {
+            w.push(format!(
+                "the snapshot's start state could not be fully recovered ({} items, the first: {first}): blocks \
+                 allocated before recording began may be missing or misplaced, so the peaks may differ from the run's \
+                 (memsim validate lists them)",
+                doubts.len()
+            ));
+        }
+        w
     }
 }
 

@@ -9,6 +9,7 @@
 //! - [`validate`] replays the block-level events through the allocator model and compares every
 //!   placement and segment event with the recorded ones.
 
+mod check;
 pub mod export;
 pub mod import;
 pub mod libraries;
@@ -17,6 +18,7 @@ pub mod pickle;
 mod pickle_writer;
 pub mod rebuild;
 mod resync;
+mod settings;
 pub mod validate;
 
 pub use export::{export_snapshot, write_snapshot, Exported};
@@ -24,7 +26,8 @@ pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};
 pub use rebuild::{rebuild, StartBlock, StartSegment, StartState, Unrecoverable};
 pub use validate::{
-    guess_version, rebuild_with, snapshot_config, validate, validate_from, ValidateOptions, ValidationReport, Verdict,
+    guess_version, rebuild_with, snapshot_choice, snapshot_config, validate, validate_from, ValidateOptions,
+    ValidationReport, Verdict,
 };
 
 use std::path::PathBuf;

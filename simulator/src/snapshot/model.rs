@@ -326,6 +326,7 @@ impl<'a> Reader<'a> {
             }
             _ => return Err(self.bad("(top level)", "a dict (snapshot) or a list (old segment list)", root)),
         }
+        super::check::segments(&snap.segments, self.file)?;
         snap.stacks = self.stacks;
         Ok(snap)
     }

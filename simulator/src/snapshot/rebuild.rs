@@ -64,6 +64,34 @@ pub struct Unrecoverable {
     pub addr: Option<u64>,
     /// Why, in words.
     pub reason: String,
+    /// Not a start state the walk could not see but a snapshot at odds with itself (an
+    /// allocation neither in the final segments nor freed later): no start state explains it.
+    pub inconsistent: bool,
+    /// Only the size of a block allocated before the trace and freed during it is uncertain (a
+    /// hidden tail the allocator may have split off): the rest of the start state stands.
+    #[serde(skip)]
+    pub size_only: bool,
+}
+
+/// What kind of doubt an [`Unrecoverable`] item is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Doubt {
+    /// A start state the walk could not see.
+    Unseen,
+    /// A snapshot at odds with itself.
+    Inconsistent,
+    /// Only a block's size.
+    SizeOnly,
+}
+
+impl std::fmt::Display for Unrecoverable {
+    /// `device D, address 0x...: reason`, addresses in hex as everywhere else.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.addr {
+            Some(a) => write!(f, "device {}, address {a:#x}: {}", self.device, self.reason),
+            None => write!(f, "device {}: {}", self.device, self.reason),
+        }
+    }
 }
 
 /// The rebuilt starting state of every device.
@@ -124,8 +152,9 @@ fn rebuild_device(
     cfg: &AllocatorConfig,
     out: &mut StartState,
 ) {
-    let mut problem = |addr: Option<u64>, reason: String| {
-        out.unrecoverable.push(Unrecoverable { device, addr, reason });
+    let mut problem = |addr: Option<u64>, reason: String, doubt: Doubt| {
+        let (inconsistent, size_only) = (doubt == Doubt::Inconsistent, doubt == Doubt::SizeOnly);
+        out.unrecoverable.push(Unrecoverable { device, addr, reason, inconsistent, size_only });
     };
     let mut segs: BTreeMap<u64, SegInfo> = BTreeMap::new();
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
@@ -153,6 +182,7 @@ fn rebuild_device(
                     problem(
                         Some(e.addr),
                         format!("entry {i}: alloc of a block that is neither in the final segments nor freed later"),
+                        Doubt::Inconsistent,
                     );
                 }
             }
@@ -160,7 +190,11 @@ fn rebuild_device(
                 let prev =
                     live.insert(e.addr, Live { size: None, requested: e.size, state: BlockState::ActivePendingFree });
                 if prev.is_some() {
-                    problem(Some(e.addr), format!("entry {i}: free_completed of a block still live later"));
+                    problem(
+                        Some(e.addr),
+                        format!("entry {i}: free_completed of a block still live later"),
+                        Doubt::Unseen,
+                    );
                 }
             }
             Action::FreeRequested => {
@@ -172,7 +206,11 @@ fn rebuild_device(
             }
             Action::SegmentAlloc => {
                 if segs.remove(&e.addr).is_none() {
-                    problem(Some(e.addr), format!("entry {i}: segment_alloc of a segment unknown later"));
+                    problem(
+                        Some(e.addr),
+                        format!("entry {i}: segment_alloc of a segment unknown later"),
+                        Doubt::Unseen,
+                    );
                 }
             }
             Action::SegmentFree => {
@@ -193,6 +231,7 @@ fn rebuild_device(
             "expandable segments existed before the trace: their page layout and virtual ranges \
              cannot be rebuilt (only traces starting empty replay exactly)"
                 .to_string(),
+            Doubt::Unseen,
         );
     }
 
@@ -204,6 +243,7 @@ fn rebuild_device(
             _ => problem(
                 Some(addr),
                 "block live at the start lies in no segment known at the start; dropped".to_string(),
+                Doubt::Unseen,
             ),
         }
     }
@@ -226,12 +266,15 @@ fn rebuild_device(
             }
             let size = match b.size {
                 Some(sz) => sz,
-                None => infer_size(*addr, b.requested, next, small, s.expandable, cfg, &mut problem),
+                None => infer_size(*addr, b.requested, next, small, s.expandable, cfg, &mut |a, r| {
+                    problem(a, r, Doubt::SizeOnly)
+                }),
             };
             let size = if addr.saturating_add(size) > next {
                 problem(
                     Some(*addr),
                     format!("block of {size} B overlaps the next block or the segment end at 0x{next:x}; truncated"),
+                    Doubt::Unseen,
                 );
                 next - addr
             } else {

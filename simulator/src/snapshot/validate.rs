@@ -24,6 +24,7 @@ use crate::alloc::{Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Req
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
 use super::resync::resync;
+pub use super::settings::{guess_version, snapshot_choice, snapshot_config};
 use super::SnapshotError;
 
 /// How to validate.
@@ -148,6 +149,14 @@ pub struct ValidationReport {
     pub capacity: Option<u64>,
     /// Release whose rules were used.
     pub torch_version: String,
+    /// The allocator configuration compared, in `PYTORCH_CUDA_ALLOC_CONF` syntax (none: nothing
+    /// recorded, or only settings fields).
+    pub alloc_conf: Option<String>,
+    /// Where it came from: `override` (`--alloc-conf`), `recorded`, or `default`.
+    pub alloc_conf_source: crate::alloc::ConfigSource,
+    /// What the numbers do not say: recorded settings in conflict, ones `--alloc-conf` drops, a
+    /// snapshot memsim wrote itself (the comparison is then circular).
+    pub warnings: Vec<String>,
     /// The judgement.
     pub verdict: Verdict,
     /// No allocation was replayed (the snapshot records no `alloc` entry), so the model
@@ -163,34 +172,6 @@ impl ValidationReport {
     pub fn passed(&self) -> bool {
         self.verdict != Verdict::Mismatch
     }
-}
-
-/// The release whose rules a snapshot was most likely written under: `allocator_settings` appeared
-/// around 2.2 and `graph_capture_record_stream_reuse` in 2.9; older files get the oldest family
-/// modelled.
-pub fn guess_version(snap: &Snapshot) -> TorchVersion {
-    match &snap.allocator_settings {
-        Some(s) if s.get("graph_capture_record_stream_reuse").is_some() => TorchVersion::V2_9,
-        Some(_) => TorchVersion::V2_5,
-        None => TorchVersion::V2_4,
-    }
-}
-
-/// The allocator configuration and version for replaying a snapshot: `alloc_conf` overrides the
-/// recorded settings; without settings the defaults apply.
-pub fn snapshot_config(
-    snap: &Snapshot,
-    version: Option<TorchVersion>,
-    alloc_conf: Option<&str>,
-) -> Result<(AllocatorConfig, TorchVersion), SnapshotError> {
-    let version = version.unwrap_or_else(|| guess_version(snap));
-    let cfg = match (alloc_conf, &snap.allocator_settings) {
-        (Some(conf), _) => AllocatorConfig::parse(conf, version),
-        (None, Some(settings)) => AllocatorConfig::from_snapshot_settings(settings, version),
-        (None, None) => Ok(AllocatorConfig::default()),
-    }
-    .map_err(|e| SnapshotError::Config { message: e.to_string() })?;
-    Ok((cfg, version))
 }
 
 /// The start state of a snapshot rebuilt with the rounding of `cfg`.
@@ -211,7 +192,8 @@ pub fn validate_from(
     start: &StartState,
     opts: &ValidateOptions,
 ) -> Result<ValidationReport, SnapshotError> {
-    let (cfg, version) = snapshot_config(snap, opts.version, opts.alloc_conf.as_deref())?;
+    let (chosen, version) = snapshot_choice(snap, opts.version, opts.alloc_conf.as_deref())?;
+    let cfg = chosen.cfg;
     let mut devices = Vec::new();
     // A device may hold segments and have no trace (the old list-of-segments form has none).
     let count = start.segments.iter().map(|s| s.device as usize + 1).max().unwrap_or(0).max(snap.device_traces.len());
@@ -239,6 +221,9 @@ pub fn validate_from(
         empty_cache_bursts: sum(&|r| r.empty_cache_bursts),
         capacity: opts.capacity,
         torch_version: version.to_string(),
+        alloc_conf: chosen.shown,
+        alloc_conf_source: chosen.source,
+        warnings: chosen.warnings.into_iter().chain(super::settings::circular(snap)).collect(),
         verdict: Verdict::Exact,
         nothing_compared: false,
         devices,
@@ -251,7 +236,11 @@ pub fn validate_from(
         && report.devices.iter().all(|d| d.replay_errors.is_empty());
     report.verdict = if clean {
         Verdict::Exact
-    } else if !report.nothing_compared && !report.unrecoverable.is_empty() && unexplained == 0 {
+    } else if !report.nothing_compared
+        && !report.unrecoverable.is_empty()
+        && !report.unrecoverable.iter().any(|u| u.inconsistent)
+        && unexplained == 0
+    {
         Verdict::ExplainedByStartState
     } else {
         Verdict::Mismatch

@@ -1,0 +1,337 @@
+//! What replay and validate say beside their numbers: which replay the peaks are of, which
+//! allocator configuration was followed (recorded, contradictory, overridden), snapshots that
+//! hold only their state or that memsim wrote, and damaged snapshots every command refuses.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::support::{json, memsim};
+
+const MIB: u64 = 1 << 20;
+
+/// Pickle bytes of plain JSON-like data, as Python writes a snapshot.
+fn pickle(v: &Value) -> Vec<u8> {
+    serde_pickle::to_vec(v, serde_pickle::SerOptions::new()).unwrap()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let p: PathBuf = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// A snapshot segment at `addr` of `size` B: one block of `state` covering it.
+fn segment(addr: u64, size: u64, state: &str) -> Value {
+    let held = if state == "inactive" { 0 } else { size };
+    json!({"device": 0, "address": addr, "total_size": size, "stream": 0, "segment_type": "large",
+           "allocated_size": held, "active_size": held,
+           "blocks": [{"address": addr, "size": size, "requested_size": held, "state": state}]})
+}
+
+const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false"#;
+
+fn alloc(addr: u64, size: u64) -> String {
+    format!(
+        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
+    )
+}
+
+fn free(addr: u64) -> String {
+    format!(
+        r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
+    )
+}
+
+/// A JSON Lines trace: the header (with `extra` header fields) and `lines`.
+fn trace(dir: &Path, name: &str, extra: &str, lines: &[String]) -> String {
+    write(dir, name, format!("{HEADER}{extra}}}\n{}\n", lines.join("\n")).as_bytes())
+}
+
+fn warned(v: &Value, words: &str) -> bool {
+    v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(words))
+}
+
+/// At a budget the run does not fit, the peaks printed were the replay without a budget's, beside
+/// "replayed within the allocator budget", and `memory_stats.num_ooms` 0 beside `oom: true`.
+#[test]
+fn the_peaks_say_which_replay_they_are_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = (0..4).map(|i| alloc((1 + i) << 30, 8 * MIB)).collect();
+    let t = trace(dir.path(), "four.jsonl", "", &lines);
+    for (cap, oom, of) in [("20MiB", true, "unlimited"), ("1GiB", false, "budget")] {
+        let (code, out, err) = memsim(&["replay", &t, "--capacity", cap, "--json"]);
+        assert_eq!(code, i32::from(oom), "{out}{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((v["oom"].as_bool(), v["peaks_of"].as_str()), (Some(oom), Some(of)), "{v}");
+        assert!(v["peak_reserved_bytes"].as_u64().unwrap() >= 32 * MIB, "{v}");
+    }
+    let (_, out, _) = memsim(&["replay", &t, "--capacity", "20MiB"]);
+    assert!(out.contains("fails at record 2; these peaks and stats are of the replay without a budget"), "{out}");
+    assert!(!out.contains("replayed within the allocator budget"), "{out}");
+}
+
+/// A snapshot whose start state alone is over the budget was DOES NOT FIT with `oom: false` and
+/// no reason; and a snapshot with no events was FITS with no word that its peak is only its
+/// state when dumped.
+#[test]
+fn a_start_state_over_the_budget_and_a_state_only_snapshot_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = json!({"segments": [segment(1 << 30, 20 * MIB, "active_allocated")], "device_traces": [[]]});
+    let p = write(dir.path(), "state.pickle", &pickle(&snap));
+    let (code, out, err) = memsim(&["replay", &p, "--capacity", "10MiB", "--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["oom"].as_bool(), v["peaks_of"].as_str()), (Some(true), Some("unlimited")), "{v}");
+    assert!(v["oom_detail"].as_str().unwrap().contains("the start state alone"), "{v}");
+    assert!(warned(&v, "only the state at dump time"), "{v}");
+    let (code, out, _) = memsim(&["replay", &p, "--capacity", "10MiB"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("the start state alone") && out.contains("DOES NOT FIT"), "{out}");
+    let v = json(&["replay", &p, "--capacity", "1GiB", "--json"]);
+    assert!(warned(&v, "only the state at dump time") && v["verdict"]["fits"] == true, "{v}");
+}
+
+/// `--alloc-conf` dropped the recorded expandable_segments:True without a word (replay and
+/// validate), and a snapshot whose string and field disagree was replayed by the string and
+/// validated by the field.
+#[test]
+fn recorded_settings_follow_one_rule_and_an_override_names_what_it_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = r#","env":{"PYTORCH_CUDA_ALLOC_CONF":"expandable_segments:True"}"#;
+    let t = trace(dir.path(), "exp.jsonl", env, &[alloc(1 << 30, 3 * MIB)]);
+    let v = json(&["replay", &t, "--alloc-conf", "garbage_collection_threshold:0.6", "--json"]);
+    assert!(warned(&v, "expandable_segments true (now false)"), "{v}");
+    assert_eq!(v["alloc_conf_source"], "override", "{v}");
+    let v = json(&["replay", &t, "--json"]);
+    assert!(!warned(&v, "--alloc-conf"), "{v}");
+
+    let base = 1u64 << 30;
+    let settings = json!({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": false});
+    let entries = json!([
+        {"action": "segment_alloc", "addr": base, "size": 20 * MIB, "stream": 0},
+        {"action": "alloc", "addr": base, "size": 3 * MIB, "stream": 0},
+        {"action": "free_requested", "addr": base, "size": 3 * MIB, "stream": 0},
+        {"action": "free_completed", "addr": base, "size": 3 * MIB, "stream": 0},
+    ]);
+    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries],
+                      "allocator_settings": settings});
+    let p = write(dir.path(), "contra.pickle", &pickle(&snap));
+    let r = json(&["replay", &p, "--json"]);
+    assert!(warned(&r, "contradict each other"), "{r}");
+    let (code, out, err) = memsim(&["validate", &p, "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(warned(&v, "contradict each other"), "{v}");
+    // One rule: both follow the field (not expandable: a 20 MiB segment).
+    assert_eq!(v["verdict"], "exact", "{v}");
+    assert_eq!(r["peak_reserved_bytes"], v["predicted_peak_reserved_bytes"], "{r}\n{v}");
+    assert_eq!(r["peak_reserved_bytes"].as_u64(), Some(20 * MIB), "{r}");
+    // validate says what it compared, and an override is named.
+    assert_eq!(
+        (v["alloc_conf"].as_str(), v["alloc_conf_source"].as_str()),
+        (Some("expandable_segments:True"), Some("recorded"))
+    );
+    let (code, out, err) = memsim(&["validate", &p, "--alloc-conf", "max_split_size_mb:100", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["alloc_conf_source"].as_str(), v["verdict"].as_str()), (Some("override"), Some("exact")), "{v}");
+    // The override replaces both the string and the field: nothing of theirs contradicts.
+    assert!(!warned(&v, "contradict each other"), "{v}");
+    let r = json(&["replay", &p, "--alloc-conf", "max_split_size_mb:100", "--json"]);
+    assert!(!warned(&r, "contradict each other"), "{r}");
+    let (code, _, err) = memsim(&["validate", &p, "--alloc-conf", "bogus:1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--alloc-conf") && err.contains("bogus"), "{err}");
+}
+
+/// Damaged snapshots: two segments at one address had a record silently dropped by replay and
+/// were "explained by the start state" by validate; an enlarged total_size was refused by validate
+/// and replayed by replay, its rejection only in text; a 2^63-byte segment replayed as 0 MiB, FITS.
+#[test]
+fn damaged_segments_are_refused_by_replay_and_validate_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = 1u64 << 30;
+    let cases = [
+        (
+            "overlap",
+            vec![segment(base, 20 * MIB, "inactive"), segment(base, 2 * MIB, "inactive")],
+            "segments[1].address",
+        ),
+        ("badsum", vec![segment(base, 24 * MIB, "inactive"), segment(base + 20 * MIB, 2 * MIB, "inactive")], "overlap"),
+        ("bb63", vec![segment(base, 1 << 63, "active_allocated")], "segments[0].total_size"),
+        ("wrap", vec![segment(u64::MAX - 16 * MIB + 1, 20 * MIB, "inactive")], "past 2^64"),
+    ];
+    for (name, segs, words) in cases {
+        let snap = json!({"segments": segs, "device_traces": [[{"action": "alloc", "addr": base + (40 * MIB), "size": 512, "stream": 0}]]});
+        let p = write(dir.path(), &format!("{name}.pickle"), &pickle(&snap));
+        for cmd in ["replay", "validate"] {
+            let (code, out, err) = memsim(&[cmd, &p, "--json"]);
+            assert_eq!(code, 2, "{name} {cmd}: {out}{err}");
+            assert!(out.is_empty() && err.contains(words) && err.contains("damaged snapshot"), "{name} {cmd}: {err}");
+        }
+    }
+}
+
+/// A request the model rejects was a "WARNING" line in text only, not in `--json` `warnings`.
+#[test]
+fn rejected_requests_are_listed_in_the_json_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "rej.jsonl", "", &[alloc(1 << 30, MIB), free(5 << 30)]);
+    let v = json(&["replay", &t, "--json"]);
+    assert_eq!(v["rejected"], 1, "{v}");
+    assert!(warned(&v, "1 requests rejected by the model"), "{v}");
+}
+
+/// A snapshot memsim wrote was EXACT with no word that the comparison is circular; one alloc and
+/// no segment (recorded peak 0, predicted 2 MiB) was "explained by the start state", exit 0.
+#[test]
+fn validate_says_when_it_compares_the_model_with_itself_or_a_snapshot_at_odds_with_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap =
+        json!({"segments": [segment(1 << 30, 20 * MIB, "inactive")], "device_traces": [[]], "memtrace_header": {}});
+    let p = write(dir.path(), "ours.pickle", &pickle(&snap));
+    let v = json(&["validate", &p, "--json"]);
+    assert!(warned(&v, "circular"), "{v}");
+    let snap = json!({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 512, "stream": 0}]]});
+    let p = write(dir.path(), "oneev.pickle", &pickle(&snap));
+    let (code, out, _) = memsim(&["validate", &p]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("MISMATCH") && !out.contains("explained by"), "{out}");
+    assert!(out.contains("address 0x0"), "unrecoverable lines print hex addresses: {out}");
+}
+
+/// `colocate` given one file twice said nothing (two copies of one job may be meant: a warning).
+#[test]
+fn colocate_says_when_one_file_is_given_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "one.jsonl", "", &[alloc(1 << 30, MIB)]);
+    let (code, out, err) = memsim(&["colocate", &t, &t, "--capacity", "1GiB", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(warned(&v, "is given twice"), "{v}");
+    let other = trace(dir.path(), "two.jsonl", "", &[alloc(1 << 30, MIB)]);
+    let v = json(&["colocate", &t, &other, "--capacity", "1GiB", "--json"]);
+    assert!(!warned(&v, "given twice"), "{v}");
+}
+
+/// The warning of a profile whose total memory is unmeasured did not name the profile.
+#[test]
+fn an_unmeasured_total_memory_names_the_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "one.jsonl", "", &[alloc(1 << 30, MIB)]);
+    let v = json(&["replay", &t, "--profile", "h200", "--json"]);
+    assert!(warned(&v, "the profile's (NVIDIA H200) gpu.total_memory is marked unmeasured"), "{v}");
+}
+
+/// Recorded settings memsim cannot parse (an unknown key) were an error even under
+/// `--alloc-conf`, which replaces them; and replay rebuilt a snapshot's start state under the
+/// recorded settings, not the ones it replays with.
+#[test]
+fn an_override_gets_past_unreadable_recorded_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = 1u64 << 30;
+    let settings = json!({"PYTORCH_CUDA_ALLOC_CONF": "throw_on_cudamalloc_oom:True"});
+    let entries = json!([
+        {"action": "alloc", "addr": base, "size": 2 * MIB, "stream": 0},
+        {"action": "free_requested", "addr": base, "size": 2 * MIB, "stream": 0},
+        {"action": "free_completed", "addr": base, "size": 2 * MIB, "stream": 0},
+    ]);
+    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries],
+                      "allocator_settings": settings});
+    let p = write(dir.path(), "unknown.pickle", &pickle(&snap));
+    for cmd in ["validate", "replay"] {
+        let (code, _, err) = memsim(&[cmd, &p]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("throw_on_cudamalloc_oom"), "{cmd}: {err}");
+        let (code, out, err) = memsim(&[cmd, &p, "--alloc-conf", "", "--json"]);
+        assert_eq!(code, 0, "{cmd}: {out}{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(warned(&v, "recorded settings unreadable") && warned(&v, "replaced by --alloc-conf"), "{cmd}: {v}");
+        assert_eq!(v["alloc_conf_source"], "override", "{cmd}: {v}");
+    }
+}
+
+/// The start-state failure reported the running total at the segment that passed the budget
+/// ("the start state alone reserves" a figure that followed the budget), and `oom_need_bytes`
+/// was null beside `oom: true`.
+#[test]
+fn a_start_state_over_the_budget_is_reported_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let segs: Vec<Value> = (1..=3).map(|i| segment(i << 30, 20 * MIB, "active_allocated")).collect();
+    let snap = json!({"segments": segs, "device_traces": [[]]});
+    let p = write(dir.path(), "three.pickle", &pickle(&snap));
+    for cap in ["30MiB", "50MiB"] {
+        let (code, out, err) = memsim(&["replay", &p, "--capacity", cap, "--json"]);
+        assert_eq!(code, 1, "{out}{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let whole = 60 * MIB;
+        assert!(v["oom_detail"].as_str().unwrap().contains(&format!("reserves {whole} B")), "{cap}: {v}");
+        assert_eq!((v["oom"].as_bool(), v["oom_need_bytes"].as_u64()), (Some(true), Some(whole)), "{cap}: {v}");
+    }
+    // Exactly at the budget: it fits.
+    let (code, out, err) = memsim(&["replay", &p, "--capacity", "60MiB", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["oom"].as_bool(), v["verdict"]["fits"].as_bool()), (Some(false), Some(true)), "{v}");
+}
+
+/// A plain allocator-level trace exported as a snapshot carried no memtrace_header, so validating
+/// it (the model against itself) was EXACT with no word; a PyTorch snapshot converted to a trace
+/// and back keeps PyTorch's records and is not warned about.
+#[test]
+fn every_exported_snapshot_is_marked_and_only_foreign_records_are_circular() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "plain.jsonl", "", &[alloc(1 << 30, 3 * MIB), free(1 << 30)]);
+    let p = dir.path().join("plain.pickle");
+    assert_eq!(memsim(&["convert", &t, p.to_str().unwrap()]).0, 0);
+    let v = json(&["validate", p.to_str().unwrap(), "--json"]);
+    assert!(warned(&v, "circular") && warned(&v, "\"probe\""), "{v}");
+    let real = real_snapshot("JasperSolt--EoR_NN--snapshot.pickle");
+    let v = json(&["validate", &real, "--json"]);
+    assert!(!warned(&v, "circular"), "{v}");
+    let (mid, back) = (dir.path().join("real.jsonl"), dir.path().join("real.pickle"));
+    assert_eq!(memsim(&["convert", &real, mid.to_str().unwrap()]).0, 0);
+    assert_eq!(memsim(&["convert", mid.to_str().unwrap(), back.to_str().unwrap()]).0, 0);
+    let v = json(&["validate", back.to_str().unwrap(), "--json"]);
+    assert!(!warned(&v, "circular") && v["verdict"] == "exact", "{v}");
+}
+
+/// A file of ../shared/data/snapshots, when that checkout is there.
+/// A shared real snapshot; a missing one fails the test with its path (never a silent skip).
+fn real_snapshot(name: &str) -> String {
+    crate::snapshot_support::shared_path(name).to_str().unwrap().to_string()
+}
+
+/// Replay warned that the start state "could not be fully recovered" for snapshots that validate
+/// exactly, whose only doubts are the sizes of blocks the trace frees.
+#[test]
+fn replay_warns_only_of_start_states_that_matter() {
+    for name in [
+        "MAGMA27--assignment2-systems--memory_snapshot.pickle",
+        "bcrafton--assignment2-systems--memory_snapshot.pickle",
+    ] {
+        let p = real_snapshot(name);
+        let v = json(&["replay", &p, "--json"]);
+        assert!(!warned(&v, "could not be fully recovered"), "{name}: {v}");
+    }
+    let p = real_snapshot("albi2--thesis-text-to-SQL--dump_snapshot.pickle");
+    let v = json(&["replay", &p, "--json"]);
+    assert!(warned(&v, "could not be fully recovered (2 items"), "{v}");
+}
+
+/// Replay printed no `alloc conf` line without a recorded string, and replayed a snapshot under
+/// 2.9's rules where validate guessed another release.
+#[test]
+fn replay_says_its_config_and_follows_validates_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "none.jsonl", "", &[alloc(1 << 30, MIB)]);
+    let out = memsim(&["replay", &t]).1;
+    assert!(out.contains("  alloc conf          (none recorded: PyTorch's defaults)"), "{out}");
+    let snap = json!({"segments": [segment(1 << 30, 20 * MIB, "inactive")], "device_traces": [[]]});
+    let p = write(dir.path(), "old.pickle", &pickle(&snap));
+    let out = memsim(&["replay", &p]).1;
+    assert!(out.contains("(allocator rules 2.4)") && out.contains("alloc conf"), "{out}");
+    let v = json(&["replay", &p, "--torch", "2.9", "--json"]);
+    assert_eq!(v["torch_allocator_version"], "2.9", "{v}");
+}

@@ -1,0 +1,165 @@
+//! Which allocator configuration a replay follows: the one rule `memsim replay` and `memsim
+//! validate` share.
+//!
+//! - `--alloc-conf` replaces what the trace recorded wholesale, as `PYTORCH_CUDA_ALLOC_CONF`
+//!   would for a new run; the recorded settings it drops or changes are named in a warning.
+//! - Otherwise a snapshot's `allocator_settings` are followed: its `PYTORCH_CUDA_ALLOC_CONF`
+//!   string, with the fields beside it on top (what the allocator reported in force when the
+//!   snapshot was taken: a program may change them at run time). Where the string names a key
+//!   whose field says otherwise, the field is followed and a warning names the conflict.
+//! - Otherwise the allocator configuration string the trace header's environment recorded.
+
+use serde::Serialize;
+
+use super::{AllocatorConfig, ConfigError, TorchVersion};
+
+/// Where the configuration in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfigSource {
+    /// `--alloc-conf`.
+    Override,
+    /// The trace's or snapshot's recorded settings.
+    Recorded,
+    /// Nothing recorded: PyTorch's defaults.
+    Default,
+}
+
+/// What the trace recorded of its allocator configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordedConfig<'a> {
+    /// The configuration string of the header's environment (`PYTORCH_ALLOC_CONF` or
+    /// `PYTORCH_CUDA_ALLOC_CONF`).
+    pub env: Option<&'a str>,
+    /// A snapshot's `allocator_settings`.
+    pub settings: Option<&'a serde_json::Value>,
+}
+
+/// The configuration a replay follows, where it came from, and what to warn about.
+#[derive(Debug, Clone)]
+pub struct ChosenConfig {
+    /// The configuration.
+    pub cfg: AllocatorConfig,
+    /// Its string in `PYTORCH_CUDA_ALLOC_CONF` syntax, when there is one (`""`: set, to nothing).
+    pub shown: Option<String>,
+    /// Where it came from.
+    pub source: ConfigSource,
+    /// Recorded settings that contradict each other, or that `--alloc-conf` drops.
+    pub warnings: Vec<String>,
+}
+
+/// Why no configuration could be chosen: where the bad one came from, and what was wrong.
+#[derive(Debug, Clone)]
+pub struct ChooseError {
+    /// `--alloc-conf`, or where in the trace.
+    pub source_name: &'static str,
+    /// The parse error (names the key).
+    pub error: ConfigError,
+}
+
+type Show = fn(&AllocatorConfig) -> String;
+
+/// The keys compared, as `PYTORCH_CUDA_ALLOC_CONF` names them, with how each shows its value.
+const KEYS: &[(&str, Show)] = &[
+    ("expandable_segments", |c| c.expandable_segments.to_string()),
+    ("max_split_size_mb", |c| match c.max_split_size {
+        u64::MAX => "unset".into(),
+        b => format!("{} MiB", b >> 20),
+    }),
+    ("garbage_collection_threshold", |c| c.garbage_collection_threshold.to_string()),
+    ("roundup_power2_divisions", |c| format!("{:?}", c.roundup_power2_divisions)),
+    ("max_non_split_rounding_mb", |c| format!("{} MiB", c.max_non_split_rounding >> 20)),
+    ("per_process_memory_fraction", |c| format!("{:?}", c.per_process_memory_fraction)),
+    ("backend", |c| format!("{:?}", c.backend)),
+    ("release_lock_on_cudamalloc", |c| c.release_lock_on_cudamalloc.to_string()),
+    ("pinned_use_cuda_host_register", |c| c.pinned_use_cuda_host_register.to_string()),
+    ("pinned_num_register_threads", |c| c.pinned_num_register_threads.to_string()),
+    ("graph_capture_record_stream_reuse", |c| c.graph_capture_record_stream_reuse.to_string()),
+];
+
+/// Whether a configuration string names `key`.
+fn names(conf: &str, key: &str) -> bool {
+    conf.split(',').any(|kv| kv.split(':').next().is_some_and(|k| k.trim() == key))
+}
+
+/// The configuration a replay follows (see the module documentation).
+pub fn choose(
+    over: Option<&str>,
+    recorded: RecordedConfig<'_>,
+    version: TorchVersion,
+) -> Result<ChosenConfig, ChooseError> {
+    let mut warnings = Vec::new();
+    let (rec, rec_shown) = match recorded_config(recorded, version, over.is_none(), &mut warnings) {
+        Ok(r) => r,
+        // What `--alloc-conf` replaces need not be readable: it is dropped, with a word.
+        Err(e) if over.is_some() => {
+            warnings.push(format!(
+                "recorded settings unreadable (allocator configuration {}: {}); replaced by --alloc-conf",
+                e.source_name, e.error
+            ));
+            (None, None)
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(over) = over else {
+        let source = if rec.is_some() { ConfigSource::Recorded } else { ConfigSource::Default };
+        return Ok(ChosenConfig { cfg: rec.unwrap_or_default(), shown: rec_shown, source, warnings });
+    };
+    let cfg =
+        AllocatorConfig::parse(over, version).map_err(|error| ChooseError { source_name: "--alloc-conf", error })?;
+    if let Some(rec) = &rec {
+        let default = AllocatorConfig::default();
+        let dropped: Vec<String> = KEYS
+            .iter()
+            .filter(|(_, show)| show(rec) != show(&default) && show(rec) != show(&cfg))
+            .map(|(key, show)| format!("{key} {} (now {})", show(rec), show(&cfg)))
+            .collect();
+        if !dropped.is_empty() {
+            warnings.push(format!(
+                "--alloc-conf replaces the allocator configuration the trace recorded ({}), as \
+                 PYTORCH_CUDA_ALLOC_CONF would for a new run; recorded settings dropped or changed: {}; repeat in \
+                 --alloc-conf any you mean to keep",
+                rec_shown.as_deref().map_or("its allocator_settings".to_string(), |s| format!("\"{s}\"")),
+                dropped.join(", ")
+            ));
+        }
+    }
+    Ok(ChosenConfig { cfg, shown: Some(over.to_string()), source: ConfigSource::Override, warnings })
+}
+
+/// The configuration the trace recorded and its string, if any. `contradictions`: warn where the
+/// snapshot's string and fields disagree (not when `--alloc-conf` replaces both).
+fn recorded_config(
+    recorded: RecordedConfig<'_>,
+    version: TorchVersion,
+    contradictions: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Option<AllocatorConfig>, Option<String>), ChooseError> {
+    if let Some(settings) = recorded.settings {
+        let source_name = "recorded as the snapshot's allocator_settings";
+        let settings_conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).map(str::to_string);
+        let cfg = AllocatorConfig::from_snapshot_settings(settings, version)
+            .map_err(|error| ChooseError { source_name, error })?;
+        if let Some(s) = settings_conf.as_deref().filter(|_| contradictions) {
+            let by_string = AllocatorConfig::parse(s, version).map_err(|error| ChooseError { source_name, error })?;
+            for (key, show) in KEYS {
+                if names(s, key) && show(&by_string) != show(&cfg) {
+                    warnings.push(format!(
+                        "the snapshot's recorded allocator settings contradict each other: its PYTORCH_CUDA_ALLOC_CONF \
+                         string says {key} {}, its allocator_settings field says {}; following the field (what the \
+                         allocator reported in force when the snapshot was taken)",
+                        show(&by_string),
+                        show(&cfg)
+                    ));
+                }
+            }
+        }
+        Ok((Some(cfg), settings_conf))
+    } else if let Some(env) = recorded.env {
+        let cfg = AllocatorConfig::parse(env, version)
+            .map_err(|error| ChooseError { source_name: "recorded in the trace header's environment", error })?;
+        Ok((Some(cfg), Some(env.to_string())))
+    } else {
+        Ok((None, None))
+    }
+}
