@@ -173,13 +173,11 @@ def _workloads(
     example_inputs: Any,
     target: Any,
     loss_fn: Callable[..., torch.Tensor] | None,
-    dtype: str | None,
-    lora: int | str | None,
-    amp: str | None = None,
-    lora_targets: str | None = None,
+    amp: str | None,
+    tuning: dict[str, Any],
 ) -> Callable[[int | None], Any]:
-    """Batch size (None: the example's) -> a fresh meta workload of the caller's model."""
-    from memtrace_trainer.models.finetune import Lora, Regime
+    """Batch size (None: the example's) -> a fresh meta workload of the caller's model, tuned
+    by the fine-tuning keywords (`checks.TUNING`)."""
     from memtrace_trainer.models.zoo import tuned
     from memtrace_trainer.workload import Workload, fresh_like
 
@@ -191,7 +189,7 @@ def _workloads(
     # trace fine where a GPU's first layer fails ("mat1 and mat2 must have the same dtype").
     floats = {t.dtype for t in _tensors(example_inputs) if t.is_floating_point()}
     params = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if dtype is None and amp is None and len(params) == 1 and floats - params:
+    if tuning["dtype"] is None and amp is None and len(params) == 1 and floats - params:
         notes.warn(
             f"example_inputs are {', '.join(sorted(str(f) for f in floats - params))} and the "
             f"model's parameters {next(iter(params))}: on a GPU the first layer that mixes them "
@@ -206,16 +204,13 @@ def _workloads(
                 f"{name}: a tensor's first dimension is {other[0]}, where example_inputs' batch "
                 f"is {base}; every tensor's first dimension is the batch"
             )
-    lora_targets = checks.loop_arguments(target, loss_fn, lora_targets)
-    if lora_targets is not None and lora is None:
-        raise EstimateError("lora_targets= has no meaning without lora=")
-    parsed = Lora.parse(str(lora), lora_targets, None) if lora is not None else None
-    regime = Regime(dtype=dtype, amp=amp, lora=parsed)
-    regime.validate()
+    lora_targets = checks.loop_arguments(target, loss_fn, tuning["lora_targets"])
+    tune = checks.tune(model, amp, {**tuning, "lora_targets": lora_targets})
+    regime = tune.regime
     loss = default_loss if loss_fn is None else _checked_loss(loss_fn)
     # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
     # model too); without one, the model's own.
-    recast = dtype is not None and any(
+    recast = regime.dtype is not None and any(
         p.dtype.is_floating_point and p.dtype != regime.param_dtype for p in model.parameters()
     )
 
@@ -224,14 +219,16 @@ def _workloads(
         inputs, tgt = _meta_like(example_inputs, b), _meta_like(target, b)
         w = Workload(f"python:{type(model).__name__}", _meta_copy(model),
                      lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
-        return tuned(w, regime) if regime.active or recast else w
+        if regime.active or recast or tune.attn or tune.task:
+            return tuned(w, regime, tune.task, tune.attn)
+        return w
 
     return workload
 
 
 def _step_config(
     optimizer: str, steps: int | None, amp: str | None, checkpointing: Any,
-    world_size: int | None, strategy: str | None,
+    world_size: int | None, strategy: str | None, reduce_bucket_size: int | None = None,
 ) -> Any:  # fmt: skip
     from memtrace_trainer.cli.common import MODEL_STEPS
     from memtrace_trainer.symtrace.step import StepConfig
@@ -241,8 +238,10 @@ def _step_config(
         raise EstimateError(f"world_size={world_size} needs strategy= (fsdp2, ddp, zero3, ...)")
     if strategy is not None and world_size is None:
         raise EstimateError(f"strategy={strategy!r} needs world_size= (the number of ranks)")
+    checks.count("reduce_bucket_size", reduce_bucket_size, "a number of elements")
     cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, kind, 1, True,
-                     world_size if strategy else None, strategy)  # fmt: skip
+                     world_size if strategy else None, strategy,
+                     reduce_bucket_size=reduce_bucket_size)  # fmt: skip
     cfg.validate()
     return cfg
 
@@ -292,6 +291,8 @@ def _warnings_as_python() -> Iterator[list[str]]:
     said: list[str] = []
 
     def sink(message: str) -> None:
+        if message.startswith(checks.BASELINES_ONLY):
+            return
         message = as_keywords(message)
         said.append(message)
         warnings.warn(message, MemtraceWarning, stacklevel=_callers_level(sys._getframe()))
@@ -382,8 +383,16 @@ def estimate(
     gpu: str | os.PathLike[str] = DEFAULT_PROFILE,
     world_size: int | None = None,
     strategy: str | None = None,
+    reduce_bucket_size: int | None = None,
     lora: int | str | None = None,
     lora_targets: str | None = None,
+    lora_dropout: float | None = None,
+    qlora: bool = False,
+    qlora_double_quant: bool = False,
+    bnb_version: str | None = None,
+    kbit_prepare: bool = True,
+    task: str | None = None,
+    attn: str | None = None,
     checkpointing: bool | str = False,
     steps: int | None = None,
     capacity: str | None = None,
@@ -396,8 +405,11 @@ def estimate(
     `loss_fn(output, target)` (default: `default_loss`), `optimizer` (a name: adam, adamw, sgd,
     ...), autocast `amp` ("bf16"/"fp16"), parameter `dtype` ("bf16"/"fp16"), LoRA of rank
     `lora` ("R:ALPHA" for alpha; peft's default targets for a transformers model, else
-    `lora_targets`, module names like "fc1,fc2"), `checkpointing` (True/"full" or
-    "selective"), sharded with `strategy` over `world_size` ranks (both or neither). Or `model`
+    `lora_targets`, module names like "fc1,fc2") with `lora_dropout`, QLoRA (`qlora`,
+    `qlora_double_quant`, `bnb_version`, `kbit_prepare`), a transformers model's `task` and
+    `attn` (the CLI's fine-tuning flags, docs/finetuning.md), `checkpointing` (True/"full" or
+    "selective"), sharded with `strategy` over `world_size` ranks (both or neither; DeepSpeed's
+    `reduce_bucket_size` in elements for zero1-3, default 5e8). Or `model`
     is a step builder, `make(device) -> step`, run as written for `steps` steps (your loop, your
     optimizer).
 
@@ -406,6 +418,7 @@ def estimate(
     from memtrace import builders
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
+    tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
     checks.steps(steps)
     checks.count("world_size", world_size, "a number of ranks")
     gpu = _text("gpu", gpu)
@@ -418,8 +431,9 @@ def estimate(
         model = _uncompiled(model)
         if isinstance(model, nn.Module):
             inputs = _checked(model, example_inputs)
-            workload = _workloads(model, inputs, target, loss_fn, dtype, lora, amp, lora_targets)
-            step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
+            workload = _workloads(model, inputs, target, loss_fn, amp, tuning)
+            step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy,
+                                reduce_bucket_size)  # fmt: skip
             job: Any = ModelJob(lambda: workload(None), step)
         elif callable(model):
             if example_inputs is not None:
@@ -429,8 +443,10 @@ def estimate(
 
             loop = {"target": target, "loss_fn": loss_fn, "amp": amp, "dtype": dtype,
                     "lora": lora, "lora_targets": lora_targets, "strategy": strategy,
+                    "reduce_bucket_size": reduce_bucket_size,
                     "optimizer": optimizer if optimizer != "adam" else None,
                     "checkpointing": checkpointing or None}  # fmt: skip
+            loop.update({n: tuning[n] for n in checks.given(tuning)})
             for name in (n for n, v in loop.items() if v is not None):
                 notes.warn(f"{name}= has no effect with a step builder: your step decides")
             # Any world size given, 1 too: a step that starts a process group gets the fake one.
@@ -478,8 +494,16 @@ def max_batch(
     gpu: str | os.PathLike[str] = DEFAULT_PROFILE,
     world_size: int | None = None,
     strategy: str | None = None,
+    reduce_bucket_size: int | None = None,
     lora: int | str | None = None,
     lora_targets: str | None = None,
+    lora_dropout: float | None = None,
+    qlora: bool = False,
+    qlora_double_quant: bool = False,
+    bnb_version: str | None = None,
+    kbit_prepare: bool = True,
+    task: str | None = None,
+    attn: str | None = None,
     checkpointing: bool | str = False,
     steps: int | None = None,
     capacity: str | None = None,
@@ -491,6 +515,7 @@ def max_batch(
     from memtrace_trainer.maxbatch import max_batch as search
     from memtrace_trainer.maxbatch import trace_model
 
+    tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
     if not isinstance(model, nn.Module):
         raise EstimateError(f"model: max_batch searches an nn.Module's batch, got "
                             f"{type(model).__name__} (for a step builder, use the CLI: "
@@ -510,8 +535,9 @@ def max_batch(
     with _tracing(), _warnings_as_python(), _errors():
         model = _uncompiled(model)
         inputs = _checked(model, example_inputs)
-        workload = _workloads(model, inputs, target, loss_fn, dtype, lora, amp, lora_targets)
-        step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy)
+        workload = _workloads(model, inputs, target, loss_fn, amp, tuning)
+        step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy,
+                            reduce_bucket_size)  # fmt: skip
         found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,
                        limit, point)  # fmt: skip
         if found.get("hit_limit"):

@@ -23,8 +23,19 @@ KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
             "lora-targets": "lora_targets", "lora": "lora", "amp": "amp", "dtype": "dtype",
             "optimizer": "optimizer", "strategy": "strategy", "capacity": "capacity",
             "profile": "gpu", "checkpointing": "checkpointing", "point": "point",
-            "alloc-conf": "alloc_conf", "step": "model", "report": "path"}  # fmt: skip
+            "alloc-conf": "alloc_conf", "step": "model", "report": "path",
+            "lora-dropout": "lora_dropout", "qlora": "qlora", "task": "task", "attn": "attn",
+            "qlora-double-quant": "qlora_double_quant", "bnb-version": "bnb_version",
+            "no-kbit-prepare": "kbit_prepare=False",
+            "reduce-bucket-size": "reduce_bucket_size"}  # fmt: skip
+# The fine-tuning keywords (the CLI's fine-tuning flags) and their defaults.
+TUNING = {"dtype": None, "lora": None, "lora_targets": None, "lora_dropout": None,
+          "qlora": False, "qlora_double_quant": False, "bnb_version": None,
+          "kbit_prepare": True, "task": None, "attn": None}  # fmt: skip
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+# What memest says of the baselines beside its estimate (analytic, horus, accelerate, deepspeed),
+# which the API's answer does not show: kept in `to_json()`, with them, not warned of.
+BASELINES_ONLY = ("the analytic, horus, accelerate and deepspeed baselines",)
 CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
 
 
@@ -238,3 +249,47 @@ def masks(model: nn.Module, inputs: Any) -> Any:
             if not (key.endswith("attention_mask") and isinstance(value, torch.Tensor)
                     and value.dim() == 2 and value.device.type != "meta"
                     and bool(value.all()))}  # fmt: skip
+
+
+def given(tuning: Mapping[str, Any]) -> list[str]:
+    """The fine-tuning keywords set to other than their defaults."""
+    return [n for n, default in TUNING.items() if tuning.get(n, default) is not default]
+
+
+def tune(model: nn.Module, amp: str | None, tuning: Mapping[str, Any]) -> Any:
+    """The fine-tuning keywords as the CLI's `tune_from` takes its flags, checked as it checks
+    them (its words, the keywords named: `_errors` says them so), after the types a keyword can
+    get wrong that argparse rules out on the command line. A `task` or `attn` that sets nothing
+    (the model is not a transformers model, or `task` without adapters) is said."""
+    from memtrace_trainer.cli.common import tune_from
+    from memtrace_trainer.models.hf import ATTENTION, TASKS
+
+    for name in ("qlora", "qlora_double_quant", "kbit_prepare"):
+        flag(name, tuning[name])
+    dropout = tuning["lora_dropout"]
+    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, int | float)):
+        raise EstimateError(f"lora_dropout={dropout!r}: expected a probability in [0, 1)")
+    bnb = tuning["bnb_version"]
+    if bnb is not None and not isinstance(bnb, str):
+        raise EstimateError(f"bnb_version={bnb!r}: expected a release as a string, like '0.45' "
+                            "(a float loses the digits: 0.50 is 0.5)")  # fmt: skip
+    for name, choices in (("task", TASKS), ("attn", ATTENTION)):
+        if tuning[name] is not None and tuning[name] not in choices:
+            raise EstimateError(f"{name}={tuning[name]!r}: expected one of {', '.join(choices)}")
+    if tuning["lora"] is None and not tuning["qlora"]:
+        for name in ("lora_targets", "lora_dropout"):
+            if tuning[name] is not None:
+                raise EstimateError(f"{name}= has no meaning without lora= (or qlora=True)")
+    out = tune_from({**tuning, "amp": amp})
+    if not _transformers_model(model):
+        for name in ("task", "attn"):
+            if tuning[name] is not None:
+                notes.warn(f"{name}={tuning[name]!r} has no effect: the model is not a "
+                           "transformers model (task is peft's task type for its adapters, "
+                           "attn its attention implementation)")  # fmt: skip
+        return dataclasses.replace(out, task=None, attn=None)
+    if tuning["task"] is not None and out.regime.lora is None:
+        notes.warn(f"task={tuning['task']!r} has no effect without lora= or qlora=True: it is "
+                   "peft's task type for the adapters; the model's head is the one it was "
+                   "built with")  # fmt: skip
+    return out

@@ -50,7 +50,7 @@ class Field:
 
     name: str
     flag: str
-    kind: str  # boolean, integer, number, string, string-or-true, array
+    kind: str  # boolean, integer, number, string, string-or-true, string-or-integer, array
     help: str
     default: Any = None
     choices: tuple[str, ...] | None = None
@@ -149,6 +149,8 @@ def _kind(action: argparse.Action) -> str:
         return "array"
     if action.nargs == "?":
         return "string-or-true"
+    if action.dest == "lora":
+        return "string-or-integer"  # `--lora R[:ALPHA]`: a rank alone is a number, as lora=8 is
     if action.type is int:
         return "integer"
     if action.type is float:
@@ -279,6 +281,10 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
         if not isinstance(value, str):
             raise wrong("a string or true")
         return [f"{f.flag}={value}"]
+    if f.kind == "string-or-integer":
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise wrong('an integer or a string (16, or "16:32" for the alpha)')
+        return [f"{f.flag}={value}"]
     if f.kind == "array":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise wrong("an array of strings")
@@ -290,8 +296,8 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise wrong("a number")
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        # `"lora": 16`: the value the command line takes is the number's text, which the
-        # command's own parser checks (`--lora R[:ALPHA]`, `--capacity 40GiB`); said, not guessed.
+        # `"capacity": 40`: the value the command line takes is the number's text, which the
+        # command's own parser checks (`--capacity 40GiB`); said, not guessed.
         raise wrong(f"a string, as on the command line ({json.dumps(str(value))})")
     elif not isinstance(value, str):
         raise wrong("a string")

@@ -252,7 +252,7 @@ def test_contradictory_regimes_are_refused(regime: dict[str, Any], expect: str) 
 
 
 def test_lora_targets_that_match_nothing_list_the_modules() -> None:
-    with pytest.raises(UserError, match=r"foo match no module.*q_proj.*v_proj"):
+    with pytest.raises(UserError, match=r"foo matches no module.*q_proj.*v_proj"):
         workload(lora=Lora(8, targets=("foo", "q_proj")))
 
 
@@ -527,7 +527,7 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
     for args, expect in (
         (["--dtype", "bf16", "--amp", "fp16"], "contradictory"),
         (["--lora-targets", "q_proj"], "needs --lora R"),
-        (["--lora", "8", "--lora-targets", "nope"], "nope match no module"),
+        (["--lora", "8", "--lora-targets", "nope"], "nope matches no module"),
         (["--lora", "8", "--lora-targets", "all-linear,q_proj"], "give it alone"),
         (["--lora", "8", "--lora-targets", "q_proj,,"], "expected module names"),
         (["--qlora-double-quant"], "without --qlora"),

@@ -237,7 +237,7 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ),
         ({"steps": -1}, r"^steps=-1: expected"),
         ({"world_size": 0, "strategy": "fsdp2"}, r"^world_size=0: expected a number of ranks"),
-        ({"lora": 4, "lora_targets": "zz"}, r"^lora_targets: zz match no module"),
+        ({"lora": 4, "lora_targets": "zz"}, r"^lora_targets: zz matches no module"),
         ({"amp": "fp8"}, r"^amp='fp8': expected one of"),
         ({"capacity": "40"}, r"for 'capacity': .*did you mean 40GiB"),
         # A bare 40960 most likely means MiB (40 GiB), not 40960 GiB.

@@ -121,6 +121,14 @@ def step_args(p: argparse.ArgumentParser) -> None:
         "reduced in (default: PARAM), e.g. bf16:fp32 over fp32 parameters as torchtitan "
         "trains; dtypes fp32, bf16, fp16 (DeepSpeed's zero1-3 take --dtype bf16/fp16 instead)",
     )
+    p.add_argument(
+        "--reduce-bucket-size",
+        type=int,
+        metavar="N",
+        help="DeepSpeed's zero_optimization.reduce_bucket_size in elements, for zero1-3: the "
+        "contiguous gradient buffer it allocates (default 500000000, DeepSpeed's; Hugging "
+        'Face\'s "auto" DeepSpeed config sets hidden_size * hidden_size)',
+    )
 
 
 def finetune_args(p: argparse.ArgumentParser) -> None:
@@ -267,7 +275,7 @@ STEP_FN_HELP = (
 LOOP_FLAGS = ("optimizer", "amp", "checkpointing", "grad_accum", "input_shape", "seq_len",
               "num_classes", "batch_size", "dtype", "task", "attn", "lora", "lora_targets",
               "lora_dropout", "qlora", "qlora_double_quant", "kbit_prepare",
-              "bnb_version", "strategy", "fsdp_mp")  # fmt: skip
+              "bnb_version", "strategy", "fsdp_mp", "reduce_bucket_size")  # fmt: skip
 
 
 def resolve_steps(args: dict[str, Any]) -> int:
@@ -362,6 +370,7 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
         args.get("world_size"),
         args.get("strategy"),
         args.get("fsdp_mp"),
+        args.get("reduce_bucket_size"),
     )
     cfg.validate()
     return cfg

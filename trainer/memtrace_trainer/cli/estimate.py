@@ -123,6 +123,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     _capacity_arg(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")
+    # The searched axis: taken only to be refused in words (`_searched`), not as argparse's
+    # "unrecognized arguments" under the top-level usage.
+    m.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     m.add_argument("--json", action="store_true", help="print JSON")
 
     q = sub.add_parser(
@@ -157,6 +160,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         type=int,
         help=f"longest sequence tried ({SEQ_LIMIT}; no longer than the model's positions)",
     )
+    q.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)  # refused by `_searched`
     q.add_argument("--json", action="store_true", help="print JSON")
     n = sub.add_parser(
         "min-world-size",
@@ -325,6 +329,7 @@ def _search_answer(
 def _max_batch(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_batch, trace_model, trace_step_fn
 
+    _searched(args, "max-batch", "batch_size", "the batch size", "--limit caps it")
     steps = resolve_steps(vars(args))
     if args.step:
         trace_at = trace_step_fn(args.step, steps, args.world_size)
@@ -343,6 +348,13 @@ def _max_batch(args: argparse.Namespace) -> int:
     return _search_answer(
         args, result, "max_batch", none, "largest batch that fits", lambda n: f"batch {n}"
     )
+
+
+def _searched(args: argparse.Namespace, command: str, dest: str, what: str, cap: str) -> None:
+    """The searched axis given as a flag, as `min-world-size` refuses --world-size."""
+    if getattr(args, dest, None) is not None:
+        flag = "--" + dest.replace("_", "-")
+        raise UserError(f"{command} searches {what}: leave out {flag} ({cap})")
 
 
 def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -364,6 +376,8 @@ def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:
 def _max_seq(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import max_seq, trace_model_seq
 
+    _searched(args, "max-seq", "seq_len", "the sequence length", "--limit caps it, "
+              "--multiple-of sets its steps")  # fmt: skip
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)
     if args.entry:
@@ -406,10 +420,10 @@ def _seq_limit(spec: str | None, limit: int) -> tuple[int, str | None]:
     from memtrace_trainer.models import hf
 
     source, _, name = (spec or "").partition(":")
-    if source in ("torchvision", "timm", "gpumemnet", "synthetic"):
+    if source in ("torchvision", "timm", "gpumemnet", "synthetic", "dlrm"):
         raise UserError(
             f"max-seq: {spec} takes no token sequence, so there is no length to search "
-            "(max-seq is for hf:, hf-config:, dlrm and --entry models)"
+            "(max-seq is for hf:, hf-config: and --entry models)"
         )
     if source not in ("hf", "hf-config"):
         return limit, None

@@ -266,6 +266,7 @@ BATCH_KEYS = {
     "world_size",
     "strategy",
     "fsdp_mp",
+    "reduce_bucket_size",
     "profile",
     "no_cuda_emulation",
     "name",

@@ -34,9 +34,6 @@ LIBRARY_NOISE = (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The newest bitsandbytes release whose 4-bit layers were read for the emulation (the default).
 NEWEST_BNB = (0, 50)
-# The output heads bitsandbytes leaves in full precision (transformers' get_keys_to_not_convert
-# keeps the output embedding; the classifier heads are the same role).
-HEADS = ("lm_head", "score", "classifier", "qa_outputs", "embed_out", "output")
 
 
 @dataclass(frozen=True)
@@ -186,7 +183,8 @@ def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         raise UserError(
-            f"--lora-targets: {', '.join(missing)} match no module of this model; its linear "
+            f"--lora-targets: {', '.join(missing)} "
+            f"{'matches' if len(missing) == 1 else 'match'} no module of this model; its linear "
             f"layers are named {', '.join(_linear_names(model))}"
         )
 
@@ -219,11 +217,10 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
 
         from memtrace_trainer.models.qlora import quantize
 
-        out = getattr(model, "get_output_embeddings", lambda: None)()
         fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
         strict = tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
-        skip = HEADS + fp32 + strict
-        skip += tuple(n for n, m in model.named_modules() if out is not None and m is out)
+        heads = head_modules(model)
+        total = sum(p.numel() for p in model.parameters())
         # transformers (`_get_dtype_plan`) loads those modules in fp32 when the load dtype is
         # fp16, and the strict ones for bf16 too; the 4-bit model loads in its compute dtype.
         load = regime.compute_dtype
@@ -232,16 +229,22 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
             if n.rsplit(".", 1)[-1] in upcast:
                 m.float()
         saves_input = regime.bnb_version < (0, 44)
-        if not quantize(model, regime.compute_dtype, regime.double_quant, skip, saves_input):
+        head = f" ({', '.join(heads)})" if heads else ""
+        with _hidden(model, heads):
+            count = quantize(model, regime.compute_dtype, regime.double_quant, fp32 + strict,
+                             saves_input)  # fmt: skip
+        if not count:
             raise UserError(
                 "--qlora: this model has no linear layers (nn.Linear or transformers' Conv1D) "
-                "outside the output head for bitsandbytes to quantize"
+                f"outside the output head{head} for bitsandbytes to quantize"
             )
+        _say_small_share(count, total, head)
         # What fine-tuning scripts (and trl's SFTTrainer) call on a 4-bit model: freezes the
         # base and casts every non-quantized fp16/bf16 parameter to fp32. Checkpointing stays
         # the step's choice (--checkpointing).
         if regime.kbit_prepare:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            _say_dtype_undone(regime)
         elif not any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters()):
             # The one thing kbit preparation changes here is that cast, of 16-bit parameters.
             from memtrace_trainer.notes import warn
@@ -284,6 +287,83 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
 
         clone_outputs_under_lora(tuned)
     return tuned  # type: ignore[no-any-return]
+
+
+def head_modules(model: nn.Module) -> tuple[str, ...]:
+    """The modules bitsandbytes leaves in full precision, found as transformers finds them
+    (`quantizers/base.py` `get_keys_to_not_convert`): the output embedding, modules whose
+    weights are tied to another's, and the module of the model's last parameter (its output
+    layer, whatever its name). That last module is widened to the outermost of its ancestors
+    below the model that holds no repeated blocks (`nn.ModuleList`) and under half the
+    parameters: the whole of a classifier head (RoBERTa's `dense` and `out_proj`), which peft
+    trains in full (`modules_to_save`), and never the decoder a tied model's last norm sits in."""
+    names = {id(m): n for n, m in model.named_modules()}
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    keep = [names[id(out)]] if isinstance(out, nn.Module) and id(out) in names else []
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name.rpartition(".")[0])
+    keep += [n for shared in owners.values() if len(shared) > 1 for n in shared]
+    params = list(model.named_parameters())
+    if params:
+        last = params[-1][0].rpartition(".")[0]
+        total = sum(p.numel() for _, p in params)
+        parts = last.split(".")
+        for depth in range(1, len(parts)):
+            above = model.get_submodule(".".join(parts[:depth]))
+            small = 2 * sum(p.numel() for p in above.parameters()) < total
+            if small and not any(isinstance(m, nn.ModuleList) for m in above.modules()):
+                last = ".".join(parts[:depth])
+                break
+        keep.append(last)
+    return tuple(dict.fromkeys(n for n in keep if n))
+
+
+@contextlib.contextmanager
+def _hidden(model: nn.Module, names: tuple[str, ...]) -> Iterator[None]:
+    """Within: each named module replaced by an `nn.Identity` in its parent, so that `quantize`
+    leaves it whole (by its full name: a child elsewhere of the same short name is quantized)."""
+    held = []
+    for name in names:
+        if any(name.startswith(f"{other}.") for other in names):
+            continue  # inside another one, hidden with it
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        module = getattr(owner, child, None)
+        if isinstance(module, nn.Module) and not isinstance(module, nn.Identity):
+            held.append((owner, child, module))
+            setattr(owner, child, nn.Identity())
+    try:
+        yield
+    finally:
+        for owner, child, module in reversed(held):
+            setattr(owner, child, module)
+
+
+def _say_small_share(count: int, total: int, head: str) -> None:
+    """QLoRA of a model whose linear layers are a small share of it (a CNN): most of it stays
+    in its own dtype, which the estimate should not hide."""
+    if total and 2 * count < total:
+        from memtrace_trainer.notes import warn
+
+        warn(f"--qlora quantizes {count:,} of the model's {total:,} parameters "
+             f"({100 * count / total:.1f}%) to 4 bits: only linear layers outside the output "
+             f"head{head} are, and the rest (convolutions, embeddings, norms) keep their "
+             "dtype")  # fmt: skip
+
+
+def _say_dtype_undone(regime: Regime) -> None:
+    """`--dtype bf16/fp16` under kbit preparation: the parameters it would make 16-bit are cast
+    back to fp32, and the 4-bit layers dequantize to 16 bits either way (bf16 by default)."""
+    if regime.dtype not in ("bf16", "fp16"):
+        return
+    from memtrace_trainer.notes import warn
+
+    warn(f"--dtype {regime.dtype} has no effect with --qlora: prepare_model_for_kbit_training "
+         "casts every parameter outside the 4-bit layers back to fp32, and the 4-bit layers "
+         "dequantize to a 16-bit compute dtype either way (bf16 without --dtype); give --amp "
+         f"{regime.dtype} for mixed precision, or --no-kbit-prepare to keep those parameters "
+         f"in {regime.dtype}")  # fmt: skip
 
 
 def _say_full_rank(model: nn.Module, r: int, flag: str) -> None:

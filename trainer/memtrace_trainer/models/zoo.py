@@ -231,7 +231,10 @@ def build_workload(
     elif source in ("hf", "hf-config"):
         _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
     elif source == "dlrm":
-        _ignored("--input-shape", input_shape, f"{spec} takes token ids (give --seq-len)")
+        # Each sample is dense features and one id per embedding table: no sequence, no image.
+        nothing = f"{spec} takes dense features and one id per embedding table per sample"
+        _ignored("--input-shape", input_shape, nothing)
+        _ignored("--seq-len", seq_len, f"{nothing}, no sequence")
         _ignored("--num-classes", num_classes, f"{spec} has its own output head")
     elif source in ("gpumemnet", "synthetic"):
         _ignored("--seq-len", seq_len, f"{spec}: the generator config sets its own sizes")
@@ -315,8 +318,11 @@ def _build(
     )
 
 
-def tuned(w: Workload, regime: Regime) -> Workload:
-    """A zoo model in the regime: parameters in its dtype, float inputs cast to it, LoRA."""
+def tuned(
+    w: Workload, regime: Regime, task: str | None = None, attn: str | None = None
+) -> Workload:
+    """A zoo model in the regime: parameters in its dtype, float inputs cast to it, LoRA.
+    `task` (peft's task type) and `attn` apply to a transformers model handed to the API."""
     from memtrace_trainer.models import finetune
 
     if regime.qlora and regime.lora is None:
@@ -339,13 +345,31 @@ def tuned(w: Workload, regime: Regime) -> Workload:
         p.is_floating_point() and p.dtype != dtype for p in w.model.parameters()
     )
     model = w.model.to(dtype) if recast else w.model
-    model = finetune.apply(model, regime, None, model_type)
+    if attn is not None:
+        # Built with sdpa for flash_attention_2, as an `hf:` spec is (`hf.build`).
+        if attn == "flash_attention_2" and getattr(model, "_supports_flash_attn", True) is False:
+            raise UserError(f"--attn flash_attention_2: transformers does not support it for "
+                            f"{type(model).__name__}; give --attn sdpa or eager")  # fmt: skip
+        try:
+            model.set_attn_implementation("sdpa" if attn == "flash_attention_2" else attn)
+        except (ValueError, ImportError) as e:
+            raise UserError(f"--attn {attn}: transformers refused it for "
+                            f"{type(model).__name__} ({e})") from None  # fmt: skip
+    model = finetune.apply(model, regime, task, model_type)
     make = w.make_batch
     if dtype != torch.float32 or recast:
         make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
     out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
                    {**w.defaults, **regime.defaults}, sizes=w.sizes)  # fmt: skip
-    out.details = {**finetune.summary(model), "fine_tuning": regime.to_json()}
+    out.details = {**w.details, **finetune.summary(model), "fine_tuning": regime.to_json()}
+    if attn is not None:
+        out.details["attn"] = attn
+    if task is not None:
+        out.details["task"] = task
+    if regime.qlora:
+        out.details["pre_quantization_dtype"] = next(
+            k for k, v in finetune.DTYPES.items() if v == regime.compute_dtype
+        )
     return out
 
 

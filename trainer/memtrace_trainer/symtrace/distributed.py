@@ -40,7 +40,17 @@ from torch import nn
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
+from memtrace_trainer.symtrace.deepspeed import (
+    STATE_SLOTS,
+    bucket_said,
+    check_reduce_bucket,
+    deepspeed_low_precision,
+    fp32_extra_per_parameter,
+    reduce_bucket,
+)
 
+# What ZeRO-1 runs as: PyTorch's optimizer, over the model without DDP (`runs_as`).
+ZERO1 = "ZeroRedundancyOptimizer"
 STRATEGIES = (
     "fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2", "zero3",
 )  # fmt: skip
@@ -55,13 +65,12 @@ EQUIVALENT = {
                       "backward"),
     "fsdp1-no-shard": ("ddp", None, "FSDP1 NO_SHARD emulated by DDP (replicated parameters, "
                        "all-reduced gradients)"),
-    "zero1": ("ddp", None, "DeepSpeed ZeRO-1 emulated by PyTorch's ZeroRedundancyOptimizer over "
-              "DDP: optimizer state sharded by whole parameters, gradients all-reduced in DDP's "
-              "buckets; DeepSpeed's reduce buckets (5e8 elements) are DDP's here"),
+    "zero1": (ZERO1, None, "DeepSpeed ZeRO-1 emulated by PyTorch's ZeroRedundancyOptimizer "
+              "over the model itself (no DDP, whose buckets DeepSpeed does not have): optimizer "
+              "state sharded by whole parameters, full gradients"),
     "zero2": ("fsdp2", False, "DeepSpeed ZeRO-2 emulated by FSDP2 with reshard_after_forward="
               "False: gradients and optimizer state sharded, parameters gathered through forward "
-              "and backward; ZeRO-2 keeps them gathered in the optimizer step too, and its "
-              "reduce buckets (reduce_bucket_size 5e8 elements) are not modelled"),
+              "and backward; ZeRO-2 keeps them gathered in the optimizer step too"),
     "zero3": ("fsdp2", True, "DeepSpeed ZeRO-3 emulated by FSDP2 (parameters, gradients and "
               "optimizer state sharded, one unit per block); its prefetch buckets "
               "(stage3_prefetch_bucket_size 5e7 elements) are FSDP2's one-unit prefetch here"),
@@ -72,7 +81,11 @@ META = torch.device("meta")
 MP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None) -> None:
+def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None,
+          reduce_bucket_size: int | None = None) -> None:  # fmt: skip
+    """The strategy flags, before tracing (the CLI, the Python API and `serve` alike): errors
+    name the flag; a flag, or a world size, that changes nothing is warned about."""
+    check_reduce_bucket(strategy, reduce_bucket_size)
     if fsdp_mp is not None:
         mp_policy(fsdp_mp)
         if strategy in ("zero2", "zero3"):
@@ -96,6 +109,23 @@ def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = No
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     check_world_size(world_size)
+    if world_size == 1:
+        warn(f"--world-size 1: --strategy {strategy} at one rank shards and reduces nothing, "
+             f"yet {_held_alone(strategy)} still held, so this estimate is above the same job's "
+             "without --strategy; drop --strategy for one GPU")  # fmt: skip
+
+
+def _held_alone(strategy: str) -> str:
+    """What a strategy holds at one rank that the unsharded job does not."""
+    code = runs_as(strategy)[0]
+    if code == "ddp":
+        return "DDP's gradient buckets (as large as the parameters) are"
+    if code == ZERO1:
+        return "DeepSpeed's gradient reduce buffer is"
+    if strategy in ("zero2", "zero3"):
+        return ("FSDP2's all-gather and reduce-scatter buffers, and DeepSpeed's gradient reduce "
+                "buffer, are")  # fmt: skip
+    return "FSDP2's all-gather and reduce-scatter buffers are"
 
 
 def check_with_step(strategy: str | None, optimizer: str, amp: str | None,
@@ -309,9 +339,9 @@ def runs_as(strategy: str) -> tuple[str, bool | None, str | None]:
 
 
 def replicates(strategy: str) -> bool:
-    """Whether every rank holds the whole model state (DDP and what runs as it, ZeRO-1 aside,
-    which shards the optimizer state): more ranks never lower a rank's need."""
-    return runs_as(strategy)[0] == "ddp" and strategy != "zero1"
+    """Whether every rank holds the whole model state (DDP and what runs as it): more ranks
+    never lower a rank's need."""
+    return runs_as(strategy)[0] == "ddp"
 
 
 def describe(strategy: str) -> dict[str, Any]:
@@ -319,8 +349,9 @@ def describe(strategy: str) -> dict[str, Any]:
     and why the traced rank 0 stands for every rank (or where it does not)."""
     code, _, note = runs_as(strategy)
     if strategy == "zero1":
-        ranks = ("rank 0 traced; ZeRO-1 partitions whole parameters, so ranks differ by up to one "
-                 "parameter's optimizer state (a warning names a larger rank)")  # fmt: skip
+        ranks = ("rank 0 traced; ZeroRedundancyOptimizer partitions whole parameters, so ranks "
+                 "differ by up to one parameter's optimizer state (when another rank holds "
+                 "more, its extra state is added and this line names it)")  # fmt: skip
     elif code == "ddp":
         ranks = "rank 0 traced; DDP ranks are replicas (the same parameters and buckets)"
     else:
@@ -329,45 +360,28 @@ def describe(strategy: str) -> dict[str, Any]:
     return {"runs_as": code, "equivalence": note, "ranks": ranks}
 
 
-# fp32 state tensors per parameter of each optimizer ZeRO-1 takes (DeepSpeed keeps them fp32).
-STATE_SLOTS = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "rmsprop": 1}
-
-
-def fp32_extra_per_parameter(slots: int) -> int:
-    """What DeepSpeed's 16-bit mode holds per partitioned parameter beyond a 16-bit
-    ZeroRedundancyOptimizer's state: a 4-byte master weight, and 4 - 2 more bytes per state
-    tensor."""
-    return 4 + 2 * slots
-
-
-def deepspeed_fp32_bytes(model: nn.Module, zero: Any, optimizer: str) -> int:
-    """ZeRO-1 in DeepSpeed's bf16/fp16 mode: the bytes of fp32 master weights and fp32 state
-    rank 0 holds beyond what `zero` (PyTorch's ZeroRedundancyOptimizer, state in the
-    parameters' 16 bits) holds; 0 when the job is not in pure 16 bits or the optimizer's state
-    is unknown (said by `shard`)."""
-    slots = STATE_SLOTS.get(optimizer)
-    if deepspeed_low_precision(model) is None or slots is None:
-        return 0
-    numel = sum(p.numel() for group in zero._partition_parameters()[0] for p in group["params"])
-    return fp32_extra_per_parameter(slots) * numel
-
-
 def shard(
     model: nn.Module,
     strategy: str,
     mesh: Any,
     fsdp_mp: str | None = None,
     optimizer: str = "adam",
+    reduce_bucket_size: int | None = None,
 ) -> dict[str, Any]:
     """Before the trace: `fully_shard` per unit and on the root for the FSDP2 family (DDP wraps
     inside the trace, `wrap_ddp`, so its buckets are recorded); returns what the output
-    reports."""
+    reports, with DeepSpeed's reduce buffer (`reduce_bucket`, allocated in the trace by the
+    tracer's loop) for a ZeRO strategy."""
     from torch.distributed.fsdp import fully_shard
 
     world = mesh.size()
     code, reshard, _ = runs_as(strategy)
     info = {"strategy": strategy, "world_size": world, "rank": 0, **describe(strategy)}
     low = deepspeed_low_precision(model)
+    bucket = reduce_bucket(strategy, model, reduce_bucket_size)  # before any fp32 master copy
+    if bucket is not None:
+        info["reduce_bucket"] = bucket
+        info["equivalence"] = f"{info['equivalence']}; {bucket_said(bucket)}"
     if strategy == "zero1" and low is not None:
         name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[low]
         slots = STATE_SLOTS.get(optimizer)
@@ -385,7 +399,7 @@ def shard(
                 f"of the rest, {fp32_extra_per_parameter(slots)} bytes per parameter of rank 0's "
                 "partition, held from the optimizer's construction"
             )
-    if code == "ddp":
+    if code != "fsdp2":  # DDP, or ZeRO-1's optimizer: nothing sharded before the trace
         full = sum(p.numel() * p.element_size() for p in model.parameters())
         return {**info, "units": 1, "parameter_bytes": full, "local_parameter_bytes": full}
     for p in model.parameters():
@@ -418,8 +432,9 @@ def shard(
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         trainable = {p.dtype for p in model.parameters() if p.requires_grad}
         if trainable == {param_dtype} and reduce_dtype == param_dtype:
+            dtype = next(k for k, v in MP_DTYPES.items() if v == param_dtype)
             warn(
-                f"--fsdp-mp {fsdp_mp}: the trainable parameters are {fsdp_mp} already, so the "
+                f"--fsdp-mp {fsdp_mp}: the trainable parameters are {dtype} already, so the "
                 "policy casts nothing and has no effect ("
                 + (
                     "give a 16-bit PARAM, e.g. bf16:fp32, for mixed precision)"
@@ -463,15 +478,6 @@ def _qlora_storage(model: nn.Module, strategy: str, info: dict[str, Any]) -> Non
     info["equivalence"] = f"{info['equivalence']}; {said}" if info.get("equivalence") else said
 
 
-def deepspeed_low_precision(model: nn.Module) -> torch.dtype | None:
-    """The 16-bit dtype of a job in pure low precision (`--dtype bf16/fp16`: every trainable
-    parameter in it), which a ZeRO strategy runs in DeepSpeed's bf16/fp16 mode."""
-    trainable = {p.dtype for p in model.parameters() if p.requires_grad}
-    if len(trainable) == 1 and next(iter(trainable)) in (torch.bfloat16, torch.float16):
-        return next(iter(trainable))
-    return None
-
-
 def wrap_ddp(model: nn.Module) -> nn.Module:
     """`DistributedDataParallel` with its defaults (bucket_cap_mb 25, a smaller first bucket,
     gradient_as_bucket_view=False: each gradient is copied into its flat bucket), built inside
@@ -513,33 +519,3 @@ class _NoRebuild:
 
     def _rebuild_buckets(self) -> bool:
         return False
-
-
-def zero_redundancy(optimizer: Any, params: list[Any]) -> Any:
-    """ZeRO-1's optimizer: PyTorch's `ZeroRedundancyOptimizer` around the class and settings of
-    `optimizer`, so each rank keeps the state of its partition of the parameters. Warns when
-    rank 0's partition is not the largest (partitions are whole parameters, balanced greedily):
-    the ranks are then not symmetric, and the largest holds that much more state."""
-    import inspect
-
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    cls = type(optimizer)
-    if cls.__module__.split(".")[0] != "torch":
-        raise UserError(
-            f"--strategy zero1 runs PyTorch's ZeroRedundancyOptimizer, which wraps a "
-            f"torch.optim optimizer; {cls.__name__} is not one"
-        )
-    accepted = inspect.signature(cls.__init__).parameters
-    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    zero = ZeroRedundancyOptimizer(params, optimizer_class=cls, **settings)
-    sizes = [sum(p.numel() * p.element_size() for group in part for p in group["params"])
-             for part in zero._partition_parameters()]  # fmt: skip
-    if sizes and sizes[0] < max(sizes):
-        warn(
-            f"--strategy zero1: ZeroRedundancyOptimizer partitions whole parameters, and the "
-            f"largest partition ({max(sizes):,} bytes of parameters) is rank "
-            f"{sizes.index(max(sizes))}'s, not rank 0's ({sizes[0]:,} bytes): that rank "
-            "holds proportionally more optimizer state than the rank traced"
-        )
-    return zero

@@ -17,14 +17,14 @@ from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING, enable_checkpointing
-from memtrace_trainer.symtrace.distributed import check as check_distributed
-from memtrace_trainer.symtrace.distributed import (
-    check_with_step,
+from memtrace_trainer.symtrace.deepspeed import (
     deepspeed_fp32_bytes,
-    runs_as,
-    wrap_ddp,
+    heaviest_rank,
+    reduce_buffers,
     zero_redundancy,
 )
+from memtrace_trainer.symtrace.distributed import check as check_distributed
+from memtrace_trainer.symtrace.distributed import check_with_step, runs_as, wrap_ddp
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import check_steps, run_steps
@@ -63,6 +63,8 @@ class StepConfig:
     strategy: str | None = None
     # FSDP2's MixedPrecisionPolicy as "PARAM[:REDUCE]" dtypes (e.g. "bf16:fp32").
     fsdp_mp: str | None = None
+    # DeepSpeed's reduce_bucket_size in elements (zero1-3; None: its default, 5e8).
+    reduce_bucket_size: int | None = None
 
     def __post_init__(self) -> None:
         # A bool is the older spelling: True is "full".
@@ -78,7 +80,7 @@ class StepConfig:
             expected = ", ".join(CHECKPOINTING)
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
         check_steps(self.iterations)
-        check_distributed(self.strategy, self.world_size, self.fsdp_mp)
+        check_distributed(self.strategy, self.world_size, self.fsdp_mp, self.reduce_bucket_size)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
@@ -157,6 +159,18 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                 # Held as long as the optimizer: DeepSpeed makes its fp32 partition at start.
                 with rec.categorized("optimizer_state"):
                     made["deepspeed_fp32"] = torch.empty(extra, dtype=torch.uint8, device=device)
+            # The heaviest rank's state beyond rank 0's, so the need is that rank's.
+            _, more, made["zero1_ranks"] = heaviest_rank(workload.model, optimizer, cfg.optimizer)
+            if more:
+                with rec.categorized("optimizer_state"):
+                    made["zero1_heavier"] = torch.empty(more, dtype=torch.uint8, device=device)
+        bucket = made.get("reduce_bucket")
+        if bucket is not None and bucket["held"] == "optimizer":
+            # ZeRO-3's reduce buffer: made after the optimizer state, kept for the run.
+            with rec.categorized("other"):
+                made["reduce_buffers"] = reduce_buffers(bucket, device)
+        # ZeRO-1/2's: made as each backward starts, dropped once its gradients are reduced.
+        per_backward = bucket if bucket is not None and bucket["held"] == "backward" else None
         made["optimizer"] = optimizer
         watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None
@@ -204,7 +218,10 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                         loss = loss / cfg.grad_accum
                 held["loss"] = loss
                 del loss
+                with rec.categorized("other"):
+                    buffers = reduce_buffers(per_backward, device)
                 (scaler.scale(held["loss"]) if scaler else held["loss"]).backward()
+                del buffers
             if scaler:
                 scaler.unscale_and_step(optimizer, [p.grad for p in params if p.grad is not None])
             else:
@@ -236,7 +253,9 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
             from memtrace_trainer.symtrace.distributed import fake_world, shard
 
             mesh = world.enter_context(fake_world(cfg.world_size or 1))
-            sharded = shard(workload.model, cfg.strategy, mesh, cfg.fsdp_mp, cfg.optimizer)
+            sharded = shard(workload.model, cfg.strategy, mesh, cfg.fsdp_mp, cfg.optimizer,
+                            cfg.reduce_bucket_size)  # fmt: skip
+            made["reduce_bucket"] = sharded.get("reduce_bucket")
         done = run_steps(
             canned(workload, cfg, rec, made),
             cfg.iterations,
@@ -249,6 +268,8 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
         )
     emulated: dict[str, Any] = {"sdpa_backends": done.sdpa_backends}
     if sharded is not None:
+        if made.get("zero1_ranks"):
+            sharded["ranks"] = made["zero1_ranks"]
         emulated["distributed"] = sharded
     paged = paged_bytes(made.get("optimizer"))
     if paged:
