@@ -60,24 +60,21 @@ impl Features {
         };
         let total_parameters = count("total_parameters")?;
         let total_activations = count("total_activations")?;
-        let batch_size = match v.get("batch_size") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(b) => {
-                Some(b.as_u64().filter(|&n| n > 0).ok_or_else(|| field("batch_size", "expected a whole number >= 1"))?)
-            }
+        // An optional count above zero: absent or null is none.
+        let positive = |name: &str| -> Result<Option<u64>> {
+            v.get(name)
+                .filter(|x| !x.is_null())
+                .map(|x| x.as_u64().filter(|&n| n > 0).ok_or_else(|| field(name, "expected a whole number >= 1")))
+                .transpose()
         };
+        let batch_size = positive("batch_size")?;
         let model = match v.get("model") {
             None | Some(serde_json::Value::Null) => None,
             Some(m) => {
                 Some(m.as_str().ok_or_else(|| field("model", "expected the model's name, a string"))?.to_string())
             }
         };
-        let seq_len = match v.get("seq_len") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(n) => {
-                Some(n.as_u64().filter(|&n| n > 0).ok_or_else(|| field("seq_len", "expected a whole number >= 1"))?)
-            }
-        };
+        let seq_len = positive("seq_len")?;
         let input_shape = match v.get("input_shape") {
             None | Some(serde_json::Value::Null) => None,
             Some(d) => Some(
