@@ -238,7 +238,7 @@ def _step_config(
         raise EstimateError(f"world_size={world_size} needs strategy= (fsdp2, ddp, zero3, ...)")
     if strategy is not None and world_size is None:
         raise EstimateError(f"strategy={strategy!r} needs world_size= (the number of ranks)")
-    checks.count("reduce_bucket_size", reduce_bucket_size, "a number of elements")
+    reduce_bucket_size = checks.elements("reduce_bucket_size", reduce_bucket_size)
     cfg = StepConfig(optimizer, steps or MODEL_STEPS, amp, kind, 1, True,
                      world_size if strategy else None, strategy,
                      reduce_bucket_size=reduce_bucket_size)  # fmt: skip

@@ -57,6 +57,16 @@ def count(name: str, value: Any, what: str) -> None:
         raise EstimateError(f"{name}={value!r}: expected {what} (an int of at least 1)")
 
 
+def elements(name: str, value: Any) -> int | None:
+    """A number of elements as DeepSpeed's config writes it: 0 or more, whole (5e8 taken)."""
+    from memtrace_trainer.symtrace.deepspeed import whole_elements
+
+    n = whole_elements(value) if not isinstance(value, str) else None
+    if value is not None and (n is None or n < 0):
+        raise EstimateError(f"{name}={value!r}: expected a whole number of elements, 0 or more")
+    return n
+
+
 def steps(value: Any) -> None:
     """`steps=`: a count the tracer takes, bounded as the CLI's `--steps` is."""
     from memtrace_trainer.errors import UserError

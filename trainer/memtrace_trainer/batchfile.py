@@ -74,6 +74,11 @@ def check_value(field: str, value: Any, action: argparse.Action | None) -> Any:
             return action.const
         if value is False:
             return None
+    if getattr(action.type, "schema_kind", None) == "number":  # `--reduce-bucket-size`: 5e8
+        try:
+            return action.type(str(value)) if is_number(value) else action.type(value)
+        except (TypeError, argparse.ArgumentTypeError) as e:
+            raise wrong(f"a number the command line takes ({e})") from None
     if action.type is int:
         if not is_integer(value) or value < 1:
             raise wrong("a positive integer")

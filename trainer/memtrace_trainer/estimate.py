@@ -382,8 +382,10 @@ def _distributed(s: StepConfig, sharded: dict[str, Any] | None) -> dict[str, Any
     said = describe(s.strategy)
     told = {k: (sharded or said).get(k, v) for k, v in said.items()}
     # What the trace stored otherwise than the job asked (QLoRA's 4-bit weights as bf16).
-    if sharded and "quant_storage" in sharded:
-        told["quant_storage"] = sharded["quant_storage"]
+    # ... and DeepSpeed's reduce buffer as the trace allocated it (ZeRO strategies).
+    for key in ("quant_storage", "reduce_bucket"):
+        if sharded and key in sharded:
+            told[key] = sharded[key]
     return {"rank": 0, **told}
 
 

@@ -151,6 +151,8 @@ def _kind(action: argparse.Action) -> str:
         return "string-or-true"
     if action.dest == "lora":
         return "string-or-integer"  # `--lora R[:ALPHA]`: a rank alone is a number, as lora=8 is
+    if getattr(action.type, "schema_kind", None):
+        return action.type.schema_kind  # a parser of its own taking a JSON number
     if action.type is int:
         return "integer"
     if action.type is float:

@@ -20,7 +20,7 @@ from memtrace import EstimateError
 from memtrace_trainer import notes, serve_worker
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import load_profile
-from memtrace_trainer.serve_schema import Policy, Schema, estimate_parser
+from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import summarize, trace
 
@@ -62,13 +62,13 @@ def test_zero3_holds_deepspeeds_reduce_buffer_from_the_optimizer_on() -> None:
     assert len(_lives(events, 4000)) == 1 and not _lives(events, 500_000_000 * 4)
 
 
-@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
-def test_zero1_and_zero2_make_the_reduce_buffer_at_each_backward(strategy: str) -> None:
+def test_zero2_makes_the_reduce_buffer_at_each_backward() -> None:
     """stage_1_and_2.py `backward`: `ipg_buffer` is made as each backward starts (one, as
-    overlap_comm defaults to False for these stages) and dropped once the gradients are reduced
-    (`_release_ipg_buffers`): one per micro-batch, alive while the gradients are made."""
+    overlap_comm defaults to False for these stages); stage 2 reduces in each backward's hooks
+    and drops it (`_release_ipg_buffers`): one per micro-batch, alive while the gradients are
+    made."""
     n = 12_345
-    events, extra = _run(workload(dtype="bf16", seq=16), strategy=strategy, world_size=2,
+    events, extra = _run(workload(dtype="bf16", seq=16), strategy="zero2", world_size=2,
                          grad_accum=2, reduce_bucket_size=n)  # fmt: skip
     lives = _lives(events, 2 * n)
     assert len(lives) == 2 * 2, lives  # two steps of two micro-batches
@@ -82,6 +82,67 @@ def test_zero1_and_zero2_make_the_reduce_buffer_at_each_backward(strategy: str) 
         assert made and ("gradient" in made or k % 2), (k, made)
     assert extra["distributed"]["reduce_bucket"]["held"] == "backward"
     assert f"reduce_bucket_size {n} elements of bf16" in extra["distributed"]["equivalence"]
+
+
+def test_zero1_keeps_one_reduce_buffer_through_the_accumulation() -> None:
+    """Stage 1 reduces only at the accumulation boundary (the engine's `allreduce_gradients`,
+    `reduce_gradients`), and each backward replaces `ipg_buffer`: one buffer from the first
+    backward to the boundary's reduction, alive through the later micro-batches' forwards. It
+    was freed after each backward, as stage 2's."""
+    n = 12_345
+    events, extra = _run(workload(dtype="bf16", seq=16), strategy="zero1", world_size=2,
+                         grad_accum=2, reduce_bucket_size=n)  # fmt: skip
+    lives = _lives(events, 2 * n)
+    assert len(lives) == 2, lives  # one per step of two micro-batches
+    for start, end in lives:
+        assert end is not None
+        # Alive through the second micro-batch's forward, after the first's backward.
+        marks = [e.get("text") for e in events[start:end]]
+        assert "phase:backward" in marks and "phase:forward" in marks, marks
+        assert marks.index("phase:forward") > marks.index("phase:backward")
+    assert extra["distributed"]["reduce_bucket"]["held"] == "accumulation"
+    assert "accumulation boundary" in extra["distributed"]["equivalence"]
+
+
+def _zro_partition(w: Any, world: int) -> int:
+    """Elements of rank 0's ZeroRedundancyOptimizer partition (largest first, to the lightest)."""
+    sizes = [0] * world
+    for numel in sorted((p.numel() for p in w.model.parameters()), reverse=True):
+        sizes[sizes.index(min(sizes))] += numel
+    return sizes[0]
+
+
+def _live_by_category(events: list[dict[str, Any]], upto: int) -> dict[str, int]:
+    live: dict[int, tuple[int, str]] = {}
+    for e in events[:upto]:
+        if e["kind"] == "alloc":
+            live[e["addr"]] = (e["size"], e["category"])
+        elif e["kind"] == "free":
+            live.pop(e["addr"], None)
+    out: dict[str, int] = {}
+    for size, category in live.values():
+        out[category] = out.get(category, 0) + size
+    return out
+
+
+def test_zero1_keeps_its_partitions_gradients_and_drops_the_rest() -> None:
+    """stage_1_and_2.py: `reduce_gradients` moves each gradient into the reduce buffer,
+    `copy_grads_in_partition` copies this rank's into `grads_in_partition` (one flat tensor in
+    the parameters' dtype), the epilogue's `zero_grad` drops every full gradient, and `step`
+    makes a flat copy and an fp32 copy of the partition (the fp32 one held through the
+    optimizer). The trace kept every full gradient through the step (4x the partition at 4
+    ranks) and had neither copy."""
+    w = workload(dtype="bf16", seq=16)
+    mine = _zro_partition(w, 4)
+    total = sum(p.numel() for p in w.model.parameters())
+    events, _ = _run(w, strategy="zero1", world_size=4, reduce_bucket_size=1000, iterations=1)
+    flats = [i for i, e in enumerate(events) if e["kind"] == "alloc"
+             and e["category"] == "gradient" and e["size"] == 2 * mine]  # fmt: skip
+    # grads_in_partition (bf16), then the fp32 gradient's bytes beyond it (4 - 2 per element).
+    assert len(flats) >= 2, flats
+    held = _live_by_category(events, flats[1] + 1)["gradient"]
+    assert held < 2 * total / 2, (held, 2 * total)  # the full gradients are gone
+    assert held >= 4 * mine  # the partition's, fp32 (as bf16 plus the rest)
 
 
 def test_zero1_holds_no_ddp_bucket() -> None:
@@ -164,9 +225,9 @@ def test_fsdp_mp_without_effect_names_the_dtype() -> None:
     assert any("the trainable parameters are fp32 already" in m for m in said), said
 
 
-@pytest.mark.parametrize("value", [0, -5])
-def test_a_bad_reduce_bucket_size_names_the_flag(value: int) -> None:
-    with pytest.raises(UserError, match=rf"--reduce-bucket-size {value}: expected a positive"):
+@pytest.mark.parametrize("value", [-5, 2.5])
+def test_a_bad_reduce_bucket_size_names_the_flag(value: float) -> None:
+    with pytest.raises(UserError, match=rf"--reduce-bucket-size {value}: expected a whole"):
         StepConfig(strategy="zero3", world_size=2, reduce_bucket_size=value).validate()
     done = cli("estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16",
                "--strategy", "zero2", "--world-size", "2", f"--reduce-bucket-size={value}",
@@ -175,15 +236,44 @@ def test_a_bad_reduce_bucket_size_names_the_flag(value: int) -> None:
     with pytest.raises(EstimateError, match=rf"reduce_bucket_size={value}"):
         memtrace.estimate(nn.Linear(4, 2), torch.randn(2, 4), strategy="zero1", world_size=2,
                           reduce_bucket_size=value)  # fmt: skip
-    status, body = _serve({"model": LLAMA, "batch_size": 1, "seq_len": 16, "strategy": "zero3",
-                           "world_size": 2, "reduce_bucket_size": value})  # fmt: skip
+    try:  # refused by the request's own parsing (2.5) or by the job's check (-5)
+        status, body = _serve({"model": LLAMA, "batch_size": 1, "seq_len": 16,
+                               "strategy": "zero3", "world_size": 2,
+                               "reduce_bucket_size": value})  # fmt: skip
+    except RequestError as e:
+        status, body = e.status, {"field": e.field}
     assert status == 400 and body["field"] == "reduce_bucket_size", body
 
 
 def test_a_reduce_bucket_size_that_is_not_a_number_exits_2() -> None:
     done = cli("estimate", "--model", LLAMA, "--strategy", "zero3", "--world-size", "2",
                "--reduce-bucket-size", "lots", check=False)  # fmt: skip
-    assert done.returncode == 2 and "argument --reduce-bucket-size: invalid int" in done.stderr
+    assert done.returncode == 2 and "argument --reduce-bucket-size: invalid" in done.stderr
+
+
+def test_reduce_bucket_size_as_deepspeed_writes_it() -> None:
+    """DeepSpeed's configs (and these docs) write 5e8: it exited 2, "invalid int". 0 is valid
+    there too (`ge=0`: every parameter is extra-large, no buffer): it was refused."""
+    args = ["estimate", "--model", LLAMA, "--batch-size", "1", "--seq-len", "16", "--dtype",
+            "bf16", "--strategy", "zero2", "--world-size", "2", "--json"]  # fmt: skip
+    big = json.loads(cli(*args, "--reduce-bucket-size", "5e8").stdout)
+    bucket = big["inputs"]["distributed"]["reduce_bucket"]
+    assert bucket["elements"] == 500_000_000 and bucket["buffers"] == 1
+    none = json.loads(cli(*args, "--reduce-bucket-size", "0").stdout)
+    assert none["inputs"]["distributed"]["reduce_bucket"]["buffers"] == 0
+    assert "no buffer is held" in none["inputs"]["distributed"]["equivalence"]
+    found = [d["estimates"]["symbolic"]["allocated_mib"] for d in (big, none)]
+    assert found[0] - found[1] == pytest.approx(953.7, abs=1.0)
+    events, _ = _run(workload(dtype="bf16", seq=16), strategy="zero1", world_size=2,
+                     reduce_bucket_size=0, iterations=1)  # fmt: skip
+    assert not _lives(events, 0)
+    status, body = _serve({"model": LLAMA, "batch_size": 1, "seq_len": 16, "strategy": "zero3",
+                           "world_size": 2, "reduce_bucket_size": 5e8})  # fmt: skip
+    assert status == 200, body
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        memtrace.estimate(nn.Linear(4, 2), torch.randn(2, 4), strategy="zero1", world_size=2,
+                          reduce_bucket_size=5e8)  # fmt: skip
 
 
 def test_reduce_bucket_size_without_zero_has_no_effect_and_says_so() -> None:

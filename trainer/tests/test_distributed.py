@@ -208,7 +208,8 @@ def test_the_root_stays_gathered_from_forward_to_backward_as_fsdp2_keeps_it() ->
 
 def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     """ZeroRedundancyOptimizer (over the model itself, no DDP): rank 0 keeps the AdamW state of
-    its partition only (whole parameters, balanced greedily), gradients stay full."""
+    its partition only (whole parameters, balanced greedily), gradients full until DeepSpeed's
+    stage-1 reduction keeps the partition's (tests/test_deepspeed.py)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: F401 (PyTorch's own)
 
     w = workload()
@@ -218,7 +219,8 @@ def test_zero1_shards_optimizer_state_by_whole_parameters() -> None:
     cats = summarize(rec.events).allocated_bytes_by_category
     assert extra["distributed"]["runs_as"] == "ZeroRedundancyOptimizer"
     assert 0 < cats["optimizer_state"] < 2 * params * 0.4  # about 1/4 of 2 x params
-    assert cats["gradient"] == 2 * params  # full gradients, one per step
+    # Full gradients, one per step, then the partition's copies (grads_in_partition, fp32).
+    assert 2 * params < cats["gradient"] < 4 * params
 
 
 def test_zero1_in_bf16_holds_deepspeeds_fp32_master_and_state(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError
+from memtrace_trainer.symtrace.deepspeed import bucket_size_arg
 
 
 def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
@@ -123,10 +124,10 @@ def step_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reduce-bucket-size",
-        type=int,
+        type=bucket_size_arg,
         metavar="N",
         help="DeepSpeed's zero_optimization.reduce_bucket_size in elements, for zero1-3: the "
-        "contiguous gradient buffer it allocates (default 500000000, DeepSpeed's; Hugging "
+        "contiguous gradient buffer it allocates (default 5e8, DeepSpeed's; 0: none; Hugging "
         'Face\'s "auto" DeepSpeed config sets hidden_size * hidden_size)',
     )
 

@@ -11,7 +11,9 @@ function).
   - stages 1 and 2 (`stage_1_and_2.py`, `DeepSpeedZeroOptimizer.backward`) allocate
     `ipg_buffer` at each backward, two with `overlap_comm` (default False for these stages),
     and drop it once the gradients are reduced (`independent_gradient_partition_epilogue`,
-    `_release_ipg_buffers`);
+    `_release_ipg_buffers`): stage 2 in each backward, stage 1 at the accumulation boundary,
+    where it also keeps its partition's gradients and drops the rest (`stage1_reduce`,
+    `stage1_step_copies`);
   - stage 3 (`stage3.py`, `_setup_for_real_optimizer`) allocates `__ipg_bucket_flat_buffer`
     once, after the optimizer state, and keeps it.
 - **ZeRO-1's ranks.** `ZeroRedundancyOptimizer` partitions whole parameters; when another rank's
@@ -21,6 +23,8 @@ function).
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,14 +41,46 @@ MAX_REDUCE_BUCKET = 1 << 40
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
+def whole_elements(value: Any) -> int | None:
+    """A number of elements as DeepSpeed's config writes it: an int, or a float or numeric string
+    with no fraction (`5e8`, which `pp_int` takes); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            try:
+                value = float(value)
+            except ValueError:
+                return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    return value if isinstance(value, int) else None
+
+
+def bucket_size_arg(text: str) -> int:
+    """argparse's type for `--reduce-bucket-size`: whole numbers of elements, `5e8` included
+    (argparse names the flag when this raises)."""
+    n = whole_elements(text)
+    if n is None:
+        raise argparse.ArgumentTypeError(f"invalid number of elements: {text!r}")
+    return n
+
+
+# The request schema (serve_schema._kind) takes a JSON number for it, as for a float flag.
+bucket_size_arg.schema_kind = "number"  # type: ignore[attr-defined]
+
+
 def check_reduce_bucket(strategy: str | None, elements: int | None) -> None:
-    """`--reduce-bucket-size N`: a positive number of elements; without a ZeRO strategy it has
-    no effect, and says so."""
+    """`--reduce-bucket-size N`: a number of elements, 0 included (DeepSpeed's `ge=0`: every
+    parameter then takes the extra-large path and no buffer is made); without a ZeRO strategy
+    it has no effect, and says so."""
     if elements is None:
         return
-    if isinstance(elements, bool) or not isinstance(elements, int) or elements < 1:
+    if isinstance(elements, bool) or not isinstance(elements, int) or elements < 0:
         raise UserError(
-            f"--reduce-bucket-size {elements!r}: expected a positive number of elements "
+            f"--reduce-bucket-size {elements!r}: expected a whole number of elements, 0 or more "
             f"(DeepSpeed's zero_optimization.reduce_bucket_size, default {REDUCE_BUCKET_SIZE})"
         )
     if elements > MAX_REDUCE_BUCKET:
@@ -68,20 +104,32 @@ def reduce_bucket(strategy: str, model: nn.Module, elements: int | None) -> dict
         return None
     n = REDUCE_BUCKET_SIZE if elements is None else elements
     dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
-    held = "optimizer" if strategy == "zero3" else "backward"
-    return {"elements": n, "dtype": NAMES.get(dtype, str(dtype)), "buffers": 1,
-            "bytes": n * dtype.itemsize, "held": held}  # fmt: skip
+    held = {"zero1": "accumulation", "zero2": "backward", "zero3": "optimizer"}[strategy]
+    # 0: every parameter is larger than the bucket and is reduced in place (stage_1_and_2.py,
+    # `extra_large_param_to_reduce`): no buffer worth a block.
+    buffers = 1 if n else 0
+    return {"elements": n, "dtype": NAMES.get(dtype, str(dtype)), "buffers": buffers,
+            "bytes": buffers * n * dtype.itemsize, "held": held}  # fmt: skip
 
 
 def bucket_said(bucket: dict[str, Any]) -> str:
     """The reduce buffer as the equivalence line states it."""
+    if not bucket["buffers"]:
+        return (
+            "DeepSpeed's contiguous gradient reduce buffer (contiguous_gradients): "
+            "reduce_bucket_size 0, so every parameter is reduced in place as an extra-large "
+            "one (stage_1_and_2.py, extra_large_param_to_reduce) and no buffer is held"
+        )
     mib = bucket["bytes"] / 2**20
-    where = (
-        "allocated with the optimizer and kept (stage3.py, _setup_for_real_optimizer)"
-        if bucket["held"] == "optimizer"
-        else "allocated at each backward and freed once its gradients are reduced "
-        "(stage_1_and_2.py, backward; one buffer, as overlap_comm defaults to False here)"
-    )
+    where = {
+        "optimizer": "allocated with the optimizer and kept (stage3.py, _setup_for_real_optimizer)",
+        "backward": "allocated at each backward and freed once its gradients are reduced "
+        "(stage_1_and_2.py, backward; one buffer, as overlap_comm defaults to False here)",
+        "accumulation": "allocated at the first backward and freed once the gradients are "
+        "reduced at the accumulation boundary (stage_1_and_2.py: each backward replaces it, "
+        "and stage 1 reduces only at the boundary, reduce_gradients; one buffer, as "
+        "overlap_comm defaults to False here)",
+    }[bucket["held"]]
     return (
         f"DeepSpeed's contiguous gradient reduce buffer (contiguous_gradients): reduce_bucket_size "
         f"{bucket['elements']} elements of {bucket['dtype']} ({mib:.1f} MiB), {where}"
@@ -183,3 +231,80 @@ def zero_redundancy(optimizer: Any, params: list[Any]) -> Any:
     accepted = inspect.signature(cls.__init__).parameters
     settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     return ZeroRedundancyOptimizer(params, optimizer_class=cls, **settings)
+
+
+def stage1_reduce(
+    params: list[nn.Parameter],
+    mine: set[int],
+    elements: int,
+    label: Callable[[torch.Tensor], None] = lambda g: None,
+) -> None:
+    """ZeRO-1's reduction at the accumulation boundary (stage_1_and_2.py, `reduce_gradients`,
+    with overlap_comm False): each gradient in turn is copied into the reduce buffer and its
+    own storage dropped (one larger than the bucket stays where it is); when the bucket would
+    overflow, and at the end (`independent_gradient_partition_epilogue`), the gradients of this
+    rank's partition (`mine`, ids) are copied into `grads_in_partition`, one flat tensor of
+    the partition's elements in the gradients' dtype made at the first such copy
+    (`copy_grads_in_partition`), and the rest are dropped (`zero_grad`). The partition's
+    gradients are left as views of that tensor, as DeepSpeed leaves them
+    (`averaged_gradients`), for the optimizer's step. `label` is called on each full gradient
+    before it is dropped (the tracer's category for it)."""
+    grads = [p for p in params if p.grad is not None]
+    for p in grads:
+        label(p.grad)
+    kept = [p for p in grads if id(p) in mine]
+    if len({p.grad.dtype for p in kept}) > 1:  # not one flat tensor: each keeps its own
+        kept = []
+    moved = {id(p) for p in kept}
+    flat: list[torch.Tensor] = []
+    offset = 0
+    bucket: list[nn.Parameter] = []
+    filled = 0
+
+    def flush() -> None:
+        nonlocal offset
+        for p in bucket:
+            if id(p) in moved:
+                if not flat:
+                    total = sum(q.numel() for q in kept)
+                    flat.append(torch.empty(total, dtype=p.dtype, device=p.device))
+                p.grad = flat[0].narrow(0, offset, p.numel()).view_as(p)
+                offset += p.numel()
+        bucket.clear()
+
+    for p in grads:
+        if filled + p.numel() > elements:
+            flush()
+            filled = 0
+        if p.numel() <= elements and (id(p) not in mine or id(p) in moved):
+            p.grad = None  # its values now in the reduce buffer
+        bucket.append(p)
+        filled += p.numel()
+    flush()
+    for p in grads:
+        if id(p) not in mine:
+            p.grad = None
+
+
+def stage1_step_copies(params: list[nn.Parameter], mine: set[int]) -> torch.Tensor | None:
+    """What DeepSpeed's stage-1/2 `step` makes from the partition's gradients before the
+    optimizer runs: `scaled_global_norm` takes each gradient `.double()` in turn (the largest
+    transient of these is made and dropped); then `flatten(averaged_gradients)` (a flat copy in
+    the gradients' dtype) `.to(float32)` (another, unless already fp32), the first dropped at
+    once; `averaged_gradients` is then dropped. In the trace the partition's gradients stay for
+    ZeroRedundancyOptimizer's step, so what is returned (uint8, to be dropped after the step)
+    is the fp32 gradient's bytes beyond them: DeepSpeed's fp32 gradient, held through its
+    optimizer step, is the trace's partition gradients plus it."""
+    grads = [p.grad for p in params if id(p) in mine and p.grad is not None]
+    if not grads:
+        return None
+    device = grads[0].device
+    numel = sum(g.numel() for g in grads)
+    torch.empty(max(g.numel() for g in grads), dtype=torch.float64, device=device)
+    have = sum(g.numel() * g.element_size() for g in grads)
+    flat = have
+    fp32 = 4 * numel if any(g.dtype != torch.float32 for g in grads) else 0
+    keep = max((fp32 or flat) - have, 0)
+    held = torch.empty(keep, dtype=torch.uint8, device=device)
+    torch.empty(flat + fp32 - keep, dtype=torch.uint8, device=device)
+    return held

@@ -21,6 +21,8 @@ from memtrace_trainer.symtrace.deepspeed import (
     deepspeed_fp32_bytes,
     heaviest_rank,
     reduce_buffers,
+    stage1_reduce,
+    stage1_step_copies,
     zero_redundancy,
 )
 from memtrace_trainer.symtrace.distributed import check as check_distributed
@@ -169,9 +171,22 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
             # ZeRO-3's reduce buffer: made after the optimizer state, kept for the run.
             with rec.categorized("other"):
                 made["reduce_buffers"] = reduce_buffers(bucket, device)
-        # ZeRO-1/2's: made as each backward starts, dropped once its gradients are reduced.
-        per_backward = bucket if bucket is not None and bucket["held"] == "backward" else None
+        # ZeRO-2's: made as each backward starts, dropped once its gradients are reduced.
+        # ZeRO-1's: each backward replaces it, and it is dropped only at the accumulation
+        # boundary, where stage 1 reduces: one, from the first backward to the reduction.
+        in_backward = bucket if bucket is not None and bucket["held"] != "optimizer" else None
+        stage1 = cfg.strategy == "zero1"
+        # ZeRO-1: this rank's partition, whose gradients DeepSpeed keeps past the reduction.
+        mine = {id(p) for g in optimizer._partition_parameters()[0] for p in g["params"]} \
+            if stage1 else set()  # fmt: skip
         made["optimizer"] = optimizer
+
+        def label(grad: torch.Tensor) -> None:
+            # A gradient DeepSpeed drops before the step, where the tracer labels the rest.
+            addr = rec.address(grad)
+            if addr is not None:
+                rec.recategorize(addr, "gradient")
+
         watchers = [fn(model, optimizer) for fn in _STEP_WATCHERS]
         scaler = GradScaler() if cfg.amp == "fp16" else None
         if scaler and any(p.dtype == torch.float16 for p in params):
@@ -204,6 +219,7 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                                        "to train it", e) from e  # fmt: skip
 
         def one_step() -> None:
+            buffers: list[torch.Tensor] = []
             for _ in range(cfg.grad_accum):
                 rec.marker(markers.phase("data"))
                 rec.category = "input"
@@ -218,14 +234,23 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
                         loss = loss / cfg.grad_accum
                 held["loss"] = loss
                 del loss
-                with rec.categorized("other"):
-                    buffers = reduce_buffers(per_backward, device)
+                if not (stage1 and buffers):
+                    with rec.categorized("other"):
+                        buffers = reduce_buffers(in_backward, device)
                 (scaler.scale(held["loss"]) if scaler else held["loss"]).backward()
-                del buffers
+                if not stage1:
+                    buffers = []
+            copies = None
+            if stage1:
+                with rec.categorized("gradient"):
+                    stage1_reduce(params, mine, bucket["elements"] if bucket else 0, label)
+                    buffers = []
+                    copies = stage1_step_copies(params, mine)
             if scaler:
                 scaler.unscale_and_step(optimizer, [p.grad for p in params if p.grad is not None])
             else:
                 optimizer.step()
+            del copies
             optimizer.zero_grad(set_to_none=True)
 
         return step
