@@ -310,3 +310,18 @@ def test_the_api_names_its_keyword_and_a_batch_line_takes_the_field(tmp_path: An
     cli("symtrace", "--batch", str(lines), "--out-dir", str(tmp_path / "out"))
     meta = json.loads((tmp_path / "out" / "config-00001.jsonl").open().readline())["metadata"]
     assert meta["strategy"] == "zero3"
+
+
+def test_a_buffer_of_a_dtype_without_a_short_name_is_made_in_that_dtype() -> None:
+    """An fp64 model's bucket said `torch.float64` and its buffer was made fp32 (the stated
+    bytes were 8 per element, the traced 4): one dtype map names and makes both."""
+    from memtrace_trainer.dtypes import dtype_of, name_of
+    from memtrace_trainer.symtrace.deepspeed import reduce_buffers
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert dtype_of(name_of(dtype)) == dtype
+    made = reduce_buffers({"elements": 8, "dtype": name_of(torch.float64), "buffers": 1},
+                          torch.device("meta"))  # fmt: skip
+    assert [b.dtype for b in made] == [torch.float64]
+    with pytest.raises(ValueError, match="not a dtype"):
+        dtype_of("torch.nn")

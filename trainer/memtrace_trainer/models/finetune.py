@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer.dtypes import DTYPES
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.workload import parameter_count
 
@@ -31,7 +32,6 @@ LIBRARY_NOISE = (
     # peft corrects LoraConfig's fan_in_fan_out to each target's layout (GPT-2's Conv1D).
     (r"fan_in_fan_out is set to", UserWarning),
 )
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The newest bitsandbytes release whose 4-bit layers were read for the emulation (the default).
 NEWEST_BNB = (0, 50)
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memtrace_trainer.dtypes import name_of
 from memtrace_trainer.errors import UserCodeError, UserError, is_integer, json_object
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
@@ -163,9 +164,7 @@ def _hf(
     if tune.regime.qlora:
         # What transformers records of a 4-bit load (config._pre_quantization_dtype): the
         # compute dtype the model was loaded in, which its flash attention casts fp32 inputs to.
-        w.details["pre_quantization_dtype"] = next(
-            k for k, v in finetune.DTYPES.items() if v == tune.regime.compute_dtype
-        )
+        w.details["pre_quantization_dtype"] = name_of(tune.regime.compute_dtype)
     return w
 
 
@@ -367,9 +366,7 @@ def tuned(
     if task is not None:
         out.details["task"] = task
     if regime.qlora:
-        out.details["pre_quantization_dtype"] = next(
-            k for k, v in finetune.DTYPES.items() if v == regime.compute_dtype
-        )
+        out.details["pre_quantization_dtype"] = name_of(regime.compute_dtype)
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer.dtypes import dtype_of, name_of
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 
@@ -38,7 +39,6 @@ ZERO = ("zero1", "zero2", "zero3")
 REDUCE_BUCKET_SIZE = 500_000_000
 # A bound on what is traced (2^40 bf16 elements are 2 TiB, more than any GPU holds).
 MAX_REDUCE_BUCKET = 1 << 40
-NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def whole_elements(value: Any) -> int | None:
@@ -108,7 +108,7 @@ def reduce_bucket(strategy: str, model: nn.Module, elements: int | None) -> dict
     # 0: every parameter is larger than the bucket and is reduced in place (stage_1_and_2.py,
     # `extra_large_param_to_reduce`): no buffer worth a block.
     buffers = 1 if n else 0
-    return {"elements": n, "dtype": NAMES.get(dtype, str(dtype)), "buffers": buffers,
+    return {"elements": n, "dtype": name_of(dtype), "buffers": buffers,
             "bytes": buffers * n * dtype.itemsize, "held": held}  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def reduce_buffers(bucket: dict[str, Any] | None, device: torch.device) -> list[
     """The reduce buffers themselves, on the tracer's device (the caller records them)."""
     if bucket is None:
         return []
-    dtype = {v: k for k, v in NAMES.items()}.get(bucket["dtype"], torch.float32)
+    dtype = dtype_of(bucket["dtype"])
     return [torch.empty(bucket["elements"], dtype=dtype, device=device)
             for _ in range(bucket["buffers"])]  # fmt: skip
 

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer.dtypes import DTYPES, name_of
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.symtrace.deepspeed import (
@@ -76,9 +77,6 @@ EQUIVALENT = {
               "(stage3_prefetch_bucket_size 5e7 elements) are FSDP2's one-unit prefetch here"),
 }  # fmt: skip
 META = torch.device("meta")
-
-
-MP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None,
@@ -159,7 +157,7 @@ def check_with_step(strategy: str | None, optimizer: str, amp: str | None,
              "kept the state of its own shard")  # fmt: skip
     if fsdp_mp is not None and amp is not None:
         param, _ = mp_policy(fsdp_mp)
-        if param != torch.float32 and param != MP_DTYPES.get(amp):
+        if param != torch.float32 and param != DTYPES.get(amp):
             raise UserError(
                 f"--fsdp-mp {fsdp_mp} with --amp {amp} is contradictory: FSDP2 casts the "
                 f"parameters to {fsdp_mp.split(':')[0]} for compute, and autocast to {amp} would "
@@ -171,14 +169,14 @@ def mp_policy(text: str) -> tuple[torch.dtype, torch.dtype]:
     """ "PARAM[:REDUCE]" as (param_dtype, reduce_dtype); REDUCE defaults to PARAM, as FSDP2's
     reduce_dtype=None does."""
     parts = text.split(":")
-    expected = ", ".join(MP_DTYPES)
-    if len(parts) > 2 or not all(p in MP_DTYPES for p in parts):
+    expected = ", ".join(DTYPES)
+    if len(parts) > 2 or not all(p in DTYPES for p in parts):
         raise UserError(
             f"--fsdp-mp {text!r}: expected PARAM[:REDUCE] with dtypes among {expected} "
             "(e.g. bf16:fp32)"
         )
-    param = MP_DTYPES[parts[0]]
-    return param, MP_DTYPES[parts[-1]] if len(parts) == 2 else param
+    param = DTYPES[parts[0]]
+    return param, DTYPES[parts[-1]] if len(parts) == 2 else param
 
 
 # The most ranks a job is traced for: the fake mesh and the sharded tensors grow with them
@@ -383,7 +381,7 @@ def shard(
         info["reduce_bucket"] = bucket
         info["equivalence"] = f"{info['equivalence']}; {bucket_said(bucket)}"
     if strategy == "zero1" and low is not None:
-        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[low]
+        name = name_of(low)
         slots = STATE_SLOTS.get(optimizer)
         if slots is None:
             warn(
@@ -419,7 +417,7 @@ def shard(
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.float()
-        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[low]
+        name = name_of(low)
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
         info["mp_policy"] = {"param_dtype": str(low), "reduce_dtype": str(low)}
         info["equivalence"] = (
@@ -432,7 +430,7 @@ def shard(
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         trainable = {p.dtype for p in model.parameters() if p.requires_grad}
         if trainable == {param_dtype} and reduce_dtype == param_dtype:
-            dtype = next(k for k, v in MP_DTYPES.items() if v == param_dtype)
+            dtype = name_of(param_dtype)
             warn(
                 f"--fsdp-mp {fsdp_mp}: the trainable parameters are {dtype} already, so the "
                 "policy casts nothing and has no effect ("

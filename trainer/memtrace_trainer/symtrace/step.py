@@ -261,7 +261,7 @@ def canned(workload: Workload, cfg: StepConfig, rec: Recorder, made: dict[str, A
 def flash_of(workload: Workload) -> Flash | None:
     """`--attn flash_attention_2`'s attention, with the dtype a quantized model casts fp32
     attention inputs to (`pre_quantization_dtype` in the model's details)."""
-    from memtrace_trainer.models.finetune import DTYPES
+    from memtrace_trainer.dtypes import DTYPES
 
     if workload.details.get("attn") != "flash_attention_2":
         return None

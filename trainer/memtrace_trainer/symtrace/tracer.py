@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from memtrace_trainer.dtypes import name_of
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.markers import iteration_of
@@ -154,8 +155,7 @@ def param_dtype(*models: torch.nn.Module) -> str:
                 sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
     if not sizes:
         return "none"
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-    return names.get(max(sizes, key=lambda d: sizes[d]), str(max(sizes, key=lambda d: sizes[d])))
+    return name_of(max(sizes, key=lambda d: sizes[d]))
 
 
 def precision_regime(autocast: str | None, models: list[torch.nn.Module]) -> str:
