@@ -325,3 +325,17 @@ def test_a_buffer_of_a_dtype_without_a_short_name_is_made_in_that_dtype() -> Non
     assert [b.dtype for b in made] == [torch.float64]
     with pytest.raises(ValueError, match="not a dtype"):
         dtype_of("torch.nn")
+
+
+def test_fp32_adapters_over_a_16_bit_base_say_which_deepspeed_mode_is_modelled() -> None:
+    """LoRA with --dtype bf16 under ZeRO: the buffer is the fp32 adapters' dtype (DeepSpeed's
+    fp32 mode), and the answer says its bf16 mode would halve it; a model of one dtype says
+    nothing."""
+    from memtrace_trainer.symtrace.deepspeed import bucket_said, reduce_bucket
+
+    base, adapter = nn.Linear(8, 8).to(torch.bfloat16).requires_grad_(False), nn.Linear(8, 8)
+    bucket = reduce_bucket("zero2", nn.Sequential(base, adapter), 1000)
+    assert bucket is not None and bucket["dtype"] == "fp32"
+    assert "in its bf16 mode" in bucket_said(bucket) and "half that" in bucket_said(bucket)
+    plain = reduce_bucket("zero2", nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16), 1000)
+    assert plain is not None and plain["dtype"] == "bf16" and "mode" not in plain

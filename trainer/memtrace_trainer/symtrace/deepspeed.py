@@ -108,8 +108,22 @@ def reduce_bucket(strategy: str, model: nn.Module, elements: int | None) -> dict
     # 0: every parameter is larger than the bucket and is reduced in place (stage_1_and_2.py,
     # `extra_large_param_to_reduce`): no buffer worth a block.
     buffers = 1 if n else 0
-    return {"elements": n, "dtype": name_of(dtype), "buffers": buffers,
-            "bytes": buffers * n * dtype.itemsize, "held": held}  # fmt: skip
+    bucket = {"elements": n, "dtype": name_of(dtype), "buffers": buffers,
+              "bytes": buffers * n * dtype.itemsize, "held": held}  # fmt: skip
+    # fp32 adapters over a 16-bit frozen base (LoRA with --dtype bf16): DeepSpeed's fp32 mode
+    # is what is modelled; its bf16 mode casts the whole module first (engine.py,
+    # `_configure_distributed_model`), which would make the buffer 16-bit too.
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad} & {
+        torch.bfloat16,
+        torch.float16,
+    }
+    if dtype == torch.float32 and frozen:
+        low = name_of(min(frozen, key=str))
+        bucket["mode"] = (
+            f"fp32, the trainable parameters' dtype (DeepSpeed's fp32 mode); in its {low} mode, "
+            f"which casts the whole module to {low} (Hugging Face's --{low}), it is half that"
+        )
+    return bucket
 
 
 def bucket_said(bucket: dict[str, Any]) -> str:
@@ -130,9 +144,10 @@ def bucket_said(bucket: dict[str, Any]) -> str:
         "and stage 1 reduces only at the boundary, reduce_gradients; one buffer, as "
         "overlap_comm defaults to False here)",
     }[bucket["held"]]
+    mode = f"; its dtype is {bucket['mode']}" if "mode" in bucket else ""
     return (
         f"DeepSpeed's contiguous gradient reduce buffer (contiguous_gradients): reduce_bucket_size "
-        f"{bucket['elements']} elements of {bucket['dtype']} ({mib:.1f} MiB), {where}"
+        f"{bucket['elements']} elements of {bucket['dtype']} ({mib:.1f} MiB), {where}{mode}"
     )
 
 
