@@ -15,6 +15,7 @@ from torch import nn
 
 import memtrace
 from memtrace import EstimateError
+from memtrace_trainer.models import finetune
 from memtrace_trainer.models.finetune import Lora, Regime, head_modules
 from memtrace_trainer.models.qlora import Linear4bit
 from memtrace_trainer.models.zoo import Tune, build_workload
@@ -33,13 +34,41 @@ def _mlp() -> nn.Module:
 # --- 1. --qlora --dtype: undone by kbit preparation ---------------------------------------------
 
 
-@pytest.mark.parametrize(("extra", "said"), [([], True), (["--no-kbit-prepare"], False)])
+@pytest.mark.parametrize(
+    ("extra", "said", "advised"),
+    [([], True, True), (["--no-kbit-prepare"], False, False), (["--amp", "bf16"], True, False)],
+)
 def test_qlora_dtype_undone_by_kbit_preparation_is_said(
-    tmp_path: Path, extra: list[str], said: bool
+    tmp_path: Path, extra: list[str], said: bool, advised: bool
 ) -> None:
     done = cli("symtrace", "--model", LLAMA, *SMALL, "--qlora", "--dtype", "bf16", *extra,
                "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
     assert ("--dtype bf16 has no effect with --qlora" in done.stderr) is said, done.stderr
+    # `--dtype bf16 --amp bf16` is the usual recipe: no advice to give the --amp it has.
+    assert ("give --amp bf16" in done.stderr) is advised, done.stderr
+
+
+class _Cnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 256, 7)
+        self.proj = nn.Linear(256, 64)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.proj(self.conv(x).mean((2, 3))))
+
+
+def test_qlora_dtype_leaves_float_inputs_as_kbit_preparation_leaves_the_parameters() -> None:
+    """The input was cast to bf16 while kbit preparation had cast the convolution back to fp32:
+    "Input type (BFloat16) and bias type (float)". Now --dtype has no effect, as it says."""
+    x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = memtrace.estimate(_Cnn(), x, target=y, qlora=True, lora_targets="proj")
+        bf16 = memtrace.estimate(_Cnn(), x, target=y, qlora=True, lora_targets="proj",
+                                 dtype="bf16")  # fmt: skip
+    assert (bf16.allocated_mib, bf16.reserved_mib) == (plain.allocated_mib, plain.reserved_mib)
 
 
 # --- 2. the output head, found by what it is ----------------------------------------------------
@@ -65,14 +94,83 @@ def test_qlora_heads_by_mechanism() -> None:
             self.inner = nn.Sequential(nn.Linear(3, 3))  # a short name "0" elsewhere
 
     net = Net()
-    assert head_modules(net) == ("inner",)  # the last parameter's module, widened
+    assert head_modules(net) == ("inner.0",)  # the last parameter's module, and only it
     tied = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 10, bias=False))
     tied[2].weight = tied[0].weight
     # The tied pair, and the last parameter's module (the tied weight is listed once, first).
     assert set(head_modules(tied)) == {"0", "1", "2"}
 
 
-def test_qlora_quantizes_outside_the_head_and_says_a_small_share() -> None:
+def _qlora(model: nn.Module, targets: str, task: str | None = None) -> nn.Module:
+    regime = Regime(lora=Lora(8, targets=tuple(targets.split(","))), qlora=True)
+    return finetune.apply(model, regime, task, None).get_base_model()  # type: ignore[no-any-return]
+
+
+def _quantized(model: nn.Module) -> set[str]:
+    return {n.removesuffix(".base_layer") for n, m in model.named_modules()
+            if isinstance(m, Linear4bit)}  # fmt: skip
+
+
+class _TiedLm(nn.Module):
+    """Two blocks in an `nn.Sequential` with the final norm, a vocabulary far larger than them:
+    the old rule widened the norm to all of `blocks`, which then held every linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5000, 32)
+        block = lambda: nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))  # noqa: E731
+        self.blocks = nn.Sequential(block(), block(), nn.LayerNorm(32))
+        self.head = nn.Linear(32, 5000, bias=False)
+        self.head.weight = self.emb.weight
+
+
+class _EncoderDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16))
+        self.decoder = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                                     nn.Linear(32, 256))  # fmt: skip
+
+
+def _classified(features: nn.Module, classifier: nn.Sequential) -> nn.Module:
+    net = nn.Module()
+    net.features, net.classifier = features, classifier
+    return net
+
+
+def test_qlora_head_is_what_the_module_is_not_its_share() -> None:
+    """A tied model's last norm stays alone; an MLP's decoder, DLRM's top MLP and a CNN's
+    classifier keep only their last layer, whatever share of the parameters they hold."""
+    tied = _qlora(_TiedLm(), "blocks.0.0")
+    assert set(head_modules(_TiedLm())) == {"head", "emb", "blocks.2"}
+    assert _quantized(tied) == {f"blocks.{i}.{j}" for i in (0, 1) for j in (0, 2)}
+    assert head_modules(_EncoderDecoder()) == ("decoder.4",)
+    assert "decoder.0" in _quantized(_qlora(_EncoderDecoder(), "encoder.0"))
+    tune = Tune(regime=Regime(lora=Lora(8, targets=("bottom.0",)), qlora=True))
+    dlrm = build_workload("dlrm:small", 2, tune=tune).model.get_base_model()
+    assert isinstance(dlrm.top[0], Linear4bit) and type(dlrm.top[-1]) is nn.Linear
+    # mobilenet_v3's classifier holds under half the parameters, vgg's over half: the same head.
+    convs = nn.Sequential(nn.Conv2d(3, 64, 3), nn.Conv2d(64, 512, 3))
+    small = _classified(convs, nn.Sequential(nn.Linear(512, 64), nn.Hardswish(), nn.Dropout(),
+                                             nn.Linear(64, 10)))  # fmt: skip
+    big = _classified(nn.Conv2d(3, 8, 3), nn.Sequential(nn.Linear(512, 256), nn.ReLU(),
+                                                        nn.Linear(256, 256), nn.ReLU(),
+                                                        nn.Linear(256, 10)))  # fmt: skip
+    assert head_modules(small) == ("classifier.3",) and head_modules(big) == ("classifier.4",)
+    assert _quantized(_qlora(small, "features.0")) == {"classifier.0"}
+    assert _quantized(_qlora(big, "features")) == {"classifier.0", "classifier.2"}
+
+
+def test_qlora_classification_keeps_the_head_peft_trains_whole() -> None:
+    """Under a classification task peft keeps `classifier`/`score` whole (modules_to_save), so
+    the head widens to it (RoBERTa's dense and out_proj); without one, only the last layer."""
+    net = _classified(nn.Linear(8, 512), nn.Sequential(nn.Linear(512, 64), nn.Tanh(),
+                                                       nn.Linear(64, 2)))  # fmt: skip
+    assert head_modules(net, "classification") == ("classifier",)
+    assert head_modules(net, "causal-lm") == head_modules(net) == ("classifier.2",)
+
+
+def test_qlora_quantizes_outside_the_head_without_saying_a_small_share() -> None:
     tune = Tune(regime=Regime(lora=Lora(8, targets=("0",)), qlora=True))
     from memtrace_trainer import notes
 
@@ -87,19 +185,9 @@ def test_qlora_quantizes_outside_the_head_and_says_a_small_share() -> None:
 
 
 def test_qlora_small_share_is_said() -> None:
-    class Cnn(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(3, 256, 7)
-            self.proj = nn.Linear(256, 64)
-            self.fc = nn.Linear(64, 10)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(self.proj(self.conv(x).mean((2, 3))))
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        memtrace.estimate(Cnn(), torch.randn(2, 3, 16, 16), target=torch.randint(0, 10, (2,)),
+        memtrace.estimate(_Cnn(), torch.randn(2, 3, 16, 16), target=torch.randint(0, 10, (2,)),
                           qlora=True, lora_targets="proj")  # fmt: skip
     said = [str(w.message) for w in caught]
     assert any("qlora quantizes 16,384 of the model's" in s and "(fc)" in s for s in said), said
@@ -124,8 +212,29 @@ def test_the_api_takes_qlora() -> None:
     tuning = est.raw["inputs"]["model_details"]["fine_tuning"]
     assert tuning["qlora"] and tuning["double_quant"] and tuning["bnb_version"] == "0.43"
     assert tuning["lora"]["r"] == 8 and tuning["lora"]["dropout"] == 0.1
-    assert memtrace.max_batch(_mlp(), x, target=y, qlora=True, lora_targets="0,2",
-                              capacity="2000MiB", limit=64) >= 1  # fmt: skip
+    # A 4-bit base fits where the fp32 one trained in full does not.
+    big = lambda: nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048),  # noqa: E731
+                                nn.ReLU(), nn.Linear(2048, 10))  # fmt: skip
+    fits = {q: memtrace.max_batch(big(), x, target=y, capacity="1520MiB", limit=64,
+                                  **({"qlora": True, "lora_targets": "0,2"} if q else {}))
+            for q in (False, True)}  # fmt: skip
+    assert fits[False] == 0 and fits[True] >= 1, fits
+
+
+def test_the_api_and_the_entry_cli_give_one_qlora_estimate() -> None:
+    import entry_example
+
+    flags = {"qlora": True, "lora_targets": "0", "dtype": "bf16", "amp": "bf16"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, (x, y), loss = entry_example.make(4)
+        est = memtrace.estimate(model, x, target=y, loss_fn=loss, **flags)
+    out = json.loads(cli("estimate", "--entry", "entry_example:make", "--batch-size", "4",
+                         "--qlora", "--lora-targets", "0", "--dtype", "bf16", "--amp", "bf16",
+                         "--json").stdout)  # fmt: skip
+    sym = out["estimates"]["symbolic"]
+    assert (est.allocated_mib, est.reserved_mib) == (sym["allocated_mib"], sym["reserved_mib"])
+    assert est.raw["inputs"]["model_details"]["fine_tuning"]["qlora"]
 
 
 @pytest.mark.parametrize(

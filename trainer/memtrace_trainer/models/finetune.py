@@ -219,7 +219,7 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
 
         fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
         strict = tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
-        heads = head_modules(model)
+        heads = head_modules(model, task)
         total = sum(p.numel() for p in model.parameters())
         # transformers (`_get_dtype_plan`) loads those modules in fp32 when the load dtype is
         # fp16, and the strict ones for bf16 too; the 4-bit model loads in its compute dtype.
@@ -289,14 +289,22 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
     return tuned  # type: ignore[no-any-return]
 
 
-def head_modules(model: nn.Module) -> tuple[str, ...]:
-    """The modules bitsandbytes leaves in full precision, found as transformers finds them
-    (`quantizers/base.py` `get_keys_to_not_convert`): the output embedding, modules whose
-    weights are tied to another's, and the module of the model's last parameter (its output
-    layer, whatever its name). That last module is widened to the outermost of its ancestors
-    below the model that holds no repeated blocks (`nn.ModuleList`) and under half the
-    parameters: the whole of a classifier head (RoBERTa's `dense` and `out_proj`), which peft
-    trains in full (`modules_to_save`), and never the decoder a tied model's last norm sits in."""
+# The heads `PeftModelForSequenceClassification` keeps trainable in full (`modules_to_save`, peft
+# 0.21 `peft_model.py`), each a module whose full name ends with one of these (`_set_trainable`).
+CLASSIFIER_NAMES = ("classifier", "score")
+
+
+def head_modules(model: nn.Module, task: str | None = None) -> tuple[str, ...]:
+    """The modules bitsandbytes leaves in full precision, found by what they are, after
+    transformers' `get_keys_to_not_convert` (`quantizers/base.py`): the output embedding,
+    modules whose weights are tied to another's, and the module of the model's last parameter
+    (its output layer, whatever its name). Not exactly as transformers 5.x: it strips only
+    `.weight` from that last parameter's name, so where the parameter is a bias (BERT's and
+    RoBERTa's classifier) the name matches no module and the layer is quantized; memtrace keeps
+    it, as transformers 4.x (which strips `.bias` too) keeps BERT's `classifier`. The module is
+    the head alone (a tied model's last norm, a classifier's last layer), except under a
+    classification task (peft's `SEQ_CLS`), where it widens to the outermost enclosing module
+    peft trains in full (`CLASSIFIER_NAMES`: all of RoBERTa's `classifier`, `dense` too)."""
     names = {id(m): n for n, m in model.named_modules()}
     out = getattr(model, "get_output_embeddings", lambda: None)()
     keep = [names[id(out)]] if isinstance(out, nn.Module) and id(out) in names else []
@@ -307,14 +315,10 @@ def head_modules(model: nn.Module) -> tuple[str, ...]:
     params = list(model.named_parameters())
     if params:
         last = params[-1][0].rpartition(".")[0]
-        total = sum(p.numel() for _, p in params)
-        parts = last.split(".")
-        for depth in range(1, len(parts)):
-            above = model.get_submodule(".".join(parts[:depth]))
-            small = 2 * sum(p.numel() for p in above.parameters()) < total
-            if small and not any(isinstance(m, nn.ModuleList) for m in above.modules()):
-                last = ".".join(parts[:depth])
-                break
+        if task_type(task) == "SEQ_CLS":
+            parts = last.split(".")
+            above = (".".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+            last = next((n for n in above if n.endswith(CLASSIFIER_NAMES)), last)
         keep.append(last)
     return tuple(dict.fromkeys(n for n in keep if n))
 
@@ -359,11 +363,11 @@ def _say_dtype_undone(regime: Regime) -> None:
         return
     from memtrace_trainer.notes import warn
 
+    amp = "" if regime.amp else f"give --amp {regime.dtype} for mixed precision; "
     warn(f"--dtype {regime.dtype} has no effect with --qlora: prepare_model_for_kbit_training "
          "casts every parameter outside the 4-bit layers back to fp32, and the 4-bit layers "
-         "dequantize to a 16-bit compute dtype either way (bf16 without --dtype); give --amp "
-         f"{regime.dtype} for mixed precision, or --no-kbit-prepare to keep those parameters "
-         f"in {regime.dtype}")  # fmt: skip
+         "dequantize to a 16-bit compute dtype either way (bf16 without --dtype); "
+         f"{amp}--no-kbit-prepare keeps those parameters in {regime.dtype}")  # fmt: skip
 
 
 def _say_full_rank(model: nn.Module, r: int, flag: str) -> None:

@@ -356,8 +356,11 @@ def tuned(
                             f"{type(model).__name__} ({e})") from None  # fmt: skip
     model = finetune.apply(model, regime, task, model_type)
     make = w.make_batch
-    if dtype != torch.float32 or recast:
-        make = lambda: _cast_floats(w.make_batch(), dtype)  # noqa: E731
+    # Float inputs follow the parameters, which kbit preparation casts back to fp32 under
+    # --qlora: there --dtype leaves them as they are, as it leaves the rest (`_say_dtype_undone`).
+    feed = torch.float32 if regime.qlora and regime.kbit_prepare else dtype
+    if feed != torch.float32 or recast:
+        make = lambda: _cast_floats(w.make_batch(), feed)  # noqa: E731
     out = Workload(w.spec, model, make, w.loss, w.batch_size, w.family,
                    {**w.defaults, **regime.defaults}, sizes=w.sizes)  # fmt: skip
     out.details = {**w.details, **finetune.summary(model), "fine_tuning": regime.to_json()}
