@@ -91,7 +91,8 @@ fn read_estimate(path: &Path) -> Result<serde_json::Value> {
 }
 
 /// A warning when the estimate is of another job than the trace the page explains (the
-/// estimate's `model`/`batch_size` against the trace header's).
+/// estimate's `model`/`batch_size`, and its `inputs`' `seq_len`/`input_shape`, against the
+/// trace header's).
 fn other_job(
     estimate: &serde_json::Value,
     path: &std::path::Path,
@@ -101,9 +102,20 @@ fn other_job(
     let said = |k: &str| {
         estimate.get(k).filter(|v| !v.is_null()).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
     };
+    // The input size as the header spells it: `input_shape` `3,64,64` (a list or the CLI's text).
+    let size = |k: &str| {
+        estimate.get("inputs").and_then(|i| i.get(k)).filter(|v| !v.is_null()).map(|v| match v {
+            serde_json::Value::Array(a) => a.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+            serde_json::Value::String(t) => t.replace(' ', ""),
+            other => other.to_string(),
+        })
+    };
+    let meta = |k: &trace::metadata::Key| header.meta(k).map(str::to_string);
     let pairs = [
-        ("model", said("model"), header.meta(&trace::metadata::MODEL).map(str::to_string)),
-        ("batch_size", said("batch_size"), header.meta(&trace::metadata::BATCH_SIZE).map(str::to_string)),
+        ("model", said("model"), meta(&trace::metadata::MODEL)),
+        ("batch_size", said("batch_size"), meta(&trace::metadata::BATCH_SIZE)),
+        ("seq_len", size("seq_len"), meta(&trace::metadata::SEQ_LEN)),
+        ("input_shape", size("input_shape"), meta(&trace::metadata::INPUT_SHAPE)),
     ];
     let differ: Vec<String> = pairs
         .into_iter()

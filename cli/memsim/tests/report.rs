@@ -104,6 +104,7 @@ fn memsim_report_says_when_the_estimate_is_of_another_job() {
     let mut h = header();
     h.set_meta(&trace::metadata::MODEL, "torchvision:resnet18");
     h.set_meta(&trace::metadata::BATCH_SIZE, "16");
+    h.set_meta(&trace::metadata::INPUT_SHAPE, "3,224,224");
     let mut w = trace::TraceWriter::create(&path, &h).unwrap();
     for r in records() {
         w.write(&r).unwrap();
@@ -111,8 +112,14 @@ fn memsim_report_says_when_the_estimate_is_of_another_job() {
     w.finish().unwrap();
     let est = dir.path().join("est.json");
     let out = dir.path().join("r.html");
-    for (model, batch, warned) in [("hf:gpt2", 2, true), ("torchvision:resnet18", 16, false)] {
-        let body = format!(r#"{{"estimates": {{}}, "model": "{model}", "batch_size": {batch}}}"#);
+    let same = r#""inputs": {"input_shape": "3,224,224", "seq_len": null}"#;
+    let other = r#""inputs": {"input_shape": [3, 64, 64]}"#;
+    for (model, batch, inputs, warned) in [
+        ("hf:gpt2", 2, same, true),
+        ("torchvision:resnet18", 16, same, false),
+        ("torchvision:resnet18", 16, other, true),
+    ] {
+        let body = format!(r#"{{"estimates": {{}}, "model": "{model}", "batch_size": {batch}, {inputs}}}"#);
         std::fs::write(&est, body).unwrap();
         let args =
             ["report", path.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", est.to_str().unwrap()];
@@ -120,8 +127,11 @@ fn memsim_report_says_when_the_estimate_is_of_another_job() {
         assert_eq!(code, 0, "{err}");
         let said = "is of another job than";
         assert_eq!(err.contains(said), warned, "{model}: {err}");
-        if warned {
+        if model == "hf:gpt2" {
             assert!(err.contains("model hf:gpt2 against torchvision:resnet18, batch_size 2 against 16"), "{err}");
+        } else if warned {
+            // Another input size is another job, as memest estimate says of features.
+            assert!(err.contains("(input_shape 3,64,64 against 3,224,224)"), "{err}");
         }
     }
 }
