@@ -51,6 +51,7 @@ pub(crate) use outln;
 /// Runs `one` on every file (in parallel when there are several) and prints the results in
 /// order; returns the exit status.
 pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> + Sync) -> Result<u8> {
+    crate::input::stdin_once(files)?;
     if let [file] = files {
         let out = one(file)?;
         crate::input::warn(&out.warnings);

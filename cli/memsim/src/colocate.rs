@@ -26,7 +26,8 @@ pub enum AlignArg {
 Jobs are separate processes, each with its own caching allocator. Without wall-clock time on every \
 trace, nothing says when each job peaks, so the combined need is the sum of each job's device peak.")]
 pub struct Args {
-    /// Allocator-level traces of the jobs (two or more to share; one gives its own fit).
+    /// Allocator-level traces of the jobs (two or more to share; one gives its own fit); `-` reads one from
+    /// standard input.
     #[arg(required = true, num_args = 1..)]
     traces: Vec<PathBuf>,
     /// GPU profile: capacity and per-process memory outside the allocator come from it unless given.
@@ -47,6 +48,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<u8> {
+    crate::input::stdin_once(&a.traces)?;
     let (profile, version) = crate::replay::load(a.profile.as_deref(), a.judge.torch.as_deref())?;
     let opts = ReplayOptions { alloc_conf: None, version, ..ReplayOptions::default() };
     let (capacity, mut warnings) = simulator::fit::capacity(a.capacity, profile.as_ref().map(|(p, _)| p));

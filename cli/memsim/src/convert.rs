@@ -12,7 +12,7 @@ use crate::input::{import_snapshot, Kind};
 /// Arguments of `memsim convert`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Input: .mtrace, .jsonl or snapshot .pickle/.pkl.
+    /// Input: .mtrace, .jsonl or snapshot .pickle/.pkl; `-` reads a trace from standard input.
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
@@ -43,16 +43,14 @@ fn out_kind(p: &Path) -> Result<Out> {
 
 pub fn run(a: Args) -> Result<u8> {
     let in_kind = crate::input::kind(&a.input)?;
-    if !a.input.exists() {
-        bail!("{}: no such file", a.input.display());
-    }
+    crate::input::exists(&a.input)?;
     let out = out_kind(&a.output)?;
     crate::input::distinct_output(&a.input, &a.output)?;
     match (in_kind, out) {
         (Kind::Trace, Out::Trace) => {
             // Under --strict a refused input leaves the output path as it was.
             let mut judged = None;
-            let (s, _) = trace::convert(&a.input, &a.output, |s| {
+            let (s, _) = trace::convert(crate::input::source(&a.input), &a.output, |s| {
                 let verdict = crate::input::summary_warnings(Some(s), &a.input, a.strict);
                 let keep = verdict.is_ok();
                 judged = Some(verdict);

@@ -2,7 +2,7 @@
 //! the snapshot importer; a progress bar on a terminal for long traces.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
@@ -18,17 +18,54 @@ pub enum Kind {
     Snapshot,
 }
 
-/// Classify a path by extension; unknown extensions are an error naming them.
+/// Classify a path by extension; unknown extensions are an error naming them. Standard input
+/// (`-`) and other streams (a pipe, `/dev/stdin`, a shell's `<(...)`) are traces whatever their
+/// name: the trace reader tells the native form from JSON Lines by the first bytes, and a
+/// snapshot pickle, read whole and by name, must be a file.
 pub fn kind(path: &Path) -> Result<Kind> {
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("mtrace") | Some("jsonl") => Ok(Kind::Trace),
         Some("pickle") | Some("pkl") => Ok(Kind::Snapshot),
+        _ if streamed(path) => Ok(Kind::Trace),
         _ => bail!(
-            "{}: unknown input format: expected .mtrace (native trace), .jsonl (JSON Lines trace) \
-             or .pickle/.pkl (PyTorch memory snapshot)",
+            "{}: unknown input format: expected .mtrace (native trace), .jsonl (JSON Lines trace), \
+             .pickle/.pkl (PyTorch memory snapshot), or `-` for a trace on standard input",
             path.display()
         ),
     }
+}
+
+/// Standard input, `-` on the command line, is opened by this name.
+const STDIN: &str = "/dev/stdin";
+
+/// The path to open for an input named `path` on the command line.
+pub fn source(path: &Path) -> &Path {
+    if path == Path::new("-") {
+        Path::new(STDIN)
+    } else {
+        path
+    }
+}
+
+/// Standard input, or a path that is neither a file nor a folder (a pipe, a character device).
+fn streamed(path: &Path) -> bool {
+    path == Path::new("-") || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// Standard input can be read once: `-` named twice is an error.
+pub fn stdin_once(paths: &[PathBuf]) -> Result<()> {
+    if paths.iter().filter(|p| p.as_path() == Path::new("-")).count() > 1 {
+        bail!("`-` (standard input) is named more than once: it can be read only once; save it to a file to read it twice");
+    }
+    Ok(())
+}
+
+/// An error naming `path` when there is nothing to read there.
+pub fn exists(path: &Path) -> Result<()> {
+    if !source(path).exists() {
+        bail!("{}: no such file", path.display());
+    }
+    Ok(())
 }
 
 /// What [`for_each_record`] read.
@@ -127,10 +164,10 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
     mut f: impl FnMut(&mut S, &T) -> Result<()>,
     drops: Drops,
 ) -> Result<Read<S>> {
-    if !path.exists() {
-        bail!("{}: no such file", path.display());
-    }
-    match kind(path)? {
+    exists(path)?;
+    let kind = kind(path)?;
+    let path = source(path);
+    match kind {
         Kind::Snapshot => {
             let (header, records, notes, version) = import_snapshot_as(path, snapshot)?;
             let mut state = init(&header, Some(version))?;
@@ -141,13 +178,25 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             Ok(Read { header, state, summary: None, notes })
         }
         Kind::Trace => {
-            let mut reader = trace::Reader::open(path)?;
+            let mut reader = trace::Reader::open(path).map_err(|e| {
+                // A pickle's protocol byte: a snapshot read through a stream, which only a
+                // named file can be.
+                let pickle =
+                    matches!(e.innermost(), trace::TraceError::BadMagic { found } if found.first() == Some(&0x80));
+                let e = anyhow::Error::from(e);
+                if pickle {
+                    e.context("this looks like a PyTorch snapshot pickle: give it as a .pickle/.pkl file, not a stream")
+                } else {
+                    e
+                }
+            })?;
             let header = reader.header().clone();
             let mut state = init(&header, None)?;
             let mut map = mapper(&state);
-            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let bar = progress(size);
-            if BATCH.load(Ordering::Relaxed) || size < PIPELINE_FROM {
+            // A stream's size is unknown: decoded on a second thread as a large file is.
+            let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
+            let bar = progress(size.unwrap_or(0));
+            if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
                 let mut n = 0u64;
                 while let Some(rec) = reader.next_record() {
                     // The reader's errors name the file and the line or byte already.

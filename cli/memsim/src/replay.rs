@@ -22,7 +22,7 @@ requests, not the CUDA context or libraries; the device peak adds the profile's 
 allocator.")]
 pub struct Args {
     /// Allocator-level traces: .mtrace, .jsonl (e.g. from `memtrace_trainer symtrace`), or
-    /// snapshot .pickle files. Several are replayed in parallel.
+    /// snapshot .pickle files; `-` reads a trace from standard input. Several are replayed in parallel.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Allocator configuration in PYTORCH_CUDA_ALLOC_CONF syntax; overrides what the trace recorded.

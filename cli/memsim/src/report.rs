@@ -23,7 +23,7 @@ alive at the allocated peak (categories, the largest allocations and their sourc
 trace has stacks), the segment map at the peak, and a verdict per GPU profile; with --estimate, \
 the estimators side by side and the estimate's verdict as the headline. No script, no network.")]
 pub struct Args {
-    /// Allocator-level trace: .mtrace, .jsonl, or a snapshot .pickle.
+    /// Allocator-level trace: .mtrace, .jsonl, or a snapshot .pickle; `-` reads a trace from standard input.
     file: PathBuf,
     /// Where to write the page.
     #[arg(long, value_name = "OUT.html")]

@@ -15,7 +15,8 @@ use crate::batch::{self, outln, Output};
 (with --json, a JSON array; a file that fails is an element {\"file\", \"error\"} and makes the exit \
 status 2).")]
 pub struct Args {
-    /// Traces to summarise (.mtrace, .jsonl or snapshot .pickle). Several are read in parallel.
+    /// Traces to summarise (.mtrace, .jsonl or snapshot .pickle; `-`: a trace on standard input). Several
+    /// are read in parallel.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Print a JSON object instead of text.

@@ -29,9 +29,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<u8> {
-    if !a.snapshot.exists() {
-        anyhow::bail!("{}: no such file", a.snapshot.display());
-    }
+    crate::input::exists(&a.snapshot)?;
     // It checks the model against what a snapshot recorded; a trace records no placement.
     if matches!(crate::input::kind(&a.snapshot), Ok(crate::input::Kind::Trace)) {
         anyhow::bail!(

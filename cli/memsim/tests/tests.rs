@@ -6,6 +6,7 @@ mod colocate; // colocate on real snapshots: how recordings are lined up
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
 mod damaged; // damaged traces: sums near 2^64, impossible devices, integer tags, refusals that keep files
 mod report; // memsim report: the page with profiles and --estimate, bad input
+mod stdin; // traces on standard input and other streams
 mod support; // running the binary
 mod util_cli; // memsim stats: the utilization JSON object and text, launch-only message, fallbacks
 
