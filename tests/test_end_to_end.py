@@ -69,12 +69,18 @@ def test_replay_sees_every_parameter_and_adam_state(
     assert report["oom"] is False and report["rejected"] == 0
 
 
+def _convert(memsim: Path, trace: Path, suffix: str) -> Path:
+    """`memsim convert` of `trace` to the form of `suffix`, beside it."""
+    out = trace.with_suffix(suffix)
+    run([str(memsim), "convert", str(trace), str(out)])
+    return out
+
+
 def test_native_and_jsonl_traces_agree(
     tmp_path: Path, memsim: Path, trainer_env: dict[str, str]
 ) -> None:
     jsonl = _symtrace(tmp_path, trainer_env, "a.jsonl")
-    native = tmp_path / "a.mtrace"
-    run([str(memsim), "convert", str(jsonl), str(native)])
+    native = _convert(memsim, jsonl, ".mtrace")
     a = _json([str(memsim), "stats", str(jsonl), "--json"])
     b = _json([str(memsim), "stats", str(native), "--json"])
     for key in ["events", "allocs", "frees", "peak_live_device_bytes", "calls"]:
@@ -114,8 +120,7 @@ def test_memory_viz_opens_the_export(
     tmp_path: Path, memsim: Path, trainer_env: dict[str, str]
 ) -> None:
     trace = _symtrace(tmp_path, trainer_env, "viz.jsonl")
-    pickle = tmp_path / "viz.pickle"
-    run([str(memsim), "convert", str(trace), str(pickle)])
+    pickle = _convert(memsim, trace, ".pickle")
     out = run([PYTHON, "-m", "torch.cuda._memory_viz", "stats", str(pickle)]).stdout
     reserved = _json([str(memsim), "replay", str(trace), "--json"])["memory_stats"][
         "reserved_bytes.all.current"
