@@ -158,24 +158,25 @@ fn init_dl() {
     REAL_DLVSYM.store(found[1], Ordering::Release);
 }
 
-/// libc's `dlsym` (never the shim's export). 0 when it could not be found.
-pub fn real_dlsym_addr() -> usize {
-    let p = REAL_DLSYM.load(Ordering::Acquire);
+/// The address in `slot` (`REAL_DLSYM` or `REAL_DLVSYM`), looked up in libc the first time.
+/// 0 when it could not be found.
+fn libc_fn(slot: &AtomicUsize) -> usize {
+    let p = slot.load(Ordering::Acquire);
     if p != 0 {
         return p;
     }
     init_dl();
-    REAL_DLSYM.load(Ordering::Acquire)
+    slot.load(Ordering::Acquire)
+}
+
+/// libc's `dlsym` (never the shim's export). 0 when it could not be found.
+pub fn real_dlsym_addr() -> usize {
+    libc_fn(&REAL_DLSYM)
 }
 
 /// libc's `dlvsym`. 0 when it could not be found.
 pub fn real_dlvsym_addr() -> usize {
-    let p = REAL_DLVSYM.load(Ordering::Acquire);
-    if p != 0 {
-        return p;
-    }
-    init_dl();
-    REAL_DLVSYM.load(Ordering::Acquire)
+    libc_fn(&REAL_DLVSYM)
 }
 
 /// The real `dlsym`, called as the shim (RTLD_NEXT means "after libmemtrace").

@@ -74,53 +74,56 @@ pub fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, ch
         .saturating_mul(b)
 }
 
-caller_hook! {
+impl ArrayDesc {
+    /// The lower bound of this 2D array's size ([`array_bytes`]).
+    pub fn bytes(&self, levels: u32) -> u64 {
+        array_bytes(self.width, self.height, 0, self.format, self.channels, levels)
+    }
+}
+
+impl Array3dDesc {
+    /// The lower bound of this array's size over `levels` mip levels ([`array_bytes`]).
+    pub fn bytes(&self, levels: u32) -> u64 {
+        array_bytes(self.width, self.height, self.depth, self.format, self.channels, levels)
+    }
+}
+
+/// An array create: the device allocation of its lower bound (`$levels` mip levels of the
+/// descriptor's size) at the handle it wrote. Not `forward_nested`, as these hooks always were.
+macro_rules! create_hook {
+    (
+        $(#[$doc:meta])*
+        $name:ident($desc:ty $(, $arg:ident: $aty:ty)*) pads($($pad:ident),*) => $api:ident, levels $levels:expr
+    ) => {
+        caller_hook! {
+            $(#[$doc])*
+            $name, Driver, fn(h: *mut *mut c_void, d: *const $desc $(, $arg: $aty)*) pads($($pad),*) -> c_int, err = NO_DRIVER,
+            |real, ra| {
+                let dp = Depth::enter();
+                let r = real(h, d $(, $arg)*);
+                if dp.outer() {
+                    // Safety: the caller's descriptor, valid for the call.
+                    let size = unsafe { d.as_ref() }.map_or(0, |d| d.bytes($levels));
+                    // Safety: see `out`.
+                    emit::alloc(&dp, Api::$api, mem::DEVICE, unsafe { out(h, r) }, size, 0, r, ra)
+                }
+                r
+            }
+        }
+    };
+}
+
+create_hook! {
     /// `cuArrayCreate_v2`.
-    cuArrayCreate_v2, Driver, fn(h: *mut *mut c_void, d: *const ArrayDesc) pads(a, b, c) -> c_int, err = NO_DRIVER,
-    |real, ra| {
-        let dp = Depth::enter();
-        let r = real(h, d);
-        if dp.outer() {
-            // Safety: the caller's descriptor, valid for the call.
-            let size = unsafe { d.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, 0, d.format, d.channels, 1));
-            // Safety: see `out`.
-            emit::alloc(&dp, Api::CuArrayCreate_v2, mem::DEVICE, unsafe { out(h, r) }, size, 0, r, ra)
-        }
-        r
-    }
+    cuArrayCreate_v2(ArrayDesc) pads(a, b, c) => CuArrayCreate_v2, levels 1
 }
-
-caller_hook! {
+create_hook! {
     /// `cuArray3DCreate_v2`.
-    cuArray3DCreate_v2, Driver, fn(h: *mut *mut c_void, d: *const Array3dDesc) pads(a, b, c) -> c_int, err = NO_DRIVER,
-    |real, ra| {
-        let dp = Depth::enter();
-        let r = real(h, d);
-        if dp.outer() {
-            // Safety: the caller's descriptor, valid for the call.
-            let size = unsafe { d.as_ref() }.map_or(0, |d| array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1));
-            // Safety: see `out`.
-            emit::alloc(&dp, Api::CuArray3DCreate_v2, mem::DEVICE, unsafe { out(h, r) }, size, 0, r, ra)
-        }
-        r
-    }
+    cuArray3DCreate_v2(Array3dDesc) pads(a, b, c) => CuArray3DCreate_v2, levels 1
 }
-
-caller_hook! {
+create_hook! {
     /// `cuMipmappedArrayCreate`: every level counted.
-    cuMipmappedArrayCreate, Driver, fn(h: *mut *mut c_void, d: *const Array3dDesc, levels: c_uint) pads(a, b) -> c_int, err = NO_DRIVER,
-    |real, ra| {
-        let dp = Depth::enter();
-        let r = real(h, d, levels);
-        if dp.outer() {
-            // Safety: the caller's descriptor, valid for the call.
-            let size = unsafe { d.as_ref() }
-                .map_or(0, |d| array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels));
-            // Safety: see `out`.
-            emit::alloc(&dp, Api::CuMipmappedArrayCreate, mem::DEVICE, unsafe { out(h, r) }, size, 0, r, ra)
-        }
-        r
-    }
+    cuMipmappedArrayCreate(Array3dDesc, levels: c_uint) pads(a, b) => CuMipmappedArrayCreate, levels levels
 }
 
 macro_rules! destroy_hook {

@@ -1,8 +1,9 @@
 //! Driver (`libcuda.so.1`) allocation and VMM hooks. Error code when the real driver is missing:
 //! `CUDA_ERROR_NOT_INITIALIZED` (3).
 //!
-//! Allocations through an out-pointer and frees of an address are rows of the `memory_hooks!`
-//! table below (`hooks/memory.rs`); the other shapes are written out after it.
+//! Allocations, frees, pitches, registrations, pool trims, IPC opens and VMM calls on an address
+//! range are rows of the `memory_hooks!` table below (`hooks/memory.rs`); the other shapes (VMM
+//! calls with an out-pointer or a handle, a shareable-handle import) are written out after it.
 //!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
 //! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
@@ -14,9 +15,9 @@ use trace::Api;
 
 use super::emit::{self, out};
 use super::memory::memory_hooks;
+use super::shape::caller_hook;
 use super::shape::HookDesc;
-use super::shape::{caller_hook, plain_hook};
-use super::Handle;
+use super::{Handle, IpcHandle};
 use crate::event::{mem, vmm};
 use crate::raw::Depth;
 
@@ -54,64 +55,20 @@ memory_hooks! {
     free cuMemHostUnregister(p: *mut c_void) pads(a, b, c, e) => CuMemHostUnregister, mem::HOST_REGISTERED, stream 0;
     /// `cuMemRelease`: the physical handle.
     free cuMemRelease(p: u64) pads(a, b, c, e) => CuMemRelease, mem::PHYSICAL, stream 0;
-}
-
-caller_hook! {
     /// `cuMemAllocPitch_v2`: recorded as pitch × height bytes.
-    cuMemAllocPitch_v2, Driver, fn(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, pitch, width, height, elem);
-        if d.outer() {
-            // Safety: the pitch out-pointer, read only when non-null and the call succeeded.
-            let pv = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
-            // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-            emit::alloc(&d, Api::CuMemAllocPitch_v2, mem::DEVICE, unsafe { out(p, r) }, (pv * height) as u64, 0, r, ra)
-        }
-        r
-    }
-}
-
-caller_hook! {
+    pitch cuMemAllocPitch_v2(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint) pads() => CuMemAllocPitch_v2, mem::DEVICE;
     /// `cuMemHostRegister_v2`.
-    cuMemHostRegister_v2, Driver, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        if d.outer() { emit::alloc(&d, Api::CuMemHostRegister_v2, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
+    register cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) => CuMemHostRegister_v2, mem::HOST_REGISTERED;
     /// `cuMemPoolTrimTo`.
-    cuMemPoolTrimTo, Driver, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, _ra| {
-        let d = Depth::enter();
-        let r = real(pool, keep);
-        if d.outer() { emit::trim(&d, Api::CuMemPoolTrimTo, pool as u64, keep as u64, r) }
-        r
-    }
-}
-
-/// `CUipcMemHandle`: 64 opaque bytes by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CuIpcHandle {
-    /// Opaque.
-    pub reserved: [u8; 64],
-}
-
-plain_hook! {
+    trim cuMemPoolTrimTo(pool: Handle, keep: usize) pads(a, b, c) => CuMemPoolTrimTo;
     /// `cuIpcOpenMemHandle_v2`.
-    cuIpcOpenMemHandle_v2, Driver, fn(p: *mut u64, h: CuIpcHandle, flags: c_uint) -> c_int, err = NO_DRIVER, forward_nested,
-    |real| {
-        let d = Depth::enter();
-        let r = real(p, h, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CuIpcOpenMemHandle_v2, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
-        r
-    }
+    ipc_open cuIpcOpenMemHandle_v2(p: *mut u64, h: IpcHandle, flags: c_uint) => CuIpcOpenMemHandle_v2, mem::IPC_IMPORT;
+    /// `cuMemAddressFree`.
+    vmm cuMemAddressFree(p: u64, size: usize) pads(a, b, c) => CuMemAddressFree, vmm::ADDRESS_FREE;
+    /// `cuMemUnmap`.
+    vmm cuMemUnmap(p: u64, size: usize) pads(a, b, c) => CuMemUnmap, vmm::UNMAP;
+    /// `cuMemSetAccess`.
+    vmm cuMemSetAccess(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) => CuMemSetAccess, vmm::SET_ACCESS;
 }
 
 caller_hook! {
@@ -139,17 +96,6 @@ caller_hook! {
 }
 
 caller_hook! {
-    /// `cuMemAddressFree`.
-    cuMemAddressFree, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size);
-        if d.outer() { emit::vmm(&d, Api::CuMemAddressFree, vmm::ADDRESS_FREE, p, size as u64, 0, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
     /// `cuMemCreate`: physical memory, recorded as an allocation of the handle.
     cuMemCreate, Driver, fn(h: *mut u64, size: usize, prop: *const c_void, flags: c_ulonglong) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
     |real, ra| {
@@ -168,28 +114,6 @@ caller_hook! {
         let d = Depth::enter();
         let r = real(p, size, offset, h, flags);
         if d.outer() { emit::vmm(&d, Api::CuMemMap, vmm::MAP, p, size as u64, h, offset as u64, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cuMemUnmap`.
-    cuMemUnmap, Driver, fn(p: u64, size: usize) pads(a, b, c) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size);
-        if d.outer() { emit::vmm(&d, Api::CuMemUnmap, vmm::UNMAP, p, size as u64, 0, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cuMemSetAccess`.
-    cuMemSetAccess, Driver, fn(p: u64, size: usize, desc: *const c_void, count: usize) pads(a) -> c_int, err = NO_DRIVER, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, desc, count);
-        if d.outer() { emit::vmm(&d, Api::CuMemSetAccess, vmm::SET_ACCESS, p, size as u64, 0, 0, r, ra) }
         r
     }
 }

@@ -25,3 +25,11 @@ pub mod table;
 
 /// `cudaStream_t`, `CUstream`, pools, graphs: opaque handles.
 pub type Handle = *mut c_void;
+
+/// `cudaIpcMemHandle_t` and `CUipcMemHandle` (the same type): 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle {
+    /// Opaque.
+    pub reserved: [u8; 64],
+}

@@ -1,22 +1,23 @@
 //! Runtime (`libcudart`) allocation hooks. Error code when the real runtime is missing:
 //! `cudaErrorInitializationError` (3).
 //!
-//! Allocations through an out-pointer and frees of an address are rows of the `memory_hooks!`
-//! table below (`hooks/memory.rs`); the other shapes are written out after it.
+//! Allocations, frees, pitches, registrations, pool trims and IPC opens are rows of the
+//! `memory_hooks!` table below (`hooks/memory.rs`); the one other shape (`cudaFree`, which skips
+//! null) is written out after it.
 //!
 //! The call to the real function is the one unsafe operation every hook shares; it is made, and
-//! documented, once in the hook macros (`hooks/shape.rs`). The unsafe blocks left here read
-//! out-pointers, each with its own `// Safety:` line.
+//! documented, once in the hook macros (`hooks/shape.rs`), and the out-pointer reads in the
+//! table's shapes (`hooks/memory.rs`).
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use trace::Api;
 
-use super::emit::{self, out};
+use super::emit;
 use super::memory::memory_hooks;
+use super::shape::caller_hook;
 use super::shape::HookDesc;
-use super::shape::{caller_hook, plain_hook};
-use super::Handle;
+use super::{Handle, IpcHandle};
 use crate::event::mem;
 use crate::raw::Depth;
 
@@ -50,6 +51,14 @@ memory_hooks! {
     free cudaHostUnregister(p: *mut c_void) pads(a, b, c, e) => CudaHostUnregister, mem::HOST_REGISTERED, stream 0;
     /// `cudaIpcCloseMemHandle`.
     free cudaIpcCloseMemHandle(p: *mut c_void) pads(a, b, c, e) => CudaIpcCloseMemHandle, mem::IPC_IMPORT, stream 0;
+    /// `cudaHostRegister`.
+    register cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) => CudaHostRegister, mem::HOST_REGISTERED;
+    /// `cudaMallocPitch`: recorded as pitch × height bytes.
+    pitch cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) pads(a) => CudaMallocPitch, mem::DEVICE;
+    /// `cudaMemPoolTrimTo`.
+    trim cudaMemPoolTrimTo(pool: Handle, keep: usize) pads(a, b, c) => CudaMemPoolTrimTo;
+    /// `cudaIpcOpenMemHandle`: an imported allocation (size unknown to the importer).
+    ipc_open cudaIpcOpenMemHandle(p: *mut *mut c_void, h: IpcHandle, flags: c_uint) => CudaIpcOpenMemHandle, mem::IPC_IMPORT;
 }
 
 caller_hook! {
@@ -60,64 +69,6 @@ caller_hook! {
         let r = real(p);
         // cudaFree(NULL) is the idiomatic "initialise the context" call, not a free.
         if d.outer() && !p.is_null() { emit::free(&d, Api::CudaFree, mem::DEVICE, p as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaHostRegister`.
-    cudaHostRegister, Runtime, fn(p: *mut c_void, size: usize, flags: c_uint) pads(a, b) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, size, flags);
-        if d.outer() { emit::alloc(&d, Api::CudaHostRegister, mem::HOST_REGISTERED, p as u64, size as u64, 0, r, ra) }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMallocPitch`: recorded as pitch × height bytes.
-    cudaMallocPitch, Runtime, fn(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) pads(a) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, ra| {
-        let d = Depth::enter();
-        let r = real(p, pitch, width, height);
-        if d.outer() {
-            // Safety: the pitch out-pointer, read only when non-null and the call succeeded.
-            let pitch_v = if r == 0 && !pitch.is_null() { unsafe { *pitch } } else { width };
-            // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-            emit::alloc(&d, Api::CudaMallocPitch, mem::DEVICE, unsafe { out(p, r) }, (pitch_v * height) as u64, 0, r, ra)
-        }
-        r
-    }
-}
-
-caller_hook! {
-    /// `cudaMemPoolTrimTo`.
-    cudaMemPoolTrimTo, Runtime, fn(pool: Handle, keep: usize) pads(a, b, c) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real, _ra| {
-        let d = Depth::enter();
-        let r = real(pool, keep);
-        if d.outer() { emit::trim(&d, Api::CudaMemPoolTrimTo, pool as u64, keep as u64, r) }
-        r
-    }
-}
-
-/// `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IpcHandle {
-    /// Opaque.
-    pub reserved: [u8; 64],
-}
-
-plain_hook! {
-    /// `cudaIpcOpenMemHandle`: an imported allocation (size unknown to the importer).
-    cudaIpcOpenMemHandle, Runtime, fn(p: *mut *mut c_void, h: IpcHandle, flags: c_uint) -> c_int, err = NO_RUNTIME, forward_nested,
-    |real| {
-        let d = Depth::enter();
-        let r = real(p, h, flags);
-        // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-        if d.outer() { emit::alloc(&d, Api::CudaIpcOpenMemHandle, mem::IPC_IMPORT, unsafe { out(p, r) }, 0, 0, r, 0) }
         r
     }
 }

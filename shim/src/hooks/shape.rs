@@ -136,84 +136,92 @@ macro_rules! recording_prologue {
 }
 pub(crate) use recording_prologue;
 
-/// Everything a hook is, whatever its shape: its slots, its name, the Rust body that calls the
-/// real function (after the recording prologue, for recording hooks), its identity-table row, and
-/// its two entry points (the exported symbol and the wrapper handed out by resolvers), each a
-/// naked `via` jump to a Rust function that calls the body with its slot's function. `$pad`s
-/// fill the argument registers the jump leaves unused; `$ra` is the caller's return address, for
-/// hooks that record it.
+/// Everything a hook is, whatever its shape: the module `$name` holding its slots, its name, the
+/// Rust body that calls the real function (after the recording prologue, for recording hooks),
+/// its identity-table row, and its two entry points (the exported symbol and the wrapper handed
+/// out by resolvers), each a naked `via` jump to a Rust function that calls the body with its
+/// slot's function. `$pad`s fill the argument registers the jump leaves unused; `$ra` is the
+/// caller's return address, for hooks that record it.
 macro_rules! hook_parts {
     (
+        $(#[$doc:meta])*
         $name:ident, $lib:ident, fn($($arg:ident: $ty:ty),*) pads($($pad:ident),*) -> $ret:ty, err = $err:expr,
         fwd($($fwd:ident)?), ra($($ra:ident)?), via($($via:tt)*), |$real:ident| $body:block
     ) => {
-        /// The next definition after the shim.
-        pub static REAL: $crate::real::Slot = $crate::real::Slot::new();
-        /// What a resolver returned for this function.
-        pub static TARGET: $crate::real::Slot = $crate::real::Slot::new();
-        /// The exact entry-point name.
-        pub const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-            Ok(c) => c,
-            Err(_) => panic!("hook names are NUL-free"),
-        };
-        type Real = unsafe extern "C" fn($($ty),*) -> $ret;
+        $(#[$doc])*
+        #[allow(non_snake_case, clippy::missing_safety_doc)]
+        pub mod $name {
+            #[allow(unused_imports)]
+            use super::*;
 
-        #[inline(always)]
-        unsafe fn body(real: usize, $($ra: usize,)? $($arg: $ty),*) -> $ret {
-            if real == 0 {
-                $crate::hooks::emit::missing(NAME);
-                return $err;
+            /// The next definition after the shim.
+            pub static REAL: $crate::real::Slot = $crate::real::Slot::new();
+            /// What a resolver returned for this function.
+            pub static TARGET: $crate::real::Slot = $crate::real::Slot::new();
+            /// The exact entry-point name.
+            pub const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(c) => c,
+                Err(_) => panic!("hook names are NUL-free"),
+            };
+            type Real = unsafe extern "C" fn($($ty),*) -> $ret;
+
+            #[inline(always)]
+            unsafe fn body(real: usize, $($ra: usize,)? $($arg: $ty),*) -> $ret {
+                if real == 0 {
+                    $crate::hooks::emit::missing(NAME);
+                    return $err;
+                }
+                // Safety: `real` is the definition of exactly this entry point (the next one after
+                // the shim, or what the real resolver returned for this name).
+                let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // Safety: the one unsafe call of every hook: the caller's own arguments, unchanged,
+                // to the real function of the same signature. The caller's obligations under the
+                // CUDA API contract are exactly the real function's.
+                #[allow(unused_unsafe)]
+                let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
+                if $crate::hooks::shape::records!($($fwd)?) {
+                    $crate::hooks::shape::recording_prologue!($real($($arg),*));
+                }
+                $body
             }
-            // Safety: `real` is the definition of exactly this entry point (the next one after
-            // the shim, or what the real resolver returned for this name).
-            let f: Real = unsafe { std::mem::transmute::<usize, Real>(real) };
-            // Safety: the one unsafe call of every hook: the caller's own arguments, unchanged,
-            // to the real function of the same signature. The caller's obligations under the
-            // CUDA API contract are exactly the real function's.
-            #[allow(unused_unsafe)]
-            let $real = move |$($arg: $ty),*| -> $ret { unsafe { f($($arg),*) } };
-            if $crate::hooks::shape::records!($($fwd)?) {
-                $crate::hooks::shape::recording_prologue!($real($($arg),*));
+
+            /// Identity-table row.
+            pub const DESC: $crate::hooks::shape::HookDesc = $crate::hooks::shape::HookDesc {
+                name: NAME,
+                lib: $crate::real::Lib::$lib,
+                exported,
+                resolved,
+                real: &REAL,
+                target: &TARGET,
+            };
+
+            /// The exported symbol.
+            #[unsafe(naked)]
+            #[cfg_attr(not(test), export_name = stringify!($name))]
+            pub unsafe extern "C" fn exported() {
+                $crate::hooks::shape::entry!($($via)*, exported_fn, REAL $(, $fwd)?)
             }
-            $body
-        }
 
-        /// Identity-table row.
-        pub const DESC: $crate::hooks::shape::HookDesc = $crate::hooks::shape::HookDesc {
-            name: NAME,
-            lib: $crate::real::Lib::$lib,
-            exported,
-            resolved,
-            real: &REAL,
-            target: &TARGET,
-        };
+            /// The exported symbol's body.
+            pub unsafe extern "C" fn exported_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
+                $(let _ = $pad;)*
+                let real = REAL.get($crate::real::Lib::$lib, NAME);
+                // Safety: forwarding the caller's own arguments to the real function.
+                unsafe { body(real, $($ra,)? $($arg),*) }
+            }
 
-        /// The exported symbol.
-        #[unsafe(naked)]
-        #[cfg_attr(not(test), export_name = stringify!($name))]
-        pub unsafe extern "C" fn exported() {
-            $crate::hooks::shape::entry!($($via)*, exported_fn, REAL $(, $fwd)?)
-        }
+            /// The wrapper handed out by resolvers.
+            #[unsafe(naked)]
+            pub unsafe extern "C" fn resolved() {
+                $crate::hooks::shape::entry!($($via)*, resolved_fn, TARGET $(, $fwd)?)
+            }
 
-        /// The exported symbol's body.
-        pub unsafe extern "C" fn exported_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
-            $(let _ = $pad;)*
-            let real = REAL.get($crate::real::Lib::$lib, NAME);
-            // Safety: forwarding the caller's own arguments to the real function.
-            unsafe { body(real, $($ra,)? $($arg),*) }
-        }
-
-        /// The wrapper handed out by resolvers.
-        #[unsafe(naked)]
-        pub unsafe extern "C" fn resolved() {
-            $crate::hooks::shape::entry!($($via)*, resolved_fn, TARGET $(, $fwd)?)
-        }
-
-        /// The resolver wrapper's body.
-        pub unsafe extern "C" fn resolved_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
-            $(let _ = $pad;)*
-            // Safety: TARGET is what the real resolver returned for this name.
-            unsafe { body(TARGET.load(), $($ra,)? $($arg),*) }
+            /// The resolver wrapper's body.
+            pub unsafe extern "C" fn resolved_fn($($arg: $ty,)* $($pad: usize,)* $($ra: usize)?) -> $ret {
+                $(let _ = $pad;)*
+                // Safety: TARGET is what the real resolver returned for this name.
+                unsafe { body(TARGET.load(), $($ra,)? $($arg),*) }
+            }
         }
     };
 }
@@ -230,16 +238,10 @@ macro_rules! caller_hook {
         $(, $fwd:ident)?,
         |$real:ident, $ra:ident| $body:block
     ) => {
-        $(#[$doc])*
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            $crate::hooks::shape::hook_parts! {
-                $name, $lib, fn($($arg: $ty),*) pads($($pad),*) -> $ret, err = $err, fwd($($fwd)?), ra($ra),
-                via($crate::hooks::shape::trampoline!()), |$real| $body
-            }
+        $crate::hooks::shape::hook_parts! {
+            $(#[$doc])*
+            $name, $lib, fn($($arg: $ty),*) pads($($pad),*) -> $ret, err = $err, fwd($($fwd)?), ra($ra),
+            via($crate::hooks::shape::trampoline!()), |$real| $body
         }
     };
 }
@@ -256,16 +258,10 @@ macro_rules! plain_hook {
         $(, $fwd:ident)?,
         |$real:ident| $body:block
     ) => {
-        $(#[$doc])*
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            $crate::hooks::shape::hook_parts! {
-                $name, $lib, fn($($arg: $ty),*) pads() -> $ret, err = $err, fwd($($fwd)?), ra(),
-                via($crate::hooks::shape::jump!()), |$real| $body
-            }
+        $crate::hooks::shape::hook_parts! {
+            $(#[$doc])*
+            $name, $lib, fn($($arg: $ty),*) pads() -> $ret, err = $err, fwd($($fwd)?), ra(),
+            via($crate::hooks::shape::jump!()), |$real| $body
         }
     };
 }
