@@ -70,11 +70,11 @@ pub fn symbolic(
     let device = fit.device_peak(outside);
     Ok(SymbolicEstimate {
         predicted_reserved_peak: fit.reserved_need(),
-        predicted_allocated_peak: fit.report.peak_allocated_bytes,
+        predicted_allocated_peak: fit.report.peaks.peak_allocated_bytes,
         predicted_device_peak: device,
         outside_allocator: fit.beside(outside),
         recorded_outside: fit.held_beside(),
-        oom_on_profile_gpu: fit.oom,
+        oom_on_profile_gpu: fit.first_oom.oom,
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),
         replay_warnings: fit.report.warnings().into_iter().chain(held_beside_terms(&fit.report, outside)).collect(),
@@ -85,5 +85,5 @@ pub fn symbolic(
 /// the allocator capped at `device_estimate − outside` and report whether it survives.
 pub fn capped_rerun_ok(t: &LoadedTrace, version: TorchVersion, device_estimate: u64, outside: u64) -> Result<bool> {
     let cap = device_estimate.saturating_sub(outside);
-    Ok(!replay(t, version, Some(cap))?.oom)
+    Ok(!replay(t, version, Some(cap))?.first_oom.oom)
 }

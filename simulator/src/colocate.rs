@@ -337,7 +337,7 @@ fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(
     let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
         .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
     let need = if point { alone.device_peak(&j.outside) } else { alone.device_safe(&j.outside, &j.margin) };
-    Ok((!alone.oom && Verdict::new("alone", need, c).fits, need))
+    Ok((!alone.first_oom.oom && Verdict::new("alone", need, c).fits, need))
 }
 
 /// The smallest capacity, in bytes, at which a job fits alone, up to `upper` (its need with
@@ -419,7 +419,7 @@ pub fn colocate(
         if let Some(o) = unlimited.report.recorded_oom {
             recorded_floor = recorded_floor.max(o.need_bytes.saturating_add(unlimited.beside(&j.outside)));
         }
-        floors.push(unlimited.report.peak_allocated_bytes.saturating_add(j.outside.total_bytes));
+        floors.push(unlimited.report.peaks.peak_allocated_bytes.saturating_add(j.outside.total_bytes));
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);
         let fits_alone = at.map(|(fits, _)| fits);

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use trace::{metadata, Header, Record};
 
 use crate::profile::{OutsideAllocator, Profile};
-use crate::replay::{Classifier, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
+use crate::replay::{Classifier, FirstOom, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
 
 // The margin is its own concept; every fit command takes it from here too.
 pub use crate::margin::{margin, Margin};
@@ -310,19 +310,13 @@ pub struct FitOutcome {
     /// The replay that describes the run: the capped one when it survived, else the unlimited
     /// one (what the job would have needed).
     pub report: ReplayReport,
-    /// Whether an allocation failed: in the capped replay, or in the replay the report is of
-    /// (without a budget, a request past [`crate::alloc::MAX_SEGMENT`], which no device holds).
-    pub oom: bool,
-    /// The first failing record, when an allocation failed.
-    pub oom_at_event: Option<u64>,
-    /// Its message.
-    pub oom_detail: Option<String>,
+    /// Whether an allocation failed, and the first failure: in the capped replay, or in the
+    /// replay the report is of (without a budget, a request past [`crate::alloc::MAX_SEGMENT`],
+    /// which no device holds). Its `oom_need_bytes` is the capped replay's, or the unlimited
+    /// one's when even that failed.
+    pub first_oom: FirstOom,
     /// The allocator budget, bytes, when one was set.
     pub budget: Option<u64>,
-    /// When a replay ran out of memory, what its first failed allocation needed reserved
-    /// ([`ReplayReport::oom_need_bytes`]): the capped replay's, or the unlimited one's when even
-    /// that failed (a request past [`crate::alloc::MAX_SEGMENT`], which no device holds).
-    pub oom_need_bytes: Option<u64>,
     /// Whether `report` (its peaks and `memory_stats`) is of the replay at the budget; false
     /// without a budget, and when the replay at the budget failed (the report is then the
     /// replay without one: what the run needs, and `oom` is the replay at the budget's).
@@ -372,15 +366,12 @@ impl FitReplay {
             Some(c) => {
                 let capped = c.finish();
                 let budget = capped.capacity;
-                if capped.oom {
-                    let floor = capped.oom_need_bytes.max(unlimited.oom_need_bytes);
+                if capped.first_oom.oom {
+                    let floor = capped.first_oom.oom_need_bytes.max(unlimited.first_oom.oom_need_bytes);
                     FitOutcome {
-                        oom: true,
-                        oom_at_event: capped.oom_at_event,
-                        oom_detail: capped.oom_detail,
+                        first_oom: FirstOom { oom_need_bytes: floor, ..capped.first_oom },
                         report: unlimited,
                         budget,
-                        oom_need_bytes: floor,
                         peaks_at_budget: false,
                     }
                 } else {
@@ -395,10 +386,8 @@ impl FitOutcome {
     /// A replay that did not run out of memory at its budget (or had none): its own report,
     /// whose failure, if any, no capacity would have avoided.
     fn of(report: ReplayReport, budget: Option<u64>) -> FitOutcome {
-        let oom_need_bytes = report.oom_need_bytes;
-        let (oom, oom_at_event, oom_detail) = (report.oom, report.oom_at_event, report.oom_detail.clone());
-        let peaks_at_budget = budget.is_some();
-        FitOutcome { report, oom, oom_at_event, oom_detail, budget, oom_need_bytes, peaks_at_budget }
+        let first_oom = report.first_oom.clone();
+        FitOutcome { report, first_oom, budget, peaks_at_budget: budget.is_some() }
     }
 
     /// Reserved bytes the job needs: the replay's peak, or more when an allocation failed (in the
@@ -406,13 +395,13 @@ impl FitOutcome {
     /// could not be placed.
     pub fn reserved_need(&self) -> u64 {
         let recorded = self.report.recorded_oom.map_or(0, |o| o.need_bytes);
-        self.report.peak_reserved_bytes.max(self.oom_need_bytes.unwrap_or(0)).max(recorded)
+        self.report.peaks.peak_reserved_bytes.max(self.first_oom.oom_need_bytes.unwrap_or(0)).max(recorded)
     }
 
     /// Whether [`FitOutcome::reserved_need`] is a failed allocation's floor (the replay's, or
     /// one the run recorded), above the peak.
     pub fn need_is_oom_floor(&self) -> bool {
-        self.reserved_need() > self.report.peak_reserved_bytes
+        self.reserved_need() > self.report.peaks.peak_reserved_bytes
     }
 
     /// Device memory needed: the reserved need plus what lives outside the allocator (the

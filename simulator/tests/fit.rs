@@ -39,7 +39,13 @@ fn the_shortcut_equals_the_lockstep_replay_at_every_budget() {
             recs.iter().for_each(|r| lock.observe(r));
             let lock = lock.finish();
             let key = |f: &simulator::fit::FitOutcome| {
-                (f.oom, f.oom_at_event, f.budget, f.report.peak_reserved_bytes, f.report.peak_allocated_bytes)
+                (
+                    f.first_oom.oom,
+                    f.first_oom.oom_at_event,
+                    f.budget,
+                    f.report.peaks.peak_reserved_bytes,
+                    f.report.peaks.peak_allocated_bytes,
+                )
             };
             assert_eq!(key(&short), key(&lock), "{conf:?} at budget {} MiB", budget / MIB);
         }
@@ -177,11 +183,11 @@ fn a_programs_memory_fraction_sets_the_device_it_needs() {
         for (budget, need) in [(None, unlimited), (Some(cap.bytes), at_40)] {
             let opts = ReplayOptions { device_total: budget, ..ReplayOptions::default() };
             let out = fit_records(&h, &recs, &opts, budget).unwrap();
-            assert!(!out.report.oom || budget.is_some(), "fraction {f}: no device, no limit");
+            assert!(!out.report.first_oom.oom || budget.is_some(), "fraction {f}: no device, no limit");
             assert_eq!(out.device_peak(&outside), need, "fraction {f}, budget {budget:?}");
             assert_eq!(Verdict::new("point", out.device_peak(&outside), cap).fits, need <= cap.bytes);
             if budget.is_some() {
-                assert_eq!(out.oom, need > cap.bytes, "fraction {f}: the replay at the budget");
+                assert_eq!(out.first_oom.oom, need > cap.bytes, "fraction {f}: the replay at the budget");
             }
         }
     }

@@ -252,7 +252,7 @@ fn the_random_traces_reach_every_refusal() {
         recs.iter().for_each(|r| rp.observe(r));
         let report = rp.finish();
         refused_frees += report.rejected_examples.iter().filter(|e| e.contains("free")).count();
-        ooms += usize::from(report.oom);
+        ooms += usize::from(report.first_oom.oom);
     }
     assert!(refused_frees > 50, "only {refused_frees} refused frees");
     assert!(ooms > 10, "only {ooms} traces ran out of memory");

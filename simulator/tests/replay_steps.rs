@@ -230,7 +230,7 @@ fn a_cache_off_trace_realises_its_calls_as_requests() {
     assert_eq!(exported.allocs, 8);
     let snap = snapshot::read_snapshot(&out).unwrap();
     let r = snapshot::validate(&snap, &snapshot::ValidateOptions::default()).unwrap();
-    assert_eq!((r.allocs, r.alloc_addr_matches), (8, 8));
-    assert_eq!(r.segment_event_matches, r.segment_events);
+    assert_eq!((r.counts.allocs, r.counts.alloc_addr_matches), (8, 8));
+    assert_eq!(r.counts.segment_event_matches, r.counts.segment_events);
     assert_eq!(r.verdict, snapshot::Verdict::Exact);
 }

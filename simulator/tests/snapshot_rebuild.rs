@@ -88,9 +88,12 @@ fn rebuild_with_an_empty_trace_is_the_final_state() {
 fn the_fixture_replays_exactly_from_its_rebuilt_start() {
     let snap = snapshot::read_snapshot(&fixture("rebuild_native.pickle")).unwrap_or_else(|e| panic!("{e}"));
     let r = snapshot::validate(&snap, &ValidateOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((r.allocs, r.alloc_addr_matches), (1, 1));
+    assert_eq!((r.counts.allocs, r.counts.alloc_addr_matches), (1, 1));
     // segment_free of F (replayed as empty_cache) and segment_alloc of N.
-    assert_eq!((r.segment_events, r.segment_event_matches, r.extra_predicted_segment_events), (2, 2, 0));
+    assert_eq!(
+        (r.counts.segment_events, r.counts.segment_event_matches, r.counts.extra_predicted_segment_events),
+        (2, 2, 0)
+    );
     assert_eq!(r.empty_cache_bursts, 1);
     assert_eq!(r.verdict, Verdict::Exact);
     // 24 MiB at the start; F (2 MiB) is released before N (12 MiB) is created.

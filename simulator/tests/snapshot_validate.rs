@@ -14,10 +14,10 @@ fn run(file: &str) -> ValidationReport {
 fn check_all_match(file: &str, allocs: u64) {
     let r = run(file);
     let first = r.devices.iter().flat_map(|d| d.first_mismatches.iter()).next();
-    assert_eq!(r.allocs, allocs, "{file}: allocs replayed");
-    assert_eq!(r.alloc_addr_matches, r.allocs, "{file}: first mismatch {first:?}");
-    assert_eq!(r.segment_event_matches, r.segment_events, "{file}: first mismatch {first:?}");
-    assert_eq!(r.extra_predicted_segment_events, 0, "{file}");
+    assert_eq!(r.counts.allocs, allocs, "{file}: allocs replayed");
+    assert_eq!(r.counts.alloc_addr_matches, r.counts.allocs, "{file}: first mismatch {first:?}");
+    assert_eq!(r.counts.segment_event_matches, r.counts.segment_events, "{file}: first mismatch {first:?}");
+    assert_eq!(r.counts.extra_predicted_segment_events, 0, "{file}");
     assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes, "{file}");
     assert_eq!(r.verdict, Verdict::Exact, "{file}");
 }
@@ -56,8 +56,12 @@ fn kkaitlyn111_all_placements_match() {
 #[test]
 fn wedsonlin_medium_512_diverges_only_where_the_start_state_is_ambiguous() {
     let r = run("Wedsonlin--assignment2-systems--results_medium_512_training_memory_snapshot.pickle");
-    assert_eq!(r.allocs, 7591);
-    assert!(r.alloc_addr_matches >= 7176 && r.alloc_addr_matches < 7591, "{}", r.alloc_addr_matches);
+    assert_eq!(r.counts.allocs, 7591);
+    assert!(
+        r.counts.alloc_addr_matches >= 7176 && r.counts.alloc_addr_matches < 7591,
+        "{}",
+        r.counts.alloc_addr_matches
+    );
     assert_eq!(r.verdict, Verdict::ExplainedByStartState);
     assert!(r.devices.iter().all(|d| d.unexplained_mismatches == 0));
     assert!(
@@ -79,7 +83,7 @@ fn a_wrong_model_is_not_excused_by_an_ambiguous_start_state() {
     ] {
         let r = snapshot::validate(&shared_snapshot(file), &opts).unwrap();
         assert!(!r.unrecoverable.is_empty(), "{file}");
-        assert_eq!(r.verdict, Verdict::Mismatch, "{file}: {} of {}", r.alloc_addr_matches, r.allocs);
+        assert_eq!(r.verdict, Verdict::Mismatch, "{file}: {} of {}", r.counts.alloc_addr_matches, r.counts.allocs);
         assert!(r.devices.iter().map(|d| d.unexplained_mismatches).sum::<u64>() > 0, "{file}");
     }
 }
@@ -125,10 +129,10 @@ fn table_row(label: &str, r: &ValidationReport) -> String {
         .collect();
     format!(
         "| {label} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {:?} |",
-        r.alloc_addr_matches,
-        r.allocs,
-        r.segment_event_matches,
-        r.segment_events,
+        r.counts.alloc_addr_matches,
+        r.counts.allocs,
+        r.counts.segment_event_matches,
+        r.counts.segment_events,
         r.recorded_peak_reserved_bytes,
         r.predicted_peak_reserved_bytes,
         r.empty_cache_bursts,
@@ -189,12 +193,15 @@ fn wedsonlin_medium_512_hidden_tail_explains_the_divergence() {
     seg.blocks[k + 1].addr += tail;
     seg.blocks[k + 1].size -= tail;
     let after = snapshot::validate_from(&snap, &start, &opts).expect("validates");
-    println!("{file}: {} -> {} of {}", before.alloc_addr_matches, after.alloc_addr_matches, after.allocs);
+    println!(
+        "{file}: {} -> {} of {}",
+        before.counts.alloc_addr_matches, after.counts.alloc_addr_matches, after.counts.allocs
+    );
     assert!(
-        after.alloc_addr_matches > before.alloc_addr_matches,
+        after.counts.alloc_addr_matches > before.counts.alloc_addr_matches,
         "{} vs {}",
-        after.alloc_addr_matches,
-        before.alloc_addr_matches
+        after.counts.alloc_addr_matches,
+        before.counts.alloc_addr_matches
     );
     assert!(after.devices[0].first_mismatches.first().is_none_or(|m| m.recorded_addr != first));
 }
@@ -234,7 +241,7 @@ fn the_peaks_are_the_largest_devices() {
     assert!(sum > largest, "the devices' sum is another number");
 
     let r = run("Muduard--LayoutEditing--memory_snapshot.pkl");
-    assert_eq!((r.allocs, r.segment_events), (0, 0), "no events to compare");
+    assert_eq!((r.counts.allocs, r.counts.segment_events), (0, 0), "no events to compare");
     assert_eq!(r.recorded_peak_reserved_bytes, 3480 << 20, "the start state's segments");
     assert_eq!(r.predicted_peak_reserved_bytes, r.recorded_peak_reserved_bytes);
 }
@@ -256,7 +263,7 @@ fn replay_peaks_are_the_recorded_peaks() {
             rp.observe(r);
         }
         let report = rp.finish();
-        assert_eq!(report.peak_reserved_bytes, recorded, "{file}");
+        assert_eq!(report.peaks.peak_reserved_bytes, recorded, "{file}");
         released += report.recorded_releases;
     }
     assert!(released > 1000, "the snapshots with release bursts took part ({released} releases)");
@@ -305,7 +312,7 @@ fn segment_events_alone_are_never_explained_by_the_start_state() {
     let bytes = snapshot::export_snapshot(&Header::new("test", "0", Level::Allocator), &records).unwrap();
     let snap = snapshot::parse_snapshot(&bytes, "segments.pickle").unwrap();
     let r = snapshot::validate(&snap, &ValidateOptions::default()).unwrap();
-    assert_eq!((r.allocs, r.segment_events, r.segment_event_matches), (0, 3, 0));
+    assert_eq!((r.counts.allocs, r.counts.segment_events, r.counts.segment_event_matches), (0, 3, 0));
     assert!(!r.unrecoverable.is_empty(), "the start state the rule leant on: {r:?}");
     assert!(r.nothing_compared);
     assert_eq!(r.verdict, Verdict::Mismatch);

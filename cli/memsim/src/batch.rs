@@ -7,12 +7,11 @@
 //! still reported, and the exit status is 2. Otherwise it is the largest of the per-file ones.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
 /// What one file gives: the exit status, the text or JSON output and the warnings.
@@ -59,7 +58,7 @@ pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> 
         return Ok(out.code);
     }
     crate::input::set_batch(true);
-    let bar = overall_progress(files.len() as u64);
+    let bar = crate::input::bar(files.len() as u64, "{spinner} {pos}/{len} files {wide_bar} {eta}");
     let done = AtomicU64::new(0);
     let outs: Vec<Result<Output>> = files
         .par_iter()
@@ -118,16 +117,4 @@ fn print(out: &Output, json: bool) -> Result<()> {
         print!("{}", out.text);
     }
     Ok(())
-}
-
-fn overall_progress(files: u64) -> Option<ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let b = ProgressBar::new(files);
-    b.set_style(
-        ProgressStyle::with_template("{spinner} {pos}/{len} files {wide_bar} {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    Some(b)
 }

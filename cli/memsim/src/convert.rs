@@ -203,7 +203,7 @@ fn export_warnings(r: &simulator::replay::ReplayReport) -> Vec<String> {
             r.recorded_outside_bytes
         ));
     }
-    if let Some(d) = &r.oom_detail {
+    if let Some(d) = &r.first_oom.oom_detail {
         w.push(format!("an allocation failed in the model's replay and is not in the snapshot: {d}"));
     }
     w.extend(r.recorded_oom.map(|o| o.warning()));

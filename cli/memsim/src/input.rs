@@ -282,15 +282,20 @@ pub fn set_batch(on: bool) {
 }
 
 fn progress(size: u64) -> Option<ProgressBar> {
-    // Only for large inputs and only when a person is watching.
-    if size < 64 << 20 || BATCH.load(Ordering::Relaxed) || !std::io::stderr().is_terminal() {
+    // Only for large inputs (a batch has its own bar).
+    if size < 64 << 20 || BATCH.load(Ordering::Relaxed) {
         return None;
     }
-    let b = ProgressBar::new(size);
-    b.set_style(
-        ProgressStyle::with_template("{spinner} {bytes}/{total_bytes} {wide_bar} {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    bar(size, "{spinner} {bytes}/{total_bytes} {wide_bar} {eta}")
+}
+
+/// A progress bar of `len` steps drawn by `template` on stderr, only when a person is watching.
+pub fn bar(len: u64, template: &str) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = ProgressBar::new(len);
+    b.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
     Some(b)
 }
 

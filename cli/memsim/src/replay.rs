@@ -128,7 +128,7 @@ impl Replayed {
     /// batches once this passes the capacity: when the allocated peak grows with the batch, theirs
     /// are at least this one's, so however the allocator packs them they cannot fit.
     pub fn need_floor(&self, point: bool) -> u64 {
-        let allocated = self.fit.report.peak_allocated_bytes;
+        let allocated = self.fit.report.peaks.peak_allocated_bytes;
         let at_least = allocated.saturating_add(self.fit.beside(&self.outside));
         if point {
             at_least
@@ -253,13 +253,13 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
         // One meaning of capacity: the device's total memory. The allocator's share is separate.
         v["capacity"] = serde_json::to_value(r.capacity)?;
         v["allocator_budget_bytes"] = serde_json::to_value(r.fit.budget)?;
-        v["oom"] = r.fit.oom.into();
+        v["oom"] = r.fit.first_oom.oom.into();
         // The need of the failed replay (the unlimited report beside it has none).
-        v["oom_need_bytes"] = serde_json::to_value(r.fit.oom_need_bytes)?;
+        v["oom_need_bytes"] = serde_json::to_value(r.fit.first_oom.oom_need_bytes)?;
         // Which replay the peaks and memory_stats are of (README.md, "Replay, summarise, convert": `peaks_of`).
         v["peaks_of"] = peaks_of(&r.fit).into();
-        v["oom_at_event"] = serde_json::to_value(r.fit.oom_at_event)?;
-        v["oom_detail"] = serde_json::to_value(&r.fit.oom_detail)?;
+        v["oom_at_event"] = serde_json::to_value(r.fit.first_oom.oom_at_event)?;
+        v["oom_detail"] = serde_json::to_value(&r.fit.first_oom.oom_detail)?;
         v["outside_allocator"] = serde_json::to_value(&r.outside)?;
         v["peak_device_bytes"] = r.point().into();
         v["peak_device_safe_bytes"] = r.safe().into();
@@ -280,12 +280,13 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
     );
     let line = crate::validate::alloc_conf_line(rep.alloc_conf.as_deref(), rep.alloc_conf_source);
     outln!(out, "  alloc conf          {line}");
-    outln!(out, "  peak reserved       {} ({} B)", mib(rep.peak_reserved_bytes), rep.peak_reserved_bytes);
-    outln!(out, "  peak allocated      {} ({} B)", mib(rep.peak_allocated_bytes), rep.peak_allocated_bytes);
-    outln!(out, "  peak active         {}", mib(rep.peak_active_bytes));
-    outln!(out, "  peak requested      {}", mib(rep.peak_requested_bytes));
+    let p = &rep.peaks;
+    outln!(out, "  peak reserved       {} ({} B)", mib(p.peak_reserved_bytes), p.peak_reserved_bytes);
+    outln!(out, "  peak allocated      {} ({} B)", mib(p.peak_allocated_bytes), p.peak_allocated_bytes);
+    outln!(out, "  peak active         {}", mib(p.peak_active_bytes));
+    outln!(out, "  peak requested      {}", mib(p.peak_requested_bytes));
     outln!(out, "  (peaks: {PEAKS_COUNT})");
-    match (r.fit.budget, r.fit.oom_at_event) {
+    match (r.fit.budget, r.fit.first_oom.oom_at_event) {
         (Some(budget), _) if r.fit.peaks_at_budget => {
             // Replayed within the budget the peaks can differ from an unlimited replay's: at a
             // full device the allocator frees its cached blocks and retries, as PyTorch's does.
@@ -408,12 +409,12 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
                 mib(budget),
                 fit::verdict_word(v.fits)
             );
-            if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
+            if let (Some(i), Some(d)) = (r.fit.first_oom.oom_at_event, &r.fit.first_oom.oom_detail) {
                 outln!(out, "  replayed at the budget, it fails at record {i}: {d}");
             }
         }
         _ => {
-            if let (Some(i), Some(d)) = (r.fit.oom_at_event, &r.fit.oom_detail) {
+            if let (Some(i), Some(d)) = (r.fit.first_oom.oom_at_event, &r.fit.first_oom.oom_detail) {
                 outln!(out, "  the first allocation fails at record {i}, whatever the capacity: {d}");
             }
             outln!(out, "verdict: none (give --capacity or --profile to check a fit)")

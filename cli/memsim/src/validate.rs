@@ -53,7 +53,7 @@ pub fn run(a: Args) -> Result<u8> {
             if r.devices.len() > 1 { ", its largest device's" } else { "" }
         );
     }
-    if r.nothing_compared && r.segment_event_matches < r.segment_events {
+    if r.nothing_compared && r.counts.segment_event_matches < r.counts.segment_events {
         // The model replays allocations: with none, it predicted no segment event but the
         // releases it replays as `empty_cache`, and no verdict on it can be drawn from the rest.
         anyhow::bail!(
@@ -62,8 +62,8 @@ pub fn run(a: Args) -> Result<u8> {
              to validate it against (a snapshot of segment events alone, such as one written from a trace that \
              records no allocator-level request)",
             a.snapshot.display(),
-            r.segment_events,
-            r.segment_event_matches
+            r.counts.segment_events,
+            r.counts.segment_event_matches
         );
     }
     let more = capacity_warnings(&snap, &r);
@@ -81,16 +81,16 @@ pub fn run(a: Args) -> Result<u8> {
     println!("  alloc conf        {}", alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source));
     println!(
         "  block addresses   {}/{} match ({})",
-        r.alloc_addr_matches,
-        r.allocs,
-        pct(r.alloc_addr_matches, r.allocs)
+        r.counts.alloc_addr_matches,
+        r.counts.allocs,
+        pct(r.counts.alloc_addr_matches, r.counts.allocs)
     );
     println!(
         "  segment events    {}/{} match ({}), {} predicted that were not recorded",
-        r.segment_event_matches,
-        r.segment_events,
-        pct(r.segment_event_matches, r.segment_events),
-        r.extra_predicted_segment_events
+        r.counts.segment_event_matches,
+        r.counts.segment_events,
+        pct(r.counts.segment_event_matches, r.counts.segment_events),
+        r.counts.extra_predicted_segment_events
     );
     println!(
         "  peak reserved     recorded {}, predicted {}{}",

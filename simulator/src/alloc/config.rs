@@ -175,6 +175,12 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    fn not_power_of_two(key: &str, what: &'static str, extra: &'static str, value: u64) -> ConfigError {
+        ConfigError::NotPowerOfTwo { key: key.to_string(), what, extra, value }
+    }
+}
+
 /// Splits on `,` `:` `[` `]` (kept as tokens) and drops spaces, as both PyTorch lexers do.
 fn tokenize(s: &str, version: TorchVersion) -> Vec<String> {
     let mut out = Vec::new();
@@ -265,12 +271,7 @@ impl Parser<'_> {
         if self.toks.get(i).map(String::as_str) != Some("[") {
             let d = self.uint(i, key)?;
             if !d.is_power_of_two() {
-                return Err(ConfigError::NotPowerOfTwo {
-                    key: key.to_string(),
-                    what: "divisions",
-                    extra: "",
-                    value: d,
-                });
+                return Err(ConfigError::not_power_of_two(key, "divisions", "", d));
             }
             out.fill(d);
             return Ok(i);
@@ -289,12 +290,7 @@ impl Parser<'_> {
             i += 2;
             let d = self.uint(i, key)?;
             if d != 0 && !d.is_power_of_two() {
-                return Err(ConfigError::NotPowerOfTwo {
-                    key: key.to_string(),
-                    what: "divisions",
-                    extra: " or 0 to disable roundup",
-                    value: d,
-                });
+                return Err(ConfigError::not_power_of_two(key, "divisions", " or 0 to disable roundup", d));
             }
             if interval == ">" {
                 // 2.4/2.5 fill from the last explicit interval, overwriting it; 2.9+ from the next.
@@ -309,12 +305,7 @@ impl Parser<'_> {
                     expected: "an interval start in MiB or '>'",
                 })?;
                 if !k.is_power_of_two() {
-                    return Err(ConfigError::NotPowerOfTwo {
-                        key: key.to_string(),
-                        what: "intervals",
-                        extra: "",
-                        value: k,
-                    });
+                    return Err(ConfigError::not_power_of_two(key, "intervals", "", k));
                 }
                 let index = ((63 - k.leading_zeros()) as usize).min(ROUNDUP_INTERVALS - 1);
                 if first {
@@ -395,12 +386,12 @@ impl Parser<'_> {
                 "pinned_num_register_threads" => {
                     let n = self.uint(i, key)?;
                     if !n.is_power_of_two() || n > 128 {
-                        return Err(ConfigError::NotPowerOfTwo {
-                            key: key.into(),
-                            what: "number of register threads",
-                            extra: " and at most 128",
-                            value: n,
-                        });
+                        return Err(ConfigError::not_power_of_two(
+                            key,
+                            "number of register threads",
+                            " and at most 128",
+                            n,
+                        ));
                     }
                     cfg.pinned_num_register_threads = n;
                 }

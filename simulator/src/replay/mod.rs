@@ -26,7 +26,7 @@ mod report;
 mod step;
 use device::DeviceState;
 use live::{LiveBlock, LiveBlocks};
-pub use report::{DeviceReport, EventRef, Fragmentation, IterationPeak, RecordedOom, ReplayReport};
+pub use report::{DeviceReport, EventRef, FirstOom, Fragmentation, IterationPeak, Peaks, RecordedOom, ReplayReport};
 pub use step::{Classifier, Seed, Step};
 
 /// Why a trace cannot be replayed.
@@ -485,32 +485,33 @@ impl Replayer {
                 }
                 DeviceReport {
                     device: *device,
-                    peak_reserved_bytes: peak(&s.reserved_bytes),
-                    peak_allocated_bytes: peak(&s.allocated_bytes),
-                    peak_active_bytes: peak(&s.active_bytes),
-                    peak_requested_bytes: peak(&s.requested_bytes),
+                    peaks: Peaks {
+                        peak_reserved_bytes: peak(&s.reserved_bytes),
+                        peak_allocated_bytes: peak(&s.allocated_bytes),
+                        peak_active_bytes: peak(&s.active_bytes),
+                        peak_requested_bytes: peak(&s.requested_bytes),
+                    },
                     at_peak: ds.at_peak,
                     categories_at_peak,
                     memory_stats: s.to_json(),
                 }
             })
             .collect();
-        let max = |f: fn(&DeviceReport) -> u64| devices.iter().map(f).max().unwrap_or(0);
+        let peaks = Peaks::max(devices.iter().map(|d| &d.peaks));
         ReplayReport {
-            peak_reserved_bytes: max(|d| d.peak_reserved_bytes),
-            peak_allocated_bytes: max(|d| d.peak_allocated_bytes),
-            peak_active_bytes: max(|d| d.peak_active_bytes),
-            peak_requested_bytes: max(|d| d.peak_requested_bytes),
-            oom: self.oom_at.is_some(),
-            oom_at_event: self.oom_at,
-            oom_detail: self.oom_detail,
-            oom_need_bytes: self.oom_need,
+            peaks,
+            first_oom: FirstOom {
+                oom: self.oom_at.is_some(),
+                oom_at_event: self.oom_at,
+                oom_detail: self.oom_detail,
+                oom_need_bytes: self.oom_need,
+            },
             recorded_oom: self.recorded_oom,
             recorded_releases: self.recorded_releases,
             recorded_releases_kept: self.recorded_releases_kept,
             peak_resets: self.peak_resets,
             recorded_outside_bytes: self.outside.peak(),
-            outside_beside_peak_bytes: self.outside.beside_peak(max(|d| d.peak_reserved_bytes)),
+            outside_beside_peak_bytes: self.outside.beside_peak(peaks.peak_reserved_bytes),
             fraction_need_bytes: self.devices.iter().map(|(_, d)| d.fraction_need).max().unwrap_or(0),
             allocations_over_live: self.over_live.0,
             first_allocation_over_live: self.over_live.1,
@@ -525,7 +526,7 @@ impl Replayer {
             memory_stats: devices
                 .iter()
                 .rev()
-                .max_by_key(|d| d.peak_reserved_bytes)
+                .max_by_key(|d| d.peaks.peak_reserved_bytes)
                 .map(|d| d.memory_stats.clone())
                 .unwrap_or_else(|| crate::alloc::MemoryStats::default().to_json()),
             devices,

@@ -25,11 +25,10 @@ pub struct Fragmentation {
     pub segments: u64,
 }
 
-/// Per-device result.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceReport {
-    /// Device ordinal.
-    pub device: u32,
+/// The four peak statistics of a replay: a device's (`<stat>.all.peak`), or the max over devices
+/// of each ([`Peaks::max`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Peaks {
     /// `reserved_bytes.all.peak`.
     pub peak_reserved_bytes: u64,
     /// `allocated_bytes.all.peak`.
@@ -38,6 +37,28 @@ pub struct DeviceReport {
     pub peak_active_bytes: u64,
     /// `requested_bytes.all.peak`.
     pub peak_requested_bytes: u64,
+}
+
+impl Peaks {
+    /// Each peak's max over `all` (zeros for none): no one device need hold all four.
+    pub fn max<'a>(all: impl IntoIterator<Item = &'a Peaks>) -> Peaks {
+        all.into_iter().fold(Peaks::default(), |a, b| Peaks {
+            peak_reserved_bytes: a.peak_reserved_bytes.max(b.peak_reserved_bytes),
+            peak_allocated_bytes: a.peak_allocated_bytes.max(b.peak_allocated_bytes),
+            peak_active_bytes: a.peak_active_bytes.max(b.peak_active_bytes),
+            peak_requested_bytes: a.peak_requested_bytes.max(b.peak_requested_bytes),
+        })
+    }
+}
+
+/// Per-device result.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// Device ordinal.
+    pub device: u32,
+    /// The device's peaks.
+    #[serde(flatten)]
+    pub peaks: Peaks,
     /// At the first moment reserved memory reached its peak.
     pub at_peak: Fragmentation,
     /// Allocated bytes by category at the peak of allocated bytes (when the trace has categories).
@@ -88,17 +109,9 @@ impl RecordedOom {
     }
 }
 
-/// Replay result.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplayReport {
-    /// Max over devices of `reserved_bytes.all.peak`.
-    pub peak_reserved_bytes: u64,
-    /// Max over devices of `allocated_bytes.all.peak`.
-    pub peak_allocated_bytes: u64,
-    /// Max over devices of `active_bytes.all.peak`.
-    pub peak_active_bytes: u64,
-    /// Max over devices of `requested_bytes.all.peak`.
-    pub peak_requested_bytes: u64,
+/// The first allocation of a replay that failed at the capacity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FirstOom {
     /// Whether an allocation failed at the capacity.
     pub oom: bool,
     /// Index of the first record whose allocation failed.
@@ -109,6 +122,17 @@ pub struct ReplayReport {
     /// its rounded size. A floor under the job's need that its peak cannot show: the failed
     /// request was never placed.
     pub oom_need_bytes: Option<u64>,
+}
+
+/// Replay result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// Max over devices of each peak ([`Peaks::max`]).
+    #[serde(flatten)]
+    pub peaks: Peaks,
+    /// The first failed allocation.
+    #[serde(flatten)]
+    pub first_oom: FirstOom,
     /// The first out-of-memory error the run itself recorded (a real run's snapshot `oom`).
     pub recorded_oom: Option<RecordedOom>,
     /// Releases of cached memory the run recorded (`segment_free`/`segment_unmap` outcomes),
@@ -219,8 +243,8 @@ impl ReplayReport {
         });
         // A trace of a run that never reached the GPU (a CPU fallback, CUDA calls the shim did
         // not see) is not a measurement of a job that needs nothing.
-        let empty =
-            (self.requests == 0 && self.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0).then(|| {
+        let empty = (self.requests == 0 && self.peaks.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0)
+            .then(|| {
                 "the trace holds no device allocation, so nothing was measured (a run that fell back to the CPU, or \
              a program whose CUDA calls did not reach the tracer): the need is only what the profile puts outside \
              the allocator"

@@ -219,11 +219,12 @@ fn kind(v: &PickleValue) -> &'static str {
 
 impl<'a> Reader<'a> {
     fn bad(&self, field: &str, expected: &str, got: ValueId) -> SnapshotError {
-        SnapshotError::Field {
-            file: self.file.to_string(),
-            field: field.to_string(),
-            expected: format!("{expected}, found {}", kind(self.p.get(got))),
-        }
+        self.bad_value(field.to_string(), format!("{expected}, found {}", kind(self.p.get(got))))
+    }
+
+    /// A field of this file whose value is not what was `expected` (which says what was found).
+    fn bad_value(&self, field: String, expected: String) -> SnapshotError {
+        SnapshotError::Field { file: self.file.to_string(), field, expected }
     }
 
     /// The value under `key` of the snapshot's top-level dict, as JSON.
@@ -235,11 +236,7 @@ impl<'a> Reader<'a> {
     }
 
     fn missing(&self, field: &str, expected: &str) -> SnapshotError {
-        SnapshotError::Field {
-            file: self.file.to_string(),
-            field: field.to_string(),
-            expected: format!("{expected}, but the key is missing"),
-        }
+        self.bad_value(field.to_string(), format!("{expected}, but the key is missing"))
     }
 
     fn req(&self, obj: ValueId, path: &str, key: &str, expected: &str) -> Result<ValueId, SnapshotError> {
@@ -348,11 +345,9 @@ impl<'a> Reader<'a> {
             "small" => SegmentPool::Small,
             "large" => SegmentPool::Large,
             other => {
-                return Err(SnapshotError::Field {
-                    file: self.file.to_string(),
-                    field: format!("{path}.segment_type"),
-                    expected: format!("'small' or 'large', found {other:?}"),
-                })
+                return Err(
+                    self.bad_value(format!("{path}.segment_type"), format!("'small' or 'large', found {other:?}"))
+                )
             }
         };
         let pool_id = match self.p.dict_get(s, "segment_pool_id") {
@@ -377,10 +372,8 @@ impl<'a> Reader<'a> {
             },
         };
         let device = self.u64_field(s, path, "device")?;
-        let device = u32::try_from(device).map_err(|_| SnapshotError::Field {
-            file: self.file.to_string(),
-            field: format!("{path}.device"),
-            expected: format!("a device ordinal below 2^32, found {device}"),
+        let device = u32::try_from(device).map_err(|_| {
+            self.bad_value(format!("{path}.device"), format!("a device ordinal below 2^32, found {device}"))
         })?;
         let blocks_id = self.req(s, path, "blocks", "a list of blocks")?;
         let mut blocks = Vec::new();
@@ -414,11 +407,10 @@ impl<'a> Reader<'a> {
             "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
             "inactive" => BlockState::Inactive,
             other => {
-                return Err(SnapshotError::Field {
-                    file: self.file.to_string(),
-                    field: format!("{path}.state"),
-                    expected: format!("'active_allocated', 'active_pending_free' or 'inactive', found {other:?}"),
-                })
+                return Err(self.bad_value(
+                    format!("{path}.state"),
+                    format!("'active_allocated', 'active_pending_free' or 'inactive', found {other:?}"),
+                ))
             }
         };
         Ok(Block {
@@ -435,10 +427,11 @@ impl<'a> Reader<'a> {
             return Err(self.bad(path, "a dict (trace entry)", e));
         }
         let name = self.str_field(e, path, "action")?;
-        let action = Action::parse(name).ok_or_else(|| SnapshotError::Field {
-            file: self.file.to_string(),
-            field: format!("{path}.action"),
-            expected: format!("one of {}, found {name:?}", Action::ALL.map(Action::as_str).join(", ")),
+        let action = Action::parse(name).ok_or_else(|| {
+            self.bad_value(
+                format!("{path}.action"),
+                format!("one of {}, found {name:?}", Action::ALL.map(Action::as_str).join(", ")),
+            )
         })?;
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)

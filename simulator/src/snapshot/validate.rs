@@ -85,6 +85,19 @@ pub struct Counts {
     pub extra_predicted_segment_events: u64,
 }
 
+impl Counts {
+    /// The counts of several stretches (or devices) together.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Counts>) -> Counts {
+        all.into_iter().fold(Counts::default(), |a, b| Counts {
+            allocs: a.allocs + b.allocs,
+            alloc_addr_matches: a.alloc_addr_matches + b.alloc_addr_matches,
+            segment_events: a.segment_events + b.segment_events,
+            segment_event_matches: a.segment_event_matches + b.segment_event_matches,
+            extra_predicted_segment_events: a.extra_predicted_segment_events + b.extra_predicted_segment_events,
+        })
+    }
+}
+
 /// Per-device results.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceReport {
@@ -126,16 +139,9 @@ pub struct DeviceReport {
 /// device's.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ValidationReport {
-    /// Recorded allocations replayed.
-    pub allocs: u64,
-    /// Allocations placed at the recorded address.
-    pub alloc_addr_matches: u64,
-    /// Recorded segment events.
-    pub segment_events: u64,
-    /// Recorded segment events predicted exactly.
-    pub segment_event_matches: u64,
-    /// Predicted segment events the trace does not have.
-    pub extra_predicted_segment_events: u64,
+    /// The counts over the whole trace, summed over devices.
+    #[serde(flatten)]
+    pub counts: Counts,
     /// Peak reserved bytes recorded: the largest device's, as `replay` reports a peak (no one
     /// GPU holds the sum of several devices' peaks).
     pub recorded_peak_reserved_bytes: u64,
@@ -210,11 +216,7 @@ pub fn validate_from(
     let sum = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).sum::<u64>();
     let max = |f: &dyn Fn(&DeviceReport) -> u64| devices.iter().map(f).max().unwrap_or(0);
     let mut report = ValidationReport {
-        allocs: sum(&|r| r.counts.allocs),
-        alloc_addr_matches: sum(&|r| r.counts.alloc_addr_matches),
-        segment_events: sum(&|r| r.counts.segment_events),
-        segment_event_matches: sum(&|r| r.counts.segment_event_matches),
-        extra_predicted_segment_events: sum(&|r| r.counts.extra_predicted_segment_events),
+        counts: Counts::sum(devices.iter().map(|d| &d.counts)),
         recorded_peak_reserved_bytes: max(&|r| r.recorded_peak_reserved_bytes),
         predicted_peak_reserved_bytes: max(&|r| r.predicted_peak_reserved_bytes),
         unrecoverable: start.unrecoverable.clone(),
@@ -228,11 +230,12 @@ pub fn validate_from(
         nothing_compared: false,
         devices,
     };
-    report.nothing_compared = report.allocs == 0;
+    report.nothing_compared = report.counts.allocs == 0;
     let unexplained: u64 = report.devices.iter().map(|d| d.unexplained_mismatches).sum();
-    let clean = report.alloc_addr_matches == report.allocs
-        && report.segment_event_matches == report.segment_events
-        && report.extra_predicted_segment_events == 0
+    let c = report.counts;
+    let clean = c.alloc_addr_matches == c.allocs
+        && c.segment_event_matches == c.segment_events
+        && c.extra_predicted_segment_events == 0
         && report.devices.iter().all(|d| d.replay_errors.is_empty());
     report.verdict = if clean {
         Verdict::Exact
