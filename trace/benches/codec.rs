@@ -23,12 +23,15 @@ impl Rng {
     }
 }
 
+/// A record as the shim writes them: one thread, device 0.
+fn rec(ts: u64, event: Event) -> Record {
+    Record { ts_ns: Some(ts), tid: Some(41_234), device: Some(0), event }
+}
+
 fn launch(ts: u64, name: u32, grid: u32, stream: i64) -> Record {
-    Record {
-        ts_ns: Some(ts),
-        tid: Some(41_234),
-        device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch {
+    rec(
+        ts,
+        Event::KernelLaunch(KernelLaunch {
             api: Api::__CudaLaunchKernel,
             name: Some(name),
             grid: [grid, 1, 1],
@@ -37,29 +40,22 @@ fn launch(ts: u64, name: u32, grid: u32, stream: i64) -> Record {
             stream,
             result: 0,
         }),
-    }
+    )
 }
 
 fn alloc(ts: u64, addr: u64, size: u64, stream: i64) -> Record {
-    Record {
-        ts_ns: Some(ts),
-        tid: Some(41_234),
-        device: Some(0),
-        event: Event::Alloc(Alloc { stream, ..Alloc::device(addr, size, Api::Allocator, Origin::Request) }),
-    }
+    rec(ts, Event::Alloc(Alloc { stream, ..Alloc::device(addr, size, Api::Allocator, Origin::Request) }))
 }
 
 fn free(ts: u64, addr: u64, size: u64, stream: i64) -> Record {
-    Record {
-        ts_ns: Some(ts),
-        tid: Some(41_234),
-        device: Some(0),
-        event: Event::Free(Free {
+    rec(
+        ts,
+        Event::Free(Free {
             size: Some(size),
             stream,
             ..Free::device(addr, Api::Allocator, Origin::Request, FreeStage::Immediate)
         }),
-    }
+    )
 }
 
 /// A training step as the shim sees it: 300 interned kernel names, launches 2-8 µs apart on
@@ -121,24 +117,43 @@ fn alloc_heavy() -> Vec<Record> {
     out
 }
 
+fn header() -> Header {
+    Header::new("bench", "0", Level::Allocator)
+}
+
+/// A `$writer` (`BinaryWriter` or `JsonlWriter`) over `$out` that has written every record of
+/// `$recs`, not yet finished.
+macro_rules! write_all {
+    ($writer:ident, $out:expr, $header:expr, $recs:expr) => {{
+        let mut w = $writer::new($out, $header).unwrap();
+        for r in $recs {
+            w.write(black_box(r)).unwrap();
+        }
+        w
+    }};
+}
+
 fn encode_binary(recs: &[Record]) -> Vec<u8> {
-    let mut w = BinaryWriter::new(Vec::new(), &Header::new("bench", "0", Level::Allocator)).unwrap();
-    for r in recs {
-        w.write(r).unwrap();
-    }
-    w.finish().unwrap()
+    write_all!(BinaryWriter, Vec::new(), &header(), recs).finish().unwrap()
 }
 
 fn encode_jsonl(recs: &[Record]) -> Vec<u8> {
-    let mut w = JsonlWriter::new(Vec::new(), &Header::new("bench", "0", Level::Allocator)).unwrap();
-    for r in recs {
-        w.write(r).unwrap();
+    write_all!(JsonlWriter, Vec::new(), &header(), recs).finish().unwrap()
+}
+
+/// Reads a trace in either form to the end; the number of records.
+fn count_records(bytes: &[u8]) -> u64 {
+    let mut r = open_reader(bytes).unwrap();
+    let mut n = 0u64;
+    while let Some(rec) = r.next_record() {
+        black_box(rec.unwrap());
+        n += 1;
     }
-    w.finish().unwrap()
+    n
 }
 
 fn bench(c: &mut Criterion) {
-    let header = Header::new("bench", "0", Level::Allocator);
+    let header = header();
     for (mix, recs) in [("launch-heavy", launch_heavy()), ("alloc-heavy", alloc_heavy())] {
         let bin = encode_binary(&recs);
         let json = encode_jsonl(&recs);
@@ -157,45 +172,13 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(mix);
         g.throughput(Throughput::Elements(recs.len() as u64));
         g.bench_function("binary write", |b| {
-            b.iter(|| {
-                let mut w = BinaryWriter::new(std::io::sink(), &header).unwrap();
-                for r in &recs {
-                    w.write(black_box(r)).unwrap();
-                }
-                black_box(w.bytes_written())
-            })
+            b.iter(|| black_box(write_all!(BinaryWriter, std::io::sink(), &header, &recs).bytes_written()))
         });
-        g.bench_function("binary read", |b| {
-            b.iter(|| {
-                let mut r = open_reader(black_box(&bin[..])).unwrap();
-                let mut n = 0u64;
-                while let Some(rec) = r.next_record() {
-                    black_box(rec.unwrap());
-                    n += 1;
-                }
-                n
-            })
-        });
+        g.bench_function("binary read", |b| b.iter(|| count_records(black_box(&bin))));
         g.bench_function("jsonl write", |b| {
-            b.iter(|| {
-                let mut w = JsonlWriter::new(std::io::sink(), &header).unwrap();
-                for r in &recs {
-                    w.write(black_box(r)).unwrap();
-                }
-                black_box(w.bytes_written())
-            })
+            b.iter(|| black_box(write_all!(JsonlWriter, std::io::sink(), &header, &recs).bytes_written()))
         });
-        g.bench_function("jsonl read", |b| {
-            b.iter(|| {
-                let mut r = open_reader(black_box(&json[..])).unwrap();
-                let mut n = 0u64;
-                while let Some(rec) = r.next_record() {
-                    black_box(rec.unwrap());
-                    n += 1;
-                }
-                n
-            })
-        });
+        g.bench_function("jsonl read", |b| b.iter(|| count_records(black_box(&json))));
         g.finish();
     }
 }

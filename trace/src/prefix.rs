@@ -32,22 +32,8 @@ impl PrefixState {
                 None => uvarint_into(buf, ts),
             }
         }
-        if let Some(tid) = tid {
-            flags |= PREFIX_HAS_TID;
-            if self.tid == Some(tid) {
-                flags |= PREFIX_TID_SAME;
-            } else {
-                uvarint_into(buf, u64::from(tid));
-            }
-        }
-        if let Some(dev) = device {
-            flags |= PREFIX_HAS_DEVICE;
-            if self.device == Some(dev) {
-                flags |= PREFIX_DEVICE_SAME;
-            } else {
-                uvarint_into(buf, u64::from(dev));
-            }
-        }
+        encode_same(tid, PREFIX_HAS_TID, PREFIX_TID_SAME, self.tid, &mut flags, buf);
+        encode_same(device, PREFIX_HAS_DEVICE, PREFIX_DEVICE_SAME, self.device, &mut flags, buf);
         buf.set(flags_at, flags);
     }
 
@@ -160,6 +146,23 @@ pub(crate) struct Prefix {
     pub(crate) device: Option<u32>,
     /// Bytes it took.
     pub(crate) len: usize,
+}
+
+/// Writes a thread or device that may be the same as the previous frame's (the counterpart of
+/// [`decode_same`]): nothing when absent; else sets `has` in `flags`, and `same` too when it
+/// equals `prev`, or otherwise appends the value as a varint. Kept in this shape (flags by
+/// reference, set in the order the inline code set them) so the writer's machine code is
+/// unchanged.
+#[inline(always)]
+fn encode_same(value: Option<u32>, has: u8, same: u8, prev: Option<u32>, flags: &mut u8, buf: &mut impl Sink) {
+    if let Some(v) = value {
+        *flags |= has;
+        if prev == Some(v) {
+            *flags |= same;
+        } else {
+            uvarint_into(buf, u64::from(v));
+        }
+    }
 }
 
 fn decode_same(

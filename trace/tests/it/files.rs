@@ -23,6 +23,15 @@ fn read_file(path: &std::path::Path) -> (Header, Vec<Record>, Summary) {
     (r.header().clone(), recs, r.summary())
 }
 
+/// `small_trace()` in binary, cut inside its last frame, written to `dir/cut.mtrace`.
+fn cut_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    let (h, recs) = small_trace();
+    let bytes = binary(&h, &recs);
+    let cut = dir.join("cut.mtrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
+    cut
+}
+
 #[test]
 fn create_picks_the_form_from_the_extension() {
     let dir = tempfile::tempdir().unwrap();
@@ -97,10 +106,8 @@ fn convert_round_trips_byte_identically() {
 #[test]
 fn convert_keeps_the_complete_records_of_a_truncated_input() {
     let dir = tempfile::tempdir().unwrap();
-    let (h, recs) = small_trace();
-    let bytes = binary(&h, &recs);
-    let cut = dir.path().join("cut.mtrace");
-    std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
+    let recs = small_trace().1;
+    let cut = cut_trace(dir.path());
     let out = dir.path().join("out.jsonl");
     let (sum, _) = convert(&cut, &out, |_| true).unwrap();
     assert!(sum.truncated);
@@ -113,10 +120,7 @@ fn convert_keeps_the_complete_records_of_a_truncated_input() {
 #[test]
 fn a_refused_conversion_leaves_the_output_path_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let (h, recs) = small_trace();
-    let bytes = binary(&h, &recs);
-    let cut = dir.path().join("cut.mtrace");
-    std::fs::write(&cut, &bytes[..bytes.len() - 2]).unwrap();
+    let cut = cut_trace(dir.path());
     let out = dir.path().join("out.mtrace");
     std::fs::write(&out, "earlier").unwrap();
     let (sum, kept) = convert(&cut, &out, |s| !s.truncated).unwrap();

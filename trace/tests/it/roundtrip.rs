@@ -6,30 +6,32 @@ use trace::*;
 use crate::strategies::{header, record};
 use crate::support::{binary, jsonl, read_all};
 
+/// Reads `bytes` back and checks it gives `header` and `records`, whole (not truncated, every
+/// byte read), in `format`. Returns the summary for further checks.
+fn reads_back(bytes: &[u8], header: &Header, records: &[Record], format: Format) -> Result<Summary, TestCaseError> {
+    let (h2, recs2, sum) = read_all(bytes).unwrap();
+    prop_assert_eq!(&h2, header);
+    prop_assert_eq!(&recs2[..], records);
+    prop_assert!(!sum.truncated);
+    prop_assert_eq!(sum.bytes_read, bytes.len() as u64);
+    prop_assert_eq!(sum.format, format);
+    Ok(sum)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn binary_round_trip(h in header(), recs in proptest::collection::vec(record(), 0..24)) {
         let bytes = binary(&h, &recs);
-        let (h2, recs2, sum) = read_all(&bytes).unwrap();
-        prop_assert_eq!(h2, h);
-        prop_assert_eq!(&recs2, &recs);
-        prop_assert!(!sum.truncated);
+        let sum = reads_back(&bytes, &h, &recs, Format::Binary)?;
         prop_assert_eq!(sum.records, recs.len() as u64);
-        prop_assert_eq!(sum.bytes_read, bytes.len() as u64);
-        prop_assert_eq!(sum.format, Format::Binary);
     }
 
     #[test]
     fn jsonl_round_trip(h in header(), recs in proptest::collection::vec(record(), 0..24)) {
         let bytes = jsonl(&h, &recs);
-        let (h2, recs2, sum) = read_all(&bytes).unwrap();
-        prop_assert_eq!(h2, h);
-        prop_assert_eq!(&recs2, &recs);
-        prop_assert!(!sum.truncated);
-        prop_assert_eq!(sum.bytes_read, bytes.len() as u64);
-        prop_assert_eq!(sum.format, Format::Jsonl);
+        reads_back(&bytes, &h, &recs, Format::Jsonl)?;
     }
 
     #[test]
