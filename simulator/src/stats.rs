@@ -430,15 +430,9 @@ mod tests {
 
     fn cupti(op: MemActivityOp, memory_kind: CuptiMemoryKind, addr: u64, size: u64) -> Record {
         let m = MemActivity {
-            op,
-            memory_kind,
-            addr,
-            size,
-            stream: None,
-            correlation_id: 0,
-            pc: 0,
             pool: Some(MemPoolKind::Local),
             pool_addr: Some(1),
+            ..MemActivity::new(op, memory_kind, addr, size)
         };
         Record { ts_ns: None, tid: None, device: Some(0), event: Event::MemActivity(m) }
     }

@@ -1,6 +1,9 @@
 //! Trace records the tests build by hand (shared with the memsim command's tests).
 
-use trace::{Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, Level, Origin, Record, StackDef};
+use trace::{
+    Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Origin, Record,
+    StackDef,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -51,6 +54,46 @@ pub fn records() -> Vec<Record> {
         free(3),
         free(1),
     ]
+}
+
+/// A kernel on device 0: `[start, end)`, `grid` blocks of 256 threads with 32 registers (100%
+/// theoretical occupancy on 8.0), on `stream`, recorded at its end.
+pub fn kernel(start: u64, end: u64, grid: u32, stream: i64, name: Option<u32>) -> Record {
+    Record {
+        ts_ns: Some(end),
+        tid: None,
+        device: Some(0),
+        event: Event::KernelExec(KernelExec {
+            start_ns: start,
+            end_ns: end,
+            name,
+            grid: [grid, 1, 1],
+            block: [256, 1, 1],
+            registers_per_thread: 32,
+            static_shared_mem: 0,
+            dynamic_shared_mem: 0,
+            stream,
+            correlation_id: 0,
+        }),
+    }
+}
+
+/// An unnamed one-block `cudaLaunchKernel` of `block` threads on `stream`, seen on device 0 at `ts`.
+pub fn launch(ts: u64, block: u32, stream: i64) -> Record {
+    Record {
+        ts_ns: Some(ts),
+        tid: None,
+        device: Some(0),
+        event: Event::KernelLaunch(KernelLaunch {
+            api: Api::CudaLaunchKernel,
+            name: None,
+            grid: [1, 1, 1],
+            block: [block, 1, 1],
+            shared_mem: 0,
+            stream,
+            result: 0,
+        }),
+    }
 }
 
 pub fn header() -> Header {

@@ -4,32 +4,14 @@
 use simulator::utilization::{
     classify, KernelClass, ScopeMetrics, Source, Timing, UtilOptions, UtilizationBuilder, UtilizationReport,
 };
-use trace::{DeviceInfo, Event, Header, KernelExec, KernelLaunch, Level, Marker, NameDef, Record};
+use trace::{DeviceInfo, Event, Header, Level, Marker, NameDef, Record};
+
+use crate::records::{self, kernel};
 
 /// A kernel on device 0: `[start, end)`, `grid` blocks of 256 threads with 32 registers (100%
 /// theoretical occupancy on 8.0), on `stream`.
 fn k(start: u64, end: u64, grid: u32, stream: i64) -> Record {
-    kn(start, end, grid, stream, None)
-}
-
-fn kn(start: u64, end: u64, grid: u32, stream: i64, name: Option<u32>) -> Record {
-    Record {
-        ts_ns: Some(end),
-        tid: None,
-        device: Some(0),
-        event: Event::KernelExec(KernelExec {
-            start_ns: start,
-            end_ns: end,
-            name,
-            grid: [grid, 1, 1],
-            block: [256, 1, 1],
-            registers_per_thread: 32,
-            static_shared_mem: 0,
-            dynamic_shared_mem: 0,
-            stream,
-            correlation_id: 0,
-        }),
-    }
+    kernel(start, end, grid, stream, None)
 }
 
 fn on_device(mut r: Record, device: u32) -> Record {
@@ -45,21 +27,9 @@ fn name(id: u32, text: &str) -> Record {
     Record::bare(Event::Name(NameDef { id, text: text.to_string() }))
 }
 
+/// A launch of one 32-thread block on stream 0.
 fn launch(ts: u64) -> Record {
-    Record {
-        ts_ns: Some(ts),
-        tid: None,
-        device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch {
-            api: trace::Api::CudaLaunchKernel,
-            name: None,
-            grid: [1, 1, 1],
-            block: [32, 1, 1],
-            shared_mem: 0,
-            stream: 0,
-            result: 0,
-        }),
-    }
+    records::launch(ts, 32, 0)
 }
 
 /// A header for one A100-like device with 4 SMs (small grids make SM shares easy to read).
@@ -250,11 +220,11 @@ fn top_kernels_and_time_shares() {
         name(1, "ampere_sgemm_128x64_nn"),
         name(2, "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>"),
         name(3, "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>"),
-        kn(0, 300, 4, 7, Some(1)),
-        kn(300, 350, 4, 7, Some(2)),
-        kn(350, 400, 4, 7, Some(2)),
-        kn(400, 450, 4, 7, Some(3)),
-        kn(450, 500, 4, 7, None),
+        kernel(0, 300, 4, 7, Some(1)),
+        kernel(300, 350, 4, 7, Some(2)),
+        kernel(350, 400, 4, 7, Some(2)),
+        kernel(400, 450, 4, 7, Some(3)),
+        kernel(450, 500, 4, 7, None),
     ];
     let r = report(&records);
     let top: Vec<(&str, u64, u64)> = r.run.top_kernels.iter().map(|t| (t.name.as_str(), t.count, t.total_ns)).collect();

@@ -29,6 +29,14 @@ fn segment(addr: u64, size: u64, state: &str) -> Value {
            "blocks": [{"address": addr, "size": size, "requested_size": held, "state": state}]})
 }
 
+/// A pickled snapshot of one inactive 20 MiB segment at `base`, the trace `entries` and the
+/// recorded allocator `settings`.
+fn settings_snapshot(dir: &Path, name: &str, base: u64, settings: &Value, entries: &Value) -> String {
+    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries],
+                      "allocator_settings": settings});
+    write(dir, name, &pickle(&snap))
+}
+
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false"#;
 
 fn alloc(addr: u64, size: u64) -> String {
@@ -114,9 +122,7 @@ fn recorded_settings_follow_one_rule_and_an_override_names_what_it_drops() {
         {"action": "free_requested", "addr": base, "size": 3 * MIB, "stream": 0},
         {"action": "free_completed", "addr": base, "size": 3 * MIB, "stream": 0},
     ]);
-    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries],
-                      "allocator_settings": settings});
-    let p = write(dir.path(), "contra.pickle", &pickle(&snap));
+    let p = settings_snapshot(dir.path(), "contra.pickle", base, &settings, &entries);
     let r = json(&["replay", &p, "--json"]);
     assert!(warned(&r, "contradict each other"), "{r}");
     let (code, out, err) = memsim(&["validate", &p, "--json"]);
@@ -237,9 +243,7 @@ fn an_override_gets_past_unreadable_recorded_settings() {
         {"action": "free_requested", "addr": base, "size": 2 * MIB, "stream": 0},
         {"action": "free_completed", "addr": base, "size": 2 * MIB, "stream": 0},
     ]);
-    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries],
-                      "allocator_settings": settings});
-    let p = write(dir.path(), "unknown.pickle", &pickle(&snap));
+    let p = settings_snapshot(dir.path(), "unknown.pickle", base, &settings, &entries);
     for cmd in ["validate", "replay"] {
         let (code, _, err) = memsim(&[cmd, &p]);
         assert_eq!(code, 2, "{cmd}: {err}");

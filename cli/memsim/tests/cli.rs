@@ -8,7 +8,7 @@ use trace::{Api, Category, Control, ControlOp, Event, Header, Level, MemoryKind,
 const MIB: u64 = 1 << 20;
 
 use crate::records::{alloc, free};
-use crate::support::{json, memsim};
+use crate::support::{json, memsim, write_records};
 
 /// Write an allocator-level trace with synthetic addresses and this header metadata.
 fn write_with(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)]) -> PathBuf {
@@ -17,13 +17,7 @@ fn write_with(dir: &Path, name: &str, records: &[Record], meta: &[(&str, &str)])
     for (k, v) in meta {
         h.metadata.insert(k.to_string(), v.to_string());
     }
-    let path = dir.join(name);
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-    for r in records {
-        w.write(r).unwrap();
-    }
-    w.finish().unwrap();
-    path
+    write_records(dir, name, &h, records)
 }
 
 /// Write an allocator-level trace with synthetic addresses.
@@ -208,10 +202,8 @@ fn a_converted_snapshot_cut_at_a_record_is_said() {
         let reader = trace::Reader::open(&whole).unwrap();
         let header = reader.header().clone();
         let records: Vec<Record> = reader.map(Result::unwrap).collect();
-        let cut = dir.path().join(format!("cut.{}", name.rsplit('.').next().unwrap()));
-        let mut w = trace::TraceWriter::create(&cut, &header).unwrap();
-        records[..records.len() - 1].iter().for_each(|r| w.write(r).unwrap());
-        w.finish().unwrap();
+        let cut_name = format!("cut.{}", name.rsplit('.').next().unwrap());
+        let cut = write_records(dir.path(), &cut_name, &header, &records[..records.len() - 1]);
         let (code, _, err) = memsim(&["replay", cut.to_str().unwrap(), "--capacity", "1TiB"]);
         assert_eq!(code, 0, "{err}");
         assert!(err.contains("cut short"), "{name}: {err}");
@@ -979,12 +971,7 @@ fn the_cuda_malloc_async_backend_is_replayed_as_native_with_a_warning() {
     let mut h = Header::new("test", "0", Level::Allocator);
     h.synthetic_addresses = true;
     h.env.insert("PYTORCH_CUDA_ALLOC_CONF".into(), "backend:cudaMallocAsync".into());
-    let recorded = dir.path().join("async.jsonl");
-    let mut w = trace::TraceWriter::create(&recorded, &h).unwrap();
-    for r in three_tensors() {
-        w.write(&r).unwrap();
-    }
-    w.finish().unwrap();
+    let recorded = write_records(dir.path(), "async.jsonl", &h, &three_tensors());
     let said = "backend:cudaMallocAsync is not modelled";
     let (code, _, err) = memsim(&["replay", plain.to_str().unwrap(), "--alloc-conf", "backend:cudaMallocAsync"]);
     assert!(code == 0 && err.contains(said), "{err}");
@@ -1330,23 +1317,20 @@ fn cache_off_trace(dir: &Path, name: &str, tail: &[Record], lost_events: u64) ->
     h.pid = Some(1);
     h.caching_disabled = true;
     let call = |ts: u64, event| Record { ts_ns: Some(ts), tid: Some(1), device: Some(0), event };
-    let path = dir.join(name);
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
+    let mut records = Vec::new();
     for i in 0..8u64 {
         let addr = 0x7f00_0000_0000 + i * 2 * MIB;
-        w.write(&call(
+        records.push(call(
             2 * i,
             Event::Alloc(trace::Alloc::device(addr, 2 * MIB, Api::CudaMalloc, trace::Origin::Outcome)),
-        ))
-        .unwrap();
+        ));
         let f = trace::Free::device(addr, Api::CudaFree, trace::Origin::Outcome, trace::FreeStage::Immediate);
-        w.write(&call(2 * i + 1, Event::Free(f))).unwrap();
+        records.push(call(2 * i + 1, Event::Free(f)));
     }
-    tail.iter().for_each(|r| w.write(r).unwrap());
+    records.extend_from_slice(tail);
     let exit = trace::ProcessExit { status: Some(0), signal: None, lost_events };
-    w.write(&call(100, Event::ProcessExit(exit))).unwrap();
-    w.finish().unwrap();
-    path
+    records.push(call(100, Event::ProcessExit(exit)));
+    write_records(dir, name, &h, &records)
 }
 
 /// A shim trace whose recorder lost events (its ring was full: the count is in its
@@ -1493,11 +1477,7 @@ fn a_cache_off_trace_converts_to_a_snapshot_that_validates() {
 fn device_trace_with_cache_on(dir: &Path) -> PathBuf {
     let mut h = Header::new("libmemtrace", "0", Level::Device);
     h.pid = Some(1);
-    let dev = dir.join("dev.mtrace");
-    let mut w = trace::TraceWriter::create(&dev, &h).unwrap();
-    w.write(&alloc(0x7000_0000, 20 * MIB, None)).unwrap();
-    w.finish().unwrap();
-    dev
+    write_records(dir, "dev.mtrace", &h, &[alloc(0x7000_0000, 20 * MIB, None)])
 }
 
 /// The refusal of a device-level trace with the cache on told a program without PyTorch that
@@ -1517,17 +1497,20 @@ fn the_cache_on_refusal_says_what_a_program_without_pytorch_gets() {
     let mut h = Header::new("libmemtrace", "0", Level::Device);
     h.pid = Some(1);
     h.caching_disabled = true;
-    let own = dir.path().join("own.mtrace");
-    let mut w = trace::TraceWriter::create(&own, &h).unwrap();
-    w.write(&Record::bare(Event::Name(trace::NameDef { id: 0, text: "thr".into() }))).unwrap();
     let a = trace::Alloc {
         caller: Some(0),
         ..trace::Alloc::device(0x7000_0000, MIB, Api::CudaMalloc, trace::Origin::Outcome)
     };
-    w.write(&Record { ts_ns: Some(1), tid: Some(1), device: Some(0), event: Event::Alloc(a) }).unwrap();
-    w.write(&Record::bare(Event::ProcessExit(trace::ProcessExit { status: Some(0), signal: None, lost_events: 0 })))
-        .unwrap();
-    w.finish().unwrap();
+    let own = write_records(
+        dir.path(),
+        "own.mtrace",
+        &h,
+        &[
+            Record::bare(Event::Name(trace::NameDef { id: 0, text: "thr".into() })),
+            Record { ts_ns: Some(1), tid: Some(1), device: Some(0), event: Event::Alloc(a) },
+            Record::bare(Event::ProcessExit(trace::ProcessExit { status: Some(0), signal: None, lost_events: 0 })),
+        ],
+    );
     let v = json(&["replay", own.to_str().unwrap(), "--json"]);
     assert_eq!(v["requests"], 0, "{v}");
 }

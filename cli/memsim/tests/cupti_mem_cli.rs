@@ -8,7 +8,7 @@ use trace::{
     Alloc, Api, CuptiMemoryKind, Event, Free, FreeStage, Header, Level, MemActivity, MemActivityOp, Origin, Record,
 };
 
-use crate::support::memsim_ok;
+use crate::support::{memsim_ok, write_records};
 
 fn alloc(ts: u64, addr: u64, size: u64) -> Record {
     Record {
@@ -29,28 +29,12 @@ fn free(ts: u64, addr: u64) -> Record {
 }
 
 fn cupti(ts: u64, op: MemActivityOp, memory_kind: CuptiMemoryKind, addr: u64, size: u64) -> Record {
-    let m = MemActivity {
-        op,
-        memory_kind,
-        addr,
-        size,
-        stream: None,
-        correlation_id: 1,
-        pc: 0,
-        pool: None,
-        pool_addr: None,
-    };
+    let m = MemActivity { correlation_id: 1, ..MemActivity::new(op, memory_kind, addr, size) };
     Record { ts_ns: Some(ts), tid: None, device: Some(0), event: Event::MemActivity(m) }
 }
 
 fn write(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
-    let path = dir.join(name);
-    let mut w = trace::TraceWriter::create(&path, &Header::new("libmemtrace", "0", Level::Device)).unwrap();
-    for r in records {
-        w.write(r).unwrap();
-    }
-    w.finish().unwrap();
-    path
+    write_records(dir, name, &Header::new("libmemtrace", "0", Level::Device), records)
 }
 
 const MIB: u64 = 1 << 20;

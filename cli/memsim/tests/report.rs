@@ -4,16 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::records::{header, records};
-use crate::support::memsim;
+use crate::support::{memsim, write_records};
 
 fn write(dir: &Path) -> PathBuf {
-    let path = dir.join("t.jsonl");
-    let mut w = trace::TraceWriter::create(&path, &header()).unwrap();
-    for r in records() {
-        w.write(&r).unwrap();
-    }
-    w.finish().unwrap();
-    path
+    write_records(dir, "t.jsonl", &header(), &records())
 }
 
 #[test]
@@ -100,16 +94,11 @@ fn memsim_report_refuses_bad_input_without_writing() {
 #[test]
 fn memsim_report_says_when_the_estimate_is_of_another_job() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t.jsonl");
     let mut h = header();
     h.set_meta(&trace::metadata::MODEL, "torchvision:resnet18");
     h.set_meta(&trace::metadata::BATCH_SIZE, "16");
     h.set_meta(&trace::metadata::INPUT_SHAPE, "3,224,224");
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-    for r in records() {
-        w.write(&r).unwrap();
-    }
-    w.finish().unwrap();
+    let path = write_records(dir.path(), "t.jsonl", &h, &records());
     let est = dir.path().join("est.json");
     let out = dir.path().join("r.html");
     let same = r#""inputs": {"input_shape": "3,224,224", "seq_len": null}"#;
@@ -161,14 +150,9 @@ fn memsim_report_judges_the_profiles_at_the_capacity_given() {
 #[test]
 fn memsim_report_pictures_follow_the_profile_the_trace_was_emulated_for() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t.jsonl");
     let mut h = header();
     h.metadata.insert("profile".into(), "a100-40gb".into());
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-    for r in records() {
-        w.write(&r).unwrap();
-    }
-    w.finish().unwrap();
+    let path = write_records(dir.path(), "t.jsonl", &h, &records());
     let allocator = |extra: &[&str]| {
         let (code, out, err) = memsim(&[&["report", path.to_str().unwrap(), "--json"][..], extra].concat());
         assert_eq!(code, 0, "{err}");

@@ -1,8 +1,21 @@
 //! Running the `memsim` binary.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use trace::{Header, Record};
+
+/// Write `records` under `header` to `dir/name` (the format by the name's extension).
+pub fn write_records(dir: &Path, name: &str, header: &Header, records: &[Record]) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = trace::TraceWriter::create(&path, header).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
 
 /// `memsim ARGS`: exit status, stdout, stderr.
 pub fn memsim(args: &[&str]) -> (i32, String, String) {

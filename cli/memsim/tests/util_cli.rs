@@ -3,45 +3,23 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{json, memsim};
+use crate::records;
+use crate::support::{json, memsim, write_records};
 use serde_json::Value;
-use trace::{DeviceInfo, Event, Header, KernelExec, KernelLaunch, Level, Marker, NameDef, Record};
+use trace::{DeviceInfo, Event, Header, Level, Marker, NameDef, Record};
 
 fn rec(ts: u64, event: Event) -> Record {
     Record { ts_ns: Some(ts), tid: None, device: Some(0), event }
 }
 
+/// A kernel named `name` on stream 7.
 fn exec(start: u64, end: u64, grid: u32, name: u32) -> Record {
-    rec(
-        end,
-        Event::KernelExec(KernelExec {
-            start_ns: start,
-            end_ns: end,
-            name: Some(name),
-            grid: [grid, 1, 1],
-            block: [256, 1, 1],
-            registers_per_thread: 32,
-            static_shared_mem: 0,
-            dynamic_shared_mem: 0,
-            stream: 7,
-            correlation_id: 0,
-        }),
-    )
+    records::kernel(start, end, grid, 7, Some(name))
 }
 
+/// A launch of one 256-thread block on stream 7.
 fn launch(ts: u64) -> Record {
-    rec(
-        ts,
-        Event::KernelLaunch(KernelLaunch {
-            api: trace::Api::CudaLaunchKernel,
-            name: None,
-            grid: [1, 1, 1],
-            block: [256, 1, 1],
-            shared_mem: 0,
-            stream: 7,
-            result: 0,
-        }),
-    )
+    records::launch(ts, 256, 7)
 }
 
 fn marker(ts: u64, text: &str) -> Record {
@@ -51,13 +29,7 @@ fn marker(ts: u64, text: &str) -> Record {
 fn write(dir: &Path, file: &str, device: Option<DeviceInfo>, records: &[Record]) -> PathBuf {
     let mut h = Header::new("test", "0", Level::Device);
     h.devices.extend(device);
-    let path = dir.join(file);
-    let mut w = trace::TraceWriter::create(&path, &h).unwrap();
-    for r in records {
-        w.write(r).unwrap();
-    }
-    w.finish().unwrap();
-    path
+    write_records(dir, file, &h, records)
 }
 
 fn a100_like(sm_count: u32) -> Option<DeviceInfo> {

@@ -168,3 +168,11 @@ pub struct MemActivity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_addr: Option<u64>,
 }
+
+impl MemActivity {
+    /// An `op` of `size` bytes at `addr` with nothing else known: no stream, correlation id or
+    /// program counter, no pool.
+    pub fn new(op: MemActivityOp, memory_kind: CuptiMemoryKind, addr: u64, size: u64) -> Self {
+        MemActivity { op, memory_kind, addr, size, stream: None, correlation_id: 0, pc: 0, pool: None, pool_addr: None }
+    }
+}
