@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use simulator::alloc::TorchVersion;
 use simulator::fit::{outside, Capacity, CapacitySource};
-use simulator::profile::Profile;
+use simulator::profile::{OutsideAllocator, Profile};
 use trace::metadata;
 
 use crate::analytic::{
@@ -20,6 +20,7 @@ use crate::features::Family;
 use crate::metrics::{self, Metrics};
 use crate::ml::features::extract;
 use crate::ml::modelfile::ModelFile;
+use crate::rows::RowSet;
 use crate::symbolic::{capped_rerun_ok, symbolic};
 use crate::tracefile::{job_libraries, LoadedTrace};
 
@@ -82,6 +83,30 @@ pub struct RunRecord {
     /// The profile was calibrated on this row (`[calibration.rows]`): its errors are in-sample.
     #[serde(default)]
     pub calibrated_on: bool,
+    /// The profile the run was estimated with; absent in runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_with: Option<EstimatedWith>,
+}
+
+/// The GPU profile a run was estimated with, as `memest compare` records it: what a fit on the
+/// run (`memest safety`) must share with the profile it writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EstimatedWith {
+    /// The profile's name (its file's stem).
+    pub profile: String,
+    /// Its `[gpu] name`.
+    pub gpu: String,
+    /// Its `[outside_allocator]` constants, which the symbolic point adds.
+    pub outside_allocator: OutsideAllocator,
+}
+
+impl RunRecord {
+    /// Whether a profile's constants were fitted on the run: it was marked `calibrated_on` when
+    /// compared, or `calibrated` (a profile's `[calibration.rows]`, [`crate::calibrate::calibrated_rows`])
+    /// names its row.
+    pub fn in_calibration(&self, calibrated: &RowSet) -> bool {
+        self.calibrated_on || calibrated.contains(&self.id, &self.digest)
+    }
 }
 
 /// Read `runs.jsonl` files written by `memest compare`; errors name the file and line.
@@ -116,6 +141,8 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
 pub struct EvalContext<'a> {
     /// The GPU profile.
     pub profile: &'a Profile,
+    /// Its name (the file's stem), recorded in each run.
+    pub profile_name: &'a str,
     /// Allocator version of the profile.
     pub version: TorchVersion,
     /// Optimizer of the runs (GPUMemNet: Adam).
@@ -258,6 +285,11 @@ pub fn evaluate_row(
         uses_conv,
         estimates: est,
         calibrated_on: false,
+        estimated_with: Some(EstimatedWith {
+            profile: ctx.profile_name.to_string(),
+            gpu: ctx.profile.gpu.name.clone(),
+            outside_allocator: ctx.profile.outside_allocator.clone(),
+        }),
     }
 }
 

@@ -264,11 +264,21 @@ fn preview(s: &str) -> String {
     }
 }
 
+/// A dataset's rows, and what its header leaves unsaid.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// Every row, in file order.
+    pub rows: Vec<DatasetRow>,
+    /// Columns of no format read (a misspelt name is never read: its cells are ignored), and a
+    /// missing `Status` where OOM rows cannot then be told from measured ones.
+    pub warnings: Vec<String>,
+}
+
 /// Read a GPUMemNet-format CSV or the trainer's `dataset` output (told apart by its `spec`
 /// column). Every column of `required` must be in the header and non-empty in every row (what a
 /// consumer's features need beyond the format's own columns; the ML estimators require `Depth`
 /// and `Activation Function`).
-pub fn load(path: &Path, required: &[&str]) -> Result<Vec<DatasetRow>> {
+pub fn load(path: &Path, required: &[&str]) -> Result<Loaded> {
     let file = std::fs::File::open(path).map_err(|source| EstimateError::Io {
         path: path.to_path_buf(),
         action: "cannot read dataset",
@@ -278,7 +288,7 @@ pub fn load(path: &Path, required: &[&str]) -> Result<Vec<DatasetRow>> {
 }
 
 /// [`load`] from any reader; `path` names the input in errors and row ids.
-pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<DatasetRow>> {
+pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Loaded> {
     let mut rdr = csv::Reader::from_reader(reader);
     let headers = rdr.headers().map_err(|e| csv_err(path, 0, "<header>", &e.to_string()))?.clone();
     if headers.iter().all(|h| h.trim().is_empty()) {
@@ -488,7 +498,8 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Vec<Dat
         // Every consumer (compare, calibrate, safety) would write an empty report and exit 0.
         return Err(csv_err(path, 0, "<rows>", "at least one data row (the file holds only its header)"));
     }
-    Ok(rows)
+    let warnings = crate::columns::warnings(path, &headers, &rows);
+    Ok(Loaded { rows, warnings })
 }
 
 fn csv_err(path: &Path, row: usize, column: &str, expected: &str) -> EstimateError {

@@ -33,6 +33,9 @@ pub struct EstimateText {
 pub struct AnswerView {
     /// Its number.
     pub device_mib: f64,
+    /// The safe number (the point plus the profile's margin), where the estimator has one.
+    #[serde(default)]
+    pub safe_mib: Option<f64>,
     /// Allocator level, where modelled.
     #[serde(default)]
     pub reserved_mib: Option<f64>,
@@ -120,6 +123,7 @@ impl From<&EstimateReport> for EstimateView {
         let o = &r.outside_allocator;
         let answer = |a: &crate::estimate::Answer| AnswerView {
             device_mib: a.device_mib,
+            safe_mib: a.safe_mib,
             reserved_mib: a.reserved_mib,
             allocated_mib: a.allocated_mib,
             level: a.level.to_string(),

@@ -3,6 +3,7 @@
 
 pub mod analytic;
 pub mod calibrate;
+mod columns;
 pub mod compare;
 pub mod dataset;
 pub mod error;

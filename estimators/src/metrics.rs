@@ -75,7 +75,8 @@ pub struct Metrics {
     pub estimated: usize,
     /// Runs without an estimate, by reason.
     pub not_estimated: BTreeMap<String, usize>,
-    /// Runs whose relative error is undefined because the truth is zero.
+    /// Estimated runs whose measured truth is 0 (a failed measurement): left out of every
+    /// error, of PEF and of MCP.
     pub zero_truth: usize,
     /// Median relative error |M̂−M|/M (xMem's MRE), as a fraction.
     pub mre: Option<f64>,
@@ -87,7 +88,8 @@ pub struct Metrics {
     pub abs_rel: Option<Percentiles>,
     /// Percentiles of |M̂−M| in MiB.
     pub abs_mib: Option<Percentiles>,
-    /// Probability of estimation failure, percent (xMem).
+    /// Probability of estimation failure, percent (xMem), over the estimated runs with a truth
+    /// other than 0 (or a real OOM).
     pub pef: Option<f64>,
     /// How the capped reruns were decided.
     pub pef_kind: PefKind,
@@ -181,6 +183,12 @@ pub fn compute(runs: &[Run], total_gpu: f64) -> Metrics {
         if let Some(s) = r.seconds {
             latency.push(s);
         }
+        // A measured peak of 0 is a failed measurement (nvidia-smi never shows less than the
+        // context), not a run that fitted in nothing: no error, PEF or MCP rests on it.
+        if !r.real_oom && r.truth.is_some_and(|t| t <= 0.0) {
+            zero_truth += 1;
+            continue;
+        }
         let predicted_oom = est > total_gpu;
         // xMem: accurate = (no real OOM, none predicted, capped rerun survives) or (real OOM predicted).
         let accurate = if r.real_oom {
@@ -206,10 +214,6 @@ pub fn compute(runs: &[Run], total_gpu: f64) -> Metrics {
             saved -= total_gpu;
         }
         let Some(t) = r.truth.filter(|_| !r.real_oom) else { continue };
-        if t <= 0.0 {
-            zero_truth += 1;
-            continue;
-        }
         rel.push((est - t).abs() / t);
         signed.push((est - t) / t);
         abs_mib.push((est - t).abs() / MIB);
@@ -221,6 +225,7 @@ pub fn compute(runs: &[Run], total_gpu: f64) -> Metrics {
             bin_pairs[i].push((bin_of(t / MIB, wm), bin_of(est / MIB, wm)));
         }
     }
+    let judged = estimated - zero_truth;
     let median = |v: &[f64]| percentiles(v).map(|p| p.p50);
     let lat = percentiles(&latency);
     Metrics {
@@ -233,9 +238,9 @@ pub fn compute(runs: &[Run], total_gpu: f64) -> Metrics {
         under_fraction: (!rel.is_empty()).then(|| under as f64 / rel.len() as f64),
         abs_rel: percentiles(&rel),
         abs_mib: percentiles(&abs_mib),
-        pef: (estimated > 0).then(|| failures as f64 / estimated as f64 * 100.0),
+        pef: (judged > 0).then(|| failures as f64 / judged as f64 * 100.0),
         pef_kind: if proxy { PefKind::Proxy } else { PefKind::Simulated },
-        mcp_gb: (estimated > 0).then(|| saved / estimated as f64 / 1e9),
+        mcp_gb: (judged > 0).then(|| saved / judged as f64 / 1e9),
         bins: BIN_WIDTHS_GIB
             .iter()
             .zip(&bin_pairs)

@@ -31,11 +31,19 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartCont
         .map_err(|e| e.to_string())
 }
 
+/// The plots [`write_all`] draws, by name.
+const PLOTS: [&str; 3] = ["estimate_vs_actual", "error_distribution", "per_run_bars"];
+
+/// The files [`write_all`] writes into `dir`.
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    PLOTS.iter().flat_map(|name| ["svg", "png"].map(|ext| paths(dir, name, ext).0)).collect()
+}
+
 /// Write `NAME.svg` and `NAME.png` of every plot into `dir`; returns the files written.
 pub fn write_all(dir: &Path, records: &[RunRecord]) -> Result<Vec<PathBuf>> {
     const SIZE: (u32, u32) = (900, 650);
     let mut written = Vec::new();
-    for name in ["estimate_vs_actual", "error_distribution", "per_run_bars"] {
+    for name in PLOTS {
         let (svg, tmp) = paths(dir, name, "svg");
         written.push(finish(name, SVGBackend::new(&tmp, SIZE).into_drawing_area(), records, &tmp, svg)?);
         let (png, tmp) = paths(dir, name, "png");

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::compare::{GroupMetrics, RunRecord, ESTIMATORS};
-use crate::metrics::PefKind;
+use crate::metrics::{Metrics, PefKind};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -23,6 +23,21 @@ fn label(r: &GroupMetrics) -> String {
     } else {
         format!("{} ({})", r.estimator, r.level)
     }
+}
+
+/// PEF from memsim's simulated capped reruns, as every view prints it: none where some run had
+/// no trace to simulate (the value is then the proxy's, [`PefKind::Proxy`]).
+pub fn pef_memsim(m: &Metrics) -> String {
+    match (m.pef, m.pef_kind) {
+        (Some(v), PefKind::Simulated) => format!("{v:.1}%"),
+        (Some(_), PefKind::Proxy) => "– (some runs had no trace)".into(),
+        (None, _) => "–".into(),
+    }
+}
+
+/// The PEF proxy ("estimate below truth" as the capped rerun), as every view prints it.
+pub fn pef_proxy(g: &GroupMetrics) -> String {
+    g.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%"))
 }
 
 /// A Markdown table: the header (column names joined by " | "), its rule, and a line per row of
@@ -60,7 +75,16 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
                 r.level
             );
         }
-        if rows.iter().any(|r| r.unlabelled > 0) {
+        for r in rows.iter().filter(|r| r.metrics.zero_truth > 0) {
+            let _ = writeln!(
+                s,
+                "- {}: {} of {n} runs have a measured peak of 0 MiB (a failed measurement, not a peak): estimated, \
+                 but left out of the errors, PEF and MCP.",
+                label(r),
+                r.metrics.zero_truth
+            );
+        }
+        if rows.iter().any(|r| r.unlabelled > 0 || r.metrics.zero_truth > 0) {
             s.push('\n');
         }
         table(
@@ -69,11 +93,6 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
             rows.iter().map(|r| {
                 let m = &r.metrics;
                 let p = m.abs_rel;
-                let pef_sim = match (m.pef, m.pef_kind) {
-                    (Some(v), PefKind::Simulated) => format!("{v:.1}%"),
-                    (Some(_), PefKind::Proxy) => "– (some runs had no trace)".into(),
-                    (None, _) => "–".into(),
-                };
                 vec![
                     label(r),
                     format!("{}/{}", m.estimated, m.runs),
@@ -86,8 +105,8 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
                     pct(p.map(|p| p.p95)),
                     pct(p.map(|p| p.p99)),
                     pct(p.map(|p| p.max)),
-                    pef_sim,
-                    r.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%")),
+                    pef_memsim(m),
+                    pef_proxy(r),
                     num(m.mcp_gb, 2),
                 ]
             }),

@@ -16,11 +16,15 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use simulator::profile::{FamilyMargin, Safety};
+use simulator::fit::{outside_mib, Libraries};
+use simulator::profile::{FamilyMargin, Profile, Safety};
 
 use crate::calibrate::{split_by_id, without_tables};
 use crate::compare::RunRecord;
 use crate::error::{EstimateError, Result};
+use crate::rows::RowSet;
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// A run as the safety fit needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,9 +54,10 @@ pub enum Skip {
 }
 
 impl SafetyRun {
-    /// From a comparison's run record, or why not.
-    pub fn from_record(r: &RunRecord) -> std::result::Result<SafetyRun, Skip> {
-        if r.calibrated_on {
+    /// From a comparison's run record, or why not; `calibrated` are the rows the profile's
+    /// outside-allocator constants were fitted on ([`crate::calibrate::calibrated_rows`]).
+    pub fn from_record(r: &RunRecord, calibrated: &RowSet) -> std::result::Result<SafetyRun, Skip> {
+        if r.in_calibration(calibrated) {
             return Err(Skip::CalibratedOn);
         }
         let truth = r.truth_bytes.filter(|t| !r.real_oom && *t > 0.0).ok_or(Skip::NoTruth)?;
@@ -136,12 +141,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Fit a margin per family on `1 − held_out` of the runs and measure it on the rest.
-pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: &str) -> Result<SafetyFit> {
+/// Fit a margin per family on `1 − held_out` of the runs and measure it on the rest, leaving out
+/// the runs `calibrated` names (or that were marked `calibrated_on`).
+pub fn fit(
+    records: &[RunRecord],
+    calibrated: &RowSet,
+    alpha: f64,
+    held_out: f64,
+    seed: u64,
+    regime: &str,
+) -> Result<SafetyFit> {
     let mut skipped: BTreeMap<Skip, usize> = BTreeMap::new();
     let mut by_family: BTreeMap<String, Vec<SafetyRun>> = BTreeMap::new();
     for r in records {
-        match SafetyRun::from_record(r) {
+        match SafetyRun::from_record(r, calibrated) {
             Ok(run) => by_family.entry(run.family.clone()).or_default().push(run),
             Err(why) => *skipped.entry(why).or_default() += 1,
         }
@@ -197,6 +210,60 @@ pub fn fit(records: &[RunRecord], alpha: f64, held_out: f64, seed: u64, regime: 
         )));
     }
     Ok(SafetyFit { families, skipped, too_few })
+}
+
+/// What a margin fitted on `records` for `profile` (named `name`) would not share with it, each
+/// as a warning: runs estimated on another GPU's profile, or with other outside-allocator
+/// constants than the profile has now (the margin would be of points it no longer gives). A run
+/// of an older `runs.jsonl`, which does not record its profile, is judged by the memory its
+/// symbolic point holds outside the allocator.
+pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str) -> Vec<String> {
+    let (mut gpus, mut constants, mut unrecorded) = (BTreeMap::<String, usize>::new(), 0usize, 0usize);
+    let now = &profile.outside_allocator;
+    for r in records {
+        match &r.estimated_with {
+            Some(e) if !e.gpu.trim().eq_ignore_ascii_case(profile.gpu.name.trim()) => {
+                *gpus.entry(format!("{} ({})", e.profile, e.gpu.trim())).or_default() += 1;
+            }
+            Some(e) => constants += usize::from(&e.outside_allocator != now),
+            None => {
+                unrecorded += 1;
+                let sym = r.estimates.get("symbolic");
+                if let Some((point, reserved)) = sym.and_then(|o| o.device_bytes.zip(o.reserved_bytes)) {
+                    let held = point.saturating_sub(reserved) as f64 / MIB;
+                    let libs = Libraries::single(r.uses_gemm, r.uses_conv, "runs");
+                    constants += usize::from((held - outside_mib(now, libs)).abs() > 0.5);
+                }
+            }
+        }
+    }
+    let n = records.len();
+    let mut out = Vec::new();
+    if !gpus.is_empty() {
+        let list: Vec<String> = gpus.iter().map(|(p, k)| format!("{k} with {p}")).collect();
+        out.push(format!(
+            "{} of {n} runs were estimated with the profile of another GPU than {name}'s ({}) ({}): a margin \
+             fitted on them is not {name}'s; compare the runs with --profile {name} first",
+            gpus.values().sum::<usize>(),
+            profile.gpu.name.trim(),
+            list.join(", ")
+        ));
+    }
+    if constants > 0 {
+        out.push(format!(
+            "{constants} of {n} runs were estimated with other [outside_allocator] constants than {name} has now \
+             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1} MiB): their points are not the ones {name} gives, so a margin \
+             fitted on them does not bound its safe number; compare the runs again with --profile {name}",
+            now.context_mib, now.cublas_mib, now.cudnn_mib
+        ));
+    }
+    if unrecorded > 0 {
+        out.push(format!(
+            "{unrecorded} of {n} runs do not record the profile they were estimated with (runs.jsonl of an older \
+             memest): their GPU is not checked against {name}'s"
+        ));
+    }
+    out
 }
 
 /// The profile's `[safety]` table for a fit.

@@ -120,7 +120,7 @@ fn the_shipped_profile_names_the_rows_it_was_calibrated_on() {
     let mut want = std::collections::BTreeSet::new();
     let mut digests = RowSet::default();
     for f in ["mlp_data_step2.csv", "cnn_data_step1_early.csv"] {
-        let rows = estimators::dataset::load(&crate::common::shared(&format!("gpumemnet/{f}")), &[]).unwrap();
+        let rows = estimators::dataset::load(&crate::common::shared(&format!("gpumemnet/{f}")), &[]).unwrap().rows;
         for r in estimators::dataset::seeded_subset(&rows, 150, 1) {
             digests.insert(&r.id, &r.digest);
             want.insert(r.id);

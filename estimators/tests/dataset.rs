@@ -66,11 +66,11 @@ fn the_job_column_carries_the_runs_other_settings() {
         std::fs::write(&p, format!("{head}hf:gpt2,[],1,2,4,100,hf:gpt2,h200,{cell}\n")).unwrap();
     };
     write(r#"{"seq_len": 32, "checkpointing": "full"}"#);
-    let r = &load(&p, &[]).unwrap()[0];
+    let r = &load(&p, &[]).unwrap().rows[0];
     assert_eq!(serde_json::Value::Object(r.job.clone()), serde_json::json!({"seq_len": 32, "checkpointing": "full"}));
     assert_eq!(r.profile.as_deref(), Some("h200"));
     write("");
-    assert!(load(&p, &[]).unwrap()[0].job.is_empty());
+    assert!(load(&p, &[]).unwrap().rows[0].job.is_empty());
     for (bad, says) in
         [("[32]", "expected a JSON object"), (r#"{"batch_size": 8}"#, "\"batch_size\" is a column of its own")]
     {
@@ -83,7 +83,7 @@ fn the_job_column_carries_the_runs_other_settings() {
 #[test]
 fn real_gpumemnet_files() {
     let check = |file: &str, rows: usize, family: Family, ooms: usize, zero_labels: usize| {
-        let r = load(&shared(file), &[]).unwrap();
+        let r = load(&shared(file), &[]).unwrap().rows;
         assert_eq!(r.len(), rows, "{file}");
         assert!(r.iter().all(|x| x.family == family), "{file}: all {family:?}");
         assert_eq!(r.iter().filter(|x| x.real_oom).count(), ooms, "{file}");
@@ -116,7 +116,7 @@ fn compare_and_ml_see_the_same_rows() {
     assert!(files.len() >= 3, "{files:?}");
     for path in &files {
         let name = path.file_name().unwrap().to_string_lossy();
-        let rows = load(path, &[]).unwrap();
+        let rows = load(path, &[]).unwrap().rows;
         let ds = Dataset::load(path).unwrap();
         assert_eq!(rows, ds.rows, "{name}");
         let family = ds.family().unwrap();
@@ -218,7 +218,7 @@ fn malformed_cells_name_file_row_and_column_for_every_consumer() {
     // the ML feature sets need them.
     for (from, to, column) in [("_y,1,", "_y,,", "Depth"), (",ReLU,", ",,", "Activation Function")] {
         let p = write(dir.path(), &[GOOD, &GOOD.replacen(from, to, 1)]);
-        let rows = load(&p, &[]).unwrap();
+        let rows = load(&p, &[]).unwrap().rows;
         assert_eq!((rows[1].depth.is_none(), rows[1].activation.is_empty()), (column == "Depth", column != "Depth"));
         let ml = Dataset::load(&p).unwrap_err().to_string();
         assert!(ml.contains("bad.csv") && ml.contains("row 2") && ml.contains(column) && ml.contains("empty"), "{ml}");
@@ -243,9 +243,43 @@ fn utilization_minus_one_is_no_sample() {
     let dir = tempfile::tempdir().unwrap();
     let rows = [GOOD.to_string(), GOOD.replacen(",50,0.5,", ",-1,-1,", 1), GOOD.replacen(",50,0.5,", ",,0,", 1)];
     let p = write(dir.path(), &rows.iter().map(String::as_str).collect::<Vec<_>>());
-    let r: Vec<DatasetRow> = load(&p, &[]).unwrap();
+    let r: Vec<DatasetRow> = load(&p, &[]).unwrap().rows;
     let got: Vec<(Option<f64>, Option<f64>, Option<f64>)> =
         r.iter().map(|r| (r.util.gputl, r.util.smact, r.util.smocc)).collect();
     assert_eq!(got, vec![(Some(50.0), Some(0.5), None), (None, None, None), (None, Some(0.0), None)]);
     assert_eq!(Dataset::load(&p).unwrap().rows, r);
+}
+
+/// A column no format read here has (a misspelt one is never read: `Status` renamed made every
+/// OOM crash a measured peak) is said, and so is no `Status` beside rows that are not MLPs;
+/// GPUMemNet's own files, the MLP ones without `Status`, draw no warning.
+#[test]
+fn unknown_columns_and_a_missing_status_are_said() {
+    for path in shared_files("gpumemnet", "csv") {
+        let loaded = load(&path, &[]).unwrap();
+        assert!(loaded.warnings.is_empty(), "{}: {:?}", path.display(), loaded.warnings);
+        assert!(Dataset::load(&path).unwrap().warnings.is_empty());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The CNN file's first 50 rows (OOM crashes among them), its Status column renamed.
+    let text = std::fs::read_to_string(shared("gpumemnet/cnn_data_step1_early.csv")).unwrap();
+    let head: Vec<&str> = text.lines().take(51).collect();
+    assert!(head.iter().any(|l| l.ends_with(",OOM_CRASH")));
+    let renamed = dir.path().join("renamed.csv");
+    std::fs::write(&renamed, head.join("\n").replacen(",Status", ",status", 1) + "\n").unwrap();
+    let w = load(&renamed, &[]).unwrap().warnings;
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].contains("column \"status\" (did you mean \"Status\"?) of no dataset format read here"), "{w:?}");
+    assert!(w[1].contains("renamed.csv: no `Status` column (nor the trainer's `oom`)"), "{w:?}");
+    assert_eq!(Dataset::load(&renamed).unwrap().warnings, w, "one loader, one warning");
+    // GOOD's MLP rows without Status, one column misspelt and one of no format.
+    let mlp = dir.path().join("mlp.csv");
+    let head = HEAD.replace(",Status", "").replace("Avg SMACT", "Avg SMACTT") + ",Extra";
+    std::fs::write(&mlp, format!("{head}\n{}\n", GOOD.replace(",SUCCESSFUL", ",1"))).unwrap();
+    let w = load(&mlp, &[]).unwrap().warnings;
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("columns \"Avg SMACTT\", \"Extra\" of no dataset format read here: their cells are ignored"),
+        "{w:?}"
+    );
 }

@@ -131,3 +131,16 @@ fn latency_percentiles() {
     assert!(close(m.latency_p50_s, 50.5));
     assert!(close(m.latency_p99_s, 99.01));
 }
+
+/// A measured peak of 0 MiB is a failed measurement: it was left out of MRE but judged accurate
+/// in PEF and MCP ("estimate >= 0").
+#[test]
+fn zero_truth_is_left_out_of_pef_and_mcp() {
+    let m = compute(&[run(0.0, 10.0), run(100.0, 90.0)], GPU);
+    assert_eq!((m.estimated, m.zero_truth), (2, 1));
+    assert_eq!(m.pef, Some(100.0), "the one judged run is under its truth");
+    assert!(close(m.mcp_gb, -GPU / 1e9), "{:?}", m.mcp_gb);
+    // Only 0-MiB truths: nothing judged.
+    let m = compute(&[run(0.0, 10.0)], GPU);
+    assert_eq!((m.pef, m.mcp_gb), (None, None));
+}

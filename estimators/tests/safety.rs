@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use estimators::compare::{Outcome, RunRecord};
+use estimators::rows::RowSet;
 use estimators::safety::{conformal_quantile, fit, rewrite_safety, table, SafetyRun, Skip};
 use simulator::family::Family;
 use simulator::fit::margin;
@@ -35,6 +36,7 @@ fn record_r(id: &str, family: &str, truth: f64, point: u64, reserved: u64) -> Ru
         uses_conv: family == "CNN",
         estimates,
         calibrated_on: false,
+        estimated_with: None,
     }
 }
 
@@ -64,7 +66,7 @@ fn fit_per_family_on_one_split_measured_on_the_other() {
     let mut none = record("m-none", "MLP", 5000.0, 1000);
     none.estimates.clear();
     recs.extend([cal, oom, none]);
-    let f = fit(&recs, 0.02, 0.5, 1, "fp32 adam").unwrap();
+    let f = fit(&recs, &RowSet::default(), 0.02, 0.5, 1, "fp32 adam").unwrap();
     assert_eq!(f.skipped[&Skip::CalibratedOn], 1);
     assert_eq!(f.skipped[&Skip::NoTruth], 1);
     assert_eq!(f.skipped[&Skip::NoEstimate], 1);
@@ -77,7 +79,7 @@ fn fit_per_family_on_one_split_measured_on_the_other() {
     let cnn = &f.families["cnn"].margin;
     assert!((cnn.margin - 0.1).abs() < 1e-12 && cnn.held_out_miss_rate == 0.0, "{cnn:?}");
     assert!((cnn.held_out_point_mre - 0.1 / 1.1).abs() < 1e-12);
-    assert_eq!(SafetyRun::from_record(&recs[0]).unwrap().family, "mlp");
+    assert_eq!(SafetyRun::from_record(&recs[0], &RowSet::default()).unwrap().family, "mlp");
     // Equal scales give equal margins: the point scale is kept.
     assert_eq!(mlp.scale, "point");
 }
@@ -92,7 +94,7 @@ fn the_scale_with_less_over_reservation_on_the_calibration_split_is_kept() {
             record_r(&format!("c-{i:05}"), "CNN", 1000.0 + 0.1 * reserved as f64, 1000, reserved)
         })
         .collect();
-    let f = fit(&recs, 0.02, 0.5, 3, "fp32 adam").unwrap();
+    let f = fit(&recs, &RowSet::default(), 0.02, 0.5, 3, "fp32 adam").unwrap();
     let cnn = &f.families["cnn"];
     assert_eq!(cnn.margin.scale, "reserved");
     assert!((cnn.margin.margin - 0.1).abs() < 1e-9, "{cnn:?}");
@@ -110,7 +112,7 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
     let recs: Vec<RunRecord> = (0..400)
         .map(|i| record(&format!("m-{i:05}"), if i % 2 == 0 { "MLP" } else { "CNN" }, 1050.0 + i as f64, 1000))
         .collect();
-    let f = fit(&recs, 0.02, 0.5, 1, "fp32 adam").unwrap();
+    let f = fit(&recs, &RowSet::default(), 0.02, 0.5, 1, "fp32 adam").unwrap();
     let (_, text) = a100();
     let new = rewrite_safety(&text, &table(&f, 0.02, "runs.jsonl", "test", "none")).unwrap();
     let p = Profile::parse(&new, Path::new("p.toml")).unwrap();
@@ -175,4 +177,67 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
     bare.safety = None;
     let m = of(&bare, &[("clock", "logical"), ("layer_types", "Linear,ReLU")]);
     assert!(m.fraction == 0.0 && !m.coverage_measured && m.note.contains("no [safety]"));
+}
+
+/// The rows a profile's constants were fitted on are left out by the profile's own
+/// `[calibration.rows]` (by digest, or by position where it records none), not only by the
+/// `calibrated_on` mark a comparison with some profile left in the runs.
+#[test]
+fn the_profiles_own_calibration_rows_are_left_out() {
+    let mut recs: Vec<RunRecord> =
+        (0..200).map(|i| record(&format!("m-{:05}", i + 1), "MLP", 1000.0 * (1.0 + i as f64 / 1000.0), 1000)).collect();
+    recs[150].digest = "00000000000000aa".into();
+    let mut calibrated = RowSet::default();
+    for i in 1..=40 {
+        calibrated.insert(&format!("m-{i:05}"), "");
+    }
+    calibrated.insert_digests("other", ["00000000000000aa"]);
+    let f = fit(&recs, &calibrated, 0.02, 0.5, 1, "fp32 adam").unwrap();
+    assert_eq!(f.skipped[&Skip::CalibratedOn], 41);
+    let mlp = &f.families["mlp"].margin;
+    assert_eq!(mlp.calibration_runs + mlp.held_out_runs, 159);
+}
+
+/// Runs estimated with another GPU's profile, or with other outside-allocator constants than
+/// the profile has now, are said; runs of an older memest are judged by what their point holds
+/// outside the allocator.
+#[test]
+fn runs_estimated_otherwise_are_said() {
+    use estimators::compare::EstimatedWith;
+    use estimators::safety::estimated_otherwise;
+    let (a100, _) = a100();
+    let with = |gpu: &str, cublas: f64| EstimatedWith {
+        profile: "x".into(),
+        gpu: gpu.into(),
+        outside_allocator: simulator::profile::OutsideAllocator {
+            cublas_mib: cublas,
+            ..a100.outside_allocator.clone()
+        },
+    };
+    let mut same = record("m-1", "MLP", 2000.0, 1000);
+    same.estimated_with = Some(with("NVIDIA A100-SXM4-40GB", a100.outside_allocator.cublas_mib));
+    assert!(estimated_otherwise(&[same.clone()], &a100, "a100-40gb").is_empty());
+    let mut h200 = same.clone();
+    h200.estimated_with = Some(with("NVIDIA H200", a100.outside_allocator.cublas_mib));
+    let mut refit = same.clone();
+    refit.estimated_with = Some(with("NVIDIA A100-SXM4-40GB", 5.0));
+    let said = estimated_otherwise(&[same.clone(), h200, refit], &a100, "a100-40gb");
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(
+        said[0].starts_with("1 of 3 runs were estimated with the profile of another GPU than a100-40gb's"),
+        "{said:?}"
+    );
+    assert!(said[1].starts_with("1 of 3 runs were estimated with other [outside_allocator] constants"), "{said:?}");
+    // Older runs: the point holds exactly the profile's 1429 MiB for an MLP, or not.
+    let mib = 1024 * 1024;
+    let held = |outside: u64| {
+        let mut r = record_r("m-2", "MLP", 2000.0, 2000 * mib, (2000 - outside) * mib);
+        r.uses_conv = false;
+        r
+    };
+    let said = estimated_otherwise(&[held(1429)], &a100, "a100-40gb");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("do not record the profile"), "{said:?}");
+    let said = estimated_otherwise(&[held(1429), held(500)], &a100, "a100-40gb");
+    assert!(said[0].starts_with("1 of 2 runs were estimated with other [outside_allocator] constants"), "{said:?}");
 }

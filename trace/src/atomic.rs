@@ -35,6 +35,17 @@ pub fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     })
 }
 
+/// Whether two paths name one file (the same device and inode: a link, `..` or another
+/// spelling of one path is caught). A path that does not exist is no file, so the answer is no:
+/// writing there destroys nothing.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Writes `path` through [`temp_beside`]: `fill` writes the contents, and only when it succeeds
 /// is the file flushed and renamed over `path`. A failure never leaves a partial output.
 pub fn write_atomic<E: From<std::io::Error>>(

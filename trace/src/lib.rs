@@ -39,7 +39,7 @@ pub mod units;
 mod write;
 
 pub use api::Api;
-pub use atomic::{write_atomic, write_bytes_atomic};
+pub use atomic::{same_file, write_atomic, write_bytes_atomic};
 pub use convert::convert;
 pub use error::TraceError;
 pub use event::*;

@@ -8,7 +8,8 @@ use simulator::profile::Profile;
 #[derive(clap::Args)]
 #[command(after_help = "RUNS are runs.jsonl files written by `memest compare` (measured device peak and the \
 symbolic reserved prediction of each run). MLP runs (GEMMs, no convolutions) fit context+cublas; convolutional \
-runs then fit cudnn. A seeded share of the runs is held out and the error before/after is reported on it.\n\
+runs then fit cudnn. A seeded share of the runs is held out and the error before/after is reported on it; runs \
+the --profile's earlier calibration was fitted on ([calibration.rows], or marked calibrated_on) are never held out.\n\
 Example: memest calibrate out/mlp/runs.jsonl out/cnn/runs.jsonl --profile a100-40gb --write profiles/a100-40gb.toml")]
 pub struct Args {
     #[command(flatten)]
@@ -36,7 +37,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--quantile {}: expected a fraction in [0, 1]", a.quantile);
     }
     let records = a.io.read()?;
-    let runs: Vec<CalRun> = records.iter().filter_map(CalRun::from_record).collect();
+    let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
+    // A run the prior constants were fitted on says nothing held out of them: it is trained on,
+    // never in the held-out split whose "before" error would be in-sample.
+    let (mut runs, mut in_sample) = (Vec::new(), Vec::new());
+    for r in &records {
+        if let Some(run) = CalRun::from_record(r) {
+            if r.in_calibration(&calibrated) {
+                in_sample.push(run)
+            } else {
+                runs.push(run)
+            }
+        }
+    }
+    if !in_sample.is_empty() {
+        eprintln!(
+            "memest: note: {} of the runs were fitted on by {}'s earlier calibration ([calibration.rows], or marked \
+             calibrated_on when compared): they are trained on but kept out of the held-out split, whose \
+             \"before\" error would be in-sample for them",
+            in_sample.len(),
+            ppath.display()
+        );
+    }
+    let fresh = runs.len();
+    runs.extend(in_sample.iter().cloned());
     if runs.len() < records.len() {
         eprintln!(
             "memest: warning: {} of {} runs left out of the fit: no measured peak (or a zero one, or a real OOM), or no \
@@ -45,7 +69,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             records.len()
         );
     }
-    let (train, test) = split(&runs, a.test_fraction, a.seed);
+    let (mut train, test) = split(&runs[..fresh], a.test_fraction, a.seed);
+    train.extend(in_sample);
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total).with_context(|| a.io.runs_list())?;
     if a.io.json {
@@ -114,8 +139,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             (
                 "method".to_string(),
                 format!(
-                    "weighted quantile {} (weights 1/truth) of truth - symbolic reserved; context+cublas from {} MLP runs, cudnn from {} convolutional runs; split seed {}, test fraction {}",
-                    a.quantile, fit.train_mlp, fit.train_conv, a.seed, a.test_fraction
+                    "weighted quantile {} (weights 1/truth) of truth - symbolic reserved; context+cublas from {} MLP runs, cudnn from {} convolutional runs; split seed {}, test fraction {} of the {fresh} runs the prior constants were not fitted on ({} that were trained on only)",
+                    a.quantile, fit.train_mlp, fit.train_conv, a.seed, a.test_fraction, runs.len() - fresh
                 ),
             ),
             ("notes".to_string(), fit.notes.join("; ")),
@@ -133,8 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         // A constant this fit kept came from the profile's earlier calibration: the rows that
         // one was fitted on stay in-sample, or `compare` would count them as held out.
         if fit.train_mlp == 0 || fit.train_conv == 0 {
-            let old = estimators::calibrate::calibrated_rows(&profile.calibration)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", ppath.display()))?;
+            let old = &calibrated;
             if !old.is_empty() {
                 eprintln!(
                     "memest: note: {} of {}'s earlier [calibration.rows] are kept: the {} its earlier calibration \

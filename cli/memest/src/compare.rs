@@ -84,6 +84,9 @@ pub struct Args {
     json: bool,
 }
 
+/// The files written into --out, beside the plots.
+const OUTPUTS: [&str; 4] = ["report.md", "metrics.json", "runs.csv", "runs.jsonl"];
+
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
     if let Ok(style) =
@@ -131,6 +134,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if model_paths.is_empty() {
         model_paths.extend(std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
     }
+    // Every file written into --out, against every input: `--out` where the --dataset's
+    // runs.csv (or the --exclude-runs file) lies replaced it.
+    let inputs: Vec<(&str, &Path)> = a
+        .dataset
+        .iter()
+        .map(|d| ("the --dataset", d.as_path()))
+        .chain(a.exclude_runs.iter().map(|r| ("the --exclude-runs file", r.as_path())))
+        .chain(model_paths.iter().map(|m| ("the --ml-model", m.as_path())))
+        .chain([("the --profile", ppath.as_path())])
+        .collect();
+    let flag = format!("--out {}: its file", a.out.display());
+    for file in OUTPUTS.iter().map(|f| a.out.join(f)).chain(plots::files(&a.out)) {
+        crate::outputs::refuse_input(&flag, &file, inputs.iter().copied())?;
+    }
     let mut loaded = Vec::new();
     for p in model_paths {
         let m =
@@ -145,19 +162,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     // (row, the dataset it came from) — ML needs the source file to recognise training rows.
-    let calibrated = estimators::calibrate::calibrated_rows(&profile.calibration)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}", ppath.display()))?;
-    let positional = calibrated.positional_stems();
-    if !positional.is_empty() {
-        eprintln!(
-            "memest: warning: {} names its calibration rows of {} by position alone (no [calibration.row_digests]): \
-             they are recognised only in a file of that stem with its rows in their order; `memest calibrate --write` \
-             on runs from this memest records their digests",
-            ppath.display(),
-            positional.into_iter().collect::<Vec<_>>().join(", ")
-        );
-    }
+    let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
     if a.exclude_calibrated && calibrated.is_empty() {
         eprintln!(
             "memest: warning: --exclude-calibrated has no effect: {} lists no [calibration.rows]",
@@ -167,15 +172,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
     let (mut read, mut left_out) = (0, 0);
     for (di, d) in a.dataset.iter().enumerate() {
-        let mut all = estimators::dataset::load(d, &[])?;
-        let n = all.len();
-        read += n;
+        let loaded = estimators::dataset::load(d, &[])?;
+        for w in &loaded.warnings {
+            eprintln!("memest: warning: {w}");
+        }
+        let mut all = loaded.rows;
+        let n_read = all.len();
+        read += n_read;
         all.retain(|r| !excluded.contains(&r.id, &r.digest));
         if a.exclude_calibrated {
             all.retain(|r| !calibrated.contains(&r.id, &r.digest));
         }
-        left_out += n - all.len();
+        left_out += n_read - all.len();
         let chosen = match a.limit {
+            Some(n) if n >= all.len() => {
+                eprintln!(
+                    "memest: warning: --limit {n} has no effect on --dataset {}: it has {} rows{}, and every one is used",
+                    d.display(),
+                    all.len(),
+                    if all.len() < n_read { " left to compare" } else { "" }
+                );
+                all
+            }
             Some(n) => seeded_subset(&all, n, seed),
             None => all,
         };
@@ -240,6 +258,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else if unlabelled > 0 {
         eprintln!(
             "memest: warning: {unlabelled} of the {} rows have no measured peak (truth): estimated, not scored",
+            rows.len()
+        );
+    }
+    let zero = rows.iter().filter(|(r, _)| !r.real_oom && r.truth == Some(0.0)).count();
+    if zero > 0 {
+        eprintln!(
+            "memest: warning: {zero} of the {} rows have a measured peak of 0 MiB (a failed measurement, not a \
+             peak): estimated, but left out of the errors, PEF and MCP (report.md says so)",
             rows.len()
         );
     }
@@ -353,7 +379,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for j in reused {
         traces.insert(j.name.clone(), TraceResult { trace: Ok(existing(&j)), seconds: f64::NAN, warnings: Vec::new() });
     }
-    let ctx = EvalContext { profile: &profile, version, optimizer, precision: Precision::Fp32 };
+    let ctx = EvalContext { profile: &profile, profile_name: &pname, version, optimizer, precision: Precision::Fp32 };
     let pb = bar(rows.len(), "estimating");
     let lookup = |name: &str| -> Result<(PathBuf, f64), String> {
         match traces.get(name) {
@@ -484,8 +510,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 m.runs,
                 m.mre.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
                 m.under_fraction.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
-                m.pef.map_or("-".into(), |v| format!("{v:.1}%")),
-                g.pef_proxy.map_or("-".into(), |v| format!("{v:.1}%")),
+                report::pef_memsim(m),
+                report::pef_proxy(g),
             );
         }
     }

@@ -133,8 +133,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
 #[derive(clap::Args)]
 #[command(after_help = "Exit status: 0 worded, 2 bad input (the file, and the field that is missing or \
 of the wrong type, or verdict numbers that contradict each other: a `verdict.fits` against its need and \
-capacity, a basis not the headline's, a `point_mib` not the headline's `device_mib`, a safe need below the \
-point).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
+capacity, a basis not the headline's, a `point_mib` not the headline's `device_mib`, a `need_mib` not the \
+number its basis names, a safe need or `safe_mib` below the point).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
 \"baselines\": [lines]}, the `text` object of `memest estimate --json`.")]
 pub struct RenderArgs {
     /// The estimate: `memest estimate --json` or `python -m memtrace_trainer estimate --json`
@@ -231,6 +231,26 @@ fn consistent(view: &estimators::estimate_text::EstimateView) -> Result<(), Stri
             show(v.need_mib),
             show(v.point_mib)
         ));
+    }
+    if v.basis == safe {
+        let Some(safe_mib) = answer.safe_mib else {
+            return Err(format!("field `estimates.{h}.safe_mib` is missing or null, but `verdict.basis` names it"));
+        };
+        if differ(v.need_mib, safe_mib) {
+            return Err(format!(
+                "field `verdict.need_mib` is {} but the basis, `estimates.{h}.safe_mib`, is {}",
+                show(v.need_mib),
+                show(safe_mib)
+            ));
+        }
+        if safe_mib + 0.05 < answer.device_mib {
+            return Err(format!(
+                "field `estimates.{h}.safe_mib` is {}, below `estimates.{h}.device_mib` {}: a safe number is never \
+                 below the point",
+                show(safe_mib),
+                show(answer.device_mib)
+            ));
+        }
     }
     if v.need_mib + 0.05 < v.point_mib {
         return Err(format!(

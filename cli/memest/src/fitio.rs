@@ -1,9 +1,12 @@
 //! Arguments shared by the commands that fit a profile on `memest compare` runs.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use estimators::compare::{read_runs, RunRecord};
+use estimators::rows::RowSet;
+use simulator::profile::Profile;
 
 /// The licence recorded when `--data-licence` is not given.
 const DEFAULT_LICENCE: &str = "CC BY-NC 4.0 (GPUMemNet datasets)";
@@ -44,8 +47,12 @@ impl FitIo {
     /// The run records of every file, each run once: a run read again (a file given twice, or
     /// runs repeated across files) was counted twice, in the fit and in its held-out share.
     /// Warns about what was dropped, about distinct runs that share an id, and about flags that
-    /// have no effect.
+    /// have no effect. A `--write` that is one of the runs files is refused (the profile would
+    /// replace the runs).
     pub fn read(&self) -> anyhow::Result<Vec<RunRecord>> {
+        if let Some(out) = &self.write {
+            crate::outputs::refuse_input("--write", out, self.runs.iter().map(|r| ("the runs file", r.as_path())))?;
+        }
         if let (Some(l), None) = (&self.data_licence, &self.write) {
             eprintln!("memest: warning: --data-licence {l:?} has no effect without --write: it is recorded in the written profile");
         }
@@ -75,4 +82,23 @@ impl FitIo {
         }
         Ok(unique)
     }
+}
+
+/// The rows `profile` (read from `ppath`) was calibrated on (its `[calibration.rows]` and
+/// `[calibration.row_digests]`), warning when some are named by position alone.
+pub fn calibrated_rows(profile: &Profile, ppath: &Path) -> anyhow::Result<RowSet> {
+    let calibrated = estimators::calibrate::calibrated_rows(&profile.calibration)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{}", ppath.display()))?;
+    let positional = calibrated.positional_stems();
+    if !positional.is_empty() {
+        eprintln!(
+            "memest: warning: {} names its calibration rows of {} by position alone (no [calibration.row_digests]): \
+             they are recognised only in a file of that stem with its rows in their order; `memest calibrate --write` \
+             on runs from this memest records their digests",
+            ppath.display(),
+            positional.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(calibrated)
 }

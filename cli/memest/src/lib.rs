@@ -6,6 +6,7 @@ mod compare;
 mod estimate;
 mod fitio;
 pub mod ml;
+mod outputs;
 mod safety;
 pub mod utilization;
 

@@ -181,10 +181,19 @@ fn parse_model(name: &str) -> anyhow::Result<ModelKind> {
     })
 }
 
+/// The dataset at `path`, saying what its header leaves unsaid (columns never read, no `Status`).
+pub(crate) fn load_dataset(path: &Path) -> anyhow::Result<Dataset> {
+    let ds = Dataset::load(path)?;
+    for w in &ds.warnings {
+        eprintln!("memest: warning: {w}");
+    }
+    Ok(ds)
+}
+
 /// The rows of `path` as examples, and whether every row is the trainer's own run (its licence
 /// is then not GPUMemNet's).
 fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<(Examples, bool)> {
-    let ds = Dataset::load(path)?;
+    let ds = load_dataset(path)?;
     let detected = ds.family()?;
     if let Some(f) = family {
         let want = Family::parse(f).with_context(|| format!("--family {f:?}: expected mlp, cnn or transformer"))?;
@@ -202,11 +211,20 @@ fn train(a: TrainArgs) -> anyhow::Result<u8> {
         eprintln!("memest: warning: {w}");
     }
     // The model file would replace the data it was trained on.
-    if same_file(&a.out, &a.dataset) {
-        bail!("--out {} is the --dataset: the model file would replace its training data", a.out.display());
-    }
+    crate::outputs::refuse_input("--out", &a.out, [("the --dataset", a.dataset.as_path())])?;
     let (ex, own) = load_examples(&a.dataset, a.family.as_deref())?;
     say_excluded(&a.dataset, &ex.excluded);
+    let classes: Vec<&String> =
+        ex.target.binning.names.iter().zip(ex.class_counts()).filter(|(_, n)| *n > 0).map(|(c, _)| c).collect();
+    if !kind.is_regressor() && classes.len() == 1 {
+        eprintln!(
+            "memest: warning: every training row of {} falls in one class ({}): the {} classifier learns to answer \
+             that class alone, whatever the job",
+            a.dataset.display(),
+            classes[0],
+            kind.name()
+        );
+    }
     let cfg = a.knobs.train_config();
     let licence = if own { OWN_DATA_NOTE } else { LICENCE_NOTE };
     let file = ModelFile::train(&ex, kind, &cfg, &a.dataset.display().to_string(), licence)?;
@@ -249,7 +267,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         return Ok(0u8);
     }
     let path = a.dataset.as_ref().context("--features or --dataset is required")?;
-    let ds = Dataset::load(path)?;
+    let ds = load_dataset(path)?;
     let family = ds.family()?;
     if family != model.family {
         bail!("{}: rows are {family} but {} was trained for {}", path.display(), a.model.display(), model.family);
@@ -268,17 +286,33 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         );
     }
     let preds = model.predict(&ex.x)?;
-    let rows: Vec<serde_json::Value> = preds
-        .iter()
-        .zip(&ex.row_ids)
-        .zip(&ex.value)
-        .map(|((p, row), truth)| serde_json::json!({"row": row, "estimate": p.estimate, "bin": p.bin, "truth": truth}))
+    let regressor = model.pipeline.kind.is_regressor();
+    // A regressor's truth is a measured peak: an OOM row's relabelled value (or a 0-MiB row's)
+    // is none, and is not scored.
+    let scored = |i: usize| !regressor || ex.measured[i];
+    let rows: Vec<serde_json::Value> = (0..preds.len())
+        .map(|i| {
+            let truth = if scored(i) { serde_json::json!(ex.value[i]) } else { serde_json::Value::Null };
+            serde_json::json!({"row": ex.row_ids[i], "estimate": preds[i].estimate, "bin": preds[i].bin, "truth": truth})
+        })
         .collect();
-    let summary = if model.pipeline.kind.is_regressor() {
-        let truth: Vec<f64> = ex.value.clone();
-        let est: Vec<f64> = preds.iter().map(|p| p.estimate).collect();
+    let summary = if regressor {
+        let measured: Vec<usize> = (0..preds.len()).filter(|&i| scored(i)).collect();
+        let left_out = preds.len() - measured.len();
+        if left_out > 0 {
+            eprintln!(
+                "memest: warning: {left_out} of the {} rows of {} have no measured peak (an OOM crash, or 0 MiB): the \
+                 regressor is scored on the other {} only",
+                preds.len(),
+                path.display(),
+                measured.len()
+            );
+        }
+        let truth: Vec<f64> = measured.iter().map(|&i| ex.value[i]).collect();
+        let est: Vec<f64> = measured.iter().map(|&i| preds[i].estimate).collect();
         serde_json::json!({"mre": estimators::ml::score::mre(&truth, &est),
-                           "mae": estimators::ml::score::mae(&truth, &est)})
+                           "mae": estimators::ml::score::mae(&truth, &est),
+                           "scored_rows": measured.len(), "unmeasured_rows_left_out": left_out})
     } else {
         let pred: Vec<usize> = preds.iter().filter_map(|p| p.class).collect();
         serde_json::json!({"accuracy": estimators::ml::score::accuracy(&ex.class, &pred),
@@ -289,19 +323,13 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         for r in &rows {
-            writeln!(out, "row {} estimate {} MiB (truth {})", r["row"], r["estimate"], r["truth"])?;
+            let truth =
+                if r["truth"].is_null() { "none measured: not scored".to_string() } else { r["truth"].to_string() };
+            writeln!(out, "row {} estimate {} MiB (truth {truth})", r["row"], r["estimate"])?;
         }
         writeln!(out, "summary: {summary}")?;
     }
     Ok(0u8)
-}
-
-/// Whether two paths name one file (as written, where one does not exist).
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
 }
 
 /// The rows of `path` left out, per reason (`ml cv` prints them in its report).
@@ -342,6 +370,9 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
             }
         }
     }
+    if gpumemnet {
+        cfg.models = gpumemnet_models(&cfg.models, !a.models.is_empty())?;
+    }
     for w in a.knobs.unused_by(&cfg.models) {
         eprintln!("memest: warning: {w}");
     }
@@ -359,6 +390,30 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
         write!(out, "{}", render::markdown(&report))?;
     }
     Ok(0u8)
+}
+
+/// The models `reproduce` runs of `models`: GPUMemNet's protocol has classifiers only. The
+/// regressors `--models` named (`asked`) are said to be dropped; none left is an error.
+fn gpumemnet_models(models: &[ModelKind], asked: bool) -> anyhow::Result<Vec<ModelKind>> {
+    let (regressors, classifiers): (Vec<ModelKind>, Vec<ModelKind>) =
+        models.iter().copied().partition(|k| k.is_regressor());
+    let names = |v: &[ModelKind]| v.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+    if classifiers.is_empty() {
+        bail!(
+            "--models {}: reproduce runs GPUMemNet's protocol, which has classifiers only ({}); score regressors with \
+             `memest ml cv`",
+            names(&regressors),
+            names(&ModelKind::CLASSIFIERS)
+        );
+    }
+    if asked && !regressors.is_empty() {
+        eprintln!(
+            "memest: warning: --models {} left out of reproduce: GPUMemNet's protocol has classifiers only (`memest \
+             ml cv` scores regressors)",
+            names(&regressors)
+        );
+    }
+    Ok(classifiers)
 }
 
 #[cfg(test)]

@@ -2,12 +2,13 @@
 
 use anyhow::Context;
 use estimators::error::write_atomic;
-use estimators::safety::{fit, rewrite_safety, table};
+use estimators::safety::{estimated_otherwise, fit, rewrite_safety, table, Skip};
 use simulator::profile::Profile;
 
 #[derive(clap::Args)]
 #[command(after_help = "RUNS are runs.jsonl files written by `memest compare` (measured device peak and the \
-symbolic point estimate of each run). Runs marked calibrated_on (the profile's [calibration.rows]) are left out. \
+symbolic point estimate of each run). Runs the --profile's [calibration.rows] name (by content, or by position \
+where it records no digests), or marked calibrated_on when compared, are left out. \
 Per family, split conformal prediction on one seeded share of the runs fits the margin at which the safe number \
 (point + margin x scale, the scale being the point or its reserved part) is under the truth in at most --miss-rate \
 of runs; the other share measures it.\n\
@@ -47,7 +48,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (profile, ppath) = Profile::load(&a.io.profile)?;
     let records = a.io.read()?;
-    let fit = fit(&records, a.miss_rate, a.held_out, a.seed, &a.regime)?;
+    let pname = Profile::name_of(&ppath);
+    for w in estimated_otherwise(&records, &profile, &pname) {
+        eprintln!("memest: warning: {w}");
+    }
+    // The profile's own calibration rows, whichever profile the runs were compared with.
+    let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
+    let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &a.regime)?;
     if !fit.too_few.is_empty() {
         eprintln!(
             "memest: warning: no margin for {}: too few runs on the calibration split (lower --held-out, or give \
@@ -113,8 +120,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "split conformal prediction per family: score (truth - point)/scale, scale = the point or the reserved \
              peak (the one with the smaller median over-reservation on the calibration split), margin = the \
              ceil((n+1)(1-a))-th smallest score of the calibration split (clamped at 0), a = {}; split seed {}, \
-             held-out fraction {}; runs the [outside_allocator] constants were fitted on left out",
-            a.miss_rate, a.seed, a.held_out
+             held-out fraction {}; {}",
+            a.miss_rate,
+            a.seed,
+            a.held_out,
+            left_out(fit.skipped.get(&Skip::CalibratedOn).copied().unwrap_or(0), calibrated.len(), &pname)
         );
         let new_text = rewrite_safety(&text, &table(&fit, a.miss_rate, &runs, &method, a.io.licence()))
             .map_err(anyhow::Error::msg)?;
@@ -123,4 +133,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// What the written method says of the runs the constants of profile `name` were fitted on.
+fn left_out(n: usize, listed: usize, name: &str) -> String {
+    if n > 0 {
+        format!(
+            "{n} runs the [outside_allocator] constants were fitted on left out ({name}'s [calibration.rows], or \
+             marked calibrated_on when compared)"
+        )
+    } else if listed > 0 {
+        format!("none of the runs is among the {listed} rows of {name}'s [calibration.rows]")
+    } else {
+        format!("{name} lists no [calibration.rows]: no run was left out as calibrated on")
+    }
 }

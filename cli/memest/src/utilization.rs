@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use estimators::ml::protocol::ProtocolConfig;
 use estimators::ml::utilization::{self as util, UtilMetric, DEFAULT_THRESHOLDS};
-use estimators::ml::{render, Dataset, KernelFeatures, TrainConfig};
+use estimators::ml::{render, KernelFeatures, TrainConfig};
 
 /// Predict DCGM utilisation classes (low / medium / high) from model features.
 #[derive(Args, Debug)]
@@ -66,7 +66,7 @@ fn cv(a: CvArgs) -> anyhow::Result<u8> {
     if a.folds < 2 || a.folds > 1000 {
         anyhow::bail!("--folds {}: expected at least 2 (and no more than the usable rows)", a.folds);
     }
-    let ds = Dataset::load(&a.dataset)?;
+    let ds = crate::ml::load_dataset(&a.dataset)?;
     let thresholds = match a.thresholds.as_deref().map(str::trim) {
         None => DEFAULT_THRESHOLDS,
         Some("tertiles") => util::tertiles(&ds, metric)?,

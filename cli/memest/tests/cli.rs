@@ -7,7 +7,7 @@ use crate::common::{jsonl_trace, shared, venv_python};
 
 const MIB: u64 = 1024 * 1024;
 
-fn memest(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn memest(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
     (
         out.status.success(),
@@ -16,7 +16,7 @@ fn memest(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn inputs(dir: &std::path::Path) -> (String, String, String) {
+pub(crate) fn inputs(dir: &std::path::Path) -> (String, String, String) {
     let meta = [("batch_size", "8"), ("optimizer", "adam"), ("amp", "fp32"), ("cuda_emulation", "true")];
     let t = dir.join("t.jsonl");
     std::fs::write(&t, jsonl_trace(&meta, &[('a', 1, 3 * MIB), ('m', 0, 2), ('a', 2, MIB)])).unwrap();
@@ -75,7 +75,7 @@ fn estimate_json_contract() {
     assert!(ok && out.contains("symbolic") && out.contains("horus"), "{out}");
 }
 
-fn memest_code(args: &[&str]) -> (i32, String, String) {
+pub(crate) fn memest_code(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
     (
         out.status.code().unwrap_or(-1),
@@ -557,112 +557,4 @@ fn features_of_another_job_are_warned_about() {
     let zero = feats("zero.json", r#""batch_size": 0,"#);
     let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &zero]);
     assert!(!ok && err.contains("batch_size") && err.contains(">= 1"), "{err}");
-}
-
-/// `memest compare` run records of `n` MLP runs whose truth is the point plus 0-10%.
-fn runs_jsonl(n: usize) -> String {
-    let mut out = String::new();
-    for i in 0..n {
-        let mut estimates = std::collections::BTreeMap::new();
-        let point = 1000 * MIB;
-        estimates.insert(
-            "symbolic".to_string(),
-            estimators::compare::Outcome {
-                device_bytes: Some(point),
-                reserved_bytes: Some(point - 500 * MIB),
-                ..Default::default()
-            },
-        );
-        let r = estimators::compare::RunRecord {
-            id: format!("mlp_data_step1.csv:{i}"),
-            digest: String::new(),
-            filename: String::new(),
-            spec: String::new(),
-            family: "MLP".into(),
-            batch: 1,
-            truth_bytes: Some(point as f64 * (1.0 + (i % 10) as f64 / 100.0)),
-            real_oom: false,
-            reserved_truth_bytes: None,
-            uses_gemm: true,
-            uses_conv: false,
-            estimates,
-            calibrated_on: false,
-        };
-        out += &serde_json::to_string(&r).unwrap();
-        out.push('\n');
-    }
-    out
-}
-
-/// The profile fits say what they drop or ignore, and refuse what cannot be fitted: runs read
-/// twice were counted twice (in the fit and its held-out share), a refit dropped every other
-/// family's margin silently, and a held-out share leaving nothing wrote an empty table.
-#[test]
-fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
-    let dir = tempfile::tempdir().unwrap();
-    let runs = dir.path().join("runs.jsonl");
-    std::fs::write(&runs, runs_jsonl(40)).unwrap();
-    let r = runs.to_str().unwrap();
-    let out = dir.path().join("p.toml");
-    let o = out.to_str().unwrap();
-    let (ok, _, err) = memest(&["safety", r, r]);
-    assert!(ok, "{err}");
-    assert!(err.contains("40 of 80 run records repeat one already read"), "{err}");
-    // Distinct runs under one id (two datasets named alike) are kept, and said.
-    let other = dir.path().join("other.jsonl");
-    std::fs::write(&other, runs_jsonl(3).replace("\"batch\":1", "\"batch\":2")).unwrap();
-    let (ok, _, err) = memest(&["safety", r, other.to_str().unwrap()]);
-    assert!(ok && err.contains("3 run ids belong to different runs"), "{err}");
-    // 20 calibration runs are too few for a 2% guarantee (49 needed): not written, as though
-    // it held.
-    let (ok, _, err) = memest(&["safety", r, "--write", o]);
-    assert!(!ok && !out.exists(), "{err}");
-    assert!(err.contains("the margins of mlp rest on too few calibration runs for the --miss-rate 0.02"), "{err}");
-    let many = dir.path().join("many.jsonl");
-    std::fs::write(&many, runs_jsonl(120)).unwrap();
-    let (ok, _, err) = memest(&["safety", many.to_str().unwrap(), "--write", o]);
-    assert!(ok && out.is_file(), "{err}");
-    assert!(err.contains("its margins for cnn are not refitted by these runs and are dropped"), "{err}");
-    std::fs::remove_file(&out).unwrap();
-    for (args, says) in [
-        (vec!["safety", r, "--held-out", "0.99", "--write", o], "no family has enough calibration runs"),
-        (vec!["safety", r, "--regime", "banana"], "--regime \"banana\": expected the runs' precision first"),
-        (vec!["calibrate", r, "--quantile", "2"], "--quantile 2: expected a fraction in [0, 1]"),
-        (vec!["calibrate", r, "--quantile", "NaN"], "--quantile NaN: expected a fraction in [0, 1]"),
-    ] {
-        let (ok, _, err) = memest(&args);
-        assert!(!ok && err.contains(says), "{args:?}: {err}");
-        assert!(!out.exists(), "{args:?}: nothing written");
-    }
-    let (ok, _, err) = memest(&["calibrate", r, "--data-licence", "MIT"]);
-    assert!(ok && err.contains("--data-licence \"MIT\" has no effect without --write"), "{err}");
-    // A fit of a handful of runs was written as the GPU's constants, the profile's record of its
-    // earlier fit replaced; and one with nothing held out, in silence.
-    let few = dir.path().join("few.jsonl");
-    std::fs::write(&few, runs_jsonl(5)).unwrap();
-    let (ok, _, err) = memest(&["calibrate", few.to_str().unwrap(), "--write", o]);
-    assert!(!ok && !out.exists(), "{err}");
-    assert!(err.contains("context_mib and cublas_mib (MLP runs) would rest on 3 runs; at least 10"), "{err}");
-    let (ok, _, err) = memest(&["calibrate", r, "--test-fraction", "0", "--write", o]);
-    assert!(ok && err.contains("no run is held out (--test-fraction 0)"), "{err}");
-    std::fs::remove_file(&out).unwrap();
-    let (ok, _, err) = memest(&["calibrate", r, "--write", o]);
-    assert!(ok, "{err}");
-    assert!(err.contains("[safety] margins are kept as they are, but they were fitted against"), "{err}");
-    // MLP runs alone refit context and cuBLAS; cuDNN's constant stays, and so do the rows it was
-    // fitted on, or `compare` would count them as held out.
-    assert!(err.contains("earlier [calibration.rows] are kept: the cudnn_mib"), "{err}");
-    let rows_of = |path: &std::path::Path| {
-        let text = std::fs::read_to_string(path).unwrap();
-        let p = simulator::profile::Profile::parse(&text, path).unwrap();
-        estimators::calibrate::calibrated_rows(&p.calibration).unwrap()
-    };
-    let before = rows_of(&crate::common::repo().join("profiles/a100-40gb.toml"));
-    assert!(!before.is_empty());
-    assert_eq!(rows_of(&out), before);
-    // A negative measured peak is refused where it is, not dropped in silence.
-    let bad = runs_jsonl(2).replacen("\"truth_bytes\":", "\"truth_bytes\":-", 1);
-    std::fs::write(&runs, bad).unwrap();
-    let (ok, _, err) = memest(&["calibrate", r]);
-    assert!(!ok && err.contains("runs.jsonl:1: field truth_bytes is -"), "{err}");
 }

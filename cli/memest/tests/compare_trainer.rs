@@ -57,7 +57,7 @@ struct Expect {
 #[test]
 fn trainer_rows_keep_spec_settings_and_label_columns() {
     let dir = tempfile::tempdir().unwrap();
-    let rows = load(&trainer_csv(dir.path()), &[]).unwrap();
+    let rows = load(&trainer_csv(dir.path()), &[]).unwrap().rows;
     let check = |i: usize, e: Expect| {
         let r = &rows[i];
         assert_eq!(r.spec, e.spec, "row {i}");
@@ -125,7 +125,7 @@ fn trainer_row_bad_cells_name_file_row_and_column() {
     check(",bf16,20.0,", ",bf16,-3,", "max_memory_reserved_mib");
     check(",nvml-process,false,", ",nvml-process,maybe,", "oom");
     // The file itself parses: only the edited cell is at fault.
-    assert_eq!(load(&trainer_csv(dir.path()), &[]).unwrap().len(), 3);
+    assert_eq!(load(&trainer_csv(dir.path()), &[]).unwrap().rows.len(), 3);
 }
 
 /// The GPUMemNet row of the trainer's dataset gives exactly the ML feature vector of the same row
@@ -134,7 +134,7 @@ fn trainer_row_bad_cells_name_file_row_and_column() {
 #[test]
 fn trainer_row_has_the_gpumemnet_feature_vector() {
     let dir = tempfile::tempdir().unwrap();
-    let rows = load(&trainer_csv(dir.path()), &[]).unwrap();
+    let rows = load(&trainer_csv(dir.path()), &[]).unwrap().rows;
     let ours = extract(Family::Mlp, &rows[1]).unwrap();
     let theirs = Dataset::load(&shared("gpumemnet/mlp_data_step2.csv")).unwrap();
     let mut row = theirs.rows.into_iter().find(|r| r.filename == GM_FILE).expect("row in the step-2 CSV");

@@ -195,7 +195,10 @@ fn ml_inputs_a_probe_found_taken_in_silence_are_refused_or_said() {
     let dir = tempfile::tempdir().unwrap();
     let csv = excerpt(dir.path());
     let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", &csv]);
-    assert!(code == 2 && err.contains("is the --dataset: the model file would replace"), "{code} {err}");
+    assert!(
+        code == 2 && err.contains(&format!("--out {csv} is the --dataset {csv}: writing it would destroy")),
+        "{code} {err}"
+    );
     assert!(std::fs::read_to_string(&csv).unwrap().contains("Max GPU Memory (MiB)"), "the data is kept");
     for (column, value, says) in [
         ("Batch Size", "0", "row 1: column \"Batch Size\": expected a batch of at least 1, got 0"),
@@ -256,4 +259,87 @@ fn ml_inputs_a_probe_found_taken_in_silence_are_refused_or_said() {
     std::fs::write(&own, crate::ml_data::with_column(&text, "spec", "synthetic:{}")).unwrap();
     let (code, err) = memest_bin(&["ml", "train", "--dataset", own.to_str().unwrap(), "--model", "tree", "--out", m]);
     assert!(code == 0 && err.contains("your own runs") && !err.contains("CC BY-NC"), "{code} {err}");
+}
+
+/// `reproduce` is GPUMemNet's protocol, classifiers only: regressors alone gave an empty report
+/// (exit 0), and a regressor beside a classifier vanished from it in silence.
+#[test]
+fn reproduce_refuses_regressors_alone_and_says_those_it_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    let (code, err) = memest_bin(&["ml", "reproduce", "--dataset", &csv, "--models", "linear-reg"]);
+    assert!(code == 2 && err.contains("--models linear-reg: reproduce runs GPUMemNet's protocol"), "{code} {err}");
+    let (code, err) = memest_bin(&["ml", "reproduce", "--dataset", &csv, "--models", "tree,linear-reg,gbm-reg"]);
+    assert!(code == 0 && err.contains("--models linear-reg, gbm-reg left out of reproduce"), "{code} {err}");
+}
+
+/// The first `n` data rows of a GPUMemNet CSV in `dir`.
+fn head_of(dir: &std::path::Path, file: &str, n: usize) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(crate::ml_data::gpumemnet(file)).unwrap();
+    let p = dir.join(format!("head-{file}"));
+    std::fs::write(&p, text.lines().take(n + 1).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    p
+}
+
+/// A regressor's truth is a measured peak: an OOM row's relabelled 42000 MiB (or a 0-MiB row) was
+/// scored as one.
+#[test]
+fn predict_scores_a_regressor_on_measured_rows_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = head_of(dir.path(), "cnn_data_step1_early.csv", 200);
+    let (c, m) = (csv.to_str().unwrap(), dir.path().join("reg.json"));
+    let train = ["ml", "train", "--dataset", c, "--model", "forest-reg", "--trees", "5", "--out", m.to_str().unwrap()];
+    let (code, err) = memest_bin(&train);
+    assert_eq!(code, 0, "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest"))
+        .args(["ml", "predict", "--model", m.to_str().unwrap(), "--dataset", c, "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = doc["predictions"].as_array().unwrap();
+    // The OOM crashes and 0-MiB rows among the first 200 (those the feature set keeps).
+    let left = rows.iter().filter(|r| r["truth"].is_null()).count();
+    assert!(left > 0, "{doc}");
+    assert!(rows.iter().all(|r| r["truth"].as_f64() != Some(42_000.0)), "no placeholder is a truth");
+    let s = &doc["summary"];
+    let scored = rows.len() - left;
+    assert_eq!(
+        (s["scored_rows"].as_u64(), s["unmeasured_rows_left_out"].as_u64()),
+        (Some(scored as u64), Some(left as u64))
+    );
+    let pairs: Vec<(f64, f64)> =
+        rows.iter().filter_map(|r| Some((r["truth"].as_f64()?, r["estimate"].as_f64().unwrap()))).collect();
+    let mae = pairs.iter().map(|(t, e)| (e - t).abs()).sum::<f64>() / pairs.len() as f64;
+    assert!((s["mae"].as_f64().unwrap() - mae).abs() < 1e-6, "{s}");
+    let says = format!("{left} of the {} rows of {c} have no measured peak", rows.len());
+    assert!(err.contains(&says) && err.contains(&format!("scored on the other {scored} only")), "{err}");
+}
+
+/// A classifier trained where every row is in one class answers that class whatever the job:
+/// written, and said. A column of no format (a misspelt one) is said too.
+#[test]
+fn training_on_one_class_and_unknown_columns_are_said() {
+    use estimators::ml::{Dataset, Examples, Family, Target};
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path());
+    let ex =
+        Examples::build(&Dataset::load(std::path::Path::new(&csv)).unwrap(), &Target::memory(Family::Mlp)).unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let one: Vec<&str> = std::iter::once(lines[0])
+        .chain(ex.row_ids.iter().zip(&ex.class).filter(|(_, c)| **c == ex.class[0]).map(|(r, _)| lines[*r]))
+        .collect();
+    let single = dir.path().join("one.csv");
+    std::fs::write(&single, one.join("\n").replace("Dropout Layers", "Dropout Layerz") + "\n").unwrap();
+    let (one, m) = (single.to_str().unwrap(), dir.path().join("m.json"));
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", one, "--model", "tree", "--out", m.to_str().unwrap()]);
+    assert!(
+        code == 0 && err.contains("falls in one class") && err.contains("the tree classifier learns"),
+        "{code} {err}"
+    );
+    assert!(err.contains("column \"Dropout Layerz\" of no dataset format read here"), "{err}");
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", m.to_str().unwrap()]);
+    assert!(code == 0 && !err.contains("one class") && !err.contains("no dataset format"), "{code} {err}");
 }

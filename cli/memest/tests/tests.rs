@@ -2,12 +2,20 @@
 
 /// The memest binary: JSON contract, errors, compare through the trainer.
 mod cli;
+/// `memest compare` on traces already made: the summary's PEF, 0-MiB truths, `--limit`.
+mod compare_offline;
 /// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
 mod compare_trainer;
+/// The profile fits (`memest safety`, `memest calibrate`): held-out honesty, what they drop and refuse.
+mod fits;
 /// ML estimators: the `memest ml` subcommands, driven through the command's library.
 mod ml_cli;
 /// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
 mod ml_utilization;
+/// No output replaces an input.
+mod outputs;
+/// `memest render` refuses verdict numbers that contradict each other.
+mod render;
 
 /// Shared-data and venv paths (failing loudly) and trace builders, from the estimators' tests.
 #[path = "../../../estimators/tests/common.rs"]

@@ -189,7 +189,7 @@ fn mode_name(m: Mode) -> &'static str {
 fn same_file_twice(traces: &[std::path::PathBuf]) -> Vec<String> {
     let mut w = Vec::new();
     for (i, t) in traces.iter().enumerate() {
-        if let Some(first) = traces[..i].iter().find(|e| crate::input::same_file(e, t)) {
+        if let Some(first) = traces[..i].iter().find(|e| trace::same_file(e, t)) {
             w.push(format!(
                 "{} is given twice (also as {}): judged as two copies of the same job on one GPU; drop one if that \
                  is not meant",

@@ -316,19 +316,9 @@ fn import_snapshot_as(path: &Path, how: &SnapshotAs) -> Result<(Header, Vec<Reco
     Ok((imported.header, imported.records, notes, version))
 }
 
-/// Whether `output` names the file `input` is (the same path, a symbolic or a hard link):
-/// writing it destroyed the input (`report T --html T` left an HTML page where the trace was).
-pub fn same_file(input: &Path, output: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(input), std::fs::metadata(output)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
 /// Refuses an output that is the input file.
 pub fn distinct_output(input: &Path, output: &Path) -> Result<()> {
-    if same_file(input, output) {
+    if trace::same_file(input, output) {
         bail!(
             "{}: the output is the input file {}: give another path (writing it would destroy the input)",
             output.display(),

@@ -24,6 +24,8 @@ pub struct Dataset {
     pub path: PathBuf,
     /// All rows, in file order; `row` is each one's 1-based data row number.
     pub rows: Vec<DatasetRow>,
+    /// What the header leaves unsaid ([`crate::dataset::Loaded::warnings`]), for the caller to say.
+    pub warnings: Vec<String>,
 }
 
 impl Dataset {
@@ -38,14 +40,15 @@ impl Dataset {
         Self::from_rows(path, crate::dataset::read(path, reader, &ML_COLUMNS)?)
     }
 
-    fn from_rows(path: &Path, rows: Vec<DatasetRow>) -> Result<Dataset, MlError> {
+    fn from_rows(path: &Path, loaded: crate::dataset::Loaded) -> Result<Dataset, MlError> {
+        let crate::dataset::Loaded { rows, warnings } = loaded;
         if rows.is_empty() {
             return Err(MlError::Empty {
                 path: path.to_path_buf(),
                 reason: "the file has a header but no data rows".into(),
             });
         }
-        Ok(Dataset { path: path.to_path_buf(), rows })
+        Ok(Dataset { path: path.to_path_buf(), rows, warnings })
     }
 
     /// The single family of all rows that list layers; an error if the file mixes families or

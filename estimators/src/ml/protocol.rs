@@ -398,6 +398,11 @@ pub fn cross_validate(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Res
 /// GPUMemNet's protocol: train on its 70% split, score its 20% validation and 10% test splits,
 /// and a shuffled 3-fold KFold over all rows. Classifiers only (GPUMemNet has no regressor).
 pub fn reproduce(ex: &Examples, dataset: &str, cfg: &ProtocolConfig) -> Result<Report, MlError> {
+    if cfg.models.iter().all(|k| k.is_regressor()) {
+        return Err(MlError::Invalid(
+            "GPUMemNet's protocol scores classifiers only, and no classifier is among the models".into(),
+        ));
+    }
     two_classes(ex, cfg)?;
     let (train, val, test) = split::gpumemnet_split(ex.len(), cfg.seed);
     let folds = split::kfold(ex.len(), cfg.folds, cfg.seed)?;

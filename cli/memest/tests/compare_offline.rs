@@ -1,0 +1,107 @@
+//! `memest compare` on traces already made (`--reuse-traces`, no trainer): the terminal summary
+//! words PEF as report.md does, a measured peak of 0 MiB is said and scored nowhere, and a
+//! `--limit` above the rows is said to have no effect.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{jsonl_trace, shared};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Three MLP rows (`three.csv`, the second's peak 0 MiB) and an output directory holding their
+/// traces: the first two replayable, the third's unreadable (no capped rerun can be simulated).
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step1.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let header = rdr.headers().unwrap().clone();
+    let mem = header.iter().position(|h| h == "Max GPU Memory (MiB)").unwrap();
+    let data = dir.join("three.csv");
+    let mut w = csv::Writer::from_path(&data).unwrap();
+    w.write_record(&header).unwrap();
+    for (i, rec) in rdr.records().take(3).enumerate() {
+        let mut cells: Vec<String> = rec.unwrap().iter().map(String::from).collect();
+        if i == 1 {
+            cells[mem] = "0".into();
+        }
+        w.write_record(&cells).unwrap();
+    }
+    w.flush().unwrap();
+    let out = dir.join("cmp");
+    let traces = out.join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    for row in 1..=2 {
+        let trace = jsonl_trace(&[], &[('a', 1, 100 * MIB), ('a', 2, 50 * MIB), ('f', 1, 0)]);
+        std::fs::write(traces.join(format!("three-{row:05}.jsonl")), trace).unwrap();
+    }
+    std::fs::write(traces.join("three-00003.jsonl"), "not a trace\n").unwrap();
+    (data, out)
+}
+
+/// `memest compare` over `data` into `out`, traces reused; the trainer is never run.
+fn compare(data: &Path, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["compare", "--dataset", data.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    args.extend_from_slice(&["--reuse-traces", "--no-fake-tensor"]);
+    args.extend_from_slice(extra);
+    // Any trainer run fails: every trace this test needs is already made.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest"))
+        .args(&args)
+        .env("MEMTRACE_PYTHON", "/bin/false")
+        .output()
+        .expect("memest runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// [`setup`] in `dir`, then [`compare`] with `extra`, which succeeds: the dataset, the output
+/// directory, stdout and stderr.
+fn compared(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf, String, String) {
+    let (data, out) = setup(dir);
+    let (ok, stdout, err) = compare(&data, &out, extra);
+    assert!(ok, "{err}");
+    (data, out, stdout, err)
+}
+
+fn metrics(out: &Path, estimator: &str) -> serde_json::Value {
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    let row = all.as_array().unwrap().iter().find(|g| g["group"] == "all" && g["estimator"] == estimator);
+    row.unwrap().clone()
+}
+
+#[test]
+fn the_summary_words_a_proxy_pef_as_the_report_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out, stdout, _) = compared(dir.path(), &[]);
+    // One row had no trace: horus's PEF is the proxy's, which is no memsim PEF.
+    assert_eq!(metrics(&out, "horus")["metrics"]["pef_kind"], "proxy");
+    let line = stdout.lines().find(|l| l.starts_with("horus ")).unwrap();
+    assert!(line.contains("PEF(memsim) – (some runs had no trace)"), "{stdout}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let row = report.lines().find(|l| l.starts_with("| horus |")).unwrap();
+    assert!(row.contains("| – (some runs had no trace) |"), "{row}");
+}
+
+#[test]
+fn a_measured_peak_of_zero_is_said_and_left_out_of_pef_and_mcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out, _, err) = compared(dir.path(), &[]);
+    assert!(err.contains("1 of the 3 rows have a measured peak of 0 MiB"), "{err}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("- horus: 1 of 3 runs have a measured peak of 0 MiB"), "{report}");
+    // Of the two rows judged, horus is under one's peak and over the other's: a PEF of 50%. The
+    // 0-MiB row was judged accurate too ("estimate >= 0"), a PEF of 33.3%.
+    let h = metrics(&out, "horus");
+    assert_eq!(h["metrics"]["zero_truth"], 1);
+    assert_eq!(h["metrics"]["under_fraction"], 0.5, "{h}");
+    assert_eq!(h["pef_proxy"], 50.0, "{h}");
+}
+
+#[test]
+fn a_limit_above_the_rows_is_said_to_have_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, out, _, err) = compared(dir.path(), &["--limit", "10"]);
+    let says = format!("--limit 10 has no effect on --dataset {}: it has 3 rows", data.display());
+    assert!(err.contains(&says), "{err}");
+    let (ok, _, err) = compare(&data, &out, &["--limit", "2"]);
+    assert!(ok && !err.contains("--limit"), "{err}");
+}
