@@ -1,20 +1,10 @@
 //! The memest binary: the estimate JSON contract, table output, and clear errors (no panics, no
 //! partial files).
 
-use std::process::Command;
-
 use crate::common::{jsonl_trace, shared, venv_python};
+use crate::support::{memest, memest_code, memest_compare, records};
 
 const MIB: u64 = 1024 * 1024;
-
-pub(crate) fn memest(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 pub(crate) fn inputs(dir: &std::path::Path) -> (String, String, String) {
     let meta = [("batch_size", "8"), ("optimizer", "adam"), ("amp", "fp32"), ("cuda_emulation", "true")];
@@ -73,15 +63,6 @@ fn estimate_json_contract() {
     // The table form names every estimator.
     let (ok, out, _) = memest(&["estimate", "--trace", &t, "--features", &f]);
     assert!(ok && out.contains("symbolic") && out.contains("horus"), "{out}");
-}
-
-pub(crate) fn memest_code(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]
@@ -296,21 +277,10 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cmp");
     let data = shared("gpumemnet/mlp_data_step2.csv");
-    let (ok, stdout, err) = memest(&[
-        "compare",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--limit",
-        "2",
-        "--seed",
-        "5",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, stdout, err) = memest_compare(&data, &out, &["--limit", "2", "--seed", "5"]);
     assert!(ok, "{err}");
     assert!(stdout.contains("symbolic"), "{stdout}");
-    let runs = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
-    let recs: Vec<serde_json::Value> = runs.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let recs = records(&out);
     assert_eq!(recs.len(), 2);
     for r in &recs {
         for k in ["horus", "analytic", "fake_tensor", "live_peak", "symbolic"] {
@@ -347,11 +317,9 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     let (stem, n) = first.rsplit_once('-').unwrap();
     let profile = crate::compare_trainer::calibrated_on(dir.path(), stem, &[n.parse().unwrap()]);
     let args = |out: &std::path::Path, extra: &[&str]| -> (bool, String, String) {
-        let mut v = vec!["compare", "--dataset", data.to_str().unwrap(), "--limit", "2", "--seed", "5"];
-        v.extend_from_slice(&["--no-fake-tensor", "--profile", profile.to_str().unwrap()]);
-        v.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        let mut v = vec!["--limit", "2", "--seed", "5", "--no-fake-tensor", "--profile", profile.to_str().unwrap()];
         v.extend_from_slice(extra);
-        memest(&v)
+        memest_compare(&data, out, &v)
     };
     let out2 = dir.path().join("cmp2");
     let (ok, _, err) = args(&out2, &[]);
@@ -380,15 +348,7 @@ fn calibration_rows_are_recognised_in_a_renamed_or_reordered_copy() {
         let sub = dir.path().join(name);
         std::fs::write(&sub, format!("{}\n{}\n{}\n", lines[0], lines[16], lines[3])).unwrap();
         let out = dir.path().join("cmp");
-        let (ok, _, err) = memest(&[
-            "compare",
-            "--dataset",
-            sub.to_str().unwrap(),
-            "--exclude-calibrated",
-            "--no-fake-tensor",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let (ok, _, err) = memest_compare(&sub, &out, &["--exclude-calibrated", "--no-fake-tensor"]);
         assert!(!ok && err.contains("all of them were left out (2 by --exclude-calibrated)"), "{name}: {err}");
         assert!(!out.exists(), "nothing written");
     }
@@ -401,10 +361,9 @@ fn compare_traces_with_several_trainer_processes() {
     let out = dir.path().join("cmp");
     let data = shared("gpumemnet/mlp_data_step1.csv");
     let run = |extra: &[&str]| {
-        let mut v = vec!["compare", "--dataset", data.to_str().unwrap(), "--limit", "4", "--seed", "9"];
-        v.extend_from_slice(&["--no-fake-tensor", "--out", out.to_str().unwrap()]);
+        let mut v = vec!["--limit", "4", "--seed", "9", "--no-fake-tensor"];
         v.extend_from_slice(extra);
-        memest(&v)
+        memest_compare(&data, &out, &v)
     };
     let (ok, _, err) = run(&["--jobs", "2"]);
     assert!(ok, "{err}");
@@ -442,21 +401,12 @@ fn compare_traces_with_several_trainer_processes() {
     std::fs::create_dir_all(&twin).unwrap();
     std::fs::copy(&data, twin.join("mlp_data_step1.csv")).unwrap();
     let twin = twin.join("mlp_data_step1.csv");
-    let (ok, _, err) = memest(&[
-        "compare",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--dataset",
-        twin.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = memest_compare(&data, &out, &["--dataset", twin.to_str().unwrap()]);
     assert!(!ok && err.contains("are named mlp_data_step1-NNNNN") && err.contains("other/mlp_data_step1.csv"), "{err}");
     let (ok, _, err) = run(&["--jobs", "0"]);
     assert!(!ok && err.contains("--jobs 0"), "{err}");
     // No rows: it wrote a report of nothing and exited 0.
-    let (ok, _, err) =
-        memest(&["compare", "--dataset", data.to_str().unwrap(), "--limit", "0", "--out", out.to_str().unwrap()]);
+    let (ok, _, err) = memest_compare(&data, &out, &["--limit", "0"]);
     assert!(!ok && err.contains("--limit 0: expected at least 1 row"), "{err}");
 }
 

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{jsonl_trace, shared};
+use crate::support::{compare_command, metrics_json, ran};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -39,17 +40,10 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// `memest compare` over `data` into `out`, traces reused; the trainer is never run.
 fn compare(data: &Path, out: &Path, extra: &[&str]) -> (bool, String, String) {
-    let mut args = vec!["compare", "--dataset", data.to_str().unwrap(), "--out", out.to_str().unwrap()];
-    args.extend_from_slice(&["--reuse-traces", "--no-fake-tensor"]);
-    args.extend_from_slice(extra);
+    let mut cmd = compare_command(data, out, &["--reuse-traces", "--no-fake-tensor"]);
     // Any trainer run fails: every trace this test needs is already made.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest"))
-        .args(&args)
-        .env("MEMTRACE_PYTHON", "/bin/false")
-        .output()
-        .expect("memest runs");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.success(), text(&out.stdout), text(&out.stderr))
+    let (code, stdout, err) = ran(cmd.args(extra).env("MEMTRACE_PYTHON", "/bin/false"));
+    (code == 0, stdout, err)
 }
 
 /// [`setup`] in `dir`, then [`compare`] with `extra`, which succeeds: the dataset, the output
@@ -62,8 +56,7 @@ fn compared(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf, String, String) {
 }
 
 fn metrics(out: &Path, estimator: &str) -> serde_json::Value {
-    let all: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    let all = metrics_json(out);
     let row = all.as_array().unwrap().iter().find(|g| g["group"] == "all" && g["estimator"] == estimator);
     row.unwrap().clone()
 }

@@ -3,7 +3,6 @@
 //! silently to its own training rows.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use estimators::dataset::{load, Spec};
 use estimators::features::Family;
@@ -11,6 +10,7 @@ use estimators::ml::dataset::Dataset;
 use estimators::ml::features::extract;
 
 use crate::common::{shared, venv_python};
+use crate::support::{memest, memest_compare, metrics_json, records};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -144,15 +144,6 @@ fn trainer_row_has_the_gpumemnet_feature_vector() {
     assert_eq!(rows[0].family, Family::Cnn);
 }
 
-fn memest(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// A tree classifier trained on the first 240 rows of the step-2 MLP CSV (excerpt in `dir`).
 fn mlp_model(dir: &Path) -> (PathBuf, PathBuf) {
     let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step2.csv")).unwrap();
@@ -175,11 +166,6 @@ fn mlp_model(dir: &Path) -> (PathBuf, PathBuf) {
     (excerpt, model)
 }
 
-fn records(out: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
 fn group<'a>(metrics: &'a serde_json::Value, est: &str, level: &str) -> &'a serde_json::Value {
     metrics
         .as_array()
@@ -196,15 +182,7 @@ fn compare_on_trainer_dataset_rebuilds_specs_and_scores_both_levels() {
     let data = trainer_csv(dir.path());
     let (_, model) = mlp_model(dir.path());
     let out = dir.path().join("cmp");
-    let (ok, stdout, err) = memest(&[
-        "compare",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--ml-model",
-        model.to_str().unwrap(),
-    ]);
+    let (ok, stdout, err) = memest_compare(&data, &out, &["--ml-model", model.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(stdout.contains("symbolic (reserved)"), "{stdout}");
     assert!(err.contains("1 of the 3 rows have no measured peak (truth): estimated, not scored"), "{err}");
@@ -227,8 +205,7 @@ fn compare_on_trainer_dataset_rebuilds_specs_and_scores_both_levels() {
         let sym = &r["estimates"]["symbolic"];
         assert!(sym["device_bytes"].as_u64().is_some_and(|b| b > 0), "{sym}");
     }
-    let metrics: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    let metrics = metrics_json(&out);
     // Device level scores the two labelled rows; its MRE is the median of their relative errors.
     let dev = group(&metrics, "symbolic", "device");
     assert_eq!((dev["metrics"]["runs"].as_u64(), dev["unlabelled"].as_u64()), (Some(2), Some(1)));
@@ -262,26 +239,13 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
     let dir = tempfile::tempdir().unwrap();
     let (excerpt, model) = mlp_model(dir.path());
     let out = dir.path().join("cmp");
-    let args = |extra: &[&str]| {
-        let mut v = vec![
-            "compare".to_string(),
-            "--dataset".into(),
-            excerpt.display().to_string(),
-            "--limit".into(),
-            "2".into(),
-            "--no-fake-tensor".into(),
-            "--reuse-traces".into(),
-            "--out".into(),
-            out.display().to_string(),
-            "--ml-model".into(),
-            model.display().to_string(),
-        ];
-        v.extend(extra.iter().map(|s| s.to_string()));
-        v
+    let compare_ml = |data: &Path, extra: &[&str]| {
+        let mut v = vec!["--limit", "2", "--no-fake-tensor", "--reuse-traces", "--ml-model", model.to_str().unwrap()];
+        v.extend_from_slice(extra);
+        memest_compare(data, &out, &v)
     };
     let run = |extra: &[&str]| {
-        let a = args(extra);
-        let (ok, _, err) = memest(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let (ok, _, err) = compare_ml(&excerpt, extra);
         assert!(ok, "{err}");
         err
     };
@@ -300,9 +264,7 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
     // The same rows under another name: known by what they hold (the name was the evidence once).
     let copy = dir.path().join("renamed.csv");
     std::fs::copy(&excerpt, &copy).unwrap();
-    let mut a = args(&[]);
-    a[2] = copy.display().to_string();
-    let (ok, _, err) = memest(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let (ok, _, err) = compare_ml(&copy, &[]);
     assert!(ok && err.contains("ml is null on 2 rows of") && err.contains("trained on them"), "{err}");
     for r in records(&out) {
         let e = r["estimates"]["ml"]["error"].as_str().unwrap_or_default().to_string();
@@ -321,9 +283,7 @@ fn compare_on_a_cluster_backend_scores_what_the_local_backend_scores() {
     for backend in [&["--backend", "local"][..], &["--backend", "slurm", "--submitit-cluster", "debug", "--jobs", "2"]]
     {
         let out = dir.path().join(backend[1]);
-        let mut args = vec!["compare", "--dataset", data.to_str().unwrap(), "--out", out.to_str().unwrap()];
-        args.extend_from_slice(backend);
-        let (ok, _, err) = memest(&args);
+        let (ok, _, err) = memest_compare(&data, &out, backend);
         assert!(ok, "{err}");
         let recs = records(&out);
         estimates.push(recs.iter().map(|r| r["estimates"]["symbolic"]["device_bytes"].clone()).collect::<Vec<_>>());
@@ -333,15 +293,7 @@ fn compare_on_a_cluster_backend_scores_what_the_local_backend_scores() {
     }
     assert_eq!(estimates[0], estimates[1]);
     assert!(estimates[0].iter().all(|v| v.as_f64().is_some()), "{:?}", estimates[0]);
-    let (ok, _, err) = memest(&[
-        "compare",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--out",
-        dir.path().join("x").to_str().unwrap(),
-        "--partition",
-        "gpu",
-    ]);
+    let (ok, _, err) = memest_compare(&data, &dir.path().join("x"), &["--partition", "gpu"]);
     assert!(ok && err.contains("--partition has no effect without --backend slurm"), "{err}");
 }
 
@@ -364,12 +316,10 @@ fn compare_traces_the_job_that_was_run() {
     .unwrap();
     let out = dir.path().join("cmp");
     let compare = |extra: &[&str]| {
-        let mut args = vec!["compare", "--dataset", csv.to_str().unwrap(), "--no-fake-tensor", "--out"];
-        args.push(out.to_str().unwrap());
-        args.extend(extra);
-        let done = Command::new(env!("CARGO_BIN_EXE_memest")).args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&done.stderr).into_owned();
-        assert!(done.status.success(), "{err}");
+        let mut args = vec!["--no-fake-tensor"];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = memest_compare(&csv, &out, &args);
+        assert!(ok, "{err}");
         err
     };
     let err = compare(&[]);
@@ -436,16 +386,7 @@ fn compare_with_every_row_left_out_is_refused() {
     std::fs::write(&data, text.lines().take(3).collect::<Vec<_>>().join("\n") + "\n").unwrap();
     let profile = calibrated_on(dir.path(), "two", &[1, 2]);
     let out = dir.path().join("cmp");
-    let (ok, _, err) = memest(&[
-        "compare",
-        "--dataset",
-        data.to_str().unwrap(),
-        "--profile",
-        profile.to_str().unwrap(),
-        "--exclude-calibrated",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = memest_compare(&data, &out, &["--profile", profile.to_str().unwrap(), "--exclude-calibrated"]);
     assert!(!ok);
     assert!(
         err.contains(

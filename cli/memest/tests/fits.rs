@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::memest;
 use crate::compare_trainer::calibrated_on;
+use crate::support::memest;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -5,6 +5,8 @@ use estimators::ml::modelfile::ModelFile;
 
 use memest_cli::ml::{run, MlArgs};
 
+use crate::support::memest_code;
+
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
@@ -101,9 +103,10 @@ fn cli_misuse_is_a_clear_error() {
     assert!(!std::path::Path::new(&out).exists(), "no model file after a failed train");
 }
 
+/// The memest binary with `args`: its exit code and stderr.
 fn memest_bin(args: &[&str]) -> (i32, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest")).args(args).output().expect("memest runs");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let (code, _, err) = memest_code(args);
+    (code, err)
 }
 
 /// The excerpt with one cell of row 1 replaced.
@@ -291,13 +294,9 @@ fn predict_scores_a_regressor_on_measured_rows_only() {
     let train = ["ml", "train", "--dataset", c, "--model", "forest-reg", "--trees", "5", "--out", m.to_str().unwrap()];
     let (code, err) = memest_bin(&train);
     assert_eq!(code, 0, "{err}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memest"))
-        .args(["ml", "predict", "--model", m.to_str().unwrap(), "--dataset", c, "--json"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, out, err) = memest_code(&["ml", "predict", "--model", m.to_str().unwrap(), "--dataset", c, "--json"]);
+    assert!(code == 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = doc["predictions"].as_array().unwrap();
     // The OOM crashes and 0-MiB rows among the first 200 (those the feature set keeps).
     let left = rows.iter().filter(|r| r["truth"].is_null()).count();

@@ -2,9 +2,9 @@
 //! `compare --out` where the --dataset or the --exclude-runs file lies, each refused naming both
 //! paths, the input kept.
 
-use crate::cli::memest;
 use crate::common::shared;
 use crate::fits::runs_jsonl;
+use crate::support::{memest, memest_compare};
 
 #[test]
 fn an_output_that_is_an_input_is_refused_naming_both() {
@@ -41,7 +41,7 @@ fn an_output_that_is_an_input_is_refused_naming_both() {
     let data = dd.join("runs.csv");
     std::fs::write(&data, &csv).unwrap();
     let (d, out) = (data.to_str().unwrap(), dd.to_str().unwrap());
-    let (ok, _, err) = memest(&["compare", "--dataset", d, "--out", out, "--no-fake-tensor"]);
+    let (ok, _, err) = memest_compare(&data, &dd, &["--no-fake-tensor"]);
     assert!(!ok && err.contains(&format!("--out {out}: its file {out}/runs.csv is the --dataset {d}")), "{err}");
     assert_eq!(std::fs::read_to_string(&data).unwrap(), csv, "the dataset is kept");
     assert!(!dd.join("report.md").exists(), "nothing written");
@@ -50,8 +50,7 @@ fn an_output_that_is_an_input_is_refused_naming_both() {
     let elsewhere = dir.path().join("two.csv");
     std::fs::write(&elsewhere, &csv).unwrap();
     let x = exclude.to_str().unwrap();
-    let (ok, _, err) =
-        memest(&["compare", "--dataset", elsewhere.to_str().unwrap(), "--exclude-runs", x, "--out", out]);
+    let (ok, _, err) = memest_compare(&elsewhere, &dd, &["--exclude-runs", x]);
     assert!(!ok && err.contains(&format!("its file {x} is the --exclude-runs file {x}")), "{err}");
     assert_eq!(std::fs::read_to_string(&exclude).unwrap(), text, "the runs are kept");
 }

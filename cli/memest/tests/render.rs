@@ -1,7 +1,8 @@
 //! `memest render` words only a verdict its numbers agree with: on the safe number, the need is
 //! the headline's `safe_mib`, and that is never below its point.
 
-use crate::cli::{inputs, memest_code};
+use crate::cli::inputs;
+use crate::support::memest_code;
 
 #[test]
 fn a_safe_number_not_the_need_or_below_the_point_is_refused() {

@@ -16,6 +16,8 @@ mod ml_utilization;
 mod outputs;
 /// `memest render` refuses verdict numbers that contradict each other.
 mod render;
+/// Running the memest binary (`memest`, `memest_compare`) and reading what compare wrote.
+mod support;
 
 /// Shared-data and venv paths (failing loudly) and trace builders, from the estimators' tests.
 #[path = "../../../estimators/tests/common.rs"]
