@@ -31,6 +31,14 @@ def nothing_on_the_gpu(what: str) -> UserError:
     )
 
 
+def check_batch_size(batch_size: int) -> None:
+    """The one check of a batch size every command makes (`--model`, `--entry`, `--step`,
+    `symtrace`, `fake-tensor`, `run`): below 1 is refused naming the flag, before anything is
+    built (a batch of 0 divided by zero in the features, one of -3 reached the user's code)."""
+    if not is_integer(batch_size) or batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: expected a positive integer")
+
+
 def is_integer(v: object) -> bool:
     """An int that is not a bool (YAML's and JSON's `true` is one), as user input is checked."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -112,7 +120,8 @@ class ModelFailedError(UserError):
 
 
 class EntryFailedError(UserCodeError, ModelFailedError):
-    """A `ModelFailedError` of the user's own model, with their frames."""
+    """A `ModelFailedError` of the user's own model, with their frames: an `--entry`'s model
+    in the tracer's loop, or a `--step` function's step() (not its builder)."""
 
 
 def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Exception) -> UserError:

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.workload import Workload, call_model
 
 
@@ -147,8 +147,8 @@ def check_config(config: dict[str, Any]) -> int:
     if len(sources) != 1:
         raise UserError("exactly one of --model, --entry or --gpumemnet-row is required")
     batch = config.get("batch_size")
-    if batch is not None and (not isinstance(batch, int) or batch < 1):
-        raise UserError(f"--batch-size {batch}: expected a positive integer")
+    if batch is not None:
+        check_batch_size(batch)
     if sources[0] == "gpumemnet_row":
         _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
         batch = row_batch if batch is None else batch

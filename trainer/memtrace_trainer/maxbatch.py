@@ -216,6 +216,32 @@ def _first_size(
     return 1
 
 
+def _failed_after(
+    e: UserError, probes: dict[int, dict[str, Any]], label: str, axis: str, step: int
+) -> None:
+    """A probe that failed once smaller ones fitted (a builder that refuses sizes past its own
+    cap): raised again saying which size was probed and the largest that fitted, so the
+    answer up to there is not lost in the error."""
+    fitted = [b for b, p in probes.items() if p["fits"]]
+    if fitted:
+        raise UserError(f"{label} failed, after {axis} {max(fitted) * step} fitted (the largest "
+                        f"so far): {e}") from e  # fmt: skip
+
+
+def _same_need(probes: dict[int, dict[str, Any]], command: str, axis: str, step: int) -> None:
+    """The search ran to its limit with every probe needing the same bytes: the job does not
+    depend on the searched size (a step builder that ignores its batch_size), so the answer is
+    the limit's, not memory's."""
+    needs = {(p["peak_allocated_bytes"], p["peak_reserved_bytes"]) for p in probes.values()}
+    if len(probes) > 1 and len(needs) == 1:
+        low, high = min(probes) * step, max(probes) * step
+        same = next(iter(needs))[0] / MIB
+        warn(f"{command}: every probe, {axis} {low} to {high}, needs the same {same:.1f} MiB "
+             f"allocated: the need never changed with the {axis}, so the search found no "
+             f"dependence on it and answers its limit (does the job use the {axis} it is "
+             "given?)")  # fmt: skip
+
+
 def max_batch(
     trace_at: TraceAt,
     iterations: int,
@@ -242,7 +268,11 @@ def max_batch(
             if batch in probes:
                 return bool(probes[batch]["fits"])
             label = f"{command}: {axis} {batch * step}"
-            result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label)
+            try:
+                result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label)
+            except UserError as e:
+                _failed_after(e, probes, label, axis, step)
+                raise
             defaults.update(result.pop("defaults"))
             probes[batch] = {"batch": batch, **result}
             return bool(result["fits"])
@@ -277,6 +307,8 @@ def max_batch(
                         f"moves with the shapes); {SCAN_BEYOND} of them were probed, and those "
                         f"from {unprobed * step} up were not: a larger one may fit"
                     )
+    if hit_limit:
+        _same_need(probes, command, axis, step)
     # When nothing fits, the need is the smallest probe's: how far the job is from fitting.
     shown = probes[best] if best else probes[min(probes)]
     return {

@@ -167,6 +167,34 @@ def test_exit_status_of_failed_configs(tmp_path: Path) -> None:
     assert done.returncode == 2 and "1 of 1 configs failed" in done.stderr
 
 
+# Every command that takes --batch-size with --entry (or --step): 0 divided by zero in the
+# features ("internal error"), -3 reached the user's code, and max-seq and min-world-size answered
+# "at batch 0". `estimate --model` and `symtrace` refused it already: one check for all.
+BATCHED = [
+    ["estimate", "--entry", "entry_failures:sized"],
+    ["estimate", "--model", MLP],
+    ["estimate", "--step", "step_examples:sized"],
+    ["estimate", "--step", "step_examples:default_adamw"],  # takes none: refused, not "no effect"
+    ["max-seq", "--entry", "entry_failures:sized"],
+    ["min-world-size", "--entry", "entry_failures:sized", "--strategy", "ddp"],
+    ["symtrace", "--entry", "entry_failures:sized", "--out", "{tmp}/t.jsonl"],
+    ["run", "--entry", "entry_failures:sized", "--device", "cpu", "--out", "{tmp}/r"],
+    ["fake-tensor", "--entry", "entry_failures:sized"],
+]
+
+
+@pytest.mark.parametrize("bad", ["0", "-3"])
+@pytest.mark.parametrize("args", BATCHED, ids=lambda a: " ".join(a[:3]))
+def test_a_batch_below_one_is_refused_by_every_command(
+    tmp_path: Path, args: list[str], bad: str
+) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = cli(*args, f"--batch-size={bad}", check=False)
+    refused(done, f"error: --batch-size {bad}: expected a positive integer")
+    assert "warning" not in done.stderr, done.stderr  # refused before anything else is said
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_batch_size_zero_is_refused_not_taken_for_unset(tmp_path: Path) -> None:
     done = cli("fake-tensor", "--gpumemnet-row", ROW, "--batch-size", "0", check=False)
     refused(done, "--batch-size 0: expected a positive integer")
@@ -193,6 +221,13 @@ def test_flags_without_effect_are_warned(tmp_path: Path) -> None:
                "--out-dir", str(tmp_path / "nodir"), "--array-parallelism", "3")  # fmt: skip
     assert "--out-dir has no effect" in done.stderr and "--array-parallelism" in done.stderr
     assert not (tmp_path / "nodir").exists()
+    # A Slurm array run on this machine takes no partition, as `launch` says of its own (it was
+    # taken in silence); the array's task count is still --array-parallelism's.
+    done = symtrace(tmp_path, batch, "--backend", "slurm", "--submitit-cluster", "debug",
+                    "--partition", "gpu", "--array-parallelism", "2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = "--partition has no effect: --submitit-cluster debug runs the array on this machine"
+    assert said in done.stderr and "--array-parallelism has" not in done.stderr, done.stderr
 
 
 def test_fake_tensor_says_its_defaults(tmp_path: Path) -> None:

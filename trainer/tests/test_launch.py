@@ -390,8 +390,11 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
     [
         ("models: [torchvision:nosuch]\nbatch_sizes: [2]\n",
          "run 0 (torchvision:nosuch): unknown torchvision model 'nosuch' in spec"),
-        ("models: [{entry: 'nosuch_module:make'}]\n", "run 0 (nosuch_module:make): entry "
-         "'nosuch_module:make': cannot import 'nosuch_module'"),
+        ("models: [{entry: 'nosuch_module:make', batch_size: 2}]\n", "run 0 (nosuch_module:make): "
+         "entry 'nosuch_module:make': cannot import 'nosuch_module'"),
+        # An entry as a model: it trained at batch 1, the dataclass default, in silence.
+        ("models: [{entry: 'entry_failures:sized'}]\nrun: {iterations: 1}\n",
+         ": 1 run has no batch_size (run 0: entry_failures:sized)"),
         ("models: [torchvision:resnet18, torchvision:resnet34]\nrun: {iterations: 1}\n",
          "2 runs have no batch_size (run 0: torchvision:resnet18)"),
         ("models: [torchvision:resnet18]\nrun: {iterations: 1}\n",
@@ -403,8 +406,8 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
 def test_launch_refuses_what_every_run_would_fail_on_up_front(
     tmp_path: Path, sweep_text: str, said: str
 ) -> None:
-    """A model spec that does not build, an entry that does not import, a model without a batch
-    size (it ran at batch 1; `run` requires --batch-size): refused before any run, by --dry-run
+    """A model spec that does not build, an entry that does not import, a model or an entry
+    without a batch size (it ran at batch 1; `run` requires --batch-size): refused before any run, by --dry-run
     too, and nothing is written."""
     sweep = tmp_path / "s.yaml"
     sweep.write_text(sweep_text)

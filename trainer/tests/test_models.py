@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import textwrap
 from pathlib import Path
 
@@ -196,6 +197,11 @@ def test_unknown_specs_are_user_errors() -> None:
         ("hf:nope", "unknown Hugging"),
         ("what", "unknown model spec"),
         ("synthetic:{", "not JSON"),
+        # As `sample` says it, not Python's `MLPConfig.__init__() missing 1 required ...`.
+        (
+            'synthetic:{"family":"mlp","input_size":8,"output_size":2}',
+            re.escape("mlp config needs ['depth'] (no default)"),
+        ),
     ]:
         with pytest.raises(UserError, match=msg):
             build_workload(spec, 1)

@@ -108,16 +108,24 @@ def test_errors_are_clean_and_leave_nothing(tmp_path: Path) -> None:
 
     out = tmp_path / "r"
     check(["--model", MLP, "--out", str(out)], "--batch-size is required")
+    # An entry too, as `estimate --entry` refuses it: it trained at batch 1 in silence, warned
+    # about a --batch-size 1 never given, and named the run "b1" whatever its real batch.
+    check(["--entry", "entry_failures:sized", "--out", str(out)],
+          "--batch-size is required with --model and --entry")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--device", "cuda", "--out", str(out)],
           "--device cuda: no CUDA device")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--nvml-hz", "2", "--out", str(out)], "nvml_hz")
-    check(["--entry", "entry_failures:broken", "--out", str(out)], "injected failure")
-    # The folders made for a run that fails go with it.
-    check(["--entry", "entry_failures:broken", "--out", str(tmp_path / "new" / "r")],
+    check(["--entry", "entry_failures:broken", "--batch-size", "2", "--out", str(out)],
           "injected failure")  # fmt: skip
+    # The folders made for a run that fails go with it.
+    check(["--entry", "entry_failures:broken", "--batch-size", "2", "--out",
+           str(tmp_path / "new" / "r")], "injected failure")  # fmt: skip
     # Accepted silently before: a batch of 0 trained at 1, an unknown profile was recorded, a
     # shape the generator's MLP cannot take failed inside torch.
-    check(["--model", MLP, "--batch-size", "0", "--out", str(out)], "batch_size 0: expected")
+    check(
+        ["--model", MLP, "--batch-size", "0", "--out", str(out)],
+        "--batch-size 0: expected a positive integer",
+    )
     check(["--model", MLP, "--batch-size", "2", "--profile", "no-such-gpu", "--out", str(out)],
           "--profile no-such-gpu: profile \"no-such-gpu\" not found")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--input-shape", "3,9,9", "--out", str(out)],

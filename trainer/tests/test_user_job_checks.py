@@ -114,3 +114,102 @@ def test_a_search_of_a_job_on_the_cpu_is_refused_as_its_estimate_is(
     done = cli("max-batch", "--step", "cpu_steps:sized", "--limit", "64", check=False)
     assert done.returncode == 2, done.stdout
     assert "nothing was allocated on the GPU in the traced steps" in done.stderr
+
+
+STEPS = """\
+import torch
+from torch import nn
+
+
+def batch_norm(device, batch_size):
+    m = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32)).to(device)
+    x = torch.randn(batch_size, 16, device=device)
+    return lambda: m(x).sum().backward()
+
+
+def fixed(device, batch_size):
+    m = nn.Linear(64, 64).to(device)
+    x = torch.randn(8, 64, device=device)  # the batch given is never used
+    return lambda: m(x).sum().backward()
+
+
+def capped(device, batch_size):
+    if batch_size > 4:
+        raise ValueError("my loader takes at most 4")
+    m = nn.Linear(64, 64).to(device)
+    x = torch.randn(batch_size, 64, device=device)
+    return lambda: m(x).sum().backward()
+
+
+def second_gpu(device):
+    m = nn.Linear(64, 64).to("cuda:1")
+    return lambda: m(torch.randn(4, 64, device="cuda:1")).sum().backward()
+
+
+def second_gpu_by_index(device):
+    m = nn.Linear(64, 64).cuda()
+    return lambda: m(torch.randn(4, 64).to(1)).sum().backward()
+"""
+
+
+def _steps(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "job_steps.py").write_text(STEPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_step_pytorch_refuses_at_batch_1_is_searched_from_2_as_an_entry_is(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """BatchNorm refuses one value per channel: `max-batch --entry` started at 2, `--step`
+    failed at its first probe (exit 2), its step's error not taken for the model's refusal."""
+    _steps(tmp_path, monkeypatch)
+    for source in (["--step", "job_steps:batch_norm"], ["--entry", "entry_example:batch_norm"]):
+        done = cli("max-batch", *source, "--limit", "4", "--steps", "1", "--json")
+        data = json.loads(done.stdout)
+        assert data["max_batch"] == 4 and [p["batch"] for p in data["probes"]] == [2, 4], data
+        said = [w for w in data["warnings"] if "starts at batch 2" in w]
+        assert said and "(ValueError: Expected more than 1 value per" in said[0], data["warnings"]
+
+
+def test_a_search_whose_need_never_changes_says_so(tmp_path: Path, monkeypatch: Any) -> None:
+    """A builder that ignores its batch_size: every probe needed the same bytes, and the answer
+    was the --limit, as if memory had allowed it."""
+    _steps(tmp_path, monkeypatch)
+    data = json.loads(cli("max-batch", "--step", "job_steps:fixed", "--limit", "8", "--steps",
+                          "1", "--json").stdout)  # fmt: skip
+    assert data["max_batch"] == 8 and data["hit_limit"], data
+    said = [w for w in data["warnings"] if "the need never changed with the batch" in w]
+    assert said and "every probe, batch 1 to 8, needs the same" in said[0], data["warnings"]
+    # One that grows with the batch is not said to.
+    data = json.loads(cli("max-batch", "--step", "job_steps:capped", "--limit", "4", "--steps",
+                          "1", "--json").stdout)  # fmt: skip
+    assert not any("never changed" in w for w in data["warnings"]), data["warnings"]
+
+
+def test_a_builder_failing_partway_through_a_search_says_where(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A step builder that refuses batches past its own cap failed the search with its error
+    alone: which batch was probed, and what had fitted, was lost."""
+    _steps(tmp_path, monkeypatch)
+    done = cli("max-batch", "--step", "job_steps:capped", "--steps", "1", check=False)
+    assert done.returncode == 2, done.stdout
+    assert "max-batch: batch 8 failed, after batch 4 fitted (the largest so far): --step " in (
+        done.stderr
+    ), done.stderr
+    assert "my loader takes at most 4" in done.stderr and "job_steps.py:" in done.stderr
+
+
+def test_a_second_gpu_is_refused_as_a_one_gpu_machine_refuses_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`cuda:1` where torch.cuda.device_count() answers 1 was folded onto the one GPU in
+    silence: a model split over two GPUs was estimated as one GPU's job."""
+    _steps(tmp_path, monkeypatch)
+    for fn in ("second_gpu", "second_gpu_by_index"):
+        done = cli("symtrace", "--step", f"job_steps:{fn}", "--out", str(tmp_path / "t.jsonl"),
+                   check=False)  # fmt: skip
+        assert done.returncode == 2, done.stdout
+        assert "your code uses cuda:1 (at " in done.stderr and "job_steps.py:" in done.stderr
+        assert "invalid device ordinal" in done.stderr, done.stderr
+        assert not (tmp_path / "t.jsonl").exists()

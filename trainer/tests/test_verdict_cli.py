@@ -139,3 +139,40 @@ def test_max_batch_of_a_model_batchnorm_refuses_at_batch_1_starts_at_2() -> None
     # Nothing past batch 1 to search: PyTorch's refusal is the answer.
     one = cli(*args, "--limit", "1", check=False)
     assert one.returncode == 2 and "PyTorch refused to train it at batch 1" in one.stderr
+
+
+def test_ml_model_is_said_where_it_has_no_effect_and_checked_where_it_has(
+    tmp_path: Path,
+) -> None:
+    """`--ml-model` with --step was dropped in silence (the ML estimate needs the features a step
+    does not expose); with --model a missing file failed in memest after the trace, in words
+    naming no flag."""
+    done = cli("estimate", "--step", "step_examples:default_adamw", "--ml-model",
+               str(tmp_path / "none.json"), "--no-fake-tensor", "--json")  # fmt: skip
+    said = json.loads(done.stdout)["warnings"]
+    assert any(w.startswith("--ml-model has no effect with --step") for w in said), said
+    for path, found in ((tmp_path / "none.json", "no such file"), (tmp_path, "a folder")):
+        done = cli("estimate", "--model", MLP, "--batch-size", "2", "--ml-model", str(path),
+                   check=False)  # fmt: skip
+        assert done.returncode == 2, done.stdout
+        assert f"error: --ml-model {path}: {found}; expected a trained ML model" in done.stderr
+
+
+def test_steps_and_its_alias_iterations_with_two_values_are_refused() -> None:
+    """`--steps 2 --iterations 4` set one setting twice, and the last one was taken in silence."""
+    args = ["estimate", "--model", MLP, "--batch-size", "2", "--json"]
+    done = cli(*args, "--steps", "2", "--iterations", "4", check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert "--steps 2 and --iterations 4 conflict: they are one setting (aliases)" in done.stderr
+    # One value twice is no conflict, nor is one flag given twice (argparse's last one wins).
+    for steps in (["--steps", "1", "--iterations", "1"], ["--steps", "3", "--steps", "1"]):
+        assert json.loads(cli(*args, *steps).stdout)["inputs"]["iterations"] == 1
+
+
+def test_a_flag_without_effect_is_named_as_typed() -> None:
+    """`--no-kbit-prepare` beside --step was warned about as `--kbit-prepare`, a flag that does
+    not exist."""
+    done = cli("estimate", "--step", "step_examples:default_adamw", "--no-kbit-prepare",
+               "--no-fake-tensor", "--json")  # fmt: skip
+    said = json.loads(done.stdout)["warnings"]
+    assert "--no-kbit-prepare has no effect with --step: your code decides" in said, said

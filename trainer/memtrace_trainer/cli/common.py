@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.symtrace.deepspeed import bucket_size_arg
 
 
@@ -66,6 +66,26 @@ def steps_default(args: dict[str, Any], steps: int) -> dict[str, Any]:
     return {"iterations": {"value": steps, "why": STEPS_WHY}}
 
 
+class _OneOfAliases(argparse._StoreAction):
+    """A flag with aliases (`--steps`/`--iterations`): both given with different values is
+    refused (argparse kept the last one silently); the same flag given again is argparse's own
+    last-one-wins."""
+
+    # The alias that set the value last, by the namespace it was set in (one parse at a time).
+    _last: tuple[int, str | None] = (0, None)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        last, flag = self._last
+        if before is not None and last == id(namespace) and flag != option_string:
+            if before != values:
+                raise argparse.ArgumentError(self, f"{flag} {before} and {option_string} "
+                                             f"{values} conflict: they are one setting (aliases); "
+                                             "give one")  # fmt: skip
+        self._last = (id(namespace), option_string)
+        setattr(namespace, self.dest, values)
+
+
 def step_args(p: argparse.ArgumentParser) -> None:
     """The training step: optimizer, precision, checkpointing, accumulation, traced steps."""
     p.add_argument(
@@ -97,6 +117,7 @@ def step_args(p: argparse.ArgumentParser) -> None:
         dest="iterations",
         type=int,
         default=None,
+        action=_OneOfAliases,
         help=f"training steps traced (default {STEP_FN_STEPS} with --step or --script, "
         f"{MODEL_STEPS} otherwise, the setting the profiles are calibrated with)",
     )
@@ -197,6 +218,25 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def outside_slurm(cluster: str | None, given: list[tuple[str, Any]]) -> list[str]:
+    """The warnings of the Slurm-only flags `given` (flag, value) under a `--submitit-cluster`
+    that runs the array on this machine (`launch` and `symtrace --backend slurm` alike):
+    submitit hands them to sbatch alone."""
+    if cluster not in ("local", "debug"):
+        return []
+    return [f"{flag} has no effect: --submitit-cluster {cluster} runs the array on this "
+            "machine, outside Slurm" for flag, value in given if value is not None]  # fmt: skip
+
+
+# The flags whose destination is not their name (store_false), as a message names them: as typed.
+FLAG_OF = {"kbit_prepare": "--no-kbit-prepare"}
+
+
+def flag_of(dest: str) -> str:
+    """The flag the user typed to set `dest`."""
+    return FLAG_OF.get(dest, "--" + dest.replace("_", "-"))
+
+
 def tune_from(args: dict[str, Any]) -> Any:
     """The `Tune` (task, attention, regime) of the parsed flags; the regime is checked here so
     a contradiction is reported before anything is built."""
@@ -294,8 +334,7 @@ def resolve_steps(args: dict[str, Any]) -> int:
         for key in LOOP_FLAGS:
             value = args.get(key)
             if key not in taken and value is not None and value != defaults.get(key, None):
-                flag = "--" + key.replace("_", "-")
-                notes.warn(f"{flag} has no effect with {what}: your code decides")
+                notes.warn(f"{flag_of(key)} has no effect with {what}: your code decides")
     steps = args.get("iterations")
     if steps is None:
         return STEP_FN_STEPS if args.get("step") or args.get("script") else MODEL_STEPS
@@ -332,11 +371,18 @@ def entry_workload(
     return workload
 
 
+def _given_batch(args: dict[str, Any]) -> None:
+    """`--batch-size` checked before anything is built or traced, by every command alike."""
+    if args.get("batch_size") is not None:
+        check_batch_size(args["batch_size"])
+
+
 def workloads(args: dict[str, Any]) -> Callable[[int], Any]:
     """Batch size -> a fresh workload of `--model` or `--entry` with the parsed sizes and
     regime (each trace consumes one)."""
     from memtrace_trainer.models.zoo import build_workload
 
+    _given_batch(args)
     tune = tune_from(args)
     seq, shape, classes = args.get("seq_len"), args.get("input_shape"), args.get("num_classes")
     if args.get("entry"):
@@ -350,6 +396,7 @@ def workloads_by_seq(args: dict[str, Any]) -> Callable[[int, int], Any]:
     """(batch size, sequence length) -> a fresh workload of `--model` or `--entry`."""
     from memtrace_trainer.models.zoo import build_workload
 
+    _given_batch(args)
     tune = tune_from(args)
     classes = args.get("num_classes")
     if args.get("entry"):

@@ -28,7 +28,7 @@ from memtrace_trainer.cli.common import (
     workloads,
     workloads_by_seq,
 )
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 
 # `max-seq --limit`'s default.
@@ -222,6 +222,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         if Path(args.report).suffix.lower() not in (".html", ".htm"):
             raise UserError(f"--report {args.report}: expected a file name ending in .html "
                             "or .htm (the page is HTML)")  # fmt: skip
+    _ml_model(args)
     if args.script:
         if args.no_fake_tensor:
             notes.warn("--no-fake-tensor has no effect with --script: the FakeTensor baseline "
@@ -252,6 +253,22 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         report=args.report,
         with_fake_tensor=not args.no_fake_tensor,
     )
+
+
+def _ml_model(args: argparse.Namespace) -> None:
+    """`--ml-model`: read by memest with the model's features, which a step function or a
+    script does not expose (said to have no effect there); otherwise a file that is there,
+    checked before the trace (memest's "No such file" named no flag, after minutes)."""
+    if args.ml_model is None:
+        return
+    if args.step or args.script:
+        what = "--step" if args.step else "--script"
+        notes.warn(f"--ml-model has no effect with {what}: the ML estimate needs the model's "
+                   "features, which your code does not expose")  # fmt: skip
+    elif not args.ml_model.is_file():
+        found = "a folder" if args.ml_model.is_dir() else "no such file"
+        raise UserError(f"--ml-model {args.ml_model}: {found}; expected a trained ML model "
+                        "file (memest ml train)")  # fmt: skip
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -378,6 +395,7 @@ def _max_seq(args: argparse.Namespace) -> int:
 
     _searched(args, "max-seq", "seq_len", "the sequence length", "--limit caps it, "
               "--multiple-of sets its steps")  # fmt: skip
+    check_batch_size(args.batch_size)
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)
     if args.entry:
@@ -463,6 +481,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import min_world_size
     from memtrace_trainer.symtrace.tracer import trace_to_file
 
+    check_batch_size(args.batch_size)
     if args.strategy is None:
         raise UserError("min-world-size needs --strategy (fsdp2, ddp, ...): how the job shards")
     if args.world_size is not None:

@@ -19,7 +19,7 @@ from memtrace_trainer.batchfile import (
     warnings_of,
 )
 from memtrace_trainer.cli.common import model_source, print_defaults, shape_args
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 
 MIB = 1 << 20
 SHAPE_KEYS = ("batch_size", "input_shape", "seq_len", "num_classes")
@@ -76,8 +76,8 @@ def _fake_one(config: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     # 0 is no "not given": a GPUMemNet row's own batch was taken for it.
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size}: expected a positive integer")
+    if args.batch_size is not None:
+        check_batch_size(args.batch_size)
     if args.batch is None:
         result = _fake_one(vars(args))
         result["warnings"] = notes.collected()

@@ -24,6 +24,7 @@ from memtrace_trainer.cli.common import (
     finetune_args,
     model_args,
     model_source,
+    outside_slurm,
     print_defaults,
     resolve_steps,
     script_args,
@@ -34,7 +35,7 @@ from memtrace_trainer.cli.common import (
     tune_from,
     workloads,
 )
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
@@ -290,9 +291,9 @@ def _no_effect(args: argparse.Namespace, flags: list[str], why: str) -> None:
 def _symtrace(args: argparse.Namespace) -> int:
     if args.backend != "local" and args.batch is None:
         raise UserError(f"--backend {args.backend} traces a --batch of configs; give --batch FILE")
-    if args.batch_size is not None and args.batch_size < 1:
+    if args.batch_size is not None:
         # Before any line is read: the command line's batch is every line's default.
-        raise UserError(f"--batch-size {args.batch_size}: expected a positive integer")
+        check_batch_size(args.batch_size)
     if args.batch is None:
         _symtrace_single(args)
         return 0
@@ -313,6 +314,11 @@ def _symtrace(args: argparse.Namespace) -> int:
     _no_effect(args, ["json"], "with --batch: every config's result is a JSON line")
     if args.backend == "local":
         _no_effect(args, list(SLURM_FLAGS), "without --backend slurm")
+    else:
+        # launch's check; --array-parallelism stays: the configs are split into that many
+        # tasks, which a local array runs at once.
+        for said in outside_slurm(args.submitit_cluster, [("--partition", args.partition)]):
+            notes.warn(said)
     items = [(c.name, defaults | c.values | {OWN: sorted(c.own)},
               str(args.out_dir / output_file(c.name, ".jsonl"))) for c in configs]  # fmt: skip
     results: Iterable[dict[str, Any]]

@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.notes import counted, warn
 
 Handler = Callable[[argparse.Namespace], int | None]
@@ -28,7 +28,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     src = r.add_mutually_exclusive_group()
     src.add_argument("--model", help="model spec (as symtrace)")
     src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (as symtrace)")
-    r.add_argument("--batch-size", type=int, help="samples per step (required with --model)")
+    r.add_argument("--batch-size", type=int, help="samples per step (required)")
     r.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     r.add_argument("--seq-len", type=int, help="sequence length of token models")
     r.add_argument("--num-classes", type=int, help="classifier width (default: the model's)")
@@ -112,12 +112,15 @@ def _config_from_args(args: argparse.Namespace) -> object:
 
     if not args.model and not args.entry:
         raise UserError("one of --model or --entry is required")
-    if args.model and args.batch_size is None:
-        raise UserError("--batch-size is required with --model")
+    if args.batch_size is None:
+        # As `estimate` refuses it: an entry left without one trained at batch 1, said to be
+        # a --batch-size the user never gave, under a run id of "b1".
+        raise UserError("--batch-size is required with --model and --entry")
+    check_batch_size(args.batch_size)
     cfg = RunConfig(
         model=args.model,
         entry=args.entry,
-        batch_size=1 if args.batch_size is None else args.batch_size,
+        batch_size=args.batch_size,
         input_shape=args.input_shape,
         seq_len=args.seq_len,
         num_classes=args.num_classes,
@@ -230,12 +233,11 @@ def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
         given = [("--workers", args.workers)]
         why = "--backend slurm runs one array task per run"
     said = [f"{flag} has no effect: {why}" for flag, v in given if v is not None]
-    cluster = args.submitit_cluster
-    if args.backend == "slurm" and cluster in ("local", "debug"):
-        # submitit hands the partition and the array limit to sbatch alone.
-        said += [f"{flag} has no effect: --submitit-cluster {cluster} runs the array on this "
-                 "machine, outside Slurm" for flag, v in (("--partition", args.partition),
-                 ("--array-parallelism", args.array_parallelism)) if v is not None]  # fmt: skip
+    if args.backend == "slurm":
+        from memtrace_trainer.cli.common import outside_slurm
+
+        said += outside_slurm(args.submitit_cluster, [("--partition", args.partition),
+                              ("--array-parallelism", args.array_parallelism)])  # fmt: skip
     return said
 
 

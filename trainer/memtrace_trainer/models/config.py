@@ -104,6 +104,14 @@ def families() -> dict[str, type[ModelConfig]]:
     return {c.family: c for c in (MLPConfig, CNNConfig, TransformerConfig)}
 
 
+def missing_fields(cls: type, given: Any) -> list[str]:
+    """The fields of the config class `cls` that have no default and are not in `given`: what
+    `sample` and a `synthetic:` spec both say a config needs."""
+    unset = dataclasses.MISSING
+    return [f.name for f in dataclasses.fields(cls)
+            if f.name not in given and unset is f.default is f.default_factory]  # fmt: skip
+
+
 def from_dict(data: dict[str, Any]) -> ModelConfig:
     """Inverse of `ModelConfig.to_dict`, with the family choosing the class."""
     classes = families()
@@ -122,6 +130,10 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
         raise InvalidConfig(
             f"{family} config has unknown fields {unknown}: expected {sorted(names)}"
         )
+    missing = missing_fields(cls, data)
+    if missing:
+        # Python's words named its constructor (`MLPConfig.__init__() missing 1 required ...`).
+        raise InvalidConfig(f"{family} config needs {missing} (no default)")
     try:
         config = cls(**data)
     except TypeError as e:

@@ -30,6 +30,7 @@ from memtrace_trainer.models.config import (
     ModelConfig,
     families,
     from_dict,
+    missing_fields,
 )
 from memtrace_trainer.notes import warn
 
@@ -137,10 +138,7 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
     if unknown:
         raise UserError(f"{source}: fields {unknown} are not {family} config fields: expected "
                         f"some of {sorted(known)}")  # fmt: skip
-    unset = dataclasses.MISSING
-    missing = [
-        n for n, f in known.items() if n not in fields and unset is f.default is f.default_factory
-    ]
+    missing = missing_fields(cls, fields)
     if missing:
         raise UserError(f"{source}: fields: a {family} config needs {missing} (no default)")
     choices = _choices(family)

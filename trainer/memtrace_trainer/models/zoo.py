@@ -14,7 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from memtrace_trainer.dtypes import name_of
-from memtrace_trainer.errors import UserCodeError, UserError, is_integer, json_object
+from memtrace_trainer.errors import (
+    UserCodeError,
+    UserError,
+    check_batch_size,
+    is_integer,
+    json_object,
+)
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.finetune import Regime
@@ -215,8 +221,7 @@ def build_workload(
     """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
     `gpumemnet:FILENAME` or `synthetic:{json config}`, built on `device` (meta unless a real
     run or the FakeTensor baseline asks for another)."""
-    if batch_size < 1:
-        raise UserError(f"--batch-size {batch_size}: expected a positive integer")
+    check_batch_size(batch_size)
     for classes in (num_classes, (tune or Tune()).num_classes):
         if classes is not None and classes < 1:
             raise UserError(f"--num-classes {classes}: expected a positive integer")
@@ -397,6 +402,7 @@ def load_entry(
     """A user's training step: `package.module:function` returning (model, (inputs, target),
     loss_fn). The function runs with `device` (meta unless a real run asks for another) as the
     default device and may take `batch_size` and `seq_len`."""
+    check_batch_size(batch_size)  # before the user's code sees it
     func = user_function(entry, "--entry")
     func_name = entry.partition(":")[2]
     params = inspect.signature(func).parameters

@@ -199,18 +199,16 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
     items = [
         Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)
     ]
-    # A model run left without one trained at batch 1, the dataclass default; `run` refuses it.
-    unsized = [
-        (i, r)
-        for i, r in enumerate(raw)
-        if r.get("model") is not None and r.get("batch_size") is None
-    ]
+    # A run left without one trained at batch 1, the dataclass default; `run` refuses it (an
+    # entry's too: `estimate --entry` requires --batch-size).
+    unsized = [(i, r) for i, r in enumerate(raw) if r.get("batch_size") is None]
     if unsized:
         i, r = unsized[0]
         raise UserError(f"{source}: {counted(len(unsized), 'run')} "
                         + ("has" if len(unsized) == 1 else "have")
                         + f" no batch_size (run {i}: "
-                        f"{r['model']}); give batch_size in run, in batch_sizes, or in the "
+                        f"{r.get('model') or r.get('entry')}); give batch_size in run, in "
+                        "batch_sizes, or in the "
                         "models item")  # fmt: skip
     return items
 

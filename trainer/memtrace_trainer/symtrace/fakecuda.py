@@ -32,6 +32,34 @@ def _is_cuda(v: Any) -> bool:
     return isinstance(v, str) and v.split(":", 1)[0] == "cuda"
 
 
+# The GPUs the traced program sees (`torch.cuda.device_count()`): one, rank 0's.
+DEVICES = 1
+
+
+def one_gpu(v: Any) -> None:
+    """Refuse a CUDA device past the one the program sees (`cuda:1` where device_count() is 1),
+    as a one-GPU machine does ("invalid device ordinal"), rather than fold it onto device 0 and
+    count a model split over two GPUs as one GPU's. `v`: a device, its name or an index."""
+    if isinstance(v, str) and _is_cuda(v):
+        v = torch.device(v)
+    index = v.index if isinstance(v, torch.device) and v.type == "cuda" else v
+    if type(index) is not int or 0 <= index < DEVICES:
+        return
+    import traceback
+
+    from memtrace_trainer.errors import is_user_file
+
+    mine = [f for f in traceback.extract_stack() if is_user_file(f.filename)]
+    at = f" (at {mine[-1].filename}:{mine[-1].lineno})" if mine else ""
+    raise UserError(
+        f"your code uses cuda:{index}{at}, but the traced machine has one GPU "
+        f'(torch.cuda.device_count() is {DEVICES}): a one-GPU run fails there with "CUDA '
+        'error: invalid device ordinal"; memtrace traces one GPU: use "cuda" or the '
+        "`device` argument (a job sharded over several GPUs is traced as its rank 0: "
+        "--world-size N)"
+    )
+
+
 class DeviceMap(TorchFunctionMode):
     """`"cuda"` in the user's code is the tracer's device."""
 
@@ -40,6 +68,7 @@ class DeviceMap(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
+            one_gpu(args[1] if len(args) > 1 else kwargs.get("device"))
             return args[0].to(META)
         if func is torch.Tensor.to and _to_host(args, kwargs):
             return _zeros_on_host(args[0])
@@ -54,8 +83,10 @@ class DeviceMap(TorchFunctionMode):
             _tag(out, (not value) if func in _NEGATE else value)
             return out
         if _is_cuda(kwargs.get("device")):
+            one_gpu(kwargs["device"])
             kwargs = {**kwargs, "device": META}
         if func is torch.Tensor.to:
+            one_gpu(args[1] if len(args) > 1 else None)  # `x.to(1)`, `x.to("cuda:1")`
             # `x.to(0)` names CUDA device 0; any other int is a dtype-free positional elsewhere.
             args = tuple(
                 META if _is_cuda(a) or (i == 1 and type(a) is int) else a
@@ -376,7 +407,7 @@ class CudaShim:
             "is_available": lambda: True,
             "device_count": lambda: 1,
             "current_device": lambda: 0,
-            "set_device": lambda device: None,
+            "set_device": one_gpu,
             "synchronize": lambda device=None: None,
             "get_device_name": lambda device=None: p.gpu,
             "get_device_capability": lambda device=None: p.compute_capability,
@@ -473,6 +504,7 @@ def _device_context(rec: Recorder) -> Callable[..., Any]:
         self: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
+        one_gpu(self.device)
         if func in _device_constructors() and kwargs.get("device") is None:
             kwargs["device"] = META if self.device.type == "cuda" else self.device
         if self.device.type != "meta":

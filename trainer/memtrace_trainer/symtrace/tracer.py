@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from memtrace_trainer.dtypes import name_of
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import ModelFailedError, UserError
 from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import Profile
@@ -224,8 +224,12 @@ def trace_step(
     fn = load_step(spec, with_batch=batch_size is not None)
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
     libraries, rec = _recorder(profile, cuda_emulation)
-    with _world(world_size), LayersRun() as layers:
-        run = run_steps(make, steps, profile, rec, cuda_emulation, step_label(spec))
+    try:
+        with _world(world_size), LayersRun() as layers:
+            run = run_steps(make, steps, profile, rec, cuda_emulation, step_label(spec))
+    except ModelFailedError as failed:
+        failed.batch_size = batch_size or 0  # the size a search probed
+        raise
     meta = _user_metadata(f"step:{step_name(spec)}", steps, profile, cuda_emulation, rec, run,
                           libraries, layers)  # fmt: skip
     _world_metadata(meta, world_size, libraries, step_label(spec))

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer import markers
-from memtrace_trainer.errors import UserCodeError, UserError
+from memtrace_trainer.errors import EntryFailedError, UserCodeError, UserError, check_batch_size
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
@@ -97,6 +97,8 @@ def step_batch(spec: Any, batch_size: int | None) -> int | None:
     `--batch-size` (the argument `max-batch --step` searches); a function of the device alone
     takes none (`--batch-size` is then said to have no effect). A function that needs the batch
     size and was given none is refused."""
+    if batch_size is not None:
+        check_batch_size(batch_size)  # refused as every command refuses it, taken or not
     func, name = _resolve(spec)
     try:
         sig = inspect.signature(func)
@@ -108,8 +110,6 @@ def step_batch(spec: Any, batch_size: int | None) -> int | None:
                         "argument: give --batch-size N")  # fmt: skip
     if not alone and not with_batch:
         load_step(spec)  # its words for a function that takes neither
-    if with_batch and batch_size is not None and batch_size < 1:
-        raise UserError(f"--batch-size {batch_size}: expected a positive integer")
     return batch_size if with_batch else None
 
 
@@ -395,9 +395,11 @@ def tracing(
         run.sdpa_backends = functions.backends
 
 
-def _call(fn: Any, args: tuple[Any, ...], message: str, user_code: bool) -> Any:
-    """`fn(*args)`; an exception in the user's code is reported with their frames (the tracer's
-    own loop lets its model's errors through as they are)."""
+def _call(
+    fn: Any, args: tuple[Any, ...], message: str, user_code: bool, kind: type = UserCodeError
+) -> Any:
+    """`fn(*args)`; an exception in the user's code is reported with their frames as `kind` (the
+    tracer's own loop lets its model's errors through as they are)."""
     try:
         return fn(*args)
     except UserError:
@@ -405,7 +407,7 @@ def _call(fn: Any, args: tuple[Any, ...], message: str, user_code: bool) -> Any:
     except (Exception, SystemExit) as e:  # sys.exit() in a step is the user's code ending early
         if not user_code:
             raise
-        raise UserCodeError(message, e) from e
+        raise kind(message, e) from e
 
 
 def run_steps(
@@ -441,6 +443,9 @@ def run_steps(
             if user_step:
                 rec.marker(markers.phase("forward"))
             rec.category = "activation"
-            _call(step, (), f"{what}: step() raised in step {i + 1}", user_step)
+            # The model failing as it trains, as an --entry's does: a search tells it from a
+            # builder's error (BatchNorm refuses a batch of 1 here, and trains at 2).
+            _call(step, (), f"{what}: step() raised in step {i + 1}", user_step,
+                  EntryFailedError)  # fmt: skip
         label_model_state(rec, run.models)
     return run
