@@ -136,53 +136,104 @@ fn triton_dlopen_dlsym_launch() {
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
 
-/// Every allocation and free hook of the common shapes records its own API, memory kind, size
-/// and stream (`p_every_alloc.c`): a hook whose table entry names the wrong one fails here.
+/// Every allocation and free hook of the common shapes, every pitched allocation, IPC open, pool
+/// trim and VMM call on an address range records its own API, memory kind (or VMM operation),
+/// address, size, stream and caller module (`p_every_alloc.c`): a hook whose table entry names
+/// the wrong one fails here.
 #[test]
 fn every_alloc_and_free_hook_records_its_own_fields() {
     use MemoryKind::{Device, HostRegistered, IpcImport, Managed, PinnedHost};
     let s = run_ok("p_every_alloc", &[]).stats();
     let got: Vec<_> = s.events(|e| match e {
-        Event::Alloc(a) => Some(("alloc", a.api.name(), a.mem, Some(a.size), a.stream)),
-        Event::Free(f) => Some(("free", f.api.name(), f.mem, f.size, f.stream)),
+        Event::Alloc(a) => Some(("alloc", a.api.name(), a.mem, Some(a.size), a.stream, s.name(a.caller))),
+        Event::Free(f) => Some(("free", f.api.name(), f.mem, f.size, f.stream, s.name(f.caller))),
         _ => None,
     });
     // Streams are the handles the program passed (0x5000 + n). A free of device memory carries
     // the size the shim knew from its allocation; host frees and an address never allocated
-    // (an IPC close) carry none (`writer/translate.rs` tracks device memory only).
+    // (an IPC close) carry none (`writer/translate.rs` tracks device memory only). A pitched
+    // block is pitch × height bytes (the stub's pitch: the width rounded up to 512), saturated
+    // when that overflows; an IPC open knows no size, and is recorded without a caller module.
     let st = |n: i64| 0x5000 + n;
+    let me = Some("p_every_alloc");
     let want = [
-        ("alloc", "cudaMalloc", Device, Some(1001), 0),
-        ("alloc", "cudaMallocAsync", Device, Some(1002), st(1)),
-        ("alloc", "cudaMallocAsync_ptsz", Device, Some(1003), st(2)),
-        ("alloc", "cudaMallocFromPoolAsync", Device, Some(1004), st(3)),
-        ("alloc", "cudaMallocFromPoolAsync_ptsz", Device, Some(1005), st(4)),
-        ("alloc", "cudaMallocManaged", Managed, Some(1006), 0),
-        ("alloc", "cudaMallocHost", PinnedHost, Some(1007), 0),
-        ("alloc", "cudaHostAlloc", PinnedHost, Some(1008), 0),
-        ("alloc", "cudaHostRegister", HostRegistered, Some(1009), 0),
-        ("free", "cudaFreeAsync", Device, Some(1002), st(11)),
-        ("free", "cudaFreeAsync_ptsz", Device, Some(1003), st(12)),
-        ("free", "cudaFreeHost", PinnedHost, None, 0),
-        ("free", "cudaHostUnregister", HostRegistered, None, 0),
-        ("free", "cudaIpcCloseMemHandle", IpcImport, None, 0),
-        ("alloc", "cuMemAlloc_v2", Device, Some(2001), 0),
-        ("alloc", "cuMemAllocAsync", Device, Some(2002), st(21)),
-        ("alloc", "cuMemAllocAsync_ptsz", Device, Some(2003), st(22)),
-        ("alloc", "cuMemAllocFromPoolAsync", Device, Some(2004), st(23)),
-        ("alloc", "cuMemAllocFromPoolAsync_ptsz", Device, Some(2005), st(24)),
-        ("alloc", "cuMemAllocManaged", Managed, Some(2006), 0),
-        ("alloc", "cuMemAllocHost_v2", PinnedHost, Some(2007), 0),
-        ("alloc", "cuMemHostAlloc", PinnedHost, Some(2008), 0),
-        ("alloc", "cuMemHostRegister_v2", HostRegistered, Some(2009), 0),
-        ("free", "cuMemFree_v2", Device, Some(2001), 0),
-        ("free", "cuMemFreeAsync", Device, Some(2002), st(31)),
-        ("free", "cuMemFreeAsync_ptsz", Device, Some(2003), st(32)),
-        ("free", "cuMemFreeHost", PinnedHost, None, 0),
-        ("free", "cuMemHostUnregister", HostRegistered, None, 0),
-        ("free", "cuIpcCloseMemHandle", IpcImport, None, 0),
+        ("alloc", "cudaMalloc", Device, Some(1001), 0, me),
+        ("alloc", "cudaMallocAsync", Device, Some(1002), st(1), me),
+        ("alloc", "cudaMallocAsync_ptsz", Device, Some(1003), st(2), me),
+        ("alloc", "cudaMallocFromPoolAsync", Device, Some(1004), st(3), me),
+        ("alloc", "cudaMallocFromPoolAsync_ptsz", Device, Some(1005), st(4), me),
+        ("alloc", "cudaMallocManaged", Managed, Some(1006), 0, me),
+        ("alloc", "cudaMallocHost", PinnedHost, Some(1007), 0, me),
+        ("alloc", "cudaHostAlloc", PinnedHost, Some(1008), 0, me),
+        ("alloc", "cudaHostRegister", HostRegistered, Some(1009), 0, me),
+        ("alloc", "cudaMallocPitch", Device, Some(512 * 3), 0, me),
+        ("alloc", "cudaIpcOpenMemHandle", IpcImport, Some(0), 0, None),
+        ("free", "cudaFreeAsync", Device, Some(1002), st(11), me),
+        ("free", "cudaFreeAsync_ptsz", Device, Some(1003), st(12), me),
+        ("free", "cudaFreeHost", PinnedHost, None, 0, me),
+        ("free", "cudaHostUnregister", HostRegistered, None, 0, me),
+        ("free", "cudaIpcCloseMemHandle", IpcImport, None, 0, me),
+        ("alloc", "cuMemAlloc_v2", Device, Some(2001), 0, me),
+        ("alloc", "cuMemAllocAsync", Device, Some(2002), st(21), me),
+        ("alloc", "cuMemAllocAsync_ptsz", Device, Some(2003), st(22), me),
+        ("alloc", "cuMemAllocFromPoolAsync", Device, Some(2004), st(23), me),
+        ("alloc", "cuMemAllocFromPoolAsync_ptsz", Device, Some(2005), st(24), me),
+        ("alloc", "cuMemAllocManaged", Managed, Some(2006), 0, me),
+        ("alloc", "cuMemAllocHost_v2", PinnedHost, Some(2007), 0, me),
+        ("alloc", "cuMemHostAlloc", PinnedHost, Some(2008), 0, me),
+        ("alloc", "cuMemHostRegister_v2", HostRegistered, Some(2009), 0, me),
+        ("alloc", "cuMemAllocPitch_v2", Device, Some(1024 * 5), 0, me),
+        ("alloc", "cuMemAllocPitch_v2", Device, Some(u64::MAX), 0, me),
+        ("alloc", "cuIpcOpenMemHandle_v2", IpcImport, Some(0), 0, None),
+        ("free", "cuMemFree_v2", Device, Some(2001), 0, me),
+        ("free", "cuMemFreeAsync", Device, Some(2002), st(31), me),
+        ("free", "cuMemFreeAsync_ptsz", Device, Some(2003), st(32), me),
+        ("free", "cuMemFreeHost", PinnedHost, None, 0, me),
+        ("free", "cuMemHostUnregister", HostRegistered, None, 0, me),
+        ("free", "cuIpcCloseMemHandle", IpcImport, None, 0, me),
     ];
     assert_eq!(got, want);
+    // Addresses: the stub driver places pitched blocks from 0x7d0000000000 up, 4 KiB apart, and
+    // an IPC open returns its handle's address; a failed call (the overflowing pitch) records 0.
+    let placed: Vec<_> = s.events(|e| match e {
+        Event::Alloc(a) if a.api.name().contains("Pitch") || a.api.name().contains("IpcOpen") => {
+            Some((a.api.name(), a.addr, a.result))
+        }
+        _ => None,
+    });
+    let imported = 0x7e00_0000_0000;
+    assert_eq!(
+        placed,
+        [
+            ("cudaMallocPitch", 0x7d00_0000_0000, 0),
+            ("cudaIpcOpenMemHandle", imported, 0),
+            ("cuMemAllocPitch_v2", 0x7d00_0000_1000, 0),
+            ("cuMemAllocPitch_v2", 0, 2),
+            ("cuIpcOpenMemHandle_v2", imported + 4096, 0),
+        ]
+    );
+    assert_eq!(s.failed(), 1);
+    // Pool trims: the pool and the size it keeps (no caller module in the record).
+    let trims: Vec<_> = s.events(|e| match e {
+        Event::PoolTrim(t) => Some((t.api.name(), t.pool, t.min_bytes_to_keep)),
+        _ => None,
+    });
+    assert_eq!(trims, [("cudaMemPoolTrimTo", 0x5000 + 91, 1011), ("cuMemPoolTrimTo", 0x5000 + 92, 2011)]);
+    // VMM calls on ranges of a reservation the stub placed at the program's hint.
+    let va = 0x7c00_0000_0000;
+    let vmm: Vec<_> = s.events(|e| match e {
+        Event::Vmm(v) => Some((v.api.name(), v.op, v.addr, v.size, v.stream, s.name(v.caller))),
+        _ => None,
+    });
+    assert_eq!(
+        vmm,
+        [
+            ("cuMemAddressReserve", VmmOp::Reserve, va, 0x10000, 0, me),
+            ("cuMemSetAccess", VmmOp::SetAccess, va + 0x1000, 0x3000, 0, me),
+            ("cuMemUnmap", VmmOp::Unmap, va + 0x2000, 0x2000, 0, me),
+            ("cuMemAddressFree", VmmOp::AddressFree, va, 0x10000, 0, me),
+        ]
+    );
     assert!(s.whole() && s.lost_events == 0);
 }
 

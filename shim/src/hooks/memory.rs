@@ -15,9 +15,8 @@
 //! and the stream (`alloc`, `free`), the memory kind (`pitch`, `register`, `ipc_open`) or the
 //! VMM operation (`vmm`). The table names the library and its error code once.
 //! `tests/behaviours.rs` (`every_alloc_and_free_hook_records_its_own_fields`) checks every
-//! `alloc`, `free` and `register` row's record. Entry points of other shapes (a free that skips
-//! null, arrays, VMM calls with an out-pointer or a handle) are written out in their family's
-//! file.
+//! row's record. Entry points of other shapes (a free that skips null, arrays, VMM calls with an
+//! out-pointer or a handle) are written out in their family's file.
 
 /// Allocation and free hooks of one library, a row each (see the module docs):
 ///
@@ -90,7 +89,8 @@ macro_rules! memory_hooks {
         }
     };
     // A pitched allocation through the out-pointer `$p`: the pitch the call wrote (the width when
-    // it failed or `$pitch` is null) × `$height` bytes, on stream 0.
+    // it failed or `$pitch` is null) × `$height` bytes, saturated (an overflow must not panic
+    // across the FFI boundary), on stream 0.
     (
         @pitch $(#[$doc:meta])* $name:ident, $lib:ident, $err:expr,
         ($p:ident: $pt:ty, $pitch:ident: *mut usize, $width:ident: usize, $height:ident: usize $(, $arg:ident: $aty:ty)*),
@@ -103,7 +103,7 @@ macro_rules! memory_hooks {
                 // Safety: the pitch out-pointer, read only when non-null and the call succeeded.
                 let pv = if r == 0 && !$pitch.is_null() { unsafe { *$pitch } } else { $width };
                 // Safety: reads the out-pointer only when it is non-null and the call succeeded.
-                $crate::hooks::emit::alloc(&d, ::trace::Api::$api, $mem, unsafe { $crate::hooks::emit::out($p, r) }, (pv * $height) as u64, 0, r, ra)
+                $crate::hooks::emit::alloc(&d, ::trace::Api::$api, $mem, unsafe { $crate::hooks::emit::out($p, r) }, pv.saturating_mul($height) as u64, 0, r, ra)
             }
         }
     };

@@ -100,8 +100,20 @@ CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { (void)s; return cuMemFree_v2(p
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { (void)s; return cuMemFree_v2(p); }
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) { (void)pool; (void)s; return cuMemAlloc_v2(p, size); }
 CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) { (void)flags; return cuMemAlloc_v2(p, size); }
+/* Pitched blocks come from a range of their own, 0x7d0000000000 up (each rounded to 4 KiB), so
+ * that a test knows their addresses; the pitch is the width rounded up to 512. A pitch × height
+ * that does not fit a size_t fails with CUDA_ERROR_OUT_OF_MEMORY (2), writing nothing. */
+static CUdeviceptr next_pitched = 0x7d0000000000ull;
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
-    (void)e; *pitch = (w + 511) & ~(size_t)511; return cuMemAlloc_v2(p, *pitch * h);
+    (void)e;
+    size_t pv = (w + 511) & ~(size_t)511;
+    if (h && pv > SIZE_MAX / h) return 2;
+    size_t size = pv * h;
+    if (size > oom_limit()) return 2;
+    *pitch = pv;
+    *p = __atomic_fetch_add(&next_pitched, (size + 0xfff) & ~0xfffull, __ATOMIC_RELAXED);
+    mem_log_add(MEM_ALLOC, MEM_DEVICE, *p, size);
+    return 0;
 }
 CUresult cuMemAllocHost_v2(void **p, size_t size) {
     *p = malloc(size);
@@ -117,12 +129,18 @@ CUresult cuMemFreeHost(void *p) {
 }
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) { (void)p; (void)size; (void)flags; return 0; }
 CUresult cuMemHostUnregister(void *p) { (void)p; return 0; }
+/* The imported address is the handle's first 8 bytes, so that a test chooses it. */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+    (void)flags; memcpy(p, h.reserved, sizeof *p); return 0;
+}
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return 0; }
 CUresult cuMemPoolTrimTo(void *pool, size_t keep) { (void)pool; (void)keep; return 0; }
 
 CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
-    (void)align; (void)addr; (void)flags;
-    void *m = mmap(0, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    (void)align; (void)flags;
+    /* `addr` is a hint, as in the real driver (the kernel takes it when the range is free). */
+    void *m = mmap((void *)addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return 2;
     *p = (CUdeviceptr)m;
     return 0;

@@ -103,8 +103,9 @@ cudaError_t cudaMemPoolTrimTo(void *pool, size_t keep) {
     DRV(int (*)(void *, size_t), "cuMemPoolTrimTo");
     return fn_(pool, keep);
 }
+/* The imported address is the handle's first 8 bytes, so that a test chooses it. */
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags) {
-    (void)h; (void)flags; *p = (void *)0x7e0000000000ull; return 0;
+    (void)flags; memcpy(p, h.reserved, sizeof *p); return 0;
 }
 cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return 0; }
 
