@@ -15,8 +15,10 @@ fn src() -> PathBuf {
     manifest().join("tests/c")
 }
 
-/// The shim under test: `$MEMTRACE_SHIM`, else `libmemtrace.so` in this test binary's profile
-/// directory. Panics (failing the test) when it is missing.
+/// The shim under test: `$MEMTRACE_SHIM`, else the `libmemtrace.so` that `cargo test` built
+/// beside this test binary (`target/<profile>/deps`: `cargo test` rebuilds it there but copies
+/// it up to `target/<profile>` only on `cargo build`, so the copy up there can be stale), else
+/// that copy. Panics (failing the test) when none is there.
 pub fn shim() -> PathBuf {
     if let Ok(p) = std::env::var("MEMTRACE_SHIM") {
         let p = PathBuf::from(p);
@@ -24,8 +26,12 @@ pub fn shim() -> PathBuf {
         return p;
     }
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/tests-<hash> -> target/<profile>/libmemtrace.so
-    let profile = exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps");
+    let deps = exe.parent().expect("test binary lives in target/<profile>/deps");
+    let fresh = deps.join("libmemtrace.so");
+    if fresh.is_file() {
+        return fresh;
+    }
+    let profile = deps.parent().expect("test binary lives in target/<profile>/deps");
     let p = profile.join("libmemtrace.so");
     assert!(
         p.is_file(),
