@@ -90,7 +90,12 @@ pub struct RunRecord {
 
 /// The GPU profile a run was estimated with, as `memest compare` records it: what a fit on the
 /// run (`memest safety`) must share with the profile it writes.
+///
+/// Read tolerantly: a constant this memest does not know (a newer profile's) is kept in
+/// `unknown_constants`, and written back, rather than refusing the runs; one the run does not
+/// record is read as a profile reads it absent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RecordedWith", into = "RecordedWith")]
 pub struct EstimatedWith {
     /// The profile's name (its file's stem).
     pub profile: String,
@@ -98,6 +103,60 @@ pub struct EstimatedWith {
     pub gpu: String,
     /// Its `[outside_allocator]` constants, which the symbolic point adds.
     pub outside_allocator: OutsideAllocator,
+    /// `[outside_allocator]` constants the run records that this memest does not know, by name.
+    pub unknown_constants: BTreeMap<String, serde_json::Value>,
+    /// The job's ranks the NCCL terms were counted for; absent in runs written before it was
+    /// recorded.
+    pub ranks: Option<u32>,
+}
+
+/// [`EstimatedWith`] as a line of `runs.jsonl` holds it: the constants as an open object.
+#[derive(Serialize, Deserialize)]
+struct RecordedWith {
+    profile: String,
+    gpu: String,
+    outside_allocator: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ranks: Option<u32>,
+}
+
+impl TryFrom<RecordedWith> for EstimatedWith {
+    type Error = String;
+
+    fn try_from(r: RecordedWith) -> std::result::Result<EstimatedWith, String> {
+        let known = match serde_json::to_value(OutsideAllocator::default()) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => return Err("cannot list the [outside_allocator] constants".into()),
+        };
+        let (mut ours, mut unknown) = (serde_json::Map::new(), BTreeMap::new());
+        for (k, v) in r.outside_allocator {
+            if known.contains_key(&k) {
+                ours.insert(k, v);
+            } else {
+                unknown.insert(k, v);
+            }
+        }
+        let outside_allocator = serde_json::from_value(serde_json::Value::Object(ours))
+            .map_err(|e| format!("estimated_with.outside_allocator: {e}"))?;
+        Ok(EstimatedWith {
+            profile: r.profile,
+            gpu: r.gpu,
+            outside_allocator,
+            unknown_constants: unknown,
+            ranks: r.ranks,
+        })
+    }
+}
+
+impl From<EstimatedWith> for RecordedWith {
+    fn from(e: EstimatedWith) -> RecordedWith {
+        let mut outside_allocator = match serde_json::to_value(e.outside_allocator) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        outside_allocator.extend(e.unknown_constants);
+        RecordedWith { profile: e.profile, gpu: e.gpu, outside_allocator, ranks: e.ranks }
+    }
 }
 
 impl RunRecord {
@@ -289,6 +348,8 @@ pub fn evaluate_row(
             profile: ctx.profile_name.to_string(),
             gpu: ctx.profile.gpu.name.clone(),
             outside_allocator: ctx.profile.outside_allocator.clone(),
+            unknown_constants: BTreeMap::new(),
+            ranks: Some(libs.ranks),
         }),
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use simulator::fit::{outside_mib, Libraries};
-use simulator::profile::{FamilyMargin, Profile, Safety};
+use simulator::profile::{FamilyMargin, OutsideAllocator, Profile, Safety};
 
 use crate::calibrate::{split_by_id, without_tables};
 use crate::compare::RunRecord;
@@ -214,25 +214,47 @@ pub fn fit(
 
 /// What a margin fitted on `records` for `profile` (named `name`) would not share with it, each
 /// as a warning: runs estimated on another GPU's profile, or with other outside-allocator
-/// constants than the profile has now (the margin would be of points it no longer gives). A run
-/// of an older `runs.jsonl`, which does not record its profile, is judged by the memory its
-/// symbolic point holds outside the allocator.
+/// constants than the profile has now (the margin would be of points it no longer gives). The
+/// constants are compared by the terms each run's point adds (its own libraries and ranks), not
+/// as a whole: a cuDNN or NCCL constant a run never loads does not change its point. A run of an
+/// older `runs.jsonl`, which does not record its profile, is judged by the memory its symbolic
+/// point holds outside the allocator, where that can tell.
 pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str) -> Vec<String> {
-    let (mut gpus, mut constants, mut unrecorded) = (BTreeMap::<String, usize>::new(), 0usize, 0usize);
+    let mut gpus = BTreeMap::<String, usize>::new();
+    let (mut unknown, mut unknown_runs) = (BTreeMap::<String, usize>::new(), 0usize);
+    let (mut constants, mut unranked, mut unrecorded, mut above, mut most_above) =
+        (0usize, 0usize, 0usize, 0usize, 0.0f64);
     let now = &profile.outside_allocator;
+    let nccl = |o: &OutsideAllocator| (o.nccl_communicator_mib, o.nccl_per_peer_mib);
     for r in records {
+        let libs = Libraries::single(r.uses_gemm, r.uses_conv, "runs");
         match &r.estimated_with {
             Some(e) if !e.gpu.trim().eq_ignore_ascii_case(profile.gpu.name.trim()) => {
                 *gpus.entry(format!("{} ({})", e.profile, e.gpu.trim())).or_default() += 1;
             }
-            Some(e) => constants += usize::from(&e.outside_allocator != now),
+            Some(e) => {
+                let newer: Vec<&String> =
+                    e.unknown_constants.iter().filter(|(_, v)| v.as_f64() != Some(0.0)).map(|(k, _)| k).collect();
+                newer.iter().for_each(|k| *unknown.entry(k.to_string()).or_default() += 1);
+                unknown_runs += usize::from(!newer.is_empty());
+                let libs = Libraries { ranks: e.ranks.unwrap_or(1), ..libs };
+                constants += usize::from(outside_mib(&e.outside_allocator, libs) != outside_mib(now, libs));
+                // Without its ranks the run is judged as one process, whose point has no NCCL term.
+                unranked += usize::from(e.ranks.is_none() && nccl(&e.outside_allocator) != nccl(now));
+            }
             None => {
                 unrecorded += 1;
                 let sym = r.estimates.get("symbolic");
                 if let Some((point, reserved)) = sym.and_then(|o| o.device_bytes.zip(o.reserved_bytes)) {
-                    let held = point.saturating_sub(reserved) as f64 / MIB;
-                    let libs = Libraries::single(r.uses_gemm, r.uses_conv, "runs");
-                    constants += usize::from((held - outside_mib(now, libs)).abs() > 0.5);
+                    // The point holds at least the terms of its libraries for one rank; more where
+                    // its trace held memory outside the allocator, set a memory fraction, or ran
+                    // several ranks, which this record does not say. Less: smaller constants.
+                    let over = point.saturating_sub(reserved) as f64 / MIB - outside_mib(now, libs);
+                    constants += usize::from(over < -0.5);
+                    if over > 0.5 {
+                        above += 1;
+                        most_above = most_above.max(over);
+                    }
                 }
             }
         }
@@ -252,9 +274,33 @@ pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str)
     if constants > 0 {
         out.push(format!(
             "{constants} of {n} runs were estimated with other [outside_allocator] constants than {name} has now \
-             (context {:.1}, cuBLAS {:.1}, cuDNN {:.1} MiB): their points are not the ones {name} gives, so a margin \
-             fitted on them does not bound its safe number; compare the runs again with --profile {name}",
-            now.context_mib, now.cublas_mib, now.cudnn_mib
+             for the libraries and ranks they load (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1} + {:.1} \
+             per peer MiB): their points are not the ones {name} gives, so a margin fitted on them does not bound \
+             its safe number; compare the runs again with --profile {name}",
+            now.context_mib, now.cublas_mib, now.cudnn_mib, now.nccl_communicator_mib, now.nccl_per_peer_mib
+        ));
+    }
+    if unranked > 0 {
+        out.push(format!(
+            "{unranked} of {n} runs do not record their ranks and were estimated with other NCCL constants than \
+             {name} has now: they are judged as single processes, whose points hold no NCCL term; any of several \
+             ranks among them has other points than {name} gives"
+        ));
+    }
+    if !unknown.is_empty() {
+        let list: Vec<String> = unknown.iter().map(|(k, c)| format!("{k} in {c}")).collect();
+        out.push(format!(
+            "{unknown_runs} of {n} runs record [outside_allocator] constants this memest does not know ({}; a \
+             newer memest's): those are not compared with {name}'s, so a point they changed is not said",
+            list.join(", ")
+        ));
+    }
+    if above > 0 {
+        out.push(format!(
+            "{above} of {n} runs of an older memest hold more outside the allocator than {name}'s constants give \
+             one process loading their libraries (up to {most_above:.1} MiB more): memory their trace held there, \
+             a memory fraction, more ranks, or larger constants; their records cannot tell which, so their \
+             constants are not checked against {name}'s"
         ));
     }
     if unrecorded > 0 {

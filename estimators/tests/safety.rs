@@ -213,6 +213,8 @@ fn runs_estimated_otherwise_are_said() {
             cublas_mib: cublas,
             ..a100.outside_allocator.clone()
         },
+        unknown_constants: BTreeMap::new(),
+        ranks: Some(1),
     };
     let mut same = record("m-1", "MLP", 2000.0, 1000);
     same.estimated_with = Some(with("NVIDIA A100-SXM4-40GB", a100.outside_allocator.cublas_mib));
@@ -240,4 +242,102 @@ fn runs_estimated_otherwise_are_said() {
     assert!(said[0].contains("do not record the profile"), "{said:?}");
     let said = estimated_otherwise(&[held(1429), held(500)], &a100, "a100-40gb");
     assert!(said[0].starts_with("1 of 2 runs were estimated with other [outside_allocator] constants"), "{said:?}");
+}
+
+/// Constants are compared by the terms a run's point adds, for its own libraries and ranks: a
+/// cuDNN or NCCL constant an MLP run on one GPU never loads was warned of as "other constants".
+#[test]
+fn only_the_constants_a_run_loads_are_compared() {
+    use estimators::compare::EstimatedWith;
+    use estimators::safety::estimated_otherwise;
+    let (a100, _) = a100();
+    let with = |edit: &dyn Fn(&mut simulator::profile::OutsideAllocator), ranks: Option<u32>| {
+        let mut outside_allocator = a100.outside_allocator.clone();
+        edit(&mut outside_allocator);
+        Some(EstimatedWith {
+            profile: "a100-40gb".into(),
+            gpu: a100.gpu.name.clone(),
+            outside_allocator,
+            unknown_constants: BTreeMap::new(),
+            ranks,
+        })
+    };
+    let other_cudnn = |o: &mut simulator::profile::OutsideAllocator| o.cudnn_mib += 100.0;
+    let other_nccl = |o: &mut simulator::profile::OutsideAllocator| o.nccl_per_peer_mib += 8.0;
+    let run = |family: &str, edit: &dyn Fn(&mut simulator::profile::OutsideAllocator), ranks| {
+        let mut r = record("r", family, 2000.0, 1000);
+        r.uses_conv = family == "CNN";
+        r.estimated_with = with(edit, ranks);
+        r
+    };
+    // An MLP run loads no cuDNN, and one rank no NCCL: their points are the profile's.
+    let said = estimated_otherwise(&[run("MLP", &other_cudnn, Some(1)), run("MLP", &other_nccl, Some(1))], &a100, "a");
+    assert!(said.is_empty(), "{said:?}");
+    // A CNN run adds cuDNN's term, and a run of 4 ranks NCCL's.
+    let said = estimated_otherwise(&[run("CNN", &other_cudnn, Some(1)), run("MLP", &other_nccl, Some(4))], &a100, "a");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("2 of 2 runs were estimated with other [outside_allocator] constants"), "{said:?}");
+    // A run that does not record its ranks is judged as one process, and that is said where the
+    // NCCL constants differ.
+    let said = estimated_otherwise(&[run("MLP", &other_nccl, None)], &a100, "a");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("1 of 1 runs do not record their ranks and were estimated with other NCCL"),
+        "{said:?}"
+    );
+}
+
+/// A run of an older memest is judged by what its point holds outside the allocator only where
+/// that can tell: a point holding more than one process's terms for its libraries (memory the
+/// trace held there, a memory fraction, more ranks) was counted as other constants.
+#[test]
+fn an_older_run_holding_more_outside_is_said_not_checked() {
+    use estimators::safety::estimated_otherwise;
+    let (a100, _) = a100();
+    let mib = 1024 * 1024;
+    let mut r = record_r("m-3", "MLP", 4000.0, 3000 * mib, (3000 - 1429 - 300) * mib);
+    r.uses_conv = false;
+    let said = estimated_otherwise(&[r], &a100, "a100-40gb");
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(
+        said[0].starts_with("1 of 1 runs of an older memest hold more outside the allocator than a100-40gb's")
+            && said[0].contains("(up to 300.0 MiB more)")
+            && said[0].contains("not checked"),
+        "{said:?}"
+    );
+    assert!(!said.iter().any(|w| w.contains("were estimated with other")), "{said:?}");
+}
+
+/// The profile a run records is read tolerantly: a constant a newer memest records (unknown
+/// here) made `runs.jsonl` unreadable, as one fewer would for an older memest. The unknown one
+/// is kept, written back, and said where it is not 0.
+#[test]
+fn a_recorded_profile_with_constants_of_another_memest_is_read() {
+    use estimators::compare::read_runs;
+    use estimators::safety::estimated_otherwise;
+    let (a100, _) = a100();
+    let mut line = serde_json::to_value(record("m-4", "MLP", 2000.0, 1000)).unwrap();
+    let o = &a100.outside_allocator;
+    line["estimated_with"] = serde_json::json!({"profile": "a100-40gb", "gpu": a100.gpu.name,
+        "outside_allocator": {"context_mib": o.context_mib, "cublas_mib": o.cublas_mib, "cudnn_mib": o.cudnn_mib,
+            "nccl_communicator_mib": o.nccl_communicator_mib, "nccl_per_peer_mib": o.nccl_per_peer_mib,
+            "future_mib": 12.5, "unused_mib": 0.0}});
+    let mut older = line.clone();
+    older["estimated_with"]["outside_allocator"] = serde_json::json!({"context_mib": o.context_mib, "cublas_mib": o.cublas_mib,
+            "nccl_communicator_mib": o.nccl_communicator_mib, "nccl_per_peer_mib": o.nccl_per_peer_mib});
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.jsonl");
+    std::fs::write(&path, format!("{line}\n{older}\n")).unwrap();
+    let runs = read_runs(&[path]).unwrap();
+    let newer = runs[0].estimated_with.as_ref().unwrap();
+    assert_eq!(newer.outside_allocator, *o);
+    assert_eq!(newer.unknown_constants["future_mib"], 12.5);
+    let back = serde_json::to_value(&runs[0]).unwrap();
+    assert_eq!(back["estimated_with"]["outside_allocator"]["future_mib"], 12.5, "{back}");
+    let said = estimated_otherwise(&runs[..1], &a100, "a100-40gb");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0]
+        .starts_with("1 of 1 runs record [outside_allocator] constants this memest does not know (future_mib in 1;"));
+    // The older record has no cuDNN constant (read as 0), which its MLP run does not load.
+    assert!(estimated_otherwise(&runs[1..], &a100, "a100-40gb").is_empty());
 }

@@ -115,9 +115,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
         if fit.test == 0 {
+            // Runs the prior constants were fitted on are never held out: with nothing else, they
+            // are the cause, whatever the fraction.
+            let why = if fresh == 0 {
+                format!(
+                    "every one of the {} runs was fitted on by {}'s earlier calibration, and those are never held out",
+                    runs.len(),
+                    ppath.display()
+                )
+            } else {
+                format!(
+                    "--test-fraction {} of the {fresh} runs the earlier calibration was not fitted on",
+                    a.test_fraction
+                )
+            };
             eprintln!(
-                "memest: warning: no run is held out (--test-fraction {}): {} records no held-out error for its constants",
-                a.test_fraction,
+                "memest: warning: no run is held out ({why}): {} records no held-out error for its constants",
                 out.display()
             );
         }

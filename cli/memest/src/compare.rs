@@ -248,7 +248,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             list.join(", ")
         );
     }
-    let unlabelled = rows.iter().filter(|(r, _)| r.truth.is_none()).count();
+    let unlabelled = rows.iter().filter(|(r, _)| r.truth.is_none() && !r.real_oom).count();
     if unlabelled == rows.len() {
         eprintln!(
             "memest: warning: none of the {} rows has a measured peak (truth): every estimator is run, but no \

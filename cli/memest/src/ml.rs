@@ -274,22 +274,26 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
     }
     let ex = Examples::build(&ds, &model.target)?;
     say_excluded(path, &ex.excluded);
-    // A score on rows the model was trained on is no held-out result, whatever the file's name.
-    let in_sample = ex.digests.iter().filter(|d| model.trained_on_row(d, path)).count();
-    if in_sample > 0 {
-        eprintln!(
-            "memest: warning: {} was trained on {in_sample} of the rows scored from {} ({} in all): the \
-             summary is in-sample for them, not held out",
-            a.model.display(),
-            path.display(),
-            ex.len()
-        );
-    }
     let preds = model.predict(&ex.x)?;
     let regressor = model.pipeline.kind.is_regressor();
     // A regressor's truth is a measured peak: an OOM row's relabelled value (or a 0-MiB row's)
     // is none, and is not scored.
     let scored = |i: usize| !regressor || ex.measured[i];
+    // A score on rows the model was trained on is no held-out result, whatever the file's name.
+    let measured: Vec<usize> = (0..preds.len()).filter(|&i| scored(i)).collect();
+    let n_scored = measured.len();
+    let in_sample = measured.iter().filter(|&&i| model.trained_on_row(&ex.digests[i], path)).count();
+    if in_sample > 0 {
+        let which = if in_sample == n_scored {
+            format!("all {n_scored} scored rows of {}: the summary is in-sample", path.display())
+        } else {
+            format!(
+                "{in_sample} of the {n_scored} rows scored from {}: the summary is in-sample for them",
+                path.display()
+            )
+        };
+        eprintln!("memest: warning: {} was trained on {which}, not held out", a.model.display());
+    }
     let rows: Vec<serde_json::Value> = (0..preds.len())
         .map(|i| {
             let truth = if scored(i) { serde_json::json!(ex.value[i]) } else { serde_json::Value::Null };
@@ -297,7 +301,6 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         })
         .collect();
     let summary = if regressor {
-        let measured: Vec<usize> = (0..preds.len()).filter(|&i| scored(i)).collect();
         let left_out = preds.len() - measured.len();
         if left_out > 0 {
             eprintln!(
@@ -312,11 +315,13 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         let est: Vec<f64> = measured.iter().map(|&i| preds[i].estimate).collect();
         serde_json::json!({"mre": estimators::ml::score::mre(&truth, &est),
                            "mae": estimators::ml::score::mae(&truth, &est),
-                           "scored_rows": measured.len(), "unmeasured_rows_left_out": left_out})
+                           "scored_rows": n_scored, "unmeasured_rows_left_out": left_out,
+                           "in_sample_rows": in_sample})
     } else {
         let pred: Vec<usize> = preds.iter().filter_map(|p| p.class).collect();
         serde_json::json!({"accuracy": estimators::ml::score::accuracy(&ex.class, &pred),
-                           "f1_macro": estimators::ml::score::f1_macro(&ex.class, &pred)})
+                           "f1_macro": estimators::ml::score::f1_macro(&ex.class, &pred),
+                           "scored_rows": n_scored, "in_sample_rows": in_sample})
     };
     if a.json {
         let doc = serde_json::json!({"predictions": rows, "summary": summary});

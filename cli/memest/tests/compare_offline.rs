@@ -98,3 +98,22 @@ fn a_limit_above_the_rows_is_said_to_have_no_effect() {
     let (ok, _, err) = compare(&data, &out, &["--limit", "2"]);
     assert!(ok && !err.contains("--limit"), "{err}");
 }
+
+/// A row that crashed with OOM has no measured peak, but PEF and MCP score it (was it predicted?):
+/// it was said to be "estimated, not scored".
+#[test]
+fn an_oom_crash_row_is_not_said_to_be_unscored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, out) = setup(dir.path());
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| format!("{l},{}", ["Status", "SUCCESSFUL", "SUCCESSFUL", "OOM_CRASH"][i]))
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let (ok, _, err) = compare(&data, &out, &[]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("no measured peak (truth)"), "{err}");
+    assert_eq!(metrics(&out, "horus")["metrics"]["estimated"], 3);
+}

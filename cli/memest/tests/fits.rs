@@ -71,6 +71,22 @@ fn safety_leaves_out_the_profiles_own_calibration_rows() {
     assert!(err.contains("40 of 40 runs do not record the profile they were estimated with"), "{err}");
 }
 
+/// With every run fitted on by the prior calibration, nothing can be held out whatever the
+/// fraction: the warning blamed `--test-fraction`.
+#[test]
+fn calibrate_says_prior_fitted_runs_left_nothing_to_hold_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = runs(dir.path(), 20, |_, _| {});
+    let rows: Vec<u64> = (1..=20).collect();
+    let profile = calibrated_on(dir.path(), "cal", &rows);
+    let out = dir.path().join("p.toml");
+    let (r, p, o) = (runs.to_str().unwrap(), profile.to_str().unwrap(), out.to_str().unwrap());
+    let (ok, _, err) = memest(&["calibrate", r, "--profile", p, "--write", o]);
+    assert!(ok, "{err}");
+    let says = format!("no run is held out (every one of the 20 runs was fitted on by {p}'s earlier calibration");
+    assert!(err.contains(&says) && !err.contains("(--test-fraction"), "{err}");
+}
+
 /// [`runs`] as `runs_jsonl` writes them (no profile recorded).
 fn runs_dir(dir: &Path, n: usize) -> PathBuf {
     runs(dir, n, |_, _| {})
@@ -183,7 +199,7 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     assert!(!ok && !out.exists(), "{err}");
     assert!(err.contains("context_mib and cublas_mib (MLP runs) would rest on 3 runs; at least 10"), "{err}");
     let (ok, _, err) = memest(&["calibrate", r, "--test-fraction", "0", "--write", o]);
-    assert!(ok && err.contains("no run is held out (--test-fraction 0)"), "{err}");
+    assert!(ok && err.contains("no run is held out (--test-fraction 0 of the 40 runs"), "{err}");
     std::fs::remove_file(&out).unwrap();
     let (ok, _, err) = memest(&["calibrate", r, "--write", o]);
     assert!(ok, "{err}");

@@ -21,8 +21,13 @@ fn memest_ml(args: &[&str]) -> anyhow::Result<u8> {
 
 /// A 240-row excerpt of the step-2 CSV in a temporary directory (never in the repository).
 fn excerpt(dir: &std::path::Path) -> String {
-    let text = std::fs::read_to_string(crate::ml_data::gpumemnet("mlp_data_step2.csv")).unwrap();
-    let head: Vec<&str> = text.lines().take(241).collect();
+    excerpt_of(dir, "mlp_data_step2.csv", 240)
+}
+
+/// The first `rows` rows of the GPUMemNet CSV `file`, as `excerpt.csv` in `dir`.
+fn excerpt_of(dir: &std::path::Path, file: &str, rows: usize) -> String {
+    let text = std::fs::read_to_string(crate::ml_data::gpumemnet(file)).unwrap();
+    let head: Vec<&str> = text.lines().take(rows + 1).collect();
     let p = dir.join("excerpt.csv");
     std::fs::write(&p, head.join("\n")).unwrap();
     p.display().to_string()
@@ -151,22 +156,19 @@ fn what_ml_cannot_use_is_refused_or_said() {
     assert!(err.contains("1 rows left out: a memory label above any device's memory"), "{err}");
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &huge]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("was trained on 239 of the rows scored from") && err.contains("(239 in all)"), "{err}");
+    assert!(err.contains("was trained on all 239 scored rows of"), "{err}");
     // Training rows are known by what they hold: the excerpt differs in row 1 alone (its label
     // was left out of training), and a renamed copy in reverse order is the same rows. The file
     // name was the evidence before, so both read as held out.
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", &csv]);
-    assert!(
-        code == 0 && err.contains("was trained on 239 of the rows scored from") && err.contains("(240 in all)"),
-        "{err}"
-    );
+    assert!(code == 0 && err.contains("was trained on 239 of the 240 rows scored from"), "{err}");
     let text = std::fs::read_to_string(&huge).unwrap();
     let mut lines: Vec<&str> = text.lines().collect();
     lines[1..].reverse();
     let copy = dir.path().join("renamed.csv");
     std::fs::write(&copy, lines.join("\n")).unwrap();
     let (code, err) = memest_bin(&["ml", "predict", "--model", m, "--dataset", copy.to_str().unwrap()]);
-    assert!(code == 0 && err.contains("was trained on 239 of the rows"), "renamed copy: {err}");
+    assert!(code == 0 && err.contains("was trained on all 239 scored rows of"), "renamed copy: {err}");
     // Rows of the same source the model never saw.
     let full = std::fs::read_to_string(crate::ml_data::gpumemnet("mlp_data_step2.csv")).unwrap();
     let rest: Vec<&str> = full.lines().take(1).chain(full.lines().skip(1000).take(100)).collect();
@@ -341,4 +343,25 @@ fn training_on_one_class_and_unknown_columns_are_said() {
     assert!(err.contains("column \"Dropout Layerz\" of no dataset format read here"), "{err}");
     let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", m.to_str().unwrap()]);
     assert!(code == 0 && !err.contains("one class") && !err.contains("no dataset format"), "{code} {err}");
+}
+
+/// A regressor scored on its own training CSV is in-sample on every row it scores: the rows it
+/// cannot score (OOM crashes) were counted as rows scored ("trained on 45 of the rows scored
+/// (60 in all)"), and the JSON summary did not say how many were in-sample.
+#[test]
+fn a_regressors_in_sample_rows_are_counted_over_the_rows_it_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt_of(dir.path(), "cnn_data_step1_early.csv", 60);
+    let model = dir.path().join("lr.json");
+    let m = model.to_str().unwrap();
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "linear-reg", "--out", m]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = memest_code(&["ml", "predict", "--model", m, "--dataset", &csv, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let summary = &serde_json::from_str::<serde_json::Value>(&out).unwrap()["summary"];
+    let (scored, left_out) = (summary["scored_rows"].as_u64().unwrap(), summary["unmeasured_rows_left_out"].as_u64());
+    assert!(left_out.unwrap() > 0 && scored > 0, "the excerpt has OOM rows and measured ones: {summary}");
+    assert_eq!(summary["in_sample_rows"].as_u64(), Some(scored), "{summary}");
+    let says = format!("was trained on all {scored} scored rows of {csv}: the summary is in-sample, not held out");
+    assert!(err.contains(&says), "{err}");
 }
