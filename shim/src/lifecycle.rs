@@ -161,7 +161,45 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
         unsafe { libc::nanosleep(&step, std::ptr::null_mut()) };
         waited += Duration::from_millis(1);
     }
+    if WRITER.load(Ordering::Acquire) != DONE {
+        gave_up();
+    }
     RECORDING.store(false, Ordering::Release);
+}
+
+/// The exit wait ran out (a pipe's reader that stopped reading, a hung file system): the trace
+/// ends without its exit record, which readers report as truncated. Say so, naming the file.
+/// The writer may be inside a write, so nothing more can be added to the file from here.
+/// Async-signal-safe: `readlink` and the stack-buffer logger only.
+#[cold]
+fn gave_up() {
+    let mut name = [0u8; 512];
+    let n = trace_name(&mut name);
+    let name = std::str::from_utf8(&name[..n]).unwrap_or("the trace");
+    crate::log!(
+        Warn,
+        "the trace {name} is incomplete: it was not written within {} s of the exit (its reader stopped?); \
+         it ends without the exit record",
+        FINISH_WAIT.as_secs()
+    );
+}
+
+/// The trace file's path (what `/proc/self/fd/N` links to) into `buf`; its length, 0 if unknown.
+fn trace_name(buf: &mut [u8]) -> usize {
+    let fd = state::TRACE_FD.load(Ordering::Acquire);
+    if fd < 0 {
+        return 0;
+    }
+    let mut link = crate::log::StackBuf::new();
+    use std::fmt::Write;
+    let _ = write!(link, "/proc/self/fd/{fd}\0");
+    // Safety: `link` is NUL-terminated, `buf` is writable for its length; readlink writes at
+    // most that many bytes and is async-signal-safe.
+    let n = unsafe { libc::readlink(link.as_bytes().as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return 0;
+    }
+    (n as usize).min(buf.len())
 }
 
 #[cfg_attr(test, allow(dead_code))]
@@ -172,26 +210,60 @@ extern "C" fn at_exit() {
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 // Safety: sigaction is plain C data; all-zero is a valid value.
 static mut PREVIOUS: [libc::sigaction; 2] = [unsafe { std::mem::zeroed() }; 2];
+/// Set on the first delivery of a signal whose previous handler was installed with
+/// `SA_RESETHAND`: from then on the signal has its default action, as the kernel would have it.
+static RESET: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
+/// Our handler in place of `prev`, with the program's semantics: its flags (`SA_RESTART` or
+/// not, `SA_NODEFER`, `SA_ONSTACK`) and mask. `SA_RESETHAND` is not passed on: the kernel would
+/// reset the disposition to SIG_DFL before our handler ran, and the next signal would kill the
+/// process without the trace being completed; [`on_signal`] resets it itself ([`RESET`]).
+/// Over the default action (which ends the process) the handler restarts interrupted calls.
+fn ours(prev: &libc::sigaction) -> libc::sigaction {
+    // Safety: sigaction is plain C data; all-zero is a valid value.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_signal as *const () as usize;
+    if prev.sa_sigaction == libc::SIG_DFL {
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // Safety: initialising a local signal set.
+        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    } else {
+        sa.sa_flags = (prev.sa_flags & !libc::SA_RESETHAND) | libc::SA_SIGINFO;
+        sa.sa_mask = prev.sa_mask;
+    }
+    sa
+}
+
+/// Install our SIGINT/SIGTERM handler over the program's (at the writer's start, so after the
+/// handlers a program installs before its first CUDA call; one it installs later replaces ours,
+/// and its own semantics hold by themselves).
 fn install_signals() {
     if SIGNALS_INSTALLED.swap(true, Ordering::AcqRel) {
         return;
     }
     for (i, sig) in SIGNALS.iter().enumerate() {
-        // Safety: PREVIOUS[i] is written once here, before our handler is installed, and only
-        // read by the handler afterwards.
+        // Safety: PREVIOUS[i] is written here, as our handler is installed, and only read by the
+        // handler afterwards; the sigaction structures are valid.
         unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            let prev = &raw mut PREVIOUS[i];
-            libc::sigaction(*sig, &sa, prev);
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(*sig, std::ptr::null(), &mut cur) != 0 {
+                continue;
+            }
             // An ignored signal stays ignored: a handler in its place would let it interrupt
             // blocking calls (EINTR), and an exec'd child would no longer inherit the SIG_IGN
             // (nohup, a shell's background job). It ends nothing, so there is no trace to finish.
+            if cur.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
+            let sa = ours(&cur);
+            let prev = &raw mut PREVIOUS[i];
+            libc::sigaction(*sig, &sa, prev);
+            // Another thread changed the disposition between the two calls: ours follows the
+            // one it replaced.
             if (*prev).sa_sigaction == libc::SIG_IGN {
                 libc::sigaction(*sig, prev, std::ptr::null_mut());
+            } else if (*prev).sa_sigaction != cur.sa_sigaction || (*prev).sa_flags != cur.sa_flags {
+                libc::sigaction(*sig, &ours(&*prev), std::ptr::null_mut());
             }
         }
     }
@@ -199,14 +271,18 @@ fn install_signals() {
 
 /// Fatal signal: complete the trace, then die by the same signal. A signal the program handles
 /// itself (Python's SIGINT → KeyboardInterrupt): flush and chain to its handler; the process
-/// keeps running and completes the trace at exit.
+/// keeps running and completes the trace at exit. A handler installed with `SA_RESETHAND` runs
+/// once; the signal's next delivery is fatal.
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
     // Safety: written once before this handler was installed.
     let prev = unsafe { PREVIOUS[i] };
-    let h = prev.sa_sigaction;
+    let mut h = prev.sa_sigaction;
     if h == libc::SIG_IGN {
         return;
+    }
+    if h != libc::SIG_DFL && prev.sa_flags & libc::SA_RESETHAND != 0 && RESET[i].swap(true, Ordering::AcqRel) {
+        h = libc::SIG_DFL;
     }
     if h == libc::SIG_DFL {
         finish(None, Some(sig));
@@ -243,6 +319,9 @@ extern "C" fn at_fork_child() {
     let follow = config_if_read().is_none_or(|c| c.follow_fork);
     CUPTI_DEFERRED.store(0, Ordering::Relaxed);
     if follow {
+        // The child writes a trace file of its own: a limit the parent reached (its
+        // MEMTRACE_MAX_BYTES, a queue it could not allocate) starts afresh here.
+        state::resume_in_child();
         STARTING.store(true, Ordering::Relaxed);
         WRITER.store(NOT_STARTED, Ordering::Release);
     } else {

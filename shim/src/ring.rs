@@ -47,6 +47,12 @@ static SHARED: AtomicPtr<ArrayQueue<(u32, RawEvent)>> = AtomicPtr::new(ptr::null
 
 /// Events dropped because a queue stayed full.
 pub static LOST: AtomicU64 = AtomicU64::new(0);
+/// Set once the trace reached `MEMTRACE_MAX_BYTES`: events the hooks drop from then on are
+/// counted in [`UNRECORDED`].
+pub static LIMIT_HIT: AtomicBool = AtomicBool::new(false);
+/// Events the hooks dropped past `MEMTRACE_MAX_BYTES` (the writer counts those it had queued
+/// already in its tally): the exit summary says how many went unrecorded.
+pub static UNRECORDED: AtomicU64 = AtomicU64::new(0);
 /// The writer's heartbeat: moves on every sweep and while it encodes.
 pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
 /// The heartbeat value at which the writer was declared stalled (u64::MAX = not stalled).
@@ -364,6 +370,42 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, &RawEvent)) -> Swee
     Sweep { events: n, sources, ..s }
 }
 
+/// Events queued in every ring and the shared queue, not yet taken by the writer.
+pub fn pending_events() -> u64 {
+    let q = SHARED.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len());
+    rings().map(|r| r.available() as u64).sum::<u64>() + shared as u64
+}
+
+/// Where every producer stood when the process began to exit: the events pushed by then,
+/// which the writer must write before the trace's end, or count as lost.
+pub struct Mark {
+    rings: Vec<(&'static Ring, usize)>,
+    shared: usize,
+}
+
+/// The events queued now, in every ring and the shared queue ([`behind`]).
+pub fn mark() -> Mark {
+    let q = SHARED.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len());
+    Mark { rings: rings().map(|r| (r, r.tail.0.load(Ordering::Acquire))).collect(), shared }
+}
+
+/// Events queued before `m` that the writer has not taken yet.
+pub fn behind(m: &Mark) -> u64 {
+    let q = SHARED.load(Ordering::Acquire);
+    // Safety: published queues live forever.
+    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len()).min(m.shared);
+    let rings = m.rings.iter().map(|(r, t)| {
+        // Past the mark once `head` reaches it; indices wrap, so compared as a signed distance.
+        let d = t.wrapping_sub(r.head.0.load(Ordering::Acquire)) as isize;
+        d.max(0) as u64
+    });
+    rings.sum::<u64>() + shared as u64
+}
+
 /// Put a sweep's events (`batch`, after the events held back last time, `pending`) in the
 /// order they are written: by stamp when more than one source contributed. Events that may
 /// still be overtaken stay in `pending`: those stamped after `watermark` (taken just before the
@@ -413,6 +455,8 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
     }
     SHARED.store(ptr::null_mut(), Ordering::Release);
     LOST.store(0, Ordering::Relaxed);
+    LIMIT_HIT.store(false, Ordering::Relaxed);
+    UNRECORDED.store(0, Ordering::Relaxed);
     STALLED_AT.store(u64::MAX, Ordering::Relaxed);
 }
 

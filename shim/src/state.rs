@@ -67,9 +67,24 @@ pub fn clock_origin() -> u64 {
 /// A queue's memory could not be allocated, and recording stopped: the trace says so at its end.
 pub static OUT_OF_MEMORY: AtomicBool = AtomicBool::new(false);
 
+/// Recording stopped at `MEMTRACE_MAX_BYTES` (a limit of this process's trace file only).
+static LIMIT_REACHED: AtomicBool = AtomicBool::new(false);
+
 /// Stop recording for good (size limit reached).
 pub fn stop_recording() {
+    LIMIT_REACHED.store(true, Ordering::Release);
     RECORDING.store(false, Ordering::Release);
+}
+
+/// A fork child that traces into a file of its own: recording stopped by the parent's size
+/// limit or by a queue the parent could not allocate starts again (its own limit, fresh
+/// queues). Recording stopped for other reasons (another copy of the shim) stays stopped.
+pub fn resume_in_child() {
+    let limit = LIMIT_REACHED.swap(false, Ordering::AcqRel);
+    let oom = OUT_OF_MEMORY.swap(false, Ordering::AcqRel);
+    if limit || oom {
+        RECORDING.store(true, Ordering::Release);
+    }
 }
 
 /// The descriptor of this process's open trace file, -1 when none: a fork child closes its

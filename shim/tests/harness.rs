@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 27] = [
+const PROGRAMS: [&str; 34] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -74,6 +74,13 @@ const PROGRAMS: [&str; 27] = [
     "p_exec_self",
     "p_main_exit_fds",
     "p_own_mark",
+    "p_sig_eintr",
+    "p_sig_resethand",
+    "p_fork_past_limit",
+    "p_many_allocs",
+    "p_close_fds",
+    "p_exit_backlog",
+    "p_past_max_bytes",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -12,7 +12,13 @@ mod harness;
 mod host;
 /// Exit paths, signals, fork, threads, markers and configuration.
 mod lifecycle;
+/// The program's own signal semantics under the shim, a fork child's fresh size limit, an exit
+/// wait that runs out.
+mod lifecycle_edges;
 /// The real libcudart.so.13 from the nvidia-cuda-runtime wheel, with no driver.
 mod real_cudart;
 /// Traces read back for assertions; counts from memsim's `TraceStats`.
 mod stats;
+/// The writer's edges: a program that takes the trace's descriptor, a backlog at exit, calls
+/// past the size limit.
+mod writer_edges;

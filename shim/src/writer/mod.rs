@@ -1,14 +1,14 @@
 //! The writer thread: drains the rings, writes the file, and flushes it while the process runs.
 //! Turning raw events into records is [`translate`]; resolving caller modules and kernel names
-//! off the hot path is [`names`]; the exit summary is [`summary`].
+//! off the hot path is [`names`]; the exit summary is [`summary`]; the file itself is [`file`].
 
+mod file;
 mod names;
 mod summary;
 mod translate;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CString};
-use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use crate::event::{RawEvent, RawKind};
 use crate::state::{self, DONE, FINISH, FLUSH, NOT_STARTED, RUNNING, WRITER};
 use crate::{log, raw, ring};
 
+use file::{beside, open_own, process_start, std_stream_of, TraceFile};
 use names::Names;
 use summary::Tally;
 
@@ -171,214 +172,48 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-/// The open trace file, published in [`state::TRACE_FD`] for a fork child to close. The
-/// descriptor is withdrawn before it closes, so a later fork child never closes a reused number.
-struct TraceFile(File);
-
-impl TraceFile {
-    fn new(file: File) -> Self {
-        use std::os::fd::AsRawFd;
-        state::TRACE_FD.store(file.as_raw_fd(), Ordering::Release);
-        Self(file)
-    }
+/// The trace could not be written (`doing` it failed with `e`): recording stops, said once,
+/// with the events queued and not written (`held` of them held back by the writer) counted.
+#[cold]
+fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
+    let dropped = ring::pending_events() + held as u64;
+    ring::LOST.fetch_add(dropped, Ordering::Relaxed);
+    log!(
+        Warn,
+        "{doing} {path} failed: {e:#}; recording stopped, the trace ends incomplete (without its exit record; \
+         {dropped} queued events not written)"
+    );
 }
 
-impl std::io::Write for TraceFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
+/// How long the writer goes on writing the events queued before the exit: less than the exit
+/// path waits for it (5 s, `lifecycle::FINISH_WAIT`), so that the trace still gets its end.
+const ENDING_WAIT: Duration = Duration::from_secs(4);
+
+/// The exit, as the writer sees it: what was queued when it began, and until when to write it.
+struct Ending {
+    mark: ring::Mark,
+    deadline: std::time::Instant,
 }
 
-impl Drop for TraceFile {
-    fn drop(&mut self) {
-        state::TRACE_FD.store(-1, Ordering::Release);
+impl Ending {
+    fn new() -> Self {
+        Self { mark: ring::mark(), deadline: std::time::Instant::now() + ENDING_WAIT }
     }
-}
 
-fn is_fifo(path: &str) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
-}
-
-/// Writes to `file` wait for the reader again (it was opened non-blocking): a pipe's reader that
-/// is slower than the program must not make the writer drop the trace.
-fn blocking(file: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    // Safety: reading and setting the status flags of a descriptor this function's caller owns.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // Safety: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
+    /// Whether this is the last round, after a sweep that took `n` events: nothing new, every
+    /// event queued before the exit taken, or no time left.
+    fn done(&self, n: usize) -> bool {
+        n == 0 || ring::behind(&self.mark) == 0 || std::time::Instant::now() >= self.deadline
     }
-    Ok(())
-}
 
-/// The trace file of this process, locked for its lifetime. The trace goes straight to its final
-/// path, not through a rename: a process killed with SIGKILL must still leave a trace readable up
-/// to its last complete frame. A path another live process holds (a fork or exec child under an
-/// `MEMTRACE_OUT` without `%p`, or two ranks given one file) is left to it: truncating it would
-/// corrupt that process's trace, so this one writes beside it, `NAME.PID.EXT`, and says so.
-fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
-    let mut path = wanted.clone();
-    // Earlier images of this process (exec without fork) whose traces were found, each kept.
-    let mut images = 0u32;
-    for attempt in 0..16 {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Non-blocking open: a FIFO no process reads would block the writer for good, the
-        // rings would fill and the program's exit would wait on a writer that never started.
-        let opened = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path);
-        let file = match opened {
-            Ok(f) => f,
-            // ENXIO is also a socket behind /proc/self/fd, or /dev/tty without a terminal.
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && is_fifo(&path) => {
-                log!(Warn, "MEMTRACE_OUT {path} is a pipe no process reads; recording disabled");
-                return None;
-            }
-            Err(e) => {
-                log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
-                return None;
-            }
-        };
-        if let Err(e) = blocking(&file) {
-            log!(Warn, "cannot write the trace to {path}: {e}; recording disabled");
-            return None;
+    /// Events queued before the exit and not written (no time was left) are counted as lost,
+    /// so the trace's `process_exit` says it is incomplete.
+    fn count_abandoned(&self) {
+        let left = ring::behind(&self.mark);
+        if left > 0 {
+            ring::LOST.fetch_add(left, Ordering::Relaxed);
+            log!(Warn, "{left} events queued before the exit could not be written in time; counted as lost");
         }
-        // A device, pipe or terminal (`/dev/stdout`, a FIFO) streams the trace: nothing to
-        // lock or truncate, and nothing written beside it.
-        let meta = file.metadata();
-        if !meta.as_ref().is_ok_and(|m| m.is_file()) {
-            return Some((file, path));
-        }
-        // `/dev/stdout` with stdout redirected to a file opens that file afresh, at offset 0:
-        // truncating it erased the program's output, and the program then wrote over the trace.
-        // The trace shares the stream's offset instead, as it does through a pipe.
-        if let Some(fd) = meta.as_ref().ok().and_then(std_stream_of) {
-            // Safety: duplicating a descriptor the process has open; the new one is ours.
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-            if dup < 0 {
-                let e = std::io::Error::last_os_error();
-                log!(Warn, "cannot write the trace to {path}, this program's fd {fd}: {e}; recording disabled");
-                return None;
-            }
-            use std::os::fd::FromRawFd;
-            // Safety: `dup` is a fresh descriptor nothing else owns.
-            let stream = unsafe { File::from_raw_fd(dup) };
-            // An exec'd child (torchrun's workers, a subprocess) inherits the stream its parent
-            // traces into: two traces in one stream cannot be read apart.
-            if traced_already(&path) {
-                log!(
-                    Warn,
-                    "MEMTRACE_OUT {path} is this program's output, where another process already writes a trace: \
-                     pid {pid} does not trace (give a path with %p)"
-                );
-                return None;
-            }
-            return Some((stream, path));
-        }
-        use std::os::fd::AsRawFd;
-        // Safety: flock on a descriptor this function owns; LOCK_NB never blocks. The lock lives
-        // as long as the descriptor, which the writer holds until the trace is complete.
-        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        let held = locked != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
-        if !held {
-            // This process's own trace, written before it exec'd this image (the lock went with
-            // the old image's descriptor): truncating it erased that trace in silence.
-            if own_earlier_trace(&path, pid) {
-                images += 1;
-                let tag = if images == 1 { pid.to_string() } else { format!("{pid}.{images}") };
-                let beside = beside(&wanted, &tag);
-                log!(
-                    Warn,
-                    "trace file {path} holds this process's trace from before it exec'd this program; pid {pid} \
-                     traces into {beside}"
-                );
-                path = beside;
-                continue;
-            }
-            // Locked, or a file system without locks (then as before: ours to truncate).
-            if let Err(e) = file.set_len(0) {
-                log!(Warn, "cannot truncate trace file {path}: {e}; recording disabled");
-                return None;
-            }
-            return Some((file, path));
-        }
-        if attempt > 0 {
-            break;
-        }
-        let beside = beside(&path, &pid.to_string());
-        log!(
-            Warn,
-            "trace file {path} is being written by another process (MEMTRACE_OUT without %p?); \
-             pid {pid} traces into {beside}"
-        );
-        path = beside;
-    }
-    log!(Warn, "trace file {path} is being written by another process too; recording disabled");
-    None
-}
-
-/// Whether the first 64 KiB of a regular file hold a trace's magic (the parent's header, which
-/// reaches the file as soon as its writer starts, after whatever the program printed first).
-/// Opened afresh for reading: the stream itself is usually write-only.
-fn traced_already(path: &str) -> bool {
-    use std::io::Read;
-    let mut head = Vec::with_capacity(64 << 10);
-    let read = File::open(path).and_then(|f| f.take(64 << 10).read_to_end(&mut head));
-    read.is_ok() && head.windows(trace::codec::MAGIC.len()).any(|w| w == trace::codec::MAGIC)
-}
-
-/// This process's start time (`/proc/self/stat` field 22, clock ticks since boot): an exec
-/// keeps it, and a later process given the same pid (a container's pid 1, run again) has
-/// another.
-fn process_start() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command, which may hold spaces: the state is field 3, the start 22.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the file at `path` holds a trace of this very process before an exec: its header's
-/// pid and start time are this process's. Opened afresh for reading: the writer's descriptor
-/// is write-only.
-fn own_earlier_trace(path: &str, pid: u32) -> bool {
-    let Some(start) = process_start() else { return false };
-    let Ok(f) = File::open(path) else { return false };
-    trace::open_reader(std::io::BufReader::new(f)).is_ok_and(|r| {
-        let h = r.header();
-        h.pid == Some(pid) && h.meta(&trace::metadata::SHIM_PROCESS_START) == Some(start.to_string().as_str())
-    })
-}
-
-/// The program's stdout or stderr, when `meta` is the file one of them writes to.
-fn std_stream_of(meta: &std::fs::Metadata) -> Option<i32> {
-    use std::os::unix::fs::MetadataExt;
-    [1, 2].into_iter().find(|&fd| {
-        // Safety: an all-zero `stat` is a valid value of this plain C struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // Safety: fstat fills a local struct; a closed descriptor only returns an error.
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-        ok && st.st_dev == meta.dev() && st.st_ino == meta.ino()
-    })
-}
-
-/// `dir/NAME.TAG.EXT` beside `dir/NAME.EXT` (`PATH.TAG` without an extension); the tag is a
-/// pid.
-fn beside(path: &str, pid: &str) -> String {
-    let p = std::path::Path::new(path);
-    match (p.file_stem(), p.extension()) {
-        (Some(stem), Some(ext)) => p
-            .with_file_name(format!("{}.{pid}.{}", stem.to_string_lossy(), ext.to_string_lossy()))
-            .to_string_lossy()
-            .into_owned(),
-        _ => format!("{path}.{pid}"),
     }
 }
 
@@ -418,36 +253,42 @@ fn run() -> bool {
     let mut dirty = false;
     let mut batch: Vec<(u32, RawEvent)> = Vec::new();
     let mut pending: Vec<(u32, RawEvent)> = Vec::new();
-    let mut finishing_rounds = 0u32;
+    let mut ending: Option<Ending> = None;
     let mut alone_checked = std::time::Instant::now();
     let mut ended_alone = false;
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
+        if finishing && ending.is_none() {
+            ending = Some(Ending::new());
+        }
         // Events stamped after this may still be overtaken by events of a ring swept earlier;
         // see `ring::order`.
         let watermark = clock::stamp();
-        // Finishing: sweep until the rings are empty, but not forever if threads keep calling.
-        finishing_rounds += u32::from(finishing);
+        // Finishing: sweep until every event queued before the exit is written (threads that
+        // keep calling do not hold the exit up), or until the exit's wait runs out.
         let lone = if pending.is_empty() { ring::lone_source() } else { None };
         let swept = match lone {
-            Some(r) => cx.sweep_in_place(r),
-            None => cx.sweep_merged(&mut batch, &mut pending, watermark, finishing, finishing_rounds, &mut last_flush),
+            Some(r) => cx.sweep_in_place(r).map(|n| (n, ending.as_ref().is_some_and(|e| e.done(n)))),
+            None => cx.sweep_merged(&mut batch, &mut pending, watermark, ending.as_ref(), &mut last_flush),
         };
-        let n = match swept.and_then(|n| cx.drain_cupti(&mut dirty).map(|_| n)) {
-            Ok(n) => n,
+        let (n, last_round) = match swept.and_then(|s| cx.drain_cupti(&mut dirty).map(|_| s)) {
+            Ok(s) => s,
             Err(e) => {
-                log!(Warn, "writing {path} failed: {e:#}; recording stopped");
+                stopped(&path, "writing", &e, pending.len());
                 return false;
             }
         };
         dirty |= n > 0;
-        if finishing && (n == 0 || finishing_rounds > 64) {
+        if last_round {
+            if let Some(e) = &ending {
+                e.count_abandoned();
+            }
             cx.finish(&path);
             return ended_alone;
         }
         if dirty && (FLUSH.swap(false, Ordering::AcqRel) || last_flush.elapsed() >= FLUSH_EVERY) {
             if let Err(e) = cx.w.flush() {
-                log!(Warn, "flushing {path} failed: {e:#}; recording stopped");
+                stopped(&path, "flushing", &e, pending.len());
                 return false;
             }
             last_flush = std::time::Instant::now();
@@ -501,24 +342,23 @@ impl Ctx {
 
     /// Several sources (or events held back last time): copy the sweep into `batch`, merge by
     /// stamp, write what can no longer be overtaken and hold back the rest in `pending`
-    /// (`ring::order`). The last round (finishing, and nothing new or too many rounds) writes
-    /// everything. Returns how many events the sweep took.
+    /// (`ring::order`). The last round ([`Ending::done`]) writes everything. Returns how many
+    /// events the sweep took, and whether it was the last round.
     fn sweep_merged(
         &mut self,
         batch: &mut Vec<(u32, RawEvent)>,
         pending: &mut Vec<(u32, RawEvent)>,
         watermark: u64,
-        finishing: bool,
-        finishing_rounds: u32,
+        ending: Option<&Ending>,
         last_flush: &mut std::time::Instant,
-    ) -> Result<usize, trace::TraceError> {
+    ) -> Result<(usize, bool), trace::TraceError> {
         let sweep = ring::drain_all(SWEEP_PER_RING, |tid, ev| batch.push((tid, *ev)));
         // After the sweep: every stamp it took is older than the clock map's newest sample.
         self.clock.refresh();
         let n = sweep.events;
-        let last_round = finishing && (n == 0 || finishing_rounds > 64);
+        let last_round = ending.is_some_and(|e| e.done(n));
         if batch.is_empty() && pending.is_empty() {
-            return Ok(n);
+            return Ok((n, last_round));
         }
         ring::order(batch, pending, &sweep, watermark, last_round);
         for (i, (tid, ev)) in batch.iter().enumerate() {
@@ -532,7 +372,7 @@ impl Ctx {
             }
         }
         batch.clear();
-        Ok(n)
+        Ok((n, last_round))
     }
 
     /// Write what CUPTI delivered since the last sweep.
@@ -562,6 +402,7 @@ impl Ctx {
     #[inline(never)]
     fn limit_reached(&mut self) -> Result<(), trace::TraceError> {
         self.limit_hit = true;
+        ring::LIMIT_HIT.store(true, Ordering::Release);
         // The text memsim reads as "recording stopped here" (one owner: `trace::marker`).
         let text = trace::marker::byte_limit(self.max_bytes);
         let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
@@ -573,8 +414,17 @@ impl Ctx {
     }
 }
 
-/// Free what an event owns when it is not written.
+/// An event the hooks did not queue (recording stopped, no writer, a queue full): what it owns
+/// is freed, and past `MEMTRACE_MAX_BYTES` it is counted as not recorded.
 pub fn release(ev: &RawEvent) {
+    if ring::LIMIT_HIT.load(Ordering::Relaxed) {
+        ring::UNRECORDED.fetch_add(1, Ordering::Relaxed);
+    }
+    free_owned(ev);
+}
+
+/// Free what an event owns when it is not written.
+fn free_owned(ev: &RawEvent) {
     if ev.kind == RawKind::Marker && ev.aux != 0 {
         // Safety: see Ctx::handle; an event is either written or released, never both.
         drop(unsafe { CString::from_raw(ev.aux as *mut c_char) });

@@ -52,6 +52,7 @@ impl Ctx {
         }
         if !config().quiet {
             let t = &self.tally;
+            let over_limit = t.over_limit + ring::UNRECORDED.load(Ordering::Relaxed);
             let mut b = log::StackBuf::new();
             use std::fmt::Write;
             let _ = writeln!(
@@ -72,7 +73,7 @@ impl Ctx {
                 t.peak,
                 t.peak as f64 / (1u64 << 20) as f64,
                 lost,
-                if t.over_limit > 0 { format!(", {} not recorded past MEMTRACE_MAX_BYTES", t.over_limit) } else { String::new() },
+                if over_limit > 0 { format!(", {over_limit} not recorded past MEMTRACE_MAX_BYTES") } else { String::new() },
                 path
             );
             log::write_fd(2, b.as_bytes());

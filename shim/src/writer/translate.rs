@@ -6,7 +6,7 @@ use trace::{
     Alloc, Event, Free, FreeStage, KernelExec, KernelLaunch, Marker, MemoryKind, Origin, PoolTrim, Record, Vmm, VmmOp,
 };
 
-use super::{release, Ctx};
+use super::{free_owned, Ctx};
 use crate::cupti::{Activity, Exec, Mem};
 use crate::event::{mem, unpack, vmm, RawEvent, RawKind};
 
@@ -83,7 +83,7 @@ impl Ctx {
     pub(super) fn handle(&mut self, tid: u32, ev: &RawEvent) -> Result<(), trace::TraceError> {
         if self.limit_hit {
             self.tally.over_limit += 1;
-            release(ev);
+            free_owned(ev);
             return Ok(());
         }
         let api = ev.api;
