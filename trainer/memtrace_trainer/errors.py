@@ -124,6 +124,14 @@ class EntryFailedError(UserCodeError, ModelFailedError):
     in the tracer's loop, or a `--step` function's step() (not its builder)."""
 
 
+def model_label(spec: str, family: str) -> str:
+    """A model as messages name it: `--entry 'MOD:FN'`, the API's `python:` model, `--model
+    SPEC`."""
+    if family != "entry":
+        return f"--model {spec}"
+    return spec if spec.startswith("python:") else f"--entry {spec!r}"
+
+
 def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Exception) -> UserError:
     """A model that failed in PyTorch while `doing` (training it, a forward pass for its
     features): the user's `--entry` or API model with their frames; a zoo model that PyTorch
@@ -133,9 +141,8 @@ def model_failed(spec: str, family: str, batch_size: int, doing: str, exc: Excep
     if (too_large := size_overflow(exc)) is not None:
         return too_large
     if family == "entry":
-        what = spec if spec.startswith("python:") else f"--entry {spec!r}"
         failed: ModelFailedError = EntryFailedError(
-            f"{what}: the model failed at batch {batch_size}:", exc
+            f"{model_label(spec, family)}: the model failed at batch {batch_size}:", exc
         )
     else:
         said = str(exc).strip().splitlines()

@@ -10,6 +10,7 @@ the allocator's budget. So the answer fits by `estimate`, and the next batch doe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -67,6 +68,21 @@ def _replay(trace: Path, profile: Path, capacity: str | None, point: bool) -> di
         raise UserError(f"memsim replay --json: unexpected output ({e!r})") from None
 
 
+def _requests(trace: Path) -> str:
+    """A digest of a trace's allocation requests as the job made them (each alloc and free, its
+    requested size and stream, in order), before the allocator rounds them: two probes with the
+    same digest asked for the same memory; memsim's peaks (rounded to its blocks) may be equal
+    while the requests grew."""
+    digest = hashlib.sha256()
+    with trace.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if "size" in event and "addr" in event:
+                said = (event["kind"], event["size"], event.get("stream", 0))
+                digest.update(json.dumps(said).encode())
+    return digest.hexdigest()
+
+
 def _probe(
     prof: Profile,
     capacity: str | None,
@@ -82,6 +98,7 @@ def _probe(
     path = tmp / f"probe-{value}.jsonl"
     defaults = trace_at(value, prof, path)
     result = _replay(path, prof.path, capacity, point)
+    result["requests"] = _requests(path)
     path.unlink()
     if result["peak_allocated_bytes"] == 0:
         raise nothing_on_the_gpu(label)  # as `estimate` refuses it: no search of nothing
@@ -228,18 +245,21 @@ def _failed_after(
                         f"so far): {e}") from e  # fmt: skip
 
 
-def _same_need(probes: dict[int, dict[str, Any]], command: str, axis: str, step: int) -> None:
-    """The search ran to its limit with every probe needing the same bytes: the job does not
-    depend on the searched size (a step builder that ignores its batch_size), so the answer is
-    the limit's, not memory's."""
-    needs = {(p["peak_allocated_bytes"], p["peak_reserved_bytes"]) for p in probes.values()}
-    if len(probes) > 1 and len(needs) == 1:
+def _same_need(
+    probes: dict[int, dict[str, Any]], requests: dict[int, str], command: str, axis: str, step: int
+) -> None:
+    """The search ran to its limit with every probe's trace making the same allocation
+    requests (`requests`: each probe's digest, `_requests`): the job does not depend on the
+    searched size (a step builder that ignores its batch_size), so the answer is the limit's,
+    not memory's. Compared before the allocator's rounding: a small model's growing tensors
+    round to the same blocks and are no sign of it."""
+    if len(probes) > 1 and len(set(requests.values())) == 1:
         low, high = min(probes) * step, max(probes) * step
-        same = next(iter(needs))[0] / MIB
-        warn(f"{command}: every probe, {axis} {low} to {high}, needs the same {same:.1f} MiB "
-             f"allocated: the need never changed with the {axis}, so the search found no "
-             f"dependence on it and answers its limit (does the job use the {axis} it is "
-             "given?)")  # fmt: skip
+        same = probes[min(probes)]["peak_allocated_bytes"] / MIB
+        warn(f"{command}: every probe, {axis} {low} to {high}, makes the same allocations "
+             f"({same:.1f} MiB allocated at the peak): the need never changed with the {axis}, "
+             f"so the search found no dependence on it and answers its limit (does the job use "
+             f"the {axis} it is given?)")  # fmt: skip
 
 
 def max_batch(
@@ -261,6 +281,7 @@ def max_batch(
     command = "max-batch" if axis == "batch" else "max-seq"
     started = time.perf_counter()
     probes: dict[int, dict[str, Any]] = {}
+    requests: dict[int, str] = {}  # each probe's allocation requests (`_requests`)
     defaults: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="memtrace-maxbatch-") as tmp:
 
@@ -274,6 +295,7 @@ def max_batch(
                 _failed_after(e, probes, label, axis, step)
                 raise
             defaults.update(result.pop("defaults"))
+            requests[batch] = result.pop("requests")
             probes[batch] = {"batch": batch, **result}
             return bool(result["fits"])
 
@@ -308,7 +330,7 @@ def max_batch(
                         f"from {unprobed * step} up were not: a larger one may fit"
                     )
     if hit_limit:
-        _same_need(probes, command, axis, step)
+        _same_need(probes, requests, command, axis, step)
     # When nothing fits, the need is the smallest probe's: how far the job is from fitting.
     shown = probes[best] if best else probes[min(probes)]
     return {
@@ -357,6 +379,7 @@ def min_world_size(
             label = f"min-world-size: {ranks(world)}, per GPU"
             result = _probe(prof, capacity, point, trace_at, world, Path(tmp), label)
             defaults.update(result.pop("defaults"))
+            result.pop("requests")
             probes.append({"world_size": world, **result})
             if result["fits"]:
                 best = world

@@ -21,6 +21,8 @@ from torch.overrides import TorchFunctionMode
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace import gpus
+from memtrace_trainer.symtrace.gpus import on_device, one_gpu
 from memtrace_trainer.symtrace.recorder import Recorder
 
 META = torch.device("meta")
@@ -30,34 +32,6 @@ def _is_cuda(v: Any) -> bool:
     if isinstance(v, torch.device):
         return v.type == "cuda"
     return isinstance(v, str) and v.split(":", 1)[0] == "cuda"
-
-
-# The GPUs the traced program sees (`torch.cuda.device_count()`): one, rank 0's.
-DEVICES = 1
-
-
-def one_gpu(v: Any) -> None:
-    """Refuse a CUDA device past the one the program sees (`cuda:1` where device_count() is 1),
-    as a one-GPU machine does ("invalid device ordinal"), rather than fold it onto device 0 and
-    count a model split over two GPUs as one GPU's. `v`: a device, its name or an index."""
-    if isinstance(v, str) and _is_cuda(v):
-        v = torch.device(v)
-    index = v.index if isinstance(v, torch.device) and v.type == "cuda" else v
-    if type(index) is not int or 0 <= index < DEVICES:
-        return
-    import traceback
-
-    from memtrace_trainer.errors import is_user_file
-
-    mine = [f for f in traceback.extract_stack() if is_user_file(f.filename)]
-    at = f" (at {mine[-1].filename}:{mine[-1].lineno})" if mine else ""
-    raise UserError(
-        f"your code uses cuda:{index}{at}, but the traced machine has one GPU "
-        f'(torch.cuda.device_count() is {DEVICES}): a one-GPU run fails there with "CUDA '
-        'error: invalid device ordinal"; memtrace traces one GPU: use "cuda" or the '
-        "`device` argument (a job sharded over several GPUs is traced as its rank 0: "
-        "--world-size N)"
-    )
 
 
 class DeviceMap(TorchFunctionMode):
@@ -82,8 +56,9 @@ class DeviceMap(TorchFunctionMode):
             value = args[0]._memtrace_value
             _tag(out, (not value) if func in _NEGATE else value)
             return out
-        if _is_cuda(kwargs.get("device")):
-            one_gpu(kwargs["device"])
+        index = gpus.cuda_index(kwargs.get("device"))  # "cuda", "cuda:0", `device=0`
+        if index is not None:
+            gpus.check(index)
             kwargs = {**kwargs, "device": META}
         if func is torch.Tensor.to:
             one_gpu(args[1] if len(args) > 1 else None)  # `x.to(1)`, `x.to("cuda:1")`
@@ -200,6 +175,11 @@ _SUMMARY = (
 )
 
 
+def _memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    gpus.asked(device)
+    return _SUMMARY
+
+
 def _memory_stats(rec: Recorder) -> dict[str, int]:
     """`torch.cuda.memory_stats()` as far as the trace knows it: the allocated and active bytes
     (current and peak), which are the recorder's live bytes. Reserved bytes need the allocator,
@@ -298,6 +278,8 @@ class _Stream:
     _next_id = 1
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        if device is not None:  # `torch.cuda.Stream(device=1)`
+            gpus.asked(device)
         _Stream._next_id += 1
         self.stream_id = _Stream._next_id
         self.device = META
@@ -407,34 +389,39 @@ class CudaShim:
             "is_available": lambda: True,
             "device_count": lambda: 1,
             "current_device": lambda: 0,
-            "set_device": one_gpu,
-            "synchronize": lambda device=None: None,
-            "get_device_name": lambda device=None: p.gpu,
-            "get_device_capability": lambda device=None: p.compute_capability,
-            "get_device_properties": lambda device=None: props,
+            "set_device": gpus.set_device,
+            "_exchange_device": gpus.exchange_device,  # `with torch.cuda.device(i)`
+            "_maybe_exchange_device": gpus.exchange_device,
             "is_bf16_supported": lambda including_emulation=True: p.compute_capability >= (8, 0),
-            "mem_get_info": lambda device=None: (self._free(), p.total_memory),
-            "memory_allocated": lambda device=None: rec.live_bytes,
-            "max_memory_allocated": lambda device=None: rec.peak_bytes,
             "empty_cache": lambda: rec.control("empty_cache"),
-            "reset_peak_memory_stats": lambda device=None: rec.control("reset_peak_stats"),
             "manual_seed": lambda seed: None,
             "manual_seed_all": lambda seed: None,
             "Stream": _Stream,
             "Event": _Event,
             "stream": self._stream_context,
-            "current_stream": lambda device=None: self._current,
-            "default_stream": lambda device=None: _DEFAULT_STREAM,
         }
-        answers["memory_stats"] = lambda device=None: _memory_stats(rec)
-        answers["memory_summary"] = lambda device=None, abbreviated=False: _SUMMARY
+        # What takes a device answers for the one GPU, and refuses another as PyTorch would.
+        answers |= {name: on_device(value) for name, value in {
+            "synchronize": lambda: None,
+            "get_device_name": lambda: p.gpu,
+            "get_device_capability": lambda: p.compute_capability,
+            "get_device_properties": lambda: props,
+            "mem_get_info": lambda: (self._free(), p.total_memory),
+            "memory_allocated": lambda: rec.live_bytes,
+            "max_memory_allocated": lambda: rec.peak_bytes,
+            "reset_peak_memory_stats": lambda: rec.control("reset_peak_stats"),
+            "current_stream": lambda: self._current,
+            "default_stream": lambda: _DEFAULT_STREAM,
+            "memory_stats": lambda: _memory_stats(rec),
+        }.items()}  # fmt: skip
+        answers["memory_summary"] = _memory_summary
         for name, value in answers.items():
             self._patch(c, name, value)
         # DataLoader's pinning thread asks the accelerator which device it is on.
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None:
             for name, value in (("current_device_index", lambda: 0),
-                                ("set_device_index", lambda device: None),
+                                ("set_device_index", gpus.set_device_index),
                                 ("is_available", lambda: True),
                                 ("device_count", lambda: 1)):  # fmt: skip
                 if hasattr(accelerator, name):
@@ -565,6 +552,7 @@ def _eager_compile(model: Any = None, **kwargs: Any) -> Any:
 
 def _reserved_unavailable(name: str) -> Callable[..., int]:
     def answer(device: Any = None) -> int:
+        gpus.asked(device)  # another GPU is refused first, as by every query
         import traceback
 
         from memtrace_trainer.errors import _library_dirs

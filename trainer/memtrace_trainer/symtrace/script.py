@@ -32,6 +32,7 @@ from memtrace_trainer import markers
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile
+from memtrace_trainer.symtrace.gpus import OtherGpuError
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import (
     Run,
@@ -233,6 +234,8 @@ def run_script(
                 # sys.exit("a message") exits 1 and prints the message; sys.exit(N) is a status.
                 said = f"with status {e.code}" if isinstance(e.code, int) else f"saying: {e.code}"
                 raise UserError(f"--script {path}: the script exited {said}") from None
+        except OtherGpuError as e:
+            raise e.named(f"--script {path}") from e
         except UserError:
             raise
         except Exception as e:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer import markers
-from memtrace_trainer.errors import UserError, model_failed, raised_by_memtrace
+from memtrace_trainer.errors import UserError, model_failed, model_label, raised_by_memtrace
 from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
 from memtrace_trainer.profile import Profile
@@ -287,7 +287,7 @@ def run(workload: Workload, cfg: StepConfig, profile: Profile, rec: Recorder) ->
             profile,
             rec,
             cfg.cuda_emulation,
-            workload.spec,
+            model_label(workload.spec, workload.family),
             models=[workload.model],
             flash=flash_of(workload),
         )

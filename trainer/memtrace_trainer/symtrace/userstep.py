@@ -35,6 +35,7 @@ from memtrace_trainer.errors import EntryFailedError, UserCodeError, UserError, 
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
+from memtrace_trainer.symtrace.gpus import OtherGpuError
 from memtrace_trainer.symtrace.recorder import Recorder, storage_resizes
 from memtrace_trainer.workload import user_function
 
@@ -410,6 +411,16 @@ def _call(
         raise kind(message, e) from e
 
 
+@contextlib.contextmanager
+def _named_as(what: str) -> Iterator[None]:
+    """A second GPU used in the traced code, refused led by whose code it is (`--step NAME`),
+    as the user's other errors are."""
+    try:
+        yield
+    except OtherGpuError as e:
+        raise e.named(what) from e
+
+
 def run_steps(
     make: StepFn,
     steps: int,
@@ -426,7 +437,7 @@ def run_steps(
     user_step = models is None
     check_steps(steps)
     before = set(_modules()) if models is None else set()
-    with tracing(profile, rec, cuda_emulation, flash) as run:
+    with _named_as(what), tracing(profile, rec, cuda_emulation, flash) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
         # A user's step gets "cuda", as on a GPU: the tracer's device answers to it, and the
