@@ -2,8 +2,9 @@
 //! (atexit, `_exit`, fatal signals), fork handling, and the load-time constructor. The flags it
 //! drives live in [`crate::state`]; the configuration in [`crate::config`].
 
+use std::cell::UnsafeCell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::time::Duration;
 
 use crate::clock;
@@ -153,7 +154,7 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
     if signal.is_none() {
         crate::cupti::flush();
     }
-    state::FINISH.store(true, Ordering::Release);
+    state::set_finish();
     let step = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
     let mut waited = Duration::ZERO;
     while WRITER.load(Ordering::Acquire) != DONE && waited < FINISH_WAIT {
@@ -208,8 +209,47 @@ extern "C" fn at_exit() {
 }
 
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+/// The handlers ours replaced, per signal: two slots, each written at most once before it is
+/// published through `current`, so the signal handler never reads a slot being written.
+/// Slot 0 holds the action read before ours was installed, published before ours goes live;
+/// slot 1 the action `sigaction` reports it replaced, when another thread changed it between.
+struct Previous {
+    slots: [[UnsafeCell<libc::sigaction>; 2]; 2],
+    current: [AtomicU8; 2],
+}
+
+// Safety: a slot is written only by `install_signals` (once, guarded by SIGNALS_INSTALLED)
+// before its index is stored in `current` with Release; readers load `current` with Acquire and
+// read only the slot it names, which is never written again.
+unsafe impl Sync for Previous {}
+
+impl Previous {
+    /// Signal `i`'s previous action, as published.
+    fn get(&self, i: usize) -> libc::sigaction {
+        let k = usize::from(self.current[i].load(Ordering::Acquire) & 1);
+        // Safety: slot `k` was written before `current[i]` named it and is not written again.
+        unsafe { *self.slots[i][k].get() }
+    }
+
+    /// Write signal `i`'s slot `k` and publish it.
+    ///
+    /// Safety: called only by `install_signals`, once per slot, before the slot is published.
+    unsafe fn publish(&self, i: usize, k: usize, sa: libc::sigaction) {
+        // Safety: per the contract, no reader reads this slot yet and no other writer exists.
+        unsafe { *self.slots[i][k].get() = sa };
+        self.current[i].store(k as u8, Ordering::Release);
+    }
+}
+
 // Safety: sigaction is plain C data; all-zero is a valid value.
-static mut PREVIOUS: [libc::sigaction; 2] = [unsafe { std::mem::zeroed() }; 2];
+const NO_ACTION: libc::sigaction = unsafe { std::mem::zeroed() };
+static PREVIOUS: Previous = Previous {
+    slots: [
+        [UnsafeCell::new(NO_ACTION), UnsafeCell::new(NO_ACTION)],
+        [UnsafeCell::new(NO_ACTION), UnsafeCell::new(NO_ACTION)],
+    ],
+    current: [AtomicU8::new(0), AtomicU8::new(0)],
+};
 /// Set on the first delivery of a signal whose previous handler was installed with
 /// `SA_RESETHAND`: from then on the signal has its default action, as the kernel would have it.
 static RESET: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
@@ -242,8 +282,8 @@ fn install_signals() {
         return;
     }
     for (i, sig) in SIGNALS.iter().enumerate() {
-        // Safety: PREVIOUS[i] is written here, as our handler is installed, and only read by the
-        // handler afterwards; the sigaction structures are valid.
+        // Safety: the sigaction structures are valid; PREVIOUS's slots for signal `i` are
+        // written only here (once: SIGNALS_INSTALLED), each before it is published.
         unsafe {
             let mut cur: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(*sig, std::ptr::null(), &mut cur) != 0 {
@@ -255,15 +295,23 @@ fn install_signals() {
             if cur.sa_sigaction == libc::SIG_IGN {
                 continue;
             }
-            let sa = ours(&cur);
-            let prev = &raw mut PREVIOUS[i];
-            libc::sigaction(*sig, &sa, prev);
+            // The action ours replaces is in place before ours can run: glibc copies the old
+            // action out only after the kernel installed the new one, and a signal in between
+            // would find nothing (SIG_DFL) and kill a program that handles it.
+            PREVIOUS.publish(i, 0, cur);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(*sig, &ours(&cur), &mut old) != 0 {
+                continue;
+            }
             // Another thread changed the disposition between the two calls: ours follows the
             // one it replaced.
-            if (*prev).sa_sigaction == libc::SIG_IGN {
-                libc::sigaction(*sig, prev, std::ptr::null_mut());
-            } else if (*prev).sa_sigaction != cur.sa_sigaction || (*prev).sa_flags != cur.sa_flags {
-                libc::sigaction(*sig, &ours(&*prev), std::ptr::null_mut());
+            if old.sa_sigaction != cur.sa_sigaction || old.sa_flags != cur.sa_flags {
+                PREVIOUS.publish(i, 1, old);
+                if old.sa_sigaction == libc::SIG_IGN {
+                    libc::sigaction(*sig, &old, std::ptr::null_mut());
+                } else {
+                    libc::sigaction(*sig, &ours(&old), std::ptr::null_mut());
+                }
             }
         }
     }
@@ -275,8 +323,7 @@ fn install_signals() {
 /// once; the signal's next delivery is fatal.
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
-    // Safety: written once before this handler was installed.
-    let prev = unsafe { PREVIOUS[i] };
+    let prev = PREVIOUS.get(i);
     let mut h = prev.sa_sigaction;
     if h == libc::SIG_IGN {
         return;

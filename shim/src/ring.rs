@@ -44,6 +44,8 @@ unsafe impl Sync for Ring {}
 
 static RINGS: AtomicPtr<Ring> = AtomicPtr::new(ptr::null_mut());
 static SHARED: AtomicPtr<ArrayQueue<(u32, RawEvent)>> = AtomicPtr::new(ptr::null_mut());
+/// Events the writer has taken from the shared queue (only the writer pops, and reads it).
+static SHARED_TAKEN: AtomicU64 = AtomicU64::new(0);
 
 /// Events dropped because a queue stayed full.
 pub static LOST: AtomicU64 = AtomicU64::new(0);
@@ -363,6 +365,7 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, &RawEvent)) -> Swee
             f(tid, &ev);
             k += 1;
         }
+        SHARED_TAKEN.fetch_add(k as u64, Ordering::Relaxed);
         n += k;
         sources += usize::from(k > 0);
     }
@@ -382,28 +385,29 @@ pub fn pending_events() -> u64 {
 /// which the writer must write before the trace's end, or count as lost.
 pub struct Mark {
     rings: Vec<(&'static Ring, usize)>,
-    shared: usize,
+    /// The count of events taken from the shared queue once those queued at the mark are: the
+    /// queue is first in, first out, so what is popped after that was pushed later.
+    shared: u64,
 }
 
 /// The events queued now, in every ring and the shared queue ([`behind`]).
 pub fn mark() -> Mark {
     let q = SHARED.load(Ordering::Acquire);
     // Safety: published queues live forever.
-    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len());
+    let queued = unsafe { q.as_ref() }.map_or(0, |q| q.len());
+    let shared = SHARED_TAKEN.load(Ordering::Relaxed) + queued as u64;
     Mark { rings: rings().map(|r| (r, r.tail.0.load(Ordering::Acquire))).collect(), shared }
 }
 
 /// Events queued before `m` that the writer has not taken yet.
 pub fn behind(m: &Mark) -> u64 {
-    let q = SHARED.load(Ordering::Acquire);
-    // Safety: published queues live forever.
-    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len()).min(m.shared);
+    let shared = m.shared.saturating_sub(SHARED_TAKEN.load(Ordering::Relaxed));
     let rings = m.rings.iter().map(|(r, t)| {
         // Past the mark once `head` reaches it; indices wrap, so compared as a signed distance.
         let d = t.wrapping_sub(r.head.0.load(Ordering::Acquire)) as isize;
         d.max(0) as u64
     });
-    rings.sum::<u64>() + shared as u64
+    rings.sum::<u64>() + shared
 }
 
 /// Put a sweep's events (`batch`, after the events held back last time, `pending`) in the
@@ -454,6 +458,7 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
         }
     }
     SHARED.store(ptr::null_mut(), Ordering::Release);
+    SHARED_TAKEN.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
     LIMIT_HIT.store(false, Ordering::Relaxed);
     UNRECORDED.store(0, Ordering::Relaxed);

@@ -18,6 +18,16 @@ pub const DONE: u8 = 2;
 
 /// Set by the exit paths: write `ProcessExit` and stop.
 pub static FINISH: AtomicBool = AtomicBool::new(false);
+/// When [`FINISH`] was first set (CLOCK_MONOTONIC ns; 0 = not yet): the writer's deadline for
+/// the exit counts from it, as the exit path's wait does.
+pub static FINISH_AT: AtomicU64 = AtomicU64::new(0);
+
+/// Set [`FINISH`], stamping [`FINISH_AT`] the first time. Async-signal-safe (atomics and the
+/// vDSO clock).
+pub fn set_finish() {
+    let _ = FINISH_AT.compare_exchange(0, crate::clock::now_ns().max(1), Ordering::AcqRel, Ordering::Acquire);
+    FINISH.store(true, Ordering::Release);
+}
 /// Set by a chained signal handler: flush now, the process may keep running.
 pub static FLUSH: AtomicBool = AtomicBool::new(false);
 /// Exit status for `ProcessExit`, `i64::MIN` = unknown.
@@ -108,6 +118,7 @@ pub fn reset_in_child() {
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     FINISH.store(false, Ordering::Release);
+    FINISH_AT.store(0, Ordering::Release);
     FLUSH.store(false, Ordering::Release);
     EXIT_STATUS.store(i64::MIN, Ordering::Release);
     EXIT_SIGNAL.store(0, Ordering::Release);

@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 34] = [
+const PROGRAMS: [&str; 35] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -81,6 +81,7 @@ const PROGRAMS: [&str; 34] = [
     "p_close_fds",
     "p_exit_backlog",
     "p_past_max_bytes",
+    "p_shared_exit",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

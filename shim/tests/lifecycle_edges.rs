@@ -68,6 +68,9 @@ fn an_exit_wait_that_runs_out_says_the_trace_is_incomplete() {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     // Opened for reading and never read: the writer blocks once the pipe's buffer is full.
     let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    // The shim names the file as `/proc/self/fd` links to it: its canonical path (a temporary
+    // directory may lie behind a symbolic link).
+    let fifo = fifo.canonicalize().unwrap();
     let f = fifo.to_str().unwrap();
     let started = Instant::now();
     let out = command("p_many_allocs", dir.path(), &[("MEMTRACE_OUT", f)]).arg("50000").output().unwrap();

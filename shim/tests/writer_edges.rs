@@ -1,5 +1,6 @@
 //! The writer's edges: a program that takes the trace's descriptor number for a file of its
-//! own, a large backlog at exit, calls made past `MEMTRACE_MAX_BYTES`.
+//! own, a large backlog at exit, calls queued after the exit began, calls made past
+//! `MEMTRACE_MAX_BYTES`.
 
 use std::process::Output;
 
@@ -63,6 +64,21 @@ fn a_backlog_at_exit_is_written_or_counted() {
     let s = Stats::read(&t[0]).unwrap();
     assert!(s.whole(), "{err}");
     assert_eq!(s.allocs + s.frees + s.lost_events, 800_000, "{:?} {err}", (s.allocs, s.frees, s.lost_events));
+}
+
+/// A thread that keeps calling through the shared queue while main exits: what it queued after
+/// the exit began is not the exit's backlog. The shared queue is emptied every sweep, so what it
+/// holds after the first sweep past the exit was queued later, and was counted lost: a complete
+/// trace read as incomplete.
+#[test]
+fn calls_queued_after_the_exit_through_the_shared_queue_are_not_counted_lost() {
+    let (out, dir) = run_args("p_shared_exit", &[], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("could not be written in time"), "{err}");
+    let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
+    assert!(s.whole(), "{err}");
+    assert_eq!(s.lost_events, 0, "{err}");
+    assert!(s.allocs > 2, "{:?} {err}", s.allocs);
 }
 
 /// Every call past `MEMTRACE_MAX_BYTES` is counted in the summary, those the hooks dropped too:

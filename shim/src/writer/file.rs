@@ -85,17 +85,69 @@ fn fd_floor() -> i32 {
     }
 }
 
-/// `file` moved to a descriptor at or above [`fd_floor`] (close-on-exec, as before); `file`
-/// itself when no such number is free.
-fn high_fd(file: File) -> File {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // Safety: duplicating a descriptor this function owns; the new one is ours.
-    let dup = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, fd_floor()) };
+/// Device and inode of what `path` names now.
+fn path_id(path: &str) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// `file`, just opened at `path`, moved to a descriptor at or above [`fd_floor`] (close-on-exec,
+/// as before; the low number itself when no high one is free). `None` when the descriptor is no
+/// longer the file at `path`: another thread closed the low number between the `open` and the
+/// move and opened its own file under it. That number is the program's: it is left open, and
+/// nothing is written to or truncated through it.
+fn high_fd(file: File, path: &str) -> Option<File> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let low = file.into_raw_fd();
+    // Safety: duplicating a descriptor this function holds; the new one is ours.
+    let dup = unsafe { libc::fcntl(low, libc::F_DUPFD_CLOEXEC, fd_floor()) };
+    let want = path_id(path);
     if dup < 0 {
-        return file;
+        // Safety: `low` is the descriptor `open` returned, checked to still be that file.
+        return (want.is_some() && fd_id(low) == want).then(|| unsafe { File::from_raw_fd(low) });
     }
-    // Safety: `dup` is a fresh descriptor nothing else owns; `file` closes its old number.
-    unsafe { File::from_raw_fd(dup) }
+    if want.is_none() || fd_id(dup) != want {
+        // Safety: `dup` is ours (a second descriptor of the program's file): closing it leaves
+        // the program's own descriptor open.
+        unsafe { libc::close(dup) };
+        return None;
+    }
+    // The low number is closed only while it is still the trace file (a program closing it
+    // meanwhile gets EBADF from nothing of ours; the check narrows the window to two calls).
+    if fd_id(low) == want {
+        // Safety: `low` is the trace file's descriptor, which nothing else uses.
+        unsafe { libc::close(low) };
+    }
+    // Safety: `dup` is a fresh descriptor nothing else owns.
+    Some(unsafe { File::from_raw_fd(dup) })
+}
+
+/// Open `path` for the trace (write, create, non-blocking) on a high descriptor ([`high_fd`]),
+/// trying twice when another thread's file took the descriptor's number; `Ok(None)` when both
+/// times it did (said here).
+fn open_high(path: &str) -> std::io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for _ in 0..2 {
+        // Non-blocking open: a FIFO no process reads would block the writer for good, the
+        // rings would fill and the program's exit would wait on a writer that never started.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        // Moved high at once: a program closing descriptors in bulk meanwhile (on another
+        // thread) closes the low number, which then is no longer the trace's.
+        if let Some(f) = high_fd(f, path) {
+            return Ok(Some(f));
+        }
+    }
+    log!(
+        Warn,
+        "trace file {path}: its descriptor was closed and reused by the program as it was opened (twice); \
+         recording disabled"
+    );
+    Ok(None)
 }
 
 impl std::io::Write for TraceFile {
@@ -150,19 +202,9 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     // Earlier images of this process (exec without fork) whose traces were found, each kept.
     let mut images = 0u32;
     for attempt in 0..16 {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Non-blocking open: a FIFO no process reads would block the writer for good, the
-        // rings would fill and the program's exit would wait on a writer that never started.
-        let opened = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path);
-        let file = match opened {
-            // Moved high at once: a program closing descriptors in bulk meanwhile (on another
-            // thread) closes the low number, which then is no longer the trace's.
-            Ok(f) => high_fd(f),
+        let file = match open_high(&path) {
+            Ok(Some(f)) => f,
+            Ok(None) => return None,
             // ENXIO is also a socket behind /proc/self/fd, or /dev/tty without a terminal.
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) && is_fifo(&path) => {
                 log!(Warn, "MEMTRACE_OUT {path} is a pipe no process reads; recording disabled");

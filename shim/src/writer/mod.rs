@@ -174,6 +174,8 @@ fn block_signals() -> libc::sigset_t {
 
 /// The trace could not be written (`doing` it failed with `e`): recording stops, said once,
 /// with the events queued and not written (`held` of them held back by the writer) counted.
+/// Events already encoded into the writer's buffer when the write failed are lost too, but the
+/// encoder does not say how many of them reached the file: the count is a lower bound.
 #[cold]
 fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
     let dropped = ring::pending_events() + held as u64;
@@ -181,29 +183,36 @@ fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
     log!(
         Warn,
         "{doing} {path} failed: {e:#}; recording stopped, the trace ends incomplete (without its exit record; \
-         {dropped} queued events not written)"
+         at least {dropped} events not written: {dropped} still queued, and those buffered when the write failed)"
     );
 }
 
 /// How long the writer goes on writing the events queued before the exit: less than the exit
 /// path waits for it (5 s, `lifecycle::FINISH_WAIT`), so that the trace still gets its end.
+/// Both count from the moment the exit set `FINISH` ([`state::FINISH_AT`]), not from when the
+/// writer noticed it.
 const ENDING_WAIT: Duration = Duration::from_secs(4);
 
 /// The exit, as the writer sees it: what was queued when it began, and until when to write it.
 struct Ending {
     mark: ring::Mark,
-    deadline: std::time::Instant,
+    /// CLOCK_MONOTONIC ns.
+    deadline: u64,
 }
 
 impl Ending {
     fn new() -> Self {
-        Self { mark: ring::mark(), deadline: std::time::Instant::now() + ENDING_WAIT }
+        let at = match state::FINISH_AT.load(Ordering::Acquire) {
+            0 => crate::clock::now_ns(),
+            t => t,
+        };
+        Self { mark: ring::mark(), deadline: at + ENDING_WAIT.as_nanos() as u64 }
     }
 
     /// Whether this is the last round, after a sweep that took `n` events: nothing new, every
     /// event queued before the exit taken, or no time left.
     fn done(&self, n: usize) -> bool {
-        n == 0 || ring::behind(&self.mark) == 0 || std::time::Instant::now() >= self.deadline
+        n == 0 || ring::behind(&self.mark) == 0 || crate::clock::now_ns() >= self.deadline
     }
 
     /// Events queued before the exit and not written (no time was left) are counted as lost,
@@ -303,7 +312,7 @@ fn run() -> bool {
                         Info,
                         "every thread of pid {pid} has ended (the main thread by pthread_exit): completing the trace"
                     );
-                    FINISH.store(true, Ordering::Release);
+                    state::set_finish();
                     ended_alone = true;
                     continue;
                 }
