@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks for libmemtrace.so (issue 3): added cost per intercepted call (median of many runs,
 # pinned to one core), callgrind instruction counts per call, sustained event throughput into the
-# trace file, and bytes per event of a launch-heavy trace. Against the C stub runtime/driver.
+# trace file, bytes per event of a launch-heavy trace, and what an idle traced program pays for
+# the writer thread (CPU time and wake-ups over a sleep). Against the C stub runtime/driver.
 # Usage: scripts/bench-shim.sh [iters=200000] [repeats=31] [throughput_events=10000000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ cc -shared -fPIC -O2 -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic-functions -Wl,--
    $C/stub_cudart.c -o $B/libcudart.so.13 -ldl -lpthread
 ln -sf libcuda.so.1 $B/libcuda.so
 ln -sf libcudart.so.13 $B/libcudart.so
-for p in bench_calls bench_throughput; do
+for p in bench_calls bench_throughput bench_idle; do
   cc -O2 -rdynamic -I$C shim/benches/c/$p.c -o $B/$p -L$B -Wl,--no-as-needed -lcudart -lcuda -Wl,--as-needed \
      -lpthread -Wl,-rpath,'$ORIGIN'
 done
@@ -77,5 +78,12 @@ for t in 1 2; do
   lost=$(sed -n 's/.*lost \([0-9]*\).*/\1/p' $OUT/summary)
   n=$((per * t))
   awk -v s=$s -v e=$e -v n=$n -v size=$size -v lost=$lost -v t=$t 'BEGIN{printf "threads %d: %.2f M events/s, lost %d, %.1f bytes/event (%d bytes)\n", t, n/(e-s)/1e6, lost, size/n, size}'
+  rm -f $OUT/*.mtrace
+done
+
+echo "== idle: CPU time and thread wake-ups over a ${IDLE_SECONDS:=2} s sleep after one allocation"
+for mode in without with; do
+  pre=""; [ $mode = with ] && pre="LD_PRELOAD=$SHIM"
+  echo "$mode $(env $pre $B/bench_idle "$IDLE_SECONDS")"
   rm -f $OUT/*.mtrace
 done

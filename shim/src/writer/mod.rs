@@ -36,6 +36,43 @@ const FLUSH_EVERY: Duration = Duration::from_millis(50);
 /// How often an idle writer asks whether it is the process's last live thread ([`alone`]).
 const ALONE_EVERY: Duration = Duration::from_millis(200);
 
+/// How long the writer sleeps after a sweep that found nothing: [`IDLE_FIRST`], doubled after
+/// each further empty sweep up to [`IDLE_LONGEST`], and back to the first after any event. A
+/// fixed 200 µs woke an idle host's writer 5,000 times a second (a training step that waits on
+/// the GPU makes no CUDA calls for seconds); the longest sleep wakes it 500 times. A thread fills
+/// its ring (16,384 events by default) in no less than about 10 ms of back-to-back CUDA calls
+/// (each costs a microsecond or more), so a burst that begins in a long sleep still finds room;
+/// a full ring makes its thread wait for the writer, never drop, within `MEMTRACE_MAX_WAIT_MS`.
+const IDLE_FIRST: Duration = Duration::from_micros(200);
+const IDLE_LONGEST: Duration = Duration::from_millis(2);
+
+/// The writer's sleeps between empty sweeps (see [`IDLE_FIRST`]).
+struct Idle {
+    next: Duration,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle { next: IDLE_FIRST }
+    }
+
+    /// A sweep found events: the next empty one sleeps the shortest time.
+    fn busy(&mut self) {
+        self.next = IDLE_FIRST;
+    }
+
+    /// The sleep after this empty sweep. While the process is exiting, always the shortest: the
+    /// exit waits on the writer.
+    fn sleep(&mut self, finishing: bool) -> Duration {
+        if finishing {
+            return IDLE_FIRST;
+        }
+        let d = self.next;
+        self.next = (d * 2).min(IDLE_LONGEST);
+        d
+    }
+}
+
 /// Whether every other thread of the process has ended: the main thread left by
 /// `pthread_exit`, and the others after it. A process ends when its last thread does, and the
 /// writer, which never ends by itself, kept such a process alive for ever (deaf to SIGTERM, which
@@ -265,6 +302,7 @@ fn run() -> bool {
     let mut ending: Option<Ending> = None;
     let mut alone_checked = std::time::Instant::now();
     let mut ended_alone = false;
+    let mut idle = Idle::new();
     loop {
         let finishing = FINISH.load(Ordering::Acquire);
         if finishing && ending.is_none() {
@@ -303,7 +341,9 @@ fn run() -> bool {
             last_flush = std::time::Instant::now();
             dirty = false;
         }
-        if n == 0 {
+        if n > 0 {
+            idle.busy();
+        } else {
             if !finishing && alone_checked.elapsed() >= ALONE_EVERY {
                 alone_checked = std::time::Instant::now();
                 if alone(pid) {
@@ -317,7 +357,7 @@ fn run() -> bool {
                     continue;
                 }
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(idle.sleep(finishing));
         }
     }
 }
@@ -437,5 +477,24 @@ fn free_owned(ev: &RawEvent) {
     if ev.kind == RawKind::Marker && ev.aux != 0 {
         // Safety: see Ctx::handle; an event is either written or released, never both.
         drop(unsafe { CString::from_raw(ev.aux as *mut c_char) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_sleeps_grow_to_the_longest_and_reset_on_events() {
+        let mut idle = Idle::new();
+        let us = |d: Duration| d.as_micros();
+        let first: Vec<_> = (0..6).map(|_| us(idle.sleep(false))).collect();
+        assert_eq!(first, [200, 400, 800, 1600, 2000, 2000]);
+        // An exit in progress never waits long, and does not move the schedule.
+        assert_eq!(us(idle.sleep(true)), 200);
+        assert_eq!(us(idle.sleep(false)), 2000);
+        idle.busy();
+        assert_eq!(us(idle.sleep(false)), 200);
+        assert_eq!(us(idle.sleep(false)), 400);
     }
 }
