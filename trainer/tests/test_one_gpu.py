@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -55,6 +56,10 @@ DEVICE_0 = {
     "cuda.device(-1)": lambda: _context(-1),
     "randn(device=0)": lambda: torch.randn(4, device=0),
     "to(device=0)": lambda: torch.randn(4).to(device=0),
+    # NumPy integers are device indices to PyTorch too; they reached the driver.
+    "to(np.int64(0))": lambda: torch.randn(4).to(np.int64(0)),
+    "to(device=np.int32(0))": lambda: torch.randn(4).to(device=np.int32(0)),
+    "randn(device=np.int64(0))": lambda: torch.randn(4, device=np.int64(0)),
     "get_device_properties('cuda')": lambda: torch.cuda.get_device_properties("cuda"),
     "mem_get_info(0)": lambda: torch.cuda.mem_get_info(0),
     "memory_allocated(device=0)": lambda: torch.cuda.memory_allocated(device=0),
@@ -92,6 +97,8 @@ DEVICE_1 = {
     "Stream(device=1)": lambda: torch.cuda.Stream(device=1),
     "cuda.device(1)": lambda: _context(1),
     "randn(device=1)": lambda: torch.randn(4, device=1),
+    "to(np.int64(1))": lambda: torch.randn(4).to(np.int64(1)),
+    "randn(device=np.int64(1))": lambda: torch.randn(4, device=np.int64(1)),
 }
 
 

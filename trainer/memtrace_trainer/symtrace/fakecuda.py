@@ -62,9 +62,10 @@ class DeviceMap(TorchFunctionMode):
             kwargs = {**kwargs, "device": META}
         if func is torch.Tensor.to:
             one_gpu(args[1] if len(args) > 1 else None)  # `x.to(1)`, `x.to("cuda:1")`
-            # `x.to(0)` names CUDA device 0; any other int is a dtype-free positional elsewhere.
+            # `x.to(0)` (or a NumPy 0) names CUDA device 0; any other int is a dtype-free
+            # positional elsewhere.
             args = tuple(
-                META if _is_cuda(a) or (i == 1 and type(a) is int) else a
+                META if _is_cuda(a) or (i == 1 and gpus.is_index(a)) else a
                 for i, a in enumerate(args)
             )
         return func(*args, **kwargs)

@@ -9,6 +9,7 @@ device context, `set_device`, and every `torch.cuda` answer that takes a device.
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -53,6 +54,12 @@ def check(index: int) -> None:
     raise OtherGpuError(index, f" (at {mine[-1].filename}:{mine[-1].lineno})" if mine else "")
 
 
+def is_index(v: Any) -> bool:
+    """An integer PyTorch's argument parser reads as a CUDA device index (`THPUtils_checkLong`):
+    a Python int or a NumPy integer (`x.to(np.int64(0))`), never a bool."""
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
 def cuda_index(device: Any) -> int | None:
     """The CUDA device index `device` names, by PyTorch's rule (an int is one, a "cuda" without
     an index is the current device); None where it names no CUDA device (a dtype, a tensor,
@@ -61,7 +68,9 @@ def cuda_index(device: Any) -> int | None:
         device = torch.device(device)
     if isinstance(device, torch.device) and device.type != "cuda":
         return None
-    if not isinstance(device, int | torch.device) or isinstance(device, bool):
+    if is_index(device):
+        device = int(device)
+    elif not isinstance(device, torch.device):
         return None
     return _get_device_index(device, optional=True)
 
