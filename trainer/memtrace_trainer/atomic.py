@@ -10,17 +10,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from memtrace_trainer.errors import UserError
+
+
+def cannot_write(path: Path, e: OSError) -> UserError:
+    """A failed write of the user's output, said as such (a directory in the way, a full disk, a
+    file size limit), naming the output rather than the temporary file beside it."""
+    return UserError(f"cannot write {path}: {e.strerror or e}")
+
 
 @contextmanager
 def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
     """A temporary file beside `path` (ending in `suffix`, for tools that go by the extension),
     moved over `path` when the block ends without an error and removed otherwise."""
-    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=suffix)
-    os.close(fd)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=suffix
+        )
+        os.close(fd)
+    except OSError as e:
+        raise cannot_write(path, e) from e
     try:
         os.chmod(tmp, 0o644)
         yield Path(tmp)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise cannot_write(path, e) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -29,4 +45,7 @@ def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
 def write_text(path: Path, text: str) -> None:
     """`text` into `path`, atomically."""
     with replacing(path) as tmp:
-        tmp.write_text(text)
+        try:
+            tmp.write_text(text)
+        except OSError as e:
+            raise cannot_write(path, e) from e

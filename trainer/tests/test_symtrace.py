@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import weakref
 from math import prod
 from pathlib import Path
@@ -448,3 +451,35 @@ def test_out_is_written_atomically_and_readable_by_all(tmp_path: Path, name: str
               check=False)  # fmt: skip
     assert bad.returncode == 2 and "expected a .jsonl or .mtrace" in bad.stderr
     assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.mtrace"])
+def test_an_output_that_cannot_be_written_is_said_of_the_output(tmp_path: Path, name: str) -> None:
+    # A directory in the way and a file size limit were "internal error: IsADirectoryError ...
+    # '.t.jsonl.d0c2lh_l'" and "internal error: OSError: [Errno 27]", naming a temporary file
+    # or nothing.
+    (tmp_path / name).mkdir()
+    done = cli("symtrace", "--model", MLP, "--batch-size", "2", "--out", str(tmp_path / name),
+               check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"cannot write {tmp_path / name}: Is a directory" in done.stderr
+    assert "internal error" not in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    limited = tmp_path / "limited"
+    limited.mkdir()
+    out = limited / name
+    # A file size limit with SIGXFSZ ignored, as a batch system's quota would make it.
+    code = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
+        "from memtrace_trainer.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "symtrace", "--model", MLP, "--batch-size", "2", "--out",
+         str(out)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"cannot write {out}: File too large" in done.stderr, done.stderr
+    assert "internal error" not in done.stderr
+    assert list(limited.iterdir()) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import __version__
-from memtrace_trainer.atomic import replacing, write_text
+from memtrace_trainer.atomic import cannot_write, replacing, write_text
 from memtrace_trainer.binaries import run_tool
 from memtrace_trainer.errors import UserError
 
@@ -61,9 +61,16 @@ def write(path: Path, text_lines: list[str]) -> None:
     if path.suffix == ".jsonl":
         write_text(path, text)
         return
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as d:
+    try:
+        scratch = tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        raise cannot_write(path, e) from e
+    with scratch as d:
         src = Path(d) / "trace.jsonl"
-        src.write_text(text)
+        try:
+            src.write_text(text)
+        except OSError as e:
+            raise cannot_write(path, e) from e
         with replacing(path, suffix=".mtrace") as out:
             done = run_tool("memsim", ["convert", "--", str(src), str(out)])
             if done.returncode != 0:
