@@ -147,20 +147,41 @@ pub fn disable_in_child() {
     FLUSHING.store(false, Ordering::Release);
 }
 
-/// Deliver every buffered record now (exit paths, `cudaDeviceReset`). Never blocks: a flush
-/// already running elsewhere is left to finish.
-pub fn flush() {
-    if !running() || FLUSHING.swap(true, Ordering::AcqRel) {
-        return;
+/// What [`flush`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// The layer is not running: CUPTI holds nothing of ours.
+    Off,
+    /// Every record CUPTI held was delivered.
+    Done,
+    /// Another thread was flushing: left to it, so what it had not taken yet may still be held.
+    Busy,
+    /// CUPTI reported an error (logged).
+    Failed,
+}
+
+/// Deliver every buffered record now (exit paths, `cudaDeviceReset`). Never waits for another
+/// thread: a flush already running elsewhere is left to finish ([`Flushed::Busy`]).
+pub fn flush() -> Flushed {
+    if !running() {
+        return Flushed::Off;
+    }
+    if FLUSHING.swap(true, Ordering::AcqRel) {
+        return Flushed::Busy;
     }
     let was = raw::is_internal();
     raw::set_internal(true);
     // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED = 1: also flush records of kernels still running.
-    if let Err(e) = call("cuptiActivityFlushAll", || result::activity::flush_all(1)) {
-        log!(Warn, "{e}");
-    }
+    let r = call("cuptiActivityFlushAll", || result::activity::flush_all(1));
     raw::set_internal(was);
     FLUSHING.store(false, Ordering::Release);
+    match r {
+        Ok(()) => Flushed::Done,
+        Err(e) => {
+            log!(Warn, "{e}");
+            Flushed::Failed
+        }
+    }
 }
 
 /// The directory of the loaded `libcudart.so.<major>`, and the major.
@@ -270,7 +291,7 @@ unsafe extern "C" fn on_callback(
 ) {
     let _ = catch_unwind(|| {
         if cbid == sys::CUpti_runtime_api_trace_cbid::CUPTI_RUNTIME_TRACE_CBID_cudaDeviceReset_v3020 as u32 {
-            flush();
+            let _ = flush();
         }
     });
 }

@@ -150,9 +150,10 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
     if WRITER.load(Ordering::Acquire) != RUNNING {
         return;
     }
-    // Not from a signal handler: CUPTI's flush is not async-signal-safe.
+    // Not from a signal handler: CUPTI's flush is not async-signal-safe. At a signal the writer
+    // thread has it run off the signal's path, bounded by this wait (`writer::ending`).
     if signal.is_none() {
-        crate::cupti::flush();
+        let _ = crate::cupti::flush();
     }
     state::set_finish();
     let step = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };

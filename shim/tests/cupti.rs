@@ -1,10 +1,18 @@
 //! The CUPTI layer against the stub libcupti (tests/c/stub_cupti.c): kernel execution and memory
 //! activity records through the buffer callbacks, on the trace's clock; and the one-line
-//! fallbacks when libcupti is missing, another profiler holds CUPTI, or CUPTI rejects `MEMORY2`.
+//! fallbacks when libcupti is missing, another profiler holds CUPTI, or CUPTI rejects `MEMORY2`;
+//! the records CUPTI holds at a fatal signal.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use trace::{CuptiMemoryKind, Event, KernelExec, MemActivity, MemActivityOp, MemoryKind};
 
-use crate::harness::{build_dir, run_ok, Run};
+use crate::harness::{build_dir, command, run_ok, traces_in, Guard, Run};
+use crate::stats::Stats;
 
 fn lib_path(dirs: &[&str]) -> String {
     let b = build_dir();
@@ -226,4 +234,67 @@ fn cupti_rejecting_memory2_keeps_kernel_records() {
         "{lines:?}"
     );
     assert!(lines[1].contains("3 kernel execs from CUPTI") && !lines[1].contains("memory records"), "{lines:?}");
+}
+
+/// p_signal (100 cudaMalloc, then waits) under CUPTI, killed by SIGTERM once ready: the stub
+/// CUPTI still holds its kernel records and the allocations' memory records, which only a flush
+/// delivers. The trace, what the reader's summary says of it, stderr, and how long the death took.
+fn killed_by_sigterm(stub: &str) -> (Stats, trace::Summary, PathBuf, String, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = lib_path(&[".", "cupti"]);
+    let env = [("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", path.as_str()), ("STUB_CUPTI", stub)];
+    let c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut g = Guard(Some(c));
+    let c = g.0.as_mut().unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let sent = Instant::now();
+    // Safety of the test: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+    let out = g.0.take().unwrap().wait_with_output().unwrap();
+    let took = sent.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{err}");
+    let t = traces_in(dir.path());
+    assert_eq!(t.len(), 1, "{t:?}: {err}");
+    let s = Stats::read(&t[0]).unwrap();
+    let mut r = trace::Reader::open(&t[0]).unwrap();
+    while r.next_record().is_some() {}
+    (s, r.summary(), t[0].clone(), err, took)
+}
+
+/// The signal handler cannot flush CUPTI (not async-signal-safe), so a program killed by SIGTERM
+/// lost every record CUPTI still held, and the trace read as complete. The writer thread has
+/// CUPTI flushed off the signal's path now: they are in the trace.
+#[test]
+fn a_fatal_signal_still_delivers_the_records_cupti_holds() {
+    let (s, summary, path, err, _) = killed_by_sigterm("");
+    assert!(s.whole() && !summary.incomplete(), "{summary:?}: {:?}", summary.warnings(&path));
+    assert_eq!(s.exit.as_ref().and_then(|e| e.signal), Some(libc::SIGTERM));
+    assert_eq!(s.calls(), [("cudaMalloc", 100)]);
+    assert_eq!(s.kernel_exec_records, 3, "{err}");
+    let c = s.cupti_memory.clone().expect("cupti_memory");
+    assert_eq!((c.allocations, c.device_allocations, c.device_allocations_matched), (100, 100, 100), "{err}");
+    assert!(err.contains("3 kernel execs and 100 memory records from CUPTI"), "{err}");
+}
+
+/// A flush that cannot run at the signal (STUB_CUPTI=hang: it blocks, as on a lock the
+/// interrupted thread holds) holds the death up for a bounded time only, and the trace says
+/// that CUPTI records may be missing, which the reader counts as incomplete (what
+/// `memsim --strict` refuses). Before, nothing said so.
+#[test]
+fn cupti_records_that_cannot_be_flushed_at_a_signal_mark_the_trace_incomplete() {
+    let (s, summary, path, err, took) = killed_by_sigterm("hang");
+    // The trace ends whole, with everything the hooks recorded.
+    assert!(s.whole(), "{err}");
+    assert_eq!(s.exit.as_ref().map(|e| (e.signal, e.lost_events)), Some((Some(libc::SIGTERM), 0)));
+    assert_eq!(s.calls(), [("cudaMalloc", 100)]);
+    assert_eq!(s.kernel_exec_records, 0);
+    assert!(summary.cupti_undelivered && summary.incomplete(), "{summary:?}");
+    let w = summary.warnings(&path);
+    assert!(w[0].contains("CUPTI activity records were still buffered when a signal ended the process"), "{w:?}");
+    assert!(err.contains("CUPTI's flush did not end within 2 s; the trace is marked incomplete"), "{err}");
+    // The flush was waited for 2 s from the exit's start, not until the exit path gives up (5 s).
+    assert!((Duration::from_millis(1900)..Duration::from_millis(4500)).contains(&took), "{took:?}: {err}");
 }

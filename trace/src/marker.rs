@@ -7,7 +7,9 @@
 //!
 //! One producer's own markers are read apart from the grammar: the shim's notes that it stopped
 //! recording at its `MEMTRACE_MAX_BYTES` limit ([`byte_limit`], [`parse_byte_limit`]) or when it
-//! could not allocate its queue ([`QUEUE_UNALLOCATED`]). To the grammar they are user text.
+//! could not allocate its queue ([`QUEUE_UNALLOCATED`]), and that CUPTI activity records still
+//! buffered at a fatal signal may be missing ([`CUPTI_UNDELIVERED`]). To the grammar they are user
+//! text.
 
 /// A training phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,6 +99,14 @@ pub fn parse_byte_limit(text: &str) -> Option<u64> {
 /// queue could not be allocated (the shim under a tight memory limit): what the run did after
 /// went unrecorded.
 pub const QUEUE_UNALLOCATED: &str = "memtrace: a queue's memory could not be allocated; recording stopped";
+
+/// The marker text a producer writes when the process was ended by a signal before the activity
+/// records still buffered inside CUPTI could be delivered (the shim's `MEMTRACE_CUPTI=1`): any
+/// of the run's `kernel_exec` and `mem_activity` records may be missing (CUPTI delivers them only
+/// when its buffers fill or are flushed).
+pub const CUPTI_UNDELIVERED: &str =
+    "memtrace: CUPTI activity records buffered at the fatal signal could not be delivered; kernel_exec and \
+     mem_activity records may be missing";
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,9 @@
 //! The writer thread: drains the rings, writes the file, and flushes it while the process runs.
 //! Turning raw events into records is [`translate`]; resolving caller modules and kernel names
-//! off the hot path is [`names`]; the exit summary is [`summary`]; the file itself is [`file`].
+//! off the hot path is [`names`]; the exit's last rounds are [`ending`]; the exit summary is
+//! [`summary`]; the file itself is [`file`].
 
+mod ending;
 mod file;
 mod names;
 mod summary;
@@ -20,6 +22,7 @@ use crate::event::{RawEvent, RawKind};
 use crate::state::{self, DONE, FINISH, FLUSH, NOT_STARTED, RUNNING, WRITER};
 use crate::{log, raw, ring};
 
+use ending::Ending;
 use file::{beside, open_own, process_start, std_stream_of, TraceFile};
 use names::Names;
 use summary::Tally;
@@ -224,45 +227,6 @@ fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
     );
 }
 
-/// How long the writer goes on writing the events queued before the exit: less than the exit
-/// path waits for it (5 s, `lifecycle::FINISH_WAIT`), so that the trace still gets its end.
-/// Both count from the moment the exit set `FINISH` ([`state::FINISH_AT`]), not from when the
-/// writer noticed it.
-const ENDING_WAIT: Duration = Duration::from_secs(4);
-
-/// The exit, as the writer sees it: what was queued when it began, and until when to write it.
-struct Ending {
-    mark: ring::Mark,
-    /// CLOCK_MONOTONIC ns.
-    deadline: u64,
-}
-
-impl Ending {
-    fn new() -> Self {
-        let at = match state::FINISH_AT.load(Ordering::Acquire) {
-            0 => crate::clock::now_ns(),
-            t => t,
-        };
-        Self { mark: ring::mark(), deadline: at + ENDING_WAIT.as_nanos() as u64 }
-    }
-
-    /// Whether this is the last round, after a sweep that took `n` events: nothing new, every
-    /// event queued before the exit taken, or no time left.
-    fn done(&self, n: usize) -> bool {
-        n == 0 || ring::behind(&self.mark) == 0 || crate::clock::now_ns() >= self.deadline
-    }
-
-    /// Events queued before the exit and not written (no time was left) are counted as lost,
-    /// so the trace's `process_exit` says it is incomplete.
-    fn count_abandoned(&self) {
-        let left = ring::behind(&self.mark);
-        if left > 0 {
-            ring::LOST.fetch_add(left, Ordering::Relaxed);
-            log!(Warn, "{left} events queued before the exit could not be written in time; counted as lost");
-        }
-    }
-}
-
 /// The writer's life; true when it ended as the process's last live thread ([`alone`]).
 fn run() -> bool {
     raw::set_internal(true);
@@ -330,7 +294,7 @@ fn run() -> bool {
             if let Some(e) = &ending {
                 e.count_abandoned();
             }
-            cx.finish(&path);
+            cx.finish(&path, ending.as_ref().is_some_and(Ending::cupti_undelivered));
             return ended_alone;
         }
         if dirty && (FLUSH.swap(false, Ordering::AcqRel) || last_flush.elapsed() >= FLUSH_EVERY) {

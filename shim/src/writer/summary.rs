@@ -29,7 +29,8 @@ pub(super) struct Tally {
 }
 
 impl Ctx {
-    pub(super) fn finish(mut self, path: &str) {
+    /// `cupti_undelivered`: CUPTI may still hold records of the run ([`super::ending`]).
+    pub(super) fn finish(mut self, path: &str, cupti_undelivered: bool) {
         let status = EXIT_STATUS.load(Ordering::Acquire);
         let signal = EXIT_SIGNAL.load(Ordering::Acquire);
         let lost = ring::LOST.load(Ordering::Acquire);
@@ -44,6 +45,12 @@ impl Ctx {
             let text = trace::marker::QUEUE_UNALLOCATED.to_string();
             let r = self.rec(now_ns(), raw::tid(), Event::Marker(trace::Marker { text }));
             res = self.w.write(&r);
+        }
+        if cupti_undelivered {
+            // Read by memsim as "records may be missing" (one owner: `trace::marker`).
+            let text = trace::marker::CUPTI_UNDELIVERED.to_string();
+            let r = self.rec(now_ns(), raw::tid(), Event::Marker(trace::Marker { text }));
+            res = res.and_then(|_| self.w.write(&r));
         }
         let r = self.rec(now_ns(), raw::tid(), Event::ProcessExit(exit));
         let res = res.and_then(|_| self.w.write(&r)).and_then(|_| self.w.finish().map(|_| ()));

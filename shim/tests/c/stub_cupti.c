@@ -7,13 +7,16 @@
  * STUB_CUPTI=busy: cuptiSubscribe fails with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, as
  * under torch.profiler or nsys.
  * STUB_CUPTI=nomem: cuptiActivityEnable(MEMORY2) fails with CUPTI_ERROR_INVALID_KIND, as an old
- * CUPTI would. */
+ * CUPTI would.
+ * STUB_CUPTI=hang: cuptiActivityFlushAll never returns, as when the thread a signal interrupted
+ * holds a lock CUPTI's flush needs. */
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "stub_mem_log.h"
 
@@ -196,6 +199,9 @@ static size_t memory_records(uint8_t *out, size_t room) {
 }
 int cuptiActivityFlushAll(uint32_t flag) {
     (void)flag;
+    const char *m = getenv("STUB_CUPTI");
+    if (m && strcmp(m, "hang") == 0)
+        for (;;) sleep(1000);
     if (!requested || !completed) return OK;
     uint8_t *buf = 0; size_t size = 0, max = 0;
     requested(&buf, &size, &max);

@@ -14,7 +14,7 @@ use crate::header::Header;
 use crate::jsonl;
 use crate::write::Format;
 use source::{detect, Source, READ_BUFFER};
-use summary::note;
+use summary::{note, Stops};
 pub use summary::{Summary, PRODUCERS_ENDING_WITH_EXIT};
 
 enum Form {
@@ -93,6 +93,7 @@ impl<R: Read> Reader<R> {
                 lost_events: 0,
                 byte_limit: None,
                 queue_unallocated: false,
+                cupti_undelivered: false,
             },
             path: path.clone(),
             done: false,
@@ -147,7 +148,9 @@ impl<R: Read> Reader<R> {
             Ok(Some(rec)) => {
                 self.summary.records += 1;
                 let s = &mut self.summary;
-                s.ends_with_exit = note(&rec.event, &mut s.lost_events, &mut s.byte_limit, &mut s.queue_unallocated);
+                let mut stops = Stops::default();
+                s.ends_with_exit = note(&rec.event, &mut s.lost_events, &mut stops);
+                s.add_stops(stops);
                 Some(Ok(rec))
             }
             Ok(None) => {
@@ -211,7 +214,7 @@ impl<R: Read> Reader<R> {
         let buf = self.src.buffer();
         let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
         let mut last_exit = None;
-        let (mut lost, mut limit, mut queue) = (0u64, None, false);
+        let (mut lost, mut stops) = (0u64, Stops::default());
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
@@ -226,7 +229,7 @@ impl<R: Read> Reader<R> {
             used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
-                    last_exit = Some(note(&r.event, &mut lost, &mut limit, &mut queue));
+                    last_exit = Some(note(&r.event, &mut lost, &mut stops));
                     emit(r);
                     records += 1;
                 }
@@ -242,8 +245,7 @@ impl<R: Read> Reader<R> {
         self.summary.records += records as u64;
         self.summary.unknown_skipped += unknown;
         self.summary.lost_events = self.summary.lost_events.saturating_add(lost);
-        self.summary.byte_limit = self.summary.byte_limit.or(limit);
-        self.summary.queue_unallocated |= queue;
+        self.summary.add_stops(stops);
         if let Some(exit) = last_exit {
             self.summary.ends_with_exit = exit;
         }

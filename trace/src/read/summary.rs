@@ -36,6 +36,10 @@ pub struct Summary {
     /// The producer stopped recording when it could not allocate its event queue
     /// ([`crate::marker::QUEUE_UNALLOCATED`]): the run went on, unrecorded, after it.
     pub queue_unallocated: bool,
+    /// The producer could not deliver the CUPTI activity records it still held when a signal
+    /// ended the process ([`crate::marker::CUPTI_UNDELIVERED`]): `kernel_exec` and `mem_activity`
+    /// records may be missing.
+    pub cupti_undelivered: bool,
 }
 
 /// The producers that end every trace they finish with a `process_exit` record (the shim at
@@ -53,20 +57,22 @@ impl Summary {
     }
 
     /// The trace does not hold the whole run: truncated, cut short, stopped at the producer's
-    /// byte limit, or with events the producer lost. What `--strict` refuses; the first line of
-    /// [`Summary::warnings`] says why.
+    /// byte limit, with events the producer lost, or with CUPTI records it could not deliver.
+    /// What `--strict` refuses; the first line of [`Summary::warnings`] says why.
     pub fn incomplete(&self) -> bool {
         self.truncated
             || self.cut_short()
             || self.byte_limit.is_some()
             || self.queue_unallocated
             || self.lost_events > 0
+            || self.cupti_undelivered
     }
 
     /// What the input did not give whole, one line each, naming `path`: an end cut inside an
     /// event (truncation first), an end without the producer's `process_exit`, recording stopped
-    /// at the producer's byte limit, events the producer lost (what [`Summary::incomplete`]
-    /// counts, in that order), and records of unknown kinds that were skipped.
+    /// at the producer's byte limit, events the producer lost, CUPTI records it could not deliver
+    /// (what [`Summary::incomplete`] counts, in that order), and records of unknown kinds that
+    /// were skipped.
     pub fn warnings(&self, path: &Path) -> Vec<String> {
         let mut w = Vec::new();
         if self.truncated {
@@ -106,6 +112,14 @@ impl Summary {
                 self.lost_events
             ));
         }
+        if self.cupti_undelivered {
+            w.push(format!(
+                "{}: CUPTI activity records were still buffered when a signal ended the process and could not be \
+                 delivered: kernel_exec and mem_activity records may be missing (CUPTI delivers them when its \
+                 buffers fill or are flushed, so up to all of them)",
+                path.display()
+            ));
+        }
         if self.unknown_skipped > 0 {
             w.push(format!(
                 "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
@@ -117,12 +131,31 @@ impl Summary {
     }
 }
 
+/// The producer's own markers that say part of the run is missing (see [`crate::marker`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Stops {
+    /// The byte limit it stopped recording at (the first such marker).
+    pub(super) limit: Option<u64>,
+    /// A stop for want of queue memory.
+    pub(super) queue: bool,
+    /// CUPTI records it could not deliver at a fatal signal.
+    pub(super) cupti: bool,
+}
+
+impl Summary {
+    /// Add what a run of records said with the producer's markers.
+    pub(super) fn add_stops(&mut self, stops: Stops) {
+        self.byte_limit = self.byte_limit.or(stops.limit);
+        self.queue_unallocated |= stops.queue;
+        self.cupti_undelivered |= stops.cupti;
+    }
+}
+
 /// What a record says of the input as a whole: events its producer lost (a `process_exit`'s
-/// count, added to `lost`), the byte limit its producer stopped recording at (its marker, kept in
-/// `limit` when the first), a stop for want of queue memory (`queue`). Whether it is the
-/// producer's `process_exit`.
+/// count, added to `lost`), or one of its markers that say part of the run is missing
+/// (`stops`). Whether it is the producer's `process_exit`.
 #[inline(always)]
-pub(super) fn note(event: &Event, lost: &mut u64, limit: &mut Option<u64>, queue: &mut bool) -> bool {
+pub(super) fn note(event: &Event, lost: &mut u64, stops: &mut Stops) -> bool {
     match event {
         Event::ProcessExit(p) => {
             *lost = lost.saturating_add(p.lost_events);
@@ -130,9 +163,11 @@ pub(super) fn note(event: &Event, lost: &mut u64, limit: &mut Option<u64>, queue
         }
         Event::Marker(m) => {
             if let Some(n) = crate::marker::parse_byte_limit(&m.text) {
-                limit.get_or_insert(n);
+                stops.limit.get_or_insert(n);
             } else if m.text == crate::marker::QUEUE_UNALLOCATED {
-                *queue = true;
+                stops.queue = true;
+            } else if m.text == crate::marker::CUPTI_UNDELIVERED {
+                stops.cupti = true;
             }
             false
         }

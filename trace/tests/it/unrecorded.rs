@@ -74,3 +74,26 @@ fn lost_events_and_a_byte_limit_stop_are_counted_and_said() {
         }
     }
 }
+
+/// The shim's note that CUPTI records it still held at a fatal signal were not delivered: the
+/// trace ends whole, but is incomplete, and said so.
+#[test]
+fn cupti_records_undelivered_at_a_signal_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut h, mut recs) = small_trace();
+    h.producer.name = "libmemtrace".into();
+    recs.pop();
+    recs.push(marker(marker::CUPTI_UNDELIVERED));
+    recs.push(exit(0));
+    for (form, bytes) in [("mtrace", binary(&h, &recs)), ("jsonl", jsonl(&h, &recs))] {
+        let s = summaries(&bytes, dir.path(), &format!("cupti.{form}"));
+        assert!(s.cupti_undelivered && s.ends_with_exit && s.incomplete(), "{form}: {s:?}");
+        let w = s.warnings(Path::new("t.mtrace"));
+        assert!(w[0].starts_with("t.mtrace: CUPTI activity records were still buffered"), "{form}: {w:?}");
+    }
+    // A user's text is not the note.
+    let user: Vec<Record> =
+        recs[..recs.len() - 2].iter().cloned().chain([marker("memtrace: CUPTI"), exit(0)]).collect();
+    let s = summaries(&binary(&h, &user), dir.path(), "user.mtrace");
+    assert!(!s.cupti_undelivered && !s.incomplete(), "{s:?}");
+}
