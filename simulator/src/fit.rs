@@ -299,6 +299,13 @@ impl Verdict {
 /// needs; when a budget is set, a second replay at that budget runs alongside, because a real
 /// allocator that hits the ceiling frees its cache and retries, and a job that survives reaches
 /// the capped replay's peak, not the unlimited one.
+///
+/// The unlimited replay knows no device: a memory fraction the program sets limits nothing there
+/// (it is of the device's total, which only the replay at the budget has), so every request is
+/// placed, and the need is at least what the whole run reserves over the fraction in force
+/// (`fraction_need_bytes`): the device total whose share holds the run as replayed without a
+/// limit. On a device of at least that total the fraction never refuses a request, so the replay
+/// at the budget fails only where the need passes the capacity, and the verdict says so.
 pub struct FitReplay {
     unlimited: Replayer,
     capped: Option<Replayer>,
@@ -325,9 +332,11 @@ pub struct FitOutcome {
 
 impl FitReplay {
     /// Prepare a replay of a trace with this header; `budget` is the allocator's share of the
-    /// device ([`Outside::budget`]), `None` for no fit check. `opts.capacity` is ignored.
+    /// device ([`Outside::budget`]), `None` for no fit check. `opts.capacity` is ignored, and
+    /// `opts.device_total` (the base of a memory fraction) is the replay at the budget's only.
     pub fn new(header: &Header, opts: &ReplayOptions, budget: Option<u64>) -> Result<FitReplay, ReplaySetupError> {
-        let unlimited = Replayer::new(header, ReplayOptions { capacity: None, ..opts.clone() })?;
+        // Without a device a fraction limits nothing: the need counts every request.
+        let unlimited = Replayer::new(header, ReplayOptions { capacity: None, device_total: None, ..opts.clone() })?;
         let capped = match budget {
             Some(b) => Some(Replayer::new(header, ReplayOptions { capacity: Some(b), ..opts.clone() })?),
             None => None,
@@ -438,7 +447,8 @@ impl FitOutcome {
 
 /// Replay records already in memory (see [`FitReplay`]). The replay at the budget runs only when
 /// the unlimited one exceeds it, or when the allocator's settings depend on the capacity (garbage
-/// collection, a memory fraction): otherwise, below the budget, the two are the same run.
+/// collection, a memory fraction, in the settings or set by the program): otherwise, below the
+/// budget, the two are the same run.
 pub fn fit_records<'a>(
     header: &Header,
     records: impl IntoIterator<Item = &'a Record> + Clone,
@@ -455,7 +465,9 @@ pub fn fit_records<'a>(
         return replay(Some(b));
     }
     let mut out = replay(None)?;
-    if out.reserved_need().saturating_add(out.held_beside()) > b {
+    // A fraction the program set is of the device's total, which the unlimited replay leaves out.
+    let fraction_set = out.report.fraction_need_bytes > 0;
+    if fraction_set || out.reserved_need().saturating_add(out.held_beside()) > b {
         return replay(Some(b));
     }
     out.budget = Some(b);

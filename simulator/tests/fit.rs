@@ -159,9 +159,10 @@ fn outside_bytes_and_calibration_mib_take_the_same_terms() {
 }
 
 /// A program that caps its allocator (`set_per_process_memory_fraction(0.1)`) and reserves
-/// 6 GiB under it needs a 60 GiB device: the need says so, and so the verdict on 40 GiB (the
-/// need was 6 GiB, FITS, beside a replay at the budget that failed). At 0.5 the 3 GiB cached
-/// beside the 6 GiB stay reserved under the limit, so 18 GiB (a 12 GiB device would free them).
+/// 9 GiB (6 GiB beside 3 GiB cached) needs a 90 GiB device: the need says so, and so the verdict
+/// on 40 GiB (the need was 6 GiB, FITS, beside a replay at the budget that failed). On 60 GiB
+/// the limit frees the cache and the 6 GiB fit: the replay there survives and needs 60 GiB. At
+/// 0.5 the 3 GiB cached beside the 6 GiB stay reserved under the limit, so 18 GiB.
 #[test]
 fn a_programs_memory_fraction_sets_the_device_it_needs() {
     use trace::{Control, ControlOp, Event};
@@ -177,8 +178,9 @@ fn a_programs_memory_fraction_sets_the_device_it_needs() {
     let outside = simulator::fit::Outside::fixed(0);
     let cap = Capacity { bytes: 40 * GIB, source: CapacitySource::Flag };
     // Without a device (no budget) the fraction limits nothing: 9 GiB stay reserved, and the
-    // need is what they ask of a device; on 40 GiB the limit frees the cache first.
-    for (f, unlimited, at_40) in [(0.1, 90 * GIB, 60 * GIB), (0.5, 18 * GIB, 18 * GIB), (1.0, 9 * GIB, 9 * GIB)] {
+    // need is what they ask of a device; on 40 GiB, where the replay at the budget fails, the
+    // need is that too (the whole run, not the part before the limit stopped it).
+    for (f, unlimited, at_40) in [(0.1, 90 * GIB, 90 * GIB), (0.5, 18 * GIB, 18 * GIB), (1.0, 9 * GIB, 9 * GIB)] {
         let recs = vec![fraction(f), alloc(1, 3 * GIB, None), free(1), alloc(2, 6 * GIB, None)];
         for (budget, need) in [(None, unlimited), (Some(cap.bytes), at_40)] {
             let opts = ReplayOptions { device_total: budget, ..ReplayOptions::default() };
@@ -189,6 +191,72 @@ fn a_programs_memory_fraction_sets_the_device_it_needs() {
             if budget.is_some() {
                 assert_eq!(out.first_oom.oom, need > cap.bytes, "fraction {f}: the replay at the budget");
             }
+        }
+    }
+    let recs = vec![fraction(0.1), alloc(1, 3 * GIB, None), free(1), alloc(2, 6 * GIB, None)];
+    let opts = ReplayOptions { device_total: Some(60 * GIB), ..ReplayOptions::default() };
+    let out = fit_records(&h, &recs, &opts, Some(60 * GIB)).unwrap();
+    assert!(!out.first_oom.oom && out.peaks_at_budget);
+    assert_eq!(out.device_peak(&outside), 60 * GIB);
+}
+
+/// The need under a fraction is what the whole run reserves over it, and the verdict on it agrees
+/// with the replay at the budget, in both paths (the lockstep replay `memsim replay` streams, the
+/// in-memory one `memest` and `memsim colocate` take). The replay without a budget took the
+/// device's total for the fraction's base and stopped at it: its peak was the 2 MiB before the
+/// failure (0 B at a fraction of 0), and 10000 MiB FITS stood beside the failed replay at 40 GiB.
+#[test]
+fn a_fraction_too_small_for_the_run_needs_what_it_reserves_over_the_fraction() {
+    use simulator::fit::{FitOutcome, Outside};
+    use trace::{Control, ControlOp, Event};
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let fraction = |f: f64| Record {
+        ts_ns: Some(0),
+        tid: None,
+        device: Some(0),
+        event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
+    };
+    // A 2 MiB small segment and a 20 MiB large one; the 512 KiB reuses the small one's cache.
+    let run =
+        |f: f64| vec![fraction(f), alloc(1, MIB, None), alloc(2, 2 * MIB, None), free(1), alloc(3, MIB / 2, None)];
+    const RESERVED: u64 = 22 * MIB;
+    let need_of = |f: f64| if f > 0.0 { (RESERVED as f64 / f).ceil() as u64 } else { u64::MAX };
+    let a100 = 42_505_273_344;
+    for (f, capacity, outside) in [(0.0004, a100, 400 * MIB), (0.0006, 30_000 * MIB, 0), (0.0, 40 << 30, 0)] {
+        let outside = Outside::fixed(outside);
+        let cap = Capacity { bytes: capacity, source: CapacitySource::Flag };
+        let opts = ReplayOptions { device_total: Some(capacity), ..ReplayOptions::default() };
+        let recs = run(f);
+        let budget = Some(outside.budget(capacity));
+        let mut lock = FitReplay::new(&h, &opts, budget).unwrap();
+        recs.iter().for_each(|r| lock.observe(r));
+        let paths: [(&str, FitOutcome); 2] =
+            [("lockstep", lock.finish()), ("in memory", fit_records(&h, &recs, &opts, budget).unwrap())];
+        for (path, out) in paths {
+            let case = format!("{path}: fraction {f} on {capacity} B");
+            assert!(out.first_oom.oom, "{case}: the replay at the budget fails");
+            assert_eq!(out.report.peaks.peak_reserved_bytes, RESERVED, "{case}: every request placed");
+            assert_eq!(out.report.fraction_need_bytes, need_of(f), "{case}");
+            assert_eq!(out.device_peak(&outside), need_of(f), "{case}");
+            assert!(!Verdict::new("point", out.device_peak(&outside), cap).fits, "{case}");
+        }
+    }
+    // At any fraction and capacity, the verdict is the replay at the budget's.
+    for f in [0.0004, 0.0006, 0.001, 0.01, 0.3, 0.5, 1.0] {
+        for capacity in [30 * MIB, 50 * MIB, 100 * MIB, 4000 * MIB, 30_000 * MIB, 40 << 30, 80 << 30] {
+            let cap = Capacity { bytes: capacity, source: CapacitySource::Flag };
+            let outside = Outside::fixed(0);
+            let opts = ReplayOptions { device_total: Some(capacity), ..ReplayOptions::default() };
+            let out = fit_records(&h, &run(f), &opts, Some(capacity)).unwrap();
+            let fits = Verdict::new("point", out.device_peak(&outside), cap).fits;
+            assert_eq!(
+                fits,
+                !out.first_oom.oom,
+                "fraction {f} on {} MiB: {}",
+                capacity / MIB,
+                out.device_peak(&outside)
+            );
         }
     }
 }

@@ -144,6 +144,11 @@ apis! {
 }
 
 impl Api {
+    /// An API a JSON Lines line names but this version does not know (a newer writer's): the line
+    /// gives no code, so it is kept as code 0, which no API has (FORMAT.md §2). Its name is lost;
+    /// written again, it is `unknown:0`.
+    pub const UNKNOWN_NAME: Api = Api::Unknown(0);
+
     /// Whether this API launches kernels (graph launches included).
     pub fn is_launch(self) -> bool {
         (96..160).contains(&self.code())
@@ -183,8 +188,17 @@ impl<'de> Deserialize<'de> for Api {
         if let Some(code) = s.strip_prefix("unknown:").and_then(|c| c.parse::<u16>().ok()) {
             return Ok(Api::from_code(code));
         }
+        // A name a newer writer knows, kept as the binary form keeps a code it does not know
+        // (FORMAT.md §1.9 rule 3); readers say so. Entry points are C identifiers: anything else
+        // is damage.
+        let identifier = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if identifier {
+            return Ok(Api::UNKNOWN_NAME);
+        }
         Err(serde::de::Error::custom(format!(
-            "unknown api {s:?}: expected a CUDA entry-point name such as \"cudaMalloc\" or \"allocator\""
+            "api {s:?} is no entry-point name: expected a CUDA entry-point name (a C identifier) such as \
+             \"cudaMalloc\" or \"allocator\", or unknown:<code> with a code up to 65535"
         )))
     }
 }

@@ -328,6 +328,16 @@ fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result
         .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {}", why(&e)) })
 }
 
+/// A frame whose record prefix does not decode; a second trace's magic read as a frame (tag
+/// `M`, length `E`, a body from `MTRACE` on: two traces concatenated) is named as such.
+#[cold]
+fn prefix_error(tag: u8, body: &[u8], offset: u64, reason: String) -> TraceError {
+    if tag == MAGIC[0] && body.starts_with(&MAGIC[2..]) {
+        return TraceError::SecondHeader { offset };
+    }
+    TraceError::CorruptFrame { offset, reason }
+}
+
 /// Decodes one frame body (everything after tag and length). `offset` is the frame's byte offset,
 /// used in errors.
 #[inline]
@@ -362,7 +372,7 @@ pub(crate) fn decode_frame_with(
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
     }
     let bytes = &following[..len];
-    let prefix = state.decode(bytes).map_err(|reason| TraceError::CorruptFrame { offset, reason })?;
+    let prefix = state.decode(bytes).map_err(|reason| prefix_error(tag, bytes, offset, reason))?;
     let rest = &bytes[prefix.len..];
     let fast = fast.then(|| (&following[prefix.len..], rest.len()));
     let event = match tag {

@@ -18,12 +18,9 @@ pub enum TraceError {
         error: std::io::Error,
     },
 
-    /// The input starts with neither the binary magic nor a JSON Lines object.
-    #[error(
-        "not a memtrace trace: expected the magic bytes \"MEMTRACE\" (binary form) or '{{' (JSON Lines form), \
-         found {}",
-        describe_bytes(.found)
-    )]
+    /// The input starts with neither the binary magic nor a JSON Lines object (a UTF-8
+    /// byte-order mark before one is named as such).
+    #[error("{}", bad_magic(.found))]
     BadMagic {
         /// The first bytes seen (at most 16).
         found: Vec<u8>,
@@ -79,6 +76,16 @@ pub enum TraceError {
         offset: u64,
         /// What was wrong.
         reason: String,
+    },
+
+    /// A binary trace's magic where a frame belongs: a second trace appended to the first.
+    #[error(
+        "a second trace header starts at byte {offset} (the magic bytes \"MEMTRACE\" where a record belongs): \
+         two traces concatenated into one file? Split it at byte {offset} to read each"
+    )]
+    SecondHeader {
+        /// Byte offset of the second magic.
+        offset: u64,
     },
 
     /// A JSON Lines line that cannot be decoded.
@@ -146,7 +153,9 @@ impl TraceError {
     /// The byte offset this error points at, for binary-form errors.
     pub fn offset(&self) -> Option<u64> {
         match self.innermost() {
-            TraceError::CorruptFrame { offset, .. } | TraceError::PartialHeader { offset, .. } => Some(*offset),
+            TraceError::CorruptFrame { offset, .. }
+            | TraceError::PartialHeader { offset, .. }
+            | TraceError::SecondHeader { offset } => Some(*offset),
             _ => None,
         }
     }
@@ -157,6 +166,23 @@ fn field_suffix(field: &Option<String>) -> String {
         Some(f) => format!(", field `{f}`"),
         None => String::new(),
     }
+}
+
+/// The UTF-8 byte-order mark some editors put first in a text file.
+const BOM: &[u8] = b"\xef\xbb\xbf";
+
+fn bad_magic(found: &[u8]) -> String {
+    if found.starts_with(BOM) {
+        return format!(
+            "not a memtrace trace: it starts with a UTF-8 byte-order mark (ef bb bf), which the JSON Lines form does \
+             not allow: save it without one (found {})",
+            describe_bytes(found)
+        );
+    }
+    format!(
+        "not a memtrace trace: expected the magic bytes \"MEMTRACE\" (binary form) or '{{' (JSON Lines form), found {}",
+        describe_bytes(found)
+    )
 }
 
 fn describe_bytes(bytes: &[u8]) -> String {

@@ -7,7 +7,7 @@ use simulator::perfetto::PerfettoBuilder;
 use simulator::replay::{ReplayOptions, Replayer};
 use trace::{Event, Header, Record, StateAt, TraceWriter};
 
-use crate::input::{import_snapshot, Kind};
+use crate::input::Kind;
 
 /// Arguments of `memsim convert`.
 #[derive(clap::Args)]
@@ -16,9 +16,10 @@ pub struct Args {
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
-    /// A truncated or cut-short input, or one whose producer stopped recording at its byte limit
-    /// (MEMTRACE_MAX_BYTES) or lost events, is an error (exit 2, no output written) instead of a
-    /// warning.
+    /// An input that does not hold the whole run is an error (exit 2, no output written) instead of a warning:
+    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
+    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
+    /// kinds this version does not know, or a snapshot that records no allocator event.
     #[arg(long)]
     strict: bool,
 }
@@ -46,35 +47,40 @@ pub fn run(a: Args) -> Result<u8> {
     crate::input::exists(&a.input)?;
     let out = out_kind(&a.output)?;
     crate::input::distinct_output(&a.input, &a.output)?;
+    let writing = || format!("writing {} from {}", a.output.display(), a.input.display());
     match (in_kind, out) {
         (Kind::Trace, Out::Trace) => {
-            // Under --strict a refused input leaves the output path as it was.
-            let mut judged = None;
-            let (s, _) = trace::convert(crate::input::source(&a.input), &a.output, |s| {
-                let verdict = crate::input::summary_warnings(Some(s), &a.input, a.strict);
-                let keep = verdict.is_ok();
-                judged = Some(verdict);
-                keep
-            })
-            .with_context(|| format!("converting {} to {}", a.input.display(), a.output.display()))?;
-            if let Some(verdict) = judged {
-                crate::input::warn(&verdict?);
-            }
-            report(&a, s.records, s.truncated);
+            // Record by record in constant memory; the output appears only when it is whole and
+            // the input accepted, so under --strict a refused input leaves the output path as it was.
+            let read = crate::input::for_each_record(
+                &a.input,
+                |h| TraceWriter::create(&a.output, h).with_context(writing),
+                |w, r| w.write(r).with_context(writing),
+            )?;
+            let lines = read.warnings(&a.input, a.strict)?;
+            let (records, truncated) = read.summary.map_or((0, false), |s| (s.records, s.truncated));
+            let carried = not_carried(&read, &a.output, Out::Trace);
+            read.state.finish().with_context(writing)?;
+            crate::input::warn(&lines);
+            crate::input::warn(&carried);
+            report(&a, records, truncated);
         }
         (Kind::Snapshot, Out::Trace) => {
-            let (header, records, _) = import_snapshot(&a.input)?;
-            write_trace(&a.output, &header, &records)?;
-            report(&a, records.len() as u64, false);
+            let read = read_all(&a.input, a.strict)?;
+            write_trace(&a.output, &read.header, &read.state).with_context(writing)?;
+            crate::input::warn(&not_carried(&read, &a.output, Out::Trace));
+            report(&a, read.state.len() as u64, false);
         }
         (_, Out::Pickle) => {
-            let (header, mut records, summary) = read_all(&a.input, a.strict)?;
+            let read = read_all(&a.input, a.strict)?;
+            let carried = not_carried(&read, &a.output, Out::Pickle);
+            let (header, mut records) = (&read.header, read.state);
             let has_end_state =
                 records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End));
             if !has_end_state && header.is_allocator_level() {
                 // A request-only trace (e.g. symbolic): memory_viz needs segments, so show what the
                 // allocator model would have done, at its addresses.
-                let mut rep = Replayer::new(&header, ReplayOptions::default())
+                let mut rep = Replayer::new(header, ReplayOptions::default())
                     .with_context(|| format!("{}: cannot replay", a.input.display()))?
                     .realize();
                 records.iter().for_each(|r| rep.observe(r));
@@ -89,8 +95,7 @@ pub fn run(a: Args) -> Result<u8> {
                     );
                 }
             }
-            let exported = simulator::snapshot::write_snapshot(&a.output, &header, &records)
-                .with_context(|| format!("writing {} from {}", a.output.display(), a.input.display()))?;
+            let exported = simulator::snapshot::write_snapshot(&a.output, header, &records).with_context(writing)?;
             if exported.allocs == 0 && exported.segment_events > 0 {
                 crate::input::warn(&[format!(
                     "{}: the snapshot holds {} segment events but no allocation (no `alloc` entry): memory_viz \
@@ -100,7 +105,7 @@ pub fn run(a: Args) -> Result<u8> {
                     exported.segment_events
                 )]);
             }
-            crate::input::warn(&not_carried(summary.as_ref(), &a.output));
+            crate::input::warn(&carried);
             crate::input::warn(&dropped_by_snapshot(&records, &a.output));
             report(&a, records.len() as u64, false);
             eprintln!("open it at https://pytorch.org/memory_viz (drag the file onto the page)");
@@ -118,9 +123,11 @@ pub fn run(a: Args) -> Result<u8> {
                 },
             )?;
             crate::input::warn(&read.warnings(&a.input, a.strict)?);
+            let carried = not_carried(&read, &a.output, Out::Perfetto);
             let v = read.state.finish(&read.header);
-            trace::write_atomic(&a.output, |w| -> Result<()> { Ok(serde_json::to_writer(w, &v)?) })?;
-            crate::input::warn(&not_carried(read.summary.as_ref(), &a.output));
+            trace::write_atomic(&a.output, |w| -> Result<()> { Ok(serde_json::to_writer(w, &v)?) })
+                .with_context(writing)?;
+            crate::input::warn(&carried);
             report(&a, 0, false);
             eprintln!("open it at https://ui.perfetto.dev (Open trace file)");
         }
@@ -134,17 +141,36 @@ fn report(a: &Args, records: u64, truncated: bool) {
     eprintln!("{n}{} -> {}{t}", a.input.display(), a.output.display());
 }
 
-/// What an output that is not a trace (a memory_viz snapshot, a Perfetto trace) cannot say of
-/// its input: that it did not hold the whole run (the warnings before say why). Read back, a
-/// snapshot looks whole.
-fn not_carried(summary: Option<&trace::Summary>, output: &Path) -> Vec<String> {
-    match summary {
-        Some(s) if s.incomplete() => vec![format!(
-            "{}: the output does not record that its input is incomplete (see above): read back, it looks whole",
-            output.display()
-        )],
-        _ => Vec::new(),
+/// What an output of kind `kind` cannot say of its input, which the warnings before said: that
+/// it did not hold the whole run (an output that is not a trace, a memory_viz snapshot or a
+/// Perfetto trace: read back, a snapshot looks whole; a trace keeps what its producer wrote, its
+/// end or its missing `process_exit`, except a cut inside an event, which the report line says),
+/// the records of unknown kinds that were skipped, and a snapshot's caveats (no trace field holds
+/// them; a snapshot written again gives them again).
+fn not_carried<S>(read: &crate::input::Read<S>, output: &Path, kind: Out) -> Vec<String> {
+    let mut lines = Vec::new();
+    let out = output.display();
+    if let Some(s) = &read.summary {
+        if s.incomplete() && !matches!(kind, Out::Trace) {
+            lines.push(format!(
+                "{out}: the output does not record that its input is incomplete (see above): read back, it looks whole"
+            ));
+        }
+        if s.unknown_skipped > 0 {
+            lines.push(format!(
+                "{out}: the {} records of kinds this version does not know are not in the output, which does not say \
+                 they were left out: read back, it gives no warning of them",
+                s.unknown_skipped
+            ));
+        }
     }
+    if !read.notes.is_empty() && !matches!(kind, Out::Pickle) {
+        lines.push(format!(
+            "{out}: the output does not carry the snapshot's caveats above (it has no place for them): read back, \
+             it gives none of these warnings"
+        ));
+    }
+    lines
 }
 
 /// What a memory_viz snapshot has no place for: the allocations' categories (the breakdown at
@@ -163,7 +189,9 @@ fn dropped_by_snapshot(records: &[Record], output: &Path) -> Vec<String> {
     )]
 }
 
-fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>, Option<trace::Summary>)> {
+/// Every record of `path` in memory, its warnings printed (an error under `strict` when the
+/// input does not hold the whole run).
+fn read_all(path: &Path, strict: bool) -> Result<crate::input::Read<Vec<Record>>> {
     let read = crate::input::for_each_record(
         path,
         |_| Ok(Vec::new()),
@@ -173,7 +201,7 @@ fn read_all(path: &Path, strict: bool) -> Result<(Header, Vec<Record>, Option<tr
         },
     )?;
     crate::input::warn(&read.warnings(path, strict)?);
-    Ok((read.header, read.state, read.summary))
+    Ok(read)
 }
 
 fn write_trace(path: &Path, header: &Header, records: &[Record]) -> Result<()> {

@@ -78,31 +78,109 @@ pub struct Read<S> {
     pub summary: Option<trace::Summary>,
     /// What a snapshot's import says its replay cannot show (none for a trace).
     pub notes: Vec<String>,
+    /// A snapshot that records no allocator event, only its segments when it was dumped: it does
+    /// not hold the run, and its peaks are only that state.
+    state_only: bool,
+    /// Records made by APIs this version does not know, by code.
+    unknown_apis: UnknownApis,
 }
 
 impl<S> Read<S> {
-    /// What the input did not give whole, as warning lines naming the file: a truncated or
-    /// otherwise incomplete input (cut short, stopped at the producer's byte limit, events the
-    /// producer lost; with `strict`, an error instead: exit 2), skipped records, and header
-    /// metadata values outside their key's domain, which are ignored.
+    /// What the input did not give whole, as warning lines naming the file: an input that does
+    /// not hold the whole run (truncated, cut short, stopped at the producer's byte limit, events
+    /// the producer lost, a snapshot that records no allocator event) or with skipped records of
+    /// unknown kinds (with `strict`, an error instead: exit 2), header metadata values outside
+    /// their key's domain, which are ignored, what a snapshot's replay cannot show, and APIs this
+    /// version does not know.
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
         let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
+        if strict && self.state_only {
+            bail!(
+                "{}: the snapshot records no allocator events, only its segments when it was dumped: it does not \
+                 hold the run, and its peaks are only the state at dump time (--strict)",
+                path.display()
+            );
+        }
         lines.extend(self.header.metadata_warnings(path));
-        lines.extend(self.notes.iter().cloned());
+        lines.extend(self.notes.iter().map(|n| format!("{}: {n}", path.display())));
+        lines.extend(self.unknown_apis.warning(path, self.jsonl_input()));
         Ok(lines)
+    }
+
+    /// Whether the input was JSON Lines, where an API name this version does not know is kept
+    /// as code 0 ([`trace::Api::UNKNOWN_NAME`]).
+    fn jsonl_input(&self) -> bool {
+        self.summary.is_some_and(|s| s.format == trace::Format::Jsonl)
     }
 }
 
 /// [`trace::Summary::warnings`], with `strict` turning an input that does not hold the whole run
 /// ([`trace::Summary::incomplete`]: truncated, cut short, stopped at the producer's byte limit, or
-/// with events the producer lost) into an error.
+/// with events the producer lost) or that holds records of kinds this version skips
+/// ([`trace::Summary::unknown_skipped`]) into an error.
 pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: bool) -> Result<Vec<String>> {
     let Some(s) = summary else { return Ok(Vec::new()) };
     let lines = s.warnings(path);
-    if strict && s.incomplete() {
+    if strict && (s.incomplete() || s.unknown_skipped > 0) {
         bail!("{} (--strict)", lines[0]);
     }
     Ok(lines)
+}
+
+/// Records made by APIs this version does not know (a newer writer's): kept, counted by code.
+#[derive(Debug, Clone, Default)]
+struct UnknownApis(std::collections::BTreeMap<u16, u64>);
+
+impl UnknownApis {
+    /// Count `r` when its API is unknown.
+    #[inline]
+    fn note(&mut self, r: &Record) {
+        use trace::Event;
+        let api = match &r.event {
+            Event::Alloc(a) => a.api,
+            Event::Free(f) => f.api,
+            Event::Vmm(v) => v.api,
+            Event::KernelLaunch(k) => k.api,
+            Event::PoolTrim(p) => p.api,
+            _ => return,
+        };
+        if let trace::Api::Unknown(code) = api {
+            *self.0.entry(code).or_default() += 1;
+        }
+    }
+
+    /// The warning, naming `path`, when there are any; `jsonl`: the input was JSON Lines, whose
+    /// unknown names were kept as code 0.
+    fn warning(&self, path: &Path, jsonl: bool) -> Option<String> {
+        let n: u64 = self.0.values().sum();
+        if n == 0 {
+            return None;
+        }
+        let records = if n == 1 { "1 record names an API" } else { "records name APIs" };
+        let count = if n == 1 { String::new() } else { format!("{n} ") };
+        let named = jsonl.then(|| self.0.get(&trace::Api::UNKNOWN_NAME.code())).flatten();
+        let codes: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(c, _)| named.is_none() || **c != trace::Api::UNKNOWN_NAME.code())
+            .map(|(c, k)| format!("unknown:{c} ({k})"))
+            .collect();
+        let mut what = Vec::new();
+        if let Some(k) = named {
+            what.push(format!(
+                "{k} by a name, which is not kept: read as unknown:0, and written as unknown:0 by a conversion"
+            ));
+        }
+        if !codes.is_empty() {
+            what.push(format!("by code: {}", codes.join(", ")));
+        }
+        Some(format!(
+            "{}: {count}{records} this version does not know (written by a newer memtrace?): the records are read, \
+             with their API unknown (`unknown` in stats' calls); {}",
+            path.display(),
+            what.join("; ")
+        ))
+    }
 }
 
 /// Print warning lines on stderr.
@@ -166,56 +244,84 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
 ) -> Result<Read<S>> {
     exists(path)?;
     let kind = kind(path)?;
+    let named = path;
     let path = source(path);
     match kind {
         Kind::Snapshot => {
-            let (header, records, notes, version) = import_snapshot_as(path, snapshot)?;
-            let mut state = init(&header, Some(version))?;
+            let imported = import_snapshot_as(path, snapshot)?;
+            let mut state = init(&imported.header, Some(imported.version))?;
             let mut map = mapper(&state);
-            for r in records {
+            for r in imported.records {
                 f(&mut state, &map(r))?;
             }
-            Ok(Read { header, state, summary: None, notes })
+            Ok(Read {
+                header: imported.header,
+                state,
+                summary: None,
+                notes: imported.notes,
+                state_only: imported.state_only,
+                unknown_apis: UnknownApis::default(),
+            })
         }
         Kind::Trace => {
             let mut reader = trace::Reader::open(path).map_err(|e| {
-                // A pickle's protocol byte: a snapshot read through a stream, which only a
-                // named file can be.
+                // A pickle's protocol byte: a snapshot, which is read by its name's extension.
                 let pickle =
                     matches!(e.innermost(), trace::TraceError::BadMagic { found } if found.first() == Some(&0x80));
                 let e = anyhow::Error::from(e);
-                if pickle {
+                if !pickle {
+                    e
+                } else if streamed(named) {
                     e.context("this looks like a PyTorch snapshot pickle: give it as a .pickle/.pkl file, not a stream")
                 } else {
-                    e
+                    let ext = named.extension().map(|x| x.to_string_lossy()).unwrap_or_default();
+                    e.context(format!(
+                        "this looks like a PyTorch snapshot pickle named .{ext}: name it .pickle or .pkl (memsim reads \
+                         a snapshot by its extension)"
+                    ))
                 }
             })?;
             let header = reader.header().clone();
             let mut state = init(&header, None)?;
-            let mut map = mapper(&state);
+            let mut unknown_apis = UnknownApis::default();
             // A stream's size is unknown: decoded on a second thread as a large file is.
             let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
             let bar = progress(size.unwrap_or(0));
-            if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
-                let mut n = 0u64;
-                while let Some(rec) = reader.next_record() {
-                    // The reader's errors name the file and the line or byte already.
-                    let rec = rec.with_context(|| format!("after {n} whole records"))?;
-                    f(&mut state, &map(rec))?;
-                    n += 1;
-                    if n.is_multiple_of(65536) {
-                        if let Some(b) = &bar {
-                            b.set_position(reader.summary().bytes_read);
+            {
+                let mut mapped = mapper(&state);
+                let counted = &mut unknown_apis;
+                let mut map = move |r: Record| {
+                    counted.note(&r);
+                    mapped(r)
+                };
+                if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
+                    let mut n = 0u64;
+                    while let Some(rec) = reader.next_record() {
+                        // The reader's errors name the file and the line or byte already.
+                        let rec = rec.with_context(|| format!("after {n} whole records"))?;
+                        f(&mut state, &map(rec))?;
+                        n += 1;
+                        if n.is_multiple_of(65536) {
+                            if let Some(b) = &bar {
+                                b.set_position(reader.summary().bytes_read);
+                            }
                         }
                     }
+                } else {
+                    pipelined(&mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
                 }
-            } else {
-                pipelined(&mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
             }
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
-            Ok(Read { header, state, summary: Some(reader.summary()), notes: Vec::new() })
+            Ok(Read {
+                header,
+                state,
+                summary: Some(reader.summary()),
+                notes: Vec::new(),
+                state_only: false,
+                unknown_apis,
+            })
         }
     }
 }
@@ -299,21 +405,28 @@ pub fn bar(len: u64, template: &str) -> Option<ProgressBar> {
     Some(b)
 }
 
-/// Read a snapshot pickle and import it as an allocator-level trace (with its rebuilt start
-/// state), under the rules of the release the snapshot was most likely written with.
-/// With what a replay of it cannot show ([`simulator::snapshot::Imported::warnings`]).
-pub fn import_snapshot(path: &Path) -> Result<(Header, Vec<Record>, Vec<String>)> {
-    import_snapshot_as(path, &SnapshotAs::default()).map(|(h, r, n, _)| (h, r, n))
+/// A snapshot pickle imported as an allocator-level trace (with its rebuilt start state).
+struct Imported {
+    header: Header,
+    records: Vec<Record>,
+    /// What a replay of it cannot show ([`simulator::snapshot::Imported::warnings`]).
+    notes: Vec<String>,
+    /// The allocator release whose rules it was imported under.
+    version: TorchVersion,
+    /// It records no allocator event: see [`Read::state_only`].
+    state_only: bool,
 }
 
-/// [`import_snapshot`] under the version and configuration `how` gives, with the version used.
-fn import_snapshot_as(path: &Path, how: &SnapshotAs) -> Result<(Header, Vec<Record>, Vec<String>, TorchVersion)> {
+/// Read a snapshot pickle and import it under the version and configuration `how` gives (by
+/// default the release it was most likely written with).
+fn import_snapshot_as(path: &Path, how: &SnapshotAs) -> Result<Imported> {
     let snap = simulator::snapshot::read_snapshot(path)?;
     let version = how.version.unwrap_or_else(|| simulator::snapshot::guess_version(&snap));
     let imported = simulator::snapshot::import_snapshot(&snap, Some(version), how.alloc_conf.as_deref())
         .with_context(|| format!("{}: cannot import snapshot", path.display()))?;
     let notes = imported.warnings(&snap);
-    Ok((imported.header, imported.records, notes, version))
+    let state_only = snap.device_traces.iter().all(Vec::is_empty);
+    Ok(Imported { header: imported.header, records: imported.records, notes, version, state_only })
 }
 
 /// Refuses an output that is the input file.

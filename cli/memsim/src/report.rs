@@ -59,9 +59,10 @@ pub struct Args {
     /// its capacity here, so the page's table and headline judge the same device.
     #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
-    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
-    /// (exit 2) instead of a warning.
+    /// An input that does not hold the whole run is an error (exit 2) instead of a warning:
+    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
+    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
+    /// kinds this version does not know, or a snapshot that records no allocator event.
     #[arg(long)]
     strict: bool,
 }

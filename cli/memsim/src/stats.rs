@@ -32,9 +32,10 @@ pub struct Args {
     /// Kernel names listed under top kernels, per run and per phase [default: 10].
     #[arg(long, value_name = "N")]
     top: Option<usize>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
-    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
-    /// (exit 2) instead of a warning.
+    /// An input that does not hold the whole run is an error (exit 2) instead of a warning:
+    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
+    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
+    /// kinds this version does not know, or a snapshot that records no allocator event.
     #[arg(long)]
     strict: bool,
 }
@@ -104,18 +105,21 @@ fn device_flags_without_effect(a: &Args, s: &TraceStats, util: &UtilizationRepor
 fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let read = crate::input::for_each_record(
         file,
-        |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts))),
-        |(s, u), r| {
+        |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts), UnknownFrees::default())),
+        |(s, u, frees), r| {
+            let before = s.unknown_frees;
             s.observe(r);
             u.observe(r);
+            frees.observe(r, s.unknown_frees > before);
             Ok(())
         },
     )?;
     let mut warnings = read.warnings(file, a.strict)?;
     let header = read.header;
-    let (s, u) = read.state;
+    let (s, u, frees) = read.state;
     let s = s.finish(read.summary.as_ref());
     let util = u.finish();
+    warnings.extend(frees.warning(file));
     warnings.extend(device_flags_without_effect(a, &s, &util));
     let mut out = Output::new(warnings.clone());
     if a.json {
@@ -172,7 +176,7 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
         outln!(out, "  LOST EVENTS       {} (the producer's queue was full)", s.lost_events);
     }
     if s.unknown_frees > 0 {
-        outln!(out, "  unknown frees     {} (frees of addresses allocated before the trace began)", s.unknown_frees);
+        outln!(out, "  unknown frees     {} ({})", s.unknown_frees, frees.explained());
     }
     if s.allocs_over_live > 0 {
         outln!(
@@ -197,6 +201,72 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
         outln!(out, "  incomplete: no process_exit event (the process did not exit through the shim's handlers)");
     }
     Ok(out)
+}
+
+/// The frees [`TraceStats`] finds no live block for, told apart as `memsim replay` tells them:
+/// a block alive when the trace began (a converted snapshot's start state, which the trace does
+/// not allocate), or an address no block of the trace holds (freed twice, or never allocated),
+/// which replay rejects as a damaged trace's.
+#[derive(Default)]
+struct UnknownFrees {
+    /// Records read.
+    records: u64,
+    /// The start state's allocated blocks not freed yet, by device and address.
+    start: std::collections::HashSet<(u32, u64)>,
+    /// Frees of start-state blocks.
+    of_start: u64,
+    /// Frees of addresses no block holds.
+    damaged: u64,
+    /// The first of those: record number, device and address.
+    first: Option<(u64, u32, u64)>,
+}
+
+impl UnknownFrees {
+    /// Note record `r`; `unknown`: [`TraceStats`] found no live block for it (a free).
+    fn observe(&mut self, r: &trace::Record, unknown: bool) {
+        let device = r.device.unwrap_or(0);
+        match &r.event {
+            trace::Event::SegmentState(st) if st.at == trace::StateAt::Start => {
+                let held = st.blocks.iter().filter(|b| b.state != trace::BlockState::Inactive);
+                self.start.extend(held.map(|b| (device, b.addr)));
+            }
+            trace::Event::Free(f) if unknown => {
+                if f.mem.is_device() && self.start.remove(&(device, f.addr)) {
+                    self.of_start += 1;
+                } else {
+                    self.damaged += 1;
+                    self.first.get_or_insert((self.records, device, f.addr));
+                }
+            }
+            _ => {}
+        }
+        self.records += 1;
+    }
+
+    /// What the unknown frees were, for the text line.
+    fn explained(&self) -> String {
+        match (self.of_start, self.damaged) {
+            (_, 0) => "frees of blocks allocated before the trace began, its start state".into(),
+            (0, _) => "freed twice or never allocated: a damaged trace; see the warning".into(),
+            (start, damaged) => format!(
+                "{start} of blocks allocated before the trace began, {damaged} freed twice or never allocated: a \
+                 damaged trace; see the warning"
+            ),
+        }
+    }
+
+    /// The warning of frees no block holds, naming `file` and the first.
+    fn warning(&self, file: &Path) -> Option<String> {
+        let (record, device, addr) = self.first?;
+        let frees = if self.damaged == 1 { "free of an address" } else { "frees of addresses" };
+        Some(format!(
+            "{}: {} {frees} no allocation in the trace holds (freed twice, or never allocated: a damaged trace), e.g. \
+             record {record} (device {device}): free of unknown address {addr:#x}; live bytes leave them out, and \
+             replay rejects them",
+            file.display(),
+            self.damaged
+        ))
+    }
 }
 
 fn level(h: &trace::Header) -> &'static str {

@@ -5,6 +5,8 @@ mod cli; // JSON contracts, conversions, colocate, errors
 mod colocate; // colocate on real snapshots: how recordings are lined up
 mod cupti_mem_cli; // memsim stats: the cupti_memory JSON object and text lines, absent without records
 mod damaged; // damaged traces: sums near 2^64, impossible devices, integer tags, refusals that keep files
+mod fraction; // a program's memory fraction: its need, and verdicts that agree with the replay at the budget
+mod partial; // inputs used in part: snapshot caveats through convert, --strict, double frees, unknown APIs
 mod report; // memsim report: the page with profiles and --estimate, bad input
 mod stdin; // traces on standard input and other streams
 mod support; // running the binary

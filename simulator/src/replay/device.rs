@@ -60,11 +60,26 @@ impl DeviceState {
     #[inline(always)]
     pub(super) fn note_fraction_need(&mut self, reserved: u64) {
         if let Some(f) = self.alloc.memory_fraction() {
-            // A fraction of 0 allows nothing: no device is large enough.
-            let total = if f > 0.0 { (reserved as f64 / f).ceil() as u64 } else { u64::MAX };
             if reserved > 0 {
-                self.fraction_need = self.fraction_need.max(total);
+                self.fraction_need = self.fraction_need.max(total_allowing(reserved, f));
             }
         }
     }
+}
+
+/// The least device total whose share `f` lets an allocator reserve `reserved` bytes, as the
+/// allocator computes its limit (`allowed_max`, `f × total` truncated): the quotient rounded up,
+/// then past any total the product's rounding still leaves short. A fraction of 0 allows
+/// nothing: no device is large enough (`u64::MAX`).
+fn total_allowing(reserved: u64, f: f64) -> u64 {
+    if f <= 0.0 {
+        return u64::MAX;
+    }
+    let allows = |total: u64| (f * total as f64) as u64 >= reserved;
+    let mut total = (reserved as f64 / f).ceil() as u64;
+    // A step of at least one unit in the last place of `total` as a float.
+    while total < u64::MAX && !allows(total) {
+        total = total.saturating_add((total >> 52).max(1));
+    }
+    total
 }

@@ -66,8 +66,8 @@ pub struct ReplayOptions {
     /// Device capacity in bytes for the OOM chain; `None` = unlimited.
     pub capacity: Option<u64>,
     /// The device's total memory, the base of a program's memory fraction, when known (a
-    /// replay for a fit at a capacity); else the capacity; without either, a fraction limits
-    /// nothing (its need is still reported).
+    /// replay at a budget for a fit at a capacity); else the capacity; without either, a
+    /// fraction limits nothing (its need is still reported).
     pub device_total: Option<u64>,
 }
 

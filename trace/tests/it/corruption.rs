@@ -101,6 +101,20 @@ fn timestamp_delta_needs_an_earlier_timestamp() {
     check(&bytes, &[&format!("at byte {at}"), "no earlier timestamp"]);
 }
 
+/// Two foreign starts were misnamed: a JSON Lines file behind a UTF-8 byte-order mark was "not
+/// a memtrace trace", and a second trace appended to the first was a record prefix with
+/// reserved bits.
+#[test]
+fn a_byte_order_mark_and_a_second_trace_are_named() {
+    let (h, recs) = small_trace();
+    let mut bom = b"\xef\xbb\xbf".to_vec();
+    bom.extend_from_slice(&jsonl(&h, &recs));
+    check(&bom, &["UTF-8 byte-order mark", "ef bb bf"]);
+    let (one, _) = valid();
+    let two = [one.clone(), one.clone()].concat();
+    check(&two, &[&format!("a second trace header starts at byte {}", one.len()), "concatenated"]);
+}
+
 #[test]
 fn errors_stop_iteration_and_keep_earlier_records() {
     let (v, _) = with_frame(&[0, 1, 0]);
@@ -137,10 +151,12 @@ fn jsonl_errors_name_line_and_field() {
     );
     checkj(r#"{"kind":"alloc","addr":1,"size":-5,"api":"cudaMalloc"}"#, &["line 4", "field `size`", "u64"]);
     checkj(r#"{"kind":"free","addr":1}"#, &["line 4", "field `api`", "missing field `api`"]);
+    // An identifier this version does not know is a newer writer's API, kept (forward_compat.rs).
     checkj(
-        r#"{"kind":"alloc","addr":1,"size":2,"api":"cudaMallocc"}"#,
-        &["line 4", "field `api`", "unknown api \"cudaMallocc\""],
+        r#"{"kind":"alloc","addr":1,"size":2,"api":"cuda Malloc"}"#,
+        &["line 4", "field `api`", "api \"cuda Malloc\" is no entry-point name"],
     );
+    checkj(r#"{"kind":"alloc","addr":1,"size":2,"api":"unknown:70000"}"#, &["line 4", "field `api`", "up to 65535"]);
     checkj(
         r#"{"kind":"segment_state","at":"end","addr":0,"total_size":2,"pool":"small","blocks":[{"addr":0,"size":2,"state":"bogus"}]}"#,
         &["line 4", "field `blocks[0].state`", "unknown variant `bogus`"],

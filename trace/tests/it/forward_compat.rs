@@ -92,3 +92,31 @@ fn unknown_api_codes_survive_both_forms() {
     let line = serde_json::to_string(&rec).unwrap();
     assert!(line.contains("\"api\":\"unknown:4242\""), "{line}");
 }
+
+/// A JSON Lines `api` name this version does not know (a newer writer's) failed the whole file,
+/// where the binary form keeps an unknown code (FORMAT.md §1.9 rule 3): it is kept as
+/// [`Api::UNKNOWN_NAME`]; a name no entry point can have (empty, not an identifier) or one that is not a string is
+/// still refused.
+#[test]
+fn unknown_api_names_in_json_lines_are_kept() {
+    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"p","version":"1"},"level":"device"}"#;
+    let check = |api: &str, expect: Result<Api, &str>| {
+        let line = format!(r#"{{"kind":"pool_trim","pool":1,"min_bytes_to_keep":0,"api":{api},"result":0}}"#);
+        let got = read_all(format!("{header}\n{line}\n").as_bytes()).map(|(_, recs, _)| match &recs[0].event {
+            Event::PoolTrim(p) => p.api,
+            e => panic!("{e:?}"),
+        });
+        match (got, expect) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{api}"),
+            (Err(e), Err(words)) => assert!(e.to_string().contains(words), "{api}: {e}"),
+            (got, expect) => panic!("{api}: got {got:?}, expected {expect:?}"),
+        }
+    };
+    check(r#""cudaMemPoolTrimTo""#, Ok(Api::CudaMemPoolTrimTo));
+    check(r#""unknown:4242""#, Ok(Api::Unknown(4242)));
+    // Code 0, which no API has: the line gives no code.
+    check(r#""cudaMemPoolTrimToNew""#, Ok(Api::Unknown(0)));
+    check(r#""""#, Err("field `api`"));
+    check(r#""unknown:x""#, Err("field `api`"));
+    check("7", Err("field `api`"));
+}

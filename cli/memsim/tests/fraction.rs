@@ -1,0 +1,126 @@
+//! A program's own memory fraction (`set_per_process_memory_fraction`): the need is what the
+//! run reserves over the fraction (the device total whose share holds the whole run), and every
+//! command's verdict agrees with the replay at the budget beside it.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::support::{json, memsim};
+
+const MIB: u64 = 1 << 20;
+
+/// A real run's records: a 1 MiB tensor (a 2 MiB small segment), a 2 MiB one (a 20 MiB large
+/// segment), the first freed, then 512 KiB in the cached small segment: 22 MiB reserved.
+const RUN: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false,"devices":[{"index":0}],"synthetic_addresses":false}
+{"ts_ns":0,"device":0,"kind":"control","op":"set_memory_fraction","fraction":FRACTION}
+{"ts_ns":1,"device":0,"kind":"alloc","addr":4096,"size":1048576,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}
+{"ts_ns":2,"device":0,"kind":"alloc","addr":1052672,"size":2097152,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}
+{"ts_ns":3,"device":0,"kind":"free","addr":4096,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}
+{"ts_ns":4,"device":0,"kind":"alloc","addr":8192000,"size":524288,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}
+{"ts_ns":5,"kind":"process_exit","lost_events":0}
+"#;
+
+/// What the run reserves with no limit.
+const RESERVED: u64 = 22 * MIB;
+
+fn write(dir: &Path, fraction: &str) -> PathBuf {
+    let p = dir.join(format!("frac-{fraction}.jsonl"));
+    std::fs::write(&p, RUN.replace("FRACTION", fraction)).unwrap();
+    p
+}
+
+/// The device total under which a fraction `f` lets the allocator reserve `RESERVED`.
+fn need_of(f: f64) -> u64 {
+    if f > 0.0 {
+        (RESERVED as f64 / f).ceil() as u64
+    } else {
+        u64::MAX
+    }
+}
+
+/// The fields these tests read, for a failure's message.
+fn brief(v: &Value) -> String {
+    let keys = ["oom", "peaks_of", "peak_reserved_bytes", "fraction_need_bytes", "peak_device_bytes", "verdict"];
+    keys.iter().map(|k| format!("{k}={}", v[k])).collect::<Vec<_>>().join(" ")
+}
+
+/// The fraction is too small for the run on the device judged: the replay at the budget fails,
+/// and the verdict said FITS beside it, on a need taken from the replay without a budget that
+/// had itself stopped at the fraction (its peaks 2 MiB, or 0 B at a fraction of 0).
+#[test]
+fn a_fraction_too_small_for_the_run_does_not_fit_and_needs_what_it_reserves_over_the_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    for (fraction, flags) in [
+        ("0.0004", &["--profile", "a100-40gb"][..]),
+        ("0.0006", &["--capacity", "30000MiB"][..]),
+        ("0", &["--capacity", "40GiB"][..]),
+    ] {
+        let f: f64 = fraction.parse().unwrap();
+        let t = write(dir.path(), fraction);
+        let t = t.to_str().unwrap();
+        let case = format!("fraction {fraction} {flags:?}");
+
+        let mut args = vec!["replay", t, "--json"];
+        args.extend_from_slice(flags);
+        let (code, out, err) = memsim(&args);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{case}: {e}: {out}{err}"));
+        let case = format!("{case}: {}", brief(&v));
+        // The replay at the budget fails, and the verdict and exit status say so.
+        assert_eq!(v["oom"], true, "{case}");
+        assert_eq!(v["verdict"]["fits"], false, "{case}");
+        assert_eq!(code, 1, "{case}: {err}");
+        // The replay without a budget placed every request: its peak is what the run reserves.
+        assert_eq!(v["peaks_of"], "unlimited", "{case}");
+        assert_eq!(v["peak_reserved_bytes"], RESERVED, "{case}");
+        assert_eq!(v["fraction_need_bytes"], need_of(f), "{case}");
+        assert_eq!(v["peak_device_bytes"], need_of(f), "{case}");
+        let need = v["verdict"]["need_bytes"].as_u64().unwrap();
+        assert!(need >= need_of(f) && need > v["verdict"]["capacity_bytes"].as_u64().unwrap(), "{case}");
+
+        // The text says the same: no FITS above the failure.
+        args.retain(|a| *a != "--json");
+        let (code, out, err) = memsim(&args);
+        assert_eq!(code, 1, "{case}: {out}{err}");
+        let verdict = out.lines().find(|l| l.starts_with("verdict:")).unwrap_or_else(|| panic!("{case}: {out}"));
+        assert!(verdict.ends_with("DOES NOT FIT"), "{case}: {out}");
+        assert!(out.contains("replayed at the budget, it fails at record"), "{case}: {out}");
+        assert!(out.contains("peak reserved       22.00 MiB"), "{case}: {out}");
+        if f > 0.0 {
+            assert!(verdict.contains(&simulator::units::mib(need_of(f))), "{case}: {out}");
+        }
+
+        // colocate judges the job alone as replay does: its need beside it.
+        let mut args = vec!["colocate", t, "--json"];
+        args.extend_from_slice(flags);
+        let (code, out, err) = memsim(&args);
+        let c: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{case}: {e}: {out}{err}"));
+        assert_eq!(
+            (code, &c["verdict"]["fits"], &c["jobs"][0]["fits_alone"]),
+            (1, &false.into(), &false.into()),
+            "{case}"
+        );
+        assert_eq!(c["verdict"]["need_bytes"], need, "{case}: {}", brief(&c["jobs"][0]));
+        assert_eq!(c["jobs"][0]["device_peak_bytes"], need_of(f), "{case}: {}", brief(&c["jobs"][0]));
+    }
+}
+
+/// On a device large enough for the fraction's share to hold the run, the replay at the budget
+/// survives and the need is the same share of it: FITS, in every command.
+#[test]
+fn a_fraction_whose_share_holds_the_run_fits_with_the_same_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path(), "0.0006");
+    let t = t.to_str().unwrap();
+    let v = json(&["replay", t, "--capacity", "40000MiB", "--json"]);
+    assert_eq!((&v["oom"], &v["verdict"]["fits"]), (&false.into(), &true.into()), "{}", brief(&v));
+    assert_eq!(v["peak_device_bytes"], need_of(0.0006), "{}", brief(&v));
+    assert_eq!(v["verdict"]["need_bytes"], need_of(0.0006), "{}", brief(&v));
+    let c = json(&["colocate", t, "--capacity", "40000MiB", "--json"]);
+    assert_eq!(
+        (&c["verdict"]["fits"], &c["verdict"]["need_bytes"]),
+        (&true.into(), &need_of(0.0006).into()),
+        "{}",
+        c["verdict"]
+    );
+}

@@ -1,0 +1,228 @@
+//! Inputs that can be used only in part, said alike by every command: a snapshot's caveats kept
+//! through `convert`, `--strict` on a snapshot with no history and on unknown records, a double
+//! free in `stats`, APIs a newer writer named, and outputs and inputs named in every error.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::support::{json, memsim};
+
+const MIB: u64 = 1 << 20;
+
+const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false}"#;
+
+fn alloc(addr: u64, size: u64) -> String {
+    format!(
+        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
+    )
+}
+
+fn free(addr: u64) -> String {
+    format!(
+        r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
+    )
+}
+
+const EXIT: &str = r#"{"kind":"process_exit","lost_events":0}"#;
+
+/// A JSON Lines trace of the header and `lines`.
+fn trace(dir: &Path, name: &str, lines: &[String]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{HEADER}\n{}\n", lines.join("\n"))).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// A pickled snapshot of one 20 MiB segment at 1 GiB, its one block `state`, and the trace
+/// `entries` of device 0.
+fn snapshot(dir: &Path, name: &str, state: &str, entries: Value) -> String {
+    let (addr, size) = (1u64 << 30, 20 * MIB);
+    let held = if state == "inactive" { 0 } else { size };
+    let segment = json!({"device": 0, "address": addr, "total_size": size, "stream": 0, "segment_type": "large",
+        "allocated_size": held, "active_size": held,
+        "blocks": [{"address": addr, "size": size, "requested_size": held, "state": state}]});
+    let snap = json!({"segments": [segment], "device_traces": [entries]});
+    let p = dir.join(name);
+    std::fs::write(&p, serde_pickle::to_vec(&snap, serde_pickle::SerOptions::new()).unwrap()).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// `dir/name` as a string.
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).to_str().unwrap().to_string()
+}
+
+/// The command `args` with `input` (and for `convert` an output in `dir`): its status and stderr.
+fn run(dir: &Path, cmd: &str, input: &str, strict: bool) -> (i32, String, PathBuf) {
+    let out = dir.join(format!("out-{cmd}.mtrace"));
+    let mut args = vec![cmd, input];
+    if cmd == "convert" {
+        args.push(out.to_str().unwrap());
+    }
+    if strict {
+        args.push("--strict");
+    }
+    let (code, _, err) = memsim(&args);
+    (code, err, out)
+}
+
+/// A snapshot converted to a trace lost its caveats without a word: the converted trace replayed
+/// with no warning that its peaks were only the state at dump time.
+#[test]
+fn convert_says_a_snapshots_caveats_and_that_the_trace_cannot_keep_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = snapshot(dir.path(), "state.pickle", "active_allocated", json!([]));
+    // A snapshot written again says them again when read.
+    for (out, lost) in [("s.mtrace", true), ("s.jsonl", true), ("s.json", true), ("s.pickle", false)] {
+        let out = path(dir.path(), out);
+        let (code, _, err) = memsim(&["convert", &p, &out]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("state.pickle: the snapshot records no allocator events"), "{out}: {err}");
+        assert_eq!(err.contains(&format!("{out}: the output does not carry")), lost, "{out}: {err}");
+    }
+    let (_, _, err) = memsim(&["replay", &path(dir.path(), "s.pickle")]);
+    assert!(err.contains("s.pickle: the snapshot records no allocator events"), "{err}");
+    // A snapshot with its history and nothing to doubt converts without a word.
+    let entries = json!([{"action": "free_requested", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0},
+                         {"action": "free_completed", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0}]);
+    let p = snapshot(dir.path(), "history.pickle", "inactive", entries);
+    let (code, _, err) = memsim(&["convert", &p, &path(dir.path(), "h.mtrace")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}
+
+/// `--strict` passed a snapshot that records no allocator event (its peaks only the state when
+/// it was dumped) and a trace with records of kinds this version skips, in every command.
+#[test]
+fn strict_refuses_a_snapshot_without_history_and_unknown_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = snapshot(dir.path(), "state.pickle", "active_allocated", json!([]));
+    let unknown_line = r#"{"kind":"alloc2","device":0,"addr":4096,"size":1024}"#.to_string();
+    let unknown_jsonl = trace(dir.path(), "unk.jsonl", &[alloc(4096, MIB), unknown_line, EXIT.into()]);
+    let unknown_bin = unknown_tag_trace(dir.path());
+    let check = |input: &str, words: &str| {
+        for cmd in ["replay", "stats", "convert"] {
+            let (code, err, out) = run(dir.path(), cmd, input, false);
+            assert_eq!(code, 0, "{cmd} {input}: {err}");
+            assert!(err.contains(words), "{cmd} {input}: {err}");
+            std::fs::remove_file(&out).ok();
+            let (code, err, out) = run(dir.path(), cmd, input, true);
+            assert_eq!(code, 2, "{cmd} --strict {input}: {err}");
+            assert!(err.contains(words) && err.contains("(--strict)"), "{cmd} --strict {input}: {err}");
+            assert!(!out.exists(), "{cmd} --strict {input} wrote {}", out.display());
+        }
+    };
+    check(&state, "records no allocator events");
+    check(&unknown_jsonl, "records of kinds this version does not know");
+    check(&unknown_bin, "records of kinds this version does not know");
+}
+
+/// A binary trace with one alloc, then a frame of a tag no version has written.
+fn unknown_tag_trace(dir: &Path) -> String {
+    use trace::{Alloc, Api, Event, Header, Level, Origin, Record};
+    let mut header = Header::new("probe", "1", Level::Allocator);
+    header.devices.push(trace::DeviceInfo {
+        index: 0,
+        name: None,
+        total_memory: None,
+        sm_count: None,
+        compute_capability: None,
+    });
+    let mut bytes = trace::BinaryWriter::new(Vec::new(), &header).unwrap().finish().unwrap();
+    let rec = |addr| Record {
+        ts_ns: Some(addr),
+        tid: None,
+        device: Some(0),
+        event: Event::Alloc(Alloc::device(addr, MIB, Api::Allocator, Origin::Request)),
+    };
+    let mut state = trace::codec::PrefixState::default();
+    trace::codec::encode_frame(&mut state, &rec(4096), &mut bytes).unwrap();
+    let at = bytes.len();
+    trace::codec::encode_frame(&mut state, &rec(8 << 20), &mut bytes).unwrap();
+    bytes[at] = 200;
+    let p = dir.join("unk.mtrace");
+    std::fs::write(&p, bytes).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// A Perfetto output that could not be written said only "Is a directory (os error 21)".
+#[test]
+fn a_perfetto_output_that_cannot_be_written_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "t.jsonl", &[alloc(4096, MIB)]);
+    let folder = path(dir.path(), "dd.json");
+    std::fs::create_dir(&folder).unwrap();
+    for out in [folder, path(dir.path(), "nodir/x.json")] {
+        let (code, _, err) = memsim(&["convert", &t, &out]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("writing {out} from {t}")), "{err}");
+    }
+}
+
+/// `stats` explained a double free as a free of a block allocated before the trace began, in a
+/// trace with no start state, where `replay` warned of a damaged trace.
+#[test]
+fn stats_says_a_free_of_an_address_the_trace_does_not_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |lines: &[String], expect: &[&str], refuse: &[&str]| {
+        let t = trace(dir.path(), "t.jsonl", lines);
+        let (code, out, err) = memsim(&["stats", &t]);
+        assert_eq!(code, 0, "{err}");
+        let text = format!("{out}{err}");
+        for w in expect {
+            assert!(text.contains(w), "lacks {w:?}: {text}");
+        }
+        for w in refuse {
+            assert!(!text.contains(w), "says {w:?}: {text}");
+        }
+    };
+    let double = [alloc(4096, MIB), alloc(2 * MIB, MIB), free(4096), free(4096), EXIT.to_string()];
+    let damaged = "t.jsonl: 1 free of an address no allocation in the trace holds (freed twice, or never \
+                   allocated: a damaged trace), e.g. record 3 (device 0): free of unknown address 0x1000";
+    let old = "frees of addresses allocated before the trace began";
+    check(&double, &[damaged, "unknown frees     1 (freed twice or never allocated"], &[old]);
+    check(&[free(4096)], &["record 0 (device 0): free of unknown address 0x1000"], &[old]);
+    check(&[alloc(4096, MIB), free(4096)], &[], &["unknown frees", "warning"]);
+    // A converted snapshot's free of a block alive when its trace began is no damage.
+    let entries = json!([{"action": "free_requested", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0},
+                         {"action": "free_completed", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0}]);
+    let p = snapshot(dir.path(), "history.pickle", "inactive", entries);
+    let (code, out, err) = memsim(&["stats", &p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("unknown frees     1 (frees of blocks allocated before the trace began"), "{out}");
+    assert!(!err.contains("damaged"), "{err}");
+    let v = json(&["stats", &trace(dir.path(), "j.jsonl", &double), "--json"]);
+    let warned = v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("freed twice"));
+    assert!(warned, "{v}");
+}
+
+/// A JSON Lines trace naming an API this version does not know failed whole, where the binary
+/// form keeps the unknown code; read, it is said, and so is the name a conversion cannot keep.
+#[test]
+fn an_api_a_newer_writer_named_is_kept_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [alloc(4096, MIB).replace(r#""api":"allocator""#, r#""api":"cudaMallocNew""#), EXIT.to_string()];
+    let t = trace(dir.path(), "new.jsonl", &lines);
+    let (code, out, err) = memsim(&["stats", &t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("new.jsonl: 1 record names an API this version does not know"), "{err}");
+    assert!(out.contains("unknown"), "{out}");
+    let back = path(dir.path(), "back.jsonl");
+    let (code, _, err) = memsim(&["convert", &t, &back]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("written as unknown:0"), "{err}");
+    assert!(std::fs::read_to_string(&back).unwrap().contains(r#""api":"unknown:0""#));
+}
+
+/// A snapshot pickle named .mtrace was told to be given "as a .pickle/.pkl file, not a stream",
+/// though it was a file.
+#[test]
+fn a_pickle_named_as_a_trace_is_said_to_be_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = snapshot(dir.path(), "snap.pickle", "active_allocated", json!([]));
+    let named = path(dir.path(), "snap.mtrace");
+    std::fs::copy(&p, &named).unwrap();
+    let (code, _, err) = memsim(&["stats", &named]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a PyTorch snapshot pickle named .mtrace") && !err.contains("stream"), "{err}");
+}
