@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FULL_CSV, csv_sample, gpumemnet_rows
+from conftest import FULL_CSV, cli, csv_sample, gpumemnet_rows
 from torch import nn
 
 from memtrace_trainer.errors import UserError
@@ -35,11 +36,11 @@ def check_invalid(config: object, reason: str) -> None:
 
 def test_infeasible_configs_are_rejected_with_reason() -> None:
     check_invalid(TransformerConfig(128, 100, 2, 3, 50000, 400), "not divisible by heads")
-    check_invalid(MLPConfig(10, 2, 0), "depth 0 < 1")
+    check_invalid(MLPConfig(10, 2, 0), "field 'depth' is 0: expected an integer >= 1")
     check_invalid(MLPConfig(10, 20, 3, "gradual"), "gradual needs")
-    check_invalid(MLPConfig(10, 2, 2, activation="nope"), "activation 'nope'")
+    check_invalid(MLPConfig(10, 2, 2, activation="nope"), "field 'activation' is \"nope\"")
     check_invalid(CNNConfig(3, 10, 4, "dense", 32, 64), "dense_interval")
-    check_invalid(CNNConfig(3, 10, 4, "spiral", 32, 64), "architecture 'spiral'")
+    check_invalid(CNNConfig(3, 10, 4, "spiral", 32, 64), "field 'architecture' is \"spiral\"")
 
 
 def test_config_json_roundtrip_and_stable_id() -> None:
@@ -98,7 +99,7 @@ def test_sweep_ratio_field_and_errors() -> None:
     with pytest.raises(UserError, match="missing field 'count'"):
         sample({"family": "mlp", "fields": {}}, "inline")
     bad = {"family": "mlp", "count": 1, "fields": {"input_size": 5, "output_size": 1, "depth": 0}}
-    with pytest.raises(UserError, match=r"infeasible; last: .*depth 0 < 1"):
+    with pytest.raises(UserError, match=r"infeasible; last: .*field 'depth' is 0"):
         sample(bad, "inline")
 
 
@@ -205,3 +206,53 @@ def test_unknown_specs_are_user_errors() -> None:
     ]:
         with pytest.raises(UserError, match=msg):
             build_workload(spec, 1)
+
+
+MLP = {"family": "mlp", "input_size": 64, "output_size": 10, "depth": 3}
+CNN = {"family": "cnn", "input_channels": 3, "num_classes": 10, "depth": 4,
+       "architecture": "uniform", "base_filters": 8, "input_size": 32}  # fmt: skip
+TRANSFORMER = {"family": "transformer", "seq_len": 16, "embed_dim": 32, "layers": 1, "heads": 2,
+               "vocab_size": 100, "num_classes": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("base", "field", "value", "expected"),
+    [
+        (MLP, "depth", "3", "an integer >= 1"),
+        (MLP, "depth", 2.5, "an integer >= 1"),
+        (MLP, "input_size", True, "an integer >= 1"),
+        (MLP, "output_size", 10.0, "an integer >= 1"),
+        (MLP, "dropout", "x", "a number in [0, 1)"),
+        (MLP, "dropout", False, "a number in [0, 1)"),
+        (MLP, "batchnorm", "yes", "true or false"),
+        (MLP, "head", 1, "true or false"),
+        (MLP, "architecture", 3, "one of ['pyramid', 'uniform', 'bottleneck', 'gradual']"),
+        (MLP, "activation", None, "one of ['relu', "),
+        (CNN, "base_filters", "8", "an integer in [1, 2048]"),
+        (CNN, "input_size", [32], "an integer >= 2"),
+        (CNN, "num_classes", False, "an integer >= 1"),
+        (CNN, "batchnorm", "false", "true or false"),
+        (CNN, "dropout", [0.1], "a number in [0, 1)"),
+        (CNN, "activation", {"name": "relu"}, "one of ['relu', "),
+        ({**CNN, "architecture": "dense"}, "dense_interval", "2", "an integer >= 1 or null"),
+        ({**CNN, "architecture": "dense"}, "dense_interval", 0, "an integer >= 1 or null"),
+        (TRANSFORMER, "heads", "2", "an integer >= 1"),
+        (TRANSFORMER, "layers", 1.5, "an integer >= 1"),
+        (TRANSFORMER, "vocab_size", None, "an integer >= 1"),
+        (TRANSFORMER, "ff_mult", True, "an integer >= 1"),
+        (TRANSFORMER, "norm_first", "no", "true or false"),
+        (TRANSFORMER, "dropout", "0.1", "a number in [0, 1)"),
+        (TRANSFORMER, "activation", 1, "one of ['relu', 'gelu']"),
+    ],
+)  # fmt: skip
+def test_a_synthetic_field_of_the_wrong_type_is_refused_naming_it(
+    base: dict[str, object], field: str, value: object, expected: str
+) -> None:
+    """A field of the wrong type was compared (an internal TypeError), or taken as what Python
+    makes of it (`"batchnorm": "yes"` was true, `"input_size": true` a width of 1)."""
+    spec = "synthetic:" + json.dumps({**base, field: value})
+    done = cli("features", "--model", spec, check=False)
+    assert done.returncode == 2, done.stdout
+    assert "internal error" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"field {field!r} is {json.dumps(value)}: expected {expected}" in done.stderr

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from memtrace_trainer.models.config import ModelConfig, activation, layer_problems
+from memtrace_trainer.models.config import ACTIVATIONS, ModelConfig, activation, field
 
 ARCHITECTURES = ("pyramid", "uniform", "bottleneck", "gradual", "hourglass", "residual", "dense")
 MAX_FILTERS = 2048
@@ -91,30 +91,21 @@ class CNNConfig(ModelConfig):
     draw in the original generator (`ceil(depth / poolings)` or 5), so it is explicit here."""
 
     family = "cnn"
-    input_channels: int
-    num_classes: int
-    depth: int
-    architecture: str
-    base_filters: int
-    input_size: int
-    activation: str = "relu"
-    dropout: float = 0.0
+    input_channels: int = field(least=1)
+    num_classes: int = field(least=1)
+    depth: int = field(least=1)
+    architecture: str = field(choices=ARCHITECTURES)
+    base_filters: int = field(least=1, most=MAX_FILTERS)
+    input_size: int = field(least=2)
+    activation: str = field("relu", choices=tuple(ACTIVATIONS))
+    dropout: float = field(0.0, least=0, below=1)
     batchnorm: bool = False
-    dense_interval: int | None = None
+    dense_interval: int | None = field(None, least=1)
 
-    def problems(self) -> list[str]:
-        p = []
-        for name in ("input_channels", "num_classes", "depth", "base_filters"):
-            if getattr(self, name) < 1:
-                p.append(f"{name} {getattr(self, name)} < 1")
-        if self.input_size < 2:
-            p.append(f"input_size {self.input_size} < 2")
-        p += layer_problems(self.architecture, ARCHITECTURES, self.activation, self.dropout)
-        if self.base_filters > MAX_FILTERS:
-            p.append(f"base_filters {self.base_filters} > {MAX_FILTERS}")
+    def constraints(self) -> list[str]:
         if self.architecture == "dense" and self.dense_interval is None:
-            p.append("dense needs dense_interval (the original generator drew it at random)")
-        return p
+            return ["dense needs dense_interval (the original generator drew it at random)"]
+        return []
 
     def dense_interval_choices(self) -> tuple[int, int]:
         poolings = max(1, int(math.log2(self.input_size // 7))) if self.input_size >= 7 else 1

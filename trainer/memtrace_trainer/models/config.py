@@ -6,11 +6,12 @@ import abc
 import dataclasses
 import hashlib
 import json
+import typing
 from typing import Any, ClassVar
 
 from torch import nn
 
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, is_integer, is_number
 
 # GPUMemNet's spellings (its filenames use these keys) mapped to the module classes it used.
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -34,6 +35,95 @@ class InvalidConfig(UserError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Domain:
+    """What a config field takes beyond its type: a number's least and greatest value (`below`:
+    an upper end left out, as dropout's 1), or the names a string field takes."""
+
+    least: float | None = None
+    most: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def admits(self, v: Any) -> bool:
+        if self.choices is not None:
+            return v in self.choices
+        if v is None or isinstance(v, bool | str):
+            return True  # the type decides
+        return ((self.least is None or v >= self.least) and (self.most is None or v <= self.most)
+                and (self.below is None or v < self.below))  # fmt: skip
+
+    def words(self) -> str:
+        """The values, after the type's words (`an integer` + ` >= 1`)."""
+        if self.choices is not None:
+            return f"one of {list(self.choices)}"
+        if self.least is not None and self.below is not None:
+            return f"in [{self.least:g}, {self.below:g})"
+        if self.least is not None and self.most is not None:
+            return f"in [{self.least:g}, {self.most:g}]"
+        return f">= {self.least:g}" if self.least is not None else ""
+
+
+def field(default: Any = dataclasses.MISSING, **domain: Any) -> Any:
+    """A config field with its `Domain`: the one table of what each field of a family takes
+    (its type from the annotation), checked by `field_problems` and by `sample`'s sweeps."""
+    return dataclasses.field(default=default, metadata={"domain": Domain(**domain)})
+
+
+def domain_of(f: dataclasses.Field) -> Domain:
+    return f.metadata.get("domain", Domain())
+
+
+_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+          type(None): "null"}  # fmt: skip
+
+
+def accepts(hint: Any, value: Any) -> bool:
+    """Whether `value` is of the annotated type: a bool is no integer or number (JSON's and
+    YAML's `true`), an integer is a number."""
+    if typing.get_args(hint):  # `int | None`
+        return any(accepts(h, value) for h in typing.get_args(hint))
+    checks = {int: is_integer, float: is_number, bool: lambda v: isinstance(v, bool),
+              str: lambda v: isinstance(v, str), type(None): lambda v: v is None}  # fmt: skip
+    return checks.get(hint, lambda _: True)(value)
+
+
+def type_words(hint: Any) -> str:
+    return " or ".join(_WORDS.get(h, str(h)) for h in (typing.get_args(hint) or (hint,)))
+
+
+def expected(hint: Any, domain: Domain) -> str:
+    """What a field takes, in words: `an integer >= 1`, `a number in [0, 1)`, `true or false`,
+    `one of [...]`, `an integer >= 1 or null`."""
+    if domain.choices is not None:
+        return domain.words()
+    kinds = typing.get_args(hint) or (hint,)
+    words = [f"{_WORDS.get(h, str(h))} {domain.words()}".rstrip() if h in (int, float)
+             else _WORDS.get(h, str(h)) for h in kinds]  # fmt: skip
+    return " or ".join(words)
+
+
+def shown(value: Any) -> str:
+    """A value as the user wrote it: JSON's spelling (`true`, `"3"`, `null`)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def field_problems(config: ModelConfig) -> list[str]:
+    """Every field of `config` of the wrong type or outside its domain, named with what it
+    takes; checked before any value is compared or built with."""
+    hints = typing.get_type_hints(type(config))
+    problems = []
+    for f in dataclasses.fields(config):
+        value, domain = getattr(config, f.name), domain_of(f)
+        if not accepts(hints[f.name], value) or not domain.admits(value):
+            problems.append(f"field {f.name!r} is {shown(value)}: "
+                            f"expected {expected(hints[f.name], domain)}")  # fmt: skip
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig(abc.ABC):
     """Base of the synthetic families: subclasses set `family`, implement the abstract methods."""
 
@@ -50,9 +140,16 @@ class ModelConfig(abc.ABC):
         """Stable across processes and versions of Python: a hash of the canonical JSON."""
         return f"{self.family}-{hashlib.sha256(self.to_json().encode()).hexdigest()[:12]}"
 
-    @abc.abstractmethod
     def problems(self) -> list[str]:
-        """Reasons this config is infeasible; empty when it is valid."""
+        """Reasons this config is infeasible; empty when it is valid. Each field's type and
+        domain first (`field_problems`), then, when they hold, what the fields must be
+        together."""
+        return field_problems(self) or self.constraints()
+
+    @abc.abstractmethod
+    def constraints(self) -> list[str]:
+        """What the fields, each of its type and domain, must be together (`gradual` narrows,
+        heads divide the width); empty when they are."""
 
     def validate(self) -> None:
         problems = self.problems()
@@ -72,21 +169,6 @@ class ModelConfig(abc.ABC):
     @abc.abstractmethod
     def classes(self) -> int:
         """Number of output classes (targets are drawn from this range)."""
-
-
-def layer_problems(
-    architecture: str, architectures: tuple[str, ...], act: str, dropout: float
-) -> list[str]:
-    """The checks GPUMemNet's MLP and CNN generators share, in the order their configs report
-    them."""
-    p = []
-    if architecture not in architectures:
-        p.append(f"architecture {architecture!r} not in {architectures}")
-    if act not in ACTIVATIONS:
-        p.append(f"activation {act!r} not in {sorted(ACTIVATIONS)}")
-    if not 0.0 <= dropout < 1.0:
-        p.append(f"dropout {dropout} outside [0, 1)")
-    return p
 
 
 def activation(name: str) -> nn.Module:

@@ -6,7 +6,7 @@ import dataclasses
 
 from torch import nn
 
-from memtrace_trainer.models.config import ModelConfig, activation, layer_problems
+from memtrace_trainer.models.config import ACTIVATIONS, ModelConfig, activation, field
 
 ARCHITECTURES = ("pyramid", "uniform", "bottleneck", "gradual")
 
@@ -20,24 +20,19 @@ class MLPConfig(ModelConfig):
     """
 
     family = "mlp"
-    input_size: int
-    output_size: int
-    depth: int
-    architecture: str = "pyramid"
-    activation: str = "relu"
-    dropout: float = 0.0
+    input_size: int = field(least=1)
+    output_size: int = field(least=1)
+    depth: int = field(least=1)
+    architecture: str = field("pyramid", choices=ARCHITECTURES)
+    activation: str = field("relu", choices=tuple(ACTIVATIONS))
+    dropout: float = field(0.0, least=0, below=1)
     batchnorm: bool = False
     head: bool = True
 
-    def problems(self) -> list[str]:
-        p = []
-        for name in ("input_size", "output_size", "depth"):
-            if getattr(self, name) < 1:
-                p.append(f"{name} {getattr(self, name)} < 1")
-        p += layer_problems(self.architecture, ARCHITECTURES, self.activation, self.dropout)
+    def constraints(self) -> list[str]:
         if self.architecture == "gradual" and self.input_size < self.output_size:
-            p.append("gradual needs input_size >= output_size (it narrows towards the output)")
-        return p
+            return ["gradual needs input_size >= output_size (it narrows towards the output)"]
+        return []
 
     def hidden_widths(self) -> list[int]:
         widths = []

@@ -25,12 +25,14 @@ import yaml
 
 from memtrace_trainer.errors import UserError, is_integer, is_number
 from memtrace_trainer.models.config import (
-    ACTIVATIONS,
     InvalidConfig,
     ModelConfig,
+    accepts,
+    domain_of,
     families,
     from_dict,
     missing_fields,
+    type_words,
 )
 from memtrace_trainer.notes import warn
 
@@ -87,38 +89,11 @@ def draw(rng: random.Random, spec: Any, drawn: dict[str, Any], where: str) -> An
     return rng.uniform(lo, hi) if floats else rng.randint(lo, hi)
 
 
-# The values a categorical field takes: a value outside them made every draw holding it
-# infeasible, so it was silently never drawn.
-def _choices(family: str) -> dict[str, tuple[Any, ...]]:
-    from memtrace_trainer.models import cnn, mlp, transformer
-
-    acts = tuple(ACTIVATIONS)
-    return {
-        "mlp": {"architecture": mlp.ARCHITECTURES, "activation": acts},
-        "cnn": {"architecture": cnn.ARCHITECTURES, "activation": acts},
-        "transformer": {"activation": transformer.ACTIVATIONS},
-    }.get(family, {})
-
-
-_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-          type(None): "null"}  # fmt: skip
-
-
-def _accepts(hint: Any, value: Any) -> bool:
-    if typing.get_args(hint):  # `int | None`
-        return any(_accepts(h, value) for h in typing.get_args(hint))
-    checks = {int: is_integer, float: is_number, bool: lambda v: isinstance(v, bool),
-              str: lambda v: isinstance(v, str), type(None): lambda v: v is None}  # fmt: skip
-    return checks.get(hint, lambda _: True)(value)
-
-
-def _expected(hint: Any) -> str:
-    return " or ".join(_WORDS.get(h, str(h)) for h in (typing.get_args(hint) or (hint,)))
-
-
 def _check_value(value: Any, hint: Any, choices: tuple[Any, ...] | None, where: str) -> None:
-    if not _accepts(hint, value):
-        raise UserError(f"{where}: {value!r} is not {_expected(hint)}")
+    # A fixed value or a choice is checked for its type and names here; a number outside its
+    # domain (`depth: 0`) is an infeasible draw, whose reason the config gives.
+    if not accepts(hint, value):
+        raise UserError(f"{where}: {value!r} is not {type_words(hint)}")
     if choices is not None and value not in choices:
         raise UserError(f"{where}: {value!r} is not one of {list(choices)}")
 
@@ -141,7 +116,7 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
     missing = missing_fields(cls, fields)
     if missing:
         raise UserError(f"{source}: fields: a {family} config needs {missing} (no default)")
-    choices = _choices(family)
+    choices = {name: domain_of(f).choices for name, f in known.items()}
     before: list[str] = []
     for name, spec in fields.items():
         where, hint = f"{source}: field {name!r}", hints[name]
@@ -152,15 +127,15 @@ def check_fields(family: Any, fields: dict[str, Any], source: str) -> None:
                 _check_value(v, hint, choices.get(name), f"{where}, choice {i + 1}")
         elif isinstance(spec, dict):
             check_range(spec, where)
-            ints = not _accepts(hint, 0.5)
-            if not _accepts(hint, 1):
+            ints = not accepts(hint, 0.5)
+            if not accepts(hint, 1):
                 raise UserError(f"{where}: a range draws numbers; the field takes "
-                                f"{_expected(hint)}")  # fmt: skip
+                                f"{type_words(hint)}")  # fmt: skip
             for key in ("min", "max", "step"):
                 if ints and key in spec and not is_integer(spec[key]):
                     raise UserError(f"{where}: {key} {spec[key]!r}: expected an integer "
                                     "(the field takes integers)")  # fmt: skip
-            if "of" in spec and (spec["of"] not in before or not _accepts(hints[spec["of"]], 1)):
+            if "of" in spec and (spec["of"] not in before or not accepts(hints[spec["of"]], 1)):
                 raise UserError(f"{where}: 'of' is {spec['of']!r}: expected a numeric field "
                                 f"listed before it ({before})")  # fmt: skip
         else:

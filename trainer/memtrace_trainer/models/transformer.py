@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from memtrace_trainer.models.config import ModelConfig
+from memtrace_trainer.models.config import ModelConfig, field
 
 ACTIVATIONS = ("relu", "gelu")
 
@@ -41,31 +41,21 @@ class TransformerConfig(ModelConfig):
     """Token embedding, `layers` encoder layers, mean pooling, a classifier."""
 
     family = "transformer"
-    seq_len: int
-    embed_dim: int
-    layers: int
-    heads: int
-    vocab_size: int
-    num_classes: int
-    ff_mult: int = 4
-    dropout: float = 0.1
-    activation: str = "gelu"
+    seq_len: int = field(least=1)
+    embed_dim: int = field(least=1)
+    layers: int = field(least=1)
+    heads: int = field(least=1)
+    vocab_size: int = field(least=1)
+    num_classes: int = field(least=1)
+    ff_mult: int = field(4, least=1)
+    dropout: float = field(0.1, least=0, below=1)
+    activation: str = field("gelu", choices=ACTIVATIONS)
     norm_first: bool = True
 
-    def problems(self) -> list[str]:
-        p = []
-        for name in ("seq_len", "embed_dim", "layers", "heads", "vocab_size", "num_classes"):
-            if getattr(self, name) < 1:
-                p.append(f"{name} {getattr(self, name)} < 1")
-        if self.heads >= 1 and self.embed_dim % self.heads:
-            p.append(f"embed_dim {self.embed_dim} is not divisible by heads {self.heads}")
-        if self.ff_mult < 1:
-            p.append(f"ff_mult {self.ff_mult} < 1")
-        if self.activation not in ACTIVATIONS:
-            p.append(f"activation {self.activation!r} not in {ACTIVATIONS}")
-        if not 0.0 <= self.dropout < 1.0:
-            p.append(f"dropout {self.dropout} outside [0, 1)")
-        return p
+    def constraints(self) -> list[str]:
+        if self.embed_dim % self.heads:
+            return [f"embed_dim {self.embed_dim} is not divisible by heads {self.heads}"]
+        return []
 
     def build(self) -> nn.Module:
         self.validate()
