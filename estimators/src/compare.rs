@@ -411,22 +411,21 @@ impl MlModels {
             ));
         }
         let (p, s) = timed(|| -> std::result::Result<f64, String> {
-            let x = extract(family, row).map_err(|e| match e {
-                crate::ml::features::RowIssue::UnknownActivation(m) => m,
-            })?;
+            let x = extract(family, row).map_err(|e| e.to_string())?;
             let n = x.len();
             let x = ndarray::Array2::from_shape_vec((1, n), x).map_err(|e| e.to_string())?;
             let mut p = model.predict(&x).map_err(|e| chain(&e))?;
-            p.pop().map(|p| p.estimate).ok_or_else(|| "the model returned no prediction".to_string())
+            let p = p.pop().ok_or_else(|| "the model returned no prediction".to_string())?;
+            // A negative or infinite answer is no memory figure: null, with the reason.
+            p.mib().map_err(str::to_string)
         });
         match p {
             // The model answers in MiB, at device level (GPUMemNet's label).
-            Ok(mib) if mib.is_finite() && mib >= 0.0 => Outcome {
+            Ok(mib) => Outcome {
                 device_bytes: Some((mib * 1024.0 * 1024.0).round() as u64),
                 seconds: Some(s),
                 ..Outcome::default()
             },
-            Ok(mib) => Outcome::failed(format!("{}: predicted {mib} MiB", path.display())),
             Err(e) => Outcome::failed(format!("{}: {e}", path.display())),
         }
     }

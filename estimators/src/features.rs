@@ -1,12 +1,11 @@
 //! Model features as the trainer's `features --json` prints them (parameters, per-sample
-//! activations, layers), and the model family decided from the layer types.
+//! activations, layers), and the model family decided from the layer types. The file is read by
+//! [`crate::features_file::FeaturesFile`], the one parser.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EstimateError, Result};
 pub use simulator::family::{is_attention, is_convolution, is_gemm, Family};
 
 /// One layer: type, per-sample output elements, parameters. The one layer type of the crate:
@@ -42,109 +41,6 @@ pub struct Features {
 }
 
 impl Features {
-    /// Parse `features --json` output; `path` names the input in errors.
-    pub fn parse_json(text: &str, path: &Path) -> Result<Features> {
-        let field = |field: &str, expected: &str| EstimateError::Field {
-            path: path.to_path_buf(),
-            field: field.to_string(),
-            expected: expected.to_string(),
-        };
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            // `features --csv` writes a GPUMemNet row, which is easy to hand over by mistake.
-            let csv = text.trim_start().starts_with("Filename,");
-            let hint = if csv { "; this is a CSV row (features --csv): give `features --json`" } else { "" };
-            field("<document>", &format!("expected a JSON object ({e}){hint}"))
-        })?;
-        let count = |name: &str| -> Result<u64> {
-            v.get(name).and_then(serde_json::Value::as_u64).ok_or_else(|| field(name, "expected a whole number >= 0"))
-        };
-        let total_parameters = count("total_parameters")?;
-        let total_activations = count("total_activations")?;
-        // An optional count above zero: absent or null is none.
-        let positive = |name: &str| -> Result<Option<u64>> {
-            v.get(name)
-                .filter(|x| !x.is_null())
-                .map(|x| x.as_u64().filter(|&n| n > 0).ok_or_else(|| field(name, "expected a whole number >= 1")))
-                .transpose()
-        };
-        let batch_size = positive("batch_size")?;
-        let model = match v.get("model") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(m) => {
-                Some(m.as_str().ok_or_else(|| field("model", "expected the model's name, a string"))?.to_string())
-            }
-        };
-        let seq_len = positive("seq_len")?;
-        let input_shape = match v.get("input_shape") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(d) => Some(
-                d.as_array()
-                    .filter(|a| !a.is_empty())
-                    .and_then(|a| a.iter().map(|x| x.as_u64().filter(|&n| n > 0)).collect::<Option<Vec<u64>>>())
-                    .ok_or_else(|| {
-                        field("input_shape", "expected a list of whole numbers >= 1 (one sample's dimensions)")
-                    })?,
-            ),
-        };
-        // Layers in execution order: the `sequence` list ([type, activations, parameters] per
-        // layer) when present; else `layers`, an object keyed by execution index.
-        let layers = if let Some(seq) = v.get("sequence").and_then(serde_json::Value::as_array) {
-            let mut out = Vec::with_capacity(seq.len());
-            for (i, item) in seq.iter().enumerate() {
-                let f = format!("sequence[{i}]");
-                let arr = item
-                    .as_array()
-                    .filter(|a| a.len() == 3)
-                    .ok_or_else(|| field(&f, "expected [type, activations, parameters]"))?;
-                let kind = arr[0].as_str().ok_or_else(|| field(&format!("{f}[0]"), "expected a layer type string"))?;
-                let num = |j: usize| {
-                    arr[j].as_u64().ok_or_else(|| field(&format!("{f}[{j}]"), "expected a whole number >= 0"))
-                };
-                out.push(Layer { kind: kind.to_string(), activations: num(1)?, parameters: num(2)? });
-            }
-            out
-        } else {
-            let layers_v = v.get("layers").and_then(serde_json::Value::as_object).ok_or_else(|| {
-                field("layers", "expected `sequence` (a list of [type, activations, parameters]) or `layers` keyed by execution index")
-            })?;
-            // Keys are execution indices as strings; order numerically, not lexically.
-            let mut keyed: Vec<(u64, Layer)> = Vec::with_capacity(layers_v.len());
-            for (k, l) in layers_v {
-                let at = |f: &str| format!("layers.{k}.{f}");
-                let idx: u64 = k.parse().map_err(|_| {
-                    field(
-                        &format!("layers.{k}"),
-                        "expected a numeric layer index (or give the ordered `sequence` list)",
-                    )
-                })?;
-                let kind = l
-                    .get("type")
-                    .and_then(serde_json::Value::as_str)
-                    .ok_or_else(|| field(&at("type"), "expected a string"))?
-                    .to_string();
-                let num = |f: &str| {
-                    l.get(f)
-                        .and_then(serde_json::Value::as_u64)
-                        .ok_or_else(|| field(&at(f), "expected a whole number >= 0"))
-                };
-                keyed.push((idx, Layer { kind, activations: num("activations")?, parameters: num("parameters")? }));
-            }
-            keyed.sort_by_key(|(i, _)| *i);
-            keyed.into_iter().map(|x| x.1).collect()
-        };
-        Ok(Features { total_parameters, total_activations, batch_size, model, seq_len, input_shape, layers })
-    }
-
-    /// Read and parse a features JSON file.
-    pub fn load(path: &Path) -> Result<Features> {
-        let text = trace::read_small_string(path, 256 << 20).map_err(|source| EstimateError::Io {
-            path: path.to_path_buf(),
-            action: "cannot read features",
-            source,
-        })?;
-        Features::parse_json(&text, path)
-    }
-
     /// The model family.
     pub fn family(&self) -> Family {
         Family::from_layer_types(self.layers.iter().map(|l| l.kind.as_str()))

@@ -10,6 +10,7 @@ pub mod error;
 pub mod estimate;
 pub mod estimate_text;
 pub mod features;
+pub mod features_file;
 pub mod metrics;
 pub mod ml;
 pub mod plots;

@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use estimators::features::{is_convolution, is_gemm, Family, Features};
+use estimators::features::{is_convolution, is_gemm, Family};
+use estimators::features_file::FeaturesFile;
 
 #[test]
 fn family_from_layer_types() {
@@ -37,7 +38,9 @@ fn parses_trainer_json() {
     let text = r#"{"total_parameters": 30, "total_activations": 7, "batch_size": 4,
         "layers": {"10": {"type": "Softmax", "activations": 2, "parameters": 0},
                    "2": {"type": "Linear", "activations": 5, "parameters": 30}}}"#;
-    let f = Features::parse_json(text, Path::new("f.json")).unwrap();
+    let file = FeaturesFile::parse(text, Path::new("f.json")).unwrap();
+    assert!(file.warnings.is_empty(), "{:?}", file.warnings);
+    let f = file.features;
     assert_eq!((f.total_parameters, f.total_activations, f.batch_size), (30, 7, Some(4)));
     // Numeric, not lexical, layer order.
     assert_eq!(f.layers.iter().map(|l| l.kind.as_str()).collect::<Vec<_>>(), ["Linear", "Softmax"]);
@@ -47,7 +50,7 @@ fn parses_trainer_json() {
 #[test]
 fn errors_name_file_and_field() {
     let check = |text: &str, needle: &str| {
-        let e = Features::parse_json(text, Path::new("feat.json")).unwrap_err().to_string();
+        let e = FeaturesFile::parse(text, Path::new("feat.json")).unwrap_err().to_string();
         assert!(e.contains("feat.json") && e.contains(needle), "{e:?} lacks {needle:?}");
     };
     check("not json", "<document>");
@@ -61,6 +64,48 @@ fn errors_name_file_and_field() {
         "layers.0.parameters",
     );
     check(r#"{"total_parameters": 1, "total_activations": 1, "layers": {"x": {}}}"#, "layers.x");
+    // A field of the wrong shape, even one only the ML estimator reads, is refused.
+    let seq = r#""sequence": [["Linear", 1, 1]]"#;
+    for (field, body) in [
+        ("\"layers\"", format!(r#"{seq}, "layers": []"#)),
+        ("\"sequence\"", r#""sequence": {}"#.to_string()),
+        ("\"depth\"", format!(r#"{seq}, "depth": 2.5"#)),
+        ("\"activation_function\"", format!(r#"{seq}, "activation_function": ["ReLU"]"#)),
+        ("\"gpumemnet_sequence[0]\"", format!(r#"{seq}, "gpumemnet_sequence": [["linear", 1]]"#)),
+    ] {
+        check(&format!(r#"{{"total_parameters": 1, "total_activations": 1, {body}}}"#), field);
+    }
+    check("[]", "expected a JSON object");
+}
+
+/// What the file holds that nothing reads, or layers that cannot be used, is said: a misspelt
+/// field was read as absent, and `"layers": {}` with `"sequence": []` cut the analytic estimate.
+#[test]
+fn what_a_features_file_cannot_give_is_said() {
+    let said = |text: &str| FeaturesFile::parse(text, Path::new("f.json")).unwrap().warnings.join("\n");
+    let base = r#""total_parameters": 30, "total_activations": 7"#;
+    for (body, says) in [
+        (
+            r#""sequence": [["Linear", 5, 30]], "totl_parameters": 3"#,
+            "unknown field \"totl_parameters\" (did you mean \"total_parameters\"?)",
+        ),
+        (r#""sequence": [["Linear", 5, 30]], "extra_field": 1, "zz": 2"#, "unknown fields \"extra_field\", \"zz\""),
+        (r#""sequence": [], "layers": {}"#, "f.json: no layers"),
+        (
+            r#""sequence": [], "layers": {"0": {"type": "Linear", "activations": 5, "parameters": 30}}"#,
+            "`layers` is used",
+        ),
+        (
+            r#""sequence": [["ReLU", 5, 0]], "layers": {"0": {"type": "Linear", "activations": 5, "parameters": 30}}"#,
+            "describe different layers",
+        ),
+    ] {
+        let w = said(&format!("{{{base}, {body}}}"));
+        assert!(w.contains(says), "{body}: {w}");
+    }
+    let whole =
+        r#""sequence": [["Linear", 5, 30]], "layers": {"0": {"type": "Linear", "activations": 5, "parameters": 30}}"#;
+    assert_eq!(said(&format!(r#"{{{base}, {whole}, "depth": 1, "activation_function": null}}"#)), "");
 }
 
 #[test]

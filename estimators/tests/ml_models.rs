@@ -263,6 +263,55 @@ fn model_files_know_their_training_rows_by_content() {
     assert!(!ModelFile::load(&path).unwrap().knows_training_rows(), "an older file still loads");
 }
 
+/// A model file records each feature's range over its training rows: a row outside it is said,
+/// feature by feature; a file written before the ranges were recorded reads, with the range
+/// unknown; ranges that do not match the features are refused at load.
+#[test]
+fn model_files_record_each_features_training_range() {
+    let ex = synthetic(40, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let file = ModelFile::train(&ex, ModelKind::LinearReg, &fast_config(), "synthetic", LICENCE_NOTE).unwrap();
+    let ranges = file.training_ranges.clone().expect("ranges recorded");
+    assert_eq!(ranges.len(), 8);
+    for (j, r) in ranges.iter().enumerate() {
+        let col = ex.x.column(j);
+        assert_eq!(r.feature, estimators::ml::features::MLP_FEATURES[j]);
+        assert_eq!((r.min, r.max), (col.fold(f64::MAX, |a, &b| a.min(b)), col.fold(f64::MIN, |a, &b| a.max(b))));
+    }
+    let inside: Vec<f64> = ex.x.row(3).to_vec();
+    assert!(file.outside_training(&inside).is_empty());
+    let mut outside = inside.clone();
+    outside[0] = 800.0;
+    outside[1] = -1.0;
+    let said = file.outside_training(&outside);
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].starts_with("feature \"layers\" is 800, outside the training range 0."), "{said:?}");
+    assert!(said[1].starts_with("feature \"batch_size\" is -1, outside"), "{said:?}");
+    let path = dir.path().join("m.json");
+    assert!(file.range_unknown(&path).is_none());
+
+    let mut old = serde_json::to_value(&file).unwrap();
+    old.as_object_mut().unwrap().remove("training_ranges");
+    std::fs::write(&path, old.to_string()).unwrap();
+    let loaded = ModelFile::load(&path).unwrap();
+    assert!(loaded.outside_training(&outside).is_empty());
+    assert!(loaded.range_unknown(&path).unwrap().contains("records no training range"));
+    for (name, edit) in [
+        ("short", serde_json::json!(ranges[..7])),
+        ("swapped", serde_json::json!([{"feature": "layers", "min": 2.0, "max": 1.0}])),
+    ] {
+        let mut v = serde_json::to_value(&file).unwrap();
+        v["training_ranges"] = edit;
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = ModelFile::load(&path).unwrap_err().to_string();
+        assert!(err.contains("field training_ranges"), "{name}: {err}");
+    }
+    // A negative or infinite answer is no memory figure.
+    use estimators::ml::modelfile::{Prediction, NEGATIVE, NOT_FINITE};
+    let p = |raw| Prediction { class: None, bin: None, raw };
+    assert_eq!((p(-148.9).mib(), p(f64::INFINITY).mib(), p(12.5).mib()), (Err(NEGATIVE), Err(NOT_FINITE), Ok(12.5)));
+}
+
 #[test]
 fn utilisation_targets_plug_into_the_same_machinery() {
     let mut ex = synthetic(300, 10);

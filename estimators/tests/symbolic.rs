@@ -138,11 +138,12 @@ fn job_libraries_take_the_header_then_the_evidence() {
         std::fs::write(&p, text).unwrap();
         LoadedTrace::load(&p).unwrap()
     };
-    let linear = Features::parse_json(
+    let linear = estimators::features_file::FeaturesFile::parse(
         r#"{"total_parameters": 10, "total_activations": 4, "batch_size": 1, "sequence": [["Linear", 4, 10]]}"#,
         std::path::Path::new("f.json"),
     )
-    .unwrap();
+    .unwrap()
+    .features;
     let said = trace("said.jsonl", &[("uses_gemm", "false"), ("uses_conv", "true")], true);
     let silent = trace("silent.jsonl", &[], false);
     let with_ws = trace("ws.jsonl", &[], true);

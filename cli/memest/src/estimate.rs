@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use estimators::estimate::{estimate, Answer, EstimateInput};
 use estimators::estimate_text::{EstimateText, EstimateView};
-use estimators::features::Features;
+use estimators::features_file::FeaturesFile;
 use estimators::tracefile::LoadedTrace;
 use simulator::profile::Profile;
 use simulator::units::parse_capacity;
@@ -72,7 +72,8 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
     for t in std::iter::once(&trace).chain(plain.as_ref()) {
         memsim_cli::summary_warnings(Some(&t.summary), &t.path, a.strict)?;
     }
-    let features = a.features.as_deref().map(Features::load).transpose()?;
+    let file = a.features.as_deref().map(FeaturesFile::load).transpose()?;
+    let mut warnings: Vec<String> = file.iter().flat_map(|f| f.warnings.iter().cloned()).collect();
     if a.features.is_none() {
         // Only the feature-based baselines (analytic, Horus, ML) use these.
         let unused = [
@@ -87,26 +88,30 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         }
     }
     let ml_model = a.ml_model.clone().or_else(|| std::env::var_os("MEMTRACE_ML_MODEL").map(PathBuf::from));
-    let ml = match (ml_model, &a.features) {
+    let ml = match (ml_model, &file) {
         (None, _) => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),
         (Some(_), None) => Err("needs the model's features (--features)".to_string()),
-        (Some(m), Some(fpath)) => {
+        (Some(m), Some(file)) => {
             let model = estimators::ml::modelfile::ModelFile::load(&m)?;
-            let text = trace::read_small_string(fpath, 256 << 20)
-                .with_context(|| format!("--features {}", fpath.display()))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).with_context(|| format!("--features {}: not JSON", fpath.display()))?;
-            let source = fpath.display().to_string();
-            match estimators::ml::job::predict_job(&model, &v, &source) {
-                Ok(p) => Ok(Answer::baseline("ml", p.estimate, None, "device")),
+            let source = a.features.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+            match estimators::ml::job::predict_job(&model, &m, file, &source) {
+                Ok(p) => {
+                    warnings.extend(p.warnings.iter().map(|w| format!("ml: {w}")));
+                    // A negative answer is no memory figure: null, with the reason.
+                    match p.prediction.mib() {
+                        Ok(mib) => Ok(Answer::baseline("ml", mib, None, "device")),
+                        Err(why) => Err(format!("{}: {why}", m.display())),
+                    }
+                }
                 Err(e) => Err(format!("{}: {e}", m.display())),
             }
         }
     };
+    let features = file.as_ref().map(|f| &f.features);
     let report = estimate(&EstimateInput {
         trace: &trace,
         plain: plain.as_ref(),
-        features: features.as_ref(),
+        features,
         profile: (&profile, &ppath),
         capacity: a.capacity,
         batch: a.batch_size,
@@ -114,6 +119,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         ml,
     })?;
     let mut report = report;
+    // What the features file and the ML model could not vouch for, before the estimate's own.
+    warnings.append(&mut report.warnings);
+    report.warnings = warnings;
     if a.point {
         // memsim's rule and words: an estimate always has a verdict.
         report.warnings.extend(memsim_cli::point_without_effect(true, &[&report.margin]));

@@ -131,8 +131,8 @@ struct PredictArgs {
     #[arg(long)]
     model: PathBuf,
     /// Features as inline JSON (an object or an array of objects keyed by feature name) or a
-    /// path to such a JSON file.
-    #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset")]
+    /// path to such a JSON file (the names are listed in --help).
+    #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset", long_help = features_help())]
     features: Option<String>,
     /// A GPUMemNet-format CSV to predict every usable row of (and score, since it has labels).
     #[arg(long)]
@@ -140,6 +140,20 @@ struct PredictArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// `--features`' long help: the feature names of each family, from the one feature list.
+fn features_help() -> String {
+    let families: Vec<String> = Family::ALL
+        .iter()
+        .map(|&f| format!("  {f}: {}", estimators::ml::features::feature_names(f).join(", ")))
+        .collect();
+    format!(
+        "Features as inline JSON (an object or an array of objects keyed by feature name) or a path to such a JSON \
+         file. The keys are exactly the model family's features:\n{}\nCounts are whole numbers; activation_sin and \
+         activation_cos are the activation's (sin, cos) encoding.",
+        families.join("\n")
+    )
 }
 
 #[derive(Args, Debug)]
@@ -256,13 +270,39 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         if x.nrows() == 0 {
             bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");
         }
+        if let Some(w) = model.range_unknown(&a.model) {
+            eprintln!("memest: warning: {w}");
+        }
         let preds = model.predict(&x)?;
-        if a.json {
-            writeln!(out, "{}", serde_json::to_string_pretty(&preds)?)?;
-        } else {
-            for p in preds {
-                writeln!(out, "{} MiB{}", p.estimate, p.bin.map(|b| format!(" (bin {b})")).unwrap_or_default())?;
+        let mut docs = Vec::with_capacity(preds.len());
+        for (i, (p, row)) in preds.iter().zip(x.rows()).enumerate() {
+            let at = if preds.len() > 1 { format!("{source}: entry {i}") } else { source.clone() };
+            let warnings: Vec<String> =
+                model.outside_training(&row.to_vec()).iter().map(|w| format!("{at}: {w}")).collect();
+            for w in &warnings {
+                eprintln!("memest: warning: {}: {w}", a.model.display());
             }
+            let (estimate, why) = match p.mib() {
+                Ok(mib) => (Some(mib), None),
+                Err(why) => (None, Some(why)),
+            };
+            if a.json {
+                let mut doc =
+                    serde_json::json!({"class": p.class, "bin": p.bin, "estimate": estimate, "warnings": warnings});
+                if let Some(why) = why {
+                    doc["unavailable"] = why.into();
+                }
+                docs.push(doc);
+            } else {
+                let bin = p.bin.as_ref().map(|b| format!(" (bin {b})")).unwrap_or_default();
+                match estimate {
+                    Some(mib) => writeln!(out, "{mib} MiB{bin}")?,
+                    None => writeln!(out, "no estimate{bin}: {}", why.unwrap_or_default())?,
+                }
+            }
+        }
+        if a.json {
+            writeln!(out, "{}", serde_json::to_string_pretty(&docs)?)?;
         }
         return Ok(0u8);
     }
@@ -294,12 +334,28 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         };
         eprintln!("memest: warning: {} was trained on {which}, not held out", a.model.display());
     }
+    say_outside_training(&model, &a.model, path, &ex);
     let rows: Vec<serde_json::Value> = (0..preds.len())
         .map(|i| {
             let truth = if scored(i) { serde_json::json!(ex.value[i]) } else { serde_json::Value::Null };
-            serde_json::json!({"row": ex.row_ids[i], "estimate": preds[i].estimate, "bin": preds[i].bin, "truth": truth})
+            let mut row = serde_json::json!({"row": ex.row_ids[i], "estimate": preds[i].mib().ok(), "bin": preds[i].bin,
+                                             "truth": truth});
+            if let Err(why) = preds[i].mib() {
+                row["unavailable"] = why.into();
+            }
+            row
         })
         .collect();
+    let none = rows.iter().filter(|r| r["estimate"].is_null()).count();
+    if none > 0 {
+        eprintln!(
+            "memest: warning: {none} of the {} rows of {} have no estimate (the model's answer is negative or not a \
+             finite number: the input is outside what it was trained on): they are printed as none and scored by the \
+             model's answer",
+            rows.len(),
+            path.display()
+        );
+    }
     let summary = if regressor {
         let left_out = preds.len() - measured.len();
         if left_out > 0 {
@@ -312,7 +368,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
             );
         }
         let truth: Vec<f64> = measured.iter().map(|&i| ex.value[i]).collect();
-        let est: Vec<f64> = measured.iter().map(|&i| preds[i].estimate).collect();
+        let est: Vec<f64> = measured.iter().map(|&i| preds[i].raw).collect();
         serde_json::json!({"mre": estimators::ml::score::mre(&truth, &est),
                            "mae": estimators::ml::score::mae(&truth, &est),
                            "scored_rows": n_scored, "unmeasured_rows_left_out": left_out,
@@ -330,11 +386,45 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         for r in &rows {
             let truth =
                 if r["truth"].is_null() { "none measured: not scored".to_string() } else { r["truth"].to_string() };
-            writeln!(out, "row {} estimate {} MiB (truth {truth})", r["row"], r["estimate"])?;
+            match r["estimate"].as_f64() {
+                Some(mib) => writeln!(out, "row {} estimate {mib} MiB (truth {truth})", r["row"])?,
+                None => writeln!(
+                    out,
+                    "row {} no estimate: {} (truth {truth})",
+                    r["row"],
+                    r["unavailable"].as_str().unwrap_or("")
+                )?,
+            }
         }
         writeln!(out, "summary: {summary}")?;
     }
     Ok(0u8)
+}
+
+/// The rows of `path` with a feature outside the range `model` (at `model_path`) was trained on,
+/// counted, the first named; or that the model file does not record the range.
+fn say_outside_training(model: &ModelFile, model_path: &Path, path: &Path, ex: &Examples) {
+    if let Some(w) = model.range_unknown(model_path) {
+        eprintln!("memest: warning: {w}");
+    }
+    let outside: Vec<(usize, Vec<String>)> =
+        ex.x.rows()
+            .into_iter()
+            .enumerate()
+            .map(|(i, row)| (ex.row_ids[i], model.outside_training(&row.to_vec())))
+            .filter(|(_, w)| !w.is_empty())
+            .collect();
+    if let Some((row, first)) = outside.first() {
+        eprintln!(
+            "memest: warning: {}: {} of the {} rows of {} lie outside the range the model was trained on (row {row}: \
+             {}): its answers there are extrapolations",
+            model_path.display(),
+            outside.len(),
+            ex.len(),
+            path.display(),
+            first.join("; ")
+        );
+    }
 }
 
 /// The rows of `path` left out, per reason (`ml cv` prints them in its report).

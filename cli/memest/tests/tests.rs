@@ -6,10 +6,14 @@ mod cli;
 mod compare_offline;
 /// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
 mod compare_trainer;
+/// The features file `estimate --features` reads: unknown fields and unusable layers said, wrong shapes refused.
+mod features_file;
 /// The profile fits (`memest safety`, `memest calibrate`): held-out honesty, what they drop and refuse.
 mod fits;
 /// ML estimators: the `memest ml` subcommands, driven through the command's library.
 mod ml_cli;
+/// ML predictions outside the training range, negative ones, impossible features, the feature names.
+mod ml_inputs;
 /// GPU utilisation classes (issue 7): bins, CV summary, `memest util cv`.
 mod ml_utilization;
 /// No output replaces an input.

@@ -50,9 +50,17 @@ pub const MLP_ACTIVATIONS: [&str; 11] =
 pub const CNN_ACTIVATIONS: [&str; 10] =
     ["ELU", "GELU", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU", "SiLU", "Softplus", "Tanh"];
 
+/// Whether `name` is one of GPUMemNet's features that count something (layers, parameters,
+/// activations, samples): every one but the activation's (sin, cos) encoding.
+fn is_count(name: &str) -> bool {
+    !name.starts_with("activation_")
+        && [&MLP_FEATURES[..], &CNN_FEATURES[..], &TRANSFORMER_FEATURES[..]].iter().any(|f| f.contains(&name))
+}
+
 /// What a feature's value must be, when `v` is not that: the activation encodings lie in
-/// [-1, 1], the batch is at least 1, and every other feature (GPUMemNet's and the kernel
-/// statistics alike) counts something, so is at least 0. `None` when `v` is in its domain.
+/// [-1, 1], the batch is a whole number of at least 1, GPUMemNet's other features count
+/// something (whole numbers, at least 0), and the kernel statistics are at least 0. `None` when
+/// `v` is in its domain. The (sin, cos) pair is checked as one: [`activation_pair_issue`].
 pub fn out_of_domain(name: &str, v: f64) -> Option<&'static str> {
     if !v.is_finite() {
         return Some("a finite number");
@@ -62,10 +70,42 @@ pub fn out_of_domain(name: &str, v: f64) -> Option<&'static str> {
             Some("a value in [-1, 1] (the activation's sin/cos encoding)")
         }
         "activation_sin" | "activation_cos" => None,
-        "batch_size" if v < 1.0 => Some("a batch of at least 1"),
+        "batch_size" if v < 1.0 || v.fract() != 0.0 => Some("a batch of at least 1, a whole number"),
         _ if v < 0.0 => Some("a count of at least 0"),
+        _ if v.fract() != 0.0 && is_count(name) => Some("a whole number (it counts something)"),
         _ => None,
     }
+}
+
+/// How far (Euclidean) a given (sin, cos) pair may lie from an activation's exact encoding and
+/// still name it: GPUMemNet's encodings rounded to two places are within 0.01, and neighbouring
+/// encodings are at least 0.28 apart.
+pub const ENCODING_TOLERANCE: f64 = 0.02;
+
+/// The family's activation vocabulary (its index sets the encoding); empty for Transformers,
+/// whose feature set has no activation.
+pub fn activations(family: Family) -> &'static [&'static str] {
+    match family {
+        Family::Mlp => &MLP_ACTIVATIONS,
+        Family::Cnn => &CNN_ACTIVATIONS,
+        Family::Transformer => &[],
+    }
+}
+
+/// Why `(sin, cos)` is no activation's encoding for `family` ([`activation_encoding`], within
+/// [`ENCODING_TOLERANCE`]), listing the encodings; `None` when it is one.
+pub fn activation_pair_issue(family: Family, sin: f64, cos: f64) -> Option<String> {
+    let vocab = activations(family);
+    let encodings: Vec<(&str, (f64, f64))> =
+        vocab.iter().filter_map(|a| activation_encoding(family, a).map(|e| (*a, e))).collect();
+    if encodings.iter().any(|(_, (s, c))| (s - sin).hypot(c - cos) <= ENCODING_TOLERANCE) {
+        return None;
+    }
+    let listed: Vec<String> = encodings.iter().map(|(a, (s, c))| format!("{a} ({s:.4}, {c:.4})")).collect();
+    Some(format!(
+        "the (sin, cos) encoding of one of the {family} activations (within {ENCODING_TOLERANCE}): {}",
+        listed.join(", ")
+    ))
 }
 
 /// Feature names for a family.
@@ -91,9 +131,10 @@ pub fn activation_encoding(family: Family, activation: &str) -> Option<(f64, f64
 }
 
 /// Why a row cannot give a feature vector.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RowIssue {
     /// The activation is not in the family's vocabulary; the message lists the vocabulary.
+    #[error("{0}")]
     UnknownActivation(String),
 }
 
@@ -109,8 +150,8 @@ pub fn extract(family: Family, row: &DatasetRow) -> Result<Vec<f64>, RowIssue> {
     let activation = row.activation_name();
     let encoding = || {
         activation_encoding(family, activation).ok_or_else(|| {
-            let vocab: &[&str] = if family == Family::Mlp { &MLP_ACTIVATIONS } else { &CNN_ACTIVATIONS };
-            RowIssue::UnknownActivation(format!("activation {activation:?} is not one of {}", vocab.join(", ")))
+            let vocab = self::activations(family).join(", ");
+            RowIssue::UnknownActivation(format!("activation {activation:?} is not one of {vocab}"))
         })
     };
     Ok(match family {

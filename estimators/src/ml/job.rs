@@ -1,73 +1,74 @@
-//! A job described by `memtrace_trainer features --json`, seen as a GPUMemNet dataset row, so a
-//! model trained on the datasets can estimate a job the trainer describes.
+//! A job described by `memtrace_trainer features --json` (read by the one parser,
+//! [`FeaturesFile`]), seen as a GPUMemNet dataset row, so a model trained on the datasets can
+//! estimate a job the trainer describes.
 
 use super::error::MlError;
 use super::features::extract;
 use super::modelfile::{ModelFile, Prediction};
 use crate::dataset::DatasetRow;
 use crate::features::{Features, Layer};
+use crate::features_file::FeaturesFile;
 
-/// The row of a features JSON document; `source` names it in errors.
-pub fn row_from_features(v: &serde_json::Value, source: &str) -> Result<DatasetRow, MlError> {
+/// The row of a features file; `source` names it in errors.
+pub fn row_from_features(file: &FeaturesFile, source: &str) -> Result<DatasetRow, MlError> {
     let bad = |field: &str, expected: &str| MlError::Invalid(format!("{source}: field {field:?}: expected {expected}"));
-    let count =
-        |field: &str| v.get(field).and_then(serde_json::Value::as_u64).ok_or_else(|| bad(field, "a whole number"));
+    let f = &file.features;
     // GPUMemNet's own layer names (lower-case torchsummary types) when the trainer gives them.
-    let gpumemnet = v.get("gpumemnet_sequence").and_then(serde_json::Value::as_array).filter(|a| !a.is_empty());
-    let seq = gpumemnet
-        .or_else(|| v.get("sequence").and_then(serde_json::Value::as_array))
-        .ok_or_else(|| bad("sequence", "a list of [type, activations, parameters]"))?;
-    let mut layers = Vec::with_capacity(seq.len());
-    for (i, l) in seq.iter().enumerate() {
-        let a = l
-            .as_array()
-            .filter(|a| a.len() == 3)
-            .ok_or_else(|| bad(&format!("sequence[{i}]"), "[type, activations, parameters]"))?;
-        let kind = a[0].as_str().ok_or_else(|| bad(&format!("sequence[{i}][0]"), "a layer type"))?;
-        layers.push(Layer {
-            kind: kind.to_ascii_lowercase(),
-            activations: a[1].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][1]"), "a whole number"))?,
-            parameters: a[2].as_u64().ok_or_else(|| bad(&format!("sequence[{i}][2]"), "a whole number"))?,
-        });
-    }
+    let gpumemnet = !file.gpumemnet_layers.is_empty();
+    let seq = if gpumemnet { &file.gpumemnet_layers } else { &f.layers };
+    let layers: Vec<Layer> = seq.iter().map(|l| Layer { kind: l.kind.to_ascii_lowercase(), ..l.clone() }).collect();
     // GPUMemNet's `Depth` counts the Conv2d layers of a CNN and the Linear layers of an MLP
     // ([`DatasetRow::gpumemnet_depth`] without a `Depth`); the trainer's `depth` counts every
     // layer with parameters, so it is used only when there is no GPUMemNet-style sequence.
     let depth = match gpumemnet {
-        Some(_) => None,
-        None => Some(v.get("depth").and_then(serde_json::Value::as_f64).ok_or_else(|| bad("depth", "a number"))?),
+        true => None,
+        false => Some(file.depth.ok_or_else(|| bad("depth", "a whole number (the model's depth)"))? as f64),
     };
-    let features = Features {
-        total_parameters: count("total_parameters")?,
-        total_activations: count("total_activations")?,
-        batch_size: None,
-        model: None,
-        seq_len: None,
-        input_shape: None,
-        layers,
-    };
+    let batch =
+        f.batch_size.ok_or_else(|| bad("batch_size", "a whole number >= 1 (the ML features need the batch)"))?;
+    let features = Features { layers, ..f.clone() };
     Ok(DatasetRow::unmeasured(
-        v.get("model").and_then(serde_json::Value::as_str).unwrap_or(""),
+        f.model.as_deref().unwrap_or(""),
         features,
-        count("batch_size")?,
+        batch,
         depth,
-        v.get("activation_function").and_then(serde_json::Value::as_str).unwrap_or("None"),
+        file.activation_function.as_deref().unwrap_or("None"),
     ))
 }
 
-/// The model's estimate for a job, or why it has none (another family, an unknown activation).
-pub fn predict_job(model: &ModelFile, features: &serde_json::Value, source: &str) -> Result<Prediction, MlError> {
-    let row = row_from_features(features, source)?;
+/// The model's answer for a job, with what it cannot vouch for: each feature outside the range
+/// it was trained on, or that the model file does not record the range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPrediction {
+    /// The answer ([`Prediction::mib`] is the memory figure, or why there is none).
+    pub prediction: Prediction,
+    /// Features outside the training range, or the range unknown (an older model file).
+    pub warnings: Vec<String>,
+}
+
+/// The model's estimate for a job, or why it has none (another family, an unknown activation);
+/// `model_path` and `source` (the features file) name them in messages.
+pub fn predict_job(
+    model: &ModelFile,
+    model_path: &std::path::Path,
+    file: &FeaturesFile,
+    source: &str,
+) -> Result<JobPrediction, MlError> {
+    let row = row_from_features(file, source)?;
     let family = row.family;
     if family != model.family {
         return Err(MlError::Invalid(format!(
-            "the model was trained on {:?} runs and this job is a {:?}: no trained model fits its family",
-            model.family, family
+            "the model was trained on {} runs and this job is a {}: no trained model fits its family",
+            model.family.as_str(),
+            family.as_str()
         )));
     }
-    let x = extract(family, &row).map_err(|e| MlError::Invalid(format!("{source}: {e:?}")))?;
+    let x = extract(family, &row).map_err(|e| MlError::Invalid(format!("{source}: {e}")))?;
+    let mut warnings: Vec<String> = model.range_unknown(model_path).into_iter().collect();
+    warnings.extend(model.outside_training(&x).into_iter().map(|w| format!("{}: {source}: {w}", model_path.display())));
     let n = x.len();
     let x = ndarray::Array2::from_shape_vec((1, n), x).map_err(|e| MlError::Invalid(format!("{source}: {e}")))?;
     let mut p = model.predict(&x)?;
-    p.pop().ok_or_else(|| MlError::Invalid(format!("{source}: the model returned no prediction")))
+    let prediction = p.pop().ok_or_else(|| MlError::Invalid(format!("{source}: the model returned no prediction")))?;
+    Ok(JobPrediction { prediction, warnings })
 }

@@ -49,6 +49,11 @@ pub struct ModelFile {
     /// before they were recorded, where the CSV's path is the only evidence.
     #[serde(default)]
     pub training_digests: Vec<String>,
+    /// The range of each feature over the training rows, in [`ModelFile::feature_names`]
+    /// order: a job outside it is one the model never saw, and is said to be. `None` in files
+    /// written before the ranges were recorded (read, with [`ModelFile::range_unknown`] said).
+    #[serde(default)]
+    pub training_ranges: Option<Vec<FeatureRange>>,
     /// Training settings.
     pub config: TrainConfig,
     /// Scaler and model.
@@ -67,15 +72,57 @@ fn same_file(trained_on: &str, dataset: &Path) -> bool {
     }
 }
 
-/// One prediction.
+/// The smallest and largest value of one feature over a model's training rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureRange {
+    /// The feature's name (as in [`ModelFile::feature_names`], at the same position).
+    pub feature: String,
+    /// The smallest training value.
+    pub min: f64,
+    /// The largest training value.
+    pub max: f64,
+}
+
+/// The reason a negative prediction is no memory figure.
+pub const NEGATIVE: &str = "the model's prediction is negative: the input is outside what it was trained on";
+/// The reason a prediction that is no finite number is no memory figure.
+pub const NOT_FINITE: &str =
+    "the model's prediction is not a finite number: the input is outside what it was trained on";
+
+/// One prediction.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
     /// Predicted bin (classifiers).
     pub class: Option<usize>,
     /// Name of the predicted bin (classifiers).
     pub bin: Option<String>,
-    /// The estimate: the bin's upper edge (classifiers) or the predicted value (regressors).
-    pub estimate: f64,
+    /// What the model answered: the bin's upper edge (classifiers) or the predicted value
+    /// (regressors), which outside the training range may be negative. [`Prediction::mib`] is
+    /// the memory figure.
+    pub raw: f64,
+}
+
+impl Prediction {
+    /// The estimate in MiB, or why the model's answer is none ([`NEGATIVE`], [`NOT_FINITE`]).
+    pub fn mib(&self) -> Result<f64, &'static str> {
+        match self.raw {
+            v if !v.is_finite() => Err(NOT_FINITE),
+            v if v < 0.0 => Err(NEGATIVE),
+            v => Ok(v),
+        }
+    }
+}
+
+/// A feature's value as a message shows it: whole numbers whole, others to four places, and
+/// an exponent where the digits would not fit on a line.
+fn show(v: f64) -> String {
+    if v.abs() >= 1e15 {
+        format!("{v:e}")
+    } else if v.fract() == 0.0 {
+        format!("{v}")
+    } else {
+        format!("{:.4}", v).trim_end_matches('0').to_string()
+    }
 }
 
 impl ModelFile {
@@ -108,6 +155,17 @@ impl ModelFile {
         training_digests.dedup();
         let pipeline =
             Pipeline::fit(kind, ex.family, &train.x, &train.class, &train.value, ex.target.binning.classes(), cfg)?;
+        let training_ranges = (train.x.nrows() > 0).then(|| {
+            ex.feature_names
+                .iter()
+                .zip(train.x.columns())
+                .map(|(name, col)| FeatureRange {
+                    feature: name.clone(),
+                    min: col.fold(f64::INFINITY, |a, &b| a.min(b)),
+                    max: col.fold(f64::NEG_INFINITY, |a, &b| a.max(b)),
+                })
+                .collect()
+        });
         Ok(ModelFile {
             format_version: FORMAT_VERSION,
             licence: licence.to_string(),
@@ -117,6 +175,7 @@ impl ModelFile {
             trained_on: trained_on.to_string(),
             training_rows: idx.len(),
             training_digests,
+            training_ranges,
             config: cfg.clone(),
             pipeline,
         })
@@ -215,7 +274,56 @@ impl ModelFile {
                 ),
             );
         }
+        if let Some(ranges) = &self.training_ranges {
+            let aligned = ranges.len() == names.len() && ranges.iter().zip(names).all(|(r, n)| r.feature == *n);
+            if !aligned || ranges.iter().any(|r| !(r.min.is_finite() && r.max.is_finite() && r.min <= r.max)) {
+                return bad(
+                    "training_ranges",
+                    format!(
+                        "one {{feature, min, max}} per feature, in the order {}, with finite min <= max",
+                        names.join(", ")
+                    ),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Why a job outside the training range goes unnoticed with this file, when it does (a file
+    /// written before the ranges were recorded); `path` names the file.
+    pub fn range_unknown(&self, path: &Path) -> Option<String> {
+        self.training_ranges.is_none().then(|| {
+            format!(
+                "{}: the model file records no training range of its features (written before model files did): a \
+                 job outside what it was trained on is not detected; train it again to record them",
+                path.display()
+            )
+        })
+    }
+
+    /// Each feature of `x` (one row, in [`ModelFile::feature_names`] order) outside the range
+    /// the model was trained on, as `feature "NAME" is V, outside the training range MIN to MAX`.
+    /// The activation encodings are compared within [`super::features::ENCODING_TOLERANCE`].
+    pub fn outside_training(&self, x: &[f64]) -> Vec<String> {
+        let Some(ranges) = &self.training_ranges else { return Vec::new() };
+        ranges
+            .iter()
+            .zip(x)
+            .filter(|(r, &v)| {
+                let slack =
+                    if r.feature.starts_with("activation_") { super::features::ENCODING_TOLERANCE } else { 0.0 };
+                !(v >= r.min - slack && v <= r.max + slack)
+            })
+            .map(|(r, &v)| {
+                format!(
+                    "feature {:?} is {}, outside the training range {} to {}",
+                    r.feature,
+                    show(v),
+                    show(r.min),
+                    show(r.max)
+                )
+            })
+            .collect()
     }
 
     /// Predicts every row of raw features `x` (columns in [`ModelFile::feature_names`] order).
@@ -225,7 +333,7 @@ impl ModelFile {
                 .pipeline
                 .predict_value(x)?
                 .into_iter()
-                .map(|v| Prediction { class: None, bin: None, estimate: v })
+                .map(|v| Prediction { class: None, bin: None, raw: v })
                 .collect())
         } else {
             let b = &self.target.binning;
@@ -233,7 +341,7 @@ impl ModelFile {
                 .pipeline
                 .predict_class(x)?
                 .into_iter()
-                .map(|c| Prediction { class: Some(c), bin: b.names.get(c).cloned(), estimate: b.estimate(c) })
+                .map(|c| Prediction { class: Some(c), bin: b.names.get(c).cloned(), raw: b.estimate(c) })
                 .collect())
         }
     }
@@ -275,6 +383,15 @@ impl ModelFile {
                     )));
                 }
                 data.push(v);
+            }
+            let at = |n: &str| names.iter().position(|x| x == n).map(|i| data[data.len() - names.len() + i]);
+            if let (Some(sin), Some(cos)) = (at("activation_sin"), at("activation_cos")) {
+                if let Some(expected) = super::features::activation_pair_issue(self.family, sin, cos) {
+                    return Err(MlError::Invalid(format!(
+                        "{source}: entry {i}: features \"activation_sin\" and \"activation_cos\" are ({sin}, {cos}): \
+                         expected {expected}"
+                    )));
+                }
             }
         }
         Array2::from_shape_vec((objects.len(), names.len()), data)

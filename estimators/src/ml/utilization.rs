@@ -64,9 +64,11 @@ pub fn tertiles(ds: &Dataset, metric: UtilMetric) -> Result<[f64; 2], MlError> {
     let t = [v[n / 3], v[2 * n / 3]];
     if !(0.0 < t[0] && t[0] < t[1]) {
         return Err(MlError::Invalid(format!(
-            "{}: the {} tertiles {t:?} do not separate three classes (too many equal values)",
+            "{}: the {} tertiles {} and {} do not separate three classes (too many equal values)",
             ds.path.display(),
-            metric.kind().name()
+            metric.kind().name(),
+            t[0],
+            t[1]
         )));
     }
     Ok(t)
@@ -78,7 +80,8 @@ pub fn target(metric: UtilMetric, t: [f64; 2]) -> Result<Target, MlError> {
     if !(0.0 < t[0] && t[0] < t[1] && t[1] <= 1.0) {
         return Err(MlError::Invalid(format!(
             "utilisation thresholds must satisfy 0 < low/medium < medium/high <= 1 (the metrics are fractions), \
-             got {t:?}"
+             got {} and {}",
+            t[0], t[1]
         )));
     }
     // The top edge is open-ended: a ratio of exactly 1.0 is "high", as is any rounding above it.
