@@ -10,10 +10,10 @@ use serde_json::{Map, Value};
 use crate::error::{EstimateError, Result};
 use crate::features::{Features, Layer};
 
-/// The fields `features --json` writes (`activation_encoding` in files written before the
-/// `ml_` fields; those memest derives itself, from the fields above them). Any other is warned
-/// about: a misspelt field is otherwise read as absent.
-pub const FIELDS: [&str; 16] = [
+/// The fields `features --json` writes (`activation_encoding` only in files of earlier
+/// versions, which memest never read: it derives the ML estimator's encoding itself). Any other
+/// is warned about: a misspelt field is otherwise read as absent.
+pub const FIELDS: [&str; 13] = [
     "model",
     "total_parameters",
     "total_activations",
@@ -27,9 +27,6 @@ pub const FIELDS: [&str; 16] = [
     "layers",
     "sequence",
     "gpumemnet_sequence",
-    "ml_family",
-    "ml_features",
-    "ml_features_unavailable",
 ];
 
 /// A parsed features file: the features every feature-based estimator reads, what only the ML

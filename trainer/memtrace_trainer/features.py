@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import csv
 import io
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +33,6 @@ _GPUMEMNET_NAMES: dict[type[nn.Module], str | None] = {
     nn.MaxPool2d: None,
 }
 
-# The activation-function encoding of GPUMemNet's estimator: a point on the unit circle per
-# function, so that no function is "larger" than another.
-ACTIVATION_ORDER = (
-    "ReLU", "LeakyReLU", "PReLU", "ELU", "SELU", "GELU", "Tanh", "SiLU", "Softplus", "Mish",
-    "Identity", "Sigmoid",
-)  # fmt: skip
 
 
 @dataclass
@@ -65,14 +58,6 @@ class Features:
     sizes: dict[str, Any] = field(default_factory=dict)
     gpumemnet_sequence: list[tuple[str, int, int]] = field(default_factory=list)
 
-    def activation_encoding(self) -> tuple[float, float]:
-        if self.activation_function not in ACTIVATION_ORDER:
-            return (0.0, 0.0)
-        angle = (
-            2 * math.pi * ACTIVATION_ORDER.index(self.activation_function) / len(ACTIVATION_ORDER)
-        )
-        return (math.sin(angle), math.cos(angle))
-
     def to_json(self) -> dict[str, Any]:
         return {
             "total_parameters": self.total_parameters,
@@ -82,7 +67,6 @@ class Features:
             "depth": self.depth,
             "layer_counts": self.layer_counts,
             "activation_function": self.activation_function,
-            "activation_encoding": list(self.activation_encoding()),
             "layers": {
                 layer.name: {
                     "type": layer.type,

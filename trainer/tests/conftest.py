@@ -106,11 +106,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(line)
 
 
-def gpumemnet_rows(name: str) -> list[dict[str, str]]:
+def gpumemnet_csv(name: str) -> Path:
+    """A shared GPUMemNet dataset's path; its absence fails the test."""
     path = GPUMEMNET / name
     if not path.is_file():
         pytest.fail(f"shared dataset {path} is missing (tests read ../shared/data/gpumemnet)")
-    with path.open() as f:
+    return path
+
+
+def gpumemnet_rows(name: str) -> list[dict[str, str]]:
+    with gpumemnet_csv(name).open() as f:
         return list(csv.DictReader(f))
 
 

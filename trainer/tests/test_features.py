@@ -6,10 +6,12 @@ import ast
 import csv
 import io
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import FULL_CSV, cli, cli_process, csv_sample, gpumemnet_rows
+from conftest import FULL_CSV, cli, cli_process, csv_sample, gpumemnet_csv, gpumemnet_rows
 
 from memtrace_trainer.features import extract
 from memtrace_trainer.models.cnn import CNNConfig
@@ -180,3 +182,63 @@ def test_features_cli_errors_are_clean() -> None:
     )
     done = cli("features", "--model", "torchvision:resnet18", "--input-shape", "3,x", check=False)
     assert done.returncode == 2 and "--input-shape" in done.stderr
+
+
+# `features --json` printed its own activation encoding (2πi/12 over its own order: ReLU (0, 1),
+# and (0, 0) for an activation outside its list), no estimator's, and nothing `memest ml predict`
+# could take. The document now goes to memest as it is, and memest computes GPUMemNet's features
+# from it in one place (estimators/src/ml/job.rs): `ml predict` answers what the `ml` estimate of
+# `memest estimate --features` answers.
+def _memest(*args: str) -> subprocess.CompletedProcess[str]:
+    from memtrace_trainer.binaries import run_tool
+
+    return run_tool("memest", list(args))
+
+
+MLP = {"family": "mlp", "input_size": 64, "output_size": 10, "depth": 3}
+CNN = {"family": "cnn", "input_channels": 3, "num_classes": 10, "depth": 2,
+       "architecture": "uniform", "base_filters": 8, "input_size": 16, "batchnorm": True,
+       "dropout": 0.1}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny linear model per family (GPUMemNet's MLP data with several activations, and its
+    CNN data), and a trace for `memest estimate` (any job: only its ML answer is read)."""
+    d = tmp_path_factory.mktemp("ml")
+    data = {"mlp": "mlp_data_step2.csv", "cnn": "cnn_data_step1_early.csv"}
+    for family, name in data.items():
+        done = _memest("ml", "train", "--dataset", str(gpumemnet_csv(name)), "--model",
+                       "linear-reg", "--out", str(d / f"{family}.json"))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    cli("symtrace", "--model", "synthetic:" + json.dumps(MLP), "--batch-size", "2",
+        "--out", str(d / "trace.jsonl"))  # fmt: skip
+    return {**{f: d / f"{f}.json" for f in data}, "trace": d / "trace.jsonl", "dir": d}
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("family,base", [("mlp", MLP), ("cnn", CNN)], ids=["mlp", "cnn"])
+def test_features_json_goes_to_memest_ml_predict_as_it_is(
+    family: str, base: dict, act: str, ml: dict[str, Path]
+) -> None:
+    done = cli("features", "--model", "synthetic:" + json.dumps({**base, "activation": act}),
+               "--batch-size", "64", "--json")  # fmt: skip
+    doc = json.loads(done.stdout)
+    assert "activation_encoding" not in doc  # the old encoding, no estimator's
+    path = ml["dir"] / f"{family}-{act}.json"
+    path.write_text(done.stdout)
+    est = _memest("estimate", "--trace", str(ml["trace"]), "--features", str(path),
+                  "--ml-model", str(ml[family]), "--json")  # fmt: skip
+    assert est.returncode in (0, 1), est.stderr
+    out = json.loads(est.stdout)
+    answer = out["estimates"]["ml"]
+    pred = _memest("ml", "predict", "--model", str(ml[family]), "--features", str(path), "--json")
+    if answer is None:
+        # An activation outside GPUMemNet's vocabulary (Sigmoid): no estimate either way, and
+        # predict refuses it naming the activation, not a (0, 0) stand-in.
+        name = doc["activation_function"] or "None"  # memest's word for none found
+        assert name in out["unavailable"]["ml"], out["unavailable"]
+        assert pred.returncode == 2 and f'"{name}"' in pred.stderr, pred.stderr
+        return
+    assert pred.returncode == 0, pred.stderr
+    assert json.loads(pred.stdout)[0]["estimate"] == pytest.approx(answer["device_mib"], rel=1e-12)

@@ -131,7 +131,8 @@ struct PredictArgs {
     #[arg(long)]
     model: PathBuf,
     /// Features as inline JSON (an object or an array of objects keyed by feature name) or a
-    /// path to such a JSON file (the names are listed in --help).
+    /// path to such a JSON file (the names are listed in --help), or the trainer's features
+    /// document (`memtrace_trainer features --json`).
     #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset", long_help = features_help())]
     features: Option<String>,
     /// A GPUMemNet-format CSV to predict every usable row of (and score, since it has labels).
@@ -151,7 +152,9 @@ fn features_help() -> String {
     format!(
         "Features as inline JSON (an object or an array of objects keyed by feature name) or a path to such a JSON \
          file. The keys are exactly the model family's features:\n{}\nCounts are whole numbers; activation_sin and \
-         activation_cos are the activation's (sin, cos) encoding.",
+         activation_cos are the activation's (sin, cos) encoding.\n\nOr the trainer's features document \
+         (`memtrace_trainer features --json`, an object with `total_parameters`): the features are computed from it \
+         as `memest estimate --features` computes them, the same answer.",
         families.join("\n")
     )
 }
@@ -266,22 +269,45 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
         };
         let json: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{source}: not valid JSON"))?;
-        let x = model.features_from_json(&json, &source)?;
-        if x.nrows() == 0 {
-            bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");
-        }
-        if let Some(w) = model.range_unknown(&a.model) {
-            eprintln!("memest: warning: {w}");
-        }
-        let preds = model.predict(&x)?;
-        let mut docs = Vec::with_capacity(preds.len());
-        for (i, (p, row)) in preds.iter().zip(x.rows()).enumerate() {
-            let at = if preds.len() > 1 { format!("{source}: entry {i}") } else { source.clone() };
-            let warnings: Vec<String> =
-                model.outside_training(&row.to_vec()).iter().map(|w| format!("{at}: {w}")).collect();
-            for w in &warnings {
-                eprintln!("memest: warning: {}: {w}", a.model.display());
+        let answers = if json.get("total_parameters").is_some() {
+            // The trainer's features document: the one parser and feature extraction the `ml`
+            // estimate of `memest estimate --features` uses, so both give one answer.
+            let file = estimators::features_file::FeaturesFile::parse(&text, Path::new(&source))?;
+            for w in &file.warnings {
+                eprintln!("memest: warning: {w}");
             }
+            let job = estimators::ml::job::predict_job(&model, &a.model, &file, &source)?;
+            for w in &job.warnings {
+                eprintln!("memest: warning: {w}");
+            }
+            vec![(job.prediction, job.warnings)]
+        } else {
+            let x = model.features_from_json(&json, &source)?;
+            if x.nrows() == 0 {
+                bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");
+            }
+            if let Some(w) = model.range_unknown(&a.model) {
+                eprintln!("memest: warning: {w}");
+            }
+            let preds = model.predict(&x)?;
+            let n = preds.len();
+            preds
+                .into_iter()
+                .zip(x.rows())
+                .enumerate()
+                .map(|(i, (p, row))| {
+                    let at = if n > 1 { format!("{source}: entry {i}") } else { source.clone() };
+                    let warnings: Vec<String> =
+                        model.outside_training(&row.to_vec()).iter().map(|w| format!("{at}: {w}")).collect();
+                    for w in &warnings {
+                        eprintln!("memest: warning: {}: {w}", a.model.display());
+                    }
+                    (p, warnings)
+                })
+                .collect()
+        };
+        let mut docs = Vec::with_capacity(answers.len());
+        for (p, warnings) in &answers {
             let (estimate, why) = match p.mib() {
                 Ok(mib) => (Some(mib), None),
                 Err(why) => (None, Some(why)),
