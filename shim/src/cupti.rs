@@ -119,13 +119,18 @@ pub fn running() -> bool {
 }
 
 /// Start the layer once (later calls return at once). Logs one line when it cannot run.
-pub fn start() {
+/// `prepare` runs once CUPTI is set up, before the layer counts as running: whoever finds it
+/// running finds what `prepare` made (the writer's thread for a flush at a fatal signal).
+pub fn start(prepare: impl FnOnce()) {
     if STATE.compare_exchange(OFF, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
     let was = raw::is_internal();
     raw::set_internal(true);
     let r = catch_unwind(AssertUnwindSafe(init)).unwrap_or(Err(CuptiError::Panicked { call: "init" }));
+    if r.is_ok() {
+        let _ = catch_unwind(AssertUnwindSafe(prepare));
+    }
     raw::set_internal(was);
     match r {
         Ok(()) => {

@@ -113,7 +113,7 @@ pub fn start_before_call() {
         if crate::real::loaded(c"libcuda.so.1").is_none() && CUPTI_DEFERRED.fetch_add(1, Ordering::Relaxed) == 0 {
             return;
         }
-        crate::cupti::start();
+        crate::cupti::start(writer::start_flush_thread);
         STARTING.store(false, Ordering::Relaxed);
     });
 }
@@ -125,7 +125,7 @@ fn start() {
     }
     start_writer();
     if config().cupti {
-        crate::cupti::start();
+        crate::cupti::start(writer::start_flush_thread);
     }
 }
 
@@ -363,6 +363,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
 extern "C" fn at_fork_child() {
     raw::reset_in_child();
     crate::cupti::disable_in_child();
+    writer::forget_flush_thread();
     state::reset_in_child();
     let follow = config_if_read().is_none_or(|c| c.follow_fork);
     CUPTI_DEFERRED.store(0, Ordering::Relaxed);

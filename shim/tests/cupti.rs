@@ -298,3 +298,92 @@ fn cupti_records_that_cannot_be_flushed_at_a_signal_mark_the_trace_incomplete() 
     // The flush was waited for 2 s from the exit's start, not until the exit path gives up (5 s).
     assert!((Duration::from_millis(1900)..Duration::from_millis(4500)).contains(&took), "{took:?}: {err}");
 }
+
+/// `main` left by `pthread_exit` under CUPTI, whose start makes the thread that would flush it
+/// at a fatal signal, parked: the writer took that thread for the program's, never found itself
+/// the last one, and the process never ended (it blocks SIGTERM too).
+#[test]
+fn a_main_thread_leaving_by_pthread_exit_under_cupti_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = lib_path(&[".", "cupti"]);
+    let env = [("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", path.as_str())];
+    let c = command("p_main_pthread_exit", dir.path(), &env).stderr(Stdio::piped()).spawn().unwrap();
+    let mut g = Guard(Some(c));
+    let start = Instant::now();
+    while g.0.as_mut().unwrap().try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the process did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = g.0.take().unwrap().wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let t = traces_in(dir.path());
+    assert_eq!(t.len(), 1, "{t:?}: {err}");
+    let s = Stats::read(&t[0]).unwrap();
+    assert!(s.whole(), "the trace was not completed: {err}");
+    assert_eq!((s.allocs, s.frees, s.lost_events), (400, 400, 0), "{err}");
+    assert!(!err.contains("cannot start"), "{err}");
+}
+
+/// A fork child has no CUPTI and no flush thread of its own; it knew its parent's as its own,
+/// so a child whose main thread left by `pthread_exit` was never alone, and never ended.
+#[test]
+fn a_fork_child_leaving_by_pthread_exit_under_cupti_ends() {
+    let path = lib_path(&[".", "cupti"]);
+    let r = run_ok("p_fork_pthread_exit", &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path)]);
+    assert_eq!(r.stdout(), "child exited 0\n", "{}", r.stderr());
+    let t = r.traces();
+    assert_eq!(t.len(), 2, "{t:?}: {}", r.stderr());
+    let mut got: Vec<(u64, u64, bool)> =
+        t.iter().map(|p| Stats::read(p).unwrap()).map(|s| (s.allocs, s.frees, s.whole())).collect();
+    got.sort();
+    assert_eq!(got, [(1, 1, true), (1, 1, true)], "{}", r.stderr());
+}
+
+/// The names of `pid`'s threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim_end().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The thread that flushes CUPTI at a fatal signal is made when CUPTI starts, parked: made at
+/// the signal, it could block on a glibc or malloc lock the interrupted thread holds, and the
+/// trace lost its end. Without `MEMTRACE_CUPTI` there is none. Either way SIGTERM still ends
+/// the process by the signal with its trace complete.
+#[test]
+fn the_cupti_flush_thread_waits_from_cuptis_start_and_only_under_cupti() {
+    let path = lib_path(&[".", "cupti"]);
+    for (cupti, want) in
+        [("1", vec!["memtrace-flush", "memtrace-writer", "p_signal"]), ("0", vec!["memtrace-writer", "p_signal"])]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let env = [("MEMTRACE_CUPTI", cupti), ("LD_LIBRARY_PATH", path.as_str())];
+        let c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut g = Guard(Some(c));
+        let c = g.0.as_mut().unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        // A Rust thread names itself once it runs: until then it bears its creator's name.
+        let t0 = Instant::now();
+        let mut names = thread_names(c.id());
+        while names != want && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+            names = thread_names(c.id());
+        }
+        assert_eq!(names, want, "MEMTRACE_CUPTI={cupti}");
+        // Safety of the test: plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+        let out = g.0.take().unwrap().wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{err}");
+        let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
+        assert!(s.whole(), "MEMTRACE_CUPTI={cupti}: {err}");
+        assert_eq!(s.kernel_exec_records, if cupti == "1" { 3 } else { 0 }, "{err}");
+    }
+}

@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 35] = [
+const PROGRAMS: [&str; 36] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -82,6 +82,7 @@ const PROGRAMS: [&str; 35] = [
     "p_exit_backlog",
     "p_past_max_bytes",
     "p_shared_exit",
+    "p_fork_pthread_exit",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -2,12 +2,12 @@
 //! it, and, at an exit that began from a fatal signal, CUPTI's flush, which the signal handler
 //! cannot make.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::flusher::{self, ABANDONED, DELIVERED, FAILED, FLUSHING};
 use crate::clock::now_ns;
-use crate::cupti::{self, Flushed};
+use crate::cupti;
 use crate::{log, ring, state};
 
 /// How long the writer goes on writing the events queued before the exit: less than the exit
@@ -63,8 +63,10 @@ impl Ending {
     /// After the last round: whether CUPTI may still hold records the trace will not have (its
     /// flush at the signal failed or did not end in time), said on stderr; the trace says so too.
     pub(super) fn cupti_undelivered(&self) -> bool {
-        let Some(f) = &self.cupti else { return false };
-        let why = match f.state.load(Ordering::Acquire) {
+        if self.cupti.is_none() {
+            return false;
+        }
+        let why = match flusher::result() {
             DELIVERED => return false,
             FAILED => "CUPTI's flush failed".to_string(),
             _ => format!("CUPTI's flush did not end within {} s", CUPTI_FLUSH_WAIT.as_secs()),
@@ -79,76 +81,49 @@ impl Ending {
     }
 }
 
-const FLUSHING: u8 = 0;
-const DELIVERED: u8 = 1;
-const FAILED: u8 = 2;
-const ABANDONED: u8 = 3;
-
 /// CUPTI's flush at an exit that began from a fatal signal. The handler cannot flush (CUPTI is
 /// not async-signal-safe), and the writer, an ordinary thread, must not flush either: the thread
 /// the signal interrupted may hold a CUPTI or driver lock (stopped inside a CUDA call, or inside
 /// a flush of its own), and it waits in the handler for the writer, so a flush on the writer
 /// could block it until the handler gives up (`lifecycle::FINISH_WAIT`), and the trace would
 /// lose its end (the exit record and the events still queued) for CUPTI's records. So the flush
-/// runs on a thread of its own, born with the writer's signals blocked, while the writer drains
+/// runs on a thread of its own, made when CUPTI started and parked until now ([`flusher`]:
+/// making it now could block on a lock the interrupted thread holds), while the writer drains
 /// the rings; the writer waits for it until [`CUPTI_FLUSH_WAIT`] after the exit began, inside
 /// its own [`ENDING_WAIT`]: a blocked flush costs the dying process at most that, then is
 /// abandoned, not stopped (nothing can stop a thread blocked in CUPTI); the process ends by the
 /// signal once the trace is complete, and that thread with it.
 struct SignalFlush {
-    /// [`FLUSHING`] until the flush thread or the writer settles it, once.
-    state: Arc<AtomicU8>,
     /// CLOCK_MONOTONIC ns.
     deadline: u64,
 }
 
 impl SignalFlush {
-    /// The flush, started when the exit began from a signal and CUPTI runs; `at` is when.
+    /// The flush, asked of the parked thread when the exit began from a signal and CUPTI runs;
+    /// `at` is when. Without that thread (it could not be made, which was said then) the flush
+    /// is settled as failed at once.
     fn start(at: u64) -> Option<Self> {
         if state::EXIT_SIGNAL.load(Ordering::Acquire) == 0 || !cupti::running() {
             return None;
         }
         let deadline = at + CUPTI_FLUSH_WAIT.as_nanos() as u64;
-        let st = Arc::new(AtomicU8::new(FLUSHING));
-        let theirs = Arc::clone(&st);
-        // CUPTI's flush normally runs on the program's threads, with glibc's 8 MiB stacks, not
-        // Rust's 2 MiB.
-        let spawned = std::thread::Builder::new().name("memtrace-flush".into()).stack_size(8 << 20).spawn(move || {
-            let end = std::panic::catch_unwind(|| flush_by(deadline)).unwrap_or(FAILED);
-            let _ = theirs.compare_exchange(FLUSHING, end, Ordering::AcqRel, Ordering::Acquire);
-        });
-        if let Err(e) = spawned {
-            log!(Warn, "cannot start a thread for CUPTI's flush at the signal ({e})");
-            st.store(FAILED, Ordering::Release);
+        if !flusher::request(deadline) {
+            flusher::settle(FAILED);
         }
-        Some(Self { state: st, deadline })
+        Some(Self { deadline })
     }
 
     /// Whether the flush has settled at `now`: ended, or abandoned past its wait. Settled once:
     /// records a late flush delivers after this are not taken as delivered.
     fn settled(&self, now: u64) -> bool {
-        match self.state.load(Ordering::Acquire) {
+        match flusher::result() {
             FLUSHING if now < self.deadline => false,
             FLUSHING => {
                 // Lost to the flush thread's own result when it just ended: settled either way.
-                let _ = self.state.compare_exchange(FLUSHING, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
+                flusher::settle(ABANDONED);
                 true
             }
             _ => true,
-        }
-    }
-}
-
-/// Flush CUPTI, waiting (until `deadline`) for a flush already running on another thread to
-/// end: that one took what CUPTI held when it began, not now (and one the signal interrupted
-/// never ends). How it settled: [`DELIVERED`], [`FAILED`], or [`ABANDONED`] (never flushed).
-fn flush_by(deadline: u64) -> u8 {
-    loop {
-        match cupti::flush() {
-            Flushed::Off | Flushed::Done => return DELIVERED,
-            Flushed::Failed => return FAILED,
-            Flushed::Busy if now_ns() < deadline => std::thread::sleep(Duration::from_millis(1)),
-            Flushed::Busy => return ABANDONED,
         }
     }
 }

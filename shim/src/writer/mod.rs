@@ -1,10 +1,12 @@
 //! The writer thread: drains the rings, writes the file, and flushes it while the process runs.
 //! Turning raw events into records is [`translate`]; resolving caller modules and kernel names
-//! off the hot path is [`names`]; the exit's last rounds are [`ending`]; the exit summary is
-//! [`summary`]; the file itself is [`file`].
+//! off the hot path is [`names`]; the exit's last rounds are [`ending`]; the thread that flushes
+//! CUPTI at a fatal signal is [`flusher`]; the exit summary is [`summary`]; the file itself is
+//! [`file`].
 
 mod ending;
 mod file;
+mod flusher;
 mod names;
 mod summary;
 mod translate;
@@ -26,6 +28,12 @@ use ending::Ending;
 use file::{beside, open_own, process_start, std_stream_of, TraceFile};
 use names::Names;
 use summary::Tally;
+
+/// Make the parked thread that flushes CUPTI at a fatal signal: as CUPTI starts.
+pub use flusher::start as start_flush_thread;
+
+/// A fork child has no flush thread: it was its parent's.
+pub use flusher::forget_in_child as forget_flush_thread;
 
 /// At most this many events per ring per sweep, so that a sweep's batch (72 bytes an event)
 /// stays in the writer core's L2 cache: 16,384 made it 1.2 MB, and the batch was written and
@@ -82,6 +90,10 @@ impl Idle {
 /// it blocks). The main thread's state is read first (one small file); the other threads only
 /// once it is gone. Without /proc nothing is known, and the writer stays.
 fn alone(pid: u32) -> bool {
+    // The shim's own threads: the process's count holds them too. Read before the count, so that
+    // a thread made meanwhile (by a thread still alive) is never counted as ours without being
+    // there.
+    let ours = 1 + flusher::live();
     // One descriptor at a time, so that a program holding all but one open is still read; any
     // error (out of descriptors, no /proc) means "not known", never "ended".
     let main_gone = std::fs::read_to_string(format!("/proc/self/task/{pid}/stat"))
@@ -91,10 +103,12 @@ fn alone(pid: u32) -> bool {
     if !main_gone {
         return false;
     }
-    // The thread count keeps the ended main thread until the process ends: two is it and this
-    // writer. One read of one file, so no thread started meanwhile is missed.
+    // The thread count keeps the ended main thread until the process ends: alone is it and the
+    // shim's threads (this writer, and the parked CUPTI flush thread when there is one). One
+    // read of one file, so no thread started meanwhile is missed.
     std::fs::read_to_string("/proc/self/status").ok().is_some_and(|status| {
-        status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|n| n.trim().parse::<u32>().ok()) == Some(2)
+        status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|n| n.trim().parse::<u32>().ok())
+            == Some(1 + ours)
     })
 }
 
@@ -106,18 +120,16 @@ pub fn ensure_started() {
     if WRITER.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
-    // The writer must never run the exit-signal handler: that handler waits for the writer. So
-    // it is born with SIGINT and SIGTERM blocked (a new thread inherits its creator's mask); a
-    // signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file size
-    // limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused them,
-    // and by default end the process: blocked, the write fails instead, and recording stops.
-    let old = block_signals();
-    let spawned = std::thread::Builder::new().name("memtrace-writer".into()).spawn(|| {
+    let b = std::thread::Builder::new().name("memtrace-writer".into());
+    let spawned = spawn_blocked(b, || {
         let r = std::panic::catch_unwind(run);
         if r.is_err() {
             log!(Warn, "writer thread failed; recording stopped");
         }
         WRITER.store(DONE, Ordering::Release);
+        // The CUPTI flush thread ends with the writer, before it: a process whose main thread
+        // left by pthread_exit ends with its last thread, which must be this one.
+        flusher::stop();
         if r.unwrap_or(false) {
             // This thread ends the process (glibc calls exit(0) as its last thread returns), and
             // the program's exit handlers run on it: as on any thread of the program, with its
@@ -126,12 +138,29 @@ pub fn ensure_started() {
             raw::set_internal(false);
         }
     });
-    // Safety: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if let Err(e) = spawned {
         log!(Warn, "cannot start the writer thread ({e}); recording disabled");
         WRITER.store(DONE, Ordering::Release);
+        // No CUPTI flush thread without a writer to end it.
+        flusher::stop();
     }
+}
+
+/// Spawn `f` on a thread made by `b` that never runs the exit-signal handler: that handler
+/// waits for the writer, and for the CUPTI flush the writer waits on. So it is born with
+/// SIGINT and SIGTERM blocked (a new thread inherits its creator's mask, restored here at
+/// once); a signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file
+/// size limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused
+/// them, and by default end the process: blocked, the write fails instead, and recording stops.
+fn spawn_blocked(
+    b: std::thread::Builder,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let old = block_signals();
+    let spawned = b.spawn(f);
+    // Safety: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
 }
 
 /// The writer thread's state: the open trace, the clock map, interned names and the tally.
