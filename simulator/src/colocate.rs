@@ -3,8 +3,11 @@
 //!
 //! Two ways to combine them, and the report says which was used:
 //! - [`Mode::SumOfPeaks`]: with no wall-clock time on every trace, nothing says when each job
-//!   peaks, so the set must survive the peaks coinciding: the combined need is the sum of each
-//!   job's device peak, and that sum is the smallest capacity. This holds for any interleaving.
+//!   peaks, so the set must survive the peaks coinciding: the combined need is the sum of what
+//!   each job holds at its peak (reserved + outside the allocator), and that sum is the smallest
+//!   capacity. This holds for any interleaving. A job's own memory fraction asks for a device
+//!   total, not for memory it holds: it is no term of the sum, but a floor under it (the largest
+//!   job's [`JobReport::fraction_need_bytes`]), see [`sum_of_peaks`].
 //! - [`Mode::Timestamps`]: every trace carries wall-clock timestamps, so the jobs are put on one
 //!   time axis and replayed together: before each request of job *i*, its allocator may use what
 //!   the others leave free (`capacity − Σ others' reserved − Σ outside`), so a job that hits the
@@ -118,8 +121,13 @@ pub struct JobReport {
     /// Device memory the trace itself held outside the allocator, on top of its reserved need
     /// ([`fit::FitOutcome::held_beside`]).
     pub held_outside_bytes: u64,
-    /// Its device peak alone: reserved + outside the allocator (the point estimate).
+    /// Its device peak alone: reserved + outside the allocator (the point estimate), or the
+    /// device total its memory fraction asks for when that is more.
     pub device_peak_bytes: u64,
+    /// The device total its own memory fraction asks for (0 without one): the smallest device
+    /// whose share holds what it reserves, not memory it holds
+    /// ([`crate::replay::ReplayReport::fraction_need_bytes`]).
+    pub fraction_need_bytes: u64,
     /// The point plus its safety margin.
     pub device_safe_bytes: u64,
     /// The margin.
@@ -140,6 +148,44 @@ pub struct JobReport {
     pub replay_warnings: Vec<String>,
 }
 
+impl JobReport {
+    /// What the job holds on the device at its peak: reserved + outside the allocator (the
+    /// point), or that with its margin (the safe number).
+    pub fn held_bytes(&self, point: bool) -> u64 {
+        let held =
+            saturating_sum([self.peak_reserved_bytes, self.outside_allocator.total_bytes, self.held_outside_bytes]);
+        if point {
+            held
+        } else {
+            self.margin.safe(held, self.peak_reserved_bytes)
+        }
+    }
+
+    /// The device total its memory fraction asks for (the point), or that with its margin (the
+    /// safe number); 0 without a fraction.
+    pub fn fraction_bytes(&self, point: bool) -> u64 {
+        match self.fraction_need_bytes {
+            0 => 0,
+            n if point => n,
+            n => self.margin.safe(n, self.peak_reserved_bytes),
+        }
+    }
+
+    /// Whether its memory fraction, not what it holds, sets its device peak.
+    pub fn fraction_sets_peak(&self) -> bool {
+        self.fraction_need_bytes > self.held_bytes(true)
+    }
+}
+
+/// What a set of jobs needs when their peaks may coincide: the sum of what each holds at its
+/// peak, or the device total the largest of their memory fractions asks for when that is more
+/// (a fraction is a share of the device's total, so each job's asks for the whole device, and
+/// summing them is meaningless). `point`: the points, else the safe numbers.
+pub fn sum_of_peaks(jobs: &[JobReport], point: bool) -> u64 {
+    let held = saturating_sum(jobs.iter().map(|j| j.held_bytes(point)));
+    jobs.iter().map(|j| j.fraction_bytes(point)).fold(held, u64::max)
+}
+
 /// Result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ColocateReport {
@@ -153,8 +199,9 @@ pub struct ColocateReport {
     pub verdict: Option<Verdict>,
     /// Whether the set fits (`verdict.fits`; true without a capacity).
     pub fits: bool,
-    /// What the set needs: the sum of device peaks, or the peak of Σ (reserved + outside) in the
-    /// aligned replay (at the capacity when it fits there).
+    /// What the set needs: [`sum_of_peaks`], or the peak of Σ (reserved + outside) in the
+    /// aligned replay (at the capacity when it fits there); at least the device total a job's
+    /// memory fraction asks for.
     pub combined_need_bytes: u64,
     /// When the combined peak happens in the aligned replay, µs from the first job's start.
     pub combined_peak_at_us: Option<f64>,
@@ -170,6 +217,16 @@ struct Run {
     combined_peak: u64,
     peak_at_us: f64,
     ooms: Vec<Option<u64>>,
+    /// The most device total a job's memory fraction asked for in this run.
+    fraction_need: u64,
+}
+
+impl Run {
+    /// What the set needs in this run: what it held together, or the device total a job's
+    /// memory fraction asks for when that is more.
+    fn need(&self) -> u64 {
+        self.combined_peak.max(self.fraction_need)
+    }
 }
 
 /// The jobs' time axes under one way of lining them up.
@@ -294,7 +351,8 @@ fn shared_run(
             peak_at_us = t;
         }
     }
-    Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect() })
+    let fraction_need = reps.iter().map(Replayer::fraction_need_bytes).max().unwrap_or(0);
+    Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect(), fraction_need })
 }
 
 /// Whether the set fits at `capacity`: no job ran out of memory, and what the jobs held together
@@ -431,6 +489,7 @@ pub fn colocate(
             outside_allocator: j.outside.clone(),
             held_outside_bytes: unlimited.held_beside(),
             device_peak_bytes: device,
+            fraction_need_bytes: unlimited.report.fraction_need_bytes,
             device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
             margin: j.margin.clone(),
             fits_alone,
@@ -447,7 +506,7 @@ pub fn colocate(
         });
     }
     // Symbolic traces carry no wall-clock time, so margins meet the sum of peaks only.
-    let sum = saturating_sum(job_reports.iter().map(|j| if point { j.device_peak_bytes } else { j.device_safe_bytes }));
+    let sum = sum_of_peaks(&job_reports, point);
     let axes: Vec<Vec<f64>> = axes_and_ts.into_iter().map(|(a, _)| a).collect();
 
     let mut start = None;
@@ -482,15 +541,15 @@ pub fn colocate(
                     if fits_at(&run, c.bytes) {
                         // The set survives at the capacity: its peak there is what it needs.
                         start = Some(at_c);
-                        (run.combined_peak, run.peak_at_us, false)
+                        (run.need(), run.peak_at_us, false)
                     } else {
                         start = Some(at_unlimited);
-                        (unlimited.combined_peak, unlimited.peak_at_us, true)
+                        (unlimited.need(), unlimited.peak_at_us, true)
                     }
                 }
                 None => {
                     start = Some(at_unlimited);
-                    (unlimited.combined_peak, unlimited.peak_at_us, false)
+                    (unlimited.need(), unlimited.peak_at_us, false)
                 }
             };
             let failed = failed || capacity.is_some_and(|c| recorded_floor > c.bytes);

@@ -302,10 +302,13 @@ impl Verdict {
 ///
 /// The unlimited replay knows no device: a memory fraction the program sets limits nothing there
 /// (it is of the device's total, which only the replay at the budget has), so every request is
-/// placed, and the need is at least what the whole run reserves over the fraction in force
-/// (`fraction_need_bytes`): the device total whose share holds the run as replayed without a
-/// limit. On a device of at least that total the fraction never refuses a request, so the replay
-/// at the budget fails only where the need passes the capacity, and the verdict says so.
+/// placed, and the need is at least what the run's reservations take the reserved bytes to over
+/// the fraction in force at each (`fraction_need_bytes`; PyTorch checks the fraction only when it
+/// reserves, so a request served from the cache asks nothing of it): the device total whose share
+/// holds the run as replayed without a limit. On a device of at least that total the fraction
+/// never refuses a reservation, so the replay at the budget fails only where the need passes the
+/// capacity, and the verdict says so; where it survives, the fraction allowed every reservation
+/// it made, so its own fraction need is within the capacity too.
 pub struct FitReplay {
     unlimited: Replayer,
     capped: Option<Replayer>,

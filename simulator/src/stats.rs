@@ -51,7 +51,8 @@ pub struct TraceStats {
     pub live_device_bytes: u64,
     /// Peak of live pinned host bytes.
     pub peak_live_host_bytes: u64,
-    /// Frees of addresses that were never allocated in this trace (started mid-run, or a bug).
+    /// Frees of addresses that were never allocated in this trace (started mid-run, or a bug); a
+    /// free of address 0, which frees nothing, is none.
     pub unknown_frees: u64,
     /// Allocations at an address whose block the trace never freed (a missed free, or a bug):
     /// the earlier block stays counted live, as `memsim replay` keeps it allocated.
@@ -253,6 +254,9 @@ impl TraceStats {
                         self.host_frees += 1;
                         self.live_host -= u128::from(size);
                     }
+                    // A free of address 0 frees nothing (`cudaFree(NULL)` initialises the
+                    // context; `cuMemFree(0)`, `cudaFreeHost(NULL)` are no-ops).
+                    None if f.addr == 0 => {}
                     None => self.unknown_frees += 1,
                 }
             }

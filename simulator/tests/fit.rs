@@ -242,21 +242,116 @@ fn a_fraction_too_small_for_the_run_needs_what_it_reserves_over_the_fraction() {
             assert!(!Verdict::new("point", out.device_peak(&outside), cap).fits, "{case}");
         }
     }
-    // At any fraction and capacity, the verdict is the replay at the budget's.
-    for f in [0.0004, 0.0006, 0.001, 0.01, 0.3, 0.5, 1.0] {
-        for capacity in [30 * MIB, 50 * MIB, 100 * MIB, 4000 * MIB, 30_000 * MIB, 40 << 30, 80 << 30] {
-            let cap = Capacity { bytes: capacity, source: CapacitySource::Flag };
-            let outside = Outside::fixed(0);
-            let opts = ReplayOptions { device_total: Some(capacity), ..ReplayOptions::default() };
-            let out = fit_records(&h, &run(f), &opts, Some(capacity)).unwrap();
-            let fits = Verdict::new("point", out.device_peak(&outside), cap).fits;
-            assert_eq!(
-                fits,
-                !out.first_oom.oom,
-                "fraction {f} on {} MiB: {}",
-                capacity / MIB,
-                out.device_peak(&outside)
-            );
+    // A fraction lowered after 100 MiB were reserved and freed: PyTorch checks it only when it
+    // reserves, so 10 MiB served from the cache ask nothing of it (the need counted the 100 MiB
+    // cached over 0.01, 10000 MiB, and said DOES NOT FIT beside a replay at the budget that
+    // survived); 200 MiB, which the cache cannot serve, reserve under it.
+    let lowered = |f: f64, mib: u64| vec![alloc(1, 100 * MIB, None), free(1), fraction(f), alloc(2, mib * MIB, None)];
+    // At any fraction and capacity, the verdict is the replay at the budget's, in both paths,
+    // with native and expandable segments (whose check counts the whole allocation size).
+    for conf in [None, Some("expandable_segments:True")] {
+        for f in [0.0004, 0.0006, 0.001, 0.01, 0.3, 0.5, 1.0] {
+            for capacity in [30 * MIB, 50 * MIB, 100 * MIB, 3500 * MIB, 4000 * MIB, 30_000 * MIB, 40 << 30, 80 << 30] {
+                let cap = Capacity { bytes: capacity, source: CapacitySource::Flag };
+                let outside = Outside::fixed(0);
+                let alloc_conf = conf.map(str::to_string);
+                let opts = ReplayOptions { device_total: Some(capacity), alloc_conf, ..ReplayOptions::default() };
+                // 30 MiB in an expandable segment map 40 MiB (20 MiB pages); the check counts 30.
+                let pages = vec![fraction(f), alloc(1, 30 * MIB, None)];
+                let runs =
+                    [("run", run(f)), ("cached", lowered(f, 10)), ("uncached", lowered(f, 200)), ("pages", pages)];
+                for (name, recs) in runs {
+                    let mut lock = FitReplay::new(&h, &opts, Some(capacity)).unwrap();
+                    recs.iter().for_each(|r| lock.observe(r));
+                    let paths = [
+                        ("lockstep", lock.finish()),
+                        ("in memory", fit_records(&h, &recs, &opts, Some(capacity)).unwrap()),
+                    ];
+                    for (path, out) in paths {
+                        let fits = Verdict::new("point", out.device_peak(&outside), cap).fits;
+                        assert_eq!(
+                            fits,
+                            !out.first_oom.oom,
+                            "{conf:?} {name} {path}: fraction {f} on {} MiB: need {}",
+                            capacity / MIB,
+                            out.device_peak(&outside)
+                        );
+                    }
+                }
+            }
         }
     }
+    // The cached request needs only what the run reserved, with no fraction term; the
+    // uncached one the 300 MiB it reserved over the fraction, as a fraction set first would.
+    let opts = ReplayOptions { device_total: Some(1000 * MIB), ..ReplayOptions::default() };
+    let out = fit_records(&h, &lowered(0.01, 10), &opts, Some(1000 * MIB)).unwrap();
+    assert_eq!((out.first_oom.oom, out.report.fraction_need_bytes), (false, 0));
+    assert_eq!(out.device_peak(&Outside::fixed(0)), 100 * MIB);
+    let out = fit_records(&h, &lowered(0.01, 200), &opts, None).unwrap();
+    assert_eq!(out.report.fraction_need_bytes, 30_000 * MIB);
+}
+
+/// Two jobs, each capping its allocator at half the device and reserving 22 MiB, need 44 MiB
+/// together: each may reserve 30 of 60 MiB. Without timestamps the sum of peaks added the
+/// device totals their fractions ask for (44 MiB each, 88 MiB: DOES NOT FIT on 60 MiB), where
+/// the aligned replay of the same jobs needed 44 MiB. A fraction is a floor under the sum, not a
+/// term of it: a job capped at 0.0006 asks for 36667 MiB, once, not twice. Safe numbers alike.
+#[test]
+fn colocated_jobs_memory_fractions_are_a_floor_not_a_sum() {
+    use simulator::colocate::{colocate, sum_of_peaks, Align, Job, Mode};
+    use simulator::fit::Outside;
+    use trace::{Control, ControlOp, Event};
+    let run = |f: f64, timed: bool| {
+        let set = Record {
+            ts_ns: Some(0),
+            tid: None,
+            device: Some(0),
+            event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
+        };
+        let mut recs = vec![set, alloc(1, MIB, None), alloc(2, 2 * MIB, None), free(1), alloc(3, MIB / 2, None)];
+        if !timed {
+            recs.iter_mut().for_each(|r| r.ts_ns = None);
+        }
+        recs
+    };
+    let mut h = Header::new("test", "0", Level::Allocator);
+    h.synthetic_addresses = true;
+    let job = |name: &str, f: f64, timed: bool, margin: f64| Job {
+        name: name.into(),
+        header: h.clone(),
+        records: run(f, timed),
+        outside: Outside::fixed(0),
+        margin: Margin { fraction: margin, ..Margin::none(String::new(), "", true) },
+    };
+    let cap = Some(Capacity { bytes: 60 * MIB, source: CapacitySource::Flag });
+    let opts = ReplayOptions::default();
+    for (timed, mode) in [(false, Mode::SumOfPeaks), (true, Mode::Timestamps)] {
+        let jobs = [job("a", 0.5, timed, 0.0), job("b", 0.5, timed, 0.0)];
+        let r = colocate(&jobs, &opts, cap, Align::Auto, true).unwrap();
+        assert_eq!(r.mode, mode);
+        assert_eq!((r.combined_need_bytes, r.fits), (44 * MIB, true), "{mode:?}: {:?}", r.verdict);
+        for j in &r.jobs {
+            assert_eq!(
+                (j.fraction_need_bytes, j.held_bytes(true), j.device_peak_bytes),
+                (44 * MIB, 22 * MIB, 44 * MIB)
+            );
+            assert!(j.fraction_sets_peak());
+        }
+        // A fraction too small for the run: the largest asks for the device, once.
+        let jobs = [job("a", 0.0006, timed, 0.0), job("b", 0.0006, timed, 0.0)];
+        let r = colocate(&jobs, &opts, cap, Align::Auto, true).unwrap();
+        let need = (22.0 * MIB as f64 / 0.0006).ceil() as u64;
+        assert_eq!((r.combined_need_bytes, r.fits), (need, false), "{mode:?}");
+        assert_eq!(r.smallest_fitting_capacity, need, "{mode:?}");
+    }
+    // Safe numbers: the margins on what the jobs hold, summed, or on the largest fraction's total.
+    let jobs = [job("a", 0.5, false, 0.5), job("b", 0.5, false, 0.5)];
+    let r = colocate(&jobs, &opts, cap, Align::Auto, false).unwrap();
+    assert_eq!(r.jobs[0].held_bytes(false), 33 * MIB);
+    assert_eq!(r.jobs[0].fraction_bytes(false), 66 * MIB);
+    assert_eq!(r.jobs[0].device_safe_bytes, 66 * MIB);
+    assert_eq!((r.combined_need_bytes, sum_of_peaks(&r.jobs, false), r.fits), (66 * MIB, 66 * MIB, false));
+    let jobs = [job("a", 1.0, false, 0.5), job("b", 1.0, false, 0.5), job("c", 0.5, false, 0.5)];
+    let r = colocate(&jobs, &opts, None, Align::Auto, false).unwrap();
+    assert_eq!((r.combined_need_bytes, sum_of_peaks(&r.jobs, true)), (99 * MIB, 66 * MIB));
 }

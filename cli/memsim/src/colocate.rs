@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use simulator::colocate::{colocate, saturating_sum, Align, Job, Mode, Start};
+use simulator::colocate::{colocate, sum_of_peaks, Align, Job, Mode, Start};
 use simulator::fit::{self, Outside};
 use simulator::replay::ReplayOptions;
 use simulator::units::{mib, parse_capacity, parse_size};
@@ -24,7 +24,8 @@ pub enum AlignArg {
 #[derive(clap::Args)]
 #[command(after_help = "Exit status: 0 the set fits (or no capacity to check), 1 it does not fit, 2 bad input.\n\
 Jobs are separate processes, each with its own caching allocator. Without wall-clock time on every \
-trace, nothing says when each job peaks, so the combined need is the sum of each job's device peak.")]
+trace, nothing says when each job peaks, so the combined need is the sum of what each job holds at its \
+peak (at least the device total a job's own memory fraction asks for).")]
 pub struct Args {
     /// Allocator-level traces of the jobs (two or more to share; one gives its own fit); `-` reads one from
     /// standard input.
@@ -126,28 +127,37 @@ pub fn run(a: Args) -> Result<u8> {
         // As replay says it: a safe number without a margin is the point, and must not read as
         // one with a margin's cover.
         let bare = if j.margin.fraction > 0.0 { "" } else { " (no safety margin)" };
+        // A memory fraction's device total is no sum of the parts the job holds: said so.
+        let parts = format!(
+            "reserved {} + outside the allocator {}",
+            mib(j.peak_reserved_bytes),
+            mib(j.outside_allocator.total_bytes.saturating_add(j.held_outside_bytes))
+        );
+        let peak = if j.fraction_sets_peak() {
+            format!("the device total its memory fraction asks for; it holds {parts}")
+        } else {
+            parts
+        };
         println!(
-            "  {:<40} safe {:>12}{bare}, device peak {:>12} (reserved {} + outside the allocator {}){alone}{shared}",
+            "  {:<40} safe {:>12}{bare}, device peak {:>12} ({peak}){alone}{shared}",
             j.name,
             mib(j.device_safe_bytes),
             mib(j.device_peak_bytes),
-            mib(j.peak_reserved_bytes),
-            mib(j.outside_allocator.total_bytes.saturating_add(j.held_outside_bytes))
         );
     }
     let how = r.verdict.as_ref().map_or(mode_name(r.mode), |v| v.basis.as_str());
     println!("combination          {how}: {}", r.mode_reason);
-    let when = match (r.combined_peak_at_us, r.start) {
-        (Some(t), Some(Start::PeaksAligned)) => {
+    let when = match (fraction_floor(&r, a.judge.point), r.combined_peak_at_us, r.start) {
+        (Some(floor), _, _) => floor,
+        (None, Some(t), Some(Start::PeaksAligned)) => {
             format!(" at {:.6} s after the first start (each job's own peak at one instant)", t / 1e6)
         }
-        (Some(t), _) => format!(" at {:.6} s after the common start (the jobs started together)", t / 1e6),
-        (None, _) => String::new(),
+        (None, Some(t), _) => format!(" at {:.6} s after the common start (the jobs started together)", t / 1e6),
+        (None, None, _) => String::new(),
     };
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
     // Beside each job's own peak, a shared need below their sum reads as a mistake unless said.
-    let sum =
-        saturating_sum(r.jobs.iter().map(|j| if a.judge.point { j.device_peak_bytes } else { j.device_safe_bytes }));
+    let sum = sum_of_peaks(&r.jobs, a.judge.point);
     // Only a shared run at a capacity retries; unlimited, a gap has other terms (a memory
     // fraction, a recorded OOM's floor, memory held outside at other moments).
     if r.mode == Mode::Timestamps && r.capacity.is_some() && r.combined_need_bytes < sum {
@@ -175,6 +185,23 @@ pub fn run(a: Args) -> Result<u8> {
         None => println!("verdict              none (give --capacity or --profile)"),
     }
     Ok(code)
+}
+
+/// When a job's memory fraction, not what the jobs hold together, sets the combined need: whose,
+/// and (summing peaks) what they hold. The aligned replay has no margins: its fraction is the point.
+fn fraction_floor(r: &simulator::colocate::ColocateReport, point: bool) -> Option<String> {
+    let point = point || r.mode == Mode::Timestamps;
+    let held = simulator::colocate::saturating_sum(r.jobs.iter().map(|j| j.held_bytes(point)));
+    let j = r.jobs.iter().find(|j| j.fraction_bytes(point) == r.combined_need_bytes)?;
+    match r.mode {
+        Mode::SumOfPeaks if r.jobs.len() > 1 && r.combined_need_bytes > held => Some(format!(
+            " (the device total {}'s memory fraction asks for, more than the {} the jobs hold together)",
+            j.name,
+            mib(held)
+        )),
+        Mode::Timestamps => Some(format!(" (the device total {}'s memory fraction asks for)", j.name)),
+        Mode::SumOfPeaks => None,
+    }
 }
 
 fn mode_name(m: Mode) -> &'static str {

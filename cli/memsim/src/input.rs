@@ -81,17 +81,15 @@ pub struct Read<S> {
     /// A snapshot that records no allocator event, only its segments when it was dumped: it does
     /// not hold the run, and its peaks are only that state.
     state_only: bool,
-    /// Records made by APIs this version does not know, by code.
-    unknown_apis: UnknownApis,
 }
 
 impl<S> Read<S> {
     /// What the input did not give whole, as warning lines naming the file: an input that does
     /// not hold the whole run (truncated, cut short, stopped at the producer's byte limit, events
     /// the producer lost, a snapshot that records no allocator event) or with skipped records of
-    /// unknown kinds (with `strict`, an error instead: exit 2), header metadata values outside
-    /// their key's domain, which are ignored, what a snapshot's replay cannot show, and APIs this
-    /// version does not know.
+    /// unknown kinds (with `strict`, an error instead: exit 2), records naming APIs this version
+    /// does not know (read: a warning only, strict or not), header metadata values outside their
+    /// key's domain, which are ignored, and what a snapshot's replay cannot show.
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
         let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
         if strict && self.state_only {
@@ -103,14 +101,7 @@ impl<S> Read<S> {
         }
         lines.extend(self.header.metadata_warnings(path));
         lines.extend(self.notes.iter().map(|n| format!("{}: {n}", path.display())));
-        lines.extend(self.unknown_apis.warning(path, self.jsonl_input()));
         Ok(lines)
-    }
-
-    /// Whether the input was JSON Lines, where an API name this version does not know is kept
-    /// as code 0 ([`trace::Api::UNKNOWN_NAME`]).
-    fn jsonl_input(&self) -> bool {
-        self.summary.is_some_and(|s| s.format == trace::Format::Jsonl)
     }
 }
 
@@ -125,62 +116,6 @@ pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: b
         bail!("{} (--strict)", lines[0]);
     }
     Ok(lines)
-}
-
-/// Records made by APIs this version does not know (a newer writer's): kept, counted by code.
-#[derive(Debug, Clone, Default)]
-struct UnknownApis(std::collections::BTreeMap<u16, u64>);
-
-impl UnknownApis {
-    /// Count `r` when its API is unknown.
-    #[inline]
-    fn note(&mut self, r: &Record) {
-        use trace::Event;
-        let api = match &r.event {
-            Event::Alloc(a) => a.api,
-            Event::Free(f) => f.api,
-            Event::Vmm(v) => v.api,
-            Event::KernelLaunch(k) => k.api,
-            Event::PoolTrim(p) => p.api,
-            _ => return,
-        };
-        if let trace::Api::Unknown(code) = api {
-            *self.0.entry(code).or_default() += 1;
-        }
-    }
-
-    /// The warning, naming `path`, when there are any; `jsonl`: the input was JSON Lines, whose
-    /// unknown names were kept as code 0.
-    fn warning(&self, path: &Path, jsonl: bool) -> Option<String> {
-        let n: u64 = self.0.values().sum();
-        if n == 0 {
-            return None;
-        }
-        let records = if n == 1 { "1 record names an API" } else { "records name APIs" };
-        let count = if n == 1 { String::new() } else { format!("{n} ") };
-        let named = jsonl.then(|| self.0.get(&trace::Api::UNKNOWN_NAME.code())).flatten();
-        let codes: Vec<String> = self
-            .0
-            .iter()
-            .filter(|(c, _)| named.is_none() || **c != trace::Api::UNKNOWN_NAME.code())
-            .map(|(c, k)| format!("unknown:{c} ({k})"))
-            .collect();
-        let mut what = Vec::new();
-        if let Some(k) = named {
-            what.push(format!(
-                "{k} by a name, which is not kept: read as unknown:0, and written as unknown:0 by a conversion"
-            ));
-        }
-        if !codes.is_empty() {
-            what.push(format!("by code: {}", codes.join(", ")));
-        }
-        Some(format!(
-            "{}: {count}{records} this version does not know (written by a newer memtrace?): the records are read, \
-             with their API unknown (`unknown` in stats' calls); {}",
-            path.display(),
-            what.join("; ")
-        ))
-    }
 }
 
 /// Print warning lines on stderr.
@@ -260,7 +195,6 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
                 summary: None,
                 notes: imported.notes,
                 state_only: imported.state_only,
-                unknown_apis: UnknownApis::default(),
             })
         }
         Kind::Trace => {
@@ -283,17 +217,11 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             })?;
             let header = reader.header().clone();
             let mut state = init(&header, None)?;
-            let mut unknown_apis = UnknownApis::default();
             // A stream's size is unknown: decoded on a second thread as a large file is.
             let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
             let bar = progress(size.unwrap_or(0));
             {
-                let mut mapped = mapper(&state);
-                let counted = &mut unknown_apis;
-                let mut map = move |r: Record| {
-                    counted.note(&r);
-                    mapped(r)
-                };
+                let mut map = mapper(&state);
                 if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
                     let mut n = 0u64;
                     while let Some(rec) = reader.next_record() {
@@ -314,14 +242,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
-            Ok(Read {
-                header,
-                state,
-                summary: Some(reader.summary()),
-                notes: Vec::new(),
-                state_only: false,
-                unknown_apis,
-            })
+            Ok(Read { header, state, summary: Some(reader.summary()), notes: Vec::new(), state_only: false })
         }
     }
 }

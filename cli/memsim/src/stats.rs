@@ -105,7 +105,7 @@ fn device_flags_without_effect(a: &Args, s: &TraceStats, util: &UtilizationRepor
 fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     let read = crate::input::for_each_record(
         file,
-        |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts), UnknownFrees::default())),
+        |h| Ok((TraceStats::new(h), UtilizationBuilder::new(h, opts), UnknownFrees::new(h))),
         |(s, u, frees), r| {
             let before = s.unknown_frees;
             s.observe(r);
@@ -203,25 +203,35 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     Ok(out)
 }
 
-/// The frees [`TraceStats`] finds no live block for, told apart as `memsim replay` tells them:
-/// a block alive when the trace began (a converted snapshot's start state, which the trace does
-/// not allocate), or an address no block of the trace holds (freed twice, or never allocated),
-/// which replay rejects as a damaged trace's.
+/// The frees [`TraceStats`] finds no live block for (a free of address 0, a no-op, is none), told
+/// apart: a block alive when the trace began (a converted snapshot's start state, which the trace
+/// does not allocate); in an allocator-level trace, one of the allocator's own frees of an address
+/// no block of the trace holds (freed twice, or never allocated), which `memsim replay` rejects
+/// as a damaged trace's; any other (a device-level trace's: the shim may have begun after the
+/// allocation, and replay reads such a trace only with the cache off, or never).
 #[derive(Default)]
 struct UnknownFrees {
+    /// An allocator-level trace: every allocator free is in it, and replay reads it.
+    allocator_level: bool,
     /// Records read.
     records: u64,
     /// The start state's allocated blocks not freed yet, by device and address.
     start: std::collections::HashSet<(u32, u64)>,
     /// Frees of start-state blocks.
     of_start: u64,
-    /// Frees of addresses no block holds.
+    /// The allocator's frees of addresses no block holds, in an allocator-level trace.
     damaged: u64,
     /// The first of those: record number, device and address.
     first: Option<(u64, u32, u64)>,
+    /// Any other: frees of addresses allocated before the trace began (or by calls it missed).
+    before: u64,
 }
 
 impl UnknownFrees {
+    fn new(h: &trace::Header) -> UnknownFrees {
+        UnknownFrees { allocator_level: h.level == trace::Level::Allocator, ..UnknownFrees::default() }
+    }
+
     /// Note record `r`; `unknown`: [`TraceStats`] found no live block for it (a free).
     fn observe(&mut self, r: &trace::Record, unknown: bool) {
         let device = r.device.unwrap_or(0);
@@ -233,9 +243,12 @@ impl UnknownFrees {
             trace::Event::Free(f) if unknown => {
                 if f.mem.is_device() && self.start.remove(&(device, f.addr)) {
                     self.of_start += 1;
-                } else {
+                } else if self.allocator_level && f.mem == trace::MemoryKind::Device && f.caller.is_none() {
+                    // What replay applies, and its model refuses: no live block starts there.
                     self.damaged += 1;
                     self.first.get_or_insert((self.records, device, f.addr));
+                } else {
+                    self.before += 1;
                 }
             }
             _ => {}
@@ -245,24 +258,30 @@ impl UnknownFrees {
 
     /// What the unknown frees were, for the text line.
     fn explained(&self) -> String {
-        match (self.of_start, self.damaged) {
-            (_, 0) => "frees of blocks allocated before the trace began, its start state".into(),
-            (0, _) => "freed twice or never allocated: a damaged trace; see the warning".into(),
-            (start, damaged) => format!(
-                "{start} of blocks allocated before the trace began, {damaged} freed twice or never allocated: a \
-                 damaged trace; see the warning"
-            ),
+        const START: &str = "blocks allocated before the trace began, its start state";
+        const DAMAGED: &str = "freed twice or never allocated: a damaged trace; see the warning";
+        const BEFORE: &str = "addresses allocated before the trace began";
+        match (self.of_start, self.damaged, self.before) {
+            (_, 0, 0) => format!("frees of {START}"),
+            (0, _, 0) => DAMAGED.into(),
+            (0, 0, _) => format!("frees of {BEFORE}"),
+            (start, damaged, before) => [(start, "of ", START), (damaged, "", DAMAGED), (before, "of ", BEFORE)]
+                .iter()
+                .filter(|(n, _, _)| *n > 0)
+                .map(|(n, of, what)| format!("{n} {of}{what}"))
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 
-    /// The warning of frees no block holds, naming `file` and the first.
+    /// The warning of the allocator's frees no block holds, naming `file` and the first.
     fn warning(&self, file: &Path) -> Option<String> {
         let (record, device, addr) = self.first?;
         let frees = if self.damaged == 1 { "free of an address" } else { "frees of addresses" };
         Some(format!(
-            "{}: {} {frees} no allocation in the trace holds (freed twice, or never allocated: a damaged trace), e.g. \
-             record {record} (device {device}): free of unknown address {addr:#x}; live bytes leave them out, and \
-             replay rejects them",
+            "{}: {} {frees} no allocation in the trace holds (freed twice, or never allocated: a damaged \
+             trace), e.g. record {record} (device {device}): free of unknown address {addr:#x}; live bytes leave \
+             them out, and replay rejects them (left out of its replay, and counted in its warning)",
             file.display(),
             self.damaged
         ))

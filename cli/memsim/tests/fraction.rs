@@ -124,3 +124,97 @@ fn a_fraction_whose_share_holds_the_run_fits_with_the_same_need() {
         c["verdict"]
     );
 }
+
+/// Two jobs capped at half the device, each reserving 22 MiB, fit 60 MiB together (30 MiB each).
+/// Without timestamps colocate summed the device totals their fractions ask for (44 MiB each):
+/// "DOES NOT FIT, combined need 88 MiB", beside 44 MiB for the same jobs with timestamps, and
+/// each job's line gave a device peak its parts did not add up to, without saying why.
+#[test]
+fn colocated_fractions_are_a_floor_under_what_the_jobs_hold_not_summed() {
+    let dir = tempfile::tempdir().unwrap();
+    let timed = write(dir.path(), "0.5");
+    let untimed = dir.path().join("untimed.jsonl");
+    let text = std::fs::read_to_string(&timed).unwrap();
+    std::fs::write(&untimed, text.lines().map(|l| l.replace(r#""ts_ns":"#, r#""ts":"#) + "\n").collect::<String>())
+        .unwrap();
+    for (t, mode) in [(&untimed, "sum-of-peaks"), (&timed, "timestamps")] {
+        let t = t.to_str().unwrap();
+        let c = json(&["colocate", t, t, "--capacity", "60MiB", "--point", "--json"]);
+        assert_eq!(c["mode"], mode);
+        assert_eq!((&c["verdict"]["fits"], &c["combined_need_bytes"]), (&true.into(), &(44 * MIB).into()), "{mode}");
+        assert_eq!(c["jobs"][0]["fraction_need_bytes"], 44 * MIB, "{mode}");
+        let (code, out, err) = memsim(&["colocate", t, t, "--capacity", "60MiB", "--point"]);
+        assert_eq!(code, 0, "{mode}: {out}{err}");
+        assert!(out.contains("needs 44.00 MiB of 60.00 MiB (--capacity): FITS"), "{mode}: {out}");
+        assert!(
+            out.contains(
+                "device peak    44.00 MiB (the device total its memory fraction asks for; it holds reserved 22.00 \
+                 MiB + outside the allocator 0.00 MiB)"
+            ),
+            "{mode}: {out}"
+        );
+    }
+    // A fraction too small for either: the device it asks for, once, and said so.
+    let small = write(dir.path(), "0.0006");
+    let small = small.to_str().unwrap();
+    let (code, out, _) = memsim(&["colocate", small, small, "--capacity", "60MiB", "--align", "sum", "--point"]);
+    assert_eq!(code, 1, "{out}");
+    let need = simulator::units::mib(need_of(0.0006));
+    assert!(
+        out.contains(&format!("combined need        {need} (the device total {small}'s memory fraction asks for")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("smallest capacity    {need}\n")), "{out}");
+}
+
+/// The run reserves 100 MiB and frees them, then lowers its fraction to 0.01, then asks for
+/// `MIB` MiB.
+fn lowered(dir: &Path, mib: u64) -> PathBuf {
+    let header = RUN.lines().next().unwrap();
+    let p = dir.join(format!("lowered-{mib}.jsonl"));
+    let body = format!(
+        r#"{header}
+{{"ts_ns":1,"device":0,"kind":"alloc","addr":4096,"size":104857600,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}
+{{"ts_ns":2,"device":0,"kind":"free","addr":4096,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}
+{{"ts_ns":3,"device":0,"kind":"control","op":"set_memory_fraction","fraction":0.01}}
+{{"ts_ns":4,"device":0,"kind":"alloc","addr":4096,"size":{},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}
+{{"ts_ns":99,"kind":"process_exit","lost_events":0}}
+"#,
+        mib * MIB
+    );
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+/// PyTorch checks a fraction only when its allocator reserves: 10 MiB served from the 100 MiB
+/// cached before the fraction was lowered to 0.01 are never refused. The need counted the cached
+/// 100 MiB over 0.01 (10000 MiB): DOES NOT FIT, exit 1, beside a replay at the budget that
+/// survived. 200 MiB, which the cache cannot serve, reserve under the fraction: 300 MiB over
+/// 0.01 on the replay without a budget; on 20000 MiB the limit frees the cache and they fit.
+#[test]
+fn a_request_served_from_the_cache_asks_nothing_of_a_lowered_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    let cached = lowered(dir.path(), 10);
+    let v = json(&["replay", cached.to_str().unwrap(), "--capacity", "1000MiB", "--json"]);
+    assert_eq!((&v["oom"], &v["peaks_of"], &v["verdict"]["fits"]), (&false.into(), &"budget".into(), &true.into()));
+    assert_eq!(
+        (&v["fraction_need_bytes"], &v["verdict"]["need_bytes"]),
+        (&0.into(), &(100 * MIB).into()),
+        "{}",
+        brief(&v)
+    );
+    let c = json(&["colocate", cached.to_str().unwrap(), "--capacity", "1000MiB", "--json"]);
+    assert_eq!((&c["verdict"]["fits"], &c["combined_need_bytes"]), (&true.into(), &(100 * MIB).into()));
+
+    let uncached = lowered(dir.path(), 200);
+    let t = uncached.to_str().unwrap();
+    for (capacity, fits, need) in
+        [("1000MiB", false, 30_000 * MIB), ("19999MiB", false, 30_000 * MIB), ("20000MiB", true, 20_000 * MIB)]
+    {
+        let (code, out, err) = memsim(&["replay", t, "--capacity", capacity, "--json"]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{capacity}: {e}: {out}{err}"));
+        let case = format!("{capacity}: {}", brief(&v));
+        assert_eq!((&v["oom"], &v["verdict"]["fits"]), (&(!fits).into(), &fits.into()), "{case}");
+        assert_eq!((code, &v["verdict"]["need_bytes"]), (if fits { 0 } else { 1 }, &need.into()), "{case}");
+    }
+}

@@ -226,3 +226,55 @@ fn a_pickle_named_as_a_trace_is_said_to_be_one() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("a PyTorch snapshot pickle named .mtrace") && !err.contains("stream"), "{err}");
 }
+
+/// Every unknown free of a trace without start-state records (every shim trace) was "freed twice
+/// or never allocated: a damaged trace", warned, with "replay rejects them", though replay
+/// refuses a device-level trace with the cache on, and a shim that began after an allocation
+/// sees its free alone; and a free of address 0 (`cudaFree(NULL)`, the context's initialisation
+/// by other producers; `cuMemFree(0)`, `cudaFreeHost(NULL)`, which the shim records) frees
+/// nothing and was counted. Damage is said of allocator-level traces only, which replay reads.
+#[test]
+fn stats_calls_damaged_only_what_replay_reads_and_a_free_of_null_no_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let free_of = |addr: u64, api: &str, mem: &str| {
+        free(addr)
+            .replace(r#""api":"allocator""#, &format!(r#""api":"{api}""#))
+            .replace(r#""mem":"device""#, &format!(r#""mem":"{mem}""#))
+    };
+    let lines = [
+        free_of(0, "cudaFree", "device"),
+        free_of(0, "cudaFreeHost", "pinned_host"),
+        free_of(65536, "cudaFree", "device"),
+    ];
+    for (level, caching_disabled) in [("device", false), ("device", true), ("allocator", false)] {
+        let header = HEADER
+            .replace(r#""level":"allocator""#, &format!(r#""level":"{level}""#))
+            .replace(r#""caching_disabled":false"#, &format!(r#""caching_disabled":{caching_disabled}"#));
+        let p = dir.path().join(format!("{level}-{caching_disabled}.jsonl"));
+        std::fs::write(&p, format!("{header}\n{}\n{EXIT}\n", lines.join("\n"))).unwrap();
+        let t = p.to_str().unwrap();
+        let case = format!("{level}, caching disabled {caching_disabled}");
+        let (code, out, err) = memsim(&["stats", t]);
+        assert_eq!(code, 0, "{case}: {err}");
+        // Address 0 is no unknown free: of the three frees, 0x10000 alone is counted.
+        assert!(out.contains("unknown frees     1 ("), "{case}: {out}");
+        let v = json(&["stats", t, "--json"]);
+        assert_eq!(v["unknown_frees"], 1, "{case}");
+        if level == "device" {
+            assert!(out.contains("unknown frees     1 (frees of addresses allocated before the trace began)"), "{out}");
+            assert!(!format!("{out}{err}").contains("damaged"), "{case}: {out}{err}");
+            assert_eq!(v["warnings"], json!([]), "{case}");
+        } else {
+            assert!(out.contains("unknown frees     1 (freed twice or never allocated: a damaged trace"), "{out}");
+            assert!(err.contains("record 2 (device 0): free of unknown address 0x10000"), "{case}: {err}");
+            assert!(err.contains("replay rejects them"), "{case}: {err}");
+        }
+        // Replay, where it reads the trace, rejects the free of 0x10000 only.
+        if level == "allocator" || caching_disabled {
+            let (code, _, err) = memsim(&["replay", t]);
+            assert_eq!(code, 0, "{case}: {err}");
+            assert!(err.contains("1 requests rejected by the model"), "{case}: {err}");
+            assert!(!err.contains("free of unknown address 0x0"), "{case}: {err}");
+        }
+    }
+}

@@ -485,13 +485,16 @@ impl Allocator {
         recorded: Option<u64>,
         out: &mut Outcome,
     ) -> Option<u32> {
-        if let Some(max) = self.allowed_max {
-            if self.reserved().saturating_add(alloc_size) > max {
-                return None;
-            }
+        let checked = self.reserved().saturating_add(alloc_size);
+        if self.allowed_max.is_some_and(|max| checked > max) {
+            return None;
         }
         if self.cfg.expandable_segments {
-            return self.try_allocate_expandable_block(small, stream, size, recorded, out);
+            let found = self.try_allocate_expandable_block(small, stream, size, recorded, out);
+            if found.is_some() {
+                out.fraction_checked = out.fraction_checked.max(checked);
+            }
+            return found;
         }
         if alloc_size > MAX_SEGMENT || self.capacity.is_some_and(|c| self.reserved() + alloc_size > c) {
             return None;
@@ -507,6 +510,7 @@ impl Allocator {
         }
         self.stats.num_device_alloc += 1;
         out.device_events.push(DeviceEvent::SegmentAlloc { addr, size: alloc_size });
+        out.fraction_checked = out.fraction_checked.max(checked);
         Some(i)
     }
 

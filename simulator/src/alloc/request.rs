@@ -117,6 +117,11 @@ pub struct Outcome {
     /// Blocks whose deferred free completed during this request (`process_events` or the
     /// synchronisation in `release_cached_blocks`), by address.
     pub completed_frees: Vec<u64>,
+    /// What a memory fraction had to allow for this request to reserve: the most
+    /// `reserved + alloc_size` an `alloc_block` that succeeded compared with `allowed_max` (or
+    /// would have, with no fraction enforced). 0 when the request reserved nothing: one served
+    /// from the cache is never refused, however much is reserved.
+    pub fraction_checked: u64,
 }
 
 impl Outcome {
@@ -128,6 +133,7 @@ impl Outcome {
         self.oom = None;
         self.retried = false;
         self.completed_frees.clear();
+        self.fraction_checked = 0;
     }
 }
 

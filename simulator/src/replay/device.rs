@@ -11,9 +11,12 @@ pub(super) struct DeviceState {
     pub(super) live_by_category: [u64; 7],
     pub(super) categories_at_peak: [u64; 7],
     pub(super) peak_allocated_seen: u64,
-    /// The device's total memory the program's own memory fraction asks for: the most reserved
-    /// bytes (or a failed allocation's need) over the fraction in force then. A job that sets
-    /// `set_per_process_memory_fraction(0.1)` and reserves 6 GiB needs a 60 GiB device.
+    /// The device's total memory the program's own memory fraction asks for: the most the
+    /// fraction had to allow (what a reservation took the reserved bytes to, a failed
+    /// allocation's need, a start state) over the fraction in force then. A job that sets
+    /// `set_per_process_memory_fraction(0.1)` and reserves 6 GiB needs a 60 GiB device. As in
+    /// PyTorch, the fraction is checked only when the allocator reserves: a request served from
+    /// the cache after the fraction was lowered asks nothing of it.
     pub(super) fraction_need: u64,
     /// The latest request's outcome, reused so that a request allocates nothing.
     pub(super) outcome: Outcome,
@@ -52,11 +55,11 @@ impl DeviceState {
             self.peak_allocated_seen = allocated;
             self.categories_at_peak = self.live_by_category;
         }
-        self.note_fraction_need(reserved);
         (reserved, allocated)
     }
 
-    /// `reserved` bytes under the memory fraction in force: the device total that allows them.
+    /// `reserved` bytes the memory fraction in force must allow: the device total that allows
+    /// them (nothing for 0).
     #[inline(always)]
     pub(super) fn note_fraction_need(&mut self, reserved: u64) {
         if let Some(f) = self.alloc.memory_fraction() {
@@ -64,6 +67,14 @@ impl DeviceState {
                 self.fraction_need = self.fraction_need.max(total_allowing(reserved, f));
             }
         }
+    }
+}
+
+impl super::Replayer {
+    /// The device total the program's memory fraction asks for so far, on its busiest device in
+    /// that respect (0 without a fraction): see [`super::ReplayReport::fraction_need_bytes`].
+    pub fn fraction_need_bytes(&self) -> u64 {
+        self.devices.iter().map(|(_, d)| d.fraction_need).max().unwrap_or(0)
     }
 }
 

@@ -386,9 +386,8 @@ impl Replayer {
             }
         }
         let (reserved, allocated) = ds.note_peaks();
-        if let Some(n) = need {
-            ds.note_fraction_need(n);
-        }
+        // A fraction limits a request only where the allocator reserves, or where it fails.
+        ds.note_fraction_need(need.unwrap_or(ds.outcome.fraction_checked));
         self.outside.note_reserved(device, reserved);
         if let Some(out) = self.realized.as_mut() {
             conversions::realize(out, source, device, &req, &ds.outcome);
@@ -469,7 +468,7 @@ impl Replayer {
 
     /// Finish and report.
     pub fn finish(self) -> ReplayReport {
-        let has_categories = self.has_categories;
+        let (has_categories, fraction_need_bytes) = (self.has_categories, self.fraction_need_bytes());
         let devices: Vec<DeviceReport> = self
             .devices
             .iter()
@@ -512,7 +511,7 @@ impl Replayer {
             peak_resets: self.peak_resets,
             recorded_outside_bytes: self.outside.peak(),
             outside_beside_peak_bytes: self.outside.beside_peak(peaks.peak_reserved_bytes),
-            fraction_need_bytes: self.devices.iter().map(|(_, d)| d.fraction_need).max().unwrap_or(0),
+            fraction_need_bytes,
             allocations_over_live: self.over_live.0,
             first_allocation_over_live: self.over_live.1,
             requests: self.report_requests,

@@ -34,6 +34,8 @@ impl Replayer {
         }
         // A trace that is only its start state (a snapshot with no events) peaks here.
         let (reserved, _) = ds.note_peaks();
+        // Segments reserved before the trace began, under the fraction its settings set.
+        ds.note_fraction_need(reserved);
         let budget = self.opts.capacity.map(|c| c.saturating_sub(self.outside.now(device)));
         match self.start_over {
             // Start segments after the one that passed the budget: the failure names the whole state.

@@ -152,9 +152,10 @@ pub struct ReplayReport {
     /// `recorded_outside_bytes`: the two peaks need not coincide).
     pub outside_beside_peak_bytes: u64,
     /// The device's total memory the program's own memory fraction asks for
-    /// (`set_per_process_memory_fraction`, or the configuration's): the most bytes reserved, or a
-    /// failed allocation's need, over the fraction in force then, on any one device; 0 without
-    /// a fraction. The need is at least this.
+    /// (`set_per_process_memory_fraction`, or the configuration's): the most bytes a reservation
+    /// took the reserved total to (what PyTorch checks against the fraction: `reserved +
+    /// alloc_size`, only when it reserves), a failed allocation's need or a start state, over the
+    /// fraction in force then, on any one device; 0 without a fraction. The need is at least this.
     pub fraction_need_bytes: u64,
     /// Allocations at a trace address whose block was still live (the trace has no free for
     /// it): the earlier block stays allocated in the model.

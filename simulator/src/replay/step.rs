@@ -221,6 +221,10 @@ impl Classifier {
                         FreeStage::Requested => self.ids.find(device, f.addr),
                         FreeStage::Immediate | FreeStage::Completed => self.ids.release(device, f.addr),
                     };
+                    // A free of null frees nothing (`cudaFree(NULL)` initialises the context).
+                    if id.is_none() && f.addr == 0 {
+                        return Step::Skip;
+                    }
                     Step::Free { device, stage: f.stage, addr: f.addr, id }
                 }
                 Decision::NotRequest if self.released(f.origin, f.api == Api::CudaFree) => {

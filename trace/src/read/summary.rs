@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::api::Api;
 use crate::event::Event;
 use crate::write::Format;
 
@@ -40,6 +41,14 @@ pub struct Summary {
     /// ended the process ([`crate::marker::CUPTI_UNDELIVERED`]): `kernel_exec` and `mem_activity`
     /// records may be missing.
     pub cupti_undelivered: bool,
+    /// Records whose API this version does not know (a newer writer's), read with it kept as
+    /// [`crate::Api::Unknown`]: not incomplete, but said ([`Summary::warnings`]).
+    pub unknown_apis: u64,
+    /// Of those, records of code 0, which no API has: in JSON Lines, a name this version does
+    /// not know ([`crate::Api::UNKNOWN_NAME`]), whose name is not kept.
+    pub unknown_api_names: u64,
+    /// The first unknown code other than 0, to name one.
+    pub first_unknown_api: Option<u16>,
 }
 
 /// The producers that end every trace they finish with a `process_exit` record (the shim at
@@ -127,11 +136,41 @@ impl Summary {
                 self.unknown_skipped
             ));
         }
+        w.extend(self.unknown_apis_warning(path));
         w
+    }
+
+    /// The warning of records naming APIs this version does not know, naming `path`.
+    fn unknown_apis_warning(&self, path: &Path) -> Option<String> {
+        let n = self.unknown_apis;
+        if n == 0 {
+            return None;
+        }
+        let records = if n == 1 { "1 record names an API".to_string() } else { format!("{n} records name APIs") };
+        // In JSON Lines code 0 is a name; in the binary form, one a conversion wrote as unknown:0.
+        let named = if self.format == Format::Jsonl { self.unknown_api_names } else { 0 };
+        let mut what = Vec::new();
+        if named > 0 {
+            what.push(format!(
+                "{named} by a name, which is not kept: read as unknown:0, and written as unknown:0 by a conversion"
+            ));
+        }
+        if n > named {
+            let code = self.first_unknown_api.unwrap_or(0);
+            let e = if n - named > 1 { ", the first" } else { "" };
+            what.push(format!("{} by code{e}: unknown:{code}", n - named));
+        }
+        Some(format!(
+            "{}: {records} this version does not know (written by a newer memtrace?): the records are read, with \
+             their API unknown (`unknown` in memsim stats' calls); {}",
+            path.display(),
+            what.join("; ")
+        ))
     }
 }
 
-/// The producer's own markers that say part of the run is missing (see [`crate::marker`]).
+/// What a run of records said of the input as a whole: the producer's own markers that say
+/// part of the run is missing (see [`crate::marker`]), and APIs this version does not know.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Stops {
     /// The byte limit it stopped recording at (the first such marker).
@@ -140,26 +179,56 @@ pub(super) struct Stops {
     pub(super) queue: bool,
     /// CUPTI records it could not deliver at a fatal signal.
     pub(super) cupti: bool,
+    /// Records of unknown APIs, those of code 0, and the first other code.
+    pub(super) unknown_apis: (u64, u64, Option<u16>),
 }
 
 impl Summary {
-    /// Add what a run of records said with the producer's markers.
+    /// Add what a run of records said with the producer's markers and their APIs.
     pub(super) fn add_stops(&mut self, stops: Stops) {
         self.byte_limit = self.byte_limit.or(stops.limit);
         self.queue_unallocated |= stops.queue;
         self.cupti_undelivered |= stops.cupti;
+        let (apis, names, first) = stops.unknown_apis;
+        self.unknown_apis += apis;
+        self.unknown_api_names += names;
+        self.first_unknown_api = self.first_unknown_api.or(first);
+    }
+}
+
+/// Count a record made by `api` when this version does not know it.
+#[inline(always)]
+fn note_api(api: Api, stops: &mut Stops) {
+    if let Api::Unknown(code) = api {
+        note_unknown_api(code, stops);
+    }
+}
+
+#[cold]
+fn note_unknown_api(code: u16, stops: &mut Stops) {
+    let (apis, names, first) = &mut stops.unknown_apis;
+    *apis += 1;
+    if code == Api::UNKNOWN_NAME.code() {
+        *names += 1;
+    } else {
+        first.get_or_insert(code);
     }
 }
 
 /// What a record says of the input as a whole: events its producer lost (a `process_exit`'s
-/// count, added to `lost`), or one of its markers that say part of the run is missing
-/// (`stops`). Whether it is the producer's `process_exit`.
+/// count, added to `lost`), one of its markers that say part of the run is missing, or an API
+/// this version does not know (`stops`). Whether it is the producer's `process_exit`.
 #[inline(always)]
 pub(super) fn note(event: &Event, lost: &mut u64, stops: &mut Stops) -> bool {
     match event {
+        Event::Alloc(a) => note_api(a.api, stops),
+        Event::Free(f) => note_api(f.api, stops),
+        Event::KernelLaunch(k) => note_api(k.api, stops),
+        Event::Vmm(v) => note_api(v.api, stops),
+        Event::PoolTrim(p) => note_api(p.api, stops),
         Event::ProcessExit(p) => {
             *lost = lost.saturating_add(p.lost_events);
-            true
+            return true;
         }
         Event::Marker(m) => {
             if let Some(n) = crate::marker::parse_byte_limit(&m.text) {
@@ -169,8 +238,8 @@ pub(super) fn note(event: &Event, lost: &mut u64, stops: &mut Stops) -> bool {
             } else if m.text == crate::marker::CUPTI_UNDELIVERED {
                 stops.cupti = true;
             }
-            false
         }
-        _ => false,
+        _ => {}
     }
+    false
 }
