@@ -37,10 +37,7 @@ pub struct Args {
     /// subtracted inside. Default: the profile's total memory.
     #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// A truncated or cut-short trace (no process_exit where its producer writes one), one whose
-    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
-    /// (exit 2) instead of a warning.
-    #[arg(long)]
+    #[arg(long, help = memsim_cli::STRICT_HELP)]
     strict: bool,
     /// Judge the fit on the point estimate (peak reserved plus memory outside the allocator)
     /// instead of the safe number (the point plus the profile's calibrated margin for the job's

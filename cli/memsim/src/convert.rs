@@ -16,11 +16,7 @@ pub struct Args {
     input: PathBuf,
     /// Output: .mtrace, .jsonl, .pickle (PyTorch memory_viz) or .json (Perfetto/Chrome trace).
     output: PathBuf,
-    /// An input that does not hold the whole run is an error (exit 2, no output written) instead of a warning:
-    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
-    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
-    /// kinds this version does not know, or a snapshot that records no allocator event.
-    #[arg(long)]
+    #[arg(long, help = crate::input::STRICT_HELP)]
     strict: bool,
 }
 

@@ -105,6 +105,14 @@ impl<S> Read<S> {
     }
 }
 
+/// `--strict`'s help, in every command that reads a trace (memsim's and `memest estimate`): the
+/// inputs [`summary_warnings`] refuses under it, in one place.
+pub const STRICT_HELP: &str = "An input that does not hold the whole run is an error (exit 2, no output written) \
+instead of a warning: truncated or cut short (no process_exit where its producer writes one), stopped at its \
+producer's byte limit (MEMTRACE_MAX_BYTES) or for want of queue memory, with events its producer lost or CUPTI \
+records it could not deliver, with records of kinds this version does not know, or a snapshot that records no \
+allocator event. Records naming APIs this version does not know stay a warning.";
+
 /// [`trace::Summary::warnings`], with `strict` turning an input that does not hold the whole run
 /// ([`trace::Summary::incomplete`]: truncated, cut short, stopped at the producer's byte limit, or
 /// with events the producer lost) or that holds records of kinds this version skips

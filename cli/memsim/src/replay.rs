@@ -47,10 +47,7 @@ pub struct JudgeFlags {
     /// profile's, else the newest.
     #[arg(long, value_name = "VER")]
     pub torch: Option<String>,
-    /// A truncated or cut-short input (no process_exit where its producer writes one), one whose
-    /// producer stopped recording at its byte limit (MEMTRACE_MAX_BYTES) or lost events, is an error
-    /// (exit 2) instead of a warning.
-    #[arg(long)]
+    #[arg(long, help = crate::input::STRICT_HELP)]
     pub strict: bool,
     /// Judge the fit on point estimates (peak reserved plus memory outside the allocator)
     /// instead of safe numbers (a safe number is the point plus the profile's calibrated margin

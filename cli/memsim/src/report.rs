@@ -59,11 +59,7 @@ pub struct Args {
     /// its capacity here, so the page's table and headline judge the same device.
     #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE")]
     capacity: Option<u64>,
-    /// An input that does not hold the whole run is an error (exit 2) instead of a warning:
-    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
-    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
-    /// kinds this version does not know, or a snapshot that records no allocator event.
-    #[arg(long)]
+    #[arg(long, help = crate::input::STRICT_HELP)]
     strict: bool,
 }
 

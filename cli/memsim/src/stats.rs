@@ -32,11 +32,7 @@ pub struct Args {
     /// Kernel names listed under top kernels, per run and per phase [default: 10].
     #[arg(long, value_name = "N")]
     top: Option<usize>,
-    /// An input that does not hold the whole run is an error (exit 2) instead of a warning:
-    /// truncated or cut short (no process_exit where its producer writes one), stopped at its
-    /// producer's byte limit (MEMTRACE_MAX_BYTES), with events its producer lost, with records of
-    /// kinds this version does not know, or a snapshot that records no allocator event.
-    #[arg(long)]
+    #[arg(long, help = crate::input::STRICT_HELP)]
     strict: bool,
 }
 
