@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -236,6 +236,17 @@ fn cupti_rejecting_memory2_keeps_kernel_records() {
     assert!(lines[1].contains("3 kernel execs from CUPTI") && !lines[1].contains("memory records"), "{lines:?}");
 }
 
+/// p_signal started under `env`, once it has said it is ready (its allocations made, waiting);
+/// its stdout is taken, its stderr piped.
+fn p_signal_ready(dir: &Path, env: &[(&str, &str)]) -> Guard {
+    let c = command("p_signal", dir, env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut g = Guard(Some(c));
+    let mut line = String::new();
+    BufReader::new(g.0.as_mut().unwrap().stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    g
+}
+
 /// p_signal (100 cudaMalloc, then waits) under CUPTI, killed by SIGTERM once ready: the stub
 /// CUPTI still holds its kernel records and the allocations' memory records, which only a flush
 /// delivers. The trace, what the reader's summary says of it, stderr, and how long the death took.
@@ -243,12 +254,8 @@ fn killed_by_sigterm(stub: &str) -> (Stats, trace::Summary, PathBuf, String, Dur
     let dir = tempfile::tempdir().unwrap();
     let path = lib_path(&[".", "cupti"]);
     let env = [("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", path.as_str()), ("STUB_CUPTI", stub)];
-    let c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut g = Guard(Some(c));
+    let mut g = p_signal_ready(dir.path(), &env);
     let c = g.0.as_mut().unwrap();
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
     let sent = Instant::now();
     // Safety of the test: plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
@@ -363,12 +370,8 @@ fn the_cupti_flush_thread_waits_from_cuptis_start_and_only_under_cupti() {
     {
         let dir = tempfile::tempdir().unwrap();
         let env = [("MEMTRACE_CUPTI", cupti), ("LD_LIBRARY_PATH", path.as_str())];
-        let c = command("p_signal", dir.path(), &env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let mut g = Guard(Some(c));
+        let mut g = p_signal_ready(dir.path(), &env);
         let c = g.0.as_mut().unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line, "ready\n");
         // A Rust thread names itself once it runs: until then it bears its creator's name.
         let t0 = Instant::now();
         let mut names = thread_names(c.id());

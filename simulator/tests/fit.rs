@@ -6,7 +6,7 @@ use simulator::fit::{fit_records, Capacity, CapacitySource, FitReplay, Margin, V
 use simulator::replay::ReplayOptions;
 use trace::{Header, Level, Record};
 
-use crate::records::{alloc, free};
+use crate::records::{alloc, fraction, free};
 
 const MIB: u64 = 1 << 20;
 
@@ -165,16 +165,9 @@ fn outside_bytes_and_calibration_mib_take_the_same_terms() {
 /// 0.5 the 3 GiB cached beside the 6 GiB stay reserved under the limit, so 18 GiB.
 #[test]
 fn a_programs_memory_fraction_sets_the_device_it_needs() {
-    use trace::{Control, ControlOp, Event};
     const GIB: u64 = 1 << 30;
     let mut h = Header::new("test", "0", Level::Allocator);
     h.synthetic_addresses = true;
-    let fraction = |f: f64| Record {
-        ts_ns: Some(0),
-        tid: None,
-        device: Some(0),
-        event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
-    };
     let outside = simulator::fit::Outside::fixed(0);
     let cap = Capacity { bytes: 40 * GIB, source: CapacitySource::Flag };
     // Without a device (no budget) the fraction limits nothing: 9 GiB stay reserved, and the
@@ -208,15 +201,8 @@ fn a_programs_memory_fraction_sets_the_device_it_needs() {
 #[test]
 fn a_fraction_too_small_for_the_run_needs_what_it_reserves_over_the_fraction() {
     use simulator::fit::{FitOutcome, Outside};
-    use trace::{Control, ControlOp, Event};
     let mut h = Header::new("test", "0", Level::Allocator);
     h.synthetic_addresses = true;
-    let fraction = |f: f64| Record {
-        ts_ns: Some(0),
-        tid: None,
-        device: Some(0),
-        event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
-    };
     // A 2 MiB small segment and a 20 MiB large one; the 512 KiB reuses the small one's cache.
     let run =
         |f: f64| vec![fraction(f), alloc(1, MIB, None), alloc(2, 2 * MIB, None), free(1), alloc(3, MIB / 2, None)];
@@ -300,15 +286,9 @@ fn a_fraction_too_small_for_the_run_needs_what_it_reserves_over_the_fraction() {
 fn colocated_jobs_memory_fractions_are_a_floor_not_a_sum() {
     use simulator::colocate::{colocate, sum_of_peaks, Align, Job, Mode};
     use simulator::fit::Outside;
-    use trace::{Control, ControlOp, Event};
     let run = |f: f64, timed: bool| {
-        let set = Record {
-            ts_ns: Some(0),
-            tid: None,
-            device: Some(0),
-            event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
-        };
-        let mut recs = vec![set, alloc(1, MIB, None), alloc(2, 2 * MIB, None), free(1), alloc(3, MIB / 2, None)];
+        let mut recs =
+            vec![fraction(f), alloc(1, MIB, None), alloc(2, 2 * MIB, None), free(1), alloc(3, MIB / 2, None)];
         if !timed {
             recs.iter_mut().for_each(|r| r.ts_ns = None);
         }

@@ -1,8 +1,8 @@
 //! Trace records the tests build by hand (shared with the memsim command's tests).
 
 use trace::{
-    Alloc, Api, Category, Event, Frame, Free, FreeStage, Header, KernelExec, KernelLaunch, Level, Origin, Record,
-    StackDef,
+    Alloc, Api, Category, Control, ControlOp, Event, Frame, Free, FreeStage, Header, KernelExec, KernelLaunch, Level,
+    Origin, Record, StackDef,
 };
 
 const MIB: u64 = 1 << 20;
@@ -24,6 +24,16 @@ pub fn free(addr: u64) -> Record {
         tid: None,
         device: Some(0),
         event: Event::Free(Free::device(addr, Api::Allocator, Origin::Request, FreeStage::Immediate)),
+    }
+}
+
+/// The program's `torch.cuda.set_per_process_memory_fraction(f)`, at time 0.
+pub fn fraction(f: f64) -> Record {
+    Record {
+        ts_ns: Some(0),
+        tid: None,
+        device: Some(0),
+        event: Event::Control(Control { op: ControlOp::SetMemoryFraction { fraction: f } }),
     }
 }
 

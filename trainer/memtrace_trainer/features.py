@@ -34,7 +34,6 @@ _GPUMEMNET_NAMES: dict[type[nn.Module], str | None] = {
 }
 
 
-
 @dataclass
 class Layer:
     """One hooked module, in execution order."""

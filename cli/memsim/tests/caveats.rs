@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::support::{json, memsim};
+use crate::support::{alloc, free, json, memsim};
 
 const MIB: u64 = 1 << 20;
 
@@ -38,18 +38,6 @@ fn settings_snapshot(dir: &Path, name: &str, base: u64, settings: &Value, entrie
 }
 
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false"#;
-
-fn alloc(addr: u64, size: u64) -> String {
-    format!(
-        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
-    )
-}
-
-fn free(addr: u64) -> String {
-    format!(
-        r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
-    )
-}
 
 /// A JSON Lines trace: the header (with `extra` header fields) and `lines`.
 fn trace(dir: &Path, name: &str, extra: &str, lines: &[String]) -> String {

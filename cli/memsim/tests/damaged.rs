@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{json, memsim};
+use crate::support::{alloc, json, memsim};
 
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false}"#;
 
@@ -12,12 +12,6 @@ fn trace(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, format!("{HEADER}\n{}\n", lines.join("\n"))).unwrap();
     path
-}
-
-fn alloc(addr: u64, size: u64) -> String {
-    format!(
-        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
-    )
 }
 
 /// A job whose need saturates at 2^64 - 1 B was summed with wrapping: the set "needed" 1424 MiB

@@ -6,23 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::support::{json, memsim};
+use crate::support::{alloc, free, json, memsim};
 
 const MIB: u64 = 1 << 20;
 
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false}"#;
-
-fn alloc(addr: u64, size: u64) -> String {
-    format!(
-        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
-    )
-}
-
-fn free(addr: u64) -> String {
-    format!(
-        r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
-    )
-}
 
 const EXIT: &str = r#"{"kind":"process_exit","lost_events":0}"#;
 

@@ -39,3 +39,17 @@ pub fn json(args: &[&str]) -> Value {
     let out = memsim_ok(args);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("memsim {args:?}: not JSON ({e}): {out}"))
 }
+
+/// A JSON Lines allocator request of device 0, stream 0.
+pub fn alloc(addr: u64, size: u64) -> String {
+    format!(
+        r#"{{"kind":"alloc","device":0,"addr":{addr},"size":{size},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request"}}"#
+    )
+}
+
+/// A JSON Lines allocator free of device 0, stream 0.
+pub fn free(addr: u64) -> String {
+    format!(
+        r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
+    )
+}
