@@ -49,9 +49,6 @@ static SHARED_TAKEN: AtomicU64 = AtomicU64::new(0);
 
 /// Events dropped because a queue stayed full.
 pub static LOST: AtomicU64 = AtomicU64::new(0);
-/// Set once the trace reached `MEMTRACE_MAX_BYTES`: events the hooks drop from then on are
-/// counted in [`UNRECORDED`].
-pub static LIMIT_HIT: AtomicBool = AtomicBool::new(false);
 /// Events the hooks dropped past `MEMTRACE_MAX_BYTES` (the writer counts those it had queued
 /// already in its tally): the exit summary says how many went unrecorded.
 pub static UNRECORDED: AtomicU64 = AtomicU64::new(0);
@@ -365,7 +362,9 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, &RawEvent)) -> Swee
             f(tid, &ev);
             k += 1;
         }
-        SHARED_TAKEN.fetch_add(k as u64, Ordering::Relaxed);
+        if k > 0 {
+            SHARED_TAKEN.fetch_add(k as u64, Ordering::Relaxed);
+        }
         n += k;
         sources += usize::from(k > 0);
     }
@@ -375,10 +374,7 @@ pub fn drain_all(max_per_ring: usize, mut f: impl FnMut(u32, &RawEvent)) -> Swee
 
 /// Events queued in every ring and the shared queue, not yet taken by the writer.
 pub fn pending_events() -> u64 {
-    let q = SHARED.load(Ordering::Acquire);
-    // Safety: published queues live forever.
-    let shared = unsafe { q.as_ref() }.map_or(0, |q| q.len());
-    rings().map(|r| r.available() as u64).sum::<u64>() + shared as u64
+    behind(&mark())
 }
 
 /// Where every producer stood when the process began to exit: the events pushed by then,
@@ -460,7 +456,6 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
     SHARED.store(ptr::null_mut(), Ordering::Release);
     SHARED_TAKEN.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
-    LIMIT_HIT.store(false, Ordering::Relaxed);
     UNRECORDED.store(0, Ordering::Relaxed);
     STALLED_AT.store(u64::MAX, Ordering::Relaxed);
 }

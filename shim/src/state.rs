@@ -16,17 +16,20 @@ pub const RUNNING: u8 = 1;
 /// The trace is complete (or could not be written); nothing more is recorded.
 pub const DONE: u8 = 2;
 
-/// Set by the exit paths: write `ProcessExit` and stop.
-pub static FINISH: AtomicBool = AtomicBool::new(false);
-/// When [`FINISH`] was first set (CLOCK_MONOTONIC ns; 0 = not yet): the writer's deadline for
-/// the exit counts from it, as the exit path's wait does.
+/// Set by the exit paths (write `ProcessExit` and stop): when the exit began (CLOCK_MONOTONIC
+/// ns, at least 1; 0 = not yet). The writer's deadline for the exit counts from it, as the exit
+/// path's wait does.
 pub static FINISH_AT: AtomicU64 = AtomicU64::new(0);
 
-/// Set [`FINISH`], stamping [`FINISH_AT`] the first time. Async-signal-safe (atomics and the
-/// vDSO clock).
+/// Whether an exit path has asked the writer to finish.
+pub fn finishing() -> bool {
+    FINISH_AT.load(Ordering::Acquire) != 0
+}
+
+/// Ask the writer to finish, stamping [`FINISH_AT`] the first time. Async-signal-safe (an
+/// atomic and the vDSO clock).
 pub fn set_finish() {
     let _ = FINISH_AT.compare_exchange(0, crate::clock::now_ns().max(1), Ordering::AcqRel, Ordering::Acquire);
-    FINISH.store(true, Ordering::Release);
 }
 /// Set by a chained signal handler: flush now, the process may keep running.
 pub static FLUSH: AtomicBool = AtomicBool::new(false);
@@ -80,6 +83,12 @@ pub static OUT_OF_MEMORY: AtomicBool = AtomicBool::new(false);
 /// Recording stopped at `MEMTRACE_MAX_BYTES` (a limit of this process's trace file only).
 static LIMIT_REACHED: AtomicBool = AtomicBool::new(false);
 
+/// Whether recording stopped at `MEMTRACE_MAX_BYTES`: events the hooks drop from then on are
+/// counted as not recorded.
+pub fn limit_reached() -> bool {
+    LIMIT_REACHED.load(Ordering::Relaxed)
+}
+
 /// Stop recording for good (size limit reached).
 pub fn stop_recording() {
     LIMIT_REACHED.store(true, Ordering::Release);
@@ -117,7 +126,6 @@ pub fn reset_in_child() {
     }
     // Safety: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
-    FINISH.store(false, Ordering::Release);
     FINISH_AT.store(0, Ordering::Release);
     FLUSH.store(false, Ordering::Release);
     EXIT_STATUS.store(i64::MIN, Ordering::Release);

@@ -38,6 +38,10 @@ static long switches(void) {
 
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
+    if (!(seconds > 0)) {
+        fprintf(stderr, "bench_idle: SECONDS must be a positive number of seconds, got '%s'\n", argv[1]);
+        return 2;
+    }
     void *p = 0;
     cudaMalloc(&p, 1 << 20);
     usleep(100000); /* the writer has drained the allocation and gone idle */

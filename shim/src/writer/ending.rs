@@ -32,10 +32,8 @@ pub(super) struct Ending {
 
 impl Ending {
     pub(super) fn new() -> Self {
-        let at = match state::FINISH_AT.load(Ordering::Acquire) {
-            0 => now_ns(),
-            t => t,
-        };
+        // Made once the exit began, so stamped.
+        let at = state::FINISH_AT.load(Ordering::Acquire);
         Self { mark: ring::mark(), deadline: at + ENDING_WAIT.as_nanos() as u64, cupti: SignalFlush::start(at) }
     }
 

@@ -327,13 +327,7 @@ fn own_earlier_trace(path: &str, pid: u32) -> bool {
 /// The program's stdout or stderr, when `meta` is the file one of them writes to.
 pub(super) fn std_stream_of(meta: &std::fs::Metadata) -> Option<i32> {
     use std::os::unix::fs::MetadataExt;
-    [1, 2].into_iter().find(|&fd| {
-        // Safety: an all-zero `stat` is a valid value of this plain C struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // Safety: fstat fills a local struct; a closed descriptor only returns an error.
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-        ok && st.st_dev == meta.dev() && st.st_ino == meta.ino()
-    })
+    [1, 2].into_iter().find(|&fd| fd_id(fd) == Some((meta.dev(), meta.ino())))
 }
 
 /// `dir/NAME.TAG.EXT` beside `dir/NAME.EXT` (`PATH.TAG` without an extension); the tag is a

@@ -21,7 +21,7 @@ use trace::{BinaryWriter, Event, Header, Level, Marker, Record, ALLOCATOR_ENV_VA
 use crate::clock::{self, now_ns};
 use crate::config::{config, expand_out, names_pid, Config};
 use crate::event::{RawEvent, RawKind};
-use crate::state::{self, DONE, FINISH, FLUSH, NOT_STARTED, RUNNING, WRITER};
+use crate::state::{self, DONE, FLUSH, NOT_STARTED, RUNNING, WRITER};
 use crate::{log, raw, ring};
 
 use ending::Ending;
@@ -297,7 +297,7 @@ fn run() -> bool {
     let mut ended_alone = false;
     let mut idle = Idle::new();
     loop {
-        let finishing = FINISH.load(Ordering::Acquire);
+        let finishing = state::finishing();
         if finishing && ending.is_none() {
             ending = Some(Ending::new());
         }
@@ -444,7 +444,6 @@ impl Ctx {
     #[inline(never)]
     fn limit_reached(&mut self) -> Result<(), trace::TraceError> {
         self.limit_hit = true;
-        ring::LIMIT_HIT.store(true, Ordering::Release);
         // The text memsim reads as "recording stopped here" (one owner: `trace::marker`).
         let text = trace::marker::byte_limit(self.max_bytes);
         let r = self.rec(now_ns(), raw::tid(), Event::Marker(Marker { text }));
@@ -459,7 +458,7 @@ impl Ctx {
 /// An event the hooks did not queue (recording stopped, no writer, a queue full): what it owns
 /// is freed, and past `MEMTRACE_MAX_BYTES` it is counted as not recorded.
 pub fn release(ev: &RawEvent) {
-    if ring::LIMIT_HIT.load(Ordering::Relaxed) {
+    if state::limit_reached() {
         ring::UNRECORDED.fetch_add(1, Ordering::Relaxed);
     }
     free_owned(ev);

@@ -489,16 +489,29 @@ impl Allocator {
         if self.allowed_max.is_some_and(|max| checked > max) {
             return None;
         }
-        if self.cfg.expandable_segments {
-            let found = self.try_allocate_expandable_block(small, stream, size, recorded, out);
-            if found.is_some() {
-                out.fraction_checked = out.fraction_checked.max(checked);
-            }
-            return found;
+        let found = if self.cfg.expandable_segments {
+            self.try_allocate_expandable_block(small, stream, size, recorded, out)
+        } else if alloc_size > MAX_SEGMENT || self.capacity.is_some_and(|c| checked > c) {
+            None
+        } else {
+            Some(self.map_segment(small, stream, alloc_size, recorded, out))
+        };
+        if found.is_some() {
+            out.fraction_checked = out.fraction_checked.max(checked);
         }
-        if alloc_size > MAX_SEGMENT || self.capacity.is_some_and(|c| self.reserved() + alloc_size > c) {
-            return None;
-        }
+        found
+    }
+
+    /// A new native segment of `alloc_size` bytes, one free block, mapped at the base the
+    /// recording (or the model) gives it.
+    fn map_segment(
+        &mut self,
+        small: bool,
+        stream: i64,
+        alloc_size: u64,
+        recorded: Option<u64>,
+        out: &mut Outcome,
+    ) -> u32 {
         let addr = self.choose_base(alloc_size, recorded);
         let i = self.arena.insert(Block::free(addr, alloc_size, stream, small, false, true));
         self.segments.insert(addr, Segment { size: alloc_size, head: i, stream, small, expandable: false });
@@ -510,8 +523,7 @@ impl Allocator {
         }
         self.stats.num_device_alloc += 1;
         out.device_events.push(DeviceEvent::SegmentAlloc { addr, size: alloc_size });
-        out.fraction_checked = out.fraction_checked.max(checked);
-        Some(i)
+        i
     }
 
     /// Whether [addr, addr+size) meets a segment the model holds.
