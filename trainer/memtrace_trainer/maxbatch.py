@@ -91,14 +91,17 @@ def _probe(
     value: int,
     tmp: Path,
     label: str,
+    digest: bool = False,
 ) -> dict[str, Any]:
     """One probe of a search: the trace at `value`, its `memsim replay` verdict (warnings
-    passed on), a progress line on stderr; the trace is removed after."""
+    passed on), with `digest` its requests' digest (`requests`), a progress line on stderr; the
+    trace is removed after."""
     t = time.perf_counter()
     path = tmp / f"probe-{value}.jsonl"
     defaults = trace_at(value, prof, path)
     result = _replay(path, prof.path, capacity, point)
-    result["requests"] = _requests(path)
+    if digest:
+        result["requests"] = _requests(path)
     path.unlink()
     if result["peak_allocated_bytes"] == 0:
         raise nothing_on_the_gpu(label)  # as `estimate` refuses it: no search of nothing
@@ -290,7 +293,7 @@ def max_batch(
                 return bool(probes[batch]["fits"])
             label = f"{command}: {axis} {batch * step}"
             try:
-                result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label)
+                result = _probe(prof, capacity, point, trace_at, batch, Path(tmp), label, True)
             except UserError as e:
                 _failed_after(e, probes, label, axis, step)
                 raise
@@ -379,7 +382,6 @@ def min_world_size(
             label = f"min-world-size: {ranks(world)}, per GPU"
             result = _probe(prof, capacity, point, trace_at, world, Path(tmp), label)
             defaults.update(result.pop("defaults"))
-            result.pop("requests")
             probes.append({"world_size": world, **result})
             if result["fits"]:
                 best = world
