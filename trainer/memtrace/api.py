@@ -371,6 +371,21 @@ def _profile(gpu: str, capacity: str | None = None) -> Any:
         raise EstimateError(f"gpu={gpu!r}: {e}") from e
 
 
+def _arguments(
+    steps: Any, world_size: Any, gpu: Any, optimizer: Any, point: Any, capacity: str | None,
+    *counts: tuple[str, Any, str],
+) -> tuple[str, Any]:  # fmt: skip
+    """The checks `estimate` and `max_batch` both make before any tracing, in this order
+    (`counts`: more `checks.count`s, after world_size's); returns the gpu and its profile."""
+    checks.steps(steps)
+    for name, value, what in (("world_size", world_size, "a number of ranks"), *counts):
+        checks.count(name, value, what)
+    gpu = _text("gpu", gpu)
+    _text("optimizer", optimizer)
+    _flag("point", point)
+    return gpu, _profile(gpu, capacity)
+
+
 def estimate(
     model: nn.Module | Callable[[torch.device], Callable[[], Any]],
     example_inputs: Any = None,
@@ -419,12 +434,7 @@ def estimate(
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
     tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
-    checks.steps(steps)
-    checks.count("world_size", world_size, "a number of ranks")
-    gpu = _text("gpu", gpu)
-    _text("optimizer", optimizer)
-    _flag("point", point)
-    prof = _profile(gpu, capacity)
+    gpu, prof = _arguments(steps, world_size, gpu, optimizer, point, capacity)
     tmp = Kept()
     trace = Path(tmp.name) / "symbolic.jsonl"
     with _tracing(), _warnings_as_python() as said, _errors(), contextlib.ExitStack() as around:
@@ -525,13 +535,8 @@ def max_batch(
         # TypeError about this argument, not the message above.
         raise EstimateError("example_inputs: max_batch needs one batch of the model's inputs, "
                             "whose first dimension it searches")  # fmt: skip
-    checks.steps(steps)
-    checks.count("world_size", world_size, "a number of ranks")
-    checks.count("limit", limit, "the largest batch to try")
-    gpu = _text("gpu", gpu)
-    _text("optimizer", optimizer)
-    _flag("point", point)
-    prof = _profile(gpu, capacity)
+    gpu, prof = _arguments(steps, world_size, gpu, optimizer, point, capacity,
+                           ("limit", limit, "the largest batch to try"))  # fmt: skip
     with _tracing(), _warnings_as_python(), _errors():
         model = _uncompiled(model)
         inputs = _checked(model, example_inputs)

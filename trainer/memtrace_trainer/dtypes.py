@@ -8,6 +8,8 @@ import torch
 # The names flags take (`--dtype`, `--amp`, `--fsdp-mp`), in the order their help lists them.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {v: k for k, v in DTYPES.items()}
+# Autocast's dtypes (`--amp`, a run config's `amp`).
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def name_of(dtype: torch.dtype) -> str:

@@ -31,12 +31,22 @@ def nothing_on_the_gpu(what: str) -> UserError:
     )
 
 
-def check_batch_size(batch_size: int) -> None:
+def check_batch_size(batch_size: int | None, *, optional: bool = False) -> None:
     """The one check of a batch size every command makes (`--model`, `--entry`, `--step`,
     `symtrace`, `fake-tensor`, `run`): below 1 is refused naming the flag, before anything is
-    built (a batch of 0 divided by zero in the features, one of -3 reached the user's code)."""
+    built (a batch of 0 divided by zero in the features, one of -3 reached the user's code).
+    `optional`: None is "not given" and passes, for the caller to fill or refuse."""
+    if optional and batch_size is None:
+        return
     if not is_integer(batch_size) or batch_size < 1:
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
+
+
+def require_batch_size(batch_size: int | None) -> None:
+    """A `--model` or `--entry` job has no batch size of its own: one not given is refused by
+    every command alike (an entry left without one trained at batch 1)."""
+    if batch_size is None:
+        raise UserError("--batch-size is required with --model and --entry")
 
 
 def is_integer(v: object) -> bool:

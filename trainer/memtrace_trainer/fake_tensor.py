@@ -147,8 +147,7 @@ def check_config(config: dict[str, Any]) -> int:
     if len(sources) != 1:
         raise UserError("exactly one of --model, --entry or --gpumemnet-row is required")
     batch = config.get("batch_size")
-    if batch is not None:
-        check_batch_size(batch)
+    check_batch_size(batch, optional=True)
     if sources[0] == "gpumemnet_row":
         _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
         batch = row_batch if batch is None else batch

@@ -68,10 +68,11 @@ def default_adamw(device: Any) -> Any:
     return step
 
 
-def _built_with(device: Any, make: Any) -> Any:
+def _built_with(device: Any, make: Any, batch_size: int = 32) -> Any:
     model = _mlp(device, 1024)
     opt = make(model.parameters())
-    x, y = torch.randn(32, 1024, device=device), torch.randint(0, 10, (32,), device=device)
+    x = torch.randn(batch_size, 1024, device=device)
+    y = torch.randint(0, 10, (batch_size,), device=device)
 
     def step() -> None:
         F.cross_entropy(model(x), y).backward()
@@ -145,11 +146,17 @@ def matrix_vector(device: Any) -> Any:
     return step
 
 
-def zero_grad_after_forward(device: Any) -> Any:
-    """Stale gradients stay alive through the next forward."""
+def _wide_sgd(device: Any) -> tuple[nn.Module, torch.optim.Optimizer, Any, Any]:
+    """A wide MLP, its SGD and a large batch: the zero_grad placements' job."""
     model = _mlp(device, 1024)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4096, 1024, device=device), torch.randint(0, 10, (4096,), device=device)
+    return model, opt, x, y
+
+
+def zero_grad_after_forward(device: Any) -> Any:
+    """Stale gradients stay alive through the next forward."""
+    model, opt, x, y = _wide_sgd(device)
 
     def step() -> None:
         loss = F.cross_entropy(model(x), y)
@@ -161,9 +168,7 @@ def zero_grad_after_forward(device: Any) -> Any:
 
 
 def zero_grad_before_forward(device: Any) -> Any:
-    model = _mlp(device, 1024)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(4096, 1024, device=device), torch.randint(0, 10, (4096,), device=device)
+    model, opt, x, y = _wide_sgd(device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -174,26 +179,24 @@ def zero_grad_before_forward(device: Any) -> Any:
     return step
 
 
-def forward_only(device: Any) -> Any:
+def _eval_step(device: Any, mode: Any) -> Any:
+    """A forward alone, under `mode` (no_grad or inference_mode)."""
     model = _mlp(device).eval()
     x = torch.randn(64, 256, device=device)
 
     def step() -> None:
-        with torch.no_grad():
+        with mode():
             model(x)
 
     return step
+
+
+def forward_only(device: Any) -> Any:
+    return _eval_step(device, torch.no_grad)
 
 
 def inference(device: Any) -> Any:
-    model = _mlp(device).eval()
-    x = torch.randn(64, 256, device=device)
-
-    def step() -> None:
-        with torch.inference_mode():
-            model(x)
-
-    return step
+    return _eval_step(device, torch.inference_mode)
 
 
 def grad_accumulation(device: Any) -> Any:
@@ -324,17 +327,7 @@ def attention_math(device: Any) -> Any:
 
 def sized(device: Any, batch_size: int) -> Any:
     """`max-batch --step` searches the second argument."""
-    model = _mlp(device, 1024)
-    opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(batch_size, 1024, device=device)
-    y = torch.randint(0, 10, (batch_size,), device=device)
-
-    def step() -> None:
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return _built_with(device, torch.optim.Adam, batch_size)
 
 
 def raises(device: Any) -> Any:

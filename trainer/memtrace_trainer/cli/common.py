@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
+from memtrace_trainer.dtypes import AMP, DTYPES
 from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.models.hf import ATTENTION, TASKS
+from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING
 from memtrace_trainer.symtrace.deepspeed import bucket_size_arg
+from memtrace_trainer.symtrace.distributed import STRATEGIES
 
 
 def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
@@ -98,14 +102,14 @@ def step_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--amp",
-        choices=["bf16", "fp16"],
+        choices=list(AMP),
         help="mixed precision: autocast to this dtype over fp32 parameters (fp16 adds GradScaler)",
     )
     p.add_argument(
         "--checkpointing",
         nargs="?",
         const="full",
-        choices=["full", "selective"],
+        choices=CHECKPOINTING,
         help="activation checkpointing: full (the default when given bare: every block, or "
         "every decoder layer of a Hugging Face model, recomputed) or selective (torchtitan's "
         "op-level policy: matmul and attention outputs kept, every second matmul recomputed)",
@@ -123,8 +127,7 @@ def step_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--strategy",
-        choices=["fsdp2", "ddp", "fsdp1", "fsdp1-grad-op", "fsdp1-no-shard", "zero1", "zero2",
-                 "zero3"],
+        choices=STRATEGIES,
         help="sharded training, traced as rank 0 of --world-size ranks under a fake process "
         "group: fsdp2 (fully_shard per block) and ddp run PyTorch's own code; fsdp1*, zero1-3 "
         "run as their PyTorch equivalents, stated in the output (docs/distributed.md)",
@@ -159,19 +162,19 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fine-tuning (Hugging Face models: --model hf:REPO_ID)")
     g.add_argument(
         "--dtype",
-        choices=["fp32", "bf16", "fp16"],
+        choices=list(DTYPES),
         help="parameter dtype: bf16/fp16 is pure low-precision training (optimizer state in "
         "the same dtype); combine with --amp only of the same dtype (default fp32)",
     )
     g.add_argument(
         "--task",
-        choices=["causal-lm", "classification", "seq2seq"],
+        choices=TASKS,
         help="the head and loss (default: the architecture's, e.g. causal-lm for Llama, "
         "classification for BERT); classification uses --num-classes (default 2)",
     )
     g.add_argument(
         "--attn",
-        choices=["sdpa", "eager", "flash_attention_2"],
+        choices=ATTENTION,
         help="attention implementation (default: transformers' for the model, sdpa where it "
         "has one; SDPA's CUDA kernel is chosen as PyTorch chooses it)",
     )
@@ -254,7 +257,7 @@ def tune_from(args: dict[str, Any]) -> Any:
     else:
         for flag in ("lora_targets", "lora_dropout"):
             if args.get(flag) is not None:
-                raise UserError(f"--{flag.replace('_', '-')} needs --lora R")
+                raise UserError(f"{flag_of(flag)} needs --lora R")
     bnb = args.get("bnb_version")
     if bnb is not None and not args.get("qlora"):
         raise UserError("--bnb-version has no meaning without --qlora")
@@ -371,18 +374,12 @@ def entry_workload(
     return workload
 
 
-def _given_batch(args: dict[str, Any]) -> None:
-    """`--batch-size` checked before anything is built or traced, by every command alike."""
-    if args.get("batch_size") is not None:
-        check_batch_size(args["batch_size"])
-
-
 def workloads(args: dict[str, Any]) -> Callable[[int], Any]:
     """Batch size -> a fresh workload of `--model` or `--entry` with the parsed sizes and
     regime (each trace consumes one)."""
     from memtrace_trainer.models.zoo import build_workload
 
-    _given_batch(args)
+    check_batch_size(args.get("batch_size"), optional=True)  # before anything is built
     tune = tune_from(args)
     seq, shape, classes = args.get("seq_len"), args.get("input_shape"), args.get("num_classes")
     if args.get("entry"):
@@ -396,7 +393,7 @@ def workloads_by_seq(args: dict[str, Any]) -> Callable[[int, int], Any]:
     """(batch size, sequence length) -> a fresh workload of `--model` or `--entry`."""
     from memtrace_trainer.models.zoo import build_workload
 
-    _given_batch(args)
+    check_batch_size(args.get("batch_size"), optional=True)  # before anything is built
     tune = tune_from(args)
     classes = args.get("num_classes")
     if args.get("entry"):

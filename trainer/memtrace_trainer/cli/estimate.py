@@ -16,6 +16,7 @@ from memtrace_trainer.cli import faketensor
 from memtrace_trainer.cli.common import (
     check_script_args,
     finetune_args,
+    flag_of,
     model_source,
     print_defaults,
     resolve_steps,
@@ -28,7 +29,7 @@ from memtrace_trainer.cli.common import (
     workloads,
     workloads_by_seq,
 )
-from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 
 # `max-seq --limit`'s default.
@@ -43,7 +44,14 @@ def _model_source(p: argparse.ArgumentParser, step: bool = True, script: bool = 
     shape_args(p)
 
 
-def _capacity_arg(p: argparse.ArgumentParser) -> None:
+def _fit_args(p: argparse.ArgumentParser, profile: str = "GPU profile NAME or .toml path") -> None:
+    """The job's loop and fine-tuning regime, then the GPU its fit is judged on: `--profile`,
+    `--capacity` and `--point`."""
+    step_args(p)
+    finetune_args(p)
+    p.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"{profile} (default {DEFAULT_PROFILE})"
+    )
     p.add_argument(
         "--capacity",
         metavar="SIZE",
@@ -75,12 +83,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     e.add_argument(
         "--batch-size", type=int, help="samples per step (required with --model/--entry)"
     )
-    step_args(e)
-    finetune_args(e)
-    e.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"GPU profile (default {DEFAULT_PROFILE})"
-    )
-    _capacity_arg(e)
+    _fit_args(e, "GPU profile")
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
     e.add_argument(
         "--memtracker",
@@ -114,14 +117,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "even batch 1 fits.",
     )
     _model_source(m)
-    step_args(m)
-    finetune_args(m)
-    m.add_argument(
-        "--profile",
-        default=DEFAULT_PROFILE,
-        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
-    )
-    _capacity_arg(m)
+    _fit_args(m)
     m.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried (65536)")
     # The searched axis: taken only to be refused in words (`_searched`), not as argparse's
     # "unrecognized arguments" under the top-level usage.
@@ -140,14 +136,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     model_source(q, "package.module:function taking seq_len", step=False)
     q.add_argument("--batch-size", type=int, default=1, help="samples per step (default 1)")
     q.add_argument("--num-classes", type=int, help="classifier width (classification tasks)")
-    step_args(q)
-    finetune_args(q)
-    q.add_argument(
-        "--profile",
-        default=DEFAULT_PROFILE,
-        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
-    )
-    _capacity_arg(q)
+    _fit_args(q)
     q.add_argument(
         "--multiple-of",
         type=int,
@@ -171,14 +160,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     _model_source(n, step=False)
     n.add_argument("--batch-size", type=int, required=True, help="samples per step per GPU")
-    step_args(n)
-    finetune_args(n)
-    n.add_argument(
-        "--profile",
-        default=DEFAULT_PROFILE,
-        help=f"GPU profile NAME or .toml path (default {DEFAULT_PROFILE})",
-    )
-    _capacity_arg(n)
+    _fit_args(n)
     n.add_argument(
         "--world-sizes",
         default="1,2,4,8,16,32,64,128,256,512",
@@ -236,8 +218,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         steps = resolve_steps(vars(args))
         job = StepJob(args.step, steps, args.world_size, step_batch(args.step, args.batch_size))
     else:
-        if args.batch_size is None:
-            raise UserError("--batch-size is required with --model and --entry")
+        require_batch_size(args.batch_size)
         build = _workloads(args)
         shape = {k: getattr(args, k) for k in ("seq_len", "input_shape", "num_classes")}
         job = ModelJob(lambda: build(args.batch_size), _step(args), shape)
@@ -370,8 +351,7 @@ def _max_batch(args: argparse.Namespace) -> int:
 def _searched(args: argparse.Namespace, command: str, dest: str, what: str, cap: str) -> None:
     """The searched axis given as a flag, as `min-world-size` refuses --world-size."""
     if getattr(args, dest, None) is not None:
-        flag = "--" + dest.replace("_", "-")
-        raise UserError(f"{command} searches {what}: leave out {flag} ({cap})")
+        raise UserError(f"{command} searches {what}: leave out {flag_of(dest)} ({cap})")
 
 
 def _search_inputs(args: argparse.Namespace) -> dict[str, Any]:

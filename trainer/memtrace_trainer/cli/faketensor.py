@@ -76,8 +76,7 @@ def _fake_one(config: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     # 0 is no "not given": a GPUMemNet row's own batch was taken for it.
-    if args.batch_size is not None:
-        check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, optional=True)
     if args.batch is None:
         result = _fake_one(vars(args))
         result["warnings"] = notes.collected()

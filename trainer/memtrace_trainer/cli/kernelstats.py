@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError
 
 Handler = Callable[[argparse.Namespace], None]
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     k.add_argument("--limit", type=int, help="only the first N dataset rows")
     k.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     k.add_argument("--optimizer", default="adam", help="optimizer (default adam, as GPUMemNet)")
-    k.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (GPUMemNet: fp32)")
+    k.add_argument("--amp", choices=list(AMP), help="autocast dtype (GPUMemNet: fp32)")
     k.add_argument(
         "--device",
         metavar="PROFILE",

@@ -22,6 +22,7 @@ from memtrace_trainer.batchfile import (
 from memtrace_trainer.cli.common import (
     check_script_args,
     finetune_args,
+    flag_of,
     model_args,
     model_source,
     outside_slurm,
@@ -35,7 +36,7 @@ from memtrace_trainer.cli.common import (
     tune_from,
     workloads,
 )
-from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
@@ -285,15 +286,14 @@ def _no_effect(args: argparse.Namespace, flags: list[str], why: str) -> None:
     for dest in flags:
         value = getattr(args, dest)
         if value is not None and value is not False:
-            notes.warn(f"--{dest.replace('_', '-')} has no effect {why}")
+            notes.warn(f"{flag_of(dest)} has no effect {why}")
 
 
 def _symtrace(args: argparse.Namespace) -> int:
     if args.backend != "local" and args.batch is None:
         raise UserError(f"--backend {args.backend} traces a --batch of configs; give --batch FILE")
-    if args.batch_size is not None:
-        # Before any line is read: the command line's batch is every line's default.
-        check_batch_size(args.batch_size)
+    # Before any line is read: the command line's batch is every line's default.
+    check_batch_size(args.batch_size, optional=True)
     if args.batch is None:
         _symtrace_single(args)
         return 0
@@ -372,8 +372,7 @@ def _check_line(config: dict[str, Any]) -> None:
     if len(sources) != 1:
         raise UserError("expected exactly one of --model, --entry or --step")
     if sources[0] != "step":
-        if config.get("batch_size") is None:
-            raise UserError("--batch-size is required with --model and --entry")
+        require_batch_size(config.get("batch_size"))
         step_config(config, resolve_steps(config))
     tune_from(config)
     _parse_shape(config.get("input_shape"))

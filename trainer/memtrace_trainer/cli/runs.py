@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.dtypes import AMP
+from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.notes import counted, warn
+from memtrace_trainer.runs.config import DEVICES
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -35,13 +38,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--optimizer", default="adam", help="adam|adamw|sgd|sgd-momentum|...")
     r.add_argument("--iterations", type=int, help="training iterations (default 10)")
     r.add_argument("--seconds", type=float, help="train for T seconds instead (>= 2 iterations)")
-    r.add_argument("--amp", choices=["bf16", "fp16"], help="autocast dtype (fp16: GradScaler)")
+    r.add_argument("--amp", choices=list(AMP), help="autocast dtype (fp16: GradScaler)")
     r.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     r.add_argument(
         "--device",
         default="auto",
-        choices=["auto", "cuda", "cpu"],
+        choices=DEVICES,
         help="auto: CUDA when available, else a loud CPU fallback",
     )
     r.add_argument("--profile", help="GPU profile NAME this machine matches (recorded)")
@@ -112,28 +115,13 @@ def _config_from_args(args: argparse.Namespace) -> object:
 
     if not args.model and not args.entry:
         raise UserError("one of --model or --entry is required")
-    if args.batch_size is None:
-        # As `estimate` refuses it: an entry left without one trained at batch 1, said to be
-        # a --batch-size the user never gave, under a run id of "b1".
-        raise UserError("--batch-size is required with --model and --entry")
+    # As `estimate` refuses it: an entry left without one trained at batch 1, said to be a
+    # --batch-size the user never gave, under a run id of "b1".
+    require_batch_size(args.batch_size)
     check_batch_size(args.batch_size)
-    cfg = RunConfig(
-        model=args.model,
-        entry=args.entry,
-        batch_size=args.batch_size,
-        input_shape=args.input_shape,
-        seq_len=args.seq_len,
-        num_classes=args.num_classes,
-        optimizer=args.optimizer,
-        iterations=10 if args.iterations is None else args.iterations,
-        seconds=args.seconds,
-        amp=args.amp,
-        checkpointing=args.checkpointing,
-        grad_accum=args.grad_accum,
-        device=args.device,
-        profile=args.profile,
-        nvml_hz=args.nvml_hz,
-    )
+    # Every field is a flag of `run`'s; one not given takes the config's default (10 iterations).
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
+    cfg = RunConfig(**{name: value for name, value in given.items() if value is not None})
     cfg.validate("run")
     if args.profile is not None:
         from memtrace_trainer.profile import load_profile

@@ -8,10 +8,10 @@ import json
 import re
 from typing import Any
 
+from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError, is_integer, is_number
 from memtrace_trainer.optim import EMULATED, OPTIMIZERS
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING
-from memtrace_trainer.symtrace.step import AMP
 
 DEVICES = ("auto", "cuda", "cpu")
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
+from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models.zoo import build_workload, load_entry
 from memtrace_trainer.notes import warn
 from memtrace_trainer.runs.config import RunConfig
 from memtrace_trainer.runs.marks import Marker
 from memtrace_trainer.runs.nvml import NvmlPeaks, Sampler, nvml_reader
-from memtrace_trainer.symtrace.step import AMP, prepare
+from memtrace_trainer.symtrace.step import prepare
 from memtrace_trainer.workload import Workload, call_model
 
 Log = Callable[[str], None]

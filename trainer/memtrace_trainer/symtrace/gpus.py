@@ -9,6 +9,8 @@ device context, `set_device`, and every `torch.cuda` answer that takes a device.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from numbers import Integral
 from typing import Any
 
@@ -40,6 +42,16 @@ class OtherGpuError(UserError):
         """The same refusal, led by the code it is about (`--step NAME`, `--script PATH`);
         one named already keeps its name."""
         return self if self.what else OtherGpuError(self.index, self.at, what)
+
+
+@contextlib.contextmanager
+def named_as(what: str) -> Iterator[None]:
+    """A second GPU used in the traced code, refused led by whose code it is (`--step NAME`,
+    `--script PATH`), as the user's other errors are."""
+    try:
+        yield
+    except OtherGpuError as e:
+        raise e.named(what) from e
 
 
 def check(index: int) -> None:

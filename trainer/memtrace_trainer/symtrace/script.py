@@ -32,7 +32,7 @@ from memtrace_trainer import markers
 from memtrace_trainer.errors import UserCodeError, UserError
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile
-from memtrace_trainer.symtrace.gpus import OtherGpuError
+from memtrace_trainer.symtrace.gpus import named_as
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import (
     Run,
@@ -225,7 +225,7 @@ def run_script(
         rec.marker(markers.phase("forward"))
         try:
             # The script's prints go to stderr: stdout is the command's answer (--json).
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(sys.stderr), named_as(f"--script {path}"):
                 runpy.run_path(str(path), run_name="__main__")
         except _Enough:
             pass
@@ -234,8 +234,6 @@ def run_script(
                 # sys.exit("a message") exits 1 and prints the message; sys.exit(N) is a status.
                 said = f"with status {e.code}" if isinstance(e.code, int) else f"saying: {e.code}"
                 raise UserError(f"--script {path}: the script exited {said}") from None
-        except OtherGpuError as e:
-            raise e.named(f"--script {path}") from e
         except UserError:
             raise
         except Exception as e:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from memtrace_trainer import markers
+from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError, model_failed, model_label, raised_by_memtrace
 from memtrace_trainer.notes import warn
 from memtrace_trainer.optim import OPTIMIZERS, make_optimizer, paged_bytes
@@ -31,8 +32,6 @@ from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.symtrace.userstep import check_steps, run_steps
 from memtrace_trainer.workload import Workload, call_model
-
-AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # A baseline that needs the job's model and optimizer (PyTorch's FSDPMemTracker) is given them
 # once the tracer's loop has made them, and answers with a maker of the context each step runs in.

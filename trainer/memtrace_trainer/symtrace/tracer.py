@@ -166,6 +166,24 @@ def precision_regime(autocast: str | None, models: list[torch.nn.Module]) -> str
     return autocast or (dtype if dtype in ("bf16", "fp16") else "fp32")
 
 
+def _traced_on(profile: Profile) -> dict[str, str]:
+    """The header's keys of the machine a trace was made for, every trace's alike."""
+    return {
+        "profile": profile.name,
+        "compute_capability": "{}.{}".format(*profile.compute_capability),
+        "torch": torch.__version__,
+        # ts_ns is the event's sequence number, not wall-clock time: the trace is deterministic.
+        "clock": "logical",
+    }
+
+
+def _sdpa_backends(backends: dict[str, int] | None) -> dict[str, str]:
+    """The header's `sdpa_backends` (`backend:calls`, by name), absent when none ran."""
+    if not backends:
+        return {}
+    return {"sdpa_backends": ",".join(f"{k}:{v}" for k, v in sorted(backends.items()))}
+
+
 def metadata(
     workload: Workload, cfg: step.StepConfig, profile: Profile, extra: dict[str, Any]
 ) -> dict[str, str]:
@@ -179,11 +197,7 @@ def metadata(
         "checkpointing": cfg.checkpointing or "none",
         "grad_accum": str(cfg.grad_accum),
         "cuda_emulation": str(cfg.cuda_emulation).lower(),
-        "profile": profile.name,
-        "compute_capability": "{}.{}".format(*profile.compute_capability),
-        "torch": torch.__version__,
-        # ts_ns is the event's sequence number, not wall-clock time: the trace is deterministic.
-        "clock": "logical",
+        **_traced_on(profile),
     }
     for key in ("task", "parameters", "trainable_parameters"):
         if key in workload.details:
@@ -202,10 +216,7 @@ def metadata(
             meta["fsdp_mp"] = f"{mp['param_dtype']}:{mp['reduce_dtype']}"
     if extra.get("paged_optimizer_bytes"):
         meta["paged_optimizer_bytes"] = str(extra["paged_optimizer_bytes"])
-    if extra.get("sdpa_backends"):
-        meta["sdpa_backends"] = ",".join(
-            f"{k}:{v}" for k, v in sorted(extra["sdpa_backends"].items())
-        )
+    meta.update(_sdpa_backends(extra.get("sdpa_backends")))
     return meta
 
 
@@ -347,14 +358,10 @@ def _user_metadata(
         "param_dtype": param_dtype(*run.models),
         "layer_types": layers.types(run.models),
         "cuda_emulation": str(cuda_emulation).lower(),
-        "profile": profile.name,
-        "compute_capability": "{}.{}".format(*profile.compute_capability),
-        "torch": torch.__version__,
-        "clock": "logical",
+        **_traced_on(profile),
     }
     meta.update(libraries.metadata())
-    if run.sdpa_backends:
-        meta["sdpa_backends"] = ",".join(f"{k}:{v}" for k, v in sorted(run.sdpa_backends.items()))
+    meta.update(_sdpa_backends(run.sdpa_backends))
     return meta
 
 

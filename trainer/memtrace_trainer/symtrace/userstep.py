@@ -35,7 +35,7 @@ from memtrace_trainer.errors import EntryFailedError, UserCodeError, UserError, 
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.fakecuda import META, CudaShim, DeviceMap
-from memtrace_trainer.symtrace.gpus import OtherGpuError
+from memtrace_trainer.symtrace.gpus import named_as
 from memtrace_trainer.symtrace.recorder import Recorder, storage_resizes
 from memtrace_trainer.workload import user_function
 
@@ -98,8 +98,7 @@ def step_batch(spec: Any, batch_size: int | None) -> int | None:
     `--batch-size` (the argument `max-batch --step` searches); a function of the device alone
     takes none (`--batch-size` is then said to have no effect). A function that needs the batch
     size and was given none is refused."""
-    if batch_size is not None:
-        check_batch_size(batch_size)  # refused as every command refuses it, taken or not
+    check_batch_size(batch_size, optional=True)  # refused as every command refuses it, taken or not
     func, name = _resolve(spec)
     try:
         sig = inspect.signature(func)
@@ -411,16 +410,6 @@ def _call(
         raise kind(message, e) from e
 
 
-@contextlib.contextmanager
-def _named_as(what: str) -> Iterator[None]:
-    """A second GPU used in the traced code, refused led by whose code it is (`--step NAME`),
-    as the user's other errors are."""
-    try:
-        yield
-    except OtherGpuError as e:
-        raise e.named(what) from e
-
-
 def run_steps(
     make: StepFn,
     steps: int,
@@ -437,7 +426,7 @@ def run_steps(
     user_step = models is None
     check_steps(steps)
     before = set(_modules()) if models is None else set()
-    with _named_as(what), tracing(profile, rec, cuda_emulation, flash) as run:
+    with named_as(what), tracing(profile, rec, cuda_emulation, flash) as run:
         if models is not None:
             label_model_state(rec, models)  # built before the trace: their storages come first
         # A user's step gets "cuda", as on a GPU: the tracer's device answers to it, and the
