@@ -384,48 +384,28 @@ mod tests {
     use trace::{Alloc, Api, Free, MemPoolKind};
 
     fn alloc(addr: u64, size: u64, mem: MemoryKind, api: Api) -> Record {
-        Record::bare(Event::Alloc(Alloc {
-            addr,
-            size,
-            stream: 0,
-            mem,
-            api,
-            result: 0,
-            origin: Origin::Outcome,
-            category: None,
-            caller: None,
-            stack: None,
-        }))
+        Record::bare(Event::Alloc(Alloc { mem, ..Alloc::device(addr, size, api, Origin::Outcome) }))
     }
 
     fn free(addr: u64, mem: MemoryKind, api: Api) -> Record {
-        Record::bare(Event::Free(Free {
-            addr,
-            size: None,
-            stream: 0,
-            mem,
-            api,
-            result: 0,
-            origin: Origin::Outcome,
-            stage: FreeStage::Immediate,
-            caller: None,
-            stack: None,
-        }))
+        Record::bare(Event::Free(Free { mem, ..Free::device(addr, api, Origin::Outcome, FreeStage::Immediate) }))
+    }
+
+    /// The summary of a device-level trace of `records`.
+    fn device_stats(records: &[Record]) -> TraceStats {
+        let mut s = TraceStats::new(&Header::new("test", "0", Level::Device));
+        records.iter().for_each(|r| s.observe(r));
+        s.finish(None)
     }
 
     /// `cudaFree` of `cudaMallocManaged` memory (recorded as a device free) ends that block.
     #[test]
     fn managed_memory_freed_by_the_device_free() {
-        let h = Header::new("test", "0", Level::Device);
-        let mut s = TraceStats::new(&h);
-        for r in [
+        let s = device_stats(&[
             alloc(0x1000, 100, MemoryKind::Managed, Api::CudaMallocManaged),
             free(0x1000, MemoryKind::Device, Api::CudaFree),
             alloc(0x2000, 30, MemoryKind::Device, Api::CudaMalloc),
-        ] {
-            s.observe(&r);
-        }
-        let s = s.finish(None);
+        ]);
         assert_eq!(
             (s.allocs, s.frees, s.unknown_frees, s.peak_live_device_bytes, s.live_device_bytes),
             (2, 1, 0, 100, 30)
@@ -447,9 +427,7 @@ mod tests {
     fn cupti_memory_apart_and_cross_checked() {
         use CuptiMemoryKind::{Device, Pinned};
         use MemActivityOp::{Allocation, Release};
-        let h = Header::new("test", "0", Level::Device);
-        let mut s = TraceStats::new(&h);
-        for r in [
+        let s = device_stats(&[
             alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc),
             cupti(Allocation, Device, 0x1000, 100),
             cupti(Allocation, Device, 0x2000, 60),
@@ -460,10 +438,7 @@ mod tests {
             // Traced after CUPTI's record of it: still a match. The size differs for 0x2000.
             alloc(0x3000, 30, MemoryKind::Device, Api::CudaMalloc),
             alloc(0x2000, 50, MemoryKind::Device, Api::CudaMalloc),
-        ] {
-            s.observe(&r);
-        }
-        let s = s.finish(None);
+        ]);
         assert_eq!((s.allocs, s.peak_live_device_bytes, s.events), (3, 180, 9));
         let c = s.cupti_memory.expect("cupti_memory");
         let by_kind: Vec<(&str, u64)> = c.allocations_by_kind.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -474,9 +449,7 @@ mod tests {
         );
         assert_eq!((c.unknown_releases, c.device_allocations, c.device_allocations_matched), (1, 3, 2));
 
-        let mut plain = TraceStats::new(&h);
-        plain.observe(&alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc));
-        let plain = plain.finish(None);
+        let plain = device_stats(&[alloc(0x1000, 100, MemoryKind::Device, Api::CudaMalloc)]);
         assert_eq!(plain.cupti_memory, None);
         assert!(serde_json::to_value(&plain).unwrap().get("cupti_memory").is_none());
     }

@@ -23,7 +23,6 @@
 pub mod api;
 pub mod atomic;
 pub mod codec;
-mod convert;
 pub mod error;
 pub mod event;
 mod fastframe;
@@ -40,7 +39,6 @@ mod write;
 
 pub use api::Api;
 pub use atomic::{same_file, write_atomic, write_bytes_atomic};
-pub use convert::convert;
 pub use error::TraceError;
 pub use event::*;
 pub use header::{DeviceInfo, Header, Level, Producer, ALLOCATOR_ENV_VARS, FORMAT_VERSION};

@@ -23,7 +23,7 @@ mod fastframe;
 /// The hand-written alloc/free/launch decoders read what the derived ones read.
 #[path = "it/fastread.rs"]
 mod fastread;
-/// `TraceWriter` temp file + rename, `Reader::open` errors naming the path, `convert`.
+/// `TraceWriter` temp file + rename, `Reader::open` errors naming the path.
 #[path = "it/files.rs"]
 mod files;
 /// Unknown tags and kinds skipped and counted, appended fields ignored.

@@ -209,6 +209,8 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
 struct UnknownFrees {
     /// An allocator-level trace: every allocator free is in it, and replay reads it.
     allocator_level: bool,
+    /// Which frees replay applies: its own rule, so that what this calls damaged is what it rejects.
+    requests: simulator::replay::Requests,
     /// Records read.
     records: u64,
     /// The start state's allocated blocks not freed yet, by device and address.
@@ -225,7 +227,11 @@ struct UnknownFrees {
 
 impl UnknownFrees {
     fn new(h: &trace::Header) -> UnknownFrees {
-        UnknownFrees { allocator_level: h.level == trace::Level::Allocator, ..UnknownFrees::default() }
+        UnknownFrees {
+            allocator_level: h.level == trace::Level::Allocator,
+            requests: simulator::replay::Requests::new(h),
+            ..UnknownFrees::default()
+        }
     }
 
     /// Note record `r`; `unknown`: [`TraceStats`] found no live block for it (a free).
@@ -236,11 +242,12 @@ impl UnknownFrees {
                 let held = st.blocks.iter().filter(|b| b.state != trace::BlockState::Inactive);
                 self.start.extend(held.map(|b| (device, b.addr)));
             }
+            trace::Event::Name(n) => self.requests.name(n.id, n.text.clone()),
             trace::Event::Free(f) if unknown => {
                 if f.mem.is_device() && self.start.remove(&(device, f.addr)) {
                     self.of_start += 1;
-                } else if self.allocator_level && f.mem == trace::MemoryKind::Device && f.caller.is_none() {
-                    // What replay applies, and its model refuses: no live block starts there.
+                } else if self.allocator_level && self.requests.applies(f.origin, f.mem, f.caller, f.result) {
+                    // Its model refuses it: no live block starts there.
                     self.damaged += 1;
                     self.first.get_or_insert((self.records, device, f.addr));
                 } else {

@@ -159,6 +159,12 @@ fn convert_round_trips_and_exports() {
     assert_eq!(memsim(&["convert", t.to_str().unwrap(), bin.to_str().unwrap()]).0, 0);
     assert_eq!(memsim(&["convert", bin.to_str().unwrap(), back.to_str().unwrap()]).0, 0);
     assert_eq!(std::fs::read_to_string(&t).unwrap(), std::fs::read_to_string(&back).unwrap());
+    // And back to the native form, byte for byte.
+    let again = dir.path().join("again.mtrace");
+    let (code, _, err) = memsim(&["convert", back.to_str().unwrap(), again.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("{} records: ", three_tensors().len())), "{err}");
+    assert_eq!(std::fs::read(&bin).unwrap(), std::fs::read(&again).unwrap());
 
     let perfetto = dir.path().join("t.json");
     assert_eq!(memsim(&["convert", bin.to_str().unwrap(), perfetto.to_str().unwrap()]).0, 0);
@@ -1065,6 +1071,13 @@ fn truncated_and_unknown_input_is_never_silent() {
     let (code, _, err) = memsim(&["convert", cut, out.to_str().unwrap(), "--strict"]);
     assert_eq!(code, 2, "{err}");
     assert!(!out.exists(), "no partial output");
+    // Without --strict, every record before the cut is converted.
+    let (code, _, err) = memsim(&["convert", cut, out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("input was truncated"), "{err}");
+    let got: Vec<Record> = trace::Reader::open(&out).unwrap().collect::<Result<_, _>>().unwrap();
+    let whole = three_tensors();
+    assert_eq!(got, whole[..whole.len() - 1]);
     // JSON Lines cut mid-line.
     let j = write_trace(dir.path(), "t.jsonl", &three_tensors());
     let text = std::fs::read_to_string(&j).unwrap();

@@ -76,6 +76,7 @@ fn a_strict_refusal_leaves_an_earlier_output_file_alone() {
     let (code, _, err) = memsim(&["convert", "--strict", t.to_str().unwrap(), out.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a temporary file was left behind");
 }
 
 /// A header's allocator configuration that cannot be read was refused by `convert` without the

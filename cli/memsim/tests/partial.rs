@@ -171,6 +171,17 @@ fn stats_says_a_free_of_an_address_the_trace_does_not_hold() {
     check(&double, &[damaged, "unknown frees     1 (freed twice or never allocated"], &[old]);
     check(&[free(4096)], &["record 0 (device 0): free of unknown address 0x1000"], &[old]);
     check(&[alloc(4096, MIB), free(4096)], &[], &["unknown frees", "warning"]);
+    // A free the caching allocator's own module made is one replay applies, and rejects: damage
+    // too, as replay says; another module's free is replay's to leave out.
+    let named = |text: &str| format!(r#"{{"kind":"name","id":1,"text":"{text}"}}"#);
+    let by_caller = free(4096).replace(r#""origin""#, r#""caller":1,"origin""#);
+    let framework = [named("/usr/lib/libc10_cuda.so"), by_caller.clone(), EXIT.to_string()];
+    check(&framework, &["record 1 (device 0): free of unknown address 0x1000"], &[old]);
+    let t = trace(dir.path(), "t.jsonl", &framework);
+    let (code, _, err) = memsim(&["replay", &t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 requests rejected by the model"), "{err}");
+    check(&[named("libnccl.so.2"), by_caller, EXIT.to_string()], &[old], &["damaged"]);
     // A converted snapshot's free of a block alive when its trace began is no damage.
     let entries = json!([{"action": "free_requested", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0},
                          {"action": "free_completed", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0}]);

@@ -23,10 +23,12 @@ mod live;
 mod outside;
 mod recorded;
 mod report;
+mod requests;
 mod step;
 use device::DeviceState;
 use live::{LiveBlock, LiveBlocks};
 pub use report::{DeviceReport, EventRef, FirstOom, Fragmentation, IterationPeak, Peaks, RecordedOom, ReplayReport};
+pub use requests::Requests;
 pub use step::{Classifier, Seed, Step};
 
 /// Why a trace cannot be replayed.
@@ -132,7 +134,7 @@ impl Replayer {
         let chosen = crate::alloc::choose(opts.alloc_conf.as_deref(), recorded, opts.version)
             .map_err(|e| ReplaySetupError::Config { source_name: e.source_name.into(), error: e.error })?;
         let (cfg, alloc_conf) = (chosen.cfg, chosen.shown);
-        let device_level_requests = header.caching_disabled && header.level == trace::Level::Device;
+        let device_level_requests = requests::device_level_requests(header);
         Ok(Replayer {
             cfg,
             opts,

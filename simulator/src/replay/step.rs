@@ -12,10 +12,10 @@
 //! own, so a record fed whole and its step fed from another thread take one code path.
 
 use hashbrown::HashMap;
+
+use super::requests::{Decision, Requests};
 use trace::marker::{self, MarkerKind};
-use trace::{
-    Api, BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Origin, Record, SegmentState, StateAt, VmmOp,
-};
+use trace::{Api, BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Record, SegmentState, StateAt, VmmOp};
 
 /// A record as the replay will use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,10 +129,8 @@ impl Seed {
 /// a trace, in order, from the first.
 #[derive(Debug, Clone)]
 pub struct Classifier {
-    /// Device-level traces taken with the cache off: each `cudaMalloc` is a request.
-    device_level_requests: bool,
-    /// Caller modules' names by name id.
-    names: HashMap<u32, String>,
+    /// Which allocations and frees are requests, with the caller modules' names.
+    requests: Requests,
     ids: Ids,
 }
 
@@ -178,19 +176,10 @@ impl Ids {
     }
 }
 
-/// What the replay does with an allocation or free.
-enum Decision {
-    Apply,
-    /// Not an allocator request for device memory (an outcome, pinned host memory): counted only.
-    NotRequest,
-    OtherCaller(String),
-    Failed,
-}
-
 impl Classifier {
     /// A classifier for a trace with this shape, before its first record.
     pub(super) fn new(device_level_requests: bool) -> Classifier {
-        Classifier { device_level_requests, names: HashMap::new(), ids: Ids::default() }
+        Classifier { requests: Requests::with(device_level_requests), ids: Ids::default() }
     }
 
     /// What this record is to the replay.
@@ -200,7 +189,7 @@ impl Classifier {
         let Record { device: dev, event, .. } = rec;
         let device = dev.unwrap_or(0);
         match event {
-            Event::Alloc(a) => match self.decide(a.origin, a.mem, a.caller, a.result) {
+            Event::Alloc(a) => match self.requests.decide(a.origin, a.mem, a.caller, a.result) {
                 Decision::Apply => Step::Alloc {
                     device,
                     id: self.ids.assign(device, a.addr),
@@ -210,11 +199,11 @@ impl Classifier {
                     stream: a.stream,
                 },
                 d => {
-                    let held = self.holds_device_memory(a.origin, a.mem, a.result);
+                    let held = self.requests.holds_device_memory(a.origin, a.mem, a.result);
                     d.left_out(device, a.addr, if held { a.size } else { 0 }, false, a.mem)
                 }
             },
-            Event::Free(f) => match self.decide(f.origin, f.mem, f.caller, f.result) {
+            Event::Free(f) => match self.requests.decide(f.origin, f.mem, f.caller, f.result) {
                 Decision::Apply => {
                     // A requested free leaves the block live until its completion.
                     let id = match f.stage {
@@ -227,11 +216,11 @@ impl Classifier {
                     }
                     Step::Free { device, stage: f.stage, addr: f.addr, id }
                 }
-                Decision::NotRequest if self.released(f.origin, f.api == Api::CudaFree) => {
+                Decision::NotRequest if self.requests.released(f.origin, f.api == Api::CudaFree) => {
                     Step::RecordedRelease { device }
                 }
                 d => {
-                    let released = self.holds_device_memory(f.origin, f.mem, f.result);
+                    let released = self.requests.holds_device_memory(f.origin, f.mem, f.result);
                     d.left_out(device, f.addr, 0, released, f.mem)
                 }
             },
@@ -243,7 +232,7 @@ impl Classifier {
     fn classify_rare(&mut self, device: u32, event: Event) -> Step {
         match event {
             Event::Name(n) => {
-                self.names.insert(n.id, n.text);
+                self.requests.name(n.id, n.text);
                 Step::Skip
             }
             Event::Control(c) => {
@@ -267,53 +256,14 @@ impl Classifier {
                 MarkerKind::Phase(_) | MarkerKind::User(_) => Step::Skip,
             },
             Event::Oom(o) => Step::RecordedOom { device, size: o.size, device_free: o.device_free },
-            Event::Vmm(v) if v.op == VmmOp::Unmap && self.released(v.origin, true) => Step::RecordedRelease { device },
+            Event::Vmm(v) if v.op == VmmOp::Unmap && self.requests.released(v.origin, true) => {
+                Step::RecordedRelease { device }
+            }
             e => {
                 debug_assert!(counted_only(&e), "{e:?} reached the counted-only arm");
                 Step::Skip
             }
         }
-    }
-
-    /// Whether an allocation-like event is one the replay applies; the common request without a
-    /// call.
-    #[inline(always)]
-    fn decide(&self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> Decision {
-        if plain_request(self.device_level_requests, origin, mem, caller, result) {
-            return Decision::Apply;
-        }
-        self.decide_rare(origin, mem, caller, result)
-    }
-
-    /// Whether a call the replay does not apply held (or released) device memory beside the
-    /// caching allocator: a successful call for device-resident memory that is not the
-    /// allocator's own segment (an outcome, in an allocator-level trace, is one).
-    fn holds_device_memory(&self, origin: Origin, mem: MemoryKind, result: i32) -> bool {
-        result == 0 && mem.is_device() && (self.device_level_requests || origin == Origin::Request)
-    }
-
-    /// Whether an event is the allocator's own release of cached memory, as a run recorded it
-    /// (an outcome, in an allocator-level trace, of a call that releases).
-    fn released(&self, origin: Origin, releasing: bool) -> bool {
-        releasing && origin == Origin::Outcome && !self.device_level_requests
-    }
-
-    #[inline(never)]
-    fn decide_rare(&self, origin: Origin, mem: MemoryKind, caller: Option<u32>, result: i32) -> Decision {
-        let is_request = if self.device_level_requests { mem == MemoryKind::Device } else { origin == Origin::Request };
-        if !is_request || mem != MemoryKind::Device {
-            return Decision::NotRequest;
-        }
-        if let Some(id) = caller {
-            let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("<name {id}>"));
-            if !is_framework_allocator(&name) {
-                return Decision::OtherCaller(name);
-            }
-        }
-        if result != 0 {
-            return Decision::Failed;
-        }
-        Decision::Apply
     }
 }
 
@@ -333,26 +283,6 @@ impl Decision {
             Decision::NotRequest | Decision::Apply => Step::Skip,
         }
     }
-}
-
-/// Whether a caller module is PyTorch's caching allocator (or unknown, which producers that only
-/// see the allocator leave unset).
-fn is_framework_allocator(module: &str) -> bool {
-    let base = module.rsplit('/').next().unwrap_or(module);
-    base.starts_with("libc10_cuda") || base.starts_with("libc10_hip") || base.starts_with("libtorch_cuda")
-}
-
-/// The common request, which a replay applies without looking further: an allocator request for
-/// device memory with no caller module and no failure.
-#[inline(always)]
-fn plain_request(
-    device_level_requests: bool,
-    origin: Origin,
-    mem: MemoryKind,
-    caller: Option<u32>,
-    result: i32,
-) -> bool {
-    !device_level_requests && origin == Origin::Request && mem == MemoryKind::Device && caller.is_none() && result == 0
 }
 
 /// Whether a replay only counts this event: every kind but requests, names, control operations,

@@ -1,4 +1,4 @@
-//! File-level API: `TraceWriter::create` (temp file + rename), `Reader::open`, `convert`.
+//! File-level API: `TraceWriter::create` (temp file + rename), `Reader::open`.
 
 use trace::*;
 
@@ -90,41 +90,22 @@ fn open_errors_name_the_path() {
     assert!(err.contains("late.mtrace") && err.contains(&format!("at byte {}", bytes.len() - 3)), "{err}");
 }
 
-#[test]
-fn convert_round_trips_byte_identically() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a.mtrace");
-    write_file(&a);
-    let b = dir.path().join("b.jsonl");
-    let c = dir.path().join("c.mtrace");
-    let (sum, kept) = convert(&a, &b, |_| true).unwrap();
-    assert_eq!((sum.records, sum.truncated, kept), (6, false, true));
-    convert(&b, &c, |_| true).unwrap();
-    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
-}
-
-#[test]
-fn convert_keeps_the_complete_records_of_a_truncated_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = small_trace().1;
-    let cut = cut_trace(dir.path());
-    let out = dir.path().join("out.jsonl");
-    let (sum, _) = convert(&cut, &out, |_| true).unwrap();
-    assert!(sum.truncated);
-    let (_, got, _) = read_file(&out);
-    assert_eq!(got, recs[..recs.len() - 1]);
-}
-
 /// `memsim convert --strict` refused a truncated input after the copy had replaced the file
-/// at the output path, and removed it: the user's earlier file was gone.
+/// at the output path, and removed it: the user's earlier file was gone. A writer dropped
+/// unfinished must leave it.
 #[test]
-fn a_refused_conversion_leaves_the_output_path_as_it_was() {
+fn an_unfinished_writer_leaves_the_output_path_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let cut = cut_trace(dir.path());
     let out = dir.path().join("out.mtrace");
     std::fs::write(&out, "earlier").unwrap();
-    let (sum, kept) = convert(&cut, &out, |s| !s.truncated).unwrap();
-    assert!(sum.truncated && !kept);
+    let mut r = Reader::open(&cut).unwrap();
+    let mut w = TraceWriter::create(&out, r.header()).unwrap();
+    for rec in r.by_ref() {
+        w.write(&rec.unwrap()).unwrap();
+    }
+    assert!(r.summary().truncated);
+    drop(w);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a temporary file was left behind");
 }

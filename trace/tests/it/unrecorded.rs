@@ -16,6 +16,14 @@ fn marker(text: &str) -> Record {
     Record { ts_ns: Some(300), tid: Some(7), device: None, event: Event::Marker(Marker { text: text.into() }) }
 }
 
+/// `small_trace()` as the shim's, whose producer writes a `process_exit` last, without its exit.
+fn shim_trace() -> (Header, Vec<Record>) {
+    let (mut h, mut recs) = small_trace();
+    h.producer.name = "libmemtrace".into();
+    recs.pop();
+    (h, recs)
+}
+
 /// The summary of `bytes` read one record at a time, in batches, and mapped from a file: all
 /// the same.
 fn summaries(bytes: &[u8], dir: &Path, name: &str) -> Summary {
@@ -40,9 +48,7 @@ fn summaries(bytes: &[u8], dir: &Path, name: &str) -> Summary {
 #[test]
 fn lost_events_and_a_byte_limit_stop_are_counted_and_said() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut h, mut recs) = small_trace();
-    h.producer.name = "libmemtrace".into();
-    recs.pop();
+    let (h, recs) = shim_trace();
     // The shim's own words when it stops at MEMTRACE_MAX_BYTES (and what `marker::byte_limit`
     // writes).
     let stop = "memtrace: MEMTRACE_MAX_BYTES=20000 reached; recording stopped";
@@ -80,9 +86,7 @@ fn lost_events_and_a_byte_limit_stop_are_counted_and_said() {
 #[test]
 fn cupti_records_undelivered_at_a_signal_are_said() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut h, mut recs) = small_trace();
-    h.producer.name = "libmemtrace".into();
-    recs.pop();
+    let (h, mut recs) = shim_trace();
     recs.push(marker(marker::CUPTI_UNDELIVERED));
     recs.push(exit(0));
     for (form, bytes) in [("mtrace", binary(&h, &recs)), ("jsonl", jsonl(&h, &recs))] {
