@@ -54,21 +54,8 @@ fn field(path: &Path, field: &str, expected: &str) -> EstimateError {
 
 /// The known field `name` is one edit or two from (a misspelling), if any.
 fn near(name: &str) -> Option<&'static str> {
-    let distance = |a: &str, b: &str| {
-        let b: Vec<char> = b.chars().collect();
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut prev = row[0];
-            row[0] = i + 1;
-            for (j, cb) in b.iter().enumerate() {
-                let here = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
-                prev = row[j + 1];
-                row[j + 1] = here;
-            }
-        }
-        row[b.len()]
-    };
-    FIELDS.iter().copied().filter(|k| distance(&name.to_ascii_lowercase(), k) <= 2).min_by_key(|k| distance(name, k))
+    let lower = name.to_ascii_lowercase();
+    FIELDS.iter().copied().filter(|k| strsim::levenshtein(&lower, k) <= 2).min_by_key(|k| strsim::levenshtein(name, k))
 }
 
 /// A list of `[type, activations, parameters]` triples (`sequence`, `gpumemnet_sequence`).

@@ -316,25 +316,7 @@ pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'
 /// Edits between two names, ignoring case, a swap of neighbours counting one (the optimal
 /// string alignment distance: `QUITE` is one from `QUIET`).
 fn edits(a: &str, b: &str) -> usize {
-    let (a, b) = (a.to_ascii_uppercase().into_bytes(), b.to_ascii_uppercase().into_bytes());
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
+    strsim::osa_distance(&a.to_ascii_uppercase(), &b.to_ascii_uppercase())
 }
 
 /// The configuration, if it has been read.

@@ -513,47 +513,27 @@ unsafe extern "C" fn buffer_completed(
 mod tests {
     use super::*;
 
+    /// The offsets of `T`'s fields, then its size.
+    macro_rules! layout {
+        ($t:ty: $($($f:ident).+),+) => {
+            [$(std::mem::offset_of!($t, $($f).+),)+ std::mem::size_of::<$t>()]
+        };
+    }
+
     /// The offsets the stub libcupti (tests/c/stub_cupti.c) writes at, pinned against cudarc's
     /// bindings of the CUPTI header.
     #[test]
     fn kernel_record_layout_matches_the_stub() {
-        use std::mem::offset_of;
-        let got = [
-            offset_of!(KernelRecord, registersPerThread),
-            offset_of!(KernelRecord, start),
-            offset_of!(KernelRecord, end),
-            offset_of!(KernelRecord, deviceId),
-            offset_of!(KernelRecord, streamId),
-            offset_of!(KernelRecord, gridX),
-            offset_of!(KernelRecord, blockX),
-            offset_of!(KernelRecord, staticSharedMemory),
-            offset_of!(KernelRecord, dynamicSharedMemory),
-            offset_of!(KernelRecord, correlationId),
-            offset_of!(KernelRecord, name),
-            std::mem::size_of::<KernelRecord>(),
-        ];
+        let got = layout!(KernelRecord: registersPerThread, start, end, deviceId, streamId, gridX, blockX,
+            staticSharedMemory, dynamicSharedMemory, correlationId, name);
         assert_eq!(got, [6, 16, 24, 40, 48, 52, 64, 76, 80, 92, 104, 216]);
     }
 
     /// The same for `CUpti_ActivityMemory4`, whose prefix the shim reads field by field.
     #[test]
     fn memory_record_layout_matches_the_stub() {
-        use std::mem::offset_of;
-        let got = [
-            offset_of!(MemoryRecord, memoryOperationType),
-            offset_of!(MemoryRecord, memoryKind),
-            offset_of!(MemoryRecord, correlationId),
-            offset_of!(MemoryRecord, address),
-            offset_of!(MemoryRecord, bytes),
-            offset_of!(MemoryRecord, timestamp),
-            offset_of!(MemoryRecord, PC),
-            offset_of!(MemoryRecord, deviceId),
-            offset_of!(MemoryRecord, streamId),
-            offset_of!(MemoryRecord, isAsync),
-            offset_of!(MemoryRecord, memoryPoolConfig.memoryPoolType),
-            offset_of!(MemoryRecord, memoryPoolConfig.address),
-            std::mem::size_of::<MemoryRecord>(),
-        ];
+        let got = layout!(MemoryRecord: memoryOperationType, memoryKind, correlationId, address, bytes, timestamp, PC,
+            deviceId, streamId, isAsync, memoryPoolConfig.memoryPoolType, memoryPoolConfig.address);
         assert_eq!(got, [4, 8, 12, 16, 24, 32, 40, 52, 60, 72, 80, 88, 128]);
     }
 

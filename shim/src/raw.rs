@@ -171,6 +171,15 @@ fn push_first(t: &Tls, ev: RawEvent) -> Result<(), RawEvent> {
     ring::push_shared(capacity, tid, ev)
 }
 
+/// Count an event dropped past `MEMTRACE_MAX_BYTES` in this thread's ring, or in the shared
+/// total when it has none ([`ring::count_unrecorded`]).
+pub fn count_unrecorded() {
+    // Safety: rings are never freed; this thread owns the one it holds, the only writer of its
+    // count.
+    let r = with_tls(|t| unsafe { t.ring.get().as_ref() }).ok().flatten();
+    ring::count_unrecorded(r);
+}
+
 /// Queue an event from any thread (markers, the writer's own records path is separate).
 pub fn push_any(ev: RawEvent) -> Result<(), RawEvent> {
     match with_tls(|t| push_from(t, ev)) {

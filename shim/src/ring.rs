@@ -33,6 +33,9 @@ pub struct Ring {
     tid: AtomicU32,
     /// A live thread pushes to this ring.
     owned: AtomicBool,
+    /// Events its owners dropped past `MEMTRACE_MAX_BYTES` ([`count_unrecorded`]); kept when a
+    /// thread ends and its ring passes to another, so the summary still counts them.
+    unrecorded: AtomicU64,
     next: AtomicPtr<Ring>,
     mask: usize,
     slots: Box<[UnsafeCell<MaybeUninit<RawEvent>>]>,
@@ -49,9 +52,9 @@ static SHARED_TAKEN: AtomicU64 = AtomicU64::new(0);
 
 /// Events dropped because a queue stayed full.
 pub static LOST: AtomicU64 = AtomicU64::new(0);
-/// Events the hooks dropped past `MEMTRACE_MAX_BYTES` (the writer counts those it had queued
-/// already in its tally): the exit summary says how many went unrecorded.
-pub static UNRECORDED: AtomicU64 = AtomicU64::new(0);
+/// Events dropped past `MEMTRACE_MAX_BYTES` by threads without a ring (none taken yet, or torn
+/// down); those with one count in it ([`count_unrecorded`]).
+static SHARED_UNRECORDED: AtomicU64 = AtomicU64::new(0);
 /// The writer's heartbeat: moves on every sweep and while it encodes.
 pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
 /// The heartbeat value at which the writer was declared stalled (u64::MAX = not stalled).
@@ -96,6 +99,7 @@ impl Ring {
             head: Padded(AtomicUsize::new(0)),
             tid: AtomicU32::new(tid),
             owned: AtomicBool::new(true),
+            unrecorded: AtomicU64::new(0),
             next: AtomicPtr::new(ptr::null_mut()),
             mask: cap - 1,
             slots,
@@ -300,6 +304,26 @@ pub fn push_shared(capacity: usize, tid: u32, ev: RawEvent) -> Result<(), RawEve
     }
 }
 
+/// An event the hooks dropped past `MEMTRACE_MAX_BYTES`, counted in `r`, the calling thread's
+/// ring: every hooked call counts once the limit is reached, and one shared counter would put a
+/// contended cache line into every hook of every thread. Only the owning thread writes its
+/// ring's count, so a load and a store do (no read-modify-write). A thread without a ring counts
+/// in the shared total.
+pub fn count_unrecorded(r: Option<&Ring>) {
+    match r {
+        Some(r) => r.unrecorded.store(r.unrecorded.load(Ordering::Relaxed) + 1, Ordering::Relaxed),
+        None => {
+            SHARED_UNRECORDED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Events the hooks dropped past `MEMTRACE_MAX_BYTES` (the writer counts those it had queued
+/// already in its tally), on every thread, ended ones included: rings are never freed.
+pub fn unrecorded() -> u64 {
+    SHARED_UNRECORDED.load(Ordering::Relaxed) + rings().map(|r| r.unrecorded.load(Ordering::Relaxed)).sum::<u64>()
+}
+
 /// What one sweep handed over.
 pub struct Sweep {
     /// Events.
@@ -449,6 +473,7 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
         unsafe { *r.seen_head.get() = r.head.0.load(Ordering::Relaxed) };
         let mine = keep.is_some_and(|k| ptr::eq(k, r));
         r.owned.store(mine, Ordering::Relaxed);
+        r.unrecorded.store(0, Ordering::Relaxed);
         if mine {
             r.tid.store(tid, Ordering::Relaxed);
         }
@@ -456,7 +481,7 @@ pub fn reset_in_child(keep: Option<&Ring>, tid: u32) {
     SHARED.store(ptr::null_mut(), Ordering::Release);
     SHARED_TAKEN.store(0, Ordering::Relaxed);
     LOST.store(0, Ordering::Relaxed);
-    UNRECORDED.store(0, Ordering::Relaxed);
+    SHARED_UNRECORDED.store(0, Ordering::Relaxed);
     STALLED_AT.store(u64::MAX, Ordering::Relaxed);
 }
 

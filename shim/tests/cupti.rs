@@ -23,6 +23,13 @@ fn memtrace_lines(r: &Run) -> Vec<String> {
     r.stderr().lines().filter(|l| l.starts_with("memtrace:")).map(str::to_string).collect()
 }
 
+/// memsim's cross-check of CUPTI's memory records: allocations, releases, device allocations,
+/// those matched by a traced allocation, and releases of addresses CUPTI saw no allocation of.
+fn cross_check(s: &Stats) -> (u64, u64, u64, u64, u64) {
+    let c = s.cupti_memory.as_ref().expect("cupti_memory");
+    (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases)
+}
+
 /// (name, duration, grid, block, registers, static shared, dynamic shared, stream, correlation)
 type Exec = (String, u64, [u32; 3], [u32; 3], u16, u32, u32, i64, u32);
 
@@ -182,11 +189,7 @@ fn memory_activity_records_from_cupti() {
     assert!(ts[0] > 0 && ts[4] < exit_ts.expect("process_exit has a timestamp"), "{ts:?} vs exit {exit_ts:?}");
     // memsim's cross-check: both CUPTI device allocations match the traced cudaMallocs, and every
     // release has its allocation.
-    let c = s.cupti_memory.clone().expect("cupti_memory");
-    assert_eq!(
-        (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases),
-        (3, 3, 2, 2, 0)
-    );
+    assert_eq!(cross_check(&s), (3, 3, 2, 2, 0));
     // Interposition counts are unchanged; the summary names the memory records.
     assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
     let lines = memtrace_lines(&r);
@@ -203,12 +206,8 @@ fn cupti_waits_one_call_for_a_driver_the_runtime_loads_lazily() {
     let r = run_ok("p_runtime_alloc_lazy_driver", &[("MEMTRACE_CUPTI", "1"), ("LD_LIBRARY_PATH", &path)]);
     let s = r.stats();
     assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
-    let c = s.cupti_memory.clone().expect("cupti_memory");
     // a's allocation precedes CUPTI; b's allocation and every release follow it.
-    assert_eq!(
-        (c.allocations, c.releases, c.device_allocations, c.device_allocations_matched, c.unknown_releases),
-        (2, 3, 1, 1, 1)
-    );
+    assert_eq!(cross_check(&s), (2, 3, 1, 1, 1));
     let lines = memtrace_lines(&r);
     assert_eq!(lines.len(), 1, "no fallback line, only the summary: {lines:?}");
     assert!(lines[0].contains("and 5 memory records from CUPTI"), "{lines:?}");

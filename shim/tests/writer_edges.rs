@@ -19,13 +19,7 @@ fn run_args(prog: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, tempfil
 /// had) keeps its file to itself, and the trace, out of that range, is whole.
 #[test]
 fn closing_descriptors_in_bulk_leaves_the_trace_alone() {
-    let files = tempfile::tempdir().unwrap();
-    let mine = files.path().join("out.txt");
-    let (out, dir) = run_args("p_close_fds", &[mine.to_str().unwrap(), "bulk"], &[("MEMTRACE_QUIET", "1")]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(std::fs::read(&mine).unwrap(), b"PROGRAM OUTPUT\n", "{err}");
-    let t = traces_in(dir.path());
-    let s = Stats::read(&t[0]).unwrap();
+    let (err, s) = close_fds("bulk");
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // Safety: getrlimit fills a local struct.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
@@ -42,15 +36,20 @@ fn closing_descriptors_in_bulk_leaves_the_trace_alone() {
 /// goes into it; recording stops, said on stderr, and the trace ends cut short (incomplete).
 #[test]
 fn a_descriptor_taken_over_gets_no_trace_bytes() {
+    let (err, s) = close_fds("steal");
+    assert!(err.contains("is no longer the trace file") && err.contains("incomplete"), "{err}");
+    assert!(!s.whole() && s.exit.is_none(), "{err}");
+}
+
+/// Runs `p_close_fds FILE how` (`bulk` or `steal`): the program's file holds its own output
+/// only, whatever became of the trace. Returns stderr and the trace.
+fn close_fds(how: &str) -> (String, Stats) {
     let files = tempfile::tempdir().unwrap();
     let mine = files.path().join("out.txt");
-    let (out, dir) = run_args("p_close_fds", &[mine.to_str().unwrap(), "steal"], &[("MEMTRACE_QUIET", "1")]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (out, dir) = run_args("p_close_fds", &[mine.to_str().unwrap(), how], &[("MEMTRACE_QUIET", "1")]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(std::fs::read(&mine).unwrap(), b"PROGRAM OUTPUT\n", "{err}");
-    assert!(err.contains("is no longer the trace file") && err.contains("incomplete"), "{err}");
-    let t = traces_in(dir.path());
-    let s = Stats::read(&t[0]).unwrap();
-    assert!(!s.whole() && s.exit.is_none(), "{err}");
+    (err, Stats::read(&traces_in(dir.path())[0]).unwrap())
 }
 
 /// Far more events queued at exit than the writer took by then (a large `MEMTRACE_QUEUE`):
@@ -85,7 +84,19 @@ fn calls_queued_after_the_exit_through_the_shared_queue_are_not_counted_lost() {
 /// recorded and not recorded add up to the calls made.
 #[test]
 fn calls_past_the_size_limit_are_all_counted() {
-    let (out, dir) = run_args("p_past_max_bytes", &["10000"], &[("MEMTRACE_MAX_BYTES", "2KiB")]);
+    check_calls_past_the_size_limit(&["10000"], 30_000);
+}
+
+/// As above with four threads that end before main calls: the hooks count in each thread's ring
+/// (main, whose first calls come past the limit, has none), and the summary adds them all up.
+#[test]
+fn calls_past_the_size_limit_are_counted_on_every_thread() {
+    check_calls_past_the_size_limit(&["10000", "4"], 150_000);
+}
+
+/// Runs `p_past_max_bytes args` under a 2 KiB limit: recorded and not recorded add up to `calls`.
+fn check_calls_past_the_size_limit(args: &[&str], calls: u64) {
+    let (out, dir) = run_args("p_past_max_bytes", args, &[("MEMTRACE_MAX_BYTES", "2KiB")]);
     let err = String::from_utf8_lossy(&out.stderr);
     let not_recorded: u64 = err
         .split(", ")
@@ -95,5 +106,5 @@ fn calls_past_the_size_limit_are_all_counted() {
         .unwrap();
     let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
     let recorded = s.allocs + s.frees + s.kernel_launches;
-    assert_eq!(recorded + not_recorded, 30_000, "{recorded} recorded, {not_recorded} not: {err}");
+    assert_eq!(recorded + not_recorded, calls, "{recorded} recorded, {not_recorded} not: {err}");
 }

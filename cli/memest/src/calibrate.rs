@@ -59,17 +59,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ppath.display()
         );
     }
-    let fresh = runs.len();
-    runs.extend(in_sample.iter().cloned());
-    if runs.len() < records.len() {
+    // `usable` counts the in-sample runs too; they join the training split only.
+    let (fresh, usable) = (runs.len(), runs.len() + in_sample.len());
+    if usable < records.len() {
         eprintln!(
             "memest: warning: {} of {} runs left out of the fit: no measured peak (or a zero one, or a real OOM), or no \
              symbolic estimate",
-            records.len() - runs.len(),
+            records.len() - usable,
             records.len()
         );
     }
-    let (mut train, test) = split(&runs[..fresh], a.test_fraction, a.seed);
+    let (mut train, test) = split(&runs, a.test_fraction, a.seed);
     train.extend(in_sample);
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total).with_context(|| a.io.runs_list())?;
@@ -77,12 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fit)?);
     } else {
         let o = &fit.outside;
-        println!(
-            "runs with truth and a symbolic estimate: {} (train {}, test {})",
-            runs.len(),
-            train.len(),
-            test.len()
-        );
+        println!("runs with truth and a symbolic estimate: {usable} (train {}, test {})", train.len(), test.len());
         println!(
             "fitted on {} MLP runs and {} convolutional runs (weighted quantile {})",
             fit.train_mlp, fit.train_conv, a.quantile
@@ -119,8 +114,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             // are the cause, whatever the fraction.
             let why = if fresh == 0 {
                 format!(
-                    "every one of the {} runs was fitted on by {}'s earlier calibration, and those are never held out",
-                    runs.len(),
+                    "every one of the {usable} runs was fitted on by {}'s earlier calibration, and those are never held out",
                     ppath.display()
                 )
             } else {
@@ -153,7 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "method".to_string(),
                 format!(
                     "weighted quantile {} (weights 1/truth) of truth - symbolic reserved; context+cublas from {} MLP runs, cudnn from {} convolutional runs; split seed {}, test fraction {} of the {fresh} runs the prior constants were not fitted on ({} that were trained on only)",
-                    a.quantile, fit.train_mlp, fit.train_conv, a.seed, a.test_fraction, runs.len() - fresh
+                    a.quantile, fit.train_mlp, fit.train_conv, a.seed, a.test_fraction, usable - fresh
                 ),
             ),
             ("notes".to_string(), fit.notes.join("; ")),

@@ -297,8 +297,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
                 .enumerate()
                 .map(|(i, (p, row))| {
                     let at = if n > 1 { format!("{source}: entry {i}") } else { source.clone() };
-                    let warnings: Vec<String> =
-                        model.outside_training(&row.to_vec()).iter().map(|w| format!("{at}: {w}")).collect();
+                    let warnings = model.outside_training_at(&row.to_vec(), &at);
                     for w in &warnings {
                         eprintln!("memest: warning: {}: {w}", a.model.display());
                     }

@@ -316,11 +316,8 @@ fn compare_rebuilds_real_rows_through_the_trainer() {
     let first = recs[0]["id"].as_str().unwrap();
     let (stem, n) = first.rsplit_once('-').unwrap();
     let profile = crate::compare_trainer::calibrated_on(dir.path(), stem, &[n.parse().unwrap()]);
-    let args = |out: &std::path::Path, extra: &[&str]| -> (bool, String, String) {
-        let mut v = vec!["--limit", "2", "--seed", "5", "--no-fake-tensor", "--profile", profile.to_str().unwrap()];
-        v.extend_from_slice(extra);
-        memest_compare(&data, out, &v)
-    };
+    let base = ["--limit", "2", "--seed", "5", "--no-fake-tensor", "--profile", profile.to_str().unwrap()];
+    let args = |out: &std::path::Path, extra: &[&str]| memest_compare(&data, out, &[&base[..], extra].concat());
     let out2 = dir.path().join("cmp2");
     let (ok, _, err) = args(&out2, &[]);
     assert!(ok, "{err}");
@@ -361,9 +358,7 @@ fn compare_traces_with_several_trainer_processes() {
     let out = dir.path().join("cmp");
     let data = shared("gpumemnet/mlp_data_step1.csv");
     let run = |extra: &[&str]| {
-        let mut v = vec!["--limit", "4", "--seed", "9", "--no-fake-tensor"];
-        v.extend_from_slice(extra);
-        memest_compare(&data, &out, &v)
+        memest_compare(&data, &out, &[&["--limit", "4", "--seed", "9", "--no-fake-tensor"][..], extra].concat())
     };
     let (ok, _, err) = run(&["--jobs", "2"]);
     assert!(ok, "{err}");

@@ -150,18 +150,8 @@ fn mlp_model(dir: &Path) -> (PathBuf, PathBuf) {
     let excerpt = dir.join("excerpt.csv");
     std::fs::write(&excerpt, text.lines().take(241).collect::<Vec<_>>().join("\n")).unwrap();
     let model = dir.join("tree.json");
-    let (ok, _, err) = memest(&[
-        "ml",
-        "train",
-        "--dataset",
-        excerpt.to_str().unwrap(),
-        "--family",
-        "mlp",
-        "--model",
-        "tree",
-        "--out",
-        model.to_str().unwrap(),
-    ]);
+    let (e, m) = (excerpt.to_str().unwrap(), model.to_str().unwrap());
+    let (ok, _, err) = memest(&["ml", "train", "--dataset", e, "--family", "mlp", "--model", "tree", "--out", m]);
     assert!(ok, "{err}");
     (excerpt, model)
 }

@@ -9,18 +9,15 @@ use crate::support::memest_code;
 
 /// The linear regressor of the whole step-1 MLP CSV (depth 2–12, batch 4–1023, ReLU only).
 fn linear_model(dir: &Path) -> PathBuf {
-    let model = dir.join("lin.json");
+    step1_model(dir, "linear-reg", "lin.json")
+}
+
+/// A `kind` model of the whole step-1 MLP CSV, written to `dir/file`.
+fn step1_model(dir: &Path, kind: &str, file: &str) -> PathBuf {
+    let model = dir.join(file);
     let csv = crate::ml_data::gpumemnet("mlp_data_step1.csv");
-    let (code, _, err) = memest_code(&[
-        "ml",
-        "train",
-        "--dataset",
-        csv.to_str().unwrap(),
-        "--model",
-        "linear-reg",
-        "--out",
-        model.to_str().unwrap(),
-    ]);
+    let (c, m) = (csv.to_str().unwrap(), model.to_str().unwrap());
+    let (code, _, err) = memest_code(&["ml", "train", "--dataset", c, "--model", kind, "--out", m]);
     assert_eq!(code, 0, "{err}");
     model
 }
@@ -61,11 +58,8 @@ fn predict_says_features_outside_the_training_range_and_prints_no_negative_memor
         assert!(v[0]["warnings"][0].as_str().unwrap().contains("outside the training range"), "{v}");
     }
     // A classifier's bins are as blind outside the range.
-    let tree = dir.path().join("tree.json");
-    let csv = crate::ml_data::gpumemnet("mlp_data_step1.csv");
+    let tree = step1_model(dir.path(), "tree", "tree.json");
     let t = tree.to_str().unwrap();
-    let train = ["ml", "train", "--dataset", csv.to_str().unwrap(), "--model", "tree", "--out", t];
-    assert_eq!(memest_code(&train).0, 0);
     let (code, _, err) = memest_code(&["ml", "predict", "--model", t, "--features", &mlp_features("6", "4096")]);
     assert!(code == 0 && err.contains("feature \"batch_size\" is 4096, outside the training range 4 to 1023"), "{err}");
 
@@ -74,14 +68,8 @@ fn predict_says_features_outside_the_training_range_and_prints_no_negative_memor
     assert!(old.as_object_mut().unwrap().remove("training_ranges").is_some(), "the file records the ranges");
     let old_path = dir.path().join("old.json");
     std::fs::write(&old_path, old.to_string()).unwrap();
-    let (code, out, err) = memest_code(&[
-        "ml",
-        "predict",
-        "--model",
-        old_path.to_str().unwrap(),
-        "--features",
-        &mlp_features("800", "64"),
-    ]);
+    let p = old_path.to_str().unwrap();
+    let (code, out, err) = memest_code(&["ml", "predict", "--model", p, "--features", &mlp_features("800", "64")]);
     assert!(code == 0 && err.contains("records no training range") && out.contains("prediction is negative"), "{err}");
 }
 

@@ -65,7 +65,7 @@ pub fn predict_job(
     }
     let x = extract(family, &row).map_err(|e| MlError::Invalid(format!("{source}: {e}")))?;
     let mut warnings: Vec<String> = model.range_unknown(model_path).into_iter().collect();
-    warnings.extend(model.outside_training(&x).into_iter().map(|w| format!("{}: {source}: {w}", model_path.display())));
+    warnings.extend(model.outside_training_at(&x, &format!("{}: {source}", model_path.display())));
     let n = x.len();
     let x = ndarray::Array2::from_shape_vec((1, n), x).map_err(|e| MlError::Invalid(format!("{source}: {e}")))?;
     let mut p = model.predict(&x)?;

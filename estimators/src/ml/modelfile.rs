@@ -326,6 +326,12 @@ impl ModelFile {
             .collect()
     }
 
+    /// [`ModelFile::outside_training`], each warning naming where the row came from:
+    /// `AT: feature "NAME" is V, outside the training range MIN to MAX`.
+    pub fn outside_training_at(&self, x: &[f64], at: &str) -> Vec<String> {
+        self.outside_training(x).into_iter().map(|w| format!("{at}: {w}")).collect()
+    }
+
     /// Predicts every row of raw features `x` (columns in [`ModelFile::feature_names`] order).
     pub fn predict(&self, x: &Array2<f64>) -> Result<Vec<Prediction>, MlError> {
         if self.pipeline.kind.is_regressor() {

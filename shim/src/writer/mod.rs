@@ -459,7 +459,7 @@ impl Ctx {
 /// is freed, and past `MEMTRACE_MAX_BYTES` it is counted as not recorded.
 pub fn release(ev: &RawEvent) {
     if state::limit_reached() {
-        ring::UNRECORDED.fetch_add(1, Ordering::Relaxed);
+        raw::count_unrecorded();
     }
     free_owned(ev);
 }

@@ -59,7 +59,7 @@ impl Ctx {
         }
         if !config().quiet {
             let t = &self.tally;
-            let over_limit = t.over_limit + ring::UNRECORDED.load(Ordering::Relaxed);
+            let over_limit = t.over_limit + ring::unrecorded();
             let mut b = log::StackBuf::new();
             use std::fmt::Write;
             let _ = writeln!(
