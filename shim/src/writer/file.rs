@@ -16,7 +16,8 @@ use crate::state;
 /// it is checked to still be the file opened (device and inode): a program that closed it
 /// anyway may have opened its own file under the same number, and the trace's bytes went into
 /// that file. Then nothing more is written, and recording stops (the trace ends without its
-/// `process_exit`, which `memsim` reports as cut short).
+/// `process_exit`, which `memsim` reports as cut short). No call checks and writes at once: a
+/// number taken between the check and the write gets that one batch.
 pub(super) struct TraceFile {
     /// Closed on drop unless `taken` (the number is the program's then).
     file: std::mem::ManuallyDrop<File>,

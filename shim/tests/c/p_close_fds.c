@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "cuda_stub.h"
 /* The trace's descriptor, -1 until the writer has opened it. */
@@ -35,6 +36,11 @@ int main(int argc, char **argv) {
     int out;
     if (strcmp(argv[2], "steal") == 0) {
         if (t < 0) return 3;
+        /* After the writer's first batch: one taken between its check and its write would go to
+           this file (no call checks and writes at once), and a steal just as the file opens
+           would meet the first batch's write. */
+        struct stat st;
+        for (int i = 0; i < 500 && fstat(t, &st) == 0 && st.st_size == 0; i++) usleep(10000);
         close(t);
         int f = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (f < 0 || dup2(f, t) != t) return 4;
