@@ -181,9 +181,14 @@ impl DatasetRow {
     }
 
     /// GPUMemNet's `Depth`: the column where the dataset has it, else what GPUMemNet's generators
-    /// count (the convolutions of a CNN, else the linear layers).
+    /// count (a Transformer's every listed layer, as its cleaner's `depth` counts each Embedding,
+    /// attention, Linear, LayerNorm and Dropout line; the convolutions of a CNN; else the linear
+    /// layers).
     pub fn gpumemnet_depth(&self) -> f64 {
         self.depth.unwrap_or_else(|| {
+            if self.family == Family::Transformer {
+                return self.features.layers.len() as f64;
+            }
             let convs = self.count_layers(|k| k == "conv2d");
             (if convs > 0 { convs } else { self.count_layers(|k| k == "linear") }) as f64
         })

@@ -193,6 +193,32 @@ fn family_rule_convolution_makes_cnn_attention_makes_transformer() {
     }
 }
 
+/// GPUMemNet's `Depth` where a job's features give none, as its generators' cleaners count it:
+/// a Transformer's every listed layer (its cleaner counts each Embedding, attention, Linear,
+/// LayerNorm and Dropout line), a CNN's convolutions, else the linear layers.
+#[test]
+fn gpumemnet_depth_without_a_depth_column_counts_as_each_familys_cleaner() {
+    let l = |k: &str| Layer { kind: k.into(), activations: 1, parameters: 1 };
+    let cases: &[(&[&str], f64)] = &[
+        (&["linear", "ReLU", "linear", "dropout"], 2.0),
+        (&["conv2d", "ReLU", "conv2d", "linear"], 2.0),
+        (&["Embedding", "NonDynamicallyQuantizableLinear", "Dropout", "LayerNorm", "Linear", "Linear"], 6.0),
+    ];
+    for (kinds, want) in cases {
+        let features = estimators::features::Features {
+            total_parameters: 1,
+            total_activations: 1,
+            batch_size: None,
+            model: None,
+            seq_len: None,
+            input_shape: None,
+            layers: kinds.iter().map(|k| l(k)).collect(),
+        };
+        let row = estimators::dataset::DatasetRow::unmeasured("job", features, 8, None, "ReLU");
+        assert_eq!(row.gpumemnet_depth(), *want, "{kinds:?}");
+    }
+}
+
 #[test]
 fn real_datasets_load_with_gpumemnet_filters() {
     let step2 =

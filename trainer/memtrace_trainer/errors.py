@@ -42,11 +42,23 @@ def check_batch_size(batch_size: int | None, *, optional: bool = False) -> None:
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
 
 
-def require_batch_size(batch_size: int | None) -> None:
-    """A `--model` or `--entry` job has no batch size of its own: one not given is refused by
-    every command alike (an entry left without one trained at batch 1)."""
-    if batch_size is None:
+def require_batch_size(batch_size: int | None, entry: str | None = None) -> None:
+    """A `--model` job, or an `--entry` function that takes `batch_size`, has no batch size of
+    its own: one not given is refused by every command alike (an entry left without one trained
+    at batch 1). `entry`: a function without the parameter builds its own batch, whose size is
+    the job's (`load_entry` reads it, and says when a --batch-size given differs), as a `--step`
+    function of the device alone takes none."""
+    if batch_size is None and (entry is None or entry_takes_batch_size(entry)):
         raise UserError("--batch-size is required with --model and --entry")
+
+
+def entry_takes_batch_size(entry: str) -> bool:
+    """Whether the `--entry` function (`module:function`) takes a `batch_size` parameter."""
+    import inspect
+
+    from memtrace_trainer.workload import user_function  # imports torch: only for an entry
+
+    return "batch_size" in inspect.signature(user_function(entry, "--entry")).parameters
 
 
 def is_integer(v: object) -> bool:

@@ -33,6 +33,27 @@ _GPUMEMNET_NAMES: dict[type[nn.Module], str | None] = {
     nn.MaxPool2d: None,
 }
 
+# GPUMemNet's Transformer rows (its `data_cleaner_transformer_step1.py`) list these layers only,
+# in torch's spelling, each attention block as its `NonDynamicallyQuantizableLinear` output
+# projection; memest counts exactly these (`estimators/src/ml/features.rs`).
+_GPUMEMNET_TRANSFORMER_NAMES: dict[type[nn.Module], str] = {
+    nn.Embedding: "Embedding",
+    nn.Linear: "Linear",
+    nn.LayerNorm: "LayerNorm",
+    nn.Dropout: "Dropout",
+}
+ATTENTION = "NonDynamicallyQuantizableLinear"
+
+# The activations GPUMemNet encodes, for its MLP data (`MLP_ACTIVATIONS` in
+# estimators/src/ml/features.rs); its CNN data has all but Identity. memest's ML estimate refuses
+# a model whose activation is another, or none.
+GPUMEMNET_ACTIVATIONS = ("ELU", "GELU", "Identity", "LeakyReLU", "Mish", "PReLU", "ReLU", "SELU",
+                         "SiLU", "Softplus", "Tanh")  # fmt: skip
+CNN_ACTIVATIONS = tuple(a for a in GPUMEMNET_ACTIVATIONS if a != "Identity")
+# Modules of torch.nn.modules.activation that are not a layer's activation: attention, and the
+# normalisations of a classifier's output.
+_NOT_ACTIVATIONS = (nn.MultiheadAttention, nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d)
+
 
 @dataclass
 class Layer:
@@ -78,6 +99,25 @@ class Features:
             "gpumemnet_sequence": [list(s) for s in self.gpumemnet_sequence],
         }
 
+    def activation_issue(self) -> str | None:
+        """Why memest's ML estimate (GPUMemNet's encoding of the activation) refuses these
+        features, naming the activation; None where it encodes it. memest reads a model with an
+        attention block with GPUMemNet's Transformer features (no activation), one with a
+        convolution with its CNN features, others with its MLP features."""
+        kinds = {kind for kind, _, _ in self.gpumemnet_sequence}
+        if ATTENTION in kinds:
+            return None
+        data, vocab = (
+            ("CNN", CNN_ACTIVATIONS) if "conv2d" in kinds else ("MLP", GPUMEMNET_ACTIVATIONS)
+        )
+        act = self.activation_function
+        if act in vocab:
+            return None
+        what = f"activation {act}" if act else "no activation module (a functional one is not seen)"
+        known = ", ".join(vocab)
+        return (f"the model has {what}, and GPUMemNet's {data} estimator encodes only {known}: "
+                "`memest ml` gives no estimate from these features")  # fmt: skip
+
 
 def _numel(out: Any) -> int:
     if isinstance(out, torch.Tensor):
@@ -89,32 +129,109 @@ def _numel(out: Any) -> int:
     return 0
 
 
-def gpumemnet_name(module: nn.Module, family: str) -> str | None:
-    """GPUMemNet's spelling of a layer, or None for modules its datasets do not list."""
+def is_attention(module: nn.Module) -> bool:
+    """An attention block: memest's rule on the layer types of `sequence` (`is_attention` in
+    simulator/src/family.rs) applied to the module, so that `gpumemnet_sequence` names attention
+    wherever `sequence` does and memest reads both as one family."""
+    name = type(module).__name__.lower()
+    return (
+        isinstance(module, nn.MultiheadAttention)
+        or "attention" in name
+        or ATTENTION.lower() in name
+    )
+
+
+def is_activation(module: nn.Module) -> bool:
+    """A layer's activation module of torch.nn (nn.Identity is none here: `_activation` takes it
+    only where no activation module ran, as GPUMemNet's `act:identity` MLPs)."""
+    kind = type(module)
+    return kind.__module__.startswith("torch.nn.modules.activation") and not issubclass(
+        kind, _NOT_ACTIVATIONS
+    )
+
+
+def gpumemnet_name(module: nn.Module, family: str, head: bool = False) -> str | None:
+    """GPUMemNet's MLP/CNN spelling of a layer, or None for modules its datasets do not list;
+    `head`: the module is the output's activation (after the last layer with weights)."""
     kind = type(module)
     if kind is nn.Softmax:
         return "Softmax" if family == "mlp" else "softmax"
-    if kind in (nn.Identity, nn.Sigmoid):
+    if kind is nn.Identity or (kind is nn.Sigmoid and head):
         # GPUMemNet's CNN summary lists neither the shortcut Identity nor a Sigmoid head.
         return kind.__name__ if family == "mlp" else None
     if kind in _GPUMEMNET_NAMES:
         return _GPUMEMNET_NAMES[kind]
-    if module.__class__.__module__.startswith("torch.nn.modules.activation"):
+    if is_activation(module):
         return kind.__name__
     return None
+
+
+def _last_weighted(leaves: list[tuple[nn.Module, Layer]]) -> int:
+    """The index of the last layer with weights (an activation's, PReLU's, are not a layer's);
+    the activations after it are the output's head. `len(leaves)` when none has weights."""
+    weighted = [i for i, (m, la) in enumerate(leaves) if la.parameters and not is_activation(m)]
+    return weighted[-1] if weighted else len(leaves)
+
+
+def _activation(leaves: list[tuple[nn.Module, Layer]]) -> str | None:
+    """The model's activation, from the activation modules that ran: the most common (the first
+    of a tie) before its last layer with weights, so a classifier's Sigmoid or Softmax head is
+    not taken for it; an Identity only where no other ran (elsewhere it is a placeholder: a
+    shortcut, a disabled drop-path); the head's where the model has no other."""
+    last = _last_weighted(leaves)
+    acts = [(i, la.type) for i, (m, la) in enumerate(leaves)
+            if is_activation(m) or type(m) is nn.Identity]  # fmt: skip
+    for chosen in (
+        [t for i, t in acts if i < last and t != "Identity"],
+        [t for i, t in acts if i < last],
+        [t for i, t in acts if t != "Identity"],
+    ):
+        if chosen:
+            return collections.Counter(chosen).most_common(1)[0][0]
+    return None
+
+
+def _transformer_sequence(
+    records: list[tuple[nn.Module, Layer, int]], names: dict[nn.Module, str]
+) -> list[tuple[str, int, int]]:
+    """GPUMemNet's Transformer layers: each outermost attention block that ran as one
+    `NonDynamicallyQuantizableLinear` (nn.MultiheadAttention never calls its out_proj module, so
+    no hook sees it) with its first output and the parameters no listed layer inside it holds
+    (GPUMemNet's own rows give it out_proj's alone: its summary parser skipped in_proj), and the
+    Embedding, Linear, LayerNorm and Dropout modules that ran."""
+    attention = [names[m] for m, _, _ in records if is_attention(m)]
+    outer = {n for n in attention if not any(n.startswith(f"{o}.") for o in attention)}
+    seq: list[tuple[str, int, int]] = []
+    for m, la, first in records:
+        name = names[m]
+        if name in outer:
+            listed = {
+                id(p)
+                for sub_name, sub in m.named_modules(prefix=name)
+                if type(sub) in _GPUMEMNET_TRANSFORMER_NAMES and sub_name != name
+                for p in sub.parameters(recurse=False)
+            }
+            params = sum(parameter_count(p) for p in m.parameters() if id(p) not in listed)
+            seq.append((ATTENTION, first, params))
+        elif type(m) in _GPUMEMNET_TRANSFORMER_NAMES and not any(True for _ in m.children()):
+            seq.append((_GPUMEMNET_TRANSFORMER_NAMES[type(m)], la.activations, la.parameters))
+    return seq
 
 
 def extract(workload: Workload, family: str = "") -> Features:
     """Run one forward pass on meta with hooks; the workload must already live on meta."""
     model = workload.model
     batch = workload.batch_size
-    records: list[tuple[nn.Module, Layer]] = []
+    # Each hooked call: the module, its layer, and its first output's elements per sample (an
+    # attention block's output beside its optional attention weights).
+    records: list[tuple[nn.Module, Layer, int]] = []
     names = {m: n for n, m in model.named_modules()}
 
     def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
         params = sum(parameter_count(p) for p in module.parameters(recurse=False))
         layer = Layer(names[module], type(module).__name__, _numel(output) // batch, params)
-        records.append((module, layer))
+        first = output[0] if isinstance(output, tuple | list) and output else output
+        records.append((module, layer, _numel(first) // batch))
 
     handles = [
         m.register_forward_hook(hook)
@@ -138,26 +255,26 @@ def extract(workload: Workload, family: str = "") -> Features:
         for h in handles:
             h.remove()
         model.train(was_training)
-    layers = [layer for _, layer in records]
-    leaves = [(m, la) for m, la in records if not any(True for _ in m.children())]
+    layers = [layer for _, layer, _ in records]
+    leaves = [(m, la) for m, la, _ in records if not any(True for _ in m.children())]
     counts = collections.Counter(la.type for _, la in leaves)
-    # An MLP built with act:identity has Identity modules as its activation (GPUMemNet lists them).
-    acts = [
-        la.type for m, la in leaves if gpumemnet_name(m, family) == la.type and la.type != "Softmax"
-    ]
-    sequence = []
-    for m, la in leaves:
-        name = gpumemnet_name(m, family)
-        if name is not None:
-            # GPUMemNet's summary gives PReLU no parameters; mirror it so our rows line up.
-            sequence.append((name, la.activations, 0 if isinstance(m, nn.PReLU) else la.parameters))
+    sequence = _transformer_sequence(records, names)
+    if not any(kind == ATTENTION for kind, _, _ in sequence):
+        last = _last_weighted(leaves)
+        sequence = []
+        for i, (m, la) in enumerate(leaves):
+            name = gpumemnet_name(m, family, head=i > last)
+            if name is not None:
+                # GPUMemNet's summary gives PReLU no parameters; mirror it so our rows line up.
+                params = 0 if isinstance(m, nn.PReLU) else la.parameters
+                sequence.append((name, la.activations, params))
     return Features(
         total_parameters=sum(parameter_count(p) for p in model.parameters()),
         total_activations=sum(la.activations for _, la in leaves),
         layers=layers,
         depth=sum(1 for _, la in leaves if la.parameters > 0),
         layer_counts=dict(sorted(counts.items())),
-        activation_function=collections.Counter(acts).most_common(1)[0][0] if acts else None,
+        activation_function=_activation(leaves),
         batch_size=batch,
         sizes=dict(workload.sizes),
         gpumemnet_sequence=sequence,

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import ast
+import collections
 import csv
 import io
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FULL_CSV, cli, cli_process, csv_sample, gpumemnet_csv, gpumemnet_rows
+from conftest import FULL_CSV, REPO, cli, cli_process, csv_sample, gpumemnet_csv, gpumemnet_rows
 
-from memtrace_trainer.features import extract
+from memtrace_trainer.features import (
+    CNN_ACTIVATIONS,
+    GPUMEMNET_ACTIVATIONS,
+    Features,
+    extract,
+)
 from memtrace_trainer.models.cnn import CNNConfig
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
 from memtrace_trainer.models.zoo import build_workload
@@ -242,3 +249,159 @@ def test_features_json_goes_to_memest_ml_predict_as_it_is(
         return
     assert pred.returncode == 0, pred.stderr
     assert json.loads(pred.stdout)[0]["estimate"] == pytest.approx(answer["device_mib"], rel=1e-12)
+
+
+# The generator's transformer was no transformer to memest: `gpumemnet_sequence` (what the ML
+# estimate reads) listed its Linear and Dropout layers only, never the attention (the hooks saw
+# nn.MultiheadAttention, which is no leaf, and never its out_proj, whose forward it does not
+# call), nor its LayerNorm and Embedding layers. memest read it as an MLP and refused its
+# activation "None". Each attention block is now GPUMemNet's NonDynamicallyQuantizableLinear.
+def _transformer(layers: int, norm_first: bool) -> str:
+    return "synthetic:" + json.dumps({
+        "family": "transformer", "seq_len": 16, "embed_dim": 32, "layers": layers, "heads": 2,
+        "vocab_size": 100, "num_classes": 3, "norm_first": norm_first,
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "blocks", "want"),
+    [
+        # Per encoder layer: one attention, two Linear, two LayerNorm, three Dropout (as
+        # GPUMemNet's Transformer rows), then the final LayerNorm and classifier.
+        (_transformer(1, True), 1, {"Embedding": 2, "Linear": 3, "LayerNorm": 3, "Dropout": 3}),
+        (_transformer(3, False), 3, {"Embedding": 2, "Linear": 7, "LayerNorm": 7, "Dropout": 9}),
+        # torchvision's ViT (nn.MultiheadAttention) and GPT-2 (its own GPT2Attention).
+        ("torchvision:vit_b_16", 12, {"Linear": 25, "LayerNorm": 25, "Dropout": 37}),
+        ("hf:gpt2", 12, {"Embedding": 2, "Linear": 1, "LayerNorm": 25, "Dropout": 25}),
+    ],
+)
+def test_attention_models_list_their_attention_in_gpumemnet_spelling(
+    model: str, blocks: int, want: dict[str, int]
+) -> None:
+    doc = json.loads(cli("features", "--model", model, "--seq-len", "16").stdout)
+    kinds = [kind for kind, _, _ in doc["gpumemnet_sequence"]]
+    assert kinds.count("NonDynamicallyQuantizableLinear") == blocks, kinds
+    assert {k: n for k, n in collections.Counter(kinds).items()
+            if k != "NonDynamicallyQuantizableLinear"} == want  # fmt: skip
+    # Every listed layer holds its own parameters, and the attention entries hold the rest.
+    if model.startswith("synthetic:"):
+        assert sum(p for _, _, p in doc["gpumemnet_sequence"]) == doc["total_parameters"]
+
+
+def _gpumemnet_transformer_rows(n: int) -> list[dict[str, object]]:
+    """Rows in the shape of GPUMemNet's Transformer data (`transformer_data.csv`): an
+    Embedding, per encoder layer its attention output projection, two Linear, two LayerNorm and
+    three Dropout, a classifier; made-up labels that grow with parameters and activations."""
+    rows = []
+    for i in range(n):
+        layers, e, ff, batch = 1 + i % 6, (32, 64, 128)[i % 3], 64 * (2 + i % 3), 2 << (i % 4)
+        seq = [("Embedding", 64 * e, 1000 * e)]
+        for _ in range(layers):
+            seq += [("NonDynamicallyQuantizableLinear", e, e * e + e), ("Linear", ff, e * ff + ff),
+                    ("Dropout", ff, 0), ("Linear", e, ff * e + e), ("LayerNorm", e, 0),
+                    ("LayerNorm", e, 0), ("Dropout", e, 0), ("Dropout", e, 0)]  # fmt: skip
+        seq.append(("Linear", 10, 10 * e + 10))
+        acts, params = sum(a for _, a, _ in seq), sum(p for _, _, p in seq)
+        rows.append({
+            "Filename": f"transformer-{i}", "Depth": len(seq), "Activations-Params": repr(seq),
+            "Activation Function": "None", "Total Activations": acts, "Total Parameters": params,
+            "Batch Size": batch, "Status": "SUCCESSFUL",
+            "Max GPU Memory (MiB)": 1500 + (16 * params + 4 * acts * batch) // 2**20,
+        })  # fmt: skip
+    return rows
+
+
+def test_generator_transformer_features_go_to_a_transformer_ml_model(tmp_path: Path) -> None:
+    """A model trained on Transformer rows answers for the generator's transformer (it said
+    "this job is a MLP"), and `memest estimate --features` gives the same answer."""
+    data = tmp_path / "transformer.csv"
+    rows = _gpumemnet_transformer_rows(24)
+    with data.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    model = tmp_path / "transformer.json"
+    done = _memest("ml", "train", "--dataset", str(data), "--model", "forest-reg", "--trees", "5",
+                   "--family", "transformer", "--out", str(model))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    feats = tmp_path / "features.json"
+    feats.write_text(cli("features", "--model", _transformer(2, True), "--batch-size", "4").stdout)
+    pred = _memest("ml", "predict", "--model", str(model), "--features", str(feats), "--json")
+    assert pred.returncode == 0, pred.stderr
+    estimate = json.loads(pred.stdout)[0]["estimate"]
+    trace = tmp_path / "trace.jsonl"
+    cli("symtrace", "--model", _transformer(2, True), "--batch-size", "4", "--out", str(trace))
+    est = _memest("estimate", "--trace", str(trace), "--features", str(feats), "--ml-model",
+                  str(model), "--json")  # fmt: skip
+    assert est.returncode in (0, 1), est.stderr
+    assert json.loads(est.stdout)["estimates"]["ml"]["device_mib"] == pytest.approx(estimate)
+
+
+# A CNN with Sigmoid activations reported none (its Sigmoid modules were read as a head, which
+# GPUMemNet's CNN summaries do not list), so memest named "None" where the model has Sigmoid. The
+# activation is now the most common activation module before the last weighted layer.
+ACTIVATION_MODULES = {
+    "relu": "ReLU", "leaky_relu": "LeakyReLU", "prelu": "PReLU", "elu": "ELU", "selu": "SELU",
+    "gelu": "GELU", "tanh": "Tanh", "swish": "SiLU", "softplus": "Softplus", "mish": "Mish",
+    "identity": "Identity", "sigmoid": "Sigmoid",
+}  # fmt: skip
+# What GPUMemNet encodes (estimators/src/ml/features.rs): its CNN data has no Identity.
+ENCODED = {"mlp": set(ACTIVATION_MODULES.values()) - {"Sigmoid"},
+           "cnn": set(ACTIVATION_MODULES.values()) - {"Sigmoid", "Identity"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATION_MODULES))
+@pytest.mark.parametrize(
+    "family,base",
+    [("mlp", MLP), ("cnn", CNN), ("cnn", {**CNN, "architecture": "residual", "num_classes": 1}),
+     ("mlp", {**MLP, "output_size": 1})],
+    ids=["mlp", "cnn", "cnn-residual-sigmoid-head", "mlp-sigmoid-head"],
+)  # fmt: skip
+def test_the_activation_is_the_modules_and_an_unencoded_one_is_said(
+    family: str, base: dict, act: str
+) -> None:
+    done = cli("features", "--model", "synthetic:" + json.dumps({**base, "activation": act}))
+    name = ACTIVATION_MODULES[act]
+    assert json.loads(done.stdout)["activation_function"] == name
+    said = [line for line in done.stderr.splitlines() if "`memest ml` gives no estimate" in line]
+    if name in ENCODED[family]:
+        assert said == [], done.stderr
+    else:
+        assert len(said) == 1 and f"the model has activation {name}," in said[0], done.stderr
+        assert f"GPUMemNet's {family.upper()} estimator encodes only ELU, GELU" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("kinds", "activation", "said"),
+    [
+        (["linear", "ReLU", "linear"], "ReLU", None),
+        (["linear", "Identity", "linear"], "Identity", None),
+        (["conv2d", "Identity", "linear"], "Identity", "activation Identity, and GPUMemNet's CNN"),
+        (["conv2d", "Hardswish", "linear"], "Hardswish", "activation Hardswish, and GPUMemNet's CNN"),
+        (["linear", "linear"], None, "no activation module (a functional one is not seen), and "
+                                     "GPUMemNet's MLP"),
+        # GPUMemNet's Transformer features have no activation: memest needs none.
+        (["Embedding", "NonDynamicallyQuantizableLinear", "Linear"], None, None),
+    ],
+)  # fmt: skip
+def test_activation_issue_follows_what_memest_refuses(
+    kinds: list[str], activation: str | None, said: str | None
+) -> None:
+    feats = Features(total_parameters=1, total_activations=1, layers=[], depth=1, layer_counts={},
+                     activation_function=activation, batch_size=1,
+                     gpumemnet_sequence=[(k, 1, 0) for k in kinds])  # fmt: skip
+    issue = feats.activation_issue()
+    assert issue == said if said is None else said in (issue or ""), issue
+
+
+def test_the_activation_vocabulary_is_memests() -> None:
+    """The trainer's warning names what memest encodes (estimators/src/ml/features.rs): a copy
+    that drifted would warn of an activation memest takes, or stay silent on one it refuses."""
+    source = (REPO / "estimators" / "src" / "ml" / "features.rs").read_text()
+    for name, ours in (
+        ("MLP_ACTIVATIONS", GPUMEMNET_ACTIVATIONS),
+        ("CNN_ACTIVATIONS", CNN_ACTIVATIONS),
+    ):
+        listed = re.search(rf"pub const {name}: \[&str; \d+\] =\s*\[([^\]]*)\]", source)
+        assert listed, name
+        assert tuple(re.findall(r'"([^"]+)"', listed.group(1))) == ours, name

@@ -252,6 +252,38 @@ def test_an_entry_of_a_fixed_batch_is_said_and_never_searched() -> None:
         assert f"takes no `{name}` parameter, so there is no {name} to search" in done.stderr
 
 
+# An entry function without a `batch_size` parameter builds its own batch, yet `estimate` and
+# `symtrace` refused it without a --batch-size it could not take (and then said the flag had no
+# effect). Its batch is now the job's, as a `--step` of the device alone takes none; an entry
+# that takes `batch_size` is refused without one, as before.
+@pytest.mark.parametrize(
+    ("argv", "batch", "error"),
+    [
+        (["estimate", "--entry", "entry_example:fixed_batch", "--json"], 4, None),
+        (["symtrace", "--entry", "entry_example:fixed_batch", "--json"], 4, None),
+        (["estimate", "--entry", "entry_example:make", "--json"], None,
+         "--batch-size is required with --model and --entry"),
+        (["symtrace", "--entry", "entry_example:make", "--json"], None,
+         "--batch-size is required with --model and --entry"),
+    ],
+)  # fmt: skip
+def test_an_entry_of_its_own_batch_needs_no_batch_size(
+    tmp_path: Path, argv: list[str], batch: int | None, error: str | None
+) -> None:
+    if argv[0] == "symtrace":
+        argv = [*argv, "--out", str(tmp_path / "t.jsonl")]
+    done = cli(*argv, check=False)
+    if error is not None:
+        assert done.returncode == 2 and error in done.stderr, done.stderr
+        return
+    assert done.returncode in (0, 1), done.stderr
+    out = json.loads(done.stdout)
+    if argv[0] == "estimate":
+        assert out["inputs"]["batch_size"] == batch and out["warnings"] == [], out["warnings"]
+    else:
+        assert read_trace(tmp_path / "t.jsonl")[0]["metadata"]["batch_size"] == str(batch)
+
+
 def test_estimate_and_max_batch_take_a_step(tmp_path: Path) -> None:
     done = cli("estimate", "--step", "step_examples:default_adamw", "--json")
     r = json.loads(done.stdout)

@@ -81,7 +81,10 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     _model_source(e, script=True)
     script_args(e)
     e.add_argument(
-        "--batch-size", type=int, help="samples per step (required with --model/--entry)"
+        "--batch-size",
+        type=int,
+        help="samples per step (required with --model, and with an --entry function that takes "
+        "`batch_size`)",
     )
     _fit_args(e, "GPU profile")
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
@@ -218,7 +221,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         steps = resolve_steps(vars(args))
         job = StepJob(args.step, steps, args.world_size, step_batch(args.step, args.batch_size))
     else:
-        require_batch_size(args.batch_size)
+        require_batch_size(args.batch_size, args.entry)
         build = _workloads(args)
         shape = {k: getattr(args, k) for k in ("seq_len", "input_shape", "num_classes")}
         job = ModelJob(lambda: build(args.batch_size), _step(args), shape)

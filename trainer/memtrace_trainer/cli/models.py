@@ -82,7 +82,10 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         help="trace many configs in one process (one JSON object per line)",
     )
     s.add_argument(
-        "--batch-size", type=int, help="samples per step (required with --model/--entry)"
+        "--batch-size",
+        type=int,
+        help="samples per step (required with --model, and with an --entry function that takes "
+        "`batch_size`)",
     )
     shape_args(s)
     step_args(s)
@@ -180,6 +183,10 @@ def _features(args: argparse.Namespace) -> None:
     with torch.device("meta"):
         feats = extract(workload, family)
     print_defaults(workload.defaults)
+    # The document is still printed: the analytic estimates read it all the same, and memest
+    # names the activation again when its ML estimate refuses it.
+    if issue := feats.activation_issue():
+        notes.warn(issue)
     if args.batch_size is None and not args.gpumemnet_row:
         print("note: batch_size = 1 (features per sample; give --batch-size to change it)",
               file=sys.stderr)  # fmt: skip
@@ -218,7 +225,9 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         _allocated(summary, step_label(args["step"]))
         return _symtrace_result(out, summary, {}, args, steps)
     batch = args.get("batch_size")
-    if not isinstance(batch, int):
+    if batch is None:
+        require_batch_size(batch, args.get("entry"))
+    elif not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
     workload = workloads(args)(batch)
     cfg = step_config(args, steps, not args.get("no_cuda_emulation", False))
@@ -372,7 +381,7 @@ def _check_line(config: dict[str, Any]) -> None:
     if len(sources) != 1:
         raise UserError("expected exactly one of --model, --entry or --step")
     if sources[0] != "step":
-        require_batch_size(config.get("batch_size"))
+        require_batch_size(config.get("batch_size"), config.get("entry"))
         step_config(config, resolve_steps(config))
     tune_from(config)
     _parse_shape(config.get("input_shape"))

@@ -20,6 +20,7 @@ from memtrace_trainer.errors import (
     check_batch_size,
     is_integer,
     json_object,
+    require_batch_size,
 )
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
@@ -397,12 +398,14 @@ def entry_takes(entry: str, name: str, what: str) -> None:
 
 
 def load_entry(
-    entry: str, batch_size: int, device: torch.device = META, seq_len: int | None = None
+    entry: str, batch_size: int | None, device: torch.device = META, seq_len: int | None = None
 ) -> Workload:
     """A user's training step: `package.module:function` returning (model, (inputs, target),
     loss_fn). The function runs with `device` (meta unless a real run asks for another) as the
-    default device and may take `batch_size` and `seq_len`."""
-    check_batch_size(batch_size)  # before the user's code sees it
+    default device and may take `batch_size` and `seq_len`; `batch_size` None: the function
+    takes none, and its batch's size is the job's."""
+    check_batch_size(batch_size, optional=True)  # before the user's code sees it
+    require_batch_size(batch_size, entry)
     func = user_function(entry, "--entry")
     func_name = entry.partition(":")[2]
     params = inspect.signature(func).parameters
@@ -428,7 +431,10 @@ def load_entry(
         model = model.to(device)  # (fake tensors cannot be swapped for themselves)
     first = batch[0]
     size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else batch_size
-    if "batch_size" not in params and size != batch_size:
+    if size is None:
+        raise UserError(f"--entry {entry!r}: its inputs are no tensor with a batch dimension to "
+                        "read the batch size from: give --batch-size N")  # fmt: skip
+    if "batch_size" not in params and batch_size is not None and size != batch_size:
         warn(f"--batch-size {batch_size} has no effect: {entry} takes no `batch_size` parameter, "
              f"and its batch has {size} samples")  # fmt: skip
     if device.type == "meta":
