@@ -41,6 +41,10 @@ pub struct Outcome {
     pub seconds: Option<f64>,
     /// The memsim-simulated rerun capped at the estimate survived.
     pub capped_rerun_ok: Option<bool>,
+    /// What `memest estimate` would warn of this answer for this run (an ML model asked about
+    /// features outside its training range); absent when nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl Outcome {
@@ -294,6 +298,13 @@ pub fn evaluate_row(
             est.insert(
                 "symbolic".into(),
                 match sym {
+                    // A saturated need is no estimate to score: null, with the reason.
+                    Ok(e) if e.unbounded.is_some() => Outcome {
+                        reserved_bytes: Some(e.predicted_reserved_peak),
+                        seconds: Some(trace_s + s),
+                        error: e.unbounded.map(|u| format!("no device holds the need: {}", u.describe())),
+                        ..Outcome::default()
+                    },
                     Ok(e) => Outcome {
                         device_bytes: Some(e.predicted_device_peak),
                         reserved_bytes: Some(e.predicted_reserved_peak),
@@ -374,6 +385,12 @@ impl MlModels {
         Ok(MlModels { models })
     }
 
+    /// Each model file that records no training range, said once per file
+    /// ([`ModelFile::range_unknown`]): no row's warnings can say it is outside.
+    pub fn ranges_unknown(&self) -> Vec<String> {
+        self.models.iter().filter_map(|(p, m)| m.range_unknown(p)).collect()
+    }
+
     /// The model files and the datasets they were trained on.
     pub fn trained_on(&self) -> impl Iterator<Item = (&Path, &str, Family)> {
         self.models.iter().map(|(p, m)| (p.as_path(), m.trained_on.as_str(), m.family))
@@ -410,25 +427,34 @@ impl MlModels {
                 model.trained_on
             ));
         }
-        let (p, s) = timed(|| -> std::result::Result<f64, String> {
+        let (p, s) = timed(|| -> std::result::Result<(f64, Vec<String>), String> {
             let x = extract(family, row).map_err(|e| e.to_string())?;
+            // The one wording of a feature outside the training range (`memest estimate`'s).
+            let warnings = model.outside_training_at(&x, &row_at(path, dataset, row));
             let n = x.len();
             let x = ndarray::Array2::from_shape_vec((1, n), x).map_err(|e| e.to_string())?;
             let mut p = model.predict(&x).map_err(|e| chain(&e))?;
             let p = p.pop().ok_or_else(|| "the model returned no prediction".to_string())?;
             // A negative or infinite answer is no memory figure: null, with the reason.
-            p.mib().map_err(str::to_string)
+            Ok((p.mib().map_err(str::to_string)?, warnings))
         });
         match p {
             // The model answers in MiB, at device level (GPUMemNet's label).
-            Ok(mib) => Outcome {
+            Ok((mib, warnings)) => Outcome {
                 device_bytes: Some((mib * 1024.0 * 1024.0).round() as u64),
                 seconds: Some(s),
+                warnings,
                 ..Outcome::default()
             },
             Err(e) => Outcome::failed(format!("{}: {e}", path.display())),
         }
     }
+}
+
+/// Where a row's ML warnings come from: `MODEL: DATASET row ID`, as `memest estimate` names its
+/// model and features file.
+fn row_at(model: &Path, dataset: &Path, row: &DatasetRow) -> String {
+    format!("{}: {} row {}", model.display(), dataset.display(), row.id)
 }
 
 /// Metrics of one estimator over one group, with PEF both simulated and as the labelled proxy.

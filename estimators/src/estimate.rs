@@ -15,7 +15,7 @@ use crate::analytic::{
 use crate::error::{EstimateError, Result};
 use crate::estimate_text::{EstimateText, EstimateView};
 use crate::features::{Family, Features};
-use crate::symbolic::{profile_version, symbolic};
+use crate::symbolic::{profile_version, symbolic, Unbounded};
 use crate::tracefile::{job_libraries, LoadedTrace};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -27,13 +27,15 @@ pub const SCHEMA: u32 = 2;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Answer {
     /// What nvidia-smi would show (device level), or the estimator's own answer when it has no
-    /// notion of device memory (see `level`).
-    pub device_mib: f64,
+    /// notion of device memory (see `level`); `null` for a need no device holds
+    /// (`verdict.need_unbounded` says why), which as a number would read as a size.
+    pub device_mib: Option<f64>,
     /// Allocator level (`max_memory_reserved`), where the estimator models it.
     pub reserved_mib: Option<f64>,
     /// Peak allocated (`max_memory_allocated`), where the estimator models it.
     pub allocated_mib: Option<f64>,
-    /// The point plus the profile's calibrated safety margin (the headline only).
+    /// The point plus the profile's calibrated safety margin (the headline only; absent, like
+    /// `device_mib`, for a need no device holds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub safe_mib: Option<f64>,
     /// What the number measures: `device`, `reserved` or `live` (live tensor bytes).
@@ -52,7 +54,7 @@ impl Answer {
     /// A baseline's answer.
     pub fn baseline(name: &str, device_mib: f64, reserved_mib: Option<f64>, level: &'static str) -> Answer {
         Answer {
-            device_mib,
+            device_mib: Some(device_mib),
             reserved_mib,
             allocated_mib: None,
             safe_mib: None,
@@ -162,10 +164,15 @@ pub struct VerdictReport {
     /// The number the verdict rests on: `estimates.symbolic.safe_mib`, or `.device_mib` with
     /// `--point`.
     pub basis: String,
-    /// The point estimate beside it.
-    pub point_mib: f64,
-    /// Device memory needed.
-    pub need_mib: f64,
+    /// The point estimate beside it; `null` when no device holds it (`need_unbounded`).
+    pub point_mib: Option<f64>,
+    /// Device memory needed; `null` when no device holds it (`need_unbounded`).
+    pub need_mib: Option<f64>,
+    /// Why no device holds the need, when none does (`need_mib` and `point_mib` are then `null`
+    /// and `fits` false): `memory_fraction` (the program's memory fraction lets its allocator
+    /// reserve nothing of any device) or `overflow`; `null` otherwise.
+    #[serde(default)]
+    pub need_unbounded: Option<Unbounded>,
     /// Device capacity.
     pub capacity_mib: f64,
     /// `--capacity` or `profile`.
@@ -357,13 +364,18 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     let sym = symbolic(t, version, &outside_terms, capacity)?;
     time("symbolic", s);
     warnings.extend(sym.replay_warnings.clone());
+    // A saturated need is no size: null, with the reason in the verdict (the margin on a need
+    // near 2^64 B saturates too).
+    let safe = margin.safe(sym.predicted_device_peak, sym.predicted_reserved_peak);
+    let unbounded = sym.unbounded.or((safe == u64::MAX).then_some(Unbounded::Overflow));
+    let bounded = |b: u64| unbounded.is_none().then(|| mib(b));
     estimates.insert(
         "symbolic".into(),
         Some(Answer {
-            device_mib: mib(sym.predicted_device_peak),
+            device_mib: bounded(sym.predicted_device_peak),
             reserved_mib: Some(mib(sym.predicted_reserved_peak)),
             allocated_mib: Some(mib(sym.predicted_allocated_peak)),
-            safe_mib: Some(mib(margin.safe(sym.predicted_device_peak, sym.predicted_reserved_peak))),
+            safe_mib: bounded(safe),
             level: "device",
             steps: StepPeaks::of(&sym.iterations, sym.outside_allocator),
             role: "headline",
@@ -467,8 +479,9 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         headline: "symbolic",
         verdict: VerdictReport {
             basis: v.basis.clone(),
-            point_mib: mib(point),
-            need_mib: mib(v.need_bytes),
+            point_mib: bounded(point),
+            need_mib: bounded(v.need_bytes),
+            need_unbounded: unbounded,
             capacity_mib: mib(v.capacity_bytes),
             capacity_source: v.capacity_source,
             fits: v.fits,

@@ -31,8 +31,8 @@ pub struct EstimateText {
 /// One estimator's answer, as the words use it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AnswerView {
-    /// Its number.
-    pub device_mib: f64,
+    /// Its number; `None` for a need no device holds (the verdict's `need_unbounded`).
+    pub device_mib: Option<f64>,
     /// The safe number (the point plus the profile's margin), where the estimator has one.
     #[serde(default)]
     pub safe_mib: Option<f64>,
@@ -159,8 +159,17 @@ impl EstimateText {
     /// The words of an estimate.
     pub fn of(r: &EstimateView) -> EstimateText {
         let v = &r.verdict;
-        let point = if v.basis.ends_with("safe_mib") { format!("point {:.1}", v.point_mib) } else { "point".into() };
-        let (need, capacity) = simulator::units::need_and_capacity_mib(v.need_mib, v.capacity_mib, 1);
+        // A need no device holds is said as one, with why, never as a number of MiB.
+        let point = match (v.need_unbounded, v.point_mib) {
+            (Some(why), _) => why.describe().to_string(),
+            (None, Some(p)) if v.basis.ends_with("safe_mib") => format!("point {p:.1}"),
+            (None, _) => "point".into(),
+        };
+        let (need, capacity) = match v.need_mib {
+            Some(need) => simulator::units::need_and_capacity_mib(need, v.capacity_mib, 1),
+            // Infinite MiB saturate to `u64::MAX` bytes, which `units` words as UNBOUNDED.
+            None => simulator::units::need_and_capacity_mib(f64::INFINITY, v.capacity_mib, 1),
+        };
         let mut details =
             vec![format!("  capacity {capacity} ({}); margin: {}", v.capacity_source.describe(), r.margin.note)];
         if let Some(Some(sym)) = r.estimates.get(&r.headline) {
@@ -192,7 +201,10 @@ impl EstimateText {
         let mut baselines = vec!["baselines (for comparison, not for decisions):".to_string()];
         for (name, ans) in r.estimates.iter().filter(|(n, _)| **n != r.headline) {
             baselines.push(match ans {
-                Some(x) => format!("  {:<12} {:>10.1} MiB  {:<6}  ignores {}", name, x.device_mib, x.level, x.ignores),
+                Some(x) => {
+                    let n = x.device_mib.map_or(simulator::units::UNBOUNDED.to_string(), |m| format!("{m:>10.1} MiB"));
+                    format!("  {:<12} {n}  {:<6}  ignores {}", name, x.level, x.ignores)
+                }
                 None => format!("  {:<12} {:>10}      ({})", name, "-", r.unavailable.get(name).map_or("", |s| s)),
             });
         }

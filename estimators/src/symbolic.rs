@@ -33,6 +33,42 @@ pub struct SymbolicEstimate {
     pub iterations: Vec<simulator::replay::IterationPeak>,
     /// What the replay says of the trace ([`simulator::replay::ReplayReport::warnings`]).
     pub replay_warnings: Vec<String>,
+    /// Why no device holds the job, when none does: `predicted_device_peak` is then `u64::MAX`,
+    /// a saturated count and no size ([`simulator::units::UNBOUNDED`]).
+    pub unbounded: Option<Unbounded>,
+}
+
+/// Why a need is no number of bytes: what an estimate's JSON says in place of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unbounded {
+    /// The program's memory fraction lets its allocator reserve nothing of any device (a
+    /// fraction of 0, or one too small for what it reserves).
+    MemoryFraction,
+    /// The need's parts add up past 2^64 bytes.
+    Overflow,
+}
+
+impl Unbounded {
+    /// Why a saturated device need is one, from the replay that made it.
+    fn of(device_peak: u64, fraction_need: u64) -> Option<Unbounded> {
+        match (device_peak, fraction_need) {
+            (u64::MAX, u64::MAX) => Some(Unbounded::MemoryFraction),
+            (u64::MAX, _) => Some(Unbounded::Overflow),
+            _ => None,
+        }
+    }
+
+    /// The reason in words, after "no device holds the need: ".
+    pub fn describe(self) -> &'static str {
+        match self {
+            Unbounded::MemoryFraction => {
+                "the program's memory fraction lets its allocator reserve nothing of any device (a fraction of 0, \
+                 or one too small for what it reserves)"
+            }
+            Unbounded::Overflow => "its parts add up past 2^64 bytes",
+        }
+    }
 }
 
 /// The allocator version a profile implies.
@@ -78,6 +114,7 @@ pub fn symbolic(
         verdict: Verdict::new("symbolic.device", device, capacity),
         iterations: fit.report.iterations.clone(),
         replay_warnings: fit.report.warnings().into_iter().chain(held_beside_terms(&fit.report, outside)).collect(),
+        unbounded: Unbounded::of(device, fit.report.fraction_need_bytes),
     })
 }
 

@@ -18,8 +18,7 @@ from typing import Any
 
 from memtrace_trainer.binaries import error_line, run_tool
 from memtrace_trainer.errors import UserError
-
-MIB = 1 << 20
+from memtrace_trainer.units import MIB
 
 # The breakdown's part names for trace categories (memsim's `categories`, in its order); a
 # category without a name here is its own part, so the parts always sum to `device_mib`.

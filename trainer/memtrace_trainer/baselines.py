@@ -23,8 +23,8 @@ import torch
 
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.markers import iteration_of
+from memtrace_trainer.units import MIB
 
-MIB = 1 << 20
 IGNORES = (
     "the caching allocator (rounding, caching, fragmentation), CUDA-only workspaces and the "
     "CUDA context and libraries (PyTorch's MemTracker: peak of live tensors, storages rounded "

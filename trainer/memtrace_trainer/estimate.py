@@ -26,10 +26,10 @@ from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import Summary, script_to_file, step_to_file, trace_to_file
+from memtrace_trainer.units import MIB
 from memtrace_trainer.workload import Workload
 
 SCHEMA = 2
-MIB = 1 << 20
 
 
 def _answer(name: str, value: Any) -> None:
@@ -61,9 +61,17 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
         if estimates.get(name) is None:
             why = data.get("unavailable", {}).get(name, "no reason given")
             raise UserError(f"memest estimate: estimates.{name} is missing ({why})")
+    verdict = data.get("verdict")
+    # A need no device holds has no number (memest writes null with the reason): the callers
+    # here act on numbers, so they are told why there is none rather than given a null.
+    if isinstance(verdict, dict) and verdict.get("need_unbounded") is not None:
+        why = verdict["need_unbounded"]
+        headline = (data.get("text") or {}).get("headline", "")
+        raise UserError(
+            f"memest estimate: no device holds this job (verdict.need_unbounded: {why}); {headline}"
+        )
     for name, value in estimates.items():
         _answer(name, value)
-    verdict = data.get("verdict")
     if not isinstance(verdict, dict) or not isinstance(verdict.get("fits"), bool):
         raise UserError("memest estimate: field verdict.fits missing (expected schema 2)")
     _text(data.get("text"))

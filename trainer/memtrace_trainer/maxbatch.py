@@ -25,9 +25,9 @@ from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
 from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
 from memtrace_trainer.symtrace.userstep import load_step
+from memtrace_trainer.units import MIB
 from memtrace_trainer.workload import Workload
 
-MIB = 1 << 20
 # Writes one probe's trace at a batch size; returns the defaults that shaped it.
 TraceAt = Callable[[int, Profile, Path], dict[str, Any]]
 

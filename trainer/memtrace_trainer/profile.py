@@ -13,10 +13,10 @@ from typing import Any
 from memtrace_trainer.binaries import error_line, run_tool
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import warn
+from memtrace_trainer.units import MIB
 
 DEFAULT_PROFILE = "a100-40gb"
 
-MIB = 1 << 20
 # The profile keys the tracer's CUDA emulation reads: a use of an unmeasured one is warned about.
 EMULATION_KEYS = (
     "workspace.cublas_workspace_config",

@@ -591,3 +591,20 @@ def test_max_seq_at_the_models_cap_says_the_cap_and_the_multiple() -> None:
     done = cli("max-seq", "--model", "hf:gpt2", "--multiple-of", "1000", "--steps", "1")
     assert (": 1000 tokens (the largest multiple of --multiple-of 1000 within the model's "
             "max_position_embeddings, 1024;") in done.stdout, done.stdout  # fmt: skip
+
+
+def test_a_need_no_device_holds_is_said_not_read_as_a_null_number() -> None:
+    """memest writes a need no device holds (a memory fraction of 0) as null with its reason
+    (`verdict.need_unbounded`): the trainer says so, rather than failing on a null MiB."""
+    from memtrace_trainer.errors import UserError
+    from memtrace_trainer.estimate import parse_memest
+
+    answer = {"device_mib": None, "reserved_mib": 20.0, "level": "device"}
+    data = {
+        "schema": 2,
+        "estimates": {"symbolic": answer},
+        "verdict": {"need_mib": None, "need_unbounded": "memory_fraction", "fits": False},
+        "text": {"headline": "needs more than any device holds on GPU", "verdict": "DOES NOT FIT"},
+    }
+    with pytest.raises(UserError, match=r"no device holds this job .*memory_fraction.*any device"):
+        parse_memest(json.dumps(data), with_features=False)

@@ -199,7 +199,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
     }
-    let ml_notes = ml_models.as_ref().map_or_else(Vec::new, |m| training_notes(m, &rows, &a));
+    let ml_notes = ml_models
+        .as_ref()
+        .map_or_else(Vec::new, |m| crate::compare_ml::training_notes(m, &rows, &a.dataset, a.ml_include_training_rows));
     if rows.is_empty() {
         anyhow::bail!(
             "no row to compare: the datasets hold {read} rows{}",
@@ -404,6 +406,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         })
         .collect();
     pb.finish_and_clear();
+    let ml_outside = ml_models.as_ref().and_then(|m| crate::compare_ml::outside_training(m, &records));
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
     let mut truth_cols: BTreeMap<&str, usize> = Default::default();
     for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {
@@ -468,7 +471,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             )
         }
     };
-    for n in &ml_notes {
+    for n in ml_notes.iter().chain(&ml_outside) {
         extra += &format!("\n\n**{n}**");
     }
     let notes = format!(
@@ -567,34 +570,4 @@ fn traced_otherwise(path: &std::path::Path, job: &TraceJob, profile: &str) -> Op
         let got = h.meta(key)?;
         (got != *want).then(|| format!("{} {got}, not {want}", key.name))
     })
-}
-
-/// The rows of each dataset an ML model was trained on, said on stderr and returned for the
-/// report: null unless `--ml-include-training-rows`, in-sample when included.
-fn training_notes(m: &MlModels, rows: &[(DatasetRow, usize)], a: &Args) -> Vec<String> {
-    let mut counts: BTreeMap<(usize, &Path), usize> = BTreeMap::new();
-    for (r, di) in rows {
-        if let Some(model) = m.trained_on_row(r, &a.dataset[*di]) {
-            *counts.entry((*di, model)).or_default() += 1;
-        }
-    }
-    if counts.is_empty() && a.ml_include_training_rows {
-        eprintln!(
-            "memest: warning: --ml-include-training-rows has no effect: no row compared is one a model was trained on"
-        );
-    }
-    let mut notes = Vec::new();
-    for ((di, model), n) in counts {
-        let data = a.dataset[di].display();
-        let model = model.display();
-        let them = if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
-        let msg = if a.ml_include_training_rows {
-            format!("WARNING: ml on {them} of {data} uses {model}, which was trained on them: those results are in-sample, not held out")
-        } else {
-            format!("ml is null on {them} of {data}: {model} was trained on them (--ml-include-training-rows evaluates them in-sample)")
-        };
-        eprintln!("{msg}");
-        notes.push(msg);
-    }
-    notes
 }

@@ -16,7 +16,8 @@ labelled with what it ignores.\n\
 Exit status: 0 fits, 1 does not fit the capacity, 2 bad input or error.\n\
 JSON output (--json) is schema 2, the contract `python -m memtrace_trainer estimate` reads:\n  \
 {\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
-\"capacity_mib\", \"capacity_source\", \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
+\"need_unbounded\" (why no device holds the need; the MiB are then null), \"capacity_mib\", \"capacity_source\", \
+\"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
 \"allocated_mib\", \"safe_mib\" (symbolic), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
 \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"margin\": {...}, \"seconds\", \"unavailable\", \"profile\", \
 \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\",\n  \
@@ -182,7 +183,20 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     }
     // The words never give a verdict the numbers beside it contradict.
     let v = &view.verdict;
-    for (field, mib) in [("need_mib", v.need_mib), ("capacity_mib", v.capacity_mib)] {
+    // A need no device holds is null with its reason; a null without one is a damaged file.
+    let need = match (v.need_mib, v.need_unbounded) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("{name}: field `verdict.need_mib` is a number but `verdict.need_unbounded` says no device holds it ({expected})")
+        }
+        (None, None) => {
+            anyhow::bail!(
+                "{name}: field `verdict.need_mib` is null without `verdict.need_unbounded` saying why ({expected})"
+            )
+        }
+        (None, Some(_)) => f64::INFINITY,
+        (Some(need), None) => need,
+    };
+    for (field, mib) in [("need_mib", v.need_mib.unwrap_or(0.0)), ("capacity_mib", v.capacity_mib)] {
         if !(mib.is_finite() && mib >= 0.0) {
             anyhow::bail!("{name}: field `verdict.{field}` is {mib}: expected a number of MiB >= 0 ({expected})");
         }
@@ -190,12 +204,12 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     if v.capacity_mib == 0.0 {
         anyhow::bail!("{name}: field `verdict.capacity_mib` is 0: expected a device's memory ({expected})");
     }
-    if v.fits != (v.need_mib <= v.capacity_mib) {
+    if v.fits != (need <= v.capacity_mib) {
         anyhow::bail!(
-            "{name}: field `verdict.fits` is {} but need_mib {:.1} {} capacity_mib {:.1}",
+            "{name}: field `verdict.fits` is {} but need_mib {} {} capacity_mib {:.1}",
             v.fits,
-            v.need_mib,
-            if v.need_mib <= v.capacity_mib { "<=" } else { ">" },
+            v.need_mib.map_or("null (no device holds it)".into(), |n| format!("{n:.1}")),
+            if need <= v.capacity_mib { "<=" } else { ">" },
             v.capacity_mib
         );
     }
@@ -223,58 +237,77 @@ fn consistent(view: &estimators::estimate_text::EstimateView) -> Result<(), Stri
     let Some(Some(answer)) = view.estimates.get(h) else {
         return Err(format!("field `estimates.{h}` is missing or null: the headline names it"));
     };
-    if differ(v.point_mib, answer.device_mib) {
+    // A need no device holds has no number anywhere: the point, the headline's and its safe number.
+    let unbounded = v.need_unbounded.is_some();
+    let (point_mib, device_mib) = match (v.point_mib, answer.device_mib) {
+        (None, None) if unbounded && answer.safe_mib.is_none() => return Ok(()),
+        (Some(p), Some(d)) if !unbounded => (p, d),
+        (p, d) => {
+            let said = |m: Option<f64>| m.map_or("null".to_string(), show);
+            return Err(format!(
+                "fields `verdict.point_mib` ({}), `estimates.{h}.device_mib` ({}) and `estimates.{h}.safe_mib` ({}): \
+                 expected numbers, or all null when `verdict.need_unbounded` says no device holds the need (it is {})",
+                said(p),
+                said(d),
+                said(answer.safe_mib),
+                v.need_unbounded.map_or("null", |u| u.describe())
+            ));
+        }
+    };
+    // Checked by the caller: a number when not unbounded.
+    let need = v.need_mib.unwrap_or(f64::INFINITY);
+    if differ(point_mib, device_mib) {
         return Err(format!(
             "field `verdict.point_mib` is {} but `estimates.{h}.device_mib` is {}",
-            show(v.point_mib),
-            show(answer.device_mib)
+            show(point_mib),
+            show(device_mib)
         ));
     }
-    if v.basis == point && differ(v.need_mib, v.point_mib) {
+    if v.basis == point && differ(need, point_mib) {
         return Err(format!(
             "field `verdict.need_mib` is {} but the basis is the point, {}",
-            show(v.need_mib),
-            show(v.point_mib)
+            show(need),
+            show(point_mib)
         ));
     }
     if v.basis == safe {
         let Some(safe_mib) = answer.safe_mib else {
             return Err(format!("field `estimates.{h}.safe_mib` is missing or null, but `verdict.basis` names it"));
         };
-        if differ(v.need_mib, safe_mib) {
+        if differ(need, safe_mib) {
             return Err(format!(
                 "field `verdict.need_mib` is {} but the basis, `estimates.{h}.safe_mib`, is {}",
-                show(v.need_mib),
+                show(need),
                 show(safe_mib)
             ));
         }
-        if safe_mib + 0.05 < answer.device_mib {
+        if safe_mib + 0.05 < device_mib {
             return Err(format!(
                 "field `estimates.{h}.safe_mib` is {}, below `estimates.{h}.device_mib` {}: a safe number is never \
                  below the point",
                 show(safe_mib),
-                show(answer.device_mib)
+                show(device_mib)
             ));
         }
     }
-    if v.need_mib + 0.05 < v.point_mib {
+    if need + 0.05 < point_mib {
         return Err(format!(
             "field `verdict.need_mib` is {}, below `verdict.point_mib` {}: a safe number is never below the point",
-            show(v.need_mib),
-            show(v.point_mib)
+            show(need),
+            show(point_mib)
         ));
     }
     // The detail line adds the headline's reserved peak and the memory outside the allocator:
     // together they are never more than its device need (which a memory fraction can raise).
     if let Some(reserved) = answer.reserved_mib {
         let outside = view.outside_allocator.total_mib;
-        if reserved + outside > answer.device_mib + 0.1 {
+        if reserved + outside > device_mib + 0.1 {
             return Err(format!(
                 "fields `estimates.{h}.reserved_mib` ({}) and `outside_allocator.total_mib` ({}) add up to more than \
                  `estimates.{h}.device_mib` ({})",
                 show(reserved),
                 show(outside),
-                show(answer.device_mib)
+                show(device_mib)
             ));
         }
     }

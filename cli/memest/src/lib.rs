@@ -3,6 +3,7 @@
 
 mod calibrate;
 mod compare;
+mod compare_ml;
 mod estimate;
 mod fitio;
 pub mod ml;

@@ -117,3 +117,71 @@ fn an_oom_crash_row_is_not_said_to_be_unscored() {
     assert!(!err.contains("no measured peak (truth)"), "{err}");
     assert_eq!(metrics(&out, "horus")["metrics"]["estimated"], 3);
 }
+
+/// An ML model asked about rows outside the range it was trained on: `memest estimate` and
+/// `ml predict` warn per feature, and compare said nothing of any row. Each row now carries what
+/// `estimate` would say of it (runs.jsonl), and stderr counts them and shows the first few.
+#[test]
+fn ml_rows_outside_the_training_range_are_said_per_row() {
+    let dir = tempfile::tempdir().unwrap();
+    // A tree trained on 20 rows of the step-2 MLP CSV.
+    let text = std::fs::read_to_string(shared("gpumemnet/mlp_data_step2.csv")).unwrap();
+    let train = dir.path().join("train.csv");
+    std::fs::write(&train, text.lines().take(21).collect::<Vec<_>>().join("\n")).unwrap();
+    let model = dir.path().join("tree.json");
+    let (t, m) = (train.to_str().unwrap(), model.to_str().unwrap());
+    let (ok, _, err) =
+        crate::support::memest(&["ml", "train", "--dataset", t, "--family", "mlp", "--model", "tree", "--out", m]);
+    assert!(ok, "{err}");
+    // Seven of its rows, six at a batch of 100000 (no longer training rows, and outside).
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let header = rdr.headers().unwrap().clone();
+    let batch = header.iter().position(|h| h == "Batch Size").unwrap();
+    let data = dir.path().join("far.csv");
+    let mut w = csv::Writer::from_path(&data).unwrap();
+    w.write_record(&header).unwrap();
+    for (i, rec) in rdr.records().take(7).enumerate() {
+        let mut cells: Vec<String> = rec.unwrap().iter().map(String::from).collect();
+        if i > 0 {
+            cells[batch] = "100000".into();
+        }
+        w.write_record(&cells).unwrap();
+    }
+    w.flush().unwrap();
+    let out = dir.path().join("cmp");
+    std::fs::create_dir_all(out.join("traces")).unwrap();
+    for row in 1..=7 {
+        let trace = jsonl_trace(&[], &[('a', 1, 100 * MIB)]);
+        std::fs::write(out.join("traces").join(format!("far-{row:05}.jsonl")), trace).unwrap();
+    }
+    let (ok, _, err) = compare(&data, &out, &["--ml-model", m, "--ml-include-training-rows"]);
+    assert!(ok, "{err}");
+    let recs = crate::support::records(&out);
+    for (i, r) in recs.iter().enumerate() {
+        let ml = &r["estimates"]["ml"];
+        assert!(ml["device_bytes"].as_u64().is_some(), "{ml}");
+        let warnings: Vec<&str> =
+            ml["warnings"].as_array().map_or(vec![], |a| a.iter().flat_map(|w| w.as_str()).collect());
+        if i == 0 {
+            assert!(warnings.is_empty(), "a training row is inside its range: {warnings:?}");
+            continue;
+        }
+        // `memest estimate`'s words, naming the model and the row.
+        let at = format!("{m}: {} row {}: ", data.display(), r["id"].as_str().unwrap());
+        let says = format!("{at}feature \"batch_size\" is 100000, outside the training range");
+        assert!(warnings.iter().any(|w| w.starts_with(&says)), "{says} in {warnings:?}");
+    }
+    assert!(
+        err.contains("memest: warning: ml: 6 of the 7 rows lie outside the range their ML model was trained on")
+            && err.contains("; the first 5:"),
+        "{err}"
+    );
+    let shown: std::collections::BTreeSet<&str> = err
+        .lines()
+        .filter(|l| l.contains("outside the training range"))
+        .filter_map(|l| l.split(" row ").nth(1)?.split(':').next())
+        .collect();
+    assert_eq!(shown.len(), 5, "{err}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("6 of the 7 rows lie outside the range"), "{report}");
+}

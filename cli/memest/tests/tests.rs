@@ -22,6 +22,8 @@ mod outputs;
 mod render;
 /// Running the memest binary (`memest`, `memest_compare`) and reading what compare wrote.
 mod support;
+/// A need no device holds (a memory fraction of 0): null with its reason, never 2^64 B.
+mod unbounded;
 
 /// Shared-data and venv paths (failing loudly) and trace builders, from the estimators' tests.
 #[path = "../../../estimators/tests/common.rs"]

@@ -12,6 +12,7 @@ from memtrace_trainer import notes
 from memtrace_trainer.dtypes import AMP, DTYPES
 from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.models.hf import ATTENTION, TASKS
+from memtrace_trainer.optim import EMULATED, OPTIMIZERS
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING
 from memtrace_trainer.symtrace.deepspeed import bucket_size_arg
 from memtrace_trainer.symtrace.distributed import STRATEGIES
@@ -96,9 +97,8 @@ def step_args(p: argparse.ArgumentParser) -> None:
         "--optimizer",
         # None, not "adam": an explicit `--optimizer adam` beside --step is told apart (it has
         # no effect there); step_config fills the default.
-        # optim.OPTIMIZERS, written out: the parser is built before torch is imported.
-        help="adam|adamw|sgd|sgd-momentum|adagrad|rmsprop|adafactor|adamw-8bit|paged-adamw|"
-        "paged-adamw-8bit (default adam; the last three emulate bitsandbytes)",
+        # The names are optim's own (torch is imported with the parser already: dtypes.AMP).
+        help=f"{'|'.join(OPTIMIZERS)} (default adam; {', '.join(EMULATED)} emulate bitsandbytes)",
     )
     p.add_argument(
         "--amp",

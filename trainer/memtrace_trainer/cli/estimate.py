@@ -31,12 +31,12 @@ from memtrace_trainer.cli.common import (
 )
 from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
+from memtrace_trainer.units import MIB
 
 # `max-seq --limit`'s default.
 SEQ_LIMIT = 131072
 
 Handler = Callable[[argparse.Namespace], int | None]
-MIB = 1 << 20
 
 
 def _model_source(p: argparse.ArgumentParser, step: bool = True, script: bool = False) -> None:

@@ -20,8 +20,8 @@ from memtrace_trainer.batchfile import (
 )
 from memtrace_trainer.cli.common import model_source, print_defaults, shape_args
 from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.units import MIB
 
-MIB = 1 << 20
 SHAPE_KEYS = ("batch_size", "input_shape", "seq_len", "num_classes")
 FAKE_KEYS = {"model", "entry", "gpumemnet_row", *SHAPE_KEYS, "name"}
 

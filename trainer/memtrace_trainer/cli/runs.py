@@ -13,7 +13,8 @@ from pathlib import Path
 from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.notes import counted, warn
-from memtrace_trainer.runs.config import DEVICES
+from memtrace_trainer.runs.config import DEVICES, RunConfig
+from memtrace_trainer.units import MIB
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -40,7 +41,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--seconds", type=float, help="train for T seconds instead (>= 2 iterations)")
     r.add_argument("--amp", choices=list(AMP), help="autocast dtype (fp16: GradScaler)")
     r.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
-    r.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    # No argparse default where RunConfig has one: a flag not given is left out of the config,
+    # which fills its own default (`_config_from_args`), and the help shows that one.
+    r.add_argument(
+        "--grad-accum",
+        type=int,
+        help=f"micro-batches per optimizer step (default {RunConfig.grad_accum})",
+    )
     r.add_argument(
         "--device",
         default="auto",
@@ -48,7 +55,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="auto: CUDA when available, else a loud CPU fallback",
     )
     r.add_argument("--profile", help="GPU profile NAME this machine matches (recorded)")
-    r.add_argument("--nvml-hz", type=float, default=20.0, help="NVML samples/s (>= 10)")
+    r.add_argument(
+        "--nvml-hz", type=float, help=f"NVML samples/s (>= 10; default {RunConfig.nvml_hz:g})"
+    )
     r.add_argument(
         "--trace",
         action="store_true",
@@ -111,8 +120,6 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _config_from_args(args: argparse.Namespace) -> object:
-    from memtrace_trainer.runs.config import RunConfig
-
     if not args.model and not args.entry:
         raise UserError("one of --model or --entry is required")
     # As `estimate` refuses it: an entry left without one trained at batch 1, said to be a
@@ -137,7 +144,6 @@ def _config_from_args(args: argparse.Namespace) -> object:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from memtrace_trainer.runs.config import RunConfig
     from memtrace_trainer.runs.rundir import execute, write_json
     from memtrace_trainer.runs.train import train
 
@@ -177,10 +183,9 @@ def _run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(labels))
         return
-    mib = 1024 * 1024
 
     def fmt(v: int | None) -> str:
-        return "null" if v is None else f"{v / mib:.1f} MiB"
+        return "null" if v is None else f"{v / MIB:.1f} MiB"
 
     where = "CPU FALLBACK" if labels["cpu_fallback"] else labels["gpu"]
     print(

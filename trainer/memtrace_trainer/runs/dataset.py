@@ -19,8 +19,8 @@ from typing import Any
 from memtrace_trainer.errors import UserError, is_integer
 from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS, zoo_cells
 from memtrace_trainer.runs.rundir import FILES
+from memtrace_trainer.units import MIB
 
-MIB = 1024 * 1024
 GPUMEMNET_COLUMNS = tuple(dict.fromkeys([*MLP_COLUMNS, *CNN_COLUMNS]))
 COLUMNS = (
     *GPUMEMNET_COLUMNS,

@@ -1,0 +1,71 @@
+//! `memest compare`'s words on the ML estimator's rows: those a model was trained on, and those
+//! outside the range it was trained on.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use estimators::compare::{MlModels, RunRecord};
+use estimators::dataset::DatasetRow;
+
+/// Rows whose outside-the-range warnings are printed in full; the rest are counted (a
+/// comparison of 500 rows would otherwise bury every other warning), and all are in runs.jsonl.
+const ROWS_SHOWN: usize = 5;
+
+/// The rows of each dataset an ML model was trained on, said on stderr and returned for the
+/// report: null unless `--ml-include-training-rows`, in-sample when included.
+pub fn training_notes(m: &MlModels, rows: &[(DatasetRow, usize)], datasets: &[PathBuf], include: bool) -> Vec<String> {
+    let mut counts: BTreeMap<(usize, &Path), usize> = BTreeMap::new();
+    for (r, di) in rows {
+        if let Some(model) = m.trained_on_row(r, &datasets[*di]) {
+            *counts.entry((*di, model)).or_default() += 1;
+        }
+    }
+    if counts.is_empty() && include {
+        eprintln!(
+            "memest: warning: --ml-include-training-rows has no effect: no row compared is one a model was trained on"
+        );
+    }
+    let mut notes = Vec::new();
+    for ((di, model), n) in counts {
+        let data = datasets[di].display();
+        let model = model.display();
+        let them = if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
+        let msg = if include {
+            format!("WARNING: ml on {them} of {data} uses {model}, which was trained on them: those results are in-sample, not held out")
+        } else {
+            format!("ml is null on {them} of {data}: {model} was trained on them (--ml-include-training-rows evaluates them in-sample)")
+        };
+        eprintln!("{msg}");
+        notes.push(msg);
+    }
+    notes
+}
+
+/// The rows an ML model was asked about outside the range it was trained on: each row's
+/// warnings are `memest estimate`'s for that row (in runs.jsonl, `estimates.ml.warnings`); on
+/// stderr, how many rows and the first [`ROWS_SHOWN`] in full. Also each model file that records
+/// no range, once. Returns the report's note, when a row is outside.
+pub fn outside_training(m: &MlModels, records: &[RunRecord]) -> Option<String> {
+    for w in m.ranges_unknown() {
+        eprintln!("memest: warning: ml: {w}");
+    }
+    let outside: Vec<&RunRecord> =
+        records.iter().filter(|r| r.estimates.get("ml").is_some_and(|o| !o.warnings.is_empty())).collect();
+    if outside.is_empty() {
+        return None;
+    }
+    let note = format!(
+        "{} of the {} rows lie outside the range their ML model was trained on: its answers there are \
+         extrapolations (each row's warnings: runs.jsonl, `estimates.ml.warnings`)",
+        outside.len(),
+        records.len()
+    );
+    let first = if outside.len() > ROWS_SHOWN { format!("; the first {ROWS_SHOWN}:") } else { ":".to_string() };
+    eprintln!("memest: warning: ml: {note}{first}");
+    for r in outside.iter().take(ROWS_SHOWN) {
+        for w in &r.estimates["ml"].warnings {
+            eprintln!("memest: warning: ml: {w}");
+        }
+    }
+    Some(note)
+}
