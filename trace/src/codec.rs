@@ -192,8 +192,14 @@ pub fn encode_header_frame(header: &Header, buf: &mut Vec<u8>) -> Result<(), Tra
 
 /// Decodes a header frame body, ignoring trailing bytes a newer writer may have appended.
 pub fn decode_header_body(body: &[u8], offset: u64) -> Result<Header, TraceError> {
+    decode_header_extended(body, offset).map(|(h, _)| h)
+}
+
+/// [`decode_header_body`], also saying whether the body held bytes after the fields this
+/// version reads (a newer writer's, ignored).
+pub(crate) fn decode_header_extended(body: &[u8], offset: u64) -> Result<(Header, bool), TraceError> {
     bincode::decode_from_slice::<Header, _>(body, decode_config())
-        .map(|(h, _)| h)
+        .map(|(h, read)| (h, read < body.len()))
         .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("header body does not decode: {}", why(&e)) })
 }
 
@@ -321,10 +327,14 @@ pub enum Decoded {
     },
 }
 
-fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64) -> Result<T, TraceError> {
-    // Trailing bytes are fields appended by a newer writer: ignored by design.
+/// Decodes an event struct; trailing bytes are fields a newer writer appended (FORMAT.md §1.9):
+/// ignored by design, and counted in `extended` so that the reader can say so.
+fn body<T: bincode::Decode<()>>(bytes: &[u8], kind: &str, offset: u64, extended: &mut u64) -> Result<T, TraceError> {
     bincode::decode_from_slice::<T, _>(bytes, decode_config())
-        .map(|(v, _)| v)
+        .map(|(v, read)| {
+            *extended += u64::from(read < bytes.len());
+            v
+        })
         .map_err(|e| TraceError::CorruptFrame { offset, reason: format!("{kind} body does not decode: {}", why(&e)) })
 }
 
@@ -342,7 +352,20 @@ fn prefix_error(tag: u8, body: &[u8], offset: u64, reason: String) -> TraceError
 /// used in errors.
 #[inline]
 pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, bytes.len(), true, offset)
+    decode_frame_with(state, tag, bytes, bytes.len(), true, offset, &mut 0)
+}
+
+/// [`decode_frame`], also saying whether the body held bytes after the fields this version
+/// reads: fields a newer writer appended (FORMAT.md §1.9 rule 1), which are ignored.
+pub fn decode_frame_extended(
+    state: &mut PrefixState,
+    tag: u8,
+    bytes: &[u8],
+    offset: u64,
+) -> Result<(Decoded, bool), TraceError> {
+    let mut extended = 0;
+    let d = decode_frame_with(state, tag, bytes, bytes.len(), true, offset, &mut extended)?;
+    Ok((d, extended > 0))
 }
 
 /// [`decode_frame`] through the derived decoders only, never the hand-written fast path: what the
@@ -353,12 +376,13 @@ pub fn decode_frame_generic(
     bytes: &[u8],
     offset: u64,
 ) -> Result<Decoded, TraceError> {
-    decode_frame_with(state, tag, bytes, bytes.len(), false, offset)
+    decode_frame_with(state, tag, bytes, bytes.len(), false, offset, &mut 0)
 }
 
 /// [`decode_frame`] of the body `following[..len]`, where `following` is the input from the
 /// body's start on: the hand-written decoders (`fast`) read through a fixed window of it, which
-/// may run past the body. Without `fast`, the derived decoders only.
+/// may run past the body. Without `fast`, the derived decoders only. A known kind's body with
+/// bytes after its fields adds 1 to `extended`.
 #[inline(always)]
 pub(crate) fn decode_frame_with(
     state: &mut PrefixState,
@@ -367,6 +391,7 @@ pub(crate) fn decode_frame_with(
     len: usize,
     fast: bool,
     offset: u64,
+    extended: &mut u64,
 ) -> Result<Decoded, TraceError> {
     if tag == 0 {
         return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
@@ -378,31 +403,31 @@ pub(crate) fn decode_frame_with(
     let event = match tag {
         // The hot kinds go through `fastread`, and through the derived decoder only when it
         // declines (which then names what is wrong).
-        1 => Event::Alloc(match fast.and_then(|(f, len)| fastread::alloc(f, len)) {
+        1 => Event::Alloc(match fast.and_then(|(f, len)| fastread::alloc(f, len, extended)) {
             Some(a) => a,
-            None => body(rest, "alloc", offset)?,
+            None => body(rest, "alloc", offset, extended)?,
         }),
-        2 => Event::Free(match fast.and_then(|(f, len)| fastread::free(f, len)) {
+        2 => Event::Free(match fast.and_then(|(f, len)| fastread::free(f, len, extended)) {
             Some(f) => f,
-            None => body(rest, "free", offset)?,
+            None => body(rest, "free", offset, extended)?,
         }),
-        3 => Event::Vmm(body(rest, "vmm", offset)?),
-        4 => Event::KernelLaunch(match fast.and_then(|(f, len)| fastread::launch(f, len)) {
+        3 => Event::Vmm(body(rest, "vmm", offset, extended)?),
+        4 => Event::KernelLaunch(match fast.and_then(|(f, len)| fastread::launch(f, len, extended)) {
             Some(l) => l,
-            None => body(rest, "launch", offset)?,
+            None => body(rest, "launch", offset, extended)?,
         }),
-        5 => Event::KernelExec(body(rest, "kernel_exec", offset)?),
-        6 => Event::MemInfo(body(rest, "mem_info", offset)?),
-        7 => Event::Marker(body(rest, "marker", offset)?),
-        8 => Event::Name(body(rest, "name", offset)?),
-        9 => Event::Stack(body(rest, "stack", offset)?),
-        10 => Event::Oom(body(rest, "oom", offset)?),
-        11 => Event::Control(body(rest, "control", offset)?),
-        12 => Event::PoolTrim(body(rest, "pool_trim", offset)?),
-        13 => Event::SegmentState(body(rest, "segment_state", offset)?),
-        14 => Event::SnapshotPoint(body(rest, "snapshot_point", offset)?),
-        15 => Event::ProcessExit(body(rest, "process_exit", offset)?),
-        16 => Event::MemActivity(body(rest, "mem_activity", offset)?),
+        5 => Event::KernelExec(body(rest, "kernel_exec", offset, extended)?),
+        6 => Event::MemInfo(body(rest, "mem_info", offset, extended)?),
+        7 => Event::Marker(body(rest, "marker", offset, extended)?),
+        8 => Event::Name(body(rest, "name", offset, extended)?),
+        9 => Event::Stack(body(rest, "stack", offset, extended)?),
+        10 => Event::Oom(body(rest, "oom", offset, extended)?),
+        11 => Event::Control(body(rest, "control", offset, extended)?),
+        12 => Event::PoolTrim(body(rest, "pool_trim", offset, extended)?),
+        13 => Event::SegmentState(body(rest, "segment_state", offset, extended)?),
+        14 => Event::SnapshotPoint(body(rest, "snapshot_point", offset, extended)?),
+        15 => Event::ProcessExit(body(rest, "process_exit", offset, extended)?),
+        16 => Event::MemActivity(body(rest, "mem_activity", offset, extended)?),
         tag => return Ok(Decoded::Unknown { tag }),
     };
     Ok(Decoded::Record(Record { ts_ns: prefix.ts, tid: prefix.tid, device: prefix.device, event }))

@@ -131,9 +131,15 @@ fn free_stage(i: u32) -> Option<FreeStage> {
 /// Decodes the body `following[..len]` with `fields`, through a window of `following` (the
 /// input from the body's start on) when that is long enough, or else of a zero-padded copy.
 /// `None` when `fields` declines, or when it read past the body's end: the generic path then
-/// reads the body.
+/// reads the body. A body with bytes after the fields read (a newer writer's) adds 1 to
+/// `extended`: one compare of the two positions the end check has already.
 #[inline(always)]
-fn decode<T>(following: &[u8], len: usize, fields: impl FnOnce(&mut Cursor) -> Option<T>) -> Option<T> {
+fn decode<T>(
+    following: &[u8],
+    len: usize,
+    extended: &mut u64,
+    fields: impl FnOnce(&mut Cursor) -> Option<T>,
+) -> Option<T> {
     let padded;
     let b = match following.first_chunk::<WINDOW>() {
         Some(w) => w,
@@ -146,13 +152,18 @@ fn decode<T>(following: &[u8], len: usize, fields: impl FnOnce(&mut Cursor) -> O
     };
     let mut c = Cursor { b, pos: 0 };
     let v = fields(&mut c)?;
-    (c.pos <= len).then_some(v)
+    if c.pos > len {
+        return None;
+    }
+    *extended += u64::from(c.pos < len);
+    Some(v)
 }
 
-/// An allocation body, `following[..len]`, or `None` for the generic path (see [`decode`]).
+/// An allocation body, `following[..len]`, or `None` for the generic path (see [`decode`], also
+/// for `extended`).
 #[inline(always)]
-pub(crate) fn alloc(following: &[u8], len: usize) -> Option<Alloc> {
-    decode(following, len, |c| {
+pub(crate) fn alloc(following: &[u8], len: usize, extended: &mut u64) -> Option<Alloc> {
+    decode(following, len, extended, |c| {
         Some(Alloc {
             addr: c.u64()?,
             size: c.u64()?,
@@ -170,8 +181,8 @@ pub(crate) fn alloc(following: &[u8], len: usize) -> Option<Alloc> {
 
 /// A free body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
-pub(crate) fn free(following: &[u8], len: usize) -> Option<Free> {
-    decode(following, len, |c| {
+pub(crate) fn free(following: &[u8], len: usize, extended: &mut u64) -> Option<Free> {
+    decode(following, len, extended, |c| {
         Some(Free {
             addr: c.u64()?,
             size: c.opt(Cursor::u64)?,
@@ -189,8 +200,8 @@ pub(crate) fn free(following: &[u8], len: usize) -> Option<Free> {
 
 /// A launch body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
-pub(crate) fn launch(following: &[u8], len: usize) -> Option<KernelLaunch> {
-    decode(following, len, |c| {
+pub(crate) fn launch(following: &[u8], len: usize, extended: &mut u64) -> Option<KernelLaunch> {
+    decode(following, len, extended, |c| {
         Some(KernelLaunch {
             api: c.api()?,
             name: c.opt(Cursor::u32)?,

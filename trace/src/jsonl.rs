@@ -227,3 +227,203 @@ pub fn parse_record_line(bytes: &[u8], line: u64) -> Result<Option<Record>, Trac
     };
     Ok(Some(Record { ts_ns: c.ts_ns, tid: c.tid, device: c.device, event }))
 }
+
+/// The keys every record line may have beside its event's fields.
+const SHARED_KEYS: &[&str] = &["kind", "ts_ns", "tid", "device"];
+
+/// Whether a record line holds a top-level key that neither the shared fields nor `event`'s
+/// struct have: a field a newer writer added, which the derived and the line reader both ignore
+/// (FORMAT.md §2), so the reader counts it. One more pass over a line already parsed; the JSON
+/// Lines form is not the one read by the million.
+pub(crate) fn has_unread_keys(line: &[u8], event: &Event) -> bool {
+    // Found once: a probe makes an error, which allocates.
+    static FIELDS: std::sync::OnceLock<[&[&str]; 15]> = std::sync::OnceLock::new();
+    let f = FIELDS.get_or_init(|| {
+        [
+            fields_of::<Alloc>(),
+            fields_of::<Free>(),
+            fields_of::<Vmm>(),
+            fields_of::<KernelLaunch>(),
+            fields_of::<KernelExec>(),
+            fields_of::<MemInfo>(),
+            fields_of::<Marker>(),
+            fields_of::<NameDef>(),
+            fields_of::<StackDef>(),
+            fields_of::<Oom>(),
+            fields_of::<PoolTrim>(),
+            fields_of::<SegmentState>(),
+            fields_of::<SnapshotPoint>(),
+            fields_of::<ProcessExit>(),
+            fields_of::<MemActivity>(),
+        ]
+    });
+    let fields: &[&str] = match event {
+        Event::Alloc(_) => f[0],
+        Event::Free(_) => f[1],
+        Event::Vmm(_) => f[2],
+        Event::KernelLaunch(_) => f[3],
+        Event::KernelExec(_) => f[4],
+        Event::MemInfo(_) => f[5],
+        Event::Marker(_) => f[6],
+        Event::Name(_) => f[7],
+        Event::Stack(_) => f[8],
+        Event::Oom(_) => f[9],
+        Event::PoolTrim(_) => f[10],
+        Event::SegmentState(_) => f[11],
+        Event::SnapshotPoint(_) => f[12],
+        Event::ProcessExit(_) => f[13],
+        Event::MemActivity(_) => f[14],
+        // `op` names the operation, whose own fields follow (flattened).
+        Event::Control(Control { op }) => match op {
+            ControlOp::SetMemoryFraction { .. } => &["op", "fraction"],
+            ControlOp::RecordStream { .. } => &["op", "addr", "stream"],
+            ControlOp::EmptyCache | ControlOp::ResetPeakStats => &["op"],
+        },
+    };
+    unread_keys(line, SHARED_KEYS, fields)
+}
+
+/// Whether the header line holds a top-level key [`Header`] does not have.
+pub(crate) fn header_has_unread_keys(line: &[u8]) -> bool {
+    unread_keys(line, &["kind"], fields_of::<Header>())
+}
+
+/// Whether the object `line` has a top-level key in neither `shared` nor `fields`. The line was
+/// parsed already, so it is valid JSON: a walk from key to key that skips each value finds the
+/// keys at a fraction of a second parse's cost.
+fn unread_keys(line: &[u8], shared: &[&str], fields: &[&str]) -> bool {
+    // Most names differ from a key in length or last byte: compared first, without a call.
+    let is = |k: &&str, key: &[u8]| {
+        let k = k.as_bytes();
+        k.len() == key.len() && k.last() == key.last() && k == key
+    };
+    let known = |key: &[u8]| shared.iter().any(|k| is(k, key)) || fields.iter().any(|k| is(k, key));
+    let Some(open) = line.iter().position(|&b| b == b'{') else { return false };
+    let mut i = open + 1;
+    loop {
+        i = skip_ws(line, i);
+        if line.get(i) != Some(&b'"') {
+            return false; // `}`: the end
+        }
+        let (end, escaped) = string_end(line, i + 1);
+        let unread = if escaped {
+            // An escaped key (`"\u0061ddr"`) is compared as the text it stands for.
+            let text = serde_json::from_slice::<String>(&line[i..(end + 1).min(line.len())]);
+            text.is_ok_and(|t| !known(t.as_bytes()))
+        } else {
+            !known(&line[i + 1..end.min(line.len())])
+        };
+        if unread {
+            return true;
+        }
+        i = skip_ws(line, end + 1) + 1; // past the `:`
+        i = skip_value(line, skip_ws(line, i));
+        i = skip_ws(line, i);
+        if line.get(i) != Some(&b',') {
+            return false;
+        }
+        i += 1;
+    }
+}
+
+fn skip_ws(line: &[u8], i: usize) -> usize {
+    i + line.get(i..).unwrap_or_default().iter().take_while(|b| b.is_ascii_whitespace()).count()
+}
+
+/// The index of the quote that ends the string whose text starts at `i`, and whether it holds
+/// an escape.
+fn string_end(line: &[u8], mut i: usize) -> (usize, bool) {
+    let mut escaped = false;
+    while let Some(&b) = line.get(i) {
+        match b {
+            b'"' => break,
+            b'\\' => {
+                escaped = true;
+                i += 2;
+            }
+            _ => i += 1,
+        }
+    }
+    (i, escaped)
+}
+
+/// The index just past the value that starts at `i`.
+fn skip_value(line: &[u8], i: usize) -> usize {
+    match line.get(i) {
+        Some(b'"') => string_end(line, i + 1).0 + 1,
+        Some(b'{' | b'[') => {
+            let (mut depth, mut j) = (0u32, i);
+            while let Some(&b) = line.get(j) {
+                match b {
+                    b'"' => j = string_end(line, j + 1).0,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return j + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            j
+        }
+        // A number, `true`, `false` or `null`: up to the next separator.
+        _ => i + line.get(i..).unwrap_or_default().iter().take_while(|&&b| !matches!(b, b',' | b'}')).count(),
+    }
+}
+
+/// The field names of a struct with derived `Deserialize`, which it hands its deserializer: a
+/// deserializer that only takes them and declines.
+fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error as _, Visitor};
+    use serde::forward_to_deserialize_any;
+
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Self::Error::custom("a probe"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Self::Error::custom("a probe"))
+        }
+        forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unread_keys;
+
+    #[test]
+    fn only_top_level_keys_outside_the_lists_count() {
+        let check = |line: &str, unread: bool| {
+            serde_json::from_str::<serde_json::Value>(line).expect("valid JSON");
+            assert_eq!(unread_keys(line.as_bytes(), &["kind"], &["a", "b"]), unread, "{line}");
+        };
+        check(r#"{"kind":"x","a":1,"b":[1,{"c":2}]}"#, false);
+        check(r#"{"kind":"x", "a" : {"new":1}, "b":"c\":d"}"#, false);
+        check(r#"{"kind":"x","a":1,"new":null}"#, true);
+        check(r#"{ "new" :1}"#, true);
+        // Escapes in a key are read as the text they stand for; in a value, they end nothing.
+        check(r#"{"\u0061":1,"b":"\\"}"#, false);
+        check(r#"{"\u0063":1}"#, true);
+        check(r#"{"b":"{\"new\":1}"}"#, false);
+    }
+}

@@ -236,9 +236,26 @@ pub const STRATEGY: Key = key("strategy", Values::Text, "the distributed strateg
 pub const RUNS_AS: Key = key("runs_as", Values::Text, "the code the distributed strategy runs as on one process");
 /// FSDP mixed precision.
 pub const FSDP_MP: Key = key("fsdp_mp", Values::Text, "FSDP mixed precision as param_dtype:reduce_dtype");
+/// What a replay of the snapshot a trace was converted from cannot show, one caveat a line, as
+/// memsim words them: kept so that every read of the trace says them, as a read of the snapshot
+/// does (written by the snapshot importer, read through `simulator::snapshot::Caveats`).
+pub const SNAPSHOT_CAVEATS: Key = key(
+    "snapshot.caveats",
+    Values::Text,
+    "what a replay of the snapshot cannot show, one caveat a line; every memsim command reading the trace prints \
+     them (memsim convert of a snapshot)",
+);
+/// `true` when the snapshot recorded no allocator event, only its segments when it was dumped:
+/// its peaks are that state, and `--strict` refuses it, converted or not.
+pub const SNAPSHOT_STATE_ONLY: Key = key(
+    "snapshot.state_only",
+    Values::Flag,
+    "true when the snapshot recorded no allocator event, only its segments at dump time (--strict refuses it) \
+     (memsim convert of a snapshot)",
+);
 
 /// Every key with a meaning, in the schema's order: those readers act on, then those written
-/// for people.
+/// for people; keys added later are appended, whichever they are.
 pub const KEYS: &[Key] = &[
     CLOCK,
     AMP,
@@ -277,6 +294,8 @@ pub const KEYS: &[Key] = &[
     STRATEGY,
     RUNS_AS,
     FSDP_MP,
+    SNAPSHOT_CAVEATS,
+    SNAPSHOT_STATE_ONLY,
 ];
 
 /// The key of this name, if it has a meaning.

@@ -141,8 +141,8 @@ fn report(a: &Args, records: u64, truncated: bool) {
 /// it did not hold the whole run (an output that is not a trace, a memory_viz snapshot or a
 /// Perfetto trace: read back, a snapshot looks whole; a trace keeps what its producer wrote, its
 /// end or its missing `process_exit`, except a cut inside an event, which the report line says),
-/// the records of unknown kinds that were skipped, and a snapshot's caveats (no trace field holds
-/// them; a snapshot written again gives them again).
+/// the records of unknown kinds that were skipped, and a snapshot's caveats (a trace's header
+/// and a memory_viz snapshot's kept header carry them; a Perfetto trace has no place for them).
 fn not_carried<S>(read: &crate::input::Read<S>, output: &Path, kind: Out) -> Vec<String> {
     let mut lines = Vec::new();
     let out = output.display();
@@ -159,8 +159,14 @@ fn not_carried<S>(read: &crate::input::Read<S>, output: &Path, kind: Out) -> Vec
                 s.unknown_skipped
             ));
         }
+        if s.unread_fields() {
+            lines.push(format!(
+                "{out}: the fields this version does not read (see above) are not in the output, which does not say \
+                 they were left out: read back, it gives no warning of them"
+            ));
+        }
     }
-    if !read.notes.is_empty() && !matches!(kind, Out::Pickle) {
+    if !simulator::snapshot::Caveats::of(&read.header).lines.is_empty() && matches!(kind, Out::Perfetto) {
         lines.push(format!(
             "{out}: the output does not carry the snapshot's caveats above (it has no place for them): read back, \
              it gives none of these warnings"

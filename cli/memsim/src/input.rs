@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use simulator::alloc::TorchVersion;
+use simulator::snapshot::Caveats;
 use trace::{Header, Record};
 
 /// Input kinds by extension.
@@ -76,11 +77,6 @@ pub struct Read<S> {
     pub state: S,
     /// What the trace reader saw (`None` for a snapshot, which is read whole or not at all).
     pub summary: Option<trace::Summary>,
-    /// What a snapshot's import says its replay cannot show (none for a trace).
-    pub notes: Vec<String>,
-    /// A snapshot that records no allocator event, only its segments when it was dumped: it does
-    /// not hold the run, and its peaks are only that state.
-    state_only: bool,
 }
 
 impl<S> Read<S> {
@@ -89,10 +85,12 @@ impl<S> Read<S> {
     /// the producer lost, a snapshot that records no allocator event) or with skipped records of
     /// unknown kinds (with `strict`, an error instead: exit 2), records naming APIs this version
     /// does not know (read: a warning only, strict or not), header metadata values outside their
-    /// key's domain, which are ignored, and what a snapshot's replay cannot show.
+    /// key's domain, which are ignored, and what a snapshot's replay cannot show (its caveats,
+    /// which the trace a snapshot converts to carries in its header: [`Caveats`]).
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
         let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
-        if strict && self.state_only {
+        let caveats = Caveats::of(&self.header);
+        if strict && caveats.state_only {
             bail!(
                 "{}: the snapshot records no allocator events, only its segments when it was dumped: it does not \
                  hold the run, and its peaks are only the state at dump time (--strict)",
@@ -100,7 +98,7 @@ impl<S> Read<S> {
             );
         }
         lines.extend(self.header.metadata_warnings(path));
-        lines.extend(self.notes.iter().map(|n| format!("{}: {n}", path.display())));
+        lines.extend(caveats.lines.iter().map(|n| format!("{}: {n}", path.display())));
         Ok(lines)
     }
 }
@@ -110,17 +108,19 @@ impl<S> Read<S> {
 pub const STRICT_HELP: &str = "An input that does not hold the whole run is an error (exit 2, no output written) \
 instead of a warning: truncated or cut short (no process_exit where its producer writes one), stopped at its \
 producer's byte limit (MEMTRACE_MAX_BYTES) or for want of queue memory, with events its producer lost or CUPTI \
-records it could not deliver, with records of kinds this version does not know, or a snapshot that records no \
-allocator event. Records naming APIs this version does not know stay a warning.";
+records it could not deliver, with records of kinds this version does not know or fields it does not read (a \
+newer writer's), or a snapshot that records no allocator event (converted to a trace or not). Records naming APIs \
+this version does not know stay a warning.";
 
 /// [`trace::Summary::warnings`], with `strict` turning an input that does not hold the whole run
 /// ([`trace::Summary::incomplete`]: truncated, cut short, stopped at the producer's byte limit, or
 /// with events the producer lost) or that holds records of kinds this version skips
-/// ([`trace::Summary::unknown_skipped`]) into an error.
+/// ([`trace::Summary::unknown_skipped`]) or fields it does not read
+/// ([`trace::Summary::unread_fields`]) into an error naming the first such reason.
 pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: bool) -> Result<Vec<String>> {
     let Some(s) = summary else { return Ok(Vec::new()) };
     let lines = s.warnings(path);
-    if strict && (s.incomplete() || s.unknown_skipped > 0) {
+    if strict && (s.incomplete() || s.unknown_skipped > 0 || s.unread_fields()) {
         bail!("{} (--strict)", lines[0]);
     }
     Ok(lines)
@@ -197,13 +197,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             for r in imported.records {
                 f(&mut state, &map(r))?;
             }
-            Ok(Read {
-                header: imported.header,
-                state,
-                summary: None,
-                notes: imported.notes,
-                state_only: imported.state_only,
-            })
+            Ok(Read { header: imported.header, state, summary: None })
         }
         Kind::Trace => {
             let mut reader = trace::Reader::open(path).map_err(|e| {
@@ -250,7 +244,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
-            Ok(Read { header, state, summary: Some(reader.summary()), notes: Vec::new(), state_only: false })
+            Ok(Read { header, state, summary: Some(reader.summary()) })
         }
     }
 }
@@ -334,16 +328,13 @@ pub fn bar(len: u64, template: &str) -> Option<ProgressBar> {
     Some(b)
 }
 
-/// A snapshot pickle imported as an allocator-level trace (with its rebuilt start state).
+/// A snapshot pickle imported as an allocator-level trace (with its rebuilt start state); its
+/// header carries its caveats.
 struct Imported {
     header: Header,
     records: Vec<Record>,
-    /// What a replay of it cannot show ([`simulator::snapshot::Imported::warnings`]).
-    notes: Vec<String>,
     /// The allocator release whose rules it was imported under.
     version: TorchVersion,
-    /// It records no allocator event: see [`Read::state_only`].
-    state_only: bool,
 }
 
 /// Read a snapshot pickle and import it under the version and configuration `how` gives (by
@@ -353,9 +344,7 @@ fn import_snapshot_as(path: &Path, how: &SnapshotAs) -> Result<Imported> {
     let version = how.version.unwrap_or_else(|| simulator::snapshot::guess_version(&snap));
     let imported = simulator::snapshot::import_snapshot(&snap, Some(version), how.alloc_conf.as_deref())
         .with_context(|| format!("{}: cannot import snapshot", path.display()))?;
-    let notes = imported.warnings(&snap);
-    let state_only = snap.device_traces.iter().all(Vec::is_empty);
-    Ok(Imported { header: imported.header, records: imported.records, notes, version, state_only })
+    Ok(Imported { header: imported.header, records: imported.records, version })
 }
 
 /// Refuses an output that is the input file.

@@ -54,27 +54,60 @@ fn run(dir: &Path, cmd: &str, input: &str, strict: bool) -> (i32, String, PathBu
     (code, err, out)
 }
 
-/// A snapshot converted to a trace lost its caveats without a word: the converted trace replayed
-/// with no warning that its peaks were only the state at dump time.
+/// A snapshot converted to a trace lost its caveats: convert said so, and the converted trace
+/// replayed with no warning that its peaks were only the state at dump time. The trace's header
+/// now carries them, through JSON Lines and the binary form alike; only a Perfetto trace cannot.
 #[test]
-fn convert_says_a_snapshots_caveats_and_that_the_trace_cannot_keep_them() {
+fn a_snapshots_caveats_travel_with_the_trace_it_converts_to() {
     let dir = tempfile::tempdir().unwrap();
     let p = snapshot(dir.path(), "state.pickle", "active_allocated", json!([]));
-    // A snapshot written again says them again when read.
-    for (out, lost) in [("s.mtrace", true), ("s.jsonl", true), ("s.json", true), ("s.pickle", false)] {
+    let caveat = "the snapshot records no allocator events";
+    for (out, lost) in [("s.mtrace", false), ("s.jsonl", false), ("s.json", true), ("s.pickle", false)] {
         let out = path(dir.path(), out);
         let (code, _, err) = memsim(&["convert", &p, &out]);
         assert_eq!(code, 0, "{err}");
-        assert!(err.contains("state.pickle: the snapshot records no allocator events"), "{out}: {err}");
+        assert!(err.contains(&format!("state.pickle: {caveat}")), "{out}: {err}");
         assert_eq!(err.contains(&format!("{out}: the output does not carry")), lost, "{out}: {err}");
     }
-    let (_, _, err) = memsim(&["replay", &path(dir.path(), "s.pickle")]);
-    assert!(err.contains("s.pickle: the snapshot records no allocator events"), "{err}");
-    // A snapshot with its history and nothing to doubt converts without a word.
+    // Read back, every command says them, naming the file read; --strict refuses the state alone.
+    for name in ["s.mtrace", "s.jsonl", "s.pickle"] {
+        let file = path(dir.path(), name);
+        for cmd in ["replay", "stats"] {
+            let (code, _, err) = memsim(&[cmd, &file]);
+            assert_eq!(code, 0, "{cmd} {name}: {err}");
+            assert!(err.contains(&format!("{name}: {caveat}")), "{cmd} {name}: {err}");
+            let (code, _, err) = memsim(&[cmd, &file, "--strict"]);
+            assert_eq!(code, 2, "{cmd} --strict {name}: {err}");
+            assert!(err.contains("records no allocator events") && err.contains("(--strict)"), "{err}");
+        }
+        let v = json(&["replay", &file, "--json"]);
+        let said = v["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(caveat));
+        assert!(said, "{name}: {v}");
+        // Once, however many conversions it went through.
+        let (_, _, err) = memsim(&["replay", &file]);
+        assert_eq!(err.matches(caveat).count(), 1, "{name}: {err}");
+    }
+    // JSON Lines to the binary form and back keeps them, and says nothing is left out.
+    for (from, to) in [("s.jsonl", "back.mtrace"), ("back.mtrace", "back.jsonl")] {
+        let (code, _, err) = memsim(&["convert", &path(dir.path(), from), &path(dir.path(), to)]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains(caveat) && !err.contains("does not carry"), "{from} -> {to}: {err}");
+        let (_, _, err) = memsim(&["stats", &path(dir.path(), to)]);
+        assert!(err.contains(&format!("{to}: {caveat}")), "{to}: {err}");
+    }
+    let text = std::fs::read_to_string(path(dir.path(), "back.jsonl")).unwrap();
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(header["metadata"]["snapshot.state_only"], "true", "{header}");
+    assert!(header["metadata"]["snapshot.caveats"].as_str().unwrap().starts_with(caveat), "{header}");
+    // A snapshot with its history and nothing to doubt converts without a word, and says none.
     let entries = json!([{"action": "free_requested", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0},
                          {"action": "free_completed", "addr": 1u64 << 30, "size": 20 * MIB, "stream": 0}]);
     let p = snapshot(dir.path(), "history.pickle", "inactive", entries);
-    let (code, _, err) = memsim(&["convert", &p, &path(dir.path(), "h.mtrace")]);
+    let h = path(dir.path(), "h.mtrace");
+    let (code, _, err) = memsim(&["convert", &p, &h]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let (code, _, err) = memsim(&["replay", &h, "--strict"]);
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("warning"), "{err}");
 }
@@ -101,8 +134,42 @@ fn strict_refuses_a_snapshot_without_history_and_unknown_records() {
         }
     };
     check(&state, "records no allocator events");
-    check(&unknown_jsonl, "records of kinds this version does not know");
-    check(&unknown_bin, "records of kinds this version does not know");
+    // Where the first one is, said too (the refusal named no place).
+    check(
+        &unknown_jsonl,
+        "records of kinds this version does not know were skipped (written by a newer memtrace?); it is at line 3",
+    );
+    check(&unknown_bin, "records of kinds this version does not know were skipped (written by a newer memtrace?); it is tag 200 at byte");
+    // Fields a newer writer appended to a known record were dropped without a word.
+    let newer = alloc(4096, MIB).replacen('{', r#"{"newer_field":7,"#, 1);
+    let extended_jsonl = trace(dir.path(), "ext.jsonl", &[newer, EXIT.into()]);
+    let unread = "1 record carried fields this version does not read (written by a newer memtrace?)";
+    check(&extended_jsonl, unread);
+    check(&extended_trace(dir.path()), unread);
+}
+
+/// A binary trace with one alloc whose body has a byte after its fields (a field a newer writer
+/// appended, FORMAT.md §1.9 rule 1), and an ordinary one.
+fn extended_trace(dir: &Path) -> String {
+    use trace::{Alloc, Api, Event, Header, Level, Origin, Record};
+    let header = Header::new("probe", "1", Level::Allocator);
+    let mut bytes = trace::BinaryWriter::new(Vec::new(), &header).unwrap().finish().unwrap();
+    let rec = |addr| Record {
+        ts_ns: Some(addr),
+        tid: None,
+        device: Some(0),
+        event: Event::Alloc(Alloc::device(addr, MIB, Api::Allocator, Origin::Request)),
+    };
+    let mut state = trace::codec::PrefixState::default();
+    let at = bytes.len();
+    trace::codec::encode_frame(&mut state, &rec(4096), &mut bytes).unwrap();
+    assert!(bytes[at + 1] < 0x7f, "a one-byte length");
+    bytes[at + 1] += 1;
+    bytes.push(0);
+    trace::codec::encode_frame(&mut state, &rec(8 << 20), &mut bytes).unwrap();
+    let p = dir.join("ext.mtrace");
+    std::fs::write(&p, bytes).unwrap();
+    p.to_str().unwrap().to_string()
 }
 
 /// A binary trace with one alloc, then a frame of a tag no version has written.

@@ -9,6 +9,7 @@ use trace::{
     SegmentState, SnapshotPoint, StackDef, StackId, StateAt, Vmm, VmmOp,
 };
 
+use super::caveats::Caveats;
 use super::model::{Action, Snapshot, StackRef, TraceEntry};
 use super::rebuild::{rebuild, StartState};
 use crate::alloc::AllocatorConfig;
@@ -48,30 +49,9 @@ fn keep_header(header: &mut Header, kept: &serde_json::Value) {
 }
 
 impl Imported {
-    /// What a replay of this import cannot show: a snapshot with no events, whose peak is only
-    /// its state when dumped, and a start state that could not be fully recovered.
-    pub fn warnings(&self, snap: &Snapshot) -> Vec<String> {
-        let mut w = Vec::new();
-        if snap.device_traces.iter().all(Vec::is_empty) {
-            w.push(
-                "the snapshot records no allocator events (only its segments when it was dumped): the peaks are \
-                 only the state at dump time, not the run's own peak, which may have been higher"
-                    .to_string(),
-            );
-        }
-        // A block whose only doubt is its size (freed during the trace, a hidden tail at most
-        // 1 MiB) leaves the start state standing: the real snapshots with such blocks validate
-        // exactly. The rest are start states the walk could not see, or a snapshot at odds with itself.
-        let doubts: Vec<_> = self.start.unrecoverable.iter().filter(|u| !u.size_only).collect();
-        if let Some(first) = doubts.first() {
-            w.push(format!(
-                "the snapshot's start state could not be fully recovered ({} items, the first: {first}): blocks \
-                 allocated before recording began may be missing or misplaced, so the peaks may differ from the run's \
-                 (memsim validate lists them)",
-                doubts.len()
-            ));
-        }
-        w
+    /// What a replay of this import cannot show (kept in its header: [`Caveats::of`]).
+    pub fn warnings(&self) -> Vec<String> {
+        Caveats::of(&self.header).lines
     }
 }
 
@@ -122,6 +102,7 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
     // Its end, so that a copy cut at a record is told from the whole (a snapshot may end with no
     // segment, so the end states cannot say it).
     header.set_meta(&metadata::ENDS_WITH_EXIT, "true");
+    Caveats::found(snap, &start).add_to(&mut header);
 
     let mut out = Out { snap, records: Vec::new(), emitted: vec![false; snap.stacks.len()] };
     let start_ts = t0.map(|_| 0);

@@ -9,6 +9,7 @@
 //! - [`validate`] replays the block-level events through the allocator model and compares every
 //!   placement and segment event with the recorded ones.
 
+mod caveats;
 mod check;
 pub mod export;
 pub mod import;
@@ -21,6 +22,7 @@ mod resync;
 mod settings;
 pub mod validate;
 
+pub use caveats::Caveats;
 pub use export::{export_snapshot, write_snapshot, Exported};
 pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};

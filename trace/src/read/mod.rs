@@ -85,6 +85,10 @@ impl<R: Read> Reader<R> {
                 format,
                 truncated: false,
                 unknown_skipped: 0,
+                first_unknown_at: None,
+                first_unknown_tag: None,
+                extended_records: 0,
+                extended_header: false,
                 bytes_read: skipped,
                 complete_bytes: skipped,
                 records: 0,
@@ -215,20 +219,14 @@ impl<R: Read> Reader<R> {
     fn decode_buffered(&mut self, max: usize, mut emit: impl FnMut(Record)) -> Result<usize, TraceError> {
         let Form::Binary { state } = &mut self.form else { return Ok(0) };
         let buf = self.src.buffer();
-        let (mut used, mut records, mut unknown) = (0usize, 0usize, 0u64);
-        let mut last_exit = None;
+        let (mut used, mut records, mut unknown, mut extended) = (0usize, 0usize, 0u64, 0u64);
+        let (mut last_exit, mut first_unknown) = (None, None);
         let (mut lost, mut stops) = (0u64, Stops::default());
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
-            let d = codec::decode_frame_with(
-                state,
-                tag,
-                &buf[used + at..],
-                len,
-                true,
-                self.summary.bytes_read + used as u64,
-            );
+            let offset = self.summary.bytes_read + used as u64;
+            let d = codec::decode_frame_with(state, tag, &buf[used + at..], len, true, offset, &mut extended);
             used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
@@ -236,7 +234,10 @@ impl<R: Read> Reader<R> {
                     emit(r);
                     records += 1;
                 }
-                Ok(Decoded::Unknown { .. }) => unknown += 1,
+                Ok(Decoded::Unknown { tag }) => {
+                    unknown += 1;
+                    first_unknown = first_unknown.or(Some((offset, tag)));
+                }
                 Err(e) => {
                     error = Some(e);
                     break;
@@ -247,6 +248,10 @@ impl<R: Read> Reader<R> {
         self.summary.bytes_read += used as u64;
         self.summary.records += records as u64;
         self.summary.unknown_skipped += unknown;
+        if let Some((at, tag)) = first_unknown {
+            self.summary.first_unknown(at, Some(tag));
+        }
+        self.summary.extended_records += extended;
         self.summary.lost_events = self.summary.lost_events.saturating_add(lost);
         self.summary.add_stops(stops);
         if let Some(exit) = last_exit {
@@ -345,7 +350,8 @@ impl<R: Read> Reader<R> {
         if !self.fill_scratch(len, "the header frame")? {
             return Err(TraceError::PartialHeader { offset: self.summary.bytes_read, what: "the header frame body" });
         }
-        let mut header = codec::decode_header_body(&self.scratch, offset)?;
+        let (mut header, extended) = codec::decode_header_extended(&self.scratch, offset)?;
+        self.summary.extended_header = extended;
         header.format_version = version;
         Ok(header)
     }
@@ -360,13 +366,15 @@ impl<R: Read> Reader<R> {
                     if len <= MAX_FRAME_LEN && buffered.len() >= 1 + n + len as usize {
                         let (tag, len) = (buffered[0], len as usize);
                         let Form::Binary { state } = &mut self.form else { unreachable!("binary reader") };
-                        let d = codec::decode_frame(state, tag, &buffered[1 + n..1 + n + len], offset);
+                        let body = &buffered[1 + n..1 + n + len];
+                        let extended = &mut self.summary.extended_records;
+                        let d = codec::decode_frame_with(state, tag, body, len, true, offset, extended);
                         self.src.consume(1 + n + len);
                         self.summary.bytes_read += (1 + n + len) as u64;
                         match d? {
                             Decoded::Record(r) => return Ok(Some(r)),
-                            Decoded::Unknown { .. } => {
-                                self.summary.unknown_skipped += 1;
+                            Decoded::Unknown { tag } => {
+                                self.summary.note_unknown(offset, Some(tag));
                                 continue;
                             }
                         }
@@ -396,8 +404,9 @@ impl<R: Read> Reader<R> {
             let Form::Binary { state } = &mut self.form else { unreachable!("next_binary on a JSON Lines reader") };
             // Fast path: the whole body is already buffered; decode it in place.
             let buffered = self.src.buffer();
+            let extended = &mut self.summary.extended_records;
             let decoded = if buffered.len() >= len {
-                let d = codec::decode_frame(state, tag, &buffered[..len], offset);
+                let d = codec::decode_frame_with(state, tag, &buffered[..len], len, true, offset, extended);
                 self.src.consume(len);
                 self.summary.bytes_read += len as u64;
                 d?
@@ -406,11 +415,12 @@ impl<R: Read> Reader<R> {
                     return self.truncated(offset);
                 }
                 let Form::Binary { state } = &mut self.form else { unreachable!("form does not change") };
-                codec::decode_frame(state, tag, &self.scratch, offset)?
+                let extended = &mut self.summary.extended_records;
+                codec::decode_frame_with(state, tag, &self.scratch, len, true, offset, extended)?
             };
             match decoded {
                 Decoded::Record(r) => return Ok(Some(r)),
-                Decoded::Unknown { .. } => self.summary.unknown_skipped += 1,
+                Decoded::Unknown { tag } => self.summary.note_unknown(offset, Some(tag)),
             }
         }
     }
@@ -464,6 +474,7 @@ impl<R: Read> Reader<R> {
             }
             let line = self.line_no();
             let text = self.scratch.trim_ascii();
+            self.summary.extended_header = jsonl::header_has_unread_keys(text);
             return match jsonl::parse_header_line(text, line) {
                 // Old Mac line endings: the whole input reads as one line that is no JSON.
                 Err(_) if !complete && text.contains(&b'\r') => Err(TraceError::Json {
@@ -500,12 +511,19 @@ impl<R: Read> Reader<R> {
                 // has a second tag.
                 let plain = text.starts_with(br#"{"kind":""#) && !matches!(r.event, Event::Control(_));
                 if plain || jsonl::tags_are_strings(text) {
+                    self.summary.extended_records += u64::from(jsonl::has_unread_keys(text, &r.event));
                     return Ok(Some(r));
                 }
             }
             match jsonl::parse_record_line(text, self.line_no()) {
-                Ok(Some(r)) => return Ok(Some(r)),
-                Ok(None) => self.summary.unknown_skipped += 1,
+                Ok(Some(r)) => {
+                    self.summary.extended_records += u64::from(jsonl::has_unread_keys(text, &r.event));
+                    return Ok(Some(r));
+                }
+                Ok(None) => {
+                    let line = self.line_no();
+                    self.summary.note_unknown(line, None);
+                }
                 // A last line without its newline that does not parse: the writer was cut short.
                 Err(_) if !complete && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
                     let start = self.summary.bytes_read - self.scratch.len() as u64;

@@ -17,6 +17,17 @@ pub struct Summary {
     pub truncated: bool,
     /// Frames (binary) or lines (JSON Lines) of kinds this version does not know, skipped.
     pub unknown_skipped: u64,
+    /// Where the first of them is: the byte offset of its frame (binary) or its 1-based line
+    /// number (JSON Lines).
+    pub first_unknown_at: Option<u64>,
+    /// The first one's tag (binary).
+    pub first_unknown_tag: Option<u8>,
+    /// Records of known kinds that carried fields this version does not read (a newer writer's
+    /// appended fields, FORMAT.md §1.9 rule 1; in JSON Lines, keys it does not know): read
+    /// without them.
+    pub extended_records: u64,
+    /// The header carried fields this version does not read, likewise.
+    pub extended_header: bool,
     /// Bytes consumed, header included.
     pub bytes_read: u64,
     /// Byte offset just past the last complete event (or the header): where a truncated input
@@ -80,8 +91,8 @@ impl Summary {
     /// What the input did not give whole, one line each, naming `path`: an end cut inside an
     /// event (truncation first), an end without the producer's `process_exit`, recording stopped
     /// at the producer's byte limit, events the producer lost, CUPTI records it could not deliver
-    /// (what [`Summary::incomplete`] counts, in that order), and records of unknown kinds that
-    /// were skipped.
+    /// (what [`Summary::incomplete`] counts, in that order), records of unknown kinds that
+    /// were skipped, and fields this version does not read ([`Summary::unread_fields`]).
     pub fn warnings(&self, path: &Path) -> Vec<String> {
         let mut w = Vec::new();
         if self.truncated {
@@ -130,14 +141,48 @@ impl Summary {
             ));
         }
         if self.unknown_skipped > 0 {
+            let first = if self.unknown_skipped > 1 { "the first is" } else { "it is" };
+            let at = match (self.format, self.first_unknown_at, self.first_unknown_tag) {
+                (Format::Binary, Some(at), Some(tag)) => format!("; {first} tag {tag} at byte {at}"),
+                (Format::Jsonl, Some(line), _) => format!("; {first} at line {line}"),
+                _ => String::new(),
+            };
             w.push(format!(
-                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?)",
+                "{}: {} records of kinds this version does not know were skipped (written by a newer memtrace?){at}",
                 path.display(),
                 self.unknown_skipped
             ));
         }
+        w.extend(self.unread_fields_warning(path));
         w.extend(self.unknown_apis_warning(path));
         w
+    }
+
+    /// Whether the header or any record carried fields this version does not read (and so
+    /// ignored): what a newer writer appended.
+    pub fn unread_fields(&self) -> bool {
+        self.extended_header || self.extended_records > 0
+    }
+
+    /// The warning of fields this version does not read, naming `path`.
+    fn unread_fields_warning(&self, path: &Path) -> Option<String> {
+        let n = self.extended_records;
+        let records = match n {
+            0 => String::new(),
+            1 => "1 record".to_string(),
+            n => format!("{n} records"),
+        };
+        let who = match (self.extended_header, n) {
+            (false, 0) => return None,
+            (true, 0) => "the header".to_string(),
+            (true, _) => format!("the header and {records}"),
+            (false, _) => records,
+        };
+        Some(format!(
+            "{}: {who} carried fields this version does not read (written by a newer memtrace?): those fields were \
+             ignored",
+            path.display()
+        ))
     }
 
     /// The warning of records naming APIs this version does not know, naming `path`.
@@ -184,6 +229,22 @@ pub(super) struct Stops {
 }
 
 impl Summary {
+    /// Count a skipped record of a kind this version does not know, at `at` (a frame's byte
+    /// offset, or a line number), keeping where the first was.
+    #[cold]
+    pub(super) fn note_unknown(&mut self, at: u64, tag: Option<u8>) {
+        self.unknown_skipped += 1;
+        self.first_unknown(at, tag);
+    }
+
+    /// Keep where a skipped record of an unknown kind is, when it is the first.
+    pub(super) fn first_unknown(&mut self, at: u64, tag: Option<u8>) {
+        if self.first_unknown_at.is_none() {
+            self.first_unknown_at = Some(at);
+            self.first_unknown_tag = tag;
+        }
+    }
+
     /// Add what a run of records said with the producer's markers and their APIs.
     pub(super) fn add_stops(&mut self, stops: Stops) {
         self.byte_limit = self.byte_limit.or(stops.limit);

@@ -24,11 +24,18 @@ fn unknown_tag_is_skipped_by_length_and_counted() {
     frames[1] += 4; // with a longer body than this version would write
     frames.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
     encode_frame(&mut state, &mem_info(5100, 3), &mut frames).unwrap();
+    let at = bytes.len() as u64;
     bytes.extend_from_slice(&frames);
 
     let (_, recs, sum) = read_all(&bytes).unwrap();
     assert_eq!(recs, vec![mem_info(1000, 1), mem_info(5100, 3)]);
     assert_eq!(sum.unknown_skipped, 1);
+    // Where it is, said: the warning (and --strict's refusal) named no place.
+    assert_eq!((sum.first_unknown_at, sum.first_unknown_tag), (Some(at), Some(200)));
+    let w = sum.warnings(std::path::Path::new("t.mtrace"));
+    assert!(w[0].ends_with(&format!("; it is tag 200 at byte {at}")), "{w:?}");
+    // The unknown frame's bytes are its own, not fields of a known record.
+    assert_eq!((sum.extended_records, sum.extended_header), (0, false));
     assert!(!sum.truncated);
 }
 
@@ -41,8 +48,72 @@ fn appended_fields_inside_a_known_frame_are_ignored() {
     frame[1] += 3;
     frame.extend_from_slice(&[1, 42, 0]); // e.g. a new Option field, Some(42), then more
     bytes.extend_from_slice(&frame);
-    let (_, recs, _) = read_all(&bytes).unwrap();
+    let (_, recs, sum) = read_all(&bytes).unwrap();
     assert_eq!(recs, vec![mem_info(7, 9)]);
+    // Ignored, but counted and said: they were dropped without a word.
+    assert_eq!((sum.extended_records, sum.extended_header), (1, false));
+    let w = sum.warnings(std::path::Path::new("t.mtrace"));
+    assert_eq!(
+        w,
+        ["t.mtrace: 1 record carried fields this version does not read (written by a newer memtrace?): those \
+          fields were ignored"]
+    );
+}
+
+/// The hot kinds (read by `fastread`, not the derived decoders) count appended fields alike, on
+/// every read path: a record at a time from a stream, and in batches from a mapped file.
+#[test]
+fn appended_fields_of_the_hot_kinds_are_counted_on_every_path() {
+    let h = Header::new("t", "0", Level::Allocator);
+    let recs = vec![
+        Record {
+            ts_ns: Some(1),
+            tid: None,
+            device: Some(0),
+            event: Event::Alloc(Alloc::device(4096, 512, Api::CudaMalloc, Origin::Request)),
+        },
+        Record {
+            ts_ns: Some(2),
+            tid: None,
+            device: Some(0),
+            event: Event::Free(Free::device(4096, Api::CudaFree, Origin::Request, FreeStage::Immediate)),
+        },
+        Record {
+            ts_ns: Some(3),
+            tid: None,
+            device: Some(0),
+            event: Event::KernelLaunch(KernelLaunch {
+                api: Api::__CudaLaunchKernel,
+                name: None,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem: 0,
+                stream: 0,
+                result: 0,
+            }),
+        },
+    ];
+    let mut bytes = binary(&h, &[]);
+    let mut state = PrefixState::default();
+    // Each record twice: as written, and with a byte appended to its body.
+    for r in &recs {
+        encode_frame(&mut state, r, &mut bytes).unwrap();
+        let at = bytes.len();
+        encode_frame(&mut state, r, &mut bytes).unwrap();
+        bytes[at + 1] += 1;
+        bytes.push(0);
+    }
+    let (_, got, sum) = read_all(&bytes).unwrap();
+    assert_eq!(got.len(), 6);
+    assert_eq!(sum.extended_records, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.mtrace");
+    std::fs::write(&path, &bytes).unwrap();
+    let mut reader = Reader::open(&path).unwrap();
+    let mut batch = Vec::new();
+    while reader.next_records(&mut batch, 4, &mut |r| r).unwrap() {}
+    assert_eq!(batch.len(), 6);
+    assert_eq!(reader.summary().extended_records, 3);
 }
 
 #[test]
@@ -59,9 +130,11 @@ fn appended_header_fields_are_ignored() {
     v.extend_from_slice(&bytes[body_start..body_end]);
     v.extend_from_slice(&[9, 9, 9, 9, 9]);
     v.extend_from_slice(&bytes[body_end..]);
-    let (h2, recs, _) = read_all(&v).unwrap();
+    let (h2, recs, sum) = read_all(&v).unwrap();
     assert_eq!(h2, h);
     assert_eq!(recs, vec![mem_info(1, 1)]);
+    assert_eq!((sum.extended_records, sum.extended_header), (0, true));
+    assert!(sum.warnings(std::path::Path::new("t")).iter().any(|w| w.contains("the header carried fields")));
 }
 
 #[test]
@@ -80,6 +153,22 @@ fn unknown_json_kind_and_fields_are_skipped() {
         vec![Record { ts_ns: Some(4), tid: None, device: None, event: Event::MemInfo(MemInfo { free: 1, total: 2 }) }]
     );
     assert_eq!(sum.unknown_skipped, 2);
+    assert_eq!((sum.first_unknown_at, sum.first_unknown_tag), (Some(2), None));
+    assert!(sum.warnings(std::path::Path::new("t")).iter().any(|w| w.ends_with("; the first is at line 2")));
+    // The unknown keys of a known record, and of the header, are counted.
+    assert_eq!((sum.extended_records, sum.extended_header), (1, true));
+}
+
+/// The golden files, every kind and every header field in both forms, carry nothing the reader
+/// does not read: a record as this version writes it is never counted.
+#[test]
+fn records_as_written_carry_no_unread_fields() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/trace-v1");
+    for name in ["all-kinds.mtrace", "all-kinds.jsonl", "appended-kinds.mtrace", "appended-kinds.jsonl"] {
+        let (_, recs, sum) = read_all(&std::fs::read(dir.join(name)).unwrap()).unwrap();
+        assert!(!recs.is_empty(), "{name}");
+        assert_eq!((sum.extended_records, sum.extended_header), (0, false), "{name}");
+    }
 }
 
 #[test]

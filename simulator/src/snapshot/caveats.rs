@@ -1,0 +1,76 @@
+//! What a replay of an imported snapshot cannot show: the one owner of those caveats. The
+//! importer finds them and writes them into the trace header (`snapshot.caveats`,
+//! `snapshot.state_only`), so that the trace a snapshot converts to says them wherever it is
+//! read (replay, stats, report, a JSON Lines copy, a memory_viz snapshot written again), as a
+//! read of the snapshot itself does.
+
+use trace::{metadata, Header};
+
+use super::model::Snapshot;
+use super::rebuild::StartState;
+
+/// A snapshot's caveats, as kept in a header.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caveats {
+    /// One line each, as memsim prints them (without the file's name).
+    pub lines: Vec<String>,
+    /// The snapshot records no allocator event, only its segments when it was dumped: it does
+    /// not hold the run, and its peaks are only that state (what `--strict` refuses).
+    pub state_only: bool,
+}
+
+impl Caveats {
+    /// The caveats a header carries (none for a trace that was never a snapshot).
+    pub fn of(header: &Header) -> Caveats {
+        let lines = header
+            .meta(&metadata::SNAPSHOT_CAVEATS)
+            .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        Caveats { lines, state_only: header.meta_flag(&metadata::SNAPSHOT_STATE_ONLY) == Some(true) }
+    }
+
+    /// What a replay of `snap`, imported with the start state `start`, cannot show.
+    pub(super) fn found(snap: &Snapshot, start: &StartState) -> Caveats {
+        let mut lines = Vec::new();
+        let state_only = snap.device_traces.iter().all(Vec::is_empty);
+        if state_only {
+            lines.push(
+                "the snapshot records no allocator events (only its segments when it was dumped): the peaks are \
+                 only the state at dump time, not the run's own peak, which may have been higher"
+                    .to_string(),
+            );
+        }
+        // A block whose only doubt is its size (freed during the trace, a hidden tail at most
+        // 1 MiB) leaves the start state standing: the real snapshots with such blocks validate
+        // exactly. The rest are start states the walk could not see, or a snapshot at odds with itself.
+        let doubts: Vec<_> = start.unrecoverable.iter().filter(|u| !u.size_only).collect();
+        if let Some(first) = doubts.first() {
+            lines.push(format!(
+                "the snapshot's start state could not be fully recovered ({} items, the first: {first}): blocks \
+                 allocated before recording began may be missing or misplaced, so the peaks may differ from the run's \
+                 (memsim validate lists them)",
+                doubts.len()
+            ));
+        }
+        Caveats { lines, state_only }
+    }
+
+    /// Adds these caveats to those `header` carries already (a snapshot memsim wrote from a
+    /// converted one keeps its source's), each line once.
+    pub(super) fn add_to(self, header: &mut Header) {
+        let mut all = Caveats::of(header);
+        for l in self.lines {
+            if !all.lines.contains(&l) {
+                all.lines.push(l);
+            }
+        }
+        if !all.lines.is_empty() {
+            // A caveat is one line: a newline inside one (a frame's name) must not split it.
+            let lines: Vec<String> = all.lines.iter().map(|l| l.replace(['\n', '\r'], " ")).collect();
+            header.set_meta(&metadata::SNAPSHOT_CAVEATS, lines.join("\n"));
+        }
+        if all.state_only || self.state_only {
+            header.set_meta(&metadata::SNAPSHOT_STATE_ONLY, "true");
+        }
+    }
+}
