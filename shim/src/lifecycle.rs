@@ -1,10 +1,11 @@
 //! Process lifecycle: lazy start on the first recorded call, completion on every exit path
-//! (atexit, `_exit`, fatal signals), fork handling, and the load-time constructor. The flags it
+//! (atexit, at_quick_exit, `_exit`, fatal signals: [`signals`]), fork handling, and the load-time constructor. The flags it
 //! drives live in [`crate::state`]; the configuration in [`crate::config`].
 
-use std::cell::UnsafeCell;
+mod signals;
+
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::clock;
@@ -13,8 +14,6 @@ use crate::event::RawEvent;
 use crate::raw::{self, Depth};
 use crate::state::{self, clock_origin, is_owner, owner_pid, DONE, NOT_STARTED, RECORDING, RUNNING, WRITER};
 use crate::writer;
-
-static SIGNALS_INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// How long an exit path waits for the writer to complete the trace. Bounded so that a wedged
 /// writer never keeps a dying process alive.
@@ -131,8 +130,18 @@ fn start() {
 
 fn start_writer() {
     clock_origin();
-    install_signals();
+    signals::install();
     writer::ensure_started();
+}
+
+/// The thread inside [`finish`] (its kernel thread id), 0 when none: a fault there must not
+/// finish again ([`finishing_here`]).
+static FINISHING_ON: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the calling thread is inside [`finish`]. Async-signal-safe: an atomic and `gettid`.
+fn finishing_here() -> bool {
+    let t = FINISHING_ON.load(Ordering::Acquire);
+    t != 0 && t == state::gettid()
 }
 
 /// Complete the trace: ask the writer to drain and write `ProcessExit`, and wait (bounded).
@@ -141,6 +150,17 @@ pub fn finish(status: Option<c_int>, signal: Option<c_int>) {
     if !is_owner() {
         return;
     }
+    // Only the first thread in is named: another that finishes meanwhile (a fault while the
+    // main thread exits) waits as well, and is never taken for a re-entry.
+    let me = state::gettid();
+    let named = FINISHING_ON.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire).is_ok();
+    finish_named(status, signal);
+    if named {
+        FINISHING_ON.store(0, Ordering::Release);
+    }
+}
+
+fn finish_named(status: Option<c_int>, signal: Option<c_int>) {
     if let Some(s) = status {
         state::EXIT_STATUS.store(i64::from(s), Ordering::Release);
     }
@@ -209,152 +229,9 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| finish(None, None));
 }
 
-const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
-/// The handlers ours replaced, per signal: two slots, each written at most once before it is
-/// published through `current`, so the signal handler never reads a slot being written.
-/// Slot 0 holds the action read before ours was installed, published before ours goes live;
-/// slot 1 the action `sigaction` reports it replaced, when another thread changed it between.
-struct Previous {
-    slots: [[UnsafeCell<libc::sigaction>; 2]; 2],
-    current: [AtomicU8; 2],
-}
-
-// Safety: a slot is written only by `install_signals` (once, guarded by SIGNALS_INSTALLED)
-// before its index is stored in `current` with Release; readers load `current` with Acquire and
-// read only the slot it names, which is never written again.
-unsafe impl Sync for Previous {}
-
-impl Previous {
-    /// Signal `i`'s previous action, as published.
-    fn get(&self, i: usize) -> libc::sigaction {
-        let k = usize::from(self.current[i].load(Ordering::Acquire) & 1);
-        // Safety: slot `k` was written before `current[i]` named it and is not written again.
-        unsafe { *self.slots[i][k].get() }
-    }
-
-    /// Write signal `i`'s slot `k` and publish it.
-    ///
-    /// Safety: called only by `install_signals`, once per slot, before the slot is published.
-    unsafe fn publish(&self, i: usize, k: usize, sa: libc::sigaction) {
-        // Safety: per the contract, no reader reads this slot yet and no other writer exists.
-        unsafe { *self.slots[i][k].get() = sa };
-        self.current[i].store(k as u8, Ordering::Release);
-    }
-}
-
-// Safety: sigaction is plain C data; all-zero is a valid value.
-const NO_ACTION: libc::sigaction = unsafe { std::mem::zeroed() };
-static PREVIOUS: Previous = Previous {
-    slots: [
-        [UnsafeCell::new(NO_ACTION), UnsafeCell::new(NO_ACTION)],
-        [UnsafeCell::new(NO_ACTION), UnsafeCell::new(NO_ACTION)],
-    ],
-    current: [AtomicU8::new(0), AtomicU8::new(0)],
-};
-/// Set on the first delivery of a signal whose previous handler was installed with
-/// `SA_RESETHAND`: from then on the signal has its default action, as the kernel would have it.
-static RESET: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
-
-/// Our handler in place of `prev`, with the program's semantics: its flags (`SA_RESTART` or
-/// not, `SA_NODEFER`, `SA_ONSTACK`) and mask. `SA_RESETHAND` is not passed on: the kernel would
-/// reset the disposition to SIG_DFL before our handler ran, and the next signal would kill the
-/// process without the trace being completed; [`on_signal`] resets it itself ([`RESET`]).
-/// Over the default action (which ends the process) the handler restarts interrupted calls.
-fn ours(prev: &libc::sigaction) -> libc::sigaction {
-    // Safety: sigaction is plain C data; all-zero is a valid value.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = on_signal as *const () as usize;
-    if prev.sa_sigaction == libc::SIG_DFL {
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        // Safety: initialising a local signal set.
-        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    } else {
-        sa.sa_flags = (prev.sa_flags & !libc::SA_RESETHAND) | libc::SA_SIGINFO;
-        sa.sa_mask = prev.sa_mask;
-    }
-    sa
-}
-
-/// Install our SIGINT/SIGTERM handler over the program's (at the writer's start, so after the
-/// handlers a program installs before its first CUDA call; one it installs later replaces ours,
-/// and its own semantics hold by themselves).
-fn install_signals() {
-    if SIGNALS_INSTALLED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    for (i, sig) in SIGNALS.iter().enumerate() {
-        // Safety: the sigaction structures are valid; PREVIOUS's slots for signal `i` are
-        // written only here (once: SIGNALS_INSTALLED), each before it is published.
-        unsafe {
-            let mut cur: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(*sig, std::ptr::null(), &mut cur) != 0 {
-                continue;
-            }
-            // An ignored signal stays ignored: a handler in its place would let it interrupt
-            // blocking calls (EINTR), and an exec'd child would no longer inherit the SIG_IGN
-            // (nohup, a shell's background job). It ends nothing, so there is no trace to finish.
-            if cur.sa_sigaction == libc::SIG_IGN {
-                continue;
-            }
-            // The action ours replaces is in place before ours can run: glibc copies the old
-            // action out only after the kernel installed the new one, and a signal in between
-            // would find nothing (SIG_DFL) and kill a program that handles it.
-            PREVIOUS.publish(i, 0, cur);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(*sig, &ours(&cur), &mut old) != 0 {
-                continue;
-            }
-            // Another thread changed the disposition between the two calls: ours follows the
-            // one it replaced.
-            if old.sa_sigaction != cur.sa_sigaction || old.sa_flags != cur.sa_flags {
-                PREVIOUS.publish(i, 1, old);
-                if old.sa_sigaction == libc::SIG_IGN {
-                    libc::sigaction(*sig, &old, std::ptr::null_mut());
-                } else {
-                    libc::sigaction(*sig, &ours(&old), std::ptr::null_mut());
-                }
-            }
-        }
-    }
-}
-
-/// Fatal signal: complete the trace, then die by the same signal. A signal the program handles
-/// itself (Python's SIGINT → KeyboardInterrupt): flush and chain to its handler; the process
-/// keeps running and completes the trace at exit. A handler installed with `SA_RESETHAND` runs
-/// once; the signal's next delivery is fatal.
-extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(i) = SIGNALS.iter().position(|s| *s == sig) else { return };
-    let prev = PREVIOUS.get(i);
-    let mut h = prev.sa_sigaction;
-    if h == libc::SIG_IGN {
-        return;
-    }
-    if h != libc::SIG_DFL && prev.sa_flags & libc::SA_RESETHAND != 0 && RESET[i].swap(true, Ordering::AcqRel) {
-        h = libc::SIG_DFL;
-    }
-    if h == libc::SIG_DFL {
-        finish(None, Some(sig));
-        // Safety: restoring the default disposition and re-raising; the signal is blocked while
-        // this handler runs, so it is delivered (and kills us) when we return.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::raise(sig);
-        }
-        return;
-    }
-    state::FLUSH.store(true, Ordering::Release);
-    // Safety: calling the handler that was installed before ours, with the form it registered.
-    unsafe {
-        if prev.sa_flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
-            f(sig, info, ctx);
-        } else {
-            let f: extern "C" fn(c_int) = std::mem::transmute(h);
-            f(sig);
-        }
-    }
+unsafe extern "C" {
+    /// glibc's (libc_nonshared.a, over `__cxa_at_quick_exit`); not in the libc crate for Linux.
+    fn at_quick_exit(f: extern "C" fn()) -> c_int;
 }
 
 /// Fork child: the parent's writer thread does not exist here, and its queued events belong to
@@ -392,6 +269,8 @@ extern "C" fn on_load() {
         // Safety: registering plain extern "C" callbacks with libc.
         unsafe {
             libc::atexit(at_exit);
+            // quick_exit() runs these instead of the atexit handlers.
+            at_quick_exit(at_exit);
             libc::pthread_atfork(None, None, Some(at_fork_child));
         }
     });

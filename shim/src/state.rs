@@ -38,6 +38,27 @@ pub static EXIT_STATUS: AtomicI64 = AtomicI64::new(i64::MIN);
 /// Signal for `ProcessExit`, 0 = none.
 pub static EXIT_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// The shim's own threads by kernel thread id, 0 = none: the writer ([`WRITER_THREAD`]) and
+/// the parked CUPTI flush thread ([`FLUSH_THREAD`]). `abort()` or a fault on one of them must
+/// not wait for the trace: that thread is the one that would write it.
+pub static SHIM_TIDS: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
+/// [`SHIM_TIDS`]'s slot for the writer thread.
+pub const WRITER_THREAD: usize = 0;
+/// [`SHIM_TIDS`]'s slot for the CUPTI flush thread.
+pub const FLUSH_THREAD: usize = 1;
+
+/// The calling thread's kernel thread id. Async-signal-safe: one system call.
+pub fn gettid() -> i32 {
+    // Safety: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Whether the calling thread is one of the shim's own ([`SHIM_TIDS`]).
+pub fn on_shim_thread() -> bool {
+    let me = gettid();
+    SHIM_TIDS.iter().any(|t| t.load(Ordering::Acquire) == me)
+}
+
 /// Whether events are recorded at all (false past `MEMTRACE_MAX_BYTES`, after the exit paths,
 /// and in a fork child that does not follow forks).
 pub static RECORDING: AtomicBool = AtomicBool::new(true);
@@ -130,4 +151,8 @@ pub fn reset_in_child() {
     FLUSH.store(false, Ordering::Release);
     EXIT_STATUS.store(i64::MIN, Ordering::Release);
     EXIT_SIGNAL.store(0, Ordering::Release);
+    // fork copies only the calling thread: the shim's threads are the parent's.
+    for t in &SHIM_TIDS {
+        t.store(0, Ordering::Release);
+    }
 }

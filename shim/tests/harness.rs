@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 36] = [
+const PROGRAMS: [&str; 42] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -83,6 +83,12 @@ const PROGRAMS: [&str; 36] = [
     "p_past_max_bytes",
     "p_shared_exit",
     "p_fork_pthread_exit",
+    "p_sig_chain",
+    "p_abort",
+    "p_quick_exit",
+    "p_fault",
+    "p_fault_chain",
+    "p_fault_writer",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -279,7 +279,7 @@ fn eight_threads_lose_and_duplicate_nothing() {
 }
 
 /// Spawn p_signal, wait for "ready", then wait until the trace holds all 100 allocations.
-fn started(env: &[(&str, &str)]) -> (Guard, tempfile::TempDir) {
+pub(crate) fn started(env: &[(&str, &str)]) -> (Guard, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut c = command("p_signal", dir.path(), env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();

@@ -6,6 +6,8 @@
 mod behaviours;
 /// The CUPTI layer against a stub libcupti: kernel execution records and the fallbacks.
 mod cupti;
+/// Endings that complete the trace: SIGHUP, SIGQUIT, abort, quick_exit, faults.
+mod endings;
 /// Builds the C stubs and programs, locates the shim, runs programs under it.
 mod harness;
 /// The host program as it runs without the shim: its end, its ignored signals, its limits.

@@ -11,6 +11,7 @@ type ExitFn = unsafe extern "C" fn(c_int) -> !;
 static REAL_EXIT: Slot = Slot::new();
 static REAL_UEXIT: Slot = Slot::new();
 static REAL_UEXIT2: Slot = Slot::new();
+static REAL_QEXIT: Slot = Slot::new();
 
 fn die(slot: &Slot, name: &std::ffi::CStr, status: c_int) -> ! {
     let p = slot.get(Lib::Libc, name);
@@ -33,6 +34,16 @@ pub unsafe extern "C" fn exit_export(status: c_int) -> ! {
         state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
     }
     die(&REAL_EXIT, c"exit", status)
+}
+
+/// `quick_exit`: as `exit`, remember the status, then run the real one (whose at_quick_exit
+/// handlers include ours, which completes the trace).
+#[cfg_attr(not(test), export_name = "quick_exit")]
+pub unsafe extern "C" fn quick_exit_export(status: c_int) -> ! {
+    if state::is_owner() {
+        state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
+    }
+    die(&REAL_QEXIT, c"quick_exit", status)
 }
 
 /// `_exit`: bypasses atexit, so complete the trace first.

@@ -69,7 +69,7 @@ pub fn start() {
         Err(e) => log!(
             Warn,
             "MEMTRACE_CUPTI=1: cannot start the thread that flushes CUPTI at a fatal signal ({e}); a SIGINT or \
-             SIGTERM that ends the process will leave the trace marked as missing CUPTI's records"
+             SIGTERM (or another fatal signal) will leave the trace marked as missing CUPTI's records"
         ),
     }
 }
@@ -141,6 +141,8 @@ pub fn forget_in_child() {
 /// to it.
 fn parked() {
     raw::set_internal(true);
+    // A fault or abort() in CUPTI's flush must not wait for the trace (`lifecycle::signals`).
+    crate::state::SHIM_TIDS[crate::state::FLUSH_THREAD].store(crate::state::gettid(), Ordering::Release);
     loop {
         match ASK.load(Ordering::Acquire) {
             PARK => futex_wait(&ASK, PARK),

@@ -148,7 +148,7 @@ pub fn ensure_started() {
 
 /// Spawn `f` on a thread made by `b` that never runs the exit-signal handler: that handler
 /// waits for the writer, and for the CUPTI flush the writer waits on. So it is born with
-/// SIGINT and SIGTERM blocked (a new thread inherits its creator's mask, restored here at
+/// SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGABRT blocked (a new thread inherits its creator's mask, restored here at
 /// once); a signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file
 /// size limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused
 /// them, and by default end the process: blocked, the write fails instead, and recording stops.
@@ -209,8 +209,12 @@ fn truthy(v: &str) -> bool {
     !v.is_empty() && v != "0"
 }
 
-/// The signals the writer blocks ([`block_signals`]).
-const WRITER_BLOCKS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGXFSZ, libc::SIGPIPE];
+/// The signals the writer blocks ([`block_signals`]): those sent to the process whose handler
+/// completes the trace (`lifecycle::signals`: a terminal's or `kill`'s, and SIGABRT, which
+/// `abort()` unblocks on the thread that aborts), so that it never runs on the thread that
+/// writes the trace; and SIGXFSZ and SIGPIPE.
+const WRITER_BLOCKS: [libc::c_int; 7] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGABRT, libc::SIGXFSZ, libc::SIGPIPE];
 
 /// Unblocks [`WRITER_BLOCKS`] in the calling thread.
 fn unblock_signals() {
@@ -225,8 +229,7 @@ fn unblock_signals() {
     }
 }
 
-/// Blocks SIGINT, SIGTERM, SIGXFSZ and SIGPIPE in the calling thread; returns the previous
-/// mask.
+/// Blocks [`WRITER_BLOCKS`] in the calling thread; returns the previous mask.
 fn block_signals() -> libc::sigset_t {
     // Safety: plain sigset manipulation on local sets; affects only this thread.
     unsafe {
@@ -259,6 +262,8 @@ fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
 /// The writer's life; true when it ended as the process's last live thread ([`alone`]).
 fn run() -> bool {
     raw::set_internal(true);
+    // A fault or abort() here must not wait for the trace (`lifecycle::signals`).
+    state::SHIM_TIDS[state::WRITER_THREAD].store(state::gettid(), Ordering::Release);
     let cfg = config();
     let pid = state::owner_pid();
     let origin = state::clock_origin();
