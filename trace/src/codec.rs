@@ -355,19 +355,6 @@ pub fn decode_frame(state: &mut PrefixState, tag: u8, bytes: &[u8], offset: u64)
     decode_frame_with(state, tag, bytes, bytes.len(), true, offset, &mut 0)
 }
 
-/// [`decode_frame`], also saying whether the body held bytes after the fields this version
-/// reads: fields a newer writer appended (FORMAT.md §1.9 rule 1), which are ignored.
-pub fn decode_frame_extended(
-    state: &mut PrefixState,
-    tag: u8,
-    bytes: &[u8],
-    offset: u64,
-) -> Result<(Decoded, bool), TraceError> {
-    let mut extended = 0;
-    let d = decode_frame_with(state, tag, bytes, bytes.len(), true, offset, &mut extended)?;
-    Ok((d, extended > 0))
-}
-
 /// [`decode_frame`] through the derived decoders only, never the hand-written fast path: what the
 /// fast path is tested against (`tests/it/fastread.rs`).
 pub fn decode_frame_generic(
