@@ -1,6 +1,8 @@
-//! Process lifecycle: lazy start on the first recorded call, completion on every exit path
-//! (atexit, at_quick_exit, `_exit`, fatal signals: [`signals`]), fork handling, and the load-time constructor. The flags it
-//! drives live in [`crate::state`]; the configuration in [`crate::config`].
+//! Process lifecycle: lazy start on the first recorded call, completion at the exit paths
+//! (atexit, at_quick_exit, `_exit`, and nine fatal signals: [`signals`]; SIGKILL and the other
+//! signals whose default ends the process leave the trace without its exit record), fork
+//! handling, and the load-time constructor. The flags it drives live in [`crate::state`]; the
+//! configuration in [`crate::config`].
 
 mod signals;
 
@@ -184,26 +186,35 @@ fn finish_named(status: Option<c_int>, signal: Option<c_int>) {
         waited += Duration::from_millis(1);
     }
     if WRITER.load(Ordering::Acquire) != DONE {
-        gave_up();
+        gave_up(signal);
     }
     RECORDING.store(false, Ordering::Release);
 }
 
-/// The exit wait ran out (a pipe's reader that stopped reading, a hung file system): the trace
-/// ends without its exit record, which readers report as truncated. Say so, naming the file.
-/// The writer may be inside a write, so nothing more can be added to the file from here.
-/// Async-signal-safe: `readlink` and the stack-buffer logger only.
+/// The exit wait ran out: the trace ends without its exit record, which readers report as
+/// truncated. Say so, naming the file and the likely cause: at an exit, a pipe's reader that
+/// stopped reading or a hung file system; at a signal, also a lock the interrupted thread holds
+/// (a crash inside `malloc`) that the writer needs. The writer may be inside a write, so nothing
+/// more can be added to the file from here. Async-signal-safe: `readlink` and the stack-buffer
+/// logger only.
 #[cold]
-fn gave_up() {
+fn gave_up(signal: Option<c_int>) {
     let mut name = [0u8; 512];
     let n = trace_name(&mut name);
     let name = std::str::from_utf8(&name[..n]).unwrap_or("the trace");
-    crate::log!(
-        Warn,
-        "the trace {name} is incomplete: it was not written within {} s of the exit (its reader stopped?); \
-         it ends without the exit record",
-        FINISH_WAIT.as_secs()
-    );
+    let wait = FINISH_WAIT.as_secs();
+    match signal {
+        None => crate::log!(
+            Warn,
+            "the trace {name} is incomplete: it was not written within {wait} s of the exit (its reader stopped?); \
+             it ends without the exit record"
+        ),
+        Some(sig) => crate::log!(
+            Warn,
+            "the trace {name} is incomplete: it was not written within {wait} s of signal {sig} (the interrupted \
+             thread may hold a lock the writer needs, or the trace's reader stopped); it ends without the exit record"
+        ),
+    }
 }
 
 /// The trace file's path (what `/proc/self/fd/N` links to) into `buf`; its length, 0 if unknown.
@@ -242,6 +253,9 @@ extern "C" fn at_fork_child() {
     crate::cupti::disable_in_child();
     writer::forget_flush_thread();
     state::reset_in_child();
+    // fork copies only the calling thread: one finishing in the parent is not here, and this
+    // child must be able to mark its own finish.
+    FINISHING_ON.store(0, Ordering::Release);
     let follow = config_if_read().is_none_or(|c| c.follow_fork);
     CUPTI_DEFERRED.store(0, Ordering::Relaxed);
     if follow {

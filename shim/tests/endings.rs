@@ -125,8 +125,11 @@ fn faults_complete_the_trace_and_die_by_their_signal() {
 
 /// A program's fault handler is chained to: one that recovers (a JVM's null checks) leaves the
 /// program running and recording, the trace completed at its exit; one that restores the
-/// default action and returns (Python's faulthandler) dies by the fault, the trace completed
-/// first; and so does one on an alternate stack after a stack overflow (`SA_ONSTACK` kept).
+/// default action and returns (a plain C handler; Rust's, for a fault off its stack guards)
+/// dies by the fault, the trace completed first; so does one that raises the signal again
+/// before it returns (pending until then), and one on an alternate stack after a stack
+/// overflow (`SA_ONSTACK` kept). Python's faulthandler, which re-raises at once with
+/// `SA_NODEFER`, is a known gap (`shim/README.md`).
 #[test]
 fn a_programs_fault_handler_is_chained_to() {
     let dir = tempfile::tempdir().unwrap();
@@ -136,10 +139,24 @@ fn a_programs_fault_handler_is_chained_to() {
     assert!(s.whole());
     assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
     assert_eq!(s.exit.unwrap().signal, None);
-    for mode in ["reset", "overflow"] {
+    for mode in ["reset", "raise", "overflow"] {
         let s = dies_as_without_the_shim("p_fault_chain", &[mode], libc::SIGSEGV);
         assert_eq!(s.calls(), [("cudaMalloc", 1)], "{mode}");
     }
+}
+
+/// A fault handler that restores the default action and fixes the cause (makes the page
+/// writable) lets the program go on: it is not taken for dying, and the trace records the calls
+/// after it and is completed at the exit, with its status and no signal.
+#[test]
+fn a_fault_the_program_survives_keeps_recording() {
+    let r = run("p_fault_survive", &[("MEMTRACE_QUIET", "1")]);
+    assert_eq!(r.out.status.code(), Some(0), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
+    let s = r.stats();
+    assert!(s.whole(), "the trace was not completed");
+    assert_eq!(s.calls(), [("cudaFree", 2), ("cudaMalloc", 3)]);
+    let exit = s.exit.unwrap();
+    assert_eq!((exit.signal, exit.status), (None, Some(0)));
 }
 
 /// A fault on the shim's writer thread does not wait for the trace (the writer would wait for

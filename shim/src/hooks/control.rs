@@ -37,7 +37,9 @@ pub unsafe extern "C" fn exit_export(status: c_int) -> ! {
 }
 
 /// `quick_exit`: as `exit`, remember the status, then run the real one (whose at_quick_exit
-/// handlers include ours, which completes the trace).
+/// handlers include ours, which completes the trace). C11 allows it in a signal handler, which
+/// cannot be told from here: with `MEMTRACE_CUPTI=1` the completion then flushes CUPTI, not
+/// async-signal-safe, inside that handler (as `_exit` does; a known gap, `shim/README.md`).
 #[cfg_attr(not(test), export_name = "quick_exit")]
 pub unsafe extern "C" fn quick_exit_export(status: c_int) -> ! {
     if state::is_owner() {
@@ -46,7 +48,9 @@ pub unsafe extern "C" fn quick_exit_export(status: c_int) -> ! {
     die(&REAL_QEXIT, c"quick_exit", status)
 }
 
-/// `_exit`: bypasses atexit, so complete the trace first.
+/// `_exit`: bypasses atexit, so complete the trace first. Async-signal-safe and so called from
+/// signal handlers, which cannot be told from here: with `MEMTRACE_CUPTI=1` the completion
+/// flushes CUPTI, not async-signal-safe, there too (a known gap, `shim/README.md`).
 #[cfg_attr(not(test), export_name = "_exit")]
 pub unsafe extern "C" fn underscore_exit(status: c_int) -> ! {
     let _ = std::panic::catch_unwind(|| lifecycle::finish(Some(status), None));

@@ -2,7 +2,9 @@
 //! it (SIGINT, SIGTERM, SIGHUP, SIGQUIT), `abort()`'s SIGABRT, and the faults of a thread
 //! (SIGSEGV, SIGBUS, SIGFPE, SIGILL). Our handler takes the place of the program's and keeps its
 //! semantics: an ignored signal stays ignored, the program's handler runs with its own flags and
-//! mask, and `SA_RESETHAND` is emulated.
+//! mask, and `SA_RESETHAND` is emulated. No other signal is handled: SIGKILL, SIGUSR1/2,
+//! SIGALRM, SIGPIPE, SIGXCPU, SIGXFSZ, SIGSYS, SIGTRAP, SIGPROF, SIGVTALRM, the real-time signals
+//! and the rest whose default ends the process leave the trace without its exit record.
 //!
 //! Why handling the faults is safe (the host must never be harmed by the shim):
 //! - Over the default action, the handler completes the trace (atomics and `nanosleep` only,
@@ -13,16 +15,22 @@
 //! - It never waits for the trace on the shim's own threads (a fault on the writer or on the
 //!   CUPTI flush thread: the thread that would write it), nor on a thread already inside
 //!   [`finish`] (a fault in our own exit): there it only restores the default action and returns.
-//! - A program's own handler (Python's faulthandler, a JVM's, Rust's stack-overflow report) is
+//! - A program's own handler (a JVM's, Rust's stack-overflow report, a C program's cleanup) is
 //!   called first, exactly as for SIGINT, and nothing is completed before it: a JVM recovers from
-//!   SIGSEGV all the time. Only when it returns having restored the default action (and the
-//!   fault is the kernel's, so it comes back at once, or the signal is pending again) does the
-//!   process die on our return, and the trace is completed then.
+//!   SIGSEGV all the time. One that returns having restored the default action has ours put back
+//!   over it, acting as that default (`put_back`): the program may have fixed the cause and go
+//!   on recording; if the fault comes back, or the signal was raised again, ours completes the
+//!   trace and the process dies by the default action.
 //! - `SA_ONSTACK`: over a program's handler our handler keeps its flags, so it runs where that
-//!   handler would, on the alternate stack the program set for it. Over the default action we
-//!   add none: a stack overflow then cannot run our handler (no stack left), and the kernel ends
-//!   the process by SIGSEGV as without us, the trace readable up to its last flush, as after
-//!   SIGKILL; we never run on an alternate stack of unknown size set for someone else's handler.
+//!   handler would, on the alternate stack the program set for it, and completes the trace there
+//!   when the signal's default action follows (a stack overflow whose handler restored the
+//!   default), as does a SIGABRT raised inside such a handler (Rust's report aborts), running
+//!   below it on that stack. Completing it needs little stack, but some KiB when the exit's
+//!   wait runs out and the warning is formatted (`gave_up`): an alternate stack with less than
+//!   that left overflows, and the process then dies by SIGSEGV instead of its signal (the trace as
+//!   after SIGKILL). Over the default action we add no `SA_ONSTACK`: a stack overflow with no
+//!   handler of the program's cannot run ours (no stack left), and the kernel ends the process
+//!   by SIGSEGV as without us, the trace readable up to its last flush, as after SIGKILL.
 //! - No lock and no allocation: the previous actions are read from slots written once before
 //!   they are published.
 
@@ -185,27 +193,12 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
     let Some(i) = SIGNALS.iter().position(|(s, _)| *s == sig) else { return };
     let kind = SIGNALS[i].1;
     let prev = PREVIOUS.get(i);
-    let mut h = prev.sa_sigaction;
+    let h = prev.sa_sigaction;
     if h == libc::SIG_IGN {
         return;
     }
-    if h != libc::SIG_DFL && prev.sa_flags & libc::SA_RESETHAND != 0 && RESET[i].swap(true, Ordering::AcqRel) {
-        h = libc::SIG_DFL;
-    }
-    if h == libc::SIG_DFL {
-        if may_finish(kind) {
-            finish(None, Some(sig));
-        }
-        // Safety: restoring the default disposition and re-raising; the signal is blocked while
-        // this handler runs, so it is delivered (and kills us) when we return. A fault comes
-        // back at once too, as its instruction runs again. At abort(), glibc would do as much
-        // (reset, raise again) had the handler returned with the signal still ours.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::raise(sig);
-        }
+    if h == libc::SIG_DFL || (prev.sa_flags & libc::SA_RESETHAND != 0 && RESET[i].swap(true, Ordering::AcqRel)) {
+        die(sig, kind);
         return;
     }
     // A fault the program may recover from asks nothing of the writer (a JVM's null checks
@@ -223,29 +216,61 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
             f(sig);
         }
     }
-    if kind == Kind::Fault && dies_on_return(sig, info) && may_finish(kind) {
-        finish(None, Some(sig));
+    put_back(sig, &prev);
+}
+
+/// Ours in place of a default action the program's handler restored ([`put_back`]): the
+/// signal's default action, with the trace completed first.
+extern "C" fn on_default(sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    if let Some(&(_, kind)) = SIGNALS.iter().find(|(s, _)| *s == sig) {
+        die(sig, kind);
     }
 }
 
-/// After the program's fault handler returned: whether the process dies as ours returns. Its
-/// handler restored the default action (faulthandler, Rust's report) and either the fault was
-/// the kernel's (its instruction runs again, and faults again) or the signal is pending (raised
-/// again). Async-signal-safe: `sigaction` and `sigpending`.
-fn dies_on_return(sig: c_int, info: *const libc::siginfo_t) -> bool {
-    // Safety: reading the current action and the pending set into local structures; `info` is
-    // the kernel's siginfo for this delivery (SA_SIGINFO), or null.
+/// The default action of `sig`, which ends the process: complete the trace (when
+/// [`may_finish`]), restore the default action and raise the signal again.
+fn die(sig: c_int, kind: Kind) {
+    if may_finish(kind) {
+        finish(None, Some(sig));
+    }
+    // Safety: restoring the default disposition and re-raising; the signal is blocked while
+    // this handler runs, so it is delivered (and kills us) when we return. A fault comes
+    // back at once too, as its instruction runs again. At abort(), glibc would do as much
+    // (reset, raise again) had the handler returned with the signal still ours.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+}
+
+/// After the program's handler returned: if it restored the default action (Rust's, for a
+/// fault off its stack guards; a handler that cleans up and raises the signal again; one that
+/// lets a second Ctrl-C kill), put ours back in its place as [`on_default`], with the program's handler's flags
+/// (its `SA_ONSTACK`: a stack overflow comes back on the alternate stack). Nothing is completed
+/// here: the program may have fixed the cause (`mprotect` of the faulting page) and go on,
+/// recording. If the fault comes back (its instruction runs again), or the signal was raised
+/// again (pending, and delivered as this handler returns), `on_default` completes the trace and
+/// the process dies by the default action, as it would have. The state is in the disposition,
+/// not in a flag of ours: a program that later puts back an action it read before (ours, chaining
+/// to its handler) has its handler again. Async-signal-safe: `sigaction` only.
+fn put_back(sig: c_int, prev: &libc::sigaction) {
+    let mut sa = ours(prev);
+    sa.sa_sigaction = on_default as *const () as usize;
+    // Safety: reading the current action into a local structure, and installing ours with the
+    // program's handler's flags and mask; a signal arriving between the calls finds the
+    // default action, as it would without us. An action another thread set between them is
+    // put back.
     unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut cur) != 0 || cur.sa_sigaction != libc::SIG_DFL {
-            return false;
+            return;
         }
-        // si_code > 0: sent by the kernel (a real fault), not by kill, raise or sigqueue.
-        if !info.is_null() && (*info).si_code > 0 {
-            return true;
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, &sa, &mut old) == 0 && old.sa_sigaction != libc::SIG_DFL {
+            libc::sigaction(sig, &old, std::ptr::null_mut());
         }
-        let mut pending: libc::sigset_t = std::mem::zeroed();
-        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, sig) == 1
     }
 }
 
