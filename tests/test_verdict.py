@@ -57,7 +57,7 @@ def test_four_commands_agree_on_one_trace(
     assert colo["jobs"][0]["outside_allocator"] == outside
 
     code, est = _estimate(trainer_env, 64)
-    assert code == 0 and est["schema"] == 2
+    assert code == 0 and est["schema"] == 3
     assert est["verdict"]["need_mib"] * MIB == safe
     assert est["verdict"]["point_mib"] * MIB == device
     assert est["estimates"]["symbolic"]["device_mib"] * MIB == device

@@ -289,10 +289,18 @@ pub fn evaluate_row(
             }
         }
         Ok((Ok(t), trace_s)) => {
+            // What the trace does not give whole (cut short, a snapshot's caveats), as `memest
+            // estimate` warns of it, beside each answer read from it.
+            let warnings = t.warnings();
             let (lp, s) = timed(|| t.live_peak());
             est.insert(
                 "live_peak".into(),
-                Outcome { device_bytes: Some(lp), seconds: Some(trace_s + s), ..Outcome::default() },
+                Outcome {
+                    device_bytes: Some(lp),
+                    seconds: Some(trace_s + s),
+                    warnings: warnings.clone(),
+                    ..Outcome::default()
+                },
             );
             let (sym, s) = timed(|| symbolic(t, ctx.version, &outside_terms, capacity));
             est.insert(
@@ -303,12 +311,14 @@ pub fn evaluate_row(
                         reserved_bytes: Some(e.predicted_reserved_peak),
                         seconds: Some(trace_s + s),
                         error: e.unbounded.map(|u| format!("no device holds the need: {}", u.describe())),
+                        warnings,
                         ..Outcome::default()
                     },
                     Ok(e) => Outcome {
                         device_bytes: Some(e.predicted_device_peak),
                         reserved_bytes: Some(e.predicted_reserved_peak),
                         seconds: Some(trace_s + s),
+                        warnings,
                         ..Outcome::default()
                     },
                     Err(e) => Outcome::failed(chain(&e)),
@@ -327,7 +337,8 @@ pub fn evaluate_row(
                 }
                 Ok(pt) => {
                     let (v, s) = timed(|| pt.forward_backward_peak());
-                    Outcome { device_bytes: Some(v), seconds: Some(trace_s + s), ..Outcome::default() }
+                    let warnings = pt.warnings();
+                    Outcome { device_bytes: Some(v), seconds: Some(trace_s + s), warnings, ..Outcome::default() }
                 }
             },
         },

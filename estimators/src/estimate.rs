@@ -21,7 +21,7 @@ use crate::tracefile::{job_libraries, LoadedTrace};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// The version of the `memest estimate --json` contract (estimators/README.md).
-pub const SCHEMA: u32 = 2;
+pub const SCHEMA: u32 = 3;
 
 /// One estimator's answer in MiB.
 #[derive(Debug, Clone, PartialEq, Serialize)]

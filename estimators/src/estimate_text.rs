@@ -2,7 +2,7 @@
 //! text, the Python API's `str` and notebook cell, the HTML report's headline) joins these parts
 //! and words nothing itself, so the sentence a user acts on is written once.
 //!
-//! The words are made from an [`EstimateView`]: the fields of the estimate JSON (schema 2) they
+//! The words are made from an [`EstimateView`]: the fields of the estimate JSON (schema 3) they
 //! need. memest fills one from its report; `memest render` reads one from a JSON file, so the
 //! trainer's estimate, which adds baselines of its own (PyTorch's MemTracker), is worded by the
 //! same function after it has added them.
@@ -85,7 +85,7 @@ pub struct MarginView {
     pub note: String,
 }
 
-/// The fields of an estimate (memest's schema 2, or the trainer's, which adds to it) that the
+/// The fields of an estimate (memest's schema 3, or the trainer's, which adds to it) that the
 /// words use; other fields are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct EstimateView {

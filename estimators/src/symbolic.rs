@@ -38,38 +38,9 @@ pub struct SymbolicEstimate {
     pub unbounded: Option<Unbounded>,
 }
 
-/// Why a need is no number of bytes: what an estimate's JSON says in place of one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Unbounded {
-    /// The program's memory fraction lets its allocator reserve nothing of any device (a
-    /// fraction of 0, or one too small for what it reserves).
-    MemoryFraction,
-    /// The need's parts add up past 2^64 bytes.
-    Overflow,
-}
-
-impl Unbounded {
-    /// Why a saturated device need is one, from the replay that made it.
-    fn of(device_peak: u64, fraction_need: u64) -> Option<Unbounded> {
-        match (device_peak, fraction_need) {
-            (u64::MAX, u64::MAX) => Some(Unbounded::MemoryFraction),
-            (u64::MAX, _) => Some(Unbounded::Overflow),
-            _ => None,
-        }
-    }
-
-    /// The reason in words, after "no device holds the need: ".
-    pub fn describe(self) -> &'static str {
-        match self {
-            Unbounded::MemoryFraction => {
-                "the program's memory fraction lets its allocator reserve nothing of any device (a fraction of 0, \
-                 or one too small for what it reserves)"
-            }
-            Unbounded::Overflow => "its parts add up past 2^64 bytes",
-        }
-    }
-}
+/// Why a need is no number of bytes: what an estimate's JSON says in place of one (memsim's
+/// owner, so both commands say it alike).
+pub use simulator::units::Unbounded;
 
 /// The allocator version a profile implies.
 pub fn profile_version(profile: &Profile, path: &std::path::Path) -> Result<TorchVersion> {
@@ -111,7 +82,7 @@ pub fn symbolic(
         outside_allocator: fit.beside(outside),
         recorded_outside: fit.held_beside(),
         oom_on_profile_gpu: fit.first_oom.oom,
-        verdict: Verdict::new("symbolic.device", device, capacity),
+        verdict: Verdict::new("symbolic.device", device, capacity).under_fraction(fit.report.fraction_need_bytes),
         iterations: fit.report.iterations.clone(),
         replay_warnings: fit.report.warnings().into_iter().chain(held_beside_terms(&fit.report, outside)).collect(),
         unbounded: Unbounded::of(device, fit.report.fraction_need_bytes),

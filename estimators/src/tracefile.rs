@@ -37,11 +37,11 @@ impl LoadedTrace {
     }
 
     /// What the input did not give whole, as warning lines naming the file: a truncated end,
-    /// skipped records, and header metadata values outside their key's domain (ignored).
+    /// skipped records, header metadata values outside their key's domain (ignored), and what a
+    /// replay of the snapshot it was converted from cannot show: memsim's list
+    /// ([`simulator::snapshot::input_warnings`]).
     pub fn warnings(&self) -> Vec<String> {
-        let mut w = self.summary.warnings(&self.path);
-        w.extend(self.header.metadata_warnings(&self.path));
-        w
+        simulator::snapshot::input_warnings(&self.header, Some(&self.summary), &self.path)
     }
 
     /// A header metadata value (`optimizer`, `amp`, `batch_size`, `cuda_emulation`, ...).

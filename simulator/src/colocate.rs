@@ -24,6 +24,10 @@ use trace::{metadata, Event, Header, Record};
 
 use crate::fit::{self, Capacity, Margin, Outside, Verdict};
 use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
+use crate::units::Unbounded;
+
+mod search;
+use search::{alone_at, fits_at, smallest, smallest_alone};
 
 /// One job to place.
 pub struct Job {
@@ -123,19 +127,26 @@ pub struct JobReport {
     pub held_outside_bytes: u64,
     /// Its device peak alone: reserved + outside the allocator (the point estimate), or the
     /// device total its memory fraction asks for when that is more.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub device_peak_bytes: u64,
     /// The device total its own memory fraction asks for (0 without one): the smallest device
     /// whose share holds what it reserves, not memory it holds
     /// ([`crate::replay::ReplayReport::fraction_need_bytes`]).
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub fraction_need_bytes: u64,
     /// The point plus its safety margin.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub device_safe_bytes: u64,
+    /// Why no device holds the job (its safe number), when none does: its byte counts saturated
+    /// by it are then `null` in JSON.
+    pub need_unbounded: Option<Unbounded>,
     /// The margin.
     pub margin: Margin,
     /// Whether it fits the capacity on its own (`None` without a capacity).
     pub fits_alone: Option<bool>,
     /// What it needs on its own at the capacity (`None` without one): below its unlimited peak
     /// its allocator frees its cache and retries, so this can be less than `device_safe_bytes`.
+    #[serde(serialize_with = "crate::units::opt_bytes_or_null")]
     pub need_alone_bytes: Option<u64>,
     /// Whether its trace has wall-clock timestamps.
     pub timestamps: bool,
@@ -202,12 +213,16 @@ pub struct ColocateReport {
     /// What the set needs: [`sum_of_peaks`], or the peak of Σ (reserved + outside) in the
     /// aligned replay (at the capacity when it fits there); at least the device total a job's
     /// memory fraction asks for.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub combined_need_bytes: u64,
+    /// Why no device holds the set, when none does: its byte counts are then `null` in JSON.
+    pub need_unbounded: Option<Unbounded>,
     /// When the combined peak happens in the aligned replay, µs from the first job's start.
     pub combined_peak_at_us: Option<f64>,
     /// How the jobs were lined up in the aligned replay the need comes from.
     pub start: Option<Start>,
     /// The smallest capacity, in bytes, at which the set fits.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub smallest_fitting_capacity: u64,
     /// Per job.
     pub jobs: Vec<JobReport>,
@@ -355,59 +370,6 @@ fn shared_run(
     Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect(), fraction_need })
 }
 
-/// Whether the set fits at `capacity`: no job ran out of memory, and what the jobs held together
-/// never passed the capacity. Both are needed: the segments a snapshot's start state rebuilds are
-/// placed as they were, without the allocator's capacity check, so a shared replay can hold more
-/// than the capacity with no OOM.
-fn fits_at(run: &Run, capacity: u64) -> bool {
-    run.ooms.iter().all(Option::is_none) && run.combined_peak <= capacity
-}
-
-/// The smallest capacity, in bytes, in `[lo, hi]` at which the aligned replay fits; `hi` must
-/// fit.
-fn smallest(jobs: &[Job], sc: &[Scenario], opts: &ReplayOptions, lo: u64, hi: u64) -> Result<u64, ColocateError> {
-    least_fitting(lo, hi, |c| Ok(fits_at(&worst(jobs, sc, opts, Some(c))?.0, c)))
-}
-
-/// Bisection, in bytes, for the least of `[lo, hi]` that `fits` (`hi` is taken to fit). Fitting
-/// is not quite monotone in the capacity (the allocator's retry chain), so the answer is checked
-/// against the verdict at the capacity asked about by the caller.
-fn least_fitting(
-    mut lo: u64,
-    mut hi: u64,
-    mut fits: impl FnMut(u64) -> Result<bool, ColocateError>,
-) -> Result<u64, ColocateError> {
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid)? {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Ok(hi)
-}
-
-/// A job alone on a device of `capacity`: whether it fits, and its need there (its replay at the
-/// allocator budget the capacity leaves, judged on the point or the safe number).
-fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(bool, u64), ColocateError> {
-    let opts = &ReplayOptions { device_total: Some(c.bytes), ..opts.clone() };
-    let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
-        .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
-    let need = if point { alone.device_peak(&j.outside) } else { alone.device_safe(&j.outside, &j.margin) };
-    Ok((!alone.first_oom.oom && Verdict::new("alone", need, c).fits, need))
-}
-
-/// The smallest capacity, in bytes, at which a job fits alone, up to `upper` (its need with
-/// unlimited memory, which fits unless a request no device holds fails: then `upper`, where the
-/// verdict beside it says DOES NOT FIT).
-fn smallest_alone(j: &Job, opts: &ReplayOptions, point: bool, upper: u64) -> Result<u64, ColocateError> {
-    let least = least_fitting(1, upper.max(1), |bytes| {
-        Ok(alone_at(j, opts, Capacity { bytes, source: fit::CapacitySource::Flag }, point)?.0)
-    })?;
-    Ok(least.min(upper))
-}
-
 /// Place the jobs on one GPU of `capacity` (None: only measure).
 pub fn colocate(
     jobs: &[Job],
@@ -482,7 +444,7 @@ pub fn colocate(
         alone.push(at);
         let fits_alone = at.map(|(fits, _)| fits);
         let need_alone_bytes = at.map(|(_, need)| need);
-        let device = unlimited.device_peak(&j.outside);
+        let (device, safe) = (unlimited.device_peak(&j.outside), unlimited.device_safe(&j.outside, &j.margin));
         job_reports.push(JobReport {
             name: j.name.clone(),
             peak_reserved_bytes: unlimited.reserved_need(),
@@ -490,7 +452,8 @@ pub fn colocate(
             held_outside_bytes: unlimited.held_beside(),
             device_peak_bytes: device,
             fraction_need_bytes: unlimited.report.fraction_need_bytes,
-            device_safe_bytes: unlimited.device_safe(&j.outside, &j.margin),
+            device_safe_bytes: safe,
+            need_unbounded: Unbounded::of(safe, unlimited.report.fraction_need_bytes),
             margin: j.margin.clone(),
             fits_alone,
             need_alone_bytes,
@@ -571,6 +534,7 @@ pub fn colocate(
             (need, Some(at), least.max(recorded_floor), failed)
         }
     };
+    let fraction_need = job_reports.iter().map(|j| j.fraction_need_bytes).max().unwrap_or(0);
     let verdict = capacity.map(|c| {
         let basis = match (mode, point) {
             (Mode::SumOfPeaks, true) if jobs.len() == 1 => "the job alone at the capacity (point)",
@@ -579,7 +543,7 @@ pub fn colocate(
             (Mode::SumOfPeaks, false) => "sum of safe device peaks",
             (Mode::Timestamps, _) => "aligned replay",
         };
-        let mut v = Verdict::new(basis, need, c);
+        let mut v = Verdict::new(basis, need, c).under_fraction(fraction_need);
         v.fits &= !failed;
         v
     });
@@ -590,6 +554,7 @@ pub fn colocate(
         fits: verdict.as_ref().is_none_or(|v| v.fits),
         verdict,
         combined_need_bytes: need,
+        need_unbounded: Unbounded::of(need, fraction_need),
         combined_peak_at_us: peak_at,
         start,
         smallest_fitting_capacity: smallest_cap,

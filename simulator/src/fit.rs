@@ -12,6 +12,7 @@ use trace::{metadata, Header, Record};
 
 use crate::profile::{OutsideAllocator, Profile};
 use crate::replay::{Classifier, FirstOom, ReplayOptions, ReplayReport, ReplaySetupError, Replayer, Step};
+use crate::units::Unbounded;
 
 // The margin is its own concept; every fit command takes it from here too.
 pub use crate::margin::{margin, Margin};
@@ -263,8 +264,13 @@ pub fn capacity(flag: Option<u64>, profile: Option<&Profile>) -> (Option<Capacit
 pub struct Verdict {
     /// Which number the verdict rests on (e.g. `symbolic.device`).
     pub basis: String,
-    /// Device memory the job needs, bytes (reserved peak + outside the allocator).
+    /// Device memory the job needs, bytes (reserved peak + outside the allocator); `null` in
+    /// JSON when no device holds it (`need_unbounded` says why).
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub need_bytes: u64,
+    /// Why no device holds the need, when none does (`need_bytes` is then saturated, and `fits`
+    /// false): `memory_fraction` or `overflow` (memest's `verdict.need_unbounded`).
+    pub need_unbounded: Option<Unbounded>,
     /// The device's total memory, bytes.
     pub capacity_bytes: u64,
     /// Where the capacity came from.
@@ -283,15 +289,24 @@ pub fn verdict_word(fits: bool) -> &'static str {
 }
 
 impl Verdict {
-    /// The verdict for `need` on `cap`.
+    /// The verdict for `need` on `cap` (a saturated need is said to be an overflow; a need
+    /// under a memory fraction says so with [`Verdict::under_fraction`]).
     pub fn new(basis: impl Into<String>, need: u64, cap: Capacity) -> Verdict {
         Verdict {
             basis: basis.into(),
             need_bytes: need,
+            need_unbounded: Unbounded::of(need, 0),
             capacity_bytes: cap.bytes,
             capacity_source: cap.source,
             fits: need <= cap.bytes,
         }
+    }
+
+    /// This verdict, for a job whose memory fraction asks for a device of `fraction_need`
+    /// bytes ([`crate::replay::ReplayReport::fraction_need_bytes`]): why a saturated need is one.
+    pub fn under_fraction(mut self, fraction_need: u64) -> Verdict {
+        self.need_unbounded = Unbounded::of(self.need_bytes, fraction_need);
+        self
     }
 }
 

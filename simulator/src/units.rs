@@ -7,6 +7,65 @@ pub use trace::units::{parse_capacity, parse_size};
 /// fraction of 0, a sum that overflowed), not a size to print as 16 EiB.
 pub const UNBOUNDED: &str = "more than any device holds";
 
+/// Why a need is no number of bytes (a saturated `u64::MAX`): what a JSON output says in its
+/// place (`need_unbounded`), beside the bytes written as `null` ([`bytes_or_null`]). memsim's
+/// and memest's outputs both say it, from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unbounded {
+    /// The program's memory fraction lets its allocator reserve nothing of any device (a
+    /// fraction of 0, or one too small for what it reserves).
+    MemoryFraction,
+    /// The need's parts add up past 2^64 bytes.
+    Overflow,
+}
+
+impl Unbounded {
+    /// Why a need is saturated (`None` when it is a size), from the device total the program's
+    /// memory fraction asks for beside it (`ReplayReport::fraction_need_bytes`; a need is at
+    /// least that, so a saturated fraction need saturates the need).
+    pub fn of(need: u64, fraction_need: u64) -> Option<Unbounded> {
+        match (need, fraction_need) {
+            (u64::MAX, u64::MAX) => Some(Unbounded::MemoryFraction),
+            (u64::MAX, _) => Some(Unbounded::Overflow),
+            _ => None,
+        }
+    }
+
+    /// The reason in words, after "no device holds the need: ".
+    pub fn describe(self) -> &'static str {
+        match self {
+            Unbounded::MemoryFraction => {
+                "the program's memory fraction lets its allocator reserve nothing of any device (a fraction of 0, \
+                 or one too small for what it reserves)"
+            }
+            Unbounded::Overflow => "its parts add up past 2^64 bytes",
+        }
+    }
+}
+
+/// A byte count as JSON: `null` for a saturated one (`u64::MAX`, [`UNBOUNDED`]), which as a
+/// number would read as a size, and is past 2^53, where JavaScript and jq round it.
+pub fn bytes_json(b: u64) -> serde_json::Value {
+    match b {
+        u64::MAX => serde_json::Value::Null,
+        b => b.into(),
+    }
+}
+
+/// Serializes a byte count as [`bytes_json`] does (`#[serde(serialize_with = ...)]`).
+pub fn bytes_or_null<S: serde::Serializer>(b: &u64, s: S) -> Result<S::Ok, S::Error> {
+    match *b {
+        u64::MAX => s.serialize_none(),
+        b => s.serialize_some(&b),
+    }
+}
+
+/// [`bytes_or_null`] of an optional byte count.
+pub fn opt_bytes_or_null<S: serde::Serializer>(b: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    bytes_or_null(&b.unwrap_or(u64::MAX), s)
+}
+
 /// Bytes as MiB with two decimals ([`UNBOUNDED`] for `u64::MAX`).
 pub fn mib(b: u64) -> String {
     mib_places(b, 2)

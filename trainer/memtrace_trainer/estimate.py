@@ -29,7 +29,7 @@ from memtrace_trainer.symtrace.tracer import Summary, script_to_file, step_to_fi
 from memtrace_trainer.units import MIB
 from memtrace_trainer.workload import Workload
 
-SCHEMA = 2
+SCHEMA = 3
 
 
 def _answer(name: str, value: Any) -> None:
@@ -43,7 +43,7 @@ def _answer(name: str, value: Any) -> None:
 
 
 def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
-    """Checks memest's JSON against the schema-2 contract and returns all of it. Without
+    """Checks memest's JSON against the schema-3 contract and returns all of it. Without
     features (a step function) the feature baselines may be null."""
     try:
         data = json.loads(text)
@@ -73,7 +73,7 @@ def parse_memest(text: str, with_features: bool = True) -> dict[str, Any]:
     for name, value in estimates.items():
         _answer(name, value)
     if not isinstance(verdict, dict) or not isinstance(verdict.get("fits"), bool):
-        raise UserError("memest estimate: field verdict.fits missing (expected schema 2)")
+        raise UserError("memest estimate: field verdict.fits missing (expected schema 3)")
     _text(data.get("text"))
     return data
 
@@ -238,7 +238,7 @@ def estimate_job(
     keep: Path | None = None,
     with_fake_tensor: bool = True,
 ) -> dict[str, Any]:
-    """memest's schema-2 object for one job, whole, plus the job's inputs and warnings
+    """memest's schema-3 object for one job, whole, plus the job's inputs and warnings
     (and PyTorch's MemTracker beside the baselines when `with_memtracker`; the FakeTensor
     baseline, which runs the job a second time, unless not `with_fake_tensor`); with `report`, the
     HTML page of `memsim report` for the symbolic trace, with this estimate beside it; with

@@ -51,6 +51,11 @@ def _replay(trace: Path, profile: Path, capacity: str | None, point: bool) -> di
     try:
         data = json.loads(done.stdout)
         verdict = data["verdict"]
+        if verdict.get("need_unbounded") is not None:
+            # No number to search on: memsim writes null beside the reason (a memory fraction
+            # that lets the allocator reserve nothing), at every batch size alike.
+            why = verdict["need_unbounded"]
+            raise UserError(f"memsim replay: no device holds this job (need_unbounded: {why})")
         return {
             "fits": bool(verdict["fits"]),
             "need_bytes": int(verdict["need_bytes"]),

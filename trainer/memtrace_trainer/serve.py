@@ -152,7 +152,7 @@ class Service:
             "flag in snake case (batch-size: batch_size); null leaves a field out",
             "fields": self.schema.to_json(),
             "response": "200: exactly what `memtrace_trainer estimate --json` prints for the "
-            "same options (schema 2, estimators/README.md); verdict.fits says whether it fits",
+            "same options (schema 3, estimators/README.md); verdict.fits says whether it fits",
             "errors": '{"error": MESSAGE, "field": FIELD or null}',
         }
 

@@ -20,7 +20,7 @@ RELEASE = REPO / "target" / "release"
 
 # The documented `memest estimate --json` output (estimators/README.md, `memest estimate -h`).
 CANNED = {
-    "schema": 2,
+    "schema": 3,
     "headline": "symbolic",
     "verdict": {
         "basis": "estimates.symbolic.safe_mib",
@@ -159,10 +159,10 @@ def test_estimate_follows_the_memest_contract(
         (CANNED, 3, "memest estimate failed (3): boom"),
         ("not json", 0, "output is not JSON"),
         ("[1, 2]", 0, "output has no `estimates` object"),
-        ({"estimates": {"horus": {"device_mib": 1}}}, 0, "field schema is None: expected 2"),
-        ({"schema": 2, "estimates": {"horus": {"device_mib": 1}}}, 0,
+        ({"estimates": {"horus": {"device_mib": 1}}}, 0, "field schema is None: expected 3"),
+        ({"schema": 3, "estimates": {"horus": {"device_mib": 1}}}, 0,
          "estimates.symbolic is missing"),
-        ({"schema": 2,
+        ({"schema": 3,
           "estimates": {k: {"device_mib": "x"} for k in ("symbolic", "horus", "analytic")}}, 0,
          "estimates.symbolic.device_mib missing or not a number"),
         ({**CANNED, "verdict": {}}, 0, "field verdict.fits missing"),
@@ -601,7 +601,7 @@ def test_a_need_no_device_holds_is_said_not_read_as_a_null_number() -> None:
 
     answer = {"device_mib": None, "reserved_mib": 20.0, "level": "device"}
     data = {
-        "schema": 2,
+        "schema": 3,
         "estimates": {"symbolic": answer},
         "verdict": {"need_mib": None, "need_unbounded": "memory_fraction", "fits": False},
         "text": {"headline": "needs more than any device holds on GPU", "verdict": "DOES NOT FIT"},

@@ -60,7 +60,7 @@ for flag in ("--trace", "--features", "--fake-trace"):
     if flag in args:
         h.update(open(args[args.index(flag) + 1], "rb").read())
 fits = not any(a.startswith("--capacity") for a in args)
-print(json.dumps({"schema": 2, "headline": "symbolic", "digest": h.hexdigest(),
+print(json.dumps({"schema": 3, "headline": "symbolic", "digest": h.hexdigest(),
     "verdict": {"basis": "estimates.symbolic.safe_mib", "point_mib": 2.0, "need_mib": 2.0,
                 "capacity_mib": 40536.0 if fits else 1.0, "capacity_source": "profile",
                 "fits": fits},

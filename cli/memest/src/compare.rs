@@ -407,6 +407,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     pb.finish_and_clear();
     let ml_outside = ml_models.as_ref().and_then(|m| crate::compare_ml::outside_training(m, &records));
+    crate::compare_ml::trace_warnings(&records);
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
     let mut truth_cols: BTreeMap<&str, usize> = Default::default();
     for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {

@@ -69,3 +69,31 @@ pub fn outside_training(m: &MlModels, records: &[RunRecord]) -> Option<String> {
     }
     Some(note)
 }
+
+/// What the rows' traces do not give whole (cut short, a converted snapshot's caveats: what
+/// `memest estimate` warns of a trace), in runs.jsonl beside each answer read from them
+/// (`estimates.symbolic.warnings`, `.live_peak`, `.fake_tensor`); on stderr, how many rows and
+/// the first [`ROWS_SHOWN`] rows' in full.
+pub fn trace_warnings(records: &[RunRecord]) {
+    let of = |r: &RunRecord| -> Vec<String> {
+        ["symbolic", "fake_tensor"]
+            .iter()
+            .filter_map(|k| r.estimates.get(*k))
+            .flat_map(|o| o.warnings.clone())
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = records.iter().map(of).filter(|w| !w.is_empty()).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let first = if rows.len() > ROWS_SHOWN { format!("; the first {ROWS_SHOWN}:") } else { ":".to_string() };
+    eprintln!(
+        "memest: warning: the traces of {} of the {} rows carry warnings (cut short, header values ignored, a \
+         snapshot's caveats; each row's: runs.jsonl, `estimates.symbolic.warnings`){first}",
+        rows.len(),
+        records.len()
+    );
+    for w in rows.iter().take(ROWS_SHOWN).flatten() {
+        eprintln!("memest: warning: {w}");
+    }
+}

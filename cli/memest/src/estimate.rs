@@ -14,8 +14,8 @@ use simulator::units::parse_capacity;
 #[command(after_help = "Act on the symbolic estimate (the headline); the others are baselines, each \
 labelled with what it ignores.\n\
 Exit status: 0 fits, 1 does not fit the capacity, 2 bad input or error.\n\
-JSON output (--json) is schema 2, the contract `python -m memtrace_trainer estimate` reads:\n  \
-{\"schema\": 2, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
+JSON output (--json) is schema 3, the contract `python -m memtrace_trainer estimate` reads:\n  \
+{\"schema\": 3, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
 \"need_unbounded\" (why no device holds the need; the MiB are then null), \"capacity_mib\", \"capacity_source\", \
 \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
 \"allocated_mib\", \"safe_mib\" (symbolic), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
@@ -66,9 +66,10 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         Some(p) => Some(LoadedTrace::load(p).with_context(|| format!("--fake-trace {}", p.display()))?),
         None => None,
     };
-    // The one --strict rule (memsim's); the warnings themselves reach the report below.
+    // The one --strict rule (memsim's: an input cut short, a state-only snapshot's trace); the
+    // warnings themselves (the same lines, `LoadedTrace::warnings`) reach the report below.
     for t in std::iter::once(&trace).chain(plain.as_ref()) {
-        memsim_cli::summary_warnings(Some(&t.summary), &t.path, a.strict)?;
+        memsim_cli::input_warnings(&t.header, Some(&t.summary), &t.path, a.strict)?;
     }
     let file = a.features.as_deref().map(FeaturesFile::load).transpose()?;
     let mut warnings: Vec<String> = file.iter().flat_map(|f| f.warnings.iter().cloned()).collect();
@@ -161,7 +162,7 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     } else {
         trace::read_small_string(&a.file, 256 << 20).with_context(|| format!("cannot read {name}"))?
     };
-    let expected = "expected `estimate --json` output, schema 2";
+    let expected = "expected `estimate --json` output, schema 3";
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{name}: {e} ({expected})"))?;
     if !value.is_object() {

@@ -66,13 +66,13 @@ fn estimate_json_contract() {
 }
 
 #[test]
-fn estimate_schema_2_verdict_and_exit_codes() {
+fn estimate_schema_3_verdict_and_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let (t, _, f) = inputs(dir.path());
     let (code, out, err) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["schema"], 2);
+    assert_eq!(v["schema"], 3);
     assert_eq!(v["headline"], "symbolic");
     assert_eq!(v["estimates"]["symbolic"]["role"], "headline");
     assert_eq!(v["estimates"]["analytic"]["role"], "baseline");
@@ -216,12 +216,12 @@ fn render_words_an_estimate_as_estimate_prints_it() {
     std::fs::write(&est, huge.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert!(code == 2 && err.contains("is 1e308 but") && err.len() < 400, "{code} {err}");
-    // The words are of schema 2 alone: another version, or none, is refused.
+    // The words are of schema 3 alone: another version, or none, is refused.
     let mut later = v.clone();
-    later["schema"] = serde_json::json!(3);
+    later["schema"] = serde_json::json!(4);
     std::fs::write(&est, later.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
-    assert!(code == 2 && err.contains("field `schema` is 3: expected 2"), "{code} {err}");
+    assert!(code == 2 && err.contains("field `schema` is 4: expected 3"), "{code} {err}");
     later.as_object_mut().unwrap().remove("schema");
     std::fs::write(&est, later.to_string()).unwrap();
     let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);

@@ -20,6 +20,8 @@ mod ml_utilization;
 mod outputs;
 /// `memest render` refuses verdict numbers that contradict each other.
 mod render;
+/// A trace converted from a snapshot: its caveats said, a state-only one refused under --strict.
+mod snapshot_caveats;
 /// Running the memest binary (`memest`, `memest_compare`) and reading what compare wrote.
 mod support;
 /// A need no device holds (a memory fraction of 0): null with its reason, never 2^64 B.

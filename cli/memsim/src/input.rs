@@ -88,23 +88,33 @@ impl<S> Read<S> {
     /// key's domain, which are ignored, and what a snapshot's replay cannot show (its caveats,
     /// which the trace a snapshot converts to carries in its header: [`Caveats`]).
     pub fn warnings(&self, path: &Path, strict: bool) -> Result<Vec<String>> {
-        let mut lines = summary_warnings(self.summary.as_ref(), path, strict)?;
-        let caveats = Caveats::of(&self.header);
-        if strict && caveats.state_only {
-            bail!(
-                "{}: the snapshot records no allocator events, only its segments when it was dumped: it does not \
-                 hold the run, and its peaks are only the state at dump time (--strict)",
-                path.display()
-            );
-        }
-        lines.extend(self.header.metadata_warnings(path));
-        lines.extend(caveats.lines.iter().map(|n| format!("{}: {n}", path.display())));
-        Ok(lines)
+        input_warnings(&self.header, self.summary.as_ref(), path, strict)
     }
 }
 
+/// [`Read::warnings`] of an input read elsewhere (memest's traces): the lines
+/// [`simulator::snapshot::input_warnings`] says (the reader's, the header's metadata, a
+/// snapshot's caveats), `strict` refusing what [`summary_warnings`] refuses and a state-only
+/// snapshot as well. The one `--strict` rule of every command.
+pub fn input_warnings(
+    header: &Header,
+    summary: Option<&trace::Summary>,
+    path: &Path,
+    strict: bool,
+) -> Result<Vec<String>> {
+    summary_warnings(summary, path, strict)?;
+    if strict && Caveats::of(header).state_only {
+        bail!(
+            "{}: the snapshot records no allocator events, only its segments when it was dumped: it does not \
+             hold the run, and its peaks are only the state at dump time (--strict)",
+            path.display()
+        );
+    }
+    Ok(simulator::snapshot::input_warnings(header, summary, path))
+}
+
 /// `--strict`'s help, in every command that reads a trace (memsim's and `memest estimate`): the
-/// inputs [`summary_warnings`] refuses under it, in one place.
+/// inputs [`input_warnings`] refuses under it, in one place.
 pub const STRICT_HELP: &str = "An input that does not hold the whole run is an error (exit 2, no output written) \
 instead of a warning: truncated or cut short (no process_exit where its producer writes one), stopped at its \
 producer's byte limit (MEMTRACE_MAX_BYTES) or for want of queue memory, with events its producer lost or CUPTI \

@@ -16,7 +16,7 @@ mod stats;
 mod validate;
 
 /// The one `--strict` rule, shared with `memest`.
-pub use input::{summary_warnings, STRICT_HELP};
+pub use input::{input_warnings, summary_warnings, STRICT_HELP};
 pub use replay::point_without_effect;
 
 use clap::{Parser, Subcommand};

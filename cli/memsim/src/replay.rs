@@ -8,7 +8,7 @@ use simulator::family::Family;
 use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, Step};
-use simulator::units::{mib, parse_capacity};
+use simulator::units::{bytes_json, mib, parse_capacity, Unbounded};
 
 use crate::batch::{self, outln, Output};
 
@@ -213,10 +213,13 @@ pub fn replay_file(
     let margin = margin.unwrap_or_else(|| Margin::none(String::new(), "", false));
     let mut r = Replayed { fit, outside, margin, capacity, verdict: None, warnings, version };
     // Without a profile there is no margin: the number judged is the point, and says so.
-    r.verdict = capacity.map(|c| match (point, profile) {
-        (true, _) => Verdict::new("point", r.point(), c),
-        (false, None) => Verdict::new("point: no profile, no safety margin", r.safe(), c),
-        (false, Some(_)) => Verdict::new("safe", r.safe(), c),
+    r.verdict = capacity.map(|c| {
+        match (point, profile) {
+            (true, _) => Verdict::new("point", r.point(), c),
+            (false, None) => Verdict::new("point: no profile, no safety margin", r.safe(), c),
+            (false, Some(_)) => Verdict::new("safe", r.safe(), c),
+        }
+        .under_fraction(r.fit.report.fraction_need_bytes)
     });
     Ok(r)
 }
@@ -258,9 +261,11 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
         v["oom_at_event"] = serde_json::to_value(r.fit.first_oom.oom_at_event)?;
         v["oom_detail"] = serde_json::to_value(&r.fit.first_oom.oom_detail)?;
         v["outside_allocator"] = serde_json::to_value(&r.outside)?;
-        v["peak_device_bytes"] = r.point().into();
-        v["peak_device_safe_bytes"] = r.safe().into();
-        v["need_floor_bytes"] = r.need_floor(a.judge.point).into();
+        // A saturated need (a memory fraction of 0) is no size: null, and why (memest's words).
+        v["peak_device_bytes"] = bytes_json(r.point());
+        v["peak_device_safe_bytes"] = bytes_json(r.safe());
+        v["need_unbounded"] = serde_json::to_value(Unbounded::of(r.safe(), rep.fraction_need_bytes))?;
+        v["need_floor_bytes"] = bytes_json(r.need_floor(a.judge.point));
         v["margin"] = serde_json::to_value(&r.margin)?;
         v["verdict"] = serde_json::to_value(&r.verdict)?;
         v["warnings"] = serde_json::to_value(&r.warnings)?;

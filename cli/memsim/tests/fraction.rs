@@ -30,12 +30,40 @@ fn write(dir: &Path, fraction: &str) -> PathBuf {
     p
 }
 
-/// The device total under which a fraction `f` lets the allocator reserve `RESERVED`.
+/// The device total under which a fraction `f` lets the allocator reserve `RESERVED` (at a
+/// fraction of 0 no device does: see [`need_json`]).
 fn need_of(f: f64) -> u64 {
+    assert!(f > 0.0);
+    (RESERVED as f64 / f).ceil() as u64
+}
+
+/// [`need_of`] as the JSON says it: at a fraction of 0 no device holds the run, and the need is
+/// `null` (not 2^64 - 1, past 2^53, where JavaScript and jq round it), with `need_unbounded`
+/// saying why, in memest's words.
+fn need_json(f: f64) -> Value {
     if f > 0.0 {
-        (RESERVED as f64 / f).ceil() as u64
+        need_of(f).into()
     } else {
-        u64::MAX
+        Value::Null
+    }
+}
+
+/// `need_unbounded` as the JSON says it for a fraction `f`.
+fn unbounded_json(f: f64) -> Value {
+    if f > 0.0 {
+        Value::Null
+    } else {
+        "memory_fraction".into()
+    }
+}
+
+/// No number in `v` is past 2^53 (where JSON readers round), with its path.
+fn no_huge_numbers(v: &Value, at: &str) {
+    match v {
+        Value::Number(n) => assert!(n.as_u64().is_none_or(|n| n < 1 << 53), "{at} = {n}"),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| no_huge_numbers(x, &format!("{at}[{i}]"))),
+        Value::Object(m) => m.iter().for_each(|(k, x)| no_huge_numbers(x, &format!("{at}.{k}"))),
+        _ => {}
     }
 }
 
@@ -73,10 +101,18 @@ fn a_fraction_too_small_for_the_run_does_not_fit_and_needs_what_it_reserves_over
         // The replay without a budget placed every request: its peak is what the run reserves.
         assert_eq!(v["peaks_of"], "unlimited", "{case}");
         assert_eq!(v["peak_reserved_bytes"], RESERVED, "{case}");
-        assert_eq!(v["fraction_need_bytes"], need_of(f), "{case}");
-        assert_eq!(v["peak_device_bytes"], need_of(f), "{case}");
-        let need = v["verdict"]["need_bytes"].as_u64().unwrap();
-        assert!(need >= need_of(f) && need > v["verdict"]["capacity_bytes"].as_u64().unwrap(), "{case}");
+        assert_eq!(v["fraction_need_bytes"], need_json(f), "{case}");
+        assert_eq!(v["peak_device_bytes"], need_json(f), "{case}");
+        assert_eq!(v["need_unbounded"], unbounded_json(f), "{case}");
+        assert_eq!(v["verdict"]["need_unbounded"], unbounded_json(f), "{case}");
+        no_huge_numbers(&v, "replay");
+        let need = v["verdict"]["need_bytes"].clone();
+        if f > 0.0 {
+            let n = need.as_u64().unwrap();
+            assert!(n >= need_of(f) && n > v["verdict"]["capacity_bytes"].as_u64().unwrap(), "{case}");
+        } else {
+            assert_eq!((&need, &v["peak_device_safe_bytes"]), (&Value::Null, &Value::Null), "{case}");
+        }
 
         // The text says the same: no FITS above the failure.
         args.retain(|a| *a != "--json");
@@ -88,6 +124,8 @@ fn a_fraction_too_small_for_the_run_does_not_fit_and_needs_what_it_reserves_over
         assert!(out.contains("peak reserved       22.00 MiB"), "{case}: {out}");
         if f > 0.0 {
             assert!(verdict.contains(&simulator::units::mib(need_of(f))), "{case}: {out}");
+        } else {
+            assert!(verdict.contains(simulator::units::UNBOUNDED), "{case}: {out}");
         }
 
         // colocate judges the job alone as replay does: its need beside it.
@@ -101,7 +139,11 @@ fn a_fraction_too_small_for_the_run_does_not_fit_and_needs_what_it_reserves_over
             "{case}"
         );
         assert_eq!(c["verdict"]["need_bytes"], need, "{case}: {}", brief(&c["jobs"][0]));
-        assert_eq!(c["jobs"][0]["device_peak_bytes"], need_of(f), "{case}: {}", brief(&c["jobs"][0]));
+        assert_eq!(c["jobs"][0]["device_peak_bytes"], need_json(f), "{case}: {}", brief(&c["jobs"][0]));
+        for u in [&c["need_unbounded"], &c["verdict"]["need_unbounded"], &c["jobs"][0]["need_unbounded"]] {
+            assert_eq!(u, &unbounded_json(f), "{case}: {c}");
+        }
+        no_huge_numbers(&c, "colocate");
     }
 }
 

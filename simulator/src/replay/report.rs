@@ -156,6 +156,7 @@ pub struct ReplayReport {
     /// took the reserved total to (what PyTorch checks against the fraction: `reserved +
     /// alloc_size`, only when it reserves), a failed allocation's need or a start state, over the
     /// fraction in force then, on any one device; 0 without a fraction. The need is at least this.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub fraction_need_bytes: u64,
     /// Allocations at a trace address whose block was still live (the trace has no free for
     /// it): the earlier block stays allocated in the model.

@@ -4,10 +4,23 @@
 //! read (replay, stats, report, a JSON Lines copy, a memory_viz snapshot written again), as a
 //! read of the snapshot itself does.
 
+use std::path::Path;
+
 use trace::{metadata, Header};
 
 use super::model::Snapshot;
 use super::rebuild::StartState;
+
+/// What a read of a trace did not give whole, as warning lines naming `path`: the reader's
+/// ([`trace::Summary::warnings`]: cut short, records skipped, events lost), header metadata
+/// values outside their key's domain (ignored), and the caveats of the snapshot it was converted
+/// from. The one list memsim and memest print (`--strict`'s refusals: `memsim_cli::input_warnings`).
+pub fn input_warnings(header: &Header, summary: Option<&trace::Summary>, path: &Path) -> Vec<String> {
+    let mut lines = summary.map(|s| s.warnings(path)).unwrap_or_default();
+    lines.extend(header.metadata_warnings(path));
+    lines.extend(Caveats::of(header).warnings(path));
+    lines
+}
 
 /// A snapshot's caveats, as kept in a header.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +40,11 @@ impl Caveats {
             .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
             .unwrap_or_default();
         Caveats { lines, state_only: header.meta_flag(&metadata::SNAPSHOT_STATE_ONLY) == Some(true) }
+    }
+
+    /// The caveats as warning lines naming the file `path` (what memsim and memest print).
+    pub fn warnings(&self, path: &Path) -> Vec<String> {
+        self.lines.iter().map(|n| format!("{}: {n}", path.display())).collect()
     }
 
     /// What a replay of `snap`, imported with the start state `start`, cannot show.

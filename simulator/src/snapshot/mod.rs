@@ -22,7 +22,7 @@ mod resync;
 mod settings;
 pub mod validate;
 
-pub use caveats::Caveats;
+pub use caveats::{input_warnings, Caveats};
 pub use export::{export_snapshot, write_snapshot, Exported};
 pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         description="Symbolic trace + features, then `memest estimate --trace T --features F "
         "--profile NAME --json`. The first line is the verdict on the symbolic estimate, the "
         "number to act on; the baselines follow, each saying what it ignores. --json passes "
-        "memest's schema-2 object through whole (estimators/README.md) and adds the job's "
+        "memest's schema-3 object through whole (estimators/README.md) and adds the job's "
         "inputs, defaults and warnings. Exit status 0 fits, 1 does not fit, 2 error. memest is "
         "found via $MEMTRACE_BIN_DIR, then PATH, then target/release.",
     )

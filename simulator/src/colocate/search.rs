@@ -1,0 +1,65 @@
+//! The searches for the smallest capacity that fits: a set of jobs together, or one job alone.
+
+use crate::fit::{self, Capacity, Verdict};
+use crate::replay::ReplayOptions;
+
+use super::{worst, ColocateError, Job, Run, Scenario};
+
+/// Whether the set fits at `capacity`: no job ran out of memory, and what the jobs held together
+/// never passed the capacity. Both are needed: the segments a snapshot's start state rebuilds are
+/// placed as they were, without the allocator's capacity check, so a shared replay can hold more
+/// than the capacity with no OOM.
+pub(super) fn fits_at(run: &Run, capacity: u64) -> bool {
+    run.ooms.iter().all(Option::is_none) && run.combined_peak <= capacity
+}
+
+/// The smallest capacity, in bytes, in `[lo, hi]` at which the aligned replay fits; `hi` must
+/// fit.
+pub(super) fn smallest(
+    jobs: &[Job],
+    sc: &[Scenario],
+    opts: &ReplayOptions,
+    lo: u64,
+    hi: u64,
+) -> Result<u64, ColocateError> {
+    least_fitting(lo, hi, |c| Ok(fits_at(&worst(jobs, sc, opts, Some(c))?.0, c)))
+}
+
+/// Bisection, in bytes, for the least of `[lo, hi]` that `fits` (`hi` is taken to fit). Fitting
+/// is not quite monotone in the capacity (the allocator's retry chain), so the answer is checked
+/// against the verdict at the capacity asked about by the caller.
+pub(super) fn least_fitting(
+    mut lo: u64,
+    mut hi: u64,
+    mut fits: impl FnMut(u64) -> Result<bool, ColocateError>,
+) -> Result<u64, ColocateError> {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(hi)
+}
+
+/// A job alone on a device of `capacity`: whether it fits, and its need there (its replay at the
+/// allocator budget the capacity leaves, judged on the point or the safe number).
+pub(super) fn alone_at(j: &Job, opts: &ReplayOptions, c: Capacity, point: bool) -> Result<(bool, u64), ColocateError> {
+    let opts = &ReplayOptions { device_total: Some(c.bytes), ..opts.clone() };
+    let alone = fit::fit_records(&j.header, &j.records, opts, Some(j.outside.budget(c.bytes)))
+        .map_err(|source| ColocateError::Replay { job: j.name.clone(), source })?;
+    let need = if point { alone.device_peak(&j.outside) } else { alone.device_safe(&j.outside, &j.margin) };
+    Ok((!alone.first_oom.oom && Verdict::new("alone", need, c).fits, need))
+}
+
+/// The smallest capacity, in bytes, at which a job fits alone, up to `upper` (its need with
+/// unlimited memory, which fits unless a request no device holds fails: then `upper`, where the
+/// verdict beside it says DOES NOT FIT).
+pub(super) fn smallest_alone(j: &Job, opts: &ReplayOptions, point: bool, upper: u64) -> Result<u64, ColocateError> {
+    let least = least_fitting(1, upper.max(1), |bytes| {
+        Ok(alone_at(j, opts, Capacity { bytes, source: fit::CapacitySource::Flag }, point)?.0)
+    })?;
+    Ok(least.min(upper))
+}
