@@ -148,18 +148,19 @@ fn strict_refuses_a_snapshot_without_history_and_unknown_records() {
     check(&extended_trace(dir.path()), unread);
 }
 
+/// A device 0 allocator request of 1 MiB at `addr`, stamped `addr`.
+fn rec(addr: u64) -> trace::Record {
+    use trace::{Alloc, Api, Event, Origin};
+    let event = Event::Alloc(Alloc::device(addr, MIB, Api::Allocator, Origin::Request));
+    trace::Record { ts_ns: Some(addr), tid: None, device: Some(0), event }
+}
+
 /// A binary trace with one alloc whose body has a byte after its fields (a field a newer writer
 /// appended, FORMAT.md §1.9 rule 1), and an ordinary one.
 fn extended_trace(dir: &Path) -> String {
-    use trace::{Alloc, Api, Event, Header, Level, Origin, Record};
+    use trace::{Header, Level};
     let header = Header::new("probe", "1", Level::Allocator);
     let mut bytes = trace::BinaryWriter::new(Vec::new(), &header).unwrap().finish().unwrap();
-    let rec = |addr| Record {
-        ts_ns: Some(addr),
-        tid: None,
-        device: Some(0),
-        event: Event::Alloc(Alloc::device(addr, MIB, Api::Allocator, Origin::Request)),
-    };
     let mut state = trace::codec::PrefixState::default();
     let at = bytes.len();
     trace::codec::encode_frame(&mut state, &rec(4096), &mut bytes).unwrap();
@@ -174,7 +175,7 @@ fn extended_trace(dir: &Path) -> String {
 
 /// A binary trace with one alloc, then a frame of a tag no version has written.
 fn unknown_tag_trace(dir: &Path) -> String {
-    use trace::{Alloc, Api, Event, Header, Level, Origin, Record};
+    use trace::{Header, Level};
     let mut header = Header::new("probe", "1", Level::Allocator);
     header.devices.push(trace::DeviceInfo {
         index: 0,
@@ -184,12 +185,6 @@ fn unknown_tag_trace(dir: &Path) -> String {
         compute_capability: None,
     });
     let mut bytes = trace::BinaryWriter::new(Vec::new(), &header).unwrap().finish().unwrap();
-    let rec = |addr| Record {
-        ts_ns: Some(addr),
-        tid: None,
-        device: Some(0),
-        event: Event::Alloc(Alloc::device(addr, MIB, Api::Allocator, Origin::Request)),
-    };
     let mut state = trace::codec::PrefixState::default();
     trace::codec::encode_frame(&mut state, &rec(4096), &mut bytes).unwrap();
     let at = bytes.len();
