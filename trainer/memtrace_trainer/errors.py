@@ -48,17 +48,11 @@ def require_batch_size(batch_size: int | None, entry: str | None = None) -> None
     at batch 1). `entry`: a function without the parameter builds its own batch, whose size is
     the job's (`load_entry` reads it, and says when a --batch-size given differs), as a `--step`
     function of the device alone takes none."""
-    if batch_size is None and (entry is None or entry_takes_batch_size(entry)):
-        raise UserError("--batch-size is required with --model and --entry")
+    if batch_size is None:
+        from memtrace_trainer.workload import entry_takes  # imports torch: only for an entry
 
-
-def entry_takes_batch_size(entry: str) -> bool:
-    """Whether the `--entry` function (`module:function`) takes a `batch_size` parameter."""
-    import inspect
-
-    from memtrace_trainer.workload import user_function  # imports torch: only for an entry
-
-    return "batch_size" in inspect.signature(user_function(entry, "--entry")).parameters
+        if entry is None or entry_takes(entry, "batch_size"):
+            raise UserError("--batch-size is required with --model and --entry")
 
 
 def is_integer(v: object) -> bool:

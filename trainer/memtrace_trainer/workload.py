@@ -100,3 +100,10 @@ def user_function(spec: str, flag: str) -> Callable[..., Any]:
     if not callable(func):
         raise UserError(f"{flag} {spec!r}: {module_name} has no function {func_name!r}")
     return func  # type: ignore[no-any-return]
+
+
+def entry_takes(entry: str, name: str) -> bool:
+    """Whether the `--entry` function (`module:function`) takes a parameter `name`."""
+    import inspect
+
+    return name in inspect.signature(user_function(entry, "--entry")).parameters

@@ -28,6 +28,7 @@ from memtrace_trainer.models.finetune import Regime
 from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
 from memtrace_trainer.notes import warn
 from memtrace_trainer.workload import Batch, Workload, fresh_like, user_function
+from memtrace_trainer.workload import entry_takes as takes
 
 META = torch.device("meta")
 DEFAULT_CLASSES = 1000
@@ -392,7 +393,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 def entry_takes(entry: str, name: str, what: str) -> None:
     """Refuse a search (`what`) over `name` of an entry function that takes no such parameter:
     every probe would be the same job, and the answer the search's own limit."""
-    if name not in inspect.signature(user_function(entry, "--entry")).parameters:
+    if not takes(entry, name):
         raise UserError(f"{what} --entry {entry}: the function takes no `{name}` parameter, so "
                         f"there is no {name} to search (give it a `{name}` parameter)")  # fmt: skip
 
