@@ -32,6 +32,14 @@ class Block:
         self.prev = self.next = None
         self.allocated = False
 
+    def absorb(self, right):
+        """Takes in the free block after it: the one merge both neighbours of a freed block go
+        through (the left one absorbs the freed block, the freed block its right one)."""
+        self.size += right.size
+        self.next = right.next
+        if right.next is not None:
+            right.next.prev = self
+
 
 class Allocator:
     def __init__(self):
@@ -100,18 +108,12 @@ class Allocator:
         p = b.prev
         if p is not None and not p.allocated:
             self._remove(p)
-            p.size += b.size
-            p.next = b.next
-            if b.next is not None:
-                b.next.prev = p
+            p.absorb(b)
             b = p
         n = b.next
         if n is not None and not n.allocated:
             self._remove(n)
-            b.size += n.size
-            b.next = n.next
-            if n.next is not None:
-                n.next.prev = b
+            b.absorb(n)
         self._insert(b)
 
 

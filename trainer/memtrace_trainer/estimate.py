@@ -25,7 +25,13 @@ from memtrace_trainer.features import extract
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import Summary, script_to_file, step_to_file, trace_to_file
+from memtrace_trainer.symtrace.tracer import (
+    Summary,
+    trace_script,
+    trace_step,
+    trace_to_file,
+    write_trace,
+)
 from memtrace_trainer.units import MIB
 from memtrace_trainer.workload import Workload
 
@@ -174,7 +180,8 @@ class StepJob:
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         steps = self.steps if emulate or all_steps else 1
-        return step_to_file(self.fn, steps, prof, out, emulate, self.batch_size, self.world_size)
+        traced = trace_step(self.fn, steps, prof, emulate, self.batch_size, self.world_size)
+        return write_trace(out, *traced)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -202,7 +209,8 @@ class ScriptJob:
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         steps = self.steps if emulate or all_steps else 1
-        return script_to_file(self.path, self.argv, steps, prof, out, emulate, self.world_size)
+        traced = trace_script(self.path, self.argv, steps, prof, emulate, self.world_size)
+        return write_trace(out, *traced)
 
     def inputs(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,7 @@ from memtrace_trainer.errors import ModelFailedError, UserError, nothing_on_the_
 from memtrace_trainer.notes import progress, warn
 from memtrace_trainer.profile import Profile, load_profile
 from memtrace_trainer.symtrace.step import StepConfig
-from memtrace_trainer.symtrace.tracer import step_to_file, trace_to_file
+from memtrace_trainer.symtrace.tracer import trace_step, trace_to_file, write_trace
 from memtrace_trainer.symtrace.userstep import load_step
 from memtrace_trainer.units import MIB
 from memtrace_trainer.workload import Workload
@@ -136,7 +136,7 @@ def trace_step_fn(spec: str, steps: int, world_size: int | None = None) -> Trace
     load_step(spec, with_batch=True)  # a clear error before the first probe
 
     def trace_at(batch: int, prof: Profile, path: Path) -> dict[str, Any]:
-        step_to_file(spec, steps, prof, path, batch_size=batch, world_size=world_size)
+        write_trace(path, *trace_step(spec, steps, prof, batch_size=batch, world_size=world_size))
         return {}
 
     return trace_at

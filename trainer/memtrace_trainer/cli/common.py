@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,17 @@ def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
         help="samples per step" + ("" if batch_required else " (default 1)"),
     )
     shape_args(p)
+
+
+def traced_batch_size(p: argparse.ArgumentParser) -> None:
+    """--batch-size of a command that traces its own source (`estimate`, `symtrace`): whether
+    it is required depends on the source (`require_batch_size`), which argparse cannot say."""
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="samples per step (required with --model, and with an --entry function that takes "
+        "`batch_size`)",
+    )
 
 
 def shape_args(p: argparse.ArgumentParser) -> None:
@@ -58,6 +70,17 @@ def print_defaults(defaults: dict[str, Any]) -> None:
     """Say on stderr which defaults shaped the answer."""
     for line in defaults_lines(defaults):
         print(f"note: {line}", file=sys.stderr)
+
+
+def answered_as_json(result: dict[str, Any], as_json: bool) -> bool:
+    """The head of a command's answer: the warnings it drew go into `result`, which `--json`
+    prints whole (True: nothing is left to say); otherwise the defaults are said first."""
+    result["warnings"] = notes.collected()
+    if as_json:
+        print(json.dumps(result))
+        return True
+    print_defaults(result["defaults"])
+    return False
 
 
 STEPS_WHY = "traced training iterations"

@@ -14,6 +14,7 @@ from typing import Any
 from memtrace_trainer import notes
 from memtrace_trainer.cli import faketensor
 from memtrace_trainer.cli.common import (
+    answered_as_json,
     check_script_args,
     finetune_args,
     flag_of,
@@ -25,6 +26,7 @@ from memtrace_trainer.cli.common import (
     step_args,
     step_config,
     steps_default,
+    traced_batch_size,
     tune_from,
     workloads,
     workloads_by_seq,
@@ -80,12 +82,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     )
     _model_source(e, script=True)
     script_args(e)
-    e.add_argument(
-        "--batch-size",
-        type=int,
-        help="samples per step (required with --model, and with an --entry function that takes "
-        "`batch_size`)",
-    )
+    traced_batch_size(e)
     _fit_args(e, "GPU profile")
     e.add_argument("--ml-model", type=Path, help="trained ML model (or $MEMTRACE_ML_MODEL)")
     e.add_argument(
@@ -292,12 +289,9 @@ def _search_answer(
     """Prints a search's answer (`max-batch`, `max-seq`): JSON, or a line saying `found` (the
     largest that fits, in `unit`), or `none` when nothing fits, with what the probe it stands on
     needs (`at` words the result's `need_at_*`). Exit 1 when nothing fits."""
-    result["warnings"] = notes.collected()
     code = 0 if result[key] > 0 else 1
-    if args.json:
-        print(json.dumps(result))
+    if answered_as_json(result, args.json):
         return code
-    print_defaults(result["defaults"])
     who, (need, where) = result["model"], _need_where(result, args.profile)
     strategy, world = getattr(args, "strategy", None), getattr(args, "world_size", None)
     if strategy or world:
@@ -495,12 +489,9 @@ def _min_world_size(args: argparse.Namespace) -> int:
     result["model"] = args.model or args.entry
     result["strategy"] = args.strategy
     result["defaults"] |= steps_default(values, resolve_steps(values))
-    result["warnings"] = notes.collected()
     code = 0 if result["min_world_size"] else 1
-    if args.json:
-        print(json.dumps(result))
+    if answered_as_json(result, args.json):
         return code
-    print_defaults(result["defaults"])
     need, where = _need_where(result, args.profile, " per GPU")
     if not result["min_world_size"] and replicated:
         at = ranks(result["need_at_world_size"])

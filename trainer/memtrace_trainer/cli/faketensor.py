@@ -18,7 +18,7 @@ from memtrace_trainer.batchfile import (
     read_configs,
     warnings_of,
 )
-from memtrace_trainer.cli.common import model_source, print_defaults, shape_args
+from memtrace_trainer.cli.common import answered_as_json, model_source, shape_args
 from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.units import MIB
 
@@ -79,11 +79,8 @@ def run(args: argparse.Namespace) -> int:
     check_batch_size(args.batch_size, optional=True)
     if args.batch is None:
         result = _fake_one(vars(args))
-        result["warnings"] = notes.collected()
-        if args.json:
-            print(json.dumps(result))
+        if answered_as_json(result, args.json):
             return 0
-        print_defaults(result["defaults"])
         print(
             f"fake-tensor: peak {result['peak_bytes'] / MIB:.1f} MiB live "
             f"(after forward {result['after_forward_bytes'] / MIB:.1f}, after backward "

@@ -20,6 +20,7 @@ from memtrace_trainer.batchfile import (
     warnings_of,
 )
 from memtrace_trainer.cli.common import (
+    answered_as_json,
     check_script_args,
     finetune_args,
     flag_of,
@@ -33,6 +34,7 @@ from memtrace_trainer.cli.common import (
     step_args,
     step_config,
     steps_default,
+    traced_batch_size,
     tune_from,
     workloads,
 )
@@ -81,12 +83,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         type=Path,
         help="trace many configs in one process (one JSON object per line)",
     )
-    s.add_argument(
-        "--batch-size",
-        type=int,
-        help="samples per step (required with --model, and with an --entry function that takes "
-        "`batch_size`)",
-    )
+    traced_batch_size(s)
     shape_args(s)
     step_args(s)
     finetune_args(s)
@@ -203,7 +200,12 @@ def _features(args: argparse.Namespace) -> None:
 
 def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
     from memtrace_trainer.profile import load_profile
-    from memtrace_trainer.symtrace.tracer import script_to_file, step_to_file, trace_to_file
+    from memtrace_trainer.symtrace.tracer import (
+        trace_script,
+        trace_step,
+        trace_to_file,
+        write_trace,
+    )
     from memtrace_trainer.symtrace.userstep import step_batch, step_label
 
     check_script_args(args)
@@ -212,16 +214,17 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
         argv = list(args.get("script_args") or [])
-        summary = script_to_file(Path(args["script"]), argv, steps, profile, out, emulate,
-                                 args.get("world_size"))  # fmt: skip
+        traced = trace_script(Path(args["script"]), argv, steps, profile, emulate,
+                              args.get("world_size"))  # fmt: skip
+        summary = write_trace(out, *traced)
         _allocated(summary, f"--script {args['script']}")
         return _symtrace_result(out, summary, {}, args, steps)
     if args.get("step"):
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
         batch = step_batch(args["step"], args.get("batch_size"))
-        summary = step_to_file(args["step"], steps, profile, out, emulate, batch,
-                               world_size=args.get("world_size"))  # fmt: skip
+        traced = trace_step(args["step"], steps, profile, emulate, batch, args.get("world_size"))
+        summary = write_trace(out, *traced)
         _allocated(summary, step_label(args["step"]))
         return _symtrace_result(out, summary, {}, args, steps)
     batch = args.get("batch_size")
@@ -354,11 +357,8 @@ def _symtrace_single(args: argparse.Namespace) -> None:
     _no_effect(args, ["out_dir"], "without --batch: the trace is --out")
     _no_effect(args, list(SLURM_FLAGS), "without --batch and --backend slurm")
     result = _symtrace_one(vars(args), args.out)
-    result["warnings"] = notes.collected()
-    if args.json:
-        print(json.dumps(result))
+    if answered_as_json(result, args.json):
         return
-    print_defaults(result["defaults"])
     per_step = ""
     if result["first_step_peak_live_bytes"] is not None:
         steady = result["steady_peak_live_bytes"]

@@ -365,38 +365,16 @@ def _user_metadata(
     return meta
 
 
-def step_to_file(
-    spec: Any,
-    steps: int,
-    profile: Profile,
-    out: Path,
-    emulate: bool = True,
-    batch_size: int | None = None,
-    world_size: int | None = None,
-) -> Summary:
-    return _write(out, *trace_step(spec, steps, profile, emulate, batch_size, world_size))
-
-
-def script_to_file(
-    path: Path,
-    argv: list[str],
-    steps: int,
-    profile: Profile,
-    out: Path,
-    emulate: bool = True,
-    world_size: int | None = None,
-) -> Summary:
-    return _write(out, *trace_script(path, argv, steps, profile, emulate, world_size))
-
-
 def trace_to_file(workload: Workload, cfg: step.StepConfig, profile: Profile, out: Path) -> Summary:
     rec, extra = trace(workload, cfg, profile)
-    summary = _write(out, rec, metadata(workload, cfg, profile, extra))
+    summary = write_trace(out, rec, metadata(workload, cfg, profile, extra))
     summary.distributed = extra.get("distributed")
     return summary
 
 
-def _write(out: Path, rec: Recorder, meta: dict[str, str]) -> Summary:
+def write_trace(out: Path, rec: Recorder, meta: dict[str, str]) -> Summary:
+    """A traced recorder written to `out` with its metadata, as `trace_step` and `trace_script`
+    return them (`write_trace(out, *trace_step(...))`)."""
     summary = summarize(rec.events)
     jsonl.write(out, jsonl.lines(rec.events, meta, rec.allocator_env))
     return summary
