@@ -116,18 +116,14 @@ fn tid_of(t: &Tls) -> u32 {
     if v != 0 {
         return v;
     }
-    // Safety: gettid has no preconditions.
-    let v = unsafe { libc::gettid() } as u32;
+    let v = crate::state::gettid() as u32;
     t.tid.set(v);
     v
 }
 
 /// The OS thread id, cached per thread because `gettid` is a syscall.
 pub fn tid() -> u32 {
-    with_tls(tid_of).unwrap_or_else(|_| {
-        // Safety: gettid has no preconditions.
-        unsafe { libc::gettid() as u32 }
-    })
+    with_tls(tid_of).unwrap_or_else(|_| crate::state::gettid() as u32)
 }
 
 /// Fork child: its only thread has a new id; the parent's queued events are not its own.

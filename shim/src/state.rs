@@ -47,9 +47,12 @@ pub const WRITER_THREAD: usize = 0;
 /// [`SHIM_TIDS`]'s slot for the CUPTI flush thread.
 pub const FLUSH_THREAD: usize = 1;
 
-/// The calling thread's kernel thread id. Async-signal-safe: one system call.
+/// The calling thread's kernel thread id: the one way the shim asks, for the hooks' per-thread
+/// cache ([`crate::raw::tid`]) and the signal and exit paths alike. Async-signal-safe and
+/// allocation-free: the raw system call, not a libc wrapper that might do more.
+#[inline]
 pub fn gettid() -> i32 {
-    // Safety: gettid has no preconditions.
+    // Safety: gettid has no preconditions and cannot fail.
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 

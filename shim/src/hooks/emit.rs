@@ -38,28 +38,26 @@ fn guarded(f: impl FnOnce()) {
 #[inline(always)]
 pub fn alloc(d: &Depth, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
     let addr = if result == 0 { addr } else { 0 };
-    let ev = RawEvent {
-        kind: RawKind::Alloc,
-        api,
-        sub: mem,
-        addr,
-        size,
-        stream,
-        result: result16(result),
-        caller: caller as u64,
-        ..RawEvent::default()
-    };
-    guarded(|| lifecycle::record(d, ev))
+    memory(d, RawKind::Alloc, api, mem, addr, size, stream, result, caller)
 }
 
 /// A free call returned.
 #[inline(always)]
 pub fn free(d: &Depth, api: Api, mem: u8, addr: u64, stream: u64, result: i32, caller: usize) {
+    memory(d, RawKind::Free, api, mem, addr, 0, stream, result, caller)
+}
+
+/// An allocation or free: one event layout (the table in [`RawEvent`]), inlined into each hook
+/// with its kind a constant.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn memory(d: &Depth, kind: RawKind, api: Api, mem: u8, addr: u64, size: u64, stream: u64, result: i32, caller: usize) {
     let ev = RawEvent {
-        kind: RawKind::Free,
+        kind,
         api,
         sub: mem,
         addr,
+        size,
         stream,
         result: result16(result),
         caller: caller as u64,

@@ -33,7 +33,8 @@ static void *drv_flags(const char *name, unsigned long long flags) {
 static void *drv(const char *name) { return drv_flags(name, 0); }
 
 /* Each call resolves its driver entry once, like the real runtime's internal table. */
-#define DRV(type, name) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv(name)
+#define DRV_FLAGS(type, name, flags) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv_flags(name, flags)
+#define DRV(type, name) DRV_FLAGS(type, name, 0)
 
 cudaError_t cudaMalloc(void **p, size_t size) {
     DRV(int (*)(unsigned long long *, size_t), "cuMemAlloc");
@@ -44,33 +45,24 @@ cudaError_t cudaFree(void *p) {
     DRV(int (*)(unsigned long long), "cuMemFree");
     return fn_((unsigned long long)p);
 }
-cudaError_t cudaMallocAsync(void **p, size_t size, void *s) {
-    DRV(int (*)(unsigned long long *, size_t, void *), "cuMemAllocAsync");
-    unsigned long long d = 0; int r = fn_(&d, size, s); *p = (void *)d; return r;
-}
-cudaError_t cudaFreeAsync(void *p, void *s) {
-    DRV(int (*)(unsigned long long, void *), "cuMemFreeAsync");
-    return fn_((unsigned long long)p, s);
-}
-cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, void *pool, void *s) {
-    DRV(int (*)(unsigned long long *, size_t, void *, void *), "cuMemAllocFromPoolAsync");
-    unsigned long long d = 0; int r = fn_(&d, size, pool, s); *p = (void *)d; return r;
-}
-/* The per-thread-default-stream variants reach the driver's _ptsz entries
+/* The stream-ordered entries, once for the legacy default stream and once for the per-thread
+ * one (the _ptsz twins), which reach the driver's _ptsz entries
  * (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2), as the real runtime does. */
-#define DRV_PTSZ(type, name) static __typeof__(type) fn_; if (!fn_) fn_ = (type)drv_flags(name, 2)
-cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, void *s) {
-    DRV_PTSZ(int (*)(unsigned long long *, size_t, void *), "cuMemAllocAsync");
-    unsigned long long d = 0; int r = fn_(&d, size, s); *p = (void *)d; return r;
+#define STREAM_ORDERED(suffix, flags) \
+cudaError_t cudaMallocAsync##suffix(void **p, size_t size, void *s) { \
+    DRV_FLAGS(int (*)(unsigned long long *, size_t, void *), "cuMemAllocAsync", flags); \
+    unsigned long long d = 0; int r = fn_(&d, size, s); *p = (void *)d; return r; \
+} \
+cudaError_t cudaFreeAsync##suffix(void *p, void *s) { \
+    DRV_FLAGS(int (*)(unsigned long long, void *), "cuMemFreeAsync", flags); \
+    return fn_((unsigned long long)p, s); \
+} \
+cudaError_t cudaMallocFromPoolAsync##suffix(void **p, size_t size, void *pool, void *s) { \
+    DRV_FLAGS(int (*)(unsigned long long *, size_t, void *, void *), "cuMemAllocFromPoolAsync", flags); \
+    unsigned long long d = 0; int r = fn_(&d, size, pool, s); *p = (void *)d; return r; \
 }
-cudaError_t cudaFreeAsync_ptsz(void *p, void *s) {
-    DRV_PTSZ(int (*)(unsigned long long, void *), "cuMemFreeAsync");
-    return fn_((unsigned long long)p, s);
-}
-cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t size, void *pool, void *s) {
-    DRV_PTSZ(int (*)(unsigned long long *, size_t, void *, void *), "cuMemAllocFromPoolAsync");
-    unsigned long long d = 0; int r = fn_(&d, size, pool, s); *p = (void *)d; return r;
-}
+STREAM_ORDERED(, 0)
+STREAM_ORDERED(_ptsz, 2)
 cudaError_t cudaMallocManaged(void **p, size_t size, unsigned flags) {
     DRV(int (*)(unsigned long long *, size_t, unsigned), "cuMemAllocManaged");
     unsigned long long d = 0; int r = fn_(&d, size, flags); *p = (void *)d; return r;
