@@ -257,7 +257,7 @@ pub(crate) fn has_unread_keys(line: &[u8], event: &Event) -> bool {
             fields_of::<MemActivity>(),
         ]
     });
-    let control_keys;
+    let (control_owned, control_keys);
     let fields: &[&str] = match event {
         Event::Alloc(_) => f[0],
         Event::Free(_) => f[1],
@@ -275,9 +275,11 @@ pub(crate) fn has_unread_keys(line: &[u8], event: &Event) -> bool {
         Event::ProcessExit(_) => f[13],
         Event::MemActivity(_) => f[14],
         // `op` names the operation, whose own fields follow (flattened). serde reads an internally
-        // tagged enum's variants with no field list to probe, so the keys are the ones it writes.
+        // tagged enum's variants with no field list to probe, so the keys are the ones it writes
+        // (no operation skips a field; control records are rare, so the allocation is cheap).
         Event::Control(Control { op }) => {
-            control_keys = keys_written(op);
+            control_owned = keys_written(op);
+            control_keys = control_owned.iter().map(String::as_str).collect::<Vec<_>>();
             &control_keys
         }
     };
@@ -408,99 +410,13 @@ fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
     fields
 }
 
-/// The keys `value` writes as a struct, those it skips when empty included: for an internally
-/// tagged enum's variant, its tag and its fields, as serde names them.
-fn keys_written<T: serde::Serialize>(value: &T) -> Vec<&'static str> {
-    use serde::ser::{Error as _, Impossible, Serialize, SerializeStruct, Serializer};
-    type Error = serde::de::value::Error;
-
-    struct Keys(Vec<&'static str>);
-
-    impl SerializeStruct for &mut Keys {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_field<T: ?Sized + Serialize>(&mut self, key: &'static str, _: &T) -> Result<(), Error> {
-            self.0.push(key);
-            Ok(())
-        }
-        fn skip_field(&mut self, key: &'static str) -> Result<(), Error> {
-            self.0.push(key);
-            Ok(())
-        }
-        fn end(self) -> Result<(), Error> {
-            Ok(())
-        }
+/// The keys serde writes for `value`, in no set order: for an internally tagged enum's variant,
+/// its tag and its fields.
+fn keys_written<T: serde::Serialize>(value: &T) -> Vec<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(map)) => map.into_iter().map(|(k, _)| k).collect(),
+        _ => Vec::new(),
     }
-
-    /// Methods for what is not a struct: no keys.
-    macro_rules! not_a_struct {
-        ($($method:ident($($arg:ty),*) -> $ok:ty;)*) => {
-            $(fn $method(self, $(_: $arg),*) -> Result<$ok, Error> {
-                Err(Error::custom("not a struct"))
-            })*
-        };
-    }
-
-    impl<'a> Serializer for &'a mut Keys {
-        type Ok = ();
-        type Error = Error;
-        type SerializeSeq = Impossible<(), Error>;
-        type SerializeTuple = Impossible<(), Error>;
-        type SerializeTupleStruct = Impossible<(), Error>;
-        type SerializeTupleVariant = Impossible<(), Error>;
-        type SerializeMap = Impossible<(), Error>;
-        type SerializeStruct = &'a mut Keys;
-        type SerializeStructVariant = Impossible<(), Error>;
-
-        fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Error> {
-            Ok(self)
-        }
-        not_a_struct! {
-            serialize_bool(bool) -> ();
-            serialize_i8(i8) -> ();
-            serialize_i16(i16) -> ();
-            serialize_i32(i32) -> ();
-            serialize_i64(i64) -> ();
-            serialize_u8(u8) -> ();
-            serialize_u16(u16) -> ();
-            serialize_u32(u32) -> ();
-            serialize_u64(u64) -> ();
-            serialize_f32(f32) -> ();
-            serialize_f64(f64) -> ();
-            serialize_char(char) -> ();
-            serialize_str(&str) -> ();
-            serialize_bytes(&[u8]) -> ();
-            serialize_none() -> ();
-            serialize_unit() -> ();
-            serialize_unit_struct(&'static str) -> ();
-            serialize_unit_variant(&'static str, u32, &'static str) -> ();
-            serialize_seq(Option<usize>) -> Self::SerializeSeq;
-            serialize_tuple(usize) -> Self::SerializeTuple;
-            serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct;
-            serialize_tuple_variant(&'static str, u32, &'static str, usize) -> Self::SerializeTupleVariant;
-            serialize_map(Option<usize>) -> Self::SerializeMap;
-            serialize_struct_variant(&'static str, u32, &'static str, usize) -> Self::SerializeStructVariant;
-        }
-        fn serialize_some<T: ?Sized + Serialize>(self, _: &T) -> Result<(), Error> {
-            Err(Error::custom("not a struct"))
-        }
-        fn serialize_newtype_struct<T: ?Sized + Serialize>(self, _: &'static str, _: &T) -> Result<(), Error> {
-            Err(Error::custom("not a struct"))
-        }
-        fn serialize_newtype_variant<T: ?Sized + Serialize>(
-            self,
-            _: &'static str,
-            _: u32,
-            _: &'static str,
-            _: &T,
-        ) -> Result<(), Error> {
-            Err(Error::custom("not a struct"))
-        }
-    }
-
-    let mut keys = Keys(Vec::new());
-    let _ = value.serialize(&mut keys);
-    keys.0
 }
 
 #[cfg(test)]
@@ -511,10 +427,14 @@ mod tests {
     /// Every operation's keys, as serde writes them: the tag, then the operation's fields.
     #[test]
     fn control_keys_are_serdes() {
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
         assert_eq!(keys_written(&ControlOp::EmptyCache), ["op"]);
         assert_eq!(keys_written(&ControlOp::ResetPeakStats), ["op"]);
-        assert_eq!(keys_written(&ControlOp::SetMemoryFraction { fraction: 0.5 }), ["op", "fraction"]);
-        assert_eq!(keys_written(&ControlOp::RecordStream { addr: 1, stream: 2 }), ["op", "addr", "stream"]);
+        assert_eq!(sorted(keys_written(&ControlOp::SetMemoryFraction { fraction: 0.5 })), ["fraction", "op"]);
+        assert_eq!(sorted(keys_written(&ControlOp::RecordStream { addr: 1, stream: 2 })), ["addr", "op", "stream"]);
         let stream = Event::Control(Control { op: ControlOp::RecordStream { addr: 1, stream: 2 } });
         assert!(!has_unread_keys(br#"{"kind":"control","ts_ns":3,"op":"record_stream","addr":1,"stream":2}"#, &stream));
         assert!(has_unread_keys(br#"{"kind":"control","op":"record_stream","addr":1,"stream":2,"new":0}"#, &stream));
