@@ -118,12 +118,15 @@ pub enum ColocateError {
 pub struct JobReport {
     /// Job name.
     pub name: String,
-    /// Its own peak reserved bytes (alone, unlimited capacity).
+    /// Its own peak reserved bytes (alone, unlimited capacity), or the floor a failed allocation
+    /// sets under them: `null` in JSON when saturated (a damaged trace), beside `need_unbounded`.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_reserved_bytes: u64,
     /// Memory outside the allocator, by term.
     pub outside_allocator: Outside,
     /// Device memory the trace itself held outside the allocator, on top of its reserved need
-    /// ([`fit::FitOutcome::held_beside`]).
+    /// ([`fit::FitOutcome::held_beside`]); `null` in JSON when saturated.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub held_outside_bytes: u64,
     /// Its device peak alone: reserved + outside the allocator (the point estimate), or the
     /// device total its memory fraction asks for when that is more.

@@ -22,6 +22,8 @@ use trace::{
     Api, CuptiMemoryKind, Event, FreeStage, Header, Level, MemActivity, MemActivityOp, MemoryKind, Origin, Record,
 };
 
+use crate::units::{saturated, Unbounded};
+
 /// Summary of one trace.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TraceStats {
@@ -46,10 +48,13 @@ pub struct TraceStats {
     /// Graph launches.
     pub graph_launches: u64,
     /// Peak of live device bytes.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_live_device_bytes: u64,
     /// Live device bytes at the end.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub live_device_bytes: u64,
     /// Peak of live pinned host bytes.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_live_host_bytes: u64,
     /// Frees of addresses that were never allocated in this trace (started mid-run, or a bug); a
     /// free of address 0, which frees nothing, is none.
@@ -60,7 +65,12 @@ pub struct TraceStats {
     /// Bytes of blocks already allocated when the trace began, from its start-state records (a
     /// converted snapshot's rebuilt start). `peak_live_device_bytes` does not count them;
     /// `memsim replay`'s peak allocated does, which is why the two can differ.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub start_state_allocated_bytes: u64,
+    /// Why a byte count of the summary (`cupti_memory`'s included) is no number, when one is
+    /// not: `overflow`, a damaged trace's sizes adding up past 2^64 B. Those counts are then
+    /// `null` in JSON (as 2^64 - 1 they would read as a size, past 2^53 where JSON readers round).
+    pub bytes_unbounded: Option<Unbounded>,
     /// Events the producer dropped (from its `process_exit`).
     pub lost_events: u64,
     /// The trace ended mid-event (process killed).
@@ -117,10 +127,13 @@ pub struct CuptiMemoryStats {
     /// Allocation records per CUPTI memory kind (`device`, `pinned`, `managed`, ...).
     pub allocations_by_kind: BTreeMap<String, u64>,
     /// Bytes of device-resident allocations (device, array, managed, static), summed.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub device_bytes_allocated: u64,
     /// Peak of live device-resident bytes, by CUPTI's allocations and releases.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_live_device_bytes: u64,
     /// Live device-resident bytes at the end.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub live_device_bytes: u64,
     /// Releases of addresses CUPTI reported no allocation for.
     pub unknown_releases: u64,
@@ -339,13 +352,16 @@ impl TraceStats {
         }
         self.live_device_bytes = saturated(self.live_device);
         self.cupti_memory = std::mem::take(&mut self.cupti).finish();
+        let cupti = self
+            .cupti_memory
+            .as_ref()
+            .map_or([0; 3], |c| [c.device_bytes_allocated, c.peak_live_device_bytes, c.live_device_bytes]);
+        let own = [self.peak_live_device_bytes, self.live_device_bytes, self.peak_live_host_bytes];
+        let all = own.into_iter().chain(cupti).chain([self.start_state_allocated_bytes]);
+        // No memory fraction bounds what a trace records: a saturated count is an overflow.
+        self.bytes_unbounded = all.into_iter().find_map(|b| Unbounded::of(b, 0));
         self
     }
-}
-
-/// A byte total as the summary reports it: at most `u64::MAX`.
-fn saturated(bytes: u128) -> u64 {
-    u64::try_from(bytes).unwrap_or(u64::MAX)
 }
 
 /// The address space a block lives in, for matching a free to its allocation: managed memory

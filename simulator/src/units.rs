@@ -44,6 +44,13 @@ impl Unbounded {
     }
 }
 
+/// A byte total kept wider than u64 (so that a damaged trace's sizes near 2^64 neither wrap it
+/// nor, freed, take it below what is still live) as reported: at most `u64::MAX`, the saturated
+/// count every output says as [`UNBOUNDED`] or `null`.
+pub fn saturated(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
+}
+
 /// A byte count as JSON: `null` for a saturated one (`u64::MAX`, [`UNBOUNDED`]), which as a
 /// number would read as a size, and is past 2^53, where JavaScript and jq round it.
 pub fn bytes_json(b: u64) -> serde_json::Value {
@@ -69,6 +76,29 @@ pub fn opt_bytes_or_null<S: serde::Serializer>(b: &Option<u64>, s: S) -> Result<
 /// Bytes as MiB with two decimals ([`UNBOUNDED`] for `u64::MAX`).
 pub fn mib(b: u64) -> String {
     mib_places(b, 2)
+}
+
+/// Bytes as MiB and exact bytes, `12.00 MiB (12582912 B)`, with `more` inside the parentheses;
+/// a saturated count is [`UNBOUNDED`] and why: its 18446744073709551615 B is no size anything held.
+pub fn mib_and_bytes(b: u64, more: &str) -> String {
+    match b {
+        u64::MAX => format!("{UNBOUNDED} ({}{more})", Unbounded::Overflow.describe()),
+        _ => format!("{} ({b} B{more})", mib(b)),
+    }
+}
+
+/// Exact bytes, `12582912 B`, for a message; [`UNBOUNDED`] for a saturated count.
+pub fn bytes_text(b: u64) -> String {
+    match b {
+        u64::MAX => UNBOUNDED.to_string(),
+        _ => format!("{b} B"),
+    }
+}
+
+/// Bytes as MiB for a JSON output that counts in MiB: `None` (written `null`) for a saturated
+/// count, which as a number would read as 17592186044416 MiB.
+pub fn mib_or_null(b: u64) -> Option<f64> {
+    (b != u64::MAX).then(|| b as f64 / (1024.0 * 1024.0))
 }
 
 /// Bytes as MiB with `decimals` ([`UNBOUNDED`] for `u64::MAX`).

@@ -228,9 +228,9 @@ fn export_warnings(r: &simulator::replay::ReplayReport) -> Vec<String> {
     }
     if r.recorded_outside_bytes > 0 {
         w.push(format!(
-            "up to {} B of device memory the trace held outside the caching allocator (VMM handles, managed \
-             memory, other modules' requests) is not in the snapshot, which shows the allocator's segments only",
-            r.recorded_outside_bytes
+            "the device memory the trace held outside the caching allocator (VMM handles, managed memory, other \
+             modules' requests), up to {}, is not in the snapshot, which shows the allocator's segments only",
+            simulator::units::bytes_text(r.recorded_outside_bytes)
         ));
     }
     if let Some(d) = &r.first_oom.oom_detail {

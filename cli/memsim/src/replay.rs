@@ -8,7 +8,7 @@ use simulator::family::Family;
 use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, Step};
-use simulator::units::{bytes_json, mib, parse_capacity, Unbounded};
+use simulator::units::{bytes_json, mib, mib_and_bytes, parse_capacity, Unbounded};
 
 use crate::batch::{self, outln, Output};
 
@@ -255,7 +255,7 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
         v["allocator_budget_bytes"] = serde_json::to_value(r.fit.budget)?;
         v["oom"] = r.fit.first_oom.oom.into();
         // The need of the failed replay (the unlimited report beside it has none).
-        v["oom_need_bytes"] = serde_json::to_value(r.fit.first_oom.oom_need_bytes)?;
+        v["oom_need_bytes"] = r.fit.first_oom.oom_need_bytes.map_or(serde_json::Value::Null, bytes_json);
         // Which replay the peaks and memory_stats are of (README.md, "Replay, summarise, convert": `peaks_of`).
         v["peaks_of"] = peaks_of(&r.fit).into();
         v["oom_at_event"] = serde_json::to_value(r.fit.first_oom.oom_at_event)?;
@@ -283,8 +283,8 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
     let line = crate::validate::alloc_conf_line(rep.alloc_conf.as_deref(), rep.alloc_conf_source);
     outln!(out, "  alloc conf          {line}");
     let p = &rep.peaks;
-    outln!(out, "  peak reserved       {} ({} B)", mib(p.peak_reserved_bytes), p.peak_reserved_bytes);
-    outln!(out, "  peak allocated      {} ({} B)", mib(p.peak_allocated_bytes), p.peak_allocated_bytes);
+    outln!(out, "  peak reserved       {}", mib_and_bytes(p.peak_reserved_bytes, ""));
+    outln!(out, "  peak allocated      {}", mib_and_bytes(p.peak_allocated_bytes, ""));
     outln!(out, "  peak active         {}", mib(p.peak_active_bytes));
     outln!(out, "  peak requested      {}", mib(p.peak_requested_bytes));
     outln!(out, "  (peaks: {PEAKS_COUNT})");

@@ -8,6 +8,7 @@ use simulator::profile::{known_profiles, Profile};
 use simulator::replay::ReplayOptions;
 use simulator::report::html::{self, Extras, ProfileVerdict};
 use simulator::report::{self};
+use simulator::units::mib_or_null;
 
 use crate::replay::{load, replay_file};
 
@@ -168,12 +169,13 @@ fn headline_against_table(
     }
     // The reserved peak leaves out the outside terms (which memest may choose libraries for
     // where the trace does not say); at another capacity it differs anyway (said above).
-    let reserved = num("/estimates/symbolic/reserved_mib").filter(|r| differ(*r, row.reserved_mib));
+    let reserved = num("/estimates/symbolic/reserved_mib").filter(|r| row.reserved_mib.is_none_or(|m| differ(*r, m)));
     if let (Some(r), None) = (reserved, capacity) {
+        let mine = row.reserved_mib.map_or_else(|| simulator::units::UNBOUNDED.to_string(), |m| format!("{m:.1} MiB"));
         w.push(format!(
-            "--estimate {est} has a reserved peak of {r:.1} MiB on {} where this replay has {:.1} MiB: the \
+            "--estimate {est} has a reserved peak of {r:.1} MiB on {} where this replay has {mine}: the \
              headline is of another trace, or of other allocator settings (--alloc-conf, --torch)",
-            row.profile, row.reserved_mib
+            row.profile
         ));
     }
     w
@@ -277,9 +279,10 @@ pub fn run(a: Args) -> Result<u8> {
         verdicts.push(ProfileVerdict {
             profile: profile.as_ref().map_or_else(|| name.clone(), |(_, path)| Profile::name_of(path)),
             gpu,
-            need_mib: mib(v.need_bytes),
-            point_mib: mib(r.point()),
-            reserved_mib: mib(r.fit.reserved_need()),
+            need_mib: mib_or_null(v.need_bytes),
+            point_mib: mib_or_null(r.point()),
+            reserved_mib: mib_or_null(r.fit.reserved_need()),
+            need_unbounded: v.need_unbounded,
             capacity_mib: mib(v.capacity_bytes),
             fits: v.fits,
             basis: v.basis.clone(),

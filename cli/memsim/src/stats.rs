@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use simulator::stats::{CuptiMemoryStats, TraceStats};
-use simulator::units::mib;
+use simulator::units::{mib, mib_and_bytes};
 use simulator::utilization::{ScopeMetrics, Source, Timing, UtilOptions, UtilizationBuilder, UtilizationReport};
 
 use crate::batch::{self, outln, Output};
@@ -144,7 +144,7 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
     // Several GPUs' bytes in one number read as one device holding them all: said. (The devices
     // the trace lists, not all of them used: a snapshot lists every visible one.)
     let summed = if header.devices.len() > 1 { ", summed over the trace's devices" } else { "" };
-    outln!(out, "  peak live device  {} ({} B{summed})", mib(s.peak_live_device_bytes), s.peak_live_device_bytes);
+    outln!(out, "  peak live device  {}", mib_and_bytes(s.peak_live_device_bytes, summed));
     outln!(out, "    (counts {PEAK_COUNTS})");
     if s.start_state_allocated_bytes > 0 {
         outln!(
@@ -304,10 +304,9 @@ fn print_cupti_memory(out: &mut Output, c: &CuptiMemoryStats) {
     outln!(out, "  CUPTI memory      {} allocations ({}), {} releases", c.allocations, kinds.join(", "), c.releases);
     outln!(
         out,
-        "    device bytes    {} allocated, peak live {} ({} B)",
+        "    device bytes    {} allocated, peak live {}",
         mib(c.device_bytes_allocated),
-        mib(c.peak_live_device_bytes),
-        c.peak_live_device_bytes
+        mib_and_bytes(c.peak_live_device_bytes, "")
     );
     outln!(
         out,

@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{alloc, json, memsim};
+use serde_json::Value;
+use simulator::units::UNBOUNDED;
+
+use crate::support::{alloc, json, memsim, no_huge_numbers};
 
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false}"#;
 
@@ -14,13 +17,17 @@ fn trace(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
     path
 }
 
+/// A job of 1 GiB, and one asking for 2^64 - 1 B at once, whose need saturates.
+fn small_and_huge(dir: &Path) -> (PathBuf, PathBuf) {
+    (trace(dir, "small.jsonl", &[&alloc(4096, 1 << 30)]), trace(dir, "huge.jsonl", &[&alloc(4096, u64::MAX)]))
+}
+
 /// A job whose need saturates at 2^64 - 1 B was summed with wrapping: the set "needed" 1424 MiB
 /// and FIT, beside a line saying that job does not fit alone.
 #[test]
 fn colocate_never_wraps_a_saturated_need_into_a_fit() {
     let dir = tempfile::tempdir().unwrap();
-    let small = trace(dir.path(), "small.jsonl", &[&alloc(4096, 1 << 30)]);
-    let huge = trace(dir.path(), "huge.jsonl", &[&alloc(4096, u64::MAX)]);
+    let (small, huge) = small_and_huge(dir.path());
     let (s, h) = (small.to_str().unwrap(), huge.to_str().unwrap());
     let (code, out, err) = memsim(&["colocate", s, h, "--profile", "a100-40gb"]);
     assert_eq!(code, 1, "{out}{err}");
@@ -45,9 +52,16 @@ fn stats_totals_stop_at_the_largest_count_instead_of_wrapping() {
     let free = r#"{"kind":"free","device":0,"addr":8192,"size":18446744073709551615,"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}"#;
     let t = trace(dir.path(), "wrap.jsonl", &[&alloc(4096, 1 << 20), &alloc(8192, u64::MAX), free]);
     let v = json(&["stats", t.to_str().unwrap(), "--json"]);
-    // The peak is at least what was live; freed, the 1 MiB still live is what is left.
-    assert_eq!(v["peak_live_device_bytes"].as_u64(), Some(u64::MAX), "{v}");
+    // The peak is at least what was live, which no number says: null (not 2^64 - 1, past 2^53,
+    // where JSON readers round), and why; freed, the 1 MiB still live is what is left.
+    assert_eq!((&v["peak_live_device_bytes"], &v["bytes_unbounded"]), (&Value::Null, &"overflow".into()), "{v}");
     assert_eq!(v["live_device_bytes"].as_u64(), Some(1 << 20), "{v}");
+    no_huge_numbers(&v, "stats");
+    let out = crate::support::memsim_ok(&["stats", t.to_str().unwrap()]);
+    let line = out.lines().find(|l| l.contains("peak live device")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains(UNBOUNDED) && !line.contains("18446744073709551615"), "{line}");
+    let v = json(&["stats", trace(dir.path(), "fine.jsonl", &[&alloc(4096, 1 << 20)]).to_str().unwrap(), "--json"]);
+    assert_eq!((&v["peak_live_device_bytes"], &v["bytes_unbounded"]), (&(1 << 20).into(), &Value::Null), "{v}");
 
     let lost = r#"{"kind":"process_exit","lost_events":9223372036854775808}"#;
     let t = trace(dir.path(), "lost.jsonl", &[lost, lost]);
@@ -102,4 +116,85 @@ fn convert_names_the_input_whose_configuration_it_cannot_read() {
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("conf.jsonl: cannot replay") && err.contains("maybe"), "{err}");
     }
+}
+
+/// A request of 2^64 - 1 B fails at any capacity: its need saturates. `colocate --json` wrote the
+/// job's `peak_reserved_bytes` (that need's floor) as 18446744073709551615 and `replay --json`
+/// its `oom_need_bytes`: past 2^53, where JSON readers round, and read as a size.
+#[test]
+fn a_saturated_reserved_need_is_null_in_every_json_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (small, huge) = small_and_huge(dir.path());
+    let (s, h) = (small.to_str().unwrap(), huge.to_str().unwrap());
+    let (_, out, err) = memsim(&["colocate", s, h, "--profile", "a100-40gb", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let job = &v["jobs"][1];
+    assert_eq!((&job["peak_reserved_bytes"], &job["need_unbounded"]), (&Value::Null, &"overflow".into()), "{job}");
+    assert_eq!(v["jobs"][0]["peak_reserved_bytes"], 1u64 << 30, "{v}");
+    no_huge_numbers(&v, "colocate");
+    let (_, out, _) = memsim(&["colocate", s, h, "--profile", "a100-40gb"]);
+    let line = out.lines().find(|l| l.contains("huge.jsonl")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains(&format!("reserved {UNBOUNDED}")), "{line}");
+
+    for flags in [&[][..], &["--profile", "a100-40gb"][..]] {
+        let mut args = vec!["replay", h, "--json"];
+        args.extend_from_slice(flags);
+        let (_, out, err) = memsim(&args);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        assert_eq!((&v["oom"], &v["oom_need_bytes"]), (&true.into(), &Value::Null), "{flags:?}");
+        assert_eq!(v["need_unbounded"], "overflow", "{flags:?}");
+        no_huge_numbers(&v, "replay");
+    }
+
+    // The page says it as the text does, not as 2^64 B in MiB.
+    let page = dir.path().join("huge.html");
+    let (code, out, err) = memsim(&["report", h, "--html", page.to_str().unwrap(), "--profile", "a100-40gb", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains(&format!(r#"<td class="n">{UNBOUNDED}</td>"#)) && !html.contains("17592186044416"));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let row = &v["verdicts"][0];
+    assert_eq!(
+        (&row["need_mib"], &row["reserved_mib"], &row["need_unbounded"]),
+        (&Value::Null, &Value::Null, &"overflow".into())
+    );
+}
+
+/// Memory a trace holds outside the allocator (managed memory here) of 2^64 - 1 B, twice: the
+/// running total wrapped (a debug build aborted on it), and what was held came out as
+/// 18446744073709551615 B, and what it adds to the reserved peak as that less 2 MiB, a size.
+#[test]
+fn memory_held_outside_the_allocator_saturates_and_is_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let managed = |addr| alloc(addr, u64::MAX).replace(r#""mem":"device""#, r#""mem":"managed""#);
+    let t = trace(dir.path(), "held.jsonl", &[&managed(4096), &managed(8192), &alloc(1 << 40, 1 << 20)]);
+    let t = t.to_str().unwrap();
+    let (code, out, err) = memsim(&["replay", t, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(
+        (&v["recorded_outside_bytes"], &v["outside_beside_peak_bytes"], &v["peak_device_bytes"]),
+        (&Value::Null, &Value::Null, &Value::Null),
+        "{v}"
+    );
+    assert_eq!((&v["peak_reserved_bytes"], &v["need_unbounded"]), (&(2u64 << 20).into(), &"overflow".into()));
+    no_huge_numbers(&v, "replay");
+    let (_, out, err) = memsim(&["colocate", t, "--capacity", "40GiB", "--json"]);
+    let c: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!((&c["jobs"][0]["held_outside_bytes"], &c["fits"]), (&Value::Null, &false.into()), "{c}");
+    no_huge_numbers(&c, "colocate");
+}
+
+/// A run's recorded out-of-memory error for 2^64 - 1 B: its need (what was allocated plus the
+/// request) came out as 18446744073709551615 in `replay --json`'s `recorded_oom`.
+#[test]
+fn a_recorded_oom_past_any_device_is_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = r#"{"kind":"oom","device":0,"size":18446744073709551615}"#;
+    let t = trace(dir.path(), "oom.jsonl", &[&alloc(4096, 1 << 20), oom]);
+    let (_, out, err) = memsim(&["replay", t.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let o = &v["recorded_oom"];
+    assert_eq!((&o["need_bytes"], &o["size"], &v["need_unbounded"]), (&Value::Null, &Value::Null, &"overflow".into()));
+    no_huge_numbers(&v, "replay");
 }

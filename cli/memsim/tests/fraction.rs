@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::support::{json, memsim};
+use crate::support::{json, memsim, no_huge_numbers};
 
 const MIB: u64 = 1 << 20;
 
@@ -54,16 +54,6 @@ fn unbounded_json(f: f64) -> Value {
         Value::Null
     } else {
         "memory_fraction".into()
-    }
-}
-
-/// No number in `v` is past 2^53 (where JSON readers round), with its path.
-fn no_huge_numbers(v: &Value, at: &str) {
-    match v {
-        Value::Number(n) => assert!(n.as_u64().is_none_or(|n| n < 1 << 53), "{at} = {n}"),
-        Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| no_huge_numbers(x, &format!("{at}[{i}]"))),
-        Value::Object(m) => m.iter().for_each(|(k, x)| no_huge_numbers(x, &format!("{at}.{k}"))),
-        _ => {}
     }
 }
 
@@ -259,4 +249,28 @@ fn a_request_served_from_the_cache_asks_nothing_of_a_lowered_fraction() {
         assert_eq!((&v["oom"], &v["verdict"]["fits"]), (&(!fits).into(), &fits.into()), "{case}");
         assert_eq!((code, &v["verdict"]["need_bytes"]), (if fits { 0 } else { 1 }, &need.into()), "{case}");
     }
+}
+
+/// The page's table wrote a need no device holds as 2^64 B in MiB: "17592186044416.0 MiB" in its
+/// point cell, beside "more than any device holds" in its need cell; `--json` wrote both numbers.
+#[test]
+fn the_page_says_a_fraction_of_0_needs_more_than_any_device_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write(dir.path(), "0");
+    let page = dir.path().join("page.html");
+    let (t, p) = (t.to_str().unwrap(), page.to_str().unwrap());
+    let (code, out, err) = memsim(&["report", t, "--html", p, "--profile", "a100-40gb", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let row = html.split("<h2>The verdict per GPU profile</h2>").nth(1).unwrap_or_else(|| panic!("{html}"));
+    let unbounded = format!(r#"<td class="n">{}</td>"#, simulator::units::UNBOUNDED);
+    assert_eq!(row.matches(&unbounded).count(), 2, "the need and the point: {row}");
+    assert!(!html.contains("17592186044416"), "{row}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let verdict = &v["verdicts"][0];
+    assert_eq!(
+        (&verdict["need_mib"], &verdict["point_mib"], &verdict["need_unbounded"], &verdict["reserved_mib"]),
+        (&Value::Null, &Value::Null, &"memory_fraction".into(), &22.0.into()),
+        "{verdict}"
+    );
 }

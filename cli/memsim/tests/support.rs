@@ -53,3 +53,13 @@ pub fn free(addr: u64) -> String {
         r#"{{"kind":"free","device":0,"addr":{addr},"stream":0,"mem":"device","api":"allocator","result":0,"origin":"request","stage":"immediate"}}"#
     )
 }
+
+/// No number in `v` is past 2^53 (where JSON readers round), with its path.
+pub fn no_huge_numbers(v: &Value, at: &str) {
+    match v {
+        Value::Number(n) => assert!(n.as_u64().is_none_or(|n| n < 1 << 53), "{at} = {n}"),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| no_huge_numbers(x, &format!("{at}[{i}]"))),
+        Value::Object(m) => m.iter().for_each(|(k, x)| no_huge_numbers(x, &format!("{at}.{k}"))),
+        _ => {}
+    }
+}

@@ -8,6 +8,7 @@
 use hashbrown::HashMap;
 
 use crate::alloc::Allocator;
+use crate::units::saturated;
 
 /// The live device memory outside the allocator, per device, with its peaks.
 #[derive(Debug, Default)]
@@ -20,7 +21,9 @@ pub(super) struct OutsideHeld {
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Held {
-    now: u64,
+    /// Wider than any sum of u64 sizes: a damaged trace's sizes near 2^64 must neither wrap it
+    /// nor, saturated and then freed, take it below what is still held.
+    now: u128,
     peak: u64,
     /// The most of (the allocator's reserved bytes + held bytes) at once, taken whenever
     /// either rises while something is held.
@@ -33,16 +36,16 @@ impl OutsideHeld {
     pub(super) fn alloc(&mut self, device: u32, physical: bool, addr: u64, size: u64, reserved: u64) {
         let old = self.live.insert((device, physical, addr), size).unwrap_or(0);
         let h = super::per_device(&mut self.devices, device, Held::default);
-        h.now = h.now - old + size;
-        h.peak = h.peak.max(h.now);
-        h.joint = h.joint.max(h.now + reserved);
+        h.now = h.now - u128::from(old) + u128::from(size);
+        h.peak = h.peak.max(saturated(h.now));
+        h.joint = h.joint.max(saturated(h.now + u128::from(reserved)));
     }
 
     /// The release of the memory at `addr` (nothing, when the trace never showed it allocated).
     pub(super) fn free(&mut self, device: u32, physical: bool, addr: u64) {
         if let Some(size) = self.live.remove(&(device, physical, addr)) {
             let h = super::per_device(&mut self.devices, device, Held::default);
-            h.now -= size;
+            h.now -= u128::from(size);
         }
     }
 
@@ -58,7 +61,7 @@ impl OutsideHeld {
     #[cold]
     fn note_joint(&mut self, device: u32, reserved: u64) {
         if let Some((_, h)) = self.devices.iter_mut().find(|(d, _)| *d == device) {
-            h.joint = h.joint.max(h.now + reserved);
+            h.joint = h.joint.max(saturated(h.now + u128::from(reserved)));
         }
     }
 
@@ -84,7 +87,7 @@ impl OutsideHeld {
 
     /// Bytes held on `device` now.
     pub(super) fn now(&self, device: u32) -> u64 {
-        self.devices.iter().find(|(d, _)| *d == device).map_or(0, |(_, h)| h.now)
+        self.devices.iter().find(|(d, _)| *d == device).map_or(0, |(_, h)| saturated(h.now))
     }
 
     /// The most bytes held at once on any one device.
@@ -95,6 +98,10 @@ impl OutsideHeld {
     /// What the held memory adds to the reserved peak `reserved_peak` (the most reserved on any
     /// one device): the most of (reserved + held) at once on any one device, less that peak.
     pub(super) fn beside_peak(&self, reserved_peak: u64) -> u64 {
-        self.devices.iter().map(|(_, h)| h.joint).max().unwrap_or(0).saturating_sub(reserved_peak)
+        match self.devices.iter().map(|(_, h)| h.joint).max().unwrap_or(0) {
+            // A saturated joint peak is no number to subtract from: what it adds is saturated too.
+            u64::MAX => u64::MAX,
+            joint => joint.saturating_sub(reserved_peak),
+        }
     }
 }

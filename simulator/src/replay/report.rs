@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::units::bytes_text;
+
 /// Where a replayed event came from, for error messages.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct EventRef {
@@ -26,16 +28,21 @@ pub struct Fragmentation {
 }
 
 /// The four peak statistics of a replay: a device's (`<stat>.all.peak`), or the max over devices
-/// of each ([`Peaks::max`]).
+/// of each ([`Peaks::max`]). A saturated one (a damaged trace's sizes summed past 2^64) is `null`
+/// in JSON, beside the output's `need_unbounded`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Peaks {
     /// `reserved_bytes.all.peak`.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_reserved_bytes: u64,
     /// `allocated_bytes.all.peak`.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_allocated_bytes: u64,
     /// `active_bytes.all.peak`.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_active_bytes: u64,
     /// `requested_bytes.all.peak`.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub peak_requested_bytes: u64,
 }
 
@@ -89,11 +96,15 @@ pub struct RecordedOom {
     pub at_event: u64,
     /// CUDA device ordinal.
     pub device: u32,
-    /// Bytes the failed request asked for.
+    /// Bytes the failed request asked for (`null` in JSON for a damaged trace's 2^64 - 1).
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub size: u64,
     /// Free device memory when it failed, when recorded.
+    #[serde(serialize_with = "crate::units::opt_bytes_or_null")]
     pub device_free: Option<u64>,
-    /// Bytes allocated when it failed plus the request: a floor under the reserved need.
+    /// Bytes allocated when it failed plus the request: a floor under the reserved need (`null`
+    /// in JSON when saturated, beside `need_unbounded`).
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub need_bytes: u64,
 }
 
@@ -103,8 +114,11 @@ impl RecordedOom {
         let free = self.device_free.map_or(String::new(), |f| format!(", {f} B free on the device"));
         format!(
             "the run ran out of memory (record {}, device {}: a request of {} B{free}); the need counts that \
-             request on top of what was allocated then, {} B in all",
-            self.at_event, self.device, self.size, self.need_bytes
+             request on top of what was allocated then, which comes to {}",
+            self.at_event,
+            self.device,
+            self.size,
+            bytes_text(self.need_bytes)
         )
     }
 }
@@ -120,7 +134,8 @@ pub struct FirstOom {
     pub oom_detail: Option<String>,
     /// What the first failed allocation needed reserved: the bytes reserved when it failed plus
     /// its rounded size. A floor under the job's need that its peak cannot show: the failed
-    /// request was never placed.
+    /// request was never placed. `null` in JSON when saturated (a request of 2^64 - 1 B).
+    #[serde(serialize_with = "crate::units::opt_bytes_or_null")]
     pub oom_need_bytes: Option<u64>,
 }
 
@@ -146,10 +161,12 @@ pub struct ReplayReport {
     /// The most device memory the trace held outside the caching allocator at once on one
     /// device (another module's own requests, VMM physical handles, managed memory): not placed
     /// by the model, and counted in the need on top of the reserved peak.
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub recorded_outside_bytes: u64,
     /// What that memory adds to the reserved peak at the device's busiest moment: the most of
     /// (reserved + held) at once on one device, less `peak_reserved_bytes` (at most
     /// `recorded_outside_bytes`: the two peaks need not coincide).
+    #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub outside_beside_peak_bytes: u64,
     /// The device's total memory the program's own memory fraction asks for
     /// (`set_per_process_memory_fraction`, or the configuration's): the most bytes a reservation
@@ -218,11 +235,12 @@ impl ReplayReport {
         });
         let outside = (self.recorded_outside_bytes > 0).then(|| {
             format!(
-                "the trace holds up to {} B of device memory outside the caching allocator (another module's own \
-                 requests, VMM physical handles, managed memory); it adds {} B to the reserved peak at the \
+                "the trace holds device memory outside the caching allocator (another module's own requests, VMM \
+                 physical handles, managed memory), up to {}; it adds {} to the reserved peak at the \
                  device's busiest moment (the most of reserved + held at once), and the need counts that (all \
                  of it where the need is a failed allocation's floor)",
-                self.recorded_outside_bytes, self.outside_beside_peak_bytes
+                bytes_text(self.recorded_outside_bytes),
+                bytes_text(self.outside_beside_peak_bytes)
             )
         });
         let fraction = (self.fraction_need_bytes > 0).then(|| match self.fraction_need_bytes {

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::svg::{self, esc, mib};
 use super::Report;
 use crate::fit;
+use crate::units::{Unbounded, UNBOUNDED};
 
 /// The verdict of one GPU profile on the trace.
 #[derive(Debug, Clone, Serialize)]
@@ -16,12 +17,16 @@ pub struct ProfileVerdict {
     pub profile: String,
     /// The GPU it describes.
     pub gpu: String,
-    /// The number the verdict rests on (MiB): the safe number, or the point with `--point`.
-    pub need_mib: f64,
-    /// The point estimate: reserved peak plus memory outside the allocator (MiB).
-    pub point_mib: f64,
-    /// The reserved peak in it (MiB).
-    pub reserved_mib: f64,
+    /// The number the verdict rests on (MiB): the safe number, or the point with `--point`;
+    /// `None` (`null`) for a need no device holds, which `need_unbounded` says why.
+    pub need_mib: Option<f64>,
+    /// The point estimate: reserved peak plus memory outside the allocator (MiB); `None` as
+    /// `need_mib`.
+    pub point_mib: Option<f64>,
+    /// The reserved peak in it (MiB); `None` when saturated (a damaged trace).
+    pub reserved_mib: Option<f64>,
+    /// Why no device holds the need, when none does (`memsim replay --json`'s `need_unbounded`).
+    pub need_unbounded: Option<Unbounded>,
     /// The GPU's total memory (MiB).
     pub capacity_mib: f64,
     /// Whether the job fits.
@@ -65,11 +70,17 @@ pub fn estimate_headline(estimate: &Value) -> Option<String> {
     let text = estimate.get("text")?;
     let headline = text.get("headline")?.as_str()?;
     let verdict = estimate.get("verdict")?;
-    let (fits, need) = (verdict.get("fits")?.as_bool()?, verdict.get("need_mib")?.as_f64()?);
+    let fits = verdict.get("fits")?.as_bool()?;
+    // memest writes a need no device holds as null beside its reason: no number to carry.
+    let need = match (verdict.get("need_mib")?.as_f64(), verdict.get("need_unbounded").and_then(Value::as_str)) {
+        (Some(need), _) => format!(r#" data-mib="{need:.1}""#),
+        (None, Some(_)) => String::new(),
+        (None, None) => return None,
+    };
     let details: Vec<String> =
         text.get("details")?.as_array()?.iter().filter_map(Value::as_str).map(|l| esc(l.trim())).collect();
     Some(format!(
-        r#"<p id="headline" data-mib="{need:.1}">{}: {}</p><p class="muted" id="details">{}</p>"#,
+        r#"<p id="headline"{need}>{}: {}</p><p class="muted" id="details">{}</p>"#,
         esc(headline),
         verdict_word(fits),
         details.join("<br>")
@@ -213,15 +224,18 @@ fn verdicts(vs: &[ProfileVerdict]) -> String {
     );
     for v in vs {
         // Each cell carries its unit: where need and capacity would print alike in MiB they are
-        // shown in bytes, under a header that said MiB.
-        let (need, capacity) = crate::units::need_and_capacity_mib(v.need_mib, v.capacity_mib, 1);
+        // shown in bytes, under a header that said MiB. A need no device holds is said so, as
+        // memest's text says it, not as 2^64 B in MiB.
+        let need_mib = v.need_mib.unwrap_or(f64::INFINITY);
+        let (need, capacity) = crate::units::need_and_capacity_mib(need_mib, v.capacity_mib, 1);
+        let point = v.point_mib.map_or_else(|| UNBOUNDED.to_string(), |p| format!("{p:.1} MiB"));
         let _ = write!(
             s,
-            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{:.1} MiB</td><td class="n">{}</td><td>{} <span class="muted">({})</span></td></tr>"#,
+            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td>{} <span class="muted">({})</span></td></tr>"#,
             esc(&v.profile),
             esc(&v.gpu),
             esc(&need),
-            v.point_mib,
+            esc(&point),
             esc(&capacity),
             verdict_word(v.fits),
             esc(&v.basis)
