@@ -51,8 +51,12 @@ def require_batch_size(batch_size: int | None, entry: str | None = None) -> None
     if batch_size is None:
         from memtrace_trainer.workload import entry_takes  # imports torch: only for an entry
 
-        if entry is None or entry_takes(entry, "batch_size"):
-            raise UserError("--batch-size is required with --model and --entry")
+        if entry is None:
+            raise UserError("--batch-size is required with --model (a model spec has no batch "
+                            "of its own)")  # fmt: skip
+        if entry_takes(entry, "batch_size"):
+            raise UserError(f"--batch-size is required with --entry {entry}: the function takes "
+                            "`batch_size`, so the job has no batch until one is given")  # fmt: skip
 
 
 def is_integer(v: object) -> bool:

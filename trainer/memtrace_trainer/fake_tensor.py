@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from memtrace_trainer.errors import UserError, check_batch_size
+from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.workload import Workload, call_model
 
 
@@ -134,10 +134,11 @@ def measure(build: Callable[[torch.device], Workload], what: str) -> FakeResult:
 SOURCES = ("model", "entry", "gpumemnet_row")
 
 
-def check_config(config: dict[str, Any]) -> int:
+def check_config(config: dict[str, Any]) -> int | None:
     """A job's batch size, its other sizes checked before anything is built: one model source,
     a positive batch size (a GPUMemNet row gives its own unless `batch_size` is set; 0 is not
-    "not set"), a row's filename and an input shape's syntax."""
+    "not set"; None: an entry function of its own batch, `require_batch_size`), a row's
+    filename and an input shape's syntax."""
     from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
 
     # The --input-shape parser of every zoo command, so a line's shape reads as the flag's.
@@ -151,10 +152,10 @@ def check_config(config: dict[str, Any]) -> int:
     if sources[0] == "gpumemnet_row":
         _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
         batch = row_batch if batch is None else batch
-    if batch is None:
-        raise UserError("--batch-size is required (a positive integer)")
+    else:
+        require_batch_size(batch, config.get("entry"))
     _parse_shape(config.get("input_shape"))
-    return int(batch)
+    return batch
 
 
 def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], Workload], str]:
@@ -174,6 +175,7 @@ def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], W
         # Always built on meta (`measure` fakes it after): the sizes as every --entry takes them,
         # --seq-len passed on, the zoo-only ones warned about.
         return (lambda _device: entry_workload(entry, batch, seq, shape, classes)), entry
+    assert batch is not None  # a model's or a row's: `check_config` refused none
     row = config.get("gpumemnet_row")
     spec = f"gpumemnet:{row}" if row else config["model"]
 

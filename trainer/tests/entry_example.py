@@ -32,3 +32,10 @@ def batch_norm(batch_size: int = 8):
         (torch.randn(batch_size, 16), torch.randint(0, 10, (batch_size,))),
         F.cross_entropy,
     )
+
+
+def own_batch_seq(seq_len: int = 16):
+    """A token model of a fixed batch of 3 that takes `seq_len` but no `batch_size`."""
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.LazyLinear(2))
+    ids = torch.randint(0, 50, (3, seq_len))
+    return model, (ids, torch.randint(0, 2, (3,))), F.cross_entropy

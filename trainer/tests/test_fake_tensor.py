@@ -36,6 +36,19 @@ def test_hand_counted_step() -> None:
     assert got["seconds"] > 0
 
 
+def test_a_batch_line_of_an_entry_of_its_own_batch_runs(tmp_path: Path) -> None:
+    """A `--batch` line of an entry without a `batch_size` parameter needs none (its batch is
+    the job's); one of an entry that takes it is refused in the line's own terms."""
+    lines = tmp_path / "b.jsonl"
+    lines.write_text('{"entry": "entry_example:fixed_batch"}\n')
+    done = cli("fake-tensor", "--batch", str(lines))
+    assert json.loads(done.stdout)["peak_bytes"] > 0, done.stderr
+    lines.write_text('{"entry": "entry_example:make"}\n')
+    done = cli("fake-tensor", "--batch", str(lines), check=False)
+    assert done.returncode == 2 and "field 'batch_size' is required with field 'entry'" in (
+        done.stderr), done.stderr  # fmt: skip
+
+
 def plain_events(spec: str, batch: int) -> list[dict[str, Any]]:
     cfg = StepConfig(cuda_emulation=False, iterations=1)
     rec, _ = trace(build_workload(spec, batch), cfg, load_profile(None))

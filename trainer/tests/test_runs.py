@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import REPO, cli
 
+from memtrace_trainer.errors import UserError
 from memtrace_trainer.runs.config import RunConfig
 from memtrace_trainer.runs.marks import Marker
 from memtrace_trainer.runs.nvml import Sampler
@@ -108,10 +109,10 @@ def test_errors_are_clean_and_leave_nothing(tmp_path: Path) -> None:
 
     out = tmp_path / "r"
     check(["--model", MLP, "--out", str(out)], "--batch-size is required")
-    # An entry too, as `estimate --entry` refuses it: it trained at batch 1 in silence, warned
-    # about a --batch-size 1 never given, and named the run "b1" whatever its real batch.
+    # An entry that takes `batch_size` too, as `estimate --entry` refuses it: it trained at
+    # batch 1 in silence, and named the run "b1" whatever its real batch.
     check(["--entry", "entry_failures:sized", "--out", str(out)],
-          "--batch-size is required with --model and --entry")  # fmt: skip
+          "--batch-size is required with --entry entry_failures:sized")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--device", "cuda", "--out", str(out)],
           "--device cuda: no CUDA device")  # fmt: skip
     check(["--model", MLP, "--batch-size", "2", "--nvml-hz", "2", "--out", str(out)], "nvml_hz")
@@ -243,6 +244,25 @@ def test_a_left_out_class_count_is_hashed_as_the_one_the_model_is_built_with(
     assert plain.id == RunConfig(model=model, batch_size=2, num_classes=classes).id
     for other in {2, 1000} - {classes}:
         assert plain.id != RunConfig(model=model, batch_size=2, num_classes=other).id
+
+
+def test_a_model_config_without_a_batch_size_is_refused() -> None:
+    """The config's batch size defaulted to 1: a `--from-config` of a model without one
+    trained at batch 1 in silence. None is now an entry's own batch, and a model has none."""
+    with pytest.raises(UserError, match="batch_size null: expected an integer of at least 1"):
+        RunConfig.from_dict({"model": MLP}, "c.json")
+    assert RunConfig(entry="entry_example:fixed_batch").problems() == []
+
+
+@pytest.mark.parametrize(("field", "said"), [("seconds", "finite"), ("nvml_hz", "finite")])
+def test_an_infinite_number_is_refused(field: str, said: str) -> None:
+    """`run --seconds inf` trained forever (a sweep's run never finished), `--nvml-hz inf`
+    sampled with no pause: both passed the check of a positive number."""
+    problems = RunConfig(model=MLP, batch_size=2, **{field: float("inf")}).problems()
+    assert problems == [f"{field} inf: " + problems[0].split(": ", 1)[1]] and said in problems[0]
+    done = cli("run", "--model", MLP, "--batch-size", "2", f"--{field.replace('_', '-')}", "inf",
+               "--out", "/nonexistent/r", check=False)  # fmt: skip
+    assert done.returncode == 2 and f"{field} inf: expected" in done.stderr, done.stderr
 
 
 def test_a_model_that_reads_no_class_count_keeps_its_id() -> None:

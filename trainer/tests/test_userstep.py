@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -254,17 +255,22 @@ def test_an_entry_of_a_fixed_batch_is_said_and_never_searched() -> None:
 
 # An entry function without a `batch_size` parameter builds its own batch, yet `estimate` and
 # `symtrace` refused it without a --batch-size it could not take (and then said the flag had no
-# effect). Its batch is now the job's, as a `--step` of the device alone takes none; an entry
-# that takes `batch_size` is refused without one, as before.
+# effect); `run` and `fake-tensor` still did. Its batch is now the job's, as a `--step` of the
+# device alone takes none; an entry that takes `batch_size` is refused without one, saying so.
+TAKES_BATCH = "--batch-size is required with --entry entry_example:make: the function takes"
+
+
 @pytest.mark.parametrize(
     ("argv", "batch", "error"),
     [
         (["estimate", "--entry", "entry_example:fixed_batch", "--json"], 4, None),
         (["symtrace", "--entry", "entry_example:fixed_batch", "--json"], 4, None),
-        (["estimate", "--entry", "entry_example:make", "--json"], None,
-         "--batch-size is required with --model and --entry"),
-        (["symtrace", "--entry", "entry_example:make", "--json"], None,
-         "--batch-size is required with --model and --entry"),
+        (["fake-tensor", "--entry", "entry_example:fixed_batch", "--json"], 4, None),
+        (["run", "--entry", "entry_example:fixed_batch", "--iterations", "1"], 4, None),
+        (["estimate", "--entry", "entry_example:make", "--json"], None, TAKES_BATCH),
+        (["symtrace", "--entry", "entry_example:make", "--json"], None, TAKES_BATCH),
+        (["fake-tensor", "--entry", "entry_example:make", "--json"], None, TAKES_BATCH),
+        (["run", "--entry", "entry_example:make", "--iterations", "1"], None, TAKES_BATCH),
     ],
 )  # fmt: skip
 def test_an_entry_of_its_own_batch_needs_no_batch_size(
@@ -272,16 +278,48 @@ def test_an_entry_of_its_own_batch_needs_no_batch_size(
 ) -> None:
     if argv[0] == "symtrace":
         argv = [*argv, "--out", str(tmp_path / "t.jsonl")]
+    if argv[0] == "run":
+        argv = [*argv, "--out", str(tmp_path / "r")]
     done = cli(*argv, check=False)
     if error is not None:
         assert done.returncode == 2 and error in done.stderr, done.stderr
+        assert not (tmp_path / "r").exists() and not (tmp_path / "t.jsonl").exists()
         return
     assert done.returncode in (0, 1), done.stderr
+    if argv[0] == "run":
+        # The job's own batch: config.json says none was given, features.json counts the
+        # entry's, and the run id claims no batch ("b1" before, whatever the real one).
+        config = json.loads((tmp_path / "r" / "config.json").read_text())
+        feats = json.loads((tmp_path / "r" / "features.json").read_text())
+        assert config["batch_size"] is None and feats["batch_size"] == batch
+        assert re.fullmatch(r"entry-example-fixed-batch-[0-9a-f]{12}", config["id"]), config
+        return
     out = json.loads(done.stdout)
+    assert out["warnings"] == [], out["warnings"]
     if argv[0] == "estimate":
-        assert out["inputs"]["batch_size"] == batch and out["warnings"] == [], out["warnings"]
+        assert out["inputs"]["batch_size"] == batch
+    elif argv[0] == "fake-tensor":
+        assert out["peak_bytes"] > 0
     else:
         assert read_trace(tmp_path / "t.jsonl")[0]["metadata"]["batch_size"] == str(batch)
+
+
+def test_the_searches_take_an_entry_of_its_own_batch() -> None:
+    """`max-seq` traced such an entry at its --batch-size default of 1, which it could not take:
+    a warning about a flag never given, and an answer "at batch 1" of a job of 3; `min-world-size`
+    refused it without --batch-size (argparse's required flag, under the whole usage)."""
+    done = cli("max-seq", "--entry", "entry_example:own_batch_seq", "--limit", "64", "--json")
+    out = json.loads(done.stdout)
+    assert out["batch_size"] == 3 and out["max_seq_len"] == 64, out
+    assert not any("--batch-size" in w for w in out["warnings"]), out["warnings"]
+    text = cli("max-seq", "--entry", "entry_example:own_batch_seq", "--limit", "64").stdout
+    assert "longest sequence that fits at batch 3 " in text, text
+    done = cli("min-world-size", "--entry", "entry_example:fixed_batch", "--strategy", "ddp",
+               "--world-sizes", "2", "--json", check=False)  # fmt: skip
+    assert done.returncode in (0, 1) and json.loads(done.stdout)["batch_size"] == 4, done.stderr
+    done = cli("min-world-size", "--entry", "entry_example:make", "--strategy", "ddp",
+               check=False)  # fmt: skip
+    assert done.returncode == 2 and TAKES_BATCH in done.stderr and "usage:" not in done.stderr
 
 
 def test_estimate_and_max_batch_take_a_step(tmp_path: Path) -> None:

@@ -134,7 +134,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "--entry function taking `seq_len`. Exit status 0, or 1 when not even one step fits.",
     )
     model_source(q, "package.module:function taking seq_len", step=False)
-    q.add_argument("--batch-size", type=int, default=1, help="samples per step (default 1)")
+    q.add_argument(
+        "--batch-size",
+        type=int,
+        help="samples per step (default 1; an --entry function without a `batch_size` parameter "
+        "builds its own batch)",
+    )
     q.add_argument("--num-classes", type=int, help="classifier width (classification tasks)")
     _fit_args(q)
     q.add_argument(
@@ -159,7 +164,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "check of `estimate`; stops at the first that fits. Exit status 0, or 1 when none fits.",
     )
     _model_source(n, step=False)
-    n.add_argument("--batch-size", type=int, required=True, help="samples per step per GPU")
+    n.add_argument(
+        "--batch-size",
+        type=int,
+        help="samples per step per GPU (required with --model, and with an --entry function "
+        "that takes `batch_size`)",
+    )
     _fit_args(n)
     n.add_argument(
         "--world-sizes",
@@ -372,7 +382,12 @@ def _max_seq(args: argparse.Namespace) -> int:
 
     _searched(args, "max-seq", "seq_len", "the sequence length", "--limit caps it, "
               "--multiple-of sets its steps")  # fmt: skip
-    check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, optional=True)
+    from memtrace_trainer.workload import entry_takes as takes
+
+    batch = args.batch_size
+    if batch is None and (args.model or takes(args.entry, "batch_size")):
+        batch = 1  # the documented default; an entry without the parameter builds its own
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)
     if args.entry:
@@ -394,18 +409,33 @@ def _max_seq(args: argparse.Namespace) -> int:
         # The cap is the model's, not a --limit the user gave: the error names its source.
         raise UserError(f"--multiple-of {multiple}: expected at most {limit} tokens, the "
                         f"model's {cap} (a real run takes no longer sequence)")  # fmt: skip
-    trace_at = trace_model_seq(workloads_by_seq(values), _step(args), args.batch_size)
+    built, traced = _batch_seen(workloads_by_seq(values))
+    trace_at = trace_model_seq(built, _step(args), batch)
     result = max_seq(trace_at, steps, args.profile, args.capacity, limit, multiple, args.point)
     result["defaults"] |= steps_default(values, steps)
     # Why the search stopped where it did: only when it stopped at that limit.
     result["limit_why"] = _seq_limit_why(limit, cap, multiple) if result["hit_limit"] else None
     result["model"] = args.model or args.entry
-    result["batch_size"] = args.batch_size
+    # The batch traced: the one given or defaulted, or an entry's own (it was printed as 1).
+    batch = result["batch_size"] = traced.get("batch_size", batch)
     result["inputs"] = _search_inputs(args)
-    none = f"{result['need_at_seq_len']} tokens at batch {args.batch_size}"
-    found = f"longest sequence that fits at batch {args.batch_size}"
+    none = f"{result['need_at_seq_len']} tokens at batch {batch}"
+    found = f"longest sequence that fits at batch {batch}"
     return _search_answer(args, result, "max_seq_len", none, found, lambda n: f"{n} tokens",
                           " tokens")  # fmt: skip
+
+
+def _batch_seen(build: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, int]]:
+    """`build` (sizes -> a workload), and the batch size of the workloads it built: the one
+    asked for, or an --entry function's own when it takes no `batch_size`."""
+    seen: dict[str, int] = {}
+
+    def built(*sizes: Any) -> Any:
+        workload = build(*sizes)
+        seen["batch_size"] = workload.batch_size
+        return workload
+
+    return built, seen
 
 
 def _seq_limit(spec: str | None, limit: int) -> tuple[int, str | None]:
@@ -458,9 +488,10 @@ def _min_world_size(args: argparse.Namespace) -> int:
     from memtrace_trainer.maxbatch import min_world_size
     from memtrace_trainer.symtrace.tracer import trace_to_file
 
-    check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, optional=True)
     if args.strategy is None:
         raise UserError("min-world-size needs --strategy (fsdp2, ddp, ...): how the job shards")
+    require_batch_size(args.batch_size, args.entry)
     if args.world_size is not None:
         raise UserError("min-world-size searches the world size: give --world-sizes, not "
                         "--world-size")  # fmt: skip
@@ -476,7 +507,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
                    "optimizer state on every rank, so more ranks never lower a rank's need: "
                    f"probed only the smallest of --world-sizes, {ranks(sizes[0])}")  # fmt: skip
         sizes = sizes[:1]
-    build = _workloads(args)
+    build, traced = _batch_seen(_workloads(args))
     values = vars(args)
 
     def trace_at(world: int, prof: Any, path: Path) -> dict[str, Any]:
@@ -488,6 +519,8 @@ def _min_world_size(args: argparse.Namespace) -> int:
     result = min_world_size(trace_at, sizes, args.profile, args.capacity, args.point)
     result["model"] = args.model or args.entry
     result["strategy"] = args.strategy
+    # The batch traced: the one given, or an entry's own.
+    batch = result["batch_size"] = traced.get("batch_size", args.batch_size)
     result["defaults"] |= steps_default(values, resolve_steps(values))
     code = 0 if result["min_world_size"] else 1
     if answered_as_json(result, args.json):
@@ -506,7 +539,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
         return code
     gpus = "1 GPU" if result["min_world_size"] == 1 else f"{result['min_world_size']} GPUs"
     print(
-        f"{result['model']} ({args.strategy}, batch {args.batch_size} per GPU): fits on "
+        f"{result['model']} ({args.strategy}, batch {batch} per GPU): fits on "
         f"{gpus} of {where}; rank 0 needs "
         f"{result['need_bytes'] / MIB:.1f} MiB ({result['basis']}); "
         f"{notes.counted(len(result['probes']), 'probe')} in {result['seconds']:.1f} s"

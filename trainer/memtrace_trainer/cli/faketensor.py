@@ -52,7 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "defaults of its lines)",
     )
     shape_args(f)
-    f.add_argument("--batch-size", type=int, help="samples per step")
+    f.add_argument(
+        "--batch-size",
+        type=int,
+        help="samples per step (required with --model, and with an --entry function that takes "
+        "`batch_size`; a --gpumemnet-row gives its own)",
+    )
     f.add_argument("--json", action="store_true", help="print JSON (--batch always does)")
 
 

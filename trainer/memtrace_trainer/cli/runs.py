@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from memtrace_trainer.cli.common import traced_batch_size
 from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
 from memtrace_trainer.notes import counted, warn
@@ -32,7 +33,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     src = r.add_mutually_exclusive_group()
     src.add_argument("--model", help="model spec (as symtrace)")
     src.add_argument("--entry", metavar="MOD:FN", help="package.module:function (as symtrace)")
-    r.add_argument("--batch-size", type=int, help="samples per step (required)")
+    traced_batch_size(r)
     r.add_argument("--input-shape", help="per-sample input shape C,H,W (default: the model's)")
     r.add_argument("--seq-len", type=int, help="sequence length of token models")
     r.add_argument("--num-classes", type=int, help="classifier width (default: the model's)")
@@ -122,10 +123,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
 def _config_from_args(args: argparse.Namespace) -> object:
     if not args.model and not args.entry:
         raise UserError("one of --model or --entry is required")
-    # As `estimate` refuses it: an entry left without one trained at batch 1, said to be a
-    # --batch-size the user never gave, under a run id of "b1".
-    require_batch_size(args.batch_size)
-    check_batch_size(args.batch_size)
+    # As `estimate` takes it: a model, or an entry that takes `batch_size`, needs one (left
+    # without, it trained at batch 1 under a run id of "b1"); an entry of its own batch runs it.
+    check_batch_size(args.batch_size, optional=True)
+    require_batch_size(args.batch_size, args.entry)
     # Every field is a flag of `run`'s; one not given takes the config's default (10 iterations).
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
     cfg = RunConfig(**{name: value for name, value in given.items() if value is not None})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from typing import Any
 
@@ -23,7 +24,9 @@ class RunConfig:
 
     model: str | None = None
     entry: str | None = None
-    batch_size: int = 1
+    # None: an entry function without a `batch_size` parameter, whose own batch is the job's
+    # (`errors.require_batch_size`); a model has none of its own, and a run of one is refused.
+    batch_size: int | None = None
     input_shape: str | None = None
     seq_len: int | None = None
     # None: the model's own (ImageNet's 1000 for image models, transformers' 2 for a Hugging
@@ -44,6 +47,9 @@ class RunConfig:
         out = []
         if (self.model is None) == (self.entry is None):
             out.append("exactly one of model or entry is required")
+        elif self.model is not None and self.batch_size is None:
+            out.append("batch_size null: expected an integer of at least 1 (a model has no "
+                       "batch of its own)")  # fmt: skip
         for f in dataclasses.fields(self):
             problem = field_problem(f.name, getattr(self, f.name))
             if problem:
@@ -78,7 +84,8 @@ class RunConfig:
             fam = re.search(r'"family"\s*:\s*"(\w+)"', name)
             what = f"synthetic-{fam.group(1) if fam else 'model'}"
         slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-")[:40]
-        return f"{slug}-b{self.batch_size}-{digest}"
+        batch = "" if self.batch_size is None else f"-b{self.batch_size}"  # an entry's own
+        return f"{slug}{batch}-{digest}"
 
     @staticmethod
     def from_dict(data: dict[str, Any], source: str) -> RunConfig:
@@ -111,8 +118,8 @@ def field_problem(name: str, value: Any) -> str | None:
                 "profile": "a GPU profile name",
             }[name]
             return f"{name} {value!r}: expected {what} (a string) or null"
-    elif name in ("batch_size", "iterations", "grad_accum") or (
-        name in ("seq_len", "num_classes") and value is not None
+    elif name in ("iterations", "grad_accum") or (
+        name in ("batch_size", "seq_len", "num_classes") and value is not None
     ):
         if not is_integer(value):
             return f"{name} {value!r}: expected an integer of at least 1"
@@ -125,8 +132,9 @@ def field_problem(name: str, value: Any) -> str | None:
             return (f"optimizer {value!r}: its bitsandbytes kernels are emulated for estimates "
                     "only; real runs support the PyTorch and transformers ones")  # fmt: skip
     elif name == "seconds" and value is not None:
-        if not (is_number(value) and value > 0):
-            return f"seconds {value!r}: expected a positive number"
+        # inf trained forever, and a sweep's run never finished.
+        if not (is_number(value) and 0 < value < math.inf):
+            return f"seconds {value!r}: expected a positive number (finite)"
     elif name == "amp" and value is not None:
         if not isinstance(value, str) or value not in AMP:
             return f"amp {value!r}: expected one of {sorted(AMP)} or null"
@@ -138,6 +146,7 @@ def field_problem(name: str, value: Any) -> str | None:
         if not isinstance(value, str) or value not in DEVICES:
             return f"device {value!r}: expected one of {DEVICES}"
     elif name == "nvml_hz":
-        if not (is_number(value) and value >= 10):
-            return f"nvml_hz {value!r}: expected at least 10 (samples per second)"
+        # inf sampled with no pause between reads, a core spinning beside the run.
+        if not (is_number(value) and 10 <= value < math.inf):
+            return f"nvml_hz {value!r}: expected at least 10 (samples per second, finite)"
     return None
