@@ -163,53 +163,71 @@ fn decode<T>(
 /// for `extended`).
 #[inline(always)]
 pub(crate) fn alloc(following: &[u8], len: usize, extended: &mut u64) -> Option<Alloc> {
-    decode(following, len, extended, |c| {
-        Some(Alloc {
-            addr: c.u64()?,
-            size: c.u64()?,
-            stream: c.i64()?,
-            mem: c.variant().and_then(memory_kind)?,
-            api: c.api()?,
-            result: c.i32()?,
-            origin: c.variant().and_then(origin)?,
-            category: c.opt(|c| c.variant().and_then(category))?,
-            caller: c.opt(Cursor::u32)?,
-            stack: c.opt(Cursor::u32)?,
-        })
-    })
+    decode(
+        following,
+        len,
+        extended,
+        #[inline(always)]
+        |c| {
+            Some(Alloc {
+                addr: c.u64()?,
+                size: c.u64()?,
+                stream: c.i64()?,
+                mem: c.variant().and_then(memory_kind)?,
+                api: c.api()?,
+                result: c.i32()?,
+                origin: c.variant().and_then(origin)?,
+                category: c.opt(|c| c.variant().and_then(category))?,
+                caller: c.opt(Cursor::u32)?,
+                stack: c.opt(Cursor::u32)?,
+            })
+        },
+    )
 }
 
 /// A free body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
 pub(crate) fn free(following: &[u8], len: usize, extended: &mut u64) -> Option<Free> {
-    decode(following, len, extended, |c| {
-        Some(Free {
-            addr: c.u64()?,
-            size: c.opt(Cursor::u64)?,
-            stream: c.i64()?,
-            mem: c.variant().and_then(memory_kind)?,
-            api: c.api()?,
-            result: c.i32()?,
-            origin: c.variant().and_then(origin)?,
-            stage: c.variant().and_then(free_stage)?,
-            caller: c.opt(Cursor::u32)?,
-            stack: c.opt(Cursor::u32)?,
-        })
-    })
+    decode(
+        following,
+        len,
+        extended,
+        #[inline(always)]
+        |c| {
+            Some(Free {
+                addr: c.u64()?,
+                size: c.opt(Cursor::u64)?,
+                stream: c.i64()?,
+                mem: c.variant().and_then(memory_kind)?,
+                api: c.api()?,
+                result: c.i32()?,
+                origin: c.variant().and_then(origin)?,
+                stage: c.variant().and_then(free_stage)?,
+                caller: c.opt(Cursor::u32)?,
+                stack: c.opt(Cursor::u32)?,
+            })
+        },
+    )
 }
 
 /// A launch body, `following[..len]`, or `None` for the generic path (see [`decode`]).
 #[inline(always)]
 pub(crate) fn launch(following: &[u8], len: usize, extended: &mut u64) -> Option<KernelLaunch> {
-    decode(following, len, extended, |c| {
-        Some(KernelLaunch {
-            api: c.api()?,
-            name: c.opt(Cursor::u32)?,
-            grid: [c.u32()?, c.u32()?, c.u32()?],
-            block: [c.u32()?, c.u32()?, c.u32()?],
-            shared_mem: c.u32()?,
-            stream: c.i64()?,
-            result: c.i32()?,
-        })
-    })
+    decode(
+        following,
+        len,
+        extended,
+        #[inline(always)]
+        |c| {
+            Some(KernelLaunch {
+                api: c.api()?,
+                name: c.opt(Cursor::u32)?,
+                grid: [c.u32()?, c.u32()?, c.u32()?],
+                block: [c.u32()?, c.u32()?, c.u32()?],
+                shared_mem: c.u32()?,
+                stream: c.i64()?,
+                result: c.i32()?,
+            })
+        },
+    )
 }

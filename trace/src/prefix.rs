@@ -59,7 +59,7 @@ impl PrefixState {
     /// device that are absent or the same as before. `None` for anything else (the checked
     /// path reads it, or names what is wrong); the state is then unchanged.
     #[inline(always)]
-    fn decode_common(&mut self, body: &[u8]) -> Option<Prefix> {
+    pub(crate) fn decode_common(&mut self, body: &[u8]) -> Option<Prefix> {
         let (&flags, rest) = body.split_first()?;
         // One table lookup says the flags are of this shape; a thread or device is then either
         // absent or the one before, so the state keeps it.

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use simulator::alloc::TorchVersion;
 use simulator::snapshot::Caveats;
-use trace::{Header, Record};
+use trace::{Header, MapRecord, Record};
 
 /// Input kinds by extension.
 pub enum Kind {
@@ -168,7 +168,7 @@ pub struct SnapshotAs {
 /// needs only the record (sorting it for a replay) leaves the consuming thread.
 /// A snapshot is imported as `snapshot` says; `init` gets the allocator version it was imported
 /// under (`None` for a trace).
-pub fn for_each_mapped<S, T: Send, M: FnMut(Record) -> T + Send>(
+pub fn for_each_mapped<S, T: Send, M: MapRecord<T> + Send>(
     path: &Path,
     snapshot: &SnapshotAs,
     init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
@@ -187,7 +187,7 @@ enum Drops {
     OnConsumer,
 }
 
-fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
+fn read<S, T: Send, M: MapRecord<T> + Send>(
     path: &Path,
     snapshot: &SnapshotAs,
     init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
@@ -205,7 +205,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
             let mut state = init(&imported.header, Some(imported.version))?;
             let mut map = mapper(&state);
             for r in imported.records {
-                f(&mut state, &map(r))?;
+                f(&mut state, &map.record(r))?;
             }
             Ok(Read { header: imported.header, state, summary: None })
         }
@@ -239,7 +239,7 @@ fn read<S, T: Send, M: FnMut(Record) -> T + Send>(
                     while let Some(rec) = reader.next_record() {
                         // The reader's errors name the file and the line or byte already.
                         let rec = rec.with_context(|| format!("after {n} whole records"))?;
-                        f(&mut state, &map(rec))?;
+                        f(&mut state, &map.record(rec))?;
                         n += 1;
                         if n.is_multiple_of(65536) {
                             if let Some(b) = &bar {
@@ -270,7 +270,7 @@ const BATCH_RECORDS: usize = 4096;
 fn pipelined<S, T: Send>(
     reader: &mut trace::Reader<std::fs::File>,
     state: &mut S,
-    mut map: impl FnMut(Record) -> T + Send,
+    mut map: impl MapRecord<T> + Send,
     f: &mut impl FnMut(&mut S, &T) -> Result<()>,
     bar: Option<&ProgressBar>,
     drops: Drops,
@@ -283,7 +283,7 @@ fn pipelined<S, T: Send>(
             let mut batch = empty_rx.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_RECORDS));
             // Empty already when the consumer drops (see `Drops`).
             batch.clear();
-            let error = reader.next_records(&mut batch, BATCH_RECORDS, &mut map).err();
+            let error = reader.next_records_with(&mut batch, BATCH_RECORDS, &mut map).err();
             let last = batch.len() < BATCH_RECORDS || error.is_some();
             // The consumer hung up (an error in `f`): stop.
             if full_tx.send((batch, error, reader.summary().bytes_read)).is_err() || last {

@@ -7,7 +7,7 @@ use simulator::alloc::TorchVersion;
 use simulator::family::Family;
 use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, Outside, Verdict};
 use simulator::profile::Profile;
-use simulator::replay::{ReplayOptions, Step};
+use simulator::replay::{ReplayOptions, Steps};
 use simulator::units::{bytes_json, mib, mib_and_bytes, parse_capacity, Unbounded};
 
 use crate::batch::{self, outln, Output};
@@ -184,15 +184,7 @@ pub fn replay_file(
             FitReplay::new(h, opts, budget).with_context(|| format!("{}: cannot replay", file.display()))
         },
         // Records are sorted into replay steps on the decoding thread.
-        |rp| {
-            let mut classifier = rp.classifier();
-            // Inlined into the reader's decoding loop: 8% fewer instructions on that thread.
-            #[inline(always)]
-            move |r| match &mut classifier {
-                Some(c) => c.classify(r),
-                None => Step::Record(Box::new(r)),
-            }
-        },
+        |rp| Steps(rp.classifier()),
         |rp, s| {
             rp.observe_step(s);
             Ok(())

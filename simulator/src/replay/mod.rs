@@ -29,7 +29,7 @@ use device::DeviceState;
 use live::{LiveBlock, LiveBlocks};
 pub use report::{DeviceReport, EventRef, FirstOom, Fragmentation, IterationPeak, Peaks, RecordedOom, ReplayReport};
 pub use requests::Requests;
-pub use step::{Classifier, Seed, Step};
+pub use step::{Classifier, Seed, Step, Steps};
 
 /// Why a trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]

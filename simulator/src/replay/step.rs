@@ -15,7 +15,10 @@ use hashbrown::HashMap;
 
 use super::requests::{Decision, Requests};
 use trace::marker::{self, MarkerKind};
-use trace::{Api, BlockState, Category, ControlOp, Event, FreeStage, MemoryKind, Record, SegmentState, StateAt, VmmOp};
+use trace::{
+    Alloc, Api, BlockState, Category, ControlOp, Event, Free, FreeStage, MapRecord, MemoryKind, Record, SegmentState,
+    StateAt, VmmOp,
+};
 
 /// A record as the replay will use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -189,42 +192,54 @@ impl Classifier {
         let Record { device: dev, event, .. } = rec;
         let device = dev.unwrap_or(0);
         match event {
-            Event::Alloc(a) => match self.requests.decide(a.origin, a.mem, a.caller, a.result) {
-                Decision::Apply => Step::Alloc {
-                    device,
-                    id: self.ids.assign(device, a.addr),
-                    category: a.category,
-                    addr: a.addr,
-                    size: a.size,
-                    stream: a.stream,
-                },
-                d => {
-                    let held = self.requests.holds_device_memory(a.origin, a.mem, a.result);
-                    d.left_out(device, a.addr, if held { a.size } else { 0 }, false, a.mem)
-                }
-            },
-            Event::Free(f) => match self.requests.decide(f.origin, f.mem, f.caller, f.result) {
-                Decision::Apply => {
-                    // A requested free leaves the block live until its completion.
-                    let id = match f.stage {
-                        FreeStage::Requested => self.ids.find(device, f.addr),
-                        FreeStage::Immediate | FreeStage::Completed => self.ids.release(device, f.addr),
-                    };
-                    // A free of null frees nothing (`cudaFree(NULL)` initialises the context).
-                    if id.is_none() && f.addr == 0 {
-                        return Step::Skip;
-                    }
-                    Step::Free { device, stage: f.stage, addr: f.addr, id }
-                }
-                Decision::NotRequest if self.requests.released(f.origin, f.api == Api::CudaFree) => {
-                    Step::RecordedRelease { device }
-                }
-                d => {
-                    let released = self.requests.holds_device_memory(f.origin, f.mem, f.result);
-                    d.left_out(device, f.addr, 0, released, f.mem)
-                }
-            },
+            Event::Alloc(a) => self.classify_alloc(device, a),
+            Event::Free(f) => self.classify_free(device, f),
             e => self.classify_rare(device, e),
+        }
+    }
+
+    /// What an allocation on `device` is to the replay ([`classify`](Self::classify)'s arm).
+    #[inline(always)]
+    fn classify_alloc(&mut self, device: u32, a: Alloc) -> Step {
+        match self.requests.decide(a.origin, a.mem, a.caller, a.result) {
+            Decision::Apply => Step::Alloc {
+                device,
+                id: self.ids.assign(device, a.addr),
+                category: a.category,
+                addr: a.addr,
+                size: a.size,
+                stream: a.stream,
+            },
+            d => {
+                let held = self.requests.holds_device_memory(a.origin, a.mem, a.result);
+                d.left_out(device, a.addr, if held { a.size } else { 0 }, false, a.mem)
+            }
+        }
+    }
+
+    /// What a free on `device` is to the replay ([`classify`](Self::classify)'s arm).
+    #[inline(always)]
+    fn classify_free(&mut self, device: u32, f: Free) -> Step {
+        match self.requests.decide(f.origin, f.mem, f.caller, f.result) {
+            Decision::Apply => {
+                // A requested free leaves the block live until its completion.
+                let id = match f.stage {
+                    FreeStage::Requested => self.ids.find(device, f.addr),
+                    FreeStage::Immediate | FreeStage::Completed => self.ids.release(device, f.addr),
+                };
+                // A free of null frees nothing (`cudaFree(NULL)` initialises the context).
+                if id.is_none() && f.addr == 0 {
+                    return Step::Skip;
+                }
+                Step::Free { device, stage: f.stage, addr: f.addr, id }
+            }
+            Decision::NotRequest if self.requests.released(f.origin, f.api == Api::CudaFree) => {
+                Step::RecordedRelease { device }
+            }
+            d => {
+                let released = self.requests.holds_device_memory(f.origin, f.mem, f.result);
+                d.left_out(device, f.addr, 0, released, f.mem)
+            }
         }
     }
 
@@ -263,6 +278,38 @@ impl Classifier {
                 debug_assert!(counted_only(&e), "{e:?} reached the counted-only arm");
                 Step::Skip
             }
+        }
+    }
+}
+
+/// A replay's [`MapRecord`] for a decoding thread: each record as its [`Step`], by the replay's
+/// classifier (allocations and frees straight from their fields), or passed whole when the
+/// replay has none (it realises the trace).
+#[derive(Debug)]
+pub struct Steps(pub Option<Classifier>);
+
+impl MapRecord<Step> for Steps {
+    #[inline(always)]
+    fn record(&mut self, r: Record) -> Step {
+        match &mut self.0 {
+            Some(c) => c.classify(r),
+            None => Step::Record(Box::new(r)),
+        }
+    }
+
+    #[inline(always)]
+    fn alloc(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, a: Alloc) -> Step {
+        match &mut self.0 {
+            Some(c) => c.classify_alloc(device.unwrap_or(0), a),
+            None => Step::Record(Box::new(Record { ts_ns, tid, device, event: Event::Alloc(a) })),
+        }
+    }
+
+    #[inline(always)]
+    fn free(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, f: Free) -> Step {
+        match &mut self.0 {
+            Some(c) => c.classify_free(device.unwrap_or(0), f),
+            None => Step::Record(Box::new(Record { ts_ns, tid, device, event: Event::Free(f) })),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The streaming reader: a record at a time or a batch, constant memory, either form.
 
+mod hot;
 mod source;
 mod summary;
 
@@ -13,6 +14,7 @@ use crate::event::{Event, Record};
 use crate::header::Header;
 use crate::jsonl;
 use crate::write::Format;
+pub use hot::MapRecord;
 use source::{detect, Source, READ_BUFFER};
 use summary::{note, Stops};
 pub use summary::{Summary, PRODUCERS_ENDING_WITH_EXIT};
@@ -139,7 +141,7 @@ impl<R: Read> Reader<R> {
         // The common case first: a whole binary frame already in the buffer (always, for a
         // mapped file), decoded in place.
         let mut buffered = None;
-        match self.decode_buffered(1, |r| buffered = Some(r)) {
+        match self.decode_buffered(1, &mut |r| r, |r| buffered = Some(r)) {
             Ok(_) => {
                 if let Some(r) = buffered {
                     return Some(Ok(r));
@@ -188,19 +190,31 @@ impl<R: Read> Reader<R> {
         max: usize,
         map: &mut impl FnMut(Record) -> T,
     ) -> Result<bool, TraceError> {
+        self.next_records_with(out, max, map)
+    }
+
+    /// [`next_records`](Self::next_records) with a [`MapRecord`], which may take the hot kinds
+    /// (allocations and frees) field by field, with no record built.
+    #[inline]
+    pub fn next_records_with<T>(
+        &mut self,
+        out: &mut Vec<T>,
+        max: usize,
+        map: &mut impl MapRecord<T>,
+    ) -> Result<bool, TraceError> {
         let mut left = max;
         while left > 0 {
             if self.done {
                 return Ok(false);
             }
-            left -= self.decode_buffered(left, |r| out.push(map(r)))?;
+            left -= self.decode_buffered(left, map, |item| out.push(item))?;
             if left == 0 {
                 break;
             }
             // A frame split across buffer refills, a truncated end, JSON Lines: the general path.
             match self.next_record() {
                 Some(Ok(r)) => {
-                    out.push(map(r));
+                    out.push(map.record(r));
                     left -= 1;
                 }
                 Some(Err(e)) => return Err(e),
@@ -210,13 +224,19 @@ impl<R: Read> Reader<R> {
         Ok(true)
     }
 
-    /// Decodes the whole binary frames already buffered, up to `max` records, handing each to
-    /// `emit` and skipping (counting) unknown kinds; returns how many it handed over. Stops at
+    /// Decodes the whole binary frames already buffered, up to `max` records, handing each as
+    /// `map` maps it to `emit` and skipping (counting) unknown kinds; returns how many it handed
+    /// over (the hot kinds reach `map` field by field: `hot.rs`). Stops at
     /// the first frame that is not whole (the general path reads it). An error ends the reader
     /// and names the file. The frame decoder is inlined here (`decode_frame` is not), so that a
     /// record is built where `emit` takes it, not returned through `decode_frame`'s result.
     #[inline(always)]
-    fn decode_buffered(&mut self, max: usize, mut emit: impl FnMut(Record)) -> Result<usize, TraceError> {
+    fn decode_buffered<T>(
+        &mut self,
+        max: usize,
+        map: &mut impl MapRecord<T>,
+        mut emit: impl FnMut(T),
+    ) -> Result<usize, TraceError> {
         let Form::Binary { state } = &mut self.form else { return Ok(0) };
         let buf = self.src.buffer();
         let (mut used, mut records, mut unknown, mut extended) = (0usize, 0usize, 0u64, 0u64);
@@ -225,13 +245,20 @@ impl<R: Read> Reader<R> {
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
+            if let Some(item) = hot::map_hot(state, tag, &buf[used + at..], len, &mut extended, &mut stops, map) {
+                used += at + len;
+                last_exit = Some(false);
+                emit(item);
+                records += 1;
+                continue;
+            }
             let offset = self.summary.bytes_read + used as u64;
             let d = codec::decode_frame_with(state, tag, &buf[used + at..], len, true, offset, &mut extended);
             used += at + len;
             match d {
                 Ok(Decoded::Record(r)) => {
                     last_exit = Some(note(&r.event, &mut lost, &mut stops));
-                    emit(r);
+                    emit(map.record(r));
                     records += 1;
                 }
                 Ok(Decoded::Unknown { tag }) => {

@@ -259,7 +259,7 @@ impl Summary {
 
 /// Count a record made by `api` when this version does not know it.
 #[inline(always)]
-fn note_api(api: Api, stops: &mut Stops) {
+pub(super) fn note_api(api: Api, stops: &mut Stops) {
     if let Api::Unknown(code) = api {
         note_unknown_api(code, stops);
     }

@@ -1,6 +1,7 @@
 //! `Reader::next_records` (batches, the decoding thread's path) yields what `next_record` yields
 //! one at a time: the same records in the same order, the same first error, the same summary,
-//! for whole, cut, damaged and unknown-tag inputs, streamed or mapped from a file.
+//! for whole, cut, damaged and unknown-tag inputs, streamed or mapped from a file; also through a
+//! `MapRecord` that takes allocations and frees field by field (`next_records_with`, a replay's).
 
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -24,26 +25,56 @@ fn one_by_one<R: std::io::Read>(mut r: Reader<R>) -> Outcome {
     (Ok(out), r.summary())
 }
 
-/// Reads in batches of `batch`, through a mapper, as the decoding thread does; checks that every
-/// batch but the last is full and that the reader stays ended.
-fn batched<R: std::io::Read>(mut r: Reader<R>, batch: usize) -> Outcome {
+/// A mapper that takes allocations and frees field by field, as a replay's does, and builds the
+/// record they stand for; it counts the records it was given either way.
+#[derive(Default)]
+struct Fields {
+    seen: usize,
+}
+
+impl MapRecord<Record> for Fields {
+    fn record(&mut self, r: Record) -> Record {
+        self.seen += 1;
+        r
+    }
+
+    fn alloc(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, a: Alloc) -> Record {
+        self.seen += 1;
+        Record { ts_ns, tid, device, event: Event::Alloc(a) }
+    }
+
+    fn free(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, f: Free) -> Record {
+        self.seen += 1;
+        Record { ts_ns, tid, device, event: Event::Free(f) }
+    }
+}
+
+/// Reads in batches of `batch`, through a mapper (a closure, or [`Fields`] with `fields`), as the
+/// decoding thread does; checks that every batch but the last is full and that the reader stays
+/// ended.
+fn batched<R: std::io::Read>(mut r: Reader<R>, batch: usize, fields: bool) -> Outcome {
     let mut out = Vec::new();
     let seen = std::cell::Cell::new(0);
     let mut map = |rec: Record| {
         seen.set(seen.get() + 1);
         rec
     };
+    let mut by_fields = Fields::default();
+    let mut next = |r: &mut Reader<R>, out: &mut Vec<Record>| match fields {
+        true => r.next_records_with(out, batch, &mut by_fields),
+        false => r.next_records(out, batch, &mut map),
+    };
     loop {
         let before = out.len();
-        match r.next_records(&mut out, batch, &mut map) {
+        match next(&mut r, &mut out) {
             Ok(true) => assert_eq!(out.len() - before, batch, "a batch that did not end the input is full"),
             Ok(false) => break,
             Err(e) => return (Err(e.to_string()), r.summary()),
         }
     }
-    assert_eq!(seen.get(), out.len(), "every record went through the mapper once");
     let mut more = Vec::new();
-    assert!(matches!(r.next_records(&mut more, batch, &mut map), Ok(false)) && more.is_empty(), "reader restarted");
+    assert!(matches!(next(&mut r, &mut more), Ok(false)) && more.is_empty(), "reader restarted");
+    assert_eq!(seen.get() + by_fields.seen, out.len(), "every record went through the mapper once");
     (Ok(out), r.summary())
 }
 
@@ -52,8 +83,10 @@ fn agree(bytes: &[u8], what: &str) {
     let Ok(reader) = open_reader(bytes) else { return };
     let want = one_by_one(reader);
     for batch in [1, 2, 3, 7, 4096] {
-        let got = batched(open_reader(bytes).expect("header read once already"), batch);
-        assert_eq!(got, want, "{what}, batches of {batch}");
+        for fields in [false, true] {
+            let got = batched(open_reader(bytes).expect("header read once already"), batch, fields);
+            assert_eq!(got, want, "{what}, batches of {batch}, field by field: {fields}");
+        }
     }
 }
 
@@ -98,6 +131,7 @@ proptest! {
         std::fs::write(&path, binary(&h, &recs)).unwrap();
         let want = one_by_one(Reader::open(&path).unwrap());
         prop_assert_eq!(want.0.as_ref(), Ok(&recs));
-        prop_assert_eq!(batched(Reader::open(&path).unwrap(), batch), want);
+        prop_assert_eq!(&batched(Reader::open(&path).unwrap(), batch, false), &want);
+        prop_assert_eq!(batched(Reader::open(&path).unwrap(), batch, true), want);
     }
 }

@@ -1,0 +1,90 @@
+//! What a batch read turns records into ([`MapRecord`]), and the path that hands the hot kinds
+//! (allocations and frees) to it field by field, with no [`Record`] built around them.
+//!
+//! Why: a replay's decoding thread sorts each record into a small step and drops the rest. A
+//! record built only to be taken apart again is 112 bytes written and moved twice per record
+//! (docs/benchmarks.md, twenty-fifth session).
+
+use super::summary::{note_api, Stops};
+use crate::api::Api;
+use crate::codec::PrefixState;
+use crate::event::{Alloc, Event, Free, Record};
+use crate::fastread;
+
+/// Turns each record of [`Reader::next_records_with`](super::Reader::next_records_with) into an
+/// item. [`record`](Self::record) takes every record; [`alloc`](Self::alloc) and
+/// [`free`](Self::free) take the allocations and frees the fast decoder reads (most of them), as
+/// their prefix and body, and by default build the record and hand it to `record`. A mapper that
+/// overrides them must map them as `record` maps the record they make. Every `FnMut(Record) -> T`
+/// is one.
+pub trait MapRecord<T> {
+    /// The item of a record.
+    fn record(&mut self, r: Record) -> T;
+
+    /// The item of the record `Record { ts_ns, tid, device, event: Event::Alloc(a) }`.
+    #[inline(always)]
+    fn alloc(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, a: Alloc) -> T {
+        self.record(Record { ts_ns, tid, device, event: Event::Alloc(a) })
+    }
+
+    /// The item of the record `Record { ts_ns, tid, device, event: Event::Free(f) }`.
+    #[inline(always)]
+    fn free(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, f: Free) -> T {
+        self.record(Record { ts_ns, tid, device, event: Event::Free(f) })
+    }
+}
+
+impl<T, F: FnMut(Record) -> T> MapRecord<T> for F {
+    #[inline(always)]
+    fn record(&mut self, r: Record) -> T {
+        self(r)
+    }
+}
+
+/// The item of the frame with tag `tag` and body `following[..len]` (`following`: the input from
+/// the body on), when it is an allocation or a free with a common prefix that the fast decoder
+/// reads; the prefix state advances and its API is noted in `stops`. `None` otherwise, with the
+/// state as it was: the general decoder then reads the frame.
+#[inline(always)]
+pub(super) fn map_hot<T>(
+    state: &mut PrefixState,
+    tag: u8,
+    following: &[u8],
+    len: usize,
+    extended: &mut u64,
+    stops: &mut Stops,
+    map: &mut impl MapRecord<T>,
+) -> Option<T> {
+    if tag != 1 && tag != 2 {
+        return None;
+    }
+    let before = state.ts;
+    let p = state.decode_common(following.get(..len)?)?;
+    let (body, left) = (&following[p.len..], len - p.len);
+    let api: Api;
+    let item = if tag == 1 {
+        match fastread::alloc(body, left, extended) {
+            Some(a) => {
+                api = a.api;
+                map.alloc(p.ts, p.tid, p.device, a)
+            }
+            None => {
+                state.ts = before;
+                return None;
+            }
+        }
+    } else {
+        match fastread::free(body, left, extended) {
+            Some(f) => {
+                api = f.api;
+                map.free(p.ts, p.tid, p.device, f)
+            }
+            None => {
+                state.ts = before;
+                return None;
+            }
+        }
+    };
+    note_api(api, stops);
+    Some(item)
+}
