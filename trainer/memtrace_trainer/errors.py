@@ -48,15 +48,22 @@ def require_batch_size(batch_size: int | None, entry: str | None = None) -> None
     at batch 1). `entry`: a function without the parameter builds its own batch, whose size is
     the job's (`load_entry` reads it, and says when a --batch-size given differs), as a `--step`
     function of the device alone takes none."""
-    if batch_size is None:
-        from memtrace_trainer.workload import entry_takes  # imports torch: only for an entry
-
+    if batch_size is None and needs_batch_size(entry):
         if entry is None:
             raise UserError("--batch-size is required with --model (a model spec has no batch "
                             "of its own)")  # fmt: skip
-        if entry_takes(entry, "batch_size"):
-            raise UserError(f"--batch-size is required with --entry {entry}: the function takes "
-                            "`batch_size`, so the job has no batch until one is given")  # fmt: skip
+        raise UserError(f"--batch-size is required with --entry {entry}: the function takes "
+                        "`batch_size`, so the job has no batch until one is given")  # fmt: skip
+
+
+def needs_batch_size(entry: str | None) -> bool:
+    """Whether a job needs a batch size given: a model (`entry` None) always, an entry function
+    when it takes `batch_size` (one without builds its own batch, the job's)."""
+    if entry is None:
+        return True
+    from memtrace_trainer.workload import entry_takes  # imports torch: only for an entry
+
+    return entry_takes(entry, "batch_size")
 
 
 def is_integer(v: object) -> bool:

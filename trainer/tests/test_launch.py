@@ -385,6 +385,15 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
     assert done.returncode == 2 and "give family" in done.stderr, done.stderr
 
 
+def test_a_sweep_takes_an_entry_of_its_own_batch(tmp_path: Path) -> None:
+    """An entry function without a `batch_size` parameter builds its own batch (as `run`,
+    `estimate` and the others take it): a sweep refused it for want of a batch_size."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models: [{entry: 'entry_example:fixed_batch'}]\nrun: {iterations: 1}\n")
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run")
+    assert "entry:entry_example:fixed_batch  batch (the entry's own)" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize(
     ("sweep_text", "said"),
     [
@@ -392,9 +401,14 @@ def test_bad_run_settings_of_a_launch_sweep_are_named(tmp_path: Path) -> None:
          "run 0 (torchvision:nosuch): unknown torchvision model 'nosuch' in spec"),
         ("models: [{entry: 'nosuch_module:make', batch_size: 2}]\n", "run 0 (nosuch_module:make): "
          "entry 'nosuch_module:make': cannot import 'nosuch_module'"),
-        # An entry as a model: it trained at batch 1, the dataclass default, in silence.
+        # An entry that takes `batch_size` as a model: it trained at batch 1, the dataclass
+        # default, in silence.
         ("models: [{entry: 'entry_failures:sized'}]\nrun: {iterations: 1}\n",
          ": 1 run has no batch_size (run 0: entry_failures:sized)"),
+        ("models: [{entry: 'nosuch_module:make'}]\n", "run 0 (nosuch_module:make): "
+         "entry 'nosuch_module:make': cannot import 'nosuch_module'"),
+        ("models: [{entry: 'entry_failures:sized', batch_size: 2}]\n"
+         "run: {iterations: 1, seconds: .inf}\n", "seconds inf: expected a positive number"),
         ("models: [torchvision:resnet18, torchvision:resnet34]\nrun: {iterations: 1}\n",
          "2 runs have no batch_size (run 0: torchvision:resnet18)"),
         ("models: [torchvision:resnet18]\nrun: {iterations: 1}\n",

@@ -268,7 +268,8 @@ def _launch(args: argparse.Namespace) -> int:
             c = it.config
             print(
                 f"{it.index:5d}  {c.id}  {status_of(args.out, it, submitted):13s}  "
-                f"{c.model or 'entry:' + str(c.entry)}  batch {c.batch_size}"
+                f"{c.model or 'entry:' + str(c.entry)}  batch "
+                + ("(the entry's own)" if c.batch_size is None else str(c.batch_size))
             )
         print(f"{len(items)} config{'s' * (len(items) != 1)} (dry run: nothing was run)",
               file=sys.stderr)  # fmt: skip

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.errors import UserError, is_integer
+from memtrace_trainer.errors import UserError, is_integer, needs_batch_size
 from memtrace_trainer.models.sampling import check_range, check_seed, draw, read_sweep, sample
 from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.config import NUMERIC, RunConfig, field_problem
@@ -196,12 +196,9 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
              + ("gives" if len(both) == 1 else "give")
              + " seconds, "
              "which decides how long a run trains")  # fmt: skip
-    items = [
-        Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)
-    ]
-    # A run left without one trained at batch 1, the dataclass default; `run` refuses it (an
-    # entry's too: `estimate --entry` requires --batch-size).
-    unsized = [(i, r) for i, r in enumerate(raw) if r.get("batch_size") is None]
+    # A run left without one, as `run` refuses it (it trained at batch 1, the dataclass default
+    # that was); an entry function without a `batch_size` parameter runs at its own batch.
+    unsized = [(i, r) for i, r in enumerate(raw) if _unsized(r)]
     if unsized:
         i, r = unsized[0]
         raise UserError(f"{source}: {counted(len(unsized), 'run')} "
@@ -210,7 +207,18 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
                         f"{r.get('model') or r.get('entry')}); give batch_size in run, in "
                         "batch_sizes, or in the "
                         "models item")  # fmt: skip
-    return items
+    return [Item(i, RunConfig.from_dict(r, f"{source}: run {i}"), trace) for i, r in enumerate(raw)]
+
+
+def _unsized(run: dict[str, Any]) -> bool:
+    """A run without the batch size its job needs (`errors.needs_batch_size`)."""
+    entry = run.get("entry")
+    if run.get("batch_size") is not None or not isinstance(entry, str | None):
+        return False  # a batch size, or an entry that is no MOD:FN: `RunConfig` names it
+    try:
+        return needs_batch_size(entry)
+    except UserError:
+        return False  # an entry that does not import: the preflight names it, with its run
 
 
 def load_sweep(path: Path) -> list[Item]:
