@@ -232,6 +232,12 @@ def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
         "kernel-stats", "--model", "dlrm", "--batch-size", "2", "--optimizer", "x", check=False
     )
     assert opt.returncode == 2 and "--optimizer" in opt.stderr
+    # A CSV of a header alone wrote an --out of a header alone, and exited 0.
+    data.write_text("Filename\n")
+    out = tmp_path / "k.csv"
+    empty = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(out), check=False)
+    assert empty.returncode == 2 and f"--gpumemnet {data}: no rows" in empty.stderr, empty.stderr
+    assert not out.exists()
 
 
 def test_flags_of_the_other_source_are_said_to_have_no_effect(tmp_path: Path) -> None:

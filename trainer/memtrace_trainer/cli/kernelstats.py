@@ -107,6 +107,10 @@ def _dataset_keys(path: Path, limit: int | None) -> list[str]:
         if reader.fieldnames is None or KEY not in reader.fieldnames:
             raise UserError(f"{path}: no {KEY!r} column (expected a GPUMemNet dataset CSV)")
         keys = [row[KEY].strip() for row in reader]
+    if not keys:
+        # It wrote an --out of a header alone and exited 0, as if every row had been computed.
+        raise UserError(f"--gpumemnet {path}: no rows under its header (expected a GPUMemNet "
+                        "dataset CSV with rows); nothing was written")  # fmt: skip
     return keys[:limit] if limit is not None else keys
 
 
