@@ -9,7 +9,9 @@
 //! - `expandable`: expandable segments (reservations, page mapping and unmapping);
 //! - `state`: seeding a mid-run starting state and snapshot-style views;
 //! - `stats`: `memory_stats()` counters;
+//! - `addr_map`: the map by address of the live blocks (and of a replay's classifier's numbers);
 
+pub(crate) mod addr_map;
 mod block;
 mod capacity;
 mod chosen;

@@ -4,8 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use hashbrown::HashMap;
-
+use super::addr_map::AddrMap;
 use super::block::{key, unkey, Arena, Block, Pool, State, NIL};
 use super::config::AllocatorConfig;
 use super::request::{DeviceEvent, OomInfo, Outcome, ReplayError, Request};
@@ -77,7 +76,7 @@ pub struct Allocator {
     pub(super) arena: Arena,
     pub(super) pools: [Pool; 2],
     /// Allocated and pending-free blocks by address.
-    pub(super) live: HashMap<u64, u32>,
+    pub(super) live: AddrMap,
     pub(super) segments: BTreeMap<u64, Segment>,
     pub(super) pending_events: Vec<u32>,
     pub(super) allowed_max: Option<u64>,
@@ -112,7 +111,7 @@ impl Allocator {
             total_memory,
             arena: Arena::default(),
             pools: [Pool::default(), Pool::default()],
-            live: HashMap::new(),
+            live: AddrMap::default(),
             segments: BTreeMap::new(),
             pending_events: Vec::new(),
             allowed_max,
@@ -180,7 +179,7 @@ impl Allocator {
             }
             Request::FreeCompleted { addr } => {
                 // One map operation: the block leaves `live` here, and goes back on a refusal.
-                let i = self.live.remove(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                let i = self.live.remove(addr).ok_or(ReplayError::UnknownAddress { addr })?;
                 match self.arena[i].state {
                     State::Allocated => {
                         self.live.insert(addr, i);
@@ -193,7 +192,7 @@ impl Allocator {
                 self.free_unlisted_block(i);
             }
             Request::RecordStream { addr, stream } => {
-                let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                let i = self.live.get(addr).ok_or(ReplayError::UnknownAddress { addr })?;
                 let b = &mut self.arena[i];
                 if b.state != State::Allocated {
                     return Err(ReplayError::NotAllocated { addr });
@@ -219,7 +218,7 @@ impl Allocator {
 
     /// `free()`: the program's release; allocated counters drop at once.
     fn request_free(&mut self, addr: u64) -> Result<u32, ReplayError> {
-        let i = *self.live.get(&addr).ok_or(ReplayError::UnknownAddress { addr })?;
+        let i = self.live.get(addr).ok_or(ReplayError::UnknownAddress { addr })?;
         let b = &self.arena[i];
         if b.state != State::Allocated {
             return Err(ReplayError::DoubleFree { addr });
@@ -432,7 +431,7 @@ impl Allocator {
     /// `free_block`: the memory becomes reusable; merge and return to the pool.
     pub(super) fn free_block(&mut self, i: u32) {
         let addr = self.arena[i].addr;
-        self.live.remove(&addr);
+        self.live.remove(addr);
         self.free_unlisted_block(i);
     }
 

@@ -11,9 +11,8 @@
 //! [`Replayer::observe`](super::Replayer::observe) sorts each record with a classifier of its
 //! own, so a record fed whole and its step fed from another thread take one code path.
 
-use hashbrown::HashMap;
-
 use super::requests::{Decision, Requests};
+use crate::alloc::addr_map::AddrMap;
 use trace::marker::{self, MarkerKind};
 use trace::{
     Alloc, Api, BlockState, Category, ControlOp, Event, Free, FreeStage, MapRecord, MemoryKind, Record, SegmentState,
@@ -143,22 +142,22 @@ pub struct Classifier {
 #[derive(Debug, Clone, Default)]
 struct Ids {
     /// Sorted by device id; a linear search, as a trace names one device or a few.
-    by_device: Vec<(u32, HashMap<u64, u32>)>,
+    by_device: Vec<(u32, AddrMap)>,
     vacant: Vec<u32>,
     next: u32,
 }
 
 impl Ids {
     #[inline(always)]
-    fn of(&mut self, device: u32) -> &mut HashMap<u64, u32> {
-        super::per_device(&mut self.by_device, device, HashMap::new)
+    fn of(&mut self, device: u32) -> &mut AddrMap {
+        super::per_device(&mut self.by_device, device, AddrMap::default)
     }
 
     #[inline(always)]
     fn assign(&mut self, device: u32, addr: u64) -> u32 {
-        let map = super::per_device(&mut self.by_device, device, HashMap::new);
+        let map = super::per_device(&mut self.by_device, device, AddrMap::default);
         let (vacant, next) = (&mut self.vacant, &mut self.next);
-        *map.entry(addr).or_insert_with(|| {
+        map.get_or_insert_with(addr, || {
             vacant.pop().unwrap_or_else(|| {
                 *next += 1;
                 *next - 1
@@ -168,14 +167,14 @@ impl Ids {
 
     #[inline(always)]
     fn release(&mut self, device: u32, addr: u64) -> Option<u32> {
-        let id = self.of(device).remove(&addr)?;
+        let id = self.of(device).remove(addr)?;
         self.vacant.push(id);
         Some(id)
     }
 
     #[inline(always)]
     fn find(&mut self, device: u32, addr: u64) -> Option<u32> {
-        self.of(device).get(&addr).copied()
+        self.of(device).get(addr)
     }
 }
 
