@@ -32,6 +32,10 @@ pub struct Answer {
     pub device_mib: Option<f64>,
     /// Allocator level (`max_memory_reserved`), where the estimator models it.
     pub reserved_mib: Option<f64>,
+    /// `reserved_mib` is a failed allocation's floor (the bytes held then plus its size), not a
+    /// peak the model reached: an allocation no capacity places. Written only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reserved_oom_floor: bool,
     /// Peak allocated (`max_memory_allocated`), where the estimator models it.
     pub allocated_mib: Option<f64>,
     /// The point plus the profile's calibrated safety margin (the headline only; absent, like
@@ -56,6 +60,7 @@ impl Answer {
         Answer {
             device_mib: Some(device_mib),
             reserved_mib,
+            reserved_oom_floor: false,
             allocated_mib: None,
             safe_mib: None,
             level,
@@ -374,6 +379,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
         Some(Answer {
             device_mib: bounded(sym.predicted_device_peak),
             reserved_mib: Some(mib(sym.predicted_reserved_peak)),
+            reserved_oom_floor: sym.reserved_is_oom_floor,
             allocated_mib: Some(mib(sym.predicted_allocated_peak)),
             safe_mib: bounded(safe),
             level: "device",

@@ -39,6 +39,9 @@ pub struct AnswerView {
     /// Allocator level, where modelled.
     #[serde(default)]
     pub reserved_mib: Option<f64>,
+    /// `reserved_mib` is a failed allocation's floor, not a peak.
+    #[serde(default)]
+    pub reserved_oom_floor: bool,
     /// Peak allocated, where modelled.
     #[serde(default)]
     pub allocated_mib: Option<f64>,
@@ -125,6 +128,7 @@ impl From<&EstimateReport> for EstimateView {
             device_mib: a.device_mib,
             safe_mib: a.safe_mib,
             reserved_mib: a.reserved_mib,
+            reserved_oom_floor: a.reserved_oom_floor,
             allocated_mib: a.allocated_mib,
             level: a.level.to_string(),
             ignores: a.ignores.to_string(),
@@ -174,12 +178,26 @@ impl EstimateText {
             vec![format!("  capacity {capacity} ({}); margin: {}", v.capacity_source.describe(), r.margin.note)];
         if let Some(Some(sym)) = r.estimates.get(&r.headline) {
             let o = &r.outside_allocator;
+            // A failed allocation's floor is no peak: said as memsim says it, so that the peaks
+            // and per-step figures beside it (which never count the request) do not contradict it.
+            let reserved = if sym.reserved_oom_floor {
+                format!(
+                    "reserved at least {:.1} MiB (an allocation failed: the bytes held then plus its size; peak \
+                     allocated {:.1} MiB)",
+                    sym.reserved_mib.unwrap_or(0.0),
+                    sym.allocated_mib.unwrap_or(0.0)
+                )
+            } else {
+                format!(
+                    "peak reserved {:.1} MiB (peak allocated {:.1} MiB)",
+                    sym.reserved_mib.unwrap_or(0.0),
+                    sym.allocated_mib.unwrap_or(0.0)
+                )
+            };
             details.push(format!(
-                "  {}: peak reserved {:.1} MiB (peak allocated {:.1} MiB) + outside the allocator {:.1} MiB \
+                "  {}: {reserved} + outside the allocator {:.1} MiB \
                  (context {:.1}, cuBLAS {:.1}, cuDNN {:.1}, NCCL {:.1}{}; libraries from {})",
                 r.headline,
-                sym.reserved_mib.unwrap_or(0.0),
-                sym.allocated_mib.unwrap_or(0.0),
                 o.total_mib,
                 o.context_mib,
                 o.cublas_mib,
@@ -193,7 +211,11 @@ impl EstimateText {
                     Some(m) => format!("steady (steps 2-{}) {m:.1} MiB", st.count),
                     None => "one step traced: no steady state".into(),
                 };
-                details.push(format!("  per step: first {:.1} MiB, {steady} (device level)", st.first_step_device_mib));
+                let failed = if sym.reserved_oom_floor { "; the failed allocation is in no step's peak" } else { "" };
+                details.push(format!(
+                    "  per step: first {:.1} MiB, {steady} (device level{failed})",
+                    st.first_step_device_mib
+                ));
             }
         }
         let path = r.profile_path.as_deref().unwrap_or(&r.profile);

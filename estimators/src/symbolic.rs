@@ -16,6 +16,9 @@ pub struct SymbolicEstimate {
     /// `max_memory_reserved()` the allocator model reaches: at the capacity's allocator budget
     /// when the unlimited replay would not fit but the capped one survives (the OOM retry path).
     pub predicted_reserved_peak: u64,
+    /// Whether `predicted_reserved_peak` is no peak the model reached but a failed allocation's
+    /// floor: the bytes held when it failed plus its size ([`simulator::fit::FitOutcome::need_is_oom_floor`]).
+    pub reserved_is_oom_floor: bool,
     /// `max_memory_allocated()`.
     pub predicted_allocated_peak: u64,
     /// Reserved peak plus the memory outside the allocator: nvidia-smi's view.
@@ -77,6 +80,7 @@ pub fn symbolic(
     let device = fit.device_peak(outside);
     Ok(SymbolicEstimate {
         predicted_reserved_peak: fit.reserved_need(),
+        reserved_is_oom_floor: fit.need_is_oom_floor(),
         predicted_allocated_peak: fit.report.peaks.peak_allocated_bytes,
         predicted_device_peak: device,
         outside_allocator: fit.beside(outside),

@@ -18,7 +18,8 @@ JSON output (--json) is schema 3, the contract `python -m memtrace_trainer estim
 {\"schema\": 3, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
 \"need_unbounded\" (why no device holds the need; the MiB are then null), \"capacity_mib\", \"capacity_source\", \
 \"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
-\"allocated_mib\", \"safe_mib\" (symbolic), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
+\"allocated_mib\", \"safe_mib\" (symbolic), \"reserved_oom_floor\" (symbolic, only when true: the \
+reserved is a failed allocation's floor), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
 \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"margin\": {...}, \"seconds\", \"unavailable\", \"profile\", \
 \"profile_name\", \"gpu\", \"gpu_total_mib\", \"family\", \"oom_predicted\", \"warnings\",\n  \
 \"text\": {\"headline\", \"verdict\", \"details\", \"baselines\"}}\n\

@@ -99,3 +99,48 @@ fn render_refuses_a_null_need_without_its_reason_and_a_number_beside_one() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["verdict"]["need_unbounded"].is_null() && v["verdict"]["need_mib"].as_f64().is_some(), "{out}");
 }
+
+/// An allocation larger than any segment (past 256 TiB) fails at every capacity: the reserved
+/// figure is then that failure's floor, not a peak, and the words say so beside the peaks and
+/// per-step figures that never count the request.
+#[test]
+fn an_allocation_no_capacity_places_is_said_as_a_floor_not_a_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = [("batch_size", "8"), ("optimizer", "adam"), ("amp", "fp32"), ("cuda_emulation", "true")];
+    let huge = 1u64 << 50;
+    let ops = [('i', 0, 1), ('a', 1, 3 * MIB), ('a', 2, huge), ('f', 2, 0), ('f', 1, 0), ('i', 0, 2), ('a', 3, MIB)];
+    let t = dir.path().join("huge.jsonl");
+    std::fs::write(&t, jsonl_trace(&meta, &ops)).unwrap();
+    let t = t.display().to_string();
+    let (code, out, err) = memest_code(&["estimate", "--trace", &t, "--json"]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    let sym = &v["estimates"]["symbolic"];
+    assert_eq!(sym["reserved_oom_floor"], true, "{sym}");
+    assert!(sym["reserved_mib"].as_f64().unwrap() >= (huge / MIB) as f64, "{sym}");
+    // A baseline's reserved figure is its own model's, never a floor: the key is left out.
+    for (name, a) in v["estimates"].as_object().unwrap() {
+        if name != "symbolic" && !a.is_null() {
+            assert!(a.get("reserved_oom_floor").is_none(), "{name}: {a}");
+        }
+    }
+    let (_, text, _) = memest_code(&["estimate", "--trace", &t]);
+    assert!(text.contains("symbolic: reserved at least "), "{text}");
+    assert!(text.contains("an allocation failed"), "{text}");
+    assert!(!text.contains("peak reserved"), "{text}");
+    assert!(text.contains("the failed allocation is in no step's peak"), "{text}");
+    // `render` reads the flag back from the JSON and words it the same.
+    let est = dir.path().join("est.json");
+    std::fs::write(&est, &out).unwrap();
+    let (code, rendered, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert_eq!((code, rendered.as_str()), (0, text.as_str()), "{err}");
+
+    // A job that fits keeps the word "peak" and writes no flag.
+    let small = dir.path().join("small.jsonl");
+    std::fs::write(&small, jsonl_trace(&meta, &[('a', 1, 3 * MIB), ('f', 1, 0)])).unwrap();
+    let (code, out, err) = memest_code(&["estimate", "--trace", small.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["estimates"]["symbolic"].get("reserved_oom_floor").is_none(), "{}", v["estimates"]["symbolic"]);
+    assert!(v["text"]["details"].to_string().contains("peak reserved"), "{}", v["text"]);
+}
