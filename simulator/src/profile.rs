@@ -26,6 +26,15 @@ pub enum ProfileError {
         /// The profile names in the profiles directory.
         known: Vec<String>,
     },
+    /// The path names something that exists but is no file (a folder, a device).
+    #[error("profile {}: not a file (expected a profile .toml file, or a name: {})", path.display(),
+        if known.is_empty() { "none known".to_string() } else { known.join(", ") })]
+    NotAFile {
+        /// The path given.
+        path: PathBuf,
+        /// The profile names in the profiles directory.
+        known: Vec<String>,
+    },
     /// The file could not be read.
     #[error("cannot read profile {path}: {source}")]
     Io {
@@ -374,6 +383,9 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ProfileError> {
     if name_or_path.ends_with(".toml") || name_or_path.contains('/') {
         if direct.is_file() {
             return Ok(direct);
+        }
+        if direct.exists() {
+            return Err(ProfileError::NotAFile { path: direct, known: known_profiles() });
         }
         tried.push(direct);
     } else {

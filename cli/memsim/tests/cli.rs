@@ -1131,6 +1131,11 @@ fn profile_command_reads_profiles_once_for_everyone() {
     let plain = write_logical(dir.path(), "n.jsonl", &three_tensors(), &[("uses_gemm", "false")]);
     let (_, _, err) = memsim(&["replay", plain.to_str().unwrap(), "--profile", p]);
     assert!(!err.contains("unmeasured"), "{err}");
+    // A folder given as the profile is named as one, not "not found" (it exists).
+    let folder = dir.path().to_str().unwrap();
+    let (code, _, err) = memsim(&["profile", folder]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a file") && err.contains("a100-40gb") && !err.contains("not found"), "{err}");
     // A typo in [provenance] is an error naming the key.
     std::fs::write(&profile, format!("{TEST_PROFILE}[provenance]\nunmeasured = [\"outside.cublas\"]\n")).unwrap();
     let (code, _, err) = memsim(&["profile", p]);
