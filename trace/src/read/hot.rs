@@ -41,10 +41,12 @@ impl<T, F: FnMut(Record) -> T> MapRecord<T> for F {
     }
 }
 
-/// The item of the frame with tag `tag` and body `following[..len]` (`following`: the input from
-/// the body on), when it is an allocation or a free with a common prefix that the fast decoder
-/// reads; the prefix state advances and its API is noted in `stops`. `None` otherwise, with the
-/// state as it was: the general decoder then reads the frame.
+/// Hands `emit` the item of the frame with tag `tag` and body `following[..len]` (`following`:
+/// the input from the body on) when it is an allocation or a free with a common prefix that the
+/// fast decoder reads; the prefix state advances and its API is noted in `stops`. `false`
+/// otherwise, with the state as it was: the general decoder then reads the frame.
+// The decoding loop's own state, passed apart (inlined into it, each stays where the loop keeps it).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn map_hot<T>(
     state: &mut PrefixState,
@@ -54,12 +56,13 @@ pub(super) fn map_hot<T>(
     extended: &mut u64,
     stops: &mut Stops,
     map: &mut impl MapRecord<T>,
-) -> Option<T> {
+    emit: &mut impl FnMut(T),
+) -> bool {
     if tag != 1 && tag != 2 {
-        return None;
+        return false;
     }
     let before = state.ts;
-    let p = state.decode_common(following.get(..len)?)?;
+    let Some(p) = state.decode_common(&following[..len]) else { return false };
     let (body, left) = (&following[p.len..], len - p.len);
     let api: Api;
     let item = if tag == 1 {
@@ -70,7 +73,7 @@ pub(super) fn map_hot<T>(
             }
             None => {
                 state.ts = before;
-                return None;
+                return false;
             }
         }
     } else {
@@ -81,10 +84,11 @@ pub(super) fn map_hot<T>(
             }
             None => {
                 state.ts = before;
-                return None;
+                return false;
             }
         }
     };
     note_api(api, stops);
-    Some(item)
+    emit(item);
+    true
 }

@@ -245,10 +245,9 @@ impl<R: Read> Reader<R> {
         let mut error = None;
         while records < max {
             let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
-            if let Some(item) = hot::map_hot(state, tag, &buf[used + at..], len, &mut extended, &mut stops, map) {
+            if hot::map_hot(state, tag, &buf[used + at..], len, &mut extended, &mut stops, map, &mut emit) {
                 used += at + len;
                 last_exit = Some(false);
-                emit(item);
                 records += 1;
                 continue;
             }
