@@ -92,7 +92,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         (None, _) => Err("no ML model given (--ml-model or $MEMTRACE_ML_MODEL)".to_string()),
         (Some(_), None) => Err("needs the model's features (--features)".to_string()),
         (Some(m), Some(file)) => {
-            let model = estimators::ml::modelfile::ModelFile::load(&m)?;
+            let from = if a.ml_model.is_some() { "--ml-model" } else { "$MEMTRACE_ML_MODEL" };
+            let model =
+                estimators::ml::modelfile::ModelFile::load(&m).with_context(|| format!("{from} {}", m.display()))?;
             let source = a.features.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
             match estimators::ml::job::predict_job(&model, &m, file, &source) {
                 Ok(p) => {

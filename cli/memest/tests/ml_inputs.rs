@@ -111,6 +111,14 @@ fn the_ml_estimate_of_a_job_outside_the_training_range_is_null_with_the_reason()
         why.contains("activation \"Bogus\" is not one of ELU, GELU") && !why.contains("UnknownActivation"),
         "{why}"
     );
+
+    // A model file that is no model (empty here) is refused naming the flag and the file.
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "").unwrap();
+    let e = empty.to_str().unwrap();
+    let (code, out, err) = memest_code(&["estimate", "--trace", &t, "--features", d, "--ml-model", e, "--json"]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(err.contains(&format!("--ml-model {e}")) && err.contains("not an ML model file"), "{err}");
 }
 
 /// A batch of 1.5 and an activation encoding off the unit circle (sin 0.5, cos -0.14) were

@@ -103,7 +103,7 @@ pub enum MlError {
         message: String,
     },
     /// A model file could not be encoded or decoded.
-    #[error("{path}: model file: {source}")]
+    #[error("{path}: not an ML model file as `memest ml train` writes one: {source}")]
     ModelFile {
         /// The model file.
         path: PathBuf,
