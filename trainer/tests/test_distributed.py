@@ -516,6 +516,22 @@ def test_min_world_size_of_a_replicating_strategy_probes_the_smallest_size_only(
     assert [p["world_size"] for p in out["probes"]] == [1, 2]
 
 
+def test_min_world_size_names_its_own_probe_of_one_rank_not_a_flag_never_given() -> None:
+    """The search's 1-rank probe warned "--world-size 1: ...", a flag the user never gave (and
+    that min-world-size refuses); it is said as the search's probe, once."""
+    args = ["min-world-size", "--entry", "entry_example:fixed_batch", "--strategy", "fsdp2",
+            "--world-sizes", "1,2", "--capacity", "1MiB"]  # fmt: skip
+    done = cli(*args, "--json", check=False)
+    warnings = json.loads(done.stdout)["warnings"]
+    assert not any("--world-size" in w for w in warnings), warnings
+    said = [w for w in warnings if w.startswith("min-world-size, probing 1 rank: --strategy fsdp2 "
+                                                "at one rank shards and reduces nothing")]  # fmt: skip
+    assert len(said) == 1 and "without --strategy" in said[0], warnings
+    done = cli(*args, check=False)
+    assert "--world-size" not in done.stderr, done.stderr
+    assert done.stderr.count("min-world-size, probing 1 rank:") == 1, done.stderr
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [(["--strategy", "fsdp2", "--world-size", "4"], " (fsdp2 over 4 ranks; the batch and the need "

@@ -424,8 +424,11 @@ def workloads_by_seq(args: dict[str, Any]) -> Callable[[int, int], Any]:
     return lambda b, s: build_workload(args["model"], b, None, s, classes, tune=tune)
 
 
-def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
-    """The tracer's loop of the parsed flags, checked."""
+def step_config(
+    args: dict[str, Any], steps: int, emulate: bool = True, world_by: str | None = None
+) -> Any:
+    """The tracer's loop of the parsed flags, checked. `world_by`: the search whose probe set
+    `world_size` (the user gave none)."""
     from memtrace_trainer.symtrace.step import StepConfig
 
     cfg = StepConfig(
@@ -439,6 +442,7 @@ def step_config(args: dict[str, Any], steps: int, emulate: bool = True) -> Any:
         args.get("strategy"),
         args.get("fsdp_mp"),
         args.get("reduce_bucket_size"),
+        world_by,
     )
     cfg.validate()
     return cfg

@@ -511,7 +511,8 @@ def _min_world_size(args: argparse.Namespace) -> int:
     values = vars(args)
 
     def trace_at(world: int, prof: Any, path: Path) -> dict[str, Any]:
-        cfg = step_config(values | {"world_size": world}, resolve_steps(values))
+        cfg = step_config(values | {"world_size": world}, resolve_steps(values),
+                          world_by="min-world-size")  # fmt: skip
         workload = build(args.batch_size)
         trace_to_file(workload, cfg, prof, path)
         return workload.defaults

@@ -80,9 +80,11 @@ META = torch.device("meta")
 
 
 def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = None,
-          reduce_bucket_size: int | None = None) -> None:  # fmt: skip
+          reduce_bucket_size: int | None = None, world_by: str | None = None) -> None:  # fmt: skip
     """The strategy flags, before tracing (the CLI, the Python API and `serve` alike): errors
-    name the flag; a flag, or a world size, that changes nothing is warned about."""
+    name the flag; a flag, or a world size, that changes nothing is warned about. `world_by`:
+    the search that chose `world_size` (`min-world-size`'s probe), when the user gave no
+    --world-size, so a warning names the probe, not a flag never given."""
     check_reduce_bucket(strategy, reduce_bucket_size)
     if fsdp_mp is not None:
         mp_policy(fsdp_mp)
@@ -107,10 +109,15 @@ def check(strategy: str | None, world_size: int | None, fsdp_mp: str | None = No
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     check_world_size(world_size)
-    if world_size == 1:
+    if world_size == 1 and world_by is None:
         warn(f"--world-size 1: --strategy {strategy} at one rank shards and reduces nothing, "
              f"yet {_held_alone(strategy)} still held, so this estimate is above the same job's "
              "without --strategy; drop --strategy for one GPU")  # fmt: skip
+    elif world_size == 1:
+        warn(f"{world_by}, probing 1 rank: --strategy {strategy} at one rank shards and reduces "
+             f"nothing, yet {_held_alone(strategy)} still held, so the need at 1 rank is above "
+             "the same job's without --strategy (`estimate` without --strategy gives one "
+             "GPU's)")  # fmt: skip
 
 
 def _held_alone(strategy: str) -> str:

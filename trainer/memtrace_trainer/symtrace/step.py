@@ -66,6 +66,9 @@ class StepConfig:
     fsdp_mp: str | None = None
     # DeepSpeed's reduce_bucket_size in elements (zero1-3; None: its default, 5e8).
     reduce_bucket_size: int | None = None
+    # The search that chose `world_size` (`min-world-size`), when the user gave no --world-size:
+    # warnings name its probe, not the flag.
+    world_by: str | None = None
 
     def __post_init__(self) -> None:
         # A bool is the older spelling: True is "full".
@@ -81,7 +84,9 @@ class StepConfig:
             expected = ", ".join(CHECKPOINTING)
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
         check_steps(self.iterations)
-        check_distributed(self.strategy, self.world_size, self.fsdp_mp, self.reduce_bucket_size)
+        check_distributed(
+            self.strategy, self.world_size, self.fsdp_mp, self.reduce_bucket_size, self.world_by
+        )
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
