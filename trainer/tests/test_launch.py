@@ -394,6 +394,40 @@ def test_a_sweep_takes_an_entry_of_its_own_batch(tmp_path: Path) -> None:
     assert "entry:entry_example:fixed_batch  batch (the entry's own)" in done.stdout, done.stdout
 
 
+def test_a_sweeps_batch_sizes_do_not_multiply_an_entry_of_its_own_batch(tmp_path: Path) -> None:
+    """batch_sizes was crossed with an entry that takes no `batch_size`: N identical runs at
+    its own batch, each warned "--batch-size N has no effect". It runs once, and the sweep says
+    once, naming the entry, that batch_sizes does not size it; --dry-run lists what runs."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models:\n  - {entry: 'entry_example:fixed_batch'}\n"
+                     "  - {entry: 'entry_example:own_batch_seq'}\n  - torchvision:resnet18\n"
+                     "batch_sizes: [2, 4, 8]\nrun: {iterations: 1}\n")  # fmt: skip
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run")
+    runs = [line.split(" pending ", 1)[1].strip() for line in done.stdout.splitlines()]
+    assert runs == ["entry:entry_example:fixed_batch  batch (the entry's own)",
+                    "entry:entry_example:own_batch_seq  batch (the entry's own)",
+                    "torchvision:resnet18  batch 2", "torchvision:resnet18  batch 4",
+                    "torchvision:resnet18  batch 8"], done.stdout  # fmt: skip
+    for n, entry in ((1, "fixed_batch"), (2, "own_batch_seq")):
+        said = (
+            f"batch_sizes has no effect on models[{n}] (entry_example:{entry}): the function "
+            "takes no `batch_size` parameter and builds its own batch, so it runs once"
+        )
+        assert done.stderr.count(said) == 1, done.stderr
+    assert "resnet18" not in done.stderr and "--batch-size" not in done.stderr, done.stderr
+    assert "5 configs" in done.stderr
+    # run.batch_size beside it: said with batch_sizes, and not counted as sized by batch_sizes.
+    sweep.write_text("models: [{entry: 'entry_example:fixed_batch'}, torchvision:resnet18]\n"
+                     "batch_sizes: [2, 4]\nrun: {iterations: 1, batch_size: 3}\n")  # fmt: skip
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run")
+    assert "batch_sizes and run.batch_size have no effect on models[1] " in done.stderr
+    assert (
+        "run.batch_size has no effect on the `models` item without a batch_size of its "
+        "own: batch_sizes"
+    ) in done.stderr, done.stderr
+    assert "3 configs" in done.stderr and "batch 3" not in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize(
     ("sweep_text", "said"),
     [

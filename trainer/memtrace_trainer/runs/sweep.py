@@ -12,6 +12,7 @@ them), explicit `models`, or both; `run` gives per-run settings, each a fixed va
       - torchvision:resnet18
       - {entry: mypkg.train:make, batch_size: 8}
     batch_sizes: [8, 32]           # crossed with every `models` item that has no batch_size
+                                   # (an entry without a `batch_size` parameter runs once)
     run: {batch_size: {min: 4, max: 64}, iterations: 20, optimizer: adam}
 """
 
@@ -125,13 +126,34 @@ def _check_profiles(run: dict[str, Any], models: list[Any], source: str) -> None
             raise UserError(f"{source}: profile {name!r}: {e}") from None
 
 
-def _say_overridden(data: dict[str, Any], models: list[Any], source: str) -> None:
+def _own_batch(m: Any) -> bool:
+    """A `models` item whose entry function takes no `batch_size` and builds its own batch
+    (`errors.needs_batch_size`), given no batch_size of its own: the sweep's batch sizes
+    (batch_sizes, run.batch_size) do not size it, so it runs once, at its own batch."""
+    if not isinstance(m, dict) or "batch_size" in m or not isinstance(m.get("entry"), str):
+        return False
+    try:
+        return not needs_batch_size(m["entry"])
+    except UserError:
+        return False  # an entry that does not import: the preflight names it, with its run
+
+
+def _say_overridden(data: dict[str, Any], models: list[Any], fixed: set[int], source: str) -> None:
     """The batch sizes that a more specific one overrides, said: run.batch_size under
-    batch_sizes, batch_sizes under a models item's own batch_size."""
+    batch_sizes, batch_sizes under a models item's own batch_size; and both beside an entry
+    that builds its own batch (`fixed`: the numbers of those items)."""
+    given = ["batch_sizes"] * ("batch_sizes" in data)
+    given += ["run.batch_size"] * ("batch_size" in data.get("run", {}))
+    for n in sorted(fixed) if given else []:
+        warn(f"{source}: {' and '.join(given)} "
+             + ("has" if len(given) == 1 else "have")
+             + f" no effect on models[{n}] ({models[n - 1]['entry']}): the function takes no "
+             "`batch_size` parameter and builds its own batch, so it runs once, at that "
+             "batch")  # fmt: skip
     if "batch_sizes" not in data:
         return
     own = [(n, m) for n, m in enumerate(models, 1) if isinstance(m, dict) and "batch_size" in m]
-    sized = len(models) - len(own)
+    sized = len(models) - len(own) - len(fixed)
     if not models:
         warn(f"{source}: batch_sizes has no effect: it sizes the runs of `models`, and there "
              "are none (run.batch_size sizes the synthetic configs)")  # fmt: skip
@@ -173,7 +195,8 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
         if b is not None and (problem := field_problem("batch_size", b)) is not None:
             raise UserError(f"{source}: batch_sizes, item {i}: {problem}")
     _check_profiles(run, models, source)
-    _say_overridden(data, models, source)
+    fixed = {n for n, m in enumerate(models, 1) if _own_batch(m)}
+    _say_overridden(data, models, fixed, source)
     rng = random.Random(f"run-settings-{data.get('seed', 0)}")
     raw: list[dict[str, Any]] = []
     if "family" in data:
@@ -184,8 +207,10 @@ def items_of(data: dict[str, Any], source: str) -> list[Item]:
             m = {"model": m}
         if not isinstance(m, dict):
             raise UserError(f"{source}: models[{n}] is {m!r}: expected a spec or a mapping")
-        for b in batch_sizes if "batch_size" not in m else [None]:
+        for b in batch_sizes if "batch_size" not in m and n not in fixed else [None]:
             settings = _settings(rng, run, source)
+            if n in fixed:
+                settings.pop("batch_size", None)  # drawn, as before, and said not to apply
             extra = {"batch_size": b} if b is not None else {}
             raw.append(settings | m | extra)
     if not raw:
