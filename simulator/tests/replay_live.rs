@@ -5,7 +5,7 @@
 //! over a live address, out-of-memory, zero bytes, `record_stream` on freed blocks, a refused
 //! start state), on two devices, with synthetic and recorded addresses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -30,6 +30,10 @@ struct MapReplay {
     map: HashMap<(u32, u64), Entry>,
     by_category: HashMap<u32, [u64; 7]>,
     rejected: u64,
+    /// Addresses whose allocation failed (out of memory) until freed or placed again, and the
+    /// frees left out because of that, as the replay counts them.
+    failed: HashSet<(u32, u64)>,
+    failed_frees: u64,
 }
 
 fn cat_index(c: Option<Category>) -> usize {
@@ -66,11 +70,15 @@ impl MapReplay {
                 };
                 if let Some(o) = self.apply(d, &req) {
                     if let (None, Some(m)) = (&o.oom, o.addr) {
+                        self.failed.remove(&(d, a.addr));
                         self.map.insert((d, a.addr), (m, o.block_size, a.category, false));
                         self.by_category.entry(d).or_default()[cat_index(a.category)] += o.block_size;
+                    } else if o.oom.is_some() {
+                        self.failed.insert((d, a.addr));
                     }
                 }
             }
+            Event::Free(f) if self.skips_failed(d, f.addr, f.stage != FreeStage::Requested) => {}
             Event::Free(f) if f.stage == FreeStage::Requested => {
                 let req = Request::FreeRequested { addr: model(&self.map, f.addr) };
                 if self.apply(d, &req).is_some() {
@@ -120,6 +128,15 @@ impl MapReplay {
             }
             other => panic!("not generated: {other:?}"),
         }
+    }
+
+    /// A free of an address whose allocation failed, with no block live there, frees nothing
+    /// and is left out; a completing free forgets the failure.
+    fn skips_failed(&mut self, d: u32, addr: u64, completes: bool) -> bool {
+        let failed = if completes { self.failed.remove(&(d, addr)) } else { self.failed.contains(&(d, addr)) };
+        let skip = failed && !self.map.contains_key(&(d, addr));
+        self.failed_frees += u64::from(skip);
+        skip
     }
 
     fn current(&self, d: u32) -> (u64, u64) {
@@ -218,6 +235,8 @@ proptest! {
             map: HashMap::new(),
             by_category: HashMap::new(),
             rejected: 0,
+            failed: HashSet::new(),
+            failed_frees: 0,
         };
         for (i, r) in recs.iter().enumerate() {
             whole.observe(r);
@@ -234,6 +253,7 @@ proptest! {
         }
         let (a, b) = (whole.finish(), stepped.finish());
         prop_assert_eq!(a.rejected, map.rejected);
+        prop_assert_eq!(a.failed_frees, map.failed_frees);
         prop_assert_eq!(serde_json::to_value(a).unwrap(), serde_json::to_value(b).unwrap());
     }
 }
@@ -241,9 +261,10 @@ proptest! {
 #[test]
 fn the_random_traces_reach_every_refusal() {
     // The property above means something only if its traces make the model refuse frees (the
-    // case that moves a block out of its number) and allocations over refused frees' addresses.
+    // case that moves a block out of its number), allocations over refused frees' addresses and
+    // frees of allocations that ran out of memory.
     let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let (mut refused_frees, mut ooms) = (0, 0);
+    let (mut refused_frees, mut ooms, mut failed_frees) = (0, 0, 0);
     for _ in 0..200 {
         let (recs, synthetic, capacity) = trace().new_tree(&mut runner).unwrap().current();
         let mut h = crate::records::header();
@@ -253,7 +274,9 @@ fn the_random_traces_reach_every_refusal() {
         let report = rp.finish();
         refused_frees += report.rejected_examples.iter().filter(|e| e.contains("free")).count();
         ooms += usize::from(report.first_oom.oom);
+        failed_frees += report.failed_frees;
     }
     assert!(refused_frees > 50, "only {refused_frees} refused frees");
     assert!(ooms > 10, "only {ooms} traces ran out of memory");
+    assert!(failed_frees > 10, "only {failed_frees} frees of allocations that failed");
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use simulator::units::UNBOUNDED;
 
-use crate::support::{alloc, json, memsim, no_huge_numbers};
+use crate::support::{alloc, free, json, memsim, no_huge_numbers};
 
 const HEADER: &str = r#"{"kind":"header","format_version":1,"producer":{"name":"probe","version":"1"},"level":"allocator","caching_disabled":false}"#;
 
@@ -197,4 +197,34 @@ fn a_recorded_oom_past_any_device_is_null() {
     let o = &v["recorded_oom"];
     assert_eq!((&o["need_bytes"], &o["size"], &v["need_unbounded"]), (&Value::Null, &Value::Null, &"overflow".into()));
     no_huge_numbers(&v, "replay");
+}
+
+/// An allocation past the largest segment (256 TiB) fails at any capacity, as a traced batch far
+/// too large asks; the program's frees of it then have nothing to free. They were counted as
+/// requests "rejected ... (a damaged trace ...)"; they are the failure's consequence, counted
+/// apart, while a free of an address nothing ever held is still a rejection.
+#[test]
+fn frees_of_an_allocation_no_capacity_places_are_not_a_damaged_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = 1u64 << 50;
+    let lines = [alloc(4096, 1 << 20), alloc(8192, huge), free(8192), alloc(8192, 1 << 20), free(8192), free(4096)];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let t = trace(dir.path(), "failed.jsonl", &lines);
+    let (code, out, err) = memsim(&["replay", t.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["failed_frees"].as_u64(), v["rejected"].as_u64()), (Some(1), Some(0)), "{v}");
+    assert!(!err.contains("rejected") && !err.contains("damaged"), "{err}");
+    // The address is reused by a placed allocation, whose free frees it: nothing is left live.
+    assert_eq!(v["memory_stats"]["allocated_bytes.all.current"], 0, "{}", v["memory_stats"]);
+    assert!(v["oom_detail"].as_str().unwrap().contains(&format!("request of {huge} B")), "{v}");
+
+    // A free of an address no allocation ever named stays a rejection.
+    let lines = [alloc(4096, 1 << 20), free(12288), free(4096)];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let t = trace(dir.path(), "damaged.jsonl", &lines);
+    let (_, out, err) = memsim(&["replay", t.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["failed_frees"].as_u64(), v["rejected"].as_u64()), (Some(0), Some(1)), "{v}");
+    assert!(err.contains("rejected"), "{err}");
 }

@@ -40,6 +40,11 @@ pub(super) struct LiveBlocks {
     /// Blocks whose refused free came after the classifier gave their number back, by (device,
     /// trace address). Empty unless the model refused a free.
     unnumbered: HashMap<(u32, u64), LiveBlock>,
+    /// Numbers of allocations the model could not place (out of memory at any capacity, or at
+    /// the budget), until their number is freed or placed again: their frees have nothing to free.
+    failed: hashbrown::HashSet<u32>,
+    /// Frees of such allocations, left out of the replay.
+    pub failed_frees: u64,
 }
 
 impl LiveBlocks {
@@ -85,6 +90,9 @@ impl LiveBlocks {
         if !self.unnumbered.is_empty() {
             self.unnumbered.remove(&(b.device, b.trace_addr));
         }
+        if !self.failed.is_empty() {
+            self.failed.remove(&id);
+        }
         self.slot(id).replace(b).is_some()
     }
 
@@ -99,6 +107,26 @@ impl LiveBlocks {
         if slot.is_none() {
             *slot = moved;
         }
+    }
+
+    /// The model could not place the allocation with this number (out of memory).
+    #[cold]
+    pub fn failed(&mut self, id: u32) {
+        self.failed.insert(id);
+    }
+
+    /// Whether a free of this number is one of an allocation the model could not place, with no
+    /// block live there: counted, and left out (a real run would have raised out of memory, and
+    /// a traced one frees what it never got). A free that completes forgets the number.
+    #[inline(always)]
+    pub fn frees_failed(&mut self, id: u32, completes: bool) -> bool {
+        if self.failed.is_empty() {
+            return false;
+        }
+        let failed = if completes { self.failed.remove(&id) } else { self.failed.contains(&id) };
+        let skip = failed && !self.by_id.get(id as usize).is_some_and(Option::is_some);
+        self.failed_frees += u64::from(skip);
+        skip
     }
 
     #[inline(always)]

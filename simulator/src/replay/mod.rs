@@ -243,6 +243,7 @@ impl Replayer {
                 self.apply(index, device, &req, Target { id: Some(id), addr, category }, source);
             }
             Step::Free { device, addr, id: None, .. } if self.outside.release_unknown(device, addr) => {}
+            Step::Free { id: Some(id), stage, .. } if self.live.frees_failed(id, stage != FreeStage::Requested) => {}
             Step::Free { device, stage, addr, id } => {
                 self.apply(index, device, &free_request(stage, addr), Target { id, addr, category: None }, source);
             }
@@ -369,6 +370,7 @@ impl Replayer {
                     oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
                 ));
                 live.refused(device, id, t.addr);
+                live.failed(id);
             } else if let Some(model_addr) = outcome.addr {
                 let category = t.category;
                 let b = LiveBlock {
@@ -522,6 +524,7 @@ impl Replayer {
             skipped_failed_calls: self.skipped_failed,
             rejected: self.rejected,
             rejected_examples: self.rejected_examples,
+            failed_frees: self.live.failed_frees,
             // The device the reserved peak is of (the first of equals): the one the verdict
             // judges, so the stats beside the peaks are that device's.
             memory_stats: devices
