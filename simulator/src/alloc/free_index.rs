@@ -72,18 +72,27 @@ impl Class {
     }
 
     /// Inserts; whether the class was empty before, and whether the key is new.
+    // The common case (a short sorted class, appended to) stays inline and light; the shift,
+    // the switch to a tree and the tree itself are out of line, so the hot path saves fewer
+    // registers (callgrind: see docs/benchmarks.md, twenty-fifth session).
+    #[inline]
     fn insert(&mut self, k: u128, slot: u32) -> (bool, bool) {
+        if let Class::Sorted(v) = self {
+            // Most classes hold one entry or none: append without a search or a shift.
+            if v.last().is_none_or(|e| e.0 < k) && v.len() + 1 < TREE_FROM {
+                let was_empty = v.is_empty();
+                v.push((k, slot));
+                return (was_empty, true);
+            }
+        }
+        self.insert_slow(k, slot)
+    }
+
+    #[inline(never)]
+    fn insert_slow(&mut self, k: u128, slot: u32) -> (bool, bool) {
         match self {
             Class::Sorted(v) => {
                 let was_empty = v.is_empty();
-                // Most classes hold one entry or none: append without a search or a shift.
-                if v.last().is_none_or(|e| e.0 < k) {
-                    v.push((k, slot));
-                    if v.len() >= TREE_FROM {
-                        *self = Class::Tree(v.drain(..).collect());
-                    }
-                    return (was_empty, true);
-                }
                 let new = match v.binary_search_by(|e| e.0.cmp(&k)) {
                     Ok(i) => {
                         v[i].1 = slot;
@@ -104,6 +113,7 @@ impl Class {
     }
 
     /// Removes; the slot, and whether the class is empty after.
+    #[inline]
     fn remove(&mut self, k: u128) -> (Option<u32>, bool) {
         match self {
             Class::Sorted(v) => match v.binary_search_by(|e| e.0.cmp(&k)) {
@@ -111,6 +121,14 @@ impl Class {
                 Ok(i) => (Some(v.remove(i).1), v.is_empty()),
                 Err(_) => (None, v.is_empty()),
             },
+            Class::Tree(_) => self.remove_tree(k),
+        }
+    }
+
+    #[inline(never)]
+    fn remove_tree(&mut self, k: u128) -> (Option<u32>, bool) {
+        match self {
+            Class::Sorted(_) => unreachable!("remove_tree on a sorted class"),
             Class::Tree(t) => {
                 let slot = t.remove(&k);
                 let empty = t.is_empty();
@@ -123,6 +141,7 @@ impl Class {
     }
 
     /// Removes the first entry with key `>= k`; it, and whether the class is empty after.
+    #[inline]
     fn take_at_or_after(&mut self, k: u128) -> Option<((u128, u32), bool)> {
         match self {
             Class::Sorted(v) => {
@@ -130,6 +149,14 @@ impl Class {
                 let e = if i + 1 == v.len() { v.pop()? } else { (i < v.len()).then(|| v.remove(i))? };
                 Some((e, v.is_empty()))
             }
+            Class::Tree(_) => self.take_tree(k),
+        }
+    }
+
+    #[inline(never)]
+    fn take_tree(&mut self, k: u128) -> Option<((u128, u32), bool)> {
+        match self {
+            Class::Sorted(_) => unreachable!("take_tree on a sorted class"),
             Class::Tree(t) => {
                 let key = *t.range(k..).next()?.0;
                 let slot = t.remove(&key)?;
