@@ -135,7 +135,7 @@ impl MapReplay {
     fn skips_failed(&mut self, d: u32, addr: u64, completes: bool) -> bool {
         let failed = if completes { self.failed.remove(&(d, addr)) } else { self.failed.contains(&(d, addr)) };
         let skip = failed && !self.map.contains_key(&(d, addr));
-        self.failed_frees += u64::from(skip);
+        self.failed_frees += u64::from(skip && completes);
         skip
     }
 

@@ -389,6 +389,13 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
             rep.recorded_releases
         );
     }
+    if rep.failed_frees > 0 {
+        outln!(
+            out,
+            "  left out: {} frees of allocations the model could not place (out of memory: they free nothing)",
+            rep.failed_frees
+        );
+    }
     if rep.skipped_failed_calls > 0 {
         outln!(out, "  left out: {} failed calls recorded in the trace", rep.skipped_failed_calls);
     }

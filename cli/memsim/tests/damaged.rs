@@ -219,6 +219,17 @@ fn frees_of_an_allocation_no_capacity_places_are_not_a_damaged_trace() {
     assert_eq!(v["memory_stats"]["allocated_bytes.all.current"], 0, "{}", v["memory_stats"]);
     assert!(v["oom_detail"].as_str().unwrap().contains(&format!("request of {huge} B")), "{v}");
 
+    // The text says what was left out.
+    let (_, text, _) = memsim(&["replay", t.to_str().unwrap()]);
+    assert!(text.contains("left out: 1 frees of allocations the model could not place"), "{text}");
+    // A free in two stages (requested, then completed) is one free.
+    let staged = |stage: &str| free(8192).replace("immediate", stage);
+    let lines = [alloc(8192, huge), staged("requested"), staged("completed")];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let t = trace(dir.path(), "staged.jsonl", &lines);
+    let v: Value = serde_json::from_str(&memsim(&["replay", t.to_str().unwrap(), "--json"]).1).unwrap();
+    assert_eq!((v["failed_frees"].as_u64(), v["rejected"].as_u64()), (Some(1), Some(0)), "{v}");
+
     // A free of an address no allocation ever named stays a rejection.
     let lines = [alloc(4096, 1 << 20), free(12288), free(4096)];
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();

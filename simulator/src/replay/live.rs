@@ -9,7 +9,11 @@
 //! - one the model refuses leaves what was there;
 //! - a free takes its block out, and puts it back when the model refuses the free. The
 //!   classifier has then already given the number back, so the block goes to a small map by
-//!   trace address (`unnumbered`), where later requests at that address find it.
+//!   trace address (`unnumbered`), where later requests at that address find it;
+//! - an allocation the model could not place (out of memory) marks its number `failed` until it
+//!   is placed again or a free completes: a free of that number with no block live there has
+//!   nothing to free, and is left out and counted (`failed_frees`), not refused as a damaged
+//!   trace's would be (the map by trace address has the same rule in `tests/replay_live.rs`).
 //!
 //! Invariant: while the classifier numbers a trace address, `unnumbered` holds nothing at that
 //! address. An allocation restores it: a placed one removes the address from `unnumbered`, and a
@@ -43,7 +47,8 @@ pub(super) struct LiveBlocks {
     /// Numbers of allocations the model could not place (out of memory at any capacity, or at
     /// the budget), until their number is freed or placed again: their frees have nothing to free.
     failed: hashbrown::HashSet<u32>,
-    /// Frees of such allocations, left out of the replay.
+    /// Frees of such allocations left out of the replay, each counted once: at its completing
+    /// record (an immediate free, or the completion of a requested one).
     pub failed_frees: u64,
 }
 
@@ -125,7 +130,7 @@ impl LiveBlocks {
         }
         let failed = if completes { self.failed.remove(&id) } else { self.failed.contains(&id) };
         let skip = failed && !self.by_id.get(id as usize).is_some_and(Option::is_some);
-        self.failed_frees += u64::from(skip);
+        self.failed_frees += u64::from(skip && completes);
         skip
     }
 

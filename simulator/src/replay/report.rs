@@ -192,8 +192,9 @@ pub struct ReplayReport {
     pub rejected: u64,
     /// The first rejected requests' messages.
     pub rejected_examples: Vec<String>,
-    /// Frees of allocations the model could not place (out of memory), left out: not rejections
-    /// of a damaged trace, but what a traced program frees after an allocation no device holds.
+    /// Frees of allocations the model could not place (out of memory), left out, one per free
+    /// (its completing record): not rejections of a damaged trace, but what a traced program
+    /// frees after an allocation no device holds.
     pub failed_frees: u64,
     /// `memory_stats()` at the end of the device whose reserved peak is `peak_reserved_bytes`.
     pub memory_stats: serde_json::Value,
