@@ -33,7 +33,9 @@ pub struct Answer {
     /// Allocator level (`max_memory_reserved`), where the estimator models it.
     pub reserved_mib: Option<f64>,
     /// `reserved_mib` is a failed allocation's floor (the bytes held then plus its size), not a
-    /// peak the model reached: an allocation no capacity places. Written only when true.
+    /// peak the model reached: an allocation failed in the recorded run (a real run's trace), at
+    /// the allocator budget above the unlimited peak, or at any capacity (one past the largest
+    /// segment, 256 TiB). Written only when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub reserved_oom_floor: bool,
     /// Peak allocated (`max_memory_allocated`), where the estimator models it.

@@ -230,8 +230,12 @@ impl EstimateText {
                 None => format!("  {:<12} {:>10}      ({})", name, "-", r.unavailable.get(name).map_or("", |s| s)),
             });
         }
+        // A failed allocation's floor bounds the need from below, as the details line says.
+        let floor = v.need_mib.is_some()
+            && r.estimates.get(&r.headline).is_some_and(|a| a.as_ref().is_some_and(|a| a.reserved_oom_floor));
+        let at_least = if floor { "at least " } else { "" };
         EstimateText {
-            headline: format!("needs {need} on {} ({point})", r.gpu),
+            headline: format!("needs {at_least}{need} on {} ({point})", r.gpu),
             verdict: fit::verdict_word(v.fits).to_string(),
             details,
             baselines,

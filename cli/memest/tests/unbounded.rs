@@ -100,11 +100,12 @@ fn render_refuses_a_null_need_without_its_reason_and_a_number_beside_one() {
     assert!(v["verdict"]["need_unbounded"].is_null() && v["verdict"]["need_mib"].as_f64().is_some(), "{out}");
 }
 
-/// An allocation larger than any segment (past 256 TiB) fails at every capacity: the reserved
-/// figure is then that failure's floor, not a peak, and the words say so beside the peaks and
-/// per-step figures that never count the request.
+/// An allocation larger than any segment (past 256 TiB) fails at every capacity, and a real run's
+/// trace can record its own out-of-memory error: the reserved figure is then that failure's
+/// floor, not a peak, and the words say so beside the peaks and per-step figures that never
+/// count the request.
 #[test]
-fn an_allocation_no_capacity_places_is_said_as_a_floor_not_a_peak() {
+fn a_failed_allocations_floor_is_said_as_one_not_as_a_peak() {
     let dir = tempfile::tempdir().unwrap();
     let meta = [("batch_size", "8"), ("optimizer", "adam"), ("amp", "fp32"), ("cuda_emulation", "true")];
     let huge = 1u64 << 50;
@@ -125,7 +126,7 @@ fn an_allocation_no_capacity_places_is_said_as_a_floor_not_a_peak() {
         }
     }
     let (_, text, _) = memest_code(&["estimate", "--trace", &t]);
-    assert!(text.contains("symbolic: reserved at least "), "{text}");
+    assert!(text.starts_with("needs at least ") && text.contains("symbolic: reserved at least "), "{text}");
     assert!(text.contains("an allocation failed"), "{text}");
     assert!(!text.contains("peak reserved"), "{text}");
     assert!(text.contains("the failed allocation is in no step's peak"), "{text}");
@@ -134,6 +135,18 @@ fn an_allocation_no_capacity_places_is_said_as_a_floor_not_a_peak() {
     std::fs::write(&est, &out).unwrap();
     let (code, rendered, err) = memest_code(&["render", est.to_str().unwrap()]);
     assert_eq!((code, rendered.as_str()), (0, text.as_str()), "{err}");
+
+    // A real run's trace that records its own out-of-memory error: the need is that failure's
+    // floor too, and a floor that fits is said as one that fits.
+    let room = dir.path().join("room.jsonl");
+    let text = jsonl_trace(&[], &[('a', 1, MIB)]) + "{\"kind\":\"oom\",\"device\":0,\"size\":2147483648}\n";
+    std::fs::write(&room, text).unwrap();
+    let (code, out, err) = memest_code(&["estimate", "--trace", room.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["estimates"]["symbolic"]["reserved_oom_floor"], true, "{}", v["estimates"]["symbolic"]);
+    assert!(v["text"]["headline"].as_str().unwrap().starts_with("needs at least "), "{}", v["text"]);
+    assert_eq!(v["text"]["verdict"], "FITS", "{}", v["text"]);
 
     // A job that fits keeps the word "peak" and writes no flag.
     let small = dir.path().join("small.jsonl");
