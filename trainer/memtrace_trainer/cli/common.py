@@ -31,14 +31,15 @@ def model_args(p: argparse.ArgumentParser, batch_required: bool) -> None:
     shape_args(p)
 
 
-def traced_batch_size(p: argparse.ArgumentParser) -> None:
-    """--batch-size of a command that traces its own source (`estimate`, `symtrace`): whether
-    it is required depends on the source (`require_batch_size`), which argparse cannot say."""
+def traced_batch_size(p: argparse.ArgumentParser, per: str = "step", also: str = "") -> None:
+    """--batch-size of a command whose job is a --model or an --entry (`estimate`, `symtrace`,
+    `run`, `fake-tensor`, `min-world-size`): whether it is required depends on the source
+    (`errors.require_batch_size`), which argparse cannot say, so the help says the rule."""
     p.add_argument(
         "--batch-size",
         type=int,
-        help="samples per step (required with --model, and with an --entry function that takes "
-        "`batch_size`)",
+        help=f"samples per {per} (required with --model, and with an --entry function that takes "
+        f"`batch_size`{also})",
     )
 
 

@@ -31,7 +31,12 @@ from memtrace_trainer.cli.common import (
     workloads,
     workloads_by_seq,
 )
-from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
+from memtrace_trainer.errors import (
+    UserError,
+    check_batch_size,
+    needs_batch_size,
+    require_batch_size,
+)
 from memtrace_trainer.profile import DEFAULT_PROFILE, capacity_source_text
 from memtrace_trainer.units import MIB
 
@@ -164,12 +169,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "check of `estimate`; stops at the first that fits. Exit status 0, or 1 when none fits.",
     )
     _model_source(n, step=False)
-    n.add_argument(
-        "--batch-size",
-        type=int,
-        help="samples per step per GPU (required with --model, and with an --entry function "
-        "that takes `batch_size`)",
-    )
+    traced_batch_size(n, per="step per GPU")
     _fit_args(n)
     n.add_argument(
         "--world-sizes",
@@ -383,10 +383,9 @@ def _max_seq(args: argparse.Namespace) -> int:
     _searched(args, "max-seq", "seq_len", "the sequence length", "--limit caps it, "
               "--multiple-of sets its steps")  # fmt: skip
     check_batch_size(args.batch_size, optional=True)
-    from memtrace_trainer.workload import entry_takes as takes
-
     batch = args.batch_size
-    if batch is None and (args.model or takes(args.entry, "batch_size")):
+    # --model or --entry: entry is None for a model, which needs_batch_size counts as sized.
+    if batch is None and needs_batch_size(args.entry):
         batch = 1  # the documented default; an entry without the parameter builds its own
     values = vars(args) | {"seq_len": None, "input_shape": None}
     steps = resolve_steps(values)

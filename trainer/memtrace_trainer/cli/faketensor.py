@@ -18,7 +18,12 @@ from memtrace_trainer.batchfile import (
     read_configs,
     warnings_of,
 )
-from memtrace_trainer.cli.common import answered_as_json, model_source, shape_args
+from memtrace_trainer.cli.common import (
+    answered_as_json,
+    model_source,
+    shape_args,
+    traced_batch_size,
+)
 from memtrace_trainer.errors import UserError, check_batch_size
 from memtrace_trainer.units import MIB
 
@@ -52,12 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "defaults of its lines)",
     )
     shape_args(f)
-    f.add_argument(
-        "--batch-size",
-        type=int,
-        help="samples per step (required with --model, and with an --entry function that takes "
-        "`batch_size`; a --gpumemnet-row gives its own)",
-    )
+    traced_batch_size(f, also="; a --gpumemnet-row gives its own")
     f.add_argument("--json", action="store_true", help="print JSON (--batch always does)")
 
 
