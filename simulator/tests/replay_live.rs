@@ -258,6 +258,31 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The decoding thread hands allocations and frees to the replay's mapper field by field
+    /// (`MapRecord::alloc`/`free`); each must give the step the whole record gives.
+    #[test]
+    fn field_by_field_steps_are_the_records_steps((recs, synthetic, capacity) in trace()) {
+        use simulator::replay::Steps;
+        use trace::MapRecord;
+        let mut h = crate::records::header();
+        h.synthetic_addresses = synthetic;
+        let opts = ReplayOptions { capacity, ..ReplayOptions::default() };
+        let mut whole = Steps(Replayer::new(&h, opts.clone()).unwrap().classifier());
+        let mut fields = Steps(Replayer::new(&h, opts).unwrap().classifier());
+        for (i, r) in recs.iter().enumerate() {
+            let by_fields = match r.event.clone() {
+                Event::Alloc(a) => fields.alloc(r.ts_ns, r.tid, r.device, a),
+                Event::Free(f) => fields.free(r.ts_ns, r.tid, r.device, f),
+                _ => fields.record(r.clone()),
+            };
+            prop_assert_eq!(by_fields, whole.record(r.clone()), "record {}: {:?}", i, r);
+        }
+    }
+}
+
 #[test]
 fn the_random_traces_reach_every_refusal() {
     // The property above means something only if its traces make the model refuse frees (the

@@ -26,10 +26,12 @@ fn one_by_one<R: std::io::Read>(mut r: Reader<R>) -> Outcome {
 }
 
 /// A mapper that takes allocations and frees field by field, as a replay's does, and builds the
-/// record they stand for; it counts the records it was given either way.
+/// record they stand for; it counts the records it was given either way, and those given field
+/// by field.
 #[derive(Default)]
 struct Fields {
     seen: usize,
+    by_fields: usize,
 }
 
 impl MapRecord<Record> for Fields {
@@ -40,11 +42,13 @@ impl MapRecord<Record> for Fields {
 
     fn alloc(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, a: Alloc) -> Record {
         self.seen += 1;
+        self.by_fields += 1;
         Record { ts_ns, tid, device, event: Event::Alloc(a) }
     }
 
     fn free(&mut self, ts_ns: Option<u64>, tid: Option<u32>, device: Option<u32>, f: Free) -> Record {
         self.seen += 1;
+        self.by_fields += 1;
         Record { ts_ns, tid, device, event: Event::Free(f) }
     }
 }
@@ -134,4 +138,36 @@ proptest! {
         prop_assert_eq!(&batched(Reader::open(&path).unwrap(), batch, false), &want);
         prop_assert_eq!(batched(Reader::open(&path).unwrap(), batch, true), want);
     }
+}
+
+/// The field-by-field path is the one a binary trace's allocations and frees take once the
+/// thread and device are the record before's (were it never taken, every test above would still
+/// pass, and only the replay's speed would say so).
+#[test]
+fn a_binary_traces_allocations_and_frees_come_field_by_field() {
+    let (h, mut recs) = small_trace();
+    let Event::Alloc(a) = recs[3].event.clone() else { panic!("the small trace's fourth record is an allocation") };
+    let free = Free {
+        addr: a.addr,
+        size: None,
+        stream: a.stream,
+        mem: a.mem,
+        api: a.api,
+        result: 0,
+        origin: a.origin,
+        stage: FreeStage::Immediate,
+        caller: None,
+        stack: None,
+    };
+    // After the small trace's allocation (a new thread: the general path), one more allocation
+    // and a free on its thread and device.
+    let at = |ts, event| Record { ts_ns: Some(ts), tid: Some(8), device: Some(0), event };
+    recs.insert(4, at(510, Event::Alloc(Alloc { addr: a.addr + (4 << 20), ..a })));
+    recs.insert(5, at(520, Event::Free(free)));
+    let bytes = binary(&h, &recs);
+    let mut r = open_reader(&bytes[..]).unwrap();
+    let (mut out, mut map) = (Vec::new(), Fields::default());
+    while r.next_records_with(&mut out, 4096, &mut map).unwrap() {}
+    assert_eq!(out, recs);
+    assert_eq!((map.seen, map.by_fields), (recs.len(), 2));
 }
