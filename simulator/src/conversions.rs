@@ -16,30 +16,38 @@ fn block(addr: u64, size: u64, requested_size: u64, allocated: bool) -> Existing
     ExistingBlock { addr, size, requested_size, allocated }
 }
 
-/// A segment of the trace's shape as a starting state: (address, size, stream, small pool,
-/// expandable), blocks as (address, size, requested size, state), the shape [`unpooled`] writes
-/// back. A recorded `SegmentState` and a rebuilt snapshot start are both read through it.
-fn trace_segment(
-    (addr, size, stream, is_small_pool, expandable): (u64, u64, i64, bool, bool),
-    blocks: impl Iterator<Item = (u64, u64, u64, BlockState)>,
-) -> ExistingSegment {
-    let blocks = blocks.map(|(a, s, r, st)| block(a, s, r, st != BlockState::Inactive)).collect();
-    ExistingSegment { addr, size, stream, is_small_pool, expandable, blocks }
+/// Blocks of the trace's shape as a starting state: (address, size, requested size, state), the
+/// shape [`unpooled`] writes back. A recorded `SegmentState` and a rebuilt snapshot start are
+/// both read through it.
+fn trace_blocks(blocks: impl Iterator<Item = (u64, u64, u64, BlockState)>) -> Vec<ExistingBlock> {
+    blocks.map(|(a, s, r, st)| block(a, s, r, st != BlockState::Inactive)).collect()
 }
 
 impl From<&SegmentState> for ExistingSegment {
     /// A segment recorded before the first event (an imported snapshot's start).
     fn from(s: &SegmentState) -> Self {
-        let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.requested_size, b.state));
-        trace_segment((s.addr, s.total_size, s.stream, s.pool == SegmentPool::Small, s.is_expandable), blocks)
+        ExistingSegment {
+            addr: s.addr,
+            size: s.total_size,
+            stream: s.stream,
+            is_small_pool: s.pool == SegmentPool::Small,
+            expandable: s.is_expandable,
+            blocks: trace_blocks(s.blocks.iter().map(|b| (b.addr, b.size, b.requested_size, b.state))),
+        }
     }
 }
 
 impl From<&StartSegment> for ExistingSegment {
     /// A segment of a snapshot's start, rebuilt by walking its trace backwards.
     fn from(s: &StartSegment) -> Self {
-        let blocks = s.blocks.iter().map(|b| (b.addr, b.size, b.requested_size, b.state));
-        trace_segment((s.addr, s.size, s.stream, s.is_small_pool, s.expandable), blocks)
+        ExistingSegment {
+            addr: s.addr,
+            size: s.size,
+            stream: s.stream,
+            is_small_pool: s.is_small_pool,
+            expandable: s.expandable,
+            blocks: trace_blocks(s.blocks.iter().map(|b| (b.addr, b.size, b.requested_size, b.state))),
+        }
     }
 }
 
