@@ -2,6 +2,10 @@
 
 import functools
 import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
@@ -87,6 +91,18 @@ def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected {expected}")
     return data
+
+
+def constructed(
+    make: Callable[..., T], data: dict[str, Any], where: str, error: type[UserError] = UserError
+) -> T:
+    """`make(**data)`, a config from the fields of a JSON object already checked by name: the
+    TypeError Python raises for what the constructor still refuses is an `error` naming `where`
+    (a run's config file, a model family's config)."""
+    try:
+        return make(**data)
+    except TypeError as e:
+        raise error(f"{where}: {e}") from None
 
 
 # A warning's frames are asked one by one, and sysconfig computes its paths anew on each call.

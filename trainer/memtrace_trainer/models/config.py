@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from memtrace_trainer.errors import UserError, is_integer, is_number
+from memtrace_trainer.errors import UserError, constructed, is_integer, is_number
 
 # GPUMemNet's spellings (its filenames use these keys) mapped to the module classes it used.
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -216,10 +216,7 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
     if missing:
         # Python's words named its constructor (`MLPConfig.__init__() missing 1 required ...`).
         raise InvalidConfig(f"{family} config needs {missing} (no default)")
-    try:
-        config = cls(**data)
-    except TypeError as e:
-        raise InvalidConfig(f"{family} config: {e}") from None
+    config = constructed(cls, data, f"{family} config", InvalidConfig)
     config.validate()
     if given_id is not None and given_id != config.id:
         from memtrace_trainer.notes import warn

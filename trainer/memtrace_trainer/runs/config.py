@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from memtrace_trainer.dtypes import AMP
-from memtrace_trainer.errors import UserError, is_integer, is_number
+from memtrace_trainer.errors import UserError, constructed, is_integer, is_number
 from memtrace_trainer.optim import EMULATED, OPTIMIZERS
 from memtrace_trainer.symtrace.checkpointing import CHECKPOINTING
 
@@ -93,10 +93,7 @@ class RunConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise UserError(f"{source}: unknown fields {unknown}; expected {sorted(names)}")
-        try:
-            cfg = RunConfig(**data)
-        except TypeError as e:
-            raise UserError(f"{source}: {e}") from None
+        cfg = constructed(RunConfig, data, source)
         cfg.validate(source)
         return cfg
 
