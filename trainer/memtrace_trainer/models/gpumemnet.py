@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from memtrace_trainer.models.cnn import CNNConfig
 from memtrace_trainer.models.config import InvalidConfig, ModelConfig
@@ -85,29 +86,28 @@ def from_gpumemnet_filename(
     fields = dict(pairs)
     act, rate, bn = _extras(name, pairs)
     batch = _int(name, fields, "batch")
+
+    def every_row() -> dict[str, Any]:
+        """The fields an MLP row and a CNN row both carry, as both configs name them (read in
+        each config's field order: a row missing several fields is told of the first)."""
+        return {"depth": _int(name, fields, "depth"), "architecture": fields.get("arch", ""),
+                "activation": act, "dropout": rate, "batchnorm": bn}  # fmt: skip
+
     config: ModelConfig
     if "input_channels" in fields:
         config = CNNConfig(
             input_channels=_int(name, fields, "input_channels"),
             num_classes=_int(name, fields, "num_classes"),
-            depth=_int(name, fields, "depth"),
-            architecture=fields.get("arch", ""),
+            **every_row(),
             base_filters=_int(name, fields, "base_filters"),
             input_size=_int(name, fields, "input_size"),
-            activation=act,
-            dropout=rate,
-            batchnorm=bn,
             dense_interval=dense_interval,
         )
     elif "input" in fields:
         config = MLPConfig(
             input_size=_int(name, fields, "input"),
             output_size=_int(name, fields, "output"),
-            depth=_int(name, fields, "depth"),
-            architecture=fields.get("arch", ""),
-            activation=act,
-            dropout=rate,
-            batchnorm=bn,
+            **every_row(),
             # The first sweep (no `act` field) ended in the bare Linear.
             head="act" in fields,
         )
