@@ -58,164 +58,104 @@ fn dim3() -> impl Strategy<Value = [u32; 3]> {
     [u32_edge(), u32_edge(), u32_edge()]
 }
 
+/// A strategy for a struct from one strategy a field, each field named once beside its own: the
+/// fields' strategies run as one tuple, in the order written.
+macro_rules! fields {
+    ($ty:ident { $($field:ident: $strategy:expr),+ $(,)? }) => {
+        ($($strategy,)+).prop_map(|($($field,)+)| $ty { $($field),+ })
+    };
+}
+
 fn alloc() -> impl Strategy<Value = Alloc> {
-    (
-        u64_edge(),
-        u64_edge(),
-        i64_edge(),
-        mem(),
-        api(),
-        any::<i32>(),
-        origin(),
-        option::of(proptest::sample::select(Category::ALL.to_vec())),
-        option::of(u32_edge()),
-        option::of(u32_edge()),
-    )
-        .prop_map(|(addr, size, stream, mem, api, result, origin, category, caller, stack)| Alloc {
-            addr,
-            size,
-            stream,
-            mem,
-            api,
-            result,
-            origin,
-            category,
-            caller,
-            stack,
-        })
+    fields!(Alloc {
+        addr: u64_edge(),
+        size: u64_edge(),
+        stream: i64_edge(),
+        mem: mem(),
+        api: api(),
+        result: any::<i32>(),
+        origin: origin(),
+        category: option::of(proptest::sample::select(Category::ALL.to_vec())),
+        caller: option::of(u32_edge()),
+        stack: option::of(u32_edge()),
+    })
 }
 
 fn free() -> impl Strategy<Value = Free> {
-    (
-        u64_edge(),
-        option::of(u64_edge()),
-        i64_edge(),
-        mem(),
-        api(),
-        any::<i32>(),
-        origin(),
-        proptest::sample::select(vec![FreeStage::Immediate, FreeStage::Requested, FreeStage::Completed]),
-        option::of(u32_edge()),
-        option::of(u32_edge()),
-    )
-        .prop_map(|(addr, size, stream, mem, api, result, origin, stage, caller, stack)| Free {
-            addr,
-            size,
-            stream,
-            mem,
-            api,
-            result,
-            origin,
-            stage,
-            caller,
-            stack,
-        })
+    fields!(Free {
+        addr: u64_edge(),
+        size: option::of(u64_edge()),
+        stream: i64_edge(),
+        mem: mem(),
+        api: api(),
+        result: any::<i32>(),
+        origin: origin(),
+        stage: proptest::sample::select(vec![FreeStage::Immediate, FreeStage::Requested, FreeStage::Completed]),
+        caller: option::of(u32_edge()),
+        stack: option::of(u32_edge()),
+    })
 }
 
 fn vmm() -> impl Strategy<Value = Vmm> {
-    (
-        proptest::sample::select(vec![VmmOp::Reserve, VmmOp::AddressFree, VmmOp::Map, VmmOp::Unmap, VmmOp::SetAccess]),
-        u64_edge(),
-        u64_edge(),
-        u64_edge(),
-        u64_edge(),
-        api(),
-        any::<i32>(),
-        origin(),
-        i64_edge(),
-        option::of(u32_edge()),
-    )
-        .prop_map(|(op, addr, size, handle, offset, api, result, origin, stream, caller)| Vmm {
-            op,
-            addr,
-            size,
-            handle,
-            offset,
-            api,
-            result,
-            origin,
-            stream,
-            caller,
-        })
+    fields!(Vmm {
+        op: proptest::sample::select(vec![
+            VmmOp::Reserve,
+            VmmOp::AddressFree,
+            VmmOp::Map,
+            VmmOp::Unmap,
+            VmmOp::SetAccess
+        ]),
+        addr: u64_edge(),
+        size: u64_edge(),
+        handle: u64_edge(),
+        offset: u64_edge(),
+        api: api(),
+        result: any::<i32>(),
+        origin: origin(),
+        stream: i64_edge(),
+        caller: option::of(u32_edge()),
+    })
 }
 
 fn launch() -> impl Strategy<Value = KernelLaunch> {
-    (api(), option::of(u32_edge()), dim3(), dim3(), u32_edge(), i64_edge(), any::<i32>()).prop_map(
-        |(api, name, grid, block, shared_mem, stream, result)| KernelLaunch {
-            api,
-            name,
-            grid,
-            block,
-            shared_mem,
-            stream,
-            result,
-        },
-    )
+    fields!(KernelLaunch {
+        api: api(),
+        name: option::of(u32_edge()),
+        grid: dim3(),
+        block: dim3(),
+        shared_mem: u32_edge(),
+        stream: i64_edge(),
+        result: any::<i32>(),
+    })
 }
 
 fn kernel_exec() -> impl Strategy<Value = KernelExec> {
-    (
-        u64_edge(),
-        u64_edge(),
-        option::of(u32_edge()),
-        dim3(),
-        dim3(),
-        any::<u16>(),
-        u32_edge(),
-        u32_edge(),
-        i64_edge(),
-        u32_edge(),
-    )
-        .prop_map(
-            |(
-                start_ns,
-                end_ns,
-                name,
-                grid,
-                block,
-                registers_per_thread,
-                static_shared_mem,
-                dynamic_shared_mem,
-                stream,
-                correlation_id,
-            )| KernelExec {
-                start_ns,
-                end_ns,
-                name,
-                grid,
-                block,
-                registers_per_thread,
-                static_shared_mem,
-                dynamic_shared_mem,
-                stream,
-                correlation_id,
-            },
-        )
+    fields!(KernelExec {
+        start_ns: u64_edge(),
+        end_ns: u64_edge(),
+        name: option::of(u32_edge()),
+        grid: dim3(),
+        block: dim3(),
+        registers_per_thread: any::<u16>(),
+        static_shared_mem: u32_edge(),
+        dynamic_shared_mem: u32_edge(),
+        stream: i64_edge(),
+        correlation_id: u32_edge(),
+    })
 }
 
 fn mem_activity() -> impl Strategy<Value = MemActivity> {
-    (
-        prop_oneof![Just(MemActivityOp::Allocation), Just(MemActivityOp::Release)],
-        proptest::sample::select(CuptiMemoryKind::ALL.to_vec()),
-        u64_edge(),
-        u64_edge(),
-        option::of(i64_edge()),
-        u32_edge(),
-        u64_edge(),
-        option::of(prop_oneof![Just(MemPoolKind::Local), Just(MemPoolKind::Imported)]),
-        option::of(u64_edge()),
-    )
-        .prop_map(|(op, memory_kind, addr, size, stream, correlation_id, pc, pool, pool_addr)| MemActivity {
-            op,
-            memory_kind,
-            addr,
-            size,
-            stream,
-            correlation_id,
-            pc,
-            pool,
-            pool_addr,
-        })
+    fields!(MemActivity {
+        op: prop_oneof![Just(MemActivityOp::Allocation), Just(MemActivityOp::Release)],
+        memory_kind: proptest::sample::select(CuptiMemoryKind::ALL.to_vec()),
+        addr: u64_edge(),
+        size: u64_edge(),
+        stream: option::of(i64_edge()),
+        correlation_id: u32_edge(),
+        pc: u64_edge(),
+        pool: option::of(prop_oneof![Just(MemPoolKind::Local), Just(MemPoolKind::Imported)]),
+        pool_addr: option::of(u64_edge()),
+    })
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
@@ -234,49 +174,31 @@ fn control_op() -> impl Strategy<Value = ControlOp> {
 }
 
 fn block() -> impl Strategy<Value = BlockInfo> {
-    (
-        u64_edge(),
-        u64_edge(),
-        u64_edge(),
-        proptest::sample::select(vec![
+    fields!(BlockInfo {
+        addr: u64_edge(),
+        size: u64_edge(),
+        requested_size: u64_edge(),
+        state: proptest::sample::select(vec![
             BlockState::ActiveAllocated,
             BlockState::ActivePendingFree,
             BlockState::Inactive,
         ]),
-        option::of(u32_edge()),
-    )
-        .prop_map(|(addr, size, requested_size, state, stack)| BlockInfo {
-            addr,
-            size,
-            requested_size,
-            state,
-            stack,
-        })
+        stack: option::of(u32_edge()),
+    })
 }
 
 fn segment() -> impl Strategy<Value = SegmentState> {
-    (
-        prop_oneof![Just(StateAt::Start), Just(StateAt::End)],
-        u64_edge(),
-        u64_edge(),
-        i64_edge(),
-        prop_oneof![Just(SegmentPool::Small), Just(SegmentPool::Large)],
-        any::<bool>(),
-        (i64_edge(), i64_edge()),
-        option::of(u32_edge()),
-        vec(block(), 0..4),
-    )
-        .prop_map(|(at, addr, total_size, stream, pool, is_expandable, pool_id, stack, blocks)| SegmentState {
-            at,
-            addr,
-            total_size,
-            stream,
-            pool,
-            is_expandable,
-            pool_id,
-            stack,
-            blocks,
-        })
+    fields!(SegmentState {
+        at: prop_oneof![Just(StateAt::Start), Just(StateAt::End)],
+        addr: u64_edge(),
+        total_size: u64_edge(),
+        stream: i64_edge(),
+        pool: prop_oneof![Just(SegmentPool::Small), Just(SegmentPool::Large)],
+        is_expandable: any::<bool>(),
+        pool_id: (i64_edge(), i64_edge()),
+        stack: option::of(u32_edge()),
+        blocks: vec(block(), 0..4),
+    })
 }
 
 /// Any event of any kind.
