@@ -138,8 +138,7 @@ class CNNConfig(ModelConfig):
             out.append(c)
         return out
 
-    def build(self) -> nn.Module:
-        self.validate()
+    def _build(self) -> nn.Module:
         blocks: list[nn.Module] = []
         cin = self.input_channels
         size = self.input_size

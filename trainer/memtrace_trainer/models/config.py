@@ -158,9 +158,15 @@ class ModelConfig(abc.ABC):
                 f"invalid {self.family} config {self.to_json()}: " + "; ".join(problems)
             )
 
-    @abc.abstractmethod
     def build(self) -> nn.Module:
-        """The model, on the current default device."""
+        """The model, on the current default device; a config that is not valid is refused
+        (`validate`) before any layer is made."""
+        self.validate()
+        return self._build()
+
+    @abc.abstractmethod
+    def _build(self) -> nn.Module:
+        """The model of this config, validated."""
 
     @abc.abstractmethod
     def default_input_shape(self) -> tuple[int, ...]:

@@ -52,8 +52,7 @@ class MLPConfig(ModelConfig):
                 widths.append(width)
         return widths
 
-    def build(self) -> nn.Module:
-        self.validate()
+    def _build(self) -> nn.Module:
         layers: list[nn.Module] = []
         width = self.input_size
         for out in self.hidden_widths():

@@ -57,8 +57,7 @@ class TransformerConfig(ModelConfig):
             return [f"embed_dim {self.embed_dim} is not divisible by heads {self.heads}"]
         return []
 
-    def build(self) -> nn.Module:
-        self.validate()
+    def _build(self) -> nn.Module:
         return EncoderClassifier(self)
 
     def default_input_shape(self) -> tuple[int, ...]:
