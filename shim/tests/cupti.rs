@@ -23,6 +23,13 @@ fn memtrace_lines(r: &Run) -> Vec<String> {
     r.stderr().lines().filter(|l| l.starts_with("memtrace:")).map(str::to_string).collect()
 }
 
+/// The run said one `memtrace:` line, the summary (no fallback line), and it says `says`.
+fn assert_summary_only(r: &Run, says: &str) {
+    let lines = memtrace_lines(r);
+    assert_eq!(lines.len(), 1, "no fallback line, only the summary: {lines:?}");
+    assert!(lines[0].contains(says), "{lines:?}");
+}
+
 /// memsim's cross-check of CUPTI's memory records: allocations, releases, device allocations,
 /// those matched by a traced allocation, and releases of addresses CUPTI saw no allocation of.
 fn cross_check(s: &Stats) -> (u64, u64, u64, u64, u64) {
@@ -94,9 +101,7 @@ fn check_execs(lib_dirs: &[&str]) {
     assert_eq!(defs, 1);
     // Interposition is unchanged, and nothing but the summary was said.
     assert_eq!(s.kernel_launches, 5);
-    let lines = memtrace_lines(&r);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].contains("3 kernel execs from CUPTI"), "{lines:?}");
+    assert_summary_only(&r, "3 kernel execs from CUPTI");
 }
 
 #[test]
@@ -192,9 +197,7 @@ fn memory_activity_records_from_cupti() {
     assert_eq!(cross_check(&s), (3, 3, 2, 2, 0));
     // Interposition counts are unchanged; the summary names the memory records.
     assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
-    let lines = memtrace_lines(&r);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].contains("3 kernel execs and 6 memory records from CUPTI"), "{lines:?}");
+    assert_summary_only(&r, "3 kernel execs and 6 memory records from CUPTI");
 }
 
 /// A program whose runtime loads libcuda.so.1 only during its first call: CUPTI cannot be
@@ -208,9 +211,7 @@ fn cupti_waits_one_call_for_a_driver_the_runtime_loads_lazily() {
     assert_eq!((s.allocs, s.frees, s.host_allocs), (2, 2, 1));
     // a's allocation precedes CUPTI; b's allocation and every release follow it.
     assert_eq!(cross_check(&s), (2, 3, 1, 1, 1));
-    let lines = memtrace_lines(&r);
-    assert_eq!(lines.len(), 1, "no fallback line, only the summary: {lines:?}");
-    assert!(lines[0].contains("and 5 memory records from CUPTI"), "{lines:?}");
+    assert_summary_only(&r, "and 5 memory records from CUPTI");
 }
 
 /// A CUPTI without `MEMORY2` (STUB_CUPTI=nomem): one line, then kernel records as before.
