@@ -94,15 +94,7 @@ pub fn launch(ts: u64, block: u32, stream: i64) -> Record {
         ts_ns: Some(ts),
         tid: None,
         device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch {
-            api: Api::CudaLaunchKernel,
-            name: None,
-            grid: [1, 1, 1],
-            block: [block, 1, 1],
-            shared_mem: 0,
-            stream,
-            result: 0,
-        }),
+        event: Event::KernelLaunch(KernelLaunch::ok(Api::CudaLaunchKernel, None, [1, 1, 1], [block, 1, 1], stream)),
     }
 }
 

@@ -31,15 +31,7 @@ fn rec(ts: u64, event: Event) -> Record {
 fn launch(ts: u64, name: u32, grid: u32, stream: i64) -> Record {
     rec(
         ts,
-        Event::KernelLaunch(KernelLaunch {
-            api: Api::__CudaLaunchKernel,
-            name: Some(name),
-            grid: [grid, 1, 1],
-            block: [256, 1, 1],
-            shared_mem: 0,
-            stream,
-            result: 0,
-        }),
+        Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, Some(name), [grid, 1, 1], [256, 1, 1], stream)),
     )
 }
 

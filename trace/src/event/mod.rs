@@ -128,26 +128,10 @@ impl Event {
         }
     }
 
-    /// The JSON Lines `"kind"` of this event.
+    /// The JSON Lines `"kind"` of this event: [`Event::KINDS`] is in tag order, so the tag is
+    /// the one mapping from variant to kind.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Event::Alloc(_) => "alloc",
-            Event::Free(_) => "free",
-            Event::Vmm(_) => "vmm",
-            Event::KernelLaunch(_) => "launch",
-            Event::KernelExec(_) => "kernel_exec",
-            Event::MemInfo(_) => "mem_info",
-            Event::Marker(_) => "marker",
-            Event::Name(_) => "name",
-            Event::Stack(_) => "stack",
-            Event::Oom(_) => "oom",
-            Event::Control(_) => "control",
-            Event::PoolTrim(_) => "pool_trim",
-            Event::SegmentState(_) => "segment_state",
-            Event::SnapshotPoint(_) => "snapshot_point",
-            Event::ProcessExit(_) => "process_exit",
-            Event::MemActivity(_) => "mem_activity",
-        }
+        Self::KINDS[usize::from(self.tag()) - 1]
     }
 
     /// Every kind this version knows, in tag order.
@@ -470,6 +454,14 @@ pub struct KernelLaunch {
     /// CUDA result code.
     #[serde(default)]
     pub result: i32,
+}
+
+impl KernelLaunch {
+    /// A successful launch without dynamic shared memory; other fields by struct update
+    /// (`KernelLaunch { shared_mem, ..KernelLaunch::ok(..) }`).
+    pub fn ok(api: Api, name: Option<NameId>, grid: [u32; 3], block: [u32; 3], stream: i64) -> KernelLaunch {
+        KernelLaunch { api, name, grid, block, shared_mem: 0, stream, result: 0 }
+    }
 }
 
 /// A device memory sample.

@@ -82,15 +82,7 @@ fn appended_fields_of_the_hot_kinds_are_counted_on_every_path() {
             ts_ns: Some(3),
             tid: None,
             device: Some(0),
-            event: Event::KernelLaunch(KernelLaunch {
-                api: Api::__CudaLaunchKernel,
-                name: None,
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem: 0,
-                stream: 0,
-                result: 0,
-            }),
+            event: Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, None, [1, 1, 1], [1, 1, 1], 0)),
         },
     ];
     let mut bytes = binary(&h, &[]);

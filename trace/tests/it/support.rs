@@ -44,15 +44,7 @@ pub fn small_trace() -> (Header, Vec<Record>) {
         ts_ns: Some(ts),
         tid: Some(7),
         device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch {
-            api: Api::__CudaLaunchKernel,
-            name: Some(1),
-            grid: [128, 1, 1],
-            block: [256, 1, 1],
-            shared_mem: 0,
-            stream: 0,
-            result: 0,
-        }),
+        event: Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, Some(1), [128, 1, 1], [256, 1, 1], 0)),
     };
     let alloc = Record {
         ts_ns: Some(500),
