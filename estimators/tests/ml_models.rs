@@ -70,11 +70,9 @@ fn check_classifier(kind: ModelKind, min_accuracy: f64) {
 #[test]
 fn every_classifier_learns_a_separable_rule() {
     // Chance is about 0.45 (the majority bin); a broken learner stays near it.
-    check_classifier(ModelKind::Logistic, 0.85);
-    check_classifier(ModelKind::Tree, 0.85);
-    check_classifier(ModelKind::Forest, 0.85);
-    check_classifier(ModelKind::Bagging, 0.85);
-    check_classifier(ModelKind::Gbm, 0.85);
+    for kind in [ModelKind::Logistic, ModelKind::Tree, ModelKind::Forest, ModelKind::Bagging, ModelKind::Gbm] {
+        check_classifier(kind, 0.85);
+    }
 }
 
 /// The hand-written MLP ensemble (forward, BatchNorm and Adam backward passes) learns: three
@@ -106,9 +104,9 @@ fn check_regressor(kind: ModelKind, max_mre: f64) {
 
 #[test]
 fn every_regressor_fits_a_linear_target() {
-    check_regressor(ModelKind::LinearReg, 0.001);
-    check_regressor(ModelKind::ForestReg, 0.08);
-    check_regressor(ModelKind::GbmReg, 0.05);
+    for (kind, max_mre) in [(ModelKind::LinearReg, 0.001), (ModelKind::ForestReg, 0.08), (ModelKind::GbmReg, 0.05)] {
+        check_regressor(kind, max_mre);
+    }
 }
 
 #[test]
