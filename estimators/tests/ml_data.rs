@@ -256,35 +256,23 @@ fn check_error(text: &str, expect: &[&str]) {
 fn bad_csv_errors_name_file_row_and_column() {
     let good = "x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,1500,SUCCESSFUL";
     check_error("Filename,Depth\nx,1\n", &["bad.csv", "missing column", "Activations-Params"]);
-    check_error(
-        &cnn_csv(&[good, "x,1,\"[('linear', 4, 20)]\",ReLU,4,20,eight,1500,SUCCESSFUL"]),
-        &["bad.csv", "row 2", "Batch Size", "\"eight\""],
-    );
-    check_error(
-        &cnn_csv(&["x,1,\"[('linear', 4)]\",ReLU,4,20,8,1500,SUCCESSFUL"]),
-        &["row 1", "Activations-Params", "layer 0"],
-    );
-    check_error(
-        &cnn_csv(&["x,1,linear,ReLU,4,20,8,1500,SUCCESSFUL"]),
-        &["row 1", "Activations-Params", "expected a list"],
-    );
-    check_error(
-        &cnn_csv(&[good, good, "x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,1500,MAYBE"]),
-        &["row 3", "Status", "OOM_CRASH"],
-    );
-    check_error(
-        &cnn_csv(&["x,1,\"[('linear', 4, 20)]\",Swish,4,20,8,1500,SUCCESSFUL"]),
-        &["row 1", "Activation Function", "Swish"],
-    );
-    check_error(
-        &cnn_csv(&["x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,inf,SUCCESSFUL"]),
-        &["row 1", "Max GPU Memory (MiB)", "finite"],
-    );
-    check_error(&cnn_csv(&[]), &["bad.csv", "at least one data row"]);
-    check_error(
-        &cnn_csv(&[good, "x,1,\"[('conv2d', 4, 20)]\",ReLU,4,20,8,1500,SUCCESSFUL"]),
-        &["mix model families", "mlp, cnn"],
-    );
+    // (data rows under the CNN header, what the error must say)
+    let cases: [(&[&str], &[&str]); 8] = [
+        (
+            &[good, "x,1,\"[('linear', 4, 20)]\",ReLU,4,20,eight,1500,SUCCESSFUL"],
+            &["bad.csv", "row 2", "Batch Size", "\"eight\""],
+        ),
+        (&["x,1,\"[('linear', 4)]\",ReLU,4,20,8,1500,SUCCESSFUL"], &["row 1", "Activations-Params", "layer 0"]),
+        (&["x,1,linear,ReLU,4,20,8,1500,SUCCESSFUL"], &["row 1", "Activations-Params", "expected a list"]),
+        (&[good, good, "x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,1500,MAYBE"], &["row 3", "Status", "OOM_CRASH"]),
+        (&["x,1,\"[('linear', 4, 20)]\",Swish,4,20,8,1500,SUCCESSFUL"], &["row 1", "Activation Function", "Swish"]),
+        (&["x,1,\"[('linear', 4, 20)]\",ReLU,4,20,8,inf,SUCCESSFUL"], &["row 1", "Max GPU Memory (MiB)", "finite"]),
+        (&[], &["bad.csv", "at least one data row"]),
+        (&[good, "x,1,\"[('conv2d', 4, 20)]\",ReLU,4,20,8,1500,SUCCESSFUL"], &["mix model families", "mlp, cnn"]),
+    ];
+    for (rows, expect) in cases {
+        check_error(&cnn_csv(rows), expect);
+    }
     let missing = Dataset::load(Path::new("/nonexistent/gpumemnet.csv")).unwrap_err();
     assert!(matches!(missing, MlError::Io { .. }));
     assert!(missing.to_string().contains("/nonexistent/gpumemnet.csv"));
