@@ -217,16 +217,20 @@ fn trace() -> impl Strategy<Value = (Vec<Record>, bool, Option<u64>)> {
     )
 }
 
+/// A replayer for one of [`trace`]'s cases: its kind of addresses and its capacity.
+fn replayer(synthetic: bool, capacity: Option<u64>) -> Replayer {
+    let mut h = crate::records::header();
+    h.synthetic_addresses = synthetic;
+    Replayer::new(&h, ReplayOptions { capacity, ..ReplayOptions::default() }).unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
     #[test]
     fn numbered_blocks_hold_what_a_map_by_trace_address_holds((recs, synthetic, capacity) in trace()) {
-        let mut h = crate::records::header();
-        h.synthetic_addresses = synthetic;
-        let opts = ReplayOptions { capacity, ..ReplayOptions::default() };
-        let mut whole = Replayer::new(&h, opts.clone()).unwrap();
-        let mut stepped = Replayer::new(&h, opts).unwrap();
+        let mut whole = replayer(synthetic, capacity);
+        let mut stepped = replayer(synthetic, capacity);
         let mut classifier = stepped.classifier().unwrap();
         let mut map = MapReplay {
             synthetic,
@@ -267,11 +271,8 @@ proptest! {
     fn field_by_field_steps_are_the_records_steps((recs, synthetic, capacity) in trace()) {
         use simulator::replay::Steps;
         use trace::MapRecord;
-        let mut h = crate::records::header();
-        h.synthetic_addresses = synthetic;
-        let opts = ReplayOptions { capacity, ..ReplayOptions::default() };
-        let mut whole = Steps(Replayer::new(&h, opts.clone()).unwrap().classifier());
-        let mut fields = Steps(Replayer::new(&h, opts).unwrap().classifier());
+        let mut whole = Steps(replayer(synthetic, capacity).classifier());
+        let mut fields = Steps(replayer(synthetic, capacity).classifier());
         for (i, r) in recs.iter().enumerate() {
             let by_fields = match r.event.clone() {
                 Event::Alloc(a) => fields.alloc(r.ts_ns, r.tid, r.device, a),
@@ -292,9 +293,7 @@ fn the_random_traces_reach_every_refusal() {
     let (mut refused_frees, mut ooms, mut failed_frees) = (0, 0, 0);
     for _ in 0..200 {
         let (recs, synthetic, capacity) = trace().new_tree(&mut runner).unwrap().current();
-        let mut h = crate::records::header();
-        h.synthetic_addresses = synthetic;
-        let mut rp = Replayer::new(&h, ReplayOptions { capacity, ..ReplayOptions::default() }).unwrap();
+        let mut rp = replayer(synthetic, capacity);
         recs.iter().for_each(|r| rp.observe(r));
         let report = rp.finish();
         refused_frees += report.rejected_examples.iter().filter(|e| e.contains("free")).count();
