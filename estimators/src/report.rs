@@ -40,15 +40,17 @@ pub fn pef_proxy(g: &GroupMetrics) -> String {
     g.pef_proxy.map_or("–".into(), |v| format!("{v:.1}%"))
 }
 
-/// A Markdown table: the header (column names joined by " | "), its rule, and a line per row of
-/// cells.
-fn table(s: &mut String, header: &str, rows: impl Iterator<Item = Vec<String>>) {
+/// A Markdown table of estimators: the header (column names joined by " | ", the estimator's
+/// first), its rule, and a line per row: the estimator's [`label`], then `cells` of its metrics.
+fn table(s: &mut String, header: &str, rows: &[&GroupMetrics], cells: impl Fn(&GroupMetrics, &Metrics) -> Vec<String>) {
     let columns = header.split(" | ").count();
     let _ = writeln!(s, "| {header} |");
     let _ = writeln!(s, "|{}", "---|".repeat(columns));
-    for cells in rows {
-        debug_assert_eq!(cells.len(), columns, "a row's cells match the header");
-        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    for r in rows {
+        let mut line = vec![label(r)];
+        line.extend(cells(r, &r.metrics));
+        debug_assert_eq!(line.len(), columns, "a row's cells match the header");
+        let _ = writeln!(s, "| {} |", line.join(" | "));
     }
 }
 
@@ -90,11 +92,10 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
         table(
             &mut s,
             "estimator | estimated | MRE | median signed | under | P50 | P80 | P90 | P95 | P99 | max | PEF (memsim) | PEF proxy | MCP GB",
-            rows.iter().map(|r| {
-                let m = &r.metrics;
+            &rows,
+            |r, m| {
                 let p = m.abs_rel;
                 vec![
-                    label(r),
                     format!("{}/{}", m.estimated, m.runs),
                     pct(m.mre),
                     pct(m.median_signed),
@@ -109,26 +110,24 @@ pub fn markdown(title: &str, notes: &str, groups: &[GroupMetrics]) -> String {
                     pef_proxy(r),
                     num(m.mcp_gb, 2),
                 ]
-            }),
+            },
         );
         s.push_str("\nAbsolute error in MiB, bin accuracy / macro F1 (right-closed bins), latency:\n\n");
         table(
             &mut s,
             "estimator | P50 MiB | P90 MiB | P99 MiB | max MiB | acc@1GiB | F1@1GiB | acc@2GiB | F1@2GiB | acc@8GiB | F1@8GiB | latency P50 s | latency P99 s",
-            rows.iter().map(|r| {
-                let m = &r.metrics;
+            &rows,
+            |_, m| {
                 let a = m.abs_mib;
                 let bin = |w: f64| m.bins.iter().find(|b| b.width_gib == w);
-                let mut cells = vec![label(r)];
-                cells.extend(
-                    [a.map(|p| p.p50), a.map(|p| p.p90), a.map(|p| p.p99), a.map(|p| p.max)].map(|v| num(v, 0)),
-                );
+                let mut cells =
+                    [a.map(|p| p.p50), a.map(|p| p.p90), a.map(|p| p.p99), a.map(|p| p.max)].map(|v| num(v, 0)).to_vec();
                 for w in [1.0, 2.0, 8.0] {
                     cells.extend([bin(w).map(|b| b.accuracy), bin(w).map(|b| b.macro_f1)].map(|v| num(v, 3)));
                 }
                 cells.extend([m.latency_p50_s, m.latency_p99_s].map(|v| num(v, 4)));
                 cells
-            }),
+            },
         );
         let failures: Vec<String> = rows
             .iter()
