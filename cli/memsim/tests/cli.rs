@@ -25,6 +25,16 @@ fn write_trace(dir: &Path, name: &str, records: &[Record]) -> PathBuf {
     write_with(dir, name, records, &[])
 }
 
+/// `memsim replay` and `memsim colocate` of the trace `t` on a device of `bytes`: each command
+/// with its exit status, stdout and stderr (the two give one verdict, so tests ask both).
+fn replay_and_colocate(t: &str, bytes: u64) -> [(&'static str, i32, String, String); 2] {
+    let cap = format!("{bytes}B");
+    ["replay", "colocate"].map(|cmd| {
+        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+        (cmd, code, out, err)
+    })
+}
+
 /// Three 30 MiB tensors, the middle one freed before a 60 MiB one: native rules give a 30 MiB
 /// segment each (>= 10 MiB requests round to 2 MiB multiples) and a fresh 60 MiB segment.
 fn three_tensors() -> Vec<Record> {
@@ -577,9 +587,7 @@ fn a_recorded_out_of_memory_error_is_in_the_need_and_said() {
     // 90 MiB allocated when it failed (three 30 MiB tensors), plus the 100 MiB request.
     assert_eq!(v["recorded_oom"]["need_bytes"], 190 * MIB, "{v}");
     assert!(peak < 190 * MIB, "the peak alone is {peak}");
-    let cap = format!("{}B", 180 * MIB);
-    for cmd in ["replay", "colocate"] {
-        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+    for (cmd, code, out, err) in replay_and_colocate(t, 180 * MIB) {
         assert_eq!(code, 1, "{cmd}: {out}{err}");
         assert!(
             err.contains("the run ran out of memory (record 3, device 0: a request of 104857600 B"),
@@ -646,9 +654,7 @@ fn device_memory_held_outside_the_allocator_is_in_the_need() {
     let v = json(&["replay", t, "--json"]);
     assert_eq!(v["peak_reserved_bytes"], 150 * MIB, "{v}");
     assert_eq!(v["recorded_outside_bytes"], 240 * MIB, "the most held at once: {v}");
-    let cap = format!("{}B", 300 * MIB);
-    for cmd in ["replay", "colocate"] {
-        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+    for (cmd, code, out, err) in replay_and_colocate(t, 300 * MIB) {
         assert_eq!(code, 1, "{cmd}: 150 MiB reserved + 240 MiB held beside it: {out}{err}");
         assert!(out.contains("DOES NOT FIT") && out.contains("390.00 MiB"), "{cmd}: {out}");
         assert!(err.contains("outside the caching allocator"), "{cmd}: {err}");
@@ -679,9 +685,7 @@ fn memory_held_outside_counts_where_it_is_held() {
     assert_eq!(v["peak_reserved_bytes"], 150 * MIB, "{v}");
     assert_eq!(v["recorded_outside_bytes"], 200 * MIB, "{v}");
     assert_eq!(v["outside_beside_peak_bytes"], 50 * MIB, "200 at once, 150 of it the reserved peak: {v}");
-    let cap = format!("{}B", 250 * MIB);
-    for cmd in ["replay", "colocate"] {
-        let (code, out, err) = memsim(&[cmd, t, "--capacity", &cap]);
+    for (cmd, code, out, err) in replay_and_colocate(t, 250 * MIB) {
         assert_eq!(code, 0, "{cmd}: {out}{err}");
         assert!(out.contains("FITS") && out.contains("200.00 MiB"), "{cmd}: {out}");
     }
@@ -870,9 +874,7 @@ fn an_empty_alloc_conf_is_said_to_be_the_defaults() {
 fn a_verdict_never_stands_beside_two_equal_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let t = write_logical(dir.path(), "t.jsonl", &[alloc(1, 30 * MIB, None)], &[]);
-    let (t, cap) = (t.to_str().unwrap(), format!("{}B", 30 * MIB - 1));
-    for cmd in ["replay", "colocate"] {
-        let (code, out, _) = memsim(&[cmd, t, "--capacity", &cap]);
+    for (cmd, code, out, _) in replay_and_colocate(t.to_str().unwrap(), 30 * MIB - 1) {
         assert_eq!(code, 1, "{cmd}: {out}");
         let needs = format!("needs {} B", 30 * MIB);
         assert!(out.contains(&needs) && out.contains(&format!("{} B", 30 * MIB - 1)), "{cmd}: {out}");
