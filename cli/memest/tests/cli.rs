@@ -270,13 +270,19 @@ fn errors_are_clear_and_exit_nonzero() {
     assert!(!out.exists(), "no partial profile written");
 }
 
-#[test]
-fn compare_rebuilds_real_rows_through_the_trainer() {
-    // Two real GPUMemNet MLP rows, traced by the trainer (needs the venv), every estimator run.
+/// A `memest compare` run through the trainer (needs the venv): a temporary directory, the
+/// output directory in it, and the shared dataset `csv`.
+fn compare_setup(csv: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     venv_python();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cmp");
-    let data = shared("gpumemnet/mlp_data_step2.csv");
+    (dir, out, shared(csv))
+}
+
+#[test]
+fn compare_rebuilds_real_rows_through_the_trainer() {
+    // Two real GPUMemNet MLP rows, traced by the trainer (needs the venv), every estimator run.
+    let (dir, out, data) = compare_setup("gpumemnet/mlp_data_step2.csv");
     let (ok, stdout, err) = memest_compare(&data, &out, &["--limit", "2", "--seed", "5"]);
     assert!(ok, "{err}");
     assert!(stdout.contains("symbolic"), "{stdout}");
@@ -353,10 +359,7 @@ fn calibration_rows_are_recognised_in_a_renamed_or_reordered_copy() {
 
 #[test]
 fn compare_traces_with_several_trainer_processes() {
-    venv_python();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("cmp");
-    let data = shared("gpumemnet/mlp_data_step1.csv");
+    let (dir, out, data) = compare_setup("gpumemnet/mlp_data_step1.csv");
     let run = |extra: &[&str]| {
         memest_compare(&data, &out, &[&["--limit", "4", "--seed", "9", "--no-fake-tensor"][..], extra].concat())
     };
