@@ -2,7 +2,7 @@
 //! (size, then address) to a block slot, with the order PyTorch's `std::set` gives, and a
 //! faster best fit than a B-tree.
 //!
-//! Keys are split into size classes, sixteen per power of two (the classes are monotone in the
+//! Keys are split into size classes, sixty-four per power of two (the classes are monotone in the
 //! key, so class order then in-class order is key order), with one bit per non-empty class. A best
 //! fit looks in the request's own class, then takes the first entry of the next non-empty class
 //! that the bitmap names. A class is a short sorted vector, and a B-tree once it holds many
@@ -11,8 +11,9 @@
 
 use std::collections::BTreeMap;
 
-/// Classes: sizes below 16 each have their own; from 16 on, sixteen per power of two.
-const CLASSES: usize = 16 + 60 * 16;
+/// Classes: sizes below 64 each have their own; from 64 on, sixty-four per power of two (finer
+/// classes than sixteen hold fewer entries, so the searches and shifts in one are shorter).
+const CLASSES: usize = 64 + 58 * 64;
 const WORDS: usize = CLASSES.div_ceil(64);
 /// Entries from which a class becomes a B-tree.
 const TREE_FROM: usize = 64;
@@ -20,11 +21,11 @@ const TREE_FROM: usize = 64;
 #[inline]
 fn class_of(key: u128) -> usize {
     let size = (key >> 64) as u64;
-    if size < 16 {
+    if size < 64 {
         return size as usize;
     }
     let e = 63 - size.leading_zeros() as usize;
-    (e - 3) * 16 + ((size >> (e - 4)) & 15) as usize
+    (e - 5) * 64 + ((size >> (e - 6)) & 63) as usize
 }
 
 #[derive(Debug, Clone)]
@@ -71,23 +72,10 @@ impl Class {
         }
     }
 
-    /// Inserts; whether the class was empty before, and whether the key is new.
-    // The common case (a short sorted class, appended to) stays inline and light; the shift,
-    // the switch to a tree and the tree itself are out of line, so the hot path saves fewer
-    // registers (callgrind: see docs/benchmarks.md, twenty-fifth session).
-    #[inline]
-    fn insert(&mut self, k: u128, slot: u32) -> (bool, bool) {
-        if let Class::Sorted(v) = self {
-            // Most classes hold one entry or none: append without a search or a shift.
-            if v.last().is_none_or(|e| e.0 < k) && v.len() + 1 < TREE_FROM {
-                let was_empty = v.is_empty();
-                v.push((k, slot));
-                return (was_empty, true);
-            }
-        }
-        self.insert_slow(k, slot)
-    }
-
+    /// Inserts where the class is not a short sorted one appended to (`FreeIndex::insert` does
+    /// that inline); whether the class was empty before, and whether the key is new.
+    // The shift, the switch to a tree and the tree itself are out of line, so the hot path saves
+    // fewer registers (callgrind: see docs/benchmarks.md, twenty-fifth session).
     #[inline(never)]
     fn insert_slow(&mut self, k: u128, slot: u32) -> (bool, bool) {
         match self {
@@ -169,6 +157,17 @@ impl Class {
         }
     }
 
+    /// Removes the first entry: the best fit when the request's own class had none, so there is
+    /// no key to search for. It, and whether the class is empty after.
+    #[inline]
+    fn take_first(&mut self) -> Option<((u128, u32), bool)> {
+        match self {
+            Class::Sorted(v) if v.len() == 1 => v.pop().map(|e| (e, true)),
+            Class::Sorted(v) => (!v.is_empty()).then(|| (v.remove(0), false)),
+            Class::Tree(_) => self.take_tree(0),
+        }
+    }
+
     fn push_all(&self, out: &mut Vec<u32>) {
         match self {
             Class::Sorted(v) => out.extend(v.iter().map(|e| e.1)),
@@ -199,7 +198,18 @@ impl FreeIndex {
 
     pub fn insert(&mut self, k: u128, slot: u32) {
         let c = class_of(k);
-        let (was_empty, new) = self.classes[c].insert(k, slot);
+        // Most classes hold one entry or none: append without a search or a shift. The class is
+        // not empty after, so its bit is set without asking whether it was; doing that and the
+        // count before the push keeps fewer values live across it.
+        if let Class::Sorted(v) = &mut self.classes[c] {
+            if v.last().is_none_or(|e| e.0 < k) && v.len() + 1 < TREE_FROM {
+                self.occupied[c / 64] |= 1 << (c % 64);
+                self.len += 1;
+                v.push((k, slot));
+                return;
+            }
+        }
+        let (was_empty, new) = self.classes[c].insert_slow(k, slot);
         if was_empty {
             self.occupied[c / 64] |= 1 << (c % 64);
         }
@@ -276,7 +286,7 @@ impl FreeIndex {
             Some(taken) => (c, taken),
             None => {
                 let n = self.next_class(c + 1)?;
-                (n, self.classes[n].take_at_or_after(0)?)
+                (n, self.classes[n].take_first()?)
             }
         };
         if empty {
