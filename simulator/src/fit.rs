@@ -385,6 +385,20 @@ impl FitReplay {
         }
     }
 
+    /// Feed a run of records as their [`Step`]s, as [`FitReplay::observe_step`] each would. The
+    /// two replays share nothing, so each takes the whole run in turn: one loop per replay with
+    /// its state at hand, not a call per step.
+    pub fn observe_steps(&mut self, steps: &[Step]) {
+        for s in steps {
+            self.unlimited.observe_step(s);
+        }
+        if let Some(c) = &mut self.capped {
+            for s in steps {
+                c.observe_step(s);
+            }
+        }
+    }
+
     /// The outcome.
     pub fn finish(self) -> FitOutcome {
         let unlimited = self.unlimited.finish();

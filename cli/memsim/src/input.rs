@@ -148,9 +148,10 @@ pub fn warn(lines: &[String]) {
 pub fn for_each_record<S>(
     path: &Path,
     init: impl FnOnce(&Header) -> Result<S>,
-    f: impl FnMut(&mut S, &Record) -> Result<()>,
+    mut f: impl FnMut(&mut S, &Record) -> Result<()>,
 ) -> Result<Read<S>> {
-    read(path, &SnapshotAs::default(), |h, _| init(h), |_| |r: Record| r, f, Drops::OnConsumer)
+    let each = move |s: &mut S, records: &[Record]| records.iter().try_for_each(|r| f(s, r));
+    read(path, &SnapshotAs::default(), |h, _| init(h), |_| |r: Record| r, each, Drops::OnConsumer)
 }
 
 /// How a snapshot input is imported: under the allocator version and configuration the replay
@@ -167,13 +168,15 @@ pub struct SnapshotAs {
 /// makes from the state. For a large file the mapper runs on the decoding thread, so work that
 /// needs only the record (sorting it for a replay) leaves the consuming thread.
 /// A snapshot is imported as `snapshot` says; `init` gets the allocator version it was imported
-/// under (`None` for a trace).
+/// under (`None` for a trace). `f` takes the items a run at a time (a decoded batch, or one item
+/// where there is no second thread), so that its per-item loop is its own and a call per item
+/// does not save and restore the consumer's registers.
 pub fn for_each_mapped<S, T: Send, M: MapRecord<T> + Send>(
     path: &Path,
     snapshot: &SnapshotAs,
     init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
     mapper: impl FnOnce(&S) -> M,
-    f: impl FnMut(&mut S, &T) -> Result<()>,
+    f: impl FnMut(&mut S, &[T]) -> Result<()>,
 ) -> Result<Read<S>> {
     read(path, snapshot, init, mapper, f, Drops::OnDecoder)
 }
@@ -192,7 +195,7 @@ fn read<S, T: Send, M: MapRecord<T> + Send>(
     snapshot: &SnapshotAs,
     init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
     mapper: impl FnOnce(&S) -> M,
-    mut f: impl FnMut(&mut S, &T) -> Result<()>,
+    mut f: impl FnMut(&mut S, &[T]) -> Result<()>,
     drops: Drops,
 ) -> Result<Read<S>> {
     exists(path)?;
@@ -205,7 +208,7 @@ fn read<S, T: Send, M: MapRecord<T> + Send>(
             let mut state = init(&imported.header, Some(imported.version))?;
             let mut map = mapper(&state);
             for r in imported.records {
-                f(&mut state, &map.record(r))?;
+                f(&mut state, std::slice::from_ref(&map.record(r)))?;
             }
             Ok(Read { header: imported.header, state, summary: None })
         }
@@ -239,7 +242,7 @@ fn read<S, T: Send, M: MapRecord<T> + Send>(
                     while let Some(rec) = reader.next_record() {
                         // The reader's errors name the file and the line or byte already.
                         let rec = rec.with_context(|| format!("after {n} whole records"))?;
-                        f(&mut state, &map.record(rec))?;
+                        f(&mut state, std::slice::from_ref(&map.record(rec)))?;
                         n += 1;
                         if n.is_multiple_of(65536) {
                             if let Some(b) = &bar {
@@ -271,7 +274,7 @@ fn pipelined<S, T: Send>(
     reader: &mut trace::Reader<std::fs::File>,
     state: &mut S,
     mut map: impl MapRecord<T> + Send,
-    f: &mut impl FnMut(&mut S, &T) -> Result<()>,
+    f: &mut impl FnMut(&mut S, &[T]) -> Result<()>,
     bar: Option<&ProgressBar>,
     drops: Drops,
 ) -> Result<()> {
@@ -292,9 +295,7 @@ fn pipelined<S, T: Send>(
         });
         let mut n = 0u64;
         for (mut batch, error, bytes) in full_rx {
-            for rec in &batch {
-                f(state, rec)?;
-            }
+            f(state, &batch)?;
             n += batch.len() as u64;
             if let Some(e) = error {
                 return Err(anyhow::Error::new(e).context(format!("after {n} whole records")));

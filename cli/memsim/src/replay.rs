@@ -185,8 +185,8 @@ pub fn replay_file(
         },
         // Records are sorted into replay steps on the decoding thread.
         |rp| Steps(rp.classifier()),
-        |rp, s| {
-            rp.observe_step(s);
+        |rp, steps| {
+            rp.observe_steps(steps);
             Ok(())
         },
     )?;
