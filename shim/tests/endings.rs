@@ -129,6 +129,18 @@ fn quick_exit_completes_the_trace_with_its_status() {
     assert_eq!(s.exit.unwrap().status, Some(5));
 }
 
+/// A return from `main` ends the process through libc's own `exit`, which no export sees: the
+/// start of `main` is wrapped, so its status is recorded all the same (a Python program's is).
+#[test]
+fn a_return_from_main_records_its_status() {
+    let r = run("p_main_returns", &[("MEMTRACE_QUIET", "1")]);
+    assert_eq!(r.out.status.code(), Some(4), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
+    let s = r.stats();
+    assert!(s.whole(), "the trace was not completed");
+    assert_eq!(s.calls(), [("cudaMalloc", 1)]);
+    assert_eq!(s.exit.unwrap().status, Some(4));
+}
+
 /// SIGSEGV, SIGBUS, SIGFPE and SIGILL complete the trace, marked as ended by the signal, and
 /// the process dies by it with its default action (a core, as without the shim).
 #[test]

@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 43] = [
+const PROGRAMS: [&str; 44] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -90,6 +90,7 @@ const PROGRAMS: [&str; 43] = [
     "p_fault_chain",
     "p_fault_writer",
     "p_fault_survive",
+    "p_main_returns",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

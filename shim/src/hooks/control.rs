@@ -1,7 +1,8 @@
-//! Process-level exports: exit wrappers that flush first, markers, NVTX ranges.
+//! Process-level exports: the start of `main` and the exit wrappers, which record the exit status
+//! and flush first, markers, NVTX ranges.
 
-use std::ffi::{c_char, c_int};
-use std::sync::atomic::Ordering;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::real::{Lib, Slot};
 use crate::{lifecycle, state};
@@ -46,6 +47,62 @@ pub unsafe extern "C" fn quick_exit_export(status: c_int) -> ! {
         state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
     }
     die(&REAL_QEXIT, c"quick_exit", status)
+}
+
+type MainFn = unsafe extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int;
+type StartMainFn =
+    unsafe extern "C" fn(MainFn, c_int, *mut *mut c_char, *mut c_void, *mut c_void, *mut c_void, *mut c_void) -> c_int;
+
+static REAL_START_MAIN: Slot = Slot::new();
+/// The program's `main`, which [`main_returning`] calls.
+static PROGRAM_MAIN: AtomicUsize = AtomicUsize::new(0);
+
+/// `__libc_start_main`, which a program's `_start` calls before anything else runs: start the
+/// program with its `main` called through [`main_returning`]. Why: a return from `main` ends the
+/// process through libc's internal `exit`, which no export sees, and so its status went
+/// unrecorded; Python's is such a return (`sys.exit(3)` and an uncaught exception's 1 included).
+/// The other arguments are passed on untouched (glibc's `init`, `fini`, `rtld_fini` and stack
+/// end, whatever the program was linked against).
+#[cfg_attr(not(test), export_name = "__libc_start_main")]
+pub unsafe extern "C" fn libc_start_main(
+    main: MainFn,
+    argc: c_int,
+    argv: *mut *mut c_char,
+    init: *mut c_void,
+    fini: *mut c_void,
+    rtld_fini: *mut c_void,
+    stack_end: *mut c_void,
+) -> c_int {
+    let p = REAL_START_MAIN.get(Lib::Libc, c"__libc_start_main");
+    if p == 0 {
+        // No libc to start the program with: nothing could run it, with or without the shim.
+        let msg = b"memtrace: the real __libc_start_main was not found; cannot start the program\n";
+        // Safety: write(2) and exit_group(2) need no libc state; the buffer is valid.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::syscall(libc::SYS_exit_group, 127);
+        }
+        unreachable!("exit_group returned");
+    }
+    PROGRAM_MAIN.store(main as usize, Ordering::Release);
+    // Safety: the real libc function of this exact name and signature.
+    let real: StartMainFn = unsafe { std::mem::transmute::<usize, StartMainFn>(p) };
+    // Safety: the caller's arguments, with `main` replaced by a function of the same signature.
+    unsafe { real(main_returning, argc, argv, init, fini, rtld_fini, stack_end) }
+}
+
+/// The program's `main`, its returned status remembered for `ProcessExit` (as `exit`'s is);
+/// libc then exits with it, and our atexit handler completes the trace.
+unsafe extern "C" fn main_returning(argc: c_int, argv: *mut *mut c_char, envp: *mut *mut c_char) -> c_int {
+    // Safety: stored by `libc_start_main` from the program's own `main` before libc calls this.
+    let main: MainFn = unsafe { std::mem::transmute::<usize, MainFn>(PROGRAM_MAIN.load(Ordering::Acquire)) };
+    // Safety: libc's arguments for `main`, passed on.
+    let status = unsafe { main(argc, argv, envp) };
+    // A forked child that returns from the `main` it inherited is not the trace's owner.
+    if state::is_owner() {
+        state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
+    }
+    status
 }
 
 /// `_exit`: bypasses atexit, so complete the trace first. Async-signal-safe and so called from
