@@ -94,7 +94,13 @@ pub fn launch(ts: u64, block: u32, stream: i64) -> Record {
         ts_ns: Some(ts),
         tid: None,
         device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch::ok(Api::CudaLaunchKernel, None, [1, 1, 1], [block, 1, 1], stream)),
+        event: Event::KernelLaunch(KernelLaunch::succeeded(
+            Api::CudaLaunchKernel,
+            None,
+            [1, 1, 1],
+            [block, 1, 1],
+            stream,
+        )),
     }
 }
 

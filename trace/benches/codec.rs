@@ -31,7 +31,13 @@ fn rec(ts: u64, event: Event) -> Record {
 fn launch(ts: u64, name: u32, grid: u32, stream: i64) -> Record {
     rec(
         ts,
-        Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, Some(name), [grid, 1, 1], [256, 1, 1], stream)),
+        Event::KernelLaunch(KernelLaunch::succeeded(
+            Api::__CudaLaunchKernel,
+            Some(name),
+            [grid, 1, 1],
+            [256, 1, 1],
+            stream,
+        )),
     )
 }
 

@@ -453,7 +453,7 @@ mod tests {
         let mut buf = Vec::new();
         encode_frame(&mut state, &rec(1000, Event::MemInfo(MemInfo { free: 0, total: 0 })), &mut buf).unwrap();
         buf.clear();
-        let launch = KernelLaunch::ok(crate::Api::__CudaLaunchKernel, Some(5), [128, 1, 1], [256, 1, 1], 0);
+        let launch = KernelLaunch::succeeded(crate::Api::__CudaLaunchKernel, Some(5), [128, 1, 1], [256, 1, 1], 0);
         encode_frame(&mut state, &rec(1250, Event::KernelLaunch(launch)), &mut buf).unwrap();
         let expect = [
             0x04, 0x11, 0x3F, 0xF4, 0x03, 0x62, 0x01, 0x05, 0x80, 0x01, 0x01, 0xFB, 0x00, 0x01, 0x01, 0x01, 0x00, 0x00,

@@ -1240,6 +1240,20 @@ fn a_large_trace_reads_the_same_on_a_decoding_thread() {
         assert_eq!(err.matches("unsupported opcode").count(), 1, "{cmd}: {err}");
     }
     assert_eq!(json(&["stats", big.to_str().unwrap(), "--json"])["events"], recs.len());
+    // With a budget the batches reach the capped replay as single records do, whether it runs
+    // out of memory mid-trace (exit 1) or fits.
+    let f = big.to_str().unwrap();
+    let peak = json(&["replay", f, "--json"])["peak_reserved_bytes"].as_u64().unwrap();
+    for (cap, fits) in [(peak / 2, false), (peak * 2, true)] {
+        let cap = cap.to_string();
+        let (code, out, err) = memsim(&["replay", f, "--capacity", &cap, "--json"]);
+        assert_eq!(code, if fits { 0 } else { 1 }, "--capacity {cap}: {err}");
+        let alone: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((alone["oom"].as_bool(), alone["verdict"]["fits"].as_bool()), (Some(!fits), Some(fits)), "{cap}");
+        let (_, out, _) = memsim(&["replay", f, small, "--capacity", &cap, "--json"]);
+        let batch: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(batch[0], alone, "--capacity {cap}: on the decoding thread and off it");
+    }
 }
 
 /// `memsim stats t | head -c0`: a reader that goes away ends the binary as it ends other tools

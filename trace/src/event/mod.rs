@@ -458,8 +458,8 @@ pub struct KernelLaunch {
 
 impl KernelLaunch {
     /// A successful launch without dynamic shared memory; other fields by struct update
-    /// (`KernelLaunch { shared_mem, ..KernelLaunch::ok(..) }`).
-    pub fn ok(api: Api, name: Option<NameId>, grid: [u32; 3], block: [u32; 3], stream: i64) -> KernelLaunch {
+    /// (`KernelLaunch { shared_mem, ..KernelLaunch::succeeded(..) }`).
+    pub fn succeeded(api: Api, name: Option<NameId>, grid: [u32; 3], block: [u32; 3], stream: i64) -> KernelLaunch {
         KernelLaunch { api, name, grid, block, shared_mem: 0, stream, result: 0 }
     }
 }

@@ -82,7 +82,7 @@ fn appended_fields_of_the_hot_kinds_are_counted_on_every_path() {
             ts_ns: Some(3),
             tid: None,
             device: Some(0),
-            event: Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, None, [1, 1, 1], [1, 1, 1], 0)),
+            event: Event::KernelLaunch(KernelLaunch::succeeded(Api::__CudaLaunchKernel, None, [1, 1, 1], [1, 1, 1], 0)),
         },
     ];
     let mut bytes = binary(&h, &[]);

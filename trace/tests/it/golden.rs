@@ -396,6 +396,18 @@ fn check_file_of(name: &str, fresh: Vec<u8>, expect: Vec<Record>) {
     assert!(committed == fresh, "{name}: re-encoding no longer reproduces the committed bytes");
 }
 
+/// `Event::kind` reads `Event::KINDS` by tag: each kind it gives is the one the JSON Lines form
+/// writes (serde's renames), for a record of every kind.
+#[test]
+fn every_kind_is_what_json_lines_writes() {
+    for r in records().iter().chain(&appended_records()) {
+        let mut line = Vec::new();
+        trace::jsonl::write_record_line(r, &mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["kind"], r.event.kind(), "{v}");
+    }
+}
+
 #[test]
 fn golden_covers_every_kind() {
     let kinds: std::collections::BTreeSet<&str> =

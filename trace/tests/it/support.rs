@@ -44,7 +44,13 @@ pub fn small_trace() -> (Header, Vec<Record>) {
         ts_ns: Some(ts),
         tid: Some(7),
         device: Some(0),
-        event: Event::KernelLaunch(KernelLaunch::ok(Api::__CudaLaunchKernel, Some(1), [128, 1, 1], [256, 1, 1], 0)),
+        event: Event::KernelLaunch(KernelLaunch::succeeded(
+            Api::__CudaLaunchKernel,
+            Some(1),
+            [128, 1, 1],
+            [256, 1, 1],
+            0,
+        )),
     };
     let alloc = Record {
         ts_ns: Some(500),
