@@ -120,25 +120,28 @@ fn abort_completes_the_trace_and_dies_by_sigabrt() {
 /// with the status, after the program's own handler.
 #[test]
 fn quick_exit_completes_the_trace_with_its_status() {
-    let r = run("p_quick_exit", &[("MEMTRACE_QUIET", "1")]);
-    assert_eq!(r.out.status.code(), Some(5), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
-    assert!(r.stderr().contains("own handler"), "{}", r.stderr());
-    let s = r.stats();
-    assert!(s.whole(), "the trace was not completed");
-    assert_eq!(s.calls(), [("cudaMalloc", 1)]);
-    assert_eq!(s.exit.unwrap().status, Some(5));
+    let stderr = exits_with("p_quick_exit", 5, &[("cudaMalloc", 1)]);
+    assert!(stderr.contains("own handler"), "{stderr}");
 }
 
 /// A return from `main` ends the process through libc's own `exit`, which no export sees: the
 /// start of `main` is wrapped, so its status is recorded all the same (a Python program's is).
 #[test]
 fn a_return_from_main_records_its_status() {
-    let r = run("p_main_returns", &[("MEMTRACE_QUIET", "1")]);
-    assert_eq!(r.out.status.code(), Some(4), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
+    exits_with("p_main_returns", 4, &[("cudaMalloc", 1)]);
+}
+
+/// `prog` exits with `code`, its trace whole, with `calls` and that status and no signal in its
+/// exit record; its stderr.
+fn exits_with(prog: &str, code: i32, calls: &[(&str, u64)]) -> String {
+    let r = run(prog, &[("MEMTRACE_QUIET", "1")]);
+    assert_eq!(r.out.status.code(), Some(code), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
     let s = r.stats();
-    assert!(s.whole(), "the trace was not completed");
-    assert_eq!(s.calls(), [("cudaMalloc", 1)]);
-    assert_eq!(s.exit.unwrap().status, Some(4));
+    assert!(s.whole(), "{prog}: the trace was not completed");
+    assert_eq!(s.calls(), calls, "{prog}");
+    let exit = s.exit.unwrap();
+    assert_eq!((exit.signal, exit.status), (None, Some(code)), "{prog}");
+    r.stderr()
 }
 
 /// SIGSEGV, SIGBUS, SIGFPE and SIGILL complete the trace, marked as ended by the signal, and
@@ -178,13 +181,7 @@ fn a_programs_fault_handler_is_chained_to() {
 /// after it and is completed at the exit, with its status and no signal.
 #[test]
 fn a_fault_the_program_survives_keeps_recording() {
-    let r = run("p_fault_survive", &[("MEMTRACE_QUIET", "1")]);
-    assert_eq!(r.out.status.code(), Some(0), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
-    let s = r.stats();
-    assert!(s.whole(), "the trace was not completed");
-    assert_eq!(s.calls(), [("cudaFree", 2), ("cudaMalloc", 3)]);
-    let exit = s.exit.unwrap();
-    assert_eq!((exit.signal, exit.status), (None, Some(0)));
+    exits_with("p_fault_survive", 0, &[("cudaFree", 2), ("cudaMalloc", 3)]);
 }
 
 /// A fault on the shim's writer thread does not wait for the trace (the writer would wait for
