@@ -370,24 +370,15 @@ impl FitReplay {
         }
     }
 
-    /// The classifier for [`FitReplay::observe_step`] (both replays read the same header, so
+    /// The classifier for [`FitReplay::observe_steps`] (both replays read the same header, so
     /// they sort records alike).
     pub fn classifier(&self) -> Option<Classifier> {
         self.unlimited.classifier()
     }
 
-    /// Feed one record as its [`Step`] (see [`Replayer::observe_step`]).
-    #[inline]
-    pub fn observe_step(&mut self, s: &Step) {
-        self.unlimited.observe_step(s);
-        if let Some(c) = &mut self.capped {
-            c.observe_step(s);
-        }
-    }
-
-    /// Feed a run of records as their [`Step`]s, as [`FitReplay::observe_step`] each would. The
-    /// two replays share nothing, so each takes the whole run in turn: one loop per replay with
-    /// its state at hand, not a call per step.
+    /// Feed a run of records as their [`Step`]s (see [`Replayer::observe_step`]), as feeding
+    /// each to both replays in turn would. The two replays share nothing, so each takes the whole
+    /// run in turn: one loop per replay with its state at hand, not a call per step.
     pub fn observe_steps(&mut self, steps: &[Step]) {
         for s in steps {
             self.unlimited.observe_step(s);

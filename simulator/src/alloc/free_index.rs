@@ -354,9 +354,17 @@ mod tests {
         Take(u64, u64),
     }
 
-    /// Sizes that crowd a few classes (so classes become trees) and span the whole range.
+    /// Sizes that crowd a few classes (so classes become trees), that share classes (at 2^12 a
+    /// class spans 64 B: eight of these sizes each; every size below 64 has a class of its own),
+    /// and that span the whole range.
     fn size() -> impl Strategy<Value = u64> {
-        prop_oneof![0u64..40, (0u64..8).prop_map(|i| 512 << i), any::<u64>(), (1u64..4).prop_map(|i| u64::MAX - i)]
+        prop_oneof![
+            0u64..40,
+            (0u64..64).prop_map(|i| 4096 + 8 * i),
+            (0u64..8).prop_map(|i| 512 << i),
+            any::<u64>(),
+            (1u64..4).prop_map(|i| u64::MAX - i)
+        ]
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -423,14 +431,29 @@ mod tests {
 
     #[test]
     fn classes_follow_key_order() {
-        let sizes =
-            (0..4096u64).chain((12..64).flat_map(|e| [1u64 << e, (1u64 << e) + 1, (1u64 << e) + (1u64 << (e - 1))]));
+        // Every size to 4096, and from 2^6 on each power of two's edges and its classes' edges
+        // (a class spans 2^(e-6) B).
+        let mut sizes: Vec<u64> = (0..4096u64)
+            .chain((6..64).flat_map(|e| {
+                let (p, w) = (1u64 << e, 1u64 << (e - 6));
+                [p - 1, p, p + 1, p + w - 1, p + w, p + w + 1, p + (p >> 1), (p - 1) + p]
+            }))
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
         let mut last = 0;
-        for size in sizes.chain([u64::MAX]) {
+        for size in sizes.into_iter().chain([u64::MAX]) {
             let c = class_of(key(size, 0));
             assert!(c >= last && c < CLASSES, "size {size}: class {c} after {last}");
             last = c;
         }
         assert_eq!(last, CLASSES - 1);
+        // A class is 2^(e-6) B wide from 2^e on: its last size shares it, the next size opens
+        // the next one.
+        for e in 6..64 {
+            let (p, w) = (1u64 << e, 1u64 << (e - 6));
+            let c = class_of(key(p, 0));
+            assert_eq!((class_of(key(p + w - 1, 0)), class_of(key(p + w, 0))), (c, c + 1), "2^{e}");
+        }
     }
 }
