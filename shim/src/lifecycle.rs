@@ -1,5 +1,5 @@
 //! Process lifecycle: lazy start on the first recorded call, completion at the exit paths
-//! (atexit, at_quick_exit, `_exit`, and thirteen fatal signals: [`signals`]; SIGKILL and the other
+//! (atexit, at_quick_exit, `_exit`, and nine fatal signals: [`signals`]; SIGKILL and the other
 //! signals whose default ends the process leave the trace without its exit record), fork
 //! handling, and the load-time constructor. The flags it drives live in [`crate::state`]; the
 //! configuration in [`crate::config`].

@@ -15,34 +15,18 @@ use crate::stats::Stats;
 #[test]
 fn sighup_and_sigquit_complete_the_trace_and_still_kill() {
     for sig in [libc::SIGHUP, libc::SIGQUIT] {
-        killed_by(sig);
+        let (mut g, dir) = started(&[]);
+        let c = g.0.as_mut().unwrap();
+        // Safety of the test: plain kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(c.id() as i32, sig) }, 0);
+        let status = c.wait().unwrap();
+        g.0 = None;
+        assert_eq!(status.signal(), Some(sig));
+        let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
+        assert!(s.whole(), "signal {sig}: the trace was not completed");
+        assert_eq!(s.calls(), [("cudaMalloc", 100)]);
+        assert_eq!(s.exit.unwrap().signal, Some(sig));
     }
-}
-
-/// SIGUSR1 and SIGUSR2 (a batch scheduler's warning before a time limit, Slurm's `--signal`),
-/// SIGALRM and SIGXCPU (a CPU-time limit), unhandled by the program, end it by the signal as
-/// before, and the trace is completed first.
-#[test]
-fn scheduler_and_timer_signals_complete_the_trace_and_still_kill() {
-    for sig in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGXCPU] {
-        killed_by(sig);
-    }
-}
-
-/// A started program that the shim records, sent `sig` (which it does not handle): it dies by
-/// `sig`, and its trace is whole, with its calls and the signal in its exit record.
-fn killed_by(sig: i32) {
-    let (mut g, dir) = started(&[]);
-    let c = g.0.as_mut().unwrap();
-    // Safety of the test: plain kill(2) of our own child.
-    assert_eq!(unsafe { libc::kill(c.id() as i32, sig) }, 0);
-    let status = c.wait().unwrap();
-    g.0 = None;
-    assert_eq!(status.signal(), Some(sig));
-    let s = Stats::read(&traces_in(dir.path())[0]).unwrap();
-    assert!(s.whole(), "signal {sig}: the trace was not completed");
-    assert_eq!(s.calls(), [("cudaMalloc", 100)]);
-    assert_eq!(s.exit.unwrap().signal, Some(sig));
 }
 
 /// A program's own SIGHUP and SIGQUIT handlers still run (the shim chains to them) and the

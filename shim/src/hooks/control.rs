@@ -85,7 +85,8 @@ pub unsafe extern "C" fn libc_start_main(
         unreachable!("exit_group returned");
     }
     PROGRAM_MAIN.store(main as usize, Ordering::Release);
-    // Safety: the real libc function of this exact name and signature.
+    // Safety: the next definition of this name (libc's, or another preloaded interposer's),
+    // with glibc's x86_64/aarch64 signature, the only targets this crate builds for (`shape.rs`).
     let real: StartMainFn = unsafe { std::mem::transmute::<usize, StartMainFn>(p) };
     // Safety: the caller's arguments, with `main` replaced by a function of the same signature.
     unsafe { real(main_returning, argc, argv, init, fini, rtld_fini, stack_end) }
@@ -98,7 +99,8 @@ unsafe extern "C" fn main_returning(argc: c_int, argv: *mut *mut c_char, envp: *
     let main: MainFn = unsafe { std::mem::transmute::<usize, MainFn>(PROGRAM_MAIN.load(Ordering::Acquire)) };
     // Safety: libc's arguments for `main`, passed on.
     let status = unsafe { main(argc, argv, envp) };
-    // A forked child that returns from the `main` it inherited is not the trace's owner.
+    // A forked child owns a trace of its own (`state::reset_in_child`); a vfork child, which
+    // cannot return from `main`, is the only process here that owns none.
     if state::is_owner() {
         state::EXIT_STATUS.store(i64::from(status), Ordering::Release);
     }

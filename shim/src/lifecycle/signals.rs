@@ -1,13 +1,10 @@
 //! The signals that end a process, handled so that the trace is completed first: those sent to
-//! it (SIGINT, SIGTERM, SIGHUP, SIGQUIT; SIGUSR1 and SIGUSR2, which batch schedulers send before
-//! a time limit, as Slurm's `--signal`; SIGALRM; SIGXCPU, a CPU-time limit), `abort()`'s
-//! SIGABRT, and the faults of a thread (SIGSEGV, SIGBUS, SIGFPE, SIGILL). Our handler takes the
-//! place of the program's and keeps its semantics: an ignored signal stays ignored, the
-//! program's handler runs with its own flags and mask, and `SA_RESETHAND` is emulated. No other
-//! signal is handled: SIGKILL, SIGPIPE and SIGXFSZ (raised by a write: the program's own
-//! business), SIGSYS, SIGTRAP, SIGPROF and SIGVTALRM (profilers' and debuggers' signals), the
-//! real-time signals and the rest whose default ends the process leave the trace without its
-//! exit record.
+//! it (SIGINT, SIGTERM, SIGHUP, SIGQUIT), `abort()`'s SIGABRT, and the faults of a thread
+//! (SIGSEGV, SIGBUS, SIGFPE, SIGILL). Our handler takes the place of the program's and keeps its
+//! semantics: an ignored signal stays ignored, the program's handler runs with its own flags and
+//! mask, and `SA_RESETHAND` is emulated. No other signal is handled: SIGKILL, SIGUSR1/2,
+//! SIGALRM, SIGPIPE, SIGXCPU, SIGXFSZ, SIGSYS, SIGTRAP, SIGPROF, SIGVTALRM, the real-time signals
+//! and the rest whose default ends the process leave the trace without its exit record.
 //!
 //! Why handling the faults is safe (the host must never be harmed by the shim):
 //! - Over the default action, the handler completes the trace (atomics and `nanosleep` only,
@@ -58,15 +55,11 @@ enum Kind {
 /// The signals whose default action ends the process and that our handler completes the trace
 /// for. The writer and the CUPTI flush thread block the [`Kind::Sent`] ones and SIGABRT
 /// (`writer::WRITER_BLOCKS`).
-const SIGNALS: [(c_int, Kind); 13] = [
+const SIGNALS: [(c_int, Kind); 9] = [
     (libc::SIGINT, Kind::Sent),
     (libc::SIGTERM, Kind::Sent),
     (libc::SIGHUP, Kind::Sent),
     (libc::SIGQUIT, Kind::Sent),
-    (libc::SIGUSR1, Kind::Sent),
-    (libc::SIGUSR2, Kind::Sent),
-    (libc::SIGALRM, Kind::Sent),
-    (libc::SIGXCPU, Kind::Sent),
     (libc::SIGABRT, Kind::Abort),
     (libc::SIGSEGV, Kind::Fault),
     (libc::SIGBUS, Kind::Fault),
@@ -291,15 +284,6 @@ mod tests {
         s.sort_unstable();
         s.dedup();
         assert_eq!(s.len(), N);
-    }
-
-    /// A sent signal or SIGABRT run on the writer would wait for the writer itself, until the
-    /// exit's wait ran out: every one of them is blocked there.
-    #[test]
-    fn the_writer_blocks_every_signal_that_waits_for_it() {
-        for (sig, kind) in SIGNALS {
-            assert_eq!(crate::writer::WRITER_BLOCKS.contains(&sig), kind != Kind::Fault, "signal {sig}");
-        }
     }
 
     #[test]

@@ -148,9 +148,8 @@ pub fn ensure_started() {
 
 /// Spawn `f` on a thread made by `b` that never runs the exit-signal handler: that handler
 /// waits for the writer, and for the CUPTI flush the writer waits on. So it is born with
-/// the signals sent to the process that the handler completes the trace for, and SIGABRT,
-/// blocked (a new thread inherits its creator's mask, restored here at once); a signal arriving
-/// meanwhile stays pending for the host's threads. SIGXFSZ (a file
+/// SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGABRT blocked (a new thread inherits its creator's mask, restored here at
+/// once); a signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file
 /// size limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused
 /// them, and by default end the process: blocked, the write fails instead, and recording stops.
 fn spawn_blocked(
@@ -211,23 +210,11 @@ fn truthy(v: &str) -> bool {
 }
 
 /// The signals the writer blocks ([`block_signals`]): those sent to the process whose handler
-/// completes the trace (`lifecycle::signals`: a terminal's, `kill`'s, a scheduler's, a timer's,
-/// and SIGABRT, which `abort()` unblocks on the thread that aborts), so that it never runs on
-/// the thread that writes the trace (a test there checks the two lists agree); and SIGXFSZ and
-/// SIGPIPE.
-pub(crate) const WRITER_BLOCKS: [libc::c_int; 11] = [
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGALRM,
-    libc::SIGXCPU,
-    libc::SIGABRT,
-    libc::SIGXFSZ,
-    libc::SIGPIPE,
-];
+/// completes the trace (`lifecycle::signals`: a terminal's or `kill`'s, and SIGABRT, which
+/// `abort()` unblocks on the thread that aborts), so that it never runs on the thread that
+/// writes the trace; and SIGXFSZ and SIGPIPE.
+const WRITER_BLOCKS: [libc::c_int; 7] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGABRT, libc::SIGXFSZ, libc::SIGPIPE];
 
 /// Unblocks [`WRITER_BLOCKS`] in the calling thread.
 fn unblock_signals() {
