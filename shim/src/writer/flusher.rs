@@ -62,8 +62,8 @@ pub fn start() {
     }
     // CUPTI's flush normally runs on the program's threads, with glibc's 8 MiB stacks, not
     // Rust's 2 MiB.
-    let b = std::thread::Builder::new().name("memtrace-flush".into()).stack_size(8 << 20);
-    match super::spawn_blocked(b, parked) {
+    let b = std::thread::Builder::new().stack_size(8 << 20);
+    match super::spawn_blocked(b, crate::state::FLUSH_THREAD, c"memtrace-flush", parked) {
         // Joinable by pthread_join: Rust neither joins nor detaches a handle it gave up.
         Ok(h) => THREAD.store(h.into_pthread_t() as usize, Ordering::Release),
         Err(e) => log!(
@@ -141,8 +141,6 @@ pub fn forget_in_child() {
 /// to it.
 fn parked() {
     raw::set_internal(true);
-    // A fault or abort() in CUPTI's flush must not wait for the trace (`lifecycle::signals`).
-    crate::state::SHIM_TIDS[crate::state::FLUSH_THREAD].store(crate::state::gettid(), Ordering::Release);
     loop {
         match ASK.load(Ordering::Acquire) {
             PARK => futex_wait(&ASK, PARK),

@@ -120,8 +120,8 @@ pub fn ensure_started() {
     if WRITER.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
-    let b = std::thread::Builder::new().name("memtrace-writer".into());
-    let spawned = spawn_blocked(b, || {
+    let b = std::thread::Builder::new();
+    let spawned = spawn_blocked(b, state::WRITER_THREAD, c"memtrace-writer", || {
         let r = std::panic::catch_unwind(run);
         if r.is_err() {
             log!(Warn, "writer thread failed; recording stopped");
@@ -152,12 +152,24 @@ pub fn ensure_started() {
 /// once); a signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file
 /// size limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused
 /// them, and by default end the process: blocked, the write fails instead, and recording stops.
+///
+/// The thread is known as one of the shim's (`state::SHIM_TIDS[slot]`: a fault or `abort()` on it
+/// never waits for the trace) before it takes its `name`, so that nothing that finds it by name
+/// (`/proc/self/task/*/comm`) finds it unknown: std's `Builder::name` would name it first.
 fn spawn_blocked(
     b: std::thread::Builder,
+    slot: usize,
+    name: &'static std::ffi::CStr,
     f: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let old = block_signals();
-    let spawned = b.spawn(f);
+    let spawned = b.spawn(move || {
+        state::SHIM_TIDS[slot].store(state::gettid(), Ordering::Release);
+        // Safety: PR_SET_NAME reads a NUL-terminated name (the kernel keeps its first 15 bytes)
+        // and renames the calling thread only.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+        f()
+    });
     // Safety: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned
@@ -262,8 +274,6 @@ fn stopped(path: &str, doing: &str, e: &trace::TraceError, held: usize) {
 /// The writer's life; true when it ended as the process's last live thread ([`alone`]).
 fn run() -> bool {
     raw::set_internal(true);
-    // A fault or abort() here must not wait for the trace (`lifecycle::signals`).
-    state::SHIM_TIDS[state::WRITER_THREAD].store(state::gettid(), Ordering::Release);
     let cfg = config();
     let pid = state::owner_pid();
     let origin = state::clock_origin();
