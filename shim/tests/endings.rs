@@ -115,6 +115,20 @@ fn a_return_from_main_records_its_status() {
     exits_with("p_main_returns", 4, &[("cudaMalloc", 1)]);
 }
 
+/// A signal the program keeps blocked (for `sigwait`), pending when `main` leaves by
+/// `pthread_exit`: the shim's writer ends the process with the mask of the thread that made it,
+/// so the signal stays blocked and the exit is the program's, as without the shim.
+#[test]
+fn a_blocked_signal_stays_blocked_when_the_writer_ends_the_process() {
+    let r = run("p_exit_blocked", &[("MEMTRACE_QUIET", "1")]);
+    assert_eq!(r.out.status.code(), Some(0), "{:?}\nstderr:\n{}", r.out.status, r.stderr());
+    let s = r.stats();
+    assert!(s.whole(), "the trace was not completed");
+    assert_eq!(s.calls(), [("cudaMalloc", 1)]);
+    // The last thread's return exits through libc's own `exit`: no status is seen.
+    assert_eq!(s.exit.unwrap().signal, None);
+}
+
 /// `prog` exits with `code`, its trace whole, with `calls` and that status and no signal in its
 /// exit record; its stderr.
 fn exits_with(prog: &str, code: i32, calls: &[(&str, u64)]) -> String {

@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 44] = [
+const PROGRAMS: [&str; 45] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -91,6 +91,7 @@ const PROGRAMS: [&str; 44] = [
     "p_fault_writer",
     "p_fault_survive",
     "p_main_returns",
+    "p_exit_blocked",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

@@ -63,7 +63,7 @@ pub fn start() {
     // CUPTI's flush normally runs on the program's threads, with glibc's 8 MiB stacks, not
     // Rust's 2 MiB.
     let b = std::thread::Builder::new().stack_size(8 << 20);
-    match super::spawn_blocked(b, crate::state::FLUSH_THREAD, c"memtrace-flush", parked) {
+    match super::spawn_blocked(b, crate::state::FLUSH_THREAD, c"memtrace-flush", |_| parked()) {
         // Joinable by pthread_join: Rust neither joins nor detaches a handle it gave up.
         Ok(h) => THREAD.store(h.into_pthread_t() as usize, Ordering::Release),
         Err(e) => log!(

@@ -121,7 +121,7 @@ pub fn ensure_started() {
         return;
     }
     let b = std::thread::Builder::new();
-    let spawned = spawn_blocked(b, state::WRITER_THREAD, c"memtrace-writer", || {
+    let spawned = spawn_blocked(b, state::WRITER_THREAD, c"memtrace-writer", |inherited| {
         let r = std::panic::catch_unwind(run);
         if r.is_err() {
             log!(Warn, "writer thread failed; recording stopped");
@@ -132,9 +132,11 @@ pub fn ensure_started() {
         flusher::stop();
         if r.unwrap_or(false) {
             // This thread ends the process (glibc calls exit(0) as its last thread returns), and
-            // the program's exit handlers run on it: as on any thread of the program, with its
-            // signals open and its calls its own.
-            unblock_signals();
+            // the program's exit handlers run on it: as on a thread of the program, with the
+            // signal mask of the one that made it (a signal the program keeps blocked for
+            // `sigwait` stays blocked) and its calls its own.
+            // Safety: sets this thread's mask to a valid set, the one it was born with.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &inherited, std::ptr::null_mut()) };
             raw::set_internal(false);
         }
     });
@@ -152,6 +154,7 @@ pub fn ensure_started() {
 /// once); a signal arriving meanwhile stays pending for the host's threads. SIGXFSZ (a file
 /// size limit) and SIGPIPE (a FIFO's reader gone) are sent to the thread whose write caused
 /// them, and by default end the process: blocked, the write fails instead, and recording stops.
+/// `f` is given the creator's mask, the one the thread would have had.
 ///
 /// The thread is known as one of the shim's (`state::SHIM_TIDS[slot]`: a fault or `abort()` on it
 /// never waits for the trace) before it takes its `name`, so that nothing that finds it by name
@@ -160,7 +163,7 @@ fn spawn_blocked(
     b: std::thread::Builder,
     slot: usize,
     name: &'static std::ffi::CStr,
-    f: impl FnOnce() + Send + 'static,
+    f: impl FnOnce(libc::sigset_t) + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let old = block_signals();
     let spawned = b.spawn(move || {
@@ -168,7 +171,7 @@ fn spawn_blocked(
         // Safety: PR_SET_NAME reads a NUL-terminated name (the kernel keeps its first 15 bytes)
         // and renames the calling thread only.
         unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
-        f()
+        f(old)
     });
     // Safety: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
@@ -227,19 +230,6 @@ fn truthy(v: &str) -> bool {
 /// writes the trace; and SIGXFSZ and SIGPIPE.
 const WRITER_BLOCKS: [libc::c_int; 7] =
     [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGABRT, libc::SIGXFSZ, libc::SIGPIPE];
-
-/// Unblocks [`WRITER_BLOCKS`] in the calling thread.
-fn unblock_signals() {
-    // Safety: plain sigset manipulation on a local set; affects only this thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in WRITER_BLOCKS {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-    }
-}
 
 /// Blocks [`WRITER_BLOCKS`] in the calling thread; returns the previous mask.
 fn block_signals() -> libc::sigset_t {
