@@ -14,12 +14,17 @@ static REAL_UEXIT: Slot = Slot::new();
 static REAL_UEXIT2: Slot = Slot::new();
 static REAL_QEXIT: Slot = Slot::new();
 
+/// Ends the process with no libc: where the real function that would cannot be found.
+fn exit_group(status: c_int) -> ! {
+    // Safety: the exit_group syscall never returns and needs no libc state.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unreachable!("exit_group returned");
+}
+
 fn die(slot: &Slot, name: &std::ffi::CStr, status: c_int) -> ! {
     let p = slot.get(Lib::Libc, name);
     if p == 0 {
-        // Safety: the exit_group syscall never returns and needs no libc state.
-        unsafe { libc::syscall(libc::SYS_exit_group, status) };
-        unreachable!("exit_group returned");
+        exit_group(status);
     }
     // Safety: the real libc function of this exact name and signature.
     let f: ExitFn = unsafe { std::mem::transmute::<usize, ExitFn>(p) };
@@ -77,12 +82,9 @@ pub unsafe extern "C" fn libc_start_main(
     if p == 0 {
         // No libc to start the program with: nothing could run it, with or without the shim.
         let msg = b"memtrace: the real __libc_start_main was not found; cannot start the program\n";
-        // Safety: write(2) and exit_group(2) need no libc state; the buffer is valid.
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::syscall(libc::SYS_exit_group, 127);
-        }
-        unreachable!("exit_group returned");
+        // Safety: write(2) needs no libc state; the buffer is valid.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        exit_group(127);
     }
     PROGRAM_MAIN.store(main as usize, Ordering::Release);
     // Safety: the next definition of this name (libc's, or another preloaded interposer's),
