@@ -73,14 +73,13 @@ impl Class {
     }
 
     /// Inserts where the class is not a short sorted one appended to (`FreeIndex::insert` does
-    /// that inline); whether the class was empty before, and whether the key is new.
+    /// that inline); whether the key is new.
     // The shift, the switch to a tree and the tree itself are out of line, so the hot path saves
     // fewer registers (callgrind: see docs/benchmarks.md, twenty-fifth session).
     #[inline(never)]
-    fn insert_slow(&mut self, k: u128, slot: u32) -> (bool, bool) {
+    fn insert_slow(&mut self, k: u128, slot: u32) -> bool {
         match self {
             Class::Sorted(v) => {
-                let was_empty = v.is_empty();
                 let new = match v.binary_search_by(|e| e.0.cmp(&k)) {
                     Ok(i) => {
                         v[i].1 = slot;
@@ -94,9 +93,9 @@ impl Class {
                 if v.len() >= TREE_FROM {
                     *self = Class::Tree(v.drain(..).collect());
                 }
-                (was_empty, new)
+                new
             }
-            Class::Tree(t) => (t.is_empty(), t.insert(k, slot).is_none()),
+            Class::Tree(t) => t.insert(k, slot).is_none(),
         }
     }
 
@@ -176,17 +175,33 @@ impl Class {
     }
 }
 
+/// The 64 classes of one word of the bitmap: the sizes below 64, or one power of two.
+type Group = [Class; 64];
+
+/// What a class of a group never made holds.
+static EMPTY: Class = Class::Sorted(Vec::new());
+
+/// Class `c` to add to, its group made if it was not (a function of the groups alone, so the
+/// caller may change the other fields while it holds the class).
+#[inline]
+fn class_to_fill(groups: &mut [Option<Box<Group>>; WORDS], c: usize) -> &mut Class {
+    &mut groups[c / 64].get_or_insert_with(|| Box::new(std::array::from_fn(|_| Class::Sorted(Vec::new()))))[c % 64]
+}
+
 /// Free blocks by (size, address), as a `BTreeMap<u128, u32>` would hold them.
 #[derive(Debug, Clone)]
 pub(super) struct FreeIndex {
-    classes: Vec<Class>,
+    /// A group is made at its first insert and kept: an index costs 2 KiB for each power of two
+    /// it has held a block of (at most the sizes of the blocks it has held), not 118 KiB for
+    /// every class at once. A pool per stream, and per CUDA graph, makes many indexes.
+    groups: [Option<Box<Group>>; WORDS],
     occupied: [u64; WORDS],
     len: usize,
 }
 
 impl Default for FreeIndex {
     fn default() -> Self {
-        FreeIndex { classes: vec![Class::Sorted(Vec::new()); CLASSES], occupied: [0; WORDS], len: 0 }
+        FreeIndex { groups: [const { None }; WORDS], occupied: [0; WORDS], len: 0 }
     }
 }
 
@@ -196,29 +211,48 @@ impl FreeIndex {
         self.len
     }
 
+    /// Groups made so far.
+    #[cfg(test)]
+    fn groups_made(&self) -> usize {
+        self.groups.iter().flatten().count()
+    }
+
+    /// Class `c`; empty where its group was never made.
+    #[inline]
+    fn class(&self, c: usize) -> &Class {
+        match &self.groups[c / 64] {
+            Some(g) => &g[c % 64],
+            None => &EMPTY,
+        }
+    }
+
+    /// Class `c` to change, unless its group was never made (then it is empty).
+    #[inline]
+    fn class_mut(&mut self, c: usize) -> Option<&mut Class> {
+        self.groups[c / 64].as_mut().map(|g| &mut g[c % 64])
+    }
+
+
     pub fn insert(&mut self, k: u128, slot: u32) {
         let c = class_of(k);
-        // Most classes hold one entry or none: append without a search or a shift. The class is
-        // not empty after, so its bit is set without asking whether it was; doing that and the
-        // count before the push keeps fewer values live across it.
-        if let Class::Sorted(v) = &mut self.classes[c] {
+        // The class is not empty after, whatever it held: its bit is set without asking.
+        self.occupied[c / 64] |= 1 << (c % 64);
+        let class = class_to_fill(&mut self.groups, c);
+        // Most classes hold one entry or none: append without a search or a shift. The count
+        // before the push keeps fewer values live across it.
+        if let Class::Sorted(v) = class {
             if v.last().is_none_or(|e| e.0 < k) && v.len() + 1 < TREE_FROM {
-                self.occupied[c / 64] |= 1 << (c % 64);
                 self.len += 1;
                 v.push((k, slot));
                 return;
             }
         }
-        let (was_empty, new) = self.classes[c].insert_slow(k, slot);
-        if was_empty {
-            self.occupied[c / 64] |= 1 << (c % 64);
-        }
-        self.len += usize::from(new);
+        self.len += usize::from(class.insert_slow(k, slot));
     }
 
     pub fn remove(&mut self, k: u128) -> Option<u32> {
         let c = class_of(k);
-        let (slot, empty) = self.classes[c].remove(k);
+        let (slot, empty) = self.class_mut(c)?.remove(k);
         if empty {
             self.occupied[c / 64] &= !(1 << (c % 64));
         }
@@ -271,10 +305,10 @@ impl FreeIndex {
     #[inline]
     pub fn first_at_or_after(&self, k: u128) -> Option<(u128, u32)> {
         let c = class_of(k);
-        if let Some(e) = self.classes[c].first_at_or_after(k) {
+        if let Some(e) = self.class(c).first_at_or_after(k) {
             return Some(e);
         }
-        self.next_class(c + 1).and_then(|n| self.classes[n].first())
+        self.next_class(c + 1).and_then(|n| self.class(n).first())
     }
 
     /// Removes the first entry with key `>= k` and returns it: a best fit taken out with one
@@ -282,11 +316,11 @@ impl FreeIndex {
     #[inline]
     pub fn take_first_at_or_after(&mut self, k: u128) -> Option<(u128, u32)> {
         let c = class_of(k);
-        let (c, (e, empty)) = match self.classes[c].take_at_or_after(k) {
+        let (c, (e, empty)) = match self.class_mut(c).and_then(|class| class.take_at_or_after(k)) {
             Some(taken) => (c, taken),
             None => {
                 let n = self.next_class(c + 1)?;
-                (n, self.classes[n].take_first()?)
+                (n, self.class_mut(n)?.take_first()?)
             }
         };
         if empty {
@@ -299,24 +333,24 @@ impl FreeIndex {
     /// The first entry with key `> k`.
     pub fn first_after(&self, k: u128) -> Option<(u128, u32)> {
         let c = class_of(k);
-        if let Some(e) = self.classes[c].first_after(k) {
+        if let Some(e) = self.class(c).first_after(k) {
             return Some(e);
         }
-        self.next_class(c + 1).and_then(|n| self.classes[n].first())
+        self.next_class(c + 1).and_then(|n| self.class(n).first())
     }
 
     /// The last entry with key `< k`.
     pub fn last_before(&self, k: u128) -> Option<(u128, u32)> {
         let c = class_of(k);
-        if let Some(e) = self.classes[c].last_before(k) {
+        if let Some(e) = self.class(c).last_before(k) {
             return Some(e);
         }
-        self.prev_class(c).and_then(|p| self.classes[p].last())
+        self.prev_class(c).and_then(|p| self.class(p).last())
     }
 
     /// The entry with the largest key.
     pub fn last(&self) -> Option<(u128, u32)> {
-        self.prev_class(CLASSES).and_then(|p| self.classes[p].last())
+        self.prev_class(CLASSES).and_then(|p| self.class(p).last())
     }
 
     /// Entries with key `>= k`, in key order.
@@ -334,7 +368,7 @@ impl FreeIndex {
         let mut out = Vec::with_capacity(self.len);
         let mut c = 0;
         while let Some(n) = self.next_class(c) {
-            self.classes[n].push_all(&mut out);
+            self.class(n).push_all(&mut out);
             c = n + 1;
         }
         out
@@ -427,6 +461,29 @@ mod tests {
             }
             prop_assert_eq!(index.slots(), model.values().copied().collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn groups_are_made_for_the_sizes_held_only() {
+        let mut index = FreeIndex::default();
+        assert_eq!(index.groups_made(), 0);
+        // Queries, removes and takes of sizes never held make nothing.
+        for size in [1u64, 100, 1 << 20, u64::MAX] {
+            assert_eq!(index.first_at_or_after(key(size, 0)), None);
+            assert_eq!(index.last_before(key(size, 0)), None);
+            assert_eq!(index.remove(key(size, 0)), None);
+            assert_eq!(index.take_first_at_or_after(key(size, 0)), None);
+        }
+        assert_eq!(index.groups_made(), 0);
+        // 100 and 127 share 2^6's group, 128 and 200 2^7's, 2 MiB its own.
+        for (n, size) in [100u64, 127, 128, 200, 2 << 20].into_iter().enumerate() {
+            index.insert(key(size, 0), n as u32);
+        }
+        assert_eq!(index.groups_made(), 3);
+        assert_eq!(index.take_first_at_or_after(key(129, 0)), Some((key(200, 0), 3)));
+        assert_eq!(index.first_at_or_after(key(201, 0)), Some((key(2 << 20, 0), 4)));
+        assert_eq!(index.last_before(key(128, 0)), Some((key(127, 0), 1)));
+        assert_eq!(index.groups_made(), 3);
     }
 
     #[test]
