@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::error::TraceError;
 use crate::event::*;
 use crate::header::{Header, FORMAT_VERSION};
+use crate::read::KeyName;
 
 /// The `"kind"` of the header line.
 pub const HEADER_KIND: &str = "header";
@@ -231,11 +232,11 @@ pub fn parse_record_line(bytes: &[u8], line: u64) -> Result<Option<Record>, Trac
 /// The keys every record line may have beside its event's fields.
 const SHARED_KEYS: &[&str] = &["kind", "ts_ns", "tid", "device"];
 
-/// Whether a record line holds a top-level key that neither the shared fields nor `event`'s
-/// struct have: a field a newer writer added, which the derived and the line reader both ignore
-/// (FORMAT.md §2), so the reader counts it. One more pass over a line already parsed; the JSON
-/// Lines form is not the one read by the million.
-pub(crate) fn has_unread_keys(line: &[u8], event: &Event) -> bool {
+/// The first top-level key of a record line that neither the shared fields nor `event`'s struct
+/// have: a field a newer writer added (or a misspelt one), which the derived and the line reader
+/// both ignore (FORMAT.md §2), so the reader counts and names it. One more pass over a line
+/// already parsed; the JSON Lines form is not the one read by the million.
+pub(crate) fn unread_key(line: &[u8], event: &Event) -> Option<KeyName> {
     // Found once: a probe makes an error, which allocates.
     static FIELDS: std::sync::OnceLock<[&[&str]; 15]> = std::sync::OnceLock::new();
     let f = FIELDS.get_or_init(|| {
@@ -286,44 +287,46 @@ pub(crate) fn has_unread_keys(line: &[u8], event: &Event) -> bool {
     unread_keys(line, SHARED_KEYS, fields)
 }
 
-/// Whether the header line holds a top-level key [`Header`] does not have.
-pub(crate) fn header_has_unread_keys(line: &[u8]) -> bool {
+/// The header line's first top-level key that [`Header`] does not have.
+pub(crate) fn header_unread_key(line: &[u8]) -> Option<KeyName> {
     unread_keys(line, &["kind"], fields_of::<Header>())
 }
 
-/// Whether the object `line` has a top-level key in neither `shared` nor `fields`. The line was
+/// The first top-level key of the object `line` in neither `shared` nor `fields`. The line was
 /// parsed already, so it is valid JSON: a walk from key to key that skips each value finds the
 /// keys at a fraction of a second parse's cost.
-fn unread_keys(line: &[u8], shared: &[&str], fields: &[&str]) -> bool {
+fn unread_keys(line: &[u8], shared: &[&str], fields: &[&str]) -> Option<KeyName> {
     // Most names differ from a key in length or last byte: compared first, without a call.
     let is = |k: &&str, key: &[u8]| {
         let k = k.as_bytes();
         k.len() == key.len() && k.last() == key.last() && k == key
     };
     let known = |key: &[u8]| shared.iter().any(|k| is(k, key)) || fields.iter().any(|k| is(k, key));
-    let Some(open) = line.iter().position(|&b| b == b'{') else { return false };
+    let open = line.iter().position(|&b| b == b'{')?;
     let mut i = open + 1;
     loop {
         i = skip_ws(line, i);
         if line.get(i) != Some(&b'"') {
-            return false; // `}`: the end
+            return None; // `}`: the end
         }
         let (end, escaped) = string_end(line, i + 1);
         let unread = if escaped {
             // An escaped key (`"\u0061ddr"`) is compared as the text it stands for.
             let text = serde_json::from_slice::<String>(&line[i..(end + 1).min(line.len())]);
-            text.is_ok_and(|t| !known(t.as_bytes()))
+            text.ok().filter(|t| !known(t.as_bytes())).map(|t| KeyName::new(&t))
         } else {
-            !known(&line[i + 1..end.min(line.len())])
+            let key = &line[i + 1..end.min(line.len())];
+            // The line parsed as JSON, so an unescaped key is UTF-8.
+            (!known(key)).then(|| KeyName::new(std::str::from_utf8(key).unwrap_or("?")))
         };
-        if unread {
-            return true;
+        if unread.is_some() {
+            return unread;
         }
         i = skip_ws(line, end + 1) + 1; // past the `:`
         i = skip_value(line, skip_ws(line, i));
         i = skip_ws(line, i);
         if line.get(i) != Some(&b',') {
-            return false;
+            return None;
         }
         i += 1;
     }
@@ -421,7 +424,7 @@ fn keys_written<T: serde::Serialize>(value: &T) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{has_unread_keys, keys_written, unread_keys};
+    use super::{keys_written, unread_key, unread_keys};
     use crate::event::{Control, ControlOp, Event};
 
     /// Every operation's keys, as serde writes them: the tag, then the operation's fields.
@@ -436,23 +439,28 @@ mod tests {
         assert_eq!(sorted(keys_written(&ControlOp::SetMemoryFraction { fraction: 0.5 })), ["fraction", "op"]);
         assert_eq!(sorted(keys_written(&ControlOp::RecordStream { addr: 1, stream: 2 })), ["addr", "op", "stream"]);
         let stream = Event::Control(Control { op: ControlOp::RecordStream { addr: 1, stream: 2 } });
-        assert!(!has_unread_keys(br#"{"kind":"control","ts_ns":3,"op":"record_stream","addr":1,"stream":2}"#, &stream));
-        assert!(has_unread_keys(br#"{"kind":"control","op":"record_stream","addr":1,"stream":2,"new":0}"#, &stream));
+        assert_eq!(
+            unread_key(br#"{"kind":"control","ts_ns":3,"op":"record_stream","addr":1,"stream":2}"#, &stream),
+            None
+        );
+        let new = unread_key(br#"{"kind":"control","op":"record_stream","addr":1,"stream":2,"new":0}"#, &stream);
+        assert_eq!(new.as_ref().map(|k| k.as_str()), Some("new"));
     }
 
     #[test]
     fn only_top_level_keys_outside_the_lists_count() {
-        let check = |line: &str, unread: bool| {
+        let check = |line: &str, unread: Option<&str>| {
             serde_json::from_str::<serde_json::Value>(line).expect("valid JSON");
-            assert_eq!(unread_keys(line.as_bytes(), &["kind"], &["a", "b"]), unread, "{line}");
+            let key = unread_keys(line.as_bytes(), &["kind"], &["a", "b"]);
+            assert_eq!(key.as_ref().map(|k| k.as_str()), unread, "{line}");
         };
-        check(r#"{"kind":"x","a":1,"b":[1,{"c":2}]}"#, false);
-        check(r#"{"kind":"x", "a" : {"new":1}, "b":"c\":d"}"#, false);
-        check(r#"{"kind":"x","a":1,"new":null}"#, true);
-        check(r#"{ "new" :1}"#, true);
+        check(r#"{"kind":"x","a":1,"b":[1,{"c":2}]}"#, None);
+        check(r#"{"kind":"x", "a" : {"new":1}, "b":"c\":d"}"#, None);
+        check(r#"{"kind":"x","a":1,"new":null}"#, Some("new"));
+        check(r#"{ "new" :1, "later": 2}"#, Some("new"));
         // Escapes in a key are read as the text they stand for; in a value, they end nothing.
-        check(r#"{"\u0061":1,"b":"\\"}"#, false);
-        check(r#"{"\u0063":1}"#, true);
-        check(r#"{"b":"{\"new\":1}"}"#, false);
+        check(r#"{"\u0061":1,"b":"\\"}"#, None);
+        check(r#"{"\u0063":1}"#, Some("c"));
+        check(r#"{"b":"{\"new\":1}"}"#, None);
     }
 }

@@ -42,6 +42,6 @@ pub use atomic::{same_file, write_atomic, write_bytes_atomic};
 pub use error::TraceError;
 pub use event::*;
 pub use header::{DeviceInfo, Header, Level, Producer, ALLOCATOR_ENV_VARS, FORMAT_VERSION};
-pub use read::{open_reader, MapRecord, Reader, Summary};
+pub use read::{open_reader, KeyName, MapRecord, Reader, Summary};
 pub use small::{read_small, read_small_string};
 pub use write::{BinaryWriter, Format, JsonlWriter, TraceWriter};

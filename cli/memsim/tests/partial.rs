@@ -143,9 +143,16 @@ fn strict_refuses_a_snapshot_without_history_and_unknown_records() {
     // Fields a newer writer appended to a known record were dropped without a word.
     let newer = alloc(4096, MIB).replacen('{', r#"{"newer_field":7,"#, 1);
     let extended_jsonl = trace(dir.path(), "ext.jsonl", &[newer, EXIT.into()]);
-    let unread = "1 record carried fields this version does not read (written by a newer memtrace?)";
-    check(&extended_jsonl, unread);
-    check(&extended_trace(dir.path()), unread);
+    check(
+        &extended_jsonl,
+        "1 record carried fields this version does not read (misspelt, or written by a newer memtrace?): those fields \
+         were ignored; the record is at line 2, key \"newer_field\"",
+    );
+    check(
+        &extended_trace(dir.path()),
+        "1 record carried fields this version does not read (written by a newer memtrace?): those fields were \
+         ignored; the record is at byte",
+    );
 }
 
 /// A device 0 allocator request of 1 MiB at `addr`, stamped `addr`.

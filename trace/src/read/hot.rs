@@ -7,7 +7,7 @@
 
 use super::summary::{note_api, Stops};
 use crate::api::Api;
-use crate::codec::PrefixState;
+use crate::codec::{self, PrefixState, MAX_FRAME_LEN};
 use crate::event::{Alloc, Event, Free, Record};
 use crate::fastread;
 
@@ -94,4 +94,38 @@ pub(super) fn map_hot<T>(
     note_api(api, stops);
     emit(item);
     true
+}
+
+/// The frame at the start of `buf` when it is whole: its tag, where its body starts (after the
+/// tag and the length varint) and the body's length. `None` when it is not whole or not well
+/// formed (tag 0, a length too large): the general path reads those and says what is wrong.
+#[inline(always)]
+pub(super) fn whole_frame(buf: &[u8]) -> Option<(u8, usize, usize)> {
+    let (&tag, rest) = buf.split_first()?;
+    if tag == 0 {
+        return None;
+    }
+    let (len, n) = codec::get_uvarint(rest).ok()?;
+    if len > MAX_FRAME_LEN {
+        return None;
+    }
+    rest.get(n..n + len as usize)?;
+    Some((tag, 1 + n, len as usize))
+}
+
+/// The offset in `frames` (whole frames, decoded from `state`) of the first whose body has bytes
+/// after the fields this version reads: a batch counts them without looking for where, and one
+/// that has some asks here, once.
+#[cold]
+pub(super) fn first_extended(mut state: PrefixState, frames: &[u8]) -> Option<usize> {
+    let mut used = 0;
+    while let Some((tag, at, len)) = whole_frame(&frames[used..]) {
+        let mut extended = 0;
+        let decoded = codec::decode_frame_with(&mut state, tag, &frames[used + at..], len, true, 0, &mut extended);
+        if decoded.is_err() || extended > 0 {
+            return decoded.is_ok().then_some(used);
+        }
+        used += at + len;
+    }
+    None
 }

@@ -17,7 +17,7 @@ use crate::write::Format;
 pub use hot::MapRecord;
 use source::{detect, Source, READ_BUFFER};
 use summary::{note, Stops};
-pub use summary::{Summary, PRODUCERS_ENDING_WITH_EXIT};
+pub use summary::{KeyName, Summary, PRODUCERS_ENDING_WITH_EXIT};
 
 enum Form {
     Binary { state: PrefixState },
@@ -90,7 +90,10 @@ impl<R: Read> Reader<R> {
                 first_unknown_at: None,
                 first_unknown_tag: None,
                 extended_records: 0,
+                first_extended_at: None,
+                first_unread_key: None,
                 extended_header: false,
+                header_unread_key: None,
                 bytes_read: skipped,
                 complete_bytes: skipped,
                 records: 0,
@@ -243,8 +246,11 @@ impl<R: Read> Reader<R> {
         let (mut last_exit, mut first_unknown) = (None, None);
         let (mut lost, mut stops) = (0u64, Stops::default());
         let mut error = None;
+        // Where the first record with appended fields is, is found again from here when the
+        // batch has one (rare: a newer writer's trace), not looked for at every record.
+        let start = state.clone();
         while records < max {
-            let Some((tag, at, len)) = whole_frame(&buf[used..]) else { break };
+            let Some((tag, at, len)) = hot::whole_frame(&buf[used..]) else { break };
             if hot::map_hot(state, tag, &buf[used + at..], len, &mut extended, &mut stops, map, &mut emit) {
                 used += at + len;
                 last_exit = Some(false);
@@ -269,6 +275,10 @@ impl<R: Read> Reader<R> {
                     break;
                 }
             }
+        }
+        if extended > 0 && self.summary.first_extended_at.is_none() {
+            let at = hot::first_extended(start, &buf[..used]);
+            self.summary.first_extended_at = at.map(|at| self.summary.bytes_read + at as u64);
         }
         self.src.consume(used);
         self.summary.bytes_read += used as u64;
@@ -393,10 +403,13 @@ impl<R: Read> Reader<R> {
                         let (tag, len) = (buffered[0], len as usize);
                         let Form::Binary { state } = &mut self.form else { unreachable!("binary reader") };
                         let body = &buffered[1 + n..1 + n + len];
-                        let extended = &mut self.summary.extended_records;
-                        let d = codec::decode_frame_with(state, tag, body, len, true, offset, extended);
+                        let mut extended = 0;
+                        let d = codec::decode_frame_with(state, tag, body, len, true, offset, &mut extended);
                         self.src.consume(1 + n + len);
                         self.summary.bytes_read += (1 + n + len) as u64;
+                        if extended > 0 {
+                            self.summary.note_extended(offset, None);
+                        }
                         match d? {
                             Decoded::Record(r) => return Ok(Some(r)),
                             Decoded::Unknown { tag } => {
@@ -430,9 +443,9 @@ impl<R: Read> Reader<R> {
             let Form::Binary { state } = &mut self.form else { unreachable!("next_binary on a JSON Lines reader") };
             // Fast path: the whole body is already buffered; decode it in place.
             let buffered = self.src.buffer();
-            let extended = &mut self.summary.extended_records;
+            let mut extended = 0;
             let decoded = if buffered.len() >= len {
-                let d = codec::decode_frame_with(state, tag, &buffered[..len], len, true, offset, extended);
+                let d = codec::decode_frame_with(state, tag, &buffered[..len], len, true, offset, &mut extended);
                 self.src.consume(len);
                 self.summary.bytes_read += len as u64;
                 d?
@@ -441,9 +454,11 @@ impl<R: Read> Reader<R> {
                     return self.truncated(offset);
                 }
                 let Form::Binary { state } = &mut self.form else { unreachable!("form does not change") };
-                let extended = &mut self.summary.extended_records;
-                codec::decode_frame_with(state, tag, &self.scratch, len, true, offset, extended)?
+                codec::decode_frame_with(state, tag, &self.scratch, len, true, offset, &mut extended)?
             };
+            if extended > 0 {
+                self.summary.note_extended(offset, None);
+            }
             match decoded {
                 Decoded::Record(r) => return Ok(Some(r)),
                 Decoded::Unknown { tag } => self.summary.note_unknown(offset, Some(tag)),
@@ -500,7 +515,8 @@ impl<R: Read> Reader<R> {
             }
             let line = self.line_no();
             let text = self.scratch.trim_ascii();
-            self.summary.extended_header = jsonl::header_has_unread_keys(text);
+            self.summary.header_unread_key = jsonl::header_unread_key(text);
+            self.summary.extended_header = self.summary.header_unread_key.is_some();
             return match jsonl::parse_header_line(text, line) {
                 // Old Mac line endings: the whole input reads as one line that is no JSON.
                 Err(_) if !complete && text.contains(&b'\r') => Err(TraceError::Json {
@@ -522,6 +538,14 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// Counts the line just read if it holds a key `event` does not read, naming the first.
+    fn note_unread_key(&mut self, event: &Event) {
+        if let Some(key) = jsonl::unread_key(self.scratch.trim_ascii(), event) {
+            let line = self.line_no();
+            self.summary.note_extended(line, Some(key));
+        }
+    }
+
     fn next_jsonl(&mut self) -> Result<Option<Record>, TraceError> {
         loop {
             let Some(complete) = self.read_line()? else { return Ok(None) };
@@ -537,13 +561,13 @@ impl<R: Read> Reader<R> {
                 // has a second tag.
                 let plain = text.starts_with(br#"{"kind":""#) && !matches!(r.event, Event::Control(_));
                 if plain || jsonl::tags_are_strings(text) {
-                    self.summary.extended_records += u64::from(jsonl::has_unread_keys(text, &r.event));
+                    self.note_unread_key(&r.event);
                     return Ok(Some(r));
                 }
             }
             match jsonl::parse_record_line(text, self.line_no()) {
                 Ok(Some(r)) => {
-                    self.summary.extended_records += u64::from(jsonl::has_unread_keys(text, &r.event));
+                    self.note_unread_key(&r.event);
                     return Ok(Some(r));
                 }
                 Ok(None) => {
@@ -567,21 +591,4 @@ impl<R: Read> Iterator for Reader<R> {
     fn next(&mut self) -> Option<Self::Item> {
         self.next_record()
     }
-}
-
-/// The frame at the start of `buf` when it is whole: its tag, where its body starts (after the
-/// tag and the length varint) and the body's length. `None` when it is not whole or not well
-/// formed (tag 0, a length too large): the general path reads those and says what is wrong.
-#[inline(always)]
-fn whole_frame(buf: &[u8]) -> Option<(u8, usize, usize)> {
-    let (&tag, rest) = buf.split_first()?;
-    if tag == 0 {
-        return None;
-    }
-    let (len, n) = codec::get_uvarint(rest).ok()?;
-    if len > MAX_FRAME_LEN {
-        return None;
-    }
-    rest.get(n..n + len as usize)?;
-    Some((tag, 1 + n, len as usize))
 }

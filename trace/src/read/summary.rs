@@ -26,8 +26,15 @@ pub struct Summary {
     /// appended fields, FORMAT.md §1.9 rule 1; in JSON Lines, keys it does not know): read
     /// without them.
     pub extended_records: u64,
+    /// Where the first of them is: the byte offset of its frame (binary) or its 1-based line
+    /// number (JSON Lines).
+    pub first_extended_at: Option<u64>,
+    /// The first of them's first key this version does not read (JSON Lines).
+    pub first_unread_key: Option<KeyName>,
     /// The header carried fields this version does not read, likewise.
     pub extended_header: bool,
+    /// The header's first key this version does not read (JSON Lines).
+    pub header_unread_key: Option<KeyName>,
     /// Bytes consumed, header included.
     pub bytes_read: u64,
     /// Byte offset just past the last complete event (or the header): where a truncated input
@@ -60,6 +67,43 @@ pub struct Summary {
     pub unknown_api_names: u64,
     /// The first unknown code other than 0, to name one.
     pub first_unknown_api: Option<u16>,
+}
+
+/// A key of a JSON Lines line, its first [`KeyName::MAX`] bytes kept (in a summary that is
+/// `Copy`): enough to name a misspelt or newer key in a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyName {
+    bytes: [u8; KeyName::MAX],
+    len: u8,
+    cut: bool,
+}
+
+impl KeyName {
+    /// Bytes kept of a name.
+    pub const MAX: usize = 40;
+
+    /// `name`, cut at a character boundary if longer than [`KeyName::MAX`] bytes.
+    pub fn new(name: &str) -> KeyName {
+        let len = name.floor_char_boundary(Self::MAX);
+        let mut bytes = [0; Self::MAX];
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        KeyName { bytes, len: len as u8, cut: len < name.len() }
+    }
+
+    /// The name kept (its start, if it was cut).
+    pub fn as_str(&self) -> &str {
+        // The bytes are a prefix of a `&str` cut at a character boundary.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for KeyName {
+    /// Quoted as JSON would write it, `…` inside the quotes where it was cut.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cut = if self.cut { "…" } else { "" };
+        let quoted = serde_json::to_string(self.as_str()).map_err(|_| std::fmt::Error)?;
+        write!(f, "{}{cut}\"", &quoted[..quoted.len() - 1])
+    }
 }
 
 /// The producers that end every trace they finish with a `process_exit` record (the shim at
@@ -164,7 +208,18 @@ impl Summary {
         self.extended_header || self.extended_records > 0
     }
 
-    /// The warning of fields this version does not read, naming `path`.
+    /// Counts a record that carried fields this version does not read, at `at` (a frame's byte
+    /// offset, or a line number), and names its first unread key (JSON Lines).
+    pub(crate) fn note_extended(&mut self, at: u64, key: Option<KeyName>) {
+        self.extended_records += 1;
+        if self.first_extended_at.is_none() {
+            self.first_extended_at = Some(at);
+            self.first_unread_key = key;
+        }
+    }
+
+    /// The warning of fields this version does not read, naming `path`, and where the first of
+    /// them is: in JSON Lines, by its name (a misspelt key is read as this).
     fn unread_fields_warning(&self, path: &Path) -> Option<String> {
         let n = self.extended_records;
         let records = match n {
@@ -178,9 +233,23 @@ impl Summary {
             (true, _) => format!("the header and {records}"),
             (false, _) => records,
         };
+        let why = match self.format {
+            Format::Binary => "written by a newer memtrace?",
+            Format::Jsonl => "misspelt, or written by a newer memtrace?",
+        };
+        let mut at = String::new();
+        if let Some(key) = self.header_unread_key {
+            at += &format!("; the header's first is {key}");
+        }
+        let first = if n > 1 { "the first record is" } else { "the record is" };
+        match (self.format, self.first_extended_at, self.first_unread_key) {
+            (Format::Jsonl, Some(line), Some(key)) => at += &format!("; {first} at line {line}, key {key}"),
+            (Format::Jsonl, Some(line), None) => at += &format!("; {first} at line {line}"),
+            (Format::Binary, Some(byte), _) => at += &format!("; {first} at byte {byte}"),
+            _ => {}
+        }
         Some(format!(
-            "{}: {who} carried fields this version does not read (written by a newer memtrace?): those fields were \
-             ignored",
+            "{}: {who} carried fields this version does not read ({why}): those fields were ignored{at}",
             path.display()
         ))
     }

@@ -43,6 +43,7 @@ fn unknown_tag_is_skipped_by_length_and_counted() {
 fn appended_fields_inside_a_known_frame_are_ignored() {
     let h = Header::new("t", "0", Level::Device);
     let mut bytes = binary(&h, &[]);
+    let at = bytes.len();
     let mut frame = Vec::new();
     encode_frame(&mut PrefixState::default(), &mem_info(7, 9), &mut frame).unwrap();
     frame[1] += 3;
@@ -55,8 +56,10 @@ fn appended_fields_inside_a_known_frame_are_ignored() {
     let w = sum.warnings(std::path::Path::new("t.mtrace"));
     assert_eq!(
         w,
-        ["t.mtrace: 1 record carried fields this version does not read (written by a newer memtrace?): those \
-          fields were ignored"]
+        [format!(
+            "t.mtrace: 1 record carried fields this version does not read (written by a newer memtrace?): those \
+             fields were ignored; the record is at byte {at}"
+        )]
     );
 }
 
@@ -88,24 +91,30 @@ fn appended_fields_of_the_hot_kinds_are_counted_on_every_path() {
     let mut bytes = binary(&h, &[]);
     let mut state = PrefixState::default();
     // Each record twice: as written, and with a byte appended to its body.
+    let mut first = None;
     for r in &recs {
         encode_frame(&mut state, r, &mut bytes).unwrap();
         let at = bytes.len();
+        first = first.or(Some(at as u64));
         encode_frame(&mut state, r, &mut bytes).unwrap();
         bytes[at + 1] += 1;
         bytes.push(0);
     }
     let (_, got, sum) = read_all(&bytes).unwrap();
     assert_eq!(got.len(), 6);
-    assert_eq!(sum.extended_records, 3);
+    assert_eq!((sum.extended_records, sum.first_extended_at), (3, first));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.mtrace");
     std::fs::write(&path, &bytes).unwrap();
-    let mut reader = Reader::open(&path).unwrap();
-    let mut batch = Vec::new();
-    while reader.next_records(&mut batch, 4, &mut |r| r).unwrap() {}
-    assert_eq!(batch.len(), 6);
-    assert_eq!(reader.summary().extended_records, 3);
+    // Batches of 4 and of 1: the first is found in the first batch, and in a later one.
+    for max in [4, 1] {
+        let mut reader = Reader::open(&path).unwrap();
+        let mut batch = Vec::new();
+        while reader.next_records(&mut batch, max, &mut |r| r).unwrap() {}
+        assert_eq!(batch.len(), 6);
+        let sum = reader.summary();
+        assert_eq!((sum.extended_records, sum.first_extended_at), (3, first), "batches of {max}");
+    }
 }
 
 #[test]
@@ -147,8 +156,43 @@ fn unknown_json_kind_and_fields_are_skipped() {
     assert_eq!(sum.unknown_skipped, 2);
     assert_eq!((sum.first_unknown_at, sum.first_unknown_tag), (Some(2), None));
     assert!(sum.warnings(std::path::Path::new("t")).iter().any(|w| w.ends_with("; the first is at line 2")));
-    // The unknown keys of a known record, and of the header, are counted.
-    assert_eq!((sum.extended_records, sum.extended_header), (1, true));
+    // The unknown keys of a known record, and of the header, are counted, and the first of each
+    // named: a misspelt key is read as one.
+    assert_eq!((sum.extended_records, sum.extended_header, sum.first_extended_at), (1, true, Some(4)));
+    assert_eq!(
+        sum.warnings(std::path::Path::new("t")).last().unwrap(),
+        "t: the header and 1 record carried fields this version does not read (misspelt, or written by a newer \
+         memtrace?): those fields were ignored; the header's first is \"new_header_field\"; the record is at line 4, \
+         key \"new_field\""
+    );
+}
+
+/// A misspelt optional key is read as absent (its default), and the warning names it where it
+/// first stands: an escaped name as the text it stands for, a long one cut.
+#[test]
+fn the_first_unread_json_key_is_named() {
+    let header = "{\"kind\":\"header\",\"format_version\":1,\"producer\":{\"name\":\"p\",\"version\":\"1\"},\"level\":\"device\"}\n";
+    let long = "k".repeat(50);
+    let check = |lines: &[&str], expect: &str| {
+        let input = format!("{header}{}\n", lines.join("\n"));
+        let (_, _, sum) = read_all(input.as_bytes()).unwrap();
+        let w = sum.warnings(std::path::Path::new("t.jsonl"));
+        assert!(w.last().is_some_and(|w| w.ends_with(expect)), "{lines:?}: {w:?}");
+    };
+    let alloc = |extra: &str| {
+        format!(r#"{{"kind":"alloc","ts_ns":1,"addr":4096,"size":512,{extra}"api":"cudaMalloc","origin":"request"}}"#)
+    };
+    check(&[&alloc(r#""strem":7,"#)], "; the record is at line 2, key \"strem\"");
+    check(
+        &[&alloc(""), &alloc(r#""strem":7,"#), &alloc(r#""b":1,"#)],
+        "; the first record is at line 3, key \"strem\"",
+    );
+    check(&[&alloc(r#""\u0073trem":7,"#)], "; the record is at line 2, key \"strem\"");
+    check(&[&alloc(&format!(r#""{long}":7,"#))], &format!("; the record is at line 2, key \"{}…\"", "k".repeat(40)));
+    check(&[&alloc(r#""ẞ\"q":7,"#)], "; the record is at line 2, key \"ẞ\\\"q\"");
+    // Cut at a character boundary: 39 bytes, then a 3-byte character that does not fit.
+    let cut = format!("{}ẞ", "k".repeat(39));
+    check(&[&alloc(&format!(r#""{cut}":7,"#))], &format!("; the record is at line 2, key \"{}…\"", "k".repeat(39)));
 }
 
 /// The golden files, every kind and every header field in both forms, carry nothing the reader
