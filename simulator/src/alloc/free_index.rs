@@ -232,7 +232,6 @@ impl FreeIndex {
         self.groups[c / 64].as_mut().map(|g| &mut g[c % 64])
     }
 
-
     pub fn insert(&mut self, k: u128, slot: u32) {
         let c = class_of(k);
         // The class is not empty after, whatever it held: its bit is set without asking.
