@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::alloc::TorchVersion;
 use crate::family::Family;
 
 /// Errors loading a profile.
@@ -254,6 +255,26 @@ impl Profile {
                 "software.allocator = {:?}: expected \"2.4\", \"2.5\" or \"2.9\"",
                 self.software.allocator
             ));
+        }
+        let sw = &self.software;
+        let torch: TorchVersion = match sw.torch.parse() {
+            Ok(v) => v,
+            Err(e) => return bad(format!("software.torch = {:?}: {e}", sw.torch)),
+        };
+        // The allocator version is implied by torch's (profiles/README.md): another is a slip
+        // that would replay one release's rules under another's name.
+        if torch.to_string() != sw.allocator {
+            return bad(format!(
+                "software.allocator = {:?} does not match software.torch = {:?}, whose allocator rules are the \
+                 {torch} family's: expected \"{torch}\"",
+                sw.allocator, sw.torch
+            ));
+        }
+        for (key, v) in [("cuda", Some(&sw.cuda)), ("cudnn", sw.cudnn.as_ref())] {
+            let Some(v) = v else { continue };
+            if !v.starts_with(|c: char| c.is_ascii_digit()) || !v.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                return bad(format!("software.{key} = {v:?}: expected a version number such as \"12.4\""));
+            }
         }
         if self.gpu.total_memory == 0 {
             return bad("gpu.total_memory must be > 0 bytes".into());

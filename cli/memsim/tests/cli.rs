@@ -1155,6 +1155,35 @@ fn profile_command_reads_profiles_once_for_everyone() {
             "{err}"
         );
     }
+    // Software versions are checked as the allocator field is: "banana" was shown as torch
+    // banana, and an allocator version torch's does not imply replayed one release's rules
+    // under another's name.
+    for (from, to, expect) in [
+        ("torch = \"2.9\"", "torch = \"banana\"", "software.torch = \"banana\": invalid PyTorch version"),
+        ("torch = \"2.9\"", "torch = \"1.13\"", "software.torch = \"1.13\": PyTorch version \"1.13\" is older than 2.4"),
+        (
+            "torch = \"2.9\"",
+            "torch = \"2.4.1\"",
+            "software.allocator = \"2.9\" does not match software.torch = \"2.4.1\", whose allocator rules are the 2.4 \
+             family's: expected \"2.4\"",
+        ),
+        ("cuda = \"13.0\"", "cuda = \"twelve\"", "software.cuda = \"twelve\": expected a version number"),
+        ("cuda = \"13.0\"", "cuda = \"13.0\"\ncudnn = \"9.x\"", "software.cudnn = \"9.x\": expected a version number"),
+    ] {
+        assert!(TEST_PROFILE.contains(from), "{from}");
+        std::fs::write(&profile, TEST_PROFILE.replace(from, to)).unwrap();
+        let (code, _, err) = memsim(&["profile", p]);
+        assert!(code == 2 && err.contains(expect), "{to}: {code} {err}");
+    }
+    // A later release of a family, and a local build's suffix, are one of its versions.
+    for (torch, allocator) in [("2.6.0+cu124", "2.5"), ("2.15", "2.9"), ("2.4.1", "2.4")] {
+        let text = TEST_PROFILE
+            .replace("torch = \"2.9\"", &format!("torch = \"{torch}\""))
+            .replace("allocator = \"2.9\"", &format!("allocator = \"{allocator}\""));
+        std::fs::write(&profile, text).unwrap();
+        let (code, _, err) = memsim(&["profile", p]);
+        assert_eq!(code, 0, "torch {torch}: {err}");
+    }
     // The shipped profiles load, and the H200's placeholders are declared.
     let h200 = json(&["profile", "h200", "--json"]);
     assert!(h200["provenance"]["unmeasured"].as_array().unwrap().len() >= 3, "{h200}");
