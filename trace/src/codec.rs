@@ -88,7 +88,7 @@ pub fn check_preamble(p: &[u8; PREAMBLE_LEN]) -> Result<(u16, u16), TraceError> 
     let version = u16::from_le_bytes([p[8], p[9]]);
     let flags = u16::from_le_bytes([p[10], p[11]]);
     if version == 0 || version > FORMAT_VERSION {
-        return Err(TraceError::UnsupportedVersion { found: version, max: FORMAT_VERSION });
+        return Err(TraceError::UnsupportedVersion { found: version.into(), max: FORMAT_VERSION });
     }
     if flags & !KNOWN_FLAGS != 0 {
         return Err(TraceError::UnsupportedFlags { flags, reserved: flags & !KNOWN_FLAGS });

@@ -34,7 +34,7 @@ pub enum TraceError {
     )]
     UnsupportedVersion {
         /// The version in the file.
-        found: u16,
+        found: u64,
         /// The newest version this reader knows ([`crate::FORMAT_VERSION`]).
         max: u16,
     },
@@ -179,8 +179,17 @@ fn bad_magic(found: &[u8]) -> String {
             describe_bytes(found)
         );
     }
+    // Protocol 2 and later pickles open with PROTO (0x80): a PyTorch memory snapshot, most
+    // likely, which is not a trace until converted.
+    let pickle = if found.first() == Some(&0x80) {
+        " (it starts as a Python pickle does: a PyTorch memory snapshot? `memsim convert SNAPSHOT.pickle \
+         OUT.mtrace` makes a trace of one)"
+    } else {
+        ""
+    };
     format!(
-        "not a memtrace trace: expected the magic bytes \"MEMTRACE\" (binary form) or '{{' (JSON Lines form), found {}",
+        "not a memtrace trace: expected the magic bytes \"MEMTRACE\" (binary form) or '{{' (JSON Lines form), found \
+         {}{pickle}",
         describe_bytes(found)
     )
 }

@@ -183,11 +183,17 @@ pub fn parse_header_line(bytes: &[u8], line: u64) -> Result<Header, TraceError> 
         Some(k) => return Err(TraceError::MissingHeader { line, found: format!("a {k:?} record") }),
         None => return Err(TraceError::MissingHeader { line, found: "an object without \"kind\"".into() }),
     }
-    let header: Header = parse(bytes, line)?;
-    if header.format_version == 0 || header.format_version > FORMAT_VERSION {
-        return Err(TraceError::UnsupportedVersion { found: header.format_version, max: FORMAT_VERSION });
+    // The version first, as any number: a newer version's header may differ in its other
+    // fields, and 99999 is a version too new, not a number too large for the field's type.
+    #[derive(Deserialize)]
+    struct Version {
+        format_version: u64,
     }
-    Ok(header)
+    let version = parse::<Version>(bytes, line)?.format_version;
+    if version == 0 || version > u64::from(FORMAT_VERSION) {
+        return Err(TraceError::UnsupportedVersion { found: version, max: FORMAT_VERSION });
+    }
+    parse(bytes, line)
 }
 
 /// Parses one record line (1-based `line`). `Ok(None)`: a kind this version does not know.

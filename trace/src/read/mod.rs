@@ -48,7 +48,15 @@ impl Reader<File> {
     /// character device) is streamed.
     pub fn open(path: impl AsRef<Path>) -> Result<Reader<File>, TraceError> {
         let path = path.as_ref();
-        let f = File::open(path).map_err(|e| TraceError::io("cannot open trace", e).in_file(path))?;
+        let f = File::open(path).map_err(|e| {
+            // `-` is standard input only to a command that says so (memsim's).
+            let what = if path == Path::new("-") && e.kind() == ErrorKind::NotFound {
+                "cannot open trace (`-` is not standard input here: give a file, or /dev/stdin to stream one)"
+            } else {
+                "cannot open trace"
+            };
+            TraceError::io(what, e).in_file(path)
+        })?;
         let regular = f.metadata().is_ok_and(|m| m.is_file() && m.len() > 0);
         // Safety: the mapping is read-only and owned by the reader, so no slice of it outlives
         // it. Its bytes must not shrink while mapped: memtrace's writers only append to a trace

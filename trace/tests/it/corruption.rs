@@ -113,6 +113,36 @@ fn a_byte_order_mark_and_a_second_trace_are_named() {
     let (one, _) = valid();
     let two = [one.clone(), one.clone()].concat();
     check(&two, &[&format!("a second trace header starts at byte {}", one.len()), "concatenated"]);
+    // A pickle (a PyTorch snapshot given where a trace belongs) is named as one, with the way
+    // to a trace of it.
+    check(
+        b"\x80\x04\x95\x10\x00\x00\x00",
+        &["not a memtrace trace", "starts as a Python pickle does", "memsim convert"],
+    );
+    check(b"hello", &["not a memtrace trace"]);
+    let plain = open_reader(&b"hello"[..]).err().unwrap().to_string();
+    assert!(!plain.contains("pickle"), "{plain}");
+}
+
+/// A JSON Lines header's version is read first, as any number: 99999 was "expected u16" (the
+/// field's type), where version 2 said which versions this reader knows.
+#[test]
+fn a_json_lines_version_of_any_size_is_named_as_a_version() {
+    let line = |v: &str| {
+        format!(r#"{{"kind":"header","format_version":{v},"producer":{{"name":"p","version":"1"}},"level":"device"}}"#)
+            + "\n"
+    };
+    for v in ["2", "99999", "18446744073709551615"] {
+        check(
+            line(v).as_bytes(),
+            &[&format!("unsupported trace format version {v}: this reader knows versions 1 to 1")],
+        );
+    }
+    check(line("0").as_bytes(), &["version 0 was never written"]);
+    check(line("-1").as_bytes(), &["format_version"]);
+    // A newer version's header may differ in its other fields: the version is said, not them.
+    let newer = r#"{"kind":"header","format_version":2,"producer":"p2","level":"gpu"}"#.to_string() + "\n";
+    check(newer.as_bytes(), &["unsupported trace format version 2"]);
 }
 
 #[test]

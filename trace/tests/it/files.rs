@@ -73,6 +73,10 @@ fn open_errors_name_the_path() {
     let missing = dir.path().join("missing.mtrace");
     let err = Reader::open(&missing).err().unwrap().to_string();
     assert!(err.contains("missing.mtrace") && err.contains("cannot open trace"), "{err}");
+    assert!(!err.contains("standard input"), "{err}");
+    // `-` is a file name here, not standard input, and said so (it was "No such file").
+    let err = Reader::open("-").err().unwrap().to_string();
+    assert!(err.contains("`-` is not standard input here") && err.contains("/dev/stdin"), "{err}");
 
     let bad = dir.path().join("bad.mtrace");
     std::fs::write(&bad, b"hello world").unwrap();
