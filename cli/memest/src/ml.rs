@@ -500,6 +500,10 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
     if a.folds > ex.len() {
         bail!("--folds {}: expected at most the {} usable rows of {}", a.folds, ex.len(), a.dataset.display());
     }
+    if !gpumemnet {
+        // The folds share the rows left after the test set: said here, as a flag's error.
+        protocol::plan(&ex, &cfg).with_context(|| format!("--folds {}", a.folds))?;
+    }
     let name = a.dataset.display().to_string();
     let report =
         if gpumemnet { protocol::reproduce(&ex, &name, &cfg)? } else { protocol::cross_validate(&ex, &name, &cfg)? };

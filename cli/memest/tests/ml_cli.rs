@@ -105,6 +105,11 @@ fn cli_misuse_is_a_clear_error() {
         check_err(&["cv", "--dataset", &csv, &flag], &["--test-frac", "expected a fraction in (0, 1)"]);
     }
     check_err(&["cv", "--dataset", &csv, "--folds", "1"], &["--folds 1: expected at least 2"]);
+    // More folds than the rows left after the test set: the flag is named (it was "k=50").
+    check_err(
+        &["cv", "--dataset", &csv, "--folds", "50", "--test-frac", "0.9"],
+        &["--folds 50", "folds = 50: more than the", "development rows", "test fraction 0.9"],
+    );
     assert!(!std::path::Path::new(&out).exists(), "no model file after a failed train");
 }
 

@@ -200,6 +200,17 @@ pub struct Plan {
 pub fn plan(ex: &Examples, cfg: &ProtocolConfig) -> Result<Plan, MlError> {
     let holdout = split::stratified_holdout(&ex.class, cfg.test_frac, cfg.seed);
     let dev_labels: Vec<usize> = holdout.train.iter().map(|&i| ex.class[i]).collect();
+    if cfg.folds > dev_labels.len() {
+        return Err(MlError::Invalid(format!(
+            "folds = {}: more than the {} development rows the folds share (the {} usable rows less the {} held out \
+             for the test set, test fraction {}): use fewer folds or a smaller test fraction",
+            cfg.folds,
+            dev_labels.len(),
+            ex.len(),
+            holdout.test.len(),
+            cfg.test_frac
+        )));
+    }
     let folds = split::stratified_kfold(&dev_labels, cfg.folds, cfg.seed)?
         .into_iter()
         .map(|f| Split {
