@@ -910,6 +910,17 @@ fn validate_says_what_a_capacity_cannot_do() {
     let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
     let (code, _, err) = memsim(&["validate", t.to_str().unwrap()]);
     assert!(code == 2 && err.contains("a trace, not a snapshot") && err.contains("memsim replay"), "{err}");
+    // Named as a trace and not one: a snapshot renamed .mtrace, and a folder, were both "a
+    // trace" too.
+    let renamed = dir.path().join("snap.mtrace");
+    std::fs::copy(snap, &renamed).unwrap();
+    let folder = dir.path().join("adir.mtrace");
+    std::fs::create_dir(&folder).unwrap();
+    for (path, expect) in [(&renamed, "starts as a Python pickle does"), (&folder, "Is a directory")] {
+        let (code, _, err) = memsim(&["validate", path.to_str().unwrap()]);
+        assert!(code == 2 && err.contains("named as a trace, and not one") && err.contains(expect), "{err}");
+        assert!(!err.contains("a trace, not a snapshot"), "{err}");
+    }
 }
 
 /// On several GPUs the peak of live bytes is of all of them at once, and says so: it read as one
