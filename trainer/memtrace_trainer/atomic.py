@@ -19,6 +19,23 @@ def cannot_write(path: Path, e: OSError) -> UserError:
     return UserError(f"cannot write {path}: {e.strerror or e}")
 
 
+def check_output_file(path: Path, flag: str, expected: str) -> None:
+    """The one check of an output file's path, made before any work: a folder in its place, or
+    a folder above it that does not exist, is refused naming the flag (every `--out FILE` alike:
+    a file's folder is never made for it; folders the user names, `run --out DIR` and
+    `--out-dir`, are)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a directory; expected {expected}")
+    if not path.parent.is_dir():
+        above = path.parent
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise UserError(f"{flag} {path}: {above} is not a directory")
+        raise UserError(f"{flag} {path}: directory {path.parent} does not exist")
+
+
 @contextmanager
 def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
     """A temporary file beside `path` (ending in `suffix`, for tools that go by the extension),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace_trainer import notes
-from memtrace_trainer.errors import UserError, is_integer, is_number, json_object
+from memtrace_trainer.errors import UserError, is_integer, is_number, json_object, read_text
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,7 @@ def read_configs(
         raise UserError(f"--batch {path}: a folder; expected a file of JSON lines")
     if not path.is_file():
         raise UserError(f"--batch {path}: no such file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--batch {path}: cannot read it ({e})") from None
+    text = read_text(path, f"--batch {path}", "a file of JSON lines (UTF-8 text)")
     actions = _actions(parser)
     configs: list[Config] = []
     for n, line in enumerate(text.splitlines(), 1):

@@ -35,12 +35,28 @@ class Found:
         return f"{self.path} (from {self.source})"
 
 
+def bin_dir() -> Path | None:
+    """$MEMTRACE_BIN_DIR, the first place the binaries and the shim are looked for; None when
+    unset or empty. Set to a path that is no directory, it is refused: the search went on to
+    PATH and target/release as if it were unset, and ran binaries other than the ones named."""
+    value = os.environ.get("MEMTRACE_BIN_DIR")
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_dir():
+        found = "not a directory" if path.exists() else "no such directory"
+        raise UserError(f"$MEMTRACE_BIN_DIR={value}: {found}; expected the folder of the built "
+                        "memsim, memest and libmemtrace.so (target/release), or unset it to "
+                        "search PATH and target/release")  # fmt: skip
+    return path
+
+
 def find_binary(name: str, debug_fallback: bool = False) -> Found:
     """`name` from $MEMTRACE_BIN_DIR, then PATH, then target/release (then target/debug when
     `debug_fallback`); a clear error naming every place looked in when none is there."""
     candidates: list[Found] = []
-    if os.environ.get("MEMTRACE_BIN_DIR"):
-        candidates.append(Found(Path(os.environ["MEMTRACE_BIN_DIR"]) / name, "$MEMTRACE_BIN_DIR"))
+    if (given := bin_dir()) is not None:
+        candidates.append(Found(given / name, "$MEMTRACE_BIN_DIR"))
     on_path = shutil.which(name)
     if on_path:
         candidates.append(Found(Path(on_path), "PATH"))
@@ -115,9 +131,8 @@ def find_shim() -> Found:
     """libmemtrace.so: $MEMTRACE_BIN_DIR, then the wheel's copy (memtrace/_lib), then
     target/release|debug."""
     candidates: list[Found] = []
-    if os.environ.get("MEMTRACE_BIN_DIR"):
-        path = Path(os.environ["MEMTRACE_BIN_DIR"]) / "libmemtrace.so"
-        candidates.append(Found(path, "$MEMTRACE_BIN_DIR"))
+    if (given := bin_dir()) is not None:
+        candidates.append(Found(given / "libmemtrace.so", "$MEMTRACE_BIN_DIR"))
     packaged = Path(__file__).resolve().parents[1] / "memtrace" / "_lib" / "libmemtrace.so"
     candidates.append(Found(packaged, "the memtrace package"))
     for kind in ("release", "debug"):

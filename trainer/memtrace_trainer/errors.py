@@ -46,14 +46,22 @@ def check_batch_size(batch_size: int | None, *, optional: bool = False) -> None:
         raise UserError(f"--batch-size {batch_size}: expected a positive integer")
 
 
-def require_batch_size(batch_size: int | None, entry: str | None = None) -> None:
+def require_batch_size(
+    batch_size: int | None, entry: str | None = None, model: str | None = None
+) -> None:
     """A `--model` job, or an `--entry` function that takes `batch_size`, has no batch size of
     its own: one not given is refused by every command alike (an entry left without one trained
     at batch 1). `entry`: a function without the parameter builds its own batch, whose size is
     the job's (`load_entry` reads it, and says when a --batch-size given differs), as a `--step`
-    function of the device alone takes none."""
+    function of the device alone takes none. `model`: the spec, whose Filename's `batch:N`
+    (`gpumemnet:`) the message says is not used."""
     if batch_size is None and needs_batch_size(entry):
         if entry is None:
+            from memtrace_trainer.models.gpumemnet import ROW_BATCH_UNUSED, filename_batch
+
+            if (own := filename_batch(model)) is not None:
+                raise UserError(f"--batch-size is required with --model {model}: the batch:{own} "
+                                f"in its Filename is not used: {ROW_BATCH_UNUSED}")  # fmt: skip
             raise UserError("--batch-size is required with --model (a model spec has no batch "
                             "of its own)")  # fmt: skip
         raise UserError(f"--batch-size is required with --entry {entry}: the function takes "
@@ -91,6 +99,45 @@ def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected {expected}")
     return data
+
+
+def check_input_file(path: Any, where: str, expected: str) -> None:
+    """The one check that a path the user gave is a file to read: not there, a folder, a device
+    or FIFO (a read would wait forever) are each a `UserError` naming `where` (a flag and the
+    path, or the path) and what was `expected`."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:  # not there ("No such file or directory"), not searchable
+        raise _unreadable(where, e.strerror or str(e), expected) from None
+    if stat.S_ISDIR(mode):
+        raise _unreadable(where, "a directory", expected)
+    if not stat.S_ISREG(mode):
+        raise _unreadable(where, "not a regular file", expected)
+
+
+def _unreadable(where: str, why: str, expected: str) -> UserError:
+    return UserError(f"{where}: cannot read it: {why}; expected {expected}")
+
+
+def read_text(path: Any, where: str, expected: str, newline: str | None = None) -> str:
+    """The text of a file the user gave, the one way the trainer reads one (a sweep file, a
+    GPUMemNet CSV, a run's JSON, a batch file): UTF-8, whole. A path `check_input_file` refuses,
+    one this user cannot read, and bytes that are not UTF-8 are each a `UserError` naming `where`
+    and what was `expected` (`"a YAML sweep file"`), never an internal error. `newline`: as
+    `open` takes it (`""` for the csv module)."""
+    check_input_file(path, where, expected)
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise _unreadable(
+            where, f"not UTF-8 text ({e.reason} at byte {e.start})", expected
+        ) from None
+    except OSError as e:
+        raise _unreadable(where, e.strerror or str(e), expected) from None
 
 
 def constructed(

@@ -256,9 +256,8 @@ def estimate_job(
         log(f"memest: {memest.describe()}")
     prof = load_profile(profile, capacity)
     seconds: dict[str, float] = {}
-    ml_model = ml_model or (
-        Path(os.environ["MEMTRACE_ML_MODEL"]) if os.environ.get("MEMTRACE_ML_MODEL") else None
-    )
+    from_env = ml_model is None and bool(os.environ.get("MEMTRACE_ML_MODEL"))
+    ml_model = ml_model or (Path(os.environ["MEMTRACE_ML_MODEL"]) if from_env else None)
     with tempfile.TemporaryDirectory(prefix="memtrace-estimate-") as tmp:
         d = Path(tmp)
         t = time.perf_counter()
@@ -312,6 +311,8 @@ def estimate_job(
         # memest exits 1 for "does not fit": an answer, not a failure.
         if done.returncode not in (0, 1):
             msg = error_line(done.stderr)
+            if from_env:  # memest names its flag: the user set the variable, not --ml-model
+                msg = msg.replace(f"--ml-model {ml_model}", f"$MEMTRACE_ML_MODEL={ml_model}")
             raise UserError(f"memest estimate failed ({done.returncode}): {msg}")
         result = parse_memest(done.stdout, features is not None)
         if fake_why is not None:

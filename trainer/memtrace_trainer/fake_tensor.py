@@ -153,7 +153,7 @@ def check_config(config: dict[str, Any]) -> int | None:
         _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
         batch = row_batch if batch is None else batch
     else:
-        require_batch_size(batch, config.get("entry"))
+        require_batch_size(batch, config.get("entry"), config.get("model"))
     _parse_shape(config.get("input_shape"))
     return batch
 
@@ -180,7 +180,7 @@ def workload_builder(config: dict[str, Any]) -> tuple[Callable[[torch.device], W
     spec = f"gpumemnet:{row}" if row else config["model"]
 
     def build(device: torch.device) -> Workload:
-        workload = build_workload(spec, batch, shape, seq, classes, device)
+        workload = build_workload(spec, batch, shape, seq, classes, device, row=bool(row))
         if row and config.get("batch_size") is None:
             why = "the GPUMemNet row's Filename"
             workload.defaults["batch_size"] = {"value": batch, "why": why}

@@ -219,8 +219,8 @@ def test_kernel_stats_cli_errors(tmp_path: Path) -> None:
     data.write_text("Filename\na\n")
     clash = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other), check=False)
     assert clash.returncode == 2 and "other columns" in clash.stderr
-    # Under a file: said before any row is computed. (Missing folders are created: see
-    # test_kernel_stats_out_creates_its_folders.)
+    # Under a file: said before any row is computed. (A missing folder is refused too: see
+    # test_kernel_stats_out_refuses_a_missing_folder.)
     nowhere = cli("kernel-stats", "--gpumemnet", str(data), "--out", str(other / "k.csv"),
                   check=False)  # fmt: skip
     assert (
@@ -324,11 +324,17 @@ def test_kernel_stats_counts_repeated_filenames_as_what_they_are(tmp_path: Path)
     assert "2 already in" in again.stderr and "0 to do" in again.stderr
 
 
-def test_kernel_stats_out_creates_its_folders(tmp_path: Path) -> None:
-    """README's `--out target/kstats/cnn.k.csv` failed with 'no directory target/kstats'."""
+def test_kernel_stats_out_refuses_a_missing_folder(tmp_path: Path) -> None:
+    """The folders above --out were made (`mkdir -p`), where every other command's --out FILE
+    refuses a missing folder: said before any row is computed, and nothing is made."""
     dataset = tmp_path / "rows.csv"
     dataset.write_text("Filename\n" + f'"{KS_NAMES[2]}"\n')
     out = tmp_path / "target" / "kstats" / "k.csv"
+    done = cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out), check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"--out {out}: directory {out.parent} does not exist" in done.stderr, done.stderr
+    assert "rows/s" not in done.stderr and not (tmp_path / "target").exists()
+    out.parent.mkdir(parents=True)
     cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
     assert [r["status"] for r in csv.DictReader(out.open())] == ["ok"]
 

@@ -42,6 +42,8 @@ from memtrace_trainer.units import MIB
 
 # `max-seq --limit`'s default.
 SEQ_LIMIT = 131072
+# The ML model `--ml-model` defaults to (`estimate.estimate_job` reads it).
+ML_MODEL_VAR = "MEMTRACE_ML_MODEL"
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -228,7 +230,7 @@ def estimate_result(args: argparse.Namespace) -> dict[str, Any]:
         steps = resolve_steps(vars(args))
         job = StepJob(args.step, steps, args.world_size, step_batch(args.step, args.batch_size))
     else:
-        require_batch_size(args.batch_size, args.entry)
+        require_batch_size(args.batch_size, args.entry, args.model)
         build = _workloads(args)
         shape = {k: getattr(args, k) for k in ("seq_len", "input_shape", "num_classes")}
         job = ModelJob(lambda: build(args.batch_size), _step(args), shape)
@@ -250,16 +252,21 @@ def _ml_model(args: argparse.Namespace) -> None:
     """`--ml-model`: read by memest with the model's features, which a step function or a
     script does not expose (said to have no effect there); otherwise a file that is there,
     checked before the trace (memest's "No such file" named no flag, after minutes)."""
-    if args.ml_model is None:
+    path, where = args.ml_model, f"--ml-model {args.ml_model}"
+    if path is None and os.environ.get(ML_MODEL_VAR):
+        # The variable stands for the flag: a message names the one the user set.
+        path, where = Path(os.environ[ML_MODEL_VAR]), f"${ML_MODEL_VAR}={os.environ[ML_MODEL_VAR]}"
+    if path is None:
         return
     if args.step or args.script:
-        what = "--step" if args.step else "--script"
-        notes.warn(f"--ml-model has no effect with {what}: the ML estimate needs the model's "
-                   "features, which your code does not expose")  # fmt: skip
-    elif not args.ml_model.is_file():
-        found = "a folder" if args.ml_model.is_dir() else "no such file"
-        raise UserError(f"--ml-model {args.ml_model}: {found}; expected a trained ML model "
-                        "file (memest ml train)")  # fmt: skip
+        if args.ml_model is not None:  # an environment's default is not asked for each job
+            what = "--step" if args.step else "--script"
+            notes.warn(f"--ml-model has no effect with {what}: the ML estimate needs the "
+                       "model's features, which your code does not expose")  # fmt: skip
+    elif not path.is_file():
+        found = "a folder" if path.is_dir() else "no such file"
+        raise UserError(f"{where}: {found}; expected a trained ML model file (memest ml "
+                        "train)")  # fmt: skip
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -490,7 +497,7 @@ def _min_world_size(args: argparse.Namespace) -> int:
     check_batch_size(args.batch_size, optional=True)
     if args.strategy is None:
         raise UserError("min-world-size needs --strategy (fsdp2, ddp, ...): how the job shards")
-    require_batch_size(args.batch_size, args.entry)
+    require_batch_size(args.batch_size, args.entry, args.model)
     if args.world_size is not None:
         raise UserError("min-world-size searches the world size: give --world-sizes, not "
                         "--world-size")  # fmt: skip

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from memtrace_trainer.atomic import check_output_file
 from memtrace_trainer.dtypes import AMP
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, read_text
 
 Handler = Callable[[argparse.Namespace], None]
 KEY = "Filename"
@@ -100,9 +101,10 @@ def _init_worker(settings: dict[str, Any]) -> None:
 
 
 def _dataset_keys(path: Path, limit: int | None) -> list[str]:
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"--gpumemnet {path}: no such file")
-    with path.open(newline="") as f:
+    text = read_text(path, f"--gpumemnet {path}", "a GPUMemNet dataset CSV (UTF-8 text)", "")
+    with io.StringIO(text, newline="") as f:
         reader = csv.DictReader(f)
         if reader.fieldnames is None or KEY not in reader.fieldnames:
             raise UserError(f"{path}: no {KEY!r} column (expected a GPUMemNet dataset CSV)")
@@ -120,9 +122,9 @@ def _complete_part(out: Path, width: int) -> tuple[str, bool]:
     than `width` cells (cut after a line end inside a quoted cell). A short row before the last
     is no interruption: `_done_keys` refuses it."""
     text = ""
-    if out.is_file():
-        with out.open(newline="", encoding="utf-8") as f:
-            text = f.read()
+    if out.exists():
+        text = read_text(out, f"--out {out}", "a CSV that kernel-stats wrote, to resume "
+                         "(UTF-8 text), or a new file name", "")  # fmt: skip
     if not text:
         return text, False
     # The end of the last complete record: csv pulls lines, and a quoted cell may hold some.
@@ -201,8 +203,7 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
 
     if args.out is None:
         raise UserError("--gpumemnet needs --out OUT.csv")
-    if args.out.is_dir():
-        raise UserError(f"--out {args.out}: is a directory (expected a CSV file to write)")
+    check_output_file(args.out, "--out", "a CSV file to write")
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: expected at least 1")
     if args.limit is not None and args.limit < 1:
@@ -231,10 +232,6 @@ def _gpumemnet(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         f"{args.jobs} job(s)",
         file=sys.stderr,
     )
-    # Said before any row is computed, not after all of them: `mkdir -p`, as `run --out` does.
-    from memtrace_trainer.runs.rundir import make_parents
-
-    make_parents(args.out)
     if cut:
         warn(f"--out {args.out}: its last row was cut short (an interrupted run): removed, and "
              "computed again")  # fmt: skip

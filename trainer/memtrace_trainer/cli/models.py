@@ -166,7 +166,8 @@ def _features(args: argparse.Namespace) -> None:
         config, batch = from_gpumemnet_filename(args.gpumemnet_row)
         batch = batch if args.batch_size is None else args.batch_size
         spec = f"gpumemnet:{args.gpumemnet_row}"
-        workload = build_workload(spec, batch, args.input_shape, args.seq_len, args.num_classes)
+        workload = build_workload(spec, batch, args.input_shape, args.seq_len, args.num_classes,
+                                  row=True)  # fmt: skip
         if args.batch_size is None:
             why = "the GPUMemNet row's Filename"
             workload.defaults["batch_size"] = {"value": batch, "why": why}
@@ -229,7 +230,7 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         return _symtrace_result(out, summary, {}, args, steps)
     batch = args.get("batch_size")
     if batch is None:
-        require_batch_size(batch, args.get("entry"))
+        require_batch_size(batch, args.get("entry"), args.get("model"))
     elif not isinstance(batch, int):
         raise UserError("--batch-size is required (a positive integer)")
     workload = workloads(args)(batch)
@@ -319,7 +320,7 @@ def _symtrace(args: argparse.Namespace) -> int:
     try:
         configs = read_configs(args.batch, parser, BATCH_KEYS,
                                lambda c: _check_line(defaults | c), given, ".jsonl")  # fmt: skip
-        _out_dir(args.out_dir)
+        made = _out_dir(args.out_dir)
     except UserError as e:
         raise UserError(f"{e}; nothing was traced (the whole file is checked first)") from None
     _no_effect(args, ["out"], "with --batch: each config's trace is --out-dir/NAME.jsonl")
@@ -334,20 +335,23 @@ def _symtrace(args: argparse.Namespace) -> int:
     items = [(c.name, defaults | c.values | {OWN: sorted(c.own)},
               str(args.out_dir / output_file(c.name, ".jsonl"))) for c in configs]  # fmt: skip
     results: Iterable[dict[str, Any]]
-    if args.backend == "slurm":
-        from memtrace_trainer.symtrace.cluster import trace_on_cluster
-
-        slurm = {k: v if getattr(args, k) is None else getattr(args, k)
-                 for k, v in SLURM_FLAGS.items()}  # fmt: skip
-        results = trace_on_cluster(items, args.out_dir, slurm["submitit_cluster"],
-                                   slurm["partition"], slurm["timeout_min"],
-                                   slurm["array_parallelism"])  # fmt: skip
-    else:
-        results = symtrace_each(items)
     done = []
-    for result in results:
-        done.append(result)
-        print(json.dumps(result), flush=True)
+    try:
+        if args.backend == "slurm":
+            from memtrace_trainer.symtrace.cluster import trace_on_cluster
+
+            slurm = {k: v if getattr(args, k) is None else getattr(args, k)
+                     for k, v in SLURM_FLAGS.items()}  # fmt: skip
+            results = trace_on_cluster(items, args.out_dir, slurm["submitit_cluster"],
+                                       slurm["partition"], slurm["timeout_min"],
+                                       slurm["array_parallelism"])  # fmt: skip
+        else:
+            results = symtrace_each(items)
+        for result in results:
+            done.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        _unmade(made)  # every config failed (or none ran): no empty --out-dir of this run's
     return failed_summary(done)
 
 
@@ -381,24 +385,39 @@ def _check_line(config: dict[str, Any]) -> None:
     if len(sources) != 1:
         raise UserError("expected exactly one of --model, --entry or --step")
     if sources[0] != "step":
-        require_batch_size(config.get("batch_size"), config.get("entry"))
+        require_batch_size(config.get("batch_size"), config.get("entry"), config.get("model"))
         step_config(config, resolve_steps(config))
     tune_from(config)
     _parse_shape(config.get("input_shape"))
     load_profile(config.get("profile"))
 
 
-def _out_dir(path: Path) -> None:
+def _out_dir(path: Path) -> list[Path]:
     """--out-dir made (with its parents) or refused: a file there, or a folder this user cannot
-    create or write to, would fail every config alike."""
+    create or write to, would fail every config alike. Returns the folders made, innermost
+    first, for `_unmade` to remove when nothing was written into them."""
     if path.exists() and not path.is_dir():
         raise UserError(f"--out-dir {path}: a file; expected a folder")
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _unmade(made)
         raise UserError(f"--out-dir {path}: cannot create it ({e.strerror or e})") from None
     if not os.access(path, os.W_OK | os.X_OK):
+        _unmade(made)
         raise UserError(f"--out-dir {path}: not a folder this user can write to")
+    return made
+
+
+def _unmade(made: list[Path]) -> None:
+    """The folders this run made (innermost first) removed while empty: a batch that wrote
+    nothing leaves no output behind. A folder something was put in stays, and those above it."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def symtrace_each(items: Iterable[tuple[str, dict[str, Any], str]]) -> Iterator[dict[str, Any]]:

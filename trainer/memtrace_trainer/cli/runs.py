@@ -12,7 +12,7 @@ from pathlib import Path
 
 from memtrace_trainer.cli.common import traced_batch_size
 from memtrace_trainer.dtypes import AMP
-from memtrace_trainer.errors import UserError, check_batch_size, require_batch_size
+from memtrace_trainer.errors import UserError, check_batch_size, read_text, require_batch_size
 from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.config import DEVICES, RunConfig
 from memtrace_trainer.units import MIB
@@ -126,7 +126,7 @@ def _config_from_args(args: argparse.Namespace) -> object:
     # As `estimate` takes it: a model, or an entry that takes `batch_size`, needs one (left
     # without, it trained at batch 1 under a run id of "b1"); an entry of its own batch runs it.
     check_batch_size(args.batch_size, optional=True)
-    require_batch_size(args.batch_size, args.entry)
+    require_batch_size(args.batch_size, args.entry, args.model)
     # Every field is a flag of `run`'s; one not given takes the config's default (10 iterations).
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)}
     cfg = RunConfig(**{name: value for name, value in given.items() if value is not None})
@@ -151,10 +151,12 @@ def _run(args: argparse.Namespace) -> None:
     if args.from_config:
         if args.labels_out is None:
             raise UserError("--from-config needs --labels-out")
+        where = f"--from-config {args.from_config}"
+        text = read_text(args.from_config, where, "a run's config.json (UTF-8 JSON)")
         try:
-            data = json.loads(args.from_config.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"--from-config {args.from_config}: cannot read it ({e})") from None
+            data = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"{where}: cannot read it ({e})") from None
         if not isinstance(data, dict):
             raise UserError(f"--from-config {args.from_config}: expected a JSON object (a run's "
                             "config.json)")  # fmt: skip
@@ -328,14 +330,11 @@ def _say_cpu_fallbacks(out: Path, items: list) -> None:
 
 
 def _dataset(args: argparse.Namespace) -> None:
-    from memtrace_trainer.atomic import write_text
+    from memtrace_trainer.atomic import check_output_file, write_text
     from memtrace_trainer.runs.dataset import collect
 
-    if args.out.is_dir():
-        raise UserError(f"--out {args.out}: is a directory; expected the CSV file to write")
+    check_output_file(args.out, "--out", "the CSV file to write")
     text, summary = collect(args.dir, args.include_cpu)
-    if not args.out.parent.is_dir():
-        raise UserError(f"--out {args.out}: directory {args.out.parent} does not exist")
     skipped = summary["skipped_cpu_runs"]
     if summary["rows"] == 0:
         # A header alone is no dataset: every reader of it (compare, calibrate) refuses it.

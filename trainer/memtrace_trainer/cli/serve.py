@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memtrace_trainer import notes
-from memtrace_trainer.errors import UserError
+from memtrace_trainer.errors import UserError, check_input_file
 
 # The longest --timeout: Connection.poll takes at most 2**31 - 1 milliseconds.
 MAX_TIMEOUT = 2_000_000
@@ -145,8 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.socket is not None and args.host != "127.0.0.1":
         notes.warn(f"--host {args.host} has no effect with --socket")
     for path in args.allow_script:
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"serve --allow-script {path}: no such file")
+        check_input_file(path, f"serve --allow-script {path}", "a Python training script")
     # The spelling is kept beside the file it names now: a link re-pointed later still runs
     # what was allowed at start-up (docs/serve.md).
     policy = Policy.allowing(

@@ -34,6 +34,26 @@ def parse_filename(name: str) -> list[tuple[str, str]]:
     return pairs
 
 
+# `--model gpumemnet:FILENAME` is the model alone (trainer/README.md): the batch in the Filename
+# is a row's, which `--gpumemnet-row` (features, fake-tensor) takes and a model spec does not.
+ROW_BATCH_UNUSED = ("a model spec is the model alone, built at the command's batch "
+                    "(--batch-size, or a search's); `features --gpumemnet-row` and `fake-tensor "
+                    "--gpumemnet-row` take a row's batch")  # fmt: skip
+
+
+def filename_batch(spec: str | None) -> int | None:
+    """The `batch:N` in the Filename of a `gpumemnet:FILENAME` model spec, which the spec does
+    not use (`ROW_BATCH_UNUSED`); None for any other spec, or one whose batch is no integer (its
+    build says why)."""
+    source, _, name = (spec or "").partition(":")
+    if source != "gpumemnet":
+        return None
+    try:
+        return int(dict(parse_filename(name))["batch"])
+    except (InvalidConfig, KeyError, ValueError):
+        return None
+
+
 def _int(name: str, fields: dict[str, str], key: str) -> int:
     if key not in fields:
         raise InvalidConfig(f"GPUMemNet Filename {name!r}: field {key!r} is missing")

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from memtrace_trainer.errors import UserError, is_integer, is_number
+from memtrace_trainer.errors import UserError, is_integer, is_number, read_text
 from memtrace_trainer.models.config import (
     InvalidConfig,
     ModelConfig,
@@ -220,10 +220,9 @@ class _DuplicateKey(yaml.YAMLError):
 
 def read_sweep(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML sweep file (`sample`'s and `launch`'s)."""
+    text = read_text(path, f"sweep file {path}", "a YAML sweep file (UTF-8 text)")
     try:
-        data = yaml.load(Path(path).read_text(), Loader=_UniqueKeys)
-    except OSError as e:
-        raise UserError(f"sweep file {path}: {e.strerror}") from None
+        data = yaml.load(text, Loader=_UniqueKeys)
     except _DuplicateKey as e:
         raise UserError(f"sweep file {path}: {e}") from None
     except yaml.YAMLError as e:

@@ -25,7 +25,11 @@ from memtrace_trainer.errors import (
 from memtrace_trainer.models.config import ModelConfig, from_dict
 from memtrace_trainer.models.dlrm import DLRM, DLRMConfig
 from memtrace_trainer.models.finetune import Regime
-from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+from memtrace_trainer.models.gpumemnet import (
+    ROW_BATCH_UNUSED,
+    filename_batch,
+    from_gpumemnet_filename,
+)
 from memtrace_trainer.notes import warn
 from memtrace_trainer.workload import Batch, Workload, fresh_like, user_function
 from memtrace_trainer.workload import entry_takes as takes
@@ -219,10 +223,12 @@ def build_workload(
     num_classes: int | None = None,
     device: torch.device = META,
     tune: Tune | None = None,
+    row: bool = False,
 ) -> Workload:
     """The workload of a zoo spec: `torchvision:NAME`, `timm:NAME`, `hf:NAME`, `dlrm`,
     `gpumemnet:FILENAME` or `synthetic:{json config}`, built on `device` (meta unless a real
-    run or the FakeTensor baseline asks for another)."""
+    run or the FakeTensor baseline asks for another). `row`: the spec is a `--gpumemnet-row`,
+    whose batch the caller took; a `--model gpumemnet:` spec's other batch is said unused."""
     check_batch_size(batch_size)
     for classes in (num_classes, (tune or Tune()).num_classes):
         if classes is not None and classes < 1:
@@ -243,6 +249,9 @@ def build_workload(
         _ignored("--seq-len", seq_len, f"{nothing}, no sequence")
         _ignored("--num-classes", num_classes, f"{spec} has its own output head")
     elif source in ("gpumemnet", "synthetic"):
+        if not row and (own := filename_batch(spec)) not in (None, batch_size):
+            warn(f"--model {spec}: the batch:{own} in its Filename is not used: "
+                 f"{ROW_BATCH_UNUSED}")  # fmt: skip
         _ignored("--seq-len", seq_len, f"{spec}: the generator config sets its own sizes")
         _ignored("--num-classes", num_classes, f"{spec}: the generator config sets its own sizes")
     tune = tune or Tune()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.errors import UserError, is_integer, needs_batch_size
+from memtrace_trainer.errors import UserError, is_integer, needs_batch_size, read_text
 from memtrace_trainer.models.sampling import check_range, check_seed, draw, read_sweep, sample
 from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.config import NUMERIC, RunConfig, field_problem
@@ -265,7 +265,8 @@ def read_manifest(path: Path) -> list[Item]:
     if not Path(path).is_file():
         raise UserError(f"manifest {path}: no such file (written by `launch`)")
     items = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    text = read_text(path, f"manifest {path}", "JSON lines written by `launch`")
+    for n, line in enumerate(text.splitlines(), 1):
         try:
             data = json.loads(line)
             cfg = RunConfig.from_dict(data["config"], f"{path}:{n}: field config")

@@ -29,7 +29,7 @@ import torch
 
 import memtrace_trainer
 from memtrace_trainer import markers
-from memtrace_trainer.errors import UserCodeError, UserError
+from memtrace_trainer.errors import UserCodeError, UserError, check_input_file
 from memtrace_trainer.notes import warn
 from memtrace_trainer.profile import Profile
 from memtrace_trainer.symtrace.gpus import named_as
@@ -142,8 +142,9 @@ def run_script(
     path: Path, argv: list[str], steps: int, profile: Profile, rec: Recorder, emulate: bool
 ) -> Run:
     check_steps(steps)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"--script {path}: no such file")
+    check_input_file(path, f"--script {path}", "a Python training script (TRAIN.py)")
     before = set(_modules())
     state: dict[str, Any] = {
         "done": 0,
