@@ -8,6 +8,7 @@ pub mod compare;
 pub mod dataset;
 pub mod error;
 pub mod estimate;
+pub mod estimate_file;
 pub mod estimate_text;
 pub mod features;
 pub mod features_file;

@@ -281,6 +281,7 @@ class Estimate:
         """One self-contained HTML page: memory over the steps, what is alive at the peak, the
         segment map, the estimators side by side and the verdict."""
         from memtrace.api import as_keywords
+        from memtrace_trainer.atomic import write_text
         from memtrace_trainer.estimate import write_report
 
         out = _path("report", path, ".html")
@@ -289,14 +290,14 @@ class Estimate:
             raise EstimateError(
                 f"report({str(path)!r}): expected a path ending in .html or .htm (the page is HTML)"
             )
-        # The page's lines in the API's words (`capacity`, not `--capacity`), as `str` says them.
-        text = {k: [as_keywords(x) for x in v] if isinstance(v, list) else
-                as_keywords(v) if isinstance(v, str) else v
-                for k, v in self.raw.get("text", {}).items()}  # fmt: skip
         try:
-            return write_report(self._trace(), {**self.raw, "text": text}, Path(self.profile), out)
+            page = write_report(self._trace(), self.raw, Path(self.profile), out)
+            # memsim words the page from the estimate's numbers, in the CLI's words
+            # (`--capacity`): said in the API's (`capacity`), as `str` says them.
+            write_text(page, as_keywords(page.read_text(encoding="utf-8")))
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from e
+        return page
 
     def to_json(self) -> str:
         """The estimate as `python -m memtrace_trainer estimate --json` prints it, plus the

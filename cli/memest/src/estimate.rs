@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use estimators::estimate::{estimate, Answer, EstimateInput};
-use estimators::estimate_text::{EstimateText, EstimateView};
+use estimators::estimate_text::EstimateText;
 use estimators::features_file::FeaturesFile;
 use estimators::tracefile::LoadedTrace;
 use simulator::profile::Profile;
@@ -165,59 +165,8 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     } else {
         trace::read_small_string(&a.file, 256 << 20).with_context(|| format!("cannot read {name}"))?
     };
-    let expected = "expected `estimate --json` output, schema 3";
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{name}: {e} ({expected})"))?;
-    if !value.is_object() {
-        anyhow::bail!("{name}: not a JSON object ({expected})");
-    }
-    let view: EstimateView = serde_path_to_error::deserialize(value).map_err(|e| {
-        let at = match e.path().to_string() {
-            root if root == "." => String::new(),
-            path => format!(" field `{path}`:"),
-        };
-        anyhow::anyhow!("{name}:{at} {} ({expected})", e.inner())
-    })?;
-    if view.schema != estimators::estimate::SCHEMA {
-        anyhow::bail!(
-            "{name}: field `schema` is {}: expected {} ({expected})",
-            view.schema,
-            estimators::estimate::SCHEMA
-        );
-    }
-    // The words never give a verdict the numbers beside it contradict.
-    let v = &view.verdict;
-    // A need no device holds is null with its reason; a null without one is a damaged file.
-    let need = match (v.need_mib, v.need_unbounded) {
-        (Some(_), Some(_)) => {
-            anyhow::bail!("{name}: field `verdict.need_mib` is a number but `verdict.need_unbounded` says no device holds it ({expected})")
-        }
-        (None, None) => {
-            anyhow::bail!(
-                "{name}: field `verdict.need_mib` is null without `verdict.need_unbounded` saying why ({expected})"
-            )
-        }
-        (None, Some(_)) => f64::INFINITY,
-        (Some(need), None) => need,
-    };
-    for (field, mib) in [("need_mib", v.need_mib.unwrap_or(0.0)), ("capacity_mib", v.capacity_mib)] {
-        if !(mib.is_finite() && mib >= 0.0) {
-            anyhow::bail!("{name}: field `verdict.{field}` is {mib}: expected a number of MiB >= 0 ({expected})");
-        }
-    }
-    if v.capacity_mib == 0.0 {
-        anyhow::bail!("{name}: field `verdict.capacity_mib` is 0: expected a device's memory ({expected})");
-    }
-    if v.fits != (need <= v.capacity_mib) {
-        anyhow::bail!(
-            "{name}: field `verdict.fits` is {} but need_mib {} {} capacity_mib {:.1}",
-            v.fits,
-            v.need_mib.map_or("null (no device holds it)".into(), |n| format!("{n:.1}")),
-            if need <= v.capacity_mib { "<=" } else { ">" },
-            v.capacity_mib
-        );
-    }
-    consistent(&view).map_err(|e| anyhow::anyhow!("{name}: {e} ({expected})"))?;
+    // The one parser of the format, which `memsim report --estimate` reads through too.
+    let view = estimators::estimate_file::parse(&text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?.view;
     let words = EstimateText::of(&view);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&words)?);
@@ -225,105 +174,4 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
         print!("{}", words.render());
     }
     Ok(())
-}
-
-/// The verdict's numbers agree with each other and with the estimate they name: a hand-edited or
-/// spliced file would otherwise be worded as though it held.
-fn consistent(view: &estimators::estimate_text::EstimateView) -> Result<(), String> {
-    let v = &view.verdict;
-    let h = &view.headline;
-    let (safe, point) = (format!("estimates.{h}.safe_mib"), format!("estimates.{h}.device_mib"));
-    if v.basis != safe && v.basis != point {
-        return Err(format!("field `verdict.basis` is {:?}: expected {safe:?} or {point:?} (the headline's)", v.basis));
-    }
-    // The JSON carries MiB to a tenth at least; a twentieth is rounding, more is another number.
-    let differ = |a: f64, b: f64| (a - b).abs() > 0.05;
-    let Some(Some(answer)) = view.estimates.get(h) else {
-        return Err(format!("field `estimates.{h}` is missing or null: the headline names it"));
-    };
-    // A need no device holds has no number anywhere: the point, the headline's and its safe number.
-    let unbounded = v.need_unbounded.is_some();
-    let (point_mib, device_mib) = match (v.point_mib, answer.device_mib) {
-        (None, None) if unbounded && answer.safe_mib.is_none() => return Ok(()),
-        (Some(p), Some(d)) if !unbounded => (p, d),
-        (p, d) => {
-            let said = |m: Option<f64>| m.map_or("null".to_string(), show);
-            return Err(format!(
-                "fields `verdict.point_mib` ({}), `estimates.{h}.device_mib` ({}) and `estimates.{h}.safe_mib` ({}): \
-                 expected numbers, or all null when `verdict.need_unbounded` says no device holds the need (it is {})",
-                said(p),
-                said(d),
-                said(answer.safe_mib),
-                v.need_unbounded.map_or("null", |u| u.describe())
-            ));
-        }
-    };
-    // Checked by the caller: a number when not unbounded.
-    let need = v.need_mib.unwrap_or(f64::INFINITY);
-    if differ(point_mib, device_mib) {
-        return Err(format!(
-            "field `verdict.point_mib` is {} but `estimates.{h}.device_mib` is {}",
-            show(point_mib),
-            show(device_mib)
-        ));
-    }
-    if v.basis == point && differ(need, point_mib) {
-        return Err(format!(
-            "field `verdict.need_mib` is {} but the basis is the point, {}",
-            show(need),
-            show(point_mib)
-        ));
-    }
-    if v.basis == safe {
-        let Some(safe_mib) = answer.safe_mib else {
-            return Err(format!("field `estimates.{h}.safe_mib` is missing or null, but `verdict.basis` names it"));
-        };
-        if differ(need, safe_mib) {
-            return Err(format!(
-                "field `verdict.need_mib` is {} but the basis, `estimates.{h}.safe_mib`, is {}",
-                show(need),
-                show(safe_mib)
-            ));
-        }
-        if safe_mib + 0.05 < device_mib {
-            return Err(format!(
-                "field `estimates.{h}.safe_mib` is {}, below `estimates.{h}.device_mib` {}: a safe number is never \
-                 below the point",
-                show(safe_mib),
-                show(device_mib)
-            ));
-        }
-    }
-    if need + 0.05 < point_mib {
-        return Err(format!(
-            "field `verdict.need_mib` is {}, below `verdict.point_mib` {}: a safe number is never below the point",
-            show(need),
-            show(point_mib)
-        ));
-    }
-    // The detail line adds the headline's reserved peak and the memory outside the allocator:
-    // together they are never more than its device need (which a memory fraction can raise).
-    if let Some(reserved) = answer.reserved_mib {
-        let outside = view.outside_allocator.total_mib;
-        if reserved + outside > device_mib + 0.1 {
-            return Err(format!(
-                "fields `estimates.{h}.reserved_mib` ({}) and `outside_allocator.total_mib` ({}) add up to more than \
-                 `estimates.{h}.device_mib` ({})",
-                show(reserved),
-                show(outside),
-                show(device_mib)
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// MiB as the checks above name them: a tenth, or an exponent for a number no device holds (a
-/// 1e308 written out in full is 309 digits).
-fn show(mib: f64) -> String {
-    if mib.abs() < 1e12 {
-        format!("{mib:.1}")
-    } else {
-        format!("{mib:e}")
-    }
 }

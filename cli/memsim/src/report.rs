@@ -4,9 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use estimators::estimate_file::{self, EstimateFile};
+use estimators::estimate_text::{EstimateText, EstimateView};
 use simulator::profile::{known_profiles, Profile};
 use simulator::replay::ReplayOptions;
-use simulator::report::html::{self, Extras, ProfileVerdict};
+use simulator::report::html::{self, EstimatePage, EstimatorRow, Extras, ProfileVerdict};
 use simulator::report::{self};
 use simulator::units::mib_or_null;
 
@@ -37,8 +39,10 @@ pub struct Args {
     /// GPU profile to give a verdict for (repeatable). Default: every known profile.
     #[arg(long = "profile", value_name = "NAME")]
     profiles: Vec<String>,
-    /// `python -m memtrace_trainer estimate --json` of the same job: its estimators side by side
-    /// and its verdict as the page's headline.
+    /// `memest estimate --json` or `python -m memtrace_trainer estimate --json` of the same job:
+    /// its estimators side by side and its verdict as the page's headline, worded from its numbers
+    /// as `memest render` words them. Read and checked as `memest render` reads it: a file render
+    /// refuses is refused here (exit 2, the field named, no page written).
     #[arg(long, value_name = "EST.json")]
     estimate: Option<PathBuf>,
     /// Allocator configuration in PYTORCH_CUDA_ALLOC_CONF syntax; overrides what the trace recorded.
@@ -64,28 +68,40 @@ pub struct Args {
     strict: bool,
 }
 
-fn read_estimate(path: &Path) -> Result<serde_json::Value> {
+/// The estimate through the one parser of the format, with every check `memest render` makes.
+fn read_estimate(path: &Path) -> Result<EstimateFile> {
     let text = trace::read_small_string(path, 256 << 20).with_context(|| format!("--estimate {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("--estimate {}: not JSON (expected `estimate --json` output)", path.display()))?;
-    if v.get("estimates").and_then(|e| e.as_object()).is_none() {
-        bail!("--estimate {}: field `estimates` missing: expected `estimate --json` output", path.display());
+    estimate_file::parse(&text).map_err(|e| anyhow::anyhow!("--estimate {}: {e}", path.display()))
+}
+
+/// The estimate as the page shows it: worded from its numbers as `memest render` words them
+/// (never its `text`, which a copied or edited file can make say anything).
+fn estimate_page(view: &EstimateView) -> EstimatePage {
+    let words = EstimateText::of(view);
+    let v = &view.verdict;
+    let estimators = view
+        .estimates
+        .iter()
+        .filter_map(|(name, a)| {
+            let a = a.as_ref()?;
+            Some(EstimatorRow {
+                name: name.clone(),
+                device_mib: a.device_mib?,
+                level: a.level.clone(),
+                ignores: a.ignores.clone(),
+            })
+        })
+        .collect();
+    EstimatePage {
+        headline: words.headline,
+        fits: v.fits,
+        need_mib: v.need_mib,
+        details: words.details,
+        capacity_mib: v.capacity_mib,
+        headline_estimator: view.headline.clone(),
+        estimators,
+        unavailable: view.unavailable.iter().map(|(k, w)| (k.clone(), w.clone())).collect(),
     }
-    // The page's headline never gives a verdict the numbers beside it contradict.
-    let verdict = &v["verdict"];
-    let num = |k: &str| verdict.get(k).and_then(serde_json::Value::as_f64);
-    if let (Some(fits), Some(need), Some(cap)) =
-        (verdict.get("fits").and_then(|f| f.as_bool()), num("need_mib"), num("capacity_mib"))
-    {
-        if fits != (need <= cap) {
-            bail!(
-                "--estimate {}: field `verdict.fits` is {fits} but need_mib {need:.1} {} capacity_mib {cap:.1}",
-                path.display(),
-                if need <= cap { "<=" } else { ">" }
-            );
-        }
-    }
-    Ok(v)
 }
 
 /// A warning when the estimate is of another job than the trace the page explains (the
@@ -137,19 +153,18 @@ fn other_job(
 /// apart), or a reserved peak that is not this replay's (another trace, or other allocator
 /// settings). Each made the page contradict itself silently.
 fn headline_against_table(
-    estimate: &serde_json::Value,
+    estimate: &EstimateView,
     path: &std::path::Path,
     verdicts: &[ProfileVerdict],
     point: bool,
 ) -> Vec<String> {
-    let num = |k: &str| estimate.pointer(k).and_then(serde_json::Value::as_f64);
-    let name = estimate.get("profile_name").and_then(serde_json::Value::as_str);
-    let Some(row) = verdicts.iter().find(|v| Some(v.profile.as_str()) == name) else { return Vec::new() };
+    let Some(row) = verdicts.iter().find(|v| v.profile == estimate.profile_name) else { return Vec::new() };
     let est = path.display();
+    let v = &estimate.verdict;
     let mut w = Vec::new();
     // MiB to a tenth, as both print them.
     let differ = |a: f64, b: f64| (a - b).abs() >= 0.05;
-    let capacity = num("/verdict/capacity_mib").filter(|c| differ(*c, row.capacity_mib));
+    let capacity = Some(v.capacity_mib).filter(|c| differ(*c, row.capacity_mib));
     if let Some(c) = capacity {
         w.push(format!(
             "--estimate {est} was judged on a device of {c:.1} MiB and the table's {} row on one of {:.1} MiB: the \
@@ -157,10 +172,10 @@ fn headline_against_table(
             row.profile, row.capacity_mib
         ));
     }
-    let safe = estimate.pointer("/verdict/basis").and_then(serde_json::Value::as_str).map(|b| b.ends_with("safe_mib"));
+    let safe = v.basis.ends_with("safe_mib");
     // Without a margin the safe number is the point: the two cannot disagree.
-    let margin = matches!((num("/verdict/need_mib"), num("/verdict/point_mib")), (Some(n), Some(p)) if differ(n, p));
-    if let Some(safe) = safe.filter(|s| *s == point && margin) {
+    let margin = matches!((v.need_mib, v.point_mib), (Some(n), Some(p)) if differ(n, p));
+    if safe == point && margin {
         let (headline, table) =
             if safe { ("the safe number", "the point (--point)") } else { ("the point", "the safe number") };
         w.push(format!(
@@ -169,7 +184,8 @@ fn headline_against_table(
     }
     // The reserved peak leaves out the outside terms (which memest may choose libraries for
     // where the trace does not say); at another capacity it differs anyway (said above).
-    let reserved = num("/estimates/symbolic/reserved_mib").filter(|r| row.reserved_mib.is_none_or(|m| differ(*r, m)));
+    let symbolic = estimate.estimates.get("symbolic").and_then(Option::as_ref);
+    let reserved = symbolic.and_then(|s| s.reserved_mib).filter(|r| row.reserved_mib.is_none_or(|m| differ(*r, m)));
     if let (Some(r), None) = (reserved, capacity) {
         let mine = row.reserved_mib.map_or_else(|| simulator::units::UNBOUNDED.to_string(), |m| format!("{m:.1} MiB"));
         w.push(format!(
@@ -240,14 +256,7 @@ pub fn run(a: Args) -> Result<u8> {
     )?;
     let mut warnings = read.warnings(&a.file, a.strict)?;
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
-        warnings.extend(other_job(e, path, &read.header, &a.file));
-        if a.html.is_some() && html::estimate_headline(e).is_none() {
-            warnings.push(format!(
-                "--estimate {}: no `text.headline` with `verdict.need_mib` and `verdict.fits` (written before \
-                 memest worded its estimates? re-run `estimate --json`): the headline shows the replay's peaks",
-                path.display()
-            ));
-        }
+        warnings.extend(other_job(&e.json, path, &read.header, &a.file));
     }
     if a.html.is_none() {
         for (flag, given) in [("--title", a.title.is_some()), ("--estimate", a.estimate.is_some())] {
@@ -289,12 +298,13 @@ pub fn run(a: Args) -> Result<u8> {
         });
     }
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
-        warnings.extend(headline_against_table(e, path, &verdicts, a.point));
+        warnings.extend(headline_against_table(&e.view, path, &verdicts, a.point));
     }
     crate::input::warn(&warnings);
     let title = a.title.clone().unwrap_or_else(|| {
         a.file.file_name().map_or_else(|| a.file.display().to_string(), |n| n.to_string_lossy().into_owned())
     });
+    let estimate = estimate.as_ref().map(|e| estimate_page(&e.view));
     let extras = Extras { title, allocator: version.to_string(), estimate, verdicts, warnings };
     if let Some(out) = &a.html {
         let page = html::render(&rep, &extras);

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::records::{header, records};
+use crate::report_estimate::estimate;
 use crate::support::{memsim, write_records};
 
 fn write(dir: &Path) -> PathBuf {
@@ -15,16 +16,9 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
     let dir = tempfile::tempdir().unwrap();
     let t = write(dir.path());
     let est = dir.path().join("est.json");
-    std::fs::write(
-        &est,
-        r#"{"gpu": "NVIDIA A100-SXM4-40GB", "verdict": {"need_mib": 1234.5, "point_mib": 1200.0, "capacity_mib": 40536.0, "fits": true},
-            "estimates": {"symbolic": {"device_mib": 1200.0, "level": "device", "ignores": "x"},
-                          "analytic": {"device_mib": 900.0, "level": "device", "ignores": "y"}},
-            "unavailable": {"ml": "no model"},
-            "text": {"headline": "needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) & more", "verdict": "FITS",
-                     "details": ["  capacity 2000.0 MiB (--capacity); margin: m", "  per step: p"], "baselines": []}}"#,
-    )
-    .unwrap();
+    let mut v = estimate(1200.0, 1234.5, 150.0, 2000.0);
+    v["gpu"] = "NVIDIA A100-SXM4-40GB & more".into();
+    std::fs::write(&est, v.to_string()).unwrap();
     let out = dir.path().join("r.html");
     let args = ["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
     let (code, stdout, err) = memsim(&[&args[..], &["--estimate", est.to_str().unwrap()]].concat());
@@ -33,23 +27,12 @@ fn memsim_report_writes_the_page_with_verdicts_and_estimators() {
     let page = std::fs::read_to_string(&out).unwrap();
     // The headline is memest's words (escaped), the verdict word coloured by `fits`.
     assert!(page.contains(
-        r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB (point 1200.0) &amp; more: <span class="fits">FITS</span>"#
-    ));
+        r#"data-mib="1234.5">needs 1234.5 MiB on NVIDIA A100-SXM4-40GB &amp; more (point 1200.0): <span class="fits">FITS</span>"#
+    ), "{page}");
     // Under it, the capacity the estimate was judged at, in memest's words.
-    assert!(page
-        .contains(r#"<p class="muted" id="details">capacity 2000.0 MiB (--capacity); margin: m<br>per step: p</p>"#));
+    assert!(page.contains(r#"<p class="muted" id="details">capacity 2000.0 MiB (--capacity); margin: m<br>"#));
     assert!(page.contains("The estimators side by side") && page.contains("no model"));
     assert!(page.contains("The verdict per GPU profile") && page.contains(">a100-40gb<"));
-    // An estimate without memest's words: the headline is the replay's, and a warning says why.
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&est).unwrap()).unwrap();
-    let mut old = v.clone();
-    old.as_object_mut().unwrap().remove("text");
-    std::fs::write(&est, old.to_string()).unwrap();
-    let (code, _, err) = memsim(&[&args[..], &["--estimate", est.to_str().unwrap()]].concat());
-    assert_eq!(code, 0, "{err}");
-    assert!(err.contains("no `text.headline`") && err.contains("the headline shows the replay's peaks"), "{err}");
-    let page = std::fs::read_to_string(&out).unwrap();
-    assert!(page.contains(r#"id="headline" data-mib="150.0">peak reserved 150.0 MiB"#), "{page}");
 }
 
 #[test]
@@ -60,11 +43,9 @@ fn memsim_report_refuses_bad_input_without_writing() {
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{\"not\": \"an estimate\"}").unwrap();
     let contradicted = dir.path().join("contradicted.json");
-    std::fs::write(
-        &contradicted,
-        r#"{"estimates": {}, "verdict": {"need_mib": 99999.0, "capacity_mib": 40536.0, "fits": true}}"#,
-    )
-    .unwrap();
+    let mut v = estimate(99999.0, 99999.0, 150.0, 40536.0);
+    v["verdict"]["fits"] = true.into();
+    std::fs::write(&contradicted, v.to_string()).unwrap();
     for (args, expect) in [
         (
             vec![
@@ -79,7 +60,7 @@ fn memsim_report_refuses_bad_input_without_writing() {
         ),
         (
             vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", bad.to_str().unwrap()],
-            "field `estimates` missing",
+            "missing field `schema` (expected `estimate --json` output, schema 3)",
         ),
         (vec!["report", "/nonexistent.jsonl", "--html", out.to_str().unwrap()], "no such file"),
         (vec!["report", t.to_str().unwrap(), "--html", out.to_str().unwrap(), "--profile", "nope"], "nope"),
@@ -108,8 +89,11 @@ fn memsim_report_says_when_the_estimate_is_of_another_job() {
         ("torchvision:resnet18", 16, same, false),
         ("torchvision:resnet18", 16, other, true),
     ] {
-        let body = format!(r#"{{"estimates": {{}}, "model": "{model}", "batch_size": {batch}, {inputs}}}"#);
-        std::fs::write(&est, body).unwrap();
+        let mut body = estimate(1200.0, 1234.5, 150.0, 2000.0);
+        let job: serde_json::Value =
+            serde_json::from_str(&format!(r#"{{"model": "{model}", "batch_size": {batch}, {inputs}}}"#)).unwrap();
+        body.as_object_mut().unwrap().extend(job.as_object().unwrap().clone());
+        std::fs::write(&est, body.to_string()).unwrap();
         let args =
             ["report", path.to_str().unwrap(), "--html", out.to_str().unwrap(), "--estimate", est.to_str().unwrap()];
         let (code, _, err) = memsim(&args);
@@ -198,11 +182,10 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
     let (point, cap) = (row["point_mib"].as_f64().unwrap(), row["capacity_mib"].as_f64().unwrap());
     let reserved = row["reserved_mib"].as_f64().unwrap();
     let est = dir.path().join("est.json");
-    let report = |basis: &str, reserved: f64, cap: f64, extra: &[&str]| {
-        // A margin of 10%: the safe number and the point differ.
-        let body = serde_json::json!({"estimates": {"symbolic": {"reserved_mib": reserved}},
-            "profile_name": "a100-40gb", "verdict": {
-            "basis": basis, "point_mib": point, "need_mib": point * 1.1, "capacity_mib": cap, "fits": true}});
+    let report = |reserved: f64, cap: f64, extra: &[&str]| {
+        // A margin of 10%: the safe number and the point differ; judged on the safe number.
+        let mut body = estimate(point, point * 1.1, row["reserved_mib"].as_f64().unwrap(), cap);
+        body["estimates"]["symbolic"]["reserved_mib"] = reserved.into();
         std::fs::write(&est, body.to_string()).unwrap();
         let mut args = vec!["report", t, "--html", out.to_str().unwrap(), "--profile", "a100-40gb"];
         args.extend_from_slice(&["--estimate", est.to_str().unwrap()]);
@@ -211,14 +194,14 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
         assert_eq!(code, 0, "{err}");
         err
     };
-    let safe = "estimates.symbolic.safe_mib";
-    let err = report(safe, reserved, cap, &[]);
+    let err = report(reserved, cap, &[]);
     assert!(!err.contains("the headline and the table") && !err.contains("another trace"), "judged alike: {err}");
-    let err = report(safe, reserved, 2000.0, &[]);
+    let err = report(reserved, 2000.0, &[]);
     assert!(err.contains("was judged on a device of 2000.0 MiB and the table's a100-40gb row on one of"), "{err}");
     assert!(!err.contains("another trace"), "at another capacity the peaks differ anyway: {err}");
-    let err = report(safe, reserved, cap, &["--point"]);
+    let err = report(reserved, cap, &["--point"]);
     assert!(err.contains("judges the safe number and the table the point (--point)"), "{err}");
-    let err = report(safe, reserved + 500.0, cap, &[]);
+    // Another reserved peak in the same need (a larger one would be more than the need: refused).
+    let err = report(reserved - 100.0, cap, &[]);
     assert!(err.contains("where this replay has") && err.contains("the headline is of another trace"), "{err}");
 }

@@ -8,6 +8,7 @@ mod damaged; // damaged traces: sums near 2^64, impossible devices, integer tags
 mod fraction; // a program's memory fraction: its need, and verdicts that agree with the replay at the budget
 mod partial; // inputs used in part: snapshot caveats through convert, --strict, double frees, unknown APIs
 mod report; // memsim report: the page with profiles and --estimate, bad input
+mod report_estimate; // memsim report --estimate: read and worded as memest render reads and words it
 mod stdin; // traces on standard input and other streams
 mod support; // running the binary
 mod util_cli; // memsim stats: the utilization JSON object and text, launch-only message, fallbacks

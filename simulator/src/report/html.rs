@@ -3,7 +3,6 @@
 use std::fmt::Write;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use super::svg::{self, esc, mib};
 use super::Report;
@@ -35,6 +34,42 @@ pub struct ProfileVerdict {
     pub basis: String,
 }
 
+/// An estimate as the page shows it: the caller reads the file (through its one parser, which
+/// checks the numbers agree) and words it (memest's words, made from the numbers); the page
+/// words nothing itself.
+#[derive(Debug, Clone, Default)]
+pub struct EstimatePage {
+    /// What is needed where: `needs 1234.5 MiB on GPU (point 1200.0)`.
+    pub headline: String,
+    /// Whether the need in the headline fits (its verdict word: [`fit::verdict_word`]).
+    pub fits: bool,
+    /// The need in MiB; `None` for a need no device holds.
+    pub need_mib: Option<f64>,
+    /// The lines under the headline: the capacity it was judged at, the margin, the breakdown.
+    pub details: Vec<String>,
+    /// The capacity the estimate was judged at (MiB): the line across the bars.
+    pub capacity_mib: f64,
+    /// The estimator the headline is of.
+    pub headline_estimator: String,
+    /// Each estimator that gave a number, by name.
+    pub estimators: Vec<EstimatorRow>,
+    /// Each estimator that did not, and why.
+    pub unavailable: Vec<(String, String)>,
+}
+
+/// One estimator's number beside the others.
+#[derive(Debug, Clone, Default)]
+pub struct EstimatorRow {
+    /// Its name (`symbolic`, `analytic`, ...).
+    pub name: String,
+    /// Device memory it estimates (MiB).
+    pub device_mib: f64,
+    /// What the number measures (`device`, `live`, ...).
+    pub level: String,
+    /// What it leaves out.
+    pub ignores: String,
+}
+
 /// What the page shows beyond the replay.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
@@ -42,8 +77,9 @@ pub struct Extras {
     pub title: String,
     /// The allocator rules replayed (PyTorch version).
     pub allocator: String,
-    /// `memtrace_trainer estimate --json` of the same job, for the estimators and the verdict.
-    pub estimate: Option<Value>,
+    /// An estimate of the same job (`memest estimate --json`, the trainer's `estimate --json`),
+    /// for the headline and the estimators.
+    pub estimate: Option<EstimatePage>,
     /// One verdict per GPU profile.
     pub verdicts: Vec<ProfileVerdict>,
     /// Warnings of the replay.
@@ -64,32 +100,22 @@ fn verdict_word(fits: bool) -> String {
 }
 
 /// The estimate's headline and the lines under it (the capacity it was judged at, the margin,
-/// the breakdown), in the words memest gave it (`text`, `memest render`); the page words
-/// nothing itself. `None` when the estimate has no `text` (a caller warns).
-pub fn estimate_headline(estimate: &Value) -> Option<String> {
-    let text = estimate.get("text")?;
-    let headline = text.get("headline")?.as_str()?;
-    let verdict = estimate.get("verdict")?;
-    let fits = verdict.get("fits")?.as_bool()?;
-    // memest writes a need no device holds as null beside its reason: no number to carry.
-    let need = match (verdict.get("need_mib")?.as_f64(), verdict.get("need_unbounded").and_then(Value::as_str)) {
-        (Some(need), _) => format!(r#" data-mib="{need:.1}""#),
-        (None, Some(_)) => String::new(),
-        (None, None) => return None,
-    };
-    let details: Vec<String> =
-        text.get("details")?.as_array()?.iter().filter_map(Value::as_str).map(|l| esc(l.trim())).collect();
-    Some(format!(
+/// the breakdown), in the words the caller made from its numbers.
+fn estimate_headline(e: &EstimatePage) -> String {
+    // A need no device holds has no number to carry.
+    let need = e.need_mib.map_or_else(String::new, |need| format!(r#" data-mib="{need:.1}""#));
+    let details: Vec<String> = e.details.iter().map(|l| esc(l.trim())).collect();
+    format!(
         r#"<p id="headline"{need}>{}: {}</p><p class="muted" id="details">{}</p>"#,
-        esc(headline),
-        verdict_word(fits),
+        esc(&e.headline),
+        verdict_word(e.fits),
         details.join("<br>")
-    ))
+    )
 }
 
 fn headline(r: &Report, x: &Extras) -> String {
-    if let Some(h) = x.estimate.as_ref().and_then(estimate_headline) {
-        return h;
+    if let Some(e) = &x.estimate {
+        return estimate_headline(e);
     }
     format!(
         r#"<p id="headline" data-mib="{:.1}">peak reserved {:.1} MiB (peak allocated {:.1} MiB)</p>"#,
@@ -184,37 +210,33 @@ fn segments(r: &Report) -> String {
     )
 }
 
-fn estimators(e: &Value) -> String {
-    let Some(est) = e.get("estimates").and_then(Value::as_object) else { return String::new() };
-    let capacity = e.get("verdict").and_then(|v| v.get("capacity_mib")).and_then(Value::as_f64);
+fn estimators(e: &EstimatePage) -> String {
     let mut rows: Vec<(String, f64, bool)> = Vec::new();
     let mut table = String::from("<table><tr><th>estimator</th><th>MiB</th><th>counts</th><th>ignores</th></tr>");
-    for (name, v) in est {
-        let Some(mib_v) = v.get("device_mib").and_then(Value::as_f64) else { continue };
-        let headline = name == "symbolic";
-        rows.push((name.clone(), mib_v, headline));
+    for x in &e.estimators {
+        let headline = x.name == e.headline_estimator;
+        rows.push((x.name.clone(), x.device_mib, headline));
         let _ = write!(
             table,
-            r#"<tr><td>{}{}</td><td class="n">{mib_v:.1}</td><td>{}</td><td class="muted">{}</td></tr>"#,
-            esc(name),
+            r#"<tr><td>{}{}</td><td class="n">{:.1}</td><td>{}</td><td class="muted">{}</td></tr>"#,
+            esc(&x.name),
             if headline { " (memtrace)" } else { "" },
-            esc(v.get("level").and_then(Value::as_str).unwrap_or("")),
-            esc(v.get("ignores").and_then(Value::as_str).unwrap_or(""))
+            x.device_mib,
+            esc(&x.level),
+            esc(&x.ignores)
         );
     }
-    if let Some(un) = e.get("unavailable").and_then(Value::as_object) {
-        for (name, why) in un {
-            let _ = write!(
-                table,
-                r#"<tr><td>{}</td><td class="n">-</td><td></td><td class="muted">{}</td></tr>"#,
-                esc(name),
-                esc(why.as_str().unwrap_or(""))
-            );
-        }
+    for (name, why) in &e.unavailable {
+        let _ = write!(
+            table,
+            r#"<tr><td>{}</td><td class="n">-</td><td></td><td class="muted">{}</td></tr>"#,
+            esc(name),
+            esc(why)
+        );
     }
     table.push_str("</table>");
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    format!("{}{table}", svg::bars(&rows, capacity))
+    format!("{}{table}", svg::bars(&rows, Some(e.capacity_mib)))
 }
 
 fn verdicts(vs: &[ProfileVerdict]) -> String {

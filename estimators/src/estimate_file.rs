@@ -1,0 +1,227 @@
+//! Reading an estimate file: the one parser of `memest estimate --json` (schema 3) and of the
+//! trainer's `estimate --json`, which adds to it. `memest render` and `memsim report --estimate`
+//! both read through [`parse`], so a file one refuses the other refuses with the same words, and
+//! both word the verdict from the numbers ([`crate::estimate_text::EstimateText::of`]), never
+//! from the file's `text`.
+//!
+//! The checks: the fields the words use, of their types ([`EstimateView`]); the schema; a need
+//! and a capacity that are numbers of MiB; and verdict numbers that agree with each other and
+//! with the estimate they name (a hand-edited or spliced file would otherwise be worded as
+//! though it held).
+
+use serde_json::Value;
+
+use crate::estimate::SCHEMA;
+use crate::estimate_text::EstimateView;
+
+/// What every refusal but a contradicted `fits` ends with.
+const EXPECTED: &str = "expected `estimate --json` output, schema 3";
+
+/// Why an estimate file is refused. Each message names the field; the caller puts the file's
+/// name before it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EstimateFileError {
+    /// The text is not JSON (the parser's message, with its line and column).
+    #[error("{0} ({EXPECTED})", EXPECTED = EXPECTED)]
+    Json(serde_json::Error),
+    /// The JSON is not an object.
+    #[error("not a JSON object ({EXPECTED})", EXPECTED = EXPECTED)]
+    NotObject,
+    /// A field the words use is missing or of the wrong type.
+    #[error("{}{message} ({EXPECTED})", field.as_ref().map_or(String::new(), |f| format!("field `{f}`: ")), EXPECTED = EXPECTED)]
+    Shape {
+        /// Where (`verdict.need_mib`); `None` for the top level.
+        field: Option<String>,
+        /// The deserializer's message.
+        message: String,
+    },
+    /// Another schema than the one the words are of.
+    #[error("field `schema` is {found}: expected {SCHEMA} ({EXPECTED})", SCHEMA = SCHEMA, EXPECTED = EXPECTED)]
+    Schema {
+        /// The file's `schema`.
+        found: u32,
+    },
+    /// `verdict.fits` says the opposite of its need and capacity.
+    #[error("field `verdict.fits` is {fits} but need_mib {need} {relation} capacity_mib {capacity_mib:.1}")]
+    Fits {
+        /// The file's `verdict.fits`.
+        fits: bool,
+        /// The need as said: MiB to a tenth, or that no device holds it.
+        need: String,
+        /// `<=` or `>`.
+        relation: &'static str,
+        /// The file's `verdict.capacity_mib`.
+        capacity_mib: f64,
+    },
+    /// Verdict or estimate numbers out of range, or that contradict each other (the message
+    /// names the fields and their values).
+    #[error("{0} ({EXPECTED})", EXPECTED = EXPECTED)]
+    Inconsistent(String),
+}
+
+/// An estimate file, read and checked.
+#[derive(Debug, Clone)]
+pub struct EstimateFile {
+    /// The fields the words use, checked: word it with
+    /// [`EstimateText::of`](crate::estimate_text::EstimateText::of).
+    pub view: EstimateView,
+    /// The JSON as written, for fields the words do not use (the trainer's `model`,
+    /// `batch_size`, `inputs`). Its `text` is never a view's words: they are made again.
+    pub json: Value,
+}
+
+/// Read an estimate from its text, with every check `memest render` makes.
+pub fn parse(text: &str) -> Result<EstimateFile, EstimateFileError> {
+    let json: Value = serde_json::from_str(text).map_err(EstimateFileError::Json)?;
+    if !json.is_object() {
+        return Err(EstimateFileError::NotObject);
+    }
+    let view: EstimateView = serde_path_to_error::deserialize(&json).map_err(|e| {
+        let path = e.path().to_string();
+        EstimateFileError::Shape { field: (path != ".").then_some(path), message: e.inner().to_string() }
+    })?;
+    check(&view)?;
+    Ok(EstimateFile { view, json })
+}
+
+/// The checks of [`parse`] past the fields' types: the schema, the need and capacity, and the
+/// verdict's numbers against each other and the estimate they name.
+pub fn check(view: &EstimateView) -> Result<(), EstimateFileError> {
+    if view.schema != SCHEMA {
+        return Err(EstimateFileError::Schema { found: view.schema });
+    }
+    let bad = |m: String| EstimateFileError::Inconsistent(m);
+    let v = &view.verdict;
+    // A need no device holds is null with its reason; a null without one is a damaged file.
+    let need = match (v.need_mib, v.need_unbounded) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "field `verdict.need_mib` is a number but `verdict.need_unbounded` says no device holds it".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(bad("field `verdict.need_mib` is null without `verdict.need_unbounded` saying why".into()))
+        }
+        (None, Some(_)) => f64::INFINITY,
+        (Some(need), None) => need,
+    };
+    for (field, mib) in [("need_mib", v.need_mib.unwrap_or(0.0)), ("capacity_mib", v.capacity_mib)] {
+        if !(mib.is_finite() && mib >= 0.0) {
+            return Err(bad(format!("field `verdict.{field}` is {mib}: expected a number of MiB >= 0")));
+        }
+    }
+    if v.capacity_mib == 0.0 {
+        return Err(bad("field `verdict.capacity_mib` is 0: expected a device's memory".into()));
+    }
+    // The words never give a verdict the numbers beside it contradict.
+    if v.fits != (need <= v.capacity_mib) {
+        return Err(EstimateFileError::Fits {
+            fits: v.fits,
+            need: v.need_mib.map_or("null (no device holds it)".into(), |n| format!("{n:.1}")),
+            relation: if need <= v.capacity_mib { "<=" } else { ">" },
+            capacity_mib: v.capacity_mib,
+        });
+    }
+    consistent(view).map_err(bad)
+}
+
+/// The verdict's numbers agree with each other and with the estimate they name.
+fn consistent(view: &EstimateView) -> Result<(), String> {
+    let v = &view.verdict;
+    let h = &view.headline;
+    let (safe, point) = (format!("estimates.{h}.safe_mib"), format!("estimates.{h}.device_mib"));
+    if v.basis != safe && v.basis != point {
+        return Err(format!("field `verdict.basis` is {:?}: expected {safe:?} or {point:?} (the headline's)", v.basis));
+    }
+    // The JSON carries MiB to a tenth at least; a twentieth is rounding, more is another number.
+    let differ = |a: f64, b: f64| (a - b).abs() > 0.05;
+    let Some(Some(answer)) = view.estimates.get(h) else {
+        return Err(format!("field `estimates.{h}` is missing or null: the headline names it"));
+    };
+    // A need no device holds has no number anywhere: the point, the headline's and its safe number.
+    let unbounded = v.need_unbounded.is_some();
+    let (point_mib, device_mib) = match (v.point_mib, answer.device_mib) {
+        (None, None) if unbounded && answer.safe_mib.is_none() => return Ok(()),
+        (Some(p), Some(d)) if !unbounded => (p, d),
+        (p, d) => {
+            let said = |m: Option<f64>| m.map_or("null".to_string(), show);
+            return Err(format!(
+                "fields `verdict.point_mib` ({}), `estimates.{h}.device_mib` ({}) and `estimates.{h}.safe_mib` ({}): \
+                 expected numbers, or all null when `verdict.need_unbounded` says no device holds the need (it is {})",
+                said(p),
+                said(d),
+                said(answer.safe_mib),
+                v.need_unbounded.map_or("null", |u| u.describe())
+            ));
+        }
+    };
+    // Checked by the caller: a number when not unbounded.
+    let need = v.need_mib.unwrap_or(f64::INFINITY);
+    if differ(point_mib, device_mib) {
+        return Err(format!(
+            "field `verdict.point_mib` is {} but `estimates.{h}.device_mib` is {}",
+            show(point_mib),
+            show(device_mib)
+        ));
+    }
+    if v.basis == point && differ(need, point_mib) {
+        return Err(format!(
+            "field `verdict.need_mib` is {} but the basis is the point, {}",
+            show(need),
+            show(point_mib)
+        ));
+    }
+    if v.basis == safe {
+        let Some(safe_mib) = answer.safe_mib else {
+            return Err(format!("field `estimates.{h}.safe_mib` is missing or null, but `verdict.basis` names it"));
+        };
+        if differ(need, safe_mib) {
+            return Err(format!(
+                "field `verdict.need_mib` is {} but the basis, `estimates.{h}.safe_mib`, is {}",
+                show(need),
+                show(safe_mib)
+            ));
+        }
+        if safe_mib + 0.05 < device_mib {
+            return Err(format!(
+                "field `estimates.{h}.safe_mib` is {}, below `estimates.{h}.device_mib` {}: a safe number is never \
+                 below the point",
+                show(safe_mib),
+                show(device_mib)
+            ));
+        }
+    }
+    if need + 0.05 < point_mib {
+        return Err(format!(
+            "field `verdict.need_mib` is {}, below `verdict.point_mib` {}: a safe number is never below the point",
+            show(need),
+            show(point_mib)
+        ));
+    }
+    // The detail line adds the headline's reserved peak and the memory outside the allocator:
+    // together they are never more than its device need (which a memory fraction can raise).
+    if let Some(reserved) = answer.reserved_mib {
+        let outside = view.outside_allocator.total_mib;
+        if reserved + outside > device_mib + 0.1 {
+            return Err(format!(
+                "fields `estimates.{h}.reserved_mib` ({}) and `outside_allocator.total_mib` ({}) add up to more than \
+                 `estimates.{h}.device_mib` ({})",
+                show(reserved),
+                show(outside),
+                show(device_mib)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// MiB as the checks above name them: a tenth, or an exponent for a number no device holds (a
+/// 1e308 written out in full is 309 digits).
+fn show(mib: f64) -> String {
+    if mib.abs() < 1e12 {
+        format!("{mib:.1}")
+    } else {
+        format!("{mib:e}")
+    }
+}
