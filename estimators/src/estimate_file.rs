@@ -123,7 +123,40 @@ pub fn check(view: &EstimateView) -> Result<(), EstimateFileError> {
             capacity_mib: v.capacity_mib,
         });
     }
+    sizes(view).map_err(bad)?;
     consistent(view).map_err(bad)
+}
+
+/// Every number of MiB in the file is one: finite and >= 0, the other estimators' as the
+/// headline's (a negative baseline stood in the page's table beside the verdict).
+fn sizes(view: &EstimateView) -> Result<(), String> {
+    let o = &view.outside_allocator;
+    let mut fields: Vec<(String, f64)> = [
+        ("context_mib", o.context_mib),
+        ("cublas_mib", o.cublas_mib),
+        ("cudnn_mib", o.cudnn_mib),
+        ("nccl_mib", o.nccl_mib),
+        ("recorded_mib", o.recorded_mib),
+        ("total_mib", o.total_mib),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("outside_allocator.{k}"), v))
+    .collect();
+    for (name, answer) in &view.estimates {
+        let Some(a) = answer else { continue };
+        for (k, v) in [
+            ("device_mib", a.device_mib),
+            ("safe_mib", a.safe_mib),
+            ("reserved_mib", a.reserved_mib),
+            ("allocated_mib", a.allocated_mib),
+        ] {
+            fields.extend(v.map(|v| (format!("estimates.{name}.{k}"), v)));
+        }
+    }
+    match fields.into_iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+        Some((field, v)) => Err(format!("field `{field}` is {v}: expected a number of MiB >= 0")),
+        None => Ok(()),
+    }
 }
 
 /// The verdict's numbers agree with each other and with the estimate they name.

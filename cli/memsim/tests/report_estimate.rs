@@ -105,6 +105,16 @@ fn an_estimate_render_refuses_is_refused_with_the_field_and_no_page() {
             "field `verdict.need_mib` is 1234.5 but the basis, `estimates.symbolic.safe_mib`, is 1300.0",
         ),
         ("no estimates", vec![("/estimates", None)], "missing field `estimates`"),
+        (
+            "a negative baseline",
+            vec![("/estimates/analytic/device_mib", Some(json!(-5.0)))],
+            "field `estimates.analytic.device_mib` is -5: expected a number of MiB >= 0",
+        ),
+        (
+            "a negative term outside the allocator",
+            vec![("/outside_allocator/cudnn_mib", Some(json!(-1.0)))],
+            "field `outside_allocator.cudnn_mib` is -1: expected a number of MiB >= 0",
+        ),
     ];
     let mut files: Vec<(String, String, &str)> = cases
         .into_iter()
