@@ -40,7 +40,7 @@ pub enum EstimateFileError {
     #[error("field `schema` is {found}: expected {SCHEMA} ({EXPECTED})", SCHEMA = SCHEMA, EXPECTED = EXPECTED)]
     Schema {
         /// The file's `schema`.
-        found: u32,
+        found: u64,
     },
     /// `verdict.fits` says the opposite of its need and capacity.
     #[error("field `verdict.fits` is {fits} but need_mib {need} {relation} capacity_mib {capacity_mib:.1}")]
@@ -77,6 +77,13 @@ pub fn parse(text: &str) -> Result<EstimateFile, EstimateFileError> {
     if !json.is_object() {
         return Err(EstimateFileError::NotObject);
     }
+    // The schema first: another schema's file lacks or changes fields this one has, and is said
+    // as another schema, not by the first field it lacks.
+    if let Some(found) = json.get("schema").and_then(Value::as_u64) {
+        if found != u64::from(SCHEMA) {
+            return Err(EstimateFileError::Schema { found });
+        }
+    }
     let view: EstimateView = serde_path_to_error::deserialize(&json).map_err(|e| {
         let path = e.path().to_string();
         EstimateFileError::Shape { field: (path != ".").then_some(path), message: e.inner().to_string() }
@@ -89,7 +96,7 @@ pub fn parse(text: &str) -> Result<EstimateFile, EstimateFileError> {
 /// verdict's numbers against each other and the estimate they name.
 pub fn check(view: &EstimateView) -> Result<(), EstimateFileError> {
     if view.schema != SCHEMA {
-        return Err(EstimateFileError::Schema { found: view.schema });
+        return Err(EstimateFileError::Schema { found: view.schema.into() });
     }
     let bad = |m: String| EstimateFileError::Inconsistent(m);
     let v = &view.verdict;

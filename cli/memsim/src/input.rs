@@ -49,7 +49,7 @@ pub fn source(path: &Path) -> &Path {
 }
 
 /// Standard input, or a path that is neither a file nor a folder (a pipe, a character device).
-fn streamed(path: &Path) -> bool {
+pub fn streamed(path: &Path) -> bool {
     path == Path::new("-") || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 

@@ -243,7 +243,8 @@ pub fn run(a: Args) -> Result<u8> {
             bail!("--html {}: the folder {} does not exist", out.display(), folder.display());
         }
     }
-    let estimate = a.estimate.as_deref().map(read_estimate).transpose()?;
+    // Only the page shows it: without --html it is said to have no effect, not read.
+    let estimate = a.estimate.as_deref().filter(|_| a.html.is_some()).map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
     let mut records = Vec::new();
     let read = crate::input::for_each_record(

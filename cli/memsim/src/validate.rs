@@ -32,13 +32,17 @@ pub fn run(a: Args) -> Result<u8> {
     crate::input::exists(&a.snapshot)?;
     // It checks the model against what a snapshot recorded; a trace records no placement.
     if matches!(crate::input::kind(&a.snapshot), Ok(crate::input::Kind::Trace)) {
-        // Named as a trace: said as one only if it is one (a renamed snapshot, a folder).
-        trace::Reader::open(crate::input::source(&a.snapshot)).map_err(|e| {
-            anyhow::Error::from(e).context(format!(
-                "{}: named as a trace, and not one: validate reads a PyTorch memory snapshot (.pickle/.pkl)",
-                a.snapshot.display()
-            ))
-        })?;
+        // Named as a trace: said as one only if it reads as one (a renamed snapshot, a
+        // folder). A stream is not opened: that waits for a writer, and reads what it sends.
+        if !crate::input::streamed(&a.snapshot) {
+            trace::Reader::open(&a.snapshot).map_err(|e| {
+                anyhow::Error::from(e).context(format!(
+                    "{}: named as a trace, and cannot be read as one: validate reads a PyTorch memory snapshot \
+                     (.pickle/.pkl)",
+                    a.snapshot.display()
+                ))
+            })?;
+        }
         anyhow::bail!(
             "{}: a trace, not a snapshot: validate compares the model's addresses with those a PyTorch memory \
              snapshot (.pickle/.pkl) recorded; replay a trace with `memsim replay`",

@@ -918,9 +918,34 @@ fn validate_says_what_a_capacity_cannot_do() {
     std::fs::create_dir(&folder).unwrap();
     for (path, expect) in [(&renamed, "starts as a Python pickle does"), (&folder, "Is a directory")] {
         let (code, _, err) = memsim(&["validate", path.to_str().unwrap()]);
-        assert!(code == 2 && err.contains("named as a trace, and not one") && err.contains(expect), "{err}");
+        assert!(
+            code == 2 && err.contains("named as a trace, and cannot be read as one") && err.contains(expect),
+            "{err}"
+        );
         assert!(!err.contains("a trace, not a snapshot"), "{err}");
     }
+    // A stream named as a trace is not opened to find out: that waited for a writer forever.
+    let fifo = dir.path().join("f.mtrace");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memsim"))
+        .args(["validate", fifo.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if waited.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("validate of a FIFO still waits after 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.code() == Some(2) && err.contains("a trace, not a snapshot"), "{err}");
 }
 
 /// On several GPUs the peak of live bytes is of all of them at once, and says so: it read as one

@@ -105,6 +105,9 @@ fn an_estimate_render_refuses_is_refused_with_the_field_and_no_page() {
             "field `verdict.need_mib` is 1234.5 but the basis, `estimates.symbolic.safe_mib`, is 1300.0",
         ),
         ("no estimates", vec![("/estimates", None)], "missing field `estimates`"),
+        // Another schema lacks fields this one has: said as its schema, not as the first field
+        // it lacks (it was "missing field `headline`").
+        ("an older schema", vec![("/schema", Some(json!(2))), ("/headline", None)], "field `schema` is 2: expected 3"),
         (
             "a negative baseline",
             vec![("/estimates/analytic/device_mib", Some(json!(-5.0)))],
@@ -132,6 +135,7 @@ fn an_estimate_render_refuses_is_refused_with_the_field_and_no_page() {
         })
         .collect();
     for (what, text, said) in [
+        ("only a schema", r#"{"schema": 2}"#, "field `schema` is 2: expected 3"),
         ("not JSON", r#"{"schema": NaN}"#, "expected value at line 1 column 12"),
         ("not an object", "[1]", "not a JSON object"),
         ("not an estimate", r#"{"not": "an estimate"}"#, "missing field `schema`"),
@@ -148,6 +152,13 @@ fn an_estimate_render_refuses_is_refused_with_the_field_and_no_page() {
         let render = estimate_file::parse(&text).expect_err(&what).to_string();
         assert!(err.contains(&format!("--estimate {path}: {render}")), "{what}: {err} against {render}");
     }
+    // Without --html the estimate is said to have no effect, and not read: a bad one is no error.
+    let t = write_records(dir.path(), "t.jsonl", &header(), &records());
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "[1]").unwrap();
+    let (code, _, err) = memsim(&["report", t.to_str().unwrap(), "--json", "--estimate", bad.to_str().unwrap()]);
+    assert!(code == 0 && err.contains("--estimate has no effect without --html"), "{code} {err}");
+    assert!(!err.contains("not a JSON object"), "{err}");
 }
 
 /// The page's headline is render's words for the same file: with the file's `text` as written,
