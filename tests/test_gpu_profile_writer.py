@@ -122,12 +122,34 @@ def test_no_workspace_through_the_allocator_keeps_the_default():
         ({"compute_capability": [9]}, "'compute_capability'"),
         ({"cudnn_mib": -1.0}, "'cudnn_mib': expected >= 0"),
         ({"torch": "nightly"}, "'torch'"),
+        ({"cuda": ""}, "'cuda': expected a version number"),
+        ({"cudnn": "9.x"}, "'cudnn': expected a version number"),
     ],
 )
 def test_bad_measurements_name_the_field(change, needle):
     with pytest.raises(writer.MeasurementError, match=r"m\.json") as e:
         writer.render({**FAKE, **change}, "m.json")
     assert needle in str(e.value)
+
+
+def test_a_profile_without_cudnn_leaves_the_key_out_and_loads(tmp_path):
+    """torch without cuDNN measures `""`: the optional key is left out, so memsim, which
+    refuses an empty version, loads what the writer wrote (gpu-check.sh writes it over the
+    shipped profile)."""
+    import subprocess
+
+    memsim = REPO / "target" / "release" / "memsim"
+    if not memsim.is_file():
+        pytest.fail(f"{memsim} missing: run `cargo build --release` first")
+    for cudnn in ("", "91200"):
+        path = tmp_path / f"p{cudnn}.toml"
+        path.write_text(writer.render({**FAKE, "cudnn": cudnn}))
+        assert ("cudnn" in tomllib.loads(path.read_text())["software"]) is bool(cudnn)
+        done = subprocess.run(
+            [str(memsim), "profile", str(path), "--json"], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["software"].get("cudnn") == (cudnn or None)
 
 
 def test_missing_field_is_named():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -63,6 +64,15 @@ def validate(data: object, source: str) -> dict:
         if data[field] < 0:
             raise MeasurementError(f"{source}: field {field!r}: expected >= 0, got {data[field]}")
     allocator_version(data["torch"], source)  # a version memsim models
+    # As memsim checks them: digits and dots. cuDNN may be absent (torch without it): then
+    # the profile leaves the optional key out.
+    for field, optional in (("cuda", False), ("cudnn", True)):
+        value = data[field]
+        if not (optional and value == "") and not re.fullmatch(r"\d[\d.]*", value):
+            raise MeasurementError(
+                f"{source}: field {field!r}: expected a version number such as "
+                f'"12.4", got {value!r}'
+            )
     return data
 
 
@@ -124,8 +134,8 @@ def render(data: dict, source: str = "measurements") -> str:
         "[software]\n"
         f'torch = "{major}.{minor}"   # {by} ({d["torch"]})\n'
         f'cuda = "{d["cuda"]}"   # {by}\n'
-        f'cudnn = "{d["cudnn"]}"   # {by}\n'
-        f'allocator = "{allocator_version(d["torch"])}"   # implied by torch {major}.{minor}\n\n'
+        + (f'cudnn = "{d["cudnn"]}"   # {by}\n' if d["cudnn"] else "")
+        + f'allocator = "{allocator_version(d["torch"])}"   # implied by torch {major}.{minor}\n\n'
         "[outside_allocator]\n"
         f"context_mib = {d['context_mib']:.1f}   # {by} ({d['context_source']})\n"
         f"cublas_mib = {d['cublas_mib']:.1f}   # {by}\n"
