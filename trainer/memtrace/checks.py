@@ -32,7 +32,8 @@ KEYWORDS = {"iterations": "steps", "steps": "steps", "world-size": "world_size",
 TUNING = {"dtype": None, "lora": None, "lora_targets": None, "lora_dropout": None,
           "qlora": False, "qlora_double_quant": False, "bnb_version": None,
           "kbit_prepare": True, "task": None, "attn": None}  # fmt: skip
-_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+# A flag starts a word: `ResNet--step` (a title) and `/data/exp--lora/t.jsonl` (a path) hold none.
+_FLAG = re.compile(r"(?<![\w/.-])--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
 # What memest says of the baselines beside its estimate (analytic, horus, accelerate, deepspeed),
 # which the API's answer does not show: kept in `to_json()`, with them, not warned of.
 BASELINES_ONLY = ("the analytic, horus, accelerate and deepspeed baselines",)

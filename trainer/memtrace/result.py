@@ -7,6 +7,7 @@ import copy
 import html
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -66,6 +67,21 @@ def memsim(
         said = as_keywords(error_line(done.stderr), keywords or KEYWORDS)
         raise EstimateError(f"memsim {args[0]}: {said}")
     return done.stdout
+
+
+# The parts of memsim's page that say what to do, in its flags' words.
+_WORDED = [re.compile(r'(<p id="headline"[^>]*>)(.*?)(</p>)', re.S),
+           re.compile(r'(<p class="muted" id="details">)(.*?)(</p>)', re.S),
+           re.compile(r'(<h2 id="warnings">Warnings</h2><ul>)(.*?)(</ul>)', re.S)]  # fmt: skip
+
+
+def _in_keywords(page: str) -> str:
+    """memsim's page with its flags said as the API's keywords where it says what to do."""
+    from memtrace.api import as_keywords
+
+    for part in _WORDED:
+        page = part.sub(lambda m: m[1] + as_keywords(m[2]) + m[3], page)
+    return page
 
 
 @dataclass
@@ -293,8 +309,9 @@ class Estimate:
         try:
             page = write_report(self._trace(), self.raw, Path(self.profile), out)
             # memsim words the page from the estimate's numbers, in the CLI's words
-            # (`--capacity`): said in the API's (`capacity`), as `str` says them.
-            write_text(page, as_keywords(page.read_text(encoding="utf-8")))
+            # (`--capacity`): said in the API's (`capacity`), as `str` says them, in those words
+            # only (the headline, its details, the warnings), not in the title or the paths.
+            write_text(page, _in_keywords(page.read_text(encoding="utf-8")))
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from e
         return page

@@ -585,3 +585,26 @@ def test_a_step_count_given_is_not_called_a_default() -> None:
     left = memtrace.estimate(nn.Linear(8, 2), x).raw["inputs"]
     assert chosen["iterations"] == 3 and "iterations" not in chosen["defaults"], chosen
     assert left["defaults"]["iterations"]["value"] == left["iterations"], left
+
+
+def test_flags_are_said_as_keywords_only_where_the_page_says_what_to_do() -> None:
+    """`Estimate.report()` rewords memsim's page: its headline, details and warnings, and there
+    only a flag that starts a word (the whole page was rewritten, a title's `--lora` and a path's
+    `exp--lora` with it)."""
+    from memtrace.checks import as_keywords
+    from memtrace.result import _in_keywords
+
+    said = as_keywords("ResNet--step 3 at /data/exp--lora/t.jsonl; run with --profile h200: x")
+    assert said == "ResNet--step 3 at /data/exp--lora/t.jsonl; run with gpu=h200: x"
+    page = (
+        "<title>mlp --lora 8</title><h1>mlp --lora 8</h1>"
+        '<p id="headline" data-mib="1.0">needs 1.0 MiB: give --capacity</p>'
+        '<p class="muted" id="details">capacity 2.0 MiB (--capacity)</p>'
+        '<h2 id="warnings">Warnings</h2><ul><li>--lora 8: x</li></ul><p>--lora stays</p>'
+    )
+    assert _in_keywords(page) == (
+        "<title>mlp --lora 8</title><h1>mlp --lora 8</h1>"
+        '<p id="headline" data-mib="1.0">needs 1.0 MiB: give capacity</p>'
+        '<p class="muted" id="details">capacity 2.0 MiB (capacity)</p>'
+        '<h2 id="warnings">Warnings</h2><ul><li>lora=8: x</li></ul><p>--lora stays</p>'
+    )
