@@ -37,7 +37,7 @@ pub struct Args {
     profile: String,
     /// The GPU's total memory (e.g. 40GiB, 40960MiB); the memory outside the allocator is
     /// subtracted inside. Default: the profile's total memory.
-    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE", allow_negative_numbers = true)]
     capacity: Option<u64>,
     #[arg(long, help = memsim_cli::STRICT_HELP)]
     strict: bool,

@@ -35,11 +35,11 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
     /// The GPU's total memory, e.g. 80GiB or 81920MiB. Default: the profile's total memory.
-    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE", allow_negative_numbers = true)]
     capacity: Option<u64>,
     /// Memory each process holds outside the allocator, e.g. 500MiB. Default: from the profile,
     /// the context plus cuBLAS/cuDNN for the libraries each trace says its job loads.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_negative_numbers = true)]
     context: Option<u64>,
     /// How to combine the jobs.
     #[arg(long, value_enum, default_value = "auto")]

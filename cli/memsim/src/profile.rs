@@ -23,7 +23,7 @@ pub struct Args {
     json: bool,
     /// Also check a device capacity as the fit commands read it (e.g. 40GiB): the JSON gains
     /// `capacity` {bytes, source}. Python checks its `--capacity` here before tracing.
-    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE", conflicts_with = "list")]
+    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE", allow_negative_numbers = true, conflicts_with = "list")]
     capacity: Option<u64>,
 }
 

@@ -31,7 +31,7 @@ pub struct Args {
     /// The GPU's total memory (e.g. 40GiB, 40960MiB), as nvidia-smi shows it. The profile's memory
     /// outside the allocator (context, cuBLAS, cuDNN) is subtracted inside. Default: the profile's
     /// total memory; no fit check without a profile or a capacity.
-    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE", allow_negative_numbers = true)]
     capacity: Option<u64>,
     /// GPU profile: a name in profiles/ (e.g. a100-40gb) or a path to a .toml file.
     #[arg(long, value_name = "NAME")]

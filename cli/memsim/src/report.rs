@@ -62,7 +62,7 @@ pub struct Args {
     /// The device's total memory every profile's verdict is judged at (e.g. 40GiB), as `memsim
     /// replay --capacity`; default: each profile's own. `estimate --report --capacity` passes
     /// its capacity here, so the page's table and headline judge the same device.
-    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE")]
+    #[arg(long, value_parser = simulator::units::parse_capacity, value_name = "SIZE", allow_negative_numbers = true)]
     capacity: Option<u64>,
     #[arg(long, help = crate::input::STRICT_HELP)]
     strict: bool,

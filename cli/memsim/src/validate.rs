@@ -15,7 +15,7 @@ pub struct Args {
     snapshot: PathBuf,
     /// Device capacity: predict `segment_free`/`segment_unmap` bursts with the OOM chain instead of
     /// replaying each recorded burst as an `empty_cache`.
-    #[arg(long, value_parser = parse_capacity, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_capacity, value_name = "SIZE", allow_negative_numbers = true)]
     capacity: Option<u64>,
     /// PyTorch version whose rules apply (default: guessed from the snapshot's settings).
     #[arg(long, value_name = "VER")]

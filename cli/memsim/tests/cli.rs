@@ -1613,3 +1613,30 @@ fn the_cache_on_refusal_says_what_a_program_without_pytorch_gets() {
     let v = json(&["replay", own.to_str().unwrap(), "--json"]);
     assert_eq!(v["requests"], 0, "{v}");
 }
+
+/// A negative size is a bad size, said by the size parser: it was "unexpected argument '-1'
+/// found", with a tip to pass it as a positional argument.
+#[test]
+fn a_negative_size_is_refused_as_a_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path(), "t.mtrace", &three_tensors());
+    let t = t.to_str().unwrap();
+    let html = dir.path().join("r.html");
+    for args in [
+        vec!["replay", t, "--capacity", "-1"],
+        vec!["replay", t, "--capacity", "-1.5"],
+        vec!["colocate", t, t, "--capacity", "-1"],
+        vec!["colocate", t, t, "--context", "-1"],
+        vec!["report", t, "--html", html.to_str().unwrap(), "--capacity", "-1"],
+        vec!["profile", "a100-40gb", "--capacity", "-1"],
+    ] {
+        let (code, _, err) = memsim(&args);
+        let flag = args[args.len() - 2];
+        assert!(
+            code == 2 && err.contains(&format!("for '{flag} <SIZE>'")) && err.contains("invalid size"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+    assert!(!html.exists());
+}
