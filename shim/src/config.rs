@@ -284,6 +284,13 @@ fn load() -> Config {
              it by its content, other JSON Lines readers will not (name it .mtrace, or `memsim convert` it)",
             cfg.out
         );
+    } else if !cfg.out.to_ascii_lowercase().ends_with(".mtrace") && !streams(&cfg.out) {
+        crate::log!(
+            Warn,
+            "MEMTRACE_OUT={:?}: memsim reads a trace file by its name, which this one's does not end as (.mtrace): \
+             name it .mtrace, or read it as `memsim stats - < FILE`",
+            cfg.out
+        );
     }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {
@@ -291,6 +298,13 @@ fn load() -> Config {
         }
     }
     cfg
+}
+
+/// Whether `out` names a stream the trace flows through (`/dev/stdout`, a FIFO), not a file
+/// kept by its name.
+fn streams(out: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    out.starts_with("/dev/") || std::fs::metadata(out).is_ok_and(|m| m.file_type().is_fifo())
 }
 
 /// The configuration (read from the environment once).
@@ -305,10 +319,14 @@ pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'
     names
         .filter(|n| n.starts_with("MEMTRACE_") && !VARS.iter().any(|v| v.name == *n))
         // One slip in a short name, two in a long one: `MEMTRACE_SO` (another tool's) is two
-        // edits from `MEMTRACE_LOG` and is no typo of it.
+        // edits from `MEMTRACE_LOG` and is no typo of it. A name that goes on past one of ours
+        // (`MEMTRACE_OUTPUT`, `MEMTRACE_QUEUE_SIZE`) or stops short of one by more than a slip
+        // (`MEMTRACE_MAX_WAIT`) is one too; no other tool's name begins so.
         .filter_map(|n| {
             let most = if n.len() - "MEMTRACE_".len() < 8 { 1 } else { 2 };
-            VARS.iter().find(|v| edits(n, v.name) <= most).map(|v| (n, v.name))
+            let upper = n.to_ascii_uppercase();
+            let prefix = |v: &Var| upper.starts_with(v.name) || (n.len() >= 12 && v.name.starts_with(upper.as_str()));
+            VARS.iter().find(|v| edits(n, v.name) <= most || prefix(v)).map(|v| (n, v.name))
         })
         .collect()
 }
@@ -393,6 +411,16 @@ mod tests {
             "MEMTRACE_PROFILE",
             "MEMTRACE_OUT",
             "PATH",
+            "MEMTRACE_OUTPUT",
+            "MEMTRACE_OUT_FILE",
+            "MEMTRACE_QUEUE_SIZE",
+            "MEMTRACE_MAX_WAIT",
+            "MEMTRACE_LOG_LEVEL",
+            "MEMTRACE_CUPTI_ENABLE",
+            "MEMTRACE_LAUNCH_PID",
+            "MEMTRACE_DEMO_OUT",
+            "MEMTRACE_REAL_CUDART_DIR",
+            "MEMTRACE_TRACEBACK",
         ];
         assert_eq!(
             near_misses(names.into_iter()),
@@ -404,6 +432,12 @@ mod tests {
                 ("MEMTRACE_QUITE", "MEMTRACE_QUIET"),
                 ("MEMTRACE_LGO", "MEMTRACE_LOG"),
                 ("MEMTRACE_Out", "MEMTRACE_OUT"),
+                ("MEMTRACE_OUTPUT", "MEMTRACE_OUT"),
+                ("MEMTRACE_OUT_FILE", "MEMTRACE_OUT"),
+                ("MEMTRACE_QUEUE_SIZE", "MEMTRACE_QUEUE"),
+                ("MEMTRACE_MAX_WAIT", "MEMTRACE_MAX_WAIT_MS"),
+                ("MEMTRACE_LOG_LEVEL", "MEMTRACE_LOG"),
+                ("MEMTRACE_CUPTI_ENABLE", "MEMTRACE_CUPTI"),
             ]
         );
     }

@@ -383,6 +383,64 @@ fn a_misspelt_variable_and_a_jsonl_name_are_said() {
     assert_eq!(Stats::read(&out).unwrap().allocs, 2);
 }
 
+/// A file at MEMTRACE_OUT that is not a trace is someone's data: it was emptied in silence and
+/// the trace written over it. It is left as it is, the trace beside it, and said; an earlier
+/// run's trace is written over as before.
+#[test]
+fn a_file_that_is_not_a_trace_is_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, held, kept) in [
+        ("notes.mtrace", &b"precious user data\n"[..], true),
+        ("short.mtrace", &b"hi"[..], true),
+        ("cut.mtrace", &b"MEMT"[..], false),
+        ("empty.mtrace", &b""[..], false),
+    ] {
+        let out = dir.path().join(name);
+        std::fs::write(&out, held).unwrap();
+        let env = [("MEMTRACE_OUT", out.to_str().unwrap()), ("MEMTRACE_QUIET", "1")];
+        let r = command("p_runtime_alloc", dir.path(), &env).output().unwrap();
+        assert!(r.status.success(), "{name}");
+        let err = String::from_utf8_lossy(&r.stderr);
+        let said =
+            err.contains(&format!("MEMTRACE_OUT: {} is a file that is not a trace, left as it is", out.display()));
+        assert_eq!(said, kept, "{name}: {err}");
+        if kept {
+            assert_eq!(std::fs::read(&out).unwrap(), held, "{name}: untouched");
+            let stem = format!("{}.", name.trim_end_matches(".mtrace"));
+            let beside = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with(&stem) && *p != out)
+                .unwrap_or_else(|| panic!("{name}: no trace beside it"));
+            assert!(err.contains(&format!("traces into {}", beside.display())), "{name}: {err}");
+            assert_eq!(Stats::read(&beside).unwrap().allocs, 2, "{name}");
+        } else {
+            assert_eq!(Stats::read(&out).unwrap().allocs, 2, "{name}: an earlier trace is written over");
+        }
+    }
+    // A second run over the first's trace writes over it (a rerun), and says nothing.
+    let out = dir.path().join("empty.mtrace");
+    let env = [("MEMTRACE_OUT", out.to_str().unwrap()), ("MEMTRACE_QUIET", "1")];
+    let r = command("p_runtime_alloc", dir.path(), &env).output().unwrap();
+    assert!(!String::from_utf8_lossy(&r.stderr).contains("not a trace"));
+    assert_eq!(Stats::read(&out).unwrap().allocs, 2);
+}
+
+/// A name memsim does not read a trace by is said: it wrote `x.trace` without a word, and memsim
+/// refused it as an unknown format.
+#[test]
+fn an_out_name_memsim_does_not_read_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, warned) in [("x.trace", true), ("noext", true), ("ok.mtrace", false), ("OK.MTRACE", false)] {
+        let out = dir.path().join(name);
+        let env = [("MEMTRACE_OUT", out.to_str().unwrap()), ("MEMTRACE_QUIET", "1")];
+        let r = command("p_runtime_alloc", dir.path(), &env).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(err.contains("memsim reads a trace file by its name"), warned, "{name}: {err}");
+        assert_eq!(Stats::read(&out).unwrap().allocs, 2, "{name}: traced as before");
+    }
+}
+
 #[test]
 fn max_bytes_stops_with_a_marker() {
     let r = run_ok("p_threads", &[("MEMTRACE_MAX_BYTES", "64K"), ("MEMTRACE_QUIET", "1")]);

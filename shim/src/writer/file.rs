@@ -212,7 +212,7 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
                 return None;
             }
             Err(e) => {
-                log!(Warn, "cannot create trace file {path}: {e}; recording disabled");
+                log!(Warn, "MEMTRACE_OUT: cannot create trace file {path}: {e}; recording disabled");
                 return None;
             }
         };
@@ -272,6 +272,21 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
                 path = beside;
                 continue;
             }
+            // A file that is neither empty nor a trace is someone's data under a mistyped
+            // MEMTRACE_OUT: left as it is (it was emptied in silence), the trace beside it.
+            if !empty_or_trace(&file, &path) {
+                let beside = beside(&wanted, &pid.to_string());
+                if beside == path {
+                    log!(Warn, "MEMTRACE_OUT: {path} is a file that is not a trace, left as it is; recording disabled");
+                    return None;
+                }
+                log!(
+                    Warn,
+                    "MEMTRACE_OUT: {path} is a file that is not a trace, left as it is; pid {pid} traces into {beside}"
+                );
+                path = beside;
+                continue;
+            }
             // Locked, or a file system without locks (then as before: ours to truncate).
             if let Err(e) = file.set_len(0) {
                 log!(Warn, "cannot truncate trace file {path}: {e}; recording disabled");
@@ -292,6 +307,22 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     }
     log!(Warn, "trace file {path} is being written by another process too; recording disabled");
     None
+}
+
+/// Whether the regular file `file` (at `path`) is empty or opens with a trace's magic (an earlier
+/// run's, written again). Opened afresh for reading: the writer's descriptor is write-only.
+fn empty_or_trace(file: &File, path: &str) -> bool {
+    use std::io::Read;
+    if file.metadata().is_ok_and(|m| m.len() == 0) {
+        return true;
+    }
+    let mut head = Vec::with_capacity(8);
+    match File::open(path).and_then(|f| f.take(8).read_to_end(&mut head)) {
+        // A trace cut inside its magic (an earlier run killed at once) is one too.
+        Ok(n) => head[..n] == trace::codec::MAGIC[..n],
+        // Unreadable (write-only permissions): nothing says it is someone's data, as before.
+        Err(_) => true,
+    }
 }
 
 /// Whether the first 64 KiB of a regular file hold a trace's magic (the parent's header, which

@@ -285,7 +285,7 @@ fn run() -> bool {
     let w = match BinaryWriter::new(TraceFile::new(file), &header(cfg, pid, origin)) {
         Ok(w) => w,
         Err(e) => {
-            log!(Warn, "cannot write trace header to {path}: {e:#}; recording disabled");
+            log!(Warn, "MEMTRACE_OUT: cannot write trace header to {path}: {e:#}; recording disabled");
             return false;
         }
     };
