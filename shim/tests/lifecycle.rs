@@ -441,6 +441,22 @@ fn an_out_name_memsim_does_not_read_is_said() {
     }
 }
 
+/// A relative MEMTRACE_OUT is taken from the start directory, which a path of text cannot name
+/// when the directory's name is not UTF-8: said (the trace went where the program later was).
+#[test]
+fn a_relative_out_under_a_directory_not_named_in_utf8_is_said() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"bad\xff"));
+    std::fs::create_dir(&odd).unwrap();
+    let env = [("MEMTRACE_OUT", "r.mtrace"), ("MEMTRACE_QUIET", "1")];
+    let r = command("p_runtime_alloc", &odd, &env).current_dir(&odd).output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("MEMTRACE_OUT=\"r.mtrace\" is relative and the start directory's name is not UTF-8"), "{err}");
+    assert_eq!(Stats::read(&odd.join("r.mtrace")).unwrap().allocs, 2, "traced where it started (no chdir)");
+}
+
 #[test]
 fn max_bytes_stops_with_a_marker() {
     let r = run_ok("p_threads", &[("MEMTRACE_MAX_BYTES", "64K"), ("MEMTRACE_QUIET", "1")]);
