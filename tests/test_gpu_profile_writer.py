@@ -124,6 +124,7 @@ def test_no_workspace_through_the_allocator_keeps_the_default():
         ({"torch": "nightly"}, "'torch'"),
         ({"cuda": ""}, "'cuda': expected a version number"),
         ({"cudnn": "9.x"}, "'cudnn': expected a version number"),
+        ({"cuda": "\uff11\uff12.4"}, "'cuda': expected a version number"),
     ],
 )
 def test_bad_measurements_name_the_field(change, needle):

@@ -68,7 +68,7 @@ def validate(data: object, source: str) -> dict:
     # the profile leaves the optional key out.
     for field, optional in (("cuda", False), ("cudnn", True)):
         value = data[field]
-        if not (optional and value == "") and not re.fullmatch(r"\d[\d.]*", value):
+        if not (optional and value == "") and not re.fullmatch(r"[0-9][0-9.]*", value):
             raise MeasurementError(
                 f"{source}: field {field!r}: expected a version number such as "
                 f'"12.4", got {value!r}'

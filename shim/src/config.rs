@@ -297,13 +297,6 @@ fn load() -> Config {
              it by its content, other JSON Lines readers will not (name it .mtrace, or `memsim convert` it)",
             cfg.out
         );
-    } else if !cfg.out.to_ascii_lowercase().ends_with(".mtrace") && !streams(&cfg.out) {
-        crate::log!(
-            Warn,
-            "MEMTRACE_OUT={:?}: memsim reads a trace file by its name, which this one's does not end as (.mtrace): \
-             name it .mtrace, or read it as `memsim stats - < FILE`",
-            cfg.out
-        );
     }
     if log::enabled(LogLevel::Debug) {
         for v in VARS.iter() {
@@ -311,13 +304,6 @@ fn load() -> Config {
         }
     }
     cfg
-}
-
-/// Whether `out` names a stream the trace flows through (`/dev/stdout`, a FIFO), not a file
-/// kept by its name.
-fn streams(out: &str) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    out.starts_with("/dev/") || std::fs::metadata(out).is_ok_and(|m| m.file_type().is_fifo())
 }
 
 /// The configuration (read from the environment once).

@@ -392,6 +392,8 @@ fn a_file_that_is_not_a_trace_is_left_as_it_is() {
     for (name, held, kept) in [
         ("notes.mtrace", &b"precious user data\n"[..], true),
         ("short.mtrace", &b"hi"[..], true),
+        // Text that opens as the magic does is still no trace: the version bytes say so.
+        ("env.mtrace", &b"MEMTRACE_OUT=/tmp/x.mtrace\n"[..], true),
         ("cut.mtrace", &b"MEMT"[..], false),
         ("empty.mtrace", &b""[..], false),
     ] {

@@ -50,7 +50,7 @@ pub struct Args {
     #[arg(long)]
     fake_trace: Option<PathBuf>,
     /// Batch size (default: from the features, else the trace's metadata).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), allow_negative_numbers = true)]
     batch_size: Option<u64>,
     /// Trained ML model file (or $MEMTRACE_ML_MODEL); `ml` is null without one.
     #[arg(long)]

@@ -38,13 +38,13 @@ struct Knobs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Epochs for the MLP ensembles (mlp-ensemble, mlp-reg) [default: 100].
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = at_least_one, allow_negative_numbers = true)]
     epochs: Option<usize>,
     /// Trees in the forest and bagging ensembles (forest, bagging, forest-reg) [default: 50].
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = at_least_one, allow_negative_numbers = true)]
     trees: Option<usize>,
     /// perpetual's gradient-boosting budget (gbm, gbm-reg) [default: 0.5].
-    #[arg(long, value_parser = positive_budget)]
+    #[arg(long, value_parser = positive_budget, allow_negative_numbers = true)]
     budget: Option<f32>,
 }
 
@@ -168,7 +168,7 @@ struct EvalArgs {
     #[arg(long, value_delimiter = ',')]
     models: Vec<String>,
     /// Number of CV folds.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     folds: usize,
     /// Held-out test fraction, in (0, 1) (stratified CV only; `reproduce` holds out GPUMemNet's
     /// 10%) [default: 0.2].

@@ -105,6 +105,10 @@ fn cli_misuse_is_a_clear_error() {
         check_err(&["cv", "--dataset", &csv, &flag], &["--test-frac", "expected a fraction in (0, 1)"]);
     }
     check_err(&["cv", "--dataset", &csv, "--folds", "1"], &["--folds 1: expected at least 2"]);
+    // A negative number is a bad value of its flag, not an unknown argument.
+    for (flag, value) in [("--folds", "-1"), ("--epochs", "-3"), ("--trees", "-1"), ("--budget", "-0.5")] {
+        check_err(&["cv", "--dataset", &csv, flag, value], &[&format!("invalid value '{value}' for '{flag}")]);
+    }
     // More folds than the rows left after the test set: the flag is named (it was "k=50").
     check_err(
         &["cv", "--dataset", &csv, "--folds", "50", "--test-frac", "0.9"],

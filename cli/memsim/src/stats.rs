@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// SM count for SM activity when the trace header has none.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     sm_count: Option<u32>,
     /// GPU profile (profiles/NAME.toml or a path) supplying SM count and compute capability
     /// when the trace header has none; `--sm-count` wins over it.

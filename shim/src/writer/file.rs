@@ -217,7 +217,7 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             }
         };
         if let Err(e) = blocking(&file) {
-            log!(Warn, "cannot write the trace to {path}: {e}; recording disabled");
+            log!(Warn, "MEMTRACE_OUT: cannot write the trace to {path}: {e}; recording disabled");
             return None;
         }
         // A device, pipe or terminal (`/dev/stdout`, a FIFO) streams the trace: nothing to
@@ -261,9 +261,16 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             // This process's own trace, written before it exec'd this image (the lock went with
             // the old image's descriptor): truncating it erased that trace in silence.
             if own_earlier_trace(&path, pid) {
-                images += 1;
-                let tag = if images == 1 { pid.to_string() } else { format!("{pid}.{images}") };
-                let beside = beside(&wanted, &tag);
+                // The next name not yet this one (an image that found its trace at `NAME.PID`
+                // goes on to `NAME.PID.2`, not to the path it is at).
+                let beside = loop {
+                    images += 1;
+                    let tag = if images == 1 { pid.to_string() } else { format!("{pid}.{images}") };
+                    let beside = beside(&wanted, &tag);
+                    if beside != path {
+                        break beside;
+                    }
+                };
                 log!(
                     Warn,
                     "trace file {path} holds this process's trace from before it exec'd this program; pid {pid} \
@@ -274,7 +281,7 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             }
             // A file that is neither empty nor a trace is someone's data under a mistyped
             // MEMTRACE_OUT: left as it is (it was emptied in silence), the trace beside it.
-            if !empty_or_trace(&file, &path) {
+            if !empty_or_trace(&file) {
                 let beside = beside(&wanted, &pid.to_string());
                 if beside == path {
                     log!(Warn, "MEMTRACE_OUT: {path} is a file that is not a trace, left as it is; recording disabled");
@@ -289,8 +296,18 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
             }
             // Locked, or a file system without locks (then as before: ours to truncate).
             if let Err(e) = file.set_len(0) {
-                log!(Warn, "cannot truncate trace file {path}: {e}; recording disabled");
+                log!(Warn, "MEMTRACE_OUT: cannot truncate trace file {path}: {e}; recording disabled");
                 return None;
+            }
+            // Said here, on the writer's thread and of a file this process records into: not
+            // before `main` in every preloaded process, where a stat of the path could hang.
+            let lower = path.to_ascii_lowercase();
+            if !lower.ends_with(".mtrace") && !lower.ends_with(".jsonl") {
+                log!(
+                    Warn,
+                    "MEMTRACE_OUT: memsim reads a trace file by its name, and {path} does not end in .mtrace: name \
+                     it so, or read it as `memsim stats - < FILE`"
+                );
             }
             return Some((file, path));
         }
@@ -309,20 +326,27 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
     None
 }
 
-/// Whether the regular file `file` (at `path`) is empty or opens with a trace's magic (an earlier
-/// run's, written again). Opened afresh for reading: the writer's descriptor is write-only.
-fn empty_or_trace(file: &File, path: &str) -> bool {
+/// Whether the regular file `file` is empty or opens as a trace of this format does (its magic
+/// and version: an earlier run's, written again). Read through `/proc/self/fd`, the very file
+/// about to be truncated (the writer's descriptor is write-only), non-blocking.
+fn empty_or_trace(file: &File) -> bool {
     use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     if file.metadata().is_ok_and(|m| m.len() == 0) {
         return true;
     }
-    let mut head = Vec::with_capacity(8);
-    match File::open(path).and_then(|f| f.take(8).read_to_end(&mut head)) {
-        // A trace cut inside its magic (an earlier run killed at once) is one too.
-        Ok(n) => head[..n] == trace::codec::MAGIC[..n],
-        // Unreadable (write-only permissions): nothing says it is someone's data, as before.
-        Err(_) => true,
-    }
+    let mut start = trace::codec::MAGIC.to_vec();
+    start.extend_from_slice(&trace::FORMAT_VERSION.to_le_bytes());
+    let mut head = Vec::with_capacity(start.len());
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .and_then(|f| f.take(start.len() as u64).read_to_end(&mut head));
+    // A trace cut inside its start (an earlier run killed at once) is one too; a file this
+    // process cannot read is not known to be one, and is left as it is.
+    read.is_ok_and(|n| n > 0 && head[..n] == start[..n])
 }
 
 /// Whether the first 64 KiB of a regular file hold a trace's magic (the parent's header, which
