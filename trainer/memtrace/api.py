@@ -363,6 +363,9 @@ def _errors() -> Iterator[None]:
 
 def _profile(gpu: str, capacity: str | None = None) -> Any:
     """The profile of `gpu`, with `capacity` checked by memsim's parser before any tracing."""
+    if capacity is not None and not isinstance(capacity, str):
+        # A list or dict reached the profile cache as a key (a raw TypeError: unhashable).
+        raise EstimateError(f"capacity={capacity!r}: expected a size as a str, such as '40GiB'")
     try:
         return load_profile(gpu, capacity)
     except UserError as e:
@@ -535,6 +538,8 @@ def max_batch(
         # TypeError about this argument, not the message above.
         raise EstimateError("example_inputs: max_batch needs one batch of the model's inputs, "
                             "whose first dimension it searches")  # fmt: skip
+    if limit is None:  # `count` lets an optional count's None through; this one is not
+        raise EstimateError("limit=None: expected the largest batch to try (an int of at least 1)")
     gpu, prof = _arguments(steps, world_size, gpu, optimizer, point, capacity,
                            ("limit", limit, "the largest batch to try"))  # fmt: skip
     with _tracing(), _warnings_as_python(), _errors():
