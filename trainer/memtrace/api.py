@@ -363,9 +363,10 @@ def _errors() -> Iterator[None]:
 
 def _profile(gpu: str, capacity: str | None = None) -> Any:
     """The profile of `gpu`, with `capacity` checked by memsim's parser before any tracing."""
-    if capacity is not None and not isinstance(capacity, str):
-        # A list or dict reached the profile cache as a key (a raw TypeError: unhashable).
-        raise EstimateError(f"capacity={capacity!r}: expected a size as a str, such as '40GiB'")
+    if capacity is not None and not isinstance(capacity, (str, int, float)):
+        # A list or dict reached the profile cache as a key (a raw TypeError: unhashable); a
+        # number goes on to memsim's parser, which says what it most likely means.
+        raise EstimateError(f"capacity={capacity!r}: expected a size such as '40GiB'")
     try:
         return load_profile(gpu, capacity)
     except UserError as e:

@@ -36,7 +36,11 @@ TUNING = {"dtype": None, "lora": None, "lora_targets": None, "lora_dropout": Non
 _FLAG = re.compile(r"(?<![\w/.-])--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
 # What memest says of the baselines beside its estimate (analytic, horus, accelerate, deepspeed),
 # which the API's answer does not show: kept in `to_json()`, with them, not warned of.
-BASELINES_ONLY = ("the analytic, horus, accelerate and deepspeed baselines",)
+# The layer features feed only the analytic and ML baselines.
+BASELINES_ONLY = (
+    "the analytic, horus, accelerate and deepspeed baselines",
+    "the model's layer features",
+)
 CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
 
 

@@ -38,6 +38,11 @@ from memtrace_trainer.workload import Workload
 SCHEMA = 3
 
 
+# How a warning of memest's about the model's layer features (which feed the analytic and ML
+# baselines) names them: the file it read is a temporary one.
+FEATURES_WORDS = "the model's layer features"
+
+
 def _answer(name: str, value: Any) -> None:
     if value is None:
         return
@@ -326,6 +331,12 @@ def estimate_job(
             result.setdefault("unavailable", {})["fsdp_memtracker"] = fsdp_why
         # Worded again now that the baselines above are in: memest words every estimate.
         result["text"] = words(result, d / "estimate.json")
+        # memest names the files it read, which are this run's temporary ones, gone after it:
+        # said by what they hold.
+        held = {d / "features.json": FEATURES_WORDS, d / "symbolic.jsonl": "the symbolic trace",
+                d / "plain.jsonl": "the FakeTensor baseline's trace"}  # fmt: skip
+        for path, what in held.items():
+            result["warnings"] = [w.replace(str(path), what) for w in result.get("warnings", [])]
         for w in result.get("warnings", []):
             warn(w)
         result["seconds"] = {

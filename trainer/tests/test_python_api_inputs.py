@@ -188,8 +188,8 @@ def _mlp() -> nn.Module:
         (_mlp, X, {"checkpointing": 1}, r"^checkpointing=1: expected False, True"),
         (_mlp, X, {"steps": 10**6}, r"^steps=1000000: expected at most 1000"),
         (_mlp, X, {"gpu": b"h200"}, r"^gpu=b'h200': expected a non-empty name"),
-        (_mlp, X, {"capacity": ["1GiB"]}, r"^capacity=\['1GiB'\]: expected a size as a str"),
-        (_mlp, X, {"capacity": {}}, r"^capacity=\{\}: expected a size as a str"),
+        (_mlp, X, {"capacity": ["1GiB"]}, r"^capacity=\['1GiB'\]: expected a size such as '40GiB'"),
+        (_mlp, X, {"capacity": {}}, r"^capacity=\{\}: expected a size such as '40GiB'"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_traced_is_an_estimate_error(
@@ -429,7 +429,7 @@ def test_asking_again_with_a_wrong_argument_is_an_estimate_error(
 def test_max_batch_refuses_a_capacity_or_limit_of_another_type(capacity: Any) -> None:
     """A list or dict capacity, and `limit=None`, were raw TypeErrors (unhashable; `<` against
     None)."""
-    with pytest.raises(EstimateError, match=r"^capacity=.*: expected a size as a str"):
+    with pytest.raises(EstimateError, match=r"^capacity=.*: expected a size such as '40GiB'"):
         memtrace.max_batch(_mlp(), X, capacity=capacity)
     with pytest.raises(EstimateError, match=r"^limit=None: expected the largest batch to try"):
         memtrace.max_batch(_mlp(), X, limit=None)
