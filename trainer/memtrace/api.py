@@ -576,7 +576,7 @@ def replay(trace: str | os.PathLike[str], profile: str | os.PathLike[str] | None
     # What memsim says of the trace (truncated, unknown records) reaches the caller as
     # `estimate`'s warnings do.
     for said in data.get("warnings", []):
-        warnings.warn(said, MemtraceWarning, stacklevel=2)
+        warnings.warn(as_keywords(said, REPLAY_KEYWORDS), MemtraceWarning, stacklevel=2)
     return data  # type: ignore[no-any-return]
 
 

@@ -226,9 +226,11 @@ class Estimate:
         args += ["--point"] if point else []
         data = json.loads(memsim(*args, "--", str(self._trace()), codes=(0, 1)))
         # What memsim says of the question (a trace emulated for another GPU, unmeasured
-        # constants) reaches the caller as it does from `estimate`.
+        # constants) reaches the caller as it does from `estimate`, in its keywords' words.
+        from memtrace.checks import as_keywords
+
         for said in data.get("warnings", []):
-            warnings.warn(said, MemtraceWarning, stacklevel=2)
+            warnings.warn(as_keywords(said), MemtraceWarning, stacklevel=2)
         return bool(data["verdict"]["fits"])
 
     def timeline(self) -> Any:
@@ -313,7 +315,10 @@ class Estimate:
             # only (the headline, its details, the warnings), not in the title or the paths.
             write_text(page, _in_keywords(page.read_text(encoding="utf-8")))
         except UserError as e:
-            raise EstimateError(as_keywords(str(e))) from e
+            from memtrace.checks import KEYWORDS
+
+            # memsim's `--html` is report()'s path.
+            raise EstimateError(as_keywords(str(e), {**KEYWORDS, "html": "path"})) from e
         return page
 
     def to_json(self) -> str:

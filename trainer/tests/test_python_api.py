@@ -622,3 +622,22 @@ def test_no_warning_names_the_runs_temporary_files() -> None:
     kept = json.loads(est.to_json())["warnings"]
     assert any(w.startswith("the model's layer features: ") for w in kept), kept
     assert not [w for w in kept if "memtrace-estimate-" in w], kept
+
+
+def test_memsims_words_reach_the_caller_as_keywords(tmp_path: Path) -> None:
+    """fits(), replay() and report() passed memsim's flags through (`trace it again with
+    --profile h200`, `--capacity without --profile`, `--html PATH: the folder ... does not
+    exist`)."""
+    est = memtrace.estimate(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), torch.randn(2, 4))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        est.fits("h200")
+        memtrace.replay(est.trace_path, capacity="1GiB")
+    said = [str(w.message) for w in seen]
+    assert any("trace it again with gpu h200" in s for s in said), said
+    assert any(s.startswith("capacity without profile:") for s in said), said
+    assert not [s for s in said if "--" in s], said
+    missing = tmp_path / "nodir" / "x.html"
+    with pytest.raises(EstimateError, match=f"path={missing}: the folder .* does not exist") as e:
+        est.report(missing)
+    assert "--html" not in str(e.value)
