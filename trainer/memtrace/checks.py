@@ -155,10 +155,11 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def batch_of(inputs: Any) -> int:
-    """The batch of `example_inputs`: the first dimension of its first tensor, at least 1 (an
-    empty batch has no memory to estimate, and a search of a batch needs one sample's shape)."""
-    first = next(tensors(inputs), None)
-    if first is None or first.dim() == 0:
+    """The batch of `example_inputs`: the first dimension of its first tensor that has one (a
+    0-dim tensor, a scalar argument, is not resized with the batch), at least 1 (an empty batch
+    has no memory to estimate, and a search of a batch needs one sample's shape)."""
+    first = next((t for t in tensors(inputs) if t.dim() > 0), None)
+    if first is None:
         raise EstimateError("example_inputs: expected a tensor (or a tuple/dict of tensors) "
                             "whose first dimension is the batch")  # fmt: skip
     if first.shape[0] == 0:

@@ -433,3 +433,20 @@ def test_max_batch_refuses_a_capacity_or_limit_of_another_type(capacity: Any) ->
         memtrace.max_batch(_mlp(), X, capacity=capacity)
     with pytest.raises(EstimateError, match=r"^limit=None: expected the largest batch to try"):
         memtrace.max_batch(_mlp(), X, limit=None)
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * scale
+
+
+def test_a_scalar_before_the_batch_is_no_batch() -> None:
+    """`(x, scale)` was taken and `(scale, x)` refused: the batch was the first tensor's first
+    dimension, and a 0-dim tensor has none."""
+    est = memtrace.estimate(_Scaled(), (torch.tensor(2.0), X))
+    assert est.device_mib > 0
+    assert memtrace.max_batch(_Scaled(), (torch.tensor(2.0), X), limit=8) == 8
