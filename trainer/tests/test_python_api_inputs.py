@@ -450,3 +450,10 @@ def test_a_scalar_before_the_batch_is_no_batch() -> None:
     est = memtrace.estimate(_Scaled(), (torch.tensor(2.0), X))
     assert est.device_mib > 0
     assert memtrace.max_batch(_Scaled(), (torch.tensor(2.0), X), limit=8) == 8
+
+
+def test_lora_targets_of_a_model_that_is_one_linear_layer_say_so() -> None:
+    """The list of its linear layers was empty (`its linear layers are named `): the model
+    itself is named "", which no target names."""
+    with pytest.raises(EstimateError, match=r"nope matches no module .*it has no linear submodule"):
+        memtrace.estimate(nn.Linear(16, 4), X, lora=4, lora_targets="nope")

@@ -170,9 +170,18 @@ def _linear_names(model: nn.Module) -> list[str]:
     names = {
         name.rsplit(".", 1)[-1]
         for name, m in model.named_modules()
-        if isinstance(m, nn.Linear | Linear4bit) or type(m).__name__ == "Conv1D"
+        # The model itself (named "") is no target peft can name.
+        if name and (isinstance(m, nn.Linear | Linear4bit) or type(m).__name__ == "Conv1D")
     }
     return sorted(names)
+
+
+def _said_names(model: nn.Module) -> str:
+    """Its linear layers' names, as a message lists them."""
+    names = _linear_names(model)
+    if names:
+        return f"its linear layers are named {', '.join(names)}"
+    return "it has no linear submodule (LoRA adapts submodules; the model itself is not one)"
 
 
 def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
@@ -184,8 +193,8 @@ def _check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
     if missing:
         raise UserError(
             f"--lora-targets: {', '.join(missing)} "
-            f"{'matches' if len(missing) == 1 else 'match'} no module of this model; its linear "
-            f"layers are named {', '.join(_linear_names(model))}"
+            f"{'matches' if len(missing) == 1 else 'match'} no module of this model; "
+            f"{_said_names(model)}"
         )
 
 
@@ -277,8 +286,7 @@ def _apply(model: nn.Module, regime: Regime, task: str | None, model_type: str |
             raise UserError(
                 f"{regime.adapters_flag}: peft has no default targets for "
                 f"{model_type or type(model).__name__}; "
-                f"give --lora-targets (its linear layers are named "
-                f"{', '.join(_linear_names(model))})"
+                f"give --lora-targets ({_said_names(model)})"
             ) from None
         raise UserError(f"{regime.adapters_flag}: peft refused the config ({e})") from None
     _say_full_rank(tuned, lora.r, regime.adapters_flag)
