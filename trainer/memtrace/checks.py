@@ -16,6 +16,7 @@ from torch import nn
 
 from memtrace.result import EstimateError
 from memtrace_trainer import notes
+from memtrace_trainer.estimate import FEATURES_WORDS
 
 # The checks behind the API are the CLI's, whose messages name its flags; a caller of the API
 # wrote keyword arguments, so those are named instead.
@@ -37,10 +38,7 @@ _FLAG = re.compile(r"(?<![\w/.-])--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|
 # What memest says of the baselines beside its estimate (analytic, horus, accelerate, deepspeed),
 # which the API's answer does not show: kept in `to_json()`, with them, not warned of.
 # The layer features feed only the analytic and ML baselines.
-BASELINES_ONLY = (
-    "the analytic, horus, accelerate and deepspeed baselines",
-    "the model's layer features",
-)
+BASELINES_ONLY = ("the analytic, horus, accelerate and deepspeed baselines", FEATURES_WORDS)
 CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selective": "selective"}
 
 
