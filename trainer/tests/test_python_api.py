@@ -637,6 +637,11 @@ def test_memsims_words_reach_the_caller_as_keywords(tmp_path: Path) -> None:
     assert any("trace it again with gpu h200" in s for s in said), said
     assert any(s.startswith("capacity without profile:") for s in said), said
     assert not [s for s in said if "--" in s], said
+    # The baselines the API does not run say so in its words, on the page as in to_json().
+    page = est.report(tmp_path / "r.html").read_text()
+    why = json.loads(est.to_json())["unavailable"]
+    assert "give --memtracker" not in page and "--ml-model" not in page
+    assert why["memtracker"].startswith("not run by the Python API"), why
     missing = tmp_path / "nodir" / "x.html"
     with pytest.raises(EstimateError, match=f"path={missing}: the folder .* does not exist") as e:
         est.report(missing)
