@@ -29,7 +29,14 @@ from memtrace.checks import KEYWORDS, as_keywords
 from memtrace.checks import flag as _flag
 from memtrace.checks import tensors as _tensors
 from memtrace.checks import text as _text
-from memtrace.result import Estimate, EstimateError, Kept, breakdown, memsim
+from memtrace.result import (
+    Estimate,
+    EstimateError,
+    Kept,
+    breakdown,
+    memsim,
+    unavailable_in_api_words,
+)
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
@@ -375,19 +382,6 @@ def _profile(gpu: str, capacity: str | None = None) -> Any:
         raise EstimateError(f"gpu={gpu!r}: {e}") from e
 
 
-def _unavailable_in_api_words(raw: dict[str, Any]) -> None:
-    """Why a baseline did not run, said as the API's caller can act on it (the report page and
-    `to_json()` show it): the API has no `--memtracker` or `--ml-model`."""
-    why = raw.get("unavailable", {})
-    if "memtracker" in why:
-        why["memtracker"] = (
-            "not run by the Python API (`python -m memtrace_trainer estimate --memtracker` runs "
-            "PyTorch's MemTracker over the same steps)"
-        )
-    if "ml" in why:
-        why["ml"] = why["ml"].replace("--ml-model or ", "")
-
-
 def _arguments(
     steps: Any, world_size: Any, gpu: Any, optimizer: Any, point: Any, capacity: str | None,
     *counts: tuple[str, Any, str],
@@ -484,7 +478,7 @@ def estimate(
                                 f"make(device) -> step, got {type(model).__name__}")  # fmt: skip
         job.steps_given = steps is not None
         raw = estimate_job(job, gpu, None, capacity=capacity, point=point, keep=trace)
-        _unavailable_in_api_words(raw)
+        unavailable_in_api_words(raw)
         report = json.loads(memsim("report", "--json", f"--profile={prof.path}", "--", str(trace)))
     sym = raw["estimates"]["symbolic"]
     inputs = raw.get("inputs", {})

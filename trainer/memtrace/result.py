@@ -84,6 +84,19 @@ def _in_keywords(page: str) -> str:
     return page
 
 
+def unavailable_in_api_words(raw: dict[str, Any]) -> None:
+    """Why a baseline did not run, said as the API's caller can act on it (the report page and
+    `to_json()` show it): the API has no `--memtracker` or `--ml-model`."""
+    why = raw.get("unavailable", {})
+    if "memtracker" in why:
+        why["memtracker"] = (
+            "not run by the Python API (`python -m memtrace_trainer estimate --memtracker` runs "
+            "PyTorch's MemTracker over the same steps)"
+        )
+    if "ml" in why:
+        why["ml"] = why["ml"].replace("--ml-model or ", "")
+
+
 @dataclass
 class Estimate:
     """The GPU memory one rank of a training job needs, from a symbolic trace replayed through
