@@ -224,6 +224,8 @@ class Estimate:
             point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):
             return bool(self.verdict["fits"])
+        # A closed estimate says so before anything of the question (it warned, then raised).
+        trace = self._trace()
         if gpu is not None and capacity is None and self._capacity is not None:
             warnings.warn(
                 f"fits({gpu!r}) judges that GPU's total memory, not the capacity "
@@ -237,7 +239,7 @@ class Estimate:
         if judged_at is not None:
             args.append(f"--capacity={judged_at}")
         args += ["--point"] if point else []
-        data = json.loads(memsim(*args, "--", str(self._trace()), codes=(0, 1)))
+        data = json.loads(memsim(*args, "--", str(trace), codes=(0, 1)))
         # What memsim says of the question (a trace emulated for another GPU, unmeasured
         # constants) reaches the caller as it does from `estimate`, in its keywords' words.
         from memtrace.checks import as_keywords

@@ -508,6 +508,14 @@ def test_an_estimate_keeps_its_trace_while_a_copy_lives() -> None:
                 lambda: twin.to_memory_viz(path.parent / "s.pickle")):  # fmt: skip
         with pytest.raises(memtrace.EstimateError, match="this estimate was closed"):
             ask()
+    # Said before anything of the question: fits(gpu) of an estimate with a capacity of its
+    # own warned that it judges the GPU's total, then raised.
+    twin._capacity = "1GiB"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(memtrace.EstimateError, match="this estimate was closed"):
+            twin.fits("h200")
+    assert not seen, [str(w.message) for w in seen]
 
 
 def test_to_memory_viz_writes_only_a_snapshot(tmp_path: Path) -> None:

@@ -322,7 +322,7 @@ pub(super) fn open_own(wanted: String, pid: u32) -> Option<(File, String)> {
         );
         path = beside;
     }
-    log!(Warn, "trace file {path} is being written by another process too; recording disabled");
+    log!(Warn, "trace file {path} is being written by another process; recording disabled");
     None
 }
 
