@@ -268,22 +268,23 @@ fn load() -> Config {
     // directory before its first CUDA call (Hydra does) wrote its trace somewhere else, under the
     // relative name the summary printed.
     if !cfg.out.starts_with('/') {
-        match std::env::current_dir().map(|d| d.to_str().map(str::to_string)) {
+        let why = match std::env::current_dir().map(|d| d.to_str().map(str::to_string)) {
             // The directory is literal text in a pattern: its own `%` is escaped.
-            Ok(Some(dir)) => cfg.out = format!("{}/{}", dir.trim_end_matches('/').replace('%', "%%"), cfg.out),
-            // The path stays relative: a program that changes directory moves the trace.
-            Ok(None) => crate::log!(
+            Ok(Some(dir)) => {
+                cfg.out = format!("{}/{}", dir.trim_end_matches('/').replace('%', "%%"), cfg.out);
+                None
+            }
+            Ok(None) => Some("the start directory's name is not UTF-8".to_string()),
+            Err(e) => Some(format!("the start directory cannot be read ({e})")),
+        };
+        // The path stays relative: a program that changes directory moves the trace.
+        if let Some(why) = why {
+            crate::log!(
                 Warn,
-                "MEMTRACE_OUT={:?} is relative and the start directory's name is not UTF-8: it is taken from \
-                 the directory the program is in when recording starts; give an absolute path",
+                "MEMTRACE_OUT={:?} is relative and {why}: it is taken from the directory the program is in \
+                 when recording starts; give an absolute path",
                 cfg.out
-            ),
-            Err(e) => crate::log!(
-                Warn,
-                "MEMTRACE_OUT={:?} is relative and the start directory cannot be read ({e}): it is taken from \
-                 the directory the program is in when recording starts; give an absolute path",
-                cfg.out
-            ),
+            );
         }
     }
     let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();

@@ -336,8 +336,8 @@ fn empty_or_trace(file: &File) -> bool {
     if file.metadata().is_ok_and(|m| m.len() == 0) {
         return true;
     }
-    let mut start = trace::codec::MAGIC.to_vec();
-    start.extend_from_slice(&trace::FORMAT_VERSION.to_le_bytes());
+    // The preamble's magic and version; its flags may be any a writer set.
+    let start = &trace::codec::preamble(trace::FORMAT_VERSION, 0)[..10];
     let mut head = Vec::with_capacity(start.len());
     let read = std::fs::OpenOptions::new()
         .read(true)
