@@ -254,6 +254,15 @@ pub const SNAPSHOT_STATE_ONLY: Key = key(
      (memsim convert of a snapshot)",
 );
 
+/// How many trace entries of actions this version did not know the snapshot held, left out of
+/// the trace: `--strict` refuses a trace with any, as it does records of unknown kinds.
+pub const SNAPSHOT_UNKNOWN_ACTIONS: Key = key(
+    "snapshot.unknown_actions",
+    Values::Natural,
+    "how many trace entries of actions this version did not know the snapshot held, left out (--strict refuses \
+     any) (memsim convert of a snapshot)",
+);
+
 /// Every key with a meaning, in the schema's order: those readers act on, then those written
 /// for people; keys added later are appended, whichever they are.
 pub const KEYS: &[Key] = &[
@@ -296,6 +305,7 @@ pub const KEYS: &[Key] = &[
     FSDP_MP,
     SNAPSHOT_CAVEATS,
     SNAPSHOT_STATE_ONLY,
+    SNAPSHOT_UNKNOWN_ACTIONS,
 ];
 
 /// The key of this name, if it has a meaning.

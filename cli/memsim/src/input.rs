@@ -103,11 +103,20 @@ pub fn input_warnings(
     strict: bool,
 ) -> Result<Vec<String>> {
     summary_warnings(summary, path, strict)?;
-    if strict && Caveats::of(header).state_only {
+    let caveats = Caveats::of(header);
+    if strict && caveats.state_only {
         bail!(
             "{}: the snapshot records no allocator events, only its segments when it was dumped: it does not \
              hold the run, and its peaks are only the state at dump time (--strict)",
             path.display()
+        );
+    }
+    if strict && caveats.unknown_actions > 0 {
+        bail!(
+            "{}: the snapshot holds trace entries of actions this version does not know ({}), left out of the \
+             replay (--strict)",
+            path.display(),
+            caveats.unknown_actions
         );
     }
     Ok(simulator::snapshot::input_warnings(header, summary, path))
@@ -119,7 +128,8 @@ pub const STRICT_HELP: &str = "An input that does not hold the whole run is an e
 instead of a warning: truncated or cut short (no process_exit where its producer writes one), stopped at its \
 producer's byte limit (MEMTRACE_MAX_BYTES) or for want of queue memory, with events its producer lost or CUPTI \
 records it could not deliver, with records of kinds this version does not know or fields it does not read (a \
-newer writer's), or a snapshot that records no allocator event (converted to a trace or not). Records naming APIs \
+newer writer's), or a snapshot that records no allocator event or holds trace entries of actions this version does \
+not know (converted to a trace or not). Records naming APIs \
 this version does not know stay a warning.";
 
 /// [`trace::Summary::warnings`], with `strict` turning an input that does not hold the whole run

@@ -327,3 +327,59 @@ fn replay_says_its_config_and_follows_validates_release() {
     let v = json(&["replay", &p, "--torch", "2.9", "--json"]);
     assert_eq!(v["torch_allocator_version"], "2.9", "{v}");
 }
+
+/// A snapshot from PyTorch 2.15 with `torch.cuda.memory._annotate_tensor` entries (`annotate`),
+/// or from a newer PyTorch with an action this version does not know, was refused whole by every
+/// command. They change no memory a replay can model: left out, each said, and every other
+/// entry keeps its index (validate's and the start-state walk's messages name them).
+#[test]
+fn annotations_and_unknown_actions_are_left_out_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = 1u64 << 30;
+    let entry = |action: &str, size: u64| json!({"action": action, "addr": base, "size": size, "stream": 0});
+    let plain = [entry("alloc", 3 * MIB), entry("free_requested", 3 * MIB), entry("free_completed", 3 * MIB)];
+    let mut marked = plain.to_vec();
+    marked.insert(1, json!({"action": "annotate", "addr": base, "size": 0, "stream": 0, "user_metadata": "packed"}));
+    marked.insert(2, json!({"action": "annotate", "addr": base, "size": 0, "stream": 0, "user_metadata": "again"}));
+    // Fields of another shape than a known action's: not read.
+    marked.insert(3, json!({"action": "prefetch", "addr": "somewhere", "frames": 7}));
+    let snap =
+        |entries: &[Value]| json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries]});
+    let p0 = write(dir.path(), "plain.pickle", &pickle(&snap(&plain)));
+    let p1 = write(dir.path(), "marked.pickle", &pickle(&snap(&marked)));
+    let (v0, v1) = (json(&["replay", &p0, "--json"]), json(&["replay", &p1, "--json"]));
+    for key in ["peak_reserved_bytes", "peak_allocated_bytes", "memory_stats"] {
+        assert_eq!(v0[key], v1[key], "{key}: {v1}");
+    }
+    assert!(
+        warned(
+            &v1,
+            "2 'annotate' trace entries (metadata attached to allocations; the first: device_traces[0][1]) left out"
+        ),
+        "{v1}"
+    );
+    assert!(
+        warned(
+            &v1,
+            "1 trace entry of action \"prefetch\", which this version does not know (the first: device_traces[0][3])"
+        ),
+        "{v1}"
+    );
+    assert!(!warned(&v0, "left out"), "{v0}");
+    let (code, out, err) = memsim(&["validate", &p1]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("EXACT") && err.contains("'annotate'") && err.contains("\"prefetch\""), "{out}{err}");
+    // --strict refuses actions it does not know (as it does records of unknown kinds), not
+    // annotations, converted or not.
+    let (code, _, err) = memsim(&["replay", &p1, "--strict"]);
+    assert!(code == 2 && err.contains("actions this version does not know (1)"), "{err}");
+    let t1 = dir.path().join("marked.mtrace");
+    assert_eq!(memsim(&["convert", &p1, t1.to_str().unwrap()]).0, 0);
+    let (code, _, err) = memsim(&["stats", t1.to_str().unwrap(), "--strict"]);
+    assert!(code == 2 && err.contains("(--strict)"), "{err}");
+    let annotated = write(dir.path(), "annotated.pickle", &pickle(&snap(&marked[..3])));
+    assert_eq!(memsim(&["replay", &annotated, "--strict"]).0, 0);
+    // A snapshot with nothing else recorded holds only its state.
+    let p2 = write(dir.path(), "only.pickle", &pickle(&snap(&marked[1..3])));
+    assert!(warned(&json(&["replay", &p2, "--json"]), "records no allocator events"));
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use trace::{metadata, Header};
 
-use super::model::Snapshot;
+use super::model::{Snapshot, ANNOTATE};
 use super::rebuild::StartState;
 
 /// What a read of a trace did not give whole, as warning lines naming `path`: the reader's
@@ -30,6 +30,9 @@ pub struct Caveats {
     /// The snapshot records no allocator event, only its segments when it was dumped: it does
     /// not hold the run, and its peaks are only that state (what `--strict` refuses).
     pub state_only: bool,
+    /// Trace entries of actions this version does not know, left out (what `--strict` refuses,
+    /// as it refuses records of unknown kinds).
+    pub unknown_actions: u64,
 }
 
 impl Caveats {
@@ -39,7 +42,11 @@ impl Caveats {
             .meta(&metadata::SNAPSHOT_CAVEATS)
             .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
             .unwrap_or_default();
-        Caveats { lines, state_only: header.meta_flag(&metadata::SNAPSHOT_STATE_ONLY) == Some(true) }
+        Caveats {
+            lines,
+            state_only: header.meta_flag(&metadata::SNAPSHOT_STATE_ONLY) == Some(true),
+            unknown_actions: header.meta_count(&metadata::SNAPSHOT_UNKNOWN_ACTIONS).unwrap_or(0),
+        }
     }
 
     /// The caveats as warning lines naming the file `path` (what memsim and memest print).
@@ -50,7 +57,7 @@ impl Caveats {
     /// What a replay of `snap`, imported with the start state `start`, cannot show.
     pub(super) fn found(snap: &Snapshot, start: &StartState) -> Caveats {
         let mut lines = Vec::new();
-        let state_only = snap.device_traces.iter().all(Vec::is_empty);
+        let state_only = snap.device_traces.iter().flatten().all(|e| e.action.left_out());
         if state_only {
             lines.push(
                 "the snapshot records no allocator events (only its segments when it was dumped): the peaks are \
@@ -70,7 +77,9 @@ impl Caveats {
                 doubts.len()
             ));
         }
-        Caveats { lines, state_only }
+        lines.extend(left_out(snap));
+        let unknown_actions = snap.skipped.iter().filter(|(a, _)| *a != ANNOTATE).map(|(_, s)| s.count as u64).sum();
+        Caveats { lines, state_only, unknown_actions }
     }
 
     /// Adds these caveats to those `header` carries already (a snapshot memsim wrote from a
@@ -90,5 +99,33 @@ impl Caveats {
         if all.state_only || self.state_only {
             header.set_meta(&metadata::SNAPSHOT_STATE_ONLY, "true");
         }
+        let unknown = all.unknown_actions.max(self.unknown_actions);
+        if unknown > 0 {
+            header.set_meta(&metadata::SNAPSHOT_UNKNOWN_ACTIONS, unknown.to_string());
+        }
     }
+}
+
+/// The trace entries a replay of `snap` leaves out, one line per action (replay's caveats and
+/// validate's warnings alike).
+pub(super) fn left_out(snap: &Snapshot) -> Vec<String> {
+    snap.skipped
+        .iter()
+        .map(|(action, skipped)| {
+            let (n, first) = (skipped.count, &skipped.first);
+            let entries = if n == 1 { "trace entry" } else { "trace entries" };
+            if action == ANNOTATE {
+                format!(
+                    "{n} '{ANNOTATE}' {entries} (metadata attached to allocations; the first: {first}) left out: \
+                     they change no memory, so the peaks are whole, but memsim does not keep them (a snapshot it writes lacks \
+                     them)"
+                )
+            } else {
+                format!(
+                    "{n} {entries} of action {action:?}, which this version does not know (the first: {first}), left \
+                     out: if they change memory, the peaks may differ from the run's (a newer memsim may read them)"
+                )
+            }
+        })
+        .collect()
 }

@@ -116,7 +116,9 @@ pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
         };
         last_ts = ts.or(last_ts);
         let stack = out.stack(e.frames);
-        out.records.push(Record { ts_ns: ts, tid: None, device: Some(device), event: entry_event(e, stack) });
+        if let Some(event) = entry_event(e, stack) {
+            out.records.push(Record { ts_ns: ts, tid: None, device: Some(device), event });
+        }
     }
 
     for s in &snap.segments {
@@ -203,7 +205,8 @@ fn merge_by_time(traces: &[Vec<TraceEntry>]) -> Vec<(u32, &TraceEntry)> {
     out
 }
 
-fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Event {
+/// The record of one trace entry; `None` for those a replay leaves out.
+fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Option<Event> {
     let alloc =
         |origin, api| Event::Alloc(Alloc { stream: e.stream, stack, ..Alloc::device(e.addr, e.size, api, origin) });
     let free = |origin, api, stage| {
@@ -223,7 +226,7 @@ fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Event {
             caller: None,
         })
     };
-    match e.action {
+    Some(match e.action {
         Action::Alloc => alloc(Origin::Request, Api::Allocator),
         Action::FreeRequested => free(Origin::Request, Api::Allocator, FreeStage::Requested),
         Action::FreeCompleted => free(Origin::Request, Api::Allocator, FreeStage::Completed),
@@ -233,5 +236,7 @@ fn entry_event(e: &TraceEntry, stack: Option<StackId>) -> Event {
         Action::SegmentUnmap => vmm(VmmOp::Unmap, Api::CuMemUnmap),
         Action::Oom => Event::Oom(Oom { size: e.size, device_free: e.device_free, stream: e.stream }),
         Action::Snapshot => Event::SnapshotPoint(SnapshotPoint { active_bytes: e.size }),
-    }
+        // Said as caveats (`Caveats::found`); their frames are not read.
+        Action::Annotate | Action::Unknown => return None,
+    })
 }

@@ -4,7 +4,7 @@
 //! Frame lists are interned into [`Snapshot::stacks`] by pickle object identity, so a frame list
 //! shared by many blocks and trace entries (through the memo) is stored once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use trace::{BlockState, Frame, SegmentPool};
@@ -38,7 +38,24 @@ pub struct Snapshot {
     pub stacks: Vec<Vec<Frame>>,
     /// True for the old `torch.cuda.memory_snapshot()` form: a bare list of segments.
     pub list_form: bool,
+    /// Trace entries a replay leaves out, by their `action`: PyTorch's `annotate` (metadata
+    /// attached to a live allocation, no memory change) and actions this version does not know
+    /// (a newer PyTorch's). They stay in `device_traces` as [`Action::Annotate`] and
+    /// [`Action::Unknown`]; said as caveats ([`super::Caveats`]), never in silence.
+    pub skipped: BTreeMap<String, Skipped>,
 }
+
+/// Trace entries of one action that were left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// How many.
+    pub count: usize,
+    /// Where the first one is (`device_traces[D][I]`).
+    pub first: String,
+}
+
+/// The action of `torch.cuda.memory._annotate_tensor` (PyTorch 2.15 on): metadata only.
+pub const ANNOTATE: &str = "annotate";
 
 /// One segment.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +122,11 @@ pub enum Action {
     Oom,
     /// `snapshot`.
     Snapshot,
+    /// `annotate`: metadata attached to a live allocation (PyTorch 2.15 on); no memory change.
+    /// Kept in place, so that every entry keeps its index, and left out of every replay.
+    Annotate,
+    /// An action this version does not know (its name is in [`Snapshot::skipped`]); likewise.
+    Unknown,
 }
 
 impl Action {
@@ -133,10 +155,17 @@ impl Action {
             Action::SegmentUnmap => "segment_unmap",
             Action::Oom => "oom",
             Action::Snapshot => "snapshot",
+            Action::Annotate => ANNOTATE,
+            Action::Unknown => "(unknown)",
         }
     }
 
-    /// The action spelled `s`.
+    /// Whether a replay leaves entries of this action out ([`Snapshot::skipped`]).
+    pub fn left_out(self) -> bool {
+        matches!(self, Action::Annotate | Action::Unknown)
+    }
+
+    /// The action spelled `s`, of those a replay reads.
     pub fn parse(s: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.as_str() == s)
     }
@@ -159,6 +188,13 @@ pub struct TraceEntry {
     pub device_free: Option<u64>,
     /// Frames.
     pub frames: Option<StackRef>,
+}
+
+impl TraceEntry {
+    /// An entry memsim leaves out, kept in place with none of its fields read.
+    fn left_out(action: Action, time_us: Option<u64>) -> TraceEntry {
+        TraceEntry { action, addr: 0, size: 0, stream: 0, time_us, device_free: None, frames: None }
+    }
 }
 
 impl Snapshot {
@@ -312,7 +348,16 @@ impl<'a> Reader<'a> {
                         let entries = self.list(*t, &path)?;
                         let mut out = Vec::with_capacity(entries.len());
                         for (i, e) in entries.iter().enumerate() {
-                            out.push(self.entry(*e, &format!("{path}[{i}]"))?);
+                            let at = format!("{path}[{i}]");
+                            let entry = match self.entry(*e, &at)? {
+                                Ok(entry) => entry,
+                                Err((name, time_us)) => {
+                                    let action = if name == ANNOTATE { Action::Annotate } else { Action::Unknown };
+                                    snap.skipped.entry(name).or_insert(Skipped { count: 0, first: at }).count += 1;
+                                    TraceEntry::left_out(action, time_us)
+                                }
+                            };
+                            out.push(entry);
                         }
                         snap.device_traces.push(out);
                     }
@@ -422,23 +467,24 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn entry(&mut self, e: ValueId, path: &str) -> Result<TraceEntry, SnapshotError> {
+    /// One trace entry, or (as `Err`) the action and time of one that a replay leaves out: an
+    /// annotation, or an action this version does not know.
+    #[allow(clippy::type_complexity)]
+    fn entry(&mut self, e: ValueId, path: &str) -> Result<Result<TraceEntry, (String, Option<u64>)>, SnapshotError> {
         if !matches!(self.p.get(e), PickleValue::Dict(_)) {
             return Err(self.bad(path, "a dict (trace entry)", e));
         }
         let name = self.str_field(e, path, "action")?;
-        let action = Action::parse(name).ok_or_else(|| {
-            self.bad_value(
-                format!("{path}.action"),
-                format!("one of {}, found {name:?}", Action::ALL.map(Action::as_str).join(", ")),
-            )
-        })?;
+        let Some(action) = Action::parse(name) else {
+            // Its time only, which keeps the devices' merge order (`import`) as the file has it.
+            return Ok(Err((name.to_string(), self.opt_u64(e, path, "time_us").ok().flatten())));
+        };
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
         } else {
             (self.u64_field(e, path, "addr")?, None)
         };
-        Ok(TraceEntry {
+        Ok(Ok(TraceEntry {
             action,
             addr,
             size: self.u64_field(e, path, "size")?,
@@ -446,7 +492,7 @@ impl<'a> Reader<'a> {
             time_us: self.opt_u64(e, path, "time_us")?,
             device_free,
             frames: self.frames(e, path)?,
-        })
+        }))
     }
 
     /// Interns the `frames` list of `obj`; an absent key or None is `None`.

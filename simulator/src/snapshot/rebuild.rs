@@ -221,7 +221,7 @@ fn rebuild_device(
             }
             Action::SegmentMap => unmap_range(&mut segs, e.addr, e.size),
             Action::SegmentUnmap => map_range(&mut segs, e.addr, e.size, e.stream),
-            Action::Oom | Action::Snapshot => {}
+            Action::Oom | Action::Snapshot | Action::Annotate | Action::Unknown => {}
         }
     }
 

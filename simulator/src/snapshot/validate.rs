@@ -21,6 +21,7 @@ use trace::BlockState;
 
 use crate::alloc::{Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Request, TorchVersion};
 
+use super::caveats::left_out;
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
 use super::resync::resync;
@@ -225,7 +226,7 @@ pub fn validate_from(
         torch_version: version.to_string(),
         alloc_conf: chosen.shown,
         alloc_conf_source: chosen.source,
-        warnings: chosen.warnings.into_iter().chain(super::settings::circular(snap)).collect(),
+        warnings: chosen.warnings.into_iter().chain(super::settings::circular(snap)).chain(left_out(snap)).collect(),
         verdict: Verdict::Exact,
         nothing_compared: false,
         devices,
@@ -446,7 +447,7 @@ impl Replay {
                     self.free(i, e);
                 }
                 Action::Oom => self.report.recorded_ooms += 1,
-                Action::Snapshot => {}
+                Action::Snapshot | Action::Annotate | Action::Unknown => {}
             }
             i += 1;
         }
