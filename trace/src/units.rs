@@ -9,6 +9,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
+    // `1e9`, `4e1GiB`: read as the unit "e9" or "e1gib" otherwise, which names no mistake.
+    let exponent = unit.strip_prefix(['e', 'E']).map(|r| r.trim_start_matches(['+', '-']));
+    if !num.is_empty() && exponent.is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit())) {
+        return Err(format!(
+            "invalid size {s:?}: exponent notation is not taken; write the number out with a unit, e.g. \
+             40GiB or 500MiB"
+        ));
+    }
     let digits = num.replace('_', "");
     let whole = digits.parse::<u64>().ok();
     let value: f64 = match whole {
@@ -121,5 +129,10 @@ mod tests {
         assert!(parse_size("20000000.5T").unwrap_err().contains("out of range"));
         // A bare number is bytes: a fraction of a byte is a unit left out, not a size.
         assert!(parse_size("0.05").unwrap_err().contains("0.05GiB"));
+        for s in ["1e99GiB", "4E1GiB", "1.5e+3", "2e-1MiB"] {
+            assert!(parse_size(s).unwrap_err().contains("exponent notation"), "{s}");
+        }
+        // A unit that only starts with e is still an unknown unit.
+        assert!(parse_size("4eggs").unwrap_err().contains("unknown unit"));
     }
 }
