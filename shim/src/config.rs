@@ -313,9 +313,10 @@ pub fn config() -> &'static Config {
 }
 
 /// Environment names that look like a misspelt variable of the table (`MEMTRACE_KERNEL`), each
-/// with the one meant. Other `MEMTRACE_*` names (the other tools', `MEMTRACE_BIN_DIR`, ...) are
-/// not near any, and pass unsaid.
-pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'static str)> {
+/// with the ones it may mean (`MEMTRACE_MAX`: both `MEMTRACE_MAX_*`), as "A or B". Other
+/// `MEMTRACE_*` names (the other tools', `MEMTRACE_BIN_DIR`, ...) are not near any, and pass
+/// unsaid.
+pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, String)> {
     names
         .filter(|n| n.starts_with("MEMTRACE_") && !VARS.iter().any(|v| v.name == *n))
         // One slip in a short name, two in a long one: `MEMTRACE_SO` (another tool's) is two
@@ -326,7 +327,9 @@ pub fn near_misses<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, &'
             let most = if n.len() - "MEMTRACE_".len() < 8 { 1 } else { 2 };
             let upper = n.to_ascii_uppercase();
             let prefix = |v: &Var| upper.starts_with(v.name) || (n.len() >= 12 && v.name.starts_with(upper.as_str()));
-            VARS.iter().find(|v| edits(n, v.name) <= most || prefix(v)).map(|v| (n, v.name))
+            let meant: Vec<&str> =
+                VARS.iter().filter(|v| edits(n, v.name) <= most || prefix(v)).map(|v| v.name).collect();
+            (!meant.is_empty()).then(|| (n, meant.join(" or ")))
         })
         .collect()
 }
@@ -421,6 +424,7 @@ mod tests {
             "MEMTRACE_DEMO_OUT",
             "MEMTRACE_REAL_CUDART_DIR",
             "MEMTRACE_TRACEBACK",
+            "MEMTRACE_MAX",
         ];
         assert_eq!(
             near_misses(names.into_iter()),
@@ -438,7 +442,11 @@ mod tests {
                 ("MEMTRACE_MAX_WAIT", "MEMTRACE_MAX_WAIT_MS"),
                 ("MEMTRACE_LOG_LEVEL", "MEMTRACE_LOG"),
                 ("MEMTRACE_CUPTI_ENABLE", "MEMTRACE_CUPTI"),
+                ("MEMTRACE_MAX", "MEMTRACE_MAX_BYTES or MEMTRACE_MAX_WAIT_MS"),
             ]
+            .into_iter()
+            .map(|(n, m)| (n, m.to_string()))
+            .collect::<Vec<_>>()
         );
     }
 
