@@ -141,19 +141,6 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     return nn.functional.mse_loss(out, target)
 
 
-def _checked_loss(loss_fn: Callable[..., Any]) -> Callable[..., torch.Tensor]:
-    """`loss_fn`, its result checked in the caller's words (the tracer's loop says "the loss",
-    the API's caller wrote a `loss_fn`)."""
-    from memtrace_trainer.symtrace.step import check_loss
-
-    def loss(output: Any, target: Any) -> torch.Tensor:
-        value = loss_fn(output, target)
-        check_loss(value, "loss_fn")
-        return value  # type: ignore[no-any-return]
-
-    return loss
-
-
 def _uncompiled(model: Any) -> Any:
     """A `torch.compile`d module's own module, traced eagerly, as the CLI traces a compiled
     step (dynamo could not copy the wrapper to the tracer's device)."""
@@ -192,16 +179,7 @@ def _workloads(
         raise EstimateError("example_inputs is required with a model: one batch as the model "
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
     base = checks.batch_of(example_inputs)
-    # The meta device checks no dtypes: float64 inputs (numpy's default) to a float32 model
-    # trace fine where a GPU's first layer fails ("mat1 and mat2 must have the same dtype").
-    floats = {t.dtype for t in _tensors(example_inputs) if t.is_floating_point()}
-    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if tuning["dtype"] is None and amp is None and len(params) == 1 and floats - params:
-        notes.warn(
-            f"example_inputs are {', '.join(sorted(str(f) for f in floats - params))} and the "
-            f"model's parameters {next(iter(params))}: on a GPU the first layer that mixes them "
-            "fails unless the model casts its inputs; the estimate is of the job as given"
-        )
+    checks.float_inputs(model, example_inputs, tuning["dtype"], amp)
     # Every tensor's first dimension is resized with the batch, so each must be the batch: a
     # target of another batch was resized silently where a real run fails.
     for name, value in (("example_inputs", example_inputs), ("target", target)):
@@ -214,7 +192,6 @@ def _workloads(
     lora_targets = checks.loop_arguments(target, loss_fn, tuning["lora_targets"])
     tune = checks.tune(model, amp, {**tuning, "lora_targets": lora_targets})
     regime = tune.regime
-    loss = default_loss if loss_fn is None else _checked_loss(loss_fn)
     # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
     # model too); without one, the model's own.
     recast = regime.dtype is not None and any(
@@ -224,10 +201,12 @@ def _workloads(
     def workload(batch: int | None = None) -> Any:
         b = batch or base
         inputs, tgt = _meta_like(example_inputs, b), _meta_like(target, b)
+        loss = default_loss if loss_fn is None else checks.loss(loss_fn, b)
         w = Workload(f"python:{type(model).__name__}", _meta_copy(model),
                      lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
         if regime.active or recast or tune.attn or tune.task:
-            return tuned(w, regime, tune.task, tune.attn)
+            w = tuned(w, regime, tune.task, tune.attn)
+        checks.integer_inputs(w.model)
         return w
 
     return workload

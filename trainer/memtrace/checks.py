@@ -5,10 +5,11 @@ warning (`notes.warn`, a `MemtraceWarning` to the caller)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -34,7 +35,26 @@ TUNING = {"dtype": None, "lora": None, "lora_targets": None, "lora_dropout": Non
           "qlora": False, "qlora_double_quant": False, "bnb_version": None,
           "kbit_prepare": True, "task": None, "attn": None}  # fmt: skip
 # A flag starts a word: `ResNet--step` (a title) and `/data/exp--lora/t.jsonl` (a path) hold none.
-_FLAG = re.compile(r"(?<![\w/.-])--([a-z][a-z0-9-]*)(?: <[A-Z_]+>)?(?: ('[^']*'|[^\s:']+)(?=:))?")
+# Its value: quoted, the word before a colon (`--world-size 0:`), or a word that may be one
+# (`--profile h200 to judge`, `_is_value`); `(--capacity)` says where a value came from.
+# A word may go on to more of its kind (`--strategy zero1, zero2 and zero3`); not to a flag.
+_WORD = r"(?!--)[\w/~+-]+(?:\.[\w/~+-]+)*"
+_MORE = re.compile(rf"(,? (?:or|and) |, )({_WORD})")
+_FLAG = re.compile(r"(?P<open>\()?(?<![\w/.-])--(?P<flag>[a-z][a-z0-9-]*)(?: <[A-Z_]+>)?"
+                   rf"(?: (?:(?P<value>'[^']*'|[^\s:']+(?=:))|(?P<word>{_WORD})"
+                   rf"(?P<more>(?:,? (?:or|and) {_WORD}|, {_WORD})*)))?"
+                   r"(?P<close>\))?")  # fmt: skip
+# The keywords whose values are strings in the API (quoted when said), and those that take a
+# string or a number (quoted unless a number); the rest are said as they are (`model=make`).
+_STRINGS = {"gpu", "profile", "optimizer", "strategy", "amp", "dtype", "lora_targets", "task",
+            "attn", "bnb_version", "alloc_conf", "path", "checkpointing"}  # fmt: skip
+_STRING_OR_NUMBER = {"capacity", "lora"}
+# Switches, whose flag alone means True.
+_SWITCHES = {"point": "=True", "qlora": "=True", "qlora_double_quant": "=True"}
+_NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][+-]?\d+)?")
+# What the CLI's words say to do, said as a caller of `estimate` does it (`fits(gpu)` says that a
+# trace was emulated for another GPU): only where the profile is `gpu=`, not `replay`'s own.
+_PHRASES = {"trace it again with": "estimate again with"}
 # What memest says of the baselines beside its estimate (analytic, horus, accelerate, deepspeed),
 # which the API's answer does not show: kept in `to_json()`, with them, not warned of.
 # The layer features feed only the analytic and ML baselines.
@@ -43,16 +63,69 @@ CHECKPOINTING = {False: None, None: None, True: "full", "full": "full", "selecti
 
 
 def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
-    """`message` with each CLI flag the API has a keyword for said as that keyword:
-    `--world-size 0:` as `world_size=0:`, a flag without a value as the keyword's name."""
+    """`message` with each CLI flag the API has a keyword for said as that keyword, its value as
+    the caller writes it: `--world-size 0:` as `world_size=0:`, `--profile h200` as
+    `gpu='h200'`; a flag without a value as the keyword's name, and one alone in parentheses,
+    where a value came from (`capacity 2.0 MiB (--capacity)`), as `(given as capacity=)`."""
 
     def said(m: re.Match[str]) -> str:
-        name = keywords.get(m.group(1))
+        name = keywords.get(m["flag"])
         if name is None:
-            return m.group(0)
-        return f"{name}={m.group(2)}" if m.group(2) else name
+            return m[0]
+        opened, closed, word, more = m["open"] or "", m["close"] or "", m["word"], m["more"]
+        if m["value"] is not None:
+            return f"{opened}{name}={_literal(name, m['value'])}{closed}"
+        if word is not None and _is_value(name, word):
+            return f"{opened}{name}={_literal(name, word)}{_others(name, more)}{closed}"
+        if opened and closed and word is None:
+            return f"(given as {name}{'' if '=' in name else _SWITCHES.get(name, '=')})"
+        return f"{opened}{name}{'' if word is None else ' ' + word + more}{closed}"
 
-    return _FLAG.sub(said, message)
+    out = _FLAG.sub(said, message)
+    if keywords.get("profile") == "gpu":
+        for cli_words, api_words in _PHRASES.items():
+            out = out.replace(cli_words, api_words)
+    return out
+
+
+def _others(name: str, more: str) -> str:
+    """The values listed after a flag's first (`, zero2 and zero3`), each said as it is; the
+    list ends at the first word that is none (the sentence going on)."""
+    out, at = "", 0
+    for m in _MORE.finditer(more):
+        if m.start() != at or not _is_value(name, m[2]):
+            break
+        out, at = out + m[1] + _literal(name, m[2]), m.end()
+    return out + more[at:]
+
+
+def _is_value(name: str, word: str) -> bool:
+    """Whether `word` after a flag is its value, not the sentence going on (`--capacity without
+    --profile`): a number, a path, a word with a digit (`h200`, `bf16`, `zero1`), or one of the
+    keyword's choices (`--strategy ddp`, `--attn sdpa`)."""
+    if "=" in name:  # a switch said with its value (`kbit_prepare=False`)
+        return False
+    return any(c.isdigit() for c in word) or "/" in word or word in _choices().get(name, ())
+
+
+def _literal(name: str, value: str) -> str:
+    """`value` as the caller writes it: quoted where the keyword takes a string."""
+    if value[0] == "'" or name not in _STRINGS | _STRING_OR_NUMBER:
+        return value
+    if name in _STRING_OR_NUMBER and _NUMBER.fullmatch(value):
+        return value
+    return repr(value)
+
+
+@functools.lru_cache(maxsize=1)
+def _choices() -> dict[str, frozenset[str]]:
+    """The values of the keywords whose CLI flags take one of a fixed set."""
+    from memtrace_trainer.cli import common
+
+    return {name: frozenset(map(str, values)) for name, values in (
+        ("amp", common.AMP), ("dtype", common.DTYPES), ("attn", common.ATTENTION),
+        ("task", common.TASKS), ("optimizer", common.OPTIMIZERS),
+        ("checkpointing", common.CHECKPOINTING), ("strategy", common.STRATEGIES))}  # fmt: skip
 
 
 def count(name: str, value: Any, what: str) -> None:
@@ -134,6 +207,87 @@ def loop_arguments(target: Any, loss_fn: Any, lora_targets: Any) -> str | None:
         return ",".join(lora_targets)
     raise EstimateError(f"lora_targets={lora_targets!r}: expected module names, as a list of "
                         "strings or one comma-separated string")  # fmt: skip
+
+
+def loss(loss_fn: Callable[..., Any], batch: int) -> Callable[..., torch.Tensor]:
+    """`loss_fn` as the tracer's loop calls it at `batch`: what it raises is said as its own
+    failure, with the caller's frames (the loop said "the model failed" of it), and its result
+    is checked in the caller's words (the loop says "the loss", the caller wrote a `loss_fn`).
+    A `ModelFailedError`, so that `max_batch` tells a size it refuses from one it takes."""
+    from memtrace_trainer.errors import EntryFailedError, raised_by_memtrace
+    from memtrace_trainer.symtrace.step import check_loss
+
+    def checked(output: Any, target: Any) -> torch.Tensor:
+        try:
+            value = loss_fn(output, target)
+        except Exception as e:
+            if raised_by_memtrace(e):  # memtrace's own (its default_loss called inside): as is
+                raise
+            failed = EntryFailedError(f"loss_fn failed at batch {batch}:", e)
+            failed.batch_size = batch
+            raise failed from e
+        check_loss(value, "loss_fn")
+        return value  # type: ignore[no-any-return]
+
+    return checked
+
+
+def float_inputs(model: nn.Module, inputs: Any, dtype: str | None, amp: str | None) -> None:
+    """Warn of floating inputs of another dtype than the model's parameters: the meta device
+    checks no dtypes, so float64 inputs (numpy's default) to a float32 model trace fine where a
+    GPU's first layer fails ("mat1 and mat2 must have the same dtype"). Integer inputs are
+    `integer_inputs`'s: they are right for an embedding, and only the layer they reach says."""
+    floats = {t.dtype for t in tensors(inputs) if t.is_floating_point()}
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtype is None and amp is None and len(params) == 1 and floats - params:
+        notes.warn(
+            f"example_inputs are {', '.join(sorted(str(f) for f in floats - params))} and the "
+            f"model's parameters {next(iter(params))}: on a GPU the first layer that mixes them "
+            "fails unless the model casts its inputs; the estimate is of the job as given"
+        )
+
+
+# Layers whose own forward multiplies their input by their floating weight, which PyTorch
+# refuses of an integer input on a GPU ("mat1 and mat2 must have the same dtype", "Input type
+# (long int) and bias type (float) should be the same"); the tracer's device checks no dtypes.
+# By their forward, not their class: a subclass whose forward casts its input is not watched.
+_FLOAT_INPUT_LAYERS = frozenset(c.forward for c in (
+    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+    nn.ConvTranspose2d, nn.ConvTranspose3d))  # fmt: skip
+
+
+def integer_inputs(model: nn.Module) -> None:
+    """Warn, as the tracer's copy `model` runs, of the first layer of `_FLOAT_INPUT_LAYERS`
+    with floating parameters that is given an integer tensor (a long batch of features to a
+    Linear or Conv): the job fails there on a GPU. Only where a layer is given one, so token
+    ids to an embedding, the integer input a model takes, are never said."""
+    handles: list[Any] = []
+
+    def hook(name: str, layer: nn.Module) -> Callable[..., None]:
+        def watch(module: nn.Module, args: tuple[Any, ...]) -> None:
+            ints = sorted({str(t.dtype) for t in tensors(args)
+                           if not (t.is_floating_point() or t.is_complex())})  # fmt: skip
+            if not ints:
+                return
+            for h in handles:  # said once: the first layer is where a GPU stops
+                h.remove()
+            cls = type(layer).__name__
+            what = f"the model's {cls} {name!r}" if name else f"the model (a {cls})"
+            notes.warn(
+                f"{what} is given {', '.join(ints)} input and its parameters are "
+                f"{layer.weight.dtype}: on a GPU it fails there (PyTorch takes a layer's input "
+                "and weights in one dtype), which the tracer's device does not check; the "
+                "estimate is of a job that does not run as given: cast integer example_inputs "
+                "that are features (not indices) to a floating dtype, e.g. x.float()"
+            )
+
+        return watch
+
+    for name, layer in model.named_modules():
+        weight = getattr(layer, "weight", None)
+        if (type(layer).forward in _FLOAT_INPUT_LAYERS and isinstance(weight, torch.Tensor)
+                and weight.is_floating_point()):  # fmt: skip
+            handles.append(layer.register_forward_pre_hook(hook(name, layer)))
 
 
 def tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -265,6 +419,20 @@ def masks(model: nn.Module, inputs: Any) -> Any:
                     and bool(value.all()))}  # fmt: skip
 
 
+def lora(value: Any) -> None:
+    """`lora=`: a rank (an int of at least 1; 0 is no adapter, which is `lora=None`), or the
+    CLI's text "R" or "R:ALPHA" (checked as `--lora` is, in its words). An int was said back as
+    the text it was turned into (`lora='0'`), a float as one it never was."""
+    if value is None or isinstance(value, str):
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EstimateError(f"lora={value!r}: expected a rank (an int of at least 1) or 'R:ALPHA' "
+                            "(e.g. '16:32')")  # fmt: skip
+    if value < 1:
+        raise EstimateError(f"lora={value!r}: expected a rank, an int of at least 1 (without "
+                            "LoRA, leave lora= out)")  # fmt: skip
+
+
 def given(tuning: Mapping[str, Any]) -> list[str]:
     """The fine-tuning keywords set to other than their defaults."""
     return [n for n, default in TUNING.items() if tuning.get(n, default) is not default]
@@ -283,6 +451,7 @@ def tune(model: nn.Module, amp: str | None, tuning: Mapping[str, Any]) -> Any:
     dropout = tuning["lora_dropout"]
     if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, int | float)):
         raise EstimateError(f"lora_dropout={dropout!r}: expected a probability in [0, 1)")
+    lora(tuning["lora"])
     bnb = tuning["bnb_version"]
     if bnb is not None and not isinstance(bnb, str):
         raise EstimateError(f"bnb_version={bnb!r}: expected a release as a string, like '0.45' "

@@ -306,8 +306,18 @@ class Estimate:
                 f"to_memory_viz({str(path)!r}): expected a path ending in .pickle or .pkl (a "
                 "PyTorch memory snapshot); `memsim convert` writes the other formats"
             )
-        # `--` first: a name that begins with `-` is a name, not a flag.
-        memsim("convert", "--", str(self._trace()), str(out))
+        trace = self._trace()
+        said = f"to_memory_viz({str(path)!r})"
+        _writable(said, out, "a file name ending in .pickle or .pkl")
+        try:
+            # `--` first: a name that begins with `-` is a name, not a flag.
+            memsim("convert", "--", str(trace), str(out))
+        except EstimateError as e:
+            # memsim names the trace it read, this estimate's temporary file.
+            why = str(e).removeprefix("memsim convert: ")
+            why = why.replace(f"writing {out} from {trace}: ", "")
+            why = why.replace(str(trace), "this estimate's trace")
+            raise EstimateError(f"{said}: {why}") from None
         return out
 
     def report(self, path: str | Path) -> Path:
@@ -398,6 +408,18 @@ def _path(method: str, path: Any, ending: str) -> Path:
     if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str):
         raise EstimateError(f"{method}({path!r}): expected a path ending in {ending}")
     return Path(path)
+
+
+def _writable(said: str, out: Path, expected: str) -> None:
+    """Refuse, in the words of the call `said`, a file name that cannot be written: a folder in
+    its place, or a folder above it that does not exist (never made for it)."""
+    # `os.path`'s, which answer False where `stat` fails otherwise (a name too long): what
+    # they do not refuse is the writer's to say.
+    if os.path.isdir(out):
+        raise EstimateError(f"{said}: {out} is a folder; expected {expected}")
+    if not os.path.isdir(out.parent):
+        what = "is not a folder" if os.path.exists(out.parent) else "does not exist"
+        raise EstimateError(f"{said}: the folder {out.parent} {what}")
 
 
 def breakdown(raw: dict[str, Any], report: dict[str, Any]) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -199,7 +200,20 @@ def raised_by_memtrace(exc: BaseException) -> bool:
     # where torch lives too.
     ours = (here, here.parent / "memtrace")
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and any(d in Path(frames[-1].filename).resolve().parents for d in ours)
+
+    def own(frame: traceback.FrameSummary) -> bool:
+        return any(d in Path(frame.filename).resolve().parents for d in ours)
+
+    # The tracer's torch-function and dispatch modes hand each op on to PyTorch last: what
+    # PyTorch's C++ raises there (`Autograd not support dtype: Byte` of a model's input) has no
+    # frame of its own, so the mode's hand-on line is innermost. It is PyTorch's refusal.
+    while frames and own(frames[-1]) and _HANDS_ON.search(frames[-1].line or ""):
+        frames.pop()
+    return bool(frames) and own(frames[-1])
+
+
+# The line of a mode that hands an op on to PyTorch (`return func(*args, **kwargs)`).
+_HANDS_ON = re.compile(r"\bfunc\(\*args, \*\*(kwargs|\(kwargs or \{\}\))\)")
 
 
 class ModelFailedError(UserError):

@@ -247,7 +247,7 @@ def test_the_api_and_the_entry_cli_give_one_qlora_estimate() -> None:
         ({"kbit_prepare": False}, "kbit_prepare=False has no meaning without qlora"),
         ({"bnb_version": "0.45"}, "bnb_version has no meaning without qlora"),
         ({"qlora": True, "lora_targets": "0", "bnb_version": 0.5}, "as a string, like '0.45'"),
-        ({"qlora": True, "lora_targets": "0", "bnb_version": "0.40"}, "bnb_version=0.40:"),
+        ({"qlora": True, "lora_targets": "0", "bnb_version": "0.40"}, "bnb_version='0.40':"),
         ({"task": "lm"}, "task='lm': expected one of causal-lm"),
         ({"attn": "flash"}, "attn='flash': expected one of sdpa"),
     ],

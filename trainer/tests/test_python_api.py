@@ -132,7 +132,8 @@ def test_asking_again_keeps_the_estimates_capacity_and_basis(tmp_path: Path) -> 
     assert on_point.fits() is True  # the estimate's own verdict, on its own number
     # The page judges its rows on the point too, and shows the capacity judged at.
     page = on_point.report(tmp_path / "r.html").read_text()
-    assert '<span class="muted">(point)</span>' in page and "(capacity)" in page
+    assert '<span class="muted">(point)</span>' in page and "(given as capacity=)" in page
+    assert "(capacity)" not in page, "the capacity's source said as the word it describes"
     assert "--capacity" not in page, "the API's page names its keyword, not the CLI flag"
 
 
@@ -246,6 +247,13 @@ def test_a_model_that_fails_on_the_tracers_device_names_the_op_and_the_line() ->
         ({"checkpointing": "some"}, "checkpointing='some'"),
         ({"dtype": "bf16", "amp": "fp16"}, "contradictory"),
         ({"lora": 4}, r"not a Hugging Face model.*lora_targets="),
+        # A rank of 0 is no adapter; it was said back as the text it became (lora='0').
+        ({"lora": 0, "lora_targets": "0"}, r"^lora=0: expected a rank, an int of at least 1"),
+        ({"lora": -2, "lora_targets": "0"}, r"^lora=-2: expected a rank, an int of at least 1"),
+        ({"lora": 8.0, "lora_targets": "0"}, r"^lora=8.0: expected a rank .* or 'R:ALPHA'"),
+        ({"lora": True, "lora_targets": "0"}, r"^lora=True: expected a rank"),
+        ({"lora": "0", "lora_targets": "0"}, r"^lora='0': the rank and alpha must be positive"),
+        ({"lora": "0:16", "lora_targets": "0"}, r"^lora='0:16': the rank and alpha must be"),
         ({"lora_targets": "0"}, "lora_targets= has no meaning without lora="),
         ({"target": 3}, r"^target: the default loss takes a tensor .* got int"),
         ({"target": [1] * 32}, r"^target: the default loss takes a tensor .* got list"),
@@ -269,6 +277,12 @@ def test_bad_arguments_raise_estimate_error(kwargs: dict, expect: str) -> None:
     args = {"example_inputs": X, **kwargs}
     with pytest.raises(EstimateError, match=expect):
         memtrace.estimate(_mlp(), **args)
+
+
+def test_a_lora_rank_of_0_is_refused_by_the_cli_as_by_the_api() -> None:
+    done = cli("estimate", "--model", "mlp", "--batch-size", "8", "--lora", "0", check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--lora '0': the rank and alpha must be positive" in done.stderr, done.stderr
 
 
 def test_warnings_are_python_warnings() -> None:
@@ -448,7 +462,9 @@ def test_replay_names_its_own_arguments_and_says_memsims_warnings(tmp_path: Path
     cut.write_text(text[: len(text) // 2])
     with pytest.warns(memtrace.MemtraceWarning, match="truncated"):
         memtrace.replay(cut, "a100-40gb")
-    with pytest.raises(EstimateError, match=r"profile=a100-80gb: profile \"a100-80gb\" not found"):
+    with pytest.raises(
+        EstimateError, match=r"profile='a100-80gb': profile \"a100-80gb\" not found"
+    ):
         memtrace.replay(est.trace_path, "a100-80gb")
     with pytest.raises(EstimateError, match=r"^profile=5: expected a non-empty name"):
         memtrace.replay(est.trace_path, 5)  # type: ignore[arg-type]
@@ -525,6 +541,20 @@ def test_to_memory_viz_writes_only_a_snapshot(tmp_path: Path) -> None:
         with pytest.raises(memtrace.EstimateError, match=r"ending in \.pickle or \.pkl"):
             est.to_memory_viz(tmp_path / "x.json")
         assert not (tmp_path / "x.json").exists()
+        # What cannot be written is said of the path given: memsim's words named the estimate's
+        # temporary trace (`writing X from /tmp/memtrace-.../symbolic.jsonl: ...`).
+        (tmp_path / "d.pickle").mkdir()
+        long_name = tmp_path / ("x" * 300 + ".pickle")
+        for path, expect in [
+            (tmp_path / "nodir" / "s.pickle", r"the folder \S*nodir does not exist$"),
+            (tmp_path / "d.pickle", r"d\.pickle is a folder; expected a file name ending in"),
+            (long_name, r"cannot write .*x\.pickle"),  # memsim's own refusal, reworded
+        ]:
+            with pytest.raises(memtrace.EstimateError, match=expect) as e:
+                est.to_memory_viz(path)
+            said = str(e.value)
+            assert said.startswith(f"to_memory_viz({str(path)!r}): "), said
+            assert str(est.trace_path.parent) not in said and "memsim" not in said, said
 
 
 def test_the_callers_modes_and_default_device_come_back_whatever_the_trace_did() -> None:
@@ -603,7 +633,7 @@ def test_flags_are_said_as_keywords_only_where_the_page_says_what_to_do() -> Non
     from memtrace.result import _in_keywords
 
     said = as_keywords("ResNet--step 3 at /data/exp--lora/t.jsonl; run with --profile h200: x")
-    assert said == "ResNet--step 3 at /data/exp--lora/t.jsonl; run with gpu=h200: x"
+    assert said == "ResNet--step 3 at /data/exp--lora/t.jsonl; run with gpu='h200': x"
     page = (
         "<title>mlp --lora 8</title><h1>mlp --lora 8</h1>"
         '<p id="headline" data-mib="1.0">needs 1.0 MiB: give --capacity</p>'
@@ -613,8 +643,49 @@ def test_flags_are_said_as_keywords_only_where_the_page_says_what_to_do() -> Non
     assert _in_keywords(page) == (
         "<title>mlp --lora 8</title><h1>mlp --lora 8</h1>"
         '<p id="headline" data-mib="1.0">needs 1.0 MiB: give capacity</p>'
-        '<p class="muted" id="details">capacity 2.0 MiB (capacity)</p>'
+        '<p class="muted" id="details">capacity 2.0 MiB (given as capacity=)</p>'
         '<h2 id="warnings">Warnings</h2><ul><li>lora=8: x</li></ul><p>--lora stays</p>'
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        # A value, with a colon after it or not, as the caller writes it: quoted where the
+        # keyword takes a string (`gpu h200` was said, neither the flag nor the keyword).
+        ("trace it again with --profile h200 to judge it", "estimate again with gpu='h200' to judge it"),
+        ("--profile a100-40gb: not found", "gpu='a100-40gb': not found"),
+        ("--profile /p/x.toml was read", "gpu='/p/x.toml' was read"),
+        ("give --dtype bf16 or --amp bf16", "give dtype='bf16' or amp='bf16'"),
+        ("--world-size 1: --strategy ddp at one rank", "world_size=1: strategy='ddp' at one rank"),
+        ("give --attn sdpa or eager", "give attn='sdpa' or 'eager'"),
+        ("for --strategy zero1, zero2 and zero3", "for strategy='zero1', 'zero2' and 'zero3'"),
+        ("--strategy zero1, the rest", "strategy='zero1', the rest"),
+        ("run with --point --capacity 1GiB", "run with point capacity='1GiB'"),
+        ("--capacity 40GiB.", "capacity='40GiB'."),
+        ("--lora 8: x", "lora=8: x"),
+        ("--lora '8:16': x", "lora='8:16': x"),
+        ("--reduce-bucket-size 5e8 x", "reduce_bucket_size=5e8 x"),
+        ("--step make: raised", "model=make: raised"),
+        # No value: the sentence goes on.
+        ("--capacity without --profile: x", "capacity without gpu: x"),
+        ("--world-size needs --strategy", "world_size needs strategy"),
+        ("--qlora-double-quant has no meaning without --qlora", "qlora_double_quant has no meaning without qlora"),
+        ("invalid value '40' for '--capacity <CAPACITY>': x", "invalid value '40' for 'capacity': x"),
+        # Where a value came from: not the word it describes ("capacity 2.0 MiB (capacity)").
+        ("capacity 2.0 MiB (--capacity); margin", "capacity 2.0 MiB (given as capacity=); margin"),
+        ("(--point)", "(given as point=True)"),
+        # `replay` names the profile as memsim does, and its caller traced the file themselves.
+        ("replay: trace it again with --profile h200 to judge it",
+         "replay: trace it again with profile='h200' to judge it"),
+    ],
+)  # fmt: skip
+def test_the_clis_words_are_said_as_the_caller_writes_them(message: str, said: str) -> None:
+    from memtrace.api import REPLAY_KEYWORDS
+    from memtrace.checks import KEYWORDS, as_keywords
+
+    assert (
+        as_keywords(message, REPLAY_KEYWORDS if message.startswith("replay:") else KEYWORDS) == said
     )
 
 
@@ -642,7 +713,7 @@ def test_memsims_words_reach_the_caller_as_keywords(tmp_path: Path) -> None:
         est.fits("h200")
         memtrace.replay(est.trace_path, capacity="1GiB")
     said = [str(w.message) for w in seen]
-    assert any("trace it again with gpu h200" in s for s in said), said
+    assert any("estimate again with gpu='h200' to judge it" in s for s in said), said
     assert any(s.startswith("capacity without profile:") for s in said), said
     assert not [s for s in said if "--" in s], said
     # The baselines the API does not run say so in its words, on the page as in to_json().
@@ -651,6 +722,6 @@ def test_memsims_words_reach_the_caller_as_keywords(tmp_path: Path) -> None:
     assert "give --memtracker" not in page and "--ml-model" not in page
     assert why["memtracker"].startswith("not run by the Python API"), why
     missing = tmp_path / "nodir" / "x.html"
-    with pytest.raises(EstimateError, match=f"path={missing}: the folder .* does not exist") as e:
+    with pytest.raises(EstimateError, match=f"path='{missing}': the folder .* does not exist") as e:
         est.report(missing)
     assert "--html" not in str(e.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import re
 import shutil
 import sys
 import warnings
@@ -168,6 +169,10 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
+def _loss_that_raises(output: torch.Tensor, target: Any) -> torch.Tensor:
+    return {"out": output}["logits"]
+
+
 @pytest.mark.parametrize(
     ("model", "inputs", "kwargs", "expect"),
     [
@@ -176,6 +181,10 @@ def _mlp() -> nn.Module:
         (_mlp, X, {"loss_fn": lambda o, t: 1.0}, r"^loss_fn returned a float: expected a scalar"),
         (_mlp, X, {"loss_fn": lambda o, t: o},
          r"^loss_fn returned a tensor of shape \(4, 4\): .*reduce it"),
+        # The loss function's own failure, with its line: it was "the model failed at batch 4".
+        (_mlp, X, {"loss_fn": _loss_that_raises},
+         r"^loss_fn failed at batch 4: KeyError: 'logits'\n  at \S*test_python_api_inputs\.py:\d+ "
+         r"in _loss_that_raises: return \{\"out\": output\}\[\"logits\"\]$"),
         (_SparseEmbedding, torch.randint(0, 100, (4, 8)), {"optimizer": "sgd"},
          r"sparse_coo tensor: sparse tensors are not supported .*sparse=True"),
         (lambda: torch.jit.script(_mlp()), X, {}, r"^model is a TorchScript module"),
@@ -205,10 +214,67 @@ def test_what_cannot_be_traced_is_an_estimate_error(
 def test_max_batch_refuses_what_estimate_refuses() -> None:
     """An empty example batch returned 65536 (the limit) where `estimate` failed."""
     for kwargs, expect in [({}, r"^example_inputs: the batch is empty"),
-                           ({"steps": 1001}, r"^steps=1001: expected at most 1000")]:  # fmt: skip
+                           ({"steps": 1001}, r"^steps=1001: expected at most 1000"),
+                           ({"loss_fn": _loss_that_raises},
+                            r"^loss_fn failed at batch 1: KeyError: 'logits'\n  at ")]:  # fmt: skip
         with pytest.raises(EstimateError, match=expect):
             x = torch.randn(0, 16) if not kwargs else X
             memtrace.max_batch(_mlp(), x, limit=4, **kwargs)
+
+
+class _CastsItsInput(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float())
+
+
+def _embedded() -> nn.Module:
+    return nn.Sequential(nn.Embedding(100, 8), nn.Flatten(), nn.Linear(8 * 16, 4))
+
+
+_INTS = torch.randint(0, 100, (4, 16))
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "expect"),
+    [
+        # A GPU refuses integer input to a Linear or Conv ("mat1 and mat2 must have the same
+        # dtype"); the tracer's device did not, and nothing was said (float64 was).
+        (_mlp, _INTS, r"^the model's Linear '0' is given torch.int64 input and its parameters are "
+                      r"torch.float32: on a GPU it fails there"),
+        (lambda: nn.Linear(16, 4), _INTS.bool(), r"^the model \(a Linear\) is given torch.bool"),
+        (_mlp, X.double(), r"^example_inputs are torch.float64 and the model's parameters"),
+        # Integer indices to an embedding are what it takes; a layer that casts is not refused.
+        (_embedded, _INTS, None),
+        (lambda: nn.Sequential(_CastsItsInput(16, 4)), _INTS, None),
+        (_mlp, X, None),
+    ],
+)  # fmt: skip
+def test_inputs_a_gpus_first_layer_refuses_are_said(model: Any, inputs: Any, expect: Any) -> None:
+    _, said = _estimate_said(model(), inputs)
+    dtypes = [s for s in said if s.startswith("example_inputs are") or " is given torch." in s]
+    if expect is None:
+        assert not dtypes, said
+    else:
+        assert len(dtypes) == 1 and re.match(expect, dtypes[0]), said
+
+
+def test_what_pytorch_refuses_inside_the_tracers_modes_is_the_models_failure() -> None:
+    # PyTorch's C++ refusal of a uint8 batch to a bias-free Conv2d has no Python frame: the
+    # tracer's mode that handed the op on was innermost, and the raw RuntimeError reached the
+    # caller as memtrace's own fault.
+    model = nn.Conv2d(3, 8, 3, bias=False)
+    batch = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+    with (
+        pytest.warns(MemtraceWarning),
+        pytest.raises(EstimateError, match="the model failed at batch 4"),
+    ):
+        memtrace.estimate(model, batch, loss_fn=lambda out, _: out.float().sum())
+    from memtrace_trainer.errors import raised_by_memtrace
+
+    # A fault in the tool's own line (not a hand-on) is still its own.
+    with pytest.raises(AttributeError) as caught:
+        raised_by_memtrace(None)  # type: ignore[arg-type]
+    assert raised_by_memtrace(caught.value)
 
 
 def test_the_step_limit_is_the_clis() -> None:
@@ -334,6 +400,8 @@ def test_an_attention_mask_is_traced_as_transformers_runs_it(kind: str, attn: st
     pad, said = _estimate_said(model, {"input_ids": ids, "labels": ids, "attention_mask": padded})
     assert pad.allocated_mib > plain.allocated_mib  # the padded path holds the mask it builds
     assert not [s for s in said if "attention_mask" in s], said
+    # Token ids and an integer mask are what a transformers model takes: no layer refuses them.
+    assert not [s for s in said if " is given torch." in s], said
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MemtraceWarning)
         batch = {"input_ids": ids, "labels": ids, "attention_mask": padded}
