@@ -40,6 +40,7 @@ from memtrace.result import (
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
+from memtrace_trainer.workload import integer_inputs
 
 META = torch.device("meta")
 
@@ -206,7 +207,7 @@ def _workloads(
                      lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
         if regime.active or recast or tune.attn or tune.task:
             w = tuned(w, regime, tune.task, tune.attn)
-        checks.integer_inputs(w.model)
+        integer_inputs(w.model, "example_inputs")
         return w
 
     return workload

@@ -236,7 +236,7 @@ def float_inputs(model: nn.Module, inputs: Any, dtype: str | None, amp: str | No
     """Warn of floating inputs of another dtype than the model's parameters: the meta device
     checks no dtypes, so float64 inputs (numpy's default) to a float32 model trace fine where a
     GPU's first layer fails ("mat1 and mat2 must have the same dtype"). Integer inputs are
-    `integer_inputs`'s: they are right for an embedding, and only the layer they reach says."""
+    `workload.integer_inputs`'s: right for an embedding, only the layer they reach says."""
     floats = {t.dtype for t in tensors(inputs) if t.is_floating_point()}
     params = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if dtype is None and amp is None and len(params) == 1 and floats - params:
@@ -245,49 +245,6 @@ def float_inputs(model: nn.Module, inputs: Any, dtype: str | None, amp: str | No
             f"model's parameters {next(iter(params))}: on a GPU the first layer that mixes them "
             "fails unless the model casts its inputs; the estimate is of the job as given"
         )
-
-
-# Layers whose own forward multiplies their input by their floating weight, which PyTorch
-# refuses of an integer input on a GPU ("mat1 and mat2 must have the same dtype", "Input type
-# (long int) and bias type (float) should be the same"); the tracer's device checks no dtypes.
-# By their forward, not their class: a subclass whose forward casts its input is not watched.
-_FLOAT_INPUT_LAYERS = frozenset(c.forward for c in (
-    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
-    nn.ConvTranspose2d, nn.ConvTranspose3d))  # fmt: skip
-
-
-def integer_inputs(model: nn.Module) -> None:
-    """Warn, as the tracer's copy `model` runs, of the first layer of `_FLOAT_INPUT_LAYERS`
-    with floating parameters that is given an integer tensor (a long batch of features to a
-    Linear or Conv): the job fails there on a GPU. Only where a layer is given one, so token
-    ids to an embedding, the integer input a model takes, are never said."""
-    handles: list[Any] = []
-
-    def hook(name: str, layer: nn.Module) -> Callable[..., None]:
-        def watch(module: nn.Module, args: tuple[Any, ...]) -> None:
-            ints = sorted({str(t.dtype) for t in tensors(args)
-                           if not (t.is_floating_point() or t.is_complex())})  # fmt: skip
-            if not ints:
-                return
-            for h in handles:  # said once: the first layer is where a GPU stops
-                h.remove()
-            cls = type(layer).__name__
-            what = f"the model's {cls} {name!r}" if name else f"the model (a {cls})"
-            notes.warn(
-                f"{what} is given {', '.join(ints)} input and its parameters are "
-                f"{layer.weight.dtype}: on a GPU it fails there (PyTorch takes a layer's input "
-                "and weights in one dtype), which the tracer's device does not check; the "
-                "estimate is of a job that does not run as given: cast integer example_inputs "
-                "that are features (not indices) to a floating dtype, e.g. x.float()"
-            )
-
-        return watch
-
-    for name, layer in model.named_modules():
-        weight = getattr(layer, "weight", None)
-        if (type(layer).forward in _FLOAT_INPUT_LAYERS and isinstance(weight, torch.Tensor)
-                and weight.is_floating_point()):  # fmt: skip
-            handles.append(layer.register_forward_pre_hook(hook(name, layer)))
 
 
 def tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from memtrace_trainer import notes
+
 Batch = tuple[Any, Any]
 
 
@@ -107,3 +109,47 @@ def entry_takes(entry: str, name: str) -> bool:
     import inspect
 
     return name in inspect.signature(user_function(entry, "--entry")).parameters
+
+
+# Layers whose own forward multiplies their input by their floating weight, which PyTorch
+# refuses of an integer input on a GPU ("mat1 and mat2 must have the same dtype", "Input type
+# (long int) and bias type (float) should be the same"); the tracer's device checks no dtypes.
+# By their forward, not their class: a subclass whose forward casts its input is not watched.
+_FLOAT_INPUT_LAYERS = frozenset(c.forward for c in (
+    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+    nn.ConvTranspose2d, nn.ConvTranspose3d))  # fmt: skip
+
+
+def integer_inputs(model: nn.Module, inputs: str) -> None:
+    """Warn, as the tracer's `model` runs, of the first layer of `_FLOAT_INPUT_LAYERS` with
+    floating parameters that is given an integer tensor (a long batch of features to a Linear
+    or Conv): the job fails there on a GPU. Only where a layer is given one, so token ids to an
+    embedding, the integer input a model takes, are never said. `inputs`: what the caller
+    calls the batch (`example_inputs`, an `--entry`'s inputs)."""
+    handles: list[Any] = []
+
+    def hook(name: str, layer: nn.Module) -> Callable[..., None]:
+        def watch(module: nn.Module, args: tuple[Any, ...]) -> None:
+            ints = sorted({str(t.dtype) for t in args if isinstance(t, torch.Tensor)
+                           and not (t.is_floating_point() or t.is_complex())})  # fmt: skip
+            if not ints:
+                return
+            for h in handles:  # said once: the first layer is where a GPU stops
+                h.remove()
+            cls = type(layer).__name__
+            what = f"the model's {cls} {name!r}" if name else f"the model (a {cls})"
+            notes.warn(
+                f"{what} is given {', '.join(ints)} input and its parameters are "
+                f"{layer.weight.dtype}: on a GPU it fails there (PyTorch takes a layer's input "
+                "and weights in one dtype), which the tracer's device does not check; the "
+                f"estimate is of a job that does not run as given: cast integer {inputs} that "
+                "are features (not indices) to a floating dtype, e.g. x.float()"
+            )
+
+        return watch
+
+    for name, layer in model.named_modules():
+        weight = getattr(layer, "weight", None)
+        if (type(layer).forward in _FLOAT_INPUT_LAYERS and isinstance(weight, torch.Tensor)
+                and weight.is_floating_point()):  # fmt: skip
+            handles.append(layer.register_forward_pre_hook(hook(name, layer)))

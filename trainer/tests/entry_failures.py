@@ -61,3 +61,13 @@ def sized(batch_size: int = 2, seq_len: int = 4):
 def crash(batch_size: int = 2):
     """Kills its process as an OOM kill or a segfault would: no Python error, no failure file."""
     os._exit(137)
+
+
+def long_features(batch_size: int = 2):
+    """Integer features to a Linear: a GPU refuses them there, the meta device does not."""
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    return (
+        model,
+        (torch.ones(batch_size, 8).long(), torch.zeros(batch_size).long()),
+        F.cross_entropy,
+    )

@@ -608,3 +608,21 @@ def test_a_need_no_device_holds_is_said_not_read_as_a_null_number() -> None:
     }
     with pytest.raises(UserError, match=r"no device holds this job .*memory_fraction.*any device"):
         parse_memest(json.dumps(data), with_features=False)
+
+
+@pytest.mark.parametrize(
+    ("entry", "warned"), [("entry_failures:long_features", True), ("entry_failures:sized", False)]
+)
+def test_an_entrys_integer_features_are_warned_of_and_its_token_ids_are_not(
+    entry: str, warned: bool
+) -> None:
+    """The meta device checks no dtypes: a long batch to a Linear traced in silence where a GPU
+    fails at that layer. Token ids reaching an Embedding are what it takes."""
+    require("memsim")
+    done = cli("estimate", "--entry", entry, "--batch-size", "2", "--json", check=False)
+    assert done.returncode in (0, 1), done.stderr
+    said = "is given torch.int64 input and its parameters are torch.float32"
+    assert (said in done.stderr) == warned, done.stderr
+    if warned:
+        assert f"cast integer inputs of --entry {entry} that are features" in done.stderr
+        assert "the model's Linear '0'" in done.stderr and done.stderr.count(said) == 1

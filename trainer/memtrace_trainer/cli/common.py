@@ -383,6 +383,7 @@ def entry_workload(
     """The `--entry` workload; the zoo-only sizes are warned about, `--seq-len` is passed on,
     the regime (`--dtype`, `--lora`) applies to the model it returns."""
     from memtrace_trainer.models.zoo import load_entry, tuned
+    from memtrace_trainer.workload import integer_inputs
 
     for flag, value in (("--input-shape", input_shape), ("--num-classes", num_classes)):
         if value is not None:
@@ -395,6 +396,7 @@ def entry_workload(
     workload = load_entry(entry, batch, seq_len=seq_len)
     if tune is not None and tune.regime.active:
         workload = tuned(workload, tune.regime)
+    integer_inputs(workload.model, f"inputs of --entry {entry}")
     return workload
 
 
