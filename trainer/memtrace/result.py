@@ -333,6 +333,7 @@ class Estimate:
             raise EstimateError(
                 f"report({str(path)!r}): expected a path ending in .html or .htm (the page is HTML)"
             )
+        _writable(f"report({str(path)!r})", out, "a file name ending in .html")
         try:
             page = write_report(self._trace(), self.raw, Path(self.profile), out)
             # memsim words the page from the estimate's numbers, in the CLI's words

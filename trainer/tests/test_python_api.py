@@ -555,6 +555,15 @@ def test_to_memory_viz_writes_only_a_snapshot(tmp_path: Path) -> None:
             said = str(e.value)
             assert said.startswith(f"to_memory_viz({str(path)!r}): "), said
             assert str(est.trace_path.parent) not in said and "memsim" not in said, said
+        # report() likewise: it said "memsim report failed (2)" of a missing folder.
+        (tmp_path / "d.html").mkdir()
+        for path, expect in [
+            (tmp_path / "nodir" / "r.html", r"the folder \S*nodir does not exist$"),
+            (tmp_path / "d.html", r"d\.html is a folder; expected a file name ending in \.html"),
+        ]:
+            with pytest.raises(memtrace.EstimateError, match=expect) as e:
+                est.report(path)
+            assert str(e.value).startswith(f"report({str(path)!r}): "), str(e.value)
 
 
 def test_the_callers_modes_and_default_device_come_back_whatever_the_trace_did() -> None:
