@@ -112,11 +112,13 @@ pub fn input_warnings(
         );
     }
     if strict && caveats.unknown_actions > 0 {
+        // The caveat lines name the actions and where the first is (the snapshot the input was
+        // converted from, for a trace).
         bail!(
-            "{}: the snapshot holds trace entries of actions this version does not know ({}), left out of the \
-             replay (--strict)",
+            "{}: trace entries of actions this version does not know ({}) were left out of the replay (--strict): {}",
             path.display(),
-            caveats.unknown_actions
+            caveats.unknown_actions,
+            caveats.lines.join("; ")
         );
     }
     Ok(simulator::snapshot::input_warnings(header, summary, path))
@@ -178,9 +180,9 @@ pub struct SnapshotAs {
 /// makes from the state. For a large file the mapper runs on the decoding thread, so work that
 /// needs only the record (sorting it for a replay) leaves the consuming thread.
 /// A snapshot is imported as `snapshot` says; `init` gets the allocator version it was imported
-/// under (`None` for a trace). `f` takes the items a run at a time (a decoded batch, or one item
-/// where there is no second thread), so that its per-item loop is its own and a call per item
-/// does not save and restore the consumer's registers.
+/// under (`None` for a trace). `f` takes the items a run at a time (a decoded batch of a trace,
+/// on either path; a snapshot's records one at a time), so that its per-item loop is its own and
+/// a call per item does not save and restore the consumer's registers.
 pub fn for_each_mapped<S, T: Send, M: MapRecord<T> + Send>(
     path: &Path,
     snapshot: &SnapshotAs,

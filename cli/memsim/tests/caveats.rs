@@ -354,14 +354,16 @@ fn annotations_and_unknown_actions_are_left_out_and_said() {
     assert!(
         warned(
             &v1,
-            "2 'annotate' trace entries (metadata attached to allocations; the first: device_traces[0][1]) left out"
+            "2 'annotate' trace entries (metadata attached to allocations; the first: device_traces[0][1] of \
+             marked.pickle) left out: leaving them out changes no peak"
         ),
         "{v1}"
     );
     assert!(
         warned(
             &v1,
-            "1 trace entry of action \"prefetch\", which this version does not know (the first: device_traces[0][3])"
+            "1 trace entry of action \"prefetch\", which this version does not know (the first: device_traces[0][3] \
+             of marked.pickle), left out: if it changes memory"
         ),
         "{v1}"
     );
@@ -373,10 +375,34 @@ fn annotations_and_unknown_actions_are_left_out_and_said() {
     // annotations, converted or not.
     let (code, _, err) = memsim(&["replay", &p1, "--strict"]);
     assert!(code == 2 && err.contains("actions this version does not know (1)"), "{err}");
+    assert!(err.contains("action \"prefetch\"") && err.contains("device_traces[0][3] of marked.pickle"), "{err}");
     let t1 = dir.path().join("marked.mtrace");
     assert_eq!(memsim(&["convert", &p1, t1.to_str().unwrap()]).0, 0);
     let (code, _, err) = memsim(&["stats", t1.to_str().unwrap(), "--strict"]);
     assert!(code == 2 && err.contains("(--strict)"), "{err}");
+    // Written back as a snapshot, the caveat still names where the entry was: not in this file.
+    let again = dir.path().join("again.pickle");
+    assert_eq!(memsim(&["convert", t1.to_str().unwrap(), again.to_str().unwrap()]).0, 0);
+    let v = json(&["replay", again.to_str().unwrap(), "--json"]);
+    assert!(
+        warned(&v, "again.pickle: 1 trace entry of action \"prefetch\"") && warned(&v, "[3] of marked.pickle"),
+        "{v}"
+    );
+    // An annotation inside a burst of segment frees does not split it: validate replayed the
+    // first half as empty_cache and found the second half's frees unpredicted (MISMATCH).
+    let (b1, b2) = (base, base + 64 * MIB);
+    let at = |action: &str, addr: u64| json!({"action": action, "addr": addr, "size": 20 * MIB, "stream": 0});
+    let mut burst = Vec::new();
+    for b in [b1, b2] {
+        burst.extend([at("segment_alloc", b), at("alloc", b)]);
+    }
+    for b in [b1, b2] {
+        burst.extend([at("free_requested", b), at("free_completed", b)]);
+    }
+    burst.extend([at("segment_free", b1), at("annotate", b1), at("segment_free", b2)]);
+    let pb = write(dir.path(), "burst.pickle", &pickle(&json!({"segments": [], "device_traces": [burst]})));
+    let (code, out, err) = memsim(&["validate", &pb]);
+    assert!(code == 0 && out.contains("EXACT"), "{out}{err}");
     let annotated = write(dir.path(), "annotated.pickle", &pickle(&snap(&marked[..3])));
     assert_eq!(memsim(&["replay", &annotated, "--strict"]).0, 0);
     // A snapshot with nothing else recorded holds only its state.

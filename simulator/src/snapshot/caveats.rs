@@ -113,17 +113,16 @@ pub(super) fn left_out(snap: &Snapshot) -> Vec<String> {
         .iter()
         .map(|(action, skipped)| {
             let (n, first) = (skipped.count, &skipped.first);
-            let entries = if n == 1 { "trace entry" } else { "trace entries" };
+            let (entries, they) = if n == 1 { ("trace entry", "it changes") } else { ("trace entries", "they change") };
             if action == ANNOTATE {
                 format!(
                     "{n} '{ANNOTATE}' {entries} (metadata attached to allocations; the first: {first}) left out: \
-                     they change no memory, so the peaks are whole, but memsim does not keep them (a snapshot it writes lacks \
-                     them)"
+                     leaving them out changes no peak, but memsim does not keep them (a snapshot it writes lacks them)"
                 )
             } else {
                 format!(
                     "{n} {entries} of action {action:?}, which this version does not know (the first: {first}), left \
-                     out: if they change memory, the peaks may differ from the run's (a newer memsim may read them)"
+                     out: if {they} memory, the peaks may differ from the run's (a newer memsim may read them)"
                 )
             }
         })

@@ -59,7 +59,8 @@ impl Imported {
 /// split rule infer the sizes of blocks allocated before the trace (see [`rebuild`]).
 pub fn import(snap: &Snapshot, cfg: &AllocatorConfig) -> Imported {
     let start = rebuild(&snap.segments, &snap.device_traces, cfg);
-    let t0 = snap.device_traces.iter().flatten().filter_map(|e| e.time_us).min();
+    // Of the entries a replay reads: a left-out one's time (an unknown action's) is not the run's.
+    let t0 = snap.device_traces.iter().flatten().filter(|e| !e.action.left_out()).filter_map(|e| e.time_us).min();
 
     let mut header = Header::new(PRODUCER, env!("CARGO_PKG_VERSION"), Level::Allocator);
     header.start_wall_ns = t0.map(|t| t.saturating_mul(1000));
@@ -176,16 +177,20 @@ impl Out<'_> {
     }
 }
 
-/// Merges the per-device lists by `time_us`, keeping each device's order. Entries without a
-/// time keep their device's position: old files have no times at all, and then devices follow
-/// one another.
+/// Merges the per-device lists by `time_us`, keeping each device's order, leaving out the
+/// entries a replay leaves out (their times, an unknown action's, are not read). Entries
+/// without a time keep their device's position: old files have no times at all, and then
+/// devices follow one another.
 fn merge_by_time(traces: &[Vec<TraceEntry>]) -> Vec<(u32, &TraceEntry)> {
     let mut idx = vec![0usize; traces.len()];
-    let total = traces.iter().map(Vec::len).sum();
+    let total = traces.iter().flatten().filter(|e| !e.action.left_out()).count();
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
         let mut best: Option<(usize, Option<u64>)> = None;
         for (d, t) in traces.iter().enumerate() {
+            while t.get(idx[d]).is_some_and(|e| e.action.left_out()) {
+                idx[d] += 1;
+            }
             let Some(e) = t.get(idx[d]) else { continue };
             let better = match best {
                 None => true,

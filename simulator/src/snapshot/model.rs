@@ -45,12 +45,17 @@ pub struct Snapshot {
     pub skipped: BTreeMap<String, Skipped>,
 }
 
+/// The last component of a file's path, as a caveat names the snapshot it comes from.
+fn file_name(path: &str) -> &str {
+    Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or(path)
+}
+
 /// Trace entries of one action that were left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
     /// How many.
     pub count: usize,
-    /// Where the first one is (`device_traces[D][I]`).
+    /// Where the first one is (`device_traces[D][I] of FILE`).
     pub first: String,
 }
 
@@ -353,7 +358,10 @@ impl<'a> Reader<'a> {
                                 Ok(entry) => entry,
                                 Err((name, time_us)) => {
                                     let action = if name == ANNOTATE { Action::Annotate } else { Action::Unknown };
-                                    snap.skipped.entry(name).or_insert(Skipped { count: 0, first: at }).count += 1;
+                                    // Named with its file: a trace converted from this snapshot, and a snapshot
+                                    // written from that, carry the caveat on.
+                                    let first = format!("{at} of {}", file_name(self.file));
+                                    snap.skipped.entry(name).or_insert(Skipped { count: 0, first }).count += 1;
                                     TraceEntry::left_out(action, time_us)
                                 }
                             };

@@ -423,9 +423,12 @@ impl Replay {
             let e = &entries[i];
             let is_release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
             if is_release && !self.with_capacity {
+                // An entry a replay leaves out (an annotation) inside a burst does not end it.
                 let end = i + entries[i..]
                     .iter()
-                    .take_while(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+                    .take_while(|e| {
+                        matches!(e.action, Action::SegmentFree | Action::SegmentUnmap) || e.action.left_out()
+                    })
                     .count();
                 self.burst(i, &entries[i..end]);
                 i = end;
@@ -451,7 +454,7 @@ impl Replay {
             }
             i += 1;
         }
-        let stream = entries.last().map(|e| e.stream).unwrap_or(0);
+        let stream = entries.iter().rev().find(|e| !e.action.left_out()).map_or(0, |e| e.stream);
         self.flush_pending(stream);
         self.report.recorded_peak_reserved_bytes = self.recorded.peak;
         self.report.predicted_peak_reserved_bytes = self.predicted.peak;
