@@ -40,8 +40,10 @@ TUNING = {"dtype": None, "lora": None, "lora_targets": None, "lora_dropout": Non
 # A word may go on to more of its kind (`--strategy zero1, zero2 and zero3`); not to a flag.
 _WORD = r"(?!--)[\w/~+-]+(?:\.[\w/~+-]+)*"
 _MORE = re.compile(rf"(,? (?:or|and) |, )({_WORD})")
+# A size with its unit is one value (`--capacity 81920.00 MiB is more than`).
+_SIZE = r"\d+(?:\.\d+)? (?:[KMGT]i?B|B)\b"
 _FLAG = re.compile(r"(?P<open>\()?(?<![\w/.-])--(?P<flag>[a-z][a-z0-9-]*)(?: <[A-Z_]+>)?"
-                   rf"(?: (?:(?P<value>'[^']*'|[^\s:']+(?=:))|(?P<word>{_WORD})"
+                   rf"(?: (?:(?P<value>'[^']*'|[^\s:'()]+(?=:))|(?P<size>{_SIZE})|(?P<word>{_WORD})"
                    rf"(?P<more>(?:,? (?:or|and) {_WORD}|, {_WORD})*)))?"
                    r"(?P<close>\))?")  # fmt: skip
 # The keywords whose values are strings in the API (quoted when said), and those that take a
@@ -75,6 +77,9 @@ def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
         opened, closed, word, more = m["open"] or "", m["close"] or "", m["word"], m["more"]
         if m["value"] is not None:
             return f"{opened}{name}={_literal(name, m['value'])}{closed}"
+        if m["size"] is not None:  # quoted as the caller writes a size (`capacity='80 GiB'`)
+            said = f"={m['size']!r}" if name in _STRING_OR_NUMBER else f" {m['size']}"
+            return f"{opened}{name}{said}{closed}"
         if word is not None and _is_value(name, word):
             return f"{opened}{name}={_literal(name, word)}{_others(name, more)}{closed}"
         if opened and closed and word is None:
@@ -90,10 +95,13 @@ def as_keywords(message: str, keywords: dict[str, str] = KEYWORDS) -> str:
 
 def _others(name: str, more: str) -> str:
     """The values listed after a flag's first (`, zero2 and zero3`), each said as it is; the
-    list ends at the first word that is none (the sentence going on)."""
+    list ends at the first word that is none (the sentence going on): for a keyword of fixed
+    choices, one that is not a choice (`--dtype bf16 and 4 ranks`)."""
+    choices = _choices().get(name)
     out, at = "", 0
     for m in _MORE.finditer(more):
-        if m.start() != at or not _is_value(name, m[2]):
+        further = m[2] in choices if choices is not None else _is_value(name, m[2])
+        if m.start() != at or not further:
             break
         out, at = out + m[1] + _literal(name, m[2]), m.end()
     return out + more[at:]
@@ -214,15 +222,22 @@ def loss(loss_fn: Callable[..., Any], batch: int) -> Callable[..., torch.Tensor]
     failure, with the caller's frames (the loop said "the model failed" of it), and its result
     is checked in the caller's words (the loop says "the loss", the caller wrote a `loss_fn`).
     A `ModelFailedError`, so that `max_batch` tells a size it refuses from one it takes."""
-    from memtrace_trainer.errors import EntryFailedError, raised_by_memtrace
+    from memtrace_trainer.errors import (
+        EntryFailedError,
+        in_model,
+        raised_by_memtrace,
+        size_overflow,
+    )
     from memtrace_trainer.symtrace.step import check_loss
 
     def checked(output: Any, target: Any) -> torch.Tensor:
         try:
             value = loss_fn(output, target)
         except Exception as e:
-            if raised_by_memtrace(e):  # memtrace's own (its default_loss called inside): as is
+            if raised_by_memtrace(in_model(e)):  # memtrace's own (its default_loss inside): as is
                 raise
+            if (too_large := size_overflow(e)) is not None:  # a probe's size, as the model's
+                raise too_large from e
             failed = EntryFailedError(f"loss_fn failed at batch {batch}:", e)
             failed.batch_size = batch
             raise failed from e

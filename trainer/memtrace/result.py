@@ -333,9 +333,10 @@ class Estimate:
             raise EstimateError(
                 f"report({str(path)!r}): expected a path ending in .html or .htm (the page is HTML)"
             )
+        trace = self._trace()  # a closed estimate says so first
         _writable(f"report({str(path)!r})", out, "a file name ending in .html")
         try:
-            page = write_report(self._trace(), self.raw, Path(self.profile), out)
+            page = write_report(trace, self.raw, Path(self.profile), out)
             # memsim words the page from the estimate's numbers, in the CLI's words
             # (`--capacity`): said in the API's (`capacity`), as `str` says them, in those words
             # only (the headline, its details, the warnings), not in the title or the paths.

@@ -206,14 +206,29 @@ def raised_by_memtrace(exc: BaseException) -> bool:
 
     # The tracer's torch-function and dispatch modes hand each op on to PyTorch last: what
     # PyTorch's C++ raises there (`Autograd not support dtype: Byte` of a model's input) has no
-    # frame of its own, so the mode's hand-on line is innermost. It is PyTorch's refusal.
-    while frames and own(frames[-1]) and _HANDS_ON.search(frames[-1].line or ""):
-        frames.pop()
+    # frame of its own, so the mode's hand-on line is innermost. Inside the model's own forward
+    # or loss (`in_model`) it is PyTorch refusing the model, unless the op has no meta kernel
+    # (the tracer's device lacks it: the tool's limit). Elsewhere (the optimizer's step, the
+    # tool's own calls) it stays the tool's.
+    if getattr(exc, _IN_MODEL, False) and "'Meta' backend" not in str(exc):
+        while frames and own(frames[-1]) and _HANDS_ON.search(frames[-1].line or ""):
+            frames.pop()
     return bool(frames) and own(frames[-1])
 
 
 # The line of a mode that hands an op on to PyTorch (`return func(*args, **kwargs)`).
 _HANDS_ON = re.compile(r"\bfunc\(\*args, \*\*(kwargs|\(kwargs or \{\}\))\)")
+# Set on an exception raised inside the model's forward or its loss (`in_model`).
+_IN_MODEL = "_memtrace_in_model"
+
+
+def in_model(exc: BaseException) -> BaseException:
+    """`exc`, marked as raised inside the model's own forward or loss (`raised_by_memtrace`)."""
+    try:
+        setattr(exc, _IN_MODEL, True)
+    except AttributeError:  # an exception type without attributes: judged by its frames alone
+        pass
+    return exc
 
 
 class ModelFailedError(UserError):

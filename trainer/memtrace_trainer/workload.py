@@ -12,17 +12,23 @@ import torch
 from torch import nn
 
 from memtrace_trainer import notes
+from memtrace_trainer.errors import in_model
 
 Batch = tuple[Any, Any]
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
-    """`model(x)`, `model(*x)` or `model(**x)` for a tensor, a tuple or a dict of inputs."""
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, tuple | list):
-        return model(*inputs)
-    return model(inputs)
+    """`model(x)`, `model(*x)` or `model(**x)` for a tensor, a tuple or a dict of inputs; what
+    it raises is marked as the model's (`errors.in_model`)."""
+    try:
+        if isinstance(inputs, Mapping):
+            return model(**inputs)
+        if isinstance(inputs, tuple | list):
+            return model(*inputs)
+        return model(inputs)
+    except Exception as e:
+        in_model(e)
+        raise
 
 
 def parameter_count(p: torch.Tensor) -> int:

@@ -687,6 +687,18 @@ def test_flags_are_said_as_keywords_only_where_the_page_says_what_to_do() -> Non
         # `replay` names the profile as memsim does, and its caller traced the file themselves.
         ("replay: trace it again with --profile h200 to judge it",
          "replay: trace it again with profile='h200' to judge it"),
+        # A value before a closing parenthesis and a colon ends at the parenthesis: it read
+        # "(dtype='fp16)':".
+        ("amp over fp16 trainable parameters (--dtype fp16): PyTorch's GradScaler",
+         "amp over fp16 trainable parameters (dtype='fp16'): PyTorch's GradScaler"),
+        # A size is one value with its unit: "capacity=81920.00 MiB" read as bytes and a word.
+        ("--capacity 81920.00 MiB is more than the profile's GPU",
+         "capacity='81920.00 MiB' is more than the profile's GPU"),
+        ("--capacity 2.00 MiB: below the run's recorded peak", "capacity='2.00 MiB': below the run's recorded peak"),
+        ("--reduce-bucket-size 500 MiB here", "reduce_bucket_size 500 MiB here"),
+        # A list of a fixed choice's values ends at the first word that is not one.
+        ("--dtype bf16 and 4 ranks", "dtype='bf16' and 4 ranks"),
+        ("give --strategy zero3, or 8 ranks", "give strategy='zero3', or 8 ranks"),
     ],
 )  # fmt: skip
 def test_the_clis_words_are_said_as_the_caller_writes_them(message: str, said: str) -> None:
@@ -731,6 +743,8 @@ def test_memsims_words_reach_the_caller_as_keywords(tmp_path: Path) -> None:
     assert "give --memtracker" not in page and "--ml-model" not in page
     assert why["memtracker"].startswith("not run by the Python API"), why
     missing = tmp_path / "nodir" / "x.html"
-    with pytest.raises(EstimateError, match=f"path='{missing}': the folder .* does not exist") as e:
+    with pytest.raises(
+        EstimateError, match=f"report\\('{missing}'\\): the folder .* does not exist"
+    ) as e:
         est.report(missing)
     assert "--html" not in str(e.value)
