@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import math
 import multiprocessing
 import multiprocessing.connection
-import multiprocessing.forkserver
 import os
 import select
 import shutil
@@ -44,7 +44,14 @@ from memtrace_trainer.serve_http import (
     Handler,
     log,
 )
-from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
+from memtrace_trainer.serve_procs import (
+    alive,
+    kill_group,
+    kill_holders,
+    stop_zygote,
+    zygote_pid,
+)
+from memtrace_trainer.serve_schema import CODE, Policy, RequestError, Schema, estimate_parser
 
 # How long shutdown waits for in-flight requests to send their answers once workers are stopped.
 DRAIN_SECONDS = 10.0
@@ -62,54 +69,21 @@ class Config:
     policy: Policy
 
 
-def kill_group(proc: multiprocessing.process.BaseProcess) -> None:
-    """The worker and every process in its group (it leads one: `serve_worker.work`), so what
-    the user's code started does not outlive its request; the worker alone where it has not
-    made its group yet."""
-    if proc.pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        proc.kill()
-
-
-def _alive(pid: int) -> bool:
-    """Whether a child process runs, without reaping it (multiprocessing reaps its forkserver
-    and would fail on one reaped here): a zombie has exited."""
+def _as_spelled(status: int, text: str, keys: dict[str, str]) -> str:
+    """An error answer naming the field as the request spelled it (`iterations`, not `steps`):
+    the worker's errors name the option."""
+    if status < 400:
+        return text
     try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def _kill_holders(fd: int) -> None:
-    """Kill every other process holding the pipe `fd` is an end of. A zygote that dies after
-    forking a worker but before sending its pid leaves a worker the server cannot name; it holds
-    its request's answer pipe, and is found by it."""
-    try:
-        target = f"pipe:[{os.fstat(fd).st_ino}]"
-    except OSError:
-        return
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            held = any(os.readlink(f) == target for f in (entry / "fd").iterdir())
-        except OSError:  # exited, or not ours
-            continue
-        if held:
-            pid = int(entry.name)
-            # Its group if it made one (`serve_worker.work`), so what it started goes too.
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _zygote_pid() -> int | None:
-    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
-    return getattr(fs, "_forkserver_pid", None)
+        body = json.loads(text)
+    except ValueError:
+        return text
+    field = body.get("field") if isinstance(body, dict) else None
+    spelled = keys.get(field) if isinstance(field, str) else None
+    if spelled is None or spelled == field:
+        return text
+    body["field"] = spelled
+    return json.dumps(body)
 
 
 class Service:
@@ -124,6 +98,7 @@ class Service:
         self.lock = threading.Lock()
         self.workers: set[Any] = set()
         self.busy = 0  # estimates holding a slot
+        self.exiting = 0  # of them, workers that answered and are exiting
         self.rewarming = 0  # workers waiting for a zygote started again
         self.stopping = threading.Event()
         self.tmp_root = Path(tempfile.mkdtemp(prefix="memtrace-serve-"))
@@ -159,27 +134,67 @@ class Service:
     def estimate(self, body: bytes, client: socket.socket | None = None) -> tuple[int, str]:
         """The answer to an estimate request; `client` is its connection, watched so that a
         client that leaves stops its estimate."""
-        argv = self.schema.argv(body, self.config.policy)
+        argv, keys = self.schema.request(body, self.config.policy)
         if self.stopping.is_set():
             raise RequestError(503, STOPPING, headers=RETRY)
-        if not self.slots.acquire(blocking=False):
+        if not self._take_slot():
             n = self.config.max_concurrency
             raise RequestError(503, f"busy: {n} estimate(s) already running, this server's "
                                f"limit (--max-concurrency {n}); retry shortly",
                                headers=RETRY)  # fmt: skip
-        with self.lock:
-            self.busy += 1
+        exiting = None
         try:
-            return self._run(argv, client)
+            status, text, exiting = self._run(argv, client)
         finally:
-            with self.lock:
-                self.busy -= 1
-            self.slots.release()
+            if exiting is None:
+                self._free_slot()
+            else:
+                # The answer is sent now, while the worker exits: one whose code left a thread
+                # running took up to EXIT_SECONDS, and its answer waited for it.
+                try:
+                    threading.Thread(target=self._reap, args=(exiting,), name="worker-exit",
+                                     daemon=True).start()  # fmt: skip
+                except RuntimeError:  # no thread to be had: waited for here, slot not lost
+                    self._reap(exiting)
+        return status, _as_spelled(status, text, keys)
 
-    def _run(self, argv: list[str], client: socket.socket | None) -> tuple[int, str]:
+    def _take_slot(self) -> bool:
+        """A slot for one estimate, at once; or, when all are taken and some by workers that
+        have answered and are exiting, the first they free (within EXIT_SECONDS): a client's
+        next request, sent as soon as it read the answer, is not refused for that exit."""
+        got = self.slots.acquire(blocking=False)
+        if not got:
+            with self.lock:
+                exiting = self.exiting
+            got = exiting > 0 and self.slots.acquire(timeout=EXIT_SECONDS + 1)
+        if got:
+            with self.lock:
+                self.busy += 1
+        return got
+
+    def _free_slot(self) -> None:
+        with self.lock:
+            self.busy -= 1
+        self.slots.release()
+
+    def _reap(self, exiting: Callable[[], None]) -> None:
+        try:
+            exiting()
+        finally:
+            # The slot first: a request finding none free while this still counts as exiting
+            # waits for it (`_take_slot`), where the other order could refuse it.
+            self._free_slot()
+            with self.lock:
+                self.exiting -= 1
+
+    def _run(
+        self, argv: list[str], client: socket.socket | None
+    ) -> tuple[int, str, Callable[[], None] | None]:
         """One worker: its answer, or 504 past the time limit (the worker killed), 503 when
-        shutdown stopped it, 500 when it died without one, CLIENT_GONE (not sent) when the
-        client left first. Its temporary directory goes with it."""
+        shutdown stopped it, 500 when it died without one (400 naming the field when it ran the
+        request's own code), CLIENT_GONE (not sent) when the client left first. Its temporary
+        directory goes with it. With an answer comes what waits for the worker's exit (and
+        kills it past EXIT_SECONDS), for the caller to run once the answer is on its way."""
         # The limit counts from here: a zygote started again below is part of the wait.
         deadline = time.monotonic() + self.config.timeout
         tmp = tempfile.mkdtemp(prefix="request-", dir=self.tmp_root)
@@ -218,23 +233,46 @@ class Service:
                 proc.join(5)
                 if self.stopping.is_set():
                     raise RequestError(503, f"aborted: {STOPPING}", headers=RETRY) from None
-                died = serve_worker.describe_exit(proc.exitcode)
-                raise RequestError(
-                    500, f"the estimate's worker process died without an answer ({died})"
-                ) from None
-            return int(status), str(body)
-        finally:
-            with self.lock:
-                self.workers.discard(proc)
-            if started:
+                raise self._died(argv, serve_worker.describe_exit(proc.exitcode)) from None
+            handed_off = True  # to `exited`, run by the caller
+
+            def exited() -> None:
                 # A worker that answered but does not exit (a thread the user's code left
                 # running) is not waited for past a few seconds.
                 proc.join(EXIT_SECONDS)
-                # Killed whether or not it exited: what it started goes with it.
-                kill_group(proc)
-                proc.join()
+                self._end(proc)
+                release()
+
+            with self.lock:
+                self.exiting += 1
+            return int(status), str(body), exited
+        finally:
+            if started and not handed_off:
+                self._end(proc)
             if not handed_off:
                 release()
+
+    def _end(self, proc: Any) -> None:
+        """A started worker killed (whether or not it exited: what it started goes with it),
+        reaped, and off the list shutdown kills."""
+        kill_group(proc)
+        proc.join()
+        with self.lock:
+            self.workers.discard(proc)
+
+    def _died(self, argv: list[str], died: str) -> RequestError:
+        """The error of a worker that exited without an answer: the request's when it ran the
+        request's code (a step calling os._exit, a crash in an extension it loads), a 400
+        naming that field; the server's own (500) when it ran only the zoo."""
+        options = argv[: argv.index("--")] if "--" in argv else argv
+        for name in CODE:
+            flag = self.schema.fields[name].flag
+            if any(word.startswith(f"{flag}=") for word in options):
+                return RequestError(400, f"the estimate's worker process died without an answer "
+                                    f"({died}) while it ran the {flag} code: that code ended "
+                                    "its process (os._exit, a signal, a crash), or something "
+                                    "killed it (the OOM killer, say)", name)  # fmt: skip
+        return RequestError(500, f"the estimate's worker process died without an answer ({died})")
 
     def stop_workers(self) -> None:
         """No new estimates; every worker in flight killed (its request answers 503)."""
@@ -278,7 +316,7 @@ class Service:
                 if not finished.is_set():
                     abandoned.set()
             if abandoned.is_set():
-                pid = _zygote_pid()
+                pid = zygote_pid()
                 log(f"the workers' zygote (pid {pid}) did not start the worker within the "
                     "request's time limit; stopping it")  # fmt: skip
                 if pid is not None:
@@ -293,8 +331,8 @@ class Service:
         """`proc.start()`, said in the log and in health when the zygote had died (the OOM
         killer's likely pick: it is the largest process) and is started and warmed again.
         Returns without a start once `abandoned` is set."""
-        pid = _zygote_pid()
-        if pid is None or _alive(pid):
+        pid = zygote_pid()
+        if pid is None or alive(pid):
             try:
                 self._start_once(proc, send)
                 return
@@ -303,7 +341,7 @@ class Service:
                     raise
                 # It died just before: multiprocessing starts a new one once it is reaped.
                 end = time.monotonic() + 5
-                while _alive(pid) and time.monotonic() < end:
+                while alive(pid) and time.monotonic() < end:
                     time.sleep(0.05)
         if abandoned.is_set():
             return
@@ -327,7 +365,7 @@ class Service:
             # The zygote died during the start, maybe after forking the worker but before
             # sending its pid: that worker would run on outside the group killed at the
             # request's end (and answer on this pipe), so it is found by the pipe and killed.
-            _kill_holders(send.fileno())
+            kill_holders(send.fileno())
             raise
 
     def _wait(self, proc: Any, recv: Any, client: socket.socket | None, deadline: float) -> None:
@@ -390,7 +428,11 @@ class Service:
             proc.start()
             send.close()
             return recv.recv()  # type: ignore[no-any-return]
-        except EOFError:
+        # The zygote died before its first worker answered, or was killed at a SIGTERM (its
+        # socket then refuses the connection): a reason, not a thread's traceback in the log.
+        except (EOFError, OSError):
+            if proc.pid is None:
+                return "the workers' zygote could not start a worker; see the lines above"
             proc.join(5)
             died = serve_worker.describe_exit(proc.exitcode)
             return f"the workers' zygote could not start ({died}); see the lines above"
@@ -531,6 +573,7 @@ def serve(config: Config) -> int:
         svc.stop_workers()
         if not svc.drain(DRAIN_SECONDS, srv):
             log(f"{srv.open} connection(s) still open after {DRAIN_SECONDS:g} s; closing anyway")
+        stop_zygote()  # after the answers: a worker still starting then fails, answered 503
         shutil.rmtree(svc.tmp_root, ignore_errors=True)
     log("stopped")
     return 0

@@ -225,14 +225,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.service.estimate(body, self.connection)
 
     def _announced(self) -> int:
-        """The body length a request announced (0 when none or not a number)."""
-        text = (self.headers.get("Content-Length") or "").strip()
-        return int(text) if text.isascii() and text.isdigit() else 0
+        """What to read and drop of a body the server does not read: its Content-Length; as
+        much as the discard limits allow when its length is unknown (chunked, or a length that
+        is not one byte count: the client sends a body all the same); 0 when none was
+        announced."""
+        if self.headers.get("Transfer-Encoding"):
+            return DISCARD_BYTES
+        lengths = self.headers.get_all("Content-Length") or []
+        text = lengths[0].strip() if lengths else ""
+        if len(lengths) == 1 and text.isascii() and text.isdigit():
+            return int(text)
+        return DISCARD_BYTES if lengths else 0
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):
-            # Its length is unknown: what comes is dropped up to the discard limits.
-            self.unread = DISCARD_BYTES
+            self.unread = self._announced()
             raise RequestError(411, "send the body with a Content-Length header, not "
                                f"Transfer-Encoding {self.headers['Transfer-Encoding']}",
                                "Content-Length")  # fmt: skip
@@ -242,6 +249,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                "Content-Length")  # fmt: skip
         text = lengths[0].strip()
         if len(lengths) > 1 or not text.isascii() or not text.isdigit():
+            self.unread = self._announced()
             raise RequestError(400, f"Content-Length {', '.join(lengths)!a} is not one byte "
                                "count", "Content-Length")  # fmt: skip
         n = int(text)

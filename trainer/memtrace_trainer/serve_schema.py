@@ -197,8 +197,11 @@ class Schema:
         else the first flag it names outside quotes (a quoted value may look like a flag), else
         the option whose value it quotes (`unknown model spec 'x'`)."""
         words = argv or []
-        rest = words[words.index("--") + 1 :] if "--" in words else []
-        if any(repr(w) in message for w in rest) and "script_args" in self.fields:
+        cut = words.index("--") if "--" in words else len(words)
+        rest, options = words[cut + 1 :], words[:cut]
+        # The arguments as a message quotes them: one search, whatever their number (a search
+        # per argument was quadratic, and missed 'a b', the quote of two).
+        if rest and repr(" ".join(rest)) in message and "script_args" in self.fields:
             return "script_args"
         # A script's own arguments, as the `script:PATH ARGS` spec quotes them, are not flags
         # of the command (`--json` among them was taken for the field `json`). Only that span
@@ -210,13 +213,12 @@ class Schema:
             if path is not None and f"script:{path}{args}" in message:
                 message = message.replace(f"script:{path}{args}", f"script:{path}", 1)
             else:
-                joined = re.escape(args.lstrip())
-                message = re.sub(rf"(?<!\S){joined}(?!\S)", "", message, count=1)
+                message = _cut_word_span(message, args.lstrip())
         unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", message)
         for flag in re.findall(r"--[a-z][a-z0-9-]*", unquoted):
             if flag in self.by_flag:
                 return self.by_flag[flag]
-        for word in argv or []:
+        for word in options:  # the script's arguments are no option's value
             flag, sep, value = word.partition("=")
             if sep and flag in self.by_flag and _quotes(message, value):
                 return self.by_flag[flag]
@@ -228,6 +230,11 @@ class Schema:
     def argv(self, text: bytes, policy: Policy) -> list[str]:
         """The `estimate` argv of a request body (`--json` included), checked by the command's
         parser; a RequestError naming the field otherwise."""
+        return self.request(text, policy)[0]
+
+    def request(self, text: bytes, policy: Policy) -> tuple[list[str], dict[str, str]]:
+        """`argv`, and the key the request spelled each field with (an alias, say), so that an
+        error found later (in the worker) names what the client wrote."""
         body = parse_body(text)
         argv, positional, seen = [], [], {}
         for key, value in body.items():
@@ -249,9 +256,15 @@ class Schema:
                     raise RequestError(400, "field 'json': the server answers JSON only; "
                                        "leave it out or give true", key)  # fmt: skip
                 continue
-            words = _words(f, key, value)
+            _refuse_huge(f, key, value)
             if name in CODE:
+                # What runs is the server's own start-up value: a NUL or a surrogate in the
+                # request's spelling matches nothing allowed, a 403 like any other.
+                _words(f, key, value)
                 words = _words(f, key, policy.check(name, str(value)))
+            else:
+                _refuse_unwritable(f, key, value)
+                words = _words(f, key, value)
             if f.flag == "-- ARGS":
                 positional = words
             else:
@@ -259,8 +272,12 @@ class Schema:
         argv.append("--json")
         if positional:
             argv += ["--", *positional]
-        self.parser.parse_args(argv)  # raises a RequestError on what the command rejects
-        return argv
+        try:
+            self.parser.parse_args(argv)  # raises a RequestError on what the command rejects
+        except RequestError as e:
+            e.field = seen.get(e.field or "", e.field)  # the key the client wrote (an alias)
+            raise
+        return argv, seen
 
 
 def _words(f: Field, key: str, value: Any) -> list[str]:
@@ -306,10 +323,72 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
     return [f"{f.flag}={value}"]
 
 
+class Huge:
+    """A JSON integer longer than Python reads (`sys.get_int_max_str_digits()`, 4,300 digits by
+    default): valid JSON, kept as its text so that the field holding it is named."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text if len(self.text) <= 24 else f"{self.text[:12]}...{self.text[-6:]}"
+
+
+def _int(text: str) -> int | Huge:
+    try:
+        return int(text)
+    except ValueError:  # JSON's syntax is int's: only the digit limit is left
+        return Huge(text)
+
+
+def _refuse_huge(f: Field, key: str, value: Any) -> None:
+    """A 400 naming the field for an integer too long to read, anywhere in its value (walked
+    without recursion: a value may nest as deep as the JSON parser allows)."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, Huge):
+            digits = len(item.text.lstrip("-"))
+            raise RequestError(400, f"field {key!r} ({f.flag}): the integer {item} ({digits} "
+                               "digits) is out of range", key)  # fmt: skip
+        if isinstance(item, list):
+            todo += item
+        elif isinstance(item, dict):
+            todo += item.values()
+
+
+# What no command-line word can hold: a NUL ends a C string, and a lone UTF-16 surrogate has no
+# UTF-8 encoding. Both reached subprocess and os calls as internal errors (500).
+_UNWRITABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def _refuse_unwritable(f: Field, key: str, value: Any) -> None:
+    """A 400 naming the field for a string (or an array's string) no command line can carry;
+    other types are left to the type check."""
+    texts = value if isinstance(value, list) else [value]
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or (m := _UNWRITABLE.search(text)) is None:
+            continue
+        bad = "a NUL byte" if m.group() == "\0" else f"a lone surrogate \\u{ord(m.group()):04x}"
+        where = f"its element {i} has" if isinstance(value, list) else "it has"
+        raise RequestError(400, f"field {key!r} ({f.flag}) must be text a command line can "
+                           f"carry (no NUL byte, no lone UTF-16 surrogate): {where} {bad} at "
+                           f"character {m.start()}", key)  # fmt: skip
+
+
+def _cut_word_span(message: str, span: str) -> str:
+    """`message` less the first `span` standing as whole words (whitespace or an end on each
+    side), in one linear search: a regular expression with look-arounds retried the span at
+    every place it began, quadratic for a long run of script arguments."""
+    flat = re.sub(r"\s", " ", f" {message} ")  # the same length: positions carry over
+    start = flat.find(re.sub(r"\s", " ", f" {span} "))
+    return message if start < 0 else message[:start] + message[start + len(span) :]
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int | float):
+    if isinstance(value, int | float | Huge):
         return "number"
     if isinstance(value, str):
         return "string"
@@ -344,7 +423,7 @@ def parse_body(text: bytes) -> dict[str, Any]:
     """The request body as a JSON object: UTF-8, no NaN or Infinity, no key given twice."""
     try:
         body = json.loads(text.decode("utf-8"), object_pairs_hook=_unique,
-                          parse_constant=_no_constant)  # fmt: skip
+                          parse_constant=_no_constant, parse_int=_int)  # fmt: skip
     except UnicodeDecodeError as e:
         raise RequestError(400, f"request body is not UTF-8 ({e})") from None
     except ValueError as e:  # JSONDecodeError is one

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from conftest import cli
 
-from memtrace_trainer import serve, serve_http
+from memtrace_trainer import serve, serve_http, serve_procs
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models import hf
 from memtrace_trainer.models.hf import MAX_CONFIG_BYTES, read_config
-from memtrace_trainer.serve import Config, Service, _bind
+from memtrace_trainer.serve import Config, Service, _as_spelled, _bind
 from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
 
 READ = 1.5  # the request deadline these servers have
@@ -323,6 +323,16 @@ def test_a_body_of_a_get_or_a_chunked_post_is_dropped_not_reset(local: Local) ->
         (b"GET /v1/health HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body), b" 200 "),
         (b"GET /v1/schema HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body), b" 200 "),
         (b"POST /v1/estimate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b" 411 "),
+        # A body whose length the server cannot tell: it was not read, and the client still
+        # sending it got a broken pipe.
+        (b"GET /v1/health HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b" 200 "),
+        (b"GET /v2/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b" 404 "),
+        (b"POST /v2/x HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n", b" 404 "),
+        (
+            b"POST /v1/estimate HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            b" 400 ",
+        ),
+        (b"POST /v1/estimate HTTP/1.1\r\nContent-Length: x\r\n\r\n", b" 400 "),
     ):
         with local.connect() as s:
             s.sendall(request + body)  # blocks until the server reads it
@@ -365,7 +375,7 @@ def test_a_worker_start_is_bounded_by_the_time_limit(
     one held the request's slot for ever. Past the deadline the request is a 504 and the zygote
     is killed, so the next request starts a fresh one."""
     zygote = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setattr(serve, "_zygote_pid", lambda: zygote.pid)
+    monkeypatch.setattr(serve, "zygote_pid", lambda: zygote.pid)
     let_go = threading.Event()
     monkeypatch.setattr(Service, "_start", lambda self, proc, send, abandoned: let_go.wait(30))
     svc = Service(Config(None, "127.0.0.1", 0, 1, 0.5, Policy()))
@@ -395,7 +405,7 @@ def test_a_worker_forked_by_a_dying_zygote_is_killed() -> None:
     r, w = os.pipe()
     holder = subprocess.Popen(["sleep", "60"], pass_fds=[w])
     try:
-        serve._kill_holders(r)
+        serve.kill_holders(r)
         assert holder.wait(5) == -signal.SIGKILL
     finally:
         holder.kill()
@@ -445,3 +455,129 @@ def test_turning_a_connection_away_reads_a_bounded_amount() -> None:
     threading.Thread(target=lambda: (srv._turn_away(client), done.set()), daemon=True).start()
     assert done.wait(10), "the accepting thread kept reading"
     assert client.received <= serve_http.TURN_AWAY_BYTES
+
+
+@pytest.mark.parametrize(
+    ("message", "argv", "field"),
+    [
+        ("unexpected arguments {quoted}: only --script takes arguments", [], "script_args"),
+        ("script:/x/t.py {bare}: nothing was allocated on the GPU", ["--script=/x/t.py"], "script"),
+        ("argument --seq-len: invalid int value: 'x' {bare}", ["--seq-len=x"], "seq_len"),
+        ("argument --seq-len: invalid int value: 'x'", ["--seq-len=x"], "seq_len"),
+    ],
+)
+def test_many_script_arguments_are_looked_up_in_linear_time(
+    message: str, argv: list[str], field: str
+) -> None:
+    """A search per argument through a message quoting them all was quadratic: 100,000
+    arguments took 15 s, and 200,000 ran past the time limit (504)."""
+    schema = Schema(estimate_parser())
+    for n in (1_000, 200_000):
+        args = [f"--model=a{i}" for i in range(n)]
+        text = message.format(quoted=repr(" ".join(args)), bare=" ".join(args))
+        start = time.monotonic()
+        assert schema.field_in(text, [*argv, "--json", "--", *args]) == field
+        assert time.monotonic() - start < 2, n
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "field"),
+    [
+        (400, {"error": "--steps 5000: expected at most 1000", "field": "steps"}, "iterations"),
+        (400, {"error": "x", "field": "batch_size"}, "batch_size"),
+        (400, {"error": "x", "field": None}, None),
+        (200, {"field": "steps"}, "steps"),  # an answer is never touched
+    ],
+)
+def test_a_workers_error_names_the_key_the_request_used(
+    status: int, answer: dict[str, Any], field: str | None
+) -> None:
+    keys = {"steps": "iterations", "batch_size": "batch_size"}
+    assert json.loads(_as_spelled(status, json.dumps(answer), keys))["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field", "says"),
+    [
+        # Integers past Python's 4,300 digits: "not JSON" (and a hint at set_int_max_str_digits).
+        (b'{"steps": 9' + b"9" * 4300 + b"}", 400, "steps", "(4301 digits) is out of range"),
+        (b'{"iterations": -9' + b"9" * 4300 + b"}", 400, "iterations", "-99999999999..."),
+        (b'{"profile": 9' + b"9" * 4300 + b"}", 400, "profile", "out of range"),
+        (b'{"script_args": ["a", 9' + b"9" * 4300 + b"]}", 400, "script_args", "out of range"),
+        (b'{"model": {"x": [9' + b"9" * 4300 + b"]}}", 400, "model", "out of range"),
+        (b"9" * 4400, 400, None, "not number"),
+        (b'{"nosuch": 9' + b"9" * 4300 + b"}", 400, "nosuch", "unknown field"),
+        # Code fields run only what the server was started with: whatever a request spells
+        # there is a 403, a NUL or a surrogate too.
+        (b'{"step": "os:getcwd\\u0000"}', 403, "step", "not allowed"),
+        (b'{"entry": "a:b\\ud800"}', 403, "entry", "not allowed"),
+    ],
+)
+def test_request_values_no_command_line_carries(
+    body: bytes, status: int, field: str | None, says: str
+) -> None:
+    with pytest.raises(RequestError) as e:
+        Schema(estimate_parser()).argv(body, Policy())
+    assert (e.value.status, e.value.field) == (status, field), e.value
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "field"),
+    [
+        (["--step=m:f", "--json"], 400, "step"),
+        (["--entry=m:f", "--batch-size=2", "--json"], 400, "entry"),
+        (["--script=/x/t.py", "--json", "--", "--step=m:f"], 400, "script"),
+        # Only the zoo ran: the worker's death is the server's fault, arguments or not.
+        (["--model=m", "--batch-size=2", "--json"], 500, None),
+        (["--model=m", "--json", "--", "--step=m:f"], 500, None),
+    ],
+)
+def test_a_worker_that_died_is_the_requests_fault_when_it_ran_its_code(
+    argv: list[str], status: int, field: str | None
+) -> None:
+    svc = Service(Config(None, "127.0.0.1", 0, 1, 8.0, Policy()))
+    try:
+        e = svc._died(argv, "exit status 3")
+    finally:
+        shutil.rmtree(svc.tmp_root, ignore_errors=True)
+    assert (e.status, e.field) == (status, field)
+    assert "died without an answer (exit status 3)" in str(e)
+
+
+@pytest.mark.parametrize("name", ["a\0b", "\ud800.json", "dir/\udfff/config.json"])
+def test_hf_config_a_name_no_file_can_have_is_a_user_error(tmp_path: Path, name: str) -> None:
+    """os.stat raised ValueError (a NUL, a lone surrogate), past an `except OSError`."""
+    with pytest.raises(UserError, match="not a file name"):
+        read_config(tmp_path / name)
+
+
+def test_stopping_the_zygote_kills_and_reaps_its_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM during the warm-up left the zygote (and what it ran) warming up for seconds
+    after the server had exited."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    zygote = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    assert zygote.stdout is not None
+    child = int(zygote.stdout.readline())
+    fake = multiprocessing.forkserver.ForkServer()
+    fake._forkserver_pid = zygote.pid
+    monkeypatch.setattr(multiprocessing.forkserver, "_forkserver", fake)
+    # This process's own tracker is left alone.
+    tracker = multiprocessing.resource_tracker.ResourceTracker()
+    monkeypatch.setattr(multiprocessing.resource_tracker, "_resource_tracker", tracker)
+    try:
+        serve_procs.stop_zygote()
+        assert zygote.returncode is None  # reaped by stop_zygote, not by Popen
+        with pytest.raises(ChildProcessError):
+            os.waitpid(zygote.pid, os.WNOHANG)
+        end = time.monotonic() + 5
+        while Path(f"/proc/{child}").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        status = Path(f"/proc/{child}/status")
+        assert not status.exists() or "zombie" in status.read_text(), "the zygote's child ran on"
+        # No zygote starts after it: the forkserver's lock is kept.
+        assert fake._forkserver_pid is None and not fake._lock.acquire(timeout=0.1)
+    finally:
+        zygote.kill()

@@ -113,6 +113,8 @@ def read_config(path: Path) -> HFSpec:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
         raise UserError(f"{where}: cannot read the file ({e.strerror})") from None
+    except ValueError as e:  # a NUL byte, or a lone surrogate no file name encodes
+        raise UserError(f"{where}: not a file name ({e})") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
