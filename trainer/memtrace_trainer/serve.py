@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -48,10 +47,18 @@ from memtrace_trainer.serve_procs import (
     alive,
     kill_group,
     kill_holders,
+    kill_tree,
     stop_zygote,
     zygote_pid,
 )
-from memtrace_trainer.serve_schema import CODE, Policy, RequestError, Schema, estimate_parser
+from memtrace_trainer.serve_schema import (
+    CODE,
+    Policy,
+    RequestError,
+    Schema,
+    as_spelled,
+    estimate_parser,
+)
 
 # How long shutdown waits for in-flight requests to send their answers once workers are stopped.
 DRAIN_SECONDS = 10.0
@@ -69,23 +76,6 @@ class Config:
     policy: Policy
 
 
-def _as_spelled(status: int, text: str, keys: dict[str, str]) -> str:
-    """An error answer naming the field as the request spelled it (`iterations`, not `steps`):
-    the worker's errors name the option."""
-    if status < 400:
-        return text
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text
-    field = body.get("field") if isinstance(body, dict) else None
-    spelled = keys.get(field) if isinstance(field, str) else None
-    if spelled is None or spelled == field:
-        return text
-    body["field"] = spelled
-    return json.dumps(body)
-
-
 class Service:
     """What the request threads share: the limits, the workers in flight, the shutdown flag."""
 
@@ -99,6 +89,7 @@ class Service:
         self.workers: set[Any] = set()
         self.busy = 0  # estimates holding a slot
         self.exiting = 0  # of them, workers that answered and are exiting
+        self.waiting = 0  # requests waiting for an exiting worker's slot (`_take_slot`)
         self.rewarming = 0  # workers waiting for a zygote started again
         self.stopping = threading.Event()
         self.tmp_root = Path(tempfile.mkdtemp(prefix="memtrace-serve-"))
@@ -156,21 +147,45 @@ class Service:
                                      daemon=True).start()  # fmt: skip
                 except RuntimeError:  # no thread to be had: waited for here, slot not lost
                     self._reap(exiting)
-        return status, _as_spelled(status, text, keys)
+        return status, as_spelled(status, text, keys)
 
     def _take_slot(self) -> bool:
         """A slot for one estimate, at once; or, when all are taken and some by workers that
-        have answered and are exiting, the first they free (within EXIT_SECONDS): a client's
-        next request, sent as soon as it read the answer, is not refused for that exit."""
+        have answered and are exiting, one of them (within EXIT_SECONDS): a client's next
+        request, sent as soon as it read the answer, is not refused for that exit. Only as
+        many requests wait as workers are exiting, and only while they are: every other one
+        is refused at once (503), as the bound promises."""
         got = self.slots.acquire(blocking=False)
         if not got:
             with self.lock:
-                exiting = self.exiting
-            got = exiting > 0 and self.slots.acquire(timeout=EXIT_SECONDS + 1)
+                waits = self.waiting < self.exiting
+                self.waiting += waits
+            if not waits:
+                # A reap may have freed a slot since the first try, and counted it out.
+                got = self.slots.acquire(blocking=False)
+            else:
+                try:
+                    got = self._wait_for_exit()
+                finally:
+                    with self.lock:
+                        self.waiting -= 1
         if got:
             with self.lock:
                 self.busy += 1
         return got
+
+    def _wait_for_exit(self) -> bool:
+        """A slot freed by an exiting worker, polled; none once no worker is exiting, at
+        shutdown, or after EXIT_SECONDS and a second for its kill (its EXIT_SECONDS began
+        before this request came)."""
+        end = time.monotonic() + EXIT_SECONDS + 1
+        while not self.stopping.is_set() and time.monotonic() < end:
+            if self.slots.acquire(timeout=POLL_SECONDS):
+                return True
+            with self.lock:
+                if self.exiting == 0:
+                    break
+        return self.slots.acquire(blocking=False)
 
     def _free_slot(self) -> None:
         with self.lock:
@@ -243,9 +258,10 @@ class Service:
                 self._end(proc)
                 release()
 
-            with self.lock:
+            answer = int(status), str(body)
+            with self.lock:  # last: nothing after it can raise and leave the count too high
                 self.exiting += 1
-            return int(status), str(body), exited
+            return *answer, exited
         finally:
             if started and not handed_off:
                 self._end(proc)
@@ -319,9 +335,8 @@ class Service:
                 pid = zygote_pid()
                 log(f"the workers' zygote (pid {pid}) did not start the worker within the "
                     "request's time limit; stopping it")  # fmt: skip
-                if pid is not None:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
+                if pid is not None:  # with what its warm-up started (memsim, memest)
+                    kill_tree(pid)
                 return False
         if errors:
             raise errors[0]

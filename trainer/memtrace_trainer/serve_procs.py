@@ -82,20 +82,9 @@ def _tree(root: int) -> set[int]:
     return found
 
 
-def stop_zygote() -> None:
-    """Kill the workers' zygote and every process under it (the warm-up's tools, workers, what
-    they started), reap it, and let none start after: the zygote of a server stopped during its
-    warm-up ran the warm-up on for seconds after the server had exited. Each process is
-    stopped (SIGSTOP) before the next listing, so none forks a child unseen, then all are
-    killed. The forkserver's lock is taken and kept: a start still going (the warm-up's first
-    worker, a restart) cannot spawn a new zygote behind this."""
-    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
-    lock = getattr(fs, "_lock", None)
-    if lock is not None:
-        lock.acquire(timeout=5)  # held while it spawns a zygote (milliseconds); never released
-    pid = zygote_pid()
-    if pid is None:
-        return
+def kill_tree(pid: int) -> None:
+    """Kill `pid` and every process under it. Each is stopped (SIGSTOP) before the next
+    listing, so none forks a child unseen, then all are killed."""
     stopped: set[int] = set()
     while new := _tree(pid) - stopped:
         for each in new:
@@ -105,6 +94,22 @@ def stop_zygote() -> None:
     for each in stopped:
         with contextlib.suppress(OSError):
             os.kill(each, signal.SIGKILL)
+
+
+def stop_zygote() -> None:
+    """Kill the workers' zygote and every process under it (the warm-up's tools, workers, what
+    they started), reap it, and let none start after: the zygote of a server stopped during its
+    warm-up ran the warm-up on for seconds after the server had exited (`kill_tree`). The
+    forkserver's lock is taken and kept: a start still going (the warm-up's first
+    worker, a restart) cannot spawn a new zygote behind this."""
+    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
+    lock = getattr(fs, "_lock", None)
+    if lock is not None:
+        lock.acquire(timeout=5)  # held while it spawns a zygote (milliseconds); never released
+    pid = zygote_pid()
+    if pid is None:
+        return
+    kill_tree(pid)
     # multiprocessing reaps it only when it starts the next worker; there is none.
     end = time.monotonic() + 5
     with contextlib.suppress(ChildProcessError):

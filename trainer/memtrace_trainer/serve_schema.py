@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -263,8 +264,8 @@ class Schema:
                 _words(f, key, value)
                 words = _words(f, key, policy.check(name, str(value)))
             else:
+                words = _words(f, key, value)  # its type first: a string's fault is said of one
                 _refuse_unwritable(f, key, value)
-                words = _words(f, key, value)
             if f.flag == "-- ARGS":
                 positional = words
             else:
@@ -278,6 +279,23 @@ class Schema:
             e.field = seen.get(e.field or "", e.field)  # the key the client wrote (an alias)
             raise
         return argv, seen
+
+
+def as_spelled(status: int, text: str, keys: dict[str, str]) -> str:
+    """An error answer naming the field as the request spelled it (`iterations`, not `steps`):
+    the worker's errors name the option."""
+    if status < 400:
+        return text
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    field = body.get("field") if isinstance(body, dict) else None
+    spelled = keys.get(field) if isinstance(field, str) else None
+    if spelled is None or spelled == field:
+        return text
+    body["field"] = spelled
+    return json.dumps(body)
 
 
 def _words(f: Field, key: str, value: Any) -> list[str]:
@@ -325,10 +343,12 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
 
 class Huge:
     """A JSON integer longer than Python reads (`sys.get_int_max_str_digits()`, 4,300 digits by
-    default): valid JSON, kept as its text so that the field holding it is named."""
+    default), or a number too large to be finite (`1e999`, read as infinity): valid JSON, kept
+    as its text so that the field holding it is named."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, integer: bool = True) -> None:
         self.text = text
+        self.integer = integer
 
     def __str__(self) -> str:
         return self.text if len(self.text) <= 24 else f"{self.text[:12]}...{self.text[-6:]}"
@@ -341,12 +361,20 @@ def _int(text: str) -> int | Huge:
         return Huge(text)
 
 
+def _float(text: str) -> float | Huge:
+    value = float(text)
+    return value if math.isfinite(value) else Huge(text, integer=False)
+
+
 def _refuse_huge(f: Field, key: str, value: Any) -> None:
     """A 400 naming the field for an integer too long to read, anywhere in its value (walked
     without recursion: a value may nest as deep as the JSON parser allows)."""
     todo = [value]
     while todo:
         item = todo.pop()
+        if isinstance(item, Huge) and not item.integer:
+            raise RequestError(400, f"field {key!r} ({f.flag}): the number {item} is out of "
+                               "range (too large to be finite)", key)  # fmt: skip
         if isinstance(item, Huge):
             digits = len(item.text.lstrip("-"))
             raise RequestError(400, f"field {key!r} ({f.flag}): the integer {item} ({digits} "
@@ -423,7 +451,8 @@ def parse_body(text: bytes) -> dict[str, Any]:
     """The request body as a JSON object: UTF-8, no NaN or Infinity, no key given twice."""
     try:
         body = json.loads(text.decode("utf-8"), object_pairs_hook=_unique,
-                          parse_constant=_no_constant, parse_int=_int)  # fmt: skip
+                          parse_constant=_no_constant, parse_int=_int,
+                          parse_float=_float)  # fmt: skip
     except UnicodeDecodeError as e:
         raise RequestError(400, f"request body is not UTF-8 ({e})") from None
     except ValueError as e:  # JSONDecodeError is one

@@ -341,6 +341,15 @@ def test_health_and_schema(server: Server) -> None:
         # Valid JSON, past the digits Python reads: the field, not "not JSON".
         (b'{"model": "x", "batch_size": 1' + b"0" * 4400 + b"}", 400, "batch_size", "(4401 "),
         (b'{"script_args": [-1' + b"0" * 5000 + b"]}", 400, "script_args", "out of range"),
+        # Too large to be finite: read as -inf, it went on as --lora-dropout=-inf.
+        (
+            b'{"model": "x", "batch_size": 2, "lora_dropout": -1e999}',
+            400,
+            "lora_dropout",
+            "the number -1e999 is out of range",
+        ),
+        # The type first: a string is not the array script_args takes, whatever it holds.
+        ({"model": MLP, "script_args": "a\0"}, 400, "script_args", "must be an array"),
         # Past the JSON parser's depth: a RecursionError, once answered 500 as an internal error.
         (b"[" * 100_000 + b"]" * 100_000, 400, None, "deeper than the JSON parser allows"),
         ({"step": "os:getcwd"}, 403, "step", "not allowed by this server"),

@@ -24,8 +24,8 @@ from memtrace_trainer import serve, serve_http, serve_procs
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.models import hf
 from memtrace_trainer.models.hf import MAX_CONFIG_BYTES, read_config
-from memtrace_trainer.serve import Config, Service, _as_spelled, _bind
-from memtrace_trainer.serve_schema import Policy, RequestError, Schema, estimate_parser
+from memtrace_trainer.serve import Config, Service, _bind
+from memtrace_trainer.serve_schema import Policy, RequestError, Schema, as_spelled, estimate_parser
 
 READ = 1.5  # the request deadline these servers have
 
@@ -493,7 +493,7 @@ def test_a_workers_error_names_the_key_the_request_used(
     status: int, answer: dict[str, Any], field: str | None
 ) -> None:
     keys = {"steps": "iterations", "batch_size": "batch_size"}
-    assert json.loads(_as_spelled(status, json.dumps(answer), keys))["field"] == field
+    assert json.loads(as_spelled(status, json.dumps(answer), keys))["field"] == field
 
 
 @pytest.mark.parametrize(
