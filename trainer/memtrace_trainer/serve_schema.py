@@ -344,14 +344,15 @@ def _words(f: Field, key: str, value: Any) -> list[str]:
 class Huge:
     """A JSON integer longer than Python reads (`sys.get_int_max_str_digits()`, 4,300 digits by
     default), or a number too large to be finite (`1e999`, read as infinity): valid JSON, kept
-    as its text so that the field holding it is named."""
+    with what is wrong with it so that the field holding it is named."""
 
     def __init__(self, text: str, integer: bool = True) -> None:
-        self.text = text
-        self.integer = integer
-
-    def __str__(self) -> str:
-        return self.text if len(self.text) <= 24 else f"{self.text[:12]}...{self.text[-6:]}"
+        short = text if len(text) <= 24 else f"{text[:12]}...{text[-6:]}"
+        digits = len(text.lstrip("-"))
+        if integer:
+            self.said = f"the integer {short} ({digits} digits) is out of range"
+        else:
+            self.said = f"the number {short} is out of range (too large to be finite)"
 
 
 def _int(text: str) -> int | Huge:
@@ -367,18 +368,13 @@ def _float(text: str) -> float | Huge:
 
 
 def _refuse_huge(f: Field, key: str, value: Any) -> None:
-    """A 400 naming the field for an integer too long to read, anywhere in its value (walked
+    """A 400 naming the field for a number too large to read, anywhere in its value (walked
     without recursion: a value may nest as deep as the JSON parser allows)."""
     todo = [value]
     while todo:
         item = todo.pop()
-        if isinstance(item, Huge) and not item.integer:
-            raise RequestError(400, f"field {key!r} ({f.flag}): the number {item} is out of "
-                               "range (too large to be finite)", key)  # fmt: skip
         if isinstance(item, Huge):
-            digits = len(item.text.lstrip("-"))
-            raise RequestError(400, f"field {key!r} ({f.flag}): the integer {item} ({digits} "
-                               "digits) is out of range", key)  # fmt: skip
+            raise RequestError(400, f"field {key!r} ({f.flag}): {item.said}", key)
         if isinstance(item, list):
             todo += item
         elif isinstance(item, dict):

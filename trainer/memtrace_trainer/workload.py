@@ -159,3 +159,10 @@ def integer_inputs(model: nn.Module, inputs: str) -> None:
         if (type(layer).forward in _FLOAT_INPUT_LAYERS and isinstance(weight, torch.Tensor)
                 and weight.is_floating_point()):  # fmt: skip
             handles.append(layer.register_forward_pre_hook(hook(name, layer)))
+    if handles:
+        # One forward shows what the layers are given: no hook runs in the later ones.
+        def done(*_: Any) -> None:
+            for h in handles:
+                h.remove()
+
+        handles.append(model.register_forward_hook(done))

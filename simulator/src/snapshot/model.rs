@@ -197,8 +197,8 @@ pub struct TraceEntry {
 
 impl TraceEntry {
     /// An entry memsim leaves out, kept in place with none of its fields read.
-    fn left_out(action: Action, time_us: Option<u64>) -> TraceEntry {
-        TraceEntry { action, addr: 0, size: 0, stream: 0, time_us, device_free: None, frames: None }
+    fn left_out(action: Action) -> TraceEntry {
+        TraceEntry { action, addr: 0, size: 0, stream: 0, time_us: None, device_free: None, frames: None }
     }
 }
 
@@ -234,7 +234,15 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
 /// Decodes snapshot pickle bytes; `name` (usually the file path) goes into error messages.
 pub fn parse_snapshot(bytes: &[u8], name: &str) -> Result<Snapshot, SnapshotError> {
     let p = pickle::decode(bytes).map_err(|source| SnapshotError::Pickle { file: name.to_string(), source })?;
-    Reader { p: &p, file: name, stacks: Vec::new(), interned: HashMap::new(), by_content: HashMap::new() }.snapshot()
+    Reader {
+        p: &p,
+        file: name,
+        stacks: Vec::new(),
+        interned: HashMap::new(),
+        by_content: HashMap::new(),
+        skipped: BTreeMap::new(),
+    }
+    .snapshot()
 }
 
 struct Reader<'a> {
@@ -243,6 +251,7 @@ struct Reader<'a> {
     stacks: Vec<Vec<Frame>>,
     interned: HashMap<ValueId, Option<StackRef>>,
     by_content: HashMap<Vec<ValueId>, StackRef>,
+    skipped: BTreeMap<String, Skipped>,
 }
 
 fn kind(v: &PickleValue) -> &'static str {
@@ -353,19 +362,7 @@ impl<'a> Reader<'a> {
                         let entries = self.list(*t, &path)?;
                         let mut out = Vec::with_capacity(entries.len());
                         for (i, e) in entries.iter().enumerate() {
-                            let at = format!("{path}[{i}]");
-                            let entry = match self.entry(*e, &at)? {
-                                Ok(entry) => entry,
-                                Err((name, time_us)) => {
-                                    let action = if name == ANNOTATE { Action::Annotate } else { Action::Unknown };
-                                    // Named with its file: a trace converted from this snapshot, and a snapshot
-                                    // written from that, carry the caveat on.
-                                    let first = format!("{at} of {}", file_name(self.file));
-                                    snap.skipped.entry(name).or_insert(Skipped { count: 0, first }).count += 1;
-                                    TraceEntry::left_out(action, time_us)
-                                }
-                            };
-                            out.push(entry);
+                            out.push(self.entry(*e, &format!("{path}[{i}]"))?);
                         }
                         snap.device_traces.push(out);
                     }
@@ -378,6 +375,7 @@ impl<'a> Reader<'a> {
         }
         super::check::segments(&snap.segments, self.file)?;
         snap.stacks = self.stacks;
+        snap.skipped = self.skipped;
         Ok(snap)
     }
 
@@ -475,24 +473,26 @@ impl<'a> Reader<'a> {
         })
     }
 
-    /// One trace entry, or (as `Err`) the action and time of one that a replay leaves out: an
-    /// annotation, or an action this version does not know.
-    #[allow(clippy::type_complexity)]
-    fn entry(&mut self, e: ValueId, path: &str) -> Result<Result<TraceEntry, (String, Option<u64>)>, SnapshotError> {
+    /// One trace entry; one a replay leaves out (an annotation, an action this version does
+    /// not know) with none of its fields read, counted in `skipped` under the file's name: a
+    /// trace converted from this snapshot, and a snapshot written from that, carry the caveat.
+    fn entry(&mut self, e: ValueId, path: &str) -> Result<TraceEntry, SnapshotError> {
         if !matches!(self.p.get(e), PickleValue::Dict(_)) {
             return Err(self.bad(path, "a dict (trace entry)", e));
         }
         let name = self.str_field(e, path, "action")?;
         let Some(action) = Action::parse(name) else {
-            // Its time only, which keeps the devices' merge order (`import`) as the file has it.
-            return Ok(Err((name.to_string(), self.opt_u64(e, path, "time_us").ok().flatten())));
+            let action = if name == ANNOTATE { Action::Annotate } else { Action::Unknown };
+            let first = format!("{path} of {}", file_name(self.file));
+            self.skipped.entry(name.to_string()).or_insert(Skipped { count: 0, first }).count += 1;
+            return Ok(TraceEntry::left_out(action));
         };
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
         } else {
             (self.u64_field(e, path, "addr")?, None)
         };
-        Ok(Ok(TraceEntry {
+        Ok(TraceEntry {
             action,
             addr,
             size: self.u64_field(e, path, "size")?,
@@ -500,7 +500,7 @@ impl<'a> Reader<'a> {
             time_us: self.opt_u64(e, path, "time_us")?,
             device_free,
             frames: self.frames(e, path)?,
-        }))
+        })
     }
 
     /// Interns the `frames` list of `obj`; an absent key or None is `None`.
