@@ -81,7 +81,20 @@ fn divisions_single_value_and_spaces() {
     check_divisions("roundup_power2_divisions:[65536:2]", TorchVersion::V2_9, [2; 16]);
 }
 
-fn check_err(conf: &str, version: TorchVersion, key: &str, expect: fn(&ConfigError) -> bool) {
+/// Whether an error is of the kind expected.
+type Kind = fn(&ConfigError) -> bool;
+
+/// The [`Kind`] of one variant, any fields (`kind!(TooSmall)`) or some (`kind!(TooSmall { min: 20, .. })`).
+macro_rules! kind {
+    ($variant:ident) => {
+        kind!($variant { .. })
+    };
+    ($variant:ident { $($fields:tt)* }) => {
+        |e: &ConfigError| matches!(e, ConfigError::$variant { $($fields)* })
+    };
+}
+
+fn check_err(conf: &str, version: TorchVersion, key: &str, expect: Kind) {
     match AllocatorConfig::parse(conf, version) {
         Ok(cfg) => panic!("{conf:?} ({version}) parsed to {cfg:?}, expected an error naming {key}"),
         Err(e) => {
@@ -93,67 +106,48 @@ fn check_err(conf: &str, version: TorchVersion, key: &str, expect: fn(&ConfigErr
 
 #[test]
 fn parse_errors_name_the_key() {
+    use TorchVersion::{V2_4, V2_5, V2_9};
+    // (setting, the word its message names, the error's kind), the same in every release.
+    let everywhere: [(&str, &str, Kind); 14] = [
+        ("foo:1", "foo", kind!(UnknownKey)),
+        ("expandable_segments:true", "expandable_segments", kind!(InvalidBool)),
+        ("expandable_segments:1", "expandable_segments", kind!(InvalidBool)),
+        ("release_lock_on_cudamalloc:yes", "release_lock_on_cudamalloc", kind!(InvalidBool)),
+        ("max_split_size_mb:19", "max_split_size_mb", kind!(TooSmall)),
+        ("max_split_size_mb:abc", "max_split_size_mb", kind!(InvalidNumber)),
+        ("max_split_size_mb:", "max_split_size_mb", kind!(MissingValue)),
+        ("roundup_power2_divisions:3", "roundup_power2_divisions", kind!(NotPowerOfTwo)),
+        ("roundup_power2_divisions:[256:3]", "roundup_power2_divisions", kind!(NotPowerOfTwo)),
+        ("roundup_power2_divisions:[300:2]", "roundup_power2_divisions", kind!(NotPowerOfTwo)),
+        ("garbage_collection_threshold:1.0", "garbage_collection_threshold", kind!(OutOfRange)),
+        ("garbage_collection_threshold:0", "garbage_collection_threshold", kind!(OutOfRange)),
+        ("backend:foo", "foo", kind!(UnknownBackend)),
+        ("pinned_num_register_threads:3", "pinned_num_register_threads", kind!(NotPowerOfTwo)),
+    ];
     for v in ALL_VERSIONS {
-        check_err("foo:1", v, "foo", |e| matches!(e, ConfigError::UnknownKey { .. }));
-        check_err("expandable_segments:true", v, "expandable_segments", |e| {
-            matches!(e, ConfigError::InvalidBool { .. })
-        });
-        check_err("expandable_segments:1", v, "expandable_segments", |e| matches!(e, ConfigError::InvalidBool { .. }));
-        check_err("release_lock_on_cudamalloc:yes", v, "release_lock_on_cudamalloc", |e| {
-            matches!(e, ConfigError::InvalidBool { .. })
-        });
-        check_err("max_split_size_mb:19", v, "max_split_size_mb", |e| matches!(e, ConfigError::TooSmall { .. }));
-        check_err("max_split_size_mb:abc", v, "max_split_size_mb", |e| matches!(e, ConfigError::InvalidNumber { .. }));
-        check_err("max_split_size_mb:", v, "max_split_size_mb", |e| matches!(e, ConfigError::MissingValue { .. }));
-        check_err("roundup_power2_divisions:3", v, "roundup_power2_divisions", |e| {
-            matches!(e, ConfigError::NotPowerOfTwo { .. })
-        });
-        check_err("roundup_power2_divisions:[256:3]", v, "roundup_power2_divisions", |e| {
-            matches!(e, ConfigError::NotPowerOfTwo { .. })
-        });
-        check_err("roundup_power2_divisions:[300:2]", v, "roundup_power2_divisions", |e| {
-            matches!(e, ConfigError::NotPowerOfTwo { .. })
-        });
-        check_err("garbage_collection_threshold:1.0", v, "garbage_collection_threshold", |e| {
-            matches!(e, ConfigError::OutOfRange { .. })
-        });
-        check_err("garbage_collection_threshold:0", v, "garbage_collection_threshold", |e| {
-            matches!(e, ConfigError::OutOfRange { .. })
-        });
-        check_err("backend:foo", v, "foo", |e| matches!(e, ConfigError::UnknownBackend { .. }));
-        check_err("pinned_num_register_threads:3", v, "pinned_num_register_threads", |e| {
-            matches!(e, ConfigError::NotPowerOfTwo { .. })
-        });
+        for (conf, key, expect) in everywhere {
+            check_err(conf, v, key, expect);
+        }
     }
-    // 20 MiB is the boundary: rejected before 2.9 (must be > 20), accepted from 2.9 (>= 20).
-    check_err("max_split_size_mb:20", TorchVersion::V2_4, "max_split_size_mb", |e| {
-        matches!(e, ConfigError::TooSmall { bound: ">", min: 20, .. })
-    });
-    check_err("max_split_size_mb:20", TorchVersion::V2_5, "max_split_size_mb", |e| {
-        matches!(e, ConfigError::TooSmall { bound: ">", .. })
-    });
-    assert_eq!(AllocatorConfig::parse("max_split_size_mb:20", TorchVersion::V2_9).unwrap().max_split_size, 20 * MIB);
-    // Keys that arrived later are unknown to older releases.
-    check_err("max_non_split_rounding_mb:64", TorchVersion::V2_4, "max_non_split_rounding_mb", |e| {
-        matches!(e, ConfigError::UnknownKey { .. })
-    });
-    check_err("per_process_memory_fraction:0.5", TorchVersion::V2_5, "per_process_memory_fraction", |e| {
-        matches!(e, ConfigError::UnknownKey { .. })
-    });
-    check_err("max_non_split_rounding_mb:10", TorchVersion::V2_9, "max_non_split_rounding_mb", |e| {
-        matches!(e, ConfigError::TooSmall { .. })
-    });
-    check_err("per_process_memory_fraction:1.5", TorchVersion::V2_9, "per_process_memory_fraction", |e| {
-        matches!(e, ConfigError::OutOfRange { .. })
-    });
-    // Separators.
-    check_err("max_split_size_mb 128", TorchVersion::V2_9, "max_split_size_mb128", |e| {
-        matches!(e, ConfigError::UnknownKey { .. })
-    });
-    check_err("expandable_segments:True;max_split_size_mb:64", TorchVersion::V2_9, "True;max_split_size_mb", |e| {
-        matches!(e, ConfigError::InvalidBool { .. })
-    });
-    check_err("roundup_power2_divisions:[256:2", TorchVersion::V2_9, "]", |e| matches!(e, ConfigError::Syntax { .. }));
+    // (setting, release, the word its message names, the error's kind) where the release matters.
+    let by_release: [(&str, TorchVersion, &str, Kind); 9] = [
+        // 20 MiB is the boundary: rejected before 2.9 (must be > 20), accepted from 2.9 (>= 20).
+        ("max_split_size_mb:20", V2_4, "max_split_size_mb", kind!(TooSmall { bound: ">", min: 20, .. })),
+        ("max_split_size_mb:20", V2_5, "max_split_size_mb", kind!(TooSmall { bound: ">", .. })),
+        // Keys that arrived later are unknown to older releases.
+        ("max_non_split_rounding_mb:64", V2_4, "max_non_split_rounding_mb", kind!(UnknownKey)),
+        ("per_process_memory_fraction:0.5", V2_5, "per_process_memory_fraction", kind!(UnknownKey)),
+        ("max_non_split_rounding_mb:10", V2_9, "max_non_split_rounding_mb", kind!(TooSmall)),
+        ("per_process_memory_fraction:1.5", V2_9, "per_process_memory_fraction", kind!(OutOfRange)),
+        // Separators.
+        ("max_split_size_mb 128", V2_9, "max_split_size_mb128", kind!(UnknownKey)),
+        ("expandable_segments:True;max_split_size_mb:64", V2_9, "True;max_split_size_mb", kind!(InvalidBool)),
+        ("roundup_power2_divisions:[256:2", V2_9, "]", kind!(Syntax)),
+    ];
+    for (conf, version, key, expect) in by_release {
+        check_err(conf, version, key, expect);
+    }
+    assert_eq!(AllocatorConfig::parse("max_split_size_mb:20", V2_9).unwrap().max_split_size, 20 * MIB);
 }
 
 #[test]

@@ -90,13 +90,15 @@ def is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def json_object(text: str, where: str, expected: str = "a JSON object") -> dict:
+def json_object(
+    text: str, where: str, expected: str = "a JSON object", not_json: str = "not JSON"
+) -> dict:
     """`text` parsed as a JSON object; otherwise a `UserError` naming `where` (a file and line, a
-    flag) and what was expected."""
+    flag) and what was expected (`not_json`, then the parser's words, when it is not JSON)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not JSON ({e})") from None
+        raise UserError(f"{where}: {not_json} ({e})") from None
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected {expected}")
     return data

@@ -50,6 +50,11 @@ fn three_tensors() -> Vec<Record> {
     ]
 }
 
+/// Two jobs, `a.jsonl` and `b.jsonl`, each the three-tensor trace at the same timestamps.
+fn twin_jobs(dir: &Path) -> [String; 2] {
+    ["a.jsonl", "b.jsonl"].map(|name| write_trace(dir, name, &three_tensors()).to_str().unwrap().to_owned())
+}
+
 /// A trace with no device allocation (a run that fell back to the CPU) is not a measurement
 /// of a job that needs nothing: said beside the verdict.
 #[test]
@@ -231,9 +236,8 @@ fn a_converted_snapshot_cut_at_a_record_is_said() {
 #[test]
 fn colocate_fits_and_smallest_capacity() {
     let dir = tempfile::tempdir().unwrap();
-    let a = write_trace(dir.path(), "a.jsonl", &three_tensors());
-    let b = write_trace(dir.path(), "b.jsonl", &three_tensors());
-    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let [a, b] = twin_jobs(dir.path());
+    let (a, b) = (a.as_str(), b.as_str());
     // Same timestamps: both peak together at 150 MiB each.
     let v = json(&["colocate", a, b, "--capacity", "400MiB", "--context", "10MiB", "--json"]);
     assert_eq!(v["mode"], "timestamps");
@@ -419,9 +423,8 @@ fn colocate_without_timestamps_sums_device_peaks_and_never_fits_above_capacity()
 #[test]
 fn colocate_aligned_verdict_matches_its_numbers() {
     let dir = tempfile::tempdir().unwrap();
-    let a = write_trace(dir.path(), "a.jsonl", &three_tensors());
-    let b = write_trace(dir.path(), "b.jsonl", &three_tensors());
-    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let [a, b] = twin_jobs(dir.path());
+    let (a, b) = (a.as_str(), b.as_str());
     for cap in (250u64..=340).step_by(10) {
         let c = format!("{cap}MiB");
         let (code, out, _) = memsim(&["colocate", a, b, "--capacity", &c, "--context", "10MiB", "--json"]);

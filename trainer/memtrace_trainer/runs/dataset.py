@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from memtrace_trainer.errors import UserError, is_integer, read_text
+from memtrace_trainer.errors import UserError, is_integer, json_object, read_text
 from memtrace_trainer.features import CNN_COLUMNS, MLP_COLUMNS, zoo_cells
 from memtrace_trainer.runs.rundir import FILES
 from memtrace_trainer.units import MIB
@@ -61,14 +61,9 @@ def job_cell(config: dict[str, Any]) -> str:
 
 
 def _load(path: Path, name: str) -> dict[str, Any]:
-    text = read_text(path / name, str(path / name), "a run file of JSON (UTF-8 text)")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path / name}: unreadable run file ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path / name}: expected a JSON object")
-    return data
+    where = str(path / name)
+    text = read_text(path / name, where, "a run file of JSON (UTF-8 text)")
+    return json_object(text, where, not_json="unreadable run file")
 
 
 def _mib(value: Any) -> str:
