@@ -409,3 +409,50 @@ fn annotations_and_unknown_actions_are_left_out_and_said() {
     let p2 = write(dir.path(), "only.pickle", &pickle(&snap(&marked[1..3])));
     assert!(warned(&json(&["replay", &p2, "--json"]), "records no allocator events"));
 }
+
+/// PyTorch 2.15 tags the entries of a block placed where its caller chose (`allocateWithAddress`)
+/// with `internal_metadata`; memsim replayed them by its own best fit in silence.
+#[test]
+fn entries_the_allocator_tagged_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = 1u64 << 30;
+    let tagged = |action: &str, addr: u64, size: u64, tag: &str| json!({"action": action, "addr": addr, "size": size, "stream": 0, "internal_metadata": tag});
+    let entries = [
+        tagged("alloc", base, 2 * MIB, "mallocWithAddress"),
+        json!({"action": "alloc", "addr": base + 2 * MIB, "size": 4 * MIB, "stream": 0}),
+        tagged("free_requested", base, 2 * MIB, "mallocWithAddress"),
+        tagged("free_completed", base, 2 * MIB, "mallocWithAddress"),
+        tagged("alloc", base, MIB, "resized"),
+        json!({"action": "alloc", "addr": base + MIB, "size": MIB, "stream": 0, "internal_metadata": ""}),
+    ];
+    let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries]});
+    let p = write(dir.path(), "placed.pickle", &pickle(&snap));
+    let v = json(&["replay", &p, "--json"]);
+    let placed = "3 trace entries tagged \"mallocWithAddress\" by the allocator (the first: device_traces[0][0] of \
+                  placed.pickle): blocks placed at an address their caller chose";
+    assert!(warned(&v, placed), "{v}");
+    assert!(warned(&v, "1 trace entry tagged \"resized\" by the allocator's internals, a tag this version"), "{v}");
+    assert!(!warned(&v, "tagged \"\""), "an empty tag is no tag: {v}");
+    // Validate says it beside what it found (this made-up run's addresses need not match).
+    let (code, out, err) = memsim(&["validate", &p]);
+    assert!(code != 2 && out.contains("block addresses") && err.contains(placed), "{out}{err}");
+    // Carried by the trace a conversion writes.
+    let t = dir.path().join("placed.mtrace");
+    assert_eq!(memsim(&["convert", &p, t.to_str().unwrap()]).0, 0);
+    assert!(warned(&json(&["replay", t.to_str().unwrap(), "--json"]), placed));
+    // Untagged, the same entries say nothing of it.
+    let plain: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.as_object_mut().unwrap().remove("internal_metadata");
+            e
+        })
+        .collect();
+    let p0 = write(
+        dir.path(),
+        "plain.pickle",
+        &pickle(&json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [plain]})),
+    );
+    assert!(!warned(&json(&["replay", &p0, "--json"]), "tagged"));
+}

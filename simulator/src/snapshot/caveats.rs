@@ -8,7 +8,7 @@ use std::path::Path;
 
 use trace::{metadata, Header};
 
-use super::model::{Snapshot, ANNOTATE};
+use super::model::{Skipped, Snapshot, ANNOTATE, MALLOC_WITH_ADDRESS};
 use super::rebuild::StartState;
 
 /// What a read of a trace did not give whole, as warning lines naming `path`: the reader's
@@ -77,7 +77,7 @@ impl Caveats {
                 doubts.len()
             ));
         }
-        lines.extend(left_out(snap));
+        lines.extend(entry_caveats(snap));
         let unknown_actions = snap.skipped.iter().filter(|(a, _)| *a != ANNOTATE).map(|(_, s)| s.count as u64).sum();
         Caveats { lines, state_only, unknown_actions }
     }
@@ -106,25 +106,40 @@ impl Caveats {
     }
 }
 
-/// The trace entries a replay of `snap` leaves out, one line per action (replay's caveats and
-/// validate's warnings alike).
-pub(super) fn left_out(snap: &Snapshot) -> Vec<String> {
-    snap.skipped
-        .iter()
-        .map(|(action, skipped)| {
-            let (n, first) = (skipped.count, &skipped.first);
-            let (entries, they) = if n == 1 { ("trace entry", "it changes") } else { ("trace entries", "they change") };
-            if action == ANNOTATE {
-                format!(
-                    "{n} '{ANNOTATE}' {entries} (metadata attached to allocations; the first: {first}) left out: \
+/// The trace entries a replay of `snap` leaves out, one line per action, and those it replays
+/// without following the allocator's internals that tagged them, one line per tag (replay's
+/// caveats and validate's warnings alike).
+pub(super) fn entry_caveats(snap: &Snapshot) -> Vec<String> {
+    let tagged = snap.tagged.iter().map(|(tag, Skipped { count: n, first })| {
+        let entries = if *n == 1 { "trace entry" } else { "trace entries" };
+        if tag == MALLOC_WITH_ADDRESS {
+            format!(
+                "{n} {entries} tagged {tag:?} by the allocator (the first: {first}): blocks placed at an address \
+                 their caller chose (PyTorch's allocateWithAddress), with the prefix block it records beside each; \
+                 memsim places them by its own best fit, so addresses from there on, and the peaks, may differ from \
+                 the run's"
+            )
+        } else {
+            format!(
+                "{n} {entries} tagged {tag:?} by the allocator's internals, a tag this version does not know (the \
+                 first: {first}): replayed as plain entries, so the peaks may differ from the run's"
+            )
+        }
+    });
+    let left_out = snap.skipped.iter().map(|(action, skipped)| {
+        let (n, first) = (skipped.count, &skipped.first);
+        let (entries, they) = if n == 1 { ("trace entry", "it changes") } else { ("trace entries", "they change") };
+        if action == ANNOTATE {
+            format!(
+                "{n} '{ANNOTATE}' {entries} (metadata attached to allocations; the first: {first}) left out: \
                      leaving them out changes no peak, but memsim does not keep them (a snapshot it writes lacks them)"
-                )
-            } else {
-                format!(
-                    "{n} {entries} of action {action:?}, which this version does not know (the first: {first}), left \
+            )
+        } else {
+            format!(
+                "{n} {entries} of action {action:?}, which this version does not know (the first: {first}), left \
                      out: if {they} memory, the peaks may differ from the run's (a newer memsim may read them)"
-                )
-            }
-        })
-        .collect()
+            )
+        }
+    });
+    left_out.chain(tagged).collect()
 }

@@ -43,6 +43,10 @@ pub struct Snapshot {
     /// (a newer PyTorch's). They stay in `device_traces` as [`Action::Annotate`] and
     /// [`Action::Unknown`]; said as caveats ([`super::Caveats`]), never in silence.
     pub skipped: BTreeMap<String, Skipped>,
+    /// Replayed entries the allocator's internals tagged (`internal_metadata`, PyTorch 2.15 on),
+    /// by tag: `mallocWithAddress` marks a block placed where its caller chose, which memsim's
+    /// best fit does not follow. Said as caveats, like [`Snapshot::skipped`].
+    pub tagged: BTreeMap<String, Skipped>,
 }
 
 /// The last component of a file's path, as a caveat names the snapshot it comes from.
@@ -50,7 +54,7 @@ fn file_name(path: &str) -> &str {
     Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or(path)
 }
 
-/// Trace entries of one action that were left out.
+/// Trace entries of one action (or tag) that a replay left out (or cannot follow).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
     /// How many.
@@ -61,6 +65,10 @@ pub struct Skipped {
 
 /// The action of `torch.cuda.memory._annotate_tensor` (PyTorch 2.15 on): metadata only.
 pub const ANNOTATE: &str = "annotate";
+
+/// The `internal_metadata` of an entry PyTorch's `allocateWithAddress` placed, and of the
+/// synthetic prefix block's malloc/free pair recorded beside it (PyTorch 2.15 on).
+pub const MALLOC_WITH_ADDRESS: &str = "mallocWithAddress";
 
 /// One segment.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,6 +249,7 @@ pub fn parse_snapshot(bytes: &[u8], name: &str) -> Result<Snapshot, SnapshotErro
         interned: HashMap::new(),
         by_content: HashMap::new(),
         skipped: BTreeMap::new(),
+        tagged: BTreeMap::new(),
     }
     .snapshot()
 }
@@ -252,6 +261,7 @@ struct Reader<'a> {
     interned: HashMap<ValueId, Option<StackRef>>,
     by_content: HashMap<Vec<ValueId>, StackRef>,
     skipped: BTreeMap<String, Skipped>,
+    tagged: BTreeMap<String, Skipped>,
 }
 
 fn kind(v: &PickleValue) -> &'static str {
@@ -376,6 +386,7 @@ impl<'a> Reader<'a> {
         super::check::segments(&snap.segments, self.file)?;
         snap.stacks = self.stacks;
         snap.skipped = self.skipped;
+        snap.tagged = self.tagged;
         Ok(snap)
     }
 
@@ -487,6 +498,11 @@ impl<'a> Reader<'a> {
             self.skipped.entry(name.to_string()).or_insert(Skipped { count: 0, first }).count += 1;
             return Ok(TraceEntry::left_out(action));
         };
+        let tag = self.p.dict_get(e, "internal_metadata").map(|v| self.p.get(v));
+        if let Some(PickleValue::Str(tag)) = tag.filter(|t| !matches!(t, PickleValue::Str(t) if t.is_empty())) {
+            let first = format!("{path} of {}", file_name(self.file));
+            self.tagged.entry(tag.to_string()).or_insert(Skipped { count: 0, first }).count += 1;
+        }
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
         } else {

@@ -21,7 +21,7 @@ use trace::BlockState;
 
 use crate::alloc::{Allocator, AllocatorConfig, DeviceEvent, ExistingSegment, Request, TorchVersion};
 
-use super::caveats::left_out;
+use super::caveats::entry_caveats;
 use super::model::{Action, Snapshot, TraceEntry};
 use super::rebuild::{rebuild, StartState, Unrecoverable};
 use super::resync::resync;
@@ -226,7 +226,12 @@ pub fn validate_from(
         torch_version: version.to_string(),
         alloc_conf: chosen.shown,
         alloc_conf_source: chosen.source,
-        warnings: chosen.warnings.into_iter().chain(super::settings::circular(snap)).chain(left_out(snap)).collect(),
+        warnings: chosen
+            .warnings
+            .into_iter()
+            .chain(super::settings::circular(snap))
+            .chain(entry_caveats(snap))
+            .collect(),
         verdict: Verdict::Exact,
         nothing_compared: false,
         devices,
