@@ -74,6 +74,8 @@ class Config:
     max_concurrency: int
     timeout: float
     policy: Policy
+    # Bytes a worker may allocate past the zygote's (serve_worker.limit_memory); None: unbounded.
+    worker_memory: int | None = None
 
 
 class Service:
@@ -108,6 +110,7 @@ class Service:
             "max_concurrency": c.max_concurrency,
             "in_flight": self.busy,
             "timeout_seconds": c.timeout,
+            "worker_memory_bytes": c.worker_memory,
             "allowed": c.policy.allowed(),
             "endpoints": [f"{m} {p}" for p, m in ROUTES.items()],
         }
@@ -214,7 +217,9 @@ class Service:
         deadline = time.monotonic() + self.config.timeout
         tmp = tempfile.mkdtemp(prefix="request-", dir=self.tmp_root)
         recv, send = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=serve_worker.work, args=(argv, tmp, send), daemon=True)
+        proc = self.ctx.Process(
+            target=serve_worker.work, args=(argv, tmp, send, self.config.worker_memory), daemon=True
+        )
 
         def release() -> None:
             recv.close()

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import traceback
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 # The job the zygote estimates once at start-up, through the same path as a request: it imports
@@ -25,6 +26,43 @@ WARM_ARGV = ["--model", 'synthetic:{"family":"mlp","input_size":64,"output_size"
 
 def _error(message: str, field: str | None = None) -> str:
     return json.dumps({"error": message, "field": field})
+
+
+def limit_memory(budget: int) -> None:
+    """Bound this worker's data (`RLIMIT_DATA`: its heap and private writable mappings) at what
+    it holds now, forked from the zygote and shared with it, plus `budget` bytes: an estimate that
+    grows past it fails here with a MemoryError, where without a bound it could take the host's
+    memory and be killed by the OOM killer with its neighbours."""
+    import resource
+
+    held = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = Path("/proc/self/status").read_text()
+        held = int(re.search(r"^VmData:\s+(\d+) kB", status, re.M)[1]) << 10  # type: ignore[index]
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = held + budget if hard == resource.RLIM_INFINITY else min(held + budget, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """`e` (or what it was raised from) is an allocation refused: Python's MemoryError, or
+    PyTorch's CPU allocator's error."""
+    seen: set[int] = set()
+    at: BaseException | None = e
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, MemoryError) or "can't allocate memory" in str(at):
+            return True
+        at = at.__cause__ or at.__context__
+    return False
+
+
+def _memory_answer(memory: int) -> str:
+    gib = memory / (1 << 30)
+    return _error(f"the estimate needed more memory than this server lets one worker allocate "
+                  f"({gib:.3g} GiB beyond the warm zygote's, --worker-memory): run it with "
+                  "`memtrace_trainer estimate` on a machine with the memory, or start the "
+                  "server with a larger --worker-memory")  # fmt: skip
 
 
 @functools.cache
@@ -51,10 +89,10 @@ def _huge_size(args: Any) -> str | None:
     return None
 
 
-def answer(argv: list[str]) -> tuple[int, str]:
+def answer(argv: list[str], memory: int | None = None) -> tuple[int, str]:
     """HTTP status and body of one estimate: 200 and exactly what `estimate ARGV` prints (a
-    "does not fit" verdict is an answer too), 400 for what the command rejects, 500 for an
-    internal error."""
+    "does not fit" verdict is an answer too), 400 for what the command rejects or for a job
+    past the worker's `memory` limit (`limit_memory`), 500 for an internal error."""
     from memtrace_trainer import notes
     from memtrace_trainer.cli import _internal
     from memtrace_trainer.cli.estimate import estimate_result
@@ -79,10 +117,14 @@ def answer(argv: list[str]) -> tuple[int, str]:
     except SizeOverflowError as e:  # raised on the model's behalf, said before the trace ends
         return 400, _error(str(e), _huge_size(args))
     except UserError as e:
+        if memory is not None and _out_of_memory(e):
+            return 400, _memory_answer(memory)
         return 400, _error(str(e), schema.field_in(str(e), argv))
     except SystemExit as e:  # the user's code (the server's own never exits by raising)
         return 400, _error(str(UserCodeError("your code called sys.exit:", e)), _code_field(args))
     except Exception as e:  # the user's code or an internal fault: a JSON answer either way
+        if memory is not None and _out_of_memory(e):
+            return 400, _memory_answer(memory)
         if (too_large := size_overflow(e)) is not None:
             return 400, _error(str(too_large), _huge_size(args))
         if user_frames(e):
@@ -93,9 +135,10 @@ def answer(argv: list[str]) -> tuple[int, str]:
     return 200, json.dumps(result) + "\n"
 
 
-def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
+def work(argv: list[str], tmpdir: str, conn: Connection, memory: int | None = None) -> None:
     """A worker's whole life: the estimate with every temporary file under `tmpdir` (the server
-    removes it whatever happens here), its answer sent on `conn`."""
+    removes it whatever happens here) and its data bounded by `memory` bytes beyond the zygote's
+    (None: unbounded), its answer sent on `conn`."""
     # A process group of its own: what the user's code starts (a DataLoader's workers, a
     # subprocess) is stopped with the worker, not left running after its request.
     with contextlib.suppress(OSError):
@@ -103,12 +146,14 @@ def work(argv: list[str], tmpdir: str, conn: Connection) -> None:
     os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = tmpdir
     try:
+        if memory is not None:
+            limit_memory(memory)
         from memtrace_trainer.symtrace import script
 
         # A script that catches every stop ends this process (os._exit): its error is this
         # request's answer, not a dead worker's 500.
         script.unstoppable_reply = lambda m: _reply(conn, (400, _error(m, "script")))
-        status, body = answer(argv)
+        status, body = answer(argv, memory)
     except BaseException as e:  # the server must always get an answer
         status, body = 500, _error(f"internal error: {type(e).__name__}: {e}")
     _reply(conn, (status, body))

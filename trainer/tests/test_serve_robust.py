@@ -321,3 +321,53 @@ def test_a_script_that_catches_every_stop_is_answered_not_a_dead_worker(tmp_path
     answer = json.loads(body)
     assert (status, answer["field"]) == (400, "script"), answer
     assert "caught the stop after 3 iterations 100 times" in answer["error"]
+
+
+HOG = """
+def make(device):  # host memory, 64 MiB at a time, until refused
+    blocks = []
+    while True:
+        blocks.append(bytearray(64 << 20))
+"""
+
+
+def test_a_worker_past_its_memory_bound_is_answered_400(tmp_path: Path) -> None:
+    """A job that grows without end (a step's host tensors, a synthetic model of depth 10^8)
+    took memory until the time limit, or until the OOM killer picked a process of the host."""
+    (tmp_path / "hog.py").write_text(HOG)
+    (tmp_path / "tools").mkdir()
+    srv = Server(["--socket", str(tmp_path / "s.sock"), "--worker-memory", "0.25",
+                  "--allow-step", "hog:make"],
+                 server_env(tmp_path, stand_ins(tmp_path / "tools")))  # fmt: skip
+    try:
+        assert srv.request("GET", "/v1/health")[1]["worker_memory_bytes"] == 1 << 28
+        status, answer = srv.estimate({"step": "hog:make"})
+        assert (
+            status == 400
+            and "(0.25 GiB beyond the warm zygote's, --worker-memory)" in answer["error"]
+        ), answer
+        # The bound leaves an ordinary estimate alone, and the server goes on.
+        status, answer = srv.estimate({"model": MLP, "batch_size": 32})
+        assert status == 200, answer
+    finally:
+        assert srv.stop() == 0
+
+
+def test_worker_memory_values(server: Server) -> None:
+    from memtrace_trainer.cli.serve import _worker_memory
+    from memtrace_trainer.errors import UserError
+
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    # By default an equal share of the host's memory per concurrent estimate (this server: 1).
+    assert server.request("GET", "/v1/health")[1]["worker_memory_bytes"] == host
+    for text, workers, expect in ((None, 4, host // 4), ("none", 1, None), ("NONE", 2, None),
+                                  ("8", 1, 8 << 30), ("0.5", 1, 1 << 29)):  # fmt: skip
+        assert _worker_memory(text, workers) == expect, text
+    for text in ("0", "-1", "abc", "nan", "inf", "1e30", ""):
+        with pytest.raises(UserError, match="expected GiB above 0"):
+            _worker_memory(text, 1)
+    done = subprocess.run([sys.executable, "-m", "memtrace_trainer", "serve", "--socket", "s",
+                           "--worker-memory", "0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "serve --worker-memory '0': expected GiB" in done.stderr, (
+        done.stderr
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +40,8 @@ file on the server). Options naming files the estimate reads (--profile PATH, --
 hf-config:PATH) read them as the server's user.
 
 Each estimate runs in a worker process forked from a warm zygote; a worker past --timeout is
-killed (504) and the server goes on. Requests over --max-concurrency are refused at once with 503
+killed (504) and the server goes on, and one that allocates past --worker-memory fails (400)
+instead of taking the host's memory. Requests over --max-concurrency are refused at once with 503
 (no queue: the caller decides when to retry). One log line per request on stderr: method, path,
 status, seconds. SIGTERM or SIGINT: stop accepting, abort in-flight estimates (503), remove the
 socket, exit 0.
@@ -88,6 +91,13 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         "request answered 504",
     )
     s.add_argument(
+        "--worker-memory",
+        metavar="GIB",
+        help="memory one estimate's worker may allocate, in GiB, beyond what the warm zygote "
+        "holds (RLIMIT_DATA; past it the estimate is answered 400); default: the host's "
+        "memory divided by --max-concurrency; `none`: no bound",
+    )
+    s.add_argument(
         "--allow-step",
         action="append",
         default=[],
@@ -130,6 +140,23 @@ def _function_spec(flag: str, spec: str) -> str:
     return spec
 
 
+def _worker_memory(text: str | None, workers: int) -> int | None:
+    """--worker-memory in bytes: GiB as given, `none` for no bound, or by default an equal share
+    of the host's memory per concurrent estimate (together they cannot exceed it)."""
+    if text is None:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // workers
+    if text.strip().lower() == "none":
+        return None
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0) or gib * (1 << 30) >= 1 << 62:
+        raise UserError(f"serve --worker-memory {text!r}: expected GiB above 0 (e.g. 8 or 0.5), "
+                        "or none")  # fmt: skip
+    return max(1, int(gib * (1 << 30)))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from memtrace_trainer.serve import Config, serve
     from memtrace_trainer.serve_schema import Policy
@@ -155,5 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
         [_function_spec("--allow-entry", s) for s in args.allow_entry],
         args.allow_script,
     )
-    config = Config(args.socket, args.host, args.port, args.max_concurrency, args.timeout, policy)
+    memory = _worker_memory(args.worker_memory, args.max_concurrency)
+    config = Config(
+        args.socket, args.host, args.port, args.max_concurrency, args.timeout, policy, memory
+    )
     return serve(config)
