@@ -354,12 +354,24 @@ def test_a_worker_past_its_memory_bound_is_answered_400(tmp_path: Path) -> None:
 
 
 def test_worker_memory_values(server: Server) -> None:
-    from memtrace_trainer.cli.serve import _worker_memory
+    from memtrace_trainer.cli import serve as cli_serve
+    from memtrace_trainer.cli.serve import _worker_memory, host_memory
     from memtrace_trainer.errors import UserError
 
-    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    host, phys = host_memory(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     # By default an equal share of the host's memory per concurrent estimate (this server: 1).
     assert server.request("GET", "/v1/health")[1]["worker_memory_bytes"] == host
+    # A container's cgroup limit is the host's memory where it is lower ("max": no limit).
+    limit_file = server.socket.parent / "memory.max"
+    for limit, expect in (
+        ("2147483648\n", min(phys, 1 << 31)),
+        ("max\n", phys),
+        (f"{1 << 62}", phys),
+    ):
+        limit_file.write_text(limit)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(cli_serve, "CGROUP_LIMITS", (str(limit_file), "/nonexistent/limit"))
+            assert host_memory() == expect, limit
     for text, workers, expect in ((None, 4, host // 4), ("none", 1, None), ("NONE", 2, None),
                                   ("8", 1, 8 << 30), ("0.5", 1, 1 << 29)):  # fmt: skip
         assert _worker_memory(text, workers) == expect, text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import math
 import os
@@ -95,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
         metavar="GIB",
         help="memory one estimate's worker may allocate, in GiB, beyond what the warm zygote "
         "holds (RLIMIT_DATA; past it the estimate is answered 400); default: the host's "
-        "memory divided by --max-concurrency; `none`: no bound",
+        "memory (or the container's cgroup limit, when lower) divided by --max-concurrency; "
+        "`none`: no bound",
     )
     s.add_argument(
         "--allow-step",
@@ -140,11 +142,25 @@ def _function_spec(flag: str, spec: str) -> str:
     return spec
 
 
+# Where a container's memory limit is read: cgroup v2, then v1 (the mounts a container sees).
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def host_memory() -> int:
+    """The memory this process may use: the machine's, or its container's cgroup limit when
+    lower (a server in a pod must not share out the node's memory)."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for path in CGROUP_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(path).read_text().strip()))  # "max": no limit
+    return total
+
+
 def _worker_memory(text: str | None, workers: int) -> int | None:
     """--worker-memory in bytes: GiB as given, `none` for no bound, or by default an equal share
-    of the host's memory per concurrent estimate (together they cannot exceed it)."""
+    of the memory this process may use per concurrent estimate (together they cannot exceed it)."""
     if text is None:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // workers
+        return host_memory() // workers
     if text.strip().lower() == "none":
         return None
     try:
