@@ -165,5 +165,6 @@ def error_line(stderr: str) -> str:
                     if not re.match(r"^(\d+ *)?\|", more):
                         said.append(more)
                 return "; ".join(said)
-    rest = [line for line in lines if line]
+    # Rust's allocation failure aborts with its own line, then one about the backtrace it skips.
+    rest = [line for line in lines if line and not line.startswith("skipping backtrace")]
     return rest[-1] if rest else ""

@@ -28,33 +28,56 @@ def _error(message: str, field: str | None = None) -> str:
     return json.dumps({"error": message, "field": field})
 
 
+def data_held() -> int | None:
+    """The bytes of data this process holds (`VmData`: its heap and private writable mappings,
+    what `RLIMIT_DATA` bounds), or None where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"^VmData:\s+(\d+) kB", status, re.M)[1]) << 10  # type: ignore[index]
+    return None
+
+
 def limit_memory(budget: int) -> None:
-    """Bound this worker's data (`RLIMIT_DATA`: its heap and private writable mappings) at what
-    it holds now, forked from the zygote and shared with it, plus `budget` bytes: an estimate that
-    grows past it fails here with a MemoryError, where without a bound it could take the host's
-    memory and be killed by the OOM killer with its neighbours."""
+    """Bound this worker's data (`RLIMIT_DATA`) at what it holds now, forked from the zygote and
+    shared with it, plus `budget` bytes: an estimate that grows past it fails here with a
+    MemoryError, where without a bound it could take the host's memory and be killed by the OOM
+    killer with its neighbours. Unbounded where /proc does not say what it holds (a bound of the
+    budget alone would refuse the first allocation); the server checked at start-up."""
     import resource
 
-    held = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        status = Path("/proc/self/status").read_text()
-        held = int(re.search(r"^VmData:\s+(\d+) kB", status, re.M)[1]) << 10  # type: ignore[index]
+    held = data_held()
+    if held is None:
+        return
     _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = held + budget if hard == resource.RLIM_INFINITY else min(held + budget, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
+def _unbound() -> None:
+    """The soft bound lifted to the hard one: the answer is built, and sent, with the memory the
+    estimate left held (a step's module-level list, say)."""
+    import resource
+
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_DATA, (resource.getrlimit(resource.RLIMIT_DATA)[1],) * 2)
+
+
 def _out_of_memory(e: BaseException) -> bool:
-    """`e` (or what it was raised from) is an allocation refused: Python's MemoryError, or
-    PyTorch's CPU allocator's error."""
+    """`e` (or what it was raised from) is an allocation refused: Python's MemoryError, PyTorch's
+    CPU allocator's error, a thread whose stack could not be mapped, or memsim/memest aborted
+    by Rust's allocation failure."""
     seen: set[int] = set()
     at: BaseException | None = e
     while at is not None and id(at) not in seen:
         seen.add(id(at))
-        if isinstance(at, MemoryError) or "can't allocate memory" in str(at):
+        if isinstance(at, MemoryError) or any(s in str(at) for s in OUT_OF_MEMORY):
             return True
         at = at.__cause__ or at.__context__
     return False
+
+
+# What an allocation refused under the bound says, where it is not a MemoryError.
+OUT_OF_MEMORY = ("can't allocate memory", "can't start new thread", "memory allocation of ")
 
 
 def _memory_answer(memory: int) -> str:
@@ -110,8 +133,12 @@ def answer(argv: list[str], memory: int | None = None) -> tuple[int, str]:
         args = schema.parser.parse_args(argv)
         # Warnings are in the answer (`warnings`), so they are not printed; what the user's own
         # code prints goes to the server's log, never into the body.
-        with notes.captured(lambda _m: None), contextlib.redirect_stdout(sys.stderr):
-            result = estimate_result(args)
+        try:
+            with notes.captured(lambda _m: None), contextlib.redirect_stdout(sys.stderr):
+                result = estimate_result(args)
+        finally:
+            if memory is not None:
+                _unbound()
     except RequestError as e:
         return e.status, json.dumps(e.body())
     except SizeOverflowError as e:  # raised on the model's behalf, said before the trace ends

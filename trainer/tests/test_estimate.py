@@ -409,6 +409,12 @@ def test_the_answer_names_the_shape_flags_it_was_given() -> None:
         ),
         ("memest: error: x.jsonl: no such file\n", "x.jsonl: no such file"),
         ("something else\nlast words\n", "last words"),
+        # Rust's allocation failure (an abort) is the line before the backtrace it skips.
+        (
+            "memory allocation of 3584 bytes failed\nskipping backtrace printing to avoid "
+            "potential recursion\n",
+            "memory allocation of 3584 bytes failed",
+        ),
     ],
 )
 def test_a_tools_error_is_one_line_with_its_reason(stderr: str, line: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from test_serve import MLP, Server, gone, server_env, stand_ins
 
-from memtrace_trainer import serve_worker
+from memtrace_trainer import notes, serve_worker
 
 SLOW = {"step": "slow_step:make"}
 
@@ -324,10 +324,21 @@ def test_a_script_that_catches_every_stop_is_answered_not_a_dead_worker(tmp_path
 
 
 HOG = """
+import threading, time
+HELD = []
+
 def make(device):  # host memory, 64 MiB at a time, until refused
     blocks = []
     while True:
         blocks.append(bytearray(64 << 20))
+
+def keep(device):  # a little at a time, held by the module: still held when the answer is built
+    while True:
+        HELD.append(bytearray(1000))
+
+def threads(device):  # each thread's stack counts too
+    while True:
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
 """
 
 
@@ -337,15 +348,15 @@ def test_a_worker_past_its_memory_bound_is_answered_400(tmp_path: Path) -> None:
     (tmp_path / "hog.py").write_text(HOG)
     (tmp_path / "tools").mkdir()
     srv = Server(["--socket", str(tmp_path / "s.sock"), "--worker-memory", "0.25",
-                  "--allow-step", "hog:make"],
+                  "--allow-step", "hog:make", "--allow-step", "hog:keep", "--allow-step",
+                  "hog:threads"],
                  server_env(tmp_path, stand_ins(tmp_path / "tools")))  # fmt: skip
     try:
         assert srv.request("GET", "/v1/health")[1]["worker_memory_bytes"] == 1 << 28
-        status, answer = srv.estimate({"step": "hog:make"})
-        assert (
-            status == 400
-            and "(0.25 GiB beyond the warm zygote's, --worker-memory)" in answer["error"]
-        ), answer
+        for step in ("hog:make", "hog:keep", "hog:threads"):
+            status, answer = srv.estimate({"step": step})
+            said = "(0.25 GiB beyond the warm zygote's, --worker-memory)"
+            assert status == 400 and said in answer["error"], (step, answer)
         # The bound leaves an ordinary estimate alone, and the server goes on.
         status, answer = srv.estimate({"model": MLP, "batch_size": 32})
         assert status == 200, answer
@@ -378,6 +389,13 @@ def test_worker_memory_values(server: Server) -> None:
     for text in ("0", "-1", "abc", "nan", "inf", "1e30", ""):
         with pytest.raises(UserError, match="expected GiB above 0"):
             _worker_memory(text, 1)
+    # Where /proc does not say what a worker holds, a bound of the budget alone would refuse
+    # its first allocation: none, said.
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as m, notes.captured(said.append):
+        m.setattr(serve_worker, "data_held", lambda: None)
+        assert _worker_memory("8", 1) is None
+    assert any("--worker-memory has no effect" in line for line in said), said
     done = subprocess.run([sys.executable, "-m", "memtrace_trainer", "serve", "--socket", "s",
                            "--worker-memory", "0"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "serve --worker-memory '0': expected GiB" in done.stderr, (

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from memtrace_trainer import notes
+from memtrace_trainer import notes, serve_worker
 from memtrace_trainer.errors import UserError, check_input_file
 
 # The longest --timeout: Connection.poll takes at most 2**31 - 1 milliseconds.
@@ -94,8 +94,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     s.add_argument(
         "--worker-memory",
         metavar="GIB",
-        help="memory one estimate's worker may allocate, in GiB, beyond what the warm zygote "
-        "holds (RLIMIT_DATA; past it the estimate is answered 400); default: the host's "
+        help="memory one estimate's worker process may allocate, in GiB, beyond what the warm "
+        "zygote holds (RLIMIT_DATA, thread stacks included; past it the estimate is answered "
+        "400; a process the estimate starts has a bound of its own); default: the host's "
         "memory (or the container's cgroup limit, when lower) divided by --max-concurrency; "
         "`none`: no bound",
     )
@@ -158,7 +159,17 @@ def host_memory() -> int:
 
 def _worker_memory(text: str | None, workers: int) -> int | None:
     """--worker-memory in bytes: GiB as given, `none` for no bound, or by default an equal share
-    of the memory this process may use per concurrent estimate (together they cannot exceed it)."""
+    of the memory this process may use per concurrent estimate; None (said) where /proc cannot
+    tell a worker what it holds."""
+    memory = _memory_given(text, workers)
+    if memory is not None and serve_worker.data_held() is None:
+        notes.warn("--worker-memory has no effect: /proc/self/status gives no VmData here "
+                   "(not Linux, or /proc not mounted): the workers run unbounded")  # fmt: skip
+        return None
+    return memory
+
+
+def _memory_given(text: str | None, workers: int) -> int | None:
     if text is None:
         return host_memory() // workers
     if text.strip().lower() == "none":
