@@ -424,15 +424,19 @@ fn entries_the_allocator_tagged_are_said() {
         tagged("free_completed", base, 2 * MIB, "mallocWithAddress"),
         tagged("alloc", base, MIB, "resized"),
         json!({"action": "alloc", "addr": base + MIB, "size": MIB, "stream": 0, "internal_metadata": ""}),
+        json!({"action": "alloc", "addr": base + 8 * MIB, "size": MIB, "stream": 0, "internal_metadata": 5}),
+        json!({"action": "alloc", "addr": base + 9 * MIB, "size": MIB, "stream": 0, "internal_metadata": null}),
     ];
     let snap = json!({"segments": [segment(base, 20 * MIB, "inactive")], "device_traces": [entries]});
     let p = write(dir.path(), "placed.pickle", &pickle(&snap));
     let v = json(&["replay", &p, "--json"]);
     let placed = "3 trace entries tagged \"mallocWithAddress\" by the allocator (the first: device_traces[0][0] of \
-                  placed.pickle): blocks placed at an address their caller chose";
+                  placed.pickle): the prefix block PyTorch allocates and frees to place a block at an address its caller chose";
     assert!(warned(&v, placed), "{v}");
     assert!(warned(&v, "1 trace entry tagged \"resized\" by the allocator's internals, a tag this version"), "{v}");
     assert!(!warned(&v, "tagged \"\""), "an empty tag is no tag: {v}");
+    assert!(warned(&v, "1 trace entry tagged \"(int)\" by the allocator's internals"), "said by its type: {v}");
+    assert!(warned(&v, "(a snapshot memsim writes lacks the tags)"), "{v}");
     // Validate says it beside what it found (this made-up run's addresses need not match).
     let (code, out, err) = memsim(&["validate", &p]);
     assert!(code != 2 && out.contains("block addresses") && err.contains(placed), "{out}{err}");

@@ -114,15 +114,16 @@ pub(super) fn entry_caveats(snap: &Snapshot) -> Vec<String> {
         let entries = if *n == 1 { "trace entry" } else { "trace entries" };
         if tag == MALLOC_WITH_ADDRESS {
             format!(
-                "{n} {entries} tagged {tag:?} by the allocator (the first: {first}): blocks placed at an address \
-                 their caller chose (PyTorch's allocateWithAddress), with the prefix block it records beside each; \
-                 memsim places them by its own best fit, so addresses from there on, and the peaks, may differ from \
-                 the run's"
+                "{n} {entries} tagged {tag:?} by the allocator (the first: {first}): the prefix block PyTorch \
+                 allocates and frees to place a block at an address its caller chose (allocateWithAddress), which \
+                 memsim replays as an ordinary block by its own best fit, so addresses from there on, and the \
+                 peaks, may differ from the run's (a snapshot memsim writes lacks the tags)"
             )
         } else {
             format!(
                 "{n} {entries} tagged {tag:?} by the allocator's internals, a tag this version does not know (the \
-                 first: {first}): replayed as plain entries, so the peaks may differ from the run's"
+                 first: {first}): replayed as plain entries, so the peaks may differ from the run's (a snapshot \
+                 memsim writes lacks the tags)"
             )
         }
     });

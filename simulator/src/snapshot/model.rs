@@ -498,10 +498,15 @@ impl<'a> Reader<'a> {
             self.skipped.entry(name.to_string()).or_insert(Skipped { count: 0, first }).count += 1;
             return Ok(TraceEntry::left_out(action));
         };
-        let tag = self.p.dict_get(e, "internal_metadata").map(|v| self.p.get(v));
-        if let Some(PickleValue::Str(tag)) = tag.filter(|t| !matches!(t, PickleValue::Str(t) if t.is_empty())) {
+        // A tag of another type than str is said by its type, not dropped.
+        let tag = match self.p.dict_get(e, "internal_metadata").map(|v| self.p.get(v)) {
+            None | Some(PickleValue::None) => None,
+            Some(PickleValue::Str(t)) => (!t.is_empty()).then(|| t.to_string()),
+            Some(v) => Some(format!("({})", kind(v))),
+        };
+        if let Some(tag) = tag {
             let first = format!("{path} of {}", file_name(self.file));
-            self.tagged.entry(tag.to_string()).or_insert(Skipped { count: 0, first }).count += 1;
+            self.tagged.entry(tag).or_insert(Skipped { count: 0, first }).count += 1;
         }
         let (addr, device_free) = if action == Action::Oom {
             (self.opt_u64(e, path, "addr")?.unwrap_or(0), self.opt_u64(e, path, "device_free")?)
