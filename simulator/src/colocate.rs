@@ -4,8 +4,11 @@
 //! Two ways to combine them, and the report says which was used:
 //! - [`Mode::SumOfPeaks`]: with no wall-clock time on every trace, nothing says when each job
 //!   peaks, so the set must survive the peaks coinciding: the combined need is the sum of what
-//!   each job holds at its peak (reserved + outside the allocator), and that sum is the smallest
-//!   capacity. This holds for any interleaving. A job's own memory fraction asks for a device
+//!   each job holds at its peak (reserved + outside the allocator), replayed alone at the
+//!   capacity judged (below its unlimited peak a job's allocator frees its own cache and retries,
+//!   and it never holds more than alone there, so while the sum fits no job waits on another's
+//!   cache); the smallest capacity is the least whose sum fits there. This holds for any
+//!   interleaving. A job's own memory fraction asks for a device
 //!   total, not for memory it holds: it is no term of the sum, but a floor under it (the largest
 //!   job's [`JobReport::fraction_need_bytes`]), see [`sum_of_peaks`].
 //! - [`Mode::Timestamps`]: every trace carries wall-clock timestamps, so the jobs are put on one
@@ -27,7 +30,7 @@ use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
 use crate::units::Unbounded;
 
 mod search;
-use search::{alone_at, fits_at, smallest, smallest_alone};
+use search::{alone_at, fits_at, smallest, smallest_alone, smallest_sum, sum_of};
 
 /// One job to place.
 pub struct Job {
@@ -213,9 +216,9 @@ pub struct ColocateReport {
     pub verdict: Option<Verdict>,
     /// Whether the set fits (`verdict.fits`; true without a capacity).
     pub fits: bool,
-    /// What the set needs: [`sum_of_peaks`], or the peak of Σ (reserved + outside) in the
-    /// aligned replay (at the capacity when it fits there); at least the device total a job's
-    /// memory fraction asks for.
+    /// What the set needs: [`sum_of_peaks`] (at a capacity, of each job replayed alone there),
+    /// or the peak of Σ (reserved + outside) in the aligned replay (at the capacity when it fits
+    /// there); at least the device total a job's memory fraction asks for.
     #[serde(serialize_with = "crate::units::bytes_or_null")]
     pub combined_need_bytes: u64,
     /// Why no device holds the set, when none does: its byte counts are then `null` in JSON.
@@ -427,7 +430,7 @@ pub fn colocate(
     };
     // Each job alone: its own peak, unlimited, and whether it fits the capacity by itself.
     let mut job_reports = Vec::with_capacity(jobs.len());
-    // (fits, need) of each job alone at the capacity; one job's is its verdict too.
+    // Each job alone at the capacity; one job's is its verdict too.
     let mut alone = Vec::with_capacity(jobs.len());
     // What a job whose run recorded an out-of-memory error needed at least, on its own: the
     // aligned replay cannot show it (the failed request is in no record).
@@ -445,8 +448,8 @@ pub fn colocate(
         floors.push(unlimited.report.peaks.peak_allocated_bytes.saturating_add(j.outside.total_bytes));
         let at = capacity.map(|c| alone_at(j, opts, c, point)).transpose()?;
         alone.push(at);
-        let fits_alone = at.map(|(fits, _)| fits);
-        let need_alone_bytes = at.map(|(_, need)| need);
+        let fits_alone = at.map(|a| a.fits);
+        let need_alone_bytes = at.map(|a| a.need);
         let (device, safe) = (unlimited.device_peak(&j.outside), unlimited.device_safe(&j.outside, &j.margin));
         job_reports.push(JobReport {
             name: j.name.clone(),
@@ -486,14 +489,36 @@ pub fn colocate(
             match (capacity, alone[0]) {
                 // Its need is its replay's at the capacity, fitting or not, as `memsim replay
                 // --capacity` prints it; what it takes to fit is the smallest capacity.
-                (Some(c), Some((fits, at))) => {
-                    let least = if fits { least.min(c.bytes) } else { least.max(c.bytes + 1) };
-                    (at, None, least, !fits)
+                (Some(c), Some(a)) => {
+                    let least = if a.fits { least.min(c.bytes) } else { least.max(c.bytes + 1) };
+                    (a.need, None, least, !a.fits)
                 }
                 _ => (sum, None, least, false),
             }
         }
-        Mode::SumOfPeaks => (sum, None, sum, false),
+        // Below its unlimited peak each allocator frees its own cache and retries, so at a
+        // capacity each job's term is its replay there: summing the unlimited peaks called sets
+        // that fit at the capacity DOES NOT FIT, and a smallest capacity no replay had found.
+        Mode::SumOfPeaks => {
+            // At the sum of the unlimited peaks each job holds what it does unlimited: it fits.
+            let lower = saturating_sum(floors.iter().copied()).min(sum);
+            let mut least = smallest_sum(jobs, opts, point, lower, sum)?;
+            match capacity {
+                Some(c) => {
+                    let at: Vec<_> = alone.iter().flatten().copied().collect();
+                    let need = sum_of(&at);
+                    let failed = at.iter().any(|a| !a.fits);
+                    // Kept consistent with the verdict at the capacity asked about, as below.
+                    if !failed && need <= c.bytes {
+                        least = least.min(c.bytes);
+                    } else if least <= c.bytes {
+                        least = smallest_sum(jobs, opts, point, c.bytes + 1, sum.max(c.bytes + 1))?;
+                    }
+                    (need, None, least, failed)
+                }
+                None => (sum, None, least, false),
+            }
+        }
         Mode::Timestamps => {
             let sc = scenarios(jobs, axes, opts)?;
             let (unlimited, at_unlimited) = worst(jobs, &sc, opts, None)?;

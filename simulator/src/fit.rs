@@ -62,14 +62,39 @@ impl Libraries {
         h.meta_count(&metadata::WORLD_SIZE).and_then(|n| u32::try_from(n).ok()).unwrap_or(1)
     }
 
-    /// The header's answer, else `fallback` (with the header's ranks).
+    /// The header's answer, key by key, else `fallback`'s (with the header's ranks): a header
+    /// that says `uses_conv` but not `uses_gemm` (an older tracer, an edited or unreadable value)
+    /// says nothing about cuBLAS, so that library comes from the evidence, not from "false".
     pub fn of(h: &Header, fallback: Libraries) -> Libraries {
-        Libraries::from_header(h).unwrap_or(Libraries { ranks: Libraries::ranks_of(h), ..fallback })
+        let ranks = Libraries::ranks_of(h);
+        match (h.meta_flag(&metadata::USES_GEMM), h.meta_flag(&metadata::USES_CONV)) {
+            (Some(gemm), Some(conv)) => Libraries { gemm, conv, source: "trace", ranks },
+            (None, None) => Libraries { ranks, ..fallback },
+            (g, c) => Libraries {
+                gemm: g.unwrap_or(fallback.gemm),
+                conv: c.unwrap_or(fallback.conv),
+                source: partly_from_trace(fallback.source),
+                ranks,
+            },
+        }
     }
 
     /// NCCL peers of one rank: a ring (and tree) connects each rank to at most two others.
     pub fn nccl_peers(&self) -> u32 {
         (self.ranks.saturating_sub(1)).min(2)
+    }
+}
+
+/// The source of libraries the header gave one of, the other from `fallback` (a `&'static str`
+/// keeps [`Libraries`] `Copy` for memsim's callers).
+fn partly_from_trace(fallback: &'static str) -> &'static str {
+    match fallback {
+        "features" => "trace and features",
+        "features and family" => "trace, features and family",
+        "trace workspaces" => "trace and its workspaces",
+        "trace workspaces and family" => "trace, its workspaces and family",
+        "family" => "trace and family",
+        _ => "trace in part",
     }
 }
 
@@ -399,9 +424,8 @@ impl FitReplay {
                 let capped = c.finish();
                 let budget = capped.capacity;
                 if capped.first_oom.oom {
-                    let floor = capped.first_oom.oom_need_bytes.max(unlimited.first_oom.oom_need_bytes);
                     FitOutcome {
-                        first_oom: FirstOom { oom_need_bytes: floor, ..capped.first_oom },
+                        first_oom: capped.first_oom.with_floors_of(&unlimited.first_oom),
                         report: unlimited,
                         budget,
                         peaks_at_budget: false,

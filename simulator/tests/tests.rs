@@ -9,6 +9,7 @@ mod records; // hand-built trace records (shared with the memsim command's tests
 mod replay_live; // the numbered live blocks hold what a map by trace address holds, on random refusing traces
 mod replay_steps; // the two-phase replay (classify on the decoding thread) == observe, on real snapshots and unusual records
 mod report; // the memory report: collect on known answers, the page, memsim report end to end
+mod snapshot_export; // snapshots written from a replay keep its OOMs and settings; blocks outside a segment refused
 mod snapshot_import; // every shared snapshot imports with the README's action counts
 mod snapshot_pickle; // the streaming unpickler: opcodes, memo sharing, errors, serde-pickle agreement
 mod snapshot_rebuild; // start-state rebuild on hand-made fixtures with known answers

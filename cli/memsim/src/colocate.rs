@@ -25,7 +25,8 @@ pub enum AlignArg {
 #[command(after_help = "Exit status: 0 the set fits (or no capacity to check), 1 it does not fit, 2 bad input.\n\
 Jobs are separate processes, each with its own caching allocator. Without wall-clock time on every \
 trace, nothing says when each job peaks, so the combined need is the sum of what each job holds at its \
-peak (at least the device total a job's own memory fraction asks for).")]
+peak, each replayed alone at the capacity (where its allocator frees its own cache when the device is \
+full), and at least the device total a job's own memory fraction asks for.")]
 pub struct Args {
     /// Allocator-level traces of the jobs (two or more to share; one gives its own fit); `-` reads one from
     /// standard input.
@@ -158,12 +159,19 @@ pub fn run(a: Args) -> Result<u8> {
     println!("combined need        {}{when}", mib(r.combined_need_bytes));
     // Beside each job's own peak, a shared need below their sum reads as a mistake unless said.
     let sum = sum_of_peaks(&r.jobs, a.judge.point);
-    // Only a shared run at a capacity retries; unlimited, a gap has other terms (a memory
-    // fraction, a recorded OOM's floor, memory held outside at other moments).
+    // Only a run at a capacity retries; unlimited, a gap has other terms (a memory fraction, a
+    // recorded OOM's floor, memory held outside at other moments).
     if r.mode == Mode::Timestamps && r.capacity.is_some() && r.combined_need_bytes < sum {
         println!(
             "                     (below the sum of their peaks, {}: when the device is full each allocator frees its \
              own cached blocks and retries, as PyTorch's does)",
+            mib(sum)
+        );
+    } else if r.mode == Mode::SumOfPeaks && r.jobs.len() > 1 && r.capacity.is_some() && r.combined_need_bytes < sum {
+        println!(
+            "                     (what each job holds at its peak replayed alone at this capacity, summed: below the \
+             sum of their unlimited peaks, {}, since when the device is full each allocator frees its own cached \
+             blocks and retries, as PyTorch's does)",
             mib(sum)
         );
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use simulator::perfetto::PerfettoBuilder;
 use simulator::replay::{ReplayOptions, Replayer};
-use trace::{Event, Header, Record, StateAt, TraceWriter};
+use trace::{ControlOp, Event, Header, Record, StateAt, TraceWriter};
 
 use crate::input::Kind;
 
@@ -70,10 +70,15 @@ pub fn run(a: Args) -> Result<u8> {
         (_, Out::Pickle) => {
             let read = read_all(&a.input, a.strict)?;
             let carried = not_carried(&read, &a.output, Out::Pickle);
+            // Of the input's records: a replay's realised ones hold no marker or control call.
+            let dropped = dropped_by_snapshot(&read.state, &a.output);
             let (header, mut records) = (&read.header, read.state);
             let has_end_state =
                 records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End));
-            if !has_end_state && header.is_allocator_level() {
+            let replay = !has_end_state && header.is_allocator_level();
+            if replay {
+                // Before the replay renumbers them, so that an error names the input's record.
+                simulator::snapshot::check_exportable(&records).with_context(writing)?;
                 // A request-only trace (e.g. symbolic): memory_viz needs segments, so show what the
                 // allocator model would have done, at its addresses.
                 let mut rep = Replayer::new(header, ReplayOptions::default())
@@ -84,14 +89,29 @@ pub fn run(a: Args) -> Result<u8> {
                 eprintln!("{}: no recorded segments; exporting the allocator model's replay", a.input.display());
                 let replayed = rep.finish();
                 crate::input::warn(&export_warnings(&replayed));
-                if !records.iter().any(|r| matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End)) {
-                    bail!(
-                        "{}: the allocator model's replay holds no segment at the end, so there is nothing to export",
-                        a.input.display()
-                    );
-                }
             }
-            let exported = simulator::snapshot::write_snapshot(&a.output, header, &records).with_context(writing)?;
+            let exported = if replay {
+                simulator::snapshot::write_replayed_snapshot(&a.output, header, &records)
+            } else {
+                simulator::snapshot::write_snapshot(&a.output, header, &records)
+            }
+            .with_context(writing)?;
+            if exported.entries == 0 && exported.segments == 0 {
+                crate::input::warn(&[format!(
+                    "{}: the snapshot holds no events and no segments: its input records no allocator event, so \
+                     memory_viz shows nothing and `memsim replay` of it finds no allocator memory",
+                    a.output.display()
+                )]);
+            }
+            if let Some(conf) = &exported.alloc_conf_not_carried {
+                crate::input::warn(&[format!(
+                    "{}: the input's allocator configuration \"{conf}\" is not in the snapshot (a reader of a \
+                     snapshot follows 2.5's rules, which refuse a key in it): `memsim replay` of it follows \
+                     PyTorch's defaults, so its need and verdict may differ from the input's; give it \
+                     `--torch 2.9 --alloc-conf '{conf}'`",
+                    a.output.display()
+                )]);
+            }
             if exported.allocs == 0 && exported.segment_events > 0 {
                 crate::input::warn(&[format!(
                     "{}: the snapshot holds {} segment events but no allocation (no `alloc` entry): memory_viz \
@@ -102,7 +122,7 @@ pub fn run(a: Args) -> Result<u8> {
                 )]);
             }
             crate::input::warn(&carried);
-            crate::input::warn(&dropped_by_snapshot(&records, &a.output));
+            crate::input::warn(&dropped);
             report(&a, records.len() as u64, false);
             eprintln!("open it at https://pytorch.org/memory_viz (drag the file onto the page)");
         }
@@ -139,56 +159,81 @@ fn report(a: &Args, records: u64, truncated: bool) {
 
 /// What an output of kind `kind` cannot say of its input, which the warnings before said: that
 /// it did not hold the whole run (an output that is not a trace, a memory_viz snapshot or a
-/// Perfetto trace: read back, a snapshot looks whole; a trace keeps what its producer wrote, its
+/// Perfetto trace: a snapshot read back looks whole; a trace keeps what its producer wrote, its
 /// end or its missing `process_exit`, except a cut inside an event, which the report line says),
 /// the records of unknown kinds that were skipped, and a snapshot's caveats (a trace's header
 /// and a memory_viz snapshot's kept header carry them; a Perfetto trace has no place for them).
+/// memsim reads a trace or a snapshot back but not a Perfetto trace, so the words for it say what
+/// its viewer shows instead.
 fn not_carried<S>(read: &crate::input::Read<S>, output: &Path, kind: Out) -> Vec<String> {
     let mut lines = Vec::new();
     let out = output.display();
+    let unsaid = match kind {
+        Out::Perfetto => "opened in Perfetto, its timeline shows no sign of them",
+        Out::Trace | Out::Pickle => "read back, it gives no warning of them",
+    };
     if let Some(s) = &read.summary {
         if s.incomplete() && !matches!(kind, Out::Trace) {
-            lines.push(format!(
-                "{out}: the output does not record that its input is incomplete (see above): read back, it looks whole"
-            ));
+            let looks = match kind {
+                Out::Perfetto => "opened in Perfetto, its timeline looks like the whole run",
+                Out::Trace | Out::Pickle => "read back, it looks whole",
+            };
+            lines.push(format!("{out}: the output does not record that its input is incomplete (see above): {looks}"));
         }
         if s.unknown_skipped > 0 {
             lines.push(format!(
                 "{out}: the {} records of kinds this version does not know are not in the output, which does not say \
-                 they were left out: read back, it gives no warning of them",
+                 they were left out: {unsaid}",
                 s.unknown_skipped
             ));
         }
         if s.unread_fields() {
             lines.push(format!(
                 "{out}: the fields this version does not read (see above) are not in the output, which does not say \
-                 they were left out: read back, it gives no warning of them"
+                 they were left out: {unsaid}"
             ));
         }
     }
     if !simulator::snapshot::Caveats::of(&read.header).lines.is_empty() && matches!(kind, Out::Perfetto) {
         lines.push(format!(
-            "{out}: the output does not carry the snapshot's caveats above (it has no place for them): read back, \
-             it gives none of these warnings"
+            "{out}: the output does not carry the snapshot's caveats above (a Perfetto trace has no place for them): \
+             opened in Perfetto, its timeline shows no sign of them; keep the snapshot, or a trace converted from it, \
+             for them"
         ));
     }
     lines
 }
 
-/// What a memory_viz snapshot has no place for: the allocations' categories (the breakdown at
-/// the peak) and the markers (the per-step peaks). Replayed from the snapshot, both are gone.
+/// What a memory_viz snapshot has no place for, counted in the input: the allocations'
+/// categories (the breakdown at the peak), the markers (the per-step peaks) and the program's
+/// memory fractions (PyTorch's `allocator_settings` report none, and its trace has no entry for a
+/// call). Replayed from the snapshot, all are gone; a fraction changes the need itself.
 fn dropped_by_snapshot(records: &[Record], output: &Path) -> Vec<String> {
     let categorized = records.iter().filter(|r| matches!(&r.event, Event::Alloc(a) if a.category.is_some())).count();
     let markers = records.iter().filter(|r| matches!(r.event, Event::Marker(_))).count();
-    if categorized == 0 && markers == 0 {
-        return Vec::new();
+    let fractions = records
+        .iter()
+        .filter(|r| matches!(&r.event, Event::Control(c) if matches!(c.op, ControlOp::SetMemoryFraction { .. })))
+        .count();
+    let mut lines = Vec::new();
+    if categorized > 0 || markers > 0 {
+        lines.push(format!(
+            "{}: a memory_viz snapshot keeps no allocation category and no marker: {categorized} categorized \
+             allocations and {markers} markers are not in it, so `memsim replay` of it has no breakdown by category \
+             and no per-step peaks (keep the .mtrace or .jsonl for those)",
+            output.display()
+        ));
     }
-    vec![format!(
-        "{}: a memory_viz snapshot keeps no allocation category and no marker: {categorized} categorized \
-         allocations and {markers} markers are not in it, so `memsim replay` of it has no breakdown by category \
-         and no per-step peaks (keep the .mtrace or .jsonl for those)",
-        output.display()
-    )]
+    if fractions > 0 {
+        lines.push(format!(
+            "{}: a memory_viz snapshot has no place for a memory fraction: the {fractions} \
+             set_per_process_memory_fraction calls (`set_memory_fraction` records) are not in it, so `memsim replay` \
+             of it follows no fraction and its need and verdict may differ from the input's (keep the .mtrace or \
+             .jsonl to judge a fit)",
+            output.display()
+        ));
+    }
+    lines
 }
 
 /// Every record of `path` in memory, its warnings printed (an error under `strict` when the

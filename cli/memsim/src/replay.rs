@@ -9,6 +9,7 @@ use simulator::fit::{self, Capacity, FitOutcome, FitReplay, Libraries, Margin, O
 use simulator::profile::Profile;
 use simulator::replay::{ReplayOptions, Steps};
 use simulator::units::{bytes_json, mib, mib_and_bytes, parse_capacity, Unbounded};
+use trace::metadata;
 
 use crate::batch::{self, outln, Output};
 
@@ -92,6 +93,16 @@ pub fn outside_for(
         );
         Libraries::UNKNOWN
     });
+    // One key of the two: the other library is not counted, and that is said.
+    for (key, lib) in [(&metadata::USES_GEMM, "cuBLAS"), (&metadata::USES_CONV, "cuDNN")] {
+        if libs.source == "trace" && header.meta_flag(key).is_none() {
+            warnings.push(format!(
+                "the trace does not say whether the job uses {lib} (no readable {} metadata, though it has the \
+                 other library's): {lib}'s memory is not counted",
+                key.name
+            ));
+        }
+    }
     let o = fit::outside(p, &path.display().to_string(), libs);
     warnings.extend(o.warnings());
     o
@@ -120,12 +131,15 @@ impl Replayed {
         self.fit.device_safe(&self.outside, &self.margin)
     }
 
-    /// The need with perfect packing: the allocated peak in place of the reserved, with the
-    /// same outside terms (and margin, unless `point`). A batch search stops probing larger
-    /// batches once this passes the capacity: when the allocated peak grows with the batch, theirs
-    /// are at least this one's, so however the allocator packs them they cannot fit.
+    /// The need with perfect packing: the allocated need (the allocated peak, or a failed
+    /// allocation's bytes allocated then plus its size) in place of the reserved, with the same
+    /// outside terms (and margin, unless `point`); saturated (`null`) where the need is. A batch
+    /// search stops probing larger batches once this passes the capacity: when the allocated need
+    /// grows with the batch, theirs are at least this one's, so however the allocator packs them
+    /// they cannot fit.
     pub fn need_floor(&self, point: bool) -> u64 {
-        let allocated = self.fit.report.peaks.peak_allocated_bytes;
+        let f = &self.fit;
+        let allocated = f.first_oom.allocated_need(f.report.peaks.peak_allocated_bytes, f.report.recorded_oom);
         let at_least = allocated.saturating_add(self.fit.beside(&self.outside));
         if point {
             at_least
@@ -265,14 +279,23 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
         out.json = Some(v);
         return Ok(out);
     }
+    // The count is of requests replayed; those the model rejected are said beside it, not in it.
+    let rejected = match rep.rejected {
+        0 => String::new(),
+        n => format!("{n} more rejected and left out; "),
+    };
     outln!(
         out,
-        "{}: replayed {} requests of {} records (allocator rules {version})",
+        "{}: replayed {} requests of {} records ({rejected}allocator rules {version})",
         file.display(),
         rep.requests,
         rep.events
     );
-    let line = crate::validate::alloc_conf_line(rep.alloc_conf.as_deref(), rep.alloc_conf_source);
+    let line = crate::validate::alloc_conf_line(
+        rep.alloc_conf.as_deref(),
+        rep.alloc_conf_source,
+        rep.alloc_conf_note.as_deref(),
+    );
     outln!(out, "  alloc conf          {line}");
     let p = &rep.peaks;
     outln!(out, "  peak reserved       {}", mib_and_bytes(p.peak_reserved_bytes, ""));
@@ -349,9 +372,11 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
                 mib(r.point())
             );
         } else if r.fit.need_is_oom_floor() {
+            // "more than any device holds" takes no "at least".
+            let at_least = if r.point() == u64::MAX { "" } else { " at least" };
             outln!(
                 out,
-                "  peak device         {} at least (an allocation failed: the bytes held then plus its size, \
+                "  peak device         {}{at_least} (an allocation failed: the bytes held then plus its size, \
                  + outside the allocator)",
                 mib(r.point())
             );

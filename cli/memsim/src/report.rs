@@ -10,9 +10,9 @@ use simulator::profile::{known_profiles, Profile};
 use simulator::replay::ReplayOptions;
 use simulator::report::html::{self, EstimatePage, EstimatorRow, Extras, ProfileVerdict};
 use simulator::report::{self};
-use simulator::units::mib_or_null;
+use simulator::units::{self, mib_or_null};
 
-use crate::replay::{load, replay_file};
+use crate::replay::{load, point_without_effect, replay_file, Replayed};
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
@@ -197,6 +197,57 @@ fn headline_against_table(
     w
 }
 
+/// Why a profile's verdict needs another amount than the page's reserved peak (a replay without
+/// a capacity, under the page's allocator rules) plus the outside terms, where it does: `replay`'s
+/// text says the same beside its verdict.
+fn verdict_note(r: &Replayed, page_peak: u64) -> Option<String> {
+    let fit = &r.fit;
+    let oom = &fit.first_oom;
+    let budget = fit.budget.map_or_else(String::new, |b| format!(" (allocator budget {})", units::mib(b)));
+    if fit.need_is_oom_floor() {
+        let recorded = fit.report.recorded_oom.map_or(0, |o| o.need_bytes);
+        if let (Some(i), Some(d), false) =
+            (oom.oom_at_event, &oom.oom_detail, recorded > oom.oom_need_bytes.unwrap_or(0))
+        {
+            // The report is the unlimited replay's when it failed too: no capacity places it.
+            let where_ = if fit.report.first_oom.oom {
+                " whatever the capacity".to_string()
+            } else {
+                format!(" at this capacity{budget}")
+            };
+            return Some(format!(
+                "an allocation fails at record {i}{where_} ({d}): the need counts the bytes reserved then plus its \
+                 size, {}, which the peak above never shows (the request was never placed)",
+                units::mib(fit.reserved_need())
+            ));
+        }
+        return Some(format!(
+            "the run ran out of memory: the need counts the failed request on top of what was allocated then, {}, \
+             which the peak above never shows",
+            units::mib(fit.reserved_need())
+        ));
+    }
+    let need = fit.reserved_need();
+    if need == page_peak {
+        return None;
+    }
+    if fit.peaks_at_budget {
+        return Some(format!(
+            "replayed at this capacity{budget}: when the budget fills the allocator frees its cached blocks and \
+             retries, as PyTorch's does, so the job reserves at most {}, not the {} the peak above (a replay \
+             without a capacity) reserves",
+            units::mib(need),
+            units::mib(page_peak)
+        ));
+    }
+    Some(format!(
+        "under this profile's allocator rules (PyTorch {}) the job reserves at most {}, not the {} of the peak above",
+        r.version,
+        units::mib(need),
+        units::mib(page_peak)
+    ))
+}
+
 fn to_json(rep: &report::Report, version: &str, verdicts: &[ProfileVerdict], warnings: &[String]) -> serde_json::Value {
     let names: Vec<&str> = trace::Category::ALL.iter().map(|c| c.as_str()).collect();
     serde_json::json!({
@@ -275,6 +326,7 @@ pub fn run(a: Args) -> Result<u8> {
         .with_context(|| format!("{}: cannot replay", a.file.display()))?;
     drop(records);
     let mut verdicts = Vec::new();
+    let mut margins = Vec::new();
     for name in &profiles {
         let (profile, pversion) = load(Some(name), a.torch.as_deref())?;
         let popts = ReplayOptions { version: pversion, ..opts.clone() };
@@ -296,7 +348,12 @@ pub fn run(a: Args) -> Result<u8> {
             capacity_mib: mib(v.capacity_bytes),
             fits: v.fits,
             basis: v.basis.clone(),
+            note: verdict_note(&r, rep.peak_reserved),
         });
+        margins.push(r.margin);
+    }
+    if a.point {
+        warnings.extend(point_without_effect(!verdicts.is_empty(), &margins.iter().collect::<Vec<_>>()));
     }
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
         warnings.extend(headline_against_table(&e.view, path, &verdicts, a.point));

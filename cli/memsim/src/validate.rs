@@ -89,7 +89,7 @@ pub fn run(a: Args) -> Result<u8> {
     }
     let pct = |m: u64, n: u64| if n == 0 { "-".to_string() } else { format!("{:.2}%", 100.0 * m as f64 / n as f64) };
     println!("{} (allocator rules {})", a.snapshot.display(), r.torch_version);
-    println!("  alloc conf        {}", alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source));
+    println!("  alloc conf        {}", alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source, None));
     println!(
         "  block addresses   {}/{} match ({})",
         r.counts.alloc_addr_matches,
@@ -136,15 +136,7 @@ pub fn run(a: Args) -> Result<u8> {
             );
         }
     }
-    let unexplained: u64 = r.devices.iter().map(|d| d.unexplained_mismatches).sum();
-    let mismatch = if unexplained > 0 && !r.unrecoverable.is_empty() {
-        format!(
-            "MISMATCH beyond what the start state explains: {unexplained} allocations placed elsewhere, neither \
-             address in a start segment holding an unrecoverable block"
-        )
-    } else {
-        "MISMATCH beyond what the start state explains".to_string()
-    };
+    let mismatch = mismatch_words(&r);
     println!(
         "  verdict           {}",
         match r.verdict {
@@ -159,6 +151,48 @@ pub fn run(a: Args) -> Result<u8> {
         }
     );
     Ok(code)
+}
+
+/// What a MISMATCH verdict rests on, from the numbers printed beside it: a snapshot at odds with
+/// itself and entries the model could not replay are said as such (they are no placement the
+/// start state failed to explain), then allocations placed elsewhere.
+fn mismatch_words(r: &simulator::snapshot::ValidationReport) -> String {
+    let mut why = Vec::new();
+    let inconsistent: Vec<_> = r.unrecoverable.iter().filter(|u| u.inconsistent).collect();
+    if let Some(first) = inconsistent.first() {
+        why.push(format!(
+            "the snapshot is inconsistent with itself: {} of its entries contradict its own final segments (the \
+             first: {first}), which no start state can explain",
+            inconsistent.len()
+        ));
+    }
+    let errors: usize = r.devices.iter().map(|d| d.replay_errors.len()).sum();
+    let first_error =
+        r.devices.iter().find_map(|d| d.replay_errors.first().map(|e| format!("device {}, {e}", d.device)));
+    if let Some(e) = first_error {
+        why.push(format!("{errors} of its entries could not be replayed (the first: {e})"));
+    }
+    if r.nothing_compared && !why.is_empty() {
+        why.push("there is no allocation to compare (the snapshot records no `alloc` entry)".into());
+    }
+    let unexplained: u64 = r.devices.iter().map(|d| d.unexplained_mismatches).sum();
+    let placed = if unexplained > 0 && !r.unrecoverable.is_empty() {
+        format!(
+            ": {unexplained} allocations placed elsewhere, neither address in a start segment holding an \
+             unrecoverable block"
+        )
+    } else {
+        String::new()
+    };
+    let c = r.counts;
+    let differ = c.alloc_addr_matches < c.allocs
+        || c.segment_event_matches < c.segment_events
+        || c.extra_predicted_segment_events > 0;
+    match (why.is_empty(), differ) {
+        (true, _) => format!("MISMATCH beyond what the start state explains{placed}"),
+        (false, false) => format!("MISMATCH: {}", why.join("; ")),
+        (false, true) => format!("MISMATCH: {}; and addresses or segment events differ{placed}", why.join("; ")),
+    }
 }
 
 /// What a `--capacity` cannot do here: the snapshot records no release of cached memory for it
@@ -185,14 +219,18 @@ fn capacity_warnings(snap: &simulator::snapshot::Snapshot, r: &simulator::snapsh
 }
 
 /// What allocator configuration a replay followed, and where it came from when not recorded.
-pub fn alloc_conf_line(shown: Option<&str>, source: simulator::alloc::ConfigSource) -> String {
+pub fn alloc_conf_line(shown: Option<&str>, source: simulator::alloc::ConfigSource, note: Option<&str>) -> String {
     use simulator::alloc::ConfigSource;
-    match (source, shown) {
+    let line: String = match (source, shown) {
         (ConfigSource::Override, Some("")) => "(none set: PyTorch's defaults; from --alloc-conf)".into(),
         (ConfigSource::Override, Some(c)) => format!("{c} (from --alloc-conf)"),
         (ConfigSource::Default, _) => "(none recorded: PyTorch's defaults)".into(),
         (_, Some("")) => "(none set: PyTorch's defaults)".into(),
         (_, Some(c)) => c.to_string(),
         (_, None) => "(the snapshot's recorded allocator_settings fields)".into(),
+    };
+    match note {
+        Some(n) => format!("{line} ({n})"),
+        None => line,
     }
 }

@@ -121,10 +121,11 @@ fn recorded_settings_follow_one_rule_and_an_override_names_what_it_drops() {
     assert_eq!(v["verdict"], "exact", "{v}");
     assert_eq!(r["peak_reserved_bytes"], v["predicted_peak_reserved_bytes"], "{r}\n{v}");
     assert_eq!(r["peak_reserved_bytes"].as_u64(), Some(20 * MIB), "{r}");
-    // validate says what it compared, and an override is named.
+    // validate says what it compared (the configuration replayed: the field over the string),
+    // and an override is named.
     assert_eq!(
         (v["alloc_conf"].as_str(), v["alloc_conf_source"].as_str()),
-        (Some("expandable_segments:True"), Some("recorded"))
+        (Some("expandable_segments:False"), Some("recorded"))
     );
     let (code, out, err) = memsim(&["validate", &p, "--alloc-conf", "max_split_size_mb:100", "--json"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -155,6 +156,14 @@ fn damaged_segments_are_refused_by_replay_and_validate_alike() {
         ("badsum", vec![segment(base, 24 * MIB, "inactive"), segment(base + 20 * MIB, 2 * MIB, "inactive")], "overlap"),
         ("bb63", vec![segment(base, 1 << 63, "active_allocated")], "segments[0].total_size"),
         ("wrap", vec![segment(u64::MAX - 16 * MIB + 1, 20 * MIB, "inactive")], "past 2^64"),
+        // A 30 MiB block in a 20 MiB segment was replayed cut to fit, and validated.
+        (
+            "overflow",
+            vec![json!({"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
+            "segment_type": "large", "allocated_size": 30 * MIB, "active_size": 30 * MIB,
+            "blocks": [{"address": base, "size": 30 * MIB, "requested_size": 30 * MIB, "state": "active_allocated"}]})],
+            "segments[0].blocks[0]: expected a block inside its segment",
+        ),
     ];
     for (name, segs, words) in cases {
         let snap = json!({"segments": segs, "device_traces": [[{"action": "alloc", "addr": base + (40 * MIB), "size": 512, "stream": 0}]]});
@@ -193,6 +202,26 @@ fn validate_says_when_it_compares_the_model_with_itself_or_a_snapshot_at_odds_wi
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("MISMATCH") && !out.contains("explained by"), "{out}");
     assert!(out.contains("address 0x0"), "unrecoverable lines print hex addresses: {out}");
+    assert!(out.contains("MISMATCH: the snapshot is inconsistent with itself: 1 of its entries"), "{out}");
+}
+
+/// Frees of an address no segment holds, and no allocation: every number printed was 0 of 0, yet
+/// the verdict read "MISMATCH beyond what the start state explains", which nothing beside it said.
+#[test]
+fn a_mismatch_verdict_names_what_it_rests_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let frees = json!([{"action": "free_requested", "addr": 4096, "size": 512, "stream": 0},
+                       {"action": "free_completed", "addr": 4096, "size": 512, "stream": 0}]);
+    let p = write(dir.path(), "frees.pickle", &pickle(&json!({"segments": [], "device_traces": [frees]})));
+    let (code, out, err) = memsim(&["validate", &p]);
+    assert_eq!(code, 1, "{out}{err}");
+    let verdict = out.lines().find(|l| l.contains("verdict")).unwrap();
+    assert!(!verdict.contains("beyond what the start state explains"), "{out}");
+    assert!(
+        verdict.contains("MISMATCH: 2 of its entries could not be replayed (the first: device 0, entry 0:"),
+        "{out}"
+    );
+    assert!(verdict.contains("no allocation to compare"), "{out}");
 }
 
 /// `colocate` given one file twice said nothing (two copies of one job may be meant: a warning).

@@ -291,6 +291,11 @@ fn colocate_counts_the_libraries_each_job_loads() {
     let (code, _, err) = memsim(&["replay", &odd, "--profile", profile.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(warned), "{err}");
+    // ... and the library it leaves unsaid is said not to be counted (cuBLAS was 0 in silence).
+    assert!(err.contains("does not say whether the job uses cuBLAS (no readable uses_gemm"), "{err}");
+    let conv_only = job("conv_only.jsonl", &[("uses_conv", "true")]);
+    let (_, _, err) = memsim(&["replay", &conv_only, "--profile", profile.to_str().unwrap()]);
+    assert!(err.contains("cuBLAS's memory is not counted") && !err.contains("uses cuDNN"), "{err}");
 
     // A trace emulated for another GPU profile is judged with a warning saying so; a plain meta
     // trace emulated nothing, and one emulated for this profile (or its architecture) is silent.

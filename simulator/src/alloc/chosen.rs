@@ -40,8 +40,12 @@ pub struct RecordedConfig<'a> {
 pub struct ChosenConfig {
     /// The configuration.
     pub cfg: AllocatorConfig,
-    /// Its string in `PYTORCH_CUDA_ALLOC_CONF` syntax, when there is one (`""`: set, to nothing).
+    /// Its string in `PYTORCH_CUDA_ALLOC_CONF` syntax, when there is one (`""`: set, to nothing):
+    /// the configuration replayed, so a snapshot's fields that the recorded string contradicts or
+    /// leaves out are written into it.
     pub shown: Option<String>,
+    /// Which parts of `shown` a snapshot's fields decided, where they did.
+    pub note: Option<String>,
     /// Where it came from.
     pub source: ConfigSource,
     /// Recorded settings that contradict each other, or that `--alloc-conf` drops.
@@ -89,7 +93,7 @@ pub fn choose(
     version: TorchVersion,
 ) -> Result<ChosenConfig, ChooseError> {
     let mut warnings = Vec::new();
-    let (rec, rec_shown) = match recorded_config(recorded, version, over.is_none(), &mut warnings) {
+    let (rec, rec_shown, note) = match recorded_config(recorded, version, over.is_none(), &mut warnings) {
         Ok(r) => r,
         // What `--alloc-conf` replaces need not be readable: it is dropped, with a word.
         Err(e) if over.is_some() => {
@@ -97,13 +101,13 @@ pub fn choose(
                 "recorded settings unreadable (allocator configuration {}: {}); replaced by --alloc-conf",
                 e.source_name, e.error
             ));
-            (None, None)
+            (None, None, None)
         }
         Err(e) => return Err(e),
     };
     let Some(over) = over else {
         let source = if rec.is_some() { ConfigSource::Recorded } else { ConfigSource::Default };
-        return Ok(ChosenConfig { cfg: rec.unwrap_or_default(), shown: rec_shown, source, warnings });
+        return Ok(ChosenConfig { cfg: rec.unwrap_or_default(), shown: rec_shown, note, source, warnings });
     };
     let cfg =
         AllocatorConfig::parse(over, version).map_err(|error| ChooseError { source_name: "--alloc-conf", error })?;
@@ -124,24 +128,28 @@ pub fn choose(
             ));
         }
     }
-    Ok(ChosenConfig { cfg, shown: Some(over.to_string()), source: ConfigSource::Override, warnings })
+    Ok(ChosenConfig { cfg, shown: Some(over.to_string()), note: None, source: ConfigSource::Override, warnings })
 }
 
-/// The configuration the trace recorded and its string, if any. `contradictions`: warn where the
-/// snapshot's string and fields disagree (not when `--alloc-conf` replaces both).
+/// The configuration the trace recorded, its string and what of it the snapshot's fields
+/// decided, if any. `contradictions`: warn where the snapshot's string and fields disagree (not
+/// when `--alloc-conf` replaces both).
 fn recorded_config(
     recorded: RecordedConfig<'_>,
     version: TorchVersion,
     contradictions: bool,
     warnings: &mut Vec<String>,
-) -> Result<(Option<AllocatorConfig>, Option<String>), ChooseError> {
+) -> Result<Recorded, ChooseError> {
     if let Some(settings) = recorded.settings {
         let source_name = "recorded as the snapshot's allocator_settings";
         let settings_conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).map(str::to_string);
         let cfg = AllocatorConfig::from_snapshot_settings(settings, version)
             .map_err(|error| ChooseError { source_name, error })?;
+        let by_string = match settings_conf.as_deref() {
+            Some(s) => AllocatorConfig::parse(s, version).map_err(|error| ChooseError { source_name, error })?,
+            None => AllocatorConfig::default(),
+        };
         if let Some(s) = settings_conf.as_deref().filter(|_| contradictions) {
-            let by_string = AllocatorConfig::parse(s, version).map_err(|error| ChooseError { source_name, error })?;
             for (key, show) in KEYS {
                 if names(s, key) && show(&by_string) != show(&cfg) {
                     warnings.push(format!(
@@ -154,12 +162,17 @@ fn recorded_config(
                 }
             }
         }
-        Ok((Some(cfg), settings_conf))
+        let (shown, note) = super::shown::with_fields(settings_conf.as_deref(), &by_string, &cfg);
+        Ok((Some(cfg), shown, note))
     } else if let Some(env) = recorded.env {
         let cfg = AllocatorConfig::parse(env, version)
             .map_err(|error| ChooseError { source_name: "recorded in the trace header's environment", error })?;
-        Ok((Some(cfg), Some(env.to_string())))
+        Ok((Some(cfg), Some(env.to_string()), None))
     } else {
-        Ok((None, None))
+        Ok((None, None, None))
     }
 }
+
+/// What the trace recorded: the configuration, its string, and which parts of the string a
+/// snapshot's fields decided.
+type Recorded = (Option<AllocatorConfig>, Option<String>, Option<String>);

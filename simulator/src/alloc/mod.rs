@@ -3,6 +3,7 @@
 //!
 //! - `config`: `PYTORCH_CUDA_ALLOC_CONF` parsing and snapshot settings;
 //! - `chosen`: which configuration a replay follows (override, recorded string or settings);
+//! - `shown`: a snapshot's configuration as replayed, its string with the fields written in;
 //! - `rounding`: `round_size`, `get_allocation_size` and the constants;
 //! - `free_index`: the free-block index of a pool (best fit by size, then address);
 //! - `native`: malloc/free, best fit, split/merge, the OOM chain, GC, `empty_cache`;
@@ -22,6 +23,7 @@ mod native;
 mod release;
 mod request;
 pub mod rounding;
+mod shown;
 mod state;
 mod stats;
 mod version;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use trace::{Category, ControlOp, Event, FreeStage, Header, Record};
 
-use crate::alloc::{Allocator, AllocatorConfig, ConfigError, ConfigSource, RecordedConfig, Request, TorchVersion};
+use crate::alloc::{Allocator, AllocatorConfig, ChosenConfig, ConfigError, RecordedConfig, Request, TorchVersion};
 use crate::conversions;
 
 mod device;
@@ -75,12 +75,9 @@ pub struct ReplayOptions {
 
 /// Drives one allocator per device from trace records.
 pub struct Replayer {
-    cfg: AllocatorConfig,
+    /// The configuration followed, with what the report says of it.
+    chosen: ChosenConfig,
     opts: ReplayOptions,
-    alloc_conf: Option<String>,
-    alloc_conf_source: ConfigSource,
-    /// Recorded settings that contradict each other, or that `--alloc-conf` drops.
-    config_warnings: Vec<String>,
     use_recorded_addrs: bool,
     device_level_requests: bool,
     /// Sorted by device id; a linear search, as a trace names one device or a few.
@@ -97,7 +94,8 @@ pub struct Replayer {
     rejected_examples: Vec<String>,
     oom_at: Option<u64>,
     oom_detail: Option<String>,
-    oom_need: Option<u64>,
+    /// The first failure's floors: reserved then plus its size, and allocated then plus its size.
+    oom_need: Option<(u64, u64)>,
     /// The device and budget the start state passed (its failure's detail follows the whole state).
     start_over: Option<(u32, u64)>,
     recorded_oom: Option<RecordedOom>,
@@ -133,14 +131,10 @@ impl Replayer {
         let recorded = RecordedConfig { env: header.alloc_conf(), settings: settings.as_ref() };
         let chosen = crate::alloc::choose(opts.alloc_conf.as_deref(), recorded, opts.version)
             .map_err(|e| ReplaySetupError::Config { source_name: e.source_name.into(), error: e.error })?;
-        let (cfg, alloc_conf) = (chosen.cfg, chosen.shown);
         let device_level_requests = requests::device_level_requests(header);
         Ok(Replayer {
-            cfg,
+            chosen,
             opts,
-            alloc_conf,
-            alloc_conf_source: chosen.source,
-            config_warnings: chosen.warnings,
             use_recorded_addrs: !header.synthetic_addresses,
             device_level_requests,
             devices: Vec::new(),
@@ -169,9 +163,9 @@ impl Replayer {
     }
 
     /// Also record the trace as the model realises it: requests at the model's addresses, with
-    /// the segment events (`segment_alloc`, `segment_map`, ...) and OOMs it produced, in PyTorch's
-    /// order. [`Replayer::take_realized`] returns them with the final segment state, which is what
-    /// a memory_viz export of a symbolic trace needs.
+    /// the segment events (`segment_alloc`, `segment_map`, ...) and OOMs it produced or the trace
+    /// recorded, in PyTorch's order. [`Replayer::take_realized`] returns them with the final
+    /// segment state, which is what a memory_viz export of a symbolic trace needs.
     pub fn realize(mut self) -> Self {
         self.realized = Some(Vec::new());
         self
@@ -207,7 +201,8 @@ impl Replayer {
     /// Feed one record. A replay is fed either this way or by [`Replayer::observe_step`] with
     /// one classifier from the first record on, not both.
     pub fn observe(&mut self, rec: &Record) {
-        if let (Some(out), Event::Name(_) | Event::Stack(_)) = (self.realized.as_mut(), &rec.event) {
+        // A recorded OOM as recorded: without it a realised trace reads back as a run that fitted.
+        if let (Some(out), Event::Name(_) | Event::Stack(_) | Event::Oom(_)) = (self.realized.as_mut(), &rec.event) {
             out.push(rec.clone());
         }
         let step = self.own.classify(rec.clone());
@@ -306,7 +301,7 @@ impl Replayer {
     #[inline(always)]
     fn apply(&mut self, index: u64, device: u32, req: &Request, t: Target, source: Option<&Record>) {
         self.report_requests += 1;
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
+        let ds = Self::device_in(&mut self.devices, &self.chosen.cfg, &self.opts, &self.outside, device);
         let live = &mut self.live;
         // Translate the trace's address into the model's. A free that completes takes its block
         // out at once, and puts it back if the model refuses the request.
@@ -341,6 +336,8 @@ impl Replayer {
             if let Some(id) = placing {
                 live.refused(device, id, t.addr);
             }
+            // A rejected request is left out, so it is not counted among those replayed.
+            self.report_requests -= 1;
             self.reject(|| format!("record {index} (device {device}): {e}"));
             return;
         }
@@ -364,7 +361,8 @@ impl Replayer {
         let mut need = None;
         if let Some(id) = placing {
             if let Some(oom) = &outcome.oom {
-                need = Some(oom.reserved.saturating_add(oom.rounded_size));
+                let held_then = |b: u64| b.saturating_add(oom.rounded_size);
+                need = Some((held_then(oom.reserved), held_then(oom.allocated)));
                 failed = Some(format!(
                     "device {device}: request of {} B (rounded {} B) with {} B reserved and {} B allocated",
                     oom.requested_size, oom.rounded_size, oom.reserved, oom.allocated
@@ -391,7 +389,7 @@ impl Replayer {
         }
         let (reserved, allocated) = ds.note_peaks();
         // A fraction limits a request only where the allocator reserves, or where it fails.
-        ds.note_fraction_need(need.unwrap_or(ds.outcome.fraction_checked));
+        ds.note_fraction_need(need.map_or(ds.outcome.fraction_checked, |n| n.0));
         self.outside.note_reserved(device, reserved);
         if let Some(out) = self.realized.as_mut() {
             conversions::realize(out, source, device, &req, &ds.outcome);
@@ -446,7 +444,7 @@ impl Replayer {
     /// Whether the allocator behaves differently under a capacity it never reaches: garbage
     /// collection and a memory fraction are relative to the capacity.
     pub fn capacity_sensitive(&self) -> bool {
-        self.cfg.garbage_collection_threshold > 0.0 || self.cfg.per_process_memory_fraction.is_some()
+        self.chosen.cfg.garbage_collection_threshold > 0.0 || self.chosen.cfg.per_process_memory_fraction.is_some()
     }
 
     /// Index of the next record.
@@ -507,7 +505,8 @@ impl Replayer {
                 oom: self.oom_at.is_some(),
                 oom_at_event: self.oom_at,
                 oom_detail: self.oom_detail,
-                oom_need_bytes: self.oom_need,
+                oom_need_bytes: self.oom_need.map(|n| n.0),
+                oom_allocated_need_bytes: self.oom_need.map(|n| n.1),
             },
             recorded_oom: self.recorded_oom,
             recorded_releases: self.recorded_releases,
@@ -535,10 +534,11 @@ impl Replayer {
                 .unwrap_or_else(|| crate::alloc::MemoryStats::default().to_json()),
             devices,
             capacity: self.opts.capacity,
-            config_warning: self.cfg.unmodelled(),
-            alloc_conf: self.alloc_conf,
-            alloc_conf_source: self.alloc_conf_source,
-            config_warnings: self.config_warnings,
+            config_warning: self.chosen.cfg.unmodelled(),
+            alloc_conf: self.chosen.shown,
+            alloc_conf_note: self.chosen.note,
+            alloc_conf_source: self.chosen.source,
+            config_warnings: self.chosen.warnings,
             iterations: self.iterations,
         }
     }

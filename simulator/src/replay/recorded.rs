@@ -11,7 +11,7 @@ impl Replayer {
     pub(super) fn seed(&mut self, index: u64, seed: &Seed) {
         let device = seed.device;
         let existing = ExistingSegment::from(&seed.segment);
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
+        let ds = Self::device_in(&mut self.devices, &self.chosen.cfg, &self.opts, &self.outside, device);
         if let Err(e) = ds.alloc.add_existing_segment(&existing) {
             for (b, id) in seed.active_blocks() {
                 self.live.refused(device, id, b.addr);
@@ -61,7 +61,8 @@ impl Replayer {
             "device {device}: the start state alone (the segments the trace held when recording began) reserves \
              {reserved} B, over the budget of {budget} B"
         ));
-        self.oom_need = Some(reserved);
+        // Of what it reserves, only its allocated blocks are held whatever the packing.
+        self.oom_need = Some((reserved, self.current(device).1));
     }
 
     /// The run's allocator released cached memory here: replayed as `empty_cache`, as `memsim
@@ -73,12 +74,12 @@ impl Replayer {
     /// out (counted), and the replay holds the cache, erring above the run, never below it.
     #[cold]
     pub(super) fn recorded_release(&mut self, index: u64, device: u32) {
-        if self.cfg.max_split_size != u64::MAX || self.cfg.garbage_collection_threshold > 0.0 {
+        if self.chosen.cfg.max_split_size != u64::MAX || self.chosen.cfg.garbage_collection_threshold > 0.0 {
             self.recorded_releases_kept += 1;
             return;
         }
         self.recorded_releases += 1;
-        let ds = Self::device_in(&mut self.devices, &self.cfg, &self.opts, &self.outside, device);
+        let ds = Self::device_in(&mut self.devices, &self.chosen.cfg, &self.opts, &self.outside, device);
         if let Err(e) = ds.alloc.apply_into(&Request::EmptyCache, &mut ds.outcome) {
             self.reject(|| format!("record {index} (device {device}): recorded release: {e}"));
         }

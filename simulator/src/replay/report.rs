@@ -137,6 +137,31 @@ pub struct FirstOom {
     /// request was never placed. `null` in JSON when saturated (a request of 2^64 - 1 B).
     #[serde(serialize_with = "crate::units::opt_bytes_or_null")]
     pub oom_need_bytes: Option<u64>,
+    /// The bytes allocated when it failed plus its rounded size: live bytes the job held at
+    /// once, which no packing avoids (`need_floor_bytes` of `memsim replay --json` rests on it).
+    #[serde(skip)]
+    pub oom_allocated_need_bytes: Option<u64>,
+}
+
+impl FirstOom {
+    /// This failure, with the larger of its floors and `other`'s (the unlimited replay's beside
+    /// the one at a budget: a request no device holds fails in both, and the larger floor is
+    /// what the job needs).
+    pub fn with_floors_of(self, other: &FirstOom) -> FirstOom {
+        FirstOom {
+            oom_need_bytes: self.oom_need_bytes.max(other.oom_need_bytes),
+            oom_allocated_need_bytes: self.oom_allocated_need_bytes.max(other.oom_allocated_need_bytes),
+            ..self
+        }
+    }
+
+    /// Bytes allocated at once however an allocator packs them: `peak_allocated`, or more when an
+    /// allocation failed (the bytes allocated then plus its size, in the replay, or `recorded` as
+    /// the run itself recorded it), since the peak never counts the request that was not placed.
+    pub fn allocated_need(&self, peak_allocated: u64, recorded: Option<RecordedOom>) -> u64 {
+        let failed = self.oom_allocated_need_bytes.unwrap_or(0);
+        peak_allocated.max(failed).max(recorded.map_or(0, |o| o.need_bytes))
+    }
 }
 
 /// Replay result.
@@ -205,8 +230,11 @@ pub struct ReplayReport {
     /// What the allocator configuration asks for that the model does not follow
     /// ([`crate::alloc::AllocatorConfig::unmodelled`]), as a warning.
     pub config_warning: Option<String>,
-    /// Allocator configuration string in force (as given, or from the trace).
+    /// Allocator configuration string in force (as given, or from the trace; a snapshot's fields
+    /// written into its recorded string where they decide).
     pub alloc_conf: Option<String>,
+    /// Which parts of `alloc_conf` a snapshot's `allocator_settings` fields decided, where they did.
+    pub alloc_conf_note: Option<String>,
     /// Where it came from: `override` (`--alloc-conf`), `recorded`, or `default` (nothing recorded).
     pub alloc_conf_source: crate::alloc::ConfigSource,
     /// Recorded settings that contradict each other, or that `--alloc-conf` drops (also in

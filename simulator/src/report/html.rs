@@ -32,6 +32,10 @@ pub struct ProfileVerdict {
     pub fits: bool,
     /// "safe" or "point".
     pub basis: String,
+    /// Why the need is not the page's reserved peak plus the outside terms, where it is not: the
+    /// replay at the capacity (the allocator frees its cache when the device is full), a failed
+    /// allocation the peak never counts, or this profile's allocator rules.
+    pub note: Option<String>,
 }
 
 /// An estimate as the page shows it: the caller reads the file (through its one parser, which
@@ -117,8 +121,17 @@ fn headline(r: &Report, x: &Extras) -> String {
     if let Some(e) = &x.estimate {
         return estimate_headline(e);
     }
+    // A verdict beside this peak that rests on another number must not read as a contradiction.
+    let differs = if x.verdicts.iter().any(|v| v.note.is_some()) {
+        concat!(
+            r#"<p class="muted">These peaks are of a replay without a capacity; where a verdict below needs "#,
+            "another amount, its note says why.</p>"
+        )
+    } else {
+        ""
+    };
     format!(
-        r#"<p id="headline" data-mib="{:.1}">peak reserved {:.1} MiB (peak allocated {:.1} MiB)</p>"#,
+        r#"<p id="headline" data-mib="{:.1}">peak reserved {:.1} MiB (peak allocated {:.1} MiB)</p>{differs}"#,
         mib(r.peak_reserved),
         mib(r.peak_reserved),
         mib(r.peak_allocated)
@@ -264,6 +277,11 @@ fn verdicts(vs: &[ProfileVerdict]) -> String {
         );
     }
     s.push_str("</table>");
+    for v in vs {
+        if let Some(n) = &v.note {
+            let _ = write!(s, r#"<p class="note">{}: {}</p>"#, esc(&v.profile), esc(n));
+        }
+    }
     s
 }
 

@@ -1,12 +1,13 @@
 //! The one consistency check of a snapshot's segments, made when it is read, so that every
 //! command (`replay`, `validate`, `stats`, `convert`) refuses the same damaged files: a segment
-//! no device could hold, or two segments over one address range.
+//! no device could hold, two segments over one address range, or a block outside its segment.
 
 use super::model::Segment;
 use super::SnapshotError;
 
 /// Refuses segments larger than any device ([`crate::alloc::MAX_SEGMENT`]), ending past the
-/// address space, or overlapping another segment of their device.
+/// address space, overlapping another segment of their device, or holding a block that lies
+/// outside them or over another of their blocks.
 pub(super) fn segments(segments: &[Segment], file: &str) -> Result<(), SnapshotError> {
     let bad = |i: usize, field: &str, expected: String| SnapshotError::Field {
         file: file.to_string(),
@@ -35,6 +36,7 @@ pub(super) fn segments(segments: &[Segment], file: &str) -> Result<(), SnapshotE
                 ),
             ));
         }
+        blocks(i, s, &bad)?;
     }
     let mut order: Vec<usize> = (0..segments.len()).collect();
     order.sort_by_key(|&i| (segments[i].device, segments[i].address));
@@ -51,6 +53,42 @@ pub(super) fn segments(segments: &[Segment], file: &str) -> Result<(), SnapshotE
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// PyTorch reports a segment as the blocks that tile it (its `total_size` is their sum), so a
+/// block reaching past its segment or over the block before it is damage, not a state the
+/// allocator can be in: replayed, it was cut to fit and the peaks came out of a smaller block.
+fn blocks(i: usize, s: &Segment, bad: &dyn Fn(usize, &str, String) -> SnapshotError) -> Result<(), SnapshotError> {
+    let end = s.address + s.total_size;
+    let mut prev_end = s.address;
+    for (j, b) in s.blocks.iter().enumerate() {
+        let block_end = b.address.checked_add(b.size);
+        let field = format!("blocks[{j}]");
+        if b.address < s.address || block_end.is_none_or(|e| e > end) {
+            return Err(bad(
+                i,
+                &field,
+                format!(
+                    "a block inside its segment ({:#x} + {} B), found a block at {:#x} of {} B: a damaged snapshot \
+                     (its blocks or the segment's total_size)",
+                    s.address, s.total_size, b.address, b.size
+                ),
+            ));
+        }
+        if b.address < prev_end {
+            return Err(bad(
+                i,
+                &field,
+                format!(
+                    "blocks in address order that do not overlap, found a block at {:#x} of {} B that starts before \
+                     the block before it ends ({:#x}): a damaged snapshot",
+                    b.address, b.size, prev_end
+                ),
+            ));
+        }
+        prev_end = b.address + b.size;
     }
     Ok(())
 }

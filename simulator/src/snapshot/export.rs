@@ -17,6 +17,7 @@ use trace::{
 use super::model::UNKNOWN_LINE;
 use super::pickle_writer::PickleWriter;
 use super::SnapshotError;
+use crate::alloc::{AllocatorConfig, TorchVersion};
 
 struct OutSnapshot {
     segments: Vec<OutSegment>,
@@ -248,19 +249,27 @@ fn out_frame(f: &Frame) -> OutFrame {
 }
 
 /// What a written snapshot's `device_traces` hold, over all devices.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Exported {
     /// `alloc` entries: the allocator's requests, which `memsim validate` and `replay` replay.
     pub allocs: u64,
     /// `segment_alloc`, `segment_free`, `segment_map` and `segment_unmap` entries: what the
     /// allocator did, which they only compare.
     pub segment_events: u64,
+    /// Entries of any action.
+    pub entries: u64,
+    /// Segments of the final state.
+    pub segments: u64,
+    /// The trace header's allocator configuration string when the snapshot could not carry it
+    /// (see [`carried_settings`]).
+    pub alloc_conf_not_carried: Option<String>,
 }
 
 impl Exported {
     fn of(traces: &[Vec<OutEntry>]) -> Exported {
         let mut e = Exported::default();
         for entry in traces.iter().flatten() {
+            e.entries += 1;
             match entry.action {
                 "alloc" => e.allocs += 1,
                 a if a.starts_with("segment_") => e.segment_events += 1,
@@ -289,14 +298,47 @@ fn device_slot(index: usize, device: u32) -> Result<usize, SnapshotError> {
     Ok(device as usize)
 }
 
+/// Refuses what no snapshot can hold, numbering the records as every other command does (from
+/// 0, after the header): a device past PyTorch's, a stack used before a record defines it. A
+/// replay's realised records ([`crate::replay::Replayer::take_realized`]) hold the same devices
+/// and stacks in the same order, but numbered otherwise (the model's segment events are added),
+/// so a caller exporting a replay checks the trace it replayed first.
+pub fn check_exportable(records: &[Record]) -> Result<(), SnapshotError> {
+    let mut stacks = std::collections::HashSet::new();
+    for (index, r) in records.iter().enumerate() {
+        let stack = match &r.event {
+            Event::Stack(s) => {
+                stacks.insert(s.id);
+                continue;
+            }
+            Event::Alloc(a) if a.mem == MemoryKind::Device => a.stack,
+            Event::Free(f) if f.mem == MemoryKind::Device => f.stack,
+            Event::Vmm(v) if matches!(v.op, VmmOp::Map | VmmOp::Unmap) => None,
+            Event::Oom(_) | Event::SnapshotPoint(_) => None,
+            Event::SegmentState(s) if s.at == StateAt::End => s.stack,
+            _ => continue,
+        };
+        device_slot(index, r.device.unwrap_or(0))?;
+        if let Some(id) = stack.filter(|id| !stacks.contains(id)) {
+            return Err(SnapshotError::Export {
+                index,
+                message: format!("stack {id} is used before any stack record defines it"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Encodes an allocator-level trace as snapshot pickle bytes. The trace must carry its final
 /// segment state (`SegmentState` at `End`, as [`super::import`] writes) whenever it has events;
 /// a trace without one needs a replay to compute it.
 pub fn export_snapshot(header: &Header, records: &[Record]) -> Result<Vec<u8>, SnapshotError> {
-    export(header, records).map(|(bytes, _)| bytes)
+    export(header, records, false).map(|(bytes, _)| bytes)
 }
 
-fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), SnapshotError> {
+/// `replayed`: the records are a replay's realised ones, whose final state is the segments they
+/// end with, none when there are none (every segment released, or none ever reserved).
+fn export(header: &Header, records: &[Record], replayed: bool) -> Result<(Vec<u8>, Exported), SnapshotError> {
     if !header.is_allocator_level() {
         return Err(SnapshotError::Export {
             index: 0,
@@ -320,7 +362,7 @@ fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), Sn
         b.traces.resize_with(devices, Vec::new);
     }
     let has_events = b.traces.iter().any(|t| !t.is_empty());
-    if has_events && !has_end {
+    if has_events && !has_end && !replayed {
         return Err(SnapshotError::Export {
             index: records.len(),
             message: "the trace has no final segment state (SegmentState at end); replay it to \
@@ -329,9 +371,9 @@ fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), Sn
         });
     }
     let parse_meta = |key: &metadata::Key| header.meta(key).and_then(|t| serde_json::from_str(t).ok());
-    let allocator_settings = header.allocator_settings.as_deref().and_then(|t| serde_json::from_str(t).ok());
+    let (allocator_settings, alloc_conf_not_carried) = carried_settings(header);
     let mut w = Encoder { w: PickleWriter::new(), stacks: &b.stacks, memo: HashMap::new() };
-    let exported = Exported::of(&b.traces);
+    let exported = Exported { segments: b.segments.len() as u64, alloc_conf_not_carried, ..Exported::of(&b.traces) };
     if header.meta_flag(&metadata::SNAPSHOT_LIST_FORM) == Some(true) {
         w.segments(&b.segments);
         return Ok((w.w.finish(), Exported::default()));
@@ -345,6 +387,24 @@ fn export(header: &Header, records: &[Record]) -> Result<(Vec<u8>, Exported), Sn
     };
     w.snapshot(&snap);
     Ok((w.w.finish(), exported))
+}
+
+/// The snapshot's `allocator_settings`: the header's own (a snapshot's, imported), or else the
+/// allocator configuration string the trace's environment recorded, in the key PyTorch writes it
+/// under. A reader of a snapshot with settings and no 2.9-only field follows 2.5's rules
+/// ([`super::guess_version`]), which refuse keys of later releases: such a string is not written
+/// (a snapshot it made unreadable helps nobody) but returned, for the caller to say.
+fn carried_settings(header: &Header) -> (Option<serde_json::Value>, Option<String>) {
+    if let Some(t) = header.allocator_settings.as_deref() {
+        return (serde_json::from_str(t).ok(), None);
+    }
+    match header.alloc_conf() {
+        None => (None, None),
+        Some(conf) if AllocatorConfig::parse(conf, TorchVersion::V2_5).is_ok() => {
+            (Some(serde_json::json!({ "PYTORCH_CUDA_ALLOC_CONF": conf })), None)
+        }
+        Some(conf) => (None, Some(conf.to_string())),
+    }
 }
 
 /// What the snapshot keeps of the trace's header: the producer (always: it marks the file as
@@ -503,7 +563,19 @@ impl Encoder<'_> {
 /// Writes [`export_snapshot`]'s bytes to `path` through a temporary file in the same directory,
 /// so a failure never leaves a partial file. Returns what the snapshot's traces hold.
 pub fn write_snapshot(path: &Path, header: &Header, records: &[Record]) -> Result<Exported, SnapshotError> {
-    let (bytes, exported) = export(header, records)?;
+    write(path, header, records, false)
+}
+
+/// [`write_snapshot`] of a replay's realised records
+/// ([`crate::replay::Replayer::take_realized`]): their final state is the segments they end with,
+/// so records ending with none (the cache emptied, or nothing reserved) are a snapshot with no
+/// segment, not a trace missing its final state.
+pub fn write_replayed_snapshot(path: &Path, header: &Header, records: &[Record]) -> Result<Exported, SnapshotError> {
+    write(path, header, records, true)
+}
+
+fn write(path: &Path, header: &Header, records: &[Record], replayed: bool) -> Result<Exported, SnapshotError> {
+    let (bytes, exported) = export(header, records, replayed)?;
     trace::write_bytes_atomic(path, &bytes)
         .map_err(|source| SnapshotError::Write { path: path.to_path_buf(), source })?;
     Ok(exported)

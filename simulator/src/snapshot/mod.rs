@@ -23,7 +23,7 @@ mod settings;
 pub mod validate;
 
 pub use caveats::{input_warnings, Caveats};
-pub use export::{export_snapshot, write_snapshot, Exported};
+pub use export::{check_exportable, export_snapshot, write_replayed_snapshot, write_snapshot, Exported};
 pub use import::{import, Imported, PRODUCER};
 pub use model::{parse_snapshot, read_snapshot, Action, Block, Segment, Snapshot, TraceEntry};
 pub use rebuild::{rebuild, StartBlock, StartSegment, StartState, Unrecoverable};
