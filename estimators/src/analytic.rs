@@ -69,6 +69,20 @@ impl Optimizer {
     }
 }
 
+impl Optimizer {
+    /// Its name as `--optimizer` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::SgdMomentum => "sgd-momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::AdamW => "adamw",
+            Optimizer::Adagrad => "adagrad",
+            Optimizer::RmsProp => "rmsprop",
+        }
+    }
+}
+
 impl FromStr for Optimizer {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -130,12 +144,21 @@ pub struct AnalyticEstimate {
     pub device: u64,
 }
 
+impl AnalyticEstimate {
+    /// Why the closed form gives no size: its terms add up past 2^64 bytes (`None` when the
+    /// device figure is a size).
+    pub fn unbounded(&self) -> Option<simulator::units::Unbounded> {
+        (self.device == u64::MAX).then_some(simulator::units::Unbounded::Overflow)
+    }
+}
+
 /// Bytes a tensor of `bytes` holds in the caching allocator: 512-B rounding, and requests above
 /// 1 MiB come from segments rounded to 2 MiB (c10's `kRoundLarge`), which stay reserved.
+/// Saturates at `u64::MAX`, which [`AnalyticEstimate::unbounded`] reads as no size.
 pub fn allocator_bytes(bytes: u64) -> u64 {
-    let r = bytes.div_ceil(512) * 512;
+    let r = bytes.div_ceil(512).saturating_mul(512);
     if r > MIB {
-        r.div_ceil(2 * MIB) * 2 * MIB
+        r.div_ceil(2 * MIB).saturating_mul(2 * MIB)
     } else {
         r
     }
@@ -144,7 +167,8 @@ pub fn allocator_bytes(bytes: u64) -> u64 {
 /// The analytic closed form: per-layer parameter, gradient and optimizer tensors and per-layer
 /// activations × batch, each rounded as the allocator would, plus the profile's workspace and
 /// outside-allocator memory. Peak is taken at the second iteration's backward, when weights,
-/// optimizer state, gradients and saved activations all coexist.
+/// optimizer state, gradients and saved activations all coexist. Every sum saturates: a batch
+/// near 2^61 must never wrap to less than batch 1 needs.
 pub fn analytic(
     f: &Features,
     batch: u64,
@@ -160,28 +184,30 @@ pub fn analytic(
     let mut activations = 0;
     let mut amp = 0;
     if f.layers.is_empty() {
-        weights = allocator_bytes(4 * f.total_parameters);
-        activations = allocator_bytes(act_bytes * f.total_activations * batch);
+        weights = allocator_bytes(f.total_parameters.saturating_mul(4));
+        activations = allocator_bytes(f.total_activations.saturating_mul(act_bytes).saturating_mul(batch));
         if precision == Precision::Amp {
-            amp = allocator_bytes(2 * f.total_parameters);
+            amp = allocator_bytes(f.total_parameters.saturating_mul(2));
         }
     }
     for l in &f.layers {
         if l.parameters > 0 {
-            weights += allocator_bytes(4 * l.parameters);
+            weights = weights.saturating_add(allocator_bytes(l.parameters.saturating_mul(4)));
             if precision == Precision::Amp {
-                amp += allocator_bytes(2 * l.parameters);
+                amp = amp.saturating_add(allocator_bytes(l.parameters.saturating_mul(2)));
             }
         }
-        activations += allocator_bytes(act_bytes * l.activations * batch);
+        activations =
+            activations.saturating_add(allocator_bytes(l.activations.saturating_mul(act_bytes).saturating_mul(batch)));
     }
     let gradients = weights;
-    let optimizer_state = weights * optimizer.state_slots();
+    let optimizer_state = weights.saturating_mul(optimizer.state_slots());
     let uses_gemm = f.uses_gemm();
     let workspace = if uses_gemm { profile.cublas_workspace_bytes() } else { 0 };
-    let reserved = weights + gradients + optimizer_state + activations + amp + workspace;
+    let reserved =
+        [gradients, optimizer_state, activations, amp, workspace].into_iter().fold(weights, u64::saturating_add);
     let libs = Libraries::single(uses_gemm, f.uses_conv(), "features");
-    let device = reserved + outside(profile, "profile", libs).total_bytes;
+    let device = reserved.saturating_add(outside(profile, "profile", libs).total_bytes);
     AnalyticEstimate {
         weights,
         gradients,

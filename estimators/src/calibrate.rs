@@ -206,7 +206,7 @@ pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, 
     // The old provenance goes; every other table stays as it was.
     let mut out = String::new();
     let mut section = String::new();
-    for line in without_tables(text, "calibration").lines() {
+    for line in fitted_on(&without_tables(text, "calibration"), provenance).lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
             section = t.to_string();
@@ -254,6 +254,48 @@ pub fn rewrite_profile(text: &str, o: &OutsideAllocator, provenance: &[(String, 
         }
     }
     out
+}
+
+/// `text` with its leading comment's account of what the constants were fitted on (from the line
+/// that names the `[outside_allocator] constants` to the next comment paragraph on another
+/// subject: `# Held-out`, `# [provenance]`) replaced by one made from `provenance`: the old
+/// one described the data of an earlier fit.
+fn fitted_on(text: &str, provenance: &[(String, String)]) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let head = lines.iter().position(|l| l.trim_start().starts_with('[')).unwrap_or(lines.len());
+    let get = |k: &str| provenance.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let mut said =
+        format!("The [outside_allocator] constants were fitted by {}", get("fitted_by").unwrap_or("memest calibrate"));
+    if let Some(runs) = get("runs") {
+        said += &format!(" on the runs of {runs}");
+    }
+    if let Some(l) = get("data_licence") {
+        said += &format!(" (data licence {l})");
+    }
+    said += &get("method").map_or(".".into(), |m| format!(": {m}."));
+    let mut new: Vec<String> = Vec::new();
+    let mut line = String::from("#");
+    for word in said.split_whitespace() {
+        if line.len() + word.len() > 99 {
+            new.push(std::mem::replace(&mut line, "#".into()));
+        }
+        line = format!("{line} {word}");
+    }
+    new.push(line);
+    let other = |l: &str| l.starts_with("# Held-out") || l.starts_with("# [provenance]") || !l.starts_with('#');
+    let start = lines[..head].iter().position(|l| l.contains("[outside_allocator] constants"));
+    let (start, end) = match start {
+        Some(i) => (i, lines[i + 1..head].iter().position(|l| other(l)).map_or(head, |j| i + 1 + j)),
+        // No account to replace: the new one closes the leading comment.
+        None => {
+            let end = lines[..head].iter().position(|l| !l.starts_with('#')).unwrap_or(head);
+            (end, end)
+        }
+    };
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend(new);
+    out.extend(lines[end..].iter().map(|l| l.to_string()));
+    out.join("\n") + "\n"
 }
 
 /// A profile's text without the table `[name]` and its subtables `[name.*]`, with the comment

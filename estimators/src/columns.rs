@@ -89,5 +89,29 @@ pub(crate) fn warnings(path: &Path, headers: &csv::StringRecord, rows: &[Dataset
             path.display()
         ));
     }
+    out.extend(repeated(path, rows));
     out
+}
+
+/// Rows whose every cell repeats an earlier row's (by content digest): each would be scored
+/// (compare) or trained on (ml) twice; said once, with the count and the first rows.
+fn repeated(path: &Path, rows: &[DatasetRow]) -> Option<String> {
+    let mut first = std::collections::HashMap::new();
+    let pairs: Vec<(usize, usize)> = rows
+        .iter()
+        .filter_map(|r| {
+            let earliest = *first.entry(r.digest.as_str()).or_insert(r.row);
+            (earliest != r.row).then_some((r.row, earliest))
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| {
+        let shown: Vec<String> = pairs.iter().take(5).map(|(r, e)| format!("row {r} repeats row {e}")).collect();
+        format!(
+            "{}: {} rows repeat an earlier row cell for cell ({}{}): each is used as often as it appears",
+            path.display(),
+            pairs.len(),
+            shown.join(", "),
+            if pairs.len() > 5 { ", ..." } else { "" }
+        )
+    })
 }

@@ -22,7 +22,7 @@ use crate::ml::features::extract;
 use crate::ml::modelfile::ModelFile;
 use crate::rows::RowSet;
 use crate::symbolic::{capped_rerun_ok, symbolic};
-use crate::tracefile::{job_libraries, LoadedTrace};
+use crate::tracefile::{job_libraries, library_warnings, LoadedTrace};
 
 /// Estimators in report order.
 pub const ESTIMATORS: [&str; 8] =
@@ -71,6 +71,13 @@ pub struct RunRecord {
     pub family: String,
     /// Batch size.
     pub batch: u64,
+    /// The optimizer the run was traced and estimated with (`adam`, `sgd`, ...); absent in runs
+    /// written before it was recorded (GPUMemNet's were Adam).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
+    /// Its precision (`fp32`, `bf16`, `fp16`); absent where `optimizer` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amp: Option<String>,
     /// Measured device-level peak, bytes.
     pub truth_bytes: Option<f64>,
     /// The run crashed with OOM.
@@ -187,12 +194,19 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
                 line: i + 1,
                 expected: format!("expected a run record written by `memest compare` ({e})"),
             })?;
-            if let Some(t) = r.truth_bytes.filter(|t| !(t.is_finite() && *t >= 0.0)) {
-                return Err(EstimateError::Line {
-                    path: f.clone(),
-                    line: i + 1,
-                    expected: format!("field truth_bytes is {t}: expected a measured peak in bytes, >= 0, or null"),
-                });
+            let impossible = |t: &f64| !(t.is_finite() && *t >= 0.0) || crate::dataset::past_any_device(*t);
+            for (field, t) in [("truth_bytes", r.truth_bytes), ("reserved_truth_bytes", r.reserved_truth_bytes)] {
+                if let Some(t) = t.filter(impossible) {
+                    // 1e30 written out in full is 31 digits.
+                    let t = if t.abs() < 1e15 { t.to_string() } else { format!("{t:e}") };
+                    return Err(EstimateError::Line {
+                        path: f.clone(),
+                        line: i + 1,
+                        expected: format!(
+                            "field {field} is {t}: expected a measured peak in bytes, >= 0 and at most 256 TiB (past any device), or null"
+                        ),
+                    });
+                }
             }
             out.push(r);
         }
@@ -270,9 +284,10 @@ pub fn evaluate_row(
     est.insert(
         "analytic".into(),
         Outcome {
-            device_bytes: Some(a.device),
+            device_bytes: a.unbounded().is_none().then_some(a.device),
             reserved_bytes: Some(a.reserved),
             seconds: Some(s),
+            error: a.unbounded().map(|u| format!("no device holds the need: {}", u.describe())),
             ..Outcome::default()
         },
     );
@@ -303,6 +318,9 @@ pub fn evaluate_row(
                 },
             );
             let (sym, s) = timed(|| symbolic(t, ctx.version, &outside_terms, capacity));
+            // The symbolic answer also rests on the libraries a partly written header left to
+            // the evidence.
+            let warnings = [warnings, library_warnings(t, &libs)].concat();
             est.insert(
                 "symbolic".into(),
                 match sym {
@@ -359,6 +377,8 @@ pub fn evaluate_row(
         spec: row.spec.as_str().to_string(),
         family: row.family.as_str().to_string(),
         batch: row.batch,
+        optimizer: Some(optimizer.name().to_string()),
+        amp: Some(row.amp.clone().filter(|a| !matches!(a.as_str(), "" | "none")).unwrap_or_else(|| "fp32".into())),
         truth_bytes: row.truth,
         real_oom: row.real_oom,
         reserved_truth_bytes: row.reserved_truth,

@@ -304,6 +304,17 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Loaded>
             "expected a header line with the GPUMemNet columns; the file is empty",
         ));
     }
+    // JSON (a features file, runs.jsonl, a model) read as CSV names a column it lacks; say what
+    // the file is not.
+    let first = headers.get(0).unwrap_or("").trim_start();
+    if first.starts_with('{') || first.starts_with('[') {
+        return Err(csv_err(
+            path,
+            0,
+            "<header>",
+            "expected a GPUMemNet CSV (or the trainer's `dataset` output); this file is JSON, not a GPUMemNet CSV",
+        ));
+    }
     // A column named twice was read from its first copy, whichever the writer meant.
     for (i, h) in headers.iter().enumerate() {
         if let Some(j) = headers.iter().skip(i + 1).position(|o| o.trim() == h.trim() && !h.trim().is_empty()) {
@@ -509,6 +520,28 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Loaded>
 
 fn csv_err(path: &Path, row: usize, column: &str, expected: &str) -> EstimateError {
     EstimateError::Csv { path: path.to_path_buf(), row, column: column.to_string(), expected: expected.to_string() }
+}
+
+/// A measured peak past any device (the allocator model's largest capacity, 256 TiB): a typo or
+/// a unit slip that would outweigh every other row of a metric or a fit.
+pub fn past_any_device(bytes: f64) -> bool {
+    bytes > trace::units::MAX_CAPACITY as f64
+}
+
+/// The first row of `rows` (read from `path`) whose measured peak is past any device, as the
+/// loader's error naming the file, row and column: `compare` scores truths, and one such row
+/// dominated its metrics (`ml` leaves such a row out instead, with a warning).
+pub fn refuse_past_any_device(path: &Path, rows: &[DatasetRow]) -> Result<()> {
+    for r in rows {
+        for (column, v) in [(r.truth_column, r.truth), ("max_memory_reserved_mib", r.reserved_truth)] {
+            if let Some(b) = v.filter(|b| past_any_device(*b)) {
+                let msg =
+                    format!("expected a measured peak of at most 256 TiB (past any device), got {:e} MiB", b / MIB);
+                return Err(csv_err(path, r.row, column, &msg));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A seeded subset of `n` rows (all rows when `n` is at least their count), in file order.

@@ -16,7 +16,7 @@ use crate::error::{EstimateError, Result};
 use crate::estimate_text::{EstimateText, EstimateView};
 use crate::features::{Family, Features};
 use crate::symbolic::{profile_version, symbolic, Unbounded};
-use crate::tracefile::{job_libraries, LoadedTrace};
+use crate::tracefile::{job_libraries, library_warnings, LoadedTrace};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -186,6 +186,15 @@ pub struct VerdictReport {
     pub capacity_source: CapacitySource,
     /// `need_mib <= capacity_mib`.
     pub fits: bool,
+    /// The allocator budget the headline was replayed at: the capacity less the memory outside
+    /// the allocator, MiB (absent in files written before it was reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_budget_mib: Option<f64>,
+    /// Whether the need is the replay within that budget, where a full budget makes the
+    /// allocator free its cache and retry: the need is then this capacity's and can differ at
+    /// another (false when the replay at the budget failed: the need is the unlimited replay's).
+    #[serde(default)]
+    pub need_at_capacity: bool,
 }
 
 /// The whole answer.
@@ -340,6 +349,17 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     };
     let version = profile_version(profile, ppath)?;
     let mut warnings = t.warnings();
+    if t.is_plain_meta() {
+        // The headline replays what CUDA would allocate; a plain-meta trace has only the tensors
+        // (no library workspaces nor the other emulated cases), so its need is too small.
+        warnings.push(format!(
+            "--trace {}: header metadata `cuda_emulation` is \"false\": a plain-meta trace (`symtrace \
+             --no-cuda-emulation`) leaves out what CUDA allocates beside the tensors (library workspaces and the \
+             other emulated cases), so the symbolic headline and its verdict may be below what the job needs; \
+             trace the job with CUDA emulation (this trace is the --fake-trace baseline's input)",
+            t.path.display()
+        ));
+    }
     if let Some(p) = input.plain {
         warnings.extend(p.warnings());
         warnings.extend(other_plain_job(t, p));
@@ -351,6 +371,7 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
     warnings.extend(fit::autotuning(&t.header));
     warnings.extend(other_job(t, f, batch));
     let libs = job_libraries(Some(t), f, family);
+    warnings.extend(library_warnings(t, &libs));
     let outside_terms = fit::outside(profile, &ppath.display().to_string(), libs);
     warnings.extend(outside_terms.warnings());
     let (capacity, cap_warnings) = fit::capacity(input.capacity, Some(profile));
@@ -403,10 +424,16 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
                     let s = Instant::now();
                     let a = analytic(f, batch, optimizer, precision, profile);
                     time("analytic", s);
-                    estimates.insert(
-                        "analytic".into(),
-                        Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")),
-                    );
+                    // As the headline says a saturated need: no number, the reason beside it.
+                    if let Some(u) = a.unbounded() {
+                        estimates.insert("analytic".into(), None);
+                        unavailable.insert("analytic".into(), format!("no device holds the need: {}", u.describe()));
+                    } else {
+                        estimates.insert(
+                            "analytic".into(),
+                            Some(Answer::baseline("analytic", mib(a.device), Some(mib(a.reserved)), "device")),
+                        );
+                    }
                 }
                 Err(e) => {
                     estimates.insert("analytic".into(), None);
@@ -493,6 +520,8 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             capacity_mib: mib(v.capacity_bytes),
             capacity_source: v.capacity_source,
             fits: v.fits,
+            allocator_budget_mib: Some(mib(sym.budget)),
+            need_at_capacity: sym.peaks_at_budget && unbounded.is_none(),
         },
         estimates,
         outside_allocator: OutsideReport {

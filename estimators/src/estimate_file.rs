@@ -12,7 +12,7 @@
 use serde_json::Value;
 
 use crate::estimate::SCHEMA;
-use crate::estimate_text::EstimateView;
+use crate::estimate_text::{AnswerView, EstimateView};
 
 /// What every refusal but a contradicted `fits` ends with.
 const EXPECTED: &str = "expected `estimate --json` output, schema 3";
@@ -239,6 +239,7 @@ fn consistent(view: &EstimateView) -> Result<(), String> {
             show(point_mib)
         ));
     }
+    parts(view, h, answer, device_mib)?;
     // The detail line adds the headline's reserved peak and the memory outside the allocator:
     // together they are never more than its device need (which a memory fraction can raise).
     if let Some(reserved) = answer.reserved_mib {
@@ -251,6 +252,71 @@ fn consistent(view: &EstimateView) -> Result<(), String> {
                 show(outside),
                 show(device_mib)
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The numbers the writer derives from others agree with them (a hand-edited part was worded
+/// beside a whole it contradicts): the memory outside the allocator is the sum of its terms, no
+/// step's peak is above the headline's (its max over the steps), and the safe number is the
+/// point plus the margin's fraction of its scale ([`simulator::fit::Margin::safe`]).
+fn parts(view: &EstimateView, h: &str, answer: &AnswerView, device_mib: f64) -> Result<(), String> {
+    let o = &view.outside_allocator;
+    let sum = o.context_mib + o.cublas_mib + o.cudnn_mib + o.nccl_mib + o.recorded_mib;
+    if (sum - o.total_mib).abs() > 0.1 {
+        return Err(format!(
+            "field `outside_allocator.total_mib` is {} but its terms (context, cuBLAS, cuDNN, NCCL, recorded) add up \
+             to {}",
+            show(o.total_mib),
+            show(sum)
+        ));
+    }
+    if let Some(st) = &answer.steps {
+        for (k, v) in
+            [("first_step_device_mib", Some(st.first_step_device_mib)), ("steady_device_mib", st.steady_device_mib)]
+        {
+            match v {
+                Some(v) if !(v.is_finite() && v >= 0.0) => {
+                    return Err(format!("field `estimates.{h}.steps.{k}` is {v}: expected a number of MiB >= 0"))
+                }
+                Some(v) if v > device_mib + 0.05 => {
+                    return Err(format!(
+                        "field `estimates.{h}.steps.{k}` is {}, above `estimates.{h}.device_mib` {}: the headline is \
+                         the max over the steps",
+                        show(v),
+                        show(device_mib)
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    let m = &view.margin;
+    if let (Some(fraction), Some(safe)) = (m.fraction, answer.safe_mib) {
+        if !(fraction.is_finite() && fraction >= 0.0) {
+            return Err(format!("field `margin.fraction` is {fraction}: expected a fraction >= 0"));
+        }
+        let base = match m.scale.as_deref() {
+            Some("reserved") => answer.reserved_mib,
+            Some("point") | None => Some(device_mib),
+            Some(other) => {
+                return Err(format!("field `margin.scale` is {other:?}: expected \"point\" or \"reserved\""))
+            }
+        };
+        if let Some(base) = base {
+            let want = device_mib + fraction * base;
+            if (safe - want).abs() > 0.1 {
+                return Err(format!(
+                    "field `estimates.{h}.safe_mib` is {} but `margin.fraction` {fraction} of the {} ({}) on the point \
+                     {} gives {}",
+                    show(safe),
+                    m.scale.as_deref().unwrap_or("point"),
+                    show(base),
+                    show(device_mib),
+                    show(want)
+                ));
+            }
         }
     }
     Ok(())

@@ -86,6 +86,12 @@ pub struct LibrariesView {
 pub struct MarginView {
     /// What the margin rests on.
     pub note: String,
+    /// Safe = point + fraction × scale (absent in the trainer's older files: not checked then).
+    #[serde(default)]
+    pub fraction: Option<f64>,
+    /// What the fraction multiplies: `point` or `reserved`.
+    #[serde(default)]
+    pub scale: Option<String>,
 }
 
 /// The fields of an estimate (memest's schema 3, or the trainer's, which adds to it) that the
@@ -149,7 +155,11 @@ impl From<&EstimateReport> for EstimateView {
                 total_mib: o.total_mib,
                 libraries: LibrariesView { source: o.libraries.source.to_string() },
             },
-            margin: MarginView { note: r.margin.note.clone() },
+            margin: MarginView {
+                note: r.margin.note.clone(),
+                fraction: Some(r.margin.fraction),
+                scale: Some(r.margin.scale.clone()),
+            },
             profile: r.profile.clone(),
             profile_path: None,
             profile_name: r.profile_name.clone(),
@@ -176,6 +186,15 @@ impl EstimateText {
         };
         let mut details =
             vec![format!("  capacity {capacity} ({}); margin: {}", v.capacity_source.describe(), r.margin.note)];
+        // memsim replay's words: the need at a budget is that budget's, so a need printed beside
+        // one capacity is not the need at another.
+        if let (true, Some(budget)) = (v.need_at_capacity, v.allocator_budget_mib) {
+            details.push(format!(
+                "  the need is the replay at this capacity: replayed within the allocator budget of {budget:.1} MiB \
+                 (the capacity less the memory outside the allocator); when it fills, the allocator frees its cache \
+                 and retries, so the need can differ at another --capacity"
+            ));
+        }
         if let Some(Some(sym)) = r.estimates.get(&r.headline) {
             let o = &r.outside_allocator;
             // A failed allocation's floor is no peak: said as memsim says it, so that the peaks

@@ -167,6 +167,10 @@ impl FeaturesFile {
             field(path, "<document>", &format!("expected a JSON object ({e}){hint}"))
         })?;
         let v = v.as_object().ok_or_else(|| field(path, "<document>", "expected a JSON object (`features --json`)"))?;
+        // serde_json keeps the last of a key given twice: which one the writer meant is unknown.
+        if let Some(key) = duplicate_key(text) {
+            return Err(field(path, &key, "expected each key once; this one is given twice (the last would be read)"));
+        }
         let mut warnings = Vec::new();
         let unknown: Vec<String> = v
             .keys()
@@ -250,5 +254,70 @@ impl FeaturesFile {
             source,
         })?;
         FeaturesFile::parse(&text, path)
+    }
+}
+
+/// The first key an object of the JSON `text` holds twice, by its path (`layers.conv1.type`).
+fn duplicate_key(text: &str) -> Option<String> {
+    use serde::de::DeserializeSeed;
+    let found = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    Dups { path: String::new(), found: &found }.deserialize(&mut de).ok()?;
+    found.into_inner()
+}
+
+/// Walks a JSON value, recording the first repeated key of any object.
+struct Dups<'a> {
+    path: String,
+    found: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Dups<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Dups<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = m.next_key::<String>()? {
+            let path = if self.path.is_empty() { k.clone() } else { format!("{}.{k}", self.path) };
+            if !seen.insert(k) && self.found.borrow().is_none() {
+                *self.found.borrow_mut() = Some(path.clone());
+            }
+            m.next_value_seed(Dups { path, found: self.found })?;
+        }
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> std::result::Result<(), A::Error> {
+        let mut i = 0;
+        while s.next_element_seed(Dups { path: format!("{}[{i}]", self.path), found: self.found })?.is_some() {
+            i += 1;
+        }
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        Ok(())
     }
 }

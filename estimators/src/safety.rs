@@ -212,6 +212,70 @@ pub fn fit(
     Ok(SafetyFit { families, skipped, too_few })
 }
 
+/// The regime a margin fitted on `records` is of (`"fp32 adam"`: precision, then optimizer), and
+/// warnings: from `given` (`--regime`) when given, warned where the runs record another; else
+/// from what the runs record, with the runs that record nothing (an older `runs.jsonl`) assumed
+/// fp32 Adam, GPUMemNet's regime, and said to be.
+pub fn regime(records: &[RunRecord], given: Option<&str>) -> (String, Vec<String>) {
+    let mut seen = BTreeMap::<String, usize>::new();
+    let mut unrecorded = 0usize;
+    for r in records {
+        match &r.optimizer {
+            Some(o) => *seen.entry(format!("{} {o}", r.amp.as_deref().unwrap_or("fp32"))).or_default() += 1,
+            None => unrecorded += 1,
+        }
+    }
+    let n = records.len();
+    let list =
+        |seen: &BTreeMap<String, usize>| seen.iter().map(|(k, c)| format!("{c} {k}")).collect::<Vec<_>>().join(", ");
+    let mut w = Vec::new();
+    if let Some(g) = given {
+        let other: usize = seen.iter().filter(|(k, _)| *k != g).map(|(_, c)| c).sum();
+        if other > 0 {
+            w.push(format!(
+                "--regime {g:?}: {other} of {n} runs record another regime ({}): the margin is labelled {g:?} all the same",
+                list(&seen)
+            ));
+        }
+        return (g.to_string(), w);
+    }
+    if unrecorded > 0 {
+        *seen.entry("fp32 adam".into()).or_default() += unrecorded;
+        w.push(format!(
+            "{unrecorded} of {n} runs do not record their optimizer and precision (runs.jsonl of an older memest): \
+             their regime is assumed to be fp32 adam (GPUMemNet's); give --regime to say what it was"
+        ));
+    }
+    let regime = seen.keys().cloned().collect::<Vec<_>>().join(" / ");
+    if seen.len() > 1 {
+        w.push(format!("the runs mix regimes ({}): one margin per family is fitted over them all", list(&seen)));
+    }
+    (if regime.is_empty() { "fp32 adam".into() } else { regime }, w)
+}
+
+/// The runs of `records` estimated with the profile of another GPU than `profile`'s (named
+/// `name`), as one warning saying that `fitted` (what the caller fits: "a margin", "constants")
+/// fitted on them is not `name`'s; the one check of `memest safety` and `memest calibrate`.
+pub fn another_gpu(records: &[RunRecord], profile: &Profile, name: &str, fitted: &str) -> Option<String> {
+    let mut gpus = BTreeMap::<String, usize>::new();
+    for e in records.iter().filter_map(|r| r.estimated_with.as_ref()) {
+        if !e.gpu.trim().eq_ignore_ascii_case(profile.gpu.name.trim()) {
+            *gpus.entry(format!("{} ({})", e.profile, e.gpu.trim())).or_default() += 1;
+        }
+    }
+    (!gpus.is_empty()).then(|| {
+        let list: Vec<String> = gpus.iter().map(|(p, k)| format!("{k} with {p}")).collect();
+        format!(
+            "{} of {} runs were estimated with the profile of another GPU than {name}'s ({}) ({}): {fitted} \
+             fitted on them is not {name}'s; compare the runs with --profile {name} first",
+            gpus.values().sum::<usize>(),
+            records.len(),
+            profile.gpu.name.trim(),
+            list.join(", ")
+        )
+    })
+}
+
 /// What a margin fitted on `records` for `profile` (named `name`) would not share with it, each
 /// as a warning: runs estimated on another GPU's profile, or with other outside-allocator
 /// constants than the profile has now (the margin would be of points it no longer gives). The
@@ -220,7 +284,7 @@ pub fn fit(
 /// older `runs.jsonl`, which does not record its profile, is judged by the memory its symbolic
 /// point holds outside the allocator, where that can tell.
 pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str) -> Vec<String> {
-    let mut gpus = BTreeMap::<String, usize>::new();
+    let mut out: Vec<String> = another_gpu(records, profile, name, "a margin").into_iter().collect();
     let (mut unknown, mut unknown_runs) = (BTreeMap::<String, usize>::new(), 0usize);
     let (mut constants, mut unranked, mut unrecorded, mut above, mut most_above) =
         (0usize, 0usize, 0usize, 0usize, 0.0f64);
@@ -229,9 +293,8 @@ pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str)
     for r in records {
         let libs = Libraries::single(r.uses_gemm, r.uses_conv, "runs");
         match &r.estimated_with {
-            Some(e) if !e.gpu.trim().eq_ignore_ascii_case(profile.gpu.name.trim()) => {
-                *gpus.entry(format!("{} ({})", e.profile, e.gpu.trim())).or_default() += 1;
-            }
+            // Said by `another_gpu`.
+            Some(e) if !e.gpu.trim().eq_ignore_ascii_case(profile.gpu.name.trim()) => {}
             Some(e) => {
                 let newer: Vec<&String> =
                     e.unknown_constants.iter().filter(|(_, v)| v.as_f64() != Some(0.0)).map(|(k, _)| k).collect();
@@ -260,17 +323,6 @@ pub fn estimated_otherwise(records: &[RunRecord], profile: &Profile, name: &str)
         }
     }
     let n = records.len();
-    let mut out = Vec::new();
-    if !gpus.is_empty() {
-        let list: Vec<String> = gpus.iter().map(|(p, k)| format!("{k} with {p}")).collect();
-        out.push(format!(
-            "{} of {n} runs were estimated with the profile of another GPU than {name}'s ({}) ({}): a margin \
-             fitted on them is not {name}'s; compare the runs with --profile {name} first",
-            gpus.values().sum::<usize>(),
-            profile.gpu.name.trim(),
-            list.join(", ")
-        ));
-    }
     if constants > 0 {
         out.push(format!(
             "{constants} of {n} runs were estimated with other [outside_allocator] constants than {name} has now \

@@ -36,6 +36,11 @@ pub struct SymbolicEstimate {
     pub iterations: Vec<simulator::replay::IterationPeak>,
     /// What the replay says of the trace ([`simulator::replay::ReplayReport::warnings`]).
     pub replay_warnings: Vec<String>,
+    /// The allocator budget replayed at: the capacity less `outside`.
+    pub budget: u64,
+    /// Whether the peaks are of the replay within `budget` ([`simulator::fit::FitOutcome::peaks_at_budget`]):
+    /// a full budget frees the cache and retries, so they can differ at another capacity.
+    pub peaks_at_budget: bool,
     /// Why no device holds the job, when none does: `predicted_device_peak` is then `u64::MAX`,
     /// a saturated count and no size ([`simulator::units::UNBOUNDED`]).
     pub unbounded: Option<Unbounded>,
@@ -90,6 +95,8 @@ pub fn symbolic(
         iterations: fit.report.iterations.clone(),
         replay_warnings: fit.report.warnings().into_iter().chain(held_beside_terms(&fit.report, outside)).collect(),
         unbounded: Unbounded::of(device, fit.report.fraction_need_bytes),
+        budget: outside.budget(capacity.bytes),
+        peaks_at_budget: fit.peaks_at_budget,
     })
 }
 

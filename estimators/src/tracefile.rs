@@ -109,7 +109,7 @@ fn live_peak_until(records: &[Record], stop: impl Fn(&Record) -> bool) -> u64 {
 }
 
 /// The CUDA libraries a job loads, the one rule of `memest estimate` and `memest compare`: the
-/// trace header's `uses_gemm`/`uses_conv` when it says ([`Libraries::of`]); else the evidence at
+/// trace header's `uses_gemm`/`uses_conv` where it says, each key on its own ([`Libraries::of`]); else the evidence at
 /// hand, named by where it came from: a GEMM when the features have a GEMM layer or the trace
 /// holds a cuBLAS workspace (the tracer emits it at the first GEMM), a convolution when the
 /// features have one or the job is a CNN (a dataset row whose layer list is empty still ran its
@@ -137,4 +137,29 @@ pub fn job_libraries(trace: Option<&LoadedTrace>, features: Option<&Features>, f
         Some(t) => Libraries::of(&t.header, fallback),
         None => fallback,
     }
+}
+
+/// What [`job_libraries`] decided without the header when the header gave only one of
+/// `uses_gemm`/`uses_conv`: one warning per missing (or unreadable) key, naming the library and
+/// where its answer came from, so a partly written header is not read as "not loaded".
+pub fn library_warnings(trace: &LoadedTrace, libs: &Libraries) -> Vec<String> {
+    let keys = [(&metadata::USES_GEMM, "cuBLAS", libs.gemm), (&metadata::USES_CONV, "cuDNN", libs.conv)];
+    let said = keys.map(|(k, ..)| trace.header.meta_flag(k).is_some());
+    if said.iter().all(|&s| s) || !said.iter().any(|&s| s) {
+        return Vec::new();
+    }
+    let given = keys.iter().zip(said).find(|(_, s)| *s).map(|((k, ..), _)| k.name).unwrap_or_default();
+    keys.iter()
+        .zip(said)
+        .filter(|(_, s)| !s)
+        .map(|((k, lib, used), _)| {
+            format!(
+                "{}: header metadata says `{given}` but not `{}` (absent or unreadable): {lib} {} from the other evidence (libraries from {})",
+                trace.path.display(),
+                k.name,
+                if *used { "counted" } else { "not counted" },
+                libs.source
+            )
+        })
+        .collect()
 }

@@ -81,3 +81,27 @@ fn analytic_terms_by_optimizer_and_precision() {
     check(Optimizer::SgdMomentum, Precision::Amp, 1, 2, allocator_bytes(2_000_000));
     assert!("lion".parse::<Optimizer>().unwrap_err().contains("lion"));
 }
+
+/// A bigger batch never gives a smaller need: the sums saturate (they wrapped, so batch 2^61
+/// gave less than batch 1), and a saturated need is no size (`unbounded`).
+#[test]
+fn analytic_saturates_at_huge_batches() {
+    let f = Features {
+        total_parameters: 11_689_512,
+        total_activations: 2_000_000,
+        batch_size: None,
+        model: None,
+        seq_len: None,
+        input_shape: None,
+        layers: vec![Layer { kind: "Conv2d".into(), activations: 2_000_000, parameters: 11_689_512 }],
+    };
+    let p = profile();
+    let mut last = 0;
+    for batch in [1, 8, 1_000_000_000_000, 1_000_000_000_000_000, 1 << 61, u64::MAX] {
+        let e = analytic(&f, batch, Optimizer::Adam, Precision::Fp32, &p);
+        assert!(e.device >= last, "batch {batch}: {} < {last}", e.device);
+        last = e.device;
+        assert_eq!(e.unbounded().is_some(), batch >= 1_000_000_000_000_000, "batch {batch}: {e:?}");
+    }
+    assert_eq!(allocator_bytes(u64::MAX - 3), u64::MAX);
+}

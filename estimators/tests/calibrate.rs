@@ -166,3 +166,37 @@ fn a_row_digest_is_its_content_by_column_whatever_the_order() {
     // The value is fixed by its definition (FNV-1a 64): profiles store it.
     assert_eq!(digest(["a"], ["b"]), "e8bcb28230513dfd");
 }
+
+/// The written profile's header says what this fit was made on: the shipped profile's account of
+/// its own calibration (mlp_data_step2.csv, 150 seeded rows) was kept beside other constants.
+#[test]
+fn the_rewritten_header_describes_this_fit() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("# - cublas_mib: fitted on mlp_data_step2.csv"));
+    let o = OutsideAllocator { context_mib: 400.0, cublas_mib: 900.0, cudnn_mib: 300.0, ..Default::default() };
+    let prov: Vec<(String, String)> = [
+        ("fitted_by", "memest calibrate"),
+        ("runs", "out/new/runs.jsonl"),
+        ("data_licence", "MIT"),
+        ("method", "weighted quantile 0.5 of truth - symbolic reserved; context+cublas from 40 MLP runs"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let out = rewrite_profile(&text, &o, &prov, &RowSet::default());
+    Profile::parse(&out, &path).unwrap();
+    let head: String = out.lines().take_while(|l| !l.starts_with('[')).collect::<Vec<_>>().join("\n");
+    assert!(!head.contains("mlp_data_step2.csv") && !head.contains("150 seeded rows"), "{head}");
+    let joined = head.replace("\n# ", " ");
+    assert!(
+        joined.contains(
+            "fitted by memest calibrate on the runs of out/new/runs.jsonl (data licence MIT): weighted quantile 0.5"
+        ),
+        "{head}"
+    );
+    // What the header says of other things stays; a second rewrite replaces the account again.
+    assert!(head.contains("# Held-out error is in [calibration]") && head.contains("# [provenance]:"), "{head}");
+    let again = rewrite_profile(&out, &o, &prov, &RowSet::default());
+    assert_eq!(again.matches("# The [outside_allocator] constants were fitted").count(), 1);
+}

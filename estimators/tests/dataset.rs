@@ -283,3 +283,34 @@ fn unknown_columns_and_a_missing_status_are_said() {
         "{w:?}"
     );
 }
+
+/// Rows that repeat an earlier row cell for cell are said once, with their count and the first
+/// rows, by the one loader compare and ml share (they were scored and trained on twice in silence).
+#[test]
+fn repeated_rows_are_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = GOOD.replacen(",8,1500,", ",8,1600,", 1);
+    let p = write(dir.path(), &[GOOD, &other, GOOD, GOOD]);
+    let w = load(&p, &[]).unwrap().warnings;
+    let said: Vec<&String> = w.iter().filter(|w| w.contains("repeat an earlier row")).collect();
+    assert_eq!(said.len(), 1, "{w:?}");
+    assert!(
+        said[0].contains("bad.csv: 2 rows repeat") && said[0].contains("row 3 repeats row 1, row 4 repeats row 1"),
+        "{said:?}"
+    );
+    assert_eq!(Dataset::load(&p).unwrap().warnings, w, "one loader, one warning");
+    let p = write(dir.path(), &[GOOD, &other]);
+    assert!(!load(&p, &[]).unwrap().warnings.iter().any(|w| w.contains("repeat")));
+}
+
+/// A measured peak past any device (1e12 MiB) is refused for compare, naming the file, row and
+/// column: it was scored, and outweighed every other row.
+#[test]
+fn a_peak_past_any_device_is_refused_for_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), &[GOOD, &GOOD.replacen(",8,1500,", ",8,1e12,", 1)]);
+    let rows = load(&p, &[]).unwrap().rows;
+    let err = estimators::dataset::refuse_past_any_device(&p, &rows).unwrap_err().to_string();
+    assert!(err.contains("bad.csv: row 2: column \"Max GPU Memory (MiB)\"") && err.contains("256 TiB"), "{err}");
+    assert!(estimators::dataset::refuse_past_any_device(&p, &rows[..1]).is_ok());
+}

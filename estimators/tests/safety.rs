@@ -29,6 +29,8 @@ fn record_r(id: &str, family: &str, truth: f64, point: u64, reserved: u64) -> Ru
         spec: String::new(),
         family: family.into(),
         batch: 1,
+        optimizer: None,
+        amp: None,
         truth_bytes: Some(truth),
         real_oom: false,
         reserved_truth_bytes: None,

@@ -158,4 +158,15 @@ fn job_libraries_take_the_header_then_the_evidence() {
     check(None, Some(&linear), Some(Family::Cnn), (true, true, "features and family"));
     check(None, None, Some(Family::Cnn), (false, true, "family"));
     check(None, None, None, (false, false, "unknown"));
+    // Each key on its own: a header that says only `uses_conv` (or an unreadable `uses_gemm`)
+    // leaves cuBLAS to the evidence, with a warning; it used to read as "no GEMM".
+    let conv_only = trace("conv.jsonl", &[("uses_conv", "true")], false);
+    let maybe = trace("maybe.jsonl", &[("uses_gemm", "maybe"), ("uses_conv", "true")], false);
+    check(Some(&conv_only), Some(&linear), Some(Family::Cnn), (true, true, "trace, features and family"));
+    check(Some(&maybe), Some(&linear), None, (true, true, "trace and features"));
+    check(Some(&conv_only), None, Some(Family::Cnn), (false, true, "trace, its workspaces and family"));
+    let libs = job_libraries(Some(&maybe), Some(&linear), None);
+    let w = estimators::tracefile::library_warnings(&maybe, &libs);
+    assert!(w.len() == 1 && w[0].contains("not `uses_gemm`") && w[0].contains("cuBLAS counted"), "{w:?}");
+    assert!(estimators::tracefile::library_warnings(&said, &job_libraries(Some(&said), None, None)).is_empty());
 }

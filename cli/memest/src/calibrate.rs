@@ -15,13 +15,13 @@ pub struct Args {
     #[command(flatten)]
     io: crate::fitio::FitIo,
     /// Fraction of runs held out for evaluation.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, allow_negative_numbers = true)]
     test_fraction: f64,
     /// Seed of the train/test split.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Weighted quantile of the residuals to fit (0.5 = median; higher = fewer underestimates).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     quantile: f64,
 }
 
@@ -37,6 +37,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--quantile {}: expected a fraction in [0, 1]", a.quantile);
     }
     let records = a.io.read()?;
+    // The residuals are of the points the runs' own profile gave: another GPU's are not this one's.
+    let pname = Profile::name_of(&ppath);
+    if let Some(w) = estimators::safety::another_gpu(&records, &profile, &pname, "a constant") {
+        eprintln!("memest: warning: {w}");
+    }
     let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
     // A run the prior constants were fitted on says nothing held out of them: it is trained on,
     // never in the held-out split whose "before" error would be in-sample.
@@ -71,6 +76,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (mut train, test) = split(&runs, a.test_fraction, a.seed);
     train.extend(in_sample);
+    // The fit's own message ("no training run has both ...") blamed the runs, not the fraction.
+    if train.is_empty() && !test.is_empty() {
+        anyhow::bail!(
+            "--test-fraction {} holds out {} of the {} usable runs and leaves no training run: lower it",
+            a.test_fraction,
+            test.len(),
+            usable
+        );
+    }
     let total = profile.gpu.total_memory as f64;
     let fit = fit(&profile.outside_allocator, &train, &test, a.quantile, total).with_context(|| a.io.runs_list())?;
     if a.io.json {

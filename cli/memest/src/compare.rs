@@ -31,10 +31,10 @@ pub struct Args {
     #[arg(long, default_value = simulator::profile::DEFAULT_PROFILE)]
     profile: String,
     /// A seeded random subset of this many rows per dataset (default: all rows).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     limit: Option<usize>,
     /// Seed of the subset (default 1; with --limit).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Optimizer the runs trained with (GPUMemNet: adam).
     #[arg(long, default_value = "adam")]
@@ -55,7 +55,7 @@ pub struct Args {
     exclude_calibrated: bool,
     /// Trainer processes tracing at once (default 1); with `--backend slurm`, the array tasks.
     /// With --reuse-traces an interrupted run resumes where it stopped.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     jobs: usize,
     /// Where the traces are made: `local` (trainer processes here) or `slurm` (one Slurm job
     /// array through submitit, `symtrace --batch --backend slurm`; resumable the same way).
@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long)]
     partition: Option<String>,
     /// Time limit per array task of `--backend slurm`, minutes.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, allow_negative_numbers = true)]
     timeout_min: u32,
     /// Trained ML model file from `memest ml train` (repeatable, one per family; default
     /// $MEMTRACE_ML_MODEL). Without one, `ml` is null with the reason.
@@ -170,9 +170,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let mut rows: Vec<(DatasetRow, usize)> = Vec::new();
-    let (mut read, mut left_out) = (0, 0);
+    let (mut read, mut left_out, mut by_runs) = (0, 0, 0);
     for (di, d) in a.dataset.iter().enumerate() {
         let loaded = estimators::dataset::load(d, &[])?;
+        estimators::dataset::refuse_past_any_device(d, &loaded.rows)?;
         for w in &loaded.warnings {
             eprintln!("memest: warning: {w}");
         }
@@ -180,6 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let n_read = all.len();
         read += n_read;
         all.retain(|r| !excluded.contains(&r.id, &r.digest));
+        by_runs += n_read - all.len();
         if a.exclude_calibrated {
             all.retain(|r| !calibrated.contains(&r.id, &r.digest));
         }
@@ -198,6 +200,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             None => all,
         };
         rows.extend(chosen.into_iter().map(|r| (r, di)));
+    }
+    if !a.exclude_runs.is_empty() && by_runs == 0 {
+        let files: Vec<String> = a.exclude_runs.iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "memest: warning: --exclude-runs has no effect: none of the {} runs of {} matches a row of the datasets \
+             (by content digest, else by id): every row is compared",
+            excluded.len(),
+            files.join(", ")
+        );
     }
     let ml_notes = ml_models
         .as_ref()
@@ -408,6 +419,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     pb.finish_and_clear();
     let ml_outside = ml_models.as_ref().and_then(|m| crate::compare_ml::outside_training(m, &records));
     crate::compare_ml::trace_warnings(&records);
+    crate::compare_ml::untraced(&records);
     let groups = aggregate(&records, profile.gpu.total_memory as f64);
     let mut truth_cols: BTreeMap<&str, usize> = Default::default();
     for (r, _) in rows.iter().filter(|(r, _)| r.truth.is_some()) {

@@ -1,5 +1,5 @@
-//! `memest compare`'s words on the ML estimator's rows: those a model was trained on, and those
-//! outside the range it was trained on.
+//! `memest compare`'s words on its rows: those an ML model was trained on or that lie outside the
+//! range it was trained on, and the rows whose traces carry warnings or could not be made.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -95,5 +95,28 @@ pub fn trace_warnings(records: &[RunRecord]) {
     );
     for w in rows.iter().take(ROWS_SHOWN).flatten() {
         eprintln!("memest: warning: {w}");
+    }
+}
+
+/// Rows the trainer could not rebuild (a `Filename` it cannot parse, a spec it does not know):
+/// the report counts them by reason, and stderr names them, how many and the first
+/// [`ROWS_SHOWN`] with the reason, since their trace-based estimates are missing from every metric.
+pub fn untraced(records: &[RunRecord]) {
+    let failed: Vec<(&RunRecord, &str)> = records
+        .iter()
+        .filter_map(|r| Some((r, r.estimates.get("symbolic")?.error.as_deref()?.strip_prefix("no trace: ")?)))
+        .collect();
+    if failed.is_empty() {
+        return;
+    }
+    let first = if failed.len() > ROWS_SHOWN { format!("; the first {ROWS_SHOWN}:") } else { ":".to_string() };
+    eprintln!(
+        "memest: warning: the trainer could not rebuild {} of the {} rows, which have no trace-based estimate \
+         (symbolic, live_peak, fake_tensor){first}",
+        failed.len(),
+        records.len()
+    );
+    for (r, why) in failed.iter().take(ROWS_SHOWN) {
+        eprintln!("memest: warning: row {} (Filename {:?}): {why}", r.id, r.filename);
     }
 }

@@ -17,7 +17,7 @@ Exit status: 0 fits, 1 does not fit the capacity, 2 bad input or error.\n\
 JSON output (--json) is schema 3, the contract `python -m memtrace_trainer estimate` reads:\n  \
 {\"schema\": 3, \"headline\": \"symbolic\", \"verdict\": {\"basis\", \"point_mib\", \"need_mib\", \
 \"need_unbounded\" (why no device holds the need; the MiB are then null), \"capacity_mib\", \"capacity_source\", \
-\"fits\"},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
+\"fits\", \"allocator_budget_mib\", \"need_at_capacity\" (the need is the replay at this capacity's budget)},\n  \"estimates\": {NAME: {\"device_mib\", \"reserved_mib\", \
 \"allocated_mib\", \"safe_mib\" (symbolic), \"reserved_oom_floor\" (symbolic, only when true: the \
 reserved is a failed allocation's floor), \"steps\" (symbolic, with iteration markers), \"level\", \"role\", \
 \"ignores\"}|null},\n  \"outside_allocator\": {...}, \"margin\": {...}, \"seconds\", \"unavailable\", \"profile\", \
@@ -144,7 +144,9 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
 #[command(after_help = "Exit status: 0 worded, 2 bad input (the file, and the field that is missing or \
 of the wrong type, or verdict numbers that contradict each other: a `verdict.fits` against its need and \
 capacity, a basis not the headline's, a `point_mib` not the headline's `device_mib`, a `need_mib` not the \
-number its basis names, a safe need or `safe_mib` below the point).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
+number its basis names, a safe need or `safe_mib` below the point; parts the writer derives that contradict \
+their whole: an `outside_allocator.total_mib` not its terms' sum, a step's peak above the headline's, a `safe_mib` \
+not the point plus the margin).\nJSON output (--json): {\"headline\", \"verdict\", \"details\": [lines], \
 \"baselines\": [lines]}, the `text` object of `memest estimate --json`.")]
 pub struct RenderArgs {
     /// The estimate: `memest estimate --json` or `python -m memtrace_trainer estimate --json`

@@ -34,9 +34,9 @@ enum MlCommand {
 /// Training knobs shared by every subcommand that fits models.
 #[derive(Args, Debug, Clone)]
 struct Knobs {
-    /// Seed for splits, bootstraps, initialisation and batch order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
+    /// Seed for splits, bootstraps, initialisation and batch order [default: 42].
+    #[arg(long, allow_negative_numbers = true)]
+    seed: Option<u64>,
     /// Epochs for the MLP ensembles (mlp-ensemble, mlp-reg) [default: 100].
     #[arg(long, value_parser = at_least_one, allow_negative_numbers = true)]
     epochs: Option<usize>,
@@ -68,11 +68,27 @@ fn positive_budget(s: &str) -> Result<f32, String> {
 impl Knobs {
     fn train_config(&self) -> TrainConfig {
         TrainConfig {
-            seed: self.seed,
+            seed: self.seed(),
             mlp_epochs: self.epochs.unwrap_or(100),
             trees: self.trees.unwrap_or(50),
             gbm_budget: self.budget.unwrap_or(0.5),
         }
+    }
+
+    fn seed(&self) -> u64 {
+        self.seed.unwrap_or(42)
+    }
+
+    /// `--seed`, given to train a model with no randomness (no split, bootstrap or
+    /// initialisation in `ml train`), as a warning line; `cv` splits with it whatever the model.
+    fn seed_unused_by(&self, kind: ModelKind) -> Option<String> {
+        use ModelKind::*;
+        let seed = self.seed.filter(|_| matches!(kind, Logistic | Tree | LinearReg))?;
+        Some(format!(
+            "--seed {seed} has no effect on a {} model: its fit is deterministic (the seed is for the forests, \
+             bagging, gradient boosting and the MLP ensembles)",
+            kind.name()
+        ))
     }
 
     /// The knobs given that none of `kinds` uses, each as a warning line.
@@ -172,7 +188,7 @@ struct EvalArgs {
     folds: usize,
     /// Held-out test fraction, in (0, 1) (stratified CV only; `reproduce` holds out GPUMemNet's
     /// 10%) [default: 0.2].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     test_frac: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
@@ -224,7 +240,7 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<(Examples,
 
 fn train(a: TrainArgs) -> anyhow::Result<u8> {
     let kind = parse_model(&a.model)?;
-    for w in a.knobs.unused_by(&[kind]) {
+    for w in a.knobs.unused_by(&[kind]).into_iter().chain(a.knobs.seed_unused_by(kind)) {
         eprintln!("memest: warning: {w}");
     }
     // The model file would replace the data it was trained on.
@@ -473,7 +489,7 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
         f => f.unwrap_or(0.2),
     };
     let mut cfg = ProtocolConfig {
-        seed: a.knobs.seed,
+        seed: a.knobs.seed(),
         folds: a.folds,
         test_frac,
         train: a.knobs.train_config(),
@@ -555,7 +571,7 @@ mod tests {
 
     #[test]
     fn knobs_a_model_does_not_use_are_said() {
-        let knobs = Knobs { seed: 1, epochs: Some(7), trees: Some(3), budget: None };
+        let knobs = Knobs { seed: Some(1), epochs: Some(7), trees: Some(3), budget: None };
         let said = knobs.unused_by(&[ModelKind::Tree]);
         assert_eq!(said.len(), 2, "{said:?}");
         assert!(said[0].starts_with("--epochs 7 has no effect on a tree model"), "{said:?}");
@@ -569,7 +585,7 @@ mod tests {
             knobs.unused_by(&[ModelKind::Logistic, ModelKind::Forest]),
             vec!["--epochs 7 has no effect on a logistic, forest models: it is for the MLP ensembles".to_string()]
         );
-        let none = Knobs { seed: 1, epochs: None, trees: None, budget: None };
+        let none = Knobs { seed: None, epochs: None, trees: None, budget: None };
         assert!(none.unused_by(&[ModelKind::Tree]).is_empty());
         assert_eq!(none.train_config().mlp_epochs, 100);
     }

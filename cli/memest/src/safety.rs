@@ -17,17 +17,18 @@ pub struct Args {
     #[command(flatten)]
     io: crate::fitio::FitIo,
     /// The stated miss rate: the share of runs whose truth may exceed the safe number.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
     miss_rate: f64,
     /// Fraction of runs held out to measure the margin's miss rate.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     held_out: f64,
     /// Seed of the calibration/held-out split.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
-    /// The regime the runs were measured in (GPUMemNet: fp32 with Adam).
-    #[arg(long, default_value = "fp32 adam")]
-    regime: String,
+    /// The regime the runs were measured in, precision first ("fp32 adam") [default: what the
+    /// runs record; fp32 adam, GPUMemNet's, for runs that record none].
+    #[arg(long)]
+    regime: Option<String>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -38,11 +39,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--held-out {}: expected a fraction in (0, 1)", a.held_out);
     }
     const PRECISIONS: [&str; 3] = ["fp32", "bf16", "fp16"];
-    if !a.regime.split_whitespace().next().is_some_and(|p| PRECISIONS.contains(&p)) {
+    if let Some(regime) =
+        a.regime.as_ref().filter(|r| !r.split_whitespace().next().is_some_and(|p| PRECISIONS.contains(&p)))
+    {
         anyhow::bail!(
             "--regime {:?}: expected the runs' precision first ({}), then what else describes them (e.g. \
              \"fp32 adam\"): a margin is applied to traces of its family and precision",
-            a.regime,
+            regime,
             PRECISIONS.join(", ")
         );
     }
@@ -54,7 +57,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     // The profile's own calibration rows, whichever profile the runs were compared with.
     let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
-    let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &a.regime)?;
+    let (regime, said) = estimators::safety::regime(&records, a.regime.as_deref());
+    for w in said {
+        eprintln!("memest: warning: {w}");
+    }
+    let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &regime)?;
     if !fit.too_few.is_empty() {
         eprintln!(
             "memest: warning: no margin for {}: too few runs on the calibration split (lower --held-out, or give \

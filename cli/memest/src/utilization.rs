@@ -36,19 +36,20 @@ struct CvArgs {
     #[arg(long, value_name = "LOW_MED,MED_HIGH|tertiles")]
     thresholds: Option<String>,
     /// Number of CV folds.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     folds: usize,
     /// Split seed and model seed.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = 42, allow_negative_numbers = true)]
     seed: u64,
     /// Epochs for the MLP ensembles.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
     epochs: usize,
     /// Append the `k_` columns of this file (`python -m memtrace_trainer kernel-stats
     /// --gpumemnet CSV --out FILE`), joined by `Filename`, to every model's features.
     #[arg(long, value_name = "FILE.csv")]
     kernel_features: Option<PathBuf>,
-    /// Print `{"accuracy","high_class_recall","f1","model","models":[...]}` as JSON.
+    /// Print `{"accuracy","high_class_recall","f1","model","models":[...],"report":{...}}` as JSON
+    /// (`report`: the whole CV report the text renders).
     #[arg(long)]
     json: bool,
 }
@@ -88,7 +89,11 @@ fn cv(a: CvArgs) -> anyhow::Result<u8> {
     let (summary, report) = util::cross_validate(&ds, metric, thresholds, &cfg, kernel.as_ref())?;
     let mut out = std::io::stdout().lock();
     if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+        // Every number the text prints (rows, excluded, test rows, CV means and spreads, weighted
+        // F1, below-diagonal, the regressors' MRE and under-rate) is in the report it renders.
+        let mut v = serde_json::to_value(&summary)?;
+        v["report"] = serde_json::to_value(&report)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         write!(out, "{}", render::markdown(&report))?;
         writeln!(

@@ -506,3 +506,27 @@ fn features_of_another_job_are_warned_about() {
     let (ok, _, err) = memest(&["estimate", "--trace", &t, "--features", &zero]);
     assert!(!ok && err.contains("batch_size") && err.contains(">= 1"), "{err}");
 }
+
+/// A row whose Filename the trainer cannot rebuild was only counted in report.md: stderr names
+/// it, with the reason (needs the venv).
+#[test]
+fn compare_names_the_rows_the_trainer_cannot_rebuild() {
+    let (dir, out, data) = compare_setup("gpumemnet/mlp_data_step1.csv");
+    let text = std::fs::read_to_string(&data).unwrap();
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let two = dir.path().join("two.csv");
+    let mut w = csv::Writer::from_path(&two).unwrap();
+    w.write_record(rdr.headers().unwrap()).unwrap();
+    for (i, rec) in rdr.records().take(2).enumerate() {
+        let mut cells: Vec<String> = rec.unwrap().iter().map(String::from).collect();
+        if i == 1 {
+            cells[0] = "weird name.out".into();
+        }
+        w.write_record(&cells).unwrap();
+    }
+    w.flush().unwrap();
+    let (ok, _, err) = memest_compare(&two, &out, &["--no-fake-tensor"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("the trainer could not rebuild 1 of the 2 rows"), "{err}");
+    assert!(err.contains("row two-00002 (Filename \"weird name.out\"): ") && err.contains("key:value"), "{err}");
+}

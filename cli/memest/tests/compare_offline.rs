@@ -185,3 +185,52 @@ fn ml_rows_outside_the_training_range_are_said_per_row() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("6 of the 7 rows lie outside the range"), "{report}");
 }
+
+/// What compare took in silence: an --exclude-runs file that matches no row, rows repeated cell
+/// for cell (scored twice), and the optimizer each run was traced with (safety labelled every
+/// margin "fp32 adam").
+#[test]
+fn compare_says_what_it_used_and_records_the_optimizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, out, _, err) = compared(dir.path(), &[]);
+    assert!(!err.contains("--exclude-runs") && !err.contains("repeat an earlier row"), "{err}");
+    let records = crate::support::records(&out);
+    assert!(records.iter().all(|r| r["optimizer"] == "adam" && r["amp"] == "fp32"), "{records:?}");
+    // Runs of other rows: nothing excluded, said.
+    let other = dir.path().join("other.jsonl");
+    let mut run = records[0].clone();
+    (run["id"], run["digest"]) = ("elsewhere-00001".into(), "0000000000000000".into());
+    std::fs::write(&other, run.to_string() + "\n").unwrap();
+    let (ok, _, err) = compare(&data, &out, &["--exclude-runs", other.to_str().unwrap()]);
+    assert!(ok && err.contains("--exclude-runs has no effect: none of the 1 runs of"), "{err}");
+    // Its own runs exclude rows: not said.
+    let own = dir.path().join("own.jsonl");
+    std::fs::write(&own, records[0].to_string() + "\n").unwrap();
+    let (ok, _, err) = compare(&data, &out, &["--exclude-runs", own.to_str().unwrap()]);
+    assert!(ok && !err.contains("--exclude-runs has no effect"), "{err}");
+    // Row 3 a copy of row 1: said once, with the rows.
+    let text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&data, [lines[0], lines[1], lines[2], lines[1]].join("\n") + "\n").unwrap();
+    let (ok, _, err) = compare(&data, &out, &[]);
+    assert!(ok, "{err}");
+    assert_eq!(err.matches("repeat an earlier row").count(), 1, "{err}");
+    assert!(err.contains("three.csv: 1 rows repeat an earlier row cell for cell (row 3 repeats row 1)"), "{err}");
+    // A measured peak past any device (1e12 MiB) is refused, naming the file, row and column.
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let header = rdr.headers().unwrap().clone();
+    let mem = header.iter().position(|h| h == "Max GPU Memory (MiB)").unwrap();
+    let mut w = csv::Writer::from_path(&data).unwrap();
+    w.write_record(&header).unwrap();
+    for rec in rdr.records() {
+        let mut cells: Vec<String> = rec.unwrap().iter().map(String::from).collect();
+        cells[mem] = "1e12".into();
+        w.write_record(&cells).unwrap();
+    }
+    w.flush().unwrap();
+    let (ok, _, err) = compare(&data, &out, &[]);
+    assert!(
+        !ok && err.contains("three.csv: row 1: column \"Max GPU Memory (MiB)\"") && err.contains("256 TiB"),
+        "{err}"
+    );
+}

@@ -81,6 +81,14 @@ fn a_field_of_the_wrong_shape_is_refused_naming_it() {
         (r#""activation_function": "ReLU""#, r#""activation_function": 3"#, "\"activation_function\"", "a string"),
         (r#""gpumemnet_sequence": ["#, r#""gpumemnet_sequence": 7, "x": ["#, "\"gpumemnet_sequence\"", "a list"),
         (r#"["ReLU", 16, 0], ["Linear", 10, 170]"#, r#"["ReLU", 16], ["Linear", 10, 170]"#, "\"sequence[3]\"", "[type"),
+        // A key given twice was read as its last value in silence.
+        (r#""batch_size": 8,"#, r#""batch_size": 8, "batch_size": 64,"#, "\"batch_size\"", "each key once"),
+        (
+            r#""0": {"type": "Linear","#,
+            r#""0": {"type": "Linear", "type": "ReLU","#,
+            "\"layers.0.type\"",
+            "each key once",
+        ),
     ] {
         let bad = MLP.replacen(from, to, 1);
         assert_ne!(bad, MLP, "{from}");

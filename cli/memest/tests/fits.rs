@@ -134,6 +134,8 @@ pub(crate) fn runs_jsonl(n: usize) -> String {
             spec: String::new(),
             family: "MLP".into(),
             batch: 1,
+            optimizer: None,
+            amp: None,
             truth_bytes: Some(point as f64 * (1.0 + (i % 10) as f64 / 100.0)),
             real_oom: false,
             reserved_truth_bytes: None,
@@ -220,4 +222,88 @@ fn profile_fits_say_what_they_drop_and_refuse_what_cannot_be_fitted() {
     std::fs::write(&runs, bad).unwrap();
     let (ok, _, err) = memest(&["calibrate", r]);
     assert!(!ok && err.contains("runs.jsonl:1: field truth_bytes is -"), "{err}");
+    // A peak past any device (1e30 B gave a margin of 6.5e22%) is refused by safety and calibrate.
+    for (field, cmd) in [("truth_bytes", "calibrate"), ("reserved_truth_bytes", "safety")] {
+        let mut lines: Vec<serde_json::Value> =
+            runs_jsonl(2).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        lines[1][field] = 1e30.into();
+        std::fs::write(&runs, lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+        let (ok, _, err) = memest(&[cmd, r]);
+        assert!(
+            !ok && err.contains(&format!("runs.jsonl:2: field {field} is 1e30")) && err.contains("256 TiB"),
+            "{err}"
+        );
+    }
+}
+
+/// `memest calibrate` says runs estimated with another GPU's profile with the one check `memest
+/// safety` makes (it wrote the A100's constants from H200 runs in silence).
+#[test]
+fn calibrate_says_runs_of_another_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let a100 = crate::common::repo().join("profiles/a100-40gb.toml");
+    let outside = simulator::profile::Profile::load(a100.to_str().unwrap()).unwrap().0.outside_allocator;
+    let check = |gpu: &str, warned: bool| {
+        let runs = runs(dir.path(), 40, |_, r| {
+            r["estimated_with"] = serde_json::json!({"profile": "x", "gpu": gpu, "outside_allocator": outside});
+        });
+        let out = dir.path().join("p.toml");
+        let (ok, _, err) = memest(&["calibrate", runs.to_str().unwrap(), "--write", out.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        let said = err.contains("40 of 40 runs were estimated with the profile of another GPU than a100-40gb's")
+            && err.contains("a constant fitted on them is not a100-40gb's");
+        assert_eq!(said, warned, "{gpu}: {err}");
+    };
+    check("NVIDIA H200", true);
+    check("NVIDIA A100-SXM4-40GB", false);
+}
+
+/// The margin's regime is what the runs record (compare --optimizer sgd was labelled "fp32
+/// adam"); runs that record none are assumed fp32 Adam, and said to be; a --regime the runs
+/// contradict is said.
+#[test]
+fn safety_labels_the_margin_with_the_runs_regime() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |optimizer: Option<&str>, flag: &[&str], regime: &str, said: &str| {
+        let runs = runs(dir.path(), 160, |_, r| {
+            if let Some(o) = optimizer {
+                r["optimizer"] = o.into();
+                r["amp"] = "fp32".into();
+            }
+        });
+        let mut args = vec!["safety", runs.to_str().unwrap(), "--json"];
+        args.extend_from_slice(flag);
+        let (ok, out, err) = memest(&args);
+        assert!(ok, "{err}");
+        let fit: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(fit["families"]["mlp"]["margin"]["regime"], regime, "{optimizer:?} {flag:?}");
+        assert!(err.contains(said), "{optimizer:?} {flag:?}: {err}");
+    };
+    check(Some("sgd"), &[], "fp32 sgd", "");
+    check(None, &[], "fp32 adam", "160 of 160 runs do not record their optimizer and precision");
+    check(Some("sgd"), &["--regime", "fp32 adam"], "fp32 adam", "160 of 160 runs record another regime (160 fp32 sgd)");
+}
+
+/// What the fits and compare said wrongly or not at all: a negative number reached clap as an
+/// unknown flag, a --test-fraction that leaves no training run blamed the runs, a JSON file given
+/// as a dataset was said to lack a column, and `memest -h` left out `render`.
+#[test]
+fn wording_says_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = runs(dir.path(), 30, |_, _| {});
+    let r = runs.to_str().unwrap();
+    let check = |args: &[&str], says: &str| {
+        let (code, out, err) = crate::support::memest_code(args);
+        assert!(err.contains(says) || out.contains(says), "{args:?}: {code} {out} {err}");
+        code
+    };
+    assert_eq!(check(&["calibrate", r, "--quantile", "-0.1"], "--quantile -0.1: expected a fraction in [0, 1]"), 2);
+    assert_eq!(check(&["safety", r, "--miss-rate", "-0.5"], "--miss-rate -0.5: expected a fraction in (0, 1)"), 2);
+    assert_eq!(check(&["calibrate", r, "--test-fraction", "0.999"], "--test-fraction 0.999 holds out 30 of the 30"), 2);
+    let json = dir.path().join("some.json");
+    std::fs::write(&json, "{\"a\": 1}\n").unwrap();
+    let out = dir.path().join("out");
+    let args = ["compare", "--dataset", json.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    assert_eq!(check(&args, "some.json: row 0: column \"<header>\": expected a GPUMemNet CSV"), 2);
+    check(&["-h"], "estimate, render, compare");
 }

@@ -374,3 +374,35 @@ fn a_regressors_in_sample_rows_are_counted_over_the_rows_it_scores() {
     let says = format!("was trained on all {scored} scored rows of {csv}: the summary is in-sample, not held out");
     assert!(err.contains(&says), "{err}");
 }
+
+/// `ml train --seed` on a model whose fit has no randomness is said to have no effect, as the
+/// other knobs are (it was taken in silence); the repeated rows of the dataset are said once.
+#[test]
+fn train_says_a_seed_without_effect_and_repeated_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt_of(dir.path(), "mlp_data_step2.csv", 60);
+    let out = dir.path().join("m.json");
+    let o = out.to_str().unwrap();
+    for (model, seed, said) in
+        [("logistic", "7", true), ("tree", "7", true), ("linear-reg", "7", true), ("forest", "7", false)]
+    {
+        let (code, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", model, "--seed", seed, "--out", o]);
+        assert_eq!(code, 0, "{model}: {err}");
+        let says = format!("--seed 7 has no effect on a {model} model");
+        assert_eq!(err.contains(&says), said, "{model}: {err}");
+    }
+    let (_, err) = memest_bin(&["ml", "train", "--dataset", &csv, "--model", "tree", "--out", o]);
+    assert!(!err.contains("--seed"), "the default seed is not given: {err}");
+    // Rows 1 and 2 again after the last: each would be trained on twice.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let dup = dir.path().join("dup.csv");
+    std::fs::write(&dup, [&lines[..], &lines[1..3]].concat().join("\n")).unwrap();
+    let (code, err) = memest_bin(&["ml", "train", "--dataset", dup.to_str().unwrap(), "--model", "tree", "--out", o]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.matches("repeat an earlier row").count(), 1, "{err}");
+    assert!(
+        err.contains("2 rows repeat an earlier row cell for cell (row 61 repeats row 1, row 62 repeats row 2)"),
+        "{err}"
+    );
+}

@@ -245,3 +245,25 @@ fn util_cv_with_kernel_features_reports_the_wider_feature_vector() {
     );
     assert!(err.contains("/nonexistent/k.csv"), "{err}");
 }
+
+/// `util cv --json` carries the numbers its text prints (the rows and the excluded ones, test
+/// rows, CV spreads, weighted F1, the regressors' errors): the whole report beside the summary.
+#[test]
+fn util_cv_json_carries_the_texts_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = excerpt(dir.path()).display().to_string();
+    let (code, out, err) =
+        crate::support::memest_code(&["util", "cv", "--dataset", &csv, "--metric", "smact", "--json", "--epochs", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report = &v["report"];
+    assert_eq!(report["rows"], 400, "{report}");
+    for key in ["excluded", "test_rows", "folds", "class_counts"] {
+        assert!(!report[key].is_null(), "report lacks {key}");
+    }
+    let model = &report["models"][0];
+    for key in ["cv_accuracy", "cv_f1_weighted", "test"] {
+        assert!(!model[key].is_null(), "{key}: {model}");
+    }
+    assert!(model["cv_accuracy"]["std"].is_number(), "{model}");
+}

@@ -45,3 +45,43 @@ fn a_safe_number_not_the_need_or_below_the_point_is_refused() {
     let (code, _, err) = render(&gone);
     assert!(code == 2 && err.contains("field `estimates.symbolic.safe_mib` is missing or null"), "{code} {err}");
 }
+
+/// Numbers the writer derives from others are checked by its rules: the memory outside the
+/// allocator is its terms' sum, no step's peak is above the headline's, and the safe number is
+/// the point plus the margin's fraction of its scale (each was worded beside what it contradicts).
+#[test]
+fn parts_that_contradict_their_whole_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _, f) = inputs(dir.path());
+    let json = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]).1;
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let point = v["estimates"]["symbolic"]["device_mib"].as_f64().unwrap();
+    let est = dir.path().join("est.json");
+    let check = |edit: &dyn Fn(&mut serde_json::Value), expect: Option<&str>| {
+        let mut e = v.clone();
+        edit(&mut e);
+        std::fs::write(&est, e.to_string()).unwrap();
+        let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+        match expect {
+            None => assert_eq!(code, 0, "{err}"),
+            Some(field) => assert!(code == 2 && err.contains("est.json: field") && err.contains(field), "{code} {err}"),
+        }
+    };
+    check(&|_| {}, None);
+    check(
+        &|e| e["outside_allocator"]["total_mib"] = 99.0.into(),
+        Some("`outside_allocator.total_mib` is 99.0 but its terms"),
+    );
+    let fraction = v["margin"]["fraction"].as_f64().unwrap();
+    check(&|e| e["margin"]["fraction"] = (fraction + 0.5).into(), Some("`estimates.symbolic.safe_mib` is"));
+    check(&|e| e["margin"]["fraction"] = (-0.5).into(), Some("`margin.fraction` is -0.5"));
+    let steps = |steady: f64| {
+        serde_json::json!({"count": 2, "first_step_device_mib": point, "first_step_reserved_mib": 1.0,
+            "steady_device_mib": steady, "steady_reserved_mib": 1.0})
+    };
+    check(&|e| e["estimates"]["symbolic"]["steps"] = steps(point), None);
+    check(
+        &|e| e["estimates"]["symbolic"]["steps"] = steps(99999.0),
+        Some("`estimates.symbolic.steps.steady_device_mib` is 99999.0, above"),
+    );
+}

@@ -6,6 +6,8 @@ mod cli;
 mod compare_offline;
 /// `memest compare` on the trainer's dataset output (specs, label columns) and with ML model files.
 mod compare_trainer;
+/// What estimate makes of its inputs: one library key of two, huge batches, the capacity's need, plain-meta traces.
+mod estimate_inputs;
 /// The features file `estimate --features` reads: unknown fields and unusable layers said, wrong shapes refused.
 mod features_file;
 /// The profile fits (`memest safety`, `memest calibrate`): held-out honesty, what they drop and refuse.
