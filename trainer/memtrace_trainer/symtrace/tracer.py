@@ -16,7 +16,7 @@ from memtrace_trainer.errors import ModelFailedError, UserError
 from memtrace_trainer.features import CONTAINERS
 from memtrace_trainer.markers import iteration_of
 from memtrace_trainer.profile import Profile
-from memtrace_trainer.symtrace import jsonl, step
+from memtrace_trainer.symtrace import jsonl, step, threads
 from memtrace_trainer.symtrace.emulation import LibrariesUsed, Workspaces
 from memtrace_trainer.symtrace.recorder import Recorder
 from memtrace_trainer.workload import Workload
@@ -82,7 +82,7 @@ def trace(
     # shards under a bf16 policy), and the margin and baselines are the job's own regime's.
     regime = {"amp": precision_regime(cfg.amp, [workload.model]),
               "param_dtype": param_dtype(workload.model)}  # fmt: skip
-    with LayersRun() as layers:
+    with threads.watched(workload.spec), LayersRun() as layers:
         emulated = step.run(workload, cfg, profile, rec)
     emulated["regime"] = regime
     emulated["layer_types"] = layers.types([workload.model])
@@ -236,7 +236,7 @@ def trace_step(
     make = fn if batch_size is None else (lambda device: fn(device, batch_size))
     libraries, rec = _recorder(profile, cuda_emulation)
     try:
-        with _world(world_size), LayersRun() as layers:
+        with threads.watched(step_label(spec)), _world(world_size), LayersRun() as layers:
             run = run_steps(make, steps, profile, rec, cuda_emulation, step_label(spec))
     except ModelFailedError as failed:
         failed.batch_size = batch_size or 0  # the size a search probed
@@ -261,7 +261,7 @@ def trace_script(
     from memtrace_trainer.symtrace.script import run_script
 
     libraries, rec = _recorder(profile, cuda_emulation)
-    with _world(world_size), LayersRun() as layers:
+    with threads.watched(f"--script {path}"), _world(world_size), LayersRun() as layers:
         run = run_script(path, argv, steps, profile, rec, cuda_emulation)
     spec = f"script:{path}" + "".join(f" {a}" for a in argv)
     meta = _user_metadata(spec, steps, profile, cuda_emulation, rec, run, libraries, layers)

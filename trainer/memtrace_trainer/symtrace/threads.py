@@ -1,0 +1,47 @@
+"""Threads the traced code starts. PyTorch's modes, the fake device among them, are per thread:
+what another thread allocates on "cuda" is not traced. Without a GPU such an allocation fails in
+its thread ("Found no NVIDIA driver"), which printed a traceback beside a FITS verdict that left
+the memory out; here it fails the trace instead, naming the thread."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from memtrace_trainer import notes
+from memtrace_trainer.errors import UserError
+
+# What a CUDA call made outside the fake device says (torch's lazy init, the driver's absence).
+_CUDA_WORDS = ("cuda", "nvidia driver", "torch not compiled with cuda")
+
+
+@contextlib.contextmanager
+def watched(label: str) -> Iterator[None]:
+    """Within: an exception that ends a thread other than the tracing one is kept, not printed;
+    after, one that came from CUDA fails the trace (UserError), another is warned of."""
+    raised: list[tuple[str, BaseException]] = []
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if args.exc_type is SystemExit or args.exc_value is None:
+            return
+        raised.append((args.thread.name if args.thread else "a thread", args.exc_value))
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+    for name, e in raised:
+        what = f"{type(e).__name__}: {e}".strip()
+        if any(word in str(e).lower() for word in _CUDA_WORDS):
+            raise UserError(
+                f"{label}: thread {name!r}, started by your code, raised {what}: the trace follows "
+                "the thread that runs your code only (PyTorch's modes, its fake device among "
+                "them, are per thread), so what other threads allocate on the GPU would be left "
+                "out of the estimate; allocate on the device in the thread that runs your code"
+            )
+        notes.warn(f"{label}: thread {name!r}, started by your code, raised {what}; the trace "
+                   "went on without it")  # fmt: skip
