@@ -46,6 +46,19 @@ fn allocator_rounding() {
     check(5 << 20, 6 << 20);
 }
 
+/// A model of one layer, nothing else known.
+fn one_layer(kind: &str, parameters: u64, activations: u64) -> Features {
+    Features {
+        total_parameters: parameters,
+        total_activations: activations,
+        batch_size: None,
+        model: None,
+        seq_len: None,
+        input_shape: None,
+        layers: vec![Layer { kind: kind.into(), activations, parameters }],
+    }
+}
+
 fn profile() -> Profile {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../profiles/a100-40gb.toml");
     Profile::load(path.to_str().unwrap()).expect("profiles/a100-40gb.toml loads").0
@@ -53,15 +66,7 @@ fn profile() -> Profile {
 
 #[test]
 fn analytic_terms_by_optimizer_and_precision() {
-    let f = Features {
-        total_parameters: 1_000_000,
-        total_activations: 1000,
-        batch_size: None,
-        model: None,
-        seq_len: None,
-        input_shape: None,
-        layers: vec![Layer { kind: "Linear".into(), activations: 1000, parameters: 1_000_000 }],
-    };
+    let f = one_layer("Linear", 1_000_000, 1000);
     let p = profile();
     let w = allocator_bytes(4_000_000);
     let check = |opt: Optimizer, prec: Precision, slots: u64, act: u64, amp: u64| {
@@ -86,15 +91,7 @@ fn analytic_terms_by_optimizer_and_precision() {
 /// gave less than batch 1), and a saturated need is no size (`unbounded`).
 #[test]
 fn analytic_saturates_at_huge_batches() {
-    let f = Features {
-        total_parameters: 11_689_512,
-        total_activations: 2_000_000,
-        batch_size: None,
-        model: None,
-        seq_len: None,
-        input_shape: None,
-        layers: vec![Layer { kind: "Conv2d".into(), activations: 2_000_000, parameters: 11_689_512 }],
-    };
+    let f = one_layer("Conv2d", 11_689_512, 2_000_000);
     let p = profile();
     let mut last = 0;
     for batch in [1, 8, 1_000_000_000_000, 1_000_000_000_000_000, 1 << 61, u64::MAX] {

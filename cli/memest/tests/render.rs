@@ -4,15 +4,19 @@
 use crate::cli::inputs;
 use crate::support::memest_code;
 
+/// An estimate of the shared inputs as `--json` writes it, and where a test writes its edits.
+fn estimate_of(dir: &std::path::Path) -> (serde_json::Value, std::path::PathBuf) {
+    let (t, _, f) = inputs(dir);
+    let json = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]).1;
+    (serde_json::from_str(&json).unwrap(), dir.join("est.json"))
+}
+
 #[test]
 fn a_safe_number_not_the_need_or_below_the_point_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, _, f) = inputs(dir.path());
-    let json = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]).1;
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (v, est) = estimate_of(dir.path());
     assert_eq!(v["verdict"]["basis"], "estimates.symbolic.safe_mib", "the safe number is the basis");
     let point = v["estimates"]["symbolic"]["device_mib"].as_f64().unwrap();
-    let est = dir.path().join("est.json");
     let render = |value: &serde_json::Value| {
         std::fs::write(&est, value.to_string()).unwrap();
         memest_code(&["render", est.to_str().unwrap()])
@@ -52,11 +56,8 @@ fn a_safe_number_not_the_need_or_below_the_point_is_refused() {
 #[test]
 fn parts_that_contradict_their_whole_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, _, f) = inputs(dir.path());
-    let json = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]).1;
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (v, est) = estimate_of(dir.path());
     let point = v["estimates"]["symbolic"]["device_mib"].as_f64().unwrap();
-    let est = dir.path().join("est.json");
     let check = |edit: &dyn Fn(&mut serde_json::Value), expect: Option<&str>| {
         let mut e = v.clone();
         edit(&mut e);
