@@ -139,7 +139,7 @@ def check_config(config: dict[str, Any]) -> int | None:
     a positive batch size (a GPUMemNet row gives its own unless `batch_size` is set; 0 is not
     "not set"; None: an entry function of its own batch, `require_batch_size`), a row's
     filename and an input shape's syntax."""
-    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename, row_batch
 
     # The --input-shape parser of every zoo command, so a line's shape reads as the flag's.
     from memtrace_trainer.models.zoo import _parse_shape
@@ -150,8 +150,8 @@ def check_config(config: dict[str, Any]) -> int | None:
     batch = config.get("batch_size")
     check_batch_size(batch, optional=True)
     if sources[0] == "gpumemnet_row":
-        _, row_batch = from_gpumemnet_filename(config["gpumemnet_row"])
-        batch = row_batch if batch is None else batch
+        _, own = from_gpumemnet_filename(config["gpumemnet_row"])
+        batch = row_batch(config["gpumemnet_row"], own, batch)
     else:
         require_batch_size(batch, config.get("entry"), config.get("model"))
     _parse_shape(config.get("input_shape"))

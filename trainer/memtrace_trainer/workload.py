@@ -104,10 +104,19 @@ def user_function(spec: str, flag: str) -> Callable[..., Any]:
         raise UserError(f"{flag} {spec!r}: cannot import {module_name!r} ({e})") from None
     except (Exception, SystemExit) as e:  # a module that exits on import, too
         raise UserCodeError(f"{flag} {spec!r}: importing {module_name} raised", e) from e
-    func = getattr(module, func_name, None)
-    if not callable(func):
+    missing = object()
+    func = getattr(module, func_name, missing)
+    if func is missing:
         raise UserError(f"{flag} {spec!r}: {module_name} has no function {func_name!r}")
+    if not callable(func):
+        # The name is there: "no function" sent the user looking for a typo.
+        raise UserError(f"{flag} {spec!r}: {module_name}.{func_name} is not callable (it is "
+                        f"{_a(type(func).__name__)}): expected a function")  # fmt: skip
     return func  # type: ignore[no-any-return]
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def entry_takes(entry: str, name: str) -> bool:

@@ -484,3 +484,7 @@ def counted_builds(device: Any) -> Any:
     with open(os.environ["MEMTRACE_TEST_BUILDS"], "a") as f:
         f.write("build\n")
     return default_adamw(device)
+
+
+# A name that is no function, for `--step step_examples:NOT_CALLABLE`.
+NOT_CALLABLE = 42

@@ -202,6 +202,17 @@ def test_batch_size_zero_is_refused_not_taken_for_unset(tmp_path: Path) -> None:
     refused(cli("fake-tensor", "--batch", str(ft), check=False), f"{ft}:1:", "'batch_size'")
 
 
+def test_a_row_of_batch_zero_is_refused_as_the_rows_field() -> None:
+    """It was said as `--batch-size 0`, a flag the user never gave."""
+    row = ROW.replace("batch:64", "batch:0")
+    for command in ("features", "fake-tensor"):
+        done = cli(command, "--gpumemnet-row", row, check=False)
+        refused(done, f"--gpumemnet-row {row}: its batch field is 0, expected a positive integer")
+        assert "--batch-size 0" not in done.stderr
+    # A --batch-size given replaces the row's, as it does for any row.
+    assert cli("features", "--gpumemnet-row", row, "--batch-size", "2").returncode == 0
+
+
 def test_flags_without_effect_are_warned(tmp_path: Path) -> None:
     done = cli("features", "--gpumemnet-row", ROW, "--batch-size", "9", "--seq-len", "5",
                "--num-classes", "3", "--csv")  # fmt: skip

@@ -405,3 +405,13 @@ def test_the_activation_vocabulary_is_memests() -> None:
         listed = re.search(rf"pub const {name}: \[&str; \d+\] =\s*\[([^\]]*)\]", source)
         assert listed, name
         assert tuple(re.findall(r'"([^"]+)"', listed.group(1))) == ours, name
+
+
+def test_features_warns_of_an_input_shape_a_language_model_ignores() -> None:
+    """As `estimate` warns it, in the same words (the zoo's one check)."""
+    for command in ("features", "estimate"):
+        args = ["--model", "hf:gpt2", "--input-shape", "3,224,224", "--seq-len", "8"]
+        if command == "estimate":
+            args += ["--batch-size", "1", "--steps", "1"]
+        done = cli(command, *args)
+        assert "--input-shape 3,224,224 has no effect: hf:gpt2 takes token ids" in done.stderr

@@ -104,6 +104,32 @@ def test_default_task_and_seq_len_are_reported() -> None:
     assert "131072" in w.defaults["seq_len"]["why"]
 
 
+def test_a_config_whose_architecture_and_model_type_disagree_is_warned(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """A Llama model_type with BertForMaskedLM was built as a Llama causal LM without a word,
+    and a file without architectures was said to have published the task."""
+    llama = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**llama, "architectures": ["BertForMaskedLM"]}))
+    w = build_workload(f"hf-config:{path}", 1, seq_len=8)
+    err = capsys.readouterr().err
+    assert (
+        f"{path}: its architectures ['BertForMaskedLM'] are bert models, but its model_type "
+        "is 'llama'; transformers builds by model_type, so this is LlamaForCausalLM" in err
+    )
+    assert w.defaults["task"]["why"] == "the default for model_type llama"
+    path.write_text(json.dumps({k: v for k, v in llama.items() if k != "architectures"}))
+    w = build_workload(f"hf-config:{path}", 1, seq_len=8)
+    assert w.defaults["task"]["why"] == (f"the default for model_type llama: {path} publishes "
+                                         "no architectures")  # fmt: skip
+    assert "architectures" not in capsys.readouterr().err
+    # Agreeing fields: the published architecture, and no warning.
+    w = build_workload(LLAMA, 1, seq_len=8)
+    assert w.defaults["task"]["why"].endswith("tiny-llama.json's published architecture")
+    assert "architectures" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("spec", "task"), [(LLAMA, "causal-lm"), (LLAMA, "classification"),
                                             (T5, "seq2seq")])  # fmt: skip
 def test_tasks_train(spec: str, task: str) -> None:

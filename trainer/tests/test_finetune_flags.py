@@ -48,6 +48,20 @@ def test_qlora_dtype_undone_by_kbit_preparation_is_said(
     assert ("give --amp bf16" in done.stderr) is advised, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "alone"),
+    [(["--dtype", "fp16", "--amp", "fp16"], "(fp16 without it, as --amp fp16 sets)"),
+     (["--dtype", "fp16"], "(bf16 without --dtype or --amp)")],
+)  # fmt: skip
+def test_qlora_dtype_warning_names_the_compute_dtype_of_the_flags_given(
+    tmp_path: Path, flags: list[str], alone: str
+) -> None:
+    """`--amp fp16` makes the compute dtype fp16 (docs/finetuning.md): the warning said bf16."""
+    done = cli("symtrace", "--model", LLAMA, *SMALL, "--qlora", *flags,
+               "--out", str(tmp_path / "t.jsonl"))  # fmt: skip
+    assert f"dequantize to a 16-bit compute dtype either way {alone}" in done.stderr, done.stderr
+
+
 class _Cnn(nn.Module):
     def __init__(self) -> None:
         super().__init__()

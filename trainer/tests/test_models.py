@@ -256,3 +256,24 @@ def test_a_synthetic_field_of_the_wrong_type_is_refused_naming_it(
     assert "internal error" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"field {field!r} is {json.dumps(value)}: expected {expected}" in done.stderr
+
+
+@pytest.mark.parametrize(("name", "side"), [("inception_v3", 299), ("googlenet", 224)])
+def test_a_torchvision_model_with_aux_heads_trains_at_its_published_size(
+    name: str, side: int
+) -> None:
+    # Inception v3's default weights crop 299 (224 failed in its 5x5 conv), and in train mode
+    # both return a namedtuple of logits whose every head adds a loss, as torchvision trains.
+    w = build_workload(f"torchvision:{name}", 2)
+    assert w.sizes["input_shape"] == [3, side, side]
+    inputs, target = w.make_batch()
+    w.model.train()
+    w.loss(w.model(inputs), target).backward()
+    aux = [p for n, p in w.model.named_parameters() if n.lower().startswith("aux")]
+    assert aux and all(p.grad is not None for p in aux)
+
+
+def test_a_torchvision_default_input_is_its_weights_crop_unless_built_for_one_size() -> None:
+    assert build_workload("torchvision:efficientnet_b1", 1).sizes["input_shape"] == [3, 240, 240]
+    # Built without weights for 224, though its default weights are 518's.
+    assert build_workload("torchvision:vit_h_14", 1).sizes["input_shape"] == [3, 224, 224]

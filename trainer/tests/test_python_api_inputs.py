@@ -300,6 +300,24 @@ def test_the_step_limit_is_the_clis() -> None:
         steps(1001)
 
 
+@pytest.mark.parametrize("command", ["estimate", "max-batch"])
+def test_the_step_limit_counts_every_micro_batch(command: str) -> None:
+    """--grad-accum 1000000 traced two million micro-batches, op by op, for days, where
+    --steps 1001 was refused."""
+    from memtrace_trainer.errors import UserError
+    from memtrace_trainer.symtrace.step import StepConfig, check_loop
+
+    MLP = 'synthetic:{"family":"mlp","input_size":256,"output_size":10,"depth":3}'
+    sizes = ["--batch-size", "8"] if command == "estimate" else ["--limit", "8"]
+    done = cli(command, "--model", MLP, *sizes, "--grad-accum", "1000000", check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--grad-accum 1000000: 2 steps x 1000000 micro-batches = 2000000, expected at most " \
+        "1000" in done.stderr  # fmt: skip
+    check_loop(2, 500)  # the bound itself is taken
+    with pytest.raises(UserError, match=r"^--grad-accum 501: 2 steps x 501 micro-batches"):
+        StepConfig(iterations=2, grad_accum=501).validate()
+
+
 # --- inputs used as given, or in part --------------------------------------------------------------
 
 

@@ -295,6 +295,13 @@ def test_cli_errors_are_clean(tmp_path: Path) -> None:
         [*base, "--out", str(tmp_path / "t.jsonl"), "--profile", "nope"], 'profile "nope" not found'
     )
     check(["--model", MLP, "--out", str(tmp_path / "t.jsonl")], "--batch-size is required")
+    # --out-dir without --batch was told "--out FILE is required" as if it were not given.
+    check(
+        [*base, "--out-dir", str(tmp_path / "d")],
+        f"--out-dir {tmp_path / 'd'}: --out-dir is "
+        "for --batch CONFIGS.jsonl (a trace per config); one job's trace goes to --out FILE",
+    )
+    assert not (tmp_path / "d").exists()
     assert not (tmp_path / "t.jsonl").exists()
 
 

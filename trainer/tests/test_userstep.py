@@ -363,6 +363,11 @@ def test_bad_steps_fail_clearly(tmp_path: Path) -> None:
     done = cli("symtrace", "--step", "step_examples:nope", "--out", str(tmp_path / "x.jsonl"),
                check=False)  # fmt: skip
     assert done.returncode == 2 and "has no function 'nope'" in done.stderr
+    # A name that is there but no function is said as such, not as missing.
+    done = cli("symtrace", "--step", "step_examples:NOT_CALLABLE", "--out",
+               str(tmp_path / "x.jsonl"), check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "step_examples.NOT_CALLABLE is not callable (it is an int)" in done.stderr
     done = cli("symtrace", "--step", "step_examples:custom_optimizer", "--amp", "bf16",
                "--out", str(tmp_path / "y.jsonl"), "--json")  # fmt: skip
     assert any("--amp has no effect with --step" in w for w in json.loads(done.stdout)["warnings"])

@@ -363,12 +363,19 @@ def resolve_steps(args: dict[str, Any]) -> int:
             if key not in taken and value is not None and value != defaults.get(key, None):
                 notes.warn(f"{flag_of(key)} has no effect with {what}: your code decides")
     steps = args.get("iterations")
+    own_loop = bool(args.get("step") or args.get("script"))
     if steps is None:
-        return STEP_FN_STEPS if args.get("step") or args.get("script") else MODEL_STEPS
+        steps = STEP_FN_STEPS if own_loop else MODEL_STEPS
+    from memtrace_trainer.symtrace.step import check_loop
     from memtrace_trainer.symtrace.userstep import check_steps
 
-    # Before any model is built or imported: a count past the limit would run for hours.
-    check_steps(int(steps))
+    # Before any model is built or imported: a count past the limit would run for hours. A
+    # step function's --grad-accum has no effect (warned above), so only the tracer's counts.
+    accum = args.get("grad_accum")
+    if own_loop or accum is None:
+        check_steps(int(steps))
+    else:
+        check_loop(int(steps), int(accum))
     return int(steps)
 
 

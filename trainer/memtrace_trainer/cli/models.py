@@ -157,14 +157,14 @@ def _features(args: argparse.Namespace) -> None:
     import torch
 
     from memtrace_trainer.features import extract, gpumemnet_row, to_csv, zoo_cells
-    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename
+    from memtrace_trainer.models.gpumemnet import from_gpumemnet_filename, row_batch
     from memtrace_trainer.models.zoo import build_workload
 
     if args.gpumemnet_row:
         # The row's batch unless --batch-size is given, as `fake-tensor --gpumemnet-row` takes
         # it; --seq-len and --num-classes go to the build, which says they have no effect.
         config, batch = from_gpumemnet_filename(args.gpumemnet_row)
-        batch = batch if args.batch_size is None else args.batch_size
+        batch = row_batch(args.gpumemnet_row, batch, args.batch_size)
         spec = f"gpumemnet:{args.gpumemnet_row}"
         workload = build_workload(spec, batch, args.input_shape, args.seq_len, args.num_classes,
                                   row=True)  # fmt: skip
@@ -357,6 +357,9 @@ def _symtrace(args: argparse.Namespace) -> int:
 
 def _symtrace_single(args: argparse.Namespace) -> None:
     if args.out is None:
+        if args.out_dir is not None:
+            raise UserError(f"--out-dir {args.out_dir}: --out-dir is for --batch CONFIGS.jsonl "
+                            "(a trace per config); one job's trace goes to --out FILE")  # fmt: skip
         raise UserError("--out FILE is required")
     _no_effect(args, ["out_dir"], "without --batch: the trace is --out")
     _no_effect(args, list(SLURM_FLAGS), "without --batch and --backend slurm")

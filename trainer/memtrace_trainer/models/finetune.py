@@ -372,9 +372,13 @@ def _say_dtype_undone(regime: Regime) -> None:
     from memtrace_trainer.notes import warn
 
     amp = "" if regime.amp else f"give --amp {regime.dtype} for mixed precision; "
+    # What `compute_dtype` would be without --dtype: --amp's, which (a 16-bit --dtype and
+    # another --amp being refused) is the --dtype's own; bf16 without either.
+    alone = f"{regime.amp} without it, as --amp {regime.amp} sets" if regime.amp else \
+        "bf16 without --dtype or --amp"  # fmt: skip
     warn(f"--dtype {regime.dtype} has no effect with --qlora: prepare_model_for_kbit_training "
          "casts every parameter outside the 4-bit layers back to fp32, and the 4-bit layers "
-         "dequantize to a 16-bit compute dtype either way (bf16 without --dtype); "
+         f"dequantize to a 16-bit compute dtype either way ({alone}); "
          f"{amp}--no-kbit-prepare keeps those parameters in {regime.dtype}")  # fmt: skip
 
 

@@ -41,6 +41,18 @@ ROW_BATCH_UNUSED = ("a model spec is the model alone, built at the command's bat
                     "--gpumemnet-row` take a row's batch")  # fmt: skip
 
 
+def row_batch(name: str, batch: int, given: int | None) -> int:
+    """The batch a `--gpumemnet-row` runs at: `--batch-size` where given (checked as the flag),
+    else the row's own field, refused by that name: `batch:0` was said as a `--batch-size 0`
+    the user never gave."""
+    if given is not None:
+        return given
+    if batch < 1:
+        raise InvalidConfig(f"--gpumemnet-row {name}: its batch field is {batch}, expected a "
+                            "positive integer (or give --batch-size N)")  # fmt: skip
+    return batch
+
+
 def filename_batch(spec: str | None) -> int | None:
     """The `batch:N` in the Filename of a `gpumemnet:FILENAME` model spec, which the spec does
     not use (`ROW_BATCH_UNUSED`); None for any other spec, or one whose batch is no integer (its

@@ -192,12 +192,59 @@ def default_task(config: Any) -> str:
     a classifier, an encoder-decoder as seq2seq, everything else as a causal LM."""
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    if "CausalLM" in archs or "LMHead" in archs:
+    if _decoder_architecture(getattr(config, "architectures", None) or []):
         return "causal-lm"
     if config.model_type in ("bert", "roberta", "distilbert", "albert", "electra", "deberta"):
         return "classification"
     return "causal-lm"
+
+
+def task_reason(spec: HFSpec, config: Any) -> str:
+    """Why `default_task` chose what it did, as the task's note says it."""
+    archs = getattr(config, "architectures", None) or []
+    if not getattr(config, "is_encoder_decoder", False) and _decoder_architecture(archs):
+        return f"{spec.name}'s published architecture"
+    # Else model_type decided (an encoder is a classifier): a file naming another family's
+    # architecture, or none, must not read as having published the task.
+    why = f"the default for model_type {config.model_type}"
+    return f"{why}: {spec.name} publishes no architectures" if not archs else why
+
+
+def _decoder_architecture(archs: list[str]) -> bool:
+    joined = " ".join(a for a in archs if isinstance(a, str))
+    return "CausalLM" in joined or "LMHead" in joined
+
+
+@functools.cache
+def _architecture_types() -> dict[str, frozenset[str]]:
+    """Every model class transformers maps a model_type to (`LlamaForCausalLM`: llama)."""
+    from transformers.models.auto import modeling_auto
+
+    found: dict[str, set[str]] = {}
+    tables = [getattr(modeling_auto, name) for name in dir(modeling_auto)
+              if name.startswith("MODEL_") and name.endswith("_MAPPING_NAMES")]  # fmt: skip
+    for table in tables:
+        if not isinstance(table, dict):
+            continue
+        for model_type, classes in table.items():
+            for cls in classes if isinstance(classes, tuple | list) else (classes,):
+                found.setdefault(cls, set()).add(model_type)
+    return {cls: frozenset(types) for cls, types in found.items()}
+
+
+def _say_foreign_architecture(spec: HFSpec, config: Any, model: nn.Module, task: str) -> None:
+    """transformers builds by model_type alone: a file whose architectures are another family's
+    (a Llama model_type with `BertForMaskedLM`) was built as a Llama without a word. A class
+    transformers does not know (remote code, an old spelling) says nothing either way."""
+    archs = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
+    known = _architecture_types()
+    foreign = [a for a in archs if a in known and config.model_type not in known[a]]
+    if foreign:
+        theirs = ", ".join(sorted({t for a in foreign for t in known[a]}))
+        warn(f"{spec.source}: its architectures {foreign} are {theirs} models, but its "
+             f"model_type is {config.model_type!r}; transformers builds by model_type, so this "
+             f"is {type(model).__name__} (--task {task}): correct whichever field is "
+             "wrong")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -263,6 +310,7 @@ def build(spec: HFSpec, opts: HFOptions, device: torch.device) -> tuple[nn.Modul
             f"({type(e).__name__}: {_one_line(e)}); check its sizes"
         ) from e
     _pin_loss_type(model)
+    _say_foreign_architecture(spec, config, model, task)
     # Built with sdpa, the class's own flag is what transformers checks for flash-attn: a
     # model that refuses it (T5's position bias) was estimated as a job that cannot start.
     if (

@@ -59,10 +59,23 @@ def _classification(
         x = torch.randn(batch, *shape, device=device)
         return x, torch.randint(0, classes, (batch,), device=device)
 
-    def loss(out: Any, target: Any) -> torch.Tensor:
+    def one(out: torch.Tensor, target: Any) -> torch.Tensor:
         if classes == 1:
             return F.binary_cross_entropy(out.squeeze(1), target.float())
         return F.cross_entropy(out, target)
+
+    def loss(out: Any, target: Any) -> torch.Tensor:
+        # In train mode Inception v3 and GoogLeNet return their auxiliary classifiers' logits
+        # too (a namedtuple); torchvision's reference training adds a loss for each, which is
+        # what keeps the aux branches in backward on a GPU. A field left None is no output.
+        if isinstance(out, tuple):
+            heads = [o for o in out if isinstance(o, torch.Tensor)]
+            if heads:
+                total = one(heads[0], target)
+                for head in heads[1:]:
+                    total = total + one(head, target)
+                return total
+        return one(out, target)
 
     return Workload(spec, model, make, loss, batch, family, sizes={"input_shape": list(shape)})
 
@@ -140,7 +153,7 @@ def _hf(
     model, config, task = hf.build(hfspec, opts, device)
     defaults: dict[str, Any] = {}
     if tune.task is None:
-        defaults["task"] = {"value": task, "why": f"{hfspec.name}'s published architecture"}
+        defaults["task"] = {"value": task, "why": hf.task_reason(hfspec, config)}
     if task != "classification":
         _ignored("--num-classes", tune.num_classes, f"--task {task} predicts tokens, not classes")
     elif tune.num_classes is None:
@@ -284,6 +297,27 @@ def _image(spec: str, model: nn.Module, batch: int, given: Any, shape: Any, clas
     return w
 
 
+def _torchvision_input(name: str, model: nn.Module) -> tuple[int, ...]:
+    """The image size torchvision publishes for the model: the crop its default weights'
+    transforms take (299 for Inception v3, 240 up to 600 for EfficientNet), as timm's
+    pretrained_cfg gives its models'; 224 where it publishes none."""
+    import torchvision
+
+    # A model built for one size (a ViT's position table) takes that, whatever the default
+    # weights were trained at: vit_h_14 without weights is built for 224, its weights for 518.
+    size = getattr(model, "image_size", None)
+    if is_integer(size):
+        return (3, size, size)
+    try:
+        crop = getattr(torchvision.models.get_model_weights(name).DEFAULT.transforms(),
+                       "crop_size", None)  # fmt: skip
+    except (ValueError, AttributeError, TypeError):  # no published weights
+        crop = None
+    if isinstance(crop, list | tuple) and len(crop) in (1, 2) and all(map(is_integer, crop)):
+        return (3, crop[0], crop[-1])
+    return (3, 224, 224)
+
+
 def _build(
     spec: str,
     source: str,
@@ -304,7 +338,7 @@ def _build(
             raise UserError(f"unknown torchvision model {name!r} in spec {spec!r}")
         with device:
             model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
-        full = shape or (3, 224, 224)
+        full = shape or _torchvision_input(name, model)
         return _image(spec, model, batch_size, shape, full, num_classes, device)
     if source == "timm":
         import timm

@@ -30,7 +30,7 @@ from memtrace_trainer.symtrace.distributed import check as check_distributed
 from memtrace_trainer.symtrace.distributed import check_with_step, runs_as, wrap_ddp
 from memtrace_trainer.symtrace.emulation import Flash
 from memtrace_trainer.symtrace.recorder import Recorder
-from memtrace_trainer.symtrace.userstep import check_steps, run_steps
+from memtrace_trainer.symtrace.userstep import MAX_STEPS, check_steps, run_steps
 from memtrace_trainer.workload import Workload, call_model
 
 # A baseline that needs the job's model and optimizer (PyTorch's FSDPMemTracker) is given them
@@ -83,15 +83,26 @@ class StepConfig:
         if self.checkpointing is not None and self.checkpointing not in CHECKPOINTING:
             expected = ", ".join(CHECKPOINTING)
             raise UserError(f"--checkpointing {self.checkpointing!r}: expected one of {expected}")
-        check_steps(self.iterations)
+        check_loop(self.iterations, self.grad_accum)
         check_distributed(
             self.strategy, self.world_size, self.fsdp_mp, self.reduce_bucket_size, self.world_by
         )
-        if self.grad_accum < 1:
-            raise UserError(f"--grad-accum {self.grad_accum}: expected at least 1")
         if self.amp is not None and self.amp not in AMP:
             raise UserError(f"--amp {self.amp!r}: expected one of {sorted(AMP)}")
         check_with_step(self.strategy, self.optimizer, self.amp, self.fsdp_mp)
+
+
+def check_loop(steps: int, grad_accum: int) -> None:
+    """Refuse a loop the tracer cannot take: `check_steps`, and as many micro-batches in all,
+    since each of them is traced op by op as a step is (a million ran for days)."""
+    check_steps(steps)
+    if grad_accum < 1:
+        raise UserError(f"--grad-accum {grad_accum}: expected at least 1")
+    if steps * grad_accum > MAX_STEPS:
+        raise UserError(f"--grad-accum {grad_accum}: {steps} steps x {grad_accum} micro-batches "
+                        f"= {steps * grad_accum}, expected at most {MAX_STEPS} micro-batches in "
+                        "all (the peak shows within the first few steps; each micro-batch is "
+                        "traced op by op)")  # fmt: skip
 
 
 class GradScaler:
