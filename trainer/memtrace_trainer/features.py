@@ -55,6 +55,18 @@ CNN_ACTIVATIONS = tuple(a for a in GPUMEMNET_ACTIVATIONS if a != "Identity")
 _NOT_ACTIVATIONS = (nn.MultiheadAttention, nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d)
 
 
+def _call_keys(layers: list[Any]) -> list[str]:
+    """One key per call, in order: a module's name, then `name#2`, `name#3` for the same module
+    called again (ResNet's shared ReLU), so that `layers` lists every call `sequence` lists
+    (keyed by name alone, a repeated call overwrote the first: two different layer lists)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for layer in layers:
+        seen[layer.name] = seen.get(layer.name, 0) + 1
+        keys.append(layer.name if seen[layer.name] == 1 else f"{layer.name}#{seen[layer.name]}")
+    return keys
+
+
 @dataclass
 class Layer:
     """One hooked module, in execution order."""
@@ -88,12 +100,12 @@ class Features:
             "layer_counts": self.layer_counts,
             "activation_function": self.activation_function,
             "layers": {
-                layer.name: {
+                key: {
                     "type": layer.type,
                     "activations": layer.activations,
                     "parameters": layer.parameters,
                 }
-                for layer in self.layers
+                for key, layer in zip(_call_keys(self.layers), self.layers, strict=True)
             },
             "sequence": [[la.type, la.activations, la.parameters] for la in self.layers],
             "gpumemnet_sequence": [list(s) for s in self.gpumemnet_sequence],

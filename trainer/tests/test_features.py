@@ -95,6 +95,11 @@ def test_features_cli_json_contract() -> None:
         "parameters": 9408,
     }
     assert out["total_activations"] > 0 and out["layer_counts"]["Conv2d"] == 20
+    # Every call is in `layers` as in `sequence` (a block's shared ReLU is called twice: keyed by
+    # name alone, the second call overwrote the first and memest warned on every ResNet).
+    assert len(out["layers"]) == len(out["sequence"]) and "layer1.0.relu#2" in out["layers"]
+    calls = [[la["type"], la["activations"], la["parameters"]] for la in out["layers"].values()]
+    assert calls == out["sequence"]
 
 
 TINY_TRANSFORMER = ('synthetic:{"family":"transformer","seq_len":64,"embed_dim":32,"layers":1,'
