@@ -50,8 +50,9 @@ model specs: torchvision:NAME, timm:NAME, hf:REPO_ID (e.g. hf:meta-llama/Meta-Ll
 gpumemnet:FILENAME (a GPUMemNet row), synthetic:{json config}. Fine-tuning regimes (--dtype,
 --lora, --qlora, --checkpointing full|selective): docs/finetuning.md
 
-exit status: 0 success or fits; 1 does not fit (estimate; max-batch/max-seq when nothing fits);
-2 bad input or error. MEMTRACE_TRACEBACK=1 prints Python tracebacks of internal errors.
+exit status: 0 success or fits; 1 does not fit (estimate; max-batch/max-seq when nothing fits),
+or some configs of a `symtrace --batch` failed (the others' traces written); 2 bad input or
+error. MEMTRACE_TRACEBACK=1 prints Python tracebacks of internal errors.
 """
 
 
