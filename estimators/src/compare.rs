@@ -378,7 +378,14 @@ pub fn evaluate_row(
         family: row.family.as_str().to_string(),
         batch: row.batch,
         optimizer: Some(optimizer.name().to_string()),
-        amp: Some(row.amp.clone().filter(|a| !matches!(a.as_str(), "" | "none")).unwrap_or_else(|| "fp32".into())),
+        // Lower case, as a profile's regime is matched (`bf16`, not the dataset's `BF16`).
+        amp: Some(
+            row.amp
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .filter(|a| !matches!(a.as_str(), "" | "none"))
+                .unwrap_or_else(|| "fp32".into()),
+        ),
         truth_bytes: row.truth,
         real_oom: row.real_oom,
         reserved_truth_bytes: row.reserved_truth,

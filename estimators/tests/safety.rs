@@ -167,6 +167,10 @@ fn the_table_round_trips_through_the_profile_and_picks_margins() {
         assert!(!m.coverage_measured && m.fraction == sf.families["cnn"].margin, "{extra:?}: {m:?}");
         assert!(m.note.contains("coverage unmeasured") && m.regime.contains(extra.1), "{extra:?}: {m:?}");
     }
+    // A margin fitted over mixed regimes measures none of them, not the first it names.
+    let mut mixed = p.clone();
+    mixed.safety.as_mut().unwrap().families.get_mut("cnn").unwrap().regime = "fp32 adam / bf16 adam".into();
+    assert!(!of(&mixed, &cnn_meta).coverage_measured, "a mixed regime is no measurement");
     // bf16 is another regime, even for a calibrated family.
     let bf16 = of(&p, &[("clock", "logical"), ("layer_types", "Conv2d"), ("amp", "bf16")]);
     assert!(!bf16.coverage_measured && bf16.fraction == sf.families["cnn"].margin);

@@ -106,6 +106,8 @@ pub fn margin(profile: &Profile, header: &Header, family: Option<Family>) -> Mar
     let mut words = m.regime.split_whitespace();
     let same_regime = words.next() == Some(precision.as_str())
         && words.next().is_none_or(|o| optimizer == Some(o))
+        // A margin fitted over mixed regimes ("bf16 adam / fp32 adam") measured none of them.
+        && words.next().is_none()
         && beyond.is_empty();
     let measured = same_family && same_regime;
     let note = if measured {

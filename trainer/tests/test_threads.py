@@ -11,7 +11,7 @@ from conftest import cli
 
 # Each allocates 1 GiB on "cuda" in a thread of its own, then trains a small model.
 CODE = """
-import threading, torch
+import threading, time, torch
 from torch import nn
 
 def _in_a_thread(held):
@@ -37,6 +37,21 @@ def noisy(device):  # a thread that fails for another reason: said, the trace go
         t = threading.Thread(target=lambda: 1 / 0, name="logger")
         t.start()
         t.join()
+        m(torch.randn(2, 16, device=device)).sum().backward()
+    return step
+
+def late(device):  # a thread that fails after a while: waited for, so its failure is seen
+    m = nn.Linear(16, 16).to(device)
+    def step():
+        threading.Thread(target=lambda: (time.sleep(0.5), torch.empty(4, device="cuda")),
+                         name="late").start()
+        m(torch.randn(2, 16, device=device)).sum().backward()
+    return step
+
+def lingering(device):  # one still running at the end: named
+    m = nn.Linear(16, 16).to(device)
+    def step():
+        threading.Thread(target=time.sleep, args=(30,), name="sleeper", daemon=True).start()
         m(torch.randn(2, 16, device=device)).sum().backward()
     return step
 
@@ -67,7 +82,21 @@ def test_a_threads_cuda_allocation_fails_the_trace(module: Path, how: str) -> No
 
 
 def test_a_thread_failing_otherwise_is_said(module: Path) -> None:
+    import threading
+
+    hook = threading.excepthook
     done = cli("estimate", "--step", "threaded_steps:noisy", "--steps", "2", check=False)
+    assert threading.excepthook is hook, "the process's own hook is put back"
     assert done.returncode in (0, 1), done.stderr
     assert "thread 'logger', started by your code, raised ZeroDivisionError" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_thread_that_fails_after_the_step_is_waited_for(module: Path) -> None:
+    done = cli("estimate", "--step", "threaded_steps:late", "--steps", "1", check=False)
+    assert done.returncode == 2 and "thread 'late', started by your code" in done.stderr, (
+        done.stderr
+    )
+    done = cli("estimate", "--step", "threaded_steps:lingering", "--steps", "1", check=False)
+    assert done.returncode in (0, 1), done.stderr
+    assert "'sleeper', started by your code, still ran 2 s after the trace ended" in done.stderr

@@ -85,24 +85,28 @@ pub fn outside_for(
 ) -> Outside {
     let Some((p, path)) = profile else { return Outside::none() };
     warnings.extend(fit::profile_mismatch(header, p, path));
-    let libs = Libraries::from_header(header).unwrap_or_else(|| {
+    let libs = if Libraries::from_header(header).is_none() {
         warnings.push(
             "the trace does not say which CUDA libraries the job loads (no uses_gemm/uses_conv metadata); \
              counting the profile's context only, not cuBLAS or cuDNN"
                 .into(),
         );
         Libraries::UNKNOWN
-    });
-    // One key of the two: the other library is not counted, and that is said.
-    for (key, lib) in [(&metadata::USES_GEMM, "cuBLAS"), (&metadata::USES_CONV, "cuDNN")] {
-        if libs.source == "trace" && header.meta_flag(key).is_none() {
-            warnings.push(format!(
-                "the trace does not say whether the job uses {lib} (no readable {} metadata, though it has the \
-                 other library's): {lib}'s memory is not counted",
-                key.name
-            ));
+    } else {
+        // One key of the two: memsim has no other evidence (memest has features and the trace's
+        // workspaces), so the other library is not counted, and that is said.
+        for (key, lib) in [(&metadata::USES_GEMM, "cuBLAS"), (&metadata::USES_CONV, "cuDNN")] {
+            if header.meta_flag(key).is_none() {
+                warnings.push(format!(
+                    "the trace does not say whether the job uses {lib} (no readable {} metadata, though it has \
+                     the other library's): {lib}'s memory is not counted (memest estimate judges it from the \
+                     trace's workspaces and the job's features)",
+                    key.name
+                ));
+            }
         }
-    }
+        Libraries::of(header, Libraries::UNKNOWN)
+    };
     let o = fit::outside(p, &path.display().to_string(), libs);
     warnings.extend(o.warnings());
     o

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError
 
+# How long the threads the traced code started, still running at its end, are waited for.
+JOIN_SECONDS = 2.0
 # What a CUDA call made outside the fake device says (torch's lazy init, the driver's absence).
 _CUDA_WORDS = ("cuda", "nvidia driver", "torch not compiled with cuda")
 
@@ -20,9 +23,12 @@ _CUDA_WORDS = ("cuda", "nvidia driver", "torch not compiled with cuda")
 @contextlib.contextmanager
 def watched(label: str) -> Iterator[None]:
     """Within: an exception that ends a thread other than the tracing one is kept, not printed;
-    after, one that came from CUDA fails the trace (UserError), another is warned of."""
+    after (the threads it started waited for a moment, those still running named), one that came
+    from CUDA fails the trace (UserError), another is warned of. Only a thread that fails is
+    caught: on a machine with a GPU a thread's allocation succeeds, untraced."""
     raised: list[tuple[str, BaseException]] = []
     previous = threading.excepthook
+    before = set(threading.enumerate())
 
     def hook(args: Any) -> None:
         if args.exc_type is SystemExit or args.exc_value is None:
@@ -33,7 +39,18 @@ def watched(label: str) -> Iterator[None]:
     try:
         yield
     finally:
+        # A thread still running may fail (or allocate) after the trace: waited for a moment,
+        # then named.
+        deadline = time.monotonic() + JOIN_SECONDS
+        late = [t for t in threading.enumerate() if t not in before]
+        for t in late:
+            t.join(max(0.0, deadline - time.monotonic()))
         threading.excepthook = previous
+    running = [t.name for t in late if t.is_alive()]
+    if running:
+        notes.warn(f"{label}: thread(s) {', '.join(map(repr, running))}, started by your code, "
+                   f"still ran {JOIN_SECONDS:g} s after the trace ended: what they allocate on the "
+                   "GPU from then on is not in the estimate")  # fmt: skip
     for name, e in raised:
         what = f"{type(e).__name__}: {e}".strip()
         if any(word in str(e).lower() for word in _CUDA_WORDS):
