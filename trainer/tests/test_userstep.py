@@ -450,6 +450,13 @@ def test_a_script_that_exits_with_a_message_says_it(tmp_path: Path) -> None:
     done = cli("symtrace", "--script", str(script), "--out", str(tmp_path / "t.jsonl"),
                check=False)  # fmt: skip
     assert done.returncode == 2 and "the script exited saying: need 2 GPUs" in done.stderr
+    # sys.exit(0) after one step: said as such, not blamed on values read back.
+    script.write_text(
+        "import sys, torch\nm = torch.nn.Linear(8, 1).cuda()\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "m(torch.randn(4, 8, device='cuda')).sum().backward(); opt.step()\nsys.exit(0)\n"
+    )
+    done = cli("symtrace", "--script", str(script), "--out", str(tmp_path / "t.jsonl"))
+    assert "called sys.exit after 1 of 3 iterations" in done.stderr and ".item()" not in done.stderr
 
 
 def test_a_script_that_stops_on_its_loss_is_told_why(tmp_path: Path) -> None:

@@ -231,6 +231,7 @@ def run_script(
         except _Enough:
             pass
         except SystemExit as e:
+            state["exited"] = True
             if e.code not in (None, 0):
                 # sys.exit("a message") exits 1 and prints the message; sys.exit(N) is a status.
                 said = f"with status {e.code}" if isinstance(e.code, int) else f"saying: {e.code}"
@@ -268,6 +269,11 @@ def run_script(
                 f"--script {path}: the script finished without an optimizer.step(), a "
                 'backward followed by another forward, or memtrace_trainer.mark("iter"): the '
                 "whole run is traced as one iteration"
+            )
+        elif state.get("exited"):
+            warn(
+                f"--script {path}: the script called sys.exit after {state['done']} of {steps} "
+                "iterations: the trace holds the iterations it ran"
             )
         else:
             warn(
