@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError
 
-# How long the threads the traced code started, still running at its end, are waited for.
-JOIN_SECONDS = 2.0
 # What a CUDA call made outside the fake device says (torch's lazy init, the driver's absence).
 _CUDA_WORDS = ("cuda", "nvidia driver", "torch not compiled with cuda")
 
@@ -23,8 +20,8 @@ _CUDA_WORDS = ("cuda", "nvidia driver", "torch not compiled with cuda")
 @contextlib.contextmanager
 def watched(label: str) -> Iterator[None]:
     """Within: an exception that ends a thread other than the tracing one is kept, not printed;
-    after (the threads it started waited for a moment, those still running named), one that came
-    from CUDA fails the trace (UserError), another is warned of. Only a thread that fails is
+    after (those it started that still run named), one that came from CUDA fails the trace
+    (UserError), another is warned of. Only a thread that fails is
     caught: on a machine with a GPU a thread's allocation succeeds, untraced."""
     raised: list[tuple[str, BaseException]] = []
     previous = threading.excepthook
@@ -39,18 +36,16 @@ def watched(label: str) -> Iterator[None]:
     try:
         yield
     finally:
-        # A thread still running may fail (or allocate) after the trace: waited for a moment,
-        # then named.
-        deadline = time.monotonic() + JOIN_SECONDS
-        late = [t for t in threading.enumerate() if t not in before]
-        for t in late:
-            t.join(max(0.0, deadline - time.monotonic()))
         threading.excepthook = previous
-    running = [t.name for t in late if t.is_alive()]
-    if running:
-        notes.warn(f"{label}: thread(s) {', '.join(map(repr, running))}, started by your code, "
-                   f"still ran {JOIN_SECONDS:g} s after the trace ended: what they allocate on the "
-                   "GPU from then on is not in the estimate")  # fmt: skip
+    late = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    if late:
+        # Not waited for (the answer would wait on them): named now, and a failure of theirs
+        # after the trace said in words, not as a raw traceback.
+        names = ", ".join(repr(t.name) for t in late)
+        notes.warn(f"{label}: thread(s) {names}, started by your code, still ran when the "
+                   "trace ended: what they allocate on the GPU from then on is not in the "
+                   "estimate")  # fmt: skip
+        threading.excepthook = _after_the_trace(label, set(late), previous)
     for name, e in raised:
         what = f"{type(e).__name__}: {e}".strip()
         if any(word in str(e).lower() for word in _CUDA_WORDS):
@@ -62,3 +57,19 @@ def watched(label: str) -> Iterator[None]:
             )
         notes.warn(f"{label}: thread {name!r}, started by your code, raised {what}; the trace "
                    "went on without it")  # fmt: skip
+
+
+def _after_the_trace(label: str, late: set[threading.Thread], previous: Any) -> Any:
+    """The excepthook once the trace has ended: a thread it named as still running that fails is
+    said in one line; any other thread goes to the hook that was there before."""
+
+    def hook(args: Any) -> None:
+        if args.thread not in late:
+            return previous(args)
+        if args.exc_type is not SystemExit:
+            notes.warn(f"{label}: thread {args.thread.name!r} raised {args.exc_type.__name__}: "
+                       f"{args.exc_value} after the trace ended: what it did then is not in the "
+                       "estimate")  # fmt: skip
+        return None
+
+    return hook
