@@ -4,6 +4,7 @@ thread's CUDA allocation is not traced; it fails the trace instead of leaving th
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,52 @@ def test_a_thread_still_running_at_the_end_is_named_and_its_failure_said(
     assert "Traceback" not in err, err
     done = cli("estimate", "--step", "threaded_steps:lingering", "--steps", "1", check=False)
     assert "'sleeper', started by your code, still ran when the trace ended" in done.stderr
+
+
+def test_a_thread_another_caller_starts_during_the_trace_is_not_the_traced_codes() -> None:
+    """Four estimates from four threads (the API serves one at a time): a thread the test
+    started while another's trace ran was named "started by your code, still ran"; one of those
+    that fails is the caller's, left to the process's own hook."""
+    import threading
+    import warnings
+
+    import torch
+    from torch import nn
+
+    import memtrace
+
+    tracing, go = threading.Event(), threading.Event()
+    seen: list[str] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: seen.append(args.thread.name)
+
+    def make(device: torch.device):
+        model = nn.Linear(16, 16).to(device)
+
+        def step() -> None:
+            tracing.set()
+            go.wait(10)
+            model(torch.randn(2, 16, device=device)).sum().backward()
+
+        return step
+
+    got: list[object] = []
+    estimate = threading.Thread(target=lambda: got.append(memtrace.estimate(make, steps=1)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            estimate.start()
+            assert tracing.wait(60), "the step never ran"
+            waiting = threading.Thread(target=lambda: (go.wait(10), time.sleep(1)), name="other")
+            failing = threading.Thread(target=lambda: 1 / 0, name="failing")
+            waiting.start()
+            failing.start()
+            failing.join()
+            go.set()
+            estimate.join(120)
+    finally:
+        threading.excepthook = hook
+    assert len(got) == 1 and isinstance(got[0], memtrace.Estimate), got
+    assert not [w for w in got[0].warnings if "thread" in w], got[0].warnings
+    assert seen == ["failing"], "the caller's thread's failure went to the caller's hook"
+    waiting.join()

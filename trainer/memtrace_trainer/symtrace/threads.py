@@ -25,19 +25,33 @@ def watched(label: str) -> Iterator[None]:
     caught: on a machine with a GPU a thread's allocation succeeds, untraced."""
     raised: list[tuple[str, BaseException]] = []
     previous = threading.excepthook
-    before = set(threading.enumerate())
+    tracing = threading.current_thread()
+    # Only threads the traced code starts, and those they start: a thread another caller starts
+    # meanwhile (another estimate's, waiting its turn) is not the traced code's.
+    started: dict[threading.Thread, None] = {}  # in the order they started
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        if threading.current_thread() in started or threading.current_thread() is tracing:
+            started[thread] = None
+        start(thread)
 
     def hook(args: Any) -> None:
+        if args.thread not in started:
+            return previous(args)
         if args.exc_type is SystemExit or args.exc_value is None:
-            return
-        raised.append((args.thread.name if args.thread else "a thread", args.exc_value))
+            return None
+        raised.append((args.thread.name, args.exc_value))
+        return None
 
     threading.excepthook = hook
+    threading.Thread.start = recording_start  # type: ignore[method-assign]
     try:
         yield
     finally:
         threading.excepthook = previous
-    late = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        threading.Thread.start = start  # type: ignore[method-assign]
+    late = [t for t in started if t.is_alive()]
     if late:
         # Not waited for (the answer would wait on them): named now, and a failure of theirs
         # after the trace said in words, not as a raw traceback.
