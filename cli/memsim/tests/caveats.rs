@@ -113,6 +113,13 @@ fn recorded_settings_follow_one_rule_and_an_override_names_what_it_drops() {
     let p = settings_snapshot(dir.path(), "contra.pickle", base, &settings, &entries);
     let r = json(&["replay", &p, "--json"]);
     assert!(warned(&r, "contradict each other"), "{r}");
+    // A key is found by either of PyTorch's spellings, and a comma inside a bracket list does
+    // not end its part: the HIP name's contradiction went unsaid.
+    let hip = json!({"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:[1:2,4:8],release_lock_on_hipmalloc:True",
+                     "release_lock_on_cudamalloc": false});
+    let h = json(&["replay", &settings_snapshot(dir.path(), "hip.pickle", base, &hip, &entries), "--json"]);
+    assert!(warned(&h, "says release_lock_on_cudamalloc true, its allocator_settings field says false"), "{h}");
+    assert!(!warned(&h, "roundup_power2_divisions"), "{h}");
     let (code, out, err) = memsim(&["validate", &p, "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap();

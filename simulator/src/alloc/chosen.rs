@@ -11,6 +11,7 @@
 
 use serde::Serialize;
 
+use super::shown::{names, KEYS};
 use super::{AllocatorConfig, ConfigError, TorchVersion};
 
 /// Where the configuration in force came from.
@@ -61,31 +62,6 @@ pub struct ChooseError {
     pub error: ConfigError,
 }
 
-type Show = fn(&AllocatorConfig) -> String;
-
-/// The keys compared, as `PYTORCH_CUDA_ALLOC_CONF` names them, with how each shows its value.
-const KEYS: &[(&str, Show)] = &[
-    ("expandable_segments", |c| c.expandable_segments.to_string()),
-    ("max_split_size_mb", |c| match c.max_split_size {
-        u64::MAX => "unset".into(),
-        b => format!("{} MiB", b >> 20),
-    }),
-    ("garbage_collection_threshold", |c| c.garbage_collection_threshold.to_string()),
-    ("roundup_power2_divisions", |c| format!("{:?}", c.roundup_power2_divisions)),
-    ("max_non_split_rounding_mb", |c| format!("{} MiB", c.max_non_split_rounding >> 20)),
-    ("per_process_memory_fraction", |c| format!("{:?}", c.per_process_memory_fraction)),
-    ("backend", |c| format!("{:?}", c.backend)),
-    ("release_lock_on_cudamalloc", |c| c.release_lock_on_cudamalloc.to_string()),
-    ("pinned_use_cuda_host_register", |c| c.pinned_use_cuda_host_register.to_string()),
-    ("pinned_num_register_threads", |c| c.pinned_num_register_threads.to_string()),
-    ("graph_capture_record_stream_reuse", |c| c.graph_capture_record_stream_reuse.to_string()),
-];
-
-/// Whether a configuration string names `key`.
-fn names(conf: &str, key: &str) -> bool {
-    conf.split(',').any(|kv| kv.split(':').next().is_some_and(|k| k.trim() == key))
-}
-
 /// The configuration a replay follows (see the module documentation).
 pub fn choose(
     over: Option<&str>,
@@ -115,8 +91,8 @@ pub fn choose(
         let default = AllocatorConfig::default();
         let dropped: Vec<String> = KEYS
             .iter()
-            .filter(|(_, show)| show(rec) != show(&default) && show(rec) != show(&cfg))
-            .map(|(key, show)| format!("{key} {} (now {})", show(rec), show(&cfg)))
+            .filter(|(_, show, _)| show(rec) != show(&default) && show(rec) != show(&cfg))
+            .map(|(key, show, _)| format!("{key} {} (now {})", show(rec), show(&cfg)))
             .collect();
         if !dropped.is_empty() {
             warnings.push(format!(
@@ -150,7 +126,7 @@ fn recorded_config(
             None => AllocatorConfig::default(),
         };
         if let Some(s) = settings_conf.as_deref().filter(|_| contradictions) {
-            for (key, show) in KEYS {
+            for (key, show, _) in KEYS {
                 if names(s, key) && show(&by_string) != show(&cfg) {
                     warnings.push(format!(
                         "the snapshot's recorded allocator settings contradict each other: its PYTORCH_CUDA_ALLOC_CONF \

@@ -10,26 +10,58 @@ use super::AllocatorConfig;
 /// (the key is then left out, and PyTorch's default is in force).
 type Conf = fn(&AllocatorConfig) -> Option<String>;
 
+/// A value as a warning says it.
+type Show = fn(&AllocatorConfig) -> String;
+
 fn flag(on: bool) -> Option<String> {
     Some(if on { "True" } else { "False" }.to_string())
 }
 
-/// The keys a snapshot's `allocator_settings` fields set, as the string names them.
-const FIELDS: &[(&str, Conf)] = &[
-    ("expandable_segments", |c| flag(c.expandable_segments)),
-    ("max_split_size_mb", |c| match c.max_split_size {
-        u64::MAX => None,
-        b if b % (1 << 20) == 0 => Some((b >> 20).to_string()),
-        b => Some((b as f64 / (1u64 << 20) as f64).to_string()),
-    }),
-    ("garbage_collection_threshold", |c| {
-        (c.garbage_collection_threshold > 0.0).then(|| c.garbage_collection_threshold.to_string())
-    }),
-    ("roundup_power2_divisions", divisions),
-    ("release_lock_on_cudamalloc", |c| flag(c.release_lock_on_cudamalloc)),
-    ("pinned_use_cuda_host_register", |c| flag(c.pinned_use_cuda_host_register)),
-    ("pinned_num_register_threads", |c| Some(c.pinned_num_register_threads.to_string())),
-    ("graph_capture_record_stream_reuse", |c| flag(c.graph_capture_record_stream_reuse)),
+/// The keys compared, as `PYTORCH_CUDA_ALLOC_CONF` names them: how a warning shows each value,
+/// and, for those a snapshot's `allocator_settings` fields set, how the string writes it.
+pub(super) const KEYS: &[(&str, Show, Option<Conf>)] = &[
+    ("expandable_segments", |c| c.expandable_segments.to_string(), Some(|c| flag(c.expandable_segments))),
+    (
+        "max_split_size_mb",
+        |c| match c.max_split_size {
+            u64::MAX => "unset".into(),
+            b => format!("{} MiB", b >> 20),
+        },
+        Some(|c| match c.max_split_size {
+            u64::MAX => None,
+            b if b % (1 << 20) == 0 => Some((b >> 20).to_string()),
+            b => Some((b as f64 / (1u64 << 20) as f64).to_string()),
+        }),
+    ),
+    (
+        "garbage_collection_threshold",
+        |c| c.garbage_collection_threshold.to_string(),
+        Some(|c| (c.garbage_collection_threshold > 0.0).then(|| c.garbage_collection_threshold.to_string())),
+    ),
+    ("roundup_power2_divisions", |c| format!("{:?}", c.roundup_power2_divisions), Some(divisions)),
+    ("max_non_split_rounding_mb", |c| format!("{} MiB", c.max_non_split_rounding >> 20), None),
+    ("per_process_memory_fraction", |c| format!("{:?}", c.per_process_memory_fraction), None),
+    ("backend", |c| format!("{:?}", c.backend), None),
+    (
+        "release_lock_on_cudamalloc",
+        |c| c.release_lock_on_cudamalloc.to_string(),
+        Some(|c| flag(c.release_lock_on_cudamalloc)),
+    ),
+    (
+        "pinned_use_cuda_host_register",
+        |c| c.pinned_use_cuda_host_register.to_string(),
+        Some(|c| flag(c.pinned_use_cuda_host_register)),
+    ),
+    (
+        "pinned_num_register_threads",
+        |c| c.pinned_num_register_threads.to_string(),
+        Some(|c| Some(c.pinned_num_register_threads.to_string())),
+    ),
+    (
+        "graph_capture_record_stream_reuse",
+        |c| c.graph_capture_record_stream_reuse.to_string(),
+        Some(|c| flag(c.graph_capture_record_stream_reuse)),
+    ),
 ];
 
 fn divisions(c: &AllocatorConfig) -> Option<String> {
@@ -52,6 +84,11 @@ fn key_of(part: &str) -> &str {
         "pinned_use_hip_host_register" => "pinned_use_cuda_host_register",
         k => k,
     }
+}
+
+/// Whether a configuration string names `key` (by either spelling).
+pub(super) fn names(conf: &str, key: &str) -> bool {
+    parts(conf).iter().any(|p| key_of(p) == key)
 }
 
 /// The string's `key:value` parts (a comma inside `[...]` belongs to its part).
@@ -80,7 +117,8 @@ pub(super) fn with_fields(
     by_string: &AllocatorConfig,
     cfg: &AllocatorConfig,
 ) -> (Option<String>, Option<String>) {
-    let decided: Vec<&(&str, Conf)> = FIELDS.iter().filter(|(_, f)| f(cfg) != f(by_string)).collect();
+    let decided: Vec<(&str, Conf)> =
+        KEYS.iter().filter_map(|&(k, _, f)| f.map(|f| (k, f))).filter(|(_, f)| f(cfg) != f(by_string)).collect();
     if decided.is_empty() {
         return (conf.map(str::to_string), None);
     }
