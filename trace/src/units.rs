@@ -3,7 +3,8 @@
 //! is the one both depend on).
 
 /// Parse a size. Binary (`KiB`, `MiB`, `GiB`, `TiB`, and `K`/`M`/`G`/`T`) and decimal (`KB`, `MB`,
-/// `GB`, `TB`) suffixes, case-insensitive; a bare number is bytes. Whole numbers are exact
+/// `GB`, `TB`) suffixes, case-insensitive but for `Gb` and its kin (bits: refused); a bare number
+/// is bytes. Whole numbers are exact
 /// (`18446744073709551615`); a fraction (`1.5GiB`) is rounded to the byte.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -29,6 +30,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!(
             "invalid size {s:?}: a number without a unit is bytes, and {s} is not a whole number (did you \
              mean {s}GiB?)"
+        ));
+    }
+    // `40Gb` is how bandwidth writes gigabits; memory is never sized in bits, so a lower-case b
+    // after an upper-case prefix is a typo for one of two units 7% apart: asked, not guessed.
+    if let [p @ (b'K' | b'M' | b'G' | b'T'), b'b'] = unit.trim().as_bytes() {
+        let bits = ["kilo", "mega", "giga", "tera"][b"KMGT".iter().position(|c| c == p).unwrap_or(0)];
+        let p = *p as char;
+        return Err(format!(
+            "invalid size {s:?}: {p}b means {bits}bits; for bytes write {num}{p}iB (binary, as GPUs are sized) \
+             or {num}{p}B (decimal)"
         ));
     }
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -132,6 +143,11 @@ mod tests {
         for s in ["1e99GiB", "4E1GiB", "1.5e+3", "2e-1MiB"] {
             assert!(parse_size(s).unwrap_err().contains("exponent notation"), "{s}");
         }
+        // Bits are asked about, not read as bytes; all lower case stays the decimal unit.
+        let bits = parse_size("40Gb").unwrap_err();
+        assert!(bits.contains("40GiB") && bits.contains("40GB") && bits.contains("bits"), "{bits}");
+        assert!(parse_size("512Mb").unwrap_err().contains("512MiB"));
+        assert_eq!(parse_size("40gb"), Ok(40_000_000_000));
         // A unit that only starts with e is still an unknown unit.
         assert!(parse_size("4eggs").unwrap_err().contains("unknown unit"));
     }

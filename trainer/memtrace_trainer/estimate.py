@@ -214,15 +214,25 @@ class ScriptJob:
 
     def trace(self, prof: Profile, out: Path, emulate: bool, all_steps: bool = False) -> Summary:
         steps = self.steps if emulate or all_steps else 1
-        traced = trace_script(self.path, self.argv, steps, prof, emulate, self.world_size)
-        return write_trace(out, *traced)
+        rec, meta = trace_script(self.path, self.argv, steps, prof, emulate, self.world_size)
+        if steps == self.steps:
+            self.ran = int(meta["iterations"])
+        return write_trace(out, rec, meta)
+
+    # The iterations the script ran, once traced: fewer than asked where it ended first.
+    ran: int | None = None
 
     def inputs(self) -> dict[str, Any]:
+        defaults = _iterations_default(self, "traced iterations")
+        if self.ran is not None and self.ran < self.steps:
+            # The count asked for did not shape the trace: the script's own end did (warned).
+            defaults = {}
         return {
             "script": str(self.path),
             "args": self.argv,
-            "iterations": self.steps,
-            "defaults": _iterations_default(self, "traced iterations"),
+            "iterations": self.ran if self.ran is not None else self.steps,
+            **({"iterations_asked": self.steps} if (self.ran or self.steps) < self.steps else {}),
+            "defaults": defaults,
         }
 
 

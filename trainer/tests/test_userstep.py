@@ -459,6 +459,26 @@ def test_a_script_that_exits_with_a_message_says_it(tmp_path: Path) -> None:
     assert "called sys.exit after 1 of 3 iterations" in done.stderr and ".item()" not in done.stderr
 
 
+def test_a_script_that_ran_fewer_iterations_says_how_many_it_ran(tmp_path: Path) -> None:
+    """A script without a backward is one iteration: the answer said "iterations = 3 (traced
+    iterations)" beside that warning, and the trace's header recorded 3."""
+    script = tmp_path / "forward_only.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(64, 64).cuda()\n"
+        "for _ in range(5):\n    y = m(torch.randn(8, 64, device='cuda'))\n"
+    )
+    done = cli("estimate", "--script", str(script))
+    assert "the whole run is traced as one iteration" in done.stderr, done.stderr
+    assert "iterations = 3" not in done.stderr, done.stderr
+    r = json.loads(cli("estimate", "--script", str(script), "--json").stdout)
+    assert (r["inputs"]["iterations"], r["inputs"]["iterations_asked"]) == (1, 3), r["inputs"]
+    assert "iterations" not in r["inputs"]["defaults"], r["inputs"]
+    out = tmp_path / "t.jsonl"
+    done = cli("symtrace", "--script", str(script), "--out", str(out))
+    assert "iterations = 3" not in done.stderr, done.stderr
+    assert json.loads(out.read_text().splitlines()[0])["metadata"]["iterations"] == "1"
+
+
 def test_a_script_that_stops_on_its_loss_is_told_why(tmp_path: Path) -> None:
     """Early stopping reads the loss back (`.item()`, 0 while tracing): the loop stopped after
     one step, and the warning said only that it ended."""

@@ -215,10 +215,14 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         profile = load_profile(args.get("profile"))
         emulate = not args.get("no_cuda_emulation", False)
         argv = list(args.get("script_args") or [])
-        traced = trace_script(Path(args["script"]), argv, steps, profile, emulate,
-                              args.get("world_size"))  # fmt: skip
-        summary = write_trace(out, *traced)
+        rec, meta = trace_script(Path(args["script"]), argv, steps, profile, emulate,
+                                 args.get("world_size"))  # fmt: skip
+        summary = write_trace(out, rec, meta)
         _allocated(summary, f"--script {args['script']}")
+        ran = int(meta["iterations"])
+        if ran < steps:  # the script's end decided the count, not --steps (warned)
+            return {**_symtrace_result(out, summary, {}, {"iterations": ran}, ran),
+                    "iterations_asked": steps}  # fmt: skip
         return _symtrace_result(out, summary, {}, args, steps)
     if args.get("step"):
         profile = load_profile(args.get("profile"))

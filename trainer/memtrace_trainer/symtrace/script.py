@@ -264,6 +264,7 @@ def run_script(
             "loop's iterations from then on"
         )
     if state["done"] < steps:
+        run.iterations = max(state["done"], 1)
         if state["done"] == 0:
             warn(
                 f"--script {path}: the script finished without an optimizer.step(), a "

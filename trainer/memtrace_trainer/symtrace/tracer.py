@@ -352,7 +352,7 @@ def _user_metadata(
     meta = {
         "model": spec,
         "optimizer": ",".join(sorted(run.optimizers)) or "none",
-        "iterations": str(steps),
+        "iterations": str(run.iterations or steps),
         # A program mixing fp16 and bf16 autocast regions is named by the first.
         "amp": precision_regime(min(run.autocast_dtypes, default=None), run.models),
         "param_dtype": param_dtype(*run.models),

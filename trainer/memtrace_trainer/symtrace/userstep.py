@@ -352,6 +352,8 @@ class Run:
         self.optimizers: set[str] = set()
         self.autocast_dtypes: set[str] = set()
         self.sdpa_backends: dict[str, int] = {}
+        # Iterations the trace holds, where fewer than asked ran (a script that ended early).
+        self.iterations: int | None = None
 
 
 @contextlib.contextmanager
