@@ -40,7 +40,7 @@ from memtrace.result import (
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
-from memtrace_trainer.workload import integer_inputs
+from memtrace_trainer.workload import integer_inputs, rebuilt
 
 META = torch.device("meta")
 
@@ -90,7 +90,7 @@ def _meta_like(value: Any, batch: int | None = None) -> Any:
         # the model is called with `model(**inputs)`, and the trace copies the batch per step.
         return {k: _meta_like(v, batch) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_meta_like(v, batch) for v in value)
+        return rebuilt(value, [_meta_like(v, batch) for v in value])
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # Its tensors are the caller's, on the CPU: left inside, the model met them beside its
         # meta parameters and failed as if it were at fault.

@@ -37,6 +37,14 @@ def parameter_count(p: torch.Tensor) -> int:
     return int(getattr(p, "quantized_numel", p.numel()))
 
 
+def rebuilt(value: tuple[Any, ...] | list[Any], items: Any) -> Any:
+    """A tuple or list of `value`'s own type holding `items`: a NamedTuple's constructor takes
+    its fields as positional arguments, where tuple and list take one iterable."""
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return type(value)(*items)
+    return type(value)(items)
+
+
 def fresh_like(value: Any) -> Any:
     """New storage of the same shapes, as the next batch copied to the GPU would have."""
     if isinstance(value, torch.Tensor):
@@ -44,7 +52,7 @@ def fresh_like(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: fresh_like(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(fresh_like(v) for v in value)
+        return rebuilt(value, [fresh_like(v) for v in value])
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # A batch of the caller's own class (the Python API): its tensors are the batch too.
         inits = [f.name for f in dataclasses.fields(value) if f.init]

@@ -31,7 +31,7 @@ from memtrace_trainer.models.gpumemnet import (
     from_gpumemnet_filename,
 )
 from memtrace_trainer.notes import warn
-from memtrace_trainer.workload import Batch, Workload, fresh_like, user_function
+from memtrace_trainer.workload import Batch, Workload, fresh_like, rebuilt, user_function
 from memtrace_trainer.workload import entry_takes as takes
 
 META = torch.device("meta")
@@ -429,7 +429,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, dict):
         return {k: _cast_floats(v, dtype) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_cast_floats(v, dtype) for v in value)
+        return rebuilt(value, [_cast_floats(v, dtype) for v in value])
     return value
 
 
@@ -501,5 +501,5 @@ def _to_device(value: Any, device: torch.device, copy: bool = False) -> Any:
     if isinstance(value, dict):
         return {k: _to_device(v, device, copy) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_to_device(v, device, copy) for v in value)
+        return rebuilt(value, [_to_device(v, device, copy) for v in value])
     return value
