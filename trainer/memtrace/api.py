@@ -295,8 +295,16 @@ def _tracing() -> Iterator[None]:
     default device other than CUDA (under `with torch.device("meta")` every op of the trace was
     taken for one on the meta device proper, which holds no memory, and the estimate lost its
     gradients, optimizer state and activations). A CUDA default stays: the tracer's device
-    answers for it, as the job's GPU would."""
-    with _ONE_AT_A_TIME, torch.inference_mode(False), torch.enable_grad(), _no_device_default():
+    answers for it, as the job's GPU would. Anomaly detection off: it reads every gradient's
+    values for NaNs, which the tracer's device has none of (every estimate failed, blamed on
+    the model), and what it keeps (forward tracebacks) is host memory, not the GPU's."""
+    with (
+        _ONE_AT_A_TIME,
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        torch.autograd.set_detect_anomaly(False),
+        _no_device_default(),
+    ):
         yield
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 import torch
 from torch import nn
 
 import memtrace
+from memtrace import MemtraceWarning
 
 
 class Batch(NamedTuple):
@@ -41,3 +43,16 @@ def test_a_namedtuple_batch_is_rebuilt_by_its_fields() -> None:
     for moved in (zoo._to_device(b, torch.device("meta")), fresh_like(b),
                   zoo._cast_floats(b, torch.bfloat16)):  # fmt: skip
         assert type(moved) is Batch and moved.x.shape == (8, 64)
+
+
+def test_the_callers_anomaly_detection_is_set_aside() -> None:
+    """Under `torch.autograd.set_detect_anomaly(True)` every estimate failed ("Tensor.item()
+    cannot be called on meta tensors", blamed on the model)."""
+    model, x = nn.Linear(64, 10), torch.randn(8, 64)
+    plain = memtrace.estimate(model, x)
+    with torch.autograd.set_detect_anomaly(True):
+        assert memtrace.estimate(model, x).device_mib == plain.device_mib
+        with pytest.warns(MemtraceWarning, match="limit=4 fits"):
+            assert memtrace.max_batch(model, x, limit=4) == 4
+        assert torch.is_anomaly_enabled()
+    assert not torch.is_anomaly_enabled()
