@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import json
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
 from memtrace import checks
+from memtrace.batches import META, classes_checked, default_loss, meta_like, searched
 from memtrace.checks import KEYWORDS, as_keywords
 from memtrace.checks import flag as _flag
-from memtrace.checks import tensors as _tensors
 from memtrace.checks import text as _text
 from memtrace.result import (
     Estimate,
@@ -40,9 +39,7 @@ from memtrace.result import (
 from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError, raised_by_memtrace, user_frames
 from memtrace_trainer.profile import DEFAULT_PROFILE, load_profile
-from memtrace_trainer.workload import integer_inputs, rebuilt
-
-META = torch.device("meta")
+from memtrace_trainer.workload import integer_inputs
 
 
 class MemtraceWarning(UserWarning):
@@ -76,70 +73,6 @@ def _meta_copy(model: nn.Module) -> nn.Module:
             f"cannot copy the model to the tracer's device ({type(e).__name__}: {e}); pass a "
             "step function instead (memtrace.estimate(make_step), make_step(device) -> step)"
         ) from e
-
-
-def _meta_like(value: Any, batch: int | None = None) -> Any:
-    """`value`'s tensors as new meta tensors (first dimension `batch` when given)."""
-    if isinstance(value, torch.Tensor):
-        shape = list(value.shape)
-        if batch is not None and shape:
-            shape[0] = batch
-        return torch.empty(shape, dtype=value.dtype, device=META)
-    if isinstance(value, Mapping):
-        # A plain dict, whatever mapping was given (a tokenizer's BatchEncoding is a UserDict):
-        # the model is called with `model(**inputs)`, and the trace copies the batch per step.
-        return {k: _meta_like(v, batch) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return rebuilt(value, [_meta_like(v, batch) for v in value])
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # Its tensors are the caller's, on the CPU: left inside, the model met them beside its
-        # meta parameters and failed as if it were at fault.
-        inits = [f.name for f in dataclasses.fields(value) if f.init]
-        return dataclasses.replace(
-            value, **{n: _meta_like(getattr(value, n), batch) for n in inits}
-        )
-    return value
-
-
-def _output_tensor(output: Any) -> torch.Tensor | None:
-    """The model's own loss (a transformers output given labels), else its first floating
-    output."""
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    return next((t for t in _tensors(output) if t.is_floating_point()), None)
-
-
-def default_loss(output: Any, target: Any) -> torch.Tensor:
-    """The loss when none is given: cross-entropy against an integer `target`, mean squared
-    error against a floating one, else the model's own loss (a transformers output given
-    labels) or the mean of its first floating output."""
-    out = _output_tensor(output)
-    if out is None:
-        raise EstimateError("the model's output has no floating-point tensor to take a loss of: "
-                            "pass loss_fn=")  # fmt: skip
-    if target is None:
-        return out if out.dim() == 0 else out.mean()
-    if not target.is_floating_point():
-        shape, classes_last = tuple(target.shape), tuple(out.shape[:-1])
-        if out.dim() == 2 and shape in (classes_last, (*classes_last, 1)):
-            return nn.functional.cross_entropy(out, target.flatten())
-        if out.dim() > 2 and shape == (out.shape[0], *out.shape[2:]):
-            # Classes in the second dimension (segmentation: N, C, H, W), as cross_entropy takes.
-            return nn.functional.cross_entropy(out, target)
-        if out.dim() > 2 and shape == classes_last:
-            return nn.functional.cross_entropy(out.flatten(0, -2), target.flatten())
-        raise EstimateError(
-            f"the default loss cannot pair the model's output {tuple(out.shape)} with the "
-            f"integer target {shape} (class scores in the last or the second dimension): pass "
-            "loss_fn="
-        )
-    if tuple(target.shape) != tuple(out.shape):
-        raise EstimateError(
-            f"the default loss (mean squared error) needs a floating target of the output's "
-            f"shape {tuple(out.shape)}, got {tuple(target.shape)}: pass loss_fn="
-        )
-    return nn.functional.mse_loss(out, target)
 
 
 def _uncompiled(model: Any) -> Any:
@@ -181,16 +114,8 @@ def _workloads(
                             "takes it (a tensor, a tuple or a dict of tensors)")  # fmt: skip
     base = checks.batch_of(example_inputs)
     checks.float_inputs(model, example_inputs, tuning["dtype"], amp)
-    # Every tensor's first dimension is resized with the batch, so each must be the batch: a
-    # target of another batch was resized silently where a real run fails.
-    for name, value in (("example_inputs", example_inputs), ("target", target)):
-        other = sorted({int(t.shape[0]) for t in _tensors(value) if t.dim() > 0} - {base})
-        if other:
-            raise EstimateError(
-                f"{name}: a tensor's first dimension is {other[0]}, where example_inputs' batch "
-                f"is {base}; every tensor's first dimension is the batch"
-            )
     lora_targets = checks.loop_arguments(target, loss_fn, tuning["lora_targets"])
+    default = classes_checked(target) if loss_fn is None else default_loss
     tune = checks.tune(model, amp, {**tuning, "lora_targets": lora_targets})
     regime = tune.regime
     # A dtype asked for is the parameters' dtype, whatever the model's own (fp32 of a bf16
@@ -200,9 +125,9 @@ def _workloads(
     )
 
     def workload(batch: int | None = None) -> Any:
-        b = batch or base
-        inputs, tgt = _meta_like(example_inputs, b), _meta_like(target, b)
-        loss = default_loss if loss_fn is None else checks.loss(loss_fn, b)
+        b, memo = batch or base, dict[int, Any]()
+        inputs, tgt = meta_like(example_inputs, base, b, memo), meta_like(target, base, b, memo)
+        loss = default if loss_fn is None else checks.loss(loss_fn, b)
         w = Workload(f"python:{type(model).__name__}", _meta_copy(model),
                      lambda: fresh_like((inputs, tgt)), loss, b, "entry")  # fmt: skip
         if regime.active or recast or tune.attn or tune.task:
@@ -543,6 +468,7 @@ def max_batch(
         model = _uncompiled(model)
         inputs = _checked(model, example_inputs)
         workload = _workloads(model, inputs, target, loss_fn, amp, tuning)
+        searched(inputs, target, checks.batch_of(inputs))
         step = _step_config(optimizer, steps, amp, checkpointing, world_size, strategy,
                             reduce_bucket_size)  # fmt: skip
         found = search(trace_model(workload, step), step.iterations, str(prof.path), capacity,

@@ -45,18 +45,23 @@ def rebuilt(value: tuple[Any, ...] | list[Any], items: Any) -> Any:
     return type(value)(items)
 
 
-def fresh_like(value: Any) -> Any:
-    """New storage of the same shapes, as the next batch copied to the GPU would have."""
+def fresh_like(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """New storage of the same shapes, as the next batch copied to the GPU would have: a tensor
+    met twice (an autoencoder's target=x) is one new tensor, and one that requires grad still
+    does (the step allocates its gradient)."""
+    memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        return torch.empty_like(value)
+        if id(value) not in memo:
+            memo[id(value)] = torch.empty_like(value, requires_grad=value.requires_grad)
+        return memo[id(value)]
     if isinstance(value, Mapping):
-        return {k: fresh_like(v) for k, v in value.items()}
+        return {k: fresh_like(v, memo) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return rebuilt(value, [fresh_like(v) for v in value])
+        return rebuilt(value, [fresh_like(v, memo) for v in value])
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # A batch of the caller's own class (the Python API): its tensors are the batch too.
         inits = [f.name for f in dataclasses.fields(value) if f.init]
-        return dataclasses.replace(value, **{n: fresh_like(getattr(value, n)) for n in inits})
+        return dataclasses.replace(value, **{n: fresh_like(getattr(value, n), memo) for n in inits})
     return value
 
 

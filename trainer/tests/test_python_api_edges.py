@@ -5,6 +5,7 @@ argument."""
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 import memtrace
-from memtrace import MemtraceWarning
+from memtrace import EstimateError, MemtraceWarning
 
 
 class Batch(NamedTuple):
@@ -56,3 +57,67 @@ def test_the_callers_anomaly_detection_is_set_aside() -> None:
             assert memtrace.max_batch(model, x, limit=4) == 4
         assert torch.is_anomaly_enabled()
     assert not torch.is_anomaly_enabled()
+
+
+class _Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(x, src_mask=mask)).mean(1)
+
+
+def _messages(seen: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in seen if issubclass(w.category, MemtraceWarning)]
+
+
+def test_a_tensor_beside_the_batch_keeps_its_size() -> None:
+    """A causal mask (S, S) beside x (B, S, E) was refused by `estimate` ("every tensor's first
+    dimension is the batch"), and `max_batch` resized it with the batch."""
+    mask = nn.Transformer.generate_square_subsequent_mask(16)
+    est = memtrace.estimate(_Masked(), (torch.randn(8, 16, 64), mask))
+    assert est.device_mib > 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        found = memtrace.max_batch(_Masked(), (torch.randn(8, 16, 64), mask), limit=32)
+    assert found == 32
+    said = _messages(seen)
+    assert any("keeps the others at their size: example_inputs[1] (16, 16)" in m for m in said)
+    # A batch of the mask's size: the mask is taken as batched, which is said.
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(EstimateError):
+            memtrace.max_batch(_Masked(), (torch.randn(16, 16, 64), mask), limit=32)
+    assert any("example_inputs[1] (16, 16) may not be" in m for m in _messages(seen))
+
+
+def test_a_tensor_passed_twice_is_one_tensor() -> None:
+    """An autoencoder's target=x was copied twice to the tracer's device and counted twice."""
+    m = nn.Sequential(nn.Linear(4096, 16), nn.ReLU(), nn.Linear(16, 4096))
+    x = torch.randn(2048, 4096)  # 32 MiB
+    once, twice = memtrace.estimate(m, x, target=x), memtrace.estimate(m, x, target=x.clone())
+    assert twice.allocated_mib - once.allocated_mib >= 32
+
+
+def test_an_input_that_requires_grad_gets_its_gradient() -> None:
+    """`requires_grad=True` on an input was dropped by the copy: a real step allocates x.grad."""
+    m, x = nn.Linear(4096, 16), torch.randn(2048, 4096)  # 32 MiB
+    plain = memtrace.estimate(m, x)
+    grad = memtrace.estimate(m, x.clone().requires_grad_())
+    assert grad.allocated_mib - plain.allocated_mib >= 32
+
+
+@pytest.mark.parametrize("bad", [99, 10, -5])
+def test_class_indices_beyond_the_models_classes_are_refused(bad: int) -> None:
+    """On a GPU, cross-entropy against a class the output lacks is a device-side assert; the
+    tracer's device has no values to check, so the estimate passed."""
+    m, x = nn.Linear(64, 10), torch.randn(8, 64)
+    target = torch.arange(8)
+    target[3] = bad
+    expect = rf"^target: class indices from {min(bad, 0)} to {max(bad, 7)}, where the model's "
+    with pytest.raises(EstimateError, match=expect + r"output has 10 classes"):
+        memtrace.estimate(m, x, target=target)
+    target[3] = -100  # cross-entropy's ignore_index: a padded position
+    assert memtrace.estimate(m, x, target=target).device_mib > 0
