@@ -4,8 +4,9 @@ defaults or required fields."""
 
 from __future__ import annotations
 
-import functools
 import json
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,48 @@ def known_profiles() -> list[str]:
     return names
 
 
-@functools.lru_cache(maxsize=32)
-def _read(name: str, capacity: str | None = None) -> dict[str, Any]:
+def _stamp(path: Any) -> tuple[str, int, int] | None:
+    """Which file `path` is and which version of it: resolved, its mtime in ns and its size."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    return os.path.realpath(path), st.st_mtime_ns, st.st_size
+
+
+class _Profiles:
+    """memsim's reading of each profile, kept while its file is unchanged: a profile edited at
+    the same path (a notebook tuning a TOML) was answered from the cache, its tracer constants
+    stale beside memsim's own fresh reading of the file."""
+
+    SIZE = 32
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
+        self.lock = threading.Lock()  # estimates from several threads check their profiles at once
+
+    def __call__(self, name: str, capacity: str | None = None) -> dict[str, Any]:
+        # A path is keyed by the file it names (the same relative path elsewhere is another);
+        # a name by where memsim looks for it.
+        given = _stamp(name) if os.path.isfile(name) else None
+        key = (given[0] if given else name, capacity, os.environ.get("MEMTRACE_PROFILES"))
+        hit = self.kept.get(key)
+        if hit is not None and hit[0] is not None and _stamp(hit[1].get("path")) == hit[0]:
+            return hit[1]
+        data = _memsim_profile(name, capacity)
+        # A path's version as it was before memsim read it: an edit meanwhile reads it again.
+        with self.lock:
+            self.kept[key] = (given or _stamp(data.get("path")), data)
+            while len(self.kept) > self.SIZE:
+                del self.kept[next(iter(self.kept))]
+        return data
+
+    def cache_clear(self) -> None:
+        with self.lock:
+            self.kept.clear()
+
+
+def _memsim_profile(name: str, capacity: str | None) -> dict[str, Any]:
     cap = [] if capacity is None else [f"--capacity={capacity}"]
     done = run_tool("memsim", ["profile", name, *cap, "--json"])
     if done.returncode != 0:
@@ -90,6 +131,9 @@ def _read(name: str, capacity: str | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"memsim profile {name} --json: expected an object")
     return data
+
+
+_read = _Profiles()
 
 
 def load_profile(name: str | None, capacity: str | None = None) -> Profile:

@@ -6,10 +6,12 @@ argument."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import torch
+from conftest import REPO
 from torch import nn
 
 import memtrace
@@ -121,3 +123,19 @@ def test_class_indices_beyond_the_models_classes_are_refused(bad: int) -> None:
         memtrace.estimate(m, x, target=target)
     target[3] = -100  # cross-entropy's ignore_index: a padded position
     assert memtrace.estimate(m, x, target=target).device_mib > 0
+
+
+def test_a_profile_edited_at_the_same_path_is_read_again(tmp_path: Path) -> None:
+    """Profiles were cached by path: an edited TOML gave the tracer the old constants beside
+    memsim's fresh reading of the file."""
+    from memtrace_trainer.profile import load_profile
+
+    src = (REPO / "profiles" / "a100-40gb.toml").read_text()
+    path = tmp_path / "mine.toml"
+    path.write_text(src)
+    before = load_profile(str(path))
+    assert "context_mib = 400.0" in src
+    path.write_text(src.replace("context_mib = 400.0", "context_mib = 1900.0"))
+    after = load_profile(str(path))
+    assert after.context_bytes - before.context_bytes == 1500 * 2**20
+    assert load_profile(str(path)) == after
