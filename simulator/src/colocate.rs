@@ -23,14 +23,16 @@
 //! capacity.
 
 use serde::Serialize;
-use trace::{metadata, Event, Header, Record};
+use trace::{Header, Record};
 
 use crate::fit::{self, Capacity, Margin, Outside, Verdict};
-use crate::replay::{ReplayOptions, ReplaySetupError, Replayer};
+use crate::replay::{ReplayOptions, ReplaySetupError};
 use crate::units::Unbounded;
 
+mod aligned;
 mod search;
-use search::{alone_at, fits_at, smallest, smallest_alone, smallest_sum, sum_of};
+use aligned::{fits_at, is_request, scenarios, times, worst};
+use search::{alone_at, smallest, smallest_alone, smallest_sum, sum_of};
 
 /// One job to place.
 pub struct Job {
@@ -234,146 +236,10 @@ pub struct ColocateReport {
     pub jobs: Vec<JobReport>,
 }
 
-struct Run {
-    combined_peak: u64,
-    peak_at_us: f64,
-    ooms: Vec<Option<u64>>,
-    /// The most device total a job's memory fraction asked for in this run.
-    fraction_need: u64,
-}
-
-impl Run {
-    /// What the set needs in this run: what it held together, or the device total a job's
-    /// memory fraction asks for when that is more.
-    fn need(&self) -> u64 {
-        self.combined_peak.max(self.fraction_need)
-    }
-}
-
-/// The jobs' time axes under one way of lining them up.
-struct Scenario {
-    start: Start,
-    axes: Vec<Vec<f64>>,
-}
-
-/// The starts the aligned replay tries: together, and (when that differs) with every job's own
-/// peak at the latest of their peak times.
-fn scenarios(jobs: &[Job], axes: Vec<Vec<f64>>, opts: &ReplayOptions) -> Result<Vec<Scenario>, ColocateError> {
-    let mut peaks = Vec::with_capacity(jobs.len());
-    for (j, a) in jobs.iter().zip(&axes) {
-        peaks.push(shared_run(std::slice::from_ref(j), std::slice::from_ref(a), opts, None)?.peak_at_us);
-    }
-    let latest = peaks.iter().copied().fold(0.0, f64::max);
-    let shifted = peaks.iter().any(|p| *p != latest).then(|| Scenario {
-        start: Start::PeaksAligned,
-        axes: axes.iter().zip(&peaks).map(|(a, p)| a.iter().map(|t| t + (latest - p)).collect()).collect(),
-    });
-    Ok(std::iter::once(Scenario { start: Start::Together, axes }).chain(shifted).collect())
-}
-
-/// The aligned replay at `capacity` under every scenario, and the one that decides: the first
-/// that does not fit, else the one of the highest combined peak.
-fn worst(
-    jobs: &[Job],
-    scenarios: &[Scenario],
-    opts: &ReplayOptions,
-    capacity: Option<u64>,
-) -> Result<(Run, Start), ColocateError> {
-    let mut decided: Option<(Run, Start)> = None;
-    for sc in scenarios {
-        let run = shared_run(jobs, &sc.axes, opts, capacity)?;
-        if capacity.is_some_and(|c| !fits_at(&run, c)) {
-            return Ok((run, sc.start));
-        }
-        if decided.as_ref().is_none_or(|(d, _)| run.combined_peak > d.combined_peak) {
-            decided = Some((run, sc.start));
-        }
-    }
-    Ok(decided.expect("at least one scenario"))
-}
-
-fn times(job: &Job) -> (Vec<f64>, bool) {
-    let first = job.records.iter().find_map(|r| r.ts_ns);
-    // A logical clock (the symbolic tracer's event sequence numbers) is not time.
-    let logical = job.header.meta(&metadata::CLOCK).is_some();
-    let all = !logical && first.is_some() && job.records.iter().all(|r| r.ts_ns.is_some() || !is_request(r));
-    if all {
-        let t0 = first.unwrap_or(0);
-        let mut last = 0.0;
-        let v = job
-            .records
-            .iter()
-            .map(|r| {
-                if let Some(t) = r.ts_ns {
-                    last = t.saturating_sub(t0) as f64 / 1000.0;
-                }
-                last
-            })
-            .collect();
-        (v, true)
-    } else {
-        ((0..job.records.len()).map(|i| i as f64).collect(), false)
-    }
-}
-
-fn is_request(r: &Record) -> bool {
-    matches!(r.event, Event::Alloc(_) | Event::Free(_) | Event::Control(_))
-}
-
-fn replayer(job: &Job, opts: &ReplayOptions) -> Result<Replayer, ColocateError> {
-    Replayer::new(&job.header, opts.clone()).map_err(|source| ColocateError::Replay { job: job.name.clone(), source })
-}
-
 /// A sum of byte counts that stops at `u64::MAX`: a job whose need saturated (a damaged size, a
 /// memory fraction of 0) must not wrap the total into one that fits.
 pub fn saturating_sum(bytes: impl IntoIterator<Item = u64>) -> u64 {
     bytes.into_iter().fold(0, u64::saturating_add)
-}
-
-/// Replay every job together on one axis at `capacity`.
-fn shared_run(
-    jobs: &[Job],
-    axes: &[Vec<f64>],
-    opts: &ReplayOptions,
-    capacity: Option<u64>,
-) -> Result<Run, ColocateError> {
-    // A job's memory fraction is of the device's total, whichever job reserves first.
-    let opts = &ReplayOptions { device_total: capacity, ..opts.clone() };
-    let mut reps = jobs.iter().map(|j| replayer(j, opts)).collect::<Result<Vec<_>, _>>()?;
-    let outside = saturating_sum(jobs.iter().map(|j| j.outside.total_bytes));
-    let mut next = vec![0usize; jobs.len()];
-    let mut reserved = vec![0u64; jobs.len()];
-    let (mut combined_peak, mut peak_at_us) = (outside, 0.0);
-    loop {
-        // The job whose next record comes first; ties go to the lower job index (deterministic).
-        let mut pick: Option<(usize, f64)> = None;
-        for (i, axis) in axes.iter().enumerate() {
-            if let Some(&t) = axis.get(next[i]) {
-                if pick.is_none_or(|(_, pt)| t < pt) {
-                    pick = Some((i, t));
-                }
-            }
-        }
-        let Some((i, t)) = pick else { break };
-        let rec = &jobs[i].records[next[i]];
-        next[i] += 1;
-        let device = rec.device.unwrap_or(0);
-        if let Some(c) = capacity {
-            let others = saturating_sum(reserved.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| *r));
-            // The replayer leaves its own trace's memory outside the allocator out of this.
-            reps[i].set_capacity(c.saturating_sub(others).saturating_sub(outside));
-        }
-        reps[i].observe(rec);
-        // What the job holds on the device: its segments, and what its trace holds beside them.
-        reserved[i] = reps[i].current(device).0.saturating_add(reps[i].outside_now(device));
-        let total = saturating_sum(reserved.iter().copied()).saturating_add(outside);
-        if total > combined_peak {
-            combined_peak = total;
-            peak_at_us = t;
-        }
-    }
-    let fraction_need = reps.iter().map(Replayer::fraction_need_bytes).max().unwrap_or(0);
-    Ok(Run { combined_peak, peak_at_us, ooms: reps.iter().map(|r| r.oom_at()).collect(), fraction_need })
 }
 
 /// Place the jobs on one GPU of `capacity` (None: only measure).
@@ -532,15 +398,20 @@ pub fn colocate(
                     if fits_at(&run, c.bytes) {
                         // The set survives at the capacity: its peak there is what it needs.
                         start = Some(at_c);
-                        (run.need(), run.peak_at_us, false)
+                        (run.need(), run.need_at_us(), false)
+                    } else if run.need() > unlimited.need() {
+                        // Its failed request counted: what the set needs is above the capacity,
+                        // as the verdict says, even where the unlimited replay holds less.
+                        start = Some(at_c);
+                        (run.need(), run.need_at_us(), true)
                     } else {
                         start = Some(at_unlimited);
-                        (unlimited.need(), unlimited.peak_at_us, true)
+                        (unlimited.need(), unlimited.need_at_us(), true)
                     }
                 }
                 None => {
                     start = Some(at_unlimited);
-                    (unlimited.need(), unlimited.peak_at_us, false)
+                    (unlimited.need(), unlimited.need_at_us(), false)
                 }
             };
             let failed = failed || capacity.is_some_and(|c| recorded_floor > c.bytes);

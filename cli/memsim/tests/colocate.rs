@@ -1,6 +1,6 @@
 //! `memsim colocate` on real snapshots: how the recordings are lined up on one time axis.
 
-use crate::support::{json, memsim};
+use crate::support::{alloc, free, json, memsim};
 
 const GIB: u64 = 1 << 30;
 
@@ -47,4 +47,36 @@ fn a_need_below_the_sum_of_peaks_is_explained() {
     let (code, text, _) = memsim(&args);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("below the sum of their peaks") && text.contains("frees its own cached blocks"), "{text}");
+}
+
+/// A job whose one request (2^49 B) fails at any capacity, beside a small one: the combined need
+/// left the failed request out (2 MiB) and the verdict said "needs 2.00 MiB of 81920.00 MiB: DOES
+/// NOT FIT". The need counts it, as `memsim replay` does, with or without a capacity, so the
+/// verdict agrees with the number beside it.
+#[test]
+fn a_failed_request_counts_in_the_combined_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
+    let timed = |ts: u64, rec: String| rec.replacen('{', &format!("{{\"ts_ns\":{ts},"), 1);
+    let huge = 1u64 << 49;
+    let write = |name: &str, lines: &[String]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let big = write("huge.jsonl", &[timed(1, alloc(1 << 20, huge))]);
+    let small = write("small.jsonl", &[timed(1, alloc(1 << 40, 1 << 20)), timed(2, free(1 << 40))]);
+    for capacity in [Some("80GiB"), None] {
+        let mut args = vec!["colocate", &big, &small, "--json"];
+        args.extend(capacity.iter().flat_map(|c| ["--capacity", *c]));
+        let (code, out, err) = memsim(&args);
+        assert_eq!(code, i32::from(capacity.is_some()), "{capacity:?}: {out}{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let need = v["combined_need_bytes"].as_u64().unwrap();
+        assert!(need >= huge, "{capacity:?}: need {need}");
+        assert!(v["smallest_fitting_capacity"].as_u64().unwrap() >= need, "{capacity:?}: {v}");
+        if capacity.is_some() {
+            assert_eq!((v["verdict"]["need_bytes"].as_u64(), &v["verdict"]["fits"]), (Some(need), &false.into()));
+        }
+    }
 }

@@ -3,15 +3,8 @@
 use crate::fit::{self, Capacity, Verdict};
 use crate::replay::ReplayOptions;
 
-use super::{worst, ColocateError, Job, Run, Scenario};
-
-/// Whether the set fits at `capacity`: no job ran out of memory, and what the jobs held together
-/// never passed the capacity. Both are needed: the segments a snapshot's start state rebuilds are
-/// placed as they were, without the allocator's capacity check, so a shared replay can hold more
-/// than the capacity with no OOM.
-pub(super) fn fits_at(run: &Run, capacity: u64) -> bool {
-    run.ooms.iter().all(Option::is_none) && run.combined_peak <= capacity
-}
+use super::aligned::{fits_at, worst, Scenario};
+use super::{ColocateError, Job};
 
 /// The smallest capacity, in bytes, in `[lo, hi]` at which the aligned replay fits; `hi` must
 /// fit.

@@ -457,6 +457,11 @@ impl Replayer {
         self.oom_at
     }
 
+    /// The first failure's floor: the bytes reserved then plus the request that failed.
+    pub fn oom_need_bytes(&self) -> Option<u64> {
+        self.oom_need.map(|n| n.0)
+    }
+
     /// The realised records (see [`Replayer::realize`]) followed by each device's final segment
     /// state; empty unless realisation was requested.
     pub fn take_realized(&mut self) -> Vec<Record> {
