@@ -298,16 +298,18 @@ def _profile(gpu: str, capacity: str | None = None) -> Any:
 def _arguments(
     steps: Any, world_size: Any, gpu: Any, optimizer: Any, point: Any, capacity: str | None,
     *counts: tuple[str, Any, str],
-) -> tuple[str, Any]:  # fmt: skip
+) -> tuple[Any, ...]:  # fmt: skip
     """The checks `estimate` and `max_batch` both make before any tracing, in this order
-    (`counts`: more `checks.count`s, after world_size's); returns the gpu and its profile."""
-    checks.steps(steps)
-    for name, value, what in (("world_size", world_size, "a number of ranks"), *counts):
-        checks.count(name, value, what)
+    (`counts`: more `checks.count`s, after world_size's); returns the gpu, its profile, and
+    steps, world_size, point and `counts` as plain ints and bools (a NumPy integer, a 0-dim
+    tensor taken as the int it holds)."""
+    steps = checks.steps(steps)
+    ints = [checks.count(name, value, what) for name, value, what in
+            (("world_size", world_size, "a number of ranks"), *counts)]  # fmt: skip
     gpu = _text("gpu", gpu)
     _text("optimizer", optimizer)
-    _flag("point", point)
-    return gpu, _profile(gpu, capacity)
+    point = _flag("point", point)
+    return gpu, _profile(gpu, capacity), steps, ints[0], point, *ints[1:]
 
 
 def estimate(
@@ -358,7 +360,8 @@ def estimate(
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
     tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
-    gpu, prof = _arguments(steps, world_size, gpu, optimizer, point, capacity)
+    gpu, prof, steps, world_size, point = _arguments(steps, world_size, gpu, optimizer, point,
+                                                     capacity)  # fmt: skip
     tmp = Kept()
     trace = Path(tmp.name) / "symbolic.jsonl"
     with _tracing(), _warnings_as_python() as said, _errors(), contextlib.ExitStack() as around:
@@ -462,8 +465,9 @@ def max_batch(
                             "whose first dimension it searches")  # fmt: skip
     if limit is None:  # `count` lets an optional count's None through; this one is not
         raise EstimateError("limit=None: expected the largest batch to try (an int of at least 1)")
-    gpu, prof = _arguments(steps, world_size, gpu, optimizer, point, capacity,
-                           ("limit", limit, "the largest batch to try"))  # fmt: skip
+    gpu, prof, steps, world_size, point, limit = _arguments(
+        steps, world_size, gpu, optimizer, point, capacity,
+        ("limit", limit, "the largest batch to try"))  # fmt: skip
     with _tracing(), _warnings_as_python(), _errors():
         model = _uncompiled(model)
         inputs = _checked(model, example_inputs)
@@ -485,7 +489,7 @@ def replay(trace: str | os.PathLike[str], profile: str | os.PathLike[str] | None
     """`memsim replay --json` of a trace (`.mtrace`, `.jsonl`, or a PyTorch snapshot pickle):
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
     args = ["replay", "--json"]
-    _flag("point", point)
+    point = _flag("point", point)
     for flag, value in (("--profile", profile), ("--capacity", capacity),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip
         if value is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 import re
 import sys
@@ -136,9 +137,32 @@ def _choices() -> dict[str, frozenset[str]]:
         ("checkpointing", common.CHECKPOINTING), ("strategy", common.STRATEGIES))}  # fmt: skip
 
 
-def count(name: str, value: Any, what: str) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+def _is_bool(value: Any) -> bool:
+    """True/False, NumPy's too (a mask's `.any()`), without importing NumPy to ask."""
+    np = sys.modules.get("numpy")
+    return isinstance(value, bool) or (np is not None and isinstance(value, np.bool_))
+
+
+def integer(value: Any) -> int | None:
+    """`value` as an int where it is a whole number a caller counts with: an int, a NumPy integer
+    (`np.int64` from an array's shape arithmetic) or a 0-dim integer tensor, as
+    `operator.index` takes them; None for anything else, a bool too (a yes/no, not a count)."""
+    if _is_bool(value) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def count(name: str, value: Any, what: str) -> int | None:
+    """An optional count of at least 1, as an int."""
+    if value is None:
+        return None
+    n = integer(value)
+    if n is None or n < 1:
         raise EstimateError(f"{name}={value!r}: expected {what} (an int of at least 1)")
+    return n
 
 
 def elements(name: str, value: Any) -> int | None:
@@ -151,17 +175,18 @@ def elements(name: str, value: Any) -> int | None:
     return n
 
 
-def steps(value: Any) -> None:
+def steps(value: Any) -> int | None:
     """`steps=`: a count the tracer takes, bounded as the CLI's `--steps` is."""
     from memtrace_trainer.errors import UserError
     from memtrace_trainer.symtrace.userstep import check_steps
 
-    count("steps", value, "a number of traced steps")
-    if value is not None:
+    n = count("steps", value, "a number of traced steps")
+    if n is not None:
         try:
-            check_steps(value)
+            check_steps(n)
         except UserError as e:
             raise EstimateError(as_keywords(str(e))) from None
+    return n
 
 
 def text(name: str, value: Any) -> str:
@@ -173,15 +198,18 @@ def text(name: str, value: Any) -> str:
     return said
 
 
-def flag(name: str, value: Any) -> None:
-    """A yes/no argument (`point`): True or False, not a truthy string (`point="no"` was True)."""
-    if not isinstance(value, bool):
+def flag(name: str, value: Any) -> bool:
+    """A yes/no argument (`point`): True or False (NumPy's too), not a truthy string
+    (`point="no"` was True)."""
+    if not _is_bool(value):
         raise EstimateError(f"{name}={value!r}: expected True or False")
+    return bool(value)
 
 
 def checkpointing(value: Any) -> str | None:
     """`checkpointing=` as the tracer names it; the type first, as a list is not hashable and
     0 or 1 would pass for False or True."""
+    value = bool(value) if _is_bool(value) else value
     if not (value is None or isinstance(value, bool | str)) or value not in CHECKPOINTING:
         raise EstimateError(f"checkpointing={value!r}: expected False, True, 'full' or "
                             "'selective'")  # fmt: skip
@@ -391,18 +419,20 @@ def masks(model: nn.Module, inputs: Any) -> Any:
                     and bool(value.all()))}  # fmt: skip
 
 
-def lora(value: Any) -> None:
+def lora(value: Any) -> int | str | None:
     """`lora=`: a rank (an int of at least 1; 0 is no adapter, which is `lora=None`), or the
     CLI's text "R" or "R:ALPHA" (checked as `--lora` is, in its words). An int was said back as
     the text it was turned into (`lora='0'`), a float as one it never was."""
     if value is None or isinstance(value, str):
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
+        return value  # type: ignore[no-any-return]
+    rank = integer(value)
+    if rank is None:
         raise EstimateError(f"lora={value!r}: expected a rank (an int of at least 1) or 'R:ALPHA' "
                             "(e.g. '16:32')")  # fmt: skip
-    if value < 1:
+    if rank < 1:
         raise EstimateError(f"lora={value!r}: expected a rank, an int of at least 1 (without "
                             "LoRA, leave lora= out)")  # fmt: skip
+    return rank
 
 
 def given(tuning: Mapping[str, Any]) -> list[str]:
@@ -418,12 +448,12 @@ def tune(model: nn.Module, amp: str | None, tuning: Mapping[str, Any]) -> Any:
     from memtrace_trainer.cli.common import tune_from
     from memtrace_trainer.models.hf import ATTENTION, TASKS
 
-    for name in ("qlora", "qlora_double_quant", "kbit_prepare"):
-        flag(name, tuning[name])
+    tuning = {**tuning, **{n: flag(n, tuning[n]) for n in ("qlora", "qlora_double_quant",
+                                                          "kbit_prepare")}}  # fmt: skip
     dropout = tuning["lora_dropout"]
     if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, int | float)):
         raise EstimateError(f"lora_dropout={dropout!r}: expected a probability in [0, 1)")
-    lora(tuning["lora"])
+    tuning = {**tuning, "lora": lora(tuning["lora"])}
     bnb = tuning["bnb_version"]
     if bnb is not None and not isinstance(bnb, str):
         raise EstimateError(f"bnb_version={bnb!r}: expected a release as a string, like '0.45' "

@@ -219,7 +219,7 @@ class Estimate:
         if gpu is not None:
             gpu = _text("gpu", gpu)
         if point is not None:
-            _flag("point", point)
+            point = _flag("point", point)
         if point is None:
             point = judged_on_point(self.raw)
         if gpu is None and capacity is None and point == judged_on_point(self.raw):

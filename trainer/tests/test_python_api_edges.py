@@ -139,3 +139,26 @@ def test_a_profile_edited_at_the_same_path_is_read_again(tmp_path: Path) -> None
     after = load_profile(str(path))
     assert after.context_bytes - before.context_bytes == 1500 * 2**20
     assert load_profile(str(path)) == after
+
+
+def test_numpy_and_tensor_integers_count_as_ints() -> None:
+    """np.int64(2), np.True_ and a 0-dim integer tensor were refused ("expected ... an int"):
+    what an array's arithmetic or a mask's `.any()` gives."""
+    np = pytest.importorskip("numpy")
+    m, x = nn.Linear(64, 10), torch.randn(8, 64)
+    plain = memtrace.estimate(m, x, steps=2, point=True)
+    for steps, point in ((np.int64(2), np.True_), (torch.tensor(2), True)):
+        est = memtrace.estimate(m, x, steps=steps, point=point)
+        assert est.device_mib == plain.device_mib
+        assert est.fits(point=np.False_) == plain.fits(point=False)
+    with pytest.warns(MemtraceWarning, match="limit=4 fits"):
+        assert memtrace.max_batch(m, x, limit=np.int32(4)) == 4
+    # A bool is a yes/no, not a count, NumPy's or a tensor's too.
+    for bad in (True, np.True_, torch.tensor(True), np.float64(2.0)):
+        with pytest.raises(EstimateError, match=r"^steps=.*: expected a number of traced steps"):
+            memtrace.estimate(m, x, steps=bad)
+    with pytest.raises(EstimateError, match=r"^point=np.int64\(1\): expected True or False"):
+        memtrace.estimate(m, x, point=np.int64(1))
+    from memtrace import checks
+
+    assert checks.lora(np.int64(8)) == 8 and checks.checkpointing(np.True_) == "full"
