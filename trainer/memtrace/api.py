@@ -283,10 +283,7 @@ def _errors() -> Iterator[None]:
 
 def _profile(gpu: str, capacity: str | None = None) -> Any:
     """The profile of `gpu`, with `capacity` checked by memsim's parser before any tracing."""
-    if capacity is not None and not isinstance(capacity, (str, int, float)):
-        # A list or dict reached the profile cache as a key (a raw TypeError: unhashable); a
-        # number goes on to memsim's parser, which says what it most likely means.
-        raise EstimateError(f"capacity={capacity!r}: expected a size such as '40GiB'")
+    capacity = checks.size("capacity", capacity)
     try:
         return load_profile(gpu, capacity)
     except UserError as e:
@@ -359,6 +356,9 @@ def estimate(
     from memtrace import builders
     from memtrace_trainer.estimate import ModelJob, StepJob, estimate_job
 
+    amp, dtype, strategy = (checks.choice(n, v) for n, v in
+                            (("amp", amp), ("dtype", dtype), ("strategy", strategy)))  # fmt: skip
+    optimizer = checks.choice("optimizer", optimizer)
     tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
     gpu, prof, steps, world_size, point = _arguments(steps, world_size, gpu, optimizer, point,
                                                      capacity)  # fmt: skip
@@ -453,6 +453,9 @@ def max_batch(
     from memtrace_trainer.maxbatch import max_batch as search
     from memtrace_trainer.maxbatch import trace_model
 
+    amp, dtype, strategy = (checks.choice(n, v) for n, v in
+                            (("amp", amp), ("dtype", dtype), ("strategy", strategy)))  # fmt: skip
+    optimizer = checks.choice("optimizer", optimizer)
     tuning = {k: v for k, v in locals().items() if k in checks.TUNING}
     if not isinstance(model, nn.Module):
         raise EstimateError(f"model: max_batch searches an nn.Module's batch, got "
@@ -490,7 +493,7 @@ def replay(trace: str | os.PathLike[str], profile: str | os.PathLike[str] | None
     peaks, fragmentation, memory statistics and, with a profile or capacity, the verdict."""
     args = ["replay", "--json"]
     point = _flag("point", point)
-    for flag, value in (("--profile", profile), ("--capacity", capacity),
+    for flag, value in (("--profile", profile), ("--capacity", checks.size("capacity", capacity)),
                         ("--alloc-conf", alloc_conf)):  # fmt: skip
         if value is not None:
             # `--flag=value` and `--` before the file: a name that begins with `-` is a name.

@@ -198,6 +198,36 @@ def text(name: str, value: Any) -> str:
     return said
 
 
+def choice(name: str, value: Any) -> str | None:
+    """`amp`, `dtype`, `strategy` or `optimizer`: a name of the CLI's, as a string (its value is
+    checked by the CLI's own check, in its words), or for `amp` and `dtype` the torch dtype it
+    names (torch.bfloat16). Any other type is refused as the caller wrote it: it was turned into
+    text first, and `amp=True` was said as `amp='True'`."""
+    from memtrace_trainer.cli import common
+
+    if value is None or isinstance(value, str):
+        return value
+    names: Any = {"amp": common.AMP, "dtype": common.DTYPES, "strategy": common.STRATEGIES,
+                  "optimizer": common.OPTIMIZERS}[name]  # fmt: skip
+    if isinstance(names, Mapping):
+        named = {dtype: n for n, dtype in names.items()}
+        if isinstance(value, torch.dtype) and value in named:
+            return str(named[value])
+        names = [*names, *(f"torch.{str(d).removeprefix('torch.')}" for d in named)]
+    raise EstimateError(f"{name}={value!r}: expected one of {', '.join(map(str, names))}")
+
+
+def size(name: str, value: Any) -> str | None:
+    """A memory size (`capacity`) as the text memsim's size parser reads: a string ('40GiB') or
+    a number, which that parser says what it most likely means of (a bare 40960: MiB)."""
+    if value is None or isinstance(value, str):
+        return value
+    if _is_bool(value) or (not isinstance(value, int | float) and integer(value) is None):
+        # A list or dict reached the profile cache as a key (a raw TypeError: unhashable).
+        raise EstimateError(f"{name}={value!r}: expected a size such as '40GiB'")
+    return str(value if isinstance(value, int | float) else integer(value))
+
+
 def flag(name: str, value: Any) -> bool:
     """A yes/no argument (`point`): True or False (NumPy's too), not a truthy string
     (`point="no"` was True)."""

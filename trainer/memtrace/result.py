@@ -213,11 +213,13 @@ class Estimate:
         GPU: a warning says so when the estimate had a capacity of its own."""
         from memtrace.api import MemtraceWarning
         from memtrace.checks import flag as _flag
+        from memtrace.checks import size
         from memtrace.checks import text as _text
         from memtrace_trainer.estimate import judged_on_point
 
         if gpu is not None:
             gpu = _text("gpu", gpu)
+        capacity = size("capacity", capacity)
         if point is not None:
             point = _flag("point", point)
         if point is None:

@@ -162,3 +162,39 @@ def test_numpy_and_tensor_integers_count_as_ints() -> None:
     from memtrace import checks
 
     assert checks.lora(np.int64(8)) == 8 and checks.checkpointing(np.True_) == "full"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expect"),
+    [
+        # Said as the caller wrote them: they were said as the text they became (amp='True').
+        ({"amp": True}, r"^amp=True: expected one of bf16, fp16, torch.bfloat16, torch.float16"),
+        ({"dtype": True}, r"^dtype=True: expected one of fp32, bf16, fp16, torch.float32"),
+        ({"amp": torch.float32}, r"^amp=torch.float32: expected one of bf16, fp16"),
+        ({"strategy": 3, "world_size": 2}, r"^strategy=3: expected one of fsdp2, ddp"),
+        ({"optimizer": Path("adam")}, r"^optimizer=\w*Path\('adam'\): expected one of adam,"),
+        ({"capacity": [1]}, r"^capacity=\[1\]: expected a size such as '40GiB'"),
+    ],
+)
+def test_an_argument_of_another_type_is_said_as_written(kwargs: dict, expect: str) -> None:
+    with pytest.raises(EstimateError, match=expect):
+        memtrace.estimate(nn.Linear(64, 10), torch.randn(8, 64), **kwargs)
+
+
+def test_a_size_or_a_torch_dtype_is_taken_wherever_a_size_or_dtype_is() -> None:
+    """`replay(capacity=<int>)` said "expected a non-empty name"; `fits(capacity=[1])` failed
+    inside memsim; torch.bfloat16 was refused where 'bf16' is taken."""
+    m, x = nn.Linear(64, 10), torch.randn(8, 64)
+    est = memtrace.estimate(m, x)
+    assert memtrace.estimate(m, x, dtype=torch.bfloat16).allocated_mib == (
+        memtrace.estimate(m, x, dtype="bf16").allocated_mib
+    )
+    assert memtrace.estimate(m, x, amp=torch.float16).allocated_mib == (
+        memtrace.estimate(m, x, amp="fp16").allocated_mib
+    )
+    given = memtrace.replay(est.trace_path, capacity=2000 * 2**20)["verdict"]
+    assert given == memtrace.replay(est.trace_path, capacity="2000MiB")["verdict"]
+    for ask in (lambda: est.fits(capacity=[1]), lambda: memtrace.replay(est.trace_path,
+                                                                        capacity=[1])):  # fmt: skip
+        with pytest.raises(EstimateError, match=r"^capacity=\[1\]: expected a size"):
+            ask()
