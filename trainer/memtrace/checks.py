@@ -300,6 +300,13 @@ def loss(loss_fn: Callable[..., Any], batch: int) -> Callable[..., torch.Tensor]
             failed.batch_size = batch
             raise failed from e
         check_loss(value, "loss_fn")
+        if not value.requires_grad:
+            # backward() on it fails on a GPU too; the loop said so as the model's failure.
+            raise EstimateError(
+                "loss_fn returned a tensor that does not require grad: it is cut off from the "
+                "model's output (.detach(), .item(), torch.no_grad() or a new tensor), so "
+                "backward() has nothing to train"
+            )
         return value  # type: ignore[no-any-return]
 
     return checked

@@ -198,3 +198,14 @@ def test_a_size_or_a_torch_dtype_is_taken_wherever_a_size_or_dtype_is() -> None:
                                                                         capacity=[1])):  # fmt: skip
         with pytest.raises(EstimateError, match=r"^capacity=\[1\]: expected a size"):
             ask()
+
+
+def test_a_loss_cut_off_from_the_model_names_loss_fn() -> None:
+    """A detached loss was blamed on the model ("the model failed ...: element 0 of tensors does
+    not require grad")."""
+    m, x = nn.Linear(64, 10), torch.randn(8, 64)
+    for loss_fn in (lambda o, t: o.detach().sum(), lambda o, t: torch.tensor(1.0)):
+        with pytest.raises(EstimateError, match=r"^loss_fn returned a tensor that does not "):
+            memtrace.estimate(m, x, loss_fn=loss_fn)
+        with pytest.raises(EstimateError, match=r"^loss_fn returned a tensor that does not "):
+            memtrace.max_batch(m, x, loss_fn=loss_fn, limit=8)
