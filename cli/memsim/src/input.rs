@@ -53,6 +53,40 @@ pub fn streamed(path: &Path) -> bool {
     path == Path::new("-") || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
+/// How an error or warning names an input: `-` as standard input, not the path it is opened by.
+pub fn shown(path: &Path) -> String {
+    if path == Path::new("-") {
+        "- (standard input)".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// `e` with the path an input was opened by (`/dev/stdin`, a spooled copy) named as the user
+/// named it. Only an error that says the opened path is rewritten, so one whose chain a caller
+/// inspects (a closed pipe) keeps its causes.
+pub fn renamed(e: anyhow::Error, opened: &Path, named: &Path) -> anyhow::Error {
+    let text = crate::exit::chain_text(&e);
+    let opened = opened.display().to_string();
+    if opened == named.display().to_string() || !text.contains(&opened) {
+        return e;
+    }
+    anyhow::anyhow!(text.replace(&opened, &shown(named)))
+}
+
+/// A streamed input (`-`, a pipe) copied once into a temporary file, for a command that reads
+/// its input more than once (`report`: the page, then each profile's verdict); `None` for a file.
+pub fn spooled(path: &Path) -> Result<Option<tempfile::NamedTempFile>> {
+    if !streamed(path) {
+        return Ok(None);
+    }
+    // The reader tells the native form from JSON Lines by the first bytes, not the name.
+    let mut tmp = tempfile::Builder::new().suffix(".mtrace").tempfile().context("creating a temporary file")?;
+    let mut input = std::fs::File::open(source(path)).with_context(|| format!("{}: cannot open", shown(path)))?;
+    std::io::copy(&mut input, tmp.as_file_mut()).with_context(|| format!("{}: reading it", shown(path)))?;
+    Ok(Some(tmp))
+}
+
 /// Standard input can be read once: `-` named twice is an error.
 pub fn stdin_once(paths: &[PathBuf]) -> Result<()> {
     if paths.iter().filter(|p| p.as_path() == Path::new("-")).count() > 1 {
@@ -224,7 +258,20 @@ fn read<S, T: Send, M: MapRecord<T> + Send>(
             }
             Ok(Read { header: imported.header, state, summary: None })
         }
-        Kind::Trace => {
+        Kind::Trace => read_trace(named, path, init, mapper, f, drops).map_err(|e| renamed(e, path, named)),
+    }
+}
+
+fn read_trace<S, T: Send, M: MapRecord<T> + Send>(
+    named: &Path,
+    path: &Path,
+    init: impl FnOnce(&Header, Option<TorchVersion>) -> Result<S>,
+    mapper: impl FnOnce(&S) -> M,
+    mut f: impl FnMut(&mut S, &[T]) -> Result<()>,
+    drops: Drops,
+) -> Result<Read<S>> {
+    {
+        {
             let mut reader = trace::Reader::open(path).map_err(|e| {
                 // A pickle's protocol byte: a snapshot, which is read by its name's extension.
                 let pickle =

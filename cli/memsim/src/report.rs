@@ -297,15 +297,19 @@ pub fn run(a: Args) -> Result<u8> {
     // Only the page shows it: without --html it is said to have no effect, not read.
     let estimate = a.estimate.as_deref().filter(|_| a.html.is_some()).map(read_estimate).transpose()?;
     let profiles = if a.profiles.is_empty() { known_profiles() } else { a.profiles.clone() };
+    // The input is read for the page and again for each profile's verdict: a stream only once.
+    let spool = crate::input::spooled(&a.file)?;
+    let open = spool.as_ref().map_or(a.file.as_path(), |t| t.path());
     let mut records = Vec::new();
     let read = crate::input::for_each_record(
-        &a.file,
+        open,
         |_| Ok(()),
         |_, r| {
             records.push(r.clone());
             Ok(())
         },
-    )?;
+    )
+    .map_err(|e| crate::input::renamed(e, open, &a.file))?;
     let mut warnings = read.warnings(&a.file, a.strict)?;
     if let (Some(e), Some(path)) = (&estimate, &a.estimate) {
         warnings.extend(other_job(&e.json, path, &read.header, &a.file));
@@ -330,12 +334,14 @@ pub fn run(a: Args) -> Result<u8> {
     for name in &profiles {
         let (profile, pversion) = load(Some(name), a.torch.as_deref())?;
         let popts = ReplayOptions { version: pversion, ..opts.clone() };
-        let r = replay_file(&a.file, &popts, true, profile.as_ref(), a.capacity, a.strict, a.point)?;
+        let r = replay_file(open, &popts, true, profile.as_ref(), a.capacity, a.strict, a.point)
+            .map_err(|e| crate::input::renamed(e, open, &a.file))?;
         let Some(v) = &r.verdict else { continue };
         let gpu = profile.as_ref().map_or_else(String::new, |(p, _): &(Profile, PathBuf)| p.gpu.name.clone());
         for w in &r.warnings {
-            if !warnings.contains(w) {
-                warnings.push(w.clone());
+            let w = w.replace(&open.display().to_string(), &a.file.display().to_string());
+            if !warnings.contains(&w) {
+                warnings.push(w);
             }
         }
         verdicts.push(ProfileVerdict {

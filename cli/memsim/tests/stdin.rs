@@ -100,3 +100,32 @@ fn what_a_stream_cannot_be_is_refused_by_name() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("unknown input format") && err.contains("standard input"), "{err}");
 }
+
+/// `report` reads its input for the page and again for each profile's verdict: from a pipe the
+/// second read found it spent ("/dev/stdin: incomplete trace header ... the input is empty"). A
+/// stream is read once; and every command names standard input as `-`, not `/dev/stdin`.
+#[test]
+fn report_reads_standard_input_once_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.jsonl");
+    std::fs::write(&file, TRACE).unwrap();
+    let from_file = json(&["report", "--json", "--profile", "a100-40gb", file.to_str().unwrap()]);
+    let piped = fed_json(&["report", "--json", "--profile", "a100-40gb", "-"], TRACE.as_bytes());
+    for field in ["peak_reserved_bytes", "peak_allocated_bytes", "verdicts"] {
+        assert_eq!(piped[field], from_file[field], "{field}");
+    }
+    let page = dir.path().join("r.html");
+    let (code, _, err) = memsim_fed(&["report", "-", "--html", page.to_str().unwrap()], TRACE.as_bytes());
+    assert_eq!(code, 0, "{err}");
+    // A trace cut short: its warning names `-`, once.
+    let cut = &TRACE.as_bytes()[..TRACE.len() - 20];
+    let (_, _, err) = memsim_fed(&["report", "--json", "-"], cut);
+    assert_eq!(err.matches("-: truncated").count(), 1, "{err}");
+    for cmd in ["report", "replay", "stats"] {
+        let mut args = vec![cmd, "-"];
+        args.extend((cmd == "report").then_some("--json"));
+        let (code, _, err) = memsim_fed(&args, b"");
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("- (standard input)") && !err.contains("/dev/stdin"), "{cmd}: {err}");
+    }
+}
