@@ -78,7 +78,9 @@ def searched(example_inputs: Any, target: Any, base: int) -> None:
     if kept:
         notes.warn(f"max_batch resizes the tensors whose first dimension is the example's batch "
                    f"({base}) and keeps the others at their size: {listed(kept)}")  # fmt: skip
-    unsure = [f"{p} {tuple(t.shape)}" for p, t in named[1:]
+    # The tensor that gives the batch (the first of at least one dimension) is batched.
+    first = next(i for i, (_, t) in enumerate(named) if t.dim())
+    unsure = [f"{p} {tuple(t.shape)}" for p, t in named[first + 1:]
               if t.dim() > 1 and t.shape[0] == base and base in t.shape[1:]]  # fmt: skip
     if unsure:
         notes.warn(f"max_batch takes every tensor whose first dimension is {base} as batched, and "

@@ -209,3 +209,16 @@ def test_a_loss_cut_off_from_the_model_names_loss_fn() -> None:
             memtrace.estimate(m, x, loss_fn=loss_fn)
         with pytest.raises(EstimateError, match=r"^loss_fn returned a tensor that does not "):
             memtrace.max_batch(m, x, loss_fn=loss_fn, limit=8)
+
+
+def test_the_tensor_that_gives_the_batch_is_never_unsure() -> None:
+    from memtrace.batches import searched
+    from memtrace_trainer import notes
+
+    said: list[str] = []
+    x, mask = torch.randn(16, 16, 64), torch.zeros(16, 16)
+    with notes.captured(said.append):
+        searched((torch.tensor(0.5), x), None, 16)
+        assert said == []
+        searched((torch.tensor(0.5), x, mask), None, 16)
+    assert len(said) == 1 and "example_inputs[2] (16, 16) may not be" in said[0]
