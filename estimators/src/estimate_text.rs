@@ -125,6 +125,9 @@ pub struct EstimateView {
     pub gpu: String,
     /// The job's family.
     pub family: String,
+    /// What the estimate said beside its verdict (none in a file without them).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 impl From<&EstimateReport> for EstimateView {
@@ -165,6 +168,7 @@ impl From<&EstimateReport> for EstimateView {
             profile_name: r.profile_name.clone(),
             gpu: r.gpu.clone(),
             family: r.family.to_string(),
+            warnings: r.warnings.clone(),
         }
     }
 }

@@ -365,6 +365,17 @@ pub fn run(a: Args) -> Result<u8> {
         warnings.extend(headline_against_table(&e.view, path, &verdicts, a.point));
     }
     crate::input::warn(&warnings);
+    // The page carries what the estimate's terminal said: its own warnings first, then those of
+    // this replay it did not already say.
+    if let Some(e) = &estimate {
+        let mut merged: Vec<String> = Vec::new();
+        for w in e.view.warnings.iter().cloned().chain(warnings) {
+            if !merged.contains(&w) {
+                merged.push(w);
+            }
+        }
+        warnings = merged;
+    }
     let title = a.title.clone().unwrap_or_else(|| {
         a.file.file_name().map_or_else(|| a.file.display().to_string(), |n| n.to_string_lossy().into_owned())
     });

@@ -113,6 +113,7 @@ fn an_estimate_render_refuses_is_refused_with_the_field_and_no_page() {
             vec![("/estimates/analytic/device_mib", Some(json!(-5.0)))],
             "field `estimates.analytic.device_mib` is -5: expected a number of MiB >= 0",
         ),
+        ("warnings not strings", vec![("/warnings", Some(json!([1])))], "field `warnings[0]`: invalid type: integer"),
         (
             "a negative term outside the allocator",
             vec![("/outside_allocator/cudnn_mib", Some(json!(-1.0)))],
@@ -198,4 +199,22 @@ fn the_headline_is_worded_from_the_numbers_as_render_words_them() {
         // The estimators beside it, the headline's marked, the unavailable with why.
         assert!(page.contains("symbolic (memtrace)") && page.contains("no model"), "{what}");
     }
+}
+
+/// The page made from an estimate showed only memsim's own warnings, not the estimate's (what
+/// `estimate` had said on the terminal): they come first, each once, then memsim's it did not say.
+#[test]
+fn the_page_carries_the_estimates_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = good();
+    v["warnings"] = json!(["estimate said <one>", "estimate said two", "estimate said <one>"]);
+    let (code, err, page, _) = report(dir.path(), &v.to_string());
+    assert_eq!(code, 0, "{err}");
+    let page = page.unwrap();
+    let list = &page[page.find(r#"<h2 id="warnings">"#).expect("a warnings list")..];
+    let at = |w: &str| list.find(w).unwrap_or_else(|| panic!("{w} not in {list}"));
+    assert_eq!(list.matches("estimate said &lt;one&gt;").count(), 1, "{list}");
+    assert!(at("estimate said &lt;one&gt;") < at("estimate said two"), "{list}");
+    // memsim's own (the trace says nothing of the libraries it loads) after them.
+    assert!(at("estimate said two") < at("CUDA libraries"), "{list}");
 }
