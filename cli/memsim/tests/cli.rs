@@ -66,6 +66,18 @@ fn a_trace_without_allocations_is_said_to_measure_nothing() {
         let (code, _, err) = memsim(&["replay", t.to_str().unwrap(), "--profile", "a100-40gb"]);
         assert_eq!((code, err.contains(says)), (0, expect), "{err}");
     }
+    // An out-of-memory error the run recorded is a measurement: its need (100 GiB) was said
+    // beside "nothing was measured ... the need is only what the profile puts outside".
+    let oom = dir.path().join("oom.jsonl");
+    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
+    let record = r#"{"ts_ns":1,"device":0,"kind":"oom","size":107374182400,"device_free":1000,"stream":0}"#;
+    std::fs::write(&oom, format!("{header}\n{record}\n")).unwrap();
+    let oom = oom.to_str().unwrap();
+    for args in [&["replay", oom][..], &["colocate", oom], &["colocate", oom, oom]] {
+        let (code, _, err) = memsim(&[args, &["--profile", "a100-40gb"]].concat());
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(!err.contains(says) && err.contains("the run ran out of memory"), "{args:?}: {err}");
+    }
 }
 
 #[test]

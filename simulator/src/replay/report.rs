@@ -294,14 +294,15 @@ impl ReplayReport {
             )
         });
         // A trace of a run that never reached the GPU (a CPU fallback, CUDA calls the shim did
-        // not see) is not a measurement of a job that needs nothing.
-        let empty = (self.requests == 0 && self.peaks.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0)
-            .then(|| {
-                "the trace holds no device allocation, so nothing was measured (a run that fell back to the CPU, or \
+        // not see) is not a measurement of a job that needs nothing. An out-of-memory error the
+        // run recorded is one: it sets the need, and says so itself.
+        let nothing = self.requests == 0 && self.peaks.peak_reserved_bytes == 0 && self.recorded_outside_bytes == 0;
+        let empty = (nothing && self.recorded_oom.is_none()).then(|| {
+            "the trace holds no device allocation, so nothing was measured (a run that fell back to the CPU, or \
              a program whose CUDA calls did not reach the tracer): the need is only what the profile puts outside \
              the allocator"
-                    .to_string()
-            });
+                .to_string()
+        });
         let rejected = (self.rejected > 0).then(|| {
             format!(
                 "{} requests rejected by the model and left out of the replay (a damaged trace, or one the model \
