@@ -88,7 +88,7 @@ pub struct Header {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
     /// Allocator-relevant environment variables that were set (see [`ALLOCATOR_ENV_VARS`]).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", deserialize_with = "unique_keys")]
     pub env: BTreeMap<String, String>,
     /// CUDA driver version (e.g. 13000), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,8 +109,34 @@ pub struct Header {
     pub synthetic_addresses: bool,
     /// Producer metadata: the keys with a meaning are listed in [`crate::metadata`] and read
     /// through [`Header::meta`]; any other key is free-form, for people.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", deserialize_with = "unique_keys")]
     pub metadata: BTreeMap<String, String>,
+}
+
+/// A map of strings whose keys are each given once: JSON allows a key twice, and a map keeps
+/// one of them silently (a recorded `PYTORCH_CUDA_ALLOC_CONF` given twice replayed with the
+/// last), while which one the writer meant is unknown. The error is read under the field's path.
+fn unique_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of strings, each key once")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = m.next_entry::<String, String>()? {
+                if out.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!(
+                        "key `{k}` is given twice: expected each key once (which one the writer meant is unknown)"
+                    )));
+                }
+                out.insert(k, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique)
 }
 
 impl Header {

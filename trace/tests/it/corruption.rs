@@ -224,3 +224,25 @@ fn jsonl_errors_name_line_and_field() {
         &["unsupported trace format version 9"],
     );
 }
+
+/// A key given twice in the header's `env` or `metadata` was kept once, the last silently (a
+/// recorded allocator configuration replayed as the second of two): refused, naming the field
+/// and the key, as a top-level field given twice is.
+#[test]
+fn a_header_key_given_twice_is_refused_by_field_and_key() {
+    let head = r#"{"kind":"header","format_version":1,"producer":{"name":"p","version":"1"},"level":"allocator""#;
+    for (field, object, key) in [
+        (
+            "env",
+            r#"{"PYTORCH_CUDA_ALLOC_CONF":"expandable_segments:True","PYTORCH_CUDA_ALLOC_CONF":"expandable_segments:False"}"#,
+            "PYTORCH_CUDA_ALLOC_CONF",
+        ),
+        ("metadata", r#"{"amp":"bf16","other":"x","amp":"fp32"}"#, "amp"),
+    ] {
+        let input = format!("{head},\"{field}\":{object}}}\n");
+        check(input.as_bytes(), &["line 1", &format!("field `{field}`"), &format!("key `{key}` is given twice")]);
+        // Each key once reads.
+        let once = format!("{head},\"{field}\":{{\"{key}\":\"a\"}}}}\n");
+        assert!(read_all(once.as_bytes()).is_ok(), "{field}");
+    }
+}
