@@ -496,3 +496,31 @@ fn entries_the_allocator_tagged_are_said() {
     );
     assert!(!warned(&json(&["replay", &p0, "--json"]), "tagged"));
 }
+
+/// A key given twice in the allocator configuration ('expandable_segments:True,
+/// expandable_segments:False') was followed as the last without a word. PyTorch's parser sets
+/// the key again at each (the last is in force, no error), so the replay does too, and says so.
+#[test]
+fn a_configuration_key_given_twice_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let twice = "expandable_segments:True,max_split_size_mb:300,expandable_segments:False";
+    let env = format!(r#","env":{{"PYTORCH_CUDA_ALLOC_CONF":"{twice}"}}"#);
+    // 25 MiB: 26 MiB reserved in a segment of its own, 40 MiB with expandable segments.
+    let plain = trace(dir.path(), "plain.jsonl", "", &[alloc(1 << 30, 25 * MIB)]);
+    let recorded = trace(dir.path(), "recorded.jsonl", &env, &[alloc(1 << 30, 25 * MIB)]);
+    let says = "gives expandable_segments more than once: PyTorch follows the last (expandable_segments:False)";
+    // (the trace, --alloc-conf, whether it is said)
+    for (t, conf, said) in [
+        (&plain, Some(twice), true),
+        (&recorded, None, true),
+        // Replaced by --alloc-conf, the recorded string is not followed: nothing to say of it.
+        (&recorded, Some("expandable_segments:False"), false),
+        (&plain, Some("max_split_size_mb:300,expandable_segments:False"), false),
+    ] {
+        let mut args = vec!["replay", t.as_str(), "--json"];
+        args.extend(conf.iter().flat_map(|c| ["--alloc-conf", *c]));
+        let v = json(&args);
+        assert_eq!(warned(&v, says), said, "{t} {conf:?}: {}", v["warnings"]);
+        assert_eq!(v["peak_reserved_bytes"], 26 * MIB, "{t} {conf:?}: the last is followed");
+    }
+}

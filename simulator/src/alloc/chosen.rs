@@ -87,6 +87,7 @@ pub fn choose(
     };
     let cfg =
         AllocatorConfig::parse(over, version).map_err(|error| ChooseError { source_name: "--alloc-conf", error })?;
+    warnings.extend(super::shown::repeated(over, "given by --alloc-conf"));
     if let Some(rec) = &rec {
         let default = AllocatorConfig::default();
         let dropped: Vec<String> = KEYS
@@ -126,6 +127,7 @@ fn recorded_config(
             None => AllocatorConfig::default(),
         };
         if let Some(s) = settings_conf.as_deref().filter(|_| contradictions) {
+            warnings.extend(super::shown::repeated(s, "the snapshot recorded"));
             for (key, show, _) in KEYS {
                 if names(s, key) && show(&by_string) != show(&cfg) {
                     warnings.push(format!(
@@ -143,6 +145,9 @@ fn recorded_config(
     } else if let Some(env) = recorded.env {
         let cfg = AllocatorConfig::parse(env, version)
             .map_err(|error| ChooseError { source_name: "recorded in the trace header's environment", error })?;
+        if contradictions {
+            warnings.extend(super::shown::repeated(env, "the trace header recorded"));
+        }
         Ok((Some(cfg), Some(env.to_string()), None))
     } else {
         Ok((None, None, None))

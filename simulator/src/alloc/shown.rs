@@ -91,6 +91,25 @@ pub(super) fn names(conf: &str, key: &str) -> bool {
     parts(conf).iter().any(|p| key_of(p) == key)
 }
 
+/// A warning for each key a configuration string (`source`: where it came from) gives more than
+/// once (either spelling): PyTorch's parser sets the key again at each, so the last is in force,
+/// as it is in the replay; the earlier ones say nothing, which was left unsaid.
+pub(super) fn repeated(conf: &str, source: &str) -> Vec<String> {
+    let keys: Vec<&str> = parts(conf).iter().map(|p| key_of(p)).collect();
+    let mut out: Vec<String> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let first_repeat = keys[..i].iter().filter(|k| *k == key).count() == 1;
+        if first_repeat {
+            let last = parts(conf).into_iter().rev().find(|p| key_of(p) == *key).unwrap_or_default().trim();
+            out.push(format!(
+                "the allocator configuration {source} (\"{conf}\") gives {key} more than once: PyTorch follows the \
+                 last ({last}), and so does the replay; the earlier ones have no effect"
+            ));
+        }
+    }
+    out
+}
+
 /// The string's `key:value` parts (a comma inside `[...]` belongs to its part).
 fn parts(conf: &str) -> Vec<&str> {
     let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
