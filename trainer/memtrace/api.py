@@ -227,10 +227,37 @@ def _tracing() -> Iterator[None]:
         _ONE_AT_A_TIME,
         torch.inference_mode(False),
         torch.enable_grad(),
-        torch.autograd.set_detect_anomaly(False),
+        _no_anomaly_detection(),
         _no_device_default(),
     ):
         yield
+
+
+@contextlib.contextmanager
+def _no_anomaly_detection() -> Iterator[None]:
+    """Anomaly detection off while a job is traced. Its flag is the process's, not the thread's:
+    it is put back only where nobody changed it meanwhile (another thread's
+    `set_detect_anomaly(True)` during the estimate stays), and an estimate that fails with it
+    turned on meanwhile says so, as its NaN checks are what failed."""
+    enabled, check_nan = torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+    if enabled:
+        torch.set_anomaly_enabled(False, check_nan)
+    try:
+        yield
+    except EstimateError as e:
+        if torch.is_anomaly_enabled():
+            raise EstimateError(
+                f"{e.args[0] if e.args else e} (anomaly detection was turned on while this "
+                "estimate was traced, by another thread or the traced code: it is process-wide, "
+                "and its NaN checks read gradients' values, which the tracer's device holds none "
+                "of; estimate again while it is off)"
+            ) from e
+        raise
+    finally:
+        if enabled and (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) == (
+            False, check_nan,
+        ):  # fmt: skip
+            torch.set_anomaly_enabled(True, check_nan)
 
 
 @contextlib.contextmanager

@@ -61,6 +61,32 @@ def test_the_callers_anomaly_detection_is_set_aside() -> None:
     assert not torch.is_anomaly_enabled()
 
 
+class _TurnsAnomalyOn(nn.Linear):
+    """A forward during which another thread turns anomaly detection on, as a training loop
+    beside a notebook's estimate would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import threading
+
+        other = threading.Thread(target=torch.autograd.set_detect_anomaly, args=(True,))
+        other.start()
+        other.join()
+        return super().forward(x)
+
+
+def test_anomaly_detection_turned_on_meanwhile_stays_and_is_said() -> None:
+    """The flag is process-wide: another thread's `set_detect_anomaly(True)` during an estimate
+    was undone when the estimate ended, and the estimate failed blamed on the model alone."""
+    try:
+        with pytest.raises(EstimateError, match="anomaly detection was turned on while this "
+                           "estimate was traced, by another thread") as e:  # fmt: skip
+            memtrace.estimate(_TurnsAnomalyOn(64, 10), torch.randn(8, 64))
+        assert "the model failed at batch 8" in str(e.value)
+        assert torch.is_anomaly_enabled()
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+
+
 class _Masked(nn.Module):
     def __init__(self) -> None:
         super().__init__()
