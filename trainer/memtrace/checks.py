@@ -302,6 +302,14 @@ def loss(loss_fn: Callable[..., Any], batch: int) -> Callable[..., torch.Tensor]
         check_loss(value, "loss_fn")
         if not value.requires_grad:
             # backward() on it fails on a GPU too; the loop said so as the model's failure.
+            floats = [t for t in tensors(output) if t.is_floating_point()]
+            if floats and not any(t.requires_grad for t in floats):
+                # Cut off before loss_fn saw it: what loss_fn did to it is not the fault.
+                raise EstimateError(
+                    "the model's output does not require grad: its forward cut it off from "
+                    "the trainable parameters (torch.no_grad(), .detach(), or only frozen "
+                    "parameters used), so backward() has nothing to train"
+                )
             raise EstimateError(
                 "loss_fn returned a tensor that does not require grad: it is cut off from the "
                 "model's output (.detach(), .item(), torch.no_grad() or a new tensor), so "

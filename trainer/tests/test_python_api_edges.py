@@ -237,6 +237,21 @@ def test_a_loss_cut_off_from_the_model_names_loss_fn() -> None:
             memtrace.max_batch(m, x, loss_fn=loss_fn, limit=8)
 
 
+class _NoGradForward(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return super().forward(x)
+
+
+def test_an_output_cut_off_in_the_model_names_the_model() -> None:
+    """A forward under `torch.no_grad()` with `loss_fn=F.mse_loss` was said as "loss_fn returned
+    a tensor that does not require grad": loss_fn only passed on what the model cut off."""
+    x, y = torch.randn(8, 64), torch.randn(8, 10)
+    with pytest.raises(EstimateError, match=r"^the model's output does not require grad: "
+                       r"its forward cut it off .*torch\.no_grad\(\)"):  # fmt: skip
+        memtrace.estimate(_NoGradForward(64, 10), x, target=y, loss_fn=nn.functional.mse_loss)
+
+
 def test_the_tensor_that_gives_the_batch_is_never_unsure() -> None:
     from memtrace.batches import searched
     from memtrace_trainer import notes
