@@ -6,7 +6,6 @@
 //! is an element `{"file": ..., "error": ...}` (and an `error:` line on stderr), the others are
 //! still reported, and the exit status is 2. Otherwise it is the largest of the per-file ones.
 
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +33,9 @@ impl Output {
 
     /// Appends a line to the text form.
     pub fn line(&mut self, args: std::fmt::Arguments) {
-        // Writing to a String cannot fail.
-        let _ = self.text.write_fmt(args);
+        // One line: what a trace supplies (its producer's name, its recorded configuration) is
+        // printed with its control characters escaped.
+        self.text.push_str(&crate::exit::printable(&args.to_string()));
         self.text.push('\n');
     }
 }
@@ -91,7 +91,7 @@ pub fn run(files: &[PathBuf], json: bool, one: impl Fn(&Path) -> Result<Output> 
                 }
             }
             Err(e) => {
-                eprintln!("memsim: error: {}", crate::exit::chain_text(&e));
+                eprintln!("memsim: error: {}", crate::exit::printable(&crate::exit::chain_text(&e)));
                 code = 2;
                 all.push(serde_json::json!({"file": file.display().to_string(), "error": crate::exit::chain_text(&e)}));
             }

@@ -185,7 +185,7 @@ pub fn summary_warnings(summary: Option<&trace::Summary>, path: &Path, strict: b
 /// Print warning lines on stderr.
 pub fn warn(lines: &[String]) {
     for l in lines {
-        eprintln!("memsim: warning: {l}");
+        eprintln!("memsim: warning: {}", crate::exit::printable(l));
     }
 }
 

@@ -89,7 +89,8 @@ pub fn run(a: Args) -> Result<u8> {
     }
     let pct = |m: u64, n: u64| if n == 0 { "-".to_string() } else { format!("{:.2}%", 100.0 * m as f64 / n as f64) };
     println!("{} (allocator rules {})", a.snapshot.display(), r.torch_version);
-    println!("  alloc conf        {}", alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source, None));
+    let conf = alloc_conf_line(r.alloc_conf.as_deref(), r.alloc_conf_source, None);
+    println!("  alloc conf        {}", crate::exit::printable(&conf));
     println!(
         "  block addresses   {}/{} match ({})",
         r.counts.alloc_addr_matches,
@@ -117,7 +118,7 @@ pub fn run(a: Args) -> Result<u8> {
         );
     }
     for u in r.unrecoverable.iter().take(5) {
-        println!("  unrecoverable: {u}");
+        println!("  unrecoverable: {}", crate::exit::printable(&u.to_string()));
     }
     if r.unrecoverable.len() > 5 {
         println!("  ... and {} more unrecoverable start-state items (--json lists all)", r.unrecoverable.len() - 5);

@@ -239,3 +239,41 @@ fn frees_of_an_allocation_no_capacity_places_are_not_a_damaged_trace() {
     assert_eq!((v["failed_frees"].as_u64(), v["rejected"].as_u64()), (Some(0), Some(1)), "{v}");
     assert!(err.contains("rejected"), "{err}");
 }
+
+/// A trace's strings reached the terminal raw: a producer named with escape codes cleared the
+/// screen and printed a green "verdict: FITS" of its own. Every text output (the lines, the
+/// warnings, the error) shows a control character as its escape.
+#[test]
+fn a_traces_control_characters_are_escaped_on_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let evil = r"\u001b[2J\u001b[32mverdict: FITS\u001b[0m\nforged line";
+    let head = |extra: &str| {
+        format!(
+            r#"{{"kind":"header","format_version":1,"producer":{{"name":"{evil}","version":"1"}},"level":"allocator","caching_disabled":false{extra}}}"#
+        )
+    };
+    let a = alloc(1 << 30, 1 << 20);
+    let write = |name: &str, header: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{header}\n{a}\n")).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let named = write("named.jsonl", head(""));
+    let conf = write("conf.jsonl", head(&format!(r#","env":{{"PYTORCH_CUDA_ALLOC_CONF":"{evil}:1"}}"#)));
+    let meta = write("meta.jsonl", head(&format!(r#","metadata":{{"iterations":"{evil}"}}"#)));
+    // (arguments, exit status)
+    for (args, code) in [
+        (vec!["stats", named.as_str()], 0),
+        (vec!["replay", named.as_str()], 0),
+        (vec!["replay", conf.as_str()], 2),
+        (vec!["replay", meta.as_str()], 0),
+        (vec!["stats", meta.as_str()], 0),
+    ] {
+        let (got, out, err) = memsim(&args);
+        assert_eq!(got, code, "{args:?}: {err}");
+        let all = format!("{out}{err}");
+        assert!(!all.contains('\u{1b}') && !all.contains("\nforged line"), "{args:?}: {all:?}");
+    }
+    let (_, out, _) = memsim(&["stats", &named]);
+    assert!(out.contains(r"trace by \u{1b}[2J\u{1b}[32mverdict: FITS\u{1b}[0m\nforged line 1"), "{out}");
+}
