@@ -97,6 +97,18 @@ def _output_tensor(output: Any) -> torch.Tensor | None:
     return next((t for t in _tensors(output) if t.is_floating_point()), None)
 
 
+def _paired(output: Any, out: torch.Tensor, shape: str = "") -> str:
+    """How the default loss's errors name `out`, the tensor of `output` it paired with the
+    target: by its place where the output holds other floating tensors (a tuple of an auxiliary
+    head and the logits), which the caller may have meant instead."""
+    floats = [(p, t) for p, t in named_tensors(output, "output") if t.is_floating_point()]
+    if len(floats) < 2:
+        return f"the model's output{shape}"
+    path = next((p for p, t in floats if t is out), "output.loss")
+    what = "its own loss" if out is getattr(output, "loss", None) else "the first floating tensor"
+    return f"the model's {path}{shape}, {what} of its output,"
+
+
 def _class_dim(out: torch.Tensor, target: torch.Tensor) -> int | None:
     """The dimension of `out` that holds the class scores for the integer `target`, as the
     default loss pairs them; None where it cannot."""
@@ -128,14 +140,16 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
         if dim == -1:
             return nn.functional.cross_entropy(out.flatten(0, -2), target.flatten())
         raise EstimateError(
-            f"target: the default loss cannot pair the model's output {tuple(out.shape)} with the "
-            f"integer target {tuple(target.shape)} (class scores in the last or the second "
-            "dimension): pass loss_fn="
+            f"target: the default loss cannot pair {_paired(output, out, f' {tuple(out.shape)}')}"
+            f" with the integer target {tuple(target.shape)} (class scores in the last or the "
+            "second dimension): pass loss_fn="
         )
     if tuple(target.shape) != tuple(out.shape):
+        paired = _paired(output, out).removeprefix("the model's output").rstrip(",")
+        which = f" (output{paired})" if paired else ""
         raise EstimateError(
             f"target: the default loss (mean squared error) needs a floating target of the "
-            f"output's shape {tuple(out.shape)}, got {tuple(target.shape)}: pass loss_fn="
+            f"output's shape {tuple(out.shape)}{which}, got {tuple(target.shape)}: pass loss_fn="
         )
     return nn.functional.mse_loss(out, target)
 
@@ -155,11 +169,12 @@ def classes_checked(target: Any) -> Callable[[Any, Any], torch.Tensor]:
         out = _output_tensor(output)
         dim = None if out is None or tgt is None else _class_dim(out, tgt)
         if dim is not None and (low < 0 or high >= out.shape[dim]):  # type: ignore[union-attr]
-            n = out.shape[dim]  # type: ignore[union-attr]
+            n, paired = out.shape[dim], _paired(output, out)  # type: ignore[union-attr]
+            mine = "" if paired == "the model's output" else ": pass loss_fn= to pair them yourself"
             raise EstimateError(
-                f"target: class indices from {low} to {high}, where the model's output has {n} "
-                f"classes (0 to {n - 1}; {IGNORED} is ignored): on a GPU, cross-entropy fails "
-                "with a device-side assert"
+                f"target: class indices from {low} to {high}, where {paired} has {n} classes "
+                f"(0 to {n - 1}; {IGNORED} is ignored): on a GPU, cross-entropy fails with a "
+                f"device-side assert{mine}"
             )
         return default_loss(output, tgt)
 

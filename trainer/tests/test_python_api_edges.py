@@ -151,6 +151,32 @@ def test_class_indices_beyond_the_models_classes_are_refused(bad: int) -> None:
     assert memtrace.estimate(m, x, target=target).device_mib > 0
 
 
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux, self.cls = nn.Linear(64, 32), nn.Linear(32, 2), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x)
+        return self.aux(h), self.cls(h)
+
+
+def test_the_default_loss_names_the_output_it_paired() -> None:
+    """With a tuple (aux (N, 2), logits (N, 10)) the default loss pairs the target with the
+    first: "the model's output has 2 classes" left the caller looking at the logits."""
+    x = torch.randn(8, 64)
+    with pytest.raises(EstimateError, match=r"^target: class indices from 2 to 9, where the "
+                       r"model's output\[0\], the first floating tensor of its output, has 2 "
+                       r"classes .*: pass loss_fn= to pair them yourself$"):  # fmt: skip
+        memtrace.estimate(_TwoHeads(), x, target=torch.arange(8) + 2)
+    with pytest.raises(EstimateError, match=r"cannot pair the model's output\[0\] \(8, 2\), "
+                       r"the first floating tensor of its output, with the integer target"):  # fmt: skip
+        memtrace.estimate(_TwoHeads(), x, target=torch.arange(3))
+    with pytest.raises(EstimateError, match=r"of the output's shape \(8, 2\) \(output\[0\], the "
+                       r"first floating tensor of its output\), got \(3,\): pass loss_fn="):  # fmt: skip
+        memtrace.estimate(_TwoHeads(), x, target=torch.randn(3))
+
+
 def test_a_profile_edited_at_the_same_path_is_read_again(tmp_path: Path) -> None:
     """Profiles were cached by path: an edited TOML gave the tracer the old constants beside
     memsim's fresh reading of the file."""
