@@ -78,14 +78,32 @@ def searched(example_inputs: Any, target: Any, base: int) -> None:
     if kept:
         notes.warn(f"max_batch resizes the tensors whose first dimension is the example's batch "
                    f"({base}) and keeps the others at their size: {listed(kept)}")  # fmt: skip
-    # The tensor that gives the batch (the first of at least one dimension) is batched.
+    if base == 1:
+        return  # size-1 dimensions are everywhere at batch 1: every tensor would be unsure
+    # The tensor that gives the batch (the first of at least one dimension) is batched, and
+    # vouches for a tensor laid out as it is.
     first = next(i for i, (_, t) in enumerate(named) if t.dim())
+    sure = named[first][1].shape[1:]
     unsure = [f"{p} {tuple(t.shape)}" for p, t in named[first + 1:]
-              if t.dim() > 1 and t.shape[0] == base and base in t.shape[1:]]  # fmt: skip
+              if t.dim() > 1 and t.shape[0] == base and base in t.shape[1:]
+              and not _vouched(t.shape[1:], sure, base)]  # fmt: skip
     if unsure:
         notes.warn(f"max_batch takes every tensor whose first dimension is {base} as batched, and "
                    f"{listed(unsure)} may not be (another of its dimensions is {base} too): "
                    f"give example_inputs at a batch size no other dimension has")  # fmt: skip
+
+
+def _vouched(rest: torch.Size, sure: torch.Size, base: int) -> bool:
+    """Whether every dimension of `rest` (a tensor's shape past its first) that equals `base`
+    sits where `sure` (the batched tensor's) has `base` too, aligned from the last as broadcasting
+    aligns them: a segmentation target (32, 32, 32) beside images (32, 3, 32, 32), labels
+    (12, 12) beside token ids (12, 12). A causal mask (16, 16) beside x (16, 16, 64) is not: its
+    16 sits where x has 64."""
+    return all(
+        len(rest) - j <= len(sure) and sure[j - len(rest)] == base
+        for j, n in enumerate(rest)
+        if n == base
+    )
 
 
 def _output_tensor(output: Any) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -289,3 +289,28 @@ def test_the_tensor_that_gives_the_batch_is_never_unsure() -> None:
         assert said == []
         searched((torch.tensor(0.5), x, mask), None, 16)
     assert len(said) == 1 and "example_inputs[2] (16, 16) may not be" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "target", "base"),
+    [
+        # Batch 1: a size-1 dimension is in nearly every tensor.
+        (torch.randn(1, 1, 28, 28), torch.randn(1, 1, 28, 28), 1),
+        # A segmentation target beside its images, at a batch of the image's side.
+        (torch.randn(32, 3, 32, 32), torch.randint(0, 5, (32, 32, 32)), 32),
+        (torch.randn(32, 3, 32, 32), torch.zeros(32, 1, 32, 32), 32),
+        # A sequence model at a batch of the sequence's length.
+        (torch.randint(0, 50, (12, 12)), torch.randint(0, 50, (12, 12)), 12),
+        ((torch.randn(16, 16, 64), torch.randn(16, 16, 64)), None, 16),
+    ],
+)
+def test_a_tensor_laid_out_as_the_batch_is_not_unsure(inputs: Any, target: Any, base: int) -> None:
+    """These ordinary jobs were each warned that a tensor "may not be" batched: any other
+    dimension of the batch's size was taken for a sign of a tensor beside the batch."""
+    from memtrace.batches import searched
+    from memtrace_trainer import notes
+
+    said: list[str] = []
+    with notes.captured(said.append):
+        searched(inputs, target, base)
+    assert not [m for m in said if "may not be" in m]
