@@ -481,8 +481,20 @@ def lora(value: Any) -> int | str | None:
 
 
 def given(tuning: Mapping[str, Any]) -> list[str]:
-    """The fine-tuning keywords set to other than their defaults."""
-    return [n for n, default in TUNING.items() if tuning.get(n, default) is not default]
+    """The fine-tuning keywords set to other than their defaults, by value: NumPy's `False_`
+    for `qlora` is its default as much as `False` is."""
+    return [n for n, default in TUNING.items() if not _same(tuning.get(n, default), default)]
+
+
+def _same(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if default is None or isinstance(value, str):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:  # an array of several values is no default
+        return False
 
 
 def tune(model: nn.Module, amp: str | None, tuning: Mapping[str, Any]) -> Any:

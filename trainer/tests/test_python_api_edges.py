@@ -314,3 +314,21 @@ def test_a_tensor_laid_out_as_the_batch_is_not_unsure(inputs: Any, target: Any, 
     with notes.captured(said.append):
         searched(inputs, target, base)
     assert not [m for m in said if "may not be" in m]
+
+
+def test_numpy_bools_at_their_defaults_are_not_given() -> None:
+    """`qlora=np.False_` with a step builder was warned "has no effect": the keywords were
+    compared with their defaults by identity."""
+    import numpy as np
+    from step_examples import default_adamw
+
+    from memtrace import checks
+
+    at_defaults = {"qlora": np.False_, "qlora_double_quant": np.False_, "kbit_prepare": np.True_}
+    assert checks.given({**checks.TUNING, **at_defaults}) == []
+    given = checks.given({**checks.TUNING, "qlora": np.True_, "lora": np.int64(8)})
+    assert given == ["lora", "qlora"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        memtrace.estimate(default_adamw, steps=1, **at_defaults)
+    assert not [m for m in _messages(seen) if "has no effect" in m]
