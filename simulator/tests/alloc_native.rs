@@ -302,6 +302,8 @@ fn bad_requests_are_errors_and_leave_state_alone() {
         assert_eq!(a.stats(), &before);
     };
     check(&mut a, Request::Free { addr: 42 }, ReplayError::UnknownAddress { addr: 42 });
+    // Said as the operation it was, not as a free.
+    check(&mut a, Request::RecordStream { addr: 42, stream: 5 }, ReplayError::UnknownStreamUse { addr: 42 });
     let p = a.apply(&Request::Alloc { size: 100, stream: 0, recorded_addr: None }).unwrap().addr.unwrap();
     check(&mut a, Request::FreeCompleted { addr: p }, ReplayError::NotRequested { addr: p });
     a.apply(&Request::FreeRequested { addr: p }).unwrap();

@@ -277,3 +277,15 @@ fn a_traces_control_characters_are_escaped_on_the_terminal() {
     let (_, out, _) = memsim(&["stats", &named]);
     assert!(out.contains(r"trace by \u{1b}[2J\u{1b}[32mverdict: FITS\u{1b}[0m\nforged line 1"), "{out}");
 }
+
+/// A `record_stream` at an address no block starts at was warned as a "free of unknown
+/// address": said as the operation it was.
+#[test]
+fn an_unknown_record_stream_is_said_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = alloc(1 << 20, 4096);
+    let t = trace(dir.path(), "rs.jsonl", &[&a, r#"{"kind":"control","op":"record_stream","addr":99999,"stream":5}"#]);
+    let v = json(&["replay", t.to_str().unwrap(), "--json"]);
+    let said = v["warnings"].to_string();
+    assert!(said.contains("record_stream on unknown address 0x1869f") && !said.contains("free of"), "{said}");
+}

@@ -192,7 +192,7 @@ impl Allocator {
                 self.free_unlisted_block(i);
             }
             Request::RecordStream { addr, stream } => {
-                let i = self.live.get(addr).ok_or(ReplayError::UnknownAddress { addr })?;
+                let i = self.live.get(addr).ok_or(ReplayError::UnknownStreamUse { addr })?;
                 let b = &mut self.arena[i];
                 if b.state != State::Allocated {
                     return Err(ReplayError::NotAllocated { addr });

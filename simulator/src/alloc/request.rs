@@ -158,6 +158,12 @@ pub enum ReplayError {
         /// The address.
         addr: u64,
     },
+    /// `record_stream` at an address where no live block starts.
+    #[error("record_stream on unknown address {addr:#x}: no live block starts there")]
+    UnknownStreamUse {
+        /// The address.
+        addr: u64,
+    },
     /// `record_stream` on a block that is not allocated.
     #[error("record_stream on {addr:#x}, which is not an allocated block")]
     NotAllocated {
