@@ -105,10 +105,16 @@ class _Profiles:
         hit = self.kept.get(key)
         if hit is not None and hit[0] is not None and _stamp(hit[1].get("path")) == hit[0]:
             return hit[1]
+        # The file's version as it was before memsim read it: an edit meanwhile reads it again.
+        # A name's file is known once memsim has found it: its first reading is kept unstamped
+        # (a stamp taken after the read would vouch for an edit that landed during it), and
+        # read again when next asked, stamped first.
+        before = given or (_stamp(hit[1].get("path")) if hit is not None else None)
         data = _memsim_profile(name, capacity)
-        # A path's version as it was before memsim read it: an edit meanwhile reads it again.
+        if before is not None and not given and before != _stamp(data.get("path")):
+            before = None  # the name found another file, or this one changed during the read
         with self.lock:
-            self.kept[key] = (given or _stamp(data.get("path")), data)
+            self.kept[key] = (before, data)
             while len(self.kept) > self.SIZE:
                 del self.kept[next(iter(self.kept))]
         return data

@@ -5,6 +5,7 @@ argument."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -191,6 +192,34 @@ def test_a_profile_edited_at_the_same_path_is_read_again(tmp_path: Path) -> None
     after = load_profile(str(path))
     assert after.context_bytes - before.context_bytes == 1500 * 2**20
     assert load_profile(str(path)) == after
+
+
+def test_a_profile_by_name_edited_during_its_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile given by name was stamped after memsim's read: an edit landing between was
+    taken for the version read, and its old constants kept."""
+    import memtrace_trainer.profile as profile
+
+    src = (REPO / "profiles" / "a100-40gb.toml").read_text()
+    path = tmp_path / "mine.toml"
+    path.write_text(src)
+    monkeypatch.setenv("MEMTRACE_PROFILES", str(tmp_path))
+    read, reads = profile._memsim_profile, []
+
+    def edited_during(name: str, capacity: str | None) -> dict:
+        data = read(name, capacity)
+        if not reads:
+            time.sleep(0.01)  # a coarse mtime still moves
+            path.write_text(src.replace("context_mib = 400.0", "context_mib = 1900.0"))
+        reads.append(name)
+        return data
+
+    monkeypatch.setattr(profile, "_memsim_profile", edited_during)
+    assert profile.load_profile("mine").context_bytes == 400 * 2**20
+    assert profile.load_profile("mine").context_bytes == 1900 * 2**20
+    assert profile.load_profile("mine").context_bytes == 1900 * 2**20
+    assert len(reads) == 2  # kept once stamped before its read
 
 
 def test_numpy_and_tensor_integers_count_as_ints() -> None:
