@@ -147,7 +147,12 @@ def integer(value: Any) -> int | None:
     """`value` as an int where it is a whole number a caller counts with: an int, a NumPy integer
     (`np.int64` from an array's shape arithmetic) or a 0-dim integer tensor, as
     `operator.index` takes them; None for anything else, a bool too (a yes/no, not a count)."""
-    if _is_bool(value) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+    if _is_bool(value):
+        return None
+    if isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.dim() != 0
+                                            or value.is_meta):  # fmt: skip
+        # `operator.index` takes any one-element tensor ([4], [[4]]: a list, not a count), and
+        # on a meta tensor raises its own RuntimeError: it holds no value to count with.
         return None
     try:
         return operator.index(value)

@@ -361,3 +361,16 @@ def test_numpy_bools_at_their_defaults_are_not_given() -> None:
         warnings.simplefilter("always")
         memtrace.estimate(default_adamw, steps=1, **at_defaults)
     assert not [m for m in _messages(seen) if "has no effect" in m]
+
+
+def test_a_count_is_a_0_dim_tensor_with_a_value() -> None:
+    """`steps=torch.tensor(2, device="meta")` raised PyTorch's own RuntimeError (`.item()` on
+    meta), and `torch.tensor([4])` or `[[4]]` were taken as counts, as `operator.index` takes any
+    one-element tensor."""
+    m, x = nn.Linear(64, 10), torch.randn(8, 64)
+    for bad in (torch.tensor(2, device="meta"), torch.tensor([2]), torch.tensor([[2]])):
+        with pytest.raises(EstimateError, match=r"^steps=.*: expected a number of traced steps"):
+            memtrace.estimate(m, x, steps=bad)
+    from memtrace import checks
+
+    assert checks.integer(torch.tensor(4)) == 4
