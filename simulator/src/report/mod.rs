@@ -203,21 +203,26 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
 
     // Second pass, to the peak: the live allocations with their stacks, and the segments.
     let mut rp = Replayer::new(header, opts.clone())?;
-    let mut stacks: HashMap<u64, (Vec<String>, Vec<String>)> = HashMap::new();
-    let mut live: HashMap<u64, (u64, i64, Option<u64>)> = HashMap::new();
+    // A stack id is resolved where an allocation uses it: a later record redefining the id must
+    // not re-credit earlier allocations to its frames (`defs` holds every definition; `stacks`
+    // the one each id names now).
+    let mut defs: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+    let mut stacks: HashMap<u64, usize> = HashMap::new();
+    let mut live: HashMap<u64, (u64, i64, Option<usize>)> = HashMap::new();
     for r in records.iter().take(peak_at as usize + 1) {
         rp.observe(r);
         match &r.event {
             Event::Stack(s) => {
                 let frames = s.frames.iter().filter(|f| site::viewer_keeps(f)).map(site::format).collect();
-                stacks.insert(u64::from(s.id), (frames, site::site(&s.frames)));
+                stacks.insert(u64::from(s.id), defs.len());
+                defs.push((frames, site::site(&s.frames)));
             }
             Event::Alloc(a)
                 if r.device.unwrap_or(0) == device
                     && a.mem == MemoryKind::Device
                     && (a.origin == Origin::Request || header.caching_disabled) =>
             {
-                live.insert(a.addr, (a.size, a.stream, a.stack.map(u64::from)));
+                live.insert(a.addr, (a.size, a.stream, a.stack.and_then(|id| stacks.get(&u64::from(id)).copied())));
             }
             _ => {}
         }
@@ -235,7 +240,7 @@ pub fn collect(header: &Header, records: &[Record], opts: &ReplayOptions) -> Res
             let name = category.map_or("other", |c| c.as_str()).to_string();
             block_categories.insert(model_addr, name.clone());
             let (size, stream, stack) = live.get(&trace_addr).copied().unwrap_or((block, 0, None));
-            let (frames, site) = stack.and_then(|s| stacks.get(&s).cloned()).unwrap_or_default();
+            let (frames, site) = stack.and_then(|s| defs.get(s).cloned()).unwrap_or_default();
             LiveAlloc { size, block, category: name, stream, frames, site }
         })
         .collect();
