@@ -138,3 +138,36 @@ fn the_perfetto_caveat_says_what_its_viewer_shows() {
     assert!(err.contains("does not carry the snapshot's caveats"), "{err}");
     assert!(err.contains("opened in Perfetto") && !err.contains("read back"), "{err}");
 }
+
+/// A stack id defined twice gave every entry made under it the last definition's frames in the
+/// snapshot: each entry keeps the frames its id named when it was made.
+#[test]
+fn a_redefined_stack_id_keeps_earlier_entries_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
+    let stack = |file: &str| {
+        format!(r#"{{"kind":"stack","tid":1,"id":7,"frames":[{{"filename":"{file}.py","line":1,"name":"{file}"}}]}}"#)
+    };
+    let with_stack = |addr: u64, size: u64| alloc(addr, size).replacen('{', r#"{"stack":7,"#, 1);
+    let lines = [stack("first"), with_stack(1 << 30, MIB), stack("second"), with_stack(2 << 30, 2 * MIB)];
+    let (t, out) = (dir.path().join("stk.jsonl"), dir.path().join("stk.pickle"));
+    std::fs::write(&t, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+    let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let snap: serde_json::Value =
+        serde_pickle::from_slice(&std::fs::read(&out).unwrap(), serde_pickle::DeOptions::new()).unwrap();
+    let allocs: Vec<(u64, String)> = snap["device_traces"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "alloc")
+        .map(|e| (e["size"].as_u64().unwrap(), e["frames"].to_string()))
+        .collect();
+    assert_eq!(allocs.len(), 2, "{allocs:?}");
+    for ((_, frames), file) in allocs.iter().zip(["first.py", "second.py"]) {
+        assert!(
+            frames.contains(file) && !frames.contains(if file == "first.py" { "second" } else { "first" }),
+            "{allocs:?}"
+        );
+    }
+}

@@ -78,6 +78,9 @@ fn state_str(s: BlockState) -> &'static str {
 struct Builder<'a> {
     header: &'a Header,
     stacks: HashMap<StackId, Vec<OutFrame>>,
+    /// The key in `stacks` each trace stack id names now: a redefined id gets a fresh key, so
+    /// the entries made under its earlier definition keep their frames.
+    current: HashMap<StackId, StackId>,
     traces: Vec<Vec<OutEntry>>,
     segments: Vec<OutSegment>,
     /// Requested size of live blocks, for frees that do not carry a size.
@@ -89,7 +92,7 @@ impl Builder<'_> {
     fn frames(&self, index: usize, stack: Option<StackId>) -> Result<Option<StackId>, SnapshotError> {
         match stack {
             None => Ok(None),
-            Some(id) => self.stacks.contains_key(&id).then_some(Some(id)).ok_or_else(|| SnapshotError::Export {
+            Some(id) => self.current.get(&id).copied().map(Some).ok_or_else(|| SnapshotError::Export {
                 index,
                 message: format!("stack {id} is used before any stack record defines it"),
             }),
@@ -124,7 +127,12 @@ impl Builder<'_> {
         match &r.event {
             Event::Stack(s) => {
                 let frames = s.frames.iter().map(out_frame).collect();
-                self.stacks.insert(s.id, frames);
+                let mut key = s.id;
+                while self.stacks.contains_key(&key) {
+                    key = key.checked_sub(1).unwrap_or(StackId::MAX);
+                }
+                self.current.insert(s.id, key);
+                self.stacks.insert(key, frames);
             }
             Event::Alloc(a) if a.mem == MemoryKind::Device => {
                 let frames = self.frames(index, a.stack)?;
@@ -347,8 +355,14 @@ fn export(header: &Header, records: &[Record], replayed: bool) -> Result<(Vec<u8
                 .to_string(),
         });
     }
-    let mut b =
-        Builder { header, stacks: HashMap::new(), traces: Vec::new(), segments: Vec::new(), live: HashMap::new() };
+    let mut b = Builder {
+        header,
+        stacks: HashMap::new(),
+        current: HashMap::new(),
+        traces: Vec::new(),
+        segments: Vec::new(),
+        live: HashMap::new(),
+    };
     let mut has_end = false;
     for (i, r) in records.iter().enumerate() {
         has_end |= matches!(&r.event, Event::SegmentState(s) if s.at == StateAt::End);
