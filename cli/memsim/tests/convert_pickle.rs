@@ -144,14 +144,7 @@ fn the_perfetto_caveat_says_what_its_viewer_shows() {
 #[test]
 fn a_redefined_stack_id_keeps_earlier_entries_frames() {
     let dir = tempfile::tempdir().unwrap();
-    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
-    let stack = |file: &str| {
-        format!(r#"{{"kind":"stack","tid":1,"id":7,"frames":[{{"filename":"{file}.py","line":1,"name":"{file}"}}]}}"#)
-    };
-    let with_stack = |addr: u64, size: u64| alloc(addr, size).replacen('{', r#"{"stack":7,"#, 1);
-    let lines = [stack("first"), with_stack(1 << 30, MIB), stack("second"), with_stack(2 << 30, 2 * MIB)];
-    let (t, out) = (dir.path().join("stk.jsonl"), dir.path().join("stk.pickle"));
-    std::fs::write(&t, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+    let (t, out) = (crate::support::redefined_stack_trace(dir.path()), dir.path().join("stk.pickle"));
     let (code, _, err) = memsim(&["convert", t.to_str().unwrap(), out.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let snap: serde_json::Value =

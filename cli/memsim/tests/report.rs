@@ -211,14 +211,7 @@ fn memsim_report_says_when_the_headline_and_the_table_differ() {
 #[test]
 fn a_redefined_stack_id_keeps_earlier_allocations_frames() {
     let dir = tempfile::tempdir().unwrap();
-    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
-    let stack = |file: &str| {
-        format!(r#"{{"kind":"stack","tid":1,"id":7,"frames":[{{"filename":"{file}.py","line":1,"name":"{file}"}}]}}"#)
-    };
-    let with_stack = |addr: u64, size: u64| crate::support::alloc(addr, size).replacen('{', r#"{"stack":7,"#, 1);
-    let lines = [stack("first"), with_stack(1 << 30, 1 << 20), stack("second"), with_stack(2 << 30, 2 << 20)];
-    let t = dir.path().join("stk.jsonl");
-    std::fs::write(&t, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+    let t = crate::support::redefined_stack_trace(dir.path());
     let v = crate::support::json(&["report", t.to_str().unwrap(), "--json"]);
     let frames: Vec<(u64, String)> =
         v["top"].as_array().unwrap().iter().map(|a| (a["size"].as_u64().unwrap(), a["frames"].to_string())).collect();

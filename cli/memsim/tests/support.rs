@@ -63,3 +63,17 @@ pub fn no_huge_numbers(v: &Value, at: &str) {
         _ => {}
     }
 }
+
+/// A trace whose stack id 7 is defined twice (`first.py`, then `second.py`), with a 1 MiB
+/// allocation made under the first definition and a 2 MiB one under the second.
+pub fn redefined_stack_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    let header = r#"{"kind":"header","format_version":1,"producer":{"name":"t","version":"1"},"level":"allocator","caching_disabled":false}"#;
+    let stack = |file: &str| {
+        format!(r#"{{"kind":"stack","tid":1,"id":7,"frames":[{{"filename":"{file}.py","line":1,"name":"{file}"}}]}}"#)
+    };
+    let with_stack = |addr: u64, size: u64| alloc(addr, size).replacen('{', r#"{"stack":7,"#, 1);
+    let lines = [stack("first"), with_stack(1 << 30, 1 << 20), stack("second"), with_stack(2 << 30, 2 << 20)];
+    let t = dir.join("stk.jsonl");
+    std::fs::write(&t, format!("{header}\n{}\n", lines.join("\n"))).unwrap();
+    t
+}
