@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A temporary file in `path`'s directory (`.NAME.*.partial`, mode 0644 on Unix as ordinary
 /// outputs are; tempfile's default is 0600), to be persisted over `path` once complete. Dropped
@@ -46,12 +46,30 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Writes `path` through [`temp_beside`]: `fill` writes the contents, and only when it succeeds
+/// Where writing `path` lands: a symbolic link followed to its target, as a shell's `>` would
+/// write it (renaming a finished file over the link replaced the link and left its target as it
+/// was). A dangling link's target is where the file goes; a loop of links is left as `path`, to
+/// fail or be replaced as a plain path would.
+pub fn through_links(path: &Path) -> PathBuf {
+    let mut at = path.to_path_buf();
+    // Linux's own limit of links followed in one lookup (ELOOP past it).
+    for _ in 0..40 {
+        match std::fs::read_link(&at) {
+            Ok(to) if to.is_absolute() => at = to,
+            Ok(to) => at = at.parent().map_or(to.clone(), |d| d.join(&to)),
+            Err(_) => return at,
+        }
+    }
+    path.to_path_buf()
+}
+
+/// Writes `path` (through its links: [`through_links`]) via [`temp_beside`]: `fill` writes the contents, and only when it succeeds
 /// is the file flushed and renamed over `path`. A failure never leaves a partial output.
 pub fn write_atomic<E: From<std::io::Error>>(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<&mut File>) -> Result<(), E>,
 ) -> Result<(), E> {
+    let path = &through_links(path);
     let mut tmp = temp_beside(path)?;
     {
         let mut w = BufWriter::new(tmp.as_file_mut());

@@ -226,6 +226,8 @@ enum Sink {
 pub struct TraceWriter {
     sink: Sink,
     path: PathBuf,
+    /// Where the finished trace is renamed to: `path` through its links.
+    target: PathBuf,
 }
 
 impl TraceWriter {
@@ -240,7 +242,8 @@ impl TraceWriter {
     pub fn create_as(path: impl AsRef<Path>, format: Format, header: &Header) -> Result<TraceWriter, TraceError> {
         let path = path.as_ref();
         let in_file = |e: TraceError| e.in_file(path);
-        let tmp = crate::atomic::temp_beside(path).map_err(|e| {
+        let target = crate::atomic::through_links(path);
+        let tmp = crate::atomic::temp_beside(&target).map_err(|e| {
             let dir = path.parent().map_or_else(|| ".".into(), |d| d.display().to_string());
             in_file(TraceError::io(format!("creating a temporary file in {dir}"), e))
         })?;
@@ -248,7 +251,7 @@ impl TraceWriter {
             Format::Binary => Sink::Binary(BinaryWriter::new(tmp, header).map_err(in_file)?),
             Format::Jsonl => Sink::Jsonl(JsonlWriter::new(tmp, header).map_err(in_file)?),
         };
-        Ok(TraceWriter { sink, path: path.to_path_buf() })
+        Ok(TraceWriter { sink, path: path.to_path_buf(), target })
     }
 
     /// Appends one record.
@@ -271,14 +274,14 @@ impl TraceWriter {
 
     /// Flushes, syncs and renames the temporary file to the final path; returns that path.
     pub fn finish(self) -> Result<PathBuf, TraceError> {
-        let path = self.path;
+        let (path, target) = (self.path, self.target);
         let tmp = match self.sink {
             Sink::Binary(w) => w.finish(),
             Sink::Jsonl(w) => w.finish(),
         }
         .map_err(|e| e.in_file(&path))?;
         tmp.as_file().sync_all().map_err(|e| TraceError::io("syncing the trace", e).in_file(&path))?;
-        tmp.persist(&path)
+        tmp.persist(&target)
             .map_err(|e| TraceError::io("renaming the finished trace into place", e.error).in_file(&path))?;
         Ok(path)
     }

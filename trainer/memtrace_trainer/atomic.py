@@ -39,11 +39,12 @@ def check_output_file(path: Path, flag: str, expected: str) -> None:
 @contextmanager
 def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
     """A temporary file beside `path` (ending in `suffix`, for tools that go by the extension),
-    moved over `path` when the block ends without an error and removed otherwise."""
+    moved over `path` when the block ends without an error and removed otherwise. A symbolic
+    link is written where it points, as a shell's `>` writes it (moved over, the link was replaced
+    and its target left as it was), as the Rust side's writer does."""
+    target = Path(os.path.realpath(path))
     try:
-        fd, tmp = tempfile.mkstemp(
-            dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=suffix
-        )
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
         os.close(fd)
     except OSError as e:
         raise cannot_write(path, e) from e
@@ -51,7 +52,7 @@ def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
         os.chmod(tmp, 0o644)
         yield Path(tmp)
         try:
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except OSError as e:
             raise cannot_write(path, e) from e
     finally:

@@ -460,6 +460,22 @@ def test_out_is_written_atomically_and_readable_by_all(tmp_path: Path, name: str
     assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
+def test_an_output_through_a_link_lands_on_its_target(tmp_path: Path) -> None:
+    """Moved over a symbolic link, the output replaced the link and left its target as it was;
+    a shell's `>`, and the Rust side's writer, write the target (relative and dangling alike)."""
+    from memtrace_trainer.atomic import write_text
+
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "real.json").write_text("old")
+    (tmp_path / "rel.json").symlink_to("keep/real.json")
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "keep" / "new.json")
+    for link, target in [("rel.json", "real.json"), ("dangling.json", "new.json")]:
+        write_text(tmp_path / link, "new")
+        assert (tmp_path / link).is_symlink(), link
+        assert (tmp_path / "keep" / target).read_text() == "new", target
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["new.json", "real.json"]
+
+
 @pytest.mark.parametrize("name", ["t.jsonl", "t.mtrace"])
 def test_an_output_that_cannot_be_written_is_said_of_the_output(tmp_path: Path, name: str) -> None:
     # A directory in the way and a file size limit were "internal error: IsADirectoryError ...

@@ -172,3 +172,35 @@ fn a_mapped_file_reads_what_a_stream_reads() {
     assert!(r.summary().truncated && ws.truncated);
     assert_eq!(r.summary(), ws);
 }
+
+/// An output path that is a symbolic link is written where the link points, as a shell's `>`
+/// writes it: renaming the finished file over the link replaced the link and left its target
+/// as it was. A relative link, a dangling one and a chain of two alike.
+#[test]
+fn an_output_through_a_link_lands_on_its_target() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("keep");
+    std::fs::create_dir(&keep).unwrap();
+    std::fs::write(keep.join("real.mtrace"), b"old").unwrap();
+    symlink("keep/real.mtrace", dir.path().join("rel.mtrace")).unwrap();
+    symlink(keep.join("new.jsonl"), dir.path().join("dangling.jsonl")).unwrap();
+    symlink(dir.path().join("rel.mtrace"), dir.path().join("chain.mtrace")).unwrap();
+    for (link, target) in
+        [("rel.mtrace", "real.mtrace"), ("dangling.jsonl", "new.jsonl"), ("chain.mtrace", "real.mtrace")]
+    {
+        let link = dir.path().join(link);
+        let (h, recs) = small_trace();
+        let mut w = TraceWriter::create(&link, &h).unwrap();
+        for r in &recs {
+            w.write(r).unwrap();
+        }
+        w.finish().unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "{link:?} is still a link");
+        assert_eq!(read_file(&keep.join(target)).1, recs, "{target}");
+        // The bytes-in-memory writer alike.
+        trace::atomic::write_bytes_atomic(&link, b"bytes").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(keep.join(target)).unwrap(), b"bytes");
+    }
+}
