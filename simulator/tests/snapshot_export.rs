@@ -117,4 +117,16 @@ fn a_block_outside_its_segment_is_refused() {
     }
     let fine = serde_pickle::to_vec(&seg(json!([block(base, 20 * MIB)])), serde_pickle::SerOptions::new()).unwrap();
     snapshot::parse_snapshot(&fine, "f.pickle").unwrap();
+    // An empty segment: validate refused it, replay rejected it as a request, stats read it.
+    let mut empty = seg(json!([]));
+    empty["segments"][0]["total_size"] = json!(0);
+    let bytes = serde_pickle::to_vec(&empty, serde_pickle::SerOptions::new()).unwrap();
+    let err = snapshot::parse_snapshot(&bytes, "e.pickle").expect_err("an empty segment");
+    assert!(
+        err.to_string().starts_with("e.pickle: field segments[0].total_size: expected a segment of at least one byte"),
+        "{err}"
+    );
+    // A segment listed without its blocks is still read (the GPU check's dry run writes them).
+    let bytes = serde_pickle::to_vec(&seg(json!([])), serde_pickle::SerOptions::new()).unwrap();
+    snapshot::parse_snapshot(&bytes, "n.pickle").unwrap();
 }

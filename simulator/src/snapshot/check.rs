@@ -1,6 +1,6 @@
 //! The one consistency check of a snapshot's segments, made when it is read, so that every
-//! command (`replay`, `validate`, `stats`, `convert`) refuses the same damaged files: a segment
-//! no device could hold, two segments over one address range, or a block outside its segment.
+//! command (`replay`, `validate`, `stats`, `convert`) refuses the same damaged files: an empty
+//! segment or one no device could hold, two segments over one address range, or a block outside its segment.
 
 use super::model::Segment;
 use super::SnapshotError;
@@ -15,6 +15,16 @@ pub(super) fn segments(segments: &[Segment], file: &str) -> Result<(), SnapshotE
         expected,
     };
     for (i, s) in segments.iter().enumerate() {
+        // The model refuses an empty segment when it rebuilds the start state: `validate` failed
+        // on it, `replay` rejected it as a request, `stats` said nothing. PyTorch reports a
+        // segment as the blocks that tile it, so one of 0 B is damage, said here for all.
+        if s.total_size == 0 {
+            return Err(bad(
+                i,
+                "total_size",
+                format!("a segment of at least one byte, found 0 B at {:#x}: a damaged snapshot", s.address),
+            ));
+        }
         if s.total_size > crate::alloc::MAX_SEGMENT {
             return Err(bad(
                 i,
