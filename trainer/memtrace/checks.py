@@ -174,7 +174,9 @@ def elements(name: str, value: Any) -> int | None:
     """A number of elements as DeepSpeed's config writes it: 0 or more, whole (5e8 taken)."""
     from memtrace_trainer.symtrace.deepspeed import whole_elements
 
-    n = whole_elements(value) if not isinstance(value, str) else None
+    # A NumPy or 0-dim tensor integer is taken as the counts are (`integer`).
+    n = whole_elements(integer(value) if integer(value) is not None else value)
+    n = n if not isinstance(value, str) else None
     if value is not None and (n is None or n < 0):
         raise EstimateError(f"{name}={value!r}: expected a whole number of elements, 0 or more")
     return n

@@ -243,6 +243,12 @@ def test_numpy_and_tensor_integers_count_as_ints() -> None:
     from memtrace import checks
 
     assert checks.lora(np.int64(8)) == 8 and checks.checkpointing(np.True_) == "full"
+    # reduce_bucket_size, a count of elements, alike (it refused np.int64 while steps took it).
+    for n in (np.int64(5), torch.tensor(5), 5.0):
+        assert checks.elements("reduce_bucket_size", n) == 5
+    for bad in (np.True_, "5e0", np.float64(0.5)):
+        with pytest.raises(EstimateError, match=r"^reduce_bucket_size=.*: expected a whole number"):
+            checks.elements("reduce_bucket_size", bad)
 
 
 @pytest.mark.parametrize(
