@@ -224,3 +224,21 @@ fn snapshot_settings() {
     bad(serde_json::json!([1, 2]), "allocator_settings");
     bad(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": "bogus:1"}), "bogus");
 }
+
+/// `backend:native,backend:cudaMallocAsync` was taken as the last, cudaMallocAsync. Before 2.9,
+/// PyTorch picks the backend at load time from the first `backend:` and its runtime parse fails on
+/// a later one that differs; the same value again is accepted.
+#[test]
+fn a_changed_backend_is_refused_before_2_9() {
+    for v in [TorchVersion::V2_4, TorchVersion::V2_5] {
+        let err = AllocatorConfig::parse("backend:native,max_split_size_mb:300,backend:cudaMallocAsync", v)
+            .expect_err("a changed backend is PyTorch's error");
+        assert!(
+            matches!(&err, ConfigError::BackendChanged { first, then, .. } if first == "native" && then == "cudaMallocAsync"),
+            "{v}: {err}"
+        );
+        assert!(err.to_string().contains("first"), "{err}");
+        let same = AllocatorConfig::parse("backend:native,backend:native", v).unwrap();
+        assert!(same.unmodelled().is_none(), "{v}");
+    }
+}

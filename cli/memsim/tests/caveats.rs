@@ -524,3 +524,19 @@ fn a_configuration_key_given_twice_is_said() {
         assert_eq!(v["peak_reserved_bytes"], 26 * MIB, "{t} {conf:?}: the last is followed");
     }
 }
+
+/// Two divisions lists were said to follow the last, "the earlier ones have no effect", while the
+/// parser (as c10's) lets a later list override only the intervals it names: the first list's
+/// divisions for 256 MiB and above stayed in force in the replay.
+#[test]
+fn two_divisions_lists_are_said_to_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "plain.jsonl", "", &[alloc(1 << 30, 300 * MIB)]);
+    let conf = "roundup_power2_divisions:[256:4,>:8],roundup_power2_divisions:[64:2]";
+    let v = json(&["replay", &t, "--json", "--alloc-conf", conf]);
+    assert!(!warned(&v, "PyTorch follows the last"), "{}", v["warnings"]);
+    assert!(warned(&v, "a later one overrides just those"), "{}", v["warnings"]);
+    // Single numbers do replace each other, and are still said to.
+    let v = json(&["replay", &t, "--json", "--alloc-conf", "roundup_power2_divisions:4,roundup_power2_divisions:8"]);
+    assert!(warned(&v, "PyTorch follows the last (roundup_power2_divisions:8)"), "{}", v["warnings"]);
+}

@@ -165,6 +165,20 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
+    /// A second `backend` naming another backend than the first (2.4 to 2.8).
+    #[error(
+        "backend is given as '{first}' and then as '{then}': PyTorch {version} picks the backend at load time from \
+         the first and fails when a later one differs (\"Allocator backend parsed at runtime != allocator backend \
+         parsed at load time\"); give backend once"
+    )]
+    BackendChanged {
+        /// The first value, the one in force.
+        first: String,
+        /// The later value that differs.
+        then: String,
+        /// The version whose rule applies.
+        version: TorchVersion,
+    },
     /// A snapshot `allocator_settings` field of the wrong type or value.
     #[error("allocator_settings field '{field}': expected {expected}")]
     Settings {
@@ -349,6 +363,7 @@ impl Parser<'_> {
 
     fn run(&self, cfg: &mut AllocatorConfig) -> Result<(), ConfigError> {
         let mut i = 0;
+        let mut first_backend: Option<&str> = None;
         while i < self.toks.len() {
             let key = self.toks[i].as_str();
             if !self.known(key) {
@@ -370,7 +385,21 @@ impl Parser<'_> {
                 }
                 "roundup_power2_divisions" => i = self.divisions(i, key, &mut cfg.roundup_power2_divisions)?,
                 "backend" => {
-                    cfg.backend = match self.value(i, key)? {
+                    let value = self.value(i, key)?;
+                    // Before 2.9 the load-time scan returns at the first `backend:` and the runtime
+                    // parse asserts each later one agrees, so a change is PyTorch's error, not a choice.
+                    match first_backend {
+                        Some(first) if first != value && self.version < TorchVersion::V2_9 => {
+                            return Err(ConfigError::BackendChanged {
+                                first: first.to_string(),
+                                then: value.to_string(),
+                                version: self.version,
+                            });
+                        }
+                        Some(_) => {}
+                        None => first_backend = Some(value),
+                    }
+                    cfg.backend = match value {
                         "native" => Backend::Native,
                         "cudaMallocAsync" => Backend::CudaMallocAsync,
                         other => return Err(ConfigError::UnknownBackend { value: other.to_string() }),

@@ -93,14 +93,27 @@ pub(super) fn names(conf: &str, key: &str) -> bool {
 
 /// A warning for each key a configuration string (`source`: where it came from) gives more than
 /// once (either spelling): PyTorch's parser sets the key again at each, so the last is in force,
-/// as it is in the replay; the earlier ones say nothing, which was left unsaid.
+/// as it is in the replay; the earlier ones say nothing, which was left unsaid. Divisions lists
+/// merge instead, and a changed `backend` is refused by the parser before this is reached.
 pub(super) fn repeated(conf: &str, source: &str) -> Vec<String> {
     let keys: Vec<&str> = parts(conf).iter().map(|p| key_of(p)).collect();
     let mut out: Vec<String> = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         let first_repeat = keys[..i].iter().filter(|k| *k == key).count() == 1;
         if first_repeat {
-            let last = parts(conf).into_iter().rev().find(|p| key_of(p) == *key).unwrap_or_default().trim();
+            let given: Vec<&str> = parts(conf).into_iter().filter(|p| key_of(p) == *key).collect();
+            let last = given.last().copied().unwrap_or_default().trim();
+            // A divisions list writes only the intervals it names (and, from its first entry, those
+            // below), as c10's parseRoundUpPower2Divisions does, so an earlier list can stay in force.
+            if *key == "roundup_power2_divisions" && given.iter().any(|p| p.contains('[')) {
+                out.push(format!(
+                    "the allocator configuration {source} (\"{conf}\") gives {key} more than once: PyTorch does not \
+                     follow only the last; each sets the intervals it names (a list's first entry also those below \
+                     it, a single number all of them) and a later one overrides just those, so intervals only an \
+                     earlier one names keep its divisions, and so does the replay"
+                ));
+                continue;
+            }
             out.push(format!(
                 "the allocator configuration {source} (\"{conf}\") gives {key} more than once: PyTorch follows the \
                  last ({last}), and so does the replay; the earlier ones have no effect"
