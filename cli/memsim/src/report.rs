@@ -369,8 +369,14 @@ pub fn run(a: Args) -> Result<u8> {
     // this replay it did not already say.
     if let Some(e) = &estimate {
         let mut merged: Vec<String> = Vec::new();
-        for w in e.view.warnings.iter().cloned().chain(warnings) {
+        for w in e.view.warnings.iter().cloned() {
             if !merged.contains(&w) {
+                merged.push(w);
+            }
+        }
+        let own = format!("{}: ", a.file.display());
+        for w in warnings {
+            if !merged.contains(&w) && !said_of_trace(&merged, w.strip_prefix(&own)) {
                 merged.push(w);
             }
         }
@@ -399,4 +405,11 @@ pub fn run(a: Args) -> Result<u8> {
         println!("{}", serde_json::to_string(&to_json(&rep, &extras.allocator, &extras.verdicts, &extras.warnings))?);
     }
     Ok(0u8)
+}
+
+/// Whether the estimate already holds `what` (a warning of this replay, less its "<trace>: "):
+/// the estimate may name the trace otherwise (the trainer writes "the symbolic trace: " for a
+/// path of its own temporary folder), so the same finding would be listed twice under two names.
+fn said_of_trace(estimate: &[String], what: Option<&str>) -> bool {
+    what.is_some_and(|x| estimate.iter().any(|e| e == x || e.strip_suffix(x).is_some_and(|head| head.ends_with(": "))))
 }

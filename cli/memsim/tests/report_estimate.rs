@@ -218,3 +218,34 @@ fn the_page_carries_the_estimates_warnings() {
     // memsim's own (the trace says nothing of the libraries it loads) after them.
     assert!(at("estimate said two") < at("CUDA libraries"), "{list}");
 }
+
+/// The trainer writes memest's warnings of its temporary trace as "the symbolic trace: X", then
+/// reports that trace: memsim's own "<path>: X" was kept beside it, one finding listed twice.
+#[test]
+fn a_trace_warning_the_estimate_said_under_another_name_is_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_records(dir.path(), "t.jsonl", &header(), &records());
+    let bytes = std::fs::read(&t).unwrap();
+    std::fs::write(&t, &bytes[..bytes.len() - 5]).unwrap();
+    let (code, out, err) = memsim(&["report", t.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let own = format!("{}: ", t.display());
+    let said: Vec<String> = serde_json::from_str::<Value>(&out).unwrap()["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str().unwrap().strip_prefix(&own).map(str::to_string))
+        .collect();
+    let what = said.iter().find(|w| w.contains("truncated")).unwrap_or_else(|| panic!("{said:?}"));
+    let mut v = good();
+    v["warnings"] = json!([format!("the symbolic trace: {what}")]);
+    let (est, html) = (dir.path().join("est.json"), dir.path().join("r.html"));
+    std::fs::write(&est, v.to_string()).unwrap();
+    let args = ["report", t.to_str().unwrap(), "--html", html.to_str().unwrap(), "--estimate", est.to_str().unwrap()];
+    let (code, _, err) = memsim(&args);
+    assert_eq!(code, 0, "{err}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    let list = &page[page.find(r#"<h2 id="warnings">"#).expect("a warnings list")..];
+    assert!(list.contains("the symbolic trace: "), "{list}");
+    assert!(!list.contains(&own), "listed again under the trace's path: {list}");
+}
