@@ -74,6 +74,17 @@ pub fn renamed(e: anyhow::Error, opened: &Path, named: &Path) -> anyhow::Error {
     anyhow::anyhow!(text.replace(&opened, &shown(named)))
 }
 
+/// How a spooled copy's name starts: an error found in the copy is about a stream, not a file
+/// the user named (a pickle there is to be given as a file, not renamed).
+const SPOOL_PREFIX: &str = ".memsim-stream-";
+
+/// Whether `path` is a stream, or [`spooled`]'s copy of one.
+fn from_stream(path: &Path) -> bool {
+    streamed(path)
+        || (path.parent() == Some(std::env::temp_dir().as_path())
+            && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(SPOOL_PREFIX)))
+}
+
 /// A streamed input (`-`, a pipe) copied once into a temporary file, for a command that reads
 /// its input more than once (`report`: the page, then each profile's verdict); `None` for a file.
 pub fn spooled(path: &Path) -> Result<Option<tempfile::NamedTempFile>> {
@@ -81,7 +92,11 @@ pub fn spooled(path: &Path) -> Result<Option<tempfile::NamedTempFile>> {
         return Ok(None);
     }
     // The reader tells the native form from JSON Lines by the first bytes, not the name.
-    let mut tmp = tempfile::Builder::new().suffix(".mtrace").tempfile().context("creating a temporary file")?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(SPOOL_PREFIX)
+        .suffix(".mtrace")
+        .tempfile()
+        .context("creating a temporary file")?;
     let mut input = std::fs::File::open(source(path)).with_context(|| format!("{}: cannot open", shown(path)))?;
     std::io::copy(&mut input, tmp.as_file_mut()).with_context(|| format!("{}: reading it", shown(path)))?;
     Ok(Some(tmp))
@@ -270,61 +285,56 @@ fn read_trace<S, T: Send, M: MapRecord<T> + Send>(
     mut f: impl FnMut(&mut S, &[T]) -> Result<()>,
     drops: Drops,
 ) -> Result<Read<S>> {
-    {
-        {
-            let mut reader = trace::Reader::open(path).map_err(|e| {
-                // A pickle's protocol byte: a snapshot, which is read by its name's extension.
-                let pickle =
-                    matches!(e.innermost(), trace::TraceError::BadMagic { found } if found.first() == Some(&0x80));
-                let e = anyhow::Error::from(e);
-                if !pickle {
-                    e
-                } else if streamed(named) {
-                    e.context("this looks like a PyTorch snapshot pickle: give it as a .pickle/.pkl file, not a stream")
-                } else {
-                    let ext = named.extension().map(|x| x.to_string_lossy()).unwrap_or_default();
-                    e.context(format!(
-                        "this looks like a PyTorch snapshot pickle named .{ext}: name it .pickle or .pkl (memsim reads \
+    let mut reader = trace::Reader::open(path).map_err(|e| {
+        // A pickle's protocol byte: a snapshot, which is read by its name's extension.
+        let pickle = matches!(e.innermost(), trace::TraceError::BadMagic { found } if found.first() == Some(&0x80));
+        let e = anyhow::Error::from(e);
+        if !pickle {
+            e
+        } else if from_stream(named) {
+            e.context("this looks like a PyTorch snapshot pickle: give it as a .pickle/.pkl file, not a stream")
+        } else {
+            let ext = named.extension().map(|x| x.to_string_lossy()).unwrap_or_default();
+            e.context(format!(
+                "this looks like a PyTorch snapshot pickle named .{ext}: name it .pickle or .pkl (memsim reads \
                          a snapshot by its extension)"
-                    ))
+            ))
+        }
+    })?;
+    let header = reader.header().clone();
+    let mut state = init(&header, None)?;
+    // A stream's size is unknown: decoded on a second thread as a large file is.
+    let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let bar = progress(size.unwrap_or(0));
+    {
+        let mut map = mapper(&state);
+        if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
+            // A batch at a time here too: the reader's buffered fast path and one call
+            // of `f` per batch (a record at a time cost 28% more CPU time on the
+            // benchmark trace, which `batch` pays on every core).
+            let mut batch = Vec::with_capacity(BATCH_RECORDS);
+            let mut n = 0u64;
+            loop {
+                batch.clear();
+                let more = reader.next_records_with(&mut batch, BATCH_RECORDS, &mut map);
+                f(&mut state, &batch)?;
+                n += batch.len() as u64;
+                // The reader's errors name the file and the line or byte already.
+                if !more.with_context(|| format!("after {n} whole records"))? {
+                    break;
                 }
-            })?;
-            let header = reader.header().clone();
-            let mut state = init(&header, None)?;
-            // A stream's size is unknown: decoded on a second thread as a large file is.
-            let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
-            let bar = progress(size.unwrap_or(0));
-            {
-                let mut map = mapper(&state);
-                if BATCH.load(Ordering::Relaxed) || size.is_some_and(|s| s < PIPELINE_FROM) {
-                    // A batch at a time here too: the reader's buffered fast path and one call
-                    // of `f` per batch (a record at a time cost 28% more CPU time on the
-                    // benchmark trace, which `batch` pays on every core).
-                    let mut batch = Vec::with_capacity(BATCH_RECORDS);
-                    let mut n = 0u64;
-                    loop {
-                        batch.clear();
-                        let more = reader.next_records_with(&mut batch, BATCH_RECORDS, &mut map);
-                        f(&mut state, &batch)?;
-                        n += batch.len() as u64;
-                        // The reader's errors name the file and the line or byte already.
-                        if !more.with_context(|| format!("after {n} whole records"))? {
-                            break;
-                        }
-                        if let Some(b) = &bar {
-                            b.set_position(reader.summary().bytes_read);
-                        }
-                    }
-                } else {
-                    pipelined(&mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
+                if let Some(b) = &bar {
+                    b.set_position(reader.summary().bytes_read);
                 }
             }
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            Ok(Read { header, state, summary: Some(reader.summary()) })
+        } else {
+            pipelined(&mut reader, &mut state, map, &mut f, bar.as_ref(), drops)?;
         }
     }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(Read { header, state, summary: Some(reader.summary()) })
 }
 
 /// Files from this size on are decoded on a second thread while the caller's thread consumes.

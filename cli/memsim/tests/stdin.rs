@@ -129,3 +129,16 @@ fn report_reads_standard_input_once_and_names_it() {
         assert!(err.contains("- (standard input)") && !err.contains("/dev/stdin"), "{cmd}: {err}");
     }
 }
+
+/// `report -` reads a spooled copy of its input, and a pickle there was told to be renamed from
+/// the copy's ".mtrace"; it is told what `replay -` tells: give it as a file, not a stream.
+#[test]
+fn a_pickle_streamed_to_report_is_to_be_given_as_a_file() {
+    let pickle = serde_pickle::to_vec(&serde_json::json!({"segments": []}), serde_pickle::SerOptions::new()).unwrap();
+    for cmd in ["replay", "report"] {
+        let (code, _, err) = memsim_fed(&[cmd, "-", "--json"], &pickle);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("give it as a .pickle/.pkl file, not a stream"), "{cmd}: {err}");
+        assert!(!err.contains("named .mtrace"), "{cmd}: {err}");
+    }
+}
