@@ -79,8 +79,10 @@ struct Builder<'a> {
     header: &'a Header,
     stacks: HashMap<StackId, Vec<OutFrame>>,
     /// The key in `stacks` each trace stack id names now: a redefined id gets a fresh key, so
-    /// the entries made under its earlier definition keep their frames.
+    /// the entries made under its earlier definition keep their frames. Fresh keys come down from
+    /// `fresh`, which only falls, so a run of redefinitions costs linear time, not a search each.
     current: HashMap<StackId, StackId>,
+    fresh: StackId,
     traces: Vec<Vec<OutEntry>>,
     segments: Vec<OutSegment>,
     /// Requested size of live blocks, for frees that do not carry a size.
@@ -129,7 +131,7 @@ impl Builder<'_> {
                 let frames = s.frames.iter().map(out_frame).collect();
                 let mut key = s.id;
                 while self.stacks.contains_key(&key) {
-                    key = key.checked_sub(1).unwrap_or(StackId::MAX);
+                    (key, self.fresh) = (self.fresh, self.fresh.wrapping_sub(1));
                 }
                 self.current.insert(s.id, key);
                 self.stacks.insert(key, frames);
@@ -359,6 +361,7 @@ fn export(header: &Header, records: &[Record], replayed: bool) -> Result<(Vec<u8
         header,
         stacks: HashMap::new(),
         current: HashMap::new(),
+        fresh: StackId::MAX,
         traces: Vec::new(),
         segments: Vec::new(),
         live: HashMap::new(),
