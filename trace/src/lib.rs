@@ -34,6 +34,7 @@ pub mod metadata;
 mod prefix;
 mod read;
 pub mod small;
+pub mod terminal;
 pub mod units;
 mod write;
 

@@ -40,7 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // The residuals are of the points the runs' own profile gave: another GPU's are not this one's.
     let pname = Profile::name_of(&ppath);
     if let Some(w) = estimators::safety::another_gpu(&records, &profile, &pname, "a constant") {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
     // A run the prior constants were fitted on says nothing held out of them: it is trained on,

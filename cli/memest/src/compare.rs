@@ -175,7 +175,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let loaded = estimators::dataset::load(d, &[])?;
         estimators::dataset::refuse_past_any_device(d, &loaded.rows)?;
         for w in &loaded.warnings {
-            eprintln!("memest: warning: {w}");
+            eprintln!("memest: warning: {}", trace::terminal::printable(w));
         }
         let mut all = loaded.rows;
         let n_read = all.len();

@@ -94,7 +94,7 @@ pub fn trace_warnings(records: &[RunRecord]) {
         records.len()
     );
     for w in rows.iter().take(ROWS_SHOWN).flatten() {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(w));
     }
 }
 

@@ -129,13 +129,13 @@ pub fn run(a: Args) -> anyhow::Result<u8> {
         report.warnings.extend(memsim_cli::point_without_effect(true, &[&report.margin]));
     }
     for w in &report.warnings {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(w));
     }
     let code = if report.verdict.fits { 0u8 } else { 1u8 };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.text.render());
+        print!("{}", trace::terminal::printable_lines(&report.text.render()));
     }
     Ok(code)
 }
@@ -173,7 +173,7 @@ pub fn render(a: RenderArgs) -> anyhow::Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&words)?);
     } else {
-        print!("{}", words.render());
+        print!("{}", trace::terminal::printable_lines(&words.render()));
     }
     Ok(())
 }

@@ -218,7 +218,7 @@ fn parse_model(name: &str) -> anyhow::Result<ModelKind> {
 pub(crate) fn load_dataset(path: &Path) -> anyhow::Result<Dataset> {
     let ds = Dataset::load(path)?;
     for w in &ds.warnings {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(w));
     }
     Ok(ds)
 }
@@ -241,7 +241,7 @@ fn load_examples(path: &Path, family: Option<&str>) -> anyhow::Result<(Examples,
 fn train(a: TrainArgs) -> anyhow::Result<u8> {
     let kind = parse_model(&a.model)?;
     for w in a.knobs.unused_by(&[kind]).into_iter().chain(a.knobs.seed_unused_by(kind)) {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     // The model file would replace the data it was trained on.
     crate::outputs::refuse_input("--out", &a.out, [("the --dataset", a.dataset.as_path())])?;
@@ -290,11 +290,11 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
             // estimate of `memest estimate --features` uses, so both give one answer.
             let file = estimators::features_file::FeaturesFile::parse(&text, Path::new(&source))?;
             for w in &file.warnings {
-                eprintln!("memest: warning: {w}");
+                eprintln!("memest: warning: {}", trace::terminal::printable(w));
             }
             let job = estimators::ml::job::predict_job(&model, &a.model, &file, &source)?;
             for w in &job.warnings {
-                eprintln!("memest: warning: {w}");
+                eprintln!("memest: warning: {}", trace::terminal::printable(w));
             }
             vec![(job.prediction, job.warnings)]
         } else {
@@ -303,7 +303,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
                 bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");
             }
             if let Some(w) = model.range_unknown(&a.model) {
-                eprintln!("memest: warning: {w}");
+                eprintln!("memest: warning: {}", trace::terminal::printable(&w));
             }
             let preds = model.predict(&x)?;
             let n = preds.len();
@@ -315,7 +315,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
                     let at = if n > 1 { format!("{source}: entry {i}") } else { source.clone() };
                     let warnings = model.outside_training_at(&row.to_vec(), &at);
                     for w in &warnings {
-                        eprintln!("memest: warning: {}: {w}", a.model.display());
+                        eprintln!("memest: warning: {}: {}", a.model.display(), trace::terminal::printable(w));
                     }
                     (p, warnings)
                 })
@@ -446,7 +446,7 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
 /// counted, the first named; or that the model file does not record the range.
 fn say_outside_training(model: &ModelFile, model_path: &Path, path: &Path, ex: &Examples) {
     if let Some(w) = model.range_unknown(model_path) {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     let outside: Vec<(usize, Vec<String>)> =
         ex.x.rows()
@@ -510,7 +510,7 @@ fn evaluate(a: EvalArgs, gpumemnet: bool) -> anyhow::Result<u8> {
         cfg.models = gpumemnet_models(&cfg.models, !a.models.is_empty())?;
     }
     for w in a.knobs.unused_by(&cfg.models) {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     let (ex, _) = load_examples(&a.dataset, None)?;
     if a.folds > ex.len() {

@@ -53,13 +53,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let records = a.io.read()?;
     let pname = Profile::name_of(&ppath);
     for w in estimated_otherwise(&records, &profile, &pname) {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     // The profile's own calibration rows, whichever profile the runs were compared with.
     let calibrated = crate::fitio::calibrated_rows(&profile, &ppath)?;
     let (regime, said) = estimators::safety::regime(&records, a.regime.as_deref());
     for w in said {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &regime)?;
     if !fit.too_few.is_empty() {

@@ -78,7 +78,7 @@ fn cv(a: CvArgs) -> anyhow::Result<u8> {
     };
     let kernel = a.kernel_features.as_deref().map(KernelFeatures::load).transpose()?;
     for w in kernel.iter().flat_map(|k| k.mismatches(&ds.rows)) {
-        eprintln!("memest: warning: {w}");
+        eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
     let cfg = ProtocolConfig {
         seed: a.seed,

@@ -530,3 +530,22 @@ fn compare_names_the_rows_the_trainer_cannot_rebuild() {
     assert!(err.contains("the trainer could not rebuild 1 of the 2 rows"), "{err}");
     assert!(err.contains("row two-00002 (Filename \"weird name.out\"): ") && err.contains("key:value"), "{err}");
 }
+
+/// A trace string with a control character (a header's `profile` "h\x1b[2Jx") reached the
+/// terminal raw in memest's warnings and lines, where memsim escapes it; the JSON stays as it is.
+#[test]
+fn trace_strings_are_escaped_on_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, f) = inputs(dir.path());
+    let meta = [("batch_size", "8"), ("cuda_emulation", "true"), ("profile", "h\u{1b}[2Jx"), ("model", "m\u{1b}[1m")];
+    let t = dir.path().join("evil.jsonl");
+    std::fs::write(&t, jsonl_trace(&meta, &[('a', 1, 3 * MIB), ('m', 0, 2), ('a', 2, MIB)])).unwrap();
+    let t = t.display().to_string();
+    let (code, out, err) = memest_code(&["estimate", "--trace", &t, "--features", &f]);
+    assert!(code == 0 || code == 1, "{err}");
+    assert!(err.contains(r"h\u{1b}[2Jx"), "the warning names the profile, escaped: {err}");
+    assert!(!out.contains('\u{1b}') && !err.contains('\u{1b}'), "{out}\n{err}");
+    let (_, out, _) = memest_code(&["estimate", "--trace", &t, "--features", &f, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["warnings"].to_string().contains(r"\u001b[2J"), "JSON keeps the string: {}", v["warnings"]);
+}

@@ -45,18 +45,7 @@ pub fn process_main(main: fn(std::env::ArgsOs) -> u8) -> ExitCode {
     ExitCode::from(main(std::env::args_os()))
 }
 
-/// `s` as the terminal should show it: a control character a trace carries (an escape sequence
-/// in a producer's name, a newline in a metadata value) is written as its Rust escape (`\u{1b}`,
-/// `\n`), so that no input can clear the screen or forge a line of memsim's output.
-pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
-        return s.into();
-    }
-    s.chars()
-        .map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() })
-        .collect::<String>()
-        .into()
-}
+pub use trace::terminal::printable;
 
 /// The error chain on one line, as `{:#}` prints it, less the causes an error's own message
 /// already quotes (a `thiserror` message that says `{source}` and also names it its source).
