@@ -168,8 +168,7 @@ pub enum ConfigError {
     /// A second `backend` naming another backend than the first (2.4 to 2.8).
     #[error(
         "backend is given as '{first}' and then as '{then}': PyTorch {version} picks the backend at load time from \
-         the first and fails when a later one differs (\"Allocator backend parsed at runtime != allocator backend \
-         parsed at load time\"); give backend once"
+         the first and its runtime parse fails on a later one that differs; give backend once"
     )]
     BackendChanged {
         /// The first value, the one in force.
