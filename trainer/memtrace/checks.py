@@ -175,7 +175,8 @@ def elements(name: str, value: Any) -> int | None:
     from memtrace_trainer.symtrace.deepspeed import whole_elements
 
     # A NumPy or 0-dim tensor integer is taken as the counts are (`integer`).
-    n = whole_elements(integer(value) if integer(value) is not None else value)
+    whole = integer(value)
+    n = whole_elements(whole if whole is not None else value)
     n = n if not isinstance(value, str) else None
     if value is not None and (n is None or n < 0):
         raise EstimateError(f"{name}={value!r}: expected a whole number of elements, 0 or more")

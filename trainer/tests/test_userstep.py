@@ -477,6 +477,9 @@ def test_a_script_that_ran_fewer_iterations_says_how_many_it_ran(tmp_path: Path)
     done = cli("symtrace", "--script", str(script), "--out", str(out))
     assert "iterations = 3" not in done.stderr, done.stderr
     assert json.loads(out.read_text().splitlines()[0])["metadata"]["iterations"] == "1"
+    r = json.loads(cli("symtrace", "--script", str(script), "--out", str(out), "--json").stdout)
+    assert (r["iterations"], r["iterations_asked"]) == (1, 3), r
+    assert "iterations" not in r["defaults"], r
 
 
 def test_a_script_that_stops_on_its_loss_is_told_why(tmp_path: Path) -> None:

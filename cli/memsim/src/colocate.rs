@@ -71,7 +71,7 @@ pub fn run(a: Args) -> Result<u8> {
             None => crate::replay::outside_for(profile.as_ref(), &read.header, &mut job_warnings),
         };
         let margin = crate::replay::margin_for(profile.as_ref(), &read.header, &mut job_warnings);
-        warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", t.display())));
+        warnings.extend(job_warnings.into_iter().map(|w| format!("{}: {w}", crate::input::shown(t))));
         jobs.push(Job { name: t.display().to_string(), header: read.header, records: read.state, outside, margin });
     }
     if profile.is_none() && a.context.is_none() {

@@ -67,11 +67,20 @@ pub fn shown(path: &Path) -> String {
 /// inspects (a closed pipe) keeps its causes.
 pub fn renamed(e: anyhow::Error, opened: &Path, named: &Path) -> anyhow::Error {
     let text = crate::exit::chain_text(&e);
+    match renamed_text(&text, opened, named) {
+        Some(text) => anyhow::anyhow!(text),
+        None => e,
+    }
+}
+
+/// `text` (an error's chain, a warning) with the path an input was opened by named as the user
+/// named it ([`shown`]); `None` where it does not say the opened path.
+pub fn renamed_text(text: &str, opened: &Path, named: &Path) -> Option<String> {
     let opened = opened.display().to_string();
     if opened == named.display().to_string() || !text.contains(&opened) {
-        return e;
+        return None;
     }
-    anyhow::anyhow!(text.replace(&opened, &shown(named)))
+    Some(text.replace(&opened, &shown(named)))
 }
 
 /// How a spooled copy's name starts: an error found in the copy is about a stream, not a file
@@ -151,6 +160,9 @@ pub fn input_warnings(
     path: &Path,
     strict: bool,
 ) -> Result<Vec<String>> {
+    // Warnings name standard input as errors do.
+    let named = PathBuf::from(shown(path));
+    let path = named.as_path();
     summary_warnings(summary, path, strict)?;
     let caveats = Caveats::of(header);
     if strict && caveats.state_only {

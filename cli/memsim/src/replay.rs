@@ -291,7 +291,7 @@ fn replay_one(a: &Args, file: &Path, opts: &ReplayOptions, profile: Option<&(Pro
     outln!(
         out,
         "{}: replayed {} requests of {} records ({rejected}allocator rules {version})",
-        file.display(),
+        crate::input::shown(file),
         rep.requests,
         rep.events
     );

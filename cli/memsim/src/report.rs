@@ -339,7 +339,7 @@ pub fn run(a: Args) -> Result<u8> {
         let Some(v) = &r.verdict else { continue };
         let gpu = profile.as_ref().map_or_else(String::new, |(p, _): &(Profile, PathBuf)| p.gpu.name.clone());
         for w in &r.warnings {
-            let w = w.replace(&open.display().to_string(), &a.file.display().to_string());
+            let w = crate::input::renamed_text(w, open, &a.file).unwrap_or_else(|| w.clone());
             if !warnings.contains(&w) {
                 warnings.push(w);
             }
@@ -374,7 +374,7 @@ pub fn run(a: Args) -> Result<u8> {
                 merged.push(w);
             }
         }
-        let own = format!("{}: ", a.file.display());
+        let own = format!("{}: ", crate::input::shown(&a.file));
         for w in warnings {
             if !merged.contains(&w) && !said_of_trace(&merged, w.strip_prefix(&own)) {
                 merged.push(w);

@@ -103,7 +103,8 @@ fn what_a_stream_cannot_be_is_refused_by_name() {
 
 /// `report` reads its input for the page and again for each profile's verdict: from a pipe the
 /// second read found it spent ("/dev/stdin: incomplete trace header ... the input is empty"). A
-/// stream is read once; and every command names standard input as `-`, not `/dev/stdin`.
+/// stream is read once; and every command names standard input `- (standard input)`, in errors and
+/// warnings alike, not `/dev/stdin` nor `-:`.
 #[test]
 fn report_reads_standard_input_once_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -117,10 +118,15 @@ fn report_reads_standard_input_once_and_names_it() {
     let page = dir.path().join("r.html");
     let (code, _, err) = memsim_fed(&["report", "-", "--html", page.to_str().unwrap()], TRACE.as_bytes());
     assert_eq!(code, 0, "{err}");
-    // A trace cut short: its warning names `-`, once.
+    // A trace cut short: its warning names standard input as errors do, once, in every command.
     let cut = &TRACE.as_bytes()[..TRACE.len() - 20];
-    let (_, _, err) = memsim_fed(&["report", "--json", "-"], cut);
-    assert_eq!(err.matches("-: truncated").count(), 1, "{err}");
+    for cmd in ["report", "replay", "stats"] {
+        let mut args = vec![cmd, "-"];
+        args.extend((cmd == "report").then_some("--json"));
+        let (_, _, err) = memsim_fed(&args, cut);
+        assert_eq!(err.matches("- (standard input): truncated").count(), 1, "{cmd}: {err}");
+        assert!(!err.contains("-: ") && !err.contains(".memsim-stream-"), "{cmd}: {err}");
+    }
     for cmd in ["report", "replay", "stats"] {
         let mut args = vec![cmd, "-"];
         args.extend((cmd == "report").then_some("--json"));

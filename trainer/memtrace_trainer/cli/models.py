@@ -221,8 +221,7 @@ def _symtrace_one(args: dict[str, Any], out: Path) -> dict[str, Any]:
         _allocated(summary, f"--script {args['script']}")
         ran = int(meta["iterations"])
         if ran < steps:  # the script's end decided the count, not --steps (warned)
-            return {**_symtrace_result(out, summary, {}, {"iterations": ran}, ran),
-                    "iterations_asked": steps}  # fmt: skip
+            return _symtrace_result(out, summary, {}, args, ran, asked=steps)
         return _symtrace_result(out, summary, {}, args, steps)
     if args.get("step"):
         profile = load_profile(args.get("profile"))
@@ -251,10 +250,19 @@ def _allocated(summary: Any, label: str) -> None:
 
 
 def _symtrace_result(
-    out: Path, summary: Any, defaults: dict[str, Any], args: dict[str, Any], steps: int
+    out: Path,
+    summary: Any,
+    defaults: dict[str, Any],
+    args: dict[str, Any],
+    steps: int,
+    asked: int | None = None,
 ) -> dict[str, Any]:
-    """What `symtrace --json` prints for one trace."""
+    """What `symtrace --json` prints for one trace. `asked`: the count asked for where the
+    traced code decided how many ran (a script's end): what ran is then no default."""
     fields = summary.to_json()
+    if asked is not None:
+        return {"out": str(out), **fields, "defaults": defaults, "iterations": steps,
+                "iterations_asked": asked}  # fmt: skip
     return {"out": str(out), **fields, "defaults": defaults | steps_default(args, steps),
             "iterations": steps}  # fmt: skip
 
