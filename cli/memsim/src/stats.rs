@@ -129,7 +129,14 @@ fn stats_one(a: &Args, file: &Path, opts: UtilOptions) -> Result<Output> {
         out.json = Some(v);
         return Ok(out);
     }
-    outln!(out, "{}: {} trace by {} {}", crate::input::shown(file), level(&header), header.producer.name, header.producer.version);
+    outln!(
+        out,
+        "{}: {} trace by {} {}",
+        crate::input::shown(file),
+        level(&header),
+        header.producer.name,
+        header.producer.version
+    );
     outln!(out, "  events            {}", s.events);
     for (k, n) in &s.kinds {
         outln!(out, "    {k:<16} {n}");
