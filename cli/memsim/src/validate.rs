@@ -81,8 +81,10 @@ pub fn run(a: Args) -> Result<u8> {
     r.warnings.extend(more);
     crate::input::warn(&r.warnings);
     let code = if r.passed() { 0u8 } else { 1u8 };
-    // From here, nothing compared means no event at all: "exact", vacuously.
+    // From here, nothing compared means no allocation to place (events of other kinds may be
+    // there): "exact", vacuously.
     let nothing = r.nothing_compared;
+    let entries: usize = snap.device_traces.iter().map(Vec::len).sum();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(code);
@@ -142,13 +144,20 @@ pub fn run(a: Args) -> Result<u8> {
         "  verdict           {}",
         match r.verdict {
             // Nothing was compared: say so, not that everything matched.
-            Verdict::Exact if nothing => {
+            Verdict::Exact if nothing && entries == 0 => {
                 "EXACT, but vacuously: the snapshot records no allocator events (only its segments), so \
                  nothing was compared beyond loading its state"
+                    .to_string()
             }
-            Verdict::Exact => "EXACT: every address and segment event matches",
-            Verdict::ExplainedByStartState => "mismatches explained by the unrecoverable start state",
-            Verdict::Mismatch => &mismatch,
+            Verdict::Exact if nothing => format!(
+                "EXACT, but vacuously: the snapshot records {entries} allocator event{} and no allocation among \
+                 them (frees, segment events or markers only), so no address was compared; its state was loaded \
+                 and its events replayed",
+                if entries == 1 { "" } else { "s" }
+            ),
+            Verdict::Exact => "EXACT: every address and segment event matches".to_string(),
+            Verdict::ExplainedByStartState => "mismatches explained by the unrecoverable start state".to_string(),
+            Verdict::Mismatch => mismatch,
         }
     );
     Ok(code)

@@ -346,3 +346,23 @@ fn stats_calls_damaged_only_what_replay_reads_and_a_free_of_null_no_free() {
         }
     }
 }
+
+/// `validate` of a snapshot whose events hold no allocation (a free of a block its state held)
+/// said "the snapshot records no allocator events": it records two, none of them to place.
+#[test]
+fn validate_says_what_a_snapshot_without_allocations_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, size) = (1u64 << 30, 20 * MIB);
+    let entry = |action: &str| json!({"action": action, "addr": addr, "size": size, "stream": 0, "frames": []});
+    let frees =
+        snapshot(dir.path(), "frees.pickle", "inactive", json!([entry("free_requested"), entry("free_completed")]));
+    let none = snapshot(dir.path(), "none.pickle", "inactive", json!([]));
+    for (file, says) in [
+        (&frees, "EXACT, but vacuously: the snapshot records 2 allocator events and no allocation among them"),
+        (&none, "EXACT, but vacuously: the snapshot records no allocator events"),
+    ] {
+        let (code, out, err) = memsim(&["validate", file]);
+        assert_eq!(code, 0, "{file}: {err}");
+        assert!(out.contains(says), "{file}: {out}");
+    }
+}
