@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 /// A synthetic memory-like dataset: value = 1001 + 3000·(0.7·x0 + 0.3·x1) MiB, in MLP bins
 /// (1000, 2000], (2000, 3000], (3000, 4000]; x2 and x3 are noise features; 8 feature columns so
 /// the MLP-family feature names fit.
-fn synthetic(n: usize, seed: u64) -> Examples {
+pub(crate) fn synthetic(n: usize, seed: u64) -> Examples {
     let mut rng = StdRng::seed_from_u64(seed);
     let target = Target::memory(Family::Mlp);
     let x = Array2::from_shape_fn(
@@ -44,7 +44,7 @@ fn synthetic(n: usize, seed: u64) -> Examples {
     }
 }
 
-fn fast_config() -> TrainConfig {
+pub(crate) fn fast_config() -> TrainConfig {
     TrainConfig { seed: 11, mlp_epochs: 60, trees: 9, gbm_budget: 0.5 }
 }
 

@@ -20,6 +20,8 @@ mod safety;
 /// Symbolic replay, capped reruns, live-peak and FakeTensor-style peaks on hand-built traces.
 mod symbolic;
 
+/// ML estimators: damaged model files refused at load, naming the field.
+mod ml_damaged;
 /// ML estimators: GPUMemNet CSV loading, bins, feature sets, error messages.
 mod ml_data;
 /// ML estimators: model families learn, are deterministic, round-trip, never see held-out rows.

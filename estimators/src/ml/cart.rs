@@ -268,4 +268,56 @@ impl Forest {
     pub fn task(&self) -> TreeTask {
         self.task
     }
+
+    /// Whether a forest read from a file can be walked: at least one tree, every split's
+    /// feature below `n_features`, every child after its parent and inside the tree (so a walk
+    /// ends: an edited index pointing back looped forever), and every leaf as wide as the task
+    /// (`n_classes` probabilities, or one mean). The error says where and what was expected.
+    pub fn check(&self, n_features: usize, n_classes: usize) -> Result<(), String> {
+        if self.trees.is_empty() {
+            return Err("no trees: expected at least one".to_string());
+        }
+        let width = match self.task {
+            TreeTask::Classify(k) if k != n_classes => {
+                return Err(format!("task Classify({k}): expected Classify({n_classes}), one class per bin"))
+            }
+            TreeTask::Classify(k) => k,
+            TreeTask::Regress => 1,
+        };
+        for (t, tree) in self.trees.iter().enumerate() {
+            if tree.task != self.task {
+                return Err(format!("trees[{t}].task {:?}: expected the forest's {:?}", tree.task, self.task));
+            }
+            if tree.nodes.is_empty() {
+                return Err(format!("trees[{t}].nodes is empty: expected at least a root"));
+            }
+            let n = tree.nodes.len();
+            for (i, node) in tree.nodes.iter().enumerate() {
+                let at = format!("trees[{t}].nodes[{i}]");
+                match node {
+                    Node::Leaf(v) if v.len() != width => {
+                        return Err(format!("{at}: a leaf of {} values: expected {width}", v.len()))
+                    }
+                    Node::Leaf(v) if v.iter().any(|p| !p.is_finite()) => {
+                        return Err(format!("{at}: a leaf value is not a finite number"))
+                    }
+                    Node::Leaf(_) => {}
+                    Node::Split { feature, .. } if *feature >= n_features => {
+                        return Err(format!("{at}: feature {feature}: expected below {n_features}, the feature count"))
+                    }
+                    Node::Split { threshold, .. } if threshold.is_nan() => {
+                        return Err(format!("{at}: threshold is not a number"))
+                    }
+                    Node::Split { left, right, .. } => {
+                        if let Some(c) = [left, right].into_iter().find(|&&c| c <= i || c >= n) {
+                            return Err(format!(
+                                "{at}: child {c}: expected a node after {i} and below {n}, the tree's node count"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }

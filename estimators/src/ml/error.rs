@@ -64,7 +64,8 @@ pub enum MlError {
         row: usize,
     },
     /// A model file parsed but its parts disagree (edited by hand, or damaged): its feature
-    /// names, the scaler's width, its bins or its target.
+    /// names, the scaler's width, its bins, its target, or a model body that would panic or loop
+    /// (an index out of range, a tree node pointing back, a zero deviation).
     #[error("{path}: field {field}: {expected}")]
     ModelFileField {
         /// The model file.

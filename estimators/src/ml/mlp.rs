@@ -368,6 +368,38 @@ impl MlpEnsemble {
         self.forward(x).column(0).iter().map(|v| v * sd + mu).collect()
     }
 
+    /// Whether an ensemble read from a file can be evaluated on `n_features` columns: at least
+    /// one member, each layer's input as wide as the previous output, and `n_out` outputs
+    /// (ndarray panics on a mismatched product). The error says where and what was expected.
+    pub fn check(&self, n_features: usize, n_out: usize) -> Result<(), String> {
+        if self.members.is_empty() {
+            return Err("no members: expected at least one".to_string());
+        }
+        for (m, member) in self.members.iter().enumerate() {
+            let mut cur = n_features;
+            for (i, (l, bn)) in member.hidden.iter().enumerate() {
+                let w = l.w.nrows();
+                let widths = [l.b.len(), bn.gamma.len(), bn.beta.len(), bn.running_mean.len(), bn.running_var.len()];
+                if l.w.ncols() != cur || widths.iter().any(|&x| x != w) {
+                    return Err(format!(
+                        "members[{m}].hidden[{i}]: a {w}x{} layer: expected {cur} inputs and every vector {w} long",
+                        l.w.ncols()
+                    ));
+                }
+                cur = w;
+            }
+            let o = &member.out;
+            if o.w.ncols() != cur || o.w.nrows() != n_out || o.b.len() != n_out {
+                return Err(format!(
+                    "members[{m}].out: a {}x{} layer: expected {n_out} outputs from {cur} inputs",
+                    o.w.nrows(),
+                    o.w.ncols()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Total trainable parameters (GPUMemNet quotes 1,495–1,646 for its MLP estimator).
     pub fn parameter_count(&self) -> usize {
         let mut clone = self.members.clone();

@@ -274,6 +274,9 @@ impl ModelFile {
                 ),
             );
         }
+        if let Err((field, expected)) = self.pipeline.check_body(names.len(), b.classes()) {
+            return bad(field, expected);
+        }
         if let Some(ranges) = &self.training_ranges {
             let aligned = ranges.len() == names.len() && ranges.iter().zip(names).all(|(r, n)| r.feature == *n);
             if !aligned || ranges.iter().any(|r| !(r.min.is_finite() && r.max.is_finite() && r.min <= r.max)) {

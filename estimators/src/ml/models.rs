@@ -285,6 +285,66 @@ impl Pipeline {
         })
     }
 
+    /// Whether a pipeline read from a file can predict `n_features` columns into `n_classes`
+    /// bins without a panic: finite means, positive finite deviations (a zero one divided every
+    /// input into infinity), and a model whose indices and shapes fit. The error is the field
+    /// at fault (under `pipeline`) and what was expected.
+    pub fn check_body(&self, n_features: usize, n_classes: usize) -> Result<(), (&'static str, String)> {
+        let s = &self.scaler;
+        if let Some(j) = s.mean.iter().position(|m| !m.is_finite()) {
+            return Err(("pipeline.scaler.mean", format!("mean {j} is {}: expected a finite number", s.mean[j])));
+        }
+        if let Some(j) = s.std.iter().position(|d| !(d.is_finite() && *d > 0.0)) {
+            return Err((
+                "pipeline.scaler.std",
+                format!("deviation {j} is {}: expected a finite number above 0", s.std[j]),
+            ));
+        }
+        let at = |field| move |e: String| (field, e);
+        match &self.model {
+            Fitted::Trees(f) => f.check(n_features, n_classes).map_err(at("pipeline.model.model")),
+            Fitted::Mlp(m) => {
+                let out = if self.kind == ModelKind::MlpReg { 1 } else { n_classes };
+                m.check(n_features, out).map_err(at("pipeline.model.model"))
+            }
+            Fitted::Linear(m) => {
+                if let Some(c) = m.columns.iter().find(|&&c| c >= n_features) {
+                    return Err((
+                        "pipeline.model.model.columns",
+                        format!("column {c}: expected below {n_features}, the feature count"),
+                    ));
+                }
+                if m.columns.windows(2).any(|w| w[0] >= w[1]) || m.model.params().len() != m.columns.len() {
+                    return Err((
+                        "pipeline.model.model.columns",
+                        format!(
+                            "{} columns for {} coefficients: rising, one per coefficient",
+                            m.columns.len(),
+                            m.model.params().len()
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Fitted::Logistic(m) if m.params().nrows() != n_features || m.intercept().len() != m.params().ncols() => {
+                Err((
+                    "pipeline.model.model",
+                    format!(
+                        "{}x{} coefficients and {} intercepts: expected {n_features} rows, one intercept per column",
+                        m.params().nrows(),
+                        m.params().ncols(),
+                        m.intercept().len()
+                    ),
+                ))
+            }
+            Fitted::Gbm(m) if m.classes.is_empty() || m.classes.iter().any(|&c| c >= n_classes) => Err((
+                "pipeline.model.model.classes",
+                format!("{:?}: expected at least one class, each below {n_classes}, the bin count", m.classes),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn check_width(&self, x: &Array2<f64>) -> Result<(), MlError> {
         let want = self.scaler.mean.len();
         if x.ncols() != want {
