@@ -79,6 +79,15 @@ pub struct Fit {
     pub before: Metrics,
     /// Test-set metrics with the fitted constants.
     pub after: Metrics,
+    /// Training runs that load neither cuBLAS nor cuDNN: no constant fitted here applies to
+    /// them alone, so they are left out of the fit.
+    pub left_out_no_library: usize,
+    /// Training runs whose measured peak is below their symbolic reserved peak: the device holds
+    /// at least what the allocator reserved, so each contradicts the model.
+    pub below_reserved: usize,
+    /// Whether a fitted residual was below zero and its constant clamped to 0: the measured peaks
+    /// fall below the symbolic reserved peak, and the constant written would not be what was fitted.
+    pub clamped: bool,
     /// Notes on identifiability.
     pub notes: Vec<String>,
 }
@@ -117,7 +126,12 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         .filter(|r| r.uses_gemm && !r.uses_conv)
         .map(|r| (r.truth_mib - r.reserved_mib, 1.0 / r.truth_mib))
         .collect();
+    // Runs without either library fit no term of their own here; counted, so the notes below
+    // never say no such run exists.
+    let left_out = train.iter().filter(|r| !r.uses_gemm && !r.uses_conv).count();
+    let below_reserved = train.iter().filter(|r| r.truth_mib < r.reserved_mib).count();
     let mut notes = Vec::new();
+    let mut clamped = false;
     let mut outside = prior.clone();
     let mlp_sum = wq(&mlp);
     if let Some(sum) = mlp_sum {
@@ -125,15 +139,30 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         // context stays at its prior and cuBLAS takes the rest (never below zero).
         if sum >= prior.context_mib {
             outside.cublas_mib = sum - prior.context_mib;
-            notes.push(format!(
-                "context_mib kept at its prior {:.1}: no run without GEMMs separates it from cublas_mib",
-                prior.context_mib
-            ));
-        } else {
-            outside.context_mib = sum.max(0.0);
+            notes.push(if left_out == 0 {
+                format!(
+                    "context_mib kept at its prior {:.1}: no run without GEMMs separates it from cublas_mib",
+                    prior.context_mib
+                )
+            } else {
+                format!(
+                    "context_mib kept at its prior {:.1}: the {left_out} runs without GEMMs are not used to separate                      it from cublas_mib",
+                    prior.context_mib
+                )
+            });
+        } else if sum >= 0.0 {
+            outside.context_mib = sum;
             outside.cublas_mib = 0.0;
             notes.push(format!(
                 "MLP residual {sum:.1} MiB is below the prior context: context_mib lowered to it, cublas_mib 0"
+            ));
+        } else {
+            clamped = true;
+            outside.context_mib = 0.0;
+            outside.cublas_mib = 0.0;
+            notes.push(format!(
+                "MLP residual {sum:.1} MiB is below zero (measured peaks below the symbolic reserved peak): \
+                 context_mib and cublas_mib clamped to 0, not fitted"
             ));
         }
     } else {
@@ -149,13 +178,42 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         })
         .collect();
     match wq(&conv) {
-        Some(c) => outside.cudnn_mib = c.max(0.0),
+        Some(c) if c < 0.0 => {
+            clamped = true;
+            outside.cudnn_mib = 0.0;
+            notes.push(format!(
+                "cuDNN residual {c:.1} MiB is below zero (measured peaks below the symbolic reserved peak and the \
+                 other constants): cudnn_mib clamped to 0, not fitted"
+            ));
+        }
+        Some(c) => outside.cudnn_mib = c,
         None => notes.push("no convolutional runs: cudnn_mib keeps its prior".into()),
     }
-    if mlp.is_empty() && conv.is_empty() {
-        return Err(EstimateError::Calibration(
-            "no training run has both a measured peak and a symbolic estimate: nothing to fit".into(),
+    if left_out > 0 {
+        notes.push(format!(
+            "{left_out} of {} training runs load neither cuBLAS nor cuDNN (uses_gemm and uses_conv false): left out, \
+             no fitted constant is theirs alone",
+            train.len()
         ));
+    }
+    if below_reserved > 0 {
+        notes.push(format!(
+            "{below_reserved} of {} training runs measured a peak below their symbolic reserved peak: the device \
+             holds at least what the allocator reserved, so these contradict the model (a mismeasured peak, or a \
+             replay that overestimates)",
+            train.len()
+        ));
+    }
+    if mlp.is_empty() && conv.is_empty() {
+        let why = if left_out > 0 {
+            format!(
+                "all {left_out} training runs load neither cuBLAS nor cuDNN (uses_gemm and uses_conv false), and only \
+                 runs that load one fit a constant: nothing to fit"
+            )
+        } else {
+            "no training run has both a measured peak and a symbolic estimate: nothing to fit".to_string()
+        };
+        return Err(EstimateError::Calibration(why));
     }
     let eval = |o: &OutsideAllocator| {
         let runs: Vec<metrics::Run> = test
@@ -178,6 +236,9 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
         train_mlp: mlp.len(),
         train_conv: conv.len(),
         test: test.len(),
+        left_out_no_library: left_out,
+        below_reserved,
+        clamped,
         notes,
     })
 }

@@ -200,3 +200,49 @@ fn the_rewritten_header_describes_this_fit() {
     let again = rewrite_profile(&out, &o, &prov, &RowSet::default());
     assert_eq!(again.matches("# The [outside_allocator] constants were fitted").count(), 1);
 }
+
+/// Measured peaks below the symbolic reserved peak, and runs loading neither library: the
+/// fit says the clamp and the contradiction with counts, and no note claims what is not so.
+#[test]
+fn contradicting_and_library_less_runs_are_said() {
+    let prior = OutsideAllocator { context_mib: 400.0, cublas_mib: 0.0, cudnn_mib: 0.0, ..Default::default() };
+    let no_library = |mut r: CalRun| {
+        r.uses_gemm = false;
+        r.id = format!("plain-{}", r.id);
+        r
+    };
+    // (MLP runs' outside, extra runs without a library, clamped, below reserved, notes said, notes not said)
+    type Case = (f64, usize, bool, usize, &'static [&'static str], &'static [&'static str]);
+    let cases: [Case; 4] = [
+        (-40.0, 0, true, 20, &["clamped to 0", "20 of 20 training runs measured a peak below"], &["lowered to -"]),
+        (200.0, 0, false, 0, &["context_mib lowered to it"], &["clamped", "below their symbolic"]),
+        (1000.0, 0, false, 0, &["no run without GEMMs separates it"], &["neither cuBLAS"]),
+        (
+            1000.0,
+            7,
+            false,
+            0,
+            &["the 7 runs without GEMMs are not used", "7 of 27 training runs load neither cuBLAS nor cuDNN"],
+            &["no run without GEMMs"],
+        ),
+    ];
+    for (outside, plain, clamped, below, said, unsaid) in cases {
+        let mut train = runs(20, false, outside);
+        train.extend(runs(plain, false, 5.0).into_iter().map(no_library));
+        let f = fit(&prior, &train, &[], 0.5, 40e9).unwrap();
+        let notes = f.notes.join("\n");
+        assert_eq!((f.clamped, f.below_reserved, f.left_out_no_library), (clamped, below, plain), "{notes}");
+        assert!(f.outside.context_mib >= 0.0 && f.outside.cublas_mib >= 0.0, "{:?}", f.outside);
+        for s in said {
+            assert!(notes.contains(s), "outside {outside}: {s:?} not in {notes}");
+        }
+        for s in unsaid {
+            assert!(!notes.contains(s), "outside {outside}: {s:?} in {notes}");
+        }
+    }
+    // Every training run without a library: the error says so, not that truths are missing.
+    let train: Vec<CalRun> = runs(12, false, 1000.0).into_iter().map(no_library).collect();
+    let e = fit(&prior, &train, &[], 0.5, 40e9).unwrap_err().to_string();
+    assert!(e.contains("all 12 training runs load neither cuBLAS nor cuDNN"), "{e}");
+    assert!(!e.contains("no training run has both"), "{e}");
+}

@@ -108,7 +108,33 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             pct(fit.after.under_fraction)
         );
     }
+    if fit.below_reserved > 0 {
+        eprintln!(
+            "memest: warning: {} of {} training runs measured a peak below their symbolic reserved peak, which \
+             contradicts the model (the device holds at least what the allocator reserved)",
+            fit.below_reserved,
+            train.len()
+        );
+    }
+    if fit.left_out_no_library > 0 {
+        eprintln!(
+            "memest: warning: {} of {} training runs left out of the fit: they load neither cuBLAS nor cuDNN \
+             (uses_gemm and uses_conv false)",
+            fit.left_out_no_library,
+            train.len()
+        );
+    }
     if let Some(out) = &a.io.write {
+        // A constant clamped to 0 is not what the runs say; written, every estimate on this GPU
+        // would carry it as measured.
+        if fit.clamped {
+            anyhow::bail!(
+                "--write {}: a fitted residual is below zero (measured peaks below the symbolic reserved peak) and its \
+                 constant was clamped to 0: the runs contradict the model, so no profile is written (without --write \
+                 the fit is only printed)",
+                out.display()
+            );
+        }
         // A weighted quantile of a handful of runs is one of them, not a calibration; the
         // profile would carry it as the constants of every estimate on this GPU.
         for (n, what) in [

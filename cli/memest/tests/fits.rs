@@ -307,3 +307,21 @@ fn wording_says_what_is_wrong() {
     assert_eq!(check(&args, "some.json: row 0: column \"<header>\": expected a GPUMemNet CSV"), 2);
     check(&["-h"], "estimate, render, compare");
 }
+
+/// Measured peaks below the symbolic reserved peak fit a negative constant: it was clamped to 0
+/// and written while the note said "lowered to -1812 MiB"; now said, warned, and not written.
+#[test]
+fn calibrate_refuses_to_write_constants_the_runs_contradict() {
+    let dir = tempfile::tempdir().unwrap();
+    // The truth 0-9% above 300 MiB, the reserved peak 500 MiB: every run below its reserved peak.
+    let runs = runs(dir.path(), 40, |i, r| r["truth_bytes"] = (300.0 * MIB as f64 * (1.0 + i as f64 / 100.0)).into());
+    let out = dir.path().join("out.toml");
+    let (r, o) = (runs.to_str().unwrap(), out.to_str().unwrap());
+    let (code, stdout, err) = crate::support::memest_code(&["calibrate", r]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("clamped to 0") && !stdout.contains("lowered to -"), "{stdout}");
+    assert!(err.contains("memest: warning: 28 of 28 training runs measured a peak below"), "{err}");
+    let (code, _, err) = crate::support::memest_code(&["calibrate", r, "--write", o]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("clamped to 0") && !out.exists(), "{err}");
+}
