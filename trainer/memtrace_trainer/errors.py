@@ -130,10 +130,11 @@ def read_text(path: Any, where: str, expected: str, newline: str | None = None) 
     GPUMemNet CSV, a run's JSON, a batch file): UTF-8, whole. A path `check_input_file` refuses,
     one this user cannot read, and bytes that are not UTF-8 are each a `UserError` naming `where`
     and what was `expected` (`"a YAML sweep file"`), never an internal error. `newline`: as
-    `open` takes it (`""` for the csv module)."""
+    `open` takes it (`""` for the csv module). A leading byte-order mark (a spreadsheet's
+    "CSV UTF-8") is not text: it named the first column `\ufeffFilename`."""
     check_input_file(path, where, expected)
     try:
-        with open(path, encoding="utf-8", newline=newline) as f:
+        with open(path, encoding="utf-8-sig", newline=newline) as f:
             return f.read()
     except UnicodeDecodeError as e:
         raise _unreadable(

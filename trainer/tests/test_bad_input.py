@@ -232,3 +232,22 @@ def test_a_batch_that_traced_some_keeps_its_folder(tmp_path: Path) -> None:
     done = cli("symtrace", "--batch", str(batch), "--out-dir", str(out), check=False)
     assert done.returncode == 1, done.stderr
     assert sorted(os.listdir(out)) == ["b.jsonl"]
+
+
+def test_an_ml_model_that_is_no_regular_file_is_said_as_such(tmp_path: Path) -> None:
+    """A FIFO (or a device) given as --ml-model was said to be "no such file"."""
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    done = cli("estimate", "--model", MLP, "--batch-size", "2", "--ml-model", str(fifo),
+               check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--ml-model {fifo}: not a regular file" in done.stderr, done.stderr
+
+
+def test_a_huge_reduce_bucket_is_refused_in_a_line(tmp_path: Path) -> None:
+    """`--reduce-bucket-size 1e300` is a whole number: refused, it was said in 301 digits."""
+    done = cli("estimate", "--model", MLP, "--batch-size", "2", "--strategy", "zero2",
+               "--world-size", "2", "--reduce-bucket-size", "1e300", check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--reduce-bucket-size 1.000e+300: expected at most" in done.stderr, done.stderr
+    assert len(done.stderr) < 400, done.stderr

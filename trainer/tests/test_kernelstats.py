@@ -368,3 +368,15 @@ def test_a_rerun_over_a_file_of_error_rows_still_fails(tmp_path: Path) -> None:
         assert "is a model spec, not a GPUMemNet file name" in done.stderr, done.stderr
     rows = list(csv.DictReader(out.open()))
     assert [r["status"] for r in rows] == ["error", "error"]
+
+
+def test_a_dataset_written_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """A spreadsheet's "CSV UTF-8" starts with a byte-order mark: its first column was read as
+    `\\ufeffFilename`, and the file refused as having no 'Filename' column (memest reads it)."""
+    dataset = tmp_path / "rows.csv"
+    name = "input:64_output:10_depth:2_arch:pyramid_batch:8.out"
+    dataset.write_bytes(b"\xef\xbb\xbf" + f'Filename,Batch Size\n"{name}",1\n'.encode())
+    out = tmp_path / "k.csv"
+    cli("kernel-stats", "--gpumemnet", str(dataset), "--out", str(out))
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["Filename"], r["status"]) for r in rows] == [(name, "ok")]

@@ -448,7 +448,7 @@ def test_a_sweeps_batch_sizes_do_not_multiply_an_entry_of_its_own_batch(tmp_path
         ("models: [torchvision:resnet18]\nrun: {iterations: 1}\n",
          ": 1 run has no batch_size (run 0: torchvision:resnet18)"),
         ("models: ['synthetic:{\"family\":\"mlp\",\"input_size\":8,\"output_size\":2,\"depth\":1}']"
-         "\nbatch_sizes: [2]\nrun: {input_shape: '3,9,9'}\n", "--input-shape 3,9,9"),
+         "\nbatch_sizes: [2]\nrun: {input_shape: '3,9,9'}\n", "input_shape 3,9,9: "),
     ],
 )  # fmt: skip
 def test_launch_refuses_what_every_run_would_fail_on_up_front(

@@ -450,3 +450,89 @@ def test_from_config_errors_are_named(tmp_path: Path) -> None:
     done = cli("run", "--from-config", str(tmp_path / "c.json"), "--labels-out", labels,
                check=False)  # fmt: skip
     assert done.returncode == 2 and "model 5: expected a model spec" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["launch", "{sweep}", "--out", "{out}", "--backend", "slurm", "--dry-run"],
+        ["symtrace", "--batch", "{batch}", "--out-dir", "{out}", "--backend", "slurm"],
+    ],
+    ids=["launch", "symtrace"],
+)
+@pytest.mark.parametrize("partition", ["gpu\ntouch PWNED #", "", "gpu a100"])
+def test_a_partition_that_is_no_slurm_name_is_refused(
+    tmp_path: Path, args: list[str], partition: str
+) -> None:
+    """sbatch reads `#SBATCH` lines up to the first other line: a newline in --partition put
+    what followed into the job script as a command (and dropped the time limit after it); an
+    empty one was left out in silence."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models: [torchvision:resnet18]\nbatch_sizes: [2]\n")
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"model": "torchvision:resnet18", "batch_size": 2}\n')
+    line = [a.format(sweep=sweep, batch=batch, out=tmp_path / "o") for a in args]
+    done = cli(*line, "--partition", partition, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--partition" in done.stderr and "expected a Slurm partition name" in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_timeout_without_effect_under_the_debug_executor_is_said(tmp_path: Path) -> None:
+    """submitit's debug executor runs each task in this process with no time limit: a
+    --timeout-min given there was taken in silence (its local executor keeps one)."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models: [torchvision:resnet18]\nbatch_sizes: [2]\n")
+    base = ["launch", str(sweep), "--out", str(tmp_path / "o"), "--backend", "slurm", "--dry-run"]
+    said = "--timeout-min has no effect: --submitit-cluster debug runs each task in this process"
+    done = cli(*base, "--submitit-cluster", "debug", "--timeout-min", "5")
+    assert said in done.stderr, done.stderr
+    for other in (["--submitit-cluster", "debug"], ["--submitit-cluster", "local",
+                                                    "--timeout-min", "5"]):  # fmt: skip
+        assert "--timeout-min has no effect" not in cli(*base, *other).stderr, other
+
+
+@pytest.mark.parametrize("flag", ["--timeout-min", "--array-parallelism"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_symtrace_slurm_counts_below_one_are_refused(tmp_path: Path, flag: str, value: str) -> None:
+    """`symtrace --backend slurm --timeout-min 0` was taken: every array task was killed at
+    once, and each config failed naming submitit's result file."""
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"model": "torchvision:resnet18", "batch_size": 2}\n')
+    done = cli("symtrace", "--batch", str(batch), "--out-dir", str(tmp_path / "o"), "--backend",
+               "slurm", "--submitit-cluster", "local", flag, value, check=False)  # fmt: skip
+    assert done.returncode == 2 and f"{flag}: {value}: expected at least 1" in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_yaml_aliases_that_multiply_are_refused_at_once(tmp_path: Path) -> None:
+    """Nine nested aliases of nine made a 500-byte sweep stand for 387 million values; the checks
+    walked them until memory ran out ("internal error: MemoryError")."""
+    nested = ["&x0 [a, a, a, a, a, a, a, a, a]"] + [
+        f"&x{i} [" + ", ".join([f"*x{i - 1}"] * 9) + "]" for i in range(1, 9)
+    ]
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("models: [torchvision:resnet18]\nbatch_sizes: [2]\n"
+                     f"run: {{optimizer: [adam, [{', '.join(nested)}]]}}\n")  # fmt: skip
+    for command in (["launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run"],
+                    ["sample", str(sweep)]):  # fmt: skip
+        done = cli(*command, check=False)
+        assert done.returncode == 2, done.stderr
+        assert "each alias (*name) taken as the value it stands for" in done.stderr, done.stderr
+
+
+def test_a_model_builders_words_are_said_in_the_sweep_files_terms(tmp_path: Path) -> None:
+    """The model builder names command-line flags; a sweep's run settings were warned about as
+    `--seq-len 128 has no effect ... (give --input-shape C,H,W)`, with no file named."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text('models: [torchvision:resnet18]\nbatch_sizes: [2]\n'
+                     'run: {input_shape: "3,32,32", seq_len: 128}\n')  # fmt: skip
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run")
+    said = (f"{sweep}: run 0 (torchvision:resnet18): seq_len 128 has no effect: "
+            "torchvision:resnet18 is an image model (give input_shape C,H,W)")  # fmt: skip
+    assert said in done.stderr and "--seq-len" not in done.stderr, done.stderr
+    sweep.write_text(
+        'models: [torchvision:resnet18]\nbatch_sizes: [2]\nrun: {input_shape: "3,32"}\n'
+    )
+    done = cli("launch", str(sweep), "--out", str(tmp_path / "o"), "--dry-run", check=False)
+    assert done.returncode == 2 and "): input_shape 3,32: " in done.stderr, done.stderr

@@ -245,14 +245,52 @@ def finetune_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def outside_slurm(cluster: str | None, given: list[tuple[str, Any]]) -> list[str]:
+def outside_slurm(
+    cluster: str | None, given: list[tuple[str, Any]], timeout_min: int | None = None
+) -> list[str]:
     """The warnings of the Slurm-only flags `given` (flag, value) under a `--submitit-cluster`
     that runs the array on this machine (`launch` and `symtrace --backend slurm` alike):
-    submitit hands them to sbatch alone."""
-    if cluster not in ("local", "debug"):
-        return []
-    return [f"{flag} has no effect: --submitit-cluster {cluster} runs the array on this "
-            "machine, outside Slurm" for flag, value in given if value is not None]  # fmt: skip
+    submitit hands them to sbatch alone. `timeout_min`, where given: submitit's debug executor
+    runs each task in this process and enforces no time limit (its local one does)."""
+    said = []
+    if cluster in ("local", "debug"):
+        said = [f"{flag} has no effect: --submitit-cluster {cluster} runs the array on this "
+                "machine, outside Slurm" for flag, value in given if value is not None]  # fmt: skip
+    if cluster == "debug" and timeout_min is not None:
+        said.append("--timeout-min has no effect: --submitit-cluster debug runs each task in "
+                    "this process, with no time limit")  # fmt: skip
+    return said
+
+
+def positive(flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least 1, or an error naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{v}: expected at least 1")
+        return v
+
+    parse.__name__ = flag  # argparse names the type in its message
+    return parse
+
+
+def slurm_partition(text: str) -> str:
+    """`--partition`: a Slurm partition, or a comma-separated list of them. sbatch reads its
+    `#SBATCH` lines up to the first that is not one, so a newline in the name would end them
+    (the time limit after it dropped) and put what follows in the job script as a command."""
+    if not text or any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a Slurm partition name (or a comma-separated list of them), "
+            "not empty, without spaces or control characters"
+        )
+    return text
+
+
+slurm_partition.__name__ = "--partition"
 
 
 # The flags whose destination is not their name (store_false), as a message names them: as typed.

@@ -264,7 +264,8 @@ def _ml_model(args: argparse.Namespace) -> None:
             notes.warn(f"--ml-model has no effect with {what}: the ML estimate needs the "
                        "model's features, which your code does not expose")  # fmt: skip
     elif not path.is_file():
-        found = "a folder" if path.is_dir() else "no such file"
+        found = ("a folder" if path.is_dir() else "not a regular file (a pipe or a device)"
+                 if path.exists() else "no such file")  # fmt: skip
         raise UserError(f"{where}: {found}; expected a trained ML model file (memest ml "
                         "train)")  # fmt: skip
 

@@ -27,10 +27,12 @@ from memtrace_trainer.cli.common import (
     model_args,
     model_source,
     outside_slurm,
+    positive,
     print_defaults,
     resolve_steps,
     script_args,
     shape_args,
+    slurm_partition,
     step_args,
     step_config,
     steps_default,
@@ -116,9 +118,11 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Any]:
         help="submitit executor of --backend slurm (default slurm; local: the same array on this "
         "machine)",
     )
-    s.add_argument("--partition", help="Slurm partition of --backend slurm")
-    s.add_argument("--timeout-min", type=int, help="per array task of --backend slurm (default 60)")
-    s.add_argument("--array-parallelism", type=int, help="array tasks of --backend slurm (8)")
+    s.add_argument("--partition", type=slurm_partition, help="Slurm partition of --backend slurm")
+    s.add_argument("--timeout-min", type=positive("--timeout-min"),
+                   help="per array task of --backend slurm (default 60)")  # fmt: skip
+    s.add_argument("--array-parallelism", type=positive("--array-parallelism"),
+                   help="array tasks of --backend slurm (8)")  # fmt: skip
     script_args(s)
 
     sm = sub.add_parser(
@@ -342,7 +346,8 @@ def _symtrace(args: argparse.Namespace) -> int:
     else:
         # launch's check; --array-parallelism stays: the configs are split into that many
         # tasks, which a local array runs at once.
-        for said in outside_slurm(args.submitit_cluster, [("--partition", args.partition)]):
+        for said in outside_slurm(args.submitit_cluster, [("--partition", args.partition)],
+                                  args.timeout_min):  # fmt: skip
             notes.warn(said)
     items = [(c.name, defaults | c.values | {OWN: sorted(c.own)},
               str(args.out_dir / output_file(c.name, ".jsonl"))) for c in configs]  # fmt: skip

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from memtrace_trainer.cli.common import traced_batch_size
+from memtrace_trainer.cli.common import positive, slurm_partition, traced_batch_size
 from memtrace_trainer.dtypes import AMP
 from memtrace_trainer.errors import UserError, check_batch_size, read_text, require_batch_size
 from memtrace_trainer.notes import counted, warn
@@ -18,6 +18,9 @@ from memtrace_trainer.runs.config import DEVICES, RunConfig
 from memtrace_trainer.units import MIB
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+# `launch --timeout-min`'s default, per run.
+TIMEOUT_MIN = 60
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -83,12 +86,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     la.add_argument("--out", type=Path, required=True, help="sweep output directory")
     la.add_argument("--backend", choices=["local", "slurm"], default="local")
     la.add_argument("--dry-run", action="store_true", help="list the configs and their status")
-    la.add_argument("--workers", type=_positive("--workers"),
+    la.add_argument("--workers", type=positive("--workers"),
                     help="local: parallel workers (default: one per GPU)")  # fmt: skip
-    la.add_argument("--timeout-min", type=_positive("--timeout-min"), default=60,
-                    help="per run, minutes (default 60)")  # fmt: skip
-    la.add_argument("--partition", help="Slurm partition (--backend slurm)")
-    la.add_argument("--array-parallelism", type=_positive("--array-parallelism"), default=None,
+    # No argparse default: a limit given is told from none, where it has no effect.
+    la.add_argument("--timeout-min", type=positive("--timeout-min"),
+                    help=f"per run, minutes (default {TIMEOUT_MIN})")  # fmt: skip
+    la.add_argument("--partition", type=slurm_partition, help="Slurm partition (--backend slurm)")
+    la.add_argument("--array-parallelism", type=positive("--array-parallelism"), default=None,
                     help="Slurm array %% limit (--backend slurm; default 64)")  # fmt: skip
     la.add_argument(
         "--submitit-cluster",
@@ -199,22 +203,6 @@ def _run(args: argparse.Namespace) -> None:
     )
 
 
-def _positive(flag: str) -> Callable[[str], int]:
-    """An argparse type: an integer of at least 1, or an error naming the flag."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{v}: expected at least 1")
-        return v
-
-    parse.__name__ = flag  # argparse names the type in its message
-    return parse
-
-
 def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
     """The flags the chosen backend does not read."""
     if args.backend == "local":
@@ -233,7 +221,8 @@ def _launch_flags_without_effect(args: argparse.Namespace) -> list[str]:
         from memtrace_trainer.cli.common import outside_slurm
 
         said += outside_slurm(args.submitit_cluster, [("--partition", args.partition),
-                              ("--array-parallelism", args.array_parallelism)])  # fmt: skip
+                              ("--array-parallelism", args.array_parallelism)],
+                              args.timeout_min)  # fmt: skip
     return said
 
 
@@ -260,6 +249,7 @@ def _launch(args: argparse.Namespace) -> int:
         warn(f"--resubmit has no effect: no run in {args.out} was submitted to Slurm and left "
              "unfinished (submitit/jobs.json)")  # fmt: skip
     cluster = args.submitit_cluster or "slurm"
+    timeout_min = args.timeout_min or TIMEOUT_MIN
     # Everything is checked before the first run (and by --dry-run); CUDA only where the runs
     # are to run: a Slurm login node without a GPU sends them to nodes with one.
     preflight(items, str(args.sweep), here=args.backend == "local" or cluster != "slurm")
@@ -283,7 +273,7 @@ def _launch(args: argparse.Namespace) -> int:
         write_manifest(args.out / MANIFEST, items)
         if args.backend == "local":
             try:
-                progress = launch_local(args.out, items, args.workers, args.timeout_min * 60.0,
+                progress = launch_local(args.out, items, args.workers, timeout_min * 60.0,
                                         args.resubmit)  # fmt: skip
             except KeyboardInterrupt:
                 # Raised once the workers have ended, and said once the lock is let go.
@@ -292,7 +282,7 @@ def _launch(args: argparse.Namespace) -> int:
                     f"and left pending; rerun the same launch to go on ({args.out})"
                 ) from None
         else:
-            progress = launch_slurm(args.out, items, cluster, args.partition, args.timeout_min,
+            progress = launch_slurm(args.out, items, cluster, args.partition, timeout_min,
                                     args.array_parallelism or 64, args.wait,
                                     args.resubmit)  # fmt: skip
     print(progress.line(), file=sys.stderr)

@@ -218,6 +218,28 @@ class _DuplicateKey(yaml.YAMLError):
     pass
 
 
+# YAML aliases (`*name`) put one value in many places, and nested ones multiply: a file of 500
+# bytes stood for 387 million values, which the sweep's checks walked until memory ran out.
+MAX_EXPANDED = 100_000
+
+
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether `data`, each alias walked as the value it stands for, holds more than `limit`
+    values (stopping there: the walk is what a bomb makes too long)."""
+    stack, seen = [data], 0
+    while stack:
+        seen += 1
+        if seen > limit:
+            return True
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return False
+
+
 def read_sweep(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML sweep file (`sample`'s and `launch`'s)."""
     text = read_text(path, f"sweep file {path}", "a YAML sweep file (UTF-8 text)")
@@ -229,6 +251,12 @@ def read_sweep(path: Path) -> dict[str, Any]:
         raise UserError(f"sweep file {path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise UserError(f"sweep file {path}: expected a mapping at the top level")
+    if _expands_past(data, MAX_EXPANDED):
+        raise UserError(
+            f"sweep file {path}: its values, with each alias (*name) taken as the value it "
+            f"stands for, number more than {MAX_EXPANDED:,}; a sweep file lists its choices "
+            "(write them out, or split the sweep)"
+        )
     return data
 
 

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -26,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from memtrace_trainer import notes
 from memtrace_trainer.errors import UserError
 from memtrace_trainer.notes import counted, warn
 from memtrace_trainer.runs.rundir import execute, is_complete, write_json
 from memtrace_trainer.runs.stop import Interrupts, Workers, kill_group, remove_leftovers, wait_for
-from memtrace_trainer.runs.sweep import Item, read_manifest
+from memtrace_trainer.runs.sweep import SETTINGS, Item, read_manifest
 from memtrace_trainer.runs.worker import INTERRUPTED
 
 MANIFEST = "manifest.jsonl"
@@ -238,16 +240,31 @@ def preflight(items: list[Item], source: str, here: bool) -> None:
         if key in seen:
             continue
         seen.add(key)
+        run = f"{source}: run {it.index} ({c.model or c.entry})"
+        said: list[str] = []
         try:
-            if c.entry:
-                user_function(c.entry, "entry")  # its function runs in the run alone
-            else:
-                build(c, torch.device("meta"))
+            with notes.captured(said.append):
+                if c.entry:
+                    user_function(c.entry, "entry")  # its function runs in the run alone
+                else:
+                    build(c, torch.device("meta"))
         except UserError as e:
-            raise UserError(f"{source}: run {it.index} ({c.model or c.entry}): {e}") from None
+            raise UserError(f"{run}: {sweep_terms(str(e))}") from None
         except Exception as e:  # the model's own code on meta: named, not an internal error
-            raise UserError(f"{source}: run {it.index} ({c.model or c.entry}): building it "
-                            f"raised {type(e).__name__}: {e}") from None  # fmt: skip
+            raise UserError(f"{run}: building it raised {type(e).__name__}: {e}") from None
+        for message in said:
+            warn(f"{run}: {sweep_terms(message)}")
+
+
+def sweep_terms(message: str) -> str:
+    """A message of the model builder, which names the command line's flags (`--seq-len`), in
+    the sweep file's terms (`seq_len`): the user wrote a setting, not a flag."""
+
+    def setting(m: re.Match[str]) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if name in SETTINGS else m.group(0)
+
+    return re.sub(r"--([a-z][a-z0-9-]*)", setting, message).replace("the flag", "the setting")
 
 
 def cpu_fallbacks(out: Path, items: list[Item]) -> tuple[int, int]:

@@ -84,8 +84,10 @@ def check_reduce_bucket(strategy: str | None, elements: int | None) -> None:
             f"(DeepSpeed's zero_optimization.reduce_bucket_size, default {REDUCE_BUCKET_SIZE})"
         )
     if elements > MAX_REDUCE_BUCKET:
+        # 1e300 is a whole number too: said in full it filled the terminal.
+        shown = f"{elements:.3e}" if elements > 10**18 else str(elements)
         raise UserError(
-            f"--reduce-bucket-size {elements}: expected at most {MAX_REDUCE_BUCKET} elements"
+            f"--reduce-bucket-size {shown}: expected at most {MAX_REDUCE_BUCKET} elements"
         )
     if strategy not in ZERO:
         what = f"--strategy {strategy}" if strategy else "an unsharded job"
