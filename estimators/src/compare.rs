@@ -24,6 +24,8 @@ use crate::rows::RowSet;
 use crate::symbolic::{capped_rerun_ok, symbolic};
 use crate::tracefile::{job_libraries, library_warnings, LoadedTrace};
 
+pub use crate::runs_file::read_runs;
+
 /// Estimators in report order.
 pub const ESTIMATORS: [&str; 8] =
     ["horus", "analytic", "accelerate", "deepspeed", "fake_tensor", "live_peak", "symbolic", "ml"];
@@ -177,41 +179,6 @@ impl RunRecord {
     pub fn in_calibration(&self, calibrated: &RowSet) -> bool {
         self.calibrated_on || calibrated.contains(&self.id, &self.digest)
     }
-}
-
-/// Read `runs.jsonl` files written by `memest compare`; errors name the file and line.
-pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
-    let mut out = Vec::new();
-    for f in paths {
-        let text = trace::read_small_string(f, u64::MAX).map_err(|source| EstimateError::Io {
-            path: f.clone(),
-            action: "cannot read",
-            source,
-        })?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line).map_err(|e| EstimateError::Line {
-                path: f.clone(),
-                line: i + 1,
-                expected: format!("expected a run record written by `memest compare` ({e})"),
-            })?;
-            let impossible = |t: &f64| !(t.is_finite() && *t >= 0.0) || crate::dataset::past_any_device(*t);
-            for (field, t) in [("truth_bytes", r.truth_bytes), ("reserved_truth_bytes", r.reserved_truth_bytes)] {
-                if let Some(t) = t.filter(impossible) {
-                    // 1e30 written out in full is 31 digits.
-                    let t = if t.abs() < 1e15 { t.to_string() } else { format!("{t:e}") };
-                    return Err(EstimateError::Line {
-                        path: f.clone(),
-                        line: i + 1,
-                        expected: format!(
-                            "field {field} is {t}: expected a measured peak in bytes, >= 0 and at most 256 TiB (past any device), or null"
-                        ),
-                    });
-                }
-            }
-            out.push(r);
-        }
-    }
-    Ok(out)
 }
 
 /// What every run shares.

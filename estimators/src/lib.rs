@@ -17,6 +17,7 @@ pub mod ml;
 pub mod plots;
 pub mod report;
 pub mod rows;
+mod runs_file;
 pub mod safety;
 pub mod symbolic;
 pub mod trace_jobs;

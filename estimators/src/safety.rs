@@ -73,10 +73,12 @@ impl SafetyRun {
     }
 
     fn scale(&self, scale: &str) -> f64 {
+        // A zero scale divides into an infinite margin; `read_runs` refuses a zero point, and
+        // a run built otherwise gets the same one-byte floor as the reserved peak.
         if scale == "reserved" {
             self.reserved.max(1.0)
         } else {
-            self.point
+            self.point.max(1.0)
         }
     }
 

@@ -347,3 +347,45 @@ fn a_recorded_profile_with_constants_of_another_memest_is_read() {
     // The older record has no cuDNN constant (read as 0), which its MLP run does not load.
     assert!(estimated_otherwise(&runs[1..], &a100, "a100-40gb").is_empty());
 }
+
+/// The symbolic estimate's bytes are checked where runs.jsonl is read: a zero point gave an
+/// infinite margin (null in JSON, inf in text) and u64::MAX wrote a nonsense profile.
+#[test]
+fn symbolic_estimate_bytes_are_checked_when_read() {
+    use estimators::compare::read_runs;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.jsonl");
+    let good = serde_json::to_value(record_r("m-1", "MLP", 2000.0, 1000, 600)).unwrap();
+    // (field, value, the error's words; None: read)
+    let cases: [(&str, serde_json::Value, Option<&str>); 7] = [
+        ("device_bytes", 0.into(), Some("runs.jsonl:2: field estimates.symbolic.device_bytes is 0: expected")),
+        ("device_bytes", u64::MAX.into(), Some("field estimates.symbolic.device_bytes is 18446744073709551615")),
+        ("reserved_bytes", u64::MAX.into(), Some("field estimates.symbolic.reserved_bytes is 18446744073709551615")),
+        ("device_bytes", (257u64 << 40).into(), Some("at most 256 TiB")),
+        ("reserved_bytes", 0.into(), None),
+        ("device_bytes", 1.into(), None),
+        ("device_bytes", serde_json::Value::Null, None),
+    ];
+    for (field, value, want) in cases {
+        let mut bad = good.clone();
+        bad["estimates"]["symbolic"][field] = value.clone();
+        std::fs::write(&path, format!("{good}\n{bad}\n")).unwrap();
+        match (read_runs(std::slice::from_ref(&path)), want) {
+            (Ok(runs), None) => assert_eq!(runs.len(), 2),
+            (Err(e), Some(w)) => assert!(e.to_string().contains(w), "{field} = {value}: {e}"),
+            (got, _) => panic!("{field} = {value}: got {:?}, expected {want:?}", got.map(|r| r.len())),
+        }
+    }
+}
+
+/// A run built with a zero point (not read from a file) gets the reserved scale's one-byte
+/// floor: the margin stays a finite number.
+#[test]
+fn a_zero_point_gives_a_finite_margin() {
+    let recs: Vec<RunRecord> =
+        (0..60).map(|i| record_r(&format!("m-{i:05}"), "MLP", 1000.0 + i as f64, 0, 0)).collect();
+    let f = fit(&recs, &RowSet::default(), 0.1, 0.5, 1, "fp32 adam").unwrap();
+    let m = &f.families["mlp"].margin;
+    assert!(m.margin.is_finite() && m.held_out_median_over.is_finite(), "{m:?}");
+    assert!(f.families["mlp"].calibration_median_over.values().all(|v| v.is_finite()), "{:?}", f.families["mlp"]);
+}

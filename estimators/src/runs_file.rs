@@ -1,0 +1,62 @@
+//! Reading the `runs.jsonl` files `memest compare` writes (for `safety`, `calibrate` and the
+//! reports): each line a [`RunRecord`], every number the fits divide by or subtract checked
+//! where it is read, so an error names the file, line and field.
+
+use std::path::PathBuf;
+
+use crate::compare::RunRecord;
+use crate::error::{EstimateError, Result};
+
+/// Read `runs.jsonl` files written by `memest compare`; errors name the file and line.
+pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
+    let mut out = Vec::new();
+    for f in paths {
+        let text = trace::read_small_string(f, u64::MAX).map_err(|source| EstimateError::Io {
+            path: f.clone(),
+            action: "cannot read",
+            source,
+        })?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let r: RunRecord = serde_json::from_str(line).map_err(|e| EstimateError::Line {
+                path: f.clone(),
+                line: i + 1,
+                expected: format!("expected a run record written by `memest compare` ({e})"),
+            })?;
+            let impossible = |t: &f64| !(t.is_finite() && *t >= 0.0) || crate::dataset::past_any_device(*t);
+            for (field, t) in [("truth_bytes", r.truth_bytes), ("reserved_truth_bytes", r.reserved_truth_bytes)] {
+                if let Some(t) = t.filter(impossible) {
+                    // 1e30 written out in full is 31 digits.
+                    let t = if t.abs() < 1e15 { t.to_string() } else { format!("{t:e}") };
+                    return Err(EstimateError::Line {
+                        path: f.clone(),
+                        line: i + 1,
+                        expected: format!(
+                            "field {field} is {t}: expected a measured peak in bytes, >= 0 and at most 256 TiB (past any device), or null"
+                        ),
+                    });
+                }
+            }
+            // The symbolic estimate is what `safety` scales margins by and `calibrate` subtracts:
+            // a zero point divided into an infinite margin, and u64::MAX wrote a nonsense profile.
+            // Other estimators' answers are only reported, and may be unbounded (Horus's formula).
+            if let Some(sym) = r.estimates.get("symbolic") {
+                for (field, v, least) in
+                    [("device_bytes", sym.device_bytes, 1), ("reserved_bytes", sym.reserved_bytes, 0)]
+                {
+                    if let Some(v) = v.filter(|&v| v < least || crate::dataset::past_any_device(v as f64)) {
+                        return Err(EstimateError::Line {
+                            path: f.clone(),
+                            line: i + 1,
+                            expected: format!(
+                                "field estimates.symbolic.{field} is {v}: expected a peak in bytes, >= {least} and at \
+                                 most 256 TiB (past any device), or null"
+                            ),
+                        });
+                    }
+                }
+            }
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
