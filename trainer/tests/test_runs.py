@@ -345,3 +345,12 @@ def test_an_out_that_is_a_file_is_named(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert f"--out {afile}: exists and is not a directory" in done.stderr
     assert "NotADirectoryError" not in done.stderr and afile.read_text() == "keep me"
+
+
+def test_an_nvml_rate_on_a_cpu_run_is_said_to_have_no_effect(tmp_path: Path) -> None:
+    """NVML samples a GPU: --nvml-hz on a run that trained on the CPU was taken in silence."""
+    _, _, stderr = run_dir(tmp_path, "--model", MLP, "--batch-size", "2", "--iterations", "2",
+                           "--nvml-hz", "50")  # fmt: skip
+    assert "--nvml-hz 50 has no effect: the run trained on the CPU" in stderr, stderr
+    _, _, stderr = run_dir(tmp_path / "b", "--model", MLP, "--batch-size", "2", "--iterations", "2")
+    assert "--nvml-hz" not in stderr, stderr

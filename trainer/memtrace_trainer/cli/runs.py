@@ -187,6 +187,9 @@ def _run(args: argparse.Namespace) -> None:
              f"({labels.get('cpu_fallback_reason')}), so it has no GPU labels for that profile; "
              "the profile is recorded in config.json, and `dataset` leaves the run out unless "
              "--include-cpu")  # fmt: skip
+    if labels.get("cpu_fallback") and args.nvml_hz is not None:
+        warn(f"--nvml-hz {args.nvml_hz:g} has no effect: the run trained on the CPU "
+             f"({labels.get('cpu_fallback_reason')}), and NVML samples a GPU")  # fmt: skip
     if args.json:
         print(json.dumps(labels))
         return
