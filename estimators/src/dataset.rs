@@ -357,12 +357,19 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Loaded>
         let opt_cell = |c: Option<usize>| c.and_then(|c| rec.get(c)).map(str::trim).filter(|s| !s.is_empty());
         let num = |c: usize, name: &str| -> Result<u64> {
             let s = get(c, name)?;
-            s.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| *v >= 0.0 && v.fract() == 0.0)
-                .map(|v| v as u64)
-                .ok_or_else(|| csv_err(path, row, name, &format!("expected a whole number >= 0, got {s:?}")))
+            crate::cells::whole_number(s).ok_or_else(|| {
+                csv_err(
+                    path,
+                    row,
+                    name,
+                    &format!(
+                        "expected a whole number >= 0 and <= {} (in float notation <= 2^53 = {}, past which it is not \
+                         exact), got {s:?}",
+                        u64::MAX,
+                        crate::cells::EXACT_IN_F64
+                    ),
+                )
+            })
         };
         let mib =
             |text: &str, name: &str| -> Result<f64> {

@@ -3,6 +3,7 @@
 
 pub mod analytic;
 pub mod calibrate;
+mod cells;
 mod columns;
 pub mod compare;
 pub mod dataset;

@@ -181,7 +181,7 @@ fn write(dir: &Path, rows: &[&str]) -> std::path::PathBuf {
 #[test]
 fn malformed_cells_name_file_row_and_column_for_every_consumer() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, &str, &[&str]); 10] = [
+    let cases: [(&str, &str, &str, &[&str]); 15] = [
         (
             "\"[('linear', 4, 20), ('ReLU', 4, 0)]\"",
             "\"[('linear', 4, 20), (ReLU, 4, 0)]\"",
@@ -200,6 +200,12 @@ fn malformed_cells_name_file_row_and_column_for_every_consumer() {
         (",0.5,", ",lots,", "Avg SMACT", &["\"lots\""]),
         (",8,20,8,", ",8,20.5,8,", "Total Parameters", &["whole number", "\"20.5\""]),
         (",20,8,1500,", ",20,,1500,", "Batch Size", &["whole number"]),
+        // Past u64 (saturated to u64::MAX through f64) and past 2^53 as a float (rounded).
+        (",8,20,8,", ",8,18446744073709551616,8,", "Total Parameters", &["<= 18446744073709551615"]),
+        (",8,20,8,", ",8,1e300,8,", "Total Parameters", &["whole number", "\"1e300\""]),
+        (",8,20,8,", ",8,9007199254740993.0,8,", "Total Parameters", &["2^53"]),
+        (",8,20,8,", ",8,4503599627370495.7,8,", "Total Parameters", &["whole number"]),
+        (",8,20,8,1500,", ",8,20,1e20,1500,", "Batch Size", &["whole number", "\"1e20\""]),
         (",8,1500,", ",8,-3,", "Max GPU Memory (MiB)", &["finite number of MiB", "\"-3\""]),
         (",8,1500,", ",8,inf,", "Max GPU Memory (MiB)", &["finite"]),
     ];
@@ -213,6 +219,20 @@ fn malformed_cells_name_file_row_and_column_for_every_consumer() {
         for n in ["bad.csv", "row 2", &format!("column {column:?}")].iter().copied().chain(needles.iter().copied()) {
             assert!(compare.contains(n), "{to:?}: {compare:?} lacks {n:?}");
         }
+    }
+    // Integers past 2^53 are read exactly as digits, and exact whole floats within it as floats.
+    let exact = [
+        (",8,9007199254740993,8,", 9_007_199_254_740_993u64),
+        (",8,2e1,8,", 20),
+        (",8,20.000,8,", 20),
+        (",8,0.2e2,8,", 20),
+        (",8,+2E+1,8,", 20),
+        (",8,0e5,8,", 0),
+        (",8,9007199254740992.0,8,", 1 << 53),
+    ];
+    for (to, params) in exact {
+        let p = write(dir.path(), &[GOOD, &GOOD.replacen(",8,20,8,", to, 1)]);
+        assert_eq!(load(&p, &[]).unwrap().rows[1].features.total_parameters, params, "{to}");
     }
     // Depth and Activation Function may be empty for compare (the trainer's rows of other models);
     // the ML feature sets need them.
