@@ -50,7 +50,7 @@ struct Knobs {
 
 /// A count of epochs or trees: 0 trained nothing (an untrained model written as a result) or was
 /// taken as 1.
-fn at_least_one(s: &str) -> Result<usize, String> {
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err("expected a whole number, at least 1".into()),

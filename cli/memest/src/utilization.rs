@@ -42,7 +42,7 @@ struct CvArgs {
     #[arg(long, default_value_t = 42, allow_negative_numbers = true)]
     seed: u64,
     /// Epochs for the MLP ensembles.
-    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 100, value_parser = crate::ml::at_least_one, allow_negative_numbers = true)]
     epochs: usize,
     /// Append the `k_` columns of this file (`python -m memtrace_trainer kernel-stats
     /// --gpumemnet CSV --out FILE`), joined by `Filename`, to every model's features.

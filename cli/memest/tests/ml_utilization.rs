@@ -71,6 +71,11 @@ fn memest_util_cv_command() {
         memest_cli::utilization::run(Cli::try_parse_from(argv)?.util)
     };
     assert_eq!(run(&["cv", "--dataset", &csv, "--metric", "smocc", "--json", "--epochs", "2"]).unwrap(), 0u8);
+    // `--epochs 0` trained nothing and reported the untrained ensemble as a result.
+    for bad in ["0", "-1", "x"] {
+        let err = format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "smact", "--epochs", bad]).unwrap_err());
+        assert!(err.contains("--epochs") && err.contains("expected a whole number, at least 1"), "{bad}: {err}");
+    }
     let err = format!("{:#}", run(&["cv", "--dataset", &csv, "--metric", "drama"]).unwrap_err());
     assert!(err.contains("smact or smocc"), "{err}");
     for bad in ["0.5", "0.2,x", "quartiles"] {
