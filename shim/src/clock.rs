@@ -44,13 +44,20 @@ pub fn is_tsc() -> bool {
     TSC.load(Ordering::Relaxed)
 }
 
-/// A raw timestamp for the hot path.
+/// A raw timestamp for the hot path. `rdtsc` alone may execute before earlier loads complete:
+/// a free on one thread of a pointer another thread's allocation handed over was stamped up to
+/// 16 ns before that allocation, the writer's merge put it first, and the replay read a free of
+/// an unknown block and a peak twice the real one. `lfence` first orders the stamp after every
+/// earlier instruction of the thread, so an event stamps after what caused it.
 #[inline(always)]
 pub fn stamp() -> u64 {
     #[cfg(target_arch = "x86_64")]
     if TSC.load(Ordering::Relaxed) {
-        // Safety: rdtsc has no preconditions.
-        return unsafe { core::arch::x86_64::_rdtsc() };
+        // Safety: lfence and rdtsc have no preconditions (SSE2 is baseline on x86_64).
+        return unsafe {
+            core::arch::x86_64::_mm_lfence();
+            core::arch::x86_64::_rdtsc()
+        };
     }
     now_ns()
 }

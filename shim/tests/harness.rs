@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 45] = [
+const PROGRAMS: [&str; 46] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -92,6 +92,7 @@ const PROGRAMS: [&str; 45] = [
     "p_fault_survive",
     "p_main_returns",
     "p_exit_blocked",
+    "p_cross_thread_free",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

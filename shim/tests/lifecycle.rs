@@ -246,6 +246,29 @@ fn fork_child_stops_when_not_followed() {
     assert_eq!(s.calls(), [("cudaFree", 1), ("cudaMalloc", 1)]);
 }
 
+/// A block one thread allocates and hands to another, which frees it: the free was stamped
+/// before the allocation (`rdtsc` ran ahead of the load that received the pointer), so the
+/// trace held frees of unknown blocks and a peak above anything ever live (140 MiB of 65).
+#[test]
+fn a_block_freed_by_another_thread_is_freed_after_its_allocation() {
+    let env = [("MEMTRACE_QUIET", "1"), ("MEMTRACE_MAX_WAIT_MS", "60000"), ("STUB_CUDA_MEM_LOG", "0")];
+    let r = run_ok("p_cross_thread_free", &env);
+    let s = r.stats();
+    assert_eq!((s.allocs, s.frees, s.lost_events), (100_000, 100_000, 0));
+    let (mut live, mut peak) = (std::collections::HashSet::<u64>::new(), 0);
+    for (i, rec) in s.records.iter().enumerate() {
+        match &rec.event {
+            Event::Alloc(a) => {
+                assert!(live.insert(a.addr), "record {i}: {:#x} allocated while live", a.addr);
+                peak = peak.max(live.len());
+            }
+            Event::Free(f) => assert!(live.remove(&f.addr), "record {i}: free of {:#x}, not live", f.addr),
+            _ => {}
+        }
+    }
+    assert!(peak <= 65, "{peak} blocks of 1 MiB live at once; at most 65 can be");
+}
+
 #[test]
 fn eight_threads_lose_and_duplicate_nothing() {
     // Eight producers on a loaded machine can keep the writer off the cores for over the
