@@ -136,6 +136,17 @@ fn triton_dlopen_dlsym_launch() {
     assert_eq!(names, [(Some("triton_kernel"), 16, 1024); 2]);
 }
 
+/// A kernel name is one frame, which readers take up to 64 MiB: a 70 MB name made the whole
+/// trace unreadable. Names past 1 MiB are cut at a character boundary, saying so.
+#[test]
+fn a_name_past_a_mebibyte_is_cut_and_says_so() {
+    let (_, s) = check("p_long_name", &[], &[("cuLaunchKernel", 1)], (0, 0, 1, 0));
+    let name = s.name(s.launches()[0].name).expect("the launch is named");
+    let (kept, said) = name.split_at(1 << 20);
+    assert!(kept.bytes().all(|b| b == b'k'), "the first MiB is the name's own");
+    assert_eq!(said, " [memtrace: 1048579 more bytes of this name cut]");
+}
+
 /// Every allocation and free hook of the common shapes, every pitched allocation, IPC open, pool
 /// trim and VMM call on an address range records its own API, memory kind (or VMM operation),
 /// address, size, stream and caller module (`p_every_alloc.c`): a hook whose table entry names

@@ -46,7 +46,7 @@ fn cc(args: &[&str], cwd: &Path) {
     assert!(out.status.success(), "cc {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
-const PROGRAMS: [&str; 46] = [
+const PROGRAMS: [&str; 47] = [
     "p_runtime_alloc",
     "p_launch",
     "p_internal_driver",
@@ -93,6 +93,7 @@ const PROGRAMS: [&str; 46] = [
     "p_main_returns",
     "p_exit_blocked",
     "p_cross_thread_free",
+    "p_long_name",
 ];
 
 /// The directory with the stub libraries and test programs, built on first use.

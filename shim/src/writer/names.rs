@@ -89,8 +89,28 @@ fn cu_func_name(f: u64) -> Option<String> {
     Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
 }
 
+/// The longest name written whole. A name is one frame, which readers take up to
+/// [`trace::codec::MAX_FRAME_LEN`] bytes: a 70 MB kernel name made the whole trace unreadable.
+const MAX_NAME: usize = 1 << 20;
+
+/// `text`, cut at a character boundary past [`MAX_NAME`] bytes, saying how much was cut.
+fn capped(mut text: String) -> String {
+    if text.len() <= MAX_NAME {
+        return text;
+    }
+    let total = text.len();
+    let mut cut = MAX_NAME;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!(" [memtrace: {} more bytes of this name cut]", total - cut));
+    text
+}
+
 impl Ctx {
     pub(super) fn intern(&mut self, text: String) -> Result<NameId, trace::TraceError> {
+        let text = capped(text);
         if let Some(id) = self.names.by_text.get(&text) {
             return Ok(*id);
         }
