@@ -152,6 +152,12 @@ impl AnalyticEstimate {
     }
 }
 
+/// A closed form's answer as a device figure: `None` past 2^64 bytes (or saturated at it),
+/// which no device holds and no float should print as a number.
+pub fn bounded(bytes: u128) -> Option<u64> {
+    u64::try_from(bytes).ok().filter(|&b| b != u64::MAX)
+}
+
 /// Bytes a tensor of `bytes` holds in the caching allocator: 512-B rounding, and requests above
 /// 1 MiB come from segments rounded to 2 MiB (c10's `kRoundLarge`), which stay reserved.
 /// Saturates at `u64::MAX`, which [`AnalyticEstimate::unbounded`] reads as no size.

@@ -226,11 +226,17 @@ pub fn evaluate_row(
     let capacity = Capacity { bytes: ctx.profile.gpu.total_memory, source: CapacitySource::Profile };
     let mut est = BTreeMap::new();
 
+    // A formula's answer past 2^64 B is no figure: null with the reason, as analytic's is.
+    let formula = |bytes: u128, s: f64| Outcome {
+        device_bytes: crate::analytic::bounded(bytes),
+        error: crate::analytic::bounded(bytes)
+            .is_none()
+            .then(|| format!("no device holds the need: {}", crate::symbolic::Unbounded::Overflow.describe())),
+        seconds: Some(s),
+        ..Outcome::default()
+    };
     let (h, s) = timed(|| horus_bytes(f.total_activations, row.batch, f.total_parameters));
-    est.insert(
-        "horus".into(),
-        Outcome { device_bytes: Some(h.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
-    );
+    est.insert("horus".into(), formula(h, s));
     // The model-state formulas: a row's parameters are fp32 unless its trace says otherwise.
     let dtype = match &loaded {
         Ok((Ok(t), _)) => t.header.meta(&metadata::PARAM_DTYPE).map(str::to_string),
@@ -239,10 +245,7 @@ pub fn evaluate_row(
     let (acc, s) = timed(|| accelerate_bytes(f.total_parameters, dtype_bytes(dtype.as_deref())));
     let ds = deepspeed_zero2_bytes(f.total_parameters);
     for (name, bytes) in [("accelerate", acc), ("deepspeed", ds)] {
-        est.insert(
-            name.into(),
-            Outcome { device_bytes: Some(bytes.min(u64::MAX as u128) as u64), seconds: Some(s), ..Outcome::default() },
-        );
+        est.insert(name.into(), formula(bytes, s));
     }
     // A trainer row records its own optimizer and AMP setting (validated when the CSV was read).
     let optimizer = row.optimizer.as_deref().and_then(|o| o.parse().ok()).unwrap_or(ctx.optimizer);

@@ -444,13 +444,21 @@ pub fn estimate(input: &EstimateInput) -> Result<EstimateReport> {
             let acc = accelerate_bytes(f.total_parameters, dtype_bytes(t.meta(&metadata::PARAM_DTYPE)));
             let ds = deepspeed_zero2_bytes(f.total_parameters);
             time("model_state_formulas", s);
-            for (name, bytes) in [("accelerate", acc), ("deepspeed", ds)] {
-                estimates.insert(name.into(), Some(Answer::baseline(name, bytes as f64 / MIB, None, "model")));
-            }
             let s = Instant::now();
             let h = horus_bytes(f.total_activations, batch, f.total_parameters);
             time("horus", s);
-            estimates.insert("horus".into(), Some(Answer::baseline("horus", h as f64 / MIB, None, "device")));
+            // Past 2^64 B a formula's figure is said as analytic's is: null, the reason beside it.
+            for (name, bytes, level) in
+                [("accelerate", acc, "model"), ("deepspeed", ds, "model"), ("horus", h, "device")]
+            {
+                let answer =
+                    crate::analytic::bounded(bytes).map(|b| Answer::baseline(name, b as f64 / MIB, None, level));
+                if answer.is_none() {
+                    unavailable
+                        .insert(name.into(), format!("no device holds the need: {}", Unbounded::Overflow.describe()));
+                }
+                estimates.insert(name.into(), answer);
+            }
             // The formulas know one GPU: beside a rank's estimate they read as its numbers.
             if let Some(world) = t.meta(&metadata::WORLD_SIZE).and_then(|v| v.parse::<u64>().ok()).filter(|w| *w > 1) {
                 warnings.push(format!(

@@ -102,3 +102,12 @@ fn analytic_saturates_at_huge_batches() {
     }
     assert_eq!(allocator_bytes(u64::MAX - 3), u64::MAX);
 }
+
+/// A formula's figure past 2^64 B (or saturated at it) is no device figure.
+#[test]
+fn formula_figures_past_2_64_are_unbounded() {
+    use estimators::analytic::bounded;
+    for (bytes, want) in [(0u128, Some(0u64)), (1 << 40, Some(1 << 40)), (u64::MAX as u128, None), (1 << 70, None)] {
+        assert_eq!(bounded(bytes), want, "{bytes}");
+    }
+}

@@ -102,3 +102,34 @@ fn a_field_of_the_wrong_shape_is_refused_naming_it() {
     let (code, _, err) = estimate(dir.path(), "[1, 2]");
     assert!(code == 2 && err.contains("features.json") && err.contains("a JSON object"), "{code} {err}");
 }
+
+/// A `total_parameters` that is not the layers' sum was read in silence (the analytic estimate
+/// counts the layers, the formulas the total); a total whose formulas pass 2^64 B printed as a
+/// float of 20 digits where analytic's own overflow is null with its reason.
+#[test]
+fn totals_that_disagree_or_overflow_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, v, err) = estimate(dir.path(), &MLP.replace("\"total_parameters\": 2888", "\"total_parameters\": 5"));
+    assert_eq!(code, 0, "{err}");
+    let w = warnings(&v);
+    assert!(w.contains("total_parameters is 5 but the layers' parameters sum to 2888"), "{w}");
+    assert!(err.contains("memest: warning:") && err.contains("sum to 2888"), "{err}");
+
+    let huge = MLP.replace("\"total_parameters\": 2888", &format!("\"total_parameters\": {}", u64::MAX - 1));
+    let (code, v, err) = estimate(dir.path(), &huge);
+    assert_eq!(code, 0, "{err}");
+    for name in ["accelerate", "deepspeed", "horus"] {
+        assert!(v["estimates"][name].is_null(), "{name}: {}", v["estimates"][name]);
+        let why = v["unavailable"][name].as_str().unwrap_or_else(|| panic!("{name}: no reason in {v}"));
+        assert!(why.contains("past 2^64 bytes"), "{name}: {why}");
+    }
+    let (code, text, err) = crate::support::memest_code(&[
+        "estimate",
+        "--trace",
+        &inputs(dir.path()).0,
+        "--features",
+        dir.path().join("features.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!text.contains("e19") && !text.contains("17592186044416"), "{text}");
+}
