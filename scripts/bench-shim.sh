@@ -4,6 +4,7 @@
 # trace file, bytes per event of a launch-heavy trace, and what an idle traced program pays for
 # the writer thread (CPU time and wake-ups over a sleep). Against the C stub runtime/driver.
 # Usage: scripts/bench-shim.sh [iters=200000] [repeats=31] [throughput_events=10000000]
+# A/B against an earlier build: AB_BASE=OLD.so [AB_ROUNDS=7] scripts/bench-shim.sh (per-call time only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=${1:-200000}
@@ -29,6 +30,21 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # STUB_CUDA_MEM_LOG=0: the stub driver keeps no allocation log for the stub libcupti here.
 export LD_LIBRARY_PATH=$PWD/$B MEMTRACE_QUIET=1 MEMTRACE_OUT=$OUT/%p.mtrace STUB_CUDA_MEM_LOG=0
+
+if [ -n "${AB_BASE:-}" ]; then
+  # AB_BASE=OLD.so: the added per-call time of OLD.so and of this build, AB_ROUNDS rounds
+  # interleaved (the machine's speed drifts), each round against a fresh no-shim baseline;
+  # the medians over rounds, then the ratio. Only this section runs.
+  for r in $(seq 1 "${AB_ROUNDS:-7}"); do
+    base=$(taskset -c 0 $B/bench_calls "$ITERS" 11)
+    for v in base now; do
+      so=$SHIM; [ $v = base ] && so=$AB_BASE
+      paste <(echo "$base") <(LD_PRELOAD=$so taskset -c 0 $B/bench_calls "$ITERS" 11) | awk -v v=$v '{print $1, v, $4-$2}'
+      rm -f $OUT/*.mtrace
+    done
+  done | sort -k1,1 -k2,2 -k3,3n | awk '{k=$1" "$2; v[k,++n[k]]=$3} END{for (k in n) m[k]=v[k,int((n[k]+1)/2)]; for (k in m) {split(k,p," "); if (p[2]=="now") printf "%-24s added: base %6.1f  now %6.1f  ns (%.2fx), median of %d rounds\n", p[1], m[p[1]" base"], m[k], m[k]/m[p[1]" base"], n[k]}}'
+  exit 0
+fi
 
 echo "== per-call time, median of $REPEATS runs x $ITERS calls, pinned to CPU 0 (ns)"
 base=$(taskset -c 0 $B/bench_calls "$ITERS" "$REPEATS")
