@@ -131,7 +131,29 @@ pub fn check(view: &EstimateView) -> Result<(), EstimateFileError> {
         });
     }
     sizes(view).map_err(bad)?;
-    consistent(view).map_err(bad)
+    // After the outside terms are checked against their total, which the budget is read from.
+    consistent(view).map_err(bad)?;
+    budget(view).map_err(bad)
+}
+
+/// The allocator budget is the capacity less the memory outside the allocator the profile (or
+/// `--context`) gives: the recorded part is the trace's own, inside the replay. A hand-edited
+/// budget was worded as the one replayed at.
+fn budget(view: &EstimateView) -> Result<(), String> {
+    let (v, o) = (&view.verdict, &view.outside_allocator);
+    let Some(b) = v.allocator_budget_mib else { return Ok(()) };
+    let want = (v.capacity_mib - (o.total_mib - o.recorded_mib)).max(0.0);
+    if !(b.is_finite() && (b - want).abs() <= 0.1) {
+        return Err(format!(
+            "field `verdict.allocator_budget_mib` is {} but `verdict.capacity_mib` {} less the memory outside the \
+             allocator ({}: `outside_allocator.total_mib` less `recorded_mib`) is {}",
+            show(b),
+            show(v.capacity_mib),
+            show(o.total_mib - o.recorded_mib),
+            show(want)
+        ));
+    }
+    Ok(())
 }
 
 /// Every number of MiB in the file is one: finite and >= 0, the other estimators' as the

@@ -86,3 +86,25 @@ fn parts_that_contradict_their_whole_are_refused() {
         Some("`estimates.symbolic.steps.steady_device_mib` is 99999.0, above"),
     );
 }
+
+/// A verdict's allocator budget is the capacity less the memory outside the allocator: an
+/// edited one was worded as the budget replayed at.
+#[test]
+fn an_allocator_budget_that_is_not_capacity_less_outside_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, est) = estimate_of(dir.path());
+    let budget = v["verdict"]["allocator_budget_mib"].as_f64().unwrap();
+    // (the budget written, refused)
+    for (b, refused) in [(budget, false), (budget + 0.04, false), (99999.0, true), (budget - 1.0, true), (-1.0, true)] {
+        let mut edited = v.clone();
+        edited["verdict"]["allocator_budget_mib"] = serde_json::json!(b);
+        std::fs::write(&est, edited.to_string()).unwrap();
+        let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+        if refused {
+            assert!(code == 2 && err.contains("field `verdict.allocator_budget_mib` is"), "{b}: {code} {err}");
+            assert!(err.contains("less the memory outside the allocator"), "{b}: {err}");
+        } else {
+            assert_eq!(code, 0, "{b}: {err}");
+        }
+    }
+}
