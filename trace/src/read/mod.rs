@@ -102,6 +102,7 @@ impl<R: Read> Reader<R> {
                 first_unread_key: None,
                 extended_header: false,
                 header_unread_key: None,
+                zero_tail: 0,
                 bytes_read: skipped,
                 complete_bytes: skipped,
                 records: 0,
@@ -136,7 +137,7 @@ impl<R: Read> Reader<R> {
     /// Counters so far; final once [`next_record`](Self::next_record) has returned `None`.
     pub fn summary(&self) -> Summary {
         let mut s = self.summary;
-        if !s.truncated {
+        if !s.truncated && s.zero_tail == 0 {
             s.complete_bytes = s.bytes_read;
         }
         s
@@ -430,6 +431,11 @@ impl<R: Read> Reader<R> {
             }
             let Some(tag) = self.read_byte("an event frame")? else { return Ok(None) };
             if tag == 0 {
+                if self.zeros_to_end()? {
+                    self.summary.zero_tail = self.summary.bytes_read - offset;
+                    self.summary.complete_bytes = offset;
+                    return Ok(None);
+                }
                 return Err(TraceError::CorruptFrame { offset, reason: "tag 0 is invalid (tags start at 1)".into() });
             }
             let len = match self.read_varint("an event frame length")? {
@@ -471,6 +477,25 @@ impl<R: Read> Reader<R> {
                 Decoded::Record(r) => return Ok(Some(r)),
                 Decoded::Unknown { tag } => self.summary.note_unknown(offset, Some(tag)),
             }
+        }
+    }
+
+    /// Whether every byte left is zero (consumed as read): a file's unwritten tail, not a
+    /// damaged frame ([`Summary::zero_tail`]).
+    fn zeros_to_end(&mut self) -> Result<bool, TraceError> {
+        loop {
+            let buf = match self.src.fill_buf() {
+                Ok([]) => return Ok(true),
+                Ok(buf) => buf,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(TraceError::io(format!("reading at byte {}", self.summary.bytes_read), e)),
+            };
+            if buf.iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+            let n = buf.len();
+            self.src.consume(n);
+            self.summary.bytes_read += n as u64;
         }
     }
 

@@ -35,10 +35,14 @@ pub struct Summary {
     pub extended_header: bool,
     /// The header's first key this version does not read (JSON Lines).
     pub header_unread_key: Option<KeyName>,
+    /// Zero bytes the input ends in, from `complete_bytes` on (binary; 0 when none): space a
+    /// file system gave the file before its data reached it (a crash, a full disk). Read as the
+    /// end of the input, and said.
+    pub zero_tail: u64,
     /// Bytes consumed, header included.
     pub bytes_read: u64,
     /// Byte offset just past the last complete event (or the header): where a truncated input
-    /// was cut short. Equals `bytes_read` unless `truncated`.
+    /// was cut short, or its zero tail starts. Equals `bytes_read` unless either.
     pub complete_bytes: u64,
     /// Records returned.
     pub records: u64,
@@ -125,6 +129,8 @@ impl Summary {
     /// What `--strict` refuses; the first line of [`Summary::warnings`] says why.
     pub fn incomplete(&self) -> bool {
         self.truncated
+            // Zeros after the producer's last record are only unused space.
+            || (self.zero_tail > 0 && !self.ends_with_exit)
             || self.cut_short()
             || self.byte_limit.is_some()
             || self.queue_unallocated
@@ -144,6 +150,15 @@ impl Summary {
                 "{}: truncated: the input ends inside an event; everything after byte {} (the end of the \
                  last complete event) was ignored, so peaks may be low",
                 path.display(),
+                self.complete_bytes
+            ));
+        }
+        if self.zero_tail > 0 {
+            w.push(format!(
+                "{}: ends in {} zero bytes after byte {} (space the file system gave the file before its data \
+                 reached it: a crash or a full disk); they were read as the end of the trace",
+                path.display(),
+                self.zero_tail,
                 self.complete_bytes
             ));
         }

@@ -246,3 +246,36 @@ fn a_header_key_given_twice_is_refused_by_field_and_key() {
         assert!(read_all(once.as_bytes()).is_ok(), "{field}");
     }
 }
+
+/// A file a crash or a full disk left unfinished can end in zero bytes (space the file system
+/// gave it before the data arrived): the whole trace was refused as "tag 0 is invalid". The
+/// records before are read, and the tail is said; zeros followed by anything else stay damage.
+#[test]
+fn a_tail_of_zero_bytes_is_read_as_the_end_and_said() {
+    let (whole, _) = valid();
+    let (_, records, _) = read_all(&whole).unwrap();
+    for zeros in [1usize, 4096, 200_000] {
+        let mut v = whole.clone();
+        v.resize(whole.len() + zeros, 0);
+        let (_, got, sum) = read_all(&v).unwrap();
+        assert_eq!(got, records, "{zeros} zeros");
+        assert_eq!(
+            (sum.zero_tail, sum.complete_bytes, sum.bytes_read),
+            (zeros as u64, whole.len() as u64, v.len() as u64)
+        );
+        assert!(sum.ends_with_exit && !sum.incomplete(), "zeros after process_exit are unused space");
+        let said = sum.warnings(std::path::Path::new("t.mtrace"));
+        let want = format!("t.mtrace: ends in {zeros} zero bytes after byte {}", whole.len());
+        assert!(said.iter().any(|w| w.starts_with(&want)), "{said:?}");
+    }
+    // Zeros where the process_exit should be: the run's end is missing.
+    let (_, bounds) = valid();
+    let mut v = whole[..bounds[bounds.len() - 2]].to_vec();
+    v.resize(whole.len() + 4096, 0);
+    let (_, _, sum) = read_all(&v).unwrap();
+    assert!(!sum.ends_with_exit && sum.incomplete(), "{sum:?}");
+    let mut v = whole.clone();
+    v.extend_from_slice(&[0; 100]);
+    v.push(7);
+    check(&v, &[&format!("corrupt trace frame at byte {}", whole.len()), "tag 0 is invalid"]);
+}
