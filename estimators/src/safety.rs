@@ -53,6 +53,18 @@ pub enum Skip {
     CalibratedOn,
 }
 
+impl Skip {
+    /// The reason as JSON writes it (`no_truth`, `no_estimate`, `calibrated_on`): the text says
+    /// the same words, not the Rust name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Skip::NoTruth => "no_truth",
+            Skip::NoEstimate => "no_estimate",
+            Skip::CalibratedOn => "calibrated_on",
+        }
+    }
+}
+
 impl SafetyRun {
     /// From a comparison's run record, or why not; `calibrated` are the rows the profile's
     /// outside-allocator constants were fitted on ([`crate::calibrate::calibrated_rows`]).

@@ -92,7 +92,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let m = &f.margin;
             println!(
                 "{:<12} {:>7.2}% {:>9} {:>11} {:>9} {:>13.2}% {:>13.2}% {:>9.2}%{}",
-                name,
+                // A family is the runs file's text: escaped, as every other memest line is.
+                trace::terminal::printable(name),
                 m.margin * 100.0,
                 m.scale,
                 m.calibration_runs,
@@ -104,7 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             );
         }
         for (why, n) in &fit.skipped {
-            println!("skipped {n} records: {why:?}");
+            println!("skipped {n} records: {}", why.name());
         }
     }
     if let Some(out) = &a.io.write {
