@@ -31,11 +31,12 @@ pub fn training_notes(m: &MlModels, rows: &[(DatasetRow, usize)], datasets: &[Pa
         let model = model.display();
         let them = if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
         let msg = if include {
-            format!("WARNING: ml on {them} of {data} uses {model}, which was trained on them: those results are in-sample, not held out")
+            format!("ml on {them} of {data} uses {model}, which was trained on them: those results are in-sample, not held out")
         } else {
             format!("ml is null on {them} of {data}: {model} was trained on them (--ml-include-training-rows evaluates them in-sample)")
         };
-        eprintln!("{msg}");
+        // Said as every other warning is: the prefix, and the paths escaped for the terminal.
+        eprintln!("memest: warning: {}", trace::terminal::printable(&msg));
         notes.push(msg);
     }
     notes

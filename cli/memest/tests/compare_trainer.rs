@@ -246,7 +246,7 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
         assert!(e.contains("training row"), "{e}");
     }
     let err = run(&["--ml-include-training-rows"]);
-    assert!(err.contains("WARNING") && err.contains("in-sample"), "{err}");
+    assert!(err.contains("memest: warning: ml on") && err.contains("in-sample"), "{err}");
     for r in records(&out) {
         assert!(r["estimates"]["ml"]["device_bytes"].as_u64().is_some(), "{r}");
     }
@@ -255,7 +255,7 @@ fn ml_is_not_scored_on_its_own_training_rows_unless_asked() {
     let copy = dir.path().join("renamed.csv");
     std::fs::copy(&excerpt, &copy).unwrap();
     let (ok, _, err) = compare_ml(&copy, &[]);
-    assert!(ok && err.contains("ml is null on 2 rows of") && err.contains("trained on them"), "{err}");
+    assert!(ok && err.contains("memest: warning: ml is null on 2 rows of") && err.contains("trained on them"), "{err}");
     for r in records(&out) {
         let e = r["estimates"]["ml"]["error"].as_str().unwrap_or_default().to_string();
         assert!(e.contains("training row"), "renamed copy: {e}");
