@@ -269,7 +269,7 @@ impl FeaturesFile {
 }
 
 /// The first key an object of the JSON `text` holds twice, by its path (`layers.conv1.type`).
-fn duplicate_key(text: &str) -> Option<String> {
+pub fn duplicate_key(text: &str) -> Option<String> {
     use serde::de::DeserializeSeed;
     let found = std::cell::RefCell::new(None);
     let mut de = serde_json::Deserializer::from_str(text);

@@ -298,6 +298,10 @@ fn predict(a: PredictArgs) -> anyhow::Result<u8> {
             }
             vec![(job.prediction, job.warnings)]
         } else {
+            // serde_json keeps the last of a key given twice, as the features file refuses.
+            if let Some(key) = estimators::features_file::duplicate_key(&text) {
+                bail!("{source}: key {key:?} is given twice: expected each key once (the last would be read)");
+            }
             let x = model.features_from_json(&json, &source)?;
             if x.nrows() == 0 {
                 bail!("{source}: no feature object to predict (expected an object, or an array of at least one)");

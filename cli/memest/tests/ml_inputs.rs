@@ -161,3 +161,17 @@ fn predict_help_lists_every_feature_name() {
         }
     }
 }
+
+/// A features object with a key given twice was answered with the last value in silence; the
+/// features file refuses one, and so does `ml predict`, naming the key.
+#[test]
+fn predict_refuses_a_key_given_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = linear_model(dir.path());
+    let m = model.to_str().unwrap();
+    let twice = mlp_features("6", "64").replacen("\"batch_size\": 64", "\"batch_size\": 64, \"batch_size\": 4096", 1);
+    for features in [twice.clone(), format!("[{}, {twice}]", mlp_features("6", "64"))] {
+        let (code, _, err) = memest_code(&["ml", "predict", "--model", m, "--features", &features]);
+        assert!(code == 2 && err.contains("batch_size\" is given twice"), "{code} {err}");
+    }
+}
