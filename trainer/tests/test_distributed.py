@@ -545,3 +545,41 @@ def test_max_batch_of_a_sharded_job_says_the_strategy_and_per_gpu(
     done = cli("max-batch", "--model", LLAMA, "--seq-len", "16", "--capacity", "2GiB",
                "--limit", "2", *flags)  # fmt: skip
     assert f"{LLAMA}{said}" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
+def test_zero2_keeps_a_frozen_base_whole_and_shards_the_adapters(qlora: bool) -> None:
+    """DeepSpeed's ZeRO-1 and -2 partition the optimizer's parameters only: a LoRA or QLoRA
+    base stays whole on every rank. Emulated by FSDP2 over every parameter, each rank held the
+    gathered base and a 1/N shard of it beside (Llama-3-8B, 2 ranks: 7.8 GiB more than one
+    GPU). ZeRO-3 partitions every parameter, the base included."""
+    from memtrace_trainer.models.finetune import Lora
+
+    world = 4
+
+    def built() -> Any:
+        return workload(dtype="bf16", qlora=qlora, lora=Lora(8))
+
+    model = built().model
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    shards = sum(_chunk_rows(p.shape[0], world) * (p.numel() // p.shape[0]) * p.element_size()
+                 for p in trainable)  # fmt: skip
+    for strategy, local in (("zero2", frozen + shards), ("zero3", None)):
+        # No reduce buffer (DeepSpeed's, of 5e8 elements by default): the parameters alone.
+        step = StepConfig("adamw", 2, strategy=strategy, world_size=world, reduce_bucket_size=0)
+        rec, extra = trace(built(), step, load_profile(None))
+        d = extra["distributed"]
+        if local is None:  # ZeRO-3: the base is sharded too
+            assert d["local_parameter_bytes"] < frozen, d
+            assert "frozen parameters are not sharded" not in d["equivalence"]
+            continue
+        assert d["local_parameter_bytes"] == local, d
+        assert "the frozen parameters are not sharded" in d["equivalence"], d["equivalence"]
+        # The base is allocated once before the step, not gathered beside its shard.
+        one = summarize(trace(built(), StepConfig("adamw", 2), load_profile(None))[0].events)
+        two = summarize(rec.events)
+        assert two.peak_live_bytes < one.peak_live_bytes + frozen // world, (
+            two.peak_live_bytes,
+            one.peak_live_bytes,
+        )
