@@ -272,3 +272,21 @@ fn util_cv_json_carries_the_texts_numbers() {
     }
     assert!(model["cv_accuracy"]["std"].is_number(), "{model}");
 }
+
+/// A kernel-statistics column given twice was read at whichever position the join met first;
+/// refused, naming the column and both positions.
+#[test]
+fn kernel_features_refuse_a_column_given_twice() {
+    let p = std::path::Path::new("k.csv");
+    for (header, column) in
+        [("Filename,k_a,k_a", "k_a"), ("Filename,k_a,Filename", "Filename"), ("Filename,k_a, k_a ", "k_a")]
+    {
+        let text = format!("{header}\nx,1,2\n");
+        let e = KernelFeatures::from_reader(p, text.as_bytes()).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            e.contains("k.csv") && e.contains(&format!("{column:?}")) && e.contains("expected each column once"),
+            "{header}: {e}"
+        );
+    }
+    assert!(KernelFeatures::from_reader(p, "Filename,k_a,k_b\nx,1,2\n".as_bytes()).is_ok());
+}
