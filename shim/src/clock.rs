@@ -26,9 +26,7 @@ fn invariant_tsc() -> bool {
     // Leaf 0x8000_0007, EDX bit 8: the TSC runs at a constant rate in every P-, C- and T-state
     // and is synchronised across cores (Linux: constant_tsc + nonstop_tsc). Leaf 0x8000_0001,
     // EDX bit 27: `rdtscp`, which [`stamp`] takes.
-    max_ext >= 0x8000_0007
-        && __cpuid(0x8000_0007).edx & (1 << 8) != 0
-        && __cpuid(0x8000_0001).edx & (1 << 27) != 0
+    max_ext >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0 && __cpuid(0x8000_0001).edx & (1 << 27) != 0
 }
 
 #[cfg(not(target_arch = "x86_64"))]
