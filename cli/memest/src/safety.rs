@@ -61,7 +61,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for w in said {
         eprintln!("memest: warning: {}", trace::terminal::printable(&w));
     }
-    let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &regime)?;
+    // The runs files are named, as calibrate's error names them: which input had nothing to fit.
+    let fit = fit(&records, &calibrated, a.miss_rate, a.held_out, a.seed, &regime).with_context(|| a.io.runs_list())?;
     if !fit.too_few.is_empty() {
         eprintln!(
             "memest: warning: no margin for {}: too few runs on the calibration split (lower --held-out, or give \

@@ -349,3 +349,15 @@ fn safety_text_says_the_json_words_and_escapes_families() {
     assert!(text.contains("skipped 5 records: no_truth") && !text.contains("NoTruth"), "{text}");
     assert!(!text.contains('\u{1b}'), "{text:?}");
 }
+
+/// `memest safety` on runs with nothing to fit named no file; calibrate's error did.
+#[test]
+fn nothing_to_fit_names_the_runs_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    for cmd in ["safety", "calibrate"] {
+        let (code, _, err) = crate::support::memest_code(&[cmd, empty.to_str().unwrap()]);
+        assert!(code == 2 && err.contains("empty.jsonl: calibration:"), "{cmd}: {code} {err}");
+    }
+}
