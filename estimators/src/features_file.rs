@@ -228,17 +228,9 @@ impl FeaturesFile {
             .transpose()?
             .unwrap_or_default();
         let layers = layers(path, v, &mut warnings)?;
-        // Legitimate where weights are shared or held outside the listed layers, but the two
-        // figures then feed different estimators, which is worth knowing.
-        let layer_sum: u128 = layers.iter().map(|l| u128::from(l.parameters)).sum();
-        if !layers.is_empty() && layer_sum != u128::from(total_parameters) {
-            warnings.push(format!(
-                "{}: total_parameters is {total_parameters} but the layers' parameters sum to {layer_sum} (weights \
-                 shared or held outside the listed layers, or an edited file): the analytic estimate counts the \
-                 layers; horus, accelerate, deepspeed and ml read total_parameters",
-                path.display()
-            ));
-        }
+        // total_parameters may differ from the layers' sum with no fault (tied embeddings count
+        // once in the total and in both layers; a parameter held outside the listed layers in
+        // the total alone): a warning of it fired on every tied-embedding model, so none is said.
         if layers.is_empty() {
             let ml = if gpumemnet_layers.is_empty() { ", and ml has no layers to count" } else { "" };
             warnings.push(format!(
