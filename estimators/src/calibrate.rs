@@ -146,7 +146,8 @@ pub fn fit(prior: &OutsideAllocator, train: &[CalRun], test: &[CalRun], quantile
                 )
             } else {
                 format!(
-                    "context_mib kept at its prior {:.1}: the {left_out} runs without GEMMs are not used to separate                      it from cublas_mib",
+                    "context_mib kept at its prior {:.1}: the {left_out} runs without GEMMs are not used to separate it \
+                     from cublas_mib",
                     prior.context_mib
                 )
             });

@@ -142,14 +142,17 @@ pub fn check(view: &EstimateView) -> Result<(), EstimateFileError> {
 fn budget(view: &EstimateView) -> Result<(), String> {
     let (v, o) = (&view.verdict, &view.outside_allocator);
     let Some(b) = v.allocator_budget_mib else { return Ok(()) };
-    let want = (v.capacity_mib - (o.total_mib - o.recorded_mib)).max(0.0);
+    // The terms, not `total_mib` less `recorded_mib`: a recorded part past 2^64 B saturates
+    // both, and their difference was 0 where the budget is the capacity less the context.
+    let outside = o.context_mib + o.cublas_mib + o.cudnn_mib + o.nccl_mib;
+    let want = (v.capacity_mib - outside).max(0.0);
     if !(b.is_finite() && (b - want).abs() <= 0.1) {
         return Err(format!(
             "field `verdict.allocator_budget_mib` is {} but `verdict.capacity_mib` {} less the memory outside the \
-             allocator ({}: `outside_allocator.total_mib` less `recorded_mib`) is {}",
+             allocator ({}: `outside_allocator`'s context, cuBLAS, cuDNN and NCCL terms) is {}",
             show(b),
             show(v.capacity_mib),
-            show(o.total_mib - o.recorded_mib),
+            show(outside),
             show(want)
         ));
     }

@@ -39,7 +39,9 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
             // The symbolic estimate is what `safety` scales margins by and `calibrate` subtracts:
             // a zero point divided into an infinite margin, and u64::MAX wrote a nonsense profile.
             // Other estimators' answers are only reported, and may be unbounded (Horus's formula).
-            if let Some(sym) = r.estimates.get("symbolic") {
+            // A row with an `error` is not scored: `compare` writes one for a need no device
+            // holds, its reserved peak beside, which may be past any device.
+            if let Some(sym) = r.estimates.get("symbolic").filter(|s| s.error.is_none()) {
                 for (field, v, least) in
                     [("device_bytes", sym.device_bytes, 1), ("reserved_bytes", sym.reserved_bytes, 0)]
                 {

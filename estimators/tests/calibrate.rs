@@ -222,7 +222,10 @@ fn contradicting_and_library_less_runs_are_said() {
             7,
             false,
             0,
-            &["the 7 runs without GEMMs are not used", "7 of 27 training runs load neither cuBLAS nor cuDNN"],
+            &[
+                "the 7 runs without GEMMs are not used to separate it from cublas_mib",
+                "7 of 27 training runs load neither cuBLAS nor cuDNN",
+            ],
             &["no run without GEMMs"],
         ),
     ];

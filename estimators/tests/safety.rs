@@ -376,6 +376,15 @@ fn symbolic_estimate_bytes_are_checked_when_read() {
             (got, _) => panic!("{field} = {value}: got {:?}, expected {want:?}", got.map(|r| r.len())),
         }
     }
+    // `compare`'s own row for a need no device holds: no device peak, an error, and the
+    // reserved peak beside it past any device. Not scored, so read (one such row refused the
+    // whole file).
+    let mut unbounded = good.clone();
+    unbounded["estimates"]["symbolic"]["device_bytes"] = serde_json::Value::Null;
+    unbounded["estimates"]["symbolic"]["reserved_bytes"] = (u64::MAX - 1000).into();
+    unbounded["estimates"]["symbolic"]["error"] = "no device holds the need: past 2^64 bytes".into();
+    std::fs::write(&path, format!("{good}\n{unbounded}\n")).unwrap();
+    assert_eq!(read_runs(std::slice::from_ref(&path)).map(|r| r.len()).map_err(|e| e.to_string()), Ok(2));
 }
 
 /// A run built with a zero point (not read from a file) gets the reserved scale's one-byte

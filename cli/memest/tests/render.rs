@@ -108,3 +108,18 @@ fn an_allocator_budget_that_is_not_capacity_less_outside_is_refused() {
         }
     }
 }
+
+/// `memest estimate --json` of a trace whose recorded outside-the-allocator memory passes 2^64
+/// B (the all-kinds fixture) was refused by `render`: the budget check took `total_mib` less
+/// `recorded_mib`, both saturated, for 0.
+#[test]
+fn an_estimate_with_a_saturated_recorded_outside_renders() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/trace-v1/all-kinds.mtrace");
+    let (code, out, err) = memest_code(&["estimate", "--trace", fixture, "--json"]);
+    assert_eq!(code, 1, "{err}"); // no device holds an unbounded need
+    let est = dir.path().join("e.json");
+    std::fs::write(&est, out).unwrap();
+    let (code, _, err) = memest_code(&["render", est.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+}

@@ -296,7 +296,11 @@ impl Forest {
                 let at = format!("trees[{t}].nodes[{i}]");
                 match node {
                     Node::Leaf(v) if v.len() != width => {
-                        return Err(format!("{at}: a leaf of {} values: expected {width}", v.len()))
+                        return Err(format!(
+                            "{at}: a leaf of {} value{}: expected {width}",
+                            v.len(),
+                            if v.len() == 1 { "" } else { "s" }
+                        ))
                     }
                     Node::Leaf(v) if v.iter().any(|p| !p.is_finite()) => {
                         return Err(format!("{at}: a leaf value is not a finite number"))

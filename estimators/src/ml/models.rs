@@ -129,6 +129,43 @@ impl std::fmt::Debug for GbmRegressor {
     }
 }
 
+/// A perpetual booster's trees as prediction walks them: from node 0, each split on a feature
+/// below `n_features` with its children (and missing-value child) present, no node reached twice.
+/// perpetual indexes its node map and the input row unchecked: a damaged file panicked, and a
+/// child pointing back looped forever.
+fn boosted_trees(b: &PerpetualBooster, n_features: usize) -> Result<(), String> {
+    for (t, tree) in b.get_prediction_trees().iter().enumerate() {
+        if tree.nodes.is_empty() {
+            continue; // predicts the base score
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![0usize];
+        while let Some(i) = stack.pop() {
+            let at = format!("trees[{t}].nodes[{i}]");
+            let Some(node) = tree.nodes.get(&i) else {
+                return Err(format!("{at}: no such node: expected every child of a split to be present"));
+            };
+            if !seen.insert(i) {
+                return Err(format!("{at}: reached twice: expected a tree (a child points back)"));
+            }
+            if node.is_leaf {
+                continue;
+            }
+            if node.split_feature >= n_features {
+                return Err(format!(
+                    "{at}: splits on feature {}: expected below {n_features}, the feature count",
+                    node.split_feature
+                ));
+            }
+            let mut children = vec![node.left_child, node.right_child, node.missing_node];
+            children.sort_unstable();
+            children.dedup();
+            stack.extend(children);
+        }
+    }
+    Ok(())
+}
+
 /// OLS over the non-constant training columns: a constant column (e.g. the BN count of the
 /// step-1 MLP sweep, always 0) makes the normal equations singular.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -318,7 +355,7 @@ impl Pipeline {
                     return Err((
                         "pipeline.model.model.columns",
                         format!(
-                            "{} columns for {} coefficients: rising, one per coefficient",
+                            "{} columns for {} coefficients: expected rising columns, one per coefficient",
                             m.columns.len(),
                             m.model.params().len()
                         ),
@@ -326,22 +363,40 @@ impl Pipeline {
                 }
                 Ok(())
             }
-            Fitted::Logistic(m) if m.params().nrows() != n_features || m.intercept().len() != m.params().ncols() => {
+            Fitted::Logistic(m)
+                if m.params().nrows() != n_features
+                    || m.intercept().len() != m.params().ncols()
+                    || m.classes().len() != m.params().ncols() =>
+            {
                 Err((
                     "pipeline.model.model",
                     format!(
-                        "{}x{} coefficients and {} intercepts: expected {n_features} rows, one intercept per column",
+                        "{}x{} coefficients, {} intercepts and {} classes: expected {n_features} rows, one intercept \
+                         and one class per column",
                         m.params().nrows(),
                         m.params().ncols(),
-                        m.intercept().len()
+                        m.intercept().len(),
+                        m.classes().len()
                     ),
                 ))
             }
+            Fitted::Logistic(m) if m.classes().iter().any(|&c| c >= n_classes) => Err((
+                "pipeline.model.model.classes",
+                format!("{:?}: expected each class below {n_classes}, the bin count", m.classes()),
+            )),
             Fitted::Gbm(m) if m.classes.is_empty() || m.classes.iter().any(|&c| c >= n_classes) => Err((
                 "pipeline.model.model.classes",
                 format!("{:?}: expected at least one class, each below {n_classes}, the bin count", m.classes),
             )),
-            _ => Ok(()),
+            Fitted::Gbm(m) => m.booster.as_ref().map_or(Ok(()), |b| {
+                b.get_boosters()
+                    .iter()
+                    .enumerate()
+                    .try_for_each(|(i, b)| boosted_trees(b, n_features).map_err(|e| format!("boosters[{i}].{e}")))
+                    .map_err(at("pipeline.model.model.booster"))
+            }),
+            Fitted::GbmReg(m) => boosted_trees(&m.0, n_features).map_err(at("pipeline.model.model")),
+            Fitted::Logistic(_) => Ok(()),
         }
     }
 
