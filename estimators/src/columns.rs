@@ -115,3 +115,15 @@ fn repeated(path: &Path, rows: &[DatasetRow]) -> Option<String> {
         )
     })
 }
+
+/// The first column a CSV header names twice, and what is expected of it: which copy a reader
+/// reads is an accident of position, so every CSV reader of this crate refuses it.
+pub(crate) fn column_twice(headers: &csv::StringRecord) -> Option<(String, String)> {
+    headers.iter().enumerate().find_map(|(i, h)| {
+        let j = headers.iter().skip(i + 1).position(|o| o.trim() == h.trim() && !h.trim().is_empty())?;
+        Some((
+            h.trim().to_string(),
+            format!("expected each column once; it is column {} and column {}", i + 1, i + j + 2),
+        ))
+    })
+}

@@ -316,11 +316,8 @@ pub fn read(path: &Path, reader: impl Read, required: &[&str]) -> Result<Loaded>
         ));
     }
     // A column named twice was read from its first copy, whichever the writer meant.
-    for (i, h) in headers.iter().enumerate() {
-        if let Some(j) = headers.iter().skip(i + 1).position(|o| o.trim() == h.trim() && !h.trim().is_empty()) {
-            let msg = format!("expected each column once; it is column {} and column {}", i + 1, i + j + 2);
-            return Err(csv_err(path, 0, h.trim(), &msg));
-        }
+    if let Some((column, msg)) = crate::columns::column_twice(&headers) {
+        return Err(csv_err(path, 0, &column, &msg));
     }
     let opt_col = |name: &str| headers.iter().position(|h| h.trim() == name);
     let col = |name: &str| {

@@ -59,16 +59,8 @@ impl KernelFeatures {
             column: column.to_string(),
             needed_for: "joining kernel-statistics features onto dataset rows",
         };
-        // A column given twice: which of the two the join reads is an accident of position.
-        for (i, h) in headers.iter().enumerate() {
-            if let Some(j) = headers.iter().skip(i + 1).position(|o| o.trim() == h.trim() && !h.trim().is_empty()) {
-                return Err(MlError::BadCell {
-                    path: path.to_path_buf(),
-                    row: 0,
-                    column: h.trim().to_string(),
-                    message: format!("expected each column once; it is column {} and column {}", i + 1, i + j + 2),
-                });
-            }
+        if let Some((column, message)) = crate::columns::column_twice(&headers) {
+            return Err(MlError::BadCell { path: path.to_path_buf(), row: 0, column, message });
         }
         let key = headers.iter().position(|h| h.trim() == KEY).ok_or_else(|| missing(KEY))?;
         let feature_cols: Vec<usize> = (0..headers.len()).filter(|&i| headers[i].trim().starts_with(PREFIX)).collect();
