@@ -17,11 +17,19 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
             source,
         })?;
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: RunRecord = serde_json::from_str(line).map_err(|e| EstimateError::Line {
+            // Through the path of the value at fault: serde alone said "invalid type: floating
+            // point, expected u64 at column 1352", not which field.
+            let bad = |field: String, e: &serde_json::Error| EstimateError::Line {
                 path: f.clone(),
                 line: i + 1,
-                expected: format!("expected a run record written by `memest compare` ({e})"),
+                expected: format!("{field}expected a run record written by `memest compare` ({e})"),
+            };
+            let mut de = serde_json::Deserializer::from_str(line);
+            let r: RunRecord = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let at = e.path().to_string();
+                bad(if at == "." { String::new() } else { format!("field {at}: ") }, e.inner())
             })?;
+            de.end().map_err(|e| bad(String::new(), &e))?;
             let impossible = |t: &f64| !(t.is_finite() && *t >= 0.0) || crate::dataset::past_any_device(*t);
             for (field, t) in [("truth_bytes", r.truth_bytes), ("reserved_truth_bytes", r.reserved_truth_bytes)] {
                 if let Some(t) = t.filter(impossible) {

@@ -398,3 +398,24 @@ fn a_zero_point_gives_a_finite_margin() {
     assert!(m.margin.is_finite() && m.held_out_median_over.is_finite(), "{m:?}");
     assert!(f.families["mlp"].calibration_median_over.values().all(|v| v.is_finite()), "{:?}", f.families["mlp"]);
 }
+
+/// A value of the wrong type in a runs file was refused with serde's words alone ("invalid type:
+/// floating point `3000000000.0`, expected u64 at line 1 column 1352"): now the field is named;
+/// trailing text after the record is refused too.
+#[test]
+fn a_run_record_of_the_wrong_shape_names_the_field() {
+    use estimators::compare::read_runs;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.jsonl");
+    let good = serde_json::to_value(record_r("m-1", "MLP", 2000.0, 1000, 600)).unwrap();
+    let mut float = good.clone();
+    float["estimates"]["symbolic"]["device_bytes"] = serde_json::json!(3_000_000_000.0);
+    for (line, says) in [
+        (float.to_string(), "runs.jsonl:2: field estimates.symbolic.device_bytes: expected a run record"),
+        (format!("{good} 7"), "runs.jsonl:2: expected a run record written by `memest compare` (trailing"),
+    ] {
+        std::fs::write(&path, format!("{good}\n{line}\n")).unwrap();
+        let e = read_runs(std::slice::from_ref(&path)).map(|r| r.len()).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    }
+}
