@@ -30,6 +30,16 @@ pub fn read_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
                 bad(if at == "." { String::new() } else { format!("field {at}: ") }, e.inner())
             })?;
             de.end().map_err(|e| bad(String::new(), &e))?;
+            // A family is one `compare` writes: any other was fitted a margin a profile cannot
+            // hold ("the rewritten profile does not parse: safety.families.resnet").
+            if simulator::family::Family::parse(&r.family).is_none() {
+                let names: Vec<&str> = simulator::family::Family::ALL.iter().map(|f| f.as_str()).collect();
+                return Err(EstimateError::Line {
+                    path: f.clone(),
+                    line: i + 1,
+                    expected: format!("field family is {:?}: expected one of {}", r.family, names.join(", ")),
+                });
+            }
             let impossible = |t: &f64| !(t.is_finite() && *t >= 0.0) || crate::dataset::past_any_device(*t);
             for (field, t) in [("truth_bytes", r.truth_bytes), ("reserved_truth_bytes", r.reserved_truth_bytes)] {
                 if let Some(t) = t.filter(impossible) {

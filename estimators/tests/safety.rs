@@ -413,6 +413,10 @@ fn a_run_record_of_the_wrong_shape_names_the_field() {
     for (line, says) in [
         (float.to_string(), "runs.jsonl:2: field estimates.symbolic.device_bytes: expected a run record"),
         (format!("{good} 7"), "runs.jsonl:2: expected a run record written by `memest compare` (trailing"),
+        (
+            good.to_string().replace("\"MLP\"", "\"Resnet\""),
+            "runs.jsonl:2: field family is \"Resnet\": expected one of MLP, CNN, Transformer",
+        ),
     ] {
         std::fs::write(&path, format!("{good}\n{line}\n")).unwrap();
         let e = read_runs(std::slice::from_ref(&path)).map(|r| r.len()).unwrap_err().to_string();

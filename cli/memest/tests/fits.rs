@@ -327,19 +327,17 @@ fn calibrate_refuses_to_write_constants_the_runs_contradict() {
 }
 
 /// `memest safety`'s text said a skip by its Rust name (`NoTruth`) where its JSON says
-/// `no_truth`, and printed a family's control characters raw.
+/// `no_truth`, and printed a family's control characters raw; a family `compare` never writes
+/// is now refused where the runs are read, escaped.
 #[test]
 fn safety_text_says_the_json_words_and_escapes_families() {
     let dir = tempfile::tempdir().unwrap();
-    let runs = runs(dir.path(), 60, |i, r| {
+    let file = runs(dir.path(), 60, |i, r| {
         if i < 5 {
             r["truth_bytes"] = serde_json::Value::Null;
         }
-        if i % 2 == 0 {
-            r["family"] = "ml\u{1b}[31mp".into();
-        }
     });
-    let r = runs.to_str().unwrap();
+    let r = file.to_str().unwrap();
     let (ok, text, err) = memest(&["safety", r]);
     assert!(ok, "{err}");
     let (ok, json, err) = memest(&["safety", r, "--json"]);
@@ -347,7 +345,15 @@ fn safety_text_says_the_json_words_and_escapes_families() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["skipped"]["no_truth"], 5, "{json}");
     assert!(text.contains("skipped 5 records: no_truth") && !text.contains("NoTruth"), "{text}");
-    assert!(!text.contains('\u{1b}'), "{text:?}");
+    let other = tempfile::tempdir().unwrap();
+    let odd = runs(other.path(), 60, |i, r| {
+        if i % 2 == 0 {
+            r["family"] = "ml\u{1b}[31mp".into();
+        }
+    });
+    let (code, _, err) = crate::support::memest_code(&["safety", odd.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("field family is") && !err.contains('\u{1b}'), "{err:?}");
 }
 
 /// `memest safety` on runs with nothing to fit named no file; calibrate's error did.
