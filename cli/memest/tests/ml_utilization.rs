@@ -290,3 +290,21 @@ fn kernel_features_refuse_a_column_given_twice() {
     }
     assert!(KernelFeatures::from_reader(p, "Filename,k_a,k_b\nx,1,2\n".as_bytes()).is_ok());
 }
+
+/// A column of no kind the file has (a misspelt `kflops`) was not read, in silence; it is said
+/// with the settings' mismatches, and the file's own columns are not.
+#[test]
+fn kernel_features_say_the_columns_they_ignore() {
+    let p = std::path::Path::new("k.csv");
+    let k = KernelFeatures::from_reader(p, "Filename,k_a,kflops,status,error,optimizer\nx,1,2,ok,,adam\n".as_bytes())
+        .unwrap();
+    assert_eq!(k.ignored, ["kflops"]);
+    let said = k.mismatches(&[]);
+    assert!(said.iter().any(|w| w.starts_with("k.csv: columns [\"kflops\"] ignored")), "{said:?}");
+    let plain = KernelFeatures::from_reader(
+        p,
+        "Filename,k_a,status,error,optimizer,amp,device\nx,1,ok,,adam,fp32,cpu\n".as_bytes(),
+    )
+    .unwrap();
+    assert!(plain.ignored.is_empty() && plain.mismatches(&[]).is_empty());
+}

@@ -39,6 +39,9 @@ pub struct KernelFeatures {
     /// The step settings the file was computed with ([`SETTINGS`] present in it), as
     /// `(column, value)`: said beside every result, since a dataset's runs had their own.
     pub settings: Vec<(String, String)>,
+    /// Columns of no kind the file has (not `Filename`, a `k_` feature, `status`, `error` or a
+    /// setting): not read, and said (a misspelt `kflops` is no feature).
+    pub ignored: Vec<String>,
     rows: HashMap<String, Entry>,
 }
 
@@ -116,8 +119,11 @@ impl KernelFeatures {
                 });
             }
         }
+        let known =
+            |h: &str| h == KEY || h.starts_with(PREFIX) || h == "status" || h == "error" || SETTINGS.contains(&h);
         Ok(KernelFeatures {
             path: path.to_path_buf(),
+            ignored: headers.iter().map(str::trim).filter(|h| !known(h)).map(str::to_string).collect(),
             columns: feature_cols.iter().map(|&c| headers[c].trim().to_string()).collect(),
             settings: setting_cols
                 .iter()
@@ -130,8 +136,17 @@ impl KernelFeatures {
 
     /// What the file's settings say against the runs of `rows` it is joined onto, a line per
     /// setting that differs: the runs' optimizer (GPUMemNet's: Adam) and precision (fp32), and
-    /// their GPU where the dataset names it.
+    /// their GPU where the dataset names it; then the columns the file holds and nothing reads.
     pub fn mismatches(&self, rows: &[DatasetRow]) -> Vec<String> {
+        let ignored = (!self.ignored.is_empty()).then(|| {
+            format!(
+                "{}: columns {:?} ignored: a kernel-statistics file holds {KEY}, {PREFIX}* features, status, error and \
+                 the step's settings ({})",
+                self.path.display(),
+                self.ignored,
+                SETTINGS.join(", ")
+            )
+        });
         self.settings
             .iter()
             .filter_map(|(name, value)| {
@@ -154,6 +169,7 @@ impl KernelFeatures {
                     ran(first).unwrap_or_default()
                 ))
             })
+            .chain(ignored)
             .collect()
     }
 
