@@ -153,15 +153,19 @@ impl Summary {
                 self.complete_bytes
             ));
         }
-        if self.zero_tail > 0 {
-            w.push(format!(
+        let zeros = (self.zero_tail > 0).then(|| {
+            format!(
                 "{}: ends in {} zero bytes after byte {} (space the file system gave the file before its data \
                  reached it: a crash or a full disk); they were read as the end of the trace",
                 path.display(),
                 self.zero_tail,
                 self.complete_bytes
-            ));
-        }
+            )
+        });
+        // Said among the reasons the run is incomplete only where it is one (no process_exit
+        // before it): `--strict` names the first line as its reason.
+        let (zeros_first, zeros_after) = if self.ends_with_exit { (None, zeros) } else { (zeros, None) };
+        w.extend(zeros_first);
         if self.cut_short() {
             w.push(format!(
                 "{}: cut short: the trace ends without the process_exit record its producer writes at the end (a \
@@ -199,6 +203,7 @@ impl Summary {
                 path.display()
             ));
         }
+        w.extend(zeros_after);
         if self.unknown_skipped > 0 {
             let first = if self.unknown_skipped > 1 { "the first is" } else { "it is" };
             let at = match (self.format, self.first_unknown_at, self.first_unknown_tag) {
