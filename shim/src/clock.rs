@@ -49,8 +49,8 @@ pub fn is_tsc() -> bool {
 /// on one thread of a pointer another thread's allocation handed over was stamped up to 16 ns
 /// before that allocation, the writer's merge put it first, and the replay read a free of an
 /// unknown block and a peak twice the real one. `rdtscp` waits for every earlier instruction
-/// of the thread and its loads, so an event stamps after what caused it (about 15 ns more a
-/// call than `rdtsc`; CLOCK_MONOTONIC's vDSO read orders its TSC read alike).
+/// of the thread and its loads, so an event stamps after what caused it (8 to 10 ns more a
+/// call than `rdtsc`, docs/benchmarks.md; CLOCK_MONOTONIC's vDSO read orders its TSC read alike).
 #[inline(always)]
 pub fn stamp() -> u64 {
     #[cfg(target_arch = "x86_64")]

@@ -99,10 +99,7 @@ fn capped(mut text: String) -> String {
         return text;
     }
     let total = text.len();
-    let mut cut = MAX_NAME;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = text.floor_char_boundary(MAX_NAME);
     text.truncate(cut);
     text.push_str(&format!(" [memtrace: {} more bytes of this name cut]", total - cut));
     text
