@@ -10,6 +10,13 @@ cd "$(dirname "$0")/.."
 ITERS=${1:-200000}
 REPEATS=${2:-31}
 EVENTS=${3:-10000000}
+# A base that is not there would be preloaded as nothing (the loader only warns): refused here.
+if [ -n "${AB_BASE:-}" ] && [ ! -f "$AB_BASE" ]; then
+  echo "AB_BASE=$AB_BASE: no such file (expected an earlier build's libmemtrace.so)" >&2; exit 2
+fi
+if [ -n "${AB_ROUNDS:-}" ] && { [ -z "${AB_BASE:-}" ] || ! [[ $AB_ROUNDS =~ ^[1-9][0-9]*$ ]]; }; then
+  echo "AB_ROUNDS=$AB_ROUNDS: expected a whole number of rounds >= 1, with AB_BASE" >&2; exit 2
+fi
 C=shim/tests/c
 B=target/shim-bench
 mkdir -p "$B"
